@@ -1,0 +1,3 @@
+from booklens.cli import main
+
+main()

@@ -1,0 +1,76 @@
+"""Bounded concurrency for independent LM calls, with a progress bar.
+
+Worker threads get a copy of the caller's context variables, so DSPy's
+`dspy.context(...)` overrides and booklens' usage step follow the work.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import Callable, Iterable, Sequence, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def progress_enabled() -> bool:
+    return sys.stderr.isatty()
+
+
+def parallel_map(
+    fn: Callable[[T], R],
+    items: Iterable[T],
+    *,
+    concurrency: int = 1,
+    desc: str | None = None,
+) -> list[R]:
+    """Apply `fn` to every item with at most `concurrency` in flight; results keep input order.
+
+    The first exception stops new work and is re-raised once running calls end,
+    so a permanent backend error is reported once, not once per item.
+    """
+    items = list(items)
+    if not items:
+        return []
+    bar = _progress(len(items), desc)
+    try:
+        if concurrency <= 1 or len(items) == 1:
+            results = []
+            for item in items:
+                results.append(fn(item))
+                bar and bar.update(1)
+            return results
+        results: list = [None] * len(items)
+        with ThreadPoolExecutor(max_workers=min(concurrency, len(items))) as pool:
+            futures = {
+                pool.submit(contextvars.copy_context().run, fn, item): i for i, item in enumerate(items)
+            }
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                for future in done:
+                    exc = future.exception()
+                    if exc is not None:
+                        for other in pending:
+                            other.cancel()
+                        raise exc
+                    results[futures[future]] = future.result()
+                    bar and bar.update(1)
+        return results
+    finally:
+        if bar:
+            bar.close()
+
+
+def _progress(total: int, desc: str | None):
+    if not desc or not progress_enabled():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="call", file=sys.stderr, leave=False)
+
+
+def chunked(seq: Sequence[T], size: int) -> list[Sequence[T]]:
+    return [seq[i : i + size] for i in range(0, len(seq), size)]

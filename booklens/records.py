@@ -1,0 +1,96 @@
+"""Pydantic records of everything booklens reads and writes. Files on disk are JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, Field
+
+from booklens.errors import BooklensError
+
+FORMAT_VERSION = 1
+
+
+def save_json(path: str | Path, payload: Any) -> None:
+    """Write JSON atomically: readers see the old file or the complete new one, never a part."""
+    path = Path(path)
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(mode="json")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=2, ensure_ascii=False, default=str)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+# ---------------------------------------------------------------------------
+# Text
+
+
+class Chunk(BaseModel):
+    """A piece of the book: `text == book[start:end]`; chunks tile the book in order."""
+
+    index: int
+    start: int
+    end: int
+    tokens: int
+    text: str
+    # True when one sentence was longer than the limit and had to be cut inside.
+    split_sentence: bool = False
+
+
+# ---------------------------------------------------------------------------
+# Summaries
+
+
+class SummaryNode(BaseModel):
+    """One LM-written summary: a chunk summary, a merge, an update or a compression."""
+
+    id: str
+    level: int = Field(description="1 = summaries of chunks; higher = merges (hier); step number (inc)")
+    kind: Literal["chunk", "merge", "update", "compress", "clean"]
+    text: str
+    tokens: int
+    children: list[str] = Field(default_factory=list, description="ids of the chunks or nodes it was made from")
+    chunks: list[int] = Field(default_factory=list, description="indices of the book chunks it covers")
+    used_context: bool = False
+    attempts: int = 1
+    over_budget: bool = False
+    truncated: bool = False
+
+
+class SummaryConfig(BaseModel):
+    method: Literal["hier", "inc"]
+    chunk_size: int
+    context_window: int
+    max_summary_tokens: int
+    level_budgets: list[int] = Field(default_factory=list)
+    max_regenerations: int = 2
+    remove_artifacts: bool = False
+    drop_matter: bool = False
+    concurrency: int = 1
+    program: Optional[str] = None
+
+
+class Summary(BaseModel):
+    format_version: int = FORMAT_VERSION
+    kind: Literal["booklens.summary"] = "booklens.summary"
+    book: str
+    book_sha256: str
+    book_tokens: int
+    summary: str
+    method: Literal["hier", "inc"]
+    config: SummaryConfig
+    chunks: list[dict[str, Any]] = Field(default_factory=list, description="index, start, end, tokens of each chunk")
+    nodes: list[SummaryNode] = Field(default_factory=list)
+    lm: str
+    usage: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)

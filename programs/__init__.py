@@ -1,0 +1,1 @@
+"""DSPy modules that compose signatures into pipelines."""
