@@ -317,6 +317,8 @@ class LiteLLMBackend:
         )
         if self.api_base:
             kwargs["api_base"] = self.api_base
+            # Self-hosted OpenAI-compatible servers usually take any key; the client insists on one.
+            kwargs.setdefault("api_key", os.environ.get("BOOKLENS_API_KEY") or _provider_key(self.model) or "none")
         if request.get("response_format") is not None:
             kwargs["response_format"] = request["response_format"]
         transient = (
@@ -357,6 +359,11 @@ class LiteLLMBackend:
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             cost=cost or None,
         )
+
+
+def _provider_key(model: str) -> str | None:
+    provider = model.split("/", 1)[0].upper()
+    return os.environ.get(f"{provider}_API_KEY")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -78,3 +78,95 @@ def ScriptedLM(
     backend = ScriptedBackend(responder, context_window=context_window, latency=latency)
     cache = CallCache(Path(cache_dir) / "calls.sqlite") if cache_dir else None
     return BooklensLM(backend, cache=cache, usage=UsageTracker())
+
+
+# ---------------------------------------------------------------------------
+# An OpenAI-compatible server on loopback with a fixed latency, for end-to-end
+# tests of the LiteLLM path (resume after a kill) and concurrency benchmarks.
+
+
+def default_fake_answer(body: dict[str, Any]) -> str:
+    """A JSON answer that fills every summarization output field with a short summary."""
+    text = "The keeper gave away the fuel. The lamp went dark. Years later the truth came out."
+    return json.dumps({"summary": text, "condensed": text, "cleaned": text})
+
+
+class FakeOpenAIServer:
+    """`POST /v1/chat/completions` answered after `latency` seconds by `responder(body) -> str`.
+
+    `served` lists the request bodies that were answered completely, in order. A responder
+    may return `(status, message)` to answer with an HTTP error instead."""
+
+    def __init__(self, latency: float = 0.0, responder: Callable[[dict[str, Any]], str] = default_fake_answer):
+        import http.server
+        import socketserver
+
+        self.latency = latency
+        self.responder = responder
+        self.served: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        lock = threading.Lock()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with lock:
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    if server.latency:
+                        import time
+
+                        time.sleep(server.latency)
+                    content = server.responder(body)
+                    if isinstance(content, tuple):  # (status, message): simulate a provider error
+                        status, message = content
+                        error = json.dumps({"error": {"message": message, "type": "error", "code": status}}).encode()
+                        self.send_response(status)
+                        self.send_header("Content-Type", "application/json")
+                        self.send_header("Content-Length", str(len(error)))
+                        self.end_headers()
+                        self.wfile.write(error)
+                        return
+                    payload = json.dumps({
+                        "id": "fake", "object": "chat.completion", "created": 0, "model": body.get("model", "fake"),
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": content}}],
+                        "usage": {"prompt_tokens": sum(len(str(m.get("content", ""))) // 4
+                                                       for m in body.get("messages", [])),
+                                  "completion_tokens": len(content) // 4,
+                                  "total_tokens": 0},
+                    }).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    with lock:
+                        server.served.append(body)
+                finally:
+                    with lock:
+                        server.in_flight -= 1
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._httpd = Server(("127.0.0.1", 0), Handler)
+        self.port = self._httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeOpenAIServer":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -1,0 +1,105 @@
+"""The LM layer: disk cache, usage, re-asks, error mapping, retries, and the LiteLLM path end to end."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import dspy
+import pytest
+
+from booklens.errors import LMError
+from booklens.lm import BooklensAdapter, LiteLLMBackend, BooklensLM, make_lm, predict_with_retries, usage_step
+from booklens.testing import FakeOpenAIServer, ScriptedLM
+
+
+class Classify(dspy.Signature):
+    """Label the text."""
+
+    text: str = dspy.InputField()
+    label: Literal["good", "bad"] = dspy.OutputField()
+
+
+def test_completed_calls_are_cached_on_disk_and_reused(tmp_path):
+    answers = iter(["good", "bad"])
+    lm = ScriptedLM(lambda call: {"label": next(answers)}, cache_dir=tmp_path)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        first = dspy.Predict(Classify)(text="a fine day")
+    # A new LM over the same cache directory: a new process resuming the run.
+    fresh = ScriptedLM(lambda call: pytest.fail("a finished call was made again"), cache_dir=tmp_path)
+    with dspy.context(lm=fresh, adapter=BooklensAdapter()):
+        again = dspy.Predict(Classify)(text="a fine day")
+    assert first.label == again.label == "good"
+    assert fresh.usage.snapshot()["cached_calls"] == 1 and fresh.usage.snapshot()["calls"] == 0
+
+
+def test_usage_is_counted_per_step():
+    lm = ScriptedLM(lambda call: {"label": "good"})
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        with usage_step("coherence"):
+            dspy.Predict(Classify)(text="one")
+            dspy.Predict(Classify)(text="two")
+        dspy.Predict(Classify)(text="three")
+    snap = lm.usage.snapshot()
+    assert snap["calls"] == 3
+    assert snap["steps"]["coherence"]["calls"] == 2
+    assert snap["steps"]["default"]["calls"] == 1
+    assert snap["prompt_tokens"] > 0
+
+
+def test_out_of_set_label_is_re_asked_then_recorded_as_a_failure():
+    lm = ScriptedLM(lambda call: {"label": "excellent"})
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm")
+    assert not result.ok and result.attempts == 3
+    assert "unparseable" in result.error
+    assert [c.attempt for c in lm.backend.calls] == [0, 1, 2]  # fresh samples, not cache hits
+
+
+def test_re_ask_recovers_when_a_later_answer_is_valid():
+    lm = ScriptedLM(lambda call: {"label": "good"} if call.attempt else "not json at all")
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm")
+    assert result.ok and result.prediction.label == "good" and result.attempts == 2
+
+
+def test_unknown_model_and_missing_key_are_clear_errors(monkeypatch, tmp_path):
+    with pytest.raises(LMError, match="unknown model"):
+        make_lm("nosuchprovider-xyz/whatever", cache_dir=tmp_path)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(LMError, match="OPENAI_API_KEY"):
+        make_lm("openai/gpt-4o-mini", cache_dir=tmp_path)
+
+
+def test_transient_errors_retry_with_backoff_then_succeed(tmp_path):
+    failures = {"left": 2}
+
+    def respond(body):
+        if failures["left"]:
+            failures["left"] -= 1
+            return (503, "overloaded")
+        return '{"label": "good"}'
+
+    with FakeOpenAIServer(responder=respond) as server:
+        backend = LiteLLMBackend("openai/fake-model", api_base=server.url, backoff_base=0.01)
+        lm = BooklensLM(backend)
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            prediction = dspy.Predict(Classify)(text="x")
+    assert prediction.label == "good"
+    assert failures["left"] == 0 and len(server.served) == 1
+
+
+def test_permanent_errors_stop_at_once(tmp_path):
+    with FakeOpenAIServer(responder=lambda body: (401, "invalid api key")) as server:
+        lm = BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url, backoff_base=0.01))
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            with pytest.raises(LMError, match="authentication failed"):
+                dspy.Predict(Classify)(text="x")
+
+
+def test_context_window_overflow_is_a_clear_error():
+    message = "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens."
+    with FakeOpenAIServer(responder=lambda body: (400, message)) as server:
+        lm = BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url, backoff_base=0.01))
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            with pytest.raises(LMError, match="context window|rejected the request"):
+                dspy.Predict(Classify)(text="x")

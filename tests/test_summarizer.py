@@ -1,0 +1,191 @@
+"""Summarizer program logic with a scripted LM: the hierarchical call tree and incremental compression."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+
+from booklens.errors import BooklensError
+from booklens.lm import BooklensAdapter
+from booklens.programs.summarizer import (
+    HierarchicalSummarizer,
+    IncrementalSummarizer,
+    group_by_budget,
+)
+from booklens.testing import ScriptedLM
+from booklens.text import chunk_text, count_tokens
+
+FILLER = "Mara crossed the moor and found the lamp dark again. "
+
+
+def synthetic_book(target_tokens: int) -> str:
+    sentences = []
+    i = 0
+    total = 0
+    while total < target_tokens:
+        s = f"On day {i}, Mara walked to the harbour and spoke with keeper number {i % 97} about the storm. "
+        sentences.append(s)
+        total += 22
+        i += 1
+        if i % 40 == 0:
+            sentences.append("\n\n")
+    return "".join(sentences)
+
+
+def summary_of(words: int) -> str:
+    n = max(1, words // 10)
+    return (FILLER * n).strip()
+
+
+def responder_for(budget_words: int):
+    def respond(call):
+        if "condensed" in call.output_fields:
+            return {"condensed": summary_of(int(call.inputs["word_limit"]) // 2)}
+        return {"summary": summary_of(int(budget_words * 0.8))}
+
+    return respond
+
+
+@pytest.fixture(scope="module")
+def big_book() -> str:
+    book = synthetic_book(170_000)
+    assert 165_000 < count_tokens(book) < 180_000
+    return book
+
+
+def test_hierarchical_call_tree_for_a_170k_token_book(big_book):
+    lm = ScriptedLM(responder_for(400))
+    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=900)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        room_chunks, room_merge, room_context = program.check_budgets()
+        result = program(book=big_book)
+    chunks = result.chunks
+    assert len(chunks) == len(chunk_text(big_book, 2048)) >= 83
+    nodes = {n.id: n for n in result.nodes}
+
+    # Level 1: consecutive chunks grouped greedily under W - G_1 - prompt.
+    level1 = [n for n in result.nodes if n.level == 1]
+    expected_groups = group_by_budget([c.tokens for c in chunks], room_chunks)
+    assert [n.chunks for n in level1] == expected_groups
+    assert all(sum(chunks[i].tokens for i in n.chunks) <= room_chunks for n in level1)
+    assert len(expected_groups) < len(chunks)  # several chunks per call
+
+    # Higher levels: consecutive children from the level below; later merges carry context.
+    levels = sorted({n.level for n in result.nodes})
+    assert levels[0] == 1 and len(levels) >= 3
+    previous = level1
+    for level in levels[1:]:
+        merges = [n for n in result.nodes if n.level == level]
+        assert merges, f"level {level} has no merge"
+        order = [n.id for n in previous]
+        for k, node in enumerate(merges):
+            positions = [order.index(c) for c in node.children]
+            assert positions == list(range(positions[0], positions[0] + len(positions)))
+            assert len(node.children) >= 2
+            assert sum(nodes[c].tokens for c in node.children) <= (room_context if node.used_context else room_merge)
+            if k > 0:
+                assert node.used_context, "merges after the first of a level use the preceding summary as context"
+        carried = [n for n in previous if not any(n.id in m.children for m in merges)]
+        previous = merges + carried
+        previous.sort(key=lambda n: n.chunks[0])
+    root = result.nodes[-1]
+    assert root.chunks == list(range(len(chunks)))
+    assert result.summary == root.text
+
+    # The prompts: every context merge received the summary just before its first input.
+    context_calls = [c for c in lm.backend.calls if "context" in c.inputs]
+    assert len(context_calls) == sum(1 for n in result.nodes if n.used_context) > 0
+    assert len(lm.backend.calls) == len(result.nodes)
+
+
+def test_regenerates_a_summary_over_budget_then_keeps_it_within_budget():
+    book = synthetic_book(3_000)
+
+    def respond(call):
+        long = call.attempt < 100  # the first answer is far too long
+        return {"summary": summary_of(2000 if long else 50)}
+
+    lm = ScriptedLM(respond)
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    (node,) = result.nodes
+    assert node.attempts == 2 and not node.over_budget
+    assert count_tokens(result.summary) <= 200
+
+
+def test_gives_up_after_bounded_regenerations_and_trims_to_budget():
+    book = synthetic_book(3_000)
+    lm = ScriptedLM(lambda call: {"summary": summary_of(2000)})
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=2)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    (node,) = result.nodes
+    assert len(lm.backend.calls) == 3
+    assert node.over_budget and node.truncated
+    assert count_tokens(node.text) <= 200
+
+
+def test_incremental_updating_compresses_when_over_budget():
+    book = synthetic_book(9_000)
+    g = 300
+
+    def respond(call):
+        if "condensed" in call.output_fields:
+            return {"condensed": summary_of(150)}
+        if "running_summary" in call.inputs:
+            return {"summary": summary_of(330)}  # over G_n = 300 tokens
+        return {"summary": summary_of(150)}
+
+    lm = ScriptedLM(respond)
+    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=g)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    chunks = result.chunks
+    kinds = [n.kind for n in result.nodes]
+    assert kinds[0] == "chunk"
+    assert kinds.count("update") == len(chunks) - 1
+    assert kinds.count("compress") == len(chunks) - 1
+    compress_calls = [c for c in lm.backend.calls if "condensed" in c.output_fields]
+    assert all(int(c.inputs["current_words"]) > int(c.inputs["word_limit"]) for c in compress_calls)
+    # Each update reads the compressed summary of the step before.
+    update_calls = [c for c in lm.backend.calls if "running_summary" in c.inputs]
+    assert update_calls[1].inputs["running_summary"] == summary_of(150)
+    assert count_tokens(result.summary) <= g
+
+
+def test_incremental_keeps_summary_without_compression_when_within_budget():
+    book = synthetic_book(6_000)
+    lm = ScriptedLM(lambda call: {"summary": summary_of(100)})
+    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=300)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    assert "compress" not in [n.kind for n in result.nodes]
+
+
+def test_chunk_size_the_window_cannot_hold_is_an_error():
+    lm = ScriptedLM(lambda call: {"summary": "x"})
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        with pytest.raises(BooklensError, match="does not fit"):
+            HierarchicalSummarizer(chunk_size=8192, context_window=8192).check_budgets()
+        with pytest.raises(BooklensError, match="incremental updating needs"):
+            IncrementalSummarizer(chunk_size=6000, context_window=8192).check_budgets()
+    assert lm.backend.calls == []
+
+
+def test_artifact_removal_pass_cleans_the_final_summary():
+    book = synthetic_book(2_000)
+
+    def respond(call):
+        if "cleaned" in call.output_fields:
+            return {"cleaned": call.inputs["summary"].replace("In this segment, ", "")}
+        return {"summary": "In this segment, Mara finds the lamp dark."}
+
+    lm = ScriptedLM(respond)
+    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=200,
+                                     remove_artifacts=True)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    assert result.summary == "Mara finds the lamp dark."
+    assert result.nodes[-1].kind == "clean"
