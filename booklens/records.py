@@ -94,3 +94,77 @@ class Summary(BaseModel):
     lm: str
     usage: dict[str, Any] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------
+# Faithfulness (FABLES): claims and their verification against the book
+
+FaithfulnessLabel = Literal["faithful", "unfaithful", "partial support", "can't verify"]
+EvidenceSource = Literal["given", "bm25", "dense", "hybrid", "book"]
+
+
+class ClaimSet(BaseModel):
+    """Atomic claims decomposed from a summary."""
+
+    format_version: int = FORMAT_VERSION
+    kind: Literal["booklens.claims"] = "booklens.claims"
+    summary: str
+    claims: list[str]
+    attempts: int = 1
+    lm: str = ""
+    usage: dict[str, Any] = Field(default_factory=dict)
+
+
+class Evidence(BaseModel):
+    """One passage shown to the verifier, numbered from 1 as in the prompt. `start`/`end` are
+    character offsets into the book text (`book[start:end] == text`), None when the evidence came
+    with the data and could not be found in the book."""
+
+    number: int
+    text: str
+    source: EvidenceSource
+    passage: Optional[int] = Field(default=None, description="index of the book passage it is (or overlaps first)")
+    start: Optional[int] = None
+    end: Optional[int] = None
+    score: Optional[float] = None
+    supports: bool = False
+    refutes: bool = False
+
+
+class ClaimVerdict(BaseModel):
+    """The verification of one claim. `label` is None when the verifier failed (see `error`)."""
+
+    index: int
+    claim: str
+    label: Optional[FaithfulnessLabel] = None
+    fables_label: Optional[Literal["Yes", "No", "PartialSupport", "Inapplicable"]] = None
+    reason: str = ""
+    evidence: list[Evidence] = Field(default_factory=list)
+    supporting: list[int] = Field(default_factory=list, description="evidence numbers that support the claim")
+    refuting: list[int] = Field(default_factory=list, description="evidence numbers that contradict the claim")
+    invalid_references: list[int] = Field(default_factory=list,
+                                          description="passage numbers the verifier cited that were not shown to it")
+    attempts: int = 0
+    error: Optional[str] = None
+
+
+class FaithfulnessReport(BaseModel):
+    """Claim-level verdicts and the summary-level share of each label (percent of all claims;
+    `failed` counts claims whose verification did not produce a valid label)."""
+
+    format_version: int = FORMAT_VERSION
+    kind: Literal["booklens.faithfulness"] = "booklens.faithfulness"
+    book: Optional[str] = None
+    book_sha256: Optional[str] = None
+    summary: Optional[str] = None
+    evidence_mode: Literal["none", "given", "bm25", "dense", "hybrid", "book"]
+    k: Optional[int] = None
+    budget_tokens: Optional[int] = None
+    passage_tokens: Optional[int] = None
+    claims: list[ClaimVerdict] = Field(default_factory=list)
+    label_counts: dict[str, int] = Field(default_factory=dict)
+    label_percentages: dict[str, float] = Field(default_factory=dict)
+    failures: int = 0
+    lm: str = ""
+    usage: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
