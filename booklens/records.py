@@ -168,3 +168,96 @@ class FaithfulnessReport(BaseModel):
     lm: str = ""
     usage: dict[str, Any] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------
+# Coherence (BooookScore): confusion annotations of summary sentences
+
+CoherenceErrorType = Literal[
+    "entity omission",
+    "event omission",
+    "causal omission",
+    "salience",
+    "discontinuity",
+    "duplication",
+    "inconsistency",
+    "language",
+]
+COHERENCE_ERROR_TYPES: tuple[str, ...] = (
+    "entity omission",
+    "event omission",
+    "causal omission",
+    "salience",
+    "discontinuity",
+    "duplication",
+    "inconsistency",
+    "language",
+)
+
+
+class SentenceAnnotation(BaseModel):
+    """The confusion verdict for one summary sentence. `confusing` is None when no valid
+    answer was obtained (`status == "failed"`, reason in `error`): such a sentence is
+    never counted as free of confusion."""
+
+    index: int = Field(description="0-based position of the sentence in the summary")
+    sentence: str
+    confusing: Optional[bool] = None
+    questions: list[str] = Field(default_factory=list)
+    types: list[CoherenceErrorType] = Field(default_factory=list)
+    status: Literal["ok", "failed"] = "ok"
+    attempts: int = 1
+    error: Optional[str] = None
+
+
+class CoherenceResult(BaseModel):
+    """BooookScore of one summary with its sentence annotations.
+
+    `score` is Eq. 1 of the BooookScore paper as a fraction: the share of the answered
+    sentences without confusion. For human span annotations `score_method` is
+    "annotations": following the paper's footnote 12, each annotation (a span, possibly
+    covering consecutive sentences, or a relation between two spans) counts as one
+    confusing sentence; `score_sentences` is then the share of sentences no span touches."""
+
+    format_version: int = FORMAT_VERSION
+    kind: Literal["booklens.coherence"] = "booklens.coherence"
+    book: Optional[str] = None
+    summary: str
+    annotator: str = Field(default="program", description="who annotated: program, gpt4, human, ...")
+    score: Optional[float] = None
+    score_method: Literal["sentences", "annotations"] = "sentences"
+    score_sentences: Optional[float] = None
+    n_sentences: int = 0
+    n_confusing: int = 0
+    n_failed: int = 0
+    n_annotations: Optional[int] = Field(default=None, description="human spans + relations (footnote 12 count)")
+    type_counts: dict[str, int] = Field(default_factory=dict)
+    sentences: list[SentenceAnnotation] = Field(default_factory=list)
+    stats: dict[str, Any] = Field(default_factory=dict, description="length_tokens, repeated/novel trigram percentages")
+    mode: Optional[Literal["per-sentence", "batched"]] = None
+    batch_size: Optional[int] = None
+    notes: list[str] = Field(default_factory=list)
+    lm: str = ""
+    usage: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+class CoherenceSet(BaseModel):
+    """BooookScore of a system: many summaries (book -> result) and their mean score."""
+
+    format_version: int = FORMAT_VERSION
+    kind: Literal["booklens.coherence_set"] = "booklens.coherence_set"
+    annotator: str = "program"
+    system_score: Optional[float] = None
+    system_score_sentences: Optional[float] = None
+    n_summaries: int = 0
+    n_sentences: int = 0
+    n_confusing: int = 0
+    n_failed: int = 0
+    error_type_rates: dict[str, float] = Field(default_factory=dict, description="errors per sentence, percent")
+    stats: dict[str, Any] = Field(default_factory=dict)
+    results: dict[str, CoherenceResult] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    lm: str = ""
+    usage: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
