@@ -21,6 +21,8 @@ _FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n")
 
 def parse_fields(content: str) -> dict[str, str]:
     """Split a DSPy chat message into its `[[ ## name ## ]]` sections."""
+    # The adapter appends its output instructions after the last input field.
+    content = content.split("\n\nRespond with ", 1)[0]
     parts = _FIELD.split(content)
     fields = {}
     for i in range(1, len(parts) - 1, 2):

@@ -17,20 +17,72 @@ app = typer.Typer(
     add_completion=False,
 )
 
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from booklens import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the booklens version and exit."),
+) -> None:
+    """Summarize book-length text with LLMs and judge the summaries: coherence, faithfulness, QA."""
+
+
 # Command modules register their commands on `app` when imported.
 from booklens.cli import summarize as _summarize  # noqa: E402,F401
+from booklens.cli import coherence as _coherence  # noqa: E402,F401
+from booklens.cli import qa as _qa  # noqa: E402,F401
+from booklens.cli import faithfulness as _faithfulness  # noqa: E402,F401
+
+
+def _command_of(ctx) -> str:
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(["booklens", *reversed(names)])
 
 
 def main() -> None:
     """Entry point: user errors end in one line on stderr and a non-zero exit code."""
+    from typer import Abort, Exit
+
+    try:  # typer >= 0.20 ships its own copy of click
+        from typer._click.exceptions import ClickException, UsageError
+    except ImportError:  # pragma: no cover - older typer
+        from click.exceptions import ClickException, UsageError
+
     try:
-        app()
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except UsageError as exc:
+        message = exc.format_message().strip()
+        if message:  # an empty message follows a help screen already shown
+            print(f"error: {message} (see {_command_of(exc.ctx)} --help)", file=sys.stderr)
+        sys.exit(2)
+    except Exit as exc:
+        sys.exit(exc.exit_code)
+    except Abort:
+        print("error: aborted", file=sys.stderr)
+        sys.exit(1)
+    except ClickException as exc:
+        print(f"error: {exc.format_message()}", file=sys.stderr)
+        sys.exit(exc.exit_code or 1)
     except BooklensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("error: interrupted (completed LM calls are cached; rerun to resume)", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(1)
     except Exception as exc:  # a bug, not a user error: still one line unless asked for more
         if os.environ.get("BOOKLENS_DEBUG"):
             raise

@@ -1,0 +1,119 @@
+"""`booklens summarize` end to end: bad input, resume after a kill, and the embedded model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from booklens.testing import FakeOpenAIServer
+
+REPO = Path(__file__).resolve().parents[1]
+STORY = REPO / "examples" / "sample_story.txt"
+
+
+def run_cli(args, tmp_path, env_extra=None, timeout=600):
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache"), **(env_extra or {})}
+    env.pop("BOOKLENS_LM", None)
+    return subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def assert_one_line_error(proc, out: Path, pattern: str):
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and pattern in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "make_input, pattern",
+    [
+        (lambda d: d / "missing.txt", "no such file"),
+        (lambda d: _write(d / "empty.txt", b""), "empty"),
+        (lambda d: _write(d / "binary.txt", bytes(range(256)) * 40), "binary"),
+        (lambda d: _write(d / "latin1.txt", "Caf\xe9 au lait. Tr\xe8s bien.".encode("latin-1") * 50), "UTF-8"),
+    ],
+    ids=["missing", "empty", "binary", "undecodable"],
+)
+def test_bad_book_input(tmp_path, make_input, pattern):
+    out = tmp_path / "out.json"
+    proc = run_cli(["summarize", str(make_input(tmp_path)), "-o", str(out)], tmp_path)
+    assert_one_line_error(proc, out, pattern)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_chunk_size_the_context_window_cannot_hold(tmp_path):
+    out = tmp_path / "out.json"
+    proc = run_cli(["summarize", str(STORY), "--chunk-size", "9000", "-o", str(out)], tmp_path)
+    assert_one_line_error(proc, out, "does not fit")
+
+
+def test_unknown_lm(tmp_path):
+    out = tmp_path / "out.json"
+    proc = run_cli(["summarize", str(STORY), "--lm", "nosuchprovider-xyz/model", "-o", str(out)], tmp_path)
+    assert_one_line_error(proc, out, "unknown model")
+
+
+def test_missing_api_key(tmp_path):
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    proc = subprocess.run([sys.executable, "-m", "booklens", "summarize", str(STORY), "--lm", "openai/gpt-4o-mini",
+                           "-o", str(out)], capture_output=True, text=True,
+                          env={**env, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}, timeout=120)
+    assert_one_line_error(proc, out, "OPENAI_API_KEY")
+
+
+def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
+    out = tmp_path / "summary.json"
+    args = [sys.executable, "-m", "booklens", "summarize", str(STORY), "--method", "inc", "--chunk-size", "512",
+            "--max-summary-tokens", "200", "--lm", "openai/fake-model", "--concurrency", "1", "-o", str(out)]
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    with FakeOpenAIServer(latency=0.3) as server:
+        proc = subprocess.Popen([*args, "--api-base", server.url], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        # Kill while the 4th call is in flight: with concurrency 1 the client sends it only after
+        # it has received (and cached) the 3rd answer.
+        while not (len(server.served) >= 3 and server.in_flight == 1) and time.time() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        first_run = [json.dumps(b["messages"], sort_keys=True) for b in server.served]
+        assert len(first_run) >= 3 and not out.exists()
+        served_before = len(server.served)
+        rerun = subprocess.run([*args, "--api-base", server.url], env=env, capture_output=True, text=True,
+                               timeout=300)
+        assert rerun.returncode == 0, rerun.stderr
+        second_run = [json.dumps(b["messages"], sort_keys=True) for b in server.served[served_before:]]
+    assert second_run, "the rerun had calls left to make"
+    assert not set(first_run) & set(second_run), "a call that had finished was made again"
+    record = json.loads(out.read_text())
+    assert record["usage"]["cached_calls"] >= len(set(first_run))
+    assert record["summary"]
+
+
+@pytest.mark.embedded
+def test_summarize_sample_story_with_the_embedded_model(tmp_path):
+    out = tmp_path / "summary.json"
+    proc = run_cli(["summarize", str(STORY), "-o", str(out)], tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(out.read_text())
+    assert record["kind"] == "booklens.summary" and record["method"] == "hier"
+    assert len(record["summary"].split()) >= 20
+    assert record["lm"].startswith("local/")
+    assert record["usage"]["calls"] >= 2
+    levels = {n["level"] for n in record["nodes"]}
+    assert 1 in levels and record["nodes"][-1]["chunks"] == [c["index"] for c in record["chunks"]]
