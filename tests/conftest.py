@@ -1,0 +1,30 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The project's shared/ folder: ``../shared`` beside the repo, or ``$BOOKLENS_SHARED``."""
+    configured = os.environ.get("BOOKLENS_SHARED")
+    path = Path(configured) if configured else REPO_ROOT.parent / "shared"
+    if not path.is_dir():
+        how = "BOOKLENS_SHARED" if configured else "../shared relative to the repo root (or set BOOKLENS_SHARED)"
+        pytest.skip(f"shared data folder not found at {path} ({how})")
+    return path
+
+
+@pytest.fixture(scope="session")
+def books_dir(shared_dir: Path) -> Path:
+    """shared/data/books: public-domain books as UTF-8 .txt files."""
+    path = shared_dir / "data" / "books"
+    if not path.is_dir() or not any(path.glob("*.txt")):
+        pytest.skip(f"no books found in {path}")
+    return path
