@@ -226,8 +226,8 @@ def _read_epub(p: Path) -> str:
     parts = []
     for idref, _linear in book.spine:
         item = book.get_item_with_id(idref)
-        if item is None or item.get_type() != ebooklib.ITEM_DOCUMENT:
-            continue  # the navigation document (a generated table of contents), images, ...
+        if item is None or item.get_type() != ebooklib.ITEM_DOCUMENT or isinstance(item, epub.EpubNav):
+            continue  # images, ..., and the navigation document (a generated table of contents)
         content = item.content
         if not content:
             continue
@@ -322,6 +322,7 @@ _FRONT_SIGNALS = re.compile(
     r"copyright|all rights reserved|first published|printed in|\bisbn\b|transcriber|gutenberg",
     re.IGNORECASE,
 )
+_DEDICATION = re.compile(r"^(?:to|for|in (?:loving )?memory of|dedicated to)\b", re.IGNORECASE)
 _BACK_HEADINGS = re.compile(
     r"^(?:the end|finis|the end of [\w' ]{1,40}|about the authors?|a note (?:on|about) the authors?"
     r"|acknowledge?ments?|transcriber['’]?s['’]? notes?|also by\b|by the same author|other (?:books|works) by\b"
@@ -424,7 +425,16 @@ def drop_front_back_matter(text: str) -> str:
             block = text[blocks[i][0]:blocks[i][1]]
             if not _is_text(block):
                 in_matter_section = _is_short(block, max_lines=2) and bool(_FRONT_HEADINGS.match(_lines(block)[0]))
-            elif not in_matter_section and not _FRONT_SIGNALS.search(block):
+            elif in_matter_section or _FRONT_SIGNALS.search(block):
+                continue
+            elif (
+                # A dedication: "For my mother, / who kept the light." standing on its own.
+                _DEDICATION.match(block.lstrip())
+                and _is_short(block)
+                and not _is_text(text[blocks[i + 1][0]:blocks[i + 1][1]])
+            ):
+                continue
+            else:
                 cut = i  # possibly narrative without a heading: keep it and all that follows
                 break
         if cut and blocks[cut][0] <= n / 3:
