@@ -17,12 +17,13 @@ from typing import Any, Callable
 from booklens.lm import BooklensLM, CallCache, Completion, UsageTracker
 
 _FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n")
+_OUTPUT_REQUIREMENTS = re.compile(r"\n\n(?:Respond with |Write the [\w ]+ now, as plain text)")
 
 
 def parse_fields(content: str) -> dict[str, str]:
     """Split a DSPy chat message into its `[[ ## name ## ]]` sections."""
     # The adapter appends its output instructions after the last input field.
-    content = content.split("\n\nRespond with ", 1)[0]
+    content = _OUTPUT_REQUIREMENTS.split(content, 1)[0]
     parts = _FIELD.split(content)
     fields = {}
     for i in range(1, len(parts) - 1, 2):
@@ -38,6 +39,8 @@ class ScriptedCall:
         self.inputs = parse_fields(messages[-1]["content"])
         schema = request.get("schema") or {}
         self.output_fields = list((schema.get("properties") or {}).keys())
+        if request.get("plain_output"):
+            self.output_fields = [request["plain_output"]]
         self.attempt = int(request.get("attempt") or 0)
 
     def wants(self, *names: str) -> bool:
@@ -65,6 +68,8 @@ class ScriptedBackend:
 
             time.sleep(self.latency)
         answer = self.responder(call)
+        if isinstance(answer, dict) and request.get("plain_output"):
+            answer = str(answer.get(request["plain_output"], ""))  # plain-text answers carry no JSON
         text = answer if isinstance(answer, str) else json.dumps(answer)
         prompt_tokens = sum(len(m["content"]) for m in request["messages"]) // 4
         return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=len(text) // 4)
@@ -88,8 +93,11 @@ def ScriptedLM(
 
 
 def default_fake_answer(body: dict[str, Any]) -> str:
-    """A JSON answer that fills every summarization output field with a short summary."""
+    """A short summary: plain text when the prompt asks for plain text, else JSON filling every field."""
     text = "The keeper gave away the fuel. The lamp went dark. Years later the truth came out."
+    last = str((body.get("messages") or [{}])[-1].get("content", ""))
+    if "as plain text" in last:
+        return text
     return json.dumps({"summary": text, "condensed": text, "cleaned": text})
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import booklens  # noqa: F401  - first, so its offline settings apply before dspy imports litellm
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
