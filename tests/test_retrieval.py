@@ -1,0 +1,237 @@
+"""booklens.retrieval: passages, BM25 / dense / hybrid ranking, whole-book context, the disk
+cache of indexes, and locating quotes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import booklens.retrieval as retrieval
+from booklens.errors import BooklensError
+from booklens.retrieval import BookIndex, Passage, QuoteLocator, locate_quote, make_passages
+
+REPO = Path(__file__).resolve().parents[1]
+STORY = REPO / "examples" / "sample_story.txt"
+PP_CLAIMS = REPO / "benchmarks" / "data" / "pride_and_prejudice_claims.json"
+
+
+def story_text() -> str:
+    from booklens.text import read_book
+
+    return read_book(STORY)
+
+
+def fake_embed(texts):
+    """Deterministic bag-of-words vectors: texts sharing words point the same way."""
+    vectors = np.zeros((len(texts), 64), dtype="float32")
+    for row, text in enumerate(texts):
+        for word in re.findall(r"[a-z]+", text.lower()):
+            vectors[row, int(hashlib.md5(word.encode()).hexdigest(), 16) % 64] += 1.0
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.where(norms == 0, 1, norms)
+
+
+# ---------------------------------------------------------------------------
+# Passages
+
+
+def test_passages_are_exact_spans_within_the_token_limit():
+    from booklens.text import count_tokens
+
+    text = story_text()
+    passages = make_passages(text, max_tokens=64)
+    assert len(passages) > 5
+    for i, p in enumerate(passages):
+        assert isinstance(p, Passage) and p.index == i
+        assert text[p.start:p.end] == p.text and p.text == p.text.strip() and p.text
+        assert count_tokens(p.text) <= 64 and p.tokens <= 64
+    # in order, no overlap, and nothing but whitespace between them
+    for a, b in zip(passages, passages[1:]):
+        assert a.end <= b.start and not text[a.end:b.start].strip()
+    assert not text[:passages[0].start].strip() and not text[passages[-1].end:].strip()
+
+
+def test_passages_end_on_sentence_boundaries():
+    text = "Anna left the house at dawn. " * 3 + "Ben stayed behind and waited for the rain to stop. " * 30
+    for p in make_passages(text, max_tokens=40):
+        assert p.text.endswith(".")
+
+
+# ---------------------------------------------------------------------------
+# Ranking
+
+
+def test_bm25_finds_the_passage_with_the_rare_words():
+    text = " ".join(f"Sentence number {i} talks about ordinary weather and grey skies." for i in range(200))
+    text += " The lighthouse keeper hid the brass telescope under the floorboards. "
+    text += " ".join(f"More filler {i} about ordinary weather." for i in range(100))
+    index = BookIndex.build(text, passage_tokens=64)
+    hits = index.search("Where did the keeper hide the telescope?", mode="bm25", k=3)
+    assert "telescope" in hits[0][0].text
+    assert len(hits) == 1  # only passages that share a term with the query are returned
+    assert hits[0][1] > 0
+    assert index.search("the of and", mode="bm25") == []  # only stopwords: nothing to match
+
+
+def test_dense_and_hybrid_with_a_fake_embedder(monkeypatch):
+    monkeypatch.setattr(retrieval, "embed", fake_embed)
+    text = story_text()
+    index = BookIndex.build(text, passage_tokens=64)
+    target = index.passages[7]
+    query = " ".join(target.text.split()[:25])
+    dense = index.search(query, mode="dense", k=3)
+    assert dense[0][0].index == target.index
+    assert all(-1.0001 <= s <= 1.0001 for _, s in dense)
+    hybrid = index.search(query, mode="hybrid", k=3)
+    assert hybrid[0][0].index == target.index and len(hybrid) == 3
+
+
+def test_hybrid_is_reciprocal_rank_fusion():
+    index = BookIndex.build(story_text(), passage_tokens=64)
+    index._rank_bm25 = lambda q, depth: [(3, 9.0), (1, 5.0), (2, 1.0)]
+    index._rank_dense = lambda q, depth: [(1, 0.9), (4, 0.8), (3, 0.1)]
+    fused = index.rank("anything", "hybrid", 4)
+    k = retrieval.RRF_K
+    expected = {3: 1 / (k + 1) + 1 / (k + 3), 1: 1 / (k + 2) + 1 / (k + 1), 4: 1 / (k + 2), 2: 1 / (k + 3)}
+    assert [i for i, _ in fused] == sorted(expected, key=lambda i: -expected[i])
+    for i, score in fused:
+        assert score == pytest.approx(expected[i])
+
+
+def test_unknown_search_mode_is_an_error():
+    index = BookIndex.build(story_text())
+    with pytest.raises(BooklensError, match="unknown search mode"):
+        index.search("x", mode="tfidf")
+
+
+def test_book_context_fits_the_budget_in_book_order_around_the_best_passage():
+    text = story_text()
+    index = BookIndex.build(text, passage_tokens=64)
+    total = sum(p.tokens for p in index.passages)
+    assert index.book_context("anything", total) == index.passages  # the whole book when it fits
+    seed = 10
+    index.rank = lambda q, mode, depth: [(seed, 1.0)]
+    ctx = index.book_context("anything", 300)
+    assert sum(p.tokens for p in ctx) <= 300
+    ids = [p.index for p in ctx]
+    assert ids == sorted(ids) and seed in ids
+    # one seed: a contiguous window centred on it
+    assert ids == list(range(ids[0], ids[-1] + 1))
+    assert abs((seed - ids[0]) - (ids[-1] - seed)) <= 1
+    assert index.book_context("anything", 0) == []
+
+
+def test_book_context_grows_windows_around_several_seeds():
+    index = BookIndex.build(story_text(), passage_tokens=64)
+    index.rank = lambda q, mode, depth: [(2, 1.0), (20, 0.5)]
+    ids = [p.index for p in index.book_context("anything", 400)]
+    assert 2 in ids and 20 in ids
+    assert all(min(abs(i - 2), abs(i - 20)) <= 3 for i in ids)
+
+
+def test_an_empty_book_cannot_be_indexed():
+    with pytest.raises(BooklensError, match="no text"):
+        BookIndex.build("   \n\n  ")
+
+
+# ---------------------------------------------------------------------------
+# The disk cache
+
+
+def test_index_is_cached_on_disk_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setattr(retrieval, "embed", fake_embed)
+    text = story_text()
+    first = BookIndex.build(text, cache_dir=tmp_path, passage_tokens=128)
+    assert not first.loaded_from_cache
+    first.ensure_dense()
+    folders = list(tmp_path.iterdir())
+    assert len(folders) == 1
+    names = {p.name for p in folders[0].iterdir()}
+    assert {"meta.json", "passages.json", "bm25.json", "dense.faiss", "dense.json"} <= names
+    assert not any(n.endswith((".pkl", ".pickle")) for n in names)
+    assert json.loads((folders[0] / "meta.json").read_text())["text_sha256"] == \
+        hashlib.sha256(text.encode()).hexdigest()
+
+    # second build: nothing is recomputed
+    def fail(*a, **k):
+        raise AssertionError("rebuilt instead of loading the cache")
+
+    monkeypatch.setattr(retrieval, "make_passages", fail)
+    monkeypatch.setattr(retrieval, "_new_bm25", fail)
+    calls = []
+    monkeypatch.setattr(retrieval, "embed", lambda texts: calls.append(len(texts)) or fake_embed(texts))
+    second = BookIndex.build(text, cache_dir=tmp_path, passage_tokens=128)
+    assert second.loaded_from_cache
+    assert second.passages == first.passages
+    q = "the keeper and the lamp"
+    assert second.search(q, "bm25") == first.search(q, "bm25")
+    assert [p.index for p, _ in second.search(q, "dense")] == [p.index for p, _ in first.search(q, "dense")]
+    assert calls == [1, 1]  # only the query was embedded, passages came from dense.faiss
+
+
+def test_cache_key_depends_on_text_and_settings(tmp_path):
+    text = story_text()
+    BookIndex.build(text, cache_dir=tmp_path, passage_tokens=128)
+    BookIndex.build(text, cache_dir=tmp_path, passage_tokens=64)
+    BookIndex.build(text + "\nA new last line.", cache_dir=tmp_path, passage_tokens=128)
+    assert len(list(tmp_path.iterdir())) == 3
+    assert BookIndex.build(text, cache_dir=tmp_path, passage_tokens=64).loaded_from_cache
+
+
+def test_a_damaged_cache_is_rebuilt(tmp_path):
+    text = story_text()
+    BookIndex.build(text, cache_dir=tmp_path)
+    folder = next(tmp_path.iterdir())
+    (folder / "bm25.json").write_text("{not json")
+    again = BookIndex.build(text, cache_dir=tmp_path)
+    assert not again.loaded_from_cache and again.search("lamp", "bm25")
+    assert BookIndex.build(text, cache_dir=tmp_path).loaded_from_cache
+
+
+def test_dense_search_with_the_real_model():
+    text = ("Chapter 1. Mara repaired fishing nets on the pier every morning. " * 4
+            + "Chapter 2. The orchestra rehearsed a symphony in the concert hall until midnight. " * 4
+            + "Chapter 3. A storm sank three boats, and the village mourned the drowned sailors. " * 4)
+    index = BookIndex.build(text, passage_tokens=40)
+    hits = index.search("musicians practising classical music", mode="dense", k=1)
+    assert "orchestra" in hits[0][0].text
+    hits = index.search("a shipwreck during bad weather", mode="hybrid", k=1)
+    assert "storm" in hits[0][0].text
+
+
+# ---------------------------------------------------------------------------
+# Quotes
+
+
+def test_locate_quote_ignores_whitespace_and_curly_quotes():
+    text = "He said:\n“Come   here,\n  now.” And she went.\n"
+    start, end = locate_quote(text, "“Come here, now.”")
+    assert text[start:end] == "“Come   here,\n  now.”"
+    start, end = locate_quote(text, '"Come here,\nnow."')  # straight quotes
+    assert text[start:end].startswith("“Come") and text[start:end].endswith("”")
+    assert locate_quote(text, "Go away") is None
+    assert locate_quote(text, "   ") is None
+    locator = QuoteLocator(text)
+    assert locator.locate("she went") == (text.index("she went"), text.index("she went") + 8)
+
+
+def test_every_quote_of_the_pride_and_prejudice_set_occurs_in_the_book(books_dir):
+    from booklens.text import read_book
+
+    text = read_book(books_dir / "pride_and_prejudice.txt")
+    data = json.loads(PP_CLAIMS.read_text(encoding="utf-8"))
+    assert len(data["claims"]) >= 40
+    assert {c["label"] for c in data["claims"]} == {"true", "false"}
+    locator = QuoteLocator(text)
+    collapsed = lambda s: " ".join(s.split())  # noqa: E731
+    for claim in data["claims"]:
+        assert claim["evidence"], claim["id"]
+        for quote in claim["evidence"]:
+            span = locator.locate(quote)
+            assert span is not None, (claim["id"], quote[:60])
+            assert collapsed(text[span[0]:span[1]]) == collapsed(quote)
