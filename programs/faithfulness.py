@@ -1,0 +1,316 @@
+"""Faithfulness of a summary to its book (FABLES): decompose, retrieve, verify.
+
+1. `ClaimDecomposer` splits the summary into atomic, self-contained claims.
+2. For each claim the checker gathers evidence in one of the modes of
+   `booklens.retrieval.EVIDENCE_MODES`: none, the evidence that came with the
+   data (`given`, e.g. FABLES' human quotes), the top-k passages by BM25, dense
+   or hybrid retrieval, or as much of the book as the budget holds (`book`).
+3. `ClaimVerifier` labels each claim faithful / unfaithful / partial support /
+   can't verify with a short reason and the numbers of the passages that
+   support or contradict it. Claims are verified concurrently.
+
+Labels come from a closed set: an answer outside it is re-asked (a fresh
+sample) and, after the last try, recorded as a failure (`label=None`, `error`),
+never replaced by a default. Every piece of evidence that could be placed in
+the book carries its character offsets, so a verdict can be traced to the text.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import dspy
+
+from booklens.errors import BooklensError
+from booklens.lm import last_finish_reason, predict_with_retries, usage_step
+from booklens.parallel import parallel_map
+from booklens.records import ClaimVerdict, Evidence
+from booklens.retrieval import BOOK_MODES, EVIDENCE_MODES, BookIndex, format_passages
+from booklens.signatures.faithfulness import (
+    CLAIM_LABELS,
+    LABEL_TO_FABLES,
+    DecomposeSummary,
+    VerifyClaim,
+    VerifyClaimWithoutEvidence,
+)
+
+DEFAULT_K = 5
+DECOMPOSE_MAX_TOKENS = 2048
+VERIFY_MAX_TOKENS = 400
+# Tokens of the verification prompt other than the evidence (instructions, claim, field layout, chat template).
+VERIFY_PROMPT_OVERHEAD = 1000
+# Share of the remaining window evidence may fill: the backend's tokenizer may count more than cl100k_base.
+BUDGET_MARGIN = 0.8
+
+# What annotators write when they have no quote; not evidence.
+_NO_EVIDENCE = re.compile(r"^\s*(n/?a|none\.?|-+|not applicable|no evidence\.?|not true)?\s*$", re.IGNORECASE)
+_BULLET = re.compile(r"^\s*(?:[-*\u2022]+|\d+[.)]|\(\d+\))\s+")
+
+
+def clean_evidence(quotes: Sequence[str] | None) -> list[str]:
+    """Quotes that carry text (drops empty strings and placeholders such as 'N/A' or 'None')."""
+    return [q.strip() for q in quotes or [] if isinstance(q, str) and not _NO_EVIDENCE.match(q)]
+
+
+def clean_claims(raw: Sequence[Any]) -> list[str]:
+    """Claims as plain sentences: list markers stripped, blanks and exact repeats dropped."""
+    claims: list[str] = []
+    seen: set[str] = set()
+    for item in raw or []:
+        text = _BULLET.sub("", str(item)).strip().strip('"').strip()
+        key = " ".join(text.lower().split())
+        if text and key not in seen:
+            seen.add(key)
+            claims.append(text)
+    return claims
+
+
+def evidence_budget(context_window: int | None, max_tokens: int = VERIFY_MAX_TOKENS) -> int:
+    """Tokens of evidence a verification prompt may hold in a model's context window."""
+    window = context_window or 8192
+    return max(256, int((window - max_tokens - VERIFY_PROMPT_OVERHEAD) * BUDGET_MARGIN))
+
+
+def label_summary(verdicts: Sequence[ClaimVerdict]) -> tuple[dict[str, int], dict[str, float], int]:
+    """Counts and percentages (of all claims) of each label, with failed verifications as 'failed'."""
+    counts = {label: 0 for label in CLAIM_LABELS}
+    counts["failed"] = 0
+    for v in verdicts:
+        counts[v.label if v.label is not None else "failed"] += 1
+    total = len(verdicts)
+    percentages = {k: (round(100.0 * n / total, 2) if total else 0.0) for k, n in counts.items()}
+    return counts, percentages, counts["failed"]
+
+
+# ---------------------------------------------------------------------------
+# Decomposition
+
+
+class ClaimDecomposer(dspy.Module):
+    """Summary -> atomic claims."""
+
+    def __init__(self, *, tries: int = 3, max_tokens: int = DECOMPOSE_MAX_TOKENS):
+        super().__init__()
+        self.decompose = dspy.Predict(DecomposeSummary)
+        self.tries = tries
+        self.max_tokens = max_tokens
+
+    def forward(self, summary: str) -> dspy.Prediction:
+        if not summary or not summary.strip():
+            raise BooklensError("the summary is empty")
+
+        def check(prediction) -> str | None:
+            if last_finish_reason() == "length":
+                return "the list of claims was cut off at the token limit"
+            if not clean_claims(prediction.claims):
+                return "no claims in the answer"
+            return None
+
+        attempted = predict_with_retries(self.decompose, tries=self.tries, check=check,
+                                         config={"max_tokens": self.max_tokens}, summary=summary.strip())
+        if not attempted.ok:
+            return dspy.Prediction(claims=[], attempts=attempted.attempts, error=attempted.error)
+        return dspy.Prediction(claims=clean_claims(attempted.prediction.claims), attempts=attempted.attempts,
+                               error=None)
+
+
+# ---------------------------------------------------------------------------
+# Verification
+
+
+def _passage_numbers(values: Any, count: int) -> tuple[list[int], list[int]]:
+    """(valid numbers in 1..count, numbers out of range), each sorted without repeats."""
+    valid, invalid = set(), set()
+    for value in values or []:
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            continue
+        (valid if 1 <= n <= count else invalid).add(n)
+    return sorted(valid), sorted(invalid)
+
+
+class ClaimVerifier(dspy.Module):
+    """Claim + evidence passages -> label, reason, supporting and refuting passage numbers.
+
+    `passages=None` asks without evidence (the 'none' mode); a list (possibly empty) is the evidence."""
+
+    def __init__(self, *, tries: int = 3, max_tokens: int = VERIFY_MAX_TOKENS):
+        super().__init__()
+        self.verify = dspy.Predict(VerifyClaim)
+        self.verify_without_evidence = dspy.Predict(VerifyClaimWithoutEvidence)
+        self.tries = tries
+        self.max_tokens = max_tokens
+
+    @staticmethod
+    def check(prediction) -> str | None:
+        label = getattr(prediction, "label", None)
+        if label not in CLAIM_LABELS:
+            return f"label {label!r} is not one of {', '.join(CLAIM_LABELS)}"
+        if last_finish_reason() == "length":
+            return "the answer was cut off at the token limit"
+        return None
+
+    def forward(self, claim: str, passages: Sequence[str] | None = None) -> dspy.Prediction:
+        config = {"max_tokens": self.max_tokens}
+        if passages is None:
+            attempted = predict_with_retries(self.verify_without_evidence, tries=self.tries, check=self.check,
+                                             config=config, claim=claim)
+        else:
+            evidence = format_passages(passages) if passages else "(no passages)"
+            attempted = predict_with_retries(self.verify, tries=self.tries, check=self.check, config=config,
+                                             evidence=evidence, claim=claim)
+        if not attempted.ok:
+            return dspy.Prediction(label=None, reason="", supporting=[], refuting=[], invalid_references=[],
+                                   attempts=attempted.attempts, error=attempted.error)
+        p = attempted.prediction
+        count = len(passages or [])
+        supporting, bad_s = _passage_numbers(getattr(p, "supporting_passages", None), count)
+        refuting, bad_r = _passage_numbers(getattr(p, "refuting_passages", None), count)
+        return dspy.Prediction(label=p.label, reason=str(p.reason or "").strip(), supporting=supporting,
+                               refuting=refuting, invalid_references=sorted(set(bad_s) | set(bad_r)),
+                               attempts=attempted.attempts, error=None)
+
+
+# ---------------------------------------------------------------------------
+# The whole chain
+
+
+class FaithfulnessChecker(dspy.Module):
+    """Decompose a summary (unless claims are given), gather evidence per claim, verify concurrently."""
+
+    def __init__(self, decomposer: ClaimDecomposer | None = None, verifier: ClaimVerifier | None = None, *,
+                 evidence_mode: str = "bm25", k: int = DEFAULT_K, budget_tokens: int | None = None,
+                 concurrency: int = 4):
+        super().__init__()
+        if evidence_mode not in EVIDENCE_MODES:
+            raise BooklensError(f"unknown evidence mode '{evidence_mode}' (use one of {', '.join(EVIDENCE_MODES)})")
+        if k < 1:
+            raise BooklensError("k must be at least 1")
+        self.decomposer = decomposer or ClaimDecomposer()
+        self.verifier = verifier or ClaimVerifier()
+        self.evidence_mode = evidence_mode
+        self.k = k
+        self.budget_tokens = budget_tokens
+        self.concurrency = concurrency
+
+    def resolved_budget(self) -> int:
+        """Evidence tokens per verification: the given budget or what the LM's window holds."""
+        if self.budget_tokens is not None:
+            return self.budget_tokens
+        lm = dspy.settings.lm
+        return evidence_budget(getattr(lm, "context_window", None), self.verifier.max_tokens)
+
+    # -- evidence -----------------------------------------------------------------
+
+    def gather(self, claim: str, index: BookIndex | None, given: Sequence[str] | None = None) -> list[Evidence] | None:
+        """The evidence for one claim (None in the 'none' mode)."""
+        mode = self.evidence_mode
+        if mode == "none":
+            return None
+        if mode == "given":
+            return self._given(given or [], index)
+        if index is None:
+            raise BooklensError(f"evidence mode '{mode}' needs a book")
+        if mode == "book":
+            passages = index.book_context(claim, self.resolved_budget())
+            return [Evidence(number=n, text=p.text, source="book", passage=p.index, start=p.start, end=p.end)
+                    for n, p in enumerate(passages, start=1)]
+        hits = index.search(claim, mode=mode, k=self.k)
+        return [Evidence(number=n, text=p.text, source=mode, passage=p.index, start=p.start, end=p.end,
+                         score=round(score, 6)) for n, (p, score) in enumerate(hits, start=1)]
+
+    def _given(self, quotes: Sequence[str], index: BookIndex | None) -> list[Evidence]:
+        from booklens.text import count_tokens, truncate_to_tokens
+
+        budget = self.resolved_budget()
+        evidence: list[Evidence] = []
+        used = 0
+        for quote in clean_evidence(quotes):
+            tokens = count_tokens(quote)
+            if used + tokens > budget:
+                room = budget - used
+                if room < 32:
+                    break
+                quote, tokens = truncate_to_tokens(quote, room), room
+            used += tokens
+            item = Evidence(number=len(evidence) + 1, text=quote, source="given")
+            if index is not None:
+                span = index.locate(quote)
+                if span is not None:
+                    item.start, item.end = span
+                    overlapping = index.passages_overlapping(*span)
+                    item.passage = overlapping[0].index if overlapping else None
+            evidence.append(item)
+        return evidence
+
+    # -- running ------------------------------------------------------------------
+
+    def verify_claims(self, claims: Sequence[str], *, index: BookIndex | None = None,
+                      given_evidence: Sequence[Sequence[str]] | None = None) -> list[ClaimVerdict]:
+        mode = self.evidence_mode
+        if mode in BOOK_MODES and index is None:
+            raise BooklensError(f"evidence mode '{mode}' needs a book")
+        if mode == "given":
+            if given_evidence is None:
+                raise BooklensError("evidence mode 'given' needs evidence quotes with every claim")
+            if len(given_evidence) != len(claims):
+                raise BooklensError(f"{len(claims)} claims but {len(given_evidence)} evidence lists")
+        if mode in ("dense", "hybrid", "book") and index is not None and claims:
+            index.ensure_dense()  # build once here rather than inside the first worker
+        evidence = [self.gather(c, index, given_evidence[i] if given_evidence is not None else None)
+                    for i, c in enumerate(claims)]
+
+        def run(i: int) -> ClaimVerdict:
+            items = evidence[i]
+            result = self.verifier(claim=claims[i], passages=None if items is None else [e.text for e in items])
+            for e in items or []:
+                e.supports = e.number in result.supporting
+                e.refutes = e.number in result.refuting
+            return ClaimVerdict(
+                index=i, claim=claims[i], label=result.label,
+                fables_label=LABEL_TO_FABLES.get(result.label) if result.label else None,
+                reason=result.reason, evidence=items or [], supporting=result.supporting, refuting=result.refuting,
+                invalid_references=result.invalid_references, attempts=result.attempts, error=result.error,
+            )
+
+        with usage_step("verify"):
+            return parallel_map(run, range(len(claims)), concurrency=self.concurrency, desc="verifying claims")
+
+    def forward(self, summary: str | None = None, *, claims: Sequence[str] | None = None,
+                index: BookIndex | None = None, given_evidence: Sequence[Sequence[str]] | None = None
+                ) -> dspy.Prediction:
+        if claims is None:
+            if summary is None:
+                raise BooklensError("give a summary or a list of claims")
+            with usage_step("decompose"):
+                decomposed = self.decomposer(summary=summary)
+            if decomposed.error:
+                raise BooklensError(f"could not split the summary into claims "
+                                    f"({decomposed.attempts} tries): {decomposed.error}")
+            claims = decomposed.claims
+        verdicts = self.verify_claims(list(claims), index=index, given_evidence=given_evidence)
+        counts, percentages, failures = label_summary(verdicts)
+        return dspy.Prediction(claims=verdicts, label_counts=counts, label_percentages=percentages,
+                               failures=failures)
+
+
+# ---------------------------------------------------------------------------
+# Factories: the objects compiled artifacts are loaded into
+
+
+def build_decomposer(**kwargs: Any) -> ClaimDecomposer:
+    return ClaimDecomposer(**kwargs)
+
+
+def build_verifier(*, tries: int = 3, max_tokens: int = VERIFY_MAX_TOKENS) -> ClaimVerifier:
+    return ClaimVerifier(tries=tries, max_tokens=max_tokens)
+
+
+def build_checker(*, evidence_mode: str = "bm25", k: int = DEFAULT_K, budget_tokens: int | None = None,
+                  concurrency: int = 4, decomposer: ClaimDecomposer | None = None,
+                  verifier: ClaimVerifier | None = None) -> FaithfulnessChecker:
+    return FaithfulnessChecker(decomposer or build_decomposer(), verifier or build_verifier(),
+                               evidence_mode=evidence_mode, k=k, budget_tokens=budget_tokens,
+                               concurrency=concurrency)

@@ -1,0 +1,64 @@
+"""Faithfulness steps (FABLES §2 and §4): break a summary into atomic claims, then judge
+each claim against evidence from the book."""
+
+from typing import Literal
+
+import dspy
+
+# The four judgments of FABLES, in our words; `FABLES_LABELS` maps the dataset's names onto them.
+ClaimLabel = Literal["faithful", "unfaithful", "partial support", "can't verify"]
+CLAIM_LABELS: tuple[str, ...] = ("faithful", "unfaithful", "partial support", "can't verify")
+FABLES_LABELS = {"Yes": "faithful", "No": "unfaithful", "PartialSupport": "partial support", "Inapplicable": "can't verify"}
+LABEL_TO_FABLES = {v: k for k, v in FABLES_LABELS.items()}
+
+
+class DecomposeSummary(dspy.Signature):
+    """Split a summary of a book into atomic claims, so that a person who has read the book can
+    check each claim on its own.
+
+    An atomic claim states a single fact that the summary asserts. Every claim must make sense
+    without the rest of the summary: call people, places and things by their names instead of
+    pronouns or phrases like "the protagonist" or "she". Where the summary gives it, keep the time,
+    the place and the cause or consequence that go with the fact. Use one sentence, two at most.
+    Cover everything the summary asserts, in the order it says it, and add nothing it does not say."""
+
+    summary: str = dspy.InputField(desc="a summary of a book")
+    claims: list[str] = dspy.OutputField(desc="the atomic claims, each a self-contained statement, in summary order")
+
+
+class VerifyClaim(dspy.Signature):
+    """Judge whether a claim taken from a summary of a book is true to the book, using the
+    numbered passages quoted from the book as evidence.
+
+    Labels:
+    - faithful: the passages support the whole claim, directly or by plain inference.
+    - unfaithful: the passages contradict the claim or an essential part of it.
+    - partial support: some of the claim is supported, but another part is wrong or goes beyond
+      what the passages show.
+    - can't verify: the passages neither support nor contradict the claim.
+    Judge only by the passages, not by what a story like this usually contains. List the numbers of
+    the passages that support the claim and of those that contradict it (empty lists when none do),
+    and give a one-sentence reason."""
+
+    evidence: str = dspy.InputField(desc="numbered passages from the book: [1] ..., [2] ...; may be empty")
+    claim: str = dspy.InputField(desc="the claim to judge")
+    label: ClaimLabel = dspy.OutputField(desc="faithful, unfaithful, partial support or can't verify")
+    supporting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that support the claim")
+    refuting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that contradict the claim")
+    reason: str = dspy.OutputField(desc="one short sentence explaining the label")
+
+
+class VerifyClaimWithoutEvidence(dspy.Signature):
+    """Judge whether a claim taken from a summary of a book is true to that book, from what you
+    know about the book (no passages are given).
+
+    Labels:
+    - faithful: the claim matches the book.
+    - unfaithful: the claim contradicts the book or gets an essential part wrong.
+    - partial support: part of the claim is right and another part is wrong or unsupported.
+    - can't verify: you cannot tell whether the claim is true to the book.
+    Give a one-sentence reason."""
+
+    claim: str = dspy.InputField(desc="the claim to judge")
+    label: ClaimLabel = dspy.OutputField(desc="faithful, unfaithful, partial support or can't verify")
+    reason: str = dspy.OutputField(desc="one short sentence explaining the label")

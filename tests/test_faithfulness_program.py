@@ -1,0 +1,230 @@
+"""The faithfulness programs with a scripted LM: label parsing and re-asks, evidence offsets,
+decomposition clean-up, evidence modes and concurrency."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import dspy
+import pytest
+
+from booklens.errors import BooklensError
+from booklens.lm import BooklensAdapter
+from booklens.programs.faithfulness import (
+    ClaimDecomposer,
+    ClaimVerifier,
+    build_checker,
+    build_decomposer,
+    build_verifier,
+    clean_claims,
+    clean_evidence,
+    evidence_budget,
+)
+from booklens.retrieval import BookIndex
+from booklens.testing import ScriptedLM
+
+REPO = Path(__file__).resolve().parents[1]
+STORY = REPO / "examples" / "sample_story.txt"
+
+
+def story() -> str:
+    from booklens.text import read_book
+
+    return read_book(STORY)
+
+
+def verdict(label="faithful", supporting=(1,), refuting=(), reason="The first passage says so."):
+    return {"label": label, "supporting_passages": list(supporting), "refuting_passages": list(refuting),
+            "reason": reason}
+
+
+def run_with(responder, fn, **lm_kwargs):
+    lm = ScriptedLM(responder, **lm_kwargs)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        return fn(), lm
+
+
+# ---------------------------------------------------------------------------
+# Labels
+
+
+@pytest.mark.parametrize("label, fables", [("faithful", "Yes"), ("unfaithful", "No"),
+                                           ("partial support", "PartialSupport"), ("can't verify", "Inapplicable")])
+def test_every_label_parses_and_maps_to_fables(label, fables):
+    checker = build_checker(evidence_mode="given")
+    result, _ = run_with(lambda call: verdict(label),
+                         lambda: checker(claims=["Anna sails home."], given_evidence=[["Anna sailed home."]]))
+    v = result.claims[0]
+    assert v.label == label and v.fables_label == fables and v.error is None and v.attempts == 1
+    assert result.label_percentages[label] == 100.0 and result.failures == 0
+
+
+def test_an_out_of_set_label_is_reasked_then_recorded_as_a_failure():
+    checker = build_checker(evidence_mode="given")
+    result, lm = run_with(lambda call: verdict("mostly true"),
+                          lambda: checker(claims=["Anna sails home.", "Ben stays."],
+                                          given_evidence=[["Anna sailed home."], ["Ben stayed."]]))
+    calls = lm.backend.calls
+    assert len(calls) == 6  # three tries per claim
+    assert sorted(c.attempt for c in calls) == [0, 0, 1, 1, 2, 2]  # each re-ask is a fresh sample
+    for v in result.claims:
+        assert v.label is None and v.fables_label is None and v.attempts == 3
+        assert "mostly true" in v.error
+    assert result.failures == 2 and result.label_percentages["failed"] == 100.0
+    assert result.label_counts["faithful"] == 0
+
+
+def test_a_bad_first_answer_is_replaced_by_the_reasked_one():
+    def responder(call):
+        return "not json at all" if call.attempt == 0 else verdict("unfaithful", supporting=(), refuting=(1,))
+
+    checker = build_checker(evidence_mode="given")
+    result, lm = run_with(responder, lambda: checker(claims=["Anna sails home."],
+                                                     given_evidence=[["Anna never left."]]))
+    v = result.claims[0]
+    assert v.label == "unfaithful" and v.attempts == 2 and v.error is None
+    assert v.evidence[0].refutes and not v.evidence[0].supports
+
+
+def test_verifier_reports_passage_numbers_and_drops_invalid_ones():
+    verifier = build_verifier()
+    pred, _ = run_with(lambda call: verdict("partial support", supporting=(2, 7), refuting=(1, 1, 0)),
+                       lambda: verifier(claim="c", passages=["one", "two"]))
+    assert pred.label == "partial support"
+    assert pred.supporting == [2] and pred.refuting == [1] and pred.invalid_references == [0, 7]
+
+
+# ---------------------------------------------------------------------------
+# Evidence
+
+
+def test_retrieved_evidence_offsets_point_at_the_book_text():
+    text = story()
+    index = BookIndex.build(text, passage_tokens=96)
+    claims = ["The keeper let the lamp go dark.", "The storm wrecked a ship near the rocks."]
+    checker = build_checker(evidence_mode="bm25", k=3)
+    result, lm = run_with(lambda call: verdict(supporting=(2,)), lambda: checker(claims=claims, index=index))
+    for v in result.claims:
+        assert 1 <= len(v.evidence) <= 3
+        assert [e.number for e in v.evidence] == list(range(1, len(v.evidence) + 1))
+        for e in v.evidence:
+            assert e.source == "bm25" and e.score is not None
+            assert text[e.start:e.end] == e.text == index.passages[e.passage].text
+        assert v.evidence[1].supports and not v.evidence[0].supports
+    # the verifier saw exactly these passages, numbered, before the claim
+    prompt = lm.backend.calls[0].messages[-1]["content"]
+    first = result.claims[0].evidence[0].text
+    assert prompt.index("[[ ## evidence ## ]]") < prompt.index("[[ ## claim ## ]]")
+    assert "[1] " + first.strip()[:40] in prompt
+
+
+def test_given_quotes_are_located_in_the_book():
+    text = story()
+    index = BookIndex.build(text, passage_tokens=96)
+    sentence = next(s for s in text.split(". ") if len(s) > 60).strip()
+    quote = " ".join(sentence.split()[:12])
+    checker = build_checker(evidence_mode="given")
+    result, lm = run_with(lambda call: verdict(), lambda: checker(
+        claims=["A claim."], index=index, given_evidence=[[quote, "N/A", "Words that are nowhere in it."]]))
+    ev = result.claims[0].evidence
+    assert len(ev) == 2  # the placeholder is not evidence
+    assert ev[0].source == "given" and " ".join(text[ev[0].start:ev[0].end].split()) == quote
+    assert index.passages[ev[0].passage].start <= ev[0].start < index.passages[ev[0].passage].end
+    assert ev[1].start is None and ev[1].passage is None
+
+
+def test_book_mode_fills_the_budget_and_needs_a_book(monkeypatch):
+    import booklens.retrieval as retrieval
+
+    text = story()
+    index = BookIndex.build(text, passage_tokens=64)
+    monkeypatch.setattr(index, "ensure_dense", lambda: None)
+    monkeypatch.setattr(index, "rank", lambda q, mode, depth: [(5, 1.0)])
+    checker = build_checker(evidence_mode="book", budget_tokens=300)
+    result, _ = run_with(lambda call: verdict(), lambda: checker(claims=["x"], index=index))
+    ev = result.claims[0].evidence
+    assert ev and sum(index.passages[e.passage].tokens for e in ev) <= 300
+    assert 5 in [e.passage for e in ev] and all(text[e.start:e.end] == e.text for e in ev)
+    for mode in ("bm25", "dense", "hybrid", "book"):
+        with pytest.raises(BooklensError, match="needs a book"):
+            build_checker(evidence_mode=mode).verify_claims(["x"], index=None)
+    assert retrieval.BOOK_MODES == ("bm25", "dense", "hybrid", "book")
+
+
+def test_none_mode_asks_without_evidence():
+    checker = build_checker(evidence_mode="none")
+    result, lm = run_with(lambda call: {"label": "can't verify", "reason": "No idea."},
+                          lambda: checker(claims=["Anna sails home."]))
+    call = lm.backend.calls[0]
+    assert "evidence" not in call.inputs and call.inputs["claim"] == "Anna sails home."
+    assert result.claims[0].label == "can't verify" and result.claims[0].evidence == []
+
+
+def test_given_mode_needs_evidence():
+    with pytest.raises(BooklensError, match="given"):
+        build_checker(evidence_mode="given").verify_claims(["x"])
+
+
+def test_given_evidence_is_cut_to_the_budget():
+    checker = build_checker(evidence_mode="given", budget_tokens=100)
+    long_quote = "The sea was grey and the wind was cold. " * 60
+    result, lm = run_with(lambda call: verdict(), lambda: checker(claims=["x"], given_evidence=[[long_quote, "more"]]))
+    from booklens.text import count_tokens
+
+    ev = result.claims[0].evidence
+    assert len(ev) == 1 and count_tokens(ev[0].text) <= 100
+
+
+def test_evidence_budget_leaves_room_for_the_prompt():
+    assert evidence_budget(8192) < 8192 - 400 - 1000
+    assert evidence_budget(128000) > 90000
+
+
+# ---------------------------------------------------------------------------
+# Decomposition and the whole chain
+
+
+def test_decomposer_cleans_the_claims():
+    claims = ["- Anna sails home.", "2. Ben stays behind.", "", "anna  sails home.", "* Carl waves."]
+    pred, lm = run_with(lambda call: {"claims": claims}, lambda: build_decomposer()(summary="Anna sails home."))
+    assert pred.claims == ["Anna sails home.", "Ben stays behind.", "Carl waves."] and pred.error is None
+    assert lm.backend.calls[0].inputs["summary"] == "Anna sails home."
+
+
+def test_decomposer_rejects_an_empty_summary_and_records_failures():
+    with pytest.raises(BooklensError, match="empty"):
+        run_with(lambda call: {"claims": ["x"]}, lambda: build_decomposer()(summary="  \n "))
+    pred, lm = run_with(lambda call: {"claims": []}, lambda: build_decomposer(tries=2)(summary="Something."))
+    assert pred.claims == [] and pred.error and pred.attempts == 2 and len(lm.backend.calls) == 2
+
+
+def test_check_decomposes_then_verifies_concurrently():
+    text = story()
+    index = BookIndex.build(text, passage_tokens=128)
+    claims = [f"Claim number {i} about the lamp." for i in range(8)]
+
+    def responder(call):
+        if call.wants("claims"):
+            return {"claims": claims}
+        return verdict("unfaithful" if "3" in call.inputs["claim"] else "faithful")
+
+    checker = build_checker(evidence_mode="bm25", concurrency=8)
+    t0 = time.perf_counter()
+    result, lm = run_with(responder, lambda: checker(summary="A summary.", index=index), latency=0.3)
+    elapsed = time.perf_counter() - t0
+    assert [v.claim for v in result.claims] == claims  # order kept
+    assert result.label_counts["unfaithful"] == 1 and result.label_percentages["faithful"] == 87.5
+    assert elapsed < 0.3 * 9 * 0.6, elapsed  # eight verifications overlapped (serial would take 2.7 s)
+
+
+def test_programs_expose_predictors_for_compiled_artifacts():
+    names = {name for name, _ in build_checker().named_predictors()}
+    assert names == {"decomposer.decompose", "verifier.verify", "verifier.verify_without_evidence"}
+    assert isinstance(build_checker().decomposer, ClaimDecomposer)
+    assert isinstance(build_checker().verifier, ClaimVerifier)
+
+
+def test_clean_helpers():
+    assert clean_evidence(["", "N/A", "None.", "-", " a quote ", "n/a"]) == ["a quote"]
+    assert clean_claims(['"Quoted claim."', "(3) Third."]) == ["Quoted claim.", "Third."]
