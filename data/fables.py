@@ -1,0 +1,272 @@
+"""FABLES (Kim et al., 2024): claims from LLM summaries of books, with human faithfulness labels.
+
+The release is one JSON object: book title -> summarizer -> {summary, general_comment,
+claims: {"0": {claim, label, evidence, reason}, ...}} (the public file wraps it as
+{"canary": ..., "FABLES": {...}}; both forms load). Labels are Yes / No /
+PartialSupport / Inapplicable, booklens' faithful / unfaithful / partial support /
+can't verify. The books themselves are copyrighted and not part of the release.
+
+`load_fables` turns a file into `FablesSummary` records; `decomposition_examples`
+and `verification_examples` turn records into `dspy.Example`s; `fables_splits`
+splits them by book with `booklens.data.splits.split_by_book`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence
+
+from pydantic import BaseModel, Field
+
+from booklens.data.splits import DEFAULT_FRACTIONS, DEFAULT_SEED, split_by_book
+from booklens.errors import BooklensError
+
+FABLES_URL = "https://github.com/mungg/FABLES/raw/main/data/FABLES.json.zip"
+FablesLabel = Literal["Yes", "No", "PartialSupport", "Inapplicable"]
+FABLES_LABEL_NAMES: tuple[str, ...] = ("Yes", "No", "PartialSupport", "Inapplicable")
+# The order of the seed's Table 2.
+SUMMARIZERS = ("GPT-3.5-TURBO", "MIXTRAL", "GPT-4", "GPT-4-TURBO", "CLAUDE-3-OPUS")
+
+
+class FablesClaim(BaseModel):
+    book: str
+    summarizer: str
+    index: int = Field(description="position of the claim in its summary (the numeric key of the release)")
+    claim: str
+    label: FablesLabel
+    evidence: list[str] = Field(default_factory=list, description="quotes from the book, as released")
+    reason: list[str] = Field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"{self.book}|{self.summarizer}|{self.index}"
+
+
+class FablesSummary(BaseModel):
+    book: str
+    summarizer: str
+    summary: str
+    general_comment: str = ""
+    claims: list[FablesClaim] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------
+# Reading
+
+
+def _string_list(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise BooklensError(f"malformed FABLES data: {where} must be a list of strings")
+
+
+def parse_fables(data: Any, source: str = "FABLES data") -> list[FablesSummary]:
+    """Records from the decoded JSON of a FABLES file; one clear error when the shape is wrong."""
+    if isinstance(data, dict) and "FABLES" in data:
+        data = data["FABLES"]
+    if not isinstance(data, dict) or not data:
+        raise BooklensError(f"{source} is not FABLES data: expected an object of book titles")
+    summaries: list[FablesSummary] = []
+    for book, by_model in data.items():
+        if book == "canary":
+            continue
+        if not isinstance(by_model, dict):
+            raise BooklensError(f"malformed FABLES data in {source}: book '{book}' must map summarizer names to summaries")
+        for model, entry in by_model.items():
+            where = f"{book} / {model}"
+            if not isinstance(entry, dict) or not isinstance(entry.get("summary"), str) \
+                    or not isinstance(entry.get("claims"), dict):
+                raise BooklensError(f"malformed FABLES data in {source}: {where} needs 'summary' and 'claims'")
+            claims: list[FablesClaim] = []
+            try:
+                keys = sorted(entry["claims"], key=int)
+            except ValueError:
+                raise BooklensError(f"malformed FABLES data in {source}: claim keys of {where} must be numbers") from None
+            for key in keys:
+                raw = entry["claims"][key]
+                if not isinstance(raw, dict) or not isinstance(raw.get("claim"), str):
+                    raise BooklensError(f"malformed FABLES data in {source}: claim {key} of {where} has no text")
+                label = raw.get("label")
+                if label not in FABLES_LABEL_NAMES:
+                    raise BooklensError(f"malformed FABLES data in {source}: claim {key} of {where} has label "
+                                        f"{label!r} (expected one of {', '.join(FABLES_LABEL_NAMES)})")
+                claims.append(FablesClaim(
+                    book=book, summarizer=model, index=int(key), claim=raw["claim"], label=label,
+                    evidence=_string_list(raw.get("evidence"), f"evidence of claim {key} of {where}"),
+                    reason=_string_list(raw.get("reason"), f"reason of claim {key} of {where}"),
+                ))
+            summaries.append(FablesSummary(book=book, summarizer=model, summary=entry["summary"],
+                                           general_comment=str(entry.get("general_comment") or ""), claims=claims))
+    if not summaries:
+        raise BooklensError(f"{source} holds no FABLES summaries")
+    return summaries
+
+
+def _read_bytes(path: Path) -> Any:
+    raw = path.read_bytes()
+    if zipfile.is_zipfile(io.BytesIO(raw)):
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+            names = [n for n in archive.namelist() if n.endswith(".json") and not n.startswith("__MACOSX")]
+            if not names:
+                raise BooklensError(f"{path} is a zip archive without a JSON file")
+            try:
+                raw = archive.read(names[0])
+            except RuntimeError as exc:  # encrypted members
+                raise BooklensError(f"cannot read {names[0]} from {path}: {exc}") from None
+    try:
+        return json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise BooklensError(f"{path} is not UTF-8 JSON") from None
+    except json.JSONDecodeError as exc:
+        raise BooklensError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+
+
+def load_fables(path: str | Path | None = None) -> list[FablesSummary]:
+    """FABLES summaries from a .json (or the release's .json.zip); the public release when `path` is None."""
+    path = Path(path) if path is not None else download_fables()
+    if not path.exists():
+        raise BooklensError(f"FABLES data not found: {path}")
+    if path.is_dir():
+        raise BooklensError(f"FABLES data path is a directory, not a file: {path}")
+    return parse_fables(_read_bytes(path), str(path))
+
+
+def default_data_dir() -> Path:
+    from booklens.lm import default_cache_dir
+
+    return default_cache_dir() / "data" / "fables"
+
+
+def download_fables(target_dir: str | Path | None = None, url: str = FABLES_URL, timeout: float = 30.0) -> Path:
+    """The public FABLES release, downloaded once into the booklens cache; returns the JSON's path."""
+    target = Path(target_dir) if target_dir is not None else default_data_dir()
+    path = target / "FABLES.json"
+    if path.exists():
+        return path
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            payload = response.read()
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise BooklensError(f"cannot download FABLES from {url} ({reason}); offline? pass --data PATH "
+                            "to a local FABLES.json") from None
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        tmp = target / ".FABLES.download"
+        tmp.write_bytes(payload)
+        data = _read_bytes(tmp)
+        parse_fables(data, url)  # only a file that loads is kept
+        from booklens.records import save_json
+
+        save_json(path, data)
+        tmp.unlink(missing_ok=True)
+    except OSError as exc:
+        raise BooklensError(f"cannot store FABLES in {target}: {exc.strerror or exc}") from None
+    return path
+
+
+# ---------------------------------------------------------------------------
+# Examples and splits
+
+
+def all_claims(summaries: Iterable[FablesSummary]) -> list[FablesClaim]:
+    return [c for s in summaries for c in s.claims]
+
+
+def decomposition_examples(summaries: Iterable[FablesSummary]) -> list:
+    """summary -> the claims FABLES extracted from it (GPT-4 in the seed)."""
+    import dspy
+
+    return [dspy.Example(summary=s.summary, claims=[c.claim for c in s.claims], book=s.book,
+                         summarizer=s.summarizer).with_inputs("summary") for s in summaries]
+
+
+def verification_examples(summaries: Iterable[FablesSummary], *, labels: Sequence[str] | None = None) -> list:
+    """claim + the annotator's evidence quotes -> the human label (booklens names).
+
+    `labels` keeps only claims with these FABLES labels (e.g. ("Yes", "No") as in the seed's Table 5)."""
+    import dspy
+
+    from booklens.programs.faithfulness import clean_evidence
+    from booklens.signatures.faithfulness import FABLES_LABELS
+
+    out = []
+    for claim in all_claims(summaries):
+        if labels is not None and claim.label not in labels:
+            continue
+        out.append(dspy.Example(claim=claim.claim, evidence=clean_evidence(claim.evidence),
+                                label=FABLES_LABELS[claim.label], book=claim.book, summarizer=claim.summarizer,
+                                id=claim.id).with_inputs("claim", "evidence"))
+    return out
+
+
+def split_summaries(summaries: Sequence[FablesSummary], *, seed: int = DEFAULT_SEED,
+                    fractions: dict[str, float] | None = None) -> dict[str, list[FablesSummary]]:
+    """train / dev / test summaries, every book in exactly one split."""
+    return split_by_book(list(summaries), key="book", seed=seed, fractions=fractions or DEFAULT_FRACTIONS)
+
+
+def fables_splits(path: str | Path | None = None, *, seed: int = DEFAULT_SEED,
+                  fractions: dict[str, float] | None = None, labels: Sequence[str] | None = None
+                  ) -> dict[str, dict[str, list]]:
+    """{split: {"decomposition": [...], "verification": [...]}} of `dspy.Example`s, split by book."""
+    splits = split_summaries(load_fables(path), seed=seed, fractions=fractions)
+    return {name: {"decomposition": decomposition_examples(items),
+                   "verification": verification_examples(items, labels=labels)}
+            for name, items in splits.items()}
+
+
+# ---------------------------------------------------------------------------
+# Statistics (the seed's Table 2)
+
+
+def label_statistics(summaries: Sequence[FablesSummary]) -> dict[str, Any]:
+    """Per summarizer (and overall): books, summaries, claims, mean and standard deviation of
+    claims per summary, and the percentage of each label among its claims."""
+
+    def block(items: list[FablesSummary]) -> dict[str, Any]:
+        counts = [len(s.claims) for s in items]
+        labels = [c.label for s in items for c in s.claims]
+        total = len(labels)
+        return {
+            "books": len({s.book for s in items}),
+            "summaries": len(items),
+            "claims": total,
+            "claims_per_summary_mean": round(statistics.mean(counts), 2) if counts else 0.0,
+            "claims_per_summary_std": round(statistics.stdev(counts), 2) if len(counts) > 1 else 0.0,
+            "label_counts": {name: labels.count(name) for name in FABLES_LABEL_NAMES},
+            "label_percentages": {name: (round(100.0 * labels.count(name) / total, 2) if total else 0.0)
+                                  for name in FABLES_LABEL_NAMES},
+        }
+
+    names = [m for m in SUMMARIZERS if any(s.summarizer == m for s in summaries)]
+    names += sorted({s.summarizer for s in summaries} - set(names))
+    return {
+        "by_summarizer": {m: block([s for s in summaries if s.summarizer == m]) for m in names},
+        "overall": block(list(summaries)),
+    }
+
+
+def format_statistics(stats: dict[str, Any]) -> str:
+    """A plain-text table in the layout of the seed's Table 2."""
+    cant = "Can't verify"
+    header = f"{'Summarizer':<16}{'Summ.':>6}{'Claims':>8}{'Claims/summ. (std)':>20}" \
+             f"{'Faithful':>10}{'Unfaithful':>12}{'Partial':>9}{cant:>14}"
+    lines = [header, "-" * len(header)]
+    rows = list(stats["by_summarizer"].items()) + [("Overall", stats["overall"])]
+    for name, b in rows:
+        p = b["label_percentages"]
+        per = f"{b['claims_per_summary_mean']:.2f} ({b['claims_per_summary_std']:.2f})"
+        lines.append(f"{name:<16}{b['summaries']:>6}{b['claims']:>8}{per:>20}"
+                     f"{p['Yes']:>10.2f}{p['No']:>12.2f}{p['PartialSupport']:>9.2f}{p['Inapplicable']:>14.2f}")
+    return "\n".join(lines)

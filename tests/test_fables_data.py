@@ -1,0 +1,174 @@
+"""FABLES loader, examples, splits by book, and `booklens data stats fables` (the seed's Table 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from collections import Counter, defaultdict
+
+import pytest
+
+from booklens.data.fables import (
+    decomposition_examples,
+    download_fables,
+    label_statistics,
+    load_fables,
+    parse_fables,
+    split_summaries,
+    verification_examples,
+)
+from booklens.errors import BooklensError
+
+TINY = {
+    "canary": "do not train on this",
+    "FABLES": {
+        "Book A": {
+            "GPT-4": {"summary": "Ann sails. Ben waits.", "general_comment": "fine",
+                      "claims": {"1": {"claim": "Ben waits.", "label": "No", "evidence": ["N/A"], "reason": []},
+                                 "0": {"claim": "Ann sails.", "label": "Yes", "evidence": ["Ann sailed away."],
+                                       "reason": ["She does."]}}},
+            "MIXTRAL": {"summary": "Ann flies.", "general_comment": "",
+                        "claims": {"0": {"claim": "Ann flies.", "label": "PartialSupport", "evidence": [],
+                                         "reason": []}}},
+        },
+        "Book B": {
+            "GPT-4": {"summary": "Cal sings.", "general_comment": "",
+                      "claims": {"0": {"claim": "Cal sings.", "label": "Inapplicable", "evidence": [""],
+                                       "reason": []}}},
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def fables_path(shared_dir):
+    path = shared_dir / "data" / "fables" / "FABLES.json"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    return path
+
+
+def test_parse_keeps_claim_order_and_fields():
+    summaries = parse_fables(TINY)
+    assert [(s.book, s.summarizer) for s in summaries] == [("Book A", "GPT-4"), ("Book A", "MIXTRAL"),
+                                                           ("Book B", "GPT-4")]
+    first = summaries[0]
+    assert [c.claim for c in first.claims] == ["Ann sails.", "Ben waits."]  # by numeric key
+    assert first.claims[0].evidence == ["Ann sailed away."] and first.claims[0].reason == ["She does."]
+    assert first.claims[1].id == "Book A|GPT-4|1"
+    # the unwrapped form loads too
+    assert len(parse_fables(TINY["FABLES"])) == 3
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update({"FABLES": []}), "not FABLES data"),
+    (lambda d: d["FABLES"]["Book A"].update({"GPT-4": "text"}), "needs 'summary' and 'claims'"),
+    (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"]["0"].update({"label": "Maybe"}), "label 'Maybe'"),
+    (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"]["0"].update({"evidence": [3]}), "list of strings"),
+    (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"].update({"x": {"claim": "c", "label": "Yes"}}), "numbers"),
+])
+def test_malformed_data_is_one_clear_error(mutate, message):
+    data = json.loads(json.dumps(TINY))
+    mutate(data)
+    with pytest.raises(BooklensError, match=message):
+        parse_fables(data)
+
+
+def test_examples_map_labels_and_drop_placeholder_evidence():
+    summaries = parse_fables(TINY)
+    dec = decomposition_examples(summaries)
+    assert dec[0].summary == "Ann sails. Ben waits." and dec[0].claims == ["Ann sails.", "Ben waits."]
+    assert set(dec[0].inputs().keys()) == {"summary"}
+    ver = verification_examples(summaries)
+    assert [e.label for e in ver] == ["faithful", "unfaithful", "partial support", "can't verify"]
+    assert ver[0].evidence == ["Ann sailed away."] and ver[1].evidence == [] and ver[3].evidence == []
+    assert set(ver[0].inputs().keys()) == {"claim", "evidence"}
+    assert [e.label for e in verification_examples(summaries, labels=("Yes", "No"))] == ["faithful", "unfaithful"]
+
+
+def test_zip_release_loads(tmp_path):
+    archive = tmp_path / "FABLES.json.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("FABLES.json", json.dumps(TINY))
+    assert len(load_fables(archive)) == 3
+
+
+def test_download_failure_is_one_clear_error(tmp_path):
+    with pytest.raises(BooklensError, match="cannot download FABLES.*--data PATH"):
+        download_fables(tmp_path, url="http://127.0.0.1:9/FABLES.json.zip", timeout=2)
+    assert not (tmp_path / "FABLES.json").exists()
+
+
+def test_real_release_loads_and_splits_by_book(fables_path):
+    summaries = load_fables(fables_path)
+    assert len(summaries) == 100 and sum(len(s.claims) for s in summaries) == 2446
+    splits = split_summaries(summaries, seed=0)
+    books = {name: {s.book for s in items} for name, items in splits.items()}
+    assert not (books["train"] & books["dev"]) and not (books["train"] & books["test"]) \
+        and not (books["dev"] & books["test"])
+    assert sum(len(v) for v in books.values()) == 20
+    assert split_summaries(summaries, seed=0)["test"] == splits["test"]  # reproducible
+    assert {s.book for s in split_summaries(summaries, seed=1)["test"]} != books["test"]
+
+
+def independent_table2(path):
+    """Table 2 computed straight from the JSON, without booklens."""
+    raw = json.load(open(path, encoding="utf-8"))["FABLES"]
+    per_model_labels = defaultdict(Counter)
+    per_model_counts = defaultdict(list)
+    for book, models in raw.items():
+        for model, entry in models.items():
+            per_model_counts[model].append(len(entry["claims"]))
+            for claim in entry["claims"].values():
+                per_model_labels[model][claim["label"]] += 1
+    return per_model_labels, per_model_counts
+
+
+def test_statistics_match_an_independent_count(fables_path):
+    stats = label_statistics(load_fables(fables_path))
+    labels, counts = independent_table2(fables_path)
+    assert set(stats["by_summarizer"]) == set(labels)
+    for model, block in stats["by_summarizer"].items():
+        total = sum(labels[model].values())
+        assert block["claims"] == total and block["summaries"] == len(counts[model])
+        assert block["claims_per_summary_mean"] == pytest.approx(sum(counts[model]) / len(counts[model]), abs=0.005)
+        for name in ("Yes", "No", "PartialSupport", "Inapplicable"):
+            assert block["label_percentages"][name] == pytest.approx(100 * labels[model][name] / total, abs=0.005)
+    # a few figures written out, so a silent change in the release is noticed
+    assert stats["by_summarizer"]["CLAUDE-3-OPUS"]["label_percentages"]["Yes"] == pytest.approx(88.91, abs=0.01)
+    assert stats["by_summarizer"]["MIXTRAL"]["claims_per_summary_mean"] == pytest.approx(28.2, abs=0.01)
+    assert stats["overall"]["claims"] == 2446
+
+
+def test_data_stats_fables_cli(fables_path, tmp_path):
+    out = tmp_path / "stats.json"
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "booklens", "data", "stats", "fables", "--data", str(fables_path),
+                           "-o", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    labels, counts = independent_table2(fables_path)
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.strip()}
+    for model in labels:
+        total = sum(labels[model].values())
+        row = rows[model]  # name, summaries, claims, mean, (std), faithful, unfaithful, partial, can't verify
+        assert int(row[1]) == len(counts[model]) and int(row[2]) == total
+        assert float(row[3]) == pytest.approx(sum(counts[model]) / len(counts[model]), abs=0.006)
+        assert float(row[5]) == pytest.approx(100 * labels[model]["Yes"] / total, abs=0.006)
+        assert float(row[6]) == pytest.approx(100 * labels[model]["No"] / total, abs=0.006)
+        assert float(row[7]) == pytest.approx(100 * labels[model]["PartialSupport"] / total, abs=0.006)
+        assert float(row[8]) == pytest.approx(100 * labels[model]["Inapplicable"] / total, abs=0.006)
+    saved = json.loads(out.read_text())
+    assert saved["overall"]["claims"] == 2446
+
+
+def test_data_stats_fables_bad_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"FABLES": {"Book": {"GPT-4": {"summary": 3}}}}))
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "booklens", "data", "stats", "fables", "--data", str(bad)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().startswith("error: malformed FABLES data") and len(proc.stderr.strip().splitlines()) == 1
