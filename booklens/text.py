@@ -14,8 +14,8 @@ sentence boundaries, so this module owns both:
   of NLTK's: only positions found by the candidate regex are examined, and each
   (token, next token) verdict is memoised.
 * Chunks: :func:`chunk_text` packs whole sentences greedily into chunks of at
-  most ``chunk_size`` tokens, measured by encoding each chunk as a whole, in
-  time linear in the book.
+  most ``chunk_size`` tokens, counted exactly as encoding each chunk as a whole
+  would count them, for about the cost of one encode of the book.
 """
 
 from __future__ import annotations
@@ -81,16 +81,17 @@ def _decode_text(data: bytes, where: str) -> str:
             raise BooklensError(f"{where} is not valid UTF-16 text despite its byte-order mark") from None
     if b"\x00" in data:
         raise BooklensError(f"{where} looks like a binary file (it contains NUL bytes), not UTF-8 text")
+    skip = 3 if data.startswith(b"\xef\xbb\xbf") else 0  # a UTF-8 byte-order mark
     try:
-        text = data.decode("utf-8-sig")
+        text = data[skip:].decode("utf-8")
     except UnicodeDecodeError as exc:
-        sample = data[:65536]
-        high = sum(1 for b in sample if b >= 0x80) + len(_CONTROL.findall(sample.decode("latin-1")))
-        if high > 0.3 * len(sample):
+        sample = data[skip:skip + 65536].decode("utf-8", errors="replace")
+        bad = sample.count("\ufffd") + len(_CONTROL.findall(sample))
+        if len(sample) >= 32 and bad > 0.3 * len(sample):
             raise BooklensError(f"{where} looks like a binary file, not UTF-8 text") from None
         raise BooklensError(
-            f"{where} is not valid UTF-8: undecodable byte 0x{data[exc.start]:02x} at byte offset "
-            f"{exc.start}; convert the file to UTF-8"
+            f"{where} is not valid UTF-8: undecodable byte 0x{data[skip + exc.start]:02x} at byte offset "
+            f"{skip + exc.start}; convert the file to UTF-8"
         ) from None
     sample = text[:65536]
     if len(_CONTROL.findall(sample)) > 0.1 * len(sample):
@@ -247,7 +248,7 @@ _PG_START = re.compile(
     # "*** START OF THE PROJECT GUTENBERG EBOOK TITLE ***" (a long title may wrap the marker
     # over lines), older "*** START OF THIS PROJECT GUTENBERG EBOOK ...", and the end of the
     # old "SMALL PRINT" license header.
-    r"^[ \t]*\*+[ \t]*START OF (?:THE|THIS) PROJECT GUTENBERG[^*]{0,300}\*+[^\n]*"
+    r"^[ \t]*\*+[ \t]*START OF (?:THE|THIS) PROJECT GUTENBERG[^*\n]*(?:\n[^*\n]*)?\*+[^\n]*"
     r"|^[ \t]*\*+[ \t]*START OF (?:THE|THIS) PROJECT GUTENBERG[^\n]*"
     r"|^[ \t]*\*+[ \t]*END\*?[ \t]*THE SMALL PRINT[^\n]*",
     re.IGNORECASE | re.MULTILINE,
@@ -288,7 +289,8 @@ def strip_gutenberg(text: str) -> str:
     if m:
         end = m.start()
     # Credit paragraphs at the top ("Produced by ...", "This eBook is for the use of ...").
-    for b_start, b_end in _blocks(text, start, end)[:12]:
+    for m in itertools.islice(_BLOCK.finditer(text, start, end), 12):
+        b_start, b_end = m.span()
         block = text[b_start:b_end]
         if len(block) > 1500 or not _PG_CREDIT.search(block):
             break
@@ -788,21 +790,27 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
 # Chunks
 
 
+_LAST_SPACE = re.compile(r"\s(?=\S*\Z)")
+
+
 def _cut_long(text: str, start: int, end: int, limit: int) -> int:
-    """End of a long piece ``text[start:x]`` (x < end) within ``limit`` tokens, cut after whitespace if possible."""
-    piece = text[start:end]
+    """End of a piece ``text[start:x]`` (x < end) within ``limit`` tokens, cut after whitespace if possible."""
     enc = encoding()
-    tokens = enc.encode_ordinary(piece)
-    k = limit
+    # Encode only a window that surely holds more than `limit` tokens, not the whole rest.
+    width = 5 * limit + 64
+    while True:
+        piece = text[start:min(end, start + width)]
+        tokens = enc.encode_ordinary(piece)
+        if len(tokens) > limit or start + width >= end:
+            break
+        width *= 2
+    k = min(limit, len(tokens))
     while k > 0:
         # Chars covered by the first k tokens (never splitting a character).
         fit = len(enc.decode_bytes(tokens[:k]).decode("utf-8", errors="ignore"))
-        cut = fit
-        while cut > 0 and not piece[cut - 1].isspace():
-            cut -= 1
-        if cut == 0 or not piece[:cut].strip():
-            cut = fit  # no whitespace to cut at: cut inside the word
-        if cut > 0 and count_tokens(piece[:cut]) <= limit:
+        m = _LAST_SPACE.search(piece, 0, fit)
+        cut = m.end() if m and piece[:m.start()].strip() else fit  # else: cut inside the word
+        if 0 < cut < end - start and count_tokens(piece[:cut]) <= limit:
             return start + cut
         k -= 1
     raise BooklensError(f"chunk size {limit} is too small to hold even one character of the text")
@@ -838,21 +846,36 @@ def _token_ends(tokens: list[int]) -> list[int]:
     return list(itertools.accumulate(map(sizes.__getitem__, tokens)))
 
 
-# How far over the limit an estimate may be and still get a real count (the estimate
-# is exact for nearly every chunk and rarely off by more than one token).
+# cl100k_base's pre-tokenizer pattern. Tokens never cross the pieces it splits text into,
+# and a piece containing a letter ends right after that letter when a non-letter follows.
+# So a position whose left neighbour is an ASCII letter and whose right neighbour is an
+# ASCII non-letter ends a piece in *any* text containing both characters: the tokens of a
+# chunk between two such positions are exactly the whole book's tokens there, and only the
+# few characters before the first and after the last need encoding on their own.
+_CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|"""
+    r"""\s+(?!\S)|\s"""
+)
+_SYNC = re.compile(r"[A-Za-z](?=[\x00-\x40\x5b-\x60\x7b-\x7f])")
+_ASCII_LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+_SYNC_REACH = 200  # how far from a chunk edge to look for such a position before encoding it all
+# With counts from full encodes only (a tokenizer with another pattern), how far over the
+# limit an estimate may be and still be checked (estimates are rarely off by more than one).
 _TOPUP_MARGIN = 3
+_STRIDE = 4096
 
 
 def _pack(text: str, spans: list[tuple[int, int]], limit: int) -> list[Chunk]:
     """Greedy packing of tiled sentence spans into chunks of at most ``limit`` tokens.
 
-    Estimate: the whole text is encoded once and each token is placed at its end
-    byte; the sentences between two boundaries are estimated as the tokens ending
-    between them, plus one when a token straddles the end boundary (the chunk's
-    own encoding then ends with a token of its own). Each chunk chosen by the
-    estimate is then encoded on its own, which gives its exact count; the rare
-    chunk whose estimate was off is shrunk or topped up with further encodes.
-    Total work is about two encodes of the book.
+    The whole text is encoded once and every token placed at its end byte. The
+    tokens of a stretch of sentences are estimated as the tokens ending inside it
+    (plus one when a token straddles its end), and counted exactly as the book's
+    tokens between the first and last piece boundaries inside it plus the separate
+    encodings of the few characters outside those (see ``_CL100K_PATTERN``); a chunk
+    without such boundaries near its edges is encoded whole. Each chunk takes the
+    most whole sentences whose exact count fits. Work: one encode of the book plus
+    a few characters per chunk edge.
     """
     enc = encoding()
     n = len(spans)
@@ -862,38 +885,79 @@ def _pack(text: str, spans: list[tuple[int, int]], limit: int) -> list[Chunk]:
         byte_bounds = bounds
     else:
         byte_bounds = [0]
-        byte_bounds.extend(itertools.accumulate(len(text[s:e].encode("utf-8")) for s, e in spans))
+        byte_bounds.extend(
+            itertools.accumulate(len(text[s:e].encode("utf-8", "surrogatepass")) for s, e in spans)
+        )
     ends = _token_ends(enc.encode_ordinary(text))
     at = [bisect.bisect_right(ends, b) for b in byte_bounds]
-    # est(i..j) = reach[j] - at[i]
+    # Estimated tokens of sentences i..j-1: reach[j] - at[i].
     reach = [a + (1 if (ends[a - 1] if a else 0) != b else 0) for a, b in zip(at, byte_bounds)]
+    by_parts = getattr(enc, "_pat_str", None) == _CL100K_PATTERN
+    encode = enc.encode_ordinary
+    search = _SYNC.search
 
-    def real(a: int, b: int) -> int:
-        return len(enc.encode_ordinary(text[a:b]))
+    if byte_bounds is not bounds:
+        # Byte offset of every _STRIDE-th character, so any offset costs at most one short encode.
+        checkpoints = [0]
+        checkpoints.extend(itertools.accumulate(
+            len(text[k:k + _STRIDE].encode("utf-8", "surrogatepass")) for k in range(0, size, _STRIDE)
+        ))
+
+    def byte_offset(x: int, i: int) -> int:
+        """Byte offset of char ``x``, which lies in sentence ``i`` or at its end."""
+        if byte_bounds is bounds:
+            return x
+        if x - bounds[i] <= _STRIDE:
+            return byte_bounds[i] + len(text[bounds[i]:x].encode("utf-8", "surrogatepass"))
+        k = x // _STRIDE
+        return checkpoints[k] + len(text[k * _STRIDE:x].encode("utf-8", "surrogatepass"))
+
+    def tokens_before(x: int, i: int) -> int:
+        return bisect.bisect_right(ends, byte_offset(x, i))
+
+    def sync(x: int) -> bool:
+        """Whether a piece of the pre-tokenizer ends at x in any text that holds text[x-1:x+1]."""
+        return text[x - 1] in _ASCII_LETTERS and (x == size or (text[x] < "\x80" and text[x] not in _ASCII_LETTERS))
+
+    def exact(a: int, i: int, j: int, b: int) -> int:
+        """Tokens of text[a:b] encoded on its own; a lies in sentence i, b is bounds[j] (or before it)."""
+        if by_parts:
+            m = search(text, a, min(b, a + _SYNC_REACH))
+            if m:
+                p = m.end()  # the first piece boundary inside (p < b)
+                q = b  # the last one, found scanning back
+                low = max(p, b - _SYNC_REACH)
+                while q > low and not sync(q):
+                    q -= 1
+                if sync(q):
+                    pi = bisect.bisect_right(bounds, p, i, j) - 1
+                    qi = bisect.bisect_right(bounds, q, i, j + 1) - 1
+                    middle = tokens_before(q, qi) - tokens_before(p, pi)
+                    return len(encode(text[a:p])) + middle + len(encode(text[q:b]))
+        return len(encode(text[a:b]))
 
     chunks: list[Chunk] = []
     i = 0  # the sentence in which the next chunk starts
     pos = 0  # where the next chunk starts: bounds[i], or inside sentence i after a cut
     continues_cut = False
     while pos < size:
-        if pos == bounds[i]:
-            base = at[i]
-        else:
-            offset = pos if byte_bounds is bounds else byte_bounds[i] + len(text[bounds[i]:pos].encode("utf-8"))
-            base = bisect.bisect_right(ends, offset)
+        base = at[i] if pos == bounds[i] else tokens_before(pos, i)
         j = i + 1
         while j < n and reach[j + 1] - base <= limit:
             j += 1
-        count = real(pos, bounds[j])
+        if j == i + 1 and reach[j] - base > limit + 64:
+            count = limit + 1  # one sentence far over the limit: no need to count it exactly
+        else:
+            count = exact(pos, i, j, bounds[j])
         if count > limit:
             # The estimate was low: give back sentences until the chunk fits.
             while count > limit and j > i + 1:
                 j -= 1
-                count = real(pos, bounds[j])
+                count = exact(pos, i, j, bounds[j])
         else:
-            # The estimate may have been high: take further sentences while they really fit.
-            while j < n and reach[j + 1] - base <= limit + _TOPUP_MARGIN:
-                more = real(pos, bounds[j + 1])
+            # The estimate may have been high: take further sentences while they fit.
+            while j < n and (by_parts or reach[j + 1] - base <= limit + _TOPUP_MARGIN):
+                more = exact(pos, i, j + 1, bounds[j + 1])
                 if more > limit:
                     break
                 j += 1
@@ -901,7 +965,7 @@ def _pack(text: str, spans: list[tuple[int, int]], limit: int) -> list[Chunk]:
         if count > limit:
             # One sentence (or the rest of one) is over the limit on its own: cut it.
             end = _cut_long(text, pos, bounds[j], limit)
-            chunks.append(Chunk(index=len(chunks), start=pos, end=end, tokens=real(pos, end),
+            chunks.append(Chunk(index=len(chunks), start=pos, end=end, tokens=len(encode(text[pos:end])),
                                 text=text[pos:end], split_sentence=True))
             pos = end
             continues_cut = True
