@@ -22,6 +22,15 @@ from booklens.programs.summarizer import HierarchicalSummarizer
 from booklens.testing import FakeOpenAIServer
 
 
+def summary_answer(words: int):
+    text = " ".join(f"The keeper lit lamp {i % 7}." for i in range(words // 5))
+
+    def respond(body: dict) -> str:
+        return text  # summaries are plain-text answers
+
+    return respond
+
+
 def synthetic_book(sentences: int) -> str:
     return "".join(f"On day {i} the keeper climbed the tower and wrote in the ledger about ship {i % 31}. "
                    for i in range(sentences))
@@ -29,14 +38,16 @@ def synthetic_book(sentences: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--latency", type=float, default=0.2)
-    parser.add_argument("--sentences", type=int, default=6000)
+    parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--sentences", type=int, default=8000)
+    parser.add_argument("--summary-words", type=int, default=350)
     args = parser.parse_args()
     book = synthetic_book(args.sentences)
-    print(f"fixed latency {args.latency:.2f} s per call; chunk 1024, context 8192, G = 600")
+    print(f"fixed latency {args.latency:.2f} s per call; chunk 1024, context 8192, G = 600, "
+          f"summaries of ~{args.summary_words} words")
     print(f"{'concurrency':>11} {'calls':>5} {'per level':>16} {'expected s':>10} {'measured s':>10} {'ratio':>6}")
     for concurrency in (1, 2, 4, 8, 16):
-        with FakeOpenAIServer(latency=args.latency) as server:
+        with FakeOpenAIServer(latency=args.latency, responder=summary_answer(args.summary_words)) as server:
             lm = BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url))
             program = HierarchicalSummarizer(chunk_size=1024, context_window=8192, max_summary_tokens=600,
                                              concurrency=concurrency)
@@ -49,6 +60,10 @@ def main() -> None:
         levels = "+".join(str(per_level[level]) for level in sorted(per_level))
         print(f"{concurrency:>11} {len(server.served):>5} {levels:>16} {expected:>10.2f} {wall:>10.2f} "
               f"{wall / expected:>6.2f}")
+        if concurrency == 1:
+            per_call = (wall - expected) / len(server.served)
+            print(f"{'':>11} client overhead at concurrency 1: {per_call * 1000:.0f} ms per call "
+                  "(chunking, prompt building, HTTP, parsing)")
 
 
 if __name__ == "__main__":
