@@ -231,6 +231,8 @@ class CoherenceResult(BaseModel):
     n_confusing: int = 0
     n_failed: int = 0
     n_annotations: Optional[int] = Field(default=None, description="human spans + relations (footnote 12 count)")
+    annotation_types: Optional[list[list[CoherenceErrorType]]] = Field(
+        default=None, description="error types of each human annotation (span or relation), as Table 1 counts them")
     type_counts: dict[str, int] = Field(default_factory=dict)
     sentences: list[SentenceAnnotation] = Field(default_factory=list)
     stats: dict[str, Any] = Field(default_factory=dict, description="length_tokens, repeated/novel trigram percentages")

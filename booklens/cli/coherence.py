@@ -1,0 +1,292 @@
+"""Coherence (BooookScore):
+
+    booklens score SUMMARY [--book BOOK] [--batch-size K] -o OUT.json
+    booklens score --annotations ANNOT.json [--summaries SUMMARIES.json] -o OUT.json
+    booklens agree A.json B.json [--summaries SUMMARIES.json]
+
+SUMMARY is a text file, a `booklens summarize` output, or a JSON map book -> summary
+(a value may also be an object with a "summary" string, e.g. the human annotation file).
+With --annotations no LM runs: the scores come from existing annotations (human span
+annotations, or sentence annotations such as GPT-4's with the matching summaries).
+"""
+
+from __future__ import annotations
+
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Mapping, Optional
+
+import typer
+
+from booklens.cli import app
+from booklens.cli.common import (
+    ApiBaseOption,
+    CacheDirOption,
+    ConcurrencyOption,
+    LMOption,
+    OutputOption,
+    read_json_file,
+    setup_lm,
+    write_output,
+)
+from booklens.errors import BooklensError
+
+
+class SplitName(str, Enum):
+    train = "train"
+    dev = "dev"
+    test = "test"
+
+
+def _summary_map(data: Any, what: str) -> dict[str, str]:
+    """book -> summary text from a JSON map whose values are strings or objects with a "summary"."""
+    if not isinstance(data, Mapping) or not data:
+        raise BooklensError(f"{what} must be a summarize output or a non-empty JSON object mapping book names to "
+                            "summaries")
+    out = {}
+    for book, value in data.items():
+        if isinstance(value, Mapping):
+            value = value.get("summary")
+        if not isinstance(value, str):
+            raise BooklensError(f"{what}: the summary of {book!r} must be a string (or an object with a "
+                                "'summary' string)")
+        if not value.strip():
+            raise BooklensError(f"{what}: the summary of {book!r} is empty")
+        out[str(book)] = value
+    return out
+
+
+def load_summaries(path: Path) -> tuple[dict[str, str], Optional[Path], bool]:
+    """The summaries to score (name -> text), for a summarize output the book it came from if
+    that file exists, and whether the file was a map of several summaries."""
+    from booklens.text import read_text_file
+
+    if path.suffix.lower() == ".json":
+        data = read_json_file(path, "summary file")
+        if isinstance(data, Mapping) and data.get("kind") == "booklens.summary":
+            text = data.get("summary")
+            if not isinstance(text, str) or not text.strip():
+                raise BooklensError(f"summary file has an empty summary: {path}")
+            book = data.get("book")
+            name = Path(book).name if isinstance(book, str) and book else path.stem
+            book_path = Path(book) if isinstance(book, str) and book and Path(book).is_file() else None
+            return {name: text}, book_path, False
+        return _summary_map(data, f"summary file {path}"), None, True
+    text = read_text_file(path)
+    if not text.strip():
+        raise BooklensError(f"summary file is empty: {path}")
+    return {path.name: text.strip()}, None, False
+
+
+def _select(names: list[str], split: Optional[SplitName], limit: Optional[int]) -> list[str]:
+    from booklens.data.splits import books_in_split
+
+    if split is not None:
+        chosen = set(books_in_split(names, split.value))
+        names = [n for n in names if n in chosen]
+    names = sorted(names) if (split is not None or limit is not None) else names
+    if limit is not None:
+        names = names[:limit]
+    return names
+
+
+def _usage_delta(before: dict, after: dict) -> dict:
+    keys = ("calls", "cached_calls", "prompt_tokens", "completion_tokens")
+    delta = {k: after[k] - before[k] for k in keys}
+    if after.get("cost_usd") is not None:
+        delta["cost_usd"] = round((after["cost_usd"] or 0) - (before.get("cost_usd") or 0), 6)
+    return delta
+
+
+def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concurrency: int = 4, tries: int = 3,
+                    book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None) -> dict[str, Any]:
+    """Score summaries with the configured LM; name -> `CoherenceResult`."""
+    from booklens.lm import current_lm, usage_step
+    from booklens.metrics.booookscore import finish_result
+    from booklens.programs.coherence import build_scorer
+    from booklens.records import CoherenceResult
+    from booklens.text import split_sentences
+
+    lm = current_lm()
+    scorer = scorer or build_scorer(batch_size=batch_size, concurrency=concurrency, tries=tries)
+    results = {}
+    for name, text in summaries.items():
+        sentences = split_sentences(text)
+        if not sentences:
+            raise BooklensError(f"the summary {name!r} has no sentence")
+        before = lm.usage.snapshot()
+        started = time.perf_counter()
+        with usage_step("coherence"):
+            prediction = scorer(summary=text, sentences=sentences)
+        seconds = time.perf_counter() - started
+        result = CoherenceResult(
+            book=name, summary=text, annotator="program", sentences=prediction.annotations,
+            mode=scorer.mode, batch_size=scorer.batch_size,
+            lm=getattr(lm, "label", getattr(lm, "model", str(lm))),
+            usage=_usage_delta(before, lm.usage.snapshot()),
+            timings={"score_seconds": round(seconds, 3)},
+        )
+        results[name] = finish_result(result, book_text=(book_texts or {}).get(name))
+    return results
+
+
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def _report_line(record: Any) -> str:
+    from booklens.records import CoherenceSet
+
+    if isinstance(record, CoherenceSet):
+        text = (f"BooookScore {_pct(record.system_score)} over {record.n_summaries} summaries "
+                f"({record.n_sentences} sentences, {record.n_confusing} confusing, {record.n_failed} failed)")
+        if record.system_score_sentences is not None and record.system_score_sentences != record.system_score:
+            text += f"; {_pct(record.system_score_sentences)} counting every sentence a span touches"
+        return text
+    return (f"BooookScore {_pct(record.score)} ({record.n_sentences} sentences, {record.n_confusing} confusing, "
+            f"{record.n_failed} failed)")
+
+
+@app.command()
+def score(
+    summary: Annotated[Optional[Path], typer.Argument(
+        help="A summary: text file, `booklens summarize` output, or JSON map book -> summary.")] = None,
+    book: Annotated[Optional[Path], typer.Option(
+        "--book", help="The book of a single summary, for % novel trigrams (a summarize output names its own).")]
+    = None,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="Sentences per LM call: 1 = one call per sentence (the paper's setting).")] = 1,
+    annotations: Annotated[Optional[Path], typer.Option(
+        "--annotations", help="Score existing annotations (no LM): human span or sentence annotations.")] = None,
+    summaries: Annotated[Optional[Path], typer.Option(
+        "--summaries", help="With --annotations: JSON map book -> summary the sentence annotations refer to.")]
+    = None,
+    split: Annotated[Optional[SplitName], typer.Option(
+        "--split", help="Only the books of this split (by book, fixed seed) of a JSON map of summaries.")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N books (sorted).")] = None,
+    tries: Annotated[int, typer.Option("--tries", min=1, help="Asks per sentence before a parse failure.")] = 3,
+    lm: LMOption = None,
+    api_base: ApiBaseOption = None,
+    concurrency: ConcurrencyOption = 4,
+    cache_dir: CacheDirOption = None,
+    output: OutputOption = None,
+) -> None:
+    """BooookScore: the share of a summary's sentences that confuse no reader (Eq. 1)."""
+    from booklens.metrics.booookscore import build_set
+
+    if annotations is not None:
+        if summary is not None:
+            raise BooklensError("give either SUMMARY (to score with an LM) or --annotations, not both")
+        record = _score_annotations(annotations, summaries, split, limit)
+        write_output(output, record)
+        typer.echo(_report_line(record), err=True)
+        return
+    if summary is None:
+        raise BooklensError("missing SUMMARY (a text file, summarize output or JSON map), or use --annotations")
+    if summaries is not None:
+        raise BooklensError("--summaries goes with --annotations")
+    texts, book_path, is_map = load_summaries(summary)
+    if book is not None:
+        if len(texts) != 1:
+            raise BooklensError("--book needs a single summary, not a map of several")
+        book_path = book
+    book_texts = None
+    if book_path is not None:
+        from booklens.text import read_book
+
+        book_texts = {next(iter(texts)): read_book(book_path)}
+    names = _select(list(texts), split, limit)
+    if not names:
+        raise BooklensError("no summary left to score after --split/--limit")
+    texts = {n: texts[n] for n in names}
+    lm_obj = setup_lm(lm, api_base, cache_dir)
+    before = lm_obj.usage.snapshot()
+    started = time.perf_counter()
+    results = score_summaries(texts, batch_size=batch_size, concurrency=concurrency, tries=tries,
+                              book_texts=book_texts)
+    if not is_map:
+        record: Any = next(iter(results.values()))
+    else:
+        record = build_set(results, annotator="program")
+        record.lm = getattr(lm_obj, "label", "")
+        record.usage = _usage_delta(before, lm_obj.usage.snapshot())
+        record.timings = {"score_seconds": round(time.perf_counter() - started, 3)}
+    write_output(output, record)
+    usage = _usage_delta(before, lm_obj.usage.snapshot())
+    typer.echo(f"{_report_line(record)}; {usage['calls']} LM calls ({usage['cached_calls']} from cache), "
+               f"{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens", err=True)
+
+
+def _score_annotations(annotations: Path, summaries: Optional[Path], split: Optional[SplitName],
+                       limit: Optional[int]):
+    from booklens.data.booookscore import (
+        is_human_format,
+        parse_human_annotations,
+        parse_sentence_annotations,
+        human_results,
+        is_sentence_format,
+    )
+    from booklens.metrics.booookscore import build_set
+
+    data = read_json_file(annotations, "annotation file")
+    what = f"annotation file {annotations}"
+    summaries_data = read_json_file(summaries, "summaries file") if summaries is not None else None
+    notes: list[str] = []
+    if is_human_format(data):
+        human = parse_human_annotations(data, what)
+        if summaries_data is not None:
+            given = _summary_map(summaries_data, f"summaries file {summaries}")
+            for name, entry in human.items():
+                if name not in given:
+                    raise BooklensError(f"book {name!r} is in the {what} but not in the summaries file {summaries}")
+                if " ".join(given[name].split()) != " ".join(entry.summary.split()):
+                    raise BooklensError(f"book {name!r} has a different summary in the {what} and in {summaries}")
+        names = _select(list(human), split, limit)
+        results = human_results({n: human[n] for n in names})
+        annotator = "human"
+    elif is_sentence_format(data):
+        if summaries_data is None:
+            raise BooklensError(f"{what} holds sentence annotations: pass the summaries they refer to with "
+                                "--summaries")
+        results, notes = parse_sentence_annotations(data, summaries_data, what=what,
+                                                    summaries_what=f"summaries file {summaries}", stats=False)
+        names = _select(list(results), split, limit)
+        from booklens.metrics.booookscore import summary_stats
+
+        results = {n: results[n] for n in names}
+        for r in results.values():
+            r.stats = summary_stats(r.summary)
+        annotator = "gpt4"
+    else:
+        raise BooklensError(
+            f"{what} is not an annotation set: expected human span annotations (book -> {{summary, singles, "
+            "relations}}) or sentence annotations (book -> {sentence: {questions, types}} or null)")
+    if not results:
+        raise BooklensError("no summary left to score after --split/--limit")
+    return build_set(results, annotator=annotator, notes=notes)
+
+
+@app.command()
+def agree(
+    a: Annotated[Path, typer.Argument(help="Annotation set A (judged): a score output or annotation file.")],
+    b: Annotated[Path, typer.Argument(help="Annotation set B (the reference), same formats.")],
+    summaries: Annotated[Optional[Path], typer.Option(
+        "--summaries", help="Summaries (book -> summary) for a set given as sentence annotations.")] = None,
+    output: OutputOption = None,
+) -> None:
+    """Agreement of two annotation sets: P/R/F1 and kappa of "confusing", per type, system scores."""
+    from booklens.data.booookscore import results_from_json
+    from booklens.metrics.agreement import agreement, format_agreement
+
+    data_a = read_json_file(a, "annotation set A")
+    data_b = read_json_file(b, "annotation set B")
+    summaries_data = read_json_file(summaries, "summaries file") if summaries is not None else None
+    results_a = results_from_json(data_a, summaries_data, what=f"annotation set {a}",
+                                  summaries_what=f"summaries file {summaries}")
+    results_b = results_from_json(data_b, summaries_data, what=f"annotation set {b}",
+                                  summaries_what=f"summaries file {summaries}")
+    report = agreement(results_a, results_b, name_a=a.name, name_b=b.name)
+    typer.echo(format_agreement(report))
+    if output is not None:
+        write_output(output, report)

@@ -1,0 +1,517 @@
+"""BooookScore annotations: human span annotations and GPT-4 sentence annotations.
+
+Files (the BooookScore release, MIT; see `../shared/README.md`):
+
+- human: `summary-gpt4-4096-{inc,hier}.json`, book -> {"summary", "singles", "relations"}.
+  A single is a highlighted span (any length, possibly several consecutive sentences)
+  with questions and error labels; a relation links two spans that share one confusion.
+  Spans are given as text: each is located at its first occurrence in the summary and
+  mapped to the sentences it overlaps. A sentence is confusing when any span (of a single
+  or of a relation) touches it. The BooookScore of a human-annotated summary follows the
+  paper's footnote 12: a span over consecutive sentences, and a relation, each count as
+  one confusing sentence, i.e. 1 - (singles + relations) / sentences.
+- GPT-4: `<config>.json`, book -> null | {sentence: {"questions", "types"}} listing only
+  the confusing sentences, with `<config>-cleaned.json`, book -> summary. A summary absent
+  from the annotation file (or null) has no confusing sentence.
+
+Both become `CoherenceResult`s (the records `booklens score` writes) and `dspy.Example`s
+(summary, sentence -> verdict, error types, questions), split by book with a fixed seed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import dspy
+from pydantic import BaseModel, Field
+
+from booklens.data.splits import DEFAULT_FRACTIONS, DEFAULT_SEED, split_by_book
+from booklens.errors import BooklensError
+from booklens.records import (
+    COHERENCE_ERROR_TYPES,
+    CoherenceErrorType,
+    CoherenceResult,
+    CoherenceSet,
+    SentenceAnnotation,
+)
+
+HUMAN_CONFIGS = ("gpt4-4096-inc", "gpt4-4096-hier")
+GPT4_CONFIGS = ("gpt4-2048-hier", "gpt4-2048-inc", "claude-2048-hier", "claude-2048-inc",
+                "chatgpt-2048-hier", "chatgpt-2048-inc")
+# Table 2 of the paper (BooookScore x100) for the configurations with released annotations.
+PAPER_TABLE2 = {"gpt4-2048-hier": 89.1, "gpt4-2048-inc": 82.5, "claude-2048-hier": 91.1, "claude-2048-inc": 78.6,
+                "chatgpt-2048-hier": 84.2, "chatgpt-2048-inc": 67.0}
+# Section 4: BooookScore of the GPT-4 4096 summaries computed from the human annotations.
+PAPER_HUMAN = {"gpt4-4096-inc": 82.1, "gpt4-4096-hier": 89.4}
+
+
+def default_data_dir() -> Path:
+    """`$BOOKLENS_BOOOOKSCORE_DIR`, else `../shared/data/booookscore` next to the repository."""
+    env = os.environ.get("BOOKLENS_BOOOOKSCORE_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "shared" / "data" / "booookscore"
+
+
+# ---------------------------------------------------------------------------
+# Records
+
+
+class HumanSpan(BaseModel):
+    """A highlighted span of the summary; `start`/`end` are offsets of its first occurrence
+    (None when it could not be found) and `sentences` the indices of the sentences it touches."""
+
+    id: str = ""
+    span: str
+    questions: str = ""
+    labels: list[CoherenceErrorType] = Field(default_factory=list)
+    start: Optional[int] = None
+    end: Optional[int] = None
+    sentences: list[int] = Field(default_factory=list)
+
+
+class HumanRelation(BaseModel):
+    """Two spans sharing one confusion (shared questions and labels)."""
+
+    id_a: str = ""
+    id_b: str = ""
+    a: HumanSpan
+    b: HumanSpan
+    questions: str = ""
+    labels: list[CoherenceErrorType] = Field(default_factory=list)
+    same: Optional[bool] = None
+
+    @property
+    def sentences(self) -> list[int]:
+        return sorted(set(self.a.sentences) | set(self.b.sentences))
+
+
+class HumanSummaryAnnotation(BaseModel):
+    """The human annotation of one summary, with its sentences (as `split_sentences` cuts them)."""
+
+    book: str
+    summary: str
+    sentences: list[str]
+    singles: list[HumanSpan] = Field(default_factory=list)
+    relations: list[HumanRelation] = Field(default_factory=list)
+    unlocated: int = Field(default=0, description="spans that were not found in the summary")
+
+    @property
+    def n_annotations(self) -> int:
+        return len(self.singles) + len(self.relations)
+
+    def sentence_annotations(self) -> list[SentenceAnnotation]:
+        """Per sentence: confusing when any span touches it; the questions and labels of those spans."""
+        questions: list[list[str]] = [[] for _ in self.sentences]
+        types: list[list[str]] = [[] for _ in self.sentences]
+        hits: list[tuple[list[int], str, list[str]]] = [(s.sentences, s.questions, list(s.labels))
+                                                         for s in self.singles]
+        hits += [(r.sentences, r.questions, list(r.labels)) for r in self.relations]
+        for indices, q, labels in hits:
+            for i in indices:
+                if q and q not in questions[i]:
+                    questions[i].append(q)
+                for label in labels:
+                    if label not in types[i]:
+                        types[i].append(label)
+        touched = {i for indices, _, _ in hits for i in indices}
+        return [
+            SentenceAnnotation(index=i, sentence=s, confusing=i in touched, questions=questions[i],
+                               types=sorted(types[i], key=COHERENCE_ERROR_TYPES.index))
+            for i, s in enumerate(self.sentences)
+        ]
+
+    def to_result(self, *, stats: bool = True) -> CoherenceResult:
+        from booklens.metrics.booookscore import finish_result
+
+        result = CoherenceResult(
+            book=self.book,
+            summary=self.summary,
+            annotator="human",
+            score_method="annotations",
+            n_annotations=self.n_annotations,
+            annotation_types=[list(s.labels) for s in self.singles] + [list(r.labels) for r in self.relations],
+            sentences=self.sentence_annotations(),
+            notes=[f"{self.unlocated} span(s) not found in the summary"] if self.unlocated else [],
+        )
+        return finish_result(result, stats=stats)
+
+
+# ---------------------------------------------------------------------------
+# Locating text in a summary
+
+
+def sentence_offsets(text: str, sentences: list[str]) -> list[tuple[int, int]]:
+    """(start, end) of each sentence in `text`, searched in order."""
+    offsets = []
+    cursor = 0
+    for sentence in sentences:
+        start = text.find(sentence, cursor)
+        if start < 0:  # the splitter normalised something: fall back to a whitespace-insensitive search
+            found = _find_loose(text, sentence, cursor)
+            start, end = found if found else (cursor, cursor)
+        else:
+            end = start + len(sentence)
+        offsets.append((start, end))
+        cursor = max(cursor, end)
+    return offsets
+
+
+def _find_loose(text: str, needle: str, start: int = 0) -> Optional[tuple[int, int]]:
+    """Find `needle` in `text` ignoring differences in whitespace; (start, end) in `text`."""
+    words = needle.split()
+    if not words:
+        return None
+    pattern = r"\s+".join(re.escape(w) for w in words)
+    match = re.compile(pattern).search(text, start)
+    if match is None and start:
+        match = re.compile(pattern).search(text)
+    return (match.start(), match.end()) if match else None
+
+
+def _locate(text: str, span: str) -> Optional[tuple[int, int]]:
+    start = text.find(span)
+    if start >= 0:
+        return start, start + len(span)
+    found = _find_loose(text, span)
+    if found is None:
+        found = _find_loose(text.lower(), span.lower())
+    return found
+
+
+def _covered(offsets: list[tuple[int, int]], start: int, end: int) -> list[int]:
+    return [i for i, (a, z) in enumerate(offsets) if a < end and z > start]
+
+
+# ---------------------------------------------------------------------------
+# Validation helpers: a wrong shape is a one-line user error
+
+
+def _require_mapping(data: Any, what: str, allow_empty: bool = False) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise BooklensError(f"{what} must be a JSON object mapping book names to entries, got {type(data).__name__}")
+    if not data and not allow_empty:
+        raise BooklensError(f"{what} is empty")
+    return data
+
+
+def _labels(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",")]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BooklensError(f"{where}: error labels must be a list of strings")
+    labels = [v.strip().lower() for v in value if v.strip()]
+    unknown = [v for v in labels if v not in COHERENCE_ERROR_TYPES]
+    if unknown:
+        raise BooklensError(f"{where}: unknown error type {unknown[0]!r} (expected one of: "
+                            f"{', '.join(COHERENCE_ERROR_TYPES)})")
+    return sorted(set(labels), key=COHERENCE_ERROR_TYPES.index)
+
+
+def _text(value: Any, where: str) -> str:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return " ".join(v.strip() for v in value)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BooklensError(f"{where} must be a string")
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Human span annotations
+
+
+def is_human_format(data: Any) -> bool:
+    return (isinstance(data, Mapping) and bool(data)
+            and all(isinstance(v, Mapping) and "summary" in v and ("singles" in v or "relations" in v)
+                    for v in data.values()))
+
+
+def parse_human_annotations(data: Any, what: str = "annotation file") -> dict[str, HumanSummaryAnnotation]:
+    """Human span annotations (already read JSON) -> book -> `HumanSummaryAnnotation`."""
+    from booklens.text import split_sentences
+
+    data = _require_mapping(data, what)
+    out: dict[str, HumanSummaryAnnotation] = {}
+    for book, entry in data.items():
+        where = f"{what}, book {book!r}"
+        if not isinstance(entry, Mapping):
+            raise BooklensError(f"{where}: expected an object with 'summary', 'singles' and 'relations'")
+        summary = entry.get("summary")
+        if not isinstance(summary, str) or not summary.strip():
+            raise BooklensError(f"{where}: 'summary' must be a non-empty string")
+        singles_raw = entry.get("singles", [])
+        relations_raw = entry.get("relations", [])
+        if not isinstance(singles_raw, list) or not isinstance(relations_raw, list):
+            raise BooklensError(f"{where}: 'singles' and 'relations' must be lists")
+        sentences = split_sentences(summary)
+        offsets = sentence_offsets(summary, sentences)
+        unlocated = 0
+
+        def make_span(span_text: Any, sid: str, questions: str, labels: list[str], w: str) -> HumanSpan:
+            nonlocal unlocated
+            if not isinstance(span_text, str) or not span_text.strip():
+                raise BooklensError(f"{w}: the span must be a non-empty string")
+            found = _locate(summary, span_text)
+            if found is None:
+                unlocated += 1
+                return HumanSpan(id=sid, span=span_text, questions=questions, labels=labels)
+            return HumanSpan(id=sid, span=span_text, questions=questions, labels=labels, start=found[0],
+                             end=found[1], sentences=_covered(offsets, *found))
+
+        singles = []
+        for k, s in enumerate(singles_raw):
+            w = f"{where}, single {k}"
+            if not isinstance(s, Mapping) or "span" not in s:
+                raise BooklensError(f"{w}: expected an object with 'span', 'questions' and 'labels'")
+            singles.append(make_span(s["span"], str(s.get("id", "")), _text(s.get("questions"), f"{w} questions"),
+                                     _labels(s.get("labels"), w), w))
+        relations = []
+        for k, r in enumerate(relations_raw):
+            w = f"{where}, relation {k}"
+            if not isinstance(r, Mapping) or "span_a" not in r or "span_b" not in r:
+                raise BooklensError(f"{w}: expected an object with 'span_a', 'span_b', 'shared_questions' "
+                                    "and 'shared_labels'")
+            labels = _labels(r.get("shared_labels"), w)
+            questions = _text(r.get("shared_questions"), f"{w} shared_questions")
+            relations.append(HumanRelation(
+                id_a=str(r.get("id_a", "")), id_b=str(r.get("id_b", "")),
+                a=make_span(r["span_a"], str(r.get("id_a", "")), questions, labels, w),
+                b=make_span(r["span_b"], str(r.get("id_b", "")), questions, labels, w),
+                questions=questions, labels=labels,
+                same=r.get("same") if isinstance(r.get("same"), bool) else None,
+            ))
+        out[str(book)] = HumanSummaryAnnotation(book=str(book), summary=summary, sentences=sentences,
+                                                singles=singles, relations=relations, unlocated=unlocated)
+    return out
+
+
+def load_human_annotations(path: str | Path) -> dict[str, HumanSummaryAnnotation]:
+    return parse_human_annotations(_read_json(path, "annotation file"), f"annotation file {path}")
+
+
+def human_results(annotations: Mapping[str, HumanSummaryAnnotation], *, stats: bool = True) -> dict[str, CoherenceResult]:
+    return {book: a.to_result(stats=stats) for book, a in annotations.items()}
+
+
+# ---------------------------------------------------------------------------
+# Sentence annotations (GPT-4 / BooookScore release)
+
+
+def is_sentence_format(data: Any) -> bool:
+    if not isinstance(data, Mapping) or not data:
+        return False
+    for value in data.values():
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            return False
+        for entry in value.values():
+            if not (isinstance(entry, Mapping) and ("types" in entry or "questions" in entry)):
+                return False
+    return True
+
+
+def _split_questions(text: str) -> list[str]:
+    parts = [p.strip() for p in re.split(r"(?<=\?)\s+", text.strip()) if p.strip()]
+    return parts
+
+
+def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "gpt4",
+                               what: str = "annotation file", summaries_what: str = "summaries file",
+                               stats: bool = True) -> tuple[dict[str, CoherenceResult], list[str]]:
+    """Sentence annotations + summaries (already read JSON) -> book -> `CoherenceResult`, notes.
+
+    Every summary is scored; one without annotations has no confusing sentence. An
+    annotated sentence is matched to the summary's sentences exactly, else ignoring
+    whitespace; if it covers several of our sentences (a splitter difference) they are all
+    marked; if it is not in the summary at all it is ignored and reported in the notes."""
+    from booklens.metrics.booookscore import finish_result
+    from booklens.text import split_sentences
+
+    data = _require_mapping(data, what, allow_empty=True)
+    summaries = _require_mapping(summaries, summaries_what)
+    for book, summary in summaries.items():
+        if not isinstance(summary, str):
+            raise BooklensError(f"{summaries_what}: the summary of {book!r} must be a string")
+    missing = [b for b in data if b not in summaries]
+    if missing:
+        raise BooklensError(f"book {missing[0]!r} is in the {what} but not in the {summaries_what}"
+                            + (f" ({len(missing) - 1} more)" if len(missing) > 1 else ""))
+    notes: list[str] = []
+    results: dict[str, CoherenceResult] = {}
+    for book, summary in summaries.items():
+        if not summary.strip():
+            raise BooklensError(f"{summaries_what}: the summary of {book!r} is empty")
+        entry = data.get(book) or {}
+        if not isinstance(entry, Mapping):
+            raise BooklensError(f"{what}, book {book!r}: expected null or an object mapping sentences to "
+                                "{'questions', 'types'}")
+        sentences = split_sentences(summary)
+        offsets = sentence_offsets(summary, sentences)
+        exact: dict[str, list[int]] = {}
+        loose: dict[str, list[int]] = {}
+        for i, s in enumerate(sentences):
+            exact.setdefault(s, []).append(i)
+            loose.setdefault(" ".join(s.split()), []).append(i)
+        marks: dict[int, tuple[list[str], list[str]]] = {}
+        for key, ann in entry.items():
+            where = f"{what}, book {book!r}, sentence {key[:40]!r}"
+            if not isinstance(ann, Mapping):
+                raise BooklensError(f"{where}: expected an object with 'questions' and 'types'")
+            types = _labels(ann.get("types"), where)
+            questions = ann.get("questions")
+            qs = _split_questions(questions) if isinstance(questions, str) else [
+                q for q in (questions or []) if isinstance(q, str) and q.strip()]
+            if not types:
+                continue  # listed without any error type: not a confusion
+            if key in exact:
+                indices = exact[key][:1]
+            elif " ".join(key.split()) in loose:
+                indices = loose[" ".join(key.split())][:1]
+            else:
+                found = _locate(summary, key)
+                if found is None:
+                    notes.append(f"{book}: an annotated sentence is not in the summary and was ignored: "
+                                 f"{key[:80]!r}")
+                    continue
+                indices = _covered(offsets, *found)
+                notes.append(f"{book}: an annotated sentence covers {len(indices)} of our sentences: {key[:60]!r}")
+            for i in indices:
+                q0, t0 = marks.get(i, ([], []))
+                marks[i] = (q0 + [q for q in qs if q not in q0], t0 + [t for t in types if t not in t0])
+        sentence_annotations = [
+            SentenceAnnotation(index=i, sentence=s, confusing=i in marks,
+                               questions=marks[i][0] if i in marks else [],
+                               types=sorted(marks[i][1], key=COHERENCE_ERROR_TYPES.index) if i in marks else [])
+            for i, s in enumerate(sentences)
+        ]
+        result = CoherenceResult(book=str(book), summary=summary, annotator=annotator, sentences=sentence_annotations)
+        results[str(book)] = finish_result(result, stats=stats)
+    return results, notes
+
+
+def load_sentence_annotations(annotations_path: str | Path, summaries_path: str | Path, *, annotator: str = "gpt4",
+                              stats: bool = True) -> tuple[dict[str, CoherenceResult], list[str]]:
+    return parse_sentence_annotations(
+        _read_json(annotations_path, "annotation file"), _read_json(summaries_path, "summaries file"),
+        annotator=annotator, what=f"annotation file {annotations_path}",
+        summaries_what=f"summaries file {summaries_path}", stats=stats)
+
+
+def load_gpt4_config(config: str, data_dir: str | Path | None = None,
+                     stats: bool = True) -> tuple[dict[str, CoherenceResult], list[str]]:
+    """The released GPT-4 annotations of one Table 2 configuration, e.g. `gpt4-2048-hier`."""
+    d = Path(data_dir) if data_dir else default_data_dir()
+    return load_sentence_annotations(d / "gpt4" / f"{config}.json", d / "summaries" / f"{config}-cleaned.json",
+                                     stats=stats)
+
+
+def load_human_config(config: str, data_dir: str | Path | None = None,
+                      stats: bool = True) -> dict[str, CoherenceResult]:
+    """The human annotations of `gpt4-4096-inc` or `gpt4-4096-hier` as results."""
+    d = Path(data_dir) if data_dir else default_data_dir()
+    return human_results(load_human_annotations(d / "human" / f"summary-{config}.json"), stats=stats)
+
+
+# ---------------------------------------------------------------------------
+# Any annotation set
+
+
+def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotation file",
+                      summaries_what: str = "summaries file", stats: bool = False) -> dict[str, CoherenceResult]:
+    """book -> result from any annotation set: a `booklens score` output (one summary or a
+    set), human span annotations, or sentence annotations (which need `summaries`)."""
+    if isinstance(data, Mapping) and data.get("kind") == "booklens.coherence_set":
+        try:
+            return dict(CoherenceSet.model_validate(data).results)
+        except Exception as exc:
+            raise BooklensError(f"{what} is not a valid booklens coherence set: {_first_error(exc)}") from None
+    if isinstance(data, Mapping) and data.get("kind") == "booklens.coherence":
+        try:
+            result = CoherenceResult.model_validate(data)
+        except Exception as exc:
+            raise BooklensError(f"{what} is not a valid booklens coherence result: {_first_error(exc)}") from None
+        return {result.book or "summary": result}
+    if is_human_format(data):
+        return human_results(parse_human_annotations(data, what), stats=stats)
+    if is_sentence_format(data):
+        if summaries is None:
+            raise BooklensError(f"{what} holds sentence annotations without the summaries: pass --summaries")
+        return parse_sentence_annotations(data, summaries, what=what, summaries_what=summaries_what,
+                                          stats=stats)[0]
+    raise BooklensError(
+        f"{what} is not an annotation set: expected a booklens score output, human span annotations "
+        "(book -> {summary, singles, relations}) or sentence annotations (book -> {sentence: {questions, types}})")
+
+
+def _first_error(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return " ".join(lines[:3])[:200] if lines else type(exc).__name__
+
+
+def _read_json(path: str | Path, what: str) -> Any:
+    import json
+
+    p = Path(path)
+    if not p.exists():
+        raise BooklensError(f"{what} not found: {p}")
+    if p.is_dir():
+        raise BooklensError(f"{what} is a directory, not a file: {p}")
+    try:
+        return json.loads(p.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError:
+        raise BooklensError(f"{what} is not UTF-8 text: {p}") from None
+    except json.JSONDecodeError as exc:
+        raise BooklensError(f"{what} is not valid JSON ({p}: line {exc.lineno}: {exc.msg})") from None
+
+
+# ---------------------------------------------------------------------------
+# dspy.Examples split by book
+
+
+def to_examples(results: Mapping[str, CoherenceResult]) -> list[dspy.Example]:
+    """One example per answered sentence: inputs (summary, sentence); labels verdict,
+    error_types, questions, confusing; plus book and index for bookkeeping."""
+    examples = []
+    for book, result in results.items():
+        for s in result.sentences:
+            if s.status != "ok" or s.confusing is None:
+                continue
+            examples.append(dspy.Example(
+                book=book, index=s.index, summary=result.summary, sentence=s.sentence,
+                confusing=s.confusing, verdict="confusion" if s.confusing else "no confusion",
+                error_types=list(s.types), questions=list(s.questions), annotator=result.annotator,
+            ).with_inputs("summary", "sentence"))
+    return examples
+
+
+def split_examples(results: Mapping[str, CoherenceResult], *, seed: int = DEFAULT_SEED,
+                   fractions: Mapping[str, float] | None = None) -> dict[str, list[dspy.Example]]:
+    """train/dev/test examples, split by book (all sentences of a summary stay together)."""
+    return split_by_book(to_examples(results), "book", seed=seed, fractions=dict(fractions or DEFAULT_FRACTIONS))
+
+
+def split_results(results: Mapping[str, CoherenceResult], *, seed: int = DEFAULT_SEED,
+                  fractions: Mapping[str, float] | None = None) -> dict[str, dict[str, CoherenceResult]]:
+    """The same split at the level of whole summaries: split -> book -> result."""
+    books = split_by_book(list(results), key=lambda b: b, seed=seed, fractions=dict(fractions or DEFAULT_FRACTIONS))
+    return {name: {b: results[b] for b in group} for name, group in books.items()}
+
+
+def human_splits(config: str = "gpt4-4096-inc", data_dir: str | Path | None = None, *, seed: int = DEFAULT_SEED,
+                 fractions: Mapping[str, float] | None = None) -> dict[str, list[dspy.Example]]:
+    """Examples from the human annotations of `config`, split by book."""
+    return split_examples(load_human_config(config, data_dir, stats=False), seed=seed, fractions=fractions)
+
+
+def gpt4_splits(config: str = "gpt4-2048-hier", data_dir: str | Path | None = None, *, seed: int = DEFAULT_SEED,
+                fractions: Mapping[str, float] | None = None) -> dict[str, list[dspy.Example]]:
+    """Examples from the released GPT-4 annotations of `config`, split by book."""
+    return split_examples(load_gpt4_config(config, data_dir, stats=False)[0], seed=seed, fractions=fractions)

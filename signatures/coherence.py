@@ -1,0 +1,94 @@
+"""Confusion detection for BooookScore: does a summary sentence leave a reader confused?
+
+Two signatures share one set of instructions (the two conditions of a confusion and
+the eight error types): `DetectConfusion` judges one target sentence, the paper's
+setting; `DetectConfusionBatch` judges several numbered sentences in one call. Both
+take the whole summary first so that calls on the same summary share a prompt prefix.
+"""
+
+import inspect
+from typing import Annotated, Literal
+
+import dspy
+from pydantic import BaseModel, Field
+
+from booklens.records import COHERENCE_ERROR_TYPES, CoherenceErrorType
+
+NO_CONFUSION = "no confusion"
+CONFUSION = "confusion"
+Verdict = Literal["no confusion", "confusion"]
+
+GUIDE = """\
+A sentence counts as confusing only when both of these are true:
+1. A reader who never gets an answer to the confusion would have real trouble following the main
+   storyline, or the summary would read as incoherent because of it.
+2. The summary itself does not clear it up: nothing before or after the sentence answers it.
+Passing curiosity, details a reader can do without, and anything explained elsewhere in the
+summary are not confusions. Judge the summary as a text of its own: you have not read the book.
+
+The kinds of confusion (use these exact names):
+- entity omission: a person, place, object, group or idea appears without the context needed to
+  know who or what it is.
+- event omission: an event is referred to, but what happened, or a key part of it, is left out or
+  unclear.
+- causal omission: why something happens, or why someone acts as they do, is missing or unclear.
+- salience: the sentence spends words on details that do not matter to the main storyline.
+- discontinuity: the flow of the narrative breaks: an abrupt jump in time, place or point of view,
+  a missing transition, or a sentence that is out of place or in an illogical order.
+- duplication: the sentence repeats information the summary has already given.
+- inconsistency: the sentence contradicts another part of the summary.
+- language: grammar mistakes, or wording so vague or awkward that the meaning is unclear.
+A confusing sentence can have several kinds at once."""
+
+
+def _with_guide(signature: type[dspy.Signature]) -> type[dspy.Signature]:
+    signature.__doc__ = inspect.cleandoc(signature.__doc__ or "") + "\n\n" + GUIDE
+    return signature
+
+
+@_with_guide
+class DetectConfusion(dspy.Signature):
+    """You check a book summary for coherence, one sentence at a time. Read the whole summary,
+    then decide whether the target sentence (a sentence of that summary) confuses a reader.
+    If it does, answer "confusion", write the clarifying question or questions a reader would
+    ask, and name every kind of confusion that applies. If it does not, answer "no confusion"
+    with no questions and no kinds."""
+
+    summary: str = dspy.InputField(desc="the whole summary")
+    sentence: str = dspy.InputField(desc="the target sentence, taken from the summary")
+    verdict: Verdict = dspy.OutputField(desc='"confusion" or "no confusion"')
+    questions: list[str] = dspy.OutputField(desc="the clarifying questions a reader would ask; empty for no confusion")
+    error_types: list[CoherenceErrorType] = dspy.OutputField(
+        desc="the kinds of confusion, one or more; empty for no confusion"
+    )
+
+
+# Batched answers are parsed leniently (plain strings, with the allowed values in the JSON
+# schema so grammar-constrained decoders stay inside them) and validated one by one by the
+# program, so that one bad answer costs a re-ask of that sentence only, not of the batch.
+VerdictText = Annotated[str, Field(json_schema_extra={"enum": [NO_CONFUSION, CONFUSION]})]
+ErrorTypeText = Annotated[str, Field(json_schema_extra={"enum": list(COHERENCE_ERROR_TYPES)})]
+
+
+class SentenceVerdict(BaseModel):
+    """The answer for one numbered sentence."""
+
+    number: int = Field(description="the number of the sentence this answer is about")
+    verdict: VerdictText = Field(description='"confusion" or "no confusion"')
+    questions: list[str] = Field(default_factory=list, description="clarifying questions; empty for no confusion")
+    error_types: list[ErrorTypeText] = Field(default_factory=list,
+                                             description="kinds of confusion, one or more; empty for no confusion")
+
+
+@_with_guide
+class DetectConfusionBatch(dspy.Signature):
+    """You check a book summary for coherence, a few sentences at a time. Read the whole summary,
+    then judge each of the numbered sentences (sentences of that summary) on its own: does it
+    confuse a reader? Give exactly one answer per numbered sentence, carrying that sentence's
+    number. For a confusing sentence answer "confusion", write the clarifying question or
+    questions a reader would ask, and name every kind of confusion that applies; otherwise
+    answer "no confusion" with no questions and no kinds."""
+
+    summary: str = dspy.InputField(desc="the whole summary")
+    sentences: str = dspy.InputField(desc='the sentences to judge, one per line as "number: sentence"')
+    answers: list[SentenceVerdict] = dspy.OutputField(desc="one answer per numbered sentence, in the order given")

@@ -1,0 +1,210 @@
+"""`booklens score` and `booklens agree` end to end (subprocess): bad input, scores from
+annotations, scoring through an OpenAI-compatible server, and the embedded model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "booookscore"
+SUMMARY = ("Mara keeps the lighthouse on Gull Rock with her father. One winter night Zed appears at the door. "
+           "The lamp stays lit and a ship reaches the harbor.")
+
+
+def run_cli(args, tmp_path, timeout=600):
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_LM", None)
+    return subprocess.run([sys.executable, "-m", "booklens", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def assert_one_line_error(proc, out: Path, pattern: str):
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and pattern in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def write(path: Path, content) -> Path:
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+HUMAN = {"lighthouse": {"summary": SUMMARY, "singles": [
+    {"id": "a", "span": "Zed", "questions": "Who is Zed?", "labels": ["entity omission"]}], "relations": []}}
+SENTENCE_ANN = {"lighthouse": {"One winter night Zed appears at the door.": {
+    "questions": "Who is Zed?", "types": ["entity omission"]}}}
+
+
+# Exit code and the one-line message need a real process: a few representative cases.
+@pytest.mark.parametrize("setup, pattern", [
+    (lambda d: ["score", d / "missing.txt"], "no such file"),
+    (lambda d: ["score", write(d / "empty.txt", "  \n")], "empty"),
+    (lambda d: ["score", "--annotations", write(d / "a.json", [1, 2])], "not an annotation set"),
+    (lambda d: ["score", "--annotations", write(d / "a.json", SENTENCE_ANN),
+                "--summaries", write(d / "s.json", {"another": SUMMARY})], "'lighthouse' is in the annotation file"),
+], ids=["missing", "empty", "annot-wrong-shape", "book-only-in-annotations"])
+def test_bad_input_gives_one_line_error(tmp_path, setup, pattern):
+    out = tmp_path / "out.json"
+    proc = run_cli([*setup(tmp_path), "-o", out], tmp_path)
+    assert_one_line_error(proc, out, pattern)
+
+
+def invoke(args, tmp_path):
+    """In-process run (fast): user errors come back as the BooklensError the CLI would print."""
+    from typer.testing import CliRunner
+
+    from booklens.cli import app
+
+    os.environ["BOOKLENS_CACHE_DIR"] = str(tmp_path / "cache")
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("setup, pattern", [
+    (lambda d: ["score", write(d / "m.json", {"a": ""})], "empty"),
+    (lambda d: ["score", write(d / "m.json", [1, 2])], "JSON object mapping book names"),
+    (lambda d: ["score", write(d / "bad.json", "{not json")], "not valid JSON"),
+    (lambda d: ["score", write(d / "s.json", {"kind": "booklens.summary", "summary": " "})], "empty summary"),
+    (lambda d: ["score", "--annotations", write(d / "a.json", {"b": "text"})], "not an annotation set"),
+    (lambda d: ["score", "--annotations", write(d / "a.json", {"b": {"summary": "A b.", "singles": "x",
+                                                                   "relations": []}})], "must be lists"),
+    (lambda d: ["score", "--annotations", write(d / "a.json", {"b": {"summary": "A b.", "singles": [
+        {"span": "A", "questions": "q", "labels": ["bad type"]}], "relations": []}})], "unknown error type"),
+    (lambda d: ["score", "--annotations", write(d / "a.json", SENTENCE_ANN)], "--summaries"),
+    (lambda d: ["score", "--annotations", write(d / "a.json", HUMAN),
+                "--summaries", write(d / "s.json", {"another": SUMMARY})], "not in the summaries file"),
+    (lambda d: ["score", "--annotations", d / "missing.json"], "not found"),
+    (lambda d: ["score", "--annotations", write(d / "a.json", HUMAN), write(d / "t.txt", SUMMARY)], "not both"),
+    (lambda d: ["score"], "missing SUMMARY"),
+    (lambda d: ["score", write(d / "m.json", {"a": SUMMARY, "b": SUMMARY}), "--book", REPO / "README.md"],
+     "single summary"),
+    (lambda d: ["agree", write(d / "a.json", HUMAN), write(d / "b.json", {"x": {"summary": "Other. Text.",
+                                                                              "singles": [], "relations": []}})],
+     "no book in common"),
+    (lambda d: ["agree", write(d / "a.json", HUMAN), write(d / "b.json", {"lighthouse": {
+        "summary": "Other. Text.", "singles": [], "relations": []}})], "different summary"),
+    (lambda d: ["agree", write(d / "a.json", SENTENCE_ANN), write(d / "b.json", HUMAN)], "--summaries"),
+], ids=["empty-in-map", "list", "bad-json", "empty-summarize-output", "annot-strings", "annot-singles",
+        "annot-unknown-label", "no-summaries", "human-book-only-in-annotations", "annot-missing", "both-inputs",
+        "nothing", "book-with-map", "agree-disjoint", "agree-different-summary", "agree-needs-summaries"])
+def test_bad_input_is_a_user_error(tmp_path, setup, pattern):
+    from booklens.errors import BooklensError
+
+    out = tmp_path / "out.json"
+    args = setup(tmp_path)
+    result = invoke([*args, "-o", out] if args[0] == "score" else args, tmp_path)
+    assert result.exit_code != 0
+    assert isinstance(result.exception, BooklensError), result.exception
+    assert pattern in str(result.exception) and "\n" not in str(result.exception)
+    assert not out.exists()
+
+
+def test_score_from_annotations_and_agree(tmp_path):
+    out = tmp_path / "human.json"
+    result = invoke(["score", "--annotations", write(tmp_path / "h.json", HUMAN), "-o", out], tmp_path)
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.read_text())
+    assert record["kind"] == "booklens.coherence_set" and record["annotator"] == "human"
+    assert record["system_score"] == pytest.approx(2 / 3)
+    assert record["results"]["lighthouse"]["sentences"][1]["confusing"] is True
+    out2 = tmp_path / "gpt.json"
+    result = invoke(["score", "--annotations", write(tmp_path / "g.json", SENTENCE_ANN),
+                     "--summaries", write(tmp_path / "s.json", {"lighthouse": SUMMARY, "calm": "Nothing. Happens."}),
+                     "-o", out2], tmp_path)
+    assert result.exit_code == 0, result.output
+    gpt = json.loads(out2.read_text())
+    assert gpt["n_summaries"] == 2 and gpt["system_score"] == pytest.approx((2 / 3 + 1) / 2)
+    assert "BooookScore 83.3 over 2 summaries" in result.output
+    result = invoke(["score", "--annotations", tmp_path / "g.json", "--summaries", tmp_path / "s.json",
+                     "--split", "test", "-o", tmp_path / "test.json"], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "test.json").read_text())["n_summaries"] == 1  # one of the two books
+    result = invoke(["agree", out2, out, "-o", tmp_path / "agree.json"], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"\| confusing \| 33\.3 \| 33\.3 \| 1\.000 \| 1\.000 \| 1\.000 \| 1\.000 \|", result.output)
+    assert "books only in A: 1" in result.output
+    assert json.loads((tmp_path / "agree.json").read_text())["books"] == 1
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"BooookScore data not found at {DATA}")
+def test_table2_row_through_the_cli(tmp_path):
+    out = tmp_path / "out.json"
+    result = invoke(["score", "--annotations", DATA / "gpt4" / "claude-2048-hier.json",
+                     "--summaries", DATA / "summaries" / "claude-2048-hier-cleaned.json", "-o", out], tmp_path)
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.read_text())
+    assert abs(100 * record["system_score"] - 91.1) <= 0.6
+    assert record["stats"]["avg_length_tokens"] == pytest.approx(522.6, abs=0.05)
+
+
+def fake_coherence_answer(body: dict) -> str:
+    """The answer of an OpenAI-compatible server to a confusion-detection prompt."""
+    user = body["messages"][-1]["content"]
+    if "[[ ## sentences ## ]]" in user:
+        block = user.split("[[ ## sentences ## ]]", 1)[1].strip().split("\n\n")[0]
+        numbers = [int(line.split(":", 1)[0]) for line in block.splitlines() if re.match(r"^\d+:", line)]
+        answers = [{"number": n, "verdict": "confusion" if "Zed" in line else "no confusion",
+                    "questions": ["Who is Zed?"] if "Zed" in line else [],
+                    "error_types": ["entity omission"] if "Zed" in line else []}
+                   for n, line in zip(numbers, block.splitlines())]
+        return json.dumps({"answers": answers})
+    sentence = user.split("[[ ## sentence ## ]]", 1)[1].strip().split("\n\n")[0]
+    if "Zed" in sentence:
+        return json.dumps({"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": ["entity omission"]})
+    return json.dumps({"verdict": "no confusion", "questions": [], "error_types": []})
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_score_through_an_openai_compatible_server(tmp_path, batch):
+    testing = pytest.importorskip("booklens.testing")
+    if not hasattr(testing, "FakeOpenAIServer"):
+        pytest.skip("FakeOpenAIServer not available")
+    record_path = write(tmp_path / "summary.json", {
+        "kind": "booklens.summary", "book": str(REPO / "examples" / "sample_story.txt"), "summary": SUMMARY})
+    out = tmp_path / "out.json"
+    args = ["score", record_path, "--lm", "openai/fake", "--api-base", None, "--batch-size", batch, "-o", out]
+    with testing.FakeOpenAIServer(responder=fake_coherence_answer) as server:
+        args[args.index("--api-base") + 1] = server.url
+        if batch == 1:  # in a real process
+            proc = run_cli(args, tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            stderr = proc.stderr
+        else:
+            result = invoke(args, tmp_path)
+            assert result.exit_code == 0, result.output
+            stderr = result.output
+        served = len(server.served)
+    result = json.loads(out.read_text())
+    assert result["kind"] == "booklens.coherence"
+    assert result["mode"] == ("per-sentence" if batch == 1 else "batched")
+    assert [s["confusing"] for s in result["sentences"]] == [False, True, False]
+    assert result["score"] == pytest.approx(2 / 3)
+    assert served == (3 if batch == 1 else 2)
+    assert result["stats"]["length_tokens"] > 10
+    assert result["stats"]["novel_trigrams_pct"] is not None  # the book named in the summarize output
+    assert "BooookScore 66.7" in stderr
+
+
+@pytest.mark.embedded
+def test_embedded_model_scores_a_summary(tmp_path):
+    summary = write(tmp_path / "summary.txt", SUMMARY)
+    out = tmp_path / "out.json"
+    proc = run_cli(["score", summary, "--lm", "local", "--batch-size", "3", "--concurrency", "1", "-o", out],
+                   tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert len(result["sentences"]) == 3
+    assert result["usage"]["calls"] >= 1
+    for s in result["sentences"]:
+        assert (s["status"] == "ok") == (s["confusing"] is not None)
+        assert set(s["types"]) <= {"entity omission", "event omission", "causal omission", "salience",
+                                   "discontinuity", "duplication", "inconsistency", "language"}

@@ -1,0 +1,188 @@
+"""BooookScore metrics (Eq. 1, footnote 12, Table 1/2 columns) and agreement statistics."""
+
+from __future__ import annotations
+
+import booklens  # noqa: F401
+import pytest
+
+from booklens.data.booookscore import parse_human_annotations, parse_sentence_annotations, results_from_json
+from booklens.data.splits import books_in_split, split_by_book
+from booklens.errors import BooklensError
+from booklens.metrics.agreement import agreement, binary_agreement, cohen_kappa, confusion_match, format_agreement
+from booklens.metrics.booookscore import (
+    annotation_booookscore,
+    booookscore,
+    build_set,
+    error_type_rates,
+    novel_trigram_pct,
+    repeated_trigram_pct,
+    system_score,
+)
+from booklens.records import SentenceAnnotation
+
+SUMMARY = ("Mara keeps the lighthouse with her father. Zed appears at the door. "
+           "Her father gets sick. Mara keeps the lamp burning. Mara keeps the lamp burning. "
+           "In spring she leaves the island.")
+
+
+def test_eq1_counts_only_answered_sentences():
+    assert booookscore([False, True, False, False]) == 0.75
+    assert booookscore([False, None, True, None]) == 0.5
+    assert booookscore([None, None]) is None
+    anns = [SentenceAnnotation(index=0, sentence="a", confusing=False),
+            SentenceAnnotation(index=1, sentence="b", confusing=None, status="failed", error="x")]
+    assert booookscore(anns) == 1.0
+    assert system_score([0.5, 1.0, None]) == 0.75
+    assert annotation_booookscore(3, 10) == pytest.approx(0.7)
+    assert annotation_booookscore(12, 10) == 0.0
+
+
+def test_error_type_rates_count_each_annotation_over_all_sentences():
+    rates = error_type_rates([["entity omission"], ["entity omission", "salience"]], 20)
+    assert rates["entity omission"] == pytest.approx(10.0)
+    assert rates["salience"] == pytest.approx(5.0)
+    assert rates["language"] == 0.0
+    assert len(rates) == 8
+
+
+def test_trigram_statistics():
+    assert repeated_trigram_pct("a b c a b c") == pytest.approx(100 * 1 / 4)
+    assert repeated_trigram_pct("one two") is None
+    assert novel_trigram_pct("the cat sat on the mat", "the cat sat down") == pytest.approx(100 * 3 / 4)
+    assert novel_trigram_pct("the cat sat", "the cat sat") == 0.0
+
+
+def test_kappa_and_binary_agreement():
+    assert cohen_kappa([True, False, True, False], [True, False, True, False]) == 1.0
+    assert cohen_kappa([True, True, False, False], [False, False, True, True]) == -1.0
+    assert cohen_kappa([False, False], [False, False]) is None
+    # textbook example: 20 yes/yes, 5 yes/no, 10 no/yes, 15 no/no -> kappa 0.4
+    a = [True] * 25 + [False] * 25
+    b = [True] * 20 + [False] * 5 + [True] * 10 + [False] * 15
+    row = binary_agreement(a, b)
+    assert row["kappa"] == pytest.approx(0.4)
+    assert row["precision"] == pytest.approx(20 / 25)
+    assert row["recall"] == pytest.approx(20 / 30)
+    assert row["f1"] == pytest.approx(2 * 0.8 * (2 / 3) / (0.8 + 2 / 3))
+
+
+def human_data():
+    return {"lighthouse": {
+        "summary": SUMMARY,
+        "singles": [
+            {"id": "s1", "span": "Zed", "questions": "Who is Zed?", "labels": ["entity omission"]},
+            # one span over two consecutive sentences
+            {"id": "s2", "span": "Her father gets sick. Mara keeps", "questions": "Why does this matter?",
+             "labels": ["salience"]},
+        ],
+        "relations": [
+            {"id_a": "r1", "id_b": "r2", "span_a": "Mara keeps the lamp burning.",
+             "span_b": "In spring she leaves", "shared_questions": "Why is this repeated?", "same": True,
+             "shared_labels": ["duplication"]},
+        ],
+    }}
+
+
+def test_human_spans_map_to_sentences_and_footnote_score():
+    human = parse_human_annotations(human_data())["lighthouse"]
+    assert len(human.sentences) == 6
+    assert human.singles[0].sentences == [1]
+    assert human.singles[1].sentences == [2, 3]
+    assert human.relations[0].sentences == [3, 5]
+    flags = [s.confusing for s in human.sentence_annotations()]
+    assert flags == [False, True, True, True, False, True]
+    result = human.to_result()
+    # footnote 12: the two-sentence span and the relation count as one confusing sentence each
+    assert result.n_annotations == 3
+    assert result.score == pytest.approx(1 - 3 / 6)
+    assert result.score_sentences == pytest.approx(2 / 6)
+    assert result.annotation_types == [["entity omission"], ["salience"], ["duplication"]]
+    assert result.sentences[3].types == ["salience", "duplication"]
+
+
+def test_sentence_annotations_every_summary_counts():
+    summaries = {"lighthouse": SUMMARY, "other": "A calm story. Nothing happens."}
+    data = {"lighthouse": {"Zed appears at the door.": {"questions": "Who is Zed? Why now?",
+                                                        "types": ["entity omission"]},
+                           "This sentence is not there.": {"questions": "?", "types": ["language"]}}}
+    results, notes = parse_sentence_annotations(data, summaries)
+    assert set(results) == {"lighthouse", "other"}
+    assert results["other"].score == 1.0  # absent from the annotation file: no confusing sentence
+    assert results["lighthouse"].score == pytest.approx(5 / 6)
+    assert results["lighthouse"].sentences[1].questions == ["Who is Zed?", "Why now?"]
+    assert any("not in the summary" in n for n in notes)
+    system = build_set(results)
+    assert system.system_score == pytest.approx((5 / 6 + 1) / 2)
+
+
+@pytest.mark.parametrize("data, summaries, pattern", [
+    ([1, 2], {"b": "x."}, "must be a JSON object"),
+    ({"b": {"s.": {"questions": "q", "types": ["nonsense"]}}}, {"b": "s."}, "unknown error type"),
+    ({"b": {"s.": {"questions": "q", "types": ["language"]}}}, {"c": "s."}, "not in the summaries"),
+    ({"b": ["s."]}, {"b": "s."}, "expected null or an object"),
+])
+def test_sentence_annotations_bad_shapes(data, summaries, pattern):
+    with pytest.raises(BooklensError, match=pattern):
+        parse_sentence_annotations(data, summaries)
+
+
+@pytest.mark.parametrize("data, pattern", [
+    ({"b": {"summary": "", "singles": [], "relations": []}}, "non-empty string"),
+    ({"b": {"summary": "A b.", "singles": {}, "relations": []}}, "must be lists"),
+    ({"b": {"summary": "A b.", "singles": [{"questions": "q"}], "relations": []}}, "expected an object with 'span'"),
+    ({"b": {"summary": "A b.", "singles": [], "relations": [{"span_a": "A"}]}}, "span_b"),
+])
+def test_human_annotations_bad_shapes(data, pattern):
+    with pytest.raises(BooklensError, match=pattern):
+        parse_human_annotations(data)
+
+
+def test_agreement_of_human_and_sentence_sets():
+    human = results_from_json(human_data())
+    gpt = results_from_json({"lighthouse": {"Zed appears at the door.": {"questions": "Who?",
+                                                                         "types": ["entity omission"]},
+                                            "Mara keeps the lighthouse with her father.": {
+                                                "questions": "Which lighthouse?", "types": ["entity omission"]}}},
+                            {"lighthouse": SUMMARY})
+    report = agreement(gpt, human, name_a="gpt", name_b="human")
+    c = report["confusing"]
+    assert (c["tp"], c["fp"], c["fn"], c["tn"]) == (1, 1, 3, 1)
+    assert c["precision"] == pytest.approx(0.5) and c["recall"] == pytest.approx(0.25)
+    assert report["per_type"]["entity omission"]["tp"] == 1
+    assert report["per_type"]["entity omission"]["fp"] == 1
+    assert report["system_score_a"] == pytest.approx(4 / 6)
+    assert report["system_score_b"] == pytest.approx(3 / 6)  # footnote score of the human set
+    assert report["system_score_diff"] == pytest.approx(1 / 6)
+    table = format_agreement(report)
+    assert "| confusing |" in table and "entity omission" in table and "A - B 16.7 points" in table
+    # a different summary under the same book name cannot be compared sentence by sentence
+    other = results_from_json({"lighthouse": {}}, {"lighthouse": "A different text. Entirely."})
+    with pytest.raises(BooklensError, match="different summary"):
+        agreement(other, human)
+    with pytest.raises(BooklensError, match="no book in common"):
+        agreement(results_from_json({"x": {}}, {"x": "A b."}), human)
+
+
+def test_confusion_match_metric():
+    import dspy
+
+    ex = dspy.Example(verdict="confusion", error_types=["entity omission", "causal omission"])
+    assert confusion_match(ex, dspy.Prediction(verdict="no confusion", error_types=[])) == 0.0
+    assert confusion_match(ex, dspy.Prediction(verdict="confusion", error_types=["entity omission"])) == 0.75
+    no = dspy.Example(verdict="no confusion", error_types=[])
+    assert confusion_match(no, dspy.Prediction(verdict="no confusion", error_types=[])) == 1.0
+
+
+def test_split_by_book_is_deterministic_and_disjoint():
+    items = [{"book": f"b{i % 10}", "i": i} for i in range(50)]
+    one = split_by_book(items, "book", seed=3)
+    two = split_by_book(list(reversed(items)), "book", seed=3)
+    assert {k: {x["book"] for x in v} for k, v in one.items()} == {k: {x["book"] for x in v} for k, v in two.items()}
+    books = [{x["book"] for x in v} for v in one.values()]
+    assert sum(len(b) for b in books) == 10 and not (books[0] & books[1] or books[0] & books[2] or books[1] & books[2])
+    assert [len(b) for b in books] == [4, 2, 4]
+    lists = split_by_book(items, lambda x: x["book"], seed=3, fractions=[0.5, 0.5])
+    assert len(lists) == 2 and sum(len(x) for x in lists) == 50
+    assert set(books_in_split([f"b{i}" for i in range(10)], "test", seed=3)) == books[2]
+    with pytest.raises(ValueError):
+        split_by_book(items, "book", fractions=[0.5, 0.2])

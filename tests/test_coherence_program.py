@@ -1,0 +1,234 @@
+"""CoherenceScorer with a scripted LM: per-sentence and batched modes, re-asks, bounded failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import booklens  # noqa: F401  (offline defaults before dspy/litellm load)
+import dspy
+import pytest
+
+from booklens.lm import BooklensAdapter
+from booklens.programs.coherence import CoherenceScorer, build_scorer, check_answer, number_sentences
+from booklens.testing import ScriptedLM
+
+SUMMARY = (
+    "Mara keeps the lighthouse on Gull Rock with her father. "
+    "One winter night Zed appears at the door. "
+    "Her father falls ill and Mara must keep the lamp burning alone. "
+    "The lamp stays lit and a ship reaches the harbor. "
+    "In spring Mara leaves the island to study at the naval school."
+)
+SENTENCES = [
+    "Mara keeps the lighthouse on Gull Rock with her father.",
+    "One winter night Zed appears at the door.",
+    "Her father falls ill and Mara must keep the lamp burning alone.",
+    "The lamp stays lit and a ship reaches the harbor.",
+    "In spring Mara leaves the island to study at the naval school.",
+]
+NO = {"verdict": "no confusion", "questions": [], "error_types": []}
+ZED = {"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": ["entity omission"]}
+
+
+def answer_for(sentence: str) -> dict:
+    return ZED if "Zed" in sentence else NO
+
+
+def batch_numbers(call) -> list[int]:
+    return [int(line.split(":", 1)[0]) for line in call.inputs["sentences"].splitlines() if line.strip()]
+
+
+def run(responder, batch_size=1, tries=3, concurrency=4, sentences=SENTENCES, latency=0.0):
+    lm = ScriptedLM(responder, latency=latency)
+    scorer = CoherenceScorer(batch_size=batch_size, tries=tries, concurrency=concurrency)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        prediction = scorer(summary=SUMMARY, sentences=sentences)
+    return prediction, lm.backend.calls
+
+
+def test_per_sentence_mode_one_call_per_sentence_and_eq1():
+    prediction, calls = run(lambda call: answer_for(call.inputs["sentence"]))
+    assert len(calls) == len(SENTENCES)
+    assert all(call.wants("verdict", "questions", "error_types") for call in calls)
+    flags = [a.confusing for a in prediction.annotations]
+    assert flags == [False, True, False, False, False]
+    assert prediction.annotations[1].types == ["entity omission"]
+    assert prediction.annotations[1].questions == ["Who is Zed?"]
+    assert [a.index for a in prediction.annotations] == list(range(5))
+    assert prediction.score == pytest.approx(4 / 5)
+    assert prediction.n_failed == 0
+
+
+def test_per_sentence_prompt_puts_the_summary_before_the_sentence():
+    _, calls = run(lambda call: answer_for(call.inputs["sentence"]))
+    assert len({c.system for c in calls}) == 1  # identical instructions for every sentence
+    users = [c.messages[-1]["content"] for c in calls]
+    for user, sentence in zip(users, SENTENCES):
+        assert user.index(SUMMARY) < user.index("[[ ## sentence ## ]]")
+    prefix = users[0].split("[[ ## sentence ## ]]")[0]
+    assert all(u.startswith(prefix) for u in users)  # shared prefix: cacheable
+
+
+def test_the_summary_is_split_into_sentences_when_not_given():
+    lm = ScriptedLM(lambda call: answer_for(call.inputs["sentence"]))
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        prediction = build_scorer()(summary=SUMMARY)
+    assert prediction.sentences == SENTENCES
+    assert prediction.score == pytest.approx(0.8)
+
+
+def test_unknown_error_type_is_reasked_then_recorded_as_failure_per_sentence():
+    def responder(call):
+        if "Zed" in call.inputs["sentence"]:
+            return {"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": ["plot hole"]}
+        return NO
+
+    prediction, calls = run(responder, tries=3)
+    zed_calls = [c for c in calls if "Zed" in c.inputs["sentence"]]
+    assert len(zed_calls) == 3  # bounded: asked exactly `tries` times
+    assert [c.attempt for c in zed_calls] == [0, 1, 2]  # each re-ask is a fresh sample
+    failed = prediction.annotations[1]
+    assert failed.status == "failed" and failed.confusing is None  # never a silent "no confusion"
+    assert failed.attempts == 3 and failed.error
+    assert prediction.n_failed == 1
+    # Eq. 1 over the answered sentences only
+    assert prediction.score == pytest.approx(1.0)
+
+
+def test_garbage_answers_end_after_bounded_tries():
+    prediction, calls = run(lambda call: "I think it is fine!!", tries=2, concurrency=1)
+    assert len(calls) == 2 * len(SENTENCES)
+    assert all(a.status == "failed" and a.confusing is None for a in prediction.annotations)
+    assert prediction.score is None
+
+
+def test_contradictory_answers_are_reasked():
+    seen = {"n": 0}
+
+    def responder(call):
+        if "Zed" in call.inputs["sentence"] and call.attempt == 0:
+            return {"verdict": "no confusion", "questions": [], "error_types": ["entity omission"]}
+        if "father falls" in call.inputs["sentence"] and call.attempt == 0:
+            return {"verdict": "confusion", "questions": [], "error_types": ["causal omission"]}
+        seen["n"] += 1
+        return answer_for(call.inputs["sentence"])
+
+    prediction, calls = run(responder)
+    assert len(calls) == len(SENTENCES) + 2
+    assert prediction.annotations[1].confusing is True and prediction.annotations[1].attempts == 2
+    assert prediction.annotations[2].confusing is False and prediction.annotations[2].attempts == 2
+
+
+def test_batched_mode_asks_k_sentences_per_call_with_their_numbers():
+    def responder(call):
+        assert call.wants("answers")
+        return {"answers": [{"number": n, **answer_for(SENTENCES[n - 1])} for n in batch_numbers(call)]}
+
+    prediction, calls = run(responder, batch_size=2)
+    assert sorted(batch_numbers(c) for c in calls) == [[1, 2], [3, 4], [5]]
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
+    assert prediction.score == pytest.approx(0.8)
+
+
+def test_batched_answer_that_skips_a_sentence_reasks_only_that_sentence():
+    def responder(call):
+        numbers = batch_numbers(call)
+        if call.attempt == 0:
+            numbers = [n for n in numbers if n != 2]  # sentence 2 is skipped
+        return {"answers": [{"number": n, **answer_for(SENTENCES[n - 1])} for n in numbers]}
+
+    prediction, calls = run(responder, batch_size=5)
+    assert len(calls) == 2
+    assert batch_numbers(calls[1]) == [2]  # the re-ask carries only the missing sentence, same number
+    assert calls[1].attempt == 1
+    assert [a.status for a in prediction.annotations] == ["ok"] * 5
+    assert prediction.annotations[1].confusing is True and prediction.annotations[1].attempts == 2
+    assert prediction.annotations[0].attempts == 1
+
+
+def test_batched_unknown_type_is_reasked_then_recorded_as_failure():
+    def responder(call):
+        answers = []
+        for n in batch_numbers(call):
+            if n == 2:
+                answers.append({"number": 2, "verdict": "confusion", "questions": ["Who?"],
+                                "error_types": ["plot hole"]})
+            else:
+                answers.append({"number": n, **answer_for(SENTENCES[n - 1])})
+        return {"answers": answers}
+
+    prediction, calls = run(responder, batch_size=5, tries=3)
+    assert len(calls) == 3
+    assert [batch_numbers(c) for c in calls[1:]] == [[2], [2]]
+    bad = prediction.annotations[1]
+    assert bad.status == "failed" and bad.confusing is None and "plot hole" in bad.error
+    assert bad.attempts == 3
+    assert all(a.status == "ok" for i, a in enumerate(prediction.annotations) if i != 1)
+    assert prediction.n_failed == 1
+
+
+def test_batched_misaligned_numbers_and_duplicates_are_not_trusted():
+    def responder(call):
+        numbers = batch_numbers(call)
+        if call.attempt == 0:
+            # renumbered from 1 (3 and 4 -> 1 and 2: not asked, ignored), and two different answers for 5
+            return {"answers": [{"number": 1, **NO}, {"number": 2, **NO}, {"number": 5, **NO},
+                                {"number": 5, **ZED}]}
+        return {"answers": [{"number": n, **answer_for(SENTENCES[n - 1])} for n in numbers]}
+
+    prediction, calls = run(responder, batch_size=3, sentences=SENTENCES, concurrency=1)
+    # batch [1,2,3] and batch [4,5] both get a second round for what was not validly answered
+    second_round = sorted(batch_numbers(c) for c in calls if c.attempt == 1)
+    assert second_round == [[3], [4, 5]]
+    assert [a.status for a in prediction.annotations] == ["ok"] * 5
+    assert prediction.annotations[1].confusing is False  # sentence 2 answered (wrongly but validly) first round
+
+
+def test_batched_garbage_is_bounded():
+    prediction, calls = run(lambda call: "not json", batch_size=5, tries=3)
+    assert len(calls) == 3
+    assert all(a.status == "failed" and "unparseable" in a.error for a in prediction.annotations)
+
+
+def test_sentences_are_scored_concurrently():
+    lock = threading.Lock()
+    state = {"now": 0, "max": 0}
+
+    def responder(call):
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        time.sleep(0.15)
+        with lock:
+            state["now"] -= 1
+        return answer_for(call.inputs["sentence"])
+
+    started = time.perf_counter()
+    prediction, _ = run(responder, concurrency=4, sentences=SENTENCES * 2)
+    elapsed = time.perf_counter() - started
+    assert state["max"] >= 2
+    assert elapsed < 10 * 0.15
+    assert len(prediction.annotations) == 10
+
+
+def test_check_answer_and_numbering():
+    assert check_answer("no confusion", [], []) is None
+    assert check_answer("confusion", ["Why?"], ["causal omission"]) is None
+    assert "unknown" in check_answer("confusion", ["Why?"], ["plot hole"])
+    assert check_answer("confusion", [], ["salience"])
+    assert check_answer("confusion", ["Why?"], [])
+    assert check_answer("maybe", [], [])
+    assert number_sentences(["A b.", "C\n d."], [1]) == "2: C d."
+
+
+def test_invalid_construction():
+    with pytest.raises(ValueError):
+        CoherenceScorer(batch_size=0)
+    with pytest.raises(ValueError):
+        CoherenceScorer(tries=0)
+    scorer = build_scorer(batch_size=10)
+    assert scorer.mode == "batched" and scorer.batch_size == 10
+    # both predictors are parameters, so a compiled artifact can carry demos/instructions for either
+    names = [name for name, _ in scorer.named_predictors()]
+    assert names == ["detect", "detect_batch"]
