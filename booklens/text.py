@@ -557,6 +557,7 @@ _WORD_RE = re.compile(
     r"|\S"
 )
 _CANDIDATE_RE = re.compile(rf"[.?!](?=(?P<after_tok>{_NON_WORD}|\s+(?P<next_tok>\S+)))")
+_CLOSERS = frozenset("\"')]}")  # what a realigned run can start with
 _REALIGN_RE = re.compile(r"""["')\]}]+?(?:\s+|(?=--)|$)""", re.MULTILINE)
 _NUMERIC_RE = re.compile(r"^-?[.,]?\d[\d,.-]*\.?$")
 _ELLIPSIS_RE = re.compile(r"\.\.+$")
@@ -604,7 +605,7 @@ class _Punkt:
         """(sentbreak, abbreviation, ellipsis) from the token's form alone."""
         if tok in (".", "?", "!"):
             return True, False, False
-        if _ELLIPSIS_RE.match(tok):
+        if tok[0] == "." and _ELLIPSIS_RE.match(tok):
             return False, False, True
         if tok[-1] == "." and not tok.endswith(".."):
             stem = tok[:-1].lower()
@@ -635,7 +636,7 @@ class _Punkt:
         next_typ = self._type(nxt)
         if next_break:
             next_typ = self._drop_period(next_typ)
-        initial = _INITIAL_RE.match(tok) is not None
+        initial = len(tok) == 2 and _INITIAL_RE.match(tok) is not None
         if (typ, next_typ) in self.collocations:
             return False
         if (abbr or ellipsis) and not initial:
@@ -736,7 +737,7 @@ class _Punkt:
                     out.append((start, end))
                 continue
             nstart, nend = raw[i + 1]
-            m = _REALIGN_RE.match(text, nstart, nend)
+            m = _REALIGN_RE.match(text, nstart, nend) if text[nstart:nstart + 1] in _CLOSERS else None
             if m:
                 out.append((start, nstart + len(m.group().rstrip())))
                 realign = m.end() - nstart
