@@ -1,0 +1,219 @@
+"""Compile programs against annotations and evaluate them:
+
+    booklens compile TASK --data PATH --optimizer NAME [--demos N --candidates N --trials N ...] -o ARTIFACT.json
+    booklens evaluate TASK --data PATH [--program ARTIFACT.json ...] [--split test]
+
+TASK is coherence, verification, decomposition or summarize. The artifact runs with
+`--program` on the task's command (score, verify/check, claims, summarize).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from booklens.cli import app
+from booklens.cli.common import ApiBaseOption, CacheDirOption, LMOption, setup_lm, write_output
+from booklens.errors import BooklensError
+
+TaskArgument = Annotated[str, typer.Argument(
+    help="coherence (confusion detection), verification, decomposition (claims) or summarize.")]
+DataOption = Annotated[Path, typer.Option(
+    "--data", help="Annotations: BooookScore human annotation file or folder (coherence), FABLES.json "
+                   "(verification, decomposition), a folder of books (summarize).")]
+SeedOption = Annotated[Optional[int], typer.Option("--seed", help="Seed of the book split, the subsets and the "
+                                                                   "optimizer (default 0).")]
+ThreadsOption = Annotated[int, typer.Option("--threads", min=1, help="Examples evaluated at once.")]
+
+
+def _sizes(train: int | None, dev: int | None, test: int | None) -> dict[str, int | None]:
+    for name, value in (("train", train), ("dev", dev), ("test", test)):
+        if value is not None and value < 0:
+            raise BooklensError(f"--{name}-size must be 0 (the whole split) or more (got {value})")
+    return {"train": train, "dev": dev, "test": test}
+
+
+def _lm_label(lm: Any) -> str:
+    return str(getattr(lm, "label", None) or getattr(lm, "model", None) or lm)
+
+
+def _metric_block(result) -> dict[str, Any]:
+    d = result.as_dict()
+    return {"value": d["metric"], "ci95": d["ci95"], "n": d["n"], "failures": d["failures"]}
+
+
+def _check_output(path: Path) -> None:
+    if path.exists() and path.is_dir():
+        raise BooklensError(f"output path is a directory: {path}")
+    parent = path.resolve().parent
+    if parent.exists() and not parent.is_dir():
+        raise BooklensError(f"cannot write {path}: {parent} is not a directory")
+
+
+@app.command("compile")
+def compile_command(
+    task: TaskArgument,
+    data: DataOption,
+    optimizer: Annotated[str, typer.Option(
+        "--optimizer", help="labeled, bootstrap, random-search, mipro or gepa.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the artifact (JSON).")],
+    demos: Annotated[int, typer.Option("--demos", help="Demos per predictor.")] = 3,
+    candidates: Annotated[int, typer.Option(
+        "--candidates", help="random-search: demo sets tried; mipro: instruction and demo-set candidates.")] = 3,
+    trials: Annotated[int, typer.Option("--trials", help="mipro: search trials; gepa: reflective proposals.")] = 4,
+    threads: ThreadsOption = 2,
+    max_rounds: Annotated[int, typer.Option("--max-rounds", help="Bootstrap attempts per training example.")] = 1,
+    minibatch_size: Annotated[int, typer.Option(
+        "--minibatch-size", help="mipro: score trials on this many dev examples (0: all).")] = 0,
+    seed: SeedOption = None,
+    train_size: Annotated[Optional[int], typer.Option("--train-size", help="Training examples (0: all).")] = None,
+    dev_size: Annotated[Optional[int], typer.Option("--dev-size", help="Dev examples (0: all).")] = None,
+    test_size: Annotated[Optional[int], typer.Option("--test-size", help="Test examples (0: all).")] = None,
+    evaluate_test: Annotated[bool, typer.Option(
+        "--test/--no-test", help="Also score the compiled program on the test split (recorded in the artifact).")]
+    = True,
+    lm: LMOption = None,
+    api_base: ApiBaseOption = None,
+    cache_dir: CacheDirOption = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Show the optimizer's own progress output.")] = False,
+) -> None:
+    """Compile a task's program on the training split with a DSPy optimizer; write the artifact."""
+    from booklens.optimizers.artifacts import save_program
+    from booklens.optimizers.compile import Budget, check_optimizer, compile_program
+    from booklens.optimizers.evaluate import Meter, evaluate_program, format_table
+    from booklens.optimizers.tasks import get_task, load_task_splits
+
+    name = check_optimizer(optimizer)
+    spec = get_task(task)
+    budget = Budget(demos=demos, candidates=candidates, trials=trials, threads=threads, max_rounds=max_rounds,
+                    minibatch_size=minibatch_size)
+    budget.validate()
+    _check_output(output)
+    seed = 0 if seed is None else seed
+    splits = load_task_splits(spec, data, seed=seed, sizes=_sizes(train_size, dev_size, test_size))
+    if not splits.train:
+        raise BooklensError(f"the training split of {data} is empty")
+    model = setup_lm(lm, api_base, cache_dir)
+
+    typer.echo(f"compiling {spec.name} with {name}: {len(splits.train)} train / {len(splits.dev)} dev / "
+               f"{len(splits.test)} test examples, budget {budget.as_dict()}", err=True)
+    meter = Meter()
+    started = time.perf_counter()
+    compiled = compile_program(spec, splits.train, splits.dev, optimizer=name, budget=budget, seed=seed,
+                               meter=meter, verbose=verbose)
+    compile_seconds = time.perf_counter() - started
+    results = []
+    metrics: dict[str, Any] = {}
+    for split in ("dev", "test"):
+        examples = splits.get(split)
+        if not examples or (split == "test" and not evaluate_test):
+            continue
+        result = evaluate_program(compiled, examples, spec.metric, threads=threads, label=f"compiled on {split}")
+        results.append(result)
+        metrics[split] = _metric_block(result)
+    total_seconds = time.perf_counter() - started
+    block = save_program(
+        compiled, output, task=spec.name,
+        program_config=spec.program_config,
+        dataset=splits.info["dataset"],
+        split={k: v for k, v in splits.info.items() if k != "dataset"},
+        seed=seed,
+        optimizer=name,
+        budget=budget.as_dict(),
+        lm=_lm_label(model),
+        metric=spec.metric_name,
+        metrics=metrics,
+    )
+    typer.echo(f"wrote {output}", err=True)
+    usage = meter.as_dict()
+    demos_count = {n: len(p.demos) for n, p in compiled.named_predictors()}
+    lines = [
+        f"{spec.name} compiled with {name} (seed {seed}) in {compile_seconds:.0f} s "
+        f"({total_seconds:.0f} s with evaluation); LM calls while compiling: {usage['calls']} "
+        f"({usage['cached_calls']} from cache), {usage['prompt_tokens']} prompt + "
+        f"{usage['completion_tokens']} completion tokens",
+        f"demos per predictor: {demos_count}",
+    ]
+    if results:
+        lines += ["", format_table(results, title=f"{spec.name} ({block['lm']})", metric_name=spec.metric_name)]
+    typer.echo("\n".join(lines))
+
+
+@app.command("evaluate")
+def evaluate_command(
+    task: TaskArgument,
+    data: DataOption,
+    program: Annotated[Optional[list[Path]], typer.Option(
+        "--program", help="A compiled artifact; repeat to compare several. The zero-shot program is the first "
+                          "column unless --no-zero-shot.")] = None,
+    split: Annotated[str, typer.Option("--split", help="train, dev or test.")] = "test",
+    size: Annotated[Optional[int], typer.Option(
+        "--size", help="Examples of the split to use (default: the task's subset size; 0: all).")] = None,
+    zero_shot: Annotated[bool, typer.Option("--zero-shot/--no-zero-shot",
+                                            help="Include the uncompiled program.")] = True,
+    seed: SeedOption = None,
+    threads: ThreadsOption = 2,
+    lm: LMOption = None,
+    api_base: ApiBaseOption = None,
+    cache_dir: CacheDirOption = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also write the results as JSON.")]
+    = None,
+) -> None:
+    """Run zero-shot and compiled programs on a split, side by side: metric with a bootstrap 95% CI, LM calls, tokens."""
+    from booklens.optimizers.artifacts import check_task, load_program, sha256_of
+    from booklens.optimizers.evaluate import evaluate_program, format_table
+    from booklens.optimizers.tasks import SPLITS, get_task, load_task_splits
+
+    if split not in SPLITS:
+        raise BooklensError(f"unknown split '{split}': choose one of {', '.join(SPLITS)}")
+    if size is not None and size < 0:
+        raise BooklensError(f"--size must be 0 (the whole split) or more (got {size})")
+    spec = get_task(task)
+    programs = list(program or [])
+    if not programs and not zero_shot:
+        raise BooklensError("nothing to evaluate: give --program or drop --no-zero-shot")
+    states = [check_task(p, spec.name) for p in programs]  # wrong or broken artifacts fail before any work
+    blocks = [s["metadata"]["booklens"] for s in states]
+    if seed is None:
+        seed = next((b.get("seed") for b in blocks if isinstance(b.get("seed"), int)), 0)
+    if not Path(data).exists():
+        raise BooklensError(f"data not found: {data}")
+    digest = sha256_of(data)
+    for path, b in zip(programs, blocks):
+        compiled_on = (b.get("dataset") or {}).get("sha256")
+        if compiled_on and compiled_on != digest:
+            typer.echo(f"note: {path} was compiled on other data ({(b.get('dataset') or {}).get('path')}); "
+                       "its splits may overlap this data's", err=True)
+    splits = load_task_splits(spec, data, seed=seed, sizes={split: size})
+    examples = splits.get(split)
+    if not examples:
+        raise BooklensError(f"the {split} split of {data} is empty")
+    model = setup_lm(lm, api_base, cache_dir)
+
+    runs: list[tuple[str, Any]] = []
+    if zero_shot:
+        runs.append(("zero-shot", spec.build_program()))
+    labels_seen: set[str] = set()
+    for path in programs:
+        loaded = load_program(spec.build_program(), path, task=spec.name)
+        label = path.name if path.name not in labels_seen else str(path)
+        labels_seen.add(label)
+        runs.append((label, loaded))
+    results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label) for label, p in runs]
+    title = f"{spec.name} / {split} (n={len(examples)}, seed {seed})"
+    typer.echo(format_table(results, title=title, metric_name=spec.metric_name))
+    if any(r.failures for r in results):
+        for r in results:
+            if r.errors:
+                typer.echo(f"{r.label}: {r.failures} failed example(s), e.g. {r.errors[0]}", err=True)
+    if output is not None:
+        write_output(output, {
+            "kind": "booklens.evaluation", "task": spec.name, "split": split, "seed": seed,
+            "data": splits.info, "lm": _lm_label(model), "metric": spec.metric_name,
+            "programs": [str(p) for p in programs], "results": [r.as_dict() for r in results],
+        })
+    sys.stdout.flush()

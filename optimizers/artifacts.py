@@ -1,0 +1,213 @@
+"""Compiled-program artifacts: DSPy's own JSON state (`program.save(path)`) plus a booklens block.
+
+The file is exactly what `program.save("x.json")` writes (one entry per named predictor with its
+demos and signature instructions, and `metadata.dependency_versions`), with one more key,
+`metadata.booklens`:
+
+    {"kind": "booklens.program", "format_version": 1, "task": "coherence",
+     "program": "ConfusionDetector", "predictors": ["detect"], "booklens_version": "0.1.0",
+     "dataset": {"path": ..., "sha256": ...}, "split": {...}, "seed": 0,
+     "optimizer": "bootstrap", "budget": {...}, "lm": "local/...",
+     "metrics": {"dev": ..., "test": ...}}
+
+So plain DSPy can still `program.load()` it. No pickle is ever written or read. Loading checks
+that the file is an artifact of the task it is loaded into and matches the program's predictors.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from booklens.errors import BooklensError
+
+ARTIFACT_KIND = "booklens.program"
+ARTIFACT_FORMAT_VERSION = 1
+
+# Names a task may be loaded under (a CLI command name and the task it runs).
+TASK_ALIASES = {"summarize": "summarize", "summarization": "summarize", "score": "coherence",
+                "confusion": "coherence", "verify": "verification", "claims": "decomposition"}
+
+
+def canonical_task(task: str) -> str:
+    return TASK_ALIASES.get(task, task)
+
+
+def program_state(program: dspy.Module) -> dict[str, Any]:
+    """The JSON state DSPy's `program.save(path)` writes, read back as a dict."""
+    with tempfile.TemporaryDirectory(prefix="booklens-artifact-") as tmp:
+        path = Path(tmp) / "program.json"
+        try:
+            program.save(str(path))
+        except Exception as exc:
+            raise BooklensError(f"cannot save the compiled program as JSON: {_first_line(exc)}") from None
+        return json.loads(path.read_text(encoding="utf-8"))
+
+
+def predictor_names(program: dspy.Module) -> list[str]:
+    return [name for name, _ in program.named_predictors()]
+
+
+def signature_fields(program: dspy.Module) -> dict[str, list[str]]:
+    """Each predictor's field names in order (DSPy restores field texts by position)."""
+    return {name: list(p.signature.fields) for name, p in program.named_predictors()}
+
+
+def save_program(program: dspy.Module, path: str | Path, *, task: str, **metadata: Any) -> dict[str, Any]:
+    """Write `program`'s DSPy JSON state with the booklens metadata block, atomically.
+    Returns the metadata block. Keys are kept in a fixed order so equal programs give equal files."""
+    from booklens import __version__
+    from booklens.records import save_json
+
+    state = program_state(program)
+    for name in predictor_names(program):
+        if isinstance(state.get(name), dict):
+            state[name]["lm"] = None  # the LM is chosen at run time
+    block = {
+        "kind": ARTIFACT_KIND,
+        "format_version": ARTIFACT_FORMAT_VERSION,
+        "task": canonical_task(task),
+        "program": type(program).__name__,
+        "predictors": predictor_names(program),
+        "fields": signature_fields(program),
+        "booklens_version": __version__,
+        **metadata,
+    }
+    state.setdefault("metadata", {})["booklens"] = block
+    save_json(path, state)
+    return block
+
+
+def read_artifact(path: str | Path) -> dict[str, Any]:
+    """Read and validate an artifact file; one-line `BooklensError`s for every way it can be wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise BooklensError(f"program artifact not found: {path}")
+    if path.is_dir():
+        raise BooklensError(f"program artifact is a directory, not a file: {path}")
+    raw = path.read_bytes()
+    if raw[:2] == b"\x80\x04" or raw[:1] == b"\x80":
+        raise BooklensError(f"{path} is a pickle; booklens loads only JSON program artifacts (never pickle)")
+    try:
+        state = json.loads(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError:
+        raise BooklensError(f"program artifact {path} is corrupted: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise BooklensError(f"program artifact {path} is corrupted: not valid JSON "
+                            f"(line {exc.lineno}: {exc.msg})") from None
+    block = (state.get("metadata") or {}).get("booklens") if isinstance(state, dict) else None
+    if not isinstance(block, dict) or block.get("kind") != ARTIFACT_KIND:
+        raise BooklensError(f"{path} is not a booklens program artifact (no booklens metadata); "
+                            "make one with `booklens compile`")
+    version = block.get("format_version")
+    if not isinstance(version, int):
+        raise BooklensError(f"program artifact {path} is corrupted: its format version is missing")
+    if version > ARTIFACT_FORMAT_VERSION:
+        raise BooklensError(f"{path} was written by a newer booklens (artifact format {version}; this version "
+                            f"reads up to {ARTIFACT_FORMAT_VERSION}); upgrade booklens or recompile")
+    if not isinstance(block.get("task"), str) or not isinstance(block.get("predictors"), list):
+        raise BooklensError(f"program artifact {path} is corrupted: its task or predictor list is missing")
+    return state
+
+
+def artifact_metadata(path: str | Path) -> dict[str, Any]:
+    return read_artifact(path)["metadata"]["booklens"]
+
+
+def check_task(path: str | Path, task: str, state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Validate the file and that it was compiled for `task`; returns the state."""
+    state = state if state is not None else read_artifact(path)
+    block = state["metadata"]["booklens"]
+    want, have = canonical_task(task), canonical_task(block["task"])
+    if want != have:
+        raise BooklensError(f"{path} is a compiled '{have}' program and cannot be loaded as a '{want}' "
+                            f"program; compile one with `booklens compile {want}`")
+    return state
+
+
+def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Module:
+    """Load the compiled state in `path` into `program` (in place) and return it.
+
+    Raises `BooklensError` when the file is missing, not JSON, not an artifact, from a newer
+    format, compiled for another task, or made for a program with other predictors."""
+    state = check_task(path, task)
+    block = state["metadata"]["booklens"]
+    want = predictor_names(program)
+    have = list(block["predictors"])
+    if sorted(want) != sorted(have):
+        raise BooklensError(
+            f"{path} does not fit this {canonical_task(task)} program: it holds predictors "
+            f"{', '.join(have) or 'none'} but the program has {', '.join(want) or 'none'} "
+            f"(compiled for {block.get('program', '?')}{_config_hint(block)})")
+    fields = block.get("fields")
+    if isinstance(fields, dict):
+        current = signature_fields(program)
+        changed = [name for name in want if name in fields and list(fields[name]) != current[name]]
+        if changed:
+            name = changed[0]
+            raise BooklensError(
+                f"{path} was compiled for another version of the {canonical_task(task)} program: predictor "
+                f"{name} had fields {', '.join(fields[name])}, now {', '.join(current[name])}; recompile it")
+    missing = [name for name in want if not isinstance(state.get(name), dict)]
+    if missing:
+        raise BooklensError(f"program artifact {path} is corrupted: no state for {', '.join(missing)}")
+    # Load into a copy first, so a failure leaves the caller's program untouched.
+    trial = copy.deepcopy(program)
+    try:
+        for name, predictor in trial.named_predictors():
+            entry = dict(state[name])
+            entry["lm"] = None
+            if not isinstance(entry.get("demos"), list) or not isinstance(entry.get("signature"), dict):
+                raise ValueError(f"{name} has no demos list or signature")
+            predictor.load_state(entry)
+    except BooklensError:
+        raise
+    except Exception as exc:
+        raise BooklensError(f"program artifact {path} is corrupted: {_first_line(exc)}") from None
+    for (name, predictor), (_, loaded) in zip(program.named_predictors(), trial.named_predictors()):
+        predictor.__dict__.update(loaded.__dict__)
+    program._booklens_artifact = block  # noqa: SLF001 - lets commands record what they ran
+    return program
+
+
+def _config_hint(block: dict[str, Any]) -> str:
+    config = block.get("program_config") or {}
+    method = config.get("method")
+    return f", method {method}" if method else ""
+
+
+def sha256_of(path: str | Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    path = Path(path)
+    if path.is_dir():
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(str(file.relative_to(path)).encode("utf-8") + b"\0")
+            digest.update(_file_digest(file).encode("ascii"))
+        return digest.hexdigest()
+    return _file_digest(path)
+
+
+def _file_digest(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__
+
+
+__all__ = ["ARTIFACT_FORMAT_VERSION", "ARTIFACT_KIND", "artifact_metadata", "check_task", "load_program",
+           "read_artifact", "save_program", "sha256_of"]

@@ -1,0 +1,283 @@
+"""One entry point that compiles a program against annotations with a DSPy optimizer chosen by name.
+
+| name            | DSPy optimizer                     | what it searches                                   |
+|-----------------|------------------------------------|----------------------------------------------------|
+| `labeled`       | LabeledFewShot                     | nothing: `demos` annotated examples per predictor  |
+| `bootstrap`     | BootstrapFewShot                   | demos from the program's own runs the metric accepts |
+| `random-search` | BootstrapFewShotWithRandomSearch   | `candidates` bootstrapped demo sets, best on dev   |
+| `mipro`         | MIPROv2                            | `candidates` instructions x demo sets, `trials` Bayesian trials on dev |
+| `gepa`          | GEPA                               | instructions rewritten by reflection, about `trials` proposals |
+
+Budgets default to what finishes in minutes on a 2-core machine with the embedded model.
+Seeds are fixed (the training order, DSPy's samplers, Optuna's sampler, GEPA's RNG), and every
+LM call is cached on disk, so two runs with the same cache produce the same program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import random
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import dspy
+
+from booklens.errors import BooklensError, LMError
+from booklens.optimizers.evaluate import Meter, metered, score_of
+
+OPTIMIZERS: dict[str, str] = {
+    "labeled": "LabeledFewShot: annotated examples as demos",
+    "bootstrap": "BootstrapFewShot: demos from runs the metric accepts",
+    "random-search": "BootstrapFewShotWithRandomSearch: best of several demo sets on dev",
+    "mipro": "MIPROv2: instructions and demo sets searched with Bayesian optimization on dev",
+    "gepa": "GEPA: instructions evolved by reflecting on failures",
+}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much an optimizer may spend. The defaults finish in minutes with the embedded model."""
+
+    demos: int = 3  # demos per predictor (bootstrapped first, then annotated ones)
+    candidates: int = 3  # random-search: bootstrapped demo sets; mipro: instruction and demo-set candidates
+    trials: int = 4  # mipro: search trials; gepa: reflective proposals
+    threads: int = 2  # examples evaluated at once
+    max_rounds: int = 1  # bootstrap attempts per training example
+    minibatch_size: int = 0  # mipro: score trials on this many dev examples (0: the whole dev set)
+    max_errors: int = 0  # failed runs tolerated before an optimizer stops (0: as many as there are examples)
+
+    def validate(self) -> None:
+        for name in ("demos", "candidates", "trials", "minibatch_size", "max_errors"):
+            if getattr(self, name) < 0:
+                raise BooklensError(f"--{name.replace('_', '-')} must be 0 or more (got {getattr(self, name)})")
+        for name in ("threads", "max_rounds"):
+            if getattr(self, name) < 1:
+                raise BooklensError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def gepa_available() -> bool:
+    try:
+        from dspy.teleprompt import GEPA  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def available_optimizers() -> list[str]:
+    return [name for name in OPTIMIZERS if name != "gepa" or gepa_available()]
+
+
+def check_optimizer(name: str) -> str:
+    name = (name or "").strip().lower()
+    if name not in OPTIMIZERS:
+        raise BooklensError(f"unknown optimizer '{name}': choose one of {', '.join(OPTIMIZERS)}")
+    if name == "gepa" and not gepa_available():
+        raise BooklensError("optimizer 'gepa' needs a DSPy release with GEPA and the gepa package installed")
+    return name
+
+
+def as_metric(metric: Callable[..., Any]) -> Callable[..., float]:
+    """The task metric as DSPy optimizers call it: (example, prediction, trace=None) -> float."""
+
+    def dspy_metric(example, prediction, trace=None):
+        return score_of(metric(example, prediction, trace))
+
+    dspy_metric.__name__ = getattr(metric, "__name__", "metric")
+    return dspy_metric
+
+
+def as_gepa_metric(metric: Callable[..., Any], feedback: Callable[..., str] | None = None) -> Callable[..., Any]:
+    """GEPA's five-argument metric; with `feedback`, the reflection step reads why a run scored as it did."""
+
+    def gepa_metric(gold, pred, trace=None, pred_name=None, pred_trace=None):
+        score = score_of(metric(gold, pred, trace))
+        if feedback is None:
+            return score
+        return dspy.Prediction(score=score, feedback=feedback(gold, pred, score))
+
+    return gepa_metric
+
+
+@contextlib.contextmanager
+def _quiet(verbose: bool):
+    """DSPy optimizers print progress to stdout; keep stdout for results (and drop it unless verbose)."""
+    names = ("dspy", "gepa", "optuna")
+    levels = {n: logging.getLogger(n).level for n in names}
+    sink = sys.stderr if verbose else io.StringIO()
+    try:
+        if not verbose:
+            for n in names:
+                logging.getLogger(n).setLevel(logging.WARNING)
+        with contextlib.redirect_stdout(sink):
+            yield
+    finally:
+        for n, level in levels.items():
+            logging.getLogger(n).setLevel(level)
+
+
+def seeded_order(examples: Sequence[dspy.Example], seed: int) -> list[dspy.Example]:
+    """The training examples in a seed-determined order (optimizers take demos from the front)."""
+    order = list(examples)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def compile_program(
+    task: Any,
+    trainset: Sequence[dspy.Example],
+    devset: Sequence[dspy.Example] | None = None,
+    *,
+    optimizer: str = "bootstrap",
+    budget: Budget | None = None,
+    seed: int = 0,
+    program: dspy.Module | None = None,
+    metric: Callable[..., Any] | None = None,
+    meter: Meter | None = None,
+    verbose: bool = False,
+) -> dspy.Module:
+    """Compile `program` (default: the task's zero-shot program) on `trainset`, choosing among
+    candidates on `devset`, with the optimizer named `optimizer`. Uses the configured LM.
+
+    `task` is a task name from `booklens.optimizers.tasks` or a `Task`. Returns a new program;
+    the one passed in is not changed."""
+    from booklens.lm import current_lm
+    from booklens.optimizers.tasks import get_task
+
+    spec = get_task(task) if isinstance(task, str) else task
+    name = check_optimizer(optimizer)
+    budget = budget or Budget()
+    budget.validate()
+    trainset = seeded_order(trainset, seed)
+    devset = list(devset or [])
+    if not trainset:
+        raise BooklensError("the training set is empty")
+    if name in ("random-search", "mipro", "gepa") and not devset:
+        raise BooklensError(f"optimizer '{name}' chooses among candidates on a dev set, and the dev set is empty")
+    student = program if program is not None else spec.build_program()
+    base_metric = metric or spec.metric
+    dspy_metric = as_metric(base_metric)
+    max_errors = budget.max_errors or (len(trainset) + len(devset) + 1) * max(1, budget.max_rounds)
+    lm = metered(current_lm(), meter)
+
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:  # pragma: no cover
+        pass
+
+    with dspy.context(lm=lm), _quiet(verbose):
+        try:
+            compiled = _run(name, student, trainset, devset, budget, seed, dspy_metric, base_metric, spec,
+                            max_errors, lm)
+        except (BooklensError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            # DSPy wraps program failures (including backend errors) in its own exceptions.
+            cause = _root_cause(exc)
+            if isinstance(cause, BooklensError):
+                raise cause from None
+            raise BooklensError(f"optimizer '{name}' failed: {type(cause).__name__}: {_first_line(cause)}") from None
+    return _strip(compiled)
+
+
+def _run(name: str, student: dspy.Module, trainset: list, devset: list, budget: Budget, seed: int,
+         dspy_metric: Callable, base_metric: Callable, spec: Any, max_errors: int, lm: Any) -> dspy.Module:
+    from dspy.teleprompt import BootstrapFewShot, BootstrapFewShotWithRandomSearch, LabeledFewShot, MIPROv2
+
+    threshold = getattr(spec, "bootstrap_threshold", None)
+    if name == "labeled":
+        return LabeledFewShot(k=budget.demos).compile(student, trainset=trainset, sample=False)
+    if name == "bootstrap":
+        return BootstrapFewShot(
+            metric=dspy_metric, metric_threshold=threshold, max_bootstrapped_demos=budget.demos,
+            max_labeled_demos=budget.demos, max_rounds=budget.max_rounds, max_errors=max_errors,
+        ).compile(student, trainset=trainset)
+    if name == "random-search":
+        return BootstrapFewShotWithRandomSearch(
+            metric=dspy_metric, metric_threshold=threshold, max_bootstrapped_demos=budget.demos,
+            max_labeled_demos=budget.demos, max_rounds=budget.max_rounds, num_candidate_programs=budget.candidates,
+            num_threads=budget.threads, max_errors=max_errors,
+        ).compile(student, trainset=trainset, valset=devset)
+    if name == "mipro":
+        if budget.candidates < 1 or budget.trials < 1:
+            raise BooklensError("mipro needs --candidates and --trials of at least 1")
+        minibatch = 0 < budget.minibatch_size < len(devset)
+        optimizer = MIPROv2(
+            metric=dspy_metric, metric_threshold=threshold, auto=None, num_candidates=budget.candidates,
+            max_bootstrapped_demos=budget.demos, max_labeled_demos=budget.demos, num_threads=budget.threads,
+            max_errors=max_errors, seed=seed, verbose=False, track_stats=False,
+        )
+        return optimizer.compile(
+            student, trainset=trainset, valset=devset, num_trials=budget.trials, seed=seed,
+            minibatch=minibatch, minibatch_size=budget.minibatch_size or len(devset),
+            minibatch_full_eval_steps=max(1, budget.trials // 2),
+            # The source code of a booklens program is long and a small model gains nothing from it.
+            program_aware_proposer=False, view_data_batch_size=min(5, len(trainset)),
+        )
+    if name == "gepa":
+        from dspy.teleprompt import GEPA
+
+        minibatch = max(1, min(3, len(trainset)))
+        # Room for the first full dev evaluation and `trials` rounds of reflection: each scores a
+        # minibatch before and after the proposal and, when it improves, the whole dev set.
+        max_calls = len(devset) + budget.trials * (2 * minibatch + len(devset))
+        reflection = lm.copy(temperature=0.7)
+        optimizer = GEPA(
+            metric=as_gepa_metric(base_metric, getattr(spec, "feedback", None)),
+            max_metric_calls=max_calls, reflection_lm=reflection, reflection_minibatch_size=minibatch,
+            num_threads=budget.threads, seed=seed, track_stats=False, use_merge=False,
+            warn_on_score_mismatch=False,
+        )
+        return optimizer.compile(student, trainset=trainset, valset=devset)
+    raise BooklensError(f"unknown optimizer '{name}'")  # pragma: no cover - check_optimizer ran
+
+
+def _strip(program: dspy.Module) -> dspy.Module:
+    """Drop what optimizers attach for inspection (candidate lists, logs): only the state is the result."""
+    for attr in ("candidate_programs", "mb_candidate_programs", "trial_logs", "detailed_results", "score",
+                 "prompt_model_total_calls", "total_calls"):
+        if attr in program.__dict__:
+            delattr(program, attr)
+    for _, predictor in program.named_predictors():
+        predictor.lm = None  # the LM is chosen when the program runs, never baked into the artifact
+        predictor.demos = usable_demos(predictor)
+    return program
+
+
+def usable_demos(predictor: dspy.Predict) -> list[dspy.Example]:
+    """The predictor's demos cut to its signature's fields. A demo with no input or no output
+    field of the signature is dropped: the adapter would never show it (labeled examples of a
+    whole program land on every predictor, also on those that need other fields)."""
+    signature = predictor.signature
+    fields = set(signature.fields)
+    kept = []
+    for demo in predictor.demos:
+        keys = set(demo.keys()) if hasattr(demo, "keys") else set()
+        if not keys & set(signature.input_fields) or not keys & set(signature.output_fields):
+            continue
+        kept.append(dspy.Example(**{k: demo[k] for k in demo.keys() if k in fields or k == "augmented"}))
+    return kept
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None or isinstance(exc, (BooklensError, LMError)):
+            break
+        exc = nxt
+    return exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__

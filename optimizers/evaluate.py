@@ -1,0 +1,255 @@
+"""Run a program on a split and report its metric with a bootstrap confidence interval and
+what it cost in LM calls and tokens; print several programs side by side.
+
+Examples run concurrently (like `dspy.Evaluate`), bounded by `threads`. Every example is scored
+by the task's metric, the same function the optimizers maximize. An example whose run fails
+(the program raised, for instance because the model never produced a parseable answer) scores
+0 and is counted as failed; a permanent backend failure (`LMError`) stops the evaluation.
+
+Calls and tokens are metered on the LM the program talks to, counting calls answered from the
+disk cache with the tokens they cost when they were made, so a rerun reports the same usage.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import dspy
+
+from booklens.errors import BooklensError, LMError
+from booklens.lm import BooklensLM
+
+# ---------------------------------------------------------------------------
+# Metering and rollout-aware LM wrapper
+
+
+@dataclass
+class Meter:
+    """LM calls a program made, including those answered from the cache, with their tokens."""
+
+    calls: int = 0
+    cached_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, usage: dict[str, Any] | None, cache_hit: bool) -> None:
+        usage = usage or {}
+        with self._lock:
+            self.calls += 1
+            self.cached_calls += int(bool(cache_hit))
+            self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            self.completion_tokens += int(usage.get("completion_tokens") or 0)
+
+    def as_dict(self) -> dict[str, int]:
+        with self._lock:
+            return {"calls": self.calls, "cached_calls": self.cached_calls,
+                    "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+
+
+def metered(lm: Any, meter: Meter | None = None) -> Any:
+    """A view of a booklens LM (same backend, cache and usage counters) that also feeds `meter`
+    and turns DSPy's `rollout_id` into a fresh sample.
+
+    Optimizers ask for distinct samples of the same prompt with `lm.copy(rollout_id=i)`. The
+    booklens cache key and the embedded model's sampling seed follow `booklens_attempt`, not
+    `rollout_id`, so without this every rollout would return the first one's answer."""
+    if not isinstance(lm, BooklensLM):
+        return lm
+    view = _MeteredLM.__new__(_MeteredLM)
+    view.__dict__.update(lm.__dict__)
+    view.kwargs = dict(lm.kwargs)
+    view.history = []
+    view.meter = meter if meter is not None else Meter()
+    return view
+
+
+class _MeteredLM(BooklensLM):
+    meter: Meter
+
+    def __deepcopy__(self, memo):
+        clone = type(self).__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.kwargs = dict(self.kwargs)
+        clone.history = []
+        return clone
+
+    def forward(self, prompt=None, messages=None, **kwargs):
+        merged = {**self.kwargs, **kwargs}
+        rollout = merged.get("rollout_id")
+        if rollout is not None and not merged.get("booklens_attempt"):
+            # A distinct, reproducible sample per rollout (the embedded model's seed adds the attempt).
+            kwargs["booklens_attempt"] = 1 + int(rollout) % (2**30)
+        response = super().forward(prompt=prompt, messages=messages, **kwargs)
+        self.meter.add(getattr(response, "usage", None), bool(getattr(response, "cache_hit", False)))
+        return response
+
+
+# ---------------------------------------------------------------------------
+# Confidence intervals
+
+
+def bootstrap_ci(scores: Sequence[float], *, resamples: int = 2000, confidence: float = 0.95,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (fixed seed: the same scores give the same interval)."""
+    import numpy as np
+
+    values = np.asarray(list(scores), dtype=float)
+    if values.size == 0:
+        return (math.nan, math.nan)
+    if values.size == 1:
+        return (float(values[0]), float(values[0]))
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
+    alpha = (1.0 - confidence) / 2
+    return (float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha)))
+
+
+def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], **kwargs: Any) -> tuple[float, float, float]:
+    """Mean of b - a over the same examples and its bootstrap interval."""
+    if len(a) != len(b):
+        raise ValueError("paired scores must have the same length")
+    diffs = [y - x for x, y in zip(a, b)]
+    lo, hi = bootstrap_ci(diffs, **kwargs)
+    return (sum(diffs) / len(diffs) if diffs else math.nan, lo, hi)
+
+
+# ---------------------------------------------------------------------------
+# Evaluation
+
+
+@dataclass
+class EvalResult:
+    label: str
+    scores: list[float]
+    failures: int = 0
+    errors: list[str] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    predictions: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.scores)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.scores) / len(self.scores) if self.scores else math.nan
+
+    def ci(self, confidence: float = 0.95) -> tuple[float, float]:
+        return bootstrap_ci(self.scores, confidence=confidence)
+
+    def as_dict(self) -> dict[str, Any]:
+        lo, hi = self.ci()
+        return {"label": self.label, "n": self.n, "metric": _round(self.mean), "ci95": [_round(lo), _round(hi)],
+                "failures": self.failures, **self.usage, "seconds": round(self.seconds, 1)}
+
+
+def _round(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 4)
+
+
+def score_of(value: Any) -> float:
+    """A metric's return value as a number (bools, None and Predictions with a `score` allowed)."""
+    if value is None:
+        return 0.0
+    if hasattr(value, "score") and not isinstance(value, (int, float)):
+        value = value.score
+    return float(value)
+
+
+def evaluate_program(
+    program: dspy.Module,
+    examples: Sequence[dspy.Example],
+    metric: Callable[..., Any],
+    *,
+    threads: int = 2,
+    label: str = "program",
+    desc: str | None = None,
+    keep_predictions: bool = False,
+) -> EvalResult:
+    """Run `program` on every example with the configured LM and score it with `metric`."""
+    from booklens.lm import current_lm
+    from booklens.parallel import parallel_map
+
+    examples = list(examples)
+    if not examples:
+        raise BooklensError("nothing to evaluate: the split is empty")
+    meter = Meter()
+    lm = metered(current_lm(), meter)
+
+    def run(example: dspy.Example) -> tuple[float, str | None, Any]:
+        try:
+            prediction = program(**example.inputs())
+        except LMError:
+            raise
+        except Exception as exc:  # the program gave up on this example
+            return 0.0, f"{type(exc).__name__}: {_first_line(exc)}", None
+        return score_of(metric(example, prediction, None)), None, prediction
+
+    started = time.perf_counter()
+    with dspy.context(lm=lm):
+        outcomes = parallel_map(run, examples, concurrency=threads, desc=desc or f"evaluate {label}")
+    seconds = time.perf_counter() - started
+    errors = [e for _, e, _ in outcomes if e]
+    if errors and len(errors) == len(examples):
+        raise BooklensError(f"{label} failed on every example; the first failure: {errors[0]}")
+    return EvalResult(
+        label=label,
+        scores=[s for s, _, _ in outcomes],
+        failures=len(errors),
+        errors=errors[:5],
+        usage=meter.as_dict(),
+        seconds=seconds,
+        predictions=[p for _, _, p in outcomes] if keep_predictions else [],
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:300] if lines else type(exc).__name__
+
+
+def fresh_copy(program: dspy.Module) -> dspy.Module:
+    """A deep copy of a program, so evaluation never shares state with an optimizer's copy."""
+    return copy.deepcopy(program)
+
+
+# ---------------------------------------------------------------------------
+# Report
+
+
+def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str) -> str:
+    """One Markdown table with a column per program; the last program is compared with the first."""
+    headers = [title] + [r.label for r in results]
+    rows: list[list[str]] = []
+
+    def ci_cell(r: EvalResult) -> str:
+        lo, hi = r.ci()
+        return f"{r.mean:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    rows.append([f"{metric_name} (95% CI)"] + [ci_cell(r) for r in results])
+    rows.append(["examples (failed)"] + [f"{r.n} ({r.failures})" for r in results])
+    rows.append(["LM calls (from cache)"] + [f"{r.usage.get('calls', 0)} ({r.usage.get('cached_calls', 0)})"
+                                              for r in results])
+    rows.append(["prompt tokens"] + [str(r.usage.get("prompt_tokens", 0)) for r in results])
+    rows.append(["completion tokens"] + [str(r.usage.get("completion_tokens", 0)) for r in results])
+    rows.append(["seconds"] + [f"{r.seconds:.0f}" for r in results])
+    widths = [max(len(row[i]) for row in [headers] + rows) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(r) for r in rows]
+    if len(results) >= 2 and results[0].n == results[-1].n:
+        diff, lo, hi = paired_bootstrap_ci(results[0].scores, results[-1].scores)
+        out.append("")
+        out.append(f"{results[-1].label} - {results[0].label}: {diff:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+                   "(paired bootstrap over the same examples, 95%)")
+    return "\n".join(out)

@@ -1,0 +1,424 @@
+"""The compilable tasks: for each, how to build its program, load its annotated examples split
+by book, and score a prediction against an example (the metric evaluation also reports).
+
+| task            | program (what artifacts load into)       | examples (`--data`)                          | metric |
+|-----------------|------------------------------------------|----------------------------------------------|--------|
+| `coherence`     | `CoherenceScorer` (`booklens score`)     | BooookScore human annotations, one per sentence | `confusion_match`: the human verdict (and error types) |
+| `verification`  | `ClaimVerifier` (`booklens verify`/`check`) | FABLES claims with the annotators' evidence quotes | the human label (faithful/unfaithful) |
+| `decomposition` | `ClaimDecomposer` (`booklens claims`)    | FABLES summaries and their claims            | claim-match F1 |
+| `summarize`     | `HierarchicalSummarizer` (`booklens summarize`) | a folder of books (.txt)             | BooookScore of the summary by the confusion detector |
+
+Splits are by book with `booklens.data.splits.split_by_book` (40/20/40 % of the books, seed 0
+unless told), so no book is in two splits. Each split is then cut to a small subset with the same
+seed (balanced over the labels where the labels are skewed) so that compiling and evaluating with
+the embedded model take minutes; the sizes are options and are recorded in the artifact.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import dspy
+
+from booklens.errors import BooklensError
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass
+class Task:
+    name: str
+    description: str
+    metric_name: str
+    build_program: Callable[[], dspy.Module]
+    # data path, seed -> {"train": [...], "dev": [...], "test": [...]} of dspy.Examples, split by book
+    load_splits: Callable[[Path, int], dict[str, list[dspy.Example]]]
+    metric: Callable[..., Any]
+    sizes: dict[str, int] = field(default_factory=lambda: {"train": 24, "dev": 12, "test": 24})
+    stratify: str | None = None  # example field to balance subsets over
+    group: str = "book"
+    per_group: int | None = None  # subsets: at most this many examples per `subset_group`
+    subset_group: str | None = None  # the field examples sharing a long context have in common
+    feedback: Callable[..., str] | None = None  # for GEPA: why a prediction scored as it did
+    bootstrap_threshold: float | None = None  # bootstrap keeps a run as a demo when metric >= this
+    data_help: str = ""
+    program_config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Splits:
+    train: list[dspy.Example]
+    dev: list[dspy.Example]
+    test: list[dspy.Example]
+    info: dict[str, Any]
+
+    def get(self, name: str) -> list[dspy.Example]:
+        if name not in SPLITS:
+            raise BooklensError(f"unknown split '{name}': choose one of {', '.join(SPLITS)}")
+        return getattr(self, name)
+
+
+# ---------------------------------------------------------------------------
+# Subsets
+
+
+def subsample(examples: Sequence[dspy.Example], size: int | None, *, seed: int, stratify: str | None = None,
+              group: str | None = None, per_group: int | None = None) -> list[dspy.Example]:
+    """`size` examples picked with `seed` (all when size is None or 0 or larger than the split),
+    spread evenly over the values of `stratify` when given, returned in their original order
+    (so examples of the same summary stay next to each other and share a prompt prefix).
+
+    With `group` and `per_group`, whole groups (e.g. summaries) are drawn in a seeded order and
+    up to `per_group` examples taken from each: fewer distinct long contexts to read, which is
+    what an evaluation with a slow local model pays for most."""
+    examples = list(examples)
+    if not size or size >= len(examples):
+        return examples
+    rng = random.Random(seed)
+    indices = list(range(len(examples)))
+    if group and per_group:
+        groups: dict[Any, list[int]] = {}
+        for i in indices:
+            groups.setdefault(_hashable(examples[i].get(group)), []).append(i)
+        keys = sorted(groups, key=str)
+        rng.shuffle(keys)
+        if stratify:  # groups that can give an even share of every label first (a stable sort)
+            labels = sorted({_hashable(e.get(stratify)) for e in examples}, key=str)
+            share = max(1, per_group // len(labels))
+
+            def uneven(key: Any) -> bool:
+                values = [_hashable(examples[i].get(stratify)) for i in groups[key]]
+                return any(values.count(label) < share for label in labels)
+
+            keys.sort(key=uneven)
+        chosen: list[int] = []
+        for key in keys:
+            if len(chosen) >= size:
+                break
+            take = min(per_group, size - len(chosen))
+            chosen += _balanced([examples[i] for i in groups[key]], groups[key], take, rng, stratify)
+    else:
+        chosen = _balanced(examples, indices, size, rng, stratify)
+    return [examples[i] for i in sorted(chosen)]
+
+
+def _balanced(items: Sequence[dspy.Example], indices: Sequence[int], size: int, rng: random.Random,
+              stratify: str | None) -> list[int]:
+    """`size` of `indices` drawn with `rng`, round-robin over the values of `stratify`."""
+    if stratify is None:
+        return rng.sample(list(indices), min(size, len(indices)))
+    strata: dict[Any, list[int]] = {}
+    for item, i in zip(items, indices):
+        strata.setdefault(_hashable(item.get(stratify)), []).append(i)
+    pools = [rng.sample(v, len(v)) for _, v in sorted(strata.items(), key=lambda kv: str(kv[0]))]
+    chosen: list[int] = []
+    while len(chosen) < size and any(pools):
+        for pool in pools:  # as balanced as the strata's sizes allow
+            if pool and len(chosen) < size:
+                chosen.append(pool.pop())
+    return chosen
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def load_task_splits(task: Task, data: str | Path, *, seed: int = 0, sizes: dict[str, int | None] | None = None
+                     ) -> Splits:
+    """The task's examples split by book, each split cut to its subset size."""
+    from booklens.optimizers.artifacts import sha256_of
+
+    path = Path(data)
+    if not path.exists():
+        raise BooklensError(f"data not found: {path}" + (f" ({task.data_help})" if task.data_help else ""))
+    full = task.load_splits(path, seed)
+    wanted = {**task.sizes, **{k: v for k, v in (sizes or {}).items() if v is not None}}
+    picked = {name: subsample(full.get(name, []), wanted.get(name), seed=seed, stratify=task.stratify,
+                              group=task.subset_group, per_group=task.per_group)
+              for name in SPLITS}
+    info = {
+        "seed": seed,
+        "by": task.group,
+        "fractions": _fractions(),
+        "stratify": task.stratify,
+        "per_group": task.per_group,
+        "sizes": {name: len(picked[name]) for name in SPLITS},
+        "available": {name: len(full.get(name, [])) for name in SPLITS},
+        "groups": {name: len({_hashable(e.get(task.group)) for e in picked[name]}) for name in SPLITS},
+    }
+    info["dataset"] = {"path": str(path), "sha256": sha256_of(path)}
+    return Splits(picked["train"], picked["dev"], picked["test"], info)
+
+
+def _fractions() -> dict[str, float]:
+    from booklens.data.splits import DEFAULT_FRACTIONS
+
+    return dict(DEFAULT_FRACTIONS)
+
+
+# ---------------------------------------------------------------------------
+# Coherence: confusion detection per sentence against BooookScore human annotations
+
+
+def _coherence() -> Task:
+    from booklens.programs.coherence import build_scorer
+
+    def build():
+        return build_scorer(batch_size=1, concurrency=1)
+
+    return Task(
+        name="coherence",
+        description="confusion detection per summary sentence (BooookScore human annotations)",
+        metric_name="confusion match",
+        build_program=build,
+        load_splits=_coherence_splits,
+        metric=_coherence_metric(),
+        sizes={"train": 12, "dev": 12, "test": 24},
+        stratify="verdict",
+        subset_group="summary",
+        per_group=6,  # six sentences of each summary read: the summary is most of every prompt
+        feedback=_coherence_feedback,
+        bootstrap_threshold=0.5,  # the verdict agrees with the humans
+        data_help="a BooookScore human annotation file such as summary-gpt4-4096-inc.json, or a folder of them",
+        program_config={"batch_size": 1},
+    )
+
+
+def _coherence_metric() -> Callable[..., float]:
+    from booklens.metrics.agreement import confusion_match
+
+    def coherence_metric(example, prediction, trace=None) -> float:
+        """`confusion_match` on the scorer's answer for the example's sentence: 1 for a matching
+        "no confusion"; 0.5 + 0.5 x error-type overlap for a matching "confusion"; 0 otherwise,
+        also when no valid answer came (the sentence is then never counted as agreeing)."""
+        annotations = getattr(prediction, "annotations", None) or []
+        if not annotations or annotations[0].confusing is None:
+            return 0.0
+        answer = annotations[0]
+        verdict = dspy.Prediction(verdict="confusion" if answer.confusing else "no confusion",
+                                  error_types=list(answer.types))
+        return float(confusion_match(example, verdict, trace))
+
+    return coherence_metric
+
+
+def _coherence_feedback(example, prediction, score) -> str:
+    annotations = getattr(prediction, "annotations", None) or []
+    said = "no answer" if not annotations or annotations[0].confusing is None else (
+        "confusion" if annotations[0].confusing else "no confusion")
+    gold = example.verdict
+    text = f"Human annotators judged this sentence '{gold}'; the program answered '{said}'."
+    if example.confusing:
+        text += f" Their kinds of confusion: {', '.join(example.error_types) or 'unspecified'}."
+        if example.questions:
+            text += f" Their question: {example.questions[0]}"
+    return text
+
+
+def _coherence_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
+    from booklens.cli.common import read_json_file
+    from booklens.data.booookscore import results_from_json, to_examples
+    from booklens.data.splits import split_by_book
+
+    examples: list[dspy.Example] = []
+    for file in _annotation_files(path):
+        results = results_from_json(read_json_file(file, "annotation file"), what=f"annotation file {file}")
+        for e in to_examples(results):
+            e["source"] = file.name  # the same book may be summarized twice (inc and hier): one split for both
+            examples.append(e)
+    splits = split_by_book(examples, "book", seed=seed)
+    return {name: [_coherence_example(e) for e in items] for name, items in splits.items()}
+
+
+def _annotation_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    candidates = sorted(path.glob("summary-*.json")) or sorted((path / "human").glob("summary-*.json"))
+    if not candidates:
+        raise BooklensError(f"no BooookScore human annotation files (summary-*.json) in {path}")
+    return candidates
+
+
+def _coherence_example(example: dspy.Example) -> dspy.Example:
+    """The scorer judges a list of sentences; here the list holds the one annotated sentence.
+    `sentence`, `verdict`, `questions` and `error_types` stay on the example: they are the
+    fields of the per-sentence predictor, so the example is also a complete labeled demo."""
+    fields = dict(example.items())
+    fields["sentences"] = [example.sentence]
+    return dspy.Example(**fields).with_inputs("summary", "sentences")
+
+
+# ---------------------------------------------------------------------------
+# FABLES: claim verification and claim decomposition
+
+
+VERIFICATION_LABELS = ("Yes", "No")  # faithful / unfaithful, the claims the seed's Table 5 scores
+
+
+def _fables_summary_splits(path: Path, seed: int) -> dict[str, list]:
+    from booklens.data.fables import load_fables, split_summaries
+
+    if path.is_dir():
+        path = path / "FABLES.json"
+    return split_summaries(load_fables(path), seed=seed)
+
+
+def _verification() -> Task:
+    from booklens.metrics.fables import verification_metric
+    from booklens.programs.faithfulness import build_verifier
+
+    return Task(
+        name="verification",
+        description="claim verification against the annotators' evidence quotes (FABLES)",
+        metric_name="label accuracy",
+        build_program=build_verifier,
+        load_splits=_verification_splits,
+        metric=verification_metric,
+        sizes={"train": 24, "dev": 12, "test": 24},
+        stratify="label",
+        feedback=_verification_feedback,
+        bootstrap_threshold=1.0,
+        data_help="the FABLES release, FABLES.json",
+    )
+
+
+def _verification_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
+    from booklens.data.fables import verification_examples
+    from booklens.retrieval import format_passages
+
+    out = {}
+    for name, summaries in _fables_summary_splits(path, seed).items():
+        examples = []
+        for e in verification_examples(summaries, labels=VERIFICATION_LABELS):
+            passages = list(e.evidence)
+            fields = {k: v for k, v in e.items() if k != "evidence"}
+            # `passages` is the verifier's input; `evidence` (as the verifier formats it) and
+            # `label` make the example a labeled demo of the verification predictor.
+            fields.update(passages=passages, evidence=format_passages(passages) if passages else "(no passages)")
+            examples.append(dspy.Example(**fields).with_inputs("claim", "passages"))
+        out[name] = examples
+    return out
+
+
+def _verification_feedback(example, prediction, score) -> str:
+    said = getattr(prediction, "label", None) or "no valid label"
+    text = f"The human annotators labeled this claim '{example.label}'; the program answered '{said}'."
+    reason = getattr(prediction, "reason", "")
+    if reason:
+        text += f" The program's reason: {reason}"
+    return text
+
+
+def _decomposition() -> Task:
+    from booklens.metrics.fables import decomposition_metric
+    from booklens.programs.faithfulness import build_decomposer
+
+    return Task(
+        name="decomposition",
+        description="splitting a summary into atomic claims (FABLES summaries and claims)",
+        metric_name="claim F1",
+        build_program=build_decomposer,
+        load_splits=_decomposition_splits,
+        metric=decomposition_metric,
+        sizes={"train": 8, "dev": 4, "test": 8},
+        bootstrap_threshold=0.5,
+        data_help="the FABLES release, FABLES.json",
+    )
+
+
+def _decomposition_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
+    from booklens.data.fables import decomposition_examples
+
+    return {name: decomposition_examples(summaries)
+            for name, summaries in _fables_summary_splits(path, seed).items()}
+
+
+# ---------------------------------------------------------------------------
+# Summarization, judged by the confusion detector
+
+
+def _summarize() -> Task:
+    from booklens.programs.summarizer import make_summarizer
+
+    def build():
+        return make_summarizer("hier", chunk_size=2048, context_window=8192, max_summary_tokens=900)
+
+    return Task(
+        name="summarize",
+        description="hierarchical summarization, scored by the BooookScore the confusion detector gives the summary",
+        metric_name="BooookScore",
+        build_program=build,
+        load_splits=_book_splits,
+        metric=summary_coherence,
+        sizes={"train": 2, "dev": 1, "test": 2},
+        bootstrap_threshold=0.9,
+        data_help="a folder of books (.txt or .epub) or one book",
+        program_config={"method": "hier", "chunk_size": 2048, "context_window": 8192, "max_summary_tokens": 900},
+    )
+
+
+def _book_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
+    from booklens.data.splits import split_by_book
+    from booklens.text import read_book
+
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir()
+                                                   if p.is_file() and p.suffix.lower() in (".txt", ".epub"))
+    if not files:
+        raise BooklensError(f"no books (.txt or .epub) in {path}")
+    examples = [dspy.Example(book=read_book(f), name=f.stem).with_inputs("book") for f in files]
+    return split_by_book(examples, "name", seed=seed)
+
+
+def summary_coherence(example, prediction, trace=None) -> float:
+    """The BooookScore of the produced summary by the confusion detector (0 when no sentence
+    got a valid answer). The detector's own LM calls stay out of the optimizer's trace."""
+    from booklens.programs.coherence import build_scorer
+
+    summary = getattr(prediction, "summary", "") or ""
+    if not summary.strip():
+        return 0.0
+    with dspy.context(trace=None):
+        scored = build_scorer(batch_size=4, concurrency=1)(summary=summary)
+    return float(scored.score or 0.0)
+
+
+# ---------------------------------------------------------------------------
+# Registry
+
+
+BUILDERS: dict[str, Callable[[], Task]] = {
+    "coherence": _coherence,
+    "verification": _verification,
+    "decomposition": _decomposition,
+    "summarize": _summarize,
+}
+_EXTRA: dict[str, Task] = {}
+
+
+def task_names() -> list[str]:
+    return list(BUILDERS) + [n for n in _EXTRA if n not in BUILDERS]
+
+
+def register_task(task: Task) -> Task:
+    """Add a task (tests and extensions); it shadows nothing built in."""
+    if task.name in BUILDERS:
+        raise ValueError(f"task '{task.name}' is built in")
+    _EXTRA[task.name] = task
+    return task
+
+
+def get_task(name: str) -> Task:
+    from booklens.optimizers.artifacts import canonical_task
+
+    key = canonical_task((name or "").strip().lower())
+    if key in _EXTRA:
+        return _EXTRA[key]
+    if key not in BUILDERS:
+        raise BooklensError(f"unknown task '{name}': choose one of {', '.join(task_names())}")
+    try:
+        return BUILDERS[key]()
+    except ImportError as exc:
+        raise BooklensError(f"task '{key}' is not available in this installation: {exc}") from None

@@ -1,0 +1,353 @@
+"""Compiling with every optimizer, artifacts, loading checks and evaluation, with a scripted LM.
+
+The scripted "model" classifies the mood of a text correctly only when its prompt teaches it:
+when the prompt carries demos or an instruction that names MOOD-RULE. Zero-shot it always
+answers "happy". So a compiled program scores better than the zero-shot one exactly when the
+compiled demos or instructions reach the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import booklens  # noqa: F401  (offline defaults before dspy/litellm load)
+import dspy
+import pytest
+
+from booklens.errors import BooklensError
+from booklens.lm import BooklensAdapter, configure
+from booklens.optimizers.artifacts import (
+    ARTIFACT_FORMAT_VERSION,
+    artifact_metadata,
+    load_program,
+    save_program,
+)
+from booklens.optimizers.compile import OPTIMIZERS, Budget, compile_program, usable_demos
+from booklens.optimizers.evaluate import bootstrap_ci, evaluate_program, format_table, metered
+from booklens.optimizers.tasks import Task, subsample
+from booklens.testing import ScriptedLM
+
+RULE = "MOOD-RULE"
+HAPPY = ["sunny", "glad", "bright", "joy", "smile", "warm"]
+SAD = ["rain", "tears", "grey", "loss", "cold", "alone"]
+
+
+class Mood(dspy.Signature):
+    """Say whether the text sounds happy or sad."""
+
+    text: str = dspy.InputField()
+    label: Literal["happy", "sad"] = dspy.OutputField()
+
+
+class MoodProgram(dspy.Module):
+    def __init__(self):
+        super().__init__()
+        self.classify = dspy.Predict(Mood)
+
+    def forward(self, text):
+        return self.classify(text=text)
+
+
+class TwoStepProgram(dspy.Module):
+    """Another program shape: artifacts of MoodProgram must not load into it."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = dspy.Predict(Mood)
+        self.second = dspy.Predict(Mood)
+
+    def forward(self, text):
+        return self.second(text=text)
+
+
+def mood_examples() -> list[dspy.Example]:
+    out = []
+    for i in range(12):
+        out.append(dspy.Example(text=f"a {HAPPY[i % 6]} day, number {i}", label="happy", book=f"h{i}",
+                                note="extra field").with_inputs("text"))
+        out.append(dspy.Example(text=f"a {SAD[i % 6]} day, number {i}", label="sad", book=f"s{i}",
+                                note="extra field").with_inputs("text"))
+    return out
+
+
+def responder(call):
+    if not call.output_fields:  # a free-form prompt: GEPA's reflection asks for a new instruction
+        return f"```\nDecide by the {RULE}: sunny, glad, bright, joy, smile and warm mean happy; else sad.\n```"
+    if call.output_fields == ["label"] and "text" in call.inputs:
+        taught = RULE in call.system or len(call.messages) > 2  # an instruction or demos in the prompt
+        text = call.inputs["text"]
+        if taught:
+            return {"label": "happy" if any(w in text for w in HAPPY) else "sad"}
+        return {"label": "happy"}
+    # MIPRO's proposer steps (dataset observations, summaries, proposed instructions)
+    return {name: f"Label each text by the {RULE}." for name in call.output_fields}
+
+
+def accuracy(example, prediction, trace=None):
+    return float(getattr(prediction, "label", None) == example.label)
+
+
+TOY = Task(name="toy-mood", description="mood of a sentence", metric_name="accuracy", build_program=MoodProgram,
+           load_splits=lambda path, seed: {}, metric=accuracy,
+           feedback=lambda gold, pred, score: f"the right label was {gold.label}")
+BUDGET = Budget(demos=2, candidates=2, trials=3, threads=2)
+
+
+@pytest.fixture
+def splits():
+    examples = mood_examples()
+    return examples[:12], examples[12:]
+
+
+def compile_toy(optimizer, train, dev, *, cache_dir=None, seed=0):
+    lm = configure(ScriptedLM(responder, cache_dir=cache_dir))
+    program = compile_program(TOY, train, dev, optimizer=optimizer, budget=BUDGET, seed=seed)
+    return program, lm
+
+
+def run_recorded(program, text):
+    """Run the program with a fresh scripted LM; return the messages of its one call."""
+    lm = ScriptedLM(responder)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        prediction = program(text=text)
+    assert len(lm.backend.calls) == 1
+    return prediction, lm.backend.calls[0].messages
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_each_optimizer_compiles_and_the_loaded_artifact_carries_demos_and_instructions(optimizer, splits, tmp_path):
+    train, dev = splits
+    compiled, _ = compile_toy(optimizer, train, dev)
+    predictor = compiled.classify
+    zero_shot = MoodProgram().classify
+    changed_instructions = predictor.signature.instructions != zero_shot.signature.instructions
+    if optimizer in ("labeled", "bootstrap", "random-search"):
+        assert len(predictor.demos) == BUDGET.demos
+    if optimizer == "gepa":
+        assert RULE in predictor.signature.instructions
+    assert predictor.demos or changed_instructions, "the optimizer changed nothing"
+
+    artifact = tmp_path / f"{optimizer}.json"
+    save_program(compiled, artifact, task=TOY.name, optimizer=optimizer, budget=BUDGET.as_dict(), seed=0)
+    state = json.loads(artifact.read_text())
+    assert "classify" in state and state["metadata"]["booklens"]["task"] == TOY.name
+    assert state["metadata"]["dependency_versions"]["dspy"]  # DSPy's own save format underneath
+
+    loaded = load_program(MoodProgram(), artifact, task=TOY.name)
+    assert loaded.classify.signature.instructions == predictor.signature.instructions
+    assert [dict(d) for d in loaded.classify.demos] == [dict(d) for d in predictor.demos]
+
+    prediction, messages = run_recorded(loaded, "a bright morning")
+    system, rest = messages[0]["content"], messages[1:]
+    assert predictor.signature.instructions.strip().splitlines()[0] in system
+    demo_turns = rest[:-1]
+    assert len(demo_turns) == 2 * len(predictor.demos)  # one user and one assistant turn per demo
+    for demo, turn in zip(predictor.demos, demo_turns[::2]):
+        assert demo["text"] in turn["content"]
+    assert "bright morning" in rest[-1]["content"]
+
+    # The compiled program does better than the zero-shot one on held-out examples.
+    configure(ScriptedLM(responder))
+    base = evaluate_program(MoodProgram(), dev, accuracy, threads=2, label="zero-shot")
+    tuned = evaluate_program(loaded, dev, accuracy, threads=2, label=optimizer)
+    assert base.mean == 0.5 and tuned.mean == 1.0
+    assert tuned.usage["calls"] == base.usage["calls"] == len(dev)
+    if predictor.demos:
+        assert tuned.usage["prompt_tokens"] > base.usage["prompt_tokens"]
+
+
+@pytest.mark.parametrize("optimizer", ["random-search", "mipro", "gepa"])
+def test_same_seed_and_cache_give_the_same_artifact(optimizer, splits, tmp_path):
+    train, dev = splits
+    files = []
+    for run in range(2):
+        compiled, lm = compile_toy(optimizer, train, dev, cache_dir=tmp_path / "cache")
+        path = tmp_path / f"run{run}.json"
+        save_program(compiled, path, task=TOY.name, optimizer=optimizer, budget=BUDGET.as_dict(), seed=0)
+        files.append(path.read_bytes())
+        if run == 1:
+            assert lm.usage.snapshot()["calls"] == 0  # everything came from the cache
+    assert files[0] == files[1]
+
+
+def test_the_seed_changes_the_labeled_demos(splits):
+    train, dev = splits
+    a, _ = compile_toy("labeled", train, dev, seed=0)
+    b, _ = compile_toy("labeled", train, dev, seed=1)
+    assert [d["text"] for d in a.classify.demos] != [d["text"] for d in b.classify.demos]
+
+
+def test_demos_keep_only_the_predictors_fields(splits):
+    train, dev = splits
+    compiled, _ = compile_toy("labeled", train, dev)
+    for demo in compiled.classify.demos:
+        assert set(demo.keys()) == {"text", "label"}  # book and note dropped
+    predictor = dspy.Predict(Mood)
+    predictor.demos = [dspy.Example(text="x", other="y"), dspy.Example(text="x", label="sad", book="b")]
+    assert [dict(d) for d in usable_demos(predictor)] == [{"text": "x", "label": "sad"}]
+
+
+def test_unknown_optimizer_and_empty_sets_are_user_errors(splits):
+    train, dev = splits
+    configure(ScriptedLM(responder))
+    with pytest.raises(BooklensError, match="unknown optimizer 'simulated-annealing'"):
+        compile_program(TOY, train, dev, optimizer="simulated-annealing")
+    with pytest.raises(BooklensError, match="dev set is empty"):
+        compile_program(TOY, train, [], optimizer="random-search")
+    with pytest.raises(BooklensError, match="training set is empty"):
+        compile_program(TOY, [], dev, optimizer="labeled")
+    with pytest.raises(BooklensError, match="--threads must be at least 1"):
+        compile_program(TOY, train, dev, optimizer="labeled", budget=Budget(threads=0))
+
+
+# ---------------------------------------------------------------------------
+# Loading checks
+
+
+@pytest.fixture
+def artifact(splits, tmp_path):
+    train, dev = splits
+    compiled, _ = compile_toy("labeled", train, dev)
+    path = tmp_path / "mood.json"
+    save_program(compiled, path, task=TOY.name)
+    return path
+
+
+def assert_one_line(exc_info, *needles):
+    message = str(exc_info.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message
+
+
+def test_loading_into_the_wrong_task_says_so(artifact):
+    program = MoodProgram()
+    with pytest.raises(BooklensError) as exc:
+        load_program(program, artifact, task="coherence")
+    assert_one_line(exc, "compiled 'toy-mood' program", "'coherence'")
+    assert program.classify.demos == []  # untouched
+
+
+def test_loading_into_another_program_shape_says_so(artifact):
+    with pytest.raises(BooklensError) as exc:
+        load_program(TwoStepProgram(), artifact, task=TOY.name)
+    assert_one_line(exc, "does not fit", "classify", "first, second")
+
+
+def test_changed_signature_fields_are_detected(artifact):
+    state = json.loads(artifact.read_text())
+    state["metadata"]["booklens"]["fields"]["classify"] = ["passage", "label"]
+    artifact.write_text(json.dumps(state))
+    with pytest.raises(BooklensError) as exc:
+        load_program(MoodProgram(), artifact, task=TOY.name)
+    assert_one_line(exc, "another version", "recompile")
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda text: text[: len(text) // 2], "not valid JSON"),
+    (lambda text: "\x00\x01binary", "not valid JSON"),
+    (lambda text: json.dumps([1, 2, 3]), "not a booklens program artifact"),
+    (lambda text: json.dumps({**json.loads(text), "metadata": {"dependency_versions": {}}}),
+     "not a booklens program artifact"),
+    (lambda text: text.replace(f'"format_version": {ARTIFACT_FORMAT_VERSION}', '"format_version": 99'),
+     "newer booklens"),
+    (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "classify"}), "no state for classify"),
+    (lambda text: text.replace('"demos": [', '"demos": 7, "x": ['), "corrupted"),
+])
+def test_damaged_artifacts_give_one_line_errors(artifact, damage, needle):
+    artifact.write_text(damage(artifact.read_text()))
+    with pytest.raises(BooklensError) as exc:
+        load_program(MoodProgram(), artifact, task=TOY.name)
+    assert_one_line(exc, needle)
+
+
+def test_pickles_and_missing_files_are_refused(tmp_path):
+    import pickle
+
+    path = tmp_path / "program.pkl"
+    path.write_bytes(pickle.dumps({"classify": {}}))
+    with pytest.raises(BooklensError, match="pickle"):
+        load_program(MoodProgram(), path, task=TOY.name)
+    with pytest.raises(BooklensError, match="not found"):
+        load_program(MoodProgram(), tmp_path / "nope.json", task=TOY.name)
+
+
+def test_plain_dspy_can_still_load_an_artifact(artifact):
+    program = MoodProgram()
+    program.load(str(artifact))
+    assert len(program.classify.demos) == 2
+    assert artifact_metadata(artifact)["predictors"] == ["classify"]
+
+
+# ---------------------------------------------------------------------------
+# Evaluation and subsets
+
+
+def test_bootstrap_interval_is_reproducible_and_contains_the_mean():
+    scores = [1.0] * 30 + [0.0] * 10
+    lo, hi = bootstrap_ci(scores)
+    assert (lo, hi) == bootstrap_ci(scores)
+    assert lo < 0.75 < hi and 0.55 < lo and hi < 0.9
+    assert bootstrap_ci([1.0]) == (1.0, 1.0)
+
+
+def test_table_shows_programs_side_by_side_with_a_paired_difference(splits):
+    train, dev = splits
+    compiled, _ = compile_toy("labeled", train, dev)
+    configure(ScriptedLM(responder))
+    results = [evaluate_program(MoodProgram(), dev, accuracy, label="zero-shot"),
+               evaluate_program(compiled, dev, accuracy, label="compiled.json")]
+    table = format_table(results, title="toy / test", metric_name="accuracy")
+    header = table.splitlines()[0]
+    assert "zero-shot" in header and "compiled.json" in header
+    assert "0.500 [" in table and "1.000 [1.000, 1.000]" in table
+    assert "compiled.json - zero-shot: +0.500" in table
+    assert "LM calls (from cache)" in table and "prompt tokens" in table
+
+
+def test_failed_examples_score_zero_and_are_counted(splits):
+    _, dev = splits
+
+    class Flaky(MoodProgram):
+        def forward(self, text):
+            if "sunny" in text:
+                raise ValueError("no parseable answer")
+            return super().forward(text=text)
+
+    configure(ScriptedLM(responder))
+    result = evaluate_program(Flaky(), dev, accuracy)
+    assert result.failures == sum("sunny" in e.text for e in dev) > 0
+    assert "no parseable answer" in result.errors[0]
+
+
+def test_usage_counts_cached_calls_with_their_tokens(splits, tmp_path):
+    _, dev = splits
+    configure(ScriptedLM(responder, cache_dir=tmp_path))
+    first = evaluate_program(MoodProgram(), dev, accuracy)
+    configure(ScriptedLM(responder, cache_dir=tmp_path))
+    second = evaluate_program(MoodProgram(), dev, accuracy)
+    assert second.usage["cached_calls"] == len(dev) and first.usage["cached_calls"] == 0
+    assert second.usage["prompt_tokens"] == first.usage["prompt_tokens"] > 0
+
+
+def test_rollouts_get_fresh_samples():
+    seen = []
+    lm = ScriptedLM(lambda call: seen.append(call.attempt) or {"label": "happy"})
+    view = metered(lm)
+    with dspy.context(lm=view.copy(rollout_id=7, temperature=1.0), adapter=BooklensAdapter()):
+        MoodProgram()(text="x")
+    with dspy.context(lm=view, adapter=BooklensAdapter()):
+        MoodProgram()(text="x")
+    assert seen[0] != 0 and seen[1] == 0
+
+
+def test_subsets_are_balanced_seeded_and_keep_order():
+    examples = mood_examples() + [dspy.Example(text=f"t{i}", label="happy").with_inputs("text") for i in range(20)]
+    picked = subsample(examples, 10, seed=3, stratify="label")
+    assert sum(e.label == "sad" for e in picked) == 5
+    assert picked == subsample(examples, 10, seed=3, stratify="label")
+    assert picked != subsample(examples, 10, seed=4, stratify="label")
+    positions = [examples.index(e) for e in picked]
+    assert positions == sorted(positions)
+    assert subsample(examples, 0, seed=0) == examples
