@@ -307,7 +307,7 @@ _NUMBER_WORDS = (
 )
 _CHAPTER_WORD = re.compile(
     r"^(?:(?:chapter|book|part|volume|stave|canto|letter)\s+(?:the\s+)?"
-    rf"(?:\d+|[ivxlcdm]+\b|(?:{_NUMBER_WORDS})\b)|prologue\b|prelude\b)",
+    rf"(?:\d+|[ivxlcdm]+\b|(?:{_NUMBER_WORDS})\b)|prologue\b|prelude\b|epilogue\b)",
     re.IGNORECASE,
 )
 # A bare number or upper-case roman numeral, alone or before an upper-case title: "12", "IV.", "I The Adventure".
@@ -402,7 +402,8 @@ def drop_front_back_matter(text: str) -> str:
     narrative (running text outside a preface/acknowledgments/... section) is kept
     together with everything after it. Back matter starts at a heading such as
     "THE END", "About the Author" or "Transcriber's Notes" in the last third of the
-    text, provided no chapter follows it. The result is a slice of ``text``.
+    text, provided no chapter (or epilogue) follows it and what it would drop is at
+    most 15% of the text. The result is a slice of ``text``.
     """
     blocks = _blocks(text)
     if not blocks:
@@ -451,8 +452,8 @@ def drop_front_back_matter(text: str) -> str:
         block = text[s:e]
         if not _is_short(block, max_lines=2, max_len=60) or not _BACK_HEADINGS.match(_lines(block)[0]):
             continue
-        if any(k > i for k in starts):
-            continue  # a chapter follows: this was not the end
+        if any(k > i for k in starts) or n - s > 0.15 * n:
+            continue  # a chapter follows (this was not the end), or too much would go
         back = s
         break
     return text[front:back]

@@ -235,6 +235,12 @@ def test_drop_matter_keeps_narrative_without_a_heading():
     assert len(kept) >= len(book) - book.index(opening)  # the unheaded opening and all after it stay
 
 
+def test_drop_matter_keeps_an_epilogue_after_the_end_of_part_one():
+    chapter = "\n\n".join(NARRATIVE)
+    book = "\n\n".join(["Chapter 1", chapter, "Chapter 2", chapter, "THE END", "EPILOGUE", chapter])
+    assert T.drop_front_back_matter(book) == book
+
+
 def test_drop_matter_keeps_a_story_that_opens_with_dialogue():
     book = "\n\n".join(["“Run!”", "She ran."] + NARRATIVE * 3)
     assert T.drop_front_back_matter(book) == book
