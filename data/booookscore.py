@@ -421,6 +421,47 @@ def load_human_config(config: str, data_dir: str | Path | None = None,
 
 
 # ---------------------------------------------------------------------------
+# The precision study (`annotations-gpt4-4096-inc.json`)
+
+
+def is_validation_format(data: Any) -> bool:
+    return (isinstance(data, Mapping) and bool(data)
+            and all(isinstance(v, Mapping) and "summary" in v and isinstance(v.get("annotations"), list)
+                    for v in data.values()))
+
+
+def parse_validation_study(data: Any, *, source: str = "model", what: str = "annotation file",
+                           stats: bool = True) -> tuple[dict[str, CoherenceResult], list[str]]:
+    """The GPT-4 ("model") sentence annotations of the precision study, book -> result.
+
+    That file holds, for 88 of the incremental GPT-4 4096 summaries, the annotations that
+    annotators validated: GPT-4's (one sentence each) and the humans'. With `source="model"`
+    this gives GPT-4's annotations of the same summaries the humans annotated."""
+    data = _require_mapping(data, what)
+    sentence_map: dict[str, dict[str, Any]] = {}
+    summaries: dict[str, str] = {}
+    for book, entry in data.items():
+        summaries[book] = _text(entry.get("summary"), f"{what}, book {book!r} summary")
+        marks: dict[str, Any] = {}
+        for k, item in enumerate(entry["annotations"]):
+            if not isinstance(item, Mapping) or not isinstance(item.get("anno"), Mapping):
+                raise BooklensError(f"{what}, book {book!r}, annotation {k}: expected an object with 'anno'")
+            if item.get("source") != source:
+                continue
+            anno = item["anno"]
+            span = anno.get("span")
+            if not isinstance(span, str):
+                continue  # a relation: only single-sentence annotations come from the model
+            prior = marks.setdefault(span, {"questions": "", "types": []})
+            prior["questions"] = " ".join(x for x in (prior["questions"], _text(anno.get("questions"), what)) if x)
+            prior["types"] = sorted(set(prior["types"]) | set(_labels(anno.get("labels"), what)),
+                                    key=COHERENCE_ERROR_TYPES.index)
+        sentence_map[book] = marks
+    return parse_sentence_annotations(sentence_map, summaries, annotator="gpt4" if source == "model" else source,
+                                      what=what, summaries_what=what, stats=stats)
+
+
+# ---------------------------------------------------------------------------
 # Any annotation set
 
 
@@ -441,6 +482,8 @@ def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotati
         return {result.book or "summary": result}
     if is_human_format(data):
         return human_results(parse_human_annotations(data, what), stats=stats)
+    if is_validation_format(data):
+        return parse_validation_study(data, what=what, stats=stats)[0]
     if is_sentence_format(data):
         if summaries is None:
             raise BooklensError(f"{what} holds sentence annotations without the summaries: pass --summaries")
@@ -448,7 +491,8 @@ def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotati
                                           stats=stats)[0]
     raise BooklensError(
         f"{what} is not an annotation set: expected a booklens score output, human span annotations "
-        "(book -> {summary, singles, relations}) or sentence annotations (book -> {sentence: {questions, types}})")
+        "(book -> {summary, singles, relations}), sentence annotations (book -> {sentence: {questions, types}}) "
+        "or the precision-study file (book -> {summary, annotations})")
 
 
 def _first_error(exc: Exception) -> str:

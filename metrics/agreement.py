@@ -45,8 +45,8 @@ def binary_agreement(predicted: Sequence[bool], reference: Sequence[bool]) -> di
     tn = len(predicted) - tp - fp - fn
     precision = tp / (tp + fp) if tp + fp else None
     recall = tp / (tp + fn) if tp + fn else None
-    f1 = (2 * precision * recall / (precision + recall)) if precision and recall else (
-        0.0 if precision is not None and recall is not None else None)
+    # F1 is 0 when either side has positives but none are shared; undefined when neither has any
+    f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else None
     n = len(predicted)
     return {
         "n": n, "tp": tp, "fp": fp, "fn": fn, "tn": tn,

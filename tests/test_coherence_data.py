@@ -109,3 +109,20 @@ def test_wrong_shape_of_a_real_file_is_reported(tmp_path):
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_gpt4_against_humans_on_the_same_summaries(human_sets):
+    """The precision-study file carries GPT-4's sentence annotations of 88 of the 100 incremental
+    summaries the humans annotated: the reference point for any annotator's agreement."""
+    from booklens.metrics.agreement import agreement
+
+    gpt4, notes = bs.parse_validation_study(
+        bs._read_json(DATA / "human" / "annotations-gpt4-4096-inc.json", "file"), stats=False)
+    assert len(gpt4) == 88 and notes == []
+    assert sum(r.n_confusing for r in gpt4.values()) == 669
+    report = agreement(gpt4, human_sets["gpt4-4096-inc"], name_a="gpt4", name_b="human")
+    assert report["books"] == 88 and report["only_in_b"] == 12
+    c = report["confusing"]
+    assert c["precision"] == pytest.approx(0.348, abs=0.002)
+    assert c["recall"] == pytest.approx(0.265, abs=0.002)
+    assert c["kappa"] == pytest.approx(0.141, abs=0.002)

@@ -148,6 +148,7 @@ def test_agreement_of_human_and_sentence_sets():
     c = report["confusing"]
     assert (c["tp"], c["fp"], c["fn"], c["tn"]) == (1, 1, 3, 1)
     assert c["precision"] == pytest.approx(0.5) and c["recall"] == pytest.approx(0.25)
+    assert c["f1"] == pytest.approx(2 / 6)
     assert report["per_type"]["entity omission"]["tp"] == 1
     assert report["per_type"]["entity omission"]["fp"] == 1
     assert report["system_score_a"] == pytest.approx(4 / 6)

@@ -26,6 +26,7 @@ from booklens.cli.common import (
     ConcurrencyOption,
     LMOption,
     OutputOption,
+    ProgramOption,
     read_json_file,
     setup_lm,
     write_output,
@@ -171,6 +172,7 @@ def score(
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
+    program: ProgramOption = None,
 ) -> None:
     """BooookScore: the share of a summary's sentences that confuse no reader (Eq. 1)."""
     from booklens.metrics.booookscore import build_set
@@ -200,11 +202,18 @@ def score(
     if not names:
         raise BooklensError("no summary left to score after --split/--limit")
     texts = {n: texts[n] for n in names}
+    scorer = None
+    if program is not None:  # a compiled confusion detector (`booklens compile coherence`)
+        from booklens.optimizers.artifacts import load_program
+        from booklens.programs.coherence import build_scorer
+
+        scorer = load_program(build_scorer(batch_size=batch_size, concurrency=concurrency, tries=tries), program,
+                              task="coherence")
     lm_obj = setup_lm(lm, api_base, cache_dir)
     before = lm_obj.usage.snapshot()
     started = time.perf_counter()
     results = score_summaries(texts, batch_size=batch_size, concurrency=concurrency, tries=tries,
-                              book_texts=book_texts)
+                              book_texts=book_texts, scorer=scorer)
     if not is_map:
         record: Any = next(iter(results.values()))
     else:
@@ -226,6 +235,8 @@ def _score_annotations(annotations: Path, summaries: Optional[Path], split: Opti
         parse_sentence_annotations,
         human_results,
         is_sentence_format,
+        is_validation_format,
+        parse_validation_study,
     )
     from booklens.metrics.booookscore import build_set
 
@@ -245,6 +256,11 @@ def _score_annotations(annotations: Path, summaries: Optional[Path], split: Opti
         names = _select(list(human), split, limit)
         results = human_results({n: human[n] for n in names})
         annotator = "human"
+    elif is_validation_format(data):
+        results, notes = parse_validation_study(data, what=what)
+        names = _select(list(results), split, limit)
+        results = {n: results[n] for n in names}
+        annotator = "gpt4"
     elif is_sentence_format(data):
         if summaries_data is None:
             raise BooklensError(f"{what} holds sentence annotations: pass the summaries they refer to with "
