@@ -1,0 +1,196 @@
+"""DiverseSumm events: loading, validation and records.
+
+A DiverseSumm file is a JSON list of events. Each event has an `eid`, its
+`articles` ({aid, title, url, domain, content}; ten per event in the release)
+and `question_answers`: reference questions, each with `answer_groups`, a list
+of clusters of equivalent answers ({aid, answer}) taken from different articles.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from booklens.errors import BooklensError
+
+MIN_ARTICLES = 2
+
+
+class Article(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    aid: str
+    title: str = ""
+    url: str = ""
+    domain: str = ""
+    content: str = Field(min_length=1)
+
+    @field_validator("aid", mode="before")
+    @classmethod
+    def _aid_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value
+
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("article content is empty")
+        return value
+
+    def as_text(self) -> str:
+        """Title and content, as shown to a model."""
+        head = self.title.strip()
+        if self.domain:
+            head = f"{head} ({self.domain})" if head else self.domain
+        return f"{head}\n{self.content.strip()}" if head else self.content.strip()
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    aid: str
+    answer: str
+
+    @field_validator("aid", mode="before")
+    @classmethod
+    def _aid_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value
+
+
+class QuestionAnswers(BaseModel):
+    """A reference question and its clusters of equivalent answers from different articles."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    question: str = Field(min_length=1)
+    answer_groups: list[list[Answer]] = Field(default_factory=list)
+
+    def as_text(self) -> str:
+        """The question and one line per answer cluster, as shown to a judge."""
+        lines = [f"Question: {self.question}"]
+        for i, group in enumerate(self.answer_groups, 1):
+            answers: list[str] = []
+            for a in group:
+                if a.answer not in answers:
+                    answers.append(a.answer)
+            sources = ", ".join(sorted({a.aid for a in group}))
+            lines.append(f"Answer {i} ({sources}): " + " / ".join(answers))
+        return "\n".join(lines)
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    eid: str
+    articles: list[Article]
+    question_answers: list[QuestionAnswers] = Field(default_factory=list)
+
+    @field_validator("eid", mode="before")
+    @classmethod
+    def _eid_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value
+
+    def article(self, aid: str) -> Optional[Article]:
+        return next((a for a in self.articles if a.aid == aid), None)
+
+    def qa_text(self) -> str:
+        return "\n\n".join(qa.as_text() for qa in self.question_answers)
+
+
+def parse_events(payload: Any, source: str = "events") -> list[Event]:
+    """Validate a decoded DiverseSumm file: a list of events (one event object is also accepted)."""
+    if isinstance(payload, dict) and "articles" in payload:
+        payload = [payload]
+    if not isinstance(payload, list):
+        raise BooklensError(f"{source}: expected a JSON list of DiverseSumm events, got {type(payload).__name__}")
+    if not payload:
+        raise BooklensError(f"{source}: the event list is empty")
+    events: list[Event] = []
+    seen: set[str] = set()
+    for i, item in enumerate(payload):
+        where = f"{source}: event {i + 1}"
+        if not isinstance(item, dict):
+            raise BooklensError(f"{where} is {type(item).__name__}, not an object with eid, articles, ...")
+        if "eid" in item:
+            where += f" ({item['eid']})"
+        try:
+            event = Event.model_validate(item)
+        except ValidationError as exc:
+            raise BooklensError(f"{where}: {_first_problem(exc)}") from None
+        if len(event.articles) < MIN_ARTICLES:
+            raise BooklensError(
+                f"{where} has {len(event.articles)} article(s); diverse summarization needs at least {MIN_ARTICLES}")
+        aids = [a.aid for a in event.articles]
+        if len(set(aids)) != len(aids):
+            raise BooklensError(f"{where}: article ids (aid) are not unique")
+        for qa in event.question_answers:
+            for group in qa.answer_groups:
+                for ans in group:
+                    if ans.aid not in aids:
+                        raise BooklensError(f"{where}: an answer to {qa.question!r} cites unknown article {ans.aid!r}")
+        if event.eid in seen:
+            raise BooklensError(f"{where}: duplicate eid {event.eid}")
+        seen.add(event.eid)
+        events.append(event)
+    return events
+
+
+def load_events(path: str | Path) -> list[Event]:
+    path = Path(path)
+    if not path.exists():
+        raise BooklensError(f"events file not found: {path}")
+    if path.is_dir():
+        raise BooklensError(f"events file is a directory: {path}")
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError:
+        raise BooklensError(f"events file is not UTF-8 text: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise BooklensError(f"events file is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
+    return parse_events(payload, source=str(path))
+
+
+def parse_summaries(payload: Any, source: str = "summaries") -> dict[str, str]:
+    """Summaries per event id from {eid: summary}, [{eid, summary}, ...] or a `booklens diverse` result."""
+    if isinstance(payload, dict) and isinstance(payload.get("events"), list):
+        payload = payload["events"]
+    out: dict[str, str] = {}
+    if isinstance(payload, dict):
+        for eid, summary in payload.items():
+            if not isinstance(summary, str):
+                raise BooklensError(f"{source}: the summary of event {eid!r} is not text")
+            out[str(eid)] = summary
+    elif isinstance(payload, list):
+        for i, item in enumerate(payload):
+            if not isinstance(item, dict) or "eid" not in item or not isinstance(item.get("summary"), str):
+                raise BooklensError(f"{source}: item {i + 1} is not an object with 'eid' and 'summary' text")
+            out[str(item["eid"])] = item["summary"]
+    else:
+        raise BooklensError(f"{source}: expected {{eid: summary}} or a list of {{eid, summary}} objects")
+    if not out:
+        raise BooklensError(f"{source}: no summaries")
+    for eid, summary in out.items():
+        if not summary.strip():
+            raise BooklensError(f"{source}: the summary of event {eid!r} is empty")
+    return out
+
+
+def to_examples(events: list[Event]) -> list:
+    """dspy.Examples with the summarizer's input (the articles) and the reference QA pairs."""
+    import dspy
+
+    return [dspy.Example(articles=[a.as_text() for a in e.articles], eid=e.eid,
+                         question_answers=[qa.model_dump() for qa in e.question_answers]).with_inputs("articles")
+            for e in events]
+
+
+def _first_problem(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()))
+    if err.get("type") == "missing":
+        return f"missing field {loc!r}"
+    msg = err.get("msg", "invalid").removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg

@@ -1,0 +1,248 @@
+"""NovelQA question files: loading, validation and records.
+
+A NovelQA file holds the questions about one book as a JSON list. Each item has
+`QID`, `Question`, `Options` ({"A": ..., "B": ..., "C": ..., "D": ...}),
+`Answer` (free text), `Gold` (the option letter), `Evidences` (quotes from the
+book or the annotator's reasoning), `Aspect` (times, meaning, span, setting,
+relation, character, plot) and `Complexity` (mh, sh, dtl). The book is a
+separate plain-text file.
+
+The loader accepts a few harmless variants (options as a list, abbreviated
+aspect names such as `chara`, a dict keyed by QID) and rejects anything else
+with one-line `BooklensError`s naming the file and the item.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from booklens.errors import BooklensError
+
+ASPECTS = ("character", "meaning", "plot", "relation", "setting", "span", "times")
+COMPLEXITIES = ("mh", "sh", "dtl")
+# Column and row labels of the seed's per-type tables.
+ASPECT_LABELS = {"character": "chara", "meaning": "mean", "plot": "plot", "relation": "relat",
+                 "setting": "settg", "span": "span", "times": "times"}
+SETTINGS = ("mc", "gen")
+
+_ASPECT_ALIASES = {
+    "chara": "character", "characters": "character", "char": "character",
+    "mean": "meaning", "relat": "relation", "relationship": "relation", "settg": "setting",
+    "time": "times",
+}
+_COMPLEXITY_ALIASES = {
+    "multi-hop": "mh", "multihop": "mh", "multi_hop": "mh",
+    "single-hop": "sh", "singlehop": "sh", "single_hop": "sh",
+    "detail": "dtl", "details": "dtl",
+}
+
+Aspect = Literal["character", "meaning", "plot", "relation", "setting", "span", "times"]
+Complexity = Literal["mh", "sh", "dtl"]
+
+
+class NovelQAQuestion(BaseModel):
+    """One NovelQA question. Field names follow the dataset (aliases) and Python style."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    qid: str = Field(alias="QID")
+    question: str = Field(alias="Question", min_length=1)
+    options: Optional[dict[str, str]] = Field(default=None, alias="Options")
+    answer: Optional[str] = Field(default=None, alias="Answer")
+    gold: Optional[str] = Field(default=None, alias="Gold")
+    evidences: list[str] = Field(default_factory=list, alias="Evidences")
+    aspect: Aspect = Field(alias="Aspect")
+    complexity: Complexity = Field(alias="Complexity")
+
+    @field_validator("qid", mode="before")
+    @classmethod
+    def _qid_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) else value
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _options(cls, value: Any) -> Any:
+        if value is None or value == {} or value == []:
+            return None
+        if isinstance(value, list):
+            if not all(isinstance(v, str) for v in value):
+                raise ValueError("options must be strings")
+            return {chr(ord("A") + i): v for i, v in enumerate(value)}
+        if isinstance(value, dict):
+            out = {}
+            for key, text in value.items():
+                letter = str(key).strip().upper()
+                if len(letter) != 1 or not letter.isalpha():
+                    raise ValueError(f"option keys must be letters such as A-D, got {key!r}")
+                if not isinstance(text, str):
+                    raise ValueError(f"option {key} must be text")
+                out[letter] = text
+            return dict(sorted(out.items()))
+        raise ValueError("Options must be an object {A: ..., B: ...} or a list")
+
+    @field_validator("evidences", mode="before")
+    @classmethod
+    def _evidences(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [value]
+        return value
+
+    @field_validator("aspect", mode="before")
+    @classmethod
+    def _aspect(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            key = value.strip().lower()
+            return _ASPECT_ALIASES.get(key, key)
+        return value
+
+    @field_validator("complexity", mode="before")
+    @classmethod
+    def _complexity(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            key = value.strip().lower()
+            return _COMPLEXITY_ALIASES.get(key, key)
+        return value
+
+    @field_validator("gold", mode="before")
+    @classmethod
+    def _gold(cls, value: Any) -> Any:
+        if value is None or value == "":
+            return None
+        if isinstance(value, int):  # some releases index the options 0-3
+            return chr(ord("A") + value)
+        return str(value).strip().upper()
+
+    @model_validator(mode="after")
+    def _gold_is_an_option(self) -> "NovelQAQuestion":
+        if self.gold is not None and self.options is not None and self.gold not in self.options:
+            raise ValueError(f"Gold {self.gold!r} is not one of the options {', '.join(self.options)}")
+        return self
+
+    def options_text(self) -> str:
+        """The options as lines 'A. text'."""
+        return "\n".join(f"{k}. {v}" for k, v in (self.options or {}).items())
+
+
+def parse_questions(payload: Any, source: str = "questions") -> list[NovelQAQuestion]:
+    """Validate a decoded NovelQA file (a list of questions, or a dict keyed by QID)."""
+    if isinstance(payload, dict):
+        if all(isinstance(v, dict) for v in payload.values()) and payload:
+            payload = [{"QID": k, **v} for k, v in payload.items()]
+        else:
+            raise BooklensError(f"{source}: expected a JSON list of NovelQA questions, got an object")
+    if not isinstance(payload, list):
+        raise BooklensError(f"{source}: expected a JSON list of NovelQA questions, got {type(payload).__name__}")
+    if not payload:
+        raise BooklensError(f"{source}: the question list is empty")
+    questions: list[NovelQAQuestion] = []
+    seen: set[str] = set()
+    for i, item in enumerate(payload):
+        where = f"{source}: question {i + 1}"
+        if not isinstance(item, dict):
+            raise BooklensError(f"{where} is {type(item).__name__}, not an object with QID, Question, Aspect, ...")
+        if "QID" in item:
+            where += f" ({item['QID']})"
+        try:
+            q = NovelQAQuestion.model_validate(item)
+        except ValidationError as exc:
+            raise BooklensError(f"{where}: {_first_problem(exc)}") from None
+        if q.qid in seen:
+            raise BooklensError(f"{where}: duplicate QID {q.qid}")
+        seen.add(q.qid)
+        questions.append(q)
+    return questions
+
+
+def load_questions(path: str | Path) -> list[NovelQAQuestion]:
+    """Read and validate a NovelQA question file."""
+    path = Path(path)
+    if not path.exists():
+        raise BooklensError(f"question file not found: {path}")
+    if path.is_dir():
+        raise BooklensError(f"question file is a directory: {path}")
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError:
+        raise BooklensError(f"question file is not UTF-8 text: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise BooklensError(f"question file is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
+    return parse_questions(payload, source=str(path))
+
+
+def check_setting(questions: list[NovelQAQuestion], setting: str, source: str = "questions") -> None:
+    """Fail early when the questions lack what a setting needs.
+
+    Multiple choice needs at least two options per question; the gold letter and
+    the free-text answer are optional (questions without them are answered but
+    not scored)."""
+    if setting not in SETTINGS:
+        raise BooklensError(f"unknown setting {setting!r}: use mc (multiple choice) or gen (generative)")
+    if setting == "mc":
+        for q in questions:
+            if not q.options or len(q.options) < 2:
+                raise BooklensError(
+                    f"{source}: question {q.qid} has no Options; the multiple-choice setting (--setting mc) needs "
+                    "them (use --setting gen for free-text answers)")
+
+
+def gold_for(q: NovelQAQuestion, setting: str) -> Optional[str]:
+    """What a prediction is scored against: the letter (mc) or the reference answer (gen)."""
+    return q.gold if setting == "mc" else q.answer
+
+
+def to_examples(questions: list[NovelQAQuestion], book: str, setting: str = "mc") -> list:
+    """dspy.Examples with the inputs of `BookQA` (book, question, options) and the gold label."""
+    import dspy
+
+    examples = []
+    for q in questions:
+        ex = dspy.Example(book=book, question=q.question, options=q.options_text() if setting == "mc" else None,
+                          gold=gold_for(q, setting), gold_evidence=q.evidences, qid=q.qid,
+                          aspect=q.aspect, complexity=q.complexity)
+        examples.append(ex.with_inputs("book", "question", "options"))
+    return examples
+
+
+class QAPrediction(BaseModel):
+    """The outcome of one question: the answer, how the context was chosen, and the score."""
+
+    qid: str
+    aspect: str
+    complexity: str
+    setting: Literal["mc", "gen"]
+    context_mode: Literal["whole-book", "retrieval", "closed-book", "given"]
+    evidence_mode: str
+    prediction: Optional[str] = None
+    gold: Optional[str] = None
+    correct: Optional[bool] = Field(default=None, description="None when there is no gold label or the judge failed")
+    error: Optional[str] = Field(default=None, description="why no valid answer (or verdict) was obtained")
+    judge_reason: Optional[str] = None
+    quoted_evidence: list[str] = Field(default_factory=list)
+    passages: list[dict[str, int]] = Field(default_factory=list, description="index, start, end of passages shown")
+    context_tokens: int = 0
+    gold_evidence_start_token: Optional[int] = Field(
+        default=None, description="token index where the first located gold evidence quote starts")
+    gold_evidence_located: int = 0
+    gold_evidence_in_context: Optional[float] = Field(
+        default=None, description="share of located gold evidence quotes that the context contained")
+    quote_recall: Optional[float] = None
+    attempts: int = 1
+
+
+def _first_problem(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
+    msg = err.get("msg", "invalid")
+    if err.get("type") == "missing":
+        return f"missing field {loc!r}"
+    if err.get("type") == "literal_error" and loc in ("Aspect", "Complexity"):
+        allowed = ", ".join(ASPECTS if loc == "Aspect" else COMPLEXITIES)
+        return f"{loc} must be one of {allowed} (got {err.get('input')!r})"
+    msg = msg.removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg

@@ -1,0 +1,202 @@
+"""NovelQA metrics: accuracy overall and by complexity x aspect (the seed's Table 3 layout),
+accuracy by where the gold evidence lies (before or after the first 100K tokens, Table 4),
+and evidence recall against the gold evidence quotes.
+
+Evidence quotes are located in the book after collapsing runs of whitespace (and, failing
+that, after also unifying curly and straight quotes); quotes that are reasoning rather
+than text of the book stay unlocated and are left out of the position and recall figures.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+from booklens.data.novelqa import ASPECT_LABELS, ASPECTS, COMPLEXITIES
+from booklens.retrieval import QuoteLocator
+
+POSITION_THRESHOLD = 100_000
+QUOTE_MATCH = 0.5  # share of a gold quote's words a model quote must contain to count as recalled
+
+_QUOTE_FOLD = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2014": "-",
+                             "\u2013": "-"})
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def token_positions(text: str, offsets: Iterable[int]) -> dict[int, int]:
+    """Token index (cl100k_base) at each character offset, counted incrementally in one pass."""
+    from booklens.text import count_tokens
+
+    result: dict[int, int] = {}
+    done_chars = 0
+    done_tokens = 0
+    for off in sorted(set(offsets)):
+        done_tokens += count_tokens(text[done_chars:off]) if off > done_chars else 0
+        done_chars = max(done_chars, off)
+        result[off] = done_tokens
+    return result
+
+
+@dataclass
+class EvidenceSpan:
+    quote: str
+    start: int
+    end: int
+    start_token: int = 0
+
+
+def locate_evidence(book: QuoteLocator, quotes: Sequence[str]) -> list[EvidenceSpan]:
+    """The located gold evidence quotes, in the order given (unlocated ones are skipped)."""
+    spans = []
+    for q in quotes:
+        found = book.locate(q)
+        if found:
+            spans.append(EvidenceSpan(q, found[0], found[1]))
+    return spans
+
+
+def share_in_context(spans: Sequence[EvidenceSpan], passages: Sequence[tuple[int, int]]) -> Optional[float]:
+    """Share of evidence spans of which at least half the characters lie in the shown passages."""
+    if not spans:
+        return None
+    hit = 0
+    for s in spans:
+        covered = 0
+        for ps, pe in passages:
+            covered += max(0, min(s.end, pe) - max(s.start, ps))
+        if covered >= 0.5 * (s.end - s.start):
+            hit += 1
+    return hit / len(spans)
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower().translate(_QUOTE_FOLD))
+
+
+def quote_recall(gold: Sequence[EvidenceSpan], predicted: Sequence[str], locator: Optional[QuoteLocator] = None,
+                 threshold: float = QUOTE_MATCH) -> Optional[float]:
+    """Share of located gold evidence quotes that the model's quotes recall. A gold quote is
+    recalled when a model quote found verbatim in the book overlaps it, or when the model's
+    quotes together repeat at least `threshold` of its words."""
+    gold = [g for g in gold if _words(g.quote)]
+    if not gold:
+        return None
+    quotes = [p for p in predicted if p and p.strip()]
+    spans = [found for found in (locator.locate(p) for p in quotes) if found] if locator else []
+    said = set(w for p in quotes for w in _words(p))
+    hit = 0
+    for g in gold:
+        if any(min(g.end, e) > max(g.start, s) for s, e in spans):
+            hit += 1
+            continue
+        words = _words(g.quote)
+        if sum(1 for w in words if w in said) / len(words) >= threshold:
+            hit += 1
+    return hit / len(gold)
+
+
+# ---------------------------------------------------------------------------
+# Accuracy tables
+
+
+def _get(rec: Any, name: str) -> Any:
+    return rec.get(name) if isinstance(rec, dict) else getattr(rec, name)
+
+
+def _cell(records: list[Any]) -> dict[str, Any]:
+    scored = [r for r in records if _get(r, "correct") is not None]
+    n = len(scored)
+    correct = sum(1 for r in scored if _get(r, "correct"))
+    return {"n": n, "correct": correct, "accuracy": round(100.0 * correct / n, 2) if n else None}
+
+
+def accuracy(records: Sequence[Any]) -> dict[str, Any]:
+    """Overall accuracy over scored predictions (a prediction that never parsed counts as wrong;
+    one without a gold label or verdict is not scored)."""
+    cell = _cell(list(records))
+    cell["unscored"] = sum(1 for r in records if _get(r, "correct") is None)
+    cell["failed"] = sum(1 for r in records if _get(r, "error"))
+    return cell
+
+
+def accuracy_by_type(records: Sequence[Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{complexity|'avg': {aspect|'avg': {n, correct, accuracy}}}: the seed's Table 3 layout."""
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in (*COMPLEXITIES, "avg"):
+        table[row] = {}
+        for col in (*ASPECTS, "avg"):
+            sel = [r for r in records
+                   if (row == "avg" or _get(r, "complexity") == row) and (col == "avg" or _get(r, "aspect") == col)]
+            table[row][col] = _cell(sel)
+    return table
+
+
+def accuracy_by_position(records: Sequence[Any], threshold: int = POSITION_THRESHOLD) -> dict[str, dict[str, Any]]:
+    """Accuracy of questions whose first gold evidence starts before / after `threshold` tokens
+    (Table 4); questions without located evidence are counted apart."""
+    pre, post, unlocated = [], [], []
+    for r in records:
+        pos = _get(r, "gold_evidence_start_token")
+        (unlocated if pos is None else pre if pos < threshold else post).append(r)
+    return {f"pre-{threshold // 1000}K": _cell(pre), f"post-{threshold // 1000}K": _cell(post),
+            "unlocated": _cell(unlocated)}
+
+
+def evidence_recall(records: Sequence[Any]) -> dict[str, Any]:
+    """Mean shares over questions with located gold evidence: how much of it the context held
+    (retrieval recall) and how much of it the model's own quotes repeat (quote recall)."""
+    ctx = [_get(r, "gold_evidence_in_context") for r in records if _get(r, "gold_evidence_in_context") is not None]
+    quo = [_get(r, "quote_recall") for r in records if _get(r, "quote_recall") is not None]
+    return {
+        "context_recall": round(100.0 * sum(ctx) / len(ctx), 2) if ctx else None,
+        "context_questions": len(ctx),
+        "quote_recall": round(100.0 * sum(quo) / len(quo), 2) if quo else None,
+        "quote_questions": len(quo),
+    }
+
+
+def qa_report(records: Sequence[Any], threshold: int = POSITION_THRESHOLD) -> dict[str, Any]:
+    return {
+        "overall": accuracy(records),
+        "by_type": accuracy_by_type(records),
+        "by_position": accuracy_by_position(records, threshold),
+        "evidence": evidence_recall(records),
+    }
+
+
+def _fmt(cell: dict[str, Any], with_n: bool = True) -> str:
+    if not cell["n"]:
+        return "-"
+    return f"{cell['accuracy']:.1f} ({cell['n']})" if with_n else f"{cell['accuracy']:.1f}"
+
+
+def format_type_table(table: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Accuracy (%) with the number of scored questions in parentheses; '-' for no questions."""
+    cols = [*ASPECTS, "avg"]
+    heads = [ASPECT_LABELS.get(c, c) for c in cols]
+    rows = [[row] + [_fmt(table[row][c]) for c in cols] for row in (*COMPLEXITIES, "avg")]
+    widths = [max(len(x) for x in col) for col in zip(["", *heads], *rows)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(["", *heads], widths))]
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    overall = report["overall"]
+    lines = [f"Accuracy: {_fmt(overall)} of {overall['n']} scored questions"
+             + (f"; {overall['failed']} without a valid answer or verdict" if overall["failed"] else "")
+             + (f"; {overall['unscored']} not scored" if overall["unscored"] else ""),
+             "", "Accuracy by complexity x aspect (%, scored questions in parentheses)",
+             format_type_table(report["by_type"]), "",
+             "Accuracy by position of the first gold evidence (%, questions in parentheses)"]
+    lines.append("  ".join(f"{k}: {_fmt(v)}" for k, v in report["by_position"].items()))
+    ev = report["evidence"]
+    parts = []
+    if ev["context_recall"] is not None:
+        parts.append(f"context held {ev['context_recall']:.1f}% of gold evidence ({ev['context_questions']} questions)")
+    if ev["quote_recall"] is not None:
+        parts.append(f"model quotes recalled {ev['quote_recall']:.1f}% ({ev['quote_questions']} questions)")
+    if parts:
+        lines += ["", "Evidence recall: " + "; ".join(parts)]
+    return "\n".join(lines)

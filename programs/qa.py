@@ -1,0 +1,323 @@
+"""Question answering over a whole book (NovelQA, seed 004).
+
+`BookQA` answers one question about a book in the multiple-choice (`mc`) or
+generative (`gen`) setting. What the model reads depends on the evidence mode
+(`booklens.retrieval.EVIDENCE_MODES`):
+
+- ``book``: the whole book when it fits the model's context window next to the
+  prompt; otherwise the budget is filled with the most relevant stretches of the
+  book (`BookIndex.book_context`), in book order;
+- ``bm25`` / ``dense`` / ``hybrid``: the `k` best passages for the question (and
+  its options) from that retriever, in book order;
+- ``given``: the gold evidence that comes with the question (an oracle setting);
+- ``none``: closed-book, the question alone (what the model remembers of the book).
+
+`AnswerJudge` grades a free-text answer against the reference answer, as the seed
+does with GPT-4. `answer_questions` runs a question set and scores it, recording
+where the gold evidence lies and whether the context held it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any, Optional, Sequence
+
+import dspy
+
+from booklens.errors import BooklensError
+from booklens.lm import BooklensAdapter, predict_with_retries
+from booklens.signatures.qa import (
+    AnswerMultipleChoice,
+    AnswerMultipleChoiceClosedBook,
+    AnswerQuestion,
+    AnswerQuestionClosedBook,
+    JudgeAnswer,
+    with_evidence,
+)
+
+DEFAULT_CONTEXT_WINDOW = 8192
+# Share of the window the prompt may fill: the backend's tokenizer may count more tokens than
+# cl100k_base does, and chat templates add some.
+BUDGET_MARGIN = 0.8
+ANSWER_RESERVE = {"mc": 48, "gen": 128}
+EVIDENCE_RESERVE = 320
+SETTINGS = ("mc", "gen")
+
+
+class _BookCache:
+    """Per-book token counts and retrieval indexes, shared by copies of a program."""
+
+    def __init__(self, index_cache_dir: Any = None, passage_tokens: int = 256):
+        self.index_cache_dir = index_cache_dir
+        self.passage_tokens = passage_tokens
+        self._tokens: dict[str, int] = {}
+        self._indexes: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo):  # optimizers copy programs; the cache is a shared resource
+        return self
+
+    @staticmethod
+    def key(book: str) -> str:
+        return hashlib.sha256(book.encode("utf-8")).hexdigest()
+
+    def tokens(self, book: str) -> int:
+        from booklens.text import count_tokens
+
+        key = self.key(book)
+        with self._lock:
+            if key not in self._tokens:
+                self._tokens[key] = count_tokens(book)
+            return self._tokens[key]
+
+    def index(self, book: str):
+        from booklens.retrieval import BookIndex
+
+        key = self.key(book)
+        with self._lock:
+            if key not in self._indexes:
+                self._indexes[key] = BookIndex.build(book, cache_dir=self.index_cache_dir,
+                                                     passage_tokens=self.passage_tokens)
+            return self._indexes[key]
+
+
+def prompt_tokens(predictor: dspy.Predict, **inputs: Any) -> int:
+    """Tokens (cl100k_base) of the prompt the predictor sends for these inputs."""
+    from booklens.text import count_tokens
+
+    adapter = dspy.settings.adapter or BooklensAdapter()
+    messages = adapter.format(predictor.signature, predictor.demos, inputs)
+    return sum(count_tokens(str(m.get("content", ""))) + 4 for m in messages)
+
+
+def join_passages(passages: Sequence[Any]) -> str:
+    """Passages in book order; a gap between non-adjacent passages is marked with '[...]'."""
+    parts: list[str] = []
+    previous = None
+    for p in sorted(passages, key=lambda p: p.start):
+        if previous is not None:
+            parts.append("\n\n" if p.index == previous.index + 1 else "\n\n[...]\n\n")
+        parts.append(p.text)
+        previous = p
+    return "".join(parts)
+
+
+class BookQA(dspy.Module):
+    """Answer a question about a book, reading the whole book, retrieved passages, the gold
+    evidence or nothing, depending on the evidence mode and on what fits the context window."""
+
+    def __init__(self, setting: str = "mc", evidence: str = "book", *, k: int = 5, passage_tokens: int = 256,
+                 context_window: Optional[int] = None, quote_evidence: bool = False, rank_mode: str = "bm25",
+                 index_cache_dir: Any = None, tries: int = 3):
+        super().__init__()
+        from booklens.retrieval import EVIDENCE_MODES, SEARCH_MODES
+
+        if setting not in SETTINGS:
+            raise BooklensError(f"unknown setting {setting!r}: use mc or gen")
+        if evidence not in EVIDENCE_MODES:
+            raise BooklensError(f"unknown evidence mode {evidence!r}: use one of {', '.join(EVIDENCE_MODES)}")
+        if rank_mode not in SEARCH_MODES:
+            raise BooklensError(f"unknown ranking mode {rank_mode!r}: use one of {', '.join(SEARCH_MODES)}")
+        if k < 1:
+            raise BooklensError("k must be at least 1")
+        self.setting = setting
+        self.evidence = evidence
+        self.k = k
+        self.context_window = context_window
+        self.quote_evidence = quote_evidence and evidence != "none"
+        self.rank_mode = rank_mode
+        self.tries = tries
+        self.books = _BookCache(index_cache_dir, passage_tokens)
+        if setting == "mc":
+            open_sig, closed_sig = AnswerMultipleChoice, AnswerMultipleChoiceClosedBook
+        else:
+            open_sig, closed_sig = AnswerQuestion, AnswerQuestionClosedBook
+        self.answer = dspy.Predict(with_evidence(open_sig) if self.quote_evidence else open_sig)
+        self.answer_closed_book = dspy.Predict(closed_sig)
+
+    # -- context -------------------------------------------------------------------
+
+    def window(self) -> int:
+        if self.context_window:
+            return self.context_window
+        lm = dspy.settings.lm
+        return getattr(lm, "context_window", None) or DEFAULT_CONTEXT_WINDOW
+
+    def context_budget(self, question: str, options: Optional[str]) -> int:
+        """Tokens left for the book or passages once the prompt and the answer are counted."""
+        inputs: dict[str, Any] = {"context": "", "question": question}
+        if self.setting == "mc":
+            inputs["options"] = options or ""
+        reserve = ANSWER_RESERVE[self.setting] + (EVIDENCE_RESERVE if self.quote_evidence else 0)
+        budget = int(self.window() * BUDGET_MARGIN) - prompt_tokens(self.answer, **inputs) - reserve
+        if budget <= 0:
+            raise BooklensError(f"the context window ({self.window()} tokens) cannot hold the question prompt")
+        return budget
+
+    def select_context(self, book: str, question: str, options: Optional[str] = None,
+                       gold_evidence: Optional[Sequence[str]] = None) -> dict[str, Any]:
+        """What the model reads: {mode, text, passages [(index, start, end)], tokens}."""
+        from booklens.text import count_tokens, truncate_to_tokens
+
+        if self.evidence == "none":
+            return {"mode": "closed-book", "text": "", "passages": [], "tokens": 0}
+        budget = self.context_budget(question, options)
+        if self.evidence == "given":
+            text = "\n\n".join(e.strip() for e in (gold_evidence or []) if e and e.strip())
+            if count_tokens(text) > budget:
+                text = truncate_to_tokens(text, budget)
+            return {"mode": "given", "text": text, "passages": [], "tokens": count_tokens(text)}
+        if self.evidence == "book":
+            book_tokens = self.books.tokens(book)
+            if book_tokens <= budget:
+                return {"mode": "whole-book", "text": book, "passages": [(0, 0, len(book))], "tokens": book_tokens}
+            index = self.books.index(book)
+            passages = index.book_context(self._query(question, options), budget, seeds=self.k, mode=self.rank_mode)
+        else:
+            index = self.books.index(book)
+            hits = index.search(self._query(question, options), mode=self.evidence, k=self.k)
+            passages = [p for p, _ in hits]
+            while passages and sum(p.tokens for p in passages) > budget:
+                passages.pop()  # drop the lowest-ranked passage until they fit
+        text = join_passages(passages)
+        return {"mode": "retrieval", "text": text, "passages": [(p.index, p.start, p.end) for p in passages],
+                "tokens": sum(p.tokens for p in passages)}
+
+    def _query(self, question: str, options: Optional[str]) -> str:
+        if self.setting == "mc" and options:
+            return f"{question}\n{options}"
+        return question
+
+    # -- answering -----------------------------------------------------------------
+
+    def forward(self, book: str, question: str, options: Optional[str] = None,
+                gold_evidence: Optional[Sequence[str]] = None, book_title: str = "") -> dspy.Prediction:
+        if self.setting == "mc" and not (options and options.strip()):
+            raise BooklensError("the multiple-choice setting needs the options of the question")
+        context = self.select_context(book, question, options, gold_evidence)
+        if context["mode"] == "closed-book":
+            predictor = self.answer_closed_book
+            inputs: dict[str, Any] = {"book_title": book_title or "(untitled)", "question": question}
+        else:
+            predictor = self.answer
+            inputs = {"context": context["text"], "question": question}
+        if self.setting == "mc":
+            inputs["options"] = options
+        letters = _option_letters(options) if self.setting == "mc" else []
+        attempt = predict_with_retries(predictor, tries=self.tries, check=self._checker(letters), **inputs)
+        pred = attempt.prediction
+        answer = None
+        quotes: list[str] = []
+        if attempt.ok:
+            answer = str(pred.answer).strip()
+            quotes = [str(q) for q in (getattr(pred, "evidence", None) or []) if str(q).strip()]
+        return dspy.Prediction(answer=answer, evidence=quotes, error=attempt.error, attempts=attempt.attempts,
+                               context_mode=context["mode"], passages=context["passages"],
+                               context_tokens=context["tokens"])
+
+    def _checker(self, letters: list[str]):
+        def check(pred: Any) -> Optional[str]:
+            answer = str(getattr(pred, "answer", "") or "").strip()
+            if not answer:
+                return "empty answer"
+            if self.setting == "mc" and letters and answer not in letters:
+                return f"answer {answer!r} is not one of the options {', '.join(letters)}"
+            return None
+
+        return check
+
+
+def _option_letters(options: Optional[str]) -> list[str]:
+    letters = []
+    for line in (options or "").splitlines():
+        line = line.strip()
+        if len(line) >= 2 and line[0].isalpha() and line[1] in ".):":
+            letters.append(line[0].upper())
+    return letters
+
+
+class AnswerJudge(dspy.Module):
+    """Grade a free-text answer against the reference answer: correct or not, with a reason."""
+
+    def __init__(self, tries: int = 3):
+        super().__init__()
+        self.judge = dspy.Predict(JudgeAnswer)
+        self.tries = tries
+
+    def forward(self, question: str, correct_answer: str, student_answer: str,
+                evidence: Optional[Sequence[str]] = None) -> dspy.Prediction:
+        attempt = predict_with_retries(self.judge, tries=self.tries, question=question, correct_answer=correct_answer,
+                                       supporting_evidence=list(evidence or []), student_answer=student_answer)
+        if not attempt.ok:
+            return dspy.Prediction(correct=None, reason=None, error=attempt.error, attempts=attempt.attempts)
+        p = attempt.prediction
+        return dspy.Prediction(correct=p.verdict == "correct", reason=str(p.reason), error=None,
+                               attempts=attempt.attempts)
+
+
+# ---------------------------------------------------------------------------
+# Running a question set
+
+
+def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, judge: Optional[AnswerJudge] = None,
+                     concurrency: int = 1, book_title: str = "", desc: str = "questions") -> list[Any]:
+    """Answer and score NovelQA questions about `book`; returns `QAPrediction` records in order."""
+    from booklens.data.novelqa import QAPrediction, gold_for
+    from booklens.lm import usage_step
+    from booklens.metrics.qa import locate_evidence, quote_recall, share_in_context, token_positions
+    from booklens.parallel import parallel_map
+    from booklens.retrieval import QuoteLocator
+
+    setting = program.setting
+    if setting == "gen" and judge is None:
+        judge = AnswerJudge()
+    locator = QuoteLocator(book)
+    spans = {q.qid: locate_evidence(locator, q.evidences) for q in questions}
+    positions = token_positions(book, [s.start for ss in spans.values() for s in ss])
+    for ss in spans.values():
+        for s in ss:
+            s.start_token = positions[s.start]
+
+    def run(q: Any) -> QAPrediction:
+        gold = gold_for(q, setting)
+        with usage_step("answer"):
+            pred = program(book=book, question=q.question, options=q.options_text() if setting == "mc" else None,
+                           gold_evidence=q.evidences, book_title=book_title)
+        located = spans[q.qid]
+        if pred.context_mode in ("whole-book", "given"):
+            in_context = 1.0 if located else None
+        elif pred.context_mode == "retrieval":
+            in_context = share_in_context(located, [(s, e) for _, s, e in pred.passages])
+        else:
+            in_context = None
+        record = QAPrediction(
+            qid=q.qid, aspect=q.aspect, complexity=q.complexity, setting=setting,
+            context_mode=pred.context_mode, evidence_mode=program.evidence, prediction=pred.answer, gold=gold,
+            error=pred.error, quoted_evidence=pred.evidence,
+            passages=[{"index": i, "start": s, "end": e} for i, s, e in pred.passages
+                      if pred.context_mode == "retrieval"],
+            context_tokens=pred.context_tokens,
+            gold_evidence_start_token=min((s.start_token for s in located), default=None),
+            gold_evidence_located=len(located), gold_evidence_in_context=in_context,
+            quote_recall=quote_recall(located, pred.evidence, locator) if program.quote_evidence and located
+            else None,
+            attempts=pred.attempts,
+        )
+        if gold is None:
+            return record
+        if pred.answer is None:
+            record.correct = False  # no valid answer after the re-asks: counted wrong
+        elif setting == "mc":
+            record.correct = pred.answer == gold
+        else:
+            with usage_step("judge"):
+                verdict = judge(question=q.question, correct_answer=gold, student_answer=pred.answer,
+                                evidence=q.evidences)
+            record.correct = verdict.correct
+            record.judge_reason = verdict.reason
+            if verdict.error:
+                record.error = f"judge: {verdict.error}"
+        return record
+
+    return parallel_map(run, list(questions), concurrency=concurrency, desc=desc)

@@ -1,0 +1,82 @@
+"""Question answering over a whole book (NovelQA): answering in the multiple-choice and
+generative settings, with the book, with retrieved passages or closed-book; judging a
+free-text answer against the reference; quoting evidence.
+
+Inputs shared by many calls (the book or its passages) come first so that prompt
+prefixes are reused between questions about the same book."""
+
+from typing import Literal
+
+import dspy
+
+
+class AnswerMultipleChoice(dspy.Signature):
+    """Answer a question about a novel by choosing one of the lettered options. The context is
+    the text of the novel, or the passages of it that are most relevant to the question. Read it
+    closely: questions may ask about small details, about how often something happens, or about
+    facts spread over several chapters. Base the choice on what the text says, not on what
+    adaptations or common summaries of the novel say. Reply with the letter of the best option."""
+
+    context: str = dspy.InputField(desc="the novel, or passages from it in the order they appear")
+    question: str = dspy.InputField()
+    options: str = dspy.InputField(desc="one option per line, 'LETTER. text'")
+    answer: Literal["A", "B", "C", "D"] = dspy.OutputField(desc="the letter of the correct option")
+
+
+class AnswerMultipleChoiceClosedBook(dspy.Signature):
+    """Answer a question about a novel by choosing one of the lettered options, without the text
+    of the novel: rely on what you remember of the book. Reply with the letter of the best option."""
+
+    book_title: str = dspy.InputField()
+    question: str = dspy.InputField()
+    options: str = dspy.InputField(desc="one option per line, 'LETTER. text'")
+    answer: Literal["A", "B", "C", "D"] = dspy.OutputField(desc="the letter of the correct option")
+
+
+class AnswerQuestion(dspy.Signature):
+    """Answer a question about a novel in a few words or one short sentence. The context is the
+    text of the novel, or the passages of it that are most relevant to the question. Read it
+    closely: questions may ask about small details, how many times something happens, or facts
+    spread over several chapters; when a number is asked for, give the exact number. Base the
+    answer on what the text says."""
+
+    context: str = dspy.InputField(desc="the novel, or passages from it in the order they appear")
+    question: str = dspy.InputField()
+    answer: str = dspy.OutputField(desc="a short answer: a few words or one sentence")
+
+
+class AnswerQuestionClosedBook(dspy.Signature):
+    """Answer a question about a novel in a few words or one short sentence, without the text of
+    the novel: rely on what you remember of the book. When a number is asked for, give the exact
+    number."""
+
+    book_title: str = dspy.InputField()
+    question: str = dspy.InputField()
+    answer: str = dspy.OutputField(desc="a short answer: a few words or one sentence")
+
+
+EVIDENCE_FIELD_DESC = ("sentences copied word for word from the context that support the answer; "
+                       "no paraphrase, at most three")
+
+
+def with_evidence(signature: type[dspy.Signature]) -> type[dspy.Signature]:
+    """The same task, also quoting the supporting sentences from the context before answering."""
+    instructions = (signature.instructions.rstrip()
+                    + " First copy, word for word, the sentences of the context that support the answer.")
+    sig = signature.with_instructions(instructions)
+    return sig.prepend("evidence", dspy.OutputField(desc=EVIDENCE_FIELD_DESC), type_=list[str])
+
+
+class JudgeAnswer(dspy.Signature):
+    """You are grading a student's short answer to a question about a novel, against the correct
+    answer and the passages that support it. The student's answer is correct when it conveys the
+    meaning of the correct answer, even in other words. It is incorrect when it states a wrong
+    fact, leaves out what the question asks for, hedges between alternatives, or gives a rough
+    number where the question asks for an exact one. Explain briefly, then give the verdict."""
+
+    question: str = dspy.InputField()
+    correct_answer: str = dspy.InputField()
+    supporting_evidence: list[str] = dspy.InputField(desc="quotes from the novel or the annotator's reasoning")
+    student_answer: str = dspy.InputField()
+    reason: str = dspy.OutputField(desc="one or two sentences")
+    verdict: Literal["correct", "incorrect"] = dspy.OutputField()

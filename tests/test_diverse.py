@@ -1,0 +1,275 @@
+"""DiverseSumm: loader, summarizer routing, reference building, the judges' rating checks,
+pairwise aggregation and the bias analyses. Scripted LM only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from booklens.data.diversesumm import load_events, parse_events, parse_summaries
+from booklens.errors import BooklensError
+from booklens.lm import configure
+from booklens.metrics.bias import (
+    aggregate_both_orders,
+    format_position,
+    position_bias,
+    repeat_summary,
+    verbosity_pairwise,
+    verbosity_single,
+)
+from booklens.programs.diverse import (
+    CoverageJudge,
+    DiverseSummarizer,
+    FaithfulnessJudge,
+    PairwiseJudge,
+    RatingJudge,
+    ReferenceBuilder,
+    article_texts,
+    judge_pairs,
+    pairwise_cases,
+)
+from booklens.signatures.diverse import JudgeCoverageOfAllQAs
+from booklens.testing import ScriptedLM
+
+FIXTURE = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def event():
+    return load_events(FIXTURE)[0]
+
+
+def scripted(responder, window=8192):
+    lm = ScriptedLM(responder, context_window=window)
+    configure(lm)
+    return lm
+
+
+def small_event(n_articles=2):
+    return {"eid": "e1", "articles": [{"aid": f"a{i}", "title": f"T{i}", "url": "", "domain": "x.org",
+                                       "content": f"Article {i} says the toll is {i} dollars."}
+                                      for i in range(n_articles)],
+            "question_answers": [{"question": "What is the toll?",
+                                  "answer_groups": [[{"aid": "a0", "answer": "0 dollars"}],
+                                                    [{"aid": "a1", "answer": "1 dollar"}]]}]}
+
+
+# ---------------------------------------------------------------------------
+# loader
+
+
+def test_fixture_event_loads(event):
+    assert event.eid and len(event.articles) == 10 and len(event.question_answers) == 6
+    text = event.question_answers[0].as_text()
+    assert text.startswith("Question: ") and "Answer 1 (" in text
+
+
+@pytest.mark.parametrize("payload, needle", [
+    ([small_event(1)], "needs at least 2"),
+    ([{**small_event(), "articles": []}], "needs at least 2"),
+    ({"events": []}, "expected a JSON list"),
+    ([], "empty"),
+    ([{"eid": "x"}], "missing field 'articles'"),
+    ([{**small_event(), "question_answers": [{"question": "q", "answer_groups": [[{"aid": "zz", "answer": "a"}]]}]}],
+     "unknown article"),
+])
+def test_bad_events(payload, needle):
+    with pytest.raises(BooklensError) as err:
+        parse_events(payload, source="ev.json")
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_summaries_formats():
+    assert parse_summaries({"e1": "s"}) == {"e1": "s"}
+    assert parse_summaries([{"eid": "e1", "summary": "s"}]) == {"e1": "s"}
+    assert parse_summaries({"kind": "booklens.diverse", "events": [{"eid": "e1", "summary": "s"}]}) == {"e1": "s"}
+    with pytest.raises(BooklensError):
+        parse_summaries({"e1": ""})
+    with pytest.raises(BooklensError):
+        parse_summaries([{"summary": "no eid"}])
+
+
+# ---------------------------------------------------------------------------
+# summarizer
+
+
+def test_direct_when_the_articles_fit_extract_otherwise(event):
+    def responder(call):
+        if call.wants("sentences"):
+            return {"sentences": ["First key sentence.", "Second key sentence."]}
+        return {"summary": "Sources disagree on the cause."}
+
+    lm = scripted(responder, window=16384)
+    pred = DiverseSummarizer("auto")(articles=article_texts(event))
+    assert pred.method == "direct" and pred.summary == "Sources disagree on the cause."
+    assert len(lm.backend.calls) == 1
+    assert "[a01]" in lm.backend.calls[0].inputs["articles"]
+
+    lm = scripted(responder, window=4096)
+    pred = DiverseSummarizer("auto", num_sentences=2)(articles=article_texts(event))
+    assert pred.method == "extract" and len(pred.extracts) == 10
+    assert len(lm.backend.calls) == 11  # one extraction per article, then the summary
+    assert "- First key sentence." in lm.backend.calls[-1].inputs["extracts"]
+
+    with pytest.raises(BooklensError, match="--method extract"):
+        DiverseSummarizer("direct")(articles=article_texts(event))
+
+
+def test_reference_builder_groups_and_filters(event):
+    def responder(call):
+        if call.wants("questions"):
+            return {"questions": ["Why did it close?", "Who is to blame?", "Why did it close?"]}
+        article = call.inputs["article"]
+        if "Who is to blame" in call.inputs["question"]:
+            return {"answers": ["the city"] if "[a01]" in article else []}  # 1 of 10 articles: dropped
+        return {"answers": ["Corrosion."] if article.split("]")[0][-1] in "13579" else ["fatigue"]}
+
+    scripted(responder)
+    articles = [(a.aid, f"[{a.aid}] {a.as_text()}") for a in event.articles]
+    ref = ReferenceBuilder(num_questions=3)(articles=articles)
+    assert ref.questions == ["Why did it close?", "Who is to blame?"]
+    assert [q["question"] for q in ref.question_answers] == ["Why did it close?"]
+    groups = ref.question_answers[0]["answer_groups"]
+    assert sorted(len(g) for g in groups) == [5, 5]
+
+
+# ---------------------------------------------------------------------------
+# judges: ratings outside the scale are re-asked, then recorded as failures
+
+
+def test_likert_rating_outside_the_scale_is_reasked():
+    lm = scripted(lambda call: {"explanation": "e", "rating": 11 if call.attempt == 0 else 7})
+    r = RatingJudge(JudgeCoverageOfAllQAs, "likert")(summary="s", questions_and_answers="q")
+    assert r.rating == 7 and r.attempts == 2 and r.error is None
+    assert [c.attempt for c in lm.backend.calls] == [0, 1]
+
+
+@pytest.mark.parametrize("answer", [{"explanation": "e", "rating": 0}, {"explanation": "e", "rating": 12},
+                                    "Rating: [[7]]", {"explanation": "e"}])
+def test_likert_failures_are_recorded_not_guessed(answer):
+    lm = scripted(lambda call: answer)
+    r = RatingJudge(JudgeCoverageOfAllQAs, "likert", tries=3)(summary="s", questions_and_answers="q")
+    assert r.rating is None and r.error
+    assert len(lm.backend.calls) == 3
+
+
+def test_binary_coverage_per_qa_pair_and_likert_over_all(event):
+    summary = "The sources disagree about the cause: corrosion, fatigue or a barge strike."
+
+    def responder(call):
+        if call.wants("rating") and "question_and_answers" in call.inputs:
+            covered = "caused the crack" in call.inputs["question_and_answers"]
+            return {"explanation": "e", "rating": 1 if covered else 0}
+        return {"explanation": "e", "rating": 4}
+
+    lm = scripted(responder)
+    binary = CoverageJudge("binary")(summary=summary, qa_pairs=event.question_answers)
+    assert len(binary.details) == 6 and binary.failed == 0
+    assert binary.score == pytest.approx(1 / 6, abs=1e-3)
+    assert all(c.inputs["summary"] == summary for c in lm.backend.calls)
+    likert = CoverageJudge("likert")(summary=summary, qa_pairs=event.question_answers)
+    assert likert.score == 4 and len(lm.backend.calls) == 7
+
+
+def test_binary_faithfulness_rejects_likert_values(event):
+    scripted(lambda call: {"explanation": "e", "rating": 5})
+    r = FaithfulnessJudge("binary")(summary="s", articles=event.articles[:2])
+    assert r.score is None and r.failed == 2
+    assert all("outside the binary scale" in d["error"] for d in r.details)
+
+
+# ---------------------------------------------------------------------------
+# pairwise comparison and position bias
+
+
+def test_judge_that_always_picks_the_second_position(event):
+    lm = scripted(lambda call: {"explanation": "B reads better", "verdict": "B"})
+    judge = PairwiseJudge("faithfulness")
+    cases = [(cid, ref, "summary one", "summary two") for cid, ref in pairwise_cases(event, "faithfulness")]
+    pairs = judge_pairs(judge, cases)
+    assert len(pairs) == 10 and len(lm.backend.calls) == 20
+    # the two orders really were swapped
+    first, second = lm.backend.calls[0].inputs, lm.backend.calls[1].inputs
+    assert (first["summary_a"], first["summary_b"]) == ("summary one", "summary two")
+    assert (second["summary_a"], second["summary_b"]) == ("summary two", "summary one")
+    assert all(p["winner"] == "tie" for p in pairs)  # one win each way: aggregated to a tie
+    result = position_bias([(p["first_order"], p["second_order"]) for p in pairs])
+    assert result["second_pct"] == 100.0
+    assert result["first_pct"] == 0.0
+    assert result["consistency_pct"] == 0.0
+    assert result["cases"] == 10 and result["verdict_second_pct"] == 100.0
+    assert "100.00" in format_position(result, "Faithfulness")
+
+
+def test_position_bias_arithmetic():
+    pairs = [("A", "A"),    # first position wins both times
+             ("B", "B"),    # second position wins both times
+             ("A", "B"),    # summary 1 wins both orders: consistent
+             ("B", "A"),    # summary 2 wins both orders: consistent
+             ("tie", "tie"),  # consistent tie
+             ("A", "tie"),  # neither
+             (None, "A")]   # judge failed
+    r = position_bias(pairs)
+    assert r["cases"] == 6 and r["failed"] == 1
+    assert r["first_pct"] == pytest.approx(100 / 6, abs=0.01)
+    assert r["second_pct"] == pytest.approx(100 / 6, abs=0.01)
+    assert r["consistency_pct"] == 50.0
+
+
+def test_both_way_aggregation():
+    assert aggregate_both_orders("A", "B") == "1"
+    assert aggregate_both_orders("B", "A") == "2"
+    assert aggregate_both_orders("A", "A") == "tie"
+    assert aggregate_both_orders("A", "tie") == "1"
+    assert aggregate_both_orders("tie", "A") == "2"
+
+
+# ---------------------------------------------------------------------------
+# verbosity
+
+
+def test_verbosity_construction():
+    s = "The bridge closed.  Sources differ on why.\n"
+    ext = repeat_summary(s)
+    assert ext == "The bridge closed.  Sources differ on why.\n\nThe bridge closed.  Sources differ on why."
+    assert ext.split("\n\n")[0] == ext.split("\n\n")[1] == s.strip()
+    assert repeat_summary(s, times=1) == s.strip()
+
+
+def test_verbosity_judges_see_the_repeated_summary(event):
+    summary = "Sources differ on the cause."
+    seen = []
+
+    def responder(call):
+        seen.append(call.inputs)
+        if call.wants("verdict"):
+            return {"explanation": "shorter", "verdict": "A"}
+        return {"explanation": "e", "rating": 8 if call.inputs["summary"] == summary else 5}
+
+    scripted(responder)
+    judge = FaithfulnessJudge("likert")
+    orig = judge(summary=summary, articles=event.articles[:3])
+    ext = judge(summary=repeat_summary(summary), articles=event.articles[:3])
+    assert seen[3]["summary"] == summary + "\n\n" + summary
+    single = verbosity_single([d["rating"] for d in orig.details], [d["rating"] for d in ext.details])
+    assert single["original_pct"] == 100.0 and single["extended_pct"] == 0.0 and single["cases"] == 3
+    pairs = judge_pairs(PairwiseJudge("faithfulness"),
+                        [(a.aid, a.as_text(), summary, repeat_summary(summary)) for a in event.articles[:3]])
+    pw = verbosity_pairwise([(p["first_order"], p["second_order"]) for p in pairs])
+    # a judge that always picks the first shown: both orders cancel out
+    assert pw["tie_pct"] == 100.0 and pw["position"]["first_pct"] == 100.0
+
+
+def test_verbosity_single_arithmetic():
+    r = verbosity_single([5, 5, 3, None], [4, 5, 6, 2])
+    assert r["cases"] == 3 and r["failed"] == 1
+    assert r["original_pct"] == pytest.approx(33.33) and r["extended_pct"] == pytest.approx(33.33)
+    assert r["tie_pct"] == pytest.approx(33.33)
+    json.dumps(r)

@@ -1,0 +1,115 @@
+"""`booklens diverse`, `judge` and `bias`: bad input ends in one line and a non-zero exit; whole
+runs against a local OpenAI-compatible test server (a judge that always prefers position B)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from booklens.errors import BooklensError
+from booklens.testing import FakeOpenAIServer
+
+FIXTURE = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
+
+
+def run(args, tmp_path):
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+
+
+def invoke(args, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from booklens.cli import app
+
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
+    return CliRunner().invoke(app, args, catch_exceptions=False)
+
+
+def test_event_with_fewer_than_two_articles(tmp_path):
+    event = json.loads(FIXTURE.read_text())[0]
+    event["articles"] = event["articles"][:1]
+    event["question_answers"] = []
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps([event]))
+    result = run(["diverse", str(path)], tmp_path)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "at least 2" in lines[0], result.stderr
+
+
+def test_judge_input_checks(tmp_path, monkeypatch):
+    summaries = tmp_path / "s.json"
+    summaries.write_text(json.dumps({"harbor-bridge-closure": "x"}))
+    eid = json.loads(FIXTURE.read_text())[0]["eid"]
+    summaries.write_text(json.dumps({eid: "A summary."}))
+    with pytest.raises(BooklensError, match="second summaries file"):
+        invoke(["judge", str(FIXTURE), str(summaries), "--protocol", "pairwise"], tmp_path, monkeypatch)
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"some-other-event": "x"}))
+    with pytest.raises(BooklensError, match="no summary for event"):
+        invoke(["bias", "position", str(FIXTURE), str(summaries), str(other)], tmp_path, monkeypatch)
+
+
+def always_b(body):
+    """Every output field any DiverseSumm step asks for; pairwise verdicts always 'B'."""
+    if not body.get("response_format"):  # summaries are asked for in plain text
+        return "Sources disagree on the cause, the cost and the length of the closure."
+    return json.dumps({"summary": "Sources disagree on the cause, the cost and the length of the closure.",
+                       "sentences": ["The bridge closed."], "questions": ["What caused the crack?"],
+                       "answers": ["corrosion"], "explanation": "because", "rating": 1, "verdict": "B"})
+
+
+def test_diverse_judge_and_bias_end_to_end(tmp_path, monkeypatch):
+    out = tmp_path / "diverse.json"
+    with FakeOpenAIServer(responder=always_b) as server:
+        lm = ["--lm", "openai/test-model", "--api-base", server.url]
+        r = invoke(["diverse", str(FIXTURE), *lm, "--faithfulness", "both", "--max-articles", "3",
+                    "--generate-questions", "1", "-o", str(out)], tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        data = json.loads(out.read_text())
+        row = data["events"][0]
+        assert row["method"] == "direct" and row["summary"].startswith("Sources disagree")
+        assert row["scores"] == {"coverage_binary": 1.0, "coverage_likert": 1.0, "faithfulness_binary": 1.0,
+                                 "faithfulness_likert": 1.0}
+        assert len(row["judgments"]["coverage_binary"]) == 6 and len(row["judgments"]["faithfulness_likert"]) == 3
+        assert row["generated_question_answers"][0]["question"] == "What caused the crack?"
+        assert "coverage_likert: 1.00" in r.output
+
+        r = invoke(["judge", str(FIXTURE), str(out), "--protocol", "likert", "--criterion", "coverage", *lm],
+                   tmp_path, monkeypatch)
+        assert r.exit_code == 0 and "coverage likert = 1.00" in r.output
+
+        other = tmp_path / "other.json"
+        other.write_text(json.dumps({row["eid"]: "A different, longer summary of the closure."}))
+        r = invoke(["judge", str(FIXTURE), str(out), str(other), "--protocol", "pairwise", *lm],
+                   tmp_path, monkeypatch)
+        assert r.exit_code == 0 and "ties 1" in r.output
+
+        pos = tmp_path / "pos.json"
+        r = invoke(["bias", "position", str(FIXTURE), str(out), str(other), "--max-articles", "2", *lm,
+                    "-o", str(pos)], tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        result = json.loads(pos.read_text())
+        for crit in ("coverage", "faithfulness"):
+            assert result[crit]["result"]["second_pct"] == 100.0
+            assert result[crit]["result"]["consistency_pct"] == 0.0
+        assert result["faithfulness"]["result"]["cases"] == 2
+        assert "100.00" in r.output
+
+        verb = tmp_path / "verb.json"
+        r = invoke(["bias", "verbosity", str(FIXTURE), str(out), "--criterion", "coverage", *lm, "-o", str(verb)],
+                   tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        v = json.loads(verb.read_text())
+        assert v["coverage_single"]["result"]["tie_pct"] == 100.0  # the same rating for both versions
+        assert v["coverage_pairwise"]["result"]["tie_pct"] == 100.0  # B both ways: cancels out
+        extended = [b for b in server.served if "\\n\\nSources disagree" in json.dumps(b)]
+        assert extended  # the judge saw the summary repeated

@@ -1,0 +1,253 @@
+"""NovelQA: loader, context routing (whole book vs retrieval vs closed-book), answer checks,
+the generative judge, and the accuracy / position / evidence metrics. Scripted LM only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from booklens.data.novelqa import QAPrediction, check_setting, load_questions, parse_questions
+from booklens.errors import BooklensError
+from booklens.lm import configure
+from booklens.metrics.qa import (
+    accuracy,
+    accuracy_by_position,
+    accuracy_by_type,
+    evidence_recall,
+    format_report,
+    format_type_table,
+    qa_report,
+)
+from booklens.programs.qa import AnswerJudge, BookQA, answer_questions
+from booklens.testing import ScriptedLM
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples" / "qa"
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def make_book(n_paragraphs: int = 120) -> str:
+    """A synthetic book: filler paragraphs with one paragraph that answers the test question."""
+    filler = ("The rain fell on the quiet village and the clerk counted the barrels in the cellar again. "
+              "Nobody spoke of the harvest, and the lamps were lit early in every house along the lane.")
+    paragraphs = [f"Chapter {i // 10 + 1}. {filler}" for i in range(n_paragraphs)]
+    paragraphs[n_paragraphs // 2] = ("Captain Orrin Vell sailed the lighthouse tender Marigold to the island of "
+                                     "Pellmark every Thursday to deliver the lamp oil.")
+    return "\n\n".join(paragraphs)
+
+
+QUESTION = {
+    "QID": "T-1", "Question": "Which ship did Captain Orrin Vell sail to Pellmark?",
+    "Options": {"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": "The Lantern"},
+    "Answer": "The Marigold", "Gold": "B",
+    "Evidences": ["Captain Orrin Vell sailed the lighthouse tender Marigold to the island of Pellmark"],
+    "Aspect": "plot", "Complexity": "sh",
+}
+
+
+def scripted(responder, window=8192):
+    lm = ScriptedLM(responder, context_window=window)
+    configure(lm)
+    return lm
+
+
+# ---------------------------------------------------------------------------
+# loader
+
+
+def test_team_question_files_load_and_cover_the_types():
+    files = sorted(EXAMPLES.glob("*.json"))
+    assert len(files) >= 3
+    questions = [q for f in files for q in load_questions(f)]
+    assert len(questions) >= 40
+    assert {q.complexity for q in questions} == {"mh", "sh", "dtl"}
+    assert len({q.aspect for q in questions}) == 7
+    for q in questions:
+        check_setting([q], "mc")
+        assert q.gold in q.options and q.answer and q.evidences
+
+
+@pytest.mark.parametrize("payload, message", [
+    ({"not": "a list"}, "expected a JSON list"),
+    ([], "empty"),
+    (["just a string"], "question 1 is str"),
+    ([{k: v for k, v in QUESTION.items() if k != "Question"}], "missing field 'Question'"),
+    ([{**QUESTION, "Aspect": "weather"}], "Aspect must be one of"),
+    ([{**QUESTION, "Complexity": "hard"}], "Complexity must be one of"),
+    ([{**QUESTION, "Gold": "E"}], "not one of the options"),
+    ([QUESTION, QUESTION], "duplicate QID"),
+])
+def test_wrong_shapes_are_one_line_errors(payload, message):
+    with pytest.raises(BooklensError) as err:
+        parse_questions(payload, source="q.json")
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_variants_are_normalized():
+    q = parse_questions([{**QUESTION, "Options": ["w", "x", "y", "z"], "Aspect": "chara", "Complexity": "detail",
+                          "Evidences": "one quote", "Gold": 1}])[0]
+    assert q.options == {"A": "w", "B": "x", "C": "y", "D": "z"}
+    assert (q.aspect, q.complexity, q.evidences, q.gold) == ("character", "dtl", ["one quote"], "B")
+
+
+def test_mc_needs_options_gen_does_not():
+    qs = parse_questions([{k: v for k, v in QUESTION.items() if k not in ("Options", "Gold")}])
+    with pytest.raises(BooklensError, match="no Options"):
+        check_setting(qs, "mc")
+    check_setting(qs, "gen")
+
+
+# ---------------------------------------------------------------------------
+# routing by context size
+
+
+def test_whole_book_when_it_fits_retrieval_when_it_does_not():
+    book = make_book()
+    q = parse_questions([QUESTION])
+    seen = []
+
+    def responder(call):
+        seen.append(call.inputs["context"])
+        return {"answer": "B"}
+
+    scripted(responder, window=32768)
+    big = answer_questions(BookQA("mc", "book"), book, q)[0]
+    assert big.context_mode == "whole-book"
+    assert seen[-1] == book.strip() or book.strip() in seen[-1]
+    assert big.correct is True and big.gold_evidence_in_context == 1.0
+
+    scripted(responder, window=2048)
+    small = answer_questions(BookQA("mc", "book"), book, q)[0]
+    assert small.context_mode == "retrieval"
+    assert len(seen[-1]) < len(book) // 2
+    assert "Marigold" in seen[-1]  # the ranked stretch holds the answer
+    assert small.gold_evidence_in_context == 1.0 and small.passages
+
+    # the same small window with top-k retrieval: k passages, the relevant one among them
+    scripted(responder, window=2048)
+    top = answer_questions(BookQA("mc", "bm25", k=2, passage_tokens=64), book, q)[0]
+    assert top.context_mode == "retrieval" and len(top.passages) <= 2
+    assert "Marigold" in seen[-1]
+
+
+def test_context_budget_respects_the_window():
+    from booklens.text import count_tokens
+
+    book = make_book(400)
+    seen = []
+    scripted(lambda call: seen.append(call.inputs["context"]) or {"answer": "B"}, window=3000)
+    answer_questions(BookQA("mc", "book"), book, parse_questions([QUESTION]))
+    assert count_tokens(seen[-1]) < 3000 * 0.8
+
+
+def test_closed_book_and_given_evidence():
+    book = make_book()
+    q = parse_questions([QUESTION])
+    calls = []
+    lm = scripted(lambda call: calls.append(call) or {"answer": "B"})
+    closed = answer_questions(BookQA("mc", "none"), book, q, book_title="The Lamp")[0]
+    assert closed.context_mode == "closed-book" and closed.context_tokens == 0
+    assert "context" not in calls[-1].inputs and calls[-1].inputs["book_title"] == "The Lamp"
+    given = answer_questions(BookQA("mc", "given"), book, q)[0]
+    assert given.context_mode == "given"
+    assert calls[-1].inputs["context"] == QUESTION["Evidences"][0]
+    assert len(lm.backend.calls) == 2
+
+
+def test_letters_outside_the_options_are_reasked_then_recorded_as_failures():
+    three = {**QUESTION, "Options": {"A": "x", "B": "The Marigold", "C": "y"}}
+    q = parse_questions([three])
+    lm = scripted(lambda call: {"answer": "D"})
+    rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
+    assert rec.prediction is None and rec.correct is False
+    assert "not one of the options" in rec.error and rec.attempts == 3
+    assert len(lm.backend.calls) == 3
+
+    lm = scripted(lambda call: {"answer": "D"} if call.attempt == 0 else {"answer": "B"})
+    rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
+    assert rec.prediction == "B" and rec.correct is True and rec.attempts == 2
+
+
+def test_generative_answers_are_judged():
+    book = make_book(20)
+    q = parse_questions([QUESTION])
+
+    def responder(call):
+        if call.wants("verdict"):
+            ok = "Marigold" in call.inputs["student_answer"]
+            return {"reason": "same ship" if ok else "wrong ship", "verdict": "correct" if ok else "incorrect"}
+        return {"answer": "the tender Marigold"}
+
+    scripted(responder)
+    rec = answer_questions(BookQA("gen", "book"), book, q)[0]
+    assert rec.prediction == "the tender Marigold" and rec.gold == "The Marigold"
+    assert rec.correct is True and rec.judge_reason == "same ship"
+
+    # a judge that never gives a verdict: the question is recorded unscored, not guessed
+    scripted(lambda call: "no json here" if call.wants("verdict") else {"answer": "Heron"})
+    rec = answer_questions(BookQA("gen", "book"), book, q)[0]
+    assert rec.correct is None and rec.error.startswith("judge:")
+
+
+def test_answer_judge_program():
+    scripted(lambda call: {"reason": "rough number", "verdict": "incorrect"})
+    v = AnswerJudge()(question="How many?", correct_answer="3", student_answer="a few")
+    assert v.correct is False and v.reason == "rough number"
+
+
+def test_quoted_evidence_recall():
+    book = make_book(20)
+    scripted(lambda call: {"evidence": ["Captain Orrin Vell sailed the lighthouse tender Marigold"], "answer": "B"})
+    rec = answer_questions(BookQA("mc", "book", quote_evidence=True), book, parse_questions([QUESTION]))[0]
+    assert rec.quoted_evidence and rec.quote_recall == 1.0
+    scripted(lambda call: {"evidence": ["The rain fell on the quiet village"], "answer": "B"})
+    rec = answer_questions(BookQA("mc", "book", quote_evidence=True), book, parse_questions([QUESTION]))[0]
+    assert rec.quote_recall == 0.0
+
+
+# ---------------------------------------------------------------------------
+# metrics
+
+
+def _rec(qid, complexity, aspect, correct, pos=None, in_ctx=None, error=None):
+    return QAPrediction(qid=qid, aspect=aspect, complexity=complexity, setting="mc", context_mode="retrieval",
+                        evidence_mode="bm25", correct=correct, gold_evidence_start_token=pos,
+                        gold_evidence_in_context=in_ctx, error=error)
+
+
+def test_accuracy_tables():
+    recs = [_rec("1", "mh", "times", True, 10), _rec("2", "mh", "times", False, 150_000),
+            _rec("3", "sh", "plot", True, 99_999), _rec("4", "dtl", "plot", False, 100_000, error="x"),
+            _rec("5", "dtl", "plot", None)]
+    assert accuracy(recs) == {"n": 4, "correct": 2, "accuracy": 50.0, "unscored": 1, "failed": 1}
+    t = accuracy_by_type(recs)
+    assert t["mh"]["times"]["accuracy"] == 50.0 and t["mh"]["times"]["n"] == 2
+    assert t["avg"]["plot"] == {"n": 2, "correct": 1, "accuracy": 50.0}
+    assert t["sh"]["times"]["n"] == 0 and t["sh"]["times"]["accuracy"] is None
+    assert t["avg"]["avg"]["accuracy"] == 50.0
+    p = accuracy_by_position(recs)
+    assert p["pre-100K"]["n"] == 2 and p["pre-100K"]["accuracy"] == 100.0
+    assert p["post-100K"]["n"] == 2 and p["post-100K"]["accuracy"] == 0.0
+    text = format_type_table(t)
+    assert text.splitlines()[0].split() == ["chara", "mean", "plot", "relat", "settg", "span", "times", "avg"]
+    assert "-" in text and "50.0 (2)" in text
+    assert "pre-100K: 100.0 (2)" in format_report(qa_report(recs))
+
+
+def test_evidence_recall_means():
+    recs = [_rec("1", "mh", "times", True, in_ctx=1.0), _rec("2", "sh", "plot", True, in_ctx=0.5),
+            _rec("3", "sh", "plot", True)]
+    ev = evidence_recall(recs)
+    assert ev["context_recall"] == 75.0 and ev["context_questions"] == 2 and ev["quote_recall"] is None
+
+
+def test_report_is_json_serializable():
+    recs = [_rec("1", "mh", "times", True, 10)]
+    json.dumps(qa_report(recs))

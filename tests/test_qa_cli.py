@@ -1,0 +1,118 @@
+"""`booklens qa`: bad input ends in one line and a non-zero exit before any model loads;
+a whole run against a local OpenAI-compatible test server prints the accuracy tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from booklens.testing import FakeOpenAIServer
+
+REPO = Path(__file__).resolve().parents[1]
+QUESTION = {
+    "QID": "T-1", "Question": "Which ship sails to Pellmark?",
+    "Options": {"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": "The Lantern"},
+    "Answer": "The Marigold", "Gold": "B", "Evidences": ["the tender Marigold sails to Pellmark"],
+    "Aspect": "plot", "Complexity": "sh",
+}
+BOOK = ("The keeper of the Pellmark light waited every Thursday. " * 40
+        + "\n\nOnly the tender Marigold sails to Pellmark, and only on Thursdays.\n\n"
+        + "The fog lifted in the afternoon and the gulls returned to the rocks. " * 40)
+
+
+def run(args, tmp_path, **env):
+    environ = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache"), **env}
+    environ.pop("BOOKLENS_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True, env=environ,
+                          cwd=tmp_path, timeout=300)
+
+
+@pytest.fixture
+def book(tmp_path):
+    path = tmp_path / "book.txt"
+    path.write_text(BOOK, encoding="utf-8")
+    return path
+
+
+def write(tmp_path, name, payload):
+    path = tmp_path / name
+    path.write_text(json.dumps(payload), encoding="utf-8")
+    return path
+
+
+def assert_one_line_error(result, *needles):
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+    for needle in needles:
+        assert needle in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_question_file_of_the_wrong_shape(tmp_path, book):
+    # (the other shapes are covered in-process by tests/test_qa.py)
+    q = write(tmp_path, "q.json", {"QID": "x"})
+    assert_one_line_error(run(["qa", str(book), "--questions", str(q)], tmp_path), "expected a JSON list")
+
+
+def test_options_missing_in_mc_mode(tmp_path, book):
+    q = write(tmp_path, "q.json", [{k: v for k, v in QUESTION.items() if k not in ("Options", "Gold")}])
+    assert_one_line_error(run(["qa", str(book), "--questions", str(q), "--setting", "mc"], tmp_path),
+                          "no Options", "--setting gen")
+
+
+def test_invalid_json(tmp_path, book):
+    bad = tmp_path / "bad.json"
+    bad.write_text("[{", encoding="utf-8")
+    assert_one_line_error(run(["qa", str(book), "--questions", str(bad)], tmp_path), "not valid JSON")
+
+
+def invoke(args, tmp_path, monkeypatch):
+    """Run a command in-process (the model is a local test server, so no import cost per run)."""
+    from typer.testing import CliRunner
+
+    from booklens.cli import app
+
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
+    result = CliRunner().invoke(app, args, catch_exceptions=False)
+    return result
+
+
+def answer_everything(body):
+    """One JSON object with every output field any QA step asks for."""
+    prompt = json.dumps(body.get("messages"))
+    if not body.get("response_format"):  # a free-text answer is asked for in plain text
+        return "the Marigold" if "Marigold" in prompt else "the Heron"
+    return json.dumps({"answer": "B" if "Marigold" in prompt else "A", "reason": "matches", "verdict": "correct",
+                       "evidence": ["Only the tender Marigold sails to Pellmark"]})
+
+
+def test_qa_run_prints_the_tables_and_writes_json(tmp_path, book, monkeypatch):
+    q = write(tmp_path, "q.json", [QUESTION, {**QUESTION, "QID": "T-2", "Complexity": "mh", "Aspect": "times"}])
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=answer_everything) as server:
+        result = invoke(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base",
+                         server.url, "--evidence", "bm25", "--k", "2", "--passage-tokens", "64", "--quote-evidence",
+                         "-o", str(out)], tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert "Accuracy: 100.0 (2)" in result.stdout
+    assert "chara" in result.stdout and "pre-100K: 100.0 (2)" in result.stdout
+    assert "retrieval: 2" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["report"]["overall"]["accuracy"] == 100.0
+    assert [p["prediction"] for p in data["predictions"]] == ["B", "B"]
+    assert data["report"]["evidence"]["quote_recall"] == 100.0
+
+    with FakeOpenAIServer(responder=answer_everything) as server:
+        gen = invoke(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base", server.url,
+                      "--setting", "gen"], tmp_path, monkeypatch)
+        assert gen.exit_code == 0, gen.output
+        assert "whole-book: 2" in gen.stdout and "Accuracy: 100.0 (2)" in gen.stdout
+        assert "student_answer" in json.dumps(server.served[-1]) and "the Marigold" in json.dumps(server.served[-1])
+        # two answers and two verdicts
+        assert len(server.served) == 4
