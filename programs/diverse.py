@@ -317,12 +317,14 @@ def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
 # Event-level helpers used by the CLI
 
 
-def pairwise_cases(event: Any, criterion: str) -> list[tuple[str, str]]:
-    """(case id, reference text) the pairwise judge compares on: all QA pairs for coverage, each
-    article for faithfulness."""
+def pairwise_cases(event: Any, criterion: str, per_qa: bool = False) -> list[tuple[str, str]]:
+    """(case id, reference text) the pairwise judge compares on: all QA pairs at once (or each QA
+    pair, with `per_qa`) for coverage, each article for faithfulness."""
     if criterion == "coverage":
         if not event.question_answers:
             raise BooklensError(f"event {event.eid} has no question_answers to judge coverage against")
+        if per_qa:
+            return [(f"qa{i}", qa.as_text()) for i, qa in enumerate(event.question_answers, 1)]
         return [("qa", event.qa_text())]
     return [(a.aid, a.as_text()) for a in event.articles]
 

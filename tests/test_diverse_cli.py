@@ -101,7 +101,7 @@ def test_diverse_judge_and_bias_end_to_end(tmp_path, monkeypatch):
         for crit in ("coverage", "faithfulness"):
             assert result[crit]["result"]["second_pct"] == 100.0
             assert result[crit]["result"]["consistency_pct"] == 0.0
-        assert result["faithfulness"]["result"]["cases"] == 2
+        assert result["faithfulness"]["result"]["cases"] == 2 and result["coverage"]["result"]["cases"] == 1
         assert "100.00" in r.output
 
         verb = tmp_path / "verb.json"
@@ -111,5 +111,9 @@ def test_diverse_judge_and_bias_end_to_end(tmp_path, monkeypatch):
         v = json.loads(verb.read_text())
         assert v["coverage_single"]["result"]["tie_pct"] == 100.0  # the same rating for both versions
         assert v["coverage_pairwise"]["result"]["tie_pct"] == 100.0  # B both ways: cancels out
+        r = invoke(["bias", "position", str(FIXTURE), str(out), str(other), "--criterion", "coverage", "--per-qa",
+                    *lm, "-o", str(pos)], tmp_path, monkeypatch)
+        assert r.exit_code == 0 and json.loads(pos.read_text())["coverage"]["result"]["cases"] == 6
+
         extended = [b for b in server.served if "\\n\\nSources disagree" in json.dumps(b)]
         assert extended  # the judge saw the summary repeated

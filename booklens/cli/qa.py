@@ -91,6 +91,8 @@ ContextWindowOption = Annotated[Optional[int], typer.Option(
     "--context-window", min=256, help="Tokens the model reads at once (default: the model's window, else 8192).")]
 MaxArticlesOption = Annotated[Optional[int], typer.Option(
     "--max-articles", min=1, help="Judge faithfulness against only the first N articles of each event.")]
+PerQAOption = Annotated[bool, typer.Option(
+    "--per-qa/--all-qa", help="Pairwise coverage: compare on each reference QA pair, or on all at once.")]
 
 
 # ---------------------------------------------------------------------------
@@ -368,6 +370,7 @@ def judge_command(
     criterion: Annotated[Criterion, typer.Option("--criterion", help="coverage (vs QA pairs) or faithfulness "
                                                                      "(vs each article).")] = Criterion.coverage,
     max_articles: MaxArticlesOption = None,
+    per_qa: PerQAOption = False,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     concurrency: ConcurrencyOption = 4,
@@ -396,7 +399,8 @@ def judge_command(
     if protocol == Protocol.pairwise:
         judge = build_pairwise_judge(criterion.value)
         for e in events:
-            cases = [(cid, ref, first[e.eid], second[e.eid]) for cid, ref in _cases(e, criterion.value, max_articles)]
+            cases = [(cid, ref, first[e.eid], second[e.eid])
+                     for cid, ref in _cases(e, criterion.value, max_articles, per_qa)]
             pairs = judge_pairs(judge, cases, concurrency)
             wins = {w: sum(1 for p in pairs if p["winner"] == w) for w in ("1", "2", "tie")}
             rows.append({"eid": e.eid, "cases": pairs, "wins_1": wins["1"], "wins_2": wins["2"], "ties": wins["tie"],
@@ -423,10 +427,10 @@ def judge_command(
                               "lm": model.label, "events": rows, "usage": usage})
 
 
-def _cases(event: Any, criterion: str, max_articles: Optional[int]) -> list[tuple[str, str]]:
+def _cases(event: Any, criterion: str, max_articles: Optional[int], per_qa: bool = False) -> list[tuple[str, str]]:
     from booklens.programs.diverse import pairwise_cases
 
-    cases = pairwise_cases(event, criterion)
+    cases = pairwise_cases(event, criterion, per_qa=per_qa)
     if criterion == "faithfulness" and max_articles:
         cases = cases[:max_articles]
     return cases
@@ -450,6 +454,7 @@ def bias_position(
     summaries_2: Annotated[Path, typer.Argument(metavar="SUMMARIES_2.json", help="Summaries of another system.")],
     criterion: Annotated[CriterionOrBoth, typer.Option("--criterion")] = CriterionOrBoth.both,
     max_articles: MaxArticlesOption = None,
+    per_qa: PerQAOption = False,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     concurrency: ConcurrencyOption = 4,
@@ -474,7 +479,7 @@ def bias_position(
     for crit in criteria:
         judge = build_pairwise_judge(crit)
         cases = [(f"{e.eid}/{cid}", ref, s1[e.eid], s2[e.eid]) for e in events for cid, ref in
-                 _cases(e, crit, max_articles)]
+                 _cases(e, crit, max_articles, per_qa)]
         pairs = judge_pairs(judge, cases, concurrency)
         result = position_bias([(p["first_order"], p["second_order"]) for p in pairs])
         out[crit] = {"result": result, "cases": pairs}
@@ -494,6 +499,7 @@ def bias_verbosity(
         "--protocol", help="single: Likert grading of each version; pairwise: original vs extended, both orders.")]
     = VerbosityProtocol.both,
     max_articles: MaxArticlesOption = None,
+    per_qa: PerQAOption = False,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     concurrency: ConcurrencyOption = 4,
@@ -536,7 +542,7 @@ def bias_verbosity(
             else:
                 judge = build_pairwise_judge(crit)
                 cases = [(f"{e.eid}/{cid}", ref, originals[e.eid], extended[e.eid]) for e in events
-                         for cid, ref in _cases(e, crit, max_articles)]
+                         for cid, ref in _cases(e, crit, max_articles, per_qa)]
                 pairs = judge_pairs(judge, cases, concurrency)
                 result = verbosity_pairwise([(p["first_order"], p["second_order"]) for p in pairs])
                 out[f"{crit}_pairwise"] = {"result": result, "cases": pairs}
