@@ -304,20 +304,28 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
             else None,
             attempts=pred.attempts,
         )
-        if gold is None:
-            return record
-        if pred.answer is None:
+        if gold is not None and pred.answer is None:
             record.correct = False  # no valid answer after the re-asks: counted wrong
-        elif setting == "mc":
+        elif gold is not None and setting == "mc":
             record.correct = pred.answer == gold
-        else:
-            with usage_step("judge"):
-                verdict = judge(question=q.question, correct_answer=gold, student_answer=pred.answer,
-                                evidence=q.evidences)
-            record.correct = verdict.correct
-            record.judge_reason = verdict.reason
-            if verdict.error:
-                record.error = f"judge: {verdict.error}"
         return record
 
-    return parallel_map(run, list(questions), concurrency=concurrency, desc=desc)
+    # All answers first, then all verdicts: calls about the same book then follow each other,
+    # so a backend that reuses the prompt prefix (the book) keeps it between questions.
+    by_qid = {q.qid: q for q in questions}
+    records = parallel_map(run, list(questions), concurrency=concurrency, desc=desc)
+    to_judge = [r for r in records if setting == "gen" and r.gold is not None and r.prediction is not None]
+
+    def grade(record: QAPrediction) -> QAPrediction:
+        q = by_qid[record.qid]
+        with usage_step("judge"):
+            verdict = judge(question=q.question, correct_answer=record.gold, student_answer=record.prediction,
+                            evidence=q.evidences)
+        record.correct = verdict.correct
+        record.judge_reason = verdict.reason
+        if verdict.error:
+            record.error = f"judge: {verdict.error}"
+        return record
+
+    parallel_map(grade, to_judge, concurrency=concurrency, desc="judge")
+    return records
