@@ -33,12 +33,16 @@ from booklens.testing import ScriptedLM
 from booklens.text import count_tokens
 
 
-def make_responder(labels: dict[str, dict], drop: float = 0.0, seed: int = 0):
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+def make_responder(labels: dict[tuple[str, str], dict], drop: float = 0.0, seed: int = 0):
     """Answer like the human annotators did; optionally skip a share of batched answers on the first ask."""
     rng = random.Random(seed)
 
-    def verdict(sentence: str) -> dict:
-        ann = labels.get(" ".join(sentence.split()))
+    def verdict(summary: str, sentence: str) -> dict:
+        ann = labels.get((_norm(summary), _norm(sentence)))
         if ann and ann["confusing"]:
             return {"verdict": "confusion", "questions": ann["questions"] or ["What does this refer to?"],
                     "error_types": ann["types"]}
@@ -53,9 +57,9 @@ def make_responder(labels: dict[str, dict], drop: float = 0.0, seed: int = 0):
                     continue
                 if drop and call.attempt == 0 and rng.random() < drop:
                     continue
-                answers.append({"number": int(m.group(1)), **verdict(m.group(2))})
+                answers.append({"number": int(m.group(1)), **verdict(call.inputs["summary"], m.group(2))})
             return {"answers": answers}
-        return verdict(call.inputs["sentence"])
+        return verdict(call.inputs["summary"], call.inputs["sentence"])
 
     return respond
 
@@ -76,7 +80,7 @@ def run_mode(results, batch_size: int, drop: float = 0.0) -> dict:
     labels = {}
     for r in results.values():
         for s in r.sentences:
-            labels[" ".join(s.sentence.split())] = {"confusing": s.confusing, "types": list(s.types),
+            labels[(_norm(r.summary), _norm(s.sentence))] = {"confusing": s.confusing, "types": list(s.types),
                                                     "questions": list(s.questions)}
     lm = ScriptedLM(make_responder(labels, drop=drop))
     scorer = build_scorer(batch_size=batch_size, concurrency=4)

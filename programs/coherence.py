@@ -24,6 +24,9 @@ from booklens.records import COHERENCE_ERROR_TYPES, SentenceAnnotation
 from booklens.signatures.coherence import CONFUSION, NO_CONFUSION, DetectConfusion, DetectConfusionBatch
 
 DEFAULT_TRIES = 3
+# Completion budget per judged sentence: a verdict, a few questions and types fit easily; the
+# bound stops a small model that keeps adding questions from generating for a minute.
+DEFAULT_TOKENS_PER_SENTENCE = 384
 
 
 def _clean_questions(questions: Any) -> list[str]:
@@ -93,7 +96,8 @@ def number_sentences(sentences: Sequence[str], indices: Sequence[int]) -> str:
 class CoherenceScorer(dspy.Module):
     """Confusion detection on every sentence of a summary, and its BooookScore (Eq. 1)."""
 
-    def __init__(self, batch_size: int = 1, concurrency: int = 4, tries: int = DEFAULT_TRIES):
+    def __init__(self, batch_size: int = 1, concurrency: int = 4, tries: int = DEFAULT_TRIES,
+                 tokens_per_sentence: int | None = DEFAULT_TOKENS_PER_SENTENCE):
         super().__init__()
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -102,6 +106,7 @@ class CoherenceScorer(dspy.Module):
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.tries = tries
+        self.tokens_per_sentence = tokens_per_sentence
         self.detect = dspy.Predict(DetectConfusion)
         self.detect_batch = dspy.Predict(DetectConfusionBatch)
 
@@ -140,6 +145,11 @@ class CoherenceScorer(dspy.Module):
             sentences=sentences,
         )
 
+    def _budget(self, n_sentences: int) -> dict[str, Any]:
+        if self.tokens_per_sentence is None:
+            return {}
+        return {"max_tokens": 64 + self.tokens_per_sentence * n_sentences}
+
     # -- per-sentence mode -------------------------------------------------
 
     def _judge_one(self, summary: str, index: int, sentence: str) -> SentenceAnnotation:
@@ -147,6 +157,7 @@ class CoherenceScorer(dspy.Module):
             self.detect,
             tries=self.tries,
             check=lambda p: check_answer(p.verdict, p.questions, p.error_types),
+            config=self._budget(1),
             summary=summary,
             sentence=sentence,
         )
@@ -165,9 +176,9 @@ class CoherenceScorer(dspy.Module):
         for attempt in range(self.tries):
             if not pending:
                 break
-            config: dict[str, Any] = {}
+            config: dict[str, Any] = self._budget(len(pending))
             if attempt:
-                config = {"booklens_attempt": attempt, "temperature": 0.7}
+                config.update({"booklens_attempt": attempt, "temperature": 0.7})
             for i in pending:
                 attempts[i] += 1
             try:
@@ -212,6 +223,8 @@ class CoherenceScorer(dspy.Module):
         return [done[i] for i in indices]
 
 
-def build_scorer(batch_size: int = 1, concurrency: int = 4, tries: int = DEFAULT_TRIES) -> CoherenceScorer:
+def build_scorer(batch_size: int = 1, concurrency: int = 4, tries: int = DEFAULT_TRIES,
+                 tokens_per_sentence: int | None = DEFAULT_TOKENS_PER_SENTENCE) -> CoherenceScorer:
     """The coherence program every command uses; a compiled artifact is loaded into this object."""
-    return CoherenceScorer(batch_size=batch_size, concurrency=concurrency, tries=tries)
+    return CoherenceScorer(batch_size=batch_size, concurrency=concurrency, tries=tries,
+                           tokens_per_sentence=tokens_per_sentence)
