@@ -22,6 +22,7 @@ from booklens.cli.common import (
     ConcurrencyOption,
     LMOption,
     OutputOption,
+    ProgramOption,
     read_json_file,
     setup_lm,
     write_output,
@@ -149,7 +150,7 @@ def _lm_label(lm) -> str:
 def run_verification(*, claims: list[str], given: Optional[list[Optional[list[str]]]], book: Optional[Path],
                      book_text: Optional[str], summary: Optional[str], mode: str, k: int,
                      budget_tokens: Optional[int], passage_tokens: int, concurrency: int,
-                     cache_dir: Optional[Path], lm, decompose: bool = False):
+                     cache_dir: Optional[Path], lm, decompose: bool = False, programs: Optional[dict] = None):
     """Build the index when needed, run the checker, and wrap the result in a FaithfulnessReport."""
     import hashlib
 
@@ -164,7 +165,9 @@ def run_verification(*, claims: list[str], given: Optional[list[Optional[list[st
         if mode in ("dense", "hybrid", "book"):
             index.ensure_dense()
         index_seconds = time.perf_counter() - started
-    checker = build_checker(evidence_mode=mode, k=k, budget_tokens=budget_tokens, concurrency=concurrency)
+    programs = programs or {}  # compiled programs by task (`--program`)
+    checker = build_checker(evidence_mode=mode, k=k, budget_tokens=budget_tokens, concurrency=concurrency,
+                            decomposer=programs.get("decomposition"), verifier=programs.get("verification"))
     before = lm.usage.snapshot()
     t0 = time.perf_counter()
     given_lists = [g or [] for g in given] if given is not None else None
@@ -185,6 +188,17 @@ def run_verification(*, claims: list[str], given: Optional[list[Optional[list[st
         timings={"index_seconds": round(index_seconds, 3), "verify_seconds": round(run_seconds, 3),
                  "total_seconds": round(time.perf_counter() - started, 3)},
     )
+
+
+def _compiled(paths: Optional[list[Path]], command: str, tasks: tuple[str, ...]) -> dict:
+    """`--program` artifacts loaded into fresh programs of their tasks (before any model loads)."""
+    if not paths:
+        return {}
+    from booklens.optimizers.artifacts import load_programs
+    from booklens.programs.faithfulness import build_decomposer, build_verifier
+
+    builders = {"decomposition": build_decomposer, "verification": build_verifier}
+    return load_programs(paths, {t: builders[t] for t in tasks}, command=command)
 
 
 def _report_line(report) -> None:
@@ -209,6 +223,7 @@ def claims_command(
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
+    program: ProgramOption = None,
 ) -> None:
     """Split a summary into atomic, self-contained claims."""
     from booklens.lm import usage_step
@@ -216,10 +231,15 @@ def claims_command(
     from booklens.records import ClaimSet
 
     text = read_summary(summary)
+    decomposer = build_decomposer()
+    if program is not None:
+        from booklens.optimizers.artifacts import load_program
+
+        load_program(decomposer, program, task="decomposition")
     model = setup_lm(lm, api_base, cache_dir)
     before = model.usage.snapshot()
     with usage_step("decompose"):
-        result = build_decomposer()(summary=text)
+        result = decomposer(summary=text)
     if result.error:
         raise BooklensError(f"could not split the summary into claims ({result.attempts} tries): {result.error}")
     record = ClaimSet(summary=text, claims=result.claims, attempts=result.attempts, lm=_lm_label(model),
@@ -244,6 +264,7 @@ def verify_command(
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
+    program: ProgramOption = None,
 ) -> None:
     """Verify claims against a book: faithful, unfaithful, partial support or can't verify."""
     claim_list, given = read_claims(claims)
@@ -254,11 +275,12 @@ def verify_command(
             raise BooklensError(f"--evidence given needs an 'evidence' list of quotes with every claim "
                                 f"(claim {missing[0]} of {claims} has none)")
     book_text = _read_book(book) if book is not None else None
+    programs = _compiled([program] if program is not None else [], "verify", ("verification",))
     model = setup_lm(lm, api_base, cache_dir)
     report = run_verification(claims=claim_list, given=given if evidence is EvidenceMode.given else None,
                               book=book, book_text=book_text, summary=None, mode=evidence.value, k=k,
                               budget_tokens=budget_tokens, passage_tokens=passage_tokens, concurrency=concurrency,
-                              cache_dir=cache_dir, lm=model)
+                              cache_dir=cache_dir, lm=model, programs=programs)
     write_output(output, report)
     if output is not None:
         _report_line(report)
@@ -277,16 +299,20 @@ def check_command(
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
+    program: Annotated[Optional[list[Path]], typer.Option(
+        "--program", help="Compiled decomposition and/or verification artifacts (JSON); repeat for both.")] = None,
 ) -> None:
     """Check a summary against its book: claims, evidence, a verdict per claim, % of each label."""
     if evidence is EvidenceMode.given:
         raise BooklensError("--evidence given needs quotes with each claim; use `booklens verify` with a claims file")
     book_text = _read_book(book)
     summary_text = read_summary(summary)
+    programs = _compiled(program, "check", ("decomposition", "verification"))
     model = setup_lm(lm, api_base, cache_dir)
     report = run_verification(claims=[], given=None, book=book, book_text=book_text, summary=summary_text,
                               mode=evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
-                              concurrency=concurrency, cache_dir=cache_dir, lm=model, decompose=True)
+                              concurrency=concurrency, cache_dir=cache_dir, lm=model, decompose=True,
+                              programs=programs)
     write_output(output, report)
     if output is not None:
         _report_line(report)

@@ -1,0 +1,149 @@
+"""`booklens compile` / `booklens evaluate` and `--program` as a user runs them (subprocesses):
+an end-to-end compile and evaluation against a fake OpenAI-compatible server, and the
+one-line errors for an unknown optimizer, a wrong-task artifact and a corrupted artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from booklens.testing import FakeOpenAIServer, parse_fields
+
+ROOT = Path(__file__).resolve().parents[1]
+STORY = ROOT / "examples" / "sample_story.txt"
+
+
+def run_cli(args, tmp_path, timeout=300, **env):
+    return subprocess.run([sys.executable, "-m", "booklens", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout,
+                          env={**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache"), **env})
+
+
+def assert_one_line_error(proc, *needles, output=None):
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    if output is not None:
+        assert not Path(output).exists()
+
+
+def tiny_fables(path: Path) -> Path:
+    """Ten books, one summary each, two faithful claims and two with 'never' that are not."""
+    data = {}
+    for b in range(10):
+        claims = {}
+        for c in range(4):
+            bad = c % 2 == 1
+            text = f"In book {b}, Ada {'never ' if bad else ''}visits harbor {c}."
+            claims[str(c)] = {"claim": text, "label": "No" if bad else "Yes",
+                              "evidence": [f"Ada walked to harbor {c} at dawn."], "reason": ["see the quote"]}
+        data[f"Book {b}"] = {"GPT-4": {"summary": f"Ada visits harbors in book {b}.", "claims": claims}}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def fake_verifier(body):
+    """Labels right only when the prompt carries demos; zero-shot it calls everything faithful."""
+    messages = body["messages"]
+    claim = parse_fields(messages[-1]["content"]).get("claim", "")
+    taught = len(messages) > 2
+    label = "unfaithful" if taught and "never" in claim else "faithful"
+    return json.dumps({"label": label, "supporting_passages": [], "refuting_passages": [], "reason": "as quoted"})
+
+
+def test_compile_then_evaluate_zero_shot_against_compiled(tmp_path):
+    data = tiny_fables(tmp_path / "fables.json")
+    artifact = tmp_path / "verify.json"
+    with FakeOpenAIServer(responder=fake_verifier) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "--demos", "2",
+                        "-o", artifact, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        first = artifact.read_bytes()
+        meta = json.loads(first)["metadata"]["booklens"]
+        assert meta["task"] == "verification" and meta["optimizer"] == "labeled"
+        assert meta["budget"]["demos"] == 2 and meta["seed"] == 0
+        assert meta["dataset"]["sha256"] and meta["split"]["sizes"]["train"] == 16
+        assert meta["metrics"]["dev"]["value"] == 1.0 and meta["metrics"]["test"]["value"] == 1.0
+        assert meta["lm"] == "openai/fake-model"
+        assert "label accuracy" in proc.stdout and "compiled on test" in proc.stdout
+
+        # The same command over the same cache writes the same artifact, with no new call.
+        served = len(server.served)
+        again = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "--demos", "2",
+                         "-o", artifact, *lm], tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert artifact.read_bytes() == first and len(server.served) == served
+
+        # A fresh cache: every call of both programs reaches the server.
+        proc = run_cli(["evaluate", "verification", "--data", data, "--program", artifact, *lm,
+                        "--cache-dir", tmp_path / "fresh"], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        demo_prompts = [b for b in server.served[served:] if len(b["messages"]) == 2 + 2 * 2]
+    header, _, metric_row = proc.stdout.splitlines()[:3]
+    assert "zero-shot" in header and "verify.json" in header
+    assert "0.500 [" in metric_row and "1.000 [1.000, 1.000]" in metric_row
+    assert "verify.json - zero-shot: +0.500" in proc.stdout
+    assert demo_prompts, "the compiled demos never reached the model"
+    demo_texts = [d["claim"] for d in json.loads(first)["verify"]["demos"]]
+    assert any(text in json.dumps(demo_prompts[0]["messages"]) for text in demo_texts)
+
+
+def make_artifact(tmp_path, task: str, name: str) -> Path:
+    """A real artifact of `task`: its zero-shot program saved with the metadata."""
+    from booklens.optimizers.artifacts import save_program
+    from booklens.optimizers.tasks import get_task
+
+    spec = get_task(task)
+    path = tmp_path / name
+    save_program(spec.build_program(), path, task=spec.name)
+    return path
+
+
+def test_unknown_optimizer_is_a_one_line_error(tmp_path):
+    data = tiny_fables(tmp_path / "fables.json")
+    out = tmp_path / "a.json"
+    proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "annealing", "-o", out], tmp_path)
+    assert_one_line_error(proc, "unknown optimizer 'annealing'", "random-search", output=out)
+
+
+def test_wrong_task_and_corrupted_artifacts_are_one_line_errors(tmp_path):
+    data = tiny_fables(tmp_path / "fables.json")
+    verify_artifact = make_artifact(tmp_path, "verification", "verify.json")
+
+    proc = run_cli(["evaluate", "decomposition", "--data", data, "--program", verify_artifact], tmp_path)
+    assert_one_line_error(proc, "compiled 'verification' program", "'decomposition'")
+
+    out = tmp_path / "summary.json"
+    proc = run_cli(["summarize", STORY, "--program", verify_artifact, "-o", out], tmp_path)
+    assert_one_line_error(proc, "compiled 'verification' program", "'summarize'", output=out)
+
+    broken = tmp_path / "broken.json"
+    broken.write_text(verify_artifact.read_text()[:200])
+    proc = run_cli(["evaluate", "verification", "--data", data, "--program", broken], tmp_path)
+    assert_one_line_error(proc, "corrupted", "not valid JSON")
+
+
+@pytest.mark.parametrize("command", ["score", "claims", "verify", "check"])
+def test_run_commands_accept_a_compiled_program(command, tmp_path):
+    """Every run command takes --program; a wrong-task artifact stops it before any model call
+    (the LM points at a closed port: reaching it would fail differently)."""
+    other_artifact = make_artifact(tmp_path, "decomposition" if command == "score" else "coherence",
+                                       "other.json")
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Ada visits the harbor. She meets the keeper.")
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Ada visits the harbor."]))
+    args = {"score": [summary], "claims": [summary], "verify": ["--claims", claims, "--evidence", "none"],
+            "check": [STORY, summary]}[command]
+    proc = run_cli([command, *args, "--program", other_artifact, "--lm", "openai/fake-model",
+                    "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+    assert_one_line_error(proc, "compiled '")
