@@ -1,0 +1,211 @@
+"""The task registry wired to the real programs, with small annotation files in the real formats
+and a scripted LM: each task compiles, and its artifact, loaded the way the task's command loads
+it, puts the compiled demos into that command's prompts."""
+
+from __future__ import annotations
+
+import json
+
+import booklens  # noqa: F401
+import dspy
+import pytest
+
+from booklens.errors import BooklensError
+from booklens.lm import configure
+from booklens.optimizers.artifacts import load_program, save_program
+from booklens.optimizers.compile import Budget, compile_program
+from booklens.optimizers.evaluate import evaluate_program
+from booklens.optimizers.tasks import get_task, load_task_splits, task_names
+from booklens.testing import ScriptedLM, parse_fields
+
+BUDGET = Budget(demos=2, candidates=2, trials=2, threads=2)
+
+
+def taught(call) -> bool:
+    return len(call.messages) > 2  # demos in the prompt
+
+
+# ---------------------------------------------------------------------------
+# coherence
+
+
+def human_annotations(path):
+    """Ten summaries of four sentences; the third names a stranger nobody introduces."""
+    data = {}
+    for b in range(10):
+        odd = f"A mysterious figure named Zed{b} arrives at the mill."
+        summary = (f"Mara runs the mill in the valley town {b}. Her brother Tom keeps its books. {odd} "
+                   f"Mara and Tom sell the mill at the end of the year.")
+        data[f"book-{b}.epub"] = {"summary": summary, "relations": [],
+                                  "singles": [{"span": odd, "questions": f"Who is Zed{b}?",
+                                               "labels": ["entity omission"]}]}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def detector(call):
+    if "sentence" in call.inputs:  # the per-sentence predictor
+        if taught(call) and "mysterious" in call.inputs["sentence"]:
+            return {"verdict": "confusion", "questions": ["Who is this?"], "error_types": ["entity omission"]}
+        return {"verdict": "no confusion", "questions": [], "error_types": []}
+    if "sentences" in call.inputs:  # the batched predictor (the summarize task's judge)
+        numbers = [line.split(":", 1)[0] for line in call.inputs["sentences"].splitlines() if ":" in line]
+        return {"answers": [{"number": int(n), "verdict": "no confusion", "questions": [], "error_types": []}
+                            for n in numbers]}
+    return {name: "A short text about the story." for name in call.output_fields}
+
+
+def test_coherence_compiles_and_score_uses_the_artifact(tmp_path):
+    from booklens.cli.coherence import score_summaries
+    from booklens.programs.coherence import build_scorer
+
+    task = get_task("coherence")
+    splits = load_task_splits(task, human_annotations(tmp_path / "human.json"), seed=0)
+    assert splits.info["sizes"]["train"] == 12 and {e.verdict for e in splits.test} == {"confusion", "no confusion"}
+    configure(ScriptedLM(detector))
+    compiled = compile_program(task, splits.train, splits.dev, optimizer="bootstrap", budget=BUDGET)
+    assert len(compiled.detect.demos) == 2 and compiled.detect_batch.demos == []
+    assert {"summary", "sentence", "verdict", "questions", "error_types", "augmented"} >= set(compiled.detect.demos[0])
+    artifact = tmp_path / "coherence.json"
+    save_program(compiled, artifact, task="coherence")
+
+    base = evaluate_program(task.build_program(), splits.test, task.metric, label="zero-shot")
+    tuned = evaluate_program(compiled, splits.test, task.metric, label="compiled")
+    assert base.mean < tuned.mean == 1.0
+
+    # `booklens score --program`: the artifact loaded into the scorer the command builds.
+    scorer = load_program(build_scorer(batch_size=1, concurrency=1), artifact, task="coherence")
+    lm = configure(ScriptedLM(detector))
+    summary = splits.test[0].summary
+    results = score_summaries({"one": summary}, scorer=scorer)
+    assert results["one"].n_confusing == 1
+    demo_summary = compiled.detect.demos[0]["summary"]
+    assert all(demo_summary in json.dumps(c.messages) for c in lm.backend.calls)
+
+
+# ---------------------------------------------------------------------------
+# verification and decomposition (FABLES)
+
+
+def fables(path):
+    data = {}
+    for b in range(10):
+        claims = {}
+        for c in range(4):
+            bad = c % 2 == 1
+            claims[str(c)] = {"claim": f"In book {b}, Ada {'never ' if bad else ''}visits harbor {c}.",
+                              "label": "No" if bad else "Yes", "evidence": [f"Ada walked to harbor {c}."],
+                              "reason": ["as the quote says"]}
+        data[f"Book {b}"] = {"GPT-4": {"summary": f"Ada visits four harbors in book {b}. She sails home.",
+                                       "claims": claims}}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def verifier(call):
+    if "claim" in call.inputs and "label" in call.output_fields:
+        label = "unfaithful" if taught(call) and "never" in call.inputs["claim"] else "faithful"
+        out = {"label": label, "reason": "as quoted"}
+        if "supporting_passages" in call.output_fields:
+            out.update(supporting_passages=[1], refuting_passages=[])
+        return out
+    if "claims" in call.output_fields:
+        return {"claims": ["Ada visits harbors.", "Ada sails home."]}
+    return {name: "text" for name in call.output_fields}
+
+
+def test_verification_compiles_and_verify_uses_the_artifact(tmp_path):
+    from booklens.programs.faithfulness import build_checker, build_verifier
+
+    task = get_task("verification")
+    splits = load_task_splits(task, fables(tmp_path / "FABLES.json"), seed=0)
+    assert splits.info["sizes"] == {"train": 16, "dev": 8, "test": 16}
+    configure(ScriptedLM(verifier))
+    compiled = compile_program(task, splits.train, splits.dev, optimizer="random-search", budget=BUDGET)
+    assert compiled.verify.demos
+    artifact = tmp_path / "verify.json"
+    save_program(compiled, artifact, task="verification")
+    assert evaluate_program(compiled, splits.test, task.metric).mean == 1.0
+    assert evaluate_program(task.build_program(), splits.test, task.metric).mean == 0.5
+
+    # `booklens verify --program` / `check --program`: the checker runs the loaded verifier.
+    checker = build_checker(evidence_mode="given", verifier=load_program(build_verifier(), artifact,
+                                                                         task="verification"))
+    lm = configure(ScriptedLM(verifier))
+    result = checker(claims=["Ada never visits harbor 9."], given_evidence=[["Ada walked to harbor 9."]])
+    assert result.claims[0].label == "unfaithful"
+    assert any(compiled.verify.demos[0]["claim"] in m["content"] for m in lm.backend.calls[0].messages)
+
+
+def test_decomposition_compiles_with_labeled_demos(tmp_path):
+    from booklens.programs.faithfulness import build_decomposer
+
+    task = get_task("decomposition")
+    splits = load_task_splits(task, fables(tmp_path / "FABLES.json"), seed=0)
+    configure(ScriptedLM(verifier))
+    compiled = compile_program(task, splits.train, splits.dev, optimizer="labeled", budget=BUDGET)
+    assert [list(d.keys()) for d in compiled.decompose.demos] == [["summary", "claims"]] * 2
+    artifact = tmp_path / "claims.json"
+    save_program(compiled, artifact, task="decomposition")
+    lm = configure(ScriptedLM(verifier))
+    claims = load_program(build_decomposer(), artifact, task="decomposition")(summary="Ada sails.")
+    assert claims.claims == ["Ada visits harbors.", "Ada sails home."]
+    assert compiled.decompose.demos[0]["claims"][0] in json.dumps(lm.backend.calls[0].messages)
+
+
+# ---------------------------------------------------------------------------
+# summarize (judged by the confusion detector)
+
+
+def summarizer(call):
+    if "excerpt" in call.inputs and "summary" in call.output_fields:
+        first = call.inputs["excerpt"].split(".")[0]
+        return {"summary": f"{first}. The keeper is glad."}
+    return detector(call)
+
+
+def test_summarize_compiles_with_the_coherence_metric_and_summarize_loads_it(tmp_path):
+    from booklens.cli.summarize import build_summary
+
+    books = tmp_path / "books"
+    books.mkdir()
+    for i in range(5):
+        (books / f"book{i}.txt").write_text(f"The keeper of lighthouse {i} lit the lamp every night. " * 30)
+    task = get_task("summarize")
+    splits = load_task_splits(task, books, seed=0)
+    assert [len(splits.get(n)) for n in ("train", "dev", "test")] == [2, 1, 2]
+    lm = configure(ScriptedLM(summarizer))
+    compiled = compile_program(task, splits.train, splits.dev, optimizer="bootstrap", budget=BUDGET)
+    assert compiled.summarize_chunk.demos and compiled.summarize_chunk.demos[0].get("augmented")
+    assert any(c.output_fields == ["answers"] for c in lm.backend.calls)  # the judge ran
+    artifact = tmp_path / "summarizer.json"
+    save_program(compiled, artifact, task="summarize")
+
+    lm = configure(ScriptedLM(summarizer))
+    record = build_summary(books / "book4.txt", program_path=artifact)
+    assert record.summary.startswith("The keeper of lighthouse 4")
+    demo_excerpt = compiled.summarize_chunk.demos[0]["excerpt"]
+    assert demo_excerpt in json.dumps(lm.backend.calls[0].messages)
+    with pytest.raises(BooklensError, match="does not fit"):
+        build_summary(books / "book4.txt", method="inc", program_path=artifact)
+
+
+def test_unknown_task_is_a_user_error():
+    assert task_names()[:4] == ["coherence", "verification", "decomposition", "summarize"]
+    with pytest.raises(BooklensError, match="unknown task 'poetry'"):
+        get_task("poetry")
+    assert get_task("score").name == "coherence"  # a command name works too
+    assert isinstance(get_task("verify").build_program(), dspy.Module)
+
+
+def test_split_keeps_books_apart_and_records_the_data(tmp_path):
+    task = get_task("verification")
+    path = fables(tmp_path / "FABLES.json")
+    splits = load_task_splits(task, path, seed=0)
+    books = [{e.book for e in splits.get(n)} for n in ("train", "dev", "test")]
+    assert not (books[0] & books[1] or books[0] & books[2] or books[1] & books[2])
+    assert splits.info["dataset"]["sha256"] and splits.info["seed"] == 0
+    other = load_task_splits(task, path, seed=1)
+    assert {e.book for e in other.test} != books[2]
+    with pytest.raises(BooklensError, match="data not found"):
+        load_task_splits(task, tmp_path / "missing.json")
