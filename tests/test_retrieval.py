@@ -91,6 +91,17 @@ def test_dense_and_hybrid_with_a_fake_embedder(monkeypatch):
     assert hybrid[0][0].index == target.index and len(hybrid) == 3
 
 
+def test_dense_windows_lie_inside_their_passages():
+    from booklens.text import count_tokens
+
+    index = BookIndex.build(story_text(), passage_tokens=128)
+    texts, owners = index.dense_windows()
+    assert len(texts) == len(owners) > len(index.passages)
+    assert sorted(set(owners.tolist())) == [p.index for p in index.passages]
+    for text, owner in zip(texts, owners):
+        assert text in index.passages[owner].text and count_tokens(text) <= retrieval.DENSE_WINDOW_TOKENS
+
+
 def test_hybrid_is_reciprocal_rank_fusion():
     index = BookIndex.build(story_text(), passage_tokens=64)
     index._rank_bm25 = lambda q, depth: [(3, 9.0), (1, 5.0), (2, 1.0)]
@@ -152,7 +163,7 @@ def test_index_is_cached_on_disk_and_reused(tmp_path, monkeypatch):
     folders = list(tmp_path.iterdir())
     assert len(folders) == 1
     names = {p.name for p in folders[0].iterdir()}
-    assert {"meta.json", "passages.json", "bm25.json", "dense.faiss", "dense.json"} <= names
+    assert {"meta.json", "passages.json", "bm25.json", "dense.faiss", "dense_owners.npy", "dense.json"} <= names
     assert not any(n.endswith((".pkl", ".pickle")) for n in names)
     assert json.loads((folders[0] / "meta.json").read_text())["text_sha256"] == \
         hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,208 @@
+"""`booklens claims / verify / check` through the command line: bad input gives one line and a
+non-zero exit; a full run against a fake OpenAI-compatible server writes a complete report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from types import SimpleNamespace
+
+import pytest
+
+from booklens.testing import FakeOpenAIServer
+
+REPO = Path(__file__).resolve().parents[1]
+STORY = REPO / "examples" / "sample_story.txt"
+
+
+def run_cli(args, tmp_path, timeout=300):
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_LM", None)
+    return subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """Run the command in this process (fast; the same `main()` as the `booklens` script): for the
+    many bad-input cases. A few cases and the full run also go through a real subprocess."""
+    from booklens.cli import main
+
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("BOOKLENS_LM", raising=False)
+
+    def run(args, _tmp_path=None):
+        monkeypatch.setattr(sys, "argv", ["booklens", *args])
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+        captured = capsys.readouterr()
+        return SimpleNamespace(returncode=exit_info.value.code, stderr=captured.err, stdout=captured.out)
+
+    return run
+
+
+def assert_one_line_error(proc, out: Path, pattern: str):
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and pattern in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def write(path: Path, content) -> Path:
+    path.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("content, pattern", [
+    ({"claims": "Anna sails."}, "expected a list of claims"),
+    ({"items": ["Anna sails."]}, "expected a list of claims"),
+    ([{"text": "Anna sails."}], "expected a list of claims"),
+    ([3, 4], "expected a list of claims"),
+    ([], "has no claims"),
+    (["  "], "is empty"),
+    ([{"claim": "Anna sails.", "evidence": "a quote"}], "'evidence' must be a list"),
+    ("{not json", "not valid JSON"),
+], ids=["claims-not-list", "no-claims-key", "object-without-claim", "numbers", "empty-list", "blank-claim",
+        "evidence-not-list", "invalid-json"])
+def test_claims_file_of_the_wrong_shape(tmp_path, cli, content, pattern):
+    claims = write(tmp_path / "claims.json", content)
+    out = tmp_path / "out.json"
+    proc = cli(["verify", "--claims", str(claims), "--book", str(STORY), "-o", str(out)], tmp_path)
+    assert_one_line_error(proc, out, pattern)
+
+
+def test_missing_claims_file(tmp_path, cli):
+    out = tmp_path / "out.json"
+    proc = cli(["verify", "--claims", str(tmp_path / "nope.json"), "--book", str(STORY), "-o", str(out)], tmp_path)
+    assert_one_line_error(proc, out, "not found")
+
+
+@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid", "book"])
+def test_evidence_mode_that_needs_a_book_without_one(tmp_path, cli, mode):
+    claims = write(tmp_path / "claims.json", ["Anna sails."])
+    out = tmp_path / "out.json"
+    proc = cli(["verify", "--claims", str(claims), "--evidence", mode, "-o", str(out)], tmp_path)
+    assert_one_line_error(proc, out, f"--evidence {mode} needs the book")
+
+
+def test_given_mode_without_quotes(tmp_path, cli):
+    claims = write(tmp_path / "claims.json", [{"claim": "Anna sails.", "evidence": ["x"]}, "Ben waits."])
+    out = tmp_path / "out.json"
+    proc = cli(["verify", "--claims", str(claims), "--evidence", "given", "-o", str(out)], tmp_path)
+    assert_one_line_error(proc, out, "claim 1")
+
+
+def test_unknown_evidence_mode(tmp_path, cli):
+    claims = write(tmp_path / "claims.json", ["Anna sails."])
+    out = tmp_path / "out.json"
+    proc = cli(["verify", "--claims", str(claims), "--evidence", "magic", "-o", str(out)], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "magic" in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content, pattern", [
+    ("", "empty"), ("   \n\n  \t\n", "no text"),
+], ids=["empty", "whitespace"])
+def test_book_with_no_text(tmp_path, cli, content, pattern):
+    book = write(tmp_path / "book.txt", content)
+    summary = write(tmp_path / "summary.txt", "Anna sails home.")
+    claims = write(tmp_path / "claims.json", ["Anna sails."])
+    out = tmp_path / "out.json"
+    assert_one_line_error(cli(["check", str(book), str(summary), "-o", str(out)]), out, pattern)
+    assert_one_line_error(cli(["verify", "--claims", str(claims), "--book", str(book), "-o", str(out)]),
+                          out, pattern)
+
+
+@pytest.mark.parametrize("content", ["", "  \n\n", {"summary": "   "}, {"text": "x"}],
+                         ids=["empty", "whitespace", "json-empty", "json-no-summary"])
+def test_empty_summary(tmp_path, cli, content):
+    name = "summary.json" if isinstance(content, dict) else "summary.txt"
+    summary = write(tmp_path / name, content)
+    out = tmp_path / "out.json"
+    proc = cli(["check", str(STORY), str(summary), "-o", str(out)])
+    assert_one_line_error(proc, out, "summary")
+    proc = cli(["claims", str(summary), "-o", str(out)])
+    assert_one_line_error(proc, out, "summary")
+
+
+def test_given_mode_cannot_be_used_by_check(tmp_path, cli):
+    summary = write(tmp_path / "summary.txt", "Anna sails home.")
+    out = tmp_path / "out.json"
+    proc = cli(["check", str(STORY), str(summary), "--evidence", "given", "-o", str(out)], tmp_path)
+    assert_one_line_error(proc, out, "--evidence given")
+
+
+def test_bad_input_through_the_installed_command(tmp_path):
+    """The same one-line errors from a real `python -m booklens` process."""
+    out = tmp_path / "out.json"
+    bad_claims = write(tmp_path / "claims.json", {"claims": "Anna sails."})
+    assert_one_line_error(run_cli(["verify", "--claims", str(bad_claims), "--book", str(STORY), "-o", str(out)],
+                                  tmp_path), out, "expected a list of claims")
+    good_claims = write(tmp_path / "good.json", ["Anna sails."])
+    assert_one_line_error(run_cli(["verify", "--claims", str(good_claims), "--evidence", "hybrid", "-o", str(out)],
+                                  tmp_path), out, "needs the book")
+    empty_summary = write(tmp_path / "summary.txt", "")
+    assert_one_line_error(run_cli(["check", str(STORY), str(empty_summary), "-o", str(out)], tmp_path), out,
+                          "empty")
+    empty_book = write(tmp_path / "book.txt", "  \n ")
+    assert_one_line_error(run_cli(["check", str(empty_book), str(STORY), "-o", str(out)], tmp_path), out,
+                          "no text")
+
+
+# ---------------------------------------------------------------------------
+# A full run against a fake OpenAI-compatible server
+
+
+def fake_answers(body):
+    system = body["messages"][0]["content"]
+    if "`claims`" in system:
+        return json.dumps({"claims": ["The keeper let the lamp go dark.", "A ship struck the rocks in a storm."]})
+    claim = body["messages"][-1]["content"]
+    label = "unfaithful" if "ship" in claim.split("[[ ## claim ## ]]")[-1] else "faithful"
+    return json.dumps({"label": label, "supporting_passages": [1], "refuting_passages": [], "reason": "Passage 1."})
+
+
+def test_claims_verify_and_check_end_to_end(tmp_path):
+    from booklens.text import read_book
+
+    summary = write(tmp_path / "summary.txt", "The keeper let the lamp go dark, and a ship struck the rocks.")
+    claims_out = tmp_path / "claims.json"
+    verify_out = tmp_path / "verify.json"
+    check_out = tmp_path / "check.json"
+    with FakeOpenAIServer(responder=fake_answers) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_cli(["claims", str(summary), *lm, "-o", str(claims_out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        claims = json.loads(claims_out.read_text())
+        assert claims["kind"] == "booklens.claims" and len(claims["claims"]) == 2
+
+        proc = run_cli(["verify", "--claims", str(claims_out), "--book", str(STORY), "--evidence", "bm25",
+                        "--k", "2", *lm, "--concurrency", "2", "-o", str(verify_out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert "2 claims: 50.0% faithful, 50.0% unfaithful" in proc.stderr
+
+        proc = run_cli(["check", str(STORY), str(summary), *lm, "-o", str(check_out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        served = len(server.served)
+        # a rerun is answered from the LM cache and the index cache
+        proc = run_cli(["check", str(STORY), str(summary), *lm, "-o", str(check_out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert len(server.served) == served
+    report = json.loads(verify_out.read_text())
+    assert report["kind"] == "booklens.faithfulness" and report["evidence_mode"] == "bm25" and report["k"] == 2
+    assert report["label_percentages"]["faithful"] == 50.0 and report["failures"] == 0
+    text = read_book(STORY)
+    for verdict in report["claims"]:
+        assert 1 <= len(verdict["evidence"]) <= 2
+        for e in verdict["evidence"]:
+            assert text[e["start"]:e["end"]] == e["text"]
+    checked = json.loads(check_out.read_text())
+    assert [c["claim"] for c in checked["claims"]] == claims["claims"]
+    assert checked["summary"].startswith("The keeper") and checked["usage"]["cached_calls"] == 3
+    assert list((tmp_path / "cache" / "indexes").iterdir())
