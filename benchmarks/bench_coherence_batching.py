@@ -11,6 +11,9 @@ tokens. The per-sentence mode (the paper's) is the baseline measured in the same
 A last row drops 10% of the batched answers on the first ask (a model that skips
 sentences), to show what the checked re-asks cost.
 
+"same labels" is below 100% only because five summaries repeat a sentence word for word
+with different human labels, which a responder that sees the sentence text cannot tell apart.
+
     python benchmarks/bench_coherence_batching.py [--limit N] [--data ../shared/data/booookscore]
 """
 
