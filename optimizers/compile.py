@@ -16,6 +16,7 @@ LM call is cached on disk, so two runs with the same cache produce the same prog
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 import random
@@ -174,6 +175,7 @@ def compile_program(
         pass
 
     with dspy.context(lm=lm), _quiet(verbose):
+        _smoke(student, trainset[0])
         try:
             compiled = _run(name, student, trainset, devset, budget, seed, dspy_metric, base_metric, spec,
                             max_errors, lm)
@@ -186,6 +188,18 @@ def compile_program(
                 raise cause from None
             raise BooklensError(f"optimizer '{name}' failed: {type(cause).__name__}: {_first_line(cause)}") from None
     return _strip(compiled)
+
+
+def _smoke(program: dspy.Module, example: dspy.Example) -> None:
+    """Run the program once before optimizing: a backend that cannot work (bad key, a prompt
+    larger than the context window) stops here with its own message, not after every example
+    has failed inside an optimizer that reports only that it gave up."""
+    try:
+        copy.deepcopy(program)(**example.inputs())
+    except LMError:
+        raise
+    except Exception:  # a bad answer is the optimizer's business
+        pass
 
 
 def _run(name: str, student: dspy.Module, trainset: list, devset: list, budget: Budget, seed: int,

@@ -351,3 +351,17 @@ def test_subsets_are_balanced_seeded_and_keep_order():
     positions = [examples.index(e) for e in picked]
     assert positions == sorted(positions)
     assert subsample(examples, 0, seed=0) == examples
+
+
+def test_a_backend_that_cannot_work_stops_compiling_at_once(splits):
+    from booklens.errors import LMError
+
+    train, dev = splits
+
+    def broken(call):
+        raise LMError("the prompt is larger than the context window of 'tiny'")
+
+    lm = configure(ScriptedLM(broken))
+    with pytest.raises(LMError, match="context window"):
+        compile_program(TOY, train, dev, optimizer="random-search", budget=BUDGET)
+    assert len(lm.backend.calls) <= 2
