@@ -78,10 +78,19 @@ class StepUsage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float | None = None
+    # What the calls answered from the cache cost when they were first made (a resumed run's
+    # totals over fresh + cached calls equal those of an uninterrupted run).
+    cached_prompt_tokens: int = 0
+    cached_completion_tokens: int = 0
+    cached_cost_usd: float | None = None
 
     def add(self, *, cached: bool, prompt_tokens: int, completion_tokens: int, cost: float | None) -> None:
         if cached:
             self.cached_calls += 1
+            self.cached_prompt_tokens += prompt_tokens
+            self.cached_completion_tokens += completion_tokens
+            if cost is not None:
+                self.cached_cost_usd = (self.cached_cost_usd or 0.0) + cost
             return
         self.calls += 1
         self.prompt_tokens += prompt_tokens
@@ -96,6 +105,9 @@ class StepUsage:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "cached_completion_tokens": self.cached_completion_tokens,
+            "cached_cost_usd": None if self.cached_cost_usd is None else round(self.cached_cost_usd, 6),
         }
 
 
@@ -435,7 +447,8 @@ class BooklensLM(dspy.BaseLM):
         cached = self.call_cache.get(key) if self.call_cache is not None else None
         if cached is not None:
             completion = Completion(**cached)
-            self.usage.record(cached=True)
+            self.usage.record(cached=True, prompt_tokens=completion.prompt_tokens,
+                              completion_tokens=completion.completion_tokens, cost=completion.cost)
         else:
             completion = self.backend.complete({**request, "response_format": response_format})
             if self.call_cache is not None:

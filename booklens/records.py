@@ -111,6 +111,7 @@ class ClaimSet(BaseModel):
     summary: str
     claims: list[str]
     attempts: int = 1
+    error: Optional[str] = Field(default=None, description="why no claims came back (then `claims` is empty)")
     lm: str = ""
     usage: dict[str, Any] = Field(default_factory=dict)
 
@@ -263,3 +264,57 @@ class CoherenceSet(BaseModel):
     lm: str = ""
     usage: dict[str, Any] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------
+# `booklens run`: the run directory
+
+
+class GivenSummary(BaseModel):
+    """A summary a user gave to `booklens run --summary` as text (not a `booklens summarize` output)."""
+
+    format_version: int = FORMAT_VERSION
+    kind: Literal["booklens.summary"] = "booklens.summary"
+    source: Literal["given"] = "given"
+    file: str
+    book: str
+    book_sha256: str
+    summary: str
+    method: Optional[Literal["hier", "inc"]] = None
+    nodes: list[SummaryNode] = Field(default_factory=list)
+    chunks: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class RunStep(BaseModel):
+    """One completed step of a run: its record file, a digest of what it was computed from, and
+    the LM work its result rests on, counting every call whether the model answered it or the
+    cache did (so a resumed run reports the same figures as an uninterrupted one)."""
+
+    file: str
+    sha256: str = Field(description="of the record file")
+    inputs_sha256: str = Field(description="of the step's inputs and configuration; a rerun reuses the record "
+                                           "when it matches")
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: Optional[float] = Field(default=None, description="None when the provider's prices are unknown")
+
+
+class RunRecord(BaseModel):
+    """`run.json`: what a run directory holds and how it was made. No wall-clock times (those are
+    in `timings.json`), so rerunning the same command rewrites it identically."""
+
+    format_version: int = FORMAT_VERSION
+    kind: Literal["booklens.run"] = "booklens.run"
+    complete: bool = False
+    book: str
+    book_sha256: str
+    book_chars: int
+    book_tokens: int
+    summary_source: Literal["summarize", "given"]
+    lm: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+    steps: dict[str, RunStep] = Field(default_factory=dict)
+    totals: dict[str, Any] = Field(default_factory=dict)
+    scores: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,495 @@
+"""report.html: structure and accessibility, escaping of everything a book or a model writes, rebuilding
+from the records, bad run directories, and the page in headless Chromium (skipped without chromium)."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from booklens.errors import BooklensError
+from booklens.testing import FakeOpenAIServer, ScriptedLM
+
+REPO = Path(__file__).resolve().parents[1]
+STORY = REPO / "examples" / "sample_story.txt"
+ERROR_TYPES = ["entity omission", "event omission", "causal omission", "salience", "discontinuity",
+               "duplication", "inconsistency", "language"]
+
+
+# ---------------------------------------------------------------------------
+# Helpers: a small DOM, Chromium
+
+
+class Dom(HTMLParser):
+    """Elements with their attributes and text (entities decoded), from an HTML string."""
+
+    VOID = {"meta", "br", "img", "input", "link", "hr", "wbr", "source", "col", "area", "base", "embed", "track"}
+
+    def __init__(self, markup: str):
+        super().__init__(convert_charrefs=True)
+        self.elements: list[dict] = []
+        self._open: list[dict] = []
+        self.feed(markup)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        element = {"tag": tag, "attrs": {k: (v or "") for k, v in attrs}, "parts": []}
+        self.elements.append(element)
+        if tag not in self.VOID:
+            self._open.append(element)
+
+    def handle_endtag(self, tag):
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i]["tag"] == tag:
+                del self._open[i:]
+                break
+
+    def handle_data(self, data):
+        for element in self._open:
+            element["parts"].append(data)
+
+    def find(self, tag=None, cls=None, **attrs) -> list[dict]:
+        found = []
+        for e in self.elements:
+            if tag and e["tag"] != tag:
+                continue
+            if cls and cls not in e["attrs"].get("class", "").split():
+                continue
+            if any(e["attrs"].get(k.replace("_", "-")) != v for k, v in attrs.items()):
+                continue
+            found.append(e)
+        return found
+
+    def by_id(self, id_: str) -> dict:
+        matches = [e for e in self.elements if e["attrs"].get("id") == id_]
+        assert len(matches) == 1, f"id {id_!r} found {len(matches)} times"
+        return matches[0]
+
+    @staticmethod
+    def text(element: dict) -> str:
+        return "".join(element["parts"])
+
+
+def chromium_exe() -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not exe:
+        pytest.skip("chromium is not installed (`install.sh --test` installs Debian's chromium package)")
+    return exe
+
+
+def chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess:
+    args = [chromium_exe(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *extra, page.as_uri()]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def console_messages(stderr: str) -> list[str]:
+    """Console output of the page (log, errors, CSP violations) as Chromium logs it."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+def load_in_chromium(page: Path, tmp_path: Path) -> tuple[Dom, list[str]]:
+    proc = chromium(page, tmp_path / "profile-dom", "--dump-dom")
+    return Dom(proc.stdout), console_messages(proc.stderr)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+# ---------------------------------------------------------------------------
+# Runs with a scripted LM (in process)
+
+
+def scripted(summary: str, *, questions=None, claims=None, reason="Passage 1 says so.", failing_sentence=None,
+             failing_claim=None):
+    questions = questions or ["Who is Zed?"]
+    claims = claims or ["Maren Holt is a bookbinder.", "Zed hides the key."]
+
+    def respond(call):
+        if call.output_fields == ["summary"] or "summary" in call.output_fields and len(call.output_fields) == 1:
+            return {"summary": summary}
+        if call.wants("verdict"):
+            sentence = call.inputs.get("sentence", "")
+            if failing_sentence and failing_sentence in sentence:
+                return "this is not JSON"
+            if "Zed" in sentence:
+                return {"verdict": "confusion", "questions": questions, "error_types": ["entity omission",
+                                                                                       "causal omission"]}
+            return {"verdict": "no confusion", "questions": [], "error_types": []}
+        if call.wants("claims"):
+            return {"claims": claims}
+        if call.wants("label"):
+            claim = call.inputs.get("claim", "")
+            if failing_claim and failing_claim in claim:
+                return {"label": "somewhat true", "reason": "?", "supporting_passages": [], "refuting_passages": []}
+            label = "unfaithful" if "Zed" in claim else "faithful"
+            return {"label": label, "reason": reason, "supporting_passages": [1] if label == "faithful" else [],
+                    "refuting_passages": [2] if label == "unfaithful" else []}
+        if call.output_fields:
+            return {name: summary for name in call.output_fields}
+        return summary
+
+    return ScriptedLM(respond)
+
+
+def execute(tmp_path: Path, lm, *, book: Path = STORY, out: str = "run", **options):
+    from booklens.cli.run import RunConfig, execute_run
+
+    cfg = RunConfig(book=book, output=tmp_path / out, cache_dir=tmp_path / "cache", concurrency=2, **options)
+    execute_run(cfg, lm=lm)
+    return cfg.output
+
+
+STORY_SUMMARY = ("Maren Holt, a bookbinder, rebinds the ledger of Tobias Wren, the disgraced lighthouse keeper. "
+                 "Zed hides the key. The ledger shows the lamp went dark because the fuel was given away. "
+                 "A garbled sentence nobody can judge. The town learns the truth.")
+
+
+@pytest.fixture(scope="module")
+def hier_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hier")
+    lm = scripted(STORY_SUMMARY, failing_sentence="garbled", failing_claim="key",
+                  claims=["Maren Holt is a bookbinder.", "Tobias Wren kept the light.", "Zed hides the key."])
+    out = execute(tmp, lm, chunk_size=512, context_window=2048, max_summary_tokens=200, k=3)
+    return out
+
+
+def test_report_structure_and_accessibility(hier_run):
+    page = (hier_run / "report.html").read_text()
+    dom = Dom(page)
+    # landmarks and headings
+    for tag in ("header", "nav", "main", "footer"):
+        assert len(dom.find(tag)) == 1, tag
+    assert len(dom.find("h1")) == 1
+    assert [Dom.text(e) for e in dom.find("h2")] == ["Scores", "Summary", "Error types", "Claims",
+                                                     "How the summary was made", "Run"]
+    assert dom.find("html")[0]["attrs"].get("lang") == "en"
+    # self-contained: a strict CSP, no script, nothing loaded from anywhere
+    csp = dom.find("meta", http_equiv="Content-Security-Policy")
+    assert csp and "default-src 'none'" in csp[0]["attrs"]["content"]
+    assert not dom.find("script") and not dom.find("img") and not dom.find("link") and not dom.find("iframe")
+    assert all(e["attrs"]["href"].startswith("#") for e in dom.find("a"))
+    assert "http://" not in page.split("<main")[0] and "url(" not in page
+
+    # score cards: BooookScore and the share of each label
+    cards = {Dom.text(e).strip() for e in dom.find(cls="card")}
+    assert any(c.startswith("BooookScore75.0") for c in cards), cards  # 3 of 4 judged sentences
+    assert any(c.startswith("Faithful66.7%") for c in cards), cards
+    assert any(c.startswith("Not verified33.3%") for c in cards), cards
+
+    # confusing sentence: highlighted, focusable, described by a tooltip with its types and questions
+    marks = dom.find("mark", tabindex="0")
+    assert len(marks) == 2  # the confusing sentence and the one that could not be judged
+    tips = [dom.by_id(m["attrs"]["aria-describedby"]) for m in marks]
+    assert all(t["attrs"].get("role") == "tooltip" for t in tips)
+    assert Dom.text(marks[0]).startswith("Zed hides the key.")
+    assert "entity omission, causal omission" in Dom.text(tips[0]) and "Who is Zed?" in Dom.text(tips[0])
+    assert Dom.text(marks[1]).startswith("A garbled sentence") and "Not judged" in Dom.text(tips[1])
+    # colours come with text: a visible marker on each highlight, labels on every claim
+    assert all(m_flag for m_flag in (dom.find("span", cls="flag")))
+    # the error-type chart: all eight types with their rate as text
+    rows = dom.find("table", cls="chart")[0]
+    assert all(f"{t}" in Dom.text(rows) for t in ERROR_TYPES)
+    assert "20.0% (1 of 5)" in Dom.text(rows)  # entity omission: 1 of the 5 sentences
+
+    # claims with labels, reasons and evidence placed in the book
+    claims = dom.find("li", cls="claim")
+    assert len(claims) == 3
+    first = Dom.text(claims[0])
+    assert "faithful" in first and "Passage 1 says so." in first and "characters " in first and "into the book" in first
+    assert "Not verified" in Dom.text(claims[2])
+    assert dom.find("blockquote")
+
+    # the merge tree: one collapsible node per summary node, the root open
+    summary = json.loads((hier_run / "summary.json").read_text())
+    details = dom.find("details")
+    tree = [d for d in details if "level " in Dom.text(d)]
+    assert len(tree) == len(summary["nodes"]) and "open" in tree[0]["attrs"]
+    assert "Book chunk 0" in page
+
+
+def test_report_is_rebuilt_identically_from_the_records(hier_run, tmp_path):
+    from booklens.reports import write_report
+
+    target = write_report(hier_run, tmp_path / "again.html")
+    assert target.read_bytes() == (hier_run / "report.html").read_bytes()
+
+
+def test_an_unfinished_run_still_renders(hier_run, tmp_path):
+    from booklens.reports import load_run, render_report
+
+    partial = tmp_path / "partial"
+    shutil.copytree(hier_run, partial)
+    run = json.loads((partial / "run.json").read_text())
+    run["complete"] = False
+    del run["steps"]["faithfulness"]
+    (partial / "run.json").write_text(json.dumps(run))
+    (partial / "faithfulness.json").unlink()
+    page = render_report(load_run(partial))
+    assert "This run is not finished" in page and "The claims were not verified in this run" in page
+
+
+def test_a_given_summarize_record_keeps_its_merge_tree(hier_run, tmp_path):
+    lm = scripted("unused", claims=["Maren Holt is a bookbinder."])
+    out = execute(tmp_path, lm, summary_file=hier_run / "summary.json")
+    assert not [c for c in lm.backend.calls if c.output_fields == ["summary"]], "the given summary was rewritten"
+    run = json.loads((out / "run.json").read_text())
+    assert run["summary_source"] == "given" and run["config"]["method"] is None
+    assert (out / "summary.json").read_bytes() == (hier_run / "summary.json").read_bytes()
+    page = (out / "report.html").read_text()
+    assert "Hierarchical merging" in page and "Zed hides the key." in page
+
+
+def test_incremental_summary_shows_its_update_steps(tmp_path):
+    lm = scripted("Maren rebinds the ledger. Zed hides the key. The town learns the truth.")
+    out = execute(tmp_path, lm, method="inc", chunk_size=1024, max_summary_tokens=200, evidence="none")
+    page = (out / "report.html").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    dom = Dom(page)
+    assert "Incremental updating" in page
+    steps = [d for d in dom.find("details") if "level " in Dom.text(d)]
+    assert len(steps) == len(summary["nodes"]) >= 2
+    assert "No evidence passages were shown" in page  # --evidence none
+
+
+# ---------------------------------------------------------------------------
+# Nothing a book or a model writes becomes markup
+
+EVIL = '<script>document.documentElement.setAttribute("data-pwned","1");console.log("PWNED")</script>'
+EVIL_IMG = "<img src=x onerror=\"console.log('PWNED-img')\">"
+BOOK = (f"The Harbor Light\n\nMara kept the light at Gull Rock &amp; she wrote &lt;b&gt;every&lt;/b&gt; night "
+        f"in her log. {EVIL}\n\nOne night Zed took the key. {EVIL_IMG} The lamp went dark and a ship struck "
+        f"the rocks.\n\nIn the morning Mara found the key under the stairs <b>bold</b> & the town forgave her.\n")
+SUMMARY = (f"Mara keeps the light {EVIL} at Gull Rock. Zed <i>took</i> the key &amp; ran. "
+           f"The lamp went dark {EVIL_IMG}.")
+ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "a", "header", "h1", "h2", "h3", "p", "nav", "ul",
+                "ol", "li", "main", "section", "div", "span", "mark", "br", "blockquote", "details", "summary",
+                "table", "caption", "thead", "tbody", "tr", "th", "td", "dl", "dt", "dd", "code", "strong", "b",
+                "footer"}
+
+
+@pytest.fixture(scope="module")
+def evil_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("evil")
+    book = tmp / "x<img src=y onerror=alert(1)>.txt"  # a file name is text too
+    book.write_text(BOOK, encoding="utf-8")
+    summary = tmp / "summary.txt"
+    summary.write_text(SUMMARY, encoding="utf-8")
+    lm = scripted(SUMMARY, questions=[f"Who is Zed? {EVIL}", "</span></mark></div><script>alert(2)</script>"],
+                  claims=[f"Mara keeps the light {EVIL}", "Zed <i>took</i> the key &amp; ran."],
+                  reason=f"Because </details></li>{EVIL_IMG} &lt;b&gt;")
+    return execute(tmp, lm, book=book, summary_file=summary, k=2, passage_tokens=64)
+
+
+def test_book_and_model_text_is_escaped_in_the_page(evil_run):
+    page = (evil_run / "report.html").read_text()
+    dom = Dom(page)
+    tags = {e["tag"] for e in dom.elements}
+    assert tags <= ALLOWED_TAGS, tags - ALLOWED_TAGS
+    assert not [e for e in dom.elements if any(k.startswith("on") or k in ("src", "srcdoc") for k in e["attrs"])]
+    assert "<script" not in page.lower() and "<img" not in page.lower() and "<i>" not in page
+    # ...and shown as text: the book's, the summary's and the model's
+    assert page.count(html.escape(EVIL)) >= 4  # summary, question, claim, evidence passage
+    assert html.escape("</span></mark></div><script>alert(2)</script>") in page
+    assert "&amp;amp;" in page and "&amp;lt;b&amp;gt;" in page  # entities in the input stay visible as typed
+    assert "booklens report: x&lt;img src=y onerror=alert(1)&gt;.txt</title>" in page
+    text = "".join(Dom.text(e) for e in dom.find("main"))
+    assert EVIL in text and "Zed <i>took</i> the key &amp; ran." in text
+
+
+def test_injected_script_does_not_run_in_chromium(evil_run, tmp_path):
+    page = evil_run / "report.html"
+    # The CSP alone would block inline scripts; load a copy without it too, to show escaping alone holds.
+    no_csp = tmp_path / "no_csp.html"
+    source = page.read_text()
+    start = source.index('<meta http-equiv="Content-Security-Policy"')
+    no_csp.write_text(source[:start] + source[source.index(">", start) + 1:])
+    for target in (page, no_csp):
+        dom, console = load_in_chromium(target, tmp_path)
+        assert console == [], console  # no console output at all: no script ran, nothing was blocked
+        root = dom.find("html")[0]
+        assert "data-pwned" not in root["attrs"]
+        assert not dom.find("script") and not dom.find("img") and not dom.find("i")
+        assert EVIL in "".join(Dom.text(e) for e in dom.find("main"))
+
+
+# ---------------------------------------------------------------------------
+# Bad run directories: one-line errors
+
+
+def _copy(run_dir: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "copy"
+    shutil.copytree(run_dir, target)
+    return target
+
+
+def _edit(path: Path, **changes) -> Path:
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+    return path.parent
+
+
+def _write(path: Path, content: bytes) -> Path:
+    path.write_bytes(content)
+    return path.parent
+
+
+def _remove(path: Path) -> Path:
+    path.unlink()
+    return path.parent
+
+
+@pytest.mark.parametrize("damage, pattern", [
+    (lambda d: d / "run.json", "not a directory"),
+    (lambda d: _remove(d / "run.json"), "not a booklens run directory"),
+    (lambda d: _write(d / "run.json", b"{oops"), "not valid JSON"),
+    (lambda d: _write(d / "run.json", b"\xff\xfe\x00bad"), "not UTF-8"),
+    (lambda d: _edit(d / "run.json", kind="booklens.summary"), "is not a booklens run record"),
+    (lambda d: _edit(d / "run.json", format_version=2), "newer booklens (format version 2"),
+    (lambda d: _edit(d / "run.json", format_version="1"), "no valid format_version"),
+    (lambda d: _edit(d / "coherence.json", format_version=7), "newer booklens (format version 7"),
+    (lambda d: _remove(d / "claims.json"), "claims record not found"),
+    (lambda d: _edit(d / "faithfulness.json", claims="many"), "not a valid faithfulness record: claims"),
+    (lambda d: _edit(d / "run.json", steps={}), "holds no summary yet"),
+], ids=["file", "no-run-json", "bad-json", "not-utf8", "wrong-kind", "newer-run", "bad-version",
+        "newer-step", "missing-step", "invalid-step", "no-steps"])
+def test_bad_run_directory_is_a_one_line_error(hier_run, tmp_path, damage, pattern):
+    from booklens.reports import write_report
+
+    target = damage(_copy(hier_run, tmp_path))
+    with pytest.raises(BooklensError) as err:
+        write_report(target, tmp_path / "out.html")
+    message = str(err.value)
+    assert pattern in message and "\n" not in message, message
+    assert not (tmp_path / "out.html").exists()
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads every directory")
+def test_unreadable_run_directory(hier_run, tmp_path):
+    from booklens.reports import load_run
+
+    target = _copy(hier_run, tmp_path)
+    target.chmod(0)
+    try:
+        with pytest.raises(BooklensError, match="cannot read"):
+            load_run(target)
+    finally:
+        target.chmod(0o755)
+
+
+# ---------------------------------------------------------------------------
+# `booklens run` on the sample story, and the page in Chromium
+
+
+def story_answer(body: dict) -> str:
+    system, last = body["messages"][0]["content"], body["messages"][-1]["content"]
+    if "as plain text" in last:
+        return ("Maren Holt, a bookbinder in Harrow's End, is asked by the old keeper Tobias Wren to rebind his "
+                "ledger. Zed hides the key. Reading it, she learns why the lamp at Saltmarsh Point went dark in "
+                "1987: the keeper gave the fuel away to save a life. The town finally learns the truth.")
+    if "[[ ## sentence ## ]]" in last:
+        sentence = last.split("[[ ## sentence ## ]]", 1)[1].strip().split("\n\n")[0]
+        if "Zed" in sentence:
+            return json.dumps({"verdict": "confusion", "questions": ["Who is Zed, and what key is this?"],
+                               "error_types": ["entity omission", "discontinuity"]})
+        return json.dumps({"verdict": "no confusion", "questions": [], "error_types": []})
+    if "`claims`" in system:
+        return json.dumps({"claims": ["Maren Holt is a bookbinder in Harrow's End.",
+                                      "Tobias Wren asks Maren Holt to rebind his ledger.",
+                                      "The lamp at Saltmarsh Point went dark in 1987.",
+                                      "Zed hides the key."]})
+    claim = last.split("[[ ## claim ## ]]")[-1]
+    if "Zed" in claim:
+        return json.dumps({"label": "can't verify", "supporting_passages": [], "refuting_passages": [],
+                           "reason": "No passage mentions anyone named Zed."})
+    return json.dumps({"label": "faithful", "supporting_passages": [1], "refuting_passages": [],
+                       "reason": "Passage 1 states this directly."})
+
+
+@pytest.fixture(scope="module")
+def story_run(tmp_path_factory):
+    """`booklens run examples/sample_story.txt` (in process, against an OpenAI-compatible fake server)."""
+    from typer.testing import CliRunner
+
+    from booklens.cli import app
+
+    tmp = tmp_path_factory.mktemp("story")
+    with FakeOpenAIServer(responder=story_answer) as server:
+        result = CliRunner().invoke(app, ["run", str(STORY), "--chunk-size", "1024", "--context-window", "3072",
+                                          "--max-summary-tokens", "200", "--k", "2", "--lm", "openai/fake-model",
+                                          "--api-base", server.url, "--cache-dir", str(tmp / "cache"),
+                                          "-o", str(tmp / "run")])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return tmp / "run"
+
+
+def check_page_in_chromium(run_dir: Path, tmp_path: Path, *, expect_highlight: bool = True,
+                           expect_claims: bool = True) -> Path:
+    """Load the report in headless Chromium: no console output, the key parts present; returns a screenshot."""
+    page = run_dir / "report.html"
+    dom, console = load_in_chromium(page, tmp_path)
+    assert console == [], console
+    cards = [Dom.text(e) for e in dom.find("li", cls="card")]
+    assert any(c.startswith("BooookScore") for c in cards), cards
+    if expect_claims:
+        assert any(c.startswith(("Faithful", "Unfaithful", "Partial support", "Can't verify")) for c in cards)
+    if expect_highlight:
+        mark = dom.find("mark", tabindex="0")[0]
+        tip = dom.by_id(mark["attrs"]["aria-describedby"])
+        assert tip["attrs"]["role"] == "tooltip" and "?" in Dom.text(tip)
+        assert dom.find("ol", cls="qlist")
+    if expect_claims:
+        claim = dom.find("li", cls="claim")[0]
+        assert dom.find("span", cls="badge")
+        assert "characters " in Dom.text(claim) and "into the book" in Dom.text(claim)
+    shot = tmp_path / "report.png"
+    chromium(page, tmp_path / "profile-shot", "--window-size=1280,2200", f"--screenshot={shot}",
+             "--hide-scrollbars")
+    assert png_size(shot) == (1280, 2200) and shot.stat().st_size > 50_000  # a page, not a blank
+    return shot
+
+
+def test_sample_story_report_in_chromium(story_run, tmp_path):
+    run = json.loads((story_run / "run.json").read_text())
+    assert run["complete"] and run["scores"]["confusing_sentences"] == 1
+    page = (story_run / "report.html").read_text()
+    assert "Who is Zed, and what key is this?" in page and "Passage 1 states this directly." in page
+    check_page_in_chromium(story_run, tmp_path)
+
+
+@pytest.mark.embedded
+def test_embedded_model_run_on_the_sample_story(tmp_path):
+    """The whole chain with SmolLM2, kept short: a brief summary and two claims with two passages each."""
+    out = tmp_path / "run"
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_LM", None)
+    proc = subprocess.run([sys.executable, "-m", "booklens", "run", str(STORY), "--lm", "local",
+                           "--max-summary-tokens", "120", "--max-claims", "2", "--k", "2", "--passage-tokens", "128",
+                           "-o", str(out)], capture_output=True, text=True, env=env, timeout=1800)
+    assert proc.returncode == 0, proc.stderr
+    from booklens.reports import load_run
+
+    data = load_run(out)  # every record reads back and validates
+    assert data.run.complete and data.run.lm.startswith("local/")
+    assert data.summary.summary.strip() and data.coherence.n_sentences >= 1
+    assert data.run.totals["calls"] >= 3 and data.run.totals["prompt_tokens"] > 0
+    assert len(data.faithfulness.claims) <= 2
+    judged = [s for s in data.coherence.sentences if s.status == "ok" and s.confusing]
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        check_page_in_chromium(out, tmp_path, expect_highlight=bool(judged),
+                               expect_claims=bool(data.faithfulness.claims))

@@ -1,0 +1,274 @@
+"""`booklens run` end to end through an OpenAI-compatible fake server: the run directory, a rerun that
+rewrites it identically, a run killed during verification and resumed, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from booklens.testing import FakeOpenAIServer
+
+REPO = Path(__file__).resolve().parents[1]
+STORY = REPO / "examples" / "sample_story.txt"
+STEP_FILES = ["summary.json", "coherence.json", "claims.json", "faithfulness.json"]
+RUN_FILES = {*STEP_FILES, "run.json", "report.html", "timings.json"}
+
+SUMMARY = ("Maren Holt, a bookbinder in Harrow's End, is asked to rebind the ledger of Tobias Wren, the keeper "
+           "blamed for the wreck of the Merry Alder in 1987. Zed hides the key. Reading the ledger, Maren learns "
+           "that the lamp went dark because the fuel had been given away. In the end the town learns the truth "
+           "about that night.")
+CLAIMS = ["Maren Holt is a bookbinder in Harrow's End.",
+          "Tobias Wren was blamed for the wreck of the Merry Alder in 1987.",
+          "The lamp went dark because the fuel had been given away.",
+          "Zed hides the key."]
+
+
+def kind_of(body: dict) -> str:
+    """Which step a chat request belongs to."""
+    system = body["messages"][0]["content"]
+    last = body["messages"][-1]["content"]
+    if "as plain text" in last:
+        return "summarize"
+    if "[[ ## sentence ## ]]" in last:
+        return "coherence"
+    if "`claims`" in system:
+        return "claims"
+    if "`label`" in system:
+        return "verify"
+    return "other"
+
+
+class Responder:
+    """Plausible answers for every step; verification answers can be slowed down to kill a run mid-step."""
+
+    def __init__(self):
+        self.verify_delay = 0.0
+
+    def __call__(self, body: dict) -> str:
+        kind = kind_of(body)
+        last = body["messages"][-1]["content"]
+        if kind == "summarize":
+            return SUMMARY
+        if kind == "coherence":
+            sentence = last.split("[[ ## sentence ## ]]", 1)[1].strip().split("\n\n")[0]
+            if "Zed" in sentence:
+                return json.dumps({"verdict": "confusion", "questions": ["Who is Zed, and which key?"],
+                                   "error_types": ["entity omission"]})
+            return json.dumps({"verdict": "no confusion", "questions": [], "error_types": []})
+        if kind == "claims":
+            return json.dumps({"claims": CLAIMS})
+        if kind == "verify":
+            if self.verify_delay:
+                time.sleep(self.verify_delay)
+            claim = last.split("[[ ## claim ## ]]")[-1]
+            label = "unfaithful" if "Zed" in claim else "faithful"
+            return json.dumps({"label": label, "supporting_passages": [] if label == "unfaithful" else [1],
+                               "refuting_passages": [], "reason": f"Judged {label} from passage 1."})
+        return json.dumps({})
+
+
+@pytest.fixture(scope="module")
+def server():
+    responder = Responder()
+    with FakeOpenAIServer(responder=responder) as srv:
+        srv.answers = responder
+        yield srv
+
+
+def run_args(server, out: Path, cache: Path) -> list[str]:
+    # Small chunks and window so the summary is a real merge tree; one call at a time so a kill lands
+    # between calls deterministically.
+    return [sys.executable, "-m", "booklens", "run", str(STORY), "--chunk-size", "512", "--context-window", "2048",
+            "--max-summary-tokens", "200", "--k", "3", "--lm", "openai/fake-model", "--api-base", server.url,
+            "--concurrency", "1", "--cache-dir", str(cache), "-o", str(out)]
+
+
+def cli(args, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k not in ("BOOKLENS_LM", "BOOKLENS_API_BASE")}
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def contents(run_dir: Path, skip=("timings.json",)) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file() and p.name not in skip}
+
+
+@pytest.fixture(scope="module")
+def reference(server, tmp_path_factory):
+    """An uninterrupted run on the sample story."""
+    base = tmp_path_factory.mktemp("reference")
+    out = base / "run"
+    before = len(server.served)
+    proc = cli(run_args(server, out, base / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    return {"dir": out, "cache": base / "cache", "served": server.served[before:], "stderr": proc.stderr}
+
+
+def test_run_directory_holds_every_record_and_the_report(reference):
+    from booklens.text import read_book
+
+    out = reference["dir"]
+    assert {p.name for p in out.iterdir()} == RUN_FILES
+    run = json.loads((out / "run.json").read_text())
+    assert run["kind"] == "booklens.run" and run["format_version"] == 1 and run["complete"] is True
+    assert list(run["steps"]) == ["summary", "coherence", "claims", "faithfulness"]
+    served = reference["served"]
+    by_kind = {k: sum(1 for b in served if kind_of(b) == k) for k in ("summarize", "coherence", "claims", "verify")}
+    assert by_kind["summarize"] >= 3, "small chunks make a merge tree"
+    # run.json counts every LM call of each step, with their tokens; the fake server knows no prices
+    assert run["steps"]["summary"]["calls"] == by_kind["summarize"]
+    assert run["steps"]["coherence"]["calls"] == by_kind["coherence"] == 4
+    assert run["steps"]["claims"]["calls"] == 1 and run["steps"]["faithfulness"]["calls"] == by_kind["verify"] == 4
+    assert run["totals"]["calls"] == len(served)
+    assert all(s["prompt_tokens"] > 0 and s["completion_tokens"] > 0 and s["cost_usd"] is None
+               for s in run["steps"].values())
+    assert run["config"]["method"] == "hier" and run["config"]["evidence"] == "bm25" and run["config"]["k"] == 3
+    assert run["lm"] == "openai/fake-model" and {"booklens", "dspy", "litellm", "python"} <= set(run["versions"])
+    assert run["scores"]["booookscore"] == pytest.approx(0.75)
+    assert run["scores"]["claim_labels"]["faithful"] == 75.0
+    for step in run["steps"].values():
+        import hashlib
+
+        assert hashlib.sha256((out / step["file"]).read_bytes()).hexdigest() == step["sha256"]
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["kind"] == "booklens.summary" and summary["summary"] == SUMMARY
+    assert max(n["level"] for n in summary["nodes"]) >= 2
+    coherence = json.loads((out / "coherence.json").read_text())
+    assert [s["confusing"] for s in coherence["sentences"]] == [False, True, False, False]
+    assert coherence["sentences"][1]["questions"] == ["Who is Zed, and which key?"]
+    claims = json.loads((out / "claims.json").read_text())
+    assert claims["claims"] == CLAIMS
+    verdicts = json.loads((out / "faithfulness.json").read_text())
+    assert [c["label"] for c in verdicts["claims"]] == ["faithful", "faithful", "faithful", "unfaithful"]
+    book = read_book(STORY)
+    for verdict in verdicts["claims"]:
+        assert 1 <= len(verdict["evidence"]) <= 3
+        for e in verdict["evidence"]:
+            assert book[e["start"]:e["end"]] == e["text"]
+    # Step records carry no clock; wall times live in timings.json only.
+    for name in STEP_FILES:
+        record = json.loads((out / name).read_text())
+        assert record.get("timings", {}) == {}
+    timings = json.loads((out / "timings.json").read_text())
+    assert set(timings["steps"]) == {"summary", "coherence", "claims", "faithfulness"}
+    assert all(t["reused"] is False and t["seconds"] >= 0 for t in timings["steps"].values())
+
+    page = (out / "report.html").read_text()
+    assert "Who is Zed, and which key?" in page and "Judged unfaithful from passage 1." in page
+    assert "BooookScore 75.0" in reference["stderr"] and "75.0% faithful" in reference["stderr"]
+
+
+def test_rerun_reuses_everything_and_rewrites_the_directory_identically(server, reference):
+    before_contents = contents(reference["dir"])
+    before = len(server.served)
+    proc = cli(run_args(server, reference["dir"], reference["cache"]))
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.served) == before, "a rerun made LM calls"
+    assert proc.stderr.count("(inputs unchanged)") == 4
+    assert contents(reference["dir"]) == before_contents
+    timings = json.loads((reference["dir"] / "timings.json").read_text())
+    assert all(t["reused"] for t in timings["steps"].values())
+
+
+def test_report_command_rebuilds_the_same_page(reference, tmp_path):
+    rebuilt = tmp_path / "again.html"
+    proc = cli([sys.executable, "-m", "booklens", "report", str(reference["dir"]), "-o", str(rebuilt)])
+    assert proc.returncode == 0, proc.stderr
+    assert rebuilt.read_bytes() == (reference["dir"] / "report.html").read_bytes()
+
+
+def test_killed_during_verification_resumes_and_ends_equal_to_an_uninterrupted_run(server, reference, tmp_path):
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    args = run_args(server, out, cache)
+    start = len(server.served)
+    server.answers.verify_delay = 0.6
+    try:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 240
+        # With one call at a time, the client sends the 3rd verification only after it has cached the 2nd.
+        while time.time() < deadline and proc.poll() is None:
+            done = [b for b in server.served[start:] if kind_of(b) == "verify"]
+            if len(done) >= 2 and server.in_flight == 1:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        first = [json.dumps(b["messages"], sort_keys=True) for b in server.served[start:]]
+    finally:
+        server.answers.verify_delay = 0.0
+    assert sum(1 for b in server.served[start:] if kind_of(b) == "verify") >= 2
+    assert not (out / "faithfulness.json").exists() and not (out / "report.html").exists()
+    partial = json.loads((out / "run.json").read_text())
+    assert partial["complete"] is False and list(partial["steps"]) == ["summary", "coherence", "claims"]
+
+    time.sleep(0.8)  # let the killed client's last request finish on the server
+    resume_from = len(server.served)
+    rerun = cli(args)
+    assert rerun.returncode == 0, rerun.stderr
+    second = server.served[resume_from:]
+    assert second, "verification had calls left"
+    assert {kind_of(b) for b in second} == {"verify"}, "a completed step was run again"
+    assert not set(first) & {json.dumps(b["messages"], sort_keys=True) for b in second}, \
+        "an LM call that had finished was made again"
+    timings = json.loads((out / "timings.json").read_text())["steps"]
+    assert [timings[s]["reused"] for s in ("summary", "coherence", "claims", "faithfulness")] == \
+        [True, True, True, False]
+    assert timings["faithfulness"]["cached_calls"] >= 2
+    # Everything but the wall-clock file equals the uninterrupted run, byte for byte.
+    assert contents(out) == contents(reference["dir"])
+
+
+# ---------------------------------------------------------------------------
+# Bad input
+
+
+def assert_one_line_error(proc, pattern: str):
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and pattern in lines[0], lines[0]
+
+
+def test_report_of_a_missing_directory_is_a_one_line_error(tmp_path):
+    proc = cli([sys.executable, "-m", "booklens", "report", str(tmp_path / "nowhere")])
+    assert_one_line_error(proc, "run directory not found")
+
+
+def test_report_of_a_newer_run_directory_is_a_one_line_error(reference, tmp_path):
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    for name, data in contents(reference["dir"]).items():
+        (newer / name).write_bytes(data)
+    run = json.loads((newer / "run.json").read_text())
+    run["format_version"] = 99
+    (newer / "run.json").write_text(json.dumps(run))
+    (newer / "report.html").unlink()
+    proc = cli([sys.executable, "-m", "booklens", "report", str(newer)])
+    assert_one_line_error(proc, "newer booklens (format version 99")
+    assert not (newer / "report.html").exists()
+    # `run` refuses to resume it too (checked before any model loads)
+    from booklens.cli.run import previous_run
+    from booklens.errors import BooklensError
+
+    with pytest.raises(BooklensError, match="newer booklens"):
+        previous_run(newer)
+
+
+def test_run_refuses_a_directory_that_is_not_a_run_directory(tmp_path):
+    from booklens.cli.run import previous_run
+    from booklens.errors import BooklensError
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(BooklensError, match="not a booklens run directory"):
+        previous_run(tmp_path)
+    with pytest.raises(BooklensError, match="not a directory"):
+        previous_run(tmp_path / "notes.txt")
+    assert previous_run(tmp_path / "new") is None
