@@ -12,6 +12,13 @@ Splits are by book with `booklens.data.splits.split_by_book` (40/20/40 % of the 
 unless told), so no book is in two splits. Each split is then cut to a small subset with the same
 seed (balanced over the labels where the labels are skewed) so that compiling and evaluating with
 the embedded model take minutes; the sizes are options and are recorded in the artifact.
+Default subsets (train / dev / test):
+
+- coherence: 12 / 12 / 24 sentences, six from each of 2 / 2 / 4 summaries, half of them confusing
+  (every prompt holds the whole summary, so few summaries with several sentences each is what
+  a slow local model can afford);
+- verification: 24 / 12 / 24 claims, half faithful and half unfaithful;
+- decomposition: 8 / 4 / 8 summaries; summarize: 2 / 1 / 2 books.
 """
 
 from __future__ import annotations
