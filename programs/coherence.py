@@ -5,7 +5,7 @@ call; batched mode asks about `batch_size` numbered sentences per call and check
 that every sentence got exactly one valid answer under its own number. A sentence
 whose answer is missing, duplicated with a different content, or invalid (an
 unknown error type, a "confusion" without a question or a type, a "no confusion"
-with types) is asked again, alone with the other unanswered sentences of its batch,
+with error types; stray questions next to "no confusion" are dropped) is asked again, alone with the other unanswered sentences of its batch,
 with a fresh sample. After `tries` rounds it is recorded as a parse failure
 (`status="failed"`, `confusing=None`): never retried forever, never silently
 "no confusion". Sentences (or batches) of a summary run concurrently.
@@ -59,9 +59,9 @@ def check_answer(verdict: Any, questions: Any, error_types: Any) -> str | None:
             return "a confusion needs at least one error type"
         if not questions:
             return "a confusion needs at least one clarifying question"
-    else:
-        if types or questions:
-            return "'no confusion' must come without questions or error types"
+    elif types:
+        return "'no confusion' must come without error types"
+    # Questions next to an explicit "no confusion" are dropped: the verdict is what Eq. 1 counts.
     return None
 
 

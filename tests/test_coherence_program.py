@@ -219,6 +219,8 @@ def test_check_answer_and_numbering():
     assert check_answer("confusion", [], ["salience"])
     assert check_answer("confusion", ["Why?"], [])
     assert check_answer("maybe", [], [])
+    assert check_answer("no confusion", ["Who is she?"], []) is None  # stray questions are dropped
+    assert check_answer("no confusion", [], ["salience"])
     assert number_sentences(["A b.", "C\n d."], [1]) == "2: C d."
 
 
@@ -232,3 +234,10 @@ def test_invalid_construction():
     # both predictors are parameters, so a compiled artifact can carry demos/instructions for either
     names = [name for name, _ in scorer.named_predictors()]
     assert names == ["detect", "detect_batch"]
+
+
+def test_stray_questions_next_to_no_confusion_are_dropped():
+    prediction, calls = run(lambda call: {"verdict": "no confusion", "questions": ["Who is Mara?"],
+                                          "error_types": []})
+    assert len(calls) == len(SENTENCES)  # valid first time: not re-asked
+    assert all(a.confusing is False and a.questions == [] for a in prediction.annotations)
