@@ -26,7 +26,7 @@ from booklens.signatures.coherence import CONFUSION, NO_CONFUSION, DetectConfusi
 DEFAULT_TRIES = 3
 # Completion budget per judged sentence: a verdict, a few questions and types fit easily; the
 # bound stops a small model that keeps adding questions from generating for a minute.
-DEFAULT_TOKENS_PER_SENTENCE = 384
+DEFAULT_TOKENS_PER_SENTENCE = 192
 
 
 def _clean_questions(questions: Any) -> list[str]:
