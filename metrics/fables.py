@@ -19,9 +19,14 @@ reference claim is *recalled* when some predicted claim has cosine >= the thresh
 Precision = supported / |P|, recall = recalled / |G| (matching is many-to-many, so one
 predicted claim that merges two reference claims can recall both, and splitting one reference
 claim in two is not punished). Corpus figures are micro averages (totals over summaries).
-The threshold 0.7 was set on FABLES itself: reference claims of one summary against those of
-another summarizer for the same book (mostly paraphrases of the same plot) versus claims of
-other books (unrelated) — see `benchmarks/bench_fables_decomposition_threshold.py`.
+The threshold 0.8 was set on FABLES itself (`benchmarks/bench_fables_decomposition_threshold.py`):
+claims of one summary against the claims another summarizer wrote about the same book, read band
+by band. Below about 0.8 the best match is usually a different fact about the same characters
+(MiniLM similarity leans on shared names: "Rhett publicly reveals Summer's past with Rob" vs
+"Rhett is Summer's childhood crush" scores 0.77); from 0.8 up it is mostly the same fact in
+other words ("Aurora struggles with her father's lack of attention and affection" vs "...an
+emotionally distant father whose ... neglect ...", 0.82). Against claims about other books no
+claim reaches 0.8.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from booklens.signatures.faithfulness import CLAIM_LABELS
 FAILED = "failed"
 PREDICTED_LABELS: tuple[str, ...] = CLAIM_LABELS + (FAILED,)
 TABLE5_LABELS: tuple[str, ...] = ("faithful", "unfaithful")
-MATCH_THRESHOLD = 0.7
+MATCH_THRESHOLD = 0.8
 
 # The seed's Table 5, human-evidence setting (GPT-4-TURBO as the rater): (faithful F1, unfaithful F1).
 SEED_TABLE5_HUMAN_EVIDENCE = {

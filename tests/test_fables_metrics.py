@@ -110,8 +110,12 @@ def test_semantic_matching_with_the_real_model():
     pred = ["In the city of Oath, Iris Winnow has a job at the newspaper called the Oath Gazette.",
             "Roman Kitt ends his engagement with Elinor Little.",
             "Iris Winnow adopts a stray cat named Biscuit."]
+    # a different fact about the same person stays below the threshold
+    near_miss = decomposition_scores(["Roman Kitt is under pressure from his father to join the family business."],
+                                     ["Roman Kitt breaks off his engagement to Elinor Little."])
+    assert near_miss["supported"] == 0
     s = decomposition_scores(pred, gold)
     assert s["supported"] == 2 and s["recalled"] == 2, s
-    assert MATCH_THRESHOLD == 0.7
+    assert MATCH_THRESHOLD == 0.8
     ex = dspy.Example(summary="...", claims=gold).with_inputs("summary")
     assert decomposition_metric(ex, dspy.Prediction(claims=pred)) == pytest.approx(2 / 3)
