@@ -413,7 +413,7 @@ def _method_text(summary: Union[Summary, GivenSummary]) -> str:
 
 def _header_meta(data: RunData) -> str:
     run = data.run
-    parts = [f"{_int(run.book_tokens)} tokens", _method_text(data.summary), f"model {run.lm}"]
+    parts = [f"book of {_int(run.book_tokens)} tokens", _method_text(data.summary), f"model {run.lm}"]
     if data.faithfulness is not None:
         parts.append(f"evidence: {EVIDENCE_NAMES.get(data.faithfulness.evidence_mode, data.faithfulness.evidence_mode)}")
     return SEP.join(h(p) for p in parts)

@@ -479,7 +479,7 @@ def test_embedded_model_run_on_the_sample_story(tmp_path):
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("BOOKLENS_LM", None)
     proc = subprocess.run([sys.executable, "-m", "booklens", "run", str(STORY), "--lm", "local",
-                           "--max-summary-tokens", "120", "--max-claims", "2", "--k", "2", "--passage-tokens", "128",
+                           "--max-summary-tokens", "120", "--max-regenerations", "0", "--max-claims", "2", "--k", "2", "--passage-tokens", "128",
                            "-o", str(out)], capture_output=True, text=True, env=env, timeout=1800)
     assert proc.returncode == 0, proc.stderr
     from booklens.reports import load_run
@@ -493,3 +493,30 @@ def test_embedded_model_run_on_the_sample_story(tmp_path):
     if shutil.which("chromium") or shutil.which("chromium-browser"):
         check_page_in_chromium(out, tmp_path, expect_highlight=bool(judged),
                                expect_claims=bool(data.faithfulness.claims))
+
+
+def test_compiled_programs_are_routed_by_task_and_recorded(tmp_path):
+    """`--program` artifacts go to the step of their task; their digests are part of run.json."""
+    import dspy
+
+    from booklens.cli.run import route_programs
+    from booklens.optimizers.artifacts import save_program
+    from booklens.programs.faithfulness import build_verifier
+
+    verifier = build_verifier()
+    verifier.verify.demos = [dspy.Example(evidence="[1] The lamp was lit.", claim="The lamp was lit.",
+                                          label="faithful", supporting_passages=[1], refuting_passages=[],
+                                          reason="Passage 1 says so.")]
+    artifact = tmp_path / "verifier.json"
+    save_program(verifier, artifact, task="verification")
+    routed = route_programs([artifact])
+    assert routed == {"verification": artifact}
+    with pytest.raises(BooklensError, match="two --program artifacts"):
+        route_programs([artifact, artifact])
+
+    lm = scripted("Maren rebinds the ledger. Zed hides the key.", claims=["Maren rebinds the ledger."])
+    out = execute(tmp_path, lm, programs=routed, chunk_size=4096, max_summary_tokens=200, k=2)
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["programs"]["verification"]["sha256"]
+    verify_prompts = [c for c in lm.backend.calls if c.wants("label")]
+    assert verify_prompts and all("The lamp was lit." in json.dumps(c.messages) for c in verify_prompts)

@@ -128,6 +128,7 @@ class RunConfig:
     chunk_size: int = 2048
     context_window: Optional[int] = None
     max_summary_tokens: int = 900
+    max_regenerations: int = 2
     drop_matter: bool = False
     batch_size: int = 1
     evidence: str = "bm25"
@@ -157,6 +158,7 @@ class RunConfig:
             "chunk_size": None if self.summary_file else self.chunk_size,
             "context_window": None if self.summary_file else self.context_window,
             "max_summary_tokens": None if self.summary_file else self.max_summary_tokens,
+            "max_regenerations": None if self.summary_file else self.max_regenerations,
             "drop_matter": self.drop_matter,
             "batch_size": self.batch_size,
             "evidence": self.evidence,
@@ -348,7 +350,8 @@ def execute_run(cfg: RunConfig, lm: Any = None) -> Any:
     else:
         summary_inputs = {**model, "book_sha256": book_sha, "book": str(cfg.book), "method": cfg.method,
                           "chunk_size": cfg.chunk_size, "context_window": cfg.context_window,
-                          "max_summary_tokens": cfg.max_summary_tokens, "drop_matter": cfg.drop_matter,
+                          "max_summary_tokens": cfg.max_summary_tokens,
+                          "max_regenerations": cfg.max_regenerations, "drop_matter": cfg.drop_matter,
                           "concurrency": cfg.concurrency, "program": cfg.program_sha("summarize")}
         summary = runner.run_step("summary", summary_inputs, lambda: _summarize(cfg),
                                   lambda: read_step_record(cfg.output, "summary"))
@@ -441,7 +444,7 @@ def _summarize(cfg: RunConfig):
 
     return build_summary(cfg.book, method=cfg.method, chunk_size=cfg.chunk_size,
                          context_window=cfg.context_window, max_summary_tokens=cfg.max_summary_tokens,
-                         drop_matter=cfg.drop_matter, concurrency=cfg.concurrency,
+                         max_regenerations=cfg.max_regenerations, drop_matter=cfg.drop_matter, concurrency=cfg.concurrency,
                          program_path=cfg.programs.get("summarize"))
 
 
@@ -511,6 +514,8 @@ def run_command(
         "--context-window", help="W: tokens the model reads at once (default 8192).")] = None,
     max_summary_tokens: Annotated[int, typer.Option("--max-summary-tokens", min=16,
                                                     help="G_n: tokens of a summary.")] = 900,
+    max_regenerations: Annotated[int, typer.Option("--max-regenerations", min=0,
+                                                   help="Retries for a summary over budget or cut off.")] = 2,
     drop_matter: Annotated[bool, typer.Option("--drop-matter/--keep-matter",
                                               help="Drop front and back matter (contents, acknowledgments).")]
     = False,
@@ -537,7 +542,8 @@ def run_command(
 ) -> None:
     """Summarize a book, score coherence, verify claims; write a run directory and report.html."""
     cfg = RunConfig(book=book, output=output, summary_file=summary, method=method.value, chunk_size=chunk_size,
-                    context_window=context_window, max_summary_tokens=max_summary_tokens, drop_matter=drop_matter,
+                    context_window=context_window, max_summary_tokens=max_summary_tokens,
+                    max_regenerations=max_regenerations, drop_matter=drop_matter,
                     batch_size=batch_size, evidence=evidence.value, k=k, budget_tokens=budget_tokens,
                     passage_tokens=passage_tokens, max_claims=max_claims, programs=route_programs(program or []),
                     lm=lm, api_base=api_base, concurrency=concurrency, cache_dir=cache_dir)
