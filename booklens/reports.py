@@ -165,6 +165,9 @@ def write_text_atomic(path: Path, text: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # a page to share: the usual file mode, not mkstemp's private one
         os.replace(tmp, path)
     except OSError as exc:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None

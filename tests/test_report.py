@@ -199,6 +199,7 @@ def test_report_structure_and_accessibility(hier_run):
     assert Dom.text(marks[0]).startswith("Zed hides the key.")
     assert "entity omission, causal omission" in Dom.text(tips[0]) and "Who is Zed?" in Dom.text(tips[0])
     assert Dom.text(marks[1]).startswith("A garbled sentence") and "Not judged" in Dom.text(tips[1])
+    assert ".sent mark:hover + .tip, .sent mark:focus + .tip" in page  # shown on hover and on keyboard focus
     # colours come with text: a visible marker on each highlight, labels on every claim
     assert all(m_flag for m_flag in (dom.find("span", cls="flag")))
     # the error-type chart: all eight types with their rate as text
@@ -470,6 +471,25 @@ def test_sample_story_report_in_chromium(story_run, tmp_path):
     page = (story_run / "report.html").read_text()
     assert "Who is Zed, and what key is this?" in page and "Passage 1 states this directly." in page
     check_page_in_chromium(story_run, tmp_path)
+
+
+def test_keyboard_focus_on_a_highlight_shows_its_questions(story_run, tmp_path):
+    """The tooltip is drawn when its sentence has keyboard focus (autofocus stands in for a Tab press)."""
+    image = pytest.importorskip("PIL.Image")
+    source = (story_run / "report.html").read_text()
+    assert source.count('<mark tabindex="0"') == 1
+    pages = {"plain": source, "focused": source.replace('<mark tabindex="0"', '<mark autofocus tabindex="0"')}
+    tooltip_pixels = {}
+    for name, text in pages.items():
+        page = tmp_path / f"{name}.html"
+        page.write_text(text)
+        shot = tmp_path / f"{name}.png"
+        chromium(page, tmp_path / f"profile-{name}", "--window-size=1000,800", f"--screenshot={shot}",
+                 "--hide-scrollbars")
+        with image.open(shot) as im:
+            tooltip_pixels[name] = sum(1 for p in im.convert("RGB").getdata() if p == (255, 253, 243))  # .tip
+    assert tooltip_pixels["plain"] == 0
+    assert tooltip_pixels["focused"] > 20_000, tooltip_pixels
 
 
 @pytest.mark.embedded
