@@ -145,6 +145,8 @@ class ClaimVerdict(BaseModel):
     refuting: list[int] = Field(default_factory=list, description="evidence numbers that contradict the claim")
     invalid_references: list[int] = Field(default_factory=list,
                                           description="passage numbers the verifier cited that were not shown to it")
+    truncated: bool = Field(default=False, description="the answer hit the token limit after the label and reason; "
+                                                       "its passage lists were dropped")
     attempts: int = 0
     error: Optional[str] = None
 

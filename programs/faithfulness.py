@@ -37,7 +37,7 @@ from booklens.signatures.faithfulness import (
 
 DEFAULT_K = 5
 DECOMPOSE_MAX_TOKENS = 2048
-VERIFY_MAX_TOKENS = 400
+VERIFY_MAX_TOKENS = 256
 # Tokens of the verification prompt other than the evidence (instructions, claim, field layout, chat template).
 VERIFY_PROMPT_OVERHEAD = 1000
 # Share of the remaining window evidence may fill: the backend's tokenizer may count more than cl100k_base.
@@ -148,29 +148,38 @@ class ClaimVerifier(dspy.Module):
         label = getattr(prediction, "label", None)
         if label not in CLAIM_LABELS:
             return f"label {label!r} is not one of {', '.join(CLAIM_LABELS)}"
-        if last_finish_reason() == "length":
-            return "the answer was cut off at the token limit"
         return None
 
     def forward(self, claim: str, passages: Sequence[str] | None = None) -> dspy.Prediction:
         config = {"max_tokens": self.max_tokens}
+        finish: dict[str, str] = {}
+
+        def check(prediction) -> str | None:
+            finish["reason"] = last_finish_reason()
+            return self.check(prediction)
+
         if passages is None:
-            attempted = predict_with_retries(self.verify_without_evidence, tries=self.tries, check=self.check,
+            attempted = predict_with_retries(self.verify_without_evidence, tries=self.tries, check=check,
                                              config=config, claim=claim)
         else:
             evidence = format_passages(passages) if passages else "(no passages)"
-            attempted = predict_with_retries(self.verify, tries=self.tries, check=self.check, config=config,
+            attempted = predict_with_retries(self.verify, tries=self.tries, check=check, config=config,
                                              evidence=evidence, claim=claim)
         if not attempted.ok:
             return dspy.Prediction(label=None, reason="", supporting=[], refuting=[], invalid_references=[],
-                                   attempts=attempted.attempts, error=attempted.error)
+                                   truncated=False, attempts=attempted.attempts, error=attempted.error)
         p = attempted.prediction
         count = len(passages or [])
         supporting, bad_s = _passage_numbers(getattr(p, "supporting_passages", None), count)
         refuting, bad_r = _passage_numbers(getattr(p, "refuting_passages", None), count)
+        # A label that parsed is kept when the answer ran into the token limit (small models sometimes
+        # count on through the passage lists); the cut-off lists are not evidence of anything.
+        truncated = finish.get("reason") == "length"
+        if truncated:
+            supporting, refuting, bad_s, bad_r = [], [], [], []
         return dspy.Prediction(label=p.label, reason=str(p.reason or "").strip(), supporting=supporting,
                                refuting=refuting, invalid_references=sorted(set(bad_s) | set(bad_r)),
-                               attempts=attempted.attempts, error=None)
+                               truncated=truncated, attempts=attempted.attempts, error=None)
 
 
 # ---------------------------------------------------------------------------
@@ -272,7 +281,8 @@ class FaithfulnessChecker(dspy.Module):
                 index=i, claim=claims[i], label=result.label,
                 fables_label=LABEL_TO_FABLES.get(result.label) if result.label else None,
                 reason=result.reason, evidence=items or [], supporting=result.supporting, refuting=result.refuting,
-                invalid_references=result.invalid_references, attempts=result.attempts, error=result.error,
+                invalid_references=result.invalid_references, truncated=result.truncated,
+                attempts=result.attempts, error=result.error,
             )
 
         with usage_step("verify"):

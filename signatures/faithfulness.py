@@ -36,16 +36,16 @@ class VerifyClaim(dspy.Signature):
     - partial support: some of the claim is supported, but another part is wrong or goes beyond
       what the passages show.
     - can't verify: the passages neither support nor contradict the claim.
-    Judge only by the passages, not by what a story like this usually contains. List the numbers of
-    the passages that support the claim and of those that contradict it (empty lists when none do),
-    and give a one-sentence reason."""
+    Judge only by the passages, not by what a story like this usually contains. Give a one-sentence
+    reason, then the numbers of the passages that support the claim and of those that contradict it
+    (empty lists when none do)."""
 
     evidence: str = dspy.InputField(desc="numbered passages from the book: [1] ..., [2] ...; may be empty")
     claim: str = dspy.InputField(desc="the claim to judge")
     label: ClaimLabel = dspy.OutputField(desc="faithful, unfaithful, partial support or can't verify")
+    reason: str = dspy.OutputField(desc="one short sentence explaining the label")
     supporting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that support the claim")
     refuting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that contradict the claim")
-    reason: str = dspy.OutputField(desc="one short sentence explaining the label")
 
 
 class VerifyClaimWithoutEvidence(dspy.Signature):

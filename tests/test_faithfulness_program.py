@@ -95,6 +95,16 @@ def test_verifier_reports_passage_numbers_and_drops_invalid_ones():
     assert pred.supporting == [2] and pred.refuting == [1] and pred.invalid_references == [0, 7]
 
 
+def test_a_cut_off_answer_keeps_its_label_but_not_its_passage_lists(monkeypatch):
+    import booklens.programs.faithfulness as faithfulness
+
+    monkeypatch.setattr(faithfulness, "last_finish_reason", lambda: "length")
+    pred, lm = run_with(lambda call: verdict("faithful", supporting=list(range(1, 60))),
+                        lambda: build_verifier()(claim="c", passages=["one", "two"]))
+    assert pred.label == "faithful" and pred.truncated and pred.error is None and pred.attempts == 1
+    assert pred.supporting == [] and pred.refuting == [] and pred.invalid_references == []
+
+
 # ---------------------------------------------------------------------------
 # Evidence
 
