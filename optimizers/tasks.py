@@ -293,21 +293,35 @@ def _verification() -> Task:
 
 
 def _verification_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
-    from booklens.data.fables import verification_examples
-    from booklens.retrieval import format_passages
+    from booklens.data.fables import all_claims
 
-    out = {}
-    for name, summaries in _fables_summary_splits(path, seed).items():
-        examples = []
-        for e in verification_examples(summaries, labels=VERIFICATION_LABELS):
-            passages = list(e.evidence)
-            fields = {k: v for k, v in e.items() if k != "evidence"}
-            # `passages` is the verifier's input; `evidence` (as the verifier formats it) and
-            # `label` make the example a labeled demo of the verification predictor.
-            fields.update(passages=passages, evidence=format_passages(passages) if passages else "(no passages)")
-            examples.append(dspy.Example(**fields).with_inputs("claim", "passages"))
-        out[name] = examples
-    return out
+    return {name: [_verification_example(c) for c in all_claims(summaries) if c.label in VERIFICATION_LABELS]
+            for name, summaries in _fables_summary_splits(path, seed).items()}
+
+
+def _verification_example(claim: Any) -> dspy.Example:
+    """A FABLES claim as the verifier's input (`claim`, `passages`: the annotators' quotes) with
+    every output field of the verification predictor filled from the annotation, so that the
+    example is a complete labeled demo: the label, the quotes as supporting (faithful) or refuting
+    (unfaithful) passages, and the annotator's reason (or a plain one when they gave none)."""
+    from booklens.programs.faithfulness import clean_evidence
+    from booklens.retrieval import format_passages
+    from booklens.signatures.faithfulness import FABLES_LABELS
+
+    passages = clean_evidence(claim.evidence)
+    label = FABLES_LABELS[claim.label]
+    numbers = list(range(1, len(passages) + 1))
+    reason = " ".join(" ".join(r.split()) for r in claim.reason if r.strip())
+    if not reason:
+        reason = ("The passages show this." if label == "faithful" else "The passages contradict this.") \
+            if passages else "The annotators judged it from the whole book."
+    return dspy.Example(
+        claim=claim.claim, passages=passages,
+        evidence=format_passages(passages) if passages else "(no passages)",
+        label=label, supporting_passages=numbers if label == "faithful" else [],
+        refuting_passages=numbers if label == "unfaithful" else [], reason=reason,
+        book=claim.book, summarizer=claim.summarizer, id=claim.id,
+    ).with_inputs("claim", "passages")
 
 
 def _verification_feedback(example, prediction, score) -> str:
