@@ -589,6 +589,9 @@ def _claim_item(v: ClaimVerdict, book_chars: int, chunks: Sequence[dict[str, Any
                      f'({_plural(v.attempts, "try", "tries")})</p>')
     elif v.reason:
         parts.append(f'<p class="reason"><b>Reason:</b> {h(v.reason)}</p>')
+    if getattr(v, "truncated", False):
+        parts.append('<p class="where">The verifier\u2019s answer was cut off at its token limit after the label '
+                     'and reason; the passages it cited are unknown.</p>')
     if v.invalid_references:
         parts.append(f'<p class="where">The verifier also cited passages it was not shown: '
                      f'{h(", ".join(str(n) for n in v.invalid_references))}.</p>')
