@@ -641,5 +641,18 @@ def predict_with_retries(
         complaint = check(prediction) if check else None
         if complaint is None:
             return Attempted(prediction=prediction, attempts=attempt + 1)
+        _forget_trace(prediction)
         last_error = complaint
     return Attempted(error=last_error, attempts=tries)
+
+
+def _forget_trace(prediction: Any) -> None:
+    """Drop a rejected answer from DSPy's trace: optimizers turn traces into few-shot demos,
+    and an answer the program refused must never be shown to the model as an example."""
+    trace = dspy.settings.trace
+    if not trace:
+        return
+    for i in range(len(trace) - 1, -1, -1):
+        if trace[i][2] is prediction:
+            del trace[i]
+            return

@@ -365,3 +365,36 @@ def test_a_backend_that_cannot_work_stops_compiling_at_once(splits):
     with pytest.raises(LMError, match="context window"):
         compile_program(TOY, train, dev, optimizer="random-search", budget=BUDGET)
     assert len(lm.backend.calls) <= 2
+
+
+class Shout(dspy.Signature):
+    """Repeat the text in capital letters."""
+
+    text: str = dspy.InputField()
+    loud: str = dspy.OutputField()
+
+
+class CheckedProgram(dspy.Module):
+    """Re-asks until the answer is in capitals, like the programs' closed-set checks."""
+
+    def __init__(self):
+        super().__init__()
+        self.shout = dspy.Predict(Shout)
+
+    def forward(self, text):
+        from booklens.lm import predict_with_retries
+
+        outcome = predict_with_retries(self.shout, check=lambda p: None if p.loud.isupper() else "not capitals",
+                                       text=text)
+        return outcome.prediction if outcome.ok else dspy.Prediction(loud=None)
+
+
+def test_rejected_answers_never_become_demos(splits):
+    train, dev = splits
+    configure(ScriptedLM(lambda call: {"loud": call.inputs["text"].upper() if call.attempt else "quiet"}))
+    task = Task(name="toy-shout", description="", metric_name="ok", build_program=CheckedProgram,
+                load_splits=lambda p, s: {}, metric=lambda e, p, t=None: float(p.loud is not None))
+    compiled = compile_program(task, train, dev, optimizer="bootstrap", budget=Budget(demos=4))
+    demos = compiled.shout.demos
+    assert len(demos) == 4 and all(d.get("augmented") for d in demos)
+    assert all(d["loud"].isupper() for d in demos), [d["loud"] for d in demos]
