@@ -107,8 +107,13 @@ class ClaimDecomposer(dspy.Module):
                 return "no claims in the answer"
             return None
 
+        from booklens.text import count_tokens
+
+        # The claims restate the summary, so they need about as many tokens as it has; the cap keeps a
+        # model that repeats itself from running on to the full limit.
+        max_tokens = min(self.max_tokens, 2 * count_tokens(summary) + 256)
         attempted = predict_with_retries(self.decompose, tries=self.tries, check=check,
-                                         config={"max_tokens": self.max_tokens}, summary=summary.strip())
+                                         config={"max_tokens": max_tokens}, summary=summary.strip())
         if not attempted.ok:
             return dspy.Prediction(claims=[], attempts=attempted.attempts, error=attempted.error)
         return dspy.Prediction(claims=clean_claims(attempted.prediction.claims), attempts=attempted.attempts,

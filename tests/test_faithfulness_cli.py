@@ -206,3 +206,22 @@ def test_claims_verify_and_check_end_to_end(tmp_path):
     assert [c["claim"] for c in checked["claims"]] == claims["claims"]
     assert checked["summary"].startswith("The keeper") and checked["usage"]["cached_calls"] == 3
     assert list((tmp_path / "cache" / "indexes").iterdir())
+
+
+@pytest.mark.embedded
+def test_verify_one_claim_with_the_embedded_model(tmp_path, books_dir):
+    """The real SmolLM2 path: grammar-constrained answers parse into a label from the closed set
+    (or a recorded failure), with evidence that points into the book."""
+    from booklens.signatures.faithfulness import CLAIM_LABELS
+    from booklens.text import read_book
+
+    book = books_dir / "the_cask_of_amontillado.txt"
+    claims = write(tmp_path / "claims.json", ["Montresor walls Fortunato up alive in the catacombs."])
+    out = tmp_path / "report.json"
+    proc = run_cli(["verify", "--claims", str(claims), "--book", str(book), "--evidence", "bm25", "--k", "2",
+                    "--lm", "local", "-o", str(out)], tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    verdict = json.loads(out.read_text())["claims"][0]
+    assert verdict["label"] in CLAIM_LABELS or (verdict["label"] is None and verdict["error"])
+    text = read_book(book)
+    assert verdict["evidence"] and all(text[e["start"]:e["end"]] == e["text"] for e in verdict["evidence"])
