@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_confusion(report["overall"]["confusion"]))
     print()
-    print(f"predicted: {dict(Counter(p or 'failed' for p in pred))}; {elapsed:.0f} s "
-          f"({elapsed / max(1, len(done)):.1f} s/claim this run); LM calls {usage['calls']} "
+    print(f"predicted: {dict(Counter(p or 'failed' for p in pred))}; {elapsed:.0f} s this run "
+          f"({elapsed / max(1, usage['calls']):.1f} s per uncached call); LM calls {usage['calls']} "
           f"(+{usage['cached_calls']} cached), {usage['prompt_tokens']} prompt + {usage['completion_tokens']} "
           f"completion tokens")
     if args.json:
