@@ -108,12 +108,15 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
 @pytest.mark.embedded
 def test_summarize_sample_story_with_the_embedded_model(tmp_path):
     out = tmp_path / "summary.json"
-    proc = run_cli(["summarize", str(STORY), "-o", str(out)], tmp_path, timeout=900)
+    # Smaller chunks and window than the defaults, so the 4.9K-token story needs a real merge tree:
+    # five 1024-token chunks, two level-1 groups and a level-2 merge.
+    proc = run_cli(["summarize", str(STORY), "--chunk-size", "1024", "--context-window", "4096",
+                    "-o", str(out)], tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())
     assert record["kind"] == "booklens.summary" and record["method"] == "hier"
     assert len(record["summary"].split()) >= 20
     assert record["lm"].startswith("local/")
-    assert record["usage"]["calls"] >= 2
+    assert record["usage"]["calls"] >= 3
     levels = {n["level"] for n in record["nodes"]}
-    assert 1 in levels and record["nodes"][-1]["chunks"] == [c["index"] for c in record["chunks"]]
+    assert {1, 2} <= levels and record["nodes"][-1]["chunks"] == [c["index"] for c in record["chunks"]]
