@@ -132,6 +132,15 @@ class UsageTracker:
             return {**self.total.as_dict(), "steps": {k: v.as_dict() for k, v in self.steps.items()}}
 
 
+def usage_delta(before: dict, after: dict) -> dict[str, Any]:
+    """Calls, cached calls, tokens and (where known) dollars spent between two `snapshot()`s."""
+    keys = ("calls", "cached_calls", "prompt_tokens", "completion_tokens")
+    delta: dict[str, Any] = {k: after[k] - before[k] for k in keys}
+    if after.get("cost_usd") is not None:
+        delta["cost_usd"] = round((after["cost_usd"] or 0) - (before.get("cost_usd") or 0), 6)
+    return delta
+
+
 # ---------------------------------------------------------------------------
 # Disk cache of completed calls
 

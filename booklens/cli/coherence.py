@@ -32,6 +32,7 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.errors import BooklensError
+from booklens.lm import usage_delta
 
 
 class SplitName(str, Enum):
@@ -92,14 +93,6 @@ def _select(names: list[str], split: Optional[SplitName], limit: Optional[int]) 
     return names
 
 
-def _usage_delta(before: dict, after: dict) -> dict:
-    keys = ("calls", "cached_calls", "prompt_tokens", "completion_tokens")
-    delta = {k: after[k] - before[k] for k in keys}
-    if after.get("cost_usd") is not None:
-        delta["cost_usd"] = round((after["cost_usd"] or 0) - (before.get("cost_usd") or 0), 6)
-    return delta
-
-
 def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concurrency: int = 4, tries: int = 3,
                     book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None) -> dict[str, Any]:
     """Score summaries with the configured LM; name -> `CoherenceResult`."""
@@ -125,7 +118,7 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
             book=name, summary=text, annotator="program", sentences=prediction.annotations,
             mode=scorer.mode, batch_size=scorer.batch_size,
             lm=getattr(lm, "label", getattr(lm, "model", str(lm))),
-            usage=_usage_delta(before, lm.usage.snapshot()),
+            usage=usage_delta(before, lm.usage.snapshot()),
             timings={"score_seconds": round(seconds, 3)},
         )
         results[name] = finish_result(result, book_text=(book_texts or {}).get(name))
@@ -219,10 +212,10 @@ def score(
     else:
         record = build_set(results, annotator="program")
         record.lm = getattr(lm_obj, "label", "")
-        record.usage = _usage_delta(before, lm_obj.usage.snapshot())
+        record.usage = usage_delta(before, lm_obj.usage.snapshot())
         record.timings = {"score_seconds": round(time.perf_counter() - started, 3)}
     write_output(output, record)
-    usage = _usage_delta(before, lm_obj.usage.snapshot())
+    usage = usage_delta(before, lm_obj.usage.snapshot())
     typer.echo(f"{_report_line(record)}; {usage['calls']} LM calls ({usage['cached_calls']} from cache), "
                f"{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens", err=True)
 

@@ -29,6 +29,7 @@ from booklens.cli.common import (
 )
 from booklens.cli.data import stats_app
 from booklens.errors import BooklensError
+from booklens.lm import usage_delta
 
 
 class EvidenceMode(str, Enum):
@@ -135,14 +136,6 @@ def _index(text: str, cache_dir: Optional[Path], passage_tokens: int):
                            passage_tokens=passage_tokens)
 
 
-def _usage_delta(before: dict, after: dict) -> dict:
-    keys = ("calls", "cached_calls", "prompt_tokens", "completion_tokens")
-    delta: dict[str, Any] = {k: after[k] - before[k] for k in keys}
-    if after.get("cost_usd") is not None:
-        delta["cost_usd"] = round((after["cost_usd"] or 0) - (before.get("cost_usd") or 0), 6)
-    return delta
-
-
 def _lm_label(lm) -> str:
     return str(getattr(lm, "label", getattr(lm, "model", lm)))
 
@@ -184,7 +177,7 @@ def run_verification(*, claims: list[str], given: Optional[list[Optional[list[st
         budget_tokens=checker.resolved_budget() if mode in ("book", "given") else None,
         passage_tokens=passage_tokens if index is not None else None,
         claims=result.claims, label_counts=result.label_counts, label_percentages=result.label_percentages,
-        failures=result.failures, lm=_lm_label(lm), usage=_usage_delta(before, lm.usage.snapshot()),
+        failures=result.failures, lm=_lm_label(lm), usage=usage_delta(before, lm.usage.snapshot()),
         timings={"index_seconds": round(index_seconds, 3), "verify_seconds": round(run_seconds, 3),
                  "total_seconds": round(time.perf_counter() - started, 3)},
     )
@@ -243,7 +236,7 @@ def claims_command(
     if result.error:
         raise BooklensError(f"could not split the summary into claims ({result.attempts} tries): {result.error}")
     record = ClaimSet(summary=text, claims=result.claims, attempts=result.attempts, lm=_lm_label(model),
-                      usage=_usage_delta(before, model.usage.snapshot()))
+                      usage=usage_delta(before, model.usage.snapshot()))
     write_output(output, record)
     if output is not None:
         typer.echo(f"{len(record.claims)} claims", err=True)

@@ -21,6 +21,7 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.errors import BooklensError
+from booklens.lm import usage_delta
 
 
 class Method(str, Enum):
@@ -78,18 +79,10 @@ def build_summary(book_path: Path, *, method: str = "hier", chunk_size: int = 20
                  "split_sentence": c.split_sentence} for c in result.chunks],
         nodes=result.nodes,
         lm=getattr(lm, "label", getattr(lm, "model", str(lm))),
-        usage=_usage_delta(before, after),
+        usage=usage_delta(before, after),
         timings={"read_seconds": round(read_seconds, 3), "summarize_seconds": round(summarize_seconds, 3),
                  "total_seconds": round(time.perf_counter() - started, 3)},
     )
-
-
-def _usage_delta(before: dict, after: dict) -> dict:
-    keys = ("calls", "cached_calls", "prompt_tokens", "completion_tokens")
-    delta = {k: after[k] - before[k] for k in keys}
-    if after.get("cost_usd") is not None:
-        delta["cost_usd"] = round((after["cost_usd"] or 0) - (before.get("cost_usd") or 0), 6)
-    return delta
 
 
 @app.command()
