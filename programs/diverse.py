@@ -40,6 +40,7 @@ from booklens.signatures.diverse import (
     SummarizeDiverse,
     SummarizeExtractedSentences,
 )
+from booklens.text import split_sentences
 
 DEFAULT_CONTEXT_WINDOW = 8192
 BUDGET_MARGIN = 0.8
@@ -105,14 +106,7 @@ class DiverseSummarizer(dspy.Module):
             return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None,
                                    method="direct", extracts=[], error=attempt.error, attempts=attempt.attempts)
 
-        def extract_one(article: str) -> list[str]:
-            got = predict_with_retries(self.extract, tries=self.tries, check=_nonempty("sentences"),
-                                       article=article, num_sentences=self.num_sentences)
-            if not got.ok:
-                return []
-            return [str(s).strip() for s in got.prediction.sentences if str(s).strip()][: self.num_sentences]
-
-        per_article = parallel_map(extract_one, articles, concurrency=self.concurrency, desc="extract")
+        per_article = parallel_map(self.extract_sentences, articles, concurrency=self.concurrency, desc="extract")
         extracts = []
         for article, sentences in zip(articles, per_article):
             head = article.split("\n", 1)[0]
@@ -123,6 +117,32 @@ class DiverseSummarizer(dspy.Module):
                                        extracts=extracts)
         return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None,
                                method="extract", extracts=extracts, error=attempt.error, attempts=attempt.attempts)
+
+
+    def extract_sentences(self, article: str) -> list[str]:
+        """The article's most important sentences, verbatim: the model picks sentence numbers, so
+        an extract can never be a paraphrase or an invention. Short articles are taken whole."""
+        title, _, body = article.partition("\n")
+        sentences = [s.strip() for s in split_sentences(body) if s.strip()]
+        if len(sentences) <= self.num_sentences:
+            return sentences
+        numbered = [f"[{i}] {s}" for i, s in enumerate(sentences, 1)]
+
+        def check(pred: Any) -> Optional[str]:
+            picks = getattr(pred, "picks", None) or []
+            if not picks:
+                return "pick at least one sentence number"
+            bad = [n for n in picks if not isinstance(n, int) or not 1 <= n <= len(sentences)]
+            if bad:
+                return f"sentence numbers run from 1 to {len(sentences)}; {bad[0]} is not one of them"
+            return None
+
+        got = predict_with_retries(self.extract, tries=self.tries, check=check, title=title, sentences=numbered,
+                                   num_sentences=self.num_sentences)
+        if not got.ok:
+            return []
+        chosen = list(dict.fromkeys(got.prediction.picks))[: self.num_sentences]
+        return [sentences[n - 1] for n in sorted(chosen)]  # in the article's order, so they read as text
 
 
 def _nonempty(field: str):

@@ -45,12 +45,14 @@ class SummarizeDiverse(dspy.Signature):
 
 
 class ExtractImportantSentences(dspy.Signature):
-    """Pick the most important sentences of a news article, copied without changing any word,
-    the most important first."""
+    """Pick the most important sentences of a news article: the ones a reader comparing several
+    reports of the same event would most need. Answer with their numbers, the most important
+    first."""
 
-    article: str = dspy.InputField()
+    title: str = dspy.InputField(desc="the article's title and source")
+    sentences: list[str] = dspy.InputField(desc="the article's sentences, each starting with its number in brackets")
     num_sentences: int = dspy.InputField(desc="how many sentences to pick")
-    sentences: list[str] = dspy.OutputField()
+    picks: list[int] = dspy.OutputField(desc="numbers of the chosen sentences")
 
 
 class SummarizeExtractedSentences(dspy.Signature):

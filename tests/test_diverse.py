@@ -32,6 +32,7 @@ from booklens.programs.diverse import (
 )
 from booklens.signatures.diverse import JudgeCoverageOfAllQAs
 from booklens.testing import ScriptedLM
+from booklens.text import split_sentences
 
 FIXTURE = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
 
@@ -102,8 +103,8 @@ def test_summaries_formats():
 
 def test_direct_when_the_articles_fit_extract_otherwise(event):
     def responder(call):
-        if call.wants("sentences"):
-            return {"sentences": ["First key sentence.", "Second key sentence."]}
+        if call.wants("picks"):
+            return {"picks": [3, 1, 3, 2]}  # a repeat, and more numbers than asked for
         return {"summary": "Sources disagree on the cause."}
 
     lm = scripted(responder, window=16384)
@@ -116,7 +117,12 @@ def test_direct_when_the_articles_fit_extract_otherwise(event):
     pred = DiverseSummarizer("auto", num_sentences=2)(articles=article_texts(event))
     assert pred.method == "extract" and len(pred.extracts) == 10
     assert len(lm.backend.calls) == 11  # one extraction per article, then the summary
-    assert "- First key sentence." in lm.backend.calls[-1].inputs["extracts"]
+    for article, extract in zip(article_texts(event), pred.extracts):
+        # sentences 3 and 1, verbatim and in the article's order, under the article's title line
+        title, body = article.split("\n", 1)
+        sentences = split_sentences(body)
+        assert extract == f"{title}\n- {sentences[0].strip()}\n- {sentences[2].strip()}"
+    assert json.loads(lm.backend.calls[-1].inputs["extracts"]) == pred.extracts  # what the summary step reads
 
     with pytest.raises(BooklensError, match="--method extract"):
         DiverseSummarizer("direct")(articles=article_texts(event))
@@ -273,3 +279,24 @@ def test_verbosity_single_arithmetic():
     assert r["original_pct"] == pytest.approx(33.33) and r["extended_pct"] == pytest.approx(33.33)
     assert r["tie_pct"] == pytest.approx(33.33)
     json.dumps(r)
+
+
+def test_extraction_rejects_numbers_outside_the_article_and_takes_short_articles_whole(event):
+    asked: list[int] = []
+
+    def responder(call):
+        if call.wants("picks"):
+            asked.append(call.attempt)
+            return {"picks": [0, 99]}  # never a sentence of the article
+        return {"summary": "Sources disagree."}
+
+    lm = scripted(responder, window=4096)
+    summarizer = DiverseSummarizer("extract", num_sentences=2)
+    article = article_texts(event)[0]
+    assert summarizer.extract_sentences(article) == []  # re-asked, then recorded as nothing picked
+    assert asked == [0, 1, 2]
+
+    short = "[x] A short report (example.org)\nThe bridge closed on Monday. Nobody knows for how long."
+    calls_before = len(lm.backend.calls)
+    assert summarizer.extract_sentences(short) == ["The bridge closed on Monday.", "Nobody knows for how long."]
+    assert len(lm.backend.calls) == calls_before  # nothing to choose, no LM call
