@@ -120,7 +120,9 @@ def format_f1_table(report: dict[str, Any], *, reference: dict[str, tuple[float,
 
     head = f"{'Summarizer':<16}{'n':>5}{'F1 faithful':>13}{'F1 unfaithful':>15}{'accuracy':>10}{'failed':>8}"
     if reference:
-        head += f"  {reference_name + ' F1 faith.':>20}{reference_name + ' F1 unfaith.':>22}"
+        ref_faithful, ref_unfaithful = f"{reference_name} F1 faithful", f"{reference_name} F1 unfaithful"
+        width = max(len(ref_faithful), len(ref_unfaithful)) + 2  # columns never run into each other
+        head += f"{ref_faithful:>{width}}{ref_unfaithful:>{width}}"
     lines = [head, "-" * len(head)]
     rows = list(report["by_summarizer"].items()) + [("Overall", report["overall"])]
     for name, s in rows:
@@ -128,7 +130,7 @@ def format_f1_table(report: dict[str, Any], *, reference: dict[str, tuple[float,
                 f"{fmt(s['accuracy']):>10}{s['failures']:>8}")
         if reference:
             ref = reference.get(name)
-            line += f"  {fmt(ref[0] if ref else None):>20}{fmt(ref[1] if ref else None):>22}"
+            line += f"{fmt(ref[0] if ref else None):>{width}}{fmt(ref[1] if ref else None):>{width}}"
         lines.append(line)
     return "\n".join(lines)
 
