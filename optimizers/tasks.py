@@ -14,7 +14,7 @@ seed (balanced over the labels where the labels are skewed) so that compiling an
 the embedded model take minutes; the sizes are options and are recorded in the artifact.
 Default subsets (train / dev / test):
 
-- coherence: 12 / 12 / 24 sentences, six from each of 2 / 2 / 4 summaries, half of them confusing
+- coherence: 8 / 6 / 24 sentences, at most six from each summary, half of them confusing
   (every prompt holds the whole summary, so few summaries with several sentences each is what
   a slow local model can afford);
 - verification: 24 / 12 / 24 claims, half faithful and half unfaithful;
@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import dspy
 
@@ -53,6 +53,16 @@ class Task:
     bootstrap_threshold: float | None = None  # bootstrap keeps a run as a demo when metric >= this
     data_help: str = ""
     program_config: dict[str, Any] = field(default_factory=dict)
+    # Budget defaults of this task where they differ from `Budget`'s (a task with long prompts
+    # needs a smaller one to compile in minutes on the embedded model).
+    budget: dict[str, int] = field(default_factory=dict)
+
+    def default_budget(self, **overrides: Optional[int]):
+        """The task's default budget with the given (non-None) values on top."""
+        from booklens.optimizers.compile import Budget
+
+        values = {**self.budget, **{k: v for k, v in overrides.items() if v is not None}}
+        return Budget(**values)
 
 
 @dataclass
@@ -183,10 +193,14 @@ def _coherence() -> Task:
         build_program=build,
         load_splits=_coherence_splits,
         metric=_coherence_metric(),
-        sizes={"train": 12, "dev": 12, "test": 24},
+        sizes={"train": 8, "dev": 6, "test": 24},
         stratify="verdict",
         subset_group="summary",
         per_group=6,  # six sentences of each summary read: the summary is most of every prompt
+        # Every demo carries a whole summary (about 1,000 tokens), so each demo and each dev run
+        # costs more here than in any other task: a smaller budget keeps random search and
+        # MIPROv2 within 20 minutes on the embedded model.
+        budget={"demos": 2, "candidates": 2, "trials": 3},
         feedback=_coherence_feedback,
         bootstrap_threshold=0.5,  # the verdict agrees with the humans
         data_help="a BooookScore human annotation file such as summary-gpt4-4096-inc.json, or a folder of them",

@@ -61,7 +61,7 @@ def test_coherence_compiles_and_score_uses_the_artifact(tmp_path):
 
     task = get_task("coherence")
     splits = load_task_splits(task, human_annotations(tmp_path / "human.json"), seed=0)
-    assert splits.info["sizes"]["train"] == 12 and {e.verdict for e in splits.test} == {"confusion", "no confusion"}
+    assert splits.info["sizes"]["train"] == 8 and {e.verdict for e in splits.test} == {"confusion", "no confusion"}
     configure(ScriptedLM(detector))
     compiled = compile_program(task, splits.train, splits.dev, optimizer="bootstrap", budget=BUDGET)
     assert len(compiled.detect.demos) == 2 and compiled.detect_batch.demos == []
@@ -209,3 +209,12 @@ def test_split_keeps_books_apart_and_records_the_data(tmp_path):
     assert {e.book for e in other.test} != books[2]
     with pytest.raises(BooklensError, match="data not found"):
         load_task_splits(task, tmp_path / "missing.json")
+
+
+def test_coherence_has_a_smaller_default_budget_and_options_override_it():
+    coherence, verification = get_task("coherence"), get_task("verification")
+    assert (coherence.default_budget().demos, coherence.default_budget().candidates,
+            coherence.default_budget().trials) == (2, 2, 3)
+    assert verification.default_budget() == Budget()
+    assert coherence.default_budget(demos=5, trials=None).demos == 5
+    assert coherence.default_budget(demos=5, trials=None).trials == 3

@@ -61,10 +61,13 @@ def compile_command(
     optimizer: Annotated[str, typer.Option(
         "--optimizer", help="labeled, bootstrap, random-search, mipro or gepa.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the artifact (JSON).")],
-    demos: Annotated[int, typer.Option("--demos", help="Demos per predictor.")] = 3,
-    candidates: Annotated[int, typer.Option(
-        "--candidates", help="random-search: demo sets tried; mipro: instruction and demo-set candidates.")] = 3,
-    trials: Annotated[int, typer.Option("--trials", help="mipro: search trials; gepa: reflective proposals.")] = 4,
+    demos: Annotated[Optional[int], typer.Option(
+        "--demos", help="Demos per predictor (default 3; coherence 2).")] = None,
+    candidates: Annotated[Optional[int], typer.Option(
+        "--candidates", help="random-search: demo sets tried; mipro: instruction and demo-set candidates "
+                             "(default 3; coherence 2).")] = None,
+    trials: Annotated[Optional[int], typer.Option(
+        "--trials", help="mipro: search trials; gepa: reflective proposals (default 4; coherence 3).")] = None,
     threads: ThreadsOption = 2,
     max_rounds: Annotated[int, typer.Option("--max-rounds", help="Bootstrap attempts per training example.")] = 1,
     minibatch_size: Annotated[int, typer.Option(
@@ -83,14 +86,14 @@ def compile_command(
 ) -> None:
     """Compile a task's program on the training split with a DSPy optimizer; write the artifact."""
     from booklens.optimizers.artifacts import save_program
-    from booklens.optimizers.compile import Budget, check_optimizer, compile_program
+    from booklens.optimizers.compile import check_optimizer, compile_program
     from booklens.optimizers.evaluate import Meter, evaluate_program, format_table
     from booklens.optimizers.tasks import get_task, load_task_splits
 
     name = check_optimizer(optimizer)
     spec = get_task(task)
-    budget = Budget(demos=demos, candidates=candidates, trials=trials, threads=threads, max_rounds=max_rounds,
-                    minibatch_size=minibatch_size)
+    budget = spec.default_budget(demos=demos, candidates=candidates, trials=trials, threads=threads,
+                                 max_rounds=max_rounds, minibatch_size=minibatch_size)
     budget.validate()
     _check_output(output)
     seed = 0 if seed is None else seed
