@@ -487,7 +487,10 @@ def test_keyboard_focus_on_a_highlight_shows_its_questions(story_run, tmp_path):
         chromium(page, tmp_path / f"profile-{name}", "--window-size=1000,800", f"--screenshot={shot}",
                  "--hide-scrollbars")
         with image.open(shot) as im:
-            tooltip_pixels[name] = sum(1 for p in im.convert("RGB").getdata() if p == (255, 253, 243))  # .tip
+            rgb = im.convert("RGB")
+            # Pillow 12 renamed getdata(); use whichever this Pillow has.
+            pixels = rgb.get_flattened_data() if hasattr(rgb, "get_flattened_data") else rgb.getdata()
+            tooltip_pixels[name] = sum(1 for p in pixels if tuple(p) == (255, 253, 243))  # .tip
     assert tooltip_pixels["plain"] == 0
     assert tooltip_pixels["focused"] > 20_000, tooltip_pixels
 
