@@ -488,7 +488,7 @@ def test_keyboard_focus_on_a_highlight_shows_its_questions(story_run, tmp_path):
                  "--hide-scrollbars")
         with image.open(shot) as im:
             rgb = im.convert("RGB")
-            # Pillow 12 renamed getdata(); use whichever this Pillow has.
+            # getdata() is deprecated in recent Pillow; use whichever this Pillow has.
             pixels = rgb.get_flattened_data() if hasattr(rgb, "get_flattened_data") else rgb.getdata()
             tooltip_pixels[name] = sum(1 for p in pixels if tuple(p) == (255, 253, 243))  # .tip
     assert tooltip_pixels["plain"] == 0
