@@ -152,7 +152,7 @@ def compile_program(
 
     spec = get_task(task) if isinstance(task, str) else task
     name = check_optimizer(optimizer)
-    budget = budget or (spec.default_budget() if hasattr(spec, "default_budget") else Budget())
+    budget = budget or spec.default_budget()
     budget.validate()
     trainset = seeded_order(trainset, seed)
     devset = list(devset or [])

@@ -118,7 +118,6 @@ class DiverseSummarizer(dspy.Module):
         return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None,
                                method="extract", extracts=extracts, error=attempt.error, attempts=attempt.attempts)
 
-
     def extract_sentences(self, article: str) -> list[str]:
         """The article's most important sentences, verbatim: the model picks sentence numbers, so
         an extract can never be a paraphrase or an invention. Short articles are taken whole."""

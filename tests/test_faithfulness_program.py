@@ -23,6 +23,7 @@ from booklens.programs.faithfulness import (
 )
 from booklens.retrieval import BookIndex
 from booklens.testing import ScriptedLM
+from booklens.text import count_tokens
 
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
@@ -200,6 +201,16 @@ def test_decomposer_cleans_the_claims():
     pred, lm = run_with(lambda call: {"claims": claims}, lambda: build_decomposer()(summary="Anna sails home."))
     assert pred.claims == ["Anna sails home.", "Ben stays behind.", "Carl waves."] and pred.error is None
     assert lm.backend.calls[0].inputs["summary"] == "Anna sails home."
+
+
+def test_decomposer_answer_budget_follows_the_summary_length():
+    short = "Anna sails home."
+    _, lm = run_with(lambda call: {"claims": [short]}, lambda: build_decomposer(max_tokens=1024)(summary=short))
+    assert lm.backend.calls[0].request["max_tokens"] == 2 * count_tokens(short) + 256
+    long = "Anna sails home across the bay while Ben stays behind. " * 80
+    _, lm = run_with(lambda call: {"claims": ["Anna sails home."]},
+                     lambda: build_decomposer(max_tokens=1024)(summary=long))
+    assert lm.backend.calls[0].request["max_tokens"] == 1024  # never above the configured limit
 
 
 def test_decomposer_rejects_an_empty_summary_and_records_failures():

@@ -244,6 +244,19 @@ def test_an_unfinished_run_still_renders(hier_run, tmp_path):
     assert "This run is not finished" in page and "The claims were not verified in this run" in page
 
 
+def test_a_cut_off_verdict_says_its_passages_are_unknown(hier_run, tmp_path):
+    from booklens.reports import load_run, render_report
+
+    note = "answer was cut off at its token limit"
+    assert note not in (hier_run / "report.html").read_text()
+    cut = tmp_path / "cut"
+    shutil.copytree(hier_run, cut)
+    record = json.loads((cut / "faithfulness.json").read_text())
+    record["claims"][0]["truncated"] = True
+    (cut / "faithfulness.json").write_text(json.dumps(record))
+    assert render_report(load_run(cut)).count(note) == 1
+
+
 def test_a_given_summarize_record_keeps_its_merge_tree(hier_run, tmp_path):
     lm = scripted("unused", claims=["Maren Holt is a bookbinder."])
     out = execute(tmp_path, lm, summary_file=hier_run / "summary.json")

@@ -108,7 +108,7 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
 @pytest.mark.embedded
 def test_summarize_sample_story_with_the_embedded_model(tmp_path):
     out = tmp_path / "summary.json"
-    # Smaller chunks and window than the defaults, so the 4.9K-token story needs a real merge tree:
+    # Smaller chunks and window than the defaults, so the 4.4K-token story needs a real merge tree:
     # five 1024-token chunks, two level-1 groups and a level-2 merge.
     proc = run_cli(["summarize", str(STORY), "--chunk-size", "1024", "--context-window", "4096",
                     "-o", str(out)], tmp_path, timeout=900)
