@@ -37,6 +37,7 @@ import typer
 from booklens.cli import app
 from booklens.cli.common import ApiBaseOption, CacheDirOption, ConcurrencyOption, LMOption, setup_lm
 from booklens.errors import BooklensError
+from booklens.lm.usage import work_between
 from booklens.reports import REPORT_FILE, RUN_FILE, STEP_FILES, TIMINGS_FILE
 
 STEPS = tuple(STEP_FILES)
@@ -97,22 +98,6 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             pass
     return versions
-
-
-def work_between(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """LM work between two usage snapshots, counting calls answered from the cache with the tokens
-    and cost they had when first made: the same figures whether or not a run was resumed."""
-    calls = (after["calls"] + after["cached_calls"]) - (before["calls"] + before["cached_calls"])
-    prompt = (after["prompt_tokens"] + after.get("cached_prompt_tokens", 0)
-              - before["prompt_tokens"] - before.get("cached_prompt_tokens", 0))
-    completion = (after["completion_tokens"] + after.get("cached_completion_tokens", 0)
-                  - before["completion_tokens"] - before.get("cached_completion_tokens", 0))
-    costs = [after.get("cost_usd"), after.get("cached_cost_usd")]
-    cost = None
-    if any(c is not None for c in costs):
-        spent = sum(c or 0.0 for c in costs) - (before.get("cost_usd") or 0.0) - (before.get("cached_cost_usd") or 0.0)
-        cost = round(spent, 6)
-    return {"calls": calls, "prompt_tokens": prompt, "completion_tokens": completion, "cost_usd": cost}
 
 
 # ---------------------------------------------------------------------------

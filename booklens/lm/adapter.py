@@ -1,0 +1,87 @@
+"""How DSPy signatures become prompts for booklens' backends, and answers become outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dspy.adapters.chat_adapter import ChatAdapter
+from dspy.adapters.json_adapter import JSONAdapter, _get_structured_outputs_response_format
+
+
+def plain_output_field(signature: Any) -> str | None:
+    """The output field of a signature whose only output is free text, else None."""
+    outputs = signature.output_fields
+    if len(outputs) == 1:
+        name, info = next(iter(outputs.items()))
+        if info.annotation is str:
+            return name
+    return None
+
+
+class BooklensAdapter(JSONAdapter):
+    """Inputs as `[[ ## field ## ]]` sections; outputs in one of two forms.
+
+    - A signature whose only output is free text (a summary) is answered in plain text:
+      small local models write much better prose without a JSON wrapper.
+    - Anything structured (labels, lists, several fields) is a JSON object. Backends that
+      decode under a grammar (the embedded model) always receive the output schema, so
+      every structured answer parses; others get JSON mode or structured outputs as
+      LiteLLM reports the model supports.
+    """
+
+    def __call__(self, lm, lm_kwargs, signature, demos, inputs):
+        plain = plain_output_field(signature)
+        if plain is not None:
+            lm_kwargs = {**lm_kwargs, "booklens_plain_output": plain}
+            return ChatAdapter.__call__(self, lm, lm_kwargs, signature, demos, inputs)
+        if getattr(lm, "is_local", False):
+            lm_kwargs = {**lm_kwargs, "response_format": _get_structured_outputs_response_format(signature)}
+            return ChatAdapter.__call__(self, lm, lm_kwargs, signature, demos, inputs)
+        return super().__call__(lm, lm_kwargs, signature, demos, inputs)
+
+    def format_field_description(self, signature):
+        plain = plain_output_field(signature)
+        if plain is None:
+            return super().format_field_description(signature)
+        from dspy.adapters.utils import get_field_description_string
+
+        info = signature.output_fields[plain]
+        desc = info.json_schema_extra.get("desc", "") if info.json_schema_extra else ""
+        return (f"Your input fields are:\n{get_field_description_string(signature.input_fields)}\n"
+                f"You answer with the `{plain}`{': ' + desc if desc and not desc.startswith('${') else ''}.")
+
+    def format_field_structure(self, signature):
+        if plain_output_field(signature) is None:
+            return super().format_field_structure(signature)
+        return "Each input comes in a section that starts with a header like [[ ## name ## ]]."
+
+    def format_task_description(self, signature):
+        if plain_output_field(signature) is None:
+            return super().format_task_description(signature)
+        import textwrap
+
+        return "Your task: " + " ".join(textwrap.dedent(signature.instructions).split())
+
+    def user_message_output_requirements(self, signature):
+        plain = plain_output_field(signature)
+        if plain is None:
+            return super().user_message_output_requirements(signature)
+        return f"Write the {plain.replace('_', ' ')} now, as plain text without headers or labels."
+
+    def format_assistant_message_content(self, signature, outputs, missing_field_message=None):
+        plain = plain_output_field(signature)
+        if plain is None:
+            return super().format_assistant_message_content(signature, outputs, missing_field_message)
+        return str(outputs.get(plain, missing_field_message or ""))
+
+    def parse(self, signature, completion):
+        plain = plain_output_field(signature)
+        if plain is None:
+            return super().parse(signature, completion)
+        text = completion.strip()
+        # A model may still echo a field header; keep what follows it.
+        marker = f"[[ ## {plain} ## ]]"
+        if marker in text:
+            text = text.split(marker, 1)[1].split("[[ ## completed ## ]]", 1)[0].strip()
+        return {plain: text}
+

@@ -1,0 +1,223 @@
+"""The DSPy LM every program talks to (`BooklensLM`), how a `--lm` string becomes one, and
+predictions with bounded re-asks."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import dspy
+
+from booklens.errors import BooklensError, LMError
+from booklens.lm.adapter import BooklensAdapter
+from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, first_line as _first_line
+from booklens.lm.cache import CallCache, default_cache_dir
+from booklens.lm.embedded import LOCAL_LM, LocalBackend
+from booklens.lm.remote import LiteLLMBackend
+from booklens.lm.usage import UsageTracker
+
+# The finish reason of the last completion in this thread, so programs can see cut-off answers.
+_last_finish_reason: contextvars.ContextVar[str] = contextvars.ContextVar("booklens_finish", default="stop")
+
+
+def last_finish_reason() -> str:
+    """'stop' or 'length' for the most recent LM call made by the current thread."""
+    return _last_finish_reason.get()
+
+
+class BooklensLM(dspy.BaseLM):
+    """A DSPy LM over one backend, with the disk cache and usage accounting."""
+
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        cache: CallCache | None = None,
+        usage: UsageTracker | None = None,
+        temperature: float = 0.0,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        label: str | None = None,
+    ):
+        super().__init__(model=backend.name, temperature=temperature, max_tokens=max_tokens, cache=False)
+        self.backend = backend
+        self.call_cache = cache
+        self.usage = usage or UsageTracker()
+        self.label = label or backend.name
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.backend, LocalBackend) or getattr(self.backend, "wants_schema", False)
+
+    @property
+    def context_window(self) -> int | None:
+        return getattr(self.backend, "context_window", None)
+
+    def __deepcopy__(self, memo):
+        # Optimizers copy programs and LMs; the backend, cache and counters are shared resources.
+        clone = BooklensLM.__new__(BooklensLM)
+        clone.__dict__.update(self.__dict__)
+        clone.kwargs = dict(self.kwargs)
+        clone.history = []
+        return clone
+
+    def forward(self, prompt=None, messages=None, **kwargs):
+        merged = {**self.kwargs, **kwargs}
+        if messages is None:
+            messages = [{"role": "user", "content": prompt}]
+        response_format = merged.get("response_format")
+        schema = None
+        if isinstance(response_format, type):
+            schema = response_format.model_json_schema()
+        elif isinstance(response_format, dict):
+            schema = response_format.get("schema") or (response_format.get("json_schema") or {}).get("schema")
+        request = {
+            "model": self.backend.name,
+            "api_base": getattr(self.backend, "api_base", None),
+            "messages": messages,
+            "temperature": merged.get("temperature"),
+            "max_tokens": merged.get("max_tokens"),
+            "schema": schema,
+            "attempt": int(merged.get("booklens_attempt") or 0),
+        }
+        if merged.get("booklens_plain_output"):
+            request["plain_output"] = merged["booklens_plain_output"]
+        key = CallCache.key_for(request)
+        cached = self.call_cache.get(key) if self.call_cache is not None else None
+        if cached is not None:
+            completion = Completion(**cached)
+            self.usage.record(cached=True, prompt_tokens=completion.prompt_tokens,
+                              completion_tokens=completion.completion_tokens, cost=completion.cost)
+        else:
+            completion = self.backend.complete({**request, "response_format": response_format})
+            if self.call_cache is not None:
+                self.call_cache.put(key, completion.__dict__)
+            self.usage.record(
+                cached=False,
+                prompt_tokens=completion.prompt_tokens,
+                completion_tokens=completion.completion_tokens,
+                cost=completion.cost,
+            )
+        _last_finish_reason.set(completion.finish_reason)
+        return _openai_shaped(self.backend.name, completion, cached is not None)
+
+
+def _openai_shaped(model: str, completion: Completion, cache_hit: bool) -> SimpleNamespace:
+    message = SimpleNamespace(content=completion.text, tool_calls=None, provider_specific_fields={})
+    choice = SimpleNamespace(message=message, finish_reason=completion.finish_reason, logprobs=None)
+    usage = {
+        "prompt_tokens": completion.prompt_tokens,
+        "completion_tokens": completion.completion_tokens,
+        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+    }
+    return SimpleNamespace(
+        choices=[choice], usage=usage, model=model, cache_hit=cache_hit, _hidden_params={"response_cost": completion.cost}
+    )
+
+
+
+# ---------------------------------------------------------------------------
+# Configuration
+
+
+def resolve_lm_name(lm: str | None) -> str:
+    return (lm or os.environ.get("BOOKLENS_LM") or LOCAL_LM).strip()
+
+
+def make_lm(
+    lm: str | None = None,
+    *,
+    api_base: str | None = None,
+    cache_dir: Path | str | None = None,
+    use_cache: bool = True,
+    backend: Any = None,
+) -> BooklensLM:
+    """Build the LM for a `--lm` string ('local' or a LiteLLM model) with the disk cache."""
+    name = resolve_lm_name(lm)
+    if backend is None:
+        if name == LOCAL_LM:
+            backend = LocalBackend()
+            if not os.path.exists(backend.model_path):
+                raise LMError(f"embedded model file missing: {backend.model_path}")
+        else:
+            backend = LiteLLMBackend(name, api_base=api_base or os.environ.get("BOOKLENS_API_BASE"))
+            backend.validate()
+    cache = CallCache(Path(cache_dir or default_cache_dir()) / "calls.sqlite") if use_cache else None
+    return BooklensLM(backend, cache=cache)
+
+
+def configure(lm: BooklensLM | dspy.BaseLM) -> BooklensLM:
+    """Make `lm` the LM of every DSPy program in this process, with booklens' adapter."""
+    dspy.configure(lm=lm, adapter=BooklensAdapter())
+    return lm
+
+
+def current_lm() -> Any:
+    lm = dspy.settings.lm
+    if lm is None:
+        raise BooklensError("no language model configured")
+    return lm
+
+
+# ---------------------------------------------------------------------------
+# Predictions that may not parse
+
+
+@dataclass
+class Attempted:
+    """The outcome of a prediction with bounded re-asks: `prediction` or `error`."""
+
+    prediction: Any = None
+    error: str | None = None
+    attempts: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def predict_with_retries(
+    predictor: Callable[..., Any],
+    *,
+    tries: int = 3,
+    check: Callable[[Any], str | None] | None = None,
+    config: dict[str, Any] | None = None,
+    **inputs: Any,
+) -> Attempted:
+    """Call a DSPy predictor; re-ask (a fresh, uncached sample) when the answer does not
+    parse or `check` returns a complaint. After `tries` it records the failure instead of
+    guessing, so a bad answer is never silently turned into a default."""
+    last_error = "no attempt made"
+    for attempt in range(tries):
+        call_config = dict(config or {})
+        if attempt:
+            call_config["booklens_attempt"] = attempt
+            call_config.setdefault("temperature", 0.7)
+        try:
+            prediction = predictor(**inputs, config=call_config)
+        except LMError:
+            raise
+        except Exception as exc:  # DSPy raises several parse error types
+            last_error = f"unparseable answer: {_first_line(exc)}"
+            continue
+        complaint = check(prediction) if check else None
+        if complaint is None:
+            return Attempted(prediction=prediction, attempts=attempt + 1)
+        _forget_trace(prediction)
+        last_error = complaint
+    return Attempted(error=last_error, attempts=tries)
+
+
+def _forget_trace(prediction: Any) -> None:
+    """Drop a rejected answer from DSPy's trace: optimizers turn traces into few-shot demos,
+    and an answer the program refused must never be shown to the model as an example."""
+    trace = dspy.settings.trace
+    if not trace:
+        return
+    for i in range(len(trace) - 1, -1, -1):
+        if trace[i][2] is prediction:
+            del trace[i]
+            return

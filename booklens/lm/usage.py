@@ -1,0 +1,117 @@
+"""Usage accounting: LM calls, tokens and cost per run and per named step.
+
+The one place where calls are counted. Calls answered from the disk cache cost nothing now and
+are counted apart, with the tokens and cost they had when first made, so a resumed run can
+report the same figures as an uninterrupted one (`work_between`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+_current_step: contextvars.ContextVar[str] = contextvars.ContextVar("booklens_step", default="default")
+
+
+@contextlib.contextmanager
+def usage_step(name: str) -> Iterator[None]:
+    """Attribute LM calls made inside this block (and threads it starts) to a named step."""
+    token = _current_step.set(name)
+    try:
+        yield
+    finally:
+        _current_step.reset(token)
+
+
+def current_step() -> str:
+    return _current_step.get()
+
+
+@dataclass
+class StepUsage:
+    calls: int = 0
+    cached_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    # What the calls answered from the cache cost when they were first made (a resumed run's
+    # totals over fresh + cached calls equal those of an uninterrupted run).
+    cached_prompt_tokens: int = 0
+    cached_completion_tokens: int = 0
+    cached_cost_usd: float | None = None
+
+    def add(self, *, cached: bool, prompt_tokens: int, completion_tokens: int, cost: float | None) -> None:
+        if cached:
+            self.cached_calls += 1
+            self.cached_prompt_tokens += prompt_tokens
+            self.cached_completion_tokens += completion_tokens
+            if cost is not None:
+                self.cached_cost_usd = (self.cached_cost_usd or 0.0) + cost
+            return
+        self.calls += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        if cost is not None:
+            self.cost_usd = (self.cost_usd or 0.0) + cost
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "cached_calls": self.cached_calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 6),
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "cached_completion_tokens": self.cached_completion_tokens,
+            "cached_cost_usd": None if self.cached_cost_usd is None else round(self.cached_cost_usd, 6),
+        }
+
+
+@dataclass
+class UsageTracker:
+    """Counts of LM calls made by this process. Cached calls cost nothing and are counted apart."""
+
+    total: StepUsage = field(default_factory=StepUsage)
+    steps: dict[str, StepUsage] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, *, cached: bool, prompt_tokens: int = 0, completion_tokens: int = 0, cost: float | None = None) -> None:
+        step = current_step()
+        with self._lock:
+            self.total.add(cached=cached, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost)
+            self.steps.setdefault(step, StepUsage()).add(
+                cached=cached, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost
+            )
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self.total.as_dict(), "steps": {k: v.as_dict() for k, v in self.steps.items()}}
+
+
+def usage_delta(before: dict, after: dict) -> dict[str, Any]:
+    """Calls, cached calls, tokens and (where known) dollars spent between two `snapshot()`s."""
+    keys = ("calls", "cached_calls", "prompt_tokens", "completion_tokens")
+    delta: dict[str, Any] = {k: after[k] - before[k] for k in keys}
+    if after.get("cost_usd") is not None:
+        delta["cost_usd"] = round((after["cost_usd"] or 0) - (before.get("cost_usd") or 0), 6)
+    return delta
+
+
+
+def work_between(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """LM work between two usage snapshots, counting calls answered from the cache with the tokens
+    and cost they had when first made: the same figures whether or not a run was resumed."""
+    calls = (after["calls"] + after["cached_calls"]) - (before["calls"] + before["cached_calls"])
+    prompt = (after["prompt_tokens"] + after.get("cached_prompt_tokens", 0)
+              - before["prompt_tokens"] - before.get("cached_prompt_tokens", 0))
+    completion = (after["completion_tokens"] + after.get("cached_completion_tokens", 0)
+                  - before["completion_tokens"] - before.get("cached_completion_tokens", 0))
+    costs = [after.get("cost_usd"), after.get("cached_cost_usd")]
+    cost = None
+    if any(c is not None for c in costs):
+        spent = sum(c or 0.0 for c in costs) - (before.get("cost_usd") or 0.0) - (before.get("cached_cost_usd") or 0.0)
+        cost = round(spent, 6)
+    return {"calls": calls, "prompt_tokens": prompt, "completion_tokens": completion, "cost_usd": cost}
