@@ -15,14 +15,16 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "usage": ("usage_step", "current_step", "StepUsage", "UsageTracker", "usage_delta", "work_between"),
+    "usage": ("usage_step", "current_step", "usage_scope", "StepUsage", "UsageTracker", "usage_delta",
+              "work_between"),
     "cache": ("CallCache", "default_cache_dir"),
     "base": ("Completion", "DEFAULT_MAX_TOKENS"),
     "embedded": ("LOCAL_LM", "LOCAL_MODEL_NAME", "LOCAL_CONTEXT_WINDOW", "LocalBackend", "local_model_path"),
     "remote": ("LiteLLMBackend",),
     "adapter": ("BooklensAdapter", "plain_output_field"),
-    "model": ("BooklensLM", "last_finish_reason", "resolve_lm_name", "make_lm", "configure", "current_lm",
-              "Attempted", "predict_with_retries"),
+    "model": ("BooklensLM", "last_finish_reason", "resolve_lm_name", "make_lm", "make_backend", "local_backend",
+              "configure", "current_lm", "Attempted", "predict_with_retries"),
+    "pool": ("LMPool",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -3,7 +3,9 @@ predictions with bounded re-asks."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import threading
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,12 +43,15 @@ class BooklensLM(dspy.BaseLM):
         temperature: float = 0.0,
         max_tokens: int = DEFAULT_MAX_TOKENS,
         label: str | None = None,
+        call_limit: Any = None,
     ):
         super().__init__(model=backend.name, temperature=temperature, max_tokens=max_tokens, cache=False)
         self.backend = backend
         self.call_cache = cache
         self.usage = usage or UsageTracker()
         self.label = label or backend.name
+        # A semaphore shared by the LMs of a pool: at most that many backend calls in flight.
+        self.call_limit = call_limit
 
     @property
     def is_local(self) -> bool:
@@ -92,7 +97,8 @@ class BooklensLM(dspy.BaseLM):
             self.usage.record(cached=True, prompt_tokens=completion.prompt_tokens,
                               completion_tokens=completion.completion_tokens, cost=completion.cost)
         else:
-            completion = self.backend.complete({**request, "response_format": response_format})
+            with self.call_limit if self.call_limit is not None else contextlib.nullcontext():
+                completion = self.backend.complete({**request, "response_format": response_format})
             if self.call_cache is not None:
                 self.call_cache.put(key, completion.__dict__)
             self.usage.record(
@@ -127,6 +133,32 @@ def resolve_lm_name(lm: str | None) -> str:
     return (lm or os.environ.get("BOOKLENS_LM") or LOCAL_LM).strip()
 
 
+_LOCAL_BACKEND: LocalBackend | None = None
+_LOCAL_LOCK = threading.Lock()
+
+
+def local_backend() -> LocalBackend:
+    """The process's one embedded backend: the model loads once, however many LMs use it."""
+    global _LOCAL_BACKEND
+    with _LOCAL_LOCK:
+        if _LOCAL_BACKEND is None:
+            backend = LocalBackend()
+            if not os.path.exists(backend.model_path):
+                raise LMError(f"embedded model file missing: {backend.model_path}")
+            _LOCAL_BACKEND = backend
+        return _LOCAL_BACKEND
+
+
+def make_backend(lm: str | None = None, *, api_base: str | None = None) -> Any:
+    """The backend a `--lm` string names, checked (unknown model, missing key) before any call."""
+    name = resolve_lm_name(lm)
+    if name == LOCAL_LM:
+        return local_backend()
+    backend = LiteLLMBackend(name, api_base=api_base or os.environ.get("BOOKLENS_API_BASE"))
+    backend.validate()
+    return backend
+
+
 def make_lm(
     lm: str | None = None,
     *,
@@ -134,19 +166,17 @@ def make_lm(
     cache_dir: Path | str | None = None,
     use_cache: bool = True,
     backend: Any = None,
+    cache: CallCache | None = None,
+    usage: UsageTracker | None = None,
+    call_limit: Any = None,
 ) -> BooklensLM:
-    """Build the LM for a `--lm` string ('local' or a LiteLLM model) with the disk cache."""
-    name = resolve_lm_name(lm)
+    """Build the LM for a `--lm` string ('local' or a LiteLLM model) with the disk cache
+    (a given `cache`, `usage` tracker and `call_limit` are shared with other LMs)."""
     if backend is None:
-        if name == LOCAL_LM:
-            backend = LocalBackend()
-            if not os.path.exists(backend.model_path):
-                raise LMError(f"embedded model file missing: {backend.model_path}")
-        else:
-            backend = LiteLLMBackend(name, api_base=api_base or os.environ.get("BOOKLENS_API_BASE"))
-            backend.validate()
-    cache = CallCache(Path(cache_dir or default_cache_dir()) / "calls.sqlite") if use_cache else None
-    return BooklensLM(backend, cache=cache)
+        backend = make_backend(lm, api_base=api_base)
+    if cache is None and use_cache:
+        cache = CallCache(Path(cache_dir or default_cache_dir()) / "calls.sqlite")
+    return BooklensLM(backend, cache=cache, usage=usage, call_limit=call_limit)
 
 
 def configure(lm: BooklensLM | dspy.BaseLM) -> BooklensLM:

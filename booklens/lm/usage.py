@@ -30,6 +30,24 @@ def current_step() -> str:
     return _current_step.get()
 
 
+# Trackers of the usage scopes open in this context (a cell of a sweep, a step of a run): every
+# call is also counted in each of them, so work done on a shared LM by concurrent cells is
+# attributed exactly. Threads started by `booklens.parallel` copy the context, and the scopes.
+_scopes: contextvars.ContextVar[tuple["UsageTracker", ...]] = contextvars.ContextVar("booklens_usage_scopes",
+                                                                                    default=())
+
+
+@contextlib.contextmanager
+def usage_scope() -> Iterator["UsageTracker"]:
+    """Count the LM calls made inside this block (and the threads it starts) in a tracker of its own."""
+    tracker = UsageTracker()
+    token = _scopes.set(_scopes.get() + (tracker,))
+    try:
+        yield tracker
+    finally:
+        _scopes.reset(token)
+
+
 @dataclass
 class StepUsage:
     calls: int = 0
@@ -79,6 +97,11 @@ class UsageTracker:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, *, cached: bool, prompt_tokens: int = 0, completion_tokens: int = 0, cost: float | None = None) -> None:
+        """Count one call here and in every usage scope open in the caller's context."""
+        for tracker in (self, *(t for t in _scopes.get() if t is not self)):
+            tracker._add(cached=cached, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost)
+
+    def _add(self, *, cached: bool, prompt_tokens: int, completion_tokens: int, cost: float | None) -> None:
         step = current_step()
         with self._lock:
             self.total.add(cached=cached, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost)

@@ -1,0 +1,56 @@
+"""The LMs of one process: one disk cache and one limit of calls in flight, shared.
+
+A sweep runs many cells at once, each with a summarizer LM and a judge LM that may differ per
+system. `LMPool` hands out one `BooklensLM` per (model, server); all of them answer from and
+write to the same cache, count into the same tracker, and queue behind one semaphore, so
+`--concurrency` bounds the backend calls of the whole process however many cells run. The
+embedded model is loaded once per process (`booklens.lm.local_backend`). A Ray worker makes
+one pool for its lifetime.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from booklens.lm.cache import CallCache, default_cache_dir
+from booklens.lm.embedded import LOCAL_LM
+from booklens.lm.usage import UsageTracker
+
+
+class LMPool:
+    def __init__(self, default_lm: str | None = None, api_base: str | None = None, *,
+                 cache_dir: Path | str | None = None, concurrency: int = 4, use_cache: bool = True):
+        from booklens.lm.model import resolve_lm_name
+
+        self.default_lm = resolve_lm_name(default_lm)
+        self.api_base = api_base
+        self.concurrency = max(1, int(concurrency))
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.cache = CallCache(self.cache_dir / "calls.sqlite") if use_cache else None
+        self.usage = UsageTracker()
+        self.call_limit = threading.BoundedSemaphore(self.concurrency)
+        self._lms: dict[tuple[str, str | None], Any] = {}
+        self._lock = threading.Lock()
+
+    def resolve(self, lm: str | None = None, api_base: str | None = None) -> tuple[str, str | None]:
+        """(model string, server) an LM option names: the pool's default model and server where not
+        given (an empty `api_base` means no server); the embedded model has none."""
+        name = (lm or self.default_lm).strip()
+        if name == LOCAL_LM:
+            return name, None
+        if api_base is None:
+            api_base = self.api_base
+        return name, api_base or None
+
+    def get(self, lm: str | None = None, api_base: str | None = None):
+        """The pool's `BooklensLM` for a model (built and checked on first use)."""
+        from booklens.lm.model import make_lm
+
+        key = self.resolve(lm, api_base)
+        with self._lock:
+            if key not in self._lms:
+                self._lms[key] = make_lm(key[0], api_base=key[1], cache=self.cache, usage=self.usage,
+                                         call_limit=self.call_limit, use_cache=self.cache is not None)
+            return self._lms[key]
