@@ -31,6 +31,23 @@ def save_json(path: str | Path, payload: Any) -> None:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def read_json_file(path: str | Path, what: str) -> Any:
+    """A JSON file a user gave, or a one-line `BooklensError` saying what is wrong with it."""
+    path = Path(path)
+    if not path.exists():
+        raise BooklensError(f"{what} not found: {path}")
+    if path.is_dir():
+        raise BooklensError(f"{what} is a directory, not a file: {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8-sig"))
+    except UnicodeDecodeError:
+        raise BooklensError(f"{what} is not UTF-8 text: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise BooklensError(f"{what} is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
+    except OSError as exc:
+        raise BooklensError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
 # ---------------------------------------------------------------------------
 # Text
 
@@ -315,8 +332,11 @@ class RunRecord(BaseModel):
     book_tokens: int
     summary_source: Literal["summarize", "given"]
     lm: str
+    judge_lm: Optional[str] = None
     config: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     steps: dict[str, RunStep] = Field(default_factory=dict)
+    failures: dict[str, str] = Field(default_factory=dict, description="step -> one-line reason it failed (a step "
+                                                                      "that needs a failed one: 'needs <step>')")
     totals: dict[str, Any] = Field(default_factory=dict)
     scores: dict[str, Any] = Field(default_factory=dict)

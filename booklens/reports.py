@@ -73,7 +73,7 @@ class RunData:
 
     path: Path
     run: RunRecord
-    summary: Union[Summary, GivenSummary]
+    summary: Optional[Union[Summary, GivenSummary]] = None
     coherence: Optional[CoherenceResult] = None
     claims: Optional[ClaimSet] = None
     faithfulness: Optional[FaithfulnessReport] = None
@@ -150,11 +150,11 @@ def load_run(run_dir: str | Path) -> RunData:
     if not (run_dir / RUN_FILE).exists():
         raise BooklensError(f"{run_dir} is not a booklens run directory (it has no {RUN_FILE})")
     run = read_run_record(run_dir / RUN_FILE)
-    if "summary" not in run.steps:
+    if "summary" not in run.steps and "summary" not in run.failures:
         raise BooklensError(f"{run_dir} holds no summary yet: the run stopped before its first step finished; "
                             "rerun `booklens run` to complete it")
     records = {step: read_step_record(run_dir, step) for step in STEP_FILES if step in run.steps}
-    return RunData(path=run_dir, run=run, summary=records["summary"], coherence=records.get("coherence"),
+    return RunData(path=run_dir, run=run, summary=records.get("summary"), coherence=records.get("coherence"),
                    claims=records.get("claims"), faithfulness=records.get("faithfulness"))
 
 
@@ -268,6 +268,7 @@ section { margin: 2rem 0; }
 h2 { font-size: 1.3rem; border-bottom: 1px solid var(--line); padding-bottom: .25rem; margin: 0 0 1rem; }
 h3 { font-size: 1.05rem; margin: 1.25rem 0 .5rem; }
 .note { color: var(--muted); }
+.note.failed { color: var(--ink); border-left: 4px solid var(--fail); padding: .3em .8em; }
 .cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(10.5rem, 1fr)); gap: .75rem;
   list-style: none; margin: 0; padding: 0; }
 .card { border: 1px solid var(--line); border-left: 6px solid var(--muted); border-radius: 6px;
@@ -372,9 +373,17 @@ def render_report(data: RunData) -> str:
         for sid, title, content in sections
     )
     book = _book_name(run)
-    incomplete = ("" if run.complete else
-                  '<p class="note"><strong>This run is not finished:</strong> the sections of its missing steps '
-                  'are empty. Rerun the same <code>booklens run</code> command to complete it.</p>')
+    if run.failures:
+        items = "".join(f"<li>{h(_STEP_NAMES.get(step, step))}: {h(reason)}</li>"
+                        for step, reason in run.failures.items())
+        incomplete = (f'<div class="note failed" role="alert"><strong>Some steps failed</strong>, and their '
+                      f'sections are empty:<ul>{items}</ul>Rerunning the same command retries them; LM calls '
+                      'that completed are answered from the cache.</div>')
+    elif not run.complete:
+        incomplete = ('<p class="note"><strong>This run is not finished:</strong> the sections of its missing '
+                      'steps are empty. Rerun the same <code>booklens run</code> command to complete it.</p>')
+    else:
+        incomplete = ""
     from booklens import __version__
 
     return f"""<!DOCTYPE html>
@@ -407,7 +416,9 @@ DIR</code> rebuilds it. The page loads nothing and runs no script.</p>
 """
 
 
-def _method_text(summary: Union[Summary, GivenSummary]) -> str:
+def _method_text(summary: Optional[Union[Summary, GivenSummary]]) -> str:
+    if summary is None:
+        return "no summary"
     if isinstance(summary, GivenSummary):
         return f"summary given in {Path(summary.file).name}"
     name = "hierarchical merging" if summary.method == "hier" else "incremental updating"
@@ -494,6 +505,8 @@ def _tip_body(ann: SentenceAnnotation) -> str:
 
 def _summary_section(data: RunData) -> str:
     c = data.coherence
+    if data.summary is None:
+        return '<p class="note">There is no summary: the summary step failed.</p>'
     summary_text = data.summary.summary
     if c is None:
         return (f'<p class="note">Coherence was not scored in this run.</p>\n'
@@ -660,6 +673,8 @@ def _node_summary(n: SummaryNode) -> str:
 
 def _tree_section(data: RunData) -> str:
     s = data.summary
+    if s is None:
+        return '<p class="note">There is no summary: the summary step failed.</p>'
     nodes: list[SummaryNode] = list(getattr(s, "nodes", []) or [])
     chunks = list(getattr(s, "chunks", []) or [])
     if not nodes:

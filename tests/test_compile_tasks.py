@@ -56,7 +56,7 @@ def detector(call):
 
 
 def test_coherence_compiles_and_score_uses_the_artifact(tmp_path):
-    from booklens.cli.coherence import score_summaries
+    from booklens.steps import score_summaries
     from booklens.programs.coherence import build_scorer
 
     task = get_task("coherence")
@@ -165,7 +165,7 @@ def summarizer(call):
 
 
 def test_summarize_compiles_with_the_coherence_metric_and_summarize_loads_it(tmp_path):
-    from booklens.cli.summarize import build_summary
+    from booklens.steps import summarize_book as build_summary
 
     books = tmp_path / "books"
     books.mkdir()
@@ -182,7 +182,7 @@ def test_summarize_compiles_with_the_coherence_metric_and_summarize_loads_it(tmp
     save_program(compiled, artifact, task="summarize")
 
     lm = configure(ScriptedLM(summarizer))
-    record = build_summary(books / "book4.txt", program_path=artifact)
+    record = build_summary(books / "book4.txt", program_path=artifact, remove_artifacts=False)
     assert record.summary.startswith("The keeper of lighthouse 4")
     demo_excerpt = compiled.summarize_chunk.demos[0]["excerpt"]
     assert demo_excerpt in json.dumps(lm.backend.calls[0].messages)

@@ -146,12 +146,19 @@ def scripted(summary: str, *, questions=None, claims=None, reason="Passage 1 say
     return ScriptedLM(respond)
 
 
-def execute(tmp_path: Path, lm, *, book: Path = STORY, out: str = "run", **options):
-    from booklens.cli.run import RunConfig, execute_run
+SYSTEM_OPTIONS = {"method", "chunk_size", "context_window", "max_summary_tokens", "summary_file"}
 
-    cfg = RunConfig(book=book, output=tmp_path / out, cache_dir=tmp_path / "cache", concurrency=2, **options)
-    execute_run(cfg, lm=lm)
-    return cfg.output
+
+def execute(tmp_path: Path, lm, *, book: Path = STORY, out: str = "run", **options):
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import JudgeConfig, SystemConfig, run_book
+
+    system = SystemConfig(remove_artifacts=False, **{k: v for k, v in options.items() if k in SYSTEM_OPTIONS})
+    judge = JudgeConfig(**{k: v for k, v in options.items() if k not in SYSTEM_OPTIONS})
+    output = tmp_path / out
+    run_book(book, output, system, judge, lms=FixedLMPool(lm, cache_dir=tmp_path / "cache"), concurrency=2,
+             notify=lambda message: None)
+    return output
 
 
 STORY_SUMMARY = ("Maren Holt, a bookbinder, rebinds the ledger of Tobias Wren, the disgraced lighthouse keeper. "
@@ -535,7 +542,7 @@ def test_compiled_programs_are_routed_by_task_and_recorded(tmp_path):
     """`--program` artifacts go to the step of their task; their digests are part of run.json."""
     import dspy
 
-    from booklens.cli.run import route_programs
+    from booklens.pipeline import route_programs
     from booklens.optimizers.artifacts import save_program
     from booklens.programs.faithfulness import build_verifier
 

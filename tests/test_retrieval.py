@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import booklens.retrieval as retrieval
+import booklens.retrieval.index as retrieval
 from booklens.errors import BooklensError
 from booklens.retrieval import BookIndex, Passage, QuoteLocator, locate_quote, make_passages
 

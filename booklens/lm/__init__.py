@@ -24,7 +24,7 @@ _EXPORTS = {
     "adapter": ("BooklensAdapter", "plain_output_field"),
     "model": ("BooklensLM", "last_finish_reason", "resolve_lm_name", "make_lm", "make_backend", "local_backend",
               "configure", "current_lm", "Attempted", "predict_with_retries"),
-    "pool": ("LMPool",),
+    "pool": ("LMPool", "FixedLMPool"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

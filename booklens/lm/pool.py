@@ -54,3 +54,19 @@ class LMPool:
                 self._lms[key] = make_lm(key[0], api_base=key[1], cache=self.cache, usage=self.usage,
                                          call_limit=self.call_limit, use_cache=self.cache is not None)
             return self._lms[key]
+
+
+class FixedLMPool:
+    """A pool that hands out one given LM for every model: for code that brings its own
+    `dspy`-compatible LM (tests with a scripted LM, programs embedding booklens)."""
+
+    def __init__(self, lm: Any, *, cache_dir: Path | str | None = None):
+        self.lm = lm
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.usage = getattr(lm, "usage", None)
+
+    def resolve(self, lm: str | None = None, api_base: str | None = None) -> tuple[str, str | None]:
+        return str(getattr(self.lm, "label", getattr(self.lm, "model", self.lm))), None
+
+    def get(self, lm: str | None = None, api_base: str | None = None) -> Any:
+        return self.lm

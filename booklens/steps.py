@@ -1,0 +1,228 @@
+"""The steps of booklens as library functions: each runs one program with the LM DSPy is set up
+with (`dspy.configure` or `dspy.context`) and returns the record the CLI writes.
+
+    summarize_book     book -> `Summary` (hierarchical merging or incremental updating)
+    score_summaries    summaries -> `CoherenceResult` each (BooookScore)
+    decompose_summary  summary -> `ClaimSet` (atomic claims; a failure is recorded, not raised)
+    verify_claims      claims (or a summary to decompose) + book -> `FaithfulnessReport`
+
+`booklens.pipeline.run_book` chains them into a resumable run directory; the commands
+`summarize`, `score`, `claims`, `verify` and `check` call them one at a time. Usage figures
+are counted in a usage scope, so they are exact even when other work shares the LM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from booklens.errors import BooklensError
+from booklens.lm.usage import usage_scope, usage_step
+
+
+def lm_label(lm: Any) -> str:
+    return str(getattr(lm, "label", getattr(lm, "model", lm)))
+
+
+def _usage(tracker) -> dict[str, Any]:
+    """Fresh and cached calls, tokens and (where known) dollars counted by a usage scope."""
+    from booklens.lm.usage import usage_delta
+
+    zero = {"calls": 0, "cached_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": None}
+    return usage_delta(zero, tracker.snapshot())
+
+
+# ---------------------------------------------------------------------------
+# Summarize
+
+
+def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2048,
+                   context_window: Optional[int] = None, max_summary_tokens: int = 900,
+                   level_budgets: Optional[list[int]] = None, max_regenerations: int = 2,
+                   remove_artifacts: bool = True, drop_matter: bool = False, concurrency: int = 4,
+                   program_path: Optional[Path] = None, text: Optional[str] = None):
+    """Read, chunk and summarize a book with the configured LM; returns a `Summary` record.
+    `text` is the book already read (with the same `drop_matter`), to spare a second read."""
+    from booklens.lm import current_lm
+    from booklens.programs.summarizer import make_summarizer
+    from booklens.records import Summary, SummaryConfig
+    from booklens.text import count_tokens, read_book
+
+    started = time.perf_counter()
+    if text is None:
+        text = read_book(book_path, drop_matter=drop_matter)
+    read_seconds = time.perf_counter() - started
+    lm = current_lm()
+    window = context_window or 8192
+    backend_window = getattr(lm, "context_window", None)
+    if backend_window and window > backend_window:
+        raise BooklensError(f"--context-window {window} is larger than the model's context window ({backend_window})")
+    config = SummaryConfig(method=method, chunk_size=chunk_size, context_window=window,
+                           max_summary_tokens=max_summary_tokens, level_budgets=level_budgets or [],
+                           max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
+                           drop_matter=drop_matter, concurrency=concurrency,
+                           program=str(program_path) if program_path else None)
+    program = make_summarizer(method, chunk_size=chunk_size, context_window=window,
+                              max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
+                              max_regenerations=max_regenerations, concurrency=concurrency,
+                              remove_artifacts=remove_artifacts)
+    if program_path is not None:
+        from booklens.optimizers.artifacts import load_program
+
+        load_program(program, program_path, task="summarize")
+    t0 = time.perf_counter()
+    with usage_scope() as tracker, usage_step("summarize"):
+        result = program(book=text)
+    summarize_seconds = time.perf_counter() - t0
+    return Summary(
+        book=str(book_path),
+        book_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        book_tokens=count_tokens(text),
+        summary=result.summary,
+        method=method,
+        config=config,
+        chunks=[{"index": c.index, "start": c.start, "end": c.end, "tokens": c.tokens,
+                 "split_sentence": c.split_sentence} for c in result.chunks],
+        nodes=result.nodes,
+        lm=lm_label(lm),
+        usage=_usage(tracker),
+        timings={"read_seconds": round(read_seconds, 3), "summarize_seconds": round(summarize_seconds, 3),
+                 "total_seconds": round(time.perf_counter() - started, 3)},
+    )
+
+
+# ---------------------------------------------------------------------------
+# Coherence
+
+
+def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concurrency: int = 4, tries: int = 3,
+                    book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None) -> dict[str, Any]:
+    """Score summaries with the configured LM; name -> `CoherenceResult`."""
+    from booklens.lm import current_lm
+    from booklens.metrics.booookscore import finish_result
+    from booklens.programs.coherence import build_scorer
+    from booklens.records import CoherenceResult
+    from booklens.text import split_sentences
+
+    lm = current_lm()
+    scorer = scorer or build_scorer(batch_size=batch_size, concurrency=concurrency, tries=tries)
+    results = {}
+    for name, text in summaries.items():
+        sentences = split_sentences(text)
+        if not sentences:
+            raise BooklensError(f"the summary {name!r} has no sentence")
+        started = time.perf_counter()
+        with usage_scope() as tracker, usage_step("coherence"):
+            prediction = scorer(summary=text, sentences=sentences)
+        seconds = time.perf_counter() - started
+        result = CoherenceResult(
+            book=name, summary=text, annotator="program", sentences=prediction.annotations,
+            mode=scorer.mode, batch_size=scorer.batch_size, lm=lm_label(lm), usage=_usage(tracker),
+            timings={"score_seconds": round(seconds, 3)},
+        )
+        results[name] = finish_result(result, book_text=(book_texts or {}).get(name))
+    return results
+
+
+def score_coherence(summaries: Mapping[str, str], *, as_set: bool, batch_size: int = 1, concurrency: int = 4,
+                    tries: int = 3, book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None):
+    """`score_summaries` for a command: one `CoherenceResult`, or (`as_set`) a `CoherenceSet` of all
+    the summaries with the system score and the usage of the whole set."""
+    from booklens.lm import current_lm
+    from booklens.metrics.booookscore import build_set
+
+    started = time.perf_counter()
+    with usage_scope() as tracker:
+        results = score_summaries(summaries, batch_size=batch_size, concurrency=concurrency, tries=tries,
+                                  book_texts=book_texts, scorer=scorer)
+    if not as_set:
+        return next(iter(results.values()))
+    record = build_set(results, annotator="program")
+    record.lm = lm_label(current_lm())
+    record.usage = _usage(tracker)
+    record.timings = {"score_seconds": round(time.perf_counter() - started, 3)}
+    return record
+
+
+# ---------------------------------------------------------------------------
+# Faithfulness
+
+
+def decompose_summary(summary: str, *, decomposer: Any = None):
+    """The summary's atomic claims as a `ClaimSet`; when no valid list came back after the
+    decomposer's tries, the set is empty and `error` says why (the caller decides if that is fatal)."""
+    from booklens.lm import current_lm
+    from booklens.programs.faithfulness import build_decomposer
+    from booklens.records import ClaimSet
+
+    lm = current_lm()
+    with usage_scope() as tracker, usage_step("decompose"):
+        result = (decomposer or build_decomposer())(summary=summary)
+    return ClaimSet(summary=summary, claims=result.claims, attempts=result.attempts, error=result.error,
+                    lm=lm_label(lm), usage=_usage(tracker))
+
+
+def book_index(book_text: str, *, cache_dir: Optional[Path] = None, passage_tokens: int = 256,
+               mode: Optional[str] = None):
+    """The book's passage index (built once per book and settings, then loaded from the cache);
+    the dense part too when `mode` needs it."""
+    from booklens.retrieval import DENSE_MODES, BookIndex, index_dir
+
+    index = BookIndex.build(book_text, cache_dir=index_dir(cache_dir), passage_tokens=passage_tokens)
+    if mode in DENSE_MODES:
+        index.ensure_dense()
+    return index
+
+
+def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Optional[Path] = None,
+                  summary: Optional[str] = None, given: Optional[Sequence[Optional[Sequence[str]]]] = None,
+                  mode: str = "bm25", k: int = 5, budget_tokens: Optional[int] = None, passage_tokens: int = 256,
+                  concurrency: int = 4, cache_dir: Optional[Path] = None, decompose: bool = False,
+                  programs: Optional[Mapping[str, Any]] = None):
+    """Gather evidence for each claim (decomposing `summary` first when `decompose`) and verify it
+    with the configured LM; a `FaithfulnessReport`. No claims give an empty report (no index is built)."""
+    from booklens.lm import current_lm
+    from booklens.programs.faithfulness import build_checker, label_summary
+    from booklens.records import FaithfulnessReport
+    from booklens.retrieval import BOOK_MODES, PASSAGE_MODES
+
+    if mode in BOOK_MODES and book_text is None:
+        raise BooklensError(f"evidence mode '{mode}' needs the book")
+    lm = current_lm()
+    programs = programs or {}  # compiled programs by task (`--program`)
+    checker = build_checker(evidence_mode=mode, k=k, budget_tokens=budget_tokens, concurrency=concurrency,
+                            decomposer=programs.get("decomposition"), verifier=programs.get("verification"))
+    started = time.perf_counter()
+    index = None
+    index_seconds = 0.0
+    with usage_scope() as tracker:
+        if decompose:
+            with usage_step("decompose"):
+                decomposed = checker.decomposer(summary=summary)
+            if decomposed.error:
+                raise BooklensError(f"could not split the summary into claims ({decomposed.attempts} tries): "
+                                    f"{decomposed.error}")
+            claims = decomposed.claims
+        claims = list(claims)
+        if book_text is not None and mode != "none" and claims:
+            index = book_index(book_text, cache_dir=cache_dir, passage_tokens=passage_tokens, mode=mode)
+            index_seconds = time.perf_counter() - started
+        t0 = time.perf_counter()
+        given_lists = [list(g or []) for g in given] if given is not None else None
+        verdicts = checker.verify_claims(claims, index=index, given_evidence=given_lists) if claims else []
+        run_seconds = time.perf_counter() - t0
+    counts, percentages, failures = label_summary(verdicts)
+    return FaithfulnessReport(
+        book=str(book) if book else None,
+        book_sha256=hashlib.sha256(book_text.encode("utf-8")).hexdigest() if book_text is not None else None,
+        summary=summary, evidence_mode=mode,
+        k=k if mode in PASSAGE_MODES else None,
+        budget_tokens=checker.resolved_budget() if mode in ("book", "given") else None,
+        passage_tokens=passage_tokens if index is not None else None,
+        claims=verdicts, label_counts=counts, label_percentages=percentages, failures=failures,
+        lm=lm_label(lm), usage=_usage(tracker),
+        timings={"index_seconds": round(index_seconds, 3), "verify_seconds": round(run_seconds, 3),
+                 "total_seconds": round(time.perf_counter() - started, 3)},
+    )
