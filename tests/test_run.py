@@ -50,6 +50,7 @@ class Responder:
 
     def __init__(self):
         self.verify_delay = 0.0
+        self.claims_unparseable = False
 
     def __call__(self, body: dict) -> str:
         kind = kind_of(body)
@@ -63,6 +64,8 @@ class Responder:
                                    "error_types": ["entity omission"]})
             return json.dumps({"verdict": "no confusion", "questions": [], "error_types": []})
         if kind == "claims":
+            if self.claims_unparseable:
+                return "Here are the claims: Maren, the ledger, the lamp."
             return json.dumps({"claims": CLAIMS})
         if kind == "verify":
             if self.verify_delay:
@@ -226,6 +229,35 @@ def test_killed_during_verification_resumes_and_ends_equal_to_an_uninterrupted_r
     assert contents(out) == contents(reference["dir"])
 
 
+def test_a_failed_step_is_recorded_and_the_steps_that_do_not_need_it_still_run(server, tmp_path):
+    """Claims that never parse: the claims step fails with its reason, verification is recorded as
+    needing it, coherence still runs, the report is written, and the exit code says it is incomplete."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    server.answers.claims_unparseable = True
+    try:
+        start = len(server.served)
+        proc = cli(run_args(server, out, cache))
+        calls = len(server.served) - start
+        again = cli(run_args(server, out, cache))
+        rerun_calls = len(server.served) - start - calls
+    finally:
+        server.answers.claims_unparseable = False
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the run is incomplete: claims (could not split the summary into claims")
+    run = json.loads((out / "run.json").read_text())
+    assert list(run["steps"]) == ["summary", "coherence"] and run["complete"] is False
+    assert set(run["failures"]) == {"claims", "faithfulness"}
+    assert run["failures"]["claims"].startswith("could not split the summary into claims (3 tries)")
+    assert run["failures"]["faithfulness"] == "needs claims"
+    assert run["scores"]["booookscore"] == pytest.approx(0.75) and run["scores"]["claims"] is None
+    assert not (out / "claims.json").exists() and not (out / "faithfulness.json").exists()
+    page = (out / "report.html").read_text()
+    assert "Some steps failed" in page and "needs claims" in page and "Who is Zed, and which key?" in page
+    # The rerun retries the failed step from the cache: no LM call, the same outcome.
+    assert again.returncode != 0 and rerun_calls == 0
+
+
 # ---------------------------------------------------------------------------
 # Bad input
 
@@ -255,7 +287,7 @@ def test_report_of_a_newer_run_directory_is_a_one_line_error(reference, tmp_path
     assert_one_line_error(proc, "newer booklens (format version 99")
     assert not (newer / "report.html").exists()
     # `run` refuses to resume it too (checked before any model loads)
-    from booklens.cli.run import previous_run
+    from booklens.pipeline import previous_run
     from booklens.errors import BooklensError
 
     with pytest.raises(BooklensError, match="newer booklens"):
@@ -263,7 +295,7 @@ def test_report_of_a_newer_run_directory_is_a_one_line_error(reference, tmp_path
 
 
 def test_run_refuses_a_directory_that_is_not_a_run_directory(tmp_path):
-    from booklens.cli.run import previous_run
+    from booklens.pipeline import previous_run
     from booklens.errors import BooklensError
 
     (tmp_path / "notes.txt").write_text("mine")

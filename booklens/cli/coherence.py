@@ -12,10 +12,9 @@ annotations, or sentence annotations such as GPT-4's with the matching summaries
 
 from __future__ import annotations
 
-import time
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -32,53 +31,12 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.errors import BooklensError
-from booklens.lm import usage_delta
 
 
 class SplitName(str, Enum):
     train = "train"
     dev = "dev"
     test = "test"
-
-
-def _summary_map(data: Any, what: str) -> dict[str, str]:
-    """book -> summary text from a JSON map whose values are strings or objects with a "summary"."""
-    if not isinstance(data, Mapping) or not data:
-        raise BooklensError(f"{what} must be a summarize output or a non-empty JSON object mapping book names to "
-                            "summaries")
-    out = {}
-    for book, value in data.items():
-        if isinstance(value, Mapping):
-            value = value.get("summary")
-        if not isinstance(value, str):
-            raise BooklensError(f"{what}: the summary of {book!r} must be a string (or an object with a "
-                                "'summary' string)")
-        if not value.strip():
-            raise BooklensError(f"{what}: the summary of {book!r} is empty")
-        out[str(book)] = value
-    return out
-
-
-def load_summaries(path: Path) -> tuple[dict[str, str], Optional[Path], bool]:
-    """The summaries to score (name -> text), for a summarize output the book it came from if
-    that file exists, and whether the file was a map of several summaries."""
-    from booklens.text import read_text_file
-
-    if path.suffix.lower() == ".json":
-        data = read_json_file(path, "summary file")
-        if isinstance(data, Mapping) and data.get("kind") == "booklens.summary":
-            text = data.get("summary")
-            if not isinstance(text, str) or not text.strip():
-                raise BooklensError(f"summary file has an empty summary: {path}")
-            book = data.get("book")
-            name = Path(book).name if isinstance(book, str) and book else path.stem
-            book_path = Path(book) if isinstance(book, str) and book and Path(book).is_file() else None
-            return {name: text}, book_path, False
-        return _summary_map(data, f"summary file {path}"), None, True
-    text = read_text_file(path)
-    if not text.strip():
-        raise BooklensError(f"summary file is empty: {path}")
-    return {path.name: text.strip()}, None, False
 
 
 def _select(names: list[str], split: Optional[SplitName], limit: Optional[int]) -> list[str]:
@@ -91,38 +49,6 @@ def _select(names: list[str], split: Optional[SplitName], limit: Optional[int]) 
     if limit is not None:
         names = names[:limit]
     return names
-
-
-def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concurrency: int = 4, tries: int = 3,
-                    book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None) -> dict[str, Any]:
-    """Score summaries with the configured LM; name -> `CoherenceResult`."""
-    from booklens.lm import current_lm, usage_step
-    from booklens.metrics.booookscore import finish_result
-    from booklens.programs.coherence import build_scorer
-    from booklens.records import CoherenceResult
-    from booklens.text import split_sentences
-
-    lm = current_lm()
-    scorer = scorer or build_scorer(batch_size=batch_size, concurrency=concurrency, tries=tries)
-    results = {}
-    for name, text in summaries.items():
-        sentences = split_sentences(text)
-        if not sentences:
-            raise BooklensError(f"the summary {name!r} has no sentence")
-        before = lm.usage.snapshot()
-        started = time.perf_counter()
-        with usage_step("coherence"):
-            prediction = scorer(summary=text, sentences=sentences)
-        seconds = time.perf_counter() - started
-        result = CoherenceResult(
-            book=name, summary=text, annotator="program", sentences=prediction.annotations,
-            mode=scorer.mode, batch_size=scorer.batch_size,
-            lm=getattr(lm, "label", getattr(lm, "model", str(lm))),
-            usage=usage_delta(before, lm.usage.snapshot()),
-            timings={"score_seconds": round(seconds, 3)},
-        )
-        results[name] = finish_result(result, book_text=(book_texts or {}).get(name))
-    return results
 
 
 def _pct(x: Optional[float]) -> str:
@@ -168,8 +94,6 @@ def score(
     program: ProgramOption = None,
 ) -> None:
     """BooookScore: the share of a summary's sentences that confuse no reader (Eq. 1)."""
-    from booklens.metrics.booookscore import build_set
-
     if annotations is not None:
         if summary is not None:
             raise BooklensError("give either SUMMARY (to score with an LM) or --annotations, not both")
@@ -181,6 +105,8 @@ def score(
         raise BooklensError("missing SUMMARY (a text file, summarize output or JSON map), or use --annotations")
     if summaries is not None:
         raise BooklensError("--summaries goes with --annotations")
+    from booklens.inputs import load_summaries
+
     texts, book_path, is_map = load_summaries(summary)
     if book is not None:
         if len(texts) != 1:
@@ -202,20 +128,13 @@ def score(
 
         scorer = load_program(build_scorer(batch_size=batch_size, concurrency=concurrency, tries=tries), program,
                               task="coherence")
-    lm_obj = setup_lm(lm, api_base, cache_dir)
-    before = lm_obj.usage.snapshot()
-    started = time.perf_counter()
-    results = score_summaries(texts, batch_size=batch_size, concurrency=concurrency, tries=tries,
-                              book_texts=book_texts, scorer=scorer)
-    if not is_map:
-        record: Any = next(iter(results.values()))
-    else:
-        record = build_set(results, annotator="program")
-        record.lm = getattr(lm_obj, "label", "")
-        record.usage = usage_delta(before, lm_obj.usage.snapshot())
-        record.timings = {"score_seconds": round(time.perf_counter() - started, 3)}
+    from booklens.steps import score_coherence
+
+    setup_lm(lm, api_base, cache_dir)
+    record = score_coherence(texts, as_set=is_map, batch_size=batch_size, concurrency=concurrency, tries=tries,
+                             book_texts=book_texts, scorer=scorer)
     write_output(output, record)
-    usage = usage_delta(before, lm_obj.usage.snapshot())
+    usage = record.usage
     typer.echo(f"{_report_line(record)}; {usage['calls']} LM calls ({usage['cached_calls']} from cache), "
                f"{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens", err=True)
 
@@ -231,6 +150,7 @@ def _score_annotations(annotations: Path, summaries: Optional[Path], split: Opti
         is_validation_format,
         parse_validation_study,
     )
+    from booklens.inputs import summary_map
     from booklens.metrics.booookscore import build_set
 
     data = read_json_file(annotations, "annotation file")
@@ -240,7 +160,7 @@ def _score_annotations(annotations: Path, summaries: Optional[Path], split: Opti
     if is_human_format(data):
         human = parse_human_annotations(data, what)
         if summaries_data is not None:
-            given = _summary_map(summaries_data, f"summaries file {summaries}")
+            given = summary_map(summaries_data, f"summaries file {summaries}")
             for name, entry in human.items():
                 if name not in given:
                     raise BooklensError(f"book {name!r} is in the {what} but not in the summaries file {summaries}")

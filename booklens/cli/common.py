@@ -1,15 +1,14 @@
-"""Options and helpers shared by every command."""
+"""Options and helpers shared by every command. Light to import: `booklens --help` and argument
+errors load no model, no dspy, no litellm."""
 
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-
-from booklens import lm as lm_module
-from booklens.errors import BooklensError
 
 LMOption = Annotated[
     Optional[str],
@@ -28,9 +27,22 @@ ProgramOption = Annotated[
 OutputOption = Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the result JSON here.")]
 
 
-def setup_lm(lm: str | None, api_base: str | None = None, cache_dir: Path | None = None) -> lm_module.BooklensLM:
-    """Build and install the LM for a command."""
-    return lm_module.configure(lm_module.make_lm(lm, api_base=api_base, cache_dir=cache_dir))
+def evidence_enum(name: str, *, exclude: tuple[str, ...] = ()) -> type[Enum]:
+    """An option type of the evidence modes of `booklens.retrieval` (minus `exclude`), whose
+    `help` is the modes' one-line description."""
+    from booklens.retrieval import EVIDENCE_MODES, evidence_help
+
+    modes = tuple(m for m in EVIDENCE_MODES if m not in exclude)
+    enum = Enum(name, {m: m for m in modes}, type=str)
+    enum.help = evidence_help(modes)
+    return enum
+
+
+def setup_lm(lm: str | None, api_base: str | None = None, cache_dir: Path | None = None):
+    """Build the LM a command names and make it the LM of every DSPy program in this process."""
+    from booklens.lm import configure, make_lm
+
+    return configure(make_lm(lm, api_base=api_base, cache_dir=cache_dir))
 
 
 def write_output(path: Path | None, payload: Any) -> None:
@@ -38,6 +50,8 @@ def write_output(path: Path | None, payload: Any) -> None:
     from booklens.records import save_json
 
     if path is None:
+        if hasattr(payload, "model_dump"):
+            payload = payload.model_dump(mode="json")
         typer.echo(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
         return
     save_json(path, payload)
@@ -45,13 +59,7 @@ def write_output(path: Path | None, payload: Any) -> None:
 
 
 def read_json_file(path: Path, what: str) -> Any:
-    if not path.exists():
-        raise BooklensError(f"{what} not found: {path}")
-    if path.is_dir():
-        raise BooklensError(f"{what} is a directory, not a file: {path}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError:
-        raise BooklensError(f"{what} is not UTF-8 text: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"{what} is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
+    """A JSON file a user gave, or a one-line error (see `booklens.records.read_json_file`)."""
+    from booklens.records import read_json_file as read
+
+    return read(path, what)

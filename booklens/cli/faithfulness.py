@@ -8,10 +8,8 @@
 
 from __future__ import annotations
 
-import time
-from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -23,164 +21,21 @@ from booklens.cli.common import (
     LMOption,
     OutputOption,
     ProgramOption,
-    read_json_file,
+    evidence_enum,
     setup_lm,
     write_output,
 )
 from booklens.cli.data import stats_app
 from booklens.errors import BooklensError
-from booklens.lm import usage_delta
 
 
-class EvidenceMode(str, Enum):
-    none = "none"
-    given = "given"
-    bm25 = "bm25"
-    dense = "dense"
-    hybrid = "hybrid"
-    book = "book"
-
-
-EvidenceOption = Annotated[EvidenceMode, typer.Option(
-    "--evidence", help="none; given (quotes in the claims file); bm25 / dense / hybrid (top-k passages); "
-                       "book (as much of the book as the budget holds, around the best passages).")]
+EvidenceMode = evidence_enum("EvidenceMode")
+EvidenceOption = Annotated[EvidenceMode, typer.Option("--evidence", help="Evidence per claim: " + EvidenceMode.help)]
 KOption = Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per claim (bm25/dense/hybrid).")]
 BudgetOption = Annotated[Optional[int], typer.Option(
     "--budget-tokens", min=64, help="Evidence tokens per claim for 'book' and 'given' (default: what the "
                                     "model's context window holds).")]
 PassageTokensOption = Annotated[int, typer.Option("--passage-tokens", min=32, help="Maximum tokens per passage.")]
-
-
-# ---------------------------------------------------------------------------
-# Input files
-
-
-def read_summary(path: Path) -> str:
-    """A summary from a text file, a `booklens summarize` result, or JSON with a 'summary' string."""
-    from booklens.text import read_text_file
-
-    if path.suffix.lower() == ".json":
-        data = read_json_file(path, "summary file")
-        text = data.get("summary") if isinstance(data, Mapping) else None
-        if not isinstance(text, str):
-            raise BooklensError(f"summary file {path} has no 'summary' string")
-    else:
-        if path.exists() and path.is_file() and path.stat().st_size == 0:
-            raise BooklensError(f"the summary is empty: {path}")
-        text = read_text_file(path)
-    if not text.strip():
-        raise BooklensError(f"the summary is empty: {path}")
-    return text.strip()
-
-
-def _evidence_texts(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list):
-        raise BooklensError(f"{where}: 'evidence' must be a list of quotes")
-    out = []
-    for item in value:
-        if isinstance(item, str):
-            out.append(item)
-        elif isinstance(item, Mapping) and isinstance(item.get("text"), str):
-            out.append(item["text"])  # evidence of an earlier booklens result
-        else:
-            raise BooklensError(f"{where}: 'evidence' must be a list of quotes (strings)")
-    return out
-
-
-def read_claims(path: Path) -> tuple[list[str], Optional[list[Optional[list[str]]]]]:
-    """Claims (and evidence quotes where given) from a claims file.
-
-    Accepted: a list of claim strings or of objects {"claim": str, "evidence": [str, ...]}, or an
-    object with such a list under "claims" (what `booklens claims` and `booklens verify` write)."""
-    data = read_json_file(path, "claims file")
-    items = data.get("claims") if isinstance(data, Mapping) else data
-    shape = ("expected a list of claims (strings or objects with a 'claim' string), "
-             "or an object with such a list under 'claims'")
-    if not isinstance(items, list):
-        raise BooklensError(f"claims file {path}: {shape}")
-    if not items:
-        raise BooklensError(f"claims file {path} has no claims")
-    claims: list[str] = []
-    evidence: list[Optional[list[str]]] = []
-    for n, item in enumerate(items):
-        where = f"claims file {path}, claim {n}"
-        if isinstance(item, str):
-            claims.append(item)
-            evidence.append(None)
-        elif isinstance(item, Mapping) and isinstance(item.get("claim"), str):
-            claims.append(item["claim"])
-            evidence.append(_evidence_texts(item["evidence"], where) if "evidence" in item else None)
-        else:
-            raise BooklensError(f"claims file {path}: {shape} (claim {n} is {type(item).__name__})")
-        if not claims[-1].strip():
-            raise BooklensError(f"{where} is empty")
-    return claims, (evidence if any(e is not None for e in evidence) else None)
-
-
-def _read_book(book: Path) -> str:
-    from booklens.text import read_book
-
-    return read_book(book)
-
-
-def _needs_book(mode: EvidenceMode, book: Optional[Path]) -> None:
-    if mode.value in ("bm25", "dense", "hybrid", "book") and book is None:
-        raise BooklensError(f"--evidence {mode.value} needs the book: pass --book BOOK")
-
-
-def _index(text: str, cache_dir: Optional[Path], passage_tokens: int):
-    from booklens.lm import default_cache_dir
-    from booklens.retrieval import BookIndex
-
-    return BookIndex.build(text, cache_dir=Path(cache_dir or default_cache_dir()) / "indexes",
-                           passage_tokens=passage_tokens)
-
-
-def _lm_label(lm) -> str:
-    return str(getattr(lm, "label", getattr(lm, "model", lm)))
-
-
-def run_verification(*, claims: list[str], given: Optional[list[Optional[list[str]]]], book: Optional[Path],
-                     book_text: Optional[str], summary: Optional[str], mode: str, k: int,
-                     budget_tokens: Optional[int], passage_tokens: int, concurrency: int,
-                     cache_dir: Optional[Path], lm, decompose: bool = False, programs: Optional[dict] = None):
-    """Build the index when needed, run the checker, and wrap the result in a FaithfulnessReport."""
-    import hashlib
-
-    from booklens.programs.faithfulness import build_checker
-    from booklens.records import FaithfulnessReport
-
-    started = time.perf_counter()
-    index = None
-    index_seconds = 0.0
-    if book_text is not None and mode != "none":
-        index = _index(book_text, cache_dir, passage_tokens)
-        if mode in ("dense", "hybrid", "book"):
-            index.ensure_dense()
-        index_seconds = time.perf_counter() - started
-    programs = programs or {}  # compiled programs by task (`--program`)
-    checker = build_checker(evidence_mode=mode, k=k, budget_tokens=budget_tokens, concurrency=concurrency,
-                            decomposer=programs.get("decomposition"), verifier=programs.get("verification"))
-    before = lm.usage.snapshot()
-    t0 = time.perf_counter()
-    given_lists = [g or [] for g in given] if given is not None else None
-    if decompose:
-        result = checker(summary=summary, index=index, given_evidence=given_lists)
-    else:
-        result = checker(claims=claims, index=index, given_evidence=given_lists)
-    run_seconds = time.perf_counter() - t0
-    return FaithfulnessReport(
-        book=str(book) if book else None,
-        book_sha256=hashlib.sha256(book_text.encode("utf-8")).hexdigest() if book_text is not None else None,
-        summary=summary, evidence_mode=mode,
-        k=k if mode in ("bm25", "dense", "hybrid") else None,
-        budget_tokens=checker.resolved_budget() if mode in ("book", "given") else None,
-        passage_tokens=passage_tokens if index is not None else None,
-        claims=result.claims, label_counts=result.label_counts, label_percentages=result.label_percentages,
-        failures=result.failures, lm=_lm_label(lm), usage=usage_delta(before, lm.usage.snapshot()),
-        timings={"index_seconds": round(index_seconds, 3), "verify_seconds": round(run_seconds, 3),
-                 "total_seconds": round(time.perf_counter() - started, 3)},
-    )
 
 
 def _compiled(paths: Optional[list[Path]], command: str, tasks: tuple[str, ...]) -> dict:
@@ -219,24 +74,15 @@ def claims_command(
     program: ProgramOption = None,
 ) -> None:
     """Split a summary into atomic, self-contained claims."""
-    from booklens.lm import usage_step
-    from booklens.programs.faithfulness import build_decomposer
-    from booklens.records import ClaimSet
+    from booklens.inputs import read_summary_text
+    from booklens.steps import decompose_summary
 
-    text = read_summary(summary)
-    decomposer = build_decomposer()
-    if program is not None:
-        from booklens.optimizers.artifacts import load_program
-
-        load_program(decomposer, program, task="decomposition")
-    model = setup_lm(lm, api_base, cache_dir)
-    before = model.usage.snapshot()
-    with usage_step("decompose"):
-        result = decomposer(summary=text)
-    if result.error:
-        raise BooklensError(f"could not split the summary into claims ({result.attempts} tries): {result.error}")
-    record = ClaimSet(summary=text, claims=result.claims, attempts=result.attempts, lm=_lm_label(model),
-                      usage=usage_delta(before, model.usage.snapshot()))
+    text = read_summary_text(summary)
+    programs = _compiled([program] if program is not None else [], "claims", ("decomposition",))
+    setup_lm(lm, api_base, cache_dir)
+    record = decompose_summary(text, decomposer=programs.get("decomposition"))
+    if record.error:
+        raise BooklensError(f"could not split the summary into claims ({record.attempts} tries): {record.error}")
     write_output(output, record)
     if output is not None:
         typer.echo(f"{len(record.claims)} claims", err=True)
@@ -260,20 +106,26 @@ def verify_command(
     program: ProgramOption = None,
 ) -> None:
     """Verify claims against a book: faithful, unfaithful, partial support or can't verify."""
+    from booklens.inputs import read_claims
+    from booklens.retrieval import BOOK_MODES
+    from booklens.steps import verify_claims
+    from booklens.text import read_book
+
     claim_list, given = read_claims(claims)
-    _needs_book(evidence, book)
+    if evidence.value in BOOK_MODES and book is None:
+        raise BooklensError(f"--evidence {evidence.value} needs the book: pass --book BOOK")
     if evidence is EvidenceMode.given:
         missing = [i for i, g in enumerate(given or [None] * len(claim_list)) if g is None]
         if missing:
             raise BooklensError(f"--evidence given needs an 'evidence' list of quotes with every claim "
                                 f"(claim {missing[0]} of {claims} has none)")
-    book_text = _read_book(book) if book is not None else None
+    book_text = read_book(book) if book is not None else None
     programs = _compiled([program] if program is not None else [], "verify", ("verification",))
-    model = setup_lm(lm, api_base, cache_dir)
-    report = run_verification(claims=claim_list, given=given if evidence is EvidenceMode.given else None,
-                              book=book, book_text=book_text, summary=None, mode=evidence.value, k=k,
-                              budget_tokens=budget_tokens, passage_tokens=passage_tokens, concurrency=concurrency,
-                              cache_dir=cache_dir, lm=model, programs=programs)
+    setup_lm(lm, api_base, cache_dir)
+    report = verify_claims(claims=claim_list, given=given if evidence is EvidenceMode.given else None,
+                           book=book, book_text=book_text, mode=evidence.value, k=k, budget_tokens=budget_tokens,
+                           passage_tokens=passage_tokens, concurrency=concurrency, cache_dir=cache_dir,
+                           programs=programs)
     write_output(output, report)
     if output is not None:
         _report_line(report)
@@ -298,14 +150,17 @@ def check_command(
     """Check a summary against its book: claims, evidence, a verdict per claim, % of each label."""
     if evidence is EvidenceMode.given:
         raise BooklensError("--evidence given needs quotes with each claim; use `booklens verify` with a claims file")
-    book_text = _read_book(book)
-    summary_text = read_summary(summary)
+    from booklens.inputs import read_summary_text
+    from booklens.steps import verify_claims
+    from booklens.text import read_book
+
+    book_text = read_book(book)
+    summary_text = read_summary_text(summary)
     programs = _compiled(program, "check", ("decomposition", "verification"))
-    model = setup_lm(lm, api_base, cache_dir)
-    report = run_verification(claims=[], given=None, book=book, book_text=book_text, summary=summary_text,
-                              mode=evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
-                              concurrency=concurrency, cache_dir=cache_dir, lm=model, decompose=True,
-                              programs=programs)
+    setup_lm(lm, api_base, cache_dir)
+    report = verify_claims(claims=[], book=book, book_text=book_text, summary=summary_text, mode=evidence.value,
+                           k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens, concurrency=concurrency,
+                           cache_dir=cache_dir, decompose=True, programs=programs)
     write_output(output, report)
     if output is not None:
         _report_line(report)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -20,69 +18,11 @@ from booklens.cli.common import (
     setup_lm,
     write_output,
 )
-from booklens.errors import BooklensError
-from booklens.lm import usage_delta
 
 
 class Method(str, Enum):
     hier = "hier"
     inc = "inc"
-
-
-def build_summary(book_path: Path, *, method: str = "hier", chunk_size: int = 2048, context_window: int | None = None,
-                  max_summary_tokens: int = 900, level_budgets: list[int] | None = None, max_regenerations: int = 2,
-                  remove_artifacts: bool = False, drop_matter: bool = False, concurrency: int = 4,
-                  program_path: Path | None = None):
-    """Read, chunk and summarize a book with the configured LM; returns a `Summary` record."""
-    import dspy
-
-    from booklens.lm import current_lm, usage_step
-    from booklens.programs.summarizer import make_summarizer
-    from booklens.records import Summary, SummaryConfig
-    from booklens.text import count_tokens, read_book
-
-    started = time.perf_counter()
-    text = read_book(book_path, drop_matter=drop_matter)
-    read_seconds = time.perf_counter() - started
-    lm = current_lm()
-    window = context_window or 8192
-    backend_window = getattr(lm, "context_window", None)
-    if backend_window and window > backend_window:
-        raise BooklensError(f"--context-window {window} is larger than the model's context window ({backend_window})")
-    config = SummaryConfig(method=method, chunk_size=chunk_size, context_window=window,
-                           max_summary_tokens=max_summary_tokens, level_budgets=level_budgets or [],
-                           max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
-                           drop_matter=drop_matter, concurrency=concurrency,
-                           program=str(program_path) if program_path else None)
-    program = make_summarizer(method, chunk_size=chunk_size, context_window=window,
-                              max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
-                              max_regenerations=max_regenerations, concurrency=concurrency,
-                              remove_artifacts=remove_artifacts)
-    if program_path is not None:
-        from booklens.optimizers.artifacts import load_program
-
-        load_program(program, program_path, task="summarize")
-    before = lm.usage.snapshot()
-    t0 = time.perf_counter()
-    with usage_step("summarize"):
-        result = program(book=text)
-    summarize_seconds = time.perf_counter() - t0
-    after = lm.usage.snapshot()
-    return Summary(
-        book=str(book_path),
-        book_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
-        book_tokens=count_tokens(text),
-        summary=result.summary,
-        method=method,
-        config=config,
-        chunks=[{"index": c.index, "start": c.start, "end": c.end, "tokens": c.tokens,
-                 "split_sentence": c.split_sentence} for c in result.chunks],
-        nodes=result.nodes,
-        lm=getattr(lm, "label", getattr(lm, "model", str(lm))),
-        usage=usage_delta(before, after),
-        timings={"read_seconds": round(read_seconds, 3), "summarize_seconds": round(summarize_seconds, 3),
-                 "total_seconds": round(time.perf_counter() - started, 3)},
-    )
 
 
 @app.command()
@@ -100,9 +40,9 @@ def summarize(
     = None,
     max_regenerations: Annotated[int, typer.Option("--max-regenerations", min=0,
                                                    help="Retries for a summary over budget or cut off.")] = 2,
-    remove_artifacts: Annotated[bool, typer.Option("--remove-artifacts/--keep-artifacts",
-                                                   help="A last pass removing 'in this segment'-style phrases.")]
-    = False,
+    remove_artifacts: Annotated[bool, typer.Option(
+        "--remove-artifacts/--keep-artifacts",
+        help="A last pass removing 'in this segment'-style phrases (the paper's post-processing).")] = True,
     drop_matter: Annotated[bool, typer.Option("--drop-matter/--keep-matter",
                                               help="Drop front and back matter (contents, acknowledgments).")] = False,
     lm: LMOption = None,
@@ -113,14 +53,15 @@ def summarize(
     output: OutputOption = None,
 ) -> None:
     """Summarize a book by hierarchical merging or incremental updating."""
+    from booklens.steps import summarize_book
     from booklens.text import read_book
 
-    read_book(book, drop_matter=drop_matter)  # bad input fails before any model loads
+    text = read_book(book, drop_matter=drop_matter)  # bad input fails before any model loads
     setup_lm(lm, api_base, cache_dir)
-    record = build_summary(book, method=method.value, chunk_size=chunk_size, context_window=context_window,
-                           max_summary_tokens=max_summary_tokens, level_budgets=level_budget,
-                           max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
-                           drop_matter=drop_matter, concurrency=concurrency, program_path=program)
+    record = summarize_book(book, method=method.value, chunk_size=chunk_size, context_window=context_window,
+                            max_summary_tokens=max_summary_tokens, level_budgets=level_budget,
+                            max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
+                            drop_matter=drop_matter, concurrency=concurrency, program_path=program, text=text)
     write_output(output, record)
     if output is not None:
         u = record.usage

@@ -1,0 +1,98 @@
+"""Start-up of the command line: `booklens --help` and a one-line argument error, against a bare
+typer app with as many commands and options (the floor any typer CLI pays), in one run.
+
+    python benchmarks/bench_startup.py [--repeat 15]
+
+Prints the median wall-clock and CPU seconds of each, and the ratio to the bare app (target: at
+most 2x). Each measurement is a fresh process, as a user's shell would start it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def command_shape() -> list[tuple[str, int]]:
+    """(command path, number of parameters) of every booklens command, to mirror in the bare app."""
+    import typer.main
+
+    from booklens.cli import app
+
+    shape = []
+    group = typer.main.get_command(app)
+
+    def walk(command, prefix: str) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            path = f"{prefix} {name}".strip()
+            if getattr(sub, "commands", None):
+                walk(sub, path)
+            else:
+                shape.append((path, len(sub.params)))
+
+    walk(group, "")
+    return shape
+
+
+def bare_app_source(shape: list[tuple[str, int]]) -> str:
+    lines = ["import typer", "app = typer.Typer(add_completion=False, no_args_is_help=True)", "groups = {}"]
+    for i, (path, params) in enumerate(shape):
+        parts = path.split()
+        target = "app"
+        for depth in range(len(parts) - 1):
+            key = " ".join(parts[: depth + 1])
+            lines.append(f"if {key!r} not in groups:\n    groups[{key!r}] = typer.Typer(no_args_is_help=True)\n"
+                         f"    {target}.add_typer(groups[{key!r}], name={parts[depth]!r})")
+            target = f"groups[{key!r}]"
+        options = ", ".join(f"o{j}: str = typer.Option('x', help='option {j}')" for j in range(params))
+        lines.append(f"@{target}.command({parts[-1]!r})\ndef c{i}({options}):\n    'A command.'\n")
+    lines.append("app()")
+    return "\n".join(lines)
+
+
+def timed(args: list[str], repeat: int, env: dict[str, str]) -> tuple[float, float]:
+    """Median wall-clock and CPU (user + system, children) seconds of `repeat` fresh processes."""
+    walls, cpus = [], []
+    for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        subprocess.run(args, capture_output=True, env=env, check=False)
+        walls.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+    return statistics.median(walls), statistics.median(cpus)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=15)
+    options = parser.parse_args()
+    shape = command_shape()
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as tmp:
+        bare = Path(tmp) / "bare_app.py"
+        bare.write_text(bare_app_source(shape))
+        rows = [
+            ("bare typer app --help", [sys.executable, str(bare), "--help"]),
+            ("booklens --help", [sys.executable, "-m", "booklens", "--help"]),
+            ("bare typer app, unknown option", [sys.executable, str(bare), "--nonsense"]),
+            ("booklens run missing.txt -o out", [sys.executable, "-m", "booklens", "run", "missing.txt", "-o",
+                                                 str(Path(tmp) / "out")]),
+        ]
+        results = {name: timed(args, options.repeat, env) for name, args in rows}
+    print(f"{len(shape)} commands, {sum(p for _, p in shape)} parameters; median of {options.repeat} fresh processes;"
+          f" load average {os.getloadavg()[0]:.2f}")
+    base_wall, base_cpu = results["bare typer app --help"]
+    for name, (wall, cpu) in results.items():
+        print(f"  {name:36s} {wall:6.3f} s wall  {cpu:6.3f} s cpu  {wall / base_wall:5.2f}x the bare --help")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""The command line starts without the heavy libraries: `--help`, `--version` and errors in the
+arguments or input paths load no dspy, litellm, torch, faiss, sentence-transformers, numpy,
+tiktoken, llama.cpp or ray."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("dspy", "litellm", "torch", "faiss", "sentence_transformers", "numpy", "tiktoken", "llama_cpp", "ray")
+
+PROBE = """
+import json, sys
+sys.argv = ["booklens"] + json.loads(sys.argv[1])
+import booklens.cli
+code = 0
+try:
+    booklens.cli.main()
+except SystemExit as exc:
+    code = exc.code
+sys.stdout.flush()
+print("\\n" + json.dumps({"exit": code, "heavy": sorted(m for m in %r if m in sys.modules)}))
+""" % (HEAVY,)
+
+CASES = [
+    ["--help"],
+    ["--version"],
+    ["run", "--help"],
+    ["run"],
+    ["run", "/nonexistent/book.txt", "-o", "/nonexistent/out"],
+    ["run", "/nonexistent/book.txt", "-o", "out", "--evidence", "nonsense"],
+    ["summarize", "/nonexistent/book.txt"],
+    ["summarize", "book.txt", "--chunk-size", "many"],
+    ["score", "/nonexistent/summary.txt"],
+    ["claims", "/nonexistent/summary.txt"],
+    ["verify", "--claims", "/nonexistent/claims.json"],
+    ["check", "/nonexistent/book.txt", "/nonexistent/summary.txt"],
+    ["compile", "coherence", "--data", "/nonexistent/data"],
+    ["report", "/nonexistent/run"],
+    ["no-such-command"],
+]
+
+
+@pytest.mark.parametrize("args", CASES, ids=[" ".join(c) for c in CASES])
+def test_help_and_argument_errors_load_no_heavy_library(args, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["heavy"] == []
+    if args[-1] in ("--help", "--version"):
+        assert result["exit"] == 0
+    else:  # an error: one line on stderr, no traceback
+        assert result["exit"] != 0
+        assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
