@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import struct
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,8 +51,6 @@ class ScriptedCall:
 
 
 class ScriptedBackend:
-    wants_schema = True  # like the embedded model, always receive the output schema
-
     def __init__(self, responder: Callable[[ScriptedCall], Any], name: str = "scripted", context_window: int = 8192,
                  latency: float = 0.0):
         self.responder = responder
@@ -88,8 +89,10 @@ def ScriptedLM(
 
 
 # ---------------------------------------------------------------------------
-# An OpenAI-compatible server on loopback with a fixed latency, for end-to-end
-# tests of the LiteLLM path (resume after a kill) and concurrency benchmarks.
+# An OpenAI-compatible server on loopback (it also answers Anthropic's /v1/messages), for
+# end-to-end tests of the LiteLLM path: latency, resume after a kill, and the faults real servers
+# and APIs produce (HTTP errors with headers, answers cut off at the token limit, dropped
+# connections, answers that come too late).
 
 
 def default_fake_answer(body: dict[str, Any]) -> str:
@@ -101,21 +104,55 @@ def default_fake_answer(body: dict[str, Any]) -> str:
     return json.dumps({"summary": text, "condensed": text, "cleaned": text})
 
 
+@dataclass
+class Reply:
+    """What the server does with one request (a responder may return this instead of a string).
+
+    - `status` >= 400 answers with an error whose message is `error`, plus `headers`
+      (e.g. `{"Retry-After": "7"}`);
+    - `drop=True` resets the connection without answering;
+    - `hold` seconds pass before answering (bounded: the server's shutdown ends the wait);
+    - otherwise `content` is the answer, with `finish_reason` and usage (`cached_tokens` is
+      reported as `prompt_tokens_details.cached_tokens`, or Anthropic's `cache_read_input_tokens`).
+    """
+
+    content: str = ""
+    status: int = 200
+    error: str = "error"
+    headers: dict[str, str] = field(default_factory=dict)
+    finish_reason: str = "stop"
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int = 0
+    drop: bool = False
+    hold: float = 0.0
+
+
+@dataclass
+class ReceivedRequest:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
 class FakeOpenAIServer:
-    """`POST /v1/chat/completions` answered after `latency` seconds by `responder(body) -> str`.
+    """`POST /v1/chat/completions` answered after `latency` seconds by `responder(body)`.
 
-    `served` lists the request bodies that were answered completely, in order. A responder
-    may return `(status, message)` to answer with an HTTP error instead."""
+    The responder returns the answer text, `(status, message)` for an HTTP error, or a `Reply`.
+    `received` lists every request (path, headers, body) in arrival order; `served` lists the
+    bodies that were answered completely (status 200), in order."""
 
-    def __init__(self, latency: float = 0.0, responder: Callable[[dict[str, Any]], str] = default_fake_answer):
+    def __init__(self, latency: float = 0.0, responder: Callable[[dict[str, Any]], Any] = default_fake_answer):
         import http.server
         import socketserver
 
         self.latency = latency
         self.responder = responder
         self.served: list[dict[str, Any]] = []
+        self.received: list[ReceivedRequest] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self._closing = threading.Event()
         lock = threading.Lock()
         server = self
 
@@ -123,41 +160,73 @@ class FakeOpenAIServer:
             def log_message(self, *args: Any) -> None:  # keep test output clean
                 pass
 
+            def _send(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                self._send(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
             def do_POST(self) -> None:  # noqa: N802 - http.server API
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                anthropic = self.path.rstrip("/").endswith("/messages")
+                if not self.path.startswith("/v1/"):  # like real servers: the API lives under /v1
+                    self._send(404, {"detail": "Not Found"})
+                    return
                 with lock:
+                    server.received.append(ReceivedRequest(self.path, dict(self.headers.items()), body))
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 try:
                     if server.latency:
-                        import time
-
-                        time.sleep(server.latency)
-                    content = server.responder(body)
-                    if isinstance(content, tuple):  # (status, message): simulate a provider error
-                        status, message = content
-                        error = json.dumps({"error": {"message": message, "type": "error", "code": status}}).encode()
-                        self.send_response(status)
-                        self.send_header("Content-Type", "application/json")
-                        self.send_header("Content-Length", str(len(error)))
-                        self.end_headers()
-                        self.wfile.write(error)
+                        server._closing.wait(server.latency)
+                    reply = server.responder(body)
+                    if isinstance(reply, tuple):  # (status, message): a provider error
+                        reply = Reply(status=reply[0], error=reply[1])
+                    elif not isinstance(reply, Reply):
+                        reply = Reply(content=str(reply))
+                    if reply.hold:
+                        server._closing.wait(reply.hold)
+                    if reply.drop:
+                        # An RST instead of an answer, as when a server process dies mid-request.
+                        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        self.close_connection = True
                         return
-                    payload = json.dumps({
-                        "id": "fake", "object": "chat.completion", "created": 0, "model": body.get("model", "fake"),
-                        "choices": [{"index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": content}}],
-                        "usage": {"prompt_tokens": sum(len(str(m.get("content", ""))) // 4
-                                                       for m in body.get("messages", [])),
-                                  "completion_tokens": len(content) // 4,
-                                  "total_tokens": 0},
-                    }).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
+                    if reply.status >= 400:
+                        error = {"message": reply.error, "type": "error", "code": reply.status}
+                        if anthropic:
+                            self._send(reply.status, {"type": "error", "error": {"type": "error", "message": reply.error}},
+                                       reply.headers)
+                        else:
+                            self._send(reply.status, {"error": error}, reply.headers)
+                        return
+                    prompt = reply.prompt_tokens
+                    if prompt is None:
+                        prompt = sum(len(str(m.get("content", ""))) // 4 for m in body.get("messages", []))
+                        prompt += len(str(body.get("system", ""))) // 4
+                    completion = len(reply.content) // 4 if reply.completion_tokens is None else reply.completion_tokens
+                    if anthropic:
+                        payload = _anthropic_message(body, reply, prompt, completion)
+                    else:
+                        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                                                 "total_tokens": prompt + completion}
+                        if reply.cached_tokens:
+                            usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+                        payload = {
+                            "id": "fake", "object": "chat.completion", "created": 0,
+                            "model": body.get("model", "fake"),
+                            "choices": [{"index": 0, "finish_reason": reply.finish_reason,
+                                         "message": {"role": "assistant", "content": reply.content}}],
+                            "usage": usage,
+                        }
+                    self._send(200, payload, reply.headers)
                     with lock:
                         server.served.append(body)
                 finally:
@@ -178,5 +247,104 @@ class FakeOpenAIServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._closing.set()
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+def _anthropic_message(body: dict[str, Any], reply: Reply, prompt: int, completion: int) -> dict[str, Any]:
+    stop = {"stop": "end_turn", "length": "max_tokens"}.get(reply.finish_reason, reply.finish_reason)
+    usage = {"input_tokens": prompt, "output_tokens": completion,
+             "cache_read_input_tokens": reply.cached_tokens, "cache_creation_input_tokens": 0}
+    tools = body.get("tools") or []
+    if tools:  # LiteLLM asks Anthropic for structured output through a forced tool call
+        try:
+            arguments = json.loads(reply.content)
+        except ValueError:
+            arguments = {}
+        content = [{"type": "tool_use", "id": "toolu_fake", "name": tools[0]["name"], "input": arguments}]
+        stop = "tool_use" if stop == "end_turn" else stop
+    else:
+        content = [{"type": "text", "text": reply.content}]
+    return {"id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model", "fake"),
+            "content": content, "stop_reason": stop, "stop_sequence": None, "usage": usage}
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (at the moment of asking)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------
+# A real llama.cpp server (llama-cpp-python's OpenAI-compatible server) on the embedded model.
+
+
+class LlamaServer:
+    """`python -m llama_cpp.server` on the embedded GGUF, on a free loopback port.
+
+    `with LlamaServer(n_ctx=4096) as server:` starts it and waits until it answers (at most
+    `start_timeout` seconds), then `server.url` is an `--api-base` and `server.lm` an `--lm`
+    string; leaving the block stops it. `log` holds what the server printed."""
+
+    def __init__(self, *, alias: str = "smol", n_ctx: int = 4096, n_threads: int = 2, start_timeout: float = 120.0,
+                 model_path: str | None = None):
+        from booklens.lm.embedded import local_model_path
+
+        self.alias = alias
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads
+        self.start_timeout = start_timeout
+        self.model_path = model_path or local_model_path()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.lm = f"openai/{alias}"
+        self._process: Any = None
+        self._log: Any = None
+
+    @property
+    def log(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read().decode("utf-8", "replace")
+
+    def __enter__(self) -> "LlamaServer":
+        import subprocess
+        import sys
+        import tempfile
+        import time
+        import urllib.request
+
+        self._log = tempfile.TemporaryFile()
+        command = [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path, "--model_alias", self.alias,
+                   "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
+                   "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads), "--verbose", "False"]
+        self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                tail = self.log.strip().splitlines()[-3:]
+                self._log.close()
+                raise RuntimeError(f"llama.cpp server exited with {self._process.returncode}: {' | '.join(tail)}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/models", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__()
+        raise RuntimeError(f"llama.cpp server did not answer within {self.start_timeout:.0f} s")
+
+    def __exit__(self, *exc: Any) -> None:
+        import subprocess
+
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(timeout=15)

@@ -18,12 +18,13 @@ _EXPORTS = {
     "usage": ("usage_step", "current_step", "usage_scope", "StepUsage", "UsageTracker", "usage_delta",
               "work_between"),
     "cache": ("CallCache", "default_cache_dir"),
-    "base": ("Completion", "DEFAULT_MAX_TOKENS"),
+    "base": ("Completion", "DEFAULT_MAX_TOKENS", "ContextWindowExceeded"),
     "embedded": ("LOCAL_LM", "LOCAL_MODEL_NAME", "LOCAL_CONTEXT_WINDOW", "LocalBackend", "local_model_path"),
-    "remote": ("LiteLLMBackend",),
+    "remote": ("LiteLLMBackend", "STRUCTURED_MODES"),
+    "ratelimit": ("RateLimiter",),
     "adapter": ("BooklensAdapter", "plain_output_field"),
     "model": ("BooklensLM", "last_finish_reason", "resolve_lm_name", "make_lm", "make_backend", "local_backend",
-              "configure", "current_lm", "Attempted", "predict_with_retries"),
+              "configure", "current_lm", "Attempted", "predict_with_retries", "resolve_structured", "make_limiter"),
     "pool": ("LMPool", "FixedLMPool"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

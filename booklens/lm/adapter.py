@@ -23,10 +23,9 @@ class BooklensAdapter(JSONAdapter):
 
     - A signature whose only output is free text (a summary) is answered in plain text:
       small local models write much better prose without a JSON wrapper.
-    - Anything structured (labels, lists, several fields) is a JSON object. Backends that
-      decode under a grammar (the embedded model) always receive the output schema, so
-      every structured answer parses; others get JSON mode or structured outputs as
-      LiteLLM reports the model supports.
+    - Anything structured (labels, lists, several fields) is a JSON object, and every backend
+      receives its output schema: the embedded model decodes under it as a grammar, LiteLLM
+      backends send it in the dialect their server takes (`booklens.lm.remote`).
     """
 
     def __call__(self, lm, lm_kwargs, signature, demos, inputs):
@@ -34,10 +33,15 @@ class BooklensAdapter(JSONAdapter):
         if plain is not None:
             lm_kwargs = {**lm_kwargs, "booklens_plain_output": plain}
             return ChatAdapter.__call__(self, lm, lm_kwargs, signature, demos, inputs)
-        if getattr(lm, "is_local", False):
-            lm_kwargs = {**lm_kwargs, "response_format": _get_structured_outputs_response_format(signature)}
-            return ChatAdapter.__call__(self, lm, lm_kwargs, signature, demos, inputs)
-        return super().__call__(lm, lm_kwargs, signature, demos, inputs)
+        if not getattr(lm, "takes_output_schema", False):
+            # Another DSPy LM (a library user's dspy.LM): DSPy's own check of what the model takes.
+            return super().__call__(lm, lm_kwargs, signature, demos, inputs)
+        try:
+            response_format = _get_structured_outputs_response_format(signature)
+        except Exception:  # an open-ended mapping has no schema to state: JSON mode only
+            response_format = {"type": "json_object"}
+        lm_kwargs = {**lm_kwargs, "response_format": response_format}
+        return ChatAdapter.__call__(self, lm, lm_kwargs, signature, demos, inputs)
 
     def format_field_description(self, signature):
         plain = plain_output_field(signature)

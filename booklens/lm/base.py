@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from booklens.errors import LMError
+
 DEFAULT_MAX_TOKENS = 1024
+
+
+class ContextWindowExceeded(LMError):
+    """The prompt and the answer budget do not fit the model's context window."""
 
 
 @dataclass
@@ -14,6 +20,8 @@ class Completion:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost: float | None = None
+    # Prompt tokens the provider served from its own prompt cache (billed at its cached rate).
+    provider_cached_tokens: int = 0
 
 
 def first_line(exc: BaseException) -> str:

@@ -1,4 +1,8 @@
-"""The disk cache of completed LM calls: a killed run resumes without repeating a finished call."""
+"""The disk cache of completed LM calls: a killed run resumes without repeating a finished call.
+
+It also runs identical concurrent calls once (single-flight): threads that miss the cache on a key
+another thread is already computing wait for that answer instead of calling the backend again.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from booklens.errors import BooklensError
 
@@ -20,6 +24,16 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "booklens"
 
 
+class _Flight:
+    """One backend call in progress; threads asking for the same key wait on it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.waiters = 0
+
+
 class CallCache:
     """Completed LM calls keyed by a hash of the request. Each call is committed as it finishes."""
 
@@ -27,6 +41,8 @@ class CallCache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._flights: dict[str, _Flight] = {}
+        self._flights_lock = threading.Lock()
         try:
             self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -53,3 +69,46 @@ class CallCache:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
 
+
+    def fetch(self, key: str, compute: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+        """The cached value of `key`, or `compute()` stored under it; `(value, reused)`.
+
+        One call per key at a time: a thread that finds another computing the same key waits for
+        its answer (reused=True) instead of calling the backend again. When that call fails, the
+        waiters get the same error."""
+        value = self.get(key)
+        if value is not None:
+            return value, True
+        with self._flights_lock:
+            flight = self._flights.get(key)
+            leader = flight is None
+            if leader:
+                flight = self._flights[key] = _Flight()
+            else:
+                flight.waiters += 1
+        if not leader:
+            flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            return dict(flight.value or {}), True
+        try:
+            # Another thread may have finished this key between the lookup above and now.
+            value = self.get(key)
+            reused = value is not None
+            if value is None:
+                value = compute()
+                self.put(key, value)
+            flight.value = value
+            return value, reused
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            with self._flights_lock:
+                del self._flights[key]
+            flight.done.set()
+
+    def waiting(self) -> int:
+        """Threads now waiting for another thread's call to the same key."""
+        with self._flights_lock:
+            return sum(f.waiters for f in self._flights.values())

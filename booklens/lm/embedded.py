@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from booklens.errors import LMError
-from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion
+from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 
 LOCAL_LM = "local"
 LOCAL_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
@@ -78,7 +78,7 @@ class LocalBackend:
                 out = llm.create_chat_completion(**kwargs)
             except ValueError as exc:
                 if "context window" in str(exc) or "exceed" in str(exc):
-                    raise LMError(
+                    raise ContextWindowExceeded(
                         f"the prompt is larger than the embedded model's {self.context_window}-token context window "
                         "(lower --chunk-size or use a model with a larger window)"
                     ) from None

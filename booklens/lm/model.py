@@ -16,10 +16,10 @@ import dspy
 
 from booklens.errors import BooklensError, LMError
 from booklens.lm.adapter import BooklensAdapter
-from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, first_line as _first_line
+from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, first_line as _first_line
 from booklens.lm.cache import CallCache, default_cache_dir
 from booklens.lm.embedded import LOCAL_LM, LocalBackend
-from booklens.lm.remote import LiteLLMBackend
+from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend
 from booklens.lm.usage import UsageTracker
 
 # The finish reason of the last completion in this thread, so programs can see cut-off answers.
@@ -33,6 +33,9 @@ def last_finish_reason() -> str:
 
 class BooklensLM(dspy.BaseLM):
     """A DSPy LM over one backend, with the disk cache and usage accounting."""
+
+    # Structured calls always carry their output schema; the backend decides how to send it.
+    takes_output_schema = True
 
     def __init__(
         self,
@@ -52,10 +55,6 @@ class BooklensLM(dspy.BaseLM):
         self.label = label or backend.name
         # A semaphore shared by the LMs of a pool: at most that many backend calls in flight.
         self.call_limit = call_limit
-
-    @property
-    def is_local(self) -> bool:
-        return isinstance(self.backend, LocalBackend) or getattr(self.backend, "wants_schema", False)
 
     @property
     def context_window(self) -> int | None:
@@ -90,25 +89,34 @@ class BooklensLM(dspy.BaseLM):
         }
         if merged.get("booklens_plain_output"):
             request["plain_output"] = merged["booklens_plain_output"]
+        # The key says what was asked (messages, output schema, sampling), not how it travelled: the
+        # structured-output dialect a server accepted is left out, so a resumed run that starts
+        # again from the first dialect still finds every finished call.
         key = CallCache.key_for(request)
-        cached = self.call_cache.get(key) if self.call_cache is not None else None
-        if cached is not None:
-            completion = Completion(**cached)
+
+        def call() -> dict[str, Any]:
+            with self.call_limit if self.call_limit is not None else contextlib.nullcontext():
+                return self.backend.complete({**request, "response_format": response_format}).__dict__
+
+        if self.call_cache is not None:
+            value, reused = self.call_cache.fetch(key, call)
+        else:
+            value, reused = call(), False
+        completion = _completion(value)
+        if reused:
             self.usage.record(cached=True, prompt_tokens=completion.prompt_tokens,
                               completion_tokens=completion.completion_tokens, cost=completion.cost)
         else:
-            with self.call_limit if self.call_limit is not None else contextlib.nullcontext():
-                completion = self.backend.complete({**request, "response_format": response_format})
-            if self.call_cache is not None:
-                self.call_cache.put(key, completion.__dict__)
-            self.usage.record(
-                cached=False,
-                prompt_tokens=completion.prompt_tokens,
-                completion_tokens=completion.completion_tokens,
-                cost=completion.cost,
-            )
+            self.usage.record(cached=False, prompt_tokens=completion.prompt_tokens,
+                              completion_tokens=completion.completion_tokens, cost=completion.cost,
+                              provider_cached_tokens=completion.provider_cached_tokens)
         _last_finish_reason.set(completion.finish_reason)
-        return _openai_shaped(self.backend.name, completion, cached is not None)
+        return _openai_shaped(self.backend.name, completion, reused)
+
+
+def _completion(value: dict[str, Any]) -> Completion:
+    known = Completion.__dataclass_fields__
+    return Completion(**{k: v for k, v in value.items() if k in known})
 
 
 def _openai_shaped(model: str, completion: Completion, cache_hit: bool) -> SimpleNamespace:
@@ -149,12 +157,18 @@ def local_backend() -> LocalBackend:
         return _LOCAL_BACKEND
 
 
-def make_backend(lm: str | None = None, *, api_base: str | None = None) -> Any:
-    """The backend a `--lm` string names, checked (unknown model, missing key) before any call."""
+def make_backend(lm: str | None = None, *, api_base: str | None = None, structured: str | None = None,
+                 rpm: int | None = None, tpm: int | None = None, limiter: Any = None) -> Any:
+    """The backend a `--lm` string names, checked (unknown model, missing key, bad structured mode
+    or limits) before any call."""
     name = resolve_lm_name(lm)
+    mode = resolve_structured(structured)
+    if limiter is None:
+        limiter = make_limiter(rpm, tpm)
     if name == LOCAL_LM:
         return local_backend()
-    backend = LiteLLMBackend(name, api_base=api_base or os.environ.get("BOOKLENS_API_BASE"))
+    backend = LiteLLMBackend(name, api_base=api_base or os.environ.get("BOOKLENS_API_BASE"), structured=mode,
+                             limiter=limiter)
     backend.validate()
     return backend
 
@@ -169,14 +183,53 @@ def make_lm(
     cache: CallCache | None = None,
     usage: UsageTracker | None = None,
     call_limit: Any = None,
+    structured: str | None = None,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    limiter: Any = None,
 ) -> BooklensLM:
     """Build the LM for a `--lm` string ('local' or a LiteLLM model) with the disk cache
-    (a given `cache`, `usage` tracker and `call_limit` are shared with other LMs)."""
+    (a given `cache`, `usage` tracker and `call_limit` are shared with other LMs).
+
+    `structured` (auto|schema|json|off, or BOOKLENS_STRUCTURED) picks how LiteLLM backends are
+    sent output schemas; `rpm`/`tpm` (or BOOKLENS_RPM/BOOKLENS_TPM) limit requests and tokens per
+    minute over every thread that uses the LM, or pass one `limiter` (a `RateLimiter`) to share
+    between LMs. The embedded model always decodes under the schema and has no rate limits."""
     if backend is None:
-        backend = make_backend(lm, api_base=api_base)
+        backend = make_backend(lm, api_base=api_base, structured=structured, rpm=rpm, tpm=tpm, limiter=limiter)
     if cache is None and use_cache:
         cache = CallCache(Path(cache_dir or default_cache_dir()) / "calls.sqlite")
     return BooklensLM(backend, cache=cache, usage=usage, call_limit=call_limit)
+
+
+def resolve_structured(structured: str | None) -> str:
+    """The structured-output mode from the option, else BOOKLENS_STRUCTURED, else 'auto'."""
+    mode = (structured or os.environ.get("BOOKLENS_STRUCTURED") or "auto").strip().lower()
+    if mode not in STRUCTURED_MODES:
+        raise LMError(f"unknown structured-output mode '{mode}': use one of {', '.join(STRUCTURED_MODES)}")
+    return mode
+
+
+def make_limiter(rpm: int | None = None, tpm: int | None = None) -> Any:
+    """A RateLimiter for the options, else BOOKLENS_RPM / BOOKLENS_TPM; None when neither is set."""
+    limits = {}
+    for what, value in (("rpm", rpm), ("tpm", tpm)):
+        if value is None:
+            raw = os.environ.get(f"BOOKLENS_{what.upper()}", "").strip()
+            if not raw:
+                continue
+            try:
+                value = int(raw)
+            except ValueError:
+                raise LMError(f"BOOKLENS_{what.upper()} must be a whole number, not '{raw}'") from None
+        if value < 1:
+            raise LMError(f"--{what} must be at least 1")
+        limits[what] = value
+    if not limits:
+        return None
+    from booklens.lm.ratelimit import RateLimiter
+
+    return RateLimiter(**limits)
 
 
 def configure(lm: BooklensLM | dspy.BaseLM) -> BooklensLM:
@@ -209,6 +262,12 @@ class Attempted:
         return self.error is None
 
 
+# An answer cut off at its token limit is re-asked with twice the budget, up to this many times
+# the first budget (and never past REASK_TOKEN_CAP), then recorded as failed.
+REASK_GROWTH_CAP = 4
+REASK_TOKEN_CAP = 8192
+
+
 def predict_with_retries(
     predictor: Callable[..., Any],
     *,
@@ -219,26 +278,56 @@ def predict_with_retries(
 ) -> Attempted:
     """Call a DSPy predictor; re-ask (a fresh, uncached sample) when the answer does not
     parse or `check` returns a complaint. After `tries` it records the failure instead of
-    guessing, so a bad answer is never silently turned into a default."""
+    guessing, so a bad answer is never silently turned into a default.
+
+    A failed answer that was cut off at the token limit (finish reason 'length') is re-asked
+    with twice the answer budget (up to 4x the first budget) at the same temperature: the model
+    was on its way and needs room, not a different answer."""
     last_error = "no attempt made"
+    budget = _answer_budget(predictor, config)
+    first_budget = budget
+    cap = max(first_budget, min(first_budget * REASK_GROWTH_CAP, REASK_TOKEN_CAP))
+    cut_off = False
     for attempt in range(tries):
         call_config = dict(config or {})
         if attempt:
             call_config["booklens_attempt"] = attempt
-            call_config.setdefault("temperature", 0.7)
+            if not cut_off:
+                call_config.setdefault("temperature", 0.7)
+        if budget != first_budget:
+            call_config["max_tokens"] = budget
+        _last_finish_reason.set("stop")
         try:
             prediction = predictor(**inputs, config=call_config)
+        except ContextWindowExceeded:
+            if budget == first_budget:
+                raise
+            return Attempted(error=f"{last_error}; a larger answer budget ({budget} tokens) does not fit the "
+                                   "context window", attempts=attempt + 1)
         except LMError:
             raise
         except Exception as exc:  # DSPy raises several parse error types
-            last_error = f"unparseable answer: {_first_line(exc)}"
-            continue
-        complaint = check(prediction) if check else None
-        if complaint is None:
-            return Attempted(prediction=prediction, attempts=attempt + 1)
-        _forget_trace(prediction)
-        last_error = complaint
+            complaint = f"unparseable answer: {_first_line(exc)}"
+        else:
+            complaint = check(prediction) if check else None
+            if complaint is None:
+                return Attempted(prediction=prediction, attempts=attempt + 1)
+            _forget_trace(prediction)
+        cut_off = last_finish_reason() == "length"
+        if cut_off:
+            last_error = f"the answer was cut off at the token limit ({budget} tokens): {complaint}"
+            budget = min(cap, budget * 2)
+        else:
+            last_error = complaint
     return Attempted(error=last_error, attempts=tries)
+
+
+def _answer_budget(predictor: Any, config: dict[str, Any] | None) -> int:
+    """The max_tokens a call of `predictor` with `config` gets."""
+    if config and config.get("max_tokens"):
+        return int(config["max_tokens"])
+    lm = getattr(predictor, "lm", None) or dspy.settings.lm
+    return int(getattr(lm, "kwargs", {}).get("max_tokens") or DEFAULT_MAX_TOKENS)
 
 
 def _forget_trace(prediction: Any) -> None:

@@ -1,31 +1,130 @@
-"""Any LiteLLM model string as a backend; `api_base` points it at an OpenAI-compatible server."""
+"""Any LiteLLM model string as a backend; `api_base` points it at an OpenAI-compatible server.
+
+What goes on the wire besides the messages:
+
+- The output schema of every structured step, in the first dialect the backend takes
+  (`structured="auto"`): OpenAI's `json_schema` response format for self-hosted servers and for
+  models LiteLLM says support it; `{"type": "json_object", "schema": ...}` (llama-cpp-python's
+  server) when a server refuses that; no response format at all when it refuses both, which
+  leaves the prompt's JSON instructions and the caller's parse-and-re-ask. A refusal is learned
+  once per server and remembered for the rest of the process.
+- `cache_prompt: true` for OpenAI-compatible servers given by `api_base` (llama.cpp keeps the
+  evaluated prompt prefix; servers that do not know the field ignore it, and one that refuses it
+  is not sent it again).
+- Cache-control markers on the shared prefix (system message and the message before the last)
+  for providers with explicit prompt caching, through LiteLLM's `cache_control_injection_points`.
+
+Faults: rate limits, overload, timeouts and dropped connections are retried with bounded
+exponential backoff and jitter (a `Retry-After` header sets the delay), then stop with one line;
+a connection refused by a server that never answered is one line at once; everything else that
+cannot succeed on a retry (bad key, unknown model, a prompt larger than the context) is one line.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import re
+import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from booklens.errors import LMError
-from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, first_line as _first_line
+from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, first_line as _first_line
+
+log = logging.getLogger("booklens.lm")
+
+STRUCTURED_MODES = ("auto", "schema", "json", "off")
+# The order `auto` falls back in when a server refuses a dialect.
+DIALECTS = ("schema", "json", "off")
+# Servers people run themselves: they get the output schema without asking LiteLLM's model map.
+SELF_HOSTED_PROVIDERS = {"hosted_vllm", "ollama", "ollama_chat", "llamafile", "lm_studio"}
+# Where `cache_prompt` may go (with an api_base): the OpenAI-compatible route llama.cpp servers use.
+CACHE_PROMPT_PROVIDERS = {"openai", "custom_openai", "openai_like"}
+TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 529}
+# A Retry-After longer than this is not waited out: the run stops and resumes later from the cache.
+MAX_RETRY_AFTER = 600.0
+
+# What each server was found to accept, by (provider, api_base or model), for this process.
+_learned: dict[tuple[str, str], dict[str, Any]] = {}
+_learned_lock = threading.Lock()
 
 
 class LiteLLMBackend:
-    """Any LiteLLM model string; `api_base` points it at an OpenAI-compatible server."""
+    """Any LiteLLM model string; `api_base` points it at an OpenAI-compatible server.
+
+    `structured` is one of STRUCTURED_MODES; `limiter` (a `RateLimiter`) is shared by every thread
+    that calls this backend; `sleep` waits between retries (tests pass a recorder)."""
 
     TRANSIENT_RETRIES = 5
 
-    def __init__(self, model: str, api_base: str | None = None, timeout: float = 600.0, backoff_base: float = 1.0):
+    def __init__(self, model: str, api_base: str | None = None, timeout: float = 600.0, backoff_base: float = 1.0,
+                 *, structured: str = "auto", limiter: Any = None, max_backoff: float = 30.0,
+                 retries: int | None = None, sleep: Callable[[float], None] = time.sleep):
+        import litellm
+
+        litellm.suppress_debug_info = True  # its "Give Feedback" banner would break one-line errors
+        if structured not in STRUCTURED_MODES:
+            raise LMError(f"unknown structured-output mode '{structured}': use one of {', '.join(STRUCTURED_MODES)}")
         self.model = model
         self.api_base = api_base
         self.timeout = timeout
         self.backoff_base = backoff_base
+        self.max_backoff = max_backoff
+        self.retries = self.TRANSIENT_RETRIES if retries is None else retries
+        self.structured = structured
+        self.limiter = limiter
+        self.sleep = sleep
         self.context_window = self._context_window()
+        try:
+            self.provider = litellm.get_llm_provider(model, api_base=api_base)[1]
+        except Exception:
+            self.provider = model.split("/", 1)[0]
+        self._learned = _learned_about(self.provider, api_base or model)
 
     @property
     def name(self) -> str:
         return self.model
+
+    @property
+    def dialect(self) -> str:
+        """The structured-output dialect structured calls are sent in now."""
+        if self.structured != "auto":
+            return self.structured
+        with _learned_lock:
+            if "dialect" not in self._learned:
+                self._learned["dialect"] = self._first_dialect()
+            return self._learned["dialect"]
+
+    def _first_dialect(self) -> str:
+        import litellm
+
+        if self.api_base or self.provider in SELF_HOSTED_PROVIDERS:
+            return "schema"
+        try:
+            if litellm.supports_response_schema(model=self.model, custom_llm_provider=self.provider):
+                return "schema"
+            params = litellm.get_supported_openai_params(model=self.model, custom_llm_provider=self.provider) or []
+        except Exception:
+            return "off"
+        return "json" if "response_format" in params else "off"
+
+    @property
+    def sends_cache_prompt(self) -> bool:
+        if not self.api_base or self.provider not in CACHE_PROMPT_PROVIDERS:
+            return False
+        with _learned_lock:
+            return self._learned.get("cache_prompt", True)
+
+    @property
+    def marks_cache_control(self) -> bool:
+        try:
+            from litellm.llms.anthropic.common_utils import supports_anthropic_cache_control
+
+            return bool(supports_anthropic_cache_control(self.model, self.provider))
+        except Exception:
+            return False
 
     def _context_window(self) -> int | None:
         import litellm
@@ -56,50 +155,76 @@ class LiteLLMBackend:
         if missing:
             raise LMError(f"missing API key for '{self.model}': set {', '.join(missing)} in the environment")
 
-    def complete(self, request: dict[str, Any]) -> Completion:
-        import litellm
+    # -- one request -----------------------------------------------------
 
+    def response_format(self, request: dict[str, Any], dialect: str) -> dict[str, Any] | None:
+        """The `response_format` a structured request is sent with in `dialect` (None: none)."""
+        if request.get("response_format") is None and request.get("schema") is None:
+            return None  # free text
+        schema = request.get("schema")
+        if dialect == "off":
+            return None
+        if schema is None:  # JSON whose shape cannot be stated (open-ended mappings)
+            return {"type": "json_object"}
+        if dialect == "schema":
+            return {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": schema}}
+        return {"type": "json_object", "schema": schema}
+
+    def _kwargs(self, request: dict[str, Any], dialect: str | None) -> dict[str, Any]:
+        messages = request["messages"]
         kwargs: dict[str, Any] = dict(
             model=self.model,
-            messages=request["messages"],
+            messages=messages,
             temperature=request.get("temperature"),
             max_tokens=request.get("max_tokens") or DEFAULT_MAX_TOKENS,
             timeout=self.timeout,
             num_retries=0,
+            max_retries=0,  # the OpenAI client would otherwise retry on its own, unseen and uncounted
         )
         if self.api_base:
             kwargs["api_base"] = self.api_base
             # Self-hosted OpenAI-compatible servers usually take any key; the client insists on one.
-            kwargs.setdefault("api_key", os.environ.get("BOOKLENS_API_KEY") or _provider_key(self.model) or "none")
-        if request.get("response_format") is not None:
-            kwargs["response_format"] = request["response_format"]
-        transient = (
-            litellm.RateLimitError,
-            litellm.Timeout,
-            litellm.APIConnectionError,
-            litellm.InternalServerError,
-            litellm.ServiceUnavailableError,
-        )
-        for attempt in range(self.TRANSIENT_RETRIES + 1):
+            kwargs["api_key"] = os.environ.get("BOOKLENS_API_KEY") or _provider_key(self.model) or "none"
+        response_format = self.response_format(request, dialect) if dialect else None
+        if response_format is not None:
+            kwargs["response_format"] = response_format
+        if self.sends_cache_prompt:
+            kwargs["extra_body"] = {"cache_prompt": True}
+        if self.marks_cache_control and len(messages) > 1:
+            # The system message and the message before the last are what a step's calls share.
+            kwargs["cache_control_injection_points"] = [
+                {"location": "message", "role": "system"},
+                {"location": "message", "index": -2},
+            ]
+        return kwargs
+
+    def complete(self, request: dict[str, Any]) -> Completion:
+        import litellm
+
+        structured = request.get("response_format") is not None or request.get("schema") is not None
+        failures = 0
+        while True:
+            dialect = self.dialect if structured else None
+            kwargs = self._kwargs(request, dialect)
+            if self.limiter is not None:
+                from booklens.lm.ratelimit import estimate_tokens
+
+                self.limiter.acquire(estimate_tokens(self.model, kwargs["messages"], kwargs["max_tokens"]))
             try:
                 response = litellm.completion(**kwargs)
-                break
-            except litellm.ContextWindowExceededError:
-                raise LMError(f"the prompt is larger than the context window of '{self.model}'") from None
-            except litellm.AuthenticationError:
-                raise LMError(f"authentication failed for '{self.model}': check its API key in the environment") from None
-            except litellm.NotFoundError:
-                raise LMError(f"model '{self.model}' was not found by its provider") from None
-            except transient as exc:
-                if attempt == self.TRANSIENT_RETRIES:
-                    raise LMError(
-                        f"'{self.model}' kept failing after {attempt + 1} tries: {type(exc).__name__}: {_first_line(exc)}"
-                    ) from None
-                time.sleep(min(30.0, self.backoff_base * 2**attempt) * (1 + random.random() * 0.25))
-            except litellm.BadRequestError as exc:
-                raise LMError(f"'{self.model}' rejected the request: {_first_line(exc)}") from None
+            except Exception as exc:
+                failures = self._after_failure(exc, kwargs, dialect, failures)
+                continue
+            with _learned_lock:
+                self._learned["answered"] = True
+            return self._completion(response)
+
+    def _completion(self, response: Any) -> Completion:
+        import litellm
+
         choice = response.choices[0]
         usage = getattr(response, "usage", None)
+        details = getattr(usage, "prompt_tokens_details", None)
         try:
             cost = litellm.completion_cost(completion_response=response)
         except Exception:
@@ -110,10 +235,176 @@ class LiteLLMBackend:
             prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
             completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
             cost=cost or None,
+            provider_cached_tokens=int(getattr(details, "cached_tokens", 0) or 0),
         )
+
+    # -- faults ----------------------------------------------------------
+
+    def _after_failure(self, exc: Exception, kwargs: dict[str, Any], dialect: str | None, failures: int) -> int:
+        """Decide what a failed request means: return the transient-failure count to try again
+        (after waiting), or raise LMError with one line."""
+        import litellm
+        import openai
+
+        if not isinstance(exc, openai.OpenAIError):
+            raise exc  # not a provider's answer: a bug, shown as such
+        text = str(exc)
+        status = getattr(exc, "status_code", None)
+        where = f"'{self.model}'" + (f" at {self.api_base}" if self.api_base else "")
+
+        if isinstance(exc, litellm.ContextWindowExceededError) or _mentions_context_limit(text):
+            raise ContextWindowExceeded(self._redact(context_window_message(self.model, text))) from None
+        if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)):
+            raise LMError(f"authentication failed for {where}: check its API key in the environment") from None
+        if "response_format" in kwargs and status != 429 and _mentions_response_format(text):
+            if self.structured != "auto":
+                raise LMError(self._redact(
+                    f"{where} refused the '{dialect}' structured-output format ({_status(exc)}{_first_line(exc)}); "
+                    "try --structured auto")) from None
+            self._refused(dialect)
+            return failures
+        if "extra_body" in kwargs and "cache_prompt" in text:
+            with _learned_lock:
+                self._learned["cache_prompt"] = False
+            return failures
+        if isinstance(exc, litellm.NotFoundError):
+            hint = " (check --api-base: OpenAI-compatible servers usually end in /v1)" if self.api_base else ""
+            raise LMError(f"model '{self.model}' was not found {'at ' + self.api_base if self.api_base else 'by its provider'}"
+                          f"{hint}") from None
+        if _unreachable(exc):
+            with _learned_lock:
+                answered = self._learned.get("answered", False)
+            if not answered:
+                # Nothing listens there (or the name does not resolve): backoff would not change that.
+                raise LMError(f"cannot connect to {self.api_base or self.model}: {_unreachable(exc)} "
+                              "(is the server running, and is --api-base right?)") from None
+        transient = isinstance(exc, (litellm.RateLimitError, litellm.Timeout, litellm.APIConnectionError,
+                                     litellm.InternalServerError, litellm.ServiceUnavailableError,
+                                     litellm.BadGatewayError)) or status in TRANSIENT_STATUS or _unreachable(exc)
+        if not transient:
+            if isinstance(exc, litellm.BadRequestError):
+                raise LMError(self._redact(f"{where} rejected the request: {_first_line(exc)}")) from None
+            raise LMError(self._redact(f"{where} failed: {type(exc).__name__}: {_first_line(exc)}")) from None
+        failures += 1
+        if failures > self.retries:
+            raise LMError(self._redact(
+                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {_first_line(exc)}"
+            )) from None
+        wait = retry_after(exc)
+        if wait is None:
+            wait = min(self.max_backoff, self.backoff_base * 2 ** (failures - 1)) * (1 + random.random() * 0.25)
+        elif wait > MAX_RETRY_AFTER:
+            raise LMError(f"{where} asks to wait {wait:.0f} s before the next request (Retry-After); "
+                          "rerun later to resume from the cache") from None
+        self.sleep(wait)
+        return failures
+
+    def _refused(self, dialect: str | None) -> None:
+        with _learned_lock:
+            if self._learned.get("dialect") == dialect and dialect != DIALECTS[-1]:
+                self._learned["dialect"] = DIALECTS[DIALECTS.index(dialect) + 1]
+                log.info("%s refused the '%s' structured-output format; using '%s' from now on",
+                         self.api_base or self.model, dialect, self._learned["dialect"])
+
+    def _redact(self, text: str) -> str:
+        """Keys never reach a message, even when a server echoes what it was sent."""
+        secrets = {v for k, v in os.environ.items() if len(v) >= 8 and re.search(r"(KEY|TOKEN|SECRET)$", k)}
+        for secret in sorted(secrets, key=len, reverse=True):
+            text = text.replace(secret, "[redacted]")
+        return text
+
+
+# ---------------------------------------------------------------------------
+# Reading errors
+
+
+def _learned_about(provider: str, server: str) -> dict[str, Any]:
+    with _learned_lock:
+        return _learned.setdefault((provider, server), {})
 
 
 def _provider_key(model: str) -> str | None:
     provider = model.split("/", 1)[0].upper()
     return os.environ.get(f"{provider}_API_KEY")
 
+
+def _status(exc: Exception) -> str:
+    status = getattr(exc, "status_code", None)
+    return f"{status}: " if status else ""
+
+
+def _mentions_response_format(text: str) -> bool:
+    return "response_format" in text or "json_schema" in text
+
+
+def _mentions_context_limit(text: str) -> bool:
+    lowered = text.lower()
+    return any(s in lowered for s in ("maximum context length", "context_length_exceeded", "context window",
+                                      "exceeds the available context size", "exceed_context_size"))
+
+
+def _causes(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _unreachable(exc: BaseException) -> str | None:
+    """'connection refused' or 'name not resolved' when nothing could be reached, else None."""
+    import socket
+
+    for cause in _causes(exc):
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, socket.gaierror):
+            return "host name not resolved"
+    return None
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds a provider asked to wait (`retry-after-ms` or `Retry-After`, seconds or a date)."""
+    headers = getattr(exc, "litellm_response_headers", None) or getattr(getattr(exc, "response", None), "headers", None)
+    if not headers:
+        return None
+    lowered = {str(k).lower(): str(v) for k, v in dict(headers).items()}
+    try:
+        if "retry-after-ms" in lowered:
+            return max(0.0, float(lowered["retry-after-ms"]) / 1000)
+        if "retry-after" in lowered:
+            value = lowered["retry-after"].strip()
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                from email.utils import parsedate_to_datetime
+
+                return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+    return None
+
+
+_CONTEXT = re.compile(r"maximum context length is (\d+)")
+_REQUESTED = re.compile(r"(\d+) in the messages, (\d+) in the completion")
+_RESULTED = re.compile(r"(?:messages resulted in|prompt is|prompt has) (\d+) tokens")
+
+
+def context_window_message(model: str, server_text: str) -> str:
+    """One line from a server's context-overflow error, with the figures it gave.
+
+    OpenAI, vLLM and llama-cpp-python's server say "This model's maximum context length is N
+    tokens. However, you requested M tokens (P in the messages, C in the completion)."."""
+    window = _CONTEXT.search(server_text)
+    requested = _REQUESTED.search(server_text)
+    resulted = _RESULTED.search(server_text)
+    advice = "use smaller inputs (e.g. --chunk-size), or a model or server with a larger context"
+    if window and requested:
+        prompt, answer = int(requested.group(1)), int(requested.group(2))
+        return (f"the prompt ({prompt} tokens) and its answer budget ({answer} tokens) do not fit the "
+                f"{window.group(1)}-token context window of '{model}': {advice}")
+    if window and resulted:
+        return (f"the prompt ({resulted.group(1)} tokens) does not fit the {window.group(1)}-token context window "
+                f"of '{model}': {advice}")
+    detail = server_text.strip().splitlines()[0][:200] if server_text.strip() else ""
+    return f"the prompt is larger than the context window of '{model}' ({detail}): {advice}"

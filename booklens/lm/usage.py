@@ -60,8 +60,13 @@ class StepUsage:
     cached_prompt_tokens: int = 0
     cached_completion_tokens: int = 0
     cached_cost_usd: float | None = None
+    # Prompt tokens of fresh calls that the provider read from its own prompt cache
+    # (`prompt_tokens_details.cached_tokens`); they are part of prompt_tokens and cost_usd
+    # already prices them at the provider's cached rate.
+    provider_cached_tokens: int = 0
 
-    def add(self, *, cached: bool, prompt_tokens: int, completion_tokens: int, cost: float | None) -> None:
+    def add(self, *, cached: bool, prompt_tokens: int, completion_tokens: int, cost: float | None,
+            provider_cached_tokens: int = 0) -> None:
         if cached:
             self.cached_calls += 1
             self.cached_prompt_tokens += prompt_tokens
@@ -71,6 +76,7 @@ class StepUsage:
             return
         self.calls += 1
         self.prompt_tokens += prompt_tokens
+        self.provider_cached_tokens += provider_cached_tokens
         self.completion_tokens += completion_tokens
         if cost is not None:
             self.cost_usd = (self.cost_usd or 0.0) + cost
@@ -85,6 +91,7 @@ class StepUsage:
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "cached_completion_tokens": self.cached_completion_tokens,
             "cached_cost_usd": None if self.cached_cost_usd is None else round(self.cached_cost_usd, 6),
+            "provider_cached_tokens": self.provider_cached_tokens,
         }
 
 
@@ -96,18 +103,19 @@ class UsageTracker:
     steps: dict[str, StepUsage] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def record(self, *, cached: bool, prompt_tokens: int = 0, completion_tokens: int = 0, cost: float | None = None) -> None:
+    def record(self, *, cached: bool, prompt_tokens: int = 0, completion_tokens: int = 0, cost: float | None = None,
+               provider_cached_tokens: int = 0) -> None:
         """Count one call here and in every usage scope open in the caller's context."""
+        counts = dict(cached=cached, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost,
+                      provider_cached_tokens=provider_cached_tokens)
         for tracker in (self, *(t for t in _scopes.get() if t is not self)):
-            tracker._add(cached=cached, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost)
+            tracker._add(**counts)
 
-    def _add(self, *, cached: bool, prompt_tokens: int, completion_tokens: int, cost: float | None) -> None:
+    def _add(self, **counts: Any) -> None:
         step = current_step()
         with self._lock:
-            self.total.add(cached=cached, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost)
-            self.steps.setdefault(step, StepUsage()).add(
-                cached=cached, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost
-            )
+            self.total.add(**counts)
+            self.steps.setdefault(step, StepUsage()).add(**counts)
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -118,6 +126,9 @@ def usage_delta(before: dict, after: dict) -> dict[str, Any]:
     """Calls, cached calls, tokens and (where known) dollars spent between two `snapshot()`s."""
     keys = ("calls", "cached_calls", "prompt_tokens", "completion_tokens")
     delta: dict[str, Any] = {k: after[k] - before[k] for k in keys}
+    provider_cached = after.get("provider_cached_tokens", 0) - before.get("provider_cached_tokens", 0)
+    if provider_cached:
+        delta["provider_cached_tokens"] = provider_cached
     if after.get("cost_usd") is not None:
         delta["cost_usd"] = round((after["cost_usd"] or 0) - (before.get("cost_usd") or 0), 6)
     return delta

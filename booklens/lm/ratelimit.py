@@ -1,0 +1,79 @@
+"""Requests and tokens per minute, shared by every thread that calls one provider.
+
+The accounting is pyrate-limiter's sliding-window log (its in-memory bucket); this module only
+decides what one call weighs and waits as long as the bucket says. The clock and the sleep are
+parameters so that tests can run minutes of limits without waiting for them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+MINUTE_MS = 60_000
+
+
+class RateLimiter:
+    """At most `rpm` requests and `tpm` tokens in any 60-second window (either may be None).
+
+    A call weighs its prompt tokens plus its answer budget (`max_tokens`), as providers count a
+    request against a token limit when it arrives. A call heavier than a whole minute's token
+    allowance still goes, alone in its window, rather than never."""
+
+    def __init__(self, rpm: int | None = None, tpm: int | None = None, *, clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], None] = time.sleep):
+        from pyrate_limiter import Duration, InMemoryBucket, Rate
+
+        if (rpm is not None and rpm < 1) or (tpm is not None and tpm < 1):
+            raise ValueError("rate limits must be positive")
+        self.rpm = rpm
+        self.tpm = tpm
+        self._buckets = {
+            name: (InMemoryBucket([Rate(limit, Duration.MINUTE)]), limit)
+            for name, limit in (("requests", rpm), ("tokens", tpm)) if limit
+        }
+        self._clock = clock or time.monotonic
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self.waits: list[float] = []  # seconds each held call was asked to wait
+
+    @property
+    def active(self) -> bool:
+        return bool(self._buckets)
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def acquire(self, tokens: int = 0) -> None:
+        """Block until one request of `tokens` tokens fits both limits, then count it."""
+        from pyrate_limiter import RateItem
+
+        for name, weight in (("requests", 1), ("tokens", max(1, tokens))):
+            if name not in self._buckets:
+                continue
+            bucket, limit = self._buckets[name]
+            weight = min(weight, limit)
+            while True:
+                with self._lock:
+                    now = self._now_ms()
+                    bucket.leak(now)  # forget what left the window, so memory stays bounded
+                    item = RateItem(name, now, weight)
+                    if bucket.put(item):
+                        break
+                    wait_ms = bucket.waiting(item)
+                seconds = max(wait_ms, 1) / 1000
+                with self._lock:
+                    self.waits.append(seconds)
+                self._sleep(seconds)
+
+
+def estimate_tokens(model: str, messages: list[dict[str, Any]], max_tokens: int) -> int:
+    """What a request counts against a tokens-per-minute limit: its prompt plus its answer budget."""
+    try:
+        import litellm
+
+        prompt = litellm.token_counter(model=model, messages=messages)
+    except Exception:  # unknown tokenizer: about four characters a token
+        prompt = sum(len(str(m.get("content", ""))) for m in messages) // 4
+    return int(prompt) + int(max_tokens)

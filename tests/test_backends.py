@@ -1,0 +1,520 @@
+"""LiteLLM backends against a loopback server that answers like real servers and APIs do: the
+structured-output dialects, faults (429 and Retry-After, overload, timeouts, dropped and refused
+connections, cut-off answers, context overflow), single-flight, rate limits, provider-side prompt
+caching and cache markers on the wire. Nothing of booklens' LM code is patched: the server
+misbehaves, and the backend gets an injected `sleep` so no test waits out a backoff."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Literal
+
+import dspy
+import pytest
+
+from booklens.errors import LMError
+from booklens.lm import (
+    BooklensAdapter,
+    BooklensLM,
+    CallCache,
+    ContextWindowExceeded,
+    LiteLLMBackend,
+    RateLimiter,
+    make_lm,
+    predict_with_retries,
+)
+from booklens.testing import FakeOpenAIServer, Reply, free_port
+
+# The answer llama-cpp-python's server (0.3.x) gives to a `json_schema` response format, verbatim.
+LLAMA_CPP_PYTHON_REFUSAL = (
+    "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+    "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', "
+    "'ctx': {'expected': \"'text' or 'json_object'\"}}"
+)
+
+
+class Classify(dspy.Signature):
+    """Label the text."""
+
+    text: str = dspy.InputField()
+    label: Literal["good", "bad"] = dspy.OutputField()
+
+
+class Recorder:
+    """An injected sleep: records the delays asked for, waits for none."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+def backend_for(server, model="openai/fake-model", **kwargs) -> LiteLLMBackend:
+    kwargs.setdefault("sleep", Recorder())
+    return LiteLLMBackend(model, api_base=server.url, **kwargs)
+
+
+def classify(backend, text="x", cache_dir=None, **config):
+    cache = CallCache(cache_dir / "calls.sqlite") if cache_dir else None
+    lm = BooklensLM(backend, cache=cache)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        return dspy.Predict(Classify)(text=text, config=config), lm
+
+
+def formats(server) -> list:
+    return [r.body.get("response_format") for r in server.received]
+
+
+# ---------------------------------------------------------------------------
+# Structured outputs
+
+
+def test_servers_get_the_output_schema_as_json_schema_and_free_text_gets_none():
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        prediction, _ = classify(backend_for(server))
+    assert prediction.label == "good"
+    sent = server.received[0].body["response_format"]
+    assert sent["type"] == "json_schema" and sent["json_schema"]["strict"] is True
+    assert sent["json_schema"]["schema"]["properties"]["label"]["enum"] == ["good", "bad"]
+
+    class Describe(dspy.Signature):
+        """Describe the text."""
+
+        text: str = dspy.InputField()
+        description: str = dspy.OutputField()
+
+    with FakeOpenAIServer(responder=lambda body: "A calm day.") as server:
+        with dspy.context(lm=BooklensLM(backend_for(server)), adapter=BooklensAdapter()):
+            assert dspy.Predict(Describe)(text="x").description == "A calm day."
+    assert "response_format" not in server.received[0].body
+
+
+def test_a_refused_json_schema_falls_back_to_json_object_with_the_schema_for_the_rest_of_the_run():
+    def llama_cpp_python(body):
+        if body.get("response_format", {}).get("type") == "json_schema":
+            return Reply(status=500, error=LLAMA_CPP_PYTHON_REFUSAL)
+        return '{"label": "bad"}'
+
+    with FakeOpenAIServer(responder=llama_cpp_python) as server:
+        first, _ = classify(backend_for(server), text="one")
+        second, _ = classify(backend_for(server), text="two")  # a new backend for the same server
+    assert first.label == second.label == "bad"
+    sent = formats(server)
+    assert [f["type"] for f in sent] == ["json_schema", "json_object", "json_object"]
+    assert sent[1]["schema"]["properties"]["label"]["enum"] == ["good", "bad"]
+
+
+def test_a_server_refusing_both_dialects_gets_no_response_format_and_answers_are_still_parsed():
+    def plain_only(body):
+        if "response_format" in body:
+            return Reply(status=400, error="response_format is not supported by this server")
+        return '{"label": "good"}'
+
+    with FakeOpenAIServer(responder=plain_only) as server:
+        prediction, _ = classify(backend_for(server))
+    assert prediction.label == "good"
+    assert [f and f["type"] for f in formats(server)] == ["json_schema", "json_object", None]
+
+
+def test_a_forced_dialect_is_sent_as_is_and_its_refusal_is_one_line():
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        classify(backend_for(server, structured="json"))
+        classify(backend_for(server, structured="off"), text="y")
+    assert formats(server)[0]["type"] == "json_object" and "schema" in formats(server)[0]
+    assert formats(server)[1] is None
+
+    with FakeOpenAIServer(responder=lambda body: Reply(status=500, error=LLAMA_CPP_PYTHON_REFUSAL)) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, structured="schema"))
+    message = str(caught.value)
+    assert "\n" not in message and "refused the 'schema' structured-output format" in message
+    assert "--structured auto" in message and len(server.received) == 1
+
+
+def test_the_dialect_is_not_part_of_the_cache_key(tmp_path):
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        classify(backend_for(server, structured="json"), cache_dir=tmp_path)
+        # A resumed run that sends the schema in another dialect finds the finished call.
+        _, lm = classify(backend_for(server, structured="schema"), cache_dir=tmp_path)
+    assert len(server.received) == 1
+    assert lm.usage.snapshot()["cached_calls"] == 1 and lm.usage.snapshot()["calls"] == 0
+
+
+def test_structured_mode_and_limits_are_checked_where_the_lm_is_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOOKLENS_STRUCTURED", "grammar")
+    with pytest.raises(LMError, match="unknown structured-output mode 'grammar'"):
+        make_lm("openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path)
+    monkeypatch.setenv("BOOKLENS_STRUCTURED", "json")
+    monkeypatch.setenv("BOOKLENS_RPM", "30")
+    monkeypatch.setenv("BOOKLENS_TPM", "40000")
+    lm = make_lm("openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path)
+    assert lm.backend.structured == "json"
+    assert (lm.backend.limiter.rpm, lm.backend.limiter.tpm) == (30, 40000)
+    lm = make_lm("openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path, structured="off", rpm=5, tpm=None)
+    assert lm.backend.structured == "off" and lm.backend.limiter.rpm == 5
+    monkeypatch.setenv("BOOKLENS_RPM", "many")
+    with pytest.raises(LMError, match="BOOKLENS_RPM must be a whole number"):
+        make_lm("openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path)
+
+
+# ---------------------------------------------------------------------------
+# Faults
+
+
+def failing_first(n, reply, then='{"label": "good"}'):
+    left = {"n": n}
+    lock = threading.Lock()
+
+    def respond(body):
+        with lock:
+            if left["n"]:
+                left["n"] -= 1
+                return reply
+        return then
+
+    return respond
+
+
+def test_429_waits_as_long_as_retry_after_says():
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=failing_first(1, Reply(status=429, error="slow down",
+                                                           headers={"Retry-After": "7"}))) as server:
+        prediction, _ = classify(backend_for(server, sleep=sleep))
+    assert prediction.label == "good"
+    assert sleep.delays == [7.0]
+    assert len(server.received) == 2 and len(server.served) == 1
+
+
+@pytest.mark.parametrize("fault", [Reply(status=429, error="rate limited"), Reply(status=503, error="overloaded"),
+                                   Reply(drop=True)], ids=["429", "503", "connection-reset"])
+def test_transient_faults_back_off_exponentially_with_jitter(fault):
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=failing_first(3, fault)) as server:
+        prediction, _ = classify(backend_for(server, sleep=sleep, backoff_base=0.5))
+    assert prediction.label == "good"
+    assert len(server.received) == 4 and len(server.served) == 1
+    assert len(sleep.delays) == 3
+    for k, delay in enumerate(sleep.delays):
+        assert 0.5 * 2**k <= delay <= 0.5 * 2**k * 1.25
+
+
+def test_timeouts_are_retried():
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=failing_first(2, Reply(hold=30, content='{"label": "bad"}'))) as server:
+        prediction, _ = classify(backend_for(server, sleep=sleep, timeout=0.5))
+    assert prediction.label == "good"
+    assert len(server.received) == 3 and len(sleep.delays) == 2
+
+
+def test_a_fault_that_persists_stops_after_bounded_tries_with_one_line():
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=lambda body: Reply(status=503, error="overloaded")) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, sleep=sleep, backoff_base=4.0, max_backoff=10.0))
+    message = str(caught.value)
+    assert "\n" not in message and "kept failing after 6 tries" in message and "overloaded" in message
+    assert len(server.received) == 6 and len(sleep.delays) == 5
+    assert max(sleep.delays) <= 10.0 * 1.25  # the backoff is bounded
+
+
+def test_a_retry_after_longer_than_a_run_should_wait_stops_with_one_line():
+    with FakeOpenAIServer(responder=lambda body: Reply(status=429, error="quota", headers={"Retry-After": "86400"})) as server:
+        with pytest.raises(LMError, match=r"asks to wait 86400 s .*rerun later") as caught:
+            classify(backend_for(server))
+    assert len(server.received) == 1 and "\n" not in str(caught.value)
+
+
+def test_nothing_listening_is_one_line_at_once():
+    sleep = Recorder()
+    backend = LiteLLMBackend("openai/fake-model", api_base=f"http://127.0.0.1:{free_port()}/v1", sleep=sleep)
+    with pytest.raises(LMError) as caught:
+        classify(backend)
+    assert "connection refused" in str(caught.value) and "--api-base" in str(caught.value)
+    assert sleep.delays == []  # no backoff: nothing will start listening because we wait
+
+
+def test_a_server_that_answered_and_then_went_away_is_retried_as_a_restart():
+    sleep = Recorder()
+    server = FakeOpenAIServer(responder=lambda body: '{"label": "good"}')
+    with server:
+        backend = backend_for(server, sleep=sleep)
+        classify(backend, text="first")
+    with pytest.raises(LMError, match="kept failing after 6 tries"):
+        classify(backend, text="second")
+    assert len(sleep.delays) == 5
+
+
+def test_a_wrong_path_says_to_check_the_api_base():
+    with FakeOpenAIServer() as server:
+        backend = LiteLLMBackend("openai/fake-model", api_base=server.url[: -len("/v1")], sleep=Recorder())
+        with pytest.raises(LMError, match=r"was not found at http://127\.0\.0\.1:\d+ \(check --api-base"):
+            classify(backend)
+
+
+def test_context_overflow_is_one_line_with_the_servers_figures():
+    text = ("This model's maximum context length is 512 tokens. However, you requested 741 tokens "
+            "(731 in the messages, 10 in the completion). Please reduce the length of the messages or completion.")
+    with FakeOpenAIServer(responder=lambda body: Reply(status=400, error=text)) as server:
+        with pytest.raises(ContextWindowExceeded) as caught:
+            classify(backend_for(server))
+    assert str(caught.value).startswith("the prompt (731 tokens) and its answer budget (10 tokens) do not fit the "
+                                        "512-token context window of 'openai/fake-model'")
+    assert len(server.received) == 1
+
+
+def test_an_answer_cut_off_at_the_token_limit_is_re_asked_with_a_larger_budget():
+    def needs_40_tokens(body):
+        if body["max_tokens"] < 40:
+            return Reply(content='{"label": "go', finish_reason="length")
+        return '{"label": "good"}'
+
+    with FakeOpenAIServer(responder=needs_40_tokens) as server:
+        lm = BooklensLM(backend_for(server))
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            result = predict_with_retries(dspy.Predict(Classify), config={"max_tokens": 10, "temperature": 0.0}, text="x")
+    assert result.ok and result.prediction.label == "good" and result.attempts == 3
+    assert [r.body["max_tokens"] for r in server.received] == [10, 20, 40]
+    assert all(r.body["temperature"] == 0.0 for r in server.received)  # more room, not another answer
+
+
+def test_an_answer_always_cut_off_is_recorded_as_failed_after_the_cap():
+    with FakeOpenAIServer(responder=lambda body: Reply(content='{"label": "go', finish_reason="length")) as server:
+        lm = BooklensLM(backend_for(server))
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            result = predict_with_retries(dspy.Predict(Classify), tries=4, config={"max_tokens": 16}, text="x")
+    assert not result.ok and result.attempts == 4
+    assert "cut off at the token limit (64 tokens)" in result.error
+    assert [r.body["max_tokens"] for r in server.received] == [16, 32, 64, 64]  # 4x the first budget at most
+
+
+def test_errors_never_carry_a_key_a_server_echoes(monkeypatch):
+    canary = "sk-booklens-canary-7f3a9c21"
+    monkeypatch.setenv("OPENAI_API_KEY", canary)
+    with FakeOpenAIServer(responder=lambda body: Reply(status=400, error=f"bad request from key {canary}")) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server))
+    assert server.received[0].headers.get("Authorization") == f"Bearer {canary}"  # the key was in use
+    assert canary not in str(caught.value) and "[redacted]" in str(caught.value)
+
+
+# ---------------------------------------------------------------------------
+# Identical concurrent calls run once
+
+
+def test_identical_concurrent_calls_make_one_backend_call(tmp_path):
+    release = threading.Event()
+
+    def gated(body):
+        release.wait(timeout=60)
+        return '{"label": "good"}'
+
+    threads_n = 4
+    with FakeOpenAIServer(responder=gated) as server:
+        lm = BooklensLM(backend_for(server), cache=CallCache(tmp_path / "calls.sqlite"))
+        results: list = []
+
+        def ask():
+            with dspy.context(lm=lm, adapter=BooklensAdapter()):
+                results.append(dspy.Predict(Classify)(text="same").label)
+
+        threads = [threading.Thread(target=ask) for _ in range(threads_n)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while lm.call_cache.waiting() < threads_n - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waiting = lm.call_cache.waiting()
+        release.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert waiting == threads_n - 1
+    assert len(server.received) == 1
+    assert results == ["good"] * threads_n
+    usage = lm.usage.snapshot()
+    assert usage["calls"] == 1 and usage["cached_calls"] == threads_n - 1
+
+
+def test_waiters_get_the_error_of_the_call_they_waited_for(tmp_path):
+    release = threading.Event()
+
+    def gated_refusal(body):
+        release.wait(timeout=60)
+        return Reply(status=401, error="invalid api key")
+
+    with FakeOpenAIServer(responder=gated_refusal) as server:
+        lm = BooklensLM(backend_for(server), cache=CallCache(tmp_path / "calls.sqlite"))
+        errors: list = []
+
+        def ask():
+            with dspy.context(lm=lm, adapter=BooklensAdapter()):
+                try:
+                    dspy.Predict(Classify)(text="same")
+                except LMError as exc:
+                    errors.append(str(exc))
+
+        threads = [threading.Thread(target=ask) for _ in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while lm.call_cache.waiting() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        release.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert len(server.received) == 1
+    assert len(errors) == 3 and all("authentication failed" in e for e in errors)
+
+
+# ---------------------------------------------------------------------------
+# Rate limits
+
+
+class FakeClock:
+    """Minutes of rate limits without waiting: sleeping moves this clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self.lock:
+            return self.now
+
+    def sleep(self, seconds: float) -> None:
+        with self.lock:
+            self.now += seconds
+
+
+def most_in_any_minute(times: list[float]) -> int:
+    return max(sum(1 for u in times if t - 60 < u <= t) for t in times)
+
+
+def test_requests_per_minute_are_shared_by_all_threads():
+    clock = FakeClock()
+    resume = threading.Event()
+    asked: list[float] = []
+
+    def held(seconds):  # a held call waits until the test has moved the clock a minute on
+        asked.append(seconds)
+        resume.wait(timeout=60)
+
+    limiter = RateLimiter(rpm=2, clock=clock, sleep=held)
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        lm = BooklensLM(backend_for(server, limiter=limiter))
+
+        def ask(i):
+            with dspy.context(lm=lm, adapter=BooklensAdapter()):
+                dspy.Predict(Classify)(text=f"text {i}")
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while (len(server.served) < 2 or not asked) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        served_in_first_minute = len(server.served)
+        clock.sleep(61)
+        resume.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert served_in_first_minute == 2
+    assert len(asked) == 1 and 59 < asked[0] <= 60.1  # until the first request leaves the window
+    assert len(server.served) == 3
+
+
+def test_tokens_per_minute_count_the_prompt_and_the_answer_budget():
+    clock = FakeClock()
+    limiter = RateLimiter(tpm=5000, clock=clock, sleep=clock.sleep)
+    arrivals: list[float] = []
+
+    def respond(body):
+        arrivals.append(clock())
+        return '{"label": "good"}'
+
+    with FakeOpenAIServer(responder=respond) as server:
+        backend = backend_for(server, limiter=limiter)
+        for i in range(5):
+            classify(backend, text=f"text {i}", max_tokens=2000)  # a short prompt + 2000: two fit in 5000
+    assert len(server.served) == 5
+    assert most_in_any_minute(arrivals) == 2
+    assert arrivals[:2] == [0.0, 0.0] and arrivals[2] >= 60
+
+
+def test_one_request_larger_than_the_token_limit_still_goes():
+    clock = FakeClock()
+    limiter = RateLimiter(tpm=100, clock=clock, sleep=clock.sleep)
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        classify(backend_for(server, limiter=limiter), max_tokens=500)
+    assert len(server.served) == 1 and limiter.waits == []
+
+
+# ---------------------------------------------------------------------------
+# Prompt caching: reported, priced, and asked for on the wire
+
+
+def test_provider_cached_prompt_tokens_are_reported_and_priced_at_the_cached_rate():
+    import litellm
+
+    reply = Reply(content='{"label": "good"}', prompt_tokens=1000, completion_tokens=10, cached_tokens=800)
+    with FakeOpenAIServer(responder=lambda body: reply) as server:
+        _, lm = classify(backend_for(server, model="openai/gpt-4o-mini"))
+    usage = lm.usage.snapshot()
+    assert usage["provider_cached_tokens"] == 800 and usage["prompt_tokens"] == 1000
+    price = litellm.model_cost["gpt-4o-mini"]
+    expected = (200 * price["input_cost_per_token"] + 800 * price["cache_read_input_token_cost"]
+                + 10 * price["output_cost_per_token"])
+    assert usage["cost_usd"] == pytest.approx(expected, rel=1e-6)
+    assert usage["cost_usd"] < 1000 * price["input_cost_per_token"] + 10 * price["output_cost_per_token"]
+
+
+def test_llama_cpp_servers_get_cache_prompt_and_a_server_refusing_it_stops_getting_it():
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        classify(backend_for(server))
+    assert server.received[0].body["cache_prompt"] is True
+
+    def strict(body):
+        if "cache_prompt" in body:
+            return Reply(status=400, error="Unrecognized request argument supplied: cache_prompt")
+        return '{"label": "good"}'
+
+    with FakeOpenAIServer(responder=strict) as server:
+        backend = backend_for(server)
+        classify(backend, text="one")
+        classify(backend, text="two")
+    assert ["cache_prompt" in r.body for r in server.received] == [True, False, False]
+
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        classify(backend_for(server, model="hosted_vllm/some-model"))  # vLLM caches prefixes by itself
+    assert "cache_prompt" not in server.received[0].body
+
+
+def test_explicit_prompt_caching_providers_get_cache_markers_on_the_shared_prefix():
+    demo = dspy.Example(text="a sunny day", label="good")
+    reply = Reply(content='{"label": "good"}', prompt_tokens=300, completion_tokens=5, cached_tokens=2000)
+    with FakeOpenAIServer(responder=lambda body: reply) as server:
+        backend = LiteLLMBackend("anthropic/claude-haiku-4-5", api_base=server.url[: -len("/v1")], sleep=Recorder())
+        lm = BooklensLM(backend)
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            predictor = dspy.Predict(Classify)
+            predictor.demos = [demo]
+            prediction = predictor(text="a grey day")
+    assert prediction.label == "good"
+    request = server.received[0]
+    assert request.path == "/v1/messages"
+    body = request.body
+    assert body["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    # system, demo question, demo answer, question: the demo answer closes the shared prefix.
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+    assert body["messages"][-2]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert not any("cache_control" in block for block in body["messages"][-1]["content"])
+    assert "cache_prompt" not in body
+    assert lm.usage.snapshot()["provider_cached_tokens"] == 2000
+
+
+def test_providers_without_explicit_caching_get_no_markers():
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        classify(backend_for(server, model="openai/gpt-4o-mini"))
+    assert "cache_control" not in json.dumps(server.received[0].body)
