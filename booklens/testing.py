@@ -322,7 +322,8 @@ class LlamaServer:
         command = [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path, "--model_alias", self.alias,
                    "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
                    "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads), "--verbose", "False"]
-        self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -348,3 +349,14 @@ class LlamaServer:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait(timeout=15)
+
+
+def _die_with_parent() -> None:
+    """In the server's process: end it when the process that started it ends, however that happens."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

@@ -30,3 +30,20 @@ def books_dir(shared_dir: Path) -> Path:
     if not path.is_dir() or not any(path.glob("*.txt")):
         pytest.skip(f"no books found in {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def llama_server():
+    """A real llama.cpp server (llama-cpp-python's, from the test extra) serving the embedded GGUF on a
+    free loopback port with a 4096-token context and 2 threads; stopped when the session ends."""
+    import importlib.util
+
+    missing = [m for m in ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"llama-cpp-python[server] is not installed (missing {', '.join(missing)}): "
+                    "pip install -e '.[test]'")
+    from booklens.testing import LlamaServer
+
+    with LlamaServer(n_ctx=4096, n_threads=2) as server:
+        yield server

@@ -518,3 +518,52 @@ def test_providers_without_explicit_caching_get_no_markers():
     with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
         classify(backend_for(server, model="openai/gpt-4o-mini"))
     assert "cache_control" not in json.dumps(server.received[0].body)
+
+
+# ---------------------------------------------------------------------------
+# Keys stay in the environment
+
+
+def answer_every_step(body):
+    """Plausible answers for summarize, coherence, claims and verification (extra fields are ignored)."""
+    if "as plain text" in str(body["messages"][-1]["content"]):
+        return "Mara keeps the Pellmark light. A storm stops her supplies. Tobin brings oil for the winter."
+    return json.dumps({"verdict": "no confusion", "questions": [], "error_types": [],
+                       "claims": ["Mara keeps the Pellmark light.", "Tobin brings oil for the winter."],
+                       "label": "faithful", "supporting_passages": [1], "refuting_passages": [],
+                       "reason": "Passage 1 says so."})
+
+
+def test_a_key_in_the_environment_reaches_no_file_and_no_output(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    canary = "sk-booklens-canary-5d1e0b7a44c9"
+    story = Path(__file__).resolve().parents[1] / "examples" / "sample_story.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOOKLENS_")}
+    env.update(OPENAI_API_KEY=canary, BOOKLENS_CACHE_DIR=str(tmp_path / "cache"))
+    with FakeOpenAIServer(responder=answer_every_step) as server:
+        ok = subprocess.run([sys.executable, "-m", "booklens", "run", str(story), "--lm", "openai/fake-model",
+                             "--api-base", server.url, "--chunk-size", "1024", "--max-summary-tokens", "200",
+                             "-o", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=300,
+                            cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert {r.headers.get("Authorization") for r in server.received} == {f"Bearer {canary}"}  # it was used
+
+    def echo_the_key(body):
+        return Reply(status=400, error=f"request from key {canary} was malformed")
+
+    with FakeOpenAIServer(responder=echo_the_key) as server:
+        failed = subprocess.run([sys.executable, "-m", "booklens", "claims", str(story), "--lm", "openai/fake-model",
+                                 "--api-base", server.url, "-o", str(tmp_path / "claims.json")],
+                                capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert failed.returncode != 0 and failed.stderr.strip().startswith("error:")
+
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "calls.sqlite" for p in written) and (tmp_path / "run" / "report.html").exists()
+    for path in written:
+        assert canary.encode() not in path.read_bytes(), path
+    for stream in (ok.stdout, ok.stderr, failed.stdout, failed.stderr):
+        assert canary not in stream

@@ -82,6 +82,13 @@ class LiteLLMBackend:
         except Exception:
             self.provider = model.split("/", 1)[0]
         self._learned = _learned_about(self.provider, api_base or model)
+        try:
+            params = litellm.get_supported_openai_params(model=model, custom_llm_provider=self.provider) or []
+        except Exception:
+            params = []
+        # A seed per attempt makes a re-asked sample reproducible where the provider takes one
+        # (llama.cpp and vLLM do; the embedded backend does the same).
+        self.takes_seed = "seed" in params
 
     @property
     def name(self) -> str:
@@ -181,6 +188,8 @@ class LiteLLMBackend:
             num_retries=0,
             max_retries=0,  # the OpenAI client would otherwise retry on its own, unseen and uncounted
         )
+        if self.takes_seed:
+            kwargs["seed"] = int(request.get("attempt") or 0)
         if self.api_base:
             kwargs["api_base"] = self.api_base
             # Self-hosted OpenAI-compatible servers usually take any key; the client insists on one.

@@ -1,0 +1,169 @@
+"""Every LM command through a real llama.cpp server (llama-cpp-python's OpenAI-compatible server on
+the embedded SmolLM2 GGUF, started once per session by the `llama_server` fixture), as a user runs
+them: `--lm openai/<alias> --api-base http://127.0.0.1:PORT/v1`. The server refuses the
+`json_schema` response format, so these runs also show the fallback to `json_object` with the
+schema; every structured answer must parse. Inputs are tiny: a ten-sentence story, a
+three-sentence summary, two claims, two questions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Literal
+
+import dspy
+import pytest
+
+pytestmark = pytest.mark.real_server
+
+STORY = """The Lamp at Pellmark
+
+Mara kept the lighthouse at Pellmark for twenty years. Every Thursday the tender Marigold brought her oil and \
+bread from the mainland. One winter the Marigold did not come, because a storm had broken its mast.
+
+Mara rationed the oil and burned the lamp only in the darkest hours. On the ninth night a fishing boat lost in \
+the fog saw the light and turned away from the rocks. Its captain, a young man named Tobin, came ashore the next \
+morning to thank her.
+
+When the storm passed, Tobin sailed to the mainland and returned with oil for the whole winter. Mara never \
+rationed the lamp again.
+"""
+SUMMARY = ("Mara keeps the lighthouse at Pellmark and receives supplies every Thursday from the tender Marigold. "
+           "When a storm breaks the Marigold's mast, she rations the oil and keeps the lamp burning in the darkest "
+           "hours. A fisherman named Tobin is saved by the light and later brings her oil for the whole winter.\n")
+CLAIMS = ["Mara keeps the lighthouse at Pellmark.", "Tobin brings Mara oil for the winter."]
+QUESTIONS = [
+    {"QID": "Q1", "Question": "Which boat brought Mara supplies?", "Answer": "The Marigold", "Gold": "B",
+     "Options": {"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": "The Lantern"},
+     "Aspect": "plot", "Complexity": "sh"},
+    {"QID": "Q2", "Question": "Who brought oil for the whole winter?", "Answer": "Tobin", "Gold": "C",
+     "Options": {"A": "Mara", "B": "The captain of the Marigold", "C": "Tobin", "D": "Nobody"},
+     "Aspect": "character", "Complexity": "sh"},
+]
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> Path:
+    (tmp_path / "story.txt").write_text(STORY, encoding="utf-8")
+    (tmp_path / "summary.txt").write_text(SUMMARY, encoding="utf-8")
+    (tmp_path / "claims.json").write_text(json.dumps(CLAIMS), encoding="utf-8")
+    (tmp_path / "questions.json").write_text(json.dumps(QUESTIONS), encoding="utf-8")
+    return tmp_path
+
+
+def booklens(args: list[str], folder: Path, server, monkeypatch) -> dict:
+    """Run a command in-process against the server; return the JSON it wrote."""
+    from typer.testing import CliRunner
+
+    from booklens.cli import app
+
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(folder / "cache"))
+    monkeypatch.chdir(folder)
+    out = folder / "out.json"
+    result = CliRunner().invoke(app, [*args, "--lm", server.lm, "--api-base", server.url, "-o", str(out)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def test_summarize(inputs, llama_server, monkeypatch):
+    data = booklens(["summarize", "story.txt", "--chunk-size", "512", "--max-summary-tokens", "120",
+                     "--max-regenerations", "0", "--keep-artifacts"], inputs, llama_server, monkeypatch)
+    assert data["summary"].strip()
+    assert data["usage"]["calls"] >= 1
+
+
+def test_score_per_sentence_and_batched(inputs, llama_server, monkeypatch):
+    for batch in ("1", "3"):
+        data = booklens(["score", "summary.txt", "--batch-size", batch], inputs, llama_server, monkeypatch)
+        assert data["n_sentences"] == 3
+        assert data["n_failed"] == 0, [s["error"] for s in data["sentences"]]
+        assert all(s["status"] == "ok" for s in data["sentences"])
+        assert data["score"] is not None
+
+
+def test_claims(inputs, llama_server, monkeypatch):
+    data = booklens(["claims", "summary.txt"], inputs, llama_server, monkeypatch)
+    assert data["claims"] and not data.get("error")
+
+
+def test_verify(inputs, llama_server, monkeypatch):
+    data = booklens(["verify", "--claims", "claims.json", "--book", "story.txt", "--evidence", "bm25"], inputs,
+                    llama_server, monkeypatch)
+    assert data["failures"] == 0
+    assert len(data["claims"]) == 2 and all(v["label"] is not None for v in data["claims"])
+
+
+def test_check(inputs, llama_server, monkeypatch):
+    data = booklens(["check", "story.txt", "summary.txt", "--evidence", "bm25"], inputs, llama_server, monkeypatch)
+    assert data["failures"] == 0
+    assert data["claims"] and all(v["label"] is not None for v in data["claims"])
+
+
+def test_qa(inputs, llama_server, monkeypatch):
+    data = booklens(["qa", "story.txt", "--questions", "questions.json", "--evidence", "bm25"], inputs, llama_server,
+                    monkeypatch)
+    predictions = data["predictions"]
+    assert len(predictions) == 2
+    assert all(p["prediction"] in ("A", "B", "C", "D") and not p.get("error") for p in predictions)
+
+
+# ---------------------------------------------------------------------------
+# Faults the real server produces
+
+
+class Classify(dspy.Signature):
+    """Label the text."""
+
+    text: str = dspy.InputField()
+    label: Literal["good", "bad"] = dspy.OutputField()
+
+
+def test_the_server_refuses_json_schema_and_gets_json_object_with_the_schema(llama_server):
+    from booklens.lm import BooklensAdapter, BooklensLM, LiteLLMBackend
+
+    backend = LiteLLMBackend(llama_server.lm, api_base=llama_server.url, structured="auto")
+    # Earlier tests of the session may have taught the backend already; a forced dialect shows both answers.
+    with pytest.raises(Exception, match="refused the 'schema' structured-output format"):
+        with dspy.context(lm=BooklensLM(LiteLLMBackend(llama_server.lm, api_base=llama_server.url,
+                                                       structured="schema")), adapter=BooklensAdapter()):
+            dspy.Predict(Classify)(text="A warm, bright morning.")
+    with dspy.context(lm=BooklensLM(backend), adapter=BooklensAdapter()):
+        prediction = dspy.Predict(Classify)(text="A warm, bright morning.")
+    assert prediction.label in ("good", "bad")
+    assert backend.dialect == "json"
+
+
+def test_an_answer_cut_off_by_the_server_is_re_asked_with_a_larger_budget(llama_server):
+    from booklens.lm import BooklensAdapter, BooklensLM, LiteLLMBackend, predict_with_retries
+
+    lm = BooklensLM(LiteLLMBackend(llama_server.lm, api_base=llama_server.url))
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = predict_with_retries(dspy.Predict(Classify), tries=4, config={"max_tokens": 3},
+                                      text="A warm, bright morning.")
+    budgets = [entry["kwargs"]["max_tokens"] for entry in lm.history]
+    reasons = [entry["response"].choices[0].finish_reason for entry in lm.history]
+    assert reasons[0] == "length"  # three tokens cannot hold the JSON answer
+    assert budgets == [min(12, 3 * 2**i) for i in range(len(budgets))] and len(budgets) >= 2
+    assert result.ok and result.prediction.label in ("good", "bad") and result.attempts == len(budgets)
+
+
+def test_a_prompt_larger_than_the_servers_context_is_one_line_with_its_figures(llama_server, tmp_path):
+    # The server's own words, as captured from llama-cpp-python's server with a 4096-token context:
+    # "This model's maximum context length is 4096 tokens. However, you requested N tokens
+    # (P in the messages, C in the completion)."
+    summary = tmp_path / "long.txt"
+    summary.write_text(" ".join(["The keeper lit the lamp at dusk and watched the sea."] * 600), encoding="utf-8")
+    environ = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    environ.pop("BOOKLENS_DEBUG", None)
+    result = subprocess.run([sys.executable, "-m", "booklens", "claims", str(summary), "--lm", llama_server.lm,
+                             "--api-base", llama_server.url], capture_output=True, text=True, env=environ,
+                            timeout=300)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: the prompt (")
+    assert "do not fit the 4096-token context window of 'openai/smol'" in lines[0]
