@@ -567,3 +567,44 @@ def test_a_key_in_the_environment_reaches_no_file_and_no_output(tmp_path):
         assert canary.encode() not in path.read_bytes(), path
     for stream in (ok.stdout, ok.stderr, failed.stdout, failed.stderr):
         assert canary not in stream
+
+
+# ---------------------------------------------------------------------------
+# The command line
+
+
+def test_structured_option_reaches_the_wire(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from booklens.cli import app
+
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Mara keeps the Pellmark light. Tobin brings oil for the winter.", encoding="utf-8")
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
+    sent = {}
+    for mode in ("json", "off"):
+        with FakeOpenAIServer(responder=answer_every_step) as server:
+            result = CliRunner().invoke(app, ["claims", str(summary), "--lm", "openai/fake-model", "--api-base",
+                                              server.url, "--structured", mode, "--rpm", "600", "--tpm", "100000",
+                                              "-o", str(tmp_path / f"{mode}.json")], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        sent[mode] = server.received[0].body.get("response_format")
+    assert sent["json"]["type"] == "json_object" and "claims" in sent["json"]["schema"]["properties"]
+    assert sent["off"] is None
+
+
+def test_a_wrong_api_base_is_one_line_through_the_command(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Mara keeps the Pellmark light.", encoding="utf-8")
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "booklens", "claims", str(summary), "--lm", "openai/fake-model",
+                           "--api-base", url], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"error: cannot connect to {url}: connection refused (is the server running, and is --api-base right?)"]

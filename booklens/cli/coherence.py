@@ -26,6 +26,9 @@ from booklens.cli.common import (
     LMOption,
     OutputOption,
     ProgramOption,
+    RpmOption,
+    StructuredOption,
+    TpmOption,
     read_json_file,
     setup_lm,
     write_output,
@@ -88,6 +91,9 @@ def score(
     tries: Annotated[int, typer.Option("--tries", min=1, help="Asks per sentence before a parse failure.")] = 3,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
@@ -130,7 +136,7 @@ def score(
                               task="coherence")
     from booklens.steps import score_coherence
 
-    setup_lm(lm, api_base, cache_dir)
+    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     record = score_coherence(texts, as_set=is_map, batch_size=batch_size, concurrency=concurrency, tries=tries,
                              book_texts=book_texts, scorer=scorer)
     write_output(output, record)

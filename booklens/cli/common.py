@@ -27,6 +27,31 @@ ProgramOption = Annotated[
 OutputOption = Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the result JSON here.")]
 
 
+class Structured(str, Enum):
+    auto = "auto"
+    schema = "schema"
+    json = "json"
+    off = "off"
+
+
+StructuredOption = Annotated[
+    Optional[Structured],
+    typer.Option("--structured", help="How output schemas reach a LiteLLM backend: auto (json_schema, falling back to "
+                                      "json_object+schema, then none, as the server refuses), schema, json, off; "
+                                      "also BOOKLENS_STRUCTURED. The embedded model always decodes under the schema."),
+]
+RpmOption = Annotated[
+    Optional[int],
+    typer.Option("--rpm", min=1, help="At most this many requests per minute to a LiteLLM backend, over all threads; "
+                                      "also BOOKLENS_RPM."),
+]
+TpmOption = Annotated[
+    Optional[int],
+    typer.Option("--tpm", min=1, help="At most this many tokens (prompt + answer budget) per minute to a LiteLLM "
+                                      "backend, over all threads; also BOOKLENS_TPM."),
+]
+
+
 def evidence_enum(name: str, *, exclude: tuple[str, ...] = ()) -> type[Enum]:
     """An option type of the evidence modes of `booklens.retrieval` (minus `exclude`), whose
     `help` is the modes' one-line description."""
@@ -38,11 +63,18 @@ def evidence_enum(name: str, *, exclude: tuple[str, ...] = ()) -> type[Enum]:
     return enum
 
 
-def setup_lm(lm: str | None, api_base: str | None = None, cache_dir: Path | None = None):
+def lm_options(structured: Structured | str | None = None, rpm: int | None = None,
+               tpm: int | None = None) -> dict[str, Any]:
+    """The backend options of a command (`--structured`, `--rpm`, `--tpm`) as `make_lm` / `LMPool` take them."""
+    return {"structured": getattr(structured, "value", structured), "rpm": rpm, "tpm": tpm}
+
+
+def setup_lm(lm: str | None, api_base: str | None = None, cache_dir: Path | None = None, *,
+             structured: Structured | str | None = None, rpm: int | None = None, tpm: int | None = None):
     """Build the LM a command names and make it the LM of every DSPy program in this process."""
     from booklens.lm import configure, make_lm
 
-    return configure(make_lm(lm, api_base=api_base, cache_dir=cache_dir))
+    return configure(make_lm(lm, api_base=api_base, cache_dir=cache_dir, **lm_options(structured, rpm, tpm)))
 
 
 def write_output(path: Path | None, payload: Any) -> None:

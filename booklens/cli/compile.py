@@ -17,7 +17,16 @@ from typing import Annotated, Any, Optional
 import typer
 
 from booklens.cli import app
-from booklens.cli.common import ApiBaseOption, CacheDirOption, LMOption, setup_lm, write_output
+from booklens.cli.common import (
+    ApiBaseOption,
+    CacheDirOption,
+    LMOption,
+    RpmOption,
+    StructuredOption,
+    TpmOption,
+    setup_lm,
+    write_output,
+)
 from booklens.errors import BooklensError
 
 TaskArgument = Annotated[str, typer.Argument(
@@ -81,6 +90,9 @@ def compile_command(
     = True,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     cache_dir: CacheDirOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show the optimizer's own progress output.")] = False,
 ) -> None:
@@ -100,7 +112,7 @@ def compile_command(
     splits = load_task_splits(spec, data, seed=seed, sizes=_sizes(train_size, dev_size, test_size))
     if not splits.train:
         raise BooklensError(f"the training split of {data} is empty")
-    model = setup_lm(lm, api_base, cache_dir)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
 
     typer.echo(f"compiling {spec.name} with {name}: {len(splits.train)} train / {len(splits.dev)} dev / "
                f"{len(splits.test)} test examples, budget {budget.as_dict()}", err=True)
@@ -162,6 +174,9 @@ def evaluate_command(
     threads: ThreadsOption = 2,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     cache_dir: CacheDirOption = None,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also write the results as JSON.")]
     = None,
@@ -195,7 +210,7 @@ def evaluate_command(
     examples = splits.get(split)
     if not examples:
         raise BooklensError(f"the {split} split of {data} is empty")
-    model = setup_lm(lm, api_base, cache_dir)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
 
     runs: list[tuple[str, Any]] = []
     if zero_shot:

@@ -21,6 +21,9 @@ from booklens.cli.common import (
     LMOption,
     OutputOption,
     ProgramOption,
+    RpmOption,
+    StructuredOption,
+    TpmOption,
     evidence_enum,
     setup_lm,
     write_output,
@@ -68,6 +71,9 @@ def claims_command(
                                                  "(e.g. the output of `booklens summarize`).")],
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
@@ -79,7 +85,7 @@ def claims_command(
 
     text = read_summary_text(summary)
     programs = _compiled([program] if program is not None else [], "claims", ("decomposition",))
-    setup_lm(lm, api_base, cache_dir)
+    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     record = decompose_summary(text, decomposer=programs.get("decomposition"))
     if record.error:
         raise BooklensError(f"could not split the summary into claims ({record.attempts} tries): {record.error}")
@@ -100,6 +106,9 @@ def verify_command(
     passage_tokens: PassageTokensOption = 256,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
@@ -121,7 +130,7 @@ def verify_command(
                                 f"(claim {missing[0]} of {claims} has none)")
     book_text = read_book(book) if book is not None else None
     programs = _compiled([program] if program is not None else [], "verify", ("verification",))
-    setup_lm(lm, api_base, cache_dir)
+    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     report = verify_claims(claims=claim_list, given=given if evidence is EvidenceMode.given else None,
                            book=book, book_text=book_text, mode=evidence.value, k=k, budget_tokens=budget_tokens,
                            passage_tokens=passage_tokens, concurrency=concurrency, cache_dir=cache_dir,
@@ -141,6 +150,9 @@ def check_command(
     passage_tokens: PassageTokensOption = 256,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
@@ -157,7 +169,7 @@ def check_command(
     book_text = read_book(book)
     summary_text = read_summary_text(summary)
     programs = _compiled(program, "check", ("decomposition", "verification"))
-    setup_lm(lm, api_base, cache_dir)
+    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     report = verify_claims(claims=[], book=book, book_text=book_text, summary=summary_text, mode=evidence.value,
                            k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens, concurrency=concurrency,
                            cache_dir=cache_dir, decompose=True, programs=programs)

@@ -24,6 +24,9 @@ from booklens.cli.common import (
     ConcurrencyOption,
     LMOption,
     OutputOption,
+    RpmOption,
+    StructuredOption,
+    TpmOption,
     read_json_file,
     setup_lm,
     write_output,
@@ -216,6 +219,9 @@ def qa_command(
     context_window: ContextWindowOption = None,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
@@ -231,7 +237,7 @@ def qa_command(
     if limit:
         qs = qs[:limit]
     text = read_book(book)
-    model = setup_lm(lm, api_base, cache_dir)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     program = build_qa_program(setting.value, evidence.value, k=k, passage_tokens=passage_tokens,
                                context_window=context_window, quote_evidence=quote_evidence,
                                rank_mode=rank_mode.value, index_cache_dir=_index_dir(cache_dir))
@@ -280,6 +286,9 @@ def diverse_command(
     context_window: ContextWindowOption = None,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
@@ -289,7 +298,7 @@ def diverse_command(
     from booklens.programs.diverse import article_texts
 
     events = load_events(events_path)
-    model = setup_lm(lm, api_base, cache_dir)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     summarizer = build_diverse_summarizer(method.value, num_sentences=sentences, context_window=context_window,
                                           concurrency=concurrency)
     refs = (build_reference_builder(generate_questions, context_window=context_window, concurrency=concurrency)
@@ -373,6 +382,9 @@ def judge_command(
     per_qa: PerQAOption = False,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
@@ -392,7 +404,7 @@ def judge_command(
         raise BooklensError("a second summaries file is only used with --protocol pairwise")
     if criterion == Criterion.coverage:
         _check_coverage_refs(events)
-    model = setup_lm(lm, api_base, cache_dir)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     before = model.usage.snapshot()
     t0 = time.perf_counter()
     rows = []
@@ -457,6 +469,9 @@ def bias_position(
     per_qa: PerQAOption = False,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
@@ -472,7 +487,7 @@ def bias_position(
     criteria = _criteria(criterion)
     if "coverage" in criteria:
         _check_coverage_refs(events)
-    model = setup_lm(lm, api_base, cache_dir)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     before = model.usage.snapshot()
     t0 = time.perf_counter()
     out: dict[str, Any] = {}
@@ -502,6 +517,9 @@ def bias_verbosity(
     per_qa: PerQAOption = False,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
@@ -518,7 +536,7 @@ def bias_verbosity(
     if "coverage" in criteria:
         _check_coverage_refs(events)
     protocols = ["single", "pairwise"] if protocol == VerbosityProtocol.both else [protocol.value]
-    model = setup_lm(lm, api_base, cache_dir)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     before = model.usage.snapshot()
     t0 = time.perf_counter()
     rows = []

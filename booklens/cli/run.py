@@ -21,7 +21,11 @@ from booklens.cli.common import (
     CacheDirOption,
     ConcurrencyOption,
     LMOption,
+    RpmOption,
+    StructuredOption,
+    TpmOption,
     evidence_enum,
+    lm_options,
 )
 from booklens.errors import BooklensError
 
@@ -90,6 +94,9 @@ def run_command(
                           "for several.")] = None,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
 ) -> None:
@@ -115,7 +122,7 @@ def run_command(
     if summary is not None:
         read_given_summary(summary)
     previous_run(output)
-    lms = LMPool(lm, api_base, cache_dir=cache_dir, concurrency=concurrency)
+    lms = LMPool(lm, api_base, cache_dir=cache_dir, concurrency=concurrency, **lm_options(structured, rpm, tpm))
     run = run_book(book, output, system, judge, lms=lms, concurrency=concurrency, book_text=book_text)
     typer.echo(score_line(run), err=True)
     typer.echo(f"wrote {output / REPORT_FILE}", err=True)

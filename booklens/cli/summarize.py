@@ -15,6 +15,9 @@ from booklens.cli.common import (
     ConcurrencyOption,
     LMOption,
     OutputOption,
+    RpmOption,
+    StructuredOption,
+    TpmOption,
     setup_lm,
     write_output,
 )
@@ -47,6 +50,9 @@ def summarize(
                                               help="Drop front and back matter (contents, acknowledgments).")] = False,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     program: Annotated[Optional[Path], typer.Option("--program", help="Compiled summarizer artifact (JSON).")] = None,
@@ -57,7 +63,7 @@ def summarize(
     from booklens.text import read_book
 
     text = read_book(book, drop_matter=drop_matter)  # bad input fails before any model loads
-    setup_lm(lm, api_base, cache_dir)
+    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     record = summarize_book(book, method=method.value, chunk_size=chunk_size, context_window=context_window,
                             max_summary_tokens=max_summary_tokens, level_budgets=level_budget,
                             max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,

@@ -21,7 +21,8 @@ from booklens.lm.usage import UsageTracker
 
 class LMPool:
     def __init__(self, default_lm: str | None = None, api_base: str | None = None, *,
-                 cache_dir: Path | str | None = None, concurrency: int = 4, use_cache: bool = True):
+                 cache_dir: Path | str | None = None, concurrency: int = 4, use_cache: bool = True,
+                 structured: str | None = None, rpm: int | None = None, tpm: int | None = None):
         from booklens.lm.model import resolve_lm_name
 
         self.default_lm = resolve_lm_name(default_lm)
@@ -32,6 +33,9 @@ class LMPool:
         self.usage = UsageTracker()
         self.call_limit = threading.BoundedSemaphore(self.concurrency)
         self._lms: dict[tuple[str, str | None], Any] = {}
+        # Backend options of every LM the pool makes (`make_lm`): each LM gets its own rate limiter,
+        # shared by all the threads that use it.
+        self.lm_options = {"structured": structured, "rpm": rpm, "tpm": tpm}
         self._lock = threading.Lock()
 
     def resolve(self, lm: str | None = None, api_base: str | None = None) -> tuple[str, str | None]:
@@ -52,7 +56,8 @@ class LMPool:
         with self._lock:
             if key not in self._lms:
                 self._lms[key] = make_lm(key[0], api_base=key[1], cache=self.cache, usage=self.usage,
-                                         call_limit=self.call_limit, use_cache=self.cache is not None)
+                                         call_limit=self.call_limit, use_cache=self.cache is not None,
+                                         **self.lm_options)
             return self._lms[key]
 
 
