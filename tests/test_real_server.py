@@ -84,13 +84,13 @@ def test_score_per_sentence(inputs, llama_server, monkeypatch):
 
 
 def test_score_batched(inputs, llama_server, monkeypatch):
-    data = booklens(["score", "summary.txt", "--batch-size", "3"], inputs, llama_server, monkeypatch)
+    data = booklens(["score", "summary.txt", "--batch-size", "3", "--tries", "1"], inputs, llama_server, monkeypatch)
     assert data["n_sentences"] == 3
     # Every answer parses under the schema. The 135M model may still leave a sentence of the batch
-    # unanswered (the schema does not fix the number of answers); that is recorded, not guessed.
+    # unanswered (the schema does not fix the number of answers) or break a rule the program checks
+    # (a confusion with no error type); that is recorded per sentence, not guessed.
     errors = [s["error"] for s in data["sentences"] if s["status"] != "ok"]
-    assert not any("unparseable" in e for e in errors), errors
-    assert all(e.startswith("no answer for sentence") for e in errors), errors
+    assert not any("unparseable" in e or "cut off" in e for e in errors), errors
     assert data["n_failed"] == len(errors) < 3
 
 
