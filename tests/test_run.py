@@ -191,14 +191,17 @@ def test_killed_during_verification_resumes_and_ends_equal_to_an_uninterrupted_r
     out, cache = tmp_path / "run", tmp_path / "cache"
     args = run_args(server, out, cache)
     start = len(server.served)
+    arrived_from = len(server.received)
     server.answers.verify_delay = 0.6
     try:
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 240
-        # With one call at a time, the client sends the 3rd verification only after it has cached the 2nd.
+        # With one call at a time, the client sends the 3rd verification only after it has cached the 2nd:
+        # its arrival is the moment to kill.
         while time.time() < deadline and proc.poll() is None:
-            done = [b for b in server.served[start:] if kind_of(b) == "verify"]
-            if len(done) >= 2 and server.in_flight == 1:
+            arrived = [r for r in server.received[arrived_from:]
+                       if r.body.get("messages") and kind_of(r.body) == "verify"]
+            if len(arrived) >= 3:
                 break
             time.sleep(0.02)
         assert proc.poll() is None, "the run ended before it could be killed"

@@ -86,8 +86,8 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
                                 stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 120
         # Kill while the 4th call is in flight: with concurrency 1 the client sends it only after
-        # it has received (and cached) the 3rd answer.
-        while not (len(server.served) >= 3 and server.in_flight == 1) and time.time() < deadline:
+        # it has received (and cached) the 3rd answer, so its arrival is the signal.
+        while not (len(server.received) >= 4 and len(server.served) == 3) and time.time() < deadline:
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
