@@ -97,17 +97,9 @@ class _MeteredLM(BooklensLM):
 def bootstrap_ci(scores: Sequence[float], *, resamples: int = 2000, confidence: float = 0.95,
                  seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (fixed seed: the same scores give the same interval)."""
-    import numpy as np
+    from booklens.metrics.bootstrap import bootstrap_mean
 
-    values = np.asarray(list(scores), dtype=float)
-    if values.size == 0:
-        return (math.nan, math.nan)
-    if values.size == 1:
-        return (float(values[0]), float(values[0]))
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
-    alpha = (1.0 - confidence) / 2
-    return (float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha)))
+    return bootstrap_mean(list(scores), resamples=resamples, confidence=confidence, seed=seed)
 
 
 def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], **kwargs: Any) -> tuple[float, float, float]:

@@ -1,0 +1,128 @@
+"""Percentile bootstrap intervals: the one resampler every booklens figure uses.
+
+A figure is a function of additive counts: a mean is (sum, n), an F1 is (tp, fp, fn), a kappa
+is the four cells of a 2x2 table. Each resampling unit (an example, a summary, a book) carries
+its vector of counts; a resample draws units with replacement, adds their counts and applies the
+statistic to the sums. Resampling whole summaries rather than sentences keeps the interval honest
+when the items of one unit are correlated (the sentences of one summary, the claims of one book).
+
+The seed is fixed, so the same counts give the same interval.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+DEFAULT_RESAMPLES = 2000
+DEFAULT_CONFIDENCE = 0.95
+_BLOCK = 250  # resamples drawn at once (bounds memory for many units)
+
+
+def bootstrap_counts(units: Sequence[Sequence[float]] | np.ndarray,
+                     statistic: Callable[[np.ndarray], np.ndarray], *, resamples: int = DEFAULT_RESAMPLES,
+                     confidence: float = DEFAULT_CONFIDENCE, seed: int = 0
+                     ) -> tuple[Optional[float], Optional[float]]:
+    """The percentile interval of `statistic` over resamples of `units`.
+
+    `units` is an (n_units, k) array of counts; `statistic` maps an (m, k) array of summed counts to
+    m values (NaN where the figure is undefined in that resample; those resamples are left out).
+    Returns (None, None) when there is no unit or the figure is undefined in every resample."""
+    counts = np.asarray(units, dtype=float)
+    if counts.ndim != 2 or counts.shape[0] == 0:
+        return (None, None)
+    n = counts.shape[0]
+    if n == 1:
+        value = float(np.asarray(statistic(counts))[0])
+        return (None, None) if math.isnan(value) else (value, value)
+    rng = np.random.default_rng(seed)
+    values = []
+    for start in range(0, resamples, _BLOCK):
+        size = min(_BLOCK, resamples - start)
+        draws = rng.integers(0, n, size=(size, n))
+        weights = np.zeros((size, n))
+        rows = np.repeat(np.arange(size), n)
+        np.add.at(weights, (rows, draws.ravel()), 1.0)
+        values.append(np.asarray(statistic(weights @ counts), dtype=float))
+    stats = np.concatenate(values)
+    stats = stats[~np.isnan(stats)]
+    if stats.size == 0:
+        return (None, None)
+    alpha = (1.0 - confidence) / 2
+    return (float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha)))
+
+
+def mean_of(sums: np.ndarray) -> np.ndarray:
+    """Statistic for units (value, 1): the mean."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(sums[:, 1] > 0, sums[:, 0] / np.where(sums[:, 1] > 0, sums[:, 1], 1), np.nan)
+
+
+def bootstrap_mean(scores: Sequence[float], **kwargs) -> tuple[float, float]:
+    """Interval of the mean of `scores`, each score its own unit (NaN, NaN for no score)."""
+    if len(scores) == 0:
+        return (math.nan, math.nan)
+    lo, hi = bootstrap_counts([[float(s), 1.0] for s in scores], mean_of, **kwargs)
+    return (math.nan if lo is None else lo, math.nan if hi is None else hi)
+
+
+# ---------------------------------------------------------------------------
+# Statistics over confusion counts: units carry (tp, fp, fn, tn)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+
+
+def precision_of(c: np.ndarray) -> np.ndarray:
+    return _ratio(c[:, 0], c[:, 0] + c[:, 1])
+
+
+def recall_of(c: np.ndarray) -> np.ndarray:
+    return _ratio(c[:, 0], c[:, 0] + c[:, 2])
+
+
+def f1_of(c: np.ndarray) -> np.ndarray:
+    return _ratio(2 * c[:, 0], 2 * c[:, 0] + c[:, 1] + c[:, 2])
+
+
+def accuracy_of(c: np.ndarray) -> np.ndarray:
+    return _ratio(c[:, 0] + c[:, 3], c.sum(axis=1))
+
+
+def kappa_of(c: np.ndarray) -> np.ndarray:
+    """Cohen's kappa from (tp, fp, fn, tn): NaN when chance agreement is 1."""
+    n = c.sum(axis=1)
+    observed = _ratio(c[:, 0] + c[:, 3], n)
+    pa = _ratio(c[:, 0] + c[:, 1], n)  # predicted positive rate
+    pb = _ratio(c[:, 0] + c[:, 2], n)  # reference positive rate
+    expected = pa * pb + (1 - pa) * (1 - pb)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(expected < 1.0 - 1e-12, (observed - expected) / (1 - expected), np.nan)
+
+
+CONFUSION_STATISTICS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "precision": precision_of, "recall": recall_of, "f1": f1_of, "kappa": kappa_of, "accuracy": accuracy_of,
+}
+
+
+def confusion_counts(predicted: Sequence[bool], reference: Sequence[bool]) -> list[int]:
+    """(tp, fp, fn, tn) of predicted positives against reference positives."""
+    tp = sum(1 for p, r in zip(predicted, reference) if p and r)
+    fp = sum(1 for p, r in zip(predicted, reference) if p and not r)
+    fn = sum(1 for p, r in zip(predicted, reference) if not p and r)
+    return [tp, fp, fn, len(predicted) - tp - fp - fn]
+
+
+def figure(units: Sequence[Sequence[float]], name: str, *, n: int, **kwargs) -> dict:
+    """{"value", "ci95", "n"} of one confusion statistic over units of (tp, fp, fn, tn) counts."""
+    statistic = CONFUSION_STATISTICS[name]
+    counts = np.asarray(units, dtype=float).reshape(-1, 4)
+    total = counts.sum(axis=0, keepdims=True) if len(counts) else np.zeros((1, 4))
+    value = float(statistic(total)[0])
+    lo, hi = bootstrap_counts(counts, statistic, **kwargs)
+    return {"value": None if math.isnan(value) else round(value, 4),
+            "ci95": [None if lo is None else round(lo, 4), None if hi is None else round(hi, 4)], "n": int(n)}
