@@ -9,10 +9,21 @@ with error types; stray questions next to "no confusion" are dropped) is asked a
 with a fresh sample. After `tries` rounds it is recorded as a parse failure
 (`status="failed"`, `confusing=None`): never retried forever, never silently
 "no confusion". Sentences (or batches) of a summary run concurrently.
+
+Prompt layout. Every call of one summary shares its prompt up to the target sentence: the
+instructions (system message), the demos, then the summary; only the sentence (or the numbered
+sentences) and the answer differ. Demos are whole summaries with some of their sentences
+labelled, as in the paper: the per-sentence predictor (`SharedSummaryPredict`) shows the demos
+of one summary as one conversation, the summary in the first turn only and each further labelled
+sentence as a turn of its own, so a summary is never repeated per demo sentence. The demos stay
+ordinary per-sentence `dspy.Example`s on an ordinary predictor, so artifacts save, load and
+compile as every DSPy program does; only their rendering is grouped.
 """
 
 from __future__ import annotations
 
+import copy
+from types import MethodType
 from typing import Any, Sequence
 
 import dspy
@@ -93,6 +104,73 @@ def number_sentences(sentences: Sequence[str], indices: Sequence[int]) -> str:
     return "\n".join(f"{i + 1}: {' '.join(sentences[i].split())}" for i in indices)
 
 
+# ---------------------------------------------------------------------------
+# Demos that share a summary
+
+
+SHARED_FIELD = "summary"
+SAME_SUMMARY_NOTE = "The same summary as in the previous example. Another sentence of it:"
+
+
+def group_demos(demos: Sequence[Any], field: str = SHARED_FIELD) -> list[list[Any]]:
+    """Demos grouped by the value of `field`, groups in order of first appearance, demos in their
+    order within a group (a demo without the field is a group of its own)."""
+    groups: list[list[Any]] = []
+    by_value: dict[str, list[Any]] = {}
+    for demo in demos:
+        value = demo.get(field) if hasattr(demo, "get") else None
+        if not isinstance(value, str):
+            groups.append([demo])
+            continue
+        if value not in by_value:
+            by_value[value] = []
+            groups.append(by_value[value])
+        by_value[value].append(demo)
+    return groups
+
+
+def _format_shared_demos(adapter: Any, signature: type[dspy.Signature], demos: list[Any],
+                         field: str = SHARED_FIELD) -> list[dict[str, Any]]:
+    """The demos as chat turns, each summary given once: the first demo of a summary shows every input
+    field, the following ones every input field but the summary. Demos without any input or output
+    field of the signature are left out, as DSPy's own rendering does."""
+    usable = [d for d in demos
+              if any(k in d for k in signature.input_fields) and any(k in d for k in signature.output_fields)]
+    messages: list[dict[str, Any]] = []
+    for group in group_demos(usable, field):
+        for position, demo in enumerate(group):
+            if position == 0:
+                shown, prefix = demo, ""
+            else:
+                shown = {k: demo[k] for k in demo.keys() if k != field}
+                prefix = SAME_SUMMARY_NOTE
+            messages.append({"role": "user", "content": adapter.format_user_message_content(signature, shown,
+                                                                                            prefix=prefix)})
+            messages.append({"role": "assistant", "content": adapter.format_assistant_message_content(
+                signature, demo, missing_field_message="Not given for this example.")})
+    return messages
+
+
+def shared_summary_adapter(adapter: Any, field: str = SHARED_FIELD) -> Any:
+    """A copy of `adapter` (any DSPy adapter) that renders demos sharing a summary as one conversation."""
+    adapted = copy.copy(adapter)
+    adapted.format_demos = MethodType(lambda self, signature, demos: _format_shared_demos(self, signature, demos,
+                                                                                         field), adapted)
+    return adapted
+
+
+class SharedSummaryPredict(dspy.Predict):
+    """`dspy.Predict` whose demos that share a summary are shown as one conversation (see the module
+    docstring). State, saving, loading and compiling are those of `dspy.Predict`."""
+
+    def forward(self, **kwargs):
+        from dspy.adapters.chat_adapter import ChatAdapter
+
+        adapter = shared_summary_adapter(dspy.settings.adapter or ChatAdapter())
+        with dspy.context(adapter=adapter):
+            return super().forward(**kwargs)
+
+
 class CoherenceScorer(dspy.Module):
     """Confusion detection on every sentence of a summary, and its BooookScore (Eq. 1)."""
 
@@ -107,7 +185,7 @@ class CoherenceScorer(dspy.Module):
         self.concurrency = concurrency
         self.tries = tries
         self.tokens_per_sentence = tokens_per_sentence
-        self.detect = dspy.Predict(DetectConfusion)
+        self.detect = SharedSummaryPredict(DetectConfusion)
         self.detect_batch = dspy.Predict(DetectConfusionBatch)
 
     @property
