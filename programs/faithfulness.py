@@ -7,7 +7,14 @@
    or hybrid retrieval, or as much of the book as the budget holds (`book`).
 3. `ClaimVerifier` labels each claim faithful / unfaithful / partial support /
    can't verify with a short reason and the numbers of the passages that
-   support or contradict it. Claims are verified concurrently.
+   support or contradict it. Claims are verified concurrently. With
+   `label_set="binary"` it is the seed's Table 5 rater: faithful or unfaithful only.
+
+A verdict does not claim more than its reason: when a four-way verdict says faithful,
+unfaithful or partial support but its reason says the evidence does not settle the claim
+("the passages do not mention ...", "cannot be verified"), the verdict is "can't verify"
+(`settle_label`); the model's own label is kept in `model_label`. The binary rater has no
+such state and keeps its label.
 
 Labels come from a closed set: an answer outside it is re-asked (a fresh
 sample) and, after the last try, recorded as a failure (`label=None`, `error`),
@@ -28,10 +35,13 @@ from booklens.parallel import parallel_map
 from booklens.records import ClaimVerdict, Evidence
 from booklens.retrieval import BOOK_MODES, EVIDENCE_MODES, BookIndex, format_passages
 from booklens.signatures.faithfulness import (
+    BINARY_LABELS,
     CLAIM_LABELS,
     LABEL_TO_FABLES,
     DecomposeSummary,
     VerifyClaim,
+    VerifyClaimBinary,
+    VerifyClaimBinaryWithoutEvidence,
     VerifyClaimWithoutEvidence,
 )
 
@@ -66,10 +76,53 @@ def clean_claims(raw: Sequence[Any]) -> list[str]:
     return claims
 
 
-def evidence_budget(context_window: int | None, max_tokens: int = VERIFY_MAX_TOKENS) -> int:
-    """Tokens of evidence a verification prompt may hold in a model's context window."""
+def evidence_budget(context_window: int | None, max_tokens: int = VERIFY_MAX_TOKENS, demo_tokens: int = 0) -> int:
+    """Tokens of evidence a verification prompt may hold in a model's context window, next to the
+    instructions, the claim, the answer and `demo_tokens` of few-shot demos."""
     window = context_window or 8192
-    return max(256, int((window - max_tokens - VERIFY_PROMPT_OVERHEAD) * BUDGET_MARGIN))
+    return max(256, int((window - max_tokens - VERIFY_PROMPT_OVERHEAD - demo_tokens) * BUDGET_MARGIN))
+
+
+# ---------------------------------------------------------------------------
+# Verdicts that do not overclaim
+
+LABEL_SETS: dict[str, tuple[str, ...]] = {"four-way": CLAIM_LABELS, "binary": BINARY_LABELS}
+CANT_VERIFY = "can't verify"
+
+# The reason says outright that the claim cannot be decided from what was given.
+_ADVERB = r"(?:\s+(?:really|fully|completely|entirely|directly|clearly|definitively|reliably|actually))?"
+_UNDECIDED = re.compile(
+    r"\b(?:can ?not|can't|cannot|could ?not|couldn't|unable to|impossible to|not possible to|isn't possible to"
+    r"|no way to)" + _ADVERB + r"\s+(?:be" + _ADVERB + r"\s+)?"
+    r"(?:verif|confirm|determin|tell|decid|assess|judg|establish|find (?:any |the |where )?(?:support|evidence)"
+    r"|grasp|provide (?:any )?evidence)"
+    r"|\b(?:not|never)" + _ADVERB + r"\s+(?:be\s+)?(?:verifiable|verified|confirmed|determined|decided|established)\b"
+    r"|\bunverifiable\b"
+    r"|\b(?:not|no|insufficient|in ?adequate|lack of|lacks?|without)\s+(?:enough\s+|sufficient\s+|any\s+|relevant\s+"
+    r"|clear\s+|direct\s+)?(?:information|evidence|context|details?|support)\b"
+    r"|\bneither\s+(?:supports?|confirms?)\s+nor\s+(?:contradicts?|refutes?|denies?)"
+    r"|\b(?:does|do|did)\s*(?:n't|\s+not)\s+(?:support|confirm)\s+(?:or|nor)\s+(?:contradict|refute|deny)",
+    re.IGNORECASE)
+# The reason says the evidence is silent about the claim.
+_SILENT = re.compile(
+    r"\b(?:passages?|evidence|context|text|book|excerpts?|quotes?|story)\b[^.;]{0,40}?"
+    r"\b(?:does|do|did)\s*(?:n't|\s+not)\s+(?:mention|say|state|address|discuss|describe|refer|show|indicate|specify)"
+    r"|\b(?:is|are|was|were)\s+not\s+(?:mentioned|stated|addressed|discussed|described|specified|shown)\b"
+    r"|\bno\s+(?:mention|references?)\b|\bnothing\s+(?:in|about)\b",
+    re.IGNORECASE)
+
+
+def settle_label(label: str | None, reason: str, label_set: str = "four-way") -> tuple[str | None, str | None]:
+    """(the verdict's label, why it differs from the model's) for a four-way verdict.
+
+    A reason that says the claim cannot be decided makes any label "can't verify"; a reason that says
+    the evidence is silent about the claim does so for faithful and unfaithful (partial support
+    legitimately says part of the claim goes beyond the evidence). Binary verdicts are kept."""
+    if label is None or label == CANT_VERIFY or label_set != "four-way" or not reason:
+        return label, None
+    if _UNDECIDED.search(reason) or (label != "partial support" and _SILENT.search(reason)):
+        return CANT_VERIFY, f"the model answered '{label}' but its reason says the evidence does not settle the claim"
+    return label, None
 
 
 def label_summary(verdicts: Sequence[ClaimVerdict]) -> tuple[dict[str, int], dict[str, float], int]:
@@ -139,21 +192,40 @@ def _passage_numbers(values: Any, count: int) -> tuple[list[int], list[int]]:
 class ClaimVerifier(dspy.Module):
     """Claim + evidence passages -> label, reason, supporting and refuting passage numbers.
 
-    `passages=None` asks without evidence (the 'none' mode); a list (possibly empty) is the evidence."""
+    `passages=None` asks without evidence (the 'none' mode); a list (possibly empty) is the evidence.
+    `label_set` is "four-way" (FABLES' four labels) or "binary" (faithful / unfaithful)."""
 
-    def __init__(self, *, tries: int = 3, max_tokens: int = VERIFY_MAX_TOKENS):
+    def __init__(self, *, tries: int = 3, max_tokens: int = VERIFY_MAX_TOKENS, label_set: str = "four-way"):
         super().__init__()
-        self.verify = dspy.Predict(VerifyClaim)
-        self.verify_without_evidence = dspy.Predict(VerifyClaimWithoutEvidence)
+        if label_set not in LABEL_SETS:
+            raise BooklensError(f"unknown label set '{label_set}' (use one of {', '.join(LABEL_SETS)})")
+        binary = label_set == "binary"
+        self.verify = dspy.Predict(VerifyClaimBinary if binary else VerifyClaim)
+        self.verify_without_evidence = dspy.Predict(VerifyClaimBinaryWithoutEvidence if binary
+                                                    else VerifyClaimWithoutEvidence)
         self.tries = tries
         self.max_tokens = max_tokens
+        self.label_set = label_set
 
-    @staticmethod
-    def check(prediction) -> str | None:
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return LABEL_SETS[self.label_set]
+
+    def check(self, prediction) -> str | None:
         label = getattr(prediction, "label", None)
-        if label not in CLAIM_LABELS:
-            return f"label {label!r} is not one of {', '.join(CLAIM_LABELS)}"
+        if label not in self.labels:
+            return f"label {label!r} is not one of {', '.join(self.labels)}"
         return None
+
+    def demo_tokens(self) -> int:
+        """cl100k tokens of the demos shown with evidence (counted once: they do not change per claim)."""
+        from booklens.text import count_tokens
+
+        total = 0
+        for demo in self.verify.demos:
+            text = " ".join(str(demo.get(k, "")) for k in self.verify.signature.fields)
+            total += count_tokens(text) + 40  # field headers, JSON keys, chat turns
+        return total
 
     def forward(self, claim: str, passages: Sequence[str] | None = None) -> dspy.Prediction:
         config = {"max_tokens": self.max_tokens}
@@ -171,8 +243,9 @@ class ClaimVerifier(dspy.Module):
             attempted = predict_with_retries(self.verify, tries=self.tries, check=check, config=config,
                                              evidence=evidence, claim=claim)
         if not attempted.ok:
-            return dspy.Prediction(label=None, reason="", supporting=[], refuting=[], invalid_references=[],
-                                   truncated=False, attempts=attempted.attempts, error=attempted.error)
+            return dspy.Prediction(label=None, model_label=None, relabelled=None, reason="", supporting=[],
+                                   refuting=[], invalid_references=[], truncated=False, attempts=attempted.attempts,
+                                   error=attempted.error)
         p = attempted.prediction
         count = len(passages or [])
         supporting, bad_s = _passage_numbers(getattr(p, "supporting_passages", None), count)
@@ -182,7 +255,10 @@ class ClaimVerifier(dspy.Module):
         truncated = finish.get("reason") == "length"
         if truncated:
             supporting, refuting, bad_s, bad_r = [], [], [], []
-        return dspy.Prediction(label=p.label, reason=str(p.reason or "").strip(), supporting=supporting,
+        reason = str(p.reason or "").strip()
+        label, relabelled = settle_label(p.label, reason, self.label_set)
+        return dspy.Prediction(label=label, model_label=p.label if relabelled else None, relabelled=relabelled,
+                               reason=reason, supporting=supporting,
                                refuting=refuting, invalid_references=sorted(set(bad_s) | set(bad_r)),
                                truncated=truncated, attempts=attempted.attempts, error=None)
 
@@ -214,7 +290,8 @@ class FaithfulnessChecker(dspy.Module):
         if self.budget_tokens is not None:
             return self.budget_tokens
         lm = dspy.settings.lm
-        return evidence_budget(getattr(lm, "context_window", None), self.verifier.max_tokens)
+        return evidence_budget(getattr(lm, "context_window", None), self.verifier.max_tokens,
+                               self.verifier.demo_tokens())
 
     # -- evidence -----------------------------------------------------------------
 
@@ -285,7 +362,7 @@ class FaithfulnessChecker(dspy.Module):
             return ClaimVerdict(
                 index=i, claim=claims[i], label=result.label,
                 fables_label=LABEL_TO_FABLES.get(result.label) if result.label else None,
-                reason=result.reason, evidence=items or [], supporting=result.supporting, refuting=result.refuting,
+                model_label=result.model_label, relabelled=result.relabelled, reason=result.reason, evidence=items or [], supporting=result.supporting, refuting=result.refuting,
                 invalid_references=result.invalid_references, truncated=result.truncated,
                 attempts=result.attempts, error=result.error,
             )
@@ -319,8 +396,9 @@ def build_decomposer(**kwargs: Any) -> ClaimDecomposer:
     return ClaimDecomposer(**kwargs)
 
 
-def build_verifier(*, tries: int = 3, max_tokens: int = VERIFY_MAX_TOKENS) -> ClaimVerifier:
-    return ClaimVerifier(tries=tries, max_tokens=max_tokens)
+def build_verifier(*, tries: int = 3, max_tokens: int = VERIFY_MAX_TOKENS, label_set: str = "four-way"
+                   ) -> ClaimVerifier:
+    return ClaimVerifier(tries=tries, max_tokens=max_tokens, label_set=label_set)
 
 
 def build_checker(*, evidence_mode: str = "bm25", k: int = DEFAULT_K, budget_tokens: int | None = None,

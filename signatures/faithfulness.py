@@ -1,5 +1,11 @@
 """Faithfulness steps (FABLES §2 and §4): break a summary into atomic claims, then judge
-each claim against evidence from the book."""
+each claim against evidence from the book.
+
+Verification comes in two label sets: the four FABLES judgments (`VerifyClaim`), and the binary
+faithful / unfaithful judgment of the seed's automatic raters (`VerifyClaimBinary`, Table 5: its
+rater answers whether the statement is true or false given the context). Both put the evidence
+and the claim after the instructions and demos, so the calls of one judge share that prefix.
+"""
 
 from typing import Literal
 
@@ -8,6 +14,8 @@ import dspy
 # The four judgments of FABLES, in our words; `FABLES_LABELS` maps the dataset's names onto them.
 ClaimLabel = Literal["faithful", "unfaithful", "partial support", "can't verify"]
 CLAIM_LABELS: tuple[str, ...] = ("faithful", "unfaithful", "partial support", "can't verify")
+BinaryLabel = Literal["faithful", "unfaithful"]
+BINARY_LABELS: tuple[str, ...] = ("faithful", "unfaithful")
 FABLES_LABELS = {"Yes": "faithful", "No": "unfaithful", "PartialSupport": "partial support", "Inapplicable": "can't verify"}
 LABEL_TO_FABLES = {v: k for k, v in FABLES_LABELS.items()}
 
@@ -61,4 +69,37 @@ class VerifyClaimWithoutEvidence(dspy.Signature):
 
     claim: str = dspy.InputField(desc="the claim to judge")
     label: ClaimLabel = dspy.OutputField(desc="faithful, unfaithful, partial support or can't verify")
+    reason: str = dspy.OutputField(desc="one short sentence explaining the label")
+
+
+class VerifyClaimBinary(dspy.Signature):
+    """Judge whether a claim taken from a summary of a book is true or false, using the numbered
+    passages quoted from the book as evidence.
+
+    Labels:
+    - faithful: the claim is true: the passages support it, directly or by plain inference.
+    - unfaithful: the claim is false: the passages contradict it, or it gets an essential part wrong.
+    Judge only by the passages, not by what a story like this usually contains. Give a one-sentence
+    reason, then the numbers of the passages that support the claim and of those that contradict it
+    (empty lists when none do)."""
+
+    evidence: str = dspy.InputField(desc="numbered passages from the book: [1] ..., [2] ...; may be empty")
+    claim: str = dspy.InputField(desc="the claim to judge")
+    label: BinaryLabel = dspy.OutputField(desc="faithful or unfaithful")
+    reason: str = dspy.OutputField(desc="one short sentence explaining the label")
+    supporting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that support the claim")
+    refuting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that contradict the claim")
+
+
+class VerifyClaimBinaryWithoutEvidence(dspy.Signature):
+    """Judge whether a claim taken from a summary of a book is true or false to that book, from what
+    you know about the book (no passages are given).
+
+    Labels:
+    - faithful: the claim is true to the book.
+    - unfaithful: the claim is false: it contradicts the book or gets an essential part wrong.
+    Give a one-sentence reason."""
+
+    claim: str = dspy.InputField(desc="the claim to judge")
+    label: BinaryLabel = dspy.OutputField(desc="faithful or unfaithful")
     reason: str = dspy.OutputField(desc="one short sentence explaining the label")
