@@ -559,3 +559,37 @@ def gpt4_splits(config: str = "gpt4-2048-hier", data_dir: str | Path | None = No
                 fractions: Mapping[str, float] | None = None) -> dict[str, list[dspy.Example]]:
     """Examples from the released GPT-4 annotations of `config`, split by book."""
     return split_examples(load_gpt4_config(config, data_dir, stats=False)[0], seed=seed, fractions=fractions)
+
+
+# ---------------------------------------------------------------------------
+# Whole human-annotated summaries, split by book
+
+
+def human_annotation_files(path: str | Path) -> list[Path]:
+    """The human annotation files (summary-*.json) a path names: the file itself, or those in the
+    folder (or in its `human/` subfolder), sorted by name."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.exists():
+        raise BooklensError(f"BooookScore human annotations not found: {path}")
+    candidates = sorted(path.glob("summary-*.json")) or sorted((path / "human").glob("summary-*.json"))
+    if not candidates:
+        raise BooklensError(f"no BooookScore human annotation files (summary-*.json) in {path}")
+    return candidates
+
+
+def load_human_summaries(path: str | Path) -> list[tuple[str, HumanSummaryAnnotation]]:
+    """(file name, annotation) of every human-annotated summary under `path`, files in name order,
+    books in file order. The same book summarized twice (inc and hier) appears twice."""
+    return [(file.name, annotation) for file in human_annotation_files(path)
+            for annotation in load_human_annotations(file).values()]
+
+
+def split_human_summaries(items: list[tuple[str, HumanSummaryAnnotation]], *, seed: int = DEFAULT_SEED,
+                          fractions: Mapping[str, float] | None = None
+                          ) -> dict[str, list[tuple[str, HumanSummaryAnnotation]]]:
+    """train/dev/test of whole summaries by book: both summaries of a book land in one split, the
+    same split `split_examples` gives their sentences."""
+    return split_by_book(items, key=lambda item: item[1].book, seed=seed,
+                         fractions=dict(fractions or DEFAULT_FRACTIONS))

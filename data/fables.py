@@ -32,6 +32,10 @@ FablesLabel = Literal["Yes", "No", "PartialSupport", "Inapplicable"]
 FABLES_LABEL_NAMES: tuple[str, ...] = ("Yes", "No", "PartialSupport", "Inapplicable")
 # The order of the seed's Table 2.
 SUMMARIZERS = ("GPT-3.5-TURBO", "MIXTRAL", "GPT-4", "GPT-4-TURBO", "CLAUDE-3-OPUS")
+# The seven books of the seed's Table 5 (its §G.3), as the release names them. Their faithful and
+# unfaithful claims in the public release are exactly Table 5's 723 (654 faithful, 69 unfaithful).
+TABLE5_BOOKS = ("yellowface", "Only For The Week", "Viciously Yours", "Six Scorched Roses", "Sorrow and Bliss",
+                "She Is a Haunting", "Pet")
 
 
 class FablesClaim(BaseModel):
@@ -208,6 +212,38 @@ def verification_examples(summaries: Iterable[FablesSummary], *, labels: Sequenc
                                 label=FABLES_LABELS[claim.label], book=claim.book, summarizer=claim.summarizer,
                                 id=claim.id).with_inputs("claim", "evidence"))
     return out
+
+
+def verification_demo(claim: FablesClaim) -> Any:
+    """A FABLES claim as a complete labelled example of the verifier: its inputs (`claim`, and
+    `passages` / `evidence`: the annotators' quotes, numbered) and every output field filled from
+    the annotation: the label, the quotes as supporting (faithful) or refuting (unfaithful)
+    passages, and the annotator's reason (or a plain one when they gave none)."""
+    import dspy
+
+    from booklens.programs.faithfulness import clean_evidence
+    from booklens.retrieval import format_passages
+    from booklens.signatures.faithfulness import FABLES_LABELS
+
+    passages = clean_evidence(claim.evidence)
+    label = FABLES_LABELS[claim.label]
+    numbers = list(range(1, len(passages) + 1))
+    reason = annotator_reason(claim)
+    if not reason:
+        reason = ("The passages show this." if label == "faithful" else "The passages contradict this.") \
+            if passages else "The annotators judged it from the whole book."
+    return dspy.Example(
+        claim=claim.claim.strip(), passages=passages,
+        evidence=format_passages(passages) if passages else "(no passages)",
+        label=label, supporting_passages=numbers if label == "faithful" else [],
+        refuting_passages=numbers if label == "unfaithful" else [], reason=reason,
+        book=claim.book, summarizer=claim.summarizer, id=claim.id,
+    ).with_inputs("claim", "passages")
+
+
+def annotator_reason(claim: FablesClaim) -> str:
+    """The annotator's reasons as one line of text ('' when they gave none)."""
+    return " ".join(" ".join(r.split()) for r in claim.reason if r.strip())
 
 
 def split_summaries(summaries: Sequence[FablesSummary], *, seed: int = DEFAULT_SEED,

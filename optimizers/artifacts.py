@@ -153,6 +153,12 @@ def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Modu
             raise BooklensError(
                 f"{path} was compiled for another version of the {canonical_task(task)} program: predictor "
                 f"{name} had fields {', '.join(fields[name])}, now {', '.join(current[name])}; recompile it")
+    label_set = getattr(program, "label_set", None)
+    if label_set is not None:
+        compiled_for = (block.get("program_config") or {}).get("label_set", "four-way")
+        if compiled_for != label_set:
+            raise BooklensError(f"{path} is a {compiled_for} {canonical_task(task)} program and cannot be loaded "
+                                f"as a {label_set} one")
     missing = [name for name in want if not isinstance(state.get(name), dict)]
     if missing:
         raise BooklensError(f"program artifact {path} is corrupted: no state for {', '.join(missing)}")

@@ -255,12 +255,9 @@ def _coherence_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
 
 
 def _annotation_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    candidates = sorted(path.glob("summary-*.json")) or sorted((path / "human").glob("summary-*.json"))
-    if not candidates:
-        raise BooklensError(f"no BooookScore human annotation files (summary-*.json) in {path}")
-    return candidates
+    from booklens.data.booookscore import human_annotation_files
+
+    return human_annotation_files(path)
 
 
 def _coherence_example(example: dspy.Example) -> dspy.Example:
@@ -314,28 +311,9 @@ def _verification_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]
 
 
 def _verification_example(claim: Any) -> dspy.Example:
-    """A FABLES claim as the verifier's input (`claim`, `passages`: the annotators' quotes) with
-    every output field of the verification predictor filled from the annotation, so that the
-    example is a complete labeled demo: the label, the quotes as supporting (faithful) or refuting
-    (unfaithful) passages, and the annotator's reason (or a plain one when they gave none)."""
-    from booklens.programs.faithfulness import clean_evidence
-    from booklens.retrieval import format_passages
-    from booklens.signatures.faithfulness import FABLES_LABELS
+    from booklens.data.fables import verification_demo
 
-    passages = clean_evidence(claim.evidence)
-    label = FABLES_LABELS[claim.label]
-    numbers = list(range(1, len(passages) + 1))
-    reason = " ".join(" ".join(r.split()) for r in claim.reason if r.strip())
-    if not reason:
-        reason = ("The passages show this." if label == "faithful" else "The passages contradict this.") \
-            if passages else "The annotators judged it from the whole book."
-    return dspy.Example(
-        claim=claim.claim, passages=passages,
-        evidence=format_passages(passages) if passages else "(no passages)",
-        label=label, supporting_passages=numbers if label == "faithful" else [],
-        refuting_passages=numbers if label == "unfaithful" else [], reason=reason,
-        book=claim.book, summarizer=claim.summarizer, id=claim.id,
-    ).with_inputs("claim", "passages")
+    return verification_demo(claim)
 
 
 def _verification_feedback(example, prediction, score) -> str:
