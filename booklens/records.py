@@ -65,6 +65,26 @@ class Chunk(BaseModel):
 
 
 # ---------------------------------------------------------------------------
+# Judges: who judged, and how well that judge agrees with humans
+
+
+class JudgeInfo(BaseModel):
+    """The judge behind a record's judgments: its program, its demos, its LM and its measured
+    agreement with human annotators (`calibration`, None when never measured for this LM and
+    program). `warning` names the figure when there is no calibration or the agreement is low."""
+
+    task: Literal["coherence", "verification"]
+    mode: str = Field(description="per-sentence or batched (coherence); four-way or binary (verification)")
+    program: str = Field(description="'default' (the few-shot program shipped with booklens), 'zero-shot', "
+                                     "or the artifact file given with --program")
+    program_sha256: str = Field(description="of the program's prompts and demos (what its calibration is keyed by)")
+    demos: int = Field(description="labelled examples the program shows the model")
+    lm: str
+    calibration: Optional[dict[str, Any]] = None
+    warning: Optional[str] = None
+
+
+# ---------------------------------------------------------------------------
 # Summaries
 
 
@@ -156,6 +176,9 @@ class ClaimVerdict(BaseModel):
     claim: str
     label: Optional[FaithfulnessLabel] = None
     fables_label: Optional[Literal["Yes", "No", "PartialSupport", "Inapplicable"]] = None
+    model_label: Optional[FaithfulnessLabel] = Field(
+        default=None, description="the model's own label when the verdict differs from it (see `relabelled`)")
+    relabelled: Optional[str] = Field(default=None, description="why the verdict is not the model's label")
     reason: str = ""
     evidence: list[Evidence] = Field(default_factory=list)
     supporting: list[int] = Field(default_factory=list, description="evidence numbers that support the claim")
@@ -185,6 +208,8 @@ class FaithfulnessReport(BaseModel):
     label_counts: dict[str, int] = Field(default_factory=dict)
     label_percentages: dict[str, float] = Field(default_factory=dict)
     failures: int = 0
+    label_set: Literal["four-way", "binary"] = "four-way"
+    judge: Optional[JudgeInfo] = None
     lm: str = ""
     usage: dict[str, Any] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
@@ -258,6 +283,7 @@ class CoherenceResult(BaseModel):
     stats: dict[str, Any] = Field(default_factory=dict, description="length_tokens, repeated/novel trigram percentages")
     mode: Optional[Literal["per-sentence", "batched"]] = None
     batch_size: Optional[int] = None
+    judge: Optional[JudgeInfo] = None
     notes: list[str] = Field(default_factory=list)
     lm: str = ""
     usage: dict[str, Any] = Field(default_factory=dict)
@@ -279,6 +305,7 @@ class CoherenceSet(BaseModel):
     error_type_rates: dict[str, float] = Field(default_factory=dict, description="errors per sentence, percent")
     stats: dict[str, Any] = Field(default_factory=dict)
     results: dict[str, CoherenceResult] = Field(default_factory=dict)
+    judge: Optional[JudgeInfo] = None
     notes: list[str] = Field(default_factory=list)
     lm: str = ""
     usage: dict[str, Any] = Field(default_factory=dict)
@@ -340,3 +367,5 @@ class RunRecord(BaseModel):
                                                                       "that needs a failed one: 'needs <step>')")
     totals: dict[str, Any] = Field(default_factory=dict)
     scores: dict[str, Any] = Field(default_factory=dict)
+    judges: dict[str, JudgeInfo] = Field(default_factory=dict,
+                                         description="the judge of each judging step: coherence, verification")

@@ -1,0 +1,252 @@
+"""How well a judge agrees with human annotators, measured on the test splits (`booklens calibrate`).
+
+- coherence: the judge labels every sentence of human-annotated summaries (BooookScore's GPT-4 4096
+  summaries, both methods) and is compared with the humans' spans: "confusing" precision, recall,
+  F1, Cohen's kappa and accuracy. Sentences the judge failed on are left out and counted.
+- verification (four-way): the judge labels FABLES claims given the annotators' evidence quotes
+  (the seed's "human evidence" setting); F1 of each label and accuracy over all claims, plus the
+  seed's Table 5 convention (faithful and unfaithful F1 over the claims humans labelled faithful or
+  unfaithful). A failed verification counts as a wrong label.
+- binary: the faithful / unfaithful rater on the faithful and unfaithful claims of Table 5's seven
+  books (all in the public release: 723 claims), with F1 per summarizer next to the seed's
+  GPT-4-Turbo rater.
+
+Samples are whole books of the test split, drawn with a fixed seed, so that the embedded model
+calibrates in minutes: `COHERENCE_BOOKS` books (both summaries of each) and `VERIFICATION_BOOKS`
+books (every summarizer's claims). Each figure carries its sample size and a 95% bootstrap interval
+over summaries (`booklens.metrics.bootstrap`). The stored entry depends only on the data, the
+program, the LM's answers and the sample, so an unchanged calibration rewrites the same bytes.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from booklens.errors import BooklensError
+
+COHERENCE_BOOKS = 4
+VERIFICATION_BOOKS = 2
+SEED = 0
+
+
+def _lm_label(lm: Any) -> str:
+    return str(getattr(lm, "label", None) or getattr(lm, "model", None) or lm)
+
+
+def _sample_books(books: list[str], count: Optional[int], seed: int) -> list[str]:
+    """`count` books drawn with the seed (all of them when `count` is None or larger), sorted."""
+    ordered = sorted(books)
+    random.Random(seed).shuffle(ordered)
+    return sorted(ordered if count is None else ordered[:count])
+
+
+def _usage(meter: Any) -> dict[str, int]:
+    data = meter.as_dict()
+    return {"calls": data["calls"], "prompt_tokens": data["prompt_tokens"],
+            "completion_tokens": data["completion_tokens"]}
+
+
+# ---------------------------------------------------------------------------
+# Coherence
+
+
+def coherence_sample(human_dir: str | Path, *, books: Optional[int] = COHERENCE_BOOKS, seed: int = SEED
+                     ) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """The human-annotated test-split summaries of `books` books drawn with the seed."""
+    from booklens.data.booookscore import human_annotation_files, load_human_summaries, split_human_summaries
+    from booklens.judges import _file_entry
+
+    test = split_human_summaries(load_human_summaries(human_dir), seed=seed)["test"]
+    chosen = _sample_books(list({a.book for _, a in test}), books, seed)
+    items = [(source, a) for source, a in test if a.book in chosen]
+    items.sort(key=lambda item: (item[1].book, item[0]))
+    info = {"files": [_file_entry(f) for f in human_annotation_files(human_dir)], "split": "test", "seed": seed,
+            "books": chosen,
+            "selection": f"{len(chosen)} of the {len({a.book for _, a in test})} test-split books, drawn with seed "
+                         f"{seed}; every human-annotated summary of each"}
+    return items, info
+
+
+def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[int] = COHERENCE_BOOKS,
+                        seed: int = SEED, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the confusion detector on the sample; figures against the human spans."""
+    from booklens.lm import current_lm
+    from booklens.metrics.bootstrap import confusion_counts, figure
+    from booklens.optimizers.evaluate import Meter, metered
+
+    import dspy
+
+    items, info = coherence_sample(human_dir, books=books, seed=seed)
+    meter = Meter()
+    lm = metered(current_lm(), meter)
+    units: list[list[int]] = []
+    failed = sentences = 0
+    rows = []
+    with dspy.context(lm=lm):
+        for n, (source, annotation) in enumerate(items, start=1):
+            prediction = program(summary=annotation.summary, sentences=annotation.sentences)
+            human = annotation.sentence_annotations()
+            pairs = [(p.confusing, h.confusing) for p, h in zip(prediction.annotations, human)
+                     if p.status == "ok" and p.confusing is not None]
+            failed += len(human) - len(pairs)
+            sentences += len(human)
+            units.append(confusion_counts([bool(p) for p, _ in pairs], [bool(h) for _, h in pairs]))
+            rows.append({"file": source, "book": annotation.book, "sentences": len(human),
+                         "judge_confusing": sum(1 for p, _ in pairs if p),
+                         "human_confusing": sum(1 for h in human if h.confusing)})
+            if progress:
+                progress(f"coherence: {n}/{len(items)} summaries")
+    compared = sentences - failed
+    tp, fp, fn, tn = (sum(u[i] for u in units) for i in range(4))
+    figures = {name: figure(units, name, n=compared, seed=seed)
+               for name in ("precision", "recall", "f1", "kappa", "accuracy")}
+    return {
+        "sample_name": f"BooookScore's test split ({len(items)} summaries of {len(info['books'])} books)",
+        "data": info,
+        "n": {"summaries": len(items), "sentences": sentences, "compared": compared, "failed": failed},
+        "counts": {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "human_confusing": tp + fn, "judge_confusing": tp + fp},
+        "figures": figures,
+        "summaries": rows,
+        "usage": _usage(meter),
+    }
+
+
+# ---------------------------------------------------------------------------
+# Verification
+
+
+def verification_sample(fables_path: str | Path, *, books: Optional[int] = VERIFICATION_BOOKS,
+                        table5: bool = False, seed: int = SEED) -> tuple[list[Any], dict[str, Any]]:
+    """FABLES summaries to verify: `books` test-split books drawn with the seed, or Table 5's books."""
+    from booklens.data.fables import TABLE5_BOOKS, load_fables, split_summaries
+    from booklens.judges import _file_entry
+
+    summaries = load_fables(fables_path)
+    if table5:
+        present = {s.book for s in summaries}
+        chosen = sorted(b for b in TABLE5_BOOKS if b in present)
+        absent = sorted(b for b in TABLE5_BOOKS if b not in present)
+        pool = [s for s in summaries if s.book in chosen]
+        selection = "the seven books of the seed's Table 5" + (
+            f" present in the release (absent: {', '.join(absent)})" if absent else " (all in the release)")
+    else:
+        test = split_summaries(summaries, seed=seed)["test"]
+        chosen = _sample_books(list({s.book for s in test}), books, seed)
+        pool = [s for s in test if s.book in chosen]
+        selection = (f"{len(chosen)} of the {len({s.book for s in test})} test-split books, drawn with seed "
+                     f"{seed}; every summarizer's claims of each")
+    pool.sort(key=lambda s: (s.book, s.summarizer))
+    info = {"files": [_file_entry(Path(fables_path))], "split": "table5" if table5 else "test", "seed": seed,
+            "books": chosen, "selection": selection}
+    return pool, info
+
+
+def calibrate_verification(program: Any, *, fables_path: str | Path, books: Optional[int] = VERIFICATION_BOOKS,
+                           table5: bool = False, seed: int = SEED, concurrency: int = 1,
+                           progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the verifier with the annotators' evidence on the sample; figures against the human labels.
+
+    The binary rater (and `table5=True`) is scored on the claims humans labelled faithful or
+    unfaithful only, as the seed's Table 5 is."""
+    import dspy
+
+    from booklens.lm import current_lm
+    from booklens.metrics.bootstrap import confusion_counts, figure
+    from booklens.metrics.fables import verification_report
+    from booklens.optimizers.evaluate import Meter, metered
+    from booklens.programs.faithfulness import FaithfulnessChecker
+    from booklens.signatures.faithfulness import FABLES_LABELS
+
+    binary = getattr(program, "label_set", "four-way") == "binary"
+    keep = ("Yes", "No") if binary or table5 else tuple(FABLES_LABELS)
+    summaries, info = verification_sample(fables_path, books=books, table5=table5 or binary and books is None,
+                                          seed=seed)
+    meter = Meter()
+    lm = metered(current_lm(), meter)
+    checker = FaithfulnessChecker(verifier=program, evidence_mode="given", concurrency=concurrency)
+    gold: list[str] = []
+    pred: list[Optional[str]] = []
+    groups: list[str] = []
+    units: list[tuple[list[str], list[Optional[str]]]] = []
+    relabelled = 0
+    with dspy.context(lm=lm):
+        for n, summary in enumerate(summaries, start=1):
+            claims = [c for c in summary.claims if c.label in keep]
+            if not claims:
+                continue
+            verdicts = checker.verify_claims([c.claim for c in claims], given_evidence=[c.evidence for c in claims])
+            g = [FABLES_LABELS[c.label] for c in claims]
+            p = [v.label for v in verdicts]
+            relabelled += sum(1 for v in verdicts if v.relabelled)
+            gold += g
+            pred += p
+            groups += [summary.summarizer] * len(claims)
+            units.append((g, p))
+            if progress:
+                progress(f"verification: {n}/{len(summaries)} summaries")
+    labels = ("faithful", "unfaithful") if binary or table5 else tuple(FABLES_LABELS.values())
+    f1 = {}
+    for label in labels:
+        per_unit = [confusion_counts([x == label for x in p], [x == label for x in g]) for g, p in units]
+        f1[label] = figure(per_unit, "f1", n=len(gold), seed=seed)
+        f1[label]["support"] = sum(1 for x in gold if x == label)
+    # (right, wrong, 0, 0) per summary: "accuracy" of those counts is the share of right labels
+    right = [sum(1 for a, b in zip(g, p) if a == b) for g, p in units]
+    accuracy = figure([[r, len(g) - r, 0, 0] for r, (g, _) in zip(right, units)], "accuracy", n=len(gold),
+                      seed=seed)
+    report = verification_report(gold, pred, groups, labels=("faithful", "unfaithful"))
+    entry = {
+        "sample_name": ("FABLES Table 5's seven books" if info["split"] == "table5"
+                        else f"FABLES' test split ({len(info['books'])} books, {len(gold)} claims)"),
+        "setting": "human evidence: the annotators' quotes (FABLES Table 5)",
+        "data": info,
+        "n": {"summaries": len(units), "claims": len(gold)},
+        "counts": {"claims": len(gold), "unfaithful": sum(1 for x in gold if x == "unfaithful"),
+                   "unfaithful_found": sum(1 for a, b in zip(gold, pred) if a == b == "unfaithful"),
+                   "failed": sum(1 for x in pred if x is None), "relabelled_cant_verify": relabelled,
+                   "predicted": {label: sum(1 for x in pred if x == label) for label in labels}},
+        "figures": {"f1": f1, "accuracy": accuracy},
+        "table5": {"n": report["overall"]["n"],
+                   "f1_faithful": report["overall"]["f1"]["faithful"]["f1"],
+                   "f1_unfaithful": report["overall"]["f1"]["unfaithful"]["f1"],
+                   "accuracy": report["overall"]["accuracy"],
+                   "by_summarizer": {name: {"n": s["n"], "f1_faithful": s["f1"]["faithful"]["f1"],
+                                            "f1_unfaithful": s["f1"]["unfaithful"]["f1"],
+                                            "accuracy": s["accuracy"]}
+                                     for name, s in report["by_summarizer"].items()}},
+        "usage": _usage(meter),
+    }
+    return entry
+
+
+# ---------------------------------------------------------------------------
+# One call for the command
+
+
+def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None = None,
+              fables_path: str | Path | None = None, books: Optional[int] = None, seed: int = SEED,
+              concurrency: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure `program` (a judge's program) with the configured LM; the calibration entry to store."""
+    from booklens.judges import calibration_key, demo_count, judge_mode, program_fingerprint
+
+    if judge == "coherence":
+        if human_dir is None:
+            raise BooklensError("coherence calibration needs the BooookScore human annotations (--coherence-data)")
+        body = calibrate_coherence(program, human_dir=human_dir, seed=seed, progress=progress,
+                                   books=COHERENCE_BOOKS if books is None else books)
+    else:
+        if fables_path is None:
+            raise BooklensError("verification calibration needs FABLES (--fables-data)")
+        table5 = judge == "binary"
+        body = calibrate_verification(program, fables_path=fables_path, seed=seed, concurrency=concurrency,
+                                      progress=progress, table5=table5,
+                                      books=None if table5 else (VERIFICATION_BOOKS if books is None else books))
+    mode = judge_mode(judge, program)
+    fingerprint = program_fingerprint(program)
+    lm_label = _lm_label(lm)
+    head = {"key": calibration_key(judge, mode, lm_label, fingerprint), "judge": judge, "mode": mode,
+            "lm": lm_label, "program": getattr(program, "_booklens_judge", "program"),
+            "program_sha256": fingerprint, "demos": demo_count(judge, program)}
+    return {**head, **body}

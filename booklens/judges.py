@@ -1,0 +1,525 @@
+"""The judges: the default few-shot programs booklens ships, what every judgment records about its
+judge, and the store of measured agreement with human annotators (calibrations).
+
+Default programs (`booklens/defaults/*.json`, DSPy `program.save` JSON plus booklens metadata):
+
+- `coherence.json`: confusion detection, BooookScore's few-shot setting (its §4.1: two whole
+  summaries with sentence-level annotations as demonstrations). The demos are human annotations of
+  two summaries from the training split, one written by incremental updating and one by
+  hierarchical merging, each with some of its sentences labelled; see `build_coherence_default`.
+- `verification.json`: four-way claim verification with FABLES claims, their human labels, reasons
+  and evidence quotes as demos; `verification-binary.json`: the faithful / unfaithful rater of the
+  seed's Table 5 with faithful and unfaithful demos. Demos come from training-split books that are
+  not among Table 5's seven books, so both judges can be measured on those books.
+
+`booklens judges build` makes all three from the released data, byte for byte the same files (no
+LM runs: the demos are human annotations chosen by fixed rules and a fixed seed). Their metadata
+records the data files' sha256 and how the demos were chosen.
+
+A judge is a (program, LM) pair. `judge_info` describes one for the records: the program ('default',
+'zero-shot' or an artifact's name), a fingerprint of its prompts and demos, the demo count, the LM,
+and the calibration stored for that LM and fingerprint (`booklens calibrate`), with a warning when
+there is none or when the measured agreement is below the papers' reference judge. booklens ships
+the calibration of the embedded model with the default programs (`defaults/calibration.json`);
+other calibrations go to the user's cache directory (`<cache>/calibration.json`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+
+from booklens.errors import BooklensError
+
+DEFAULTS_DIR = Path(__file__).resolve().parent / "defaults"
+# Judge name -> shipped artifact. "binary" is the verification task with the binary label set.
+DEFAULT_FILES = {"coherence": "coherence.json", "verification": "verification.json",
+                 "binary": "verification-binary.json"}
+JUDGES = tuple(DEFAULT_FILES)
+CALIBRATION_FILE = "calibration.json"
+DEFAULT_SEED = 0
+
+# Prompt budget of the default coherence judge on the embedded model (8,192-token window). Counts
+# are cl100k tokens; SmolLM2's tokenizer gives 1.06 tokens per cl100k token on this text
+# (benchmarks/bench_embedded_model.py), so 1.10 leaves a margin.
+EMBEDDED_WINDOW = 8192
+MODEL_TOKENS_PER_CL100K = 1.10
+JUDGED_SUMMARY_TOKENS = 1300  # room for the summary being judged: booklens summaries default to 900
+TARGET_SENTENCE_TOKENS = 80
+ANSWER_TOKENS = 256  # 64 + 192 per sentence: programs/coherence.py
+PER_MESSAGE_TOKENS = 6  # chat-template markers around each message
+COHERENCE_DEMO_SUMMARIES = ("summary-gpt4-4096-inc.json", "summary-gpt4-4096-hier.json")  # one demo from each
+COHERENCE_MIN_LABELS = 4  # a demo summary has at least this many confusing and clean sentences
+COHERENCE_MAX_CONFUSING = 10  # confusing sentences labelled per demo summary, at most (as many clean ones)
+COHERENCE_MAX_SUMMARY_TOKENS = 1000  # shorter demo summaries leave room for more labelled sentences
+
+# Verification demos: per label, in the order they are shown (alternating labels).
+VERIFICATION_DEMOS = ("faithful", "unfaithful", "partial support", "can't verify", "faithful", "unfaithful")
+BINARY_DEMOS = ("faithful", "unfaithful", "faithful", "unfaithful", "faithful", "unfaithful")
+DEMO_EVIDENCE_TOKENS = (15, 160)  # evidence quotes of a demo claim, in cl100k tokens (none for can't verify)
+DEMO_REASON_TOKENS = 60
+DEMO_CLAIM_WORDS = 8  # a demo claim is a whole statement, not a fragment of one
+
+# Reference judges of the papers, the bar below which a judge's agreement counts as low:
+# GPT-4's released BooookScore labels against the humans (measured by booklens: kappa 0.14 on the
+# incremental GPT-4 4096 summaries) and FABLES' GPT-4-Turbo rater with human evidence (Table 5,
+# unfaithful F1 0.259 overall).
+COHERENCE_REFERENCE_KAPPA = 0.14
+VERIFICATION_REFERENCE_UNFAITHFUL_F1 = 0.259
+
+
+# ---------------------------------------------------------------------------
+# Programs
+
+
+def task_of(judge: str) -> str:
+    return "coherence" if judge == "coherence" else "verification"
+
+
+def default_path(judge: str) -> Path:
+    if judge not in DEFAULT_FILES:
+        raise BooklensError(f"unknown judge '{judge}' (use one of {', '.join(JUDGES)})")
+    return DEFAULTS_DIR / DEFAULT_FILES[judge]
+
+
+def new_program(judge: str, **kwargs: Any) -> Any:
+    """A fresh zero-shot program of a judge (what artifacts load into)."""
+    if judge == "coherence":
+        from booklens.programs.coherence import build_scorer
+
+        return build_scorer(**kwargs)
+    from booklens.programs.faithfulness import build_verifier
+
+    return build_verifier(label_set="binary" if judge == "binary" else "four-way", **kwargs)
+
+
+def load_judge(judge: str, program: str | Path | None = None, *, zero_shot: bool = False, **kwargs: Any) -> Any:
+    """The program a command judges with: the artifact `program` when given, the zero-shot program
+    with `zero_shot`, else the default few-shot program shipped with booklens. `kwargs` configure
+    the program (batch size, concurrency, tries). The program remembers which it is (`judge_info`)."""
+    from booklens.optimizers.artifacts import load_program
+
+    if program is not None and zero_shot:
+        raise BooklensError("give either --program or --zero-shot, not both")
+    target = new_program(judge, **kwargs)
+    if zero_shot:
+        target._booklens_judge = "zero-shot"  # noqa: SLF001
+        return target
+    path = Path(program) if program is not None else default_path(judge)
+    if program is None and not path.exists():
+        raise BooklensError(f"the default {judge} program is missing from this installation ({path}); "
+                            "reinstall booklens or pass --zero-shot")
+    load_program(target, path, task=task_of(judge))
+    target._booklens_judge = "default" if program is None else path.name  # noqa: SLF001
+    return target
+
+
+def program_fingerprint(program: Any) -> str:
+    """sha256 of what a program shows the model: each predictor's instructions, fields and demos (the
+    DSPy state without metadata or LM). Equal programs have equal fingerprints wherever they are loaded."""
+    from booklens.optimizers.artifacts import predictor_names, program_state
+
+    state = program_state(program)
+    content = {name: {k: v for k, v in state[name].items() if k != "lm"} for name in predictor_names(program)}
+    text = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def judge_mode(judge: str, program: Any) -> str:
+    if judge == "coherence":
+        return getattr(program, "mode", "per-sentence")
+    return getattr(program, "label_set", "four-way")
+
+
+def demo_count(judge: str, program: Any) -> int:
+    """The labelled examples the program shows in its mode (sentences for per-sentence coherence)."""
+    if judge == "coherence":
+        predictor = program.detect if getattr(program, "batch_size", 1) == 1 else program.detect_batch
+        if predictor is program.detect_batch:
+            return sum(len(_as_list(d.get("answers"))) for d in predictor.demos)
+        return len(predictor.demos)
+    return len(program.verify.demos)
+
+
+def _as_list(value: Any) -> list:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return []
+    return list(value or [])
+
+
+# ---------------------------------------------------------------------------
+# The judge object of every record
+
+
+def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, Any]] = None) -> Any:
+    """`JudgeInfo` for a (program, LM) pair, with its stored calibration and warning."""
+    from booklens.records import JudgeInfo
+
+    lm_label = lm if isinstance(lm, str) else str(getattr(lm, "label", None) or getattr(lm, "model", lm))
+    fingerprint = program_fingerprint(program)
+    mode = judge_mode(judge, program)
+    entry = find_calibration(judge, mode, lm_label, fingerprint, store=store)
+    info = JudgeInfo(task=task_of(judge), mode=mode, program=getattr(program, "_booklens_judge", "program"),
+                     program_sha256=fingerprint, demos=demo_count(judge, program), lm=lm_label,
+                     calibration=entry)
+    info.warning = judge_warning(info)
+    return info
+
+
+def judge_warning(info: Any) -> Optional[str]:
+    """A warning naming the figure when the judge has no calibration or agrees with humans less than
+    the papers' reference judge does; None otherwise."""
+    calibration = info.calibration
+    if not calibration:
+        return (f"no calibration: this judge's agreement with human annotators was never measured for "
+                f"{info.lm} with this program (booklens calibrate --lm {info.lm.split('/')[0] if info.lm.startswith('local/') else info.lm})")
+    figures = calibration.get("figures") or {}
+    if info.task == "coherence":
+        kappa = (figures.get("kappa") or {}).get("value")
+        counts = calibration.get("counts") or {}
+        if kappa is None or kappa < COHERENCE_REFERENCE_KAPPA:
+            shown = "undefined" if kappa is None else f"{kappa:.2f}"
+            return (f"low agreement: this judge found {counts.get('tp', 0)} of {counts.get('human_confusing', 0)} "
+                    f"sentences humans marked confusing on {calibration.get('sample_name', 'BooookScore')}; "
+                    f"kappa {shown}, where GPT-4's released labels reach {COHERENCE_REFERENCE_KAPPA:.2f}")
+        return None
+    unfaithful = (figures.get("f1") or {}).get("unfaithful") or {}
+    f1 = unfaithful.get("value")
+    counts = calibration.get("counts") or {}
+    if f1 is None or f1 < VERIFICATION_REFERENCE_UNFAITHFUL_F1:
+        shown = "undefined" if f1 is None else f"{f1:.2f}"
+        return (f"low agreement: this judge found {counts.get('unfaithful_found', 0)} of "
+                f"{counts.get('unfaithful', 0)} unfaithful claims on {calibration.get('sample_name', 'FABLES')}; "
+                f"unfaithful F1 {shown}, where FABLES' GPT-4-Turbo rater reaches "
+                f"{VERIFICATION_REFERENCE_UNFAITHFUL_F1:.2f}")
+    return None
+
+
+def _fmt_figure(name: str, block: Optional[dict[str, Any]]) -> str:
+    if not block or block.get("value") is None:
+        return f"{name} -"
+    lo, hi = block.get("ci95") or [None, None]
+    ci = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
+    return f"{name} {block['value']:.2f}{ci}"
+
+
+def judge_line(info: Any) -> str:
+    """One line for the terminal: who judged and how well it agrees with humans."""
+    name = {"default": "default few-shot", "zero-shot": "zero-shot"}.get(info.program, info.program)
+    head = (f"judge: {name} {info.task} program ({info.mode}, {info.demos} demos, "
+            f"{info.program_sha256[:12]}) on {info.lm}")
+    c = info.calibration
+    if c:
+        figures = c.get("figures") or {}
+        if info.task == "coherence":
+            parts = [_fmt_figure('"confusing" F1', figures.get("f1")), _fmt_figure("kappa", figures.get("kappa"))]
+        else:
+            f1 = figures.get("f1") or {}
+            parts = [_fmt_figure("F1 faithful", f1.get("faithful")), _fmt_figure("F1 unfaithful", f1.get("unfaithful")),
+                     _fmt_figure("accuracy", figures.get("accuracy"))]
+        head += f"; agreement with humans on {c.get('sample_name', 'the test split')}: {', '.join(parts)}"
+    return head + (f"\nwarning: {info.warning}" if info.warning else "")
+
+
+# ---------------------------------------------------------------------------
+# Calibration store
+
+
+def calibration_key(judge: str, mode: str, lm: str, fingerprint: str) -> str:
+    return f"{judge}|{mode}|{lm}|{fingerprint}"
+
+
+def user_store_path(cache_dir: str | Path | None = None) -> Path:
+    from booklens.lm.cache import default_cache_dir
+
+    return Path(cache_dir or default_cache_dir()) / CALIBRATION_FILE
+
+
+def read_store(path: Path) -> dict[str, Any]:
+    """The calibrations in one store file (an empty store when the file does not exist)."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BooklensError(f"calibration store {path} is unreadable: {exc}") from None
+    entries = data.get("calibrations") if isinstance(data, dict) else None
+    if not isinstance(entries, dict):
+        raise BooklensError(f"calibration store {path} is not a booklens calibration file")
+    return entries
+
+
+def load_store(cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """Shipped calibrations, then the user's (which win on the same key)."""
+    return {**read_store(DEFAULTS_DIR / CALIBRATION_FILE), **read_store(user_store_path(cache_dir))}
+
+
+def find_calibration(judge: str, mode: str, lm: str, fingerprint: str, *,
+                     store: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
+    entries = store if store is not None else load_store()
+    entry = entries.get(calibration_key(judge, mode, lm, fingerprint))
+    return dict(entry) if isinstance(entry, dict) else None
+
+
+def write_store(path: Path, entries: dict[str, Any]) -> None:
+    """Write a store file (keys sorted, so the same calibrations give the same bytes)."""
+    from booklens.records import save_json
+
+    save_json(path, {"kind": "booklens.calibrations", "format_version": 1,
+                     "calibrations": {k: entries[k] for k in sorted(entries)}})
+
+
+def store_calibration(entry: dict[str, Any], path: Path) -> None:
+    """Add (or replace) one calibration in the store file at `path`."""
+    entries = read_store(path)
+    entries[entry["key"]] = entry
+    write_store(path, entries)
+
+
+# ---------------------------------------------------------------------------
+# Building the default programs from the human annotations
+
+
+def _file_entry(path: Path) -> dict[str, str]:
+    from booklens.optimizers.artifacts import sha256_of
+
+    return {"name": path.name, "sha256": sha256_of(path)}
+
+
+def _render_tokens(messages: Iterable[dict[str, Any]]) -> int:
+    from booklens.text import count_tokens
+
+    return sum(count_tokens(str(m.get("content", ""))) + PER_MESSAGE_TOKENS for m in messages)
+
+
+def coherence_demo_limit() -> int:
+    """cl100k tokens the instructions and demos of the default coherence program may take, so that a
+    judged summary of `JUDGED_SUMMARY_TOKENS`, its sentence and the answer still fit the embedded window."""
+    room = (EMBEDDED_WINDOW - ANSWER_TOKENS) / MODEL_TOKENS_PER_CL100K
+    return int(room - JUDGED_SUMMARY_TOKENS - TARGET_SENTENCE_TOKENS - 120)  # 120: the closing output reminder
+
+
+def coherence_prompt_tokens(program: Any) -> int:
+    """cl100k tokens of the per-sentence prompt's shared part: system message and demos."""
+    from booklens.lm.adapter import BooklensAdapter
+    from booklens.programs.coherence import shared_summary_adapter
+
+    adapter = shared_summary_adapter(BooklensAdapter())
+    messages = adapter.format(program.detect.signature, program.detect.demos, {"summary": "", "sentence": ""})
+    return _render_tokens(messages[:-1])
+
+
+def _sentence_demo(annotation: Any, index: int, label: Any) -> dict[str, Any]:
+    return {"summary": annotation.summary, "sentence": annotation.sentences[index],
+            "verdict": "confusion" if label.confusing else "no confusion",
+            "questions": [q.strip() for q in label.questions if q.strip()] if label.confusing else [],
+            "error_types": list(label.types) if label.confusing else []}
+
+
+def _pick_sentences(labels: Sequence[Any], per_side: int, rng: random.Random) -> list[int]:
+    confusing = [s.index for s in labels if s.confusing]
+    clean = [s.index for s in labels if not s.confusing]
+    chosen = rng.sample(confusing, min(per_side, len(confusing))) + rng.sample(clean, min(per_side, len(clean)))
+    return sorted(chosen)
+
+
+def build_coherence_default(human_dir: str | Path, *, seed: int = DEFAULT_SEED) -> tuple[Any, dict[str, Any]]:
+    """The default confusion detector and its metadata.
+
+    Rule: the human-annotated summaries are split by book (seed 0, 40/20/40%); from the training split,
+    the summaries with at least `COHERENCE_MIN_LABELS` confusing and clean sentences and at most
+    `COHERENCE_MAX_SUMMARY_TOKENS` tokens are shuffled with the seed, and the first of each file
+    (incremental, hierarchical) is a demo. Of each demo summary, up to `COHERENCE_MAX_CONFUSING`
+    confusing sentences and as many clean ones are drawn with the seed and shown in summary order,
+    fewer per summary while the instructions and demos exceed `coherence_demo_limit()`. The batched
+    predictor gets the same labels, one demo per summary."""
+    import dspy
+
+    from booklens.data.booookscore import human_annotation_files, load_human_summaries, split_human_summaries
+    from booklens.programs.coherence import build_scorer, number_sentences
+    from booklens.text import count_tokens
+
+    files = human_annotation_files(human_dir)
+    missing = [name for name in COHERENCE_DEMO_SUMMARIES if name not in {f.name for f in files}]
+    if missing:
+        raise BooklensError(f"{human_dir} lacks {', '.join(missing)} (the BooookScore human annotations)")
+    splits = split_human_summaries(load_human_summaries(human_dir), seed=seed)
+    rng = random.Random(seed)
+    eligible = []
+    for source, annotation in splits["train"]:
+        labels = annotation.sentence_annotations()
+        n_confusing = sum(1 for s in labels if s.confusing)
+        if (n_confusing >= COHERENCE_MIN_LABELS and len(labels) - n_confusing >= COHERENCE_MIN_LABELS
+                and count_tokens(annotation.summary) <= COHERENCE_MAX_SUMMARY_TOKENS):
+            eligible.append((source, annotation, labels))
+    eligible.sort(key=lambda item: (item[0], item[1].book))
+    rng.shuffle(eligible)
+    chosen = []
+    for name in COHERENCE_DEMO_SUMMARIES:
+        match = next((item for item in eligible if item[0] == name), None)
+        if match is None:
+            raise BooklensError(f"no training-split summary in {name} qualifies as a demo")
+        chosen.append(match)
+
+    limit = coherence_demo_limit()
+    for per_side in range(COHERENCE_MAX_CONFUSING, 0, -1):
+        picks = [_pick_sentences(labels, per_side, random.Random(f"{seed}:{source}:{a.book}"))
+                 for source, a, labels in chosen]
+        program = build_scorer(batch_size=1, concurrency=1)
+        program.detect.demos = [dspy.Example(**_sentence_demo(a, i, labels[i]))
+                                for (source, a, labels), indices in zip(chosen, picks) for i in indices]
+        if coherence_prompt_tokens(program) <= limit:
+            break
+    else:  # pragma: no cover - the data always leaves room for one pair
+        raise BooklensError("no demo set fits the embedded model's window")
+    program.detect_batch.demos = [dspy.Example(
+        summary=a.summary, sentences=number_sentences(a.sentences, indices),
+        answers=[{"number": i + 1, **{k: v for k, v in _sentence_demo(a, i, labels[i]).items()
+                                      if k in ("verdict", "questions", "error_types")}} for i in indices])
+        for (source, a, labels), indices in zip(chosen, picks)]
+    metadata = {
+        "dataset": {"kind": "BooookScore human annotations", "files": [_file_entry(f) for f in files]},
+        "split": {"by": "book", "seed": seed, "fractions": _fractions(), "demos_from": "train",
+                  "books": {name: len({a.book for _, a in items}) for name, items in splits.items()}},
+        "selection": {
+            "rule": _rule(build_coherence_default),
+            "demo_summaries": [{"file": source, "book": a.book, "sentences": len(a.sentences),
+                                "labelled": [i + 1 for i in indices],
+                                "confusing": sum(1 for i in indices if labels[i].confusing)}
+                               for (source, a, labels), indices in zip(chosen, picks)],
+            "per_side": per_side,
+            "prompt_tokens": coherence_prompt_tokens(program),
+            "prompt_limit": limit,
+            "room_for_judged_summary": JUDGED_SUMMARY_TOKENS,
+        },
+    }
+    return program, metadata
+
+
+def _verification_pool(fables_path: str | Path, seed: int) -> tuple[list[Any], dict[str, Any]]:
+    from booklens.data.fables import TABLE5_BOOKS, all_claims, annotator_reason, load_fables, split_summaries
+    from booklens.programs.faithfulness import clean_evidence, settle_label
+    from booklens.signatures.faithfulness import FABLES_LABELS
+    from booklens.text import count_tokens
+
+    summaries = load_fables(fables_path)
+    splits = split_summaries(summaries, seed=seed)
+    pool = []
+    for claim in all_claims(s for s in splits["train"] if s.book not in TABLE5_BOOKS):
+        reason = annotator_reason(claim)
+        if not reason or count_tokens(reason) > DEMO_REASON_TOKENS or len(claim.claim.split()) < DEMO_CLAIM_WORDS:
+            continue
+        # The reason must agree with the label as booklens reads reasons (`settle_label`): a can't-verify
+        # demo says why it cannot be verified, and no other demo says the evidence does not settle it.
+        label = FABLES_LABELS[claim.label]
+        probe = "faithful" if label == "can't verify" else label
+        if (settle_label(probe, reason)[0] == "can't verify") != (label == "can't verify"):
+            continue
+        evidence = count_tokens(" ".join(clean_evidence(claim.evidence)))
+        low, high = DEMO_EVIDENCE_TOKENS
+        if claim.label == "Inapplicable" or low <= evidence <= high:
+            pool.append(claim)
+    info = {"split": {"by": "book", "seed": seed, "fractions": _fractions(), "demos_from": "train",
+                      "excluded_books": sorted(b for b in TABLE5_BOOKS if b in {s.book for s in splits["train"]}),
+                      "books": {name: len({s.book for s in items}) for name, items in splits.items()}}}
+    return pool, info
+
+
+def build_verification_default(fables_path: str | Path, *, binary: bool = False,
+                               seed: int = DEFAULT_SEED) -> tuple[Any, dict[str, Any]]:
+    """The default claim verifier (four-way, or the binary Table 5 rater) and its metadata.
+
+    Rule: FABLES summaries are split by book (seed 0, 40/20/40%); demos come from the training
+    split without Table 5's books. A claim of at least `DEMO_CLAIM_WORDS` words qualifies when its
+    annotators gave a reason of at most `DEMO_REASON_TOKENS` tokens that agrees with the label as
+    booklens reads reasons (only a can't-verify reason says the claim cannot be settled), and quotes
+    of `DEMO_EVIDENCE_TOKENS` tokens (a can't-verify claim may have none). The qualifying claims of
+    each label are shuffled with the seed and taken in turn, in the label order of
+    `VERIFICATION_DEMOS` (binary: `BINARY_DEMOS`)."""
+    from booklens.data.fables import verification_demo
+    from booklens.optimizers.compile import usable_demos
+    from booklens.signatures.faithfulness import FABLES_LABELS
+
+    pool, info = _verification_pool(fables_path, seed)
+    by_label: dict[str, list[Any]] = {}
+    for claim in sorted(pool, key=lambda c: c.id):
+        by_label.setdefault(FABLES_LABELS[claim.label], []).append(claim)
+    rng = random.Random(seed)
+    for label in sorted(by_label):
+        rng.shuffle(by_label[label])
+    order = BINARY_DEMOS if binary else VERIFICATION_DEMOS
+    taken: dict[str, int] = {}
+    claims = []
+    for label in order:
+        position = taken.get(label, 0)
+        candidates = by_label.get(label, [])
+        if position >= len(candidates):
+            raise BooklensError(f"not enough '{label}' claims in FABLES' training split for the demos")
+        claims.append(candidates[position])
+        taken[label] = position + 1
+    program = new_program("binary" if binary else "verification")
+    examples = [verification_demo(c) for c in claims]
+    program.verify.demos = examples
+    program.verify_without_evidence.demos = examples
+    for _, predictor in program.named_predictors():
+        predictor.demos = usable_demos(predictor)
+    metadata = {
+        "dataset": {"kind": "FABLES claim annotations", "files": [_file_entry(Path(fables_path))]},
+        **info,
+        "selection": {
+            "rule": _rule(build_verification_default),
+            "demos": [{"id": c.id, "label": FABLES_LABELS[c.label]} for c in claims],
+            "demo_tokens": program.demo_tokens(),
+        },
+    }
+    return program, metadata
+
+
+def _rule(builder: Any) -> str:
+    """The selection rule of a builder's docstring as one line, with the constants' values filled in."""
+    import re
+
+    text = " ".join(builder.__doc__.split("Rule: ", 1)[1].split())
+    names = {"coherence_demo_limit()": f"{coherence_demo_limit():,} tokens"}
+    for key, value in globals().items():
+        if key.isupper() and isinstance(value, int):
+            names[key] = str(value)
+        elif key.isupper() and isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+            names[key] = " to ".join(str(v) for v in value)
+        elif key.isupper() and isinstance(value, tuple):
+            names[key] = ", ".join(str(v) for v in value)
+    return re.sub(r"`([^`]+)`", lambda m: names.get(m.group(1), m.group(1)), text)
+
+
+def _fractions() -> dict[str, float]:
+    from booklens.data.splits import DEFAULT_FRACTIONS
+
+    return dict(DEFAULT_FRACTIONS)
+
+
+def build_defaults(human_dir: str | Path, fables_path: str | Path, output: str | Path = DEFAULTS_DIR,
+                   *, seed: int = DEFAULT_SEED) -> dict[str, Path]:
+    """Write the three default programs to `output`; returns judge -> path."""
+    from booklens.optimizers.artifacts import save_program
+
+    output = Path(output)
+    built = {
+        "coherence": build_coherence_default(human_dir, seed=seed),
+        "verification": build_verification_default(fables_path, seed=seed),
+        "binary": build_verification_default(fables_path, binary=True, seed=seed),
+    }
+    written = {}
+    for judge, (program, metadata) in built.items():
+        path = output / DEFAULT_FILES[judge]
+        config = {"batch_size": 1} if judge == "coherence" else {"label_set": program.label_set}
+        save_program(program, path, task=task_of(judge), program_config=config, seed=seed,
+                     optimizer="human-annotated demos (booklens judges build)", lm=None, default=True,
+                     fingerprint=program_fingerprint(program), **metadata)
+        written[judge] = path
+    return written

@@ -1,0 +1,353 @@
+"""The judges: default few-shot programs (demos from training books only, rebuilt byte for byte),
+prompt layout for prefix reuse, verdicts that do not overclaim, calibration figures and the
+store, and the judge object with its warning."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import dspy
+import pytest
+
+from booklens.errors import BooklensError
+from booklens.lm import BooklensAdapter
+from booklens.testing import ScriptedLM
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def clean(call):
+    return {"verdict": "no confusion", "questions": [], "error_types": []}
+
+
+def run_with(responder, fn):
+    lm = ScriptedLM(responder)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        return fn(), lm
+
+
+# ---------------------------------------------------------------------------
+# Prompt layout: what calls share comes first
+
+
+def test_coherence_calls_of_one_summary_share_everything_up_to_the_sentence():
+    from booklens.judges import load_judge
+
+    scorer = load_judge("coherence", concurrency=1)
+    summary = "Anna sails to Lisbon. Her brother stays home. The storm sinks the ship."
+    sentences = ["Anna sails to Lisbon.", "Her brother stays home.", "The storm sinks the ship."]
+    _, lm = run_with(clean, lambda: scorer(summary=summary, sentences=sentences))
+    prompts = [c.messages for c in lm.backend.calls]
+    assert len(prompts) == 3
+    first, second = prompts[0], prompts[1]
+    # system message and every demo turn identical; the last message differs only after the summary
+    assert first[:-1] == second[:-1]
+    assert len(first) == 1 + 2 * len(scorer.detect.demos) + 1
+    last_a, last_b = first[-1]["content"], second[-1]["content"]
+    shared = last_a.split("[[ ## sentence ## ]]")[0]
+    assert shared == last_b.split("[[ ## sentence ## ]]")[0] and summary in shared
+    assert last_a.index(summary) < last_a.index("[[ ## sentence ## ]]") < last_a.rindex(sentences[0])
+
+
+def test_demos_of_one_summary_show_it_once():
+    from booklens.judges import load_judge
+    from booklens.programs.coherence import SAME_SUMMARY_NOTE
+
+    scorer = load_judge("coherence", concurrency=1)
+    demo_summaries = {d["summary"] for d in scorer.detect.demos}
+    assert len(demo_summaries) == 2 and len(scorer.detect.demos) >= 20
+    _, lm = run_with(clean, lambda: scorer(summary="One line.", sentences=["One line."]))
+    text = json.dumps(lm.backend.calls[0].messages)
+    for summary in demo_summaries:
+        assert text.count(json.dumps(summary)[1:-1]) == 1  # each demo summary appears once
+    user_turns = [m["content"] for m in lm.backend.calls[0].messages[1:-1] if m["role"] == "user"]
+    assert sum(1 for t in user_turns if t.startswith(SAME_SUMMARY_NOTE)) == len(scorer.detect.demos) - 2
+
+
+def test_grouping_keeps_demos_that_do_not_share_a_summary_apart():
+    from booklens.programs.coherence import group_demos
+
+    demos = [{"summary": "A", "sentence": "1"}, {"summary": "B", "sentence": "2"}, {"summary": "A", "sentence": "3"},
+             {"sentence": "4"}]
+    assert [[d["sentence"] for d in g] for g in group_demos(demos)] == [["1", "3"], ["2"], ["4"]]
+
+
+def test_verification_calls_share_instructions_and_demos():
+    from booklens.judges import load_judge
+    from booklens.programs.faithfulness import build_checker
+
+    verifier = load_judge("verification")
+    checker = build_checker(evidence_mode="given", verifier=verifier, concurrency=1)
+    respond = lambda call: {"label": "faithful", "reason": "Passage 1 says so.", "supporting_passages": [1],  # noqa: E731
+                            "refuting_passages": []}
+    _, lm = run_with(respond, lambda: checker(claims=["Anna sails.", "Bo stays."],
+                                              given_evidence=[["Anna sailed."], ["Bo stayed at home."]]))
+    a, b = (c.messages for c in lm.backend.calls)
+    assert a[:-1] == b[:-1] and len(a) == 1 + 2 * 6 + 1
+    assert a[-1]["content"].index("Anna sailed.") < a[-1]["content"].index("Anna sails.")
+
+
+# ---------------------------------------------------------------------------
+# Verdicts that do not overclaim
+
+
+@pytest.mark.parametrize("label, reason, expected", [
+    ("faithful", "can't verify", "can't verify"),
+    ("faithful", "The passages do not mention Lisbon at all.", "can't verify"),
+    ("unfaithful", "There is not enough information in the passages to tell.", "can't verify"),
+    ("faithful", "The evidence neither supports nor contradicts the claim.", "can't verify"),
+    ("partial support", "The claim cannot be verified from these passages.", "can't verify"),
+    ("partial support", "Passage 1 shows the voyage but does not mention the storm.", "partial support"),
+    ("faithful", "Passage 2 says Anna sailed to Lisbon.", "faithful"),
+    ("unfaithful", "Passage 1 says she stayed in Porto, not Lisbon.", "unfaithful"),
+    ("can't verify", "Nothing about this.", "can't verify"),
+])
+def test_a_reason_that_leaves_the_claim_open_makes_the_verdict_cant_verify(label, reason, expected):
+    from booklens.programs.faithfulness import build_checker
+
+    checker = build_checker(evidence_mode="given", concurrency=1)
+    respond = lambda call: {"label": label, "reason": reason, "supporting_passages": [],  # noqa: E731
+                            "refuting_passages": []}
+    result, lm = run_with(respond, lambda: checker(claims=["Anna sails to Lisbon."],
+                                                   given_evidence=[["Anna sailed to Lisbon in May."]]))
+    verdict = result.claims[0]
+    assert verdict.label == expected and len(lm.backend.calls) == 1
+    if expected != label:
+        assert verdict.model_label == label and "does not settle" in verdict.relabelled
+        assert result.label_counts["can't verify"] == 1
+    else:
+        assert verdict.model_label is None and verdict.relabelled is None
+
+
+def test_the_binary_rater_has_two_labels_and_keeps_them():
+    from booklens.programs.faithfulness import build_checker, build_verifier
+
+    checker = build_checker(evidence_mode="given", verifier=build_verifier(label_set="binary"), concurrency=1)
+    answers = iter([{"label": "partial support", "reason": "x", "supporting_passages": [], "refuting_passages": []},
+                    {"label": "faithful", "reason": "The passages do not mention it.", "supporting_passages": [],
+                     "refuting_passages": []}])
+    result, lm = run_with(lambda call: next(answers), lambda: checker(claims=["Anna sails."],
+                                                                      given_evidence=[["Anna sailed."]]))
+    verdict = result.claims[0]
+    assert verdict.label == "faithful" and verdict.attempts == 2 and verdict.model_label is None
+    schema = lm.backend.calls[0].request["schema"]
+    assert set(schema["properties"]["label"]["enum"]) == {"faithful", "unfaithful"}
+
+
+# ---------------------------------------------------------------------------
+# The default programs
+
+
+@pytest.mark.parametrize("judge, mode, demos", [("coherence", "per-sentence", 20), ("verification", "four-way", 6),
+                                                ("binary", "binary", 6)])
+def test_default_programs_load_with_their_recorded_fingerprint(judge, mode, demos):
+    from booklens.judges import default_path, judge_mode, load_judge, program_fingerprint
+    from booklens.optimizers.artifacts import artifact_metadata
+
+    program = load_judge(judge)
+    block = artifact_metadata(default_path(judge))
+    assert program._booklens_judge == "default" and judge_mode(judge, program) == mode
+    assert program_fingerprint(program) == block["fingerprint"]
+    assert block["default"] is True and block["dataset"]["files"] and block["selection"]["rule"]
+    predictor = program.detect if judge == "coherence" else program.verify
+    assert len(predictor.demos) >= demos
+
+
+def test_zero_shot_and_artifact_judges_are_told_apart(tmp_path):
+    from booklens.judges import default_path, load_judge, program_fingerprint
+
+    zero = load_judge("coherence", zero_shot=True)
+    assert zero._booklens_judge == "zero-shot" and not zero.detect.demos
+    assert program_fingerprint(zero) != program_fingerprint(load_judge("coherence"))
+    copy = tmp_path / "mine.json"
+    copy.write_bytes(default_path("verification").read_bytes())
+    assert load_judge("verification", copy)._booklens_judge == "mine.json"
+    with pytest.raises(BooklensError, match="four-way verification program and cannot be loaded as a binary"):
+        load_judge("binary", copy)
+    with pytest.raises(BooklensError, match="either --program or --zero-shot"):
+        load_judge("coherence", copy, zero_shot=True)
+
+
+def test_default_coherence_prompt_leaves_room_for_a_summary_in_the_embedded_window():
+    from booklens.judges import JUDGED_SUMMARY_TOKENS, coherence_demo_limit, coherence_prompt_tokens, load_judge
+
+    assert coherence_prompt_tokens(load_judge("coherence")) <= coherence_demo_limit()
+    assert coherence_demo_limit() + JUDGED_SUMMARY_TOKENS < 8192 / 1.1
+
+
+def test_the_default_coherence_prompt_fits_smollm2_tokens(shared_dir):
+    """Counted with the embedded model's own tokenizer and chat template, on the longest test-split summary."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from booklens.data.booookscore import load_human_summaries
+    from booklens.judges import load_judge
+    from booklens.lm.embedded import local_model_path
+    from booklens.programs.coherence import shared_summary_adapter
+    from booklens.text import count_tokens
+
+    items = load_human_summaries(shared_dir / "data" / "booookscore" / "human")
+    longest = max((a for _, a in items), key=lambda a: count_tokens(a.summary))
+    program = load_judge("coherence")
+    messages = shared_summary_adapter(BooklensAdapter()).format(
+        program.detect.signature, program.detect.demos,
+        {"summary": longest.summary, "sentence": max(longest.sentences, key=len)})
+    llm = llama_cpp.Llama(model_path=local_model_path(), n_ctx=512, vocab_only=True, verbose=False)
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    template = llm.metadata["tokenizer.chat_template"]
+    prompt = Jinja2ChatFormatter(template, eos_token="", bos_token="")(messages=messages).prompt
+    tokens = len(llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True))
+    assert tokens + 256 <= 8192, tokens
+
+
+# ---------------------------------------------------------------------------
+# Demos come from training books only, and the build is reproducible
+
+
+def test_no_demo_comes_from_a_test_split_book(shared_dir):
+    from booklens.data.booookscore import load_human_summaries, split_human_summaries
+    from booklens.data.fables import TABLE5_BOOKS, all_claims, load_fables, split_summaries
+    from booklens.judges import load_judge
+
+    human = shared_dir / "data" / "booookscore" / "human"
+    splits = split_human_summaries(load_human_summaries(human))
+    book_of = {a.summary: (name, a.book) for name, items in splits.items() for _, a in items}
+    coherence = load_judge("coherence")
+    demo_splits = {book_of[d["summary"]][0] for d in coherence.detect.demos + coherence.detect_batch.demos}
+    assert demo_splits == {"train"}
+
+    fables = split_summaries(load_fables(shared_dir / "data" / "fables" / "FABLES.json"))
+    split_of = {c.claim.strip(): name for name, items in fables.items() for c in all_claims(items)}
+    book_of_claim = {c.claim.strip(): c.book for items in fables.values() for c in all_claims(items)}
+    for judge in ("verification", "binary"):
+        program = load_judge(judge)
+        claims = [d["claim"] for d in program.verify.demos]
+        assert {split_of[c] for c in claims} == {"train"}
+        assert not {book_of_claim[c] for c in claims} & set(TABLE5_BOOKS)
+        assert [d["claim"] for d in program.verify_without_evidence.demos] == claims
+
+
+def test_judges_build_regenerates_the_shipped_files_byte_for_byte(shared_dir, tmp_path):
+    from booklens.judges import DEFAULT_FILES, DEFAULTS_DIR, build_defaults
+
+    build_defaults(shared_dir / "data" / "booookscore" / "human", shared_dir / "data" / "fables" / "FABLES.json",
+                   tmp_path)
+    for name in DEFAULT_FILES.values():
+        assert (tmp_path / name).read_bytes() == (DEFAULTS_DIR / name).read_bytes(), name
+
+
+def test_the_package_ships_the_default_programs():
+    text = (REPO / "pyproject.toml").read_text()
+    assert '"defaults/*.json"' in text
+
+
+# ---------------------------------------------------------------------------
+# Bootstrap figures
+
+
+def test_figures_carry_value_interval_and_sample_size():
+    from booklens.metrics.bootstrap import confusion_counts, figure
+
+    units = [confusion_counts([True, False, True], [True, False, False]),
+             confusion_counts([False, False], [True, False]), confusion_counts([True], [True])]
+    f1 = figure(units, "f1", n=6)
+    assert f1["value"] == round(2 * 2 / (2 * 2 + 1 + 1), 4) and f1["n"] == 6
+    lo, hi = f1["ci95"]
+    assert 0.0 <= lo <= f1["value"] <= hi <= 1.0
+    assert figure(units, "f1", n=6) == f1  # fixed seed
+    kappa = figure([[0, 0, 0, 5]], "kappa", n=5)
+    assert kappa["value"] is None and kappa["ci95"] == [None, None]
+
+
+# ---------------------------------------------------------------------------
+# Calibration, the store, the judge object
+
+
+def scripted_judge(call):
+    if call.wants("verdict"):
+        sentence = call.inputs.get("sentence", "")
+        if random.Random(sentence).random() < 0.3:
+            return {"verdict": "confusion", "questions": ["Who?"], "error_types": ["entity omission"]}
+        return {"verdict": "no confusion", "questions": [], "error_types": []}
+    return {"label": "faithful", "reason": "Passage 1 says so.", "supporting_passages": [1], "refuting_passages": []}
+
+
+def test_coherence_calibration_counts_agree_with_the_human_labels(shared_dir):
+    from booklens.calibration import calibrate, coherence_sample
+    from booklens.judges import load_judge
+
+    human = shared_dir / "data" / "booookscore" / "human"
+    program = load_judge("coherence", concurrency=1)
+    lm = ScriptedLM(scripted_judge)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        entry = calibrate("coherence", program, lm, human_dir=human, books=1)
+    items, info = coherence_sample(human, books=1)
+    assert [r["book"] for r in entry["summaries"]] == [a.book for _, a in items] and len(items) == 2
+    assert entry["data"]["split"] == "test" and len(info["books"]) == 1
+    expected = [0, 0, 0, 0]
+    for _, annotation in items:
+        for sentence, human_label in zip(annotation.sentences, annotation.sentence_annotations()):
+            said = random.Random(sentence).random() < 0.3
+            expected[[said and human_label.confusing, said and not human_label.confusing,
+                      not said and human_label.confusing, not said and not human_label.confusing].index(True)] += 1
+    c = entry["counts"]
+    assert [c["tp"], c["fp"], c["fn"], c["tn"]] == expected
+    assert entry["n"]["sentences"] == sum(expected) == entry["figures"]["kappa"]["n"]
+    assert entry["usage"]["calls"] == sum(expected) and entry["demos"] >= 20 and entry["program"] == "default"
+
+
+def test_verification_calibration_scores_every_label_and_counts_unfaithful_found(shared_dir, tmp_path,
+                                                                                  monkeypatch):
+    import booklens.calibration as calibration
+    from booklens.calibration import calibrate, verification_sample
+    from booklens.judges import judge_info, load_judge, store_calibration, user_store_path
+
+    fables = shared_dir / "data" / "fables" / "FABLES.json"
+    summaries, info = verification_sample(fables, books=1)
+    assert info["split"] == "test" and len(info["books"]) == 1 and len(summaries) == 5
+    # two of the book's five summaries keep the test quick
+    monkeypatch.setattr(calibration, "verification_sample", lambda *a, **k: (summaries[:2], info))
+    program = load_judge("verification")
+    lm = ScriptedLM(scripted_judge)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        entry = calibrate("verification", program, lm, fables_path=fables, books=1)
+    counts = entry["counts"]
+    assert counts["unfaithful_found"] == 0 and counts["unfaithful"] > 0
+    assert counts["predicted"]["faithful"] == counts["claims"] == entry["n"]["claims"]
+    assert set(entry["figures"]["f1"]) == {"faithful", "unfaithful", "partial support", "can't verify"}
+    assert entry["figures"]["f1"]["unfaithful"]["value"] == 0.0
+    faithful_share = entry["figures"]["f1"]["faithful"]["support"] / counts["claims"]
+    assert entry["figures"]["accuracy"]["value"] == round(faithful_share, 4)
+
+    store = user_store_path(tmp_path)
+    store_calibration(entry, store)
+    before = store.read_bytes()
+    store_calibration(entry, store)
+    assert store.read_bytes() == before  # same figures, same bytes
+    from booklens.judges import load_store
+
+    info = judge_info("verification", program, lm, store=load_store(tmp_path))
+    assert info.calibration["key"] == entry["key"] and info.demos == 6
+    assert info.warning.startswith(f"low agreement: this judge found 0 of {counts['unfaithful']} unfaithful claims")
+
+
+def test_a_judge_without_calibration_says_so():
+    from booklens.judges import judge_info, judge_line, load_judge
+
+    info = judge_info("coherence", load_judge("coherence", zero_shot=True), "openai/some-model", store={})
+    assert info.calibration is None and info.demos == 0 and info.program == "zero-shot"
+    assert "never measured" in info.warning and "booklens calibrate --lm openai/some-model" in info.warning
+    line = judge_line(info)
+    assert line.startswith("judge: zero-shot coherence program (per-sentence, 0 demos") and "\nwarning: " in line
+
+
+def test_the_shipped_calibration_of_the_embedded_model_matches_the_default_programs():
+    from booklens.judges import DEFAULTS_DIR, judge_info, load_judge, read_store
+    from booklens.lm import LOCAL_LM, LOCAL_MODEL_NAME
+
+    store = read_store(DEFAULTS_DIR / "calibration.json")
+    for judge in ("coherence", "verification"):
+        info = judge_info(judge, load_judge(judge), f"{LOCAL_LM}/{LOCAL_MODEL_NAME}", store=store)
+        assert info.calibration is not None, judge
+        assert info.calibration["figures"] and info.calibration["n"]
