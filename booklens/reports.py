@@ -352,6 +352,13 @@ dl.config dt { color: var(--muted); } dl.config dd { margin: 0; }
 code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: .9em; }
 footer { border-top: 1px solid var(--line); color: var(--muted); font-size: .85rem; padding-top: .75rem;
   padding-bottom: 2rem; }
+.card.judge { border-left-color: var(--accent); background: var(--bg); }
+.card.judge.warn { border-left-color: var(--bad); }
+.card.judge .value { font-size: 1.25rem; }
+.judges { grid-template-columns: repeat(auto-fit, minmax(22rem, 1fr)); margin-top: .75rem; }
+.warning { border: 2px solid var(--bad); background: #fdecea; color: #5f1410; border-radius: 6px;
+  padding: .5rem .8rem; margin: .6rem 0 0; font-size: .95rem; }
+.warning strong { color: var(--bad); }
 @media print { .tip { display: none !important; } nav, .skip { display: none; } }
 """
 
@@ -449,7 +456,8 @@ def _scores_section(data: RunData) -> str:
         value = "-" if c.score is None else f"{100 * c.score:.1f}"
         detail = f"{judged - c.n_confusing:,} of {_plural(judged, 'judged sentence')} without confusion"
         if c.n_failed:
-            detail += f"; {c.n_failed:,} not judged"
+            detail += (f"; {c.n_failed:,} of {_plural(c.n_sentences, 'sentence')} could not be judged: left out "
+                       f"of the score")
         cards.append(_card("score", "BooookScore", value, detail))
     f = data.faithfulness
     if f is not None and f.claims:
@@ -465,7 +473,64 @@ def _scores_section(data: RunData) -> str:
         return '<p class="note">No scores yet.</p>'
     text = ('<p class="note">BooookScore is the share of summary sentences a reader would not find confusing '
             '(higher is better). The claim shares are of all claims checked against the book.</p>')
-    return f'{text}\n<ul class="cards">{"".join(cards)}</ul>'
+    return f'{text}\n<ul class="cards">{"".join(cards)}</ul>\n{_judges_block(data)}'
+
+
+def run_judges(data: RunData) -> dict[str, Any]:
+    """The judge of each judging step: from its record, else from run.json."""
+    judges = dict(data.run.judges)
+    if data.coherence is not None and data.coherence.judge is not None:
+        judges["coherence"] = data.coherence.judge
+    if data.faithfulness is not None and data.faithfulness.judge is not None:
+        judges["verification"] = data.faithfulness.judge
+    return {name: judges[name] for name in ("coherence", "verification") if name in judges}
+
+
+_JUDGE_NAMES = {"coherence": "Coherence judge", "verification": "Claim verification judge"}
+
+
+def _figure_text(name: str, block: Any) -> Optional[str]:
+    if not isinstance(block, dict) or block.get("value") is None:
+        return None
+    lo, hi = (block.get("ci95") or [None, None])[:2]
+    interval = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
+    return f"{name} {block['value']:.2f}{interval}"
+
+
+def _judge_card(task: str, judge: Any) -> str:
+    program = {"default": "default few-shot program", "zero-shot": "zero-shot program"}.get(
+        judge.program, f"program {judge.program}")
+    detail = [f"{program} ({judge.mode}, {_plural(judge.demos, 'demo')}) on {judge.lm}"]
+    c = judge.calibration or {}
+    figures = c.get("figures") or {}
+    if task == "coherence":
+        shown = [_figure_text('"confusing" F1', figures.get("f1")), _figure_text("kappa", figures.get("kappa"))]
+        headline = _figure_text("kappa", figures.get("kappa"))
+    else:
+        f1 = figures.get("f1") or {}
+        shown = [_figure_text("F1 faithful", f1.get("faithful")), _figure_text("F1 unfaithful", f1.get("unfaithful")),
+                 _figure_text("accuracy", figures.get("accuracy"))]
+        headline = _figure_text("F1 unfaithful", f1.get("unfaithful"))
+    if c:
+        detail.append(f"agreement with human annotators on {c.get('sample_name', 'the test split')}: "
+                      + ", ".join(x for x in shown if x))
+        value = (headline or "measured").split(" [")[0]
+    else:
+        detail.append("its agreement with human annotators was never measured")
+        value = "not calibrated"
+    cls = "card judge warn" if judge.warning else "card judge"
+    warning = (f'<p class="warning"><strong>Warning:</strong> {h(judge.warning)}</p>' if judge.warning else "")
+    return (f'<li class="{cls}"><div class="name">{h(_JUDGE_NAMES.get(task, task))}</div>'
+            f'<div class="value">{h(value)}</div><div class="detail">{h("; ".join(detail))}.</div>{warning}</li>')
+
+
+def _judges_block(data: RunData) -> str:
+    judges = run_judges(data)
+    if not judges:
+        return ""
+    cards = "".join(_judge_card(task, judge) for task, judge in judges.items())
+    return (f'<h3 id="judges">Who judged, and how well that judge agrees with humans</h3>\n'
+            f'<ul class="cards judges">{cards}</ul>')
 
 
 # -- summary with highlights -----------------------------------------------------

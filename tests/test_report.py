@@ -264,6 +264,94 @@ def test_a_cut_off_verdict_says_its_passages_are_unknown(hier_run, tmp_path):
     assert render_report(load_run(cut)).count(note) == 1
 
 
+def low_agreement_calibration(judge: str, lm: str, program) -> dict:
+    """A stored calibration with the figures of a judge that finds no unfaithful claim / low kappa."""
+    from booklens.judges import calibration_key, judge_mode, program_fingerprint
+
+    key = calibration_key(judge, judge_mode(judge, program), lm, program_fingerprint(program))
+    if judge == "coherence":
+        return {"key": key, "sample_name": "BooookScore's test split (8 summaries of 4 books)",
+                "counts": {"tp": 3, "human_confusing": 31},
+                "figures": {"f1": {"value": 0.12, "ci95": [0.05, 0.2], "n": 318},
+                            "kappa": {"value": 0.08, "ci95": [0.01, 0.15], "n": 318}}}
+    return {"key": key, "sample_name": "FABLES' test split (8 books, 813 claims)",
+            "counts": {"unfaithful": 96, "unfaithful_found": 0},
+            "figures": {"f1": {"faithful": {"value": 0.93, "ci95": [0.91, 0.95], "n": 813},
+                               "unfaithful": {"value": 0.0, "ci95": [0.0, 0.0], "n": 813}},
+                        "accuracy": {"value": 0.88, "ci95": [0.85, 0.9], "n": 813}}}
+
+
+def judged_copy(hier_run, tmp_path, *, calibrated: set) -> Path:
+    """The run directory with judge objects in its records: `calibrated` judges have a stored calibration."""
+    from booklens.judges import judge_info, load_judge
+
+    run_dir = tmp_path / "judged"
+    shutil.copytree(hier_run, run_dir)
+    lm = json.loads((run_dir / "run.json").read_text())["lm"]
+    for judge, record in (("coherence", "coherence.json"), ("verification", "faithfulness.json")):
+        program = load_judge(judge)
+        store = {}
+        if judge in calibrated:
+            entry = low_agreement_calibration(judge, lm, program)
+            store[entry["key"]] = entry
+        data = json.loads((run_dir / record).read_text())
+        data["judge"] = judge_info(judge, program, lm, store=store).model_dump(mode="json")
+        (run_dir / record).write_text(json.dumps(data))
+    return run_dir
+
+
+def test_the_judge_cards_name_the_figure_behind_each_warning(hier_run, tmp_path):
+    from booklens.reports import load_run, render_report
+
+    dom = Dom(render_report(load_run(judged_copy(hier_run, tmp_path, calibrated={"verification"}))))
+    cards = dom.find("li", cls="judge")
+    assert [Dom.text(c).split(" judge")[0] for c in cards] == ["Coherence", "Claim verification"]
+    coherence, verification = (Dom.text(c) for c in cards)
+    assert "not calibrated" in coherence and "was never measured" in coherence
+    assert "this judge found 0 of 96 unfaithful claims on FABLES' test split" in verification
+    assert "F1 unfaithful 0.00 [0.00, 0.00]" in verification and "default few-shot program" in verification
+    warnings = dom.find("p", cls="warning")
+    assert len(warnings) == 2 and all(Dom.text(w).startswith("Warning:") for w in warnings)
+    score = next(Dom.text(c) for c in dom.find("li", cls="card") if Dom.text(c).startswith("BooookScore"))
+    assert "1 of 5 sentences could not be judged: left out of the score" in score
+
+
+def test_a_calibrated_judge_with_good_agreement_has_no_warning(hier_run, tmp_path):
+    from booklens.judges import judge_info, load_judge
+
+    program = load_judge("coherence")
+    entry = low_agreement_calibration("coherence", "scripted", program)
+    entry["figures"]["kappa"]["value"] = 0.5
+    info = judge_info("coherence", program, "scripted", store={entry["key"]: entry})
+    assert info.warning is None and info.calibration["figures"]["kappa"]["value"] == 0.5
+
+
+def test_judge_card_and_warning_in_chromium(hier_run, tmp_path):
+    """The screenshot shows the judge cards and their red warnings (counted by the warning's background)."""
+    image = pytest.importorskip("PIL.Image")
+    from booklens.reports import write_report
+
+    plain_dir = tmp_path / "plain"
+    shutil.copytree(hier_run, plain_dir)
+    judged = judged_copy(hier_run, tmp_path, calibrated={"coherence", "verification"})
+    counts = {}
+    for name, run_dir in (("plain", plain_dir), ("judged", judged)):
+        page = write_report(run_dir)
+        dom, console = load_in_chromium(page, tmp_path / name)
+        assert console == []
+        shot = tmp_path / f"{name}.png"
+        chromium(page, tmp_path / f"profile-{name}", "--window-size=1280,1400", f"--screenshot={shot}",
+                 "--hide-scrollbars")
+        with image.open(shot) as im:
+            rgb = im.convert("RGB")
+            pixels = rgb.get_flattened_data() if hasattr(rgb, "get_flattened_data") else rgb.getdata()
+            counts[name] = sum(1 for p in pixels if tuple(p) == (253, 236, 234))  # .warning background
+        if name == "judged":
+            assert len(dom.find("li", cls="judge")) == 2 and len(dom.find("p", cls="warning")) == 2
+    assert counts["plain"] == 0
+    assert counts["judged"] > 10_000, counts
+
+
 def test_a_given_summarize_record_keeps_its_merge_tree(hier_run, tmp_path):
     lm = scripted("unused", claims=["Maren Holt is a bookbinder."])
     out = execute(tmp_path, lm, summary_file=hier_run / "summary.json")
