@@ -1,0 +1,179 @@
+"""Judges and their agreement with human annotators:
+
+    booklens calibrate [--lm X] [--program P | --zero-shot] [--judge coherence|verification|binary]
+    booklens judges [--lm X]                  the default judges and what is known about them
+    booklens judges build [-o DIR]            regenerate the default programs from the annotations
+
+`calibrate` runs a judge on the human-annotated test splits (see `booklens.calibration`) and stores
+its agreement, keyed by LM and program, in the user's cache (`<cache>/calibration.json`; `-o` names
+another store, such as the one booklens ships).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from booklens.cli import app
+from booklens.cli.common import ApiBaseOption, CacheDirOption, LMOption, ProgramOption, setup_lm
+from booklens.errors import BooklensError
+
+judges_app = typer.Typer(help="The default judges: show them, or rebuild them from the human annotations.",
+                         no_args_is_help=False, invoke_without_command=True)
+app.add_typer(judges_app, name="judges")
+
+CoherenceDataOption = Annotated[Optional[Path], typer.Option(
+    "--coherence-data", help="BooookScore human annotations: the folder with summary-gpt4-4096-{inc,hier}.json "
+                             "(default: ../shared/data/booookscore/human or $BOOKLENS_BOOOOKSCORE_DIR/human).")]
+FablesDataOption = Annotated[Optional[Path], typer.Option(
+    "--fables-data", help="FABLES.json (default: ../shared/data/fables/FABLES.json if present, else the public "
+                          "release, downloaded once).")]
+ZeroShotOption = Annotated[bool, typer.Option("--zero-shot", help="The zero-shot program instead of the default "
+                                                                  "few-shot one.")]
+
+
+def _human_dir(path: Optional[Path]) -> Path:
+    from booklens.data.booookscore import default_data_dir
+
+    return path if path is not None else default_data_dir() / "human"
+
+
+def _fables_path(path: Optional[Path]) -> Path:
+    if path is not None:
+        return path
+    from booklens.data.booookscore import default_data_dir
+    from booklens.data.fables import download_fables
+
+    shared = default_data_dir().parent / "fables" / "FABLES.json"
+    return shared if shared.exists() else download_fables()
+
+
+def _judge_of_artifact(path: Path) -> str:
+    from booklens.optimizers.artifacts import artifact_metadata, canonical_task
+
+    block = artifact_metadata(path)
+    task = canonical_task(block["task"])
+    if task == "coherence":
+        return "coherence"
+    if task == "verification":
+        return "binary" if (block.get("program_config") or {}).get("label_set") == "binary" else "verification"
+    raise BooklensError(f"{path} is a compiled '{task}' program; only coherence and verification programs are "
+                        "judges")
+
+
+@app.command("calibrate")
+def calibrate_command(
+    judge: Annotated[Optional[list[str]], typer.Option(
+        "--judge", help="coherence, verification (four-way) or binary (the Table 5 rater); repeatable. "
+                        "Default: coherence and verification, or the judge of --program.")] = None,
+    program: ProgramOption = None,
+    zero_shot: ZeroShotOption = False,
+    coherence_data: CoherenceDataOption = None,
+    fables_data: FablesDataOption = None,
+    books: Annotated[Optional[int], typer.Option(
+        "--books", min=1, help="Test-split books to sample (default: 4 for coherence, 2 for verification; "
+                               "the binary rater always uses Table 5's seven books).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the book split and the sample.")] = 0,
+    lm: LMOption = None,
+    api_base: ApiBaseOption = None,
+    concurrency: Annotated[Optional[int], typer.Option(
+        "--concurrency", min=1, help="LM calls at once (default 1 for the embedded model, whose calls queue "
+                                     "anyway and then come out the same on every run; 4 otherwise).")] = None,
+    cache_dir: CacheDirOption = None,
+    output: Annotated[Optional[Path], typer.Option(
+        "-o", "--output", help="The calibration store to add to (default: <cache>/calibration.json).")] = None,
+) -> None:
+    """Measure how well a judge agrees with human annotators on the test splits; store the figures."""
+    from booklens.judges import JUDGES, judge_line, judge_info, store_calibration, user_store_path
+
+    if program is not None and zero_shot:
+        raise BooklensError("give either --program or --zero-shot, not both")
+    if program is not None:
+        judges = [_judge_of_artifact(program)]
+        if judge and judges != list(dict.fromkeys(judge)):
+            raise BooklensError(f"{program} is a {judges[0]} program; --judge {', '.join(judge)} does not match")
+    else:
+        judges = list(dict.fromkeys(judge or ["coherence", "verification"]))
+    unknown = [j for j in judges if j not in JUDGES]
+    if unknown:
+        raise BooklensError(f"unknown judge '{unknown[0]}' (use one of {', '.join(JUDGES)})")
+    human_dir = _human_dir(coherence_data) if "coherence" in judges else None
+    fables = _fables_path(fables_data) if any(j != "coherence" for j in judges) else None
+    store = output if output is not None else user_store_path(cache_dir)
+    from booklens.judges import load_judge
+
+    programs = {j: load_judge(j, program, zero_shot=zero_shot) for j in judges}  # bad artifacts fail first
+    from booklens.lm import LOCAL_LM, resolve_lm_name
+
+    calls_at_once = concurrency or (1 if resolve_lm_name(lm) == LOCAL_LM else 4)
+    model = setup_lm(lm, api_base, cache_dir)
+    from booklens.calibration import calibrate
+
+    for name, prog in programs.items():
+        if hasattr(prog, "concurrency"):
+            prog.concurrency = calls_at_once
+        started = time.perf_counter()
+        entry = calibrate(name, prog, model, human_dir=human_dir, fables_path=fables, books=books, seed=seed,
+                          concurrency=calls_at_once, progress=lambda text: typer.echo(text, err=True))
+        seconds = time.perf_counter() - started
+        store_calibration(entry, store)
+        usage = entry.get("usage", {})
+        typer.echo(f"{name}: {usage.get('calls', 0)} LM calls, {seconds:.0f} s; stored in {store}", err=True)
+        typer.echo(judge_line(judge_info(name, prog, model, store={entry["key"]: entry})))
+        if name == "binary":
+            typer.echo(_table5_lines(entry))
+
+
+def _table5_lines(entry: dict) -> str:
+    from booklens.metrics.fables import SEED_TABLE5_HUMAN_EVIDENCE
+
+    def fmt(x) -> str:
+        return "  -  " if x is None else f"{x:.3f}"
+
+    t = entry["table5"]
+    head = f"{'summarizer':<16}{'claims':>7}{'F1 faithful':>13}{'F1 unfaithful':>15}{'accuracy':>10}" \
+           f"{'seed GPT-4-Turbo F1 faithful / unfaithful':>44}"
+    lines = [head]
+    for name, row in list(t["by_summarizer"].items()) + [("Overall", t)]:
+        ref = SEED_TABLE5_HUMAN_EVIDENCE.get(name)
+        lines.append(f"{name:<16}{row['n']:>7}{fmt(row['f1_faithful']):>13}{fmt(row['f1_unfaithful']):>15}"
+                     f"{fmt(row['accuracy']):>10}{(fmt(ref[0]) + ' / ' + fmt(ref[1])) if ref else '-':>44}")
+    return "\n".join(lines)
+
+
+@judges_app.callback()
+def judges_command(
+    ctx: typer.Context,
+    lm: LMOption = None,
+    cache_dir: CacheDirOption = None,
+) -> None:
+    """The default judges: their programs, demos and stored agreement with humans for an LM."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from booklens.judges import JUDGES, judge_info, judge_line, load_judge, load_store
+    from booklens.lm import LOCAL_LM, LOCAL_MODEL_NAME, resolve_lm_name
+
+    name = resolve_lm_name(lm)
+    label = f"{LOCAL_LM}/{LOCAL_MODEL_NAME}" if name == LOCAL_LM else name
+    store = load_store(cache_dir)
+    for judge in JUDGES:
+        typer.echo(judge_line(judge_info(judge, load_judge(judge), label, store=store)))
+
+
+@judges_app.command("build")
+def judges_build_command(
+    coherence_data: CoherenceDataOption = None,
+    fables_data: FablesDataOption = None,
+    output: Annotated[Optional[Path], typer.Option(
+        "-o", "--output", help="Folder to write coherence.json, verification.json and verification-binary.json "
+                               "(default: booklens/defaults, the shipped programs).")] = None,
+) -> None:
+    """Rebuild the default few-shot programs from the human annotations (no LM; the same files every time)."""
+    from booklens.judges import DEFAULTS_DIR, build_defaults
+
+    written = build_defaults(_human_dir(coherence_data), _fables_path(fables_data), output or DEFAULTS_DIR)
+    for judge, path in written.items():
+        typer.echo(f"wrote {path}", err=True)
