@@ -171,6 +171,60 @@ class SharedSummaryPredict(dspy.Predict):
             return super().forward(**kwargs)
 
 
+# Tokens of the model per cl100k token, with a margin (SmolLM2 measures 1.06 on this text).
+MODEL_TOKENS_PER_CL100K = 1.10
+_PROMPT_TOKENS: dict[tuple, int] = {}
+
+
+def _instructions_and_demos_tokens(predictor: dspy.Predict, demos: Sequence[Any]) -> int:
+    """cl100k tokens of the system message and the demo turns, as the predictor renders them."""
+    from booklens.lm.adapter import BooklensAdapter
+    from booklens.text import count_tokens
+
+    import hashlib
+    import json
+
+    text = json.dumps([predictor.signature.instructions, [dict(d.items()) for d in demos]], sort_keys=True,
+                      default=str)
+    key = (type(predictor).__name__, hashlib.sha256(text.encode("utf-8")).hexdigest())
+    if key not in _PROMPT_TOKENS:
+        adapter = BooklensAdapter()
+        if isinstance(predictor, SharedSummaryPredict):
+            adapter = shared_summary_adapter(adapter)
+        inputs = {name: "" for name in predictor.signature.input_fields}
+        messages = adapter.format(predictor.signature, list(demos), inputs)[:-1]
+        _PROMPT_TOKENS[key] = sum(count_tokens(str(m.get("content", ""))) + 6 for m in messages)
+    return _PROMPT_TOKENS[key]
+
+
+def fitting_demos(predictor: dspy.Predict, summary: str, *, judged_tokens: int, answer_tokens: int
+                  ) -> list[Any] | None:
+    """None when the predictor's demos, the summary and the answer fit the LM's context window (or the
+    window is unknown); else the demos that do: whole summaries' demos are dropped from the end. A summary
+    longer than the default demos leave room for is then judged with fewer demos, not refused."""
+    from booklens.text import count_tokens
+
+    window = getattr(dspy.settings.lm, "context_window", None)
+    demos = list(predictor.demos)
+    if not window or not demos:
+        return None
+    fixed = count_tokens(summary) + judged_tokens + 120  # 120: field headers and the closing output reminder
+
+    def fits(shown: list[Any]) -> bool:
+        total = (_instructions_and_demos_tokens(predictor, shown) + fixed) * MODEL_TOKENS_PER_CL100K + answer_tokens
+        return total <= window
+
+    if fits(demos):
+        return None
+    groups = group_demos(demos)
+    while groups:
+        groups.pop()
+        shown = [d for group in groups for d in group]
+        if fits(shown):
+            return shown
+    return []
+
+
 class CoherenceScorer(dspy.Module):
     """Confusion detection on every sentence of a summary, and its BooookScore (Eq. 1)."""
 
@@ -200,9 +254,17 @@ class CoherenceScorer(dspy.Module):
 
             sentences = split_sentences(summary)
         sentences = list(sentences)
-        if self.batch_size == 1:
+        from booklens.text import count_tokens
+
+        per_sentence = self.batch_size == 1
+        predictor = self.detect if per_sentence else self.detect_batch
+        longest = max((count_tokens(s) for s in sentences), default=0)
+        demos = fitting_demos(predictor, summary, judged_tokens=longest * (1 if per_sentence else self.batch_size),
+                              answer_tokens=self._budget(self.batch_size).get("max_tokens", 0))
+        override = {} if demos is None else {"demos": demos}
+        if per_sentence:
             annotations = parallel_map(
-                lambda i: self._judge_one(summary, i, sentences[i]),
+                lambda i: self._judge_one(summary, i, sentences[i], override),
                 range(len(sentences)),
                 concurrency=self.concurrency,
                 desc="sentences",
@@ -210,17 +272,20 @@ class CoherenceScorer(dspy.Module):
         else:
             batches = chunked(list(range(len(sentences))), self.batch_size)
             per_batch = parallel_map(
-                lambda idxs: self._judge_batch(summary, sentences, list(idxs)),
+                lambda idxs: self._judge_batch(summary, sentences, list(idxs), override),
                 batches,
                 concurrency=self.concurrency,
                 desc="sentence batches",
             )
             annotations = [a for batch in per_batch for a in batch]
+        shown = len(predictor.demos if demos is None else demos)
         return dspy.Prediction(
             annotations=annotations,
             score=booookscore(annotations),
             n_failed=sum(1 for a in annotations if a.status == "failed"),
             sentences=sentences,
+            demos_shown=shown,
+            demos_dropped=len(predictor.demos) - shown,
         )
 
     def _budget(self, n_sentences: int) -> dict[str, Any]:
@@ -230,7 +295,7 @@ class CoherenceScorer(dspy.Module):
 
     # -- per-sentence mode -------------------------------------------------
 
-    def _judge_one(self, summary: str, index: int, sentence: str) -> SentenceAnnotation:
+    def _judge_one(self, summary: str, index: int, sentence: str, override: dict[str, Any]) -> SentenceAnnotation:
         outcome = predict_with_retries(
             self.detect,
             tries=self.tries,
@@ -238,6 +303,7 @@ class CoherenceScorer(dspy.Module):
             config=self._budget(1),
             summary=summary,
             sentence=sentence,
+            **override,
         )
         if not outcome.ok:
             return _failure(index, sentence, outcome.error or "no valid answer", outcome.attempts)
@@ -246,7 +312,8 @@ class CoherenceScorer(dspy.Module):
 
     # -- batched mode ------------------------------------------------------
 
-    def _judge_batch(self, summary: str, sentences: Sequence[str], indices: list[int]) -> list[SentenceAnnotation]:
+    def _judge_batch(self, summary: str, sentences: Sequence[str], indices: list[int],
+                     override: dict[str, Any]) -> list[SentenceAnnotation]:
         done: dict[int, SentenceAnnotation] = {}
         errors: dict[int, str] = {}
         attempts = {i: 0 for i in indices}
@@ -261,7 +328,7 @@ class CoherenceScorer(dspy.Module):
                 attempts[i] += 1
             try:
                 prediction = self.detect_batch(summary=summary, sentences=number_sentences(sentences, pending),
-                                               config=config)
+                                               config=config, **override)
                 answers = list(prediction.answers or [])
             except LMError:
                 raise

@@ -351,3 +351,17 @@ def test_the_shipped_calibration_of_the_embedded_model_matches_the_default_progr
         info = judge_info(judge, load_judge(judge), f"{LOCAL_LM}/{LOCAL_MODEL_NAME}", store=store)
         assert info.calibration is not None, judge
         assert info.calibration["figures"] and info.calibration["n"]
+
+
+def test_a_summary_too_long_for_the_window_is_judged_with_fewer_demos():
+    from booklens.judges import load_judge
+
+    scorer = load_judge("coherence", concurrency=1)
+    sentence = "Anna walks along the quay of the old harbour town and counts the boats that came in."
+    long_summary = " ".join([sentence] * 150)  # about 2,700 tokens: no room for every demo in 8,192
+    _, lm = run_with(clean, lambda: scorer(summary=long_summary, sentences=[sentence]))
+    shown = lm.backend.calls[0].messages
+    assert len(shown) == 1 + 2 * 16 + 1  # one demo summary's turns dropped, the other kept
+    result, lm = run_with(clean, lambda: scorer(summary="Anna walks.", sentences=["Anna walks."]))
+    assert len(lm.backend.calls[0].messages) == 1 + 2 * len(scorer.detect.demos) + 1
+    assert result.demos_shown == len(scorer.detect.demos) and result.demos_dropped == 0
