@@ -117,6 +117,47 @@ def load_judge(judge: str, program: str | Path | None = None, *, zero_shot: bool
     return target
 
 
+def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[str] = ("coherence", "verification"),
+                   zero_shot: bool = False, binary: bool = False, batch_size: int = 1, concurrency: int = 4,
+                   tries: int = 3) -> dict[str, Any]:
+    """The programs a command runs, by task: each judge (coherence, verification) is the artifact given
+    for its task, else the zero-shot program with `zero_shot`, else the default few-shot program; the
+    claim decomposer is the artifact given or the zero-shot one. `binary` asks for the faithful /
+    unfaithful rater (an artifact's own label set decides when one is given)."""
+    from booklens.optimizers.artifacts import artifact_metadata, load_program
+
+    artifacts = dict(artifacts or {})
+    programs: dict[str, Any] = {}
+    if "coherence" in tasks:
+        programs["coherence"] = load_judge("coherence", artifacts.get("coherence"),
+                                           zero_shot=zero_shot and "coherence" not in artifacts,
+                                           batch_size=batch_size, concurrency=concurrency, tries=tries)
+    if "verification" in tasks:
+        path = artifacts.get("verification")
+        if path is not None:
+            compiled_for = (artifact_metadata(path).get("program_config") or {}).get("label_set", "four-way")
+            if binary and compiled_for != "binary":
+                raise BooklensError(f"{path} is a {compiled_for} verification program; --binary needs a binary one")
+            binary = compiled_for == "binary"
+        programs["verification"] = load_judge("binary" if binary else "verification", path,
+                                              zero_shot=zero_shot and path is None, tries=tries)
+    if "decomposition" in tasks:
+        from booklens.programs.faithfulness import build_decomposer
+
+        decomposer = build_decomposer()
+        if "decomposition" in artifacts:
+            load_program(decomposer, artifacts["decomposition"], task="decomposition")
+        programs["decomposition"] = decomposer
+    return programs
+
+
+def judge_name(task: str, program: Any) -> str:
+    """The judge a task's program is: coherence, verification or binary."""
+    if task == "coherence":
+        return "coherence"
+    return "binary" if getattr(program, "label_set", "four-way") == "binary" else "verification"
+
+
 def program_fingerprint(program: Any) -> str:
     """sha256 of what a program shows the model: each predictor's instructions, fields and demos (the
     DSPy state without metadata or LM). Equal programs have equal fingerprints wherever they are loaded."""
@@ -158,10 +199,14 @@ def _as_list(value: Any) -> list:
 
 
 def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, Any]] = None) -> Any:
-    """`JudgeInfo` for a (program, LM) pair, with its stored calibration and warning."""
+    """`JudgeInfo` for a (program, LM) pair, with its stored calibration and warning. The store is the
+    shipped one plus the user's next to the LM's call cache, unless `store` is given."""
     from booklens.records import JudgeInfo
 
     lm_label = lm if isinstance(lm, str) else str(getattr(lm, "label", None) or getattr(lm, "model", lm))
+    if store is None:
+        call_cache = getattr(getattr(lm, "call_cache", None), "path", None)
+        store = load_store(Path(call_cache).parent if call_cache is not None else None)
     fingerprint = program_fingerprint(program)
     mode = judge_mode(judge, program)
     entry = find_calibration(judge, mode, lm_label, fingerprint, store=store)

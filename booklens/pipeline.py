@@ -90,6 +90,7 @@ class JudgeConfig(BaseModel):
     max_claims: Optional[int] = Field(default=None, ge=1)
     batch_size: int = Field(default=1, ge=1)
     programs: dict[str, Path] = Field(default_factory=dict)
+    zero_shot: bool = False  # judges without a compiled program run zero-shot, not the shipped few-shot ones
     lm: Optional[str] = None
     api_base: Optional[str] = None
 
@@ -375,6 +376,7 @@ def _config_record(system: SystemConfig, judge: JudgeConfig, lm_label: str, judg
         "passage_tokens": judge.passage_tokens,
         "max_claims": judge.max_claims,
         "programs": {task: program_entry(path) for task, path in sorted(programs.items())},
+        "zero_shot": judge.zero_shot,
         "lm": lm_label,
         "api_base": public_api_base(system.api_base) if made else None,
         "judge_lm": judge_label,
@@ -384,16 +386,14 @@ def _config_record(system: SystemConfig, judge: JudgeConfig, lm_label: str, judg
 
 
 def load_judge_programs(judge: JudgeConfig, *, concurrency: int = 4) -> dict[str, Any]:
-    """Fresh judge programs with the compiled artifacts of `judge.programs` loaded."""
-    if not judge.programs:
-        return {}
-    from booklens.optimizers.artifacts import load_program
-    from booklens.programs.coherence import build_scorer
-    from booklens.programs.faithfulness import build_decomposer, build_verifier
+    """The programs of the judging steps by task: the compiled artifacts of `judge.programs`, else the
+    default few-shot judges (zero-shot with `judge.zero_shot`); see `booklens.judges.judge_programs`."""
+    from booklens.judges import judge_programs
 
-    builders = {"coherence": lambda: build_scorer(batch_size=judge.batch_size, concurrency=concurrency),
-                "decomposition": build_decomposer, "verification": build_verifier}
-    return {task: load_program(builders[task](), path, task=task) for task, path in judge.programs.items()}
+    tasks = (["coherence"] if "coherence" in judge.steps else []) + (
+        ["decomposition", "verification"] if "faithfulness" in judge.steps else [])
+    return judge_programs(judge.programs, tasks=tasks, zero_shot=judge.zero_shot, batch_size=judge.batch_size,
+                          concurrency=concurrency)
 
 
 def _stderr(message: str) -> None:
@@ -440,6 +440,10 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     summary_model = {"lm": lm_label, "api_base": public_api_base(lms.resolve(system.lm, system.api_base)[1])}
     judge_model = {"lm": judge_label, "api_base": public_api_base(lms.resolve(judge.lm, judge.api_base)[1])}
     wanted = ["summary", *judge.run_steps()]
+    from booklens.judges import judge_info, judge_name
+
+    judges = {task: judge_info(judge_name(task, program), program, judge_lm)
+              for task, program in programs.items() if task in ("coherence", "verification")}
 
     book_error = None
     if book_text is None:
@@ -454,6 +458,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         "summary_source": "given" if system.given else "summarize", "lm": lm_label, "judge_lm": judge_label,
         "config": _config_record(system, judge, lm_label, judge_label, concurrency),
         "versions": package_versions(),
+        "judges": judges,
     }
     output.mkdir(parents=True, exist_ok=True)
     runner = _Runner(output, previous, base, wanted, notify)
@@ -510,6 +515,11 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     summary_text = summary.summary if summary is not None else None
 
     def program_sha(task: str) -> Optional[str]:
+        """What a step's program is: the judges' fingerprint (default, zero-shot or compiled), an artifact's digest."""
+        if task in ("coherence", "verification") and task in programs:
+            from booklens.judges import program_fingerprint
+
+            return program_fingerprint(programs[task])
         path = judge.programs.get(task)
         return sha256_file(path) if path is not None else None
 

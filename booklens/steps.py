@@ -99,15 +99,17 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
 
 def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concurrency: int = 4, tries: int = 3,
                     book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None) -> dict[str, Any]:
-    """Score summaries with the configured LM; name -> `CoherenceResult`."""
+    """Score summaries with the configured LM; name -> `CoherenceResult`, each with its judge. The
+    judge is `scorer`, else the default few-shot confusion detector (`booklens.judges`)."""
+    from booklens.judges import judge_info, load_judge
     from booklens.lm import current_lm
     from booklens.metrics.booookscore import finish_result
-    from booklens.programs.coherence import build_scorer
     from booklens.records import CoherenceResult
     from booklens.text import split_sentences
 
     lm = current_lm()
-    scorer = scorer or build_scorer(batch_size=batch_size, concurrency=concurrency, tries=tries)
+    scorer = scorer or load_judge("coherence", batch_size=batch_size, concurrency=concurrency, tries=tries)
+    judge = judge_info("coherence", scorer, lm)
     results = {}
     for name, text in summaries.items():
         sentences = split_sentences(text)
@@ -117,10 +119,15 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
         with usage_scope() as tracker, usage_step("coherence"):
             prediction = scorer(summary=text, sentences=sentences)
         seconds = time.perf_counter() - started
+        notes = []
+        dropped = getattr(prediction, "demos_dropped", 0) or 0
+        if dropped:
+            notes.append(f"{dropped} of the judge's {dropped + prediction.demos_shown} demos were left out: with "
+                         "all of them the prompt would not fit the model's context window")
         result = CoherenceResult(
             book=name, summary=text, annotator="program", sentences=prediction.annotations,
-            mode=scorer.mode, batch_size=scorer.batch_size, lm=lm_label(lm), usage=_usage(tracker),
-            timings={"score_seconds": round(seconds, 3)},
+            mode=scorer.mode, batch_size=scorer.batch_size, judge=judge, notes=notes, lm=lm_label(lm),
+            usage=_usage(tracker), timings={"score_seconds": round(seconds, 3)},
         )
         results[name] = finish_result(result, book_text=(book_texts or {}).get(name))
     return results
@@ -140,6 +147,7 @@ def score_coherence(summaries: Mapping[str, str], *, as_set: bool, batch_size: i
     if not as_set:
         return next(iter(results.values()))
     record = build_set(results, annotator="program")
+    record.judge = next(iter(results.values())).judge
     record.lm = lm_label(current_lm())
     record.usage = _usage(tracker)
     record.timings = {"score_seconds": round(time.perf_counter() - started, 3)}
@@ -182,7 +190,10 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
                   concurrency: int = 4, cache_dir: Optional[Path] = None, decompose: bool = False,
                   programs: Optional[Mapping[str, Any]] = None):
     """Gather evidence for each claim (decomposing `summary` first when `decompose`) and verify it
-    with the configured LM; a `FaithfulnessReport`. No claims give an empty report (no index is built)."""
+    with the configured LM; a `FaithfulnessReport` with its judge. `programs` holds the decomposer and
+    verifier to use by task; the verifier defaults to the few-shot one booklens ships (`booklens.judges`).
+    No claims give an empty report (no index is built)."""
+    from booklens.judges import judge_info, judge_name, load_judge
     from booklens.lm import current_lm
     from booklens.programs.faithfulness import build_checker, label_summary
     from booklens.records import FaithfulnessReport
@@ -191,9 +202,10 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     if mode in BOOK_MODES and book_text is None:
         raise BooklensError(f"evidence mode '{mode}' needs the book")
     lm = current_lm()
-    programs = programs or {}  # compiled programs by task (`--program`)
+    programs = programs or {}  # programs by task (`booklens.judges.judge_programs`)
+    verifier = programs.get("verification") or load_judge("verification")
     checker = build_checker(evidence_mode=mode, k=k, budget_tokens=budget_tokens, concurrency=concurrency,
-                            decomposer=programs.get("decomposition"), verifier=programs.get("verification"))
+                            decomposer=programs.get("decomposition"), verifier=verifier)
     started = time.perf_counter()
     index = None
     index_seconds = 0.0
@@ -222,6 +234,7 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
         budget_tokens=checker.resolved_budget() if mode in ("book", "given") else None,
         passage_tokens=passage_tokens if index is not None else None,
         claims=verdicts, label_counts=counts, label_percentages=percentages, failures=failures,
+        label_set=verifier.label_set, judge=judge_info(judge_name("verification", verifier), verifier, lm),
         lm=lm_label(lm), usage=_usage(tracker),
         timings={"index_seconds": round(index_seconds, 3), "verify_seconds": round(run_seconds, 3),
                  "total_seconds": round(time.perf_counter() - started, 3)},

@@ -29,6 +29,8 @@ from booklens.cli.common import (
     RpmOption,
     StructuredOption,
     TpmOption,
+    ZeroShotOption,
+    echo_judge,
     read_json_file,
     setup_lm,
     write_output,
@@ -63,12 +65,15 @@ def _report_line(record: Any) -> str:
 
     if isinstance(record, CoherenceSet):
         text = (f"BooookScore {_pct(record.system_score)} over {record.n_summaries} summaries "
-                f"({record.n_sentences} sentences, {record.n_confusing} confusing, {record.n_failed} failed)")
+                f"({record.n_sentences} sentences, {record.n_confusing} confusing"
+                + (f"; {record.n_failed} not judged, left out of the score)" if record.n_failed else ")"))
         if record.system_score_sentences is not None and record.system_score_sentences != record.system_score:
             text += f"; {_pct(record.system_score_sentences)} counting every sentence a span touches"
         return text
-    return (f"BooookScore {_pct(record.score)} ({record.n_sentences} sentences, {record.n_confusing} confusing, "
-            f"{record.n_failed} failed)")
+    text = f"BooookScore {_pct(record.score)} ({record.n_sentences} sentences, {record.n_confusing} confusing"
+    if record.n_failed:
+        return text + f"; {record.n_failed} not judged, left out of the score)"
+    return text + ")"
 
 
 @app.command()
@@ -98,6 +103,7 @@ def score(
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
     program: ProgramOption = None,
+    zero_shot: ZeroShotOption = False,
 ) -> None:
     """BooookScore: the share of a summary's sentences that confuse no reader (Eq. 1)."""
     if annotations is not None:
@@ -127,13 +133,10 @@ def score(
     if not names:
         raise BooklensError("no summary left to score after --split/--limit")
     texts = {n: texts[n] for n in names}
-    scorer = None
-    if program is not None:  # a compiled confusion detector (`booklens compile coherence`)
-        from booklens.optimizers.artifacts import load_program
-        from booklens.programs.coherence import build_scorer
+    from booklens.judges import load_judge  # the shipped few-shot judge, --zero-shot, or --program
 
-        scorer = load_program(build_scorer(batch_size=batch_size, concurrency=concurrency, tries=tries), program,
-                              task="coherence")
+    scorer = load_judge("coherence", program, zero_shot=zero_shot, batch_size=batch_size, concurrency=concurrency,
+                        tries=tries)
     from booklens.steps import score_coherence
 
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
@@ -143,6 +146,7 @@ def score(
     usage = record.usage
     typer.echo(f"{_report_line(record)}; {usage['calls']} LM calls ({usage['cached_calls']} from cache), "
                f"{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens", err=True)
+    echo_judge(record.judge)
 
 
 def _score_annotations(annotations: Path, summaries: Optional[Path], split: Optional[SplitName],

@@ -25,6 +25,17 @@ ProgramOption = Annotated[
     Optional[Path], typer.Option("--program", help="A compiled program artifact (JSON) from `booklens compile`.")
 ]
 OutputOption = Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the result JSON here.")]
+ZeroShotOption = Annotated[bool, typer.Option(
+    "--zero-shot", help="Judge with the zero-shot program instead of the few-shot one booklens ships "
+                        "(a --program artifact takes precedence for its task).")]
+
+
+def echo_judge(judge) -> None:
+    """The judge line (who judged, its agreement with humans, any warning) under a score."""
+    if judge is not None:
+        from booklens.judges import judge_line
+
+        typer.echo(judge_line(judge), err=True)
 
 
 class Structured(str, Enum):

@@ -24,6 +24,8 @@ from booklens.cli.common import (
     RpmOption,
     StructuredOption,
     TpmOption,
+    ZeroShotOption,
+    echo_judge,
     evidence_enum,
     setup_lm,
     write_output,
@@ -39,17 +41,20 @@ BudgetOption = Annotated[Optional[int], typer.Option(
     "--budget-tokens", min=64, help="Evidence tokens per claim for 'book' and 'given' (default: what the "
                                     "model's context window holds).")]
 PassageTokensOption = Annotated[int, typer.Option("--passage-tokens", min=32, help="Maximum tokens per passage.")]
+BinaryOption = Annotated[bool, typer.Option(
+    "--binary", help="The binary rater of FABLES Table 5: faithful or unfaithful only (its F1 compares with the "
+                     "paper's).")]
 
 
-def _compiled(paths: Optional[list[Path]], command: str, tasks: tuple[str, ...]) -> dict:
-    """`--program` artifacts loaded into fresh programs of their tasks (before any model loads)."""
-    if not paths:
-        return {}
-    from booklens.optimizers.artifacts import load_programs
-    from booklens.programs.faithfulness import build_decomposer, build_verifier
+def _programs(paths: Optional[list[Path]], command: str, tasks: tuple[str, ...], *, zero_shot: bool,
+              binary: bool) -> dict:
+    """The command's programs by task: `--program` artifacts, else the default judges (or zero-shot ones),
+    loaded before any model (see `booklens.judges.judge_programs`)."""
+    from booklens.judges import judge_programs
+    from booklens.pipeline import route_programs
 
-    builders = {"decomposition": build_decomposer, "verification": build_verifier}
-    return load_programs(paths, {t: builders[t] for t in tasks}, command=command)
+    artifacts = route_programs(list(paths or []), allowed=tasks, command=f"booklens {command}")
+    return judge_programs(artifacts, tasks=tasks, zero_shot=zero_shot, binary=binary)
 
 
 def _report_line(report) -> None:
@@ -57,8 +62,9 @@ def _report_line(report) -> None:
     cant = p["can't verify"]
     typer.echo(f"{len(report.claims)} claims: {p['faithful']:.1f}% faithful, {p['unfaithful']:.1f}% unfaithful, "
                f"{p['partial support']:.1f}% partial support, {cant:.1f}% can't verify, "
-               f"{report.failures} failed; {report.usage.get('calls', 0)} LM calls "
+               f"{report.failures} not verified; {report.usage.get('calls', 0)} LM calls "
                f"({report.usage.get('cached_calls', 0)} from cache)", err=True)
+    echo_judge(report.judge)
 
 
 # ---------------------------------------------------------------------------
@@ -84,7 +90,8 @@ def claims_command(
     from booklens.steps import decompose_summary
 
     text = read_summary_text(summary)
-    programs = _compiled([program] if program is not None else [], "claims", ("decomposition",))
+    programs = _programs([program] if program is not None else [], "claims", ("decomposition",), zero_shot=False,
+                         binary=False)
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     record = decompose_summary(text, decomposer=programs.get("decomposition"))
     if record.error:
@@ -113,6 +120,8 @@ def verify_command(
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
     program: ProgramOption = None,
+    zero_shot: ZeroShotOption = False,
+    binary: BinaryOption = False,
 ) -> None:
     """Verify claims against a book: faithful, unfaithful, partial support or can't verify."""
     from booklens.inputs import read_claims
@@ -129,15 +138,15 @@ def verify_command(
             raise BooklensError(f"--evidence given needs an 'evidence' list of quotes with every claim "
                                 f"(claim {missing[0]} of {claims} has none)")
     book_text = read_book(book) if book is not None else None
-    programs = _compiled([program] if program is not None else [], "verify", ("verification",))
+    programs = _programs([program] if program is not None else [], "verify", ("verification",),
+                         zero_shot=zero_shot, binary=binary)
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     report = verify_claims(claims=claim_list, given=given if evidence is EvidenceMode.given else None,
                            book=book, book_text=book_text, mode=evidence.value, k=k, budget_tokens=budget_tokens,
                            passage_tokens=passage_tokens, concurrency=concurrency, cache_dir=cache_dir,
                            programs=programs)
     write_output(output, report)
-    if output is not None:
-        _report_line(report)
+    _report_line(report)
 
 
 @app.command("check")
@@ -158,6 +167,8 @@ def check_command(
     output: OutputOption = None,
     program: Annotated[Optional[list[Path]], typer.Option(
         "--program", help="Compiled decomposition and/or verification artifacts (JSON); repeat for both.")] = None,
+    zero_shot: ZeroShotOption = False,
+    binary: BinaryOption = False,
 ) -> None:
     """Check a summary against its book: claims, evidence, a verdict per claim, % of each label."""
     if evidence is EvidenceMode.given:
@@ -168,14 +179,13 @@ def check_command(
 
     book_text = read_book(book)
     summary_text = read_summary_text(summary)
-    programs = _compiled(program, "check", ("decomposition", "verification"))
+    programs = _programs(program, "check", ("decomposition", "verification"), zero_shot=zero_shot, binary=binary)
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     report = verify_claims(claims=[], book=book, book_text=book_text, summary=summary_text, mode=evidence.value,
                            k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens, concurrency=concurrency,
                            cache_dir=cache_dir, decompose=True, programs=programs)
     write_output(output, report)
-    if output is not None:
-        _report_line(report)
+    _report_line(report)
 
 
 @stats_app.command("fables")

@@ -24,6 +24,8 @@ from booklens.cli.common import (
     RpmOption,
     StructuredOption,
     TpmOption,
+    ZeroShotOption,
+    echo_judge,
     evidence_enum,
     lm_options,
 )
@@ -44,7 +46,7 @@ def score_line(run) -> str:
     score = s.get("booookscore")
     parts = [f"BooookScore {'-' if score is None else f'{100 * score:.1f}'}"]
     if s.get("failed_sentences"):
-        parts[0] += f" ({s['failed_sentences']} sentences not judged)"
+        parts[0] += f" ({s['failed_sentences']} sentences not judged, left out of the score)"
     if s.get("claims"):
         parts.append(f"{s['claims']} claims: " + ", ".join(f"{labels.get(lab, 0.0):.1f}% {lab}" for lab in
                                                              ("faithful", "unfaithful", "partial support",
@@ -92,6 +94,7 @@ def run_command(
     program: Annotated[Optional[list[Path]], typer.Option(
         "--program", help="A compiled program (summarize, coherence, decomposition or verification); repeat "
                           "for several.")] = None,
+    zero_shot: ZeroShotOption = False,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,
@@ -113,7 +116,7 @@ def run_command(
                           remove_artifacts=remove_artifacts, drop_matter=drop_matter,
                           program=programs.pop("summarize", None), summary_file=summary, lm=lm, api_base=api_base)
     judge = JudgeConfig(evidence=evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
-                        max_claims=max_claims, batch_size=batch_size, programs=programs)
+                        max_claims=max_claims, batch_size=batch_size, programs=programs, zero_shot=zero_shot)
     if summary is not None and system.program is not None:
         raise BooklensError("--summary gives the summary: a compiled summarizer (--program) would not run")
     check_configs(system, judge)
@@ -125,6 +128,8 @@ def run_command(
     lms = LMPool(lm, api_base, cache_dir=cache_dir, concurrency=concurrency, **lm_options(structured, rpm, tpm))
     run = run_book(book, output, system, judge, lms=lms, concurrency=concurrency, book_text=book_text)
     typer.echo(score_line(run), err=True)
+    for judge in run.judges.values():
+        echo_judge(judge)
     typer.echo(f"wrote {output / REPORT_FILE}", err=True)
     if run.failures:
         failed = ", ".join(f"{step} ({reason})" for step, reason in run.failures.items())
