@@ -27,8 +27,12 @@ from typing import Any, Callable, Optional
 from booklens.errors import BooklensError
 
 COHERENCE_BOOKS = 4
-VERIFICATION_BOOKS = 2
+VERIFICATION_BOOKS = 3
 SEED = 0
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def _lm_label(lm: Any) -> str:
@@ -103,7 +107,8 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
     figures = {name: figure(units, name, n=compared, seed=seed)
                for name in ("precision", "recall", "f1", "kappa", "accuracy")}
     return {
-        "sample_name": f"BooookScore's test split ({len(items)} summaries of {len(info['books'])} books)",
+        "sample_name": f"BooookScore's test split ({len(items)} summar{'y' if len(items) == 1 else 'ies'} "
+                       f"of {_plural(len(info['books']), 'book')})",
         "data": info,
         "n": {"summaries": len(items), "sentences": sentences, "compared": compared, "failed": failed},
         "counts": {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "human_confusing": tp + fn, "judge_confusing": tp + fp},
@@ -199,7 +204,8 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     report = verification_report(gold, pred, groups, labels=("faithful", "unfaithful"))
     entry = {
         "sample_name": ("FABLES Table 5's seven books" if info["split"] == "table5"
-                        else f"FABLES' test split ({len(info['books'])} books, {len(gold)} claims)"),
+                        else f"FABLES' test split ({_plural(len(info['books']), 'book')}, "
+                             f"{_plural(len(gold), 'claim')})"),
         "setting": "human evidence: the annotators' quotes (FABLES Table 5)",
         "data": info,
         "n": {"summaries": len(units), "claims": len(gold)},

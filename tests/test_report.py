@@ -331,8 +331,12 @@ def test_judge_card_and_warning_in_chromium(hier_run, tmp_path):
     image = pytest.importorskip("PIL.Image")
     from booklens.reports import write_report
 
-    plain_dir = tmp_path / "plain"
+    plain_dir = tmp_path / "plain"  # the records without any judge object
     shutil.copytree(hier_run, plain_dir)
+    for name, key in (("coherence.json", "judge"), ("faithfulness.json", "judge"), ("run.json", "judges")):
+        record = json.loads((plain_dir / name).read_text())
+        record.pop(key, None)
+        (plain_dir / name).write_text(json.dumps(record))
     judged = judged_copy(hier_run, tmp_path, calibrated={"coherence", "verification"})
     counts = {}
     for name, run_dir in (("plain", plain_dir), ("judged", judged)):
@@ -548,7 +552,7 @@ def story_run(tmp_path_factory):
 
 
 def check_page_in_chromium(run_dir: Path, tmp_path: Path, *, expect_highlight: bool = True,
-                           expect_claims: bool = True) -> Path:
+                           expect_claims: bool = True, expect_warnings: bool = True) -> Path:
     """Load the report in headless Chromium: no console output, the key parts present; returns a screenshot."""
     page = run_dir / "report.html"
     dom, console = load_in_chromium(page, tmp_path)
@@ -557,6 +561,10 @@ def check_page_in_chromium(run_dir: Path, tmp_path: Path, *, expect_highlight: b
     assert any(c.startswith("BooookScore") for c in cards), cards
     if expect_claims:
         assert any(c.startswith(("Faithful", "Unfaithful", "Partial support", "Can't verify")) for c in cards)
+    judges = [Dom.text(e) for e in dom.find("li", cls="judge")]
+    assert judges and judges[0].startswith("Coherence judge") and "default few-shot program" in judges[0]
+    if expect_warnings:
+        assert len(dom.find("p", cls="warning")) == len(judges)
     if expect_highlight:
         mark = dom.find("mark", tabindex="0")[0]
         tip = dom.by_id(mark["attrs"]["aria-describedby"])
@@ -576,6 +584,9 @@ def check_page_in_chromium(run_dir: Path, tmp_path: Path, *, expect_highlight: b
 def test_sample_story_report_in_chromium(story_run, tmp_path):
     run = json.loads((story_run / "run.json").read_text())
     assert run["complete"] and run["scores"]["confusing_sentences"] == 1
+    assert set(run["judges"]) == {"coherence", "verification"}
+    assert run["judges"]["coherence"]["program"] == "default" and run["judges"]["coherence"]["demos"] >= 20
+    assert run["judges"]["verification"]["calibration"] is None  # a fake model was never calibrated
     page = (story_run / "report.html").read_text()
     assert "Who is Zed, and what key is this?" in page and "Passage 1 states this directly." in page
     check_page_in_chromium(story_run, tmp_path)
@@ -592,7 +603,7 @@ def test_keyboard_focus_on_a_highlight_shows_its_questions(story_run, tmp_path):
         page = tmp_path / f"{name}.html"
         page.write_text(text)
         shot = tmp_path / f"{name}.png"
-        chromium(page, tmp_path / f"profile-{name}", "--window-size=1000,800", f"--screenshot={shot}",
+        chromium(page, tmp_path / f"profile-{name}", "--window-size=1000,1300", f"--screenshot={shot}",
                  "--hide-scrollbars")
         with image.open(shot) as im:
             rgb = im.convert("RGB")
@@ -623,7 +634,10 @@ def test_embedded_model_run_on_the_sample_story(tmp_path):
     judged = [s for s in data.coherence.sentences if s.status == "ok" and s.confusing]
     if shutil.which("chromium") or shutil.which("chromium-browser"):
         check_page_in_chromium(out, tmp_path, expect_highlight=bool(judged),
-                               expect_claims=bool(data.faithfulness.claims))
+                               expect_claims=bool(data.faithfulness.claims), expect_warnings=False)
+    # the embedded model's judges carry the calibration booklens ships
+    assert data.coherence.judge.calibration is not None and data.faithfulness.judge.calibration is not None
+    assert data.run.judges["coherence"].demos >= 20
 
 
 def test_compiled_programs_are_routed_by_task_and_recorded(tmp_path):

@@ -74,7 +74,7 @@ def calibrate_command(
     coherence_data: CoherenceDataOption = None,
     fables_data: FablesDataOption = None,
     books: Annotated[Optional[int], typer.Option(
-        "--books", min=1, help="Test-split books to sample (default: 4 for coherence, 2 for verification; "
+        "--books", min=1, help="Test-split books to sample (default: 4 for coherence, 3 for verification; "
                                "the binary rater always uses Table 5's seven books).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the book split and the sample.")] = 0,
     lm: LMOption = None,

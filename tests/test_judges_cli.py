@@ -1,0 +1,181 @@
+"""The judges on the command line: the default few-shot judges with no options, --zero-shot, --binary,
+`booklens calibrate` storing figures that every later score shows, and `booklens judges`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from booklens.testing import FakeOpenAIServer
+
+REPO = Path(__file__).resolve().parents[1]
+SUMMARY = "Mara keeps the lighthouse on Gull Rock. One winter night Zed appears at the door."
+CASK = REPO.parent / "shared" / "data" / "books" / "the_cask_of_amontillado.txt"
+
+
+def invoke(args, tmp_path):
+    from typer.testing import CliRunner
+
+    from booklens.cli import app
+
+    os.environ["BOOKLENS_CACHE_DIR"] = str(tmp_path / "cache")
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def answer(body: dict) -> str:
+    """An OpenAI-compatible server's answers: confusion on sentences naming Zed, claims, verdicts."""
+    user = body["messages"][-1]["content"]
+    if "[[ ## sentence ## ]]" in user:
+        sentence = user.split("[[ ## sentence ## ]]", 1)[1].strip().split("\n\n")[0]
+        if "Zed" in sentence:
+            return json.dumps({"verdict": "confusion", "questions": ["Who is Zed?"],
+                               "error_types": ["entity omission"]})
+        return json.dumps({"verdict": "no confusion", "questions": [], "error_types": []})
+    if "[[ ## claim ## ]]" in user:
+        claim = user.split("[[ ## claim ## ]]", 1)[1].strip().split("\n\n")[0]
+        label = "unfaithful" if "Zed" in claim else "faithful"
+        return json.dumps({"label": label, "reason": "Passage 1 says so.", "supporting_passages": [1],
+                           "refuting_passages": []})
+    return json.dumps({"claims": ["Mara keeps the lighthouse.", "Zed appears at the door."]})
+
+
+def test_score_judges_with_the_default_few_shot_program_and_prints_its_judge(tmp_path):
+    summary = tmp_path / "summary.txt"
+    summary.write_text(SUMMARY)
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["score", summary, "--lm", "openai/fake", "--api-base", server.url, "-o", out], tmp_path)
+        first_prompt = server.served[0]["messages"]
+    assert result.exit_code == 0, result.output
+    record = json.loads(out.read_text())
+    judge = record["judge"]
+    assert judge["program"] == "default" and judge["demos"] >= 20 and judge["mode"] == "per-sentence"
+    assert judge["calibration"] is None and "never measured" in judge["warning"]
+    assert len(first_prompt) == 1 + 2 * judge["demos"] + 1  # system, the demo turns, the summary and sentence
+    assert "judge: default few-shot coherence program (per-sentence" in result.output
+    assert "warning: no calibration" in result.output
+
+    zero = tmp_path / "zero.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["score", summary, "--zero-shot", "--lm", "openai/fake", "--api-base", server.url,
+                         "-o", zero], tmp_path)
+        assert all(len(body["messages"]) == 2 for body in server.served)
+    assert result.exit_code == 0, result.output
+    judge = json.loads(zero.read_text())["judge"]
+    assert judge["program"] == "zero-shot" and judge["demos"] == 0
+    assert json.loads(zero.read_text())["score"] == record["score"] == 0.5
+
+
+def test_calibrate_stores_figures_that_later_scores_show(tmp_path, shared_dir):
+    human = shared_dir / "data" / "booookscore" / "human"
+    cache = tmp_path / "cache"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["calibrate", "--judge", "coherence", "--books", "1", "--coherence-data", human,
+                         "--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache], tmp_path)
+        assert result.exit_code == 0, result.output
+        store = json.loads((cache / "calibration.json").read_text())["calibrations"]
+        (entry,) = store.values()
+        assert entry["lm"] == "openai/fake" and entry["program"] == "default" and entry["n"]["summaries"] == 2
+        assert entry["figures"]["kappa"]["n"] == entry["n"]["compared"] > 0
+        assert "agreement with humans on BooookScore's test split (2 summaries of 1 book)" in result.output
+
+        summary = tmp_path / "summary.txt"
+        summary.write_text(SUMMARY)
+        out = tmp_path / "out.json"
+        result = invoke(["score", summary, "--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache,
+                         "-o", out], tmp_path)
+    assert result.exit_code == 0, result.output
+    judge = json.loads(out.read_text())["judge"]
+    assert judge["calibration"]["key"] == entry["key"]
+    assert judge["calibration"]["figures"]["kappa"] == entry["figures"]["kappa"]
+    assert '"confusing" F1' in result.output and "kappa" in result.output
+
+
+def test_verify_binary_and_check_record_their_judge(tmp_path):
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps([{"claim": "Mara keeps the lighthouse.", "evidence": ["Mara kept the light."]},
+                                  {"claim": "Zed is her brother.", "evidence": ["Zed was a stranger."]}]))
+    out = tmp_path / "verdicts.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["verify", "--claims", claims, "--evidence", "given", "--binary", "--lm", "openai/fake",
+                         "--api-base", server.url, "-o", out], tmp_path)
+        schema = json.dumps(server.served[0].get("response_format", {}))
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["label_set"] == "binary" and report["judge"]["mode"] == "binary"
+    assert [c["label"] for c in report["claims"]] == ["faithful", "unfaithful"]
+    assert "partial support" not in schema
+    assert "judge: default few-shot verification program (binary, 6 demos" in result.output
+
+    summary = tmp_path / "summary.txt"
+    summary.write_text(SUMMARY)
+    story = REPO / "examples" / "sample_story.txt"
+    checked = tmp_path / "check.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["check", story, summary, "--zero-shot", "--k", "2", "--lm", "openai/fake",
+                         "--api-base", server.url, "-o", checked], tmp_path)
+    assert result.exit_code == 0, result.output
+    report = json.loads(checked.read_text())
+    assert report["judge"]["program"] == "zero-shot" and report["judge"]["mode"] == "four-way"
+    assert len(report["claims"]) == 2 and "judge: zero-shot verification program" in result.output
+
+
+def test_program_and_zero_shot_together_is_a_user_error(tmp_path):
+    from booklens.errors import BooklensError
+    from booklens.judges import default_path
+
+    summary = tmp_path / "summary.txt"
+    summary.write_text(SUMMARY)
+    result = invoke(["score", summary, "--program", default_path("coherence"), "--zero-shot"], tmp_path)
+    assert isinstance(result.exception, BooklensError) and "not both" in str(result.exception)
+    result = invoke(["verify", "--claims", tmp_path / "none.json", "--binary", "--program",
+                     default_path("verification")], tmp_path)
+    assert result.exit_code != 0
+
+
+def test_judges_lists_the_default_judges_with_their_calibration(tmp_path):
+    result = invoke(["judges", "--lm", "local"], tmp_path)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("judge: ")]
+    assert len(lines) == 3
+    assert "default few-shot coherence program" in lines[0] and "(binary, 6 demos" in lines[2]
+    assert "agreement with humans on" in lines[0] and "agreement with humans on" in lines[1]
+
+
+# ---------------------------------------------------------------------------
+# What the issue asks to see, on the embedded model
+
+
+def run_cli(args, tmp_path, timeout=1800):
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_LM", None)
+    return subprocess.run([sys.executable, "-m", "booklens", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+@pytest.mark.embedded
+def test_score_and_check_with_no_options_show_the_shipped_calibration(tmp_path):
+    """`booklens score` and `booklens check` with no options: the default few-shot judges on the embedded
+    model, with the calibration booklens ships, and the agreement on the printed line."""
+    if not CASK.exists():
+        pytest.skip(f"{CASK} not found")
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Montresor leads Fortunato into the catacombs. He walls him up alive.")
+    scored = tmp_path / "score.json"
+    proc = run_cli(["score", summary, "-o", scored], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    judge = json.loads(scored.read_text())["judge"]
+    assert judge["demos"] >= 1 and judge["calibration"]["figures"]["kappa"]["n"] > 0
+    assert "agreement with humans on BooookScore's test split" in proc.stderr
+
+    checked = tmp_path / "check.json"
+    proc = run_cli(["check", CASK, summary, "--k", "2", "-o", checked], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    judge = json.loads(checked.read_text())["judge"]
+    assert judge["demos"] >= 1 and judge["calibration"]["figures"]["f1"]["unfaithful"]["n"] > 0
+    assert "agreement with humans on FABLES' test split" in proc.stderr
