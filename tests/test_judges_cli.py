@@ -179,3 +179,15 @@ def test_score_and_check_with_no_options_show_the_shipped_calibration(tmp_path):
     judge = json.loads(checked.read_text())["judge"]
     assert judge["demos"] >= 1 and judge["calibration"]["figures"]["f1"]["unfaithful"]["n"] > 0
     assert "agreement with humans on FABLES' test split" in proc.stderr
+
+
+def test_evaluate_compares_the_default_judge_with_zero_shot(tmp_path, shared_dir):
+    fables = shared_dir / "data" / "fables" / "FABLES.json"
+    out = tmp_path / "eval.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["evaluate", "verification", "--data", fables, "--program", "default", "--size", "4",
+                         "--lm", "openai/fake", "--api-base", server.url, "-o", out], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "| zero-shot" in result.output and "default few-shot" in result.output
+    labels = [r["label"] for r in json.loads(out.read_text())["results"]]
+    assert labels == ["zero-shot", "default few-shot"]

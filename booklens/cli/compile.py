@@ -158,13 +158,25 @@ def compile_command(
     typer.echo("\n".join(lines))
 
 
+def _default_if_named(path: Path, task: str) -> Path:
+    """`--program default` is the few-shot program booklens ships for the task (`booklens.judges`)."""
+    if str(path) != "default" or path.exists():
+        return path
+    from booklens.judges import default_path
+
+    if task not in ("coherence", "verification"):
+        raise BooklensError(f"booklens ships default programs for coherence and verification, not {task}")
+    return default_path(task)
+
+
 @app.command("evaluate")
 def evaluate_command(
     task: TaskArgument,
     data: DataOption,
     program: Annotated[Optional[list[Path]], typer.Option(
-        "--program", help="A compiled artifact; repeat to compare several. The zero-shot program is the first "
-                          "column unless --no-zero-shot.")] = None,
+        "--program", help="A compiled artifact ('default': the few-shot program booklens ships); repeat to "
+                          "compare several. The zero-shot program is the first column unless --no-zero-shot.")]
+    = None,
     split: Annotated[str, typer.Option("--split", help="train, dev or test.")] = "test",
     size: Annotated[Optional[int], typer.Option(
         "--size", help="Examples of the split to use (default: the task's subset size; 0: all).")] = None,
@@ -191,7 +203,7 @@ def evaluate_command(
     if size is not None and size < 0:
         raise BooklensError(f"--size must be 0 (the whole split) or more (got {size})")
     spec = get_task(task)
-    programs = list(program or [])
+    programs = [_default_if_named(p, spec.name) for p in program or []]
     if not programs and not zero_shot:
         raise BooklensError("nothing to evaluate: give --program or drop --no-zero-shot")
     states = [check_task(p, spec.name) for p in programs]  # wrong or broken artifacts fail before any work
@@ -216,9 +228,13 @@ def evaluate_command(
     if zero_shot:
         runs.append(("zero-shot", spec.build_program()))
     labels_seen: set[str] = set()
+    from booklens.judges import DEFAULTS_DIR
+
     for path in programs:
         loaded = load_program(spec.build_program(), path, task=spec.name)
         label = path.name if path.name not in labels_seen else str(path)
+        if path.resolve().parent == DEFAULTS_DIR:
+            label = "default few-shot"
         labels_seen.add(label)
         runs.append((label, loaded))
     results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label) for label, p in runs]
