@@ -18,7 +18,16 @@ from typing import Annotated, Optional
 import typer
 
 from booklens.cli import app
-from booklens.cli.common import ApiBaseOption, CacheDirOption, LMOption, ProgramOption, setup_lm
+from booklens.cli.common import (
+    ApiBaseOption,
+    CacheDirOption,
+    LMOption,
+    ProgramOption,
+    RpmOption,
+    StructuredOption,
+    TpmOption,
+    setup_lm,
+)
 from booklens.errors import BooklensError
 
 judges_app = typer.Typer(help="The default judges: show them, or rebuild them from the human annotations.",
@@ -79,6 +88,9 @@ def calibrate_command(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the book split and the sample.")] = 0,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
     concurrency: Annotated[Optional[int], typer.Option(
         "--concurrency", min=1, help="LM calls at once (default 1 for the embedded model, whose calls queue "
                                      "anyway and then come out the same on every run; 4 otherwise).")] = None,
@@ -109,7 +121,7 @@ def calibrate_command(
     from booklens.lm import LOCAL_LM, resolve_lm_name
 
     calls_at_once = concurrency or (1 if resolve_lm_name(lm) == LOCAL_LM else 4)
-    model = setup_lm(lm, api_base, cache_dir)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     from booklens.calibration import calibrate
 
     for name, prog in programs.items():
