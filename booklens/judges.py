@@ -222,8 +222,10 @@ def judge_warning(info: Any) -> Optional[str]:
     the papers' reference judge does; None otherwise."""
     calibration = info.calibration
     if not calibration:
+        lm = "local" if info.lm.startswith("local/") else info.lm
+        how = {"default": "", "zero-shot": " --zero-shot"}.get(info.program, f" --program {info.program}")
         return (f"no calibration: this judge's agreement with human annotators was never measured for "
-                f"{info.lm} with this program (booklens calibrate --lm {info.lm.split('/')[0] if info.lm.startswith('local/') else info.lm})")
+                f"{info.lm} with this program (booklens calibrate --lm {lm}{how})")
     figures = calibration.get("figures") or {}
     if info.task == "coherence":
         kappa = (figures.get("kappa") or {}).get("value")
