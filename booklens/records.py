@@ -76,6 +76,7 @@ class SummaryNode(BaseModel):
     kind: Literal["chunk", "merge", "update", "compress", "clean"]
     text: str
     tokens: int
+    budget: Optional[int] = Field(default=None, description="the tokens it was allowed (G_l for hier)")
     children: list[str] = Field(default_factory=list, description="ids of the chunks or nodes it was made from")
     chunks: list[int] = Field(default_factory=list, description="indices of the book chunks it covers")
     used_context: bool = False

@@ -46,6 +46,12 @@ DEFAULT_MERGE_CONTEXT = "same-level"
 BUDGET_MARGIN = 0.85
 # A summary may run this much over its budget in generation before it is judged over budget.
 GENERATION_SLACK = 1.5
+# Without given level budgets, each level below the top gets this share of the budget of the
+# level above (G_l = G_n * 0.65^(L - l)), as the published BooookScore code does.
+LEVEL_BUDGET_RATIO = 0.65
+# A regeneration asks for this much less per try (90%, then 80% of the word limit), as the
+# published code does, so a summary that ran long has a better chance to fit.
+REGENERATION_SHRINK = 0.1
 
 
 def prompt_overhead(predictor: dspy.Predict, **empty_inputs: Any) -> int:
@@ -115,6 +121,8 @@ class _BookSummarizer(dspy.Module):
         remove_artifacts: bool = False,
         temperature: float = 0.5,
         words_per_token: float = DEFAULT_WORDS_PER_TOKEN,
+        generation_slack: float = GENERATION_SLACK,
+        shrink_on_regeneration: bool = True,
     ):
         super().__init__()
         if chunk_size < 16:
@@ -132,6 +140,8 @@ class _BookSummarizer(dspy.Module):
         self.remove_artifacts = remove_artifacts
         self.temperature = temperature
         self.words_per_token = words_per_token
+        self.generation_slack = generation_slack
+        self.shrink_on_regeneration = shrink_on_regeneration
         self.clean = dspy.Predict(RemoveArtifacts)
 
     # -- budgets ---------------------------------------------------------
@@ -140,11 +150,13 @@ class _BookSummarizer(dspy.Module):
     def usable_window(self) -> int:
         return int(self.context_window * BUDGET_MARGIN)
 
-    def budget(self, level: int) -> int:
-        """G_l: the summary budget of a level (the last given budget repeats; default G_n)."""
-        if not self.level_budgets:
+    def budget(self, level: int, budgets: list[int] | None = None) -> int:
+        """G_l: the summary budget of a level in `budgets` (default: the given level budgets; the
+        last one repeats; G_n when none are given)."""
+        budgets = budgets if budgets is not None else self.level_budgets
+        if not budgets:
             return self.max_summary_tokens
-        return self.level_budgets[min(level, len(self.level_budgets)) - 1]
+        return budgets[min(level, len(budgets)) - 1]
 
     def word_limit(self, budget: int) -> int:
         """The word limit a prompt states for a budget of `budget` tokens."""
@@ -162,14 +174,17 @@ class _BookSummarizer(dspy.Module):
         temperature = self.temperature if temperature is None else temperature
         best: _Generated | None = None
         for regeneration in range(self.max_regenerations + 1):
+            asked = dict(inputs)
+            if regeneration and self.shrink_on_regeneration and "word_limit" in asked:
+                asked["word_limit"] = max(1, int(asked["word_limit"] * (1 - REGENERATION_SHRINK * regeneration)))
             result = predict_with_retries(
                 predictor,
                 config={
-                    "max_tokens": int(budget * GENERATION_SLACK) + 64,
+                    "max_tokens": int(budget * self.generation_slack) + 64,
                     "temperature": temperature if regeneration == 0 else max(temperature, 0.7),
                     "booklens_attempt": 100 * regeneration,
                 },
-                **inputs,
+                **asked,
             )
             if not result.ok:
                 continue
@@ -232,16 +247,21 @@ class HierarchicalSummarizer(_BookSummarizer):
         self.merge_with_context = dspy.Predict(MergeSummariesWithContext)
 
     def check_budgets(self) -> tuple[int, int, int]:
-        """Room for input at level 1, for a merge, and for a context merge; errors when too small."""
+        """Room for input at level 1, for a merge, and for a context merge; errors when too small.
+
+        The rooms hold for the largest budget of any level, so any merge may write G_n tokens."""
         g1 = self.budget(1)
-        room_chunks = self.usable_window - g1 - prompt_overhead(self.summarize_chunk, excerpt="", word_limit=0)
+        room_chunks = self.room_for_chunks(g1)
         if room_chunks < self.chunk_size:
             raise BooklensError(
                 f"a chunk of {self.chunk_size} tokens does not fit the {self.context_window}-token context window "
                 f"with a {g1}-token summary and the prompt; lower --chunk-size or --max-summary-tokens, "
                 "or raise --context-window"
             )
-        g = max(self.budget(level) for level in range(2, max(3, len(self.level_budgets) + 1)))
+        if self.level_budgets:
+            g = max(self.budget(level) for level in range(2, max(3, len(self.level_budgets) + 1)))
+        else:
+            g = self.max_summary_tokens  # the schedule's top level, and its largest budget
         room_merge = self.usable_window - g - prompt_overhead(self.merge, summaries=[], word_limit=0)
         room_context = self.usable_window - g - prompt_overhead(
             self.merge_with_context, context="", summaries=[], word_limit=0)
@@ -252,27 +272,56 @@ class HierarchicalSummarizer(_BookSummarizer):
             )
         return room_chunks, room_merge, room_context
 
+    def room_for_chunks(self, g1: int) -> int:
+        """Tokens of book text a level-1 call holds when its summary may take `g1` tokens."""
+        return self.usable_window - g1 - prompt_overhead(self.summarize_chunk, excerpt="", word_limit=0)
+
+    def plan_budgets(self, chunks: list[Chunk], room_merge: int) -> tuple[list[list[int]], list[int]]:
+        """The level-1 groups of chunks and the budget G_l of every level.
+
+        Given level budgets are used as they are. Otherwise, as in the published BooookScore code,
+        the tree's depth L is estimated and G_l = G_n * 0.65^(L - l): the smallest L for which a
+        tree of summaries at those budgets reaches one summary in L levels (level 1 grouping as
+        many chunks as fit beside a G_1 summary). Levels beyond the estimate get G_n."""
+        sizes = [c.tokens for c in chunks]
+        if self.level_budgets:
+            return group_by_budget(sizes, self.room_for_chunks(self.budget(1))), list(self.level_budgets)
+        g = self.max_summary_tokens
+        for levels in range(1, 32):
+            budgets = [max(16, int(g * LEVEL_BUDGET_RATIO ** (levels - level))) for level in range(1, levels + 1)]
+            groups = group_by_budget(sizes, self.room_for_chunks(budgets[0]))
+            count, level = len(groups), 1
+            while count > 1:  # merge the summaries of `level` (each at its budget) into the next level
+                per_merge = max(2, room_merge // self.budget(level, budgets))
+                count = -(-count // per_merge)
+                level += 1
+            if level <= levels:
+                return groups, budgets
+        raise BooklensError("the book needs too deep a merge tree; raise --chunk-size or --context-window")
+
+    def summarize_group(self, chunks: list[Chunk], groups: list[list[int]], j: int, budget: int) -> SummaryNode:
+        """The level-1 summary of the chunks of `groups[j]`."""
+        group = groups[j]
+        excerpt = "".join(chunks[i].text for i in group).strip()
+        out = self._generate(self.summarize_chunk, "summary", budget, where=f"level 1 summary {j}",
+                             excerpt=excerpt, word_limit=self.word_limit(budget))
+        return SummaryNode(id=f"L1.{j}", level=1, kind="chunk", text=out.text, tokens=out.tokens, budget=budget,
+                           children=[f"c{i}" for i in group], chunks=list(group), attempts=out.attempts,
+                           over_budget=out.over_budget, truncated=out.truncated, cut_off=out.cut_off)
+
     def forward(self, book: str) -> dspy.Prediction:
-        room_chunks, room_merge, room_context = self.check_budgets()
+        _, room_merge, room_context = self.check_budgets()
         chunks = self._chunks(book)
-        groups = group_by_budget([c.tokens for c in chunks], room_chunks)
-        g1 = self.budget(1)
-
-        def summarize_group(j: int, group: list[int]) -> SummaryNode:
-            excerpt = "".join(chunks[i].text for i in group).strip()
-            out = self._generate(self.summarize_chunk, "summary", g1, where=f"level 1 summary {j}",
-                                 excerpt=excerpt, word_limit=self.word_limit(g1))
-            return SummaryNode(id=f"L1.{j}", level=1, kind="chunk", text=out.text, tokens=out.tokens,
-                               children=[f"c{i}" for i in group], chunks=list(group), attempts=out.attempts,
-                               over_budget=out.over_budget, truncated=out.truncated, cut_off=out.cut_off)
-
-        tree = _MergeTree(self, room_merge, room_context)
-        for j, group in enumerate(groups):
-            tree.add_task(1, j, lambda j=j, group=group: summarize_group(j, group))
+        groups, budgets = self.plan_budgets(chunks, room_merge)
+        g1 = self.budget(1, budgets)
+        tree = _MergeTree(self, budgets, room_merge, room_context)
+        for j in range(len(groups)):
+            tree.add_task(1, j, lambda j=j: self.summarize_group(chunks, groups, j, g1))
         root = tree.run()
         nodes = tree.nodes_in_order()
         final_text = self._finish(root, nodes)
-        return dspy.Prediction(summary=final_text, nodes=nodes, chunks=chunks, levels=root.level)
+        return dspy.Prediction(summary=final_text, nodes=nodes, chunks=chunks, levels=root.level,
+                               level_budgets=budgets)
 
     def context_for(self, lower: list[SummaryNode | None],
                     start: int, upper: list[SummaryNode | None]) -> tuple[bool, SummaryNode | None]:
@@ -295,8 +344,7 @@ class HierarchicalSummarizer(_BookSummarizer):
         return trim_to_budget(text, cap) if count_tokens(text) > cap else text
 
     def merge_node(self, level: int, j: int, context: SummaryNode | None, context_text: str | None,
-                   group: list[SummaryNode]) -> SummaryNode:
-        budget = self.budget(level)
+                   group: list[SummaryNode], budget: int) -> SummaryNode:
         texts = [n.text for n in group]
         where = f"level {level} merge {j}"
         if context is None:
@@ -306,7 +354,7 @@ class HierarchicalSummarizer(_BookSummarizer):
             out = self._generate(self.merge_with_context, "summary", budget, where=where, context=context_text,
                                  summaries=texts, word_limit=self.word_limit(budget))
         return SummaryNode(id=f"L{level}.{j}", level=level, kind="merge", text=out.text, tokens=out.tokens,
-                           children=[n.id for n in group], chunks=[c for n in group for c in n.chunks],
+                           budget=budget, children=[n.id for n in group], chunks=[c for n in group for c in n.chunks],
                            used_context=context is not None, context=context.id if context else None,
                            attempts=out.attempts, over_budget=out.over_budget, truncated=out.truncated,
                            cut_off=out.cut_off)
@@ -329,8 +377,9 @@ class _MergeTree:
     first, then story order) with at most `concurrency` in flight. The grouping rule is the
     level-by-level one: greedy, consecutive, within the room left by the context."""
 
-    def __init__(self, program: HierarchicalSummarizer, room_merge: int, room_context: int):
+    def __init__(self, program: HierarchicalSummarizer, budgets: list[int], room_merge: int, room_context: int):
         self.program = program
+        self.budgets = budgets
         self.room_merge = room_merge
         self.room_context = room_context
         self.levels: list[_Level] = []
@@ -434,8 +483,12 @@ class _MergeTree:
         if len(group) == 1:
             upper.slots.append(group[0])  # a lone summary moves up unchanged
             return True
+        budget = program.budget(upper.level, self.budgets)
+        if not program.level_budgets and start == 0 and lower.cursor == len(lower.slots) and lower.complete:
+            budget = program.max_summary_tokens  # the last merge writes the book's summary: G_n
         upper.slots.append(None)
-        self.ready.append((upper.level, j, lambda: program.merge_node(upper.level, j, context, context_text, group)))
+        self.ready.append((upper.level, j,
+                           lambda: program.merge_node(upper.level, j, context, context_text, group, budget)))
         self.calls_planned += 1
         return True
 
@@ -543,7 +596,7 @@ class IncrementalSummarizer(_BookSummarizer):
         steps = _progress_bar(len(chunks))
         first = self._generate(self.summarize_chunk, "summary", g, where="the first chunk",
                                excerpt=chunks[0].text.strip(), word_limit=words)
-        current = SummaryNode(id="u0", level=1, kind="chunk", text=first.text, tokens=first.tokens,
+        current = SummaryNode(id="u0", level=1, kind="chunk", text=first.text, tokens=first.tokens, budget=g,
                               children=["c0"], chunks=[0], attempts=first.attempts,
                               over_budget=first.over_budget, truncated=first.truncated, cut_off=first.cut_off)
         nodes.append(current)
@@ -557,8 +610,9 @@ class IncrementalSummarizer(_BookSummarizer):
                                  trim=False, running_summary=current.text, excerpt=chunk.text.strip(),
                                  word_limit=words)
             updated = SummaryNode(id=f"u{i}", level=i + 1, kind="update", text=out.text, tokens=out.tokens,
-                                  children=[current.id, f"c{i}"], chunks=list(range(i + 1)), attempts=out.attempts,
-                                  over_budget=out.over_budget, cut_off=out.cut_off)
+                                  budget=int(g * GENERATION_SLACK), children=[current.id, f"c{i}"],
+                                  chunks=list(range(i + 1)), attempts=out.attempts, over_budget=out.over_budget,
+                                  cut_off=out.cut_off)
             nodes.append(updated)
             current = updated
             if updated.tokens > g:
@@ -566,7 +620,7 @@ class IncrementalSummarizer(_BookSummarizer):
                                       summary=updated.text, current_words=len(updated.text.split()),
                                       word_limit=words)
                 current = SummaryNode(id=f"u{i}.compressed", level=i + 1, kind="compress", text=comp.text,
-                                      tokens=comp.tokens, children=[updated.id], chunks=updated.chunks,
+                                      tokens=comp.tokens, budget=g, children=[updated.id], chunks=updated.chunks,
                                       attempts=comp.attempts, over_budget=comp.over_budget,
                                       truncated=comp.truncated, cut_off=comp.cut_off)
                 nodes.append(current)

@@ -56,7 +56,7 @@ def big_book() -> str:
 def test_hierarchical_call_tree_for_a_170k_token_book(big_book):
     lm = ScriptedLM(responder_for(400))
     program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=900,
-                                     merge_context="lower-level")
+                                     merge_context="lower-level", level_budgets=[900])
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         room_chunks, room_merge, room_context = program.check_budgets()
         result = program(book=big_book)

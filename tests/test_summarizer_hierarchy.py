@@ -32,9 +32,9 @@ def answer_for(call) -> dict:
     """A summary whose length depends only on the prompt's inputs, so groups are uneven but the
     same whatever order the calls run in."""
     material = "".join(str(call.inputs.get(k, "")) for k in ("excerpt", "summaries", "context"))
-    words = 150 + zlib.crc32(material.encode()) % 200
     digest = zlib.crc32(material.encode())
-    return {"summary": f"Summary {digest}. " + (SENTENCE * (words // 10)).strip()}
+    words = int(call.inputs["word_limit"]) * (40 + digest % 50) // 100  # 40-90% of the limit
+    return {"summary": f"Summary {digest}. " + (SENTENCE * max(1, words // 10)).strip()}
 
 
 def is_merge(call) -> bool:
@@ -58,7 +58,8 @@ def shape(result) -> list[tuple]:
 
 @pytest.mark.parametrize("merge_context", ["same-level", "lower-level"])
 def test_a_merge_starts_before_its_level_ends_and_the_output_is_the_level_by_level_one(merge_context):
-    level_by_level, barrier_lm = summarize(answer_for, merge_context=merge_context, pipelined=False, concurrency=4)
+    level_by_level, barrier_lm = summarize(answer_for, merge_context=merge_context, pipelined=False, concurrency=4,
+                                           level_budgets=[500])
     level1 = [n for n in level_by_level.nodes if n.level == 1]
     assert len(level1) >= 12 and max(n.level for n in level_by_level.nodes) >= 3
     last_excerpt_start = BOOK[level_by_level.chunks[level1[-1].chunks[0]].start:][:60].strip()
@@ -79,7 +80,7 @@ def test_a_merge_starts_before_its_level_ends_and_the_output_is_the_level_by_lev
             waited_for_merge.append(merge_arrived.wait(timeout=120))
         return answer_for(call)
 
-    pipelined, pipelined_lm = summarize(responder, merge_context=merge_context, concurrency=4)
+    pipelined, pipelined_lm = summarize(responder, merge_context=merge_context, concurrency=4, level_budgets=[500])
     assert waited_for_merge == [True]
     assert shape(pipelined) == shape(level_by_level)
     assert pipelined.summary == level_by_level.summary
@@ -87,7 +88,7 @@ def test_a_merge_starts_before_its_level_ends_and_the_output_is_the_level_by_lev
 
 
 def test_one_call_at_a_time_runs_a_merge_as_soon_as_its_group_is_decided():
-    result, lm = summarize(answer_for, merge_context="lower-level", concurrency=1)
+    result, lm = summarize(answer_for, merge_context="lower-level", concurrency=1, level_budgets=[500])
     nodes = {n.id: n for n in result.nodes}
     first_merge = next(n for n in result.nodes if n.level == 2)
     level1 = [n for n in result.nodes if n.level == 1]
@@ -101,7 +102,7 @@ def test_one_call_at_a_time_runs_a_merge_as_soon_as_its_group_is_decided():
 
 
 def test_same_level_context_is_the_previous_merge_of_the_level():
-    result, lm = summarize(answer_for)  # the default is the paper's context
+    result, lm = summarize(answer_for, level_budgets=[500])  # the default is the paper's context
     by_id = {n.id: n for n in result.nodes}
     context_calls = [c for c in lm.backend.calls if "context" in c.inputs]
     assert context_calls
@@ -127,11 +128,34 @@ def test_no_merge_context():
 
 
 def test_word_limit_follows_the_word_per_token_ratio():
-    _, lm = summarize(answer_for)
-    first = lm.backend.calls[0]
-    assert int(first.inputs["word_limit"]) == int(500 * 0.65)  # the published code's ratio
-    _, lm = summarize(answer_for, words_per_token=0.75)
-    assert int(lm.backend.calls[0].inputs["word_limit"]) == int(500 * 0.75)
+    result, lm = summarize(answer_for, level_budgets=[400, 500])
+    assert int(lm.backend.calls[0].inputs["word_limit"]) == int(400 * 0.65)  # the published code's ratio
+    merge = next(c for c in lm.backend.calls if is_merge(c))
+    assert int(merge.inputs["word_limit"]) == int(500 * 0.65)
+    result, lm = summarize(answer_for, level_budgets=[400, 500], words_per_token=0.75)
+    assert int(lm.backend.calls[0].inputs["word_limit"]) == int(400 * 0.75)
+
+
+def test_level_budgets_shrink_below_the_top_as_in_the_published_code():
+    result, lm = summarize(answer_for)
+    budgets = result.level_budgets
+    depth = len(budgets)
+    assert depth >= 3 and budgets == [int(500 * 0.65 ** (depth - level)) for level in range(1, depth + 1)]
+    # The estimate assumes summaries as long as their budgets; shorter ones may need fewer levels,
+    # and the merge that writes the book's summary gets G_n wherever it is.
+    assert 2 <= max(n.level for n in result.nodes) <= depth
+    for node in result.nodes:
+        assert node.budget == (500 if node is result.nodes[-1] else budgets[node.level - 1])
+        assert node.tokens <= node.budget
+    # Level 1 holds as many chunks as fit beside a G_1 summary: more than beside G_n.
+    program = HierarchicalSummarizer(chunk_size=1024, context_window=4096, max_summary_tokens=500)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        assert program.room_for_chunks(budgets[0]) > program.room_for_chunks(500)
+        level1 = [n for n in result.nodes if n.level == 1]
+        assert all(sum(result.chunks[i].tokens for i in n.chunks) <= program.room_for_chunks(budgets[0])
+                   for n in level1)
+        fixed, _ = summarize(answer_for, level_budgets=[500])
+    assert len([n for n in fixed.nodes if n.level == 1]) > len(level1)
 
 
 def test_a_long_update_is_compressed_whole_so_the_newest_chunk_survives():
