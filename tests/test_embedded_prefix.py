@@ -62,7 +62,7 @@ def run_turns(scheduler: PrefixScheduler, holder_key: str, keys: list[str]) -> l
     holder.thread.join()
     for t in threads:
         t.join(timeout=60)
-    return scheduler.granted[1:]
+    return list(scheduler.granted)[1:]
 
 
 SUMMARY_A = "instructions | summary A: " + "the keeper lit the lamp. " * 40
@@ -120,7 +120,7 @@ def test_the_context_waits_for_the_caller_that_comes_back_with_the_same_prompt()
     with scheduler.turn(SUMMARY_B + "a follow-up"):
         assert other_done.is_set()
     t.join(timeout=60)
-    assert scheduler.granted == [SUMMARY_A, SUMMARY_A, SUMMARY_B, SUMMARY_B + "a follow-up"]
+    assert list(scheduler.granted) == [SUMMARY_A, SUMMARY_A, SUMMARY_B, SUMMARY_B + "a follow-up"]
 
 
 @pytest.fixture(scope="module")

@@ -79,7 +79,7 @@ class PrefixScheduler:
         self._held_version = 0
         self._linger_until = 0.0
         self._order = 0
-        self.granted: list[str] = []  # keys in the order they ran (bounded), for tests and benchmarks
+        self.granted: collections.deque[str] = collections.deque(maxlen=64)  # the last keys, in the order they ran
 
     def _shared(self, ticket: _Ticket) -> int:
         if ticket.shared_with != self._held_version:
@@ -120,7 +120,6 @@ class PrefixScheduler:
                     other.skips += 1
             self._busy = True
             self.granted.append(key)
-            del self.granted[:-1000]
         try:
             yield
         finally:
