@@ -31,6 +31,7 @@ CONFIGS = {
     "flash, batch 256": {"flash_attn": True, "n_batch": 256, "n_ubatch": 256},
     "flash, batch 1024": {"flash_attn": True, "n_batch": 1024, "n_ubatch": 1024},
     "flash, q8_0 KV cache": {"flash_attn": True, "type_k": 8, "type_v": 8},
+    "flash, 1 thread generating": {"flash_attn": True, "n_threads": 1},
 }
 
 
@@ -63,9 +64,9 @@ def main() -> None:
     header = "".join(f"{f'prompt {n}':>13}{f'gen @{n}':>10}" for n in lengths)
     print(f"{'settings':<30}{header}   (tokens/s)")
     for name in names:
-        settings = {"flash_attn": FLASH_ATTENTION, "n_batch": N_BATCH, "n_ubatch": N_UBATCH, **CONFIGS[name]}
-        llm = Llama(model_path=backend.model_path, n_ctx=8192, n_threads=backend.n_threads, verbose=False,
-                    **settings)
+        settings = {"flash_attn": FLASH_ATTENTION, "n_batch": N_BATCH, "n_ubatch": N_UBATCH,
+                    "n_threads": backend.n_threads, "n_threads_batch": backend.n_threads, **CONFIGS[name]}
+        llm = Llama(model_path=backend.model_path, n_ctx=8192, verbose=False, **settings)
         row = ""
         for n in lengths:
             tokens = llm.tokenize(text[20_000:20_000 + 6 * n].encode())[:n]
