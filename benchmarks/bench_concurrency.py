@@ -1,11 +1,14 @@
-"""Level concurrency of hierarchical merging against a fixed-latency OpenAI-compatible server.
+"""Concurrency of hierarchical merging against a fixed-latency OpenAI-compatible server.
 
-A fake server on loopback answers every call after LATENCY seconds. With concurrency c,
-the calls of one level run together, so the expected wall time is
+A fake server on loopback answers every call after LATENCY seconds. Run level by level with
+independent merges (lower-level context), the calls of one level run together, so the expected
+wall time is
     sum over levels of ceil(calls_in_level / c) * LATENCY.
-The benchmark prints measured against expected for several c.
+The benchmark prints measured against expected for several c, then the same tree pipelined
+(a merge starts once its inputs exist), and pipelined with the paper's context (the previous
+merge of the level), whose merges of one level follow each other.
 
-    python benchmarks/bench_concurrency.py [--latency 0.2]
+    python benchmarks/bench_concurrency.py [--latency 1.0]
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import time
 from collections import Counter
 
+import booklens  # noqa: F401, I001  - first: its offline settings must precede LiteLLM's import
 import dspy
 
 from booklens.lm import BooklensAdapter, BooklensLM, LiteLLMBackend
@@ -36,6 +40,18 @@ def synthetic_book(sentences: int) -> str:
                    for i in range(sentences))
 
 
+def run(book: str, latency: float, words: int, concurrency: int, **config):
+    with FakeOpenAIServer(latency=latency, responder=summary_answer(words)) as server:
+        lm = BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url))
+        program = HierarchicalSummarizer(chunk_size=1024, context_window=8192, max_summary_tokens=600,
+                                         level_budgets=[600], concurrency=concurrency, **config)
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            t0 = time.perf_counter()
+            result = program(book=book)
+            wall = time.perf_counter() - t0
+    return result, wall, len(server.served)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--latency", type=float, default=1.0)
@@ -43,25 +59,22 @@ def main() -> None:
     parser.add_argument("--summary-words", type=int, default=350)
     args = parser.parse_args()
     book = synthetic_book(args.sentences)
-    print(f"fixed latency {args.latency:.2f} s per call; chunk 1024, context 8192, G = 600, "
+    print(f"fixed latency {args.latency:.2f} s per call; chunk 1024, context 8192, G = 600 at every level, "
           f"summaries of ~{args.summary_words} words")
-    print(f"{'concurrency':>11} {'calls':>5} {'per level':>16} {'expected s':>10} {'measured s':>10} {'ratio':>6}")
+    print(f"{'concurrency':>11} {'calls':>5} {'per level':>12} {'expected s':>10} {'level by level':>14} "
+          f"{'ratio':>6} {'pipelined':>9} {'same-level context':>18}")
     for concurrency in (1, 2, 4, 8, 16):
-        with FakeOpenAIServer(latency=args.latency, responder=summary_answer(args.summary_words)) as server:
-            lm = BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url))
-            program = HierarchicalSummarizer(chunk_size=1024, context_window=8192, max_summary_tokens=600,
-                                             concurrency=concurrency)
-            with dspy.context(lm=lm, adapter=BooklensAdapter()):
-                t0 = time.perf_counter()
-                result = program(book=book)
-                wall = time.perf_counter() - t0
+        result, wall, calls = run(book, args.latency, args.summary_words, concurrency,
+                                  merge_context="lower-level", pipelined=False)
         per_level = Counter(n.level for n in result.nodes)
-        expected = sum(math.ceil(calls / concurrency) for calls in per_level.values()) * args.latency
+        expected = sum(math.ceil(n / concurrency) for n in per_level.values()) * args.latency
+        _, pipelined, _ = run(book, args.latency, args.summary_words, concurrency, merge_context="lower-level")
+        _, chained, _ = run(book, args.latency, args.summary_words, concurrency)
         levels = "+".join(str(per_level[level]) for level in sorted(per_level))
-        print(f"{concurrency:>11} {len(server.served):>5} {levels:>16} {expected:>10.2f} {wall:>10.2f} "
-              f"{wall / expected:>6.2f}")
+        print(f"{concurrency:>11} {calls:>5} {levels:>12} {expected:>10.2f} {wall:>14.2f} "
+              f"{wall / expected:>6.2f} {pipelined:>9.2f} {chained:>18.2f}")
         if concurrency == 1:
-            per_call = (wall - expected) / len(server.served)
+            per_call = (wall - expected) / calls
             print(f"{'':>11} client overhead at concurrency 1: {per_call * 1000:.0f} ms per call "
                   "(chunking, prompt building, HTTP, parsing)")
 

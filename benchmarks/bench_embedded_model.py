@@ -1,55 +1,92 @@
 """Throughput of the embedded model (SmolLM2-135M-Instruct Q4_1 in llama.cpp) on this machine.
 
-Prints prompt tokens/s, generated tokens/s, the cost of repeating a prompt (llama.cpp
-reuses the cached prefix), and how the model's tokenizer counts compare with cl100k_base,
-the tokenizer booklens budgets with.
+Prints, for several llama.cpp settings, prompt tokens/s at a short and a long prompt (attention
+grows with the context, so a long prompt is read more slowly) and generated tokens/s after each;
+then, with booklens's settings, the cost of repeating a prompt (llama.cpp reuses the cached
+prefix) and how the model's tokenizer counts compare with cl100k_base, the tokenizer booklens
+budgets with.
 
-    python benchmarks/bench_embedded_model.py
+    python benchmarks/bench_embedded_model.py [--lengths 1000,6000] [--configs all]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from pathlib import Path
 
+import booklens  # noqa: F401  - offline settings
 from booklens.lm import LocalBackend
+from booklens.lm.embedded import FLASH_ATTENTION, N_BATCH, N_UBATCH
 from booklens.text import count_tokens
 
-STORY = Path(__file__).resolve().parents[1] / "examples" / "sample_story.txt"
+REPO = Path(__file__).resolve().parents[1]
+STORY = REPO / "examples" / "sample_story.txt"
+NOVEL = REPO.parent / "shared" / "data" / "books" / "pride_and_prejudice.txt"
+
+CONFIGS = {
+    "booklens": {},
+    "no flash attention (before)": {"flash_attn": False, "n_batch": 512, "n_ubatch": 512},
+    "flash, batch 256": {"flash_attn": True, "n_batch": 256, "n_ubatch": 256},
+    "flash, batch 1024": {"flash_attn": True, "n_batch": 1024, "n_ubatch": 1024},
+    "flash, q8_0 KV cache": {"flash_attn": True, "type_k": 8, "type_v": 8},
+    "flash, 1 thread generating": {"flash_attn": True, "n_threads": 1},
+}
+
+
+def speed(llm, tokens: list[int], generate: int = 64) -> tuple[float, float]:
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(tokens)
+    prompt_rate = len(tokens) / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(generate):
+        llm.eval([llm.sample(temp=0.0)])
+    return prompt_rate, generate / (time.perf_counter() - t0)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", default="1000,6000", help="prompt lengths in model tokens")
+    parser.add_argument("--configs", default="all", help="comma-separated names from CONFIGS, or all")
+    parser.add_argument("--repeats", type=int, default=2, help="the best of this many runs is shown")
+    args = parser.parse_args()
+    from llama_cpp import Llama
+
     backend = LocalBackend()
+    text = (NOVEL if NOVEL.exists() else STORY).read_text(encoding="utf-8")
+    lengths = [int(n) for n in args.lengths.split(",")]
+    names = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
+    print(f"model: {Path(backend.model_path).name}, threads: {backend.n_threads}, cores: {os.cpu_count()}; "
+          f"booklens: flash attention {FLASH_ATTENTION}, n_batch {N_BATCH}, n_ubatch {N_UBATCH}; "
+          f"load average {os.getloadavg()[0]:.2f}")
+    header = "".join(f"{f'prompt {n}':>13}{f'gen @{n}':>10}" for n in lengths)
+    print(f"{'settings':<30}{header}   (tokens/s)")
+    for name in names:
+        settings = {"flash_attn": FLASH_ATTENTION, "n_batch": N_BATCH, "n_ubatch": N_UBATCH,
+                    "n_threads": backend.n_threads, "n_threads_batch": backend.n_threads, **CONFIGS[name]}
+        llm = Llama(model_path=backend.model_path, n_ctx=8192, verbose=False, **settings)
+        row = ""
+        for n in lengths:
+            tokens = llm.tokenize(text[20_000:20_000 + 6 * n].encode())[:n]
+            best = max((speed(llm, tokens) for _ in range(args.repeats)), key=lambda r: r[0])
+            row += f"{best[0]:>13.0f}{best[1]:>10.0f}"
+        print(f"{name:<30}{row}", flush=True)
+        del llm
+
     llm = backend._model()
-    text = STORY.read_text(encoding="utf-8")
-    prompt = text[:6000]
-    n_prompt = len(llm.tokenize(prompt.encode()))
-    print(f"model: {Path(backend.model_path).name}, threads: {backend.n_threads}, cores: {os.cpu_count()}")
-
+    prompt = text[20_000:26_000]
     llm.reset()
-    t0 = time.perf_counter()
     llm.create_completion(prompt, max_tokens=1, temperature=0.0)
-    prompt_seconds = time.perf_counter() - t0
-    print(f"prompt: {n_prompt} tokens in {prompt_seconds:.2f} s = {n_prompt / prompt_seconds:.0f} tokens/s")
-
     t0 = time.perf_counter()
     llm.create_completion(prompt, max_tokens=1, temperature=0.0)
     print(f"same prompt again (cached prefix): {time.perf_counter() - t0:.3f} s")
-
-    short = "Write a long story about a lighthouse keeper who lost his light in a storm.\n\n"
-    llm.reset()
-    llm.create_completion(short, max_tokens=1, temperature=0.0)
-    t0 = time.perf_counter()
-    out = llm.create_completion(short, max_tokens=256, temperature=0.0)
-    gen_seconds = time.perf_counter() - t0
-    n_gen = out["usage"]["completion_tokens"]
-    print(f"generation: {n_gen} tokens in {gen_seconds:.2f} s = {n_gen / gen_seconds:.0f} tokens/s")
-
-    smol = len(llm.tokenize(text.encode(), add_bos=False))
-    cl100k = count_tokens(text)
+    sample = STORY.read_text(encoding="utf-8")
+    smol = len(llm.tokenize(sample.encode(), add_bos=False))
+    cl100k = count_tokens(sample)
     print(f"tokenizer: sample story = {smol} SmolLM2 tokens vs {cl100k} cl100k_base tokens "
-          f"(ratio {smol / cl100k:.2f})")
+          f"(ratio {smol / cl100k:.2f}); load average {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

