@@ -231,7 +231,12 @@ class QAPrediction(BaseModel):
     gold_evidence_located: int = 0
     gold_evidence_in_context: Optional[float] = Field(
         default=None, description="share of located gold evidence quotes that the context contained")
-    quote_recall: Optional[float] = None
+    quote_recall: Optional[float] = Field(
+        default=None, description="share of located gold quotes the model's quotes overlap (word overlap)")
+    evidence_scores: Optional[dict[str, int]] = Field(
+        default=None, description="LLM-scored evidence recall: correctness, relevance, sufficiency (0-100)")
+    evidence_score: Optional[float] = Field(default=None, description="mean of the three evidence scores")
+    evidence_error: Optional[str] = Field(default=None, description="why the evidence could not be scored")
     attempts: int = 1
 
 

@@ -12,15 +12,25 @@ generative (`gen`) setting. What the model reads depends on the evidence mode
 - ``given``: the gold evidence that comes with the question (an oracle setting);
 - ``none``: closed-book, the question alone (what the model remembers of the book).
 
+The ``book`` mode is the whole book only when the book fits: for a novel and an 8K window
+it is retrieval of about 6K tokens around the best passages, not the whole book. Every
+prediction records which it was (`context_mode`).
+
 `AnswerJudge` grades a free-text answer against the reference answer, as the seed
-does with GPT-4. `answer_questions` runs a question set and scores it, recording
-where the gold evidence lies and whether the context held it.
+does with GPT-4. `EvidenceJudge` scores the evidence a model quoted against the
+annotators' evidence for correctness, relevance and sufficiency (0-100 each), the
+seed's LLM-scored evidence recall (its Table 5). `answer_questions` runs a question
+set and scores it, recording where the gold evidence lies and whether the context
+held it; `run_book_qa` is the whole `booklens qa` run (inputs checked, LM set up,
+questions answered and judged, report built).
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
+import time
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import dspy
@@ -33,6 +43,7 @@ from booklens.signatures.qa import (
     AnswerQuestion,
     AnswerQuestionClosedBook,
     JudgeAnswer,
+    ScoreEvidence,
     with_evidence,
 )
 
@@ -43,6 +54,10 @@ BUDGET_MARGIN = 0.8
 ANSWER_RESERVE = {"mc": 48, "gen": 128}
 EVIDENCE_RESERVE = 320
 SETTINGS = ("mc", "gen")
+# How quoted evidence is scored: the seed's LLM judge (correctness, relevance, sufficiency,
+# 0-100 each), or word overlap with the located gold quotes (no LM call).
+EVIDENCE_RECALL_MODES = ("llm", "overlap")
+EVIDENCE_CRITERIA = ("correctness", "relevance", "sufficiency")
 
 
 class _BookCache:
@@ -246,8 +261,9 @@ class AnswerJudge(dspy.Module):
         self.tries = tries
 
     def forward(self, question: str, correct_answer: str, student_answer: str,
-                evidence: Optional[Sequence[str]] = None) -> dspy.Prediction:
-        attempt = predict_with_retries(self.judge, tries=self.tries, question=question, correct_answer=correct_answer,
+                evidence: Optional[Sequence[str]] = None, book_title: str = "") -> dspy.Prediction:
+        attempt = predict_with_retries(self.judge, tries=self.tries, book_title=book_title or "(untitled)",
+                                       question=question, correct_answer=correct_answer,
                                        supporting_evidence=list(evidence or []), student_answer=student_answer)
         if not attempt.ok:
             return dspy.Prediction(correct=None, reason=None, error=attempt.error, attempts=attempt.attempts)
@@ -256,13 +272,51 @@ class AnswerJudge(dspy.Module):
                                attempts=attempt.attempts)
 
 
+class EvidenceJudge(dspy.Module):
+    """Score quoted evidence against the annotators' evidence: correctness, relevance and
+    sufficiency, 0-100 each, and their mean (NovelQA's evidence recall). No quotes score 0
+    without a call; a score outside 0-100 is re-asked, then recorded as a failure."""
+
+    def __init__(self, tries: int = 3):
+        super().__init__()
+        self.score = dspy.Predict(ScoreEvidence)
+        self.tries = tries
+
+    @staticmethod
+    def check(pred: Any) -> Optional[str]:
+        for name in EVIDENCE_CRITERIA:
+            value = getattr(pred, name, None)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
+                return f"{name} {value!r} is not an integer from 0 to 100"
+        return None
+
+    def forward(self, question: str, correct_answer: str, correct_evidence: Sequence[str], student_answer: str,
+                student_evidence: Sequence[str], book_title: str = "") -> dspy.Prediction:
+        quotes = [q for q in student_evidence if q and q.strip()]
+        if not quotes:
+            return dspy.Prediction(scores={name: 0 for name in EVIDENCE_CRITERIA}, mean=0.0, error=None, attempts=0)
+        got = predict_with_retries(self.score, tries=self.tries, check=self.check,
+                                   book_title=book_title or "(untitled)", question=question,
+                                   correct_answer=correct_answer, correct_evidence=list(correct_evidence),
+                                   student_answer=student_answer or "(no answer)", student_evidence=quotes)
+        if not got.ok:
+            return dspy.Prediction(scores=None, mean=None, error=got.error, attempts=got.attempts)
+        scores = {name: getattr(got.prediction, name) for name in EVIDENCE_CRITERIA}
+        return dspy.Prediction(scores=scores, mean=round(sum(scores.values()) / len(scores), 2), error=None,
+                               attempts=got.attempts)
+
+
 # ---------------------------------------------------------------------------
 # Running a question set
 
 
 def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, judge: Optional[AnswerJudge] = None,
-                     concurrency: int = 1, book_title: str = "", desc: str = "questions") -> list[Any]:
-    """Answer and score NovelQA questions about `book`; returns `QAPrediction` records in order."""
+                     concurrency: int = 1, book_title: str = "", desc: str = "questions",
+                     evidence_recall: str = "llm", evidence_judge: Optional[EvidenceJudge] = None) -> list[Any]:
+    """Answer and score NovelQA questions about `book`; returns `QAPrediction` records in order.
+
+    When the program quotes evidence, the quotes are scored by word overlap with the located
+    gold quotes (free) and, with `evidence_recall="llm"` (the seed's method), by an LLM judge."""
     from booklens.data.novelqa import QAPrediction, gold_for
     from booklens.lm import usage_step
     from booklens.metrics.qa import locate_evidence, quote_recall, share_in_context, token_positions
@@ -270,8 +324,12 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
     from booklens.retrieval import QuoteLocator
 
     setting = program.setting
+    if evidence_recall not in EVIDENCE_RECALL_MODES:
+        raise BooklensError(f"unknown evidence recall {evidence_recall!r}: use {' or '.join(EVIDENCE_RECALL_MODES)}")
     if setting == "gen" and judge is None:
         judge = AnswerJudge()
+    if program.quote_evidence and evidence_recall == "llm" and evidence_judge is None:
+        evidence_judge = EvidenceJudge()
     locator = QuoteLocator(book)
     spans = {q.qid: locate_evidence(locator, q.evidences) for q in questions}
     positions = token_positions(book, [s.start for ss in spans.values() for s in ss])
@@ -320,7 +378,7 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
         q = by_qid[record.qid]
         with usage_step("judge"):
             verdict = judge(question=q.question, correct_answer=record.gold, student_answer=record.prediction,
-                            evidence=q.evidences)
+                            evidence=q.evidences, book_title=book_title)
         record.correct = verdict.correct
         record.judge_reason = verdict.reason
         if verdict.error:
@@ -328,4 +386,109 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
         return record
 
     parallel_map(grade, to_judge, concurrency=concurrency, desc="judge")
+
+    def score_evidence(record: QAPrediction) -> QAPrediction:
+        q = by_qid[record.qid]
+        with usage_step("evidence"):
+            scored = evidence_judge(question=q.question, correct_answer=_answer_text(q, setting, record.gold),
+                                    correct_evidence=q.evidences, book_title=book_title,
+                                    student_answer=_answer_text(q, setting, record.prediction),
+                                    student_evidence=record.quoted_evidence)
+        record.evidence_scores = scored.scores
+        record.evidence_score = scored.mean
+        if scored.error:
+            record.evidence_error = scored.error
+        return record
+
+    if evidence_judge is not None and program.quote_evidence:
+        to_score = [r for r in records if r.gold is not None and by_qid[r.qid].evidences]
+        parallel_map(score_evidence, to_score, concurrency=concurrency, desc="evidence")
     return records
+
+
+def _answer_text(q: Any, setting: str, answer: Optional[str]) -> str:
+    """An answer as the evidence judge reads it: a letter with its option text in the mc setting."""
+    if answer is None:
+        return ""
+    if setting == "mc" and q.options and answer in q.options:
+        return f"{answer}. {q.options[answer]}"
+    return answer
+
+
+# ---------------------------------------------------------------------------
+# The whole `booklens qa` run
+
+
+def title_from_path(path: Path) -> str:
+    """A readable title from a book's file name: 'pride_and_prejudice.txt' -> 'Pride And Prejudice'."""
+    return path.stem.replace("_", " ").replace("-", " ").title()
+
+
+def setup_run_lm(lm: Any = None, api_base: Optional[str] = None, cache_dir: Any = None) -> Any:
+    """The LM of a run, installed for DSPy: an LM object as given, or one built from an `--lm` string."""
+    from booklens.lm import configure, make_lm
+
+    if lm is None or isinstance(lm, str):
+        lm = make_lm(lm, api_base=api_base, cache_dir=cache_dir)
+    return configure(lm)
+
+
+class Measured:
+    """LM usage (`booklens.lm.usage_delta`) and wall time of a block of work on one LM."""
+
+    def __init__(self, lm: Any):
+        self.lm = lm
+
+    def __enter__(self) -> "Measured":
+        self._before = self.lm.usage.snapshot()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from booklens.lm import usage_delta
+
+        self.seconds = round(time.perf_counter() - self._t0, 2)
+        self.usage = usage_delta(self._before, self.lm.usage.snapshot())
+
+
+def _index_dir(cache_dir: Any) -> Path:
+    from booklens.lm import default_cache_dir
+
+    return Path(cache_dir or default_cache_dir()) / "index"
+
+
+def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = 5,
+                passage_tokens: int = 256, rank_mode: str = "bm25", quote_evidence: bool = False,
+                evidence_recall: str = "llm", title: Optional[str] = None, limit: Optional[int] = None,
+                position_threshold: int = 100_000, context_window: Optional[int] = None, lm: Any = None,
+                api_base: Optional[str] = None, cache_dir: Any = None, concurrency: int = 4) -> dict[str, Any]:
+    """Answer a NovelQA question file about a book and score it: the `booklens qa` result
+    (kind `booklens.qa`) with the report, every prediction, LM usage and time. The inputs are
+    checked before any model is loaded."""
+    from booklens.data.novelqa import check_setting, load_questions
+    from booklens.metrics.qa import qa_report
+    from booklens.text import count_tokens, read_book
+
+    qs = load_questions(questions)
+    check_setting(qs, setting, source=str(questions))
+    if limit:
+        qs = qs[:limit]
+    text = read_book(book)
+    program = BookQA(setting, evidence, k=k, passage_tokens=passage_tokens, context_window=context_window,
+                     quote_evidence=quote_evidence, rank_mode=rank_mode, index_cache_dir=_index_dir(cache_dir))
+    if evidence_recall not in EVIDENCE_RECALL_MODES:
+        raise BooklensError(f"unknown evidence recall {evidence_recall!r}: use {' or '.join(EVIDENCE_RECALL_MODES)}")
+    model = setup_run_lm(lm, api_base, cache_dir)
+    with Measured(model) as measured:
+        records = answer_questions(program, text, qs, concurrency=concurrency, book_title=title or title_from_path(book),
+                                   evidence_recall=evidence_recall)
+    modes: dict[str, int] = {}
+    for r in records:
+        modes[r.context_mode] = modes.get(r.context_mode, 0) + 1
+    return {
+        "kind": "booklens.qa", "book": str(book), "book_tokens": count_tokens(text), "questions": str(questions),
+        "setting": setting, "evidence": evidence, "context_modes": modes, "k": k, "passage_tokens": passage_tokens,
+        "evidence_recall": evidence_recall if program.quote_evidence else None, "lm": model.label,
+        "report": qa_report(records, threshold=position_threshold), "predictions": [r.model_dump() for r in records],
+        "usage": measured.usage, "seconds": measured.seconds,
+    }
