@@ -28,6 +28,9 @@ COMPLEXITIES = ("mh", "sh", "dtl")
 ASPECT_LABELS = {"character": "chara", "meaning": "mean", "plot": "plot", "relation": "relat",
                  "setting": "settg", "span": "span", "times": "times"}
 SETTINGS = ("mc", "gen")
+# How the evidence a model quotes is scored: the seed's LLM judge (correctness, relevance,
+# sufficiency, 0-100 each), or word overlap with the located gold quotes (no LM call).
+EVIDENCE_RECALL_MODES = ("llm", "overlap")
 
 _ASPECT_ALIASES = {
     "chara": "character", "characters": "character", "char": "character",
@@ -189,6 +192,11 @@ def check_setting(questions: list[NovelQAQuestion], setting: str, source: str = 
                 raise BooklensError(
                     f"{source}: question {q.qid} has no Options; the multiple-choice setting (--setting mc) needs "
                     "them (use --setting gen for free-text answers)")
+
+
+def check_evidence_recall(mode: str) -> None:
+    if mode not in EVIDENCE_RECALL_MODES:
+        raise BooklensError(f"unknown evidence recall {mode!r}: use {' or '.join(EVIDENCE_RECALL_MODES)}")
 
 
 def gold_for(q: NovelQAQuestion, setting: str) -> Optional[str]:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from booklens.data.novelqa import ASPECT_LABELS, ASPECTS, COMPLEXITIES
-from booklens.retrieval import QuoteLocator
+
+if TYPE_CHECKING:
+    from booklens.retrieval import QuoteLocator
 
 POSITION_THRESHOLD = 100_000
 QUOTE_MATCH = 0.5  # share of a gold quote's words a model quote must contain to count as recalled

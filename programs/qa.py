@@ -21,16 +21,13 @@ does with GPT-4. `EvidenceJudge` scores the evidence a model quoted against the
 annotators' evidence for correctness, relevance and sufficiency (0-100 each), the
 seed's LLM-scored evidence recall (its Table 5). `answer_questions` runs a question
 set and scores it, recording where the gold evidence lies and whether the context
-held it; `run_book_qa` is the whole `booklens qa` run (inputs checked, LM set up,
-questions answered and judged, report built).
+held it (`booklens.qa_runs.run_book_qa` is the whole `booklens qa` run).
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
-import time
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import dspy
@@ -54,9 +51,6 @@ BUDGET_MARGIN = 0.8
 ANSWER_RESERVE = {"mc": 48, "gen": 128}
 EVIDENCE_RESERVE = 320
 SETTINGS = ("mc", "gen")
-# How quoted evidence is scored: the seed's LLM judge (correctness, relevance, sufficiency,
-# 0-100 each), or word overlap with the located gold quotes (no LM call).
-EVIDENCE_RECALL_MODES = ("llm", "overlap")
 EVIDENCE_CRITERIA = ("correctness", "relevance", "sufficiency")
 
 
@@ -317,15 +311,14 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
 
     When the program quotes evidence, the quotes are scored by word overlap with the located
     gold quotes (free) and, with `evidence_recall="llm"` (the seed's method), by an LLM judge."""
-    from booklens.data.novelqa import QAPrediction, gold_for
+    from booklens.data.novelqa import QAPrediction, check_evidence_recall, gold_for
     from booklens.lm import usage_step
     from booklens.metrics.qa import locate_evidence, quote_recall, share_in_context, token_positions
     from booklens.parallel import parallel_map
     from booklens.retrieval import QuoteLocator
 
     setting = program.setting
-    if evidence_recall not in EVIDENCE_RECALL_MODES:
-        raise BooklensError(f"unknown evidence recall {evidence_recall!r}: use {' or '.join(EVIDENCE_RECALL_MODES)}")
+    check_evidence_recall(evidence_recall)
     if setting == "gen" and judge is None:
         judge = AnswerJudge()
     if program.quote_evidence and evidence_recall == "llm" and evidence_judge is None:
@@ -413,82 +406,3 @@ def _answer_text(q: Any, setting: str, answer: Optional[str]) -> str:
     if setting == "mc" and q.options and answer in q.options:
         return f"{answer}. {q.options[answer]}"
     return answer
-
-
-# ---------------------------------------------------------------------------
-# The whole `booklens qa` run
-
-
-def title_from_path(path: Path) -> str:
-    """A readable title from a book's file name: 'pride_and_prejudice.txt' -> 'Pride And Prejudice'."""
-    return path.stem.replace("_", " ").replace("-", " ").title()
-
-
-def setup_run_lm(lm: Any = None, api_base: Optional[str] = None, cache_dir: Any = None) -> Any:
-    """The LM of a run, installed for DSPy: an LM object as given, or one built from an `--lm` string."""
-    from booklens.lm import configure, make_lm
-
-    if lm is None or isinstance(lm, str):
-        lm = make_lm(lm, api_base=api_base, cache_dir=cache_dir)
-    return configure(lm)
-
-
-class Measured:
-    """LM usage (`booklens.lm.usage_delta`) and wall time of a block of work on one LM."""
-
-    def __init__(self, lm: Any):
-        self.lm = lm
-
-    def __enter__(self) -> "Measured":
-        self._before = self.lm.usage.snapshot()
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        from booklens.lm import usage_delta
-
-        self.seconds = round(time.perf_counter() - self._t0, 2)
-        self.usage = usage_delta(self._before, self.lm.usage.snapshot())
-
-
-def _index_dir(cache_dir: Any) -> Path:
-    from booklens.lm import default_cache_dir
-
-    return Path(cache_dir or default_cache_dir()) / "index"
-
-
-def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = 5,
-                passage_tokens: int = 256, rank_mode: str = "bm25", quote_evidence: bool = False,
-                evidence_recall: str = "llm", title: Optional[str] = None, limit: Optional[int] = None,
-                position_threshold: int = 100_000, context_window: Optional[int] = None, lm: Any = None,
-                api_base: Optional[str] = None, cache_dir: Any = None, concurrency: int = 4) -> dict[str, Any]:
-    """Answer a NovelQA question file about a book and score it: the `booklens qa` result
-    (kind `booklens.qa`) with the report, every prediction, LM usage and time. The inputs are
-    checked before any model is loaded."""
-    from booklens.data.novelqa import check_setting, load_questions
-    from booklens.metrics.qa import qa_report
-    from booklens.text import count_tokens, read_book
-
-    qs = load_questions(questions)
-    check_setting(qs, setting, source=str(questions))
-    if limit:
-        qs = qs[:limit]
-    text = read_book(book)
-    program = BookQA(setting, evidence, k=k, passage_tokens=passage_tokens, context_window=context_window,
-                     quote_evidence=quote_evidence, rank_mode=rank_mode, index_cache_dir=_index_dir(cache_dir))
-    if evidence_recall not in EVIDENCE_RECALL_MODES:
-        raise BooklensError(f"unknown evidence recall {evidence_recall!r}: use {' or '.join(EVIDENCE_RECALL_MODES)}")
-    model = setup_run_lm(lm, api_base, cache_dir)
-    with Measured(model) as measured:
-        records = answer_questions(program, text, qs, concurrency=concurrency, book_title=title or title_from_path(book),
-                                   evidence_recall=evidence_recall)
-    modes: dict[str, int] = {}
-    for r in records:
-        modes[r.context_mode] = modes.get(r.context_mode, 0) + 1
-    return {
-        "kind": "booklens.qa", "book": str(book), "book_tokens": count_tokens(text), "questions": str(questions),
-        "setting": setting, "evidence": evidence, "context_modes": modes, "k": k, "passage_tokens": passage_tokens,
-        "evidence_recall": evidence_recall if program.quote_evidence else None, "lm": model.label,
-        "report": qa_report(records, threshold=position_threshold), "predictions": [r.model_dump() for r in records],
-        "usage": measured.usage, "seconds": measured.seconds,
-    }

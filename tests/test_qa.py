@@ -20,7 +20,8 @@ from booklens.metrics.qa import (
     format_type_table,
     qa_report,
 )
-from booklens.programs.qa import AnswerJudge, BookQA, EvidenceJudge, answer_questions, run_book_qa
+from booklens.programs.qa import AnswerJudge, BookQA, EvidenceJudge, answer_questions
+from booklens.qa_runs import run_book_qa
 from booklens.testing import ScriptedLM
 
 REPO = Path(__file__).resolve().parents[1]
@@ -205,6 +206,20 @@ def test_answer_judge_program():
     order = [content.index(f"[[ ## {name} ## ]]") for name in
              ("book_title", "question", "correct_answer", "supporting_evidence", "student_answer")]
     assert order == sorted(order)
+
+
+@pytest.mark.parametrize("name, shared, differs", [
+    ("AnswerMultipleChoice", ["context"], ["question", "options"]),  # one book, many questions
+    ("AnswerQuestion", ["context"], ["question"]),
+    ("JudgeAnswer", ["book_title", "question", "correct_answer", "supporting_evidence"], ["student_answer"]),
+    ("ScoreEvidence", ["book_title", "question", "correct_answer", "correct_evidence"],
+     ["student_answer", "student_evidence"]),
+])
+def test_prompts_put_what_calls_share_before_what_differs(name, shared, differs):
+    from booklens.signatures import qa as signatures
+
+    fields = list(getattr(signatures, name).input_fields)
+    assert max(fields.index(f) for f in shared) < min(fields.index(f) for f in differs)
 
 
 def evidence_scorer(scores=(80, 90, 70)):
