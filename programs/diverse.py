@@ -51,6 +51,8 @@ DEFAULT_CONTEXT_WINDOW = 8192
 BUDGET_MARGIN = 0.8
 SUMMARY_RESERVE = 1024
 METHODS = ("auto", "direct", "extract")
+# Sentences the extract-then-summarize method takes from each article (the seed's Figure 14 asks for 10).
+EXTRACT_SENTENCES = 10
 SCALES = {"binary": (0, 1), "likert": (1, 10)}
 
 
@@ -74,7 +76,7 @@ def article_texts(event: Any) -> list[str]:
 class DiverseSummarizer(dspy.Module):
     """Summarize the diverse and conflicting information in several articles about one event."""
 
-    def __init__(self, method: str = "auto", *, num_sentences: int = 5, context_window: Optional[int] = None,
+    def __init__(self, method: str = "auto", *, num_sentences: int = EXTRACT_SENTENCES, context_window: Optional[int] = None,
                  concurrency: int = 1, tries: int = 3):
         super().__init__()
         if method not in METHODS:
@@ -518,8 +520,9 @@ def rate_event(criterion: str, protocol: str, event: Any, summary: str, *, max_a
     return {"score": r.score, "judgments": r.details, "failed": r.failed}
 
 
-def summarize_events(events: list[Any], *, method: str = "auto", sentences: int = 5, generate_questions: int = 0,
-                     clustering: str = "llm", diversity_filter: bool = True, judge: bool = True,
+def summarize_events(events: list[Any], *, method: str = "auto", sentences: int = EXTRACT_SENTENCES,
+                     generate_questions: int = 0, clustering: str = "llm", diversity_filter: bool = True,
+                     judge: bool = True,
                      faithfulness: Sequence[str] = ("likert",), max_articles: Optional[int] = None,
                      context_window: Optional[int] = None, concurrency: int = 1) -> list[dict[str, Any]]:
     """Per event: the diverse summary, optionally generated QA references, and the judges' scores

@@ -185,7 +185,8 @@ def diverse_command(
     method: Annotated[Method, typer.Option(
         "--method", help="direct: all articles at once; extract: key sentences per article, then summarize; "
                          "auto: direct when the articles fit the window.")] = Method.auto,
-    sentences: Annotated[int, typer.Option("--sentences", min=1, help="Sentences extracted per article.")] = 5,
+    sentences: Annotated[int, typer.Option(
+        "--sentences", min=1, help="Sentences extracted per article (the seed takes 10).")] = 10,
     generate_questions: Annotated[int, typer.Option(
         "--generate-questions", min=0, help="Also build QA references as the seed does: N questions, answers "
                                             "extracted per article, clustered, filtered for diversity.")] = 0,
