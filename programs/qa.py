@@ -32,6 +32,7 @@ from typing import Any, Optional, Sequence
 
 import dspy
 
+from booklens.data.novelqa import SETTINGS
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, predict_with_retries
 from booklens.signatures.qa import (
@@ -50,7 +51,6 @@ DEFAULT_CONTEXT_WINDOW = 8192
 BUDGET_MARGIN = 0.8
 ANSWER_RESERVE = {"mc": 48, "gen": 128}
 EVIDENCE_RESERVE = 320
-SETTINGS = ("mc", "gen")
 EVIDENCE_CRITERIA = ("correctness", "relevance", "sufficiency")
 
 
