@@ -48,12 +48,6 @@ class Measured:
         self.usage = usage_delta(self._before, self.lm.usage.snapshot())
 
 
-def _index_dir(cache_dir: Any) -> Path:
-    from booklens.lm import default_cache_dir
-
-    return Path(cache_dir or default_cache_dir()) / "index"
-
-
 def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = 5,
                 passage_tokens: int = 256, rank_mode: str = "bm25", quote_evidence: bool = False,
                 evidence_recall: str = "llm", title: Optional[str] = None, limit: Optional[int] = None,
@@ -65,6 +59,7 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
 
     `lm` is an `--lm` string (None: the default) or an LM object such as `ScriptedLM`."""
     from booklens.data.novelqa import check_evidence_recall, check_setting, load_questions
+    from booklens.retrieval import index_dir
     from booklens.text import count_tokens, read_book
 
     qs = load_questions(questions)
@@ -78,7 +73,7 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     from booklens.programs.qa import BookQA, answer_questions
 
     program = BookQA(setting, evidence, k=k, passage_tokens=passage_tokens, context_window=context_window,
-                     quote_evidence=quote_evidence, rank_mode=rank_mode, index_cache_dir=_index_dir(cache_dir))
+                     quote_evidence=quote_evidence, rank_mode=rank_mode, index_cache_dir=index_dir(cache_dir))
     model = setup_run_lm(lm, api_base, cache_dir)
     with Measured(model) as measured:
         records = answer_questions(program, text, qs, concurrency=concurrency,

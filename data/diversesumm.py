@@ -8,13 +8,13 @@ of clusters of equivalent answers ({aid, answer}) taken from different articles.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from booklens.errors import BooklensError
+from booklens.records import read_json_file
 
 MIN_ARTICLES = 2
 
@@ -138,29 +138,15 @@ def parse_events(payload: Any, source: str = "events") -> list[Event]:
     return events
 
 
-def _read_json(path: str | Path, what: str) -> Any:
-    path = Path(path)
-    if not path.exists():
-        raise BooklensError(f"{what} not found: {path}")
-    if path.is_dir():
-        raise BooklensError(f"{what} is a directory: {path}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError:
-        raise BooklensError(f"{what} is not UTF-8 text: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"{what} is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
-
-
 def load_events(path: str | Path) -> list[Event]:
-    return parse_events(_read_json(path, "events file"), source=str(path))
+    return parse_events(read_json_file(path, "events file"), source=str(path))
 
 
 def load_summaries(path: str | Path, events: Optional[list[Event]] = None,
                    what: str = "summaries file") -> dict[str, str]:
     """{eid: summary} from a summaries file (see `parse_summaries`); with `events`, every event
     must have a summary."""
-    summaries = parse_summaries(_read_json(path, what), source=str(path))
+    summaries = parse_summaries(read_json_file(path, what), source=str(path))
     missing = [e.eid for e in events or [] if e.eid not in summaries]
     if missing:
         raise BooklensError(f"{path}: no summary for event(s) {', '.join(missing)}")

@@ -14,13 +14,13 @@ with one-line `BooklensError`s naming the file and the item.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from booklens.errors import BooklensError
+from booklens.records import read_json_file
 
 ASPECTS = ("character", "meaning", "plot", "relation", "setting", "span", "times")
 COMPLEXITIES = ("mh", "sh", "dtl")
@@ -164,18 +164,7 @@ def parse_questions(payload: Any, source: str = "questions") -> list[NovelQAQues
 
 def load_questions(path: str | Path) -> list[NovelQAQuestion]:
     """Read and validate a NovelQA question file."""
-    path = Path(path)
-    if not path.exists():
-        raise BooklensError(f"question file not found: {path}")
-    if path.is_dir():
-        raise BooklensError(f"question file is a directory: {path}")
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError:
-        raise BooklensError(f"question file is not UTF-8 text: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"question file is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
-    return parse_questions(payload, source=str(path))
+    return parse_questions(read_json_file(path, "question file"), source=str(path))
 
 
 def check_setting(questions: list[NovelQAQuestion], setting: str, source: str = "questions") -> None:

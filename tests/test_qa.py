@@ -281,6 +281,12 @@ def test_run_book_qa_reports_the_llm_scored_evidence_recall(tmp_path):
     assert any(c.inputs.get("book_title") == "The Lamp" for c in lm.backend.calls)
     json.dumps(result)
 
+    # retrieval keeps the book's index where every command looks for it, so it is built once
+    from booklens.retrieval import index_dir
+
+    run_book_qa(book, questions, evidence="bm25", k=1, passage_tokens=64, lm=lm, cache_dir=tmp_path / "cache")
+    assert len(list(index_dir(tmp_path / "cache").iterdir())) == 1
+
     with pytest.raises(BooklensError, match="no Options"):
         questions.write_text(json.dumps([{k: v for k, v in QUESTION.items() if k != "Options"}]))
         run_book_qa(book, questions, lm=lm)

@@ -138,7 +138,8 @@ def test_path_and_argument_errors_load_no_model_library(tmp_path):
         "    with contextlib.redirect_stderr(err), contextlib.suppress(SystemExit):\n"
         "        main()\n"
         "    print(json.dumps(err.getvalue().strip()))\n"
-        "print(json.dumps(sorted(m for m in ('dspy', 'litellm', 'numpy', 'torch', 'faiss') if m in sys.modules)))\n"
+        "heavy = ('dspy', 'litellm', 'torch', 'faiss', 'sentence_transformers', 'numpy', 'tiktoken', 'llama_cpp')\n"
+        "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     lines = [json.loads(line) for line in result.stdout.splitlines()]

@@ -26,10 +26,12 @@ from booklens.cli.common import (
     ConcurrencyOption,
     LMOption,
     OutputOption,
+    evidence_enum,
     write_output,
 )
 from booklens.data.novelqa import EVIDENCE_RECALL_MODES, SETTINGS
 from booklens.diverse_runs import FAITHFULNESS_CHOICES
+from booklens.retrieval import SEARCH_MODES
 
 
 def _choices(name: str, values: Any) -> Any:
@@ -38,23 +40,10 @@ def _choices(name: str, values: Any) -> Any:
 
 
 Setting = _choices("Setting", SETTINGS)
+Evidence = evidence_enum("Evidence")
+RankMode = _choices("RankMode", SEARCH_MODES)
 EvidenceRecall = _choices("EvidenceRecall", EVIDENCE_RECALL_MODES)
 FaithfulnessProtocols = _choices("FaithfulnessProtocols", FAITHFULNESS_CHOICES)
-
-
-class Evidence(str, Enum):
-    none = "none"
-    given = "given"
-    bm25 = "bm25"
-    dense = "dense"
-    hybrid = "hybrid"
-    book = "book"
-
-
-class RankMode(str, Enum):
-    bm25 = "bm25"
-    dense = "dense"
-    hybrid = "hybrid"
 
 
 class Method(str, Enum):
@@ -91,11 +80,9 @@ class VerbosityProtocol(str, Enum):
     both = "both"
 
 
-EVIDENCE_HELP = (
-    "book: the whole book when it fits the context window; a longer book gets as much of it as fits "
-    "(about 80% of the window, so some 6K tokens with the 8K embedded model) grown around the k passages "
-    "--rank-mode ranks best: retrieval, not the whole book (the printed modes say which happened). "
-    "bm25/dense/hybrid: the top-k passages; given: the gold evidence; none: closed-book.")
+EVIDENCE_HELP = (Evidence.help + " With 'book', a book longer than the window is not read whole: the model gets "
+                 "about 80% of the window (some 6K tokens at 8K) grown around the k passages --rank-mode ranks "
+                 "best, which is retrieval; the printed modes say which happened.")
 
 ContextWindowOption = Annotated[Optional[int], typer.Option(
     "--context-window", min=256, help="Tokens the model reads at once (default: the model's window, else 8192).")]
@@ -135,11 +122,11 @@ def qa_command(
     questions: Annotated[Path, typer.Option("--questions", help="NovelQA-format question file (JSON list).")],
     setting: Annotated[Setting, typer.Option("--setting", help="mc: choose an option; gen: free-text answer "
                                                                "graded by an LM judge.")] = "mc",
-    evidence: Annotated[Evidence, typer.Option("--evidence", help=EVIDENCE_HELP)] = Evidence.book,
+    evidence: Annotated[Evidence, typer.Option("--evidence", help=EVIDENCE_HELP)] = "book",
     k: Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per question.")] = 5,
     passage_tokens: Annotated[int, typer.Option("--passage-tokens", min=16, help="Tokens per passage.")] = 256,
     rank_mode: Annotated[RankMode, typer.Option(
-        "--rank-mode", help="Ranking used to pick stretches when --evidence book does not fit.")] = RankMode.bm25,
+        "--rank-mode", help="Ranking used to pick stretches when --evidence book does not fit.")] = "bm25",
     quote_evidence: Annotated[bool, typer.Option(
         "--quote-evidence/--no-quote-evidence", help="Also ask for supporting quotes (evidence recall).")] = False,
     evidence_recall: Annotated[EvidenceRecall, typer.Option(
