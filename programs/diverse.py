@@ -27,7 +27,7 @@ import dspy
 
 from booklens.data.diversesumm import require_question_answers
 from booklens.errors import BooklensError
-from booklens.lm import predict_with_retries
+from booklens.lm import last_finish_reason, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
 from booklens.signatures.diverse import (
@@ -110,8 +110,7 @@ class DiverseSummarizer(dspy.Module):
         if method == "direct":
             attempt = predict_with_retries(self.summarize, tries=self.tries, check=_nonempty("summary"),
                                            articles=articles)
-            return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None,
-                                   method="direct", extracts=[], error=attempt.error, attempts=attempt.attempts)
+            return self._summary(attempt, "direct", [])
 
         per_article = parallel_map(self.extract_sentences, articles, concurrency=self.concurrency, desc="extract")
         extracts = []
@@ -122,8 +121,15 @@ class DiverseSummarizer(dspy.Module):
             raise BooklensError("the extracted sentences do not fit the context window; lower --sentences")
         attempt = predict_with_retries(self.summarize_extracts, tries=self.tries, check=_nonempty("summary"),
                                        extracts=extracts)
-        return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None,
-                               method="extract", extracts=extracts, error=attempt.error, attempts=attempt.attempts)
+        return self._summary(attempt, "extract", extracts)
+
+    @staticmethod
+    def _summary(attempt: Any, method: str, extracts: list[str]) -> dspy.Prediction:
+        """The prediction of a summarize call; `cut_off` when the answer ran into the output token
+        limit (kept, since the seed lets summaries run long, but flagged)."""
+        return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None, method=method,
+                               extracts=extracts, error=attempt.error, attempts=attempt.attempts,
+                               cut_off=attempt.ok and last_finish_reason() == "length")
 
     def extract_sentences(self, article: str) -> list[str]:
         """The article's most important sentences, verbatim: the model picks sentence numbers, so
@@ -541,7 +547,8 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
         row: dict[str, Any] = {"eid": event.eid}
         with usage_step("summarize"):
             pred = summarizer(articles=article_texts(event))
-        row.update(summary=pred.summary, method=pred.method, extracts=pred.extracts, error=pred.error)
+        row.update(summary=pred.summary, method=pred.method, extracts=pred.extracts, error=pred.error,
+                   summary_cut_off=pred.cut_off)
         if refs is not None:
             with usage_step("reference"):
                 ref = refs(articles=[(a.aid, f"[{a.aid}] {a.as_text()}") for a in event.articles])

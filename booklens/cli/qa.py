@@ -205,6 +205,8 @@ def diverse_command(
     for row in result["events"]:
         typer.echo(f"== {row['eid']} ({row['method']}) ==")
         typer.echo(row["summary"] if row["summary"] else f"(no summary: {row['error']})")
+        if row["summary_cut_off"]:
+            typer.echo("(the summary ran into the output token limit and is cut off)")
         if row.get("generated_questions") is not None:
             typer.echo(f"generated questions ({len(row['generated_question_answers'])} of "
                        f"{len(row['generated_questions'])} kept):")
