@@ -8,13 +8,13 @@ of clusters of equivalent answers ({aid, answer}) taken from different articles.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from booklens.errors import BooklensError
+from booklens.records import read_json_file
 
 MIN_ARTICLES = 2
 
@@ -139,18 +139,18 @@ def parse_events(payload: Any, source: str = "events") -> list[Event]:
 
 
 def load_events(path: str | Path) -> list[Event]:
-    path = Path(path)
-    if not path.exists():
-        raise BooklensError(f"events file not found: {path}")
-    if path.is_dir():
-        raise BooklensError(f"events file is a directory: {path}")
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError:
-        raise BooklensError(f"events file is not UTF-8 text: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"events file is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
-    return parse_events(payload, source=str(path))
+    return parse_events(read_json_file(path, "events file"), source=str(path))
+
+
+def load_summaries(path: str | Path, events: Optional[list[Event]] = None,
+                   what: str = "summaries file") -> dict[str, str]:
+    """{eid: summary} from a summaries file (see `parse_summaries`); with `events`, every event
+    must have a summary."""
+    summaries = parse_summaries(read_json_file(path, what), source=str(path))
+    missing = [e.eid for e in events or [] if e.eid not in summaries]
+    if missing:
+        raise BooklensError(f"{path}: no summary for event(s) {', '.join(missing)}")
+    return summaries
 
 
 def parse_summaries(payload: Any, source: str = "summaries") -> dict[str, str]:
@@ -176,6 +176,13 @@ def parse_summaries(payload: Any, source: str = "summaries") -> dict[str, str]:
         if not summary.strip():
             raise BooklensError(f"{source}: the summary of event {eid!r} is empty")
     return out
+
+
+def require_question_answers(events: list[Event]) -> None:
+    """Coverage is judged against the reference QA pairs: every event needs some."""
+    for e in events:
+        if not e.question_answers:
+            raise BooklensError(f"event {e.eid} has no question_answers to judge coverage against")
 
 
 def to_examples(events: list[Event]) -> list:

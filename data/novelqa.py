@@ -14,13 +14,13 @@ with one-line `BooklensError`s naming the file and the item.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from booklens.errors import BooklensError
+from booklens.records import read_json_file
 
 ASPECTS = ("character", "meaning", "plot", "relation", "setting", "span", "times")
 COMPLEXITIES = ("mh", "sh", "dtl")
@@ -28,6 +28,9 @@ COMPLEXITIES = ("mh", "sh", "dtl")
 ASPECT_LABELS = {"character": "chara", "meaning": "mean", "plot": "plot", "relation": "relat",
                  "setting": "settg", "span": "span", "times": "times"}
 SETTINGS = ("mc", "gen")
+# How the evidence a model quotes is scored: the seed's LLM judge (correctness, relevance,
+# sufficiency, 0-100 each), or word overlap with the located gold quotes (no LM call).
+EVIDENCE_RECALL_MODES = ("llm", "overlap")
 
 _ASPECT_ALIASES = {
     "chara": "character", "characters": "character", "char": "character",
@@ -161,18 +164,7 @@ def parse_questions(payload: Any, source: str = "questions") -> list[NovelQAQues
 
 def load_questions(path: str | Path) -> list[NovelQAQuestion]:
     """Read and validate a NovelQA question file."""
-    path = Path(path)
-    if not path.exists():
-        raise BooklensError(f"question file not found: {path}")
-    if path.is_dir():
-        raise BooklensError(f"question file is a directory: {path}")
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError:
-        raise BooklensError(f"question file is not UTF-8 text: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"question file is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
-    return parse_questions(payload, source=str(path))
+    return parse_questions(read_json_file(path, "question file"), source=str(path))
 
 
 def check_setting(questions: list[NovelQAQuestion], setting: str, source: str = "questions") -> None:
@@ -189,6 +181,11 @@ def check_setting(questions: list[NovelQAQuestion], setting: str, source: str = 
                 raise BooklensError(
                     f"{source}: question {q.qid} has no Options; the multiple-choice setting (--setting mc) needs "
                     "them (use --setting gen for free-text answers)")
+
+
+def check_evidence_recall(mode: str) -> None:
+    if mode not in EVIDENCE_RECALL_MODES:
+        raise BooklensError(f"unknown evidence recall {mode!r}: use {' or '.join(EVIDENCE_RECALL_MODES)}")
 
 
 def gold_for(q: NovelQAQuestion, setting: str) -> Optional[str]:
@@ -231,7 +228,12 @@ class QAPrediction(BaseModel):
     gold_evidence_located: int = 0
     gold_evidence_in_context: Optional[float] = Field(
         default=None, description="share of located gold evidence quotes that the context contained")
-    quote_recall: Optional[float] = None
+    quote_recall: Optional[float] = Field(
+        default=None, description="share of located gold quotes the model's quotes overlap (word overlap)")
+    evidence_scores: Optional[dict[str, int]] = Field(
+        default=None, description="LLM-scored evidence recall: correctness, relevance, sufficiency (0-100)")
+    evidence_score: Optional[float] = Field(default=None, description="mean of the three evidence scores")
+    evidence_error: Optional[str] = Field(default=None, description="why the evidence could not be scored")
     attempts: int = 1
 
 

@@ -1,6 +1,8 @@
 """NovelQA metrics: accuracy overall and by complexity x aspect (the seed's Table 3 layout),
 accuracy by where the gold evidence lies (before or after the first 100K tokens, Table 4),
-and evidence recall against the gold evidence quotes.
+and evidence recall: the seed's LLM-scored correctness, relevance and sufficiency of the
+model's quotes (Table 5), how much of the gold evidence the context held, and word overlap
+between the model's quotes and the gold quotes.
 
 Evidence quotes are located in the book after collapsing runs of whitespace (and, failing
 that, after also unifying curly and straight quotes); quotes that are reasoning rather
@@ -11,10 +13,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from booklens.data.novelqa import ASPECT_LABELS, ASPECTS, COMPLEXITIES
-from booklens.retrieval import QuoteLocator
+
+if TYPE_CHECKING:
+    from booklens.retrieval import QuoteLocator
 
 POSITION_THRESHOLD = 100_000
 QUOTE_MATCH = 0.5  # share of a gold quote's words a model quote must contain to count as recalled
@@ -143,15 +147,27 @@ def accuracy_by_position(records: Sequence[Any], threshold: int = POSITION_THRES
             "unlocated": _cell(unlocated)}
 
 
+def _mean_pct(values: Sequence[float], scale: float = 100.0) -> Optional[float]:
+    return round(scale * sum(values) / len(values), 2) if values else None
+
+
 def evidence_recall(records: Sequence[Any]) -> dict[str, Any]:
-    """Mean shares over questions with located gold evidence: how much of it the context held
-    (retrieval recall) and how much of it the model's own quotes repeat (quote recall)."""
+    """Means over questions: the LLM-scored evidence recall (0-100 per criterion and their
+    average, as in the seed's Table 5), how much of the located gold evidence the context held
+    (retrieval recall), and how much of it the model's quotes repeat word for word (overlap)."""
     ctx = [_get(r, "gold_evidence_in_context") for r in records if _get(r, "gold_evidence_in_context") is not None]
     quo = [_get(r, "quote_recall") for r in records if _get(r, "quote_recall") is not None]
+    scored = [_get(r, "evidence_scores") for r in records if _get(r, "evidence_scores") is not None]
+    llm: dict[str, Any] = {name: _mean_pct([s[name] for s in scored], 1.0) for name in ("correctness", "relevance",
+                                                                                        "sufficiency")}
+    llm["avg"] = _mean_pct([sum(s.values()) / len(s) for s in scored], 1.0)
+    llm["questions"] = len(scored)
+    llm["failed"] = sum(1 for r in records if _get(r, "evidence_error"))
     return {
-        "context_recall": round(100.0 * sum(ctx) / len(ctx), 2) if ctx else None,
+        "llm": llm,
+        "context_recall": _mean_pct(ctx),
         "context_questions": len(ctx),
-        "quote_recall": round(100.0 * sum(quo) / len(quo), 2) if quo else None,
+        "quote_recall": _mean_pct(quo),
         "quote_questions": len(quo),
     }
 
@@ -192,11 +208,19 @@ def format_report(report: dict[str, Any]) -> str:
              "Accuracy by position of the first gold evidence (%, questions in parentheses)"]
     lines.append("  ".join(f"{k}: {_fmt(v)}" for k, v in report["by_position"].items()))
     ev = report["evidence"]
+    llm = ev.get("llm") or {}
+    if llm.get("questions") or llm.get("failed"):
+        lines += ["", "Evidence recall, LLM-scored (0-100): "
+                  + (f"correctness {llm['correctness']:.1f}, relevance {llm['relevance']:.1f}, sufficiency "
+                     f"{llm['sufficiency']:.1f}, avg {llm['avg']:.1f} ({llm['questions']} questions)"
+                     if llm.get("questions") else "none scored")
+                  + (f"; {llm['failed']} not scored (the judge failed)" if llm.get("failed") else "")]
     parts = []
     if ev["context_recall"] is not None:
         parts.append(f"context held {ev['context_recall']:.1f}% of gold evidence ({ev['context_questions']} questions)")
     if ev["quote_recall"] is not None:
-        parts.append(f"model quotes recalled {ev['quote_recall']:.1f}% ({ev['quote_questions']} questions)")
+        parts.append(f"model quotes overlap {ev['quote_recall']:.1f}% of gold quotes ({ev['quote_questions']} "
+                     "questions)")
     if parts:
-        lines += ["", "Evidence recall: " + "; ".join(parts)]
+        lines += ["", "Gold evidence: " + "; ".join(parts)]
     return "\n".join(lines)

@@ -5,10 +5,12 @@ either directly from all articles (when they fit the context window) or, as the 
 does for standard-context models, by first extracting the most important sentences of
 each article and then summarizing those.
 
-`ReferenceBuilder` writes QA references the way the seed's pipeline starts: questions
-over the articles, then answers extracted from each article; identical answers are
-grouped and questions answered by too few articles are dropped. (The seed clusters
-answers with a trained model and validates them by hand; this does neither.)
+`ReferenceBuilder` writes QA references the way the seed's pipeline does: questions
+over the articles, answers extracted from each article, equivalent answers clustered,
+then a filter that removes invalid answers and keeps the questions that enough articles
+answer with diverse answers. (The seed clusters answers with a trained RoBERTa model, which
+it found no worse than GPT-3.5 at this, and validates the result by hand; here an LLM
+clusters and nobody validates.)
 
 The judges are programs too: coverage of one QA pair (binary), coverage of all QA pairs
 (Likert 1-10), faithfulness of a summary to one article (binary or Likert 1-10), and
@@ -23,8 +25,9 @@ from typing import Any, Optional, Sequence
 
 import dspy
 
+from booklens.data.diversesumm import require_question_answers
 from booklens.errors import BooklensError
-from booklens.lm import predict_with_retries
+from booklens.lm import last_finish_reason, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
 from booklens.signatures.diverse import (
@@ -32,7 +35,9 @@ from booklens.signatures.diverse import (
     CompareSummaries,
     ExtractAnswers,
     ExtractImportantSentences,
+    FilterAnswers,
     GenerateQuestions,
+    GroupEquivalentAnswers,
     JudgeCoverageOfAllQAs,
     JudgeCoverageOfQA,
     JudgeFaithfulnessBinary,
@@ -46,6 +51,8 @@ DEFAULT_CONTEXT_WINDOW = 8192
 BUDGET_MARGIN = 0.8
 SUMMARY_RESERVE = 1024
 METHODS = ("auto", "direct", "extract")
+# Sentences the extract-then-summarize method takes from each article (the seed's Figure 14 asks for 10).
+EXTRACT_SENTENCES = 10
 SCALES = {"binary": (0, 1), "likert": (1, 10)}
 
 
@@ -69,7 +76,7 @@ def article_texts(event: Any) -> list[str]:
 class DiverseSummarizer(dspy.Module):
     """Summarize the diverse and conflicting information in several articles about one event."""
 
-    def __init__(self, method: str = "auto", *, num_sentences: int = 5, context_window: Optional[int] = None,
+    def __init__(self, method: str = "auto", *, num_sentences: int = EXTRACT_SENTENCES, context_window: Optional[int] = None,
                  concurrency: int = 1, tries: int = 3):
         super().__init__()
         if method not in METHODS:
@@ -103,8 +110,7 @@ class DiverseSummarizer(dspy.Module):
         if method == "direct":
             attempt = predict_with_retries(self.summarize, tries=self.tries, check=_nonempty("summary"),
                                            articles=articles)
-            return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None,
-                                   method="direct", extracts=[], error=attempt.error, attempts=attempt.attempts)
+            return self._summary(attempt, "direct", [])
 
         per_article = parallel_map(self.extract_sentences, articles, concurrency=self.concurrency, desc="extract")
         extracts = []
@@ -115,8 +121,15 @@ class DiverseSummarizer(dspy.Module):
             raise BooklensError("the extracted sentences do not fit the context window; lower --sentences")
         attempt = predict_with_retries(self.summarize_extracts, tries=self.tries, check=_nonempty("summary"),
                                        extracts=extracts)
-        return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None,
-                               method="extract", extracts=extracts, error=attempt.error, attempts=attempt.attempts)
+        return self._summary(attempt, "extract", extracts)
+
+    @staticmethod
+    def _summary(attempt: Any, method: str, extracts: list[str]) -> dspy.Prediction:
+        """The prediction of a summarize call; `cut_off` when the answer ran into the output token
+        limit (kept, since the seed lets summaries run long, but flagged)."""
+        return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None, method=method,
+                               extracts=extracts, error=attempt.error, attempts=attempt.attempts,
+                               cut_off=attempt.ok and last_finish_reason() == "length")
 
     def extract_sentences(self, article: str) -> list[str]:
         """The article's most important sentences, verbatim: the model picks sentence numbers, so
@@ -159,67 +172,205 @@ def _nonempty(field: str):
 
 
 _NORM = re.compile(r"[^a-z0-9]+")
+CLUSTERINGS = ("llm", "exact")
 
 
 def _norm(text: str) -> str:
     return _NORM.sub(" ", text.lower()).strip()
 
 
-class ReferenceBuilder(dspy.Module):
-    """Questions on which the articles differ, with the answers extracted from each article."""
+def _numbered(answers: Sequence[tuple[str, str]]) -> list[str]:
+    return [f"[{n}] ({aid}) {text}" for n, (aid, text) in enumerate(answers, 1)]
 
-    def __init__(self, num_questions: int = 5, *, min_answer_share: float = 0.3, context_window: Optional[int] = None,
-                 concurrency: int = 1, tries: int = 3):
+
+def _numbers_in_range(values: Any, count: int, field: str) -> Optional[str]:
+    bad = [v for v in (values or []) if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= count]
+    if bad:
+        return f"{field}: answer numbers run from 1 to {count}; {bad[0]!r} is not one of them"
+    return None
+
+
+def exact_groups(answers: Sequence[tuple[str, str]]) -> list[list[int]]:
+    """Answers grouped when they are the same text up to case and punctuation (0-based indices)."""
+    groups: dict[str, list[int]] = {}
+    for i, (_, text) in enumerate(answers):
+        groups.setdefault(_norm(text), []).append(i)
+    return list(groups.values())
+
+
+class ReferenceBuilder(dspy.Module):
+    """Questions on which the articles differ, with the answers extracted from each article,
+    built the way the seed's pipeline builds DiverseSumm's references (§3.1):
+
+    1. questions about the event, asked over as many articles as fit the window;
+    2. answers extracted from each article for each question (verbatim sentences, at most five
+       words changed, every answer the article holds);
+    3. equivalent answers grouped into clusters (`clustering="llm"`; `"exact"` groups only
+       identical wording);
+    4. the post-processing filter: invalid answers removed, and a question kept only when at
+       least `min_answer_share` of the articles still answer it and its answers are diverse,
+       i.e. the answers the filter names as conflicting or different fall in at least two
+       clusters (`diversity_filter=False` keeps every question answered by enough articles).
+
+    The seed's references were then validated by people; generated references are not.
+    """
+
+    def __init__(self, num_questions: int = 5, *, min_answer_share: float = 0.3, clustering: str = "llm",
+                 diversity_filter: bool = True, context_window: Optional[int] = None, concurrency: int = 1,
+                 tries: int = 3):
         super().__init__()
+        if clustering not in CLUSTERINGS:
+            raise BooklensError(f"unknown answer clustering {clustering!r}: use {' or '.join(CLUSTERINGS)}")
         self.num_questions = num_questions
         self.min_answer_share = min_answer_share
+        self.clustering = clustering
+        self.diversity_filter = diversity_filter
         self.context_window = context_window
         self.concurrency = concurrency
         self.tries = tries
         self.generate = dspy.Predict(GenerateQuestions)
         self.extract_answers = dspy.Predict(ExtractAnswers)
+        self.group = dspy.Predict(GroupEquivalentAnswers)
+        self.filter = dspy.Predict(FilterAnswers)
+
+    def budget(self) -> int:
+        return int(_window(self.context_window) * BUDGET_MARGIN) - 512
 
     def forward(self, articles: list[tuple[str, str]]) -> dspy.Prediction:
-        """`articles`: (aid, text) pairs. Returns question_answers in the DiverseSumm format."""
+        """`articles`: (aid, text) pairs. Returns `question_answers` in the DiverseSumm format, the
+        generated `questions`, and per question the `screening` that kept or dropped it."""
         texts = [t for _, t in articles]
         # Questions are asked over as many articles as fit (the seed uses a few representative ones).
-        budget = int(_window(self.context_window) * BUDGET_MARGIN) - 512
         shown = list(texts)
-        while len(shown) > 1 and _tokens(self.generate, articles=shown, num_questions=self.num_questions) > budget:
+        while len(shown) > 1 and _tokens(self.generate, articles=shown, num_questions=self.num_questions) > self.budget():
             shown.pop()
         got = predict_with_retries(self.generate, tries=self.tries, check=_nonempty("questions"), articles=shown,
                                    num_questions=self.num_questions)
         if not got.ok:
-            return dspy.Prediction(question_answers=[], questions=[], error=got.error)
-        questions = []
+            return dspy.Prediction(question_answers=[], questions=[], screening=[], error=got.error)
+        questions: list[str] = []
         for q in got.prediction.questions:
             q = str(q).strip()
             if q and _norm(q) not in {_norm(x) for x in questions}:
                 questions.append(q)
         questions = questions[: self.num_questions]
-        jobs = [(q, aid, text) for q in questions for aid, text in articles]
+        answers = self.extract_all(articles, questions)
+        clusters = parallel_map(lambda q: self.cluster(q, answers[q]), questions, concurrency=self.concurrency,
+                                desc="cluster")
+        if self.diversity_filter:
+            shown = self.articles_for_filter(texts, questions, answers)
+            verdicts = parallel_map(lambda q: self.screen(shown, q, answers[q]), questions,
+                                    concurrency=self.concurrency, desc="filter")
+        else:
+            verdicts = [None] * len(questions)
+        question_answers, screening = [], []
+        for q, groups, verdict in zip(questions, clusters, verdicts):
+            qa, record = self.decide(q, answers[q], groups, verdict, len(articles))
+            screening.append(record)
+            if qa is not None:
+                question_answers.append(qa)
+        return dspy.Prediction(question_answers=question_answers, questions=questions, screening=screening, error=None)
+
+    def extract_all(self, articles: list[tuple[str, str]], questions: list[str]) -> dict[str, list[tuple[str, str]]]:
+        """{question: [(aid, answer), ...]} over every article. Calls about one article follow each
+        other, so a backend that keeps the prompt prefix reads each article once."""
+        jobs = [(aid, text, q) for aid, text in articles for q in questions]
 
         def answer(job: tuple[str, str, str]) -> list[str]:
-            q, _, text = job
+            _, text, q = job
             got = predict_with_retries(self.extract_answers, tries=self.tries, article=text, question=q)
             if not got.ok:
                 return []
             return [str(a).strip() for a in (got.prediction.answers or []) if str(a).strip()]
 
-        answers = parallel_map(answer, jobs, concurrency=self.concurrency, desc="answers")
-        question_answers = []
-        for q in questions:
-            groups: dict[str, list[dict[str, str]]] = {}
-            answered: set[str] = set()
-            for (jq, aid, _), found in zip(jobs, answers):
-                if jq != q:
-                    continue
-                for a in found:
-                    groups.setdefault(_norm(a), []).append({"aid": aid, "answer": a})
-                    answered.add(aid)
-            if len(answered) >= max(1, self.min_answer_share * len(articles)):
-                question_answers.append({"question": q, "answer_groups": list(groups.values())})
-        return dspy.Prediction(question_answers=question_answers, questions=questions, error=None)
+        found = parallel_map(answer, jobs, concurrency=self.concurrency, desc="answers")
+        by_question: dict[str, list[tuple[str, str]]] = {q: [] for q in questions}
+        for (aid, _, q), texts in zip(jobs, found):
+            by_question[q].extend((aid, a) for a in texts)
+        return by_question
+
+    def cluster(self, question: str, answers: list[tuple[str, str]]) -> dict[str, Any]:
+        """{groups: 0-based answer indices per cluster, error}. Answers the model leaves out become
+        clusters of their own; if it never gives valid numbers, identical wording is grouped."""
+        if self.clustering == "exact" or len(answers) < 2:
+            return {"groups": exact_groups(answers), "error": None}
+        got = predict_with_retries(
+            self.group, tries=self.tries, question=question, answers=_numbered(answers),
+            check=lambda p: (None if getattr(p, "groups", None) else "no groups")
+            or _numbers_in_range([n for g in p.groups for n in (g or [])], len(answers), "groups"))
+        if not got.ok:
+            return {"groups": exact_groups(answers), "error": f"clustering failed ({got.error}); identical answers "
+                                                               "grouped instead"}
+        seen: set[int] = set()
+        groups: list[list[int]] = []
+        for group in got.prediction.groups:
+            members = [n - 1 for n in dict.fromkeys(group or []) if n - 1 not in seen]
+            seen.update(members)
+            if members:
+                groups.append(members)
+        groups += [[i] for i in range(len(answers)) if i not in seen]
+        return {"groups": groups, "error": None}
+
+    def articles_for_filter(self, texts: list[str], questions: list[str],
+                            answers: dict[str, list[tuple[str, str]]]) -> list[str]:
+        """The articles the filter reads: as many as fit next to the longest answer list, the same
+        for every question of the event so that its calls share the articles as a prefix."""
+        if not questions:
+            return []
+        longest = max(questions, key=lambda q: sum(len(a) for _, a in answers[q]))
+        shown = list(texts)
+        numbered = _numbered(answers[longest])
+        while len(shown) > 1 and _tokens(self.filter, articles=shown, question=longest, answers=numbered) > self.budget():
+            shown.pop()
+        return shown
+
+    def screen(self, shown: list[str], question: str, answers: list[tuple[str, str]]) -> dict[str, Any]:
+        """The filter's verdict on one question: {invalid, diverse (0-based indices), error}."""
+        if not answers:
+            return {"invalid": [], "diverse": [], "error": None}
+
+        def check(p: Any) -> Optional[str]:
+            return (_numbers_in_range(getattr(p, "invalid", None), len(answers), "invalid")
+                    or _numbers_in_range(getattr(p, "diverse", None), len(answers), "diverse"))
+
+        got = predict_with_retries(self.filter, tries=self.tries, check=check, articles=shown, question=question,
+                                   answers=_numbered(answers))
+        if not got.ok:
+            return {"invalid": [], "diverse": [], "error": got.error}
+        invalid = sorted({n - 1 for n in got.prediction.invalid or []})
+        diverse = sorted({n - 1 for n in got.prediction.diverse or []} - set(invalid))
+        return {"invalid": invalid, "diverse": diverse, "error": None}
+
+    def decide(self, question: str, answers: list[tuple[str, str]], clusters: dict[str, Any],
+               verdict: Optional[dict[str, Any]], n_articles: int) -> tuple[Optional[dict[str, Any]], dict[str, Any]]:
+        """The question in the DiverseSumm format (or None when dropped) and the record of why."""
+        invalid = set(verdict["invalid"]) if verdict else set()
+        groups = [[i for i in g if i not in invalid] for g in clusters["groups"]]
+        groups = [g for g in groups if g]
+        answering = {answers[i][0] for g in groups for i in g}
+        needed = max(1, self.min_answer_share * n_articles)
+        record: dict[str, Any] = {
+            "question": question, "answers": len(answers), "invalid_answers": len(invalid), "clusters": len(groups),
+            "articles_answering": len(answering), "clustering_error": clusters["error"],
+        }
+        reason = None
+        if verdict is not None:
+            cluster_of = {i: c for c, g in enumerate(groups) for i in g}
+            diverse_clusters = {cluster_of[i] for i in verdict["diverse"] if i in cluster_of}
+            record["diverse_clusters"] = len(diverse_clusters)
+            record["filter_error"] = verdict["error"]
+            if verdict["error"]:
+                reason = f"the diversity filter gave no valid verdict ({verdict['error']})"
+        if reason is None and len(answering) < needed:
+            reason = f"answered by {len(answering)} of {n_articles} articles (needs {needed:g})"
+        if reason is None and verdict is not None and record["diverse_clusters"] < 2:
+            reason = "the answers are not diverse (fewer than two clusters of conflicting or different answers)"
+        record["kept"] = reason is None
+        record["reason"] = reason
+        if reason is not None:
+            return None, record
+        answer_groups = [[{"aid": answers[i][0], "answer": answers[i][1]} for i in g] for g in groups]
+        return {"question": question, "answer_groups": answer_groups}, record
 
 
 # ---------------------------------------------------------------------------
@@ -333,19 +484,19 @@ def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
 
 
 # ---------------------------------------------------------------------------
-# Event-level helpers used by the CLI
+# Over events (the `booklens diverse`, `judge` and `bias` runs are in booklens.diverse_runs)
 
 
-def pairwise_cases(event: Any, criterion: str, per_qa: bool = False) -> list[tuple[str, str]]:
+def pairwise_cases(event: Any, criterion: str, per_qa: bool = False,
+                   max_articles: Optional[int] = None) -> list[tuple[str, str]]:
     """(case id, reference text) the pairwise judge compares on: all QA pairs at once (or each QA
-    pair, with `per_qa`) for coverage, each article for faithfulness."""
+    pair, with `per_qa`) for coverage, each article (the first `max_articles`) for faithfulness."""
     if criterion == "coverage":
-        if not event.question_answers:
-            raise BooklensError(f"event {event.eid} has no question_answers to judge coverage against")
+        require_question_answers([event])
         if per_qa:
             return [(f"qa{i}", qa.as_text()) for i, qa in enumerate(event.question_answers, 1)]
         return [("qa", event.qa_text())]
-    return [(a.aid, a.as_text()) for a in event.articles]
+    return [(a.aid, a.as_text()) for a in _articles(event, max_articles)]
 
 
 def judge_pairs(judge: PairwiseJudge, cases: list[tuple[str, str, str, str]], concurrency: int = 1) -> list[dict]:
@@ -357,3 +508,72 @@ def judge_pairs(judge: PairwiseJudge, cases: list[tuple[str, str, str, str]], co
                 "explanations": r.explanations, "error": r.error}
 
     return parallel_map(run, cases, concurrency=concurrency, desc="pairwise")
+
+
+def _articles(event: Any, max_articles: Optional[int]) -> list[Any]:
+    return event.articles[:max_articles] if max_articles else list(event.articles)
+
+
+def rate_event(criterion: str, protocol: str, event: Any, summary: str, *, max_articles: Optional[int] = None,
+               concurrency: int = 1, qa_pairs: Optional[Sequence[Any]] = None) -> dict[str, Any]:
+    """One single-answer judgment of a summary: {score, judgments, failed}."""
+    if criterion == "coverage":
+        r = CoverageJudge(protocol, concurrency=concurrency)(summary=summary,
+                                                             qa_pairs=qa_pairs or event.question_answers)
+    else:
+        r = FaithfulnessJudge(protocol, concurrency=concurrency)(summary=summary,
+                                                                 articles=_articles(event, max_articles))
+    return {"score": r.score, "judgments": r.details, "failed": r.failed}
+
+
+def summarize_events(events: list[Any], *, method: str = "auto", sentences: int = EXTRACT_SENTENCES,
+                     generate_questions: int = 0, clustering: str = "llm", diversity_filter: bool = True,
+                     judge: bool = True,
+                     faithfulness: Sequence[str] = ("likert",), max_articles: Optional[int] = None,
+                     context_window: Optional[int] = None, concurrency: int = 1) -> list[dict[str, Any]]:
+    """Per event: the diverse summary, optionally generated QA references, and the judges' scores
+    (coverage binary and Likert against the event's references, or the generated ones when the
+    event has none; faithfulness to each article with each of the `faithfulness` protocols)."""
+    from booklens.data.diversesumm import QuestionAnswers
+    from booklens.lm import usage_step
+
+    summarizer = DiverseSummarizer(method, num_sentences=sentences, context_window=context_window,
+                                   concurrency=concurrency)
+    refs = (ReferenceBuilder(generate_questions, clustering=clustering, diversity_filter=diversity_filter,
+                             context_window=context_window, concurrency=concurrency)
+            if generate_questions else None)
+    results = []
+    for event in events:
+        row: dict[str, Any] = {"eid": event.eid}
+        with usage_step("summarize"):
+            pred = summarizer(articles=article_texts(event))
+        row.update(summary=pred.summary, method=pred.method, extracts=pred.extracts, error=pred.error,
+                   summary_cut_off=pred.cut_off)
+        if refs is not None:
+            with usage_step("reference"):
+                ref = refs(articles=[(a.aid, f"[{a.aid}] {a.as_text()}") for a in event.articles])
+            row.update(generated_question_answers=ref.question_answers, generated_questions=ref.questions,
+                       reference_screening=ref.screening, reference_error=ref.error)
+        scores: dict[str, Any] = {}
+        judgments: dict[str, Any] = {}
+        if judge and pred.summary:
+            qa_pairs = event.question_answers
+            if not qa_pairs and refs is not None:
+                qa_pairs = [QuestionAnswers.model_validate(q) for q in row["generated_question_answers"]]
+            if qa_pairs:
+                for protocol in ("binary", "likert"):
+                    with usage_step(f"coverage-{protocol}"):
+                        r = rate_event("coverage", protocol, event, pred.summary, qa_pairs=qa_pairs,
+                                       concurrency=concurrency)
+                    scores[f"coverage_{protocol}"] = r["score"]
+                    judgments[f"coverage_{protocol}"] = r["judgments"]
+            for protocol in faithfulness:
+                with usage_step(f"faithfulness-{protocol}"):
+                    r = rate_event("faithfulness", protocol, event, pred.summary, max_articles=max_articles,
+                                   concurrency=concurrency)
+                scores[f"faithfulness_{protocol}"] = r["score"]
+                judgments[f"faithfulness_{protocol}"] = r["judgments"]
+        row["scores"] = scores
+        row["judgments"] = judgments
+        results.append(row)
+    return results

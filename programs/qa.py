@@ -12,9 +12,16 @@ generative (`gen`) setting. What the model reads depends on the evidence mode
 - ``given``: the gold evidence that comes with the question (an oracle setting);
 - ``none``: closed-book, the question alone (what the model remembers of the book).
 
+The ``book`` mode is the whole book only when the book fits: for a novel and an 8K window
+it is retrieval of about 6K tokens around the best passages, not the whole book. Every
+prediction records which it was (`context_mode`).
+
 `AnswerJudge` grades a free-text answer against the reference answer, as the seed
-does with GPT-4. `answer_questions` runs a question set and scores it, recording
-where the gold evidence lies and whether the context held it.
+does with GPT-4. `EvidenceJudge` scores the evidence a model quoted against the
+annotators' evidence for correctness, relevance and sufficiency (0-100 each), the
+seed's LLM-scored evidence recall (its Table 5). `answer_questions` runs a question
+set and scores it, recording where the gold evidence lies and whether the context
+held it (`booklens.qa_runs.run_book_qa` is the whole `booklens qa` run).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any, Optional, Sequence
 
 import dspy
 
+from booklens.data.novelqa import SETTINGS
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, predict_with_retries
 from booklens.signatures.qa import (
@@ -33,6 +41,7 @@ from booklens.signatures.qa import (
     AnswerQuestion,
     AnswerQuestionClosedBook,
     JudgeAnswer,
+    ScoreEvidence,
     with_evidence,
 )
 
@@ -42,7 +51,7 @@ DEFAULT_CONTEXT_WINDOW = 8192
 BUDGET_MARGIN = 0.8
 ANSWER_RESERVE = {"mc": 48, "gen": 128}
 EVIDENCE_RESERVE = 320
-SETTINGS = ("mc", "gen")
+EVIDENCE_CRITERIA = ("correctness", "relevance", "sufficiency")
 
 
 class _BookCache:
@@ -246,8 +255,9 @@ class AnswerJudge(dspy.Module):
         self.tries = tries
 
     def forward(self, question: str, correct_answer: str, student_answer: str,
-                evidence: Optional[Sequence[str]] = None) -> dspy.Prediction:
-        attempt = predict_with_retries(self.judge, tries=self.tries, question=question, correct_answer=correct_answer,
+                evidence: Optional[Sequence[str]] = None, book_title: str = "") -> dspy.Prediction:
+        attempt = predict_with_retries(self.judge, tries=self.tries, book_title=book_title or "(untitled)",
+                                       question=question, correct_answer=correct_answer,
                                        supporting_evidence=list(evidence or []), student_answer=student_answer)
         if not attempt.ok:
             return dspy.Prediction(correct=None, reason=None, error=attempt.error, attempts=attempt.attempts)
@@ -256,22 +266,63 @@ class AnswerJudge(dspy.Module):
                                attempts=attempt.attempts)
 
 
+class EvidenceJudge(dspy.Module):
+    """Score quoted evidence against the annotators' evidence: correctness, relevance and
+    sufficiency, 0-100 each, and their mean (NovelQA's evidence recall). No quotes score 0
+    without a call; a score outside 0-100 is re-asked, then recorded as a failure."""
+
+    def __init__(self, tries: int = 3):
+        super().__init__()
+        self.score = dspy.Predict(ScoreEvidence)
+        self.tries = tries
+
+    @staticmethod
+    def check(pred: Any) -> Optional[str]:
+        for name in EVIDENCE_CRITERIA:
+            value = getattr(pred, name, None)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
+                return f"{name} {value!r} is not an integer from 0 to 100"
+        return None
+
+    def forward(self, question: str, correct_answer: str, correct_evidence: Sequence[str], student_answer: str,
+                student_evidence: Sequence[str], book_title: str = "") -> dspy.Prediction:
+        quotes = [q for q in student_evidence if q and q.strip()]
+        if not quotes:
+            return dspy.Prediction(scores={name: 0 for name in EVIDENCE_CRITERIA}, mean=0.0, error=None, attempts=0)
+        got = predict_with_retries(self.score, tries=self.tries, check=self.check,
+                                   book_title=book_title or "(untitled)", question=question,
+                                   correct_answer=correct_answer, correct_evidence=list(correct_evidence),
+                                   student_answer=student_answer or "(no answer)", student_evidence=quotes)
+        if not got.ok:
+            return dspy.Prediction(scores=None, mean=None, error=got.error, attempts=got.attempts)
+        scores = {name: getattr(got.prediction, name) for name in EVIDENCE_CRITERIA}
+        return dspy.Prediction(scores=scores, mean=round(sum(scores.values()) / len(scores), 2), error=None,
+                               attempts=got.attempts)
+
+
 # ---------------------------------------------------------------------------
 # Running a question set
 
 
 def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, judge: Optional[AnswerJudge] = None,
-                     concurrency: int = 1, book_title: str = "", desc: str = "questions") -> list[Any]:
-    """Answer and score NovelQA questions about `book`; returns `QAPrediction` records in order."""
-    from booklens.data.novelqa import QAPrediction, gold_for
+                     concurrency: int = 1, book_title: str = "", desc: str = "questions",
+                     evidence_recall: str = "llm", evidence_judge: Optional[EvidenceJudge] = None) -> list[Any]:
+    """Answer and score NovelQA questions about `book`; returns `QAPrediction` records in order.
+
+    When the program quotes evidence, the quotes are scored by word overlap with the located
+    gold quotes (free) and, with `evidence_recall="llm"` (the seed's method), by an LLM judge."""
+    from booklens.data.novelqa import QAPrediction, check_evidence_recall, gold_for
     from booklens.lm import usage_step
     from booklens.metrics.qa import locate_evidence, quote_recall, share_in_context, token_positions
     from booklens.parallel import parallel_map
     from booklens.retrieval import QuoteLocator
 
     setting = program.setting
+    check_evidence_recall(evidence_recall)
     if setting == "gen" and judge is None:
         judge = AnswerJudge()
+    if program.quote_evidence and evidence_recall == "llm" and evidence_judge is None:
+        evidence_judge = EvidenceJudge()
     locator = QuoteLocator(book)
     spans = {q.qid: locate_evidence(locator, q.evidences) for q in questions}
     positions = token_positions(book, [s.start for ss in spans.values() for s in ss])
@@ -320,7 +371,7 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
         q = by_qid[record.qid]
         with usage_step("judge"):
             verdict = judge(question=q.question, correct_answer=record.gold, student_answer=record.prediction,
-                            evidence=q.evidences)
+                            evidence=q.evidences, book_title=book_title)
         record.correct = verdict.correct
         record.judge_reason = verdict.reason
         if verdict.error:
@@ -328,4 +379,30 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
         return record
 
     parallel_map(grade, to_judge, concurrency=concurrency, desc="judge")
+
+    def score_evidence(record: QAPrediction) -> QAPrediction:
+        q = by_qid[record.qid]
+        with usage_step("evidence"):
+            scored = evidence_judge(question=q.question, correct_answer=_answer_text(q, setting, record.gold),
+                                    correct_evidence=q.evidences, book_title=book_title,
+                                    student_answer=_answer_text(q, setting, record.prediction),
+                                    student_evidence=record.quoted_evidence)
+        record.evidence_scores = scored.scores
+        record.evidence_score = scored.mean
+        if scored.error:
+            record.evidence_error = scored.error
+        return record
+
+    if evidence_judge is not None and program.quote_evidence:
+        to_score = [r for r in records if r.gold is not None and by_qid[r.qid].evidences]
+        parallel_map(score_evidence, to_score, concurrency=concurrency, desc="evidence")
     return records
+
+
+def _answer_text(q: Any, setting: str, answer: Optional[str]) -> str:
+    """An answer as the evidence judge reads it: a letter with its option text in the mc setting."""
+    if answer is None:
+        return ""
+    if setting == "mc" and q.options and answer in q.options:
+        return f"{answer}. {q.options[answer]}"
+    return answer

@@ -1,10 +1,11 @@
 """Multi-document diverse summarization (DiverseSumm, seed 003): questions on which news
-sources are likely to differ, answers extracted from one article, summaries of what the
-articles say differently (directly, or from sentences extracted per article first), and
+sources are likely to differ, answers extracted from one article, equivalent answers
+grouped, invalid answers and questions without diverse answers filtered out, summaries of
+what the articles say differently (directly, or from sentences extracted per article first), and
 the judges of coverage and faithfulness (binary, Likert 1-10 and pairwise).
 
-What many calls share (the summary being judged, the article being read) comes before
-what changes between calls (the question, the other summary)."""
+What many calls share (the summary being judged, the article being read, the articles
+of the event) comes before what changes between calls (the question, the answers)."""
 
 from typing import Literal
 
@@ -33,6 +34,33 @@ class ExtractAnswers(dspy.Signature):
     answers: list[str] = dspy.OutputField(desc="answers found in the article; empty when there is none")
 
 
+class GroupEquivalentAnswers(dspy.Signature):
+    """Answers to one question were extracted from different news articles about the same event.
+    Group the answers that give the same information: the same fact, figure, cause, opinion or
+    prediction, even when worded differently. Answers that differ in substance (another figure,
+    another cause, another opinion) belong to different groups. Every answer number appears in
+    exactly one group; an answer unlike all the others is a group of its own."""
+
+    question: str = dspy.InputField()
+    answers: list[str] = dspy.InputField(desc="numbered answers: '[n] (article id) answer'")
+    groups: list[list[int]] = dspy.OutputField(desc="groups of answer numbers")
+
+
+class FilterAnswers(dspy.Signature):
+    """Several news articles report the same event. Answers to one question were extracted from
+    them. First, find the invalid answers: those that make no sense, do not answer the question,
+    or only say that the article does not answer it. Then, among the remaining answers, find
+    those that contradict one another or give different information, opinions or perspectives
+    on the question. Refer to answers by their numbers."""
+
+    articles: list[str] = dspy.InputField(desc="the articles, each headed by its id, title and source")
+    question: str = dspy.InputField()
+    answers: list[str] = dspy.InputField(desc="numbered answers: '[n] (article id) answer'")
+    invalid: list[int] = dspy.OutputField(desc="numbers of the invalid answers; empty when none")
+    diverse: list[int] = dspy.OutputField(
+        desc="numbers of the valid answers that conflict or differ from one another; empty when they all agree")
+
+
 class SummarizeDiverse(dspy.Signature):
     """Several news articles report the same event. Write a summary of what they say differently:
     the points where sources disagree, give conflicting figures or explanations, or offer
@@ -49,9 +77,9 @@ class ExtractImportantSentences(dspy.Signature):
     reports of the same event would most need. Answer with their numbers, the most important
     first."""
 
+    num_sentences: int = dspy.InputField(desc="how many sentences to pick")
     title: str = dspy.InputField(desc="the article's title and source")
     sentences: list[str] = dspy.InputField(desc="the article's sentences, each starting with its number in brackets")
-    num_sentences: int = dspy.InputField(desc="how many sentences to pick")
     picks: list[int] = dspy.OutputField(desc="numbers of the chosen sentences")
 
 

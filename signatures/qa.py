@@ -1,6 +1,7 @@
 """Question answering over a whole book (NovelQA): answering in the multiple-choice and
 generative settings, with the book, with retrieved passages or closed-book; judging a
-free-text answer against the reference; quoting evidence.
+free-text answer against the reference; quoting evidence;
+scoring quoted evidence against the annotators' evidence (NovelQA's evidence recall).
 
 Inputs shared by many calls (the book or its passages) come first so that prompt
 prefixes are reused between questions about the same book."""
@@ -74,9 +75,32 @@ class JudgeAnswer(dspy.Signature):
     fact, leaves out what the question asks for, hedges between alternatives, or gives a rough
     number where the question asks for an exact one. Explain briefly, then give the verdict."""
 
+    # The title is the same for every question of a book, the student's answer is what differs
+    # between systems graded on the same question: shared inputs first, the answer last.
+    book_title: str = dspy.InputField()
     question: str = dspy.InputField()
     correct_answer: str = dspy.InputField()
     supporting_evidence: list[str] = dspy.InputField(desc="quotes from the novel or the annotator's reasoning")
     student_answer: str = dspy.InputField()
     reason: str = dspy.OutputField(desc="one or two sentences")
     verdict: Literal["correct", "incorrect"] = dspy.OutputField()
+
+
+class ScoreEvidence(dspy.Signature):
+    """You are grading the evidence a student quoted from a novel to support an answer, against
+    the evidence an expert annotator gave for the correct answer. Score only the student's
+    evidence, not the answer, on three criteria, each from 0 to 100:
+    correctness: the student's evidence is the annotator's evidence, or says the same thing;
+    relevance: the student's evidence bears on the answer;
+    sufficiency: the student's evidence is enough, on its own, to support the answer.
+    Evidence that is missing, invented or unrelated scores low on all three."""
+
+    book_title: str = dspy.InputField()
+    question: str = dspy.InputField()
+    correct_answer: str = dspy.InputField()
+    correct_evidence: list[str] = dspy.InputField(desc="the annotator's quotes from the novel or reasoning")
+    student_answer: str = dspy.InputField()
+    student_evidence: list[str] = dspy.InputField(desc="the sentences the student quoted")
+    correctness: int = dspy.OutputField(desc="0 to 100")
+    relevance: int = dspy.OutputField(desc="0 to 100")
+    sufficiency: int = dspy.OutputField(desc="0 to 100")

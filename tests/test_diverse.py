@@ -30,6 +30,7 @@ from booklens.programs.diverse import (
     judge_pairs,
     pairwise_cases,
 )
+from booklens.signatures import diverse as signatures
 from booklens.signatures.diverse import JudgeCoverageOfAllQAs
 from booklens.testing import ScriptedLM
 from booklens.text import split_sentences
@@ -128,22 +129,114 @@ def test_direct_when_the_articles_fit_extract_otherwise(event):
         DiverseSummarizer("direct")(articles=article_texts(event))
 
 
-def test_reference_builder_groups_and_filters(event):
-    def responder(call):
-        if call.wants("questions"):
-            return {"questions": ["Why did it close?", "Who is to blame?", "Why did it close?"]}
-        article = call.inputs["article"]
-        if "Who is to blame" in call.inputs["question"]:
-            return {"answers": ["the city"] if "[a01]" in article else []}  # 1 of 10 articles: dropped
-        return {"answers": ["Corrosion."] if article.split("]")[0][-1] in "13579" else ["fatigue"]}
+CAUSES = {"a01": "Corrosion.", "a02": "fatigue", "a03": "rust", "a04": "metal fatigue", "a05": "a barge strike",
+          "a06": "The article does not say.", "a07": "corrosion of the plate", "a08": "fatigue cracking",
+          "a09": "barge impact", "a10": "no answer given"}
 
-    scripted(responder)
+
+def reference_responder(groups=None, seen=None):
+    """Questions, per-article answers, answer clusters and the filter's verdicts for the fixture event.
+
+    'Why did it close?': three causes (corrosion, fatigue, a barge) plus two non-answers;
+    'Who is to blame?': answered by one article only; 'When did it close?': every article agrees."""
+    def numbers(call, *texts):
+        lines = json.loads(call.inputs["answers"])
+        return [n for n, line in enumerate(lines, 1) if any(t in line for t in texts)]
+
+    def responder(call):
+        if seen is not None:
+            seen.append(call)
+        if call.wants("questions"):
+            return {"questions": ["Why did it close?", "Who is to blame?", "When did it close?", "Why did it close?"]}
+        if call.wants("answers"):
+            aid = call.inputs["article"].split("]")[0][1:]
+            question = call.inputs["question"]
+            if question == "Who is to blame?":
+                return {"answers": ["the city"] if aid == "a01" else []}
+            if question == "When did it close?":
+                return {"answers": ["on Monday"]}
+            return {"answers": [CAUSES[aid]]}
+        if call.wants("groups"):
+            if groups is not None:
+                return groups(call)
+            if call.inputs["question"] == "Why did it close?":
+                return {"groups": [numbers(call, "orrosion", "rust"), numbers(call, "atigue"),
+                                   numbers(call, "barge")]}  # the two non-answers left out
+            return {"groups": [list(range(1, len(json.loads(call.inputs["answers"])) + 1))]}
+        if call.wants("invalid", "diverse"):
+            if call.inputs["question"] == "Why did it close?":
+                return {"invalid": numbers(call, "does not say", "no answer"),
+                        "diverse": numbers(call, "Corrosion.", "fatigue", "barge")}
+            return {"invalid": [], "diverse": []}
+        raise AssertionError(f"unexpected call {call.output_fields}")
+
+    return responder
+
+
+def test_reference_builder_clusters_answers_and_keeps_diverse_questions(event):
+    seen = []
+    scripted(reference_responder(seen=seen))
     articles = [(a.aid, f"[{a.aid}] {a.as_text()}") for a in event.articles]
     ref = ReferenceBuilder(num_questions=3)(articles=articles)
-    assert ref.questions == ["Why did it close?", "Who is to blame?"]
+    assert ref.questions == ["Why did it close?", "Who is to blame?", "When did it close?"]
     assert [q["question"] for q in ref.question_answers] == ["Why did it close?"]
-    groups = ref.question_answers[0]["answer_groups"]
-    assert sorted(len(g) for g in groups) == [5, 5]
+    groups = [sorted(a["aid"] for a in g) for g in ref.question_answers[0]["answer_groups"]]
+    # corrosion and rust together, fatigue together, the barge together; the non-answers removed
+    assert sorted(groups) == [["a01", "a03", "a07"], ["a02", "a04", "a08"], ["a05", "a09"]]
+    kept, blame, when = ref.screening
+    assert kept["kept"] and kept["invalid_answers"] == 2 and kept["diverse_clusters"] == 3
+    assert kept["articles_answering"] == 8 and kept["clusters"] == 3
+    assert not blame["kept"] and "answered by 1 of 10 articles" in blame["reason"]
+    assert not when["kept"] and "not diverse" in when["reason"] and when["articles_answering"] == 10
+
+    # 30 extractions (3 questions x 10 articles), 2 clusterings (one answer needs none), 3 filter calls
+    kinds = [("extract" if c.wants("answers") else "cluster" if c.wants("groups") else
+              "filter" if c.wants("diverse") else "questions") for c in seen]
+    assert kinds.count("extract") == 30 and kinds.count("cluster") == 2 and kinds.count("filter") == 3
+    # calls about one article follow each other (its text is the shared prompt prefix)
+    extract_articles = [c.inputs["article"] for c in seen if c.wants("answers")]
+    assert all(extract_articles[i] == extract_articles[i - i % 3] for i in range(30))
+    # every filter call reads the same articles, before the question and the answers
+    filters = [c for c in seen if c.wants("diverse")]
+    assert len({c.inputs["articles"] for c in filters}) == 1
+    content = filters[0].messages[-1]["content"]
+    assert content.index("[[ ## articles ## ]]") < content.index("[[ ## question ## ]]") < content.index(
+        "[[ ## answers ## ]]")
+
+
+def test_reference_clustering_failures_fall_back_to_identical_wording(event):
+    # numbers outside the answer list: re-asked, then identical answers grouped and the failure recorded
+    scripted(reference_responder(groups=lambda call: {"groups": [[0, 99]]}))
+    articles = [(a.aid, f"[{a.aid}] {a.as_text()}") for a in event.articles]
+    ref = ReferenceBuilder(num_questions=3)(articles=articles)
+    why = ref.screening[0]
+    assert why["clustering_error"].startswith("clustering failed") and why["clusters"] == 8
+    assert why["kept"]  # still diverse: the filter's conflicting answers sit in different clusters
+
+
+def test_reference_builder_without_the_filter_keeps_every_question_answered_enough(event):
+    seen = []
+    scripted(reference_responder(seen=seen))
+    articles = [(a.aid, f"[{a.aid}] {a.as_text()}") for a in event.articles]
+    ref = ReferenceBuilder(num_questions=3, clustering="exact", diversity_filter=False)(articles=articles)
+    assert [q["question"] for q in ref.question_answers] == ["Why did it close?", "When did it close?"]
+    assert len(ref.question_answers[0]["answer_groups"]) == 10  # every wording is its own cluster
+    assert len(ref.question_answers[1]["answer_groups"]) == 1  # "on Monday" ten times
+    assert not any(c.wants("groups") or c.wants("diverse") for c in seen)
+
+
+@pytest.mark.parametrize("name, shared, differs", [
+    ("ExtractAnswers", ["article"], ["question"]),  # one article, many questions
+    ("FilterAnswers", ["articles"], ["question", "answers"]),  # the event's articles, many questions
+    ("ExtractImportantSentences", ["num_sentences"], ["title", "sentences"]),
+    ("JudgeCoverageOfQA", ["summary"], ["question_and_answers"]),  # one summary, many QA pairs
+    ("JudgeFaithfulnessBinary", ["summary"], ["article"]),  # one summary, many articles
+    ("JudgeFaithfulnessLikert", ["summary"], ["article"]),
+    ("CompareSummaries", ["criterion", "reference"], ["summary_a", "summary_b"]),  # both orders of one case
+])
+def test_prompts_put_what_calls_share_before_what_differs(name, shared, differs):
+    fields = list(getattr(signatures, name).input_fields)
+    assert max(fields.index(f) for f in shared) < min(fields.index(f) for f in differs)
 
 
 # ---------------------------------------------------------------------------
@@ -279,6 +372,24 @@ def test_verbosity_single_arithmetic():
     assert r["original_pct"] == pytest.approx(33.33) and r["extended_pct"] == pytest.approx(33.33)
     assert r["tie_pct"] == pytest.approx(33.33)
     json.dumps(r)
+
+
+def test_a_summary_cut_off_at_the_token_limit_is_kept_and_flagged(event):
+    from booklens.lm import Completion
+
+    lm = scripted(lambda call: {"summary": "Sources disagree on the cause and the"}, window=16384)
+    complete = lm.backend.complete
+
+    def cut_off(request):
+        done = complete(request)
+        return Completion(text=done.text, finish_reason="length", prompt_tokens=done.prompt_tokens,
+                          completion_tokens=done.completion_tokens)
+
+    lm.backend.complete = cut_off
+    pred = DiverseSummarizer("direct")(articles=article_texts(event))
+    assert pred.summary == "Sources disagree on the cause and the" and pred.cut_off is True
+    lm.backend.complete = complete
+    assert DiverseSummarizer("direct")(articles=article_texts(event)[:3]).cut_off is False
 
 
 def test_extraction_rejects_numbers_outside_the_article_and_takes_short_articles_whole(event):

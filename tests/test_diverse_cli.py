@@ -64,7 +64,8 @@ def always_b(body):
         return "Sources disagree on the cause, the cost and the length of the closure."
     return json.dumps({"summary": "Sources disagree on the cause, the cost and the length of the closure.",
                        "sentences": ["The bridge closed."], "questions": ["What caused the crack?"],
-                       "answers": ["corrosion"], "explanation": "because", "rating": 1, "verdict": "B"})
+                       "answers": ["corrosion"], "groups": [[1], [2]], "invalid": [], "diverse": [1, 2],
+                       "explanation": "because", "rating": 1, "verdict": "B"})
 
 
 def test_diverse_judge_and_bias_end_to_end(tmp_path, monkeypatch):
@@ -81,6 +82,8 @@ def test_diverse_judge_and_bias_end_to_end(tmp_path, monkeypatch):
                                  "faithfulness_likert": 1.0}
         assert len(row["judgments"]["coverage_binary"]) == 6 and len(row["judgments"]["faithfulness_likert"]) == 3
         assert row["generated_question_answers"][0]["question"] == "What caused the crack?"
+        assert row["reference_screening"][0]["kept"] and row["reference_screening"][0]["diverse_clusters"] == 2
+        assert "What caused the crack? (10 articles, " in r.output
         assert "coverage_likert: 1.00" in r.output
 
         r = invoke(["judge", str(FIXTURE), str(out), "--protocol", "likert", "--criterion", "coverage", *lm],

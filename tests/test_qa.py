@@ -20,7 +20,8 @@ from booklens.metrics.qa import (
     format_type_table,
     qa_report,
 )
-from booklens.programs.qa import AnswerJudge, BookQA, answer_questions
+from booklens.programs.qa import AnswerJudge, BookQA, EvidenceJudge, answer_questions
+from booklens.qa_runs import run_book_qa
 from booklens.testing import ScriptedLM
 
 REPO = Path(__file__).resolve().parents[1]
@@ -197,19 +198,98 @@ def test_generative_answers_are_judged():
 
 
 def test_answer_judge_program():
-    scripted(lambda call: {"reason": "rough number", "verdict": "incorrect"})
-    v = AnswerJudge()(question="How many?", correct_answer="3", student_answer="a few")
+    lm = scripted(lambda call: {"reason": "rough number", "verdict": "incorrect"})
+    v = AnswerJudge()(question="How many?", correct_answer="3", student_answer="a few", book_title="The Lamp")
     assert v.correct is False and v.reason == "rough number"
+    # what stays the same for a book and a question comes first, the graded answer last
+    content = lm.backend.calls[0].messages[-1]["content"]
+    order = [content.index(f"[[ ## {name} ## ]]") for name in
+             ("book_title", "question", "correct_answer", "supporting_evidence", "student_answer")]
+    assert order == sorted(order)
 
 
-def test_quoted_evidence_recall():
+@pytest.mark.parametrize("name, shared, differs", [
+    ("AnswerMultipleChoice", ["context"], ["question", "options"]),  # one book, many questions
+    ("AnswerQuestion", ["context"], ["question"]),
+    ("JudgeAnswer", ["book_title", "question", "correct_answer", "supporting_evidence"], ["student_answer"]),
+    ("ScoreEvidence", ["book_title", "question", "correct_answer", "correct_evidence"],
+     ["student_answer", "student_evidence"]),
+])
+def test_prompts_put_what_calls_share_before_what_differs(name, shared, differs):
+    from booklens.signatures import qa as signatures
+
+    fields = list(getattr(signatures, name).input_fields)
+    assert max(fields.index(f) for f in shared) < min(fields.index(f) for f in differs)
+
+
+def evidence_scorer(scores=(80, 90, 70)):
+    def responder(call):
+        if call.wants("correctness"):
+            return dict(zip(("correctness", "relevance", "sufficiency"), scores))
+        return {"evidence": ["Captain Orrin Vell sailed the lighthouse tender Marigold"], "answer": "B"}
+
+    return responder
+
+
+def test_quoted_evidence_is_scored_by_the_llm_judge_and_by_overlap():
     book = make_book(20)
-    scripted(lambda call: {"evidence": ["Captain Orrin Vell sailed the lighthouse tender Marigold"], "answer": "B"})
-    rec = answer_questions(BookQA("mc", "book", quote_evidence=True), book, parse_questions([QUESTION]))[0]
+    lm = scripted(evidence_scorer())
+    rec = answer_questions(BookQA("mc", "book", quote_evidence=True), book, parse_questions([QUESTION]),
+                           book_title="The Lamp")[0]
     assert rec.quoted_evidence and rec.quote_recall == 1.0
-    scripted(lambda call: {"evidence": ["The rain fell on the quiet village"], "answer": "B"})
-    rec = answer_questions(BookQA("mc", "book", quote_evidence=True), book, parse_questions([QUESTION]))[0]
-    assert rec.quote_recall == 0.0
+    assert rec.evidence_scores == {"correctness": 80, "relevance": 90, "sufficiency": 70} and rec.evidence_score == 80
+    judge_call = lm.backend.calls[-1]
+    # the judge reads the gold option's text, the model's choice and both sets of evidence
+    assert judge_call.inputs["correct_answer"] == "B. The Marigold" == judge_call.inputs["student_answer"]
+    assert "Orrin Vell" in judge_call.inputs["correct_evidence"] and judge_call.inputs["book_title"] == "The Lamp"
+    content = judge_call.messages[-1]["content"]
+    assert content.index("[[ ## book_title ## ]]") < content.index("[[ ## student_evidence ## ]]")
+    assert len(lm.backend.calls) == 2  # one answer, one evidence score
+
+    # unrelated quotes: no overlap; overlap mode makes no judge call
+    lm = scripted(lambda call: {"evidence": ["The rain fell on the quiet village"], "answer": "B"})
+    rec = answer_questions(BookQA("mc", "book", quote_evidence=True), book, parse_questions([QUESTION]),
+                           evidence_recall="overlap")[0]
+    assert rec.quote_recall == 0.0 and rec.evidence_scores is None and len(lm.backend.calls) == 1
+
+
+def test_evidence_judge_scores_no_quotes_as_zero_and_reasks_out_of_range_scores():
+    lm = scripted(lambda call: {"correctness": 140, "relevance": 50, "sufficiency": 50})
+    judge = EvidenceJudge()
+    none = judge(question="q", correct_answer="a", correct_evidence=["e"], student_answer="a", student_evidence=[" "])
+    assert none.scores == {"correctness": 0, "relevance": 0, "sufficiency": 0} and len(lm.backend.calls) == 0
+    bad = judge(question="q", correct_answer="a", correct_evidence=["e"], student_answer="a", student_evidence=["x"])
+    assert bad.scores is None and "correctness 140" in bad.error and len(lm.backend.calls) == 3
+
+
+def test_run_book_qa_reports_the_llm_scored_evidence_recall(tmp_path):
+    book = tmp_path / "the_lamp.txt"
+    book.write_text(make_book(20), encoding="utf-8")
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([QUESTION, {**QUESTION, "QID": "T-2", "Evidences": ["The keeper's reasoning."]}]))
+    lm = ScriptedLM(evidence_scorer((40, 60, 20)))
+    result = run_book_qa(book, questions, quote_evidence=True, lm=lm, cache_dir=tmp_path / "cache", concurrency=2)
+    assert result["kind"] == "booklens.qa" and result["context_modes"] == {"whole-book": 2}
+    assert result["usage"]["calls"] == 4 and result["evidence_recall"] == "llm"
+    llm = result["report"]["evidence"]["llm"]
+    assert llm == {"correctness": 40.0, "relevance": 60.0, "sufficiency": 20.0, "avg": 40.0, "questions": 2,
+                   "failed": 0}
+    # the second question's evidence is reasoning, not a quote: no overlap figure, but the judge scores it
+    assert result["report"]["evidence"]["quote_questions"] == 1
+    assert "correctness 40.0, relevance 60.0, sufficiency 20.0, avg 40.0 (2 questions)" in format_report(
+        result["report"])
+    assert any(c.inputs.get("book_title") == "The Lamp" for c in lm.backend.calls)
+    json.dumps(result)
+
+    # retrieval keeps the book's index where every command looks for it, so it is built once
+    from booklens.retrieval import index_dir
+
+    run_book_qa(book, questions, evidence="bm25", k=1, passage_tokens=64, lm=lm, cache_dir=tmp_path / "cache")
+    assert len(list(index_dir(tmp_path / "cache").iterdir())) == 1
+
+    with pytest.raises(BooklensError, match="no Options"):
+        questions.write_text(json.dumps([{k: v for k, v in QUESTION.items() if k != "Options"}]))
+        run_book_qa(book, questions, lm=lm)
 
 
 # ---------------------------------------------------------------------------
@@ -246,6 +326,7 @@ def test_evidence_recall_means():
             _rec("3", "sh", "plot", True)]
     ev = evidence_recall(recs)
     assert ev["context_recall"] == 75.0 and ev["context_questions"] == 2 and ev["quote_recall"] is None
+    assert ev["llm"]["questions"] == 0 and ev["llm"]["avg"] is None
 
 
 def test_report_is_json_serializable():

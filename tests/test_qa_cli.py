@@ -117,3 +117,34 @@ def test_qa_run_prints_the_tables_and_writes_json(tmp_path, book, monkeypatch):
         # The two questions differ only in fields the prompts do not show, so their calls are identical:
         # one answer and one verdict serve both (identical calls run once, even when concurrent).
         assert len(server.served) == 2
+
+
+def test_path_and_argument_errors_load_no_model_library(tmp_path):
+    """`qa`, `diverse`, `judge` and `bias` check their files before importing DSPy, LiteLLM,
+    NumPy or torch, so a typo costs no start-up time."""
+    fixture = REPO / "examples" / "diverse" / "harbor_bridge_closure.json"
+    commands = [["qa", "missing.txt", "--questions", "missing.json"],
+                ["qa", str(REPO / "examples" / "sample_story.txt"), "--questions", "missing.json"],
+                ["qa", "book.txt", "--questions", "q.json", "--evidence", "everything"],
+                ["diverse", "missing.json"],
+                ["judge", str(fixture), "missing.json"],
+                ["bias", "position", str(fixture), "missing.json", "other.json"],
+                ["bias", "verbosity", "missing.json", "s.json"]]
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from booklens.cli import main\n"
+        f"for args in {commands!r}:\n"
+        "    sys.argv = ['booklens', *args]\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err), contextlib.suppress(SystemExit):\n"
+        "        main()\n"
+        "    print(json.dumps(err.getvalue().strip()))\n"
+        "heavy = ('dspy', 'litellm', 'torch', 'faiss', 'sentence_transformers', 'numpy', 'tiktoken', 'llama_cpp')\n"
+        "print(json.dumps(sorted(m for m in heavy if m in sys.modules)))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    errors, loaded = lines[:-1], lines[-1]
+    assert len(errors) == len(commands) and all(e.startswith("error:") for e in errors), result.stdout + result.stderr
+    assert "question file not found" in errors[1] and "everything" in errors[2]
+    assert loaded == []

@@ -1,0 +1,162 @@
+"""The `booklens diverse`, `judge` and `bias` runs as library calls: DiverseSumm events (and
+summaries) in, summaries, scores and bias tables out.
+
+Files are read and checked before DSPy, LiteLLM or a model is loaded, so a wrong path or a
+malformed file fails at once. The programs are in `booklens.programs.diverse`, the bias
+arithmetic in `booklens.metrics.bias`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from booklens.data.diversesumm import load_events, load_summaries, require_question_answers
+from booklens.errors import BooklensError
+from booklens.qa_runs import Measured, setup_run_lm
+
+# --faithfulness choices: the protocols each runs
+FAITHFULNESS_CHOICES = {"likert": ("likert",), "binary": ("binary",), "both": ("binary", "likert"), "none": ()}
+VERBOSITY_PROTOCOLS = ("single", "pairwise")
+CRITERIA = ("coverage", "faithfulness")
+
+
+def _criteria(criterion: str) -> list[str]:
+    if criterion == "both":
+        return list(CRITERIA)
+    if criterion not in CRITERIA:
+        raise BooklensError(f"unknown criterion {criterion!r}: use coverage, faithfulness or both")
+    return [criterion]
+
+
+def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = None, api_base: Optional[str] = None,
+                lm_options: Optional[dict[str, Any]] = None, cache_dir: Any = None, **options: Any) -> dict[str, Any]:
+    """The `booklens diverse` run (kind `booklens.diverse`): `summarize_events` over an events
+    file, with LM usage and time. `faithfulness` is one of FAITHFULNESS_CHOICES; the other
+    `options` are those of `booklens.programs.diverse.summarize_events`."""
+    if faithfulness not in FAITHFULNESS_CHOICES:
+        raise BooklensError(f"unknown faithfulness choice {faithfulness!r}: use {', '.join(FAITHFULNESS_CHOICES)}")
+    events = load_events(events_path)
+    from booklens.programs.diverse import summarize_events
+
+    model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
+    with Measured(model) as measured:
+        results = summarize_events(events, faithfulness=FAITHFULNESS_CHOICES[faithfulness], **options)
+    return {"kind": "booklens.diverse", "events_file": str(events_path), "lm": model.label,
+            "method": options.get("method", "auto"), "events": results, "usage": measured.usage,
+            "seconds": measured.seconds}
+
+
+def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optional[Path] = None, *,
+                    protocol: str = "likert", criterion: str = "coverage", max_articles: Optional[int] = None,
+                    per_qa: bool = False, lm: Any = None, api_base: Optional[str] = None,
+                lm_options: Optional[dict[str, Any]] = None, cache_dir: Any = None,
+                    concurrency: int = 1) -> dict[str, Any]:
+    """The `booklens judge` run (kind `booklens.judge`): each event's summary rated with one
+    protocol (binary or likert), or two systems' summaries compared pairwise in both orders."""
+    _criteria(criterion)
+    events = load_events(events_path)
+    first = load_summaries(summaries_path, events)
+    second = None
+    if protocol == "pairwise":
+        if other_path is None:
+            raise BooklensError("the pairwise protocol needs a second summaries file (OTHER.json)")
+        second = load_summaries(other_path, events, "second summaries file")
+    elif other_path is not None:
+        raise BooklensError("a second summaries file is only used with --protocol pairwise")
+    if criterion == "coverage":
+        require_question_answers(events)
+    from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
+
+    model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
+    rows = []
+    with Measured(model) as measured:
+        for e in events:
+            if second is None:
+                rows.append({"eid": e.eid, **rate_event(criterion, protocol, e, first[e.eid],
+                                                        max_articles=max_articles, concurrency=concurrency)})
+                continue
+            cases = [(cid, ref, first[e.eid], second[e.eid])
+                     for cid, ref in pairwise_cases(e, criterion, per_qa, max_articles)]
+            pairs = judge_pairs(PairwiseJudge(criterion), cases, concurrency)
+            wins = {w: sum(1 for p in pairs if p["winner"] == w) for w in ("1", "2", "tie")}
+            rows.append({"eid": e.eid, "cases": pairs, "wins_1": wins["1"], "wins_2": wins["2"], "ties": wins["tie"],
+                         "failed": sum(1 for p in pairs if p["winner"] is None)})
+    return {"kind": "booklens.judge", "protocol": protocol, "criterion": criterion, "lm": model.label,
+            "events": rows, "usage": measured.usage, "seconds": measured.seconds}
+
+
+def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path, *, criterion: str = "both",
+                        max_articles: Optional[int] = None, per_qa: bool = False, lm: Any = None,
+                        api_base: Optional[str] = None,
+                lm_options: Optional[dict[str, Any]] = None, cache_dir: Any = None,
+                        concurrency: int = 1) -> dict[str, Any]:
+    """Position bias of the pairwise judge (the seed's Table 3): every case judged in both orders.
+    Kind `booklens.bias.position`, with {criterion: {result, cases}} per criterion."""
+    criteria = _criteria(criterion)
+    events = load_events(events_path)
+    s1 = load_summaries(summaries_1, events)
+    s2 = load_summaries(summaries_2, events, "second summaries file")
+    if "coverage" in criteria:
+        require_question_answers(events)
+    from booklens.metrics.bias import position_bias
+    from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases
+
+    model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
+    out: dict[str, Any] = {}
+    with Measured(model) as measured:
+        for crit in criteria:
+            cases = [(f"{e.eid}/{cid}", ref, s1[e.eid], s2[e.eid]) for e in events
+                     for cid, ref in pairwise_cases(e, crit, per_qa, max_articles)]
+            pairs = judge_pairs(PairwiseJudge(crit), cases, concurrency)
+            out[crit] = {"result": position_bias([(p["first_order"], p["second_order"]) for p in pairs]),
+                         "cases": pairs}
+    return {"kind": "booklens.bias.position", "lm": model.label, **out, "usage": measured.usage,
+            "seconds": measured.seconds}
+
+
+def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str = "both",
+                         protocols: Sequence[str] = VERBOSITY_PROTOCOLS, max_articles: Optional[int] = None,
+                         per_qa: bool = False, lm: Any = None, api_base: Optional[str] = None,
+                lm_options: Optional[dict[str, Any]] = None, cache_dir: Any = None,
+                         concurrency: int = 1) -> dict[str, Any]:
+    """Verbosity bias (the seed's Table 4): each summary against itself repeated twice, graded
+    alone on the Likert scale (`single`) and compared in both orders (`pairwise`). Kind
+    `booklens.bias.verbosity`, with {criterion_protocol: {result, ...}} and `table` rows
+    (criterion, protocol, result) in the seed's layout."""
+    criteria = _criteria(criterion)
+    unknown = [p for p in protocols if p not in VERBOSITY_PROTOCOLS]
+    if unknown or not protocols:
+        raise BooklensError(f"unknown verbosity protocol {(unknown or [''])[0]!r}: use single or pairwise")
+    events = load_events(events_path)
+    originals = load_summaries(summaries, events)
+    if "coverage" in criteria:
+        require_question_answers(events)
+    from booklens.metrics.bias import repeat_summary, verbosity_pairwise, verbosity_single
+    from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
+
+    extended = {eid: repeat_summary(s) for eid, s in originals.items()}
+    model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
+    out: dict[str, Any] = {}
+    table = []
+    with Measured(model) as measured:
+        for crit in criteria:
+            for proto in protocols:
+                if proto == "single":
+                    scores: dict[str, list] = {"original": [], "extended": []}
+                    for e in events:
+                        for name, version in (("original", originals), ("extended", extended)):
+                            r = rate_event(crit, "likert", e, version[e.eid], max_articles=max_articles,
+                                           concurrency=concurrency)
+                            scores[name].extend(d["rating"] for d in r["judgments"])
+                    result = verbosity_single(scores["original"], scores["extended"])
+                    out[f"{crit}_single"] = {"result": result, **scores}
+                else:
+                    cases = [(f"{e.eid}/{cid}", ref, originals[e.eid], extended[e.eid]) for e in events
+                             for cid, ref in pairwise_cases(e, crit, per_qa, max_articles)]
+                    pairs = judge_pairs(PairwiseJudge(crit), cases, concurrency)
+                    result = verbosity_pairwise([(p["first_order"], p["second_order"]) for p in pairs])
+                    out[f"{crit}_pairwise"] = {"result": result, "cases": pairs}
+                table.append((crit, proto, result))
+    return {"kind": "booklens.bias.verbosity", "lm": model.label, **out, "table": table, "usage": measured.usage,
+            "seconds": measured.seconds}

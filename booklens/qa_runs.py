@@ -1,0 +1,92 @@
+"""The `booklens qa` run as a library call: a book and a NovelQA question file in, the
+accuracy report and every prediction out.
+
+Inputs are read and checked before DSPy, LiteLLM or a model is loaded, so a wrong path or
+a malformed question file fails at once. The programs themselves are in
+`booklens.programs.qa`; `setup_run_lm` and `Measured` are shared with
+`booklens.diverse_runs`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+
+def title_from_path(path: Path) -> str:
+    """A readable title from a book's file name: 'pride_and_prejudice.txt' -> 'Pride And Prejudice'."""
+    return path.stem.replace("_", " ").replace("-", " ").title()
+
+
+def setup_run_lm(lm: Any = None, api_base: Optional[str] = None, cache_dir: Any = None, **options: Any) -> Any:
+    """The LM of a run, installed for DSPy: an LM object as given, or one built from an `--lm` string
+    (`options`: the backend options `make_lm` takes: structured, rpm, tpm)."""
+    from booklens.lm import configure, make_lm
+
+    if lm is None or isinstance(lm, str):
+        lm = make_lm(lm, api_base=api_base, cache_dir=cache_dir, **options)
+    return configure(lm)
+
+
+class Measured:
+    """LM usage (`booklens.lm.usage_delta`) and wall time of a block of work on one LM."""
+
+    def __init__(self, lm: Any):
+        self.lm = lm
+        self.usage: dict[str, Any] = {}
+        self.seconds = 0.0
+
+    def __enter__(self) -> "Measured":
+        self._before = self.lm.usage.snapshot()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from booklens.lm import usage_delta
+
+        self.seconds = round(time.perf_counter() - self._t0, 2)
+        self.usage = usage_delta(self._before, self.lm.usage.snapshot())
+
+
+def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = 5,
+                passage_tokens: int = 256, rank_mode: str = "bm25", quote_evidence: bool = False,
+                evidence_recall: str = "llm", title: Optional[str] = None, limit: Optional[int] = None,
+                position_threshold: int = 100_000, context_window: Optional[int] = None, lm: Any = None,
+                api_base: Optional[str] = None, lm_options: Optional[dict[str, Any]] = None,
+                cache_dir: Any = None, concurrency: int = 4) -> dict[str, Any]:
+    """Answer a NovelQA question file about a book and score it. Returns the `booklens qa` result
+    (kind `booklens.qa`): the report (`booklens.metrics.qa.qa_report`), every prediction, how
+    many questions read the whole book, retrieved passages or nothing, LM usage and time.
+
+    `lm` is an `--lm` string (None: the default) or an LM object such as `ScriptedLM`."""
+    from booklens.data.novelqa import check_evidence_recall, check_setting, load_questions
+    from booklens.retrieval import index_dir
+    from booklens.text import count_tokens, read_book
+
+    qs = load_questions(questions)
+    check_setting(qs, setting, source=str(questions))
+    check_evidence_recall(evidence_recall)
+    if limit:
+        qs = qs[:limit]
+    text = read_book(book)
+
+    from booklens.metrics.qa import qa_report
+    from booklens.programs.qa import BookQA, answer_questions
+
+    program = BookQA(setting, evidence, k=k, passage_tokens=passage_tokens, context_window=context_window,
+                     quote_evidence=quote_evidence, rank_mode=rank_mode, index_cache_dir=index_dir(cache_dir))
+    model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
+    with Measured(model) as measured:
+        records = answer_questions(program, text, qs, concurrency=concurrency,
+                                   book_title=title or title_from_path(book), evidence_recall=evidence_recall)
+    modes: dict[str, int] = {}
+    for r in records:
+        modes[r.context_mode] = modes.get(r.context_mode, 0) + 1
+    return {
+        "kind": "booklens.qa", "book": str(book), "book_tokens": count_tokens(text), "questions": str(questions),
+        "setting": setting, "evidence": evidence, "context_modes": modes, "k": k, "passage_tokens": passage_tokens,
+        "evidence_recall": evidence_recall if program.quote_evidence else None, "lm": model.label,
+        "report": qa_report(records, threshold=position_threshold), "predictions": [r.model_dump() for r in records],
+        "usage": measured.usage, "seconds": measured.seconds,
+    }
