@@ -167,7 +167,7 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
         spec = ManifestSpec.model_validate(data)
     except ValidationError as exc:
         raise BooklensError(f"{path}: {_explain(exc, data)}") from None
-    base = path.parent
+    base = path.absolute().parent  # absolute: cells may run in other processes and on other nodes
     books = _resolve_books(path, base, [spec.books] if isinstance(spec.books, str) else spec.books)
     systems = spec.systems
     seen: set[str] = set()
@@ -226,7 +226,9 @@ def _read_yaml(path: Path) -> Any:
 
 def _explain(exc: ValidationError, data: Any) -> str:
     """The first validation error as 'where: what' in the manifest's own terms."""
-    err = exc.errors()[0]
+    errors = exc.errors()
+    # An unknown key first: a misspelt key is also the reason a required one is "missing".
+    err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
     loc = list(err.get("loc", ()))
     kind = err.get("type", "")
     # `books` is a string or a list: pydantic reports both branches; name the field once.
