@@ -137,3 +137,17 @@ def test_the_command_line_reports_a_bad_manifest_in_one_line(corpus: Path):
 def test_load_manifest_raises_booklens_errors(corpus: Path):
     with pytest.raises(BooklensError, match="manifest not found"):
         load_manifest(corpus / "nowhere.yaml")
+
+
+@pytest.mark.parametrize("case", ["help", "bad manifest", "missing manifest"])
+def test_sweep_help_and_manifest_errors_load_no_heavy_library(case: str, corpus: Path):
+    from test_startup import PROBE  # the same probe as every other command
+
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a, method: tree}]\n")
+    args = {"help": ["sweep", "--help"], "bad manifest": ["sweep", str(manifest), "-o", str(corpus / "s")],
+            "missing manifest": ["sweep", str(corpus / "none.yaml"), "-o", str(corpus / "s")]}[case]
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], capture_output=True, text=True,
+                          cwd=corpus, timeout=120)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["heavy"] == []
+    assert (result["exit"] == 0) if case == "help" else (result["exit"] != 0 and proc.stderr.startswith("error: "))
