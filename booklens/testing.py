@@ -228,9 +228,10 @@ class PipelineResponder:
         names = [n for n, _ in Counter(w for w in _NAME.findall(source) if w not in _COMMON).most_common(2)]
         first, second = (names + ["the narrator", "a stranger"])[:2]
         page = 100 + int(hashlib.sha256(last.encode("utf-8")).hexdigest()[:8], 16) % 900
+        # Every sentence names the page, so no two summaries share a sentence (or a claim).
         sentences = [f"{first} and {second} meet on page {page}.",
-                     f"{second} hides a letter from {first}." if page % 2 else
-                     f"{second} tells {first} everything.",
+                     f"On page {page}, {second} hides a letter from {first}." if page % 2 else
+                     f"On page {page}, {second} tells {first} everything.",
                      f"By the end of page {page + 1}, {first} knows what happened."]
         return " ".join(sentences)
 
