@@ -10,8 +10,10 @@ shared books x two systems) run three ways, each with a fresh LM cache:
   ray    `booklens sweep --engine ray --concurrency C` (a local Ray with one worker per core; its
          start-up is part of the time)
 
-and the script prints the wall times, the LM calls each made (the same in all three), and the
-ratios loop/local (target >= 10) and ray/local (target <= 1.5).
+and the script prints the wall times, the LM calls each made, and the ratios loop/local (target
+>= 10) and ray/local (target <= 1.5). The calls are the same in all three unless two cells send
+an identical request (a book that fits in one chunk under both systems): the loop's later run
+finds it in its cache, while concurrent cells may both make it.
 
     python benchmarks/bench_sweep.py                       # the six shared books x hier/inc
     python benchmarks/bench_sweep.py --systems hier-hier   # two hierarchical systems (2048, 4096)

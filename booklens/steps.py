@@ -38,6 +38,25 @@ def _usage(tracker) -> dict[str, Any]:
 # Summarize
 
 
+def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_window: Optional[int] = None,
+                    max_summary_tokens: int = 900, level_budgets: Optional[list[int]] = None,
+                    max_regenerations: int = 2, remove_artifacts: bool = True, concurrency: int = 4,
+                    program_path: Optional[Path] = None):
+    """The summarizer program `summarize_book` runs, compiled program loaded (a sweep's `--dry-run`
+    plans its calls with the same object)."""
+    from booklens.programs.summarizer import make_summarizer
+
+    program = make_summarizer(method, chunk_size=chunk_size, context_window=context_window or 8192,
+                              max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
+                              max_regenerations=max_regenerations, concurrency=concurrency,
+                              remove_artifacts=remove_artifacts)
+    if program_path is not None:
+        from booklens.optimizers.artifacts import load_program
+
+        load_program(program, program_path, task="summarize")
+    return program
+
+
 def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2048,
                    context_window: Optional[int] = None, max_summary_tokens: int = 900,
                    level_budgets: Optional[list[int]] = None, max_regenerations: int = 2,
@@ -46,7 +65,6 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
     """Read, chunk and summarize a book with the configured LM; returns a `Summary` record.
     `text` is the book already read (with the same `drop_matter`), to spare a second read."""
     from booklens.lm import current_lm
-    from booklens.programs.summarizer import make_summarizer
     from booklens.records import Summary, SummaryConfig
     from booklens.text import count_tokens, read_book
 
@@ -55,7 +73,11 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
         text = read_book(book_path, drop_matter=drop_matter)
     read_seconds = time.perf_counter() - started
     lm = current_lm()
-    window = context_window or 8192
+    program = book_summarizer(method=method, chunk_size=chunk_size, context_window=context_window,
+                              max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
+                              max_regenerations=max_regenerations, concurrency=concurrency,
+                              remove_artifacts=remove_artifacts, program_path=program_path)
+    window = program.context_window
     backend_window = getattr(lm, "context_window", None)
     if backend_window and window > backend_window:
         raise BooklensError(f"--context-window {window} is larger than the model's context window ({backend_window})")
@@ -64,14 +86,6 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
                            max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
                            drop_matter=drop_matter, concurrency=concurrency,
                            program=str(program_path) if program_path else None)
-    program = make_summarizer(method, chunk_size=chunk_size, context_window=window,
-                              max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
-                              max_regenerations=max_regenerations, concurrency=concurrency,
-                              remove_artifacts=remove_artifacts)
-    if program_path is not None:
-        from booklens.optimizers.artifacts import load_program
-
-        load_program(program, program_path, task="summarize")
     t0 = time.perf_counter()
     with usage_scope() as tracker, usage_step("summarize"):
         result = program(book=text)

@@ -82,31 +82,26 @@ class _Overheads:
     """Prompt tokens of each predictor with empty inputs (instructions, field layout, demos)."""
 
     def __init__(self):
-        self._cache: dict[int, int] = {}
+        # id -> (predictor, tokens): holding the predictor keeps its id from being reused
+        self._cache: dict[int, tuple[Any, int]] = {}
 
     def of(self, predictor: Any, **empty: Any) -> int:
         from booklens.programs.summarizer import prompt_overhead
 
         key = id(predictor)
         if key not in self._cache:
-            self._cache[key] = prompt_overhead(predictor, **empty)
-        return self._cache[key]
+            self._cache[key] = (predictor, prompt_overhead(predictor, **empty))
+        return self._cache[key][1]
 
 
 def build_summarizer(config: Any):
-    """The summarizer a cell would build (with its compiled program loaded, demos and all)."""
-    from booklens.programs.summarizer import make_summarizer
+    """The summarizer a cell with this `SystemConfig` runs (its compiled program loaded, demos and all)."""
+    from booklens.steps import book_summarizer
 
-    program = make_summarizer(config.method, chunk_size=config.chunk_size,
-                              context_window=config.context_window or 8192,
-                              max_summary_tokens=config.max_summary_tokens,
-                              max_regenerations=config.max_regenerations,
-                              remove_artifacts=config.remove_artifacts)
-    if config.program is not None:
-        from booklens.optimizers.artifacts import load_program
-
-        load_program(program, config.program, task="summarize")
-    return program
+    return book_summarizer(method=config.method, chunk_size=config.chunk_size,
+                           context_window=config.context_window, max_summary_tokens=config.max_summary_tokens,
+                           max_regenerations=config.max_regenerations, remove_artifacts=config.remove_artifacts,
+                           program_path=config.program)
 
 
 def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> tuple[Work, int]:
