@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from booklens.cli import app
-from booklens.cli.common import ApiBaseOption, CacheDirOption, ConcurrencyOption, LMOption
+from booklens.cli.common import ApiBaseOption, CacheDirOption, LMOption
 
 
 class Engine(str, Enum):
@@ -23,14 +23,16 @@ def sweep_command(
     manifest: Annotated[Path, typer.Argument(help="The sweep manifest (YAML): books, systems, judge.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="The sweep directory to write (or resume).")],
     engine: Annotated[Engine, typer.Option("--engine", help="local: cells on threads of this process; ray: cells "
-                                                            "on Ray workers (pip install 'booklens[ray]').")]
+                                                            "on Ray workers (needs booklens' ray extra).")]
     = Engine.local,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", help="Join this Ray cluster (e.g. ray://head:10001 or auto); without it a local Ray "
                               "starts.")] = None,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
-    concurrency: ConcurrencyOption = 4,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="LM calls in flight for the whole sweep "
+                                                                      "(split over the workers with --engine "
+                                                                      "ray).")] = 4,
     cache_dir: CacheDirOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the cells and the estimated LM calls, tokens "
                                                             "and cost per system; call no LM.")] = False,

@@ -161,6 +161,11 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
         raise BooklensError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
     if ray_address and engine != "ray":
         raise BooklensError("--ray-address needs --engine ray")
+    if engine == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'")
     output = Path(output).absolute()  # cells may run in other processes, on other nodes
     sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, concurrency=concurrency)
     settings = PoolSettings(sweep.lm, sweep.api_base, str(Path(cache_dir).absolute()) if cache_dir else None,
