@@ -50,7 +50,7 @@ def sweep_command(
     for name, s in outcome.results["systems"].items():
         score = s["booookscore"]["mean"]
         faithful = s["claims"].get("faithful")
-        typer.echo(f"{name}: {s['books']} books"
+        typer.echo(f"{name}: {s['books']} book{'' if s['books'] == 1 else 's'}"
                    + (f", {s['failed']} failed" if s["failed"] else "")
                    + f"; BooookScore {'-' if score is None else f'{100 * score:.1f}'}"
                    + f"; {'-' if faithful is None else f'{faithful:.1f}%'} faithful", err=True)
