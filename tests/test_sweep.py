@@ -179,6 +179,29 @@ def test_a_rerun_makes_no_lm_call_and_writes_the_same_figures(server, corpus, re
     assert {p: p.read_bytes() for p in cell_files} == cell_files
 
 
+def test_a_cell_whose_configuration_changed_is_recomputed_and_only_it(server, corpus, reference, tmp_path, capsys):
+    import shutil
+
+    # A copy of the finished sweep whose released summary of one book is now different.
+    shutil.copytree(reference["dir"], tmp_path / "sweep")
+    shutil.copytree(reference["cache"], tmp_path / "cache")
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text(corpus.read_text())
+    changed = dict(RELEASED, poirot_investigates="Poirot and Hastings solve a case. They find the jewel.")
+    (tmp_path / "released.json").write_text(json.dumps(changed))
+    start = len(server.served)
+    proc = run_main(sweep_args(server, manifest, tmp_path / "sweep", tmp_path / "cache", "--concurrency", "4"),
+                    capsys)
+    assert proc.returncode == 0, proc.stderr
+    redone = read_json(tmp_path / "sweep" / "cells" / "released" / "poirot_investigates" / "run.json")
+    assert len(server.served) - start == redone["totals"]["calls"] == 2 + 1 + 2  # its judge calls, all new
+    for system in SYSTEMS:
+        for book in BOOKS:
+            steps = read_json(tmp_path / "sweep" / "cells" / system / book / "timings.json")["steps"]
+            recomputed = (system, book) == ("released", "poirot_investigates")
+            assert all(step["reused"] is not recomputed for step in steps.values()), (system, book)
+
+
 def test_a_sweep_killed_mid_way_resumes_without_repeating_a_finished_call(server, corpus, books_dir, reference,
                                                                         tmp_path):
     # The short story under the two summarizing systems: the reference sweep's cells for it.
