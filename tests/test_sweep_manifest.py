@@ -72,7 +72,7 @@ BAD = {
     "malformed YAML": ("books: [corpus\nsystems: [{name: a}]\n", "is not valid YAML (line 2"),
     "bad type": ("books: corpus\nsystems: [{name: a, chunk_size: 2k}]\n", "chunk_size: Input should be a valid integer"),
     "given evidence": ("books: corpus\nsystems: [{name: a}]\njudge: {evidence: given}\n",
-                       "judge.evidence: 'given' is not one of"),
+                       "unknown evidence mode 'given' for a book run"),
     "summarizer keys on a summaries system": ("books: corpus\nsystems: [{name: r, summaries: released.json, "
                                               "chunk_size: 512}]\n", "chunk_size would not apply"),
     "two books with one key": ("books: [corpus/alpha.txt, other/alpha.txt]\nsystems: [{name: a}]\n",

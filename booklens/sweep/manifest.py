@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from booklens.errors import BooklensError
 
@@ -46,46 +46,47 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class SystemSpec(_Strict):
-    """One system of the manifest: a summarizer configuration, or a file of existing summaries.
-    Settings left out take the pipeline's defaults (`booklens.pipeline.SystemConfig`)."""
+def _optional_settings(model_name: str, config: type[BaseModel], doc: str, *, drop: tuple[str, ...] = (),
+                       as_text: dict[str, Any] | None = None, **extra: Any) -> type[BaseModel]:
+    """A manifest section with the fields of a pipeline config (same names, types and bounds: the
+    pipeline stays the one source of truth), each optional: a setting left out takes the
+    pipeline's default. `as_text` gives paths as the strings YAML holds."""
+    import copy
 
-    name: str
-    method: Optional[Literal["hier", "inc"]] = None
-    chunk_size: Optional[int] = Field(None, ge=16)
-    context_window: Optional[int] = Field(None, ge=256)
-    max_summary_tokens: Optional[int] = Field(None, ge=16)
-    max_regenerations: Optional[int] = Field(None, ge=0)
-    drop_matter: Optional[bool] = None
-    remove_artifacts: Optional[bool] = None
-    lm: Optional[str] = None
-    api_base: Optional[str] = None
-    program: Optional[str] = None
-    summaries: Optional[str] = None
+    fields: dict[str, Any] = {}
+    for field_name, info in config.model_fields.items():
+        if field_name in drop:
+            continue
+        info = copy.copy(info)
+        info.default, info.default_factory = None, None
+        annotation = (as_text or {}).get(field_name, info.annotation)
+        fields[field_name] = (Optional[annotation], info)
+    fields.update(extra)
+    return create_model(model_name, __base__=_Strict, __doc__=doc, **fields)
 
 
-class JudgeSpec(_Strict):
-    """How every system's summaries are judged (the same for all, so the systems compare).
-    Settings left out take the pipeline's defaults (`booklens.pipeline.JudgeConfig`)."""
+def _sections() -> tuple[type[BaseModel], type[BaseModel]]:
+    from booklens.pipeline import JudgeConfig, SystemConfig
 
-    steps: Optional[list[Literal["coherence", "faithfulness"]]] = Field(None, min_length=1)
-    evidence: Optional[str] = None
-    k: Optional[int] = Field(None, ge=1)
-    budget_tokens: Optional[int] = Field(None, ge=64)
-    passage_tokens: Optional[int] = Field(None, ge=32)
-    max_claims: Optional[int] = Field(None, ge=1)
-    batch_size: Optional[int] = Field(None, ge=1)
-    programs: Optional[dict[str, str]] = None
-    lm: Optional[str] = None
-    api_base: Optional[str] = None
+    system = _optional_settings(
+        "SystemSpec", SystemConfig, "One system: a summarizer configuration, or a file of existing summaries.",
+        drop=("summary_file", "summary_text"), as_text={"program": str},
+        name=(str, ...), summaries=(Optional[str], None))
+    judge = _optional_settings(
+        "JudgeSpec", JudgeConfig, "How every system's summaries are judged (the same for all, so they compare).",
+        as_text={"programs": dict[str, str]})
+    return system, judge
+
+
+SystemSpec, JudgeSpec = _sections()
 
 
 class ManifestSpec(_Strict):
     lm: Optional[str] = None
     api_base: Optional[str] = None
     books: Union[str, list[str]]
-    systems: list[SystemSpec] = Field(min_length=1)
-    judge: JudgeSpec = Field(default_factory=JudgeSpec)
+    systems: list[SystemSpec] = Field(min_length=1)  # type: ignore[valid-type]
+    judge: JudgeSpec = Field(default_factory=JudgeSpec)  # type: ignore[valid-type]
 
 
 # ---------------------------------------------------------------------------
@@ -358,11 +359,8 @@ def _check_program(path: Path, task: str, where: str) -> None:
 
 
 def _check_judge(judge: JudgeSpec, base: Path, manifest: Path) -> None:
-    from booklens.retrieval import EVIDENCE_MODES
-
-    modes = [m for m in EVIDENCE_MODES if m != "given"]  # a sweep has no quotes given with the claims
-    if judge.evidence is not None and judge.evidence not in modes:
-        raise BooklensError(f"{manifest}: judge.evidence: {judge.evidence!r} is not one of {', '.join(modes)}")
+    """Steps and compiled programs; the rest (the evidence mode) is checked by the pipeline's own
+    `check_configs` when the cells are planned."""
     if judge.steps is not None and len(set(judge.steps)) != len(judge.steps):
         raise BooklensError(f"{manifest}: judge.steps lists a step twice")
     for task, value in (judge.programs or {}).items():

@@ -62,12 +62,24 @@ def check_output(output: Path) -> None:
 
 
 def plan_tasks(sweep: Sweep, output: Path, concurrency: int = 4) -> list[CellTask]:
-    """One task per cell, largest books first (they take longest, so they start first)."""
-    judge = sweep.judge_config().model_dump(mode="json")
+    """One task per cell, its configuration checked by the pipeline's own rules."""
+    from pydantic import ValidationError
+
+    from booklens.pipeline import check_configs
+
+    try:
+        judge_config = sweep.judge_config()
+    except ValidationError as exc:
+        raise BooklensError(f"{sweep.manifest}: judge: {exc.errors()[0].get('msg', 'invalid')}") from None
+    judge = judge_config.model_dump(mode="json")
     tasks = []
     for cell in sweep.cells:
         book = sweep.book(cell.book)
         config = sweep.system_config(cell.system, cell.book)
+        try:
+            check_configs(config, judge_config)
+        except BooklensError as exc:
+            raise BooklensError(f"{sweep.manifest}: {exc}") from None
         tasks.append(CellTask(system=cell.system, book=cell.book, book_path=str(book.path), sweep_dir=str(output),
                               output=str(cell_dir(output, cell.system, cell.book)),
                               system_config=config.model_dump(mode="json"), judge_config=judge,
