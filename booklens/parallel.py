@@ -6,8 +6,10 @@ Worker threads get a copy of the caller's context variables, so DSPy's
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import sys
+import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Callable, Iterable, Sequence, TypeVar
 
@@ -15,8 +17,26 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+_quiet = 0
+_quiet_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def quiet_progress():
+    """No per-call progress bars in this process while the block runs (a sweep draws its own
+    display; dozens of concurrent cells each drawing bars would garble the terminal)."""
+    global _quiet
+    with _quiet_lock:
+        _quiet += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet -= 1
+
+
 def progress_enabled() -> bool:
-    return sys.stderr.isatty()
+    return _quiet == 0 and sys.stderr.isatty()
 
 
 def parallel_map(

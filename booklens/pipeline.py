@@ -40,6 +40,7 @@ from typing import Any, Callable, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from booklens.errors import BooklensError
+from booklens.records import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, MergeContextName
 
 STEPS = ("summary", "coherence", "claims", "faithfulness")
 # What each step reads from another step.
@@ -64,6 +65,8 @@ class SystemConfig(BaseModel):
     context_window: Optional[int] = Field(default=None, ge=256)
     max_summary_tokens: int = Field(default=900, ge=16)
     max_regenerations: int = Field(default=2, ge=0)
+    merge_context: MergeContextName = DEFAULT_MERGE_CONTEXT
+    words_per_token: float = Field(default=DEFAULT_WORDS_PER_TOKEN, ge=0.1, le=2.0)
     drop_matter: bool = False
     remove_artifacts: bool = True
     program: Optional[Path] = None
@@ -504,13 +507,16 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                           "chunk_size": system.chunk_size, "context_window": system.context_window,
                           "max_summary_tokens": system.max_summary_tokens,
                           "max_regenerations": system.max_regenerations, "drop_matter": system.drop_matter,
+                          "merge_context": system.merge_context if system.method == "hier" else None,
+                          "words_per_token": system.words_per_token,
                           "remove_artifacts": system.remove_artifacts,
                           "program": sha256_file(system.program) if system.program else None}
         summary = runner.run_step("summary", summary_inputs, with_lm(summary_lm, lambda: summarize_book(
             book, method=system.method, chunk_size=system.chunk_size, context_window=system.context_window,
             max_summary_tokens=system.max_summary_tokens, max_regenerations=system.max_regenerations,
             remove_artifacts=system.remove_artifacts, drop_matter=system.drop_matter, concurrency=concurrency,
-            program_path=system.program, text=book_text)), lambda: read_step_record(output, "summary"))
+            program_path=system.program, text=book_text, merge_context=system.merge_context,
+            words_per_token=system.words_per_token)), lambda: read_step_record(output, "summary"))
     summary_sha = runner.steps["summary"].sha256 if summary is not None else None
     summary_text = summary.summary if summary is not None else None
 

@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args
 
 from pydantic import BaseModel, Field
 
@@ -107,6 +107,15 @@ class SummaryNode(BaseModel):
     cut_off: bool = Field(default=False, description="the model's answer stopped at the token cap")
 
 
+# Summarizer settings every layer shares (the program, the records, the CLI, sweep manifests).
+# Words asked for per token of budget: the published BooookScore code uses 0.65.
+DEFAULT_WORDS_PER_TOKEN = 0.65
+# What a hierarchical merge that is not the first of its level sees as context (programs.summarizer).
+MergeContextName = Literal["same-level", "lower-level", "none"]
+MERGE_CONTEXTS: tuple[str, ...] = get_args(MergeContextName)
+DEFAULT_MERGE_CONTEXT = "same-level"
+
+
 class SummaryConfig(BaseModel):
     method: Literal["hier", "inc"]
     chunk_size: int
@@ -118,7 +127,7 @@ class SummaryConfig(BaseModel):
     drop_matter: bool = False
     concurrency: int = 1
     program: Optional[str] = None
-    merge_context: Optional[Literal["same-level", "lower-level", "none"]] = Field(
+    merge_context: Optional[MergeContextName] = Field(
         default=None, description="hier: what a merge sees as context (None in files written before the option)")
     words_per_token: Optional[float] = Field(
         default=None, description="words asked for per token of budget (None: written before the option, 0.75)")

@@ -38,6 +38,29 @@ def _usage(tracker) -> dict[str, Any]:
 # Summarize
 
 
+def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_window: Optional[int] = None,
+                    max_summary_tokens: int = 900, level_budgets: Optional[list[int]] = None,
+                    max_regenerations: int = 2, remove_artifacts: bool = True, concurrency: int = 4,
+                    program_path: Optional[Path] = None, merge_context: Optional[str] = None,
+                    words_per_token: Optional[float] = None):
+    """The summarizer program `summarize_book` runs, compiled program loaded (a sweep's `--dry-run`
+    plans its calls with the same object). `merge_context` and `words_per_token` default to the
+    paper's (see `programs.summarizer`)."""
+    from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, make_summarizer
+
+    extra = {"merge_context": merge_context or DEFAULT_MERGE_CONTEXT} if method == "hier" else {}
+    program = make_summarizer(method, chunk_size=chunk_size, context_window=context_window or 8192,
+                              max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
+                              max_regenerations=max_regenerations, concurrency=concurrency,
+                              remove_artifacts=remove_artifacts,
+                              words_per_token=words_per_token or DEFAULT_WORDS_PER_TOKEN, **extra)
+    if program_path is not None:
+        from booklens.optimizers.artifacts import load_program
+
+        load_program(program, program_path, task="summarize")
+    return program
+
+
 def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2048,
                    context_window: Optional[int] = None, max_summary_tokens: int = 900,
                    level_budgets: Optional[list[int]] = None, max_regenerations: int = 2,
@@ -48,7 +71,7 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
     `text` is the book already read (with the same `drop_matter`), to spare a second read.
     `merge_context` and `words_per_token` default to the paper's (see `programs.summarizer`)."""
     from booklens.lm import current_lm
-    from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, make_summarizer
+    from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN
     from booklens.records import Summary, SummaryConfig
     from booklens.text import count_tokens, read_book
 
@@ -57,12 +80,17 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
         text = read_book(book_path, drop_matter=drop_matter)
     read_seconds = time.perf_counter() - started
     lm = current_lm()
-    window = context_window or 8192
+    merge_context = merge_context or DEFAULT_MERGE_CONTEXT
+    words_per_token = words_per_token or DEFAULT_WORDS_PER_TOKEN
+    program = book_summarizer(method=method, chunk_size=chunk_size, context_window=context_window,
+                              max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
+                              max_regenerations=max_regenerations, concurrency=concurrency,
+                              remove_artifacts=remove_artifacts, program_path=program_path,
+                              merge_context=merge_context, words_per_token=words_per_token)
+    window = program.context_window
     backend_window = getattr(lm, "context_window", None)
     if backend_window and window > backend_window:
         raise BooklensError(f"--context-window {window} is larger than the model's context window ({backend_window})")
-    merge_context = merge_context or DEFAULT_MERGE_CONTEXT
-    words_per_token = words_per_token or DEFAULT_WORDS_PER_TOKEN
     config = SummaryConfig(method=method, chunk_size=chunk_size, context_window=window,
                            max_summary_tokens=max_summary_tokens, level_budgets=level_budgets or [],
                            max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
@@ -70,15 +98,6 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
                            program=str(program_path) if program_path else None,
                            merge_context=merge_context if method == "hier" else None,
                            words_per_token=words_per_token)
-    extra = {"merge_context": merge_context} if method == "hier" else {}
-    program = make_summarizer(method, chunk_size=chunk_size, context_window=window,
-                              max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
-                              max_regenerations=max_regenerations, concurrency=concurrency,
-                              remove_artifacts=remove_artifacts, words_per_token=words_per_token, **extra)
-    if program_path is not None:
-        from booklens.optimizers.artifacts import load_program
-
-        load_program(program, program_path, task="summarize")
     t0 = time.perf_counter()
     with usage_scope() as tracker, usage_step("summarize"):
         result = program(book=text)

@@ -360,3 +360,83 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+# ---------------------------------------------------------------------------
+# Plausible answers for every step of the book pipeline, for end-to-end tests and benchmarks of
+# `booklens run` and `booklens sweep` against `FakeOpenAIServer`.
+
+
+def pipeline_step(body: dict[str, Any]) -> str:
+    """Which pipeline step a chat request belongs to: summarize, coherence, claims, verify or other."""
+    messages = body.get("messages") or [{}]
+    system = str(messages[0].get("content", ""))
+    last = str(messages[-1].get("content", ""))
+    if "as plain text" in last:
+        return "summarize"
+    if "[[ ## sentence ## ]]" in last:
+        return "coherence"
+    if "`claims`" in system:
+        return "claims"
+    if "`label`" in system:
+        return "verify"
+    return "other"
+
+
+_NAME = re.compile(r"\b[A-Z][a-z]{3,}\b")
+_COMMON = {"This", "That", "There", "They", "Then", "When", "What", "With", "Your", "From", "Have", "Here",
+           "Well", "Very", "Some", "Such", "Will", "Would", "Could", "Should", "Their", "These", "Those", "Respond",
+           "Write", "Which", "While", "After", "Before", "Project", "Gutenberg", "Chapter", "Summary", "Level"}
+
+
+class PipelineResponder:
+    """Deterministic, plausible answers that depend on the request: a summary names the two most
+    frequent names of its input and a page number drawn from the prompt's digest (so different
+    books and systems get different summaries, and no two cells send the same judge request); a
+    sentence about hiding something confuses the judge; claims are the summary's sentences; a
+    claim about hiding is unfaithful, the others faithful. `delay` slows every answer down."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+
+    def summary(self, last: str) -> str:
+        import hashlib
+        from collections import Counter
+
+        fields = parse_fields(last)
+        source = " ".join(v for k, v in fields.items() if k not in ("word_limit", "current_words")) or last
+        names = [n for n, _ in Counter(w for w in _NAME.findall(source) if w not in _COMMON).most_common(2)]
+        first, second = (names + ["the narrator", "a stranger"])[:2]
+        page = 100 + int(hashlib.sha256(last.encode("utf-8")).hexdigest()[:8], 16) % 900
+        # Every sentence names the page, so no two summaries share a sentence (or a claim).
+        sentences = [f"{first} and {second} meet on page {page}.",
+                     f"On page {page}, {second} hides a letter from {first}." if page % 2 else
+                     f"On page {page}, {second} tells {first} everything.",
+                     f"By the end of page {page + 1}, {first} knows what happened."]
+        return " ".join(sentences)
+
+    def __call__(self, body: dict[str, Any]) -> str:
+        if self.delay:
+            import time
+
+            time.sleep(self.delay)
+        step = pipeline_step(body)
+        last = str(body["messages"][-1]["content"])
+        if step == "summarize":
+            return self.summary(last)
+        if step == "coherence":
+            sentence = parse_fields(last).get("sentence", "")
+            if "hides" in sentence:
+                return json.dumps({"verdict": "confusion", "questions": ["What is in the letter?"],
+                                   "error_types": ["entity omission"]})
+            return json.dumps({"verdict": "no confusion", "questions": [], "error_types": []})
+        if step == "claims":
+            from booklens.text import split_sentences
+
+            return json.dumps({"claims": split_sentences(parse_fields(last).get("summary", ""))})
+        if step == "verify":
+            claim = parse_fields(last).get("claim", "")
+            label = "unfaithful" if "hides" in claim else "faithful"
+            return json.dumps({"label": label, "supporting_passages": [] if label == "unfaithful" else [1],
+                               "refuting_passages": [1] if label == "unfaithful" else [],
+                               "reason": f"Passage 1 {'contradicts' if label == 'unfaithful' else 'supports'} it."})
+        text = self.summary(last)
+        return json.dumps({"summary": text, "condensed": text, "cleaned": text})

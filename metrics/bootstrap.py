@@ -68,6 +68,15 @@ def bootstrap_mean(scores: Sequence[float], **kwargs) -> tuple[float, float]:
     return (math.nan if lo is None else lo, math.nan if hi is None else hi)
 
 
+def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], **kwargs) -> tuple[float, float, float]:
+    """Mean of b - a over the same units (books, examples) and the bootstrap interval of that mean."""
+    if len(a) != len(b):
+        raise ValueError("paired scores must have the same length")
+    diffs = [y - x for x, y in zip(a, b)]
+    lo, hi = bootstrap_mean(diffs, **kwargs)
+    return (sum(diffs) / len(diffs) if diffs else math.nan, lo, hi)
+
+
 # ---------------------------------------------------------------------------
 # Statistics over confusion counts: units carry (tp, fp, fn, tn)
 

@@ -3,7 +3,7 @@
 - `booklens.optimizers.tasks`: what each compilable task is (program, data splits, metric).
 - `booklens.optimizers.compile`: `compile_program(task, trainset, devset, optimizer=..., budget=..., seed=...)`.
 - `booklens.optimizers.artifacts`: `save_program` / `load_program` (DSPy's JSON state plus booklens metadata).
-- `booklens.optimizers.evaluate`: run a program on a split, bootstrap confidence intervals, usage, tables.
+- `booklens.optimizers.evaluate`: run a program on a split, bootstrap confidence intervals (`booklens.metrics.bootstrap`), usage, tables.
 """
 
 from booklens.optimizers.compile import OPTIMIZERS, Budget, compile_program

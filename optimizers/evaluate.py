@@ -23,6 +23,7 @@ import dspy
 
 from booklens.errors import BooklensError, LMError
 from booklens.lm import BooklensLM
+from booklens.metrics.bootstrap import bootstrap_mean as bootstrap_ci, paired_bootstrap_ci  # noqa: F401 - part of this module's API
 
 # ---------------------------------------------------------------------------
 # Metering and rollout-aware LM wrapper
@@ -88,27 +89,6 @@ class _MeteredLM(BooklensLM):
         response = super().forward(prompt=prompt, messages=messages, **kwargs)
         self.meter.add(getattr(response, "usage", None), bool(getattr(response, "cache_hit", False)))
         return response
-
-
-# ---------------------------------------------------------------------------
-# Confidence intervals
-
-
-def bootstrap_ci(scores: Sequence[float], *, resamples: int = 2000, confidence: float = 0.95,
-                 seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (fixed seed: the same scores give the same interval)."""
-    from booklens.metrics.bootstrap import bootstrap_mean
-
-    return bootstrap_mean(list(scores), resamples=resamples, confidence=confidence, seed=seed)
-
-
-def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], **kwargs: Any) -> tuple[float, float, float]:
-    """Mean of b - a over the same examples and its bootstrap interval."""
-    if len(a) != len(b):
-        raise ValueError("paired scores must have the same length")
-    diffs = [y - x for x, y in zip(a, b)]
-    lo, hi = bootstrap_ci(diffs, **kwargs)
-    return (sum(diffs) / len(diffs) if diffs else math.nan, lo, hi)
 
 
 # ---------------------------------------------------------------------------

@@ -26,7 +26,13 @@ import dspy
 
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, last_finish_reason, predict_with_retries
-from booklens.records import Chunk, SummaryNode
+from booklens.records import (  # noqa: F401 - the settings are part of this module's API
+    DEFAULT_MERGE_CONTEXT,
+    DEFAULT_WORDS_PER_TOKEN,
+    MERGE_CONTEXTS,
+    Chunk,
+    SummaryNode,
+)
 from booklens.signatures.summarize import (
     CompressSummary,
     MergeSummaries,
@@ -36,11 +42,6 @@ from booklens.signatures.summarize import (
     UpdateSummary,
 )
 
-# Words asked for per token of budget: the published BooookScore code uses 0.65.
-DEFAULT_WORDS_PER_TOKEN = 0.65
-# What a merge that is not the first of its level sees as context (see the module docstring).
-MERGE_CONTEXTS = ("same-level", "lower-level", "none")
-DEFAULT_MERGE_CONTEXT = "same-level"
 # Share of the context window budgets may fill: room for tokenizer differences
 # between cl100k_base and the backend's tokenizer, and for chat-template tokens.
 BUDGET_MARGIN = 0.85

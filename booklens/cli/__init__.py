@@ -43,6 +43,7 @@ from booklens.cli import faithfulness as _faithfulness  # noqa: E402,F401
 from booklens.cli import compile as _compile  # noqa: E402,F401
 from booklens.cli import run as _run  # noqa: E402,F401
 from booklens.cli import calibrate as _calibrate  # noqa: E402,F401
+from booklens.cli import sweep as _sweep  # noqa: E402,F401
 
 
 def _command_of(ctx) -> str:

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from booklens.cli import app
+from booklens.records import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, MERGE_CONTEXTS
 from booklens.cli.common import (
     ApiBaseOption,
     CacheDirOption,
@@ -28,10 +29,7 @@ class Method(str, Enum):
     inc = "inc"
 
 
-class MergeContext(str, Enum):
-    same_level = "same-level"
-    lower_level = "lower-level"
-    none = "none"
+MergeContext = Enum("MergeContext", {name: name for name in MERGE_CONTEXTS}, type=str)
 
 
 @app.command()
@@ -52,10 +50,11 @@ def summarize(
         "--merge-context", help="hier: what a merge after the first of its level sees as context: same-level, "
                                 "the previous merged summary of its level (the paper's); lower-level, the summary "
                                 "just before its inputs (merges of a level run at once); none.")]
-    = MergeContext.same_level,
+    = MergeContext(DEFAULT_MERGE_CONTEXT),
     words_per_token: Annotated[float, typer.Option(
         "--words-per-token", min=0.1, max=2.0,
-        help="Words a prompt asks for per token of budget (the published code's 0.65).")] = 0.65,
+        help=f"Words a prompt asks for per token of budget (the published code's {DEFAULT_WORDS_PER_TOKEN}).")]
+    = DEFAULT_WORDS_PER_TOKEN,
     max_regenerations: Annotated[int, typer.Option("--max-regenerations", min=0,
                                                    help="Retries for a summary over budget or cut off.")] = 2,
     remove_artifacts: Annotated[bool, typer.Option(

@@ -1,0 +1,75 @@
+"""`booklens sweep MANIFEST -o DIR`: every system of a manifest on every book, judged the same way,
+with one aggregate table (see `booklens.sweep`)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from booklens.cli import app
+from booklens.cli.common import (
+    ApiBaseOption,
+    CacheDirOption,
+    LMOption,
+    RpmOption,
+    StructuredOption,
+    TpmOption,
+    lm_options,
+)
+
+
+class Engine(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
+@app.command("sweep")
+def sweep_command(
+    manifest: Annotated[Path, typer.Argument(help="The sweep manifest (YAML): books, systems, judge.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The sweep directory to write (or resume).")],
+    engine: Annotated[Engine, typer.Option("--engine", help="local: cells on threads of this process; ray: cells "
+                                                            "on Ray workers (needs booklens' ray extra).")]
+    = Engine.local,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray-address", help="Join this Ray cluster (e.g. ray://head:10001 or auto); without it a local Ray "
+                              "starts.")] = None,
+    lm: LMOption = None,
+    api_base: ApiBaseOption = None,
+    structured: StructuredOption = None,
+    rpm: RpmOption = None,
+    tpm: TpmOption = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="LM calls in flight for the whole sweep "
+                                                                      "(split over the workers with --engine "
+                                                                      "ray).")] = 4,
+    cache_dir: CacheDirOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the cells and the estimated LM calls, tokens "
+                                                            "and cost per system; call no LM.")] = False,
+    fail_fast: Annotated[bool, typer.Option("--fail-fast", help="Start no new cell after the first one "
+                                                                "fails.")] = False,
+) -> None:
+    """Compare systems across a corpus: one run directory per (system, book), results.json, report.html."""
+    from booklens.sweep.run import dry_run as plan_text, run_sweep
+
+    if dry_run:
+        typer.echo(plan_text(manifest, output, lm=lm, api_base=api_base))
+        return
+    outcome = run_sweep(manifest, output, engine=engine.value, ray_address=ray_address, lm=lm, api_base=api_base,
+                        concurrency=concurrency, cache_dir=cache_dir, fail_fast=fail_fast,
+                        **lm_options(structured, rpm, tpm))
+    for name, s in outcome.results["systems"].items():
+        score = s["booookscore"]["mean"]
+        faithful = s["claims"].get("faithful")
+        typer.echo(f"{name}: {s['books']} book{'' if s['books'] == 1 else 's'}"
+                   + (f", {s['failed']} failed" if s["failed"] else "")
+                   + f"; BooookScore {'-' if score is None else f'{100 * score:.1f}'}"
+                   + f"; {'-' if faithful is None else f'{faithful:.1f}%'} faithful", err=True)
+    typer.echo(f"wrote {output / 'results.json'}, {output / 'cells.jsonl'} and {output / 'report.html'}", err=True)
+    failed, skipped = outcome.failed, outcome.not_run
+    if failed:
+        more = f"; {len(skipped)} not run (--fail-fast)" if skipped else ""
+        typer.echo(f"error: {len(failed)} of {len(outcome.outcomes)} cells failed (first: "
+                   f"{failed[0].system}/{failed[0].book}: {failed[0].error}){more}; rerun to retry them", err=True)
+        raise typer.Exit(1)

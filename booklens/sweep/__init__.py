@@ -1,0 +1,10 @@
+"""Corpus sweeps: every system of a manifest on every book, judged the same way, compared.
+
+- `manifest`: the YAML manifest (pydantic), checked and resolved (`load_manifest`).
+- `engines`: `local` (threads sharing one LM pool) and `ray` (Ray Data workers), both running
+  each cell with the library pipeline (`booklens.pipeline.run_book`).
+- `aggregate`: `cells.jsonl` and `results.json` (bootstrap intervals over books, paired differences).
+- `report`: the sweep's self-contained `report.html`.
+- `estimate`: `--dry-run`'s calls, tokens and cost from the summarizer's own planning code.
+- `run`: `run_sweep(manifest, output, ...)` and `dry_run(...)`, what `booklens sweep` calls.
+"""

@@ -1,0 +1,187 @@
+"""A sweep's figures: one flat row per cell (`cells.jsonl`) and per system and pair of systems
+(`results.json`).
+
+Per system, over the books whose cell completed: the mean BooookScore with a 95% bootstrap
+interval over books, the mean share of claims per label (each book's percentages averaged, so
+every book weighs the same, with intervals for each label), the mean summary length and share of
+repeated trigrams, and the LM work of all the system's cells (failed ones included: it was
+spent). For every pair of systems, the paired bootstrap difference (second minus first) over the
+books both completed. The bootstrap has a fixed seed: the same cells give the same file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from booklens.metrics.bootstrap import bootstrap_mean as bootstrap_ci, paired_bootstrap_ci
+
+RESULTS_FILE = "results.json"
+CELLS_FILE = "cells.jsonl"
+CELLS_DIR = "cells"
+LABELS = ("faithful", "unfaithful", "partial support", "can't verify")
+# Flat column names of the claim labels in cells.jsonl (no spaces or quotes: easy in pandas).
+LABEL_COLUMNS = {"faithful": "faithful_pct", "unfaithful": "unfaithful_pct",
+                 "partial support": "partial_support_pct", "can't verify": "cant_verify_pct"}
+USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "cost_usd")
+STATUSES = ("complete", "failed", "not run")
+
+
+@dataclass
+class CellOutcome:
+    """What became of one cell in this invocation: its run record (run.json as a dict) or why not."""
+
+    system: str
+    book: str
+    status: str  # complete | failed | not run
+    error: Optional[str] = None
+    run: Optional[dict[str, Any]] = None
+
+
+def cell_dir(output: Path, system: str, book: str) -> Path:
+    return Path(output) / CELLS_DIR / system / book
+
+
+def first_failure(run: dict[str, Any]) -> Optional[str]:
+    """'step: reason' of the first step that failed (the others usually only say 'needs <step>')."""
+    failures = run.get("failures") or {}
+    for step in ("summary", "coherence", "claims", "faithfulness", *failures):
+        if step in failures:
+            return f"{step}: {failures[step]}"
+    return None
+
+
+def outcome_of_run(system: str, book: str, run: dict[str, Any]) -> CellOutcome:
+    failed = run.get("status") == "failed" or bool(run.get("failures")) or not run.get("complete", False)
+    if failed:
+        return CellOutcome(system, book, "failed", first_failure(run) or "the run did not complete", run)
+    return CellOutcome(system, book, "complete", None, run)
+
+
+def cell_row(outcome: CellOutcome) -> dict[str, Any]:
+    """One flat line of cells.jsonl: every column present in every row (None where unknown)."""
+    run = outcome.run or {}
+    scores = run.get("scores") or {}
+    totals = run.get("totals") or {}
+    labels = scores.get("claim_labels") or {}
+    row: dict[str, Any] = {
+        "system": outcome.system,
+        "book": outcome.book,
+        "status": outcome.status,
+        "error": outcome.error,
+        "dir": f"{CELLS_DIR}/{outcome.system}/{outcome.book}",
+        "lm": run.get("lm"),
+        "book_tokens": run.get("book_tokens"),
+        "booookscore": scores.get("booookscore"),
+        "sentences": scores.get("sentences"),
+        "confusing_sentences": scores.get("confusing_sentences"),
+        "claims": scores.get("claims"),
+    }
+    for label, column in LABEL_COLUMNS.items():
+        row[column] = labels.get(label) if labels else None
+    row["summary_tokens"] = scores.get("summary_tokens")
+    row["repeated_trigrams"] = scores.get("repeated_trigrams")
+    for key in USAGE_KEYS:
+        row[key] = totals.get(key)
+    return row
+
+
+# ---------------------------------------------------------------------------
+# results.json
+
+
+def _mean(values: Sequence[float]) -> Optional[float]:
+    return round(sum(values) / len(values), 6) if values else None
+
+
+def _ci(values: Sequence[float]) -> Optional[list[float]]:
+    if not values:
+        return None
+    lo, hi = bootstrap_ci(values)
+    return [round(lo, 6), round(hi, 6)]
+
+
+def _present(rows: Sequence[dict[str, Any]], column: str) -> list[float]:
+    return [float(r[column]) for r in rows if isinstance(r.get(column), (int, float))
+            and not (isinstance(r[column], float) and math.isnan(r[column]))]
+
+
+def _usage(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    usage: dict[str, Any] = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": None}
+    for r in rows:
+        for key in ("calls", "prompt_tokens", "completion_tokens"):
+            usage[key] += int(r.get(key) or 0)
+        if r.get("cost_usd") is not None:
+            usage["cost_usd"] = round((usage["cost_usd"] or 0.0) + float(r["cost_usd"]), 6)
+    return usage
+
+
+def system_results(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    complete = [r for r in rows if r["status"] == "complete"]
+    scores = _present(complete, "booookscore")
+    claims = {label: _mean(_present(complete, column)) for label, column in LABEL_COLUMNS.items()}
+    return {
+        "books": len(complete),
+        "failed": sum(1 for r in rows if r["status"] == "failed"),
+        "booookscore": {"mean": _mean(scores), "ci95": _ci(scores)},
+        "claims": claims,
+        "claims_ci95": {label: _ci(_present(complete, column)) for label, column in LABEL_COLUMNS.items()},
+        "summary_tokens": _mean(_present(complete, "summary_tokens")),
+        "repeated_trigrams": _mean(_present(complete, "repeated_trigrams")),
+        "usage": _usage(rows),
+    }
+
+
+def _paired(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], books: list[str],
+            column: str) -> Optional[dict[str, Any]]:
+    shared = [k for k in books if isinstance(a[k].get(column), (int, float))
+              and isinstance(b[k].get(column), (int, float))]
+    if not shared:
+        return None
+    diff, lo, hi = paired_bootstrap_ci([a[k][column] for k in shared], [b[k][column] for k in shared])
+    return {"books": len(shared), "diff": round(diff, 6), "ci95": [round(lo, 6), round(hi, 6)]}
+
+
+def pair_results(systems: list[str], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For every pair (a, b) in manifest order: b - a over the books both completed."""
+    by_system: dict[str, dict[str, dict[str, Any]]] = {s: {} for s in systems}
+    for r in rows:
+        if r["status"] == "complete" and r["system"] in by_system:
+            by_system[r["system"]][r["book"]] = r
+    pairs = []
+    for a, b in combinations(systems, 2):
+        books = [k for k in by_system[a] if k in by_system[b]]
+        pairs.append({
+            "a": a, "b": b, "books": len(books),
+            "booookscore": _paired(by_system[a], by_system[b], books, "booookscore"),
+            "faithful": _paired(by_system[a], by_system[b], books, "faithful_pct"),
+        })
+    return pairs
+
+
+def results(systems: list[str], books: list[str], rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "kind": "booklens.sweep",
+        "format_version": 1,
+        "books": list(books),
+        "systems": {s: system_results([r for r in rows if r["system"] == s]) for s in systems},
+        "pairs": pair_results(systems, rows),
+    }
+
+
+def write_aggregate(output: Path, systems: list[str], books: list[str],
+                    outcomes: Sequence[CellOutcome]) -> dict[str, Any]:
+    """Write cells.jsonl and results.json (atomically); return the results."""
+    from booklens.records import save_json
+    from booklens.reports import write_text_atomic
+
+    rows = [cell_row(o) for o in outcomes]
+    lines = "".join(json.dumps(r, ensure_ascii=False, sort_keys=False) + "\n" for r in rows)
+    write_text_atomic(Path(output) / CELLS_FILE, lines)
+    payload = results(systems, books, rows)
+    save_json(Path(output) / RESULTS_FILE, payload)
+    return payload

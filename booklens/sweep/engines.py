@@ -1,0 +1,389 @@
+"""Engines that run a sweep's cells: `local` (threads in this process) and `ray` (Ray Data).
+
+Both call the same `run_cell`, which calls the library pipeline (`booklens.pipeline.run_book`)
+for one (system, book) cell with an `LMPool`: one disk cache and one limit of LM calls in flight
+for everything the pool's process runs. A cell never raises: whatever goes wrong becomes a
+failed `CellOutcome` with a one-line reason, so the other cells go on.
+
+- `local`: up to `concurrency` cells run at once on worker threads; every LM call of every cell
+  queues behind the one pool, so `--concurrency` bounds the calls in flight of the whole sweep.
+- `ray`: a dataset with one row (one block) per cell, `map_batches` with `CellWorker`, a callable
+  class Ray keeps alive per worker: it sets up DSPy and its `LMPool` once (so the embedded model
+  loads once per worker) and runs several cells at once on threads. `--concurrency` is split
+  over the workers. Workers write each cell's run directory themselves, so the sweep directory
+  (and the cache) must be on a path every node sees; the cell's run record comes back to the
+  driver in the dataset's rows, and the driver writes the aggregate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import sys
+import threading
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from booklens.errors import BooklensError
+from booklens.sweep.aggregate import CellOutcome, outcome_of_run
+
+Done = Callable[[CellOutcome], None]
+
+
+@dataclass
+class CellTask:
+    """Everything a worker needs to run one cell (JSON-serializable: it travels to Ray workers)."""
+
+    system: str
+    book: str
+    book_path: str
+    sweep_dir: str
+    output: str
+    system_config: dict[str, Any]
+    judge_config: dict[str, Any]
+    # Independent LM calls of the cell started at once (the sweep's --concurrency; the process's
+    # pool bounds how many are in flight, so the records are the same whatever the engine).
+    concurrency: int = 4
+
+    @property
+    def name(self) -> str:
+        return f"{self.system}/{self.book}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CellTask":
+        return cls(**json.loads(text))
+
+
+@dataclass
+class PoolSettings:
+    """How a process builds its `LMPool`."""
+
+    lm: Optional[str]
+    api_base: Optional[str]
+    cache_dir: Optional[str]
+    concurrency: int
+    structured: Optional[str] = None  # --structured, --rpm, --tpm (rpm/tpm are split over Ray workers)
+    rpm: Optional[int] = None
+    tpm: Optional[int] = None
+
+    def make_pool(self):
+        from booklens.lm.pool import LMPool
+
+        return LMPool(self.lm, self.api_base, cache_dir=self.cache_dir, concurrency=self.concurrency,
+                      structured=self.structured, rpm=self.rpm, tpm=self.tpm)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def run_cell(task: CellTask, pool: Any) -> CellOutcome:
+    """Run (or resume) one cell with the library pipeline; never raises."""
+    try:
+        from booklens.pipeline import JudgeConfig, SystemConfig, run_book
+
+        run = run_book(Path(task.book_path), Path(task.output), SystemConfig.model_validate(task.system_config),
+                       JudgeConfig.model_validate(task.judge_config), lms=pool, concurrency=task.concurrency,
+                       notify=_quiet)
+        return outcome_of_run(task.system, task.book, run.model_dump(mode="json"))
+    except BooklensError as exc:
+        return CellOutcome(task.system, task.book, "failed", _one_line(exc))
+    except Exception as exc:  # a bug must not take the other cells down with it; it is recorded
+        return CellOutcome(task.system, task.book, "failed", f"internal error: {type(exc).__name__}: {_one_line(exc)}")
+
+
+def _quiet(message: str) -> None:
+    """Per-step messages of a cell: the sweep's own display replaces them (failures are in run.json)."""
+
+
+def not_run(task: CellTask) -> CellOutcome:
+    return CellOutcome(task.system, task.book, "not run", None)
+
+
+# ---------------------------------------------------------------------------
+# local
+
+
+class LocalEngine:
+    """Cells on threads of this process, all sharing one `LMPool`."""
+
+    name = "local"
+
+    def __init__(self, settings: PoolSettings):
+        self.settings = settings
+        self.pool = settings.make_pool()
+
+    def usage(self) -> dict[str, Any]:
+        return self.pool.usage.snapshot()
+
+    def run(self, tasks: list[CellTask], on_done: Done, *, fail_fast: bool = False) -> list[CellOutcome]:
+        todo: "queue.Queue[tuple[int, CellTask]]" = queue.Queue()
+        for item in enumerate(tasks):
+            todo.put(item)
+        outcomes: list[Optional[CellOutcome]] = [None] * len(tasks)
+        stop = threading.Event()
+        lock = threading.Lock()
+
+        def worker() -> None:
+            while True:
+                try:
+                    i, task = todo.get_nowait()
+                except queue.Empty:
+                    return
+                outcome = not_run(task) if stop.is_set() else run_cell(task, self.pool)
+                with lock:
+                    outcomes[i] = outcome
+                if outcome.status != "not run":
+                    on_done(outcome)
+                if outcome.status == "failed" and fail_fast:
+                    stop.set()
+
+        # Daemon threads: an interrupted sweep exits at once (finished LM calls are in the cache).
+        threads = [threading.Thread(target=worker, name=f"sweep-cell-{n}", daemon=True)
+                   for n in range(max(1, min(len(tasks), self.settings.concurrency)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(0.2)  # short joins keep Ctrl-C responsive
+        return [o if o is not None else not_run(t) for o, t in zip(outcomes, tasks)]
+
+
+# ---------------------------------------------------------------------------
+# ray
+
+
+class CellWorker:
+    """The per-worker state of the Ray engine: DSPy and one `LMPool`, set up on the first cell.
+
+    Each row carries the pool settings, so the class needs no constructor arguments. Ray runs
+    up to `max_concurrent_calls_per_actor` calls at once on threads of the worker; they share the
+    pool. Each row's result is the cell's outcome as JSON; a thread sends the worker's running LM
+    usage to the driver's `UsageBoard` every second, for the progress display.
+    """
+
+    def __init__(self):
+        self.pool = None
+        self.settings: Optional[PoolSettings] = None
+        self.lock = threading.Lock()
+        self.worker_id = f"{os.uname().nodename}:{os.getpid()}"
+
+    def _setup(self, settings: PoolSettings, board: str) -> None:
+        with self.lock:
+            if self.pool is None:
+                import booklens  # noqa: F401 - offline defaults before dspy and litellm load
+
+                self.settings = settings
+                self.pool = settings.make_pool()
+                if board:
+                    threading.Thread(target=self._report_usage, args=(board,), name="sweep-usage",
+                                     daemon=True).start()
+
+    def _report_usage(self, board: str, every: float = 1.0) -> None:
+        """Send the pool's running usage to the driver's board every second (best effort)."""
+        import time
+
+        while True:
+            self._send_usage(board)
+            time.sleep(every)
+
+    def _send_usage(self, board: str) -> None:
+        import ray
+
+        snapshot = self.pool.usage.snapshot()
+        snapshot.pop("steps", None)
+        try:
+            ray.get(ray.get_actor(board).report.remote(self.worker_id, snapshot), timeout=10)
+        except Exception:  # the display is best effort; each cell's record comes back in its row
+            pass
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        settings = PoolSettings(**json.loads(str(batch["settings"][0])))
+        self._setup(settings, str(batch["board"][0]))
+        outcomes = []
+        for text in batch["task"]:
+            task = CellTask.from_json(str(text))
+            if not Path(task.sweep_dir).is_dir():
+                outcome = CellOutcome(task.system, task.book, "failed",
+                                      f"the sweep directory {task.sweep_dir} is not visible on worker "
+                                      f"{self.worker_id}: the ray engine needs it on a path every node shares")
+            else:
+                outcome = run_cell(task, self.pool)
+            outcomes.append(json.dumps(asdict(outcome)))
+        board = str(batch["board"][0])
+        if board:  # before the row reaches the driver: its display's last line is exact
+            self._send_usage(board)
+        return {"outcome": outcomes}
+
+
+def _usage_board_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class UsageBoard:
+        """Latest LM usage of each worker, for the driver's progress display."""
+
+        def __init__(self):
+            self.latest: dict[str, dict[str, Any]] = {}
+
+        def report(self, worker: str, snapshot: dict[str, Any]) -> None:
+            self.latest[worker] = snapshot
+
+        def totals(self) -> dict[str, Any]:
+            total: dict[str, Any] = {}
+            for snapshot in self.latest.values():
+                for key, value in snapshot.items():
+                    if isinstance(value, (int, float)):
+                        total[key] = (total.get(key) or 0) + value
+            return total
+
+    return UsageBoard
+
+
+class RayEngine:
+    """Cells as rows of a Ray dataset, run by `CellWorker` actors (see the module docstring)."""
+
+    name = "ray"
+
+    def __init__(self, settings: PoolSettings, *, address: Optional[str] = None, num_cpus: Optional[int] = None,
+                 log_path: Optional[Path] = None):
+        self.settings = settings
+        self.address = address
+        self.num_cpus = num_cpus
+        self.log_path = log_path
+        self.board = None
+        self.board_name: Optional[str] = None
+        self._started_ray = False
+        self._last_usage: dict[str, Any] = {}
+
+    # Ray's own logs (and its C++ core's) go to a file: the terminal shows the sweep's progress only.
+    def _quiet(self):
+        return _StderrTo(self.log_path) if self.log_path is not None else _NoRedirect()
+
+    def start(self) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'") from None
+        import logging
+
+        with self._quiet():
+            if not ray.is_initialized():
+                try:
+                    if self.address:
+                        ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
+                    else:
+                        ray.init(num_cpus=self.num_cpus or os.cpu_count() or 1, include_dashboard=False,
+                                 logging_level=logging.ERROR, log_to_driver=False)
+                    self._started_ray = True
+                except Exception as exc:
+                    where = f"the Ray cluster at {self.address}" if self.address else "a local Ray"
+                    raise BooklensError(f"cannot start {where}: {_one_line(exc)}") from None
+            self.board_name = f"booklens-sweep-usage-{os.getpid()}-{id(self)}"
+            self.board = _usage_board_class().options(name=self.board_name).remote()
+
+    def workers(self, cells: int) -> int:
+        import ray
+
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        return max(1, min(cells, cpus))
+
+    def usage(self) -> dict[str, Any]:
+        import ray
+
+        if self.board is not None:
+            try:
+                self._last_usage = ray.get(self.board.totals.remote(), timeout=5)
+            except Exception:
+                pass
+        return self._last_usage
+
+    def run(self, tasks: list[CellTask], on_done: Done, *, fail_fast: bool = False) -> list[CellOutcome]:
+        import ray
+        import ray.data
+
+        if not tasks:
+            return []
+        workers = self.workers(len(tasks))
+        per_worker = max(1, math.ceil(self.settings.concurrency / workers))
+        def share(limit: Optional[int]) -> Optional[int]:
+            return None if limit is None else max(1, limit // workers)
+
+        settings = replace(self.settings, concurrency=per_worker, rpm=share(self.settings.rpm),
+                           tpm=share(self.settings.tpm))
+        cells_at_once = max(1, min(per_worker, math.ceil(len(tasks) / workers)))
+        rows = [{"task": t.to_json(), "settings": json.dumps(asdict(settings)), "board": self.board_name or ""}
+                for t in tasks]
+        outcomes: dict[tuple[str, str], CellOutcome] = {}
+        with self._quiet():
+            context = ray.data.DataContext.get_current()
+            context.enable_progress_bars = False
+            context.print_on_execution_start = False
+            # One block per cell, so cells are scheduled one by one over the workers.
+            dataset = ray.data.from_items(rows, override_num_blocks=len(rows)).map_batches(
+                CellWorker, batch_size=1, num_cpus=1,
+                compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=cells_at_once,
+                                                   max_concurrent_calls_per_actor=cells_at_once,
+                                                   enable_true_multi_threading=True))
+            try:
+                for row in dataset.iter_rows():
+                    outcome = CellOutcome(**json.loads(str(row["outcome"])))
+                    outcomes[(outcome.system, outcome.book)] = outcome
+                    on_done(outcome)
+                    if outcome.status == "failed" and fail_fast:
+                        break
+            except Exception as exc:
+                if isinstance(exc, (KeyboardInterrupt, BooklensError)):
+                    raise
+                raise BooklensError(f"the Ray engine failed: {_one_line(exc)}") from None
+        return [outcomes.get((t.system, t.book)) or not_run(t) for t in tasks]
+
+    def close(self) -> None:
+        import ray
+
+        with self._quiet():
+            if self.board is not None:
+                try:
+                    ray.kill(self.board)
+                except Exception:
+                    pass
+                self.board = None
+            if self._started_ray:
+                ray.shutdown()
+                self._started_ray = False
+
+
+class _NoRedirect:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _StderrTo:
+    """Point file descriptor 2 at a log file for a while (Ray's C++ core writes there directly)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.saved = os.dup(2)
+        self.log = open(self.path, "ab")
+        os.dup2(self.log.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.log.close()

@@ -1,0 +1,278 @@
+"""`booklens sweep --dry-run`: the cells, and per system the LM calls and tokens it will take and
+what that costs where LiteLLM knows the model's prices. No LM is called and no model is loaded.
+
+The summarizer's calls come from its own planning code run on each book's real chunks: the
+level-1 groups (`group_by_budget`), each merge level (`plan_level`), and the budget checks, so
+a configuration the summarizer would refuse is refused here too. What cannot be known before the
+model writes is assumed, and said: every summary fills its token budget, incremental updating
+compresses after every update (both upper bounds on calls), a summary sentence is about
+`TOKENS_PER_SENTENCE` tokens and yields one claim, and no answer needs a retry.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from booklens.sweep.manifest import Sweep
+
+TOKENS_PER_SENTENCE = 25
+CLAIMS_PER_SENTENCE = 1.0
+CLAIM_TOKENS = 20
+# Typical answer lengths of the judge's calls (tokens).
+COHERENCE_ANSWER_TOKENS = 40
+CLAIM_ANSWER_TOKENS = 25
+VERIFY_ANSWER_TOKENS = 60
+
+
+@dataclass
+class Work:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, calls: int, prompt: int, completion: int) -> None:
+        self.calls += calls
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+
+
+@dataclass
+class SystemEstimate:
+    name: str
+    books: int
+    chunks: int = 0
+    summarize_lm: Optional[str] = None  # None for a `summaries:` system
+    judge_lm: str = ""
+    summarize: Work = field(default_factory=Work)
+    judge: Work = field(default_factory=Work)
+    cost_usd: Optional[float] = None
+
+    @property
+    def calls(self) -> int:
+        return self.summarize.calls + self.judge.calls
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.summarize.prompt_tokens + self.judge.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.summarize.completion_tokens + self.judge.completion_tokens
+
+
+def price(lm: str, prompt_tokens: int, completion_tokens: int) -> Optional[float]:
+    """USD for this much work where LiteLLM knows the model's prices; 0 for the embedded model."""
+    from booklens.lm import LOCAL_LM
+
+    if lm == LOCAL_LM:
+        return 0.0
+    try:
+        import litellm
+
+        prompt_cost, completion_cost = litellm.cost_per_token(model=lm, prompt_tokens=prompt_tokens,
+                                                              completion_tokens=completion_tokens)
+    except Exception:  # an unknown model or provider: the price is not known
+        return None
+    return float(prompt_cost + completion_cost)
+
+
+class _Overheads:
+    """Prompt tokens of each predictor with empty inputs (instructions, field layout, demos)."""
+
+    def __init__(self):
+        # id -> (predictor, tokens): holding the predictor keeps its id from being reused
+        self._cache: dict[int, tuple[Any, int]] = {}
+
+    def of(self, predictor: Any, **empty: Any) -> int:
+        from booklens.programs.summarizer import prompt_overhead
+
+        key = id(predictor)
+        if key not in self._cache:
+            self._cache[key] = (predictor, prompt_overhead(predictor, **empty))
+        return self._cache[key][1]
+
+
+def build_summarizer(config: Any):
+    """The summarizer a cell with this `SystemConfig` runs (its compiled program loaded, demos and all)."""
+    from booklens.steps import book_summarizer
+
+    return book_summarizer(method=config.method, chunk_size=config.chunk_size,
+                           context_window=config.context_window, max_summary_tokens=config.max_summary_tokens,
+                           max_regenerations=config.max_regenerations, remove_artifacts=config.remove_artifacts,
+                           program_path=config.program, merge_context=config.merge_context,
+                           words_per_token=config.words_per_token)
+
+
+def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> tuple[Work, int]:
+    """Calls and tokens to summarize one book's chunks, and the final summary's tokens."""
+    from booklens.programs.summarizer import group_by_budget
+    from booklens.records import SummaryNode
+
+    work = Work()
+    if summarizer.method == "hier":
+        room_chunks, room_merge, room_context = summarizer.check_budgets()
+        g1 = summarizer.budget(1)
+        head = overheads.of(summarizer.summarize_chunk, excerpt="", word_limit=0)
+        groups = group_by_budget([c.tokens for c in chunks], room_chunks)
+        for group in groups:
+            work.add(1, head + sum(chunks[i].tokens for i in group), g1)
+        nodes = [SummaryNode(id=f"L1.{j}", level=1, kind="chunk", text="", tokens=g1) for j in range(len(groups))]
+        level = 1
+        merge_head = overheads.of(summarizer.merge, summaries=[], word_limit=0)
+        context_head = overheads.of(summarizer.merge_with_context, context="", summaries=[], word_limit=0)
+        while len(nodes) > 1:
+            level += 1
+            budget = summarizer.budget(level)
+            plan = summarizer.plan_level(nodes, room_merge, room_context, budget)
+            if len(plan) == len(nodes):  # the summarizer refuses this too, at run time
+                from booklens.errors import BooklensError
+
+                raise BooklensError("summaries are too long to merge within the context window; lower "
+                                    "max_summary_tokens or raise context_window")
+            merged = []
+            for j, (context, group) in enumerate(plan):
+                if len(group) == 1:
+                    merged.append(group[0])
+                    continue
+                inputs = sum(n.tokens for n in group)
+                if context is None:
+                    work.add(1, merge_head + inputs, budget)
+                else:
+                    work.add(1, context_head + context.tokens + inputs, budget)
+                merged.append(SummaryNode(id=f"L{level}.{j}", level=level, kind="merge", text="", tokens=budget))
+            nodes = merged
+        final = nodes[0].tokens
+    else:
+        summarizer.check_budgets()
+        g = summarizer.max_summary_tokens
+        first = overheads.of(summarizer.summarize_chunk, excerpt="", word_limit=0)
+        update = overheads.of(summarizer.update, running_summary="", excerpt="", word_limit=0)
+        compress = overheads.of(summarizer.compress, summary="", current_words=0, word_limit=0)
+        work.add(1, first + chunks[0].tokens, g)
+        grown = int(g * 1.5)
+        for chunk in chunks[1:]:
+            work.add(1, update + g + chunk.tokens, grown)
+            work.add(1, compress + grown, g)
+        final = g
+    if summarizer.remove_artifacts:
+        work.add(1, overheads.of(summarizer.clean, summary="") + final, final)
+    return work, final
+
+
+def judge_work(judge: Any, summary_tokens: int, sentences: int, context_window: Optional[int],
+               overheads: _Overheads, programs: dict[str, Any]) -> Work:
+    """Calls and tokens to judge one summary of this many tokens and sentences."""
+    from booklens.programs.faithfulness import evidence_budget
+
+    work = Work()
+    sentences = max(1, sentences)
+    if "coherence" in judge.steps:
+        scorer = programs["coherence"]
+        if judge.batch_size == 1:
+            head = overheads.of(scorer.detect, summary="", sentence="")
+            per_sentence = math.ceil(summary_tokens / sentences)
+            work.add(sentences, sentences * (head + summary_tokens + per_sentence),
+                     sentences * COHERENCE_ANSWER_TOKENS)
+        else:
+            head = overheads.of(scorer.detect_batch, summary="", sentences="")
+            batches = math.ceil(sentences / judge.batch_size)
+            work.add(batches, batches * (head + 2 * summary_tokens // batches + summary_tokens),
+                     sentences * COHERENCE_ANSWER_TOKENS)
+    if "faithfulness" in judge.steps:
+        claims = max(1, round(sentences * CLAIMS_PER_SENTENCE))
+        decomposer = programs["decomposition"]
+        work.add(1, overheads.of(decomposer.decompose, summary="") + summary_tokens, claims * CLAIM_ANSWER_TOKENS)
+        if judge.max_claims:
+            claims = min(claims, judge.max_claims)
+        verifier = programs["verification"]
+        if judge.evidence == "none":
+            head, evidence = overheads.of(verifier.verify_without_evidence, claim=""), 0
+        else:
+            head = overheads.of(verifier.verify, evidence="", claim="")
+            if judge.evidence == "book":
+                evidence = judge.budget_tokens or evidence_budget(context_window)
+            else:
+                evidence = judge.k * judge.passage_tokens
+        work.add(claims, claims * (head + CLAIM_TOKENS + evidence), claims * VERIFY_ANSWER_TOKENS)
+    return work
+
+
+def _judge_programs(judge: Any) -> dict[str, Any]:
+    from booklens.programs.coherence import build_scorer
+    from booklens.programs.faithfulness import build_decomposer, build_verifier
+
+    programs = {"coherence": build_scorer(batch_size=judge.batch_size), "decomposition": build_decomposer(),
+                "verification": build_verifier()}
+    if judge.programs:
+        from booklens.optimizers.artifacts import load_program
+
+        for task, path in judge.programs.items():
+            load_program(programs[task], path, task=task)
+    return programs
+
+
+def estimate_sweep(sweep: Sweep) -> list[SystemEstimate]:
+    """Per system: books, chunks, LM calls and tokens (summarizing and judging), cost where known."""
+    import dspy
+
+    from booklens.errors import BooklensError
+    from booklens.lm import BooklensAdapter, resolve_lm_name
+    from booklens.text import chunk_text, count_tokens, read_book, split_sentences
+
+    judge = sweep.judge_config()
+    overheads = _Overheads()
+    texts: dict[tuple[str, bool], Optional[str]] = {}
+
+    def book_text(key: str, drop_matter: bool) -> Optional[str]:
+        if (key, drop_matter) not in texts:
+            try:
+                texts[(key, drop_matter)] = read_book(sweep.book(key).path, drop_matter=drop_matter)
+            except BooklensError:
+                texts[(key, drop_matter)] = None  # its cells will fail; nothing to estimate
+        return texts[(key, drop_matter)]
+
+    estimates = []
+    with dspy.context(adapter=BooklensAdapter()):
+        programs = _judge_programs(judge)
+        judge_lm = resolve_lm_name(judge.lm or sweep.lm)
+        for spec in sweep.systems:
+            first = sweep.system_config(spec.name, sweep.books[0].key)
+            given = spec.summaries is not None
+            est = SystemEstimate(spec.name, len(sweep.books), judge_lm=judge_lm,
+                                 summarize_lm=None if given else resolve_lm_name(first.lm or sweep.lm))
+            summarizer = None
+            if not given:
+                try:
+                    summarizer = build_summarizer(first)
+                    summarizer.check_budgets()
+                except BooklensError as exc:
+                    raise BooklensError(f"system {spec.name!r}: {exc}") from None
+            for book in sweep.books:
+                if given:
+                    summary = sweep.summaries[spec.name][book.key]
+                    tokens, sentences = count_tokens(summary), len(split_sentences(summary))
+                else:
+                    text = book_text(book.key, first.drop_matter)
+                    if text is None:
+                        continue
+                    chunks = chunk_text(text, first.chunk_size)
+                    est.chunks += len(chunks)
+                    work, tokens = summary_work(summarizer, chunks, overheads)
+                    est.summarize.add(work.calls, work.prompt_tokens, work.completion_tokens)
+                    sentences = max(1, round(tokens / TOKENS_PER_SENTENCE))
+                window = summarizer.context_window if summarizer is not None else None
+                w = judge_work(judge, tokens, sentences, window, overheads, programs)
+                est.judge.add(w.calls, w.prompt_tokens, w.completion_tokens)
+            costs = [price(judge_lm, est.judge.prompt_tokens, est.judge.completion_tokens)]
+            if est.summarize_lm is not None:
+                costs.append(price(est.summarize_lm, est.summarize.prompt_tokens, est.summarize.completion_tokens))
+            est.cost_usd = None if any(c is None for c in costs) else round(sum(costs), 4)
+            estimates.append(est)
+    return estimates
+
+
+ASSUMPTIONS = (f"Estimates: every summary fills its token budget and incremental updating compresses after "
+               f"every update (upper bounds), a summary sentence is about {TOKENS_PER_SENTENCE} tokens with one "
+               "claim, no answer is retried; calls answered from the cache cost nothing.")

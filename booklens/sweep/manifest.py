@@ -1,0 +1,372 @@
+"""The sweep manifest: which books, which systems, how they are judged.
+
+```yaml
+lm: openai/gpt-4o-mini          # default LM of every step (`--lm` overrides)
+api_base: http://host:8000/v1   # optional (`--api-base` overrides)
+books: [corpus/*.txt, more/one.epub]     # files, folders or globs, relative to this file
+systems:
+  - {name: hier-2048, method: hier, chunk_size: 2048}
+  - {name: inc-2048, method: inc, chunk_size: 2048, lm: openai/other}
+  - {name: released, summaries: released.json}   # {book key: summary}: judge these only
+judge: {steps: [coherence, faithfulness], evidence: bm25}
+```
+
+A book's key is its file name without the extension. Everything a user can get wrong (a key
+that does not exist, a missing book, two systems with one name, a summaries file without one of
+the books, a bad value) is a one-line `BooklensError` raised here, before anything is written and
+before any model loads. Book files are only located here, not read: a book that cannot be read
+fails its own cells when the sweep runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from booklens.errors import BooklensError
+
+BOOK_SUFFIXES = (".txt", ".epub")
+JUDGE_PROGRAM_TASKS = ("coherence", "decomposition", "verification")
+# System names become directory names: keep them to characters every file system takes.
+SYSTEM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
+# Keys a `summaries:` system may have besides its name: it makes no summary, so no summarizer settings.
+SUMMARIES_SYSTEM_KEYS = {"name", "summaries", "drop_matter"}
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors (a typo must not silently fall back to a default); values are not
+    # coerced (`chunk_size: "2k"` or `steps: coherence` are errors, not guesses).
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _optional_settings(model_name: str, config: type[BaseModel], doc: str, *, drop: tuple[str, ...] = (),
+                       as_text: dict[str, Any] | None = None, **extra: Any) -> type[BaseModel]:
+    """A manifest section with the fields of a pipeline config (same names, types and bounds: the
+    pipeline stays the one source of truth), each optional: a setting left out takes the
+    pipeline's default. `as_text` gives paths as the strings YAML holds."""
+    import copy
+
+    fields: dict[str, Any] = {}
+    for field_name, info in config.model_fields.items():
+        if field_name in drop:
+            continue
+        info = copy.copy(info)
+        info.default, info.default_factory = None, None
+        annotation = (as_text or {}).get(field_name, info.annotation)
+        fields[field_name] = (Optional[annotation], info)
+    fields.update(extra)
+    return create_model(model_name, __base__=_Strict, __doc__=doc, **fields)
+
+
+def _sections() -> tuple[type[BaseModel], type[BaseModel]]:
+    from booklens.pipeline import JudgeConfig, SystemConfig
+
+    system = _optional_settings(
+        "SystemSpec", SystemConfig, "One system: a summarizer configuration, or a file of existing summaries.",
+        drop=("summary_file", "summary_text"), as_text={"program": str},
+        name=(str, ...), summaries=(Optional[str], None))
+    judge = _optional_settings(
+        "JudgeSpec", JudgeConfig, "How every system's summaries are judged (the same for all, so they compare).",
+        as_text={"programs": dict[str, str]})
+    return system, judge
+
+
+SystemSpec, JudgeSpec = _sections()
+
+
+class ManifestSpec(_Strict):
+    lm: Optional[str] = None
+    api_base: Optional[str] = None
+    books: Union[str, list[str]]
+    systems: list[SystemSpec] = Field(min_length=1)  # type: ignore[valid-type]
+    judge: JudgeSpec = Field(default_factory=JudgeSpec)  # type: ignore[valid-type]
+
+
+# ---------------------------------------------------------------------------
+# The resolved sweep
+
+
+@dataclass(frozen=True)
+class Book:
+    key: str
+    path: Path
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (system, book) pair: a run directory `cells/<system>/<book>/` of the sweep."""
+
+    system: str
+    book: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.system}/{self.book}"
+
+
+@dataclass
+class Sweep:
+    """A checked manifest: books by key, systems in manifest order, the judge, the default LM."""
+
+    manifest: Path
+    books: list[Book]
+    systems: list[SystemSpec]
+    judge: JudgeSpec
+    lm: Optional[str] = None
+    api_base: Optional[str] = None
+    # summaries: system name -> {book key: summary text}
+    summaries: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def cells(self) -> list[Cell]:
+        return [Cell(s.name, b.key) for s in self.systems for b in self.books]
+
+    def book(self, key: str) -> Book:
+        return next(b for b in self.books if b.key == key)
+
+    def system(self, name: str) -> SystemSpec:
+        return next(s for s in self.systems if s.name == name)
+
+    def system_config(self, name: str, book_key: str):
+        """The pipeline's `SystemConfig` of one cell."""
+        from booklens.pipeline import SystemConfig
+
+        spec = self.system(name)
+        given = spec.model_dump(exclude_unset=True, exclude={"name", "summaries", "program"})
+        if spec.summaries is not None:
+            return SystemConfig(name=name, summary_text=self.summaries[name][book_key], **given)
+        if spec.program is not None:
+            given["program"] = Path(spec.program)
+        return SystemConfig(name=name, **given)
+
+    def judge_config(self):
+        """The pipeline's `JudgeConfig` every cell shares."""
+        from booklens.pipeline import JudgeConfig
+
+        given = self.judge.model_dump(exclude_unset=True, exclude={"programs"})
+        if self.judge.programs:
+            given["programs"] = {task: Path(p) for task, p in self.judge.programs.items()}
+        return JudgeConfig(**given)
+
+
+# ---------------------------------------------------------------------------
+# Loading
+
+
+def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optional[str] = None) -> Sweep:
+    """Read, check and resolve a manifest; `lm` / `api_base` (the command's options) override its own."""
+    path = Path(path)
+    data = _read_yaml(path)
+    try:
+        spec = ManifestSpec.model_validate(data)
+    except ValidationError as exc:
+        raise BooklensError(f"{path}: {_explain(exc, data)}") from None
+    base = path.absolute().parent  # absolute: cells may run in other processes and on other nodes
+    books = _resolve_books(path, base, [spec.books] if isinstance(spec.books, str) else spec.books)
+    systems = spec.systems
+    seen: set[str] = set()
+    summaries: dict[str, dict[str, str]] = {}
+    for i, system in enumerate(systems):
+        where = f"{path}: systems[{i}]"
+        if not SYSTEM_NAME.match(system.name) or system.name in (".", ".."):
+            raise BooklensError(f"{where}: name {system.name!r} must start with a letter or digit and hold only "
+                                "letters, digits and . _ - + = (it names a directory)")
+        if system.name in seen:
+            raise BooklensError(f"{where}: two systems are named {system.name!r}; system names must be unique")
+        seen.add(system.name)
+        where = f"{path}: system {system.name!r}"
+        if system.summaries is not None:
+            extra = sorted(k for k in system.model_fields_set if k not in SUMMARIES_SYSTEM_KEYS)
+            if extra:
+                raise BooklensError(f"{where} judges the summaries in {system.summaries}; {', '.join(extra)} "
+                                    "would not apply (remove it, or make a separate summarizing system)")
+            summaries[system.name] = _read_summaries(_relative(base, system.summaries), books, where)
+            system.summaries = str(_relative(base, system.summaries))
+        if system.program is not None:
+            program = _relative(base, system.program)
+            _check_program(program, "summarize", where)
+            system.program = str(program)
+    judge = spec.judge
+    _check_judge(judge, base, path)
+    return Sweep(manifest=path, books=books, systems=systems, judge=judge, lm=lm or spec.lm,
+                 api_base=api_base or spec.api_base, summaries=summaries)
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise BooklensError(f"manifest not found: {path}") from None
+    except IsADirectoryError:
+        raise BooklensError(f"the manifest is a directory, not a file: {path}") from None
+    except UnicodeDecodeError:
+        raise BooklensError(f"the manifest is not UTF-8 text: {path}") from None
+    except OSError as exc:
+        raise BooklensError(f"cannot read the manifest {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise BooklensError(f"{path} is not valid YAML ({where}{problem})") from None
+    if not isinstance(data, dict):
+        raise BooklensError(f"{path}: a manifest is a YAML mapping with books, systems and judge "
+                            f"(found {type(data).__name__})")
+    return data
+
+
+def _explain(exc: ValidationError, data: Any) -> str:
+    """The first validation error as 'where: what' in the manifest's own terms."""
+    errors = exc.errors()
+    # An unknown key first: a misspelt key is also the reason a required one is "missing".
+    err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    loc = list(err.get("loc", ()))
+    kind = err.get("type", "")
+    # `books` is a string or a list: pydantic reports both branches; name the field once.
+    if loc and loc[0] == "books":
+        return f"books: give a path, a folder or a glob, or a list of them (got {_shown(err.get('input'))})"
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        allowed = _allowed_keys(loc[:-1])
+        hint = difflib.get_close_matches(key, allowed, n=1)
+        suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
+        return f"{_where(loc[:-1], data)}unknown key '{key}'{suggestion}; known keys: {', '.join(allowed)}"
+    if kind == "missing":
+        return f"{_where(loc[:-1], data)}missing key '{loc[-1]}'"
+    if kind == "literal_error":
+        expected = err.get("ctx", {}).get("expected", "")
+        return f"{_where(loc, data)}{_shown(err.get('input'))} is not one of {expected}"
+    return f"{_where(loc, data)}{err.get('msg', 'invalid value')} (got {_shown(err.get('input'))})"
+
+
+def _allowed_keys(loc: list[Any]) -> list[str]:
+    model: Any = ManifestSpec
+    for part in loc:
+        if part == "systems":
+            model = SystemSpec
+        elif part == "judge":
+            model = JudgeSpec
+    return list(model.model_fields)
+
+
+def _where(loc: list[Any], data: Any) -> str:
+    """'system 'hier-2048': chunk_size: ' for a location in the manifest."""
+    prefix, rest = "", list(loc)
+    if len(rest) >= 2 and rest[0] == "systems" and isinstance(rest[1], int):
+        try:
+            name = data["systems"][rest[1]]["name"]
+        except (KeyError, IndexError, TypeError):
+            name = None
+        prefix = f"system {name!r}: " if isinstance(name, str) else f"systems[{rest[1]}]: "
+        rest = rest[2:]
+    parts: list[str] = []
+    for part in rest:
+        if isinstance(part, int) and parts:
+            parts[-1] = f"{parts[-1]}[{part}]"
+        else:
+            parts.append(str(part))
+    return prefix + ((".".join(parts) + ": ") if parts else "")
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _relative(base: Path, value: str) -> Path:
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]:
+    if not entries:
+        raise BooklensError(f"{manifest}: books is empty; list book files, folders or globs")
+    found: list[Path] = []
+    for entry in entries:
+        if not isinstance(entry, str) or not entry.strip():
+            raise BooklensError(f"{manifest}: books: an entry is empty")
+        target = _relative(base, entry)
+        if glob.has_magic(entry):
+            matches = sorted(Path(p) for p in glob.glob(str(target), recursive=True) if Path(p).is_file())
+            if not matches:
+                raise BooklensError(f"{manifest}: books: {entry!r} matches no file (relative to {base})")
+            found.extend(matches)
+        elif target.is_dir():
+            matches = sorted(p for p in target.iterdir() if p.is_file() and p.suffix.lower() in BOOK_SUFFIXES)
+            if not matches:
+                raise BooklensError(f"{manifest}: books: the folder {target} holds no .txt or .epub file")
+            found.extend(matches)
+        elif target.exists():
+            found.append(target)
+        else:
+            raise BooklensError(f"{manifest}: book not found: {target}")
+    books: list[Book] = []
+    by_key: dict[str, Path] = {}
+    for p in found:
+        key = p.stem if p.suffix else p.name
+        if key in by_key:
+            if by_key[key].resolve() == p.resolve():
+                continue  # the same file named twice (overlapping globs)
+            raise BooklensError(f"{manifest}: two books have the key {key!r} ({by_key[key]} and {p}); a book's "
+                                "key is its file name without the extension, so rename one")
+        by_key[key] = p
+        books.append(Book(key, p))
+    return books
+
+
+def _read_summaries(path: Path, books: list[Book], where: str) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except FileNotFoundError:
+        raise BooklensError(f"{where}: summaries file not found: {path}") from None
+    except IsADirectoryError:
+        raise BooklensError(f"{where}: the summaries file is a directory: {path}") from None
+    except UnicodeDecodeError:
+        raise BooklensError(f"{where}: the summaries file is not UTF-8 text: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise BooklensError(f"{where}: {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise BooklensError(f"{where}: {path} must be a JSON object of {{book key: summary text}}")
+    missing = [b.key for b in books if b.key not in data]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise BooklensError(f"{where}: {path} has no summary for the book {missing[0]!r}{more}")
+    empty = [b.key for b in books if not data[b.key].strip()]
+    if empty:
+        raise BooklensError(f"{where}: {path} has an empty summary for the book {empty[0]!r}")
+    return {b.key: data[b.key] for b in books}
+
+
+def _check_program(path: Path, task: str, where: str) -> None:
+    if not path.is_file():
+        raise BooklensError(f"{where}: program artifact not found: {path}")
+    from booklens.optimizers.artifacts import check_task
+
+    try:
+        check_task(path, task)
+    except BooklensError as exc:
+        raise BooklensError(f"{where}: {exc}") from None
+
+
+def _check_judge(judge: JudgeSpec, base: Path, manifest: Path) -> None:
+    """Steps and compiled programs; the rest (the evidence mode) is checked by the pipeline's own
+    `check_configs` when the cells are planned."""
+    if judge.steps is not None and len(set(judge.steps)) != len(judge.steps):
+        raise BooklensError(f"{manifest}: judge.steps lists a step twice")
+    for task, value in (judge.programs or {}).items():
+        if task not in JUDGE_PROGRAM_TASKS:
+            raise BooklensError(f"{manifest}: judge.programs: unknown task {task!r}; use "
+                                f"{', '.join(JUDGE_PROGRAM_TASKS)}")
+        program = _relative(base, value)
+        _check_program(program, task, f"{manifest}: judge.programs.{task}")
+        judge.programs[task] = str(program)

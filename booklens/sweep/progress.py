@@ -1,0 +1,135 @@
+"""One progress display for a whole sweep: cells done of total, LM calls, tokens, cost, ETA.
+
+On a terminal it is one line redrawn in place (like tqdm); otherwise (a log file, CI) a plain
+line every `interval` seconds and at the end. A failed cell is reported on its own line at once.
+The LM figures come from a `usage` callable (the engine's running totals), so the display needs
+no knowledge of how cells are scheduled.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional, TextIO
+
+Usage = Callable[[], dict[str, Any]]
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{s:02d}s"
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h{m:02d}m"
+
+
+def _count(n: float) -> str:
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1e4:
+        return f"{n / 1e3:.0f}k"
+    return f"{int(n):,}"
+
+
+class SweepProgress:
+    """Thread-safe: engines call `cell_done` from any thread; a ticker thread redraws."""
+
+    def __init__(self, total: int, usage: Usage, *, stream: Optional[TextIO] = None, tty: Optional[bool] = None,
+                 interval: Optional[float] = None, clock: Callable[[], float] = time.monotonic):
+        self.total = total
+        self.usage = usage
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.interval = interval if interval is not None else (0.5 if self.tty else 30.0)
+        self.clock = clock
+        self.done = 0
+        self.failed = 0
+        self.reused = 0  # cells whose every step was already on disk: no work, so not in the ETA rate
+        self.started = clock()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._width = 0
+
+    # -- events ------------------------------------------------------------------
+
+    def start(self) -> "SweepProgress":
+        self.started = self.clock()
+        self._thread = threading.Thread(target=self._tick, name="sweep-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def cell_done(self, name: str, *, failed: Optional[str] = None, reused: bool = False) -> None:
+        with self._lock:
+            self.done += 1
+            self.reused += bool(reused)
+            if failed is not None:
+                self.failed += 1
+                self._write_line(f"cell {name} failed: {failed}")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            self._draw(final=True)
+
+    # -- drawing -----------------------------------------------------------------
+
+    def line(self) -> str:
+        """'sweep: 5/12 cells (1 failed) | 834 LM calls (120 cached) | 1.2M tokens | $0.42 | 2m13s, ETA 3m05s'"""
+        u = self.usage() or {}
+        # Calls answered from the cache count with the tokens and cost they had when first made.
+        calls = (u.get("calls") or 0) + (u.get("cached_calls") or 0)
+        tokens = sum(u.get(k) or 0 for k in ("prompt_tokens", "completion_tokens", "cached_prompt_tokens",
+                                             "cached_completion_tokens"))
+        costs = [u.get(k) for k in ("cost_usd", "cached_cost_usd") if u.get(k) is not None]
+        parts = [f"sweep: {self.done}/{self.total} cells" + (f" ({self.failed} failed)" if self.failed else "")]
+        calls_text = f"{_count(calls)} LM calls"
+        if u.get("cached_calls"):
+            calls_text += f" ({_count(u['cached_calls'])} from the cache)"
+        parts.append(calls_text)
+        parts.append(f"{_count(tokens)} tokens")
+        if costs:
+            cost = sum(costs)
+            parts.append(f"${cost:.4f}" if cost < 1 else f"${cost:,.2f}")
+        elapsed = self.clock() - self.started
+        timing = _duration(elapsed)
+        eta = self.eta(elapsed)
+        if eta is not None and self.done < self.total:
+            timing += f", ETA {_duration(eta)}"
+        parts.append(timing)
+        return " | ".join(parts)
+
+    def eta(self, elapsed: float) -> Optional[float]:
+        """Seconds left at the rate of the cells that did work so far (reused cells cost nothing)."""
+        worked = self.done - self.reused
+        if worked <= 0:
+            return None
+        return elapsed / worked * (self.total - self.done)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                self._draw()
+
+    def _draw(self, final: bool = False) -> None:
+        text = self.line()
+        if self.tty:
+            pad = max(0, self._width - len(text))
+            self.stream.write("\r" + text + " " * pad + ("\n" if final else ""))
+            self._width = 0 if final else len(text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def _write_line(self, text: str) -> None:
+        if self.tty and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self._width = 0
+        self.stream.write(text + "\n")
+        self.stream.flush()

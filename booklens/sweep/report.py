@@ -1,0 +1,279 @@
+"""The sweep's `report.html`: one self-contained page like a run's report (inline CSS, an inline
+SVG chart, no script, nothing loaded, the same Content-Security-Policy), made from `results.json`
+and `cells.jsonl` only, so it is the same bytes for the same figures.
+
+It shows a table in the layout of the papers' Table 2 (one row per system), a chart of each
+system's BooookScore and share of faithful claims with their 95% intervals, the paired
+differences between systems, and a book x system heatmap whose cells link to each cell's own
+report. Every name that comes from a manifest, a book or a model goes through `html.escape`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Sequence
+from urllib.parse import quote
+
+from booklens.reports import CSP, SEP, STYLE, h
+
+REPORT_FILE = "report.html"
+CANT_VERIFY = "can't verify"
+
+SWEEP_STYLE = """
+table.data td.best { font-weight: 700; }
+.ci { color: var(--muted); font-size: .85em; white-space: nowrap; }
+.chart-svg { max-width: 56rem; width: 100%; height: auto; }
+.chart-svg text { font-family: system-ui, sans-serif; font-size: 12px; fill: #1f2328; }
+.chart-svg .axis { stroke: #d0d7de; stroke-width: 1; }
+.chart-svg .grid { stroke: #eaeef2; stroke-width: 1; }
+.chart-svg .whisker { stroke-width: 2; }
+.chart-svg .score { stroke: #0b57d0; fill: #0b57d0; }
+.chart-svg .faith { stroke: #1a7f37; fill: #1a7f37; }
+.chart-svg .muted { fill: #57606a; }
+table.heat td { text-align: center; min-width: 6.5rem; }
+table.heat td a { color: inherit; text-decoration: underline; text-underline-offset: 2px; }
+table.heat td.failed { background: #f3eefc; color: #6639ba; }
+table.heat td.missing { color: var(--muted); }
+.heat .sub { display: block; font-size: .8em; color: #3d444d; }
+.sig { font-weight: 700; }
+"""
+
+
+def _num(value: Optional[float], scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _interval(ci: Optional[Sequence[float]], scale: float = 1.0, digits: int = 1) -> str:
+    if not ci or ci[0] is None:
+        return ""
+    return f'<span class="ci">[{ci[0] * scale:.{digits}f}, {ci[1] * scale:.{digits}f}]</span>'
+
+
+def _int(value: Optional[int]) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _cost(value: Optional[float]) -> str:
+    if value is None:
+        return "unknown"
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def _cell_href(row: dict[str, Any]) -> str:
+    return "/".join(quote(part, safe="") for part in ("cells", row["system"], row["book"], "report.html"))
+
+
+# ---------------------------------------------------------------------------
+# Sections
+
+
+def _table_section(results: dict[str, Any]) -> str:
+    systems = results["systems"]
+    head = ("<tr><th scope=\"col\">System</th><th scope=\"col\" class=\"num\">Books</th>"
+            "<th scope=\"col\" class=\"num\">Failed</th><th scope=\"col\" class=\"num\">BooookScore</th>"
+            "<th scope=\"col\" class=\"num\">% faithful</th><th scope=\"col\" class=\"num\">% unfaithful</th>"
+            "<th scope=\"col\" class=\"num\">% partial support</th><th scope=\"col\" class=\"num\">% can't verify</th>"
+            "<th scope=\"col\" class=\"num\">Summary tokens</th><th scope=\"col\" class=\"num\">Repeated trigrams</th>"
+            "<th scope=\"col\" class=\"num\">LM calls</th><th scope=\"col\" class=\"num\">Tokens</th>"
+            "<th scope=\"col\" class=\"num\">Cost</th></tr>")
+    rows = []
+    for name, s in systems.items():
+        b, c, u = s["booookscore"], s["claims"], s["usage"]
+        ci = s.get("claims_ci95") or {}
+        rows.append(
+            f'<tr><th scope="row">{h(name)}</th><td class="num">{s["books"]}</td><td class="num">{s["failed"]}</td>'
+            f'<td class="num">{_num(b["mean"], 100)} {_interval(b["ci95"], 100)}</td>'
+            f'<td class="num">{_num(c.get("faithful"))} {_interval(ci.get("faithful"))}</td>'
+            f'<td class="num">{_num(c.get("unfaithful"))}</td><td class="num">{_num(c.get("partial support"))}</td>'
+            f'<td class="num">{_num(c.get(CANT_VERIFY))}</td>'
+            f'<td class="num">{_num(s["summary_tokens"], digits=0)}</td>'
+            f'<td class="num">{_num(s["repeated_trigrams"])}{"%" if s["repeated_trigrams"] is not None else ""}</td>'
+            f'<td class="num">{_int(u["calls"])}</td>'
+            f'<td class="num">{_int(u["prompt_tokens"] + u["completion_tokens"])}</td>'
+            f'<td class="num">{h(_cost(u["cost_usd"]))}</td></tr>')
+    note = ("<p class=\"note\">One row per system, over the books whose cell completed. BooookScore is the "
+            "share of summary sentences a reader would not find confusing (\u00d7100, higher is better); claim "
+            "shares are the mean over books of each book's share of claims with that label. Brackets hold "
+            "95% bootstrap intervals over books. LM work counts every cell of the system, failed ones "
+            "included.</p>")
+    return (f'{note}\n<table class="data"><caption>Systems compared</caption><thead>{head}</thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def _chart_section(results: dict[str, Any]) -> str:
+    systems = list(results["systems"].items())
+    if not systems:
+        return '<p class="note">No systems.</p>'
+    label_w, panel_w, gap, row_h, top = 170, 300, 40, 34, 44
+    width = label_w + 2 * panel_w + gap + 20
+    height = top + row_h * len(systems) + 30
+    panels = [("BooookScore (\u00d7100)", "score", lambda s: (s["booookscore"]["mean"], s["booookscore"]["ci95"], 100)),
+              ("% faithful claims", "faith",
+               lambda s: (s["claims"].get("faithful"), (s.get("claims_ci95") or {}).get("faithful"), 1))]
+    parts = [f'<svg class="chart-svg" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+             f'role="img" aria-labelledby="chart-title chart-desc" xmlns="http://www.w3.org/2000/svg">',
+             '<title id="chart-title">BooookScore and share of faithful claims per system</title>',
+             '<desc id="chart-desc">Dots are means over books, lines their 95% bootstrap intervals; both axes '
+             'run from 0 to 100. The same figures are in the table above.</desc>']
+    for p, (title, cls, _) in enumerate(panels):
+        x0 = label_w + p * (panel_w + gap)
+        parts.append(f'<text x="{x0}" y="16" font-weight="600">{h(title)}</text>')
+        for tick in (0, 25, 50, 75, 100):
+            x = x0 + panel_w * tick / 100
+            parts.append(f'<line class="grid" x1="{x:.1f}" y1="{top - 10}" x2="{x:.1f}" y2="{height - 26}"/>')
+            parts.append(f'<text class="muted" x="{x:.1f}" y="{height - 10}" text-anchor="middle">{tick}</text>')
+        parts.append(f'<line class="axis" x1="{x0}" y1="{height - 26}" x2="{x0 + panel_w}" y2="{height - 26}"/>')
+    for i, (name, s) in enumerate(systems):
+        y = top + row_h * i + row_h / 2
+        shown = name if len(name) <= 24 else name[:23] + "\u2026"
+        parts.append(f'<text x="{label_w - 10}" y="{y + 4:.1f}" text-anchor="end"><title>{h(name)}</title>'
+                     f'{h(shown)}</text>')
+        for p, (title, cls, get) in enumerate(panels):
+            x0 = label_w + p * (panel_w + gap)
+            mean, ci, scale = get(s)
+            if mean is None:
+                parts.append(f'<text class="muted" x="{x0 + 4}" y="{y + 4:.1f}">no score</text>')
+                continue
+
+            def px(v: float) -> float:
+                return x0 + panel_w * max(0.0, min(100.0, v * scale)) / 100
+
+            tip = f"{name}: {title} {mean * scale:.1f}"
+            if ci:
+                tip += f" [{ci[0] * scale:.1f}, {ci[1] * scale:.1f}]"
+                parts.append(f'<line class="whisker {cls}" x1="{px(ci[0]):.1f}" y1="{y:.1f}" x2="{px(ci[1]):.1f}" '
+                             f'y2="{y:.1f}"/>')
+                for end in ci:
+                    parts.append(f'<line class="whisker {cls}" x1="{px(end):.1f}" y1="{y - 5:.1f}" '
+                                 f'x2="{px(end):.1f}" y2="{y + 5:.1f}"/>')
+            parts.append(f'<circle class="{cls}" cx="{px(mean):.1f}" cy="{y:.1f}" r="5"><title>{h(tip)}</title>'
+                         f'</circle>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _pairs_section(results: dict[str, Any]) -> str:
+    pairs = results.get("pairs") or []
+    if not pairs:
+        return '<p class="note">One system: nothing to compare.</p>'
+
+    def cell(d: Optional[dict[str, Any]], scale: float) -> str:
+        if not d:
+            return '<td class="num">-</td>'
+        lo, hi = d["ci95"]
+        sig = lo > 0 or hi < 0
+        value = f"{d['diff'] * scale:+.1f}"
+        return (f'<td class="num"><span class="{"sig" if sig else ""}">{value}</span> '
+                f'{_interval(d["ci95"], scale)}</td>')
+
+    rows = "".join(f'<tr><th scope="row">{h(p["b"])} \u2212 {h(p["a"])}</th><td class="num">{p["books"]}</td>'
+                   f'{cell(p["booookscore"], 100)}{cell(p["faithful"], 1)}</tr>' for p in pairs)
+    note = ("<p class=\"note\">Paired over the books both systems completed: the mean difference (second system "
+            "minus first) and its 95% bootstrap interval. A <span class=\"sig\">bold</span> difference has an "
+            "interval that excludes 0.</p>")
+    return (f'{note}\n<table class="data"><caption>Paired differences</caption><thead><tr><th scope="col">Pair'
+            f'</th><th scope="col" class="num">Shared books</th><th scope="col" class="num">\u0394 BooookScore'
+            f'</th><th scope="col" class="num">\u0394 % faithful</th></tr></thead><tbody>{rows}</tbody></table>')
+
+
+def _heat_color(score: float) -> str:
+    """Red (0) through yellow to green (100), light enough for dark text."""
+    hue = 120.0 * max(0.0, min(1.0, score))
+    return f"hsl({hue:.0f}, 70%, 82%)"
+
+
+def _heatmap_section(results: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    systems = list(results["systems"])
+    books = list(results.get("books") or sorted({r["book"] for r in rows}))
+    by_cell = {(r["system"], r["book"]): r for r in rows}
+    head = "".join(f'<th scope="col">{h(s)}</th>' for s in systems)
+    body = []
+    for book in books:
+        cells = []
+        for system in systems:
+            r = by_cell.get((system, book))
+            if r is None or r["status"] == "not run":
+                cells.append('<td class="missing">not run</td>')
+                continue
+            link = f'<a href="{h(_cell_href(r))}">{{}}</a>'
+            if r["status"] == "failed":
+                error = r.get("error") or "failed"
+                cells.append(f'<td class="failed" title="{h(error)}">'
+                             + link.format("failed") + f'<span class="sub">{h(error[:60])}</span></td>')
+                continue
+            score = r.get("booookscore")
+            faithful = r.get("faithful_pct")
+            style = f' style="background:{_heat_color(score)}"' if isinstance(score, (int, float)) else ""
+            text = _num(score, 100) if score is not None else "-"
+            sub = f"{_num(faithful)}% faithful" if faithful is not None else ""
+            cells.append(f'<td{style}>' + link.format(h(text)) + f'<span class="sub">{h(sub)}</span></td>')
+        body.append(f'<tr><th scope="row">{h(book)}</th>{"".join(cells)}</tr>')
+    note = ("<p class=\"note\">BooookScore (\u00d7100) of each book under each system, coloured from red (0) to "
+            "green (100), with the share of faithful claims below it. Each cell links to that run's own "
+            "report.</p>")
+    return (f'{note}\n<table class="data heat"><caption>Books \u00d7 systems</caption><thead><tr>'
+            f'<th scope="col">Book</th>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
+
+
+def render_sweep_report(results: dict[str, Any], rows: Sequence[dict[str, Any]], *, title: str,
+                        meta: Sequence[str] = ()) -> str:
+    """The page (deterministic: the same figures give the same bytes)."""
+    from booklens import __version__
+
+    sections = [
+        ("systems", "Systems", _table_section(results)),
+        ("chart", "BooookScore and faithfulness", _chart_section(results)),
+        ("pairs", "Paired differences", _pairs_section(results)),
+        ("books", "Books \u00d7 systems", _heatmap_section(results, rows)),
+    ]
+    nav = "".join(f'<li><a href="#{sid}">{h(name)}</a></li>' for sid, name, _ in sections)
+    body = "\n".join(f'<section id="{sid}" aria-labelledby="{sid}-h">\n<h2 id="{sid}-h">{h(name)}</h2>\n'
+                     f'{content}\n</section>' for sid, name, content in sections)
+    failed = sum(1 for r in rows if r["status"] == "failed")
+    not_run = sum(1 for r in rows if r["status"] == "not run")
+    warning = ""
+    if failed or not_run:
+        bits = []
+        if failed:
+            bits.append(f"{failed} cell{'s' if failed != 1 else ''} failed")
+        if not_run:
+            bits.append(f"{not_run} did not run")
+        warning = (f'<p class="note"><strong>{h(", ".join(bits))}</strong>: the figures cover the completed '
+                   'cells only. Rerun the same <code>booklens sweep</code> command to resume.</p>')
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{h(CSP)}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
+<title>booklens sweep: {h(title)}</title>
+<style>{STYLE}{SWEEP_STYLE}</style>
+</head>
+<body>
+<a class="skip" href="#main">Skip to the report</a>
+<header>
+<h1>booklens sweep: {h(title)}</h1>
+<p class="meta">{SEP.join(h(m) for m in meta)}</p>
+<nav aria-label="Sections of the report"><ul>{nav}</ul></nav>
+</header>
+<main id="main" tabindex="-1">
+{warning}
+{body}
+</main>
+<footer>
+<p>Made by booklens {h(__version__)} from results.json and cells.jsonl next to this file. The page loads
+nothing and runs no script.</p>
+</footer>
+</body>
+</html>
+"""
+
+
+def write_sweep_report(output: Path, results: dict[str, Any], rows: Sequence[dict[str, Any]], *, title: str,
+                       meta: Sequence[str] = ()) -> Path:
+    from booklens.reports import write_text_atomic
+
+    target = Path(output) / REPORT_FILE
+    write_text_atomic(target, render_sweep_report(results, rows, title=title, meta=meta))
+    return target

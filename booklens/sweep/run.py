@@ -1,0 +1,283 @@
+"""A whole sweep: check the manifest, run every cell with an engine, write the aggregate.
+
+    DIR/sweep.json      the resolved plan: books (key -> file), systems, judge, default LM
+    DIR/cells/<system>/<book>/   each cell's run directory (the files `booklens run` writes)
+    DIR/cells.jsonl     one flat line per cell: status, error, scores, LM work
+    DIR/results.json    per system and per pair of systems, with bootstrap intervals over books
+    DIR/report.html     the sweep's page, linking to each cell's report.html
+
+Everything a user can get wrong is checked before anything is written or any model loads. A
+rerun resumes: each cell's pipeline reuses the steps whose inputs are unchanged and the disk
+cache answers every LM call already made, so a finished sweep reruns without an LM call and a
+cell whose configuration changed is recomputed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from booklens.errors import BooklensError
+from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
+from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine
+from booklens.sweep.manifest import Sweep, load_manifest
+
+PLAN_FILE = "sweep.json"
+ENGINES = ("local", "ray")
+
+
+@dataclass
+class SweepOutcome:
+    output: Path
+    results: dict[str, Any]
+    outcomes: list[CellOutcome] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[CellOutcome]:
+        return [o for o in self.outcomes if o.status == "failed"]
+
+    @property
+    def not_run(self) -> list[CellOutcome]:
+        return [o for o in self.outcomes if o.status == "not run"]
+
+
+def check_output(output: Path) -> None:
+    """A new or empty directory, or one a sweep wrote (it is resumed)."""
+    if not output.exists():
+        return
+    if not output.is_dir():
+        raise BooklensError(f"{output} exists and is not a directory: -o takes the sweep directory to write")
+    if (output / PLAN_FILE).is_file():
+        return
+    try:
+        entries = [p for p in output.iterdir() if not p.name.startswith(".")]
+    except OSError as exc:
+        raise BooklensError(f"cannot read {output}: {exc.strerror or exc}") from None
+    if entries:
+        raise BooklensError(f"{output} is not empty and is not a booklens sweep directory (no {PLAN_FILE}): "
+                            "choose a new or empty directory")
+
+
+def plan_tasks(sweep: Sweep, output: Path, concurrency: int = 4) -> list[CellTask]:
+    """One task per cell, its configuration checked by the pipeline's own rules."""
+    from pydantic import ValidationError
+
+    from booklens.pipeline import check_configs
+
+    try:
+        judge_config = sweep.judge_config()
+    except ValidationError as exc:
+        raise BooklensError(f"{sweep.manifest}: judge: {exc.errors()[0].get('msg', 'invalid')}") from None
+    judge = judge_config.model_dump(mode="json")
+    tasks = []
+    for cell in sweep.cells:
+        book = sweep.book(cell.book)
+        config = sweep.system_config(cell.system, cell.book)
+        try:
+            check_configs(config, judge_config)
+        except BooklensError as exc:
+            raise BooklensError(f"{sweep.manifest}: {exc}") from None
+        tasks.append(CellTask(system=cell.system, book=cell.book, book_path=str(book.path), sweep_dir=str(output),
+                              output=str(cell_dir(output, cell.system, cell.book)),
+                              system_config=config.model_dump(mode="json"), judge_config=judge,
+                              concurrency=concurrency))
+    return tasks
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def check_models(sweep: Sweep) -> None:
+    """Every LM the sweep names is a model LiteLLM knows, with its key in the environment (no call)."""
+    from booklens.lm import make_backend
+
+    names = {(sweep.judge.lm or sweep.lm, sweep.judge.api_base or sweep.api_base)}
+    for spec in sweep.systems:
+        if spec.summaries is None:
+            names.add((spec.lm or sweep.lm, spec.api_base or sweep.api_base))
+    for lm, api_base in sorted(names, key=lambda x: (str(x[0]), str(x[1]))):
+        make_backend(lm, api_base=api_base)
+
+
+def check_summarizers(sweep: Sweep) -> None:
+    """The summarizer settings of each system fit its context window (what the summarizer checks first)."""
+    import dspy
+
+    from booklens.lm import BooklensAdapter
+    from booklens.sweep.estimate import build_summarizer
+
+    with dspy.context(adapter=BooklensAdapter()):
+        for spec in sweep.systems:
+            if spec.summaries is not None:
+                continue
+            try:
+                build_summarizer(sweep.system_config(spec.name, sweep.books[0].key)).check_budgets()
+            except BooklensError as exc:
+                raise BooklensError(f"system {spec.name!r}: {exc}") from None
+
+
+def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base: Optional[str] = None,
+            concurrency: int = 4, check_lms: bool = True) -> tuple[Sweep, list[CellTask]]:
+    """The checked sweep and its cells; raises a one-line `BooklensError` before anything is written."""
+    sweep = load_manifest(manifest, lm=lm, api_base=api_base)
+    check_output(output)
+    tasks = plan_tasks(sweep, output, concurrency)  # the pipeline's own config models validate every value
+    check_summarizers(sweep)
+    if check_lms:
+        check_models(sweep)
+    return sweep, tasks
+
+
+def write_plan(sweep: Sweep, output: Path) -> None:
+    from booklens.records import save_json
+
+    save_json(output / PLAN_FILE, {
+        "kind": "booklens.sweep.plan",
+        "format_version": 1,
+        "manifest": str(sweep.manifest),
+        "lm": sweep.lm,
+        "books": {b.key: str(b.path) for b in sweep.books},
+        "systems": [s.model_dump(exclude_unset=True) for s in sweep.systems],
+        "judge": sweep.judge.model_dump(exclude_unset=True),
+    })
+
+
+def _reused(outcome: CellOutcome, output: Path) -> bool:
+    """Whether the cell's every step was already on disk (it did no work in this invocation)."""
+    import json
+
+    try:
+        steps = json.loads((cell_dir(output, outcome.system, outcome.book) / "timings.json").read_text())["steps"]
+        return bool(steps) and all(s.get("reused") for s in steps.values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local", ray_address: Optional[str] = None,
+              ray_cpus: Optional[int] = None, lm: Optional[str] = None, api_base: Optional[str] = None,
+              concurrency: int = 4, cache_dir: Optional[str | Path] = None, fail_fast: bool = False,
+              structured: Optional[str] = None, rpm: Optional[int] = None, tpm: Optional[int] = None,
+              stream: Optional[TextIO] = None, tty: Optional[bool] = None,
+              progress_interval: Optional[float] = None) -> SweepOutcome:
+    """Run (or resume) a sweep and write its aggregate; see the module docstring."""
+    from booklens.sweep.progress import SweepProgress
+    from booklens.sweep.report import write_sweep_report
+
+    if engine not in ENGINES:
+        raise BooklensError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
+    if ray_address and engine != "ray":
+        raise BooklensError("--ray-address needs --engine ray")
+    if engine == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'")
+    output = Path(output).absolute()  # cells may run in other processes, on other nodes
+    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, concurrency=concurrency)
+    settings = PoolSettings(sweep.lm, sweep.api_base, str(Path(cache_dir).absolute()) if cache_dir else None,
+                            concurrency, structured=structured, rpm=rpm, tpm=tpm)
+    schedule = sorted(tasks, key=lambda t: -_size(t.book_path))  # stable: manifest order among equals
+
+    output.mkdir(parents=True, exist_ok=True)
+    (output / CELLS_DIR).mkdir(exist_ok=True)
+    write_plan(sweep, output)
+    stream = stream if stream is not None else sys.stderr
+    own_stream = False
+    if engine == "ray":
+        runner: Any = RayEngine(settings, address=ray_address, num_cpus=ray_cpus, log_path=output / "ray.log")
+        # Ray writes to file descriptor 2, which the engine points at ray.log; the display keeps a copy.
+        if stream is sys.stderr:
+            tty = stream.isatty() if tty is None else tty
+            try:
+                stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
+                own_stream = True
+            except (AttributeError, OSError, ValueError):  # not a real file (captured): keep it
+                pass
+        runner.start()
+    else:
+        runner = LocalEngine(settings)
+    progress = SweepProgress(len(tasks), runner.usage, stream=stream, tty=tty, interval=progress_interval)
+    try:
+        progress.start()
+
+        def done(outcome: CellOutcome) -> None:
+            progress.cell_done(f"{outcome.system}/{outcome.book}", failed=outcome.error if outcome.status == "failed"
+                               else None, reused=_reused(outcome, output))
+
+        from booklens.parallel import quiet_progress
+
+        with quiet_progress():  # one display for the sweep, not a bar per level of every cell
+            finished = runner.run(schedule, done, fail_fast=fail_fast)
+    finally:
+        progress.close()
+        if engine == "ray":
+            runner.close()
+            if own_stream:
+                stream.close()
+    by_cell = {(o.system, o.book): o for o in finished}
+    outcomes = [by_cell[(t.system, t.book)] for t in tasks]  # manifest order
+    systems = [s.name for s in sweep.systems]
+    books = [b.key for b in sweep.books]
+    results = write_aggregate(output, systems, books, outcomes)
+    judge = sweep.judge_config()
+    meta = [f"{len(systems)} systems \u00d7 {len(books)} books", f"manifest {sweep.manifest.name}",
+            f"judge: {', '.join(judge.steps)}" + (f", evidence {judge.evidence}" if "faithfulness" in judge.steps
+                                                  else "")]
+    write_sweep_report(output, results, [cell_row(o) for o in outcomes], title=sweep.manifest.stem, meta=meta)
+    return SweepOutcome(output, results, outcomes)
+
+
+# ---------------------------------------------------------------------------
+# --dry-run
+
+
+def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = None,
+            api_base: Optional[str] = None) -> str:
+    """The text `--dry-run` prints: the cells and the estimated work per system. Writes nothing."""
+    from booklens.sweep.estimate import ASSUMPTIONS, estimate_sweep
+
+    output = Path(output)
+    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, check_lms=False)
+    estimates = estimate_sweep(sweep)
+    lines = [f"{len(tasks)} cells: {len(sweep.systems)} systems \u00d7 {len(sweep.books)} books -> {output}"]
+    done = sum(1 for t in tasks if _complete(Path(t.output)))
+    if done:
+        lines[0] += (f" ({done} already have a complete run directory, reused where their configuration is "
+                     "unchanged)")
+    for spec in sweep.systems:
+        kind = f"summaries from {Path(spec.summaries).name}" if spec.summaries else "summarizes"
+        lines.append(f"  {spec.name} ({kind}): " + ", ".join(b.key for b in sweep.books))
+    header = ("system", "summarizer", "judge", "chunks", "LM calls", "prompt tokens", "completion tokens", "cost")
+    rows = []
+    for e in estimates:
+        cost = "unknown" if e.cost_usd is None else f"${e.cost_usd:,.4f}"
+        rows.append((e.name, e.summarize_lm or "-", e.judge_lm, f"{e.chunks:,}" if e.summarize_lm else "-",
+                     f"{e.calls:,}", f"{e.prompt_tokens:,}", f"{e.completion_tokens:,}", cost))
+    costs = [e.cost_usd for e in estimates]
+    rows.append(("total", "", "", f"{sum(e.chunks for e in estimates):,}", f"{sum(e.calls for e in estimates):,}",
+                 f"{sum(e.prompt_tokens for e in estimates):,}", f"{sum(e.completion_tokens for e in estimates):,}",
+                 "unknown" if any(c is None for c in costs) else f"${sum(costs):,.4f}"))
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines.append("")
+    for r in [header, *rows]:
+        lines.append("  ".join(str(v).ljust(w) if i < 3 else str(v).rjust(w) for i, (v, w) in
+                               enumerate(zip(r, widths))).rstrip())
+    lines.append("")
+    lines.append(ASSUMPTIONS)
+    return "\n".join(lines)
+
+
+def _complete(run_dir: Path) -> bool:
+    import json
+
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("complete") is True
+    except (OSError, ValueError, AttributeError):
+        return False

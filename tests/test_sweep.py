@@ -1,0 +1,357 @@
+"""`booklens sweep` end to end against an OpenAI-compatible fake server: two shared books x two
+summarizing systems + one system of given summaries. The aggregate, a rerun that makes no call, a
+sweep killed mid-way and resumed, a book that cannot be read, --fail-fast, --dry-run, and the Ray
+engine giving the local engine's figures with the same number of LM calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from booklens.testing import FakeOpenAIServer, PipelineResponder
+
+BOOKS = ("the_cask_of_amontillado", "poirot_investigates")
+SYSTEMS = ("hier", "inc", "released")
+RUN_FILES = {"summary.json", "coherence.json", "claims.json", "faithfulness.json", "run.json", "report.html",
+             "timings.json"}
+RELEASED = {
+    "the_cask_of_amontillado": "Montresor leads Fortunato into the catacombs with the promise of rare wine. "
+                               "He chains him to a wall and bricks him in.",
+    "poirot_investigates": "Hercule Poirot solves a series of cases in London with Captain Hastings. He finds a "
+                           "stolen jewel and a missing prime minister.",
+}
+# Small chunks and budgets: the novel still makes a merge tree and a long chain of updates, quickly.
+MANIFEST = """\
+books: [{books}]
+systems:
+  - {{name: hier, method: hier, chunk_size: 768, max_summary_tokens: 200}}
+  - {{name: inc, method: inc, chunk_size: 1024, max_summary_tokens: 200}}
+  - {{name: released, summaries: released.json}}
+judge: {{steps: [coherence, faithfulness], evidence: bm25, k: 3, max_claims: 3}}
+"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FakeOpenAIServer(responder=PipelineResponder()) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def corpus(books_dir: Path, tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("corpus")
+    (base / "released.json").write_text(json.dumps(RELEASED), encoding="utf-8")
+    books = ", ".join(str(books_dir / f"{key}.txt") for key in BOOKS)
+    (base / "sweep.yaml").write_text(MANIFEST.format(books=books), encoding="utf-8")
+    return base / "sweep.yaml"
+
+
+def sweep_args(server, manifest: Path, out: Path, cache: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "booklens", "sweep", str(manifest), "-o", str(out), "--lm", "openai/fake-model",
+            "--api-base", server.url, "--cache-dir", str(cache), *extra]
+
+
+def cli(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("BOOKLENS_LM", "BOOKLENS_API_BASE")}
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def run_main(args: list[str], capsys) -> subprocess.CompletedProcess:
+    """The `booklens` entry point in this process (no interpreter start-up): exit code, stdout, stderr."""
+    from booklens.cli import main
+
+    old = sys.argv
+    sys.argv = ["booklens", *args[args.index("booklens") + 1:]]
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+    finally:
+        sys.argv = old
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, exit_info.value.code, captured.out, captured.err)
+
+
+def read_json(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def request_key(body: dict) -> str:
+    return json.dumps([body["messages"], body.get("temperature"), body.get("max_tokens")], sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def reference(server, corpus, tmp_path_factory):
+    """An uninterrupted local sweep."""
+    base = tmp_path_factory.mktemp("reference")
+    start = len(server.served)
+    proc = cli(sweep_args(server, corpus, base / "sweep", base / "cache", "--concurrency", "4"))
+    assert proc.returncode == 0, proc.stderr
+    return {"dir": base / "sweep", "cache": base / "cache", "served": server.served[start:], "stderr": proc.stderr}
+
+
+def cell_runs(sweep_dir: Path) -> dict[tuple[str, str], dict]:
+    return {(s, b): read_json(sweep_dir / "cells" / s / b / "run.json") for s in SYSTEMS for b in BOOKS}
+
+
+def test_each_cell_is_a_run_directory_and_the_aggregate_is_computed_from_them(reference):
+    out = reference["dir"]
+    runs = cell_runs(out)
+    for (system, book), run in runs.items():
+        assert {p.name for p in (out / "cells" / system / book).iterdir()} == RUN_FILES
+        assert run["complete"] is True and run["failures"] == {} and run["config"]["system"] == system
+    # Every LM call was made once: the cells' own counts add up to what the server answered.
+    assert sum(run["totals"]["calls"] for run in runs.values()) == len(reference["served"])
+    hier_summary = read_json(out / "cells" / "hier" / "poirot_investigates" / "summary.json")
+    assert max(n["level"] for n in hier_summary["nodes"]) >= 3, "small chunks make a merge tree"
+
+    results = read_json(out / "results.json")
+    assert results["kind"] == "booklens.sweep" and list(results["systems"]) == list(SYSTEMS)
+    for system, s in results["systems"].items():
+        assert set(s) >= {"books", "failed", "booookscore", "claims", "summary_tokens", "repeated_trigrams", "usage"}
+        scores = [runs[(system, b)]["scores"] for b in BOOKS]
+        assert s["books"] == 2 and s["failed"] == 0
+        mean = sum(x["booookscore"] for x in scores) / 2
+        assert s["booookscore"]["mean"] == pytest.approx(mean, abs=1e-6)
+        lo, hi = s["booookscore"]["ci95"]
+        eps = 1e-6  # figures are rounded to 6 digits
+        assert min(x["booookscore"] for x in scores) - eps <= lo <= mean + eps <= hi + 2 * eps
+        assert hi <= max(x["booookscore"] for x in scores) + eps
+        assert set(s["claims"]) == {"faithful", "unfaithful", "partial support", "can't verify"}
+        for label, value in s["claims"].items():
+            assert value == pytest.approx(sum(x["claim_labels"][label] for x in scores) / 2, abs=1e-6)
+        assert s["summary_tokens"] == pytest.approx(sum(x["summary_tokens"] for x in scores) / 2, abs=1e-6)
+        assert s["usage"]["calls"] == sum(runs[(system, b)]["totals"]["calls"] for b in BOOKS)
+        assert s["usage"]["prompt_tokens"] == sum(runs[(system, b)]["totals"]["prompt_tokens"] for b in BOOKS)
+        assert s["usage"]["cost_usd"] is None  # the fake model has no price
+    # The given summaries have no sentence about hiding: coherent, and every claim faithful.
+    released = results["systems"]["released"]
+    assert released["booookscore"] == {"mean": 1.0, "ci95": [1.0, 1.0]}
+    assert released["claims"]["faithful"] == 100.0
+    assert released["usage"]["calls"] == 2 * (2 + 1 + 2)  # per book: 2 sentences, 1 decomposition, 2 claims
+    # Paired differences, second minus first, over the shared books.
+    assert [(p["a"], p["b"]) for p in results["pairs"]] == [("hier", "inc"), ("hier", "released"),
+                                                            ("inc", "released")]
+    for pair in results["pairs"]:
+        diffs = [runs[(pair["b"], b)]["scores"]["booookscore"] - runs[(pair["a"], b)]["scores"]["booookscore"]
+                 for b in BOOKS]
+        assert pair["books"] == 2 and pair["booookscore"]["diff"] == pytest.approx(sum(diffs) / 2, abs=1e-6)
+        lo, hi = pair["booookscore"]["ci95"]
+        assert min(diffs) - 1e-6 <= lo <= hi <= max(diffs) + 1e-6
+
+    import pandas
+
+    cells = pandas.read_json(out / "cells.jsonl", lines=True)
+    assert len(cells) == 6 and list(cells["status"].unique()) == ["complete"]
+    assert {"system", "book", "booookscore", "faithful_pct", "calls", "prompt_tokens", "summary_tokens"} <= set(cells)
+    by_system = cells.groupby("system")["booookscore"].mean()
+    for system in SYSTEMS:
+        assert by_system[system] == pytest.approx(results["systems"][system]["booookscore"]["mean"], abs=1e-6)
+
+    page = (out / "report.html").read_text(encoding="utf-8")
+    from booklens.reports import CSP, h
+
+    assert f'<meta http-equiv="Content-Security-Policy" content="{h(CSP)}">' in page
+    assert "<script" not in page.lower() and "<svg" in page
+    for system in SYSTEMS:
+        for book in BOOKS:
+            assert f'href="cells/{system}/{book}/report.html"' in page
+    stderr = reference["stderr"]
+    assert "sweep: 6/6 cells" in stderr and "released: 2 books; BooookScore 100.0; 100.0% faithful" in stderr
+
+
+def test_a_rerun_makes_no_lm_call_and_writes_the_same_figures(server, corpus, reference, capsys):
+    out = reference["dir"]
+    before = {name: (out / name).read_bytes() for name in ("results.json", "cells.jsonl", "report.html")}
+    cell_files = {p: p.read_bytes() for p in (out / "cells").rglob("*") if p.is_file() and p.name != "timings.json"}
+    start = len(server.served)
+    proc = run_main(sweep_args(server, corpus, out, reference["cache"], "--concurrency", "4"), capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.served) == start, "a rerun of a finished sweep made LM calls"
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert {p: p.read_bytes() for p in cell_files} == cell_files
+
+
+def test_a_cell_whose_configuration_changed_is_recomputed_and_only_it(server, corpus, reference, tmp_path, capsys):
+    import shutil
+
+    # A copy of the finished sweep whose released summary of one book is now different.
+    shutil.copytree(reference["dir"], tmp_path / "sweep")
+    shutil.copytree(reference["cache"], tmp_path / "cache")
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text(corpus.read_text())
+    changed = dict(RELEASED, poirot_investigates="Poirot and Hastings solve a case. They find the jewel.")
+    (tmp_path / "released.json").write_text(json.dumps(changed))
+    start = len(server.served)
+    proc = run_main(sweep_args(server, manifest, tmp_path / "sweep", tmp_path / "cache", "--concurrency", "4"),
+                    capsys)
+    assert proc.returncode == 0, proc.stderr
+    redone = read_json(tmp_path / "sweep" / "cells" / "released" / "poirot_investigates" / "run.json")
+    assert len(server.served) - start == redone["totals"]["calls"] == 2 + 1 + 2  # its judge calls, all new
+    for system in SYSTEMS:
+        for book in BOOKS:
+            steps = read_json(tmp_path / "sweep" / "cells" / system / book / "timings.json")["steps"]
+            recomputed = (system, book) == ("released", "poirot_investigates")
+            assert all(step["reused"] is not recomputed for step in steps.values()), (system, book)
+
+
+def test_a_sweep_killed_mid_way_resumes_without_repeating_a_finished_call(server, corpus, books_dir, reference,
+                                                                        tmp_path):
+    # The short story under the two summarizing systems: the reference sweep's cells for it.
+    manifest = tmp_path / "short.yaml"
+    lines = corpus.read_text().splitlines()
+    manifest.write_text("\n".join([f"books: [{books_dir / 'the_cask_of_amontillado.txt'}]", *lines[1:4],
+                                   lines[-1]]) + "\n")
+    out, cache = tmp_path / "sweep", tmp_path / "cache"
+    args = sweep_args(server, manifest, out, cache, "--concurrency", "1")
+    start = len(server.served)
+    server.latency = 0.2  # each answer stays in flight long enough to be seen
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first: list[dict] = []
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            served = server.served[start:]
+            # One call at a time: once 16 were answered, every answered call is in the cache and the
+            # next one is in flight, the sweep is in the middle of its second cell.
+            if len(served) >= 16 and server.in_flight == 1 and cached_calls(cache) == len(served):
+                first = list(served)
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None and first, "the sweep ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        server.latency = 0.0
+        if proc.poll() is None:
+            proc.kill()
+    assert not (out / "results.json").exists()
+    finished = [p.parent.name for p in (out / "cells").glob("*/*/report.html")]
+    assert len(finished) == 1, "one cell had finished before the kill, the other had not"
+
+    resume_from = len(server.served)
+    rerun = cli(args[:-1] + ["4"])  # resumed with more calls at once: finished steps are reused all the same
+    assert rerun.returncode == 0, rerun.stderr
+    second = {request_key(b) for b in server.served[resume_from:]}
+    assert second, "the killed sweep had calls left"
+    assert not {request_key(b) for b in first} & second, "an LM call that had finished was made again"
+    # The resumed cells hold the uninterrupted sweep's scores and LM work.
+    for system in ("hier", "inc"):
+        resumed = read_json(out / "cells" / system / "the_cask_of_amontillado" / "run.json")
+        uninterrupted = read_json(reference["dir"] / "cells" / system / "the_cask_of_amontillado" / "run.json")
+        assert resumed["complete"] and resumed["scores"] == uninterrupted["scores"]
+        assert resumed["totals"] == uninterrupted["totals"]
+
+
+def cached_calls(cache: Path) -> int:
+    path = cache / "calls.sqlite"
+    if not path.exists():
+        return -1
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+            return db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+    except sqlite3.Error:
+        return -1
+
+
+BROKEN = '<b>&"broken"'  # a book file name that is also markup
+
+
+@pytest.fixture
+def broken_corpus(books_dir: Path, tmp_path: Path) -> Path:
+    (tmp_path / f"{BROKEN}.txt").write_bytes(b"\x00\x01binary\xff" * 200_000)  # the largest book: scheduled first
+    (tmp_path / "released.json").write_text(json.dumps({**RELEASED, BROKEN: "A summary of nothing."}))
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text(f"books: ['{BROKEN}.txt', {books_dir / 'the_cask_of_amontillado.txt'}]\n"
+                        "systems:\n  - {name: hier, method: hier, chunk_size: 768, max_summary_tokens: 200}\n"
+                        "  - {name: released, summaries: released.json}\n"
+                        "judge: {max_claims: 2}\n", encoding="utf-8")
+    return manifest
+
+
+def test_an_unreadable_book_fails_its_own_cells_only(server, broken_corpus, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    proc = run_main(sweep_args(server, broken_corpus, out, tmp_path / "cache", "--concurrency", "4"), capsys)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 2 of 4 cells failed") and "rerun to retry them" in last
+    assert f"cell hier/{BROKEN} failed: summary:" in proc.stderr
+    rows = {(r["system"], r["book"]): r for r in map(json.loads, (out / "cells.jsonl").read_text().splitlines())}
+    for system in ("hier", "released"):
+        assert rows[(system, BROKEN)]["status"] == "failed"
+        assert rows[(system, BROKEN)]["error"].startswith("summary: ")
+        assert rows[(system, "the_cask_of_amontillado")]["status"] == "complete"
+        run = read_json(out / "cells" / system / BROKEN / "run.json")
+        assert run["complete"] is False and set(run["failures"]) == {"summary", "coherence", "claims", "faithfulness"}
+        assert (out / "cells" / system / BROKEN / "report.html").is_file()
+    results = read_json(out / "results.json")
+    assert [(s["books"], s["failed"]) for s in results["systems"].values()] == [(1, 1), (1, 1)]
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert BROKEN not in page and "&lt;b&gt;&amp;&quot;broken&quot;" in page
+    assert 'href="cells/hier/%3Cb%3E%26%22broken%22/report.html"' in page
+
+
+def test_fail_fast_starts_no_cell_after_the_first_failure(server, broken_corpus, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    start = len(server.served)
+    proc = run_main(sweep_args(server, broken_corpus, out, tmp_path / "cache", "--concurrency", "1", "--fail-fast"),
+                    capsys)
+    assert proc.returncode == 1 and "3 not run (--fail-fast)" in proc.stderr
+    assert len(server.served) == start
+    statuses = [json.loads(line)["status"] for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert sorted(statuses) == ["failed", "not run", "not run", "not run"]
+
+
+def test_dry_run_estimates_without_calling_or_writing(server, corpus, reference, tmp_path, capsys):
+    start = len(server.served)
+    out = tmp_path / "new"
+    proc = run_main(sweep_args(server, corpus, out, tmp_path / "cache", "--dry-run"), capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.served) == start and not out.exists() and not (tmp_path / "cache").exists()
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("6 cells: 3 systems \u00d7 2 books")
+    table = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in SYSTEMS}
+    chunks = sum(len(read_json(reference["dir"] / "cells" / "hier" / b / "summary.json")["chunks"]) for b in BOOKS)
+    assert table["hier"][3] == f"{chunks:,}", "the estimate chunks the books as the summarizer does"
+    # A system of given summaries has nothing left to guess: its estimate is the sweep's count.
+    results = read_json(reference["dir"] / "results.json")
+    assert table["released"][4] == str(results["systems"]["released"]["usage"]["calls"])
+    assert table["hier"][-1] == "unknown"  # LiteLLM knows no price for the fake model
+
+
+# ---------------------------------------------------------------------------
+# The Ray engine
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_the_ray_engine_gives_the_local_figures_with_as_many_calls(server, corpus, reference, local_ray, tmp_path):
+    from booklens.sweep.run import run_sweep
+
+    out = tmp_path / "sweep"
+    start = len(server.served)
+    outcome = run_sweep(corpus, out, engine="ray", lm="openai/fake-model", api_base=server.url, concurrency=4,
+                        cache_dir=tmp_path / "cache", progress_interval=60)
+    served = server.served[start:]
+    assert [o.status for o in outcome.outcomes] == ["complete"] * 6
+    assert len(served) == len(reference["served"])
+    assert sorted(map(request_key, served)) == sorted(map(request_key, reference["served"]))
+    assert read_json(out / "results.json") == read_json(reference["dir"] / "results.json")
+    assert (out / "cells.jsonl").read_text() == (reference["dir"] / "cells.jsonl").read_text()
+    for system in SYSTEMS:
+        for book in BOOKS:
+            assert (out / "cells" / system / book / "summary.json").read_bytes() == \
+                (reference["dir"] / "cells" / system / book / "summary.json").read_bytes()

@@ -1,0 +1,132 @@
+"""The sweep's aggregate, report page and progress display on hand-made cell records."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from booklens.sweep.aggregate import CellOutcome, cell_row, outcome_of_run, results, write_aggregate
+from booklens.sweep.progress import SweepProgress
+from booklens.sweep.report import render_sweep_report
+
+
+def run(score: float, faithful: float, calls: int, tokens: int = 100, cost=None) -> dict:
+    return {"complete": True, "failures": {}, "lm": "openai/x", "book_tokens": 1000,
+            "scores": {"booookscore": score, "sentences": 10, "confusing_sentences": round(10 * (1 - score)),
+                       "claims": 4, "claim_labels": {"faithful": faithful, "unfaithful": 100 - faithful,
+                                                     "partial support": 0.0, "can't verify": 0.0},
+                       "summary_tokens": 200, "repeated_trigrams": 1.5},
+            "totals": {"calls": calls, "prompt_tokens": tokens, "completion_tokens": 10, "cost_usd": cost}}
+
+
+def failed_run(calls: int) -> dict:
+    return {"complete": False, "failures": {"summary": "model gave no usable summary", "coherence": "needs summary"},
+            "scores": {"booookscore": None}, "totals": {"calls": calls, "prompt_tokens": 5, "completion_tokens": 0,
+                                                        "cost_usd": 0.5}}
+
+
+@pytest.fixture
+def outcomes() -> list[CellOutcome]:
+    return [
+        outcome_of_run("a", "b1", run(0.8, 50.0, 10, cost=0.25)),
+        outcome_of_run("a", "b2", run(0.6, 75.0, 12, cost=0.25)),
+        outcome_of_run("a", "b3", failed_run(3)),
+        outcome_of_run("b", "b1", run(0.9, 100.0, 20)),
+        outcome_of_run("b", "b2", run(1.0, 100.0, 20)),
+        outcome_of_run("b", "b3", run(0.5, 0.0, 20)),
+        CellOutcome("c", "b1", "not run"),
+        CellOutcome("c", "b2", "failed", "internal error: ValueError: boom"),
+        CellOutcome("c", "b3", "not run"),
+    ]
+
+
+def test_failed_cells_are_counted_apart_and_their_work_still_counts(outcomes):
+    assert outcomes[2].status == "failed" and outcomes[2].error == "summary: model gave no usable summary"
+    data = results(["a", "b", "c"], ["b1", "b2", "b3"], [cell_row(o) for o in outcomes])
+    a, b, c = (data["systems"][k] for k in "abc")
+    assert (a["books"], a["failed"]) == (2, 1) and (b["books"], b["failed"]) == (3, 0) and (c["books"], c["failed"]) == (0, 1)
+    assert a["booookscore"]["mean"] == pytest.approx(0.7)
+    assert a["booookscore"]["ci95"] == [pytest.approx(0.6), pytest.approx(0.8)]
+    assert a["claims"] == {"faithful": 62.5, "unfaithful": 37.5, "partial support": 0.0, "can't verify": 0.0}
+    assert a["usage"] == {"calls": 25, "prompt_tokens": 205, "completion_tokens": 20, "cost_usd": 1.0}
+    assert b["usage"]["cost_usd"] is None  # no price known for any of its cells
+    assert c["booookscore"] == {"mean": None, "ci95": None} and c["usage"]["calls"] == 0
+    # Pairs are over the books both systems completed: b3 failed under a, so a-b uses b1 and b2.
+    ab, ac, bc = data["pairs"]
+    assert (ab["a"], ab["b"], ab["books"]) == ("a", "b", 2)
+    assert ab["booookscore"]["diff"] == pytest.approx(0.25)  # (0.9 - 0.8 + 1.0 - 0.6) / 2
+    assert ab["faithful"]["diff"] == pytest.approx(37.5)
+    lo, hi = ab["booookscore"]["ci95"]
+    assert 0.1 - 1e-9 <= lo <= 0.25 <= hi <= 0.4 + 1e-9
+    assert ac["books"] == 0 and ac["booookscore"] is None and bc["books"] == 0
+    # The same cells give the same file: the bootstrap has a fixed seed.
+    assert results(["a", "b", "c"], ["b1", "b2", "b3"], [cell_row(o) for o in outcomes]) == data
+
+
+def test_cells_jsonl_loads_into_pandas_with_one_row_per_cell(outcomes, tmp_path):
+    import pandas
+
+    write_aggregate(tmp_path, ["a", "b", "c"], ["b1", "b2", "b3"], outcomes)
+    frame = pandas.read_json(tmp_path / "cells.jsonl", lines=True)
+    assert len(frame) == 9 and list(frame.columns[:4]) == ["system", "book", "status", "error"]
+    assert frame.groupby("status").size().to_dict() == {"complete": 5, "failed": 2, "not run": 2}
+    assert frame.loc[(frame.system == "b") & (frame.book == "b3"), "faithful_pct"].item() == 0.0
+    assert json.loads((tmp_path / "results.json").read_text())["kind"] == "booklens.sweep"
+
+
+def test_the_report_escapes_what_it_did_not_write_and_runs_nothing(outcomes):
+    from booklens.reports import CSP, h
+
+    outcomes[7].error = 'internal error: <script>alert("x")</script>'
+    rows = [cell_row(o) for o in outcomes]
+    for row in rows:
+        if row["book"] == "b2":
+            row["book"] = "<img src=x onerror=alert(1)>"
+    data = results(["a", "b", "c"], ["b1", "<img src=x onerror=alert(1)>", "b3"], rows)
+    page = render_sweep_report(data, rows, title="<title>", meta=["a & b"])
+    assert f'content="{h(CSP)}"' in page
+    assert "<script" not in page and "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "cells/a/%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E/report.html" in page
+    assert page.count("not run") >= 2 and "<svg" in page and "a &amp; b" in page
+    assert render_sweep_report(data, rows, title="<title>", meta=["a & b"]) == page
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_shows_cells_calls_tokens_cost_and_eta():
+    usage = {"calls": 1200, "cached_calls": 34, "prompt_tokens": 1_000_000, "completion_tokens": 150_000,
+             "cached_prompt_tokens": 50_000, "cached_completion_tokens": 0, "cost_usd": 0.4, "cached_cost_usd": 0.02}
+    clock, stream = Clock(), io.StringIO()
+    progress = SweepProgress(12, lambda: usage, stream=stream, tty=False, interval=3600, clock=clock)
+    progress.started = clock.now
+    assert progress.line() == "sweep: 0/12 cells | 1,234 LM calls (34 from the cache) | 1.2M tokens | $0.4200 | 0s"
+    clock.now += 2
+    progress.cell_done("s/b1", reused=True)  # no work done: not part of the pace
+    clock.now += 60
+    progress.cell_done("s/b2")
+    progress.cell_done("s/b3", failed="summary: no usable summary")
+    assert stream.getvalue() == "cell s/b3 failed: summary: no usable summary\n"
+    # 62 s for 2 cells that did work; 9 cells left -> 279 s
+    assert progress.line().endswith("| 1m02s, ETA 4m39s") and progress.line().startswith("sweep: 3/12 cells (1 failed)")
+    progress.close()
+    assert stream.getvalue().splitlines()[-1].startswith("sweep: 3/12 cells (1 failed)")
+
+
+def test_progress_on_a_terminal_redraws_one_line():
+    stream = io.StringIO()
+    progress = SweepProgress(2, lambda: {"calls": 3}, stream=stream, tty=True, interval=3600, clock=Clock())
+    progress._draw()
+    progress.cell_done("s/b", failed="boom")
+    progress.cell_done("s/c")
+    progress.close()
+    text = stream.getvalue()
+    assert text.startswith("\rsweep: 0/2 cells | 3 LM calls") and "\rcell s/b failed: boom\n" in text
+    assert text.endswith("sweep: 2/2 cells (1 failed) | 3 LM calls | 0 tokens | 0s\n")
