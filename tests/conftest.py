@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-import booklens  # noqa: F401  - first, so its offline settings apply before dspy imports litellm
+# Under `pytest -n 2` the two workers share the two cores. llama.cpp (and torch) run a model on
+# OpenMP threads that meet at a barrier after every operation, so one thread descheduled by the
+# other worker's load stalls the rest: each worker, and the commands it starts, uses one thread.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_THREAD_LIMIT", "1")
+
+import booklens  # noqa: E402,F401  - first, so its offline settings apply before dspy imports litellm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
