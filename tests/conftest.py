@@ -36,3 +36,13 @@ def books_dir(shared_dir: Path) -> Path:
     if not path.is_dir() or not any(path.glob("*.txt")):
         pytest.skip(f"no books found in {path}")
     return path
+
+
+@pytest.fixture
+def story_opening(tmp_path: Path) -> Path:
+    """The sample story's first 23 paragraphs (about 1,200 tokens) as a book file: small input for
+    the end-to-end checks that run the real embedded model."""
+    story = REPO_ROOT / "examples" / "sample_story.txt"
+    path = tmp_path / "opening.txt"
+    path.write_text("\n\n".join(story.read_text(encoding="utf-8").split("\n\n")[:23]), encoding="utf-8")
+    return path
