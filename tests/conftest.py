@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-import booklens  # noqa: F401  - first, so its offline settings apply before dspy imports litellm
+# Under `pytest -n 2` the two workers share the two cores. llama.cpp (and torch) run a model on
+# OpenMP threads that meet at a barrier after every operation, so one thread descheduled by the
+# other worker's load stalls the rest: each worker, and the commands it starts, uses one thread.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_THREAD_LIMIT", "1")
+
+import booklens  # noqa: E402,F401  - first, so its offline settings apply before dspy imports litellm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,7 +41,8 @@ def books_dir(shared_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def llama_server():
     """A real llama.cpp server (llama-cpp-python's, from the test extra) serving the embedded GGUF on a
-    free loopback port with a 4096-token context and 2 threads; stopped when the session ends."""
+    free loopback port with a 4096-token context and 2 threads (1 under `pytest -n 2`); stopped when the
+    session ends."""
     import importlib.util
 
     missing = [m for m in ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context")
@@ -45,5 +52,16 @@ def llama_server():
                     "pip install -e '.[test]'")
     from booklens.testing import LlamaServer
 
-    with LlamaServer(n_ctx=4096, n_threads=2) as server:
+    threads = 1 if os.environ.get("OMP_THREAD_LIMIT") == "1" else 2  # see the note at the top
+    with LlamaServer(n_ctx=4096, n_threads=threads) as server:
         yield server
+
+
+@pytest.fixture
+def story_opening(tmp_path: Path) -> Path:
+    """The sample story's first 23 paragraphs (about 1,200 tokens) as a book file: small input for
+    the end-to-end checks that run the real embedded model."""
+    story = REPO_ROOT / "examples" / "sample_story.txt"
+    path = tmp_path / "opening.txt"
+    path.write_text("\n\n".join(story.read_text(encoding="utf-8").split("\n\n")[:23]), encoding="utf-8")
+    return path

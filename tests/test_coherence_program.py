@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import booklens  # noqa: F401  (offline defaults before dspy/litellm load)
 import dspy
@@ -192,24 +191,27 @@ def test_batched_garbage_is_bounded():
 
 
 def test_sentences_are_scored_concurrently():
+    # The first calls wait until four are in flight at once, which only a concurrent scorer reaches;
+    # the wait's timeout only ends the test if it never happens.
     lock = threading.Lock()
+    four_in_flight = threading.Event()
     state = {"now": 0, "max": 0}
 
     def responder(call):
         with lock:
             state["now"] += 1
             state["max"] = max(state["max"], state["now"])
-        time.sleep(0.15)
+            if state["now"] == 4:
+                four_in_flight.set()
+        four_in_flight.wait(timeout=60)
         with lock:
             state["now"] -= 1
         return answer_for(call.inputs["sentence"])
 
-    started = time.perf_counter()
-    prediction, _ = run(responder, concurrency=4, sentences=SENTENCES * 2)
-    elapsed = time.perf_counter() - started
-    assert state["max"] >= 2
-    assert elapsed < 10 * 0.15
-    assert len(prediction.annotations) == 10
+    prediction, calls = run(responder, concurrency=4, sentences=SENTENCES * 2)
+    assert state["max"] == 4  # the --concurrency limit is reached and never exceeded
+    assert len(calls) == 10 and len(prediction.annotations) == 10
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False] * 2
 
 
 def test_check_answer_and_numbering():

@@ -615,12 +615,13 @@ def test_keyboard_focus_on_a_highlight_shows_its_questions(story_run, tmp_path):
 
 
 @pytest.mark.embedded
-def test_embedded_model_run_on_the_sample_story(tmp_path):
-    """The whole chain with SmolLM2, kept short: a brief summary and two claims with two passages each."""
+def test_embedded_model_run_on_the_sample_story(tmp_path, story_opening):
+    """The whole chain with SmolLM2, kept short: the story's opening (about 1,200 tokens, one chunk),
+    a brief summary and two claims with two passages each."""
     out = tmp_path / "run"
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("BOOKLENS_LM", None)
-    proc = subprocess.run([sys.executable, "-m", "booklens", "run", str(STORY), "--lm", "local",
+    proc = subprocess.run([sys.executable, "-m", "booklens", "run", str(story_opening), "--lm", "local",
                            "--max-summary-tokens", "120", "--max-regenerations", "0", "--max-claims", "2", "--k", "2", "--passage-tokens", "128",
                            "-o", str(out)], capture_output=True, text=True, env=env, timeout=1800)
     assert proc.returncode == 0, proc.stderr

@@ -106,12 +106,13 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
 
 
 @pytest.mark.embedded
-def test_summarize_sample_story_with_the_embedded_model(tmp_path):
+def test_summarize_sample_story_with_the_embedded_model(tmp_path, story_opening):
     out = tmp_path / "summary.json"
-    # Smaller chunks and window than the defaults, so the 4.4K-token story needs a real merge tree:
-    # five 1024-token chunks, two level-1 groups and a level-2 merge.
-    proc = run_cli(["summarize", str(STORY), "--chunk-size", "1024", "--context-window", "4096",
-                    "-o", str(out)], tmp_path, timeout=900)
+    # The story's opening (about 1,200 tokens) with small chunks, window and budgets, so the model
+    # makes few short calls and still builds a real merge tree: four 384-token chunks, two level-1
+    # groups and a level-2 merge.
+    proc = run_cli(["summarize", str(story_opening), "--chunk-size", "384", "--context-window", "1536",
+                    "--max-summary-tokens", "96", "--max-regenerations", "0", "-o", str(out)], tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())
     assert record["kind"] == "booklens.summary" and record["method"] == "hier"
