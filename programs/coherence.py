@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import dspy
 
 from booklens.errors import LMError
-from booklens.lm import predict_with_retries
+from booklens.lm import fresh_try, predict_with_retries
 from booklens.parallel import chunked, parallel_map
 from booklens.records import COHERENCE_ERROR_TYPES, SentenceAnnotation
 from booklens.signatures.coherence import CONFUSION, NO_CONFUSION, DetectConfusion, DetectConfusionBatch
@@ -323,7 +323,7 @@ class CoherenceScorer(dspy.Module):
                 break
             config: dict[str, Any] = self._budget(len(pending))
             if attempt:
-                config.update({"booklens_attempt": attempt, "temperature": 0.7})
+                config.update({**fresh_try(attempt), "temperature": 0.7})
             for i in pending:
                 attempts[i] += 1
             try:

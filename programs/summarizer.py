@@ -25,7 +25,7 @@ from typing import Any, Callable
 import dspy
 
 from booklens.errors import BooklensError
-from booklens.lm import BooklensAdapter, last_finish_reason, predict_with_retries
+from booklens.lm import BooklensAdapter, fresh_try, last_finish_reason, predict_with_retries
 from booklens.records import (  # noqa: F401 - the settings are part of this module's API
     DEFAULT_MERGE_CONTEXT,
     DEFAULT_WORDS_PER_TOKEN,
@@ -183,7 +183,7 @@ class _BookSummarizer(dspy.Module):
                 config={
                     "max_tokens": int(budget * self.generation_slack) + 64,
                     "temperature": temperature if regeneration == 0 else max(temperature, 0.7),
-                    "booklens_attempt": 100 * regeneration,
+                    **fresh_try(100 * regeneration),
                 },
                 **asked,
             )

@@ -24,7 +24,8 @@ _EXPORTS = {
     "ratelimit": ("RateLimiter",),
     "adapter": ("BooklensAdapter", "plain_output_field"),
     "model": ("BooklensLM", "last_finish_reason", "resolve_lm_name", "make_lm", "make_backend", "local_backend",
-              "configure", "current_lm", "Attempted", "predict_with_retries", "resolve_structured", "make_limiter"),
+              "configure", "current_lm", "Attempted", "predict_with_retries", "fresh_try", "resolve_structured",
+              "make_limiter"),
     "pool": ("LMPool", "FixedLMPool"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

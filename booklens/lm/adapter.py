@@ -31,7 +31,8 @@ class BooklensAdapter(JSONAdapter):
     def __call__(self, lm, lm_kwargs, signature, demos, inputs):
         plain = plain_output_field(signature)
         if plain is not None:
-            lm_kwargs = {**lm_kwargs, "booklens_plain_output": plain}
+            if getattr(lm, "takes_output_schema", False):  # a booklens LM; another LM would send the key on
+                lm_kwargs = {**lm_kwargs, "booklens_plain_output": plain}
             return ChatAdapter.__call__(self, lm, lm_kwargs, signature, demos, inputs)
         if not getattr(lm, "takes_output_schema", False):
             # Another DSPy LM (a library user's dspy.LM): DSPy's own check of what the model takes.

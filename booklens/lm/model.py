@@ -238,6 +238,17 @@ def configure(lm: BooklensLM | dspy.BaseLM) -> BooklensLM:
     return lm
 
 
+def fresh_try(attempt: int) -> dict[str, int]:
+    """The LM keyword that makes try number `attempt` (1, 2, ...) of a call a new sample instead of
+    the cached answer of try 0. booklens LMs key their cache and the embedded model's seed on
+    `booklens_attempt`; any other DSPy LM (a library user's `dspy.LM`) gets DSPy's own `rollout_id`,
+    which it keeps out of the request it sends."""
+    if not attempt:
+        return {}
+    lm = dspy.settings.lm
+    return {"rollout_id": attempt} if lm is not None and not isinstance(lm, BooklensLM) else {"booklens_attempt": attempt}
+
+
 def current_lm() -> Any:
     lm = dspy.settings.lm
     if lm is None:
@@ -291,7 +302,7 @@ def predict_with_retries(
     for attempt in range(tries):
         call_config = dict(config or {})
         if attempt:
-            call_config["booklens_attempt"] = attempt
+            call_config.update(fresh_try(attempt))
             if not cut_off:
                 call_config.setdefault("temperature", 0.7)
         if budget != first_budget:

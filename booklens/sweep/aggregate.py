@@ -18,7 +18,6 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from booklens.metrics.bootstrap import bootstrap_mean as bootstrap_ci, paired_bootstrap_ci
 
 RESULTS_FILE = "results.json"
 CELLS_FILE = "cells.jsonl"
@@ -101,7 +100,9 @@ def _mean(values: Sequence[float]) -> Optional[float]:
 def _ci(values: Sequence[float]) -> Optional[list[float]]:
     if not values:
         return None
-    lo, hi = bootstrap_ci(values)
+    from booklens.metrics.bootstrap import bootstrap_mean  # NumPy: only once there is something to resample
+
+    lo, hi = bootstrap_mean(values)
     return [round(lo, 6), round(hi, 6)]
 
 
@@ -142,6 +143,8 @@ def _paired(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], books: l
               and isinstance(b[k].get(column), (int, float))]
     if not shared:
         return None
+    from booklens.metrics.bootstrap import paired_bootstrap_ci
+
     diff, lo, hi = paired_bootstrap_ci([a[k][column] for k in shared], [b[k][column] for k in shared])
     return {"books": len(shared), "diff": round(diff, 6), "ci95": [round(lo, 6), round(hi, 6)]}
 
