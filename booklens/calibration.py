@@ -26,8 +26,8 @@ from typing import Any, Callable, Optional
 
 from booklens.errors import BooklensError
 
-COHERENCE_BOOKS = 4
-VERIFICATION_BOOKS = 3
+COHERENCE_BOOKS = 2
+VERIFICATION_BOOKS = 2
 SEED = 0
 
 

@@ -17,6 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from booklens.calibration import COHERENCE_BOOKS, VERIFICATION_BOOKS
 from booklens.cli import app
 from booklens.cli.common import (
     ApiBaseOption,
@@ -83,7 +84,8 @@ def calibrate_command(
     coherence_data: CoherenceDataOption = None,
     fables_data: FablesDataOption = None,
     books: Annotated[Optional[int], typer.Option(
-        "--books", min=1, help="Test-split books to sample (default: 4 for coherence, 3 for verification; "
+        "--books", min=1, help=f"Test-split books to sample (default: {COHERENCE_BOOKS} for coherence, "
+                               f"{VERIFICATION_BOOKS} for verification; "
                                "the binary rater always uses Table 5's seven books).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the book split and the sample.")] = 0,
     lm: LMOption = None,
