@@ -21,7 +21,8 @@ The server's answers come in two kinds:
   tree has the depth real summaries give it.
 
 booklens runs through its CLI (a fresh process with a fresh cache, start-up included: what a
-user waits for) and in-process with each merge context, pipelined and level by level.
+user waits for; `--keep-artifacts`, since booookscore's summarizer makes no artifact-removal pass
+either) and in-process with each merge context, pipelined and level by level.
 
     python benchmarks/bench_vs_booookscore.py [--latency 1.0] [--concurrency 8] [--answers short,budget]
 """
@@ -105,8 +106,16 @@ def run_booklens_cli(latency: float, answers: str, concurrency: int, work: Path)
         subprocess.run([sys.executable, "-m", "booklens", "summarize", str(BOOK), "--method", "hier",
                         "--chunk-size", "2048", "--context-window", "8192", "--concurrency", str(concurrency),
                         "--lm", "openai/fake-model", "--api-base", server.url, "--cache-dir", str(work / "cache"),
-                        "-o", str(work / "summary.json")], check=True, capture_output=True)
+                        "--keep-artifacts", "-o", str(work / "summary.json")], check=True, capture_output=True)
         return time.perf_counter() - t0, len(server.served)
+
+
+def start_up_seconds() -> float:
+    """What every LM command pays before its first call: a fresh Python importing booklens's LM layer
+    (DSPy and LiteLLM)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import booklens.lm.model"], check=True, capture_output=True)
+    return time.perf_counter() - t0
 
 
 def run_booklens_library(text: str, latency: float, answers: str, concurrency: int,
@@ -156,6 +165,7 @@ def main() -> None:
             seconds, calls = run_booklens_cli(args.latency, answers, args.concurrency, Path(tmp))
         print(f"{f'booklens summarize CLI, --concurrency {args.concurrency}':<52} {calls:>5} {'':>9} "
               f"{seconds:>8.1f} {base_seconds / seconds:>7.1f}x")
+        print(f"{'  of which start-up (import DSPy and LiteLLM)':<52} {'':>5} {'':>9} {start_up_seconds():>8.1f}")
         for context in ("same-level", "lower-level"):
             for pipelined in (True, False):
                 seconds, calls, levels = run_booklens_library(text, args.latency, answers, args.concurrency,

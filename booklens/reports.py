@@ -497,7 +497,8 @@ def _figure_text(name: str, block: Any) -> Optional[str]:
     return f"{name} {block['value']:.2f}{interval}"
 
 
-def _judge_card(task: str, judge: Any) -> str:
+def judge_card(task: str, judge: Any) -> str:
+    """A score card naming a judge, its agreement with humans and, when low or unknown, a warning."""
     program = {"default": "default few-shot program", "zero-shot": "zero-shot program"}.get(
         judge.program, f"program {judge.program}")
     detail = [f"{program} ({judge.mode}, {_plural(judge.demos, 'demo')}) on {judge.lm}"]
@@ -528,7 +529,7 @@ def _judges_block(data: RunData) -> str:
     judges = run_judges(data)
     if not judges:
         return ""
-    cards = "".join(_judge_card(task, judge) for task, judge in judges.items())
+    cards = "".join(judge_card(task, judge) for task, judge in judges.items())
     return (f'<h3 id="judges">Who judged, and how well that judge agrees with humans</h3>\n'
             f'<ul class="cards judges">{cards}</ul>')
 

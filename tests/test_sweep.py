@@ -163,8 +163,15 @@ def test_each_cell_is_a_run_directory_and_the_aggregate_is_computed_from_them(re
     for system in SYSTEMS:
         for book in BOOKS:
             assert f'href="cells/{system}/{book}/report.html"' in page
+    # Who judged: the shipped few-shot judges on the fake model, uncalibrated, so the page warns.
+    judges = results["judges"]
+    assert set(judges) == {"coherence", "verification"}
+    assert all(j["program"] == "default" and j["demos"] >= 1 and j["lm"] == "openai/fake-model" for j in judges.values())
+    assert all(j["calibration"] is None for j in judges.values())
+    assert page.count('class="card judge warn"') == 2 and "no calibration" in page
     stderr = reference["stderr"]
     assert "sweep: 6/6 cells" in stderr and "released: 2 books; BooookScore 100.0; 100.0% faithful" in stderr
+    assert stderr.count("judge: default few-shot") == 2
 
 
 def test_a_rerun_makes_no_lm_call_and_writes_the_same_figures(server, corpus, reference, capsys):

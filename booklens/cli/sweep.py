@@ -66,6 +66,12 @@ def sweep_command(
                    + (f", {s['failed']} failed" if s["failed"] else "")
                    + f"; BooookScore {'-' if score is None else f'{100 * score:.1f}'}"
                    + f"; {'-' if faithful is None else f'{faithful:.1f}%'} faithful", err=True)
+    if outcome.results.get("judges"):
+        from booklens.judges import judge_line
+        from booklens.records import JudgeInfo
+
+        for info in outcome.results["judges"].values():
+            typer.echo(judge_line(JudgeInfo.model_validate(info)), err=True)
     typer.echo(f"wrote {output / 'results.json'}, {output / 'cells.jsonl'} and {output / 'report.html'}", err=True)
     failed, skipped = outcome.failed, outcome.not_run
     if failed:

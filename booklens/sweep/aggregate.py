@@ -166,11 +166,23 @@ def pair_results(systems: list[str], rows: Sequence[dict[str, Any]]) -> list[dic
     return pairs
 
 
-def results(systems: list[str], books: list[str], rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def sweep_judges(outcomes: Sequence[CellOutcome]) -> dict[str, Any]:
+    """The judge of each judging step (program, demos, LM, calibration), as the cells recorded it.
+    Every cell is judged the same way, so the first cell that recorded a step's judge speaks for all."""
+    judges: dict[str, Any] = {}
+    for outcome in outcomes:
+        for task, info in ((outcome.run or {}).get("judges") or {}).items():
+            judges.setdefault(task, info)
+    return {task: judges[task] for task in ("coherence", "verification") if task in judges}
+
+
+def results(systems: list[str], books: list[str], rows: Sequence[dict[str, Any]],
+            judges: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     return {
         "kind": "booklens.sweep",
         "format_version": 1,
         "books": list(books),
+        "judges": judges or {},
         "systems": {s: system_results([r for r in rows if r["system"] == s]) for s in systems},
         "pairs": pair_results(systems, rows),
     }
@@ -185,6 +197,6 @@ def write_aggregate(output: Path, systems: list[str], books: list[str],
     rows = [cell_row(o) for o in outcomes]
     lines = "".join(json.dumps(r, ensure_ascii=False, sort_keys=False) + "\n" for r in rows)
     write_text_atomic(Path(output) / CELLS_FILE, lines)
-    payload = results(systems, books, rows)
+    payload = results(systems, books, rows, sweep_judges(outcomes))
     save_json(Path(output) / RESULTS_FILE, payload)
     return payload

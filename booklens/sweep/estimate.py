@@ -107,43 +107,47 @@ def build_summarizer(config: Any):
 
 def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> tuple[Work, int]:
     """Calls and tokens to summarize one book's chunks, and the final summary's tokens."""
-    from booklens.programs.summarizer import group_by_budget
-    from booklens.records import SummaryNode
-
     work = Work()
     if summarizer.method == "hier":
-        room_chunks, room_merge, room_context = summarizer.check_budgets()
-        g1 = summarizer.budget(1)
+        # The merge tree's grouping rule (programs.summarizer._MergeTree) with every summary at its
+        # budget: greedy consecutive groups within the room the context leaves.
+        _, room_merge, room_context = summarizer.check_budgets()
+        groups, budgets = summarizer.plan_budgets(chunks, room_merge)
+        g1 = summarizer.budget(1, budgets)
         head = overheads.of(summarizer.summarize_chunk, excerpt="", word_limit=0)
-        groups = group_by_budget([c.tokens for c in chunks], room_chunks)
         for group in groups:
             work.add(1, head + sum(chunks[i].tokens for i in group), g1)
-        nodes = [SummaryNode(id=f"L1.{j}", level=1, kind="chunk", text="", tokens=g1) for j in range(len(groups))]
-        level = 1
         merge_head = overheads.of(summarizer.merge, summaries=[], word_limit=0)
         context_head = overheads.of(summarizer.merge_with_context, context="", summaries=[], word_limit=0)
-        while len(nodes) > 1:
+        sizes = [g1] * len(groups)
+        level = 1
+        while len(sizes) > 1:
             level += 1
-            budget = summarizer.budget(level)
-            plan = summarizer.plan_level(nodes, room_merge, room_context, budget)
-            if len(plan) == len(nodes):  # the summarizer refuses this too, at run time
+            budget = summarizer.budget(level, budgets)
+            upper: list[int] = []
+            start = 0
+            while start < len(sizes):
+                context = _context_tokens(summarizer.merge_context, sizes, start, upper, room_context)
+                end = _greedy_end(sizes, start, room_merge if context is None else room_context - context)
+                if end - start == 1 and end < len(sizes) and context is not None:
+                    context, end = None, _greedy_end(sizes, start, room_merge)
+                if end - start == 1:
+                    upper.append(sizes[start])  # a lone summary moves up unchanged
+                else:
+                    written = budget
+                    if not summarizer.level_budgets and start == 0 and end == len(sizes):
+                        written = summarizer.max_summary_tokens  # the book's summary: G_n
+                    inputs = sum(sizes[start:end])
+                    work.add(1, (merge_head if context is None else context_head + context) + inputs, written)
+                    upper.append(written)
+                start = end
+            if len(upper) == len(sizes):  # the summarizer refuses this too, at run time
                 from booklens.errors import BooklensError
 
                 raise BooklensError("summaries are too long to merge within the context window; lower "
                                     "max_summary_tokens or raise context_window")
-            merged = []
-            for j, (context, group) in enumerate(plan):
-                if len(group) == 1:
-                    merged.append(group[0])
-                    continue
-                inputs = sum(n.tokens for n in group)
-                if context is None:
-                    work.add(1, merge_head + inputs, budget)
-                else:
-                    work.add(1, context_head + context.tokens + inputs, budget)
-                merged.append(SummaryNode(id=f"L{level}.{j}", level=level, kind="merge", text="", tokens=budget))
-            nodes = merged
-        final = nodes[0].tokens
+            sizes = upper
+        final = sizes[0]
     else:
         summarizer.check_budgets()
         g = summarizer.max_summary_tokens
@@ -159,6 +163,27 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
     if summarizer.remove_artifacts:
         work.add(1, overheads.of(summarizer.clean, summary="") + final, final)
     return work, final
+
+
+def _context_tokens(merge_context: str, lower: list[int], start: int, upper: list[int],
+                    room_context: int) -> Optional[int]:
+    """Tokens of the context a merge starting at `lower[start]` reads (None: no context)."""
+    if merge_context == "none" or (merge_context == "lower-level" and start == 0):
+        return None
+    if merge_context == "lower-level":
+        return lower[start - 1]
+    if not upper:
+        return None
+    return min(upper[-1], room_context // 5)  # a long same-level context keeps its leading sentences
+
+
+def _greedy_end(sizes: list[int], start: int, room: int) -> int:
+    """End of the greedy group from `start`: consecutive summaries while they fit, at least one."""
+    end, used = start, 0
+    while end < len(sizes) and (end == start or used + sizes[end] <= room):
+        used += sizes[end]
+        end += 1
+    return end
 
 
 def judge_work(judge: Any, summary_tokens: int, sentences: int, context_window: Optional[int],
@@ -200,17 +225,10 @@ def judge_work(judge: Any, summary_tokens: int, sentences: int, context_window: 
 
 
 def _judge_programs(judge: Any) -> dict[str, Any]:
-    from booklens.programs.coherence import build_scorer
-    from booklens.programs.faithfulness import build_decomposer, build_verifier
+    """The programs the cells judge with (the pipeline's: default few-shot, zero-shot or compiled)."""
+    from booklens.pipeline import load_judge_programs
 
-    programs = {"coherence": build_scorer(batch_size=judge.batch_size), "decomposition": build_decomposer(),
-                "verification": build_verifier()}
-    if judge.programs:
-        from booklens.optimizers.artifacts import load_program
-
-        for task, path in judge.programs.items():
-            load_program(programs[task], path, task=task)
-    return programs
+    return load_judge_programs(judge)
 
 
 def estimate_sweep(sweep: Sweep) -> list[SystemEstimate]:

@@ -176,6 +176,16 @@ def _pairs_section(results: dict[str, Any]) -> str:
             f'</th><th scope="col" class="num">\u0394 % faithful</th></tr></thead><tbody>{rows}</tbody></table>')
 
 
+def _judges_section(results: dict[str, Any]) -> str:
+    """The judge cards of a run report, for the one judge every cell shared."""
+    from booklens.records import JudgeInfo
+    from booklens.reports import judge_card
+
+    judges = results.get("judges") or {}
+    cards = "".join(judge_card(task, JudgeInfo.model_validate(info)) for task, info in judges.items())
+    return f'<ul class="cards judges">{cards}</ul>' if cards else ""
+
+
 def _heat_color(score: float) -> str:
     """Red (0) through yellow to green (100), light enough for dark text."""
     hue = 120.0 * max(0.0, min(1.0, score))
@@ -226,6 +236,9 @@ def render_sweep_report(results: dict[str, Any], rows: Sequence[dict[str, Any]],
         ("pairs", "Paired differences", _pairs_section(results)),
         ("books", "Books \u00d7 systems", _heatmap_section(results, rows)),
     ]
+    judges = _judges_section(results)
+    if judges:
+        sections.insert(1, ("judges", "Who judged, and how well that judge agrees with humans", judges))
     nav = "".join(f'<li><a href="#{sid}">{h(name)}</a></li>' for sid, name, _ in sections)
     body = "\n".join(f'<section id="{sid}" aria-labelledby="{sid}-h">\n<h2 id="{sid}-h">{h(name)}</h2>\n'
                      f'{content}\n</section>' for sid, name, content in sections)
