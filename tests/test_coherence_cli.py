@@ -198,8 +198,10 @@ def test_score_through_an_openai_compatible_server(tmp_path, batch):
 def test_embedded_model_scores_a_summary(tmp_path):
     summary = write(tmp_path / "summary.txt", SUMMARY)
     out = tmp_path / "out.json"
-    proc = run_cli(["score", summary, "--lm", "local", "--batch-size", "3", "--concurrency", "1", "-o", out],
-                   tmp_path, timeout=900)
+    # The batched path, zero-shot: the few-shot detector on the embedded model is checked by
+    # test_judges_cli (score with no options).
+    proc = run_cli(["score", summary, "--lm", "local", "--batch-size", "3", "--concurrency", "1", "--zero-shot",
+                    "-o", out], tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert len(result["sentences"]) == 3

@@ -218,8 +218,9 @@ def test_verify_one_claim_with_the_embedded_model(tmp_path, books_dir):
     book = books_dir / "the_cask_of_amontillado.txt"
     claims = write(tmp_path / "claims.json", ["Montresor walls Fortunato up alive in the catacombs."])
     out = tmp_path / "report.json"
+    # Zero-shot: the few-shot verifier on the embedded model is checked by test_judges_cli (check).
     proc = run_cli(["verify", "--claims", str(claims), "--book", str(book), "--evidence", "bm25", "--k", "2",
-                    "--lm", "local", "-o", str(out)], tmp_path, timeout=900)
+                    "--zero-shot", "--lm", "local", "-o", str(out)], tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr
     verdict = json.loads(out.read_text())["claims"][0]
     assert verdict["label"] in CLAIM_LABELS or (verdict["label"] is None and verdict["error"])
