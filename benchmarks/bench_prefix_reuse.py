@@ -12,7 +12,7 @@ built by the same library functions as the commands (`booklens.steps`), so the f
 whatever prompts, demos and field order the programs have when this runs. Target: every later
 call at most 10% of the first.
 
-    python benchmarks/bench_prefix_reuse.py [--sentences 40] [--claims 20] [--concurrency 4]
+    python benchmarks/bench_prefix_reuse.py [--sentences 40] [--claims 20] [--concurrency 1,4]
 """
 
 from __future__ import annotations
@@ -76,9 +76,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sentences", type=int, default=40)
     parser.add_argument("--claims", type=int, default=20)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", default="1,4", help="comma-separated: each is a run of its own")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     for path in (HUMAN, BOOK):
         if not path.exists():
             sys.exit(f"error: {path} not found (the shared data folder)")
@@ -98,14 +99,14 @@ def main() -> None:
     results = {}
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         print(f"\ncoherence, {args.sentences} sentences, one call per sentence")
-        for concurrency in (1, args.concurrency):
+        for concurrency in levels:
             backend._model().reset()  # each run starts from a context that shares nothing
             stats, wall = run(backend, lambda: score_summaries({"bench": summary},
                                                                             concurrency=concurrency))
             results[f"coherence c{concurrency}"] = report(f"concurrency {concurrency}", stats, args.sentences, wall)
         for mode in ("given", "bm25"):
             print(f"\nverification, {len(claims)} claims, {mode} evidence")
-            for concurrency in (1, args.concurrency):
+            for concurrency in levels:
                 backend._model().reset()
                 stats, wall = run(backend, lambda: verify_claims(
                     claims=[c["claim"] for c in claims], book_text=book_text, mode=mode,

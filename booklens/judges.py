@@ -224,6 +224,8 @@ def judge_warning(info: Any) -> Optional[str]:
     if not calibration:
         lm = "local" if info.lm.startswith("local/") else info.lm
         how = {"default": "", "zero-shot": " --zero-shot"}.get(info.program, f" --program {info.program}")
+        if info.mode == "binary" and info.program in ("default", "zero-shot"):
+            how += " --judge binary"
         return (f"no calibration: this judge's agreement with human annotators was never measured for "
                 f"{info.lm} with this program (booklens calibrate --lm {lm}{how})")
     figures = calibration.get("figures") or {}
