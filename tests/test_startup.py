@@ -40,6 +40,10 @@ CASES = [
     ["check", "/nonexistent/book.txt", "/nonexistent/summary.txt"],
     ["compile", "coherence", "--data", "/nonexistent/data"],
     ["report", "/nonexistent/run"],
+    ["calibrate", "--help"],
+    ["calibrate", "--program", "/nonexistent/program.json"],
+    ["judges", "--help"],
+    ["evaluate", "coherence", "--data", "/nonexistent/data"],
     ["no-such-command"],
 ]
 

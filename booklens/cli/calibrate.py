@@ -105,6 +105,8 @@ def calibrate_command(
 
     if program is not None and zero_shot:
         raise BooklensError("give either --program or --zero-shot, not both")
+    if program is not None and not program.is_file():  # before DSPy loads
+        raise BooklensError(f"program artifact not found: {program}")
     if program is not None:
         judges = [_judge_of_artifact(program)]
         if judge and judges != list(dict.fromkeys(judge)):

@@ -194,6 +194,8 @@ def evaluate_command(
     = None,
 ) -> None:
     """Run zero-shot and compiled programs on a split, side by side: metric with a bootstrap 95% CI, LM calls, tokens."""
+    if not Path(data).exists():  # before DSPy loads: a typo costs no start-up time
+        raise BooklensError(f"data not found: {data}")
     from booklens.optimizers.artifacts import check_task, load_program, sha256_of
     from booklens.optimizers.evaluate import evaluate_program, format_table
     from booklens.optimizers.tasks import SPLITS, get_task, load_task_splits
