@@ -12,7 +12,7 @@
   GPT-4-Turbo rater.
 
 Samples are whole books of the test split, drawn with a fixed seed, so that the embedded model
-calibrates in well under an hour on two cores: `COHERENCE_BOOKS` books (both summaries of each) and `VERIFICATION_BOOKS`
+calibrates in under an hour on two cores: `COHERENCE_BOOKS` books (both summaries of each) and `VERIFICATION_BOOKS`
 books (every summarizer's claims). Each figure carries its sample size and a 95% bootstrap interval
 over summaries (`booklens.metrics.bootstrap`). The stored entry depends only on the data, the
 program, the LM's answers and the sample, so an unchanged calibration rewrites the same bytes.
