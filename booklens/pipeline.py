@@ -182,24 +182,31 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
         raise BooklensError("give a summary file or a summary text, not both")
 
 
+def owned_output_dir(output: Path, marker: str, what: str) -> bool:
+    """Whether `output` is a directory booklens wrote (it holds `marker`, so it is resumed). A missing
+    or empty directory is fine (False); anything else is a one-line error, so nothing of the user's
+    is overwritten. `what` names the directory in the message ("run", "sweep")."""
+    if not output.exists():
+        return False
+    if not output.is_dir():
+        raise BooklensError(f"{output} exists and is not a directory: -o takes the {what} directory to write")
+    if (output / marker).is_file():
+        return True
+    try:
+        entries = [p for p in output.iterdir() if not p.name.startswith(".")]
+    except OSError as exc:
+        raise BooklensError(f"cannot read {output}: {exc.strerror or exc}") from None
+    if entries:
+        raise BooklensError(f"{output} is not empty and is not a booklens {what} directory (no {marker}): "
+                            "choose a new or empty directory")
+    return False
+
+
 def previous_run(output: Path):
     """The run.json of an existing run directory (None for a new or empty directory)."""
     from booklens.reports import RUN_FILE, read_run_record
 
-    if not output.exists():
-        return None
-    if not output.is_dir():
-        raise BooklensError(f"{output} exists and is not a directory: -o takes the run directory to write")
-    if not (output / RUN_FILE).exists():
-        try:
-            entries = [p for p in output.iterdir() if not p.name.startswith(".")]
-        except OSError as exc:
-            raise BooklensError(f"cannot read {output}: {exc.strerror or exc}") from None
-        if entries:
-            raise BooklensError(f"{output} is not empty and is not a booklens run directory (no {RUN_FILE}): "
-                                "choose a new or empty directory")
-        return None
-    return read_run_record(output / RUN_FILE)
+    return read_run_record(output / RUN_FILE) if owned_output_dir(output, RUN_FILE, "run") else None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -393,16 +393,7 @@ def render_report(data: RunData) -> str:
         incomplete = ""
     from booklens import __version__
 
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{h(CSP)}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="referrer" content="no-referrer">
-<title>booklens report: {h(book)}</title>
-<style>{STYLE}</style>
-</head>
+    return f"""{page_head(f"booklens report: {book}")}
 <body>
 <a class="skip" href="#main">Skip to the report</a>
 <header>
@@ -495,6 +486,20 @@ def _figure_text(name: str, block: Any) -> Optional[str]:
     lo, hi = (block.get("ci95") or [None, None])[:2]
     interval = f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else ""
     return f"{name} {block['value']:.2f}{interval}"
+
+
+def page_head(title: str, extra_style: str = "") -> str:
+    """The start of every booklens page, up to </head>: no script, nothing loaded (CSP), inline style."""
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{h(CSP)}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
+<title>{h(title)}</title>
+<style>{STYLE}{extra_style}</style>
+</head>"""
 
 
 def judge_card(task: str, judge: Any) -> str:

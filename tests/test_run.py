@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer
+from booklens.testing import FakeOpenAIServer, pipeline_step
 
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
@@ -30,19 +30,7 @@ CLAIMS = ["Maren Holt is a bookbinder in Harrow's End.",
           "Zed hides the key."]
 
 
-def kind_of(body: dict) -> str:
-    """Which step a chat request belongs to."""
-    system = body["messages"][0]["content"]
-    last = body["messages"][-1]["content"]
-    if "as plain text" in last:
-        return "summarize"
-    if "[[ ## sentence ## ]]" in last:
-        return "coherence"
-    if "`claims`" in system:
-        return "claims"
-    if "`label`" in system:
-        return "verify"
-    return "other"
+kind_of = pipeline_step  # which step a chat request belongs to
 
 
 class Responder:

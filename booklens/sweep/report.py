@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 from urllib.parse import quote
 
-from booklens.reports import CSP, SEP, STYLE, h
+from booklens.reports import SEP, h, page_head
 
 REPORT_FILE = "report.html"
 CANT_VERIFY = "can't verify"
@@ -253,16 +253,7 @@ def render_sweep_report(results: dict[str, Any], rows: Sequence[dict[str, Any]],
             bits.append(f"{not_run} did not run")
         warning = (f'<p class="note"><strong>{h(", ".join(bits))}</strong>: the figures cover the completed '
                    'cells only. Rerun the same <code>booklens sweep</code> command to resume.</p>')
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{h(CSP)}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="referrer" content="no-referrer">
-<title>booklens sweep: {h(title)}</title>
-<style>{STYLE}{SWEEP_STYLE}</style>
-</head>
+    return f"""{page_head(f"booklens sweep: {title}", SWEEP_STYLE)}
 <body>
 <a class="skip" href="#main">Skip to the report</a>
 <header>

@@ -46,19 +46,9 @@ class SweepOutcome:
 
 def check_output(output: Path) -> None:
     """A new or empty directory, or one a sweep wrote (it is resumed)."""
-    if not output.exists():
-        return
-    if not output.is_dir():
-        raise BooklensError(f"{output} exists and is not a directory: -o takes the sweep directory to write")
-    if (output / PLAN_FILE).is_file():
-        return
-    try:
-        entries = [p for p in output.iterdir() if not p.name.startswith(".")]
-    except OSError as exc:
-        raise BooklensError(f"cannot read {output}: {exc.strerror or exc}") from None
-    if entries:
-        raise BooklensError(f"{output} is not empty and is not a booklens sweep directory (no {PLAN_FILE}): "
-                            "choose a new or empty directory")
+    from booklens.pipeline import owned_output_dir
+
+    owned_output_dir(output, PLAN_FILE, "sweep")
 
 
 def plan_tasks(sweep: Sweep, output: Path, concurrency: int = 4) -> list[CellTask]:
