@@ -30,7 +30,9 @@ fi
 
 python3 -m venv .venv
 py=.venv/bin/python
-pip_install() { "$py" -m pip install --quiet --disable-pip-version-check "$@"; }
+# --no-compile: pip would byte-compile every module of torch, Ray and LiteLLM up front (about 90 s of
+# CPU here, while llama.cpp compiles); Python compiles the ones a command imports on first use instead.
+pip_install() { "$py" -m pip install --quiet --disable-pip-version-check --no-compile "$@"; }
 
 # llama-cpp-python has no binary wheel for Linux on PyPI: it compiles llama.cpp, in the background.
 # Only the libraries the bindings load for text models (llama, ggml) are built, with the default

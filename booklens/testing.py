@@ -12,6 +12,7 @@ import json
 import re
 import socket
 import struct
+import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,13 +289,13 @@ class LlamaServer:
     `start_timeout` seconds), then `server.url` is an `--api-base` and `server.lm` an `--lm`
     string; leaving the block stops it. `log` holds what the server printed."""
 
-    def __init__(self, *, alias: str = "smol", n_ctx: int = 4096, n_threads: int = 2, start_timeout: float = 120.0,
+    def __init__(self, *, alias: str = "smol", n_ctx: int = 4096, n_threads: int | None = None, start_timeout: float = 120.0,
                  model_path: str | None = None):
-        from booklens.lm.embedded import local_model_path
+        from booklens.lm.embedded import default_threads, local_model_path
 
         self.alias = alias
         self.n_ctx = n_ctx
-        self.n_threads = n_threads
+        self.n_threads = n_threads or default_threads()
         self.start_timeout = start_timeout
         self.model_path = model_path or local_model_path()
         self.port = free_port()
@@ -440,3 +441,40 @@ class PipelineResponder:
                                "reason": f"Passage 1 {'contradicts' if label == 'unfaithful' else 'supports'} it."})
         text = self.summary(last)
         return json.dumps({"summary": text, "condensed": text, "cleaned": text})
+
+
+def run_command(args: list[Any], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `booklens ARGS` in this process as the `booklens` script does, and return what a
+    `subprocess.run(..., capture_output=True, text=True)` of the script would: the exit code and
+    what the command wrote to stdout and stderr. `env`, when given, is the whole environment for the
+    call; the process's own comes back afterwards. A second command costs no fresh start (DSPy and
+    LiteLLM stay imported), so tests of what a command writes and prints use this; tests that kill a
+    run, or check the installed script itself, start a real process."""
+    import contextlib
+    import io
+    import os
+    import sys
+
+    from booklens.cli import main
+
+    argv = ["booklens", *map(str, args)]
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_argv = dict(os.environ), sys.argv
+    code: Any = 0
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        sys.argv = argv
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+            except SystemExit as exc:
+                code = exc.code
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+    if not isinstance(code, int):
+        code = 0 if code is None else 1
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())

@@ -41,8 +41,8 @@ def books_dir(shared_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def llama_server():
     """A real llama.cpp server (llama-cpp-python's, from the test extra) serving the embedded GGUF on a
-    free loopback port with a 4096-token context and 2 threads (1 under `pytest -n 2`); stopped when the
-    session ends."""
+    free loopback port with a 4096-token context and the embedded backend's threads (1 under
+    `pytest -n 2`); stopped when the session ends."""
     import importlib.util
 
     missing = [m for m in ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context")
@@ -52,8 +52,7 @@ def llama_server():
                     "pip install -e '.[test]'")
     from booklens.testing import LlamaServer
 
-    threads = 1 if os.environ.get("OMP_THREAD_LIMIT") == "1" else 2  # see the note at the top
-    with LlamaServer(n_ctx=4096, n_threads=threads) as server:
+    with LlamaServer(n_ctx=4096) as server:
         yield server
 
 

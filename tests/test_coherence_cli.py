@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from booklens.testing import run_command
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "booookscore"
 SUMMARY = ("Mara keeps the lighthouse on Gull Rock with her father. One winter night Zed appears at the door. "
@@ -55,7 +57,9 @@ SENTENCE_ANN = {"lighthouse": {"One winter night Zed appears at the door.": {
 ], ids=["missing", "empty", "annot-wrong-shape", "book-only-in-annotations"])
 def test_bad_input_gives_one_line_error(tmp_path, setup, pattern):
     out = tmp_path / "out.json"
-    proc = run_cli([*setup(tmp_path), "-o", out], tmp_path)
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_LM", None)
+    proc = run_command([*setup(tmp_path), "-o", out], env=env)
     assert_one_line_error(proc, out, pattern)
 
 

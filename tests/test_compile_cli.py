@@ -6,22 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer, parse_fields
+from booklens.testing import FakeOpenAIServer, parse_fields, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 STORY = ROOT / "examples" / "sample_story.txt"
 
 
-def run_cli(args, tmp_path, timeout=300, **env):
-    return subprocess.run([sys.executable, "-m", "booklens", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout,
-                          env={**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache"), **env})
+def run_cli(args, tmp_path, **env):
+    """`booklens ARGS` in this process (see booklens.testing.run_command), with its own cache."""
+    return run_command(args, env={**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache"), **env})
 
 
 def assert_one_line_error(proc, *needles, output=None):

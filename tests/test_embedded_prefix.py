@@ -143,3 +143,15 @@ def test_consecutive_calls_evaluate_only_what_differs(backend):
     assert b.reused_tokens >= 300
     assert b.prompt_eval_tokens <= second.prompt_tokens - 300
     assert b.prompt_eval_tokens + b.reused_tokens == second.prompt_tokens
+
+
+def test_the_embedded_model_asks_for_no_more_threads_than_openmp_allows(monkeypatch):
+    import os
+
+    from booklens.lm.embedded import LocalBackend, default_threads
+
+    monkeypatch.setenv("OMP_THREAD_LIMIT", "1")
+    assert default_threads() == 1 and LocalBackend().n_threads == 1
+    monkeypatch.delenv("OMP_THREAD_LIMIT")
+    assert default_threads() == max(1, os.cpu_count() or 1)
+    assert LocalBackend(n_threads=3).n_threads == 3

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer
+from booklens.testing import FakeOpenAIServer, run_command
 
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
@@ -24,6 +24,14 @@ def run_cli(args, tmp_path, timeout=300):
     env.pop("BOOKLENS_LM", None)
     return subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
+
+
+def run_here(args, tmp_path):
+    """`booklens ARGS` in this process, with its own cache: the same stdout, stderr and exit code as
+    the script (booklens.testing.run_command), without a fresh start per command."""
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_LM", None)
+    return run_command(args, env=env)
 
 
 @pytest.fixture
@@ -177,21 +185,21 @@ def test_claims_verify_and_check_end_to_end(tmp_path):
     check_out = tmp_path / "check.json"
     with FakeOpenAIServer(responder=fake_answers) as server:
         lm = ["--lm", "openai/fake-model", "--api-base", server.url]
-        proc = run_cli(["claims", str(summary), *lm, "-o", str(claims_out)], tmp_path)
+        proc = run_here(["claims", str(summary), *lm, "-o", str(claims_out)], tmp_path)
         assert proc.returncode == 0, proc.stderr
         claims = json.loads(claims_out.read_text())
         assert claims["kind"] == "booklens.claims" and len(claims["claims"]) == 2
 
-        proc = run_cli(["verify", "--claims", str(claims_out), "--book", str(STORY), "--evidence", "bm25",
+        proc = run_here(["verify", "--claims", str(claims_out), "--book", str(STORY), "--evidence", "bm25",
                         "--k", "2", *lm, "--concurrency", "2", "-o", str(verify_out)], tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert "2 claims: 50.0% faithful, 50.0% unfaithful" in proc.stderr
 
-        proc = run_cli(["check", str(STORY), str(summary), *lm, "-o", str(check_out)], tmp_path)
+        proc = run_here(["check", str(STORY), str(summary), *lm, "-o", str(check_out)], tmp_path)
         assert proc.returncode == 0, proc.stderr
         served = len(server.served)
         # a rerun is answered from the LM cache and the index cache
-        proc = run_cli(["check", str(STORY), str(summary), *lm, "-o", str(check_out)], tmp_path)
+        proc = run_here(["check", str(STORY), str(summary), *lm, "-o", str(check_out)], tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert len(server.served) == served
     report = json.loads(verify_out.read_text())
@@ -210,19 +218,24 @@ def test_claims_verify_and_check_end_to_end(tmp_path):
 
 @pytest.mark.embedded
 def test_verify_one_claim_with_the_embedded_model(tmp_path, books_dir):
-    """The real SmolLM2 path: grammar-constrained answers parse into a label from the closed set
-    (or a recorded failure), with evidence that points into the book."""
+    """The real SmolLM2 path with the default few-shot verifier and no options but the input:
+    grammar-constrained answers parse into a label from the closed set (or a recorded failure), with
+    evidence that points into the book, and the judge line shows the calibration booklens ships."""
     from booklens.signatures.faithfulness import CLAIM_LABELS
     from booklens.text import read_book
 
     book = books_dir / "the_cask_of_amontillado.txt"
     claims = write(tmp_path / "claims.json", ["Montresor walls Fortunato up alive in the catacombs."])
     out = tmp_path / "report.json"
-    # Zero-shot: the few-shot verifier on the embedded model is checked by test_judges_cli (check).
-    proc = run_cli(["verify", "--claims", str(claims), "--book", str(book), "--evidence", "bm25", "--k", "2",
-                    "--zero-shot", "--lm", "local", "-o", str(out)], tmp_path, timeout=900)
+    proc = run_cli(["verify", "--claims", str(claims), "--book", str(book), "--k", "2", "-o", str(out)], tmp_path,
+                   timeout=900)
     assert proc.returncode == 0, proc.stderr
-    verdict = json.loads(out.read_text())["claims"][0]
+    report = json.loads(out.read_text())
+    verdict = report["claims"][0]
     assert verdict["label"] in CLAIM_LABELS or (verdict["label"] is None and verdict["error"])
     text = read_book(book)
     assert verdict["evidence"] and all(text[e["start"]:e["end"]] == e["text"] for e in verdict["evidence"])
+    judge = report["judge"]
+    assert judge["lm"].startswith("local/") and judge["program"] == "default" and judge["demos"] >= 1
+    assert judge["calibration"]["figures"]["f1"]["unfaithful"]["n"] > 0
+    assert "agreement with humans on FABLES' test split" in proc.stderr

@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 from booklens.testing import FakeOpenAIServer
 
 REPO = Path(__file__).resolve().parents[1]
 SUMMARY = "Mara keeps the lighthouse on Gull Rock. One winter night Zed appears at the door."
-CASK = REPO.parent / "shared" / "data" / "books" / "the_cask_of_amontillado.txt"
 
 
 def invoke(args, tmp_path):
@@ -145,40 +140,6 @@ def test_judges_lists_the_default_judges_with_their_calibration(tmp_path):
     assert len(lines) == 3
     assert "default few-shot coherence program" in lines[0] and "(binary, 6 demos" in lines[2]
     assert "agreement with humans on" in lines[0] and "agreement with humans on" in lines[1]
-
-
-# ---------------------------------------------------------------------------
-# What the issue asks to see, on the embedded model
-
-
-def run_cli(args, tmp_path, timeout=1800):
-    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("BOOKLENS_LM", None)
-    return subprocess.run([sys.executable, "-m", "booklens", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=timeout)
-
-
-@pytest.mark.embedded
-def test_score_and_check_with_no_options_show_the_shipped_calibration(tmp_path):
-    """`booklens score` and `booklens check` with no options: the default few-shot judges on the embedded
-    model, with the calibration booklens ships, and the agreement on the printed line."""
-    if not CASK.exists():
-        pytest.skip(f"{CASK} not found")
-    summary = tmp_path / "summary.txt"
-    summary.write_text("Montresor leads Fortunato into the catacombs. He walls him up alive.")
-    scored = tmp_path / "score.json"
-    proc = run_cli(["score", summary, "-o", scored], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    judge = json.loads(scored.read_text())["judge"]
-    assert judge["demos"] >= 1 and judge["calibration"]["figures"]["kappa"]["n"] > 0
-    assert "agreement with humans on BooookScore's test split" in proc.stderr
-
-    checked = tmp_path / "check.json"
-    proc = run_cli(["check", CASK, summary, "--k", "2", "-o", checked], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    judge = json.loads(checked.read_text())["judge"]
-    assert judge["demos"] >= 1 and judge["calibration"]["figures"]["f1"]["unfaithful"]["n"] > 0
-    assert "agreement with humans on FABLES' test split" in proc.stderr
 
 
 def test_evaluate_compares_the_default_judge_with_zero_shot(tmp_path, shared_dir):

@@ -34,7 +34,6 @@ rationed the lamp again.
 SUMMARY = ("Mara keeps the lighthouse at Pellmark and receives supplies every Thursday from the tender Marigold. "
            "When a storm breaks the Marigold's mast, she rations the oil and keeps the lamp burning in the darkest "
            "hours. A fisherman named Tobin is saved by the light and later brings her oil for the whole winter.\n")
-CLAIMS = ["Mara keeps the lighthouse at Pellmark.", "Tobin brings Mara oil for the winter."]
 QUESTIONS = [
     {"QID": "Q1", "Question": "Which boat brought Mara supplies?", "Answer": "The Marigold", "Gold": "B",
      "Options": {"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": "The Lantern"},
@@ -49,7 +48,6 @@ QUESTIONS = [
 def inputs(tmp_path: Path) -> Path:
     (tmp_path / "story.txt").write_text(STORY, encoding="utf-8")
     (tmp_path / "summary.txt").write_text(SUMMARY, encoding="utf-8")
-    (tmp_path / "claims.json").write_text(json.dumps(CLAIMS), encoding="utf-8")
     (tmp_path / "questions.json").write_text(json.dumps(QUESTIONS), encoding="utf-8")
     return tmp_path
 
@@ -97,21 +95,10 @@ def test_score_batched(inputs, llama_server, monkeypatch):
     assert data["n_failed"] == len(errors) < 3
 
 
-def test_claims(inputs, llama_server, monkeypatch):
-    data = booklens(["claims", "summary.txt"], inputs, llama_server, monkeypatch)
-    assert data["claims"] and not data.get("error")
-
-
-def test_verify(inputs, llama_server, monkeypatch):
-    data = booklens(["verify", "--claims", "claims.json", "--book", "story.txt", "--evidence", "bm25", "--zero-shot"], inputs,
-                    llama_server, monkeypatch)
-    assert data["failures"] == 0
-    assert len(data["claims"]) == 2 and all(v["label"] is not None for v in data["claims"])
-
-
 def test_check(inputs, llama_server, monkeypatch):
+    # claims, then verification with BM25 evidence: the `claims` and `verify` paths in one command
     data = booklens(["check", "story.txt", "summary.txt", "--evidence", "bm25", "--zero-shot"], inputs, llama_server, monkeypatch)
-    assert data["failures"] == 0
+    assert data["failures"] == 0 and not data.get("error")
     assert data["claims"] and all(v["label"] is not None for v in data["claims"])
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer, pipeline_step
+from booklens.testing import FakeOpenAIServer, pipeline_step, run_command
 
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
@@ -81,9 +81,12 @@ def run_args(server, out: Path, cache: Path) -> list[str]:
             "--concurrency", "1", "--cache-dir", str(cache), "-o", str(out)]
 
 
-def cli(args, timeout=300):
+def cli(args):
+    """The command of `args` (a `python -m booklens ...` line) in this process: the same output and exit
+    code as the script (booklens.testing.run_command); the kill test starts a real process."""
     env = {k: v for k, v in os.environ.items() if k not in ("BOOKLENS_LM", "BOOKLENS_API_BASE")}
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+    assert args[:3] == [sys.executable, "-m", "booklens"]
+    return run_command(args[3:], env=env)
 
 
 def contents(run_dir: Path, skip=("timings.json",)) -> dict[str, bytes]:

@@ -12,17 +12,27 @@ from pathlib import Path
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer
+from booklens.testing import FakeOpenAIServer, run_command
 
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
 
 
-def run_cli(args, tmp_path, env_extra=None, timeout=600):
-    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache"), **(env_extra or {})}
+def cli_env(tmp_path, **extra) -> dict[str, str]:
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache"), **extra}
     env.pop("BOOKLENS_LM", None)
+    return env
+
+
+def run_cli(args, tmp_path):
+    """`booklens ARGS` in this process (see booklens.testing.run_command), with its own cache."""
+    return run_command(args, env=cli_env(tmp_path))
+
+
+def run_script(args, tmp_path, timeout=600):
+    """`booklens ARGS` as the installed script, in a process of its own."""
     return subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+                          env=cli_env(tmp_path), timeout=timeout)
 
 
 def assert_one_line_error(proc, out: Path, pattern: str):
@@ -69,10 +79,8 @@ def test_unknown_lm(tmp_path):
 
 def test_missing_api_key(tmp_path):
     out = tmp_path / "out.json"
-    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
-    proc = subprocess.run([sys.executable, "-m", "booklens", "summarize", str(STORY), "--lm", "openai/gpt-4o-mini",
-                           "-o", str(out)], capture_output=True, text=True,
-                          env={**env, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}, timeout=120)
+    env = {k: v for k, v in cli_env(tmp_path).items() if k != "OPENAI_API_KEY"}
+    proc = run_command(["summarize", str(STORY), "--lm", "openai/gpt-4o-mini", "-o", str(out)], env=env)
     assert_one_line_error(proc, out, "OPENAI_API_KEY")
 
 
@@ -94,8 +102,7 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
         first_run = [json.dumps(b["messages"], sort_keys=True) for b in server.served]
         assert len(first_run) >= 3 and not out.exists()
         served_before = len(server.served)
-        rerun = subprocess.run([*args, "--api-base", server.url], env=env, capture_output=True, text=True,
-                               timeout=300)
+        rerun = run_command([*args[3:], "--api-base", server.url], env=env)
         assert rerun.returncode == 0, rerun.stderr
         second_run = [json.dumps(b["messages"], sort_keys=True) for b in server.served[served_before:]]
     assert second_run, "the rerun had calls left to make"
@@ -111,7 +118,7 @@ def test_summarize_sample_story_with_the_embedded_model(tmp_path, story_opening)
     # The story's opening (about 1,200 tokens) with small chunks, window and budgets, so the model
     # makes few short calls and still builds a real merge tree: four 384-token chunks, two level-1
     # groups and a level-2 merge.
-    proc = run_cli(["summarize", str(story_opening), "--chunk-size", "384", "--context-window", "1536",
+    proc = run_script(["summarize", str(story_opening), "--chunk-size", "384", "--context-window", "1536",
                     "--max-summary-tokens", "96", "--max-regenerations", "0", "-o", str(out)], tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())

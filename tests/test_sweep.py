@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer, PipelineResponder
+from booklens.testing import FakeOpenAIServer, PipelineResponder, run_command
 
 BOOKS = ("the_cask_of_amontillado", "poirot_investigates")
 SYSTEMS = ("hier", "inc", "released")
@@ -59,9 +59,12 @@ def sweep_args(server, manifest: Path, out: Path, cache: Path, *extra: str) -> l
             "--api-base", server.url, "--cache-dir", str(cache), *extra]
 
 
-def cli(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+def cli(args: list[str]) -> subprocess.CompletedProcess:
+    """The command of `args` (a `python -m booklens ...` line) in this process: the same output and exit
+    code as the script (booklens.testing.run_command); the kill test starts a real process."""
     env = {k: v for k, v in os.environ.items() if k not in ("BOOKLENS_LM", "BOOKLENS_API_BASE")}
-    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+    assert args[:3] == [sys.executable, "-m", "booklens"]
+    return run_command(args[3:], env=env)
 
 
 def run_main(args: list[str], capsys) -> subprocess.CompletedProcess:
