@@ -475,6 +475,9 @@ def run_command(args: list[Any], *, env: dict[str, str] | None = None) -> subpro
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)
-    if not isinstance(code, int):
-        code = 0 if code is None else 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): Python prints it and exits with 1
+        err.write(f"{code}\n")
+        code = 1
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())

@@ -20,11 +20,16 @@ SUMMARY = ("Mara keeps the lighthouse on Gull Rock with her father. One winter n
            "The lamp stays lit and a ship reaches the harbor.")
 
 
-def run_cli(args, tmp_path, timeout=600):
+def cli_env(tmp_path) -> dict[str, str]:
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("BOOKLENS_LM", None)
+    return env
+
+
+def run_cli(args, tmp_path, timeout=600):
+    """`booklens ARGS` as the installed script, in a process of its own."""
     return subprocess.run([sys.executable, "-m", "booklens", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+                          env=cli_env(tmp_path), timeout=timeout)
 
 
 def assert_one_line_error(proc, out: Path, pattern: str):
@@ -57,9 +62,7 @@ SENTENCE_ANN = {"lighthouse": {"One winter night Zed appears at the door.": {
 ], ids=["missing", "empty", "annot-wrong-shape", "book-only-in-annotations"])
 def test_bad_input_gives_one_line_error(tmp_path, setup, pattern):
     out = tmp_path / "out.json"
-    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("BOOKLENS_LM", None)
-    proc = run_command([*setup(tmp_path), "-o", out], env=env)
+    proc = run_command([*setup(tmp_path), "-o", out], env=cli_env(tmp_path))
     assert_one_line_error(proc, out, pattern)
 
 

@@ -155,3 +155,7 @@ def test_the_embedded_model_asks_for_no_more_threads_than_openmp_allows(monkeypa
     monkeypatch.delenv("OMP_THREAD_LIMIT")
     assert default_threads() == max(1, os.cpu_count() or 1)
     assert LocalBackend(n_threads=3).n_threads == 3
+    # prompts are evaluated with the same threads as tokens are generated (llama-cpp-python's own
+    # default for prompts is every core)
+    params = LocalBackend(n_threads=1)._model().context_params
+    assert (params.n_threads, params.n_threads_batch) == (1, 1)

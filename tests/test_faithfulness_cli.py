@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -35,22 +34,10 @@ def run_here(args, tmp_path):
 
 
 @pytest.fixture
-def cli(tmp_path, monkeypatch, capsys):
-    """Run the command in this process (fast; the same `main()` as the `booklens` script): for the
-    many bad-input cases. A few cases and the full run also go through a real subprocess."""
-    from booklens.cli import main
-
-    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("BOOKLENS_LM", raising=False)
-
-    def run(args, _tmp_path=None):
-        monkeypatch.setattr(sys, "argv", ["booklens", *args])
-        with pytest.raises(SystemExit) as exit_info:
-            main()
-        captured = capsys.readouterr()
-        return SimpleNamespace(returncode=exit_info.value.code, stderr=captured.err, stdout=captured.out)
-
-    return run
+def cli(tmp_path):
+    """Run the command in this process (run_here): for the many bad-input cases. A few cases and the
+    embedded run also go through a real subprocess."""
+    return lambda args, _tmp_path=None: run_here(args, tmp_path)
 
 
 def assert_one_line_error(proc, out: Path, pattern: str):

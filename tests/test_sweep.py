@@ -67,21 +67,6 @@ def cli(args: list[str]) -> subprocess.CompletedProcess:
     return run_command(args[3:], env=env)
 
 
-def run_main(args: list[str], capsys) -> subprocess.CompletedProcess:
-    """The `booklens` entry point in this process (no interpreter start-up): exit code, stdout, stderr."""
-    from booklens.cli import main
-
-    old = sys.argv
-    sys.argv = ["booklens", *args[args.index("booklens") + 1:]]
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            main()
-    finally:
-        sys.argv = old
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(args, exit_info.value.code, captured.out, captured.err)
-
-
 def read_json(path: Path):
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -177,19 +162,19 @@ def test_each_cell_is_a_run_directory_and_the_aggregate_is_computed_from_them(re
     assert stderr.count("judge: default few-shot") == 2
 
 
-def test_a_rerun_makes_no_lm_call_and_writes_the_same_figures(server, corpus, reference, capsys):
+def test_a_rerun_makes_no_lm_call_and_writes_the_same_figures(server, corpus, reference):
     out = reference["dir"]
     before = {name: (out / name).read_bytes() for name in ("results.json", "cells.jsonl", "report.html")}
     cell_files = {p: p.read_bytes() for p in (out / "cells").rglob("*") if p.is_file() and p.name != "timings.json"}
     start = len(server.served)
-    proc = run_main(sweep_args(server, corpus, out, reference["cache"], "--concurrency", "4"), capsys)
+    proc = cli(sweep_args(server, corpus, out, reference["cache"], "--concurrency", "4"))
     assert proc.returncode == 0, proc.stderr
     assert len(server.served) == start, "a rerun of a finished sweep made LM calls"
     assert {name: (out / name).read_bytes() for name in before} == before
     assert {p: p.read_bytes() for p in cell_files} == cell_files
 
 
-def test_a_cell_whose_configuration_changed_is_recomputed_and_only_it(server, corpus, reference, tmp_path, capsys):
+def test_a_cell_whose_configuration_changed_is_recomputed_and_only_it(server, corpus, reference, tmp_path):
     import shutil
 
     # A copy of the finished sweep whose released summary of one book is now different.
@@ -200,8 +185,7 @@ def test_a_cell_whose_configuration_changed_is_recomputed_and_only_it(server, co
     changed = dict(RELEASED, poirot_investigates="Poirot and Hastings solve a case. They find the jewel.")
     (tmp_path / "released.json").write_text(json.dumps(changed))
     start = len(server.served)
-    proc = run_main(sweep_args(server, manifest, tmp_path / "sweep", tmp_path / "cache", "--concurrency", "4"),
-                    capsys)
+    proc = cli(sweep_args(server, manifest, tmp_path / "sweep", tmp_path / "cache", "--concurrency", "4"))
     assert proc.returncode == 0, proc.stderr
     redone = read_json(tmp_path / "sweep" / "cells" / "released" / "poirot_investigates" / "run.json")
     assert len(server.served) - start == redone["totals"]["calls"] == 2 + 1 + 2  # its judge calls, all new
@@ -286,9 +270,9 @@ def broken_corpus(books_dir: Path, tmp_path: Path) -> Path:
     return manifest
 
 
-def test_an_unreadable_book_fails_its_own_cells_only(server, broken_corpus, tmp_path, capsys):
+def test_an_unreadable_book_fails_its_own_cells_only(server, broken_corpus, tmp_path):
     out = tmp_path / "sweep"
-    proc = run_main(sweep_args(server, broken_corpus, out, tmp_path / "cache", "--concurrency", "4"), capsys)
+    proc = cli(sweep_args(server, broken_corpus, out, tmp_path / "cache", "--concurrency", "4"))
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 2 of 4 cells failed") and "rerun to retry them" in last
@@ -308,21 +292,20 @@ def test_an_unreadable_book_fails_its_own_cells_only(server, broken_corpus, tmp_
     assert 'href="cells/hier/%3Cb%3E%26%22broken%22/report.html"' in page
 
 
-def test_fail_fast_starts_no_cell_after_the_first_failure(server, broken_corpus, tmp_path, capsys):
+def test_fail_fast_starts_no_cell_after_the_first_failure(server, broken_corpus, tmp_path):
     out = tmp_path / "sweep"
     start = len(server.served)
-    proc = run_main(sweep_args(server, broken_corpus, out, tmp_path / "cache", "--concurrency", "1", "--fail-fast"),
-                    capsys)
+    proc = cli(sweep_args(server, broken_corpus, out, tmp_path / "cache", "--concurrency", "1", "--fail-fast"))
     assert proc.returncode == 1 and "3 not run (--fail-fast)" in proc.stderr
     assert len(server.served) == start
     statuses = [json.loads(line)["status"] for line in (out / "cells.jsonl").read_text().splitlines()]
     assert sorted(statuses) == ["failed", "not run", "not run", "not run"]
 
 
-def test_dry_run_estimates_without_calling_or_writing(server, corpus, reference, tmp_path, capsys):
+def test_dry_run_estimates_without_calling_or_writing(server, corpus, reference, tmp_path):
     start = len(server.served)
     out = tmp_path / "new"
-    proc = run_main(sweep_args(server, corpus, out, tmp_path / "cache", "--dry-run"), capsys)
+    proc = cli(sweep_args(server, corpus, out, tmp_path / "cache", "--dry-run"))
     assert proc.returncode == 0, proc.stderr
     assert len(server.served) == start and not out.exists() and not (tmp_path / "cache").exists()
     lines = proc.stdout.splitlines()
