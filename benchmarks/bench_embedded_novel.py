@@ -1,13 +1,19 @@
 """A whole novel on the embedded model: hierarchical summary of Pride and Prejudice (chunk 2048,
 window 8192, G_n 900) with SmolLM2-135M in llama.cpp on this machine's cores.
 
-Two configurations:
+Three configurations:
 - before: the settings booklens had before this benchmark existed: llama.cpp without flash
   attention; calls taking turns on a plain lock (first come, first served); every level budgeted
   G_n = 900 tokens with 0.75 words per token; merges given the lower-level summary before them
   and run level by level; generation capped at 1.5 G + 64 tokens; regenerations with the same
   word limit.
-- after: booklens's defaults now.
+- previous: the first settings this benchmark measured (57.6 min): flash attention on, and
+  the embedded model's summaries capped at 1.5 G + 64 tokens and regenerated up to twice when
+  over budget or cut off, as for any model.
+- after: booklens's defaults now: llama.cpp without flash attention (it writes more slowly at
+  every length); calls sharing a prefix back to back; the paper's level budgets and word limits;
+  the embedded model's summaries capped at G + 64 tokens, an answer the cap cuts trimmed to whole
+  sentences instead of written again.
 
 `--profile N` runs the first N level-1 calls (with their regenerations) of each configuration
 and prints what llama.cpp did per call: prompt tokens, how many were reused from the previous
@@ -44,8 +50,11 @@ def configurations() -> dict[str, dict[str, Any]]:
             "backend": {"flash_attention": False},
             "scheduler": "fifo",
             "program": {"words_per_token": 0.75, "merge_context": "lower-level", "pipelined": False,
-                        "level_budgets": [900], "generation_slack": 1.5, "shrink_on_regeneration": False},
+                        "level_budgets": [900], "generation_slack": 1.5, "max_regenerations": 2,
+                        "shrink_on_regeneration": False},
         },
+        "previous": {"backend": {"flash_attention": True}, "scheduler": "prefix",
+                     "program": {"generation_slack": 1.5, "max_regenerations": 2}},
         "after": {"backend": {}, "scheduler": "prefix", "program": {}},
     }
 
@@ -67,11 +76,17 @@ def make_lm(config: dict[str, Any], concurrency: int):
     return BooklensLM(backend, cache=None), backend
 
 
-def make_program(config: dict[str, Any], concurrency: int):
-    from booklens.programs.summarizer import HierarchicalSummarizer
+def make_program(config: dict[str, Any], concurrency: int, lm):
+    """The summarizer; settings the configuration leaves out are booklens's for this model."""
+    import dspy
 
-    return HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=900,
-                                  concurrency=concurrency, **config["program"])
+    from booklens.programs.summarizer import HierarchicalSummarizer
+    from booklens.steps import summary_settings
+
+    with dspy.context(lm=lm):
+        settings = {"chunk_size": 2048, "context_window": 8192, "max_summary_tokens": 900,
+                    **summary_settings(), **config["program"]}
+    return HierarchicalSummarizer(concurrency=concurrency, **settings)
 
 
 def describe_backend(backend) -> str:
@@ -122,7 +137,7 @@ def profile(name: str, config: dict[str, Any], text: str, calls: int, concurrenc
     from booklens.text import chunk_text
 
     lm, backend = make_lm(config, concurrency)
-    program = make_program(config, concurrency)
+    program = make_program(config, concurrency, lm)
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         _, room_merge, _ = program.check_budgets()
         chunks = chunk_text(text, program.chunk_size)
@@ -154,7 +169,7 @@ def full(name: str, config: dict[str, Any], text: str, concurrency: int) -> dict
     from booklens.text import count_tokens
 
     lm, backend = make_lm(config, concurrency)
-    program = make_program(config, concurrency)
+    program = make_program(config, concurrency, lm)
     print(f"\n{name}: {describe_backend(backend)}; concurrency {concurrency}", flush=True)
     load_before = os.getloadavg()
     with dspy.context(lm=lm, adapter=BooklensAdapter()):

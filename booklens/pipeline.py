@@ -64,7 +64,7 @@ class SystemConfig(BaseModel):
     chunk_size: int = Field(default=2048, ge=16)
     context_window: Optional[int] = Field(default=None, ge=256)
     max_summary_tokens: int = Field(default=900, ge=16)
-    max_regenerations: int = Field(default=2, ge=0)
+    max_regenerations: Optional[int] = Field(default=None, ge=0)  # None: the model's (booklens.steps)
     merge_context: MergeContextName = DEFAULT_MERGE_CONTEXT
     words_per_token: float = Field(default=DEFAULT_WORDS_PER_TOKEN, ge=0.1, le=2.0)
     drop_matter: bool = False

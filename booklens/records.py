@@ -114,6 +114,11 @@ DEFAULT_WORDS_PER_TOKEN = 0.65
 MergeContextName = Literal["same-level", "lower-level", "none"]
 MERGE_CONTEXTS: tuple[str, ...] = get_args(MergeContextName)
 DEFAULT_MERGE_CONTEXT = "same-level"
+# How often a summary over its budget or cut off at the cap is written again, and how far past its
+# budget G a generation may run (cap: G x slack + 64 tokens), unless the model's backend asks for
+# its own (`summary_settings`: the embedded model does).
+DEFAULT_MAX_REGENERATIONS = 2
+DEFAULT_GENERATION_SLACK = 1.5
 
 
 class SummaryConfig(BaseModel):
@@ -122,7 +127,9 @@ class SummaryConfig(BaseModel):
     context_window: int
     max_summary_tokens: int
     level_budgets: list[int] = Field(default_factory=list)
-    max_regenerations: int = 2
+    max_regenerations: int = DEFAULT_MAX_REGENERATIONS
+    generation_slack: Optional[float] = Field(
+        default=None, description="generation cap per budget (None in files written before the setting: 1.5)")
     remove_artifacts: bool = False
     drop_matter: bool = False
     concurrency: int = 1

@@ -38,22 +38,36 @@ def _usage(tracker) -> dict[str, Any]:
 # Summarize
 
 
+def summary_settings(max_regenerations: Optional[int] = None) -> dict[str, Any]:
+    """Regeneration settings of a summarizer: `max_regenerations` when given, else what the configured
+    model's backend asks for (the embedded model: none), else the defaults (`booklens.records`)."""
+    import dspy
+
+    from booklens.records import DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
+
+    settings = {"max_regenerations": DEFAULT_MAX_REGENERATIONS, "generation_slack": DEFAULT_GENERATION_SLACK}
+    settings.update(getattr(dspy.settings.lm, "summary_settings", None) or {})
+    if max_regenerations is not None:
+        settings["max_regenerations"] = max_regenerations
+    return settings
+
+
 def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_window: Optional[int] = None,
                     max_summary_tokens: int = 900, level_budgets: Optional[list[int]] = None,
-                    max_regenerations: int = 2, remove_artifacts: bool = True, concurrency: int = 4,
+                    max_regenerations: Optional[int] = None, remove_artifacts: bool = True, concurrency: int = 4,
                     program_path: Optional[Path] = None, merge_context: Optional[str] = None,
                     words_per_token: Optional[float] = None):
     """The summarizer program `summarize_book` runs, compiled program loaded (a sweep's `--dry-run`
     plans its calls with the same object). `merge_context` and `words_per_token` default to the
-    paper's (see `programs.summarizer`)."""
+    paper's (see `programs.summarizer`); `max_regenerations` to the configured model's (`summary_settings`)."""
     from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, make_summarizer
 
     extra = {"merge_context": merge_context or DEFAULT_MERGE_CONTEXT} if method == "hier" else {}
     program = make_summarizer(method, chunk_size=chunk_size, context_window=context_window or 8192,
                               max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
-                              max_regenerations=max_regenerations, concurrency=concurrency,
-                              remove_artifacts=remove_artifacts,
-                              words_per_token=words_per_token or DEFAULT_WORDS_PER_TOKEN, **extra)
+                              concurrency=concurrency, remove_artifacts=remove_artifacts,
+                              words_per_token=words_per_token or DEFAULT_WORDS_PER_TOKEN,
+                              **summary_settings(max_regenerations), **extra)
     if program_path is not None:
         from booklens.optimizers.artifacts import load_program
 
@@ -63,7 +77,7 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_win
 
 def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2048,
                    context_window: Optional[int] = None, max_summary_tokens: int = 900,
-                   level_budgets: Optional[list[int]] = None, max_regenerations: int = 2,
+                   level_budgets: Optional[list[int]] = None, max_regenerations: Optional[int] = None,
                    remove_artifacts: bool = True, drop_matter: bool = False, concurrency: int = 4,
                    program_path: Optional[Path] = None, text: Optional[str] = None,
                    merge_context: Optional[str] = None, words_per_token: Optional[float] = None):
@@ -93,8 +107,8 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
         raise BooklensError(f"--context-window {window} is larger than the model's context window ({backend_window})")
     config = SummaryConfig(method=method, chunk_size=chunk_size, context_window=window,
                            max_summary_tokens=max_summary_tokens, level_budgets=level_budgets or [],
-                           max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
-                           drop_matter=drop_matter, concurrency=concurrency,
+                           max_regenerations=program.max_regenerations, generation_slack=program.generation_slack,
+                           remove_artifacts=remove_artifacts, drop_matter=drop_matter, concurrency=concurrency,
                            program=str(program_path) if program_path else None,
                            merge_context=merge_context if method == "hier" else None,
                            words_per_token=words_per_token)

@@ -27,6 +27,8 @@ import dspy
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, fresh_try, last_finish_reason, predict_with_retries
 from booklens.records import (  # noqa: F401 - the settings are part of this module's API
+    DEFAULT_GENERATION_SLACK,
+    DEFAULT_MAX_REGENERATIONS,
     DEFAULT_MERGE_CONTEXT,
     DEFAULT_WORDS_PER_TOKEN,
     MERGE_CONTEXTS,
@@ -45,14 +47,14 @@ from booklens.signatures.summarize import (
 # Share of the context window budgets may fill: room for tokenizer differences
 # between cl100k_base and the backend's tokenizer, and for chat-template tokens.
 BUDGET_MARGIN = 0.85
-# A summary may run this much over its budget in generation before it is judged over budget.
-GENERATION_SLACK = 1.5
 # Without given level budgets, each level below the top gets this share of the budget of the
 # level above (G_l = G_n * 0.65^(L - l)), as the published BooookScore code does.
 LEVEL_BUDGET_RATIO = 0.65
 # A regeneration asks for this much less per try (90%, then 80% of the word limit), as the
 # published code does, so a summary that ran long has a better chance to fit.
 REGENERATION_SHRINK = 0.1
+# Incremental updating lets the running summary grow to this share of G_n before compressing it.
+UPDATE_ALLOWANCE = 1.5
 
 
 def prompt_overhead(predictor: dspy.Predict, **empty_inputs: Any) -> int:
@@ -97,6 +99,20 @@ def trim_to_budget(text: str, budget: int) -> str:
     return text[:kept_end].strip()
 
 
+_SENTENCE_END = (".", "!", "?", ".\"", "!\"", "?\"", ".'", "!'", "?'", ".\u201d", "!\u201d", "?\u201d", ".)", "!)", "?)")
+
+
+def without_unfinished_sentence(text: str) -> str:
+    """`text` without a last sentence that has no closing punctuation (kept when it is the only one)."""
+    from booklens.text import sentence_spans
+
+    text = text.strip()
+    spans = sentence_spans(text)
+    if len(spans) < 2 or text.endswith(_SENTENCE_END):
+        return text
+    return text[:spans[-1][0]].strip()
+
+
 @dataclass
 class _Generated:
     text: str
@@ -117,12 +133,12 @@ class _BookSummarizer(dspy.Module):
         context_window: int = 8192,
         max_summary_tokens: int = 900,
         level_budgets: list[int] | None = None,
-        max_regenerations: int = 2,
+        max_regenerations: int = DEFAULT_MAX_REGENERATIONS,
         concurrency: int = 1,
         remove_artifacts: bool = False,
         temperature: float = 0.5,
         words_per_token: float = DEFAULT_WORDS_PER_TOKEN,
-        generation_slack: float = GENERATION_SLACK,
+        generation_slack: float = DEFAULT_GENERATION_SLACK,
         shrink_on_regeneration: bool = True,
     ):
         super().__init__()
@@ -200,6 +216,12 @@ class _BookSummarizer(dspy.Module):
         if best is None:
             raise BooklensError(f"the model gave no usable summary for {where} after "
                                 f"{self.max_regenerations + 1} tries; rerun to resume from the cache")
+        if best.cut_off and trim:
+            # The cap stopped the answer mid-sentence: a dangling half sentence would read as confusing.
+            text = without_unfinished_sentence(best.text)
+            if text != best.text:
+                tokens = count_tokens(text)
+                best = _Generated(text, tokens, best.attempts, tokens > budget, True, True)
         if best.over_budget and trim:
             # Keep whole sentences up to the budget rather than fail the whole book.
             text = trim_to_budget(best.text, budget)
@@ -570,7 +592,7 @@ class IncrementalSummarizer(_BookSummarizer):
     def check_budgets(self) -> None:
         g = self.max_summary_tokens
         overhead = prompt_overhead(self.update, running_summary="", excerpt="", word_limit=0)
-        need = self.chunk_size + g + int(g * GENERATION_SLACK) + overhead
+        need = self.chunk_size + g + int(g * UPDATE_ALLOWANCE) + overhead
         if need > self.usable_window:
             raise BooklensError(
                 f"incremental updating needs {need} tokens per call (chunk {self.chunk_size} + running summary "
@@ -579,8 +601,8 @@ class IncrementalSummarizer(_BookSummarizer):
             )
         # An update over its budget is compressed whole, so the compression prompt must hold the
         # longest update the token cap allows.
-        longest_update = int(int(g * GENERATION_SLACK) * GENERATION_SLACK) + 64
-        compress_need = longest_update + int(g * GENERATION_SLACK) + 64 + prompt_overhead(
+        longest_update = int(int(g * UPDATE_ALLOWANCE) * self.generation_slack) + 64
+        compress_need = longest_update + int(g * self.generation_slack) + 64 + prompt_overhead(
             self.compress, summary="", current_words=0, word_limit=0)
         if compress_need > self.usable_window:
             raise BooklensError(
@@ -607,11 +629,11 @@ class IncrementalSummarizer(_BookSummarizer):
             # The update may run over G_n (up to 1.5 G_n); compression brings it back. An update that
             # is longer still is kept whole, never trimmed: its end tells the newest chunk, and
             # compression condenses all of it.
-            out = self._generate(self.update, "summary", int(g * GENERATION_SLACK), where=f"update {i}",
+            out = self._generate(self.update, "summary", int(g * UPDATE_ALLOWANCE), where=f"update {i}",
                                  trim=False, running_summary=current.text, excerpt=chunk.text.strip(),
                                  word_limit=words)
             updated = SummaryNode(id=f"u{i}", level=i + 1, kind="update", text=out.text, tokens=out.tokens,
-                                  budget=int(g * GENERATION_SLACK), children=[current.id, f"c{i}"],
+                                  budget=int(g * UPDATE_ALLOWANCE), children=[current.id, f"c{i}"],
                                   chunks=list(range(i + 1)), attempts=out.attempts, over_budget=out.over_budget,
                                   cut_off=out.cut_off)
             nodes.append(updated)

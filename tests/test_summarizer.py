@@ -191,3 +191,55 @@ def test_artifact_removal_pass_cleans_the_final_summary():
         result = program(book=book)
     assert result.summary == "Mara finds the lamp dark."
     assert result.nodes[-1].kind == "clean"
+
+
+def _cut_off_at_the_cap(lm: ScriptedLM) -> None:
+    """Make every answer of `lm` come back as the token cap cut it."""
+    from booklens.lm import Completion
+
+    complete = lm.backend.complete
+
+    def cut_off(request):
+        done = complete(request)
+        return Completion(text=done.text, finish_reason="length", prompt_tokens=done.prompt_tokens,
+                          completion_tokens=done.completion_tokens)
+
+    lm.backend.complete = cut_off
+
+
+def test_an_answer_the_cap_cut_loses_its_unfinished_sentence_instead_of_being_regenerated():
+    book = synthetic_book(3_000)
+    lm = ScriptedLM(lambda call: {"summary": "Mara finds the lamp dark. She rows to the island. She climbs the"})
+    _cut_off_at_the_cap(lm)
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=0, generation_slack=1.0)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    (node,) = result.nodes
+    assert len(lm.backend.calls) == 1
+    assert lm.backend.calls[0].request["max_tokens"] == 200 + 64  # the budget and room for the JSON around it
+    assert node.text == "Mara finds the lamp dark. She rows to the island."
+    assert node.cut_off and node.truncated and not node.over_budget
+
+
+def test_a_finished_answer_and_a_lone_fragment_are_kept_whole():
+    from booklens.programs.summarizer import without_unfinished_sentence
+
+    assert without_unfinished_sentence("She rows. She climbs the hill.") == "She rows. She climbs the hill."
+    assert without_unfinished_sentence('She rows. "Stop!"') == 'She rows. "Stop!"'
+    assert without_unfinished_sentence("She climbs the") == "She climbs the"
+
+
+def test_the_embedded_model_asks_for_a_tight_cap_and_no_regenerations():
+    from booklens.lm import BooklensLM, LocalBackend
+    from booklens.records import DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
+    from booklens.steps import book_summarizer, summary_settings
+
+    with dspy.context(lm=BooklensLM(LocalBackend(), cache=None)):  # the model file is not loaded
+        assert summary_settings() == {"max_regenerations": 0, "generation_slack": 1.0}
+        assert summary_settings(3)["max_regenerations"] == 3
+        program = book_summarizer(method="hier")
+        assert (program.max_regenerations, program.generation_slack) == (0, 1.0)
+    with dspy.context(lm=ScriptedLM(lambda call: {"summary": "x"})):
+        assert summary_settings() == {"max_regenerations": DEFAULT_MAX_REGENERATIONS,
+                                      "generation_slack": DEFAULT_GENERATION_SLACK}

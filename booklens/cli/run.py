@@ -71,8 +71,10 @@ def run_command(
         "--context-window", min=256, help="W: tokens the model reads at once (default 8192).")] = None,
     max_summary_tokens: Annotated[int, typer.Option("--max-summary-tokens", min=16,
                                                     help="G_n: tokens of a summary.")] = 900,
-    max_regenerations: Annotated[int, typer.Option("--max-regenerations", min=0,
-                                                   help="Retries for a summary over budget or cut off.")] = 2,
+    max_regenerations: Annotated[Optional[int], typer.Option(
+        "--max-regenerations", min=0,
+        help="Retries for a summary over budget or cut off (default 2; 0 on the embedded model, whose "
+             "answers the cap cuts are trimmed to whole sentences instead).")] = None,
     remove_artifacts: Annotated[bool, typer.Option(
         "--remove-artifacts/--keep-artifacts",
         help="A last pass removing 'in this segment'-style phrases (the paper's post-processing).")] = True,

@@ -55,8 +55,10 @@ def summarize(
         "--words-per-token", min=0.1, max=2.0,
         help=f"Words a prompt asks for per token of budget (the published code's {DEFAULT_WORDS_PER_TOKEN}).")]
     = DEFAULT_WORDS_PER_TOKEN,
-    max_regenerations: Annotated[int, typer.Option("--max-regenerations", min=0,
-                                                   help="Retries for a summary over budget or cut off.")] = 2,
+    max_regenerations: Annotated[Optional[int], typer.Option(
+        "--max-regenerations", min=0,
+        help="Retries for a summary over budget or cut off (default 2; 0 on the embedded model, whose "
+             "answers the cap cuts are trimmed to whole sentences instead).")] = None,
     remove_artifacts: Annotated[bool, typer.Option(
         "--remove-artifacts/--keep-artifacts",
         help="A last pass removing 'in this segment'-style phrases (the paper's post-processing).")] = True,

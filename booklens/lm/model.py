@@ -60,6 +60,11 @@ class BooklensLM(dspy.BaseLM):
     def context_window(self) -> int | None:
         return getattr(self.backend, "context_window", None)
 
+    @property
+    def summary_settings(self) -> dict[str, Any]:
+        """Summarizer settings the backend's model needs instead of the defaults (most need none)."""
+        return dict(getattr(self.backend, "summary_settings", None) or {})
+
     def __deepcopy__(self, memo):
         # Optimizers copy programs and LMs; the backend, cache and counters are shared resources.
         clone = BooklensLM.__new__(BooklensLM)
