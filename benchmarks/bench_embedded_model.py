@@ -27,11 +27,11 @@ NOVEL = REPO.parent / "shared" / "data" / "books" / "pride_and_prejudice.txt"
 
 CONFIGS = {
     "booklens": {},
-    "no flash attention (before)": {"flash_attn": False, "n_batch": 512, "n_ubatch": 512},
-    "flash, batch 256": {"flash_attn": True, "n_batch": 256, "n_ubatch": 256},
-    "flash, batch 1024": {"flash_attn": True, "n_batch": 1024, "n_ubatch": 1024},
-    "flash, q8_0 KV cache": {"flash_attn": True, "type_k": 8, "type_v": 8},
-    "flash, 1 thread generating": {"flash_attn": True, "n_threads": 1},
+    "flash attention": {"flash_attn": True},
+    "batch 256": {"n_batch": 256, "n_ubatch": 256},
+    "batch 1024": {"n_batch": 1024, "n_ubatch": 1024},
+    "flash, q8_0 KV cache": {"flash_attn": True, "type_k": 8, "type_v": 8},  # a quantized V cache needs flash
+    "1 thread generating": {"n_threads": 1},
 }
 
 
