@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import contextvars
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
@@ -229,6 +231,9 @@ class _Runner:
         self.steps: dict[str, Any] = {}
         self.failures: dict[str, str] = {}
         self.timings: dict[str, Any] = self._previous_timings()
+        # Steps that do not need each other run at once (coherence beside claims and verification);
+        # their bookkeeping and files take turns.
+        self._lock = threading.RLock()
 
     def _previous_timings(self) -> dict[str, Any]:
         from booklens.reports import TIMINGS_FILE
@@ -245,31 +250,31 @@ class _Runner:
         and saved atomically (then run.json and timings.json are brought up to date). None when the step,
         or a step it needs, failed (the reason is in `failures`)."""
         from booklens import __version__
-        from booklens.lm.usage import usage_scope, work_between
-        from booklens.records import RunStep, save_json
+        from booklens.lm.usage import usage_scope
         from booklens.reports import STEP_FILES
 
-        needed = NEEDS[name]
-        if needed is not None and needed not in self.steps:
-            self.failures[name] = f"needs {needed}"
-            self.notify(f"{name}: not run (needs {needed})")
-            return None
-        path = self.output / STEP_FILES[name]
-        inputs_sha = digest({"step": name, "booklens": __version__, **inputs})
-        prev = self.previous.steps.get(name) if self.previous is not None else None
-        if prev is not None and prev.inputs_sha256 == inputs_sha and path.is_file():
-            try:
-                intact = sha256_file(path) == prev.sha256
-                record = load() if intact else None
-            except (OSError, BooklensError):
-                record = None
-            if record is not None:
-                self.steps[name] = prev
-                entry = dict(self.timings.get(name) or {})
-                entry.update({"reused": True, "fresh_calls": 0, "cached_calls": 0})
-                self.timings[name] = entry
-                self.notify(f"{name}: reused {path.name} (inputs unchanged)")
-                return record
+        with self._lock:
+            needed = NEEDS[name]
+            if needed is not None and needed not in self.steps:
+                self.failures[name] = f"needs {needed}"
+                self.notify(f"{name}: not run (needs {needed})")
+                return None
+            path = self.output / STEP_FILES[name]
+            inputs_sha = digest({"step": name, "booklens": __version__, **inputs})
+            prev = self.previous.steps.get(name) if self.previous is not None else None
+            if prev is not None and prev.inputs_sha256 == inputs_sha and path.is_file():
+                try:
+                    intact = sha256_file(path) == prev.sha256
+                    record = load() if intact else None
+                except (OSError, BooklensError):
+                    record = None
+                if record is not None:
+                    self.steps[name] = prev
+                    entry = dict(self.timings.get(name) or {})
+                    entry.update({"reused": True, "fresh_calls": 0, "cached_calls": 0})
+                    self.timings[name] = entry
+                    self.notify(f"{name}: reused {path.name} (inputs unchanged)")
+                    return record
         started = time.perf_counter()
         with usage_scope() as tracker:
             try:
@@ -282,14 +287,24 @@ class _Runner:
                 reason = _first_line(exc)
                 if not isinstance(exc, BooklensError):
                     reason = f"internal error: {type(exc).__name__}: {reason}"
-                self.failures[name] = reason
-                self.timings[name] = {"reused": False, "failed": True,
-                                      "seconds": round(time.perf_counter() - started, 3),
-                                      "fresh_calls": tracker.total.calls, "cached_calls": tracker.total.cached_calls}
-                self.save_progress()
-                self.notify(f"{name}: failed: {reason}")
+                with self._lock:
+                    self.failures[name] = reason
+                    self.timings[name] = {"reused": False, "failed": True,
+                                          "seconds": round(time.perf_counter() - started, 3),
+                                          "fresh_calls": tracker.total.calls,
+                                          "cached_calls": tracker.total.cached_calls}
+                    self.save_progress()
+                    self.notify(f"{name}: failed: {reason}")
                 return None
-        seconds = time.perf_counter() - started
+        with self._lock:
+            return self._finish_step(name, path, inputs_sha, record, tracker, time.perf_counter() - started,
+                                     normalize)
+
+    def _finish_step(self, name: str, path: Path, inputs_sha: str, record: Any, tracker: Any, seconds: float,
+                     normalize: bool):
+        from booklens.lm.usage import work_between
+        from booklens.records import RunStep, save_json
+
         usage = tracker.snapshot()
         zero = {"calls": 0, "cached_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
         work = work_between(zero, usage)
@@ -536,8 +551,9 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         path = judge.programs.get(task)
         return sha256_file(path) if path is not None else None
 
-    # 2. coherence
+    # 2. coherence, beside 3. and 4.: it needs only the summary
     coherence = None
+    coherence_step = _Background()
     if "coherence" in wanted:
         from booklens.steps import score_summaries
 
@@ -549,8 +565,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
         coherence_inputs = {**judge_model, "summary": summary_sha, "book_sha256": book_sha,
                             "batch_size": judge.batch_size, "program": program_sha("coherence")}
-        coherence = runner.run_step("coherence", coherence_inputs, with_lm(judge_lm, score),
-                                    lambda: read_step_record(output, "coherence"))
+        coherence_step.start(lambda: runner.run_step("coherence", coherence_inputs, with_lm(judge_lm, score),
+                                                     lambda: read_step_record(output, "coherence")))
 
     # 3. claims, 4. verification
     claims = faithfulness = None
@@ -581,6 +597,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                          "max_claims": judge.max_claims, "program": program_sha("verification")}
         faithfulness = runner.run_step("faithfulness", verify_inputs, with_lm(judge_lm, verify),
                                        lambda: read_step_record(output, "faithfulness"))
+    coherence = coherence_step.result()
 
     run = runner.record(scores=run_scores(summary_text, coherence, faithfulness))
     data = RunData(path=output, run=run, summary=summary, coherence=coherence, claims=claims,
@@ -589,6 +606,38 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     runner.save_progress(run=run)
     runner.save_timings(total_seconds=time.perf_counter() - started)
     return run
+
+
+class _Background:
+    """One step on a thread of its own (with this thread's context: LM, usage scopes, call rank);
+    `result` waits for it and raises what it raised."""
+
+    def __init__(self):
+        self._thread: Optional[threading.Thread] = None
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+
+    def start(self, fn: Callable[[], Any]) -> None:
+        context = contextvars.copy_context()
+
+        def target() -> None:
+            try:
+                self._value = context.run(fn)
+            except BaseException as exc:  # handed to the caller of `result`
+                self._error = exc
+
+        # A daemon: an interrupted run exits at once (its finished LM calls are in the cache).
+        self._thread = threading.Thread(target=target, name="booklens-step", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        if self._thread is None:
+            return None
+        while self._thread.is_alive():
+            self._thread.join(0.2)  # short joins keep Ctrl-C responsive
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def run_scores(summary_text: Optional[str], coherence, faithfulness) -> dict[str, Any]:

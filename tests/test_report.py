@@ -166,6 +166,30 @@ STORY_SUMMARY = ("Maren Holt, a bookbinder, rebinds the ledger of Tobias Wren, t
                  "A garbled sentence nobody can judge. The town learns the truth.")
 
 
+def test_coherence_is_judged_beside_claims_and_verification(tmp_path):
+    """Coherence needs only the summary: its calls are in flight while the claims are split."""
+    import threading
+
+    lm = scripted(STORY_SUMMARY)
+    respond = lm.backend.responder
+    claims_asked = threading.Event()
+    saw_claims_in_flight: list[bool] = []
+
+    def respond_in_order(call):
+        if call.wants("claims"):
+            claims_asked.set()
+        elif call.wants("verdict"):
+            # One after the other, this would wait for a claims call that comes only afterwards.
+            saw_claims_in_flight.append(claims_asked.wait(timeout=30))
+        return respond(call)
+
+    lm.backend.responder = respond_in_order
+    output = execute(tmp_path, lm)
+    run = json.loads((output / "run.json").read_text())
+    assert run["complete"] and list(run["steps"]) == ["summary", "coherence", "claims", "faithfulness"]
+    assert saw_claims_in_flight and all(saw_claims_in_flight)
+
+
 @pytest.fixture(scope="module")
 def hier_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hier")
