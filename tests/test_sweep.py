@@ -348,3 +348,47 @@ def test_the_ray_engine_gives_the_local_figures_with_as_many_calls(server, corpu
         for book in BOOKS:
             assert (out / "cells" / system / book / "summary.json").read_bytes() == \
                 (reference["dir"] / "cells" / system / book / "summary.json").read_bytes()
+
+
+def test_ray_workers_share_the_sweeps_call_slots(local_ray, tmp_path):
+    """--concurrency bounds the calls in flight of the whole cluster, and a worker may use the
+    slots another worker leaves free: the big book's cell gets more than half of them."""
+    import threading
+
+    from booklens.sweep.run import run_sweep
+
+    marker = "Zanzibar"
+    (tmp_path / "big.txt").write_text(
+        "".join(f"On day {i} the {marker} keeper climbed the tower and wrote about ship {i % 31}. "
+                for i in range(400)), encoding="utf-8")
+    (tmp_path / "tiny.txt").write_text("Mara lit the lamp. The ship came home.", encoding="utf-8")
+    (tmp_path / "sweep.yaml").write_text(
+        "books: [big.txt, tiny.txt]\n"
+        "systems: [{name: hier, method: hier, chunk_size: 256, context_window: 1024, max_summary_tokens: 64}]\n"
+        "judge: {steps: [coherence]}\n", encoding="utf-8")
+    answer = PipelineResponder()
+    lock = threading.Lock()
+    big = {"in_flight": 0, "most": 0, "calls": 0}
+
+    def respond(body):
+        mine = marker in json.dumps(body["messages"])
+        with lock:
+            if mine:
+                big["in_flight"] += 1
+                big["calls"] += 1
+                big["most"] = max(big["most"], big["in_flight"])
+        try:
+            time.sleep(0.3)
+            return answer(body)
+        finally:
+            with lock:
+                if mine:
+                    big["in_flight"] -= 1
+
+    with FakeOpenAIServer(responder=respond) as srv:
+        outcome = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", engine="ray", lm="openai/fake-model",
+                            api_base=srv.url, concurrency=4, cache_dir=tmp_path / "cache", progress_interval=60)
+        assert [o.status for o in outcome.outcomes] == ["complete", "complete"]
+        assert srv.max_in_flight <= 4
+    assert big["calls"] >= 12
+    assert big["most"] > 2, "a fixed share would give each of the two workers 2 slots"

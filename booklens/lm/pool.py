@@ -22,7 +22,8 @@ from booklens.lm.usage import UsageTracker
 class LMPool:
     def __init__(self, default_lm: str | None = None, api_base: str | None = None, *,
                  cache_dir: Path | str | None = None, concurrency: int = 4, use_cache: bool = True,
-                 structured: str | None = None, rpm: int | None = None, tpm: int | None = None):
+                 structured: str | None = None, rpm: int | None = None, tpm: int | None = None,
+                 call_limit: Any = None):
         from booklens.lm.model import resolve_lm_name
 
         self.default_lm = resolve_lm_name(default_lm)
@@ -31,7 +32,9 @@ class LMPool:
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.cache = CallCache(self.cache_dir / "calls.sqlite") if use_cache else None
         self.usage = UsageTracker()
-        self.call_limit = threading.BoundedSemaphore(self.concurrency)
+        # A given `call_limit` (a context manager around each backend call) replaces the pool's own
+        # semaphore: a Ray worker's pool takes its slots from the whole sweep's (`sweep.engines`).
+        self.call_limit = call_limit if call_limit is not None else threading.BoundedSemaphore(self.concurrency)
         self._lms: dict[tuple[str, str | None], Any] = {}
         # Backend options of every LM the pool makes (`make_lm`): each LM gets its own rate limiter,
         # shared by all the threads that use it.

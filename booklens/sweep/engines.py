@@ -9,8 +9,10 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
   queues behind the one pool, so `--concurrency` bounds the calls in flight of the whole sweep.
 - `ray`: a dataset with one row (one block) per cell, `map_batches` with `CellWorker`, a callable
   class Ray keeps alive per worker: it sets up DSPy and its `LMPool` once (so the embedded model
-  loads once per worker) and runs several cells at once on threads. `--concurrency` is split
-  over the workers. Workers write each cell's run directory themselves, so the sweep directory
+  loads once per worker) and runs several cells at once on threads. `--concurrency` bounds the
+  calls in flight of the whole cluster: a `CallSlots` actor holds the slots and every call of
+  every worker takes one, so a worker whose cells are done leaves its share to the others
+  (`--rpm`/`--tpm` are split over the workers). Workers write each cell's run directory themselves, so the sweep directory
   (and the cache) must be on a path every node sees; the cell's run record comes back to the
   driver in the dataset's rows, and the driver writes the aggregate.
 """
@@ -71,12 +73,15 @@ class PoolSettings:
     structured: Optional[str] = None  # --structured, --rpm, --tpm (rpm/tpm are split over Ray workers)
     rpm: Optional[int] = None
     tpm: Optional[int] = None
+    # The named Ray actor that holds the sweep's call slots (`CallSlots`); None: the pool's own limit.
+    slots_actor: Optional[str] = None
 
     def make_pool(self):
         from booklens.lm.pool import LMPool
 
+        call_limit = SharedSlots(self.slots_actor) if self.slots_actor else None
         return LMPool(self.lm, self.api_base, cache_dir=self.cache_dir, concurrency=self.concurrency,
-                      structured=self.structured, rpm=self.rpm, tpm=self.tpm)
+                      structured=self.structured, rpm=self.rpm, tpm=self.tpm, call_limit=call_limit)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -223,6 +228,47 @@ class CellWorker:
         return {"outcome": outcomes}
 
 
+def _call_slots_class():
+    import ray
+
+    @ray.remote(num_cpus=0, max_concurrency=10_000)  # waiting acquires are cheap coroutines
+    class CallSlots:
+        """The sweep's `--concurrency` slots for LM calls, shared by every worker of the cluster."""
+
+        def __init__(self, slots: int):
+            import asyncio
+
+            self.slots = asyncio.Semaphore(slots)
+
+        async def acquire(self) -> None:
+            await self.slots.acquire()
+
+        async def release(self) -> None:
+            self.slots.release()
+
+    return CallSlots
+
+
+class SharedSlots:
+    """A worker's call limit: each LM call holds one of the `CallSlots` actor's slots."""
+
+    def __init__(self, actor_name: str):
+        import ray
+
+        self.actor = ray.get_actor(actor_name)
+
+    def __enter__(self) -> "SharedSlots":
+        import ray
+
+        ray.get(self.actor.acquire.remote())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import ray
+
+        ray.get(self.actor.release.remote())
+
+
 def _usage_board_class():
     import ray
 
@@ -260,6 +306,7 @@ class RayEngine:
         self.log_path = log_path
         self.board = None
         self.board_name: Optional[str] = None
+        self.slots = None
         self._started_ray = False
         self._last_usage: dict[str, Any] = {}
 
@@ -312,13 +359,16 @@ class RayEngine:
         if not tasks:
             return []
         workers = self.workers(len(tasks))
-        per_worker = max(1, math.ceil(self.settings.concurrency / workers))
+
         def share(limit: Optional[int]) -> Optional[int]:
             return None if limit is None else max(1, limit // workers)
 
-        settings = replace(self.settings, concurrency=per_worker, rpm=share(self.settings.rpm),
-                           tpm=share(self.settings.tpm))
-        cells_at_once = max(1, min(per_worker, math.ceil(len(tasks) / workers)))
+        slots_name = f"booklens-sweep-slots-{os.getpid()}-{id(self)}"
+        with self._quiet():
+            self.slots = _call_slots_class().options(name=slots_name).remote(self.settings.concurrency)
+        settings = replace(self.settings, rpm=share(self.settings.rpm), tpm=share(self.settings.tpm),
+                           slots_actor=slots_name)
+        cells_at_once = max(1, min(self.settings.concurrency, math.ceil(len(tasks) / workers)))
         rows = [{"task": t.to_json(), "settings": json.dumps(asdict(settings)), "board": self.board_name or ""}
                 for t in tasks]
         outcomes: dict[tuple[str, str], CellOutcome] = {}
@@ -349,12 +399,13 @@ class RayEngine:
         import ray
 
         with self._quiet():
-            if self.board is not None:
-                try:
-                    ray.kill(self.board)
-                except Exception:
-                    pass
-                self.board = None
+            for actor in (self.board, self.slots):
+                if actor is not None:
+                    try:
+                        ray.kill(actor)
+                    except Exception:
+                        pass
+            self.board = self.slots = None
             if self._started_ray:
                 ray.shutdown()
                 self._started_ray = False
