@@ -12,9 +12,10 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
   loads once per worker) and runs several cells at once on threads. `--concurrency` bounds the
   calls in flight of the whole cluster: a `CallSlots` actor holds the slots and every call of
   every worker takes one, so a worker whose cells are done leaves its share to the others
-  (`--rpm`/`--tpm` are split over the workers). Workers write each cell's run directory themselves, so the sweep directory
-  (and the cache) must be on a path every node sees; the cell's run record comes back to the
-  driver in the dataset's rows, and the driver writes the aggregate.
+  (`--rpm`/`--tpm` are split over the workers). Workers write each cell's run directory
+  themselves, so the sweep directory (and the cache) must be on a path every node sees; the
+  cell's run record comes back to the driver in the dataset's rows, and the driver writes the
+  aggregate.
 """
 
 from __future__ import annotations
