@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import contextvars
 import os
 import threading
 import time
@@ -551,10 +550,10 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         path = judge.programs.get(task)
         return sha256_file(path) if path is not None else None
 
-    # 2. coherence, beside 3. and 4.: it needs only the summary
-    coherence = None
-    coherence_step = _Background()
-    if "coherence" in wanted:
+    # 2. coherence
+    def judge_coherence():
+        if "coherence" not in wanted:
+            return None
         from booklens.steps import score_summaries
 
         def score():
@@ -565,12 +564,13 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
         coherence_inputs = {**judge_model, "summary": summary_sha, "book_sha256": book_sha,
                             "batch_size": judge.batch_size, "program": program_sha("coherence")}
-        coherence_step.start(lambda: runner.run_step("coherence", coherence_inputs, with_lm(judge_lm, score),
-                                                     lambda: read_step_record(output, "coherence")))
+        return runner.run_step("coherence", coherence_inputs, with_lm(judge_lm, score),
+                               lambda: read_step_record(output, "coherence"))
 
     # 3. claims, 4. verification
-    claims = faithfulness = None
-    if "claims" in wanted:
+    def judge_faithfulness():
+        if "claims" not in wanted:
+            return None, None
         from booklens.steps import decompose_summary, verify_claims
 
         def decompose():
@@ -597,7 +597,13 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                          "max_claims": judge.max_claims, "program": program_sha("verification")}
         faithfulness = runner.run_step("faithfulness", verify_inputs, with_lm(judge_lm, verify),
                                        lambda: read_step_record(output, "faithfulness"))
-    coherence = coherence_step.result()
+        return claims, faithfulness
+
+    # Coherence needs only the summary: it is judged while the claims are split and verified.
+    from booklens.parallel import parallel_map
+
+    coherence, (claims, faithfulness) = parallel_map(lambda judge_step: judge_step(),
+                                                     [judge_coherence, judge_faithfulness], concurrency=2)
 
     run = runner.record(scores=run_scores(summary_text, coherence, faithfulness))
     data = RunData(path=output, run=run, summary=summary, coherence=coherence, claims=claims,
@@ -606,38 +612,6 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     runner.save_progress(run=run)
     runner.save_timings(total_seconds=time.perf_counter() - started)
     return run
-
-
-class _Background:
-    """One step on a thread of its own (with this thread's context: LM, usage scopes, call rank);
-    `result` waits for it and raises what it raised."""
-
-    def __init__(self):
-        self._thread: Optional[threading.Thread] = None
-        self._value: Any = None
-        self._error: Optional[BaseException] = None
-
-    def start(self, fn: Callable[[], Any]) -> None:
-        context = contextvars.copy_context()
-
-        def target() -> None:
-            try:
-                self._value = context.run(fn)
-            except BaseException as exc:  # handed to the caller of `result`
-                self._error = exc
-
-        # A daemon: an interrupted run exits at once (its finished LM calls are in the cache).
-        self._thread = threading.Thread(target=target, name="booklens-step", daemon=True)
-        self._thread.start()
-
-    def result(self) -> Any:
-        if self._thread is None:
-            return None
-        while self._thread.is_alive():
-            self._thread.join(0.2)  # short joins keep Ctrl-C responsive
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def run_scores(summary_text: Optional[str], coherence, faithfulness) -> dict[str, Any]:

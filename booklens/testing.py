@@ -59,6 +59,8 @@ class ScriptedBackend:
         self.context_window = context_window
         self.calls: list[ScriptedCall] = []
         self.latency = latency
+        # How every answer ends: "length" makes each come back as if the token cap had cut it.
+        self.finish_reason = "stop"
         self._lock = threading.Lock()
 
     def complete(self, request: dict[str, Any]) -> Completion:
@@ -74,7 +76,8 @@ class ScriptedBackend:
             answer = str(answer.get(request["plain_output"], ""))  # plain-text answers carry no JSON
         text = answer if isinstance(answer, str) else json.dumps(answer)
         prompt_tokens = sum(len(m["content"]) for m in request["messages"]) // 4
-        return Completion(text=text, prompt_tokens=prompt_tokens, completion_tokens=len(text) // 4)
+        return Completion(text=text, finish_reason=self.finish_reason, prompt_tokens=prompt_tokens,
+                          completion_tokens=len(text) // 4)
 
 
 def ScriptedLM(

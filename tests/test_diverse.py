@@ -375,20 +375,11 @@ def test_verbosity_single_arithmetic():
 
 
 def test_a_summary_cut_off_at_the_token_limit_is_kept_and_flagged(event):
-    from booklens.lm import Completion
-
     lm = scripted(lambda call: {"summary": "Sources disagree on the cause and the"}, window=16384)
-    complete = lm.backend.complete
-
-    def cut_off(request):
-        done = complete(request)
-        return Completion(text=done.text, finish_reason="length", prompt_tokens=done.prompt_tokens,
-                          completion_tokens=done.completion_tokens)
-
-    lm.backend.complete = cut_off
+    lm.backend.finish_reason = "length"
     pred = DiverseSummarizer("direct")(articles=article_texts(event))
     assert pred.summary == "Sources disagree on the cause and the" and pred.cut_off is True
-    lm.backend.complete = complete
+    lm.backend.finish_reason = "stop"
     assert DiverseSummarizer("direct")(articles=article_texts(event)[:3]).cut_off is False
 
 

@@ -193,24 +193,10 @@ def test_artifact_removal_pass_cleans_the_final_summary():
     assert result.nodes[-1].kind == "clean"
 
 
-def _cut_off_at_the_cap(lm: ScriptedLM) -> None:
-    """Make every answer of `lm` come back as the token cap cut it."""
-    from booklens.lm import Completion
-
-    complete = lm.backend.complete
-
-    def cut_off(request):
-        done = complete(request)
-        return Completion(text=done.text, finish_reason="length", prompt_tokens=done.prompt_tokens,
-                          completion_tokens=done.completion_tokens)
-
-    lm.backend.complete = cut_off
-
-
 def test_an_answer_the_cap_cut_loses_its_unfinished_sentence_instead_of_being_regenerated():
     book = synthetic_book(3_000)
     lm = ScriptedLM(lambda call: {"summary": "Mara finds the lamp dark. She rows to the island. She climbs the"})
-    _cut_off_at_the_cap(lm)
+    lm.backend.finish_reason = "length"
     program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
                                      max_regenerations=0, generation_slack=1.0)
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
