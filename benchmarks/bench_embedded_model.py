@@ -1,6 +1,7 @@
-"""Throughput of the embedded model (SmolLM2-135M-Instruct Q4_1 in llama.cpp) on this machine.
+"""Throughput of the embedded model (SmolLM2-135M-Instruct, shipped as Q4_1) in llama.cpp on this machine.
 
-Prints, for several llama.cpp settings, prompt tokens/s at a short and a long prompt (attention
+Prints, for several llama.cpp settings and weight formats (booklens runs the shipped Q4_1 weights
+unpacked to F16, see `booklens.lm.embedded.WEIGHTS`), prompt tokens/s at a short and a long prompt (attention
 grows with the context, so a long prompt is read more slowly) and generated tokens/s after each;
 then, with booklens's settings, the cost of repeating a prompt (llama.cpp reuses the cached
 prefix) and how the model's tokenizer counts compare with cl100k_base, the tokenizer booklens
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import booklens  # noqa: F401  - offline settings
 from booklens.lm import LocalBackend
-from booklens.lm.embedded import FLASH_ATTENTION, N_BATCH, N_UBATCH
+from booklens.lm.embedded import FLASH_ATTENTION, N_BATCH, N_UBATCH, WEIGHTS, stored_weights
 from booklens.text import count_tokens
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +28,8 @@ NOVEL = REPO.parent / "shared" / "data" / "books" / "pride_and_prejudice.txt"
 
 CONFIGS = {
     "booklens": {},
+    "shipped Q4_1 weights": {"weights": "q4_1"},
+    "Q8_0 weights": {"weights": "q8_0"},
     "flash attention": {"flash_attn": True},
     "batch 256": {"n_batch": 256, "n_ubatch": 256},
     "batch 1024": {"n_batch": 1024, "n_ubatch": 1024},
@@ -59,14 +62,15 @@ def main() -> None:
     lengths = [int(n) for n in args.lengths.split(",")]
     names = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
     print(f"model: {Path(backend.model_path).name}, threads: {backend.n_threads}, cores: {os.cpu_count()}; "
-          f"booklens: flash attention {FLASH_ATTENTION}, n_batch {N_BATCH}, n_ubatch {N_UBATCH}; "
+          f"booklens: {WEIGHTS} weights, flash attention {FLASH_ATTENTION}, n_batch {N_BATCH}, n_ubatch {N_UBATCH}; "
           f"load average {os.getloadavg()[0]:.2f}")
     header = "".join(f"{f'prompt {n}':>13}{f'gen @{n}':>10}" for n in lengths)
     print(f"{'settings':<30}{header}   (tokens/s)")
     for name in names:
         settings = {"flash_attn": FLASH_ATTENTION, "n_batch": N_BATCH, "n_ubatch": N_UBATCH,
                     "n_threads": backend.n_threads, "n_threads_batch": backend.n_threads, **CONFIGS[name]}
-        llm = Llama(model_path=backend.model_path, n_ctx=8192, verbose=False, **settings)
+        path = stored_weights(backend.model_path, settings.pop("weights", WEIGHTS))
+        llm = Llama(model_path=path, n_ctx=8192, verbose=False, **settings)
         row = ""
         for n in lengths:
             tokens = llm.tokenize(text[20_000:20_000 + 6 * n].encode())[:n]

@@ -1,19 +1,21 @@
 """A whole novel on the embedded model: hierarchical summary of Pride and Prejudice (chunk 2048,
 window 8192, G_n 900) with SmolLM2-135M in llama.cpp on this machine's cores.
 
-Three configurations:
+Four configurations:
 - before: the settings booklens had before this benchmark existed: llama.cpp without flash
   attention; calls taking turns on a plain lock (first come, first served); every level budgeted
   G_n = 900 tokens with 0.75 words per token; merges given the lower-level summary before them
   and run level by level; generation capped at 1.5 G + 64 tokens; regenerations with the same
-  word limit.
+  word limit; the weights as shipped (Q4_1).
 - previous: the first settings this benchmark measured (57.6 min): flash attention on, and
   the embedded model's summaries capped at 1.5 G + 64 tokens and regenerated up to twice when
   over budget or cut off, as for any model.
+- shipped weights: the settings of `after` with the weights as shipped (Q4_1): 29.7 min.
 - after: booklens's defaults now: llama.cpp without flash attention (it writes more slowly at
   every length); calls sharing a prefix back to back; the paper's level budgets and word limits;
   the embedded model's summaries capped at G + 64 tokens, an answer the cap cuts trimmed to whole
-  sentences instead of written again.
+  sentences instead of written again; the Q4_1 weights unpacked to F16, which llama.cpp's tiled
+  matrix kernels read prompts with.
 
 `--profile N` runs the first N level-1 calls (with their regenerations) of each configuration
 and prints what llama.cpp did per call: prompt tokens, how many were reused from the previous
@@ -47,14 +49,15 @@ BOOK = REPO.parent / "shared" / "data" / "books" / "pride_and_prejudice.txt"
 def configurations() -> dict[str, dict[str, Any]]:
     return {
         "before": {
-            "backend": {"flash_attention": False},
+            "backend": {"flash_attention": False, "weights": "q4_1"},
             "scheduler": "fifo",
             "program": {"words_per_token": 0.75, "merge_context": "lower-level", "pipelined": False,
                         "level_budgets": [900], "generation_slack": 1.5, "max_regenerations": 2,
                         "shrink_on_regeneration": False},
         },
-        "previous": {"backend": {"flash_attention": True}, "scheduler": "prefix",
+        "previous": {"backend": {"flash_attention": True, "weights": "q4_1"}, "scheduler": "prefix",
                      "program": {"generation_slack": 1.5, "max_regenerations": 2}},
+        "shipped weights": {"backend": {"weights": "q4_1"}, "scheduler": "prefix", "program": {}},
         "after": {"backend": {}, "scheduler": "prefix", "program": {}},
     }
 
@@ -94,7 +97,7 @@ def describe_backend(backend) -> str:
     params = llm.context_params
     return (f"threads {backend.n_threads}, n_ctx {params.n_ctx}, n_batch {params.n_batch}, "
             f"n_ubatch {params.n_ubatch}, flash attention {'on' if backend.flash_attention else 'off'}, "
-            f"KV cache f16")
+            f"KV cache f16, {backend.weights} weights")
 
 
 def print_calls(stats: list) -> None:

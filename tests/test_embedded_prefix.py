@@ -159,3 +159,29 @@ def test_the_embedded_model_asks_for_no_more_threads_than_openmp_allows(monkeypa
     # default for prompts is every core)
     params = LocalBackend(n_threads=1)._model().context_params
     assert (params.n_threads, params.n_threads_batch) == (1, 1)
+
+
+def test_the_embedded_weights_are_unpacked_once_into_the_cache(tmp_path, capsys):
+    import llama_cpp
+
+    from booklens.errors import LMError
+    from booklens.lm.embedded import LocalBackend, local_model_path, stored_weights
+
+    shipped = local_model_path()
+    assert stored_weights(shipped, "q4_1", tmp_path) == shipped
+    unpacked = stored_weights(shipped, "f16", tmp_path / "models")
+    assert unpacked != shipped and unpacked.startswith(str(tmp_path / "models"))
+    # llama.cpp reads the copy as an F16 model (file type 1) with the shipped model's tensors
+    meta = llama_cpp.Llama(model_path=unpacked, vocab_only=True, verbose=False).metadata
+    assert meta["general.file_type"] == "1"
+    written = (tmp_path / "models").stat().st_mtime_ns, list((tmp_path / "models").iterdir())
+    assert stored_weights(shipped, "f16", tmp_path / "models") == unpacked  # reused, not written again
+    assert ((tmp_path / "models").stat().st_mtime_ns, list((tmp_path / "models").iterdir())) == written
+    assert len(written[1]) == 1  # no partial file left behind
+    # a folder that cannot be written: the shipped file, with a warning
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert stored_weights(shipped, "f16", blocker / "models") == shipped
+    assert "running the embedded model from its shipped" in capsys.readouterr().err
+    with pytest.raises(LMError, match="unknown weight format"):
+        LocalBackend(weights="q2")
