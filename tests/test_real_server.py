@@ -87,12 +87,15 @@ def test_score_per_sentence(inputs, llama_server, monkeypatch):
 def test_score_batched(inputs, llama_server, monkeypatch):
     data = booklens(["score", "summary.txt", "--zero-shot", "--batch-size", "3", "--tries", "1"], inputs, llama_server, monkeypatch)
     assert data["n_sentences"] == 3
-    # Every answer parses under the schema. The 135M model may still leave a sentence of the batch
-    # unanswered (the schema does not fix the number of answers) or break a rule the program checks
-    # (a confusion with no error type); that is recorded per sentence, not guessed.
+    assert data["usage"]["calls"] == 1  # the three sentences go to the server in one call
+    # The answer parses under the schema. What the 135M model says differs with the CPU llama.cpp was
+    # built for: it may leave a sentence of the batch unanswered (the schema does not fix the number
+    # of answers) or break a rule the program checks (a confusion with no error type). Either is
+    # recorded against its sentence, not guessed, and counted as a failure.
     errors = [s["error"] for s in data["sentences"] if s["status"] != "ok"]
     assert not any("unparseable" in e or "cut off" in e for e in errors), errors
-    assert data["n_failed"] == len(errors) < 3
+    assert all(s["status"] == "ok" or s["error"] for s in data["sentences"])
+    assert data["n_failed"] == len(errors)
 
 
 def test_check(inputs, llama_server, monkeypatch):
