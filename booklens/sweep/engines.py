@@ -10,7 +10,7 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
 - `ray`: a dataset with one row (one block) per cell, `map_batches` with `CellWorker`, a callable
   class Ray keeps alive per worker: it sets up DSPy and its `LMPool` once (so the embedded model
   loads once per worker) and runs several cells at once on threads. `--concurrency` bounds the
-  calls in flight of the whole cluster: a `CallSlots` actor holds the slots and every call of
+  calls in flight of the whole cluster: a `SweepBoard` actor holds the slots and every call of
   every worker takes one, so a worker whose cells are done leaves its share to the others
   (`--rpm`/`--tpm` are split over the workers). Workers write each cell's run directory
   themselves, so the sweep directory (and the cache) must be on a path every node sees; the
@@ -74,7 +74,7 @@ class PoolSettings:
     structured: Optional[str] = None  # --structured, --rpm, --tpm (rpm/tpm are split over Ray workers)
     rpm: Optional[int] = None
     tpm: Optional[int] = None
-    # The named Ray actor that holds the sweep's call slots (`CallSlots`); None: the pool's own limit.
+    # The named Ray actor that holds the sweep's call slots (`SweepBoard`); None: the pool's own limit.
     slots_actor: Optional[str] = None
 
     def make_pool(self):
@@ -172,7 +172,7 @@ class CellWorker:
     Each row carries the pool settings, so the class needs no constructor arguments. Ray runs
     up to `max_concurrent_calls_per_actor` calls at once on threads of the worker; they share the
     pool. Each row's result is the cell's outcome as JSON; a thread sends the worker's running LM
-    usage to the driver's `UsageBoard` every second, for the progress display.
+    usage to the sweep's `SweepBoard` every second, for the progress display.
     """
 
     def __init__(self):
@@ -229,17 +229,20 @@ class CellWorker:
         return {"outcome": outcomes}
 
 
-def _call_slots_class():
+def _sweep_board_class():
     import ray
 
     @ray.remote(num_cpus=0, max_concurrency=10_000)  # waiting acquires are cheap coroutines
-    class CallSlots:
-        """The sweep's `--concurrency` slots for LM calls, shared by every worker of the cluster."""
+    class SweepBoard:
+        """What the workers of a Ray sweep share: the sweep's `--concurrency` slots for LM calls,
+        and each worker's latest LM usage for the driver's progress display. One actor, because
+        each actor is a Python process of its own, started while the workers start."""
 
         def __init__(self, slots: int):
             import asyncio
 
             self.slots = asyncio.Semaphore(slots)
+            self.latest: dict[str, dict[str, Any]] = {}
 
         async def acquire(self) -> None:
             await self.slots.acquire()
@@ -247,11 +250,22 @@ def _call_slots_class():
         async def release(self) -> None:
             self.slots.release()
 
-    return CallSlots
+        async def report(self, worker: str, snapshot: dict[str, Any]) -> None:
+            self.latest[worker] = snapshot
+
+        async def totals(self) -> dict[str, Any]:
+            total: dict[str, Any] = {}
+            for snapshot in self.latest.values():
+                for key, value in snapshot.items():
+                    if isinstance(value, (int, float)):
+                        total[key] = (total.get(key) or 0) + value
+            return total
+
+    return SweepBoard
 
 
 class SharedSlots:
-    """A worker's call limit: each LM call holds one of the `CallSlots` actor's slots."""
+    """A worker's call limit: each LM call holds one of the `SweepBoard` actor's slots."""
 
     def __init__(self, actor_name: str):
         import ray
@@ -270,28 +284,11 @@ class SharedSlots:
         ray.get(self.actor.release.remote())
 
 
-def _usage_board_class():
-    import ray
-
-    @ray.remote(num_cpus=0)
-    class UsageBoard:
-        """Latest LM usage of each worker, for the driver's progress display."""
-
-        def __init__(self):
-            self.latest: dict[str, dict[str, Any]] = {}
-
-        def report(self, worker: str, snapshot: dict[str, Any]) -> None:
-            self.latest[worker] = snapshot
-
-        def totals(self) -> dict[str, Any]:
-            total: dict[str, Any] = {}
-            for snapshot in self.latest.values():
-                for key, value in snapshot.items():
-                    if isinstance(value, (int, float)):
-                        total[key] = (total.get(key) or 0) + value
-            return total
-
-    return UsageBoard
+def _import_ray_data() -> None:
+    try:
+        import ray.data  # noqa: F401
+    except Exception:  # run() imports it again and reports the failure there
+        pass
 
 
 class RayEngine:
@@ -307,7 +304,6 @@ class RayEngine:
         self.log_path = log_path
         self.board = None
         self.board_name: Optional[str] = None
-        self.slots = None
         self._started_ray = False
         self._last_usage: dict[str, Any] = {}
 
@@ -322,6 +318,10 @@ class RayEngine:
             raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'") from None
         import logging
 
+        # Ray Data's import (pyarrow and friends, 1.5 s) runs while ray.init waits for the node's
+        # processes to come up, which is most of its 5 s.
+        data_import = threading.Thread(target=_import_ray_data, name="import-ray-data", daemon=True)
+        data_import.start()
         with self._quiet():
             if not ray.is_initialized():
                 try:
@@ -334,8 +334,9 @@ class RayEngine:
                 except Exception as exc:
                     where = f"the Ray cluster at {self.address}" if self.address else "a local Ray"
                     raise BooklensError(f"cannot start {where}: {_one_line(exc)}") from None
-            self.board_name = f"booklens-sweep-usage-{os.getpid()}-{id(self)}"
-            self.board = _usage_board_class().options(name=self.board_name).remote()
+            self.board_name = f"booklens-sweep-{os.getpid()}-{id(self)}"
+            self.board = _sweep_board_class().options(name=self.board_name).remote(self.settings.concurrency)
+        data_import.join()
 
     def workers(self, cells: int) -> int:
         import ray
@@ -364,11 +365,8 @@ class RayEngine:
         def share(limit: Optional[int]) -> Optional[int]:
             return None if limit is None else max(1, limit // workers)
 
-        slots_name = f"booklens-sweep-slots-{os.getpid()}-{id(self)}"
-        with self._quiet():
-            self.slots = _call_slots_class().options(name=slots_name).remote(self.settings.concurrency)
         settings = replace(self.settings, rpm=share(self.settings.rpm), tpm=share(self.settings.tpm),
-                           slots_actor=slots_name)
+                           slots_actor=self.board_name)
         cells_at_once = max(1, min(self.settings.concurrency, math.ceil(len(tasks) / workers)))
         rows = [{"task": t.to_json(), "settings": json.dumps(asdict(settings)), "board": self.board_name or ""}
                 for t in tasks]
@@ -400,13 +398,12 @@ class RayEngine:
         import ray
 
         with self._quiet():
-            for actor in (self.board, self.slots):
-                if actor is not None:
-                    try:
-                        ray.kill(actor)
-                    except Exception:
-                        pass
-            self.board = self.slots = None
+            if self.board is not None:
+                try:
+                    ray.kill(self.board)
+                except Exception:
+                    pass
+            self.board = None
             if self._started_ray:
                 ray.shutdown()
                 self._started_ray = False
