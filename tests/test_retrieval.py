@@ -215,6 +215,17 @@ def test_dense_search_with_the_real_model():
     assert "storm" in hits[0][0].text
 
 
+def test_loading_the_embedding_model_draws_no_progress_bar(monkeypatch, capfd):
+    import booklens.retrieval.index as index_module
+    from transformers.utils import logging as transformers_logging
+
+    monkeypatch.setattr(index_module, "_MODEL", None)  # load it again, under capture
+    model = index_module.embedding_model()
+    assert model is index_module._MODEL
+    assert "Loading weights" not in capfd.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled()  # the user's setting is put back
+
+
 # ---------------------------------------------------------------------------
 # Quotes
 

@@ -144,7 +144,16 @@ def embedding_model():
             path = Path(get_model_path())
             if not (path / "config.json").exists():
                 raise BooklensError(f"the {EMBEDDING_MODEL} model files are missing from {path}")
-            _MODEL = SentenceTransformer(str(path), device="cpu")
+            from transformers.utils import logging as transformers_logging
+
+            # transformers draws a "Loading weights" bar on stderr; booklens has its own progress.
+            bar_was_on = transformers_logging.is_progress_bar_enabled()
+            transformers_logging.disable_progress_bar()
+            try:
+                _MODEL = SentenceTransformer(str(path), device="cpu")
+            finally:
+                if bar_was_on:
+                    transformers_logging.enable_progress_bar()
         return _MODEL
 
 
