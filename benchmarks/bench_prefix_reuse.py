@@ -4,7 +4,11 @@ calls share their beginning (instructions, demos, the summary) and differ at the
 - coherence: per-sentence confusion detection of a 40-sentence summary (the first 40 sentences of
   the first BooookScore human-annotated summary that has that many), as `booklens score` runs it;
 - verification: 20 claims about Pride and Prejudice, each with its evidence, as `booklens verify`
-  runs it: with the given verbatim evidence quotes, and with BM25 passages (k = 5).
+  runs it: with the given verbatim evidence quotes, and with BM25 passages (k = 5). Each claim has
+  evidence of its own there, so only the instructions and demos are shared;
+- verification in the `book` evidence mode: 20 claims about The Cask of Amontillado, a story that
+  fits the window whole, so every call puts the same story before its claim and shares all but
+  the claim.
 
 Each is run with one call at a time, then with --concurrency 4 (calls take turns on the one
 llama.cpp context; the scheduler runs the prefix-sharing ones back to back). The programs are
@@ -32,6 +36,8 @@ SHARED = REPO.parent / "shared" / "data"
 HUMAN = SHARED / "booookscore" / "human" / "summary-gpt4-4096-hier.json"
 BOOK = SHARED / "books" / "pride_and_prejudice.txt"
 CLAIMS = REPO / "benchmarks" / "data" / "pride_and_prejudice_claims.json"
+SHORT_BOOK = SHARED / "books" / "the_cask_of_amontillado.txt"
+SHORT_CLAIMS = REPO / "benchmarks" / "data" / "cask_of_amontillado_claims.json"
 
 
 def forty_sentence_summary(n: int) -> str:
@@ -80,7 +86,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
-    for path in (HUMAN, BOOK):
+    for path in (HUMAN, BOOK, SHORT_BOOK):
         if not path.exists():
             sys.exit(f"error: {path} not found (the shared data folder)")
     import dspy
@@ -96,6 +102,8 @@ def main() -> None:
     summary = forty_sentence_summary(args.sentences)
     claims = json.loads(CLAIMS.read_text())["claims"][: args.claims]
     book_text = read_book(BOOK)
+    short_claims = json.loads(SHORT_CLAIMS.read_text())["claims"][: args.claims]
+    short_text = read_book(SHORT_BOOK)
     results = {}
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         print(f"\ncoherence, {args.sentences} sentences, one call per sentence")
@@ -113,6 +121,14 @@ def main() -> None:
                     given=[c["evidence"] for c in claims] if mode == "given" else None, concurrency=concurrency))
                 results[f"verify {mode} c{concurrency}"] = report(f"concurrency {concurrency}", stats, len(claims),
                                                                   wall)
+        print(f"\nverification, {len(short_claims)} claims, book evidence ({SHORT_BOOK.name}, whole)")
+        for concurrency in levels:
+            backend._model().reset()
+            stats, wall = run(backend, lambda: verify_claims(
+                claims=[c["claim"] for c in short_claims], book_text=short_text, mode="book",
+                concurrency=concurrency))
+            results[f"verify book c{concurrency}"] = report(f"concurrency {concurrency}", stats, len(short_claims),
+                                                            wall)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
