@@ -18,6 +18,7 @@ from booklens.retrieval import BookIndex, Passage, QuoteLocator, locate_quote, m
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
 PP_CLAIMS = REPO / "benchmarks" / "data" / "pride_and_prejudice_claims.json"
+CASK_CLAIMS = REPO / "benchmarks" / "data" / "cask_of_amontillado_claims.json"
 
 
 def story_text() -> str:
@@ -242,12 +243,17 @@ def test_locate_quote_ignores_whitespace_and_curly_quotes():
     assert locator.locate("she went") == (text.index("she went"), text.index("she went") + 8)
 
 
-def test_every_quote_of_the_pride_and_prejudice_set_occurs_in_the_book(books_dir):
+@pytest.mark.parametrize("claims_file, book, at_least", [
+    (PP_CLAIMS, "pride_and_prejudice.txt", 40),
+    (CASK_CLAIMS, "the_cask_of_amontillado.txt", 20),
+])
+def test_every_quote_of_a_benchmark_claim_set_occurs_in_its_book(books_dir, claims_file, book, at_least):
     from booklens.text import read_book
 
-    text = read_book(books_dir / "pride_and_prejudice.txt")
-    data = json.loads(PP_CLAIMS.read_text(encoding="utf-8"))
-    assert len(data["claims"]) >= 40
+    text = read_book(books_dir / book)
+    data = json.loads(claims_file.read_text(encoding="utf-8"))
+    assert data.get("book", book) == book
+    assert len(data["claims"]) >= at_least
     assert {c["label"] for c in data["claims"]} == {"true", "false"}
     locator = QuoteLocator(text)
     collapsed = lambda s: " ".join(s.split())  # noqa: E731
