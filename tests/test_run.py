@@ -204,7 +204,12 @@ def test_killed_during_verification_resumes_and_ends_equal_to_an_uninterrupted_r
     assert sum(1 for b in server.served[start:] if kind_of(b) == "verify") >= 2
     assert not (out / "faithfulness.json").exists() and not (out / "report.html").exists()
     partial = json.loads((out / "run.json").read_text())
-    assert partial["complete"] is False and list(partial["steps"]) == ["summary", "coherence", "claims"]
+    # Coherence runs beside claims and verification, sharing the one call slot, so at the kill it may
+    # or may not have finished; either way the rerun must finish only what was left.
+    coherence_done = "coherence" in partial["steps"]
+    assert coherence_done == (out / "coherence.json").exists()
+    assert partial["complete"] is False
+    assert list(partial["steps"]) == ["summary", "coherence", "claims"] if coherence_done else ["summary", "claims"]
 
     time.sleep(0.8)  # let the killed client's last request finish on the server
     resume_from = len(server.served)
@@ -212,12 +217,14 @@ def test_killed_during_verification_resumes_and_ends_equal_to_an_uninterrupted_r
     assert rerun.returncode == 0, rerun.stderr
     second = server.served[resume_from:]
     assert second, "verification had calls left"
-    assert {kind_of(b) for b in second} == {"verify"}, "a completed step was run again"
+    assert {kind_of(b) for b in second} <= ({"verify"} if coherence_done else {"verify", "coherence"}), \
+        "a completed step was run again"
+    assert "verify" in {kind_of(b) for b in second}
     assert not set(first) & {json.dumps(b["messages"], sort_keys=True) for b in second}, \
         "an LM call that had finished was made again"
     timings = json.loads((out / "timings.json").read_text())["steps"]
     assert [timings[s]["reused"] for s in ("summary", "coherence", "claims", "faithfulness")] == \
-        [True, True, True, False]
+        [True, coherence_done, True, False]
     assert timings["faithfulness"]["cached_calls"] >= 2
     # Everything but the wall-clock file equals the uninterrupted run, byte for byte.
     assert contents(out) == contents(reference["dir"])
