@@ -209,7 +209,7 @@ def test_killed_during_verification_resumes_and_ends_equal_to_an_uninterrupted_r
     coherence_done = "coherence" in partial["steps"]
     assert coherence_done == (out / "coherence.json").exists()
     assert partial["complete"] is False
-    assert list(partial["steps"]) == ["summary", "coherence", "claims"] if coherence_done else ["summary", "claims"]
+    assert list(partial["steps"]) == (["summary", "coherence", "claims"] if coherence_done else ["summary", "claims"])
 
     time.sleep(0.8)  # let the killed client's last request finish on the server
     resume_from = len(server.served)
