@@ -30,11 +30,12 @@ CONFIGS = {
     "booklens": {},
     "shipped Q4_1 weights": {"weights": "q4_1"},
     "Q8_0 weights": {"weights": "q8_0"},
-    "flash attention": {"flash_attn": True},
+    "BF16 weights": {"weights": "bf16"},
+    "no flash attention": {"flash_attn": False},
     "batch 256": {"n_batch": 256, "n_ubatch": 256},
     "batch 1024": {"n_batch": 1024, "n_ubatch": 1024},
-    "flash, q8_0 KV cache": {"flash_attn": True, "type_k": 8, "type_v": 8},  # a quantized V cache needs flash
-    "q8_0 K cache": {"type_k": 8},  # faster, but greedy answers change (see README)
+    "q8_0 KV cache": {"type_k": 8, "type_v": 8},  # a quantized V cache needs flash attention
+    "q8_0 K cache": {"type_k": 8},  # greedy answers change (see README)
     "batch 2048": {"n_batch": 2048, "n_ubatch": 2048},
     "1 thread generating": {"n_threads": 1},
 }

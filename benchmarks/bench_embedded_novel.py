@@ -1,21 +1,23 @@
 """A whole novel on the embedded model: hierarchical summary of Pride and Prejudice (chunk 2048,
 window 8192, G_n 900) with SmolLM2-135M in llama.cpp on this machine's cores.
 
-Four configurations:
+Configurations, each one step from the one before it (see README for their figures):
 - before: the settings booklens had before this benchmark existed: llama.cpp without flash
   attention; calls taking turns on a plain lock (first come, first served); every level budgeted
   G_n = 900 tokens with 0.75 words per token; merges given the lower-level summary before them
   and run level by level; generation capped at 1.5 G + 64 tokens; regenerations with the same
   word limit; the weights as shipped (Q4_1).
-- previous: the first settings this benchmark measured (57.6 min): flash attention on, and
-  the embedded model's summaries capped at 1.5 G + 64 tokens and regenerated up to twice when
-  over budget or cut off, as for any model.
-- shipped weights: the settings of `after` with the weights as shipped (Q4_1): 29.7 min.
-- after: booklens's defaults now: llama.cpp without flash attention (it writes more slowly at
-  every length); calls sharing a prefix back to back; the paper's level budgets and word limits;
-  the embedded model's summaries capped at G + 64 tokens, an answer the cap cuts trimmed to whole
-  sentences instead of written again; the Q4_1 weights unpacked to F16, which llama.cpp's tiled
-  matrix kernels read prompts with.
+- previous: the first settings this benchmark measured: flash attention on, and the embedded
+  model's summaries capped at 1.5 G + 64 tokens and regenerated up to twice when over budget or
+  cut off, as for any model.
+- shipped weights: flash attention off; calls sharing a prefix back to back; the paper's level
+  budgets and word limits; the embedded model's summaries capped at G + 64 tokens, an answer the
+  cap cuts trimmed to whole sentences instead of written again; the weights as shipped (Q4_1).
+- F16 weights: as `shipped weights`, with the Q4_1 weights unpacked to F16, which llama.cpp's
+  tiled matrix kernels read prompts with.
+- flash attention: as `F16 weights`, with llama.cpp's flash attention on.
+- after: booklens's defaults now: as `flash attention`, with the embedded model's summaries
+  capped at 1.06 G + 8 tokens (the budget in SmolLM2's tokens) instead of G + 64.
 
 `--profile N` runs the first N level-1 calls (with their regenerations) of each configuration
 and prints what llama.cpp did per call: prompt tokens, how many were reused from the previous
@@ -24,7 +26,7 @@ call, prompt evaluation time and speed, tokens generated against the cap, the fi
 tokens, regenerations and whether every summary met its budget. A full run of `before` takes
 well over an hour (the first calls of `--profile` give its rate).
 
-    python benchmarks/bench_embedded_novel.py --profile 2 --configs before,after
+    python benchmarks/bench_embedded_novel.py --profile 2 --configs "before,F16 weights,after"
     python benchmarks/bench_embedded_novel.py --full --configs after [--json run.json]
 
 Timing figures are only meaningful on a quiet machine: the load average is printed with them.
@@ -47,17 +49,21 @@ BOOK = REPO.parent / "shared" / "data" / "books" / "pride_and_prejudice.txt"
 
 
 def configurations() -> dict[str, dict[str, Any]]:
+    old_cap = {"generation_slack": 1.0, "generation_allowance": 64}  # G + 64 tokens
     return {
         "before": {
             "backend": {"flash_attention": False, "weights": "q4_1"},
             "scheduler": "fifo",
             "program": {"words_per_token": 0.75, "merge_context": "lower-level", "pipelined": False,
-                        "level_budgets": [900], "generation_slack": 1.5, "max_regenerations": 2,
-                        "shrink_on_regeneration": False},
+                        "level_budgets": [900], "generation_slack": 1.5, "generation_allowance": 64,
+                        "max_regenerations": 2, "shrink_on_regeneration": False},
         },
         "previous": {"backend": {"flash_attention": True, "weights": "q4_1"}, "scheduler": "prefix",
-                     "program": {"generation_slack": 1.5, "max_regenerations": 2}},
-        "shipped weights": {"backend": {"weights": "q4_1"}, "scheduler": "prefix", "program": {}},
+                     "program": {"generation_slack": 1.5, "generation_allowance": 64, "max_regenerations": 2}},
+        "shipped weights": {"backend": {"flash_attention": False, "weights": "q4_1"}, "scheduler": "prefix",
+                            "program": old_cap},
+        "F16 weights": {"backend": {"flash_attention": False}, "scheduler": "prefix", "program": old_cap},
+        "flash attention": {"backend": {}, "scheduler": "prefix", "program": old_cap},
         "after": {"backend": {}, "scheduler": "prefix", "program": {}},
     }
 

@@ -115,10 +115,11 @@ MergeContextName = Literal["same-level", "lower-level", "none"]
 MERGE_CONTEXTS: tuple[str, ...] = get_args(MergeContextName)
 DEFAULT_MERGE_CONTEXT = "same-level"
 # How often a summary over its budget or cut off at the cap is written again, and how far past its
-# budget G a generation may run (cap: G x slack + 64 tokens), unless the model's backend asks for
-# its own (`summary_settings`: the embedded model does).
+# budget G a generation may run (cap: G x slack + allowance tokens), unless the model's backend asks
+# for its own (`summary_settings`: the embedded model does).
 DEFAULT_MAX_REGENERATIONS = 2
 DEFAULT_GENERATION_SLACK = 1.5
+DEFAULT_GENERATION_ALLOWANCE = 64
 
 
 class SummaryConfig(BaseModel):
@@ -130,6 +131,8 @@ class SummaryConfig(BaseModel):
     max_regenerations: int = DEFAULT_MAX_REGENERATIONS
     generation_slack: Optional[float] = Field(
         default=None, description="generation cap per budget (None in files written before the setting: 1.5)")
+    generation_allowance: Optional[int] = Field(
+        default=None, description="tokens the cap adds to G x slack (None in files written before the setting: 64)")
     remove_artifacts: bool = False
     drop_matter: bool = False
     concurrency: int = 1

@@ -43,9 +43,10 @@ def summary_settings(max_regenerations: Optional[int] = None) -> dict[str, Any]:
     model's backend asks for (the embedded model: none), else the defaults (`booklens.records`)."""
     import dspy
 
-    from booklens.records import DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
+    from booklens.records import DEFAULT_GENERATION_ALLOWANCE, DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
 
-    settings = {"max_regenerations": DEFAULT_MAX_REGENERATIONS, "generation_slack": DEFAULT_GENERATION_SLACK}
+    settings = {"max_regenerations": DEFAULT_MAX_REGENERATIONS, "generation_slack": DEFAULT_GENERATION_SLACK,
+                "generation_allowance": DEFAULT_GENERATION_ALLOWANCE}
     settings.update(getattr(dspy.settings.lm, "summary_settings", None) or {})
     if max_regenerations is not None:
         settings["max_regenerations"] = max_regenerations
@@ -108,6 +109,7 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
     config = SummaryConfig(method=method, chunk_size=chunk_size, context_window=window,
                            max_summary_tokens=max_summary_tokens, level_budgets=level_budgets or [],
                            max_regenerations=program.max_regenerations, generation_slack=program.generation_slack,
+                           generation_allowance=program.generation_allowance,
                            remove_artifacts=remove_artifacts, drop_matter=drop_matter, concurrency=concurrency,
                            program=str(program_path) if program_path else None,
                            merge_context=merge_context if method == "hier" else None,

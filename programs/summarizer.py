@@ -27,6 +27,7 @@ import dspy
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, fresh_try, last_finish_reason, predict_with_retries
 from booklens.records import (  # noqa: F401 - the settings are part of this module's API
+    DEFAULT_GENERATION_ALLOWANCE,
     DEFAULT_GENERATION_SLACK,
     DEFAULT_MAX_REGENERATIONS,
     DEFAULT_MERGE_CONTEXT,
@@ -139,6 +140,7 @@ class _BookSummarizer(dspy.Module):
         temperature: float = 0.5,
         words_per_token: float = DEFAULT_WORDS_PER_TOKEN,
         generation_slack: float = DEFAULT_GENERATION_SLACK,
+        generation_allowance: int = DEFAULT_GENERATION_ALLOWANCE,
         shrink_on_regeneration: bool = True,
     ):
         super().__init__()
@@ -158,6 +160,7 @@ class _BookSummarizer(dspy.Module):
         self.temperature = temperature
         self.words_per_token = words_per_token
         self.generation_slack = generation_slack
+        self.generation_allowance = generation_allowance
         self.shrink_on_regeneration = shrink_on_regeneration
         self.clean = dspy.Predict(RemoveArtifacts)
 
@@ -174,6 +177,10 @@ class _BookSummarizer(dspy.Module):
         if not budgets:
             return self.max_summary_tokens
         return budgets[min(level, len(budgets)) - 1]
+
+    def token_cap(self, budget: int) -> int:
+        """The most tokens one generation for a `budget`-token summary may write."""
+        return int(budget * self.generation_slack) + self.generation_allowance
 
     def word_limit(self, budget: int) -> int:
         """The word limit a prompt states for a budget of `budget` tokens."""
@@ -197,7 +204,7 @@ class _BookSummarizer(dspy.Module):
             result = predict_with_retries(
                 predictor,
                 config={
-                    "max_tokens": int(budget * self.generation_slack) + 64,
+                    "max_tokens": self.token_cap(budget),
                     "temperature": temperature if regeneration == 0 else max(temperature, 0.7),
                     **fresh_try(100 * regeneration),
                 },
@@ -601,8 +608,8 @@ class IncrementalSummarizer(_BookSummarizer):
             )
         # An update over its budget is compressed whole, so the compression prompt must hold the
         # longest update the token cap allows.
-        longest_update = int(int(g * UPDATE_ALLOWANCE) * self.generation_slack) + 64
-        compress_need = longest_update + int(g * self.generation_slack) + 64 + prompt_overhead(
+        longest_update = self.token_cap(int(g * UPDATE_ALLOWANCE))
+        compress_need = longest_update + self.token_cap(g) + prompt_overhead(
             self.compress, summary="", current_words=0, word_limit=0)
         if compress_need > self.usable_window:
             raise BooklensError(

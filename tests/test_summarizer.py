@@ -218,14 +218,19 @@ def test_a_finished_answer_and_a_lone_fragment_are_kept_whole():
 
 def test_the_embedded_model_asks_for_a_tight_cap_and_no_regenerations():
     from booklens.lm import BooklensLM, LocalBackend
-    from booklens.records import DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
+    from booklens.records import DEFAULT_GENERATION_ALLOWANCE, DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
     from booklens.steps import book_summarizer, summary_settings
 
     with dspy.context(lm=BooklensLM(LocalBackend(), cache=None)):  # the model file is not loaded
-        assert summary_settings() == {"max_regenerations": 0, "generation_slack": 1.0}
+        assert summary_settings() == {"max_regenerations": 0, "generation_slack": 1.06, "generation_allowance": 8}
         assert summary_settings(3)["max_regenerations"] == 3
         program = book_summarizer(method="hier")
-        assert (program.max_regenerations, program.generation_slack) == (0, 1.0)
+        assert (program.max_regenerations, program.generation_slack, program.generation_allowance) == (0, 1.06, 8)
+        # The budget in SmolLM2's tokens: a 380-token level-1 summary of Pride and Prejudice may
+        # write 410 of them, not the 444 of G + 64.
+        assert program.token_cap(380) == 410
     with dspy.context(lm=ScriptedLM(lambda call: {"summary": "x"})):
         assert summary_settings() == {"max_regenerations": DEFAULT_MAX_REGENERATIONS,
-                                      "generation_slack": DEFAULT_GENERATION_SLACK}
+                                      "generation_slack": DEFAULT_GENERATION_SLACK,
+                                      "generation_allowance": DEFAULT_GENERATION_ALLOWANCE}
+        assert book_summarizer(method="hier").token_cap(380) == 570 + 64
