@@ -32,7 +32,7 @@ CONFIGS = {
     "Q8_0 weights": {"weights": "q8_0"},
     "BF16 weights": {"weights": "bf16"},
     "no flash attention": {"flash_attn": False},
-    "batch 256": {"n_batch": 256, "n_ubatch": 256},
+    "micro-batch 256": {"n_ubatch": 256},
     "batch 1024": {"n_batch": 1024, "n_ubatch": 1024},
     "q8_0 KV cache": {"type_k": 8, "type_v": 8},  # a quantized V cache needs flash attention
     "q8_0 K cache": {"type_k": 8},  # greedy answers change (see README)

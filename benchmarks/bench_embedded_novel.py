@@ -18,6 +18,7 @@ Configurations, each one step from the one before it (see README for their figur
 - flash attention: as `F16 weights`, with llama.cpp's flash attention on.
 - after: booklens's defaults now: as `flash attention`, with the embedded model's summaries
   capped at 1.06 G + 8 tokens (the budget in SmolLM2's tokens) instead of G + 64.
+- micro-batch 256: as `after`, with prompts read in micro-batches of 256 tokens instead of 512.
 
 `--profile N` runs the first N level-1 calls (with their regenerations) of each configuration
 and prints what llama.cpp did per call: prompt tokens, how many were reused from the previous
@@ -52,19 +53,21 @@ def configurations() -> dict[str, dict[str, Any]]:
     old_cap = {"generation_slack": 1.0, "generation_allowance": 64}  # G + 64 tokens
     return {
         "before": {
-            "backend": {"flash_attention": False, "weights": "q4_1"},
+            "backend": {"flash_attention": False, "weights": "q4_1", "n_ubatch": 512},
             "scheduler": "fifo",
             "program": {"words_per_token": 0.75, "merge_context": "lower-level", "pipelined": False,
                         "level_budgets": [900], "generation_slack": 1.5, "generation_allowance": 64,
                         "max_regenerations": 2, "shrink_on_regeneration": False},
         },
-        "previous": {"backend": {"flash_attention": True, "weights": "q4_1"}, "scheduler": "prefix",
+        "previous": {"backend": {"flash_attention": True, "weights": "q4_1", "n_ubatch": 512}, "scheduler": "prefix",
                      "program": {"generation_slack": 1.5, "generation_allowance": 64, "max_regenerations": 2}},
-        "shipped weights": {"backend": {"flash_attention": False, "weights": "q4_1"}, "scheduler": "prefix",
-                            "program": old_cap},
-        "F16 weights": {"backend": {"flash_attention": False}, "scheduler": "prefix", "program": old_cap},
-        "flash attention": {"backend": {}, "scheduler": "prefix", "program": old_cap},
+        "shipped weights": {"backend": {"flash_attention": False, "weights": "q4_1", "n_ubatch": 512},
+                            "scheduler": "prefix", "program": old_cap},
+        "F16 weights": {"backend": {"flash_attention": False, "n_ubatch": 512}, "scheduler": "prefix",
+                        "program": old_cap},
+        "flash attention": {"backend": {"n_ubatch": 512}, "scheduler": "prefix", "program": old_cap},
         "after": {"backend": {}, "scheduler": "prefix", "program": {}},
+        "micro-batch 256": {"backend": {"n_ubatch": 256}, "scheduler": "prefix", "program": {}},
     }
 
 

@@ -30,7 +30,9 @@ LOCAL_CONTEXT_WINDOW = 8192
 # bench_embedded_novel.py). Flash attention: at a 6K-token prompt, attention is most of the work of
 # reading it, and llama.cpp's fused kernel never writes the full attention matrix; measured with the
 # whole of Pride and Prejudice on an AMD EPYC machine, prompts 232 tokens/s against 201, generation
-# 30 against 28, the novel 20.3 min against 22.4.
+# 30 against 28, the novel 20.3 min against 22.4. Micro-batches of 256 read a 6K-token prompt faster
+# than 512 taking turns in one process (24.2 against 30.7 s), but the whole novel with them read its
+# prompts at 190 tokens/s against 217, so booklens keeps 512 until a quieter machine settles it.
 N_BATCH = 512
 N_UBATCH = 512
 FLASH_ATTENTION = True
