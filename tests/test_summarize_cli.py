@@ -110,6 +110,8 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
     record = json.loads(out.read_text())
     assert record["usage"]["cached_calls"] >= len(set(first_run))
     assert record["summary"]
+    # A remote model's summaries are capped at 1.5 G + 64, and the record says so.
+    assert (record["config"]["generation_slack"], record["config"]["generation_allowance"]) == (1.5, 64)
 
 
 @pytest.mark.embedded
@@ -127,5 +129,7 @@ def test_summarize_sample_story_with_the_embedded_model(tmp_path, story_opening)
     assert len(record["summary"].split()) >= 5
     assert record["lm"].startswith("local/")
     assert record["usage"]["calls"] >= 3
+    # The embedded model's cap is its budget in its own tokens, recorded with the summary.
+    assert (record["config"]["generation_slack"], record["config"]["generation_allowance"]) == (1.06, 8)
     levels = {n["level"] for n in record["nodes"]}
     assert {1, 2} <= levels and record["nodes"][-1]["chunks"] == [c["index"] for c in record["chunks"]]

@@ -208,6 +208,16 @@ def test_an_answer_the_cap_cut_loses_its_unfinished_sentence_instead_of_being_re
     assert node.cut_off and node.truncated and not node.over_budget
 
 
+def test_the_token_cap_adds_the_generation_allowance():
+    book = synthetic_book(3_000)
+    lm = ScriptedLM(lambda call: {"summary": "Mara finds the lamp dark. She rows to the island."})
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=0, generation_slack=1.06, generation_allowance=8)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        program(book=book)
+    assert [c.request["max_tokens"] for c in lm.backend.calls] == [int(200 * 1.06) + 8]
+
+
 def test_a_finished_answer_and_a_lone_fragment_are_kept_whole():
     from booklens.programs.summarizer import without_unfinished_sentence
 

@@ -54,8 +54,9 @@ SHIPPED_TOKEN_EMBEDDING = 8  # GGML_TYPE_Q8_0
 # answers cut off). So an answer the cap cuts is trimmed to whole sentences at once instead of being
 # written again, and the cap sits at the budget: summaries are plain text (no JSON around them) and
 # SmolLM2 writes about 1.06 of its tokens per cl100k token. Whatever it writes past the budget is
-# trimmed away, and decoding is seeded, so it writes the same text under any cap: a cap just past
-# the budget keeps the summary and saves writing the rest.
+# trimmed away, and decoding is seeded, so a higher cap only writes more of the same text. Where a
+# passage runs to more than 1.06 of its tokens per cl100k token, a summary can end a sentence
+# earlier than under a cap of G + 64 (Pride and Prejudice: some level-1 summaries came out shorter).
 LOCAL_SUMMARY_SETTINGS = {"max_regenerations": 0, "generation_slack": 1.06, "generation_allowance": 8}
 
 
