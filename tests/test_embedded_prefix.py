@@ -185,3 +185,64 @@ def test_the_embedded_weights_are_unpacked_once_into_the_cache(tmp_path, capsys)
     assert "running the embedded model from its shipped" in capsys.readouterr().err
     with pytest.raises(LMError, match="unknown weight format"):
         LocalBackend(weights="q2")
+
+
+def test_pick_greedy_finds_the_best_allowed_token_in_the_shortlist_or_says_it_cannot():
+    import numpy as np
+
+    from booklens.lm.embedded import pick_greedy
+
+    scores = np.array([0.5, 3.0, 2.0, 3.0, 1.0, 2.5, 0.1, 0.2], dtype=np.single)
+    everything = lambda tokens, _scores: [True] * len(tokens)  # noqa: E731
+    # the best score, and among equal best scores the lowest token id (1 before 3)
+    assert pick_greedy(scores, 4, everything) == 1
+    # the grammar rejects 1 and 3: the next best, 5
+    assert pick_greedy(scores, 4, lambda tokens, _s: [t not in (1, 3) for t in tokens]) == 5
+    # nothing in the shortlist is allowed: it cannot say
+    assert pick_greedy(scores, 3, lambda tokens, _s: [t not in (1, 3, 5) for t in tokens]) is None
+    # the only allowed token in the shortlist scores as low as the shortlist's last, so a token
+    # outside it may tie with a lower id: it cannot say
+    assert pick_greedy(scores, 4, lambda tokens, _s: [t == 2 for t in tokens]) is None
+    # with one more place in the shortlist, 2 is settled: everything outside scores less
+    assert pick_greedy(scores, 5, lambda tokens, _s: [t == 2 for t in tokens]) == 2
+    # it tests the shortlist best first, and only the shortlist
+    seen = []
+    pick_greedy(scores, 4, lambda tokens, _s: seen.extend(int(t) for t in tokens) or [True] * len(tokens))
+    assert seen == [1, 3, 5, 2]
+
+
+@pytest.mark.embedded
+def test_greedy_structured_answers_are_the_same_with_the_shortlist_and_the_whole_vocabulary(backend):
+    """The shortlist sampler writes the tokens of llama-cpp-python's own sampler chain, testing the
+    whole vocabulary for only a few of them; sampling at a temperature keeps the chain."""
+    from booklens.lm.embedded import use_greedy_grammar_sampler
+
+    schema = {"type": "object", "properties": {
+        "verdict": {"type": "string", "enum": ["confusion", "no confusion"]},
+        "questions": {"type": "array", "items": {"type": "string"}},
+        "reason": {"type": "string"}}, "required": ["verdict", "questions", "reason"]}
+    prompts = ["The keeper lit the lamp. Then he went down. Is the sentence 'Then he went down.' confusing? "
+               "Answer in JSON with verdict, questions and reason.",
+               "Mr. Bennet laughed at his wife. Does this sentence need more context? Answer in JSON."]
+    llm = backend._model()
+
+    def answers(temperature: float = 0.0) -> list[str]:
+        llm.reset()
+        return [backend.complete({"messages": [{"role": "user", "content": p}], "schema": schema,
+                                  "max_tokens": 48, "temperature": temperature}).text for p in prompts]
+
+    backend.grammar_counts.clear()
+    shortlisted = answers()
+    counts = dict(backend.grammar_counts)
+    llm.__dict__.pop("_init_sampler", None)  # llama-cpp-python's chain
+    try:
+        stock = answers()
+    finally:
+        use_greedy_grammar_sampler(llm, backend.grammar_counts)
+    assert shortlisted == stock and all(a.startswith("{") for a in stock)
+    written = sum(s.generated_tokens for s in list(backend.stats)[-4:-2])
+    assert counts["tokens"] >= written > 20
+    assert counts["full_passes"] < counts["tokens"] / 2
+    backend.grammar_counts.clear()
+    answers(temperature=0.7)
+    assert not backend.grammar_counts  # sampling at a temperature: the stock chain
