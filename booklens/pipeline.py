@@ -447,6 +447,11 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     started = time.perf_counter()
     check_configs(system, judge)
     previous = previous_run(output)
+    if output.is_dir():  # a killed run may have left half-written records behind
+        from booklens.records import remove_partial_writes
+        from booklens.reports import RUN_FILE, STEP_FILES, TIMINGS_FILE
+
+        remove_partial_writes(output, [RUN_FILE, TIMINGS_FILE, REPORT_FILE, *STEP_FILES.values()])
     programs = load_judge_programs(judge, concurrency=concurrency)
     given_record = None
     given_text = system.summary_text

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Literal, Optional, get_args
+from glob import escape as glob_escape
+from typing import Any, Iterable, Literal, Optional, get_args
 
 from pydantic import BaseModel, Field
 
 from booklens.errors import BooklensError
 
 FORMAT_VERSION = 1
+PARTIAL_WRITE_SUFFIX = ".tmp"  # atomic writes go to a hidden `.NAME.XXXX.tmp`, then replace NAME
 
 
 def save_json(path: str | Path, payload: Any) -> None:
@@ -22,13 +25,30 @@ def save_json(path: str | Path, payload: Any) -> None:
         payload = payload.model_dump(mode="json")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, ensure_ascii=False, default=str)
-            handle.write("\n")
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_WRITE_SUFFIX, dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(payload, handle, indent=2, ensure_ascii=False, default=str)
+                handle.write("\n")
+            os.replace(tmp, path)
+        except BaseException:  # an error or an interrupt: no half-written file left behind
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     except OSError as exc:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def remove_partial_writes(folder: str | Path, names: Iterable[str]) -> int:
+    """Delete what atomic writes of the files `names` into `folder` left when their process was
+    killed mid-write (a hidden `.NAME.XXXX.tmp` each); returns how many."""
+    removed = 0
+    for name in names:
+        for leftover in Path(folder).glob(f".{glob_escape(name)}.*{PARTIAL_WRITE_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+                removed += 1
+    return removed
 
 
 def read_json_file(path: str | Path, what: str) -> Any:

@@ -14,6 +14,7 @@ rebuilds it byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
@@ -29,6 +30,7 @@ from booklens.errors import BooklensError
 from booklens.records import (
     COHERENCE_ERROR_TYPES,
     FORMAT_VERSION,
+    PARTIAL_WRITE_SUFFIX,
     ClaimSet,
     ClaimVerdict,
     CoherenceResult,
@@ -162,13 +164,18 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Write a text file atomically: the old file or the complete new one, never a part."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # a page to share: the usual file mode, not mkstemp's private one
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_WRITE_SUFFIX, dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+                handle.write(text)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # a page to share: the usual file mode, not mkstemp's private one
+            os.replace(tmp, path)
+        except BaseException:  # an error or an interrupt: no half-written file left behind
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     except OSError as exc:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
 

@@ -235,7 +235,9 @@ def locate_quote(text: str, quote: str) -> tuple[int, int] | None:
 
 
 def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    from booklens.records import PARTIAL_WRITE_SUFFIX
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_WRITE_SUFFIX, dir=path.parent)
     os.close(fd)
     try:
         write(tmp)
