@@ -246,3 +246,19 @@ def test_greedy_structured_answers_are_the_same_with_the_shortlist_and_the_whole
     backend.grammar_counts.clear()
     answers(temperature=0.7)
     assert not backend.grammar_counts  # sampling at a temperature: the stock chain
+
+
+@pytest.mark.embedded
+def test_bindings_the_shortlist_sampler_cannot_use_fall_back_to_the_stock_chain(backend, monkeypatch):
+    import booklens.lm.embedded as embedded
+
+    def unusable(*args, **kwargs):
+        raise AttributeError("'LlamaModel' object has no attribute 'vocab'")
+
+    monkeypatch.setattr(embedded, "GreedyGrammarSampler", unusable)
+    backend.grammar_counts.clear()
+    out = backend.complete({"messages": [{"role": "user", "content": "Is the sky blue? Answer in JSON."}],
+                            "schema": {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+                                       "required": ["answer"]}, "max_tokens": 16, "temperature": 0.0})
+    assert out.text.replace(" ", "") in ('{"answer":"yes"}', '{"answer":"no"}')
+    assert not backend.grammar_counts

@@ -292,7 +292,10 @@ def use_greedy_grammar_sampler(llm: Any, counts: collections.Counter | None = No
                      grammar: Any = None, **rest: Any):
         if (grammar is not None and temp == 0.0 and not frequency_penalty and not presence_penalty
                 and not mirostat_mode and logits_processor is None):
-            return GreedyGrammarSampler(llm, grammar, repeat_penalty, llm.last_n_tokens_size, counts)
+            try:
+                return GreedyGrammarSampler(llm, grammar, repeat_penalty, llm.last_n_tokens_size, counts)
+            except (AttributeError, TypeError, ValueError):  # bindings that differ from those it was built on
+                pass
         return stock(temp=temp, repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                      presence_penalty=presence_penalty, mirostat_mode=mirostat_mode,
                      logits_processor=logits_processor, grammar=grammar, **rest)
