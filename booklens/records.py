@@ -6,8 +6,8 @@ import contextlib
 import json
 import os
 import tempfile
-from pathlib import Path
 from glob import escape as glob_escape
+from pathlib import Path
 from typing import Any, Iterable, Literal, Optional, get_args
 
 from pydantic import BaseModel, Field

@@ -215,7 +215,7 @@ def test_pick_greedy_finds_the_best_allowed_token_in_the_shortlist_or_says_it_ca
 def test_greedy_structured_answers_are_the_same_with_the_shortlist_and_the_whole_vocabulary(backend):
     """The shortlist sampler writes the tokens of llama-cpp-python's own sampler chain, testing the
     whole vocabulary for only a few of them; sampling at a temperature keeps the chain."""
-    from booklens.lm.embedded import use_greedy_grammar_sampler
+    from booklens.lm.embedded import LocalBackend
 
     schema = {"type": "object", "properties": {
         "verdict": {"type": "string", "enum": ["confusion", "no confusion"]},
@@ -224,27 +224,24 @@ def test_greedy_structured_answers_are_the_same_with_the_shortlist_and_the_whole
     prompts = ["The keeper lit the lamp. Then he went down. Is the sentence 'Then he went down.' confusing? "
                "Answer in JSON with verdict, questions and reason.",
                "Mr. Bennet laughed at his wife. Does this sentence need more context? Answer in JSON."]
-    llm = backend._model()
 
-    def answers(temperature: float = 0.0) -> list[str]:
-        llm.reset()
-        return [backend.complete({"messages": [{"role": "user", "content": p}], "schema": schema,
-                                  "max_tokens": 48, "temperature": temperature}).text for p in prompts]
+    def answers(on, temperature: float = 0.0) -> list[str]:
+        on._model().reset()
+        return [on.complete({"messages": [{"role": "user", "content": p}], "schema": schema,
+                             "max_tokens": 48, "temperature": temperature}).text for p in prompts]
 
+    stock_backend = LocalBackend(best_token_first=False)  # llama-cpp-python's own chain
+    stock = answers(stock_backend)
+    assert not stock_backend.grammar_counts
     backend.grammar_counts.clear()
-    shortlisted = answers()
+    shortlisted = answers(backend)
     counts = dict(backend.grammar_counts)
-    llm.__dict__.pop("_init_sampler", None)  # llama-cpp-python's chain
-    try:
-        stock = answers()
-    finally:
-        use_greedy_grammar_sampler(llm, backend.grammar_counts)
     assert shortlisted == stock and all(a.startswith("{") for a in stock)
-    written = sum(s.generated_tokens for s in list(backend.stats)[-4:-2])
+    written = sum(s.generated_tokens for s in list(backend.stats)[-2:])
     assert counts["tokens"] >= written > 20
     assert counts["full_passes"] < counts["tokens"] / 2
     backend.grammar_counts.clear()
-    answers(temperature=0.7)
+    answers(backend, temperature=0.7)
     assert not backend.grammar_counts  # sampling at a temperature: the stock chain
 
 

@@ -166,11 +166,14 @@ def test_a_rerun_makes_no_lm_call_and_writes_the_same_figures(server, corpus, re
     out = reference["dir"]
     before = {name: (out / name).read_bytes() for name in ("results.json", "cells.jsonl", "report.html")}
     cell_files = {p: p.read_bytes() for p in (out / "cells").rglob("*") if p.is_file() and p.name != "timings.json"}
+    # what a sweep killed while writing its results would have left
+    (out / ".results.json.q1w2e3.tmp").write_text('{"kind": "booklens.sw')
     start = len(server.served)
     proc = cli(sweep_args(server, corpus, out, reference["cache"], "--concurrency", "4"))
     assert proc.returncode == 0, proc.stderr
     assert len(server.served) == start, "a rerun of a finished sweep made LM calls"
     assert {name: (out / name).read_bytes() for name in before} == before
+    assert not list(out.glob(".*.tmp"))
     assert {p: p.read_bytes() for p in cell_files} == cell_files
 
 

@@ -209,9 +209,10 @@ class GreedyGrammarSampler:
         import ctypes
 
         import llama_cpp
+        import numpy
         from llama_cpp import _internals
 
-        self._c, self._ctypes = llama_cpp, ctypes
+        self._c, self._ctypes, self._np = llama_cpp, ctypes, numpy
         self.n_vocab = llm.n_vocab()
         self.shortlist = min(self.SHORTLIST, self.n_vocab - 1)
         self._penalties = llama_cpp.llama_sampler_init_penalties(self.n_vocab, last_n, repeat_penalty, 0.0, 0.0)
@@ -228,9 +229,7 @@ class GreedyGrammarSampler:
         self.counts = counts if counts is not None else collections.Counter()
 
     def sample(self, ctx: Any, idx: int = -1) -> int:
-        import numpy as np
-
-        c, byref = self._c, self._ctypes.byref
+        c, byref, np = self._c, self._ctypes.byref, self._np
         logits = np.ctypeslib.as_array(c.llama_get_logits_ith(ctx.ctx, idx), shape=(self.n_vocab,))
         self._all.copy_logits(logits)
         c.llama_sampler_apply(self._penalties, byref(self._all.candidates))

@@ -125,6 +125,15 @@ def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base:
     return sweep, tasks
 
 
+def remove_sweep_partial_writes(output: Path) -> int:
+    """Delete the temporary files that a killed sweep's atomic writes of its own files left."""
+    from booklens.records import remove_partial_writes
+    from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
+    from booklens.sweep.report import REPORT_FILE
+
+    return remove_partial_writes(output, [PLAN_FILE, RESULTS_FILE, CELLS_FILE, REPORT_FILE])
+
+
 def write_plan(sweep: Sweep, output: Path) -> None:
     from booklens.records import save_json
 
@@ -177,6 +186,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
 
     output.mkdir(parents=True, exist_ok=True)
     (output / CELLS_DIR).mkdir(exist_ok=True)
+    remove_sweep_partial_writes(output)  # a killed sweep may have left half-written files behind
     write_plan(sweep, output)
     stream = stream if stream is not None else sys.stderr
     own_stream = False
