@@ -16,8 +16,10 @@ Configurations, each one step from the one before it (see README for their figur
 - F16 weights: as `shipped weights`, with the Q4_1 weights unpacked to F16, which llama.cpp's
   tiled matrix kernels read prompts with.
 - flash attention: as `F16 weights`, with llama.cpp's flash attention on.
-- after: booklens's defaults now: as `flash attention`, with the embedded model's summaries
-  capped at 1.06 G + 8 tokens (the budget in SmolLM2's tokens) instead of G + 64.
+- budget cap: as `flash attention`, with the embedded model's summaries capped at 1.06 G + 8
+  tokens (the budget in SmolLM2's tokens) instead of G + 64.
+- after: booklens's defaults now: as `budget cap`, with plain-text answers ended once they
+  start to repeat themselves (`RepetitionGuard`).
 - micro-batch 256: as `after`, with prompts read in micro-batches of 256 tokens instead of 512.
 
 `--profile N` runs the first N level-1 calls (with their regenerations) of each configuration
@@ -51,21 +53,24 @@ BOOK = REPO.parent / "shared" / "data" / "books" / "pride_and_prejudice.txt"
 
 def configurations() -> dict[str, dict[str, Any]]:
     old_cap = {"generation_slack": 1.0, "generation_allowance": 64}  # G + 64 tokens
+    unguarded = {"stop_repetition": False}  # every step before the repetition guard
     return {
         "before": {
-            "backend": {"flash_attention": False, "weights": "q4_1", "n_ubatch": 512},
+            "backend": {"flash_attention": False, "weights": "q4_1", "n_ubatch": 512, **unguarded},
             "scheduler": "fifo",
             "program": {"words_per_token": 0.75, "merge_context": "lower-level", "pipelined": False,
                         "level_budgets": [900], "generation_slack": 1.5, "generation_allowance": 64,
                         "max_regenerations": 2, "shrink_on_regeneration": False},
         },
-        "previous": {"backend": {"flash_attention": True, "weights": "q4_1", "n_ubatch": 512}, "scheduler": "prefix",
+        "previous": {"backend": {"flash_attention": True, "weights": "q4_1", "n_ubatch": 512, **unguarded},
+                     "scheduler": "prefix",
                      "program": {"generation_slack": 1.5, "generation_allowance": 64, "max_regenerations": 2}},
-        "shipped weights": {"backend": {"flash_attention": False, "weights": "q4_1", "n_ubatch": 512},
+        "shipped weights": {"backend": {"flash_attention": False, "weights": "q4_1", "n_ubatch": 512, **unguarded},
                             "scheduler": "prefix", "program": old_cap},
-        "F16 weights": {"backend": {"flash_attention": False, "n_ubatch": 512}, "scheduler": "prefix",
+        "F16 weights": {"backend": {"flash_attention": False, "n_ubatch": 512, **unguarded}, "scheduler": "prefix",
                         "program": old_cap},
-        "flash attention": {"backend": {"n_ubatch": 512}, "scheduler": "prefix", "program": old_cap},
+        "flash attention": {"backend": {"n_ubatch": 512, **unguarded}, "scheduler": "prefix", "program": old_cap},
+        "budget cap": {"backend": {**unguarded}, "scheduler": "prefix", "program": {}},
         "after": {"backend": {}, "scheduler": "prefix", "program": {}},
         "micro-batch 256": {"backend": {"n_ubatch": 256}, "scheduler": "prefix", "program": {}},
     }
@@ -137,6 +142,8 @@ def totals(stats: list) -> dict[str, Any]:
         "generation_seconds": round(gen_s, 1),
         "generated_tokens_per_second": round(generated / gen_s, 1) if gen_s else None,
         "cut_off": sum(1 for s in stats if s.finish_reason == "length"),
+        "repetition_cuts": sum(1 for s in stats if s.repeated_tokens),
+        "repeated_tokens": sum(s.repeated_tokens for s in stats),
     }
 
 
@@ -208,8 +215,9 @@ def full(name: str, config: dict[str, Any], text: str, concurrency: int) -> dict
     )
     print(f"  {wall / 60:.1f} min ({wall:.0f} s); {len(nodes)} summaries per level "
           f"{'+'.join(str(per_level[k]) for k in sorted(per_level))}; {figures['calls']} calls "
-          f"({figures['regenerations']} regenerations, {figures['cut_off']} cut off at the cap, "
-          f"{figures['truncated']} trimmed to budget)")
+          f"({figures['regenerations']} regenerations, {figures['cut_off']} cut off at the cap or for "
+          f"repeating themselves ({figures['repetition_cuts']}, {figures['repeated_tokens']} repeated tokens "
+          f"dropped), {figures['truncated']} trimmed to budget)")
     print(f"  prompt: {figures['prompt_tokens']} tokens, {figures['reused_tokens']} reused, "
           f"{figures['evaluated_tokens']} evaluated in {figures['prompt_eval_seconds']} s "
           f"({figures['prompt_tokens_per_second']} t/s); generation: {figures['generated_tokens']} tokens in "

@@ -259,3 +259,93 @@ def test_bindings_the_shortlist_sampler_cannot_use_fall_back_to_the_stock_chain(
                                        "required": ["answer"]}, "max_tokens": 16, "temperature": 0.0})
     assert out.text.replace(" ", "") in ('{"answer":"yes"}', '{"answer":"no"}')
     assert not backend.grammar_counts
+
+
+def test_the_repetition_guard_fires_when_a_passage_is_written_twice_in_a_row():
+    from booklens.lm.embedded import RepetitionGuard
+
+    prose, passage = list(range(100)), list(range(1000, 1040))  # a 40-token passage
+    guard = RepetitionGuard()
+    stream = prose + passage + passage + [7, 8, 9]
+    fired_at = next(i for i, token in enumerate(stream) if guard.add(token))
+    assert fired_at == len(prose) + 2 * len(passage) - 1  # the last token of the second copy
+    assert guard.keep == len(prose) + len(passage)  # the passage is kept once
+    assert guard.add(5) and guard.fired
+
+
+def test_the_repetition_guard_lets_short_repeats_run_to_its_minimum_span():
+    from booklens.lm.embedded import RepetitionGuard
+
+    # A 2-token pattern: fires once the repetition is 32 tokens long, not at its second copy.
+    guard = RepetitionGuard()
+    stream = list(range(10)) + [1, 2] * 40
+    fired_at = next(i for i, token in enumerate(stream) if guard.add(token))
+    assert fired_at == 10 + 2 + RepetitionGuard.MIN_SPAN - 1
+    assert guard.keep == 10 + 2
+    # A 20-token phrase written twice is a repeat too short to stop an answer.
+    guard = RepetitionGuard()
+    phrase = list(range(500, 520))
+    assert not any(guard.add(t) for t in list(range(50)) + phrase + phrase + list(range(60, 120)))
+    # Passages longer than `max_period` are not looked for.
+    guard = RepetitionGuard(max_period=64)
+    passage = list(range(2000, 2100))
+    assert not any(guard.add(t) for t in passage + passage)
+
+
+def test_the_guarded_generator_ends_the_answer_when_the_guard_fires():
+    from booklens.lm.embedded import RepetitionGuard, _GuardedGenerate
+
+    closed = []
+
+    class Model:
+        def generate(self, tokens, **kwargs):
+            try:
+                yield from range(300, 340)
+                yield from range(300, 340)
+                yield from range(900, 1000)
+            finally:
+                closed.append(True)
+
+    model = Model()
+    stock = model.generate([1, 2, 3])
+    guarded = _GuardedGenerate(model)
+    assert list(guarded([1, 2, 3])) == list(stock)  # no guard: the stock generator, untouched
+    guarded.guard = guard = RepetitionGuard()
+    written = list(guarded([1, 2, 3]))
+    assert written == list(range(300, 340)) + list(range(300, 339))  # stopped before the repeat's last token
+    assert guard.keep == 40 and closed[-1]
+
+
+@pytest.mark.embedded
+def test_the_repetition_guard_watches_plain_answers_and_ends_them_where_it_fires(backend, monkeypatch):
+    """On the real model: a guard that does not fire leaves the answer as it was; one that fires ends
+    the generation there, and the answer keeps the tokens before the repeat, cut like the cap cuts."""
+    import booklens.lm.embedded as embedded
+    from booklens.lm.embedded import LocalBackend
+
+    request = {"messages": [{"role": "user", "content": "Tell a long story about a lighthouse keeper."}],
+               "max_tokens": 60, "temperature": 0.0}
+    unguarded_backend = LocalBackend(stop_repetition=False)
+    unguarded = unguarded_backend.complete(request)
+    backend._model().reset()
+    whole = backend.complete(request)
+    assert whole.text == unguarded.text and whole.finish_reason == "length"
+    assert backend.stats[-1].generated_tokens == 60 and backend.stats[-1].repeated_tokens == 0
+
+    class FiresAtThirty(embedded.RepetitionGuard):
+        """Fires at the 30th written token as if tokens 21-30 repeated what came before."""
+
+        def add(self, token: int) -> bool:
+            self.tokens.append(token)
+            if len(self.tokens) == 30:
+                self.keep = 20
+            return self.fired
+
+    monkeypatch.setattr(embedded, "RepetitionGuard", FiresAtThirty)
+    backend._model().reset()
+    cut = backend.complete(request)
+    stats = backend.stats[-1]
+    assert stats.generated_tokens == 29 and stats.repeated_tokens == 10  # generation stopped at the 30th
+    assert cut.finish_reason == "length" and cut.completion_tokens == 29
+    kept = backend._model().detokenize(backend._model().tokenize(whole.text.encode(), add_bos=False)[:20])
+    assert cut.text == kept.decode() and whole.text.startswith(cut.text)

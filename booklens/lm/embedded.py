@@ -5,6 +5,7 @@ One llama.cpp context serves every call. It keeps the tokens it evaluated last, 
 re-evaluates only what a new prompt does not share with them, so the order of calls matters:
 `PrefixScheduler` lets the waiting call whose prompt shares the longest prefix with the
 context's go next (the sentences of one summary, the claims of one book, a regeneration).
+Plain-text answers end once they start to repeat themselves (`RepetitionGuard`).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ LOCAL_CONTEXT_WINDOW = 8192
 # reading it, and llama.cpp's fused kernel never writes the full attention matrix; measured with the
 # whole of Pride and Prejudice on an AMD EPYC machine, prompts 232 tokens/s against 201, generation
 # 30 against 28, the novel 20.3 min against 22.4. Micro-batches of 256 read a 6K-token prompt faster
-# than 512 taking turns in one process (24.2 against 30.7 s), but the whole novel with them read its
-# prompts at 190 tokens/s against 217, so booklens keeps 512 until a quieter machine settles it.
+# than 512 taking turns in one process (24.2 against 30.7 s; on another machine, the novel's own
+# level-1 prompts 28.7 against 31.0 s), but the whole novel with them read its prompts more slowly in
+# both runs that measured it (190 tokens/s against 217; 197 against 205), so booklens keeps 512.
 N_BATCH = 512
 N_UBATCH = 512
 FLASH_ATTENTION = True
@@ -185,6 +187,7 @@ class CallStats:
     finish_reason: str
     wait_seconds: float
     seconds: float
+    repeated_tokens: int = 0  # written tokens dropped because the answer had started to repeat itself
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -302,6 +305,83 @@ def use_greedy_grammar_sampler(llm: Any, counts: collections.Counter | None = No
     llm._init_sampler = init_sampler
 
 
+class RepetitionGuard:
+    """Stops a plain-text answer once it has started to repeat itself.
+
+    Greedy decoding of a small model can fall into a loop and write the same passage again and
+    again until the token cap: SmolLM2-135M did so in level-1 summaries of Pride and Prejudice
+    (a 44-token passage of sentences twice in a row; a 67-token list of made-up names and years
+    over and over). A repeated passage is one of the confusions BooookScore counts, and what the
+    cap leaves of it is trimmed away anyway. The guard watches the written tokens and fires when
+    the last `period` tokens repeat the `period` before them, for some period up to `max_period`,
+    over at least `min_span` tokens: a passage of 32 tokens or more written twice in a row, or a
+    shorter one repeated until the repetition is 32 tokens long. The answer keeps the passage
+    once (`keep` tokens)."""
+
+    MAX_PERIOD = 256
+    MIN_SPAN = 32
+
+    def __init__(self, max_period: int = MAX_PERIOD, min_span: int = MIN_SPAN):
+        self.max_period = max_period
+        self.min_span = min_span
+        self.tokens: list[int] = []
+        # runs[p]: how many of the last tokens equal the token p before them, without a break
+        self._runs = [0] * (max_period + 1)
+        self.keep: int | None = None  # tokens of the answer kept, once the guard has fired
+
+    @property
+    def fired(self) -> bool:
+        return self.keep is not None
+
+    def add(self, token: int) -> bool:
+        """Take the next written token; True when the answer has started to repeat itself."""
+        if self.keep is not None:
+            return True
+        tokens, runs = self.tokens, self._runs
+        tokens.append(token)
+        n = len(tokens)
+        for period in range(1, min(self.max_period, n - 1) + 1):
+            if token == tokens[n - 1 - period]:
+                runs[period] += 1
+                if runs[period] >= self.min_span and runs[period] >= period:
+                    self.keep = n - runs[period]
+                    return True
+            else:
+                runs[period] = 0
+        return False
+
+
+class _GuardedGenerate:
+    """llama-cpp-python's token generator, stopped when the call's `RepetitionGuard` fires.
+
+    The generator is the one place every written token passes through before llama-cpp-python
+    turns it into text; ending it early ends the answer (finish reason `length`, empty text: the
+    caller rebuilds the kept text from the guard's tokens). Calls without a guard pass through."""
+
+    def __init__(self, llm: Any):
+        self._stock = llm.generate
+        self.guard: RepetitionGuard | None = None  # set for one call at a time (calls take turns)
+
+    def __call__(self, tokens: Any, *args: Any, **kwargs: Any) -> Iterator[int]:
+        inner = self._stock(tokens, *args, **kwargs)
+        guard = self.guard
+        if guard is None:
+            return inner
+        return self._watch(inner, guard)
+
+    @staticmethod
+    def _watch(inner: Iterator[int], guard: RepetitionGuard) -> Iterator[int]:
+        try:
+            for token in inner:
+                if guard.add(int(token)):
+                    return
+                yield token
+        finally:
+            close = getattr(inner, "close", None)
+            if close is not None:
+                close()
+
+
 class LocalBackend:
     """SmolLM2-135M-Instruct in-process with llama.cpp; JSON-schema grammars make outputs parse."""
 
@@ -310,7 +390,8 @@ class LocalBackend:
 
     def __init__(self, model_path: str | None = None, n_threads: int | None = None, seed: int = 0,
                  *, flash_attention: bool = FLASH_ATTENTION, n_batch: int = N_BATCH, n_ubatch: int = N_UBATCH,
-                 weights: str = WEIGHTS, scheduler: PrefixScheduler | None = None, best_token_first: bool = True):
+                 weights: str = WEIGHTS, scheduler: PrefixScheduler | None = None, best_token_first: bool = True,
+                 stop_repetition: bool = True):
         if weights not in WEIGHT_FORMATS:
             raise LMError(f"unknown weight format {weights!r} (one of {', '.join(WEIGHT_FORMATS)})")
         self.model_path = model_path or local_model_path()
@@ -322,6 +403,8 @@ class LocalBackend:
         self.n_ubatch = n_ubatch
         self.best_token_first = best_token_first  # GreedyGrammarSampler for greedy structured answers
         self.grammar_counts: collections.Counter = collections.Counter()  # what GreedyGrammarSampler did
+        self.stop_repetition = stop_repetition  # RepetitionGuard on plain-text answers
+        self._generate: _GuardedGenerate | None = None
         self._llm = None
         self._grammars: dict[str, Any] = {}
         self._load_lock = threading.Lock()
@@ -353,6 +436,9 @@ class LocalBackend:
                 )
                 if self.best_token_first:
                     use_greedy_grammar_sampler(self._llm, self.grammar_counts)
+                if self.stop_repetition:
+                    self._generate = _GuardedGenerate(self._llm)
+                    self._llm.generate = self._generate
             return self._llm
 
     def _grammar(self, schema: dict[str, Any]):
@@ -379,10 +465,14 @@ class LocalBackend:
         )
         if request.get("schema"):
             kwargs["grammar"] = self._grammar(request["schema"])
+        # Structured answers are held to their grammar; a loop there ends at the cap and is asked again.
+        guard = RepetitionGuard() if self._generate is not None and not request.get("schema") else None
         asked = time.perf_counter()
         with self.scheduler.turn(prompt_key(request["messages"])):
             started = time.perf_counter()
             before = _perf(llm)
+            if self._generate is not None:
+                self._generate.guard = guard
             try:
                 out = llm.create_chat_completion(**kwargs)
             except ValueError as exc:
@@ -392,13 +482,24 @@ class LocalBackend:
                         "(lower --chunk-size or use a model with a larger window)"
                     ) from None
                 raise
+            finally:
+                if self._generate is not None:
+                    self._generate.guard = None
             after = _perf(llm)
             finished = time.perf_counter()
         choice = out["choices"][0]
         usage = out.get("usage") or {}
+        text = choice["message"].get("content") or ""
+        finish_reason = choice.get("finish_reason") or "stop"
+        repeated = 0
+        if guard is not None and guard.fired:
+            # Cut like an answer the cap stopped: callers drop what follows the last whole sentence.
+            text = llm.detokenize(guard.tokens[:guard.keep]).decode("utf-8", errors="ignore")
+            finish_reason = "length"
+            repeated = len(guard.tokens) - guard.keep
         completion = Completion(
-            text=choice["message"].get("content") or "",
-            finish_reason=choice.get("finish_reason") or "stop",
+            text=text,
+            finish_reason=finish_reason,
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
         )
@@ -414,6 +515,7 @@ class LocalBackend:
             finish_reason=completion.finish_reason,
             wait_seconds=round(started - asked, 4),
             seconds=round(finished - started, 4),
+            repeated_tokens=repeated,
         ))
         return completion
 
