@@ -24,7 +24,8 @@ Configurations, each one step from the one before it (see README for their figur
 
 `--profile N` runs the first N level-1 calls (with their regenerations) of each configuration
 and prints what llama.cpp did per call: prompt tokens, how many were reused from the previous
-call, prompt evaluation time and speed, tokens generated against the cap, the finish reason.
+call, prompt evaluation time and speed, tokens generated against the cap, repeated tokens the guard
+dropped, the finish reason.
 `--full` runs the whole book with the chosen configurations and prints the wall time, calls,
 tokens, regenerations and whether every summary met its budget. A full run of `before` takes
 well over an hour (the first calls of `--profile` give its rate).
@@ -116,12 +117,13 @@ def describe_backend(backend) -> str:
 
 def print_calls(stats: list) -> None:
     print(f"  {'call':>4} {'prompt':>6} {'reused':>6} {'eval':>5} {'eval s':>7} {'eval t/s':>8} "
-          f"{'gen':>5} {'cap':>5} {'gen s':>6} {'gen t/s':>7} {'finish':>6} {'wait s':>6} {'s':>6}")
+          f"{'gen':>5} {'cap':>5} {'rep':>4} {'gen s':>6} {'gen t/s':>7} {'finish':>6} {'wait s':>6} {'s':>6}")
     for i, s in enumerate(stats):
         eval_rate = s.prompt_eval_tokens / s.prompt_eval_seconds if s.prompt_eval_seconds else 0
         gen_rate = s.generated_tokens / s.generation_seconds if s.generation_seconds else 0
         print(f"  {i:>4} {s.prompt_tokens:>6} {s.reused_tokens:>6} {s.prompt_eval_tokens:>5} "
               f"{s.prompt_eval_seconds:>7.1f} {eval_rate:>8.0f} {s.generated_tokens:>5} {s.max_tokens:>5} "
+              f"{s.repeated_tokens:>4} "
               f"{s.generation_seconds:>6.1f} {gen_rate:>7.0f} {s.finish_reason:>6} {s.wait_seconds:>6.1f} "
               f"{s.seconds:>6.1f}")
 
