@@ -8,7 +8,7 @@ import os
 import tempfile
 from glob import escape as glob_escape
 from pathlib import Path
-from typing import Any, Iterable, Literal, Optional, get_args
+from typing import Any, Callable, Iterable, Literal, Optional, get_args
 
 from pydantic import BaseModel, Field
 
@@ -18,23 +18,41 @@ FORMAT_VERSION = 1
 PARTIAL_WRITE_SUFFIX = ".tmp"  # atomic writes go to a hidden `.NAME.XXXX.tmp`, then replace NAME
 
 
+def write_atomically(path: str | Path, write: Callable[[str], None], *, shared: bool = False) -> None:
+    """Write `path` through `write(temporary_path)`: into a hidden `.NAME.XXXX.tmp` beside it, which
+    then replaces it, so readers see the old file or the complete new one, never a part. An error or
+    an interrupt removes the temporary file. `shared`: the usual file mode (umask), not mkstemp's
+    private one. OSError propagates."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_WRITE_SUFFIX, dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        if shared:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:  # an error or an interrupt: no half-written file left behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def save_json(path: str | Path, payload: Any) -> None:
-    """Write JSON atomically: readers see the old file or the complete new one, never a part."""
+    """Write JSON atomically (`write_atomically`); a one-line `BooklensError` when it cannot."""
     path = Path(path)
     if isinstance(payload, BaseModel):
         payload = payload.model_dump(mode="json")
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=2, ensure_ascii=False, default=str)
+            handle.write("\n")
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_WRITE_SUFFIX, dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(payload, handle, indent=2, ensure_ascii=False, default=str)
-                handle.write("\n")
-            os.replace(tmp, path)
-        except BaseException:  # an error or an interrupt: no half-written file left behind
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomically(path, write)
     except OSError as exc:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
 

@@ -14,12 +14,10 @@ rebuilds it byte for byte.
 
 from __future__ import annotations
 
-import contextlib
 import html
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -30,7 +28,6 @@ from booklens.errors import BooklensError
 from booklens.records import (
     COHERENCE_ERROR_TYPES,
     FORMAT_VERSION,
-    PARTIAL_WRITE_SUFFIX,
     ClaimSet,
     ClaimVerdict,
     CoherenceResult,
@@ -41,6 +38,7 @@ from booklens.records import (
     SentenceAnnotation,
     Summary,
     SummaryNode,
+    write_atomically,
 )
 
 RUN_FILE = "run.json"
@@ -161,21 +159,14 @@ def load_run(run_dir: str | Path) -> RunData:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write a text file atomically: the old file or the complete new one, never a part."""
+    """Write a text file atomically (`write_atomically`), with the usual file mode: a page to share."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_WRITE_SUFFIX, dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-                handle.write(text)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # a page to share: the usual file mode, not mkstemp's private one
-            os.replace(tmp, path)
-        except BaseException:  # an error or an interrupt: no half-written file left behind
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomically(path, write, shared=True)
     except OSError as exc:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
 

@@ -255,6 +255,31 @@ def test_atomic_writes_leave_nothing_half_written(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".notes.tmp", "coherence.json.tmp", "run.json"]
 
 
+def test_every_atomic_writer_shares_one_mechanism(tmp_path):
+    """Reports get the usual file mode; a writer that fails leaves neither the target nor a temporary file."""
+    import os
+
+    from booklens.records import write_atomically
+    from booklens.reports import write_text_atomic
+
+    umask = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "report.html", "<p>x</p>\n")
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "report.html").read_text() == "<p>x</p>\n"
+    assert (tmp_path / "report.html").stat().st_mode & 0o777 == 0o644
+
+    def failing(tmp: str) -> None:
+        with open(tmp, "w") as handle:
+            handle.write("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomically(tmp_path / "index" / "dense.faiss", failing)
+    assert list((tmp_path / "index").iterdir()) == []
+
+
 def test_a_failed_step_is_recorded_and_the_steps_that_do_not_need_it_still_run(server, tmp_path):
     """Claims that never parse: the claims step fails with its reason, verification is recorded as
     needing it, coherence still runs, the report is written, and the exit code says it is incomplete."""

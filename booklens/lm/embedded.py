@@ -560,7 +560,8 @@ def stored_weights(model_path: str, weights: str, folder: Path | None = None) ->
 
     import llama_cpp
 
-    partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    from booklens.records import write_atomically
+
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.allow_requantize = True
@@ -569,18 +570,17 @@ def stored_weights(model_path: str, weights: str, folder: Path | None = None) ->
     llama_logger = logging.getLogger("llama-cpp-python")
     level = llama_logger.level
     llama_logger.setLevel(logging.ERROR)  # the quantizer reports every tensor it writes
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        failed = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params))
+    def quantize(partial: str) -> None:
+        failed = llama_cpp.llama_model_quantize(str(source).encode(), partial.encode(), ctypes.byref(params))
         if failed:
             raise OSError(f"llama.cpp's quantizer returned {failed}")
-        os.replace(partial, target)  # whole or absent, whoever else converts at the same time
+
+    try:
+        write_atomically(target, quantize, shared=True)  # whole or absent, whoever else converts at the same time
     except OSError as exc:
         print(f"warning: running the embedded model from its shipped {source.name} (slower): could not write "
               f"{weights} weights to {folder}: {exc}", file=sys.stderr)
         return model_path
     finally:
         llama_logger.setLevel(level)
-        with suppress(OSError):
-            partial.unlink(missing_ok=True)
     return str(target)

@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterable
@@ -38,6 +37,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from booklens.errors import BooklensError
+from booklens.records import write_atomically
 from booklens.retrieval import SEARCH_MODES
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
@@ -234,28 +234,12 @@ def locate_quote(text: str, quote: str) -> tuple[int, int] | None:
 # The index
 
 
-def _atomic_write(path: Path, write) -> None:
-    from booklens.records import PARTIAL_WRITE_SUFFIX
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_WRITE_SUFFIX, dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _write_json(path: Path, payload: Any) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(payload, handle, ensure_ascii=False)
 
-    _atomic_write(path, write)
+    write_atomically(path, write)
 
 
 def index_key(text_sha256: str, passage_tokens: int) -> str:
@@ -395,13 +379,13 @@ class BookIndex:
         if self.cache_path is not None:
             try:
                 self.cache_path.mkdir(parents=True, exist_ok=True)
-                _atomic_write(self.cache_path / "dense.faiss", lambda tmp: faiss.write_index(index, tmp))
+                write_atomically(self.cache_path / "dense.faiss", lambda tmp: faiss.write_index(index, tmp))
 
                 def save_owners(tmp: str) -> None:
                     with open(tmp, "wb") as handle:
                         np.save(handle, owners, allow_pickle=False)
 
-                _atomic_write(self.cache_path / "dense_owners.npy", save_owners)
+                write_atomically(self.cache_path / "dense_owners.npy", save_owners)
                 _write_json(self.cache_path / "dense.json",
                             {"model": EMBEDDING_MODEL, "passages": len(self.passages), "windows": len(texts),
                              "window_tokens": DENSE_WINDOW_TOKENS, "dim": int(vectors.shape[1])})
