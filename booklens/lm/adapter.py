@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from dspy.adapters.chat_adapter import ChatAdapter
@@ -16,6 +17,35 @@ def plain_output_field(signature: Any) -> str | None:
         if info.annotation is str:
             return name
     return None
+
+
+# A line that is only a field header, exact or garbled by a small model: "[[ ## summary ## ]]",
+# "[## summary ## ]", "## Summary".
+_HEADER_LINE = re.compile(r"^\[*\s*#+\s*([A-Za-z][A-Za-z _]*?)\s*#*\s*\]*\s*:?$")
+
+
+def _is_header(line: str, field: str) -> bool:
+    found = _HEADER_LINE.match(line.strip())
+    return bool(found) and found.group(1).strip().lower().replace(" ", "_") in {field, "completed"}
+
+
+def plain_answer(text: str, field: str) -> str:
+    """The prose a model wrote for the free-text output `field`, without the scaffolding small
+    models echo: field headers (exact or garbled) around it, and line breaks written as the
+    two characters backslash and n, as if inside a JSON string."""
+    text = text.strip()
+    marker = f"[[ ## {field} ## ]]"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    text = text.split("[[ ## completed ## ]]", 1)[0]
+    if "\\n" in text:  # prose about a book has no literal backslash-n; a model imitating JSON does
+        text = text.replace("\\r\\n", "\n").replace("\\n", "\n")
+    lines = text.strip().splitlines()
+    while lines and (not lines[0].strip() or _is_header(lines[0], field)):
+        lines.pop(0)
+    while lines and (not lines[-1].strip() or _is_header(lines[-1], field)):
+        lines.pop()
+    return "\n".join(lines).strip()
 
 
 class BooklensAdapter(JSONAdapter):
@@ -83,10 +113,5 @@ class BooklensAdapter(JSONAdapter):
         plain = plain_output_field(signature)
         if plain is None:
             return super().parse(signature, completion)
-        text = completion.strip()
-        # A model may still echo a field header; keep what follows it.
-        marker = f"[[ ## {plain} ## ]]"
-        if marker in text:
-            text = text.split(marker, 1)[1].split("[[ ## completed ## ]]", 1)[0].strip()
-        return {plain: text}
+        return {plain: plain_answer(completion, plain)}
 

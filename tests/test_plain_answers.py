@@ -1,0 +1,51 @@
+"""Plain-text answers (summaries) arrive without the scaffolding small models echo around them."""
+
+from __future__ import annotations
+
+import dspy
+import pytest
+
+from booklens.lm import BooklensAdapter
+from booklens.lm.adapter import plain_answer
+from booklens.programs.summarizer import IncrementalSummarizer
+from booklens.testing import ScriptedLM
+
+PROSE = "Fortunato follows Montresor into the vaults. Montresor walls him in."
+
+
+@pytest.mark.parametrize("written", [
+    PROSE,
+    f"[[ ## summary ## ]]\n{PROSE}\n\n[[ ## completed ## ]]",
+    f"[## summary ## ]\n{PROSE}",  # garbled header, as the embedded model wrote one
+    f"## Summary\n\n{PROSE}\n",
+    f"[[ ## summary ##]]\n{PROSE}\n[[ ## completed ## ]]\nMore text the model went on with.",
+])
+def test_headers_around_the_prose_are_dropped(written):
+    assert plain_answer(written, "summary") == PROSE
+
+
+def test_escaped_line_breaks_become_line_breaks():
+    written = "Montresor leads the way.\\n\\nFortunato coughs in the damp.\\r\\nThe wall goes up."
+    assert plain_answer(written, "summary") == (
+        "Montresor leads the way.\n\nFortunato coughs in the damp.\nThe wall goes up.")
+
+
+def test_prose_that_only_looks_like_a_header_is_kept():
+    # Another field's header, a hashtag in the prose, a heading that is part of the answer's content.
+    written = "## Chapter One\nMontresor invites Fortunato #carnival.\n[## claims ## ]"
+    assert plain_answer(written, "summary") == written
+
+
+def test_an_incremental_summary_carries_the_cleaned_prose_forward():
+    written = f"[## summary ## ]\n{PROSE}\\n\\nThe end."
+    lm = ScriptedLM(lambda call: written)
+    program = IncrementalSummarizer(chunk_size=64, context_window=2048, max_summary_tokens=200)
+    book = " ".join(["Montresor planned his revenge through the long carnival night."] * 12)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    calls = lm.backend.calls
+    assert len(calls) == result.levels >= 2
+    cleaned = f"{PROSE}\n\nThe end."
+    # Every update reads the previous answer as cleaned prose, and the result is cleaned prose.
+    assert [c.inputs["running_summary"] for c in calls[1:]] == [cleaned] * (len(calls) - 1)
+    assert result.summary == cleaned
