@@ -24,6 +24,20 @@ def test_headers_around_the_prose_are_dropped(written):
     assert plain_answer(written, "summary") == PROSE
 
 
+def test_a_header_named_after_an_input_is_dropped_too():
+    # Asked to condense the input `summary` into `condensed`, the model headed its answer "summary".
+    assert plain_answer(f"[## summary ## ]\n{PROSE}", "condensed", ["summary", "word_limit"]) == PROSE
+    assert plain_answer(f"[## summary ## ]\n{PROSE}", "condensed") == f"[## summary ## ]\n{PROSE}"
+
+
+def test_an_answer_ends_where_the_model_starts_copying_an_input():
+    written = f"{PROSE}\n\n[## excerpt ## ]\nI had completed the eighth, the ninth, and the tenth tier."
+    assert plain_answer(written, "summary", ["running_summary", "excerpt", "word_limit"]) == PROSE
+    # A markdown heading inside the answer is the answer's own structure.
+    structured = f"{PROSE}\n\n## Context\nThe carnival season in Italy."
+    assert plain_answer(structured, "summary", ["context", "summaries"]) == structured
+
+
 def test_escaped_line_breaks_become_line_breaks():
     written = "Montresor leads the way.\\n\\nFortunato coughs in the damp.\\r\\nThe wall goes up."
     assert plain_answer(written, "summary") == (

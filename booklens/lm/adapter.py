@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Iterable
 
 from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.adapters.json_adapter import JSONAdapter, _get_structured_outputs_response_format
@@ -24,15 +24,18 @@ def plain_output_field(signature: Any) -> str | None:
 _HEADER_LINE = re.compile(r"^\[*\s*#+\s*([A-Za-z][A-Za-z _]*?)\s*#*\s*\]*\s*:?$")
 
 
-def _is_header(line: str, field: str) -> bool:
+def _is_header(line: str, names: set[str]) -> bool:
     found = _HEADER_LINE.match(line.strip())
-    return bool(found) and found.group(1).strip().lower().replace(" ", "_") in {field, "completed"}
+    return bool(found) and found.group(1).strip().lower().replace(" ", "_") in names
 
 
-def plain_answer(text: str, field: str) -> str:
+def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str:
     """The prose a model wrote for the free-text output `field`, without the scaffolding small
-    models echo: field headers (exact or garbled) around it, and line breaks written as the
-    two characters backslash and n, as if inside a JSON string."""
+    models echo: headers (exact or garbled) of `field`, of the signature's `other_fields` (a model
+    asked to condense a `summary` may head its answer with that name) or of the end marker before
+    it, whatever follows such a header after the prose (a copy of an input), and line breaks
+    written as the two characters backslash and n, as if inside a JSON string."""
+    names = {field, "completed", *other_fields}
     text = text.strip()
     marker = f"[[ ## {field} ## ]]"
     if marker in text:
@@ -41,9 +44,14 @@ def plain_answer(text: str, field: str) -> str:
     if "\\n" in text:  # prose about a book has no literal backslash-n; a model imitating JSON does
         text = text.replace("\\r\\n", "\n").replace("\\n", "\n")
     lines = text.strip().splitlines()
-    while lines and (not lines[0].strip() or _is_header(lines[0], field)):
+    while lines and (not lines[0].strip() or _is_header(lines[0], names)):
         lines.pop(0)
-    while lines and (not lines[-1].strip() or _is_header(lines[-1], field)):
+    # Past the prose, a bracketed header of an input or of the end marker starts a copy of the
+    # prompt (a markdown heading there may be the answer's own structure).
+    enders = names - {field}
+    ends = [i for i, line in enumerate(lines) if line.lstrip().startswith("[") and _is_header(line, enders)]
+    lines = lines[:ends[0]] if ends else lines
+    while lines and (not lines[-1].strip() or _is_header(lines[-1], names)):
         lines.pop()
     return "\n".join(lines).strip()
 
@@ -113,5 +121,5 @@ class BooklensAdapter(JSONAdapter):
         plain = plain_output_field(signature)
         if plain is None:
             return super().parse(signature, completion)
-        return {plain: plain_answer(completion, plain)}
+        return {plain: plain_answer(completion, plain, signature.input_fields)}
 
