@@ -143,6 +143,9 @@ class SummaryNode(BaseModel):
     over_budget: bool = False
     truncated: bool = Field(default=False, description="trimmed to whole sentences within the budget")
     cut_off: bool = Field(default=False, description="the model's answer stopped at the token cap")
+    fallback: bool = Field(default=False, description="no answer had words in it, so booklens kept its input: "
+                                                      "a compression keeps the update trimmed to the budget, "
+                                                      "artifact removal keeps the summary as it was")
 
 
 # Summarizer settings every layer shares (the program, the records, the CLI, sweep manifests).

@@ -736,6 +736,8 @@ def _node_summary(n: SummaryNode) -> str:
         bits.append("over budget")
     if n.truncated:
         bits.append("cut off")
+    if n.fallback:
+        bits.append("no answer with words: input kept")
     return (f'<span class="kind">{h(_KIND_NAMES.get(n.kind, n.kind).capitalize())}</span> {h(n.id)}{SEP}'
             f'{h(SEP.join(b for b in bits if b))}')
 

@@ -114,6 +114,12 @@ def without_unfinished_sentence(text: str) -> str:
     return text[:spans[-1][0]].strip()
 
 
+def has_words(text: str) -> bool:
+    """Whether an answer could be a summary at all: a small model sometimes answers with the word
+    limit or other bare numbers."""
+    return any(ch.isalpha() for ch in text)
+
+
 @dataclass
 class _Generated:
     text: str
@@ -122,6 +128,7 @@ class _Generated:
     over_budget: bool
     truncated: bool  # trimmed to the budget by booklens
     cut_off: bool = False  # the model's answer stopped at the token cap
+    fallback: bool = False  # no answer had words: the given fallback text stands in
 
 
 class _BookSummarizer(dspy.Module):
@@ -189,10 +196,11 @@ class _BookSummarizer(dspy.Module):
     # -- one generation with bounded regeneration ------------------------
 
     def _generate(self, predictor: dspy.Predict, output: str, budget: int, *, temperature: float | None = None,
-                  where: str, trim: bool = True, **inputs: Any) -> _Generated:
+                  where: str, trim: bool = True, fallback: str | None = None, **inputs: Any) -> _Generated:
         """One summary within `budget` tokens, regenerated up to `max_regenerations` times when it is
-        over budget or cut off. When every try fails, the shortest answer is trimmed to whole leading
-        sentences within the budget (`trim`), or kept whole and flagged over budget."""
+        over budget, cut off or without words. When every try fails, the shortest answer with words is
+        trimmed to whole leading sentences within the budget (`trim`), or kept whole and flagged over
+        budget. When no answer has words, `fallback` (trimmed the same way) stands in, if given."""
         from booklens.text import count_tokens
 
         temperature = self.temperature if temperature is None else temperature
@@ -216,10 +224,15 @@ class _BookSummarizer(dspy.Module):
             tokens = count_tokens(text)
             cut_off = last_finish_reason() == "length"
             candidate = _Generated(text, tokens, regeneration + 1, tokens > budget, False, cut_off)
-            if text and (best is None or tokens < best.tokens):
+            if text and (best is None or (has_words(text), -tokens) > (has_words(best.text), -best.tokens)):
                 best = candidate
-            if text and tokens <= budget and not cut_off:
+            if has_words(text) and tokens <= budget and not cut_off:
                 return candidate
+        if fallback is not None and (best is None or not has_words(best.text)):
+            text = trim_to_budget(fallback, budget) if trim else fallback
+            tokens = count_tokens(text)
+            return _Generated(text, tokens, self.max_regenerations + 1, tokens > budget, text != fallback,
+                              fallback=True)
         if best is None:
             raise BooklensError(f"the model gave no usable summary for {where} after "
                                 f"{self.max_regenerations + 1} tries; rerun to resume from the cache")
@@ -240,10 +253,10 @@ class _BookSummarizer(dspy.Module):
         if not self.remove_artifacts:
             return final.text
         cleaned = self._generate(self.clean, "cleaned", max(final.tokens, 16), temperature=0.0,
-                                 where="artifact removal", summary=final.text)
+                                 where="artifact removal", fallback=final.text, summary=final.text)
         nodes.append(SummaryNode(id="clean", level=final.level + 1, kind="clean", text=cleaned.text,
                                  tokens=cleaned.tokens, children=[final.id], chunks=final.chunks,
-                                 attempts=cleaned.attempts))
+                                 attempts=cleaned.attempts, fallback=cleaned.fallback))
         return cleaned.text
 
     def _chunks(self, book: str) -> list[Chunk]:
@@ -647,12 +660,12 @@ class IncrementalSummarizer(_BookSummarizer):
             current = updated
             if updated.tokens > g:
                 comp = self._generate(self.compress, "condensed", g, temperature=1.0, where=f"compression {i}",
-                                      summary=updated.text, current_words=len(updated.text.split()),
-                                      word_limit=words)
+                                      fallback=updated.text, summary=updated.text,
+                                      current_words=len(updated.text.split()), word_limit=words)
                 current = SummaryNode(id=f"u{i}.compressed", level=i + 1, kind="compress", text=comp.text,
                                       tokens=comp.tokens, budget=g, children=[updated.id], chunks=updated.chunks,
                                       attempts=comp.attempts, over_budget=comp.over_budget,
-                                      truncated=comp.truncated, cut_off=comp.cut_off)
+                                      truncated=comp.truncated, cut_off=comp.cut_off, fallback=comp.fallback)
                 nodes.append(current)
             steps(1)
         steps(0, close=True)

@@ -403,6 +403,15 @@ def test_incremental_summary_shows_its_update_steps(tmp_path):
     assert "No evidence passages were shown" in page  # --evidence none
 
 
+def test_a_step_whose_input_was_kept_says_so_in_the_merge_tree():
+    from booklens.records import SummaryNode
+    from booklens.reports import _node_summary
+
+    kept = SummaryNode(id="clean", level=3, kind="clean", text="Mara keeps the light.", tokens=5, fallback=True)
+    assert "input kept" in _node_summary(kept)
+    assert "input kept" not in _node_summary(kept.model_copy(update={"fallback": False}))
+
+
 # ---------------------------------------------------------------------------
 # Nothing a book or a model writes becomes markup
 

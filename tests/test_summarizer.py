@@ -193,6 +193,64 @@ def test_artifact_removal_pass_cleans_the_final_summary():
     assert result.nodes[-1].kind == "clean"
 
 
+def test_an_answer_without_words_is_regenerated():
+    book = synthetic_book(3_000)
+    lm = ScriptedLM(lambda call: {"summary": "130" if call.attempt < 100 else "Mara finds the lamp dark."})
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=2)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    assert len(lm.backend.calls) == 2
+    assert result.summary == "Mara finds the lamp dark."
+
+
+def test_a_compression_without_words_keeps_the_update_trimmed_to_the_budget():
+    book = synthetic_book(6_000)
+    g = 300
+    update = summary_of(330)  # over G_n, so it is compressed
+
+    def respond(call):
+        if "condensed" in call.output_fields:
+            return {"condensed": "1064\n276"}  # what the embedded model once answered
+        if "running_summary" in call.inputs:
+            return {"summary": update}
+        return {"summary": summary_of(150)}
+
+    lm = ScriptedLM(respond)
+    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=g, max_regenerations=1)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    compressions = [n for n in result.nodes if n.kind == "compress"]
+    assert len(compressions) == len(result.chunks) - 1 >= 2
+    condensed_calls = [c for c in lm.backend.calls if "condensed" in c.output_fields]
+    assert len(condensed_calls) == 2 * len(compressions)  # both tries answered without words
+    for node in compressions:
+        assert node.fallback and node.truncated and not node.over_budget
+        assert update.startswith(node.text) and node.tokens <= g
+    # The next update reads the trimmed update, not the numbers.
+    updates = [c for c in lm.backend.calls if "running_summary" in c.inputs]
+    assert updates[1].inputs["running_summary"] == compressions[0].text
+    assert result.summary == compressions[-1].text
+
+
+def test_artifact_removal_without_words_keeps_the_summary():
+    book = synthetic_book(2_000)
+
+    def respond(call):
+        if "cleaned" in call.output_fields:
+            return {"cleaned": "[## summary ## ]\n130"}
+        return {"summary": "In this segment, Mara finds the lamp dark."}
+
+    lm = ScriptedLM(respond)
+    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=200,
+                                     remove_artifacts=True, max_regenerations=0)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    assert result.summary == "In this segment, Mara finds the lamp dark."
+    clean = result.nodes[-1]
+    assert clean.kind == "clean" and clean.fallback and not clean.truncated
+
+
 def test_an_answer_the_cap_cut_loses_its_unfinished_sentence_instead_of_being_regenerated():
     book = synthetic_book(3_000)
     lm = ScriptedLM(lambda call: {"summary": "Mara finds the lamp dark. She rows to the island. She climbs the"})
