@@ -38,6 +38,12 @@ def test_an_answer_ends_where_the_model_starts_copying_an_input():
     assert plain_answer(structured, "summary", ["context", "summaries"]) == structured
 
 
+def test_an_empty_list_item_at_the_end_is_dropped():
+    written = "The tale, in steps:\n1. Montresor invites Fortunato.\n2. He walls him in.\n3."
+    assert plain_answer(written, "summary") == "The tale, in steps:\n1. Montresor invites Fortunato.\n2. He walls him in."
+    assert plain_answer("Items:\n- one\n-", "summary") == "Items:\n- one"
+
+
 def test_escaped_line_breaks_become_line_breaks():
     written = "Montresor leads the way.\\n\\nFortunato coughs in the damp.\\r\\nThe wall goes up."
     assert plain_answer(written, "summary") == (

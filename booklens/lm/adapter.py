@@ -22,6 +22,8 @@ def plain_output_field(signature: Any) -> str | None:
 # A line that is only a field header, exact or garbled by a small model: "[[ ## summary ## ]]",
 # "[## summary ## ]", "## Summary".
 _HEADER_LINE = re.compile(r"^\[*\s*#+\s*([A-Za-z][A-Za-z _]*?)\s*#*\s*\]*\s*:?$")
+# A list item with nothing after its marker: "6.", "6)", "-".
+_LIST_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s*$")
 
 
 def _is_header(line: str, names: set[str]) -> bool:
@@ -33,8 +35,9 @@ def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str
     """The prose a model wrote for the free-text output `field`, without the scaffolding small
     models echo: headers (exact or garbled) of `field`, of the signature's `other_fields` (a model
     asked to condense a `summary` may head its answer with that name) or of the end marker before
-    it, whatever follows such a header after the prose (a copy of an input), and line breaks
-    written as the two characters backslash and n, as if inside a JSON string."""
+    it, whatever follows such a header after the prose (a copy of an input), an empty list item
+    at the end, and line breaks written as the two characters backslash and n, as if inside a
+    JSON string."""
     names = {field, "completed", *other_fields}
     text = text.strip()
     marker = f"[[ ## {field} ## ]]"
@@ -51,8 +54,8 @@ def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str
     enders = names - {field}
     ends = [i for i, line in enumerate(lines) if line.lstrip().startswith("[") and _is_header(line, enders)]
     lines = lines[:ends[0]] if ends else lines
-    while lines and (not lines[-1].strip() or _is_header(lines[-1], names)):
-        lines.pop()
+    while lines and (not lines[-1].strip() or _is_header(lines[-1], names) or _LIST_MARKER.match(lines[-1])):
+        lines.pop()  # an empty list item ("6.") is where an answer that was cut off stopped
     return "\n".join(lines).strip()
 
 
