@@ -18,6 +18,8 @@ PROSE = "Fortunato follows Montresor into the vaults. Montresor walls him in."
     f"[[ ## summary ## ]]\n{PROSE}\n\n[[ ## completed ## ]]",
     f"[## summary ## ]\n{PROSE}",  # garbled header, as the embedded model wrote one
     f"## Summary\n\n{PROSE}\n",
+    f"Summary:\n{PROSE}",
+    f"[Summary]\n{PROSE}",
     f"[[ ## summary ##]]\n{PROSE}\n[[ ## completed ## ]]\nMore text the model went on with.",
 ])
 def test_headers_around_the_prose_are_dropped(written):
@@ -54,6 +56,7 @@ def test_prose_that_only_looks_like_a_header_is_kept():
     # Another field's header, a hashtag in the prose, a heading that is part of the answer's content.
     written = "## Chapter One\nMontresor invites Fortunato #carnival.\n[## claims ## ]"
     assert plain_answer(written, "summary") == written
+    assert plain_answer(f"Summaries:\n{PROSE}", "summary") == f"Summaries:\n{PROSE}"
 
 
 def test_an_incremental_summary_carries_the_cleaned_prose_forward():

@@ -20,8 +20,8 @@ def plain_output_field(signature: Any) -> str | None:
 
 
 # A line that is only a field header, exact or garbled by a small model: "[[ ## summary ## ]]",
-# "[## summary ## ]", "## Summary".
-_HEADER_LINE = re.compile(r"^\[*\s*#+\s*([A-Za-z][A-Za-z _]*?)\s*#*\s*\]*\s*:?$")
+# "[## summary ## ]", "## Summary", "[Summary]", "Summary:".
+_HEADER_LINE = re.compile(r"^\[*\s*#*\s*([A-Za-z][A-Za-z _]*?)\s*#*\s*\]*\s*:?$")
 # A list item with nothing after its marker: "6.", "6)", "-".
 _LIST_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s*$")
 
