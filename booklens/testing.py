@@ -21,13 +21,13 @@ from typing import Any, Callable
 from booklens.lm import BooklensLM, CallCache, Completion, UsageTracker
 
 _FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n")
-_OUTPUT_REQUIREMENTS = re.compile(r"\n\n(?:Respond with |Write the [\w ]+ now, as plain text)")
+_OUTPUT_REQUIREMENTS = re.compile(r"\n\n(?:Respond with |Write the [\w ]+ now, as plain text)[^\n]*")
 
 
 def parse_fields(content: str) -> dict[str, str]:
     """Split a DSPy chat message into its `[[ ## name ## ]]` sections."""
-    # The adapter appends its output instructions after the last input field.
-    content = _OUTPUT_REQUIREMENTS.split(content, 1)[0]
+    # The adapter's one-line output instructions follow the last input field, or precede a per-call one.
+    content = _OUTPUT_REQUIREMENTS.sub("", content, count=1)
     parts = _FIELD.split(content)
     fields = {}
     for i in range(1, len(parts) - 1, 2):

@@ -130,6 +130,23 @@ def test_retrieved_evidence_offsets_point_at_the_book_text():
     assert "[1] " + first.strip()[:40] in prompt
 
 
+def test_claims_against_the_same_evidence_share_their_prompt_up_to_the_claim():
+    text = story()[:2500]  # fits the evidence budget whole: every claim gets the same passages
+    index = BookIndex.build(text, passage_tokens=96)
+    checker = build_checker(evidence_mode="book")
+    claims = ["The keeper let the lamp go dark.", "Anna sails home."]
+    result, lm = run_with(lambda call: verdict(), lambda: checker(claims=claims, index=index))
+    assert [c.claim for c in result.claims] == claims
+    prompts = [call.messages[-1]["content"] for call in lm.backend.calls]
+    assert len(prompts) == 2
+    shared, tails = zip(*(p.split("[[ ## claim ## ]]") for p in prompts))
+    # The format reminder is the same for every claim, so it comes after the evidence and before the claim.
+    assert shared[0] == shared[1]
+    assert shared[0].index("[[ ## evidence ## ]]") < shared[0].index("Respond with a JSON object")
+    assert [t.strip() for t in tails] == claims
+    assert [call.inputs["claim"] for call in lm.backend.calls] == claims
+
+
 def test_given_quotes_are_located_in_the_book():
     text = story()
     index = BookIndex.build(text, passage_tokens=96)

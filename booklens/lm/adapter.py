@@ -59,6 +59,21 @@ def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str
     return "\n".join(lines).strip()
 
 
+# Inputs that differ from call to call while the inputs before them are shared: many claims are
+# verified against the same evidence (the whole story in the `book` mode). The answer's format
+# reminder, the same in every call, goes before such an input instead of after it, so that
+# consecutive calls share their prompt up to the input itself.
+PER_CALL_INPUTS = ("claim",)
+
+
+def per_call_input(signature: Any) -> str | None:
+    """The last input of `signature` when it is a per-call input that follows shared ones, else None."""
+    names = list(signature.input_fields)
+    if len(names) >= 2 and names[-1] in PER_CALL_INPUTS:
+        return names[-1]
+    return None
+
+
 class BooklensAdapter(JSONAdapter):
     """Inputs as `[[ ## field ## ]]` sections; outputs in one of two forms.
 
@@ -107,6 +122,21 @@ class BooklensAdapter(JSONAdapter):
         import textwrap
 
         return "Your task: " + " ".join(textwrap.dedent(signature.instructions).split())
+
+    def format_user_message_content(self, signature, inputs, prefix="", suffix="", main_request=False):
+        last = per_call_input(signature) if main_request else None
+        if last is None or last not in inputs:
+            return super().format_user_message_content(signature, inputs, prefix, suffix, main_request)
+        from dspy.adapters.utils import format_field_value
+
+        parts = [prefix]
+        for name, info in signature.input_fields.items():
+            if name == last:
+                parts.append(self.user_message_output_requirements(signature))
+            if name in inputs:
+                parts.append(f"[[ ## {name} ## ]]\n{format_field_value(field_info=info, value=inputs[name])}")
+        parts.append(suffix)
+        return "\n\n".join(p for p in parts if p is not None).strip()
 
     def user_message_output_requirements(self, signature):
         plain = plain_output_field(signature)
