@@ -20,6 +20,8 @@ PROSE = "Fortunato follows Montresor into the vaults. Montresor walls him in."
     f"## Summary\n\n{PROSE}\n",
     f"Summary:\n{PROSE}",
     f"[Summary]\n{PROSE}",
+    f"130\n\nSummary:\n{PROSE}",  # the word limit echoed, then a label, as the embedded model wrote
+    f"[## summary ## ]\n1\n{PROSE}",
     f"[[ ## summary ##]]\n{PROSE}\n[[ ## completed ## ]]\nMore text the model went on with.",
 ])
 def test_headers_around_the_prose_are_dropped(written):
@@ -44,6 +46,10 @@ def test_an_empty_list_item_at_the_end_is_dropped():
     written = "The tale, in steps:\n1. Montresor invites Fortunato.\n2. He walls him in.\n3."
     assert plain_answer(written, "summary") == "The tale, in steps:\n1. Montresor invites Fortunato.\n2. He walls him in."
     assert plain_answer("Items:\n- one\n-", "summary") == "Items:\n- one"
+
+
+def test_an_answer_without_prose_is_left_for_the_caller_to_judge():
+    assert plain_answer("1064\n276", "condensed", ["summary"]) == "1064\n276"
 
 
 def test_escaped_line_breaks_become_line_breaks():

@@ -35,9 +35,9 @@ def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str
     """The prose a model wrote for the free-text output `field`, without the scaffolding small
     models echo: headers (exact or garbled) of `field`, of the signature's `other_fields` (a model
     asked to condense a `summary` may head its answer with that name) or of the end marker before
-    it, whatever follows such a header after the prose (a copy of an input), an empty list item
-    at the end, and line breaks written as the two characters backslash and n, as if inside a
-    JSON string."""
+    it, lines without a letter before the prose, whatever follows such a header after the prose
+    (a copy of an input), an empty list item at the end, and line breaks written as the two
+    characters backslash and n, as if inside a JSON string."""
     names = {field, "completed", *other_fields}
     text = text.strip()
     marker = f"[[ ## {field} ## ]]"
@@ -47,7 +47,10 @@ def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str
     if "\\n" in text:  # prose about a book has no literal backslash-n; a model imitating JSON does
         text = text.replace("\\r\\n", "\n").replace("\\n", "\n")
     lines = text.strip().splitlines()
-    while lines and (not lines[0].strip() or _is_header(lines[0], names)):
+    # Before the prose: headers, and lines without a letter (the word limit echoed, a bare "1").
+    while lines and (not any(ch.isalpha() for ch in lines[0]) or _is_header(lines[0], names)):
+        if not any(any(ch.isalpha() for ch in line) for line in lines[1:]):
+            break  # an answer that has no prose at all stays as it is, for the caller to judge
         lines.pop(0)
     # Past the prose, a bracketed header of an input or of the end marker starts a copy of the
     # prompt (a markdown heading there may be the answer's own structure).
