@@ -48,6 +48,11 @@ __all__ = [
 # Reading
 
 
+def has_letters(text: str) -> bool:
+    """Whether `text` has a letter in it: an answer of bare numbers or punctuation is no prose."""
+    return any(ch.isalpha() for ch in text)
+
+
 def _check_path(path: str | Path) -> Path:
     p = Path(path)
     if not p.exists():

@@ -114,12 +114,6 @@ def without_unfinished_sentence(text: str) -> str:
     return text[:spans[-1][0]].strip()
 
 
-def has_words(text: str) -> bool:
-    """Whether an answer could be a summary at all: a small model sometimes answers with the word
-    limit or other bare numbers."""
-    return any(ch.isalpha() for ch in text)
-
-
 @dataclass
 class _Generated:
     text: str
@@ -201,7 +195,7 @@ class _BookSummarizer(dspy.Module):
         over budget, cut off or without words. When every try fails, the shortest answer with words is
         trimmed to whole leading sentences within the budget (`trim`), or kept whole and flagged over
         budget. When no answer has words, `fallback` (trimmed the same way) stands in, if given."""
-        from booklens.text import count_tokens
+        from booklens.text import count_tokens, has_letters  # an answer of bare numbers is no summary
 
         temperature = self.temperature if temperature is None else temperature
         best: _Generated | None = None
@@ -224,11 +218,11 @@ class _BookSummarizer(dspy.Module):
             tokens = count_tokens(text)
             cut_off = last_finish_reason() == "length"
             candidate = _Generated(text, tokens, regeneration + 1, tokens > budget, False, cut_off)
-            if text and (best is None or (has_words(text), -tokens) > (has_words(best.text), -best.tokens)):
+            if text and (best is None or (has_letters(text), -tokens) > (has_letters(best.text), -best.tokens)):
                 best = candidate
-            if has_words(text) and tokens <= budget and not cut_off:
+            if has_letters(text) and tokens <= budget and not cut_off:
                 return candidate
-        if fallback is not None and (best is None or not has_words(best.text)):
+        if fallback is not None and (best is None or not has_letters(best.text)):
             text = trim_to_budget(fallback, budget) if trim else fallback
             tokens = count_tokens(text)
             return _Generated(text, tokens, self.max_regenerations + 1, tokens > budget, text != fallback,

@@ -44,7 +44,7 @@ def test_an_answer_ends_where_the_model_starts_copying_an_input():
 
 def test_an_empty_list_item_at_the_end_is_dropped():
     written = "The tale, in steps:\n1. Montresor invites Fortunato.\n2. He walls him in.\n3."
-    assert plain_answer(written, "summary") == "The tale, in steps:\n1. Montresor invites Fortunato.\n2. He walls him in."
+    assert plain_answer(written, "summary") == written.rsplit("\n", 1)[0]
     assert plain_answer("Items:\n- one\n-", "summary") == "Items:\n- one"
 
 

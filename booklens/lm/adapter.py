@@ -8,6 +8,8 @@ from typing import Any, Iterable
 from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.adapters.json_adapter import JSONAdapter, _get_structured_outputs_response_format
 
+from booklens.text import has_letters
+
 
 def plain_output_field(signature: Any) -> str | None:
     """The output field of a signature whose only output is free text, else None."""
@@ -48,9 +50,9 @@ def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str
         text = text.replace("\\r\\n", "\n").replace("\\n", "\n")
     lines = text.strip().splitlines()
     # Before the prose: headers, and lines without a letter (the word limit echoed, a bare "1").
-    while lines and (not any(ch.isalpha() for ch in lines[0]) or _is_header(lines[0], names)):
-        if not any(any(ch.isalpha() for ch in line) for line in lines[1:]):
-            break  # an answer that has no prose at all stays as it is, for the caller to judge
+    # (An answer with no prose at all stays as it is, for the caller to judge.)
+    while (lines and (not has_letters(lines[0]) or _is_header(lines[0], names))
+           and any(map(has_letters, lines[1:]))):
         lines.pop(0)
     # Past the prose, a bracketed header of an input or of the end marker starts a copy of the
     # prompt (a markdown heading there may be the answer's own structure).
