@@ -14,18 +14,14 @@ from typing import Any, Optional, Sequence
 from booklens.data.diversesumm import load_events, load_summaries, require_question_answers
 from booklens.errors import BooklensError
 from booklens.qa_runs import Measured, setup_run_lm
-
-# --faithfulness choices: the protocols each runs
-FAITHFULNESS_CHOICES = {"likert": ("likert",), "binary": ("binary",), "both": ("binary", "likert"), "none": ()}
-VERBOSITY_PROTOCOLS = ("single", "pairwise")
-CRITERIA = ("coverage", "faithfulness")
+from booklens.vocabulary import CRITERIA, FAITHFULNESS_CHOICES, JUDGE_PROTOCOLS, VERBOSITY_PROTOCOLS
 
 
 def _criteria(criterion: str) -> list[str]:
     if criterion == "both":
         return list(CRITERIA)
     if criterion not in CRITERIA:
-        raise BooklensError(f"unknown criterion {criterion!r}: use coverage, faithfulness or both")
+        raise BooklensError(f"unknown criterion {criterion!r}: use {', '.join(CRITERIA)} or both")
     return [criterion]
 
 
@@ -50,11 +46,13 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
 def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optional[Path] = None, *,
                     protocol: str = "likert", criterion: str = "coverage", max_articles: Optional[int] = None,
                     per_qa: bool = False, lm: Any = None, api_base: Optional[str] = None,
-                lm_options: Optional[dict[str, Any]] = None, cache_dir: Any = None,
+                    lm_options: Optional[dict[str, Any]] = None, cache_dir: Any = None,
                     concurrency: int = 1) -> dict[str, Any]:
     """The `booklens judge` run (kind `booklens.judge`): each event's summary rated with one
     protocol (binary or likert), or two systems' summaries compared pairwise in both orders."""
     _criteria(criterion)
+    if protocol not in JUDGE_PROTOCOLS:
+        raise BooklensError(f"unknown protocol {protocol!r}: use {', '.join(JUDGE_PROTOCOLS)}")
     events = load_events(events_path)
     first = load_summaries(summaries_path, events)
     second = None

@@ -41,7 +41,7 @@ from typing import Any, Callable, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from booklens.errors import BooklensError
-from booklens.records import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, MergeContextName
+from booklens.vocabulary import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, MergeContextName, SummaryMethod
 
 STEPS = ("summary", "coherence", "claims", "faithfulness")
 # What each step reads from another step.
@@ -52,7 +52,6 @@ JUDGE_STEPS = {"coherence": ("coherence",), "faithfulness": ("claims", "faithful
 PROGRAM_TASKS = {"summarize": "summary", "coherence": "coherence", "decomposition": "claims",
                  "verification": "faithfulness"}
 JUDGE_TASKS = ("coherence", "decomposition", "verification")
-METHODS = ("hier", "inc")
 
 
 class SystemConfig(BaseModel):
@@ -61,7 +60,7 @@ class SystemConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = "run"
-    method: Literal["hier", "inc"] = "hier"
+    method: SummaryMethod = "hier"
     chunk_size: int = Field(default=2048, ge=16)
     context_window: Optional[int] = Field(default=None, ge=256)
     max_summary_tokens: int = Field(default=900, ge=16)

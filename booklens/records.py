@@ -8,11 +8,12 @@ import os
 import tempfile
 from glob import escape as glob_escape
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Optional, get_args
+from typing import Any, Callable, Iterable, Literal, Optional
 
 from pydantic import BaseModel, Field
 
 from booklens.errors import BooklensError
+from booklens.vocabulary import DEFAULT_MAX_REGENERATIONS, MergeContextName, SummaryMethod
 
 FORMAT_VERSION = 1
 PARTIAL_WRITE_SUFFIX = ".tmp"  # atomic writes go to a hidden `.NAME.XXXX.tmp`, then replace NAME
@@ -148,23 +149,8 @@ class SummaryNode(BaseModel):
                                                       "artifact removal keeps the summary as it was")
 
 
-# Summarizer settings every layer shares (the program, the records, the CLI, sweep manifests).
-# Words asked for per token of budget: the published BooookScore code uses 0.65.
-DEFAULT_WORDS_PER_TOKEN = 0.65
-# What a hierarchical merge that is not the first of its level sees as context (programs.summarizer).
-MergeContextName = Literal["same-level", "lower-level", "none"]
-MERGE_CONTEXTS: tuple[str, ...] = get_args(MergeContextName)
-DEFAULT_MERGE_CONTEXT = "same-level"
-# How often a summary over its budget or cut off at the cap is written again, and how far past its
-# budget G a generation may run (cap: G x slack + allowance tokens), unless the model's backend asks
-# for its own (`summary_settings`: the embedded model does).
-DEFAULT_MAX_REGENERATIONS = 2
-DEFAULT_GENERATION_SLACK = 1.5
-DEFAULT_GENERATION_ALLOWANCE = 64
-
-
 class SummaryConfig(BaseModel):
-    method: Literal["hier", "inc"]
+    method: SummaryMethod
     chunk_size: int
     context_window: int
     max_summary_tokens: int
@@ -191,7 +177,7 @@ class Summary(BaseModel):
     book_sha256: str
     book_tokens: int
     summary: str
-    method: Literal["hier", "inc"]
+    method: SummaryMethod
     config: SummaryConfig
     chunks: list[dict[str, Any]] = Field(default_factory=list, description="index, start, end, tokens of each chunk")
     nodes: list[SummaryNode] = Field(default_factory=list)
@@ -393,7 +379,7 @@ class GivenSummary(BaseModel):
     book: str
     book_sha256: str
     summary: str
-    method: Optional[Literal["hier", "inc"]] = None
+    method: Optional[SummaryMethod] = None
     nodes: list[SummaryNode] = Field(default_factory=list)
     chunks: list[dict[str, Any]] = Field(default_factory=list)
 

@@ -43,7 +43,7 @@ def summary_settings(max_regenerations: Optional[int] = None) -> dict[str, Any]:
     model's backend asks for (the embedded model: none), else the defaults (`booklens.records`)."""
     import dspy
 
-    from booklens.records import DEFAULT_GENERATION_ALLOWANCE, DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
+    from booklens.vocabulary import DEFAULT_GENERATION_ALLOWANCE, DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
 
     settings = {"max_regenerations": DEFAULT_MAX_REGENERATIONS, "generation_slack": DEFAULT_GENERATION_SLACK,
                 "generation_allowance": DEFAULT_GENERATION_ALLOWANCE}

@@ -21,16 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from booklens.errors import BooklensError
 from booklens.records import read_json_file
+from booklens.vocabulary import EVIDENCE_RECALL_MODES, QA_SETTINGS
 
 ASPECTS = ("character", "meaning", "plot", "relation", "setting", "span", "times")
 COMPLEXITIES = ("mh", "sh", "dtl")
 # Column and row labels of the seed's per-type tables.
 ASPECT_LABELS = {"character": "chara", "meaning": "mean", "plot": "plot", "relation": "relat",
                  "setting": "settg", "span": "span", "times": "times"}
-SETTINGS = ("mc", "gen")
-# How the evidence a model quotes is scored: the seed's LLM judge (correctness, relevance,
-# sufficiency, 0-100 each), or word overlap with the located gold quotes (no LM call).
-EVIDENCE_RECALL_MODES = ("llm", "overlap")
 
 _ASPECT_ALIASES = {
     "chara": "character", "characters": "character", "char": "character",
@@ -173,7 +170,7 @@ def check_setting(questions: list[NovelQAQuestion], setting: str, source: str = 
     Multiple choice needs at least two options per question; the gold letter and
     the free-text answer are optional (questions without them are answered but
     not scored)."""
-    if setting not in SETTINGS:
+    if setting not in QA_SETTINGS:
         raise BooklensError(f"unknown setting {setting!r}: use mc (multiple choice) or gen (generative)")
     if setting == "mc":
         for q in questions:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence, TypeVar, overload
 T = TypeVar("T")
 
 DEFAULT_FRACTIONS: dict[str, float] = {"train": 0.4, "dev": 0.2, "test": 0.4}
+SPLITS: tuple[str, ...] = tuple(DEFAULT_FRACTIONS)
 DEFAULT_SEED = 0
 
 

@@ -30,9 +30,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import dspy
 
+from booklens.data.splits import SPLITS
 from booklens.errors import BooklensError
-
-SPLITS = ("train", "dev", "test")
 
 
 @dataclass

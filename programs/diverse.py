@@ -31,7 +31,7 @@ from booklens.lm import last_finish_reason, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
 from booklens.signatures.diverse import (
-    CRITERIA,
+    CRITERION_DESCRIPTIONS,
     CompareSummaries,
     ExtractAnswers,
     ExtractImportantSentences,
@@ -46,14 +46,13 @@ from booklens.signatures.diverse import (
     SummarizeExtractedSentences,
 )
 from booklens.text import split_sentences
+from booklens.vocabulary import ANSWER_CLUSTERINGS, CRITERIA, DIVERSE_METHODS, RATING_SCALES
 
 DEFAULT_CONTEXT_WINDOW = 8192
 BUDGET_MARGIN = 0.8
 SUMMARY_RESERVE = 1024
-METHODS = ("auto", "direct", "extract")
 # Sentences the extract-then-summarize method takes from each article (the seed's Figure 14 asks for 10).
 EXTRACT_SENTENCES = 10
-SCALES = {"binary": (0, 1), "likert": (1, 10)}
 
 
 def _window(context_window: Optional[int]) -> int:
@@ -79,8 +78,8 @@ class DiverseSummarizer(dspy.Module):
     def __init__(self, method: str = "auto", *, num_sentences: int = EXTRACT_SENTENCES, context_window: Optional[int] = None,
                  concurrency: int = 1, tries: int = 3):
         super().__init__()
-        if method not in METHODS:
-            raise BooklensError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+        if method not in DIVERSE_METHODS:
+            raise BooklensError(f"unknown method {method!r}: use one of {', '.join(DIVERSE_METHODS)}")
         if num_sentences < 1:
             raise BooklensError("the number of sentences per article must be at least 1")
         self.method = method
@@ -172,7 +171,6 @@ def _nonempty(field: str):
 
 
 _NORM = re.compile(r"[^a-z0-9]+")
-CLUSTERINGS = ("llm", "exact")
 
 
 def _norm(text: str) -> str:
@@ -219,8 +217,8 @@ class ReferenceBuilder(dspy.Module):
                  diversity_filter: bool = True, context_window: Optional[int] = None, concurrency: int = 1,
                  tries: int = 3):
         super().__init__()
-        if clustering not in CLUSTERINGS:
-            raise BooklensError(f"unknown answer clustering {clustering!r}: use {' or '.join(CLUSTERINGS)}")
+        if clustering not in ANSWER_CLUSTERINGS:
+            raise BooklensError(f"unknown answer clustering {clustering!r}: use {' or '.join(ANSWER_CLUSTERINGS)}")
         self.num_questions = num_questions
         self.min_answer_share = min_answer_share
         self.clustering = clustering
@@ -382,14 +380,14 @@ class RatingJudge(dspy.Module):
 
     def __init__(self, signature: type[dspy.Signature], scale: str, tries: int = 3):
         super().__init__()
-        if scale not in SCALES:
+        if scale not in RATING_SCALES:
             raise BooklensError(f"unknown scale {scale!r}: use binary or likert")
         self.scale = scale
         self.judge = dspy.Predict(signature)
         self.tries = tries
 
     def check(self, pred: Any) -> Optional[str]:
-        low, high = SCALES[self.scale]
+        low, high = RATING_SCALES[self.scale]
         rating = getattr(pred, "rating", None)
         if not isinstance(rating, int) or isinstance(rating, bool) or not low <= rating <= high:
             return f"rating {rating!r} is outside the {self.scale} scale {low}-{high}"
@@ -408,7 +406,7 @@ class CoverageJudge(dspy.Module):
 
     def __init__(self, protocol: str = "binary", tries: int = 3, concurrency: int = 1):
         super().__init__()
-        if protocol not in SCALES:
+        if protocol not in RATING_SCALES:
             raise BooklensError(f"unknown coverage protocol {protocol!r}: use binary or likert")
         self.protocol = protocol
         self.concurrency = concurrency
@@ -433,7 +431,7 @@ class FaithfulnessJudge(dspy.Module):
 
     def __init__(self, protocol: str = "likert", tries: int = 3, concurrency: int = 1):
         super().__init__()
-        if protocol not in SCALES:
+        if protocol not in RATING_SCALES:
             raise BooklensError(f"unknown faithfulness protocol {protocol!r}: use binary or likert")
         self.protocol = protocol
         self.concurrency = concurrency
@@ -460,7 +458,8 @@ class PairwiseJudge(dspy.Module):
         self.tries = tries
 
     def one_order(self, reference: str, first: str, second: str) -> tuple[Optional[str], Optional[str], Optional[str]]:
-        got = predict_with_retries(self.compare, tries=self.tries, criterion=CRITERIA[self.criterion],
+        got = predict_with_retries(self.compare, tries=self.tries,
+                                   criterion=CRITERION_DESCRIPTIONS[self.criterion],
                                    reference=reference, summary_a=first, summary_b=second)
         if not got.ok:
             return None, None, got.error
@@ -561,7 +560,7 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
             if not qa_pairs and refs is not None:
                 qa_pairs = [QuestionAnswers.model_validate(q) for q in row["generated_question_answers"]]
             if qa_pairs:
-                for protocol in ("binary", "likert"):
+                for protocol in RATING_SCALES:
                     with usage_step(f"coverage-{protocol}"):
                         r = rate_event("coverage", protocol, event, pred.summary, qa_pairs=qa_pairs,
                                        concurrency=concurrency)

@@ -32,7 +32,6 @@ from typing import Any, Optional, Sequence
 
 import dspy
 
-from booklens.data.novelqa import SETTINGS
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, predict_with_retries
 from booklens.signatures.qa import (
@@ -44,6 +43,7 @@ from booklens.signatures.qa import (
     ScoreEvidence,
     with_evidence,
 )
+from booklens.vocabulary import QA_SETTINGS
 
 DEFAULT_CONTEXT_WINDOW = 8192
 # Share of the window the prompt may fill: the backend's tokenizer may count more tokens than
@@ -122,7 +122,7 @@ class BookQA(dspy.Module):
         super().__init__()
         from booklens.retrieval import EVIDENCE_MODES, SEARCH_MODES
 
-        if setting not in SETTINGS:
+        if setting not in QA_SETTINGS:
             raise BooklensError(f"unknown setting {setting!r}: use mc or gen")
         if evidence not in EVIDENCE_MODES:
             raise BooklensError(f"unknown evidence mode {evidence!r}: use one of {', '.join(EVIDENCE_MODES)}")

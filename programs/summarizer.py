@@ -26,15 +26,14 @@ import dspy
 
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, fresh_try, last_finish_reason, predict_with_retries
-from booklens.records import (  # noqa: F401 - the settings are part of this module's API
+from booklens.records import Chunk, SummaryNode
+from booklens.vocabulary import (  # noqa: F401 - the settings are part of this module's API
     DEFAULT_GENERATION_ALLOWANCE,
     DEFAULT_GENERATION_SLACK,
     DEFAULT_MAX_REGENERATIONS,
     DEFAULT_MERGE_CONTEXT,
     DEFAULT_WORDS_PER_TOKEN,
     MERGE_CONTEXTS,
-    Chunk,
-    SummaryNode,
 )
 from booklens.signatures.summarize import (
     CompressSummary,

@@ -160,7 +160,8 @@ class CompareSummaries(dspy.Signature):
     verdict: Literal["A", "B", "tie"] = dspy.OutputField()
 
 
-CRITERIA = {
+# What the pairwise judge is told each criterion of `booklens.vocabulary.CRITERIA` means.
+CRITERION_DESCRIPTIONS = {
     "coverage": ("coverage: how much of the information in the reference questions and answers the summary "
                  "conveys, including how the sources' answers differ"),
     "faithfulness": ("faithfulness: whether the summary is factually consistent with the reference article, "

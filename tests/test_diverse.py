@@ -34,6 +34,7 @@ from booklens.signatures import diverse as signatures
 from booklens.signatures.diverse import JudgeCoverageOfAllQAs
 from booklens.testing import ScriptedLM
 from booklens.text import split_sentences
+from booklens.vocabulary import CRITERIA
 
 FIXTURE = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
 
@@ -286,6 +287,10 @@ def test_binary_faithfulness_rejects_likert_values(event):
 
 # ---------------------------------------------------------------------------
 # pairwise comparison and position bias
+
+
+def test_the_pairwise_judge_can_describe_every_criterion():
+    assert set(signatures.CRITERION_DESCRIPTIONS) == set(CRITERIA)
 
 
 def test_judge_that_always_picks_the_second_position(event):

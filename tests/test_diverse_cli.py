@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from booklens.diverse_runs import judge_summaries
 from booklens.errors import BooklensError
 from booklens.testing import FakeOpenAIServer
 
@@ -50,6 +51,8 @@ def test_judge_input_checks(tmp_path, monkeypatch):
     summaries.write_text(json.dumps({"harbor-bridge-closure": "x"}))
     eid = json.loads(FIXTURE.read_text())[0]["eid"]
     summaries.write_text(json.dumps({eid: "A summary."}))
+    with pytest.raises(BooklensError, match="unknown protocol 'ranking': use binary, likert, pairwise"):
+        judge_summaries(FIXTURE, summaries, protocol="ranking")
     with pytest.raises(BooklensError, match="second summaries file"):
         invoke(["judge", str(FIXTURE), str(summaries), "--protocol", "pairwise"], tmp_path, monkeypatch)
     other = tmp_path / "o.json"

@@ -286,7 +286,7 @@ def test_a_finished_answer_and_a_lone_fragment_are_kept_whole():
 
 def test_the_embedded_model_asks_for_a_tight_cap_and_no_regenerations():
     from booklens.lm import BooklensLM, LocalBackend
-    from booklens.records import DEFAULT_GENERATION_ALLOWANCE, DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
+    from booklens.vocabulary import DEFAULT_GENERATION_ALLOWANCE, DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
     from booklens.steps import book_summarizer, summary_settings
 
     with dspy.context(lm=BooklensLM(LocalBackend(), cache=None)):  # the model file is not loaded

@@ -12,7 +12,6 @@ annotations, or sentence annotations such as GPT-4's with the matching summaries
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -29,6 +28,7 @@ from booklens.cli.common import (
     RpmOption,
     StructuredOption,
     TpmOption,
+    SplitName,
     ZeroShotOption,
     echo_judge,
     read_json_file,
@@ -36,12 +36,6 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.errors import BooklensError
-
-
-class SplitName(str, Enum):
-    train = "train"
-    dev = "dev"
-    test = "test"
 
 
 def _select(names: list[str], split: Optional[SplitName], limit: Optional[int]) -> list[str]:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Iterable, Optional
 
 import typer
+
+from booklens.data.splits import SPLITS
+from booklens.lm.remote import STRUCTURED_MODES
 
 LMOption = Annotated[
     Optional[str],
@@ -38,13 +41,14 @@ def echo_judge(judge) -> None:
         typer.echo(judge_line(judge), err=True)
 
 
-class Structured(str, Enum):
-    auto = "auto"
-    schema = "schema"
-    json = "json"
-    off = "off"
+def choices(name: str, values: Iterable[str]) -> Any:
+    """A typer choice type whose values come from the library's one list of them."""
+    return Enum(name, {v: v for v in values}, type=str)
 
 
+# The train/dev/test split of a dataset, by book (`booklens.data.splits`).
+SplitName = choices("SplitName", SPLITS)
+Structured = choices("Structured", STRUCTURED_MODES)
 StructuredOption = Annotated[
     Optional[Structured],
     typer.Option("--structured", help="How output schemas reach a LiteLLM backend: auto (json_schema, falling back to "
@@ -69,7 +73,7 @@ def evidence_enum(name: str, *, exclude: tuple[str, ...] = ()) -> type[Enum]:
     from booklens.retrieval import EVIDENCE_MODES, evidence_help
 
     modes = tuple(m for m in EVIDENCE_MODES if m not in exclude)
-    enum = Enum(name, {m: m for m in modes}, type=str)
+    enum = choices(name, modes)
     enum.help = evidence_help(modes)
     return enum
 

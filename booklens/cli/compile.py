@@ -22,6 +22,7 @@ from booklens.cli.common import (
     CacheDirOption,
     LMOption,
     RpmOption,
+    SplitName,
     StructuredOption,
     TpmOption,
     setup_lm,
@@ -177,7 +178,7 @@ def evaluate_command(
         "--program", help="A compiled artifact ('default': the few-shot program booklens ships); repeat to "
                           "compare several. The zero-shot program is the first column unless --no-zero-shot.")]
     = None,
-    split: Annotated[str, typer.Option("--split", help="train, dev or test.")] = "test",
+    split: Annotated[SplitName, typer.Option("--split", help="Which split of the data, by book.")] = SplitName.test,
     size: Annotated[Optional[int], typer.Option(
         "--size", help="Examples of the split to use (default: the task's subset size; 0: all).")] = None,
     zero_shot: Annotated[bool, typer.Option("--zero-shot/--no-zero-shot",
@@ -198,10 +199,9 @@ def evaluate_command(
         raise BooklensError(f"data not found: {data}")
     from booklens.optimizers.artifacts import check_task, load_program, sha256_of
     from booklens.optimizers.evaluate import evaluate_program, format_table
-    from booklens.optimizers.tasks import SPLITS, get_task, load_task_splits
+    from booklens.optimizers.tasks import get_task, load_task_splits
 
-    if split not in SPLITS:
-        raise BooklensError(f"unknown split '{split}': choose one of {', '.join(SPLITS)}")
+    split = SplitName(split).value
     if size is not None and size < 0:
         raise BooklensError(f"--size must be 0 (the whole split) or more (got {size})")
     spec = get_task(task)

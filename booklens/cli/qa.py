@@ -13,7 +13,6 @@ Each command parses its options, calls one function of `booklens.programs.qa` or
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -29,59 +28,36 @@ from booklens.cli.common import (
     RpmOption,
     StructuredOption,
     TpmOption,
+    choices,
     evidence_enum,
     lm_options,
     write_output,
 )
-from booklens.data.novelqa import EVIDENCE_RECALL_MODES, SETTINGS
-from booklens.diverse_runs import FAITHFULNESS_CHOICES
 from booklens.retrieval import SEARCH_MODES
+from booklens.vocabulary import (
+    ANSWER_CLUSTERINGS,
+    CRITERIA,
+    DIVERSE_METHODS,
+    EVIDENCE_RECALL_MODES,
+    FAITHFULNESS_CHOICES,
+    JUDGE_PROTOCOLS,
+    QA_SETTINGS,
+    RATING_SCALES,
+    VERBOSITY_PROTOCOLS,
+)
 
 
-def _choices(name: str, values: Any) -> Any:
-    """A typer choice type whose values come from the library's one list of them."""
-    return Enum(name, {v: v for v in values}, type=str)
-
-
-Setting = _choices("Setting", SETTINGS)
+Setting = choices("Setting", QA_SETTINGS)
 Evidence = evidence_enum("Evidence")
-RankMode = _choices("RankMode", SEARCH_MODES)
-EvidenceRecall = _choices("EvidenceRecall", EVIDENCE_RECALL_MODES)
-FaithfulnessProtocols = _choices("FaithfulnessProtocols", FAITHFULNESS_CHOICES)
-
-
-class Method(str, Enum):
-    auto = "auto"
-    direct = "direct"
-    extract = "extract"
-
-
-class Clustering(str, Enum):
-    llm = "llm"
-    exact = "exact"
-
-
-class Protocol(str, Enum):
-    binary = "binary"
-    likert = "likert"
-    pairwise = "pairwise"
-
-
-class Criterion(str, Enum):
-    coverage = "coverage"
-    faithfulness = "faithfulness"
-
-
-class CriterionOrBoth(str, Enum):
-    coverage = "coverage"
-    faithfulness = "faithfulness"
-    both = "both"
-
-
-class VerbosityProtocol(str, Enum):
-    single = "single"
-    pairwise = "pairwise"
-    both = "both"
+RankMode = choices("RankMode", SEARCH_MODES)
+EvidenceRecall = choices("EvidenceRecall", EVIDENCE_RECALL_MODES)
+FaithfulnessProtocols = choices("FaithfulnessProtocols", FAITHFULNESS_CHOICES)
+Method = choices("Method", DIVERSE_METHODS)
+Clustering = choices("Clustering", ANSWER_CLUSTERINGS)
+Protocol = choices("Protocol", JUDGE_PROTOCOLS)
+Criterion = choices("Criterion", CRITERIA)
+CriterionOrBoth = choices("CriterionOrBoth", (*CRITERIA, "both"))
+VerbosityProtocol = choices("VerbosityProtocol", (*VERBOSITY_PROTOCOLS, "both"))
 
 
 EVIDENCE_HELP = (Evidence.help + " With 'book', a book longer than the window is not read whole: the model gets "
@@ -113,7 +89,8 @@ def _rating_line(name: str, score: Optional[float], judgments: list, scale: str)
 
 
 def _scale(protocol: str) -> str:
-    return "0-1" if protocol == "binary" else "1-10"
+    low, high = RATING_SCALES[protocol]
+    return f"{low}-{high}"
 
 
 # ---------------------------------------------------------------------------
@@ -311,7 +288,7 @@ def bias_position(
     result = position_bias_study(events_path, summaries_1, summaries_2, criterion=criterion.value,
                                  max_articles=max_articles, per_qa=per_qa, lm=lm, api_base=api_base,
                                  lm_options=lm_options(structured, rpm, tpm), cache_dir=cache_dir, concurrency=concurrency)
-    for crit in ("coverage", "faithfulness"):
+    for crit in CRITERIA:
         if crit in result:
             typer.echo(format_position(result[crit]["result"], crit.capitalize()))
     typer.echo(_usage_line(result), err=True)
@@ -342,7 +319,7 @@ def bias_verbosity(
     from booklens.metrics.bias import format_verbosity
     from booklens.diverse_runs import verbosity_bias_study
 
-    protocols = ["single", "pairwise"] if protocol == VerbosityProtocol.both else [protocol.value]
+    protocols = list(VERBOSITY_PROTOCOLS) if protocol == VerbosityProtocol.both else [protocol.value]
     result = verbosity_bias_study(events_path, summaries, criterion=criterion.value, protocols=protocols,
                                   max_articles=max_articles, per_qa=per_qa, lm=lm, api_base=api_base,
                                   lm_options=lm_options(structured, rpm, tpm), cache_dir=cache_dir, concurrency=concurrency)

@@ -9,7 +9,6 @@ record written as it finishes; a rerun resumes) and prints the scores.
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,18 +24,16 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     ZeroShotOption,
+    choices,
     echo_judge,
     evidence_enum,
     lm_options,
 )
 from booklens.errors import BooklensError
+from booklens.vocabulary import SUMMARY_METHODS
 
 RunEvidence = evidence_enum("RunEvidence", exclude=("given",))
-
-
-class Method(str, Enum):
-    hier = "hier"
-    inc = "inc"
+Method = choices("Method", SUMMARY_METHODS)
 
 
 def score_line(run) -> str:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from booklens.cli import app
-from booklens.records import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, MERGE_CONTEXTS
 from booklens.cli.common import (
     ApiBaseOption,
     CacheDirOption,
@@ -19,17 +17,15 @@ from booklens.cli.common import (
     RpmOption,
     StructuredOption,
     TpmOption,
+    choices,
     setup_lm,
     write_output,
 )
+from booklens.vocabulary import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, MERGE_CONTEXTS, SUMMARY_METHODS
 
 
-class Method(str, Enum):
-    hier = "hier"
-    inc = "inc"
-
-
-MergeContext = Enum("MergeContext", {name: name for name in MERGE_CONTEXTS}, type=str)
+Method = choices("Method", SUMMARY_METHODS)
+MergeContext = choices("MergeContext", MERGE_CONTEXTS)
 
 
 @app.command()

@@ -3,7 +3,6 @@ with one aggregate table (see `booklens.sweep`)."""
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,13 +16,12 @@ from booklens.cli.common import (
     RpmOption,
     StructuredOption,
     TpmOption,
+    choices,
     lm_options,
 )
+from booklens.sweep import ENGINES
 
-
-class Engine(str, Enum):
-    local = "local"
-    ray = "ray"
+Engine = choices("Engine", ENGINES)
 
 
 @app.command("sweep")

@@ -8,3 +8,7 @@
 - `estimate`: `--dry-run`'s calls, tokens and cost from the summarizer's own planning code.
 - `run`: `run_sweep(manifest, output, ...)` and `dry_run(...)`, what `booklens sweep` calls.
 """
+
+# Where a sweep's cells run (the `engines` module has one class each). Kept here, light to
+# import, so the command's choices come from it too.
+ENGINES = ("local", "ray")

@@ -1,0 +1,59 @@
+"""Names booklens accepts, and the summarizer defaults that every layer shares.
+
+There is one list of each here. The programs, the records, the runs and the commands all read
+it. The module imports only the standard library, so the command line can build its choices
+from these lists without loading pydantic, DSPy or a model; that keeps `booklens --help` and
+argument errors instant. Other lists already live in light modules and stay there: evidence
+modes in `booklens.retrieval`, data splits in `booklens.data.splits`, sweep engines in
+`booklens.sweep`, and structured-output modes in `booklens.lm.remote`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# ---------------------------------------------------------------------------
+# Summaries (booklens.programs.summarizer, its records and sweep manifests)
+
+# How a summary is made: hierarchical merging or incremental updating.
+SummaryMethod = Literal["hier", "inc"]
+SUMMARY_METHODS: tuple[str, ...] = get_args(SummaryMethod)
+# Words asked for per token of budget: the published BooookScore code uses 0.65.
+DEFAULT_WORDS_PER_TOKEN = 0.65
+# What a hierarchical merge that is not the first of its level sees as context.
+MergeContextName = Literal["same-level", "lower-level", "none"]
+MERGE_CONTEXTS: tuple[str, ...] = get_args(MergeContextName)
+DEFAULT_MERGE_CONTEXT = "same-level"
+# How often a summary that is over its budget, or cut off at the cap, is written again. Also how
+# far past its budget G a generation may run (cap: G x slack + allowance tokens). The model's
+# backend may ask for its own values (`summary_settings`); the embedded model does.
+DEFAULT_MAX_REGENERATIONS = 2
+DEFAULT_GENERATION_SLACK = 1.5
+DEFAULT_GENERATION_ALLOWANCE = 64
+
+# ---------------------------------------------------------------------------
+# NovelQA (booklens.data.novelqa, booklens.programs.qa)
+
+# Multiple choice, or a generated answer graded by a judge.
+QA_SETTINGS = ("mc", "gen")
+# How the evidence a model quotes is scored: by the seed's LLM judge (correctness, relevance and
+# sufficiency, 0-100 each), or by word overlap with the located gold quotes (no LM call).
+EVIDENCE_RECALL_MODES = ("llm", "overlap")
+
+# ---------------------------------------------------------------------------
+# DiverseSumm (booklens.programs.diverse, booklens.diverse_runs)
+
+# How a summary of an event is written. `auto` writes it directly when the articles fit the
+# window, and from extracted sentences when they do not.
+DIVERSE_METHODS = ("auto", "direct", "extract")
+# How equivalent answers to a reference question are grouped.
+ANSWER_CLUSTERINGS = ("llm", "exact")
+# What a judge measures: coverage of the reference QA pairs, or faithfulness to each article.
+CRITERIA = ("coverage", "faithfulness")
+# Single-answer ratings and their scales (lowest, highest). `pairwise` compares two summaries.
+RATING_SCALES = {"binary": (0, 1), "likert": (1, 10)}
+JUDGE_PROTOCOLS = (*RATING_SCALES, "pairwise")
+# The rating protocols that each `--faithfulness` choice of `booklens diverse` runs.
+FAITHFULNESS_CHOICES = {**{scale: (scale,) for scale in RATING_SCALES}, "both": tuple(RATING_SCALES), "none": ()}
+# The verbosity-bias study rates each version alone, or puts original and extended side by side.
+VERBOSITY_PROTOCOLS = ("single", "pairwise")
