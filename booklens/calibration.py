@@ -47,7 +47,7 @@ def _sample_books(books: list[str], count: Optional[int], seed: int) -> list[str
 
 
 def _usage(meter: Any) -> dict[str, int]:
-    data = meter.as_dict()
+    data = meter.work()
     return {"calls": data["calls"], "prompt_tokens": data["prompt_tokens"],
             "completion_tokens": data["completion_tokens"]}
 
@@ -78,12 +78,13 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
     """Run the confusion detector on the sample; figures against the human spans."""
     from booklens.lm import current_lm
     from booklens.metrics.bootstrap import confusion_counts, figure
-    from booklens.optimizers.evaluate import Meter, metered
+    from booklens.lm.usage import UsageTracker
+    from booklens.optimizers.evaluate import metered
 
     import dspy
 
     items, info = coherence_sample(human_dir, books=books, seed=seed)
-    meter = Meter()
+    meter = UsageTracker()
     lm = metered(current_lm(), meter)
     units: list[list[int]] = []
     failed = sentences = 0
@@ -160,7 +161,8 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     from booklens.lm import current_lm
     from booklens.metrics.bootstrap import confusion_counts, figure
     from booklens.metrics.fables import verification_report
-    from booklens.optimizers.evaluate import Meter, metered
+    from booklens.lm.usage import UsageTracker
+    from booklens.optimizers.evaluate import metered
     from booklens.programs.faithfulness import FaithfulnessChecker
     from booklens.signatures.faithfulness import FABLES_LABELS
 
@@ -168,7 +170,7 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     keep = ("Yes", "No") if binary or table5 else tuple(FABLES_LABELS)
     summaries, info = verification_sample(fables_path, books=books, table5=table5 or binary and books is None,
                                           seed=seed)
-    meter = Meter()
+    meter = UsageTracker()
     lm = metered(current_lm(), meter)
     checker = FaithfulnessChecker(verifier=program, evidence_mode="given", concurrency=concurrency)
     gold: list[str] = []

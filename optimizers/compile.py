@@ -27,7 +27,8 @@ from typing import Any, Callable, Sequence
 import dspy
 
 from booklens.errors import BooklensError, LMError
-from booklens.optimizers.evaluate import Meter, metered, score_of
+from booklens.lm.usage import UsageTracker
+from booklens.optimizers.evaluate import metered, score_of
 
 OPTIMIZERS: dict[str, str] = {
     "labeled": "LabeledFewShot: annotated examples as demos",
@@ -139,7 +140,7 @@ def compile_program(
     seed: int = 0,
     program: dspy.Module | None = None,
     metric: Callable[..., Any] | None = None,
-    meter: Meter | None = None,
+    meter: UsageTracker | None = None,
     verbose: bool = False,
 ) -> dspy.Module:
     """Compile `program` (default: the task's zero-shot program) on `trainset`, choosing among

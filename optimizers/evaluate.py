@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -23,62 +22,37 @@ import dspy
 
 from booklens.errors import BooklensError, LMError
 from booklens.lm import BooklensLM
+from booklens.lm.usage import UsageTracker
 from booklens.metrics.bootstrap import bootstrap_mean as bootstrap_ci, paired_bootstrap_ci  # noqa: F401 - part of this module's API
 
 # ---------------------------------------------------------------------------
 # Metering and rollout-aware LM wrapper
 
 
-@dataclass
-class Meter:
-    """LM calls a program made, including those answered from the cache, with their tokens."""
+def metered(lm: Any, meter: UsageTracker | None = None) -> Any:
+    """A view of a booklens LM (same backend, cache and usage counters) that also counts its calls
+    in `meter`, and turns DSPy's `rollout_id` into a fresh sample.
 
-    calls: int = 0
-    cached_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, usage: dict[str, Any] | None, cache_hit: bool) -> None:
-        usage = usage or {}
-        with self._lock:
-            self.calls += 1
-            self.cached_calls += int(bool(cache_hit))
-            self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
-            self.completion_tokens += int(usage.get("completion_tokens") or 0)
-
-    def as_dict(self) -> dict[str, int]:
-        with self._lock:
-            return {"calls": self.calls, "cached_calls": self.cached_calls,
-                    "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
-
-
-def metered(lm: Any, meter: Meter | None = None) -> Any:
-    """A view of a booklens LM (same backend, cache and usage counters) that also feeds `meter`
-    and turns DSPy's `rollout_id` into a fresh sample.
+    The meter travels with the LM object, so it also counts calls that an optimizer makes in
+    threads of its own, where the usage scopes of this context do not reach.
 
     Optimizers ask for distinct samples of the same prompt with `lm.copy(rollout_id=i)`. The
     booklens cache key and the embedded model's sampling seed follow `booklens_attempt`, not
     `rollout_id`, so without this every rollout would return the first one's answer."""
     if not isinstance(lm, BooklensLM):
         return lm
-    view = _MeteredLM.__new__(_MeteredLM)
-    view.__dict__.update(lm.__dict__)
-    view.kwargs = dict(lm.kwargs)
-    view.history = []
-    view.meter = meter if meter is not None else Meter()
+    view = lm.view(_MeteredLM)
+    view.meter = meter if meter is not None else UsageTracker()
     return view
 
 
 class _MeteredLM(BooklensLM):
-    meter: Meter
+    meter: UsageTracker
 
-    def __deepcopy__(self, memo):
-        clone = type(self).__new__(type(self))
-        clone.__dict__.update(self.__dict__)
-        clone.kwargs = dict(self.kwargs)
-        clone.history = []
-        return clone
+    def _count(self, completion: Any, *, cached: bool) -> dict[str, Any]:
+        counts = super()._count(completion, cached=cached)
+        self.meter.count(**counts)
+        return counts
 
     def forward(self, prompt=None, messages=None, **kwargs):
         merged = {**self.kwargs, **kwargs}
@@ -87,7 +61,6 @@ class _MeteredLM(BooklensLM):
             # A distinct, reproducible sample per rollout (the embedded model's seed adds the attempt).
             kwargs["booklens_attempt"] = 1 + int(rollout) % (2**30)
         response = super().forward(prompt=prompt, messages=messages, **kwargs)
-        self.meter.add(getattr(response, "usage", None), bool(getattr(response, "cache_hit", False)))
         return response
 
 
@@ -152,7 +125,7 @@ def evaluate_program(
     examples = list(examples)
     if not examples:
         raise BooklensError("nothing to evaluate: the split is empty")
-    meter = Meter()
+    meter = UsageTracker()
     lm = metered(current_lm(), meter)
 
     def run(example: dspy.Example) -> tuple[float, str | None, Any]:
@@ -176,7 +149,7 @@ def evaluate_program(
         scores=[s for s, _, _ in outcomes],
         failures=len(errors),
         errors=errors[:5],
-        usage=meter.as_dict(),
+        usage=meter.work(),
         seconds=seconds,
         predictions=[p for _, _, p in outcomes] if keep_predictions else [],
     )

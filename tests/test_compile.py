@@ -17,6 +17,7 @@ import pytest
 
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, configure
+from booklens.lm.usage import UsageTracker, usage_scope
 from booklens.optimizers.artifacts import (
     ARTIFACT_FORMAT_VERSION,
     artifact_metadata,
@@ -329,6 +330,23 @@ def test_usage_counts_cached_calls_with_their_tokens(splits, tmp_path):
     second = evaluate_program(MoodProgram(), dev, accuracy)
     assert second.usage["cached_calls"] == len(dev) and first.usage["cached_calls"] == 0
     assert second.usage["prompt_tokens"] == first.usage["prompt_tokens"] > 0
+
+
+def test_a_metered_lm_counts_each_call_once_in_its_meter_and_in_the_open_scopes(tmp_path):
+    lm = ScriptedLM(lambda call: {"label": "happy"}, cache_dir=tmp_path)
+    meter = UsageTracker()
+    view = metered(lm, meter)
+    with usage_scope() as scope, dspy.context(lm=view, adapter=BooklensAdapter()):
+        MoodProgram()(text="first")
+        MoodProgram()(text="second")
+        MoodProgram()(text="first")  # answered from the cache
+    assert len(lm.backend.calls) == 2
+    for work in (meter.work(), scope.work()):
+        assert work["calls"] == 3 and work["cached_calls"] == 1
+    # a copy an optimizer makes keeps counting in the same meter
+    with dspy.context(lm=view.copy(temperature=0.5), adapter=BooklensAdapter()):
+        MoodProgram()(text="third")
+    assert meter.work()["calls"] == 4 and scope.work()["calls"] == 3
 
 
 def test_rollouts_get_fresh_samples():

@@ -100,7 +100,8 @@ def compile_command(
     """Compile a task's program on the training split with a DSPy optimizer; write the artifact."""
     from booklens.optimizers.artifacts import save_program
     from booklens.optimizers.compile import check_optimizer, compile_program
-    from booklens.optimizers.evaluate import Meter, evaluate_program, format_table
+    from booklens.lm.usage import UsageTracker
+    from booklens.optimizers.evaluate import evaluate_program, format_table
     from booklens.optimizers.tasks import get_task, load_task_splits
 
     name = check_optimizer(optimizer)
@@ -117,7 +118,7 @@ def compile_command(
 
     typer.echo(f"compiling {spec.name} with {name}: {len(splits.train)} train / {len(splits.dev)} dev / "
                f"{len(splits.test)} test examples, budget {budget.as_dict()}", err=True)
-    meter = Meter()
+    meter = UsageTracker()
     started = time.perf_counter()
     compiled = compile_program(spec, splits.train, splits.dev, optimizer=name, budget=budget, seed=seed,
                                meter=meter, verbose=verbose)
@@ -145,7 +146,7 @@ def compile_command(
         metrics=metrics,
     )
     typer.echo(f"wrote {output}", err=True)
-    usage = meter.as_dict()
+    usage = meter.work()
     demos_count = {n: len(p.demos) for n, p in compiled.named_predictors()}
     lines = [
         f"{spec.name} compiled with {name} (seed {seed}) in {compile_seconds:.0f} s "

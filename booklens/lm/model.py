@@ -65,13 +65,27 @@ class BooklensLM(dspy.BaseLM):
         """Summarizer settings the backend's model needs instead of the defaults (most need none)."""
         return dict(getattr(self.backend, "summary_settings", None) or {})
 
-    def __deepcopy__(self, memo):
-        # Optimizers copy programs and LMs; the backend, cache and counters are shared resources.
-        clone = BooklensLM.__new__(BooklensLM)
+    def view(self, cls: type | None = None) -> "BooklensLM":
+        """A new LM object (of `cls`, by default this one's class) that shares this one's backend,
+        cache and counters, with kwargs and history of its own."""
+        cls = cls or type(self)
+        clone = cls.__new__(cls)
         clone.__dict__.update(self.__dict__)
         clone.kwargs = dict(self.kwargs)
         clone.history = []
         return clone
+
+    def __deepcopy__(self, memo):
+        # Optimizers copy programs and LMs; the backend, cache and counters are shared resources.
+        return self.view()
+
+    def _count(self, completion: Completion, *, cached: bool) -> dict[str, Any]:
+        """Count a call in the LM's usage tracker and the usage scopes open here; returns the counts."""
+        counts = dict(cached=cached, prompt_tokens=completion.prompt_tokens,
+                      completion_tokens=completion.completion_tokens, cost=completion.cost,
+                      provider_cached_tokens=completion.provider_cached_tokens)
+        self.usage.record(**counts)
+        return counts
 
     def forward(self, prompt=None, messages=None, **kwargs):
         merged = {**self.kwargs, **kwargs}
@@ -108,13 +122,7 @@ class BooklensLM(dspy.BaseLM):
         else:
             value, reused = call(), False
         completion = _completion(value)
-        if reused:
-            self.usage.record(cached=True, prompt_tokens=completion.prompt_tokens,
-                              completion_tokens=completion.completion_tokens, cost=completion.cost)
-        else:
-            self.usage.record(cached=False, prompt_tokens=completion.prompt_tokens,
-                              completion_tokens=completion.completion_tokens, cost=completion.cost,
-                              provider_cached_tokens=completion.provider_cached_tokens)
+        self._count(completion, cached=reused)
         _last_finish_reason.set(completion.finish_reason)
         return _openai_shaped(self.backend.name, completion, reused)
 

@@ -109,9 +109,10 @@ class UsageTracker:
         counts = dict(cached=cached, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=cost,
                       provider_cached_tokens=provider_cached_tokens)
         for tracker in (self, *(t for t in _scopes.get() if t is not self)):
-            tracker._add(**counts)
+            tracker.count(**counts)
 
-    def _add(self, **counts: Any) -> None:
+    def count(self, **counts: Any) -> None:
+        """Count one call in this tracker only (under the current step), not in the open scopes."""
         step = current_step()
         with self._lock:
             self.total.add(**counts)
@@ -120,6 +121,12 @@ class UsageTracker:
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {**self.total.as_dict(), "steps": {k: v.as_dict() for k, v in self.steps.items()}}
+
+    def work(self) -> dict[str, Any]:
+        """Every call counted here, with those the cache answered (also given apart as
+        `cached_calls`) at the tokens and cost they had when first made (`work_between`)."""
+        snapshot = self.snapshot()
+        return {**work_between(StepUsage().as_dict(), snapshot), "cached_calls": snapshot["cached_calls"]}
 
 
 def usage_delta(before: dict, after: dict) -> dict[str, Any]:
