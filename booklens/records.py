@@ -70,21 +70,29 @@ def remove_partial_writes(folder: str | Path, names: Iterable[str]) -> int:
     return removed
 
 
-def read_json_file(path: str | Path, what: str) -> Any:
-    """A JSON file a user gave, or a one-line `BooklensError` saying what is wrong with it."""
+def read_text_file(path: str | Path, what: str) -> str:
+    """The text of a file a user gave (UTF-8, a byte-order mark allowed), or a one-line
+    `BooklensError` that names the file as `what` and says what is wrong with it."""
     path = Path(path)
-    if not path.exists():
-        raise BooklensError(f"{what} not found: {path}")
-    if path.is_dir():
-        raise BooklensError(f"{what} is a directory, not a file: {path}")
     try:
-        return json.loads(path.read_text(encoding="utf-8-sig"))
+        return path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise BooklensError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise BooklensError(f"{what} is a directory, not a file: {path}") from None
     except UnicodeDecodeError:
         raise BooklensError(f"{what} is not UTF-8 text: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"{what} is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
     except OSError as exc:
         raise BooklensError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def read_json_file(path: str | Path, what: str) -> Any:
+    """A JSON file a user gave, or a one-line `BooklensError` saying what is wrong with it."""
+    text = read_text_file(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BooklensError(f"{what} is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
 
 
 # ---------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from booklens.records import (
     SentenceAnnotation,
     Summary,
     SummaryNode,
+    read_json_file,
     write_atomically,
 )
 
@@ -79,23 +80,6 @@ class RunData:
     faithfulness: Optional[FaithfulnessReport] = None
 
 
-def _read_json(path: Path, what: str) -> Any:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise BooklensError(f"{what} not found: {path}") from None
-    except IsADirectoryError:
-        raise BooklensError(f"{what} is a directory, not a file: {path}") from None
-    except OSError as exc:
-        raise BooklensError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    try:
-        return json.loads(raw.decode("utf-8-sig"))
-    except UnicodeDecodeError:
-        raise BooklensError(f"{what} is not UTF-8 text: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"{what} is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
-
-
 def check_format(data: Any, path: Path, what: str, kind: str) -> None:
     """A one-line error unless `data` is a booklens record of `kind` this version can read."""
     if not isinstance(data, dict) or data.get("kind") != kind:
@@ -119,7 +103,7 @@ def _validate(model: type[BaseModel], data: Any, path: Path, what: str) -> Any:
 
 
 def read_run_record(path: Path) -> RunRecord:
-    data = _read_json(path, "run record")
+    data = read_json_file(path, "run record")
     check_format(data, path, "booklens run record", "booklens.run")
     return _validate(RunRecord, data, path, "run record")
 
@@ -127,7 +111,7 @@ def read_run_record(path: Path) -> RunRecord:
 def read_step_record(run_dir: Path, step: str) -> Any:
     """The checked record of one step of a run directory."""
     path = run_dir / STEP_FILES[step]
-    data = _read_json(path, f"{step} record")
+    data = read_json_file(path, f"{step} record")
     if step == "summary":
         check_format(data, path, "summary record", "booklens.summary")
         given = isinstance(data, dict) and data.get("source") == "given"

@@ -36,6 +36,7 @@ from booklens.records import (
     CoherenceResult,
     CoherenceSet,
     SentenceAnnotation,
+    read_json_file,
 )
 
 HUMAN_CONFIGS = ("gpt4-4096-inc", "gpt4-4096-hier")
@@ -293,7 +294,7 @@ def parse_human_annotations(data: Any, what: str = "annotation file") -> dict[st
 
 
 def load_human_annotations(path: str | Path) -> dict[str, HumanSummaryAnnotation]:
-    return parse_human_annotations(_read_json(path, "annotation file"), f"annotation file {path}")
+    return parse_human_annotations(read_json_file(path, "annotation file"), f"annotation file {path}")
 
 
 def human_results(annotations: Mapping[str, HumanSummaryAnnotation], *, stats: bool = True) -> dict[str, CoherenceResult]:
@@ -400,7 +401,7 @@ def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "g
 def load_sentence_annotations(annotations_path: str | Path, summaries_path: str | Path, *, annotator: str = "gpt4",
                               stats: bool = True) -> tuple[dict[str, CoherenceResult], list[str]]:
     return parse_sentence_annotations(
-        _read_json(annotations_path, "annotation file"), _read_json(summaries_path, "summaries file"),
+        read_json_file(annotations_path, "annotation file"), read_json_file(summaries_path, "summaries file"),
         annotator=annotator, what=f"annotation file {annotations_path}",
         summaries_what=f"summaries file {summaries_path}", stats=stats)
 
@@ -498,22 +499,6 @@ def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotati
 def _first_error(exc: Exception) -> str:
     lines = str(exc).strip().splitlines()
     return " ".join(lines[:3])[:200] if lines else type(exc).__name__
-
-
-def _read_json(path: str | Path, what: str) -> Any:
-    import json
-
-    p = Path(path)
-    if not p.exists():
-        raise BooklensError(f"{what} not found: {p}")
-    if p.is_dir():
-        raise BooklensError(f"{what} is a directory, not a file: {p}")
-    try:
-        return json.loads(p.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError:
-        raise BooklensError(f"{what} is not UTF-8 text: {p}") from None
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"{what} is not valid JSON ({p}: line {exc.lineno}: {exc.msg})") from None
 
 
 # ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 
 from booklens.data import booookscore as bs
 from booklens.metrics.booookscore import build_set
+from booklens.records import read_json_file
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "booookscore"
 
@@ -117,7 +118,7 @@ def test_gpt4_against_humans_on_the_same_summaries(human_sets):
     from booklens.metrics.agreement import agreement
 
     gpt4, notes = bs.parse_validation_study(
-        bs._read_json(DATA / "human" / "annotations-gpt4-4096-inc.json", "file"), stats=False)
+        read_json_file(DATA / "human" / "annotations-gpt4-4096-inc.json", "file"), stats=False)
     assert len(gpt4) == 88 and notes == []
     assert sum(r.n_confusing for r in gpt4.values()) == 669
     report = agreement(gpt4, human_sets["gpt4-4096-inc"], name_a="gpt4", name_b="human")

@@ -137,6 +137,12 @@ def test_the_command_line_reports_a_bad_manifest_in_one_line(corpus: Path):
 def test_load_manifest_raises_booklens_errors(corpus: Path):
     with pytest.raises(BooklensError, match="manifest not found"):
         load_manifest(corpus / "nowhere.yaml")
+    with pytest.raises(BooklensError, match="manifest is a directory, not a file"):
+        load_manifest(corpus)
+    latin1 = corpus.parent / "latin1.yaml"
+    latin1.write_bytes("books: corpus  # caf\xe9\n".encode("latin-1"))
+    with pytest.raises(BooklensError, match="manifest is not UTF-8 text"):
+        load_manifest(latin1)
 
 
 @pytest.mark.parametrize("case", ["help", "bad manifest", "missing manifest"])

@@ -31,6 +31,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from booklens.errors import BooklensError
+from booklens.records import read_json_file, read_text_file
 
 BOOK_SUFFIXES = (".txt", ".epub")
 JUDGE_PROGRAM_TASKS = ("coherence", "decomposition", "verification")
@@ -202,16 +203,7 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
 def _read_yaml(path: Path) -> Any:
     import yaml
 
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise BooklensError(f"manifest not found: {path}") from None
-    except IsADirectoryError:
-        raise BooklensError(f"the manifest is a directory, not a file: {path}") from None
-    except UnicodeDecodeError:
-        raise BooklensError(f"the manifest is not UTF-8 text: {path}") from None
-    except OSError as exc:
-        raise BooklensError(f"cannot read the manifest {path}: {exc.strerror or exc}") from None
+    text = read_text_file(path, "manifest")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -325,16 +317,7 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
 
 
 def _read_summaries(path: Path, books: list[Book], where: str) -> dict[str, str]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except FileNotFoundError:
-        raise BooklensError(f"{where}: summaries file not found: {path}") from None
-    except IsADirectoryError:
-        raise BooklensError(f"{where}: the summaries file is a directory: {path}") from None
-    except UnicodeDecodeError:
-        raise BooklensError(f"{where}: the summaries file is not UTF-8 text: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"{where}: {path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    data = read_json_file(path, f"{where}: summaries file")
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise BooklensError(f"{where}: {path} must be a JSON object of {{book key: summary text}}")
     missing = [b.key for b in books if b.key not in data]
