@@ -252,14 +252,7 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     index = None
     index_seconds = 0.0
     with usage_scope() as tracker:
-        if decompose:
-            with usage_step("decompose"):
-                decomposed = checker.decomposer(summary=summary)
-            if decomposed.error:
-                raise BooklensError(f"could not split the summary into claims ({decomposed.attempts} tries): "
-                                    f"{decomposed.error}")
-            claims = decomposed.claims
-        claims = list(claims)
+        claims = checker.claims_of(summary) if decompose else list(claims)
         if book_text is not None and mode != "none" and claims:
             index = book_index(book_text, cache_dir=cache_dir, passage_tokens=passage_tokens, mode=mode)
             index_seconds = time.perf_counter() - started

@@ -370,18 +370,23 @@ class FaithfulnessChecker(dspy.Module):
         with usage_step("verify"):
             return parallel_map(run, range(len(claims)), concurrency=self.concurrency, desc="verifying claims")
 
+    def claims_of(self, summary: str) -> list[str]:
+        """The summary's atomic claims, counted under the `decompose` usage step; a one-line
+        error when the decomposer gives up."""
+        with usage_step("decompose"):
+            decomposed = self.decomposer(summary=summary)
+        if decomposed.error:
+            raise BooklensError(f"could not split the summary into claims ({decomposed.attempts} tries): "
+                                f"{decomposed.error}")
+        return list(decomposed.claims)
+
     def forward(self, summary: str | None = None, *, claims: Sequence[str] | None = None,
                 index: BookIndex | None = None, given_evidence: Sequence[Sequence[str]] | None = None
                 ) -> dspy.Prediction:
         if claims is None:
             if summary is None:
                 raise BooklensError("give a summary or a list of claims")
-            with usage_step("decompose"):
-                decomposed = self.decomposer(summary=summary)
-            if decomposed.error:
-                raise BooklensError(f"could not split the summary into claims "
-                                    f"({decomposed.attempts} tries): {decomposed.error}")
-            claims = decomposed.claims
+            claims = self.claims_of(summary)
         verdicts = self.verify_claims(list(claims), index=index, given_evidence=given_evidence)
         counts, percentages, failures = label_summary(verdicts)
         return dspy.Prediction(claims=verdicts, label_counts=counts, label_percentages=percentages,
