@@ -5,5 +5,23 @@ class BooklensError(Exception):
     """A problem with the input, the configuration or the backend that the user can fix."""
 
 
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message cut to its first line (and `limit` characters), for one-line
+    errors and the error fields of records; the exception's type when it has no message."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:limit] if lines else type(exc).__name__
+
+
+def validation_problem(exc: Exception) -> str:
+    """The first problem of a pydantic `ValidationError` as a short phrase: `missing field 'x'`,
+    or `field.path: message`."""
+    problem = exc.errors()[0]
+    where = ".".join(str(p) for p in problem.get("loc", ()) if p != "__root__")
+    if problem.get("type") == "missing":
+        return f"missing field {where!r}"
+    message = problem.get("msg", "invalid").removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
 class LMError(BooklensError):
     """A permanent backend failure: bad key, unknown model, prompt larger than the context."""

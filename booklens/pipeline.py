@@ -40,7 +40,7 @@ from typing import Any, Callable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, first_line
 from booklens.vocabulary import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, MergeContextName, SummaryMethod
 
 STEPS = ("summary", "coherence", "claims", "faithfulness")
@@ -209,11 +209,6 @@ def previous_run(output: Path):
     return read_run_record(output / RUN_FILE) if owned_output_dir(output, RUN_FILE, "run") else None
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
-
-
 # ---------------------------------------------------------------------------
 # Steps: each runs, or is reused when its record is there with the same inputs
 
@@ -282,7 +277,7 @@ class _Runner:
             except Exception as exc:  # recorded, and the steps that do not need this one still run
                 if not isinstance(exc, BooklensError) and os.environ.get("BOOKLENS_DEBUG"):
                     raise
-                reason = _first_line(exc)
+                reason = first_line(exc)
                 if not isinstance(exc, BooklensError):
                     reason = f"internal error: {type(exc).__name__}: {reason}"
                 with self._lock:
@@ -478,7 +473,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         try:
             book_text = read_book(book, drop_matter=system.drop_matter)
         except BooklensError as exc:
-            book_error = _first_line(exc)
+            book_error = first_line(exc)
     book_sha = sha256_text(book_text) if book_text is not None else None
     base = {
         "book": str(book), "book_sha256": book_sha or "", "book_chars": len(book_text or ""),

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import dspy
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from booklens.data.splits import DEFAULT_FRACTIONS, DEFAULT_SEED, split_by_book
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, validation_problem
 from booklens.records import (
     COHERENCE_ERROR_TYPES,
     CoherenceErrorType,
@@ -473,13 +473,13 @@ def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotati
     if isinstance(data, Mapping) and data.get("kind") == "booklens.coherence_set":
         try:
             return dict(CoherenceSet.model_validate(data).results)
-        except Exception as exc:
-            raise BooklensError(f"{what} is not a valid booklens coherence set: {_first_error(exc)}") from None
+        except ValidationError as exc:
+            raise BooklensError(f"{what} is not a valid booklens coherence set: {validation_problem(exc)}") from None
     if isinstance(data, Mapping) and data.get("kind") == "booklens.coherence":
         try:
             result = CoherenceResult.model_validate(data)
-        except Exception as exc:
-            raise BooklensError(f"{what} is not a valid booklens coherence result: {_first_error(exc)}") from None
+        except ValidationError as exc:
+            raise BooklensError(f"{what} is not a valid booklens coherence result: {validation_problem(exc)}") from None
         return {result.book or "summary": result}
     if is_human_format(data):
         return human_results(parse_human_annotations(data, what), stats=stats)
@@ -494,11 +494,6 @@ def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotati
         f"{what} is not an annotation set: expected a booklens score output, human span annotations "
         "(book -> {summary, singles, relations}), sentence annotations (book -> {sentence: {questions, types}}) "
         "or the precision-study file (book -> {summary, annotations})")
-
-
-def _first_error(exc: Exception) -> str:
-    lines = str(exc).strip().splitlines()
-    return " ".join(lines[:3])[:200] if lines else type(exc).__name__
 
 
 # ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, validation_problem
 from booklens.records import read_json_file
 
 MIN_ARTICLES = 2
@@ -119,7 +119,7 @@ def parse_events(payload: Any, source: str = "events") -> list[Event]:
         try:
             event = Event.model_validate(item)
         except ValidationError as exc:
-            raise BooklensError(f"{where}: {_first_problem(exc)}") from None
+            raise BooklensError(f"{where}: {validation_problem(exc)}") from None
         if len(event.articles) < MIN_ARTICLES:
             raise BooklensError(
                 f"{where} has {len(event.articles)} article(s); diverse summarization needs at least {MIN_ARTICLES}")
@@ -192,12 +192,3 @@ def to_examples(events: list[Event]) -> list:
     return [dspy.Example(articles=[a.as_text() for a in e.articles], eid=e.eid,
                          question_answers=[qa.model_dump() for qa in e.question_answers]).with_inputs("articles")
             for e in events]
-
-
-def _first_problem(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err.get("loc", ()))
-    if err.get("type") == "missing":
-        return f"missing field {loc!r}"
-    msg = err.get("msg", "invalid").removeprefix("Value error, ")
-    return f"{loc}: {msg}" if loc else msg

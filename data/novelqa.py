@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, validation_problem
 from booklens.records import read_json_file
 from booklens.vocabulary import EVIDENCE_RECALL_MODES, QA_SETTINGS
 
@@ -236,12 +236,8 @@ class QAPrediction(BaseModel):
 
 def _first_problem(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
-    msg = err.get("msg", "invalid")
-    if err.get("type") == "missing":
-        return f"missing field {loc!r}"
+    loc = ".".join(str(p) for p in err.get("loc", ()))
     if err.get("type") == "literal_error" and loc in ("Aspect", "Complexity"):
         allowed = ", ".join(ASPECTS if loc == "Aspect" else COMPLEXITIES)
         return f"{loc} must be one of {allowed} (got {err.get('input')!r})"
-    msg = msg.removeprefix("Value error, ")
-    return f"{loc}: {msg}" if loc else msg
+    return validation_problem(exc)

@@ -24,7 +24,7 @@ from typing import Any
 
 import dspy
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, first_line
 
 ARTIFACT_KIND = "booklens.program"
 ARTIFACT_FORMAT_VERSION = 1
@@ -45,7 +45,7 @@ def program_state(program: dspy.Module) -> dict[str, Any]:
         try:
             program.save(str(path))
         except Exception as exc:
-            raise BooklensError(f"cannot save the compiled program as JSON: {_first_line(exc)}") from None
+            raise BooklensError(f"cannot save the compiled program as JSON: {first_line(exc)}") from None
         return json.loads(path.read_text(encoding="utf-8"))
 
 
@@ -174,7 +174,7 @@ def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Modu
     except BooklensError:
         raise
     except Exception as exc:
-        raise BooklensError(f"program artifact {path} is corrupted: {_first_line(exc)}") from None
+        raise BooklensError(f"program artifact {path} is corrupted: {first_line(exc)}") from None
     for (name, predictor), (_, loaded) in zip(program.named_predictors(), trial.named_predictors()):
         predictor.__dict__.update(loaded.__dict__)
     program._booklens_artifact = block  # noqa: SLF001 - lets commands record what they ran
@@ -224,11 +224,6 @@ def _file_digest(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:300] if lines else type(exc).__name__
 
 
 __all__ = ["ARTIFACT_FORMAT_VERSION", "ARTIFACT_KIND", "artifact_metadata", "check_task", "load_program",

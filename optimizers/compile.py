@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import dspy
 
-from booklens.errors import BooklensError, LMError
+from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm.usage import UsageTracker
 from booklens.optimizers.evaluate import metered, score_of
 
@@ -187,7 +187,7 @@ def compile_program(
             cause = _root_cause(exc)
             if isinstance(cause, BooklensError):
                 raise cause from None
-            raise BooklensError(f"optimizer '{name}' failed: {type(cause).__name__}: {_first_line(cause)}") from None
+            raise BooklensError(f"optimizer '{name}' failed: {type(cause).__name__}: {first_line(cause)}") from None
     return _strip(compiled)
 
 
@@ -291,8 +291,3 @@ def _root_cause(exc: BaseException) -> BaseException:
             break
         exc = nxt
     return exc
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:300] if lines else type(exc).__name__

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import dspy
 
-from booklens.errors import BooklensError, LMError
+from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm import BooklensLM
 from booklens.lm.usage import UsageTracker
 from booklens.metrics.bootstrap import bootstrap_mean as bootstrap_ci, paired_bootstrap_ci  # noqa: F401 - part of this module's API
@@ -134,7 +134,7 @@ def evaluate_program(
         except LMError:
             raise
         except Exception as exc:  # the program gave up on this example
-            return 0.0, f"{type(exc).__name__}: {_first_line(exc)}", None
+            return 0.0, f"{type(exc).__name__}: {first_line(exc)}", None
         return score_of(metric(example, prediction, None)), None, prediction
 
     started = time.perf_counter()
@@ -153,11 +153,6 @@ def evaluate_program(
         seconds=seconds,
         predictions=[p for _, _, p in outcomes] if keep_predictions else [],
     )
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:300] if lines else type(exc).__name__
 
 
 def fresh_copy(program: dspy.Module) -> dspy.Module:

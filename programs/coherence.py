@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import dspy
 
-from booklens.errors import LMError
+from booklens.errors import LMError, first_line
 from booklens.lm import fresh_try, predict_with_retries
 from booklens.parallel import chunked, parallel_map
 from booklens.records import COHERENCE_ERROR_TYPES, SentenceAnnotation
@@ -92,11 +92,6 @@ def _annotation(index: int, sentence: str, verdict: str, questions: Any, error_t
 def _failure(index: int, sentence: str, error: str, attempts: int) -> SentenceAnnotation:
     return SentenceAnnotation(index=index, sentence=sentence, confusing=None, status="failed",
                               attempts=attempts, error=error)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0][:200] if lines else type(exc).__name__
 
 
 def number_sentences(sentences: Sequence[str], indices: Sequence[int]) -> str:
@@ -334,7 +329,7 @@ class CoherenceScorer(dspy.Module):
                 raise
             except Exception as exc:  # the whole answer did not parse: every pending sentence is re-asked
                 for i in pending:
-                    errors[i] = f"unparseable answer: {_first_line(exc)}"
+                    errors[i] = f"unparseable answer: {first_line(exc, limit=200)}"
                 continue
             wanted = set(pending)
             got: dict[int, Any] = {}

@@ -11,6 +11,7 @@ import booklens  # noqa: F401
 import pytest
 
 from booklens.data import booookscore as bs
+from booklens.errors import BooklensError
 from booklens.metrics.booookscore import build_set
 from booklens.records import read_json_file
 
@@ -127,3 +128,15 @@ def test_gpt4_against_humans_on_the_same_summaries(human_sets):
     assert c["precision"] == pytest.approx(0.348, abs=0.002)
     assert c["recall"] == pytest.approx(0.265, abs=0.002)
     assert c["kappa"] == pytest.approx(0.141, abs=0.002)
+
+
+@pytest.mark.parametrize("data, problem", [
+    ({"kind": "booklens.coherence_set", "results": {"a": {"summary": 3}}},
+     "coherence set: results.a.summary: Input should be a valid string"),
+    ({"kind": "booklens.coherence", "n_sentences": 2}, "coherence result: missing field 'summary'"),
+])
+def test_an_invalid_score_file_is_one_line_naming_its_first_problem(data, problem):
+    with pytest.raises(BooklensError) as excinfo:
+        bs.results_from_json(data, what="scores.json")
+    message = str(excinfo.value)
+    assert message == f"scores.json is not a valid booklens {problem}" and "\n" not in message

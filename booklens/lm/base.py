@@ -22,8 +22,3 @@ class Completion:
     cost: float | None = None
     # Prompt tokens the provider served from its own prompt cache (billed at its cached rate).
     provider_cached_tokens: int = 0
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__

@@ -14,9 +14,9 @@ from typing import Any, Callable
 
 import dspy
 
-from booklens.errors import BooklensError, LMError
+from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm.adapter import BooklensAdapter
-from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, first_line as _first_line
+from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 from booklens.lm.cache import CallCache, default_cache_dir
 from booklens.lm.embedded import LOCAL_LM, LocalBackend
 from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend
@@ -331,7 +331,7 @@ def predict_with_retries(
         except LMError:
             raise
         except Exception as exc:  # DSPy raises several parse error types
-            complaint = f"unparseable answer: {_first_line(exc)}"
+            complaint = f"unparseable answer: {first_line(exc)}"
         else:
             complaint = check(prediction) if check else None
             if complaint is None:

@@ -30,8 +30,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from booklens.errors import LMError
-from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, first_line as _first_line
+from booklens.errors import LMError, first_line
+from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 
 log = logging.getLogger("booklens.lm")
 
@@ -268,7 +268,7 @@ class LiteLLMBackend:
         if "response_format" in kwargs and status != 429 and _mentions_response_format(text):
             if self.structured != "auto":
                 raise LMError(self._redact(
-                    f"{where} refused the '{dialect}' structured-output format ({_status(exc)}{_first_line(exc)}); "
+                    f"{where} refused the '{dialect}' structured-output format ({_status(exc)}{first_line(exc)}); "
                     "try --structured auto")) from None
             self._refused(dialect)
             return failures
@@ -292,12 +292,12 @@ class LiteLLMBackend:
                                      litellm.BadGatewayError)) or status in TRANSIENT_STATUS or _unreachable(exc)
         if not transient:
             if isinstance(exc, litellm.BadRequestError):
-                raise LMError(self._redact(f"{where} rejected the request: {_first_line(exc)}")) from None
-            raise LMError(self._redact(f"{where} failed: {type(exc).__name__}: {_first_line(exc)}")) from None
+                raise LMError(self._redact(f"{where} rejected the request: {first_line(exc)}")) from None
+            raise LMError(self._redact(f"{where} failed: {type(exc).__name__}: {first_line(exc)}")) from None
         failures += 1
         if failures > self.retries:
             raise LMError(self._redact(
-                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {_first_line(exc)}"
+                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {first_line(exc)}"
             )) from None
         wait = retry_after(exc)
         if wait is None:
