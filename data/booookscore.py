@@ -529,18 +529,6 @@ def split_results(results: Mapping[str, CoherenceResult], *, seed: int = DEFAULT
     return {name: {b: results[b] for b in group} for name, group in books.items()}
 
 
-def human_splits(config: str = "gpt4-4096-inc", data_dir: str | Path | None = None, *, seed: int = DEFAULT_SEED,
-                 fractions: Mapping[str, float] | None = None) -> dict[str, list[dspy.Example]]:
-    """Examples from the human annotations of `config`, split by book."""
-    return split_examples(load_human_config(config, data_dir, stats=False), seed=seed, fractions=fractions)
-
-
-def gpt4_splits(config: str = "gpt4-2048-hier", data_dir: str | Path | None = None, *, seed: int = DEFAULT_SEED,
-                fractions: Mapping[str, float] | None = None) -> dict[str, list[dspy.Example]]:
-    """Examples from the released GPT-4 annotations of `config`, split by book."""
-    return split_examples(load_gpt4_config(config, data_dir, stats=False)[0], seed=seed, fractions=fractions)
-
-
 # ---------------------------------------------------------------------------
 # Whole human-annotated summaries, split by book
 

@@ -181,22 +181,6 @@ def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Modu
     return program
 
 
-def load_programs(paths: list[str | Path] | None, builders: dict[str, Any], *, command: str) -> dict[str, dspy.Module]:
-    """For commands that run several programs (e.g. `check`: decomposition and verification):
-    each artifact goes to the program of its own task. Returns {task: loaded program} for the
-    artifacts given; one-line errors for a task the command does not run or a task given twice."""
-    loaded: dict[str, dspy.Module] = {}
-    for path in paths or []:
-        task = canonical_task(read_artifact(path)["metadata"]["booklens"]["task"])
-        if task not in builders:
-            raise BooklensError(f"{path} is a compiled '{task}' program; `booklens {command}` runs "
-                                f"{' and '.join(builders)} programs")
-        if task in loaded:
-            raise BooklensError(f"two compiled '{task}' programs given to `booklens {command}`; give one")
-        loaded[task] = load_program(builders[task](), path, task=task)
-    return loaded
-
-
 def _config_hint(block: dict[str, Any]) -> str:
     config = block.get("program_config") or {}
     method = config.get("method")

@@ -71,10 +71,6 @@ def gepa_available() -> bool:
     return True
 
 
-def available_optimizers() -> list[str]:
-    return [name for name in OPTIMIZERS if name != "gepa" or gepa_available()]
-
-
 def check_optimizer(name: str) -> str:
     name = (name or "").strip().lower()
     if name not in OPTIMIZERS:

@@ -12,7 +12,6 @@ disk cache with the tokens they cost when they were made, so a rerun reports the
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -153,11 +152,6 @@ def evaluate_program(
         seconds=seconds,
         predictions=[p for _, _, p in outcomes] if keep_predictions else [],
     )
-
-
-def fresh_copy(program: dspy.Module) -> dspy.Module:
-    """A deep copy of a program, so evaluation never shares state with an optimizer's copy."""
-    return copy.deepcopy(program)
 
 
 # ---------------------------------------------------------------------------
