@@ -32,6 +32,34 @@ def test_completed_calls_are_cached_on_disk_and_reused(tmp_path):
     assert fresh.usage.snapshot()["cached_calls"] == 1 and fresh.usage.snapshot()["calls"] == 0
 
 
+def test_a_backend_configured_otherwise_does_not_replay_another_configurations_answers(tmp_path):
+    def lm_with(identity, answer):
+        lm = ScriptedLM(lambda call: {"label": answer}, cache_dir=tmp_path)
+        lm.backend.cache_identity = identity
+        return lm
+
+    def ask(lm):
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            return dspy.Predict(Classify)(text="a fine day").label
+
+    assert ask(lm_with({"weights": "q4_1"}, "good")) == "good"
+    other = lm_with({"weights": "f16"}, "bad")
+    assert ask(other) == "bad" and len(other.backend.calls) == 1  # asked again, not replayed
+    same = lm_with({"weights": "q4_1"}, "bad")
+    assert ask(same) == "good" and same.backend.calls == []  # the same configuration resumes
+
+
+def test_the_embedded_models_cache_identity_follows_the_settings_that_change_its_answers():
+    from booklens.lm.embedded import LocalBackend
+
+    shipped = LocalBackend(n_threads=2).cache_identity
+    assert LocalBackend(n_threads=2).cache_identity == shipped
+    for change in ({"weights": "q4_1"}, {"n_threads": 1}, {"flash_attention": False}, {"n_ubatch": 256},
+                   {"seed": 1}, {"best_token_first": False}, {"stop_repetition": False}):
+        change = {"n_threads": 2, **change}
+        assert LocalBackend(**change).cache_identity != shipped, change
+
+
 def test_usage_is_counted_per_step():
     lm = ScriptedLM(lambda call: {"label": "good"})
     with dspy.context(lm=lm, adapter=BooklensAdapter()):

@@ -50,6 +50,9 @@ FLASH_ATTENTION = True
 WEIGHTS = "f16"
 WEIGHT_FORMATS = {"q4_1": None, "q8_0": 7, "f16": 1, "bf16": 32}  # None: as shipped; else llama.cpp's LLAMA_FTYPE_MOSTLY_*
 SHIPPED_TOKEN_EMBEDDING = 8  # GGML_TYPE_Q8_0
+# Raise this when a change to how booklens drives the embedded model changes its answers to the
+# same prompt (sampler, grammar, stopping). It is part of every cache key of the embedded model.
+GENERATION_VERSION = 1
 
 # SmolLM2-135M rarely keeps to a word limit: it writes to the token cap in most summaries, and a
 # regeneration writes to the cap again (Pride and Prejudice: 44 regenerations in 76 calls, 56
@@ -415,6 +418,19 @@ class LocalBackend:
     @property
     def name(self) -> str:
         return f"local/{LOCAL_MODEL_NAME}"
+
+    @property
+    def cache_identity(self) -> dict[str, Any]:
+        """What decides this backend's answer to a prompt besides the model's name. It goes into
+        the call cache's key, so the answers of another configuration are never replayed as this
+        one's: an older booklens, or a benchmark that runs other weights. llama.cpp's arithmetic
+        follows the stored weights, flash attention, the batch sizes and the thread count too (the
+        sample story's greedy summary on 1 thread parts from the one on 2 after 156 characters; each
+        count repeats itself exactly)."""
+        return {"weights": self.weights, "threads": self.n_threads, "flash_attention": self.flash_attention,
+                "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "seed": self.seed,
+                "best_token_first": self.best_token_first,
+                "stop_repetition": self.stop_repetition, "generation": GENERATION_VERSION}
 
     def _model(self):
         with self._load_lock:

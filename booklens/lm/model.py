@@ -110,8 +110,10 @@ class BooklensLM(dspy.BaseLM):
             request["plain_output"] = merged["booklens_plain_output"]
         # The key says what was asked (messages, output schema, sampling), not how it travelled: the
         # structured-output dialect a server accepted is left out, so a resumed run that starts
-        # again from the first dialect still finds every finished call.
-        key = CallCache.key_for(request)
+        # again from the first dialect still finds every finished call. A backend whose own settings
+        # change its answers (the embedded model) adds them.
+        identity = getattr(self.backend, "cache_identity", None)
+        key = CallCache.key_for({**request, "backend": identity} if identity else request)
 
         def call() -> dict[str, Any]:
             with self.call_limit if self.call_limit is not None else contextlib.nullcontext():
