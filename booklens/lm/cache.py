@@ -69,7 +69,6 @@ class CallCache:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
 
-
     def fetch(self, key: str, compute: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
         """The cached value of `key`, or `compute()` stored under it; `(value, reused)`.
 

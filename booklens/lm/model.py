@@ -147,7 +147,6 @@ def _openai_shaped(model: str, completion: Completion, cache_hit: bool) -> Simpl
     )
 
 
-
 # ---------------------------------------------------------------------------
 # Configuration
 

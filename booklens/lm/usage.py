@@ -141,7 +141,6 @@ def usage_delta(before: dict, after: dict) -> dict[str, Any]:
     return delta
 
 
-
 def work_between(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """LM work between two usage snapshots, counting calls answered from the cache with the tokens
     and cost they had when first made: the same figures whether or not a run was resumed."""
