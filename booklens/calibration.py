@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from booklens.errors import BooklensError
+from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS
 
 COHERENCE_BOOKS = 2
 VERIFICATION_BOOKS = 1
@@ -193,7 +194,7 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
             units.append((g, p))
             if progress:
                 progress(f"verification: {n}/{len(summaries)} summaries")
-    labels = ("faithful", "unfaithful") if binary or table5 else tuple(FABLES_LABELS.values())
+    labels = BINARY_LABELS if binary or table5 else CLAIM_LABELS
     f1 = {}
     for label in labels:
         per_unit = [confusion_counts([x == label for x in p], [x == label for x in g]) for g, p in units]
@@ -203,7 +204,7 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     right = [sum(1 for a, b in zip(g, p) if a == b) for g, p in units]
     accuracy = figure([[r, len(g) - r, 0, 0] for r, (g, _) in zip(right, units)], "accuracy", n=len(gold),
                       seed=seed)
-    report = verification_report(gold, pred, groups, labels=("faithful", "unfaithful"))
+    report = verification_report(gold, pred, groups, labels=BINARY_LABELS)
     entry = {
         "sample_name": ("FABLES Table 5's seven books" if info["split"] == "table5"
                         else f"FABLES' test split ({_plural(len(info['books']), 'book')}, "

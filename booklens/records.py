@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Literal, Optional
 from pydantic import BaseModel, Field
 
 from booklens.errors import BooklensError
-from booklens.vocabulary import DEFAULT_MAX_REGENERATIONS, MergeContextName, SummaryMethod
+from booklens.vocabulary import DEFAULT_MAX_REGENERATIONS, ClaimLabel, EvidenceSource, MergeContextName, SummaryMethod
 
 FORMAT_VERSION = 1
 PARTIAL_WRITE_SUFFIX = ".tmp"  # atomic writes go to a hidden `.NAME.XXXX.tmp`, then replace NAME
@@ -197,9 +197,6 @@ class Summary(BaseModel):
 # ---------------------------------------------------------------------------
 # Faithfulness (FABLES): claims and their verification against the book
 
-FaithfulnessLabel = Literal["faithful", "unfaithful", "partial support", "can't verify"]
-EvidenceSource = Literal["given", "bm25", "dense", "hybrid", "book"]
-
 
 class ClaimSet(BaseModel):
     """Atomic claims decomposed from a summary."""
@@ -235,9 +232,9 @@ class ClaimVerdict(BaseModel):
 
     index: int
     claim: str
-    label: Optional[FaithfulnessLabel] = None
+    label: Optional[ClaimLabel] = None
     fables_label: Optional[Literal["Yes", "No", "PartialSupport", "Inapplicable"]] = None
-    model_label: Optional[FaithfulnessLabel] = Field(
+    model_label: Optional[ClaimLabel] = Field(
         default=None, description="the model's own label when the verdict differs from it (see `relabelled`)")
     relabelled: Optional[str] = Field(default=None, description="why the verdict is not the model's label")
     reason: str = ""

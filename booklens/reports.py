@@ -41,6 +41,7 @@ from booklens.records import (
     read_json_file,
     write_atomically,
 )
+from booklens.vocabulary import CLAIM_LABELS
 
 RUN_FILE = "run.json"
 REPORT_FILE = "report.html"
@@ -55,7 +56,7 @@ STEP_FILES = {
 SEP = " \u00b7 "
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
-LABELS = ("faithful", "unfaithful", "partial support", "can't verify")
+LABELS = CLAIM_LABELS
 LABEL_CLASS = {"faithful": "ok", "unfaithful": "bad", "partial support": "part", "can't verify": "unk",
                None: "fail"}
 EVIDENCE_NAMES = {"none": "no evidence (the model's own knowledge)", "given": "the quotes given with the claims",

@@ -32,6 +32,19 @@ DEFAULT_GENERATION_SLACK = 1.5
 DEFAULT_GENERATION_ALLOWANCE = 64
 
 # ---------------------------------------------------------------------------
+# Claim verification (FABLES)
+
+# The four judgments of FABLES, in our words (`signatures.faithfulness.FABLES_LABELS` maps the
+# dataset's names onto them), and the two of its binary rater (Table 5).
+ClaimLabel = Literal["faithful", "unfaithful", "partial support", "can't verify"]
+CLAIM_LABELS: tuple[str, ...] = get_args(ClaimLabel)
+BinaryLabel = Literal["faithful", "unfaithful"]
+BINARY_LABELS: tuple[str, ...] = get_args(BinaryLabel)
+# Where the evidence a claim is checked against came from: given quotes, or a passage of the book
+# found by one of `booklens.retrieval.BOOK_MODES`.
+EvidenceSource = Literal["given", "bm25", "dense", "hybrid", "book"]
+
+# ---------------------------------------------------------------------------
 # NovelQA (booklens.data.novelqa, booklens.programs.qa)
 
 # Multiple choice, or a generated answer graded by a judge.

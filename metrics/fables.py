@@ -35,11 +35,11 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
-from booklens.signatures.faithfulness import CLAIM_LABELS
+from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS
 
 FAILED = "failed"
 PREDICTED_LABELS: tuple[str, ...] = CLAIM_LABELS + (FAILED,)
-TABLE5_LABELS: tuple[str, ...] = ("faithful", "unfaithful")
+TABLE5_LABELS = BINARY_LABELS
 MATCH_THRESHOLD = 0.8
 
 # The seed's Table 5, human-evidence setting (GPT-4-TURBO as the rater): (faithful F1, unfaithful F1).

@@ -35,8 +35,6 @@ from booklens.parallel import parallel_map
 from booklens.records import ClaimVerdict, Evidence
 from booklens.retrieval import BOOK_MODES, EVIDENCE_MODES, BookIndex, format_passages
 from booklens.signatures.faithfulness import (
-    BINARY_LABELS,
-    CLAIM_LABELS,
     LABEL_TO_FABLES,
     DecomposeSummary,
     VerifyClaim,
@@ -44,6 +42,7 @@ from booklens.signatures.faithfulness import (
     VerifyClaimBinaryWithoutEvidence,
     VerifyClaimWithoutEvidence,
 )
+from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS
 
 DEFAULT_K = 5
 DECOMPOSE_MAX_TOKENS = 2048

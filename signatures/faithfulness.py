@@ -7,15 +7,11 @@ rater answers whether the statement is true or false given the context). Both pu
 and the claim after the instructions and demos, so the calls of one judge share that prefix.
 """
 
-from typing import Literal
-
 import dspy
 
-# The four judgments of FABLES, in our words; `FABLES_LABELS` maps the dataset's names onto them.
-ClaimLabel = Literal["faithful", "unfaithful", "partial support", "can't verify"]
-CLAIM_LABELS: tuple[str, ...] = ("faithful", "unfaithful", "partial support", "can't verify")
-BinaryLabel = Literal["faithful", "unfaithful"]
-BINARY_LABELS: tuple[str, ...] = ("faithful", "unfaithful")
+from booklens.vocabulary import BinaryLabel, ClaimLabel
+
+# The dataset's names of the four judgments, onto booklens' (`booklens.vocabulary.CLAIM_LABELS`).
 FABLES_LABELS = {"Yes": "faithful", "No": "unfaithful", "PartialSupport": "partial support", "Inapplicable": "can't verify"}
 LABEL_TO_FABLES = {v: k for k, v in FABLES_LABELS.items()}
 

@@ -208,7 +208,7 @@ def test_verify_one_claim_with_the_embedded_model(tmp_path, books_dir):
     """The real SmolLM2 path with the default few-shot verifier and no options but the input:
     grammar-constrained answers parse into a label from the closed set (or a recorded failure), with
     evidence that points into the book, and the judge line shows the calibration booklens ships."""
-    from booklens.signatures.faithfulness import CLAIM_LABELS
+    from booklens.vocabulary import CLAIM_LABELS
     from booklens.text import read_book
 
     book = books_dir / "the_cask_of_amontillado.txt"

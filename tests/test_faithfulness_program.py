@@ -183,6 +183,16 @@ def test_book_mode_fills_the_budget_and_needs_a_book(monkeypatch):
     assert retrieval.BOOK_MODES == ("bm25", "dense", "hybrid", "book")
 
 
+def test_every_evidence_source_a_record_can_name_is_a_mode_that_gives_evidence():
+    from typing import get_args
+
+    import booklens.retrieval as retrieval
+    from booklens.vocabulary import EvidenceSource
+
+    assert set(get_args(EvidenceSource)) == {"given", *retrieval.BOOK_MODES}
+    assert set(retrieval.EVIDENCE_MODES) - set(get_args(EvidenceSource)) == {"none"}
+
+
 def test_none_mode_asks_without_evidence():
     checker = build_checker(evidence_mode="none")
     result, lm = run_with(lambda call: {"label": "can't verify", "reason": "No idea."},

@@ -30,7 +30,7 @@ from booklens.cli.common import (
     lm_options,
 )
 from booklens.errors import BooklensError
-from booklens.vocabulary import SUMMARY_METHODS
+from booklens.vocabulary import CLAIM_LABELS, SUMMARY_METHODS
 
 RunEvidence = evidence_enum("RunEvidence", exclude=("given",))
 Method = choices("Method", SUMMARY_METHODS)
@@ -45,9 +45,7 @@ def score_line(run) -> str:
     if s.get("failed_sentences"):
         parts[0] += f" ({s['failed_sentences']} sentences not judged, left out of the score)"
     if s.get("claims"):
-        parts.append(f"{s['claims']} claims: " + ", ".join(f"{labels.get(lab, 0.0):.1f}% {lab}" for lab in
-                                                             ("faithful", "unfaithful", "partial support",
-                                                              "can't verify")))
+        parts.append(f"{s['claims']} claims: " + ", ".join(f"{labels.get(lab, 0.0):.1f}% {lab}" for lab in CLAIM_LABELS))
     t = run.totals
     parts.append(f"{t['calls']} LM calls, {t['prompt_tokens']} prompt + {t['completion_tokens']} completion tokens"
                  + (f", ${t['cost_usd']:.4f}" if t.get("cost_usd") is not None else ""))

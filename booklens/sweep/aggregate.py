@@ -18,14 +18,15 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from booklens.vocabulary import CLAIM_LABELS
 
 RESULTS_FILE = "results.json"
 CELLS_FILE = "cells.jsonl"
 CELLS_DIR = "cells"
-LABELS = ("faithful", "unfaithful", "partial support", "can't verify")
-# Flat column names of the claim labels in cells.jsonl (no spaces or quotes: easy in pandas).
-LABEL_COLUMNS = {"faithful": "faithful_pct", "unfaithful": "unfaithful_pct",
-                 "partial support": "partial_support_pct", "can't verify": "cant_verify_pct"}
+LABELS = CLAIM_LABELS
+# Flat column names of the claim labels in cells.jsonl (no spaces or quotes: easy in pandas):
+# faithful_pct, unfaithful_pct, partial_support_pct, cant_verify_pct.
+LABEL_COLUMNS = {label: label.replace("'", "").replace(" ", "_") + "_pct" for label in CLAIM_LABELS}
 USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "cost_usd")
 STATUSES = ("complete", "failed", "not run")
 
