@@ -8,7 +8,7 @@ import os
 import tempfile
 from glob import escape as glob_escape
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Optional
+from typing import Any, Callable, Iterable, Literal, Optional, get_args
 
 from pydantic import BaseModel, Field
 
@@ -286,16 +286,7 @@ CoherenceErrorType = Literal[
     "inconsistency",
     "language",
 ]
-COHERENCE_ERROR_TYPES: tuple[str, ...] = (
-    "entity omission",
-    "event omission",
-    "causal omission",
-    "salience",
-    "discontinuity",
-    "duplication",
-    "inconsistency",
-    "language",
-)
+COHERENCE_ERROR_TYPES: tuple[str, ...] = get_args(CoherenceErrorType)
 
 
 class SentenceAnnotation(BaseModel):
