@@ -98,8 +98,7 @@ class JudgeConfig(BaseModel):
     api_base: Optional[str] = None
 
     def run_steps(self) -> list[str]:
-        return [step for judge_step in ("coherence", "faithfulness") if judge_step in self.steps
-                for step in JUDGE_STEPS[judge_step]]
+        return [step for judge_step, steps in JUDGE_STEPS.items() if judge_step in self.steps for step in steps]
 
 
 # ---------------------------------------------------------------------------

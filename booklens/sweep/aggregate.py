@@ -18,6 +18,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from booklens.pipeline import STEPS
 from booklens.vocabulary import CLAIM_LABELS
 
 RESULTS_FILE = "results.json"
@@ -49,7 +50,7 @@ def cell_dir(output: Path, system: str, book: str) -> Path:
 def first_failure(run: dict[str, Any]) -> Optional[str]:
     """'step: reason' of the first step that failed (the others usually only say 'needs <step>')."""
     failures = run.get("failures") or {}
-    for step in ("summary", "coherence", "claims", "faithfulness", *failures):
+    for step in (*STEPS, *failures):
         if step in failures:
             return f"{step}: {failures[step]}"
     return None

@@ -31,10 +31,10 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from booklens.errors import BooklensError
+from booklens.pipeline import JUDGE_TASKS
 from booklens.records import read_json_file, read_text_file
 
 BOOK_SUFFIXES = (".txt", ".epub")
-JUDGE_PROGRAM_TASKS = ("coherence", "decomposition", "verification")
 # System names become directory names: keep them to characters every file system takes.
 SYSTEM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 # Keys a `summaries:` system may have besides its name: it makes no summary, so no summarizer settings.
@@ -347,9 +347,9 @@ def _check_judge(judge: JudgeSpec, base: Path, manifest: Path) -> None:
     if judge.steps is not None and len(set(judge.steps)) != len(judge.steps):
         raise BooklensError(f"{manifest}: judge.steps lists a step twice")
     for task, value in (judge.programs or {}).items():
-        if task not in JUDGE_PROGRAM_TASKS:
+        if task not in JUDGE_TASKS:
             raise BooklensError(f"{manifest}: judge.programs: unknown task {task!r}; use "
-                                f"{', '.join(JUDGE_PROGRAM_TASKS)}")
+                                f"{', '.join(JUDGE_TASKS)}")
         program = _relative(base, value)
         _check_program(program, task, f"{manifest}: judge.programs.{task}")
         judge.programs[task] = str(program)
