@@ -326,7 +326,8 @@ summary { cursor: pointer; }
 .node-text { white-space: pre-wrap; margin: .35rem 0 .5rem; padding: .5rem .75rem; background: var(--soft);
   border: 1px solid var(--line); border-radius: 4px; font-size: .92rem; max-width: 48rem; }
 .leaf { color: var(--muted); font-size: .9rem; margin: .2rem 0; }
-table.data { border-collapse: collapse; font-size: .92rem; }
+/* A table wider than the column (many systems or labels, a narrow window) scrolls inside it. */
+table.data { border-collapse: collapse; font-size: .92rem; display: block; max-width: 100%; overflow-x: auto; }
 table.data th, table.data td { border: 1px solid var(--line); padding: .25rem .6rem; text-align: left; }
 table.data td.num, table.data th.num { text-align: right; font-variant-numeric: tabular-nums; }
 table.data caption { text-align: left; font-weight: 600; padding: .25rem 0; }

@@ -62,8 +62,23 @@ def clean_evidence(quotes: Sequence[str] | None) -> list[str]:
     return [q.strip() for q in quotes or [] if isinstance(q, str) and not _NO_EVIDENCE.match(q)]
 
 
+_WORD = re.compile(r"[^\W\d_][\w'\u2019-]*")
+# A fragment of this many words or fewer, every one capitalized, is a name or a title.
+NAME_WORDS = 4
+
+
+def asserts_something(text: str) -> bool:
+    """Whether a claim states something. A bare name or title ("Daniel Pike", "Chapter One")
+    does not: it has at most NAME_WORDS words and all of them start with a capital letter."""
+    words = _WORD.findall(text)
+    return bool(words) and (len(words) > NAME_WORDS or any(w[0].islower() for w in words))
+
+
 def clean_claims(raw: Sequence[Any]) -> list[str]:
-    """Claims as plain sentences: list markers stripped, blanks and exact repeats dropped."""
+    """Claims as plain sentences: list markers stripped, blanks and exact repeats dropped, and
+    fragments that state nothing (`asserts_something`) dropped from a list that has claims.
+    A list of nothing but fragments is kept as it is. A small model writes such lists for a few
+    summaries on every try, and a run with something to verify beats one that stops at this step."""
     claims: list[str] = []
     seen: set[str] = set()
     for item in raw or []:
@@ -72,7 +87,8 @@ def clean_claims(raw: Sequence[Any]) -> list[str]:
         if text and key not in seen:
             seen.add(key)
             claims.append(text)
-    return claims
+    statements = [c for c in claims if asserts_something(c)]
+    return statements or claims
 
 
 def evidence_budget(context_window: int | None, max_tokens: int = VERIFY_MAX_TOKENS, demo_tokens: int = 0) -> int:

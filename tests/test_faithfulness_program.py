@@ -290,4 +290,14 @@ def test_programs_expose_predictors_for_compiled_artifacts():
 
 def test_clean_helpers():
     assert clean_evidence(["", "N/A", "None.", "-", " a quote ", "n/a"]) == ["a quote"]
-    assert clean_claims(['"Quoted claim."', "(3) Third."]) == ["Quoted claim.", "Third."]
+    assert clean_claims(['"Quoted claim."', "(3) Anna sails home."]) == ["Quoted claim.", "Anna sails home."]
+
+
+def test_a_bare_name_or_title_is_not_a_claim():
+    # "Daniel Pike" is a claim the embedded model wrote for the sample story; the rest are made up
+    raw = ["Maren Holt keeps the light at Saltmarsh Point.", "Daniel Pike", "2. Chapter One", "Anna sails.",
+           "The Keeper's Ledger", "Elizabeth Bennet Marries Fitzwilliam Darcy At Longbourn"]
+    assert clean_claims(raw) == ["Maren Holt keeps the light at Saltmarsh Point.", "Anna sails.",
+                                 "Elizabeth Bennet Marries Fitzwilliam Darcy At Longbourn"]
+    # a list of nothing but fragments is kept: the run still has something to verify
+    assert clean_claims(["Daniel Pike", "2. Chapter One"]) == ["Daniel Pike", "Chapter One"]
