@@ -56,7 +56,6 @@ STEP_FILES = {
 SEP = " \u00b7 "
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
-LABELS = CLAIM_LABELS
 LABEL_CLASS = {"faithful": "ok", "unfaithful": "bad", "partial support": "part", "can't verify": "unk",
                None: "fail"}
 EVIDENCE_NAMES = {"none": "no evidence (the model's own knowledge)", "given": "the quotes given with the claims",
@@ -437,7 +436,7 @@ def _scores_section(data: RunData) -> str:
     f = data.faithfulness
     if f is not None and f.claims:
         total = len(f.claims)
-        for label in LABELS:
+        for label in CLAIM_LABELS:
             n = f.label_counts.get(label, 0)
             cards.append(_card(_label_class(label), label.capitalize(), _pct(f.label_percentages.get(label)),
                                f"{n:,} of {_plural(total, 'claim')}"))

@@ -40,7 +40,7 @@ def _usage(tracker) -> dict[str, Any]:
 
 def summary_settings(max_regenerations: Optional[int] = None) -> dict[str, Any]:
     """Regeneration settings of a summarizer: `max_regenerations` when given, else what the configured
-    model's backend asks for (the embedded model: none), else the defaults (`booklens.records`)."""
+    model's backend asks for (the embedded model: none), else the defaults (`booklens.vocabulary`)."""
     import dspy
 
     from booklens.vocabulary import DEFAULT_GENERATION_ALLOWANCE, DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS

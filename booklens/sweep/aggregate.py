@@ -24,7 +24,6 @@ from booklens.vocabulary import CLAIM_LABELS
 RESULTS_FILE = "results.json"
 CELLS_FILE = "cells.jsonl"
 CELLS_DIR = "cells"
-LABELS = CLAIM_LABELS
 # Flat column names of the claim labels in cells.jsonl (no spaces or quotes: easy in pandas):
 # faithful_pct, unfaithful_pct, partial_support_pct, cant_verify_pct.
 LABEL_COLUMNS = {label: label.replace("'", "").replace(" ", "_") + "_pct" for label in CLAIM_LABELS}
