@@ -5,6 +5,10 @@ typer app with as many commands and options (the floor any typer CLI pays), in o
 
 Prints the median wall-clock and CPU seconds of each, and the ratio to the bare app (target: at
 most 2x). Each measurement is a fresh process, as a user's shell would start it.
+
+Then what every LM command pays on top: a fresh Python importing booklens's LM layer (DSPy and
+LiteLLM) and exiting, with Python's garbage-collector settings against the command's own
+(`booklens.cli.GC_THRESHOLD` while it runs, the heap frozen at exit).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ def timed(args: list[str], repeat: int, env: dict[str, str]) -> tuple[float, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--lm-repeat", type=int, default=7, help="fresh processes per LM-layer row")
     options = parser.parse_args()
     shape = command_shape()
     env = dict(os.environ)
@@ -92,6 +97,19 @@ def main() -> None:
     base_wall, base_cpu = results["bare typer app --help"]
     for name, (wall, cpu) in results.items():
         print(f"  {name:36s} {wall:6.3f} s wall  {cpu:6.3f} s cpu  {wall / base_wall:5.2f}x the bare --help")
+
+    import_lm = "import booklens.lm.model"
+    lm_rows = [
+        ("Python's collector settings", [sys.executable, "-c", import_lm]),
+        ("the command's (booklens.cli.main)", [sys.executable, "-c", (
+            "import gc; from booklens.cli import GC_THRESHOLD; gc.set_threshold(GC_THRESHOLD); "
+            f"{import_lm}; gc.freeze()")]),
+    ]
+    lm_results = {name: timed(args, options.lm_repeat, env) for name, args in lm_rows}
+    print(f"\nImport the LM layer (DSPy, LiteLLM) and exit; median of {options.lm_repeat} fresh processes;"
+          f" load average {os.getloadavg()[0]:.2f}")
+    for name, (wall, cpu) in lm_results.items():
+        print(f"  {name:36s} {wall:6.3f} s wall  {cpu:6.3f} s cpu")
 
 
 if __name__ == "__main__":

@@ -68,3 +68,29 @@ def test_help_and_argument_errors_load_no_heavy_library(args, tmp_path):
         assert result["exit"] != 0
         assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
+
+
+GC_PROBE = """
+import gc, json, sys
+sys.argv = ["booklens"] + json.loads(sys.argv[1])
+import booklens.cli
+before = gc.get_freeze_count()
+try:
+    booklens.cli.main()
+except SystemExit:
+    pass
+print("\\n" + json.dumps({"threshold": gc.get_threshold()[0], "frozen_before": before,
+                          "frozen_after": gc.get_freeze_count()}))
+"""
+
+
+@pytest.mark.parametrize("args", [["--version"], ["summarize", "/nonexistent/book.txt"]])
+def test_a_command_collects_garbage_less_often_and_skips_the_collection_at_exit(args, tmp_path):
+    from booklens.cli import GC_THRESHOLD
+
+    proc = subprocess.run([sys.executable, "-c", GC_PROBE, json.dumps(args)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["threshold"] == GC_THRESHOLD > 700  # Python's default
+    # Every object alive when the command ends is frozen, so interpreter shutdown does not walk them.
+    assert result["frozen_before"] == 0 and result["frozen_after"] > 10_000

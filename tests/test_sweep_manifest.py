@@ -88,15 +88,19 @@ BAD = {
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str]:
+    import gc
+
     from booklens.cli import main
 
-    old = sys.argv
+    old, threshold = sys.argv, gc.get_threshold()
     sys.argv = ["booklens", *args]
     try:
         with pytest.raises(SystemExit) as exit_info:
             main()
-    finally:
+    finally:  # main() tunes the collector for a command's process; this one is pytest's
         sys.argv = old
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
     return exit_info.value.code, capsys.readouterr().err
 
 
