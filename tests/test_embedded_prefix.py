@@ -268,9 +268,27 @@ def test_the_repetition_guard_fires_when_a_passage_is_written_twice_in_a_row():
     guard = RepetitionGuard()
     stream = prose + passage + passage + [7, 8, 9]
     fired_at = next(i for i, token in enumerate(stream) if guard.add(token))
-    assert fired_at == len(prose) + 2 * len(passage) - 1  # the last token of the second copy
+    # The second copy's 32nd token: 32 tokens are enough to tell, whatever the passage's length.
+    assert fired_at == len(prose) + len(passage) + RepetitionGuard.MIN_SPAN - 1
     assert guard.keep == len(prose) + len(passage)  # the passage is kept once
     assert guard.add(5) and guard.fired
+
+
+def test_the_repetition_guard_fires_when_a_passage_comes_back_later():
+    from booklens.lm.embedded import RepetitionGuard
+
+    # A paragraph that starts over with sentences written before, other sentences between the copies.
+    prose, passage, between = list(range(100)), list(range(1000, 1100)), list(range(3000, 3050))
+    guard = RepetitionGuard()
+    stream = prose + passage + between + passage
+    fired_at = next(i for i, token in enumerate(stream) if guard.add(token))
+    assert fired_at == len(prose) + len(passage) + len(between) + RepetitionGuard.MIN_SPAN - 1
+    assert guard.keep == len(prose) + len(passage) + len(between)  # up to where the copy starts
+    # Shorter passages written again are left alone, however often they come back.
+    guard = RepetitionGuard()
+    phrase = list(range(500, 531))  # 31 tokens
+    stream = [t for k in range(5) for t in phrase + list(range(100 * k, 100 * k + 40))]
+    assert not any(guard.add(t) for t in stream)
 
 
 def test_the_repetition_guard_lets_short_repeats_run_to_its_minimum_span():
@@ -286,10 +304,6 @@ def test_the_repetition_guard_lets_short_repeats_run_to_its_minimum_span():
     guard = RepetitionGuard()
     phrase = list(range(500, 520))
     assert not any(guard.add(t) for t in list(range(50)) + phrase + phrase + list(range(60, 120)))
-    # Passages longer than `max_period` are not looked for.
-    guard = RepetitionGuard(max_period=64)
-    passage = list(range(2000, 2100))
-    assert not any(guard.add(t) for t in passage + passage)
 
 
 def test_the_guarded_generator_ends_the_answer_when_the_guard_fires():
@@ -312,7 +326,7 @@ def test_the_guarded_generator_ends_the_answer_when_the_guard_fires():
     assert list(guarded([1, 2, 3])) == list(stock)  # no guard: the stock generator, untouched
     guarded.guard = guard = RepetitionGuard()
     written = list(guarded([1, 2, 3]))
-    assert written == list(range(300, 340)) + list(range(300, 339))  # stopped before the repeat's last token
+    assert written == list(range(300, 340)) + list(range(300, 331))  # stopped before the repeat's 32nd token
     assert guard.keep == 40 and closed[-1]
 
 

@@ -52,7 +52,7 @@ WEIGHT_FORMATS = {"q4_1": None, "q8_0": 7, "f16": 1, "bf16": 32}  # None: as shi
 SHIPPED_TOKEN_EMBEDDING = 8  # GGML_TYPE_Q8_0
 # Raise this when a change to how booklens drives the embedded model changes its answers to the
 # same prompt (sampler, grammar, stopping). It is part of every cache key of the embedded model.
-GENERATION_VERSION = 1
+GENERATION_VERSION = 2
 
 # SmolLM2-135M rarely keeps to a word limit: it writes to the token cap in most summaries, and a
 # regeneration writes to the cap again (Pride and Prejudice: 44 regenerations in 76 calls, 56
@@ -314,22 +314,22 @@ class RepetitionGuard:
     Greedy decoding of a small model can fall into a loop and write the same passage again and
     again until the token cap: SmolLM2-135M did so in level-1 summaries of Pride and Prejudice
     (a 44-token passage of sentences twice in a row; a 67-token list of made-up names and years
-    over and over). A repeated passage is one of the confusions BooookScore counts, and what the
-    cap leaves of it is trimmed away anyway. The guard watches the written tokens and fires when
-    the last `period` tokens repeat the `period` before them, for some period up to `max_period`,
-    over at least `min_span` tokens: a passage of 32 tokens or more written twice in a row, or a
-    shorter one repeated until the repetition is 32 tokens long. The answer keeps the passage
-    once (`keep` tokens)."""
+    over and over), and in the sample story's summary it started paragraph after paragraph with
+    the same sentences, with other sentences between the copies. A repeated passage is one of the
+    confusions BooookScore counts, and what the cap leaves of it is trimmed away anyway. The guard
+    fires when the answer writes a passage of `min_span` tokens that it has written before,
+    anywhere earlier, or when a shorter passage repeats back to back until the repetition is
+    `min_span` tokens long. The answer keeps what came before the repeat (`keep` tokens)."""
 
-    MAX_PERIOD = 256
     MIN_SPAN = 32
 
-    def __init__(self, max_period: int = MAX_PERIOD, min_span: int = MIN_SPAN):
-        self.max_period = max_period
+    def __init__(self, min_span: int = MIN_SPAN):
         self.min_span = min_span
         self.tokens: list[int] = []
         # runs[p]: how many of the last tokens equal the token p before them, without a break
-        self._runs = [0] * (max_period + 1)
+        self._runs = [0] * min_span
+        # every `min_span`-token passage written so far -> where its first copy ends
+        self._passages: dict[tuple[int, ...], int] = {}
         self.keep: int | None = None  # tokens of the answer kept, once the guard has fired
 
     @property
@@ -340,17 +340,25 @@ class RepetitionGuard:
         """Take the next written token; True when the answer has started to repeat itself."""
         if self.keep is not None:
             return True
-        tokens, runs = self.tokens, self._runs
+        tokens, runs, span = self.tokens, self._runs, self.min_span
         tokens.append(token)
         n = len(tokens)
-        for period in range(1, min(self.max_period, n - 1) + 1):
+        # A passage shorter than the span, written back to back until the repetition is span long.
+        for period in range(1, min(span - 1, n - 1) + 1):
             if token == tokens[n - 1 - period]:
                 runs[period] += 1
-                if runs[period] >= self.min_span and runs[period] >= period:
+                if runs[period] >= span:
                     self.keep = n - runs[period]
                     return True
             else:
                 runs[period] = 0
+        # The last `span` tokens, written before and ending before these start. (The first time
+        # that happens the copy is exactly `span` long, or it would have been found a token ago.)
+        if n >= span:
+            first_end = self._passages.setdefault(tuple(tokens[n - span:]), n)
+            if first_end <= n - span:
+                self.keep = n - span
+                return True
         return False
 
 
