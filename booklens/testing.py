@@ -454,6 +454,7 @@ def run_command(args: list[Any], *, env: dict[str, str] | None = None) -> subpro
     LiteLLM stay imported), so tests of what a command writes and prints use this; tests that kill a
     run, or check the installed script itself, start a real process."""
     import contextlib
+    import gc
     import io
     import os
     import sys
@@ -462,7 +463,7 @@ def run_command(args: list[Any], *, env: dict[str, str] | None = None) -> subpro
 
     argv = ["booklens", *map(str, args)]
     out, err = io.StringIO(), io.StringIO()
-    saved_env, saved_argv = dict(os.environ), sys.argv
+    saved_env, saved_argv, saved_gc = dict(os.environ), sys.argv, gc.get_threshold()
     code: Any = 0
     try:
         if env is not None:
@@ -478,6 +479,10 @@ def run_command(args: list[Any], *, env: dict[str, str] | None = None) -> subpro
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)
+        # main() tunes the collector for a process that ends with the command; this one goes on,
+        # and what the command left in reference cycles (its LMs, caches, programs) must be freed.
+        gc.unfreeze()
+        gc.set_threshold(*saved_gc)
     if code is None:
         code = 0
     elif not isinstance(code, int):  # sys.exit("message"): Python prints it and exits with 1

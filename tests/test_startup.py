@@ -94,3 +94,14 @@ def test_a_command_collects_garbage_less_often_and_skips_the_collection_at_exit(
     assert result["threshold"] == GC_THRESHOLD > 700  # Python's default
     # Every object alive when the command ends is frozen, so interpreter shutdown does not walk them.
     assert result["frozen_before"] == 0 and result["frozen_after"] > 10_000
+
+
+def test_a_command_run_in_the_test_process_leaves_its_collector_as_it_was():
+    import gc
+
+    from booklens.testing import run_command
+
+    threshold = gc.get_threshold()
+    assert run_command(["--version"]).returncode == 0
+    # What later commands leave in reference cycles is still collected.
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == threshold

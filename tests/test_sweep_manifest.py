@@ -87,25 +87,15 @@ BAD = {
 }
 
 
-def run_cli(args: list[str], capsys) -> tuple[int, str]:
-    import gc
+def run_cli(args: list[str]) -> tuple[int, str]:
+    from booklens.testing import run_command
 
-    from booklens.cli import main
-
-    old, threshold = sys.argv, gc.get_threshold()
-    sys.argv = ["booklens", *args]
-    try:
-        with pytest.raises(SystemExit) as exit_info:
-            main()
-    finally:  # main() tunes the collector for a command's process; this one is pytest's
-        sys.argv = old
-        gc.unfreeze()
-        gc.set_threshold(*threshold)
-    return exit_info.value.code, capsys.readouterr().err
+    result = run_command(args)
+    return result.returncode, result.stderr
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_a_bad_manifest_is_one_line_with_nothing_written(case: str, corpus: Path, capsys):
+def test_a_bad_manifest_is_one_line_with_nothing_written(case: str, corpus: Path):
     text, expected = BAD[case]
     write(corpus / "other" / "alpha.txt", "Another alpha.\n")
     write(corpus / "partial.json", json.dumps({"alpha": "A.", "beta": "B."}))
@@ -113,18 +103,18 @@ def test_a_bad_manifest_is_one_line_with_nothing_written(case: str, corpus: Path
     out = corpus / "sweep"
     code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "openai/x", "--api-base",
                          "http://127.0.0.1:9/v1"] if case != "unknown model" else
-                        ["sweep", str(manifest), "-o", str(out)], capsys)
+                        ["sweep", str(manifest), "-o", str(out)])
     lines = [line for line in err.splitlines() if line.strip()]
     assert code != 0
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], err
     assert not out.exists(), "a bad manifest wrote something"
 
 
-def test_a_directory_that_is_not_a_sweep_is_refused(corpus: Path, capsys):
+def test_a_directory_that_is_not_a_sweep_is_refused(corpus: Path):
     manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
     write(corpus / "busy" / "mine.txt", "keep me")
     code, err = run_cli(["sweep", str(manifest), "-o", str(corpus / "busy"), "--lm", "openai/x", "--api-base",
-                         "http://127.0.0.1:9/v1"], capsys)
+                         "http://127.0.0.1:9/v1"])
     assert code != 0 and "is not a booklens sweep directory" in err
     assert sorted(p.name for p in (corpus / "busy").iterdir()) == ["mine.txt"]
 
