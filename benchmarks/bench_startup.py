@@ -8,7 +8,7 @@ most 2x). Each measurement is a fresh process, as a user's shell would start it.
 
 Then what every LM command pays on top: a fresh Python importing booklens's LM layer (DSPy and
 LiteLLM) and exiting, with Python's garbage-collector settings against the command's own
-(`booklens.cli.GC_THRESHOLD` while it runs, the heap frozen at exit).
+(`booklens.collector.GC_THRESHOLD` while it runs, the heap frozen at exit).
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def main() -> None:
     lm_rows = [
         ("Python's collector settings", [sys.executable, "-c", import_lm]),
         ("the command's (booklens.cli.main)", [sys.executable, "-c", (
-            "import gc; from booklens.cli import GC_THRESHOLD; gc.set_threshold(GC_THRESHOLD); "
-            f"{import_lm}; gc.freeze()")]),
+            "from booklens.collector import collect_less_often, freeze_what_is_loaded; collect_less_often(); "
+            f"{import_lm}; freeze_what_is_loaded()")]),
     ]
     lm_results = {name: timed(args, options.lm_repeat, env) for name, args in lm_rows}
     print(f"\nImport the LM layer (DSPy, LiteLLM) and exit; median of {options.lm_repeat} fresh processes;"

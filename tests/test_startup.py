@@ -86,7 +86,7 @@ print("\\n" + json.dumps({"threshold": gc.get_threshold()[0], "frozen_before": b
 
 @pytest.mark.parametrize("args", [["--version"], ["summarize", "/nonexistent/book.txt"]])
 def test_a_command_collects_garbage_less_often_and_skips_the_collection_at_exit(args, tmp_path):
-    from booklens.cli import GC_THRESHOLD
+    from booklens.collector import GC_THRESHOLD
 
     proc = subprocess.run([sys.executable, "-c", GC_PROBE, json.dumps(args)], capture_output=True, text=True,
                           cwd=tmp_path, timeout=120)

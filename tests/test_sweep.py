@@ -395,3 +395,25 @@ def test_ray_workers_share_the_sweeps_call_slots(local_ray, tmp_path):
         assert srv.max_in_flight <= 4
     assert big["calls"] >= 12
     assert big["most"] > 2, "a fixed share would give each of the two workers 2 slots"
+
+
+def test_a_ray_worker_sets_up_its_collector_as_a_command_does(tmp_path):
+    """A worker imports DSPy and LiteLLM on its first cell: with the collector raised, as in a command,
+    and what they loaded frozen afterwards, so the worker's later collections do not walk it."""
+    import gc
+
+    from booklens.collector import GC_THRESHOLD
+    from booklens.sweep.engines import CellWorker, PoolSettings
+
+    saved = gc.get_threshold()
+    assert gc.get_freeze_count() == 0
+    try:
+        worker = CellWorker()
+        worker._setup(PoolSettings(lm="openai/fake-model", api_base="http://127.0.0.1:9/v1",
+                                   cache_dir=str(tmp_path / "cache"), concurrency=2), board="")
+        assert worker.pool is not None
+        assert gc.get_threshold()[0] == GC_THRESHOLD > 700  # Python's default
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*saved)

@@ -45,10 +45,6 @@ from booklens.cli import calibrate as _calibrate  # noqa: E402,F401
 from booklens.cli import sweep as _sweep  # noqa: E402,F401
 
 
-# Allocations between young-generation collections in a command's process (Python's default: 700).
-GC_THRESHOLD = 10_000
-
-
 def _command_of(ctx) -> str:
     names = []
     while ctx is not None and ctx.parent is not None:
@@ -59,19 +55,17 @@ def _command_of(ctx) -> str:
 
 def main() -> None:
     """Entry point: user errors end in one line on stderr and a non-zero exit code."""
-    import gc
+    from booklens.collector import collect_less_often, freeze_what_is_loaded
 
-    # Importing DSPy, LiteLLM, the OpenAI client or torch creates millions of objects that live
-    # until exit and almost no garbage. At Python's default threshold (700 allocations) the cyclic
-    # collector walks them again and again: about a sixth of the LM layer's import time.
-    gc.set_threshold(GC_THRESHOLD)
+    # The imports of a command (DSPy, LiteLLM, torch) are most of what it allocates: see booklens.collector.
+    collect_less_often()
     try:
         _run_command()
     finally:
         # At exit the interpreter would walk all of them once more (about 1 s on 2 cores) only to
         # free memory the OS reclaims anyway. Calls are committed to the cache as they finish and
         # outputs are written before this point.
-        gc.freeze()
+        freeze_what_is_loaded()
 
 
 def _run_command() -> None:

@@ -185,9 +185,12 @@ class CellWorker:
         with self.lock:
             if self.pool is None:
                 import booklens  # noqa: F401 - offline defaults before dspy and litellm load
+                from booklens.collector import collect_less_often, freeze_what_is_loaded
 
+                collect_less_often()  # as a command does: the worker is about to import DSPy and LiteLLM
                 self.settings = settings
                 self.pool = settings.make_pool()
+                freeze_what_is_loaded()
                 if board:
                     threading.Thread(target=self._report_usage, args=(board,), name="sweep-usage",
                                      daemon=True).start()
