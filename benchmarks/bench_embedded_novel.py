@@ -21,6 +21,7 @@ Configurations, each one step from the one before it (see README for their figur
 - after: booklens's defaults now: as `budget cap`, with plain-text answers ended once they
   start to repeat themselves (`RepetitionGuard`).
 - micro-batch 256: as `after`, with prompts read in micro-batches of 256 tokens instead of 512.
+- no flash attention: as `after`, with llama.cpp's flash attention off.
 
 `--profile N` runs the first N level-1 calls (with their regenerations) of each configuration
 and prints what llama.cpp did per call: prompt tokens, how many were reused from the previous
@@ -74,6 +75,7 @@ def configurations() -> dict[str, dict[str, Any]]:
         "budget cap": {"backend": {**unguarded}, "scheduler": "prefix", "program": {}},
         "after": {"backend": {}, "scheduler": "prefix", "program": {}},
         "micro-batch 256": {"backend": {"n_ubatch": 256}, "scheduler": "prefix", "program": {}},
+        "no flash attention": {"backend": {"flash_attention": False}, "scheduler": "prefix", "program": {}},
     }
 
 
