@@ -85,12 +85,13 @@ pip_install -c constraints.txt --find-links "$work/wheels" -e ".$extra"
 # container images) Python never writes what it compiles, and every command would compile DSPy and
 # LiteLLM again, 2.5 s of its start-up. Everything but what no booklens process loads: the packages'
 # own tests, pip and setuptools, transformers' other architectures (sentence-transformers needs BERT
-# and the auto classes; other models' configurations are read while resolving them), Punkt's other
-# languages (megabytes of data as Python), LiteLLM's proxy server and Ray's training, tuning,
-# serving and RL libraries. 36-38 s on 2 cores, against 61-78 s for all of site-packages.
+# and the auto classes; other models' configuration and processing modules are read while resolving
+# them), Punkt's other languages (megabytes of data as Python), LiteLLM's proxy server and Ray's
+# training, tuning, serving and RL libraries. 36-38 s on 2 cores, against 61-78 s for all of
+# site-packages. tests/test_startup.py checks that what a command loads was compiled.
 unused='/site-packages/(pip|setuptools)/|/site-packages/.+/tests?/'
-unused+='|/site-packages/transformers/models/(?!(auto|bert)/)[^/]+/(?!__init__\.py|configuration_).+\.py$'
-unused+='|/site-packages/punkt/data/(?!(english|curated|prefixes)\.py)[^/]+\.py$'
+unused+='|/site-packages/transformers/models/(?!(auto|bert)/)[^/]+/(?!__init__\.py|configuration_|processing_).+\.py$'
+unused+='|/site-packages/punkt/data/(?!(__init__|english|curated|prefixes)\.py)[^/]+\.py$'
 unused+='|/site-packages/litellm/proxy/(?!(common_utils|pass_through_endpoints|spend_tracking)/)[^/]+/'
 unused+='|/site-packages/ray/(rllib|train|tune|serve|llm)/'
 "$py" -m compileall -q -j 0 -x "$unused" "$("$py" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \

@@ -5,6 +5,7 @@ tiktoken, llama.cpp or ray."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -105,3 +106,32 @@ def test_a_command_run_in_the_test_process_leaves_its_collector_as_it_was():
     assert run_command(["--version"]).returncode == 0
     # What later commands leave in reference cycles is still collected.
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == threshold
+
+
+COMPILED_PROBE = """
+import importlib.util, json, os, sys, sysconfig
+import booklens.lm.model, openai.resources  # the LM layer, and the client LiteLLM loads on its first call
+from booklens.text import split_sentences
+split_sentences("Mr. Darcy came at 5 p.m. He left.")  # Punkt's English model
+from booklens.retrieval.index import embed
+embed(["A sentence to embed."])  # sentence-transformers, transformers' BERT, torch
+purelib = sysconfig.get_path("purelib")
+files = [getattr(m, "__file__", None) or "" for m in list(sys.modules.values())]
+files = [f for f in files if f.endswith(".py") and f.startswith(purelib)]
+print("\\n" + json.dumps({"checked": len(files),
+                          "missing": [f for f in files if not os.path.exists(importlib.util.cache_from_source(f))]}))
+"""
+
+
+def test_what_commands_load_from_site_packages_was_byte_compiled(tmp_path):
+    """install.sh byte-compiles site-packages except what no booklens process loads. Where Python
+    writes no bytecode (PYTHONDONTWRITEBYTECODE, as in CI), a module it left out would be compiled
+    again by every command that imports it: the LM layer, sentence splitting and the dense model
+    must find theirs compiled."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}  # this probe must not write what it checks
+    proc = subprocess.run([sys.executable, "-c", COMPILED_PROBE], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["checked"] > 1000
+    assert result["missing"] == []
