@@ -193,7 +193,8 @@ class _BookSummarizer(dspy.Module):
         """One summary within `budget` tokens, regenerated up to `max_regenerations` times when it is
         over budget, cut off or without words. When every try fails, the shortest answer with words is
         trimmed to whole leading sentences within the budget (`trim`), or kept whole and flagged over
-        budget. When no answer has words, `fallback` (trimmed the same way) stands in, if given."""
+        budget. When no answer has words, `fallback` (trimmed the same way) stands in if given; without
+        one that is a one-line error, never an answer of bare numbers passed off as a summary."""
         from booklens.text import count_tokens, has_letters  # an answer of bare numbers is no summary
 
         temperature = self.temperature if temperature is None else temperature
@@ -226,9 +227,8 @@ class _BookSummarizer(dspy.Module):
             tokens = count_tokens(text)
             return _Generated(text, tokens, self.max_regenerations + 1, tokens > budget, text != fallback,
                               fallback=True)
-        if best is None:
-            raise BooklensError(f"the model gave no usable summary for {where} after "
-                                f"{self.max_regenerations + 1} tries; rerun to resume from the cache")
+        if best is None or not has_letters(best.text):
+            raise BooklensError(self._no_summary(where, best))
         if best.cut_off and trim:
             # The cap stopped the answer mid-sentence: a dangling half sentence would read as confusing.
             text = without_unfinished_sentence(best.text)
@@ -241,6 +241,16 @@ class _BookSummarizer(dspy.Module):
             best = _Generated(text, count_tokens(text), self.max_regenerations + 1, True, True, best.cut_off)
         best.attempts = self.max_regenerations + 1
         return best
+
+    def _no_summary(self, where: str, best: _Generated | None) -> str:
+        """The error when no try gave a summary with words. A rerun would replay the cached answers,
+        so the advice is what makes new calls: more regenerations (each try has its own cache key,
+        `fresh_try`, so tries past those made are new samples) or another model."""
+        tries = self.max_regenerations + 1
+        got = "empty answers" if best is None else f"answers without a word, such as {best.text[:40]!r}"
+        return (f"the model gave no usable summary for {where} in {tries} tries ({got}); raise "
+                f"--max-regenerations above {self.max_regenerations} (the extra tries are new calls) "
+                "or use another model")
 
     def _finish(self, final: SummaryNode, nodes: list[SummaryNode]) -> str:
         if not self.remove_artifacts:

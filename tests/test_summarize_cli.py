@@ -114,6 +114,23 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
     assert (record["config"]["generation_slack"], record["config"]["generation_allowance"]) == (1.5, 64)
 
 
+def test_no_usable_summary_advises_what_makes_new_calls(tmp_path):
+    """The empty answers are cached, so a plain rerun would fail the same way: the error points to
+    more regenerations, whose extra tries are calls the server has not answered yet."""
+    out = tmp_path / "summary.json"
+    with FakeOpenAIServer(responder=lambda body: "") as server:
+        args = ["summarize", str(STORY), "--lm", "openai/fake", "--api-base", server.url, "-o", str(out)]
+        proc = run_cli([*args, "--max-regenerations", "1"], tmp_path)
+        assert_one_line_error(proc, out, "no usable summary for level 1 summary 0 in 2 tries (empty answers)")
+        assert "--max-regenerations above 1" in proc.stderr and "rerun" not in proc.stderr
+        first = len(server.served)
+        rerun = run_cli([*args, "--max-regenerations", "1"], tmp_path)
+        assert len(server.served) == first, "a plain rerun replays the cached answers"
+        more = run_cli([*args, "--max-regenerations", "3"], tmp_path)
+        assert len(server.served) == first + 2, "the two extra tries are new calls"
+    assert rerun.returncode == more.returncode == 2
+
+
 @pytest.mark.embedded
 def test_summarize_sample_story_with_the_embedded_model(tmp_path, story_opening):
     out = tmp_path / "summary.json"

@@ -204,6 +204,18 @@ def test_an_answer_without_words_is_regenerated():
     assert result.summary == "Mara finds the lamp dark."
 
 
+def test_answers_without_words_and_no_fallback_are_an_error_not_the_summary():
+    book = synthetic_book(3_000)
+    lm = ScriptedLM(lambda call: {"summary": "1234"})
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=1)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(BooklensError) as excinfo:
+        program(book=book)
+    message = str(excinfo.value)
+    assert "no usable summary for level 1 summary 0 in 2 tries" in message and "'1234'" in message
+    assert len(lm.backend.calls) == 2
+
+
 def test_a_compression_without_words_keeps_the_update_trimmed_to_the_budget():
     book = synthetic_book(6_000)
     g = 300
