@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Optional, get_args
@@ -19,26 +18,37 @@ FORMAT_VERSION = 1
 PARTIAL_WRITE_SUFFIX = ".tmp"  # atomic writes go to a hidden `.NAME.XXXX.tmp`, then replace NAME
 
 
-def write_atomically(path: str | Path, write: Callable[[str], None], *, shared: bool = False) -> None:
+def write_atomically(path: str | Path, write: Callable[[str], None], *, shared: bool = True) -> None:
     """Write `path` through `write(temporary_path)`: into a hidden `.NAME.XXXX.tmp` beside it, which
     then replaces it, so readers see the old file or the complete new one, never a part. An error or
-    an interrupt removes the temporary file. `shared`: the usual file mode (umask), not mkstemp's
-    private one. OSError propagates."""
+    an interrupt removes the temporary file. The file gets the usual mode (0666 less the umask, as
+    `open` gives): records and reports on a shared file system are read by other users and nodes.
+    `shared=False` keeps it private (0600). OSError propagates."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_WRITE_SUFFIX, dir=path.parent)
-    os.close(fd)
+    tmp = _create_temporary(path, 0o666 if shared else 0o600)
     try:
         write(tmp)
-        if shared:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:  # an error or an interrupt: no half-written file left behind
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _create_temporary(path: Path, mode: int) -> str:
+    """A new, empty `.NAME.XXXX.tmp` beside `path`, created with `mode` less the umask. Unlike
+    mkstemp (always 0600) the kernel applies the umask, and no thread has to change the
+    process-wide umask to read it."""
+    import secrets
+
+    while True:
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(4)}{PARTIAL_WRITE_SUFFIX}")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+            return tmp
+        except FileExistsError:  # another writer drew the same name
+            continue
 
 
 def save_json(path: str | Path, payload: Any) -> None:

@@ -280,6 +280,23 @@ def test_every_atomic_writer_shares_one_mechanism(tmp_path):
     assert list((tmp_path / "index").iterdir()) == []
 
 
+def test_records_get_the_usual_file_mode(tmp_path):
+    """Records on a shared file system are read by other users and nodes: the umask decides their
+    mode, as it does for reports, not the private mode of a temporary file."""
+    import os
+
+    from booklens.records import save_json
+
+    for umask, mode in ((0o022, 0o644), (0o077, 0o600)):
+        path = tmp_path / f"record-{umask:o}.json"
+        saved = os.umask(umask)
+        try:
+            save_json(path, {"kind": "x"})
+        finally:
+            os.umask(saved)
+        assert path.stat().st_mode & 0o777 == mode
+
+
 def test_a_failed_step_is_recorded_and_the_steps_that_do_not_need_it_still_run(server, tmp_path):
     """Claims that never parse: the claims step fails with its reason, verification is recorded as
     needing it, coherence still runs, the report is written, and the exit code says it is incomplete."""
