@@ -120,6 +120,18 @@ def test_progress_shows_cells_calls_tokens_cost_and_eta():
     assert stream.getvalue().splitlines()[-1].startswith("sweep: 3/12 cells (1 failed)")
 
 
+def test_the_last_progress_line_of_a_stopped_sweep_has_no_eta():
+    """With --fail-fast (or an interrupt) cells are left when the display closes: they will not run."""
+    clock, stream = Clock(), io.StringIO()
+    progress = SweepProgress(4, lambda: {"calls": 3}, stream=stream, tty=False, interval=3600, clock=clock)
+    progress.started = clock.now
+    clock.now += 2
+    progress.cell_done("s/b1", failed="summary: no usable summary")
+    assert progress.line().endswith("| 2s, ETA 6s")
+    progress.close()
+    assert stream.getvalue().splitlines()[-1] == "sweep: 1/4 cells (1 failed) | 3 LM calls | 0 tokens | 2s"
+
+
 def test_progress_on_a_terminal_redraws_one_line():
     stream = io.StringIO()
     progress = SweepProgress(2, lambda: {"calls": 3}, stream=stream, tty=True, interval=3600, clock=Clock())

@@ -80,8 +80,10 @@ class SweepProgress:
 
     # -- drawing -----------------------------------------------------------------
 
-    def line(self) -> str:
-        """'sweep: 5/12 cells (1 failed) | 834 LM calls (120 cached) | 1.2M tokens | $0.42 | 2m13s, ETA 3m05s'"""
+    def line(self, final: bool = False) -> str:
+        """'sweep: 5/12 cells (1 failed) | 834 LM calls (120 cached) | 1.2M tokens | $0.42 | 2m13s, ETA 3m05s'.
+        The `final` line, drawn once the sweep has stopped, has no ETA: cells left then (after
+        --fail-fast or an interrupt) are not going to run."""
         u = self.usage() or {}
         # Calls answered from the cache count with the tokens and cost they had when first made.
         calls = (u.get("calls") or 0) + (u.get("cached_calls") or 0)
@@ -100,7 +102,7 @@ class SweepProgress:
         elapsed = self.clock() - self.started
         timing = _duration(elapsed)
         eta = self.eta(elapsed)
-        if eta is not None and self.done < self.total:
+        if eta is not None and self.done < self.total and not final:
             timing += f", ETA {_duration(eta)}"
         parts.append(timing)
         return " | ".join(parts)
@@ -118,7 +120,7 @@ class SweepProgress:
                 self._draw()
 
     def _draw(self, final: bool = False) -> None:
-        text = self.line()
+        text = self.line(final)
         if self.tty:
             pad = max(0, self._width - len(text))
             self.stream.write("\r" + text + " " * pad + ("\n" if final else ""))
