@@ -226,9 +226,8 @@ def _read_epub(p: Path) -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             book = epub.read_epub(str(p), options={"ignore_ncx": True})
-    except Exception as exc:  # ebooklib raises many kinds for a broken file
-        detail = " ".join(str(exc).split()) or type(exc).__name__
-        raise BooklensError(f"{p} is not a readable EPUB file ({detail[:200]})") from None
+    except Exception as exc:  # ebooklib raises many kinds for a broken file, most of them internal
+        raise BooklensError(_epub_problem(p, exc)) from None
     parts = []
     for idref, _linear in book.spine:
         item = book.get_item_with_id(idref)
@@ -241,6 +240,74 @@ def _read_epub(p: Path) -> str:
         if text.strip():
             parts.append(text)
     return "\n\n".join(parts)
+
+
+def _epub_problem(p: Path, exc: Exception) -> str:
+    """Why ebooklib could not read `p`, in the EPUB's terms: its errors for a broken file are
+    mostly internal (`'NoneType' object has no attribute 'get'`), so the parts it reads are checked
+    here in the order it reads them and the first one missing or broken is named."""
+    import posixpath
+    import zipfile
+    from urllib.parse import unquote
+
+    from ebooklib.epub import NAMESPACES, EpubException
+    from ebooklib.utils import parse_string  # the lenient parser ebooklib reads with
+
+    def xml_root(name: str):
+        try:
+            return parse_string(archive.read(name)).getroot()
+        except Exception:  # a damaged member or lxml's syntax errors; None also when nothing parses
+            return None
+
+    malformed = f"{p} is a malformed EPUB:"
+    try:
+        archive = zipfile.ZipFile(p)
+    except (zipfile.BadZipFile, OSError):
+        return f"{p} is not a readable EPUB file (not a ZIP archive)"
+    with archive:
+        names = set(archive.namelist())
+        if "META-INF/container.xml" not in names:
+            return f"{malformed} it has no META-INF/container.xml"
+        container = xml_root("META-INF/container.xml")
+        if container is None:
+            return f"{malformed} META-INF/container.xml is not readable XML"
+        opf = next((r.get("full-path") for r in container.iterfind(
+            f".//{{{NAMESPACES['CONTAINERNS']}}}rootfile")
+            if r.get("media-type") == "application/oebps-package+xml" and r.get("full-path")), None)
+        if opf is None:
+            return f"{malformed} META-INF/container.xml names no package document (.opf)"
+        opf = posixpath.normpath(opf)
+        if opf not in names:
+            return f"{malformed} its package document {opf} is missing"
+        package = xml_root(opf)
+        if package is None:
+            return f"{malformed} its package document {opf} is not readable XML"
+        sections = {name: package.find(f"{{{NAMESPACES['OPF']}}}{name}") for name in ("metadata", "manifest", "spine")}
+        if sections["metadata"] is None:
+            return f"{malformed} its package document {opf} has no <metadata>"
+        dc = NAMESPACES["DC"]
+        if dc not in sections["metadata"].nsmap.values() and not any(
+                isinstance(t.tag, str) and t.tag.startswith(f"{{{dc}}}") for t in sections["metadata"]):
+            return f"{malformed} the <metadata> of {opf} has no Dublin Core elements (dc:title, dc:identifier)"
+        for name in ("manifest", "spine"):
+            if sections[name] is None:
+                return f"{malformed} its package document {opf} has no <{name}>"
+        base = posixpath.dirname(opf)
+        items = [i for i in sections["manifest"] if i.tag == f"{{{NAMESPACES['OPF']}}}item"]
+        for item in items:
+            href = item.get("href")
+            if not href:
+                return f"{malformed} the item {item.get('id')!r} of its manifest has no href"
+            if posixpath.normpath(posixpath.join(base, unquote(href))) not in names:
+                return f"{malformed} its manifest lists {href}, which the archive does not hold"
+        ids = {i.get("id") for i in items}
+        toc = sections["spine"].get("toc")
+        has_nav = any("nav" in (i.get("properties") or "").split() for i in items)
+        if toc and toc not in ids and not has_nav:
+            return f"{malformed} its <spine> names a table of contents {toc!r} that the manifest does not list"
+    if isinstance(exc, EpubException):  # ebooklib's own messages are written for readers
+        return f"{malformed} {exc.msg}"
+    return f"{malformed} ebooklib could not read its structure"
 
 
 def _looks_like_epub(data: bytes) -> bool:

@@ -310,6 +310,58 @@ def test_read_corrupt_epub(tmp_path):
     assert_one_line_error(excinfo, "not a readable EPUB")
 
 
+EPUB_CONTAINER = ('<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
+                  '<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
+                  '</rootfiles></container>')
+EPUB_METADATA = ('<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:identifier id="id">x</dc:identifier>'
+                 '<dc:title>The Lamp</dc:title></metadata>')
+EPUB_PACKAGE = ('<?xml version="1.0"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0" '
+                f'unique-identifier="id">{EPUB_METADATA}<manifest><item id="c1" href="c1.xhtml" '
+                'media-type="application/xhtml+xml"/></manifest><spine><itemref idref="c1"/></spine></package>')
+
+
+def zipped_epub(path: Path, package: str | None = EPUB_PACKAGE, container: str | None = EPUB_CONTAINER) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("mimetype", "application/epub+zip")
+        if container is not None:
+            archive.writestr("META-INF/container.xml", container)
+        if package is not None:
+            archive.writestr("OEBPS/content.opf", package)
+        archive.writestr("OEBPS/c1.xhtml", "<html><body><p>Mara lit the lamp.</p></body></html>")
+    return path
+
+
+@pytest.mark.parametrize("package, container, problem", [
+    (EPUB_PACKAGE, None, "it has no META-INF/container.xml"),
+    (EPUB_PACKAGE, EPUB_CONTAINER.replace("OEBPS/content.opf", ""), "META-INF/container.xml names no package document"),
+    (None, EPUB_CONTAINER, "its package document OEBPS/content.opf is missing"),
+    # ebooklib: 'NoneType' object has no attribute 'get'
+    ("not xml at all", EPUB_CONTAINER, "its package document OEBPS/content.opf is not readable XML"),
+    (EPUB_PACKAGE.replace(EPUB_METADATA, ""), EPUB_CONTAINER,
+     "its package document OEBPS/content.opf has no <metadata>"),
+    # ebooklib: KeyError('http://purl.org/dc/elements/1.1/')
+    (EPUB_PACKAGE.replace(EPUB_METADATA, "<metadata><title>The Lamp</title></metadata>"), EPUB_CONTAINER,
+     "the <metadata> of OEBPS/content.opf has no Dublin Core elements"),
+    (EPUB_PACKAGE.replace('<spine><itemref idref="c1"/></spine>', ""), EPUB_CONTAINER,
+     "its package document OEBPS/content.opf has no <spine>"),
+    (EPUB_PACKAGE.replace("c1.xhtml", "c2.xhtml"), EPUB_CONTAINER,
+     "its manifest lists c2.xhtml, which the archive does not hold"),
+], ids=["no-container", "no-rootfile", "no-package", "package-not-xml", "no-metadata", "no-dublin-core",
+        "no-spine", "missing-document"])
+def test_a_malformed_epub_names_what_is_missing(tmp_path, package, container, problem):
+    path = zipped_epub(tmp_path / "broken.epub", package, container)
+    with pytest.raises(BooklensError) as excinfo:
+        T.read_book(path)
+    assert_one_line_error(excinfo, f"{path} is a malformed EPUB: {problem}")
+    assert "NoneType" not in str(excinfo.value) and "purl.org" not in str(excinfo.value)
+
+
+def test_a_well_formed_minimal_epub_reads(tmp_path):
+    assert T.read_book(zipped_epub(tmp_path / "lamp.epub")) == "Mara lit the lamp."
+
+
 def test_read_empty_epub_is_an_error(tmp_path):
     path = make_epub(tmp_path / "empty.epub", [("One", "<html><body><p>   </p></body></html>")])
     with pytest.raises(BooklensError, match="no text"):
