@@ -310,7 +310,8 @@ def test_read_corrupt_epub(tmp_path):
     assert_one_line_error(excinfo, "not a readable EPUB")
 
 
-EPUB_CONTAINER = ('<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
+EPUB_CONTAINER = ('<?xml version="1.0"?><container version="1.0" '
+                  'xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
                   '<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
                   '</rootfiles></container>')
 EPUB_METADATA = ('<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:identifier id="id">x</dc:identifier>'
