@@ -160,6 +160,22 @@ def test_structured_mode_and_limits_are_checked_where_the_lm_is_made(tmp_path, m
         make_lm("openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path)
 
 
+def test_an_api_base_that_is_not_an_http_url_is_one_line_before_any_call(tmp_path, monkeypatch):
+    """Without a scheme LiteLLM's client retries a connection error for about 40 s; the URL is
+    checked where the LM is made, the option and BOOKLENS_API_BASE alike."""
+    monkeypatch.delenv("BOOKLENS_API_BASE", raising=False)
+    for bad in ("127.0.0.1:35035/v1", "not-a-url", "localhost:8000/v1", "ftp://host/v1", "http://", "http://h:x/v1"):
+        with pytest.raises(LMError, match=r"^--api-base needs an http:// or https:// URL such as "):
+            make_lm("openai/x", api_base=bad, cache_dir=tmp_path)
+        with pytest.raises(LMError, match=r"^--api-base needs an http"):
+            make_lm("local", api_base=bad, cache_dir=tmp_path)
+    monkeypatch.setenv("BOOKLENS_API_BASE", "127.0.0.1:35035/v1")
+    with pytest.raises(LMError, match=r"^BOOKLENS_API_BASE needs an http:// or https:// URL .*'127\.0\.0\.1:35035/v1'"):
+        make_lm("openai/x", cache_dir=tmp_path)
+    lm = make_lm("openai/x", api_base=" HTTPS://host.example/v1 ", cache_dir=tmp_path)  # the option wins
+    assert lm.backend.api_base == "HTTPS://host.example/v1"
+
+
 # ---------------------------------------------------------------------------
 # Faults
 

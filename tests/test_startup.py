@@ -8,9 +8,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+STORY = str(Path(__file__).resolve().parents[1] / "examples" / "sample_story.txt")
 HEAVY = ("dspy", "litellm", "torch", "faiss", "sentence_transformers", "numpy", "tiktoken", "llama_cpp", "ray")
 
 PROBE = """
@@ -36,6 +38,7 @@ CASES = [
     ["run", "/nonexistent/book.txt", "-o", "out", "--evidence", "nonsense"],
     ["summarize", "/nonexistent/book.txt"],
     ["summarize", "book.txt", "--chunk-size", "many"],
+    ["summarize", STORY, "--lm", "openai/x", "--api-base", "127.0.0.1:8000/v1"],
     ["score", "/nonexistent/summary.txt"],
     ["claims", "/nonexistent/summary.txt"],
     ["verify", "--claims", "/nonexistent/claims.json"],

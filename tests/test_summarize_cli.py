@@ -84,6 +84,16 @@ def test_missing_api_key(tmp_path):
     assert_one_line_error(proc, out, "OPENAI_API_KEY")
 
 
+def test_an_api_base_without_a_scheme_is_one_line_at_once(tmp_path):
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer() as server:
+        bare = server.url.removeprefix("http://")
+        proc = run_cli(["summarize", str(STORY), "--lm", "openai/fake", "--api-base", bare, "-o", str(out)], tmp_path)
+        assert server.received == []
+    assert_one_line_error(proc, out, f"--api-base needs an http:// or https:// URL such as "
+                                     f"http://127.0.0.1:8000/v1 (got '{bare}')")
+
+
 def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
     out = tmp_path / "summary.json"
     args = [sys.executable, "-m", "booklens", "summarize", str(STORY), "--method", "inc", "--chunk-size", "512",

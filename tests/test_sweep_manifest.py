@@ -83,6 +83,10 @@ BAD = {
     "missing systems": ("books: corpus\n", "missing key 'systems'"),
     "context too small for the chunks": ("books: corpus\nsystems: [{name: a, chunk_size: 4096, context_window: 2048}]\n",
                                          "system 'a': a chunk of 4096 tokens does not fit"),
+    "server without a scheme": ("books: corpus\nsystems: [{name: a, api_base: '127.0.0.1:8000/v1'}]\n",
+                                "m.yaml: system 'a': api_base needs an http:// or https:// URL"),
+    "judge server without a scheme": ("books: corpus\nsystems: [{name: a}]\njudge: {api_base: not-a-url}\n",
+                                      "m.yaml: judge.api_base needs an http:// or https:// URL"),
     "unknown model": ("books: corpus\nlm: nosuchprovider/model\nsystems: [{name: a}]\n", "unknown model"),
 }
 

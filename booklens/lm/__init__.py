@@ -20,7 +20,7 @@ _EXPORTS = {
     "cache": ("CallCache", "default_cache_dir"),
     "base": ("Completion", "DEFAULT_MAX_TOKENS", "ContextWindowExceeded"),
     "embedded": ("LOCAL_LM", "LOCAL_MODEL_NAME", "LOCAL_CONTEXT_WINDOW", "LocalBackend", "local_model_path"),
-    "remote": ("LiteLLMBackend", "STRUCTURED_MODES"),
+    "remote": ("LiteLLMBackend", "STRUCTURED_MODES", "check_api_base", "resolve_api_base"),
     "ratelimit": ("RateLimiter",),
     "adapter": ("BooklensAdapter", "plain_output_field"),
     "model": ("BooklensLM", "last_finish_reason", "resolve_lm_name", "make_lm", "make_backend", "local_backend",

@@ -19,7 +19,7 @@ from booklens.lm.adapter import BooklensAdapter
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 from booklens.lm.cache import CallCache, default_cache_dir
 from booklens.lm.embedded import LOCAL_LM, LocalBackend
-from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend
+from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend, resolve_api_base
 from booklens.lm.usage import UsageTracker
 
 # The finish reason of the last completion in this thread, so programs can see cut-off answers.
@@ -173,16 +173,16 @@ def local_backend() -> LocalBackend:
 
 def make_backend(lm: str | None = None, *, api_base: str | None = None, structured: str | None = None,
                  rpm: int | None = None, tpm: int | None = None, limiter: Any = None) -> Any:
-    """The backend a `--lm` string names, checked (unknown model, missing key, bad structured mode
-    or limits) before any call."""
+    """The backend a `--lm` string names, checked (unknown model, missing key, bad structured mode,
+    limits or server URL) before any call."""
     name = resolve_lm_name(lm)
     mode = resolve_structured(structured)
+    api_base = resolve_api_base(api_base)  # a malformed server URL is an error even for the embedded model
     if limiter is None:
         limiter = make_limiter(rpm, tpm)
     if name == LOCAL_LM:
         return local_backend()
-    backend = LiteLLMBackend(name, api_base=api_base or os.environ.get("BOOKLENS_API_BASE"), structured=mode,
-                             limiter=limiter)
+    backend = LiteLLMBackend(name, api_base=api_base, structured=mode, limiter=limiter)
     backend.validate()
     return backend
 

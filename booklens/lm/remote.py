@@ -51,6 +51,33 @@ _learned: dict[tuple[str, str], dict[str, Any]] = {}
 _learned_lock = threading.Lock()
 
 
+def check_api_base(api_base: str | None, what: str = "--api-base") -> str | None:
+    """`api_base` stripped (None when not given), or a one-line `LMError` naming the setting
+    (`what`) when it is not an http:// or https:// URL with a host. Without a scheme LiteLLM
+    does not fail: its client retries connection errors for about 40 s before saying so."""
+    from urllib.parse import urlsplit
+
+    if api_base is None or not api_base.strip():
+        return None
+    url = api_base.strip()
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        valid = False
+    if not valid:
+        raise LMError(f"{what} needs an http:// or https:// URL such as http://127.0.0.1:8000/v1 (got {url!r})")
+    return url
+
+
+def resolve_api_base(api_base: str | None = None) -> str | None:
+    """The server an LM talks to: `api_base`, else BOOKLENS_API_BASE, checked (`check_api_base`)."""
+    if api_base is not None and api_base.strip():
+        return check_api_base(api_base)
+    return check_api_base(os.environ.get("BOOKLENS_API_BASE"), "BOOKLENS_API_BASE")
+
+
 class LiteLLMBackend:
     """Any LiteLLM model string; `api_base` points it at an OpenAI-compatible server.
 

@@ -196,8 +196,20 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
             system.program = str(program)
     judge = spec.judge
     _check_judge(judge, base, path)
+    _check_servers(spec, path, api_base)
     return Sweep(manifest=path, books=books, systems=systems, judge=judge, lm=lm or spec.lm,
                  api_base=api_base or spec.api_base, summaries=summaries)
+
+
+def _check_servers(spec: ManifestSpec, manifest: Path, override: Optional[str]) -> None:
+    """Every api_base is an http(s) URL (the LM layer's own check), named as the manifest names it."""
+    from booklens.lm.remote import check_api_base
+
+    check_api_base(override)
+    where = [(f"{manifest}: api_base", spec.api_base), (f"{manifest}: judge.api_base", spec.judge.api_base)]
+    where += [(f"{manifest}: system {s.name!r}: api_base", s.api_base) for s in spec.systems]
+    for what, value in where:
+        check_api_base(value, what)
 
 
 def _read_yaml(path: Path) -> Any:
