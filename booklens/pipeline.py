@@ -552,24 +552,25 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     def judge_coherence():
         if "coherence" not in wanted:
             return None
-        from booklens.steps import score_summaries
+        from booklens.steps import require_verdicts, score_summaries
 
         def score():
             results = score_summaries({book.name: summary_text}, batch_size=judge.batch_size,
                                       concurrency=concurrency, book_texts={book.name: book_text},
                                       scorer=programs.get("coherence"))
-            return results[book.name]
+            return require_verdicts(results[book.name])
 
         coherence_inputs = {**judge_model, "summary": summary_sha, "book_sha256": book_sha,
                             "batch_size": judge.batch_size, "program": program_sha("coherence")}
+        # A record without a single verdict (kept by an older booklens) is judged again, not reused.
         return runner.run_step("coherence", coherence_inputs, with_lm(judge_lm, score),
-                               lambda: read_step_record(output, "coherence"))
+                               lambda: require_verdicts(read_step_record(output, "coherence")))
 
     # 3. claims, 4. verification
     def judge_faithfulness():
         if "claims" not in wanted:
             return None, None
-        from booklens.steps import decompose_summary, verify_claims
+        from booklens.steps import decompose_summary, require_verdicts, verify_claims
 
         def decompose():
             claim_set = decompose_summary(summary_text, decomposer=programs.get("decomposition"))
@@ -584,17 +585,17 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
         def verify():
             chosen = list(claims.claims)[: judge.max_claims] if judge.max_claims else list(claims.claims)
-            return verify_claims(claims=chosen, book_text=book_text, book=book, summary=claims.summary,
-                                 mode=judge.evidence, k=judge.k, budget_tokens=judge.budget_tokens,
-                                 passage_tokens=judge.passage_tokens, concurrency=concurrency,
-                                 cache_dir=lms.cache_dir, programs=programs)
+            return require_verdicts(verify_claims(
+                claims=chosen, book_text=book_text, book=book, summary=claims.summary, mode=judge.evidence,
+                k=judge.k, budget_tokens=judge.budget_tokens, passage_tokens=judge.passage_tokens,
+                concurrency=concurrency, cache_dir=lms.cache_dir, programs=programs))
 
         verify_inputs = {**judge_model, "claims": runner.steps["claims"].sha256 if claims is not None else None,
                          "book_sha256": book_sha, "evidence": judge.evidence, "k": judge.k,
                          "budget_tokens": judge.budget_tokens, "passage_tokens": judge.passage_tokens,
                          "max_claims": judge.max_claims, "program": program_sha("verification")}
         faithfulness = runner.run_step("faithfulness", verify_inputs, with_lm(judge_lm, verify),
-                                       lambda: read_step_record(output, "faithfulness"))
+                                       lambda: require_verdicts(read_step_record(output, "faithfulness")))
         return claims, faithfulness
 
     # Coherence needs only the summary: it is judged while the claims are split and verified.
@@ -623,6 +624,7 @@ def run_scores(summary_text: Optional[str], coherence, faithfulness) -> dict[str
         "confusing_sentences": coherence.n_confusing if coherence is not None else None,
         "failed_sentences": coherence.n_failed if coherence is not None else None,
         "claims": len(faithfulness.claims) if faithfulness is not None else None,
+        "failed_claims": faithfulness.failures if faithfulness is not None else None,
         "claim_labels": dict(faithfulness.label_percentages) if faithfulness is not None else None,
         "summary_tokens": stats.get("length_tokens"),
         "repeated_trigrams": stats.get("repeated_trigrams_pct"),

@@ -260,8 +260,9 @@ class ClaimVerdict(BaseModel):
 
 
 class FaithfulnessReport(BaseModel):
-    """Claim-level verdicts and the summary-level share of each label (percent of all claims;
-    `failed` counts claims whose verification did not produce a valid label)."""
+    """Claim-level verdicts and the summary-level share of each label (percent of the verified
+    claims; `failures` counts the claims whose verification gave no valid label, which are left
+    out of the percentages)."""
 
     format_version: int = FORMAT_VERSION
     kind: Literal["booklens.faithfulness"] = "booklens.faithfulness"

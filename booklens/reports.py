@@ -436,17 +436,19 @@ def _scores_section(data: RunData) -> str:
     f = data.faithfulness
     if f is not None and f.claims:
         total = len(f.claims)
+        verified = total - f.failures
         for label in CLAIM_LABELS:
             n = f.label_counts.get(label, 0)
-            cards.append(_card(_label_class(label), label.capitalize(), _pct(f.label_percentages.get(label)),
-                               f"{n:,} of {_plural(total, 'claim')}"))
+            cards.append(_card(_label_class(label), label.capitalize(),
+                               _pct(f.label_percentages.get(label)) if verified else "-",
+                               f"{n:,} of {_plural(verified, 'verified claim')}"))
         if f.failures:
-            cards.append(_card("fail", "Not verified", _pct(f.label_percentages.get("failed")),
-                               f"{f.failures:,} of {_plural(total, 'claim')}: no valid label"))
+            cards.append(_card("fail", "Not verified", f"{f.failures:,}",
+                               f"of {_plural(total, 'claim')}: no valid label, left out of the shares"))
     if not cards:
         return '<p class="note">No scores yet.</p>'
     text = ('<p class="note">BooookScore is the share of summary sentences a reader would not find confusing '
-            '(higher is better). The claim shares are of all claims checked against the book.</p>')
+            '(higher is better). The claim shares are of the claims the judge verified against the book.</p>')
     return f'{text}\n<ul class="cards">{"".join(cards)}</ul>\n{_judges_block(data)}'
 
 

@@ -274,3 +274,35 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
         timings={"index_seconds": round(index_seconds, 3), "verify_seconds": round(run_seconds, 3),
                  "total_seconds": round(time.perf_counter() - started, 3)},
     )
+
+
+def judged_nothing(record: Any) -> Optional[str]:
+    """Why a judge's record says nothing about its summary, else None: the judge gave no valid verdict
+    on any sentence (a `CoherenceResult` or `CoherenceSet`) or on any claim (a `FaithfulnessReport`).
+    Commands and runs count such a record as a failure instead of a score."""
+    from booklens.records import CoherenceResult, CoherenceSet, FaithfulnessReport
+
+    if isinstance(record, FaithfulnessReport):
+        if record.claims and record.failures == len(record.claims):
+            errors = [c.error for c in record.claims if c.error]
+            return f"the judge verified none of the {len(record.claims)} claims" + _first_error(errors)
+        return None
+    if isinstance(record, (CoherenceResult, CoherenceSet)):
+        if record.n_sentences and record.n_failed == record.n_sentences:
+            results = record.results.values() if isinstance(record, CoherenceSet) else [record]
+            errors = [s.error for r in results for s in r.sentences if s.error]
+            return f"the judge gave no valid verdict on any of the {record.n_sentences} sentences" + _first_error(errors)
+    return None
+
+
+def require_verdicts(record: Any) -> Any:
+    """`record`, or a one-line error when its judge gave no valid verdict at all (`judged_nothing`)."""
+    reason = judged_nothing(record)
+    if reason:
+        raise BooklensError(reason)
+    return record
+
+
+def _first_error(errors: Sequence[str]) -> str:
+    line = next((e.strip().splitlines()[0] for e in errors if e.strip()), "")
+    return f" (first: {line[:200]})" if line else ""

@@ -141,13 +141,18 @@ def settle_label(label: str | None, reason: str, label_set: str = "four-way") ->
 
 
 def label_summary(verdicts: Sequence[ClaimVerdict]) -> tuple[dict[str, int], dict[str, float], int]:
-    """Counts and percentages (of all claims) of each label, with failed verifications as 'failed'."""
+    """Counts of each label (failed verifications as 'failed'), the percentage of each label among
+    the verified claims, and the number of claims left unverified.
+
+    A claim without a valid label is left out of the percentages, as BooookScore leaves out a
+    sentence without a valid verdict: a judge that failed says nothing about the summary, and
+    counting its failures against every label would read as an unfaithful system."""
     counts = {label: 0 for label in CLAIM_LABELS}
     counts["failed"] = 0
     for v in verdicts:
         counts[v.label if v.label is not None else "failed"] += 1
-    total = len(verdicts)
-    percentages = {k: (round(100.0 * n / total, 2) if total else 0.0) for k, n in counts.items()}
+    verified = len(verdicts) - counts["failed"]
+    percentages = {label: (round(100.0 * counts[label] / verified, 2) if verified else 0.0) for label in CLAIM_LABELS}
     return counts, percentages, counts["failed"]
 
 

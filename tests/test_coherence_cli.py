@@ -201,6 +201,23 @@ def test_score_through_an_openai_compatible_server(tmp_path, batch):
     assert "BooookScore 66.7" in stderr
 
 
+def test_score_with_a_judge_that_answers_no_sentence_writes_its_record_and_fails(tmp_path):
+    """No valid verdict on any sentence: the record is written for a look at its errors, but the
+    command ends with a one-line error and exit 2, not a score."""
+    from booklens.testing import FakeOpenAIServer
+
+    summary = write(tmp_path / "summary.txt", SUMMARY)
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=lambda body: "It reads fine.") as server:
+        proc = run_command(["score", summary, "--lm", "openai/fake", "--api-base", server.url, "-o", out],
+                           env=cli_env(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: the judge gave no valid verdict on any of the 3 sentences (first: ")
+    record = json.loads(out.read_text())
+    assert record["n_failed"] == record["n_sentences"] == 3 and record["score"] is None
+
+
 @pytest.mark.embedded
 def test_embedded_model_scores_a_summary(tmp_path):
     summary = write(tmp_path / "summary.txt", SUMMARY)

@@ -203,6 +203,21 @@ def test_claims_verify_and_check_end_to_end(tmp_path):
     assert list((tmp_path / "cache" / "indexes").iterdir())
 
 
+def test_verify_with_a_judge_that_labels_no_claim_writes_its_report_and_fails(tmp_path):
+    """Every verdict unparseable: the report is written (its errors say what went wrong), but the
+    command ends with a one-line error and exit 2 instead of a 0% faithful score."""
+    claims = write(tmp_path / "claims.json", ["The keeper let the lamp go dark.", "A ship struck the rocks."])
+    out = tmp_path / "verify.json"
+    with FakeOpenAIServer(responder=lambda body: "the claim looks fine to me") as server:
+        proc = run_here(["verify", "--claims", str(claims), "--book", str(STORY), "--lm", "openai/fake-model",
+                         "--api-base", server.url, "-o", str(out)], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: the judge verified none of the 2 claims (first: ")
+    assert "2 claims: 0.0% faithful" in proc.stderr and "(2 not verified, left out of the shares)" in proc.stderr
+    report = json.loads(out.read_text())
+    assert report["failures"] == 2 and all(c["label"] is None and c["error"] for c in report["claims"])
+
+
 @pytest.mark.embedded
 def test_verify_one_claim_with_the_embedded_model(tmp_path, books_dir):
     """The real SmolLM2 path with the default few-shot verifier and no options but the input:

@@ -72,8 +72,21 @@ def test_an_out_of_set_label_is_reasked_then_recorded_as_a_failure():
     for v in result.claims:
         assert v.label is None and v.fables_label is None and v.attempts == 3
         assert "mostly true" in v.error
-    assert result.failures == 2 and result.label_percentages["failed"] == 100.0
-    assert result.label_counts["faithful"] == 0
+    assert result.failures == 2 and result.label_counts["failed"] == 2
+    assert result.label_counts["faithful"] == 0 and set(result.label_percentages.values()) == {0.0}
+
+
+def test_claims_the_judge_could_not_label_are_left_out_of_the_shares():
+    # One claim verified faithful, one never given a valid label: the share is of the verified claim
+    # only, so a failing judge does not read as an unfaithful summary.
+    checker = build_checker(evidence_mode="given")
+    result, _ = run_with(lambda call: verdict("faithful" if "Anna" in call.inputs["claim"] else "mostly true"),
+                         lambda: checker(claims=["Anna sails home.", "Ben stays."],
+                                         given_evidence=[["Anna sailed home."], ["Ben stayed."]]))
+    assert result.failures == 1 and result.label_counts == {"faithful": 1, "unfaithful": 0, "partial support": 0,
+                                                            "can't verify": 0, "failed": 1}
+    assert result.label_percentages == {"faithful": 100.0, "unfaithful": 0.0, "partial support": 0.0,
+                                        "can't verify": 0.0}
 
 
 def test_a_bad_first_answer_is_replaced_by_the_reasked_one():

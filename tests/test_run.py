@@ -39,6 +39,7 @@ class Responder:
     def __init__(self):
         self.verify_delay = 0.0
         self.claims_unparseable = False
+        self.verify_garbled = ""  # claims containing this word get a verdict that never parses
 
     def __call__(self, body: dict) -> str:
         kind = kind_of(body)
@@ -59,6 +60,8 @@ class Responder:
             if self.verify_delay:
                 time.sleep(self.verify_delay)
             claim = last.split("[[ ## claim ## ]]")[-1]
+            if self.verify_garbled and self.verify_garbled in claim:
+                return "not json at all"
             label = "unfaithful" if "Zed" in claim else "faithful"
             return json.dumps({"label": label, "supporting_passages": [] if label == "unfaithful" else [1],
                                "refuting_passages": [], "reason": f"Judged {label} from passage 1."})
@@ -324,6 +327,40 @@ def test_a_failed_step_is_recorded_and_the_steps_that_do_not_need_it_still_run(s
     assert "Some steps failed" in page and "needs claims" in page and "Who is Zed, and which key?" in page
     # The rerun retries the failed step from the cache: no LM call, the same outcome.
     assert again.returncode != 0 and rerun_calls == 0
+
+
+def test_a_judge_that_verifies_no_claim_fails_its_step_instead_of_scoring_zero(server, tmp_path):
+    """Every verdict unparseable: no share of faithful claims (0% would read as an unfaithful
+    summary), but a failed step with its reason, an incomplete run and a non-zero exit; coherence
+    still scores."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    server.answers.verify_garbled = " "  # every claim
+    try:
+        proc = cli(run_args(server, out, cache))
+    finally:
+        server.answers.verify_garbled = ""
+    assert proc.returncode != 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["complete"] is False and list(run["failures"]) == ["faithfulness"]
+    assert run["failures"]["faithfulness"].startswith("the judge verified none of the 4 claims (first: ")
+    assert run["scores"]["booookscore"] == pytest.approx(0.75) and run["scores"]["claim_labels"] is None
+    assert not (out / "faithfulness.json").exists()
+
+
+def test_claims_the_judge_could_not_verify_are_left_out_of_the_shares_and_said(server, tmp_path):
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    server.answers.verify_garbled = "lamp"  # one claim of four
+    try:
+        proc = cli(run_args(server, out, cache))
+    finally:
+        server.answers.verify_garbled = ""
+    assert proc.returncode == 0, proc.stderr
+    scores = json.loads((out / "run.json").read_text())["scores"]
+    assert scores["claims"] == 4 and scores["failed_claims"] == 1
+    # of the 3 verified claims, Zed's is unfaithful
+    assert scores["claim_labels"]["faithful"] == pytest.approx(66.67) and scores["claim_labels"]["unfaithful"] == \
+        pytest.approx(33.33)
+    assert "(1 not verified, left out of the shares)" in proc.stderr
 
 
 # ---------------------------------------------------------------------------

@@ -42,6 +42,17 @@ def outcomes() -> list[CellOutcome]:
     ]
 
 
+def test_what_the_judges_could_not_judge_is_a_column_and_a_sum_per_system():
+    partial = run(0.75, 100.0, 10)
+    partial["scores"].update({"failed_sentences": 2, "failed_claims": 1})
+    rows = [cell_row(outcome_of_run("a", "b1", partial)), cell_row(outcome_of_run("a", "b2", run(1.0, 50.0, 10)))]
+    assert [(r["failed_sentences"], r["failed_claims"]) for r in rows] == [(2, 1), (None, None)]
+    system = results(["a"], ["b1", "b2"], rows)["systems"]["a"]
+    assert (system["failed_sentences"], system["failed_claims"]) == (2, 1)
+    page = render_sweep_report(results(["a"], ["b1", "b2"], rows), rows, title="t")
+    assert "left out of the scores: a: 2 sentences and 1 claim." in page
+
+
 def test_failed_cells_are_counted_apart_and_their_work_still_counts(outcomes):
     assert outcomes[2].status == "failed" and outcomes[2].error == "summary: model gave no usable summary"
     data = results(["a", "b", "c"], ["b1", "b2", "b3"], [cell_row(o) for o in outcomes])

@@ -131,7 +131,7 @@ def score(
 
     scorer = load_judge("coherence", program, zero_shot=zero_shot, batch_size=batch_size, concurrency=concurrency,
                         tries=tries)
-    from booklens.steps import score_coherence
+    from booklens.steps import judged_nothing, score_coherence
 
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     record = score_coherence(texts, as_set=is_map, batch_size=batch_size, concurrency=concurrency, tries=tries,
@@ -141,6 +141,9 @@ def score(
     typer.echo(f"{_report_line(record)}; {usage['calls']} LM calls ({usage['cached_calls']} from cache), "
                f"{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens", err=True)
     echo_judge(record.judge)
+    reason = judged_nothing(record)  # written above for a look at the errors, but not a score
+    if reason:
+        raise BooklensError(reason)
 
 
 def _score_annotations(annotations: Path, summaries: Optional[Path], split: Optional[SplitName],

@@ -32,6 +32,7 @@ from booklens.cli.common import (
 )
 from booklens.cli.data import stats_app
 from booklens.errors import BooklensError
+from booklens.vocabulary import CLAIM_LABELS
 
 
 EvidenceMode = evidence_enum("EvidenceMode")
@@ -58,13 +59,19 @@ def _programs(paths: Optional[list[Path]], command: str, tasks: tuple[str, ...],
 
 
 def _report_line(report) -> None:
+    """The command's summary line, then a one-line error (exit 2, the record already written) when the
+    judge verified no claim at all: such a report is not a score."""
+    from booklens.steps import judged_nothing
+
     p = report.label_percentages
-    cant = p["can't verify"]
-    typer.echo(f"{len(report.claims)} claims: {p['faithful']:.1f}% faithful, {p['unfaithful']:.1f}% unfaithful, "
-               f"{p['partial support']:.1f}% partial support, {cant:.1f}% can't verify, "
-               f"{report.failures} not verified; {report.usage.get('calls', 0)} LM calls "
+    shares = ", ".join(f"{p.get(label, 0.0):.1f}% {label}" for label in CLAIM_LABELS)
+    unverified = f" ({report.failures} not verified, left out of the shares)" if report.failures else ""
+    typer.echo(f"{len(report.claims)} claims: {shares}{unverified}; {report.usage.get('calls', 0)} LM calls "
                f"({report.usage.get('cached_calls', 0)} from cache)", err=True)
     echo_judge(report.judge)
+    reason = judged_nothing(report)
+    if reason:
+        raise BooklensError(reason)
 
 
 # ---------------------------------------------------------------------------

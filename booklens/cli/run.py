@@ -46,7 +46,9 @@ def score_line(run) -> str:
         parts[0] += f" ({s['failed_sentences']} sentences not judged, left out of the score)"
     if s.get("claims"):
         shares = ", ".join(f"{labels.get(lab, 0.0):.1f}% {lab}" for lab in CLAIM_LABELS)
-        parts.append(f"{s['claims']} claims: {shares}")
+        parts.append(f"{s['claims']} claims: {shares}"
+                     + (f" ({s['failed_claims']} not verified, left out of the shares)" if s.get("failed_claims")
+                        else ""))
     t = run.totals
     parts.append(f"{t['calls']} LM calls, {t['prompt_tokens']} prompt + {t['completion_tokens']} completion tokens"
                  + (f", ${t['cost_usd']:.4f}" if t.get("cost_usd") is not None else ""))

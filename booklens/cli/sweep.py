@@ -24,6 +24,13 @@ from booklens.sweep import ENGINES
 Engine = choices("Engine", ENGINES)
 
 
+def unjudged(system: dict) -> str:
+    """What the judges of a system's completed cells could not judge (left out of its scores)."""
+    parts = [f"{n} {what}{'' if n == 1 else 's'}" for n, what in (
+        (system.get("failed_sentences") or 0, "sentence"), (system.get("failed_claims") or 0, "claim")) if n]
+    return f" ({' and '.join(parts)} not judged, left out)" if parts else ""
+
+
 @app.command("sweep")
 def sweep_command(
     manifest: Annotated[Path, typer.Argument(help="The sweep manifest (YAML): books, systems, judge.")],
@@ -63,7 +70,8 @@ def sweep_command(
         typer.echo(f"{name}: {s['books']} book{'' if s['books'] == 1 else 's'}"
                    + (f", {s['failed']} failed" if s["failed"] else "")
                    + f"; BooookScore {'-' if score is None else f'{100 * score:.1f}'}"
-                   + f"; {'-' if faithful is None else f'{faithful:.1f}%'} faithful", err=True)
+                   + f"; {'-' if faithful is None else f'{faithful:.1f}%'} faithful"
+                   + unjudged(s), err=True)
     if outcome.results.get("judges"):
         from booklens.judges import judge_line
         from booklens.records import JudgeInfo

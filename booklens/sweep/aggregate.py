@@ -2,8 +2,9 @@
 (`results.json`).
 
 Per system, over the books whose cell completed: the mean BooookScore with a 95% bootstrap
-interval over books, the mean share of claims per label (each book's percentages averaged, so
-every book weighs the same, with intervals for each label), the mean summary length and share of
+interval over books, the mean share of claims per label (each book's percentages of its verified
+claims averaged, so every book weighs the same, with intervals for each label), the sentences and
+claims the judges could not judge (left out of those figures), the mean summary length and share of
 repeated trigrams, and the LM work of all the system's cells (failed ones included: it was
 spent). For every pair of systems, the paired bootstrap difference (second minus first) over the
 books both completed. The bootstrap has a fixed seed: the same cells give the same file.
@@ -79,7 +80,9 @@ def cell_row(outcome: CellOutcome) -> dict[str, Any]:
         "booookscore": scores.get("booookscore"),
         "sentences": scores.get("sentences"),
         "confusing_sentences": scores.get("confusing_sentences"),
+        "failed_sentences": scores.get("failed_sentences"),
         "claims": scores.get("claims"),
+        "failed_claims": scores.get("failed_claims"),
     }
     for label, column in LABEL_COLUMNS.items():
         row[column] = labels.get(label) if labels else None
@@ -132,6 +135,9 @@ def system_results(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "booookscore": {"mean": _mean(scores), "ci95": _ci(scores)},
         "claims": claims,
         "claims_ci95": {label: _ci(_present(complete, column)) for label, column in LABEL_COLUMNS.items()},
+        # What the judges could not judge in the completed cells, left out of the scores above.
+        "failed_sentences": int(sum(_present(complete, "failed_sentences"))),
+        "failed_claims": int(sum(_present(complete, "failed_claims"))),
         "summary_tokens": _mean(_present(complete, "summary_tokens")),
         "repeated_trigrams": _mean(_present(complete, "repeated_trigrams")),
         "usage": _usage(rows),

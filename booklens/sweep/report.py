@@ -93,11 +93,25 @@ def _table_section(results: dict[str, Any]) -> str:
             f'<td class="num">{h(_cost(u["cost_usd"]))}</td></tr>')
     note = ("<p class=\"note\">One row per system, over the books whose cell completed. BooookScore is the "
             "share of summary sentences a reader would not find confusing (\u00d7100, higher is better); claim "
-            "shares are the mean over books of each book's share of claims with that label. Brackets hold "
-            "95% bootstrap intervals over books. LM work counts every cell of the system, failed ones "
-            "included.</p>")
+            "shares are the mean over books of each book's share of its verified claims with that label. "
+            "Brackets hold 95% bootstrap intervals over books. LM work counts every cell of the system, failed "
+            "ones included." + _unjudged_note(systems) + "</p>")
     return (f'{note}\n<table class="data"><caption>Systems compared</caption><thead>{head}</thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def _unjudged_note(systems: dict[str, Any]) -> str:
+    """Where the judges gave no valid verdict, by system: left out of the figures, but said."""
+    parts = []
+    for name, s in systems.items():
+        counts = [f"{n:,} {what}{'' if n == 1 else 's'}" for n, what in (
+            (s.get("failed_sentences") or 0, "sentence"), (s.get("failed_claims") or 0, "claim")) if n]
+        if counts:
+            parts.append(f"{h(name)}: {' and '.join(counts)}")
+    if not parts:
+        return ""
+    return (" The judges gave no valid verdict on some sentences or claims of completed cells, which are left "
+            "out of the scores: " + "; ".join(parts) + ".")
 
 
 def _chart_section(results: dict[str, Any]) -> str:
