@@ -94,6 +94,45 @@ def test_an_api_base_without_a_scheme_is_one_line_at_once(tmp_path):
                                      f"http://127.0.0.1:8000/v1 (got '{bare}')")
 
 
+def one_line_error(proc) -> str:
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def test_an_output_that_is_an_input_is_refused_before_any_call(tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_bytes(STORY.read_bytes())
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Maren keeps the light.", encoding="utf-8")
+    with FakeOpenAIServer() as server:
+        lm = ["--lm", "openai/fake", "--api-base", server.url]
+        for args in (["summarize", book, "-o", book], ["summarize", "-o", tmp_path / "." / "book.txt", book],
+                     ["score", summary, "-o", summary], ["check", book, summary, "-o", summary]):
+            line = one_line_error(run_cli([*args, *lm], tmp_path))
+            assert "is also an input of this command" in line and "would overwrite it" in line, line
+        assert server.received == []
+    assert book.read_bytes() == STORY.read_bytes() and summary.read_text() == "Maren keeps the light."
+
+
+def test_an_output_that_cannot_be_a_file_is_refused_before_any_call(tmp_path):
+    (tmp_path / "existdir").mkdir()
+    (tmp_path / "existfile").write_text("mine")
+    with FakeOpenAIServer() as server:
+        lm = ["--lm", "openai/fake", "--api-base", server.url]
+        line = one_line_error(run_cli(["summarize", STORY, "-o", tmp_path / "existdir", *lm], tmp_path))
+        assert line == f"error: -o {tmp_path / 'existdir'} is a directory: give the path of the file to write"
+        line = one_line_error(run_cli(["summarize", STORY, "-o", tmp_path / "existfile" / "x.json", *lm], tmp_path))
+        assert line == (f"error: cannot write {tmp_path / 'existfile' / 'x.json'}: {tmp_path / 'existfile'} "
+                        "is not a directory")
+        assert server.received == []
+        # Missing folders are made.
+        out = tmp_path / "new" / "deeper" / "summary.json"
+        proc = run_cli(["summarize", STORY, "-o", out, "--method", "inc", "--chunk-size", "2048", *lm], tmp_path)
+        assert proc.returncode == 0 and json.loads(out.read_text())["summary"], proc.stderr
+    assert (tmp_path / "existfile").read_text() == "mine" and list((tmp_path / "existdir").iterdir()) == []
+
+
 def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
     out = tmp_path / "summary.json"
     args = [sys.executable, "-m", "booklens", "summarize", str(STORY), "--method", "inc", "--chunk-size", "512",

@@ -27,6 +27,7 @@ from booklens.cli.common import (
     RpmOption,
     StructuredOption,
     TpmOption,
+    output_file,
     setup_lm,
 )
 from booklens.errors import BooklensError
@@ -98,7 +99,8 @@ def calibrate_command(
                                      "anyway and then come out the same on every run; 4 otherwise).")] = None,
     cache_dir: CacheDirOption = None,
     output: Annotated[Optional[Path], typer.Option(
-        "-o", "--output", help="The calibration store to add to (default: <cache>/calibration.json).")] = None,
+        "-o", "--output", callback=output_file,
+        help="The calibration store to add to (default: <cache>/calibration.json).")] = None,
 ) -> None:
     """Measure how well a judge agrees with human annotators on the test splits; store the figures."""
     from booklens.judges import JUDGES, judge_line, judge_info, store_calibration, user_store_path

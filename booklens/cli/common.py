@@ -3,14 +3,17 @@ errors load no model, no dspy, no litellm."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Optional
+from typing import Annotated, Any, Callable, Iterable, Optional
 
 import typer
 
 from booklens.data.splits import SPLITS
+from booklens.errors import BooklensError
 from booklens.lm.remote import STRUCTURED_MODES
 
 LMOption = Annotated[
@@ -27,7 +30,76 @@ CacheDirOption = Annotated[
 ProgramOption = Annotated[
     Optional[Path], typer.Option("--program", help="A compiled program artifact (JSON) from `booklens compile`.")
 ]
-OutputOption = Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the result JSON here.")]
+
+
+def check_output_file(path: Path) -> None:
+    """A one-line error unless a command can write the file `path`: not a directory, and its
+    nearest existing folder is a folder it may write in (the missing ones are made). Commands
+    check it while parsing their options, so a bad -o fails before any model loads, not after
+    the last LM call."""
+    if path.is_dir():
+        raise BooklensError(f"-o {path} is a directory: give the path of the file to write")
+    folder = path.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise BooklensError(f"cannot write {path}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise BooklensError(f"cannot write {path}: {folder} is not writable")
+
+
+def output_file(path: Optional[Path]) -> Optional[Path]:
+    """The typer callback of an -o FILE option (`check_output_file`)."""
+    if path is not None:
+        check_output_file(path)
+    return path
+
+
+def _paths(value: Any) -> Iterable[Path]:
+    if isinstance(value, Path):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _paths(item)
+
+
+def check_not_an_input(output: Any, inputs: Iterable[Any]) -> None:
+    """A one-line error when the existing file `output` is one of `inputs` (paths, or lists of
+    them): the result would replace what the command reads. Compared as files on disk, so
+    another spelling of the path or a link to it counts too."""
+    if not isinstance(output, Path) or not output.is_file():
+        return
+    for path in _paths(list(inputs)):
+        try:
+            same = path.exists() and os.path.samefile(path, output)
+        except OSError:
+            continue
+        if same:
+            raise BooklensError(f"-o {output} is also an input of this command ({path}): writing the result "
+                                "there would overwrite it; choose another output file")
+
+
+def refuse_outputs_over_inputs(app: typer.Typer) -> None:
+    """Make every command of `app` (and of its command groups) check, after parsing and before it
+    runs, that its `output` is none of its other path parameters (`check_not_an_input`). Wrapping
+    the commands covers all of them, whatever order their options were given in."""
+    for info in app.registered_commands:
+        info.callback = _checking_output(info.callback)
+    for group in app.registered_groups:
+        refuse_outputs_over_inputs(group.typer_instance)
+
+
+def _checking_output(command: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(command)  # typer reads the options from the wrapped function's signature
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        check_not_an_input(kwargs.get("output"), (v for k, v in kwargs.items() if k != "output"))
+        return command(*args, **kwargs)
+
+    return checked
+
+
+OutputOption = Annotated[Optional[Path], typer.Option("-o", "--output", callback=output_file,
+                                                      help="Write the result JSON here.")]
 ZeroShotOption = Annotated[bool, typer.Option(
     "--zero-shot", help="Judge with the zero-shot program instead of the few-shot one booklens ships "
                         "(a --program artifact takes precedence for its task).")]

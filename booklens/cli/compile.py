@@ -25,6 +25,7 @@ from booklens.cli.common import (
     SplitName,
     StructuredOption,
     TpmOption,
+    output_file,
     setup_lm,
     write_output,
 )
@@ -56,21 +57,14 @@ def _metric_block(result) -> dict[str, Any]:
     return {"value": d["metric"], "ci95": d["ci95"], "n": d["n"], "failures": d["failures"]}
 
 
-def _check_output(path: Path) -> None:
-    if path.exists() and path.is_dir():
-        raise BooklensError(f"output path is a directory: {path}")
-    parent = path.resolve().parent
-    if parent.exists() and not parent.is_dir():
-        raise BooklensError(f"cannot write {path}: {parent} is not a directory")
-
-
 @app.command("compile")
 def compile_command(
     task: TaskArgument,
     data: DataOption,
     optimizer: Annotated[str, typer.Option(
         "--optimizer", help="labeled, bootstrap, random-search, mipro or gepa.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the artifact (JSON).")],
+    output: Annotated[Path, typer.Option("-o", "--output", callback=output_file,
+                                         help="Where to write the artifact (JSON).")],
     demos: Annotated[Optional[int], typer.Option(
         "--demos", help="Demos per predictor (default 3; coherence 2).")] = None,
     candidates: Annotated[Optional[int], typer.Option(
@@ -109,7 +103,6 @@ def compile_command(
     budget = spec.default_budget(demos=demos, candidates=candidates, trials=trials, threads=threads,
                                  max_rounds=max_rounds, minibatch_size=minibatch_size)
     budget.validate()
-    _check_output(output)
     seed = 0 if seed is None else seed
     splits = load_task_splits(spec, data, seed=seed, sizes=_sizes(train_size, dev_size, test_size))
     if not splits.train:
@@ -192,8 +185,8 @@ def evaluate_command(
     rpm: RpmOption = None,
     tpm: TpmOption = None,
     cache_dir: CacheDirOption = None,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Also write the results as JSON.")]
-    = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", callback=output_file,
+                                                   help="Also write the results as JSON.")] = None,
 ) -> None:
     """Run zero-shot and compiled programs on a split, side by side: metric with a bootstrap 95% CI, LM calls, tokens."""
     if not Path(data).exists():  # before DSPy loads: a typo costs no start-up time
