@@ -32,6 +32,30 @@ def test_completed_calls_are_cached_on_disk_and_reused(tmp_path):
     assert fresh.usage.snapshot()["cached_calls"] == 1 and fresh.usage.snapshot()["calls"] == 0
 
 
+def test_an_empty_answer_is_not_kept_so_a_rerun_asks_again(tmp_path):
+    """A provider's empty answer (overload, a filter) is usually a glitch: replayed from the cache, it
+    would fail every rerun the same way. Answers with text are kept as before."""
+    ask = [{"role": "user", "content": "Label: a fine day"}]
+    empty = ScriptedLM(lambda call: "", cache_dir=tmp_path)
+    assert empty(messages=ask)[0] == "" and len(empty.call_cache) == 0
+    recovered = ScriptedLM(lambda call: "good", cache_dir=tmp_path)
+    assert recovered(messages=ask)[0] == "good" and len(recovered.backend.calls) == 1
+    replay = ScriptedLM(lambda call: pytest.fail("a kept answer was asked again"), cache_dir=tmp_path)
+    assert replay(messages=ask)[0] == "good" and len(replay.call_cache) == 1
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_cache_directory_that_cannot_be_used_is_a_one_line_error(tmp_path, where):
+    from booklens.errors import BooklensError
+    from booklens.lm.cache import CallCache
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cache_dir = blocker if where == "a file" else blocker / "cache"
+    with pytest.raises(BooklensError, match=f"cannot use {cache_dir} as the LM cache directory"):
+        CallCache(cache_dir / "calls.sqlite")
+
+
 def test_a_backend_configured_otherwise_does_not_replay_another_configurations_answers(tmp_path):
     def lm_with(identity, answer):
         lm = ScriptedLM(lambda call: {"label": answer}, cache_dir=tmp_path)

@@ -164,13 +164,13 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
 
 
 def test_no_usable_summary_advises_what_makes_new_calls(tmp_path):
-    """The empty answers are cached, so a plain rerun would fail the same way: the error points to
-    more regenerations, whose extra tries are calls the server has not answered yet."""
+    """Answers without a word are cached, so a plain rerun would fail the same way: the error points
+    to more regenerations, whose extra tries are calls the server has not answered yet."""
     out = tmp_path / "summary.json"
-    with FakeOpenAIServer(responder=lambda body: "") as server:
+    with FakeOpenAIServer(responder=lambda body: "1234") as server:
         args = ["summarize", str(STORY), "--lm", "openai/fake", "--api-base", server.url, "-o", str(out)]
         proc = run_cli([*args, "--max-regenerations", "1"], tmp_path)
-        assert_one_line_error(proc, out, "no usable summary for level 1 summary 0 in 2 tries (empty answers)")
+        assert_one_line_error(proc, out, "no usable summary for level 1 summary 0 in 2 tries (answers without a word")
         assert "--max-regenerations above 1" in proc.stderr and "rerun" not in proc.stderr
         first = len(server.served)
         rerun = run_cli([*args, "--max-regenerations", "1"], tmp_path)
@@ -178,6 +178,19 @@ def test_no_usable_summary_advises_what_makes_new_calls(tmp_path):
         more = run_cli([*args, "--max-regenerations", "3"], tmp_path)
         assert len(server.served) == first + 2, "the two extra tries are new calls"
     assert rerun.returncode == more.returncode == 2
+
+
+def test_empty_answers_are_asked_again_by_a_plain_rerun(tmp_path):
+    """An empty answer is not cached (a provider's glitch should not stick): the error says a rerun
+    asks again, and it does."""
+    out = tmp_path / "summary.json"
+    with FakeOpenAIServer(responder=lambda body: "") as server:
+        args = ["summarize", str(STORY), "--lm", "openai/fake", "--api-base", server.url, "-o", str(out),
+                "--max-regenerations", "1"]
+        proc = run_cli(args, tmp_path)
+        assert_one_line_error(proc, out, "in 2 tries (empty answers, which are not cached: a rerun asks again)")
+        first = len(server.served)
+        assert run_cli(args, tmp_path).returncode == 2 and len(server.served) == 2 * first
 
 
 @pytest.mark.embedded

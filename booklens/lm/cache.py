@@ -39,7 +39,11 @@ class CallCache:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file in the way, no permission, a path that cannot exist
+            raise BooklensError(f"cannot use {self.path.parent} as the LM cache directory: "
+                                f"{exc.strerror or exc}") from None
         self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}
         self._flights_lock = threading.Lock()
@@ -69,8 +73,10 @@ class CallCache:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
 
-    def fetch(self, key: str, compute: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
-        """The cached value of `key`, or `compute()` stored under it; `(value, reused)`.
+    def fetch(self, key: str, compute: Callable[[], dict[str, Any]],
+              keep: Callable[[dict[str, Any]], bool] | None = None) -> tuple[dict[str, Any], bool]:
+        """The cached value of `key`, or `compute()` stored under it (unless `keep` says it is not
+        worth keeping); `(value, reused)`.
 
         One call per key at a time: a thread that finds another computing the same key waits for
         its answer (reused=True) instead of calling the backend again. When that call fails, the
@@ -96,7 +102,8 @@ class CallCache:
             reused = value is not None
             if value is None:
                 value = compute()
-                self.put(key, value)
+                if keep is None or keep(value):
+                    self.put(key, value)
             flight.value = value
             return value, reused
         except BaseException as exc:

@@ -120,13 +120,19 @@ class BooklensLM(dspy.BaseLM):
                 return self.backend.complete({**request, "response_format": response_format}).__dict__
 
         if self.call_cache is not None:
-            value, reused = self.call_cache.fetch(key, call)
+            value, reused = self.call_cache.fetch(key, call, keep=_worth_keeping)
         else:
             value, reused = call(), False
         completion = _completion(value)
         self._count(completion, cached=reused)
         _last_finish_reason.set(completion.finish_reason)
         return _openai_shaped(self.backend.name, completion, reused)
+
+
+def _worth_keeping(value: dict[str, Any]) -> bool:
+    """An empty answer is not kept: from a provider it is usually a glitch (an overloaded server, a
+    filter), and a cached one would be replayed by every rerun, which could then never recover."""
+    return bool(str(value.get("text") or "").strip())
 
 
 def _completion(value: dict[str, Any]) -> Completion:
