@@ -181,6 +181,23 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
         raise BooklensError("give a summary file or a summary text, not both")
 
 
+def check_summarizer(system: SystemConfig) -> None:
+    """The summarizer's settings fit its context window (chunks, budgets, prompts) and its compiled
+    program loads: a one-line error before anything is written, since no rerun could get past it."""
+    if system.given:
+        return
+    import dspy
+
+    from booklens.lm import BooklensAdapter
+    from booklens.steps import book_summarizer
+
+    with dspy.context(adapter=BooklensAdapter()):  # prompt sizes are measured in booklens's format
+        book_summarizer(method=system.method, chunk_size=system.chunk_size, context_window=system.context_window,
+                        max_summary_tokens=system.max_summary_tokens, max_regenerations=system.max_regenerations,
+                        remove_artifacts=system.remove_artifacts, program_path=system.program,
+                        merge_context=system.merge_context, words_per_token=system.words_per_token).check_budgets()
+
+
 def owned_output_dir(output: Path, marker: str, what: str) -> bool:
     """Whether `output` is a directory booklens wrote (it holds `marker`, so it is resumed). A missing
     or empty directory is fine (False); anything else is a one-line error, so nothing of the user's
@@ -439,6 +456,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     notify = notify or _stderr
     started = time.perf_counter()
     check_configs(system, judge)
+    check_summarizer(system)
     previous = previous_run(output)
     if output.is_dir():  # a killed run may have left half-written records behind
         from booklens.records import remove_partial_writes
@@ -482,7 +500,10 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         "versions": package_versions(),
         "judges": judges,
     }
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BooklensError(f"cannot create the run directory {output}: {exc.strerror or exc}") from None
     runner = _Runner(output, previous, base, wanted, notify)
     if book_error is not None:
         runner.fail("summary", book_error)

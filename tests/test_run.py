@@ -409,3 +409,22 @@ def test_run_refuses_a_directory_that_is_not_a_run_directory(tmp_path):
     with pytest.raises(BooklensError, match="not a directory"):
         previous_run(tmp_path / "notes.txt")
     assert previous_run(tmp_path / "new") is None
+
+
+def test_settings_no_rerun_can_fix_are_an_error_before_anything_is_written(server, tmp_path):
+    """A chunk that cannot fit the context window: a one-line error and no run directory, not a
+    run directory whose failed summary step advises a rerun."""
+    out = tmp_path / "run"
+    args = run_args(server, out, tmp_path / "cache")
+    args[args.index("--context-window") + 1] = "300"
+    proc = cli(args)
+    assert_one_line_error(proc, "does not fit the 300-token context window")
+    assert proc.returncode == 2 and not out.exists()
+
+
+def test_a_run_directory_that_cannot_be_created_is_a_one_line_error(server, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = cli(run_args(server, blocker / "run", tmp_path / "cache"))
+    assert_one_line_error(proc, f"cannot create the run directory {blocker / 'run'}")
+    assert proc.returncode == 2
