@@ -80,7 +80,7 @@ def _run_command() -> None:
         from click.exceptions import ClickException, UsageError
 
     try:
-        code = app(standalone_mode=False)
+        code = _command()(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except UsageError as exc:
         message = exc.format_message().strip()
@@ -98,7 +98,7 @@ def _run_command() -> None:
     except BooklensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Interrupted):
         print("error: interrupted (completed LM calls are cached; rerun to resume)", file=sys.stderr)
         sys.exit(130)
     except BrokenPipeError:
@@ -110,3 +110,25 @@ def _run_command() -> None:
         print(f"error: internal error: {type(exc).__name__}: {first} (BOOKLENS_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         sys.exit(1)
+
+
+class _Interrupted(Exception):
+    """Ctrl-C inside a command. typer would turn the KeyboardInterrupt into a bare exit code 130
+    (it returns the code without standalone mode), leaving nothing to print the message on."""
+
+
+def _command():
+    """`app` as the click command `app()` runs, with Ctrl-C in a command raised as `_Interrupted`."""
+    from typer.main import get_command
+
+    command = get_command(app)
+    invoke = command.invoke
+
+    def invoke_keeping_ctrl_c(ctx):
+        try:
+            return invoke(ctx)
+        except KeyboardInterrupt:
+            raise _Interrupted() from None
+
+    command.invoke = invoke_keeping_ctrl_c
+    return command
