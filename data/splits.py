@@ -16,6 +16,8 @@ T = TypeVar("T")
 DEFAULT_FRACTIONS: dict[str, float] = {"train": 0.4, "dev": 0.2, "test": 0.4}
 SPLITS: tuple[str, ...] = tuple(DEFAULT_FRACTIONS)
 DEFAULT_SEED = 0
+# Seeds reach numpy's global RNG (DSPy's optimizers, the bootstrap), which takes only these.
+SEED_RANGE: tuple[int, int] = (0, 2**32 - 1)
 
 
 def _allocate(n: int, fractions: Sequence[float]) -> list[int]:

@@ -144,3 +144,21 @@ def test_run_commands_accept_a_compiled_program(command, tmp_path):
     proc = run_cli([command, *args, "--program", other_artifact, "--lm", "openai/fake-model",
                     "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
     assert_one_line_error(proc, "compiled '")
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_every_seed_option_takes_the_same_range_before_any_work(tmp_path, seed):
+    """numpy's RNG takes seeds 0 .. 2**32-1: beyond them compile failed with an internal error
+    and calibrate only after all its LM calls."""
+    data = tiny_fables(tmp_path / "fables.json")
+    out = tmp_path / "a.json"
+    with FakeOpenAIServer() as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        for args in (["compile", "verification", "--data", data, "--optimizer", "labeled", "-o", out, "--no-test"],
+                     ["evaluate", "verification", "--data", data],
+                     ["calibrate", "--judge", "verification", "--fables-data", data, "-o", out]):
+            proc = run_cli([*args, "--seed", seed, *lm], tmp_path)
+            assert proc.returncode == 2, proc.stderr
+            assert_one_line_error(proc, f"Invalid value for '--seed': must be from 0 to 4294967295 (got {seed})",
+                                  f"booklens {args[0]}", output=out)
+        assert server.received == []

@@ -19,6 +19,7 @@ import typer
 
 from booklens.calibration import COHERENCE_BOOKS, VERIFICATION_BOOKS
 from booklens.cli import app
+from booklens.cli.compile import seed_option
 from booklens.cli.common import (
     ApiBaseOption,
     CacheDirOption,
@@ -88,7 +89,7 @@ def calibrate_command(
         "--books", min=1, help=f"Test-split books to sample (default: {COHERENCE_BOOKS} for coherence, "
                                f"{VERIFICATION_BOOKS} for verification; "
                                "the binary rater always uses Table 5's seven books).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the book split and the sample.")] = 0,
+    seed: Annotated[int, seed_option("Seed of the book split and the sample.")] = 0,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,
