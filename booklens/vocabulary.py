@@ -30,6 +30,15 @@ DEFAULT_MERGE_CONTEXT = "same-level"
 DEFAULT_MAX_REGENERATIONS = 2
 DEFAULT_GENERATION_SLACK = 1.5
 DEFAULT_GENERATION_ALLOWANCE = 64
+# The smallest summarizer settings any command, manifest or program takes: below them a chunk
+# holds barely a sentence, a window not even the prompt, a summary a phrase. A budget is in
+# cl100k_base tokens; the same floor holds for G_n and every given level budget G_l.
+MIN_CHUNK_SIZE = 64
+MIN_CONTEXT_WINDOW = 256
+MIN_SUMMARY_TOKENS = 16
+# The range of words a prompt may ask for per token of budget.
+MIN_WORDS_PER_TOKEN = 0.1
+MAX_WORDS_PER_TOKEN = 2.0
 
 # ---------------------------------------------------------------------------
 # Claim verification (FABLES)

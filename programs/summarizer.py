@@ -33,7 +33,12 @@ from booklens.vocabulary import (  # noqa: F401 - the settings are part of this 
     DEFAULT_MAX_REGENERATIONS,
     DEFAULT_MERGE_CONTEXT,
     DEFAULT_WORDS_PER_TOKEN,
+    MAX_WORDS_PER_TOKEN,
     MERGE_CONTEXTS,
+    MIN_CHUNK_SIZE,
+    MIN_CONTEXT_WINDOW,
+    MIN_SUMMARY_TOKENS,
+    MIN_WORDS_PER_TOKEN,
 )
 from booklens.signatures.summarize import (
     CompressSummary,
@@ -144,12 +149,16 @@ class _BookSummarizer(dspy.Module):
         shrink_on_regeneration: bool = True,
     ):
         super().__init__()
-        if chunk_size < 16:
-            raise BooklensError(f"--chunk-size must be at least 16 tokens (got {chunk_size})")
-        if max_summary_tokens < 16:
-            raise BooklensError(f"--max-summary-tokens must be at least 16 (got {max_summary_tokens})")
-        if not 0.1 <= words_per_token <= 2.0:
-            raise BooklensError(f"--words-per-token must be between 0.1 and 2 (got {words_per_token})")
+        # The commands' own bounds (`booklens.vocabulary`), checked again for library callers.
+        for option, value, least in (("--chunk-size", chunk_size, MIN_CHUNK_SIZE),
+                                     ("--context-window", context_window, MIN_CONTEXT_WINDOW),
+                                     ("--max-summary-tokens", max_summary_tokens, MIN_SUMMARY_TOKENS),
+                                     *(("--level-budget", b, MIN_SUMMARY_TOKENS) for b in level_budgets or [])):
+            if value < least:
+                raise BooklensError(f"{option} must be at least {least} tokens (got {value})")
+        if not MIN_WORDS_PER_TOKEN <= words_per_token <= MAX_WORDS_PER_TOKEN:
+            raise BooklensError(f"--words-per-token must be between {MIN_WORDS_PER_TOKEN} and {MAX_WORDS_PER_TOKEN} "
+                                f"(got {words_per_token})")
         self.chunk_size = chunk_size
         self.context_window = context_window
         self.max_summary_tokens = max_summary_tokens
@@ -181,6 +190,11 @@ class _BookSummarizer(dspy.Module):
     def token_cap(self, budget: int) -> int:
         """The most tokens one generation for a `budget`-token summary may write."""
         return int(budget * self.generation_slack) + self.generation_allowance
+
+    @property
+    def budget_option(self) -> str:
+        """The option that set the summary budgets, for the messages that ask to lower them."""
+        return "--level-budget" if self.level_budgets else "--max-summary-tokens"
 
     def word_limit(self, budget: int) -> int:
         """The word limit a prompt states for a budget of `budget` tokens."""
@@ -243,15 +257,11 @@ class _BookSummarizer(dspy.Module):
         return best
 
     def _no_summary(self, where: str, best: _Generated | None) -> str:
-        """The error when no try gave a summary with words. Answers with text are cached, so a rerun
-        would replay them: the advice is what makes new calls, more regenerations (each try has its
-        own cache key, `fresh_try`, so tries past those made are new samples) or another model.
-        Empty answers are not cached (`booklens.lm.model`), so a plain rerun asks again."""
+        """The error when no try gave a summary with words. A rerun would replay the cached answers,
+        so the advice is what makes new calls: more regenerations (each try has its own cache key,
+        `fresh_try`, so tries past those made are new samples) or another model."""
         tries = self.max_regenerations + 1
-        if best is None:
-            got = "empty answers, which are not cached: a rerun asks again"
-        else:
-            got = f"answers without a word, such as {best.text[:40]!r}"
+        got = "empty answers" if best is None else f"answers without a word, such as {best.text[:40]!r}"
         return (f"the model gave no usable summary for {where} in {tries} tries ({got}); raise "
                 f"--max-regenerations above {self.max_regenerations} (the extra tries are new calls) "
                 "or use another model")
@@ -305,7 +315,7 @@ class HierarchicalSummarizer(_BookSummarizer):
         if room_chunks < self.chunk_size:
             raise BooklensError(
                 f"a chunk of {self.chunk_size} tokens does not fit the {self.context_window}-token context window "
-                f"with a {g1}-token summary and the prompt; lower --chunk-size or --max-summary-tokens, "
+                f"with a {g1}-token summary and the prompt; lower --chunk-size or {self.budget_option}, "
                 "or raise --context-window"
             )
         if self.level_budgets:
@@ -318,7 +328,7 @@ class HierarchicalSummarizer(_BookSummarizer):
         if room_merge < 2 * max(g1, g) + 32:
             raise BooklensError(
                 f"the {self.context_window}-token context window cannot merge two {max(g1, g)}-token summaries; "
-                "lower --max-summary-tokens or raise --context-window"
+                f"lower {self.budget_option} or raise --context-window"
             )
         return room_chunks, room_merge, room_context
 
@@ -338,7 +348,8 @@ class HierarchicalSummarizer(_BookSummarizer):
             return group_by_budget(sizes, self.room_for_chunks(self.budget(1))), list(self.level_budgets)
         g = self.max_summary_tokens
         for levels in range(1, 32):
-            budgets = [max(16, int(g * LEVEL_BUDGET_RATIO ** (levels - level))) for level in range(1, levels + 1)]
+            budgets = [max(MIN_SUMMARY_TOKENS, int(g * LEVEL_BUDGET_RATIO ** (levels - level)))
+                       for level in range(1, levels + 1)]
             groups = group_by_budget(sizes, self.room_for_chunks(budgets[0]))
             count, level = len(groups), 1
             while count > 1:  # merge the summaries of `level` (each at its budget) into the next level

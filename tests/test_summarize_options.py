@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import dspy
+import pytest
 
 from booklens.lm import BooklensAdapter
 from booklens.steps import summarize_book
@@ -57,3 +58,30 @@ def test_an_unknown_merge_context_is_an_argument_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "booklens", "summarize", str(STORY), "--merge-context", "sideways"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "sideways" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("option", [["--context-window", "0"], ["--level-budget", "0"], ["--level-budget", "-100"],
+                                    ["--chunk-size", "16"], ["--max-summary-tokens", "8"]])
+def test_options_below_their_least_are_argument_errors(option, tmp_path):
+    from booklens.testing import run_command
+
+    proc = run_command(["summarize", str(STORY), *option, "-o", str(tmp_path / "out.json")])
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: Invalid value for '{option[0]}'"), proc.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_summarize_and_run_take_the_same_summarizer_bounds():
+    """One set of least values (`booklens.vocabulary`) for every command that summarizes."""
+    import typer
+
+    from booklens import vocabulary as v
+    from booklens.cli import app
+
+    least = {"--chunk-size": v.MIN_CHUNK_SIZE, "--context-window": v.MIN_CONTEXT_WINDOW,
+             "--max-summary-tokens": v.MIN_SUMMARY_TOKENS}
+    commands = typer.main.get_command(app).commands
+    for name in ("summarize", "run"):
+        bounds = {p.opts[0]: p.min for p in commands[name].params if p.opts[0] in least}
+        assert bounds == least, name
+    words = next(p for p in commands["summarize"].params if p.opts[0] == "--words-per-token")
+    assert (words.min, words.max) == (v.MIN_WORDS_PER_TOKEN, v.MAX_WORDS_PER_TOKEN)

@@ -204,6 +204,30 @@ def test_an_answer_without_words_is_regenerated():
     assert result.summary == "Mara finds the lamp dark."
 
 
+@pytest.mark.parametrize("config, message", [
+    ({"context_window": 0}, "--context-window must be at least 256 tokens (got 0)"),
+    ({"level_budgets": [0]}, "--level-budget must be at least 16 tokens (got 0)"),
+    ({"level_budgets": [300, -100]}, "--level-budget must be at least 16 tokens (got -100)"),
+    ({"chunk_size": 16}, "--chunk-size must be at least 64 tokens (got 16)"),
+    ({"max_summary_tokens": 8}, "--max-summary-tokens must be at least 16 tokens (got 8)"),
+])
+def test_settings_below_the_commands_least_are_errors(config, message):
+    with pytest.raises(BooklensError) as excinfo:
+        HierarchicalSummarizer(**config)
+    assert str(excinfo.value) == message
+
+
+def test_a_summary_budget_too_big_for_the_window_names_the_option_that_set_it():
+    with dspy.context(adapter=BooklensAdapter()):
+        for config, option in (({"level_budgets": [5000]}, "--level-budget"),
+                               ({"max_summary_tokens": 5000}, "--max-summary-tokens")):
+            with pytest.raises(BooklensError) as excinfo:
+                HierarchicalSummarizer(chunk_size=2048, context_window=8192, **config).check_budgets()
+            assert f"with a 5000-token summary and the prompt; lower --chunk-size or {option}," in str(excinfo.value)
+        with pytest.raises(BooklensError, match="cannot merge two 3000-token summaries; lower --level-budget"):
+            HierarchicalSummarizer(chunk_size=512, context_window=8192, level_budgets=[300, 3000]).check_budgets()
+
+
 def test_answers_without_words_and_no_fallback_are_an_error_not_the_summary():
     book = synthetic_book(3_000)
     lm = ScriptedLM(lambda call: {"summary": "1234"})

@@ -21,7 +21,17 @@ from booklens.cli.common import (
     setup_lm,
     write_output,
 )
-from booklens.vocabulary import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, MERGE_CONTEXTS, SUMMARY_METHODS
+from booklens.vocabulary import (
+    DEFAULT_MERGE_CONTEXT,
+    DEFAULT_WORDS_PER_TOKEN,
+    MAX_WORDS_PER_TOKEN,
+    MERGE_CONTEXTS,
+    MIN_CHUNK_SIZE,
+    MIN_CONTEXT_WINDOW,
+    MIN_SUMMARY_TOKENS,
+    MIN_WORDS_PER_TOKEN,
+    SUMMARY_METHODS,
+)
 
 
 Method = choices("Method", SUMMARY_METHODS)
@@ -33,14 +43,17 @@ def summarize(
     book: Annotated[Path, typer.Argument(help="The book: .txt (UTF-8) or .epub.")],
     method: Annotated[Method, typer.Option("--method", help="hier: hierarchical merging; inc: incremental updating.")]
     = Method.hier,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Maximum tokens per chunk (cl100k_base).")] = 2048,
-    context_window: Annotated[Optional[int], typer.Option("--context-window",
-                                                          help="W: tokens the model reads at once (default 8192).")]
+    chunk_size: Annotated[int, typer.Option("--chunk-size", min=MIN_CHUNK_SIZE,
+                                            help="Maximum tokens per chunk (cl100k_base).")] = 2048,
+    context_window: Annotated[Optional[int], typer.Option(
+        "--context-window", min=MIN_CONTEXT_WINDOW, help="W: tokens the model reads at once (default 8192).")]
     = None,
-    max_summary_tokens: Annotated[int, typer.Option("--max-summary-tokens", help="G_n: tokens of a summary.")] = 900,
+    max_summary_tokens: Annotated[int, typer.Option("--max-summary-tokens", min=MIN_SUMMARY_TOKENS,
+                                                    help="G_n: tokens of a summary.")] = 900,
     level_budget: Annotated[Optional[list[int]], typer.Option(
-        "--level-budget", help="G_l per level for hier, repeat the option per level (default: the published "
-                               "code's G_n * 0.65^(L-l) for a tree of L levels).")]
+        "--level-budget", min=MIN_SUMMARY_TOKENS,
+        help="G_l per level for hier, repeat the option per level (default: the published "
+             "code's G_n * 0.65^(L-l) for a tree of L levels).")]
     = None,
     merge_context: Annotated[MergeContext, typer.Option(
         "--merge-context", help="hier: what a merge after the first of its level sees as context: same-level, "
@@ -48,7 +61,7 @@ def summarize(
                                 "just before its inputs (merges of a level run at once); none.")]
     = MergeContext(DEFAULT_MERGE_CONTEXT),
     words_per_token: Annotated[float, typer.Option(
-        "--words-per-token", min=0.1, max=2.0,
+        "--words-per-token", min=MIN_WORDS_PER_TOKEN, max=MAX_WORDS_PER_TOKEN,
         help=f"Words a prompt asks for per token of budget (the published code's {DEFAULT_WORDS_PER_TOKEN}).")]
     = DEFAULT_WORDS_PER_TOKEN,
     max_regenerations: Annotated[Optional[int], typer.Option(
