@@ -110,7 +110,21 @@ def check_summarizers(sweep: Sweep) -> None:
             try:
                 build_summarizer(sweep.system_config(spec.name, sweep.books[0].key)).check_budgets()
             except BooklensError as exc:
-                raise BooklensError(f"system {spec.name!r}: {exc}") from None
+                raise BooklensError(f"{sweep.manifest}: system {spec.name!r}: {manifest_terms(str(exc))}") from None
+
+
+def manifest_terms(message: str) -> str:
+    """A summarizer's message in a manifest's words: the options it names (`--chunk-size`) become
+    the system keys that set them (`chunk_size`). The summarizer speaks the commands' language."""
+    import re
+
+    from booklens.sweep.manifest import SystemSpec
+
+    def key(match: re.Match) -> str:
+        name = match.group(1).replace("-", "_")
+        return name if name in SystemSpec.model_fields else match.group(0)
+
+    return re.sub(r"--([a-z][a-z-]*)", key, message)
 
 
 def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base: Optional[str] = None,
