@@ -324,15 +324,34 @@ def _split_questions(text: str) -> list[str]:
     return parts
 
 
+class MatchNotes(list):
+    """The notes of matching sentence annotations to their summaries (strings), with the counts a
+    command reports: `annotated` sentences (with an error type), `ignored` ones not in their summary."""
+
+    def __init__(self, notes: list[str] = (), *, annotated: int = 0, ignored: int = 0):
+        super().__init__(notes)
+        self.annotated = annotated
+        self.ignored = ignored
+
+    def gist(self) -> Optional[str]:
+        """One line on the ignored annotations, or None when every one was matched."""
+        if not self.ignored:
+            return None
+        return (f"{self.ignored} of {self.annotated} annotated sentences are not in their summaries and were "
+                "ignored (the record's notes list them)")
+
+
 def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "gpt4",
                                what: str = "annotation file", summaries_what: str = "summaries file",
-                               stats: bool = True) -> tuple[dict[str, CoherenceResult], list[str]]:
+                               stats: bool = True) -> tuple[dict[str, CoherenceResult], MatchNotes]:
     """Sentence annotations + summaries (already read JSON) -> book -> `CoherenceResult`, notes.
 
     Every summary is scored; one without annotations has no confusing sentence. An
     annotated sentence is matched to the summary's sentences exactly, else ignoring
     whitespace; if it covers several of our sentences (a splitter difference) they are all
-    marked; if it is not in the summary at all it is ignored and reported in the notes."""
+    marked; if it is not in the summary at all it is ignored and reported in the notes. When
+    not one annotated sentence is in its summary, the summaries are not the annotated ones:
+    an error, not a perfect score."""
     from booklens.metrics.booookscore import finish_result
     from booklens.text import split_sentences
 
@@ -346,6 +365,7 @@ def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "g
         raise BooklensError(f"book {missing[0]!r} is in the {what} but not in the {summaries_what}"
                             + (f" ({len(missing) - 1} more)" if len(missing) > 1 else ""))
     notes: list[str] = []
+    annotated = ignored = 0
     results: dict[str, CoherenceResult] = {}
     for book, summary in summaries.items():
         if not summary.strip():
@@ -372,6 +392,7 @@ def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "g
                 q for q in (questions or []) if isinstance(q, str) and q.strip()]
             if not types:
                 continue  # listed without any error type: not a confusion
+            annotated += 1
             if key in exact:
                 indices = exact[key][:1]
             elif " ".join(key.split()) in loose:
@@ -379,6 +400,7 @@ def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "g
             else:
                 found = _locate(summary, key)
                 if found is None:
+                    ignored += 1
                     notes.append(f"{book}: an annotated sentence is not in the summary and was ignored: "
                                  f"{key[:80]!r}")
                     continue
@@ -395,11 +417,14 @@ def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "g
         ]
         result = CoherenceResult(book=str(book), summary=summary, annotator=annotator, sentences=sentence_annotations)
         results[str(book)] = finish_result(result, stats=stats)
-    return results, notes
+    if annotated and ignored == annotated:
+        raise BooklensError(f"no annotated sentence of the {what} ({annotated} in all) is in its summary in the "
+                            f"{summaries_what}: these summaries are not the ones annotated")
+    return results, MatchNotes(notes, annotated=annotated, ignored=ignored)
 
 
 def load_sentence_annotations(annotations_path: str | Path, summaries_path: str | Path, *, annotator: str = "gpt4",
-                              stats: bool = True) -> tuple[dict[str, CoherenceResult], list[str]]:
+                              stats: bool = True) -> tuple[dict[str, CoherenceResult], MatchNotes]:
     return parse_sentence_annotations(
         read_json_file(annotations_path, "annotation file"), read_json_file(summaries_path, "summaries file"),
         annotator=annotator, what=f"annotation file {annotations_path}",
@@ -432,7 +457,7 @@ def is_validation_format(data: Any) -> bool:
 
 
 def parse_validation_study(data: Any, *, source: str = "model", what: str = "annotation file",
-                           stats: bool = True) -> tuple[dict[str, CoherenceResult], list[str]]:
+                           stats: bool = True) -> tuple[dict[str, CoherenceResult], MatchNotes]:
     """The GPT-4 ("model") sentence annotations of the precision study, book -> result.
 
     That file holds, for 88 of the incremental GPT-4 4096 summaries, the annotations that

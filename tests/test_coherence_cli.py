@@ -234,3 +234,37 @@ def test_embedded_model_scores_a_summary(tmp_path):
         assert (s["status"] == "ok") == (s["confusing"] is not None)
         assert set(s["types"]) <= {"entity omission", "event omission", "causal omission", "salience",
                                    "discontinuity", "duplication", "inconsistency", "language"}
+
+
+def test_annotations_of_other_summaries_are_an_error_not_a_perfect_score(tmp_path):
+    out = tmp_path / "out.json"
+    other = write(tmp_path / "s.json", {"lighthouse": "A calm story. Nothing happens at all."})
+    proc = run_command(["score", "--annotations", write(tmp_path / "a.json", SENTENCE_ANN), "--summaries", other,
+                        "-o", out], env=cli_env(tmp_path))
+    assert_one_line_error(proc, out, f"no annotated sentence of the annotation file {tmp_path / 'a.json'} (1 in all) "
+                                     f"is in its summary in the summaries file {other}")
+    proc = run_command(["agree", tmp_path / "a.json", write(tmp_path / "h.json", HUMAN), "--summaries", other],
+                       env=cli_env(tmp_path))
+    assert proc.returncode == 2 and "these summaries are not the ones annotated" in proc.stderr
+
+
+def test_annotations_partly_not_in_their_summaries_are_counted_on_the_console(tmp_path):
+    out = tmp_path / "out.json"
+    annotations = {"lighthouse": {**SENTENCE_ANN["lighthouse"],
+                                  "A sentence no summary has.": {"questions": "?", "types": ["language"]}}}
+    proc = run_command(["score", "--annotations", write(tmp_path / "a.json", annotations),
+                        "--summaries", write(tmp_path / "s.json", {"lighthouse": SUMMARY}), "-o", out],
+                       env=cli_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert ("note: 1 of 2 annotated sentences are not in their summaries and were ignored (the record's notes "
+            "list them)") in proc.stderr.splitlines()
+    assert any("was ignored" in n for n in json.loads(out.read_text())["notes"])
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"BooookScore data not found at {DATA}")
+def test_released_annotations_with_another_configurations_summaries_are_refused(tmp_path):
+    out = tmp_path / "out.json"
+    proc = run_command(["score", "--annotations", DATA / "gpt4" / "gpt4-2048-hier.json",
+                        "--summaries", DATA / "summaries" / "claude-2048-inc-cleaned.json", "-o", out],
+                       env=cli_env(tmp_path))
+    assert_one_line_error(proc, out, "(305 in all) is in its summary")

@@ -103,9 +103,11 @@ def score(
     if annotations is not None:
         if summary is not None:
             raise BooklensError("give either SUMMARY (to score with an LM) or --annotations, not both")
-        record = _score_annotations(annotations, summaries, split, limit)
+        record, gist = _score_annotations(annotations, summaries, split, limit)
         write_output(output, record)
         typer.echo(_report_line(record), err=True)
+        if gist:
+            typer.echo(f"note: {gist}", err=True)
         return
     if summary is None:
         raise BooklensError("missing SUMMARY (a text file, summarize output or JSON map), or use --annotations")
@@ -147,8 +149,10 @@ def score(
 
 
 def _score_annotations(annotations: Path, summaries: Optional[Path], split: Optional[SplitName],
-                       limit: Optional[int]):
+                       limit: Optional[int]) -> tuple[Any, Optional[str]]:
+    """The coherence set the annotations give, and a line on the annotations it had to ignore."""
     from booklens.data.booookscore import (
+        MatchNotes,
         is_human_format,
         parse_human_annotations,
         parse_sentence_annotations,
@@ -200,7 +204,8 @@ def _score_annotations(annotations: Path, summaries: Optional[Path], split: Opti
             "relations}}) or sentence annotations (book -> {sentence: {questions, types}} or null)")
     if not results:
         raise BooklensError("no summary left to score after --split/--limit")
-    return build_set(results, annotator=annotator, notes=notes)
+    gist = notes.gist() if isinstance(notes, MatchNotes) else None
+    return build_set(results, annotator=annotator, notes=notes), gist
 
 
 @app.command()
