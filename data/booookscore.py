@@ -491,6 +491,10 @@ def parse_validation_study(data: Any, *, source: str = "model", what: str = "ann
 # Any annotation set
 
 
+class SummariesNeeded(BooklensError):
+    """Sentence annotations came without their summaries; the caller says how to give them."""
+
+
 def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotation file",
                       summaries_what: str = "summaries file", stats: bool = False) -> dict[str, CoherenceResult]:
     """book -> result from any annotation set: a `booklens score` output (one summary or a
@@ -512,7 +516,7 @@ def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotati
         return parse_validation_study(data, what=what, stats=stats)[0]
     if is_sentence_format(data):
         if summaries is None:
-            raise BooklensError(f"{what} holds sentence annotations without the summaries: pass --summaries")
+            raise SummariesNeeded(f"{what} holds sentence annotations, which need the summaries they refer to")
         return parse_sentence_annotations(data, summaries, what=what, summaries_what=summaries_what,
                                           stats=stats)[0]
     raise BooklensError(

@@ -179,6 +179,9 @@ def _fractions() -> dict[str, float]:
 # Coherence: confusion detection per sentence against BooookScore human annotations
 
 
+COHERENCE_DATA = "a BooookScore human annotation file such as summary-gpt4-4096-inc.json, or a folder of them"
+
+
 def _coherence() -> Task:
     from booklens.programs.coherence import build_scorer
 
@@ -202,7 +205,7 @@ def _coherence() -> Task:
         budget={"demos": 2, "candidates": 2, "trials": 3},
         feedback=_coherence_feedback,
         bootstrap_threshold=0.5,  # the verdict agrees with the humans
-        data_help="a BooookScore human annotation file such as summary-gpt4-4096-inc.json, or a folder of them",
+        data_help=COHERENCE_DATA,
         program_config={"batch_size": 1},
     )
 
@@ -240,12 +243,15 @@ def _coherence_feedback(example, prediction, score) -> str:
 
 def _coherence_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
     from booklens.cli.common import read_json_file
-    from booklens.data.booookscore import results_from_json, to_examples
+    from booklens.data.booookscore import SummariesNeeded, results_from_json, to_examples
     from booklens.data.splits import split_by_book
 
     examples: list[dspy.Example] = []
     for file in _annotation_files(path):
-        results = results_from_json(read_json_file(file, "annotation file"), what=f"annotation file {file}")
+        try:
+            results = results_from_json(read_json_file(file, "annotation file"), what=f"annotation file {file}")
+        except SummariesNeeded as exc:  # compile and evaluate take no --summaries: say what they do take
+            raise BooklensError(f"{exc}; the coherence task learns from {COHERENCE_DATA}") from None
         for e in to_examples(results):
             e["source"] = file.name  # the same book may be summarized twice (inc and hier): one split for both
             examples.append(e)

@@ -162,3 +162,17 @@ def test_every_seed_option_takes_the_same_range_before_any_work(tmp_path, seed):
             assert_one_line_error(proc, f"Invalid value for '--seed': must be from 0 to 4294967295 (got {seed})",
                                   f"booklens {args[0]}", output=out)
         assert server.received == []
+
+
+def test_sentence_annotations_as_coherence_data_say_what_compile_and_evaluate_take(tmp_path):
+    """compile and evaluate have no --summaries: the error names the data they do take."""
+    data = tmp_path / "gpt4-2048-hier.json"
+    data.write_text(json.dumps({"lighthouse": {"Zed appears.": {"questions": "Who?", "types": ["entity omission"]}}}))
+    out = tmp_path / "a.json"
+    for args in (["compile", "coherence", "--data", data, "--optimizer", "labeled", "-o", out],
+                 ["evaluate", "coherence", "--data", data]):
+        proc = run_cli([*args, "--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+        assert_one_line_error(proc, f"annotation file {data} holds sentence annotations, which need the summaries "
+                                    "they refer to; the coherence task learns from a BooookScore human annotation "
+                                    "file such as summary-gpt4-4096-inc.json, or a folder of them", output=out)
+        assert "--summaries" not in proc.stderr

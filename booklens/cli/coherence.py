@@ -217,16 +217,19 @@ def agree(
     output: OutputOption = None,
 ) -> None:
     """Agreement of two annotation sets: P/R/F1 and kappa of "confusing", per type, system scores."""
-    from booklens.data.booookscore import results_from_json
+    from booklens.data.booookscore import SummariesNeeded, results_from_json
     from booklens.metrics.agreement import agreement, format_agreement
 
     data_a = read_json_file(a, "annotation set A")
     data_b = read_json_file(b, "annotation set B")
     summaries_data = read_json_file(summaries, "summaries file") if summaries is not None else None
-    results_a = results_from_json(data_a, summaries_data, what=f"annotation set {a}",
-                                  summaries_what=f"summaries file {summaries}")
-    results_b = results_from_json(data_b, summaries_data, what=f"annotation set {b}",
-                                  summaries_what=f"summaries file {summaries}")
+    try:
+        results_a = results_from_json(data_a, summaries_data, what=f"annotation set {a}",
+                                      summaries_what=f"summaries file {summaries}")
+        results_b = results_from_json(data_b, summaries_data, what=f"annotation set {b}",
+                                      summaries_what=f"summaries file {summaries}")
+    except SummariesNeeded as exc:
+        raise BooklensError(f"{exc}: pass them with --summaries") from None
     report = agreement(results_a, results_b, name_a=a.name, name_b=b.name)
     typer.echo(format_agreement(report))
     if output is not None:
