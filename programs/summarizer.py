@@ -257,11 +257,15 @@ class _BookSummarizer(dspy.Module):
         return best
 
     def _no_summary(self, where: str, best: _Generated | None) -> str:
-        """The error when no try gave a summary with words. A rerun would replay the cached answers,
-        so the advice is what makes new calls: more regenerations (each try has its own cache key,
-        `fresh_try`, so tries past those made are new samples) or another model."""
+        """The error when no try gave a summary with words. Answers with text are cached, so a rerun
+        would replay them: the advice is what makes new calls, more regenerations (each try has its
+        own cache key, `fresh_try`, so tries past those made are new samples) or another model.
+        Empty answers are not cached (`booklens.lm.model`), so a plain rerun asks again."""
         tries = self.max_regenerations + 1
-        got = "empty answers" if best is None else f"answers without a word, such as {best.text[:40]!r}"
+        if best is None:
+            got = "empty answers, which are not cached: a rerun asks again"
+        else:
+            got = f"answers without a word, such as {best.text[:40]!r}"
         return (f"the model gave no usable summary for {where} in {tries} tries ({got}); raise "
                 f"--max-regenerations above {self.max_regenerations} (the extra tries are new calls) "
                 "or use another model")
