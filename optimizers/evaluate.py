@@ -76,6 +76,7 @@ class EvalResult:
     usage: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     predictions: list[Any] = field(default_factory=list, repr=False)
+    examples: str | None = None  # fingerprint of the examples, in order (`examples_fingerprint`)
 
     @property
     def n(self) -> int:
@@ -96,6 +97,18 @@ class EvalResult:
 
 def _round(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 4)
+
+
+def examples_fingerprint(examples: Sequence[dspy.Example]) -> str:
+    """A digest of the examples' fields, in order: two results over the same examples share it."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256()
+    for example in examples:
+        fields = dict(example.items()) if hasattr(example, "items") else {"example": example}
+        digest.update(json.dumps(fields, sort_keys=True, default=repr).encode("utf-8") + b"\0")
+    return digest.hexdigest()
 
 
 def score_of(value: Any) -> float:
@@ -151,6 +164,7 @@ def evaluate_program(
         usage=meter.work(),
         seconds=seconds,
         predictions=[p for _, _, p in outcomes] if keep_predictions else [],
+        examples=examples_fingerprint(examples),
     )
 
 
@@ -159,7 +173,8 @@ def evaluate_program(
 
 
 def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str) -> str:
-    """One Markdown table with a column per program; the last program is compared with the first."""
+    """One Markdown table with a column per program; the last program is compared with the first
+    when both ran on the same examples (a paired difference means nothing across different ones)."""
     headers = [title] + [r.label for r in results]
     rows: list[list[str]] = []
 
@@ -181,7 +196,7 @@ def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str)
 
     out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in rows]
-    if len(results) >= 2 and results[0].n == results[-1].n:
+    if len(results) >= 2 and results[0].examples is not None and results[0].examples == results[-1].examples:
         diff, lo, hi = paired_bootstrap_ci(results[0].scores, results[-1].scores)
         out.append("")
         out.append(f"{results[-1].label} - {results[0].label}: {diff:+.3f} [{lo:+.3f}, {hi:+.3f}] "

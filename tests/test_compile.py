@@ -307,6 +307,21 @@ def test_table_shows_programs_side_by_side_with_a_paired_difference(splits):
     assert "LM calls (from cache)" in table and "prompt tokens" in table
 
 
+def test_results_over_different_examples_of_the_same_size_are_not_paired(splits):
+    """compile's table puts "compiled on dev" next to "compiled on test": a paired difference
+    needs the same examples, not just as many."""
+    train, dev = splits
+    compiled, _ = compile_toy("labeled", train, dev)
+    configure(ScriptedLM(responder))
+    on_dev = evaluate_program(compiled, dev, accuracy, label="compiled on dev")
+    on_train = evaluate_program(compiled, train, accuracy, label="compiled on train")
+    assert on_dev.n == on_train.n
+    table = format_table([on_dev, on_train], title="toy", metric_name="accuracy")
+    assert "paired" not in table and "compiled on train - compiled on dev" not in table
+    again = evaluate_program(MoodProgram(), list(dev), accuracy, label="zero-shot")
+    assert "compiled on dev - zero-shot" in format_table([again, on_dev], title="toy", metric_name="accuracy")
+
+
 def test_failed_examples_score_zero_and_are_counted(splits):
     _, dev = splits
 
