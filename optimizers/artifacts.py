@@ -181,6 +181,50 @@ def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Modu
     return program
 
 
+def demos_among(program: dspy.Module, examples: list[dspy.Example]) -> int:
+    """How many of `examples` are demos of `program`: a demo is an example when every input field
+    of its predictor that both carry has the same value (a labeled demo is a whole example; a
+    bootstrapped one keeps the example's inputs)."""
+    def same(a: Any, b: Any) -> bool:
+        return a == b or json.dumps(a, sort_keys=True, default=repr) == json.dumps(b, sort_keys=True, default=repr)
+
+    keyed = []
+    for _, predictor in program.named_predictors():
+        for demo in predictor.demos:
+            fields = {k: demo[k] for k in predictor.signature.input_fields if k in demo}
+            if fields:
+                keyed.append(fields)
+    return sum(1 for example in examples
+               if any(all(k in example and same(example[k], v) for k, v in fields.items()) for fields in keyed))
+
+
+# Optimizers that choose among candidates on the dev split (the others use only train).
+DEV_CHOOSERS = ("random-search", "mipro", "gepa")
+
+
+def held_out_notes(label: str, block: dict[str, Any], program: dspy.Module, examples: list[dspy.Example], *,
+                   digest: str, seed: int, split: str) -> list[str]:
+    """Why an artifact's figures on `examples` (the `split` of the data with sha256 `digest`, split
+    with `seed`) may not be held out: other data, another seed, the split it was compiled on, and
+    how many of the examples are its own demos."""
+    notes = []
+    dataset = block.get("dataset") or {}
+    compiled_seed = block.get("seed")
+    if dataset.get("sha256") and dataset.get("sha256") != digest:
+        notes.append(f"{label} was compiled on other data ({dataset.get('path')}); its splits may overlap "
+                     "this data's")
+    elif isinstance(compiled_seed, int) and compiled_seed != seed:
+        notes.append(f"{label} was compiled with seed {compiled_seed}; with seed {seed} the {split} split may "
+                     f"hold books it was compiled on (use --seed {compiled_seed})")
+    elif split == "train" or (split == "dev" and block.get("optimizer") in DEV_CHOOSERS):
+        notes.append(f"{label} was compiled on this {split} split: its figures on it are not held out")
+    shared = demos_among(program, examples)
+    if shared:
+        notes.append(f"{shared} of the {len(examples)} examples are demos of {label}: its figures on them "
+                     "are inflated")
+    return notes
+
+
 def _config_hint(block: dict[str, Any]) -> str:
     config = block.get("program_config") or {}
     method = config.get("method")
@@ -210,5 +254,5 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["ARTIFACT_FORMAT_VERSION", "ARTIFACT_KIND", "artifact_metadata", "check_task", "load_program",
-           "read_artifact", "save_program", "sha256_of"]
+__all__ = ["ARTIFACT_FORMAT_VERSION", "ARTIFACT_KIND", "artifact_metadata", "check_task", "demos_among",
+           "held_out_notes", "load_program", "read_artifact", "save_program", "sha256_of"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,32 @@ def test_sentence_annotations_as_coherence_data_say_what_compile_and_evaluate_ta
                                     "they refer to; the coherence task learns from a BooookScore human annotation "
                                     "file such as summary-gpt4-4096-inc.json, or a folder of them", output=out)
         assert "--summaries" not in proc.stderr
+
+
+def test_evaluate_says_when_an_artifact_is_scored_on_what_it_was_compiled_on(tmp_path):
+    """Another seed or the training split puts the artifact's own demos among the examples: the
+    figures are not held out, and evaluate says so (and how many examples are demos)."""
+    data = tiny_fables(tmp_path / "fables.json")
+    artifact = tmp_path / "verify.json"
+    with FakeOpenAIServer(responder=fake_verifier) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "--demos", "3",
+                        "--no-test", "-o", artifact, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        demos = {d["claim"] for d in json.loads(artifact.read_text())["verify"]["demos"]}
+        assert len(demos) == 3
+
+        def notes(*args):
+            proc = run_cli(["evaluate", "verification", "--data", data, "--program", artifact, *args, *lm], tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            return [line for line in proc.stderr.splitlines() if line.startswith("note: ")]
+
+        assert notes() == []  # the test split of the seed it was compiled with
+        assert notes("--split", "train", "--size", "0") == [
+            f"note: {artifact} was compiled on this train split: its figures on it are not held out",
+            f"note: 3 of the 16 examples are demos of {artifact}: its figures on them are inflated"]
+        found = notes("--seed", "2", "--size", "0")  # seed 2's test split holds books the demos came from
+        assert found[0] == (f"note: {artifact} was compiled with seed 0; with seed 2 the test split may hold "
+                            "books it was compiled on (use --seed 0)")
+        assert re.fullmatch(rf"note: [123] of the 16 examples are demos of {re.escape(str(artifact))}: its figures "
+                            "on them are inflated", found[1]), found
