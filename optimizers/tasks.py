@@ -6,7 +6,7 @@ by book, and score a prediction against an example (the metric evaluation also r
 | `coherence`     | `CoherenceScorer` (`booklens score`)     | BooookScore human annotations, one per sentence | `confusion_match`: the human verdict (and error types) |
 | `verification`  | `ClaimVerifier` (`booklens verify`/`check`) | FABLES claims with the annotators' evidence quotes | the human label (faithful/unfaithful) |
 | `decomposition` | `ClaimDecomposer` (`booklens claims`)    | FABLES summaries and their claims            | claim-match F1 |
-| `summarize`     | `HierarchicalSummarizer` (`booklens summarize`) | a folder of books (.txt)             | BooookScore of the summary by the confusion detector |
+| `summarize`     | `HierarchicalSummarizer` (`booklens summarize`) | a folder of books (.txt, .epub)      | BooookScore of the summary by the confusion detector |
 
 Splits are by book with `booklens.data.splits.split_by_book` (40/20/40 % of the books, seed 0
 unless told), so no book is in two splits. Each split is then cut to a small subset with the same
@@ -378,12 +378,18 @@ def _summarize() -> Task:
     )
 
 
+BOOK_SUFFIXES = (".txt", ".epub")
+
+
 def _book_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
     from booklens.data.splits import split_by_book
     from booklens.text import read_book
 
+    if path.is_file() and path.suffix.lower() not in BOOK_SUFFIXES:
+        raise BooklensError(f"{path} is not a book: the summarize task takes a .txt or .epub book, or a folder "
+                            "of them")
     files = [path] if path.is_file() else sorted(p for p in path.iterdir()
-                                                   if p.is_file() and p.suffix.lower() in (".txt", ".epub"))
+                                                   if p.is_file() and p.suffix.lower() in BOOK_SUFFIXES)
     if not files:
         raise BooklensError(f"no books (.txt or .epub) in {path}")
     examples = [dspy.Example(book=read_book(f), name=f.stem).with_inputs("book") for f in files]

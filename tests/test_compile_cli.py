@@ -206,3 +206,21 @@ def test_evaluate_says_when_an_artifact_is_scored_on_what_it_was_compiled_on(tmp
                             "books it was compiled on (use --seed 0)")
         assert re.fullmatch(rf"note: [123] of the 16 examples are demos of {re.escape(str(artifact))}: its figures "
                             "on them are inflated", found[1]), found
+
+
+def test_summarize_takes_only_books_and_says_when_nothing_will_score_the_program(tmp_path):
+    data = tiny_fables(tmp_path / "fables.json")
+    out = tmp_path / "a.json"
+    with FakeOpenAIServer() as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_cli(["compile", "summarize", "--data", data, "--optimizer", "labeled", "-o", out, *lm], tmp_path)
+        assert_one_line_error(proc, f"{data} is not a book: the summarize task takes a .txt or .epub book, or a "
+                                    "folder of them", output=out)
+        assert server.received == []
+        books = tmp_path / "books"
+        books.mkdir()
+        (books / "story.txt").write_text(STORY.read_text())
+        proc = run_cli(["compile", "summarize", "--data", books, "--optimizer", "labeled", "-o", out, *lm], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (f"note: the dev and test splits of {books} are empty: nothing will score the compiled program there "
+            "(the data is split by book, 40/20/40 %: more books fill them)") in proc.stderr.splitlines()

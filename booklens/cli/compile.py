@@ -29,7 +29,7 @@ from booklens.cli.common import (
     setup_lm,
     write_output,
 )
-from booklens.data.splits import SEED_RANGE
+from booklens.data.splits import DEFAULT_FRACTIONS, SEED_RANGE
 from booklens.errors import BooklensError
 
 TaskArgument = Annotated[str, typer.Argument(
@@ -121,6 +121,14 @@ def compile_command(
     splits = load_task_splits(spec, data, seed=seed, sizes=_sizes(train_size, dev_size, test_size))
     if not splits.train:
         raise BooklensError(f"the training split of {data} is empty")
+    empty = [name for name in ("dev", "test") if not splits.get(name) and (name == "dev" or evaluate_test)]
+    if empty:
+        shares = "/".join(f"{100 * f:g}" for f in DEFAULT_FRACTIONS.values())
+        # Not an error: labeled and bootstrap need no dev split (the optimizers that choose on it
+        # refuse an empty one), but nothing will measure the compiled program.
+        typer.echo(f"note: the {' and '.join(empty)} split{'s' if len(empty) > 1 else ''} of {data} "
+                   f"{'are' if len(empty) > 1 else 'is'} empty: nothing will score the compiled program there "
+                   f"(the data is split by book, {shares} %: more books fill them)", err=True)
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
 
     typer.echo(f"compiling {spec.name} with {name}: {len(splits.train)} train / {len(splits.dev)} dev / "
