@@ -102,21 +102,61 @@ def as_gepa_metric(metric: Callable[..., Any], feedback: Callable[..., str] | No
     return gepa_metric
 
 
+_OPTIMIZER_PACKAGES = ("dspy", "gepa", "optuna")
+
+
 @contextlib.contextmanager
 def _quiet(verbose: bool):
-    """DSPy optimizers print progress to stdout; keep stdout for results (and drop it unless verbose)."""
-    names = ("dspy", "gepa", "optuna")
-    levels = {n: logging.getLogger(n).level for n in names}
+    """DSPy optimizers print progress to stdout and draw tqdm bars on stderr; keep stdout for
+    results, and drop both unless verbose."""
+    levels = {n: logging.getLogger(n).level for n in _OPTIMIZER_PACKAGES}
     sink = sys.stderr if verbose else io.StringIO()
     try:
         if not verbose:
-            for n in names:
+            for n in _OPTIMIZER_PACKAGES:
                 logging.getLogger(n).setLevel(logging.WARNING)
-        with contextlib.redirect_stdout(sink):
+        with contextlib.redirect_stdout(sink), (contextlib.nullcontext() if verbose else _no_progress_bars()):
             yield
     finally:
         for n, level in levels.items():
             logging.getLogger(n).setLevel(level)
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """The optimizer packages' tqdm bars disabled while compiling. They write to stderr, which
+    also carries booklens' own messages, so the bars are switched off where those packages look
+    tqdm up (`import tqdm` or `from tqdm import tqdm`) rather than stderr being silenced."""
+    import types
+
+    import tqdm
+
+    def silent(cls: type) -> type:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            cls.__init__(self, *args, **kwargs)
+
+        return type(cls.__name__, (cls,), {"__init__": __init__})
+
+    shim = types.ModuleType("tqdm")
+    shim.__dict__.update(vars(tqdm))
+    shim.tqdm = silent(tqdm.tqdm)
+    replaced: list[tuple[Any, str, Any]] = []
+    for name, module in list(sys.modules.items()):
+        if module is None or name.split(".")[0] not in _OPTIMIZER_PACKAGES:
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is tqdm:
+                replaced.append((module, attr, value))
+                setattr(module, attr, shim)
+            elif isinstance(value, type) and issubclass(value, tqdm.tqdm):
+                replaced.append((module, attr, value))
+                setattr(module, attr, silent(value))
+    try:
+        yield
+    finally:
+        for module, attr, value in replaced:
+            setattr(module, attr, value)
 
 
 def seeded_order(examples: Sequence[dspy.Example], seed: int) -> list[dspy.Example]:

@@ -172,6 +172,18 @@ def test_same_seed_and_cache_give_the_same_artifact(optimizer, splits, tmp_path)
     assert files[0] == files[1]
 
 
+@pytest.mark.parametrize("optimizer", ["bootstrap", "random-search"])
+def test_the_optimizers_progress_bars_show_only_when_verbose(optimizer, splits, capsys):
+    train, dev = splits
+    configure(ScriptedLM(responder))
+    compile_program(TOY, train, dev, optimizer=optimizer, budget=BUDGET)
+    quiet = capsys.readouterr()
+    assert "%|" not in quiet.err and "it/s" not in quiet.err and quiet.out == ""
+    configure(ScriptedLM(responder))
+    compile_program(TOY, train, dev, optimizer=optimizer, budget=BUDGET, verbose=True)
+    assert "%|" in capsys.readouterr().err  # what --verbose shows
+
+
 def test_the_seed_changes_the_labeled_demos(splits):
     train, dev = splits
     a, _ = compile_toy("labeled", train, dev, seed=0)
