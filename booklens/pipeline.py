@@ -41,7 +41,17 @@ from typing import Any, Callable, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from booklens.errors import BooklensError, first_line
-from booklens.vocabulary import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, MergeContextName, SummaryMethod
+from booklens.vocabulary import (
+    DEFAULT_MERGE_CONTEXT,
+    DEFAULT_WORDS_PER_TOKEN,
+    MAX_WORDS_PER_TOKEN,
+    MIN_CHUNK_SIZE,
+    MIN_CONTEXT_WINDOW,
+    MIN_SUMMARY_TOKENS,
+    MIN_WORDS_PER_TOKEN,
+    MergeContextName,
+    SummaryMethod,
+)
 
 STEPS = ("summary", "coherence", "claims", "faithfulness")
 # What each step reads from another step.
@@ -61,12 +71,12 @@ class SystemConfig(BaseModel):
 
     name: str = "run"
     method: SummaryMethod = "hier"
-    chunk_size: int = Field(default=2048, ge=16)
-    context_window: Optional[int] = Field(default=None, ge=256)
-    max_summary_tokens: int = Field(default=900, ge=16)
+    chunk_size: int = Field(default=2048, ge=MIN_CHUNK_SIZE)
+    context_window: Optional[int] = Field(default=None, ge=MIN_CONTEXT_WINDOW)
+    max_summary_tokens: int = Field(default=900, ge=MIN_SUMMARY_TOKENS)
     max_regenerations: Optional[int] = Field(default=None, ge=0)  # None: the model's (booklens.steps)
     merge_context: MergeContextName = DEFAULT_MERGE_CONTEXT
-    words_per_token: float = Field(default=DEFAULT_WORDS_PER_TOKEN, ge=0.1, le=2.0)
+    words_per_token: float = Field(default=DEFAULT_WORDS_PER_TOKEN, ge=MIN_WORDS_PER_TOKEN, le=MAX_WORDS_PER_TOKEN)
     drop_matter: bool = False
     remove_artifacts: bool = True
     program: Optional[Path] = None

@@ -64,11 +64,13 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_win
     from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, make_summarizer
 
     extra = {"merge_context": merge_context or DEFAULT_MERGE_CONTEXT} if method == "hier" else {}
-    program = make_summarizer(method, chunk_size=chunk_size, context_window=context_window or 8192,
+    # None means the default; 0 is a value the program refuses, not a request for the default.
+    window = 8192 if context_window is None else context_window
+    per_token = DEFAULT_WORDS_PER_TOKEN if words_per_token is None else words_per_token
+    program = make_summarizer(method, chunk_size=chunk_size, context_window=window,
                               max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
                               concurrency=concurrency, remove_artifacts=remove_artifacts,
-                              words_per_token=words_per_token or DEFAULT_WORDS_PER_TOKEN,
-                              **summary_settings(max_regenerations), **extra)
+                              words_per_token=per_token, **summary_settings(max_regenerations), **extra)
     if program_path is not None:
         from booklens.optimizers.artifacts import load_program
 
@@ -96,7 +98,7 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
     read_seconds = time.perf_counter() - started
     lm = current_lm()
     merge_context = merge_context or DEFAULT_MERGE_CONTEXT
-    words_per_token = words_per_token or DEFAULT_WORDS_PER_TOKEN
+    words_per_token = DEFAULT_WORDS_PER_TOKEN if words_per_token is None else words_per_token
     program = book_summarizer(method=method, chunk_size=chunk_size, context_window=context_window,
                               max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
                               max_regenerations=max_regenerations, concurrency=concurrency,

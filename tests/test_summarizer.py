@@ -217,6 +217,14 @@ def test_settings_below_the_commands_least_are_errors(config, message):
     assert str(excinfo.value) == message
 
 
+def test_the_library_entry_refuses_a_zero_window_instead_of_taking_the_default():
+    from booklens.steps import book_summarizer
+
+    with pytest.raises(BooklensError, match="context"):
+        book_summarizer(context_window=0)
+    assert book_summarizer(context_window=None).context_window == 8192
+
+
 def test_a_summary_budget_too_big_for_the_window_names_the_option_that_set_it():
     with dspy.context(adapter=BooklensAdapter()):
         for config, option in (({"level_budgets": [5000]}, "--level-budget"),

@@ -28,9 +28,16 @@ from booklens.cli.common import (
     echo_judge,
     evidence_enum,
     lm_options,
+    output_file,
 )
 from booklens.errors import BooklensError
-from booklens.vocabulary import CLAIM_LABELS, SUMMARY_METHODS
+from booklens.vocabulary import (
+    CLAIM_LABELS,
+    MIN_CHUNK_SIZE,
+    MIN_CONTEXT_WINDOW,
+    MIN_SUMMARY_TOKENS,
+    SUMMARY_METHODS,
+)
 
 RunEvidence = evidence_enum("RunEvidence", exclude=("given",))
 Method = choices("Method", SUMMARY_METHODS)
@@ -64,10 +71,11 @@ def run_command(
                           "output or JSON with a 'summary' string.")] = None,
     method: Annotated[Method, typer.Option("--method", help="hier: hierarchical merging; inc: incremental "
                                                             "updating.")] = Method.hier,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", min=64, help="Maximum tokens per chunk.")] = 2048,
+    chunk_size: Annotated[int, typer.Option("--chunk-size", min=MIN_CHUNK_SIZE, help="Maximum tokens per chunk.")]
+    = 2048,
     context_window: Annotated[Optional[int], typer.Option(
-        "--context-window", min=256, help="W: tokens the model reads at once (default 8192).")] = None,
-    max_summary_tokens: Annotated[int, typer.Option("--max-summary-tokens", min=16,
+        "--context-window", min=MIN_CONTEXT_WINDOW, help="W: tokens the model reads at once (default 8192).")] = None,
+    max_summary_tokens: Annotated[int, typer.Option("--max-summary-tokens", min=MIN_SUMMARY_TOKENS,
                                                     help="G_n: tokens of a summary.")] = 900,
     max_regenerations: Annotated[Optional[int], typer.Option(
         "--max-regenerations", min=0,
@@ -139,8 +147,9 @@ def run_command(
 @app.command("report")
 def report_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by `booklens run`.")],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the page here instead of "
-                                                                          "RUN_DIR/report.html.")] = None,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", callback=output_file,
+                                                   help="Write the page here instead of RUN_DIR/report.html.")]
+    = None,
 ) -> None:
     """Rebuild a run directory's report.html from its JSON records."""
     from booklens.reports import write_report
