@@ -136,13 +136,21 @@ def _read_bytes(path: Path) -> Any:
 
 
 def load_fables(path: str | Path | None = None) -> list[FablesSummary]:
-    """FABLES summaries from a .json (or the release's .json.zip); the public release when `path` is None."""
-    path = Path(path) if path is not None else download_fables()
+    """FABLES summaries from a .json (or the release's .json.zip); `default_fables_path()` when `path` is None."""
+    path = Path(path) if path is not None else default_fables_path()
     if not path.exists():
         raise BooklensError(f"FABLES data not found: {path}")
     if path.is_dir():
         raise BooklensError(f"FABLES data path is a directory, not a file: {path}")
     return parse_fables(_read_bytes(path), str(path))
+
+
+def default_fables_path() -> Path:
+    """The FABLES release a command reads when given none: the shared copy beside the repository
+    (`../shared/data/fables/FABLES.json`, next to BooookScore's data) if there is one, else the
+    public release, downloaded once into the cache."""
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "fables" / "FABLES.json"
+    return shared if shared.is_file() else download_fables()
 
 
 def default_data_dir() -> Path:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zipfile
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +173,22 @@ def test_data_stats_fables_bad_file(tmp_path):
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode != 0
     assert proc.stderr.strip().startswith("error: malformed FABLES data") and len(proc.stderr.strip().splitlines()) == 1
+
+
+SHARED_FABLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "fables" / "FABLES.json"
+
+
+@pytest.mark.skipif(not SHARED_FABLES.is_file(), reason=f"no shared FABLES copy at {SHARED_FABLES}")
+def test_data_stats_fables_reads_the_shared_copy_like_calibrate(tmp_path):
+    """Without --data, `data stats fables` reads the same default as `calibrate --fables-data`:
+    the shared copy, not a download into the cache."""
+    from booklens.data.fables import default_fables_path
+
+    assert default_fables_path() == SHARED_FABLES
+    cache = tmp_path / "cache"
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(cache)}
+    proc = subprocess.run([sys.executable, "-m", "booklens", "data", "stats", "fables"], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "CLAUDE-3-OPUS" in proc.stdout
+    assert not (cache / "data" / "fables" / "FABLES.json").exists()

@@ -56,11 +56,9 @@ def _human_dir(path: Optional[Path]) -> Path:
 def _fables_path(path: Optional[Path]) -> Path:
     if path is not None:
         return path
-    from booklens.data.booookscore import default_data_dir
-    from booklens.data.fables import download_fables
+    from booklens.data.fables import default_fables_path
 
-    shared = default_data_dir().parent / "fables" / "FABLES.json"
-    return shared if shared.exists() else download_fables()
+    return default_fables_path()
 
 
 def _judge_of_artifact(path: Path) -> str:

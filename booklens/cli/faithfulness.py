@@ -197,8 +197,9 @@ def check_command(
 
 @stats_app.command("fables")
 def fables_stats_command(
-    data: Annotated[Optional[Path], typer.Option("--data", help="FABLES.json (or the release's .json.zip); "
-                                                                "default: download the public release.")] = None,
+    data: Annotated[Optional[Path], typer.Option(
+        "--data", help="FABLES.json (or the release's .json.zip); default: ../shared/data/fables/FABLES.json if "
+                       "present, else the public release, downloaded once.")] = None,
     output: OutputOption = None,
 ) -> None:
     """Label distribution and claims per summary by summarizer (the seed's Table 2)."""
