@@ -119,6 +119,26 @@ def test_qa_run_prints_the_tables_and_writes_json(tmp_path, book, monkeypatch):
         assert len(server.served) == 2
 
 
+def test_the_result_is_written_even_when_stdout_is_closed(tmp_path, book):
+    """`booklens qa ... -o out.json | head -1`: the pipe closes before the tables are printed, and the
+    result of the LM work must still be on disk."""
+    q = write(tmp_path, "q.json", [QUESTION])
+    out = tmp_path / "out.json"
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout fails with a broken pipe
+    environ = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    with FakeOpenAIServer(responder=answer_everything) as server:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "booklens", "qa", str(book), "--questions", str(q), "--lm",
+                                   "openai/test-model", "--api-base", server.url, "--evidence", "bm25", "-o", str(out)],
+                                  stdout=write_end, stderr=subprocess.PIPE, text=True, env=environ, cwd=tmp_path,
+                                  timeout=300)
+        finally:
+            os.close(write_end)
+    assert len(server.served) >= 1, proc.stderr
+    assert json.loads(out.read_text())["report"]["overall"]["accuracy"] == 100.0
+
+
 def test_path_and_argument_errors_load_no_model_library(tmp_path):
     """`qa`, `diverse`, `judge` and `bias` check their files before importing DSPy, LiteLLM,
     NumPy or torch, so a typo costs no start-up time."""

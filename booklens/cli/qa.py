@@ -138,13 +138,14 @@ def qa_command(
                          position_threshold=position_threshold, context_window=context_window, lm=lm,
                          api_base=api_base,
                          lm_options=lm_options(structured, rpm, tpm), cache_dir=cache_dir, concurrency=concurrency)
+    # Written before anything is printed: a closed stdout must not lose the result.
+    if output is not None:
+        write_output(output, result)
     modes = ", ".join(f"{m}: {n}" for m, n in result["context_modes"].items())
     typer.echo(f"{book.name}: {result['book_tokens']} tokens; {len(result['predictions'])} questions; setting "
                f"{setting.value}; evidence {evidence.value} ({modes}); LM {result['lm']}")
     typer.echo(format_report(result["report"]))
     typer.echo(_usage_line(result), err=True)
-    if output is not None:
-        write_output(output, result)
 
 
 # ---------------------------------------------------------------------------
@@ -191,6 +192,8 @@ def diverse_command(
                          faithfulness=faithfulness.value, max_articles=max_articles, context_window=context_window,
                          concurrency=concurrency, lm=lm, api_base=api_base,
                          lm_options=lm_options(structured, rpm, tpm), cache_dir=cache_dir)
+    if output is not None:
+        write_output(output, result)
     for row in result["events"]:
         typer.echo(f"== {row['eid']} ({row['method']}) ==")
         typer.echo(row["summary"] if row["summary"] else f"(no summary: {row['error']})")
@@ -206,8 +209,6 @@ def diverse_command(
         for name, value in row["scores"].items():
             typer.echo(_rating_line(name, value, row["judgments"][name], _scale(name.rsplit("_", 1)[1])))
     typer.echo(_usage_line(result), err=True)
-    if output is not None:
-        write_output(output, result)
 
 
 # ---------------------------------------------------------------------------
@@ -243,6 +244,8 @@ def judge_command(
                              max_articles=max_articles, per_qa=per_qa, lm=lm, api_base=api_base,
                          lm_options=lm_options(structured, rpm, tpm), cache_dir=cache_dir,
                              concurrency=concurrency)
+    if output is not None:
+        write_output(output, result)
     for row in result["events"]:
         if protocol == Protocol.pairwise:
             typer.echo(f"{row['eid']}: {criterion.value} pairwise (both orders) over {len(row['cases'])} case(s): "
@@ -253,8 +256,6 @@ def judge_command(
                        f"(scale {_scale(protocol.value)}, {len(row['judgments'])} judgments"
                        + (f", {row['failed']} failed" if row["failed"] else "") + ")")
     typer.echo(_usage_line(result), err=True)
-    if output is not None:
-        write_output(output, result)
 
 
 # ---------------------------------------------------------------------------
@@ -288,12 +289,12 @@ def bias_position(
     result = position_bias_study(events_path, summaries_1, summaries_2, criterion=criterion.value,
                                  max_articles=max_articles, per_qa=per_qa, lm=lm, api_base=api_base,
                                  lm_options=lm_options(structured, rpm, tpm), cache_dir=cache_dir, concurrency=concurrency)
+    if output is not None:
+        write_output(output, result)
     for crit in CRITERIA:
         if crit in result:
             typer.echo(format_position(result[crit]["result"], crit.capitalize()))
     typer.echo(_usage_line(result), err=True)
-    if output is not None:
-        write_output(output, result)
 
 
 @bias_app.command("verbosity")
@@ -323,7 +324,7 @@ def bias_verbosity(
     result = verbosity_bias_study(events_path, summaries, criterion=criterion.value, protocols=protocols,
                                   max_articles=max_articles, per_qa=per_qa, lm=lm, api_base=api_base,
                                   lm_options=lm_options(structured, rpm, tpm), cache_dir=cache_dir, concurrency=concurrency)
-    typer.echo(format_verbosity([(c.capitalize(), p.capitalize(), r) for c, p, r in result["table"]]))
-    typer.echo(_usage_line(result), err=True)
     if output is not None:
         write_output(output, result)
+    typer.echo(format_verbosity([(c.capitalize(), p.capitalize(), r) for c, p, r in result["table"]]))
+    typer.echo(_usage_line(result), err=True)
