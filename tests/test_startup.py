@@ -42,6 +42,7 @@ CASES = [
     ["summarize", STORY, "-o", STORY],
     ["summarize", STORY, "-o", "/"],
     ["summarize", STORY, "--context-window", "0"],
+    ["claims", STORY, "--lm", ""],
     ["score", "/nonexistent/summary.txt"],
     ["claims", "/nonexistent/summary.txt"],
     ["verify", "--claims", "/nonexistent/claims.json"],

@@ -16,9 +16,18 @@ from booklens.data.splits import SPLITS
 from booklens.errors import BooklensError
 from booklens.lm.remote import STRUCTURED_MODES
 
+def named_lm(value: Optional[str]) -> Optional[str]:
+    """The typer callback of --lm: an empty value is a mistake (an unset shell variable, say), not a
+    request for the embedded model."""
+    if value is not None and not value.strip():
+        raise BooklensError("--lm is empty: name a model ('local', 'openai/gpt-4o-mini', ...) or leave the option out")
+    return value
+
+
 LMOption = Annotated[
     Optional[str],
-    typer.Option("--lm", help="'local' (embedded SmolLM2, the default) or any LiteLLM model string; also BOOKLENS_LM."),
+    typer.Option("--lm", callback=named_lm,
+                 help="'local' (embedded SmolLM2, the default) or any LiteLLM model string; also BOOKLENS_LM."),
 ]
 ApiBaseOption = Annotated[
     Optional[str], typer.Option("--api-base", help="Base URL of an OpenAI-compatible server (vLLM, llama.cpp, Ollama).")
