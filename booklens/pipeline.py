@@ -228,6 +228,15 @@ def owned_output_dir(output: Path, marker: str, what: str) -> bool:
     return False
 
 
+def make_output_dir(output: Path, what: str) -> None:
+    """Create the `what` ("run", "sweep") directory `output`, or a one-line error (a file in the way,
+    no permission)."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BooklensError(f"cannot create the {what} directory {output}: {exc.strerror or exc}") from None
+
+
 def previous_run(output: Path):
     """The run.json of an existing run directory (None for a new or empty directory)."""
     from booklens.reports import RUN_FILE, read_run_record
@@ -510,10 +519,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         "versions": package_versions(),
         "judges": judges,
     }
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BooklensError(f"cannot create the run directory {output}: {exc.strerror or exc}") from None
+    make_output_dir(output, "run")
     runner = _Runner(output, previous, base, wanted, notify)
     if book_error is not None:
         runner.fail("summary", book_error)

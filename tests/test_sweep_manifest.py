@@ -127,6 +127,15 @@ def test_a_directory_that_is_not_a_sweep_is_refused(corpus: Path):
     assert sorted(p.name for p in (corpus / "busy").iterdir()) == ["mine.txt"]
 
 
+def test_a_sweep_directory_that_cannot_be_created_is_one_line(corpus: Path):
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
+    blocker = write(corpus / "a-file", "not a directory")
+    code, err = run_cli(["sweep", str(manifest), "-o", str(blocker / "sweep"), "--lm", "openai/x", "--api-base",
+                         "http://127.0.0.1:9/v1"])
+    assert code == 2 and err.strip() == f"error: cannot create the sweep directory {blocker / 'sweep' / 'cells'}: " \
+                                        "Not a directory"
+
+
 def test_the_command_line_reports_a_bad_manifest_in_one_line(corpus: Path):
     manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a, method: tree}]\n")
     proc = subprocess.run([sys.executable, "-m", "booklens", "sweep", str(manifest), "-o", str(corpus / "s")],

@@ -198,8 +198,9 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
                             concurrency, structured=structured, rpm=rpm, tpm=tpm)
     schedule = sorted(tasks, key=lambda t: -_size(t.book_path))  # stable: manifest order among equals
 
-    output.mkdir(parents=True, exist_ok=True)
-    (output / CELLS_DIR).mkdir(exist_ok=True)
+    from booklens.pipeline import make_output_dir
+
+    make_output_dir(output / CELLS_DIR, "sweep")
     remove_sweep_partial_writes(output)  # a killed sweep may have left half-written files behind
     write_plan(sweep, output)
     stream = stream if stream is not None else sys.stderr
