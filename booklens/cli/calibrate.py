@@ -19,7 +19,6 @@ import typer
 
 from booklens.calibration import COHERENCE_BOOKS, VERIFICATION_BOOKS
 from booklens.cli import app
-from booklens.cli.compile import seed_option
 from booklens.cli.common import (
     ApiBaseOption,
     CacheDirOption,
@@ -29,6 +28,7 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     output_file,
+    seed_option,
     setup_lm,
 )
 from booklens.errors import BooklensError

@@ -12,9 +12,21 @@ from typing import Annotated, Any, Callable, Iterable, Optional
 
 import typer
 
-from booklens.data.splits import SPLITS
+from booklens.data.splits import SEED_RANGE, SPLITS
 from booklens.errors import BooklensError
 from booklens.lm.remote import STRUCTURED_MODES
+
+
+def _check_seed(value: Optional[int]) -> Optional[int]:
+    if value is not None and not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise typer.BadParameter(f"must be from {SEED_RANGE[0]} to {SEED_RANGE[1]} (got {value})")
+    return value
+
+
+def seed_option(help: str) -> Any:
+    """The --seed option of every command that takes one: out of range is a usage error at once."""
+    return typer.Option("--seed", callback=_check_seed, help=help)
+
 
 def named_lm(value: Optional[str]) -> Optional[str]:
     """The typer callback of --lm: an empty value is a mistake (an unset shell variable, say), not a

@@ -26,10 +26,11 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     output_file,
+    seed_option,
     setup_lm,
     write_output,
 )
-from booklens.data.splits import DEFAULT_FRACTIONS, SEED_RANGE
+from booklens.data.splits import DEFAULT_FRACTIONS
 from booklens.errors import BooklensError
 
 TaskArgument = Annotated[str, typer.Argument(
@@ -37,17 +38,6 @@ TaskArgument = Annotated[str, typer.Argument(
 DataOption = Annotated[Path, typer.Option(
     "--data", help="Annotations: BooookScore human annotation file or folder (coherence), FABLES.json "
                    "(verification, decomposition), a folder of books (summarize).")]
-
-
-def _check_seed(value: Optional[int]) -> Optional[int]:
-    if value is not None and not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
-        raise typer.BadParameter(f"must be from {SEED_RANGE[0]} to {SEED_RANGE[1]} (got {value})")
-    return value
-
-
-def seed_option(help: str) -> Any:
-    """The --seed option of every command that takes one: out of range is a usage error at once."""
-    return typer.Option("--seed", callback=_check_seed, help=help)
 
 
 SeedOption = Annotated[Optional[int], seed_option("Seed of the book split, the subsets and the optimizer "
