@@ -91,6 +91,19 @@ def test_calibrate_stores_figures_that_later_scores_show(tmp_path, shared_dir):
     assert '"confusing" F1' in result.output and "kappa" in result.output
 
 
+def test_calibrate_refuses_a_store_that_is_not_one_before_any_judgment(tmp_path, shared_dir):
+    from booklens.errors import BooklensError
+
+    human = shared_dir / "data" / "booookscore" / "human"
+    store = tmp_path / "notes.json"
+    store.write_text(json.dumps({"mine": [1, 2, 3]}))
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["calibrate", "--judge", "coherence", "--books", "1", "--coherence-data", human,
+                         "--lm", "openai/fake", "--api-base", server.url, "-o", store], tmp_path)
+    assert isinstance(result.exception, BooklensError) and "is not a booklens calibration file" in str(result.exception)
+    assert server.served == [] and json.loads(store.read_text()) == {"mine": [1, 2, 3]}
+
+
 def test_verify_binary_and_check_record_their_judge(tmp_path):
     claims = tmp_path / "claims.json"
     claims.write_text(json.dumps([{"claim": "Mara keeps the lighthouse.", "evidence": ["Mara kept the light."]},

@@ -102,7 +102,7 @@ def calibrate_command(
         help="The calibration store to add to (default: <cache>/calibration.json).")] = None,
 ) -> None:
     """Measure how well a judge agrees with human annotators on the test splits; store the figures."""
-    from booklens.judges import JUDGES, judge_line, judge_info, store_calibration, user_store_path
+    from booklens.judges import JUDGES, judge_line, judge_info, read_store, store_calibration, user_store_path
 
     if program is not None and zero_shot:
         raise BooklensError("give either --program or --zero-shot, not both")
@@ -120,6 +120,7 @@ def calibrate_command(
     human_dir = _human_dir(coherence_data) if "coherence" in judges else None
     fables = _fables_path(fables_data) if any(j != "coherence" for j in judges) else None
     store = output if output is not None else user_store_path(cache_dir)
+    read_store(store)  # a file that is not a calibration store fails now, not after every judgment
     from booklens.judges import load_judge
 
     programs = {j: load_judge(j, program, zero_shot=zero_shot) for j in judges}  # bad artifacts fail first
