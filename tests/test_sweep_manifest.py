@@ -85,8 +85,9 @@ BAD = {
                                          "m.yaml: system 'a': a chunk of 4096 tokens does not fit the 2048-token "
                                          "context window with a 900-token summary and the prompt; lower chunk_size "
                                          "or max_summary_tokens, or raise context_window"),
-    "chunks below the summarizer's least": ("books: corpus\nsystems: [{name: a, chunk_size: 32}]\n",
-                                            "m.yaml: system 'a': chunk_size: Input should be greater than or equal to 64 (got 32)"),
+    "chunks below the summarizer's least": (
+        "books: corpus\nsystems: [{name: a, chunk_size: 32}]\n",
+        "m.yaml: system 'a': chunk_size: Input should be greater than or equal to 64 (got 32)"),
     "server without a scheme": ("books: corpus\nsystems: [{name: a, api_base: '127.0.0.1:8000/v1'}]\n",
                                 "m.yaml: system 'a': api_base needs an http:// or https:// URL"),
     "judge server without a scheme": ("books: corpus\nsystems: [{name: a}]\njudge: {api_base: not-a-url}\n",
