@@ -23,12 +23,14 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-import dspy
 from pydantic import BaseModel, Field, ValidationError
 
 from booklens.data.splits import DEFAULT_FRACTIONS, DEFAULT_SEED, split_by_book
+
+if TYPE_CHECKING:  # DSPy loads only where examples are built: scoring annotations needs no LM layer
+    import dspy
 from booklens.errors import BooklensError, validation_problem
 from booklens.records import (
     COHERENCE_ERROR_TYPES,
@@ -532,6 +534,8 @@ def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotati
 def to_examples(results: Mapping[str, CoherenceResult]) -> list[dspy.Example]:
     """One example per answered sentence: inputs (summary, sentence); labels verdict,
     error_types, questions, confusing; plus book and index for bookkeeping."""
+    import dspy
+
     examples = []
     for book, result in results.items():
         for s in result.sentences:

@@ -142,3 +142,18 @@ def test_what_commands_load_from_site_packages_was_byte_compiled(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["checked"] > 1000
     assert result["missing"] == []
+
+
+def test_scoring_human_annotations_loads_no_lm_layer(tmp_path, shared_dir):
+    """`score --annotations` and `agree` compute BooookScore from annotation files: no LM, so neither
+    DSPy nor LiteLLM loads, and the command answers in well under a second instead of several."""
+    data = shared_dir / "data" / "booookscore"
+    for args in (["score", "--annotations", data / "gpt4" / "gpt4-2048-hier.json",
+                  "--summaries", data / "summaries" / "gpt4-2048-hier-cleaned.json"],
+                 ["agree", data / "human" / "annotations-gpt4-4096-inc.json",
+                  data / "human" / "summary-gpt4-4096-inc.json"]):
+        proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps([str(a) for a in args])], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=120)
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert result["exit"] == 0, proc.stderr
+        assert not {"dspy", "litellm"} & set(result["heavy"]), (args[0], result["heavy"])
