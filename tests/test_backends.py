@@ -158,6 +158,12 @@ def test_structured_mode_and_limits_are_checked_where_the_lm_is_made(tmp_path, m
     monkeypatch.setenv("BOOKLENS_RPM", "many")
     with pytest.raises(LMError, match="BOOKLENS_RPM must be a whole number"):
         make_lm("openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path)
+    # A bound names where the value came from: the variable, or the option that overrides it.
+    monkeypatch.setenv("BOOKLENS_RPM", "0")
+    with pytest.raises(LMError, match=r"^BOOKLENS_RPM must be at least 1 \(got 0\)$"):
+        make_lm("openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path)
+    with pytest.raises(LMError, match=r"^--tpm must be at least 1 \(got 0\)$"):
+        make_lm("openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path, rpm=5, tpm=0)
 
 
 def test_an_api_base_that_is_not_an_http_url_is_one_line_before_any_call(tmp_path, monkeypatch):

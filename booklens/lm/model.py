@@ -234,16 +234,18 @@ def make_limiter(rpm: int | None = None, tpm: int | None = None) -> Any:
     """A RateLimiter for the options, else BOOKLENS_RPM / BOOKLENS_TPM; None when neither is set."""
     limits = {}
     for what, value in (("rpm", rpm), ("tpm", tpm)):
+        source = f"--{what}"  # the message names where the value came from
         if value is None:
-            raw = os.environ.get(f"BOOKLENS_{what.upper()}", "").strip()
+            source = f"BOOKLENS_{what.upper()}"
+            raw = os.environ.get(source, "").strip()
             if not raw:
                 continue
             try:
                 value = int(raw)
             except ValueError:
-                raise LMError(f"BOOKLENS_{what.upper()} must be a whole number, not '{raw}'") from None
+                raise LMError(f"{source} must be a whole number, not '{raw}'") from None
         if value < 1:
-            raise LMError(f"--{what} must be at least 1")
+            raise LMError(f"{source} must be at least 1 (got {value})")
         limits[what] = value
     if not limits:
         return None
