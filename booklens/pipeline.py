@@ -191,6 +191,17 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
         raise BooklensError("give a summary file or a summary text, not both")
 
 
+def build_summarizer(system: SystemConfig):
+    """The summarizer program a system with this config runs (its compiled program loaded, demos and
+    all); a sweep's `--dry-run` plans its calls with the same object."""
+    from booklens.steps import book_summarizer
+
+    return book_summarizer(method=system.method, chunk_size=system.chunk_size, context_window=system.context_window,
+                           max_summary_tokens=system.max_summary_tokens, max_regenerations=system.max_regenerations,
+                           remove_artifacts=system.remove_artifacts, program_path=system.program,
+                           merge_context=system.merge_context, words_per_token=system.words_per_token)
+
+
 def check_summarizer(system: SystemConfig) -> None:
     """The summarizer's settings fit its context window (chunks, budgets, prompts) and its compiled
     program loads: a one-line error before anything is written, since no rerun could get past it."""
@@ -199,13 +210,9 @@ def check_summarizer(system: SystemConfig) -> None:
     import dspy
 
     from booklens.lm import BooklensAdapter
-    from booklens.steps import book_summarizer
 
     with dspy.context(adapter=BooklensAdapter()):  # prompt sizes are measured in booklens's format
-        book_summarizer(method=system.method, chunk_size=system.chunk_size, context_window=system.context_window,
-                        max_summary_tokens=system.max_summary_tokens, max_regenerations=system.max_regenerations,
-                        remove_artifacts=system.remove_artifacts, program_path=system.program,
-                        merge_context=system.merge_context, words_per_token=system.words_per_token).check_budgets()
+        build_summarizer(system).check_budgets()
 
 
 def owned_output_dir(output: Path, marker: str, what: str) -> bool:

@@ -28,9 +28,6 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from pydantic import BaseModel, Field, ValidationError
 
 from booklens.data.splits import DEFAULT_FRACTIONS, DEFAULT_SEED, split_by_book
-
-if TYPE_CHECKING:  # DSPy loads only where examples are built: scoring annotations needs no LM layer
-    import dspy
 from booklens.errors import BooklensError, validation_problem
 from booklens.records import (
     COHERENCE_ERROR_TYPES,
@@ -40,6 +37,9 @@ from booklens.records import (
     SentenceAnnotation,
     read_json_file,
 )
+
+if TYPE_CHECKING:  # DSPy loads only where examples are built: scoring annotations needs no LM layer
+    import dspy
 
 HUMAN_CONFIGS = ("gpt4-4096-inc", "gpt4-4096-hier")
 GPT4_CONFIGS = ("gpt4-2048-hier", "gpt4-2048-inc", "claude-2048-hier", "claude-2048-inc",

@@ -185,8 +185,9 @@ def demos_among(program: dspy.Module, examples: list[dspy.Example]) -> int:
     """How many of `examples` are demos of `program`: a demo is an example when every input field
     of its predictor that both carry has the same value (a labeled demo is a whole example; a
     bootstrapped one keeps the example's inputs)."""
-    def same(a: Any, b: Any) -> bool:
-        return a == b or json.dumps(a, sort_keys=True, default=repr) == json.dumps(b, sort_keys=True, default=repr)
+    def same(a: Any, b: Any) -> bool:  # a saved demo holds lists where the example may hold tuples
+        return a == b or (type(a) is not type(b)
+                          and json.dumps(a, sort_keys=True, default=repr) == json.dumps(b, sort_keys=True, default=repr))
 
     keyed = []
     for _, predictor in program.named_predictors():

@@ -94,17 +94,6 @@ class _Overheads:
         return self._cache[key][1]
 
 
-def build_summarizer(config: Any):
-    """The summarizer a cell with this `SystemConfig` runs (its compiled program loaded, demos and all)."""
-    from booklens.steps import book_summarizer
-
-    return book_summarizer(method=config.method, chunk_size=config.chunk_size,
-                           context_window=config.context_window, max_summary_tokens=config.max_summary_tokens,
-                           max_regenerations=config.max_regenerations, remove_artifacts=config.remove_artifacts,
-                           program_path=config.program, merge_context=config.merge_context,
-                           words_per_token=config.words_per_token)
-
-
 def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> tuple[Work, int]:
     """Calls and tokens to summarize one book's chunks, and the final summary's tokens."""
     work = Work()
@@ -237,6 +226,7 @@ def estimate_sweep(sweep: Sweep) -> list[SystemEstimate]:
 
     from booklens.errors import BooklensError
     from booklens.lm import BooklensAdapter, resolve_lm_name
+    from booklens.pipeline import build_summarizer
     from booklens.text import chunk_text, count_tokens, read_book, split_sentences
 
     judge = sweep.judge_config()

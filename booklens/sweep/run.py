@@ -101,7 +101,7 @@ def check_summarizers(sweep: Sweep) -> None:
     import dspy
 
     from booklens.lm import BooklensAdapter
-    from booklens.sweep.estimate import build_summarizer
+    from booklens.pipeline import build_summarizer
 
     with dspy.context(adapter=BooklensAdapter()):
         for spec in sweep.systems:
