@@ -58,6 +58,11 @@ LEVEL_BUDGET_RATIO = 0.65
 # A regeneration asks for this much less per try (90%, then 80% of the word limit), as the
 # published code does, so a summary that ran long has a better chance to fit.
 REGENERATION_SHRINK = 0.1
+# A summary with no fallback whose every answer so far has no word gets at least this many tries,
+# whatever --max-regenerations says: such an answer cannot stand in as a summary, and the embedded
+# model, which trims instead of regenerating, once answered a level-1 call of Pride and Prejudice
+# with bare numbers and ended a half-hour run there. Each try is a new sample (`fresh_try`).
+WORDLESS_TRIES = 3
 # Incremental updating lets the running summary grow to this share of G_n before compressing it.
 UPDATE_ALLOWANCE = 1.5
 
@@ -208,12 +213,17 @@ class _BookSummarizer(dspy.Module):
         over budget, cut off or without words. When every try fails, the shortest answer with words is
         trimmed to whole leading sentences within the budget (`trim`), or kept whole and flagged over
         budget. When no answer has words, `fallback` (trimmed the same way) stands in if given; without
-        one that is a one-line error, never an answer of bare numbers passed off as a summary."""
+        one, tries go on to `WORDLESS_TRIES`, and if none has a word that is a one-line error, never an
+        answer of bare numbers passed off as a summary."""
         from booklens.text import count_tokens, has_letters  # an answer of bare numbers is no summary
 
         temperature = self.temperature if temperature is None else temperature
         best: _Generated | None = None
-        for regeneration in range(self.max_regenerations + 1):
+        tried = 0
+        for regeneration in range(self._tries(fallback)):
+            if regeneration > self.max_regenerations and best is not None and has_letters(best.text):
+                break  # the tries past --max-regenerations are only for a summary with no word yet
+            tried += 1
             asked = dict(inputs)
             if regeneration and self.shrink_on_regeneration and "word_limit" in asked:
                 asked["word_limit"] = max(1, int(asked["word_limit"] * (1 - REGENERATION_SHRINK * regeneration)))
@@ -239,8 +249,7 @@ class _BookSummarizer(dspy.Module):
         if fallback is not None and (best is None or not has_letters(best.text)):
             text = trim_to_budget(fallback, budget) if trim else fallback
             tokens = count_tokens(text)
-            return _Generated(text, tokens, self.max_regenerations + 1, tokens > budget, text != fallback,
-                              fallback=True)
+            return _Generated(text, tokens, tried, tokens > budget, text != fallback, fallback=True)
         if best is None or not has_letters(best.text):
             raise BooklensError(self._no_summary(where, best))
         if best.cut_off and trim:
@@ -252,22 +261,26 @@ class _BookSummarizer(dspy.Module):
         if best.over_budget and trim:
             # Keep whole sentences up to the budget rather than fail the whole book.
             text = trim_to_budget(best.text, budget)
-            best = _Generated(text, count_tokens(text), self.max_regenerations + 1, True, True, best.cut_off)
-        best.attempts = self.max_regenerations + 1
+            best = _Generated(text, count_tokens(text), tried, True, True, best.cut_off)
+        best.attempts = tried
         return best
+
+    def _tries(self, fallback: str | None) -> int:
+        """How many tries a summary gets when none of its answers has a word."""
+        return self.max_regenerations + 1 if fallback is not None else max(self.max_regenerations + 1, WORDLESS_TRIES)
 
     def _no_summary(self, where: str, best: _Generated | None) -> str:
         """The error when no try gave a summary with words. Answers with text are cached, so a rerun
         would replay them: the advice is what makes new calls, more regenerations (each try has its
         own cache key, `fresh_try`, so tries past those made are new samples) or another model.
         Empty answers are not cached (`booklens.lm.model`), so a plain rerun asks again."""
-        tries = self.max_regenerations + 1
+        tries = self._tries(None)
         if best is None:
             got = "empty answers, which are not cached: a rerun asks again"
         else:
             got = f"answers without a word, such as {best.text[:40]!r}"
         return (f"the model gave no usable summary for {where} in {tries} tries ({got}); raise "
-                f"--max-regenerations above {self.max_regenerations} (the extra tries are new calls) "
+                f"--max-regenerations above {tries - 1} (the extra tries are new calls) "
                 "or use another model")
 
     def _finish(self, final: SummaryNode, nodes: list[SummaryNode]) -> str:

@@ -170,12 +170,12 @@ def test_no_usable_summary_advises_what_makes_new_calls(tmp_path):
     with FakeOpenAIServer(responder=lambda body: "1234") as server:
         args = ["summarize", str(STORY), "--lm", "openai/fake", "--api-base", server.url, "-o", str(out)]
         proc = run_cli([*args, "--max-regenerations", "1"], tmp_path)
-        assert_one_line_error(proc, out, "no usable summary for level 1 summary 0 in 2 tries (answers without a word")
-        assert "--max-regenerations above 1" in proc.stderr and "rerun" not in proc.stderr
+        assert_one_line_error(proc, out, "no usable summary for level 1 summary 0 in 3 tries (answers without a word")
+        assert "--max-regenerations above 2" in proc.stderr and "rerun" not in proc.stderr
         first = len(server.served)
         rerun = run_cli([*args, "--max-regenerations", "1"], tmp_path)
         assert len(server.served) == first, "a plain rerun replays the cached answers"
-        more = run_cli([*args, "--max-regenerations", "3"], tmp_path)
+        more = run_cli([*args, "--max-regenerations", "4"], tmp_path)
         assert len(server.served) == first + 2, "the two extra tries are new calls"
     assert rerun.returncode == more.returncode == 2
 
@@ -188,7 +188,7 @@ def test_empty_answers_are_asked_again_by_a_plain_rerun(tmp_path):
         args = ["summarize", str(STORY), "--lm", "openai/fake", "--api-base", server.url, "-o", str(out),
                 "--max-regenerations", "1"]
         proc = run_cli(args, tmp_path)
-        assert_one_line_error(proc, out, "in 2 tries (empty answers, which are not cached: a rerun asks again)")
+        assert_one_line_error(proc, out, "in 3 tries (empty answers, which are not cached: a rerun asks again)")
         first = len(server.served)
         assert run_cli(args, tmp_path).returncode == 2 and len(server.served) == 2 * first
 

@@ -244,8 +244,25 @@ def test_answers_without_words_and_no_fallback_are_an_error_not_the_summary():
     with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(BooklensError) as excinfo:
         program(book=book)
     message = str(excinfo.value)
-    assert "no usable summary for level 1 summary 0 in 2 tries" in message and "'1234'" in message
-    assert len(lm.backend.calls) == 2
+    # Past --max-regenerations, a summary with no word yet gets tries up to WORDLESS_TRIES.
+    assert "no usable summary for level 1 summary 0 in 3 tries" in message and "'1234'" in message
+    assert "--max-regenerations above 2" in message
+    assert len(lm.backend.calls) == 3
+
+
+def test_an_answer_without_words_is_asked_again_even_with_no_regenerations():
+    """The embedded model trims instead of regenerating (max_regenerations 0); an answer of bare
+    numbers still gets a new sample, and an answer with words but cut off does not."""
+    book = synthetic_book(3_000)
+    answers = iter(["19\n248", summary_of(400)])  # the second runs over the 200-token budget
+    lm = ScriptedLM(lambda call: {"summary": next(answers)})
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=0)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    assert len(lm.backend.calls) == 2, "one new sample for the wordless answer, none for the long one"
+    (node,) = result.nodes  # one chunk: its summary is the book's
+    assert node.attempts == 2 and node.truncated and node.tokens <= 200
 
 
 def test_a_compression_without_words_keeps_the_update_trimmed_to_the_budget():
