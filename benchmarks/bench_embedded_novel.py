@@ -22,6 +22,7 @@ Configurations, each one step from the one before it (see README for their figur
   start to repeat themselves (`RepetitionGuard`).
 - micro-batch 256: as `after`, with prompts read in micro-batches of 256 tokens instead of 512.
 - no flash attention: as `after`, with llama.cpp's flash attention off.
+- Q8_0 weights: as `after`, with the Q4_1 weights stored as Q8_0 instead of F16.
 
 `--profile N` runs the first N level-1 calls (with their regenerations) of each configuration
 and prints what llama.cpp did per call: prompt tokens, how many were reused from the previous
@@ -76,6 +77,7 @@ def configurations() -> dict[str, dict[str, Any]]:
         "after": {"backend": {}, "scheduler": "prefix", "program": {}},
         "micro-batch 256": {"backend": {"n_ubatch": 256}, "scheduler": "prefix", "program": {}},
         "no flash attention": {"backend": {"flash_attention": False}, "scheduler": "prefix", "program": {}},
+        "Q8_0 weights": {"backend": {"weights": "q8_0"}, "scheduler": "prefix", "program": {}},
     }
 
 
@@ -188,6 +190,7 @@ def profile(name: str, config: dict[str, Any], text: str, calls: int, concurrenc
 def full(name: str, config: dict[str, Any], text: str, concurrency: int) -> dict[str, Any]:
     import dspy
 
+    from booklens.errors import BooklensError
     from booklens.lm import BooklensAdapter
     from booklens.text import count_tokens
 
@@ -197,7 +200,14 @@ def full(name: str, config: dict[str, Any], text: str, concurrency: int) -> dict
     load_before = os.getloadavg()
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         t0 = time.perf_counter()
-        result = program(book=text)
+        try:
+            result = program(book=text)
+        except BooklensError as exc:  # one configuration's failure should not cost the others' runs
+            wall = time.perf_counter() - t0
+            figures = totals(list(backend.stats))
+            figures.update(failed=str(exc), wall_seconds=round(wall, 1))
+            print(f"  failed after {wall / 60:.1f} min ({figures['calls']} calls): {exc}", flush=True)
+            return figures
         wall = time.perf_counter() - t0
     load_after = os.getloadavg()
     stats = list(backend.stats)
