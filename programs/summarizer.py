@@ -60,8 +60,9 @@ LEVEL_BUDGET_RATIO = 0.65
 REGENERATION_SHRINK = 0.1
 # A summary with no fallback whose every answer so far has no word gets at least this many tries,
 # whatever --max-regenerations says: such an answer cannot stand in as a summary, and the embedded
-# model, which trims instead of regenerating, once answered a level-1 call of Pride and Prejudice
-# with bare numbers and ended a half-hour run there. Each try is a new sample (`fresh_try`).
+# model, which trims instead of regenerating, answered a level-1 call of Pride and Prejudice with
+# bare numbers (its weights stored as Q8_0) and ended a half-hour run there. Each try is a new
+# sample (`fresh_try`).
 WORDLESS_TRIES = 3
 # Incremental updating lets the running summary grow to this share of G_n before compressing it.
 UPDATE_ALLOWANCE = 1.5
