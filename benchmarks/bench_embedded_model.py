@@ -30,6 +30,7 @@ CONFIGS = {
     "booklens": {},
     "shipped Q4_1 weights": {"weights": "q4_1"},
     "Q8_0 weights": {"weights": "q8_0"},
+    "Q4_0 weights": {"weights": "q4_0"},  # requantized: llama.cpp repacks Q4_0 for its AVX2 kernels
     "BF16 weights": {"weights": "bf16"},
     "no flash attention": {"flash_attn": False},
     "micro-batch 256": {"n_ubatch": 256},

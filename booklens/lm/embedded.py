@@ -47,8 +47,10 @@ FLASH_ATTENTION = True
 # once per token, is 10-25% slower. Book-length work is mostly reading prompts (Pride and Prejudice:
 # 1,335 s of prompts against 432 s of generation with the shipped weights). BF16, which the tiled
 # GEMM also takes, read prompts no faster on an AVX512-BF16 machine (202 against 228 tokens/s at 6K).
+# On an AVX2-only machine, Q8_0 took the whole novel in 39.5 min against 34.9 for F16, and Q4_0 (which
+# llama.cpp repacks for AVX2) read a 6K-token prompt no faster.
 WEIGHTS = "f16"
-WEIGHT_FORMATS = {"q4_1": None, "q8_0": 7, "f16": 1, "bf16": 32}  # None: as shipped; else llama.cpp's LLAMA_FTYPE_MOSTLY_*
+WEIGHT_FORMATS = {"q4_1": None, "q4_0": 2, "q8_0": 7, "f16": 1, "bf16": 32}  # None: as shipped; else llama.cpp's LLAMA_FTYPE_MOSTLY_*
 SHIPPED_TOKEN_EMBEDDING = 8  # GGML_TYPE_Q8_0
 # Raise this when a change to how booklens drives the embedded model changes its answers to the
 # same prompt (sampler, grammar, stopping). It is part of every cache key of the embedded model.
@@ -62,6 +64,7 @@ GENERATION_VERSION = 2
 # trimmed away, and decoding is seeded, so a higher cap only writes more of the same text. Where a
 # passage runs to more than 1.06 of its tokens per cl100k token, a summary can end a sentence
 # earlier than under a cap of G + 64 (Pride and Prejudice: some level-1 summaries came out shorter).
+# An answer without a word is still asked again (`programs.summarizer.WORDLESS_TRIES`).
 LOCAL_SUMMARY_SETTINGS = {"max_regenerations": 0, "generation_slack": 1.06, "generation_allowance": 8}
 
 
