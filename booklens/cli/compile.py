@@ -218,8 +218,6 @@ def evaluate_command(
     blocks = [s["metadata"]["booklens"] for s in states]
     if seed is None:
         seed = next((b.get("seed") for b in blocks if isinstance(b.get("seed"), int)), 0)
-    if not Path(data).exists():
-        raise BooklensError(f"data not found: {data}")
     digest = sha256_of(data)
     splits = load_task_splits(spec, data, seed=seed, sizes={split: size})
     examples = splits.get(split)
