@@ -1,7 +1,7 @@
 """Bounded concurrency for independent LM calls, with a progress bar.
 
 Worker threads get a copy of the caller's context variables, so DSPy's
-`dspy.context(...)` overrides and booklens' usage step follow the work.
+`dspy.context(...)` overrides, booklens' usage step and a stop request follow the work.
 """
 
 from __future__ import annotations
@@ -19,6 +19,33 @@ R = TypeVar("R")
 
 _quiet = 0
 _quiet_lock = threading.Lock()
+
+
+class Stopped(KeyboardInterrupt):
+    """Work that outlives its interrupted command (a sweep's cells run on daemon threads) ends
+    here, as Ctrl-C would have ended it: before another LM call, and before anything is saved."""
+
+
+# The event that asks the work of this context to stop (None: nothing can ask).
+_stop_request: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("booklens_stop", default=None)
+
+
+@contextlib.contextmanager
+def stoppable(event: threading.Event):
+    """Work in this block, and on the threads it starts through `parallel_map`, stops with
+    `Stopped` at its next check once `event` is set."""
+    token = _stop_request.set(event)
+    try:
+        yield
+    finally:
+        _stop_request.reset(token)
+
+
+def raise_if_stopped() -> None:
+    """Raise `Stopped` when the work of this context was asked to stop."""
+    event = _stop_request.get()
+    if event is not None and event.is_set():
+        raise Stopped()
 
 
 @contextlib.contextmanager
@@ -68,16 +95,21 @@ def parallel_map(
                 pool.submit(contextvars.copy_context().run, fn, item): i for i, item in enumerate(items)
             }
             pending = set(futures)
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    exc = future.exception()
-                    if exc is not None:
-                        for other in pending:
-                            other.cancel()
-                        raise exc
-                    results[futures[future]] = future.result()
-                    bar and bar.update(1)
+            try:
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                    for future in done:
+                        exc = future.exception()
+                        if exc is not None:
+                            raise exc
+                        results[futures[future]] = future.result()
+                        bar and bar.update(1)
+            except BaseException:
+                # A failure or Ctrl-C: the calls in flight end (their answers are cached), the
+                # queued ones never start; leaving the pool would otherwise wait for all of them.
+                for other in pending:
+                    other.cancel()
+                raise
         return results
     finally:
         if bar:

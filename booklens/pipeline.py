@@ -41,6 +41,7 @@ from typing import Any, Callable, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from booklens.errors import BooklensError, first_line
+from booklens.parallel import raise_if_stopped
 from booklens.vocabulary import (
     DEFAULT_MERGE_CONTEXT,
     DEFAULT_WORDS_PER_TOKEN,
@@ -317,6 +318,9 @@ class _Runner:
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # recorded, and the steps that do not need this one still run
+                # After an interrupt, what fails (calls refused as the interpreter exits) says
+                # nothing about the step: nothing is recorded, and a rerun computes it.
+                raise_if_stopped()
                 if not isinstance(exc, BooklensError) and os.environ.get("BOOKLENS_DEBUG"):
                     raise
                 reason = first_line(exc)
@@ -331,6 +335,7 @@ class _Runner:
                     self.save_progress()
                     self.notify(f"{name}: failed: {reason}")
                 return None
+        raise_if_stopped()  # a step that ended after an interrupt may hold such failures: not saved
         with self._lock:
             return self._finish_step(name, path, inputs_sha, record, tracker, time.perf_counter() - started,
                                      normalize)

@@ -446,6 +446,25 @@ class PipelineResponder:
         return json.dumps({"summary": text, "condensed": text, "cleaned": text})
 
 
+# A command started in the background by a non-interactive shell (as CI may start the tests)
+# inherits SIGINT ignored, and Python then keeps ignoring it, as it should: this launcher restores
+# the default before booklens starts, as a terminal's foreground command has it.
+_AS_FROM_A_TERMINAL = (
+    "import os, signal, sys; "
+    "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'booklens', *sys.argv[1:]])"
+)
+
+
+def terminal_command(args: list[Any]) -> list[str]:
+    """The argv of a process that runs `booklens ARGS` and takes Ctrl-C (SIGINT) as it would from
+    a terminal, for tests that interrupt a command."""
+    import sys
+
+    return [sys.executable, "-c", _AS_FROM_A_TERMINAL, *map(str, args)]
+
+
 def run_command(args: list[Any], *, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `booklens ARGS` in this process as the `booklens` script does, and return what a
     `subprocess.run(..., capture_output=True, text=True)` of the script would: the exit code and

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer, PipelineResponder, run_command
+from booklens.testing import FakeOpenAIServer, PipelineResponder, run_command, terminal_command
 
 BOOKS = ("the_cask_of_amontillado", "poirot_investigates")
 SYSTEMS = ("hier", "inc", "released")
@@ -199,13 +199,18 @@ def test_a_cell_whose_configuration_changed_is_recomputed_and_only_it(server, co
             assert all(step["reused"] is not recomputed for step in steps.values()), (system, book)
 
 
-def test_a_sweep_killed_mid_way_resumes_without_repeating_a_finished_call(server, corpus, books_dir, reference,
-                                                                        tmp_path):
-    # The short story under the two summarizing systems: the reference sweep's cells for it.
+def short_manifest(corpus: Path, books_dir: Path, tmp_path: Path) -> Path:
+    """The short story under the two summarizing systems: the reference sweep's cells for it."""
     manifest = tmp_path / "short.yaml"
     lines = corpus.read_text().splitlines()
     manifest.write_text("\n".join([f"books: [{books_dir / 'the_cask_of_amontillado.txt'}]", *lines[1:4],
                                    lines[-1]]) + "\n")
+    return manifest
+
+
+def test_a_sweep_killed_mid_way_resumes_without_repeating_a_finished_call(server, corpus, books_dir, reference,
+                                                                        tmp_path):
+    manifest = short_manifest(corpus, books_dir, tmp_path)
     out, cache = tmp_path / "sweep", tmp_path / "cache"
     args = sweep_args(server, manifest, out, cache, "--concurrency", "1")
     start = len(server.served)
@@ -245,6 +250,42 @@ def test_a_sweep_killed_mid_way_resumes_without_repeating_a_finished_call(server
         uninterrupted = read_json(reference["dir"] / "cells" / system / "the_cask_of_amontillado" / "run.json")
         assert resumed["complete"] and resumed["scores"] == uninterrupted["scores"]
         assert resumed["totals"] == uninterrupted["totals"]
+
+
+def test_ctrl_c_on_a_sweep_saves_nothing_after_it_and_the_rerun_gives_the_uninterrupted_figures(
+        server, corpus, reference, tmp_path):
+    out, cache = tmp_path / "sweep", tmp_path / "cache"
+    args = sweep_args(server, corpus, out, cache, "--concurrency", "4")
+    start = len(server.served)
+    server.latency = 0.2  # answers still in flight when the command exits
+    proc = subprocess.Popen(terminal_command(args[3:]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.time() + 300
+        # 20 calls in: four cells at work side by side, each with calls in flight.
+        while time.time() < deadline and proc.poll() is None and len(server.served) - start < 20:
+            time.sleep(0.01)
+        assert proc.poll() is None, "the sweep ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        server.latency = 0.0
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
+    # No cell goes on after the interrupt to fail on calls refused as the process exits.
+    assert "failed" not in stderr, stderr
+    rerun = cli(args)
+    assert rerun.returncode == 0, rerun.stderr
+    # Nothing saved after the interrupt is reused as finished: every resumed cell holds the
+    # uninterrupted sweep's scores and LM work (a judge record with such refusals as failed answers
+    # would give other scores and fewer calls).
+    uninterrupted = cell_runs(reference["dir"])
+    for key, resumed in cell_runs(out).items():
+        assert resumed["complete"], key
+        assert (resumed["scores"], resumed["totals"]) == (uninterrupted[key]["scores"], uninterrupted[key]["totals"]), key
+    assert read_json(out / "results.json")["systems"] == read_json(reference["dir"] / "results.json")["systems"]
 
 
 def cached_calls(cache: Path) -> int:

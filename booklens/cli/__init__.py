@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 
 import typer
 
@@ -121,14 +124,39 @@ def _command():
     """`app` as the click command `app()` runs, with Ctrl-C in a command raised as `_Interrupted`."""
     from typer.main import get_command
 
+    from booklens.parallel import stoppable
+
     command = get_command(app)
     invoke = command.invoke
 
     def invoke_keeping_ctrl_c(ctx):
+        interrupted = threading.Event()
         try:
-            return invoke(ctx)
+            with stoppable(interrupted), _stopping_on_ctrl_c(interrupted):
+                return invoke(ctx)
         except KeyboardInterrupt:
             raise _Interrupted() from None
 
     command.invoke = invoke_keeping_ctrl_c
     return command
+
+
+@contextlib.contextmanager
+def _stopping_on_ctrl_c(interrupted: threading.Event):
+    """Ctrl-C sets `interrupted` the moment it arrives, then interrupts as usual: while the command
+    waits for the calls in flight to end, none of them asks again (a re-ask or a retry after an
+    answer lost to the interrupt would be a call made after the user said stop)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield  # Ctrl-C is ignored or handled elsewhere (a test harness, an embedding program)
+        return
+
+    def on_ctrl_c(signum, frame):
+        interrupted.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -21,6 +21,7 @@ from booklens.lm.cache import CallCache, default_cache_dir
 from booklens.lm.embedded import LOCAL_LM, LocalBackend
 from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend, resolve_api_base
 from booklens.lm.usage import UsageTracker
+from booklens.parallel import raise_if_stopped
 
 # The finish reason of the last completion in this thread, so programs can see cut-off answers.
 _last_finish_reason: contextvars.ContextVar[str] = contextvars.ContextVar("booklens_finish", default="stop")
@@ -88,6 +89,7 @@ class BooklensLM(dspy.BaseLM):
         return counts
 
     def forward(self, prompt=None, messages=None, **kwargs):
+        raise_if_stopped()
         merged = {**self.kwargs, **kwargs}
         if messages is None:
             messages = [{"role": "user", "content": prompt}]

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from booklens.errors import BooklensError
+from booklens.parallel import stoppable
 from booklens.sweep.aggregate import CellOutcome, outcome_of_run
 
 Done = Callable[[CellOutcome], None]
@@ -134,7 +135,8 @@ class LocalEngine:
         for item in enumerate(tasks):
             todo.put(item)
         outcomes: list[Optional[CellOutcome]] = [None] * len(tasks)
-        stop = threading.Event()
+        stop = threading.Event()  # no new cell starts (--fail-fast)
+        interrupted = threading.Event()  # running cells end at their next LM call, saving nothing
         lock = threading.Lock()
 
         def worker() -> None:
@@ -143,7 +145,11 @@ class LocalEngine:
                     i, task = todo.get_nowait()
                 except queue.Empty:
                     return
-                outcome = not_run(task) if stop.is_set() else run_cell(task, self.pool)
+                try:
+                    with stoppable(interrupted):
+                        outcome = not_run(task) if stop.is_set() else run_cell(task, self.pool)
+                except KeyboardInterrupt:  # `Stopped`: the sweep was interrupted
+                    return
                 with lock:
                     outcomes[i] = outcome
                 if outcome.status != "not run":
@@ -152,13 +158,20 @@ class LocalEngine:
                     stop.set()
 
         # Daemon threads: an interrupted sweep exits at once (finished LM calls are in the cache).
+        # Until the process ends, a cell still running stops at its next LM call and records
+        # nothing: a call refused as the interpreter exits must not be saved as a failed answer.
         threads = [threading.Thread(target=worker, name=f"sweep-cell-{n}", daemon=True)
                    for n in range(max(1, min(len(tasks), self.settings.concurrency)))]
         for t in threads:
             t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(0.2)  # short joins keep Ctrl-C responsive
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)  # short joins keep Ctrl-C responsive
+        except BaseException:
+            stop.set()
+            interrupted.set()
+            raise
         return [o if o is not None else not_run(t) for o, t in zip(outcomes, tasks)]
 
 
