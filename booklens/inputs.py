@@ -30,25 +30,61 @@ def summary_map(data: Any, what: str) -> dict[str, str]:
 
 
 def load_summaries(path: Path) -> tuple[dict[str, str], Optional[Path], bool]:
-    """The summaries to score (name -> text), for a summarize output the book it came from if
-    that file exists, and whether the file was a map of several summaries."""
+    """The summaries to score (name -> text), the book a single summary names if that file is
+    there, and whether the file was a map of several summaries.
+
+    A JSON object whose keys are "summary" (a string) and optionally "book" is one summary, as
+    every other command reads it, not a map with a book called "summary"."""
     from booklens.text import read_text_file
 
     if path.suffix.lower() == ".json":
         data = read_json_file(path, "summary file")
-        if isinstance(data, Mapping) and data.get("kind") == "booklens.summary":
+        kind = data.get("kind") if isinstance(data, Mapping) else None
+        single = isinstance(data, Mapping) and isinstance(data.get("summary"), str) and set(data) <= {"summary", "book"}
+        if kind == "booklens.summary" or single:
             text = data.get("summary")
             if not isinstance(text, str) or not text.strip():
                 raise BooklensError(f"summary file has an empty summary: {path}")
             book = data.get("book")
             name = Path(book).name if isinstance(book, str) and book else path.stem
-            book_path = Path(book) if isinstance(book, str) and book and Path(book).is_file() else None
+            config = data.get("config") if isinstance(data.get("config"), Mapping) else {}
+            book_path = recorded_book(book, path, data.get("book_sha256"), bool(config.get("drop_matter")))
             return {name: text}, book_path, False
+        if isinstance(kind, str) and kind.startswith("booklens."):
+            raise BooklensError(f"summary file {path} is a {kind} record, not a summary: give a `booklens summarize` "
+                                "output, a text file or a JSON map of book -> summary")
         return summary_map(data, f"summary file {path}"), None, True
     text = read_text_file(path)
     if not text.strip():
         raise BooklensError(f"summary file is empty: {path}")
     return {path.name: text.strip()}, None, False
+
+
+def recorded_book(book: Any, record_path: Path, sha256: Any = None, drop_matter: bool = False) -> Optional[Path]:
+    """The book file a summary record names, or None when it is not there. A relative name is
+    looked up where the command runs, then beside the record. Where the record holds the digest of
+    the text it summarized, only a file whose text has that digest counts: another file of the
+    same name is not that book."""
+    if not isinstance(book, str) or not book:
+        return None
+    named = Path(book)
+    candidates = [named] if named.is_absolute() else [named, record_path.parent / named]
+    for candidate in candidates:
+        try:
+            if not candidate.is_file():
+                continue
+            if isinstance(sha256, str) and sha256:
+                import hashlib
+
+                from booklens.text import read_book
+
+                text = read_book(candidate, drop_matter=drop_matter)
+                if hashlib.sha256(text.encode("utf-8")).hexdigest() != sha256:
+                    continue
+        except (OSError, BooklensError):
+            continue
+        return candidate
+    return None
 
 
 def read_given_summary(path: Path):

@@ -103,6 +103,8 @@ def read_json_file(path: str | Path, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise BooklensError(f"{what} is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
+    except RecursionError:  # Python's parser has a depth limit; no booklens file comes near it
+        raise BooklensError(f"{what} is nested too deeply to be read ({path})") from None
 
 
 # ---------------------------------------------------------------------------

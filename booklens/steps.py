@@ -53,6 +53,14 @@ def summary_settings(max_regenerations: Optional[int] = None) -> dict[str, Any]:
     return settings
 
 
+def check_method_options(method: str, level_budgets: Optional[list[int]]) -> None:
+    """A one-line error for an option the method does not use, which the summary record would
+    otherwise list as if it had shaped the summary."""
+    if level_budgets and method != "hier":
+        raise BooklensError(f"--level-budget is for --method hier; --method {method} keeps one summary within "
+                            "--max-summary-tokens")
+
+
 def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_window: Optional[int] = None,
                     max_summary_tokens: int = 900, level_budgets: Optional[list[int]] = None,
                     max_regenerations: Optional[int] = None, remove_artifacts: bool = True, concurrency: int = 4,
@@ -63,6 +71,7 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_win
     paper's (see `programs.summarizer`); `max_regenerations` to the configured model's (`summary_settings`)."""
     from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, make_summarizer
 
+    check_method_options(method, level_budgets)
     extra = {"merge_context": merge_context or DEFAULT_MERGE_CONTEXT} if method == "hier" else {}
     # None means the default; 0 is a value the program refuses, not a request for the default.
     window = 8192 if context_window is None else context_window

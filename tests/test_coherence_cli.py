@@ -100,9 +100,14 @@ def invoke(args, tmp_path):
     (lambda d: ["agree", write(d / "a.json", HUMAN), write(d / "b.json", {"lighthouse": {
         "summary": "Other. Text.", "singles": [], "relations": []}})], "different summary"),
     (lambda d: ["agree", write(d / "a.json", SENTENCE_ANN), write(d / "b.json", HUMAN)], "--summaries"),
+    (lambda d: ["score", write(d / "s.json", {"summary": " "})], "empty summary"),
+    (lambda d: ["score", write(d / "c.json", {"format_version": 1, "kind": "booklens.claims", "claims": []})],
+     "is a booklens.claims record, not a summary"),
+    (lambda d: ["score", write(d / "deep.json", "[" * 100_000 + "]" * 100_000)], "nested too deeply"),
 ], ids=["empty-in-map", "list", "bad-json", "empty-summarize-output", "annot-strings", "annot-singles",
         "annot-unknown-label", "no-summaries", "human-book-only-in-annotations", "annot-missing", "both-inputs",
-        "nothing", "book-with-map", "agree-disjoint", "agree-different-summary", "agree-needs-summaries"])
+        "nothing", "book-with-map", "agree-disjoint", "agree-different-summary", "agree-needs-summaries",
+        "empty-summary-object", "another-record", "nested-too-deeply"])
 def test_bad_input_is_a_user_error(tmp_path, setup, pattern):
     from booklens.errors import BooklensError
 
@@ -268,3 +273,66 @@ def test_released_annotations_with_another_configurations_summaries_are_refused(
                         "--summaries", DATA / "summaries" / "claude-2048-inc-cleaned.json", "-o", out],
                        env=cli_env(tmp_path))
     assert_one_line_error(proc, out, "(305 in all) is in its summary")
+
+
+def score_through_fake_server(args, tmp_path):
+    from booklens.testing import FakeOpenAIServer
+
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=fake_coherence_answer) as server:
+        proc = run_command(["score", *args, "--lm", "openai/fake", "--api-base", server.url,
+                            "--cache-dir", tmp_path / "cache", "-o", out])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(out.read_text())
+
+
+def test_a_json_object_with_a_summary_string_is_one_summary(tmp_path):
+    # As `claims`, `check` and `run --summary` read it: not a map with a book called "summary".
+    result = score_through_fake_server([write(tmp_path / "s.json", {"summary": SUMMARY})], tmp_path)
+    assert result["kind"] == "booklens.coherence"
+    assert [s["confusing"] for s in result["sentences"]] == [False, True, False]
+
+
+def summarize_record(book: str, text: str) -> dict:
+    import hashlib
+
+    return {"kind": "booklens.summary", "book": book, "summary": SUMMARY,
+            "book_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(), "config": {"drop_matter": False}}
+
+
+def test_the_book_a_summarize_record_names_is_found_beside_it_and_must_be_that_book(tmp_path, monkeypatch):
+    from booklens.text import read_book
+
+    story = REPO / "examples" / "sample_story.txt"
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "story.txt").write_bytes(story.read_bytes())
+    record = write(records / "summary.json", summarize_record("story.txt", read_book(story)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    # Relative to where the command runs there is no story.txt: the one beside the record is read.
+    assert score_through_fake_server([record], tmp_path)["stats"]["novel_trigrams_pct"] is not None
+    # A different story.txt where the command runs is not the summarized book, and is not read.
+    (elsewhere / "story.txt").write_text("Another tale about someone else entirely.", encoding="utf-8")
+    (records / "story.txt").unlink()
+    assert "novel_trigrams_pct" not in score_through_fake_server([record], tmp_path)["stats"]
+
+
+def test_score_refuses_to_write_over_the_book_its_record_names(tmp_path):
+    from booklens.text import read_book
+
+    book = tmp_path / "story.txt"
+    book.write_bytes((REPO / "examples" / "sample_story.txt").read_bytes())
+    record = write(tmp_path / "summary.json", summarize_record(str(book), read_book(book)))
+    before = book.read_bytes()
+    proc = run_command(["score", record, "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1", "-o", book])
+    assert proc.returncode == 2 and "also an input" in proc.stderr, proc.stderr
+    assert book.read_bytes() == before
+
+
+def test_an_output_name_the_file_system_refuses_is_a_one_line_error(tmp_path):
+    out = tmp_path / ("x" * 300 + ".json")
+    proc = run_command(["score", write(tmp_path / "s.txt", SUMMARY), "-o", out])
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: cannot write {out}"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

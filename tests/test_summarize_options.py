@@ -85,3 +85,16 @@ def test_summarize_and_run_take_the_same_summarizer_bounds():
         assert bounds == least, name
     words = next(p for p in commands["summarize"].params if p.opts[0] == "--words-per-token")
     assert (words.min, words.max) == (v.MIN_WORDS_PER_TOKEN, v.MAX_WORDS_PER_TOKEN)
+
+
+def test_level_budgets_are_refused_for_incremental_updating(tmp_path):
+    """The record would list them as if they had shaped a summary they play no part in."""
+    from booklens.errors import BooklensError
+    from booklens.testing import run_command
+
+    proc = run_command(["summarize", str(STORY), "--method", "inc", "--level-budget", "200",
+                        "-o", str(tmp_path / "out.json")])
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --level-budget is for --method hier"), proc.stderr
+    assert not (tmp_path / "out.json").exists()
+    with pytest.raises(BooklensError, match="--level-budget is for --method hier"):
+        run(method="inc")

@@ -30,6 +30,7 @@ from booklens.cli.common import (
     SplitName,
     TpmOption,
     ZeroShotOption,
+    check_not_an_input,
     echo_judge,
     read_json_file,
     setup_lm,
@@ -120,6 +121,7 @@ def score(
         if len(texts) != 1:
             raise BooklensError("--book needs a single summary, not a map of several")
         book_path = book
+    check_not_an_input(output, [book_path])  # the book a summarize record names is read too
     book_texts = None
     if book_path is not None:
         from booklens.text import read_book

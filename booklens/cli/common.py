@@ -58,7 +58,11 @@ def check_output_file(path: Path) -> None:
     nearest existing folder is a folder it may write in (the missing ones are made). Commands
     check it while parsing their options, so a bad -o fails before any model loads, not after
     the last LM call."""
-    if path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:  # a name the file system refuses (too long, ...)
+        raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
+    if is_dir:
         raise BooklensError(f"-o {path} is a directory: give the path of the file to write")
     folder = path.absolute().parent
     while not folder.exists() and folder != folder.parent:

@@ -84,9 +84,10 @@ def summarize(
     output: OutputOption = None,
 ) -> None:
     """Summarize a book by hierarchical merging or incremental updating."""
-    from booklens.steps import summarize_book
+    from booklens.steps import check_method_options, summarize_book
     from booklens.text import read_book
 
+    check_method_options(method.value, level_budget)
     text = read_book(book, drop_matter=drop_matter)  # bad input fails before any model loads
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     record = summarize_book(book, method=method.value, chunk_size=chunk_size, context_window=context_window,
