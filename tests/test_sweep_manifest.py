@@ -93,6 +93,16 @@ BAD = {
     "judge server without a scheme": ("books: corpus\nsystems: [{name: a}]\njudge: {api_base: not-a-url}\n",
                                       "m.yaml: judge.api_base needs an http:// or https:// URL"),
     "unknown model": ("books: corpus\nlm: nosuchprovider/model\nsystems: [{name: a}]\n", "unknown model"),
+    # YAML would keep the last of two keys: the first `systems:` block, or the first value, would be lost unseen.
+    "two systems blocks": ("books: corpus\nsystems: [{name: a}]\njudge: {max_claims: 2}\nsystems: [{name: b}]\n",
+                           "(line 4, column 1: duplicate key 'systems', first given on line 2"),
+    "a key twice in a system": ("books: corpus\nsystems:\n  - name: a\n    chunk_size: 512\n    chunk_size: 1024\n",
+                                "(line 5, column 5: duplicate key 'chunk_size', first given on line 4"),
+    "a key twice in a flow mapping": ("books: corpus\nsystems: [{name: a}]\njudge: {k: 3, steps: [coherence], k: 5}\n",
+                                      "(line 3, column 35: duplicate key 'k', first given on line 3"),
+    # A book's key names its cell directory cells/<system>/<key>: '.' and '..' would not be its own.
+    "book key '..'": ("books: dots\nsystems: [{name: a}]\n", "has the key '..', which cannot name a cell directory"),
+    "book key '.'": ("books: [dot/..txt]\nsystems: [{name: a}]\n", "has the key '.', which cannot name a cell"),
 }
 
 
@@ -108,6 +118,8 @@ def test_a_bad_manifest_is_one_line_with_nothing_written(case: str, corpus: Path
     text, expected = BAD[case]
     write(corpus / "other" / "alpha.txt", "Another alpha.\n")
     write(corpus / "partial.json", json.dumps({"alpha": "A.", "beta": "B."}))
+    write(corpus / "dots" / "...txt", "A book named '...txt'.\n")
+    write(corpus / "dot" / "..txt", "A book named '..txt'.\n")
     manifest = write(corpus / "m.yaml", text)
     out = corpus / "sweep"
     code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "openai/x", "--api-base",
@@ -117,6 +129,53 @@ def test_a_bad_manifest_is_one_line_with_nothing_written(case: str, corpus: Path
     assert code != 0
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], err
     assert not out.exists(), "a bad manifest wrote something"
+
+
+def test_a_key_overriding_a_merged_one_is_no_duplicate(corpus: Path):
+    """`<<: *anchor` copies keys that the mapping may then change: that is no key given twice."""
+    manifest = write(corpus / "m.yaml", """
+books: corpus
+systems:
+  - &hier {name: hier-512, method: hier, chunk_size: 512}
+  - {<<: *hier, name: hier-1024, chunk_size: 1024}
+""")
+    sweep = load_manifest(manifest, lm="openai/x", api_base="http://x/v1")
+    assert [(s.name, s.chunk_size) for s in sweep.systems] == [("hier-512", 512), ("hier-1024", 1024)]
+    write(manifest, manifest.read_text() + "  - {<<: *hier, name: again, name: twice}\n")
+    with pytest.raises(BooklensError, match="line 6, column 30: duplicate key 'name', first given on line 6"):
+        load_manifest(manifest, lm="openai/x", api_base="http://x/v1")
+
+
+def test_book_paths_with_glob_characters(tmp_path: Path):
+    """A file whose name holds [ ] is that file, not a pattern; a manifest in a folder named with
+    [ ] globs its entries under that folder as it is named."""
+    for name in ("Story [vol 1].txt", "Story v.txt", "a[12].txt", "a1.txt"):
+        write(tmp_path / name, f"{name}.\n")
+    manifest = write(tmp_path / "m.yaml", 'books: ["Story [vol 1].txt", "a[12].txt"]\nsystems: [{name: a}]\n')
+    sweep = load_manifest(manifest, lm="openai/x", api_base="http://x/v1")
+    assert [(b.key, b.path) for b in sweep.books] == [("Story [vol 1]", tmp_path / "Story [vol 1].txt"),
+                                                     ("a[12]", tmp_path / "a[12].txt")]
+    # an entry that names no file is still a pattern
+    write(manifest, 'books: ["a[1].txt"]\nsystems: [{name: a}]\n')
+    assert [b.key for b in load_manifest(manifest, lm="openai/x", api_base="http://x/v1").books] == ["a1"]
+
+    draft = tmp_path / "[draft]"
+    write(draft / "one.txt", "One.\n")
+    write(draft / "two.txt", "Two.\n")
+    write(tmp_path / "d" / "decoy.txt", "[draft] as a class would match the folder d.\n")
+    manifest = write(draft / "sweep.yaml", 'books: ["*.txt"]\nsystems: [{name: a}]\n')
+    sweep = load_manifest(manifest, lm="openai/x", api_base="http://x/v1")
+    assert [(b.key, b.path) for b in sweep.books] == [("one", draft / "one.txt"), ("two", draft / "two.txt")]
+
+
+def test_a_bad_cache_dir_is_one_line_with_nothing_written(corpus: Path):
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
+    blocker = write(corpus / "a-file", "not a directory")
+    out = corpus / "sweep"
+    code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "openai/x", "--api-base",
+                         "http://127.0.0.1:9/v1", "--cache-dir", str(blocker)])
+    assert code == 2 and err.strip() == f"error: cannot use {blocker} as the LM cache directory: File exists", err
+    assert not out.exists(), "the sweep directory was written before the cache was checked"
 
 
 def test_a_directory_that_is_not_a_sweep_is_refused(corpus: Path):

@@ -12,16 +12,18 @@ judge: {steps: [coherence, faithfulness], evidence: bm25}
 ```
 
 A book's key is its file name without the extension. Everything a user can get wrong (a key
-that does not exist, a missing book, two systems with one name, a summaries file without one of
-the books, a bad value) is a one-line `BooklensError` raised here, before anything is written and
-before any model loads. Book files are only located here, not read: a book that cannot be read
+that does not exist or is given twice, a missing book, two systems with one name, a summaries file
+without one of the books, a bad value) is a one-line `BooklensError` raised here, before anything
+is written and before any model loads. Book files are only located here, not read: a book that cannot be read
 fails its own cells when the sweep runs.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import glob
+import os
 import json
 import re
 from dataclasses import dataclass, field
@@ -217,7 +219,7 @@ def _read_yaml(path: Path) -> Any:
 
     text = read_text_file(path, "manifest")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_keys_loader())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -227,6 +229,35 @@ def _read_yaml(path: Path) -> Any:
         raise BooklensError(f"{path}: a manifest is a YAML mapping with books, systems and judge "
                             f"(found {type(data).__name__})")
     return data
+
+
+@functools.lru_cache(maxsize=None)
+def _unique_keys_loader() -> type:
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping. YAML loaders keep the last
+    value silently, so a second `systems:` block would drop the first one's systems unseen."""
+    import yaml
+    from yaml.constructor import ConstructorError
+
+    class UniqueKeysLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, Any] = {}
+                # Before merges are flattened: a key that overrides a merged (`<<: *anchor`) one is
+                # YAML's way of changing a copied setting, not a mistake.
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.setdefault(key, key_node.start_mark)
+                    except TypeError:  # an unhashable key: the base constructor reports it
+                        continue
+                    if first is not key_node.start_mark:
+                        raise ConstructorError(None, None, f"duplicate key {key!r}, first given on line "
+                                               f"{first.line + 1}; give each key once", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeysLoader
 
 
 def _explain(exc: ValidationError, data: Any) -> str:
@@ -292,6 +323,13 @@ def _relative(base: Path, value: str) -> Path:
     return p if p.is_absolute() else base / p
 
 
+def _pattern(base: Path, entry: str) -> str:
+    """The glob of a relative entry under the manifest's folder, whose own name is taken literally
+    (a manifest in `[draft]/` must not make `[draft]` a character class)."""
+    p = Path(entry).expanduser()
+    return str(p) if p.is_absolute() else os.path.join(glob.escape(str(base)), entry)
+
+
 def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]:
     if not entries:
         raise BooklensError(f"{manifest}: books is empty; list book files, folders or globs")
@@ -300,24 +338,29 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
         if not isinstance(entry, str) or not entry.strip():
             raise BooklensError(f"{manifest}: books: an entry is empty")
         target = _relative(base, entry)
-        if glob.has_magic(entry):
-            matches = sorted(Path(p) for p in glob.glob(str(target), recursive=True) if Path(p).is_file())
-            if not matches:
-                raise BooklensError(f"{manifest}: books: {entry!r} matches no file (relative to {base})")
-            found.extend(matches)
-        elif target.is_dir():
+        # A path that exists is the file or folder it names, even when its name holds glob
+        # characters (`Story [vol 1].txt`): only an entry that names nothing is a pattern.
+        if target.is_dir():
             matches = sorted(p for p in target.iterdir() if p.is_file() and p.suffix.lower() in BOOK_SUFFIXES)
             if not matches:
                 raise BooklensError(f"{manifest}: books: the folder {target} holds no .txt or .epub file")
             found.extend(matches)
         elif target.exists():
             found.append(target)
+        elif glob.has_magic(entry):
+            matches = sorted(Path(p) for p in glob.glob(_pattern(base, entry), recursive=True) if Path(p).is_file())
+            if not matches:
+                raise BooklensError(f"{manifest}: books: {entry!r} matches no file (relative to {base})")
+            found.extend(matches)
         else:
             raise BooklensError(f"{manifest}: book not found: {target}")
     books: list[Book] = []
     by_key: dict[str, Path] = {}
     for p in found:
         key = p.stem if p.suffix else p.name
+        if key in (".", ".."):  # `..txt`, `...txt`: the cell directory cells/<system>/<key> would not be its own
+            raise BooklensError(f"{manifest}: books: {p} has the key {key!r}, which cannot name a cell directory; "
+                                "a book's key is its file name without the extension, so rename the file")
         if key in by_key:
             if by_key[key].resolve() == p.resolve():
                 continue  # the same file named twice (overlapping globs)

@@ -148,6 +148,13 @@ def remove_sweep_partial_writes(output: Path) -> int:
     return remove_partial_writes(output, [PLAN_FILE, RESULTS_FILE, CELLS_FILE, REPORT_FILE])
 
 
+def check_cache(settings: PoolSettings) -> None:
+    """A one-line error unless the LM cache of `settings` opens (its folder is made if missing)."""
+    from booklens.lm.cache import CallCache, default_cache_dir
+
+    CallCache(Path(settings.cache_dir or default_cache_dir()) / "calls.sqlite")
+
+
 def write_plan(sweep: Sweep, output: Path) -> None:
     from booklens.records import save_json
 
@@ -197,6 +204,13 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     settings = PoolSettings(sweep.lm, sweep.api_base, str(Path(cache_dir).absolute()) if cache_dir else None,
                             concurrency, structured=structured, rpm=rpm, tpm=tpm)
     schedule = sorted(tasks, key=lambda t: -_size(t.book_path))  # stable: manifest order among equals
+    # The LM cache opens before anything is written: a bad --cache-dir must not leave a sweep
+    # directory behind. The local engine's pool opens it; Ray workers open their own, so check here.
+    runner: Any = None
+    if engine == "ray":
+        check_cache(settings)
+    else:
+        runner = LocalEngine(settings)
 
     from booklens.pipeline import make_output_dir
 
@@ -206,7 +220,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     stream = stream if stream is not None else sys.stderr
     own_stream = False
     if engine == "ray":
-        runner: Any = RayEngine(settings, address=ray_address, num_cpus=ray_cpus, log_path=output / "ray.log")
+        runner = RayEngine(settings, address=ray_address, num_cpus=ray_cpus, log_path=output / "ray.log")
         # Ray writes to file descriptor 2, which the engine points at ray.log; the display keeps a copy.
         if stream is sys.stderr:
             tty = stream.isatty() if tty is None else tty
@@ -216,8 +230,6 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
             except (AttributeError, OSError, ValueError):  # not a real file (captured): keep it
                 pass
         runner.start()
-    else:
-        runner = LocalEngine(settings)
     progress = SweepProgress(len(tasks), runner.usage, stream=stream, tty=tty, interval=progress_interval)
     try:
         progress.start()
