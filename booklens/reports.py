@@ -159,8 +159,23 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Rebuild `report.html` (or `output`) from a run directory's records."""
     data = load_run(run_dir)
     target = Path(output) if output is not None else Path(run_dir) / REPORT_FILE
+    for name in (RUN_FILE, *STEP_FILES.values(), TIMINGS_FILE):
+        # The page must not replace a record it is built from: the run directory would be broken.
+        if _same_file(target, Path(run_dir) / name):
+            raise BooklensError(f"cannot write the report to {target}: it is the run's {name}, which the page is "
+                                f"built from; write it elsewhere (by default {Path(run_dir) / REPORT_FILE})")
     write_text_atomic(target, render_report(data))
     return target
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """One file under two spellings (`RUN/./run.json`, a link to it), or one path not yet written."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------

@@ -526,6 +526,40 @@ def test_bad_run_directory_is_a_one_line_error(hier_run, tmp_path, damage, patte
     assert not (tmp_path / "out.html").exists()
 
 
+@pytest.mark.parametrize("name", ["run.json", "summary.json", "coherence.json", "claims.json", "faithfulness.json",
+                                  "timings.json"])
+def test_the_report_never_replaces_a_record_of_its_run(hier_run, tmp_path, name):
+    from booklens.reports import write_report
+    from booklens.testing import run_command
+
+    target = _copy(hier_run, tmp_path)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    for spelling in (target / name, target / "." / name, Path(os.path.relpath(target / name))):
+        with pytest.raises(BooklensError) as err:
+            write_report(target, spelling)
+        assert f"it is the run's {name}" in str(err.value) and "\n" not in str(err.value)
+    result = run_command(["report", target, "-o", target / name])
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("error: "), result.stderr
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    # The page's own file in the run directory stays the place to rebuild it.
+    (target / "report.html").unlink()
+    assert run_command(["report", target, "-o", target / "report.html"]).returncode == 0
+    assert (target / "report.html").read_bytes() == before["report.html"]
+
+
+def test_the_report_is_not_written_over_a_step_record_the_run_has_not_made_yet(hier_run, tmp_path):
+    from booklens.reports import write_report
+
+    target = _copy(hier_run, tmp_path)
+    (target / "faithfulness.json").unlink()  # a later run would take an HTML page there for the record
+    _edit(target / "run.json", steps={k: v for k, v in json.loads((target / "run.json").read_text())["steps"].items()
+                                      if k != "faithfulness"})
+    with pytest.raises(BooklensError, match="it is the run's faithfulness.json"):
+        write_report(target, target / "faithfulness.json")
+    assert not (target / "faithfulness.json").exists()
+
+
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads every directory")
 def test_unreadable_run_directory(hier_run, tmp_path):
     from booklens.reports import load_run
