@@ -26,8 +26,8 @@ from typing import Any, Optional, Sequence
 import dspy
 
 from booklens.data.diversesumm import require_question_answers
-from booklens.errors import BooklensError
-from booklens.lm import last_finish_reason, predict_with_retries
+from booklens.errors import BooklensError, first_line
+from booklens.lm import ContextWindowExceeded, last_finish_reason, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
 from booklens.signatures.diverse import (
@@ -59,6 +59,11 @@ def _window(context_window: Optional[int]) -> int:
     if context_window:
         return context_window
     return getattr(dspy.settings.lm, "context_window", None) or DEFAULT_CONTEXT_WINDOW
+
+
+class EventTooLarge(BooklensError):
+    """An event whose articles, or whose extracts, do not fit the context window: that event gets
+    no summary (the reason is its error); the other events go on."""
 
 
 def _tokens(predictor: dspy.Predict, **inputs: Any) -> int:
@@ -104,7 +109,7 @@ class DiverseSummarizer(dspy.Module):
         if method == "auto":
             method = "direct" if self.fits_directly(articles) else "extract"
         elif method == "direct" and not self.fits_directly(articles):
-            raise BooklensError(f"the articles do not fit the context window ({_window(self.context_window)} tokens) "
+            raise EventTooLarge(f"the articles do not fit the context window ({_window(self.context_window)} tokens) "
                                 "for direct summarization; use --method extract")
         if method == "direct":
             attempt = predict_with_retries(self.summarize, tries=self.tries, check=_nonempty("summary"),
@@ -117,7 +122,8 @@ class DiverseSummarizer(dspy.Module):
             head = article.split("\n", 1)[0]
             extracts.append(head + "\n" + "\n".join(f"- {s}" for s in sentences) if sentences else head + "\n- (none)")
         if _tokens(self.summarize_extracts, extracts=extracts) > self.budget():
-            raise BooklensError("the extracted sentences do not fit the context window; lower --sentences")
+            raise EventTooLarge(f"the extracted sentences do not fit the context window "
+                                f"({_window(self.context_window)} tokens); lower --sentences")
         attempt = predict_with_retries(self.summarize_extracts, tries=self.tries, check=_nonempty("summary"),
                                        extracts=extracts)
         return self._summary(attempt, "extract", extracts)
@@ -138,6 +144,11 @@ class DiverseSummarizer(dspy.Module):
         if len(sentences) <= self.num_sentences:
             return sentences
         numbered = [f"[{i}] {s}" for i, s in enumerate(sentences, 1)]
+        tokens = _tokens(self.extract, title=title, sentences=numbered, num_sentences=self.num_sentences)
+        if tokens > self.budget():  # the server would refuse it: say so before spending the call
+            raise EventTooLarge(f"an article ({title.strip()[:80]!r}) is too long to pick sentences from: its prompt "
+                                f"is {tokens} tokens, the context window ({_window(self.context_window)} tokens) "
+                                f"leaves {self.budget()}")
 
         def check(pred: Any) -> Optional[str]:
             picks = getattr(pred, "picks", None) or []
@@ -544,8 +555,11 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
     results = []
     for event in events:
         row: dict[str, Any] = {"eid": event.eid}
-        with usage_step("summarize"):
-            pred = summarizer(articles=article_texts(event))
+        try:
+            with usage_step("summarize"):
+                pred = summarizer(articles=article_texts(event))
+        except (EventTooLarge, ContextWindowExceeded) as exc:  # this event's size, not the run's setup
+            pred = dspy.Prediction(summary=None, method=method, extracts=[], error=first_line(exc), cut_off=False)
         row.update(summary=pred.summary, method=pred.method, extracts=pred.extracts, error=pred.error,
                    summary_cut_off=pred.cut_off)
         if refs is not None:

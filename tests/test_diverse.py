@@ -29,6 +29,7 @@ from booklens.programs.diverse import (
     article_texts,
     judge_pairs,
     pairwise_cases,
+    summarize_events,
 )
 from booklens.signatures import diverse as signatures
 from booklens.signatures.diverse import JudgeCoverageOfAllQAs
@@ -407,3 +408,22 @@ def test_extraction_rejects_numbers_outside_the_article_and_takes_short_articles
     calls_before = len(lm.backend.calls)
     assert summarizer.extract_sentences(short) == ["The bridge closed on Monday.", "Nobody knows for how long."]
     assert len(lm.backend.calls) == calls_before  # nothing to choose, no LM call
+
+
+def test_an_event_too_large_for_the_window_gets_an_error_and_the_others_go_on(event):
+    def responder(call):
+        if call.wants("picks"):
+            return {"picks": [1, 2]}
+        return {"summary": "Sources disagree on the toll."}
+
+    lm = scripted(responder, window=4096)
+    long_event = event.model_dump()
+    long_event["eid"] = "long"
+    long_event["articles"][0]["content"] = " ".join(f"Sentence {i} of a long feature about the bridge." for i in
+                                                    range(1500))
+    events = [parse_events([small_event()])[0], parse_events([long_event])[0]]
+    rows = summarize_events(events, method="extract", sentences=2, judge=False)
+    assert rows[0]["summary"] == "Sources disagree on the toll." and rows[0]["error"] is None
+    assert rows[1]["summary"] is None and "too long to pick sentences from" in rows[1]["error"]
+    # The article that cannot fit is never sent (the server would refuse it).
+    assert not any("Sentence 1499" in json.dumps(call.inputs) for call in lm.backend.calls)

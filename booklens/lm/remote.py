@@ -434,7 +434,8 @@ def context_window_message(model: str, server_text: str) -> str:
     window = _CONTEXT.search(server_text)
     requested = _REQUESTED.search(server_text)
     resulted = _RESULTED.search(server_text)
-    advice = "use smaller inputs (e.g. --chunk-size), or a model or server with a larger context"
+    # Neutral advice: which input is too large, and the option that makes it smaller, differ by command.
+    advice = "use smaller inputs, or a model or server with a larger context"
     if window and requested:
         prompt, answer = int(requested.group(1)), int(requested.group(2))
         return (f"the prompt ({prompt} tokens) and its answer budget ({answer} tokens) do not fit the "
