@@ -11,6 +11,9 @@
   books (all in the public release: 723 claims), with F1 per summarizer next to the seed's
   GPT-4-Turbo rater.
 
+A judge that gave no valid verdict on any sentence or claim of the sample has measured nothing:
+`JudgedNothing` (a one-line error quoting the first failure) instead of an entry.
+
 Samples are whole books of the test split, drawn with a fixed seed, so that the embedded model
 calibrates in under an hour on two cores: `COHERENCE_BOOKS` books (both summaries of each) and `VERIFICATION_BOOKS`
 books (every summarizer's claims). Each figure carries its sample size and a 95% bootstrap interval
@@ -30,6 +33,17 @@ from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS
 COHERENCE_BOOKS = 2
 VERIFICATION_BOOKS = 1
 SEED = 0
+
+
+class JudgedNothing(BooklensError):
+    """The judge gave no valid verdict on any item of the sample: there is no agreement to store."""
+
+
+def _judged_nothing(judge: str, items: int, what: str, errors: list[str]) -> JudgedNothing:
+    from booklens.steps import _first_error  # the same "(first: ...)" quote as score and verify
+
+    return JudgedNothing(f"{judge} calibration: the judge gave no valid verdict on any of the "
+                         f"{_plural(items, what)}{_first_error(errors)}; nothing stored")
 
 
 def _plural(n: int, word: str) -> str:
@@ -89,6 +103,7 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
     lm = metered(current_lm(), meter)
     units: list[list[int]] = []
     failed = sentences = 0
+    errors: list[str] = []
     rows = []
     with dspy.context(lm=lm):
         for n, (source, annotation) in enumerate(items, start=1):
@@ -97,6 +112,7 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
             pairs = [(p.confusing, h.confusing) for p, h in zip(prediction.annotations, human)
                      if p.status == "ok" and p.confusing is not None]
             failed += len(human) - len(pairs)
+            errors += [p.error for p in prediction.annotations if p.status != "ok" and p.error]
             sentences += len(human)
             units.append(confusion_counts([bool(p) for p, _ in pairs], [bool(h) for _, h in pairs]))
             rows.append({"file": source, "book": annotation.book, "sentences": len(human),
@@ -105,6 +121,8 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
             if progress:
                 progress(f"coherence: {n}/{len(items)} summaries")
     compared = sentences - failed
+    if sentences and not compared:  # figures of no verdict would read as a measured (null) agreement
+        raise _judged_nothing("coherence", sentences, "sentence", errors)
     tp, fp, fn, tn = (sum(u[i] for u in units) for i in range(4))
     figures = {name: figure(units, name, n=compared, seed=seed)
                for name in ("precision", "recall", "f1", "kappa", "accuracy")}
@@ -179,6 +197,7 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     groups: list[str] = []
     units: list[tuple[list[str], list[Optional[str]]]] = []
     relabelled = 0
+    errors: list[str] = []
     with dspy.context(lm=lm):
         for n, summary in enumerate(summaries, start=1):
             claims = [c for c in summary.claims if c.label in keep]
@@ -188,12 +207,15 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
             g = [FABLES_LABELS[c.label] for c in claims]
             p = [v.label for v in verdicts]
             relabelled += sum(1 for v in verdicts if v.relabelled)
+            errors += [v.error for v in verdicts if v.label is None and v.error]
             gold += g
             pred += p
             groups += [summary.summarizer] * len(claims)
             units.append((g, p))
             if progress:
                 progress(f"verification: {n}/{len(summaries)} summaries")
+    if gold and all(x is None for x in pred):  # every claim failed: accuracy 0 would be no measurement
+        raise _judged_nothing("binary" if binary else "verification", len(gold), "claim", errors)
     labels = BINARY_LABELS if binary or table5 else CLAIM_LABELS
     f1 = {}
     for label in labels:

@@ -332,6 +332,70 @@ def test_verification_calibration_scores_every_label_and_counts_unfaithful_found
     assert info.warning.startswith(f"low agreement: this judge found 0 of {counts['unfaithful']} unfaithful claims")
 
 
+def prose(call):
+    return "Sorry, I cannot help with that."
+
+
+def test_a_coherence_judge_that_never_answers_is_not_calibrated(shared_dir):
+    from booklens.calibration import JudgedNothing, calibrate
+
+    human = shared_dir / "data" / "booookscore" / "human"
+    program = load_judge_for_calibration("coherence")
+    lm = ScriptedLM(prose)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(JudgedNothing) as caught:
+        calibrate("coherence", program, lm, human_dir=human, books=1)
+    message = str(caught.value)
+    assert message.startswith("coherence calibration: the judge gave no valid verdict on any of the ")
+    assert "(first: unparseable answer" in message and "\n" not in message
+
+
+def test_a_verifier_that_never_answers_is_not_calibrated(shared_dir, monkeypatch):
+    import booklens.calibration as calibration
+    from booklens.calibration import JudgedNothing, calibrate, verification_sample
+
+    fables = shared_dir / "data" / "fables" / "FABLES.json"
+    summaries, info = verification_sample(fables, books=1)
+    monkeypatch.setattr(calibration, "verification_sample", lambda *a, **k: (summaries[:1], info))
+    lm = ScriptedLM(prose)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(JudgedNothing) as caught:
+        calibrate("verification", load_judge_for_calibration("verification"), lm, fables_path=fables, books=1)
+    claims = len(summaries[0].claims)
+    assert str(caught.value).startswith(f"verification calibration: the judge gave no valid verdict on any of the "
+                                        f"{claims} claims (first: ")
+
+
+def test_a_partly_failed_calibration_is_stored_and_counts_the_failures(shared_dir, monkeypatch):
+    import booklens.calibration as calibration
+    from booklens.calibration import calibrate, verification_sample
+
+    def some_prose(call):
+        sentence = call.inputs.get("sentence") or call.inputs.get("claim") or ""
+        return prose(call) if random.Random(sentence).random() < 0.25 else scripted_judge(call)
+
+    human = shared_dir / "data" / "booookscore" / "human"
+    lm = ScriptedLM(some_prose)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        entry = calibrate("coherence", load_judge_for_calibration("coherence"), lm, human_dir=human, books=1)
+    n = entry["n"]
+    assert 0 < n["failed"] < n["sentences"] and n["compared"] == n["sentences"] - n["failed"]
+    assert entry["figures"]["kappa"]["n"] == n["compared"]
+
+    fables = shared_dir / "data" / "fables" / "FABLES.json"
+    summaries, info = verification_sample(fables, books=1)
+    monkeypatch.setattr(calibration, "verification_sample", lambda *a, **k: (summaries[:1], info))
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        entry = calibrate("verification", load_judge_for_calibration("verification"), lm, fables_path=fables,
+                          books=1)
+    assert 0 < entry["counts"]["failed"] < entry["counts"]["claims"]
+
+
+def load_judge_for_calibration(judge):
+    from booklens.judges import load_judge
+
+    # one try: a re-ask of a scripted answer gets the same answer
+    return load_judge(judge, concurrency=1, tries=1) if judge == "coherence" else load_judge(judge)
+
+
 def test_a_judge_without_calibration_says_so():
     from booklens.judges import judge_info, judge_line, load_judge
 

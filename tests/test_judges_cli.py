@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from booklens.testing import FakeOpenAIServer
@@ -102,6 +104,35 @@ def test_calibrate_refuses_a_store_that_is_not_one_before_any_judgment(tmp_path,
                          "--lm", "openai/fake", "--api-base", server.url, "-o", store], tmp_path)
     assert isinstance(result.exception, BooklensError) and "is not a booklens calibration file" in str(result.exception)
     assert server.served == [] and json.loads(store.read_text()) == {"mine": [1, 2, 3]}
+
+
+def test_calibrate_stores_nothing_for_a_judge_that_never_answered(tmp_path, shared_dir):
+    human = shared_dir / "data" / "booookscore" / "human"
+    # FABLES with two claims per summary keeps the test quick; the sample's books are the same
+    fables = json.loads((shared_dir / "data" / "fables" / "FABLES.json").read_text())
+    for systems in fables["FABLES"].values():
+        for summary in systems.values():
+            summary["claims"] = dict(list(summary["claims"].items())[:2])
+    small = tmp_path / "FABLES.json"
+    small.write_text(json.dumps(fables))
+
+    def no_verdicts(body):
+        if "[[ ## claim ## ]]" in body["messages"][-1]["content"]:
+            return "Sorry, I cannot help with that."
+        return answer(body)
+
+    cache = tmp_path / "cache"
+    with FakeOpenAIServer(responder=no_verdicts) as server:
+        proc = subprocess.run([sys.executable, "-m", "booklens", "calibrate", "--books", "1", "--coherence-data",
+                               str(human), "--fables-data", str(small), "--lm", "openai/fake", "--api-base",
+                               server.url, "--cache-dir", str(cache)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert "Traceback" not in proc.stderr and sum(line.startswith("error: ") for line in lines) == 1
+    assert lines[-1].startswith("error: verification calibration: the judge gave no valid verdict on any of the ")
+    assert "(first: unparseable answer" in lines[-1] and lines[-1].endswith("nothing stored")
+    store = json.loads((cache / "calibration.json").read_text())["calibrations"]
+    assert [entry["judge"] for entry in store.values()] == ["coherence"]  # the judge that answered is kept
 
 
 def test_verify_binary_and_check_record_their_judge(tmp_path):

@@ -128,14 +128,19 @@ def calibrate_command(
 
     calls_at_once = concurrency or (1 if resolve_lm_name(lm) == LOCAL_LM else 4)
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
-    from booklens.calibration import calibrate
+    from booklens.calibration import JudgedNothing, calibrate
 
+    failures: list[str] = []
     for name, prog in programs.items():
         if hasattr(prog, "concurrency"):
             prog.concurrency = calls_at_once
         started = time.perf_counter()
-        entry = calibrate(name, prog, model, human_dir=human_dir, fables_path=fables, books=books, seed=seed,
-                          concurrency=calls_at_once, progress=lambda text: typer.echo(text, err=True))
+        try:
+            entry = calibrate(name, prog, model, human_dir=human_dir, fables_path=fables, books=books, seed=seed,
+                              concurrency=calls_at_once, progress=lambda text: typer.echo(text, err=True))
+        except JudgedNothing as exc:  # the other judges still get measured; the command fails at the end
+            failures.append(str(exc))
+            continue
         seconds = time.perf_counter() - started
         store_calibration(entry, store)
         usage = entry.get("usage", {})
@@ -143,6 +148,8 @@ def calibrate_command(
         typer.echo(judge_line(judge_info(name, prog, model, store={entry["key"]: entry})))
         if name == "binary":
             typer.echo(_table5_lines(entry))
+    if failures:
+        raise BooklensError("; ".join(failures))
 
 
 def _table5_lines(entry: dict) -> str:
