@@ -188,12 +188,37 @@ def test_book_mode_fills_the_budget_and_needs_a_book(monkeypatch):
     checker = build_checker(evidence_mode="book", budget_tokens=300)
     result, _ = run_with(lambda call: verdict(), lambda: checker(claims=["x"], index=index))
     ev = result.claims[0].evidence
-    assert ev and sum(index.passages[e.passage].tokens for e in ev) <= 300
+    assert ev and sum(count_tokens(e.text) for e in ev) <= 300
     assert 5 in [e.passage for e in ev] and all(text[e.start:e.end] == e.text for e in ev)
     for mode in ("bm25", "dense", "hybrid", "book"):
         with pytest.raises(BooklensError, match="needs a book"):
             build_checker(evidence_mode=mode).verify_claims(["x"], index=None)
     assert retrieval.BOOK_MODES == ("bm25", "dense", "hybrid", "book")
+
+
+def test_book_mode_with_a_budget_below_the_passage_size_gets_part_of_a_passage():
+    text = story()
+    index = BookIndex.build(text, passage_tokens=256)
+    checker = build_checker(evidence_mode="book", budget_tokens=100)
+    claims = ["Jonah hid a letter from Maren."]
+    result, lm = run_with(lambda call: verdict(), lambda: checker(claims=claims, index=index))
+    (ev,) = result.claims[0].evidence
+    assert 0 < count_tokens(ev.text) <= 100 and text[ev.start:ev.end] == ev.text
+    assert ev.text in lm.backend.calls[0].messages[-1]["content"]
+
+
+def test_bm25_evidence_from_a_book_of_one_passage():
+    """rank-bm25 scores every term of a one-passage book below 0; the passage is still the evidence."""
+    text = ("Maren kept the lighthouse on Carrick Point for twenty years. One winter night the lamp went dark, "
+            "because her brother Jonah had given away the fuel. Jonah hid the letter in the cellar.")
+    index = BookIndex.build(text)
+    assert len(index.passages) == 1
+    checker = build_checker(evidence_mode="bm25", k=5)
+    claims = ["Jonah hid a letter in the cellar.", "Maren kept the lighthouse for twenty years."]
+    result, lm = run_with(lambda call: verdict(), lambda: checker(claims=claims, index=index))
+    for v in result.claims:
+        assert [(e.passage, e.text, e.source) for e in v.evidence] == [(0, text, "bm25")]
+    assert all("[1] Maren kept the lighthouse" in call.messages[-1]["content"] for call in lm.backend.calls)
 
 
 def test_every_evidence_source_a_record_can_name_is_a_mode_that_gives_evidence():

@@ -79,6 +79,30 @@ def test_bm25_finds_the_passage_with_the_rare_words():
     assert index.search("the of and", mode="bm25") == []  # only stopwords: nothing to match
 
 
+TINY_STORY = ("Maren kept the lighthouse on Carrick Point for twenty years. One winter night the lamp went dark, "
+              "because her brother Jonah had given away the fuel. A fishing boat struck the rocks and its skipper "
+              "drowned. Jonah hid the letter that explained everything in the cellar, and Maren found it only "
+              "after his death.")
+
+
+def test_bm25_gives_every_passage_of_a_book_no_larger_than_k():
+    """BM25's IDF cannot score a book of one or two passages above 0 (a term in every passage, or in
+    one of two); such a book still gives evidence: all its passages, by score then book order."""
+    one = BookIndex.build(TINY_STORY)
+    assert len(one.passages) == 1
+    hits = one.search("Jonah hid a letter in the cellar.", mode="bm25", k=5)
+    assert [p.index for p, _ in hits] == [0]
+    assert one.search("the of and", mode="bm25", k=1) == [(one.passages[0], 0.0)]
+
+    two = BookIndex.build(TINY_STORY, passage_tokens=40)
+    assert len(two.passages) == 2 and "cellar" in two.passages[1].text and "cellar" not in two.passages[0].text
+    hits = two.search("Jonah hid a letter in the cellar.", mode="bm25", k=2)
+    assert sorted(p.index for p, _ in hits) == [0, 1]
+    assert hits == sorted(hits, key=lambda h: (-h[1], h[0].index))
+    # asked for fewer passages than the book has: only matching ones, as before
+    assert two.search("Jonah hid a letter in the cellar.", mode="bm25", k=1) == []
+
+
 def test_dense_and_hybrid_with_a_fake_embedder(monkeypatch):
     monkeypatch.setattr(retrieval, "embed", fake_embed)
     text = story_text()
@@ -144,6 +168,35 @@ def test_book_context_grows_windows_around_several_seeds():
     ids = [p.index for p in index.book_context("anything", 400)]
     assert 2 in ids and 20 in ids
     assert all(min(abs(i - 2), abs(i - 20)) <= 3 for i in ids)
+
+
+def test_book_context_cuts_a_passage_larger_than_the_budget():
+    from booklens.text import count_tokens
+
+    text = story_text()
+    index = BookIndex.build(text, passage_tokens=256)
+    seed = index.passages[5]
+    assert seed.tokens > 150
+    index.rank = lambda q, mode, depth: [(seed.index, 1.0)]
+    (piece,) = index.book_context("anything", 100)
+    assert piece.index == seed.index and text[piece.start:piece.end] == piece.text
+    assert seed.text.startswith(piece.text) and piece.start == seed.start
+    assert 90 <= piece.tokens <= 100 and count_tokens(piece.text) == piece.tokens
+
+
+def test_book_context_cuts_a_left_neighbour_at_its_end_and_skips_scraps():
+    text = story_text()
+    index = BookIndex.build(text, passage_tokens=64)
+    seed = index.passages[10]
+    index.rank = lambda q, mode, depth: [(seed.index, 1.0)]
+    ctx = index.book_context("anything", seed.tokens + 40)
+    assert [p.index for p in ctx] == [9, 10] and ctx[1] == seed
+    left = ctx[0]
+    # the part of passage 9 next to the window, not its start
+    assert left.end == index.passages[9].end and index.passages[9].text.endswith(left.text)
+    assert text[left.start:left.end] == left.text and 30 <= left.tokens <= 40
+    # fewer than MIN_PIECE_TOKENS left: no scrap of a passage, only whole ones
+    assert index.book_context("anything", seed.tokens + 10) == [seed]
 
 
 def test_an_empty_book_cannot_be_indexed():

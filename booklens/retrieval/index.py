@@ -45,6 +45,8 @@ EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 # 256-token passage squeezed into one vector blurs the one sentence a claim is about.
 DENSE_WINDOW_TOKENS = 64
 RRF_K = 60
+# `book_context` cuts the passage that does not fit whole only if this many tokens are left.
+MIN_PIECE_TOKENS = 32
 # Bump when passages, tokenization or index files change so old caches are not reused.
 INDEX_VERSION = 1
 
@@ -396,15 +398,22 @@ class BookIndex:
     # -- queries ------------------------------------------------------------------
 
     def rank(self, query: str, mode: str = "bm25", depth: int | None = None) -> list[tuple[int, float]]:
-        """Passage indices with scores, best first, at most `depth` of them (all when None)."""
+        """Passage indices with scores, best first, at most `depth` of them (all when None).
+
+        In bm25 mode only passages that match the query are returned, except that a book of no
+        more passages than the `depth` asked for returns all of them (ordered by score, then book
+        order): every passage fits in what was asked for, and BM25 cannot rank such a book anyway
+        (rank-bm25's IDF is <= 0 for a term in the only passage or in one of two, so a 1- or
+        2-passage book never scores above 0)."""
         if mode not in SEARCH_MODES:
             raise BooklensError(f"unknown search mode '{mode}' (use one of {', '.join(SEARCH_MODES)})")
         n = len(self.passages)
+        every = depth is not None and depth >= n
         depth = n if depth is None else max(0, min(depth, n))
         if depth == 0:
             return []
         if mode == "bm25":
-            return self._rank_bm25(query, depth)
+            return self._rank_bm25(query, depth, every=every)
         if mode == "dense":
             return self._rank_dense(query, depth)
         pool = min(n, max(50, 4 * depth))
@@ -414,13 +423,17 @@ class BookIndex:
                 fused[i] = fused.get(i, 0.0) + 1.0 / (RRF_K + rank)
         return sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:depth]
 
-    def _rank_bm25(self, query: str, depth: int) -> list[tuple[int, float]]:
+    def _rank_bm25(self, query: str, depth: int, every: bool = False) -> list[tuple[int, float]]:
+        """The `depth` best passages that match the query; with `every`, non-matching ones too."""
         terms = bm25_tokens(query)
-        if not terms:
+        if not terms and not every:
             return []
-        scores = np.asarray(self._bm25.get_scores(terms), dtype="float64")
+        if terms:
+            scores = np.asarray(self._bm25.get_scores(terms), dtype="float64")
+        else:
+            scores = np.zeros(len(self.passages), dtype="float64")
         order = np.lexsort((np.arange(len(scores)), -scores))[:depth]
-        return [(int(i), float(scores[i])) for i in order if scores[i] > 0]
+        return [(int(i), float(scores[i])) for i in order if every or scores[i] > 0]
 
     def _rank_dense(self, query: str, depth: int) -> list[tuple[int, float]]:
         """Passages by the best cosine of any of their windows with the query."""
@@ -449,7 +462,9 @@ class BookIndex:
     def book_context(self, query: str, budget_tokens: int, *, seeds: int = 5, mode: str = "hybrid") -> list[Passage]:
         """As much of the book as `budget_tokens` holds, in book order. The whole book when it fits;
         otherwise windows grown one passage at a time, in turn, around the `seeds` best-ranked
-        passages (closest neighbours first, better-ranked seeds first on ties)."""
+        passages (closest neighbours first, better-ranked seeds first on ties). The first passage
+        that does not fit whole is cut to the tokens left (keeping its side next to the window),
+        so a budget smaller than a passage still gets that much of the book."""
         if budget_tokens <= 0:
             return []
         if sum(p.tokens for p in self.passages) <= budget_tokens:
@@ -461,6 +476,7 @@ class BookIndex:
             distance, seed_rank = min((abs(i - s), r) for r, s in enumerate(ranked))
             priority.append((distance, seed_rank, i))
         chosen: list[int] = []
+        cut: dict[int, Passage] = {}
         used = 0
         # A window stops growing on a side at the first passage that does not fit, so windows
         # stay contiguous (a later, smaller passage never leaves a gap).
@@ -474,9 +490,18 @@ class BookIndex:
             if used + tokens <= budget_tokens:
                 chosen.append(i)
                 used += tokens
-            else:
-                blocked.update((seed_rank, s) for s in sides)
-        return [self.passages[i] for i in sorted(chosen)]
+                continue
+            room = budget_tokens - used
+            # A few tokens of a passage tell the judge little; better to keep looking for a smaller
+            # whole passage. But never leave the context empty.
+            if room >= MIN_PIECE_TOKENS or not chosen:
+                piece = cut_passage(self.passages[i], room, keep_end=side < 0)
+                if piece is not None:
+                    cut[i] = piece
+                    chosen.append(i)
+                break  # the budget is spent
+            blocked.update((seed_rank, s) for s in sides)
+        return [cut.get(i, self.passages[i]) for i in sorted(chosen)]
 
     # -- offsets --------------------------------------------------------------------
 
@@ -498,6 +523,28 @@ class BookIndex:
         if self._locator is None:
             self._locator = QuoteLocator(self.text)
         return self._locator.locate(quote)
+
+
+def cut_passage(passage: Passage, tokens: int, *, keep_end: bool = False) -> Passage | None:
+    """The longest start (or, with `keep_end`, end) of `passage` of at most `tokens` tokens, cut at
+    a token boundary and trimmed of whitespace, with its offsets in the book; None when nothing fits."""
+    from booklens.text import count_tokens, encoding
+
+    enc = encoding()
+    text = passage.text
+    ids = enc.encode_ordinary(text)
+    for n in range(min(tokens, len(ids)), 0, -1):
+        # bytes of a character split by the cut are dropped, so the piece is a prefix/suffix of the text
+        piece = enc.decode_bytes(ids[-n:] if keep_end else ids[:n]).decode("utf-8", errors="ignore")
+        stripped = piece.strip()
+        if not stripped:
+            return None
+        # re-encoding the trimmed piece can merge differently: then give up one more token
+        if count_tokens(stripped) <= tokens:
+            start = passage.start + (len(text) - len(piece) if keep_end else 0) + len(piece) - len(piece.lstrip())
+            return Passage(index=passage.index, start=start, end=start + len(stripped),
+                           tokens=count_tokens(stripped), text=stripped)
+    return None
 
 
 def _new_bm25(corpus: list[list[str]]):
