@@ -93,6 +93,19 @@ def test_given_mode_without_quotes(tmp_path, cli):
     assert_one_line_error(proc, out, "claim 1")
 
 
+@pytest.mark.parametrize("quotes", [[], ["   ", ""], ["N/A"]], ids=["empty-list", "blank-quotes", "placeholder"])
+def test_given_mode_with_an_empty_evidence_list(tmp_path, quotes):
+    """A claim whose evidence list holds no quote is refused like one without the list, before any LM call."""
+    claims = write(tmp_path / "claims.json", [{"claim": "Anna sails.", "evidence": ["Anna sailed at dawn."]},
+                                              {"claim": "Ben waits.", "evidence": quotes}])
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=fake_answers) as server:
+        proc = run_here(["verify", "--claims", str(claims), "--evidence", "given", "--lm", "openai/fake-model",
+                         "--api-base", server.url, "-o", str(out)], tmp_path)
+    assert_one_line_error(proc, out, "--evidence given needs an 'evidence' list of quotes with every claim")
+    assert proc.returncode == 2 and "claim 1 of" in proc.stderr and not server.received
+
+
 def test_unknown_evidence_mode(tmp_path, cli):
     claims = write(tmp_path / "claims.json", ["Anna sails."])
     out = tmp_path / "out.json"
@@ -201,6 +214,31 @@ def test_claims_verify_and_check_end_to_end(tmp_path):
     assert [c["claim"] for c in checked["claims"]] == claims["claims"]
     assert checked["summary"].startswith("The keeper") and checked["usage"]["cached_calls"] == 3
     assert list((tmp_path / "cache" / "indexes").iterdir())
+
+
+def test_verify_gives_evidence_from_a_tiny_book_and_a_small_book_budget(tmp_path):
+    """bm25 on a one-passage book and `book` with --budget-tokens below the passage size both give the
+    judge some of the book (neither used to give any)."""
+    from booklens.text import count_tokens, read_book
+
+    tiny = write(tmp_path / "tiny.txt", "Maren kept the lighthouse on Carrick Point for twenty years. Her brother "
+                                        "Jonah hid the letter that explained everything in the cellar.\n")
+    claims = write(tmp_path / "claims.json", ["Jonah hid a letter in the cellar.", "Maren kept the lighthouse."])
+    bm25_out, book_out = tmp_path / "bm25.json", tmp_path / "book.json"
+    with FakeOpenAIServer(responder=fake_answers) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_here(["verify", "--claims", str(claims), "--book", str(tiny), *lm, "-o", str(bm25_out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        proc = run_here(["verify", "--claims", str(claims), "--book", str(STORY), "--evidence", "book",
+                         "--budget-tokens", "100", *lm, "-o", str(book_out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    tiny_text = read_book(tiny)
+    for verdict in json.loads(bm25_out.read_text())["claims"]:
+        assert [e["text"] for e in verdict["evidence"]] == [tiny_text]
+    story = read_book(STORY)
+    for verdict in json.loads(book_out.read_text())["claims"]:
+        (e,) = verdict["evidence"]
+        assert 0 < count_tokens(e["text"]) <= 100 and story[e["start"]:e["end"]] == e["text"]
 
 
 def test_verify_with_a_judge_that_labels_no_claim_writes_its_report_and_fails(tmp_path):

@@ -140,7 +140,11 @@ def verify_command(
     if evidence.value in BOOK_MODES and book is None:
         raise BooklensError(f"--evidence {evidence.value} needs the book: pass --book BOOK")
     if evidence is EvidenceMode.given:
-        missing = [i for i, g in enumerate(given or [None] * len(claim_list)) if g is None]
+        from booklens.programs.faithfulness import clean_evidence
+
+        # An empty list, or one of blank quotes and placeholders ('N/A'), is no evidence either:
+        # the judge would be asked with nothing to read.
+        missing = [i for i, g in enumerate(given or [None] * len(claim_list)) if not clean_evidence(g)]
         if missing:
             raise BooklensError(f"--evidence given needs an 'evidence' list of quotes with every claim "
                                 f"(claim {missing[0]} of {claims} has none)")
