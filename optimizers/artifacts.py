@@ -100,19 +100,63 @@ def read_artifact(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise BooklensError(f"program artifact {path} is corrupted: not valid JSON "
                             f"(line {exc.lineno}: {exc.msg})") from None
-    block = (state.get("metadata") or {}).get("booklens") if isinstance(state, dict) else None
+    metadata = state.get("metadata") if isinstance(state, dict) else None
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _invalid(path, f"its metadata is {_json_type(metadata)}, not an object")
+    block = (metadata or {}).get("booklens") if isinstance(state, dict) else None
     if not isinstance(block, dict) or block.get("kind") != ARTIFACT_KIND:
         raise BooklensError(f"{path} is not a booklens program artifact (no booklens metadata); "
                             "make one with `booklens compile`")
     version = block.get("format_version")
-    if not isinstance(version, int):
+    if not isinstance(version, int) or isinstance(version, bool):
         raise BooklensError(f"program artifact {path} is corrupted: its format version is missing")
     if version > ARTIFACT_FORMAT_VERSION:
         raise BooklensError(f"{path} was written by a newer booklens (artifact format {version}; this version "
                             f"reads up to {ARTIFACT_FORMAT_VERSION}); upgrade booklens or recompile")
     if not isinstance(block.get("task"), str) or not isinstance(block.get("predictors"), list):
         raise BooklensError(f"program artifact {path} is corrupted: its task or predictor list is missing")
+    _check_block(path, block)
     return state
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "a list", str: "a string"}.get(type(value), "a number")
+
+
+def _invalid(path: str | Path, what: str) -> BooklensError:
+    return BooklensError(f"{path} is not a valid booklens artifact: {what}")
+
+
+def _check_block(path: str | Path, block: dict[str, Any]) -> None:
+    """The shape of every metadata key booklens reads, checked once here so that no consumer
+    (load_program, evaluate's notes, calibrate's judge choice) meets a value it cannot use."""
+    predictors = block["predictors"]
+    bad = [name for name in predictors if not isinstance(name, str) or not name]
+    if bad:
+        raise _invalid(path, f"its predictor list holds {json.dumps(bad[0])[:60]}, which is not a predictor name")
+    fields = block.get("fields")
+    if fields is not None:
+        if not isinstance(fields, dict):
+            raise _invalid(path, f"its fields are {_json_type(fields)}, not an object")
+        for name, names in fields.items():
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise _invalid(path, f"the fields of predictor {name} are {_json_type(names)}, not a list of names")
+    for key in ("program_config", "dataset"):
+        value = block.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise _invalid(path, f"its {key} is {_json_type(value)}, not an object")
+    config = block.get("program_config") or {}
+    for key in ("label_set", "method"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise _invalid(path, f"its program_config.{key} is {_json_type(config[key])}, not a string")
+    dataset = block.get("dataset") or {}
+    for key in ("path", "sha256"):
+        if dataset.get(key) is not None and not isinstance(dataset[key], str):
+            raise _invalid(path, f"its dataset.{key} is {_json_type(dataset[key])}, not a string")
 
 
 def artifact_metadata(path: str | Path) -> dict[str, Any]:
@@ -168,8 +212,10 @@ def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Modu
         for name, predictor in trial.named_predictors():
             entry = dict(state[name])
             entry["lm"] = None
-            if not isinstance(entry.get("demos"), list) or not isinstance(entry.get("signature"), dict):
-                raise ValueError(f"{name} has no demos list or signature")
+            demos = entry.get("demos")
+            if not isinstance(demos, list) or not all(isinstance(d, dict) for d in demos) \
+                    or not isinstance(entry.get("signature"), dict):
+                raise ValueError(f"{name} has no list of demo objects or no signature")
             predictor.load_state(entry)
     except BooklensError:
         raise

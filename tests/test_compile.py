@@ -267,12 +267,35 @@ def test_changed_signature_fields_are_detected(artifact):
      "newer booklens"),
     (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "classify"}), "no state for classify"),
     (lambda text: text.replace('"demos": [', '"demos": 7, "x": ['), "corrupted"),
+    (lambda text: text.replace('"demos": [', '"demos": ["not a demo", ', 1), "no list of demo objects"),
 ])
 def test_damaged_artifacts_give_one_line_errors(artifact, damage, needle):
     artifact.write_text(damage(artifact.read_text()))
     with pytest.raises(BooklensError) as exc:
         load_program(MoodProgram(), artifact, task=TOY.name)
     assert_one_line(exc, needle)
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    (None, [1], "its metadata is a list, not an object"),
+    ("program_config", "binary", "its program_config is a string, not an object"),
+    ("program_config", ["x"], "its program_config is a list, not an object"),
+    ("predictors", [1, "classify"], "its predictor list holds 1, which is not a predictor name"),
+    ("fields", {"classify": 5}, "the fields of predictor classify are a number, not a list of names"),
+    ("dataset", "FABLES", "its dataset is a string, not an object"),
+])
+def test_malformed_metadata_is_refused_where_the_artifact_is_read(artifact, key, value, needle):
+    state = json.loads(artifact.read_text())
+    if key is None:
+        state["metadata"] = value
+    else:
+        state["metadata"]["booklens"][key] = value
+    artifact.write_text(json.dumps(state))
+    # every consumer reads through the same check: the metadata alone, and loading into a program
+    for read in (artifact_metadata, lambda path: load_program(MoodProgram(), path, task=TOY.name)):
+        with pytest.raises(BooklensError) as exc:
+            read(artifact)
+        assert_one_line(exc, f"{artifact} is not a valid booklens artifact: {needle}")
 
 
 def test_pickles_and_missing_files_are_refused(tmp_path):

@@ -130,6 +130,37 @@ def test_wrong_task_and_corrupted_artifacts_are_one_line_errors(tmp_path):
     assert_one_line_error(proc, "corrupted", "not valid JSON")
 
 
+def test_malformed_artifact_metadata_is_one_line_error_in_every_command(tmp_path):
+    """A list where an object belongs used to end in an internal error; no LM is reached (closed port)."""
+    data = tiny_fables(tmp_path / "fables.json")
+    lm = ["--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"]
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Ada visits the harbor. She meets the keeper.")
+    verify_artifact = make_artifact(tmp_path, "verification", "verify.json")
+    coherence_artifact = make_artifact(tmp_path, "coherence", "coherence.json")
+    for path, edit, needle in [
+        (verify_artifact, lambda s: s.update(metadata=[1]), "its metadata is a list, not an object"),
+        (verify_artifact, lambda s: s["metadata"]["booklens"].update(program_config="binary"),
+         "its program_config is a string, not an object"),
+        (verify_artifact, lambda s: s["metadata"]["booklens"].update(dataset="FABLES"),
+         "its dataset is a string, not an object"),
+        (coherence_artifact, lambda s: s.update(metadata=[1]), "its metadata is a list, not an object"),
+    ]:
+        state = json.loads(path.read_text())
+        edit(state)
+        broken = tmp_path / f"broken-{path.name}"
+        broken.write_text(json.dumps(state))
+        if path is verify_artifact:
+            commands = [["evaluate", "verification", "--data", data, "--no-zero-shot"],
+                        ["calibrate", "--fables-data", data, "-o", tmp_path / "cal.json"]]
+        else:
+            commands = [["score", summary]]
+        for args in commands:
+            proc = run_cli([*args, "--program", broken, *lm], tmp_path)
+            assert proc.returncode == 2, proc.stderr
+            assert_one_line_error(proc, f"{broken} is not a valid booklens artifact: {needle}")
+
+
 @pytest.mark.parametrize("command", ["score", "claims", "verify", "check"])
 def test_run_commands_accept_a_compiled_program(command, tmp_path):
     """Every run command takes --program; a wrong-task artifact stops it before any model call
