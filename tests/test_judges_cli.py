@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-from booklens.testing import FakeOpenAIServer
+from booklens.testing import FakeOpenAIServer, run_command
 
 REPO = Path(__file__).resolve().parents[1]
 SUMMARY = "Mara keeps the lighthouse on Gull Rock. One winter night Zed appears at the door."
@@ -123,9 +121,8 @@ def test_calibrate_stores_nothing_for_a_judge_that_never_answered(tmp_path, shar
 
     cache = tmp_path / "cache"
     with FakeOpenAIServer(responder=no_verdicts) as server:
-        proc = subprocess.run([sys.executable, "-m", "booklens", "calibrate", "--books", "1", "--coherence-data",
-                               str(human), "--fables-data", str(small), "--lm", "openai/fake", "--api-base",
-                               server.url, "--cache-dir", str(cache)], capture_output=True, text=True, timeout=600)
+        proc = run_command(["calibrate", "--books", "1", "--coherence-data", human, "--fables-data", small,
+                            "--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache])
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert "Traceback" not in proc.stderr and sum(line.startswith("error: ") for line in lines) == 1
