@@ -14,10 +14,11 @@ with one-line `BooklensError`s naming the file and the item.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from booklens.errors import BooklensError, validation_problem
 from booklens.records import read_json_file
@@ -50,13 +51,20 @@ class NovelQAQuestion(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
     qid: str = Field(alias="QID")
-    question: str = Field(alias="Question", min_length=1)
+    question: str = Field(alias="Question")
     options: Optional[dict[str, str]] = Field(default=None, alias="Options")
     answer: Optional[str] = Field(default=None, alias="Answer")
     gold: Optional[str] = Field(default=None, alias="Gold")
     evidences: list[str] = Field(default_factory=list, alias="Evidences")
     aspect: Aspect = Field(alias="Aspect")
     complexity: Complexity = Field(alias="Complexity")
+
+    @field_validator("question")
+    @classmethod
+    def _question_text(cls, value: str) -> str:
+        if not value.strip():  # a blank question would still be asked, and its answer scored
+            raise ValueError("must not be blank")
+        return value
 
     @field_validator("qid", mode="before")
     @classmethod
@@ -71,18 +79,25 @@ class NovelQAQuestion(BaseModel):
         if isinstance(value, list):
             if not all(isinstance(v, str) for v in value):
                 raise ValueError("options must be strings")
-            return {chr(ord("A") + i): v for i, v in enumerate(value)}
-        if isinstance(value, dict):
-            out = {}
+            out = {chr(ord("A") + i): v for i, v in enumerate(value)}
+        elif isinstance(value, dict):
+            out, keys = {}, {}
             for key, text in value.items():
                 letter = str(key).strip().upper()
                 if len(letter) != 1 or not letter.isalpha():
                     raise ValueError(f"option keys must be letters such as A-D, got {key!r}")
+                if letter in keys:  # keeping one of the two would drop an option unseen
+                    raise ValueError(f"option keys {keys[letter]!r} and {key!r} are the same letter {letter}")
                 if not isinstance(text, str):
                     raise ValueError(f"option {key} must be text")
+                keys[letter] = key
                 out[letter] = text
-            return dict(sorted(out.items()))
-        raise ValueError("Options must be an object {A: ..., B: ...} or a list")
+            out = dict(sorted(out.items()))
+        else:
+            raise ValueError("Options must be an object {A: ..., B: ...} or a list")
+        if not any(text.strip() for text in out.values()):
+            raise ValueError("every option is blank")
+        return out
 
     @field_validator("evidences", mode="before")
     @classmethod
@@ -111,18 +126,26 @@ class NovelQAQuestion(BaseModel):
 
     @field_validator("gold", mode="before")
     @classmethod
-    def _gold(cls, value: Any) -> Any:
+    def _gold(cls, value: Any, info: ValidationInfo) -> Any:
         if value is None or value == "":
             return None
+        # bool is an int to Python, but `true` in a file is no option index
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(f"{json.dumps(value)[:60]} is not an option letter such as B or an index from 0")
         if isinstance(value, int):  # some releases index the options 0-3
-            return chr(ord("A") + value)
-        return str(value).strip().upper()
-
-    @model_validator(mode="after")
-    def _gold_is_an_option(self) -> "NovelQAQuestion":
-        if self.gold is not None and self.options is not None and self.gold not in self.options:
-            raise ValueError(f"Gold {self.gold!r} is not one of the options {', '.join(self.options)}")
-        return self
+            gold = chr(ord("A") + value) if 0 <= value < 26 else None
+        else:
+            gold = value.strip().upper()
+        options = info.data.get("options")  # validated before Gold (declared first); None without Options
+        # the messages quote the file's value, not the letter it was read as
+        if isinstance(value, int) and (gold is None or options is not None and gold not in options):
+            indices = [ord(k) - ord("A") for k in options] if options is not None else list(range(26))
+            valid = (f"0 to {indices[-1]}" if indices == list(range(len(indices)))
+                     else ", ".join(map(str, indices)))
+            raise ValueError(f"{value} is not the index of an option ({valid})")
+        if options is not None and gold not in options:
+            raise ValueError(f"{value!r} is not one of the options {', '.join(options)}")
+        return gold
 
     def options_text(self) -> str:
         """The options as lines 'A. text'."""

@@ -83,6 +83,15 @@ def test_team_question_files_load_and_cover_the_types():
     ([{**QUESTION, "Complexity": "hard"}], "Complexity must be one of"),
     ([{**QUESTION, "Gold": "E"}], "not one of the options"),
     ([QUESTION, QUESTION], "duplicate QID"),
+    ([{**QUESTION, "Question": "   "}], "Question: must not be blank"),
+    ([{**QUESTION, "Gold": True}], "Gold: true is not an option letter"),  # not read as index 1 (B)
+    ([{**QUESTION, "Options": {"a": "x", "A": "y", "B": "z"}}], "option keys 'a' and 'A' are the same letter A"),
+    ([{**QUESTION, "Options": {"A": "", "B": " ", "C": "", "D": ""}}], "Options: every option is blank"),
+    ([{**QUESTION, "Options": ["", " "], "Gold": 0}], "Options: every option is blank"),
+    # the value as written in the file, not the letter it would map to ('H', '@')
+    ([{**QUESTION, "Gold": 7}], "Gold: 7 is not the index of an option (0 to 3)"),
+    ([{**QUESTION, "Gold": -1}], "Gold: -1 is not the index of an option (0 to 3)"),
+    ([{**QUESTION, "Gold": " e "}], "Gold: ' e ' is not one of the options A, B, C, D"),
 ])
 def test_wrong_shapes_are_one_line_errors(payload, message):
     with pytest.raises(BooklensError) as err:
