@@ -336,3 +336,15 @@ def test_an_output_name_the_file_system_refuses_is_a_one_line_error(tmp_path):
     proc = run_command(["score", write(tmp_path / "s.txt", SUMMARY), "-o", out])
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: cannot write {out}"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_rerun_counts_the_calls_the_cache_answered_among_its_calls(tmp_path):
+    from booklens.testing import FakeOpenAIServer
+
+    summary = write(tmp_path / "s.txt", SUMMARY)
+    with FakeOpenAIServer(responder=fake_coherence_answer) as server:
+        args = ["score", summary, "--lm", "openai/fake", "--api-base", server.url, "--cache-dir", tmp_path / "cache"]
+        first, second = run_command(args), run_command(args)
+    assert "3 LM calls (0 from cache)" in first.stderr, first.stderr
+    # Every command says it the same way: N counts every call, those the cache answered included.
+    assert "3 LM calls (3 from cache), 0 prompt + 0 completion tokens" in second.stderr, second.stderr

@@ -141,9 +141,9 @@ def score(
     record = score_coherence(texts, as_set=is_map, batch_size=batch_size, concurrency=concurrency, tries=tries,
                              book_texts=book_texts, scorer=scorer)
     write_output(output, record)
-    usage = record.usage
-    typer.echo(f"{_report_line(record)}; {usage['calls']} LM calls ({usage['cached_calls']} from cache), "
-               f"{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens", err=True)
+    from booklens.lm.usage import describe_calls
+
+    typer.echo(f"{_report_line(record)}; {describe_calls(record.usage)}", err=True)
     echo_judge(record.judge)
     reason = judged_nothing(record)  # written above for a look at the errors, but not a score
     if reason:

@@ -61,13 +61,14 @@ def _programs(paths: Optional[list[Path]], command: str, tasks: tuple[str, ...],
 def _report_line(report) -> None:
     """The command's summary line, then a one-line error (exit 2, the record already written) when the
     judge verified no claim at all: such a report is not a score."""
+    from booklens.lm.usage import describe_calls
     from booklens.steps import judged_nothing
 
     p = report.label_percentages
     shares = ", ".join(f"{p.get(label, 0.0):.1f}% {label}" for label in CLAIM_LABELS)
     unverified = f" ({report.failures} not verified, left out of the shares)" if report.failures else ""
-    typer.echo(f"{len(report.claims)} claims: {shares}{unverified}; {report.usage.get('calls', 0)} LM calls "
-               f"({report.usage.get('cached_calls', 0)} from cache)", err=True)
+    typer.echo(f"{len(report.claims)} claims: {shares}{unverified}; {describe_calls(report.usage, tokens=False)}",
+               err=True)
     echo_judge(report.judge)
     reason = judged_nothing(report)
     if reason:

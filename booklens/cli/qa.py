@@ -77,9 +77,9 @@ def _fmt(x: Optional[float], digits: int = 2) -> str:
 
 
 def _usage_line(result: dict[str, Any]) -> str:
-    u = result["usage"]
-    return (f"{u['calls']} LM calls ({u['cached_calls']} from cache), {u['prompt_tokens']} prompt + "
-            f"{u['completion_tokens']} completion tokens, {result['seconds']:.1f} s")
+    from booklens.lm.usage import describe_calls
+
+    return f"{describe_calls(result['usage'])}, {result['seconds']:.1f} s"
 
 
 def _rating_line(name: str, score: Optional[float], judgments: list, scale: str) -> str:

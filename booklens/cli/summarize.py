@@ -97,7 +97,6 @@ def summarize(
                             merge_context=merge_context.value, words_per_token=words_per_token)
     write_output(output, record)
     if output is not None:
-        u = record.usage
-        typer.echo(f"{len(record.summary.split())} words; {u['calls']} LM calls "
-                   f"({u['cached_calls']} from cache), {u['prompt_tokens']} prompt + "
-                   f"{u['completion_tokens']} completion tokens", err=True)
+        from booklens.lm.usage import describe_calls
+
+        typer.echo(f"{len(record.summary.split())} words; {describe_calls(record.usage)}", err=True)

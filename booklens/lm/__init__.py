@@ -15,7 +15,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "usage": ("usage_step", "current_step", "usage_scope", "StepUsage", "UsageTracker", "usage_delta",
+    "usage": ("usage_step", "current_step", "usage_scope", "StepUsage", "UsageTracker", "usage_delta", "describe_calls",
               "work_between"),
     "cache": ("CallCache", "default_cache_dir"),
     "base": ("Completion", "DEFAULT_MAX_TOKENS", "ContextWindowExceeded"),

@@ -141,6 +141,17 @@ def usage_delta(before: dict, after: dict) -> dict[str, Any]:
     return delta
 
 
+def describe_calls(usage: dict[str, Any], *, tokens: bool = True) -> str:
+    """The commands' line on the LM work of a `snapshot()` or `usage_delta()`: 'N LM calls (M from
+    cache)', where N counts every call, those the cache answered included (as `work()` and the
+    run records count them), then the tokens of the calls made now."""
+    fresh, cached = int(usage.get("calls", 0) or 0), int(usage.get("cached_calls", 0) or 0)
+    line = f"{fresh + cached} LM calls ({cached} from cache)"
+    if tokens:
+        line += f", {usage.get('prompt_tokens', 0)} prompt + {usage.get('completion_tokens', 0)} completion tokens"
+    return line
+
+
 def work_between(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """LM work between two usage snapshots, counting calls answered from the cache with the tokens
     and cost they had when first made: the same figures whether or not a run was resumed."""
