@@ -22,7 +22,7 @@ The server's answers come in two kinds:
 
 booklens runs through its CLI (a fresh process with a fresh cache, start-up included: what a
 user waits for; `--keep-artifacts`, since booookscore's summarizer makes no artifact-removal pass
-either) and in-process with each merge context, pipelined and level by level (after one warm-up
+either; once as `openai/` and once as `hosted_vllm/`, the two LiteLLM routes to such a server) and in-process with each merge context, pipelined and level by level (after one warm-up
 call, so that no row pays LiteLLM's first-call import of the OpenAI client).
 
     python benchmarks/bench_vs_booookscore.py [--latency 1.0] [--concurrency 8] [--answers short,budget]
@@ -101,7 +101,8 @@ def run_booookscore(text: str, latency: float, answers: str, work: Path) -> tupl
         return time.perf_counter() - t0, len(server.served)
 
 
-def run_booklens_cli(latency: float, answers: str, concurrency: int, work: Path) -> tuple[float, int, float, float]:
+def run_booklens_cli(latency: float, answers: str, concurrency: int, work: Path,
+                     model: str = "openai/fake-model") -> tuple[float, int, float, float]:
     """(seconds, calls, seconds until the first call reached the server, seconds from the last
     answer to the end of the process)."""
     arrivals: list[float] = []
@@ -115,7 +116,7 @@ def run_booklens_cli(latency: float, answers: str, concurrency: int, work: Path)
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "booklens", "summarize", str(BOOK), "--method", "hier",
                         "--chunk-size", "2048", "--context-window", "8192", "--concurrency", str(concurrency),
-                        "--lm", "openai/fake-model", "--api-base", server.url, "--cache-dir", str(work / "cache"),
+                        "--lm", model, "--api-base", server.url, "--cache-dir", str(work / "cache"),
                         "--keep-artifacts", "-o", str(work / "summary.json")], check=True, capture_output=True)
         seconds = time.perf_counter() - t0
         return seconds, len(server.served), min(arrivals), seconds - max(arrivals) - latency
@@ -173,13 +174,17 @@ def main() -> None:
             base_seconds, base_calls = run_booookscore(text, args.latency, answers, Path(tmp))
         print(f"{'booookscore 0.1.3 summ.py (sequential)':<52} {base_calls:>5} {'':>9} {base_seconds:>8.1f} "
               f"{1.0:>7.1f}x")
-        with tempfile.TemporaryDirectory() as tmp:
-            seconds, calls, first_call, after_last = run_booklens_cli(args.latency, answers, args.concurrency,
-                                                                      Path(tmp))
-        print(f"{f'booklens summarize CLI, --concurrency {args.concurrency}':<52} {calls:>5} {'':>9} "
-              f"{seconds:>8.1f} {base_seconds / seconds:>7.1f}x")
-        print(f"{'  of which until the first call reaches the server':<52} {'':>5} {'':>9} {first_call:>8.1f}")
-        print(f"{'  of which after the last answer':<52} {'':>5} {'':>9} {after_last:>8.1f}")
+        # The same server as `openai/` (LiteLLM's OpenAI SDK route, the usual one for llama.cpp) and as
+        # `hosted_vllm/` (LiteLLM's own HTTP client, no OpenAI SDK to load before the first call).
+        for model in ("openai/fake-model", "hosted_vllm/fake-model"):
+            with tempfile.TemporaryDirectory() as tmp:
+                seconds, calls, first_call, after_last = run_booklens_cli(args.latency, answers, args.concurrency,
+                                                                          Path(tmp), model)
+            route = model.split("/")[0]
+            print(f"{f'booklens summarize CLI, {route}/, --concurrency {args.concurrency}':<52} {calls:>5} {'':>9} "
+                  f"{seconds:>8.1f} {base_seconds / seconds:>7.1f}x")
+            print(f"{'  of which until the first call reaches the server':<52} {'':>5} {'':>9} {first_call:>8.1f}")
+            print(f"{'  of which after the last answer':<52} {'':>5} {'':>9} {after_last:>8.1f}")
         warm_up_library()
         for context in ("same-level", "lower-level"):
             for pipelined in (True, False):
