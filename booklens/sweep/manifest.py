@@ -23,8 +23,8 @@ from __future__ import annotations
 import difflib
 import functools
 import glob
-import os
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
