@@ -32,9 +32,11 @@ DEFAULT_GENERATION_SLACK = 1.5
 DEFAULT_GENERATION_ALLOWANCE = 64
 # The smallest summarizer settings any command, manifest or program takes: below them a chunk
 # holds barely a sentence, a window not even the prompt, a summary a phrase. A budget is in
-# cl100k_base tokens; the same floor holds for G_n and every given level budget G_l.
+# cl100k_base tokens; the same floor holds for G_n and every given level budget G_l. The window
+# is the least in which both methods run at the least chunk and budget (their prompts, the
+# compression of an incremental update first, take about 400 tokens).
 MIN_CHUNK_SIZE = 64
-MIN_CONTEXT_WINDOW = 256
+MIN_CONTEXT_WINDOW = 512
 MIN_SUMMARY_TOKENS = 16
 # The range of words a prompt may ask for per token of budget.
 MIN_WORDS_PER_TOKEN = 0.1

@@ -416,9 +416,9 @@ def test_settings_no_rerun_can_fix_are_an_error_before_anything_is_written(serve
     run directory whose failed summary step advises a rerun."""
     out = tmp_path / "run"
     args = run_args(server, out, tmp_path / "cache")
-    args[args.index("--context-window") + 1] = "300"
+    args[args.index("--context-window") + 1] = "600"
     proc = cli(args)
-    assert_one_line_error(proc, "does not fit the 300-token context window")
+    assert_one_line_error(proc, "does not fit the 600-token context window")
     assert proc.returncode == 2 and not out.exists()
 
 

@@ -98,3 +98,15 @@ def test_level_budgets_are_refused_for_incremental_updating(tmp_path):
     assert not (tmp_path / "out.json").exists()
     with pytest.raises(BooklensError, match="--level-budget is for --method hier"):
         run(method="inc")
+
+
+@pytest.mark.parametrize("method", ["hier", "inc"])
+def test_both_methods_run_at_the_least_settings_the_commands_take(method):
+    """The bounds are settings that work, not only settings that parse."""
+    from booklens import vocabulary as v
+
+    lm = ScriptedLM(respond)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        record = summarize_book(STORY, method=method, chunk_size=v.MIN_CHUNK_SIZE, context_window=v.MIN_CONTEXT_WINDOW,
+                                max_summary_tokens=v.MIN_SUMMARY_TOKENS, remove_artifacts=False, concurrency=2)
+    assert record.summary.strip() and record.config.context_window == v.MIN_CONTEXT_WINDOW

@@ -205,7 +205,7 @@ def test_an_answer_without_words_is_regenerated():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"context_window": 0}, "--context-window must be at least 256 tokens (got 0)"),
+    ({"context_window": 0}, "--context-window must be at least 512 tokens (got 0)"),
     ({"level_budgets": [0]}, "--level-budget must be at least 16 tokens (got 0)"),
     ({"level_budgets": [300, -100]}, "--level-budget must be at least 16 tokens (got -100)"),
     ({"chunk_size": 16}, "--chunk-size must be at least 64 tokens (got 16)"),
