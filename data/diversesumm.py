@@ -59,6 +59,13 @@ class Answer(BaseModel):
     def _aid_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, int) else value
 
+    @field_validator("answer")
+    @classmethod
+    def _answer_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("an answer is empty")
+        return value
+
 
 class QuestionAnswers(BaseModel):
     """A reference question and its clusters of equivalent answers from different articles."""
@@ -67,6 +74,22 @@ class QuestionAnswers(BaseModel):
 
     question: str = Field(min_length=1)
     answer_groups: list[list[Answer]] = Field(default_factory=list)
+
+    # A judge asked whether a summary covers a blank question, or answers there are none of,
+    # would be scored on nothing.
+    @field_validator("question")
+    @classmethod
+    def _question_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("a question is blank")
+        return value
+
+    @field_validator("answer_groups")
+    @classmethod
+    def _some_answers(cls, value: list[list[Answer]]) -> list[list[Answer]]:
+        if not value or any(not group for group in value):
+            raise ValueError("a question needs answer groups, each with at least one answer")
+        return value
 
     def as_text(self) -> str:
         """The question and one line per answer cluster, as shown to a judge."""

@@ -83,6 +83,12 @@ def test_fixture_event_loads(event):
     ([{"eid": "x"}], "missing field 'articles'"),
     ([{**small_event(), "question_answers": [{"question": "q", "answer_groups": [[{"aid": "zz", "answer": "a"}]]}]}],
      "unknown article"),
+    ([{**small_event(), "question_answers": [{"question": "  ", "answer_groups": [[{"aid": "a0", "answer": "a"}]]}]}],
+     "a question is blank"),
+    ([{**small_event(), "question_answers": [{"question": "q", "answer_groups": [[{"aid": "a0", "answer": " "}]]}]}],
+     "an answer is empty"),
+    ([{**small_event(), "question_answers": [{"question": "q", "answer_groups": []}]}], "needs answer groups"),
+    ([{**small_event(), "question_answers": [{"question": "q", "answer_groups": [[]]}]}], "needs answer groups"),
 ])
 def test_bad_events(payload, needle):
     with pytest.raises(BooklensError) as err:
