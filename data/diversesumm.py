@@ -188,6 +188,10 @@ def parse_summaries(payload: Any, source: str = "summaries") -> dict[str, str]:
             out[str(eid)] = summary
     elif isinstance(payload, list):
         for i, item in enumerate(payload):
+            if isinstance(item, dict) and "eid" in item and item.get("summary") is None and item.get("error"):
+                # A `booklens diverse` result whose summary failed: say so, not that the shape is wrong.
+                raise BooklensError(f"{source}: event {item['eid']!r} has no summary (it failed: "
+                                    f"{str(item['error']).strip().splitlines()[0][:200]})")
             if not isinstance(item, dict) or "eid" not in item or not isinstance(item.get("summary"), str):
                 raise BooklensError(f"{source}: item {i + 1} is not an object with 'eid' and 'summary' text")
             out[str(item["eid"])] = item["summary"]

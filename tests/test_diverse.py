@@ -96,6 +96,12 @@ def test_bad_events(payload, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_diverse_result_with_a_failed_summary_says_which_event_failed():
+    with pytest.raises(BooklensError, match="event 'e1' has no summary \\(it failed: the judge timed out\\)"):
+        parse_summaries({"kind": "booklens.diverse", "events": [{"eid": "e1", "summary": None,
+                                                                 "error": "the judge timed out"}]})
+
+
 def test_summaries_formats():
     assert parse_summaries({"e1": "s"}) == {"e1": "s"}
     assert parse_summaries([{"eid": "e1", "summary": "s"}]) == {"e1": "s"}
