@@ -558,6 +558,9 @@ def build_defaults(human_dir: str | Path, fables_path: str | Path, output: str |
     from booklens.optimizers.artifacts import save_program
 
     output = Path(output)
+    if output.exists() and not output.is_dir():  # checked first: building reads every annotation
+        raise BooklensError(f"{output} is a file: the default judges are written to a folder "
+                            f"({', '.join(DEFAULT_FILES.values())})")
     built = {
         "coherence": build_coherence_default(human_dir, seed=seed),
         "verification": build_verification_default(fables_path, seed=seed),

@@ -429,3 +429,14 @@ def test_a_summary_too_long_for_the_window_is_judged_with_fewer_demos():
     result, lm = run_with(clean, lambda: scorer(summary="Anna walks.", sentences=["Anna walks."]))
     assert len(lm.backend.calls[0].messages) == 1 + 2 * len(scorer.detect.demos) + 1
     assert result.demos_shown == len(scorer.detect.demos) and result.demos_dropped == 0
+
+
+def test_building_the_default_judges_into_a_file_is_a_one_line_error(tmp_path):
+    from booklens.errors import BooklensError
+    from booklens.judges import build_defaults
+
+    target = tmp_path / "book.txt"
+    target.write_text("mine", encoding="utf-8")
+    with pytest.raises(BooklensError, match="book.txt is a file: the default judges are written to a folder"):
+        build_defaults(tmp_path / "no-annotations", tmp_path / "no-fables.json", target)
+    assert target.read_text(encoding="utf-8") == "mine"
