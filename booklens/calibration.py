@@ -40,10 +40,10 @@ class JudgedNothing(BooklensError):
 
 
 def _judged_nothing(judge: str, items: int, what: str, errors: list[str]) -> JudgedNothing:
-    from booklens.steps import _first_error  # the same "(first: ...)" quote as score and verify
+    from booklens.steps import quote_first_error  # the same "(first: ...)" as score and verify
 
     return JudgedNothing(f"{judge} calibration: the judge gave no valid verdict on any of the "
-                         f"{_plural(items, what)}{_first_error(errors)}; nothing stored")
+                         f"{_plural(items, what)}{quote_first_error(errors)}; nothing stored")
 
 
 def _plural(n: int, word: str) -> str:

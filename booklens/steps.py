@@ -296,13 +296,13 @@ def judged_nothing(record: Any) -> Optional[str]:
     if isinstance(record, FaithfulnessReport):
         if record.claims and record.failures == len(record.claims):
             errors = [c.error for c in record.claims if c.error]
-            return f"the judge verified none of the {len(record.claims)} claims" + _first_error(errors)
+            return f"the judge verified none of the {len(record.claims)} claims" + quote_first_error(errors)
         return None
     if isinstance(record, (CoherenceResult, CoherenceSet)):
         if record.n_sentences and record.n_failed == record.n_sentences:
             results = record.results.values() if isinstance(record, CoherenceSet) else [record]
             errors = [s.error for r in results for s in r.sentences if s.error]
-            return f"the judge gave no valid verdict on any of the {record.n_sentences} sentences" + _first_error(errors)
+            return f"the judge gave no valid verdict on any of the {record.n_sentences} sentences" + quote_first_error(errors)
     return None
 
 
@@ -314,6 +314,6 @@ def require_verdicts(record: Any) -> Any:
     return record
 
 
-def _first_error(errors: Sequence[str]) -> str:
+def quote_first_error(errors: Sequence[str]) -> str:
     line = next((e.strip().splitlines()[0] for e in errors if e.strip()), "")
     return f" (first: {line[:200]})" if line else ""
