@@ -38,9 +38,15 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
     summary = tmp_path / "summary.txt"
     summary.write_text(" ".join(f"Maren lit lamp number {i} at dusk." for i in range(12)), encoding="utf-8")
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
-    # Each call is answered 3 s after it arrives (the signal lands while the first two are in
-    # flight), with an answer that does not parse, which the command would otherwise ask again.
-    with FakeOpenAIServer(responder=lambda body: Reply(content="It reads fine.", hold=3)) as server:
+    # Each call ends 3 s after it arrives (the signal lands while the first two are in flight):
+    # the first with a dropped connection, which the backend would otherwise retry, the others
+    # with an answer that does not parse, which the command would otherwise ask again.
+    replies = iter([Reply(hold=3, drop=True)])
+
+    def respond(body):
+        return next(replies, Reply(content="It reads fine.", hold=3))
+
+    with FakeOpenAIServer(responder=respond) as server:
         proc = subprocess.Popen(terminal_command(["score", summary, "--zero-shot", "--batch-size", "1",
                                                    "--concurrency", "2", "--lm", "openai/fake",
                                                    "--api-base", server.url]),
@@ -58,6 +64,6 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
         received = len(server.received)
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
-    # The two calls in flight end; none of the ten queued sentences is asked, and neither answer
-    # is asked again.
+    # The two calls in flight end; none of the ten queued sentences is asked, the dropped call is
+    # not retried and the unusable answer is not asked again.
     assert received == 2

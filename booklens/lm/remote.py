@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from booklens.errors import LMError, first_line
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
+from booklens.parallel import raise_if_stopped
 
 log = logging.getLogger("booklens.lm")
 
@@ -250,6 +251,7 @@ class LiteLLMBackend:
                 response = litellm.completion(**kwargs)
             except Exception as exc:
                 failures = self._after_failure(exc, kwargs, dialect, failures)
+                raise_if_stopped()  # after Ctrl-C, a call that failed in flight is not sent again
                 continue
             with _learned_lock:
                 self._learned["answered"] = True
