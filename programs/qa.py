@@ -167,6 +167,7 @@ class BookQA(dspy.Module):
     def select_context(self, book: str, question: str, options: Optional[str] = None,
                        gold_evidence: Optional[Sequence[str]] = None) -> dict[str, Any]:
         """What the model reads: {mode, text, passages [(index, start, end)], tokens}."""
+        from booklens.retrieval.index import cut_passage
         from booklens.text import count_tokens, truncate_to_tokens
 
         if self.evidence == "none":
@@ -189,6 +190,10 @@ class BookQA(dspy.Module):
             passages = [p for p, _ in hits]
             while passages and sum(p.tokens for p in passages) > budget:
                 passages.pop()  # drop the lowest-ranked passage until they fit
+            if not passages and hits:
+                # the best passage alone is larger than the budget: read as much of it as fits
+                piece = cut_passage(hits[0][0], budget)
+                passages = [piece] if piece is not None else []
         text = join_passages(passages)
         return {"mode": "retrieval", "text": text, "passages": [(p.index, p.start, p.end) for p in passages],
                 "tokens": sum(p.tokens for p in passages)}

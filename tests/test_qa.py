@@ -147,6 +147,21 @@ def test_whole_book_when_it_fits_retrieval_when_it_does_not():
     assert "Marigold" in seen[-1]
 
 
+def test_a_retrieved_passage_larger_than_the_budget_is_cut_to_fit_not_dropped():
+    from booklens.text import count_tokens
+
+    book = make_book(400)
+    seen = []
+    scripted(lambda call: seen.append(call.inputs["context"]) or {"answer": "B"}, window=1024)
+    program = BookQA("mc", "bm25", k=2, passage_tokens=4096)
+    budget = program.context_budget(QUESTION["Question"], "A. x\nB. y")
+    record = answer_questions(program, book, parse_questions([QUESTION]))[0]
+    assert record.context_mode == "retrieval" and len(record.passages) == 1
+    assert 0 < count_tokens(seen[-1]) <= budget
+    piece = record.passages[0]
+    assert book[piece["start"]:piece["end"]] == seen[-1]  # the offsets name the piece that was read
+
+
 def test_context_budget_respects_the_window():
     from booklens.text import count_tokens
 
