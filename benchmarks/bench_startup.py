@@ -1,5 +1,6 @@
 """Start-up of the command line: `booklens --help` and a one-line argument error, against a bare
-typer app with as many commands and options (the floor any typer CLI pays), in one run.
+typer app with as many commands and options and the same plain help layout (the floor any typer
+CLI pays), in one run.
 
     python benchmarks/bench_startup.py [--repeat 15]
 
@@ -46,13 +47,14 @@ def command_shape() -> list[tuple[str, int]]:
 
 
 def bare_app_source(shape: list[tuple[str, int]]) -> str:
-    lines = ["import typer", "app = typer.Typer(add_completion=False, no_args_is_help=True)", "groups = {}"]
+    settings = "no_args_is_help=True, rich_markup_mode=None"  # as booklens.cli.common.command_group
+    lines = ["import typer", f"app = typer.Typer(add_completion=False, {settings})", "groups = {}"]
     for i, (path, params) in enumerate(shape):
         parts = path.split()
         target = "app"
         for depth in range(len(parts) - 1):
             key = " ".join(parts[: depth + 1])
-            lines.append(f"if {key!r} not in groups:\n    groups[{key!r}] = typer.Typer(no_args_is_help=True)\n"
+            lines.append(f"if {key!r} not in groups:\n    groups[{key!r}] = typer.Typer({settings})\n"
                          f"    {target}.add_typer(groups[{key!r}], name={parts[depth]!r})")
             target = f"groups[{key!r}]"
         options = ", ".join(f"o{j}: str = typer.Option('x', help='option {j}')" for j in range(params))

@@ -157,3 +157,30 @@ def test_scoring_human_annotations_loads_no_lm_layer(tmp_path, shared_dir):
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         assert result["exit"] == 0, proc.stderr
         assert not {"dspy", "litellm"} & set(result["heavy"]), (args[0], result["heavy"])
+
+
+def test_every_command_help_fits_an_80_column_terminal_with_its_option_names_whole():
+    import typer.main
+    from typer.testing import CliRunner
+
+    from booklens.cli import app
+
+    def commands(group, path):
+        for name, sub in group.commands.items():
+            if getattr(sub, "commands", None):
+                yield from commands(sub, [*path, name])
+            else:
+                yield [*path, name], sub
+
+    runner = CliRunner()
+    checked = 0
+    for path, command in commands(typer.main.get_command(app), []):
+        result = runner.invoke(app, [*path, "--help"], terminal_width=80)
+        assert result.exit_code == 0, path
+        assert max(len(line) for line in result.output.splitlines()) <= 80, path
+        for param in command.params:
+            for name in param.opts:
+                if name.startswith("-"):
+                    assert name in result.output, (path, name)  # not cut to "--max-summary-to…"
+        checked += 1
+    assert checked >= 19

@@ -10,9 +10,10 @@ import threading
 
 import typer
 
+from booklens.cli.common import command_group
 from booklens.errors import BooklensError
 
-app = typer.Typer(
+app = command_group(
     name="booklens",
     help="Summarize book-length text with LLMs and judge the summaries: coherence, faithfulness, QA.",
     no_args_is_help=True,

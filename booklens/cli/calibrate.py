@@ -27,14 +27,15 @@ from booklens.cli.common import (
     RpmOption,
     StructuredOption,
     TpmOption,
+    command_group,
     output_file,
     seed_option,
     setup_lm,
 )
 from booklens.errors import BooklensError
 
-judges_app = typer.Typer(help="The default judges: show them, or rebuild them from the human annotations.",
-                         no_args_is_help=False, invoke_without_command=True)
+judges_app = command_group(help="The default judges: show them, or rebuild them from the human annotations.",
+                          no_args_is_help=False, invoke_without_command=True)
 app.add_typer(judges_app, name="judges")
 
 CoherenceDataOption = Annotated[Optional[Path], typer.Option(

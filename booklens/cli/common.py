@@ -17,6 +17,13 @@ from booklens.errors import BooklensError
 from booklens.lm.remote import STRUCTURED_MODES
 
 
+def command_group(**settings: Any) -> typer.Typer:
+    """A typer app for a family of commands. Help uses click's plain layout, which wraps to any
+    width: typer's rich panels cut long option names and squeeze the help text into a narrow column
+    on an 80-column terminal."""
+    return typer.Typer(rich_markup_mode=None, **settings)
+
+
 def _check_seed(value: Optional[int]) -> Optional[int]:
     if value is not None and not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
         raise typer.BadParameter(f"must be from {SEED_RANGE[0]} to {SEED_RANGE[1]} (got {value})")

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import typer
-
 from booklens.cli import app
+from booklens.cli.common import command_group
 
-data_app = typer.Typer(help="Datasets: statistics of the annotation releases.", no_args_is_help=True)
-stats_app = typer.Typer(help="Statistics of a dataset (the tables of its paper).", no_args_is_help=True)
+data_app = command_group(help="Datasets: statistics of the annotation releases.", no_args_is_help=True)
+stats_app = command_group(help="Statistics of a dataset (the tables of its paper).", no_args_is_help=True)
 data_app.add_typer(stats_app, name="stats")
 app.add_typer(data_app, name="data")

@@ -29,6 +29,7 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     choices,
+    command_group,
     evidence_enum,
     lm_options,
     write_output,
@@ -261,7 +262,7 @@ def judge_command(
 # ---------------------------------------------------------------------------
 # booklens bias position|verbosity
 
-bias_app = typer.Typer(help="Biases of the LLM judges: position (pairwise) and verbosity.", no_args_is_help=True)
+bias_app = command_group(help="Biases of the LLM judges: position (pairwise) and verbosity.", no_args_is_help=True)
 app.add_typer(bias_app, name="bias")
 
 
