@@ -125,6 +125,9 @@ def test_an_output_that_cannot_be_a_file_is_refused_before_any_call(tmp_path):
         line = one_line_error(run_cli(["summarize", STORY, "-o", tmp_path / "existfile" / "x.json", *lm], tmp_path))
         assert line == (f"error: cannot write {tmp_path / 'existfile' / 'x.json'}: {tmp_path / 'existfile'} "
                         "is not a directory")
+        if Path("/proc/self").is_dir():  # a folder no one may create files in, whatever os.access tells root
+            line = one_line_error(run_cli(["summarize", STORY, "-o", "/proc/summary.json", *lm], tmp_path))
+            assert line.startswith("error: cannot write /proc/summary.json: /proc"), line
         assert server.received == []
         # Missing folders are made.
         out = tmp_path / "new" / "deeper" / "summary.json"

@@ -78,6 +78,16 @@ def check_output_file(path: Path) -> None:
         raise BooklensError(f"cannot write {path}: {folder} is not a directory")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise BooklensError(f"cannot write {path}: {folder} is not writable")
+    # os.access answers yes to root for folders no one can create files in (/proc, /sys), so
+    # create and remove an empty file there, as the atomic write of the output will.
+    import secrets
+
+    probe = folder / f".booklens-write-check-{secrets.token_hex(4)}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError as exc:
+        raise BooklensError(f"cannot write {path}: {folder} takes no new files ({exc.strerror or exc})") from None
+    os.unlink(probe)
 
 
 def output_file(path: Optional[Path]) -> Optional[Path]:
