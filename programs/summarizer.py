@@ -73,6 +73,10 @@ def prompt_overhead(predictor: dspy.Predict, **empty_inputs: Any) -> int:
     from booklens.text import count_tokens
 
     adapter = dspy.settings.adapter or BooklensAdapter()
+    from booklens.programs.coherence import SharedSummaryPredict, shared_summary_adapter
+
+    if isinstance(predictor, SharedSummaryPredict):  # its demos show each summary once, as its calls do
+        adapter = shared_summary_adapter(adapter)
     messages = adapter.format(predictor.signature, predictor.demos, empty_inputs)
     return sum(count_tokens(str(m.get("content", ""))) + 4 for m in messages)
 

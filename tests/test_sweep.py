@@ -360,6 +360,10 @@ def test_dry_run_estimates_without_calling_or_writing(server, corpus, reference,
     # A system of given summaries has nothing left to guess: its estimate is the sweep's count.
     results = read_json(reference["dir"] / "results.json")
     assert table["released"][4] == str(results["systems"]["released"]["usage"]["calls"])
+    # and its prompts are those the judges send: the confusion detector's demos show each summary once
+    # (counting the summary again for every demo sentence made this estimate several times too big).
+    spent = results["systems"]["released"]["usage"]["prompt_tokens"]
+    assert abs(int(table["released"][5].replace(",", "")) - spent) <= 0.2 * spent
     assert table["hier"][-1] == "unknown"  # LiteLLM knows no price for the fake model
 
 
