@@ -256,8 +256,22 @@ def _epub_problem(p: Path, exc: Exception) -> str:
     def xml_root(name: str):
         try:
             return parse_string(archive.read(name)).getroot()
-        except Exception:  # a damaged member or lxml's syntax errors; None also when nothing parses
+        except Exception:  # lxml's syntax errors; None also when nothing parses
             return None
+
+    def missing_section(opf: str, section: str) -> str:
+        """The lenient parser keeps what comes before a syntax error, so a broken package document
+        looks like one without its later sections: name the syntax error when there is one."""
+        from lxml import etree
+
+        try:
+            etree.fromstring(archive.read(opf))
+        except etree.XMLSyntaxError as exc:
+            return (f"{malformed} its package document {opf} is not well-formed XML ({exc.msg}), "
+                    f"so its <{section}> is lost")
+        except Exception:
+            pass
+        return f"{malformed} its package document {opf} has no <{section}>"
 
     malformed = f"{p} is a malformed EPUB:"
     try:
@@ -265,6 +279,12 @@ def _epub_problem(p: Path, exc: Exception) -> str:
     except (zipfile.BadZipFile, OSError):
         return f"{p} is not a readable EPUB file (not a ZIP archive)"
     with archive:
+        try:
+            damaged = archive.testzip()  # the first member whose data fails its CRC check
+        except Exception as problem:  # a member it cannot even decompress
+            return f"{malformed} the archive is damaged ({problem})"
+        if damaged is not None:
+            return f"{malformed} its member {damaged} is damaged (its data fails the archive's CRC check)"
         names = set(archive.namelist())
         if "META-INF/container.xml" not in names:
             return f"{malformed} it has no META-INF/container.xml"
@@ -284,14 +304,14 @@ def _epub_problem(p: Path, exc: Exception) -> str:
             return f"{malformed} its package document {opf} is not readable XML"
         sections = {name: package.find(f"{{{NAMESPACES['OPF']}}}{name}") for name in ("metadata", "manifest", "spine")}
         if sections["metadata"] is None:
-            return f"{malformed} its package document {opf} has no <metadata>"
+            return missing_section(opf, "metadata")
         dc = NAMESPACES["DC"]
         if dc not in sections["metadata"].nsmap.values() and not any(
                 isinstance(t.tag, str) and t.tag.startswith(f"{{{dc}}}") for t in sections["metadata"]):
             return f"{malformed} the <metadata> of {opf} has no Dublin Core elements (dc:title, dc:identifier)"
         for name in ("manifest", "spine"):
             if sections[name] is None:
-                return f"{malformed} its package document {opf} has no <{name}>"
+                return missing_section(opf, name)
         base = posixpath.dirname(opf)
         items = [i for i in sections["manifest"] if i.tag == f"{{{NAMESPACES['OPF']}}}item"]
         for item in items:

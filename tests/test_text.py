@@ -359,6 +359,29 @@ def test_a_malformed_epub_names_what_is_missing(tmp_path, package, container, pr
     assert "NoneType" not in str(excinfo.value) and "purl.org" not in str(excinfo.value)
 
 
+def test_a_broken_package_document_is_named_as_not_well_formed_not_as_missing_a_section(tmp_path):
+    path = zipped_epub(tmp_path / "broken.epub", EPUB_PACKAGE.replace("</metadata>", ""))
+    with pytest.raises(BooklensError) as excinfo:
+        T.read_book(path)
+    assert_one_line_error(excinfo, f"{path} is a malformed EPUB: its package document OEBPS/content.opf is not "
+                                   "well-formed XML (Opening and ending tag mismatch")
+
+
+@pytest.mark.parametrize("member", ["META-INF/container.xml", "OEBPS/content.opf", "OEBPS/c1.xhtml"])
+def test_an_epub_member_whose_data_fails_its_crc_check_is_named(tmp_path, member):
+    import zipfile
+
+    path = zipped_epub(tmp_path / "damaged.epub")
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(member)
+    data = bytearray(path.read_bytes())
+    data[info.header_offset + 30 + len(info.filename.encode()) + len(info.extra) + 5] ^= 0x20  # a byte of its data
+    path.write_bytes(bytes(data))
+    with pytest.raises(BooklensError) as excinfo:
+        T.read_book(path)
+    assert_one_line_error(excinfo, f"{path} is a malformed EPUB: its member {member} is damaged")
+
+
 def test_a_well_formed_minimal_epub_reads(tmp_path):
     assert T.read_book(zipped_epub(tmp_path / "lamp.epub")) == "Mara lit the lamp."
 
