@@ -228,3 +228,21 @@ def test_sweep_help_and_manifest_errors_load_no_heavy_library(case: str, corpus:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["heavy"] == []
     assert (result["exit"] == 0) if case == "help" else (result["exit"] != 0 and proc.stderr.startswith("error: "))
+
+
+def test_one_book_under_two_keys_is_refused(corpus: Path):
+    """A link or a copy of a book under another name would count it twice in every mean over books."""
+    (corpus / "linked").mkdir()
+    (corpus / "linked" / "alpha-again.txt").symlink_to(corpus / "corpus" / "alpha.txt")
+    write(corpus / "copied" / "alpha copy.txt", (corpus / "corpus" / "alpha.txt").read_text())
+    write(corpus / "copied" / "delta.txt", "Delta sails the same number of bytes.\n"[-33:])  # as long, not the same
+    assert (corpus / "copied" / "delta.txt").stat().st_size == (corpus / "corpus" / "alpha.txt").stat().st_size
+    for entry, how in (("linked", "the same file"), ("copied", "the same text")):
+        manifest = write(corpus / "m.yaml", f"books: [corpus/alpha.txt, {entry}]\nsystems: [{{name: a}}]\n")
+        code, err = run_cli(["sweep", str(manifest), "-o", str(corpus / "sweep"), "--lm", "openai/x",
+                             "--api-base", "http://127.0.0.1:9/v1"])
+        assert code == 2 and err.count("\n") == 1 and f"are {how} under two keys ('alpha' and 'alpha" in err, err
+        assert not (corpus / "sweep").exists()
+    # the same file named twice under one key is listed once, as before
+    manifest = write(corpus / "m.yaml", "books: [corpus/alpha.txt, corpus/*.txt]\nsystems: [{name: a}]\n")
+    assert [b.key for b in load_manifest(manifest, lm="openai/x", api_base="http://x/v1").books] == ["alpha", "beta"]

@@ -12,10 +12,11 @@ judge: {steps: [coherence, faithfulness], evidence: bm25}
 ```
 
 A book's key is its file name without the extension. Everything a user can get wrong (a key
-that does not exist or is given twice, a missing book, two systems with one name, a summaries file
-without one of the books, a bad value) is a one-line `BooklensError` raised here, before anything
-is written and before any model loads. Book files are only located here, not read: a book that cannot be read
-fails its own cells when the sweep runs.
+that does not exist or is given twice, a missing book, one book under two keys, two systems with one
+name, a summaries file without one of the books, a bad value) is a one-line `BooklensError` raised here,
+before anything is written and before any model loads. Book files are only located here, not parsed
+(files of equal size are compared byte for byte): a book that cannot be read fails its own cells when
+the sweep runs.
 """
 
 from __future__ import annotations
@@ -368,7 +369,33 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
                                 "key is its file name without the extension, so rename one")
         by_key[key] = p
         books.append(Book(key, p))
+    _refuse_repeated_books(manifest, books)
     return books
+
+
+def _refuse_repeated_books(manifest: Path, books: list[Book]) -> None:
+    """One book under two keys (a link, or a copy under another name) would count twice in every mean
+    and interval over books: refused. Only files of equal size are read, to compare their bytes."""
+    import hashlib
+
+    by_size: dict[int, list[Book]] = {}
+    for book in books:
+        try:
+            by_size.setdefault(book.path.stat().st_size, []).append(book)
+        except OSError:  # unreadable: its own cells fail when the sweep runs
+            continue
+    for same_size in by_size.values():
+        seen: dict[str, Book] = {}
+        for book in same_size if len(same_size) > 1 else ():
+            try:
+                fingerprint = hashlib.sha256(book.path.read_bytes()).hexdigest()
+            except OSError:
+                continue
+            first = seen.setdefault(fingerprint, book)
+            if first is not book:
+                how = ("the same file" if first.path.resolve() == book.path.resolve() else "the same text")
+                raise BooklensError(f"{manifest}: books: {first.path} and {book.path} are {how} under two keys "
+                                    f"({first.key!r} and {book.key!r}), so it would count twice; list it once")
 
 
 def _read_summaries(path: Path, books: list[Book], where: str) -> dict[str, str]:
