@@ -293,6 +293,18 @@ def test_a_json_object_with_a_summary_string_is_one_summary(tmp_path):
     assert [s["confusing"] for s in result["sentences"]] == [False, True, False]
 
 
+def test_score_help_names_every_summary_file_it_reads():
+    # The help lists what `load_summaries` takes, the {"summary": ...} object of the test above included.
+    from typer.main import get_command
+
+    from booklens.cli import app
+
+    params = get_command(app).commands["score"].params
+    help_text = next(p.help for p in params if p.name == "summary")
+    for kind in ("text file", "`booklens summarize` output", "'summary' string", "map book -> summary"):
+        assert kind in help_text, help_text
+
+
 def summarize_record(book: str, text: str) -> dict:
     import hashlib
 

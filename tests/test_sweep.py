@@ -442,6 +442,19 @@ def test_ray_workers_share_the_sweeps_call_slots(local_ray, tmp_path):
     assert big["most"] > 2, "a fixed share would give each of the two workers 2 slots"
 
 
+def test_the_concurrency_help_says_ray_workers_share_one_limit():
+    """The ray engine's workers take their calls from one set of slots (the test above); the option's
+    help says so rather than that the limit is split over the workers."""
+    from typer.main import get_command
+
+    from booklens.cli import app
+
+    params = get_command(app).commands["sweep"].params
+    help_text = next(p.help for p in params if p.name == "concurrency")
+    assert "whole sweep" in help_text and "one limit" in help_text, help_text
+    assert "split" not in help_text, help_text
+
+
 def test_a_ray_worker_sets_up_its_collector_as_a_command_does(tmp_path):
     """A worker imports DSPy and LiteLLM on its first cell: with the collector raised, as in a command,
     and what they loaded frozen afterwards, so the worker's later collections do not walk it."""

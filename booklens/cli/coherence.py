@@ -74,7 +74,8 @@ def _report_line(record: Any) -> str:
 @app.command()
 def score(
     summary: Annotated[Optional[Path], typer.Argument(
-        help="A summary: text file, `booklens summarize` output, or JSON map book -> summary.")] = None,
+        help="A summary: text file, `booklens summarize` output, JSON with a 'summary' string, or JSON map "
+             "book -> summary.")] = None,
     book: Annotated[Optional[Path], typer.Option(
         "--book", help="The book of a single summary, for % novel trigrams (a summarize output names its own).")]
     = None,

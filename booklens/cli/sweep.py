@@ -46,9 +46,9 @@ def sweep_command(
     structured: StructuredOption = None,
     rpm: RpmOption = None,
     tpm: TpmOption = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="LM calls in flight for the whole sweep "
-                                                                      "(split over the workers with --engine "
-                                                                      "ray).")] = 4,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, help="LM calls in flight for the whole sweep; "
+                                                                      "with --engine ray every worker takes its "
+                                                                      "calls from this one limit.")] = 4,
     cache_dir: CacheDirOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the cells and the estimated LM calls, tokens "
                                                             "and cost per system; call no LM.")] = False,
