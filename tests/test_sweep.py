@@ -475,3 +475,31 @@ def test_a_ray_worker_sets_up_its_collector_as_a_command_does(tmp_path):
     finally:
         gc.unfreeze()
         gc.set_threshold(*saved)
+
+
+def test_ray_fail_fast_lets_running_cells_finish_as_the_local_engine_does(books_dir, local_ray, tmp_path):
+    """--fail-fast starts no new cell after a failure; a cell already running finishes and counts (the
+    Ray engine used to stop at the first failure and call the running cells "not run")."""
+    from booklens.sweep.run import run_sweep
+
+    (tmp_path / "broken.txt").write_bytes(b"\x00binary")
+    (tmp_path / "sweep.yaml").write_text(
+        f"books: [{books_dir / 'the_cask_of_amontillado.txt'}, broken.txt]\n"
+        "systems: [{name: hier, method: hier, chunk_size: 1024, max_summary_tokens: 200}]\n"
+        "judge: {steps: [coherence]}\n", encoding="utf-8")
+    failed = tmp_path / "out" / "cells" / "hier" / "broken" / "run.json"
+    answer = PipelineResponder()
+
+    def respond(body):  # the Cask's cell is running when the other one fails
+        deadline = time.monotonic() + 60
+        while not failed.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return answer(body)
+
+    with FakeOpenAIServer(responder=respond) as srv:
+        outcome = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", engine="ray", lm="openai/fake-model",
+                            api_base=srv.url, concurrency=2, cache_dir=tmp_path / "cache", fail_fast=True,
+                            progress_interval=60)
+    assert {o.book: o.status for o in outcome.outcomes} == {"the_cask_of_amontillado": "complete",
+                                                            "broken": "failed"}
+    assert read_json(tmp_path / "out" / "results.json")["systems"]["hier"]["books"] == 1

@@ -12,7 +12,8 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
   loads once per worker) and runs several cells at once on threads. `--concurrency` bounds the
   calls in flight of the whole cluster: a `SweepBoard` actor holds the slots and every call of
   every worker takes one, so a worker whose cells are done leaves its share to the others
-  (`--rpm`/`--tpm` are split over the workers). Workers write each cell's run directory
+  (`--rpm`/`--tpm` are split over the workers); after a failure under `--fail-fast` the board
+  tells the workers to start no new cell. Workers write each cell's run directory
   themselves, so the sweep directory (and the cache) must be on a path every node sees; the
   cell's run record comes back to the driver in the dataset's rows, and the driver writes the
   aggregate.
@@ -226,13 +227,26 @@ class CellWorker:
         except Exception:  # the display is best effort; each cell's record comes back in its row
             pass
 
+    def _stopped(self, board: str) -> bool:
+        """Whether the sweep starts no new cell (the driver said so on its board after a failure)."""
+        if not board:
+            return False
+        import ray
+
+        try:
+            return bool(ray.get(ray.get_actor(board).stopped.remote(), timeout=10))
+        except Exception:  # no board to ask: the driver is gone or going; run as asked
+            return False
+
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         settings = PoolSettings(**json.loads(str(batch["settings"][0])))
         self._setup(settings, str(batch["board"][0]))
         outcomes = []
         for text in batch["task"]:
             task = CellTask.from_json(str(text))
-            if not Path(task.sweep_dir).is_dir():
+            if self._stopped(str(batch["board"][0])):  # --fail-fast: another cell failed, start no new one
+                outcome = not_run(task)
+            elif not Path(task.sweep_dir).is_dir():
                 outcome = CellOutcome(task.system, task.book, "failed",
                                       f"the sweep directory {task.sweep_dir} is not visible on worker "
                                       f"{self.worker_id}: the ray engine needs it on a path every node shares")
@@ -259,6 +273,13 @@ def _sweep_board_class():
 
             self.slots = asyncio.Semaphore(slots)
             self.latest: dict[str, dict[str, Any]] = {}
+            self.stop = False  # --fail-fast after a failure: workers start no new cell
+
+        async def halt(self) -> None:
+            self.stop = True
+
+        async def stopped(self) -> bool:
+            return self.stop
 
         async def acquire(self) -> None:
             await self.slots.acquire()
@@ -398,12 +419,17 @@ class RayEngine:
                                                    max_concurrent_calls_per_actor=cells_at_once,
                                                    enable_true_multi_threading=True))
             try:
+                # --fail-fast: after a failure no cell starts (each worker asks the board first) and the
+                # cells already running finish, as with the local engine; the rest come back "not run".
                 for row in dataset.iter_rows():
                     outcome = CellOutcome(**json.loads(str(row["outcome"])))
                     outcomes[(outcome.system, outcome.book)] = outcome
-                    on_done(outcome)
+                    if outcome.status != "not run":
+                        on_done(outcome)
                     if outcome.status == "failed" and fail_fast:
-                        break
+                        if self.board is None:
+                            break
+                        ray.get(self.board.halt.remote())
             except Exception as exc:
                 if isinstance(exc, (KeyboardInterrupt, BooklensError)):
                     raise
