@@ -57,6 +57,8 @@ judge: {steps: [coherence], evidence: none, max_claims: 3}
 
 
 BAD = {
+    # the message names the missing key, not the whole manifest as a bad value of it
+    "no books": ("systems: [{name: a}]\n", "m.yaml: missing key 'books'"),
     "missing book": ("books: [corpus/alpha.txt, corpus/nope.txt]\nsystems: [{name: a}]\n",
                      "book not found:"),
     "glob matching nothing": ("books: ['corpus/*.epub']\nsystems: [{name: a}]\n", "matches no file"),

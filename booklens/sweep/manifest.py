@@ -269,7 +269,7 @@ def _explain(exc: ValidationError, data: Any) -> str:
     loc = list(err.get("loc", ()))
     kind = err.get("type", "")
     # `books` is a string or a list: pydantic reports both branches; name the field once.
-    if loc and loc[0] == "books":
+    if loc and loc[0] == "books" and kind != "missing":
         return f"books: give a path, a folder or a glob, or a list of them (got {_shown(err.get('input'))})"
     if kind == "extra_forbidden":
         key = str(loc[-1])
