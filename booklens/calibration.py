@@ -14,6 +14,11 @@
 A judge that gave no valid verdict on any sentence or claim of the sample has measured nothing:
 `JudgedNothing` (a one-line error quoting the first failure) instead of an entry.
 
+The test split is the one the program was compiled on: the books are split with the seed in the
+artifact's metadata (`split_seed_of`; 0 for the default and zero-shot judges), so no book the program
+learned its demos from is measured, whatever seed draws the sample. A sample item that is one of the
+program's demos (an artifact compiled on other data) is refused (`DemosInSample`).
+
 Samples are whole books of the test split, drawn with a fixed seed, so that the embedded model
 calibrates in under an hour on two cores: `COHERENCE_BOOKS` books (both summaries of each) and `VERIFICATION_BOOKS`
 books (every summarizer's claims). Each figure carries its sample size and a 95% bootstrap interval
@@ -37,6 +42,42 @@ SEED = 0
 
 class JudgedNothing(BooklensError):
     """The judge gave no valid verdict on any item of the sample: there is no agreement to store."""
+
+
+class DemosInSample(BooklensError):
+    """Part of the sample is among the program's own demos: the agreement would be inflated."""
+
+
+def split_seed_of(program: Any) -> Optional[int]:
+    """The seed of the book split a loaded artifact was compiled on (its demos come from that split's
+    training books), or None for a program that was not loaded from an artifact."""
+    block = getattr(program, "_booklens_artifact", None)
+    if not isinstance(block, dict):
+        return None
+    split = block.get("split")
+    for value in ((split or {}).get("seed") if isinstance(split, dict) else None, block.get("seed")):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _demo_values(program: Any, field: str) -> set[str]:
+    """The `field` of every demo of every predictor, whitespace-normalized."""
+    values = set()
+    for _, predictor in program.named_predictors():
+        for demo in predictor.demos:
+            value = demo.get(field) if hasattr(demo, "get") else None
+            if isinstance(value, str):
+                values.add(" ".join(value.split()))
+    return values
+
+
+def _refuse_demos(judge: str, found: int, total: int, what: str) -> None:
+    if found:
+        raise DemosInSample(f"{judge} calibration: {found} of the {total} {what} of the sample "
+                            f"{'is a demo' if found == 1 else 'are demos'} of this program (compiled on other "
+                            "data or another split), so its agreement would be inflated; calibrate a program "
+                            "compiled on this data, or draw another sample with --seed")
 
 
 def _judged_nothing(judge: str, items: int, what: str, errors: list[str]) -> JudgedNothing:
@@ -71,25 +112,28 @@ def _usage(meter: Any) -> dict[str, int]:
 # Coherence
 
 
-def coherence_sample(human_dir: str | Path, *, books: Optional[int] = COHERENCE_BOOKS, seed: int = SEED
-                     ) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
-    """The human-annotated test-split summaries of `books` books drawn with the seed."""
+def coherence_sample(human_dir: str | Path, *, books: Optional[int] = COHERENCE_BOOKS, seed: int = SEED,
+                     split_seed: Optional[int] = None) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """The human-annotated summaries of `books` books drawn with `seed` from the test split of the
+    books split with `split_seed` (default: `seed`)."""
     from booklens.data.booookscore import human_annotation_files, load_human_summaries, split_human_summaries
     from booklens.judges import _file_entry
 
-    test = split_human_summaries(load_human_summaries(human_dir), seed=seed)["test"]
+    split_seed = seed if split_seed is None else split_seed
+    test = split_human_summaries(load_human_summaries(human_dir), seed=split_seed)["test"]
     chosen = _sample_books(list({a.book for _, a in test}), books, seed)
     items = [(source, a) for source, a in test if a.book in chosen]
     items.sort(key=lambda item: (item[1].book, item[0]))
     info = {"files": [_file_entry(f) for f in human_annotation_files(human_dir)], "split": "test", "seed": seed,
-            "books": chosen,
-            "selection": f"{len(chosen)} of the {len({a.book for _, a in test})} test-split books, drawn with seed "
-                         f"{seed}; every human-annotated summary of each"}
+            "split_seed": split_seed, "books": chosen,
+            "selection": f"{len(chosen)} of the {len({a.book for _, a in test})} test-split books (split with "
+                         f"seed {split_seed}), drawn with seed {seed}; every human-annotated summary of each"}
     return items, info
 
 
 def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[int] = COHERENCE_BOOKS,
-                        seed: int = SEED, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                        seed: int = SEED, split_seed: Optional[int] = None,
+                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the confusion detector on the sample; figures against the human spans."""
     from booklens.lm import current_lm
     from booklens.metrics.bootstrap import confusion_counts, figure
@@ -98,7 +142,10 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
 
     import dspy
 
-    items, info = coherence_sample(human_dir, books=books, seed=seed)
+    items, info = coherence_sample(human_dir, books=books, seed=seed, split_seed=split_seed)
+    shown = _demo_values(program, "summary")
+    _refuse_demos("coherence", sum(1 for _, a in items if " ".join(a.summary.split()) in shown), len(items),
+                  "summaries")
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
     units: list[list[int]] = []
@@ -143,8 +190,10 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
 
 
 def verification_sample(fables_path: str | Path, *, books: Optional[int] = VERIFICATION_BOOKS,
-                        table5: bool = False, seed: int = SEED) -> tuple[list[Any], dict[str, Any]]:
-    """FABLES summaries to verify: `books` test-split books drawn with the seed, or Table 5's books."""
+                        table5: bool = False, seed: int = SEED, split_seed: Optional[int] = None
+                        ) -> tuple[list[Any], dict[str, Any]]:
+    """FABLES summaries to verify: `books` books drawn with `seed` from the test split of the books
+    split with `split_seed` (default: `seed`), or Table 5's books."""
     from booklens.data.fables import TABLE5_BOOKS, load_fables, split_summaries
     from booklens.judges import _file_entry
 
@@ -157,20 +206,21 @@ def verification_sample(fables_path: str | Path, *, books: Optional[int] = VERIF
         selection = "the seven books of the seed's Table 5" + (
             f" present in the release (absent: {', '.join(absent)})" if absent else " (all in the release)")
     else:
-        test = split_summaries(summaries, seed=seed)["test"]
+        split_seed = seed if split_seed is None else split_seed
+        test = split_summaries(summaries, seed=split_seed)["test"]
         chosen = _sample_books(list({s.book for s in test}), books, seed)
         pool = [s for s in test if s.book in chosen]
-        selection = (f"{len(chosen)} of the {len({s.book for s in test})} test-split books, drawn with seed "
-                     f"{seed}; every summarizer's claims of each")
+        selection = (f"{len(chosen)} of the {len({s.book for s in test})} test-split books (split with seed "
+                     f"{split_seed}), drawn with seed {seed}; every summarizer's claims of each")
     pool.sort(key=lambda s: (s.book, s.summarizer))
     info = {"files": [_file_entry(Path(fables_path))], "split": "table5" if table5 else "test", "seed": seed,
-            "books": chosen, "selection": selection}
+            **({} if table5 else {"split_seed": split_seed}), "books": chosen, "selection": selection}
     return pool, info
 
 
 def calibrate_verification(program: Any, *, fables_path: str | Path, books: Optional[int] = VERIFICATION_BOOKS,
-                           table5: bool = False, seed: int = SEED, concurrency: int = 1,
-                           progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                           table5: bool = False, seed: int = SEED, split_seed: Optional[int] = None,
+                           concurrency: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the verifier with the annotators' evidence on the sample; figures against the human labels.
 
     The binary rater (and `table5=True`) is scored on the claims humans labelled faithful or
@@ -188,7 +238,11 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     binary = getattr(program, "label_set", "four-way") == "binary"
     keep = ("Yes", "No") if binary or table5 else tuple(FABLES_LABELS)
     summaries, info = verification_sample(fables_path, books=books, table5=table5 or binary and books is None,
-                                          seed=seed)
+                                          seed=seed, split_seed=split_seed)
+    shown = _demo_values(program, "claim")
+    claims_in_sample = [c.claim for s in summaries for c in s.claims if c.label in keep]
+    _refuse_demos("binary" if binary else "verification",
+                  sum(1 for c in claims_in_sample if " ".join(c.split()) in shown), len(claims_in_sample), "claims")
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
     checker = FaithfulnessChecker(verifier=program, evidence_mode="given", concurrency=concurrency)
@@ -259,19 +313,25 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
 def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None = None,
               fables_path: str | Path | None = None, books: Optional[int] = None, seed: int = SEED,
               concurrency: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure `program` (a judge's program) with the configured LM; the calibration entry to store."""
+    """Measure `program` (a judge's program) with the configured LM; the calibration entry to store.
+
+    `seed` draws the sample of test-split books; the split itself is the one the program was compiled
+    on (`split_seed_of`, else `SEED`), so the sample never holds a book the program learned from."""
     from booklens.judges import calibration_key, demo_count, judge_mode, program_fingerprint
 
+    split_seed = split_seed_of(program)
+    split_seed = SEED if split_seed is None else split_seed
     if judge == "coherence":
         if human_dir is None:
             raise BooklensError("coherence calibration needs the BooookScore human annotations (--coherence-data)")
-        body = calibrate_coherence(program, human_dir=human_dir, seed=seed, progress=progress,
+        body = calibrate_coherence(program, human_dir=human_dir, seed=seed, split_seed=split_seed, progress=progress,
                                    books=COHERENCE_BOOKS if books is None else books)
     else:
         if fables_path is None:
             raise BooklensError("verification calibration needs FABLES (--fables-data)")
         table5 = judge == "binary"
-        body = calibrate_verification(program, fables_path=fables_path, seed=seed, concurrency=concurrency,
+        body = calibrate_verification(program, fables_path=fables_path, seed=seed, split_seed=split_seed,
+                                      concurrency=concurrency,
                                       progress=progress, table5=table5,
                                       books=None if table5 else (VERIFICATION_BOOKS if books is None else books))
     mode = judge_mode(judge, program)

@@ -389,6 +389,57 @@ def test_a_partly_failed_calibration_is_stored_and_counts_the_failures(shared_di
     assert 0 < entry["counts"]["failed"] < entry["counts"]["claims"]
 
 
+def test_calibration_measures_an_artifact_on_the_test_split_it_was_compiled_with(shared_dir, tmp_path):
+    """An artifact compiled on the seed-3 split is measured on seed 3's test books, not seed 0's
+    (which hold books it took demos from), whatever --seed draws the sample."""
+    from booklens.calibration import calibrate
+    from booklens.data.fables import load_fables, split_summaries, verification_demo
+    from booklens.judges import load_judge, new_program
+    from booklens.optimizers.artifacts import save_program
+
+    fables = shared_dir / "data" / "fables" / "FABLES.json"
+    splits = split_summaries(load_fables(fables), seed=3)
+    learned = {s.book for name in ("train", "dev") for s in splits[name]}
+    program = new_program("verification")
+    program.verify.demos = [verification_demo(c) for s in splits["train"] for c in s.claims
+                            if c.label in ("Yes", "No")][:40]
+    path = tmp_path / "seed3.json"
+    save_program(program, path, task="verification", program_config={"label_set": "four-way"}, seed=3,
+                 split={"seed": 3, "by": "book"})
+    lm = ScriptedLM(scripted_judge)
+    for seed in (0, 1):
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            entry = calibrate("verification", load_judge("verification", path), lm, fables_path=fables, seed=seed)
+        assert entry["data"]["books"] and not set(entry["data"]["books"]) & learned, seed
+        assert entry["data"]["split_seed"] == 3 and entry["data"]["seed"] == seed
+
+
+def test_calibration_refuses_a_sample_that_holds_the_programs_own_demos(shared_dir):
+    from booklens.calibration import DemosInSample, calibrate, coherence_sample, verification_sample
+    from booklens.data.fables import verification_demo
+
+    human = shared_dir / "data" / "booookscore" / "human"
+    items, _ = coherence_sample(human, books=1)
+    program = load_judge_for_calibration("coherence")
+    source, annotation = items[0]
+    program.detect.demos = [*program.detect.demos, dspy.Example(
+        summary=annotation.summary, sentence=annotation.sentences[0], verdict="no confusion", questions=[],
+        error_types=[])]
+    lm = ScriptedLM(scripted_judge)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(DemosInSample) as caught:
+        calibrate("coherence", program, lm, human_dir=human, books=1)
+    assert str(caught.value).startswith("coherence calibration: 1 of the 2 summaries of the sample is a demo")
+
+    fables = shared_dir / "data" / "fables" / "FABLES.json"
+    summaries, _ = verification_sample(fables, books=1)
+    program = load_judge_for_calibration("verification")
+    program.verify.demos = [*program.verify.demos, verification_demo(summaries[0].claims[0])]
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(DemosInSample) as caught:
+        calibrate("verification", program, lm, fables_path=fables, books=1)
+    assert "1 of the " in str(caught.value) and "\n" not in str(caught.value)
+    assert not lm.backend.calls  # refused before any LM call
+
+
 def load_judge_for_calibration(judge):
     from booklens.judges import load_judge
 

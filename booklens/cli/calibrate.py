@@ -88,7 +88,9 @@ def calibrate_command(
         "--books", min=1, help=f"Test-split books to sample (default: {COHERENCE_BOOKS} for coherence, "
                                f"{VERIFICATION_BOOKS} for verification; "
                                "the binary rater always uses Table 5's seven books).")] = None,
-    seed: Annotated[int, seed_option("Seed of the book split and the sample.")] = 0,
+    seed: Annotated[int, seed_option("Seed of the sample of test-split books. The split is the one the program "
+                                     "was compiled on (seed 0 for the default and zero-shot judges), so "
+                                     "no book it learned from is measured.")] = 0,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,
