@@ -113,8 +113,23 @@ def load_judge(judge: str, program: str | Path | None = None, *, zero_shot: bool
         raise BooklensError(f"the default {judge} program is missing from this installation ({path}); "
                             "reinstall booklens or pass --zero-shot")
     load_program(target, path, task=task_of(judge))
+    if judge == "coherence":
+        _check_demos_in_use(target, path)
     target._booklens_judge = "default" if program is None else path.name  # noqa: SLF001
     return target
+
+
+def _check_demos_in_use(scorer: Any, path: Path) -> None:
+    """A coherence artifact whose demos are all on the predictor of the other mode (per-sentence
+    or batched) would judge with none of them: refused, rather than run as zero-shot under its name."""
+    batched = getattr(scorer, "batch_size", 1) > 1
+    used, other = (scorer.detect_batch, scorer.detect) if batched else (scorer.detect, scorer.detect_batch)
+    if not used.demos and other.demos:
+        made_for = "per-sentence judging (--batch-size 1)" if batched else "batched judging (--batch-size above 1)"
+        count = f"{len(other.demos)} demo{'' if len(other.demos) == 1 else 's'}"
+        raise BooklensError(f"{path} holds its {count} for {made_for} only: with --batch-size "
+                            f"{scorer.batch_size} it would judge with none of them; "
+                            f"{'drop --batch-size' if batched else 'give --batch-size above 1'} to use them")
 
 
 def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[str] = ("coherence", "verification"),

@@ -178,6 +178,30 @@ def test_run_commands_accept_a_compiled_program(command, tmp_path):
     assert_one_line_error(proc, "compiled '")
 
 
+def test_a_compiled_coherence_program_is_not_run_without_its_demos(tmp_path):
+    """compile makes per-sentence coherence programs: with --batch-size above 1 the batched predictor
+    would judge with none of the compiled demos (zero-shot under the artifact's name)."""
+    import dspy
+
+    from booklens.optimizers.artifacts import save_program
+    from booklens.optimizers.tasks import get_task
+
+    spec = get_task("coherence")
+    program = spec.build_program()
+    program.detect.demos = [dspy.Example(summary="Ada sails. Zed waits.", sentence="Zed waits.",
+                                         verdict="confusion", questions=["Who is Zed?"],
+                                         error_types=["entity omission"])]
+    artifact = tmp_path / "compiled.json"
+    save_program(program, artifact, task="coherence", program_config=spec.program_config)
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Ada visits the harbor. She meets the keeper.")
+    out = tmp_path / "scored.json"
+    proc = run_cli(["score", summary, "--program", artifact, "--batch-size", "4", "-o", out, "--lm",
+                    "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+    assert_one_line_error(proc, f"{artifact} holds its 1 demo for per-sentence judging (--batch-size 1) only",
+                          "drop --batch-size", output=out)
+
+
 @pytest.mark.parametrize("seed", ["-1", str(2**32)])
 def test_every_seed_option_takes_the_same_range_before_any_work(tmp_path, seed):
     """numpy's RNG takes seeds 0 .. 2**32-1: beyond them compile failed with an internal error
