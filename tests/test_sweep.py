@@ -503,3 +503,40 @@ def test_ray_fail_fast_lets_running_cells_finish_as_the_local_engine_does(books_
     assert {o.book: o.status for o in outcome.outcomes} == {"the_cask_of_amontillado": "complete",
                                                             "broken": "failed"}
     assert read_json(tmp_path / "out" / "results.json")["systems"]["hier"]["books"] == 1
+
+
+def test_a_ray_worker_whose_sweep_is_gone_saves_no_judgment_of_the_calls_it_could_not_make(local_ray, tmp_path):
+    """When the driver stops (Ctrl-C), its board of call slots goes first. A worker still running a cell
+    must then save nothing, as an interrupted local sweep's cell does: those calls used to fail as
+    "unparseable answers", and the cell was saved complete with the sentences and claims left out,
+    figures the rerun would have reused."""
+    import threading
+
+    from booklens.sweep.run import run_sweep
+
+    sentences = " ".join(f"On day {i} Mara climbed the tower and wrote in the log." for i in range(20))
+    (tmp_path / "a.txt").write_text("Mara kept the light. " * 40, encoding="utf-8")
+    (tmp_path / "b.txt").write_text("Zed kept the boats. " * 40, encoding="utf-8")
+    (tmp_path / "given.json").write_text(json.dumps({"a": sentences, "b": sentences.replace("Mara", "Zed")}))
+    (tmp_path / "sweep.yaml").write_text("books: [a.txt, b.txt]\nsystems: [{name: given, summaries: given.json}]\n"
+                                         "judge: {evidence: bm25, k: 2}\n", encoding="utf-8")
+    with FakeOpenAIServer(responder=PipelineResponder(delay=0.2)) as srv:
+        def stop_the_board():
+            while len(srv.served) < 8:
+                time.sleep(0.05)
+            for name in local_ray.util.list_named_actors():
+                if name.startswith("booklens-sweep-"):
+                    local_ray.kill(local_ray.get_actor(name))
+
+        threading.Thread(target=stop_the_board, daemon=True).start()
+        outcome = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", engine="ray", lm="openai/fake-model",
+                            api_base=srv.url, concurrency=4, cache_dir=tmp_path / "cache", progress_interval=60)
+    assert "not run" in {o.status for o in outcome.outcomes} and "failed" not in {o.status for o in outcome.outcomes}
+    for book in ("a", "b"):
+        cell = tmp_path / "out" / "cells" / "given" / book
+        for record in ("coherence.json", "faithfulness.json"):
+            if (cell / record).exists():
+                data = read_json(cell / record)
+                assert data.get("n_failed", 0) == 0 and data.get("failures", 0) == 0, (book, record)
+        run = read_json(cell / "run.json") if (cell / "run.json").exists() else {}
+        assert not run.get("failures"), run.get("failures")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from booklens.errors import BooklensError
-from booklens.parallel import stoppable
+from booklens.parallel import Stopped, stoppable
 from booklens.sweep.aggregate import CellOutcome, outcome_of_run
 
 Done = Callable[[CellOutcome], None]
@@ -251,7 +251,10 @@ class CellWorker:
                                       f"the sweep directory {task.sweep_dir} is not visible on worker "
                                       f"{self.worker_id}: the ray engine needs it on a path every node shares")
             else:
-                outcome = run_cell(task, self.pool)
+                try:
+                    outcome = run_cell(task, self.pool)
+                except Stopped:  # the sweep's board is gone (the driver was interrupted): nothing saved
+                    outcome = not_run(task)
             outcomes.append(json.dumps(asdict(outcome)))
         board = str(batch["board"][0])
         if board:  # before the row reaches the driver: its display's last line is exact
@@ -302,7 +305,12 @@ def _sweep_board_class():
 
 
 class SharedSlots:
-    """A worker's call limit: each LM call holds one of the `SweepBoard` actor's slots."""
+    """A worker's call limit: each LM call holds one of the `SweepBoard` actor's slots.
+
+    The board lives as long as the sweep: when it is gone (the driver was interrupted and is shutting
+    down), a call raises `Stopped`, as an interrupted local sweep's does, so the cell saves nothing. A
+    call refused that way must not be recorded as the judge's failure on a sentence or a claim: the
+    rerun would reuse that step with the sentence left out."""
 
     def __init__(self, actor_name: str):
         import ray
@@ -312,13 +320,19 @@ class SharedSlots:
     def __enter__(self) -> "SharedSlots":
         import ray
 
-        ray.get(self.actor.acquire.remote())
+        try:
+            ray.get(self.actor.acquire.remote())
+        except ray.exceptions.RayError:
+            raise Stopped() from None
         return self
 
     def __exit__(self, *exc: Any) -> None:
         import ray
 
-        ray.get(self.actor.release.remote())
+        try:
+            ray.get(self.actor.release.remote())
+        except ray.exceptions.RayError:  # the board is gone: the answer still counts (and is cached)
+            pass
 
 
 def _import_ray_data() -> None:
