@@ -7,7 +7,8 @@ claims averaged, so every book weighs the same, with intervals for each label), 
 claims the judges could not judge (left out of those figures), the mean summary length and share of
 repeated trigrams, and the LM work of all the system's cells (failed ones included: it was
 spent). For every pair of systems, the paired bootstrap difference (second minus first) over the
-books both completed. The bootstrap has a fixed seed: the same cells give the same file.
+books both completed. The bootstrap has a fixed seed and resamples the books' figures in sorted order:
+the same cells give the same file, whatever the order of the books in the manifest.
 """
 
 from __future__ import annotations
@@ -106,7 +107,9 @@ def _ci(values: Sequence[float]) -> Optional[list[float]]:
         return None
     from booklens.metrics.bootstrap import bootstrap_mean  # NumPy: only once there is something to resample
 
-    lo, hi = bootstrap_mean(values)
+    # Sorted: the resamples' draws go by position, so the interval would move with the order of the
+    # manifest's books; sorted, the same cells give the same interval whatever that order.
+    lo, hi = bootstrap_mean(sorted(values))
     return [round(lo, 6), round(hi, 6)]
 
 
@@ -152,6 +155,8 @@ def _paired(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], books: l
         return None
     from booklens.metrics.bootstrap import paired_bootstrap_ci
 
+    # Ordered by the difference, for an interval that does not depend on the order of the books (see _ci).
+    shared.sort(key=lambda k: (b[k][column] - a[k][column], k))
     diff, lo, hi = paired_bootstrap_ci([a[k][column] for k in shared], [b[k][column] for k in shared])
     return {"books": len(shared), "diff": round(diff, 6), "ci95": [round(lo, 6), round(hi, 6)]}
 
