@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal, Optional
+from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -76,7 +76,8 @@ class SystemConfig(BaseModel):
     context_window: Optional[int] = Field(default=None, ge=MIN_CONTEXT_WINDOW)
     max_summary_tokens: int = Field(default=900, ge=MIN_SUMMARY_TOKENS)
     max_regenerations: Optional[int] = Field(default=None, ge=0)  # None: the model's (booklens.steps)
-    merge_context: MergeContextName = DEFAULT_MERGE_CONTEXT
+    level_budgets: Optional[list[Annotated[int, Field(ge=MIN_SUMMARY_TOKENS)]]] = Field(default=None, min_length=1)
+    merge_context: Optional[MergeContextName] = None  # None: the paper's, for hier (booklens.steps)
     words_per_token: float = Field(default=DEFAULT_WORDS_PER_TOKEN, ge=MIN_WORDS_PER_TOKEN, le=MAX_WORDS_PER_TOKEN)
     drop_matter: bool = False
     remove_artifacts: bool = True
@@ -190,6 +191,10 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
         raise BooklensError("a given summary is judged as it is: a compiled summarizer would not run")
     if system.summary_file is not None and system.summary_text is not None:
         raise BooklensError("give a summary file or a summary text, not both")
+    if not system.given:
+        from booklens.steps import check_method_options
+
+        check_method_options(system.method, system.level_budgets, system.merge_context, as_keys=True)
 
 
 def build_summarizer(system: SystemConfig):
@@ -200,7 +205,8 @@ def build_summarizer(system: SystemConfig):
     return book_summarizer(method=system.method, chunk_size=system.chunk_size, context_window=system.context_window,
                            max_summary_tokens=system.max_summary_tokens, max_regenerations=system.max_regenerations,
                            remove_artifacts=system.remove_artifacts, program_path=system.program,
-                           merge_context=system.merge_context, words_per_token=system.words_per_token)
+                           level_budgets=system.level_budgets, merge_context=system.merge_context,
+                           words_per_token=system.words_per_token)
 
 
 def check_summarizer(system: SystemConfig) -> None:
@@ -575,16 +581,20 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                           "chunk_size": system.chunk_size, "context_window": system.context_window,
                           "max_summary_tokens": system.max_summary_tokens,
                           "max_regenerations": system.max_regenerations, "drop_matter": system.drop_matter,
-                          "merge_context": system.merge_context if system.method == "hier" else None,
+                          "merge_context": (system.merge_context or DEFAULT_MERGE_CONTEXT) if system.method == "hier"
+                          else None,
                           "words_per_token": system.words_per_token,
                           "remove_artifacts": system.remove_artifacts,
                           "program": sha256_file(system.program) if system.program else None}
+        if system.level_budgets:  # only when given, so run directories made without them still resume
+            summary_inputs["level_budgets"] = system.level_budgets
         summary = runner.run_step("summary", summary_inputs, with_lm(summary_lm, lambda: summarize_book(
             book, method=system.method, chunk_size=system.chunk_size, context_window=system.context_window,
             max_summary_tokens=system.max_summary_tokens, max_regenerations=system.max_regenerations,
             remove_artifacts=system.remove_artifacts, drop_matter=system.drop_matter, concurrency=concurrency,
-            program_path=system.program, text=book_text, merge_context=system.merge_context,
-            words_per_token=system.words_per_token)), lambda: read_step_record(output, "summary"))
+            program_path=system.program, text=book_text, level_budgets=system.level_budgets,
+            merge_context=system.merge_context, words_per_token=system.words_per_token)),
+            lambda: read_step_record(output, "summary"))
     summary_sha = runner.steps["summary"].sha256 if summary is not None else None
     summary_text = summary.summary if summary is not None else None
 

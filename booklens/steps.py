@@ -53,12 +53,28 @@ def summary_settings(max_regenerations: Optional[int] = None) -> dict[str, Any]:
     return settings
 
 
-def check_method_options(method: str, level_budgets: Optional[list[int]]) -> None:
-    """A one-line error for an option the method does not use, which the summary record would
-    otherwise list as if it had shaped the summary."""
-    if level_budgets and method != "hier":
-        raise BooklensError(f"--level-budget is for --method hier; --method {method} keeps one summary within "
-                            "--max-summary-tokens")
+# How a user names the summarizer settings in an error: the commands' options (or, with
+# `as_keys`, the settings' own names, as sweep manifests write them).
+_SUMMARY_OPTIONS = {"method": "--method", "level_budgets": "--level-budget", "merge_context": "--merge-context",
+                    "max_summary_tokens": "--max-summary-tokens"}
+
+
+def check_method_options(method: str, level_budgets: Optional[list[int]] = None,
+                         merge_context: Optional[str] = None, *, as_keys: bool = False) -> None:
+    """A one-line error for a setting the method does not use, which the summary record would
+    otherwise list as if it had shaped the summary. None means a setting was not given."""
+    if method == "hier":
+        return
+
+    def name(key: str) -> str:
+        return key if as_keys else _SUMMARY_OPTIONS[key]
+
+    if level_budgets:
+        raise BooklensError(f"{name('level_budgets')} is for {name('method')} hier; {name('method')} {method} keeps "
+                            f"one summary within {name('max_summary_tokens')}")
+    if merge_context is not None:
+        raise BooklensError(f"{name('merge_context')} is for {name('method')} hier; {name('method')} {method} "
+                            "makes no merges")
 
 
 def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_window: Optional[int] = None,
@@ -71,7 +87,7 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_win
     paper's (see `programs.summarizer`); `max_regenerations` to the configured model's (`summary_settings`)."""
     from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, make_summarizer
 
-    check_method_options(method, level_budgets)
+    check_method_options(method, level_budgets, merge_context)
     extra = {"merge_context": merge_context or DEFAULT_MERGE_CONTEXT} if method == "hier" else {}
     # None means the default; 0 is a value the program refuses, not a request for the default.
     window = 8192 if context_window is None else context_window
@@ -106,13 +122,13 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2
         text = read_book(book_path, drop_matter=drop_matter)
     read_seconds = time.perf_counter() - started
     lm = current_lm()
-    merge_context = merge_context or DEFAULT_MERGE_CONTEXT
     words_per_token = DEFAULT_WORDS_PER_TOKEN if words_per_token is None else words_per_token
     program = book_summarizer(method=method, chunk_size=chunk_size, context_window=context_window,
                               max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
                               max_regenerations=max_regenerations, concurrency=concurrency,
                               remove_artifacts=remove_artifacts, program_path=program_path,
                               merge_context=merge_context, words_per_token=words_per_token)
+    merge_context = merge_context or DEFAULT_MERGE_CONTEXT
     window = program.context_window
     backend_window = getattr(lm, "context_window", None)
     if backend_window and window > backend_window:

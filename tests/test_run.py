@@ -428,3 +428,22 @@ def test_a_run_directory_that_cannot_be_created_is_a_one_line_error(server, tmp_
     proc = cli(run_args(server, blocker / "run", tmp_path / "cache"))
     assert_one_line_error(proc, f"cannot create the run directory {blocker / 'run'}")
     assert proc.returncode == 2
+
+
+def test_run_takes_the_summarizer_settings_summarize_takes(server, tmp_path):
+    out = tmp_path / "run"
+    args = run_args(server, out, tmp_path / "cache")
+    proc = cli([*args, "--max-claims", "1", "--level-budget", "120", "--level-budget", "150", "--level-budget", "200",
+                "--merge-context", "none", "--words-per-token", "0.5"])
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads((out / "summary.json").read_text())["config"]
+    assert (config["level_budgets"], config["merge_context"], config["words_per_token"]) == ([120, 150, 200], "none",
+                                                                                             0.5)
+
+
+def test_run_refuses_hier_settings_with_incremental_updating_before_anything_is_written(server, tmp_path):
+    out = tmp_path / "run"
+    for option, value in (("--merge-context", "none"), ("--level-budget", "200")):
+        proc = cli([*run_args(server, out, tmp_path / "cache"), "--method", "inc", option, value])
+        assert_one_line_error(proc, f"{option} is for --method hier")
+        assert proc.returncode == 2 and not out.exists()

@@ -100,6 +100,20 @@ def test_level_budgets_are_refused_for_incremental_updating(tmp_path):
         run(method="inc")
 
 
+def test_a_merge_context_is_refused_for_incremental_updating_and_defaults_to_the_papers_for_hier(tmp_path):
+    from booklens.errors import BooklensError
+    from booklens.steps import book_summarizer
+    from booklens.testing import run_command
+
+    proc = run_command(["summarize", str(STORY), "--method", "inc", "--merge-context", "none",
+                        "-o", str(tmp_path / "out.json")])
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --merge-context is for --method hier"), proc.stderr
+    assert not (tmp_path / "out.json").exists()
+    with pytest.raises(BooklensError, match="--merge-context is for --method hier; --method inc makes no merges"):
+        book_summarizer(method="inc", merge_context="same-level")
+    assert book_summarizer(method="hier").merge_context == "same-level"
+
+
 @pytest.mark.parametrize("method", ["hier", "inc"])
 def test_both_methods_run_at_the_least_settings_the_commands_take(method):
     """The bounds are settings that work, not only settings that parse."""

@@ -87,6 +87,13 @@ BAD = {
                                          "m.yaml: system 'a': a chunk of 4096 tokens does not fit the 2048-token "
                                          "context window with a 900-token summary and the prompt; lower chunk_size "
                                          "or max_summary_tokens, or raise context_window"),
+    "merge context with incremental updating": (
+        "books: corpus\nsystems: [{name: a, method: inc, merge_context: none}]\n",
+        "m.yaml: system 'a': merge_context is for method hier; method inc makes no merges"),
+    "level budgets with incremental updating": (
+        "books: corpus\nsystems: [{name: a, method: inc, level_budgets: [200]}]\n",
+        "m.yaml: system 'a': level_budgets is for method hier; method inc keeps one summary within "
+        "max_summary_tokens"),
     "chunks below the summarizer's least": (
         "books: corpus\nsystems: [{name: a, chunk_size: 32}]\n",
         "m.yaml: system 'a': chunk_size: Input should be greater than or equal to 64 (got 32)"),

@@ -24,23 +24,28 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     ZeroShotOption,
-    choices,
     echo_judge,
     evidence_enum,
     lm_options,
     output_file,
 )
-from booklens.errors import BooklensError
-from booklens.vocabulary import (
-    CLAIM_LABELS,
-    MIN_CHUNK_SIZE,
-    MIN_CONTEXT_WINDOW,
-    MIN_SUMMARY_TOKENS,
-    SUMMARY_METHODS,
+from booklens.cli.summarize import (
+    ChunkSizeOption,
+    ContextWindowOption,
+    DropMatterOption,
+    LevelBudgetOption,
+    MaxRegenerationsOption,
+    MaxSummaryTokensOption,
+    MergeContextOption,
+    Method,
+    MethodOption,
+    RemoveArtifactsOption,
+    WordsPerTokenOption,
 )
+from booklens.errors import BooklensError
+from booklens.vocabulary import CLAIM_LABELS, DEFAULT_WORDS_PER_TOKEN
 
 RunEvidence = evidence_enum("RunEvidence", exclude=("given",))
-Method = choices("Method", SUMMARY_METHODS)
 
 
 def score_line(run) -> str:
@@ -69,24 +74,16 @@ def run_command(
     summary: Annotated[Optional[Path], typer.Option(
         "--summary", help="Judge this summary instead of writing one: a text file, a `booklens summarize` "
                           "output or JSON with a 'summary' string.")] = None,
-    method: Annotated[Method, typer.Option("--method", help="hier: hierarchical merging; inc: incremental "
-                                                            "updating.")] = Method.hier,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", min=MIN_CHUNK_SIZE, help="Maximum tokens per chunk.")]
-    = 2048,
-    context_window: Annotated[Optional[int], typer.Option(
-        "--context-window", min=MIN_CONTEXT_WINDOW, help="W: tokens the model reads at once (default 8192).")] = None,
-    max_summary_tokens: Annotated[int, typer.Option("--max-summary-tokens", min=MIN_SUMMARY_TOKENS,
-                                                    help="G_n: tokens of a summary.")] = 900,
-    max_regenerations: Annotated[Optional[int], typer.Option(
-        "--max-regenerations", min=0,
-        help="Retries for a summary over budget or cut off (default 2; 0 on the embedded model, whose "
-             "answers the cap cuts are trimmed to whole sentences instead).")] = None,
-    remove_artifacts: Annotated[bool, typer.Option(
-        "--remove-artifacts/--keep-artifacts",
-        help="A last pass removing 'in this segment'-style phrases (the paper's post-processing).")] = True,
-    drop_matter: Annotated[bool, typer.Option("--drop-matter/--keep-matter",
-                                              help="Drop front and back matter (contents, acknowledgments).")]
-    = False,
+    method: MethodOption = Method.hier,
+    chunk_size: ChunkSizeOption = 2048,
+    context_window: ContextWindowOption = None,
+    max_summary_tokens: MaxSummaryTokensOption = 900,
+    level_budget: LevelBudgetOption = None,
+    merge_context: MergeContextOption = None,
+    words_per_token: WordsPerTokenOption = DEFAULT_WORDS_PER_TOKEN,
+    max_regenerations: MaxRegenerationsOption = None,
+    remove_artifacts: RemoveArtifactsOption = True,
+    drop_matter: DropMatterOption = False,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Coherence: sentences per LM call "
                                                                         "(1 = the paper's setting).")] = 1,
     evidence: Annotated[RunEvidence, typer.Option(
@@ -116,11 +113,16 @@ def run_command(
     from booklens.inputs import read_given_summary
     from booklens.pipeline import JudgeConfig, SystemConfig, check_configs, previous_run, route_programs, run_book
     from booklens.reports import REPORT_FILE
+    from booklens.steps import check_method_options
     from booklens.text import read_book
 
     programs = route_programs(program or [])
+    merge_context = merge_context.value if merge_context is not None else None
+    if summary is None:
+        check_method_options(method.value, level_budget, merge_context)
     system = SystemConfig(method=method.value, chunk_size=chunk_size, context_window=context_window,
                           max_summary_tokens=max_summary_tokens, max_regenerations=max_regenerations,
+                          level_budgets=level_budget, merge_context=merge_context, words_per_token=words_per_token,
                           remove_artifacts=remove_artifacts, drop_matter=drop_matter,
                           program=programs.pop("summarize", None), summary_file=summary, lm=lm, api_base=api_base)
     judge = JudgeConfig(evidence=evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,

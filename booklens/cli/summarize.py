@@ -22,7 +22,6 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.vocabulary import (
-    DEFAULT_MERGE_CONTEXT,
     DEFAULT_WORDS_PER_TOKEN,
     MAX_WORDS_PER_TOKEN,
     MERGE_CONTEXTS,
@@ -37,42 +36,50 @@ from booklens.vocabulary import (
 Method = choices("Method", SUMMARY_METHODS)
 MergeContext = choices("MergeContext", MERGE_CONTEXTS)
 
+# The summarizer's options, shared by `summarize` and `run`.
+MethodOption = Annotated[Method, typer.Option("--method",
+                                              help="hier: hierarchical merging; inc: incremental updating.")]
+ChunkSizeOption = Annotated[int, typer.Option("--chunk-size", min=MIN_CHUNK_SIZE,
+                                              help="Maximum tokens per chunk (cl100k_base).")]
+ContextWindowOption = Annotated[Optional[int], typer.Option(
+    "--context-window", min=MIN_CONTEXT_WINDOW, help="W: tokens the model reads at once (default 8192).")]
+MaxSummaryTokensOption = Annotated[int, typer.Option("--max-summary-tokens", min=MIN_SUMMARY_TOKENS,
+                                                     help="G_n: tokens of a summary.")]
+LevelBudgetOption = Annotated[Optional[list[int]], typer.Option(
+    "--level-budget", min=MIN_SUMMARY_TOKENS,
+    help="G_l per level for hier, repeat the option per level (default: the published "
+         "code's G_n * 0.65^(L-l) for a tree of L levels).")]
+MergeContextOption = Annotated[Optional[MergeContext], typer.Option(
+    "--merge-context", help="hier: what a merge after the first of its level sees as context: same-level, "
+                            "the previous merged summary of its level (the paper's, the default); lower-level, "
+                            "the summary just before its inputs (merges of a level run at once); none.")]
+WordsPerTokenOption = Annotated[float, typer.Option(
+    "--words-per-token", min=MIN_WORDS_PER_TOKEN, max=MAX_WORDS_PER_TOKEN,
+    help=f"Words a prompt asks for per token of budget (the published code's {DEFAULT_WORDS_PER_TOKEN}).")]
+MaxRegenerationsOption = Annotated[Optional[int], typer.Option(
+    "--max-regenerations", min=0,
+    help="Retries for a summary over budget or cut off (default 2; 0 on the embedded model, whose "
+         "answers the cap cuts are trimmed to whole sentences instead).")]
+RemoveArtifactsOption = Annotated[bool, typer.Option(
+    "--remove-artifacts/--keep-artifacts",
+    help="A last pass removing 'in this segment'-style phrases (the paper's post-processing).")]
+DropMatterOption = Annotated[bool, typer.Option("--drop-matter/--keep-matter",
+                                                help="Drop front and back matter (contents, acknowledgments).")]
+
 
 @app.command()
 def summarize(
     book: Annotated[Path, typer.Argument(help="The book: .txt (UTF-8) or .epub.")],
-    method: Annotated[Method, typer.Option("--method", help="hier: hierarchical merging; inc: incremental updating.")]
-    = Method.hier,
-    chunk_size: Annotated[int, typer.Option("--chunk-size", min=MIN_CHUNK_SIZE,
-                                            help="Maximum tokens per chunk (cl100k_base).")] = 2048,
-    context_window: Annotated[Optional[int], typer.Option(
-        "--context-window", min=MIN_CONTEXT_WINDOW, help="W: tokens the model reads at once (default 8192).")]
-    = None,
-    max_summary_tokens: Annotated[int, typer.Option("--max-summary-tokens", min=MIN_SUMMARY_TOKENS,
-                                                    help="G_n: tokens of a summary.")] = 900,
-    level_budget: Annotated[Optional[list[int]], typer.Option(
-        "--level-budget", min=MIN_SUMMARY_TOKENS,
-        help="G_l per level for hier, repeat the option per level (default: the published "
-             "code's G_n * 0.65^(L-l) for a tree of L levels).")]
-    = None,
-    merge_context: Annotated[MergeContext, typer.Option(
-        "--merge-context", help="hier: what a merge after the first of its level sees as context: same-level, "
-                                "the previous merged summary of its level (the paper's); lower-level, the summary "
-                                "just before its inputs (merges of a level run at once); none.")]
-    = MergeContext(DEFAULT_MERGE_CONTEXT),
-    words_per_token: Annotated[float, typer.Option(
-        "--words-per-token", min=MIN_WORDS_PER_TOKEN, max=MAX_WORDS_PER_TOKEN,
-        help=f"Words a prompt asks for per token of budget (the published code's {DEFAULT_WORDS_PER_TOKEN}).")]
-    = DEFAULT_WORDS_PER_TOKEN,
-    max_regenerations: Annotated[Optional[int], typer.Option(
-        "--max-regenerations", min=0,
-        help="Retries for a summary over budget or cut off (default 2; 0 on the embedded model, whose "
-             "answers the cap cuts are trimmed to whole sentences instead).")] = None,
-    remove_artifacts: Annotated[bool, typer.Option(
-        "--remove-artifacts/--keep-artifacts",
-        help="A last pass removing 'in this segment'-style phrases (the paper's post-processing).")] = True,
-    drop_matter: Annotated[bool, typer.Option("--drop-matter/--keep-matter",
-                                              help="Drop front and back matter (contents, acknowledgments).")] = False,
+    method: MethodOption = Method.hier,
+    chunk_size: ChunkSizeOption = 2048,
+    context_window: ContextWindowOption = None,
+    max_summary_tokens: MaxSummaryTokensOption = 900,
+    level_budget: LevelBudgetOption = None,
+    merge_context: MergeContextOption = None,
+    words_per_token: WordsPerTokenOption = DEFAULT_WORDS_PER_TOKEN,
+    max_regenerations: MaxRegenerationsOption = None,
+    remove_artifacts: RemoveArtifactsOption = True,
+    drop_matter: DropMatterOption = False,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,
@@ -87,14 +94,15 @@ def summarize(
     from booklens.steps import check_method_options, summarize_book
     from booklens.text import read_book
 
-    check_method_options(method.value, level_budget)
+    merge_context = merge_context.value if merge_context is not None else None
+    check_method_options(method.value, level_budget, merge_context)
     text = read_book(book, drop_matter=drop_matter)  # bad input fails before any model loads
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     record = summarize_book(book, method=method.value, chunk_size=chunk_size, context_window=context_window,
                             max_summary_tokens=max_summary_tokens, level_budgets=level_budget,
                             max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
                             drop_matter=drop_matter, concurrency=concurrency, program_path=program, text=text,
-                            merge_context=merge_context.value, words_per_token=words_per_token)
+                            merge_context=merge_context, words_per_token=words_per_token)
     write_output(output, record)
     if output is not None:
         from booklens.lm.usage import describe_calls

@@ -193,6 +193,13 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
                                     "would not apply (remove it, or make a separate summarizing system)")
             summaries[system.name] = _read_summaries(_relative(base, system.summaries), books, where)
             system.summaries = str(_relative(base, system.summaries))
+        else:
+            from booklens.steps import check_method_options
+
+            try:
+                check_method_options(system.method or "hier", system.level_budgets, system.merge_context, as_keys=True)
+            except BooklensError as exc:
+                raise BooklensError(f"{where}: {exc}") from None
         if system.program is not None:
             program = _relative(base, system.program)
             _check_program(program, "summarize", where)
