@@ -143,7 +143,8 @@ def test_given_mode_cannot_be_used_by_check(tmp_path, cli):
     summary = write(tmp_path / "summary.txt", "Anna sails home.")
     out = tmp_path / "out.json"
     proc = cli(["check", str(STORY), str(summary), "--evidence", "given", "-o", str(out)], tmp_path)
-    assert_one_line_error(proc, out, "--evidence given")
+    assert_one_line_error(proc, out, "'given' is not one of")
+    assert "given" not in cli(["check", "--help"], tmp_path).stdout.split("--evidence", 1)[1].split("\n  -")[0]
 
 
 def test_bad_input_through_the_installed_command(tmp_path):

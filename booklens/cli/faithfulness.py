@@ -37,6 +37,8 @@ from booklens.vocabulary import CLAIM_LABELS
 
 EvidenceMode = evidence_enum("EvidenceMode")
 EvidenceOption = Annotated[EvidenceMode, typer.Option("--evidence", help="Evidence per claim: " + EvidenceMode.help)]
+# `check` makes its claims, so no claim comes with quotes of its own.
+CheckEvidence = evidence_enum("CheckEvidence", exclude=("given",))
 KOption = Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per claim (bm25/dense/hybrid).")]
 BudgetOption = Annotated[Optional[int], typer.Option(
     "--budget-tokens", min=64, help="Evidence tokens per claim for 'book' and 'given' (default: what the "
@@ -165,7 +167,8 @@ def verify_command(
 def check_command(
     book: Annotated[Path, typer.Argument(help="The book (.txt or .epub).")],
     summary: Annotated[Path, typer.Argument(help="Its summary: a text file or JSON with a 'summary' string.")],
-    evidence: EvidenceOption = EvidenceMode.bm25,
+    evidence: Annotated[CheckEvidence, typer.Option("--evidence", help="Evidence per claim: " + CheckEvidence.help)]
+    = CheckEvidence.bm25,
     k: KOption = 5,
     budget_tokens: BudgetOption = None,
     passage_tokens: PassageTokensOption = 256,
@@ -183,8 +186,6 @@ def check_command(
     binary: BinaryOption = False,
 ) -> None:
     """Check a summary against its book: claims, evidence, a verdict per claim, % of each label."""
-    if evidence is EvidenceMode.given:
-        raise BooklensError("--evidence given needs quotes with each claim; use `booklens verify` with a claims file")
     from booklens.inputs import read_summary_text
     from booklens.steps import verify_claims
     from booklens.text import read_book
