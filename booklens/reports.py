@@ -156,7 +156,12 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
-    """Rebuild `report.html` (or `output`) from a run directory's records."""
+    """Rebuild `report.html` (or `output`) from a run directory's records, or a sweep directory's page
+    from its results.json and cells.jsonl."""
+    if Path(run_dir).is_dir() and not (Path(run_dir) / RUN_FILE).exists() and (Path(run_dir) / "sweep.json").is_file():
+        from booklens.sweep.report import rebuild_sweep_report
+
+        return rebuild_sweep_report(run_dir, output)
     data = load_run(run_dir)
     target = Path(output) if output is not None else Path(run_dir) / REPORT_FILE
     for name in (RUN_FILE, *STEP_FILES.values(), TIMINGS_FILE):

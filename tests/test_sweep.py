@@ -540,3 +540,21 @@ def test_a_ray_worker_whose_sweep_is_gone_saves_no_judgment_of_the_calls_it_coul
                 assert data.get("n_failed", 0) == 0 and data.get("failures", 0) == 0, (book, record)
         run = read_json(cell / "run.json") if (cell / "run.json").exists() else {}
         assert not run.get("failures"), run.get("failures")
+
+
+def test_report_rebuilds_a_sweeps_page_as_the_sweep_wrote_it(reference, tmp_path):
+    """`booklens report SWEEP_DIR` (it used to say the directory is not a run directory)."""
+    import shutil
+
+    out = tmp_path / "sweep"
+    shutil.copytree(reference["dir"], out)
+    (out / "report.html").unlink()
+    proc = run_command(["report", out])
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "report.html").read_bytes() == (reference["dir"] / "report.html").read_bytes()
+    proc = run_command(["report", out, "-o", out / "results.json"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "the sweep's results.json" in proc.stderr
+    assert read_json(out / "results.json") == read_json(reference["dir"] / "results.json")
+    (out / "cells.jsonl").write_text("{\n")
+    proc = run_command(["report", out])
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1

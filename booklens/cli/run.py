@@ -148,12 +148,12 @@ def run_command(
 
 @app.command("report")
 def report_command(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `booklens run`.")],
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `booklens run`, or a sweep directory.")],
     output: Annotated[Optional[Path], typer.Option("-o", "--output", callback=output_file,
                                                    help="Write the page here instead of RUN_DIR/report.html.")]
     = None,
 ) -> None:
-    """Rebuild a run directory's report.html from its JSON records."""
+    """Rebuild a run (or sweep) directory's report.html from its JSON records."""
     from booklens.reports import write_report
 
     target = write_report(run_dir, output)

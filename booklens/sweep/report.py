@@ -289,9 +289,55 @@ nothing and runs no script.</p>
 
 
 def write_sweep_report(output: Path, results: dict[str, Any], rows: Sequence[dict[str, Any]], *, title: str,
-                       meta: Sequence[str] = ()) -> Path:
+                       meta: Sequence[str] = (), target: Optional[Path] = None) -> Path:
     from booklens.reports import write_text_atomic
 
-    target = Path(output) / REPORT_FILE
+    target = Path(target) if target is not None else Path(output) / REPORT_FILE
     write_text_atomic(target, render_sweep_report(results, rows, title=title, meta=meta))
     return target
+
+
+def sweep_meta(systems: int, books: int, manifest: str, judge_steps: Sequence[str], evidence: str) -> list[str]:
+    """The line under the page's title: the sweep's size, its manifest and how it was judged."""
+    return [f"{systems} systems \u00d7 {books} books", f"manifest {Path(manifest).name}",
+            f"judge: {', '.join(judge_steps)}" + (f", evidence {evidence}" if "faithfulness" in judge_steps else "")]
+
+
+def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = None) -> Path:
+    """Write a sweep directory's report.html (or `output`) again from its sweep.json, results.json and
+    cells.jsonl, as the sweep wrote it; one-line `BooklensError`s for anything missing or unreadable."""
+    import json
+
+    from booklens.errors import BooklensError
+    from booklens.pipeline import JudgeConfig
+    from booklens.records import read_json_file
+    from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
+    from booklens.sweep.run import PLAN_FILE
+
+    sweep_dir = Path(sweep_dir)
+    plan = read_json_file(sweep_dir / PLAN_FILE, "sweep plan")
+    results = read_json_file(sweep_dir / RESULTS_FILE, "sweep results")
+    try:
+        rows = [json.loads(line) for line in (sweep_dir / CELLS_FILE).read_text(encoding="utf-8").splitlines()
+                if line.strip()]
+        judge = JudgeConfig(**{k: v for k, v in (plan.get("judge") or {}).items() if k in ("steps", "evidence")})
+        systems, books = results["systems"], results["books"]
+        if not isinstance(systems, dict) or not isinstance(books, list) or not all(isinstance(r, dict) for r in rows):
+            raise TypeError("unexpected layout")
+        meta = sweep_meta(len(systems), len(books), str(plan["manifest"]), judge.steps, judge.evidence)
+        title = Path(str(plan["manifest"])).stem
+    except OSError as exc:
+        raise BooklensError(f"cannot read {sweep_dir / CELLS_FILE}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise BooklensError(f"{sweep_dir} holds records this booklens cannot read (sweep.json, results.json or "
+                            "cells.jsonl); rerun the sweep to write them again") from None
+    target = Path(output) if output is not None else sweep_dir / REPORT_FILE
+    for name in (PLAN_FILE, RESULTS_FILE, CELLS_FILE):
+        if target.exists() and (sweep_dir / name).exists() and target.samefile(sweep_dir / name):
+            raise BooklensError(f"cannot write the report to {target}: it is the sweep's {name}, which the page is "
+                                f"built from; write it elsewhere (by default {sweep_dir / REPORT_FILE})")
+    try:
+        return write_sweep_report(sweep_dir, results, rows, title=title, meta=meta, target=target)
+    except KeyError:
+        raise BooklensError(f"{sweep_dir} holds records this booklens cannot read (results.json or cells.jsonl); "
+                            "rerun the sweep to write them again") from None

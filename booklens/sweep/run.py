@@ -188,7 +188,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
               progress_interval: Optional[float] = None) -> SweepOutcome:
     """Run (or resume) a sweep and write its aggregate; see the module docstring."""
     from booklens.sweep.progress import SweepProgress
-    from booklens.sweep.report import write_sweep_report
+    from booklens.sweep.report import sweep_meta, write_sweep_report
 
     if engine not in ENGINES:
         raise BooklensError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
@@ -254,9 +254,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     books = [b.key for b in sweep.books]
     results = write_aggregate(output, systems, books, outcomes)
     judge = sweep.judge_config()
-    meta = [f"{len(systems)} systems \u00d7 {len(books)} books", f"manifest {sweep.manifest.name}",
-            f"judge: {', '.join(judge.steps)}" + (f", evidence {judge.evidence}" if "faithfulness" in judge.steps
-                                                  else "")]
+    meta = sweep_meta(len(systems), len(books), str(sweep.manifest), judge.steps, judge.evidence)
     write_sweep_report(output, results, [cell_row(o) for o in outcomes], title=sweep.manifest.stem, meta=meta)
     return SweepOutcome(output, results, outcomes)
 
