@@ -415,8 +415,11 @@ class _Runner:
 
 
 def _config_record(system: SystemConfig, judge: JudgeConfig, lm_label: str, judge_label: str,
-                   concurrency: int) -> dict[str, Any]:
-    """The configuration written to run.json (no cache directory: it does not change results)."""
+                   concurrency: int, api_base: Optional[str] = None, judge_api_base: Optional[str] = None
+                   ) -> dict[str, Any]:
+    """The configuration written to run.json (no cache directory: it does not change results). `api_base`
+    and `judge_api_base` are the servers the LMs were reached at (a sweep's or a pool's default when the
+    configs name none)."""
     from booklens.retrieval import PASSAGE_MODES
 
     made = not system.given
@@ -449,9 +452,9 @@ def _config_record(system: SystemConfig, judge: JudgeConfig, lm_label: str, judg
         "programs": {task: program_entry(path) for task, path in sorted(programs.items())},
         "zero_shot": judge.zero_shot,
         "lm": lm_label,
-        "api_base": public_api_base(system.api_base) if made else None,
+        "api_base": public_api_base(api_base or system.api_base) if made else None,
         "judge_lm": judge_label,
-        "judge_api_base": public_api_base(judge.api_base),
+        "judge_api_base": public_api_base(judge_api_base or judge.api_base),
         "concurrency": concurrency,
     }
 
@@ -533,7 +536,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         "book": str(book), "book_sha256": book_sha or "", "book_chars": len(book_text or ""),
         "book_tokens": count_tokens(book_text) if book_text is not None else 0,
         "summary_source": "given" if system.given else "summarize", "lm": lm_label, "judge_lm": judge_label,
-        "config": _config_record(system, judge, lm_label, judge_label, concurrency),
+        "config": _config_record(system, judge, lm_label, judge_label, concurrency, summary_model["api_base"],
+                                 judge_model["api_base"]),
         "versions": package_versions(),
         "judges": judges,
     }

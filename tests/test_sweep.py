@@ -558,3 +558,11 @@ def test_report_rebuilds_a_sweeps_page_as_the_sweep_wrote_it(reference, tmp_path
     (out / "cells.jsonl").write_text("{\n")
     proc = run_command(["report", out])
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
+
+
+def test_each_cells_run_record_names_the_server_its_lms_were_reached_at(server, reference):
+    """The sweep's --api-base reaches every cell's LMs: run.json says so, as `booklens run`'s does
+    (it said null, so a cell's record did not tell which server wrote and judged its summary)."""
+    for (system, book), run in cell_runs(reference["dir"]).items():
+        assert run["config"]["judge_api_base"] == server.url, (system, book)
+        assert run["config"]["api_base"] == (None if system == "released" else server.url), (system, book)
