@@ -87,6 +87,22 @@ def test_cells_jsonl_loads_into_pandas_with_one_row_per_cell(outcomes, tmp_path)
     assert json.loads((tmp_path / "results.json").read_text())["kind"] == "booklens.sweep"
 
 
+def test_the_readmes_pandas_call_keeps_book_keys_that_look_like_numbers(tmp_path):
+    """A book named 0042.txt is the key '0042' (its cell is cells/2/0042): the README's call keeps it so."""
+    import re
+    from pathlib import Path
+
+    import pandas
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    call = re.search(r"`(pandas\.read_json\(path, lines=True[^`]*\))`", readme).group(1)
+    write_aggregate(tmp_path, ["2"], ["0042", "1984"], [outcome_of_run("2", "0042", run(0.5, 50.0, 1)),
+                                                       outcome_of_run("2", "1984", run(1.0, 100.0, 1))])
+    frame = eval(call, {"pandas": pandas, "path": tmp_path / "cells.jsonl"})
+    assert frame["book"].tolist() == ["0042", "1984"] and frame["system"].tolist() == ["2", "2"]
+    assert frame["dir"].tolist() == ["cells/2/0042", "cells/2/1984"]
+
+
 def test_the_report_escapes_what_it_did_not_write_and_runs_nothing(outcomes):
     from booklens.reports import CSP, h
 
