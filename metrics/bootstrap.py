@@ -60,20 +60,36 @@ def mean_of(sums: np.ndarray) -> np.ndarray:
         return np.where(sums[:, 1] > 0, sums[:, 0] / np.where(sums[:, 1] > 0, sums[:, 1], 1), np.nan)
 
 
-def bootstrap_mean(scores: Sequence[float], **kwargs) -> tuple[float, float]:
-    """Interval of the mean of `scores`, each score its own unit (NaN, NaN for no score)."""
+def unit_sums(values: Sequence[float], units: Sequence[object]) -> list[list[float]]:
+    """(sum, count) of `values` per unit, in the order units first appear."""
+    sums: dict[object, list[float]] = {}
+    for value, unit in zip(values, units, strict=True):
+        row = sums.setdefault(unit, [0.0, 0.0])
+        row[0] += float(value)
+        row[1] += 1.0
+    return list(sums.values())
+
+
+def bootstrap_mean(scores: Sequence[float], units: Optional[Sequence[object]] = None,
+                   **kwargs) -> tuple[float, float]:
+    """Interval of the mean of `scores` (NaN, NaN for no score). Each score is its own resampling
+    unit unless `units` gives the unit of each (the summary a sentence belongs to): then whole
+    units are drawn, and the interval is as wide as the units' agreement warrants."""
     if len(scores) == 0:
         return (math.nan, math.nan)
-    lo, hi = bootstrap_counts([[float(s), 1.0] for s in scores], mean_of, **kwargs)
+    rows = [[float(s), 1.0] for s in scores] if units is None else unit_sums(scores, units)
+    lo, hi = bootstrap_counts(rows, mean_of, **kwargs)
     return (math.nan if lo is None else lo, math.nan if hi is None else hi)
 
 
-def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], **kwargs) -> tuple[float, float, float]:
-    """Mean of b - a over the same units (books, examples) and the bootstrap interval of that mean."""
+def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], units: Optional[Sequence[object]] = None,
+                        **kwargs) -> tuple[float, float, float]:
+    """Mean of b - a over the same examples and the bootstrap interval of that mean (over `units`
+    of examples when given, as `bootstrap_mean`)."""
     if len(a) != len(b):
         raise ValueError("paired scores must have the same length")
     diffs = [y - x for x, y in zip(a, b)]
-    lo, hi = bootstrap_mean(diffs, **kwargs)
+    lo, hi = bootstrap_mean(diffs, units=units, **kwargs)
     return (sum(diffs) / len(diffs) if diffs else math.nan, lo, hi)
 
 

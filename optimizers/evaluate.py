@@ -77,6 +77,10 @@ class EvalResult:
     seconds: float = 0.0
     predictions: list[Any] = field(default_factory=list, repr=False)
     examples: str | None = None  # fingerprint of the examples, in order (`examples_fingerprint`)
+    # The resampling unit of each example for the intervals (the summary a sentence belongs to);
+    # None: each example is its own.
+    units: list[str] | None = None
+    unit_name: str = "examples"
 
     @property
     def n(self) -> int:
@@ -86,12 +90,17 @@ class EvalResult:
     def mean(self) -> float:
         return sum(self.scores) / len(self.scores) if self.scores else math.nan
 
+    @property
+    def n_units(self) -> int:
+        return len(set(self.units)) if self.units is not None else self.n
+
     def ci(self, confidence: float = 0.95) -> tuple[float, float]:
-        return bootstrap_ci(self.scores, confidence=confidence)
+        return bootstrap_ci(self.scores, units=self.units, confidence=confidence)
 
     def as_dict(self) -> dict[str, Any]:
         lo, hi = self.ci()
         return {"label": self.label, "n": self.n, "metric": _round(self.mean), "ci95": [_round(lo), _round(hi)],
+                "resampled": {"unit": self.unit_name, "n": self.n_units},
                 "failures": self.failures, **self.usage, "seconds": round(self.seconds, 1)}
 
 
@@ -129,14 +138,20 @@ def evaluate_program(
     label: str = "program",
     desc: str | None = None,
     keep_predictions: bool = False,
+    units: Sequence[str] | None = None,
+    unit_name: str = "examples",
 ) -> EvalResult:
-    """Run `program` on every example with the configured LM and score it with `metric`."""
+    """Run `program` on every example with the configured LM and score it with `metric`. `units`
+    (one per example, named `unit_name`) makes the intervals resample whole units: examples that
+    share a context (the sentences of one summary) do not count as independent evidence."""
     from booklens.lm import current_lm
     from booklens.parallel import parallel_map
 
     examples = list(examples)
     if not examples:
         raise BooklensError("nothing to evaluate: the split is empty")
+    if units is not None and len(units) != len(examples):
+        raise ValueError("units must give one unit per example")
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
 
@@ -165,6 +180,8 @@ def evaluate_program(
         seconds=seconds,
         predictions=[p for _, _, p in outcomes] if keep_predictions else [],
         examples=examples_fingerprint(examples),
+        units=list(units) if units is not None else None,
+        unit_name=unit_name if units is not None else "examples",
     )
 
 
@@ -173,8 +190,9 @@ def evaluate_program(
 
 
 def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str) -> str:
-    """One Markdown table with a column per program; the last program is compared with the first
-    when both ran on the same examples (a paired difference means nothing across different ones)."""
+    """One Markdown table with a column per program; every program after the first is compared with
+    the first when both ran on the same examples (a paired difference means nothing across
+    different ones)."""
     headers = [title] + [r.label for r in results]
     rows: list[list[str]] = []
 
@@ -196,9 +214,14 @@ def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str)
 
     out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in rows]
-    if len(results) >= 2 and results[0].examples is not None and results[0].examples == results[-1].examples:
-        diff, lo, hi = paired_bootstrap_ci(results[0].scores, results[-1].scores)
+    first = results[0] if results else None
+    paired = [r for r in results[1:] if first.examples is not None and r.examples == first.examples]
+    if first is not None and first.units is not None:
+        out += ["", f"Intervals resample whole {first.unit_name} ({first.n_units} of them), not single examples."]
+    if paired:
         out.append("")
-        out.append(f"{results[-1].label} - {results[0].label}: {diff:+.3f} [{lo:+.3f}, {hi:+.3f}] "
-                   "(paired bootstrap over the same examples, 95%)")
+        for r in paired:
+            diff, lo, hi = paired_bootstrap_ci(first.scores, r.scores, units=first.units)
+            out.append(f"{r.label} - {first.label}: {diff:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+                       f"(paired bootstrap over the same {first.unit_name}, 95%)")
     return "\n".join(out)

@@ -48,6 +48,10 @@ class Task:
     group: str = "book"
     per_group: int | None = None  # subsets: at most this many examples per `subset_group`
     subset_group: str | None = None  # the field examples sharing a long context have in common
+    # Example fields that name the unit intervals resample (the summary: its sentences, or its
+    # claims, are not independent), and the unit's name in plural; () for one unit per example.
+    interval_unit: tuple[str, ...] = ()
+    interval_unit_name: str = "examples"
     feedback: Callable[..., str] | None = None  # for GEPA: why a prediction scored as it did
     bootstrap_threshold: float | None = None  # bootstrap keeps a run as a demo when metric >= this
     data_help: str = ""
@@ -55,6 +59,14 @@ class Task:
     # Budget defaults of this task where they differ from `Budget`'s (a task with long prompts
     # needs a smaller one to compile in minutes on the embedded model).
     budget: dict[str, int] = field(default_factory=dict)
+
+    def units(self, examples: Sequence[dspy.Example]) -> list[str] | None:
+        """The interval unit of each example (`evaluate_program(units=...)`), or None."""
+        if not self.interval_unit:
+            return None
+        import json
+
+        return [json.dumps([e.get(f) for f in self.interval_unit], default=str) for e in examples]
 
     def default_budget(self, **overrides: Optional[int]):
         """The task's default budget with the given (non-None) values on top."""
@@ -199,6 +211,8 @@ def _coherence() -> Task:
         stratify="verdict",
         subset_group="summary",
         per_group=6,  # six sentences of each summary read: the summary is most of every prompt
+        interval_unit=("summary",),
+        interval_unit_name="summaries",
         # Every demo carries a whole summary (about 1,000 tokens), so each demo and each dev run
         # costs more here than in any other task: a smaller budget keeps random search and
         # MIPROv2 within 20 minutes on the embedded model.
@@ -302,6 +316,8 @@ def _verification() -> Task:
         metric=verification_metric,
         sizes={"train": 24, "dev": 12, "test": 24},
         stratify="label",
+        interval_unit=("book", "summarizer"),  # a claim's summary, as calibrate resamples
+        interval_unit_name="summaries",
         feedback=_verification_feedback,
         bootstrap_threshold=1.0,
         data_help="the FABLES release, FABLES.json",

@@ -342,6 +342,45 @@ def test_table_shows_programs_side_by_side_with_a_paired_difference(splits):
     assert "LM calls (from cache)" in table and "prompt tokens" in table
 
 
+def test_intervals_resample_whole_units_when_examples_share_one():
+    """Twenty sentences of two summaries, right on every sentence of one and wrong on every one of
+    the other: two pieces of evidence, not twenty, so the interval spans all the way."""
+    from booklens.optimizers.evaluate import EvalResult
+
+    scores = [1.0] * 10 + [0.0] * 10
+    alone = EvalResult(label="zero-shot", scores=scores)
+    lo, hi = alone.ci()
+    assert 0.2 < lo < 0.5 < hi < 0.8
+    grouped = EvalResult(label="zero-shot", scores=scores, units=["a"] * 10 + ["b"] * 10, unit_name="summaries",
+                         examples="the same twenty")
+    assert grouped.ci() == (0.0, 1.0) and grouped.n_units == 2
+    assert grouped.as_dict()["resampled"] == {"unit": "summaries", "n": 2}
+    # One unit per example is the same interval as no units at all.
+    assert EvalResult(label="x", scores=scores, units=[str(i) for i in range(20)]).ci() == (lo, hi)
+    better = EvalResult(label="compiled", scores=[1.0] * 10 + [0.5] * 10, units=grouped.units,
+                        unit_name="summaries", examples=grouped.examples)
+    also = EvalResult(label="other", scores=[1.0] * 20, units=grouped.units, unit_name="summaries",
+                      examples=grouped.examples)
+    table = format_table([grouped, better, also], title="t", metric_name="m")
+    assert "Intervals resample whole summaries (2 of them)" in table
+    # every program after the first is compared with the first, over the same units
+    assert "compiled - zero-shot: +0.250 [+0.000, +0.500] (paired bootstrap over the same summaries" in table
+    assert "other - zero-shot: +0.500 [+0.000, +1.000]" in table
+
+
+def test_coherence_and_verification_intervals_resample_summaries(shared_dir):
+    from booklens.optimizers.tasks import get_task, load_task_splits
+
+    data = {"coherence": shared_dir / "data" / "booookscore" / "human",
+            "verification": shared_dir / "data" / "fables" / "FABLES.json"}
+    for name, path in data.items():
+        task = get_task(name)
+        test = load_task_splits(task, path, seed=0, sizes={}).get("test")
+        units = task.units(test)
+        assert task.interval_unit_name == "summaries"
+        assert len(units) == len(test) and 1 < len(set(units)) < len(test)
+
+
 def test_results_over_different_examples_of_the_same_size_are_not_paired(splits):
     """compile's table puts "compiled on dev" next to "compiled on test": a paired difference
     needs the same examples, not just as many."""

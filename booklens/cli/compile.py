@@ -134,7 +134,8 @@ def compile_command(
         examples = splits.get(split)
         if not examples or (split == "test" and not evaluate_test):
             continue
-        result = evaluate_program(compiled, examples, spec.metric, threads=threads, label=f"compiled on {split}")
+        result = evaluate_program(compiled, examples, spec.metric, threads=threads, label=f"compiled on {split}",
+                                  units=spec.units(examples), unit_name=spec.interval_unit_name)
         results.append(result)
         metrics[split] = _metric_block(result)
     total_seconds = time.perf_counter() - started
@@ -242,7 +243,8 @@ def evaluate_command(
         # fit, as long as the figures are not read as held out.
         for note in held_out_notes(str(path), b, loaded, examples, digest=digest, seed=seed, split=split):
             typer.echo(f"note: {note}", err=True)
-    results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label) for label, p in runs]
+    results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label, units=spec.units(examples),
+                                unit_name=spec.interval_unit_name) for label, p in runs]
     title = f"{spec.name} / {split} (n={len(examples)}, seed {seed})"
     typer.echo(format_table(results, title=title, metric_name=spec.metric_name))
     if any(r.failures for r in results):
