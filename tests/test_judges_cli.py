@@ -78,6 +78,14 @@ def test_calibrate_stores_figures_that_later_scores_show(tmp_path, shared_dir):
         assert entry["lm"] == "openai/fake" and entry["program"] == "default" and entry["n"]["summaries"] == 2
         assert entry["figures"]["kappa"]["n"] == entry["n"]["compared"] > 0
         assert "agreement with humans on BooookScore's test split (2 summaries of 1 book)" in result.output
+        calls = entry["usage"]["calls"]
+        assert f"coherence: {calls} LM calls (0 from cache)" in result.output
+        served = len(server.served)
+        again = invoke(["calibrate", "--judge", "coherence", "--books", "1", "--coherence-data", human,
+                        "--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache], tmp_path)
+        assert again.exit_code == 0 and len(server.served) == served  # every call from the cache
+        assert f"coherence: {calls} LM calls ({calls} from cache)" in again.output
+        assert json.loads((cache / "calibration.json").read_text())["calibrations"] == store  # the same entry
 
         summary = tmp_path / "summary.txt"
         summary.write_text(SUMMARY)

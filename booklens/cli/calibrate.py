@@ -132,22 +132,26 @@ def calibrate_command(
     calls_at_once = concurrency or (1 if resolve_lm_name(lm) == LOCAL_LM else 4)
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     from booklens.calibration import JudgedNothing, calibrate
+    from booklens.lm.usage import describe_calls, usage_scope
 
     failures: list[str] = []
     for name, prog in programs.items():
         if hasattr(prog, "concurrency"):
             prog.concurrency = calls_at_once
         started = time.perf_counter()
-        try:
-            entry = calibrate(name, prog, model, human_dir=human_dir, fables_path=fables, books=books, seed=seed,
-                              concurrency=calls_at_once, progress=lambda text: typer.echo(text, err=True))
-        except JudgedNothing as exc:  # the other judges still get measured; the command fails at the end
-            failures.append(str(exc))
-            continue
+        # The stored entry counts calls without telling cached ones apart, so that an unchanged
+        # calibration rewrites the same bytes; the line printed here tells them apart.
+        with usage_scope() as tracker:
+            try:
+                entry = calibrate(name, prog, model, human_dir=human_dir, fables_path=fables, books=books, seed=seed,
+                                  concurrency=calls_at_once, progress=lambda text: typer.echo(text, err=True))
+            except JudgedNothing as exc:  # the other judges still get measured; the command fails at the end
+                failures.append(str(exc))
+                continue
         seconds = time.perf_counter() - started
         store_calibration(entry, store)
-        usage = entry.get("usage", {})
-        typer.echo(f"{name}: {usage.get('calls', 0)} LM calls, {seconds:.0f} s; stored in {store}", err=True)
+        typer.echo(f"{name}: {describe_calls(tracker.snapshot(), tokens=False)}, {seconds:.0f} s; stored in {store}",
+                   err=True)
         typer.echo(judge_line(judge_info(name, prog, model, store={entry["key"]: entry})))
         if name == "binary":
             typer.echo(_table5_lines(entry))
