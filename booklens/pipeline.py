@@ -369,6 +369,16 @@ class _Runner:
         self.notify(f"{name}: {seconds:.1f} s, {work['calls']} LM calls ({cached} from the cache)")
         return record
 
+    def remove_unrecorded(self) -> None:
+        """Delete the step records this run does not stand behind: a step it no longer makes (the judge's
+        steps changed) or one that failed this time leaves the record of an earlier configuration,
+        which run.json does not list and a reader of the directory would take for this run's."""
+        from booklens.reports import STEP_FILES
+
+        for name, file in STEP_FILES.items():
+            if name not in self.steps:
+                (self.output / file).unlink(missing_ok=True)
+
     def fail(self, name: str, reason: str) -> None:
         self.failures[name] = reason
         self.notify(f"{name}: failed: {reason}")
@@ -548,6 +558,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         for step in wanted[1:]:
             runner.fail(step, "needs summary")
         run = runner.record(scores=run_scores(None, None, None))
+        runner.remove_unrecorded()
         write_text_atomic(output / REPORT_FILE, render_report(RunData(path=output, run=run)))
         runner.save_progress(run=run)
         runner.save_timings(total_seconds=time.perf_counter() - started)
@@ -668,6 +679,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                                                      [judge_coherence, judge_faithfulness], concurrency=2)
 
     run = runner.record(scores=run_scores(summary_text, coherence, faithfulness))
+    runner.remove_unrecorded()
     data = RunData(path=output, run=run, summary=summary, coherence=coherence, claims=claims,
                    faithfulness=faithfulness)
     write_text_atomic(output / REPORT_FILE, render_report(data))

@@ -199,6 +199,32 @@ def test_a_cell_whose_configuration_changed_is_recomputed_and_only_it(server, co
             assert all(step["reused"] is not recomputed for step in steps.values()), (system, book)
 
 
+def test_a_judge_step_taken_out_of_the_manifest_leaves_no_record_of_it_in_the_cells(server, corpus, reference,
+                                                                                  tmp_path):
+    """Cells keep only the records of the steps their run.json lists: claims.json and faithfulness.json
+    of an earlier configuration stayed beside the new run's records, looking like its own."""
+    import shutil
+
+    shutil.copytree(reference["dir"], tmp_path / "sweep")
+    shutil.copytree(reference["cache"], tmp_path / "cache")
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text(corpus.read_text().replace("steps: [coherence, faithfulness]", "steps: [coherence]"))
+    (tmp_path / "released.json").write_text(json.dumps(RELEASED))
+    start = len(server.served)
+    proc = cli(sweep_args(server, manifest, tmp_path / "sweep", tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.served) == start
+    for system in SYSTEMS:
+        for book in BOOKS:
+            cell = tmp_path / "sweep" / "cells" / system / book
+            assert list(read_json(cell / "run.json")["steps"]) == ["summary", "coherence"]
+            assert {p.name for p in cell.iterdir()} == RUN_FILES - {"claims.json", "faithfulness.json"}
+    # and back: the judge's records come again, from the cache, as before
+    proc = cli(sweep_args(server, corpus, tmp_path / "sweep", tmp_path / "cache"))
+    assert proc.returncode == 0 and len(server.served) == start
+    assert read_json(tmp_path / "sweep" / "results.json") == read_json(reference["dir"] / "results.json")
+
+
 def short_manifest(corpus: Path, books_dir: Path, tmp_path: Path) -> Path:
     """The short story under the two summarizing systems: the reference sweep's cells for it."""
     manifest = tmp_path / "short.yaml"
