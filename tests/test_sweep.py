@@ -592,3 +592,38 @@ def test_each_cells_run_record_names_the_server_its_lms_were_reached_at(server, 
     for (system, book), run in cell_runs(reference["dir"]).items():
         assert run["config"]["judge_api_base"] == server.url, (system, book)
         assert run["config"]["api_base"] == (None if system == "released" else server.url), (system, book)
+
+
+def test_a_changed_manifest_drops_the_old_aggregate_before_its_cells_run(server, corpus, reference, tmp_path,
+                                                                        monkeypatch):
+    """A sweep rerun with an edited manifest and stopped before its new aggregate is written leaves no
+    results.json, cells.jsonl or report.html of the earlier manifest (they looked like the new one's);
+    the same manifest stopped the same way keeps them."""
+    import shutil
+
+    from booklens.sweep.engines import LocalEngine
+
+    def interrupted(self, tasks, on_done, *, fail_fast=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalEngine, "run", interrupted)
+    aggregate = ("results.json", "cells.jsonl", "report.html")
+    shutil.copytree(reference["dir"], tmp_path / "sweep")
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep_quietly(corpus, tmp_path / "sweep", server, reference["cache"])
+    assert all((tmp_path / "sweep" / name).is_file() for name in aggregate)
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text(corpus.read_text().replace("max_claims: 3", "max_claims: 2"))
+    shutil.copy(corpus.parent / "released.json", tmp_path / "released.json")
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep_quietly(manifest, tmp_path / "sweep", server, reference["cache"])
+    assert not any((tmp_path / "sweep" / name).exists() for name in aggregate)
+
+
+def run_sweep_quietly(manifest, out, server, cache):
+    import io
+
+    from booklens.sweep.run import run_sweep
+
+    return run_sweep(manifest, out, lm="openai/fake-model", api_base=server.url, cache_dir=cache,
+                     stream=io.StringIO(), progress_interval=60)

@@ -156,9 +156,19 @@ def check_cache(settings: PoolSettings) -> None:
 
 
 def write_plan(sweep: Sweep, output: Path) -> None:
+    """Write sweep.json. When it changes (another manifest, or the same one edited), the results.json,
+    cells.jsonl and report.html of the earlier plan are removed first: a sweep stopped before its new
+    aggregate is written must not leave figures that look like this plan's."""
     from booklens.records import save_json
+    from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
+    from booklens.sweep.report import REPORT_FILE
 
-    save_json(output / PLAN_FILE, {
+    plan = output / PLAN_FILE
+    try:
+        before: Optional[bytes] = plan.read_bytes()
+    except OSError:
+        before = None
+    save_json(plan, {
         "kind": "booklens.sweep.plan",
         "format_version": 1,
         "manifest": str(sweep.manifest),
@@ -167,6 +177,9 @@ def write_plan(sweep: Sweep, output: Path) -> None:
         "systems": [s.model_dump(exclude_unset=True) for s in sweep.systems],
         "judge": sweep.judge.model_dump(exclude_unset=True),
     })
+    if before is not None and plan.read_bytes() != before:
+        for name in (RESULTS_FILE, CELLS_FILE, REPORT_FILE):
+            (output / name).unlink(missing_ok=True)
 
 
 def _reused(outcome: CellOutcome, output: Path) -> bool:
@@ -216,7 +229,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
 
     make_output_dir(output / CELLS_DIR, "sweep")
     remove_sweep_partial_writes(output)  # a killed sweep may have left half-written files behind
-    write_plan(sweep, output)
+    write_plan(sweep, output)  # a changed plan drops the aggregate of the previous one (see write_plan)
     stream = stream if stream is not None else sys.stderr
     own_stream = False
     if engine == "ray":
