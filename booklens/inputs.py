@@ -11,6 +11,17 @@ from booklens.errors import BooklensError
 from booklens.records import read_json_file
 
 
+def wordless(text: str) -> Optional[str]:
+    """Why `text` is no summary to judge, or None: empty, or without a single letter or digit
+    ('...', zero-width spaces). Judged, such a summary would score 100 and all faithful, having
+    nothing in it to confuse or to be false."""
+    if not text.strip():
+        return "is empty"
+    if not any(ch.isalnum() for ch in text):
+        return "has no words (only punctuation, symbols or invisible characters)"
+    return None
+
+
 def summary_map(data: Any, what: str) -> dict[str, str]:
     """book -> summary text from a JSON map whose values are strings or objects with a "summary"."""
     if not isinstance(data, Mapping) or not data:
@@ -23,8 +34,8 @@ def summary_map(data: Any, what: str) -> dict[str, str]:
         if not isinstance(value, str):
             raise BooklensError(f"{what}: the summary of {book!r} must be a string (or an object with a "
                                 "'summary' string)")
-        if not value.strip():
-            raise BooklensError(f"{what}: the summary of {book!r} is empty")
+        if wordless(value):
+            raise BooklensError(f"{what}: the summary of {book!r} {wordless(value)}")
         out[str(book)] = value
     return out
 
@@ -45,6 +56,8 @@ def load_summaries(path: Path) -> tuple[dict[str, str], Optional[Path], bool]:
             text = data.get("summary")
             if not isinstance(text, str) or not text.strip():
                 raise BooklensError(f"summary file has an empty summary: {path}")
+            if wordless(text):
+                raise BooklensError(f"the summary in {path} {wordless(text)}")
             book = data.get("book")
             name = Path(book).name if isinstance(book, str) and book else path.stem
             config = data.get("config") if isinstance(data.get("config"), Mapping) else {}
@@ -57,6 +70,8 @@ def load_summaries(path: Path) -> tuple[dict[str, str], Optional[Path], bool]:
     text = read_text_file(path)
     if not text.strip():
         raise BooklensError(f"summary file is empty: {path}")
+    if wordless(text):
+        raise BooklensError(f"the summary in {path} {wordless(text)}")
     return {path.name: text.strip()}, None, False
 
 
@@ -98,8 +113,8 @@ def read_given_summary(path: Path):
         if isinstance(data, dict) and data.get("kind") == "booklens.summary" and "config" in data:
             check_format(data, path, "summary record", "booklens.summary")
             record = _validate(Summary, data, path, "summary record")
-            if not record.summary.strip():
-                raise BooklensError(f"the summary is empty: {path}")
+            if wordless(record.summary):
+                raise BooklensError(f"the summary {wordless(record.summary)}: {path}")
             return record
     return read_summary_text(path)
 
@@ -117,8 +132,8 @@ def read_summary_text(path: Path) -> str:
         if path.exists() and path.is_file() and path.stat().st_size == 0:
             raise BooklensError(f"the summary is empty: {path}")
         text = read_text_file(path)
-    if not text.strip():
-        raise BooklensError(f"the summary is empty: {path}")
+    if wordless(text):
+        raise BooklensError(f"the summary {wordless(text)}: {path}")
     return text.strip()
 
 

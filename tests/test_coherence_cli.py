@@ -59,7 +59,15 @@ SENTENCE_ANN = {"lighthouse": {"One winter night Zed appears at the door.": {
     (lambda d: ["score", "--annotations", write(d / "a.json", [1, 2])], "not an annotation set"),
     (lambda d: ["score", "--annotations", write(d / "a.json", SENTENCE_ANN),
                 "--summaries", write(d / "s.json", {"another": SUMMARY})], "'lighthouse' is in the annotation file"),
-], ids=["missing", "empty", "annot-wrong-shape", "book-only-in-annotations"])
+    # Nothing in them to confuse a reader or to be false: judged, each would score 100.
+    (lambda d: ["score", write(d / "dots.txt", "...")], "has no words"),
+    (lambda d: ["score", write(d / "zw.txt", "\u200b\u200b\n")], "has no words"),
+    (lambda d: ["score", write(d / "one.json", {"summary": "--"})], "has no words"),
+    (lambda d: ["score", write(d / "map.json", {"a": SUMMARY, "b": "* * *"})], "the summary of 'b' has no words"),
+    (lambda d: ["run", write(d / "book.txt", SUMMARY), "--summary", write(d / "s.txt", "..."), "-o", d / "run",
+                "--lm", "openai/x", "--api-base", "http://127.0.0.1:9/v1"], "has no words"),
+], ids=["missing", "empty", "annot-wrong-shape", "book-only-in-annotations", "dots", "zero-width", "json-symbols",
+        "map-symbols", "run-given-dots"])
 def test_bad_input_gives_one_line_error(tmp_path, setup, pattern):
     out = tmp_path / "out.json"
     proc = run_command([*setup(tmp_path), "-o", out], env=cli_env(tmp_path))

@@ -127,8 +127,10 @@ def test_book_with_no_text(tmp_path, cli, content, pattern):
                           out, pattern)
 
 
-@pytest.mark.parametrize("content", ["", "  \n\n", {"summary": "   "}, {"text": "x"}],
-                         ids=["empty", "whitespace", "json-empty", "json-no-summary"])
+@pytest.mark.parametrize("content", ["", "  \n\n", {"summary": "   "}, {"text": "x"}, "...", "\u200b \u200b",
+                                     {"summary": "- * -"}],
+                         ids=["empty", "whitespace", "json-empty", "json-no-summary", "dots", "zero-width-spaces",
+                              "json-symbols"])
 def test_empty_summary(tmp_path, cli, content):
     name = "summary.json" if isinstance(content, dict) else "summary.txt"
     summary = write(tmp_path / name, content)

@@ -75,6 +75,8 @@ BAD = {
     "bad type": ("books: corpus\nsystems: [{name: a, chunk_size: 2k}]\n", "chunk_size: Input should be a valid integer"),
     "given evidence": ("books: corpus\nsystems: [{name: a}]\njudge: {evidence: given}\n",
                        "unknown evidence mode 'given' for a book run"),
+    "a summary without words": ("books: [corpus/alpha.txt]\nsystems: [{name: r, summaries: dots.json}]\n",
+                                "dots.json: the summary for the book 'alpha' has no words"),
     "summarizer keys on a summaries system": ("books: corpus\nsystems: [{name: r, summaries: released.json, "
                                               "chunk_size: 512}]\n", "chunk_size would not apply"),
     "two books with one key": ("books: [corpus/alpha.txt, other/alpha.txt]\nsystems: [{name: a}]\n",
@@ -127,6 +129,7 @@ def test_a_bad_manifest_is_one_line_with_nothing_written(case: str, corpus: Path
     text, expected = BAD[case]
     write(corpus / "other" / "alpha.txt", "Another alpha.\n")
     write(corpus / "partial.json", json.dumps({"alpha": "A.", "beta": "B."}))
+    write(corpus / "dots.json", json.dumps({"alpha": "..."}))
     write(corpus / "dots" / "...txt", "A book named '...txt'.\n")
     write(corpus / "dot" / "..txt", "A book named '..txt'.\n")
     manifest = write(corpus / "m.yaml", text)

@@ -413,9 +413,11 @@ def _read_summaries(path: Path, books: list[Book], where: str) -> dict[str, str]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise BooklensError(f"{where}: {path} has no summary for the book {missing[0]!r}{more}")
-    empty = [b.key for b in books if not data[b.key].strip()]
+    from booklens.inputs import wordless
+
+    empty = [b.key for b in books if wordless(data[b.key])]
     if empty:
-        raise BooklensError(f"{where}: {path} has an empty summary for the book {empty[0]!r}")
+        raise BooklensError(f"{where}: {path}: the summary for the book {empty[0]!r} {wordless(data[empty[0]])}")
     return {b.key: data[b.key] for b in books}
 
 
