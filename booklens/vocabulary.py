@@ -81,3 +81,12 @@ JUDGE_PROTOCOLS = (*RATING_SCALES, "pairwise")
 FAITHFULNESS_CHOICES = {**{scale: (scale,) for scale in RATING_SCALES}, "both": tuple(RATING_SCALES), "none": ()}
 # The verbosity-bias study rates each version alone, or puts original and extended side by side.
 VERBOSITY_PROTOCOLS = ("single", "pairwise")
+
+
+# ---------------------------------------------------------------------------
+# Counts in the lines commands print
+
+
+def counted(n: int, noun: str) -> str:
+    """'1 claim', '3 claims': `noun` is the singular, made plural with an s."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

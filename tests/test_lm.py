@@ -155,3 +155,18 @@ def test_context_window_overflow_is_a_clear_error():
         with dspy.context(lm=lm, adapter=BooklensAdapter()):
             with pytest.raises(LMError, match="context window|rejected the request"):
                 dspy.Predict(Classify)(text="x")
+
+
+def test_counts_in_the_printed_lines_agree_in_number():
+    from types import SimpleNamespace
+
+    from booklens.cli.run import score_line
+    from booklens.lm.usage import describe_calls
+
+    assert describe_calls({"calls": 0, "cached_calls": 1}, tokens=False) == "1 LM call (1 from cache)"
+    assert describe_calls({"calls": 2, "cached_calls": 0}, tokens=False) == "2 LM calls (0 from cache)"
+    run = SimpleNamespace(scores={"booookscore": 1.0, "claims": 1, "claim_labels": {"faithful": 100.0},
+                                  "failed_sentences": 1},
+                          totals={"calls": 3, "prompt_tokens": 10, "completion_tokens": 2})
+    line = score_line(run)
+    assert "(1 sentence not judged" in line and "; 1 claim: 100.0% faithful" in line

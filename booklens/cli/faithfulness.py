@@ -32,7 +32,7 @@ from booklens.cli.common import (
 )
 from booklens.cli.data import stats_app
 from booklens.errors import BooklensError
-from booklens.vocabulary import CLAIM_LABELS
+from booklens.vocabulary import CLAIM_LABELS, counted
 
 
 EvidenceMode = evidence_enum("EvidenceMode")
@@ -69,8 +69,8 @@ def _report_line(report) -> None:
     p = report.label_percentages
     shares = ", ".join(f"{p.get(label, 0.0):.1f}% {label}" for label in CLAIM_LABELS)
     unverified = f" ({report.failures} not verified, left out of the shares)" if report.failures else ""
-    typer.echo(f"{len(report.claims)} claims: {shares}{unverified}; {describe_calls(report.usage, tokens=False)}",
-               err=True)
+    typer.echo(f"{counted(len(report.claims), 'claim')}: {shares}{unverified}; "
+               f"{describe_calls(report.usage, tokens=False)}", err=True)
     echo_judge(report.judge)
     reason = judged_nothing(report)
     if reason:
@@ -108,7 +108,7 @@ def claims_command(
         raise BooklensError(f"could not split the summary into claims ({record.attempts} tries): {record.error}")
     write_output(output, record)
     if output is not None:
-        typer.echo(f"{len(record.claims)} claims", err=True)
+        typer.echo(counted(len(record.claims), "claim"), err=True)
 
 
 @app.command("verify")

@@ -43,7 +43,7 @@ from booklens.cli.summarize import (
     WordsPerTokenOption,
 )
 from booklens.errors import BooklensError
-from booklens.vocabulary import CLAIM_LABELS, DEFAULT_WORDS_PER_TOKEN
+from booklens.vocabulary import CLAIM_LABELS, DEFAULT_WORDS_PER_TOKEN, counted
 
 RunEvidence = evidence_enum("RunEvidence", exclude=("given",))
 
@@ -55,10 +55,10 @@ def score_line(run) -> str:
     score = s.get("booookscore")
     parts = [f"BooookScore {'-' if score is None else f'{100 * score:.1f}'}"]
     if s.get("failed_sentences"):
-        parts[0] += f" ({s['failed_sentences']} sentences not judged, left out of the score)"
+        parts[0] += f" ({counted(s['failed_sentences'], 'sentence')} not judged, left out of the score)"
     if s.get("claims"):
         shares = ", ".join(f"{labels.get(lab, 0.0):.1f}% {lab}" for lab in CLAIM_LABELS)
-        parts.append(f"{s['claims']} claims: {shares}"
+        parts.append(f"{counted(s['claims'], 'claim')}: {shares}"
                      + (f" ({s['failed_claims']} not verified, left out of the shares)" if s.get("failed_claims")
                         else ""))
     t = run.totals

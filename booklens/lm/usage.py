@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from booklens.vocabulary import counted
+
 _current_step: contextvars.ContextVar[str] = contextvars.ContextVar("booklens_step", default="default")
 
 
@@ -146,7 +148,7 @@ def describe_calls(usage: dict[str, Any], *, tokens: bool = True) -> str:
     cache)', where N counts every call, those the cache answered included (as `work()` and the
     run records count them), then the tokens of the calls made now."""
     fresh, cached = int(usage.get("calls", 0) or 0), int(usage.get("cached_calls", 0) or 0)
-    line = f"{fresh + cached} LM calls ({cached} from cache)"
+    line = f"{counted(fresh + cached, 'LM call')} ({cached} from cache)"
     if tokens:
         line += f", {usage.get('prompt_tokens', 0)} prompt + {usage.get('completion_tokens', 0)} completion tokens"
     return line
