@@ -424,6 +424,19 @@ def test_the_ray_engine_gives_the_local_figures_with_as_many_calls(server, corpu
                 (reference["dir"] / "cells" / system / book / "summary.json").read_bytes()
 
 
+def test_the_ray_engine_starts_no_more_workers_than_calls_may_be_in_flight(local_ray):
+    """A worker beyond --concurrency would only wait for a call slot, having loaded DSPy for nothing."""
+    from booklens.sweep.engines import PoolSettings, RayEngine
+
+    def workers(concurrency: int, cells: int) -> int:
+        return RayEngine(PoolSettings(lm="openai/x", api_base=None, cache_dir=None,
+                                      concurrency=concurrency)).workers(cells)
+
+    assert workers(1, 10) == 1  # one CPU's worker, not two
+    assert workers(8, 10) == 2  # the local Ray's two CPUs
+    assert workers(8, 1) == 1  # one cell
+
+
 def test_ray_workers_share_the_sweeps_call_slots(local_ray, tmp_path):
     """--concurrency bounds the calls in flight of the whole cluster, and a worker may use the
     slots another worker leaves free: the big book's cell gets more than half of them."""

@@ -390,10 +390,13 @@ class RayEngine:
         data_import.join()
 
     def workers(self, cells: int) -> int:
+        """One worker per CPU of the cluster, but no more than there are cells, nor than
+        `--concurrency`: a worker beyond the calls allowed in flight would only wait for a slot,
+        after loading DSPy (and, on the embedded model, a model) for nothing."""
         import ray
 
         cpus = int(ray.cluster_resources().get("CPU", 1))
-        return max(1, min(cells, cpus))
+        return max(1, min(cells, cpus, self.settings.concurrency))
 
     def usage(self) -> dict[str, Any]:
         import ray
