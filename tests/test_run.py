@@ -436,9 +436,10 @@ def test_run_takes_the_summarizer_settings_summarize_takes(server, tmp_path):
     proc = cli([*args, "--max-claims", "1", "--level-budget", "120", "--level-budget", "150", "--level-budget", "200",
                 "--merge-context", "none", "--words-per-token", "0.5"])
     assert proc.returncode == 0, proc.stderr
-    config = json.loads((out / "summary.json").read_text())["config"]
-    assert (config["level_budgets"], config["merge_context"], config["words_per_token"]) == ([120, 150, 200], "none",
-                                                                                             0.5)
+    for record in ("summary.json", "run.json"):
+        config = json.loads((out / record).read_text())["config"]
+        assert (config["level_budgets"], config["merge_context"], config["words_per_token"]) == ([120, 150, 200],
+                                                                                                 "none", 0.5), record
 
 
 def test_run_refuses_hier_settings_with_incremental_updating_before_anything_is_written(server, tmp_path):
