@@ -216,8 +216,12 @@ def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str)
     out += [line(r) for r in rows]
     first = results[0] if results else None
     paired = [r for r in results[1:] if first.examples is not None and r.examples == first.examples]
-    if first is not None and first.units is not None:
-        out += ["", f"Intervals resample whole {first.unit_name} ({first.n_units} of them), not single examples."]
+    grouped = [r for r in results if r.units is not None]
+    if grouped:
+        counts = {r.n_units for r in grouped}
+        how = (f"{counts.pop()} of them" if len(counts) == 1 else
+               ", ".join(f"{r.n_units} for {r.label}" for r in grouped))
+        out += ["", f"Intervals resample whole {grouped[0].unit_name} ({how}), not single examples."]
     if paired:
         out.append("")
         for r in paired:

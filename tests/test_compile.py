@@ -366,6 +366,9 @@ def test_intervals_resample_whole_units_when_examples_share_one():
     # every program after the first is compared with the first, over the same units
     assert "compiled - zero-shot: +0.250 [+0.000, +0.500] (paired bootstrap over the same summaries" in table
     assert "other - zero-shot: +0.500 [+0.000, +1.000]" in table
+    # compile's table: the same program on dev and on test, whose summaries are not as many
+    on_dev = EvalResult(label="compiled on dev", scores=[1.0] * 6, units=["c"] * 6, unit_name="summaries")
+    assert "(1 for compiled on dev, 2 for zero-shot)" in format_table([on_dev, grouped], title="t", metric_name="m")
 
 
 def test_coherence_and_verification_intervals_resample_summaries(shared_dir):
