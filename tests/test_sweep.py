@@ -516,20 +516,21 @@ def test_a_ray_worker_sets_up_its_collector_as_a_command_does(tmp_path):
         gc.set_threshold(*saved)
 
 
-def test_ray_fail_fast_lets_running_cells_finish_as_the_local_engine_does(books_dir, local_ray, tmp_path):
+def test_ray_fail_fast_lets_running_cells_finish_as_the_local_engine_does(local_ray, tmp_path):
     """--fail-fast starts no new cell after a failure; a cell already running finishes and counts (the
     Ray engine used to stop at the first failure and call the running cells "not run")."""
     from booklens.sweep.run import run_sweep
 
+    (tmp_path / "story.txt").write_text("Mara kept the light through the winter. " * 60, encoding="utf-8")
     (tmp_path / "broken.txt").write_bytes(b"\x00binary")
     (tmp_path / "sweep.yaml").write_text(
-        f"books: [{books_dir / 'the_cask_of_amontillado.txt'}, broken.txt]\n"
+        "books: [story.txt, broken.txt]\n"
         "systems: [{name: hier, method: hier, chunk_size: 1024, max_summary_tokens: 200}]\n"
         "judge: {steps: [coherence]}\n", encoding="utf-8")
     failed = tmp_path / "out" / "cells" / "hier" / "broken" / "run.json"
     answer = PipelineResponder()
 
-    def respond(body):  # the Cask's cell is running when the other one fails
+    def respond(body):  # the story's cell is running when the other one fails
         deadline = time.monotonic() + 60
         while not failed.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -539,8 +540,7 @@ def test_ray_fail_fast_lets_running_cells_finish_as_the_local_engine_does(books_
         outcome = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", engine="ray", lm="openai/fake-model",
                             api_base=srv.url, concurrency=2, cache_dir=tmp_path / "cache", fail_fast=True,
                             progress_interval=60)
-    assert {o.book: o.status for o in outcome.outcomes} == {"the_cask_of_amontillado": "complete",
-                                                            "broken": "failed"}
+    assert {o.book: o.status for o in outcome.outcomes} == {"story": "complete", "broken": "failed"}
     assert read_json(tmp_path / "out" / "results.json")["systems"]["hier"]["books"] == 1
 
 
@@ -555,9 +555,8 @@ def test_a_ray_worker_whose_sweep_is_gone_saves_no_judgment_of_the_calls_it_coul
 
     sentences = " ".join(f"On day {i} Mara climbed the tower and wrote in the log." for i in range(20))
     (tmp_path / "a.txt").write_text("Mara kept the light. " * 40, encoding="utf-8")
-    (tmp_path / "b.txt").write_text("Zed kept the boats. " * 40, encoding="utf-8")
-    (tmp_path / "given.json").write_text(json.dumps({"a": sentences, "b": sentences.replace("Mara", "Zed")}))
-    (tmp_path / "sweep.yaml").write_text("books: [a.txt, b.txt]\nsystems: [{name: given, summaries: given.json}]\n"
+    (tmp_path / "given.json").write_text(json.dumps({"a": sentences}))
+    (tmp_path / "sweep.yaml").write_text("books: [a.txt]\nsystems: [{name: given, summaries: given.json}]\n"
                                          "judge: {evidence: bm25, k: 2}\n", encoding="utf-8")
     with FakeOpenAIServer(responder=PipelineResponder(delay=0.2)) as srv:
         def stop_the_board():
@@ -570,8 +569,8 @@ def test_a_ray_worker_whose_sweep_is_gone_saves_no_judgment_of_the_calls_it_coul
         threading.Thread(target=stop_the_board, daemon=True).start()
         outcome = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", engine="ray", lm="openai/fake-model",
                             api_base=srv.url, concurrency=4, cache_dir=tmp_path / "cache", progress_interval=60)
-    assert "not run" in {o.status for o in outcome.outcomes} and "failed" not in {o.status for o in outcome.outcomes}
-    for book in ("a", "b"):
+    assert [o.status for o in outcome.outcomes] == ["not run"]
+    for book in ("a",):
         cell = tmp_path / "out" / "cells" / "given" / book
         for record in ("coherence.json", "faithfulness.json"):
             if (cell / record).exists():
