@@ -81,6 +81,11 @@ BAD = {
                                               "chunk_size: 512}]\n", "chunk_size would not apply"),
     "two books with one key": ("books: [corpus/alpha.txt, other/alpha.txt]\nsystems: [{name: a}]\n",
                                "two books have the key 'alpha'"),
+    # cells/<system>/<book> directories: one directory on a case-insensitive file system
+    "book keys differing in case": ("books: [corpus/alpha.txt, other/Alpha.txt]\nsystems: [{name: a}]\n",
+                                    "have keys that differ only in case ('alpha' and 'Alpha')"),
+    "system names differing in case": ("books: corpus\nsystems: [{name: hier}, {name: Hier}]\n",
+                                       "the systems 'hier' and 'Hier' differ only in case"),
     "system name that is a path": ("books: corpus\nsystems: [{name: ../up}]\n", "name '../up' must start"),
     "no systems": ("books: corpus\nsystems: []\n", "systems: List should have at least 1 item"),
     "not a mapping": ("- corpus\n", "a manifest is a YAML mapping"),
@@ -128,6 +133,7 @@ def run_cli(args: list[str]) -> tuple[int, str]:
 def test_a_bad_manifest_is_one_line_with_nothing_written(case: str, corpus: Path):
     text, expected = BAD[case]
     write(corpus / "other" / "alpha.txt", "Another alpha.\n")
+    write(corpus / "other" / "Alpha.txt", "A capital alpha.\n")
     write(corpus / "partial.json", json.dumps({"alpha": "A.", "beta": "B."}))
     write(corpus / "dots.json", json.dumps({"alpha": "..."}))
     write(corpus / "dots" / "...txt", "A book named '...txt'.\n")

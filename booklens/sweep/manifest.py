@@ -184,6 +184,10 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
                                 "letters, digits and . _ - + = (it names a directory)")
         if system.name in seen:
             raise BooklensError(f"{where}: two systems are named {system.name!r}; system names must be unique")
+        twin = next((name for name in seen if name.casefold() == system.name.casefold()), None)
+        if twin is not None:
+            raise BooklensError(f"{where}: the systems {twin!r} and {system.name!r} differ only in case: on a "
+                                "case-insensitive file system (macOS, Windows) their cells would be one directory")
         seen.add(system.name)
         where = f"{path}: system {system.name!r}"
         if system.summaries is not None:
@@ -374,6 +378,11 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
                 continue  # the same file named twice (overlapping globs)
             raise BooklensError(f"{manifest}: two books have the key {key!r} ({by_key[key]} and {p}); a book's "
                                 "key is its file name without the extension, so rename one")
+        twin = next((k for k in by_key if k.casefold() == key.casefold()), None)
+        if twin is not None:
+            raise BooklensError(f"{manifest}: the books {by_key[twin]} and {p} have keys that differ only in case "
+                                f"({twin!r} and {key!r}): on a case-insensitive file system (macOS, Windows) their "
+                                "cells would be one directory, so rename one")
         by_key[key] = p
         books.append(Book(key, p))
     _refuse_repeated_books(manifest, books)
