@@ -87,7 +87,10 @@ def check_output_file(path: Path) -> None:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as exc:
         raise BooklensError(f"cannot write {path}: {folder} takes no new files ({exc.strerror or exc})") from None
-    os.unlink(probe)
+    try:
+        os.unlink(probe)
+    except OSError:  # gone already (another process cleaning the folder): nothing to remove
+        pass
 
 
 def output_file(path: Optional[Path]) -> Optional[Path]:
