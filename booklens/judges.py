@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from booklens.errors import BooklensError
+from booklens.vocabulary import counted
 
 DEFAULTS_DIR = Path(__file__).resolve().parent / "defaults"
 # Judge name -> shipped artifact. "binary" is the verification task with the binary label set.
@@ -126,9 +127,8 @@ def _check_demos_in_use(scorer: Any, path: Path) -> None:
     used, other = (scorer.detect_batch, scorer.detect) if batched else (scorer.detect, scorer.detect_batch)
     if not used.demos and other.demos:
         made_for = "per-sentence judging (--batch-size 1)" if batched else "batched judging (--batch-size above 1)"
-        count = f"{len(other.demos)} demo{'' if len(other.demos) == 1 else 's'}"
-        raise BooklensError(f"{path} holds its {count} for {made_for} only: with --batch-size "
-                            f"{scorer.batch_size} it would judge with none of them; "
+        raise BooklensError(f"{path} holds its {counted(len(other.demos), 'demo')} for {made_for} only: with "
+                            f"--batch-size {scorer.batch_size} it would judge with none of them; "
                             f"{'drop --batch-size' if batched else 'give --batch-size above 1'} to use them")
 
 

@@ -158,7 +158,9 @@ def write_text_atomic(path: Path, text: str) -> None:
 def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Rebuild `report.html` (or `output`) from a run directory's records, or a sweep directory's page
     from its results.json and cells.jsonl."""
-    if Path(run_dir).is_dir() and not (Path(run_dir) / RUN_FILE).exists() and (Path(run_dir) / "sweep.json").is_file():
+    from booklens.sweep import PLAN_FILE
+
+    if not (Path(run_dir) / RUN_FILE).exists() and (Path(run_dir) / PLAN_FILE).is_file():
         from booklens.sweep.report import rebuild_sweep_report
 
         return rebuild_sweep_report(run_dir, output)

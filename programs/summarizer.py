@@ -70,11 +70,10 @@ UPDATE_ALLOWANCE = 1.5
 
 def prompt_overhead(predictor: dspy.Predict, **empty_inputs: Any) -> int:
     """Tokens of the predictor's prompt (instructions, field layout, demos) with empty inputs."""
+    from booklens.programs.coherence import SharedSummaryPredict, shared_summary_adapter
     from booklens.text import count_tokens
 
     adapter = dspy.settings.adapter or BooklensAdapter()
-    from booklens.programs.coherence import SharedSummaryPredict, shared_summary_adapter
-
     if isinstance(predictor, SharedSummaryPredict):  # its demos show each summary once, as its calls do
         adapter = shared_summary_adapter(adapter)
     messages = adapter.format(predictor.signature, predictor.demos, empty_inputs)

@@ -12,3 +12,6 @@
 # Where a sweep's cells run (the `engines` module has one class each). Kept here, light to
 # import, so the command's choices come from it too.
 ENGINES = ("local", "ray")
+
+# A sweep directory's plan (manifest, books, systems, judge): what marks a directory as a sweep's.
+PLAN_FILE = "sweep.json"

@@ -14,7 +14,8 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
   every worker takes one, so a worker whose cells are done leaves its share to the others
   (`--rpm`/`--tpm` are split over the workers); after a failure under `--fail-fast` the board
   tells the workers to start no new cell. Workers write each cell's run directory
-  themselves, so the sweep directory (and the cache) must be on a path every node sees; the
+  themselves, so the sweep directory must be on a path every node sees (the call cache stays on
+  each node's own disk: SQLite's WAL mode does not work on network file systems); the
   cell's run record comes back to the driver in the dataset's rows, and the driver writes the
   aggregate.
 """

@@ -312,7 +312,7 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
     from booklens.pipeline import JudgeConfig
     from booklens.records import read_json_file
     from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
-    from booklens.sweep.run import PLAN_FILE
+    from booklens.sweep import PLAN_FILE
 
     sweep_dir = Path(sweep_dir)
     plan = read_json_file(sweep_dir / PLAN_FILE, "sweep plan")

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any, Optional, TextIO
 
 from booklens.errors import BooklensError
-from booklens.sweep import ENGINES
+from booklens.sweep import ENGINES, PLAN_FILE
 from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
 from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine
 from booklens.sweep.manifest import Sweep, load_manifest
 
-PLAN_FILE = "sweep.json"
 
 
 @dataclass
