@@ -188,6 +188,7 @@ class FakeOpenAIServer:
                     server.received.append(ReceivedRequest(self.path, dict(self.headers.items()), body))
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                counted = False
                 try:
                     if server.latency:
                         server._closing.wait(server.latency)
@@ -230,12 +231,17 @@ class FakeOpenAIServer:
                                          "message": {"role": "assistant", "content": reply.content}}],
                             "usage": usage,
                         }
-                    self._send(200, payload, reply.headers)
+                    # Counted before the answer goes out: a client that has its answer must find the
+                    # request here, and no longer in flight (after the answer, both could lag behind).
                     with lock:
                         server.served.append(body)
-                finally:
-                    with lock:
                         server.in_flight -= 1
+                        counted = True
+                    self._send(200, payload, reply.headers)
+                finally:
+                    if not counted:
+                        with lock:
+                            server.in_flight -= 1
 
         class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
             daemon_threads = True
