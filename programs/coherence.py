@@ -31,6 +31,7 @@ import dspy
 from booklens.errors import LMError, first_line
 from booklens.lm import fresh_try, predict_with_retries
 from booklens.parallel import chunked, parallel_map
+from booklens.programs.base import Module, Predict
 from booklens.records import COHERENCE_ERROR_TYPES, SentenceAnnotation
 from booklens.signatures.coherence import CONFUSION, NO_CONFUSION, DetectConfusion, DetectConfusionBatch
 
@@ -154,7 +155,7 @@ def shared_summary_adapter(adapter: Any, field: str = SHARED_FIELD) -> Any:
     return adapted
 
 
-class SharedSummaryPredict(dspy.Predict):
+class SharedSummaryPredict(Predict):
     """`dspy.Predict` whose demos that share a summary are shown as one conversation (see the module
     docstring). State, saving, loading and compiling are those of `dspy.Predict`."""
 
@@ -220,7 +221,7 @@ def fitting_demos(predictor: dspy.Predict, summary: str, *, judged_tokens: int, 
     return []
 
 
-class CoherenceScorer(dspy.Module):
+class CoherenceScorer(Module):
     """Confusion detection on every sentence of a summary, and its BooookScore (Eq. 1)."""
 
     def __init__(self, batch_size: int = 1, concurrency: int = 4, tries: int = DEFAULT_TRIES,
@@ -235,7 +236,7 @@ class CoherenceScorer(dspy.Module):
         self.tries = tries
         self.tokens_per_sentence = tokens_per_sentence
         self.detect = SharedSummaryPredict(DetectConfusion)
-        self.detect_batch = dspy.Predict(DetectConfusionBatch)
+        self.detect_batch = Predict(DetectConfusionBatch)
 
     @property
     def mode(self) -> str:

@@ -30,6 +30,7 @@ from booklens.errors import BooklensError, first_line
 from booklens.lm import ContextWindowExceeded, last_finish_reason, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
+from booklens.programs.base import Module, Predict
 from booklens.signatures.diverse import (
     CRITERION_DESCRIPTIONS,
     CompareSummaries,
@@ -77,7 +78,7 @@ def article_texts(event: Any) -> list[str]:
     return [f"[{a.aid}] {a.as_text()}" for a in event.articles]
 
 
-class DiverseSummarizer(dspy.Module):
+class DiverseSummarizer(Module):
     """Summarize the diverse and conflicting information in several articles about one event."""
 
     def __init__(self, method: str = "auto", *, num_sentences: int = EXTRACT_SENTENCES, context_window: Optional[int] = None,
@@ -92,9 +93,9 @@ class DiverseSummarizer(dspy.Module):
         self.context_window = context_window
         self.concurrency = concurrency
         self.tries = tries
-        self.summarize = dspy.Predict(SummarizeDiverse)
-        self.extract = dspy.Predict(ExtractImportantSentences)
-        self.summarize_extracts = dspy.Predict(SummarizeExtractedSentences)
+        self.summarize = Predict(SummarizeDiverse)
+        self.extract = Predict(ExtractImportantSentences)
+        self.summarize_extracts = Predict(SummarizeExtractedSentences)
 
     def budget(self) -> int:
         return int(_window(self.context_window) * BUDGET_MARGIN) - SUMMARY_RESERVE
@@ -207,7 +208,7 @@ def exact_groups(answers: Sequence[tuple[str, str]]) -> list[list[int]]:
     return list(groups.values())
 
 
-class ReferenceBuilder(dspy.Module):
+class ReferenceBuilder(Module):
     """Questions on which the articles differ, with the answers extracted from each article,
     built the way the seed's pipeline builds DiverseSumm's references (§3.1):
 
@@ -237,10 +238,10 @@ class ReferenceBuilder(dspy.Module):
         self.context_window = context_window
         self.concurrency = concurrency
         self.tries = tries
-        self.generate = dspy.Predict(GenerateQuestions)
-        self.extract_answers = dspy.Predict(ExtractAnswers)
-        self.group = dspy.Predict(GroupEquivalentAnswers)
-        self.filter = dspy.Predict(FilterAnswers)
+        self.generate = Predict(GenerateQuestions)
+        self.extract_answers = Predict(ExtractAnswers)
+        self.group = Predict(GroupEquivalentAnswers)
+        self.filter = Predict(FilterAnswers)
 
     def budget(self) -> int:
         return int(_window(self.context_window) * BUDGET_MARGIN) - 512
@@ -386,7 +387,7 @@ class ReferenceBuilder(dspy.Module):
 # Judges
 
 
-class RatingJudge(dspy.Module):
+class RatingJudge(Module):
     """A single-answer grader: an explanation and an integer rating on a closed scale."""
 
     def __init__(self, signature: type[dspy.Signature], scale: str, tries: int = 3):
@@ -394,7 +395,7 @@ class RatingJudge(dspy.Module):
         if scale not in RATING_SCALES:
             raise BooklensError(f"unknown scale {scale!r}: use binary or likert")
         self.scale = scale
-        self.judge = dspy.Predict(signature)
+        self.judge = Predict(signature)
         self.tries = tries
 
     def check(self, pred: Any) -> Optional[str]:
@@ -412,7 +413,7 @@ class RatingJudge(dspy.Module):
                                error=None, attempts=got.attempts)
 
 
-class CoverageJudge(dspy.Module):
+class CoverageJudge(Module):
     """Coverage of the reference QA pairs: binary per QA pair, or Likert 1-10 over all of them."""
 
     def __init__(self, protocol: str = "binary", tries: int = 3, concurrency: int = 1):
@@ -437,7 +438,7 @@ class CoverageJudge(dspy.Module):
                                failed=sum(1 for r in results if r.rating is None))
 
 
-class FaithfulnessJudge(dspy.Module):
+class FaithfulnessJudge(Module):
     """Faithfulness of a summary to each article: binary or Likert 1-10; the score is the mean."""
 
     def __init__(self, protocol: str = "likert", tries: int = 3, concurrency: int = 1):
@@ -457,7 +458,7 @@ class FaithfulnessJudge(dspy.Module):
                                failed=sum(1 for r in results if r.rating is None))
 
 
-class PairwiseJudge(dspy.Module):
+class PairwiseJudge(Module):
     """Compare two summaries on one criterion, in both orders, and aggregate the two verdicts."""
 
     def __init__(self, criterion: str = "coverage", tries: int = 3):
@@ -465,7 +466,7 @@ class PairwiseJudge(dspy.Module):
         if criterion not in CRITERIA:
             raise BooklensError(f"unknown criterion {criterion!r}: use {' or '.join(CRITERIA)}")
         self.criterion = criterion
-        self.compare = dspy.Predict(CompareSummaries)
+        self.compare = Predict(CompareSummaries)
         self.tries = tries
 
     def one_order(self, reference: str, first: str, second: str) -> tuple[Optional[str], Optional[str], Optional[str]]:

@@ -32,6 +32,7 @@ import dspy
 from booklens.errors import BooklensError
 from booklens.lm import last_finish_reason, predict_with_retries, usage_step
 from booklens.parallel import parallel_map
+from booklens.programs.base import Module, Predict
 from booklens.records import ClaimVerdict, Evidence
 from booklens.retrieval import BOOK_MODES, EVIDENCE_MODES, BookIndex, format_passages
 from booklens.signatures.faithfulness import (
@@ -160,12 +161,12 @@ def label_summary(verdicts: Sequence[ClaimVerdict]) -> tuple[dict[str, int], dic
 # Decomposition
 
 
-class ClaimDecomposer(dspy.Module):
+class ClaimDecomposer(Module):
     """Summary -> atomic claims."""
 
     def __init__(self, *, tries: int = 3, max_tokens: int = DECOMPOSE_MAX_TOKENS):
         super().__init__()
-        self.decompose = dspy.Predict(DecomposeSummary)
+        self.decompose = Predict(DecomposeSummary)
         self.tries = tries
         self.max_tokens = max_tokens
 
@@ -209,7 +210,7 @@ def _passage_numbers(values: Any, count: int) -> tuple[list[int], list[int]]:
     return sorted(valid), sorted(invalid)
 
 
-class ClaimVerifier(dspy.Module):
+class ClaimVerifier(Module):
     """Claim + evidence passages -> label, reason, supporting and refuting passage numbers.
 
     `passages=None` asks without evidence (the 'none' mode); a list (possibly empty) is the evidence.
@@ -220,8 +221,8 @@ class ClaimVerifier(dspy.Module):
         if label_set not in LABEL_SETS:
             raise BooklensError(f"unknown label set '{label_set}' (use one of {', '.join(LABEL_SETS)})")
         binary = label_set == "binary"
-        self.verify = dspy.Predict(VerifyClaimBinary if binary else VerifyClaim)
-        self.verify_without_evidence = dspy.Predict(VerifyClaimBinaryWithoutEvidence if binary
+        self.verify = Predict(VerifyClaimBinary if binary else VerifyClaim)
+        self.verify_without_evidence = Predict(VerifyClaimBinaryWithoutEvidence if binary
                                                     else VerifyClaimWithoutEvidence)
         self.tries = tries
         self.max_tokens = max_tokens
@@ -287,7 +288,7 @@ class ClaimVerifier(dspy.Module):
 # The whole chain
 
 
-class FaithfulnessChecker(dspy.Module):
+class FaithfulnessChecker(Module):
     """Decompose a summary (unless claims are given), gather evidence per claim, verify concurrently."""
 
     def __init__(self, decomposer: ClaimDecomposer | None = None, verifier: ClaimVerifier | None = None, *,

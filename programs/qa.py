@@ -34,6 +34,7 @@ import dspy
 
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, predict_with_retries
+from booklens.programs.base import Module, Predict
 from booklens.signatures.qa import (
     AnswerMultipleChoice,
     AnswerMultipleChoiceClosedBook,
@@ -112,7 +113,7 @@ def join_passages(passages: Sequence[Any]) -> str:
     return "".join(parts)
 
 
-class BookQA(dspy.Module):
+class BookQA(Module):
     """Answer a question about a book, reading the whole book, retrieved passages, the gold
     evidence or nothing, depending on the evidence mode and on what fits the context window."""
 
@@ -142,8 +143,8 @@ class BookQA(dspy.Module):
             open_sig, closed_sig = AnswerMultipleChoice, AnswerMultipleChoiceClosedBook
         else:
             open_sig, closed_sig = AnswerQuestion, AnswerQuestionClosedBook
-        self.answer = dspy.Predict(with_evidence(open_sig) if self.quote_evidence else open_sig)
-        self.answer_closed_book = dspy.Predict(closed_sig)
+        self.answer = Predict(with_evidence(open_sig) if self.quote_evidence else open_sig)
+        self.answer_closed_book = Predict(closed_sig)
 
     # -- context -------------------------------------------------------------------
 
@@ -251,12 +252,12 @@ def _option_letters(options: Optional[str]) -> list[str]:
     return letters
 
 
-class AnswerJudge(dspy.Module):
+class AnswerJudge(Module):
     """Grade a free-text answer against the reference answer: correct or not, with a reason."""
 
     def __init__(self, tries: int = 3):
         super().__init__()
-        self.judge = dspy.Predict(JudgeAnswer)
+        self.judge = Predict(JudgeAnswer)
         self.tries = tries
 
     def forward(self, question: str, correct_answer: str, student_answer: str,
@@ -271,14 +272,14 @@ class AnswerJudge(dspy.Module):
                                attempts=attempt.attempts)
 
 
-class EvidenceJudge(dspy.Module):
+class EvidenceJudge(Module):
     """Score quoted evidence against the annotators' evidence: correctness, relevance and
     sufficiency, 0-100 each, and their mean (NovelQA's evidence recall). No quotes score 0
     without a call; a score outside 0-100 is re-asked, then recorded as a failure."""
 
     def __init__(self, tries: int = 3):
         super().__init__()
-        self.score = dspy.Predict(ScoreEvidence)
+        self.score = Predict(ScoreEvidence)
         self.tries = tries
 
     @staticmethod

@@ -26,6 +26,7 @@ import dspy
 
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, fresh_try, last_finish_reason, predict_with_retries
+from booklens.programs.base import Module, Predict
 from booklens.records import Chunk, SummaryNode
 from booklens.vocabulary import (  # noqa: F401 - the settings are part of this module's API
     DEFAULT_GENERATION_ALLOWANCE,
@@ -138,7 +139,7 @@ class _Generated:
     fallback: bool = False  # no answer had words: the given fallback text stands in
 
 
-class _BookSummarizer(dspy.Module):
+class _BookSummarizer(Module):
     method = "base"
 
     def __init__(
@@ -180,7 +181,7 @@ class _BookSummarizer(dspy.Module):
         self.generation_slack = generation_slack
         self.generation_allowance = generation_allowance
         self.shrink_on_regeneration = shrink_on_regeneration
-        self.clean = dspy.Predict(RemoveArtifacts)
+        self.clean = Predict(RemoveArtifacts)
 
     # -- budgets ---------------------------------------------------------
 
@@ -323,9 +324,9 @@ class HierarchicalSummarizer(_BookSummarizer):
             raise BooklensError(f"unknown merge context '{merge_context}': use {', '.join(MERGE_CONTEXTS)}")
         self.merge_context = merge_context
         self.pipelined = pipelined
-        self.summarize_chunk = dspy.Predict(SummarizeChunk)
-        self.merge = dspy.Predict(MergeSummaries)
-        self.merge_with_context = dspy.Predict(MergeSummariesWithContext)
+        self.summarize_chunk = Predict(SummarizeChunk)
+        self.merge = Predict(MergeSummaries)
+        self.merge_with_context = Predict(MergeSummariesWithContext)
 
     def check_budgets(self) -> tuple[int, int, int]:
         """Room for input at level 1, for a merge, and for a context merge; errors when too small.
@@ -644,9 +645,9 @@ class IncrementalSummarizer(_BookSummarizer):
 
     def __init__(self, **config: Any):
         super().__init__(**config)
-        self.summarize_chunk = dspy.Predict(SummarizeChunk)
-        self.update = dspy.Predict(UpdateSummary)
-        self.compress = dspy.Predict(CompressSummary)
+        self.summarize_chunk = Predict(SummarizeChunk)
+        self.update = Predict(UpdateSummary)
+        self.compress = Predict(CompressSummary)
 
     def check_budgets(self) -> None:
         g = self.max_summary_tokens
