@@ -237,8 +237,8 @@ def test_embedded_model_scores_a_summary(tmp_path):
     out = tmp_path / "out.json"
     # The batched path, zero-shot: the few-shot detector on the embedded model is checked by
     # test_judges_cli (score with no options).
-    proc = run_cli(["score", summary, "--lm", "local", "--batch-size", "3", "--concurrency", "1", "--zero-shot",
-                    "-o", out], tmp_path, timeout=900)
+    proc = run_command(["score", summary, "--lm", "local", "--batch-size", "3", "--concurrency", "1", "--zero-shot",
+                        "-o", out], env=cli_env(tmp_path))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert len(result["sentences"]) == 3

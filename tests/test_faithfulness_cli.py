@@ -270,8 +270,7 @@ def test_verify_one_claim_with_the_embedded_model(tmp_path, books_dir):
     book = books_dir / "the_cask_of_amontillado.txt"
     claims = write(tmp_path / "claims.json", ["Montresor walls Fortunato up alive in the catacombs."])
     out = tmp_path / "report.json"
-    proc = run_cli(["verify", "--claims", str(claims), "--book", str(book), "--k", "2", "-o", str(out)], tmp_path,
-                   timeout=900)
+    proc = run_here(["verify", "--claims", str(claims), "--book", str(book), "--k", "2", "-o", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     verdict = report["claims"][0]

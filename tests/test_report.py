@@ -9,14 +9,13 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 from booklens.errors import BooklensError
-from booklens.testing import FakeOpenAIServer, ScriptedLM
+from booklens.testing import FakeOpenAIServer, ScriptedLM, run_command
 
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
@@ -530,7 +529,6 @@ def test_bad_run_directory_is_a_one_line_error(hier_run, tmp_path, damage, patte
                                   "timings.json"])
 def test_the_report_never_replaces_a_record_of_its_run(hier_run, tmp_path, name):
     from booklens.reports import write_report
-    from booklens.testing import run_command
 
     target = _copy(hier_run, tmp_path)
     before = {p.name: p.read_bytes() for p in target.iterdir()}
@@ -693,9 +691,11 @@ def test_embedded_model_run_on_the_sample_story(tmp_path, story_opening):
     out = tmp_path / "run"
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("BOOKLENS_LM", None)
-    proc = subprocess.run([sys.executable, "-m", "booklens", "run", str(story_opening), "--lm", "local", "--zero-shot",
-                           "--max-summary-tokens", "120", "--max-regenerations", "0", "--max-claims", "2", "--k", "2", "--passage-tokens", "128",
-                           "-o", str(out)], capture_output=True, text=True, env=env, timeout=1800)
+    # In this process (booklens.testing.run_command): the command as the script runs it, without
+    # importing DSPy, LiteLLM and sentence-transformers again.
+    proc = run_command(["run", story_opening, "--lm", "local", "--zero-shot", "--max-summary-tokens", "120",
+                        "--max-regenerations", "0", "--max-claims", "2", "--k", "2", "--passage-tokens", "128",
+                        "-o", out], env=env)
     assert proc.returncode == 0, proc.stderr
     from booklens.reports import load_run
 
