@@ -384,15 +384,10 @@ class _Runner:
         self.notify(f"{name}: failed: {reason}")
 
     def record(self, *, scores: Optional[dict[str, Any]] = None):
+        from booklens.lm.usage import total_work
         from booklens.records import RunRecord
 
-        totals = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": None}
-        for step in self.steps.values():
-            totals["calls"] += step.calls
-            totals["prompt_tokens"] += step.prompt_tokens
-            totals["completion_tokens"] += step.completion_tokens
-            if step.cost_usd is not None:
-                totals["cost_usd"] = round((totals["cost_usd"] or 0.0) + step.cost_usd, 6)
+        totals = total_work(step.model_dump() for step in self.steps.values())
         ordered = {name: self.steps[name] for name in STEPS if name in self.steps}
         failures = {name: self.failures[name] for name in STEPS if name in self.failures}
         complete = all(name in self.steps for name in self.wanted) and not failures

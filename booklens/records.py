@@ -406,6 +406,8 @@ class RunStep(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: Optional[float] = Field(default=None, description="None when the provider's prices are unknown")
+    provider_cached_tokens: int = Field(default=0, description="of prompt_tokens, those the provider read from its "
+                                                               "own prompt cache")
 
 
 class RunRecord(BaseModel):

@@ -812,19 +812,26 @@ _STEP_NAMES = {"summary": "Summarize", "coherence": "Coherence (BooookScore)", "
 
 def _run_section(data: RunData) -> str:
     run = data.run
-    rows = []
-    for name, step in run.steps.items():
-        rows.append(f'<tr><th scope="row">{h(_STEP_NAMES.get(name, name))}</th><td class="num">{_int(step.calls)}</td>'
-                    f'<td class="num">{_int(step.prompt_tokens)}</td><td class="num">{_int(step.completion_tokens)}</td>'
-                    f'<td class="num">{h(_cost(step.cost_usd))}</td></tr>')
     t = run.totals
-    rows.append(f'<tr><th scope="row">Total</th><td class="num">{_int(t.get("calls"))}</td>'
-                f'<td class="num">{_int(t.get("prompt_tokens"))}</td><td class="num">{_int(t.get("completion_tokens"))}</td>'
-                f'<td class="num">{h(_cost(t.get("cost_usd")))}</td></tr>')
+    # Prompt tokens a provider served from its own prompt cache: a column only where there are any.
+    provider_cached = bool(t.get("provider_cached_tokens"))
+
+    def row(label: str, calls: Any, prompt: Any, completion: Any, cost: Any, cached: Any) -> str:
+        extra = f'<td class="num">{_int(cached)}</td>' if provider_cached else ""
+        return (f'<tr><th scope="row">{h(label)}</th><td class="num">{_int(calls)}</td>'
+                f'<td class="num">{_int(prompt)}</td>{extra}<td class="num">{_int(completion)}</td>'
+                f'<td class="num">{h(_cost(cost))}</td></tr>')
+
+    rows = [row(_STEP_NAMES.get(name, name), step.calls, step.prompt_tokens, step.completion_tokens, step.cost_usd,
+                step.provider_cached_tokens) for name, step in run.steps.items()]
+    rows.append(row("Total", t.get("calls"), t.get("prompt_tokens"), t.get("completion_tokens"), t.get("cost_usd"),
+                    t.get("provider_cached_tokens")))
+    cached_head = ('<th scope="col" class="num">of which cached by the provider</th>' if provider_cached else "")
     table = ('<table class="data"><caption>LM work per step (every call the results rest on, including those '
              'answered from the cache)</caption><thead><tr><th scope="col">Step</th><th scope="col" class="num">'
-             'LM calls</th><th scope="col" class="num">Prompt tokens</th><th scope="col" class="num">Completion '
-             f'tokens</th><th scope="col" class="num">Cost</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+             f'LM calls</th><th scope="col" class="num">Prompt tokens</th>{cached_head}<th scope="col" class="num">'
+             f'Completion tokens</th><th scope="col" class="num">Cost</th></tr></thead><tbody>{"".join(rows)}'
+             '</tbody></table>')
     config = "".join(f"<dt>{h(k)}</dt><dd>{h(_config_value(v))}</dd>" for k, v in run.config.items())
     versions = ", ".join(f"{k} {v}" for k, v in run.versions.items())
     return (f"{table}\n<h3>Configuration</h3>\n<dl class=\"config\"><dt>book</dt><dd>{h(run.book)}</dd>"

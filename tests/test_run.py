@@ -174,6 +174,32 @@ def test_rerun_reuses_everything_and_rewrites_the_directory_identically(server, 
     assert all(t["reused"] for t in timings["steps"].values())
 
 
+def test_prompt_tokens_the_provider_cached_are_counted_per_step_and_the_same_after_a_rerun(tmp_path):
+    """A provider that reports `prompt_tokens_details.cached_tokens` (5 per call here): each step
+    and the run's totals count them, the report gets a column for them, and a run whose calls all
+    come from booklens's cache reports what the calls had when they were made."""
+    from booklens.testing import Reply
+
+    answers = Responder()
+    with FakeOpenAIServer(responder=lambda body: Reply(content=answers(body), cached_tokens=5)) as srv:
+        out, cache = tmp_path / "run", tmp_path / "cache"
+        proc = cli(run_args(srv, out, cache))
+        assert proc.returncode == 0, proc.stderr
+        fresh = json.loads((out / "run.json").read_text())
+        assert fresh["totals"]["calls"] == len(srv.served) > 4
+        for name, step in fresh["steps"].items():
+            assert step["provider_cached_tokens"] == 5 * step["calls"], name
+        assert fresh["totals"]["provider_cached_tokens"] == 5 * len(srv.served)
+        assert "of which cached by the provider" in (out / "report.html").read_text()
+
+        served = len(srv.served)
+        again = tmp_path / "again"
+        proc = cli(run_args(srv, again, cache))
+        assert proc.returncode == 0, proc.stderr
+        assert len(srv.served) == served  # every call from the cache
+    assert json.loads((again / "run.json").read_text())["steps"] == fresh["steps"]
+
+
 def test_report_command_rebuilds_the_same_page(reference, tmp_path):
     rebuilt = tmp_path / "again.html"
     proc = cli([sys.executable, "-m", "booklens", "report", str(reference["dir"]), "-o", str(rebuilt)])

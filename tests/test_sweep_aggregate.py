@@ -12,13 +12,14 @@ from booklens.sweep.progress import SweepProgress
 from booklens.sweep.report import render_sweep_report
 
 
-def run(score: float, faithful: float, calls: int, tokens: int = 100, cost=None) -> dict:
+def run(score: float, faithful: float, calls: int, tokens: int = 100, cost=None, provider_cached: int = 0) -> dict:
     return {"complete": True, "failures": {}, "lm": "openai/x", "book_tokens": 1000,
             "scores": {"booookscore": score, "sentences": 10, "confusing_sentences": round(10 * (1 - score)),
                        "claims": 4, "claim_labels": {"faithful": faithful, "unfaithful": 100 - faithful,
                                                      "partial support": 0.0, "can't verify": 0.0},
                        "summary_tokens": 200, "repeated_trigrams": 1.5},
-            "totals": {"calls": calls, "prompt_tokens": tokens, "completion_tokens": 10, "cost_usd": cost}}
+            "totals": {"calls": calls, "prompt_tokens": tokens, "completion_tokens": 10, "cost_usd": cost,
+                       "provider_cached_tokens": provider_cached}}
 
 
 def failed_run(calls: int) -> dict:
@@ -30,8 +31,8 @@ def failed_run(calls: int) -> dict:
 @pytest.fixture
 def outcomes() -> list[CellOutcome]:
     return [
-        outcome_of_run("a", "b1", run(0.8, 50.0, 10, cost=0.25)),
-        outcome_of_run("a", "b2", run(0.6, 75.0, 12, cost=0.25)),
+        outcome_of_run("a", "b1", run(0.8, 50.0, 10, cost=0.25, provider_cached=40)),
+        outcome_of_run("a", "b2", run(0.6, 75.0, 12, cost=0.25, provider_cached=60)),
         outcome_of_run("a", "b3", failed_run(3)),
         outcome_of_run("b", "b1", run(0.9, 100.0, 20)),
         outcome_of_run("b", "b2", run(1.0, 100.0, 20)),
@@ -61,7 +62,10 @@ def test_failed_cells_are_counted_apart_and_their_work_still_counts(outcomes):
     assert a["booookscore"]["mean"] == pytest.approx(0.7)
     assert a["booookscore"]["ci95"] == [pytest.approx(0.6), pytest.approx(0.8)]
     assert a["claims"] == {"faithful": 62.5, "unfaithful": 37.5, "partial support": 0.0, "can't verify": 0.0}
-    assert a["usage"] == {"calls": 25, "prompt_tokens": 205, "completion_tokens": 20, "cost_usd": 1.0}
+    # a3's run record predates provider-cached tokens: it counts none
+    assert a["usage"] == {"calls": 25, "prompt_tokens": 205, "completion_tokens": 20, "cost_usd": 1.0,
+                          "provider_cached_tokens": 100}
+    assert [cell_row(o)["provider_cached_tokens"] for o in outcomes[:3]] == [40, 60, None]
     assert b["usage"]["cost_usd"] is None  # no price known for any of its cells
     assert c["booookscore"] == {"mean": None, "ci95": None} and c["usage"]["calls"] == 0
     # Pairs are over the books both systems completed: b3 failed under a, so a-b uses b1 and b2.

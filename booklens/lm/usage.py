@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 from booklens.vocabulary import counted
 
@@ -62,6 +62,7 @@ class StepUsage:
     cached_prompt_tokens: int = 0
     cached_completion_tokens: int = 0
     cached_cost_usd: float | None = None
+    cached_provider_cached_tokens: int = 0
     # Prompt tokens of fresh calls that the provider read from its own prompt cache
     # (`prompt_tokens_details.cached_tokens`); they are part of prompt_tokens and cost_usd
     # already prices them at the provider's cached rate.
@@ -73,6 +74,7 @@ class StepUsage:
             self.cached_calls += 1
             self.cached_prompt_tokens += prompt_tokens
             self.cached_completion_tokens += completion_tokens
+            self.cached_provider_cached_tokens += provider_cached_tokens
             if cost is not None:
                 self.cached_cost_usd = (self.cached_cost_usd or 0.0) + cost
             return
@@ -94,6 +96,7 @@ class StepUsage:
             "cached_completion_tokens": self.cached_completion_tokens,
             "cached_cost_usd": None if self.cached_cost_usd is None else round(self.cached_cost_usd, 6),
             "provider_cached_tokens": self.provider_cached_tokens,
+            "cached_provider_cached_tokens": self.cached_provider_cached_tokens,
         }
 
 
@@ -143,6 +146,23 @@ def usage_delta(before: dict, after: dict) -> dict[str, Any]:
     return delta
 
 
+# The figures of LM work a run records per step and a sweep per cell (`work_between`).
+WORK_KEYS = ("calls", "prompt_tokens", "completion_tokens", "cost_usd", "provider_cached_tokens")
+WORK_COUNTS = tuple(key for key in WORK_KEYS if key != "cost_usd")
+
+
+def total_work(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The sum of `work_between` figures (a run's steps, a sweep's cells): counts add up, and the
+    cost is None unless at least one item knows its own."""
+    total: dict[str, Any] = {key: None if key == "cost_usd" else 0 for key in WORK_KEYS}
+    for item in items:
+        for key in WORK_COUNTS:
+            total[key] += int(item.get(key) or 0)
+        if item.get("cost_usd") is not None:
+            total["cost_usd"] = round((total["cost_usd"] or 0.0) + float(item["cost_usd"]), 6)
+    return total
+
+
 def describe_calls(usage: dict[str, Any], *, tokens: bool = True) -> str:
     """The commands' line on the LM work of a `snapshot()` or `usage_delta()`: 'N LM calls (M from
     cache)', where N counts every call, those the cache answered included (as `work()` and the
@@ -162,9 +182,12 @@ def work_between(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
               - before["prompt_tokens"] - before.get("cached_prompt_tokens", 0))
     completion = (after["completion_tokens"] + after.get("cached_completion_tokens", 0)
                   - before["completion_tokens"] - before.get("cached_completion_tokens", 0))
+    provider_cached = (after.get("provider_cached_tokens", 0) + after.get("cached_provider_cached_tokens", 0)
+                       - before.get("provider_cached_tokens", 0) - before.get("cached_provider_cached_tokens", 0))
     costs = [after.get("cost_usd"), after.get("cached_cost_usd")]
     cost = None
     if any(c is not None for c in costs):
         spent = sum(c or 0.0 for c in costs) - (before.get("cost_usd") or 0.0) - (before.get("cached_cost_usd") or 0.0)
         cost = round(spent, 6)
-    return {"calls": calls, "prompt_tokens": prompt, "completion_tokens": completion, "cost_usd": cost}
+    return {"calls": calls, "prompt_tokens": prompt, "completion_tokens": completion, "cost_usd": cost,
+            "provider_cached_tokens": provider_cached}

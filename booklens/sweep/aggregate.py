@@ -20,6 +20,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from booklens.lm.usage import WORK_KEYS, total_work
 from booklens.pipeline import STEPS
 from booklens.vocabulary import CLAIM_LABELS
 
@@ -29,7 +30,6 @@ CELLS_DIR = "cells"
 # Flat column names of the claim labels in cells.jsonl (no spaces or quotes: easy in pandas):
 # faithful_pct, unfaithful_pct, partial_support_pct, cant_verify_pct.
 LABEL_COLUMNS = {label: label.replace("'", "").replace(" ", "_") + "_pct" for label in CLAIM_LABELS}
-USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "cost_usd")
 STATUSES = ("complete", "failed", "not run")
 
 
@@ -89,7 +89,7 @@ def cell_row(outcome: CellOutcome) -> dict[str, Any]:
         row[column] = labels.get(label) if labels else None
     row["summary_tokens"] = scores.get("summary_tokens")
     row["repeated_trigrams"] = scores.get("repeated_trigrams")
-    for key in USAGE_KEYS:
+    for key in WORK_KEYS:
         row[key] = totals.get(key)
     return row
 
@@ -118,16 +118,6 @@ def _present(rows: Sequence[dict[str, Any]], column: str) -> list[float]:
             and not (isinstance(r[column], float) and math.isnan(r[column]))]
 
 
-def _usage(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    usage: dict[str, Any] = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": None}
-    for r in rows:
-        for key in ("calls", "prompt_tokens", "completion_tokens"):
-            usage[key] += int(r.get(key) or 0)
-        if r.get("cost_usd") is not None:
-            usage["cost_usd"] = round((usage["cost_usd"] or 0.0) + float(r["cost_usd"]), 6)
-    return usage
-
-
 def system_results(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     complete = [r for r in rows if r["status"] == "complete"]
     scores = _present(complete, "booookscore")
@@ -143,7 +133,7 @@ def system_results(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "failed_claims": int(sum(_present(complete, "failed_claims"))),
         "summary_tokens": _mean(_present(complete, "summary_tokens")),
         "repeated_trigrams": _mean(_present(complete, "repeated_trigrams")),
-        "usage": _usage(rows),
+        "usage": total_work(rows),
     }
 
 
