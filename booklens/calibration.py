@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from booklens.errors import BooklensError
-from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS
+from booklens.lm.base import lm_label
+from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, counted
 
 COHERENCE_BOOKS = 2
 VERIFICATION_BOOKS = 1
@@ -84,15 +85,7 @@ def _judged_nothing(judge: str, items: int, what: str, errors: list[str]) -> Jud
     from booklens.steps import quote_first_error  # the same "(first: ...)" as score and verify
 
     return JudgedNothing(f"{judge} calibration: the judge gave no valid verdict on any of the "
-                         f"{_plural(items, what)}{quote_first_error(errors)}; nothing stored")
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def _lm_label(lm: Any) -> str:
-    return str(getattr(lm, "label", None) or getattr(lm, "model", None) or lm)
+                         f"{counted(items, what)}{quote_first_error(errors)}; nothing stored")
 
 
 def _sample_books(books: list[str], count: Optional[int], seed: int) -> list[str]:
@@ -175,7 +168,7 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
                for name in ("precision", "recall", "f1", "kappa", "accuracy")}
     return {
         "sample_name": f"BooookScore's test split ({len(items)} summar{'y' if len(items) == 1 else 'ies'} "
-                       f"of {_plural(len(info['books']), 'book')})",
+                       f"of {counted(len(info['books']), 'book')})",
         "data": info,
         "n": {"summaries": len(items), "sentences": sentences, "compared": compared, "failed": failed},
         "counts": {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "human_confusing": tp + fn, "judge_confusing": tp + fp},
@@ -283,8 +276,8 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     report = verification_report(gold, pred, groups, labels=BINARY_LABELS)
     entry = {
         "sample_name": ("FABLES Table 5's seven books" if info["split"] == "table5"
-                        else f"FABLES' test split ({_plural(len(info['books']), 'book')}, "
-                             f"{_plural(len(gold), 'claim')})"),
+                        else f"FABLES' test split ({counted(len(info['books']), 'book')}, "
+                             f"{counted(len(gold), 'claim')})"),
         "setting": "human evidence: the annotators' quotes (FABLES Table 5)",
         "data": info,
         "n": {"summaries": len(units), "claims": len(gold)},
@@ -336,8 +329,8 @@ def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None
                                       books=None if table5 else (VERIFICATION_BOOKS if books is None else books))
     mode = judge_mode(judge, program)
     fingerprint = program_fingerprint(program)
-    lm_label = _lm_label(lm)
-    head = {"key": calibration_key(judge, mode, lm_label, fingerprint), "judge": judge, "mode": mode,
-            "lm": lm_label, "program": getattr(program, "_booklens_judge", "program"),
+    lm_name = lm_label(lm)
+    head = {"key": calibration_key(judge, mode, lm_name, fingerprint), "judge": judge, "mode": mode,
+            "lm": lm_name, "program": getattr(program, "_booklens_judge", "program"),
             "program_sha256": fingerprint, "demos": demo_count(judge, program)}
     return {**head, **body}

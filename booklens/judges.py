@@ -216,20 +216,38 @@ def _as_list(value: Any) -> list:
 def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, Any]] = None) -> Any:
     """`JudgeInfo` for a (program, LM) pair, with its stored calibration and warning. The store is the
     shipped one plus the user's next to the LM's call cache, unless `store` is given."""
+    from booklens.lm.base import lm_label
     from booklens.records import JudgeInfo
 
-    lm_label = lm if isinstance(lm, str) else str(getattr(lm, "label", None) or getattr(lm, "model", lm))
+    lm_name = lm_label(lm)
     if store is None:
         call_cache = getattr(getattr(lm, "call_cache", None), "path", None)
         store = load_store(Path(call_cache).parent if call_cache is not None else None)
     fingerprint = program_fingerprint(program)
     mode = judge_mode(judge, program)
-    entry = find_calibration(judge, mode, lm_label, fingerprint, store=store)
+    entry = find_calibration(judge, mode, lm_name, fingerprint, store=store)
     info = JudgeInfo(task=task_of(judge), mode=mode, program=getattr(program, "_booklens_judge", "program"),
-                     program_sha256=fingerprint, demos=demo_count(judge, program), lm=lm_label,
-                     calibration=entry)
+                     program_sha256=fingerprint, demos=demo_count(judge, program), lm=lm_name,
+                     compiled_with=compiled_with(getattr(program, "_booklens_artifact", None)), calibration=entry)
     info.warning = judge_warning(info)
     return info
+
+
+def compiled_with(block: Optional[dict[str, Any]]) -> Optional[str]:
+    """The LM whose answers chose an artifact's demos or instructions; None when no LM chose them
+    (annotated examples taken as they are: `labeled`, and the programs shipped with booklens)."""
+    if not block or block.get("optimizer") == "labeled":
+        return None
+    lm = block.get("lm")
+    return lm if isinstance(lm, str) and lm else None
+
+
+def other_lm_note(label: str, made_with: Optional[str], lm: str) -> Optional[str]:
+    """A note when an artifact runs on an LM other than the one it was compiled with (`compiled_with`)."""
+    if made_with is None or made_with == lm:
+        return None
+    return (f"{label} was compiled with {made_with}: its demos and instructions were chosen by how that LM did "
+            f"with them, and may serve {lm} less well")
 
 
 def judge_warning(info: Any) -> Optional[str]:
@@ -288,7 +306,8 @@ def judge_line(info: Any) -> str:
             parts = [_fmt_figure("F1 faithful", f1.get("faithful")), _fmt_figure("F1 unfaithful", f1.get("unfaithful")),
                      _fmt_figure("accuracy", figures.get("accuracy"))]
         head += f"; agreement with humans on {c.get('sample_name', 'the test split')}: {', '.join(parts)}"
-    return head + (f"\nwarning: {info.warning}" if info.warning else "")
+    note = other_lm_note(f"the {info.task} program", info.compiled_with, info.lm)
+    return head + (f"\nnote: {note}" if note else "") + (f"\nwarning: {info.warning}" if info.warning else "")
 
 
 # ---------------------------------------------------------------------------

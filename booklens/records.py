@@ -139,6 +139,8 @@ class JudgeInfo(BaseModel):
     program_sha256: str = Field(description="of the program's prompts and demos (what its calibration is keyed by)")
     demos: int = Field(description="labelled examples the program shows the model")
     lm: str
+    compiled_with: Optional[str] = Field(default=None, description="the LM whose answers chose the artifact's demos "
+                                                                   "or instructions, when an LM chose them")
     calibration: Optional[dict[str, Any]] = None
     warning: Optional[str] = None
 

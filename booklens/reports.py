@@ -514,6 +514,8 @@ def judge_card(task: str, judge: Any) -> str:
     program = {"default": "default few-shot program", "zero-shot": "zero-shot program"}.get(
         judge.program, f"program {judge.program}")
     detail = [f"{program} ({judge.mode}, {_plural(judge.demos, 'demo')}) on {judge.lm}"]
+    if judge.compiled_with and judge.compiled_with != judge.lm:
+        detail.append(f"compiled with {judge.compiled_with}, whose answers chose its demos and instructions")
     c = judge.calibration or {}
     figures = c.get("figures") or {}
     if task == "coherence":

@@ -263,6 +263,43 @@ def test_evaluate_says_when_an_artifact_is_scored_on_what_it_was_compiled_on(tmp
                             "on them are inflated", found[1]), found
 
 
+def test_an_artifact_run_on_another_lm_than_it_was_compiled_with_gets_a_note(tmp_path):
+    """Bootstrapped demos are the compiling LM's own answers that the metric accepted: evaluate and
+    the judge line say when another LM runs them, and the record names the LM. Annotated demos
+    (`labeled`) were chosen by no LM: no note."""
+    data = tiny_fables(tmp_path / "fables.json")
+    bootstrapped, labeled = tmp_path / "bootstrapped.json", tmp_path / "labeled.json"
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Mara keeps the light."]))
+    with FakeOpenAIServer(responder=fake_verifier) as server:
+        for optimizer, artifact in (("bootstrap", bootstrapped), ("labeled", labeled)):
+            proc = run_cli(["compile", "verification", "--data", data, "--optimizer", optimizer, "--demos", "2",
+                            "--no-test", "-o", artifact, "--lm", "openai/fake-model", "--api-base", server.url],
+                           tmp_path)
+            assert proc.returncode == 0, proc.stderr
+        assert json.loads(bootstrapped.read_text())["metadata"]["booklens"]["lm"] == "openai/fake-model"
+
+        def notes(artifact, model):
+            proc = run_cli(["evaluate", "verification", "--data", data, "--program", artifact, "--no-zero-shot",
+                            "--size", "2", "--lm", model, "--api-base", server.url], tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            return [line for line in proc.stderr.splitlines() if "was compiled with openai/" in line]
+
+        assert notes(bootstrapped, "openai/fake-model") == []
+        assert notes(bootstrapped, "openai/other-model") == [
+            f"note: {bootstrapped} was compiled with openai/fake-model: its demos and instructions were chosen by "
+            "how that LM did with them, and may serve openai/other-model less well"]
+        assert notes(labeled, "openai/other-model") == []
+
+        out = tmp_path / "verdicts.json"
+        proc = run_cli(["verify", "--claims", claims, "--book", STORY, "--evidence", "bm25", "--program", bootstrapped,
+                        "--lm", "openai/other-model", "--api-base", server.url, "-o", out], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    assert "note: the verification program was compiled with openai/fake-model: its demos" in proc.stderr
+    judge = json.loads(out.read_text())["judge"]
+    assert (judge["lm"], judge["compiled_with"]) == ("openai/other-model", "openai/fake-model")
+
+
 def test_summarize_takes_only_books_and_says_when_nothing_will_score_the_program(tmp_path):
     data = tiny_fables(tmp_path / "fables.json")
     out = tmp_path / "a.json"

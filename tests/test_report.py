@@ -340,6 +340,20 @@ def test_the_judge_cards_name_the_figure_behind_each_warning(hier_run, tmp_path)
     assert "1 of 5 sentences could not be judged: left out of the score" in score
 
 
+def test_a_judge_card_names_the_lm_its_program_was_compiled_with_when_another_runs_it():
+    from booklens.records import JudgeInfo
+    from booklens.reports import judge_card
+
+    def card(lm: str, compiled_with):
+        return Dom.text(Dom(judge_card("verification", JudgeInfo(
+            task="verification", mode="four-way", program="verify.json", program_sha256="0" * 64, demos=2, lm=lm,
+            compiled_with=compiled_with))).find("li", cls="judge")[0])
+
+    assert "compiled with openai/gpt-4o, whose answers chose its demos" in card("openai/gpt-4o-mini", "openai/gpt-4o")
+    assert "compiled with" not in card("openai/gpt-4o", "openai/gpt-4o")
+    assert "compiled with" not in card("openai/gpt-4o", None)
+
+
 def test_a_calibrated_judge_with_good_agreement_has_no_warning(hier_run, tmp_path):
     from booklens.judges import judge_info, load_judge
 

@@ -32,6 +32,7 @@ from booklens.cli.common import (
 )
 from booklens.data.splits import DEFAULT_FRACTIONS
 from booklens.errors import BooklensError
+from booklens.lm.base import lm_label
 
 TaskArgument = Annotated[str, typer.Argument(
     help="coherence (confusion detection), verification, decomposition (claims) or summarize.")]
@@ -50,10 +51,6 @@ def _sizes(train: int | None, dev: int | None, test: int | None) -> dict[str, in
         if value is not None and value < 0:
             raise BooklensError(f"--{name}-size must be 0 (the whole split) or more (got {value})")
     return {"train": train, "dev": dev, "test": test}
-
-
-def _lm_label(lm: Any) -> str:
-    return str(getattr(lm, "label", None) or getattr(lm, "model", None) or lm)
 
 
 def _metric_block(result) -> dict[str, Any]:
@@ -147,7 +144,7 @@ def compile_command(
         seed=seed,
         optimizer=name,
         budget=budget.as_dict(),
-        lm=_lm_label(model),
+        lm=lm_label(model),
         metric=spec.metric_name,
         metrics=metrics,
     )
@@ -230,7 +227,7 @@ def evaluate_command(
     if zero_shot:
         runs.append(("zero-shot", spec.build_program()))
     labels_seen: set[str] = set()
-    from booklens.judges import DEFAULTS_DIR
+    from booklens.judges import DEFAULTS_DIR, compiled_with, other_lm_note
 
     for path, b in zip(programs, blocks):
         loaded = load_program(spec.build_program(), path, task=spec.name)
@@ -241,8 +238,10 @@ def evaluate_command(
         runs.append((label, loaded))
         # A note, not a refusal: evaluating an artifact on what it learned from is a fair check of
         # fit, as long as the figures are not read as held out.
-        for note in held_out_notes(str(path), b, loaded, examples, digest=digest, seed=seed, split=split):
-            typer.echo(f"note: {note}", err=True)
+        notes = held_out_notes(str(path), b, loaded, examples, digest=digest, seed=seed, split=split)
+        for note in [*notes, other_lm_note(str(path), compiled_with(b), lm_label(model))]:
+            if note:
+                typer.echo(f"note: {note}", err=True)
     results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label, units=spec.units(examples),
                                 unit_name=spec.interval_unit_name) for label, p in runs]
     title = f"{spec.name} / {split} (n={len(examples)}, seed {seed})"
@@ -254,7 +253,7 @@ def evaluate_command(
     if output is not None:
         write_output(output, {
             "kind": "booklens.evaluation", "task": spec.name, "split": split, "seed": seed,
-            "data": splits.info, "lm": _lm_label(model), "metric": spec.metric_name,
+            "data": splits.info, "lm": lm_label(model), "metric": spec.metric_name,
             "programs": [str(p) for p in programs], "results": [r.as_dict() for r in results],
         })
     sys.stdout.flush()

@@ -18,7 +18,7 @@ _EXPORTS = {
     "usage": ("usage_step", "current_step", "usage_scope", "StepUsage", "UsageTracker", "usage_delta", "describe_calls",
               "work_between"),
     "cache": ("CallCache", "default_cache_dir"),
-    "base": ("Completion", "DEFAULT_MAX_TOKENS", "ContextWindowExceeded"),
+    "base": ("Completion", "DEFAULT_MAX_TOKENS", "ContextWindowExceeded", "lm_label"),
     "embedded": ("LOCAL_LM", "LOCAL_MODEL_NAME", "LOCAL_CONTEXT_WINDOW", "LocalBackend", "local_model_path"),
     "remote": ("LiteLLMBackend", "STRUCTURED_MODES", "check_api_base", "resolve_api_base"),
     "ratelimit": ("RateLimiter",),

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from booklens.errors import LMError
 
 DEFAULT_MAX_TOKENS = 1024
+
+
+def lm_label(lm: Any) -> str:
+    """The name records and terminal lines give an LM: a booklens LM's label, a DSPy LM's model
+    string, or the string itself."""
+    return str(getattr(lm, "label", None) or getattr(lm, "model", None) or lm)
 
 
 class ContextWindowExceeded(LMError):
