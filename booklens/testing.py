@@ -382,7 +382,7 @@ def pipeline_step(body: dict[str, Any]) -> str:
     last = str(messages[-1].get("content", ""))
     if "as plain text" in last:
         return "summarize"
-    if "[[ ## sentence ## ]]" in last:
+    if "[[ ## sentence ## ]]" in last or "[[ ## sentences ## ]]" in last:
         return "coherence"
     if "`claims`" in system:
         return "claims"
@@ -401,8 +401,9 @@ class PipelineResponder:
     """Deterministic, plausible answers that depend on the request: a summary names the two most
     frequent names of its input and a page number drawn from the prompt's digest (so different
     books and systems get different summaries, and no two cells send the same judge request); a
-    sentence about hiding something confuses the judge; claims are the summary's sentences; a
-    claim about hiding is unfaithful, the others faithful. `delay` slows every answer down."""
+    sentence about hiding something confuses the judge, asked one at a time or in a batch; claims
+    are the summary's sentences; a claim about hiding is unfaithful, the others faithful. `delay`
+    slows every answer down."""
 
     def __init__(self, delay: float = 0.0):
         self.delay = delay
@@ -423,6 +424,12 @@ class PipelineResponder:
                      f"By the end of page {page + 1}, {first} knows what happened."]
         return " ".join(sentences)
 
+    @staticmethod
+    def verdict(sentence: str) -> dict[str, Any]:
+        if "hides" in sentence:
+            return {"verdict": "confusion", "questions": ["What is in the letter?"], "error_types": ["entity omission"]}
+        return {"verdict": "no confusion", "questions": [], "error_types": []}
+
     def __call__(self, body: dict[str, Any]) -> str:
         if self.delay:
             import time
@@ -433,11 +440,15 @@ class PipelineResponder:
         if step == "summarize":
             return self.summary(last)
         if step == "coherence":
-            sentence = parse_fields(last).get("sentence", "")
-            if "hides" in sentence:
-                return json.dumps({"verdict": "confusion", "questions": ["What is in the letter?"],
-                                   "error_types": ["entity omission"]})
-            return json.dumps({"verdict": "no confusion", "questions": [], "error_types": []})
+            fields = parse_fields(last)
+            if "sentences" in fields:  # batched: '<number>: <sentence>' per line, one answer each
+                answers = []
+                for line in fields["sentences"].splitlines():
+                    number, _, sentence = line.partition(":")
+                    if number.strip().isdigit():
+                        answers.append({"number": int(number), **self.verdict(sentence)})
+                return json.dumps({"answers": answers})
+            return json.dumps(self.verdict(fields.get("sentence", "")))
         if step == "claims":
             from booklens.text import split_sentences
 

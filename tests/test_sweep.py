@@ -393,6 +393,34 @@ def test_dry_run_estimates_without_calling_or_writing(server, corpus, reference,
     assert table["hier"][-1] == "unknown"  # LiteLLM knows no price for the fake model
 
 
+def test_a_sweep_judging_sentences_in_batches_gets_the_per_sentence_figures_in_fewer_calls(server, tmp_path):
+    """judge.batch_size in a manifest: sentences go to the judge three at a time, and the verdicts,
+    hence BooookScore, are those of one call per sentence."""
+    from booklens.testing import pipeline_step
+
+    given = {"a": "Mara lights the lamp. Tobin hides the oil. The storm passes. Mara writes. Tobin leaves.",
+             "b": "Ada hides a key. Ada sails home. Ben hides the map. Ben waits."}
+    for book in given:
+        (tmp_path / f"{book}.txt").write_text(f"Book {book}. " + "Mara kept the light. " * 40, encoding="utf-8")
+    (tmp_path / "given.json").write_text(json.dumps(given), encoding="utf-8")
+    figures = {}
+    for batch in (1, 3):
+        manifest = tmp_path / f"sweep-{batch}.yaml"
+        manifest.write_text("books: [a.txt, b.txt]\nsystems: [{name: given, summaries: given.json}]\n"
+                            f"judge: {{steps: [coherence], batch_size: {batch}}}\n", encoding="utf-8")
+        out, start = tmp_path / f"out-{batch}", len(server.served)
+        proc = cli(sweep_args(server, manifest, out, tmp_path / "cache"))
+        assert proc.returncode == 0, proc.stderr
+        calls = [body for body in server.served[start:] if pipeline_step(body) == "coherence"]
+        verdicts = {book: [(s["sentence"], s["confusing"]) for s in
+                           read_json(out / "cells" / "given" / book / "coherence.json")["sentences"]] for book in given}
+        figures[batch] = (len(calls), verdicts, read_json(out / "results.json")["systems"]["given"]["booookscore"])
+    (one, verdicts_one, score_one), (three, verdicts_three, score_three) = figures[1], figures[3]
+    assert (one, three) == (5 + 4, 2 + 2)
+    assert verdicts_three == verdicts_one and sum(c for v in verdicts_one.values() for _, c in v) == 3
+    assert score_three == score_one
+
+
 # ---------------------------------------------------------------------------
 # The Ray engine
 
