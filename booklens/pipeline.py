@@ -419,7 +419,7 @@ class _Runner:
 # The run
 
 
-def _config_record(system: SystemConfig, judge: JudgeConfig, lm_label: str, judge_label: str,
+def _config_record(system: SystemConfig, judge: JudgeConfig, summary_label: str, judge_label: str,
                    concurrency: int, api_base: Optional[str] = None, judge_api_base: Optional[str] = None
                    ) -> dict[str, Any]:
     """The configuration written to run.json (no cache directory: it does not change results). `api_base`
@@ -459,7 +459,7 @@ def _config_record(system: SystemConfig, judge: JudgeConfig, lm_label: str, judg
         "max_claims": judge.max_claims,
         "programs": {task: program_entry(path) for task, path in sorted(programs.items())},
         "zero_shot": judge.zero_shot,
-        "lm": lm_label,
+        "lm": summary_label,
         "api_base": public_api_base(api_base or system.api_base) if made else None,
         "judge_lm": judge_label,
         "judge_api_base": public_api_base(judge_api_base or judge.api_base),
@@ -495,7 +495,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     a bad configuration or run directory raises `BooklensError` before anything is written."""
     import dspy
 
-    from booklens.lm import BooklensAdapter, LMPool
+    from booklens.lm import BooklensAdapter, LMPool, lm_label
     from booklens.reports import RunData, read_step_record, render_report, write_text_atomic, REPORT_FILE
     from booklens.text import count_tokens, read_book
 
@@ -523,9 +523,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         lms = LMPool(system.lm, system.api_base, concurrency=concurrency)
     summary_lm = lms.get(system.lm, system.api_base)
     judge_lm = lms.get(judge.lm, judge.api_base)
-    lm_label = str(getattr(summary_lm, "label", summary_lm))
-    judge_label = str(getattr(judge_lm, "label", judge_lm))
-    summary_model = {"lm": lm_label, "api_base": public_api_base(lms.resolve(system.lm, system.api_base)[1])}
+    summary_label, judge_label = lm_label(summary_lm), lm_label(judge_lm)
+    summary_model = {"lm": summary_label, "api_base": public_api_base(lms.resolve(system.lm, system.api_base)[1])}
     judge_model = {"lm": judge_label, "api_base": public_api_base(lms.resolve(judge.lm, judge.api_base)[1])}
     wanted = ["summary", *judge.run_steps()]
     from booklens.judges import judge_info, judge_name
@@ -543,8 +542,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     base = {
         "book": str(book), "book_sha256": book_sha or "", "book_chars": len(book_text or ""),
         "book_tokens": count_tokens(book_text) if book_text is not None else 0,
-        "summary_source": "given" if system.given else "summarize", "lm": lm_label, "judge_lm": judge_label,
-        "config": _config_record(system, judge, lm_label, judge_label, concurrency, summary_model["api_base"],
+        "summary_source": "given" if system.given else "summarize", "lm": summary_label, "judge_lm": judge_label,
+        "config": _config_record(system, judge, summary_label, judge_label, concurrency, summary_model["api_base"],
                                  judge_model["api_base"]),
         "versions": package_versions(),
         "judges": judges,

@@ -19,11 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from booklens.errors import BooklensError
+from booklens.lm.base import lm_label
 from booklens.lm.usage import usage_scope, usage_step
-
-
-def lm_label(lm: Any) -> str:
-    return str(getattr(lm, "label", getattr(lm, "model", lm)))
 
 
 def _usage(tracker) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from booklens.lm.base import lm_label
 from booklens.lm.cache import CallCache, default_cache_dir
 from booklens.lm.embedded import LOCAL_LM
 from booklens.lm.usage import UsageTracker
@@ -74,7 +75,7 @@ class FixedLMPool:
         self.usage = getattr(lm, "usage", None)
 
     def resolve(self, lm: str | None = None, api_base: str | None = None) -> tuple[str, str | None]:
-        return str(getattr(self.lm, "label", getattr(self.lm, "model", self.lm))), None
+        return lm_label(self.lm), None
 
     def get(self, lm: str | None = None, api_base: str | None = None) -> Any:
         return self.lm
