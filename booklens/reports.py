@@ -475,12 +475,17 @@ def _scores_section(data: RunData) -> str:
 
 
 def run_judges(data: RunData) -> dict[str, Any]:
-    """The judge of each judging step: from its record, else from run.json."""
+    """The judge of each judging step: from its record, else from run.json. A record kept from an
+    earlier version of booklens may lack what run.json says of the same program (`compiled_with`)."""
     judges = dict(data.run.judges)
-    if data.coherence is not None and data.coherence.judge is not None:
-        judges["coherence"] = data.coherence.judge
-    if data.faithfulness is not None and data.faithfulness.judge is not None:
-        judges["verification"] = data.faithfulness.judge
+    for task, record in (("coherence", data.coherence), ("verification", data.faithfulness)):
+        if record is None or record.judge is None:
+            continue
+        judge, listed = record.judge, judges.get(task)
+        if (judge.compiled_with is None and listed is not None and listed.compiled_with
+                and listed.program_sha256 == judge.program_sha256):
+            judge = judge.model_copy(update={"compiled_with": listed.compiled_with})
+        judges[task] = judge
     return {name: judges[name] for name in ("coherence", "verification") if name in judges}
 
 

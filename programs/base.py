@@ -26,7 +26,10 @@ logger = logging.getLogger(__name__)
 
 def _lookup(self: Any, name: str) -> Any:
     attr = object.__getattribute__(self, name)
-    if name == "forward" and callable(attr) and sys._getframe(1).f_code.co_name != "__call__":
+    if name != "forward" or not callable(attr):
+        return attr
+    caller = sys._getframe(0).f_back  # None when C code with no Python caller asked
+    if caller is None or caller.f_code.co_name != "__call__":
         logger.warning("%s.forward(...) was called directly: call the module itself, so DSPy's callbacks "
                        "and usage tracking run.", type(self).__name__)
     return attr

@@ -104,3 +104,19 @@ def test_an_artifact_saved_from_plain_dspy_predictors_loads_into_the_programs(tm
     loaded.load(str(tmp_path / "program.json"))
     assert isinstance(loaded.decompose, Predict)
     assert [d["claims"] for d in loaded.decompose.demos] == [["Ada sails."]]
+
+
+def test_forward_looked_up_with_no_python_caller_warns_instead_of_failing(caplog):
+    """C code in a thread of its own has no Python frame below the lookup (DSPy's check allows for it)."""
+    import _thread
+    import operator
+    import time
+
+    from booklens.programs.faithfulness import ClaimDecomposer
+
+    with caplog.at_level(logging.WARNING):
+        _thread.start_new_thread(operator.attrgetter("forward"), (ClaimDecomposer(),))
+        deadline = time.monotonic() + 30
+        while not caplog.records and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert [r.getMessage().split(" was")[0] for r in caplog.records] == ["ClaimDecomposer.forward(...)"]

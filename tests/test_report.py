@@ -354,6 +354,28 @@ def test_a_judge_card_names_the_lm_its_program_was_compiled_with_when_another_ru
     assert "compiled with" not in card("openai/gpt-4o", None)
 
 
+def test_a_record_kept_from_an_earlier_version_gets_compiled_with_from_run_json(hier_run, tmp_path):
+    """A resumed run reuses a step record written before judges named `compiled_with`; run.json, written
+    again, names it for the same program, and the report's card follows run.json."""
+    from booklens.reports import load_run, render_report
+
+    run_dir = judged_copy(hier_run, tmp_path, calibrated=set())
+    record = json.loads((run_dir / "faithfulness.json").read_text())
+    record["judge"].pop("compiled_with")  # as the earlier version wrote it
+    (run_dir / "faithfulness.json").write_text(json.dumps(record))
+
+    def card_after(run_json_judge: dict) -> str:
+        run = json.loads((run_dir / "run.json").read_text())
+        run["judges"] = {"verification": run_json_judge}
+        (run_dir / "run.json").write_text(json.dumps(run))
+        cards = Dom(render_report(load_run(run_dir))).find("li", cls="judge")
+        return next(Dom.text(c) for c in cards if Dom.text(c).startswith("Claim verification"))
+
+    listed = {**record["judge"], "compiled_with": "openai/gpt-4o"}
+    assert "compiled with openai/gpt-4o" in card_after(listed)
+    assert "compiled with" not in card_after({**listed, "program_sha256": "f" * 64})  # another program
+
+
 def test_a_calibrated_judge_with_good_agreement_has_no_warning(hier_run, tmp_path):
     from booklens.judges import judge_info, load_judge
 
