@@ -250,6 +250,16 @@ def other_lm_note(label: str, made_with: Optional[str], lm: str) -> Optional[str
             f"with them, and may serve {lm} less well")
 
 
+def artifact_note(path: Optional[Path], lm: str) -> Optional[str]:
+    """`other_lm_note` for an artifact given by its file: the summarizer and claim-decomposition
+    programs, which have no judge line to carry it."""
+    if path is None:
+        return None
+    from booklens.optimizers.artifacts import artifact_metadata
+
+    return other_lm_note(str(path), compiled_with(artifact_metadata(path)), lm)
+
+
 def judge_warning(info: Any) -> Optional[str]:
     """A warning naming the figure when the judge has no calibration or agrees with humans less than
     the papers' reference judge does; None otherwise."""

@@ -300,6 +300,39 @@ def test_an_artifact_run_on_another_lm_than_it_was_compiled_with_gets_a_note(tmp
     assert (judge["lm"], judge["compiled_with"]) == ("openai/other-model", "openai/fake-model")
 
 
+def test_summarizer_and_decomposition_artifacts_on_another_lm_get_a_note(tmp_path):
+    """The programs without a judge line say it in a note of their own: summarize, claims, check, run."""
+    from booklens.optimizers.artifacts import save_program
+    from booklens.optimizers.tasks import get_task
+    from booklens.testing import PipelineResponder
+
+    def artifact(task: str, name: str) -> Path:  # as `compile --optimizer bootstrap --lm openai/fake-model` records it
+        spec = get_task(task)
+        save_program(spec.build_program(), tmp_path / name, task=spec.name, optimizer="bootstrap",
+                     lm="openai/fake-model")
+        return tmp_path / name
+
+    summarizer, decomposer = artifact("summarize", "summarizer.json"), artifact("decomposition", "claims.json")
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Mara keeps the light. Tobin brings oil for the winter.", encoding="utf-8")
+    commands = [["summarize", STORY, "--program", summarizer, "-o", tmp_path / "summary.json"],
+                ["claims", summary, "--program", decomposer, "-o", tmp_path / "claims-out.json"],
+                ["check", STORY, summary, "--evidence", "bm25", "--program", decomposer, "-o", tmp_path / "check.json"],
+                ["run", STORY, "--evidence", "bm25", "--program", summarizer, "--program", decomposer,
+                 "-o", tmp_path / "run"]]
+    expected = [[summarizer], [decomposer], [decomposer], [summarizer, decomposer]]
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        for model in ("openai/fake-model", "openai/other-model"):
+            for args, paths in zip(commands, expected):
+                proc = run_cli([*args, "--lm", model, "--api-base", server.url], tmp_path)
+                assert proc.returncode == 0, proc.stderr
+                notes = [line for line in proc.stderr.splitlines() if "was compiled with" in line]
+                want = [] if model == "openai/fake-model" else [
+                    f"note: {path} was compiled with openai/fake-model: its demos and instructions were chosen by "
+                    "how that LM did with them, and may serve openai/other-model less well" for path in paths]
+                assert notes == want, (args[0], model)
+
+
 def test_summarize_takes_only_books_and_says_when_nothing_will_score_the_program(tmp_path):
     data = tiny_fables(tmp_path / "fables.json")
     out = tmp_path / "a.json"

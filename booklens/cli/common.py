@@ -158,6 +158,15 @@ def echo_judge(judge) -> None:
         typer.echo(judge_line(judge), err=True)
 
 
+def echo_artifact_note(path: Optional[Path], lm: str) -> None:
+    """The note for a summarizer or decomposition artifact run on an LM other than its own."""
+    from booklens.judges import artifact_note
+
+    note = artifact_note(path, lm)
+    if note:
+        typer.echo(f"note: {note}", err=True)
+
+
 def choices(name: str, values: Iterable[str]) -> Any:
     """A typer choice type whose values come from the library's one list of them."""
     return Enum(name, {v: v for v in values}, type=str)

@@ -25,6 +25,7 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     ZeroShotOption,
+    echo_artifact_note,
     echo_judge,
     evidence_enum,
     setup_lm,
@@ -32,6 +33,7 @@ from booklens.cli.common import (
 )
 from booklens.cli.data import stats_app
 from booklens.errors import BooklensError
+from booklens.lm.base import lm_label
 from booklens.vocabulary import CLAIM_LABELS, counted
 
 
@@ -50,14 +52,14 @@ BinaryOption = Annotated[bool, typer.Option(
 
 
 def _programs(paths: Optional[list[Path]], command: str, tasks: tuple[str, ...], *, zero_shot: bool,
-              binary: bool) -> dict:
+              binary: bool) -> tuple[dict, dict]:
     """The command's programs by task: `--program` artifacts, else the default judges (or zero-shot ones),
-    loaded before any model (see `booklens.judges.judge_programs`)."""
+    loaded before any model (see `booklens.judges.judge_programs`); and the artifacts' files by task."""
     from booklens.judges import judge_programs
     from booklens.pipeline import route_programs
 
     artifacts = route_programs(list(paths or []), allowed=tasks, command=f"booklens {command}")
-    return judge_programs(artifacts, tasks=tasks, zero_shot=zero_shot, binary=binary)
+    return judge_programs(artifacts, tasks=tasks, zero_shot=zero_shot, binary=binary), artifacts
 
 
 def _report_line(report) -> None:
@@ -100,9 +102,10 @@ def claims_command(
     from booklens.steps import decompose_summary
 
     text = read_summary_text(summary)
-    programs = _programs([program] if program is not None else [], "claims", ("decomposition",), zero_shot=False,
-                         binary=False)
-    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    programs, _ = _programs([program] if program is not None else [], "claims", ("decomposition",), zero_shot=False,
+                            binary=False)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    echo_artifact_note(program, lm_label(model))
     record = decompose_summary(text, decomposer=programs.get("decomposition"))
     if record.error:
         raise BooklensError(f"could not split the summary into claims ({record.attempts} tries): {record.error}")
@@ -152,8 +155,8 @@ def verify_command(
             raise BooklensError(f"--evidence given needs an 'evidence' list of quotes with every claim "
                                 f"(claim {missing[0]} of {claims} has none)")
     book_text = read_book(book) if book is not None else None
-    programs = _programs([program] if program is not None else [], "verify", ("verification",),
-                         zero_shot=zero_shot, binary=binary)
+    programs, _ = _programs([program] if program is not None else [], "verify", ("verification",),
+                            zero_shot=zero_shot, binary=binary)
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     report = verify_claims(claims=claim_list, given=given if evidence is EvidenceMode.given else None,
                            book=book, book_text=book_text, mode=evidence.value, k=k, budget_tokens=budget_tokens,
@@ -192,8 +195,10 @@ def check_command(
 
     book_text = read_book(book)
     summary_text = read_summary_text(summary)
-    programs = _programs(program, "check", ("decomposition", "verification"), zero_shot=zero_shot, binary=binary)
-    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    programs, artifacts = _programs(program, "check", ("decomposition", "verification"), zero_shot=zero_shot,
+                                    binary=binary)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    echo_artifact_note(artifacts.get("decomposition"), lm_label(model))  # the verifier's is under its judge line
     report = verify_claims(claims=[], book=book, book_text=book_text, summary=summary_text, mode=evidence.value,
                            k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens, concurrency=concurrency,
                            cache_dir=cache_dir, decompose=True, programs=programs)

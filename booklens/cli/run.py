@@ -24,6 +24,7 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     ZeroShotOption,
+    echo_artifact_note,
     echo_judge,
     evidence_enum,
     lm_options,
@@ -138,8 +139,10 @@ def run_command(
     lms = LMPool(lm, api_base, cache_dir=cache_dir, concurrency=concurrency, **lm_options(structured, rpm, tpm))
     run = run_book(book, output, system, judge, lms=lms, concurrency=concurrency, book_text=book_text)
     typer.echo(score_line(run), err=True)
-    for judge in run.judges.values():
-        echo_judge(judge)
+    for info in run.judges.values():
+        echo_judge(info)
+    echo_artifact_note(system.program, run.lm)
+    echo_artifact_note(judge.programs.get("decomposition"), run.judge_lm or run.lm)
     typer.echo(f"wrote {output / REPORT_FILE}", err=True)
     if run.failures:
         failed = ", ".join(f"{step} ({reason})" for step, reason in run.failures.items())
