@@ -46,11 +46,16 @@ def test_every_program_class_and_predictor_is_built_on_the_base_classes():
 
 @pytest.fixture
 def stack_walks(monkeypatch):
+    """inspect.stack() calls made by this test's thread (a thread left over from another test is not counted)."""
+    import threading
+
     walks = []
     real = inspect.stack
+    mine = threading.get_ident()
 
     def counted(*args, **kwargs):
-        walks.append(1)
+        if threading.get_ident() == mine:
+            walks.append(1)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(inspect, "stack", counted)
