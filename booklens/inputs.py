@@ -40,9 +40,10 @@ def summary_map(data: Any, what: str) -> dict[str, str]:
     return out
 
 
-def load_summaries(path: Path) -> tuple[dict[str, str], Optional[Path], bool]:
+def load_summaries(path: Path) -> tuple[dict[str, str], Optional[tuple[Path, str]], bool]:
     """The summaries to score (name -> text), the book a single summary names if that file is
-    there, and whether the file was a map of several summaries.
+    there (its path, and its text as it was summarized: `recorded_book`), and whether the file was
+    a map of several summaries.
 
     A JSON object whose keys are "summary" (a string) and optionally "book" is one summary, as
     every other command reads it, not a map with a book called "summary"."""
@@ -61,8 +62,8 @@ def load_summaries(path: Path) -> tuple[dict[str, str], Optional[Path], bool]:
             book = data.get("book")
             name = Path(book).name if isinstance(book, str) and book else path.stem
             config = data.get("config") if isinstance(data.get("config"), Mapping) else {}
-            book_path = recorded_book(book, path, data.get("book_sha256"), bool(config.get("drop_matter")))
-            return {name: text}, book_path, False
+            recorded = recorded_book(book, path, data.get("book_sha256"), bool(config.get("drop_matter")))
+            return {name: text}, recorded, False
         if isinstance(kind, str) and kind.startswith("booklens."):
             raise BooklensError(f"summary file {path} is a {kind} record, not a summary: give a `booklens summarize` "
                                 "output, a text file or a JSON map of book -> summary")
@@ -75,30 +76,32 @@ def load_summaries(path: Path) -> tuple[dict[str, str], Optional[Path], bool]:
     return {path.name: text.strip()}, None, False
 
 
-def recorded_book(book: Any, record_path: Path, sha256: Any = None, drop_matter: bool = False) -> Optional[Path]:
-    """The book file a summary record names, or None when it is not there. A relative name is
-    looked up where the command runs, then beside the record. Where the record holds the digest of
-    the text it summarized, only a file whose text has that digest counts: another file of the
-    same name is not that book."""
+def recorded_book(book: Any, record_path: Path, sha256: Any = None,
+                  drop_matter: bool = False) -> Optional[tuple[Path, str]]:
+    """The book file a summary record names and its text as the record's summarizer read it
+    (`drop_matter` as recorded), or None when it is not there. A relative name is looked up where
+    the command runs, then beside the record. Where the record holds the digest of the text it
+    summarized, only a file whose text has that digest counts: another file of the same name is
+    not that book."""
     if not isinstance(book, str) or not book:
         return None
+    from booklens.text import read_book
+
     named = Path(book)
     candidates = [named] if named.is_absolute() else [named, record_path.parent / named]
     for candidate in candidates:
         try:
             if not candidate.is_file():
                 continue
+            text = read_book(candidate, drop_matter=drop_matter)
             if isinstance(sha256, str) and sha256:
                 import hashlib
 
-                from booklens.text import read_book
-
-                text = read_book(candidate, drop_matter=drop_matter)
                 if hashlib.sha256(text.encode("utf-8")).hexdigest() != sha256:
                     continue
         except (OSError, BooklensError):
             continue
-        return candidate
+        return candidate, text
     return None
 
 

@@ -339,6 +339,25 @@ def test_the_book_a_summarize_record_names_is_found_beside_it_and_must_be_that_b
     assert "novel_trigrams_pct" not in score_through_fake_server([record], tmp_path)["stats"]
 
 
+def test_the_novel_trigrams_of_a_record_are_counted_against_the_text_it_summarized(tmp_path, books_dir):
+    """A summary made with --drop-matter is compared with the book without its front matter (the
+    book was read with the record's setting to check its digest, and that text is used)."""
+    import hashlib
+
+    from booklens.metrics.booookscore import novel_trigram_pct
+    from booklens.text import read_book
+
+    book = books_dir / "poirot_investigates.txt"
+    summary = "Poirot solves THE MURDER ON THE LINKS in a book of cases."  # a title its front matter lists
+    dropped, whole = read_book(book, drop_matter=True), read_book(book)
+    assert (novel_trigram_pct(summary, dropped), round(novel_trigram_pct(summary, whole), 1)) == (100.0, 72.7)
+    record = write(tmp_path / "summary.json", {
+        "kind": "booklens.summary", "book": str(book), "summary": summary,
+        "book_sha256": hashlib.sha256(dropped.encode("utf-8")).hexdigest(), "config": {"drop_matter": True}})
+    stats = score_through_fake_server([record], tmp_path)["stats"]
+    assert stats["novel_trigrams_pct"] == novel_trigram_pct(summary, dropped)
+
+
 def test_score_refuses_to_write_over_the_book_its_record_names(tmp_path):
     from booklens.text import read_book
 

@@ -117,17 +117,18 @@ def score(
         raise BooklensError("--summaries goes with --annotations")
     from booklens.inputs import load_summaries
 
-    texts, book_path, is_map = load_summaries(summary)
+    texts, recorded, is_map = load_summaries(summary)
+    book_path, book_text = recorded or (None, None)  # the text as summarized, read once
     if book is not None:
         if len(texts) != 1:
             raise BooklensError("--book needs a single summary, not a map of several")
-        book_path = book
+        book_path, book_text = book, None
     check_not_an_input(output, [book_path])  # the book a summarize record names is read too
-    book_texts = None
-    if book_path is not None:
+    if book_path is not None and book_text is None:
         from booklens.text import read_book
 
-        book_texts = {next(iter(texts)): read_book(book_path)}
+        book_text = read_book(book_path)
+    book_texts = {next(iter(texts)): book_text} if book_text is not None else None
     names = _select(list(texts), split, limit)
     if not names:
         raise BooklensError("no summary left to score after --split/--limit")
