@@ -331,6 +331,11 @@ def test_summarizer_and_decomposition_artifacts_on_another_lm_get_a_note(tmp_pat
                     f"note: {path} was compiled with openai/fake-model: its demos and instructions were chosen by "
                     "how that LM did with them, and may serve openai/other-model less well" for path in paths]
                 assert notes == want, (args[0], model)
+        # An artifact of another task is refused in one line: no note about it comes first.
+        wrong = artifact("verification", "verify.json")
+        proc = run_cli(["summarize", STORY, "--program", wrong, "--lm", "openai/other-model", "--api-base", server.url,
+                        "-o", tmp_path / "never.json"], tmp_path)
+        assert_one_line_error(proc, "compiled 'verification' program", output=tmp_path / "never.json")
 
 
 def test_summarize_takes_only_books_and_says_when_nothing_will_score_the_program(tmp_path):

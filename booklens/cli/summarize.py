@@ -22,7 +22,6 @@ from booklens.cli.common import (
     setup_lm,
     write_output,
 )
-from booklens.lm.base import lm_label
 from booklens.vocabulary import (
     DEFAULT_WORDS_PER_TOKEN,
     MAX_WORDS_PER_TOKEN,
@@ -99,13 +98,13 @@ def summarize(
     merge_context = merge_context.value if merge_context is not None else None
     check_method_options(method.value, level_budget, merge_context)
     text = read_book(book, drop_matter=drop_matter)  # bad input fails before any model loads
-    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
-    echo_artifact_note(program, lm_label(model))
+    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     record = summarize_book(book, method=method.value, chunk_size=chunk_size, context_window=context_window,
                             max_summary_tokens=max_summary_tokens, level_budgets=level_budget,
                             max_regenerations=max_regenerations, remove_artifacts=remove_artifacts,
                             drop_matter=drop_matter, concurrency=concurrency, program_path=program, text=text,
                             merge_context=merge_context, words_per_token=words_per_token)
+    echo_artifact_note(program, record.lm)  # once the artifact has loaded (a wrong one is the only line)
     write_output(output, record)
     if output is not None:
         from booklens.lm.usage import describe_calls

@@ -27,7 +27,6 @@ from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngin
 from booklens.sweep.manifest import Sweep, load_manifest
 
 
-
 @dataclass
 class SweepOutcome:
     output: Path
