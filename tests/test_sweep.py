@@ -421,6 +421,38 @@ def test_a_sweep_judging_sentences_in_batches_gets_the_per_sentence_figures_in_f
     assert score_three == score_one
 
 
+def test_a_sweep_notes_each_summarizer_and_decomposition_artifact_run_on_another_lm(server, tmp_path):
+    """A system's or the judge's compiled artifact run on an LM other than the one that compiled it gets
+    the note `run` prints, in the dry run and after the sweep; on its own LM it gets none."""
+    from booklens.optimizers.artifacts import save_program
+    from booklens.optimizers.tasks import get_task
+
+    for task, name in (("summarize", "summarizer.json"), ("decomposition", "claims.json")):
+        spec = get_task(task)  # as `compile --optimizer bootstrap --lm openai/fake-model` records it
+        save_program(spec.build_program(), tmp_path / name, task=spec.name, optimizer="bootstrap",
+                     lm="openai/fake-model")
+    (tmp_path / "a.txt").write_text("Book a. " + "Mara kept the light. " * 40, encoding="utf-8")
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text("books: [a.txt]\nsystems:\n"
+                        "  - {name: own, program: summarizer.json}\n"
+                        "  - {name: other, program: summarizer.json, lm: openai/other-model}\n"
+                        "judge: {steps: [faithfulness], evidence: bm25, max_claims: 2, lm: openai/other-model, "
+                        "programs: {decomposition: claims.json}}\n", encoding="utf-8")
+    tail = ("was compiled with openai/fake-model: its demos and instructions were chosen by how that LM did with "
+            "them, and may serve openai/other-model less well")
+    want = [f"note: system 'other': {tmp_path / 'summarizer.json'} {tail}",
+            f"note: judge: {tmp_path / 'claims.json'} {tail}"]
+    dry = cli(sweep_args(server, manifest, tmp_path / "out", tmp_path / "cache", "--dry-run"))
+    assert dry.returncode == 0, dry.stderr
+    assert [line for line in dry.stdout.splitlines() if line.startswith("note: ")] == want
+    proc = cli(sweep_args(server, manifest, tmp_path / "out", tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.startswith("note: ")] == want
+    runs = {name: read_json(tmp_path / "out" / "cells" / name / "a" / "run.json") for name in ("own", "other")}
+    assert (runs["own"]["lm"], runs["other"]["lm"], runs["own"]["judge_lm"]) == (
+        "openai/fake-model", "openai/other-model", "openai/other-model"), "the notes name the LMs the cells ran on"
+
+
 # ---------------------------------------------------------------------------
 # The Ray engine
 

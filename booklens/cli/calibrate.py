@@ -186,10 +186,9 @@ def judges_command(
     if ctx.invoked_subcommand is not None:
         return
     from booklens.judges import JUDGES, judge_info, judge_line, load_judge, load_store
-    from booklens.lm import LOCAL_LM, LOCAL_MODEL_NAME, resolve_lm_name
+    from booklens.lm import lm_name_label
 
-    name = resolve_lm_name(lm)
-    label = f"{LOCAL_LM}/{LOCAL_MODEL_NAME}" if name == LOCAL_LM else name
+    label = lm_name_label(lm)
     store = load_store(cache_dir)
     for judge in JUDGES:
         typer.echo(judge_line(judge_info(judge, load_judge(judge), label, store=store)))

@@ -78,6 +78,8 @@ def sweep_command(
 
         for info in outcome.results["judges"].values():
             typer.echo(judge_line(JudgeInfo.model_validate(info)), err=True)
+    for note in outcome.notes:
+        typer.echo(f"note: {note}", err=True)
     typer.echo(f"wrote {output / 'results.json'}, {output / 'cells.jsonl'} and {output / 'report.html'}", err=True)
     failed, skipped = outcome.failed, outcome.not_run
     if failed:

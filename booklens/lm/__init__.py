@@ -19,13 +19,14 @@ _EXPORTS = {
               "work_between"),
     "cache": ("CallCache", "default_cache_dir"),
     "base": ("Completion", "DEFAULT_MAX_TOKENS", "ContextWindowExceeded", "lm_label"),
-    "embedded": ("LOCAL_LM", "LOCAL_MODEL_NAME", "LOCAL_CONTEXT_WINDOW", "LocalBackend", "local_model_path"),
+    "embedded": ("LOCAL_LM", "LOCAL_LABEL", "LOCAL_MODEL_NAME", "LOCAL_CONTEXT_WINDOW", "LocalBackend",
+                 "local_model_path"),
     "remote": ("LiteLLMBackend", "STRUCTURED_MODES", "check_api_base", "resolve_api_base"),
     "ratelimit": ("RateLimiter",),
     "adapter": ("BooklensAdapter", "plain_output_field"),
-    "model": ("BooklensLM", "last_finish_reason", "resolve_lm_name", "make_lm", "make_backend", "local_backend",
-              "configure", "current_lm", "Attempted", "predict_with_retries", "fresh_try", "resolve_structured",
-              "make_limiter"),
+    "model": ("BooklensLM", "last_finish_reason", "resolve_lm_name", "lm_name_label", "make_lm", "make_backend",
+              "local_backend", "configure", "current_lm", "Attempted", "predict_with_retries", "fresh_try",
+              "resolve_structured", "make_limiter"),
     "pool": ("LMPool", "FixedLMPool"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

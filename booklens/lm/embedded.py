@@ -25,6 +25,7 @@ from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceed
 
 LOCAL_LM = "local"
 LOCAL_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
+LOCAL_LABEL = f"{LOCAL_LM}/{LOCAL_MODEL_NAME}"  # the embedded backend's name in records
 LOCAL_CONTEXT_WINDOW = 8192
 
 # llama.cpp settings, chosen by measurement on 2 CPU cores (benchmarks/bench_embedded_model.py,
@@ -428,7 +429,7 @@ class LocalBackend:
 
     @property
     def name(self) -> str:
-        return f"local/{LOCAL_MODEL_NAME}"
+        return LOCAL_LABEL
 
     @property
     def cache_identity(self) -> dict[str, Any]:

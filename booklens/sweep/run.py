@@ -32,6 +32,7 @@ class SweepOutcome:
     output: Path
     results: dict[str, Any]
     outcomes: list[CellOutcome] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # `artifact_notes`
 
     @property
     def failed(self) -> list[CellOutcome]:
@@ -135,6 +136,24 @@ def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base:
     if check_lms:
         check_models(sweep)
     return sweep, tasks
+
+
+def artifact_notes(sweep: Sweep) -> list[str]:
+    """A note for each compiled summarizer or decomposition artifact that runs on an LM other than
+    the one it was compiled with. The judges' programs carry theirs on their judge lines."""
+    from booklens.judges import artifact_note
+    from booklens.lm import lm_name_label
+
+    notes = []
+    for spec in sweep.systems:
+        if spec.program is not None and spec.summaries is None:
+            note = artifact_note(Path(spec.program), lm_name_label(spec.lm or sweep.lm))
+            notes.append(note and f"system {spec.name!r}: {note}")
+    decomposition = (sweep.judge.programs or {}).get("decomposition")
+    if decomposition is not None and "claims" in sweep.judge_config().run_steps():
+        note = artifact_note(Path(decomposition), lm_name_label(sweep.judge.lm or sweep.lm))
+        notes.append(note and f"judge: {note}")
+    return [n for n in notes if n]
 
 
 def remove_sweep_partial_writes(output: Path) -> int:
@@ -267,7 +286,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     judge = sweep.judge_config()
     meta = sweep_meta(len(systems), len(books), str(sweep.manifest), judge.steps, judge.evidence)
     write_sweep_report(output, results, [cell_row(o) for o in outcomes], title=sweep.manifest.stem, meta=meta)
-    return SweepOutcome(output, results, outcomes)
+    return SweepOutcome(output, results, outcomes, artifact_notes(sweep))
 
 
 # ---------------------------------------------------------------------------
@@ -307,6 +326,7 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
                                enumerate(zip(r, widths))).rstrip())
     lines.append("")
     lines.append(ASSUMPTIONS)
+    lines.extend(f"note: {note}" for note in artifact_notes(sweep))
     return "\n".join(lines)
 
 
