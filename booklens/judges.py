@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from booklens.errors import BooklensError
+from booklens.lm.embedded import LOCAL_CONTEXT_WINDOW
 from booklens.vocabulary import counted
 
 DEFAULTS_DIR = Path(__file__).resolve().parent / "defaults"
@@ -46,7 +47,7 @@ DEFAULT_SEED = 0
 # Prompt budget of the default coherence judge on the embedded model (8,192-token window). Counts
 # are cl100k tokens; SmolLM2's tokenizer gives 1.06 tokens per cl100k token on this text
 # (benchmarks/bench_embedded_model.py), so 1.10 leaves a margin.
-EMBEDDED_WINDOW = 8192
+EMBEDDED_WINDOW = LOCAL_CONTEXT_WINDOW
 MODEL_TOKENS_PER_CL100K = 1.10
 JUDGED_SUMMARY_TOKENS = 1300  # room for the summary being judged: booklens summaries default to 900
 TARGET_SENTENCE_TOKENS = 80

@@ -42,8 +42,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from booklens.errors import BooklensError, first_line
 from booklens.parallel import raise_if_stopped
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
 from booklens.vocabulary import (
+    DEFAULT_CHUNK_SIZE,
     DEFAULT_MERGE_CONTEXT,
+    DEFAULT_SUMMARY_TOKENS,
     DEFAULT_WORDS_PER_TOKEN,
     MAX_WORDS_PER_TOKEN,
     MIN_CHUNK_SIZE,
@@ -72,9 +75,9 @@ class SystemConfig(BaseModel):
 
     name: str = "run"
     method: SummaryMethod = "hier"
-    chunk_size: int = Field(default=2048, ge=MIN_CHUNK_SIZE)
+    chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, ge=MIN_CHUNK_SIZE)
     context_window: Optional[int] = Field(default=None, ge=MIN_CONTEXT_WINDOW)
-    max_summary_tokens: int = Field(default=900, ge=MIN_SUMMARY_TOKENS)
+    max_summary_tokens: int = Field(default=DEFAULT_SUMMARY_TOKENS, ge=MIN_SUMMARY_TOKENS)
     max_regenerations: Optional[int] = Field(default=None, ge=0)  # None: the model's (booklens.steps)
     level_budgets: Optional[list[Annotated[int, Field(ge=MIN_SUMMARY_TOKENS)]]] = Field(default=None, min_length=1)
     merge_context: Optional[MergeContextName] = None  # None: the paper's, for hier (booklens.steps)
@@ -99,9 +102,9 @@ class JudgeConfig(BaseModel):
 
     steps: list[Literal["coherence", "faithfulness"]] = Field(default_factory=lambda: ["coherence", "faithfulness"])
     evidence: str = "bm25"
-    k: int = Field(default=5, ge=1)
-    budget_tokens: Optional[int] = Field(default=None, ge=64)
-    passage_tokens: int = Field(default=256, ge=32)
+    k: int = Field(default=DEFAULT_K, ge=1)
+    budget_tokens: Optional[int] = Field(default=None, ge=MIN_BUDGET_TOKENS)
+    passage_tokens: int = Field(default=DEFAULT_PASSAGE_TOKENS, ge=MIN_PASSAGE_TOKENS)
     max_claims: Optional[int] = Field(default=None, ge=1)
     batch_size: int = Field(default=1, ge=1)
     programs: dict[str, Path] = Field(default_factory=dict)

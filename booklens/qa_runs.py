@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS
+
 
 def title_from_path(path: Path) -> str:
     """A readable title from a book's file name: 'pride_and_prejudice.txt' -> 'Pride And Prejudice'."""
@@ -49,8 +51,8 @@ class Measured:
         self.usage = usage_delta(self._before, self.lm.usage.snapshot())
 
 
-def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = 5,
-                passage_tokens: int = 256, rank_mode: str = "bm25", quote_evidence: bool = False,
+def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = DEFAULT_K,
+                passage_tokens: int = DEFAULT_PASSAGE_TOKENS, rank_mode: str = "bm25", quote_evidence: bool = False,
                 evidence_recall: str = "llm", title: Optional[str] = None, limit: Optional[int] = None,
                 position_threshold: int = 100_000, context_window: Optional[int] = None, lm: Any = None,
                 api_base: Optional[str] = None, lm_options: Optional[dict[str, Any]] = None,

@@ -21,6 +21,8 @@ from typing import Any, Mapping, Optional, Sequence
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
 from booklens.lm.usage import usage_scope, usage_step
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS
+from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS
 
 
 def _usage(tracker) -> dict[str, Any]:
@@ -74,8 +76,9 @@ def check_method_options(method: str, level_budgets: Optional[list[int]] = None,
                             "makes no merges")
 
 
-def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_window: Optional[int] = None,
-                    max_summary_tokens: int = 900, level_budgets: Optional[list[int]] = None,
+def book_summarizer(*, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZE,
+                    context_window: Optional[int] = None, max_summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
+                    level_budgets: Optional[list[int]] = None,
                     max_regenerations: Optional[int] = None, remove_artifacts: bool = True, concurrency: int = 4,
                     program_path: Optional[Path] = None, merge_context: Optional[str] = None,
                     words_per_token: Optional[float] = None):
@@ -87,7 +90,7 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_win
     check_method_options(method, level_budgets, merge_context)
     extra = {"merge_context": merge_context or DEFAULT_MERGE_CONTEXT} if method == "hier" else {}
     # None means the default; 0 is a value the program refuses, not a request for the default.
-    window = 8192 if context_window is None else context_window
+    window = DEFAULT_CONTEXT_WINDOW if context_window is None else context_window
     per_token = DEFAULT_WORDS_PER_TOKEN if words_per_token is None else words_per_token
     program = make_summarizer(method, chunk_size=chunk_size, context_window=window,
                               max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
@@ -100,8 +103,8 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = 2048, context_win
     return program
 
 
-def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = 2048,
-                   context_window: Optional[int] = None, max_summary_tokens: int = 900,
+def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZE,
+                   context_window: Optional[int] = None, max_summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
                    level_budgets: Optional[list[int]] = None, max_regenerations: Optional[int] = None,
                    remove_artifacts: bool = True, drop_matter: bool = False, concurrency: int = 4,
                    program_path: Optional[Path] = None, text: Optional[str] = None,
@@ -238,7 +241,7 @@ def decompose_summary(summary: str, *, decomposer: Any = None):
                     lm=lm_label(lm), usage=_usage(tracker))
 
 
-def book_index(book_text: str, *, cache_dir: Optional[Path] = None, passage_tokens: int = 256,
+def book_index(book_text: str, *, cache_dir: Optional[Path] = None, passage_tokens: int = DEFAULT_PASSAGE_TOKENS,
                mode: Optional[str] = None):
     """The book's passage index (built once per book and settings, then loaded from the cache);
     the dense part too when `mode` needs it."""
@@ -252,7 +255,8 @@ def book_index(book_text: str, *, cache_dir: Optional[Path] = None, passage_toke
 
 def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Optional[Path] = None,
                   summary: Optional[str] = None, given: Optional[Sequence[Optional[Sequence[str]]]] = None,
-                  mode: str = "bm25", k: int = 5, budget_tokens: Optional[int] = None, passage_tokens: int = 256,
+                  mode: str = "bm25", k: int = DEFAULT_K, budget_tokens: Optional[int] = None,
+                  passage_tokens: int = DEFAULT_PASSAGE_TOKENS,
                   concurrency: int = 4, cache_dir: Optional[Path] = None, decompose: bool = False,
                   programs: Optional[Mapping[str, Any]] = None):
     """Gather evidence for each claim (decomposing `summary` first when `decompose`) and verify it

@@ -18,6 +18,11 @@ from typing import Literal, get_args
 # How a summary is made: hierarchical merging or incremental updating.
 SummaryMethod = Literal["hier", "inc"]
 SUMMARY_METHODS: tuple[str, ...] = get_args(SummaryMethod)
+# The summarizer's defaults: tokens per chunk, G_n (tokens of a summary, the published code's
+# 900), and W (tokens the model reads at once, for a model that does not say).
+DEFAULT_CHUNK_SIZE = 2048
+DEFAULT_SUMMARY_TOKENS = 900
+DEFAULT_CONTEXT_WINDOW = 8192
 # Words asked for per token of budget: the published BooookScore code uses 0.65.
 DEFAULT_WORDS_PER_TOKEN = 0.65
 # What a hierarchical merge that is not the first of its level sees as context.

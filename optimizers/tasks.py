@@ -32,6 +32,11 @@ import dspy
 
 from booklens.data.splits import SPLITS
 from booklens.errors import BooklensError
+from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS
+
+# The summarizer a compiled summarize program is built on and recorded with: booklens's defaults.
+SUMMARIZER_DEFAULTS = {"chunk_size": DEFAULT_CHUNK_SIZE, "context_window": DEFAULT_CONTEXT_WINDOW,
+                       "max_summary_tokens": DEFAULT_SUMMARY_TOKENS}
 
 
 @dataclass
@@ -378,7 +383,7 @@ def _summarize() -> Task:
     from booklens.programs.summarizer import make_summarizer
 
     def build():
-        return make_summarizer("hier", chunk_size=2048, context_window=8192, max_summary_tokens=900)
+        return make_summarizer("hier", **SUMMARIZER_DEFAULTS)
 
     return Task(
         name="summarize",
@@ -390,7 +395,7 @@ def _summarize() -> Task:
         sizes={"train": 2, "dev": 1, "test": 2},
         bootstrap_threshold=0.9,
         data_help="a folder of books (.txt or .epub) or one book",
-        program_config={"method": "hier", "chunk_size": 2048, "context_window": 8192, "max_summary_tokens": 900},
+        program_config={"method": "hier", **SUMMARIZER_DEFAULTS},
     )
 
 

@@ -47,9 +47,8 @@ from booklens.signatures.diverse import (
     SummarizeExtractedSentences,
 )
 from booklens.text import split_sentences
-from booklens.vocabulary import ANSWER_CLUSTERINGS, CRITERIA, DIVERSE_METHODS, RATING_SCALES
+from booklens.vocabulary import ANSWER_CLUSTERINGS, CRITERIA, DEFAULT_CONTEXT_WINDOW, DIVERSE_METHODS, RATING_SCALES
 
-DEFAULT_CONTEXT_WINDOW = 8192
 BUDGET_MARGIN = 0.8
 SUMMARY_RESERVE = 1024
 # Sentences the extract-then-summarize method takes from each article (the seed's Figure 14 asks for 10).

@@ -34,7 +34,7 @@ from booklens.lm import last_finish_reason, predict_with_retries, usage_step
 from booklens.parallel import parallel_map
 from booklens.programs.base import Module, Predict
 from booklens.records import ClaimVerdict, Evidence
-from booklens.retrieval import BOOK_MODES, EVIDENCE_MODES, BookIndex, format_passages
+from booklens.retrieval import BOOK_MODES, DEFAULT_K, EVIDENCE_MODES, BookIndex, format_passages
 from booklens.signatures.faithfulness import (
     LABEL_TO_FABLES,
     DecomposeSummary,
@@ -43,9 +43,8 @@ from booklens.signatures.faithfulness import (
     VerifyClaimBinaryWithoutEvidence,
     VerifyClaimWithoutEvidence,
 )
-from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS
+from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, DEFAULT_CONTEXT_WINDOW
 
-DEFAULT_K = 5
 DECOMPOSE_MAX_TOKENS = 2048
 VERIFY_MAX_TOKENS = 256
 # Tokens of the verification prompt other than the evidence (instructions, claim, field layout, chat template).
@@ -95,7 +94,7 @@ def clean_claims(raw: Sequence[Any]) -> list[str]:
 def evidence_budget(context_window: int | None, max_tokens: int = VERIFY_MAX_TOKENS, demo_tokens: int = 0) -> int:
     """Tokens of evidence a verification prompt may hold in a model's context window, next to the
     instructions, the claim, the answer and `demo_tokens` of few-shot demos."""
-    window = context_window or 8192
+    window = context_window or DEFAULT_CONTEXT_WINDOW
     return max(256, int((window - max_tokens - VERIFY_PROMPT_OVERHEAD - demo_tokens) * BUDGET_MARGIN))
 
 

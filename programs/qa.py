@@ -44,9 +44,9 @@ from booklens.signatures.qa import (
     ScoreEvidence,
     with_evidence,
 )
-from booklens.vocabulary import QA_SETTINGS
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS
+from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW, QA_SETTINGS
 
-DEFAULT_CONTEXT_WINDOW = 8192
 # Share of the window the prompt may fill: the backend's tokenizer may count more tokens than
 # cl100k_base does, and chat templates add some.
 BUDGET_MARGIN = 0.8
@@ -58,7 +58,7 @@ EVIDENCE_CRITERIA = ("correctness", "relevance", "sufficiency")
 class _BookCache:
     """Per-book token counts and retrieval indexes, shared by copies of a program."""
 
-    def __init__(self, index_cache_dir: Any = None, passage_tokens: int = 256):
+    def __init__(self, index_cache_dir: Any = None, passage_tokens: int = DEFAULT_PASSAGE_TOKENS):
         self.index_cache_dir = index_cache_dir
         self.passage_tokens = passage_tokens
         self._tokens: dict[str, int] = {}
@@ -117,7 +117,8 @@ class BookQA(Module):
     """Answer a question about a book, reading the whole book, retrieved passages, the gold
     evidence or nothing, depending on the evidence mode and on what fits the context window."""
 
-    def __init__(self, setting: str = "mc", evidence: str = "book", *, k: int = 5, passage_tokens: int = 256,
+    def __init__(self, setting: str = "mc", evidence: str = "book", *, k: int = DEFAULT_K,
+                 passage_tokens: int = DEFAULT_PASSAGE_TOKENS,
                  context_window: Optional[int] = None, quote_evidence: bool = False, rank_mode: str = "bm25",
                  index_cache_dir: Any = None, tries: int = 3):
         super().__init__()

@@ -29,10 +29,13 @@ from booklens.lm import BooklensAdapter, fresh_try, last_finish_reason, predict_
 from booklens.programs.base import Module, Predict
 from booklens.records import Chunk, SummaryNode
 from booklens.vocabulary import (  # noqa: F401 - the settings are part of this module's API
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_GENERATION_ALLOWANCE,
     DEFAULT_GENERATION_SLACK,
     DEFAULT_MAX_REGENERATIONS,
     DEFAULT_MERGE_CONTEXT,
+    DEFAULT_SUMMARY_TOKENS,
     DEFAULT_WORDS_PER_TOKEN,
     MAX_WORDS_PER_TOKEN,
     MERGE_CONTEXTS,
@@ -145,9 +148,9 @@ class _BookSummarizer(Module):
     def __init__(
         self,
         *,
-        chunk_size: int = 2048,
-        context_window: int = 8192,
-        max_summary_tokens: int = 900,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        context_window: int = DEFAULT_CONTEXT_WINDOW,
+        max_summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
         level_budgets: list[int] | None = None,
         max_regenerations: int = DEFAULT_MAX_REGENERATIONS,
         concurrency: int = 1,

@@ -34,6 +34,7 @@ from booklens.cli.common import (
 from booklens.cli.data import stats_app
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
 from booklens.vocabulary import CLAIM_LABELS, counted
 
 
@@ -43,9 +44,10 @@ EvidenceOption = Annotated[EvidenceMode, typer.Option("--evidence", help="Eviden
 CheckEvidence = evidence_enum("CheckEvidence", exclude=("given",))
 KOption = Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per claim (bm25/dense/hybrid).")]
 BudgetOption = Annotated[Optional[int], typer.Option(
-    "--budget-tokens", min=64, help="Evidence tokens per claim for 'book' and 'given' (default: what the "
-                                    "model's context window holds).")]
-PassageTokensOption = Annotated[int, typer.Option("--passage-tokens", min=32, help="Maximum tokens per passage.")]
+    "--budget-tokens", min=MIN_BUDGET_TOKENS,
+    help="Evidence tokens per claim for 'book' and 'given' (default: what the model's context window holds).")]
+PassageTokensOption = Annotated[int, typer.Option("--passage-tokens", min=MIN_PASSAGE_TOKENS,
+                                                  help="Maximum tokens per passage.")]
 BinaryOption = Annotated[bool, typer.Option(
     "--binary", help="The binary rater of FABLES Table 5: faithful or unfaithful only (its F1 compares with the "
                      "paper's).")]
@@ -121,9 +123,9 @@ def verify_command(
     book: Annotated[Optional[Path], typer.Option("--book", help="The book (.txt or .epub); needed by "
                                                                 "bm25/dense/hybrid/book evidence.")] = None,
     evidence: EvidenceOption = EvidenceMode.bm25,
-    k: KOption = 5,
+    k: KOption = DEFAULT_K,
     budget_tokens: BudgetOption = None,
-    passage_tokens: PassageTokensOption = 256,
+    passage_tokens: PassageTokensOption = DEFAULT_PASSAGE_TOKENS,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,
@@ -172,9 +174,9 @@ def check_command(
     summary: Annotated[Path, typer.Argument(help="Its summary: a text file or JSON with a 'summary' string.")],
     evidence: Annotated[CheckEvidence, typer.Option("--evidence", help="Evidence per claim: " + CheckEvidence.help)]
     = CheckEvidence.bm25,
-    k: KOption = 5,
+    k: KOption = DEFAULT_K,
     budget_tokens: BudgetOption = None,
-    passage_tokens: PassageTokensOption = 256,
+    passage_tokens: PassageTokensOption = DEFAULT_PASSAGE_TOKENS,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,

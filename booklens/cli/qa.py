@@ -34,10 +34,11 @@ from booklens.cli.common import (
     lm_options,
     write_output,
 )
-from booklens.retrieval import SEARCH_MODES
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_PASSAGE_TOKENS, SEARCH_MODES
 from booklens.vocabulary import (
     ANSWER_CLUSTERINGS,
     CRITERIA,
+    DEFAULT_CONTEXT_WINDOW,
     DIVERSE_METHODS,
     EVIDENCE_RECALL_MODES,
     FAITHFULNESS_CHOICES,
@@ -66,7 +67,8 @@ EVIDENCE_HELP = (Evidence.help + " With 'book', a book longer than the window is
                  "best, which is retrieval; the printed modes say which happened.")
 
 ContextWindowOption = Annotated[Optional[int], typer.Option(
-    "--context-window", min=256, help="Tokens the model reads at once (default: the model's window, else 8192).")]
+    "--context-window", min=256,
+    help=f"Tokens the model reads at once (default: the model's window, else {DEFAULT_CONTEXT_WINDOW}).")]
 MaxArticlesOption = Annotated[Optional[int], typer.Option(
     "--max-articles", min=1, help="Judge faithfulness against only the first N articles of each event.")]
 PerQAOption = Annotated[bool, typer.Option(
@@ -105,8 +107,9 @@ def qa_command(
     setting: Annotated[Setting, typer.Option("--setting", help="mc: choose an option; gen: free-text answer "
                                                                "graded by an LM judge.")] = "mc",
     evidence: Annotated[Evidence, typer.Option("--evidence", help=EVIDENCE_HELP)] = "book",
-    k: Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per question.")] = 5,
-    passage_tokens: Annotated[int, typer.Option("--passage-tokens", min=16, help="Tokens per passage.")] = 256,
+    k: Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per question.")] = DEFAULT_K,
+    passage_tokens: Annotated[int, typer.Option("--passage-tokens", min=MIN_PASSAGE_TOKENS,
+                                                help="Tokens per passage.")] = DEFAULT_PASSAGE_TOKENS,
     rank_mode: Annotated[RankMode, typer.Option(
         "--rank-mode", help="Ranking used to pick stretches when --evidence book does not fit.")] = "bm25",
     quote_evidence: Annotated[bool, typer.Option(

@@ -44,7 +44,14 @@ from booklens.cli.summarize import (
     WordsPerTokenOption,
 )
 from booklens.errors import BooklensError
-from booklens.vocabulary import CLAIM_LABELS, DEFAULT_WORDS_PER_TOKEN, counted
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
+from booklens.vocabulary import (
+    CLAIM_LABELS,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_SUMMARY_TOKENS,
+    DEFAULT_WORDS_PER_TOKEN,
+    counted,
+)
 
 RunEvidence = evidence_enum("RunEvidence", exclude=("given",))
 
@@ -76,9 +83,9 @@ def run_command(
         "--summary", help="Judge this summary instead of writing one: a text file, a `booklens summarize` "
                           "output or JSON with a 'summary' string.")] = None,
     method: MethodOption = Method.hier,
-    chunk_size: ChunkSizeOption = 2048,
+    chunk_size: ChunkSizeOption = DEFAULT_CHUNK_SIZE,
     context_window: ContextWindowOption = None,
-    max_summary_tokens: MaxSummaryTokensOption = 900,
+    max_summary_tokens: MaxSummaryTokensOption = DEFAULT_SUMMARY_TOKENS,
     level_budget: LevelBudgetOption = None,
     merge_context: MergeContextOption = None,
     words_per_token: WordsPerTokenOption = DEFAULT_WORDS_PER_TOKEN,
@@ -89,12 +96,12 @@ def run_command(
                                                                         "(1 = the paper's setting).")] = 1,
     evidence: Annotated[RunEvidence, typer.Option(
         "--evidence", help="Evidence per claim: " + RunEvidence.help)] = RunEvidence.bm25,
-    k: Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per claim.")] = 5,
+    k: Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per claim.")] = DEFAULT_K,
     budget_tokens: Annotated[Optional[int], typer.Option(
-        "--budget-tokens", min=64, help="Evidence tokens per claim with --evidence book (default: what the "
-                                        "context window holds).")] = None,
-    passage_tokens: Annotated[int, typer.Option("--passage-tokens", min=32, help="Maximum tokens per passage.")]
-    = 256,
+        "--budget-tokens", min=MIN_BUDGET_TOKENS,
+        help="Evidence tokens per claim with --evidence book (default: what the context window holds).")] = None,
+    passage_tokens: Annotated[int, typer.Option("--passage-tokens", min=MIN_PASSAGE_TOKENS,
+                                                help="Maximum tokens per passage.")] = DEFAULT_PASSAGE_TOKENS,
     max_claims: Annotated[Optional[int], typer.Option(
         "--max-claims", min=1, help="Verify only the first N claims (a quick, cheap run).")] = None,
     program: Annotated[Optional[list[Path]], typer.Option(

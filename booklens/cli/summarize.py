@@ -23,6 +23,9 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.vocabulary import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_SUMMARY_TOKENS,
     DEFAULT_WORDS_PER_TOKEN,
     MAX_WORDS_PER_TOKEN,
     MERGE_CONTEXTS,
@@ -43,7 +46,8 @@ MethodOption = Annotated[Method, typer.Option("--method",
 ChunkSizeOption = Annotated[int, typer.Option("--chunk-size", min=MIN_CHUNK_SIZE,
                                               help="Maximum tokens per chunk (cl100k_base).")]
 ContextWindowOption = Annotated[Optional[int], typer.Option(
-    "--context-window", min=MIN_CONTEXT_WINDOW, help="W: tokens the model reads at once (default 8192).")]
+    "--context-window", min=MIN_CONTEXT_WINDOW,
+    help=f"W: tokens the model reads at once (default {DEFAULT_CONTEXT_WINDOW}).")]
 MaxSummaryTokensOption = Annotated[int, typer.Option("--max-summary-tokens", min=MIN_SUMMARY_TOKENS,
                                                      help="G_n: tokens of a summary.")]
 LevelBudgetOption = Annotated[Optional[list[int]], typer.Option(
@@ -72,9 +76,9 @@ DropMatterOption = Annotated[bool, typer.Option("--drop-matter/--keep-matter",
 def summarize(
     book: Annotated[Path, typer.Argument(help="The book: .txt (UTF-8) or .epub.")],
     method: MethodOption = Method.hier,
-    chunk_size: ChunkSizeOption = 2048,
+    chunk_size: ChunkSizeOption = DEFAULT_CHUNK_SIZE,
     context_window: ContextWindowOption = None,
-    max_summary_tokens: MaxSummaryTokensOption = 900,
+    max_summary_tokens: MaxSummaryTokensOption = DEFAULT_SUMMARY_TOKENS,
     level_budget: LevelBudgetOption = None,
     merge_context: MergeContextOption = None,
     words_per_token: WordsPerTokenOption = DEFAULT_WORDS_PER_TOKEN,

@@ -31,6 +31,14 @@ PASSAGE_MODES = SEARCH_MODES
 # Modes that need the embedding index.
 DENSE_MODES = ("dense", "hybrid", "book")
 
+# How much of the book a claim or question is shown by default (passages of at most
+# DEFAULT_PASSAGE_TOKENS cl100k tokens, the top DEFAULT_K of them), and the least a command takes:
+# a shorter passage is a fragment of a sentence, a smaller `book`-mode budget not one passage.
+DEFAULT_K = 5
+DEFAULT_PASSAGE_TOKENS = 256
+MIN_PASSAGE_TOKENS = 32
+MIN_BUDGET_TOKENS = 64
+
 EVIDENCE_HELP = {
     "none": "no evidence: the model's own knowledge",
     "given": "the evidence quotes that come with the data",

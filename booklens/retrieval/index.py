@@ -38,7 +38,7 @@ from pydantic import BaseModel
 
 from booklens.errors import BooklensError
 from booklens.records import write_atomically
-from booklens.retrieval import SEARCH_MODES
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, SEARCH_MODES
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 # Passages are embedded in windows of this many tokens and scored by their best window: a
@@ -270,7 +270,8 @@ class BookIndex:
     # -- building and loading -------------------------------------------------
 
     @classmethod
-    def build(cls, text: str, *, cache_dir: str | Path | None = None, passage_tokens: int = 256) -> "BookIndex":
+    def build(cls, text: str, *, cache_dir: str | Path | None = None,
+              passage_tokens: int = DEFAULT_PASSAGE_TOKENS) -> "BookIndex":
         """Passages and the BM25 index of `text`, loaded from `cache_dir` when an index of the same
         text and settings is there, otherwise built (and saved there when `cache_dir` is given)."""
         if not text or not text.strip():
@@ -455,7 +456,7 @@ class BookIndex:
             fetch = min(index.ntotal, fetch * 4)
         return sorted(best.items(), key=lambda item: (-item[1], item[0]))[:depth]
 
-    def search(self, query: str, mode: str = "bm25", k: int = 5) -> list[tuple[Passage, float]]:
+    def search(self, query: str, mode: str = "bm25", k: int = DEFAULT_K) -> list[tuple[Passage, float]]:
         """The `k` passages that best match `query` with their scores, best first."""
         return [(self.passages[i], score) for i, score in self.rank(query, mode, k)]
 
