@@ -124,3 +124,41 @@ def test_both_methods_run_at_the_least_settings_the_commands_take(method):
         record = summarize_book(STORY, method=method, chunk_size=v.MIN_CHUNK_SIZE, context_window=v.MIN_CONTEXT_WINDOW,
                                 max_summary_tokens=v.MIN_SUMMARY_TOKENS, remove_artifacts=False, concurrency=2)
     assert record.summary.strip() and record.config.context_window == v.MIN_CONTEXT_WINDOW
+
+
+def test_every_command_defaults_to_the_settings_the_library_runs_without_them():
+    """A setting left out means the same on the command line, in a run or sweep config and in the
+    library: the commands' defaults and floors are the configs' and the programs'."""
+    import inspect
+
+    import typer.main
+
+    import booklens.cli  # noqa: F401 - registers the commands
+    from booklens.cli import app
+    from booklens.pipeline import JudgeConfig, SystemConfig
+    from booklens.programs.qa import BookQA
+    from booklens.programs.summarizer import make_summarizer
+
+    commands = typer.main.get_command(app).commands
+    system, judge = SystemConfig.model_fields, JudgeConfig.model_fields
+
+    def option(command: str, name: str):
+        return next(p for p in commands[command].params if p.name == name)
+
+    def floor(field) -> int:
+        return next(m.ge for m in field.metadata if hasattr(m, "ge"))
+
+    for method in ("hier", "inc"):
+        summarizer = make_summarizer(method)
+        for command in ("summarize", "run"):
+            for name in ("chunk_size", "max_summary_tokens"):
+                assert option(command, name).default == system[name].default == getattr(summarizer, name), name
+            assert option(command, name).min == floor(system[name]), (command, name)
+    qa = inspect.signature(BookQA.__init__).parameters
+    for command in ("run", "verify", "check", "qa"):
+        assert option(command, "k").default == judge["k"].default, command
+        assert option(command, "passage_tokens").default == judge["passage_tokens"].default, command
+        assert option(command, "passage_tokens").min == floor(judge["passage_tokens"]), command
+        if command != "qa":
+            assert option(command, "budget_tokens").min == floor(judge["budget_tokens"]), command
+    assert (qa["k"].default, qa["passage_tokens"].default) == (judge["k"].default, judge["passage_tokens"].default)
