@@ -53,7 +53,8 @@ def system_score(scores: Iterable[Optional[float]]) -> Optional[float]:
 
 def error_type_rates(type_lists: Iterable[Sequence[str]], n_sentences: int) -> dict[str, float]:
     """Percent occurrences of each error type per sentence: one count per error type named in
-    each annotation (a sentence's answer, or a human span or relation), over all sentences."""
+    each annotation (a sentence's answer, or a human span or relation), over `n_sentences`: the
+    judged sentences (a sentence the judge gave no valid answer for says nothing of its errors)."""
     counts = Counter(t for types in type_lists for t in set(types))
     if n_sentences <= 0:
         return {t: 0.0 for t in COHERENCE_ERROR_TYPES}
@@ -152,7 +153,7 @@ def build_set(results: Mapping[str, CoherenceResult], *, annotator: Optional[str
         n_sentences=n_sentences,
         n_confusing=sum(r.n_confusing for r in results.values()),
         n_failed=sum(r.n_failed for r in results.values()),
-        error_type_rates=error_type_rates(type_lists, n_sentences),
+        error_type_rates=error_type_rates(type_lists, n_sentences - sum(r.n_failed for r in results.values())),
         stats=stats,
         results=dict(results),
         notes=list(notes or []),

@@ -45,6 +45,21 @@ def test_error_type_rates_count_each_annotation_over_all_sentences():
     assert len(rates) == 8
 
 
+def test_error_type_rates_are_over_the_judged_sentences():
+    """A sentence the judge gave no valid answer for is left out of the rates, as of the score: it
+    does not count as a sentence free of every error."""
+    from booklens.metrics.booookscore import finish_result
+    from booklens.records import CoherenceResult
+
+    sentences = [SentenceAnnotation(index=0, sentence="a", confusing=True, types=["entity omission"]),
+                 SentenceAnnotation(index=1, sentence="b", confusing=False),
+                 SentenceAnnotation(index=2, sentence="c", confusing=None, status="failed", error="x"),
+                 SentenceAnnotation(index=3, sentence="d", confusing=None, status="failed", error="x")]
+    result = finish_result(CoherenceResult(summary="a b c d", sentences=sentences), stats=False)
+    system = build_set({"s": result})
+    assert (system.system_score, system.n_sentences, system.n_failed) == (0.5, 4, 2)
+    assert system.error_type_rates["entity omission"] == pytest.approx(50.0)  # 1 of 2 judged, not of 4
+
 def test_trigram_statistics():
     assert repeated_trigram_pct("a b c a b c") == pytest.approx(100 * 1 / 4)
     assert repeated_trigram_pct("one two") is None

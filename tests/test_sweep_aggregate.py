@@ -80,6 +80,36 @@ def test_failed_cells_are_counted_apart_and_their_work_still_counts(outcomes):
     assert results(["a", "b", "c"], ["b1", "b2", "b3"], [cell_row(o) for o in outcomes]) == data
 
 
+def test_one_book_gets_a_mean_but_no_interval_and_no_significant_difference():
+    """Resampling one book gives it back every time: [v, v] would pass for certainty. A system with
+    one completed book, and a pair with one shared book, get their figure and no interval."""
+    rows = [cell_row(outcome_of_run("a", "b1", run(0.8, 50.0, 10))),
+            cell_row(outcome_of_run("a", "b2", failed_run(3))),
+            cell_row(outcome_of_run("b", "b1", run(0.9, 60.0, 10))),
+            cell_row(outcome_of_run("b", "b2", run(1.0, 70.0, 10)))]
+    data = results(["a", "b"], ["b1", "b2"], rows)
+    a, b = data["systems"]["a"], data["systems"]["b"]
+    assert a["booookscore"] == {"mean": 0.8, "ci95": None} and a["claims_ci95"]["faithful"] is None
+    assert b["booookscore"]["ci95"] is not None  # two books
+    (pair,) = data["pairs"]
+    assert pair["books"] == 1 and pair["booookscore"]["diff"] == pytest.approx(0.1)
+    assert pair["booookscore"]["ci95"] is None and pair["faithful"]["ci95"] is None
+    page = render_sweep_report(data, rows, title="t")
+    assert '<span class="sig">+' not in page and '<span class="">+10.0</span>' in page
+
+
+def test_a_cell_with_no_verified_claim_has_no_claim_shares():
+    """Every verification failed: the shares are unknown, not 0% faithful (which would pull the
+    system's mean down); BooookScore still counts."""
+    unverified = run(1.0, 0.0, 10)
+    unverified["scores"].update({"claims": 4, "failed_claims": 4,
+                                 "claim_labels": {label: 0.0 for label in ("faithful", "unfaithful",
+                                                                           "partial support", "can't verify")}})
+    rows = [cell_row(outcome_of_run("a", "b1", run(0.5, 100.0, 10))), cell_row(outcome_of_run("a", "b2", unverified))]
+    assert rows[1]["faithful_pct"] is None and rows[1]["booookscore"] == 1.0
+    system = results(["a"], ["b1", "b2"], rows)["systems"]["a"]
+    assert system["claims"]["faithful"] == 100.0 and system["booookscore"]["mean"] == 0.75
+
 def test_cells_jsonl_loads_into_pandas_with_one_row_per_cell(outcomes, tmp_path):
     import pandas
 

@@ -70,6 +70,8 @@ def cell_row(outcome: CellOutcome) -> dict[str, Any]:
     scores = run.get("scores") or {}
     totals = run.get("totals") or {}
     labels = scores.get("claim_labels") or {}
+    if (scores.get("claims") or 0) <= (scores.get("failed_claims") or 0):
+        labels = {}  # no claim verified: the shares are unknown, not 0% of every label
     row: dict[str, Any] = {
         "system": outcome.system,
         "book": outcome.book,
@@ -103,7 +105,8 @@ def _mean(values: Sequence[float]) -> Optional[float]:
 
 
 def _ci(values: Sequence[float]) -> Optional[list[float]]:
-    if not values:
+    # One book is no interval: every resample of it gives it back.
+    if len(values) < 2:
         return None
     from booklens.metrics.bootstrap import bootstrap_mean  # NumPy: only once there is something to resample
 
@@ -148,7 +151,8 @@ def _paired(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], books: l
     # Ordered by the difference, for an interval that does not depend on the order of the books (see _ci).
     shared.sort(key=lambda k: (b[k][column] - a[k][column], k))
     diff, lo, hi = paired_bootstrap_ci([a[k][column] for k in shared], [b[k][column] for k in shared])
-    return {"books": len(shared), "diff": round(diff, 6), "ci95": [round(lo, 6), round(hi, 6)]}
+    ci = [round(lo, 6), round(hi, 6)] if len(shared) > 1 else None  # one shared book: no interval (see _ci)
+    return {"books": len(shared), "diff": round(diff, 6), "ci95": ci}
 
 
 def pair_results(systems: list[str], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -174,8 +174,8 @@ def _pairs_section(results: dict[str, Any]) -> str:
     def cell(d: Optional[dict[str, Any]], scale: float) -> str:
         if not d:
             return '<td class="num">-</td>'
-        lo, hi = d["ci95"]
-        sig = lo > 0 or hi < 0
+        ci = d.get("ci95")
+        sig = bool(ci) and (ci[0] > 0 or ci[1] < 0)
         value = f"{d['diff'] * scale:+.1f}"
         return (f'<td class="num"><span class="{"sig" if sig else ""}">{value}</span> '
                 f'{_interval(d["ci95"], scale)}</td>')
@@ -183,7 +183,7 @@ def _pairs_section(results: dict[str, Any]) -> str:
     rows = "".join(f'<tr><th scope="row">{h(p["b"])} \u2212 {h(p["a"])}</th><td class="num">{p["books"]}</td>'
                    f'{cell(p["booookscore"], 100)}{cell(p["faithful"], 1)}</tr>' for p in pairs)
     note = ("<p class=\"note\">Paired over the books both systems completed: the mean difference (second system "
-            "minus first) and its 95% bootstrap interval. A <span class=\"sig\">bold</span> difference has an "
+            "minus first) and its 95% bootstrap interval (none over one book). A <span class=\"sig\">bold</span> difference has an "
             "interval that excludes 0.</p>")
     return (f'{note}\n<table class="data"><caption>Paired differences</caption><thead><tr><th scope="col">Pair'
             f'</th><th scope="col" class="num">Shared books</th><th scope="col" class="num">\u0394 BooookScore'
