@@ -29,14 +29,12 @@ def bootstrap_counts(units: Sequence[Sequence[float]] | np.ndarray,
 
     `units` is an (n_units, k) array of counts; `statistic` maps an (m, k) array of summed counts to
     m values (NaN where the figure is undefined in that resample; those resamples are left out).
-    Returns (None, None) when there is no unit or the figure is undefined in every resample."""
+    Returns (None, None) when there are fewer than two units (every resample of one unit gives it
+    back: [v, v] would read as certainty) or the figure is undefined in every resample."""
     counts = np.asarray(units, dtype=float)
-    if counts.ndim != 2 or counts.shape[0] == 0:
+    if counts.ndim != 2 or counts.shape[0] < 2:
         return (None, None)
     n = counts.shape[0]
-    if n == 1:
-        value = float(np.asarray(statistic(counts))[0])
-        return (None, None) if math.isnan(value) else (value, value)
     rng = np.random.default_rng(seed)
     values = []
     for start in range(0, resamples, _BLOCK):
@@ -72,7 +70,7 @@ def unit_sums(values: Sequence[float], units: Sequence[object]) -> list[list[flo
 
 def bootstrap_mean(scores: Sequence[float], units: Optional[Sequence[object]] = None,
                    **kwargs) -> tuple[float, float]:
-    """Interval of the mean of `scores` (NaN, NaN for no score). Each score is its own resampling
+    """Interval of the mean of `scores` (NaN, NaN for fewer than two units). Each score is its own resampling
     unit unless `units` gives the unit of each (the summary a sentence belongs to): then whole
     units are drawn, and the interval is as wide as the units' agreement warrants."""
     if len(scores) == 0:

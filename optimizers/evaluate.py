@@ -198,7 +198,7 @@ def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str)
 
     def ci_cell(r: EvalResult) -> str:
         lo, hi = r.ci()
-        return f"{r.mean:.3f} [{lo:.3f}, {hi:.3f}]"
+        return f"{r.mean:.3f}" + ("" if math.isnan(lo) else f" [{lo:.3f}, {hi:.3f}]")  # no interval of one unit
 
     rows.append([f"{metric_name} (95% CI)"] + [ci_cell(r) for r in results])
     rows.append(["examples (failed)"] + [f"{r.n} ({r.failures})" for r in results])
@@ -226,6 +226,7 @@ def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str)
         out.append("")
         for r in paired:
             diff, lo, hi = paired_bootstrap_ci(first.scores, r.scores, units=first.units)
-            out.append(f"{r.label} - {first.label}: {diff:+.3f} [{lo:+.3f}, {hi:+.3f}] "
-                       f"(paired bootstrap over the same {first.unit_name}, 95%)")
+            interval = (f"(no interval: 1 of {first.unit_name} to resample)" if math.isnan(lo) else
+                        f"[{lo:+.3f}, {hi:+.3f}] (paired bootstrap over the same {first.unit_name}, 95%)")
+            out.append(f"{r.label} - {first.label}: {diff:+.3f} {interval}")
     return "\n".join(out)

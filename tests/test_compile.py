@@ -9,6 +9,7 @@ compiled demos or instructions reach the prompt.
 from __future__ import annotations
 
 import json
+import math
 from typing import Literal
 
 import booklens  # noqa: F401  (offline defaults before dspy/litellm load)
@@ -25,7 +26,7 @@ from booklens.optimizers.artifacts import (
     save_program,
 )
 from booklens.optimizers.compile import OPTIMIZERS, Budget, compile_program, usable_demos
-from booklens.optimizers.evaluate import bootstrap_ci, evaluate_program, format_table, metered
+from booklens.optimizers.evaluate import EvalResult, bootstrap_ci, evaluate_program, format_table, metered
 from booklens.optimizers.tasks import Task, subsample
 from booklens.testing import ScriptedLM
 
@@ -325,7 +326,15 @@ def test_bootstrap_interval_is_reproducible_and_contains_the_mean():
     lo, hi = bootstrap_ci(scores)
     assert (lo, hi) == bootstrap_ci(scores)
     assert lo < 0.75 < hi and 0.55 < lo and hi < 0.9
-    assert bootstrap_ci([1.0]) == (1.0, 1.0)
+    # One unit is no interval: every resample of it gives it back.
+    assert all(math.isnan(x) for x in bootstrap_ci([1.0])) and all(math.isnan(x) for x in bootstrap_ci([1.0, 0.0],
+                                                                                                      units=["s", "s"]))
+    one = [EvalResult(label, scores, units=["s", "s"], unit_name="summaries", examples="same")
+           for label, scores in (("a", [1.0, 0.0]), ("b", [1.0, 1.0]))]
+    table = format_table(one, title="t", metric_name="m")
+    metric_row = next(line for line in table.splitlines() if line.startswith("| m (95% CI)"))
+    assert "0.500" in metric_row and "1.000" in metric_row and "[" not in metric_row
+    assert "b - a: +0.500 (no interval: 1 of summaries to resample)" in table
 
 
 def test_table_shows_programs_side_by_side_with_a_paired_difference(splits):
