@@ -30,7 +30,8 @@ def bootstrap_counts(units: Sequence[Sequence[float]] | np.ndarray,
     `units` is an (n_units, k) array of counts; `statistic` maps an (m, k) array of summed counts to
     m values (NaN where the figure is undefined in that resample; those resamples are left out).
     Returns (None, None) when there are fewer than two units (every resample of one unit gives it
-    back: [v, v] would read as certainty) or the figure is undefined in every resample."""
+    back: [v, v] would read as certainty), when only one unit defines the figure on its own and the
+    resamples all repeat its value, or when the figure is undefined in every resample."""
     counts = np.asarray(units, dtype=float)
     if counts.ndim != 2 or counts.shape[0] < 2:
         return (None, None)
@@ -47,6 +48,10 @@ def bootstrap_counts(units: Sequence[Sequence[float]] | np.ndarray,
     stats = np.concatenate(values)
     stats = stats[~np.isnan(stats)]
     if stats.size == 0:
+        return (None, None)
+    if stats.min() == stats.max() and np.count_nonzero(~np.isnan(np.asarray(statistic(counts), dtype=float))) < 2:
+        # Only one unit defines the figure on its own (the one summary holding every sentence the
+        # judge flagged, for a precision): each resample that defines it repeats that unit's value.
         return (None, None)
     alpha = (1.0 - confidence) / 2
     return (float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha)))

@@ -337,6 +337,20 @@ def test_bootstrap_interval_is_reproducible_and_contains_the_mean():
     assert "b - a: +0.500 (no interval: 1 of summaries to resample)" in table
 
 
+def test_a_figure_that_only_one_unit_defines_gets_no_interval():
+    """Four summaries, but every sentence the judge flagged is in one: every resample that defines
+    the precision repeats that summary's, which is no interval. Recall, which all four define, keeps one."""
+    from booklens.metrics.bootstrap import figure
+
+    units = [[0, 0, 2, 35], [0, 0, 4, 40], [4, 6, 10, 10], [0, 0, 20, 29]]  # tp, fp, fn, tn per summary
+    precision, recall = figure(units, "precision", n=160), figure(units, "recall", n=160)
+    assert precision == {"value": 0.4, "ci95": [None, None], "n": 160}
+    lo, hi = recall["ci95"]
+    assert recall["value"] == 0.1 and lo < 0.1 < hi
+    # Two units that agree still make an interval, however narrow: the same value from two summaries.
+    assert figure([[1, 1, 0, 5], [1, 1, 0, 5]], "precision", n=14)["ci95"] == [0.5, 0.5]
+
+
 def test_table_shows_programs_side_by_side_with_a_paired_difference(splits):
     train, dev = splits
     compiled, _ = compile_toy("labeled", train, dev)
