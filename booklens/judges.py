@@ -282,14 +282,20 @@ def judge_warning(info: Any) -> Optional[str]:
                     f"sentences humans marked confusing on {calibration.get('sample_name', 'BooookScore')}; "
                     f"kappa {shown}, where GPT-4's released labels reach {COHERENCE_REFERENCE_KAPPA:.2f}")
         return None
-    unfaithful = (figures.get("f1") or {}).get("unfaithful") or {}
-    f1 = unfaithful.get("value")
+    # The reference is scored on the claims humans labelled faithful or unfaithful (Table 5): a
+    # four-way judge is held to its figure on those claims, not on the partly supported ones too.
+    table5 = calibration.get("table5") if info.mode != "binary" else None
+    if table5:
+        f1 = table5.get("f1_unfaithful")
+        claims = f" on the {table5.get('n')} claims humans labelled faithful or unfaithful"
+    else:
+        f1, claims = ((figures.get("f1") or {}).get("unfaithful") or {}).get("value"), ""
     counts = calibration.get("counts") or {}
     if f1 is None or f1 < VERIFICATION_REFERENCE_UNFAITHFUL_F1:
         shown = "undefined" if f1 is None else f"{f1:.2f}"
         return (f"low agreement: this judge found {counts.get('unfaithful_found', 0)} of "
                 f"{counts.get('unfaithful', 0)} unfaithful claims on {calibration.get('sample_name', 'FABLES')}; "
-                f"unfaithful F1 {shown}, where FABLES' GPT-4-Turbo rater reaches "
+                f"unfaithful F1 {shown}{claims}, where FABLES' GPT-4-Turbo rater reaches "
                 f"{VERIFICATION_REFERENCE_UNFAITHFUL_F1:.2f}")
     return None
 

@@ -332,6 +332,28 @@ def test_verification_calibration_scores_every_label_and_counts_unfaithful_found
     assert info.warning.startswith(f"low agreement: this judge found 0 of {counts['unfaithful']} unfaithful claims")
 
 
+def test_a_four_way_judge_is_held_to_the_reference_on_the_claims_the_reference_was_scored_on():
+    """FABLES' 0.26 unfaithful F1 is over claims humans labelled faithful or unfaithful. A four-way
+    judge that calls partly supported claims unfaithful has a lower F1 over all claims, but is
+    compared on the same claims as the reference."""
+    from booklens.judges import judge_warning
+    from booklens.records import JudgeInfo
+
+    def info(all_claims: float, two_labels, mode: str = "four-way") -> JudgeInfo:
+        calibration = {"sample_name": "S", "counts": {"unfaithful": 2, "unfaithful_found": 2},
+                       "figures": {"f1": {"unfaithful": {"value": all_claims}}},
+                       "table5": {"n": 20, "f1_unfaithful": two_labels}}
+        return JudgeInfo(task="verification", mode=mode, program="default", program_sha256="0" * 64, demos=6,
+                         lm="openai/x", calibration=calibration)
+
+    assert judge_warning(info(0.21, 1.0)) is None
+    assert judge_warning(info(0.9, 0.1)) == (
+        "low agreement: this judge found 2 of 2 unfaithful claims on S; unfaithful F1 0.10 on the 20 claims humans "
+        "labelled faithful or unfaithful, where FABLES' GPT-4-Turbo rater reaches 0.26")
+    assert judge_warning(info(0.9, None)).startswith("low agreement")  # no unfaithful claim: nothing measured
+    # The binary rater is scored on those claims only: its own figure is the comparable one.
+    assert judge_warning(info(1.0, 0.1, mode="binary")) is None
+
 def prose(call):
     return "Sorry, I cannot help with that."
 
