@@ -230,7 +230,7 @@ def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, A
     info = JudgeInfo(task=task_of(judge), mode=mode, program=getattr(program, "_booklens_judge", "program"),
                      program_sha256=fingerprint, demos=demo_count(judge, program), lm=lm_name,
                      compiled_with=compiled_with(getattr(program, "_booklens_artifact", None)), calibration=entry)
-    info.warning = judge_warning(info)
+    info.warning = judge_warning(info, batch_size=getattr(program, "batch_size", 1))
     return info
 
 
@@ -261,15 +261,20 @@ def artifact_note(path: Optional[Path], lm: str) -> Optional[str]:
     return other_lm_note(str(path), compiled_with(artifact_metadata(path)), lm)
 
 
-def judge_warning(info: Any) -> Optional[str]:
+def judge_warning(info: Any, batch_size: int = 1) -> Optional[str]:
     """A warning naming the figure when the judge has no calibration or agrees with humans less than
-    the papers' reference judge does; None otherwise."""
+    the papers' reference judge does; None otherwise. `batch_size`: a batched coherence judge's, for
+    the command that calibrates it."""
     calibration = info.calibration
     if not calibration:
         lm = "local" if info.lm.startswith("local/") else info.lm
         how = {"default": "", "zero-shot": " --zero-shot"}.get(info.program, f" --program {info.program}")
         if info.mode == "binary" and info.program in ("default", "zero-shot"):
             how += " --judge binary"
+        if info.mode == "batched":
+            if info.program in ("default", "zero-shot"):
+                how += " --judge coherence"
+            how += f" --batch-size {batch_size}"
         return (f"no calibration: this judge's agreement with human annotators was never measured for "
                 f"{info.lm} with this program (booklens calibrate --lm {lm}{how})")
     figures = calibration.get("figures") or {}

@@ -99,6 +99,38 @@ def test_calibrate_stores_figures_that_later_scores_show(tmp_path, shared_dir):
     assert '"confusing" F1' in result.output and "kappa" in result.output
 
 
+def test_a_batched_coherence_judge_is_calibrated_apart_and_its_warning_says_how(tmp_path, shared_dir):
+    """`score --batch-size 3` judges in the batched mode, whose calibration is its own: the warning
+    names the command that measures it, and after that command the score shows the figures."""
+    from booklens.testing import PipelineResponder
+
+    human = shared_dir / "data" / "booookscore" / "human"
+    cache = tmp_path / "cache"
+    summary = tmp_path / "summary.txt"
+    summary.write_text(SUMMARY)
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        lm = ["--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache]
+
+        def score():
+            out = tmp_path / "out.json"
+            result = invoke(["score", summary, "--batch-size", "3", *lm, "-o", out], tmp_path)
+            assert result.exit_code == 0, result.output
+            return result, json.loads(out.read_text())["judge"]
+
+        result, judge = score()
+        assert judge["mode"] == "batched" and judge["calibration"] is None
+        assert judge["warning"].endswith("(booklens calibrate --lm openai/fake --judge coherence --batch-size 3)")
+        result = invoke(["calibrate", "--judge", "coherence", "--batch-size", "3", "--books", "1",
+                         "--coherence-data", human, *lm], tmp_path)
+        assert result.exit_code == 0, result.output
+        (entry,) = json.loads((cache / "calibration.json").read_text())["calibrations"].values()
+        assert entry["mode"] == "batched" and entry["key"].startswith("coherence|batched|openai/fake|")
+        assert 0 < entry["usage"]["calls"] <= -(-entry["n"]["sentences"] // 3) + entry["n"]["summaries"]
+        result, judge = score()
+        assert judge["calibration"]["key"] == entry["key"] and "no calibration" not in result.output
+        wrong = invoke(["calibrate", "--judge", "verification", "--batch-size", "3", *lm], tmp_path)
+    assert "--batch-size is for the coherence judge" in str(wrong.exception)
+
 def test_calibrate_refuses_a_store_that_is_not_one_before_any_judgment(tmp_path, shared_dir):
     from booklens.errors import BooklensError
 

@@ -88,6 +88,10 @@ def calibrate_command(
         "--books", min=1, help=f"Test-split books to sample (default: {COHERENCE_BOOKS} for coherence, "
                                f"{VERIFICATION_BOOKS} for verification; "
                                "the binary rater always uses Table 5's seven books).")] = None,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="Coherence: sentences per LM call, as `score` and `run` judge them with "
+                                    "--batch-size (a batched judge is calibrated apart from the per-sentence "
+                                    "one).")] = 1,
     seed: Annotated[int, seed_option("Seed of the sample of test-split books. The split is the one the program "
                                      "was compiled on (seed 0 for the default and zero-shot judges), so "
                                      "no book it learned from is measured.")] = 0,
@@ -126,7 +130,11 @@ def calibrate_command(
     read_store(store)  # a file that is not a calibration store fails now, not after every judgment
     from booklens.judges import load_judge
 
-    programs = {j: load_judge(j, program, zero_shot=zero_shot) for j in judges}  # bad artifacts fail first
+    if batch_size > 1 and "coherence" not in judges:
+        raise BooklensError("--batch-size is for the coherence judge")
+    # bad artifacts fail first
+    programs = {j: load_judge(j, program, zero_shot=zero_shot, **({"batch_size": batch_size} if j == "coherence"
+                                                                  else {})) for j in judges}
     from booklens.lm import LOCAL_LM, resolve_lm_name
 
     calls_at_once = concurrency or (1 if resolve_lm_name(lm) == LOCAL_LM else 4)
