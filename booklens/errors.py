@@ -25,3 +25,8 @@ def validation_problem(exc: Exception) -> str:
 
 class LMError(BooklensError):
     """A permanent backend failure: bad key, unknown model, prompt larger than the context."""
+
+
+class CacheError(LMError):
+    """The LM call cache cannot be read or written (locked, full disk, not a database). Permanent
+    for the call: an answer that cannot be kept is not asked again, as an unreadable one would be."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Optional, get_args
@@ -23,8 +24,20 @@ def write_atomically(path: str | Path, write: Callable[[str], None], *, shared: 
     then replaces it, so readers see the old file or the complete new one, never a part. An error or
     an interrupt removes the temporary file. The file gets the usual mode (0666 less the umask, as
     `open` gives): records and reports on a shared file system are read by other users and nodes.
-    `shared=False` keeps it private (0600). OSError propagates."""
+    `shared=False` keeps it private (0600). OSError propagates.
+
+    A link is followed: the file it names is replaced and the link kept. A device or a pipe
+    (`-o /dev/null`, `-o /dev/stdout`) has nothing to replace: the result is written into it."""
     path = Path(path)
+    try:
+        kind = os.stat(path).st_mode  # through links
+    except OSError:
+        kind = None
+    if kind is not None and not stat.S_ISREG(kind) and not stat.S_ISDIR(kind):
+        _write_into(path, write)
+        return
+    if kind is not None and path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _create_temporary(path, 0o666 if shared else 0o600)
     try:
@@ -34,6 +47,46 @@ def write_atomically(path: str | Path, write: Callable[[str], None], *, shared: 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _write_into(path: Path, write: Callable[[str], None]) -> None:
+    """`write` to a temporary file, then its bytes into the special file `path`."""
+    import shutil
+    import tempfile
+
+    handle, tmp = tempfile.mkstemp(suffix=PARTIAL_WRITE_SUFFIX)
+    os.close(handle)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as source, open(path, "wb") as target:
+            shutil.copyfileobj(source, target)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def written_by_booklens(path: str | Path) -> bool:
+    """Whether `path` is a file booklens writes (a record, a compiled artifact, a report page), which
+    a command may replace where it must not replace somebody's data."""
+    from booklens.reports import CSP, GENERATOR, h
+
+    path = Path(path)
+    try:
+        if path.suffix.lower() in (".html", ".htm"):
+            with open(path, "rb") as f:
+                head = f.read(4096)
+            # Pages of earlier versions carry no generator line, but the same policy line.
+            return any(mark.encode() in head for mark in (f'<meta name="generator" content="{GENERATOR}">',
+                                                          f'<meta http-equiv="Content-Security-Policy" '
+                                                          f'content="{h(CSP)}">'))
+        if path.suffix.lower() == ".json":
+            data = json.loads(path.read_text(encoding="utf-8"))
+            meta = data.get("metadata") if isinstance(data, dict) else None
+            return isinstance(data, dict) and (str(data.get("kind", "")).startswith("booklens")
+                                               or isinstance(meta, dict) and "booklens" in meta)
+    except (OSError, ValueError):
+        return False
+    return False
 
 
 def _create_temporary(path: Path, mode: int) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence, Union
 
 from pydantic import BaseModel, ValidationError
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, first_line
 from booklens.records import (
     COHERENCE_ERROR_TYPES,
     FORMAT_VERSION,
@@ -171,7 +171,12 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
         if _same_file(target, Path(run_dir) / name):
             raise BooklensError(f"cannot write the report to {target}: it is the run's {name}, which the page is "
                                 f"built from; write it elsewhere (by default {Path(run_dir) / REPORT_FILE})")
-    write_text_atomic(target, render_report(data))
+    try:
+        page = render_report(data)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field of another type than written
+        raise BooklensError(f"{Path(run_dir)} holds records this booklens cannot show ({first_line(exc)}); rerun "
+                            "the run to write them again") from None
+    write_text_atomic(target, page)
     return target
 
 
@@ -500,12 +505,18 @@ def _figure_text(name: str, block: Any) -> Optional[str]:
     return f"{name} {block['value']:.2f}{interval}"
 
 
+# Every booklens page names its maker: a command may replace such a page where it would refuse to
+# replace somebody's file (`booklens.records.written_by_booklens`).
+GENERATOR = "booklens"
+
+
 def page_head(title: str, extra_style: str = "") -> str:
     """The start of every booklens page, up to </head>: no script, nothing loaded (CSP), inline style."""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
+<meta name="generator" content="{GENERATOR}">
 <meta http-equiv="Content-Security-Policy" content="{h(CSP)}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="referrer" content="no-referrer">

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from booklens.lm import BooklensLM, CallCache, Completion, UsageTracker
+from booklens.lm.cache import CACHE_FILE
 
 _FIELD = re.compile(r"\[\[ ## (\w+) ## \]\]\n")
 _OUTPUT_REQUIREMENTS = re.compile(r"\n\n(?:Respond with |Write the [\w ]+ now, as plain text)[^\n]*")
@@ -88,7 +89,7 @@ def ScriptedLM(
     latency: float = 0.0,
 ) -> BooklensLM:
     backend = ScriptedBackend(responder, context_window=context_window, latency=latency)
-    cache = CallCache(Path(cache_dir) / "calls.sqlite") if cache_dir else None
+    cache = CallCache(Path(cache_dir) / CACHE_FILE) if cache_dir else None
     return BooklensLM(backend, cache=cache, usage=UsageTracker())
 
 

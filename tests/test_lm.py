@@ -107,6 +107,20 @@ def test_out_of_set_label_is_re_asked_then_recorded_as_a_failure():
     assert [c.attempt for c in lm.backend.calls] == [0, 1, 2]  # fresh samples, not cache hits
 
 
+def test_an_answer_the_cache_cannot_keep_stops_the_call_in_one_line_instead_of_asking_again(tmp_path):
+    """A locked or full cache is no bad answer: re-asking would throw away answer after answer."""
+    from booklens.errors import CacheError
+
+    lm = ScriptedLM(lambda call: {"label": "good"}, cache_dir=tmp_path)
+    lm.call_cache._db.execute("PRAGMA query_only = ON")  # every write fails, as on a locked database
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(CacheError) as caught:
+        predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm")
+    assert str(caught.value).startswith(f"cannot write the LM cache at {tmp_path / 'calls.sqlite'}: ")
+    assert "\n" not in str(caught.value) and len(lm.backend.calls) == 1
+    lm.call_cache._db.execute("PRAGMA query_only = OFF")
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        assert predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm").ok  # the cache works again
+
 def test_re_ask_recovers_when_a_later_answer_is_valid():
     lm = ScriptedLM(lambda call: {"label": "good"} if call.attempt else "not json at all")
     with dspy.context(lm=lm, adapter=BooklensAdapter()):

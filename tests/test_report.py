@@ -548,8 +548,9 @@ def _remove(path: Path) -> Path:
     (lambda d: _remove(d / "claims.json"), "claims record not found"),
     (lambda d: _edit(d / "faithfulness.json", claims="many"), "not a valid faithfulness record: claims"),
     (lambda d: _edit(d / "run.json", steps={}), "holds no summary yet"),
+    (lambda d: _edit(d / "run.json", totals={"calls": "x"}), "holds records this booklens cannot show"),
 ], ids=["file", "no-run-json", "bad-json", "not-utf8", "wrong-kind", "newer-run", "bad-version",
-        "newer-step", "missing-step", "invalid-step", "no-steps"])
+        "newer-step", "missing-step", "invalid-step", "no-steps", "bad-totals"])
 def test_bad_run_directory_is_a_one_line_error(hier_run, tmp_path, damage, pattern):
     from booklens.reports import write_report
 
@@ -576,7 +577,8 @@ def test_the_report_never_replaces_a_record_of_its_run(hier_run, tmp_path, name)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("error: "), result.stderr
     assert {p.name: p.read_bytes() for p in target.iterdir()} == before
-    # The page's own file in the run directory stays the place to rebuild it.
+    # The page's own file in the run directory stays the place to rebuild it, over the page or afresh.
+    assert run_command(["report", target, "-o", target / "report.html"]).returncode == 0
     (target / "report.html").unlink()
     assert run_command(["report", target, "-o", target / "report.html"]).returncode == 0
     assert (target / "report.html").read_bytes() == before["report.html"]

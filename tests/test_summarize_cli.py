@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer, run_command
+from booklens.testing import FakeOpenAIServer, PipelineResponder, run_command
 
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
@@ -113,6 +113,62 @@ def test_an_output_that_is_an_input_is_refused_before_any_call(tmp_path):
             assert "is also an input of this command" in line and "would overwrite it" in line, line
         assert server.received == []
     assert book.read_bytes() == STORY.read_bytes() and summary.read_text() == "Maren keeps the light."
+
+
+def test_an_output_over_a_file_of_an_input_folder_or_of_the_lm_cache_is_refused_before_any_call(tmp_path):
+    """A folder of data (compile's --data) is read file by file: -o over one of them would replace
+    the data, as -o over the cache's database would lose every call made. A file booklens wrote
+    there before (an artifact, a record) may be replaced."""
+    data = tmp_path / "human"
+    data.mkdir()
+    annotations = data / "summary-gpt4-4096-inc.json"
+    annotations.write_text('{"a-book.epub": {}}', encoding="utf-8")
+    cache = tmp_path / "cache"
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Maren keeps the light.", encoding="utf-8")
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        lm = ["--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache]
+        line = one_line_error(run_cli(["compile", "coherence", "--data", data, "--optimizer", "labeled",
+                                       "-o", annotations, *lm], tmp_path))
+        assert line == (f"error: -o {annotations} is a file of the input folder {data}: writing the result there "
+                        "would overwrite it; choose an output file outside that folder")
+        proc = run_cli(["score", summary, "-o", tmp_path / "scored.json", *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        calls = len(server.received)
+        line = one_line_error(run_cli(["score", summary, "-o", cache / "calls.sqlite", *lm], tmp_path))
+        assert line.startswith(f"error: -o {cache / 'calls.sqlite'} is a file of the LM cache in {cache}")
+        assert len(server.received) == calls
+        proc = run_cli(["score", summary, "-o", tmp_path / "again.json", *lm], tmp_path)
+        assert proc.returncode == 0 and len(server.received) == calls  # the cache kept every call
+    from booklens.records import written_by_booklens
+
+    assert annotations.read_text(encoding="utf-8") == '{"a-book.epub": {}}'
+    assert written_by_booklens(tmp_path / "scored.json") and not written_by_booklens(annotations)
+
+
+def test_an_output_through_a_link_or_into_a_pipe_keeps_them(tmp_path):
+    """-o through a link replaces the file it names and keeps the link; -o into a pipe (or a device,
+    such as /dev/null) writes the result into it instead of putting a file in its place."""
+    import os
+    import threading
+
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Maren keeps the light.", encoding="utf-8")
+    target, link, pipe = tmp_path / "target.json", tmp_path / "link.json", tmp_path / "pipe"
+    target.write_text("{}", encoding="utf-8")
+    link.symlink_to(target)
+    os.mkfifo(pipe)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()))
+    reader.start()
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        lm = ["--lm", "openai/fake", "--api-base", server.url, "--cache-dir", tmp_path / "cache"]
+        for out in (link, pipe):
+            proc = run_cli(["score", summary, "-o", out, *lm], tmp_path)
+            assert proc.returncode == 0, proc.stderr
+    reader.join(timeout=60)
+    assert link.is_symlink() and json.loads(target.read_text())["kind"] == "booklens.coherence"
+    assert pipe.is_fifo() and json.loads(received[0])["kind"] == "booklens.coherence"
 
 
 def test_an_output_that_cannot_be_a_file_is_refused_before_any_call(tmp_path):

@@ -653,6 +653,12 @@ def test_report_rebuilds_a_sweeps_page_as_the_sweep_wrote_it(reference, tmp_path
     proc = run_command(["report", out, "-o", out / "results.json"])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "the sweep's results.json" in proc.stderr
     assert read_json(out / "results.json") == read_json(reference["dir"] / "results.json")
+    # A field of another type than the sweep wrote (a hand edit): one line, not a traceback.
+    results = read_json(out / "results.json")
+    results["systems"]["hier"]["usage"]["calls"] = "x"
+    (out / "results.json").write_text(json.dumps(results))
+    proc = run_command(["report", out])
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     (out / "cells.jsonl").write_text("{\n")
     proc = run_command(["report", out])
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1

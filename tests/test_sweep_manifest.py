@@ -119,6 +119,10 @@ BAD = {
     # A book's key names its cell directory cells/<system>/<key>: '.' and '..' would not be its own.
     "book key '..'": ("books: dots\nsystems: [{name: a}]\n", "has the key '..', which cannot name a cell directory"),
     "book key '.'": ("books: [dot/..txt]\nsystems: [{name: a}]\n", "has the key '.', which cannot name a cell"),
+    "an alias inside itself": ("books: &a [*a]\nsystems: [{name: a}]\n",
+                               "m.yaml: a YAML alias refers to the list or mapping that holds it"),
+    "a system inside its own setting": ("books: corpus\nsystems: &s [{name: a, chunk_size: *s}]\n",
+                                        "m.yaml: a YAML alias refers to the list or mapping that holds it"),
 }
 
 

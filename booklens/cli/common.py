@@ -108,20 +108,42 @@ def _paths(value: Any) -> Iterable[Path]:
             yield from _paths(item)
 
 
-def check_not_an_input(output: Any, inputs: Iterable[Any]) -> None:
+def check_not_an_input(output: Any, inputs: Iterable[Any], cache_dir: Any = None) -> None:
     """A one-line error when the existing file `output` is one of `inputs` (paths, or lists of
-    them): the result would replace what the command reads. Compared as files on disk, so
-    another spelling of the path or a link to it counts too."""
+    them), a file in an input folder that booklens did not write (the folder's data), or a file of
+    the LM cache (`cache_dir`, else the default): the result would replace what the command reads,
+    or the calls already made. Compared as files on disk, so another spelling of the path or a
+    link to it counts too."""
     if not isinstance(output, Path) or not output.is_file():
         return
     for path in _paths(list(inputs)):
         try:
             same = path.exists() and os.path.samefile(path, output)
+            inside = not same and path.is_dir() and output.resolve().is_relative_to(path.resolve())
         except OSError:
             continue
         if same:
             raise BooklensError(f"-o {output} is also an input of this command ({path}): writing the result "
                                 "there would overwrite it; choose another output file")
+        if inside:
+            from booklens.records import written_by_booklens
+
+            if not written_by_booklens(output):
+                raise BooklensError(f"-o {output} is a file of the input folder {path}: writing the result there "
+                                    "would overwrite it; choose an output file outside that folder")
+    from booklens.lm.cache import CACHE_FILE, default_cache_dir
+    from booklens.retrieval import index_dir
+
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    kept = [cache / f"{CACHE_FILE}{suffix}" for suffix in ("", "-wal", "-shm")]
+    try:
+        hit = any(p.exists() and os.path.samefile(p, output) for p in kept)
+        hit = hit or output.resolve().is_relative_to(index_dir(cache).resolve())
+    except OSError:
+        hit = False
+    if hit:
+        raise BooklensError(f"-o {output} is a file of the LM cache in {cache}: writing the result there would "
+                            "lose the calls and indexes it keeps; choose another output file")
 
 
 def refuse_outputs_over_inputs(app: typer.Typer) -> None:
@@ -137,7 +159,8 @@ def refuse_outputs_over_inputs(app: typer.Typer) -> None:
 def _checking_output(command: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(command)  # typer reads the options from the wrapped function's signature
     def checked(*args: Any, **kwargs: Any) -> Any:
-        check_not_an_input(kwargs.get("output"), (v for k, v in kwargs.items() if k != "output"))
+        check_not_an_input(kwargs.get("output"), (v for k, v in kwargs.items() if k not in ("output", "cache_dir")),
+                           kwargs.get("cache_dir"))
         return command(*args, **kwargs)
 
     return checked

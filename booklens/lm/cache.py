@@ -6,6 +6,7 @@ another thread is already computing wait for that answer instead of calling the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -14,7 +15,10 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, CacheError
+
+
+CACHE_FILE = "calls.sqlite"  # in the cache directory
 
 
 def default_cache_dir() -> Path:
@@ -60,14 +64,22 @@ class CallCache:
         return hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
     def get(self, key: str) -> dict[str, Any] | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
+        try:
+            with self._lock:
+                row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
+        except sqlite3.Error as exc:
+            raise CacheError(f"cannot read the LM cache at {self.path}: {exc}") from None
         return json.loads(row[0]) if row else None
 
     def put(self, key: str, value: dict[str, Any]) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO calls (key, value) VALUES (?, ?)", (key, json.dumps(value)))
-            self._db.commit()
+        try:
+            with self._lock:
+                self._db.execute("INSERT OR REPLACE INTO calls (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+                self._db.commit()
+        except sqlite3.Error as exc:
+            with self._lock, contextlib.suppress(sqlite3.Error):
+                self._db.rollback()  # an insert whose commit failed must not ride on the next commit
+            raise CacheError(f"cannot write the LM cache at {self.path}: {exc}") from None
 
     def __len__(self) -> int:
         with self._lock:

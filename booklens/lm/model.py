@@ -17,7 +17,7 @@ import dspy
 from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm.adapter import BooklensAdapter
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
-from booklens.lm.cache import CallCache, default_cache_dir
+from booklens.lm.cache import CACHE_FILE, CallCache, default_cache_dir
 from booklens.lm.embedded import LOCAL_LABEL, LOCAL_LM, LocalBackend
 from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend, resolve_api_base
 from booklens.lm.usage import UsageTracker
@@ -226,7 +226,7 @@ def make_lm(
     if backend is None:
         backend = make_backend(lm, api_base=api_base, structured=structured, rpm=rpm, tpm=tpm, limiter=limiter)
     if cache is None and use_cache:
-        cache = CallCache(Path(cache_dir or default_cache_dir()) / "calls.sqlite")
+        cache = CallCache(Path(cache_dir or default_cache_dir()) / CACHE_FILE)
     return BooklensLM(backend, cache=cache, usage=usage, call_limit=call_limit)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from booklens.lm.base import lm_label
-from booklens.lm.cache import CallCache, default_cache_dir
+from booklens.lm.cache import CACHE_FILE, CallCache, default_cache_dir
 from booklens.lm.embedded import LOCAL_LM
 from booklens.lm.usage import UsageTracker
 
@@ -31,7 +31,7 @@ class LMPool:
         self.api_base = api_base
         self.concurrency = max(1, int(concurrency))
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-        self.cache = CallCache(self.cache_dir / "calls.sqlite") if use_cache else None
+        self.cache = CallCache(self.cache_dir / CACHE_FILE) if use_cache else None
         self.usage = UsageTracker()
         # A given `call_limit` (a context manager around each backend call) replaces the pool's own
         # semaphore: a Ray worker's pool takes its slots from the whole sweep's (`sweep.engines`).

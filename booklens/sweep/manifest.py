@@ -240,7 +240,20 @@ def _read_yaml(path: Path) -> Any:
     if not isinstance(data, dict):
         raise BooklensError(f"{path}: a manifest is a YAML mapping with books, systems and judge "
                             f"(found {type(data).__name__})")
+    if _holds_itself(data):
+        raise BooklensError(f"{path}: a YAML alias refers to the list or mapping that holds it (such as "
+                            "`books: &a [*a]`); give the values themselves")
     return data
+
+
+def _holds_itself(value: Any, within: tuple[int, ...] = ()) -> bool:
+    """Whether an alias makes a list or mapping contain itself (one shared by two keys is fine)."""
+    if not isinstance(value, (list, dict)):
+        return False
+    if id(value) in within:
+        return True
+    items = value.values() if isinstance(value, dict) else value
+    return any(_holds_itself(item, (*within, id(value))) for item in items)
 
 
 @functools.lru_cache(maxsize=None)

@@ -338,6 +338,6 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
                                 f"built from; write it elsewhere (by default {sweep_dir / REPORT_FILE})")
     try:
         return write_sweep_report(sweep_dir, results, rows, title=title, meta=meta, target=target)
-    except KeyError:
+    except (KeyError, TypeError, ValueError, AttributeError):  # a field of another type than written
         raise BooklensError(f"{sweep_dir} holds records this booklens cannot read (results.json or cells.jsonl); "
                             "rerun the sweep to write them again") from None

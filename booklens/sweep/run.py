@@ -167,9 +167,9 @@ def remove_sweep_partial_writes(output: Path) -> int:
 
 def check_cache(settings: PoolSettings) -> None:
     """A one-line error unless the LM cache of `settings` opens (its folder is made if missing)."""
-    from booklens.lm.cache import CallCache, default_cache_dir
+    from booklens.lm.cache import CACHE_FILE, CallCache, default_cache_dir
 
-    CallCache(Path(settings.cache_dir or default_cache_dir()) / "calls.sqlite")
+    CallCache(Path(settings.cache_dir or default_cache_dir()) / CACHE_FILE)
 
 
 def write_plan(sweep: Sweep, output: Path) -> None:
