@@ -137,6 +137,8 @@ def read_text_file(path: str | Path, what: str) -> str:
     """The text of a file a user gave (UTF-8, a byte-order mark allowed), or a one-line
     `BooklensError` that names the file as `what` and says what is wrong with it."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # see booklens.text._check_path
+        raise BooklensError(f"{what} is a device or a pipe, not a file: {path}")
     try:
         return path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:

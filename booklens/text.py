@@ -59,6 +59,8 @@ def _check_path(path: str | Path) -> Path:
         raise BooklensError(f"no such file: {p}")
     if p.is_dir():
         raise BooklensError(f"{p} is a directory, not a text file")
+    if not p.is_file():  # /dev/zero would be read until memory runs out, a pipe until its writer closes
+        raise BooklensError(f"{p} is a device or a pipe, not a text file")
     return p
 
 

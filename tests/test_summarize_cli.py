@@ -171,6 +171,20 @@ def test_an_output_through_a_link_or_into_a_pipe_keeps_them(tmp_path):
     assert pipe.is_fifo() and json.loads(received[0])["kind"] == "booklens.coherence"
 
 
+def test_a_device_or_a_pipe_given_as_a_book_or_summary_is_one_line(tmp_path):
+    """/dev/zero would be read until memory runs out, a pipe with no writer forever: refused at once."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for args, expected in ((["summarize", "/dev/zero"], "error: /dev/zero is a device or a pipe, not a text file"),
+                           (["summarize", pipe], f"error: {pipe} is a device or a pipe, not a text file"),
+                           (["score", pipe], f"{pipe}")):
+        proc = subprocess.run([sys.executable, "-m", "booklens", *map(str, args), "-o", str(tmp_path / "out.json"),
+                               "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"],
+                              capture_output=True, text=True, timeout=120)
+        line = one_line_error(proc)
+        assert line.startswith("error: ") and expected in line and "device or a pipe" in line, line
+    assert not (tmp_path / "out.json").exists()
+
 def test_an_output_that_cannot_be_a_file_is_refused_before_any_call(tmp_path):
     (tmp_path / "existdir").mkdir()
     (tmp_path / "existfile").write_text("mine")
