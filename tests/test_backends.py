@@ -569,8 +569,8 @@ def test_a_key_in_the_environment_reaches_no_file_and_no_output(tmp_path):
     with FakeOpenAIServer(responder=answer_every_step) as server:
         ok = subprocess.run([sys.executable, "-m", "booklens", "run", str(story), "--lm", "openai/fake-model",
                              "--api-base", server.url, "--chunk-size", "1024", "--max-summary-tokens", "200",
-                             "--evidence", "bm25", "-o", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=300,
-                            cwd=tmp_path)
+                             "--evidence", "bm25", "-o", str(tmp_path / "run")],
+                            capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert {r.headers.get("Authorization") for r in server.received} == {f"Bearer {canary}"}  # it was used
 

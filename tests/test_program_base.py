@@ -18,8 +18,8 @@ from booklens.testing import ScriptedLM
 
 
 def program_modules():
-    return [importlib.import_module(f"booklens.programs.{m.name}") for m in pkgutil.iter_modules(booklens.programs.__path__)
-            if m.name != "base"]
+    return [importlib.import_module(f"booklens.programs.{m.name}")
+            for m in pkgutil.iter_modules(booklens.programs.__path__) if m.name != "base"]
 
 
 def test_every_program_class_and_predictor_is_built_on_the_base_classes():

@@ -159,7 +159,7 @@ def test_an_output_through_a_link_or_into_a_pipe_keeps_them(tmp_path):
     link.symlink_to(target)
     os.mkfifo(pipe)
     received: list[bytes] = []
-    reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()))
+    reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()), daemon=True)
     reader.start()
     with FakeOpenAIServer(responder=PipelineResponder()) as server:
         lm = ["--lm", "openai/fake", "--api-base", server.url, "--cache-dir", tmp_path / "cache"]

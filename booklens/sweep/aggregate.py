@@ -105,15 +105,14 @@ def _mean(values: Sequence[float]) -> Optional[float]:
 
 
 def _ci(values: Sequence[float]) -> Optional[list[float]]:
-    # One book is no interval: every resample of it gives it back.
-    if len(values) < 2:
+    if not values:
         return None
     from booklens.metrics.bootstrap import bootstrap_mean  # NumPy: only once there is something to resample
 
     # Sorted: the resamples' draws go by position, so the interval would move with the order of the
     # manifest's books; sorted, the same cells give the same interval whatever that order.
     lo, hi = bootstrap_mean(sorted(values))
-    return [round(lo, 6), round(hi, 6)]
+    return None if math.isnan(lo) else [round(lo, 6), round(hi, 6)]  # NaN: no interval (one book)
 
 
 def _present(rows: Sequence[dict[str, Any]], column: str) -> list[float]:
@@ -151,7 +150,7 @@ def _paired(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], books: l
     # Ordered by the difference, for an interval that does not depend on the order of the books (see _ci).
     shared.sort(key=lambda k: (b[k][column] - a[k][column], k))
     diff, lo, hi = paired_bootstrap_ci([a[k][column] for k in shared], [b[k][column] for k in shared])
-    ci = [round(lo, 6), round(hi, 6)] if len(shared) > 1 else None  # one shared book: no interval (see _ci)
+    ci = None if math.isnan(lo) else [round(lo, 6), round(hi, 6)]  # NaN: no interval (one shared book)
     return {"books": len(shared), "diff": round(diff, 6), "ci95": ci}
 
 

@@ -183,8 +183,8 @@ def _pairs_section(results: dict[str, Any]) -> str:
     rows = "".join(f'<tr><th scope="row">{h(p["b"])} \u2212 {h(p["a"])}</th><td class="num">{p["books"]}</td>'
                    f'{cell(p["booookscore"], 100)}{cell(p["faithful"], 1)}</tr>' for p in pairs)
     note = ("<p class=\"note\">Paired over the books both systems completed: the mean difference (second system "
-            "minus first) and its 95% bootstrap interval (none over one book). A <span class=\"sig\">bold</span> difference has an "
-            "interval that excludes 0.</p>")
+            "minus first) and its 95% bootstrap interval (none over one book). A <span class=\"sig\">bold</span> "
+            "difference has an interval that excludes 0.</p>")
     return (f'{note}\n<table class="data"><caption>Paired differences</caption><thead><tr><th scope="col">Pair'
             f'</th><th scope="col" class="num">Shared books</th><th scope="col" class="num">\u0394 BooookScore'
             f'</th><th scope="col" class="num">\u0394 % faithful</th></tr></thead><tbody>{rows}</tbody></table>')
