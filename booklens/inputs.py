@@ -68,7 +68,7 @@ def load_summaries(path: Path) -> tuple[dict[str, str], Optional[tuple[Path, str
             raise BooklensError(f"summary file {path} is a {kind} record, not a summary: give a `booklens summarize` "
                                 "output, a text file or a JSON map of book -> summary")
         return summary_map(data, f"summary file {path}"), None, True
-    text = read_text_file(path)
+    text = read_text_file(path, "summary file")
     if not text.strip():
         raise BooklensError(f"summary file is empty: {path}")
     if wordless(text):
@@ -134,7 +134,7 @@ def read_summary_text(path: Path) -> str:
     else:
         if path.exists() and path.is_file() and path.stat().st_size == 0:
             raise BooklensError(f"the summary is empty: {path}")
-        text = read_text_file(path)
+        text = read_text_file(path, "summary file")
     if wordless(text):
         raise BooklensError(f"the summary {wordless(text)}: {path}")
     return text.strip()

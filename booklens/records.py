@@ -133,22 +133,30 @@ def remove_partial_writes(folder: str | Path, names: Iterable[str]) -> int:
     return removed
 
 
-def read_text_file(path: str | Path, what: str) -> str:
-    """The text of a file a user gave (UTF-8, a byte-order mark allowed), or a one-line
-    `BooklensError` that names the file as `what` and says what is wrong with it."""
+def read_file_bytes(path: str | Path, what: str) -> bytes:
+    """The bytes of a file a user gave, or a one-line `BooklensError` that names it as `what`.
+    Every reader of a user's file starts here, books and data files alike."""
     path = Path(path)
-    if path.exists() and not path.is_file() and not path.is_dir():  # see booklens.text._check_path
+    if not path.exists():
+        raise BooklensError(f"{what} not found: {path}")
+    if path.is_dir():
+        raise BooklensError(f"{what} is a directory, not a file: {path}")
+    if not path.is_file():  # /dev/zero would be read until memory runs out, a pipe until its writer closes
         raise BooklensError(f"{what} is a device or a pipe, not a file: {path}")
     try:
-        return path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise BooklensError(f"{what} not found: {path}") from None
-    except IsADirectoryError:
-        raise BooklensError(f"{what} is a directory, not a file: {path}") from None
-    except UnicodeDecodeError:
-        raise BooklensError(f"{what} is not UTF-8 text: {path}") from None
+        return path.read_bytes()
     except OSError as exc:
         raise BooklensError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    """The text of a data file a user gave (JSON, YAML): UTF-8, a byte-order mark allowed, as JSON
+    requires. Books and summaries, which may come in other encodings, are read by
+    `booklens.text.read_text_file`."""
+    try:
+        return read_file_bytes(path, what).decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise BooklensError(f"{what} is not UTF-8 text: {path}") from None
 
 
 def read_json_file(path: str | Path, what: str) -> Any:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from booklens.errors import BooklensError
-from booklens.records import Chunk
+from booklens.records import Chunk, read_file_bytes
 
 __all__ = [
     "read_text_file",
@@ -51,24 +51,6 @@ __all__ = [
 def has_letters(text: str) -> bool:
     """Whether `text` has a letter in it: an answer of bare numbers or punctuation is no prose."""
     return any(ch.isalpha() for ch in text)
-
-
-def _check_path(path: str | Path) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise BooklensError(f"no such file: {p}")
-    if p.is_dir():
-        raise BooklensError(f"{p} is a directory, not a text file")
-    if not p.is_file():  # /dev/zero would be read until memory runs out, a pipe until its writer closes
-        raise BooklensError(f"{p} is a device or a pipe, not a text file")
-    return p
-
-
-def _read_bytes(p: Path) -> bytes:
-    try:
-        return p.read_bytes()
-    except OSError as exc:
-        raise BooklensError(f"cannot read {p}: {exc.strerror or exc}") from None
 
 
 # Control characters that never occur in text files (everything below 0x20
@@ -112,14 +94,14 @@ def _normalize_newlines(text: str) -> str:
     return text
 
 
-def read_text_file(path: str | Path) -> str:
+def read_text_file(path: str | Path, what: str = "text file") -> str:
     """The text of a UTF-8 file (BOM dropped; ``\\r\\n`` and ``\\r`` become ``\\n``).
 
-    Raises BooklensError with a one-line message for a missing path, a directory,
-    an empty or whitespace-only file, a binary file and undecodable text.
+    Raises BooklensError with a one-line message, naming the file as `what`, for a missing path, a
+    directory, a device, an empty or whitespace-only file, a binary file and undecodable text.
     """
-    p = _check_path(path)
-    text = _normalize_newlines(_decode_text(_read_bytes(p), str(p)))
+    p = Path(path)
+    text = _normalize_newlines(_decode_text(read_file_bytes(p, what), str(p)))
     if not text.strip():
         raise BooklensError(f"{p} contains only whitespace, no text")
     return text
@@ -569,11 +551,11 @@ def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: 
     ``drop_matter`` also removes front and back matter (contents, dedication,
     preface, "about the author", ...). A book with no text left is a BooklensError.
     """
-    p = _check_path(path)
+    p = Path(path)
+    data = read_file_bytes(p, "book")
     if p.suffix.lower() == ".epub":
         text = _read_epub(p)
     else:
-        data = _read_bytes(p)
         if _looks_like_epub(data):
             text = _read_epub(p)
         else:

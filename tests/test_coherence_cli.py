@@ -54,7 +54,7 @@ SENTENCE_ANN = {"lighthouse": {"One winter night Zed appears at the door.": {
 
 # Exit code and the one-line message need a real process: a few representative cases.
 @pytest.mark.parametrize("setup, pattern", [
-    (lambda d: ["score", d / "missing.txt"], "no such file"),
+    (lambda d: ["score", d / "missing.txt"], "summary file not found"),
     (lambda d: ["score", write(d / "empty.txt", "  \n")], "empty"),
     (lambda d: ["score", "--annotations", write(d / "a.json", [1, 2])], "not an annotation set"),
     (lambda d: ["score", "--annotations", write(d / "a.json", SENTENCE_ANN),

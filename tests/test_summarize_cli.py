@@ -47,7 +47,7 @@ def assert_one_line_error(proc, out: Path, pattern: str):
 @pytest.mark.parametrize(
     "make_input, pattern",
     [
-        (lambda d: d / "missing.txt", "no such file"),
+        (lambda d: d / "missing.txt", "book not found"),
         (lambda d: _write(d / "empty.txt", b""), "empty"),
         (lambda d: _write(d / "binary.txt", bytes(range(256)) * 40), "binary"),
         (lambda d: _write(d / "latin1.txt", "Caf\xe9 au lait. Tr\xe8s bien.".encode("latin-1") * 50), "UTF-8"),
@@ -175,9 +175,9 @@ def test_a_device_or_a_pipe_given_as_a_book_or_summary_is_one_line(tmp_path):
     """/dev/zero would be read until memory runs out, a pipe with no writer forever: refused at once."""
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)
-    for args, expected in ((["summarize", "/dev/zero"], "error: /dev/zero is a device or a pipe, not a text file"),
-                           (["summarize", pipe], f"error: {pipe} is a device or a pipe, not a text file"),
-                           (["score", pipe], f"{pipe}")):
+    for args, expected in ((["summarize", "/dev/zero"], "error: book is a device or a pipe, not a file: /dev/zero"),
+                           (["summarize", pipe], f"error: book is a device or a pipe, not a file: {pipe}"),
+                           (["score", pipe], f"error: summary file is a device or a pipe, not a file: {pipe}")):
         proc = subprocess.run([sys.executable, "-m", "booklens", *map(str, args), "-o", str(tmp_path / "out.json"),
                                "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"],
                               capture_output=True, text=True, timeout=120)

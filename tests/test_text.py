@@ -42,7 +42,7 @@ def test_read_utf8_without_bom(tmp_path):
 def test_read_missing_file(tmp_path):
     with pytest.raises(BooklensError) as excinfo:
         T.read_text_file(tmp_path / "nope.txt")
-    assert_one_line_error(excinfo, "no such file", "nope.txt")
+    assert_one_line_error(excinfo, "text file not found", "nope.txt")
 
 
 def test_read_directory(tmp_path):
@@ -87,7 +87,7 @@ def test_undecodable_offset_counts_the_byte_order_mark(tmp_path):
 
 
 def test_read_book_rejects_bad_input_like_read_text_file(tmp_path):
-    with pytest.raises(BooklensError, match="no such file"):
+    with pytest.raises(BooklensError, match="book not found"):
         T.read_book(tmp_path / "missing.txt")
     with pytest.raises(BooklensError, match="binary"):
         T.read_book(write(tmp_path, "x.txt", b"\x00\x01\x02"))
