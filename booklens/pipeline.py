@@ -95,6 +95,11 @@ class SystemConfig(BaseModel):
         return self.summary_file is not None or self.summary_text is not None
 
 
+# The settings of SystemConfig that only writing a summary uses: a given summary leaves them at their defaults.
+SUMMARIZER_FIELDS = ("method", "chunk_size", "context_window", "max_summary_tokens", "max_regenerations",
+                     "level_budgets", "merge_context", "words_per_token", "remove_artifacts")
+
+
 class JudgeConfig(BaseModel):
     """Which judgments are made of the summary, with which evidence, programs and LM."""
 
@@ -192,6 +197,12 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
         raise BooklensError(f"the judge takes programs for {', '.join(JUDGE_TASKS)}, not {', '.join(unknown)}")
     if system.given and system.program is not None:
         raise BooklensError("a given summary is judged as it is: a compiled summarizer would not run")
+    if system.given:
+        unused = [name for name in SUMMARIZER_FIELDS
+                  if getattr(system, name) != SystemConfig.model_fields[name].get_default(call_default_factory=True)]
+        if unused:
+            raise BooklensError(f"a given summary is judged as it is: {', '.join(unused)} would not apply (they set "
+                                "how a summary is written)")
     if system.summary_file is not None and system.summary_text is not None:
         raise BooklensError("give a summary file or a summary text, not both")
     if not system.given:

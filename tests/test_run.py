@@ -468,6 +468,21 @@ def test_run_takes_the_summarizer_settings_summarize_takes(server, tmp_path):
                                                                                                  "none", 0.5), record
 
 
+def test_run_refuses_options_that_would_be_ignored_before_anything_is_written(tmp_path):
+    """Summarizer settings beside a given summary, and a server URL beside the embedded model, would
+    be ignored without a word: each is one line, and nothing is written."""
+    out = tmp_path / "run"
+    base = [sys.executable, "-m", "booklens", "run", str(STORY), "-o", str(out)]
+    proc = cli([*base, "--summary", str(STORY), "--chunk-size", "1024", "--keep-artifacts"])
+    assert_one_line_error(proc, "a given summary is judged as it is: chunk_size, remove_artifacts would not apply")
+    proc = cli([*base, "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"])
+    assert_one_line_error(proc, "--api-base http://127.0.0.1:9/v1 names a server, but the LM is the embedded model")
+    proc = cli([sys.executable, "-m", "booklens", "summarize", str(STORY), "-o", str(tmp_path / "s.json"),
+                "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"])
+    assert_one_line_error(proc, "names a server, but the LM is the embedded model")
+    assert not out.exists() and not (tmp_path / "s.json").exists()
+
+
 def test_run_refuses_hier_settings_with_incremental_updating_before_anything_is_written(server, tmp_path):
     out = tmp_path / "run"
     for option, value in (("--merge-context", "none"), ("--level-budget", "200")):

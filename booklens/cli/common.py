@@ -236,9 +236,11 @@ def lm_options(structured: Structured | str | None = None, rpm: int | None = Non
 def setup_lm(lm: str | None, api_base: str | None = None, cache_dir: Path | None = None, *,
              structured: Structured | str | None = None, rpm: int | None = None, tpm: int | None = None):
     """Build the LM a command names and make it the LM of every DSPy program in this process."""
+    from booklens.lm.embedded import refuse_server_for_embedded
     from booklens.lm.remote import resolve_api_base
 
     resolve_api_base(api_base)  # a malformed URL fails here, before DSPy and LiteLLM load
+    refuse_server_for_embedded(lm, api_base)
     from booklens.lm import configure, make_lm
 
     return configure(make_lm(lm, api_base=api_base, cache_dir=cache_dir, **lm_options(structured, rpm, tpm)))

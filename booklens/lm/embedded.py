@@ -69,6 +69,25 @@ GENERATION_VERSION = 2
 LOCAL_SUMMARY_SETTINGS = {"max_regenerations": 0, "generation_slack": 1.06, "generation_allowance": 8}
 
 
+def resolve_lm_name(lm: str | None) -> str:
+    """The LM a `--lm` string names: the string, else BOOKLENS_LM, else the embedded model."""
+    return (lm or os.environ.get("BOOKLENS_LM") or LOCAL_LM).strip()
+
+
+def lm_name_label(lm: str | None) -> str:
+    """The label (`lm_label`) records give the LM a `--lm` string names, without building its backend."""
+    name = resolve_lm_name(lm)
+    return LOCAL_LABEL if name == LOCAL_LM else name
+
+
+def refuse_server_for_embedded(lm: str | None, api_base: str | None) -> None:
+    """A server URL given beside the embedded model would be ignored, and the run would not be the
+    server's: refused in one line. (BOOKLENS_API_BASE, set for other commands, is not.)"""
+    if api_base and api_base.strip() and resolve_lm_name(lm) == LOCAL_LM:
+        raise LMError(f"--api-base {api_base.strip()} names a server, but the LM is the embedded model ({LOCAL_LM}), "
+                      "which runs in this process: to use the server, name its model (e.g. --lm openai/MODEL)")
+
+
 def default_threads() -> int:
     """The machine's cores, or fewer when OpenMP is capped: ggml builds with OpenMP, and asking it for
     more threads than OMP_THREAD_LIMIT allows leaves every operation waiting at its barrier for threads

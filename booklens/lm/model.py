@@ -18,7 +18,7 @@ from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm.adapter import BooklensAdapter
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 from booklens.lm.cache import CACHE_FILE, CallCache, default_cache_dir
-from booklens.lm.embedded import LOCAL_LABEL, LOCAL_LM, LocalBackend
+from booklens.lm.embedded import LOCAL_LM, LocalBackend, resolve_lm_name
 from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend, resolve_api_base
 from booklens.lm.usage import UsageTracker
 from booklens.parallel import raise_if_stopped
@@ -157,16 +157,6 @@ def _openai_shaped(model: str, completion: Completion, cache_hit: bool) -> Simpl
 
 # ---------------------------------------------------------------------------
 # Configuration
-
-
-def resolve_lm_name(lm: str | None) -> str:
-    return (lm or os.environ.get("BOOKLENS_LM") or LOCAL_LM).strip()
-
-
-def lm_name_label(lm: str | None) -> str:
-    """The label (`lm_label`) records give the LM a `--lm` string names, without building its backend."""
-    name = resolve_lm_name(lm)
-    return LOCAL_LABEL if name == LOCAL_LM else name
 
 
 _LOCAL_BACKEND: LocalBackend | None = None

@@ -25,7 +25,7 @@ class LMPool:
                  cache_dir: Path | str | None = None, concurrency: int = 4, use_cache: bool = True,
                  structured: str | None = None, rpm: int | None = None, tpm: int | None = None,
                  call_limit: Any = None):
-        from booklens.lm.model import resolve_lm_name
+        from booklens.lm.embedded import resolve_lm_name
 
         self.default_lm = resolve_lm_name(default_lm)
         self.api_base = api_base
