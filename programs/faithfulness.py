@@ -142,7 +142,8 @@ def settle_label(label: str | None, reason: str, label_set: str = "four-way") ->
 
 def label_summary(verdicts: Sequence[ClaimVerdict]) -> tuple[dict[str, int], dict[str, float], int]:
     """Counts of each label (failed verifications as 'failed'), the percentage of each label among
-    the verified claims, and the number of claims left unverified.
+    the verified claims (none when no claim was verified: the shares are unknown, not 0% of every
+    label), and the number of claims left unverified.
 
     A claim without a valid label is left out of the percentages, as BooookScore leaves out a
     sentence without a valid verdict: a judge that failed says nothing about the summary, and
@@ -152,7 +153,7 @@ def label_summary(verdicts: Sequence[ClaimVerdict]) -> tuple[dict[str, int], dic
     for v in verdicts:
         counts[v.label if v.label is not None else "failed"] += 1
     verified = len(verdicts) - counts["failed"]
-    percentages = {label: (round(100.0 * counts[label] / verified, 2) if verified else 0.0) for label in CLAIM_LABELS}
+    percentages = {label: round(100.0 * counts[label] / verified, 2) for label in CLAIM_LABELS} if verified else {}
     return counts, percentages, counts["failed"]
 
 

@@ -152,7 +152,8 @@ def execute(tmp_path: Path, lm, *, book: Path = STORY, out: str = "run", **optio
     from booklens.lm import FixedLMPool
     from booklens.pipeline import JudgeConfig, SystemConfig, run_book
 
-    system = SystemConfig(remove_artifacts=False, **{k: v for k, v in options.items() if k in SYSTEM_OPTIONS})
+    made = {} if "summary_file" in options else {"remove_artifacts": False}  # a given summary is judged as it is
+    system = SystemConfig(**made, **{k: v for k, v in options.items() if k in SYSTEM_OPTIONS})
     judge = JudgeConfig(**{k: v for k, v in options.items() if k not in SYSTEM_OPTIONS})
     output = tmp_path / out
     run_book(book, output, system, judge, lms=FixedLMPool(lm, cache_dir=tmp_path / "cache"), concurrency=2,

@@ -173,6 +173,15 @@ ZeroShotOption = Annotated[bool, typer.Option(
                         "(a --program artifact takes precedence for its task).")]
 
 
+def label_shares(percentages: dict[str, float] | None) -> str:
+    """The share of each claim label, as commands print it; none when no claim was verified."""
+    from booklens.vocabulary import CLAIM_LABELS
+
+    if not percentages:
+        return "no claim verified"
+    return ", ".join(f"{percentages.get(label, 0.0):.1f}% {label}" for label in CLAIM_LABELS)
+
+
 def echo_judge(judge) -> None:
     """The judge line (who judged, its agreement with humans, any warning) under a score."""
     if judge is not None:

@@ -28,6 +28,7 @@ from booklens.cli.common import (
     echo_artifact_note,
     echo_judge,
     evidence_enum,
+    label_shares,
     setup_lm,
     write_output,
 )
@@ -35,7 +36,7 @@ from booklens.cli.data import stats_app
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
 from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
-from booklens.vocabulary import CLAIM_LABELS, counted
+from booklens.vocabulary import counted
 
 
 EvidenceMode = evidence_enum("EvidenceMode")
@@ -70,8 +71,7 @@ def _report_line(report) -> None:
     from booklens.lm.usage import describe_calls
     from booklens.steps import judged_nothing
 
-    p = report.label_percentages
-    shares = ", ".join(f"{p.get(label, 0.0):.1f}% {label}" for label in CLAIM_LABELS)
+    shares = label_shares(report.label_percentages)
     unverified = f" ({report.failures} not verified, left out of the shares)" if report.failures else ""
     typer.echo(f"{counted(len(report.claims), 'claim')}: {shares}{unverified}; "
                f"{describe_calls(report.usage, tokens=False)}", err=True)

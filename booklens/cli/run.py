@@ -27,6 +27,7 @@ from booklens.cli.common import (
     echo_artifact_note,
     echo_judge,
     evidence_enum,
+    label_shares,
     lm_options,
     output_file,
 )
@@ -46,7 +47,6 @@ from booklens.cli.summarize import (
 from booklens.errors import BooklensError
 from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
 from booklens.vocabulary import (
-    CLAIM_LABELS,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_SUMMARY_TOKENS,
     DEFAULT_WORDS_PER_TOKEN,
@@ -65,7 +65,7 @@ def score_line(run) -> str:
     if s.get("failed_sentences"):
         parts[0] += f" ({counted(s['failed_sentences'], 'sentence')} not judged, left out of the score)"
     if s.get("claims"):
-        shares = ", ".join(f"{labels.get(lab, 0.0):.1f}% {lab}" for lab in CLAIM_LABELS)
+        shares = label_shares(labels)
         parts.append(f"{counted(s['claims'], 'claim')}: {shares}"
                      + (f" ({s['failed_claims']} not verified, left out of the shares)" if s.get("failed_claims")
                         else ""))
