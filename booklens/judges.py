@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shlex
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -117,7 +118,7 @@ def load_judge(judge: str, program: str | Path | None = None, *, zero_shot: bool
     load_program(target, path, task=task_of(judge))
     if judge == "coherence":
         _check_demos_in_use(target, path)
-    target._booklens_judge = "default" if program is None else path.name  # noqa: SLF001
+    target._booklens_judge = "default" if program is None else str(path)  # noqa: SLF001  - as given: the calibrate hint names it
     return target
 
 
@@ -268,7 +269,7 @@ def judge_warning(info: Any, batch_size: int = 1) -> Optional[str]:
     calibration = info.calibration
     if not calibration:
         lm = "local" if info.lm.startswith("local/") else info.lm
-        how = {"default": "", "zero-shot": " --zero-shot"}.get(info.program, f" --program {info.program}")
+        how = {"default": "", "zero-shot": " --zero-shot"}.get(info.program, f" --program {shlex.quote(info.program)}")
         if info.mode == "binary" and info.program in ("default", "zero-shot"):
             how += " --judge binary"
         if info.mode == "batched":

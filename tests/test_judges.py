@@ -163,7 +163,7 @@ def test_zero_shot_and_artifact_judges_are_told_apart(tmp_path):
     assert program_fingerprint(zero) != program_fingerprint(load_judge("coherence"))
     copy = tmp_path / "mine.json"
     copy.write_bytes(default_path("verification").read_bytes())
-    assert load_judge("verification", copy)._booklens_judge == "mine.json"
+    assert load_judge("verification", copy)._booklens_judge == str(copy)
     with pytest.raises(BooklensError, match="four-way verification program and cannot be loaded as a binary"):
         load_judge("binary", copy)
     with pytest.raises(BooklensError, match="either --program or --zero-shot"):
@@ -477,6 +477,20 @@ def load_judge_for_calibration(judge):
 
     # one try: a re-ask of a scripted answer gets the same answer
     return load_judge(judge, concurrency=1, tries=1) if judge == "coherence" else load_judge(judge)
+
+
+def test_the_hint_for_an_artifact_without_calibration_names_its_path(tmp_path):
+    """The calibrate command the warning gives must find the artifact from where the user is."""
+    import shutil
+
+    from booklens.judges import default_path, judge_info, load_judge
+
+    artifact = tmp_path / "artifacts" / "my coherence.json"
+    artifact.parent.mkdir()
+    shutil.copy(default_path("coherence"), artifact)
+    info = judge_info("coherence", load_judge("coherence", program=artifact), "openai/some-model", store={})
+    assert info.program == str(artifact)
+    assert info.warning.endswith(f"(booklens calibrate --lm openai/some-model --program '{artifact}')")
 
 
 def test_a_judge_without_calibration_says_so():
