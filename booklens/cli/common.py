@@ -173,13 +173,15 @@ ZeroShotOption = Annotated[bool, typer.Option(
                         "(a --program artifact takes precedence for its task).")]
 
 
-def label_shares(percentages: dict[str, float] | None) -> str:
-    """The share of each claim label, as commands print it; none when no claim was verified."""
+def label_shares(percentages: dict[str, float] | None, unverified: int = 0) -> str:
+    """The share of each claim label among the verified claims, as commands print it, and how many
+    claims were left out of the shares; 'none verified' when no claim was."""
     from booklens.vocabulary import CLAIM_LABELS
 
     if not percentages:
-        return "no claim verified"
-    return ", ".join(f"{percentages.get(label, 0.0):.1f}% {label}" for label in CLAIM_LABELS)
+        return "none verified"
+    shares = ", ".join(f"{percentages.get(label, 0.0):.1f}% {label}" for label in CLAIM_LABELS)
+    return shares + (f" ({unverified} not verified, left out of the shares)" if unverified else "")
 
 
 def echo_judge(judge) -> None:

@@ -71,9 +71,8 @@ def _report_line(report) -> None:
     from booklens.lm.usage import describe_calls
     from booklens.steps import judged_nothing
 
-    shares = label_shares(report.label_percentages)
-    unverified = f" ({report.failures} not verified, left out of the shares)" if report.failures else ""
-    typer.echo(f"{counted(len(report.claims), 'claim')}: {shares}{unverified}; "
+    shares = label_shares(report.label_percentages, report.failures)
+    typer.echo(f"{counted(len(report.claims), 'claim')}: {shares}; "
                f"{describe_calls(report.usage, tokens=False)}", err=True)
     echo_judge(report.judge)
     reason = judged_nothing(report)

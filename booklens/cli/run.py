@@ -65,10 +65,7 @@ def score_line(run) -> str:
     if s.get("failed_sentences"):
         parts[0] += f" ({counted(s['failed_sentences'], 'sentence')} not judged, left out of the score)"
     if s.get("claims"):
-        shares = label_shares(labels)
-        parts.append(f"{counted(s['claims'], 'claim')}: {shares}"
-                     + (f" ({s['failed_claims']} not verified, left out of the shares)" if s.get("failed_claims")
-                        else ""))
+        parts.append(f"{counted(s['claims'], 'claim')}: {label_shares(labels, s.get('failed_claims') or 0)}")
     t = run.totals
     parts.append(f"{t['calls']} LM calls, {t['prompt_tokens']} prompt + {t['completion_tokens']} completion tokens"
                  + (f", ${t['cost_usd']:.4f}" if t.get("cost_usd") is not None else ""))
