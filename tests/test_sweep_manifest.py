@@ -218,6 +218,21 @@ def test_a_sweep_directory_that_cannot_be_created_is_one_line(corpus: Path):
                                         "Not a directory"
 
 
+def test_a_server_url_no_lm_of_the_sweep_uses_is_refused(corpus: Path):
+    """--api-base with every LM the embedded model would be ignored; beside a server's LM it is used."""
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}, {name: b, lm: local}]\n")
+    out = corpus / "sweep"
+    for args in (["--lm", "local"], []):
+        code, err = run_cli(["sweep", str(manifest), "-o", str(out), *args, "--api-base", "http://127.0.0.1:9/v1",
+                             "--dry-run"])
+        assert code == 2 and err.strip().startswith("error: --api-base http://127.0.0.1:9/v1 names a server, but the "
+                                                    "LM is the embedded model"), err
+    assert not out.exists()
+    mixed = write(corpus / "mixed.yaml", "books: corpus\nsystems: [{name: a, lm: openai/x}, {name: b, lm: local}]\n")
+    code, err = run_cli(["sweep", str(mixed), "-o", str(out), "--api-base", "http://127.0.0.1:9/v1", "--dry-run"])
+    assert code == 0, err
+
+
 def test_the_command_line_reports_a_bad_manifest_in_one_line(corpus: Path):
     manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a, method: tree}]\n")
     proc = subprocess.run([sys.executable, "-m", "booklens", "sweep", str(manifest), "-o", str(corpus / "s")],

@@ -83,14 +83,28 @@ def _size(path: str) -> int:
         return 0
 
 
-def check_models(sweep: Sweep) -> None:
-    """Every LM the sweep names is a model LiteLLM knows, with its key in the environment (no call)."""
-    from booklens.lm import make_backend
-
+def sweep_lms(sweep: Sweep) -> set[tuple[Optional[str], Optional[str]]]:
+    """The (lm, api_base) pairs the sweep calls: its judge's and each summarizing system's."""
     names = {(sweep.judge.lm or sweep.lm, sweep.judge.api_base or sweep.api_base)}
     for spec in sweep.systems:
         if spec.summaries is None:
             names.add((spec.lm or sweep.lm, spec.api_base or sweep.api_base))
+    return names
+
+
+def check_server_option(sweep: Sweep, api_base: Optional[str]) -> None:
+    """`--api-base` when every LM of the sweep is the embedded model would be ignored: one line."""
+    from booklens.lm.embedded import LOCAL_LM, refuse_server_for_embedded, resolve_lm_name
+
+    if api_base and all(resolve_lm_name(lm) == LOCAL_LM for lm, _ in sweep_lms(sweep)):
+        refuse_server_for_embedded(LOCAL_LM, api_base)
+
+
+def check_models(sweep: Sweep) -> None:
+    """Every LM the sweep names is a model LiteLLM knows, with its key in the environment (no call)."""
+    from booklens.lm import make_backend
+
+    names = sweep_lms(sweep)
     for lm, api_base in sorted(names, key=lambda x: (str(x[0]), str(x[1]))):
         make_backend(lm, api_base=api_base)
 
@@ -130,6 +144,7 @@ def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base:
             concurrency: int = 4, check_lms: bool = True) -> tuple[Sweep, list[CellTask]]:
     """The checked sweep and its cells; raises a one-line `BooklensError` before anything is written."""
     sweep = load_manifest(manifest, lm=lm, api_base=api_base)
+    check_server_option(sweep, api_base)
     check_output(output)
     tasks = plan_tasks(sweep, output, concurrency)  # the pipeline's own config models validate every value
     check_summarizers(sweep)
