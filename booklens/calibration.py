@@ -88,6 +88,12 @@ def _judged_nothing(judge: str, items: int, what: str, errors: list[str]) -> Jud
                          f"{counted(items, what)}{quote_first_error(errors)}; nothing stored")
 
 
+def _empty_sample(judge: str, source: str | Path, what: str) -> BooklensError:
+    """A sample with nothing to compare: an entry of no figures would replace a measured one."""
+    return BooklensError(f"{judge} calibration: the sample drawn from {source} holds no {what} (its test split is "
+                         "empty: give the whole data set); nothing stored")
+
+
 def _sample_books(books: list[str], count: Optional[int], seed: int) -> list[str]:
     """`count` books drawn with the seed (all of them when `count` is None or larger), sorted."""
     ordered = sorted(books)
@@ -136,6 +142,8 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
     import dspy
 
     items, info = coherence_sample(human_dir, books=books, seed=seed, split_seed=split_seed)
+    if not any(a.sentence_annotations() for _, a in items):
+        raise _empty_sample("coherence", human_dir, "annotated sentence")
     shown = _demo_values(program, "summary")
     _refuse_demos("coherence", sum(1 for _, a in items if " ".join(a.summary.split()) in shown), len(items),
                   "summaries")
@@ -234,6 +242,8 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
                                           seed=seed, split_seed=split_seed)
     shown = _demo_values(program, "claim")
     claims_in_sample = [c.claim for s in summaries for c in s.claims if c.label in keep]
+    if not claims_in_sample:
+        raise _empty_sample("binary" if binary else "verification", fables_path, "labelled claim")
     _refuse_demos("binary" if binary else "verification",
                   sum(1 for c in claims_in_sample if " ".join(c.split()) in shown), len(claims_in_sample), "claims")
     meter = UsageTracker()

@@ -386,6 +386,29 @@ def test_a_verifier_that_never_answers_is_not_calibrated(shared_dir, monkeypatch
                                         f"{claims} claims (first: ")
 
 
+def test_a_sample_with_nothing_to_compare_is_refused_before_any_call(shared_dir, tmp_path):
+    """One book's annotations fall in the training split: an entry of no figures would replace a measured one."""
+    from booklens.calibration import calibrate
+
+    coherence = json.loads((shared_dir / "data" / "booookscore" / "human" / "summary-gpt4-4096-inc.json").read_text())
+    first = next(iter(coherence))
+    one_summary = tmp_path / "one-book.json"
+    one_summary.write_text(json.dumps({first: coherence[first]}))
+    fables = json.loads((shared_dir / "data" / "fables" / "FABLES.json").read_text())
+    first = next(iter(fables["FABLES"]))
+    one_book = tmp_path / "fables-one.json"
+    one_book.write_text(json.dumps({**fables, "FABLES": {first: fables["FABLES"][first]}}))
+    lm = ScriptedLM(prose)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        with pytest.raises(BooklensError, match="coherence calibration: the sample drawn from .* holds no annotated "
+                                                "sentence .*; nothing stored"):
+            calibrate("coherence", load_judge_for_calibration("coherence"), lm, human_dir=one_summary)
+        with pytest.raises(BooklensError, match="verification calibration: the sample drawn from .* holds no "
+                                                "labelled claim"):
+            calibrate("verification", load_judge_for_calibration("verification"), lm, fables_path=one_book)
+    assert lm.backend.calls == []
+
+
 def test_a_partly_failed_calibration_is_stored_and_counts_the_failures(shared_dir, monkeypatch):
     import booklens.calibration as calibration
     from booklens.calibration import calibrate, verification_sample
