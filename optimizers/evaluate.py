@@ -140,10 +140,13 @@ def evaluate_program(
     keep_predictions: bool = False,
     units: Sequence[str] | None = None,
     unit_name: str = "examples",
+    failure: Callable[[Any], str | None] | None = None,
 ) -> EvalResult:
     """Run `program` on every example with the configured LM and score it with `metric`. `units`
     (one per example, named `unit_name`) makes the intervals resample whole units: examples that
-    share a context (the sentences of one summary) do not count as independent evidence."""
+    share a context (the sentences of one summary) do not count as independent evidence.
+    `failure` (a task's) says why a prediction holds no answer: such an example scores what the
+    metric gives it (0) and counts as failed, as one where the program raised."""
     from booklens.lm import current_lm
     from booklens.parallel import parallel_map
 
@@ -162,7 +165,8 @@ def evaluate_program(
             raise
         except Exception as exc:  # the program gave up on this example
             return 0.0, f"{type(exc).__name__}: {first_line(exc)}", None
-        return score_of(metric(example, prediction, None)), None, prediction
+        why = failure(prediction) if failure is not None else None
+        return score_of(metric(example, prediction, None)), (f"no answer: {why}" if why else None), prediction
 
     started = time.perf_counter()
     with dspy.context(lm=lm):

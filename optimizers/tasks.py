@@ -58,6 +58,9 @@ class Task:
     interval_unit: tuple[str, ...] = ()
     interval_unit_name: str = "examples"
     feedback: Callable[..., str] | None = None  # for GEPA: why a prediction scored as it did
+    # Why the program gave no answer on an example, else None: the judges and the decomposer
+    # return their error in the prediction instead of raising (`evaluate_program` counts it).
+    failure: Callable[[Any], str | None] | None = None
     bootstrap_threshold: float | None = None  # bootstrap keeps a run as a demo when metric >= this
     data_help: str = ""
     program_config: dict[str, Any] = field(default_factory=dict)
@@ -212,6 +215,7 @@ def _coherence() -> Task:
         build_program=build,
         load_splits=_coherence_splits,
         metric=_coherence_metric(),
+        failure=_coherence_failure,
         sizes={"train": 8, "dev": 6, "test": 24},
         stratify="verdict",
         subset_group="summary",
@@ -245,6 +249,25 @@ def _coherence_metric() -> Callable[..., float]:
         return float(confusion_match(example, verdict, trace))
 
     return coherence_metric
+
+
+def _coherence_failure(prediction) -> str | None:
+    annotations = getattr(prediction, "annotations", None) or []
+    if not annotations:
+        return "no verdict on the sentence"
+    if annotations[0].status != "ok" or annotations[0].confusing is None:
+        return annotations[0].error or "no valid verdict on the sentence"
+    return None
+
+
+def _verification_failure(prediction) -> str | None:
+    if getattr(prediction, "label", None) is None:
+        return getattr(prediction, "error", None) or "no valid label"
+    return None
+
+
+def _decomposition_failure(prediction) -> str | None:
+    return getattr(prediction, "error", None) or None
 
 
 def _coherence_feedback(example, prediction, score) -> str:
@@ -319,6 +342,7 @@ def _verification() -> Task:
         build_program=build_verifier,
         load_splits=_verification_splits,
         metric=verification_metric,
+        failure=_verification_failure,
         sizes={"train": 24, "dev": 12, "test": 24},
         stratify="label",
         interval_unit=("book", "summarizer"),  # a claim's summary, as calibrate resamples
@@ -362,6 +386,7 @@ def _decomposition() -> Task:
         build_program=build_decomposer,
         load_splits=_decomposition_splits,
         metric=decomposition_metric,
+        failure=_decomposition_failure,
         sizes={"train": 8, "dev": 4, "test": 8},
         bootstrap_threshold=0.5,
         data_help="the FABLES release, FABLES.json",

@@ -137,6 +137,24 @@ def test_verification_compiles_and_verify_uses_the_artifact(tmp_path):
     assert any(compiled.verify.demos[0]["claim"] in m["content"] for m in lm.backend.calls[0].messages)
 
 
+def test_examples_the_judge_gave_no_answer_on_are_counted_as_failed(tmp_path):
+    """The verifier returns its error instead of raising: such an example scores 0 and is counted
+    as failed, and a judge that never answers is an error, not an accuracy of 0."""
+    task = get_task("verification")
+    splits = load_task_splits(task, fables(tmp_path / "FABLES.json"), seed=0)
+    ruined = {e.claim for e in splits.test[::2]}
+
+    def answers(call):
+        return "not json at all" if call.inputs.get("claim") in ruined else verifier(call)
+
+    configure(ScriptedLM(answers))
+    result = evaluate_program(task.build_program(), splits.test, task.metric, failure=task.failure)
+    assert result.failures == len(ruined) > 0 and result.errors[0].startswith("no answer: ")
+    configure(ScriptedLM(lambda call: "not json at all"))
+    with pytest.raises(BooklensError, match="failed on every example"):
+        evaluate_program(task.build_program(), splits.test, task.metric, failure=task.failure)
+
+
 def test_decomposition_compiles_with_labeled_demos(tmp_path):
     from booklens.programs.faithfulness import build_decomposer
 

@@ -132,7 +132,8 @@ def compile_command(
         if not examples or (split == "test" and not evaluate_test):
             continue
         result = evaluate_program(compiled, examples, spec.metric, threads=threads, label=f"compiled on {split}",
-                                  units=spec.units(examples), unit_name=spec.interval_unit_name)
+                                  units=spec.units(examples), unit_name=spec.interval_unit_name,
+                                  failure=spec.failure)
         results.append(result)
         metrics[split] = _metric_block(result)
     total_seconds = time.perf_counter() - started
@@ -243,7 +244,7 @@ def evaluate_command(
             if note:
                 typer.echo(f"note: {note}", err=True)
     results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label, units=spec.units(examples),
-                                unit_name=spec.interval_unit_name) for label, p in runs]
+                                unit_name=spec.interval_unit_name, failure=spec.failure) for label, p in runs]
     title = f"{spec.name} / {split} (n={len(examples)}, seed {seed})"
     typer.echo(format_table(results, title=title, metric_name=spec.metric_name))
     if any(r.failures for r in results):
