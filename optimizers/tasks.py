@@ -294,6 +294,10 @@ def _coherence_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
             results = results_from_json(read_json_file(file, "annotation file"), what=f"annotation file {file}")
         except SummariesNeeded as exc:  # compile and evaluate take no --summaries: say what they do take
             raise BooklensError(f"{exc}; the coherence task learns from {COHERENCE_DATA}") from None
+        judges = sorted({r.annotator for r in results.values()} - {"human"})
+        if judges:  # a model's verdicts (GPT-4's in the precision study, a `score` output) as gold labels
+            raise BooklensError(f"{file} holds {' and '.join(map(repr, judges))} annotations, not human ones: the "
+                                f"coherence task learns from {COHERENCE_DATA}")
         for e in to_examples(results):
             e["source"] = file.name  # the same book may be summarized twice (inc and hier): one split for both
             examples.append(e)

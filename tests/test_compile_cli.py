@@ -234,6 +234,22 @@ def test_sentence_annotations_as_coherence_data_say_what_compile_and_evaluate_ta
         assert "--summaries" not in proc.stderr
 
 
+def test_a_models_verdicts_are_not_taken_as_human_coherence_labels(tmp_path, shared_dir):
+    """The precision study holds GPT-4's sentence verdicts; a `score` output holds the judge's own:
+    neither is the human gold compile and evaluate score against."""
+    study = shared_dir / "data" / "booookscore" / "human" / "annotations-gpt4-4096-inc.json"
+    scored = tmp_path / "scored.json"
+    scored.write_text(json.dumps({"kind": "booklens.coherence", "book": "lighthouse", "summary": "Zed appears.",
+                                  "annotator": "program", "sentences": []}))
+    out = tmp_path / "a.json"
+    for data, who in ((study, "'gpt4'"), (scored, "'program'")):
+        for args in (["compile", "coherence", "--data", data, "--optimizer", "labeled", "-o", out],
+                     ["evaluate", "coherence", "--data", data]):
+            proc = run_cli([*args, "--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+            assert_one_line_error(proc, f"{data} holds {who} annotations, not human ones: the coherence task "
+                                        "learns from a BooookScore human annotation file", output=out)
+
+
 def test_evaluate_says_when_an_artifact_is_scored_on_what_it_was_compiled_on(tmp_path):
     """Another seed or the training split puts the artifact's own demos among the examples: the
     figures are not held out, and evaluate says so (and how many examples are demos)."""
