@@ -412,6 +412,7 @@ def test_a_sample_with_nothing_to_compare_is_refused_before_any_call(shared_dir,
 def test_a_partly_failed_calibration_is_stored_and_counts_the_failures(shared_dir, monkeypatch):
     import booklens.calibration as calibration
     from booklens.calibration import calibrate, verification_sample
+    from booklens.judges import judge_info, judge_line
 
     def some_prose(call):
         sentence = call.inputs.get("sentence") or call.inputs.get("claim") or ""
@@ -424,6 +425,8 @@ def test_a_partly_failed_calibration_is_stored_and_counts_the_failures(shared_di
     n = entry["n"]
     assert 0 < n["failed"] < n["sentences"] and n["compared"] == n["sentences"] - n["failed"]
     assert entry["figures"]["kappa"]["n"] == n["compared"]
+    line = judge_line(judge_info("coherence", load_judge_for_calibration("coherence"), lm, store={entry["key"]: entry}))
+    assert f"({n['failed']} of {n['sentences']} sentences got no valid verdict: left out)" in line
 
     fables = shared_dir / "data" / "fables" / "FABLES.json"
     summaries, info = verification_sample(fables, books=1)
@@ -432,6 +435,10 @@ def test_a_partly_failed_calibration_is_stored_and_counts_the_failures(shared_di
         entry = calibrate("verification", load_judge_for_calibration("verification"), lm, fables_path=fables,
                           books=1)
     assert 0 < entry["counts"]["failed"] < entry["counts"]["claims"]
+    line = judge_line(judge_info("verification", load_judge_for_calibration("verification"), lm,
+                                 store={entry["key"]: entry}))
+    assert (f"({entry['counts']['failed']} of {entry['counts']['claims']} claims got no valid verdict: counted as "
+            "wrong)") in line
 
 
 def test_calibration_measures_an_artifact_on_the_test_split_it_was_compiled_with(shared_dir, tmp_path, monkeypatch):
