@@ -22,7 +22,7 @@ import logging
 import random
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import dspy
 
@@ -37,6 +37,26 @@ OPTIMIZERS: dict[str, str] = {
     "mipro": "MIPROv2: instructions and demo sets searched with Bayesian optimization on dev",
     "gepa": "GEPA: instructions evolved by reflecting on failures",
 }
+
+
+# The budget options each optimizer spends (`_run`); --threads also runs the evaluations, so every
+# optimizer takes it. An option another optimizer spends is refused rather than recorded unused.
+OPTIMIZER_BUDGET: dict[str, tuple[str, ...]] = {
+    "labeled": ("demos",),
+    "bootstrap": ("demos", "max_rounds"),
+    "random-search": ("demos", "max_rounds", "candidates"),
+    "mipro": ("demos", "candidates", "trials", "minibatch_size"),
+    "gepa": ("trials",),
+}
+
+
+def check_budget_options(optimizer: str, given: dict[str, Optional[int]]) -> None:
+    """Budget options given (not None) that `optimizer` does not spend: a one-line error."""
+    spent = OPTIMIZER_BUDGET[optimizer]
+    unused = [f"--{name.replace('_', '-')}" for name, value in given.items() if value is not None and name not in spent]
+    if unused:
+        raise BooklensError(f"the {optimizer} optimizer does not use {', '.join(unused)}; it spends "
+                            f"{', '.join('--' + name.replace('_', '-') for name in spent)}")
 
 
 @dataclass(frozen=True)

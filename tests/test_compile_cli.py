@@ -113,6 +113,18 @@ def test_unknown_optimizer_is_a_one_line_error(tmp_path):
     assert_one_line_error(proc, "unknown optimizer 'annealing'", "random-search", output=out)
 
 
+def test_a_budget_the_optimizer_does_not_spend_is_a_one_line_error(tmp_path):
+    """--trials with `labeled` would be recorded in the artifact's budget without having done anything."""
+    data = tiny_fables(tmp_path / "fables.json")
+    out = tmp_path / "a.json"
+    for optimizer, extra, unused in (("labeled", ["--trials", "9", "--max-rounds", "5"], "--trials, --max-rounds"),
+                                     ("bootstrap", ["--candidates", "9"], "--candidates"),
+                                     ("gepa", ["--demos", "2", "--minibatch-size", "3"], "--demos, --minibatch-size")):
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", optimizer, *extra, "-o", out],
+                       tmp_path)
+        assert_one_line_error(proc, f"the {optimizer} optimizer does not use {unused}; it spends", output=out)
+
+
 def test_wrong_task_and_corrupted_artifacts_are_one_line_errors(tmp_path):
     data = tiny_fables(tmp_path / "fables.json")
     verify_artifact = make_artifact(tmp_path, "verification", "verify.json")

@@ -74,9 +74,10 @@ def compile_command(
     trials: Annotated[Optional[int], typer.Option(
         "--trials", help="mipro: search trials; gepa: reflective proposals (default 4; coherence 3).")] = None,
     threads: ThreadsOption = 2,
-    max_rounds: Annotated[int, typer.Option("--max-rounds", help="Bootstrap attempts per training example.")] = 1,
-    minibatch_size: Annotated[int, typer.Option(
-        "--minibatch-size", help="mipro: score trials on this many dev examples (0: all).")] = 0,
+    max_rounds: Annotated[Optional[int], typer.Option(
+        "--max-rounds", help="bootstrap, random-search: attempts per training example (default 1).")] = None,
+    minibatch_size: Annotated[Optional[int], typer.Option(
+        "--minibatch-size", help="mipro: score trials on this many dev examples (default 0: all).")] = None,
     seed: SeedOption = None,
     train_size: Annotated[Optional[int], typer.Option("--train-size", help="Training examples (0: all).")] = None,
     dev_size: Annotated[Optional[int], typer.Option("--dev-size", help="Dev examples (0: all).")] = None,
@@ -94,12 +95,14 @@ def compile_command(
 ) -> None:
     """Compile a task's program on the training split with a DSPy optimizer; write the artifact."""
     from booklens.optimizers.artifacts import save_program
-    from booklens.optimizers.compile import check_optimizer, compile_program
+    from booklens.optimizers.compile import check_budget_options, check_optimizer, compile_program
     from booklens.lm.usage import UsageTracker
     from booklens.optimizers.evaluate import evaluate_program, format_table
     from booklens.optimizers.tasks import get_task, load_task_splits
 
     name = check_optimizer(optimizer)
+    check_budget_options(name, {"demos": demos, "candidates": candidates, "trials": trials, "max_rounds": max_rounds,
+                                "minibatch_size": minibatch_size})
     spec = get_task(task)
     budget = spec.default_budget(demos=demos, candidates=candidates, trials=trials, threads=threads,
                                  max_rounds=max_rounds, minibatch_size=minibatch_size)
