@@ -144,6 +144,22 @@ def test_calibrate_refuses_a_store_that_is_not_one_before_any_judgment(tmp_path,
     assert server.served == [] and json.loads(store.read_text()) == {"mine": [1, 2, 3]}
 
 
+def test_calibrate_refuses_options_no_chosen_judge_uses(tmp_path):
+    from booklens.errors import BooklensError
+
+    lm = ["--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"]
+    for args, message in ((["--judge", "verification", "--coherence-data", tmp_path / "nowhere"],
+                           "--coherence-data is for the coherence judge"),
+                          (["--judge", "coherence", "--fables-data", tmp_path / "nowhere"],
+                           "--fables-data is for the verification and binary judges"),
+                          (["--judge", "binary", "--books", "3"],
+                           "the binary rater is always measured on FABLES Table 5's seven books: --books does not "
+                           "apply")):
+        result = invoke(["calibrate", *args, *lm], tmp_path)
+        assert isinstance(result.exception, BooklensError) and str(result.exception) == message
+    assert not (tmp_path / "cache" / "calibration.json").exists()
+
+
 def test_calibrate_stores_nothing_for_a_judge_that_never_answered(tmp_path, shared_dir):
     human = shared_dir / "data" / "booookscore" / "human"
     # FABLES with two claims per summary keeps the test quick; the sample's books are the same

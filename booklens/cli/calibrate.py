@@ -124,6 +124,14 @@ def calibrate_command(
     unknown = [j for j in judges if j not in JUDGES]
     if unknown:
         raise BooklensError(f"unknown judge '{unknown[0]}' (use one of {', '.join(JUDGES)})")
+    # Options no chosen judge uses would be ignored without a word.
+    if coherence_data is not None and "coherence" not in judges:
+        raise BooklensError("--coherence-data is for the coherence judge")
+    if fables_data is not None and all(j == "coherence" for j in judges):
+        raise BooklensError("--fables-data is for the verification and binary judges")
+    if books is not None and judges == ["binary"]:
+        raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: --books does not "
+                            "apply")
     human_dir = _human_dir(coherence_data) if "coherence" in judges else None
     fables = _fables_path(fables_data) if any(j != "coherence" for j in judges) else None
     store = output if output is not None else user_store_path(cache_dir)
