@@ -382,3 +382,5 @@ def test_summarize_takes_only_books_and_says_when_nothing_will_score_the_program
     assert proc.returncode == 0, proc.stderr
     assert (f"note: the dev and test splits of {books} are empty: nothing will score the compiled program there "
             "(the data is split by book, 40/20/40 %: more books fill them)") in proc.stderr.splitlines()
+    assert ("note: the training split holds no example the summarize program can show as a demo (labeled takes the "
+            "annotated ones): the artifact is the zero-shot program") in proc.stderr.splitlines()

@@ -128,6 +128,9 @@ def compile_command(
     compiled = compile_program(spec, splits.train, splits.dev, optimizer=name, budget=budget, seed=seed,
                                meter=meter, verbose=verbose)
     compile_seconds = time.perf_counter() - started
+    if name == "labeled" and not any(getattr(p, "demos", None) for _, p in compiled.named_predictors()):
+        typer.echo(f"note: the training split holds no example the {spec.name} program can show as a demo "
+                   "(labeled takes the annotated ones): the artifact is the zero-shot program", err=True)
     results = []
     metrics: dict[str, Any] = {}
     for split in ("dev", "test"):
