@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from booklens.errors import BooklensError
 from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS
 
 
@@ -54,7 +55,7 @@ class Measured:
 
 def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = DEFAULT_K,
                 passage_tokens: int = DEFAULT_PASSAGE_TOKENS, rank_mode: str = "bm25", quote_evidence: bool = False,
-                evidence_recall: str = "llm", title: Optional[str] = None, limit: Optional[int] = None,
+                evidence_recall: Optional[str] = None, title: Optional[str] = None, limit: Optional[int] = None,
                 position_threshold: int = 100_000, context_window: Optional[int] = None, lm: Any = None,
                 api_base: Optional[str] = None, lm_options: Optional[dict[str, Any]] = None,
                 cache_dir: Any = None, concurrency: int = 4) -> dict[str, Any]:
@@ -67,9 +68,14 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     from booklens.retrieval import index_dir
     from booklens.text import count_tokens, read_book
 
+    if quote_evidence and evidence == "none":
+        raise BooklensError("--quote-evidence asks for quotes from the context, and --evidence none gives none")
+    if evidence_recall is not None and not quote_evidence:
+        raise BooklensError("--evidence-recall scores the quotes that --quote-evidence asks for: add it")
+    evidence_recall = evidence_recall or "llm"
+    check_evidence_recall(evidence_recall)
     qs = load_questions(questions)
     check_setting(qs, setting, source=str(questions))
-    check_evidence_recall(evidence_recall)
     if limit:
         qs = qs[:limit]
     text = read_book(book)

@@ -194,6 +194,8 @@ def parse_summaries(payload: Any, source: str = "summaries") -> dict[str, str]:
                                     f"{str(item['error']).strip().splitlines()[0][:200]})")
             if not isinstance(item, dict) or "eid" not in item or not isinstance(item.get("summary"), str):
                 raise BooklensError(f"{source}: item {i + 1} is not an object with 'eid' and 'summary' text")
+            if str(item["eid"]) in out:  # one of the two would be judged, unseen
+                raise BooklensError(f"{source}: item {i + 1}: duplicate eid {item['eid']!r}")
             out[str(item["eid"])] = item["summary"]
     else:
         raise BooklensError(f"{source}: expected {{eid: summary}} or a list of {{eid, summary}} objects")

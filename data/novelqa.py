@@ -26,6 +26,7 @@ from booklens.vocabulary import EVIDENCE_RECALL_MODES, QA_SETTINGS
 
 ASPECTS = ("character", "meaning", "plot", "relation", "setting", "span", "times")
 COMPLEXITIES = ("mh", "sh", "dtl")
+OPTION_LETTERS = ("A", "B", "C", "D")  # the letters a multiple-choice answer takes (signatures.qa)
 # Column and row labels of the seed's per-type tables.
 ASPECT_LABELS = {"character": "chara", "meaning": "mean", "plot": "plot", "relation": "relat",
                  "setting": "settg", "span": "span", "times": "times"}
@@ -69,7 +70,10 @@ class NovelQAQuestion(BaseModel):
     @field_validator("qid", mode="before")
     @classmethod
     def _qid_text(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, int) else value
+        value = str(value) if isinstance(value, int) else value
+        if isinstance(value, str) and not value.strip():  # a prediction could not be matched to its question
+            raise ValueError("must not be blank")
+        return value
 
     @field_validator("options", mode="before")
     @classmethod
@@ -97,6 +101,10 @@ class NovelQAQuestion(BaseModel):
             raise ValueError("Options must be an object {A: ..., B: ...} or a list")
         if not any(text.strip() for text in out.values()):
             raise ValueError("every option is blank")
+        beyond = sorted(set(out) - set(OPTION_LETTERS))
+        if beyond:  # the answer field takes these letters only: a right answer E would be refused as unparseable
+            raise ValueError(f"options are {OPTION_LETTERS[0]}-{OPTION_LETTERS[-1]} (NovelQA's four choices), "
+                             f"got {', '.join(beyond)}")
         return out
 
     @field_validator("evidences", mode="before")

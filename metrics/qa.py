@@ -143,8 +143,13 @@ def accuracy_by_position(records: Sequence[Any], threshold: int = POSITION_THRES
     for r in records:
         pos = _get(r, "gold_evidence_start_token")
         (unlocated if pos is None else pre if pos < threshold else post).append(r)
-    return {f"pre-{threshold // 1000}K": _cell(pre), f"post-{threshold // 1000}K": _cell(post),
-            "unlocated": _cell(unlocated)}
+    at = token_count_label(threshold)
+    return {f"pre-{at}": _cell(pre), f"post-{at}": _cell(post), "unlocated": _cell(unlocated)}
+
+
+def token_count_label(n: int) -> str:
+    """100000 -> '100K', 1500 -> '1.5K', 500 -> '500': the position split as the seed writes it."""
+    return f"{n / 1000:g}K" if n >= 1000 else str(n)
 
 
 def _mean_pct(values: Sequence[float], scale: float = 100.0) -> Optional[float]:

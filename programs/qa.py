@@ -9,7 +9,8 @@ generative (`gen`) setting. What the model reads depends on the evidence mode
   book (`BookIndex.book_context`), in book order;
 - ``bm25`` / ``dense`` / ``hybrid``: the `k` best passages for the question (and
   its options) from that retriever, in book order;
-- ``given``: the gold evidence that comes with the question (an oracle setting);
+- ``given``: the gold evidence that comes with the question (an oracle setting); a question
+  without any is asked closed-book, and counted so;
 - ``none``: closed-book, the question alone (what the model remembers of the book).
 
 The ``book`` mode is the whole book only when the book fits: for a novel and an 8K window
@@ -177,6 +178,8 @@ class BookQA(Module):
         budget = self.context_budget(question, options)
         if self.evidence == "given":
             text = "\n\n".join(e.strip() for e in (gold_evidence or []) if e and e.strip())
+            if not text:  # a question without annotated evidence: asked, and counted, closed-book
+                return {"mode": "closed-book", "text": "", "passages": [], "tokens": 0}
             if count_tokens(text) > budget:
                 text = truncate_to_tokens(text, budget)
             return {"mode": "given", "text": text, "passages": [], "tokens": count_tokens(text)}

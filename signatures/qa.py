@@ -10,6 +10,8 @@ from typing import Literal
 
 import dspy
 
+from booklens.data.novelqa import OPTION_LETTERS
+
 
 class AnswerMultipleChoice(dspy.Signature):
     """Answer a question about a novel by choosing one of the lettered options. The context is
@@ -21,7 +23,7 @@ class AnswerMultipleChoice(dspy.Signature):
     context: str = dspy.InputField(desc="the novel, or passages from it in the order they appear")
     question: str = dspy.InputField()
     options: str = dspy.InputField(desc="one option per line, 'LETTER. text'")
-    answer: Literal["A", "B", "C", "D"] = dspy.OutputField(desc="the letter of the correct option")
+    answer: Literal[OPTION_LETTERS] = dspy.OutputField(desc="the letter of the correct option")
 
 
 class AnswerMultipleChoiceClosedBook(dspy.Signature):
@@ -31,7 +33,7 @@ class AnswerMultipleChoiceClosedBook(dspy.Signature):
     book_title: str = dspy.InputField()
     question: str = dspy.InputField()
     options: str = dspy.InputField(desc="one option per line, 'LETTER. text'")
-    answer: Literal["A", "B", "C", "D"] = dspy.OutputField(desc="the letter of the correct option")
+    answer: Literal[OPTION_LETTERS] = dspy.OutputField(desc="the letter of the correct option")
 
 
 class AnswerQuestion(dspy.Signature):

@@ -110,6 +110,8 @@ def test_summaries_formats():
         parse_summaries({"e1": ""})
     with pytest.raises(BooklensError):
         parse_summaries([{"summary": "no eid"}])
+    with pytest.raises(BooklensError, match="item 2: duplicate eid 'e1'"):  # one of the two would be judged, unseen
+        parse_summaries([{"eid": "e1", "summary": "first"}, {"eid": "e1", "summary": "second"}])
 
 
 # ---------------------------------------------------------------------------

@@ -92,6 +92,10 @@ def test_team_question_files_load_and_cover_the_types():
     ([{**QUESTION, "Gold": 7}], "Gold: 7 is not the index of an option (0 to 3)"),
     ([{**QUESTION, "Gold": -1}], "Gold: -1 is not the index of an option (0 to 3)"),
     ([{**QUESTION, "Gold": " e "}], "Gold: ' e ' is not one of the options A, B, C, D"),
+    # a fifth option: the answer field takes A-D, so a right answer E would be refused as unparseable
+    ([{**QUESTION, "Options": {**QUESTION["Options"], "E": "None of them"}, "Gold": "E"}],
+     "Options: options are A-D (NovelQA's four choices), got E"),
+    ([{**QUESTION, "QID": " "}], "QID: must not be blank"),
 ])
 def test_wrong_shapes_are_one_line_errors(payload, message):
     with pytest.raises(BooklensError) as err:
@@ -184,6 +188,10 @@ def test_closed_book_and_given_evidence():
     assert given.context_mode == "given"
     assert calls[-1].inputs["context"] == QUESTION["Evidences"][0]
     assert len(lm.backend.calls) == 2
+    # no annotated evidence: the question is asked, and counted, closed-book, not "given" an empty context
+    bare = answer_questions(BookQA("mc", "given"), book, parse_questions([{**QUESTION, "Evidences": []}]),
+                            book_title="The Lamp")[0]
+    assert bare.context_mode == "closed-book" and "context" not in calls[-1].inputs
 
 
 def test_letters_outside_the_options_are_reasked_then_recorded_as_failures():
@@ -286,6 +294,15 @@ def test_evidence_judge_scores_no_quotes_as_zero_and_reasks_out_of_range_scores(
     assert bad.scores is None and "correctness 140" in bad.error and len(lm.backend.calls) == 3
 
 
+def test_evidence_recall_options_with_nothing_to_score_are_refused(tmp_path):
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([QUESTION]))
+    with pytest.raises(BooklensError, match="--quote-evidence asks for quotes from the context, and --evidence none"):
+        run_book_qa(tmp_path / "book.txt", questions, evidence="none", quote_evidence=True)
+    with pytest.raises(BooklensError, match="--evidence-recall scores the quotes that --quote-evidence asks for"):
+        run_book_qa(tmp_path / "book.txt", questions, evidence_recall="overlap")
+
+
 def test_run_book_qa_reports_the_llm_scored_evidence_recall(tmp_path):
     book = tmp_path / "the_lamp.txt"
     book.write_text(make_book(20), encoding="utf-8")
@@ -343,6 +360,8 @@ def test_accuracy_tables():
     assert text.splitlines()[0].split() == ["chara", "mean", "plot", "relat", "settg", "span", "times", "avg"]
     assert "-" in text and "50.0 (2)" in text
     assert "pre-100K: 100.0 (2)" in format_report(qa_report(recs))
+    assert list(accuracy_by_position(recs, 1500)) == ["pre-1.5K", "post-1.5K", "unlocated"]
+    assert list(accuracy_by_position(recs, 500)) == ["pre-500", "post-500", "unlocated"]
 
 
 def test_evidence_recall_means():

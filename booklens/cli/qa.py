@@ -114,10 +114,10 @@ def qa_command(
         "--rank-mode", help="Ranking used to pick stretches when --evidence book does not fit.")] = "bm25",
     quote_evidence: Annotated[bool, typer.Option(
         "--quote-evidence/--no-quote-evidence", help="Also ask for supporting quotes (evidence recall).")] = False,
-    evidence_recall: Annotated[EvidenceRecall, typer.Option(
-        "--evidence-recall", help="How quotes are scored: llm (the seed's judge: correctness, relevance, "
-                                  "sufficiency, 0-100; one call per question) or overlap (word overlap with the "
-                                  "gold quotes only, no LM call).")] = "llm",
+    evidence_recall: Annotated[Optional[EvidenceRecall], typer.Option(
+        "--evidence-recall", help="How --quote-evidence quotes are scored: llm (the default; the seed's judge: "
+                                  "correctness, relevance, sufficiency, 0-100; one call per question) or overlap "
+                                  "(word overlap with the gold quotes only, no LM call).")] = None,
     title: Annotated[Optional[str], typer.Option("--title", help="Book title for closed-book prompts.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Answer only the first N questions.")] = None,
     position_threshold: Annotated[int, typer.Option(
@@ -138,7 +138,7 @@ def qa_command(
 
     result = run_book_qa(book, questions, setting=setting.value, evidence=evidence.value, k=k,
                          passage_tokens=passage_tokens, rank_mode=rank_mode.value, quote_evidence=quote_evidence,
-                         evidence_recall=evidence_recall.value, title=title, limit=limit,
+                         evidence_recall=getattr(evidence_recall, "value", None), title=title, limit=limit,
                          position_threshold=position_threshold, context_window=context_window, lm=lm,
                          api_base=api_base,
                          lm_options=lm_options(structured, rpm, tpm), cache_dir=cache_dir, concurrency=concurrency)
