@@ -53,6 +53,11 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
     _criteria(criterion)
     if protocol not in JUDGE_PROTOCOLS:
         raise BooklensError(f"unknown protocol {protocol!r}: use {', '.join(JUDGE_PROTOCOLS)}")
+    if per_qa and (protocol != "pairwise" or criterion != "coverage"):
+        raise BooklensError("--per-qa is for pairwise coverage (each reference QA pair a case)")
+    if max_articles is not None and criterion != "faithfulness":
+        raise BooklensError("--max-articles limits the articles faithfulness is judged against; coverage is judged "
+                            "against the QA pairs")
     events = load_events(events_path)
     first = load_summaries(summaries_path, events)
     second = None

@@ -97,7 +97,11 @@ class DiverseSummarizer(Module):
         self.summarize_extracts = Predict(SummarizeExtractedSentences)
 
     def budget(self) -> int:
-        return int(_window(self.context_window) * BUDGET_MARGIN) - SUMMARY_RESERVE
+        budget = int(_window(self.context_window) * BUDGET_MARGIN) - SUMMARY_RESERVE
+        if budget <= 0:
+            raise BooklensError(f"the context window ({_window(self.context_window)} tokens) leaves no room for the "
+                                f"articles beside the {SUMMARY_RESERVE} tokens kept for the summary")
+        return budget
 
     def fits_directly(self, articles: list[str]) -> bool:
         return _tokens(self.summarize, articles=articles) <= self.budget()
@@ -547,6 +551,16 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
     from booklens.data.diversesumm import QuestionAnswers
     from booklens.lm import usage_step
 
+    # Settings that would do nothing: refused, not recorded as if they had applied.
+    if method == "direct" and sentences != EXTRACT_SENTENCES:
+        raise BooklensError("--sentences sets what --method extract takes from each article; --method direct "
+                            "reads the articles whole")
+    if not generate_questions and (clustering != "llm" or not diversity_filter):
+        raise BooklensError("--answer-clustering and --no-diversity-filter shape generated references: add "
+                            "--generate-questions N")
+    if not judge and (max_articles is not None or tuple(faithfulness) not in (("likert",), ())):
+        raise BooklensError("--faithfulness and --max-articles set how summaries are judged, and --no-judge "
+                            "judges none")
     summarizer = DiverseSummarizer(method, num_sentences=sentences, context_window=context_window,
                                    concurrency=concurrency)
     refs = (ReferenceBuilder(generate_questions, clustering=clustering, diversity_filter=diversity_filter,

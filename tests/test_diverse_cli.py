@@ -59,6 +59,33 @@ def test_judge_input_checks(tmp_path, monkeypatch):
     other.write_text(json.dumps({"some-other-event": "x"}))
     with pytest.raises(BooklensError, match="no summary for event"):
         invoke(["bias", "position", str(FIXTURE), str(summaries), str(other)], tmp_path, monkeypatch)
+    # options that would do nothing are refused, not recorded as if they had applied
+    with pytest.raises(BooklensError, match="--per-qa is for pairwise coverage"):
+        judge_summaries(FIXTURE, summaries, protocol="likert", per_qa=True)
+    with pytest.raises(BooklensError, match="--max-articles limits the articles faithfulness is judged against"):
+        judge_summaries(FIXTURE, summaries, criterion="coverage", max_articles=2)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--method", "direct", "--sentences", "3"], "--sentences sets what --method extract takes"),
+    (["--answer-clustering", "exact"], "shape generated references: add --generate-questions N"),
+    (["--no-diversity-filter"], "shape generated references: add --generate-questions N"),
+    (["--no-judge", "--faithfulness", "both"], "--no-judge judges none"),
+    (["--no-judge", "--max-articles", "2"], "--no-judge judges none"),
+    (["--context-window", "1024"], "the context window (1024 tokens) leaves no room for the articles"),
+])
+def test_diverse_refuses_settings_that_would_do_nothing_before_any_call(args, message, tmp_path, monkeypatch):
+    with pytest.raises(BooklensError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        invoke(["diverse", str(FIXTURE), *args, "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"],
+               tmp_path, monkeypatch)
+
+
+def test_diverse_fails_when_no_event_got_a_summary_and_keeps_the_record(tmp_path, monkeypatch):
+    out = tmp_path / "d.json"
+    with pytest.raises(BooklensError, match=r"no event got a summary \(first: "):
+        invoke(["diverse", str(FIXTURE), "--method", "direct", "--context-window", "1400", "--no-judge",
+                "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1", "-o", str(out)], tmp_path, monkeypatch)
+    assert json.loads(out.read_text())["events"][0]["summary"] is None
 
 
 def always_b(body):

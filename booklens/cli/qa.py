@@ -34,6 +34,7 @@ from booklens.cli.common import (
     lm_options,
     write_output,
 )
+from booklens.errors import BooklensError
 from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_PASSAGE_TOKENS, SEARCH_MODES
 from booklens.vocabulary import (
     ANSWER_CLUSTERINGS,
@@ -213,6 +214,8 @@ def diverse_command(
         for name, value in row["scores"].items():
             typer.echo(_rating_line(name, value, row["judgments"][name], _scale(name.rsplit("_", 1)[1])))
     typer.echo(_usage_line(result), err=True)
+    if not any(row["summary"] for row in result["events"]):  # written above: the record keeps every reason
+        raise BooklensError(f"no event got a summary (first: {result['events'][0]['error']})")
 
 
 # ---------------------------------------------------------------------------
