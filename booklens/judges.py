@@ -118,7 +118,8 @@ def load_judge(judge: str, program: str | Path | None = None, *, zero_shot: bool
     load_program(target, path, task=task_of(judge))
     if judge == "coherence":
         _check_demos_in_use(target, path)
-    target._booklens_judge = "default" if program is None else str(path)  # noqa: SLF001  - as given: the calibrate hint names it
+    # The artifact as given, so that the calibrate hint finds it from where the user is.
+    target._booklens_judge = "default" if program is None else str(path)  # noqa: SLF001
     return target
 
 

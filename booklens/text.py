@@ -553,13 +553,10 @@ def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: 
     """
     p = Path(path)
     data = read_file_bytes(p, "book")
-    if p.suffix.lower() == ".epub":
+    if p.suffix.lower() == ".epub" or _looks_like_epub(data):
         text = _read_epub(p)
     else:
-        if _looks_like_epub(data):
-            text = _read_epub(p)
-        else:
-            text = _decode_text(data, str(p))
+        text = _decode_text(data, str(p))
     text = _normalize_newlines(text)
     if not text.strip():
         raise BooklensError(f"{p} contains no text")
