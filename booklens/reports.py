@@ -756,13 +756,16 @@ def _chunk_range(indices: Sequence[int]) -> str:
 
 
 def _node_summary(n: SummaryNode) -> str:
-    bits = [f"level {n.level}", f"{n.tokens:,} tokens", _chunk_range(n.chunks)]
+    tokens = f"{n.tokens:,} of {n.budget:,} tokens" if n.budget else f"{n.tokens:,} tokens"
+    bits = [f"level {n.level}", tokens, _chunk_range(n.chunks)]
     if n.attempts > 1:
         bits.append(f"{n.attempts} tries")
-    if n.over_budget:
+    if n.cut_off:
+        bits.append("the answer stopped at the token cap")
+    if n.truncated:  # the answer ran over its budget and was cut to whole sentences within it
+        bits.append("trimmed to the budget")
+    elif n.over_budget:  # kept whole over its budget (an update whose cut could drop the newest chunk)
         bits.append("over budget")
-    if n.truncated:
-        bits.append("cut off")
     if n.fallback:
         bits.append("no answer with words: input kept")
     return (f'<span class="kind">{h(_KIND_NAMES.get(n.kind, n.kind).capitalize())}</span> {h(n.id)}{SEP}'

@@ -294,11 +294,14 @@ class _BookSummarizer(Module):
     def _finish(self, final: SummaryNode, nodes: list[SummaryNode]) -> str:
         if not self.remove_artifacts:
             return final.text
-        cleaned = self._generate(self.clean, "cleaned", max(final.tokens, 16), temperature=0.0,
+        budget = max(final.tokens, 16)
+        cleaned = self._generate(self.clean, "cleaned", budget, temperature=0.0,
                                  where="artifact removal", fallback=final.text, summary=final.text)
+        # The record says when the rewrite was cut to the summary's length, as every other node does.
         nodes.append(SummaryNode(id="clean", level=final.level + 1, kind="clean", text=cleaned.text,
-                                 tokens=cleaned.tokens, children=[final.id], chunks=final.chunks,
-                                 attempts=cleaned.attempts, fallback=cleaned.fallback))
+                                 tokens=cleaned.tokens, budget=budget, children=[final.id], chunks=final.chunks,
+                                 attempts=cleaned.attempts, over_budget=cleaned.over_budget,
+                                 truncated=cleaned.truncated, cut_off=cleaned.cut_off, fallback=cleaned.fallback))
         return cleaned.text
 
     def _chunks(self, book: str) -> list[Chunk]:

@@ -449,6 +449,22 @@ def test_a_step_whose_input_was_kept_says_so_in_the_merge_tree():
     assert "input kept" not in _node_summary(kept.model_copy(update={"fallback": False}))
 
 
+def test_the_merge_tree_tells_a_trimmed_answer_from_one_the_token_cap_stopped():
+    """`truncated` is booklens trimming an answer to its budget; `cut_off` is the model's answer
+    stopping at the token cap; a node kept whole over its budget is the only one 'over budget'."""
+    from booklens.records import SummaryNode
+    from booklens.reports import _node_summary
+
+    node = SummaryNode(id="L1.0", level=1, kind="chunk", text="Mara keeps the light.", tokens=120, budget=130)
+    assert "120 of 130 tokens" in _node_summary(node)
+    trimmed = _node_summary(node.model_copy(update={"over_budget": True, "truncated": True}))
+    assert "trimmed to the budget" in trimmed and "over budget" not in trimmed and "token cap" not in trimmed
+    capped = _node_summary(node.model_copy(update={"cut_off": True}))
+    assert "the answer stopped at the token cap" in capped and "trimmed" not in capped
+    kept = _node_summary(node.model_copy(update={"tokens": 200, "over_budget": True}))
+    assert "200 of 130 tokens" in kept and "over budget" in kept
+
+
 # ---------------------------------------------------------------------------
 # Nothing a book or a model writes becomes markup
 

@@ -191,6 +191,27 @@ def test_artifact_removal_pass_cleans_the_final_summary():
         result = program(book=book)
     assert result.summary == "Mara finds the lamp dark."
     assert result.nodes[-1].kind == "clean"
+    assert result.nodes[-1].budget == max(result.nodes[-2].tokens, 16) and not result.nodes[-1].truncated
+
+
+def test_a_cleanup_cut_to_the_summarys_length_is_marked_as_such():
+    """The rewrite may run longer than the summary it cleans: it is cut to that length, and the
+    clean node says so as every other node does."""
+    book = synthetic_book(2_000)
+
+    def respond(call):
+        if "cleaned" in call.output_fields:
+            return {"cleaned": call.inputs["summary"] + " Then the keeper walked home along the shore in the rain."}
+        return {"summary": "Mara finds the lamp dark. She lights it again."}
+
+    lm = ScriptedLM(respond)
+    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=200,
+                                     remove_artifacts=True, max_regenerations=0)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    clean = result.nodes[-1]
+    assert clean.kind == "clean" and clean.budget == max(result.nodes[-2].tokens, 16)
+    assert clean.truncated and clean.over_budget and clean.tokens <= clean.budget
 
 
 def test_an_answer_without_words_is_regenerated():
