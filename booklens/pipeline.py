@@ -208,7 +208,8 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
     if not system.given:
         from booklens.steps import check_method_options
 
-        check_method_options(system.method, system.level_budgets, system.merge_context, as_keys=True)
+        check_method_options(system.method, system.level_budgets, system.merge_context,
+                             max_summary_tokens=system.max_summary_tokens, as_keys=True)
 
 
 def build_summarizer(system: SystemConfig):

@@ -59,14 +59,21 @@ _SUMMARY_OPTIONS = {"method": "--method", "level_budgets": "--level-budget", "me
 
 
 def check_method_options(method: str, level_budgets: Optional[list[int]] = None,
-                         merge_context: Optional[str] = None, *, as_keys: bool = False) -> None:
+                         merge_context: Optional[str] = None, *, max_summary_tokens: Optional[int] = None,
+                         as_keys: bool = False) -> None:
     """A one-line error for a setting the method does not use, which the summary record would
-    otherwise list as if it had shaped the summary. None means a setting was not given."""
-    if method == "hier":
-        return
-
+    otherwise list as if it had shaped the summary. None means a setting was not given (and
+    `max_summary_tokens` at its default counts as not given)."""
     def name(key: str) -> str:
         return key if as_keys else _SUMMARY_OPTIONS[key]
+
+    if method == "hier":
+        # The last level budget is the final summary's: a different G_n would be recorded, not applied.
+        if level_budgets and max_summary_tokens not in (None, DEFAULT_SUMMARY_TOKENS, level_budgets[-1]):
+            raise BooklensError(f"{name('level_budgets')} sets the budget of every level, the final summary's "
+                                f"included ({level_budgets[-1]}): {name('max_summary_tokens')} {max_summary_tokens} "
+                                "would not apply")
+        return
 
     if level_budgets:
         raise BooklensError(f"{name('level_budgets')} is for {name('method')} hier; {name('method')} {method} keeps "
@@ -87,7 +94,7 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZ
     paper's (see `programs.summarizer`); `max_regenerations` to the configured model's (`summary_settings`)."""
     from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, make_summarizer
 
-    check_method_options(method, level_budgets, merge_context)
+    check_method_options(method, level_budgets, merge_context, max_summary_tokens=max_summary_tokens)
     extra = {"merge_context": merge_context or DEFAULT_MERGE_CONTEXT} if method == "hier" else {}
     # None means the default; 0 is a value the program refuses, not a request for the default.
     window = DEFAULT_CONTEXT_WINDOW if context_window is None else context_window

@@ -480,6 +480,11 @@ def test_run_refuses_options_that_would_be_ignored_before_anything_is_written(tm
     proc = cli([sys.executable, "-m", "booklens", "summarize", str(STORY), "-o", str(tmp_path / "s.json"),
                 "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"])
     assert_one_line_error(proc, "names a server, but the LM is the embedded model")
+    for command, output in (("summarize", tmp_path / "s.json"), ("run", out)):
+        proc = cli([sys.executable, "-m", "booklens", command, str(STORY), "-o", str(output), "--level-budget", "100",
+                    "--max-summary-tokens", "200"])
+        assert_one_line_error(proc, "--level-budget sets the budget of every level, the final summary's included "
+                                    "(100): --max-summary-tokens 200 would not apply")
     assert not out.exists() and not (tmp_path / "s.json").exists()
 
 

@@ -42,6 +42,7 @@ CASES = [
     ["summarize", STORY, "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"],
     ["run", STORY, "-o", "out", "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"],
     ["run", STORY, "-o", "out", "--summary", STORY, "--chunk-size", "1024"],
+    ["summarize", STORY, "--level-budget", "100", "--max-summary-tokens", "200"],
     ["summarize", STORY, "-o", STORY],
     ["summarize", STORY, "-o", "/"],
     ["summarize", STORY, "--context-window", "0"],

@@ -125,7 +125,7 @@ def run_command(
     programs = route_programs(program or [])
     merge_context = merge_context.value if merge_context is not None else None
     if summary is None:
-        check_method_options(method.value, level_budget, merge_context)
+        check_method_options(method.value, level_budget, merge_context, max_summary_tokens=max_summary_tokens)
     system = SystemConfig(method=method.value, chunk_size=chunk_size, context_window=context_window,
                           max_summary_tokens=max_summary_tokens, max_regenerations=max_regenerations,
                           level_budgets=level_budget, merge_context=merge_context, words_per_token=words_per_token,

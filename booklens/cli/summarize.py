@@ -100,7 +100,7 @@ def summarize(
     from booklens.text import read_book
 
     merge_context = merge_context.value if merge_context is not None else None
-    check_method_options(method.value, level_budget, merge_context)
+    check_method_options(method.value, level_budget, merge_context, max_summary_tokens=max_summary_tokens)
     text = read_book(book, drop_matter=drop_matter)  # bad input fails before any model loads
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     record = summarize_book(book, method=method.value, chunk_size=chunk_size, context_window=context_window,

@@ -201,7 +201,8 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
             from booklens.steps import check_method_options
 
             try:
-                check_method_options(system.method or "hier", system.level_budgets, system.merge_context, as_keys=True)
+                check_method_options(system.method or "hier", system.level_budgets, system.merge_context,
+                                     max_summary_tokens=system.max_summary_tokens, as_keys=True)
             except BooklensError as exc:
                 raise BooklensError(f"{where}: {exc}") from None
         if system.program is not None:
