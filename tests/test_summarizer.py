@@ -194,21 +194,24 @@ def test_artifact_removal_pass_cleans_the_final_summary():
     assert result.nodes[-1].budget == max(result.nodes[-2].tokens, 16) and not result.nodes[-1].truncated
 
 
+def summarize_with_cleanup(summary: str, clean) -> dspy.Prediction:
+    """A short book summarized as `summary`; the cleanup pass answers `clean(the summary)`."""
+    def respond(call):
+        if "cleaned" in call.output_fields:
+            return {"cleaned": clean(call.inputs["summary"])}
+        return {"summary": summary}
+
+    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=200,
+                                     remove_artifacts=True, max_regenerations=0)
+    with dspy.context(lm=ScriptedLM(respond), adapter=BooklensAdapter()):
+        return program(book=synthetic_book(2_000))
+
+
 def test_a_cleanup_cut_to_the_summarys_length_is_marked_as_such():
     """The rewrite may run longer than the summary it cleans: it is cut to that length, and the
     clean node says so as every other node does."""
-    book = synthetic_book(2_000)
-
-    def respond(call):
-        if "cleaned" in call.output_fields:
-            return {"cleaned": call.inputs["summary"] + " Then the keeper walked home along the shore in the rain."}
-        return {"summary": "Mara finds the lamp dark. She lights it again."}
-
-    lm = ScriptedLM(respond)
-    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=200,
-                                     remove_artifacts=True, max_regenerations=0)
-    with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        result = program(book=book)
+    longer = " Then the keeper walked home along the shore in the rain."
+    result = summarize_with_cleanup("Mara finds the lamp dark. She lights it again.", lambda summary: summary + longer)
     clean = result.nodes[-1]
     assert clean.kind == "clean" and clean.budget == max(result.nodes[-2].tokens, 16)
     assert clean.truncated and clean.over_budget and clean.tokens <= clean.budget
@@ -316,18 +319,8 @@ def test_a_compression_without_words_keeps_the_update_trimmed_to_the_budget():
 
 
 def test_artifact_removal_without_words_keeps_the_summary():
-    book = synthetic_book(2_000)
-
-    def respond(call):
-        if "cleaned" in call.output_fields:
-            return {"cleaned": "[## summary ## ]\n130"}
-        return {"summary": "In this segment, Mara finds the lamp dark."}
-
-    lm = ScriptedLM(respond)
-    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=200,
-                                     remove_artifacts=True, max_regenerations=0)
-    with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        result = program(book=book)
+    result = summarize_with_cleanup("In this segment, Mara finds the lamp dark.",
+                                    lambda summary: "[## summary ## ]\n130")
     assert result.summary == "In this segment, Mara finds the lamp dark."
     clean = result.nodes[-1]
     assert clean.kind == "clean" and clean.fallback and not clean.truncated
