@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from booklens.errors import BooklensError
-from booklens.lm.base import lm_label
+from booklens.lm.base import lm_label, lm_server
 from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, counted
 
 COHERENCE_BOOKS = 2
@@ -339,8 +339,8 @@ def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None
                                       books=None if table5 else (VERIFICATION_BOOKS if books is None else books))
     mode = judge_mode(judge, program)
     fingerprint = program_fingerprint(program)
-    lm_name = lm_label(lm)
-    head = {"key": calibration_key(judge, mode, lm_name, fingerprint), "judge": judge, "mode": mode,
-            "lm": lm_name, "program": getattr(program, "_booklens_judge", "program"),
+    lm_name, server = lm_label(lm), lm_server(lm)
+    head = {"key": calibration_key(judge, mode, lm_name, fingerprint, server), "judge": judge, "mode": mode,
+            "lm": lm_name, **({"api_base": server} if server else {}), "program": getattr(program, "_booklens_judge", "program"),
             "program_sha256": fingerprint, "demos": demo_count(judge, program)}
     return {**head, **body}

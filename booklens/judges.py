@@ -216,21 +216,24 @@ def _as_list(value: Any) -> list:
 # The judge object of every record
 
 
-def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, Any]] = None) -> Any:
+def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, Any]] = None,
+               server: Optional[str] = None) -> Any:
     """`JudgeInfo` for a (program, LM) pair, with its stored calibration and warning. The store is the
-    shipped one plus the user's next to the LM's call cache, unless `store` is given."""
-    from booklens.lm.base import lm_label
+    shipped one plus the user's next to the LM's call cache, unless `store` is given. `server`: the
+    LM's server URL when `lm` is only a name (an LM object says its own)."""
+    from booklens.lm.base import lm_label, lm_server
     from booklens.records import JudgeInfo
 
     lm_name = lm_label(lm)
+    server = server or lm_server(lm)
     if store is None:
         call_cache = getattr(getattr(lm, "call_cache", None), "path", None)
         store = load_store(Path(call_cache).parent if call_cache is not None else None)
     fingerprint = program_fingerprint(program)
     mode = judge_mode(judge, program)
-    entry = find_calibration(judge, mode, lm_name, fingerprint, store=store)
+    entry = find_calibration(judge, mode, lm_name, fingerprint, server=server, store=store)
     info = JudgeInfo(task=task_of(judge), mode=mode, program=getattr(program, "_booklens_judge", "program"),
-                     program_sha256=fingerprint, demos=demo_count(judge, program), lm=lm_name,
+                     program_sha256=fingerprint, demos=demo_count(judge, program), lm=lm_name, api_base=server,
                      compiled_with=compiled_with(getattr(program, "_booklens_artifact", None)), calibration=entry)
     info.warning = judge_warning(info, batch_size=getattr(program, "batch_size", 1))
     return info
@@ -277,8 +280,10 @@ def judge_warning(info: Any, batch_size: int = 1) -> Optional[str]:
             if info.program in ("default", "zero-shot"):
                 how += " --judge coherence"
             how += f" --batch-size {batch_size}"
+        server = f" --api-base {shlex.quote(info.api_base)}" if info.api_base else ""
+        at = f" at {info.api_base}" if info.api_base else ""
         return (f"no calibration: this judge's agreement with human annotators was never measured for "
-                f"{info.lm} with this program (booklens calibrate --lm {lm}{how})")
+                f"{info.lm}{at} with this program (booklens calibrate --lm {lm}{server}{how})")
     figures = calibration.get("figures") or {}
     if info.task == "coherence":
         kappa = (figures.get("kappa") or {}).get("value")
@@ -333,7 +338,7 @@ def judge_line(info: Any) -> str:
     """One line for the terminal: who judged and how well it agrees with humans."""
     name = {"default": "default few-shot", "zero-shot": "zero-shot"}.get(info.program, info.program)
     head = (f"judge: {name} {info.task} program ({info.mode}, {info.demos} demos, "
-            f"{info.program_sha256[:12]}) on {info.lm}")
+            f"{info.program_sha256[:12]}) on {info.lm}{' at ' + info.api_base if info.api_base else ''}")
     c = info.calibration
     if c:
         figures = c.get("figures") or {}
@@ -353,8 +358,11 @@ def judge_line(info: Any) -> str:
 # Calibration store
 
 
-def calibration_key(judge: str, mode: str, lm: str, fingerprint: str) -> str:
-    return f"{judge}|{mode}|{lm}|{fingerprint}"
+def calibration_key(judge: str, mode: str, lm: str, fingerprint: str, server: Optional[str] = None) -> str:
+    """One calibration per judge, mode, LM and program; an LM reached at a server of one's own is
+    keyed with the URL too, as the call cache is: the model name alone does not say which model a
+    self-hosted server runs."""
+    return f"{judge}|{mode}|{lm}{'@' + server if server else ''}|{fingerprint}"
 
 
 def user_store_path(cache_dir: str | Path | None = None) -> Path:
@@ -382,10 +390,10 @@ def load_store(cache_dir: str | Path | None = None) -> dict[str, Any]:
     return {**read_store(DEFAULTS_DIR / CALIBRATION_FILE), **read_store(user_store_path(cache_dir))}
 
 
-def find_calibration(judge: str, mode: str, lm: str, fingerprint: str, *,
+def find_calibration(judge: str, mode: str, lm: str, fingerprint: str, *, server: Optional[str] = None,
                      store: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
     entries = store if store is not None else load_store()
-    entry = entries.get(calibration_key(judge, mode, lm, fingerprint))
+    entry = entries.get(calibration_key(judge, mode, lm, fingerprint, server))
     return dict(entry) if isinstance(entry, dict) else None
 
 

@@ -202,6 +202,8 @@ class JudgeInfo(BaseModel):
     program_sha256: str = Field(description="of the program's prompts and demos (what its calibration is keyed by)")
     demos: int = Field(description="labelled examples the program shows the model")
     lm: str
+    api_base: Optional[str] = Field(default=None, description="the server the LM was reached at (--api-base), "
+                                                              "which its calibration is keyed by too")
     compiled_with: Optional[str] = Field(default=None, description="the LM whose answers chose the artifact's demos "
                                                                    "or instructions, when an LM chose them")
     calibration: Optional[dict[str, Any]] = None

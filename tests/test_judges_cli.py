@@ -99,6 +99,38 @@ def test_calibrate_stores_figures_that_later_scores_show(tmp_path, shared_dir):
     assert '"confusing" F1' in result.output and "kappa" in result.output
 
 
+def test_a_calibration_belongs_to_the_server_it_was_measured_at(tmp_path, shared_dir):
+    # A self-hosted server answers to any model name, so "openai/fake" at two URLs may be two models.
+    human = shared_dir / "data" / "booookscore" / "human"
+    cache = tmp_path / "cache"
+    summary = tmp_path / "summary.txt"
+    summary.write_text(SUMMARY)
+    with FakeOpenAIServer(responder=answer) as measured, FakeOpenAIServer(responder=answer) as other:
+        result = invoke(["calibrate", "--judge", "coherence", "--books", "1", "--coherence-data", human,
+                         "--lm", "openai/fake", "--api-base", measured.url, "--cache-dir", cache], tmp_path)
+        assert result.exit_code == 0, result.output
+        (entry,) = json.loads((cache / "calibration.json").read_text())["calibrations"].values()
+        assert entry["api_base"] == measured.url and f"openai/fake@{measured.url}|" in entry["key"]
+        assert f"on openai/fake at {measured.url};" in result.output
+
+        out = tmp_path / "other.json"
+        result = invoke(["score", summary, "--lm", "openai/fake", "--api-base", other.url, "--cache-dir", cache,
+                         "-o", out], tmp_path)
+        assert result.exit_code == 0, result.output
+        judge = json.loads(out.read_text())["judge"]
+        assert judge["calibration"] is None and judge["api_base"] == other.url
+        assert (f"never measured for openai/fake at {other.url} with this program "
+                f"(booklens calibrate --lm openai/fake --api-base {other.url})") in judge["warning"]
+
+    listed = invoke(["judges", "--lm", "openai/fake", "--api-base", measured.url, "--cache-dir", cache], tmp_path)
+    assert listed.exit_code == 0, listed.output
+    coherence = next(line for line in listed.output.splitlines() if "coherence program" in line)
+    assert coherence.startswith("judge: default few-shot coherence program") and "agreement with humans" in coherence
+    elsewhere = invoke(["judges", "--lm", "openai/fake", "--api-base", other.url, "--cache-dir", cache], tmp_path)
+    assert elsewhere.exit_code == 0 and "agreement with humans" not in elsewhere.output.split("\n")[0]
+    assert invoke(["judges", "--api-base", other.url], tmp_path).exit_code == 1  # the embedded model has no server
+
+
 def test_a_batched_coherence_judge_is_calibrated_apart_and_its_warning_says_how(tmp_path, shared_dir):
     """`score --batch-size 3` judges in the batched mode, whose calibration is its own: the warning
     names the command that measures it, and after that command the score shows the figures."""
@@ -119,12 +151,13 @@ def test_a_batched_coherence_judge_is_calibrated_apart_and_its_warning_says_how(
 
         result, judge = score()
         assert judge["mode"] == "batched" and judge["calibration"] is None
-        assert judge["warning"].endswith("(booklens calibrate --lm openai/fake --judge coherence --batch-size 3)")
+        assert judge["warning"].endswith(f"(booklens calibrate --lm openai/fake --api-base {server.url} "
+                                         "--judge coherence --batch-size 3)")
         result = invoke(["calibrate", "--judge", "coherence", "--batch-size", "3", "--books", "1",
                          "--coherence-data", human, *lm], tmp_path)
         assert result.exit_code == 0, result.output
         (entry,) = json.loads((cache / "calibration.json").read_text())["calibrations"].values()
-        assert entry["mode"] == "batched" and entry["key"].startswith("coherence|batched|openai/fake|")
+        assert entry["mode"] == "batched" and entry["key"].startswith(f"coherence|batched|openai/fake@{server.url}|")
         assert 0 < entry["usage"]["calls"] <= -(-entry["n"]["sentences"] // 3) + entry["n"]["summaries"]
         result, judge = score()
         assert judge["calibration"]["key"] == entry["key"] and "no calibration" not in result.output

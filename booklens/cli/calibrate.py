@@ -196,18 +196,22 @@ def _table5_lines(entry: dict) -> str:
 def judges_command(
     ctx: typer.Context,
     lm: LMOption = None,
+    api_base: ApiBaseOption = None,
     cache_dir: CacheDirOption = None,
 ) -> None:
     """The default judges: their programs, demos and stored agreement with humans for an LM."""
     if ctx.invoked_subcommand is not None:
         return
     from booklens.judges import JUDGES, judge_info, judge_line, load_judge, load_store
-    from booklens.lm import lm_name_label
+    from booklens.lm import LOCAL_LM, lm_name_label, refuse_server_for_embedded, resolve_lm_name
+    from booklens.lm.remote import resolve_api_base
 
+    refuse_server_for_embedded(lm, api_base)
+    server = None if resolve_lm_name(lm) == LOCAL_LM else resolve_api_base(api_base)
     label = lm_name_label(lm)
     store = load_store(cache_dir)
     for judge in JUDGES:
-        typer.echo(judge_line(judge_info(judge, load_judge(judge), label, store=store)))
+        typer.echo(judge_line(judge_info(judge, load_judge(judge), label, store=store, server=server)))
 
 
 @judges_app.command("build")

@@ -16,6 +16,16 @@ def lm_label(lm: Any) -> str:
     return str(getattr(lm, "label", None) or getattr(lm, "model", None) or lm)
 
 
+def lm_server(lm: Any) -> str | None:
+    """The server URL an LM is reached at (`--api-base`), None for a provider's own endpoint, the
+    embedded model or a name: a booklens LM's backend's, or a DSPy LM's `api_base` argument."""
+    backend = getattr(lm, "backend", None)
+    if backend is not None:
+        return getattr(backend, "api_base", None) or None
+    kwargs = getattr(lm, "kwargs", None)
+    return (kwargs.get("api_base") or None) if isinstance(kwargs, dict) else None
+
+
 class ContextWindowExceeded(LMError):
     """The prompt and the answer budget do not fit the model's context window."""
 
