@@ -277,6 +277,14 @@ def previous_run(output: Path):
 # Steps: each runs, or is reused when its record is there with the same inputs
 
 
+def _work_of(tracker: Any) -> dict[str, Any]:
+    """A step's LM work, as run.json counts it: every call, those the cache answered included."""
+    from booklens.lm.usage import work_between
+
+    zero = {"calls": 0, "cached_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+    return work_between(zero, tracker.snapshot())
+
+
 class _Runner:
     def __init__(self, output: Path, previous, base: dict[str, Any], wanted: list[str],
                  notify: Callable[[str], None]):
@@ -287,6 +295,7 @@ class _Runner:
         self.notify = notify
         self.steps: dict[str, Any] = {}
         self.failures: dict[str, str] = {}
+        self.failed_work: dict[str, dict[str, Any]] = {}  # LM work a failed step did before it failed
         self.timings: dict[str, Any] = self._previous_timings()
         # Steps that do not need each other run at once (coherence beside claims and verification);
         # their bookkeeping and files take turns.
@@ -349,6 +358,9 @@ class _Runner:
                     reason = f"internal error: {type(exc).__name__}: {reason}"
                 with self._lock:
                     self.failures[name] = reason
+                    work = _work_of(tracker)
+                    if work["calls"]:
+                        self.failed_work[name] = work
                     self.timings[name] = {"reused": False, "failed": True,
                                           "seconds": round(time.perf_counter() - started, 3),
                                           "fresh_calls": tracker.total.calls,
@@ -363,12 +375,10 @@ class _Runner:
 
     def _finish_step(self, name: str, path: Path, inputs_sha: str, record: Any, tracker: Any, seconds: float,
                      normalize: bool):
-        from booklens.lm.usage import work_between
         from booklens.records import RunStep, save_json
 
         usage = tracker.snapshot()
-        zero = {"calls": 0, "cached_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
-        work = work_between(zero, usage)
+        work = _work_of(tracker)
         if normalize:  # no clock in a step record; usage as in run.json
             if hasattr(record, "usage"):
                 record.usage = dict(work)
@@ -377,6 +387,7 @@ class _Runner:
         save_json(path, record)
         self.steps[name] = RunStep(file=path.name, sha256=sha256_file(path), inputs_sha256=inputs_sha, **work)
         self.failures.pop(name, None)
+        self.failed_work.pop(name, None)
         fresh, cached = usage["calls"], usage["cached_calls"]
         self.timings[name] = {"reused": False, "seconds": round(seconds, 3), "fresh_calls": fresh,
                               "cached_calls": cached}
@@ -402,12 +413,14 @@ class _Runner:
         from booklens.lm.usage import total_work
         from booklens.records import RunRecord
 
-        totals = total_work(step.model_dump() for step in self.steps.values())
         ordered = {name: self.steps[name] for name in STEPS if name in self.steps}
         failures = {name: self.failures[name] for name in STEPS if name in self.failures}
+        failed_work = {name: self.failed_work[name] for name in STEPS if name in self.failed_work}
+        # The calls a failed step made were made (and paid for): the totals count them too.
+        totals = total_work([*(step.model_dump() for step in ordered.values()), *failed_work.values()])
         complete = all(name in self.steps for name in self.wanted) and not failures
-        return RunRecord(**self.base, complete=complete, steps=ordered, failures=failures, totals=totals,
-                         scores=scores or {})
+        return RunRecord(**self.base, complete=complete, steps=ordered, failures=failures, failed_work=failed_work,
+                         totals=totals, scores=scores or {})
 
     def save_progress(self, run=None) -> None:
         from booklens.records import save_json

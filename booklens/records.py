@@ -496,7 +496,10 @@ class RunRecord(BaseModel):
     steps: dict[str, RunStep] = Field(default_factory=dict)
     failures: dict[str, str] = Field(default_factory=dict, description="step -> one-line reason it failed (a step "
                                                                       "that needs a failed one: 'needs <step>')")
-    totals: dict[str, Any] = Field(default_factory=dict)
+    failed_work: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="step -> LM work (as in steps) of a failed step's calls before it failed; "
+                                          "counted in totals")
+    totals: dict[str, Any] = Field(default_factory=dict, description="LM work of the steps and the failed steps")
     scores: dict[str, Any] = Field(default_factory=dict)
     judges: dict[str, JudgeInfo] = Field(default_factory=dict,
                                          description="the judge of each judging step: coherence, verification")

@@ -845,6 +845,9 @@ def _run_section(data: RunData) -> str:
 
     rows = [row(_STEP_NAMES.get(name, name), step.calls, step.prompt_tokens, step.completion_tokens, step.cost_usd,
                 step.provider_cached_tokens) for name, step in run.steps.items()]
+    rows += [row(f"{_STEP_NAMES.get(name, name)} (failed)", w.get("calls"), w.get("prompt_tokens"),
+                 w.get("completion_tokens"), w.get("cost_usd"), w.get("provider_cached_tokens"))
+             for name, w in run.failed_work.items()]
     rows.append(row("Total", t.get("calls"), t.get("prompt_tokens"), t.get("completion_tokens"), t.get("cost_usd"),
                     t.get("provider_cached_tokens")))
     cached_head = ('<th scope="col" class="num">of which cached by the provider</th>' if provider_cached else "")

@@ -347,10 +347,14 @@ def test_a_failed_step_is_recorded_and_the_steps_that_do_not_need_it_still_run(s
     assert set(run["failures"]) == {"claims", "faithfulness"}
     assert run["failures"]["claims"].startswith("could not split the summary into claims (3 tries)")
     assert run["failures"]["faithfulness"] == "needs claims"
+    # The failed step's three tries were made: the totals count them with the steps' calls.
+    assert list(run["failed_work"]) == ["claims"] and run["failed_work"]["claims"]["calls"] == 3
+    assert run["totals"]["calls"] == calls == sum(step["calls"] for step in run["steps"].values()) + 3
     assert run["scores"]["booookscore"] == pytest.approx(0.75) and run["scores"]["claims"] is None
     assert not (out / "claims.json").exists() and not (out / "faithfulness.json").exists()
     page = (out / "report.html").read_text()
     assert "Some steps failed" in page and "needs claims" in page and "Who is Zed, and which key?" in page
+    assert '<th scope="row">Claim decomposition (failed)</th><td class="num">3</td>' in page
     # The rerun retries the failed step from the cache: no LM call, the same outcome.
     assert again.returncode != 0 and rerun_calls == 0
 
