@@ -233,7 +233,11 @@ class SummaryNode(BaseModel):
     cut_off: bool = Field(default=False, description="the model's answer stopped at the token cap")
     fallback: bool = Field(default=False, description="no answer had words in it, so booklens kept its input: "
                                                       "a compression keeps the update trimmed to the budget, "
-                                                      "artifact removal keeps the summary as it was")
+                                                      "artifact removal keeps the summary as it was (which it "
+                                                      "also does when its rewrite ran longer than the summary)")
+    dropped_rewrite_tokens: Optional[int] = Field(
+        default=None, description="artifact removal: the length of a rewrite that ran longer than the summary "
+                                  "or was left unfinished (cut_off), so the summary was kept as it was")
 
 
 class SummaryConfig(BaseModel):

@@ -766,7 +766,11 @@ def _node_summary(n: SummaryNode) -> str:
         bits.append("trimmed to the budget")
     elif n.over_budget:  # kept whole over its budget (an update whose cut could drop the newest chunk)
         bits.append("over budget")
-    if n.fallback:
+    if n.dropped_rewrite_tokens is not None and n.cut_off:
+        bits.append("the rewrite was left unfinished: summary kept")
+    elif n.dropped_rewrite_tokens is not None:
+        bits.append(f"the rewrite ran to {n.dropped_rewrite_tokens:,} tokens, longer than the summary: summary kept")
+    elif n.fallback:
         bits.append("no answer with words: input kept")
     return (f'<span class="kind">{h(_KIND_NAMES.get(n.kind, n.kind).capitalize())}</span> {h(n.id)}{SEP}'
             f'{h(SEP.join(b for b in bits if b))}')

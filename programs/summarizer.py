@@ -295,13 +295,21 @@ class _BookSummarizer(Module):
         if not self.remove_artifacts:
             return final.text
         budget = max(final.tokens, 16)
-        cleaned = self._generate(self.clean, "cleaned", budget, temperature=0.0,
+        cleaned = self._generate(self.clean, "cleaned", budget, temperature=0.0, trim=False,
                                  where="artifact removal", fallback=final.text, summary=final.text)
-        # The record says when the rewrite was cut to the summary's length, as every other node does.
+        dropped = None
+        if not cleaned.fallback and (cleaned.over_budget or cleaned.cut_off):
+            # Removing phrases never lengthens a summary: a longer rewrite wrote more than it removed, and
+            # cutting it (or taking one the cap or the repetition guard stopped) would drop the summary's end.
+            # The summary stands as it was, and the node says why.
+            dropped = cleaned.tokens
+            cleaned = _Generated(final.text, final.tokens, cleaned.attempts, False, False, cleaned.cut_off,
+                                 fallback=True)
         nodes.append(SummaryNode(id="clean", level=final.level + 1, kind="clean", text=cleaned.text,
                                  tokens=cleaned.tokens, budget=budget, children=[final.id], chunks=final.chunks,
                                  attempts=cleaned.attempts, over_budget=cleaned.over_budget,
-                                 truncated=cleaned.truncated, cut_off=cleaned.cut_off, fallback=cleaned.fallback))
+                                 truncated=cleaned.truncated, cut_off=cleaned.cut_off, fallback=cleaned.fallback,
+                                 dropped_rewrite_tokens=dropped))
         return cleaned.text
 
     def _chunks(self, book: str) -> list[Chunk]:

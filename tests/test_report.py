@@ -447,6 +447,11 @@ def test_a_step_whose_input_was_kept_says_so_in_the_merge_tree():
     kept = SummaryNode(id="clean", level=3, kind="clean", text="Mara keeps the light.", tokens=5, fallback=True)
     assert "input kept" in _node_summary(kept)
     assert "input kept" not in _node_summary(kept.model_copy(update={"fallback": False}))
+    long = _node_summary(kept.model_copy(update={"dropped_rewrite_tokens": 1234}))
+    assert "the rewrite ran to 1,234 tokens, longer than the summary: summary kept" in long
+    assert "no answer with words" not in long
+    unfinished = _node_summary(kept.model_copy(update={"dropped_rewrite_tokens": 271, "cut_off": True}))
+    assert "the rewrite was left unfinished: summary kept" in unfinished and "271" not in unfinished
 
 
 def test_the_merge_tree_tells_a_trimmed_answer_from_one_the_token_cap_stopped():

@@ -207,14 +207,41 @@ def summarize_with_cleanup(summary: str, clean) -> dspy.Prediction:
         return program(book=synthetic_book(2_000))
 
 
-def test_a_cleanup_cut_to_the_summarys_length_is_marked_as_such():
-    """The rewrite may run longer than the summary it cleans: it is cut to that length, and the
-    clean node says so as every other node does."""
+def test_a_cleanup_longer_than_the_summary_is_dropped_and_the_summary_kept():
+    """Removing phrases never lengthens a summary: a rewrite that runs longer wrote more than it
+    removed, and cutting it to the summary's length would drop the summary's end. The summary
+    stands as it was, and the clean node says why, with the dropped rewrite's length."""
+    summary = "Mara finds the lamp dark. She lights it again."
     longer = " Then the keeper walked home along the shore in the rain."
-    result = summarize_with_cleanup("Mara finds the lamp dark. She lights it again.", lambda summary: summary + longer)
+    result = summarize_with_cleanup(summary, lambda text: text.replace("Mara", "Mara Vell") + longer)
+    assert result.summary == summary
     clean = result.nodes[-1]
     assert clean.kind == "clean" and clean.budget == max(result.nodes[-2].tokens, 16)
-    assert clean.truncated and clean.over_budget and clean.tokens <= clean.budget
+    assert clean.fallback and clean.text == summary and not clean.truncated and not clean.over_budget
+    assert clean.dropped_rewrite_tokens == count_tokens(summary.replace("Mara", "Mara Vell") + longer) > clean.budget
+    # a rewrite no longer than the summary is taken
+    shorter = summarize_with_cleanup("In this segment, " + summary, lambda text: text.replace("In this segment, ", ""))
+    assert shorter.summary == summary and shorter.nodes[-1].dropped_rewrite_tokens is None
+    assert not shorter.nodes[-1].fallback
+
+
+def test_an_unfinished_cleanup_is_dropped_even_when_shorter_than_the_summary():
+    """A rewrite the cap (or the embedded model's repetition guard) stopped has not reached the
+    summary's end: the summary is kept whole."""
+    summary = "Mara finds the lamp dark. She lights it again. The ship sees the light."
+
+    def respond(call):
+        lm.backend.finish_reason = "length" if "cleaned" in call.output_fields else "stop"
+        return {"cleaned": "Mara finds the lamp dark."} if "cleaned" in call.output_fields else {"summary": summary}
+
+    lm = ScriptedLM(respond)
+    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=200,
+                                     remove_artifacts=True, max_regenerations=0)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=synthetic_book(2_000))
+    clean = result.nodes[-1]
+    assert result.summary == summary and clean.fallback and clean.cut_off
+    assert clean.dropped_rewrite_tokens == count_tokens("Mara finds the lamp dark.") < clean.budget
 
 
 def test_an_answer_without_words_is_regenerated():
