@@ -198,7 +198,9 @@ def html_to_text(markup: str | bytes) -> str:
     return "\n\n".join(parser.paragraphs)
 
 
-def _read_epub(p: Path) -> str:
+def _read_epub(p: Path, data: bytes) -> str:
+    """The text of the EPUB `data` (read from `p`, which names it in errors) in spine order."""
+    import io
     import warnings
 
     try:
@@ -209,9 +211,9 @@ def _read_epub(p: Path) -> str:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            book = epub.read_epub(str(p), options={"ignore_ncx": True})
+            book = epub.read_epub(io.BytesIO(data), options={"ignore_ncx": True})
     except Exception as exc:  # ebooklib raises many kinds for a broken file, most of them internal
-        raise BooklensError(_epub_problem(p, exc)) from None
+        raise BooklensError(_epub_problem(p, data, exc)) from None
     parts = []
     for idref, _linear in book.spine:
         item = book.get_item_with_id(idref)
@@ -226,10 +228,11 @@ def _read_epub(p: Path) -> str:
     return "\n\n".join(parts)
 
 
-def _epub_problem(p: Path, exc: Exception) -> str:
+def _epub_problem(p: Path, data: bytes, exc: Exception) -> str:
     """Why ebooklib could not read `p`, in the EPUB's terms: its errors for a broken file are
     mostly internal (`'NoneType' object has no attribute 'get'`), so the parts it reads are checked
     here in the order it reads them and the first one missing or broken is named."""
+    import io
     import posixpath
     import zipfile
     from urllib.parse import unquote
@@ -259,7 +262,7 @@ def _epub_problem(p: Path, exc: Exception) -> str:
 
     malformed = f"{p} is a malformed EPUB:"
     try:
-        archive = zipfile.ZipFile(p)
+        archive = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, OSError):
         return f"{p} is not a readable EPUB file (not a ZIP archive)"
     with archive:
@@ -554,7 +557,7 @@ def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: 
     p = Path(path)
     data = read_file_bytes(p, "book")
     if p.suffix.lower() == ".epub" or _looks_like_epub(data):
-        text = _read_epub(p)
+        text = _read_epub(p, data)
     else:
         text = _decode_text(data, str(p))
     text = _normalize_newlines(text)

@@ -303,6 +303,27 @@ def test_read_epub_in_spine_order_with_html_stripped(tmp_path):
                     "\n\nChapter Two\n\nMorning came — grey.")
 
 
+def test_an_epub_is_read_from_disk_once(tmp_path, monkeypatch):
+    """The bytes the path checks read are the ones parsed: the file is opened once, so a book
+    replaced meanwhile cannot mix two files, and a broken one is diagnosed from the same bytes."""
+    path = make_epub(tmp_path / "lamp.epub", [("One", "<html><body><p>Mara lit the lamp.</p></body></html>")])
+    broken = zipped_epub(tmp_path / "broken.epub", container=None)
+    real = T.read_file_bytes
+    reads = []
+
+    def read_then_remove(p, what):
+        data = real(p, what)
+        reads.append(p)
+        Path(p).unlink()  # a second read from disk would now fail
+        return data
+
+    monkeypatch.setattr(T, "read_file_bytes", read_then_remove)
+    assert T.read_book(path) == "Mara lit the lamp."
+    with pytest.raises(BooklensError, match="has no META-INF/container.xml"):
+        T.read_book(broken)
+    assert reads == [path, broken]
+
+
 def test_read_corrupt_epub(tmp_path):
     path = write(tmp_path, "broken.epub", b"PK\x03\x04 this is not really a zip file")
     with pytest.raises(BooklensError) as excinfo:
