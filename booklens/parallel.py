@@ -10,8 +10,9 @@ import contextlib
 import contextvars
 import sys
 import threading
+import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -46,6 +47,45 @@ def raise_if_stopped() -> None:
     event = _stop_request.get()
     if event is not None and event.is_set():
         raise Stopped()
+
+
+def pause(seconds: float) -> None:
+    """Sleep, unless the work of this context is asked to stop meanwhile: then `Stopped` at once
+    (a retry's backoff or a rate limit's wait is no reason to keep a stopped command alive)."""
+    event = _stop_request.get()
+    if event is None:
+        time.sleep(seconds)
+    elif event.wait(seconds):
+        raise Stopped()
+
+
+def survive_ctrl_c(work: Callable[[], R]) -> R:
+    """`work()`, run off the main thread when called on it, so that Ctrl-C (which the main thread
+    receives) lets it end as a call in a worker thread would: its answer is kept, then the
+    interrupt goes on. Elsewhere it simply runs."""
+    if threading.current_thread() is not threading.main_thread():
+        return work()
+    outcome: dict[str, Any] = {}
+    context = contextvars.copy_context()
+    done = threading.Event()  # not Thread.join: a join that Ctrl-C interrupts marks the thread ended
+
+    def target() -> None:
+        try:
+            outcome["value"] = context.run(work)
+        except BaseException as exc:  # handed to the caller below
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="booklens-call", daemon=True).start()
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        done.wait()  # the stop request is set: the call ends without a retry or a re-ask
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 @contextlib.contextmanager

@@ -11,11 +11,20 @@ from booklens.testing import FakeOpenAIServer, Reply, terminal_command
 
 
 def test_ctrl_c_while_a_call_is_in_flight_says_the_work_is_cached(tmp_path):
+    """The call in flight ends (here with a dropped connection, which is not retried after Ctrl-C);
+    then one line says what is kept."""
+    import threading
+
     summary = tmp_path / "summary.txt"
     summary.write_text("Maren keeps the light. A stranger called Zed arrives.", encoding="utf-8")
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
-    # The server holds the call until it shuts down: the signal always lands while the command waits on it.
-    with FakeOpenAIServer(responder=lambda body: Reply(hold=120, drop=True)) as server:
+    gate = threading.Event()
+
+    def respond(body):
+        gate.wait(120)  # held until the command has taken the Ctrl-C
+        return Reply(drop=True)
+
+    with FakeOpenAIServer(responder=respond) as server:
         proc = subprocess.Popen(terminal_command(["score", summary, "--zero-shot", "--concurrency", "1",
                                                    "--lm", "openai/fake", "--api-base", server.url]),
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -25,13 +34,18 @@ def test_ctrl_c_while_a_call_is_in_flight_says_the_work_is_cached(tmp_path):
                 time.sleep(0.05)
             assert server.received, "the command never called the LM"
             proc.send_signal(signal.SIGINT)
+            _wait_for_line(proc.stderr, "stopping:")
+            gate.set()
             _, stderr = proc.communicate(timeout=60)
         finally:
+            gate.set()
             if proc.poll() is None:
                 proc.kill()
+        received = len(server.received)
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
     assert "Traceback" not in stderr
+    assert received == 1  # the dropped call was not sent again
 
 
 def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(tmp_path):
@@ -67,3 +81,86 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
     # The two calls in flight end; none of the ten queued sentences is asked, the dropped call is
     # not retried and the unusable answer is not asked again.
     assert received == 2
+
+
+def _wait_for_line(stream, prefix: str) -> list[str]:
+    """The lines of `stream` up to and including the first that starts with `prefix` (all of them,
+    should the process end first)."""
+    lines = []
+    for line in iter(stream.readline, ""):
+        lines.append(line)
+        if line.startswith(prefix):
+            break
+    return lines
+
+
+def test_ctrl_c_lets_a_lone_call_end_and_keeps_its_answer(tmp_path):
+    """One call at a time runs on the main thread's behalf: Ctrl-C there still lets it end, its
+    answer goes to the cache, and the rerun asks the server nothing."""
+    import threading
+
+    from booklens.testing import PipelineResponder
+
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Maren keeps the light.", encoding="utf-8")
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    gate = threading.Event()
+    answer = PipelineResponder()
+
+    def respond(body):
+        gate.wait(120)  # held until the command has taken the Ctrl-C
+        return answer(body)
+
+    args = ["score", summary, "--zero-shot", "--concurrency", "1", "--lm", "openai/fake"]
+    with FakeOpenAIServer(responder=respond) as server:
+        proc = subprocess.Popen(terminal_command([*args, "--api-base", server.url]), env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
+            while not server.received and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(server.received) == 1, "the command never called the LM"
+            proc.send_signal(signal.SIGINT)
+            seen = _wait_for_line(proc.stderr, "stopping:")
+            assert seen and seen[-1].startswith("stopping: the LM calls in flight end first"), seen
+            gate.set()
+            _, rest = proc.communicate(timeout=60)
+        finally:
+            gate.set()
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130, rest
+        assert rest.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
+        again = subprocess.run(terminal_command([*args, "--api-base", server.url]), env=env, capture_output=True,
+                               text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        assert len(server.received) == 1, (rest, again.stderr)  # the interrupted call's answer came from the cache
+        assert "1 LM call (1 from cache)" in again.stderr
+
+
+def test_a_second_ctrl_c_quits_without_waiting_for_the_calls_in_flight(tmp_path):
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Maren keeps the light.", encoding="utf-8")
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    # A stalled server: the call would hold the command until the server shuts down.
+    with FakeOpenAIServer(responder=lambda body: Reply(hold=300, drop=True)) as server:
+        proc = subprocess.Popen(terminal_command(["score", summary, "--zero-shot", "--lm", "openai/fake",
+                                                   "--api-base", server.url]),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
+            while not server.received and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server.received, "the command never called the LM"
+            proc.send_signal(signal.SIGINT)
+            assert _wait_for_line(proc.stderr, "stopping:")[-1].startswith("stopping:")
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=120)  # the server would hold the call for 300 s
+            exited_while_held = len(server.received) == 1 and not server.served
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, stderr
+    assert exited_while_held
+    assert stderr.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr

@@ -184,3 +184,81 @@ def test_counts_in_the_printed_lines_agree_in_number():
                           totals={"calls": 3, "prompt_tokens": 10, "completion_tokens": 2})
     line = score_line(run)
     assert "(1 sentence not judged" in line and "; 1 claim: 100.0% faithful" in line
+
+
+def test_after_ctrl_c_a_call_waiting_for_its_slot_never_reaches_the_backend():
+    import threading
+
+    from booklens.parallel import Stopped, stoppable
+    from booklens.testing import ScriptedBackend
+
+    class Slot:
+        """One call slot that says when a call starts waiting for it."""
+
+        def __init__(self):
+            self.free, self.waiting = threading.Semaphore(1), threading.Event()
+
+        def acquire(self):
+            self.free.acquire()
+
+        def release(self):
+            self.free.release()
+
+        def __enter__(self):
+            self.waiting.set()
+            self.free.acquire()
+
+        def __exit__(self, *exc):
+            self.free.release()
+
+    backend = ScriptedBackend(lambda call: "It reads fine.")
+    slot = Slot()
+    lm = BooklensLM(backend, call_limit=slot)
+    stop = threading.Event()
+    outcome = []
+
+    def ask():
+        with stoppable(stop):
+            try:
+                lm.forward(prompt="Is this sentence confusing?")
+                outcome.append("answered")
+            except Stopped:
+                outcome.append("stopped")
+
+    slot.acquire()  # another call holds the only slot
+    waiting = threading.Thread(target=ask)
+    waiting.start()
+    assert slot.waiting.wait(60)
+    stop.set()  # Ctrl-C while it waits
+    slot.release()
+    waiting.join(60)
+    assert outcome == ["stopped"] and backend.calls == []
+
+
+def test_a_wait_ends_at_ctrl_c():
+    """A retry's backoff and a rate limit's wait stop with the command instead of outlasting it."""
+    import threading
+
+    from booklens.lm.ratelimit import RateLimiter
+    from booklens.parallel import Stopped, pause, stoppable
+
+    stop = threading.Event()
+    stop.set()
+    with stoppable(stop), pytest.raises(Stopped):
+        pause(3600)
+    limiter = RateLimiter(rpm=1)
+    limiter.acquire()  # the minute's one request
+    outcome = []
+
+    def second():
+        with stoppable(stop):
+            try:
+                limiter.acquire()
+            except Stopped:
+                outcome.append("stopped")
+
+    waiter = threading.Thread(target=second, daemon=True)
+    waiter.start()
+    waiter.join(60)  # a guard: the wait would otherwise last about a minute
+    assert outcome == ["stopped"] and len(limiter.waits) == 1
+    assert LiteLLMBackend("openai/x", api_base="http://127.0.0.1:9/v1").sleep is pause

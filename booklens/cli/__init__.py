@@ -103,7 +103,7 @@ def _run_command() -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except (KeyboardInterrupt, _Interrupted):
-        print("error: interrupted (completed LM calls are cached; rerun to resume)", file=sys.stderr)
+        print(f"error: {INTERRUPTED}", file=sys.stderr)
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(1)
@@ -114,6 +114,9 @@ def _run_command() -> None:
         print(f"error: internal error: {type(exc).__name__}: {first} (BOOKLENS_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         sys.exit(1)
+
+
+INTERRUPTED = "interrupted (completed LM calls are cached; rerun to resume)"
 
 
 class _Interrupted(Exception):
@@ -153,7 +156,17 @@ def _stopping_on_ctrl_c(interrupted: threading.Event):
         return
 
     def on_ctrl_c(signum, frame):
+        if interrupted.is_set():
+            # A second Ctrl-C: the user will not wait for the calls in flight (a stalled server can
+            # hold one for minutes). Finished calls are already committed to the cache.
+            print(f"error: {INTERRUPTED}", file=sys.stderr)
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(130)
         interrupted.set()
+        print("stopping: the LM calls in flight end first, and are cached (Ctrl-C again to quit at once)",
+              file=sys.stderr, flush=True)
         signal.default_int_handler(signum, frame)
 
     signal.signal(signal.SIGINT, on_ctrl_c)

@@ -21,7 +21,7 @@ from booklens.lm.cache import CACHE_FILE, CallCache, default_cache_dir
 from booklens.lm.embedded import LOCAL_LM, LocalBackend, resolve_lm_name
 from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend, resolve_api_base
 from booklens.lm.usage import UsageTracker
-from booklens.parallel import raise_if_stopped
+from booklens.parallel import raise_if_stopped, survive_ctrl_c
 
 # The finish reason of the last completion in this thread, so programs can see cut-off answers.
 _last_finish_reason: contextvars.ContextVar[str] = contextvars.ContextVar("booklens_finish", default="stop")
@@ -119,12 +119,16 @@ class BooklensLM(dspy.BaseLM):
 
         def call() -> dict[str, Any]:
             with self.call_limit if self.call_limit is not None else contextlib.nullcontext():
+                raise_if_stopped()  # it may have waited for a slot while Ctrl-C came
                 return self.backend.complete({**request, "response_format": response_format}).__dict__
 
-        if self.call_cache is not None:
-            value, reused = self.call_cache.fetch(key, call, keep=_worth_keeping)
-        else:
-            value, reused = call(), False
+        def fetch() -> tuple[dict[str, Any], bool]:
+            if self.call_cache is not None:
+                return self.call_cache.fetch(key, call, keep=_worth_keeping)
+            return call(), False
+
+        found = self.call_cache.get(key) if self.call_cache is not None else None
+        value, reused = (found, True) if found is not None else survive_ctrl_c(fetch)
         completion = _completion(value)
         self._count(completion, cached=reused)
         _last_finish_reason.set(completion.finish_reason)

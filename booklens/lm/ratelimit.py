@@ -22,7 +22,7 @@ class RateLimiter:
     allowance still goes, alone in its window, rather than never."""
 
     def __init__(self, rpm: int | None = None, tpm: int | None = None, *, clock: Callable[[], float] | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] | None = None):
         from pyrate_limiter import Duration, InMemoryBucket, Rate
 
         if (rpm is not None and rpm < 1) or (tpm is not None and tpm < 1):
@@ -34,6 +34,8 @@ class RateLimiter:
             for name, limit in (("requests", rpm), ("tokens", tpm)) if limit
         }
         self._clock = clock or time.monotonic
+        if sleep is None:
+            from booklens.parallel import pause as sleep  # a wait ends at Ctrl-C
         self._sleep = sleep
         self._lock = threading.Lock()
         self.waits: list[float] = []  # seconds each held call was asked to wait

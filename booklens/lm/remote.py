@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from booklens.errors import LMError, first_line
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
-from booklens.parallel import raise_if_stopped
+from booklens.parallel import pause, raise_if_stopped
 
 log = logging.getLogger("booklens.lm")
 
@@ -89,7 +89,7 @@ class LiteLLMBackend:
 
     def __init__(self, model: str, api_base: str | None = None, timeout: float = 600.0, backoff_base: float = 1.0,
                  *, structured: str = "auto", limiter: Any = None, max_backoff: float = 30.0,
-                 retries: int | None = None, sleep: Callable[[float], None] = time.sleep):
+                 retries: int | None = None, sleep: Callable[[float], None] = pause):
         import litellm
 
         litellm.suppress_debug_info = True  # its "Give Feedback" banner would break one-line errors
@@ -241,12 +241,14 @@ class LiteLLMBackend:
         structured = request.get("response_format") is not None or request.get("schema") is not None
         failures = 0
         while True:
+            raise_if_stopped()  # a call that waited for its turn does not start after Ctrl-C
             dialect = self.dialect if structured else None
             kwargs = self._kwargs(request, dialect)
             if self.limiter is not None:
                 from booklens.lm.ratelimit import estimate_tokens
 
                 self.limiter.acquire(estimate_tokens(self.model, kwargs["messages"], kwargs["max_tokens"]))
+                raise_if_stopped()
             try:
                 response = litellm.completion(**kwargs)
             except Exception as exc:
