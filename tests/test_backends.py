@@ -182,6 +182,31 @@ def test_an_api_base_that_is_not_an_http_url_is_one_line_before_any_call(tmp_pat
     assert lm.backend.api_base == "HTTPS://host.example/v1"
 
 
+def test_a_server_named_by_the_providers_variable_is_the_lms_server(tmp_path, monkeypatch):
+    """LiteLLM sends `openai/...` to OPENAI_BASE_URL when no --api-base is given: that server is
+    in the call cache key (two servers' answers never mix), gets cache_prompt and is recorded."""
+    for variable in ("BOOKLENS_API_BASE", "OPENAI_BASE_URL", "OPENAI_API_BASE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "placeholder")
+    with FakeOpenAIServer(responder=lambda body: "from A") as a, FakeOpenAIServer(responder=lambda body: "from B") as b:
+        monkeypatch.setenv("OPENAI_BASE_URL", a.url)
+        first = make_lm("openai/fake", cache_dir=tmp_path)
+        assert first.backend.api_base == a.url
+        assert first.forward(prompt="Who keeps the light?").choices[0].message.content == "from A"
+        monkeypatch.setenv("OPENAI_BASE_URL", b.url)
+        second = make_lm("openai/fake", cache_dir=tmp_path)
+        assert second.forward(prompt="Who keeps the light?").choices[0].message.content == "from B"
+        assert len(a.served) == 1 and len(b.served) == 1 and b.served[0].get("cache_prompt") is True
+        lm = make_lm("openai/fake", api_base=a.url, cache_dir=tmp_path)  # the option wins
+        assert lm.forward(prompt="Who keeps the light?").choices[0].message.content == "from A"
+        assert len(a.served) == 1  # the same server and request as the first call: from the cache
+    monkeypatch.setenv("OPENAI_BASE_URL", "127.0.0.1:8000/v1")
+    with pytest.raises(LMError, match=r"^OPENAI_BASE_URL needs an http:// or https:// URL"):
+        make_lm("openai/x", cache_dir=tmp_path)
+    monkeypatch.setenv("HOSTED_VLLM_API_BASE", "http://127.0.0.1:9/v1")
+    assert make_lm("hosted_vllm/x", cache_dir=tmp_path).backend.api_base == "http://127.0.0.1:9/v1"
+
+
 # ---------------------------------------------------------------------------
 # Faults
 

@@ -79,6 +79,27 @@ def resolve_api_base(api_base: str | None = None) -> str | None:
     return check_api_base(os.environ.get("BOOKLENS_API_BASE"), "BOOKLENS_API_BASE")
 
 
+# Where LiteLLM finds a provider's server when no api_base is given. A server named there is as
+# much the LM's identity as --api-base (the call cache key, records, calibrations, cache_prompt).
+PROVIDER_BASE_VARIABLES = {
+    "openai": ("OPENAI_BASE_URL", "OPENAI_API_BASE"),
+    "hosted_vllm": ("HOSTED_VLLM_API_BASE",),
+    "ollama": ("OLLAMA_API_BASE",),
+    "ollama_chat": ("OLLAMA_API_BASE",),
+    "llamafile": ("LLAMAFILE_API_BASE",),
+}
+
+
+def provider_api_base(model: str) -> str | None:
+    """The server the provider's own variable names for `model` (e.g. OPENAI_BASE_URL for
+    `openai/...`), checked as --api-base is; None when unset."""
+    provider = model.split("/", 1)[0] if "/" in model else ""
+    for variable in PROVIDER_BASE_VARIABLES.get(provider, ()):
+        if (os.environ.get(variable) or "").strip():
+            return check_api_base(os.environ[variable], variable)
+    return None
+
+
 class LiteLLMBackend:
     """Any LiteLLM model string; `api_base` points it at an OpenAI-compatible server.
 
