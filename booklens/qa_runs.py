@@ -25,10 +25,10 @@ def title_from_path(path: Path) -> str:
 def setup_run_lm(lm: Any = None, api_base: Optional[str] = None, cache_dir: Any = None, **options: Any) -> Any:
     """The LM of a run, installed for DSPy: an LM object as given, or one built from an `--lm` string
     (`options`: the backend options `make_lm` takes: structured, rpm, tpm)."""
-    from booklens.lm import configure, make_lm, refuse_server_for_embedded
+    from booklens.lm import configure, make_lm, refuse_server_options_for_embedded
 
     if lm is None or isinstance(lm, str):
-        refuse_server_for_embedded(lm, api_base)
+        refuse_server_options_for_embedded(lm, api_base, **options)
         lm = make_lm(lm, api_base=api_base, cache_dir=cache_dir, **options)
     return configure(lm)
 

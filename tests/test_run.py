@@ -484,6 +484,12 @@ def test_run_refuses_options_that_would_be_ignored_before_anything_is_written(tm
     proc = cli([sys.executable, "-m", "booklens", "summarize", str(STORY), "-o", str(tmp_path / "s.json"),
                 "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"])
     assert_one_line_error(proc, "names a server, but the LM is the embedded model")
+    proc = cli([*base, "--lm", "local", "--rpm", "5"])
+    assert_one_line_error(proc, "--rpm is for models behind a server or provider; the embedded model (local) always "
+                                "decodes under the output schema and has no rate limits")
+    proc = cli([sys.executable, "-m", "booklens", "summarize", str(STORY), "-o", str(tmp_path / "s.json"),
+                "--structured", "off", "--tpm", "1000"])
+    assert_one_line_error(proc, "--structured and --tpm are for models behind a server or provider")
     for command, output in (("summarize", tmp_path / "s.json"), ("run", out)):
         proc = cli([sys.executable, "-m", "booklens", command, str(STORY), "-o", str(output), "--level-budget", "100",
                     "--max-summary-tokens", "200"])

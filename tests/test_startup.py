@@ -41,6 +41,8 @@ CASES = [
     ["summarize", STORY, "--lm", "openai/x", "--api-base", "127.0.0.1:8000/v1"],
     ["summarize", STORY, "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"],
     ["run", STORY, "-o", "out", "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"],
+    ["score", STORY, "--lm", "local", "--rpm", "5"],
+    ["run", STORY, "-o", "out", "--structured", "off"],
     ["run", STORY, "-o", "out", "--summary", STORY, "--chunk-size", "1024"],
     ["summarize", STORY, "--level-budget", "100", "--max-summary-tokens", "200"],
     ["summarize", STORY, "-o", STORY],

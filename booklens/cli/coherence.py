@@ -30,6 +30,7 @@ from booklens.cli.common import (
     SplitName,
     TpmOption,
     ZeroShotOption,
+    check_lm_options,
     check_not_an_input,
     echo_judge,
     read_json_file,
@@ -115,6 +116,7 @@ def score(
         raise BooklensError("missing SUMMARY (a text file, summarize output or JSON map), or use --annotations")
     if summaries is not None:
         raise BooklensError("--summaries goes with --annotations")
+    check_lm_options(lm, api_base, structured=structured, rpm=rpm, tpm=tpm)
     from booklens.inputs import load_summaries
 
     texts, recorded, is_map = load_summaries(summary)

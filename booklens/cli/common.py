@@ -244,14 +244,21 @@ def lm_options(structured: Structured | str | None = None, rpm: int | None = Non
     return {"structured": getattr(structured, "value", structured), "rpm": rpm, "tpm": tpm}
 
 
+def check_lm_options(lm: str | None, api_base: str | None = None, *, structured: Structured | str | None = None,
+                     rpm: int | None = None, tpm: int | None = None) -> None:
+    """The LM options' one-line errors (a malformed server URL, options the embedded model would
+    ignore), before DSPy and LiteLLM load."""
+    from booklens.lm.embedded import refuse_server_options_for_embedded
+    from booklens.lm.remote import resolve_api_base
+
+    resolve_api_base(api_base)
+    refuse_server_options_for_embedded(lm, api_base, **lm_options(structured, rpm, tpm))
+
+
 def setup_lm(lm: str | None, api_base: str | None = None, cache_dir: Path | None = None, *,
              structured: Structured | str | None = None, rpm: int | None = None, tpm: int | None = None):
     """Build the LM a command names and make it the LM of every DSPy program in this process."""
-    from booklens.lm.embedded import refuse_server_for_embedded
-    from booklens.lm.remote import resolve_api_base
-
-    resolve_api_base(api_base)  # a malformed URL fails here, before DSPy and LiteLLM load
-    refuse_server_for_embedded(lm, api_base)
+    check_lm_options(lm, api_base, structured=structured, rpm=rpm, tpm=tpm)
     from booklens.lm import configure, make_lm
 
     return configure(make_lm(lm, api_base=api_base, cache_dir=cache_dir, **lm_options(structured, rpm, tpm)))

@@ -114,14 +114,14 @@ def run_command(
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Summarize a book, score coherence, verify claims; write a run directory and report.html."""
-    from booklens.lm import LMPool, refuse_server_for_embedded
+    from booklens.lm import LMPool, refuse_server_options_for_embedded
     from booklens.inputs import read_given_summary
     from booklens.pipeline import JudgeConfig, SystemConfig, check_configs, previous_run, route_programs, run_book
     from booklens.reports import REPORT_FILE
     from booklens.steps import check_method_options
     from booklens.text import read_book
 
-    refuse_server_for_embedded(lm, api_base)
+    refuse_server_options_for_embedded(lm, api_base, **lm_options(structured, rpm, tpm))
     programs = route_programs(program or [])
     merge_context = merge_context.value if merge_context is not None else None
     if summary is None:

@@ -20,7 +20,7 @@ _EXPORTS = {
     "cache": ("CallCache", "default_cache_dir"),
     "base": ("Completion", "DEFAULT_MAX_TOKENS", "ContextWindowExceeded", "lm_label"),
     "embedded": ("LOCAL_LM", "LOCAL_LABEL", "LOCAL_MODEL_NAME", "LOCAL_CONTEXT_WINDOW", "LocalBackend",
-                 "local_model_path", "resolve_lm_name", "lm_name_label", "refuse_server_for_embedded"),
+                 "local_model_path", "resolve_lm_name", "lm_name_label", "refuse_server_options_for_embedded"),
     "remote": ("LiteLLMBackend", "STRUCTURED_MODES", "check_api_base", "resolve_api_base"),
     "ratelimit": ("RateLimiter",),
     "adapter": ("BooklensAdapter", "plain_output_field"),

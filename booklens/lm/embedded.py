@@ -80,12 +80,24 @@ def lm_name_label(lm: str | None) -> str:
     return LOCAL_LABEL if name == LOCAL_LM else name
 
 
-def refuse_server_for_embedded(lm: str | None, api_base: str | None) -> None:
-    """A server URL given beside the embedded model would be ignored, and the run would not be the
-    server's: refused in one line. (BOOKLENS_API_BASE, set for other commands, is not.)"""
-    if api_base and api_base.strip() and resolve_lm_name(lm) == LOCAL_LM:
+def refuse_server_options_for_embedded(lm: str | None, api_base: str | None = None, *,
+                                       structured: str | None = None, rpm: int | None = None,
+                                       tpm: int | None = None) -> None:
+    """Options only a server uses, given beside the embedded model, would be ignored (and the run
+    would not be the server's): refused in one line. The embedded model always decodes under the
+    schema and has no rate limits. (BOOKLENS_API_BASE, BOOKLENS_RPM, ..., set for other commands,
+    are not refused.)"""
+    if resolve_lm_name(lm) != LOCAL_LM:
+        return
+    if api_base and api_base.strip():
         raise LMError(f"--api-base {api_base.strip()} names a server, but the LM is the embedded model ({LOCAL_LM}), "
                       "which runs in this process: to use the server, name its model (e.g. --lm openai/MODEL)")
+    given = [option for option, value in (("--structured", getattr(structured, "value", structured)),
+                                          ("--rpm", rpm), ("--tpm", tpm)) if value is not None]
+    if given:
+        raise LMError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for models behind a server or "
+                      f"provider; the embedded model ({LOCAL_LM}) always decodes under the output schema and has "
+                      "no rate limits")
 
 
 def default_threads() -> int:

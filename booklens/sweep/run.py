@@ -92,12 +92,13 @@ def sweep_lms(sweep: Sweep) -> set[tuple[Optional[str], Optional[str]]]:
     return names
 
 
-def check_server_option(sweep: Sweep, api_base: Optional[str]) -> None:
-    """`--api-base` when every LM of the sweep is the embedded model would be ignored: one line."""
-    from booklens.lm.embedded import LOCAL_LM, refuse_server_for_embedded, resolve_lm_name
+def check_server_option(sweep: Sweep, api_base: Optional[str], **options: Any) -> None:
+    """`--api-base`, `--structured`, `--rpm` or `--tpm` when every LM of the sweep is the embedded
+    model would be ignored: one line."""
+    from booklens.lm.embedded import LOCAL_LM, refuse_server_options_for_embedded, resolve_lm_name
 
-    if api_base and all(resolve_lm_name(lm) == LOCAL_LM for lm, _ in sweep_lms(sweep)):
-        refuse_server_for_embedded(LOCAL_LM, api_base)
+    if all(resolve_lm_name(lm) == LOCAL_LM for lm, _ in sweep_lms(sweep)):
+        refuse_server_options_for_embedded(LOCAL_LM, api_base, **options)
 
 
 def check_models(sweep: Sweep) -> None:
@@ -141,10 +142,12 @@ def manifest_terms(message: str) -> str:
 
 
 def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base: Optional[str] = None,
-            concurrency: int = 4, check_lms: bool = True) -> tuple[Sweep, list[CellTask]]:
-    """The checked sweep and its cells; raises a one-line `BooklensError` before anything is written."""
+            concurrency: int = 4, check_lms: bool = True,
+            server_options: Optional[dict[str, Any]] = None) -> tuple[Sweep, list[CellTask]]:
+    """The checked sweep and its cells; raises a one-line `BooklensError` before anything is written.
+    `server_options`: the backend options given (structured, rpm, tpm)."""
     sweep = load_manifest(manifest, lm=lm, api_base=api_base)
-    check_server_option(sweep, api_base)
+    check_server_option(sweep, api_base, **(server_options or {}))
     check_output(output)
     tasks = plan_tasks(sweep, output, concurrency)  # the pipeline's own config models validate every value
     check_summarizers(sweep)
@@ -245,7 +248,8 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
         if importlib.util.find_spec("ray") is None:
             raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'")
     output = Path(output).absolute()  # cells may run in other processes, on other nodes
-    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, concurrency=concurrency)
+    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, concurrency=concurrency,
+                           server_options={"structured": structured, "rpm": rpm, "tpm": tpm})
     settings = PoolSettings(sweep.lm, sweep.api_base, str(Path(cache_dir).absolute()) if cache_dir else None,
                             concurrency, structured=structured, rpm=rpm, tpm=tpm)
     schedule = sorted(tasks, key=lambda t: -_size(t.book_path))  # stable: manifest order among equals
