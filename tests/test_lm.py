@@ -262,3 +262,28 @@ def test_a_wait_ends_at_ctrl_c():
     waiter.join(60)  # a guard: the wait would otherwise last about a minute
     assert outcome == ["stopped"] and len(limiter.waits) == 1
     assert LiteLLMBackend("openai/x", api_base="http://127.0.0.1:9/v1").sleep is pause
+
+
+def test_an_answer_without_choices_is_one_line_naming_the_server():
+    from types import SimpleNamespace
+
+    backend = LiteLLMBackend("openai/x", api_base="http://127.0.0.1:9/v1")
+    with pytest.raises(LMError, match=r"^'openai/x' at http://127\.0\.0\.1:9/v1 answered without a completion "
+                                      r"\(no choices in its response\)$"):
+        backend._completion(SimpleNamespace(choices=[], usage=None))
+
+
+def test_the_cache_follows_an_absolute_xdg_cache_home_only(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from booklens.lm.cache import default_cache_dir
+
+    monkeypatch.delenv("BOOKLENS_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for ignored in ("", "relative/cache"):
+        monkeypatch.setenv("XDG_CACHE_HOME", ignored)
+        assert default_cache_dir() == tmp_path / "home" / ".cache" / "booklens"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "booklens"
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", "mine")
+    assert default_cache_dir() == Path("mine")

@@ -25,7 +25,11 @@ def default_cache_dir() -> Path:
     env = os.environ.get("BOOKLENS_CACHE_DIR")
     if env:
         return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "booklens"
+    # The XDG spec: an empty or relative XDG_CACHE_HOME is ignored (a relative one would put the
+    # cache wherever the command happens to run, and a rerun elsewhere would not resume).
+    xdg = os.environ.get("XDG_CACHE_HOME") or ""
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "booklens"
 
 
 class _Flight:

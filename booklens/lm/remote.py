@@ -283,6 +283,9 @@ class LiteLLMBackend:
     def _completion(self, response: Any) -> Completion:
         import litellm
 
+        if not getattr(response, "choices", None):
+            where = f"'{self.model}'" + (f" at {self.api_base}" if self.api_base else "")
+            raise LMError(f"{where} answered without a completion (no choices in its response)")
         choice = response.choices[0]
         usage = getattr(response, "usage", None)
         details = getattr(usage, "prompt_tokens_details", None)
