@@ -359,6 +359,8 @@ def test_summarizer_and_decomposition_artifacts_on_another_lm_get_a_note(tmp_pat
                     f"note: {path} was compiled with openai/fake-model: its demos and instructions were chosen by "
                     "how that LM did with them, and may serve openai/other-model less well" for path in paths]
                 assert notes == want, (args[0], model)
+                if args[0] == "claims":
+                    assert "2 claims; 1 LM call (0 from cache), " in proc.stderr, proc.stderr
         # An artifact of another task is refused in one line: no note about it comes first.
         wrong = artifact("verification", "verify.json")
         proc = run_cli(["summarize", STORY, "--program", wrong, "--lm", "openai/other-model", "--api-base", server.url,

@@ -111,8 +111,9 @@ def claims_command(
     if record.error:
         raise BooklensError(f"could not split the summary into claims ({record.attempts} tries): {record.error}")
     write_output(output, record)
-    if output is not None:
-        typer.echo(counted(len(record.claims), "claim"), err=True)
+    from booklens.lm.usage import describe_calls
+
+    typer.echo(f"{counted(len(record.claims), 'claim')}; {describe_calls(record.usage)}", err=True)
 
 
 @app.command("verify")
