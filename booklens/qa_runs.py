@@ -34,7 +34,7 @@ def setup_run_lm(lm: Any = None, api_base: Optional[str] = None, cache_dir: Any 
 
 
 class Measured:
-    """LM usage (`booklens.lm.usage_delta`) and wall time of a block of work on one LM."""
+    """LM usage (`booklens.lm.record_usage`) and wall time of a block of work on one LM."""
 
     def __init__(self, lm: Any):
         self.lm = lm
@@ -47,10 +47,10 @@ class Measured:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        from booklens.lm import usage_delta
+        from booklens.lm import record_usage
 
         self.seconds = round(time.perf_counter() - self._t0, 2)
-        self.usage = usage_delta(self._before, self.lm.usage.snapshot())
+        self.usage = record_usage(self._before, self.lm.usage.snapshot())
 
 
 def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = DEFAULT_K,

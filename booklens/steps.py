@@ -26,11 +26,8 @@ from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFA
 
 
 def _usage(tracker) -> dict[str, Any]:
-    """Fresh and cached calls, tokens and (where known) dollars counted by a usage scope."""
-    from booklens.lm.usage import usage_delta
-
-    zero = {"calls": 0, "cached_calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": None}
-    return usage_delta(zero, tracker.snapshot())
+    """The record's usage of the calls a usage scope counted (`record_usage`)."""
+    return tracker.work()
 
 
 # ---------------------------------------------------------------------------

@@ -177,7 +177,7 @@ def test_counts_in_the_printed_lines_agree_in_number():
     from booklens.cli.run import score_line
     from booklens.lm.usage import describe_calls
 
-    assert describe_calls({"calls": 0, "cached_calls": 1}, tokens=False) == "1 LM call (1 from cache)"
+    assert describe_calls({"calls": 1, "cached_calls": 1}, tokens=False) == "1 LM call (1 from cache)"
     assert describe_calls({"calls": 2, "cached_calls": 0}, tokens=False) == "2 LM calls (0 from cache)"
     run = SimpleNamespace(scores={"booookscore": 1.0, "claims": 1, "claim_labels": {"faithful": 100.0},
                                   "failed_sentences": 1},

@@ -166,7 +166,7 @@ def calibrate_command(
                 continue
         seconds = time.perf_counter() - started
         store_calibration(entry, store)
-        typer.echo(f"{name}: {describe_calls(tracker.snapshot(), tokens=False)}, {seconds:.0f} s; stored in {store}",
+        typer.echo(f"{name}: {describe_calls(tracker.work(), tokens=False)}, {seconds:.0f} s; stored in {store}",
                    err=True)
         typer.echo(judge_line(judge_info(name, prog, model, store={entry["key"]: entry})))
         if name == "binary":

@@ -5,7 +5,7 @@ other value is a LiteLLM model string (`remote`). Every call goes through `Bookl
 (`model`), which caches completed calls on disk (`cache`), counts calls and tokens per run and
 per step (`usage`), and formats DSPy signatures for the backends (`adapter`).
 
-Names are loaded on first use, so `from booklens.lm import usage_delta` costs no dspy or
+Names are loaded on first use, so `from booklens.lm import record_usage` costs no dspy or
 litellm import: commands that fail on their arguments, and `--help`, stay instant.
 """
 
@@ -15,7 +15,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "usage": ("usage_step", "current_step", "usage_scope", "StepUsage", "UsageTracker", "usage_delta", "describe_calls",
+    "usage": ("usage_step", "current_step", "usage_scope", "StepUsage", "UsageTracker", "record_usage", "describe_calls",
               "work_between"),
     "cache": ("CallCache", "default_cache_dir"),
     "base": ("Completion", "DEFAULT_MAX_TOKENS", "ContextWindowExceeded", "lm_label"),

@@ -130,20 +130,14 @@ class UsageTracker:
     def work(self) -> dict[str, Any]:
         """Every call counted here, with those the cache answered (also given apart as
         `cached_calls`) at the tokens and cost they had when first made (`work_between`)."""
-        snapshot = self.snapshot()
-        return {**work_between(StepUsage().as_dict(), snapshot), "cached_calls": snapshot["cached_calls"]}
+        return record_usage(StepUsage().as_dict(), self.snapshot())
 
 
-def usage_delta(before: dict, after: dict) -> dict[str, Any]:
-    """Calls, cached calls, tokens and (where known) dollars spent between two `snapshot()`s."""
-    keys = ("calls", "cached_calls", "prompt_tokens", "completion_tokens")
-    delta: dict[str, Any] = {k: after[k] - before[k] for k in keys}
-    provider_cached = after.get("provider_cached_tokens", 0) - before.get("provider_cached_tokens", 0)
-    if provider_cached:
-        delta["provider_cached_tokens"] = provider_cached
-    if after.get("cost_usd") is not None:
-        delta["cost_usd"] = round((after["cost_usd"] or 0) - (before.get("cost_usd") or 0), 6)
-    return delta
+def record_usage(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The usage a command's record gives for the work between two `snapshot()`s: every call, with
+    those the cache answered at the tokens and cost they had when first made (`work_between`, so
+    a resumed command records what an uninterrupted one does), and how many the cache answered."""
+    return {**work_between(before, after), "cached_calls": after["cached_calls"] - before["cached_calls"]}
 
 
 # The figures of LM work a run records per step and a sweep per cell (`work_between`).
@@ -164,11 +158,11 @@ def total_work(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def describe_calls(usage: dict[str, Any], *, tokens: bool = True) -> str:
-    """The commands' line on the LM work of a `snapshot()` or `usage_delta()`: 'N LM calls (M from
-    cache)', where N counts every call, those the cache answered included (as `work()` and the
-    run records count them), then the tokens of the calls made now."""
-    fresh, cached = int(usage.get("calls", 0) or 0), int(usage.get("cached_calls", 0) or 0)
-    line = f"{counted(fresh + cached, 'LM call')} ({cached} from cache)"
+    """The commands' line on a record's usage (`record_usage`, `work()`): 'N LM calls (M from
+    cache)', where N counts every call, those the cache answered included, then the tokens of all
+    N as they were when made."""
+    calls, cached = int(usage.get("calls", 0) or 0), int(usage.get("cached_calls", 0) or 0)
+    line = f"{counted(calls, 'LM call')} ({cached} from cache)"
     if tokens:
         line += f", {usage.get('prompt_tokens', 0)} prompt + {usage.get('completion_tokens', 0)} completion tokens"
     return line
