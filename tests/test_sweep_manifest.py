@@ -231,8 +231,9 @@ def test_a_server_url_no_lm_of_the_sweep_uses_is_refused(corpus: Path):
     mixed = write(corpus / "mixed.yaml", "books: corpus\nsystems: [{name: a, lm: openai/x}, {name: b, lm: local}]\n")
     code, err = run_cli(["sweep", str(mixed), "-o", str(out), "--api-base", "http://127.0.0.1:9/v1", "--dry-run"])
     assert code == 0, err
-    code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "local", "--rpm", "3"])
-    assert code == 2 and err.strip().startswith("error: --rpm is for models behind a server or provider"), err
+    for dry in ([], ["--dry-run"]):
+        code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "local", "--rpm", "3", *dry])
+        assert code == 2 and err.strip().startswith("error: --rpm is for models behind a server or provider"), err
     assert not out.exists()
 
 
