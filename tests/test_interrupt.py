@@ -10,6 +10,29 @@ import time
 from booklens.testing import FakeOpenAIServer, Reply, terminal_command
 
 
+def _wait_for_line(stream, prefix: str) -> list[str]:
+    """The lines of `stream` up to and including the first that starts with `prefix` (all of them,
+    should the process end first)."""
+    lines = []
+    for line in iter(stream.readline, ""):
+        lines.append(line)
+        if line.startswith(prefix):
+            break
+    return lines
+
+
+def _interrupted(args: list, server: FakeOpenAIServer, env: dict) -> tuple[subprocess.Popen, list[str]]:
+    """`booklens ARGS` started as from a terminal and sent Ctrl-C once its first call reached the
+    server; returns the process and its stderr up to the line that says the calls in flight end first."""
+    proc = subprocess.Popen(terminal_command(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
+    while not server.received and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.received, "the command never called the LM"
+    proc.send_signal(signal.SIGINT)
+    return proc, _wait_for_line(proc.stderr, "stopping:")
+
+
 def test_ctrl_c_while_a_call_is_in_flight_says_the_work_is_cached(tmp_path):
     """The call in flight ends (here with a dropped connection, which is not retried after Ctrl-C);
     then one line says what is kept."""
@@ -25,16 +48,9 @@ def test_ctrl_c_while_a_call_is_in_flight_says_the_work_is_cached(tmp_path):
         return Reply(drop=True)
 
     with FakeOpenAIServer(responder=respond) as server:
-        proc = subprocess.Popen(terminal_command(["score", summary, "--zero-shot", "--concurrency", "1",
-                                                   "--lm", "openai/fake", "--api-base", server.url]),
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc, _ = _interrupted(["score", summary, "--zero-shot", "--concurrency", "1", "--lm", "openai/fake",
+                                "--api-base", server.url], server, env)
         try:
-            deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
-            while not server.received and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert server.received, "the command never called the LM"
-            proc.send_signal(signal.SIGINT)
-            _wait_for_line(proc.stderr, "stopping:")
             gate.set()
             _, stderr = proc.communicate(timeout=60)
         finally:
@@ -83,16 +99,6 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
     assert received == 2
 
 
-def _wait_for_line(stream, prefix: str) -> list[str]:
-    """The lines of `stream` up to and including the first that starts with `prefix` (all of them,
-    should the process end first)."""
-    lines = []
-    for line in iter(stream.readline, ""):
-        lines.append(line)
-        if line.startswith(prefix):
-            break
-    return lines
-
 
 def test_ctrl_c_lets_a_lone_call_end_and_keeps_its_answer(tmp_path):
     """One call at a time runs on the main thread's behalf: Ctrl-C there still lets it end, its
@@ -113,15 +119,8 @@ def test_ctrl_c_lets_a_lone_call_end_and_keeps_its_answer(tmp_path):
 
     args = ["score", summary, "--zero-shot", "--concurrency", "1", "--lm", "openai/fake"]
     with FakeOpenAIServer(responder=respond) as server:
-        proc = subprocess.Popen(terminal_command([*args, "--api-base", server.url]), env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc, seen = _interrupted([*args, "--api-base", server.url], server, env)
         try:
-            deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
-            while not server.received and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert len(server.received) == 1, "the command never called the LM"
-            proc.send_signal(signal.SIGINT)
-            seen = _wait_for_line(proc.stderr, "stopping:")
             assert seen and seen[-1].startswith("stopping: the LM calls in flight end first"), seen
             gate.set()
             _, rest = proc.communicate(timeout=60)
@@ -144,16 +143,10 @@ def test_a_second_ctrl_c_quits_without_waiting_for_the_calls_in_flight(tmp_path)
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
     # A stalled server: the call would hold the command until the server shuts down.
     with FakeOpenAIServer(responder=lambda body: Reply(hold=300, drop=True)) as server:
-        proc = subprocess.Popen(terminal_command(["score", summary, "--zero-shot", "--lm", "openai/fake",
-                                                   "--api-base", server.url]),
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc, seen = _interrupted(["score", summary, "--zero-shot", "--lm", "openai/fake", "--api-base", server.url],
+                                  server, env)
         try:
-            deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
-            while not server.received and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert server.received, "the command never called the LM"
-            proc.send_signal(signal.SIGINT)
-            assert _wait_for_line(proc.stderr, "stopping:")[-1].startswith("stopping:")
+            assert seen[-1].startswith("stopping:")
             proc.send_signal(signal.SIGINT)
             _, stderr = proc.communicate(timeout=120)  # the server would hold the call for 300 s
             exited_while_held = len(server.received) == 1 and not server.served
