@@ -113,10 +113,20 @@ _UNDECIDED = re.compile(
     r"|grasp|provide (?:any )?evidence)"
     r"|\b(?:not|never)" + _ADVERB + r"\s+(?:be\s+)?(?:verifiable|verified|confirmed|determined|decided|established)\b"
     r"|\bunverifiable\b"
-    r"|\b(?:not|no|insufficient|in ?adequate|lack of|lacks?|without)\s+(?:enough\s+|sufficient\s+|any\s+|relevant\s+"
-    r"|clear\s+|direct\s+)?(?:information|evidence|context|details?|support)\b"
     r"|\bneither\s+(?:supports?|confirms?)\s+nor\s+(?:contradicts?|refutes?|denies?)"
     r"|\b(?:does|do|did)\s*(?:n't|\s+not)\s+(?:support|confirm)\s+(?:or|nor)\s+(?:contradict|refute|deny)",
+    re.IGNORECASE)
+# The reason says the evidence lacks what would support the claim: "can't verify" for a faithful
+# verdict, but what a partial support says of the part that goes beyond the evidence.
+_NO_EVIDENCE = re.compile(
+    r"\b(?:not|no|insufficient|in ?adequate|lack of|lacks?|without)\s+(?:enough\s+|sufficient\s+|any\s+|relevant\s+"
+    r"|clear\s+|direct\s+)?(?:information|evidence|context|details?|support)\b",
+    re.IGNORECASE)
+# The reason says the evidence goes against the claim: an unfaithful verdict that says so stands,
+# whatever else its reason says is missing.
+_CONTRADICTED = re.compile(
+    r"\b(?:false|untrue|not true|incorrect|inaccurate|wrong|mistaken|contradict\w*|refut\w*|opposite|contrary)\b"
+    r"|\b(?:never|not)\s+(?:happens?|happened|occurs?|occurred)\b",
     re.IGNORECASE)
 # The reason says the evidence is silent about the claim.
 _SILENT = re.compile(
@@ -131,11 +141,16 @@ def settle_label(label: str | None, reason: str, label_set: str = "four-way") ->
     """(the verdict's label, why it differs from the model's) for a four-way verdict.
 
     A reason that says the claim cannot be decided makes any label "can't verify"; a reason that says
-    the evidence is silent about the claim does so for faithful and unfaithful (partial support
-    legitimately says part of the claim goes beyond the evidence). Binary verdicts are kept."""
+    the evidence lacks support for the claim, or is silent about it, does so for faithful and
+    unfaithful (partial support legitimately says part of the claim goes beyond the evidence). An
+    unfaithful verdict whose reason says the evidence goes against the claim stands. Binary verdicts
+    are kept."""
     if label is None or label == CANT_VERIFY or label_set != "four-way" or not reason:
         return label, None
-    if _UNDECIDED.search(reason) or (label != "partial support" and _SILENT.search(reason)):
+    if label == "unfaithful" and _CONTRADICTED.search(reason):
+        return label, None
+    lacking = label != "partial support" and (_NO_EVIDENCE.search(reason) or _SILENT.search(reason))
+    if _UNDECIDED.search(reason) or lacking:
         return CANT_VERIFY, f"the model answered '{label}' but its reason says the evidence does not settle the claim"
     return label, None
 

@@ -103,6 +103,15 @@ def test_verification_calls_share_instructions_and_demos():
     ("faithful", "Passage 2 says Anna sailed to Lisbon.", "faithful"),
     ("unfaithful", "Passage 1 says she stayed in Porto, not Lisbon.", "unfaithful"),
     ("can't verify", "Nothing about this.", "can't verify"),
+    # A reason that says the evidence goes against the claim keeps it unfaithful, even beside
+    # words about what the evidence does not say.
+    ("unfaithful", "The text does not say she sailed; passage 1 says she stayed home, so the claim is false.",
+     "unfaithful"),
+    ("unfaithful", "No evidence she sailed: passage 1 contradicts it.", "unfaithful"),
+    ("unfaithful", "The passages do not mention Lisbon at all.", "can't verify"),
+    # Partial support says part of the claim lacks evidence; only an undecidable reason moves it.
+    ("partial support", "She sailed, but there is no evidence that it was to Lisbon.", "partial support"),
+    ("faithful", "There is no evidence for this in the passages.", "can't verify"),
 ])
 def test_a_reason_that_leaves_the_claim_open_makes_the_verdict_cant_verify(label, reason, expected):
     from booklens.programs.faithfulness import build_checker
