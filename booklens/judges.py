@@ -183,6 +183,10 @@ def program_fingerprint(program: Any) -> str:
 
     state = program_state(program)
     content = {name: {k: v for k, v in state[name].items() if k != "lm"} for name in predictor_names(program)}
+    if getattr(program, "mode", None) == "batched":
+        # How many sentences share a prompt changes what the model is shown: a batched judge is
+        # measured (and its calibration found) at its own batch size.
+        content["batch_size"] = program.batch_size
     text = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -534,7 +538,7 @@ def build_coherence_default(human_dir: str | Path, *, seed: int = DEFAULT_SEED) 
 
 def _verification_pool(fables_path: str | Path, seed: int) -> tuple[list[Any], dict[str, Any]]:
     from booklens.data.fables import TABLE5_BOOKS, all_claims, annotator_reason, load_fables, split_summaries
-    from booklens.programs.faithfulness import clean_evidence, settle_label
+    from booklens.programs.faithfulness import clean_evidence, speaks_of_unsettled_evidence
     from booklens.signatures.faithfulness import FABLES_LABELS
     from booklens.text import count_tokens
 
@@ -545,11 +549,11 @@ def _verification_pool(fables_path: str | Path, seed: int) -> tuple[list[Any], d
         reason = annotator_reason(claim)
         if not reason or count_tokens(reason) > DEMO_REASON_TOKENS or len(claim.claim.split()) < DEMO_CLAIM_WORDS:
             continue
-        # The reason must agree with the label as booklens reads reasons (`settle_label`): a can't-verify
-        # demo says why it cannot be verified, and no other demo says the evidence does not settle it.
+        # The reason must agree with the label: a can't-verify demo says why it cannot be verified,
+        # and no other demo speaks of evidence that does not settle the claim.
         label = FABLES_LABELS[claim.label]
         probe = "faithful" if label == "can't verify" else label
-        if (settle_label(probe, reason)[0] == "can't verify") != (label == "can't verify"):
+        if speaks_of_unsettled_evidence(reason, probe) != (label == "can't verify"):
             continue
         evidence = count_tokens(" ".join(clean_evidence(claim.evidence)))
         low, high = DEMO_EVIDENCE_TOKENS

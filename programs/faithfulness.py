@@ -118,7 +118,7 @@ _UNDECIDED = re.compile(
     re.IGNORECASE)
 # The reason says the evidence lacks what would support the claim: "can't verify" for a faithful
 # verdict, but what a partial support says of the part that goes beyond the evidence.
-_NO_EVIDENCE = re.compile(
+_LACKS_EVIDENCE = re.compile(
     r"\b(?:not|no|insufficient|in ?adequate|lack of|lacks?|without)\s+(?:enough\s+|sufficient\s+|any\s+|relevant\s+"
     r"|clear\s+|direct\s+)?(?:information|evidence|context|details?|support)\b",
     re.IGNORECASE)
@@ -137,6 +137,15 @@ _SILENT = re.compile(
     re.IGNORECASE)
 
 
+def speaks_of_unsettled_evidence(reason: str, label: str) -> bool:
+    """Whether a reason speaks of the evidence as not settling the claim, lacking support for it, or
+    (but for partial support) silent on it. Stricter than `settle_label`, which lets a stated
+    contradiction stand: a demo's reason must not use such words unless its label is can't verify,
+    so that the demos teach one reading."""
+    return bool(_UNDECIDED.search(reason) or _LACKS_EVIDENCE.search(reason)
+                or (label != "partial support" and _SILENT.search(reason)))
+
+
 def settle_label(label: str | None, reason: str, label_set: str = "four-way") -> tuple[str | None, str | None]:
     """(the verdict's label, why it differs from the model's) for a four-way verdict.
 
@@ -149,7 +158,7 @@ def settle_label(label: str | None, reason: str, label_set: str = "four-way") ->
         return label, None
     if label == "unfaithful" and _CONTRADICTED.search(reason):
         return label, None
-    lacking = label != "partial support" and (_NO_EVIDENCE.search(reason) or _SILENT.search(reason))
+    lacking = label != "partial support" and (_LACKS_EVIDENCE.search(reason) or _SILENT.search(reason))
     if _UNDECIDED.search(reason) or lacking:
         return CANT_VERIFY, f"the model answered '{label}' but its reason says the evidence does not settle the claim"
     return label, None

@@ -143,9 +143,9 @@ def test_a_batched_coherence_judge_is_calibrated_apart_and_its_warning_says_how(
     with FakeOpenAIServer(responder=PipelineResponder()) as server:
         lm = ["--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache]
 
-        def score():
+        def score(batch_size="3"):
             out = tmp_path / "out.json"
-            result = invoke(["score", summary, "--batch-size", "3", *lm, "-o", out], tmp_path)
+            result = invoke(["score", summary, "--batch-size", batch_size, *lm, "-o", out], tmp_path)
             assert result.exit_code == 0, result.output
             return result, json.loads(out.read_text())["judge"]
 
@@ -161,6 +161,9 @@ def test_a_batched_coherence_judge_is_calibrated_apart_and_its_warning_says_how(
         assert 0 < entry["usage"]["calls"] <= -(-entry["n"]["sentences"] // 3) + entry["n"]["summaries"]
         result, judge = score()
         assert judge["calibration"]["key"] == entry["key"] and "no calibration" not in result.output
+        # Five sentences to a prompt is another judge: batch 3's figures are not its own.
+        result, judge = score("5")
+        assert judge["calibration"] is None and judge["warning"].endswith("--judge coherence --batch-size 5)")
         wrong = invoke(["calibrate", "--judge", "verification", "--batch-size", "3", *lm], tmp_path)
     assert "--batch-size is for the coherence judge" in str(wrong.exception)
 
