@@ -64,6 +64,15 @@ def test_judge_input_checks(tmp_path, monkeypatch):
         judge_summaries(FIXTURE, summaries, protocol="likert", per_qa=True)
     with pytest.raises(BooklensError, match="--max-articles limits the articles faithfulness is judged against"):
         judge_summaries(FIXTURE, summaries, criterion="coverage", max_articles=2)
+    # the bias studies take the same options and refuse them alike
+    for args, message in ((["position", str(summaries), str(summaries), "--criterion", "faithfulness", "--per-qa"],
+                           "--per-qa is for pairwise coverage"),
+                          (["position", str(summaries), str(summaries), "--criterion", "coverage",
+                            "--max-articles", "2"], "--max-articles limits the articles faithfulness"),
+                          (["verbosity", str(summaries), "--protocol", "single", "--per-qa"],
+                           "--per-qa is for pairwise coverage")):
+        with pytest.raises(BooklensError, match=message):
+            invoke(["bias", args[0], str(FIXTURE), *args[1:]], tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("args, message", [
