@@ -432,6 +432,9 @@ class CoherenceSet(BaseModel):
     system_score: Optional[float] = None
     system_score_sentences: Optional[float] = None
     n_summaries: int = 0
+    n_scored_summaries: Optional[int] = Field(default=None, description="summaries with a score: the system score "
+                                                                        "is their mean (a summary none of whose "
+                                                                        "sentences was judged has none)")
     n_sentences: int = 0
     n_confusing: int = 0
     n_failed: int = 0

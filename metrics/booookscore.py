@@ -150,6 +150,7 @@ def build_set(results: Mapping[str, CoherenceResult], *, annotator: Optional[str
         system_score=system_score(r.score for r in results.values()),
         system_score_sentences=system_score(r.score_sentences for r in results.values()),
         n_summaries=len(results),
+        n_scored_summaries=sum(1 for r in results.values() if r.score is not None),
         n_sentences=n_sentences,
         n_confusing=sum(r.n_confusing for r in results.values()),
         n_failed=sum(r.n_failed for r in results.values()),

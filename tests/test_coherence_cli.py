@@ -390,3 +390,25 @@ def test_a_rerun_counts_the_calls_the_cache_answered_among_its_calls(tmp_path):
     tokens = re.search(r"\(0 from cache\), (\d+ prompt \+ \d+ completion tokens)", first.stderr).group(1)
     assert not tokens.startswith("0 prompt")
     assert f"3 LM calls (3 from cache), {tokens}" in second.stderr, second.stderr
+
+
+def test_a_summary_the_judge_scored_nowhere_is_left_out_and_said(tmp_path):
+    """The system score is the mean over the summaries that have a score; the line and the record
+    say how many those are, so two systems are not compared over different books unawares."""
+    from booklens.testing import FakeOpenAIServer
+
+    def answer(body):
+        if "Bram" in body["messages"][-1]["content"].split("[[ ## sentence ## ]]", 1)[-1]:
+            return "not an answer"  # every sentence of the second summary
+        return fake_coherence_answer(body)
+
+    summaries = write(tmp_path / "map.json", {"lighthouse": SUMMARY, "bram": "Bram rows out. Bram rows back."})
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = run_command(["score", summaries, "--zero-shot", "--lm", "openai/fake", "--api-base", server.url,
+                              "--cache-dir", tmp_path / "cache", "-o", out])
+    record = json.loads(out.read_text())
+    assert record["n_summaries"] == 2 and record["n_scored_summaries"] == 1
+    assert record["results"]["bram"]["score"] is None
+    assert record["system_score"] == record["results"]["lighthouse"]["score"]
+    assert "over 1 of 2 summaries" in result.stderr, result.stderr

@@ -60,7 +60,10 @@ def _report_line(record: Any) -> str:
     from booklens.records import CoherenceSet
 
     if isinstance(record, CoherenceSet):
-        text = (f"BooookScore {_pct(record.system_score)} over {record.n_summaries} summaries "
+        scored = record.n_scored_summaries
+        over = (f"{record.n_summaries}" if scored is None or scored == record.n_summaries
+                else f"{scored} of {record.n_summaries}")  # the mean leaves out a summary with no score
+        text = (f"BooookScore {_pct(record.system_score)} over {over} summaries "
                 f"({record.n_sentences} sentences, {record.n_confusing} confusing"
                 + (f"; {record.n_failed} not judged, left out of the score)" if record.n_failed else ")"))
         if record.system_score_sentences is not None and record.system_score_sentences != record.system_score:
