@@ -192,6 +192,11 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
     if judge.evidence not in EVIDENCE_MODES or judge.evidence == "given":
         modes = [m for m in EVIDENCE_MODES if m != "given"]
         raise BooklensError(f"unknown evidence mode '{judge.evidence}' for a book run (use one of {', '.join(modes)})")
+    from booklens.retrieval import check_evidence_options
+
+    if "faithfulness" in judge.steps:
+        check_evidence_options(judge.evidence, k=judge.k, budget_tokens=judge.budget_tokens,
+                               passage_tokens=judge.passage_tokens, as_keys=True)
     unknown = sorted(set(judge.programs) - set(JUDGE_TASKS))
     if unknown:
         raise BooklensError(f"the judge takes programs for {', '.join(JUDGE_TASKS)}, not {', '.join(unknown)}")

@@ -86,6 +86,26 @@ def test_evidence_mode_that_needs_a_book_without_one(tmp_path, cli, mode):
     assert_one_line_error(proc, out, f"--evidence {mode} needs the book")
 
 
+@pytest.mark.parametrize("command, args, message", [
+    ("verify", ["--evidence", "none", "--k", "9"], "--k is how many passages bm25/dense/hybrid retrieve; evidence none"),
+    ("verify", ["--evidence", "book", "--book", STORY, "--k", "2"], "evidence book retrieves none"),
+    ("verify", ["--evidence", "bm25", "--book", STORY, "--budget-tokens", "500"],
+     "--budget-tokens bounds the evidence of the book and given modes; evidence bm25 would not apply it"),
+    ("verify", ["--evidence", "none", "--passage-tokens", "100"], "--passage-tokens sizes the passages"),
+    ("verify", ["--evidence", "none", "--book", STORY], "--evidence none reads nothing from the book"),
+    ("check", ["--evidence", "dense", "--budget-tokens", "500"], "--budget-tokens bounds the evidence"),
+])
+def test_retrieval_settings_the_evidence_mode_never_uses_are_refused(tmp_path, cli, command, args, message):
+    """Recorded as null and never applied before: each is one line, before the book is read."""
+    out = tmp_path / "out.json"
+    if command == "verify":
+        head = ["verify", "--claims", str(write(tmp_path / "claims.json", ["Anna sails."]))]
+    else:
+        head = ["check", str(STORY), str(write(tmp_path / "summary.txt", "Anna sails."))]
+    proc = cli([*head, *map(str, args), "-o", str(out)], tmp_path)
+    assert_one_line_error(proc, out, message)
+
+
 def test_given_mode_without_quotes(tmp_path, cli):
     claims = write(tmp_path / "claims.json", [{"claim": "Anna sails.", "evidence": ["x"]}, "Ben waits."])
     out = tmp_path / "out.json"

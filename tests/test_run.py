@@ -484,6 +484,8 @@ def test_run_refuses_options_that_would_be_ignored_before_anything_is_written(tm
     proc = cli([sys.executable, "-m", "booklens", "summarize", str(STORY), "-o", str(tmp_path / "s.json"),
                 "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"])
     assert_one_line_error(proc, "names a server, but the LM is the embedded model")
+    proc = cli([*base, "--evidence", "none", "--k", "3"])
+    assert_one_line_error(proc, "k is how many passages bm25/dense/hybrid retrieve; evidence none retrieves none")
     proc = cli([*base, "--lm", "local", "--rpm", "5"])
     assert_one_line_error(proc, "--rpm is for models behind a server or provider; the embedded model (local) always "
                                 "decodes under the output schema and has no rate limits")

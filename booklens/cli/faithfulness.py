@@ -140,10 +140,13 @@ def verify_command(
 ) -> None:
     """Verify claims against a book: faithful, unfaithful, partial support or can't verify."""
     from booklens.inputs import read_claims
-    from booklens.retrieval import BOOK_MODES
+    from booklens.retrieval import BOOK_MODES, check_evidence_options
     from booklens.steps import verify_claims
     from booklens.text import read_book
 
+    check_evidence_options(evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens)
+    if book is not None and evidence is EvidenceMode.none:
+        raise BooklensError("--evidence none reads nothing from the book: --book would not apply")
     claim_list, given = read_claims(claims)
     if evidence.value in BOOK_MODES and book is None:
         raise BooklensError(f"--evidence {evidence.value} needs the book: pass --book BOOK")
@@ -192,9 +195,11 @@ def check_command(
 ) -> None:
     """Check a summary against its book: claims, evidence, a verdict per claim, % of each label."""
     from booklens.inputs import read_summary_text
+    from booklens.retrieval import check_evidence_options
     from booklens.steps import verify_claims
     from booklens.text import read_book
 
+    check_evidence_options(evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens)
     book_text = read_book(book)
     summary_text = read_summary_text(summary)
     programs, artifacts = _programs(program, "check", ("decomposition", "verification"), zero_shot=zero_shot,

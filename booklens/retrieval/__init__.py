@@ -49,6 +49,27 @@ EVIDENCE_HELP = {
 }
 
 
+def check_evidence_options(mode: str, *, k: int = DEFAULT_K, budget_tokens: int | None = None,
+                           passage_tokens: int = DEFAULT_PASSAGE_TOKENS, as_keys: bool = False) -> None:
+    """A one-line `BooklensError` for a retrieval setting the evidence mode never uses, which the
+    record would otherwise list as if it had applied (a default counts as not given). `as_keys`:
+    name the settings as manifests write them."""
+    from booklens.errors import BooklensError
+
+    def name(option: str) -> str:
+        return option.lstrip("-").replace("-", "_") if as_keys else option
+
+    if k != DEFAULT_K and mode not in PASSAGE_MODES:
+        raise BooklensError(f"{name('--k')} is how many passages {'/'.join(PASSAGE_MODES)} retrieve; "
+                            f"evidence {mode} retrieves none")
+    if budget_tokens is not None and mode not in ("book", "given"):
+        raise BooklensError(f"{name('--budget-tokens')} bounds the evidence of the book and given modes; "
+                            f"evidence {mode} would not apply it")
+    if passage_tokens != DEFAULT_PASSAGE_TOKENS and mode == "none":
+        raise BooklensError(f"{name('--passage-tokens')} sizes the passages cut from the book; evidence none "
+                            "cuts none")
+
+
 def evidence_help(modes: tuple[str, ...] = EVIDENCE_MODES) -> str:
     """One line for a command's --evidence help: each mode and what it shows."""
     return "; ".join(f"{m}: {EVIDENCE_HELP[m]}" for m in modes) + "."
