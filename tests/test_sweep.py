@@ -312,6 +312,9 @@ def test_ctrl_c_on_a_sweep_saves_nothing_after_it_and_the_rerun_gives_the_uninte
         assert resumed["complete"], key
         assert (resumed["scores"], resumed["totals"]) == (uninterrupted[key]["scores"], uninterrupted[key]["totals"]), key
     assert read_json(out / "results.json")["systems"] == read_json(reference["dir"] / "results.json")["systems"]
+    # The calls in flight at Ctrl-C ended and were cached: the two runs asked the server for
+    # exactly the uninterrupted sweep's calls, none twice.
+    assert len(server.served) - start == len(reference["served"])
 
 
 def cached_calls(cache: Path) -> int:

@@ -141,7 +141,13 @@ class LocalEngine:
         interrupted = threading.Event()  # running cells end at their next LM call, saving nothing
         lock = threading.Lock()
 
-        def worker() -> None:
+        def worker(finished: threading.Event) -> None:
+            try:
+                work()
+            finally:
+                finished.set()
+
+        def work() -> None:
             while True:
                 try:
                     i, task = todo.get_nowait()
@@ -159,20 +165,22 @@ class LocalEngine:
                 if outcome.status == "failed" and fail_fast:
                     stop.set()
 
-        # Daemon threads: an interrupted sweep exits at once (finished LM calls are in the cache).
-        # Until the process ends, a cell still running stops at its next LM call and records
-        # nothing: a call refused as the interpreter exits must not be saved as a failed answer.
-        threads = [threading.Thread(target=worker, name=f"sweep-cell-{n}", daemon=True)
-                   for n in range(max(1, min(len(tasks), self.settings.concurrency)))]
+        # Ctrl-C: no cell starts, a running cell stops at its next LM call and records nothing, and
+        # the calls in flight end and are cached before the command exits (a second Ctrl-C quits at
+        # once). Events, not Thread.join: a join that Ctrl-C interrupts marks a running thread ended.
+        finished = [threading.Event() for _ in range(max(1, min(len(tasks), self.settings.concurrency)))]
+        threads = [threading.Thread(target=worker, args=(done,), name=f"sweep-cell-{n}", daemon=True)
+                   for n, done in enumerate(finished)]
         for t in threads:
             t.start()
         try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(0.2)  # short joins keep Ctrl-C responsive
+            for done in finished:
+                done.wait()
         except BaseException:
             stop.set()
             interrupted.set()
+            for done in finished:
+                done.wait()
             raise
         return [o if o is not None else not_run(t) for o, t in zip(outcomes, tasks)]
 
