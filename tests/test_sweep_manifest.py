@@ -34,13 +34,14 @@ def corpus(tmp_path: Path) -> Path:
 def test_books_from_globs_folders_and_files_resolve_relative_to_the_manifest(corpus: Path):
     manifest = write(corpus / "m.yaml", """
 lm: openai/some-model
-books: [corpus/*.txt, more, corpus/alpha.txt]
+books: [corpus/*, more, corpus/alpha.txt]
 systems:
   - {name: hier-512, method: hier, chunk_size: 512}
   - {name: released, summaries: released.json}
 judge: {steps: [coherence], evidence: none, max_claims: 3}
 """)
     sweep = load_manifest(manifest, api_base="http://x/v1")
+    # `corpus/*` takes the books, as the folder would, and leaves notes.md beside them
     assert [(b.key, b.path) for b in sweep.books] == [("alpha", corpus / "corpus" / "alpha.txt"),
                                                      ("beta", corpus / "corpus" / "beta.txt"),
                                                      ("gamma", corpus / "more" / "gamma.txt")]
@@ -61,7 +62,7 @@ BAD = {
     "no books": ("systems: [{name: a}]\n", "m.yaml: missing key 'books'"),
     "missing book": ("books: [corpus/alpha.txt, corpus/nope.txt]\nsystems: [{name: a}]\n",
                      "book not found:"),
-    "glob matching nothing": ("books: ['corpus/*.epub']\nsystems: [{name: a}]\n", "matches no file"),
+    "glob matching nothing": ("books: ['corpus/*.epub']\nsystems: [{name: a}]\n", "matches no .txt or .epub file"),
     "unknown key": ("books: corpus\nsystems: [{name: a, chunk_sze: 512}]\n",
                     "system 'a': unknown key 'chunk_sze' (did you mean 'chunk_size'?)"),
     "unknown top-level key": ("books: corpus\nsystem: [{name: a}]\n", "unknown key 'system'"),

@@ -374,9 +374,11 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
         elif target.exists():
             found.append(target)
         elif glob.has_magic(entry):
-            matches = sorted(Path(p) for p in glob.glob(_pattern(base, entry), recursive=True) if Path(p).is_file())
+            # As in a folder, only .txt and .epub files are books: `books/*` skips the README beside them.
+            matches = sorted(Path(p) for p in glob.glob(_pattern(base, entry), recursive=True)
+                             if Path(p).is_file() and Path(p).suffix.lower() in BOOK_SUFFIXES)
             if not matches:
-                raise BooklensError(f"{manifest}: books: {entry!r} matches no file (relative to {base})")
+                raise BooklensError(f"{manifest}: books: {entry!r} matches no .txt or .epub file (relative to {base})")
             found.extend(matches)
         else:
             raise BooklensError(f"{manifest}: book not found: {target}")
