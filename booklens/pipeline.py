@@ -583,6 +583,10 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     }
     make_output_dir(output, "run")
     runner = _Runner(output, previous, base, wanted, notify)
+    if previous is None:
+        # run.json first: a run killed after its first step record, but before run.json, would
+        # leave a directory no rerun could claim as a booklens run.
+        runner.save_progress()
     if book_error is not None:
         runner.fail("summary", book_error)
         for step in wanted[1:]:

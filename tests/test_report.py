@@ -800,3 +800,20 @@ def test_compiled_programs_are_routed_by_task_and_recorded(tmp_path):
     assert run["config"]["programs"]["verification"]["sha256"]
     verify_prompts = [c for c in lm.backend.calls if c.wants("label")]
     assert verify_prompts and all("The lamp was lit." in json.dumps(c.messages) for c in verify_prompts)
+
+
+def test_a_new_run_directory_holds_run_json_before_its_first_step(tmp_path):
+    """A run killed after its first step record would otherwise leave a directory that no rerun
+    can claim as a booklens run (not empty, no run.json)."""
+    from booklens.testing import ScriptedLM
+
+    first = scripted(STORY_SUMMARY)
+    seen = []
+
+    def respond(call):
+        seen.append((tmp_path / "run" / "run.json").is_file())
+        return first.backend.responder(call)
+
+    out = execute(tmp_path, ScriptedLM(respond), evidence="none", steps=["coherence"])
+    assert seen and seen[0] is True  # there at the first LM call, before any step record
+    assert json.loads((out / "run.json").read_text())["complete"] is True
