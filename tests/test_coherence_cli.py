@@ -57,6 +57,10 @@ SENTENCE_ANN = {"lighthouse": {"One winter night Zed appears at the door.": {
     (lambda d: ["score", d / "missing.txt"], "summary file not found"),
     (lambda d: ["score", write(d / "empty.txt", "  \n")], "empty"),
     (lambda d: ["score", "--annotations", write(d / "a.json", [1, 2])], "not an annotation set"),
+    # annotations are scored as they are: the LM judge's options would do nothing
+    (lambda d: ["score", "--annotations", write(d / "a.json", HUMAN), "--lm", "openai/gpt-4o", "--batch-size", "5",
+                "--zero-shot", "--book", d / "a.json"],
+     "--annotations scores existing annotations with no LM: --book, --batch-size, --lm, --zero-shot would not apply"),
     (lambda d: ["score", "--annotations", write(d / "a.json", SENTENCE_ANN),
                 "--summaries", write(d / "s.json", {"another": SUMMARY})], "'lighthouse' is in the annotation file"),
     # Nothing in them to confuse a reader or to be false: judged, each would score 100.
@@ -66,7 +70,7 @@ SENTENCE_ANN = {"lighthouse": {"One winter night Zed appears at the door.": {
     (lambda d: ["score", write(d / "map.json", {"a": SUMMARY, "b": "* * *"})], "the summary of 'b' has no words"),
     (lambda d: ["run", write(d / "book.txt", SUMMARY), "--summary", write(d / "s.txt", "..."), "-o", d / "run",
                 "--lm", "openai/x", "--api-base", "http://127.0.0.1:9/v1"], "has no words"),
-], ids=["missing", "empty", "annot-wrong-shape", "book-only-in-annotations", "dots", "zero-width", "json-symbols",
+], ids=["missing", "empty", "annot-wrong-shape", "annot-with-judge-options", "book-only-in-annotations", "dots", "zero-width", "json-symbols",
         "map-symbols", "run-given-dots"])
 def test_bad_input_gives_one_line_error(tmp_path, setup, pattern):
     out = tmp_path / "out.json"

@@ -109,6 +109,16 @@ def score(
     if annotations is not None:
         if summary is not None:
             raise BooklensError("give either SUMMARY (to score with an LM) or --annotations, not both")
+        # Annotations are scored as they are: an option of the LM judge would do nothing.
+        judge_options = {"--book": book is not None, "--batch-size": batch_size != 1, "--tries": tries != 3, "--lm": lm is not None,
+                         "--api-base": api_base is not None, "--structured": structured is not None,
+                         "--rpm": rpm is not None, "--tpm": tpm is not None, "--concurrency": concurrency != 4,
+                         "--cache-dir": cache_dir is not None, "--program": program is not None,
+                         "--zero-shot": zero_shot}
+        given = [name for name, is_given in judge_options.items() if is_given]
+        if given:
+            raise BooklensError(f"--annotations scores existing annotations with no LM: {', '.join(given)} "
+                                "would not apply")
         record, gist = _score_annotations(annotations, summaries, split, limit)
         write_output(output, record)
         typer.echo(_report_line(record), err=True)
