@@ -38,7 +38,7 @@ books: [corpus/*, more, corpus/alpha.txt]
 systems:
   - {name: hier-512, method: hier, chunk_size: 512}
   - {name: released, summaries: released.json}
-judge: {steps: [coherence], evidence: none, max_claims: 3}
+judge: {steps: [faithfulness], evidence: none, max_claims: 3}
 """)
     sweep = load_manifest(manifest, api_base="http://x/v1")
     # `corpus/*` takes the books, as the folder would, and leaves notes.md beside them
@@ -53,7 +53,7 @@ judge: {steps: [coherence], evidence: none, max_claims: 3}
     # settings left out are not pinned here: the pipeline's defaults apply
     assert sweep.systems[0].model_dump(exclude_unset=True) == {"name": "hier-512", "method": "hier",
                                                                "chunk_size": 512}
-    assert sweep.judge.model_dump(exclude_unset=True) == {"steps": ["coherence"], "evidence": "none",
+    assert sweep.judge.model_dump(exclude_unset=True) == {"steps": ["faithfulness"], "evidence": "none",
                                                           "max_claims": 3}
 
 
@@ -66,6 +66,10 @@ BAD = {
     "unknown key": ("books: corpus\nsystems: [{name: a, chunk_sze: 512}]\n",
                     "system 'a': unknown key 'chunk_sze' (did you mean 'chunk_size'?)"),
     "unknown top-level key": ("books: corpus\nsystem: [{name: a}]\n", "unknown key 'system'"),
+    "no judge step": ("books: corpus\nsystems: [{name: a}]\njudge: {steps: []}\n", "judge.steps is empty"),
+    "settings of a step not taken": ("books: corpus\nsystems: [{name: a}]\njudge: {steps: [coherence], k: 9, "
+                                     "max_claims: 3}\n",
+                                     "judge.k, judge.max_claims would not apply: judge.steps has no faithfulness"),
     "duplicate system": ("books: corpus\nsystems: [{name: a}, {name: a, method: inc}]\n",
                          "two systems are named 'a'"),
     "summaries lacking a book": ("books: [corpus, more]\nsystems: [{name: r, summaries: partial.json}]\n",

@@ -462,6 +462,17 @@ def _check_judge(judge: JudgeSpec, base: Path, manifest: Path) -> None:
     `check_configs` when the cells are planned."""
     if judge.steps is not None and len(set(judge.steps)) != len(judge.steps):
         raise BooklensError(f"{manifest}: judge.steps lists a step twice")
+    if judge.steps is not None and not judge.steps:
+        raise BooklensError(f"{manifest}: judge.steps is empty: a sweep with no judgment compares nothing "
+                            "(list coherence, faithfulness or both)")
+    steps = judge.steps if judge.steps is not None else ["coherence", "faithfulness"]
+    # Settings of a step the judge does not take would be recorded in every run.json, never applied.
+    for step, settings in (("faithfulness", ("evidence", "k", "budget_tokens", "passage_tokens", "max_claims")),
+                           ("coherence", ("batch_size",))):
+        unused = [name for name in settings if getattr(judge, name) is not None]
+        if step not in steps and unused:
+            raise BooklensError(f"{manifest}: judge.{', judge.'.join(unused)} would not apply: judge.steps has no "
+                                f"{step}")
     for task, value in (judge.programs or {}).items():
         if task not in JUDGE_TASKS:
             raise BooklensError(f"{manifest}: judge.programs: unknown task {task!r}; use "
