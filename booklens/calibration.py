@@ -341,6 +341,7 @@ def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None
     fingerprint = program_fingerprint(program)
     lm_name, server = lm_label(lm), lm_server(lm)
     head = {"key": calibration_key(judge, mode, lm_name, fingerprint, server), "judge": judge, "mode": mode,
-            "lm": lm_name, **({"api_base": server} if server else {}), "program": getattr(program, "_booklens_judge", "program"),
+            "lm": lm_name, **({"api_base": server} if server else {}),
+            "program": getattr(program, "_booklens_judge", "program"),
             "program_sha256": fingerprint, "demos": demo_count(judge, program)}
     return {**head, **body}

@@ -283,11 +283,11 @@ def previous_run(output: Path):
 
 
 def _work_of(tracker: Any) -> dict[str, Any]:
-    """A step's LM work, as run.json counts it: every call, those the cache answered included."""
-    from booklens.lm.usage import work_between
-
-    zero = {"calls": 0, "cached_calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
-    return work_between(zero, tracker.snapshot())
+    """A step's LM work, as run.json counts it: the record usage (`record_usage`) without how many
+    calls the cache answered, which would make a resumed run's files differ."""
+    work = tracker.work()
+    work.pop("cached_calls")
+    return work
 
 
 class _Runner:

@@ -185,13 +185,15 @@ def test_an_api_base_that_is_not_an_http_url_is_one_line_before_any_call(tmp_pat
 def test_a_server_named_by_the_providers_variable_is_the_lms_server(tmp_path, monkeypatch):
     """LiteLLM sends `openai/...` to OPENAI_BASE_URL when no --api-base is given: that server is
     in the call cache key (two servers' answers never mix), gets cache_prompt and is recorded."""
+    from booklens.lm.remote import resolve_server
+
     for variable in ("BOOKLENS_API_BASE", "OPENAI_BASE_URL", "OPENAI_API_BASE"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("OPENAI_API_KEY", "placeholder")
     with FakeOpenAIServer(responder=lambda body: "from A") as a, FakeOpenAIServer(responder=lambda body: "from B") as b:
         monkeypatch.setenv("OPENAI_BASE_URL", a.url)
         first = make_lm("openai/fake", cache_dir=tmp_path)
-        assert first.backend.api_base == a.url
+        assert first.backend.api_base == a.url == resolve_server("openai/fake")  # `judges` finds it the same way
         assert first.forward(prompt="Who keeps the light?").choices[0].message.content == "from A"
         monkeypatch.setenv("OPENAI_BASE_URL", b.url)
         second = make_lm("openai/fake", cache_dir=tmp_path)

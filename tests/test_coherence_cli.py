@@ -70,7 +70,8 @@ SENTENCE_ANN = {"lighthouse": {"One winter night Zed appears at the door.": {
     (lambda d: ["score", write(d / "map.json", {"a": SUMMARY, "b": "* * *"})], "the summary of 'b' has no words"),
     (lambda d: ["run", write(d / "book.txt", SUMMARY), "--summary", write(d / "s.txt", "..."), "-o", d / "run",
                 "--lm", "openai/x", "--api-base", "http://127.0.0.1:9/v1"], "has no words"),
-], ids=["missing", "empty", "annot-wrong-shape", "annot-with-judge-options", "book-only-in-annotations", "dots", "zero-width", "json-symbols",
+], ids=["missing", "empty", "annot-wrong-shape", "annot-with-judge-options",
+        "book-only-in-annotations", "dots", "zero-width", "json-symbols",
         "map-symbols", "run-given-dots"])
 def test_bad_input_gives_one_line_error(tmp_path, setup, pattern):
     out = tmp_path / "out.json"

@@ -87,7 +87,8 @@ def test_evidence_mode_that_needs_a_book_without_one(tmp_path, cli, mode):
 
 
 @pytest.mark.parametrize("command, args, message", [
-    ("verify", ["--evidence", "none", "--k", "9"], "--k is how many passages bm25/dense/hybrid retrieve; evidence none"),
+    ("verify", ["--evidence", "none", "--k", "9"],
+     "--k is how many passages bm25/dense/hybrid retrieve; evidence none"),
     ("verify", ["--evidence", "book", "--book", STORY, "--k", "2"], "evidence book retrieves none"),
     ("verify", ["--evidence", "bm25", "--book", STORY, "--budget-tokens", "500"],
      "--budget-tokens bounds the evidence of the book and given modes; evidence bm25 would not apply it"),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 
 from booklens.testing import FakeOpenAIServer, Reply, terminal_command
@@ -21,23 +23,29 @@ def _wait_for_line(stream, prefix: str) -> list[str]:
     return lines
 
 
-def _interrupted(args: list, server: FakeOpenAIServer, env: dict) -> tuple[subprocess.Popen, list[str]]:
+@contextlib.contextmanager
+def _interrupted(args: list, server: FakeOpenAIServer, env: dict, *, release: threading.Event | None = None):
     """`booklens ARGS` started as from a terminal and sent Ctrl-C once its first call reached the
-    server; returns the process and its stderr up to the line that says the calls in flight end first."""
+    server; yields the process and its stderr up to the line that says the calls in flight end
+    first. On the way out the held call is released (`release`) and a process still alive killed."""
     proc = subprocess.Popen(terminal_command(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
-    while not server.received and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.received, "the command never called the LM"
-    proc.send_signal(signal.SIGINT)
-    return proc, _wait_for_line(proc.stderr, "stopping:")
+    try:
+        deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
+        while not server.received and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.received, "the command never called the LM"
+        proc.send_signal(signal.SIGINT)
+        yield proc, _wait_for_line(proc.stderr, "stopping:")
+    finally:
+        if release is not None:
+            release.set()
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_ctrl_c_while_a_call_is_in_flight_says_the_work_is_cached(tmp_path):
     """The call in flight ends (here with a dropped connection, which is not retried after Ctrl-C);
     then one line says what is kept."""
-    import threading
-
     summary = tmp_path / "summary.txt"
     summary.write_text("Maren keeps the light. A stranger called Zed arrives.", encoding="utf-8")
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
@@ -48,15 +56,10 @@ def test_ctrl_c_while_a_call_is_in_flight_says_the_work_is_cached(tmp_path):
         return Reply(drop=True)
 
     with FakeOpenAIServer(responder=respond) as server:
-        proc, _ = _interrupted(["score", summary, "--zero-shot", "--concurrency", "1", "--lm", "openai/fake",
-                                "--api-base", server.url], server, env)
-        try:
+        with _interrupted(["score", summary, "--zero-shot", "--concurrency", "1", "--lm", "openai/fake",
+                           "--api-base", server.url], server, env, release=gate) as (proc, _):
             gate.set()
             _, stderr = proc.communicate(timeout=60)
-        finally:
-            gate.set()
-            if proc.poll() is None:
-                proc.kill()
         received = len(server.received)
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
@@ -103,8 +106,6 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
 def test_ctrl_c_lets_a_lone_call_end_and_keeps_its_answer(tmp_path):
     """One call at a time runs on the main thread's behalf: Ctrl-C there still lets it end, its
     answer goes to the cache, and the rerun asks the server nothing."""
-    import threading
-
     from booklens.testing import PipelineResponder
 
     summary = tmp_path / "summary.txt"
@@ -119,15 +120,10 @@ def test_ctrl_c_lets_a_lone_call_end_and_keeps_its_answer(tmp_path):
 
     args = ["score", summary, "--zero-shot", "--concurrency", "1", "--lm", "openai/fake"]
     with FakeOpenAIServer(responder=respond) as server:
-        proc, seen = _interrupted([*args, "--api-base", server.url], server, env)
-        try:
+        with _interrupted([*args, "--api-base", server.url], server, env, release=gate) as (proc, seen):
             assert seen and seen[-1].startswith("stopping: the LM calls in flight end first"), seen
             gate.set()
             _, rest = proc.communicate(timeout=60)
-        finally:
-            gate.set()
-            if proc.poll() is None:
-                proc.kill()
         assert proc.returncode == 130, rest
         assert rest.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
         again = subprocess.run(terminal_command([*args, "--api-base", server.url]), env=env, capture_output=True,
@@ -143,16 +139,12 @@ def test_a_second_ctrl_c_quits_without_waiting_for_the_calls_in_flight(tmp_path)
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
     # A stalled server: the call would hold the command until the server shuts down.
     with FakeOpenAIServer(responder=lambda body: Reply(hold=300, drop=True)) as server:
-        proc, seen = _interrupted(["score", summary, "--zero-shot", "--lm", "openai/fake", "--api-base", server.url],
-                                  server, env)
-        try:
+        with _interrupted(["score", summary, "--zero-shot", "--lm", "openai/fake", "--api-base", server.url],
+                          server, env) as (proc, seen):
             assert seen[-1].startswith("stopping:")
             proc.send_signal(signal.SIGINT)
             _, stderr = proc.communicate(timeout=120)  # the server would hold the call for 300 s
             exited_while_held = len(server.received) == 1 and not server.served
-        finally:
-            if proc.poll() is None:
-                proc.kill()
     assert proc.returncode == 130, stderr
     assert exited_while_held
     assert stderr.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"

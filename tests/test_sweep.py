@@ -208,8 +208,8 @@ def test_a_judge_step_taken_out_of_the_manifest_leaves_no_record_of_it_in_the_ce
     shutil.copytree(reference["dir"], tmp_path / "sweep")
     shutil.copytree(reference["cache"], tmp_path / "cache")
     manifest = tmp_path / "sweep.yaml"
-    manifest.write_text(corpus.read_text().replace("steps: [coherence, faithfulness], evidence: bm25, k: 3, max_claims: 3",
-                                                   "steps: [coherence]"))
+    both = "steps: [coherence, faithfulness], evidence: bm25, k: 3, max_claims: 3"
+    manifest.write_text(corpus.read_text().replace(both, "steps: [coherence]"))
     (tmp_path / "released.json").write_text(json.dumps(RELEASED))
     start = len(server.served)
     proc = cli(sweep_args(server, manifest, tmp_path / "sweep", tmp_path / "cache"))

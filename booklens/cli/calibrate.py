@@ -204,10 +204,10 @@ def judges_command(
         return
     from booklens.judges import JUDGES, judge_info, judge_line, load_judge, load_store
     from booklens.lm import LOCAL_LM, lm_name_label, refuse_server_options_for_embedded, resolve_lm_name
-    from booklens.lm.remote import resolve_api_base
+    from booklens.lm.remote import resolve_server
 
     refuse_server_options_for_embedded(lm, api_base)
-    server = None if resolve_lm_name(lm) == LOCAL_LM else resolve_api_base(api_base)
+    server = None if resolve_lm_name(lm) == LOCAL_LM else resolve_server(resolve_lm_name(lm), api_base)
     label = lm_name_label(lm)
     store = load_store(cache_dir)
     for judge in JUDGES:

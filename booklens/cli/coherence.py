@@ -12,6 +12,8 @@ annotations, or sentence annotations such as GPT-4's with the matching summaries
 
 from __future__ import annotations
 
+import inspect
+
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -110,11 +112,12 @@ def score(
         if summary is not None:
             raise BooklensError("give either SUMMARY (to score with an LM) or --annotations, not both")
         # Annotations are scored as they are: an option of the LM judge would do nothing.
-        judge_options = {"--book": book is not None, "--batch-size": batch_size != 1, "--tries": tries != 3, "--lm": lm is not None,
-                         "--api-base": api_base is not None, "--structured": structured is not None,
-                         "--rpm": rpm is not None, "--tpm": tpm is not None, "--concurrency": concurrency != 4,
-                         "--cache-dir": cache_dir is not None, "--program": program is not None,
-                         "--zero-shot": zero_shot}
+        judge_settings = {"book": book, "batch_size": batch_size, "tries": tries, "lm": lm, "api_base": api_base,
+                          "structured": structured, "rpm": rpm, "tpm": tpm, "concurrency": concurrency,
+                          "cache_dir": cache_dir, "program": program, "zero_shot": zero_shot}
+        defaults = inspect.signature(score).parameters
+        judge_options = {"--" + name.replace("_", "-"): value != defaults[name].default
+                         for name, value in judge_settings.items()}
         given = [name for name, is_given in judge_options.items() if is_given]
         if given:
             raise BooklensError(f"--annotations scores existing annotations with no LM: {', '.join(given)} "

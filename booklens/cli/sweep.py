@@ -59,7 +59,8 @@ def sweep_command(
     from booklens.sweep.run import dry_run as plan_text, run_sweep
 
     if dry_run:
-        typer.echo(plan_text(manifest, output, lm=lm, api_base=api_base, server_options=lm_options(structured, rpm, tpm)))
+        typer.echo(plan_text(manifest, output, lm=lm, api_base=api_base,
+                             server_options=lm_options(structured, rpm, tpm)))
         return
     outcome = run_sweep(manifest, output, engine=engine.value, ray_address=ray_address, lm=lm, api_base=api_base,
                         concurrency=concurrency, cache_dir=cache_dir, fail_fast=fail_fast,

@@ -19,7 +19,7 @@ from booklens.lm.adapter import BooklensAdapter
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 from booklens.lm.cache import CACHE_FILE, CallCache, default_cache_dir
 from booklens.lm.embedded import LOCAL_LM, LocalBackend, resolve_lm_name
-from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend, provider_api_base, resolve_api_base
+from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend, resolve_api_base, resolve_server
 from booklens.lm.usage import UsageTracker
 from booklens.parallel import raise_if_stopped, survive_ctrl_c
 
@@ -190,7 +190,7 @@ def make_backend(lm: str | None = None, *, api_base: str | None = None, structur
         limiter = make_limiter(rpm, tpm)
     if name == LOCAL_LM:
         return local_backend()
-    backend = LiteLLMBackend(name, api_base=api_base or provider_api_base(name), structured=mode, limiter=limiter)
+    backend = LiteLLMBackend(name, api_base=resolve_server(name, api_base), structured=mode, limiter=limiter)
     backend.validate()
     return backend
 

@@ -100,6 +100,13 @@ def provider_api_base(model: str) -> str | None:
     return None
 
 
+def resolve_server(model: str, api_base: str | None = None) -> str | None:
+    """The server a LiteLLM model is reached at: `api_base`, else BOOKLENS_API_BASE, else the
+    provider's own variable (`provider_api_base`); None for the provider's own endpoint. The one
+    rule for the call cache key, records and calibrations."""
+    return resolve_api_base(api_base) or provider_api_base(model)
+
+
 class LiteLLMBackend:
     """Any LiteLLM model string; `api_base` points it at an OpenAI-compatible server.
 
