@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import dspy
 
 from booklens.errors import LMError, first_line
-from booklens.lm import fresh_try, predict_with_retries
+from booklens.lm import forget_answers, fresh_try, hearing_calls, predict_with_retries
 from booklens.parallel import chunked, parallel_map
 from booklens.programs.base import Module, Predict
 from booklens.records import COHERENCE_ERROR_TYPES, SentenceAnnotation
@@ -314,6 +314,7 @@ class CoherenceScorer(Module):
         errors: dict[int, str] = {}
         attempts = {i: 0 for i in indices}
         pending = list(indices)
+        unused: list = []  # answers from which no sentence was taken
         for attempt in range(self.tries):
             if not pending:
                 break
@@ -323,14 +324,16 @@ class CoherenceScorer(Module):
             for i in pending:
                 attempts[i] += 1
             try:
-                prediction = self.detect_batch(summary=summary, sentences=number_sentences(sentences, pending),
-                                               config=config, **override)
+                with hearing_calls() as heard:
+                    prediction = self.detect_batch(summary=summary, sentences=number_sentences(sentences, pending),
+                                                   config=config, **override)
                 answers = list(prediction.answers or [])
             except LMError:
                 raise
             except Exception as exc:  # the whole answer did not parse: every pending sentence is re-asked
                 for i in pending:
                     errors[i] = f"unparseable answer: {first_line(exc, limit=200)}"
+                unused.extend(heard)
                 continue
             wanted = set(pending)
             got: dict[int, Any] = {}
@@ -358,7 +361,11 @@ class CoherenceScorer(Module):
                         errors[i] = f"sentence {i + 1}: {complaint}"
                     else:
                         done[i] = _annotation(i, sentences[i], a.verdict, a.questions, a.error_types, attempts[i])
+            if not any(i in done for i in pending):
+                unused.extend(heard)
             pending = [i for i in pending if i not in done]
+        if pending:
+            forget_answers(unused)  # a rerun asks again for the sentences no answer settled
         for i in pending:
             done[i] = _failure(i, sentences[i], errors.get(i, "no valid answer"), attempts[i])
         return [done[i] for i in indices]

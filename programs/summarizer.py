@@ -25,7 +25,7 @@ from typing import Any, Callable
 import dspy
 
 from booklens.errors import BooklensError
-from booklens.lm import BooklensAdapter, fresh_try, last_finish_reason, predict_with_retries
+from booklens.lm import BooklensAdapter, forget_answers, fresh_try, hearing_calls, last_finish_reason, predict_with_retries
 from booklens.programs.base import Module, Predict
 from booklens.records import Chunk, SummaryNode
 from booklens.vocabulary import (  # noqa: F401 - the settings are part of this module's API
@@ -228,6 +228,7 @@ class _BookSummarizer(Module):
         temperature = self.temperature if temperature is None else temperature
         best: _Generated | None = None
         tried = 0
+        wordless: list = []  # the calls of answers without a word
         for regeneration in range(self._tries(fallback)):
             if regeneration > self.max_regenerations and best is not None and has_letters(best.text):
                 break  # the tries past --max-regenerations are only for a summary with no word yet
@@ -235,18 +236,21 @@ class _BookSummarizer(Module):
             asked = dict(inputs)
             if regeneration and self.shrink_on_regeneration and "word_limit" in asked:
                 asked["word_limit"] = max(1, int(asked["word_limit"] * (1 - REGENERATION_SHRINK * regeneration)))
-            result = predict_with_retries(
-                predictor,
-                config={
-                    "max_tokens": self.token_cap(budget),
-                    "temperature": temperature if regeneration == 0 else max(temperature, 0.7),
-                    **fresh_try(100 * regeneration),
-                },
-                **asked,
-            )
+            with hearing_calls() as heard:
+                result = predict_with_retries(
+                    predictor,
+                    config={
+                        "max_tokens": self.token_cap(budget),
+                        "temperature": temperature if regeneration == 0 else max(temperature, 0.7),
+                        **fresh_try(100 * regeneration),
+                    },
+                    **asked,
+                )
             if not result.ok:
                 continue
             text = str(getattr(result.prediction, output) or "").strip()
+            if not has_letters(text):
+                wordless.extend(heard)
             tokens = count_tokens(text)
             cut_off = last_finish_reason() == "length"
             candidate = _Generated(text, tokens, regeneration + 1, tokens > budget, False, cut_off)
@@ -259,6 +263,7 @@ class _BookSummarizer(Module):
             tokens = count_tokens(text)
             return _Generated(text, tokens, tried, tokens > budget, text != fallback, fallback=True)
         if best is None or not has_letters(best.text):
+            forget_answers(wordless)  # not kept: a rerun asks again
             raise BooklensError(self._no_summary(where, best))
         if best.cut_off and trim:
             # The cap stopped the answer mid-sentence: a dangling half sentence would read as confusing.
@@ -278,18 +283,13 @@ class _BookSummarizer(Module):
         return self.max_regenerations + 1 if fallback is not None else max(self.max_regenerations + 1, WORDLESS_TRIES)
 
     def _no_summary(self, where: str, best: _Generated | None) -> str:
-        """The error when no try gave a summary with words. Answers with text are cached, so a rerun
-        would replay them: the advice is what makes new calls, more regenerations (each try has its
-        own cache key, `fresh_try`, so tries past those made are new samples) or another model.
-        Empty answers are not cached (`booklens.lm.model`), so a plain rerun asks again."""
+        """The error when no try gave a summary with words. Those answers are not kept in the cache
+        (empty ones never are), so a plain rerun asks again; more regenerations or another model
+        are what change the odds."""
         tries = self._tries(None)
-        if best is None:
-            got = "empty answers, which are not cached: a rerun asks again"
-        else:
-            got = f"answers without a word, such as {best.text[:40]!r}"
-        return (f"the model gave no usable summary for {where} in {tries} tries ({got}); raise "
-                f"--max-regenerations above {tries - 1} (the extra tries are new calls) "
-                "or use another model")
+        got = "only empty answers" if best is None else f"answers without a word, such as {best.text[:40]!r}"
+        return (f"the model gave no usable summary for {where} in {tries} tries ({got}, not kept: a rerun asks "
+                f"again); raise --max-regenerations above {tries - 1} or use another model")
 
     def _finish(self, final: SummaryNode, nodes: list[SummaryNode]) -> str:
         if not self.remove_artifacts:

@@ -25,7 +25,7 @@ from booklens.lm import (
     make_lm,
     predict_with_retries,
 )
-from booklens.testing import FakeOpenAIServer, Reply, free_port
+from booklens.testing import FakeOpenAIServer, Reply, ScriptedLM, free_port
 
 # The answer llama-cpp-python's server (0.3.x) gives to a `json_schema` response format, verbatim.
 LLAMA_CPP_PYTHON_REFUSAL = (
@@ -337,6 +337,33 @@ def test_an_answer_always_cut_off_is_recorded_as_failed_after_the_cap():
     assert not result.ok and result.attempts == 4
     assert "cut off at the token limit (64 tokens)" in result.error
     assert [r.body["max_tokens"] for r in server.received] == [16, 32, 64, 64]  # 4x the first budget at most
+
+
+def test_answers_rejected_in_every_try_leave_the_cache_so_a_rerun_asks_again(tmp_path):
+    """A judge that failed to parse three times is not replayed from the cache once the server is
+    fixed; an item a later try settled keeps its rejected first answer, so its rerun is free."""
+    answers = {"first": ["not a label"] * 3, "second": ["not a label", '{"label": "good"}']}
+
+    def responder(call):
+        text = call.inputs["text"]
+        script = answers[text]
+        return script[min(call.attempt, len(script) - 1)]
+
+    lm = ScriptedLM(responder, cache_dir=tmp_path)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        failed = predict_with_retries(dspy.Predict(Classify), tries=3, text="first")
+        settled = predict_with_retries(dspy.Predict(Classify), tries=3, text="second")
+    assert not failed.ok and failed.attempts == 3 and "unparseable answer" in failed.error
+    assert settled.ok and settled.attempts == 2
+    assert len(lm.backend.calls) == 5 and len(lm.call_cache) == 2  # the settled item's two answers
+
+    answers["first"] = ['{"label": "bad"}']  # the server is fixed
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        again = predict_with_retries(dspy.Predict(Classify), tries=3, text="first")
+        replayed = predict_with_retries(dspy.Predict(Classify), tries=3, text="second")
+    assert again.ok and again.prediction.label == "bad" and again.attempts == 1
+    assert replayed.ok and replayed.prediction.label == "good" and replayed.attempts == 2
+    assert len(lm.backend.calls) == 6  # one new call: the failed item asked again, the settled one replayed
 
 
 def test_errors_never_carry_a_key_a_server_echoes(monkeypatch):

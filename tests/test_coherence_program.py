@@ -167,6 +167,32 @@ def test_batched_unknown_type_is_reasked_then_recorded_as_failure():
     assert prediction.n_failed == 1
 
 
+def test_batched_answers_that_settled_nothing_leave_the_cache(tmp_path):
+    """Sentence 2's type is refused in every round: the first answer settled the other four and is
+    kept; the re-asks settled nothing and are dropped, so a rerun replays round one and asks again."""
+    fixed = {"now": False}
+
+    def responder(call):
+        answers = []
+        for n in batch_numbers(call):
+            if n == 2 and not fixed["now"]:
+                answers.append({"number": 2, "verdict": "confusion", "questions": ["Who?"],
+                                "error_types": ["plot hole"]})
+            else:
+                answers.append({"number": n, **answer_for(SENTENCES[n - 1])})
+        return {"answers": answers}
+
+    lm = ScriptedLM(responder, cache_dir=tmp_path)
+    scorer = CoherenceScorer(batch_size=5, tries=3, concurrency=1)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        first = scorer(summary=SUMMARY, sentences=SENTENCES)
+        assert first.n_failed == 1 and len(lm.backend.calls) == 3 and len(lm.call_cache) == 1
+        fixed["now"] = True
+        second = scorer(summary=SUMMARY, sentences=SENTENCES)
+    assert second.n_failed == 0 and second.annotations[1].confusing is True
+    assert len(lm.backend.calls) == 4 and batch_numbers(lm.backend.calls[-1]) == [2]
+
+
 def test_batched_misaligned_numbers_and_duplicates_are_not_trusted():
     def responder(call):
         numbers = batch_numbers(call)

@@ -267,17 +267,27 @@ def test_verify_gives_evidence_from_a_tiny_book_and_a_small_book_budget(tmp_path
 
 def test_verify_with_a_judge_that_labels_no_claim_writes_its_report_and_fails(tmp_path):
     """Every verdict unparseable: the report is written (its errors say what went wrong), but the
-    command ends with a one-line error and exit 2 instead of a 0% faithful score."""
+    command ends with a one-line error and exit 2 instead of a 0% faithful score. The rejected
+    answers are not kept, so once the server is fixed a rerun asks again and verifies."""
     claims = write(tmp_path / "claims.json", ["The keeper let the lamp go dark.", "A ship struck the rocks."])
     out = tmp_path / "verify.json"
     with FakeOpenAIServer(responder=lambda body: "the claim looks fine to me") as server:
-        proc = run_here(["verify", "--claims", str(claims), "--book", str(STORY), "--lm", "openai/fake-model",
-                         "--api-base", server.url, "-o", str(out)], tmp_path)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: the judge verified none of the 2 claims (first: ")
-    assert "2 claims: none verified; " in proc.stderr  # no shares, where 0% of each label was printed
+        args = ["verify", "--claims", str(claims), "--book", str(STORY), "--lm", "openai/fake-model",
+                "--api-base", server.url, "-o", str(out)]
+        proc = run_here(args, tmp_path)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines()[-1].startswith("error: the judge verified none of the 2 claims (first: ")
+        assert "2 claims: none verified; " in proc.stderr  # no shares, where 0% of each label was printed
+        report = json.loads(out.read_text())
+        assert report["failures"] == 2 and all(c["label"] is None and c["error"] for c in report["claims"])
+        assert len(server.received) == 6  # 3 tries per claim
+
+        server.responder = fake_answers
+        proc = run_here(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
-    assert report["failures"] == 2 and all(c["label"] is None and c["error"] for c in report["claims"])
+    assert report["failures"] == 0 and [c["label"] for c in report["claims"]] == ["faithful", "unfaithful"]
+    assert len(server.received) == 8
 
 
 @pytest.mark.embedded

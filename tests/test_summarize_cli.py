@@ -236,20 +236,21 @@ def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
     assert (record["config"]["generation_slack"], record["config"]["generation_allowance"]) == (1.5, 64)
 
 
-def test_no_usable_summary_advises_what_makes_new_calls(tmp_path):
-    """Answers without a word are cached, so a plain rerun would fail the same way: the error points
-    to more regenerations, whose extra tries are calls the server has not answered yet."""
+def test_no_usable_summary_is_not_kept_so_a_rerun_asks_again(tmp_path):
+    """Answers without a word are dropped from the cache when the command stops on them: a plain
+    rerun (after the server is fixed, say) asks again, and more regenerations make more tries."""
     out = tmp_path / "summary.json"
     with FakeOpenAIServer(responder=lambda body: "1234") as server:
         args = ["summarize", str(STORY), "--lm", "openai/fake", "--api-base", server.url, "-o", str(out)]
         proc = run_cli([*args, "--max-regenerations", "1"], tmp_path)
-        assert_one_line_error(proc, out, "no usable summary for level 1 summary 0 in 3 tries (answers without a word")
-        assert "--max-regenerations above 2" in proc.stderr and "rerun" not in proc.stderr
+        assert_one_line_error(proc, out, "no usable summary for level 1 summary 0 in 3 tries (answers without a "
+                                         "word, such as '1234', not kept: a rerun asks again)")
+        assert "--max-regenerations above 2" in proc.stderr
         first = len(server.served)
         rerun = run_cli([*args, "--max-regenerations", "1"], tmp_path)
-        assert len(server.served) == first, "a plain rerun replays the cached answers"
+        assert len(server.served) == 2 * first, "a plain rerun asks again"
         more = run_cli([*args, "--max-regenerations", "4"], tmp_path)
-        assert len(server.served) == first + 2, "the two extra tries are new calls"
+        assert len(server.served) == 2 * first + 5, "five tries, all new calls"
     assert rerun.returncode == more.returncode == 2
 
 
@@ -261,7 +262,7 @@ def test_empty_answers_are_asked_again_by_a_plain_rerun(tmp_path):
         args = ["summarize", str(STORY), "--lm", "openai/fake", "--api-base", server.url, "-o", str(out),
                 "--max-regenerations", "1"]
         proc = run_cli(args, tmp_path)
-        assert_one_line_error(proc, out, "in 3 tries (empty answers, which are not cached: a rerun asks again)")
+        assert_one_line_error(proc, out, "in 3 tries (only empty answers, not kept: a rerun asks again)")
         first = len(server.served)
         assert run_cli(args, tmp_path).returncode == 2 and len(server.served) == 2 * first
 

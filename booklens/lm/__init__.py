@@ -26,6 +26,7 @@ _EXPORTS = {
     "adapter": ("BooklensAdapter", "plain_output_field"),
     "model": ("BooklensLM", "last_finish_reason", "make_lm", "make_backend",
               "local_backend", "configure", "current_lm", "Attempted", "predict_with_retries", "fresh_try",
+              "hearing_calls", "forget_answers",
               "resolve_structured", "make_limiter"),
     "pool": ("LMPool", "FixedLMPool"),
 }

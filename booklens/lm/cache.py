@@ -85,6 +85,19 @@ class CallCache:
                 self._db.rollback()  # an insert whose commit failed must not ride on the next commit
             raise CacheError(f"cannot write the LM cache at {self.path}: {exc}") from None
 
+    def forget(self, keys: list[str]) -> None:
+        """Drop these calls: answers a program rejected in every try, which a rerun must ask again."""
+        if not keys:
+            return
+        try:
+            with self._lock:
+                self._db.executemany("DELETE FROM calls WHERE key = ?", [(k,) for k in keys])
+                self._db.commit()
+        except sqlite3.Error as exc:
+            with self._lock, contextlib.suppress(sqlite3.Error):
+                self._db.rollback()
+            raise CacheError(f"cannot write the LM cache at {self.path}: {exc}") from None
+
     def __len__(self) -> int:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]

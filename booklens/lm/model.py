@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import dspy
 
@@ -30,6 +30,34 @@ _last_finish_reason: contextvars.ContextVar[str] = contextvars.ContextVar("bookl
 def last_finish_reason() -> str:
     """'stop' or 'length' for the most recent LM call made by the current thread."""
     return _last_finish_reason.get()
+
+
+# The lists collecting the cached calls made in this context (see `hearing_calls`); blocks nest.
+_calls_heard: contextvars.ContextVar[tuple[list[tuple[CallCache, str]], ...]] = contextvars.ContextVar(
+    "booklens_calls_heard", default=())
+
+
+@contextlib.contextmanager
+def hearing_calls() -> Iterator[list[tuple[CallCache, str]]]:
+    """Collect the cache entries of the LM calls made inside the block, so a program can drop the
+    answers it ends up rejecting (`forget_answers`)."""
+    heard: list[tuple[CallCache, str]] = []
+    token = _calls_heard.set((*_calls_heard.get(), heard))
+    try:
+        yield heard
+    finally:
+        _calls_heard.reset(token)
+
+
+def forget_answers(heard: list[tuple[CallCache, str]]) -> None:
+    """Drop answers that were rejected in every try from the call cache. Kept, a rerun would
+    replay the same rejected answers and fail again even after the server or model is fixed; the
+    rejected answers of an item that a later try settled stay, so its rerun takes the same path."""
+    by_cache: dict[int, tuple[CallCache, list[str]]] = {}
+    for cache, key in heard:
+        by_cache.setdefault(id(cache), (cache, []))[1].append(key)
+    for cache, keys in by_cache.values():
+        cache.forget(keys)
 
 
 class BooklensLM(dspy.BaseLM):
@@ -127,6 +155,9 @@ class BooklensLM(dspy.BaseLM):
                 return self.call_cache.fetch(key, call, keep=_worth_keeping)
             return call(), False
 
+        if self.call_cache is not None:
+            for heard in _calls_heard.get():
+                heard.append((self.call_cache, key))
         found = self.call_cache.get(key) if self.call_cache is not None else None
         value, reused = (found, True) if found is not None else survive_ctrl_c(fetch)
         completion = _completion(value)
@@ -317,12 +348,15 @@ def predict_with_retries(
 
     A failed answer that was cut off at the token limit (finish reason 'length') is re-asked
     with twice the answer budget (up to 4x the first budget) at the same temperature: the model
-    was on its way and needs room, not a different answer."""
+    was on its way and needs room, not a different answer.
+
+    When every try fails, the rejected answers leave the call cache, so a rerun asks again."""
     last_error = "no attempt made"
     budget = _answer_budget(predictor, config)
     first_budget = budget
     cap = max(first_budget, min(first_budget * REASK_GROWTH_CAP, REASK_TOKEN_CAP))
     cut_off = False
+    rejected: list[tuple[CallCache, str]] = []
     for attempt in range(tries):
         call_config = dict(config or {})
         if attempt:
@@ -332,28 +366,32 @@ def predict_with_retries(
         if budget != first_budget:
             call_config["max_tokens"] = budget
         _last_finish_reason.set("stop")
-        try:
-            prediction = predictor(**inputs, config=call_config)
-        except ContextWindowExceeded:
-            if budget == first_budget:
+        with hearing_calls() as heard:
+            try:
+                prediction = predictor(**inputs, config=call_config)
+            except ContextWindowExceeded:
+                if budget == first_budget:
+                    raise
+                forget_answers(rejected)
+                return Attempted(error=f"{last_error}; a larger answer budget ({budget} tokens) does not fit the "
+                                       "context window", attempts=attempt + 1)
+            except LMError:
                 raise
-            return Attempted(error=f"{last_error}; a larger answer budget ({budget} tokens) does not fit the "
-                                   "context window", attempts=attempt + 1)
-        except LMError:
-            raise
-        except Exception as exc:  # DSPy raises several parse error types
-            complaint = f"unparseable answer: {first_line(exc)}"
-        else:
-            complaint = check(prediction) if check else None
-            if complaint is None:
-                return Attempted(prediction=prediction, attempts=attempt + 1)
-            _forget_trace(prediction)
+            except Exception as exc:  # DSPy raises several parse error types
+                complaint = f"unparseable answer: {first_line(exc)}"
+            else:
+                complaint = check(prediction) if check else None
+                if complaint is None:
+                    return Attempted(prediction=prediction, attempts=attempt + 1)
+                _forget_trace(prediction)
+        rejected.extend(heard)
         cut_off = last_finish_reason() == "length"
         if cut_off:
             last_error = f"the answer was cut off at the token limit ({budget} tokens): {complaint}"
             budget = min(cap, budget * 2)
         else:
             last_error = complaint
+    forget_answers(rejected)
     return Attempted(error=last_error, attempts=tries)
 
 
