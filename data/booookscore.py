@@ -499,11 +499,19 @@ class SummariesNeeded(BooklensError):
 
 def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotation file",
                       summaries_what: str = "summaries file", stats: bool = False) -> dict[str, CoherenceResult]:
+    """book -> result from any annotation set (see `annotation_set_from_json`)."""
+    return annotation_set_from_json(data, summaries, what=what, summaries_what=summaries_what, stats=stats)[0]
+
+
+def annotation_set_from_json(data: Any, summaries: Any = None, *, what: str = "annotation file",
+                             summaries_what: str = "summaries file",
+                             stats: bool = False) -> tuple[dict[str, CoherenceResult], MatchNotes]:
     """book -> result from any annotation set: a `booklens score` output (one summary or a
-    set), human span annotations, or sentence annotations (which need `summaries`)."""
+    set), human span annotations, or sentence annotations (which need `summaries`); with the
+    notes of matching sentence annotations to their summaries (empty for the other formats)."""
     if isinstance(data, Mapping) and data.get("kind") == "booklens.coherence_set":
         try:
-            return dict(CoherenceSet.model_validate(data).results)
+            return dict(CoherenceSet.model_validate(data).results), MatchNotes()
         except ValidationError as exc:
             raise BooklensError(f"{what} is not a valid booklens coherence set: {validation_problem(exc)}") from None
     if isinstance(data, Mapping) and data.get("kind") == "booklens.coherence":
@@ -511,16 +519,15 @@ def results_from_json(data: Any, summaries: Any = None, *, what: str = "annotati
             result = CoherenceResult.model_validate(data)
         except ValidationError as exc:
             raise BooklensError(f"{what} is not a valid booklens coherence result: {validation_problem(exc)}") from None
-        return {result.book or "summary": result}
+        return {result.book or "summary": result}, MatchNotes()
     if is_human_format(data):
-        return human_results(parse_human_annotations(data, what), stats=stats)
+        return human_results(parse_human_annotations(data, what), stats=stats), MatchNotes()
     if is_validation_format(data):
-        return parse_validation_study(data, what=what, stats=stats)[0]
+        return parse_validation_study(data, what=what, stats=stats)
     if is_sentence_format(data):
         if summaries is None:
             raise SummariesNeeded(f"{what} holds sentence annotations, which need the summaries they refer to")
-        return parse_sentence_annotations(data, summaries, what=what, summaries_what=summaries_what,
-                                          stats=stats)[0]
+        return parse_sentence_annotations(data, summaries, what=what, summaries_what=summaries_what, stats=stats)
     raise BooklensError(
         f"{what} is not an annotation set: expected a booklens score output, human span annotations "
         "(book -> {summary, singles, relations}), sentence annotations (book -> {sentence: {questions, types}}) "

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from booklens.errors import BooklensError
 from booklens.testing import run_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,8 +123,6 @@ def invoke(args, tmp_path):
         "nothing", "book-with-map", "agree-disjoint", "agree-different-summary", "agree-needs-summaries",
         "empty-summary-object", "another-record", "nested-too-deeply"])
 def test_bad_input_is_a_user_error(tmp_path, setup, pattern):
-    from booklens.errors import BooklensError
-
     out = tmp_path / "out.json"
     args = setup(tmp_path)
     result = invoke([*args, "-o", out] if args[0] == "score" else args, tmp_path)
@@ -158,6 +157,29 @@ def test_score_from_annotations_and_agree(tmp_path):
     assert re.search(r"\| confusing \| 33\.3 \| 33\.3 \| 1\.000 \| 1\.000 \| 1\.000 \| 1\.000 \|", result.output)
     assert "books only in A: 1" in result.output
     assert json.loads((tmp_path / "agree.json").read_text())["books"] == 1
+
+
+def test_agree_says_which_annotations_it_ignored_and_refuses_unread_summaries(tmp_path):
+    human = write(tmp_path / "h.json", HUMAN)
+    annotations = {"lighthouse": {**SENTENCE_ANN["lighthouse"], "A gull steals the keys.": {
+        "questions": "What keys?", "types": ["entity omission"]}}}
+    sentences = write(tmp_path / "g.json", annotations)
+    summaries = write(tmp_path / "s.json", {"lighthouse": SUMMARY})
+    out = tmp_path / "agree.json"
+    result = invoke(["agree", sentences, human, "--summaries", summaries, "-o", out], tmp_path)
+    assert result.exit_code == 0, result.output
+    assert f"note: set A: 1 of 2 annotated sentences are not in their summaries and were ignored ({out} lists them)" \
+        in result.output
+    report = json.loads(out.read_text())
+    assert report["ignored_annotations"] == {"a": 1, "b": 0}
+    assert report["notes"]["a"] == ["lighthouse: an annotated sentence is not in the summary and was ignored: "
+                                    "'A gull steals the keys.'"]
+    assert report["confusing"]["f1"] == 1.0  # the matched sentence agrees with the human label
+
+    result = invoke(["agree", human, human, "--summaries", summaries], tmp_path)
+    assert result.exit_code != 0 and isinstance(result.exception, BooklensError)
+    assert str(result.exception) == ("--summaries is only read for sentence annotations, and neither set holds "
+                                     "them (each carries its own summaries)")
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason=f"BooookScore data not found at {DATA}")

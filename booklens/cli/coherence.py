@@ -235,24 +235,37 @@ def agree(
     a: Annotated[Path, typer.Argument(help="Annotation set A (judged): a score output or annotation file.")],
     b: Annotated[Path, typer.Argument(help="Annotation set B (the reference), same formats.")],
     summaries: Annotated[Optional[Path], typer.Option(
-        "--summaries", help="Summaries (book -> summary) for a set given as sentence annotations.")] = None,
+        "--summaries", help="Summaries (book -> summary) for a set given as sentence annotations (both sets "
+        "judge the same summaries, so one file serves both).")] = None,
     output: OutputOption = None,
 ) -> None:
     """Agreement of two annotation sets: P/R/F1 and kappa of "confusing", per type, system scores."""
-    from booklens.data.booookscore import SummariesNeeded, results_from_json
+    from booklens.data.booookscore import SummariesNeeded, annotation_set_from_json, is_sentence_format
     from booklens.metrics.agreement import agreement, format_agreement
 
     data_a = read_json_file(a, "annotation set A")
     data_b = read_json_file(b, "annotation set B")
+    if summaries is not None and not (is_sentence_format(data_a) or is_sentence_format(data_b)):
+        raise BooklensError("--summaries is only read for sentence annotations, and neither set holds them "
+                            "(each carries its own summaries)")
     summaries_data = read_json_file(summaries, "summaries file") if summaries is not None else None
+    sets = {}
     try:
-        results_a = results_from_json(data_a, summaries_data, what=f"annotation set {a}",
-                                      summaries_what=f"summaries file {summaries}")
-        results_b = results_from_json(data_b, summaries_data, what=f"annotation set {b}",
-                                      summaries_what=f"summaries file {summaries}")
+        for name, path, data in (("A", a, data_a), ("B", b, data_b)):
+            sets[name] = annotation_set_from_json(data, summaries_data, what=f"annotation set {path}",
+                                                  summaries_what=f"summaries file {summaries}")
     except SummariesNeeded as exc:
         raise BooklensError(f"{exc}: pass them with --summaries") from None
+    (results_a, notes_a), (results_b, notes_b) = sets["A"], sets["B"]
     report = agreement(results_a, results_b, name_a=a.name, name_b=b.name)
+    # Annotated sentences found in no summary are left out of the figures; say so, and list them.
+    report["ignored_annotations"] = {"a": notes_a.ignored, "b": notes_b.ignored}
+    report["notes"] = {"a": list(notes_a), "b": list(notes_b)}
+    for name, notes in (("A", notes_a), ("B", notes_b)):
+        if notes.ignored:
+            typer.echo(f"note: set {name}: {notes.ignored} of {notes.annotated} annotated sentences are not in their "
+                       "summaries and were ignored" + (" (-o lists them)" if output is None else
+                                                      f" ({output} lists them)"), err=True)
     typer.echo(format_agreement(report))
     if output is not None:
         write_output(output, report)
