@@ -271,8 +271,9 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     from booklens.lm import current_lm
     from booklens.programs.faithfulness import build_checker, label_summary
     from booklens.records import FaithfulnessReport
-    from booklens.retrieval import BOOK_MODES, PASSAGE_MODES
+    from booklens.retrieval import BOOK_MODES, PASSAGE_MODES, check_evidence_options
 
+    check_evidence_options(mode, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens, as_keys=True)
     if mode in BOOK_MODES and book_text is None:
         raise BooklensError(f"evidence mode '{mode}' needs the book")
     lm = current_lm()

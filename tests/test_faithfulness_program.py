@@ -196,6 +196,16 @@ def test_book_mode_fills_the_budget_and_needs_a_book(monkeypatch):
     assert retrieval.BOOK_MODES == ("bm25", "dense", "hybrid", "book")
 
 
+def test_the_library_step_refuses_settings_its_evidence_mode_never_uses():
+    """`booklens.steps.verify_claims` checks what the CLI checks, before any LM or index."""
+    from booklens.steps import verify_claims
+
+    with pytest.raises(BooklensError, match="^k is how many passages bm25/dense/hybrid retrieve; evidence none"):
+        verify_claims(claims=["x"], book_text=None, mode="none", k=7)
+    with pytest.raises(BooklensError, match="^budget_tokens bounds the evidence of the book and given modes"):
+        verify_claims(claims=["x"], book_text="A book.", mode="bm25", budget_tokens=100)
+
+
 def test_book_mode_with_a_budget_below_the_passage_size_gets_part_of_a_passage():
     text = story()
     index = BookIndex.build(text, passage_tokens=256)
