@@ -366,6 +366,22 @@ def test_answers_rejected_in_every_try_leave_the_cache_so_a_rerun_asks_again(tmp
     assert len(lm.backend.calls) == 6  # one new call: the failed item asked again, the settled one replayed
 
 
+def test_booklens_timeout_sets_how_long_a_request_may_take(monkeypatch):
+    monkeypatch.setenv("BOOKLENS_TIMEOUT", "0.5")
+    with FakeOpenAIServer(latency=5.0) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, retries=1))
+        assert len(server.received) == 2  # the first try and one retry, each given up after 0.5 s
+    assert "kept failing after 2 tries: Timeout" in str(caught.value)
+    assert str(caught.value).endswith("(each request waited 0.5 s; BOOKLENS_TIMEOUT sets how long)")
+    for bad in ("0", "-3", "soon", "inf"):
+        monkeypatch.setenv("BOOKLENS_TIMEOUT", bad)
+        with pytest.raises(LMError, match=f"^BOOKLENS_TIMEOUT must be a number of seconds above 0, not '{bad}'$"):
+            LiteLLMBackend("openai/fake-model", api_base="http://127.0.0.1:9/v1")
+    monkeypatch.delenv("BOOKLENS_TIMEOUT")
+    assert LiteLLMBackend("openai/fake-model", api_base="http://127.0.0.1:9/v1").timeout == 600.0
+
+
 def test_errors_never_carry_a_key_a_server_echoes(monkeypatch):
     canary = "sk-booklens-canary-7f3a9c21"
     monkeypatch.setenv("OPENAI_API_KEY", canary)

@@ -46,6 +46,26 @@ CACHE_PROMPT_PROVIDERS = {"openai", "custom_openai", "openai_like"}
 TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 529}
 # A Retry-After longer than this is not waited out: the run stops and resumes later from the cache.
 MAX_RETRY_AFTER = 600.0
+# How long one request may take before it counts as timed out (and is retried); BOOKLENS_TIMEOUT
+# sets it, for a CPU server reading a long prompt, say.
+DEFAULT_TIMEOUT = 600.0
+
+
+def request_timeout(seconds: float | None = None) -> float:
+    """`seconds`, else BOOKLENS_TIMEOUT, else DEFAULT_TIMEOUT; a one-line `LMError` for a value
+    that is not a number of seconds above 0."""
+    source, raw = "timeout", seconds
+    if raw is None:
+        source, raw = "BOOKLENS_TIMEOUT", os.environ.get("BOOKLENS_TIMEOUT", "").strip() or None
+        if raw is None:
+            return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise LMError(f"{source} must be a number of seconds above 0, not '{raw}'")
+    return value
 
 # What each server was found to accept, by (provider, api_base or model), for this process.
 _learned: dict[tuple[str, str], dict[str, Any]] = {}
@@ -115,8 +135,8 @@ class LiteLLMBackend:
 
     TRANSIENT_RETRIES = 5
 
-    def __init__(self, model: str, api_base: str | None = None, timeout: float = 600.0, backoff_base: float = 1.0,
-                 *, structured: str = "auto", limiter: Any = None, max_backoff: float = 30.0,
+    def __init__(self, model: str, api_base: str | None = None, timeout: float | None = None,
+                 backoff_base: float = 1.0, *, structured: str = "auto", limiter: Any = None, max_backoff: float = 30.0,
                  retries: int | None = None, sleep: Callable[[float], None] = pause):
         import litellm
 
@@ -125,7 +145,7 @@ class LiteLLMBackend:
             raise LMError(f"unknown structured-output mode '{structured}': use one of {', '.join(STRUCTURED_MODES)}")
         self.model = model
         self.api_base = api_base
-        self.timeout = timeout
+        self.timeout = request_timeout(timeout)
         self.backoff_base = backoff_base
         self.max_backoff = max_backoff
         self.retries = self.TRANSIENT_RETRIES if retries is None else retries
@@ -340,8 +360,8 @@ class LiteLLMBackend:
             return failures
         if isinstance(exc, litellm.NotFoundError):
             hint = " (check --api-base: OpenAI-compatible servers usually end in /v1)" if self.api_base else ""
-            raise LMError(f"model '{self.model}' was not found {'at ' + self.api_base if self.api_base else 'by its provider'}"
-                          f"{hint}") from None
+            where_found = f"at {self.api_base}" if self.api_base else "by its provider"
+            raise LMError(f"model '{self.model}' was not found {where_found}{hint}") from None
         if _unreachable(exc):
             with _learned_lock:
                 answered = self._learned.get("answered", False)
@@ -358,8 +378,10 @@ class LiteLLMBackend:
             raise LMError(self._redact(f"{where} failed: {type(exc).__name__}: {first_line(exc)}")) from None
         failures += 1
         if failures > self.retries:
+            waited = (f" (each request waited {self.timeout:g} s; BOOKLENS_TIMEOUT sets how long)"
+                      if isinstance(exc, litellm.Timeout) else "")
             raise LMError(self._redact(
-                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {first_line(exc)}"
+                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {first_line(exc)}{waited}"
             )) from None
         wait = retry_after(exc)
         if wait is None:
