@@ -508,12 +508,13 @@ def test_requests_per_minute_are_shared_by_all_threads():
         while (len(server.served) < 2 or not asked) and time.monotonic() < deadline:
             time.sleep(0.01)
         served_in_first_minute = len(server.served)
-        clock.sleep(61)
+        clock.sleep(63)
         resume.set()
         for t in threads:
             t.join(timeout=60)
     assert served_in_first_minute == 2
-    assert len(asked) == 1 and 59 < asked[0] <= 60.1  # until the first request leaves the window
+    # until the first request leaves the window: a minute and the margin between a slot and the send
+    assert len(asked) == 1 and 61 < asked[0] <= 62.1
     assert len(server.served) == 3
 
 
@@ -532,7 +533,7 @@ def test_tokens_per_minute_count_the_prompt_and_the_answer_budget():
             classify(backend, text=f"text {i}", max_tokens=2000)  # a short prompt + 2000: two fit in 5000
     assert len(server.served) == 5
     assert most_in_any_minute(arrivals) == 2
-    assert arrivals[:2] == [0.0, 0.0] and arrivals[2] >= 60
+    assert arrivals[:2] == [0.0, 0.0] and arrivals[2] >= 62
 
 
 def test_one_request_larger_than_the_token_limit_still_goes():

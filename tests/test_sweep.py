@@ -503,7 +503,8 @@ def test_the_ray_engine_starts_no_more_workers_than_calls_may_be_in_flight(local
 
 def test_ray_workers_share_the_sweeps_call_slots(local_ray, tmp_path):
     """--concurrency bounds the calls in flight of the whole cluster, and a worker may use the
-    slots another worker leaves free: the big book's cell gets more than half of them."""
+    slots another worker leaves free: the big book's cell gets more than half of them. (The run
+    also has a rate limit high enough never to wait: every call goes through the board's limiter.)"""
     import threading
 
     from booklens.sweep.run import run_sweep
@@ -538,11 +539,44 @@ def test_ray_workers_share_the_sweeps_call_slots(local_ray, tmp_path):
 
     with FakeOpenAIServer(responder=respond) as srv:
         outcome = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", engine="ray", lm="openai/fake-model",
-                            api_base=srv.url, concurrency=4, cache_dir=tmp_path / "cache", progress_interval=60)
+                            api_base=srv.url, concurrency=4, cache_dir=tmp_path / "cache", progress_interval=60,
+                            rpm=10_000)
         assert [o.status for o in outcome.outcomes] == ["complete", "complete"]
         assert srv.max_in_flight <= 4
     assert big["calls"] >= 12
     assert big["most"] > 2, "a fixed share would give each of the two workers 2 slots"
+
+
+def test_ray_workers_count_the_rate_limits_together(local_ray):
+    """--rpm/--tpm are counted by the sweep's board for every worker: requests from two worker
+    processes land in one limiter per LM (a split limit floored each worker at 1 a minute, so
+    `--rpm 1` on two workers sent 2 a minute)."""
+    import os
+
+    from booklens.sweep.engines import PoolSettings, SharedRateLimit, _sweep_board_class
+
+    name = f"test-rate-board-{os.getpid()}"
+    board = _sweep_board_class().options(name=name).remote(4, {"rpm": 1000, "tpm": 100_000})
+
+    @local_ray.remote(num_cpus=1)
+    def three_requests(key: str) -> int:
+        limiter = SharedRateLimit(name, key)
+        for _ in range(3):
+            limiter.acquire(100)
+        return os.getpid()
+
+    try:
+        pids = local_ray.get([three_requests.remote("openai/x@http://h/v1") for _ in range(2)]
+                             + [three_requests.remote("openai/y@")])
+        assert len(set(pids)) >= 2  # more than one worker process asked
+        assert local_ray.get(board.paced.remote()) == {"openai/x@http://h/v1": 6, "openai/y@": 3}
+        # A worker's pool hands its LMs the board's limiter.
+        pool = PoolSettings(lm="openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=None, concurrency=2,
+                            slots_actor=name, shared_rate_limits=True).make_pool()
+        limiter = pool.get().backend.limiter
+        assert isinstance(limiter, SharedRateLimit) and limiter.key == "openai/x@http://127.0.0.1:9/v1"
+    finally:
+        local_ray.kill(board)
 
 
 def test_the_concurrency_help_says_ray_workers_share_one_limit():

@@ -27,7 +27,7 @@ _EXPORTS = {
     "model": ("BooklensLM", "last_finish_reason", "make_lm", "make_backend",
               "local_backend", "configure", "current_lm", "Attempted", "predict_with_retries", "fresh_try",
               "hearing_calls", "forget_answers",
-              "resolve_structured", "make_limiter"),
+              "resolve_structured", "make_limiter", "rate_limits"),
     "pool": ("LMPool", "FixedLMPool"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -263,8 +263,9 @@ def resolve_structured(structured: str | None) -> str:
     return mode
 
 
-def make_limiter(rpm: int | None = None, tpm: int | None = None) -> Any:
-    """A RateLimiter for the options, else BOOKLENS_RPM / BOOKLENS_TPM; None when neither is set."""
+def rate_limits(rpm: int | None = None, tpm: int | None = None) -> dict[str, int]:
+    """{'rpm': N, 'tpm': N} from the options, else BOOKLENS_RPM / BOOKLENS_TPM (checked); the
+    limits not set are left out."""
     limits = {}
     for what, value in (("rpm", rpm), ("tpm", tpm)):
         source = f"--{what}"  # the message names where the value came from
@@ -280,6 +281,12 @@ def make_limiter(rpm: int | None = None, tpm: int | None = None) -> Any:
         if value < 1:
             raise LMError(f"{source} must be at least 1 (got {value})")
         limits[what] = value
+    return limits
+
+
+def make_limiter(rpm: int | None = None, tpm: int | None = None) -> Any:
+    """A RateLimiter for `rate_limits(rpm, tpm)`; None when neither is set."""
+    limits = rate_limits(rpm, tpm)
     if not limits:
         return None
     from booklens.lm.ratelimit import RateLimiter

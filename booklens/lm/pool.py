@@ -24,7 +24,7 @@ class LMPool:
     def __init__(self, default_lm: str | None = None, api_base: str | None = None, *,
                  cache_dir: Path | str | None = None, concurrency: int = 4, use_cache: bool = True,
                  structured: str | None = None, rpm: int | None = None, tpm: int | None = None,
-                 call_limit: Any = None):
+                 call_limit: Any = None, limiter_for: Any = None):
         from booklens.lm.embedded import resolve_lm_name
 
         self.default_lm = resolve_lm_name(default_lm)
@@ -38,8 +38,10 @@ class LMPool:
         self.call_limit = call_limit if call_limit is not None else threading.BoundedSemaphore(self.concurrency)
         self._lms: dict[tuple[str, str | None], Any] = {}
         # Backend options of every LM the pool makes (`make_lm`): each LM gets its own rate limiter,
-        # shared by all the threads that use it.
+        # shared by all the threads that use it; `limiter_for(key)` gives it one shared wider (a
+        # Ray sweep's limiters are counted for all its workers, `sweep.engines`).
         self.lm_options = {"structured": structured, "rpm": rpm, "tpm": tpm}
+        self.limiter_for = limiter_for
         self._lock = threading.Lock()
 
     def resolve(self, lm: str | None = None, api_base: str | None = None) -> tuple[str, str | None]:
@@ -59,9 +61,11 @@ class LMPool:
         key = self.resolve(lm, api_base)
         with self._lock:
             if key not in self._lms:
+                options = dict(self.lm_options)
+                if self.limiter_for is not None:
+                    options["limiter"] = self.limiter_for(f"{key[0]}@{key[1] or ''}")
                 self._lms[key] = make_lm(key[0], api_base=key[1], cache=self.cache, usage=self.usage,
-                                         call_limit=self.call_limit, use_cache=self.cache is not None,
-                                         **self.lm_options)
+                                         call_limit=self.call_limit, use_cache=self.cache is not None, **options)
             return self._lms[key]
 
 

@@ -12,10 +12,15 @@ import time
 from typing import Any, Callable
 
 MINUTE_MS = 60_000
+# A request takes its slot a little before it leaves (LiteLLM's first call in a process spends
+# about a second getting ready), so slots are counted over a minute and this much more: the server
+# never sees more than the limit in any 60 seconds of arrivals.
+SEND_MARGIN_MS = 2_000
 
 
 class RateLimiter:
-    """At most `rpm` requests and `tpm` tokens in any 60-second window (either may be None).
+    """At most `rpm` requests and `tpm` tokens in any 60-second window (either may be None); the
+    limiter's own window is `SEND_MARGIN_MS` longer, for the time between a slot and the send.
 
     A call weighs its prompt tokens plus its answer budget (`max_tokens`), as providers count a
     request against a token limit when it arrives. A call heavier than a whole minute's token
@@ -23,14 +28,14 @@ class RateLimiter:
 
     def __init__(self, rpm: int | None = None, tpm: int | None = None, *, clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], None] | None = None):
-        from pyrate_limiter import Duration, InMemoryBucket, Rate
+        from pyrate_limiter import InMemoryBucket, Rate
 
         if (rpm is not None and rpm < 1) or (tpm is not None and tpm < 1):
             raise ValueError("rate limits must be positive")
         self.rpm = rpm
         self.tpm = tpm
         self._buckets = {
-            name: (InMemoryBucket([Rate(limit, Duration.MINUTE)]), limit)
+            name: (InMemoryBucket([Rate(limit, MINUTE_MS + SEND_MARGIN_MS)]), limit)
             for name, limit in (("requests", rpm), ("tokens", tpm)) if limit
         }
         self._clock = clock or time.monotonic

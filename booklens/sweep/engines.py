@@ -11,8 +11,9 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
   class Ray keeps alive per worker: it sets up DSPy and its `LMPool` once (so the embedded model
   loads once per worker) and runs several cells at once on threads. `--concurrency` bounds the
   calls in flight of the whole cluster: a `SweepBoard` actor holds the slots and every call of
-  every worker takes one, so a worker whose cells are done leaves its share to the others
-  (`--rpm`/`--tpm` are split over the workers); after a failure under `--fail-fast` the board
+  every worker takes one, so a worker whose cells are done leaves its share to the others; the
+  board also counts `--rpm`/`--tpm` for all the workers (one limiter per LM, whatever the number
+  of workers); after a failure under `--fail-fast` the board
   tells the workers to start no new cell. Workers write each cell's run directory
   themselves, so the sweep directory must be on a path every node sees (the call cache stays on
   each node's own disk: SQLite's WAL mode does not work on network file systems); the
@@ -74,18 +75,28 @@ class PoolSettings:
     api_base: Optional[str]
     cache_dir: Optional[str]
     concurrency: int
-    structured: Optional[str] = None  # --structured, --rpm, --tpm (rpm/tpm are split over Ray workers)
+    structured: Optional[str] = None  # --structured, --rpm, --tpm
     rpm: Optional[int] = None
     tpm: Optional[int] = None
     # The named Ray actor that holds the sweep's call slots (`SweepBoard`); None: the pool's own limit.
     slots_actor: Optional[str] = None
+    # Whether that actor also counts the rate limits (then rpm and tpm are its, not the pool's).
+    shared_rate_limits: bool = False
 
     def make_pool(self):
         from booklens.lm.pool import LMPool
 
         call_limit = SharedSlots(self.slots_actor) if self.slots_actor else None
+        limiter_for = None
+        if self.slots_actor and self.shared_rate_limits:
+            actor = self.slots_actor
+
+            def limiter_for(key: str) -> "SharedRateLimit":
+                return SharedRateLimit(actor, key)
+
         return LMPool(self.lm, self.api_base, cache_dir=self.cache_dir, concurrency=self.concurrency,
-                      structured=self.structured, rpm=self.rpm, tpm=self.tpm, call_limit=call_limit)
+                      structured=self.structured, rpm=self.rpm, tpm=self.tpm, call_limit=call_limit,
+                      limiter_for=limiter_for)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -277,15 +288,23 @@ def _sweep_board_class():
     @ray.remote(num_cpus=0, max_concurrency=10_000)  # waiting acquires are cheap coroutines
     class SweepBoard:
         """What the workers of a Ray sweep share: the sweep's `--concurrency` slots for LM calls,
-        and each worker's latest LM usage for the driver's progress display. One actor, because
-        each actor is a Python process of its own, started while the workers start."""
+        its rate limits (one `RateLimiter` per LM, counting the requests of every worker), and
+        each worker's latest LM usage for the driver's progress display. One actor, because each
+        actor is a Python process of its own, started while the workers start."""
 
-        def __init__(self, slots: int):
+        def __init__(self, slots: int, rate_limits: Optional[dict[str, int]] = None):
             import asyncio
+            from concurrent.futures import ThreadPoolExecutor
 
             self.slots = asyncio.Semaphore(slots)
             self.latest: dict[str, dict[str, Any]] = {}
             self.stop = False  # --fail-fast after a failure: workers start no new cell
+            self.rate_limits = dict(rate_limits or {})
+            self.limiters: dict[str, Any] = {}
+            self.paced_requests: dict[str, int] = {}
+            # A limiter's wait blocks; it runs on these threads, not on the actor's event loop.
+            # Calls wait for their rate inside a call slot, so `slots` threads are enough.
+            self.pacers = ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="sweep-rate")
 
         async def halt(self) -> None:
             self.stop = True
@@ -298,6 +317,22 @@ def _sweep_board_class():
 
         async def release(self) -> None:
             self.slots.release()
+
+        async def pace(self, key: str, tokens: int) -> None:
+            """Return when a request of `tokens` tokens to the LM `key` fits the sweep's limits."""
+            import asyncio
+
+            limiter = self.limiters.get(key)
+            if limiter is None:
+                from booklens.lm.ratelimit import RateLimiter
+
+                limiter = self.limiters[key] = RateLimiter(**self.rate_limits)
+            await asyncio.get_running_loop().run_in_executor(self.pacers, limiter.acquire, tokens)
+            self.paced_requests[key] = self.paced_requests.get(key, 0) + 1
+
+        async def paced(self) -> dict[str, int]:
+            """Requests counted by each LM's limiter so far."""
+            return dict(self.paced_requests)
 
         async def report(self, worker: str, snapshot: dict[str, Any]) -> None:
             self.latest[worker] = snapshot
@@ -344,6 +379,29 @@ class SharedSlots:
             pass
 
 
+class SharedRateLimit:
+    """A worker's rate limiter for one LM: the request is counted, and waits, on the sweep's
+    `SweepBoard`, so `--rpm`/`--tpm` hold for the whole cluster however many workers call.
+    Like `SharedSlots`, a board that is gone means the sweep was interrupted: `Stopped`."""
+
+    def __init__(self, actor_name: str, key: str):
+        self.actor_name = actor_name
+        self.key = key
+        self._actor = None  # looked up on first use: an embedded LM's limiter is never used
+
+    def acquire(self, tokens: int = 0) -> None:
+        import ray
+
+        try:
+            if self._actor is None:
+                self._actor = ray.get_actor(self.actor_name)
+            ray.get(self._actor.pace.remote(self.key, int(tokens)))
+        except ray.exceptions.RayError:
+            raise Stopped() from None
+        except ValueError:  # get_actor: no such actor
+            raise Stopped() from None
+
+
 def _import_ray_data() -> None:
     try:
         import ray.data  # noqa: F401
@@ -364,6 +422,7 @@ class RayEngine:
         self.log_path = log_path
         self.board = None
         self.board_name: Optional[str] = None
+        self.rate_limits: dict[str, int] = {}
         self._started_ray = False
         self._last_usage: dict[str, Any] = {}
 
@@ -395,7 +454,12 @@ class RayEngine:
                     where = f"the Ray cluster at {self.address}" if self.address else "a local Ray"
                     raise BooklensError(f"cannot start {where}: {_one_line(exc)}") from None
             self.board_name = f"booklens-sweep-{os.getpid()}-{id(self)}"
-            self.board = _sweep_board_class().options(name=self.board_name).remote(self.settings.concurrency)
+            from booklens.lm.model import rate_limits
+
+            # The limits (from the options or BOOKLENS_RPM / BOOKLENS_TPM here) are the board's.
+            self.rate_limits = rate_limits(self.settings.rpm, self.settings.tpm)
+            self.board = _sweep_board_class().options(name=self.board_name).remote(
+                self.settings.concurrency, self.rate_limits)
         data_import.join()
 
     def workers(self, cells: int) -> int:
@@ -425,11 +489,9 @@ class RayEngine:
             return []
         workers = self.workers(len(tasks))
 
-        def share(limit: Optional[int]) -> Optional[int]:
-            return None if limit is None else max(1, limit // workers)
-
-        settings = replace(self.settings, rpm=share(self.settings.rpm), tpm=share(self.settings.tpm),
-                           slots_actor=self.board_name)
+        # The board counts the rate limits for every worker; a worker's own would count only its calls.
+        settings = replace(self.settings, rpm=None, tpm=None, slots_actor=self.board_name,
+                           shared_rate_limits=bool(self.rate_limits))
         cells_at_once = max(1, min(self.settings.concurrency, math.ceil(len(tasks) / workers)))
         rows = [{"task": t.to_json(), "settings": json.dumps(asdict(settings)), "board": self.board_name or ""}
                 for t in tasks]
