@@ -292,3 +292,40 @@ def test_one_book_under_two_keys_is_refused(corpus: Path):
     # the same file named twice under one key is listed once, as before
     manifest = write(corpus / "m.yaml", "books: [corpus/alpha.txt, corpus/*.txt]\nsystems: [{name: a}]\n")
     assert [b.key for b in load_manifest(manifest, lm="openai/x", api_base="http://x/v1").books] == ["alpha", "beta"]
+
+
+def test_an_empty_api_base_is_no_api_base(corpus: Path):
+    """`api_base: ""` is what `--api-base ""` is on the command line: not given. A step takes the
+    sweep's server then, and the LMs checked before the sweep (key, model) are those its cells call
+    (the empty one was checked against the sweep's server, yet its cells went without one)."""
+    from booklens.lm import LMPool
+    from booklens.sweep.run import sweep_lms
+
+    manifest = write(corpus / "m.yaml", """
+lm: openai/some-model
+api_base: http://127.0.0.1:9/v1
+books: corpus
+systems:
+  - {name: a}
+  - {name: b, api_base: ""}
+  - {name: c, api_base: "  ", lm: openai/other}
+judge: {api_base: ""}
+""")
+    sweep = load_manifest(manifest)
+    plain = load_manifest(write(corpus / "plain.yaml", """
+lm: openai/some-model
+api_base: http://127.0.0.1:9/v1
+books: corpus
+systems: [{name: a}, {name: b}, {name: c, lm: openai/other}]
+"""))
+    assert [s.model_dump(exclude_unset=True) for s in sweep.systems] == \
+        [s.model_dump(exclude_unset=True) for s in plain.systems]
+    assert sweep.judge.model_dump(exclude_unset=True) == plain.judge.model_dump(exclude_unset=True) == {}
+    pool = LMPool(sweep.lm, sweep.api_base, use_cache=False)
+    called = {pool.resolve(sweep.judge_config().lm, sweep.judge_config().api_base)}
+    called |= {pool.resolve(c.lm, c.api_base) for c in (sweep.system_config(s.name, "alpha") for s in sweep.systems)}
+    assert called == sweep_lms(sweep) == {("openai/some-model", "http://127.0.0.1:9/v1"),
+                                          ("openai/other", "http://127.0.0.1:9/v1")}
+    # and an empty --api-base leaves the manifest's server in place, as it leaves BOOKLENS_API_BASE
+    for empty in ("", "  "):
+        assert load_manifest(manifest, api_base=empty).api_base == "http://127.0.0.1:9/v1"

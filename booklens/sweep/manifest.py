@@ -2,7 +2,7 @@
 
 ```yaml
 lm: openai/gpt-4o-mini          # default LM of every step (`--lm` overrides)
-api_base: http://host:8000/v1   # optional (`--api-base` overrides)
+api_base: http://host:8000/v1   # optional (`--api-base` overrides); empty is the same as left out
 books: [corpus/*.txt, more/one.epub]     # files, folders or globs, relative to this file
 systems:
   - {name: hier-2048, method: hier, chunk_size: 2048}
@@ -211,20 +211,26 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
             system.program = str(program)
     judge = spec.judge
     _check_judge(judge, base, path)
-    _check_servers(spec, path, api_base)
+    api_base = _check_servers(spec, path, api_base)
     return Sweep(manifest=path, books=books, systems=systems, judge=judge, lm=lm or spec.lm,
                  api_base=api_base or spec.api_base, summaries=summaries)
 
 
-def _check_servers(spec: ManifestSpec, manifest: Path, override: Optional[str]) -> None:
-    """Every api_base is an http(s) URL (the LM layer's own check), named as the manifest names it."""
+def _check_servers(spec: ManifestSpec, manifest: Path, override: Optional[str]) -> Optional[str]:
+    """Every api_base is an http(s) URL (the LM layer's own check), named as the manifest names it,
+    and is kept as that check gives it back: stripped, and an empty one is no api_base at all, as
+    an empty `--api-base` is (the step takes the sweep's server, which the LM checks before the
+    sweep then cover). Returns the command's `override` so checked."""
     from booklens.lm.remote import check_api_base
 
-    check_api_base(override)
-    where = [(f"{manifest}: api_base", spec.api_base), (f"{manifest}: judge.api_base", spec.judge.api_base)]
-    where += [(f"{manifest}: system {s.name!r}: api_base", s.api_base) for s in spec.systems]
-    for what, value in where:
-        check_api_base(value, what)
+    override = check_api_base(override)
+    where = [(f"{manifest}: api_base", spec), (f"{manifest}: judge.api_base", spec.judge)]
+    where += [(f"{manifest}: system {s.name!r}: api_base", s) for s in spec.systems]
+    for what, section in where:
+        section.api_base = check_api_base(section.api_base, what)
+        if section.api_base is None:  # as if left out: sweep.json and the cells' configs do not list it
+            section.model_fields_set.discard("api_base")
+    return override
 
 
 def _read_yaml(path: Path) -> Any:
