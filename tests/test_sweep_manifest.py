@@ -329,3 +329,49 @@ systems: [{name: a}, {name: b}, {name: c, lm: openai/other}]
     # and an empty --api-base leaves the manifest's server in place, as it leaves BOOKLENS_API_BASE
     for empty in ("", "  "):
         assert load_manifest(manifest, api_base=empty).api_base == "http://127.0.0.1:9/v1"
+
+
+EMBEDDED_SERVER = ("api_base http://127.0.0.1:9/v1 names a server, but the LM is the embedded model (local), which "
+                   "runs in this process: to use the server, name its model (e.g. lm: openai/MODEL)")
+
+
+@pytest.mark.parametrize("case", ["system", "system on the default LM", "judge", "top level"])
+def test_a_server_beside_the_embedded_model_in_a_manifest_is_refused(case: str, corpus: Path):
+    """A step whose LM is the embedded model ignores its api_base (it was recorded, never used): refused
+    as --api-base is beside --lm local, by the same rule, in the manifest's own words."""
+    text, where, args = {
+        "system": ("systems: [{name: a}, {name: b, lm: local, api_base: 'http://127.0.0.1:9/v1'}]\n",
+                   "system 'b': ", ["--lm", "openai/x"]),
+        # the sweep's LM is the embedded model (--lm local overrides the manifest's): so is b's
+        "system on the default LM": ("lm: openai/x\nsystems: [{name: a, lm: openai/x}, "
+                                     "{name: b, api_base: 'http://127.0.0.1:9/v1'}]\njudge: {lm: openai/x}\n",
+                                     "system 'b': ", ["--lm", "local"]),
+        "judge": ("systems: [{name: a}]\njudge: {lm: local, api_base: 'http://127.0.0.1:9/v1'}\n", "judge.",
+                  ["--lm", "openai/x"]),
+        # every step runs on the embedded model: no step takes the sweep's server
+        "top level": ("lm: local\napi_base: http://127.0.0.1:9/v1\nsystems: [{name: a}, {name: b, lm: local}]\n",
+                      "", []),
+    }[case]
+    manifest = write(corpus / "m.yaml", "books: corpus\n" + text)
+    out = corpus / "sweep"
+    for dry in ([], ["--dry-run"]):
+        code, err = run_cli(["sweep", str(manifest), "-o", str(out), *args, *dry])
+        assert (code, err) == (2, f"error: {manifest}: {where}{EMBEDDED_SERVER}\n")
+    assert not out.exists()
+
+
+def test_a_server_a_step_on_another_lm_takes_is_kept(corpus: Path, monkeypatch):
+    monkeypatch.delenv("BOOKLENS_LM", raising=False)
+    monkeypatch.delenv("BOOKLENS_API_BASE", raising=False)
+    # the sweep's server serves system a; b runs on the embedded model
+    manifest = write(corpus / "m.yaml", "lm: local\napi_base: http://127.0.0.1:9/v1\nbooks: corpus\n"
+                                        "systems: [{name: a, lm: openai/x}, {name: b}]\n")
+    assert load_manifest(manifest).api_base == "http://127.0.0.1:9/v1"
+    # a step on the embedded model by default (no lm anywhere) with a server of its own is refused ...
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a, api_base: 'http://127.0.0.1:9/v1'}]\n")
+    with pytest.raises(BooklensError) as refused:
+        load_manifest(manifest)
+    assert str(refused.value) == f"{manifest}: system 'a': {EMBEDDED_SERVER}"
+    # ... and kept when BOOKLENS_LM names a server's model, as --api-base is beside it
+    monkeypatch.setenv("BOOKLENS_LM", "openai/x")
+    assert load_manifest(manifest).systems[0].api_base == "http://127.0.0.1:9/v1"

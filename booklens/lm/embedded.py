@@ -82,16 +82,19 @@ def lm_name_label(lm: str | None) -> str:
 
 def refuse_server_options_for_embedded(lm: str | None, api_base: str | None = None, *,
                                        structured: str | None = None, rpm: int | None = None,
-                                       tpm: int | None = None) -> None:
+                                       tpm: int | None = None, api_base_name: str = "--api-base",
+                                       lm_name: str = "--lm") -> None:
     """Options only a server uses, given beside the embedded model, would be ignored (and the run
     would not be the server's): refused in one line. The embedded model always decodes under the
     schema and has no rate limits. (BOOKLENS_API_BASE, BOOKLENS_RPM, ..., set for other commands,
-    are not refused.)"""
+    are not refused.) `api_base_name` and `lm_name` are how the message names those settings: a
+    sweep manifest's keys (`m.yaml: system 'a': api_base`, `lm:`) rather than the options."""
     if resolve_lm_name(lm) != LOCAL_LM:
         return
     if api_base and api_base.strip():
-        raise LMError(f"--api-base {api_base.strip()} names a server, but the LM is the embedded model ({LOCAL_LM}), "
-                      "which runs in this process: to use the server, name its model (e.g. --lm openai/MODEL)")
+        raise LMError(f"{api_base_name} {api_base.strip()} names a server, but the LM is the embedded model "
+                      f"({LOCAL_LM}), which runs in this process: to use the server, name its model "
+                      f"(e.g. {lm_name} openai/MODEL)")
     given = [option for option, value in (("--structured", getattr(structured, "value", structured)),
                                           ("--rpm", rpm), ("--tpm", tpm)) if value is not None]
     if given:

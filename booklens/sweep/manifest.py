@@ -211,16 +211,21 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
             system.program = str(program)
     judge = spec.judge
     _check_judge(judge, base, path)
-    api_base = _check_servers(spec, path, api_base)
+    api_base = _check_servers(spec, path, api_base, lm)
     return Sweep(manifest=path, books=books, systems=systems, judge=judge, lm=lm or spec.lm,
                  api_base=api_base or spec.api_base, summaries=summaries)
 
 
-def _check_servers(spec: ManifestSpec, manifest: Path, override: Optional[str]) -> Optional[str]:
+def _check_servers(spec: ManifestSpec, manifest: Path, override: Optional[str],
+                   lm: Optional[str]) -> Optional[str]:
     """Every api_base is an http(s) URL (the LM layer's own check), named as the manifest names it,
     and is kept as that check gives it back: stripped, and an empty one is no api_base at all, as
     an empty `--api-base` is (the step takes the sweep's server, which the LM checks before the
-    sweep then cover). Returns the command's `override` so checked."""
+    sweep then cover). An api_base of a step whose LM is the embedded model would be ignored: refused
+    by the rule `--api-base` beside `--lm local` is refused by; so is the sweep's own when every step
+    runs on the embedded model. Returns the command's `override` (`--api-base`) so checked; `lm`
+    is the command's `--lm`."""
+    from booklens.lm.embedded import LOCAL_LM, refuse_server_options_for_embedded, resolve_lm_name
     from booklens.lm.remote import check_api_base
 
     override = check_api_base(override)
@@ -230,6 +235,14 @@ def _check_servers(spec: ManifestSpec, manifest: Path, override: Optional[str]) 
         section.api_base = check_api_base(section.api_base, what)
         if section.api_base is None:  # as if left out: sweep.json and the cells' configs do not list it
             section.model_fields_set.discard("api_base")
+    # The steps that call an LM: the judge and each summarizing system (a `summaries:` one has no api_base).
+    default_lm = lm or spec.lm
+    calling = [(what, section) for what, section in where[1:] if getattr(section, "summaries", None) is None]
+    for what, section in calling:
+        refuse_server_options_for_embedded(section.lm or default_lm, section.api_base, api_base_name=what,
+                                           lm_name="lm:")
+    if override is None and all(resolve_lm_name(section.lm or default_lm) == LOCAL_LM for _, section in calling):
+        refuse_server_options_for_embedded(LOCAL_LM, spec.api_base, api_base_name=where[0][0], lm_name="lm:")
     return override
 
 
