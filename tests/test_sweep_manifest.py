@@ -375,3 +375,33 @@ def test_a_server_a_step_on_another_lm_takes_is_kept(corpus: Path, monkeypatch):
     # ... and kept when BOOKLENS_LM names a server's model, as --api-base is beside it
     monkeypatch.setenv("BOOKLENS_LM", "openai/x")
     assert load_manifest(manifest).systems[0].api_base == "http://127.0.0.1:9/v1"
+
+
+def test_lm_and_api_base_options_no_step_takes_are_refused(corpus: Path):
+    """--lm is the LM of the steps that name none; when the judge and every summarizing system name
+    their own, it would be recorded in sweep.json and change nothing: one line, as other options that
+    would be ignored are. The same for --api-base when every step on a server's LM names its own."""
+    own = write(corpus / "own.yaml", "books: corpus\nsystems: [{name: a, lm: openai/x}, "
+                                     "{name: r, summaries: released.json}]\njudge: {lm: openai/y}\n")
+    out = corpus / "sweep"
+    for dry in ([], ["--dry-run"]):
+        code, err = run_cli(["sweep", str(own), "-o", str(out), "--lm", "openai/z", *dry])
+        assert (code, err) == (2, f"error: --lm openai/z would not apply: in {own} the judge and every system that "
+                                  "summarizes name their own lm\n")
+    servers = write(corpus / "servers.yaml", "books: corpus\nsystems: [{name: a, lm: openai/x, api_base: "
+                                             "'http://127.0.0.1:9/v1'}, {name: b, lm: local}]\n"
+                                             "judge: {lm: openai/y, api_base: 'http://127.0.0.1:8/v1'}\n")
+    for dry in ([], ["--dry-run"]):
+        code, err = run_cli(["sweep", str(servers), "-o", str(out), "--api-base", "http://127.0.0.1:7/v1", *dry])
+        assert (code, err) == (2, f"error: --api-base http://127.0.0.1:7/v1 would not apply: in {servers} the judge "
+                                  "and every system that summarizes name their own api_base or run on the embedded "
+                                  "model\n")
+    assert not out.exists()
+    # a step that names no lm (or no api_base) takes the option
+    for text in ("systems: [{name: a, lm: openai/x}, {name: b}]\njudge: {lm: openai/y}\n",
+                 "systems: [{name: a, lm: openai/x}]\njudge: {}\n"):
+        manifest = write(corpus / "takes.yaml", "books: corpus\n" + text)
+        code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "openai/z", "--api-base",
+                             "http://127.0.0.1:7/v1", "--dry-run"])
+        assert code == 0, err
+    assert not out.exists()

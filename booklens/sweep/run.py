@@ -101,6 +101,23 @@ def check_server_option(sweep: Sweep, api_base: Optional[str], **options: Any) -
         refuse_server_options_for_embedded(LOCAL_LM, api_base, **options)
 
 
+def check_defaults_taken(sweep: Sweep, lm: Optional[str], api_base: Optional[str]) -> None:
+    """`--lm` and `--api-base` are the defaults of the steps (the judge, each summarizing system) that
+    name no LM or server of their own: when no step takes one, it would be recorded and change nothing,
+    so it is one line. (`check_server_option` has refused `--api-base` when every LM is the embedded
+    model.)"""
+    from booklens.lm.embedded import LOCAL_LM, resolve_lm_name
+
+    steps = [sweep.judge, *(spec for spec in sweep.systems if spec.summaries is None)]
+    where = f"in {sweep.manifest} the judge and every system that summarizes name their own"
+    if lm and all((step.lm or "").strip() for step in steps):  # an empty lm takes the default, as the pool does
+        raise BooklensError(f"--lm {lm.strip()} would not apply: {where} lm")
+    if api_base and api_base.strip() and not any(
+            step.api_base is None and resolve_lm_name(step.lm or sweep.lm) != LOCAL_LM for step in steps):
+        raise BooklensError(f"--api-base {api_base.strip()} would not apply: {where} api_base or run on the "
+                            "embedded model")
+
+
 def check_models(sweep: Sweep) -> None:
     """Every LM the sweep names is a model LiteLLM knows, with its key in the environment (no call)."""
     from booklens.lm import make_backend
@@ -148,6 +165,7 @@ def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base:
     `server_options`: the backend options given (structured, rpm, tpm)."""
     sweep = load_manifest(manifest, lm=lm, api_base=api_base)
     check_server_option(sweep, api_base, **(server_options or {}))
+    check_defaults_taken(sweep, lm, api_base)
     check_output(output)
     tasks = plan_tasks(sweep, output, concurrency)  # the pipeline's own config models validate every value
     check_summarizers(sweep)
