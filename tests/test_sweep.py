@@ -54,9 +54,10 @@ def corpus(books_dir: Path, tmp_path_factory) -> Path:
     return base / "sweep.yaml"
 
 
-def sweep_args(server, manifest: Path, out: Path, cache: Path, *extra: str) -> list[str]:
+def sweep_args(server, manifest: Path, out: Path, cache: Path | None, *extra: str) -> list[str]:
+    """The command line of a sweep; no --cache-dir for `cache=None` (a dry run, which opens no cache)."""
     return [sys.executable, "-m", "booklens", "sweep", str(manifest), "-o", str(out), "--lm", "openai/fake-model",
-            "--api-base", server.url, "--cache-dir", str(cache), *extra]
+            "--api-base", server.url, *(["--cache-dir", str(cache)] if cache is not None else []), *extra]
 
 
 def cli(args: list[str]) -> subprocess.CompletedProcess:
@@ -376,10 +377,11 @@ def test_fail_fast_starts_no_cell_after_the_first_failure(server, broken_corpus,
     assert sorted(statuses) == ["failed", "not run", "not run", "not run"]
 
 
-def test_dry_run_estimates_without_calling_or_writing(server, corpus, reference, tmp_path):
+def test_dry_run_estimates_without_calling_or_writing(server, corpus, reference, tmp_path, monkeypatch):
     start = len(server.served)
     out = tmp_path / "new"
-    proc = cli(sweep_args(server, corpus, out, tmp_path / "cache", "--dry-run"))
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))  # (--cache-dir is refused: no cache opens)
+    proc = cli(sweep_args(server, corpus, out, None, "--dry-run"))
     assert proc.returncode == 0, proc.stderr
     assert len(server.served) == start and not out.exists() and not (tmp_path / "cache").exists()
     lines = proc.stdout.splitlines()
@@ -446,7 +448,7 @@ def test_a_sweep_notes_each_summarizer_and_decomposition_artifact_run_on_another
             "them, and may serve openai/other-model less well")
     want = [f"note: system 'other': {tmp_path / 'summarizer.json'} {tail}",
             f"note: judge: {tmp_path / 'claims.json'} {tail}"]
-    dry = cli(sweep_args(server, manifest, tmp_path / "out", tmp_path / "cache", "--dry-run"))
+    dry = cli(sweep_args(server, manifest, tmp_path / "out", None, "--dry-run"))
     assert dry.returncode == 0, dry.stderr
     assert [line for line in dry.stdout.splitlines() if line.startswith("note: ")] == want
     proc = cli(sweep_args(server, manifest, tmp_path / "out", tmp_path / "cache"))

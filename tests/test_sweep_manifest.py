@@ -236,10 +236,9 @@ def test_a_server_url_no_lm_of_the_sweep_uses_is_refused(corpus: Path):
     mixed = write(corpus / "mixed.yaml", "books: corpus\nsystems: [{name: a, lm: openai/x}, {name: b, lm: local}]\n")
     code, err = run_cli(["sweep", str(mixed), "-o", str(out), "--api-base", "http://127.0.0.1:9/v1", "--dry-run"])
     assert code == 0, err
-    for dry in ([], ["--dry-run"]):
-        code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "local", "--rpm", "3", *dry])
-        assert code == 2 and err.strip().startswith("error: --rpm is for models behind a server or provider"), err
-    assert not out.exists()
+    code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "local", "--rpm", "3"])
+    assert code == 2 and err.strip().startswith("error: --rpm is for models behind a server or provider"), err
+    assert not out.exists()  # (a dry run refuses --rpm whatever the LMs: it sends no request)
 
 
 def test_the_command_line_reports_a_bad_manifest_in_one_line(corpus: Path):
@@ -262,13 +261,15 @@ def test_load_manifest_raises_booklens_errors(corpus: Path):
         load_manifest(latin1)
 
 
-@pytest.mark.parametrize("case", ["help", "bad manifest", "missing manifest"])
+@pytest.mark.parametrize("case", ["help", "bad manifest", "missing manifest", "dry run with a run option"])
 def test_sweep_help_and_manifest_errors_load_no_heavy_library(case: str, corpus: Path):
     from test_startup import PROBE  # the same probe as every other command
 
     manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a, method: tree}]\n")
     args = {"help": ["sweep", "--help"], "bad manifest": ["sweep", str(manifest), "-o", str(corpus / "s")],
-            "missing manifest": ["sweep", str(corpus / "none.yaml"), "-o", str(corpus / "s")]}[case]
+            "missing manifest": ["sweep", str(corpus / "none.yaml"), "-o", str(corpus / "s")],
+            "dry run with a run option": ["sweep", str(manifest), "-o", str(corpus / "s"), "--dry-run",
+                                          "--concurrency", "8"]}[case]
     proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(args)], capture_output=True, text=True,
                           cwd=corpus, timeout=120)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -405,3 +406,29 @@ def test_lm_and_api_base_options_no_step_takes_are_refused(corpus: Path):
                              "http://127.0.0.1:7/v1", "--dry-run"])
         assert code == 0, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("options, named", [
+    (["--concurrency", "8"], "--concurrency"),
+    (["--engine", "ray"], "--engine"),
+    (["--ray-address", "auto"], "--ray-address"),
+    (["--cache-dir", "cache"], "--cache-dir"),
+    (["--fail-fast"], "--fail-fast"),
+    (["--structured", "json"], "--structured"),
+    (["--rpm", "60"], "--rpm"),
+    (["--tpm", "1000"], "--tpm"),
+    (["--fail-fast", "--concurrency", "2", "--rpm", "60"], "--rpm, --concurrency, --fail-fast"),
+])
+def test_a_dry_run_refuses_options_only_a_run_uses(options: list[str], named: str, corpus: Path):
+    """The dry run reads the manifest, the books and -o, prices the LMs --lm names and checks the server
+    --api-base names as the run would; it runs no cell, calls no LM and opens no cache: the options of
+    running are refused, not ignored."""
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
+    out = corpus / "sweep"
+    code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "openai/x", "--api-base",
+                         "http://127.0.0.1:9/v1", *options, "--dry-run"])
+    assert (code, err) == (2, f"error: --dry-run runs no cell and calls no LM: {named} would not apply\n")
+    assert not out.exists() and not (corpus / "cache").exists()
+    code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "openai/x", "--api-base",
+                         "http://127.0.0.1:9/v1", "--engine", "local", "--concurrency", "4", "--dry-run"])
+    assert code == 0, err  # the defaults given are no change

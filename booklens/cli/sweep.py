@@ -3,6 +3,7 @@ with one aggregate table (see `booklens.sweep`)."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -19,6 +20,7 @@ from booklens.cli.common import (
     choices,
     lm_options,
 )
+from booklens.errors import BooklensError
 from booklens.sweep import ENGINES
 
 Engine = choices("Engine", ENGINES)
@@ -56,11 +58,21 @@ def sweep_command(
                                                                 "fails.")] = False,
 ) -> None:
     """Compare systems across a corpus: one run directory per (system, book), results.json, report.html."""
+    if dry_run:
+        # The dry run reads the manifest, the books and -o, prices the LMs --lm names and checks the
+        # server --api-base names as the run would; the options of running the cells (how, how fast,
+        # with which cache) would do nothing.
+        run_settings = {"engine": engine, "ray_address": ray_address, "structured": structured, "rpm": rpm,
+                        "tpm": tpm, "concurrency": concurrency, "cache_dir": cache_dir, "fail_fast": fail_fast}
+        defaults = inspect.signature(sweep_command).parameters
+        given = ["--" + name.replace("_", "-") for name, value in run_settings.items()
+                 if value != defaults[name].default]
+        if given:
+            raise BooklensError(f"--dry-run runs no cell and calls no LM: {', '.join(given)} would not apply")
     from booklens.sweep.run import dry_run as plan_text, run_sweep
 
     if dry_run:
-        typer.echo(plan_text(manifest, output, lm=lm, api_base=api_base,
-                             server_options=lm_options(structured, rpm, tpm)))
+        typer.echo(plan_text(manifest, output, lm=lm, api_base=api_base))
         return
     outcome = run_sweep(manifest, output, engine=engine.value, ray_address=ray_address, lm=lm, api_base=api_base,
                         concurrency=concurrency, cache_dir=cache_dir, fail_fast=fail_fast,

@@ -331,14 +331,14 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
 
 
 def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = None,
-            api_base: Optional[str] = None, server_options: Optional[dict[str, Any]] = None) -> str:
-    """The text `--dry-run` prints: the cells and the estimated work per system. Writes nothing.
-    `server_options` (structured, rpm, tpm) are checked as the run would check them."""
+            api_base: Optional[str] = None) -> str:
+    """The text `--dry-run` prints: the cells and the estimated work per system. Writes nothing, calls
+    no LM and opens no cache, so it takes none of the options of running cells (engine, concurrency,
+    cache, --structured, --rpm, --tpm, --fail-fast)."""
     from booklens.sweep.estimate import ASSUMPTIONS, estimate_sweep
 
     output = Path(output)
-    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, check_lms=False,
-                           server_options=server_options)
+    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, check_lms=False)
     estimates = estimate_sweep(sweep)
     lines = [f"{len(tasks)} cells: {len(sweep.systems)} systems \u00d7 {len(sweep.books)} books -> {output}"]
     done = sum(1 for t in tasks if _complete(Path(t.output)))
