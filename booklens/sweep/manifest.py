@@ -220,8 +220,8 @@ def _check_servers(spec: ManifestSpec, manifest: Path, override: Optional[str],
                    lm: Optional[str]) -> Optional[str]:
     """Every api_base is an http(s) URL (the LM layer's own check), named as the manifest names it,
     and is kept as that check gives it back: stripped, and an empty one is no api_base at all, as
-    an empty `--api-base` is (the step takes the sweep's server, which the LM checks before the
-    sweep then cover). An api_base of a step whose LM is the embedded model would be ignored: refused
+    an empty `--api-base` is (the step takes the sweep's server, checked before the sweep like the
+    others). An api_base of a step whose LM is the embedded model would be ignored: refused
     by the rule `--api-base` beside `--lm local` is refused by; so is the sweep's own when every step
     runs on the embedded model. Returns the command's `override` (`--api-base`) so checked; `lm`
     is the command's `--lm`."""
