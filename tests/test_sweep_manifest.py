@@ -295,6 +295,19 @@ def test_one_book_under_two_keys_is_refused(corpus: Path):
     assert [b.key for b in load_manifest(manifest, lm="openai/x", api_base="http://x/v1").books] == ["alpha", "beta"]
 
 
+def test_an_empty_lm_is_refused_as_an_empty_lm_option_is(corpus: Path):
+    for section, where in (("lm: ''\n", "lm"), ("judge: {lm: ' '}\n", "judge.lm")):
+        manifest = write(corpus / "m.yaml", f"{section}books: corpus\nsystems: [{{name: a}}]\n")
+        with pytest.raises(BooklensError) as caught:
+            load_manifest(manifest, lm="openai/x", api_base="http://127.0.0.1:9/v1")
+        assert str(caught.value) == (f"{manifest}: {where} is empty: name a model ('local', 'openai/gpt-4o-mini', "
+                                     "...) or leave it out")
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a, lm: ''}]\n")
+    code, err = run_cli(["sweep", str(manifest), "-o", str(corpus / "sweep"), "--dry-run"])
+    assert code == 2 and err == f"error: {manifest}: system 'a': lm is empty: name a model ('local', " \
+        "'openai/gpt-4o-mini', ...) or leave it out\n"
+
+
 def test_an_empty_api_base_is_no_api_base(corpus: Path):
     """`api_base: ""` is what `--api-base ""` is on the command line: not given. A step takes the
     sweep's server then, and the LMs checked before the sweep (key, model) are those its cells call

@@ -211,9 +211,20 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
             system.program = str(program)
     judge = spec.judge
     _check_judge(judge, base, path)
+    _check_lms(spec, path)
     api_base = _check_servers(spec, path, api_base, lm)
     return Sweep(manifest=path, books=books, systems=systems, judge=judge, lm=lm or spec.lm,
                  api_base=api_base or spec.api_base, summaries=summaries)
+
+
+def _check_lms(spec: ManifestSpec, manifest: Path) -> None:
+    """An empty `lm` is a mistake (an unset template variable, say), as an empty `--lm` is: refused,
+    not taken for the sweep's default or the embedded model."""
+    where = [(f"{manifest}: lm", spec.lm), (f"{manifest}: judge.lm", spec.judge.lm)]
+    where += [(f"{manifest}: system {s.name!r}: lm", s.lm) for s in spec.systems]
+    for what, value in where:
+        if value is not None and not value.strip():
+            raise BooklensError(f"{what} is empty: name a model ('local', 'openai/gpt-4o-mini', ...) or leave it out")
 
 
 def _check_servers(spec: ManifestSpec, manifest: Path, override: Optional[str],
