@@ -272,6 +272,11 @@ class ClaimVerifier(Module):
             total += count_tokens(text) + 40  # field headers, JSON keys, chat turns
         return total
 
+    def evidence_budget(self, context_window: int | None) -> int:
+        """Evidence tokens one verification prompt of this verifier may hold on an LM with this context
+        window (the 'book' mode's budget when none is given); a sweep's `--dry-run` sizes it the same way."""
+        return evidence_budget(context_window, self.max_tokens, self.demo_tokens())
+
     def forward(self, claim: str, passages: Sequence[str] | None = None) -> dspy.Prediction:
         config = {"max_tokens": self.max_tokens}
         finish: dict[str, str] = {}
@@ -334,9 +339,7 @@ class FaithfulnessChecker(Module):
         """Evidence tokens per verification: the given budget or what the LM's window holds."""
         if self.budget_tokens is not None:
             return self.budget_tokens
-        lm = dspy.settings.lm
-        return evidence_budget(getattr(lm, "context_window", None), self.verifier.max_tokens,
-                               self.verifier.demo_tokens())
+        return self.verifier.evidence_budget(getattr(dspy.settings.lm, "context_window", None))
 
     # -- evidence -----------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from booklens.lm.adapter import BooklensAdapter
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 from booklens.lm.cache import CACHE_FILE, CallCache, default_cache_dir
 from booklens.lm.embedded import LOCAL_LM, LocalBackend, resolve_lm_name
-from booklens.lm.remote import STRUCTURED_MODES, LiteLLMBackend, resolve_api_base, resolve_server
+from booklens.lm.remote import (STRUCTURED_MODES, LiteLLMBackend, model_context_window, resolve_api_base,
+                                 resolve_server)
 from booklens.lm.usage import UsageTracker
 from booklens.parallel import raise_if_stopped, survive_ctrl_c
 
@@ -208,6 +209,13 @@ def local_backend() -> LocalBackend:
                 raise LMError(f"embedded model file missing: {backend.model_path}")
             _LOCAL_BACKEND = backend
         return _LOCAL_BACKEND
+
+
+def lm_context_window(lm: str | None = None) -> int | None:
+    """The context window of the model a `--lm` string names, as its backend would have it (None when
+    unknown), without building the backend: no model loads and no key is needed."""
+    name = resolve_lm_name(lm)
+    return LocalBackend.context_window if name == LOCAL_LM else model_context_window(name)
 
 
 def make_backend(lm: str | None = None, *, api_base: str | None = None, structured: str | None = None,

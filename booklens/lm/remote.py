@@ -127,6 +127,18 @@ def resolve_server(model: str, api_base: str | None = None) -> str | None:
     return resolve_api_base(api_base) or provider_api_base(model)
 
 
+def model_context_window(model: str) -> int | None:
+    """Input tokens a LiteLLM model takes, from LiteLLM's model map (None when it does not know the
+    model: a self-hosted server's). What a backend works within, known without building one."""
+    import litellm
+
+    try:
+        info = litellm.get_model_info(model)
+        return info.get("max_input_tokens") or info.get("max_tokens")
+    except Exception:
+        return None
+
+
 class LiteLLMBackend:
     """Any LiteLLM model string; `api_base` points it at an OpenAI-compatible server.
 
@@ -152,7 +164,7 @@ class LiteLLMBackend:
         self.structured = structured
         self.limiter = limiter
         self.sleep = sleep
-        self.context_window = self._context_window()
+        self.context_window = model_context_window(model)
         try:
             self.provider = litellm.get_llm_provider(model, api_base=api_base)[1]
         except Exception:
@@ -208,15 +220,6 @@ class LiteLLMBackend:
             return bool(supports_anthropic_cache_control(self.model, self.provider))
         except Exception:
             return False
-
-    def _context_window(self) -> int | None:
-        import litellm
-
-        try:
-            info = litellm.get_model_info(self.model)
-            return info.get("max_input_tokens") or info.get("max_tokens")
-        except Exception:
-            return None
 
     def validate(self) -> None:
         """Fail before any work when the model string or its key cannot work."""

@@ -3,10 +3,13 @@ what that costs where LiteLLM knows the model's prices. No LM is called and no m
 
 The summarizer's calls come from its own planning code run on each book's real chunks: the
 level-1 groups (`group_by_budget`), each merge level (`plan_level`), and the budget checks, so
-a configuration the summarizer would refuse is refused here too. What cannot be known before the
-model writes is assumed, and said: every summary fills its token budget, incremental updating
-compresses after every update (both upper bounds on calls), a summary sentence is about
-`TOKENS_PER_SENTENCE` tokens and yields one claim, and no answer needs a retry.
+a configuration the summarizer would refuse is refused here too. The judge's calls are sized for
+the judge's LM: with `evidence: book` each verification holds what the verifier's own budget on
+that LM's context window holds (`ClaimVerifier.evidence_budget`), the whole book at most. What
+cannot be known before the model writes is assumed, and said: every summary fills its token
+budget, incremental updating compresses after every update (both upper bounds on calls), a
+summary sentence is about `TOKENS_PER_SENTENCE` tokens and yields one claim, and no answer needs
+a retry.
 """
 
 from __future__ import annotations
@@ -175,11 +178,10 @@ def _greedy_end(sizes: list[int], start: int, room: int) -> int:
     return end
 
 
-def judge_work(judge: Any, summary_tokens: int, sentences: int, context_window: Optional[int],
+def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int, judge_window: Optional[int],
                overheads: _Overheads, programs: dict[str, Any]) -> Work:
-    """Calls and tokens to judge one summary of this many tokens and sentences."""
-    from booklens.programs.faithfulness import evidence_budget
-
+    """Calls and tokens to judge one summary of this many tokens and sentences, of a book of
+    `book_tokens`, on a judge LM whose context window is `judge_window` (None: unknown)."""
     work = Work()
     sentences = max(1, sentences)
     if "coherence" in judge.steps:
@@ -205,8 +207,8 @@ def judge_work(judge: Any, summary_tokens: int, sentences: int, context_window: 
             head, evidence = overheads.of(verifier.verify_without_evidence, claim=""), 0
         else:
             head = overheads.of(verifier.verify, evidence="", claim="")
-            if judge.evidence == "book":
-                evidence = judge.budget_tokens or evidence_budget(context_window)
+            if judge.evidence == "book":  # as much of the book as the judge LM's budget holds, at most all of it
+                evidence = min(book_tokens, judge.budget_tokens or verifier.evidence_budget(judge_window))
             else:
                 evidence = judge.k * judge.passage_tokens
         work.add(claims, claims * (head + CLAIM_TOKENS + evidence), claims * VERIFY_ANSWER_TOKENS)
@@ -225,26 +227,29 @@ def estimate_sweep(sweep: Sweep) -> list[SystemEstimate]:
     import dspy
 
     from booklens.errors import BooklensError
-    from booklens.lm import BooklensAdapter, resolve_lm_name
+    from booklens.lm import BooklensAdapter, lm_context_window, resolve_lm_name
     from booklens.pipeline import build_summarizer
     from booklens.text import chunk_text, count_tokens, read_book, split_sentences
 
     judge = sweep.judge_config()
     overheads = _Overheads()
-    texts: dict[tuple[str, bool], Optional[str]] = {}
+    texts: dict[tuple[str, bool], Optional[tuple[str, int]]] = {}
 
-    def book_text(key: str, drop_matter: bool) -> Optional[str]:
+    def book_text(key: str, drop_matter: bool) -> Optional[tuple[str, int]]:
+        """The book's text and its tokens; None when it cannot be read (its cells fail, making no call)."""
         if (key, drop_matter) not in texts:
             try:
-                texts[(key, drop_matter)] = read_book(sweep.book(key).path, drop_matter=drop_matter)
+                text = read_book(sweep.book(key).path, drop_matter=drop_matter)
+                texts[(key, drop_matter)] = (text, count_tokens(text))
             except BooklensError:
-                texts[(key, drop_matter)] = None  # its cells will fail; nothing to estimate
+                texts[(key, drop_matter)] = None
         return texts[(key, drop_matter)]
 
     estimates = []
     with dspy.context(adapter=BooklensAdapter()):
         programs = _judge_programs(judge)
         judge_lm = resolve_lm_name(judge.lm or sweep.lm)
+        judge_window = lm_context_window(judge_lm)  # the judge's calls run on its LM, not the summarizer's
         for spec in sweep.systems:
             first = sweep.system_config(spec.name, sweep.books[0].key)
             given = spec.summaries is not None
@@ -258,20 +263,20 @@ def estimate_sweep(sweep: Sweep) -> list[SystemEstimate]:
                 except BooklensError as exc:
                     raise BooklensError(f"system {spec.name!r}: {exc}") from None
             for book in sweep.books:
+                read = book_text(book.key, first.drop_matter)
+                if read is None:
+                    continue
+                text, book_tokens = read
                 if given:
                     summary = sweep.summaries[spec.name][book.key]
                     tokens, sentences = count_tokens(summary), len(split_sentences(summary))
                 else:
-                    text = book_text(book.key, first.drop_matter)
-                    if text is None:
-                        continue
                     chunks = chunk_text(text, first.chunk_size)
                     est.chunks += len(chunks)
                     work, tokens = summary_work(summarizer, chunks, overheads)
                     est.summarize.add(work.calls, work.prompt_tokens, work.completion_tokens)
                     sentences = max(1, round(tokens / TOKENS_PER_SENTENCE))
-                window = summarizer.context_window if summarizer is not None else None
-                w = judge_work(judge, tokens, sentences, window, overheads, programs)
+                w = judge_work(judge, tokens, sentences, book_tokens, judge_window, overheads, programs)
                 est.judge.add(w.calls, w.prompt_tokens, w.completion_tokens)
             costs = [price(judge_lm, est.judge.prompt_tokens, est.judge.completion_tokens)]
             if est.summarize_lm is not None:

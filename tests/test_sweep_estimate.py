@@ -1,0 +1,81 @@
+"""`booklens sweep --dry-run`'s estimate (`booklens.sweep.estimate`) on hand-made manifests: no LM
+is called and no model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from booklens.sweep.estimate import estimate_sweep
+from booklens.sweep.manifest import load_manifest
+
+NOVEL = "pride_and_prejudice"
+SUMMARY = "Elizabeth Bennet meets Mr Darcy at a ball. She refuses his first proposal and marries him later."
+
+
+def book_evidence(context_window: int, judge) -> int:
+    """Evidence tokens the verifier reads per claim in the 'book' mode on an LM of this window: what
+    the running judge computes (`FaithfulnessChecker.resolved_budget`)."""
+    import dspy
+
+    from booklens.pipeline import load_judge_programs
+    from booklens.programs.faithfulness import FaithfulnessChecker
+    from booklens.testing import ScriptedLM
+
+    programs = load_judge_programs(judge)
+    checker = FaithfulnessChecker(programs["decomposition"], programs["verification"], evidence_mode="book")
+    with dspy.context(lm=ScriptedLM(lambda call: {}, context_window=context_window)):
+        return checker.resolved_budget()
+
+
+def test_book_evidence_is_sized_by_the_judges_lm_not_the_summarizers(books_dir: Path, tmp_path: Path):
+    """The verifier reads as much of the book as the judge LM's window holds (gpt-4o-mini: 128K);
+    the estimate sized it from the summarizer's window (8K), about 15x under for Pride and Prejudice."""
+    import litellm
+
+    from booklens.text import count_tokens, read_book
+
+    (tmp_path / "given.json").write_text(json.dumps({NOVEL: SUMMARY}), encoding="utf-8")
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text(
+        f"lm: openai/fake-model\nbooks: [{books_dir / (NOVEL + '.txt')}]\n"
+        "systems:\n"
+        "  - {name: hier, method: hier, chunk_size: 2048, context_window: 8192}\n"
+        "  - {name: given, summaries: given.json}\n"
+        "judge: {steps: [faithfulness], evidence: book, max_claims: 2, lm: openai/gpt-4o-mini}\n",
+        encoding="utf-8")
+    sweep = load_manifest(manifest)
+    window = litellm.get_model_info("openai/gpt-4o-mini")["max_input_tokens"]
+    evidence = book_evidence(window, sweep.judge_config())
+    book_tokens = count_tokens(read_book(books_dir / f"{NOVEL}.txt"))
+    assert window == 128_000 and 100_000 < evidence < book_tokens  # the novel does not fit whole
+    estimates = {e.name: e for e in estimate_sweep(sweep)}
+    for name, e in estimates.items():
+        assert e.judge_lm == "openai/gpt-4o-mini"
+        claims = e.judge.calls - 1  # one decomposition call, then one verification per claim (max_claims: 2)
+        assert claims == 2, name
+        # Every verification prompt holds the evidence, plus its instructions, demos and claim.
+        assert claims * evidence <= e.judge.prompt_tokens <= claims * evidence + 10_000, (name, e.judge)
+
+
+def test_book_evidence_is_no_more_than_the_book(books_dir: Path, tmp_path: Path):
+    """A short story fits a large window whole: the verifier reads the story, not the window's budget."""
+    from booklens.text import count_tokens, read_book
+
+    story = "the_cask_of_amontillado"
+    (tmp_path / "given.json").write_text(json.dumps({story: "Montresor walls Fortunato up in the vaults."}),
+                                         encoding="utf-8")
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text(
+        f"books: [{books_dir / (story + '.txt')}]\nsystems: [{{name: given, summaries: given.json}}]\n"
+        "judge: {steps: [faithfulness], evidence: book, max_claims: 1, lm: openai/gpt-4o-mini}\n", encoding="utf-8")
+    sweep = load_manifest(manifest)
+    book_tokens = count_tokens(read_book(books_dir / f"{story}.txt"))
+    assert book_tokens < 5_000 < book_evidence(128_000, sweep.judge_config())
+    (e,) = estimate_sweep(sweep)
+    assert e.judge.calls == 2
+    # (the verifier's instructions and demos are about 1,900 tokens; a default window's budget, 5,548, is more
+    # than the story holds)
+    assert book_tokens <= e.judge.prompt_tokens <= book_tokens + 2_500, e.judge
