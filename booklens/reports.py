@@ -25,6 +25,7 @@ from typing import Any, Optional, Sequence, Union
 from pydantic import BaseModel, ValidationError
 
 from booklens.errors import BooklensError, first_line
+from booklens.lm.usage import cost_text
 from booklens.records import (
     COHERENCE_ERROR_TYPES,
     FORMAT_VERSION,
@@ -209,12 +210,6 @@ def _pct(x: Optional[float], digits: int = 1) -> str:
 
 def _plural(n: int, word: str, plural: Optional[str] = None) -> str:
     return f"{n:,} {word if n == 1 else (plural or word + 's')}"
-
-
-def _cost(value: Optional[float]) -> str:
-    if value is None:
-        return "unknown"
-    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
 
 
 def _label_class(label: Optional[str]) -> str:
@@ -845,7 +840,7 @@ def _run_section(data: RunData) -> str:
         extra = f'<td class="num">{_int(cached)}</td>' if provider_cached else ""
         return (f'<tr><th scope="row">{h(label)}</th><td class="num">{_int(calls)}</td>'
                 f'<td class="num">{_int(prompt)}</td>{extra}<td class="num">{_int(completion)}</td>'
-                f'<td class="num">{h(_cost(cost))}</td></tr>')
+                f'<td class="num">{h(cost_text(cost))}</td></tr>')
 
     rows = [row(_STEP_NAMES.get(name, name), step.calls, step.prompt_tokens, step.completion_tokens, step.cost_usd,
                 step.provider_cached_tokens) for name, step in run.steps.items()]

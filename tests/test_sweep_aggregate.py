@@ -215,3 +215,56 @@ def test_the_figures_do_not_depend_on_the_order_of_the_books():
     forward = results(["a", "b"], books, rows)
     backward = results(["a", "b"], books[::-1], rows[::-1])
     assert forward["systems"] == backward["systems"] and forward["pairs"] == backward["pairs"]
+
+
+def test_a_cost_is_known_only_when_every_call_that_counted_was_priced(tmp_path):
+    """One rule for the records, the aggregate, the report and the progress line: a sum over calls of
+    which some had no price is unknown, not the price of the others (a system's cost summed the
+    cells that had one, a step's the calls that had one)."""
+    from booklens.lm.usage import UsageTracker, known_cost
+
+    assert known_cost([(10, 0.25), (3, 0.5)]) == 0.75
+    assert known_cost([(10, 0.25), (3, None)]) is None
+    assert known_cost([(10, 0.25), (0, None)]) == 0.25  # no call: nothing to price
+    assert known_cost([(0, None)]) is None and known_cost([]) is None  # no call made: no cost to state
+
+    # A step: one priced call and one the provider gave no price for, fresh or from the cache.
+    for cached in (False, True):
+        tracker = UsageTracker()
+        tracker.record(cached=False, prompt_tokens=10, completion_tokens=2, cost=0.01)
+        tracker.record(cached=cached, prompt_tokens=10, completion_tokens=2, cost=None)
+        assert tracker.work()["calls"] == 2 and tracker.work()["cost_usd"] is None, cached
+    tracker = UsageTracker()
+    tracker.record(cached=False, prompt_tokens=10, completion_tokens=2, cost=0.01)
+    tracker.record(cached=True, prompt_tokens=10, completion_tokens=2, cost=0.02)
+    assert tracker.work()["cost_usd"] == 0.03
+    # Between two snapshots only the calls made in between count: an unpriced call before them does not.
+    before = tracker.snapshot()
+    tracker.record(cached=False, prompt_tokens=10, completion_tokens=2, cost=None)
+    middle = tracker.snapshot()
+    tracker.record(cached=False, prompt_tokens=10, completion_tokens=2, cost=0.04)
+    from booklens.lm.usage import work_between
+
+    assert work_between(before, middle)["cost_usd"] is None
+    assert work_between(middle, tracker.snapshot())["cost_usd"] == 0.04
+
+    # A system whose cells were priced but one: unknown in results.json and the report, not $0.25.
+    outcomes = [outcome_of_run("a", "b1", run(0.8, 50.0, 10, cost=0.25)),
+                outcome_of_run("a", "b2", run(0.6, 75.0, 12, cost=None)),
+                outcome_of_run("b", "b1", run(0.9, 100.0, 20, cost=0.5)),
+                outcome_of_run("b", "b2", failed_run(3))]
+    data = write_aggregate(tmp_path, ["a", "b"], ["b1", "b2"], outcomes)
+    assert data["systems"]["a"]["usage"]["cost_usd"] is None
+    assert data["systems"]["b"]["usage"]["cost_usd"] == 1.0
+    rows = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
+    assert [r["cost_usd"] for r in rows] == [0.25, None, 0.5, 0.5]
+    page = render_sweep_report(data, rows, title="t")
+    table = page.split("<caption>Systems compared</caption>")[1].split("</table>")[0]
+    assert [row.rsplit('<td class="num">', 1)[1].split("<")[0] for row in table.split("<tr>")[2:]] == \
+        ["unknown", "$1.00"]
+
+    # The progress line states a cost on the same rule (and none while it is unknown).
+    usage = {"calls": 2, "cached_calls": 1, "cost_usd": 0.4, "cached_cost_usd": 0.02, "unpriced_calls": 1}
+    assert "$" not in SweepProgress(2, lambda: usage, stream=io.StringIO(), tty=False).line()
+    usage["unpriced_calls"] = 0
+    assert "| $0.4200 |" in SweepProgress(2, lambda: usage, stream=io.StringIO(), tty=False).line()

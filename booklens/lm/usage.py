@@ -3,6 +3,10 @@
 The one place where calls are counted. Calls answered from the disk cache cost nothing now and
 are counted apart, with the tokens and cost they had when first made, so a resumed run can
 report the same figures as an uninterrupted one (`work_between`).
+
+A cost is stated by one rule, `known_cost`: work costs the sum of its calls' prices only when
+every call that counted had one (LiteLLM knew the model's prices); otherwise it is unknown (None).
+Records, a sweep's aggregate and report, its progress line and its `--dry-run` estimate all use it.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import contextlib
 import contextvars
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from booklens.vocabulary import counted
 
@@ -63,6 +67,10 @@ class StepUsage:
     cached_completion_tokens: int = 0
     cached_cost_usd: float | None = None
     cached_provider_cached_tokens: int = 0
+    # Calls without a price (fresh, and answered from the cache): `cost_usd` and `cached_cost_usd`
+    # sum the others', so a cost stated from these counts is unknown while these are not 0 (`known_cost`).
+    unpriced_calls: int = 0
+    cached_unpriced_calls: int = 0
     # Prompt tokens of fresh calls that the provider read from its own prompt cache
     # (`prompt_tokens_details.cached_tokens`); they are part of prompt_tokens and cost_usd
     # already prices them at the provider's cached rate.
@@ -75,17 +83,23 @@ class StepUsage:
             self.cached_prompt_tokens += prompt_tokens
             self.cached_completion_tokens += completion_tokens
             self.cached_provider_cached_tokens += provider_cached_tokens
-            if cost is not None:
+            if cost is None:
+                self.cached_unpriced_calls += 1
+            else:
                 self.cached_cost_usd = (self.cached_cost_usd or 0.0) + cost
             return
         self.calls += 1
         self.prompt_tokens += prompt_tokens
         self.provider_cached_tokens += provider_cached_tokens
         self.completion_tokens += completion_tokens
-        if cost is not None:
+        if cost is None:
+            self.unpriced_calls += 1
+        else:
             self.cost_usd = (self.cost_usd or 0.0) + cost
 
     def as_dict(self) -> dict[str, Any]:
+        """The counters (a snapshot): they add up over trackers and subtract between snapshots. The
+        cost of the calls they count is `snapshot_cost`, not `cost_usd`, which sums the priced ones."""
         return {
             "calls": self.calls,
             "cached_calls": self.cached_calls,
@@ -97,6 +111,8 @@ class StepUsage:
             "cached_cost_usd": None if self.cached_cost_usd is None else round(self.cached_cost_usd, 6),
             "provider_cached_tokens": self.provider_cached_tokens,
             "cached_provider_cached_tokens": self.cached_provider_cached_tokens,
+            "unpriced_calls": self.unpriced_calls,
+            "cached_unpriced_calls": self.cached_unpriced_calls,
         }
 
 
@@ -145,16 +161,55 @@ WORK_KEYS = ("calls", "prompt_tokens", "completion_tokens", "cost_usd", "provide
 WORK_COUNTS = tuple(key for key in WORK_KEYS if key != "cost_usd")
 
 
+def known_cost(parts: Iterable[tuple[int, Optional[float]]]) -> Optional[float]:
+    """The one rule for what LM work cost. `parts` are (calls, USD of those calls, None when any of
+    them had no price). The cost is known only when every part that made a call is priced: then it
+    is their sum; otherwise it is unknown (None), as it is when no call was made at all."""
+    total, priced = 0.0, False
+    for calls, cost in parts:
+        if not calls:
+            continue
+        if cost is None:
+            return None
+        total += float(cost)
+        priced = True
+    return round(total, 6) if priced else None
+
+
+def cost_text(cost: Optional[float]) -> str:
+    """A cost as every page and line shows it: '$0.0123', '$12.34', or 'unknown' (`known_cost`)."""
+    if cost is None:
+        return "unknown"
+    return f"${cost:,.4f}" if cost < 1 else f"${cost:,.2f}"
+
+
+def snapshot_cost(after: Mapping[str, Any], before: Optional[Mapping[str, Any]] = None) -> Optional[float]:
+    """What the calls counted between two snapshots (`StepUsage.as_dict`) cost, fresh and cached alike,
+    by `known_cost` (`before` None: every call of `after`)."""
+    before = before or {}
+
+    def part(prefix: str) -> tuple[int, Optional[float]]:
+        calls = int(after.get(f"{prefix}calls") or 0) - int(before.get(f"{prefix}calls") or 0)
+        unpriced = (int(after.get(f"{prefix}unpriced_calls") or 0)
+                    - int(before.get(f"{prefix}unpriced_calls") or 0))
+        spent = after.get(f"{prefix}cost_usd")
+        if unpriced or spent is None:
+            return calls, None
+        return calls, float(spent) - float(before.get(f"{prefix}cost_usd") or 0.0)
+
+    return known_cost([part(""), part("cached_")])
+
+
 def total_work(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The sum of `work_between` figures (a run's steps, a sweep's cells): counts add up, and the
-    cost is None unless at least one item knows its own."""
-    total: dict[str, Any] = {key: None if key == "cost_usd" else 0 for key in WORK_KEYS}
+    cost is known only when every item that made a call knows its own (`known_cost`)."""
+    items = list(items)
+    total: dict[str, Any] = {key: 0 for key in WORK_COUNTS}
     for item in items:
         for key in WORK_COUNTS:
             total[key] += int(item.get(key) or 0)
-        if item.get("cost_usd") is not None:
-            total["cost_usd"] = round((total["cost_usd"] or 0.0) + float(item["cost_usd"]), 6)
-    return total
+    total["cost_usd"] = known_cost((int(item.get("calls") or 0), item.get("cost_usd")) for item in items)
+    return {key: total[key] for key in WORK_KEYS}
 
 
 def describe_calls(usage: dict[str, Any], *, tokens: bool = True) -> str:
@@ -178,10 +233,5 @@ def work_between(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any
                   - before["completion_tokens"] - before.get("cached_completion_tokens", 0))
     provider_cached = (after.get("provider_cached_tokens", 0) + after.get("cached_provider_cached_tokens", 0)
                        - before.get("provider_cached_tokens", 0) - before.get("cached_provider_cached_tokens", 0))
-    costs = [after.get("cost_usd"), after.get("cached_cost_usd")]
-    cost = None
-    if any(c is not None for c in costs):
-        spent = sum(c or 0.0 for c in costs) - (before.get("cost_usd") or 0.0) - (before.get("cached_cost_usd") or 0.0)
-        cost = round(spent, 6)
-    return {"calls": calls, "prompt_tokens": prompt, "completion_tokens": completion, "cost_usd": cost,
-            "provider_cached_tokens": provider_cached}
+    return {"calls": calls, "prompt_tokens": prompt, "completion_tokens": completion,
+            "cost_usd": snapshot_cost(after, before), "provider_cached_tokens": provider_cached}

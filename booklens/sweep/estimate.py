@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from booklens.lm.usage import known_cost
 from booklens.sweep.manifest import Sweep
 
 TOKENS_PER_SENTENCE = 25
@@ -278,10 +279,11 @@ def estimate_sweep(sweep: Sweep) -> list[SystemEstimate]:
                     sentences = max(1, round(tokens / TOKENS_PER_SENTENCE))
                 w = judge_work(judge, tokens, sentences, book_tokens, judge_window, overheads, programs)
                 est.judge.add(w.calls, w.prompt_tokens, w.completion_tokens)
-            costs = [price(judge_lm, est.judge.prompt_tokens, est.judge.completion_tokens)]
+            parts = [(est.judge.calls, price(judge_lm, est.judge.prompt_tokens, est.judge.completion_tokens))]
             if est.summarize_lm is not None:
-                costs.append(price(est.summarize_lm, est.summarize.prompt_tokens, est.summarize.completion_tokens))
-            est.cost_usd = None if any(c is None for c in costs) else round(sum(costs), 4)
+                parts.append((est.summarize.calls, price(est.summarize_lm, est.summarize.prompt_tokens,
+                                                         est.summarize.completion_tokens)))
+            est.cost_usd = known_cost(parts)  # the records' rule: unknown unless every call is priced
             estimates.append(est)
     return estimates
 

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any, Callable, Optional, TextIO
 
+from booklens.lm.usage import cost_text, snapshot_cost
+
 Usage = Callable[[], dict[str, Any]]
 
 
@@ -89,16 +91,15 @@ class SweepProgress:
         calls = (u.get("calls") or 0) + (u.get("cached_calls") or 0)
         tokens = sum(u.get(k) or 0 for k in ("prompt_tokens", "completion_tokens", "cached_prompt_tokens",
                                              "cached_completion_tokens"))
-        costs = [u.get(k) for k in ("cost_usd", "cached_cost_usd") if u.get(k) is not None]
+        cost = snapshot_cost(u)  # None (not shown) unless every call so far had a price
         parts = [f"sweep: {self.done}/{self.total} cells" + (f" ({self.failed} failed)" if self.failed else "")]
         calls_text = f"{_count(calls)} LM calls"
         if u.get("cached_calls"):
             calls_text += f" ({_count(u['cached_calls'])} from the cache)"
         parts.append(calls_text)
         parts.append(f"{_count(tokens)} tokens")
-        if costs:
-            cost = sum(costs)
-            parts.append(f"${cost:.4f}" if cost < 1 else f"${cost:,.2f}")
+        if cost is not None:
+            parts.append(cost_text(cost))
         elapsed = self.clock() - self.started
         timing = _duration(elapsed)
         eta = self.eta(elapsed)

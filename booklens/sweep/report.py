@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 from urllib.parse import quote
 
+from booklens.lm.usage import cost_text
 from booklens.reports import SEP, h, page_head
 
 REPORT_FILE = "report.html"
@@ -53,12 +54,6 @@ def _int(value: Optional[int]) -> str:
     return "-" if value is None else f"{value:,}"
 
 
-def _cost(value: Optional[float]) -> str:
-    if value is None:
-        return "unknown"
-    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
-
-
 def _cell_href(row: dict[str, Any]) -> str:
     return "/".join(quote(part, safe="") for part in ("cells", row["system"], row["book"], "report.html"))
 
@@ -90,12 +85,12 @@ def _table_section(results: dict[str, Any]) -> str:
             f'<td class="num">{_num(s["repeated_trigrams"])}{"%" if s["repeated_trigrams"] is not None else ""}</td>'
             f'<td class="num">{_int(u["calls"])}</td>'
             f'<td class="num">{_int(u["prompt_tokens"] + u["completion_tokens"])}</td>'
-            f'<td class="num">{h(_cost(u["cost_usd"]))}</td></tr>')
+            f'<td class="num">{h(cost_text(u["cost_usd"]))}</td></tr>')
     note = ("<p class=\"note\">One row per system, over the books whose cell completed. BooookScore is the "
             "share of summary sentences a reader would not find confusing (\u00d7100, higher is better); claim "
             "shares are the mean over books of each book's share of its verified claims with that label. "
             "Brackets hold 95% bootstrap intervals over books. LM work counts every cell of the system, failed "
-            "ones included." + _unjudged_note(systems) + "</p>")
+            "ones included; its cost is unknown unless every call had a price." + _unjudged_note(systems) + "</p>")
     return (f'{note}\n<table class="data"><caption>Systems compared</caption><thead>{head}</thead>'
             f'<tbody>{"".join(rows)}</tbody></table>')
 

@@ -335,6 +335,7 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     """The text `--dry-run` prints: the cells and the estimated work per system. Writes nothing, calls
     no LM and opens no cache, so it takes none of the options of running cells (engine, concurrency,
     cache, --structured, --rpm, --tpm, --fail-fast)."""
+    from booklens.lm.usage import cost_text, known_cost
     from booklens.sweep.estimate import ASSUMPTIONS, estimate_sweep
 
     output = Path(output)
@@ -351,13 +352,12 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     header = ("system", "summarizer", "judge", "chunks", "LM calls", "prompt tokens", "completion tokens", "cost")
     rows = []
     for e in estimates:
-        cost = "unknown" if e.cost_usd is None else f"${e.cost_usd:,.4f}"
         rows.append((e.name, e.summarize_lm or "-", e.judge_lm, f"{e.chunks:,}" if e.summarize_lm else "-",
-                     f"{e.calls:,}", f"{e.prompt_tokens:,}", f"{e.completion_tokens:,}", cost))
-    costs = [e.cost_usd for e in estimates]
+                     f"{e.calls:,}", f"{e.prompt_tokens:,}", f"{e.completion_tokens:,}", cost_text(e.cost_usd)))
+    cost = known_cost((e.calls, e.cost_usd) for e in estimates)
     rows.append(("total", "", "", f"{sum(e.chunks for e in estimates):,}", f"{sum(e.calls for e in estimates):,}",
                  f"{sum(e.prompt_tokens for e in estimates):,}", f"{sum(e.completion_tokens for e in estimates):,}",
-                 "unknown" if any(c is None for c in costs) else f"${sum(costs):,.4f}"))
+                 cost_text(cost)))
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines.append("")
     for r in [header, *rows]:
