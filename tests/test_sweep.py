@@ -745,3 +745,145 @@ def run_sweep_quietly(manifest, out, server, cache):
 
     return run_sweep(manifest, out, lm="openai/fake-model", api_base=server.url, cache_dir=cache,
                      stream=io.StringIO(), progress_interval=60)
+
+
+# ---------------------------------------------------------------------------
+# What makes a cell new: a changed server or a changed book counts, wherever it was given
+
+
+def small_corpus(base: Path) -> Path:
+    """Two short books under a summarizing system and a system of given summaries, judged for coherence."""
+    base.mkdir(parents=True, exist_ok=True)
+    for key, name in (("a", "Mara"), ("b", "Tomas")):
+        (base / f"{key}.txt").write_text(" ".join(f"On day {i} {name} climbed the tower and wrote in the log."
+                                                  for i in range(60)), encoding="utf-8")
+    (base / "given.json").write_text(json.dumps({"a": "Mara keeps the light. She writes in the log.",
+                                                 "b": "Tomas keeps the light. He writes in the log."}))
+    (base / "sweep.yaml").write_text(
+        "books: [a.txt, b.txt]\n"
+        "systems:\n  - {name: hier, method: hier, chunk_size: 256, context_window: 2048, max_summary_tokens: 100}\n"
+        "  - {name: given, summaries: given.json}\n"
+        "judge: {steps: [coherence]}\n", encoding="utf-8")
+    return base / "sweep.yaml"
+
+
+def reused_cells(out: Path) -> dict[str, bool]:
+    """Per cell: whether this invocation reused every one of its steps (timings.json)."""
+    return {f"{c.parent.name}/{c.name}": all(s["reused"] for s in read_json(c / "timings.json")["steps"].values())
+            for c in sorted((out / "cells").glob("*/*"))}
+
+
+def test_a_cell_whose_server_or_book_changed_is_new_wherever_the_server_was_given(server, tmp_path, monkeypatch):
+    """A cell's steps are matched by the digests in its run.json (the book's text, the given summary,
+    the LM and its server). A server named by BOOKLENS_API_BASE (or the provider's variable) instead
+    of --api-base was not part of them: after it changed, every cell was reused, judged by the other
+    server."""
+    import io
+
+    from booklens.sweep.run import run_sweep
+
+    manifest = small_corpus(tmp_path / "corpus")
+    out, cache = tmp_path / "sweep", tmp_path / "cache"
+    monkeypatch.delenv("BOOKLENS_API_BASE", raising=False)
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+
+    def sweep():
+        return run_sweep(manifest, out, lm="openai/fake-model", cache_dir=cache, stream=io.StringIO(),
+                         progress_interval=60)
+
+    start = len(server.served)
+    first = sweep()
+    assert [o.status for o in first.outcomes] == ["complete"] * 4
+    made = len(server.served) - start
+    assert first.results["systems"]["given"]["usage"]["calls"] == 2 * 2  # two sentences per given summary
+    assert sweep().results == first.results and len(server.served) - start == made
+    assert set(reused_cells(out).values()) == {True}
+
+    # Another server through the environment: every cell is new, and that server answers all its calls.
+    with FakeOpenAIServer(responder=PipelineResponder()) as other:
+        monkeypatch.setenv("OPENAI_BASE_URL", other.url)
+        again = sweep()
+        assert [o.status for o in again.outcomes] == ["complete"] * 4
+        assert set(reused_cells(out).values()) == {False}
+        assert len(other.served) == made and len(server.served) - start == made
+        assert {read_json(c / "run.json")["config"]["judge_api_base"] for c in (out / "cells").glob("*/*")} == \
+            {other.url}
+        # Back to the first server named by --api-base: the same server, so the same cells as its own.
+        monkeypatch.delenv("OPENAI_BASE_URL")
+        back = run_sweep(manifest, out, lm="openai/fake-model", api_base=server.url, cache_dir=cache,
+                         stream=io.StringIO(), progress_interval=60)
+        assert back.results == first.results and len(server.served) - start == made  # all from the call cache
+
+    # A book whose text changed: its cells are new, the other book's are reused.
+    book = manifest.parent / "a.txt"
+    book.write_text(book.read_text(encoding="utf-8").replace("Mara", "Ines"), encoding="utf-8")
+    before = len(server.served)
+    changed = run_sweep(manifest, out, lm="openai/fake-model", api_base=server.url, cache_dir=cache,
+                        stream=io.StringIO(), progress_interval=60)
+    assert [o.status for o in changed.outcomes] == ["complete"] * 4
+    assert reused_cells(out) == {"given/a": False, "given/b": True, "hier/a": False, "hier/b": True}
+    assert len(server.served) > before
+
+
+def test_a_changed_server_book_or_summaries_file_drops_the_old_aggregate_before_its_cells_run(
+        server, tmp_path, monkeypatch):
+    """sweep.json is what says whether a directory's results.json, cells.jsonl and report.html belong to
+    the plan being run; it named neither the servers nor what the books and summaries files hold, so a
+    rerun after such a change, stopped before its new aggregate was written, left the old figures
+    looking like the new plan's (as a changed manifest no longer does)."""
+    import io
+    import shutil
+
+    from booklens.sweep.engines import LocalEngine
+    from booklens.sweep.run import run_sweep
+
+    monkeypatch.delenv("BOOKLENS_API_BASE", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    corpus = small_corpus(tmp_path / "corpus")
+    finished = tmp_path / "finished"
+    run_sweep(corpus, finished, lm="openai/fake-model", api_base=server.url, cache_dir=tmp_path / "cache",
+              stream=io.StringIO(), progress_interval=60)
+    aggregate = ("results.json", "cells.jsonl", "report.html")
+    assert all((finished / name).is_file() for name in aggregate)
+
+    def interrupted(self, tasks, on_done, *, fail_fast=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalEngine, "run", interrupted)
+
+    pristine = tmp_path / "pristine"
+    shutil.copytree(corpus.parent, pristine)
+
+    def kept_after(change) -> bool:
+        """Whether the aggregate survives a rerun after `change(corpus_dir)` -> api_base, stopped at once."""
+        out = tmp_path / "sweep"
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(finished, out)
+        shutil.rmtree(corpus.parent)
+        shutil.copytree(pristine, corpus.parent)
+        api_base = change(corpus.parent)
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep(corpus, out, lm="openai/fake-model", api_base=api_base, cache_dir=tmp_path / "cache",
+                      stream=io.StringIO(), progress_interval=60)
+        return all((out / name).is_file() for name in aggregate)
+
+    def edit(path: Path, old: str, new: str) -> None:
+        path.write_text(path.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
+
+    def server_by_environment(corpus_dir: Path):
+        monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+        return None
+
+    def other_server_by_environment(corpus_dir: Path):
+        monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+        return None
+
+    assert kept_after(lambda corpus_dir: server.url)  # nothing changed
+    assert kept_after(server_by_environment)  # the same server, named another way
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    assert not kept_after(lambda corpus_dir: "http://127.0.0.1:9/v1")
+    assert not kept_after(other_server_by_environment)
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    assert not kept_after(lambda corpus_dir: edit(corpus_dir / "a.txt", "Mara", "Ines") or server.url)
+    assert not kept_after(lambda corpus_dir: edit(corpus_dir / "given.json", "Tomas keeps", "Tomas tends")
+                          or server.url)

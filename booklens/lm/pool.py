@@ -20,6 +20,16 @@ from booklens.lm.embedded import LOCAL_LM
 from booklens.lm.usage import UsageTracker
 
 
+def lm_server(name: str, api_base: str | None = None) -> str | None:
+    """The server the model `name` is reached at: none for the embedded model, else `api_base`, or
+    the one the environment names (`resolve_server`: BOOKLENS_API_BASE, OPENAI_BASE_URL, ...), as its
+    backend calls it. A run's records and its steps' digests name this server, so a run reached
+    another way (by a variable, not --api-base) at another server is not taken for the same run."""
+    from booklens.lm.remote import resolve_server
+
+    return None if name == LOCAL_LM else resolve_server(name, api_base)
+
+
 class LMPool:
     def __init__(self, default_lm: str | None = None, api_base: str | None = None, *,
                  cache_dir: Path | str | None = None, concurrency: int = 4, use_cache: bool = True,
@@ -46,13 +56,9 @@ class LMPool:
 
     def resolve(self, lm: str | None = None, api_base: str | None = None) -> tuple[str, str | None]:
         """(model string, server) an LM option names: the pool's default model and server where not
-        given (an empty `api_base` means no server); the embedded model has none."""
+        given, the server as its backend reaches it (`lm_server`)."""
         name = (lm or self.default_lm).strip()
-        if name == LOCAL_LM:
-            return name, None
-        if api_base is None:
-            api_base = self.api_base
-        return name, api_base or None
+        return name, lm_server(name, self.api_base if api_base is None else api_base)
 
     def get(self, lm: str | None = None, api_base: str | None = None):
         """The pool's `BooklensLM` for a model (built and checked on first use)."""

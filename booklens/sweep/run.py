@@ -1,15 +1,17 @@
 """A whole sweep: check the manifest, run every cell with an engine, write the aggregate.
 
-    DIR/sweep.json      the resolved plan: books (key -> file), systems, judge, default LM
+    DIR/sweep.json      the resolved plan: books (key -> file), systems, judge, default LM, the
+                        server of each LM, digests of the books, given summaries and programs
     DIR/cells/<system>/<book>/   each cell's run directory (the files `booklens run` writes)
     DIR/cells.jsonl     one flat line per cell: status, error, scores, LM work
     DIR/results.json    per system and per pair of systems, with bootstrap intervals over books
     DIR/report.html     the sweep's page, linking to each cell's report.html
 
 Everything a user can get wrong is checked before anything is written or any model loads. A
-rerun resumes: each cell's pipeline reuses the steps whose inputs are unchanged and the disk
-cache answers every LM call already made, so a finished sweep reruns without an LM call and a
-cell whose configuration changed is recomputed.
+rerun resumes: each cell's pipeline reuses the steps whose inputs are unchanged (their digests in
+the cell's run.json cover the configuration, the LM and its server, the book's text and a given
+summary) and the disk cache answers every LM call already made, so a finished sweep reruns
+without an LM call and a cell whose configuration, server or book changed is recomputed.
 """
 
 from __future__ import annotations
@@ -208,10 +210,41 @@ def check_cache(settings: PoolSettings) -> None:
     CallCache(Path(settings.cache_dir or default_cache_dir()) / CACHE_FILE)
 
 
+def plan_servers(sweep: Sweep) -> list[dict[str, Optional[str]]]:
+    """Each LM the sweep calls with the server its backend reaches (`lm_server`: the manifest's or
+    --api-base's, else the one the environment names), credentials left out."""
+    from booklens.lm.embedded import resolve_lm_name
+    from booklens.lm.pool import lm_server
+    from booklens.pipeline import public_api_base
+
+    pairs = {(resolve_lm_name(lm), public_api_base(lm_server(resolve_lm_name(lm), api_base)))
+             for lm, api_base in sweep_lms(sweep)}
+    return [{"lm": lm, "server": server} for lm, server in sorted(pairs, key=lambda p: (p[0], p[1] or ""))]
+
+
+def plan_content(sweep: Sweep) -> dict[str, Any]:
+    """Digests of what the cells read besides the manifest: each book file, each system's given
+    summaries, each compiled program (None for a file that cannot be read: its cells fail)."""
+    from booklens.pipeline import digest, sha256_file
+
+    def file_sha(path: Path) -> Optional[str]:
+        try:
+            return sha256_file(path)
+        except OSError:
+            return None
+
+    programs = [s.program for s in sweep.systems if s.program] + list((sweep.judge.programs or {}).values())
+    return {"books": {b.key: file_sha(b.path) for b in sweep.books},
+            "summaries": {name: digest(texts) for name, texts in sweep.summaries.items()},
+            "programs": {str(p): file_sha(Path(p)) for p in sorted(set(programs))}}
+
+
 def write_plan(sweep: Sweep, output: Path) -> None:
-    """Write sweep.json. When it changes (another manifest, or the same one edited), the results.json,
+    """Write sweep.json. When it changes (another manifest, the same one edited, another server for
+    one of its LMs, a book or a summaries or program file whose content changed), the results.json,
     cells.jsonl and report.html of the earlier plan are removed first: a sweep stopped before its new
-    aggregate is written must not leave figures that look like this plan's."""
+    aggregate is written must not leave figures that look like this plan's. (Which cells are new is
+    each cell's own run.json's to say: its steps' digests cover the same servers and contents.)"""
     from booklens.records import save_json
     from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
     from booklens.sweep.report import REPORT_FILE
@@ -226,9 +259,11 @@ def write_plan(sweep: Sweep, output: Path) -> None:
         "format_version": 1,
         "manifest": str(sweep.manifest),
         "lm": sweep.lm,
+        "servers": plan_servers(sweep),
         "books": {b.key: str(b.path) for b in sweep.books},
         "systems": [s.model_dump(exclude_unset=True) for s in sweep.systems],
         "judge": sweep.judge.model_dump(exclude_unset=True),
+        "content_sha256": plan_content(sweep),
     })
     if before is not None and plan.read_bytes() != before:
         for name in (RESULTS_FILE, CELLS_FILE, REPORT_FILE):
