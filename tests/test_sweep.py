@@ -887,3 +887,52 @@ def test_a_changed_server_book_or_summaries_file_drops_the_old_aggregate_before_
     assert not kept_after(lambda corpus_dir: edit(corpus_dir / "a.txt", "Mara", "Ines") or server.url)
     assert not kept_after(lambda corpus_dir: edit(corpus_dir / "given.json", "Tomas keeps", "Tomas tends")
                           or server.url)
+
+
+def test_the_progress_line_counts_the_work_of_reused_steps_apart_and_once(server, tmp_path, monkeypatch):
+    """A rerun's progress line counted only the calls of this invocation: the reused cells' work (made
+    by an earlier run, in results.json all the same) was missing from it. It now says both, apart:
+    this invocation's calls, and those of the steps it reused; tokens and cost are of all of them, so
+    the last line's figures are the aggregate's."""
+    import io
+    import re
+
+    from booklens.sweep.progress import _count as shown
+    from booklens.sweep.run import run_sweep
+
+    monkeypatch.delenv("BOOKLENS_API_BASE", raising=False)
+    manifest = small_corpus(tmp_path / "corpus")
+
+    def sweep() -> tuple[dict, str]:
+        stream = io.StringIO()
+        outcome = run_sweep(manifest, tmp_path / "sweep", lm="openai/fake-model", api_base=server.url,
+                            cache_dir=tmp_path / "cache", stream=stream, tty=False, progress_interval=3600)
+        return outcome.results, stream.getvalue().strip().splitlines()[-1]
+
+    def totals(results: dict) -> tuple[int, int]:
+        usage = [s["usage"] for s in results["systems"].values()]
+        return sum(u["calls"] for u in usage), sum(u["prompt_tokens"] + u["completion_tokens"] for u in usage)
+
+    start = len(server.served)
+    results, line = sweep()
+    calls, tokens = totals(results)
+    assert calls == len(server.served) - start
+    assert re.fullmatch(rf"sweep: 4/4 cells \| {calls} LM calls \| {shown(tokens)} tokens \| \d+s", line), line
+
+    results, line = sweep()  # every cell reused
+    assert totals(results) == (calls, tokens)
+    assert re.fullmatch(rf"sweep: 4/4 cells \(4 reused\) \| 0 LM calls \+ {calls} reused from earlier runs \| "
+                        rf"{shown(tokens)} tokens \| \d+s", line), line
+
+    book = manifest.parent / "a.txt"  # the cells of book a are new, those of book b reused
+    book.write_text(book.read_text(encoding="utf-8").replace("Mara", "Ines"), encoding="utf-8")
+    before = len(server.served)
+    results, line = sweep()
+    calls, tokens = totals(results)
+    runs = {c.parent.name + "/" + c.name: read_json(c / "run.json") for c in (tmp_path / "sweep" / "cells").glob("*/*")}
+    earlier = runs["hier/b"]["totals"]["calls"] + runs["given/b"]["totals"]["calls"]
+    made, now = len(server.served) - before, calls - earlier
+    # The given summary of book a judged again: the same prompts, answered by booklens's call cache.
+    assert made and earlier and now - made == 2
+    assert re.fullmatch(rf"sweep: 4/4 cells \(2 reused\) \| {now} LM calls \(2 from the cache\) \+ {earlier} reused "
+                        rf"from earlier runs \| {shown(tokens)} tokens \| \d+s", line), line

@@ -170,15 +170,20 @@ def test_progress_shows_cells_calls_tokens_cost_and_eta():
     progress.started = clock.now
     assert progress.line() == "sweep: 0/12 cells | 1,234 LM calls (34 from the cache) | 1.2M tokens | $0.4200 | 0s"
     clock.now += 2
-    progress.cell_done("s/b1", reused=True)  # no work done: not part of the pace
+    # no work done: not part of the pace; the work of its steps, done by an earlier run, is counted apart
+    progress.cell_done("s/b1", reused=True, earlier={"calls": 10, "prompt_tokens": 4000, "completion_tokens": 1000,
+                                                     "cost_usd": 0.08})
     clock.now += 60
     progress.cell_done("s/b2")
     progress.cell_done("s/b3", failed="summary: no usable summary")
     assert stream.getvalue() == "cell s/b3 failed: summary: no usable summary\n"
     # 62 s for 2 cells that did work; 9 cells left -> 279 s
-    assert progress.line().endswith("| 1m02s, ETA 4m39s") and progress.line().startswith("sweep: 3/12 cells (1 failed)")
+    assert progress.line() == ("sweep: 3/12 cells (1 reused, 1 failed) | 1,234 LM calls (34 from the cache) + 10 reused "
+                               "from earlier runs | 1.2M tokens | $0.5000 | 1m02s, ETA 4m39s")
+    progress.cell_done("s/b4", earlier={"calls": 2, "prompt_tokens": 10, "completion_tokens": 5, "cost_usd": None})
+    assert "+ 12 reused from earlier runs" in progress.line() and "$" not in progress.line()  # a call had no price
     progress.close()
-    assert stream.getvalue().splitlines()[-1].startswith("sweep: 3/12 cells (1 failed)")
+    assert stream.getvalue().splitlines()[-1].startswith("sweep: 4/12 cells (1 reused, 1 failed)")
 
 
 def test_the_last_progress_line_of_a_stopped_sweep_has_no_eta():

@@ -2,8 +2,11 @@
 
 On a terminal it is one line redrawn in place (like tqdm); otherwise (a log file, CI) a plain
 line every `interval` seconds and at the end. A failed cell is reported on its own line at once.
-The LM figures come from a `usage` callable (the engine's running totals), so the display needs
-no knowledge of how cells are scheduled.
+The LM figures of this invocation come from a `usage` callable (the engine's running totals), so
+the display needs no knowledge of how cells are scheduled; the work of the steps a finished cell
+reused from an earlier run (which this invocation did not do, so `usage` does not count it) comes
+with `cell_done` and is shown apart. Tokens and cost are of both: once every cell is done, the
+line's figures are the aggregate's.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, TextIO
 
-from booklens.lm.usage import cost_text, snapshot_cost
+from booklens.lm.usage import cost_text, known_cost, snapshot_cost, total_work
 
 Usage = Callable[[], dict[str, Any]]
 
@@ -51,6 +54,7 @@ class SweepProgress:
         self.done = 0
         self.failed = 0
         self.reused = 0  # cells whose every step was already on disk: no work, so not in the ETA rate
+        self.earlier = total_work([])  # the work of the steps reused from earlier runs (run.json's figures)
         self.started = clock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -65,10 +69,15 @@ class SweepProgress:
         self._thread.start()
         return self
 
-    def cell_done(self, name: str, *, failed: Optional[str] = None, reused: bool = False) -> None:
+    def cell_done(self, name: str, *, failed: Optional[str] = None, reused: bool = False,
+                  earlier: Optional[dict[str, Any]] = None) -> None:
+        """A cell finished; `reused`: every step of it was already on disk; `earlier`: the work
+        (`total_work` figures) of the steps it reused, done by an earlier run."""
         with self._lock:
             self.done += 1
             self.reused += bool(reused)
+            if earlier:
+                self.earlier = total_work([self.earlier, earlier])
             if failed is not None:
                 self.failed += 1
                 self._write_line(f"cell {name} failed: {failed}")
@@ -83,19 +92,27 @@ class SweepProgress:
     # -- drawing -----------------------------------------------------------------
 
     def line(self, final: bool = False) -> str:
-        """'sweep: 5/12 cells (1 failed) | 834 LM calls (120 cached) | 1.2M tokens | $0.42 | 2m13s, ETA 3m05s'.
+        """'sweep: 5/12 cells (2 reused, 1 failed) | 834 LM calls (120 from the cache) + 310 reused from
+        earlier runs | 1.2M tokens | $0.42 | 2m13s, ETA 3m05s': the calls this invocation made (those
+        booklens's cache answered said apart) and those of the steps it reused; tokens and cost of all.
         The `final` line, drawn once the sweep has stopped, has no ETA: cells left then (after
         --fail-fast or an interrupt) are not going to run."""
         u = self.usage() or {}
+        earlier = self.earlier
         # Calls answered from the cache count with the tokens and cost they had when first made.
         calls = (u.get("calls") or 0) + (u.get("cached_calls") or 0)
         tokens = sum(u.get(k) or 0 for k in ("prompt_tokens", "completion_tokens", "cached_prompt_tokens",
                                              "cached_completion_tokens"))
-        cost = snapshot_cost(u)  # None (not shown) unless every call so far had a price
-        parts = [f"sweep: {self.done}/{self.total} cells" + (f" ({self.failed} failed)" if self.failed else "")]
+        tokens += earlier["prompt_tokens"] + earlier["completion_tokens"]
+        # None (not shown) unless every call so far had a price
+        cost = known_cost([(calls, snapshot_cost(u)), (earlier["calls"], earlier["cost_usd"])])
+        cells = [f"{self.reused} reused"] * bool(self.reused) + [f"{self.failed} failed"] * bool(self.failed)
+        parts = [f"sweep: {self.done}/{self.total} cells" + (f" ({', '.join(cells)})" if cells else "")]
         calls_text = f"{_count(calls)} LM calls"
         if u.get("cached_calls"):
             calls_text += f" ({_count(u['cached_calls'])} from the cache)"
+        if earlier["calls"]:
+            calls_text += f" + {_count(earlier['calls'])} reused from earlier runs"
         parts.append(calls_text)
         parts.append(f"{_count(tokens)} tokens")
         if cost is not None:

@@ -270,15 +270,22 @@ def write_plan(sweep: Sweep, output: Path) -> None:
             (output / name).unlink(missing_ok=True)
 
 
-def _reused(outcome: CellOutcome, output: Path) -> bool:
-    """Whether the cell's every step was already on disk (it did no work in this invocation)."""
+def reused_work(outcome: CellOutcome, output: Path) -> tuple[bool, dict[str, Any]]:
+    """What of a finished cell was already on disk: whether every step was (it did no work in this
+    invocation), and the LM work of the steps this invocation reused (run.json's figures, made by an
+    earlier run; the engine's usage counts the rest, so nothing counts twice)."""
     import json
 
+    from booklens.lm.usage import total_work
+
+    steps = (outcome.run or {}).get("steps") or {}
     try:
-        steps = json.loads((cell_dir(output, outcome.system, outcome.book) / "timings.json").read_text())["steps"]
-        return bool(steps) and all(s.get("reused") for s in steps.values())
+        timings = json.loads((cell_dir(output, outcome.system, outcome.book) / "timings.json").read_text())["steps"]
+        reused = [name for name in steps if timings[name].get("reused")]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+        reused = []
+    everything = bool(steps) and len(reused) == len(steps) and not (outcome.run or {}).get("failures")
+    return everything, total_work(steps[name] for name in reused)
 
 
 def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local", ray_address: Optional[str] = None,
@@ -337,8 +344,9 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
         progress.start()
 
         def done(outcome: CellOutcome) -> None:
+            reused, earlier = reused_work(outcome, output)
             progress.cell_done(f"{outcome.system}/{outcome.book}", failed=outcome.error if outcome.status == "failed"
-                               else None, reused=_reused(outcome, output))
+                               else None, reused=reused, earlier=earlier)
 
         from booklens.parallel import quiet_progress
 
