@@ -28,7 +28,7 @@ _EXPORTS = {
               "local_backend", "configure", "current_lm", "Attempted", "predict_with_retries", "fresh_try",
               "hearing_calls", "forget_answers",
               "resolve_structured", "make_limiter", "rate_limits"),
-    "pool": ("LMPool", "FixedLMPool", "lm_server"),
+    "pool": ("LMPool", "FixedLMPool", "named_server"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -20,7 +20,7 @@ from booklens.lm.embedded import LOCAL_LM
 from booklens.lm.usage import UsageTracker
 
 
-def lm_server(name: str, api_base: str | None = None) -> str | None:
+def named_server(name: str, api_base: str | None = None) -> str | None:
     """The server the model `name` is reached at: none for the embedded model, else `api_base`, or
     the one the environment names (`resolve_server`: BOOKLENS_API_BASE, OPENAI_BASE_URL, ...), as its
     backend calls it. A run's records and its steps' digests name this server, so a run reached
@@ -56,9 +56,9 @@ class LMPool:
 
     def resolve(self, lm: str | None = None, api_base: str | None = None) -> tuple[str, str | None]:
         """(model string, server) an LM option names: the pool's default model and server where not
-        given, the server as its backend reaches it (`lm_server`)."""
+        given, the server as its backend reaches it (`named_server`)."""
         name = (lm or self.default_lm).strip()
-        return name, lm_server(name, self.api_base if api_base is None else api_base)
+        return name, named_server(name, self.api_base if api_base is None else api_base)
 
     def get(self, lm: str | None = None, api_base: str | None = None):
         """The pool's `BooklensLM` for a model (built and checked on first use)."""

@@ -211,13 +211,13 @@ def check_cache(settings: PoolSettings) -> None:
 
 
 def plan_servers(sweep: Sweep) -> list[dict[str, Optional[str]]]:
-    """Each LM the sweep calls with the server its backend reaches (`lm_server`: the manifest's or
+    """Each LM the sweep calls with the server its backend reaches (`named_server`: the manifest's or
     --api-base's, else the one the environment names), credentials left out."""
     from booklens.lm.embedded import resolve_lm_name
-    from booklens.lm.pool import lm_server
+    from booklens.lm.pool import named_server
     from booklens.pipeline import public_api_base
 
-    pairs = {(resolve_lm_name(lm), public_api_base(lm_server(resolve_lm_name(lm), api_base)))
+    pairs = {(resolve_lm_name(lm), public_api_base(named_server(resolve_lm_name(lm), api_base)))
              for lm, api_base in sweep_lms(sweep)}
     return [{"lm": lm, "server": server} for lm, server in sorted(pairs, key=lambda p: (p[0], p[1] or ""))]
 
