@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from booklens.errors import BooklensError
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, QA_BOOK_RANK_MODE
 
 
 def title_from_path(path: Path) -> str:
@@ -54,7 +54,8 @@ class Measured:
 
 
 def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = DEFAULT_K,
-                passage_tokens: int = DEFAULT_PASSAGE_TOKENS, rank_mode: str = "bm25", quote_evidence: bool = False,
+                passage_tokens: int = DEFAULT_PASSAGE_TOKENS, rank_mode: str = QA_BOOK_RANK_MODE,
+                quote_evidence: bool = False,
                 evidence_recall: Optional[str] = None, title: Optional[str] = None, limit: Optional[int] = None,
                 position_threshold: int = 100_000, context_window: Optional[int] = None, lm: Any = None,
                 api_base: Optional[str] = None, lm_options: Optional[dict[str, Any]] = None,
@@ -65,9 +66,10 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
 
     `lm` is an `--lm` string (None: the default) or an LM object such as `ScriptedLM`."""
     from booklens.data.novelqa import check_evidence_recall, check_setting, load_questions
-    from booklens.retrieval import index_dir
+    from booklens.retrieval import BOOK_MODES, check_qa_evidence_options, index_dir
     from booklens.text import count_tokens, read_book
 
+    check_qa_evidence_options(evidence, k=k, passage_tokens=passage_tokens, rank_mode=rank_mode)
     if quote_evidence and evidence == "none":
         raise BooklensError("--quote-evidence asks for quotes from the context, and --evidence none gives none")
     if evidence_recall is not None and not quote_evidence:
@@ -94,7 +96,11 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
         modes[r.context_mode] = modes.get(r.context_mode, 0) + 1
     return {
         "kind": "booklens.qa", "book": str(book), "book_tokens": count_tokens(text), "questions": str(questions),
-        "setting": setting, "evidence": evidence, "context_modes": modes, "k": k, "passage_tokens": passage_tokens,
+        "setting": setting, "evidence": evidence, "context_modes": modes,
+        # the retrieval settings where the evidence mode uses them (None where it does not)
+        "k": k if evidence in BOOK_MODES else None,
+        "passage_tokens": passage_tokens if evidence in BOOK_MODES else None,
+        "rank_mode": rank_mode if evidence == "book" else None,
         "evidence_recall": evidence_recall if program.quote_evidence else None, "lm": model.label,
         "report": qa_report(records, threshold=position_threshold), "predictions": [r.model_dump() for r in records],
         "usage": measured.usage, "seconds": measured.seconds,

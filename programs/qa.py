@@ -45,7 +45,7 @@ from booklens.signatures.qa import (
     ScoreEvidence,
     with_evidence,
 )
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, QA_BOOK_RANK_MODE
 from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW, QA_SETTINGS
 
 # Share of the window the prompt may fill: the backend's tokenizer may count more tokens than
@@ -120,7 +120,7 @@ class BookQA(Module):
 
     def __init__(self, setting: str = "mc", evidence: str = "book", *, k: int = DEFAULT_K,
                  passage_tokens: int = DEFAULT_PASSAGE_TOKENS,
-                 context_window: Optional[int] = None, quote_evidence: bool = False, rank_mode: str = "bm25",
+                 context_window: Optional[int] = None, quote_evidence: bool = False, rank_mode: str = QA_BOOK_RANK_MODE,
                  index_cache_dir: Any = None, tries: int = 3):
         super().__init__()
         from booklens.retrieval import EVIDENCE_MODES, SEARCH_MODES

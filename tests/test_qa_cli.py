@@ -66,6 +66,19 @@ def test_options_missing_in_mc_mode(tmp_path, book):
                           "no Options", "--setting gen")
 
 
+@pytest.mark.parametrize("evidence, options, needle", [
+    ("none", ["--k", "3"], "--k is how many passages bm25/dense/hybrid/book start from; evidence none retrieves none"),
+    ("given", ["--passage-tokens", "64"], "--passage-tokens sizes the passages cut from the book; evidence given"),
+    ("none", ["--rank-mode", "dense"], "--rank-mode ranks the passages --evidence book grows its windows around; "
+                                       "evidence none ranks none"),
+    ("bm25", ["--rank-mode", "dense"], "evidence bm25 ranks by its own name"),
+])
+def test_retrieval_options_the_evidence_mode_never_uses_are_refused(tmp_path, book, evidence, options, needle):
+    q = write(tmp_path, "q.json", [QUESTION])
+    result = run(["qa", str(book), "--questions", str(q), "--evidence", evidence, *options], tmp_path)
+    assert_one_line_error(result, needle)
+
+
 def test_invalid_json(tmp_path, book):
     bad = tmp_path / "bad.json"
     bad.write_text("[{", encoding="utf-8")
@@ -107,10 +120,11 @@ def test_qa_run_prints_the_tables_and_writes_json(tmp_path, book, monkeypatch):
     assert data["report"]["overall"]["accuracy"] == 100.0
     assert [p["prediction"] for p in data["predictions"]] == ["B", "B"]
     assert data["report"]["evidence"]["quote_recall"] == 100.0
+    assert (data["k"], data["passage_tokens"], data["rank_mode"]) == (2, 64, None)  # no book-mode ranking here
 
     with FakeOpenAIServer(responder=answer_everything) as server:
         gen = invoke(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base", server.url,
-                      "--setting", "gen"], tmp_path, monkeypatch)
+                      "--setting", "gen", "-o", str(tmp_path / "gen.json")], tmp_path, monkeypatch)
         assert gen.exit_code == 0, gen.output
         assert "whole-book: 2" in gen.stdout and "Accuracy: 100.0 (2)" in gen.stdout
         assert "student_answer" in json.dumps(server.served[-1]) and "the Marigold" in json.dumps(server.served[-1])

@@ -35,7 +35,7 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.errors import BooklensError
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_PASSAGE_TOKENS, SEARCH_MODES
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_PASSAGE_TOKENS, QA_BOOK_RANK_MODE, SEARCH_MODES
 from booklens.vocabulary import (
     ANSWER_CLUSTERINGS,
     CRITERIA,
@@ -112,7 +112,7 @@ def qa_command(
     passage_tokens: Annotated[int, typer.Option("--passage-tokens", min=MIN_PASSAGE_TOKENS,
                                                 help="Tokens per passage.")] = DEFAULT_PASSAGE_TOKENS,
     rank_mode: Annotated[RankMode, typer.Option(
-        "--rank-mode", help="Ranking used to pick stretches when --evidence book does not fit.")] = "bm25",
+        "--rank-mode", help="Ranking used to pick stretches when --evidence book does not fit.")] = QA_BOOK_RANK_MODE,
     quote_evidence: Annotated[bool, typer.Option(
         "--quote-evidence/--no-quote-evidence", help="Also ask for supporting quotes (evidence recall).")] = False,
     evidence_recall: Annotated[Optional[EvidenceRecall], typer.Option(

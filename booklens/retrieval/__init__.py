@@ -39,6 +39,12 @@ DEFAULT_PASSAGE_TOKENS = 256
 MIN_PASSAGE_TOKENS = 32
 MIN_BUDGET_TOKENS = 64
 
+# How `book` mode ranks the passages it grows its windows around when the book does not fit:
+# `verify`, `check` and `run` fuse BM25 and embeddings; `qa` ranks by BM25 unless --rank-mode
+# says otherwise (its question-and-options query, and NovelQA's figures, were measured so).
+BOOK_RANK_MODE = "hybrid"
+QA_BOOK_RANK_MODE = "bm25"
+
 EVIDENCE_HELP = {
     "none": "no evidence: the model's own knowledge",
     "given": "the evidence quotes that come with the data",
@@ -68,6 +74,24 @@ def check_evidence_options(mode: str, *, k: int = DEFAULT_K, budget_tokens: int 
     if passage_tokens != DEFAULT_PASSAGE_TOKENS and mode == "none":
         raise BooklensError(f"{name('--passage-tokens')} sizes the passages cut from the book; evidence none "
                             "cuts none")
+
+
+def check_qa_evidence_options(mode: str, *, k: int = DEFAULT_K, passage_tokens: int = DEFAULT_PASSAGE_TOKENS,
+                              rank_mode: str = QA_BOOK_RANK_MODE) -> None:
+    """`check_evidence_options` for `qa`, whose `book` mode also takes `k` (the passages its
+    windows grow around) and `rank_mode` (how they are ranked); `given` shows NovelQA's gold
+    evidence, cut from no passage."""
+    from booklens.errors import BooklensError
+
+    reads_book = mode in BOOK_MODES
+    if k != DEFAULT_K and not reads_book:
+        raise BooklensError(f"--k is how many passages {'/'.join(BOOK_MODES)} start from; evidence {mode} "
+                            "retrieves none")
+    if passage_tokens != DEFAULT_PASSAGE_TOKENS and not reads_book:
+        raise BooklensError(f"--passage-tokens sizes the passages cut from the book; evidence {mode} cuts none")
+    if rank_mode != QA_BOOK_RANK_MODE and mode != "book":
+        raise BooklensError(f"--rank-mode ranks the passages --evidence book grows its windows around; evidence "
+                            f"{mode} " + ("ranks by its own name" if mode in SEARCH_MODES else "ranks none"))
 
 
 def evidence_help(modes: tuple[str, ...] = EVIDENCE_MODES) -> str:

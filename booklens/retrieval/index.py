@@ -38,7 +38,7 @@ from pydantic import BaseModel
 
 from booklens.errors import BooklensError
 from booklens.records import write_atomically
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, SEARCH_MODES
+from booklens.retrieval import BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, SEARCH_MODES
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 # Passages are embedded in windows of this many tokens and scored by their best window: a
@@ -460,7 +460,8 @@ class BookIndex:
         """The `k` passages that best match `query` with their scores, best first."""
         return [(self.passages[i], score) for i, score in self.rank(query, mode, k)]
 
-    def book_context(self, query: str, budget_tokens: int, *, seeds: int = 5, mode: str = "hybrid") -> list[Passage]:
+    def book_context(self, query: str, budget_tokens: int, *, seeds: int = 5,
+                     mode: str = BOOK_RANK_MODE) -> list[Passage]:
         """As much of the book as `budget_tokens` holds, in book order. The whole book when it fits;
         otherwise windows grown one passage at a time, in turn, around the `seeds` best-ranked
         passages (closest neighbours first, better-ranked seeds first on ties). The first passage
