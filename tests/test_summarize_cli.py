@@ -282,6 +282,7 @@ def test_summarize_sample_story_with_the_embedded_model(tmp_path, story_opening)
     assert len(record["summary"].split()) >= 5
     assert record["lm"].startswith("local/")
     assert record["usage"]["calls"] >= 3
+    assert record["usage"]["cost_usd"] == 0.0  # the embedded model's calls are free, a known price
     # The embedded model's cap is its budget in its own tokens, recorded with the summary.
     assert (record["config"]["generation_slack"], record["config"]["generation_allowance"]) == (1.06, 8)
     levels = {n["level"] for n in record["nodes"]}

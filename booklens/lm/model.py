@@ -111,8 +111,11 @@ class BooklensLM(dspy.BaseLM):
 
     def _count(self, completion: Completion, *, cached: bool) -> dict[str, Any]:
         """Count a call in the LM's usage tracker and the usage scopes open here; returns the counts."""
+        # The embedded model runs here: its calls cost nothing, which is a known price (the sweep's
+        # estimate says $0 for it too), not an unknown one.
+        cost = 0.0 if isinstance(self.backend, LocalBackend) else completion.cost
         counts = dict(cached=cached, prompt_tokens=completion.prompt_tokens,
-                      completion_tokens=completion.completion_tokens, cost=completion.cost,
+                      completion_tokens=completion.completion_tokens, cost=cost,
                       provider_cached_tokens=completion.provider_cached_tokens)
         self.usage.record(**counts)
         return counts
