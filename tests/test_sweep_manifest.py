@@ -308,6 +308,26 @@ def test_an_empty_lm_is_refused_as_an_empty_lm_option_is(corpus: Path):
         "'openai/gpt-4o-mini', ...) or leave it out\n"
 
 
+def test_sweep_json_records_servers_without_their_credentials(corpus: Path, tmp_path: Path):
+    import json
+
+    from booklens.sweep.run import write_plan
+
+    manifest = write(corpus / "m.yaml", """
+lm: openai/some-model
+books: corpus
+systems:
+  - {name: a, api_base: "http://keeper:s3cret@127.0.0.1:9/v1?token=abc"}
+judge: {api_base: "https://judge:hunter22@example.invalid/v1"}
+""")
+    write_plan(load_manifest(manifest), tmp_path)
+    text = (tmp_path / "sweep.json").read_text()
+    assert "s3cret" not in text and "hunter22" not in text and "token=abc" not in text
+    plan = json.loads(text)
+    assert plan["systems"][0]["api_base"] == "http://127.0.0.1:9/v1"
+    assert plan["judge"]["api_base"] == "https://example.invalid/v1"
+
+
 def test_an_empty_api_base_is_no_api_base(corpus: Path):
     """`api_base: ""` is what `--api-base ""` is on the command line: not given. A step takes the
     sweep's server then, and the LMs checked before the sweep (key, model) are those its cells call

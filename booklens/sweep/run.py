@@ -261,13 +261,22 @@ def write_plan(sweep: Sweep, output: Path) -> None:
         "lm": sweep.lm,
         "servers": plan_servers(sweep),
         "books": {b.key: str(b.path) for b in sweep.books},
-        "systems": [s.model_dump(exclude_unset=True) for s in sweep.systems],
-        "judge": sweep.judge.model_dump(exclude_unset=True),
+        "systems": [_without_credentials(s.model_dump(exclude_unset=True)) for s in sweep.systems],
+        "judge": _without_credentials(sweep.judge.model_dump(exclude_unset=True)),
         "content_sha256": plan_content(sweep),
     })
     if before is not None and plan.read_bytes() != before:
         for name in (RESULTS_FILE, CELLS_FILE, REPORT_FILE):
             (output / name).unlink(missing_ok=True)
+
+
+def _without_credentials(section: dict[str, Any]) -> dict[str, Any]:
+    """A manifest section as sweep.json records it: its server URL without user, password or query."""
+    from booklens.pipeline import public_api_base
+
+    if section.get("api_base"):
+        section = {**section, "api_base": public_api_base(section["api_base"])}
+    return section
 
 
 def reused_work(outcome: CellOutcome, output: Path) -> tuple[bool, dict[str, Any]]:
