@@ -40,12 +40,36 @@ class Article(BaseModel):
             raise ValueError("article content is empty")
         return value
 
-    def as_text(self) -> str:
-        """Title and content, as shown to a model."""
+    def heading(self) -> str:
+        """'title (domain)', the title or the domain alone, or '' when the article has neither."""
         head = self.title.strip()
-        if self.domain:
-            head = f"{head} ({self.domain})" if head else self.domain
+        domain = self.domain.strip()
+        if domain:
+            head = f"{head} ({domain})" if head else domain
+        return head
+
+    def as_text(self) -> str:
+        """Title and content, as shown to a judge."""
+        head = self.heading()
         return f"{head}\n{self.content.strip()}" if head else self.content.strip()
+
+    def summarizer_text(self) -> str:
+        """The article as the summarizer reads it: the heading line '[aid] title (domain)' ('[aid]'
+        alone when the article has neither title nor domain), then the content. The heading line
+        is always there, so `split_article_text` always takes it apart the same way."""
+        return f"{f'[{self.aid}] {self.heading()}'.rstrip()}\n{self.content.strip()}"
+
+
+def split_article_text(text: str, number: Optional[int] = None) -> tuple[str, str]:
+    """(heading line, content) of an article text as `Article.summarizer_text` writes it: the
+    first line is the heading, whatever metadata the article has. `number` names the article
+    in the error about a text with no content after its heading line."""
+    heading, _, content = text.partition("\n")
+    if not content.strip():
+        which = f"article {number}" if number is not None else "an article"
+        raise BooklensError(f"{which} has no content after its heading line: an article text is a heading "
+                            "line ('[aid] title (domain)', or '[aid]'), then the content")
+    return heading.strip(), content
 
 
 class Answer(BaseModel):
@@ -218,6 +242,6 @@ def to_examples(events: list[Event]) -> list:
     """dspy.Examples with the summarizer's input (the articles) and the reference QA pairs."""
     import dspy
 
-    return [dspy.Example(articles=[a.as_text() for a in e.articles], eid=e.eid,
+    return [dspy.Example(articles=[a.summarizer_text() for a in e.articles], eid=e.eid,
                          question_answers=[qa.model_dump() for qa in e.question_answers]).with_inputs("articles")
             for e in events]

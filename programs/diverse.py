@@ -25,7 +25,7 @@ from typing import Any, Optional, Sequence
 
 import dspy
 
-from booklens.data.diversesumm import require_question_answers
+from booklens.data.diversesumm import require_question_answers, split_article_text
 from booklens.errors import BooklensError, first_line
 from booklens.lm import ContextWindowExceeded, last_finish_reason, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
@@ -73,8 +73,9 @@ def _tokens(predictor: dspy.Predict, **inputs: Any) -> int:
 
 
 def article_texts(event: Any) -> list[str]:
-    """The articles of an event as the summarizer reads them: '[aid] title (domain)' then content."""
-    return [f"[{a.aid}] {a.as_text()}" for a in event.articles]
+    """The articles of an event as the summarizer reads them: a heading line, '[aid] title (domain)'
+    (or '[aid]' alone), then the content (`Article.summarizer_text`)."""
+    return [a.summarizer_text() for a in event.articles]
 
 
 class DiverseSummarizer(Module):
@@ -107,8 +108,11 @@ class DiverseSummarizer(Module):
         return _tokens(self.summarize, articles=articles) <= self.budget()
 
     def forward(self, articles: list[str]) -> dspy.Prediction:
+        """`articles`: each a heading line ('[aid] title (domain)', or '[aid]'), then its content, as
+        `article_texts` writes them."""
         if len(articles) < 2:
             raise BooklensError("diverse summarization needs at least two articles")
+        headings = [split_article_text(text, n)[0] for n, text in enumerate(articles, 1)]
         method = self.method
         if method == "auto":
             method = "direct" if self.fits_directly(articles) else "extract"
@@ -122,8 +126,7 @@ class DiverseSummarizer(Module):
 
         per_article = parallel_map(self.extract_sentences, articles, concurrency=self.concurrency, desc="extract")
         extracts = []
-        for article, sentences in zip(articles, per_article):
-            head = article.split("\n", 1)[0]
+        for head, sentences in zip(headings, per_article):
             extracts.append(head + "\n" + "\n".join(f"- {s}" for s in sentences) if sentences else head + "\n- (none)")
         if _tokens(self.summarize_extracts, extracts=extracts) > self.budget():
             raise EventTooLarge(f"the extracted sentences do not fit the context window "
@@ -143,7 +146,7 @@ class DiverseSummarizer(Module):
     def extract_sentences(self, article: str) -> list[str]:
         """The article's most important sentences, verbatim: the model picks sentence numbers, so
         an extract can never be a paraphrase or an invention. Short articles are taken whole."""
-        title, _, body = article.partition("\n")
+        title, body = split_article_text(article)
         sentences = [s.strip() for s in split_sentences(body) if s.strip()]
         if len(sentences) <= self.num_sentences:
             return sentences
@@ -578,7 +581,7 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
                    summary_cut_off=pred.cut_off)
         if refs is not None:
             with usage_step("reference"):
-                ref = refs(articles=[(a.aid, f"[{a.aid}] {a.as_text()}") for a in event.articles])
+                ref = refs(articles=[(a.aid, a.summarizer_text()) for a in event.articles])
             row.update(generated_question_answers=ref.question_answers, generated_questions=ref.questions,
                        reference_screening=ref.screening, reference_error=ref.error)
         scores: dict[str, Any] = {}

@@ -424,6 +424,55 @@ def test_extraction_rejects_numbers_outside_the_article_and_takes_short_articles
     assert len(lm.backend.calls) == calls_before  # nothing to choose, no LM call
 
 
+def test_articles_without_title_or_domain_are_extracted_from_like_any_other(event):
+    """The first line of an article text is its heading even when the article has no title or
+    domain ('[aid]' alone), so every sentence of the content can be picked: none is taken for the
+    heading or passed through whole."""
+    seen: list = []
+
+    def responder(call):
+        if call.wants("picks"):
+            seen.append(call.inputs)
+            return {"picks": [1, 2]}
+        return {"summary": "Sources disagree."}
+
+    untitled = event.model_dump()
+    for a in untitled["articles"]:
+        a["title"] = a["domain"] = ""
+    one_paragraph = json.loads(json.dumps(untitled))
+    for a in one_paragraph["articles"]:
+        a["content"] = " ".join(a["content"].split())
+    for data in (one_paragraph, untitled):
+        seen.clear()
+        ev = parse_events([data])[0]
+        texts = article_texts(ev)
+        assert texts[0].split("\n", 1)[0] == "[a01]"
+        scripted(responder, window=4096)
+        pred = DiverseSummarizer("extract", num_sentences=2)(articles=texts)
+        assert len(seen) == 10  # one extraction per article
+        for article, asked, extract in zip(ev.articles, seen, pred.extracts):
+            sentences = [s.strip() for s in split_sentences(article.content) if s.strip()]
+            assert asked["title"] == f"[{article.aid}]"
+            assert json.loads(asked["sentences"]) == [f"[{i}] {s}" for i, s in enumerate(sentences, 1)]
+            assert extract == f"[{article.aid}]\n- {sentences[0]}\n- {sentences[1]}"
+
+    # A text with nothing after its heading line is refused before any call.
+    calls = len(seen)
+    with pytest.raises(BooklensError, match=r"^article 2 has no content after its heading line: an article text "
+                                            r"is a heading line \('\[aid\] title \(domain\)', or '\[aid\]'\), then "
+                                            r"the content$"):
+        DiverseSummarizer("extract", num_sentences=2)(articles=[texts[0], "[a02] The bridge closed on Monday."])
+    assert len(seen) == calls
+
+    # A long untitled article is measured whole and named by its heading, not its first paragraph.
+    untitled["articles"][0]["content"] = "\n\n".join(f"Sentence {i} of a long feature about the bridge."
+                                                     for i in range(1500))
+    scripted(responder, window=4096)
+    rows = summarize_events(parse_events([untitled]), method="extract", sentences=2, judge=False)
+    assert rows[0]["summary"] is None
+    assert rows[0]["error"].startswith("an article ('[a01]') is too long to pick sentences from: its prompt is ")
+
+
 def test_an_event_too_large_for_the_window_gets_an_error_and_the_others_go_on(event):
     def responder(call):
         if call.wants("picks"):
