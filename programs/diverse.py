@@ -564,6 +564,9 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
     if not judge and (max_articles is not None or tuple(faithfulness) not in (("likert",), ())):
         raise BooklensError("--faithfulness and --max-articles set how summaries are judged, and --no-judge "
                             "judges none")
+    if max_articles is not None and not faithfulness:
+        raise BooklensError("--max-articles limits the articles faithfulness is judged against; --faithfulness "
+                            "none judges none")
     summarizer = DiverseSummarizer(method, num_sentences=sentences, context_window=context_window,
                                    concurrency=concurrency)
     refs = (ReferenceBuilder(generate_questions, clustering=clustering, diversity_filter=diversity_filter,

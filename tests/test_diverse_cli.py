@@ -81,6 +81,8 @@ def test_judge_input_checks(tmp_path, monkeypatch):
     (["--no-diversity-filter"], "shape generated references: add --generate-questions N"),
     (["--no-judge", "--faithfulness", "both"], "--no-judge judges none"),
     (["--no-judge", "--max-articles", "2"], "--no-judge judges none"),
+    (["--faithfulness", "none", "--max-articles", "2"],
+     "--max-articles limits the articles faithfulness is judged against; --faithfulness none judges none"),
     (["--context-window", "1024"], "the context window (1024 tokens) leaves no room for the articles"),
 ])
 def test_diverse_refuses_settings_that_would_do_nothing_before_any_call(args, message, tmp_path, monkeypatch):
