@@ -21,6 +21,7 @@ import io
 import logging
 import random
 import sys
+import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -28,7 +29,7 @@ import dspy
 
 from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm.usage import UsageTracker
-from booklens.optimizers.evaluate import metered, score_of
+from booklens.optimizers.evaluate import NoScore, metered, score_of
 
 OPTIMIZERS: dict[str, str] = {
     "labeled": "LabeledFewShot: annotated examples as demos",
@@ -100,21 +101,62 @@ def check_optimizer(name: str) -> str:
     return name
 
 
-def as_metric(metric: Callable[..., Any]) -> Callable[..., float]:
-    """The task metric as DSPy optimizers call it: (example, prediction, trace=None) -> float."""
+class Scoring:
+    """What the optimizer's metric calls came to: how many had a score, and why the others had
+    none (`NoScore`). Optimizers call the metric from threads of their own."""
+
+    def __init__(self) -> None:
+        self.scored = 0
+        self.unscored: list[str] = []
+        self._lock = threading.Lock()
+
+    def score(self, metric: Callable[..., Any], *args: Any) -> tuple[float | None, str | None]:
+        """The metric's score, or None and why (counted) when it has none."""
+        try:
+            value = score_of(metric(*args))
+        except NoScore as exc:
+            reason = first_line(exc)
+            with self._lock:
+                self.unscored.append(reason)
+            return None, reason
+        with self._lock:
+            self.scored += 1
+        return value, None
+
+    def check(self, optimizer: str) -> None:
+        """An optimizer that got no score on any run has chosen on nothing: a one-line error, as
+        an evaluation that failed on every example is (`evaluate_program`)."""
+        if self.unscored and not self.scored:
+            raise BooklensError(f"compiling with {optimizer} failed on every example it scored; the first failure: "
+                                f"no score: {self.unscored[0]}")
+
+
+def as_metric(metric: Callable[..., Any], scoring: Scoring | None = None) -> Callable[..., float]:
+    """The task metric as DSPy optimizers call it: (example, prediction, trace=None) -> float.
+
+    A run the metric has no score for (`NoScore`) is counted in `scoring` and gets 0: what every
+    DSPy optimizer makes of a run whose metric raised (never a demo; DSPy's failure score, 0, in a
+    candidate's mean), without DSPy logging the whole example (a book) as an error.
+    `Scoring.check` refuses a compile that got no score at all."""
+    scoring = scoring or Scoring()
 
     def dspy_metric(example, prediction, trace=None):
-        return score_of(metric(example, prediction, trace))
+        score, _ = scoring.score(metric, example, prediction, trace)
+        return 0.0 if score is None else score
 
     dspy_metric.__name__ = getattr(metric, "__name__", "metric")
     return dspy_metric
 
 
-def as_gepa_metric(metric: Callable[..., Any], feedback: Callable[..., str] | None = None) -> Callable[..., Any]:
+def as_gepa_metric(metric: Callable[..., Any], feedback: Callable[..., str] | None = None,
+                   scoring: Scoring | None = None) -> Callable[..., Any]:
     """GEPA's five-argument metric; with `feedback`, the reflection step reads why a run scored as it did."""
+    scoring = scoring or Scoring()
 
     def gepa_metric(gold, pred, trace=None, pred_name=None, pred_trace=None):
-        score = score_of(metric(gold, pred, trace))
+        score, reason = scoring.score(metric, gold, pred, trace)
+        if score is None:  # as in `as_metric`; the reflection reads why
+            return 0.0 if feedback is None else dspy.Prediction(score=0.0, feedback=f"No score: {reason}")
         if feedback is None:
             return score
         return dspy.Prediction(score=score, feedback=feedback(gold, pred, score))
@@ -219,7 +261,8 @@ def compile_program(
         raise BooklensError(f"optimizer '{name}' chooses among candidates on a dev set, and the dev set is empty")
     student = program if program is not None else spec.build_program()
     base_metric = metric or spec.metric
-    dspy_metric = as_metric(base_metric)
+    scoring = Scoring()
+    dspy_metric = as_metric(base_metric, scoring)
     max_errors = budget.max_errors or (len(trainset) + len(devset) + 1) * max(1, budget.max_rounds)
     lm = metered(current_lm(), meter)
 
@@ -235,7 +278,7 @@ def compile_program(
         _smoke(student, trainset[0])
         try:
             compiled = _run(name, student, trainset, devset, budget, seed, dspy_metric, base_metric, spec,
-                            max_errors, lm)
+                            max_errors, lm, scoring)
         except (BooklensError, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -244,6 +287,7 @@ def compile_program(
             if isinstance(cause, BooklensError):
                 raise cause from None
             raise BooklensError(f"optimizer '{name}' failed: {type(cause).__name__}: {first_line(cause)}") from None
+    scoring.check(name)
     return _strip(compiled)
 
 
@@ -260,7 +304,8 @@ def _smoke(program: dspy.Module, example: dspy.Example) -> None:
 
 
 def _run(name: str, student: dspy.Module, trainset: list, devset: list, budget: Budget, seed: int,
-         dspy_metric: Callable, base_metric: Callable, spec: Any, max_errors: int, lm: Any) -> dspy.Module:
+         dspy_metric: Callable, base_metric: Callable, spec: Any, max_errors: int, lm: Any,
+         scoring: Scoring) -> dspy.Module:
     from dspy.teleprompt import BootstrapFewShot, BootstrapFewShotWithRandomSearch, LabeledFewShot, MIPROv2
 
     threshold = getattr(spec, "bootstrap_threshold", None)
@@ -302,7 +347,7 @@ def _run(name: str, student: dspy.Module, trainset: list, devset: list, budget: 
         max_calls = len(devset) + budget.trials * (2 * minibatch + len(devset))
         reflection = lm.copy(temperature=0.7)
         optimizer = GEPA(
-            metric=as_gepa_metric(base_metric, getattr(spec, "feedback", None)),
+            metric=as_gepa_metric(base_metric, getattr(spec, "feedback", None), scoring),
             max_metric_calls=max_calls, reflection_lm=reflection, reflection_minibatch_size=minibatch,
             num_threads=budget.threads, seed=seed, track_stats=False, use_merge=False,
             warn_on_score_mismatch=False,

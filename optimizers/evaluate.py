@@ -4,7 +4,9 @@ what it cost in LM calls and tokens; print several programs side by side.
 Examples run concurrently (like `dspy.Evaluate`), bounded by `threads`. Every example is scored
 by the task's metric, the same function the optimizers maximize. An example whose run fails
 (the program raised, for instance because the model never produced a parseable answer) scores
-0 and is counted as failed; a permanent backend failure (`LMError`) stops the evaluation.
+0 and is counted as failed; one the metric cannot score (`NoScore`: the judge that scores a
+summary gave no valid verdict) is counted as failed and left out of the mean, since nothing was
+measured; a permanent backend failure (`LMError`) stops the evaluation.
 
 Calls and tokens are metered on the LM the program talks to, counting calls answered from the
 disk cache with the tokens they cost when they were made, so a rerun reports the same usage.
@@ -23,6 +25,15 @@ from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm import BooklensLM
 from booklens.lm.usage import UsageTracker
 from booklens.metrics.bootstrap import bootstrap_mean as bootstrap_ci, paired_bootstrap_ci  # noqa: F401 - part of this module's API
+
+
+class NoScore(BooklensError):
+    """A metric has no score for the example: the judge that scores it gave no valid verdict
+    (the summarize task's confusion detector on a summary). Unlike a program that gives no answer,
+    which the metric scores 0, the program under test did not fail: nothing measured it. The
+    example counts as failed and stays out of the mean (`evaluate_program`); an optimizer gets
+    DSPy's failure score for it (`booklens.optimizers.compile.as_metric`)."""
+
 
 # ---------------------------------------------------------------------------
 # Metering and rollout-aware LM wrapper
@@ -70,7 +81,7 @@ class _MeteredLM(BooklensLM):
 @dataclass
 class EvalResult:
     label: str
-    scores: list[float]
+    scores: list[float | None]  # one per example; None where the metric had no score (`NoScore`)
     failures: int = 0
     errors: list[str] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)
@@ -87,20 +98,36 @@ class EvalResult:
         return len(self.scores)
 
     @property
+    def scored(self) -> list[float]:
+        """The scores the mean and its interval are over (the examples the metric had a score for)."""
+        return [s for s in self.scores if s is not None]
+
+    @property
+    def unscored(self) -> int:
+        return self.n - len(self.scored)
+
+    @property
     def mean(self) -> float:
-        return sum(self.scores) / len(self.scores) if self.scores else math.nan
+        scored = self.scored
+        return sum(scored) / len(scored) if scored else math.nan
+
+    def _scored_units(self) -> list[str] | None:
+        if self.units is None:
+            return None
+        return [u for u, s in zip(self.units, self.scores) if s is not None]
 
     @property
     def n_units(self) -> int:
-        return len(set(self.units)) if self.units is not None else self.n
+        units = self._scored_units()
+        return len(set(units)) if units is not None else len(self.scored)
 
     def ci(self, confidence: float = 0.95) -> tuple[float, float]:
-        return bootstrap_ci(self.scores, units=self.units, confidence=confidence)
+        return bootstrap_ci(self.scored, units=self._scored_units(), confidence=confidence)
 
     def as_dict(self) -> dict[str, Any]:
         lo, hi = self.ci()
-        return {"label": self.label, "n": self.n, "metric": _round(self.mean), "ci95": [_round(lo), _round(hi)],
-                "resampled": {"unit": self.unit_name, "n": self.n_units},
+        return {"label": self.label, "n": self.n, "scored": len(self.scored), "metric": _round(self.mean),
+                "ci95": [_round(lo), _round(hi)], "resampled": {"unit": self.unit_name, "n": self.n_units},
                 "failures": self.failures, **self.usage, "seconds": round(self.seconds, 1)}
 
 
@@ -146,7 +173,8 @@ def evaluate_program(
     (one per example, named `unit_name`) makes the intervals resample whole units: examples that
     share a context (the sentences of one summary) do not count as independent evidence.
     `failure` (a task's) says why a prediction holds no answer: such an example scores what the
-    metric gives it (0) and counts as failed, as one where the program raised."""
+    metric gives it (0) and counts as failed, as one where the program raised. An example the
+    metric raises `NoScore` on counts as failed and has no score (None): the mean leaves it out."""
     from booklens.lm import current_lm
     from booklens.parallel import parallel_map
 
@@ -158,7 +186,7 @@ def evaluate_program(
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
 
-    def run(example: dspy.Example) -> tuple[float, str | None, Any]:
+    def run(example: dspy.Example) -> tuple[float | None, str | None, Any]:
         try:
             prediction = program(**example.inputs())
         except LMError:
@@ -166,7 +194,11 @@ def evaluate_program(
         except Exception as exc:  # the program gave up on this example
             return 0.0, f"{type(exc).__name__}: {first_line(exc)}", None
         why = failure(prediction) if failure is not None else None
-        return score_of(metric(example, prediction, None)), (f"no answer: {why}" if why else None), prediction
+        try:
+            score = score_of(metric(example, prediction, None))
+        except NoScore as exc:
+            return None, f"no score: {first_line(exc)}", prediction
+        return score, (f"no answer: {why}" if why else None), prediction
 
     started = time.perf_counter()
     with dspy.context(lm=lm):
@@ -196,7 +228,7 @@ def evaluate_program(
 def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str) -> str:
     """One Markdown table with a column per program; every program after the first is compared with
     the first when both ran on the same examples (a paired difference means nothing across
-    different ones)."""
+    different ones), over the examples both have a score for."""
     headers = [title] + [r.label for r in results]
     rows: list[list[str]] = []
 
@@ -226,11 +258,22 @@ def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str)
         how = (f"{counts.pop()} of them" if len(counts) == 1 else
                ", ".join(f"{r.n_units} for {r.label}" for r in grouped))
         out += ["", f"Intervals resample whole {grouped[0].unit_name} ({how}), not single examples."]
+    unscored = [r for r in results if r.unscored]
+    if unscored:
+        out += ["", f"The {metric_name} means leave out the examples the metric has no score for (counted as "
+                    f"failed): " + ", ".join(f"{r.unscored} of {r.n} for {r.label}" for r in unscored) + "."]
     if paired:
         out.append("")
         for r in paired:
-            diff, lo, hi = paired_bootstrap_ci(first.scores, r.scores, units=first.units)
+            both = [i for i, (a, b) in enumerate(zip(first.scores, r.scores)) if a is not None and b is not None]
+            if not both:
+                out.append(f"{r.label} - {first.label}: no example has a score from both")
+                continue
+            units = None if first.units is None else [first.units[i] for i in both]
+            diff, lo, hi = paired_bootstrap_ci([first.scores[i] for i in both], [r.scores[i] for i in both],
+                                               units=units)
             interval = (f"(no interval: 1 of {first.unit_name} to resample)" if math.isnan(lo) else
                         f"[{lo:+.3f}, {hi:+.3f}] (paired bootstrap over the same {first.unit_name}, 95%)")
-            out.append(f"{r.label} - {first.label}: {diff:+.3f} {interval}")
+            over = "" if len(both) == first.n else f" over the {len(both)} of {first.n} examples both have a score for"
+            out.append(f"{r.label} - {first.label}: {diff:+.3f} {interval}{over}")
     return "\n".join(out)

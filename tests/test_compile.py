@@ -437,6 +437,56 @@ def test_failed_examples_score_zero_and_are_counted(splits):
     assert "no parseable answer" in result.errors[0]
 
 
+def test_examples_the_metric_has_no_score_for_are_failed_and_left_out_of_the_mean(splits):
+    """A metric that raises NoScore (a judge that gave no valid verdict) measured nothing: the
+    example counts as failed, not as a 0; the paired difference is over what both programs scored."""
+    from booklens.optimizers.evaluate import NoScore
+
+    _, dev = splits
+
+    def judged(example, prediction, trace=None):
+        if "sunny" in example.text:
+            raise NoScore("the judge gave no valid verdict")
+        return accuracy(example, prediction, trace)
+
+    configure(ScriptedLM(responder))
+    result = evaluate_program(MoodProgram(), dev, judged)
+    sunny = sum("sunny" in e.text for e in dev)
+    assert result.failures == result.unscored == sunny > 0 and result.n == len(dev)
+    assert result.errors[0] == "no score: the judge gave no valid verdict"
+    assert result.mean == accuracy_of_scored(dev) and result.as_dict()["scored"] == len(dev) - sunny
+    assert result.as_dict()["resampled"]["n"] == len(dev) - sunny
+
+    units = ["a", "a", "b", "b"]
+    first = EvalResult(label="zero-shot", scores=[1.0, None, 0.0, 0.0], units=units, unit_name="summaries",
+                       examples="four")
+    second = EvalResult(label="a.json", scores=[1.0, 1.0, None, 1.0], units=units, unit_name="summaries",
+                        examples="four")
+    assert (first.mean, second.mean, first.n_units, second.n_units) == (1 / 3, 1.0, 2, 2)
+    table = format_table([first, second], title="t", metric_name="m").splitlines()
+    assert ("The m means leave out the examples the metric has no score for (counted as failed): 1 of 4 for "
+            "zero-shot, 1 of 4 for a.json.") in table
+    assert table[-1] == ("a.json - zero-shot: +0.500 [+0.000, +1.000] (paired bootstrap over the same summaries, "
+                         "95%) over the 2 of 4 examples both have a score for")
+    none = EvalResult(label="b.json", scores=[None, 1.0, None, None], examples="four")
+    assert format_table([first, none], title="t", metric_name="m").splitlines()[-1] == (
+        "b.json - zero-shot: no example has a score from both")
+
+    def unjudged(example, prediction, trace=None):
+        raise NoScore("the judge gave no valid verdict")
+
+    configure(ScriptedLM(responder))
+    with pytest.raises(BooklensError, match="^zero-shot failed on every example; the first failure: no score: the "
+                                            "judge gave no valid verdict$"):
+        evaluate_program(MoodProgram(), dev, unjudged, label="zero-shot")
+
+
+def accuracy_of_scored(dev) -> float:
+    """Zero-shot answers "happy": right on every happy text; the sunny ones are left out."""
+    kept = [e for e in dev if "sunny" not in e.text]
+    return sum(e.label == "happy" for e in kept) / len(kept)
+
+
 def test_usage_counts_cached_calls_with_their_tokens(splits, tmp_path):
     _, dev = splits
     configure(ScriptedLM(responder, cache_dir=tmp_path))

@@ -71,6 +71,7 @@ def test_compile_then_evaluate_zero_shot_against_compiled(tmp_path):
         assert meta["budget"]["demos"] == 2 and meta["seed"] == 0
         assert meta["dataset"]["sha256"] and meta["split"]["sizes"]["train"] == 16
         assert meta["metrics"]["dev"]["value"] == 1.0 and meta["metrics"]["test"]["value"] == 1.0
+        assert meta["metrics"]["test"]["scored"] == meta["metrics"]["test"]["n"] > 0
         assert meta["lm"] == "openai/fake-model"
         assert "label accuracy" in proc.stdout and "compiled on test" in proc.stdout
 
@@ -386,3 +387,73 @@ def test_summarize_takes_only_books_and_says_when_nothing_will_score_the_program
             "(the data is split by book, 40/20/40 %: more books fill them)") in proc.stderr.splitlines()
     assert ("note: the training split holds no example the summarize program can show as a demo (labeled takes the "
             "annotated ones): the artifact is the zero-shot program") in proc.stderr.splitlines()
+
+
+def lighthouse_books(folder: Path) -> Path:
+    """Five small books; split by book with seed 0: train 1, 2; dev 0; test 3, 4."""
+    folder.mkdir()
+    for i in range(5):
+        (folder / f"lighthouse{i}.txt").write_text(f"The keeper of lighthouse {i} lit the lamp every night. " * 30)
+    return folder
+
+
+def lighthouse_judge(broken: set[int]):
+    """Summaries of two sentences, the second confusing (BooookScore 0.5); the judge answers garbage
+    on the summaries of the books in `broken`."""
+    def answer(body):
+        last = str(body["messages"][-1]["content"])
+        book = int(re.search(r"lighthouse (\d+)", last).group(1))
+        if "as plain text" in last:
+            return f"The keeper of lighthouse {book} lit the lamp. A stranger hides the key of lighthouse {book}."
+        if book in broken:
+            return json.dumps({"answers": ["garbage"]})
+        answers = []
+        for line in parse_fields(last)["sentences"].splitlines():
+            number, _, sentence = line.partition(":")
+            if number.strip().isdigit():
+                confusing = "hides" in sentence
+                answers.append({"number": int(number), "verdict": "confusion" if confusing else "no confusion",
+                                "questions": ["Who is the stranger?"] if confusing else [],
+                                "error_types": ["entity omission"] if confusing else []})
+        return json.dumps({"answers": answers})
+    return answer
+
+
+NO_VERDICT = ("no score: the judge gave no valid verdict on any of the 2 sentences (first: unparseable answer: 1 "
+              "validation error for list[SentenceVerdict])")
+
+
+def test_a_summary_the_judge_gave_no_verdict_on_is_a_failure_left_out_of_the_booookscore(tmp_path):
+    """Not a BooookScore of 0: the summary has no score, like a `score` whose judge answered nothing."""
+    books = lighthouse_books(tmp_path / "books")
+    with FakeOpenAIServer(responder=lighthouse_judge({3})) as server:
+        proc = run_cli(["evaluate", "summarize", "--data", books, "--lm", "openai/fake-model", "--api-base",
+                        server.url, "-o", tmp_path / "eval.json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = {cells[0]: cells[1] for cells in
+            ([c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()[2:8])}
+    assert rows["BooookScore (95% CI)"] == "0.500"  # book 4's summary alone: one unit, no interval
+    assert rows["examples (failed)"] == "2 (1)"
+    assert ("The BooookScore means leave out the examples the metric has no score for (counted as failed): "
+            "1 of 2 for zero-shot.") in proc.stdout.splitlines()
+    assert proc.stderr.splitlines() == [f"zero-shot: 1 failed example(s), e.g. {NO_VERDICT}",
+                                        f"wrote {tmp_path / 'eval.json'}"]
+    result = json.loads((tmp_path / "eval.json").read_text())["results"][0]
+    assert (result["n"], result["scored"], result["failures"], result["metric"]) == (2, 1, 1, 0.5)
+
+
+def test_a_judge_that_never_gives_a_verdict_ends_evaluate_and_compile_summarize_in_one_line(tmp_path):
+    books = lighthouse_books(tmp_path / "books")
+    out = tmp_path / "summarizer.json"
+    with FakeOpenAIServer(responder=lighthouse_judge(set(range(5)))) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_cli(["evaluate", "summarize", "--data", books, *lm], tmp_path)
+        assert_one_line_error(proc, "error: zero-shot failed on every example; the first failure: " + NO_VERDICT)
+        assert proc.stdout == ""
+        for optimizer, failed in (("labeled", "compiled on dev failed on every example"),
+                                  ("bootstrap", "compiling with bootstrap failed on every example it scored")):
+            proc = run_cli(["compile", "summarize", "--data", books, "--optimizer", optimizer, "-o", out, *lm],
+                           tmp_path)
+            assert proc.returncode != 0 and "Traceback" not in proc.stderr and not out.exists(), proc.stderr
+            errors = [line for line in proc.stderr.splitlines() if not line.startswith(("compiling ", "note: "))]
+            assert errors == [f"error: {failed}; the first failure: {NO_VERDICT}"], proc.stderr

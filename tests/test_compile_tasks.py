@@ -236,3 +236,23 @@ def test_coherence_has_a_smaller_default_budget_and_options_override_it():
     assert verification.default_budget() == Budget()
     assert coherence.default_budget(demos=5, trials=None).demos == 5
     assert coherence.default_budget(demos=5, trials=None).trials == 3
+
+
+@pytest.mark.parametrize("optimizer", ["bootstrap", "random-search"])
+def test_a_summary_the_judge_gave_no_verdict_on_has_no_score_not_a_booookscore_of_0(optimizer, tmp_path):
+    """The metric says so (NoScore) instead of scoring 0, and an optimizer that got no score on
+    any run has chosen nothing: an error, as an evaluation that failed on every example is."""
+    from booklens.optimizers.evaluate import NoScore
+
+    books = tmp_path / "books"
+    books.mkdir()
+    for i in range(5):
+        (books / f"book{i}.txt").write_text(f"The keeper of lighthouse {i} lit the lamp every night. " * 30)
+    task = get_task("summarize")
+    splits = load_task_splits(task, books, seed=0)
+    configure(ScriptedLM(lambda call: summarizer(call) if "excerpt" in call.inputs else "not json at all"))
+    with pytest.raises(NoScore, match=r"^the judge gave no valid verdict on any of the 2 sentences \(first: "):
+        task.metric(splits.dev[0], dspy.Prediction(summary="The keeper lit the lamp. He slept."))
+    with pytest.raises(BooklensError, match=f"^compiling with {optimizer} failed on every example it scored; the "
+                                            "first failure: no score: the judge gave no valid verdict on any of"):
+        compile_program(task, splits.train, splits.dev, optimizer=optimizer, budget=BUDGET)

@@ -55,7 +55,7 @@ def _sizes(train: int | None, dev: int | None, test: int | None) -> dict[str, in
 
 def _metric_block(result) -> dict[str, Any]:
     d = result.as_dict()
-    return {"value": d["metric"], "ci95": d["ci95"], "n": d["n"], "failures": d["failures"]}
+    return {"value": d["metric"], "ci95": d["ci95"], "n": d["n"], "scored": d["scored"], "failures": d["failures"]}
 
 
 @app.command("compile")
