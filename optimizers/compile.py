@@ -40,20 +40,23 @@ OPTIMIZERS: dict[str, str] = {
 }
 
 
-# The budget options each optimizer spends (`_run`); --threads also runs the evaluations, so every
-# optimizer takes it. An option another optimizer spends is refused rather than recorded unused.
+# The `Budget` fields each optimizer spends (`_run`): the one table of it. --threads also runs the
+# evaluations, so every optimizer takes it; max_errors (no option) bounds the failed runs of the
+# optimizers that count them. An option the chosen optimizer does not spend is refused
+# (`check_budget_options`) and an artifact records only what it spends (`Budget.spent_by`).
 OPTIMIZER_BUDGET: dict[str, tuple[str, ...]] = {
-    "labeled": ("demos",),
-    "bootstrap": ("demos", "max_rounds"),
-    "random-search": ("demos", "max_rounds", "candidates"),
-    "mipro": ("demos", "candidates", "trials", "minibatch_size"),
-    "gepa": ("trials",),
+    "labeled": ("demos", "threads"),
+    "bootstrap": ("demos", "max_rounds", "threads", "max_errors"),
+    "random-search": ("demos", "max_rounds", "candidates", "threads", "max_errors"),
+    "mipro": ("demos", "candidates", "trials", "minibatch_size", "threads", "max_errors"),
+    "gepa": ("trials", "threads"),
 }
 
 
 def check_budget_options(optimizer: str, given: dict[str, Optional[int]]) -> None:
-    """Budget options given (not None) that `optimizer` does not spend: a one-line error."""
-    spent = OPTIMIZER_BUDGET[optimizer]
+    """Budget options given (not None) that `optimizer` does not spend: a one-line error. `given`
+    holds every budget option the command has but --threads, given or not."""
+    spent = [name for name in OPTIMIZER_BUDGET[optimizer] if name in given]
     unused = [f"--{name.replace('_', '-')}" for name, value in given.items() if value is not None and name not in spent]
     if unused:
         raise BooklensError(f"the {optimizer} optimizer does not use {', '.join(unused)}; it spends "
@@ -82,6 +85,12 @@ class Budget:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+    def spent_by(self, optimizer: str) -> dict[str, int]:
+        """The fields `optimizer` spends (`OPTIMIZER_BUDGET`), in this class's order: what an
+        artifact records, since the others did nothing."""
+        spent = OPTIMIZER_BUDGET[optimizer]
+        return {name: value for name, value in self.as_dict().items() if name in spent}
 
 
 def gepa_available() -> bool:

@@ -126,6 +126,38 @@ def test_a_budget_the_optimizer_does_not_spend_is_a_one_line_error(tmp_path):
         assert_one_line_error(proc, f"the {optimizer} optimizer does not use {unused}; it spends", output=out)
 
 
+def test_test_size_with_no_test_is_a_one_line_error(tmp_path):
+    """Nothing runs on the test split with --no-test: a --test-size would be recorded in the artifact
+    (split.sizes.test) as if it had applied."""
+    data = tiny_fables(tmp_path / "fables.json")
+    out = tmp_path / "a.json"
+    for size in ("5", "0"):
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "--no-test",
+                        "--test-size", size, "-o", out], tmp_path)
+        assert_one_line_error(proc, "error: --test-size sizes the test split, and --no-test scores nothing on it",
+                              output=out)
+
+
+def test_the_artifact_records_only_the_budget_its_optimizer_spent(tmp_path):
+    """The same budget table that refuses an unspent option says what is recorded."""
+    data = tiny_fables(tmp_path / "fables.json")
+    out = tmp_path / "a.json"
+    with FakeOpenAIServer(responder=fake_verifier) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        for optimizer, extra, budget in (
+                ("labeled", ["--demos", "2"], {"demos": 2, "threads": 2}),
+                ("bootstrap", ["--max-rounds", "2"], {"demos": 3, "threads": 2, "max_rounds": 2, "max_errors": 0}),
+                ("random-search", ["--candidates", "1"],
+                 {"demos": 3, "candidates": 1, "threads": 2, "max_rounds": 1, "max_errors": 0})):
+            proc = run_cli(["compile", "verification", "--data", data, "--optimizer", optimizer, *extra, "--no-test",
+                            "-o", out, *lm], tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            meta = json.loads(out.read_text())["metadata"]["booklens"]
+            assert meta["budget"] == budget, optimizer
+            assert f", budget {budget}" in proc.stderr.splitlines()[0]
+            assert "test" not in meta["metrics"]
+
+
 def test_wrong_task_and_corrupted_artifacts_are_one_line_errors(tmp_path):
     data = tiny_fables(tmp_path / "fables.json")
     verify_artifact = make_artifact(tmp_path, "verification", "verify.json")

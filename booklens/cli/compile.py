@@ -103,6 +103,8 @@ def compile_command(
     name = check_optimizer(optimizer)
     check_budget_options(name, {"demos": demos, "candidates": candidates, "trials": trials, "max_rounds": max_rounds,
                                 "minibatch_size": minibatch_size})
+    if test_size is not None and not evaluate_test:  # it would be recorded (split.sizes.test) as if it applied
+        raise BooklensError("--test-size sizes the test split, and --no-test scores nothing on it")
     spec = get_task(task)
     budget = spec.default_budget(demos=demos, candidates=candidates, trials=trials, threads=threads,
                                  max_rounds=max_rounds, minibatch_size=minibatch_size)
@@ -122,7 +124,7 @@ def compile_command(
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
 
     typer.echo(f"compiling {spec.name} with {name}: {len(splits.train)} train / {len(splits.dev)} dev / "
-               f"{len(splits.test)} test examples, budget {budget.as_dict()}", err=True)
+               f"{len(splits.test)} test examples, budget {budget.spent_by(name)}", err=True)
     meter = UsageTracker()
     started = time.perf_counter()
     compiled = compile_program(spec, splits.train, splits.dev, optimizer=name, budget=budget, seed=seed,
@@ -150,7 +152,7 @@ def compile_command(
         split={k: v for k, v in splits.info.items() if k != "dataset"},
         seed=seed,
         optimizer=name,
-        budget=budget.as_dict(),
+        budget=budget.spent_by(name),
         lm=lm_label(model),
         metric=spec.metric_name,
         metrics=metrics,
