@@ -290,6 +290,21 @@ def _work_of(tracker: Any) -> dict[str, Any]:
     return work
 
 
+def _left_unjudged(record: Any) -> str:
+    """What a finished judge step left without a verdict ('2 sentences', '1 claim'), '' for none."""
+    from booklens.vocabulary import counted
+
+    if record is None:
+        return ""
+    failed = getattr(record, "n_failed", None)
+    if failed:
+        return counted(failed, "sentence")
+    failed = getattr(record, "failures", None)
+    if isinstance(failed, int) and failed:
+        return counted(failed, "claim")
+    return ""
+
+
 class _Runner:
     def __init__(self, output: Path, previous, base: dict[str, Any], wanted: list[str],
                  notify: Callable[[str], None]):
@@ -338,6 +353,10 @@ class _Runner:
                     intact = sha256_file(path) == prev.sha256
                     record = load() if intact else None
                 except (OSError, BooklensError):
+                    record = None
+                unjudged = _left_unjudged(record)
+                if unjudged:  # answers rejected in every try were not kept: asking again may judge them
+                    self.notify(f"{name}: asking again about the {unjudged} left unjudged in {path.name}")
                     record = None
                 if record is not None:
                     self.steps[name] = prev

@@ -393,6 +393,16 @@ def test_claims_the_judge_could_not_verify_are_left_out_of_the_shares_and_said(s
         pytest.approx(33.33)
     assert "(1 not verified, left out of the shares)" in proc.stderr
 
+    # The server is fixed: the rerun keeps every other step and asks again about that one claim
+    # (its rejected answers were not kept; the three verified claims come from the cache).
+    start = len(server.served)
+    again = cli(run_args(server, out, cache))
+    assert again.returncode == 0, again.stderr
+    assert "faithfulness: asking again about the 1 claim left unjudged in faithfulness.json" in again.stderr
+    assert len(server.served) - start == 1
+    scores = json.loads((out / "run.json").read_text())["scores"]
+    assert scores["claims"] == 4 and scores["failed_claims"] == 0
+
 
 # ---------------------------------------------------------------------------
 # Bad input
