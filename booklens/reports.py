@@ -476,15 +476,19 @@ def _scores_section(data: RunData) -> str:
 
 def run_judges(data: RunData) -> dict[str, Any]:
     """The judge of each judging step: from its record, else from run.json. A record kept from an
-    earlier version of booklens may lack what run.json says of the same program (`compiled_with`)."""
+    earlier version of booklens may lack what run.json says of the same program (`compiled_with`),
+    and a record a rerun reused predates a calibration made since: for the same judge (program, mode,
+    LM and server), run.json, written by the latest run, says how far it is trusted."""
     judges = dict(data.run.judges)
     for task, record in (("coherence", data.coherence), ("verification", data.faithfulness)):
         if record is None or record.judge is None:
             continue
         judge, listed = record.judge, judges.get(task)
-        if (judge.compiled_with is None and listed is not None and listed.compiled_with
-                and listed.program_sha256 == judge.program_sha256):
-            judge = judge.model_copy(update={"compiled_with": listed.compiled_with})
+        if listed is not None and listed.program_sha256 == judge.program_sha256:
+            if judge.compiled_with is None and listed.compiled_with:
+                judge = judge.model_copy(update={"compiled_with": listed.compiled_with})
+            if (listed.mode, listed.lm, listed.api_base) == (judge.mode, judge.lm, judge.api_base):
+                judge = judge.model_copy(update={"calibration": listed.calibration, "warning": listed.warning})
         judges[task] = judge
     return {name: judges[name] for name in ("coherence", "verification") if name in judges}
 

@@ -312,7 +312,8 @@ def judged_copy(hier_run, tmp_path, *, calibrated: set) -> Path:
 
     run_dir = tmp_path / "judged"
     shutil.copytree(hier_run, run_dir)
-    lm = json.loads((run_dir / "run.json").read_text())["lm"]
+    run = json.loads((run_dir / "run.json").read_text())
+    lm = run["lm"]
     for judge, record in (("coherence", "coherence.json"), ("verification", "faithfulness.json")):
         program = load_judge(judge)
         store = {}
@@ -322,6 +323,8 @@ def judged_copy(hier_run, tmp_path, *, calibrated: set) -> Path:
         data = json.loads((run_dir / record).read_text())
         data["judge"] = judge_info(judge, program, lm, store=store).model_dump(mode="json")
         (run_dir / record).write_text(json.dumps(data))
+        run.setdefault("judges", {})[judge] = data["judge"]  # as the run that wrote the record lists it
+    (run_dir / "run.json").write_text(json.dumps(run))
     return run_dir
 
 
@@ -375,6 +378,27 @@ def test_a_record_kept_from_an_earlier_version_gets_compiled_with_from_run_json(
     listed = {**record["judge"], "compiled_with": "openai/gpt-4o"}
     assert "compiled with openai/gpt-4o" in card_after(listed)
     assert "compiled with" not in card_after({**listed, "program_sha256": "f" * 64})  # another program
+
+
+def test_a_reused_record_shows_the_calibration_run_json_has_for_the_same_judge(hier_run, tmp_path):
+    """A rerun after `booklens calibrate` reuses the step record (not calibrated when it was made) and
+    writes run.json with the calibration; the report's card follows run.json for the same judge."""
+    from booklens.reports import load_run, render_report
+
+    calibrated = json.loads((judged_copy(hier_run, tmp_path / "a", calibrated={"verification"})
+                             / "faithfulness.json").read_text())["judge"]
+    run_dir = judged_copy(hier_run, tmp_path / "b", calibrated=set())
+    assert json.loads((run_dir / "faithfulness.json").read_text())["judge"]["calibration"] is None
+
+    def card_after(run_json_judge: dict) -> str:
+        run = json.loads((run_dir / "run.json").read_text())
+        run["judges"] = {"verification": run_json_judge}
+        (run_dir / "run.json").write_text(json.dumps(run))
+        cards = Dom(render_report(load_run(run_dir))).find("li", cls="judge")
+        return next(Dom.text(c) for c in cards if Dom.text(c).startswith("Claim verification"))
+
+    assert "F1 unfaithful 0.00 [0.00, 0.00]" in card_after(calibrated)
+    assert "not calibrated" in card_after({**calibrated, "lm": "openai/another"})  # another judge's figures
 
 
 def test_a_calibrated_judge_with_good_agreement_has_no_warning(hier_run, tmp_path):
