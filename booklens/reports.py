@@ -610,9 +610,10 @@ def _summary_section(data: RunData) -> str:
     n = 0
     for body, ann, after in _sentence_pieces(c.summary, c.sentences):
         if ann is not None and (ann.confusing or ann.status == "failed"):
-            n += 1
-            cls = "sent failed" if ann.status == "failed" else "sent confusing"
-            flag = "?" if ann.status == "failed" else str(n)
+            failed = ann.status == "failed"
+            n += not failed  # the number of the sentence in the list of confusing ones below
+            cls = "sent failed" if failed else "sent confusing"
+            flag = "?" if failed else str(n)
             out.append(f'<span class="{cls}" id="s{ann.index + 1}"><mark tabindex="0" aria-describedby="tip{ann.index + 1}">'
                        f'{h(body)}<span class="flag" aria-hidden="true">{h(flag)}</span></mark>'
                        f'<span class="tip" role="tooltip" id="tip{ann.index + 1}">{_tip_body(ann)}</span></span>')
@@ -649,7 +650,7 @@ def _errors_section(data: RunData) -> str:
     c = data.coherence
     if c is None:
         return '<p class="note">Coherence was not scored in this run.</p>'
-    n = c.n_sentences
+    n = c.n_sentences - c.n_failed  # the judged sentences, as the metrics count them
     rates = {t: (100.0 * c.type_counts.get(t, 0) / n if n else 0.0) for t in COHERENCE_ERROR_TYPES}
     top = max(rates.values()) if rates else 0.0
     axis = 10.0
@@ -661,7 +662,8 @@ def _errors_section(data: RunData) -> str:
         rows.append(f'<tr><th scope="row">{h(t)}</th><td><div class="track" aria-hidden="true">'
                     f'<span class="bar" style="width:{width:.1f}%"></span></div></td>'
                     f'<td class="num">{rates[t]:.1f}% ({c.type_counts.get(t, 0):,} of {n:,})</td></tr>')
-    caption = (f"Share of the summary's {_plural(n, 'sentence')} with each error type "
+    judged = f"{_plural(n, 'judged sentence')}" if c.n_failed else _plural(n, "sentence")
+    caption = (f"Share of the summary's {judged} with each error type "
                f"(a sentence can have several); the bars run from 0 to {axis:.0f}%.")
     return f'<table class="chart"><caption>{h(caption)}</caption><tbody>{"".join(rows)}</tbody></table>'
 

@@ -234,10 +234,13 @@ def test_report_structure_and_accessibility(hier_run):
     assert ".sent mark:hover + .tip, .sent mark:focus + .tip" in page  # shown on hover and on keyboard focus
     # colours come with text: a visible marker on each highlight, labels on every claim
     assert all(m_flag for m_flag in (dom.find("span", cls="flag")))
+    # numbered as the list of confusing sentences numbers them; the unjudged one has a '?'
+    assert [Dom.text(f) for f in dom.find("span", cls="flag")] == ["1", "?"]
     # the error-type chart: all eight types with their rate as text
     rows = dom.find("table", cls="chart")[0]
     assert all(f"{t}" in Dom.text(rows) for t in ERROR_TYPES)
-    assert "20.0% (1 of 5)" in Dom.text(rows)  # entity omission: 1 of the 5 sentences
+    assert "25.0% (1 of 4)" in Dom.text(rows)  # entity omission: 1 of the 4 judged sentences (as metrics count)
+    assert "Share of the summary's 4 judged sentences" in Dom.text(rows)
 
     # claims with labels, reasons and evidence placed in the book
     claims = dom.find("li", cls="claim")
