@@ -316,7 +316,10 @@ class _Runner:
         self.steps: dict[str, Any] = {}
         self.failures: dict[str, str] = {}
         self.failed_work: dict[str, dict[str, Any]] = {}  # LM work a failed step did before it failed
+        # Earlier timings, so a reused step keeps the seconds it took; only the steps this invocation
+        # reached (reused, computed or failed) are written back.
         self.timings: dict[str, Any] = self._previous_timings()
+        self.reached: set[str] = set()
         # Steps that do not need each other run at once (coherence beside claims and verification);
         # their bookkeeping and files take turns.
         self._lock = threading.RLock()
@@ -363,6 +366,7 @@ class _Runner:
                     entry = dict(self.timings.get(name) or {})
                     entry.update({"reused": True, "fresh_calls": 0, "cached_calls": 0})
                     self.timings[name] = entry
+                    self.reached.add(name)
                     self.notify(f"{name}: reused {path.name} (inputs unchanged)")
                     return record
         started = time.perf_counter()
@@ -385,6 +389,7 @@ class _Runner:
                     work = _work_of(tracker)
                     if work["calls"]:
                         self.failed_work[name] = work
+                    self.reached.add(name)
                     self.timings[name] = {"reused": False, "failed": True,
                                           "seconds": round(time.perf_counter() - started, 3),
                                           "fresh_calls": tracker.total.calls,
@@ -413,6 +418,7 @@ class _Runner:
         self.failures.pop(name, None)
         self.failed_work.pop(name, None)
         fresh, cached = usage["calls"], usage["cached_calls"]
+        self.reached.add(name)
         self.timings[name] = {"reused": False, "seconds": round(seconds, 3), "fresh_calls": fresh,
                               "cached_calls": cached}
         self.save_progress()
@@ -460,7 +466,7 @@ class _Runner:
         payload: dict[str, Any] = {
             "note": "wall-clock times and this invocation's fresh/cached LM calls; the only file of the run "
                     "directory that differs between reruns",
-            "steps": {name: self.timings[name] for name in STEPS if name in self.timings},
+            "steps": {name: self.timings[name] for name in STEPS if name in self.timings and name in self.reached},
         }
         if total_seconds is not None:
             payload["total_seconds"] = round(total_seconds, 3)

@@ -360,6 +360,23 @@ def test_a_failed_step_is_recorded_and_the_steps_that_do_not_need_it_still_run(s
     assert again.returncode != 0 and rerun_calls == 3
 
 
+def test_timings_list_only_the_steps_this_invocation_reached(server, tmp_path):
+    """A rerun whose claims step fails leaves verification unrun ("needs claims"): timings.json no
+    longer shows the earlier invocation's verification as if it had run now."""
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    assert cli(run_args(server, out, cache)).returncode == 0
+    assert set(json.loads((out / "timings.json").read_text())["steps"]) == {"summary", "coherence", "claims", "faithfulness"}
+    server.answers.claims_unparseable = True
+    (out / "claims.json").unlink()  # so the claims are split again, by the server (a new cache)
+    try:
+        proc = cli(run_args(server, out, tmp_path / "another-cache"))
+    finally:
+        server.answers.claims_unparseable = False
+    assert proc.returncode != 0
+    steps = json.loads((out / "timings.json").read_text())["steps"]
+    assert set(steps) == {"summary", "coherence", "claims"} and steps["claims"]["failed"] is True
+
+
 def test_a_judge_that_verifies_no_claim_fails_its_step_instead_of_scoring_zero(server, tmp_path):
     """Every verdict unparseable: no share of faithful claims (0% would read as an unfaithful
     summary), but a failed step with its reason, an incomplete run and a non-zero exit; coherence
