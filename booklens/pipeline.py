@@ -68,6 +68,10 @@ PROGRAM_TASKS = {"summarize": "summary", "coherence": "coherence", "decompositio
 JUDGE_TASKS = ("coherence", "decomposition", "verification")
 
 
+# run.json's `lm` for a given summary whose file does not say which model wrote it.
+GIVEN_SUMMARY_LM = "unknown (given summary)"
+
+
 class SystemConfig(BaseModel):
     """How the summary of a book is made, or which existing summary is judged."""
 
@@ -584,6 +588,11 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     summary_label, judge_label = lm_label(summary_lm), lm_label(judge_lm)
     summary_model = {"lm": summary_label, "api_base": public_api_base(lms.resolve(system.lm, system.api_base)[1])}
     judge_model = {"lm": judge_label, "api_base": public_api_base(lms.resolve(judge.lm, judge.api_base)[1])}
+    # The model that wrote the summary: a given one's own record says (a `summarize` output), or
+    # nothing does; it is never the judge's LM, which only read it.
+    made_by = summary_label
+    if system.given:
+        made_by = str(getattr(given_record, "lm", "") or "") or GIVEN_SUMMARY_LM
     wanted = ["summary", *judge.run_steps()]
     from booklens.judges import judge_info, judge_name
 
@@ -600,8 +609,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     base = {
         "book": str(book), "book_sha256": book_sha or "", "book_chars": len(book_text or ""),
         "book_tokens": count_tokens(book_text) if book_text is not None else 0,
-        "summary_source": "given" if system.given else "summarize", "lm": summary_label, "judge_lm": judge_label,
-        "config": _config_record(system, judge, summary_label, judge_label, concurrency, summary_model["api_base"],
+        "summary_source": "given" if system.given else "summarize", "lm": made_by, "judge_lm": judge_label,
+        "config": _config_record(system, judge, made_by, judge_label, concurrency, summary_model["api_base"],
                                  judge_model["api_base"]),
         "versions": package_versions(),
         "judges": judges,

@@ -450,6 +450,14 @@ def test_a_given_summarize_record_keeps_its_merge_tree(hier_run, tmp_path):
     assert not [c for c in lm.backend.calls if c.output_fields == ["summary"]], "the given summary was rewritten"
     run = json.loads((out / "run.json").read_text())
     assert run["summary_source"] == "given" and run["config"]["method"] is None
+    # the model that wrote it is the record's, not the judge's that only read it
+    written_by = json.loads((hier_run / "summary.json").read_text())["lm"]
+    assert run["lm"] == run["config"]["lm"] == written_by
+    given_text = tmp_path / "plain.txt"
+    given_text.write_text("Maren Holt is a bookbinder.", encoding="utf-8")
+    plain = execute(tmp_path / "plain", scripted("unused", claims=["Maren Holt is a bookbinder."]),
+                    summary_file=given_text)
+    assert json.loads((plain / "run.json").read_text())["lm"] == "unknown (given summary)"
     assert (out / "summary.json").read_bytes() == (hier_run / "summary.json").read_bytes()
     page = (out / "report.html").read_text()
     assert "Hierarchical merging" in page and "Zed hides the key." in page
