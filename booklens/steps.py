@@ -92,6 +92,8 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZ
     from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, make_summarizer
 
     check_method_options(method, level_budgets, merge_context, max_summary_tokens=max_summary_tokens)
+    if level_budgets and method == "hier":
+        max_summary_tokens = level_budgets[-1]  # G_n: the last level budget is the final summary's
     extra = {"merge_context": merge_context or DEFAULT_MERGE_CONTEXT} if method == "hier" else {}
     # None means the default; 0 is a value the program refuses, not a request for the default.
     window = DEFAULT_CONTEXT_WINDOW if context_window is None else context_window
@@ -138,7 +140,7 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = D
     if backend_window and window > backend_window:
         raise BooklensError(f"--context-window {window} is larger than the model's context window ({backend_window})")
     config = SummaryConfig(method=method, chunk_size=chunk_size, context_window=window,
-                           max_summary_tokens=max_summary_tokens, level_budgets=level_budgets or [],
+                           max_summary_tokens=program.max_summary_tokens, level_budgets=level_budgets or [],
                            max_regenerations=program.max_regenerations, generation_slack=program.generation_slack,
                            generation_allowance=program.generation_allowance,
                            remove_artifacts=remove_artifacts, drop_matter=drop_matter, concurrency=concurrency,

@@ -581,8 +581,9 @@ class _MergeTree:
             upper.slots.append(group[0])  # a lone summary moves up unchanged
             return True
         budget = program.budget(upper.level, self.budgets)
-        if not program.level_budgets and start == 0 and lower.cursor == len(lower.slots) and lower.complete:
-            budget = program.max_summary_tokens  # the last merge writes the book's summary: G_n
+        if start == 0 and lower.cursor == len(lower.slots) and lower.complete:
+            # The last merge writes the book's summary: G_n (the last level budget when they are given).
+            budget = program.level_budgets[-1] if program.level_budgets else program.max_summary_tokens
         upper.slots.append(None)
         self.ready.append((upper.level, j,
                            lambda: program.merge_node(upper.level, j, context, context_text, group, budget)))

@@ -287,6 +287,23 @@ def test_a_summary_budget_too_big_for_the_window_names_the_option_that_set_it():
             HierarchicalSummarizer(chunk_size=512, context_window=8192, level_budgets=[300, 3000]).check_budgets()
 
 
+def test_the_final_merge_gets_the_last_level_budget_however_shallow_the_tree():
+    """--level-budget 100 200 300 400 on a book whose tree has two levels: the merge that writes the
+    book's summary gets 400 (G_n, as the budget check and README say), not level 2's 200; and the
+    record's G_n is that budget."""
+    from booklens.steps import book_summarizer
+
+    lm = ScriptedLM(responder_for(60))
+    program = book_summarizer(method="hier", chunk_size=512, context_window=2048, level_budgets=[100, 200, 300, 400],
+                              remove_artifacts=False)
+    assert program.max_summary_tokens == 400
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=synthetic_book(4_000))
+    root = max(result.nodes, key=lambda n: n.level)
+    assert root.level == 2 and root.budget == 400
+    assert all(n.budget == 100 for n in result.nodes if n.level == 1)
+
+
 def test_answers_without_words_and_no_fallback_are_an_error_not_the_summary():
     book = synthetic_book(3_000)
     lm = ScriptedLM(lambda call: {"summary": "1234"})
