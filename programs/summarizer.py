@@ -25,7 +25,8 @@ from typing import Any, Callable
 import dspy
 
 from booklens.errors import BooklensError
-from booklens.lm import BooklensAdapter, forget_answers, fresh_try, hearing_calls, last_finish_reason, predict_with_retries
+from booklens.lm import (BooklensAdapter, forget_answers, fresh_try, hearing_calls, last_finish_reason,
+                         predict_with_retries)
 from booklens.programs.base import Module, Predict
 from booklens.records import Chunk, SummaryNode
 from booklens.vocabulary import (  # noqa: F401 - the settings are part of this module's API

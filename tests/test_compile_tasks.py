@@ -182,15 +182,20 @@ def summarizer(call):
     return detector(call)
 
 
-def test_summarize_compiles_with_the_coherence_metric_and_summarize_loads_it(tmp_path):
-    from booklens.steps import summarize_book as build_summary
-
+def five_book_splits(tmp_path):
+    """The summarize task over five small books, split 2 / 1 / 2."""
     books = tmp_path / "books"
     books.mkdir()
     for i in range(5):
         (books / f"book{i}.txt").write_text(f"The keeper of lighthouse {i} lit the lamp every night. " * 30)
     task = get_task("summarize")
-    splits = load_task_splits(task, books, seed=0)
+    return task, load_task_splits(task, books, seed=0)
+
+
+def test_summarize_compiles_with_the_coherence_metric_and_summarize_loads_it(tmp_path):
+    from booklens.steps import summarize_book as build_summary
+
+    task, splits = five_book_splits(tmp_path)
     assert [len(splits.get(n)) for n in ("train", "dev", "test")] == [2, 1, 2]
     lm = configure(ScriptedLM(summarizer))
     compiled = compile_program(task, splits.train, splits.dev, optimizer="bootstrap", budget=BUDGET)
@@ -200,12 +205,12 @@ def test_summarize_compiles_with_the_coherence_metric_and_summarize_loads_it(tmp
     save_program(compiled, artifact, task="summarize")
 
     lm = configure(ScriptedLM(summarizer))
-    record = build_summary(books / "book4.txt", program_path=artifact, remove_artifacts=False)
+    record = build_summary(tmp_path / "books" / "book4.txt", program_path=artifact, remove_artifacts=False)
     assert record.summary.startswith("The keeper of lighthouse 4")
     demo_excerpt = compiled.summarize_chunk.demos[0]["excerpt"]
     assert demo_excerpt in json.dumps(lm.backend.calls[0].messages)
     with pytest.raises(BooklensError, match="does not fit"):
-        build_summary(books / "book4.txt", method="inc", program_path=artifact)
+        build_summary(tmp_path / "books" / "book4.txt", method="inc", program_path=artifact)
 
 
 def test_unknown_task_is_a_user_error():
@@ -244,12 +249,7 @@ def test_a_summary_the_judge_gave_no_verdict_on_has_no_score_not_a_booookscore_o
     any run has chosen nothing: an error, as an evaluation that failed on every example is."""
     from booklens.optimizers.evaluate import NoScore
 
-    books = tmp_path / "books"
-    books.mkdir()
-    for i in range(5):
-        (books / f"book{i}.txt").write_text(f"The keeper of lighthouse {i} lit the lamp every night. " * 30)
-    task = get_task("summarize")
-    splits = load_task_splits(task, books, seed=0)
+    task, splits = five_book_splits(tmp_path)
     configure(ScriptedLM(lambda call: summarizer(call) if "excerpt" in call.inputs else "not json at all"))
     with pytest.raises(NoScore, match=r"^the judge gave no valid verdict on any of the 2 sentences \(first: "):
         task.metric(splits.dev[0], dspy.Prediction(summary="The keeper lit the lamp. He slept."))

@@ -276,7 +276,8 @@ def test_verify_with_a_judge_that_labels_no_claim_writes_its_report_and_fails(tm
                 "--api-base", server.url, "-o", str(out)]
         proc = run_here(args, tmp_path)
         assert proc.returncode == 2
-        assert proc.stderr.strip().splitlines()[-1].startswith("error: the judge verified none of the 2 claims (first: ")
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: the judge verified none of the 2 claims (first: ")
         assert "2 claims: none verified; " in proc.stderr  # no shares, where 0% of each label was printed
         report = json.loads(out.read_text())
         assert report["failures"] == 2 and all(c["label"] is None and c["error"] for c in report["claims"])

@@ -361,47 +361,42 @@ def test_a_judge_card_names_the_lm_its_program_was_compiled_with_when_another_ru
     assert "compiled with" not in card("openai/gpt-4o", None)
 
 
+def verification_card_with(run_dir: Path, run_json_judge: dict) -> str:
+    """The report's verification judge card once run.json lists `run_json_judge` for it."""
+    from booklens.reports import load_run, render_report
+
+    run = json.loads((run_dir / "run.json").read_text())
+    run["judges"] = {"verification": run_json_judge}
+    (run_dir / "run.json").write_text(json.dumps(run))
+    cards = Dom(render_report(load_run(run_dir))).find("li", cls="judge")
+    return next(Dom.text(c) for c in cards if Dom.text(c).startswith("Claim verification"))
+
+
 def test_a_record_kept_from_an_earlier_version_gets_compiled_with_from_run_json(hier_run, tmp_path):
     """A resumed run reuses a step record written before judges named `compiled_with`; run.json, written
     again, names it for the same program, and the report's card follows run.json."""
-    from booklens.reports import load_run, render_report
-
     run_dir = judged_copy(hier_run, tmp_path, calibrated=set())
     record = json.loads((run_dir / "faithfulness.json").read_text())
     record["judge"].pop("compiled_with")  # as the earlier version wrote it
     (run_dir / "faithfulness.json").write_text(json.dumps(record))
 
-    def card_after(run_json_judge: dict) -> str:
-        run = json.loads((run_dir / "run.json").read_text())
-        run["judges"] = {"verification": run_json_judge}
-        (run_dir / "run.json").write_text(json.dumps(run))
-        cards = Dom(render_report(load_run(run_dir))).find("li", cls="judge")
-        return next(Dom.text(c) for c in cards if Dom.text(c).startswith("Claim verification"))
-
     listed = {**record["judge"], "compiled_with": "openai/gpt-4o"}
-    assert "compiled with openai/gpt-4o" in card_after(listed)
-    assert "compiled with" not in card_after({**listed, "program_sha256": "f" * 64})  # another program
+    assert "compiled with openai/gpt-4o" in verification_card_with(run_dir, listed)
+    another_program = {**listed, "program_sha256": "f" * 64}
+    assert "compiled with" not in verification_card_with(run_dir, another_program)
 
 
 def test_a_reused_record_shows_the_calibration_run_json_has_for_the_same_judge(hier_run, tmp_path):
     """A rerun after `booklens calibrate` reuses the step record (not calibrated when it was made) and
     writes run.json with the calibration; the report's card follows run.json for the same judge."""
-    from booklens.reports import load_run, render_report
-
     calibrated = json.loads((judged_copy(hier_run, tmp_path / "a", calibrated={"verification"})
                              / "faithfulness.json").read_text())["judge"]
     run_dir = judged_copy(hier_run, tmp_path / "b", calibrated=set())
     assert json.loads((run_dir / "faithfulness.json").read_text())["judge"]["calibration"] is None
 
-    def card_after(run_json_judge: dict) -> str:
-        run = json.loads((run_dir / "run.json").read_text())
-        run["judges"] = {"verification": run_json_judge}
-        (run_dir / "run.json").write_text(json.dumps(run))
-        cards = Dom(render_report(load_run(run_dir))).find("li", cls="judge")
-        return next(Dom.text(c) for c in cards if Dom.text(c).startswith("Claim verification"))
-
-    assert "F1 unfaithful 0.00 [0.00, 0.00]" in card_after(calibrated)
-    assert "not calibrated" in card_after({**calibrated, "lm": "openai/another"})  # another judge's figures
+    assert "F1 unfaithful 0.00 [0.00, 0.00]" in verification_card_with(run_dir, calibrated)
+    another_judge = {**calibrated, "lm": "openai/another"}  # its figures are another judge's
+    assert "not calibrated" in verification_card_with(run_dir, another_judge)
 
 
 def test_a_calibrated_judge_with_good_agreement_has_no_warning(hier_run, tmp_path):

@@ -365,7 +365,8 @@ def test_timings_list_only_the_steps_this_invocation_reached(server, tmp_path):
     longer shows the earlier invocation's verification as if it had run now."""
     out, cache = tmp_path / "run", tmp_path / "cache"
     assert cli(run_args(server, out, cache)).returncode == 0
-    assert set(json.loads((out / "timings.json").read_text())["steps"]) == {"summary", "coherence", "claims", "faithfulness"}
+    steps = json.loads((out / "timings.json").read_text())["steps"]
+    assert set(steps) == {"summary", "coherence", "claims", "faithfulness"}
     server.answers.claims_unparseable = True
     (out / "claims.json").unlink()  # so the claims are split again, by the server (a new cache)
     try:

@@ -178,8 +178,8 @@ def test_progress_shows_cells_calls_tokens_cost_and_eta():
     progress.cell_done("s/b3", failed="summary: no usable summary")
     assert stream.getvalue() == "cell s/b3 failed: summary: no usable summary\n"
     # 62 s for 2 cells that did work; 9 cells left -> 279 s
-    assert progress.line() == ("sweep: 3/12 cells (1 reused, 1 failed) | 1,234 LM calls (34 from the cache) + 10 reused "
-                               "from earlier runs | 1.2M tokens | $0.5000 | 1m02s, ETA 4m39s")
+    assert progress.line() == ("sweep: 3/12 cells (1 reused, 1 failed) | 1,234 LM calls (34 from the cache) "
+                               "+ 10 reused from earlier runs | 1.2M tokens | $0.5000 | 1m02s, ETA 4m39s")
     progress.cell_done("s/b4", earlier={"calls": 2, "prompt_tokens": 10, "completion_tokens": 5, "cost_usd": None})
     assert "+ 12 reused from earlier runs" in progress.line() and "$" not in progress.line()  # a call had no price
     progress.close()
