@@ -112,7 +112,7 @@ def check_defaults_taken(sweep: Sweep, lm: Optional[str], api_base: Optional[str
 
     steps = [sweep.judge, *(spec for spec in sweep.systems if spec.summaries is None)]
     where = f"in {sweep.manifest} the judge and every system that summarizes name their own"
-    if lm and all((step.lm or "").strip() for step in steps):  # an empty lm takes the default, as the pool does
+    if lm and all(step.lm for step in steps):  # (an empty lm is refused with the manifest)
         raise BooklensError(f"--lm {lm.strip()} would not apply: {where} lm")
     if api_base and api_base.strip() and not any(
             step.api_base is None and resolve_lm_name(step.lm or sweep.lm) != LOCAL_LM for step in steps):
