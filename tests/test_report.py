@@ -399,6 +399,23 @@ def test_a_reused_record_shows_the_calibration_run_json_has_for_the_same_judge(h
     assert "not calibrated" in verification_card_with(run_dir, another_judge)
 
 
+def test_a_highlight_is_numbered_as_the_list_of_confusing_sentences_numbers_it(hier_run, tmp_path):
+    """An unjudged sentence before a confusing one takes no number: the confusing one is '1', as in
+    the list below the summary."""
+    from booklens.reports import load_run, render_report
+
+    run_dir = tmp_path / "unjudged-first"
+    shutil.copytree(hier_run, run_dir)
+    record = json.loads((run_dir / "coherence.json").read_text())
+    first = record["sentences"][0]
+    assert first["status"] == "ok" and not first["confusing"]
+    first.update(status="failed", confusing=None, error="no valid answer")
+    record["n_failed"] += 1
+    (run_dir / "coherence.json").write_text(json.dumps(record))
+    dom = Dom(render_report(load_run(run_dir)))
+    assert [Dom.text(f) for f in dom.find("span", cls="flag")] == ["?", "1", "?"]
+
+
 def test_a_calibrated_judge_with_good_agreement_has_no_warning(hier_run, tmp_path):
     from booklens.judges import judge_info, load_judge
 
