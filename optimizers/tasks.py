@@ -96,6 +96,13 @@ class Splits:
             raise BooklensError(f"unknown split '{name}': choose one of {', '.join(SPLITS)}")
         return getattr(self, name)
 
+    def dropping(self, name: str) -> "Splits":
+        """The same splits with `name` left empty, and the record saying so: a split nothing
+        runs on (compile --no-test) is not recorded with the size it would have had."""
+        info = {**self.info, **{key: {**self.info[key], name: 0} for key in ("sizes", "groups")}}
+        parts = {split: ([] if split == name else self.get(split)) for split in SPLITS}
+        return Splits(parts["train"], parts["dev"], parts["test"], info)
+
 
 # ---------------------------------------------------------------------------
 # Subsets

@@ -158,6 +158,28 @@ def test_the_artifact_records_only_the_budget_its_optimizer_spent(tmp_path):
             assert "test" not in meta["metrics"]
 
 
+def test_no_test_records_an_empty_test_split(tmp_path):
+    """Nothing runs on the test split with --no-test: the artifact does not record the size it
+    would have had (it recorded the default subset size, as if the program had been scored on it)."""
+    data = tiny_fables(tmp_path / "fables.json")
+    out = tmp_path / "a.json"
+    with FakeOpenAIServer(responder=fake_verifier) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        scored = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "-o", out, *lm],
+                         tmp_path)
+        assert scored.returncode == 0, scored.stderr
+        with_test = json.loads(out.read_text())["metadata"]["booklens"]["split"]
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "--no-test",
+                        "-o", out, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    split = json.loads(out.read_text())["metadata"]["booklens"]["split"]
+    assert with_test["sizes"]["test"] > 0 and with_test["groups"]["test"] > 0
+    assert split["sizes"] == {**with_test["sizes"], "test": 0}
+    assert split["groups"] == {**with_test["groups"], "test": 0}
+    assert split["available"] == with_test["available"]  # the data still holds a test split
+    assert " / 0 test examples" in proc.stderr.splitlines()[0]
+
+
 def test_wrong_task_and_corrupted_artifacts_are_one_line_errors(tmp_path):
     data = tiny_fables(tmp_path / "fables.json")
     verify_artifact = make_artifact(tmp_path, "verification", "verify.json")

@@ -111,6 +111,8 @@ def compile_command(
     budget.validate()
     seed = 0 if seed is None else seed
     splits = load_task_splits(spec, data, seed=seed, sizes=_sizes(train_size, dev_size, test_size))
+    if not evaluate_test:
+        splits = splits.dropping("test")
     if not splits.train:
         raise BooklensError(f"the training split of {data} is empty")
     empty = [name for name in ("dev", "test") if not splits.get(name) and (name == "dev" or evaluate_test)]
