@@ -135,6 +135,18 @@ def test_unknown_evidence_mode(tmp_path, cli):
     assert not out.exists()
 
 
+def test_claims_has_no_concurrency_to_set(tmp_path, cli):
+    """The summary goes to the decomposer in one call: `claims --concurrency 8` used to be taken and
+    do nothing; now it is refused before any work, as an unknown option."""
+    summary = write(tmp_path / "summary.txt", "Anna sails to the island. She finds the lighthouse dark.")
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer() as server:
+        proc = cli(["claims", str(summary), "--concurrency", "8", "--lm", "openai/fake-model",
+                    "--api-base", server.url, "-o", str(out)], tmp_path)
+    assert proc.returncode == 2 and "No such option: --concurrency" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists() and not server.received
+
+
 @pytest.mark.parametrize("content, pattern", [
     ("", "empty"), ("   \n\n  \t\n", "no text"),
 ], ids=["empty", "whitespace"])

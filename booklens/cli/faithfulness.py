@@ -93,12 +93,12 @@ def claims_command(
     structured: StructuredOption = None,
     rpm: RpmOption = None,
     tpm: TpmOption = None,
-    concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
     program: ProgramOption = None,
 ) -> None:
     """Split a summary into atomic, self-contained claims."""
+    # No --concurrency: the whole summary goes to the decomposer in one call.
     from booklens.inputs import read_summary_text
     from booklens.steps import decompose_summary
 
