@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 from booklens.data.diversesumm import load_events, load_summaries, require_question_answers
 from booklens.errors import BooklensError
 from booklens.qa_runs import Measured, setup_run_lm
-from booklens.vocabulary import CRITERIA, FAITHFULNESS_CHOICES, JUDGE_PROTOCOLS, VERBOSITY_PROTOCOLS
+from booklens.vocabulary import CRITERIA, counted, FAITHFULNESS_CHOICES, JUDGE_PROTOCOLS, VERBOSITY_PROTOCOLS
 
 
 def _criteria(criterion: str) -> list[str]:
@@ -171,3 +171,27 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
                 table.append((crit, proto, result))
     return {"kind": "booklens.bias.verbosity", "lm": model.label, **out, "table": table, "usage": measured.usage,
             "seconds": measured.seconds}
+
+
+
+def judged_nothing(result: dict[str, Any]) -> Optional[str]:
+    """Why a `judge` or `bias` result holds no judgment at all (the judge failed on every case), else
+    None. The commands write such a result for a look at the errors, then fail: it is not a score."""
+    from booklens.steps import quote_first_error
+
+    kind = result.get("kind")
+    if kind == "booklens.judge":
+        items = [item for row in result["events"] for item in row.get("cases", row.get("judgments", []))]
+        total, failed = len(items), sum(row["failed"] for row in result["events"])
+        what = "pairwise case" if result["protocol"] == "pairwise" else "judgment"
+    elif kind in ("booklens.bias.position", "booklens.bias.verbosity"):
+        parts = [part for part in result.values() if isinstance(part, dict) and "result" in part]
+        items = [item for part in parts for item in part.get("cases", [])]
+        failed = sum(part["result"]["failed"] for part in parts)
+        total, what = failed + sum(part["result"]["cases"] for part in parts), "case"
+    else:
+        return None
+    if not total or failed < total:
+        return None
+    return f"the judge gave no verdict ({failed} of {counted(total, what)} failed)" + quote_first_error(
+        [item.get("error") or "" for item in items])

@@ -99,6 +99,37 @@ def test_diverse_fails_when_no_event_got_a_summary_and_keeps_the_record(tmp_path
     assert json.loads(out.read_text())["events"][0]["summary"] is None
 
 
+def test_judge_and_bias_fail_when_the_judge_gave_no_verdict_and_keep_the_record(tmp_path, monkeypatch):
+    """A judge that answers nothing usable gives no score: `judge` and `bias` write their record (the
+    errors are in it) and end in a one-line error instead of printing a score of '-' with exit 0."""
+    summaries = tmp_path / "s.json"
+    summaries.write_text(json.dumps({"ev-0001": "The bridge closed for repairs."}))
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"ev-0001": "Sources disagree about the closure."}))
+    with FakeOpenAIServer(responder=lambda body: "no idea") as server:
+        lm = ["--lm", "openai/test-model", "--api-base", server.url]
+        for args, counted in (
+                (["judge", str(FIXTURE), str(summaries), "--criterion", "coverage"], r"\(1 of 1 judgment failed\)"),
+                (["judge", str(FIXTURE), str(summaries), str(other), "--protocol", "pairwise"],
+                 r"\(1 of 1 pairwise case failed\)"),
+                (["bias", "position", str(FIXTURE), str(summaries), str(other), "--criterion", "coverage"],
+                 r"\(1 of 1 case failed\)")):
+            out = tmp_path / f"{args[0]}-{len(args)}.json"
+            with pytest.raises(BooklensError, match=r"^the judge gave no verdict " + counted):
+                invoke([*args, *lm, "-o", str(out)], tmp_path, monkeypatch)
+            assert json.loads(out.read_text())["kind"].startswith("booklens.")
+
+    # Verdicts among failures are a score (of what was judged), as before: the first judgment's
+    # three tries get nothing usable, the other five a verdict.
+    answers = iter(["no idea"] * 3)
+    with FakeOpenAIServer(responder=lambda body: next(answers, json.dumps({"explanation": "yes", "rating": 1})))\
+            as server:
+        r = invoke(["judge", str(FIXTURE), str(summaries), "--criterion", "coverage", "--protocol", "binary",
+                    "--concurrency", "1", "--lm", "openai/test-model", "--api-base", server.url], tmp_path,
+                   monkeypatch)
+    assert r.exit_code == 0 and "coverage binary = 1.00 (scale 0-1, 6 judgments, 1 failed)" in r.output
+
+
 def always_b(body):
     """Every output field any DiverseSumm step asks for; pairwise verdicts always 'B'."""
     if not body.get("response_format"):  # summaries are asked for in plain text

@@ -80,6 +80,15 @@ def _fmt(x: Optional[float], digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _fail_if_judged_nothing(result: dict[str, Any]) -> None:
+    """A one-line error (exit 2, the record already written) when the judge gave no verdict at all."""
+    from booklens.diverse_runs import judged_nothing
+
+    reason = judged_nothing(result)
+    if reason:
+        raise BooklensError(reason)
+
+
 def _usage_line(result: dict[str, Any]) -> str:
     from booklens.lm.usage import describe_calls
 
@@ -263,6 +272,7 @@ def judge_command(
                        f"(scale {_scale(protocol.value)}, {len(row['judgments'])} judgments"
                        + (f", {row['failed']} failed" if row["failed"] else "") + ")")
     typer.echo(_usage_line(result), err=True)
+    _fail_if_judged_nothing(result)
 
 
 # ---------------------------------------------------------------------------
@@ -302,6 +312,7 @@ def bias_position(
         if crit in result:
             typer.echo(format_position(result[crit]["result"], crit.capitalize()))
     typer.echo(_usage_line(result), err=True)
+    _fail_if_judged_nothing(result)
 
 
 @bias_app.command("verbosity")
@@ -335,3 +346,4 @@ def bias_verbosity(
         write_output(output, result)
     typer.echo(format_verbosity([(c.capitalize(), p.capitalize(), r) for c, p, r in result["table"]]))
     typer.echo(_usage_line(result), err=True)
+    _fail_if_judged_nothing(result)
