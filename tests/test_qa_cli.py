@@ -133,6 +133,29 @@ def test_qa_run_prints_the_tables_and_writes_json(tmp_path, book, monkeypatch):
         assert len(server.served) == 2
 
 
+def test_a_run_where_no_question_got_an_answer_fails_and_keeps_the_result(tmp_path, book, monkeypatch):
+    """Every answer unusable (a broken server, a wrong --structured) is not an accuracy of 0%: the
+    result is written, then a one-line error; one valid answer among failures is a score, as before."""
+    from booklens.errors import BooklensError
+
+    q = write(tmp_path, "q.json", [QUESTION, {**QUESTION, "QID": "T-2", "Question": "Which ship is late?"}])
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=lambda body: "no idea") as server:
+        with pytest.raises(BooklensError, match=r"^no question got a valid answer or verdict \(2 of 2 questions "
+                                                r"failed\) \(first: "):
+            invoke(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base", server.url,
+                    "--evidence", "none", "-o", str(out)], tmp_path, monkeypatch)
+    assert [p["error"] is not None for p in json.loads(out.read_text())["predictions"]] == [True, True]
+
+    with FakeOpenAIServer(responder=lambda body: json.dumps({"answer": "B"}) if "late" in json.dumps(body)
+                          else "no idea") as server:
+        result = invoke(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base",
+                         server.url, "--evidence", "none"], tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[1] == ("Accuracy: 50.0 (2) of 2 scored questions; 1 without a valid answer "
+                                             "or verdict")
+
+
 def test_the_result_is_written_even_when_stdout_is_closed(tmp_path, book):
     """`booklens qa ... -o out.json | head -1`: the pipe closes before the tables are printed, and the
     result of the LM work must still be on disk."""

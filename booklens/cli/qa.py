@@ -144,7 +144,7 @@ def qa_command(
 ) -> None:
     """Answer NovelQA-format questions about a book and print accuracy by question type and evidence position."""
     from booklens.metrics.qa import format_report
-    from booklens.qa_runs import run_book_qa
+    from booklens.qa_runs import answered_nothing, run_book_qa
 
     result = run_book_qa(book, questions, setting=setting.value, evidence=evidence.value, k=k,
                          passage_tokens=passage_tokens, rank_mode=rank_mode.value, quote_evidence=quote_evidence,
@@ -160,6 +160,9 @@ def qa_command(
                f"{setting.value}; evidence {evidence.value} ({modes}); LM {result['lm']}")
     typer.echo(format_report(result["report"]))
     typer.echo(_usage_line(result), err=True)
+    reason = answered_nothing(result)
+    if reason:
+        raise BooklensError(reason)
 
 
 # ---------------------------------------------------------------------------
