@@ -370,9 +370,9 @@ def calibration_key(judge: str, mode: str, lm: str, fingerprint: str, server: Op
 
 
 def user_store_path(cache_dir: str | Path | None = None) -> Path:
-    from booklens.lm.cache import default_cache_dir
+    from booklens.lm.cache import cache_folder
 
-    return Path(cache_dir or default_cache_dir()) / CALIBRATION_FILE
+    return cache_folder(cache_dir) / CALIBRATION_FILE
 
 
 def read_store(path: Path) -> dict[str, Any]:

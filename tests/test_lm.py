@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import dspy
@@ -54,6 +55,131 @@ def test_a_cache_directory_that_cannot_be_used_is_a_one_line_error(tmp_path, whe
     cache_dir = blocker if where == "a file" else blocker / "cache"
     with pytest.raises(BooklensError, match=f"cannot use {cache_dir} as the LM cache directory"):
         CallCache(cache_dir / "calls.sqlite")
+
+
+@pytest.mark.parametrize("damage", ["not a database", "cut short"])
+def test_a_damaged_cache_file_is_one_line_that_says_what_to_do(tmp_path, damage):
+    from booklens.errors import BooklensError
+    from booklens.lm.cache import CallCache
+
+    path = tmp_path / "calls.sqlite"
+    if damage == "not a database":
+        path.write_bytes(b"not sqlite " * 500)
+    else:  # a copy that stopped half-way
+        cache = CallCache(path)
+        for i in range(200):
+            cache.put(str(i), {"text": "an answer " * 50})
+        cache._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        cache._db.close()
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(BooklensError) as caught:
+        CallCache(path)
+    message = str(caught.value)
+    assert message.startswith(f"cannot open the LM cache at {path}: ") and "\n" not in message
+    assert "move it aside, or use another --cache-dir" in message
+
+
+def test_a_cache_another_process_is_creating_opens_once_that_one_is_done(tmp_path, monkeypatch):
+    """Commands started side by side on an empty cache: switching the new file to WAL needs all of
+    it, and SQLite answers 'locked' at once, without its busy wait, while another connection is
+    writing it; the open waits for that writer as it would for any other."""
+    import sqlite3
+    import time
+    from types import SimpleNamespace
+
+    from booklens.lm import cache as cache_module
+
+    path = tmp_path / "calls.sqlite"
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("CREATE TABLE calls (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    other.execute("BEGIN IMMEDIATE")  # the other command, halfway through creating the cache
+    other.execute("INSERT INTO calls VALUES ('theirs', '{\"text\": \"kept\"}')")
+    waits = []
+
+    def wait(seconds):  # the other command finishes while this one waits to try again
+        waits.append(seconds)
+        other.execute("COMMIT")
+
+    monkeypatch.setattr(cache_module, "time", SimpleNamespace(monotonic=time.monotonic, sleep=wait))
+    try:
+        cache = cache_module.CallCache(path)
+    finally:
+        other.close()
+    assert len(waits) == 1  # it found the file locked once, waited, and opened it
+    assert cache.get("theirs") == {"text": "kept"}
+    cache.put("mine", {"text": "also kept"})
+    assert len(cache) == 2
+
+
+def test_a_cache_that_cannot_be_written_is_refused_before_any_call(tmp_path, monkeypatch):
+    """Readable but not writable (another process holds its write lock past the wait): one line when
+    the cache opens, naming what to do, instead of after the first answer is paid for and lost."""
+    import sqlite3
+
+    from booklens.errors import BooklensError
+    from booklens.lm import cache as cache_module
+
+    path = tmp_path / "calls.sqlite"
+    cache_module.CallCache(path).put("k", {"text": "kept"})
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    monkeypatch.setattr(cache_module, "BUSY_SECONDS", 0.3)
+    try:
+        with pytest.raises(BooklensError) as caught:
+            cache_module.CallCache(path)
+    finally:
+        holder.close()
+    assert str(caught.value) == (f"cannot open the LM cache at {path}: database is locked (another process holds "
+                                 "it: let it finish, or use another --cache-dir)")
+
+
+def test_a_read_only_cache_file_is_refused_when_it_opens():
+    """A cache file left by another user (or by sudo) in a folder this user may write: reading works,
+    and writing would fail only at the first answer, after the call was paid for."""
+    import os
+    import shutil
+    import tempfile
+
+    from booklens.lm.cache import CallCache
+
+    def open_message(path) -> str:
+        try:
+            CallCache(path)
+        except Exception as exc:  # noqa: BLE001 - the message is what is checked
+            return str(exc)
+        return "opened"
+
+    # Root writes whatever a file's mode says: the cache is then opened by a child process that
+    # has given up root, in a folder under /tmp that it may write (pytest's own are root's alone).
+    folder = Path(tempfile.mkdtemp(prefix="booklens-ro-"))
+    try:
+        folder.chmod(0o777)
+        path = folder / "calls.sqlite"
+        made = CallCache(path)
+        made.put("k", {"text": "kept"})
+        made._db.close()  # the last connection: the write-ahead log goes into the file, and its files away
+        path.chmod(0o444)
+        if os.geteuid() != 0:
+            message = open_message(path)
+        else:
+            read, write = os.pipe()
+            child = os.fork()
+            if child == 0:  # pragma: no cover - runs in the child
+                try:
+                    os.close(read)
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    os.write(write, open_message(path).encode())
+                finally:
+                    os._exit(0)
+            os.close(write)
+            with os.fdopen(read, "rb") as pipe:
+                message = pipe.read().decode()
+            os.waitpid(child, 0)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert message == (f"cannot open the LM cache at {path}: attempt to write a readonly database (make it and its "
+                       "folder writable, or use another --cache-dir)")
 
 
 def test_a_backend_configured_otherwise_does_not_replay_another_configurations_answers(tmp_path):
@@ -287,3 +413,35 @@ def test_the_cache_follows_an_absolute_xdg_cache_home_only(monkeypatch, tmp_path
     assert default_cache_dir() == tmp_path / "xdg" / "booklens"
     monkeypatch.setenv("BOOKLENS_CACHE_DIR", "mine")
     assert default_cache_dir() == Path("mine")
+    # No shell expands a quoted value, a unit file's or a .env's: booklens expands '~'. A blank
+    # value is an unset one, as for XDG_CACHE_HOME, not a folder named ' '.
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", "~/calls")
+    assert default_cache_dir() == tmp_path / "home" / "calls"
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", " ")
+    assert default_cache_dir() == tmp_path / "xdg" / "booklens"
+
+
+def test_cache_dir_expands_a_tilde_and_refuses_an_empty_value(monkeypatch, tmp_path):
+    """`--cache-dir=~/x` reaches booklens unexpanded (bash expands '~' only at the start of a word),
+    and `--cache-dir "$UNSET"` is empty: neither may put the cache in a folder of the current
+    directory, where no rerun from elsewhere would find it."""
+    import os
+
+    from booklens.testing import PipelineResponder, run_command
+
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Maren keeps the light. Zed hides a letter.", encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("BOOKLENS_")}, "HOME": str(tmp_path / "home")}
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        args = ["score", summary, "--zero-shot", "--lm", "openai/fake", "--api-base", server.url]
+        empty = run_command([*args, "--cache-dir", ""], env=env)
+        assert empty.returncode == 2 and server.received == []
+        assert empty.stderr.strip() == ("error: --cache-dir is empty: name the folder of the LM cache, or leave the "
+                                        "option out (BOOKLENS_CACHE_DIR, else ~/.cache/booklens)")
+        home = run_command([*args, "--cache-dir=~/calls"], env=env)
+        assert home.returncode == 0, home.stderr
+    assert (tmp_path / "home" / "calls" / "calls.sqlite").is_file()
+    assert list(work.iterdir()) == []

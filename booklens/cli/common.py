@@ -52,8 +52,22 @@ ApiBaseOption = Annotated[
     Optional[str], typer.Option("--api-base", help="Base URL of an OpenAI-compatible server (vLLM, llama.cpp, Ollama).")
 ]
 ConcurrencyOption = Annotated[int, typer.Option("--concurrency", min=1, help="Independent LM calls run at once.")]
+
+
+def cache_dir_option(value: str) -> Path:
+    """The parser of --cache-dir: `~` expanded (`--cache-dir=~/x` reaches booklens unexpanded), and
+    an empty value refused, not taken for the current folder (an unset shell variable, say)."""
+    if not value.strip():
+        raise BooklensError("--cache-dir is empty: name the folder of the LM cache, or leave the option out "
+                            "(BOOKLENS_CACHE_DIR, else ~/.cache/booklens)")
+    from booklens.lm.cache import cache_folder
+
+    return cache_folder(value)
+
+
 CacheDirOption = Annotated[
-    Optional[Path], typer.Option("--cache-dir", help="Where completed LM calls are cached (BOOKLENS_CACHE_DIR).")
+    Optional[Path], typer.Option("--cache-dir", parser=cache_dir_option, metavar="<path>",
+                                 help="Where completed LM calls are cached (BOOKLENS_CACHE_DIR).")
 ]
 ProgramOption = Annotated[
     Optional[Path], typer.Option("--program", help="A compiled program artifact (JSON) from `booklens compile`.")
@@ -131,10 +145,10 @@ def check_not_an_input(output: Any, inputs: Iterable[Any], cache_dir: Any = None
             if not written_by_booklens(output):
                 raise BooklensError(f"-o {output} is a file of the input folder {path}: writing the result there "
                                     "would overwrite it; choose an output file outside that folder")
-    from booklens.lm.cache import CACHE_FILE, default_cache_dir
+    from booklens.lm.cache import CACHE_FILE, cache_folder
     from booklens.retrieval import index_dir
 
-    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    cache = cache_folder(cache_dir)
     kept = [cache / f"{CACHE_FILE}{suffix}" for suffix in ("", "-wal", "-shm")]
     try:
         hit = any(p.exists() and os.path.samefile(p, output) for p in kept)

@@ -12,6 +12,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,14 +23,50 @@ CACHE_FILE = "calls.sqlite"  # in the cache directory
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("BOOKLENS_CACHE_DIR")
-    if env:
-        return Path(env)
+    env = os.environ.get("BOOKLENS_CACHE_DIR") or ""
+    if env.strip():  # a blank value is an unset one, as for XDG_CACHE_HOME
+        return Path(env).expanduser()  # '~' too: a quoted value, a unit file or a .env gets no shell to expand it
     # The XDG spec: an empty or relative XDG_CACHE_HOME is ignored (a relative one would put the
     # cache wherever the command happens to run, and a rerun elsewhere would not resume).
     xdg = os.environ.get("XDG_CACHE_HOME") or ""
     base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "booklens"
+
+
+def cache_folder(cache_dir: str | Path | None = None) -> Path:
+    """The cache directory a `--cache-dir` value (or a library caller's `cache_dir`) names, `~`
+    expanded, else `default_cache_dir()`. Every command and library entry point resolves it here,
+    so the calls, indexes and calibrations of one run all land in one folder."""
+    if cache_dir is None or not str(cache_dir).strip():
+        return default_cache_dir()
+    return Path(cache_dir).expanduser()
+
+
+# How long opening the cache waits for another process that holds it (its busy timeout).
+BUSY_SECONDS = 30.0
+
+
+def _advice(exc: sqlite3.Error) -> str:
+    """What to do about a cache error, after its message: ' (...)' or ''."""
+    name = getattr(exc, "sqlite_errorname", "")  # Python 3.11+
+    text = str(exc).lower()
+    if name in ("SQLITE_NOTADB", "SQLITE_CORRUPT") or "not a database" in text or "malformed" in text:
+        return (" (the file is damaged: move it aside, or use another --cache-dir; it only keeps finished LM "
+                "calls, which are then asked again)")
+    if name.startswith("SQLITE_READONLY") or "readonly" in text:
+        return " (make it and its folder writable, or use another --cache-dir)"
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
+        return " (another process holds it: let it finish, or use another --cache-dir)"
+    if name.startswith("SQLITE_FULL") or "disk is full" in text:
+        return " (the disk is full: free some space, or use another --cache-dir)"
+    if name.startswith("SQLITE_CANTOPEN") or "unable to open" in text:
+        return " (it must be a file in a folder you can write: fix that, or use another --cache-dir)"
+    return ""
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    name = getattr(exc, "sqlite_errorname", "")
+    return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in str(exc).lower()
 
 
 class _Flight:
@@ -55,13 +92,34 @@ class CallCache:
         self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}
         self._flights_lock = threading.Lock()
+        deadline = time.monotonic() + BUSY_SECONDS
+        while True:
+            try:
+                self._db = self._open()
+                break
+            except sqlite3.Error as exc:
+                # Switching a new file to WAL takes the whole file, and SQLite answers 'locked' at once,
+                # without waiting, when another process is opening it at the same moment (commands
+                # started side by side on an empty cache): wait for that one, as the busy timeout would.
+                if _busy(exc) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                raise BooklensError(f"cannot open the LM cache at {self.path}: {exc}{_advice(exc)}") from None
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=BUSY_SECONDS)
         try:
-            self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            self._db.commit()
-        except sqlite3.Error as exc:
-            raise BooklensError(f"cannot open the LM cache at {self.path}: {exc}") from None
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            db.commit()
+            # A cache it can read but not write (a file left by another user, by sudo) would fail
+            # only at the first answer, one paid call late: try a write now, and take it back.
+            db.execute("INSERT OR REPLACE INTO calls (key, value) VALUES ('', '')")
+            db.rollback()
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     @staticmethod
     def key_for(request: dict[str, Any]) -> str:
@@ -72,7 +130,7 @@ class CallCache:
             with self._lock:
                 row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
         except sqlite3.Error as exc:
-            raise CacheError(f"cannot read the LM cache at {self.path}: {exc}") from None
+            raise CacheError(f"cannot read the LM cache at {self.path}: {exc}{_advice(exc)}") from None
         return json.loads(row[0]) if row else None
 
     def put(self, key: str, value: dict[str, Any]) -> None:
@@ -83,7 +141,7 @@ class CallCache:
         except sqlite3.Error as exc:
             with self._lock, contextlib.suppress(sqlite3.Error):
                 self._db.rollback()  # an insert whose commit failed must not ride on the next commit
-            raise CacheError(f"cannot write the LM cache at {self.path}: {exc}") from None
+            raise CacheError(f"cannot write the LM cache at {self.path}: {exc}{_advice(exc)}") from None
 
     def forget(self, keys: list[str]) -> None:
         """Drop these calls: answers a program rejected in every try, which a rerun must ask again."""
@@ -96,7 +154,7 @@ class CallCache:
         except sqlite3.Error as exc:
             with self._lock, contextlib.suppress(sqlite3.Error):
                 self._db.rollback()
-            raise CacheError(f"cannot write the LM cache at {self.path}: {exc}") from None
+            raise CacheError(f"cannot write the LM cache at {self.path}: {exc}{_advice(exc)}") from None
 
     def __len__(self) -> int:
         with self._lock:

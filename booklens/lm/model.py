@@ -17,7 +17,7 @@ import dspy
 from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm.adapter import BooklensAdapter
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
-from booklens.lm.cache import CACHE_FILE, CallCache, default_cache_dir
+from booklens.lm.cache import CACHE_FILE, CallCache, cache_folder
 from booklens.lm.embedded import LOCAL_LM, LocalBackend, resolve_lm_name
 from booklens.lm.remote import (STRUCTURED_MODES, LiteLLMBackend, model_context_window, resolve_api_base,
                                  resolve_server)
@@ -262,7 +262,7 @@ def make_lm(
     if backend is None:
         backend = make_backend(lm, api_base=api_base, structured=structured, rpm=rpm, tpm=tpm, limiter=limiter)
     if cache is None and use_cache:
-        cache = CallCache(Path(cache_dir or default_cache_dir()) / CACHE_FILE)
+        cache = CallCache(cache_folder(cache_dir) / CACHE_FILE)
     return BooklensLM(backend, cache=cache, usage=usage, call_limit=call_limit)
 
 

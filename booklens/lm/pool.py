@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from booklens.lm.base import lm_label
-from booklens.lm.cache import CACHE_FILE, CallCache, default_cache_dir
+from booklens.lm.cache import CACHE_FILE, CallCache, cache_folder
 from booklens.lm.embedded import LOCAL_LM
 from booklens.lm.usage import UsageTracker
 
@@ -40,7 +40,7 @@ class LMPool:
         self.default_lm = resolve_lm_name(default_lm)
         self.api_base = api_base
         self.concurrency = max(1, int(concurrency))
-        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.cache_dir = cache_folder(cache_dir)
         self.cache = CallCache(self.cache_dir / CACHE_FILE) if use_cache else None
         self.usage = UsageTracker()
         # A given `call_limit` (a context manager around each backend call) replaces the pool's own
@@ -81,7 +81,7 @@ class FixedLMPool:
 
     def __init__(self, lm: Any, *, cache_dir: Path | str | None = None):
         self.lm = lm
-        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.cache_dir = cache_folder(cache_dir)
         self.usage = getattr(lm, "usage", None)
 
     def resolve(self, lm: str | None = None, api_base: str | None = None) -> tuple[str, str | None]:

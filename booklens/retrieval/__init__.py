@@ -101,9 +101,9 @@ def evidence_help(modes: tuple[str, ...] = EVIDENCE_MODES) -> str:
 
 def index_dir(cache_dir: str | Path | None = None) -> Path:
     """Where book indexes are kept: `<cache>/indexes` (the default cache unless one is given)."""
-    from booklens.lm.cache import default_cache_dir
+    from booklens.lm.cache import cache_folder
 
-    return Path(cache_dir or default_cache_dir()) / "indexes"
+    return cache_folder(cache_dir) / "indexes"
 
 
 _LAZY = ("BookIndex", "Passage", "QuoteLocator", "locate_quote", "make_passages", "format_passages", "embed",

@@ -205,9 +205,9 @@ def remove_sweep_partial_writes(output: Path) -> int:
 
 def check_cache(settings: PoolSettings) -> None:
     """A one-line error unless the LM cache of `settings` opens (its folder is made if missing)."""
-    from booklens.lm.cache import CACHE_FILE, CallCache, default_cache_dir
+    from booklens.lm.cache import CACHE_FILE, CallCache, cache_folder
 
-    CallCache(Path(settings.cache_dir or default_cache_dir()) / CACHE_FILE)
+    CallCache(cache_folder(settings.cache_dir) / CACHE_FILE)
 
 
 def plan_servers(sweep: Sweep) -> list[dict[str, Optional[str]]]:
@@ -304,6 +304,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
               stream: Optional[TextIO] = None, tty: Optional[bool] = None,
               progress_interval: Optional[float] = None) -> SweepOutcome:
     """Run (or resume) a sweep and write its aggregate; see the module docstring."""
+    from booklens.lm.cache import cache_folder
     from booklens.sweep.progress import SweepProgress
     from booklens.sweep.report import sweep_meta, write_sweep_report
 
@@ -319,7 +320,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     output = Path(output).absolute()  # cells may run in other processes, on other nodes
     sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, concurrency=concurrency,
                            server_options={"structured": structured, "rpm": rpm, "tpm": tpm})
-    settings = PoolSettings(sweep.lm, sweep.api_base, str(Path(cache_dir).absolute()) if cache_dir else None,
+    settings = PoolSettings(sweep.lm, sweep.api_base, str(cache_folder(cache_dir).absolute()) if cache_dir else None,
                             concurrency, structured=structured, rpm=rpm, tpm=tpm)
     schedule = sorted(tasks, key=lambda t: -_size(t.book_path))  # stable: manifest order among equals
     # The LM cache opens before anything is written: a bad --cache-dir must not leave a sweep
