@@ -275,11 +275,55 @@ def make_output_dir(output: Path, what: str) -> None:
         raise BooklensError(f"cannot create the {what} directory {output}: {exc.strerror or exc}") from None
 
 
-def previous_run(output: Path):
-    """The run.json of an existing run directory (None for a new or empty directory)."""
+def previous_run(output: Path, notify: Optional[Callable[[str], None]] = None):
+    """The run.json of an existing run directory (None for a new or empty directory).
+
+    A damaged run.json (cut short, or hand-edited out of shape) in a directory that holds nothing but
+    what a run writes is None too: the run starts over, every step answered from the call cache,
+    and `notify` says so. A run.json of another program, or of a newer booklens, stays an error."""
     from booklens.reports import RUN_FILE, read_run_record
 
-    return read_run_record(output / RUN_FILE) if owned_output_dir(output, RUN_FILE, "run") else None
+    if not owned_output_dir(output, RUN_FILE, "run"):
+        return None
+    try:
+        return read_run_record(output / RUN_FILE)
+    except BooklensError as exc:
+        if not _damaged_run_record(output / RUN_FILE):
+            raise
+        if not _holds_only_run_files(output):
+            raise BooklensError(f"{exc}: move it aside to start the run over, or choose a new -o") from None
+        if notify is not None:
+            notify(f"warning: {exc}: the run starts over (finished LM calls come from the cache)")
+        return None
+
+
+def _damaged_run_record(path: Path) -> bool:
+    """Whether the run.json at `path`, which does not read as a run record, is one booklens wrote
+    and something damaged: not JSON at all, or a run record of this format that fails its checks
+    (not somebody else's run.json, nor a newer booklens's)."""
+    from booklens.records import FORMAT_VERSION
+
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError:
+        return False
+    except ValueError:  # not JSON, not UTF-8: what a cut-short copy or a slip of the editor leaves
+        return True
+    if not isinstance(data, dict) or data.get("kind") != "booklens.run":
+        return False
+    version = data.get("format_version")
+    return not (isinstance(version, int) and version > FORMAT_VERSION)
+
+
+def _holds_only_run_files(output: Path) -> bool:
+    """Whether every file of `output` (hidden ones aside) is one a run writes."""
+    from booklens.reports import REPORT_FILE, RUN_FILE, STEP_FILES, TIMINGS_FILE
+
+    written = {RUN_FILE, REPORT_FILE, TIMINGS_FILE, *STEP_FILES.values()}
+    try:
+        return all(p.name in written for p in output.iterdir() if not p.name.startswith("."))
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------
@@ -567,7 +611,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     started = time.perf_counter()
     check_configs(system, judge)
     check_summarizer(system)
-    previous = previous_run(output)
+    previous = previous_run(output, notify)
     if output.is_dir():  # a killed run may have left half-written records behind
         from booklens.records import remove_partial_writes
         from booklens.reports import RUN_FILE, STEP_FILES, TIMINGS_FILE

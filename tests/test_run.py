@@ -470,6 +470,45 @@ def test_run_refuses_a_directory_that_is_not_a_run_directory(tmp_path):
     assert previous_run(tmp_path / "new") is None
 
 
+def test_a_damaged_run_json_starts_the_run_over_from_the_cache(server, reference, tmp_path):
+    """run.json cut short (a copy that stopped half-way) or edited out of shape: the rerun starts the
+    run over with a warning, every call answered from the cache, and ends equal to the reference."""
+    cut = contents(reference["dir"])["run.json"][:300]
+    edited = json.loads(contents(reference["dir"])["run.json"])
+    del edited["book"]
+    for name, damaged in (("cut-short", cut), ("edited", json.dumps(edited).encode())):
+        out = tmp_path / name
+        out.mkdir()
+        for file, data in contents(reference["dir"]).items():
+            (out / file).write_bytes(data)
+        (out / "run.json").write_bytes(damaged)
+        before = len(server.served)
+        proc = cli(run_args(server, out, reference["cache"]))
+        assert proc.returncode == 0, proc.stderr
+        assert len(server.served) == before, "a finished call was asked again"
+        warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ") and "run.json" in line]
+        assert len(warnings) == 1 and str(out / "run.json") in warnings[0], proc.stderr
+        assert warnings[0].endswith(": the run starts over (finished LM calls come from the cache)")
+        assert contents(out) == contents(reference["dir"])
+
+
+def test_a_damaged_run_json_beside_other_files_is_one_line_that_says_what_to_do(server, reference, tmp_path):
+    """Files a run does not write beside a damaged run.json may be somebody's: nothing is replaced."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_bytes(contents(reference["dir"])["run.json"][:300])
+    (out / "notes.txt").write_text("mine")
+    proc = cli(run_args(server, out, reference["cache"]))
+    assert_one_line_error(proc, "move it aside to start the run over, or choose a new -o")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "run.json"]
+    # A run.json of another program is no damaged record: it stays an error, whatever is beside it.
+    (out / "notes.txt").unlink()
+    (out / "run.json").write_text('{"kind": "their.run", "steps": 3}')
+    proc = cli(run_args(server, out, reference["cache"]))
+    assert_one_line_error(proc, "is not a booklens run record")
+    assert (out / "run.json").read_text() == '{"kind": "their.run", "steps": 3}'
+
+
 def test_settings_no_rerun_can_fix_are_an_error_before_anything_is_written(server, tmp_path):
     """A chunk that cannot fit the context window: a one-line error and no run directory, not a
     run directory whose failed summary step advises a rerun."""
