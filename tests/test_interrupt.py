@@ -24,8 +24,9 @@ def _wait_for_line(stream, prefix: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _interrupted(args: list, server: FakeOpenAIServer, env: dict, *, release: threading.Event | None = None):
-    """`booklens ARGS` started as from a terminal and sent Ctrl-C once its first call reached the
+def _interrupted(args: list, server: FakeOpenAIServer, env: dict, *, release: threading.Event | None = None,
+                 sig: int = signal.SIGINT):
+    """`booklens ARGS` started as from a terminal and sent Ctrl-C (or `sig`) once its first call reached the
     server; yields the process and its stderr up to the line that says the calls in flight end
     first. On the way out the held call is released (`release`) and a process still alive killed."""
     proc = subprocess.Popen(terminal_command(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -34,7 +35,7 @@ def _interrupted(args: list, server: FakeOpenAIServer, env: dict, *, release: th
         while not server.received and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert server.received, "the command never called the LM"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         yield proc, _wait_for_line(proc.stderr, "stopping:")
     finally:
         if release is not None:
@@ -131,6 +132,39 @@ def test_ctrl_c_lets_a_lone_call_end_and_keeps_its_answer(tmp_path):
         assert again.returncode == 0, again.stderr
         assert len(server.received) == 1, (rest, again.stderr)  # the interrupted call's answer came from the cache
         assert "1 LM call (1 from cache)" in again.stderr
+
+
+def test_sigterm_lets_the_call_in_flight_end_and_keeps_its_answer(tmp_path):
+    """SIGTERM (`timeout`, `docker stop`, a batch scheduler) is taken like Ctrl-C: the call in flight
+    ends and is cached, none starts after it, exit code 143; the rerun asks the server nothing. Its
+    default action lost the call in flight, and said nothing."""
+    from booklens.testing import PipelineResponder
+
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Maren keeps the light. A stranger called Zed arrives.", encoding="utf-8")
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    gate = threading.Event()
+    answer = PipelineResponder()
+
+    def respond(body):
+        gate.wait(120)  # held until the command has taken the signal
+        return answer(body)
+
+    args = ["score", summary, "--zero-shot", "--batch-size", "1", "--concurrency", "1", "--lm", "openai/fake"]
+    with FakeOpenAIServer(responder=respond) as server:
+        with _interrupted([*args, "--api-base", server.url], server, env, release=gate, sig=signal.SIGTERM) \
+                as (proc, seen):
+            assert seen and seen[-1].startswith("stopping: terminated; the LM calls in flight end first"), seen
+            gate.set()
+            _, rest = proc.communicate(timeout=60)
+        assert proc.returncode == 143, rest
+        assert rest.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
+        assert len(server.received) == 1  # the second sentence was not asked
+        again = subprocess.run(terminal_command([*args, "--api-base", server.url]), env=env, capture_output=True,
+                               text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        assert len(server.received) == 2, (rest, again.stderr)  # only the second sentence's call is new
+        assert "2 LM calls (1 from cache)" in again.stderr
 
 
 def test_a_second_ctrl_c_quits_without_waiting_for_the_calls_in_flight(tmp_path):

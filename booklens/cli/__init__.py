@@ -102,9 +102,12 @@ def _run_command() -> None:
     except BooklensError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    except (KeyboardInterrupt, _Interrupted):
+    except KeyboardInterrupt:
         print(f"error: {INTERRUPTED}", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(128 + signal.SIGINT)
+    except _Interrupted as exc:
+        print(f"error: {INTERRUPTED}", file=sys.stderr)
+        sys.exit(128 + exc.signum)  # 130 after Ctrl-C, 143 after SIGTERM, as the shell reports them
     except BrokenPipeError:
         sys.exit(1)
     except Exception as exc:  # a bug, not a user error: still one line unless asked for more
@@ -120,8 +123,12 @@ INTERRUPTED = "interrupted (completed LM calls are cached; rerun to resume)"
 
 
 class _Interrupted(Exception):
-    """Ctrl-C inside a command. typer would turn the KeyboardInterrupt into a bare exit code 130
-    (it returns the code without standalone mode), leaving nothing to print the message on."""
+    """Ctrl-C (or SIGTERM) inside a command. typer would turn the KeyboardInterrupt into a bare exit
+    code 130 (it returns the code without standalone mode), leaving nothing to print the message on."""
+
+    def __init__(self, signum: int = signal.SIGINT):
+        super().__init__(signum)
+        self.signum = int(signum)
 
 
 def _command():
@@ -135,42 +142,55 @@ def _command():
 
     def invoke_keeping_ctrl_c(ctx):
         interrupted = threading.Event()
+        received: list[int] = []  # the signal that stopped the command
         try:
-            with stoppable(interrupted), _stopping_on_ctrl_c(interrupted):
+            with stoppable(interrupted), _stopping_on_ctrl_c(interrupted, received):
                 return invoke(ctx)
         except KeyboardInterrupt:
-            raise _Interrupted() from None
+            raise _Interrupted(received[0] if received else signal.SIGINT) from None
 
     command.invoke = invoke_keeping_ctrl_c
     return command
 
 
 @contextlib.contextmanager
-def _stopping_on_ctrl_c(interrupted: threading.Event):
+def _stopping_on_ctrl_c(interrupted: threading.Event, received: list[int]):
     """Ctrl-C sets `interrupted` the moment it arrives, then interrupts as usual: while the command
     waits for the calls in flight to end, none of them asks again (a re-ask or a retry after an
-    answer lost to the interrupt would be a call made after the user said stop)."""
+    answer lost to the interrupt would be a call made after the user said stop).
+
+    SIGTERM (`timeout`, `docker stop`, a batch scheduler's notice before it kills) is taken the same
+    way when nothing else handles it: the calls in flight may still end and be cached in the grace
+    period, where the default action would lose them. `received` gets the signal's number."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         yield  # Ctrl-C is ignored or handled elsewhere (a test harness, an embedding program)
         return
 
-    def on_ctrl_c(signum, frame):
+    def on_stop(signum, frame):
+        again = "Ctrl-C again" if signum == signal.SIGINT else "send it again"
         if interrupted.is_set():
-            # A second Ctrl-C: the user will not wait for the calls in flight (a stalled server can
+            # A second signal: the user will not wait for the calls in flight (a stalled server can
             # hold one for minutes). Finished calls are already committed to the cache.
             print(f"error: {INTERRUPTED}", file=sys.stderr)
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
                 sys.stderr.flush()
-            os._exit(130)
+            os._exit(128 + (received[0] if received else signum))
         interrupted.set()
-        print("stopping: the LM calls in flight end first, and are cached (Ctrl-C again to quit at once)",
+        received.append(signum)
+        what = "" if signum == signal.SIGINT else "terminated; "
+        print(f"stopping: {what}the LM calls in flight end first, and are cached ({again} to quit at once)",
               file=sys.stderr, flush=True)
         signal.default_int_handler(signum, frame)
 
-    signal.signal(signal.SIGINT, on_ctrl_c)
+    term_handler = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGINT, on_stop)
+    if term_handler is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, on_stop)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if term_handler is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
