@@ -88,10 +88,12 @@ def _judged_nothing(judge: str, items: int, what: str, errors: list[str]) -> Jud
                          f"{counted(items, what)}{quote_first_error(errors)}; nothing stored")
 
 
-def _empty_sample(judge: str, source: str | Path, what: str) -> BooklensError:
+def _empty_sample(judge: str, source: str | Path, what: str, table5: bool = False) -> BooklensError:
     """A sample with nothing to compare: an entry of no figures would replace a measured one."""
-    return BooklensError(f"{judge} calibration: the sample drawn from {source} holds no {what} (its test split is "
-                         "empty: give the whole data set); nothing stored")
+    why = ("none of the seven books of FABLES' Table 5 is in it with faithful or unfaithful claims" if table5
+           else "its test split is empty: give the whole data set")
+    return BooklensError(f"{judge} calibration: the sample drawn from {source} holds no {what} ({why}); "
+                         "nothing stored")
 
 
 def _sample_books(books: list[str], count: Optional[int], seed: int) -> list[str]:
@@ -243,7 +245,8 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     shown = _demo_values(program, "claim")
     claims_in_sample = [c.claim for s in summaries for c in s.claims if c.label in keep]
     if not claims_in_sample:
-        raise _empty_sample("binary" if binary else "verification", fables_path, "labelled claim")
+        raise _empty_sample("binary" if binary else "verification", fables_path, "labelled claim",
+                            table5=info["split"] == "table5")
     _refuse_demos("binary" if binary else "verification",
                   sum(1 for c in claims_in_sample if " ".join(c.split()) in shown), len(claims_in_sample), "claims")
     meter = UsageTracker()
@@ -285,7 +288,7 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
                       seed=seed)
     report = verification_report(gold, pred, groups, labels=BINARY_LABELS)
     entry = {
-        "sample_name": ("FABLES Table 5's seven books" if info["split"] == "table5"
+        "sample_name": (_table5_name(len(info["books"])) if info["split"] == "table5"
                         else f"FABLES' test split ({counted(len(info['books']), 'book')}, "
                              f"{counted(len(gold), 'claim')})"),
         "setting": "human evidence: the annotators' quotes (FABLES Table 5)",
@@ -307,6 +310,14 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
         "usage": _usage(meter),
     }
     return entry
+
+
+def _table5_name(present: int) -> str:
+    """The name of the Table 5 sample: the seven books, or how many of them a smaller FABLES file holds."""
+    from booklens.data.fables import TABLE5_BOOKS
+
+    total = len(TABLE5_BOOKS)
+    return "FABLES Table 5's seven books" if present == total else f"{present} of FABLES Table 5's seven books"
 
 
 # ---------------------------------------------------------------------------

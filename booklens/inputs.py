@@ -45,14 +45,16 @@ def load_summaries(path: Path) -> tuple[dict[str, str], Optional[tuple[Path, str
     there (its path, and its text as it was summarized: `recorded_book`), and whether the file was
     a map of several summaries.
 
-    A JSON object whose keys are "summary" (a string) and optionally "book" is one summary, as
-    every other command reads it, not a map with a book called "summary"."""
+    A JSON object with a "summary" string is one summary (its other keys, such as "book" or a
+    model name, are about it), as every other command reads it, not a map with a book called
+    "summary" whose other values would be judged as summaries too."""
     from booklens.text import read_text_file
 
     if path.suffix.lower() == ".json":
         data = read_json_file(path, "summary file")
         kind = data.get("kind") if isinstance(data, Mapping) else None
-        single = isinstance(data, Mapping) and isinstance(data.get("summary"), str) and set(data) <= {"summary", "book"}
+        single = isinstance(data, Mapping) and isinstance(data.get("summary"), str) and not (
+            isinstance(kind, str) and kind.startswith("booklens."))  # another record: named below
         if kind == "booklens.summary" or single:
             text = data.get("summary")
             if not isinstance(text, str) or not text.strip():

@@ -386,7 +386,51 @@ def read_store(path: Path) -> dict[str, Any]:
     entries = data.get("calibrations") if isinstance(data, dict) else None
     if not isinstance(entries, dict):
         raise BooklensError(f"calibration store {path} is not a booklens calibration file")
+    for key, entry in entries.items():
+        problem = _entry_problem(entry)
+        if problem:  # every judge line and warning reads these figures: one line here, not a crash there
+            raise BooklensError(f"calibration store {path}: the entry {key!r} is malformed ({problem}); remove it, "
+                                "or measure the judge again with booklens calibrate")
     return entries
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _figure_problem(name: str, block: Any) -> Optional[str]:
+    """What is wrong with one stored figure ({"value", "ci95", "n"}), or None."""
+    if not isinstance(block, dict):
+        return f"figure {name} is not an object"
+    if block.get("value") is not None and not _is_number(block["value"]):
+        return f"the value of {name} is not a number"
+    ci = block.get("ci95")
+    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(v is None or _is_number(v) for v in ci)):
+        return f"the interval of {name} is not two numbers"
+    return None
+
+
+def _entry_problem(entry: Any) -> Optional[str]:
+    """What is wrong with the shape of a stored calibration, as far as the judge lines read it, or None."""
+    if not isinstance(entry, dict):
+        return "not an object"
+    figures = entry.get("figures")
+    if not isinstance(figures, dict):
+        return "no 'figures' object"
+    for name, block in figures.items():
+        # coherence's "f1" is one figure; verification's holds one per label
+        per_label = name == "f1" and isinstance(block, dict) and "value" not in block
+        for label, figure in (block.items() if per_label else [(name, block)]):
+            problem = _figure_problem(f"F1 {label}" if per_label else label, figure)
+            if problem:
+                return problem
+    for part in ("counts", "n", "table5"):
+        if part in entry and not isinstance(entry[part], dict):
+            return f"'{part}' is not an object"
+    f1 = (entry.get("table5") or {}).get("f1_unfaithful")
+    if f1 is not None and not _is_number(f1):
+        return "the Table 5 unfaithful F1 is not a number"
+    return None
 
 
 def load_store(cache_dir: str | Path | None = None) -> dict[str, Any]:

@@ -71,7 +71,14 @@ def _string_list(value: Any, where: str) -> list[str]:
         return [value]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return list(value)
-    raise BooklensError(f"malformed FABLES data: {where} must be a list of strings")
+    raise BooklensError(f"malformed FABLES data {where} must be a list of strings")
+
+
+def _comment(value: Any, where: str) -> str:
+    """A summary's general comment: text (a list of lines is joined), or nothing."""
+    if value is None:
+        return ""
+    return "\n".join(_string_list(value, where))
 
 
 def parse_fables(data: Any, source: str = "FABLES data") -> list[FablesSummary]:
@@ -92,13 +99,17 @@ def parse_fables(data: Any, source: str = "FABLES data") -> list[FablesSummary]:
                     or not isinstance(entry.get("claims"), dict):
                 raise BooklensError(f"malformed FABLES data in {source}: {where} needs 'summary' and 'claims'")
             claims: list[FablesClaim] = []
-            try:
-                keys = sorted(entry["claims"], key=int)
-            except ValueError:
-                raise BooklensError(f"malformed FABLES data in {source}: claim keys of {where} must be numbers") from None
-            for key in keys:
+            keys = list(entry["claims"])
+            if not all(key.isascii() and key.isdigit() for key in keys):
+                raise BooklensError(f"malformed FABLES data in {source}: claim keys of {where} must be numbers "
+                                    "(0, 1, 2, ...)")
+            numbers = [int(key) for key in keys]
+            if len(set(numbers)) != len(numbers):  # "1" and "01": one claim id for two claims
+                twice = next(n for n in numbers if numbers.count(n) > 1)
+                raise BooklensError(f"malformed FABLES data in {source}: {where} numbers two claims {twice}")
+            for key in sorted(keys, key=int):
                 raw = entry["claims"][key]
-                if not isinstance(raw, dict) or not isinstance(raw.get("claim"), str):
+                if not isinstance(raw, dict) or not isinstance(raw.get("claim"), str) or not raw["claim"].strip():
                     raise BooklensError(f"malformed FABLES data in {source}: claim {key} of {where} has no text")
                 label = raw.get("label")
                 if label not in FABLES_LABEL_NAMES:
@@ -106,18 +117,36 @@ def parse_fables(data: Any, source: str = "FABLES data") -> list[FablesSummary]:
                                         f"{label!r} (expected one of {', '.join(FABLES_LABEL_NAMES)})")
                 claims.append(FablesClaim(
                     book=book, summarizer=model, index=int(key), claim=raw["claim"], label=label,
-                    evidence=_string_list(raw.get("evidence"), f"evidence of claim {key} of {where}"),
-                    reason=_string_list(raw.get("reason"), f"reason of claim {key} of {where}"),
+                    evidence=_string_list(raw.get("evidence"), f"in {source}: evidence of claim {key} of {where}"),
+                    reason=_string_list(raw.get("reason"), f"in {source}: reason of claim {key} of {where}"),
                 ))
-            summaries.append(FablesSummary(book=book, summarizer=model, summary=entry["summary"],
-                                           general_comment=str(entry.get("general_comment") or ""), claims=claims))
+            summaries.append(FablesSummary(
+                book=book, summarizer=model, summary=entry["summary"], claims=claims,
+                general_comment=_comment(entry.get("general_comment"), f"in {source}: general_comment of {where}")))
     if not summaries:
         raise BooklensError(f"{source} holds no FABLES summaries")
     return summaries
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: of a key written twice, json keeps the last
+    value and drops the other unseen (a book, a summarizer, a claim)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
 def _read_bytes(path: Path) -> Any:
-    raw = path.read_bytes()
+    from booklens.records import read_file_bytes
+
+    raw = read_file_bytes(path, "FABLES data")
     if zipfile.is_zipfile(io.BytesIO(raw)):
         with zipfile.ZipFile(io.BytesIO(raw)) as archive:
             names = [n for n in archive.namelist() if n.endswith(".json") and not n.startswith("__MACOSX")]
@@ -128,11 +157,20 @@ def _read_bytes(path: Path) -> Any:
             except RuntimeError as exc:  # encrypted members
                 raise BooklensError(f"cannot read {names[0]} from {path}: {exc}") from None
     try:
-        return json.loads(raw.decode("utf-8-sig"))
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise BooklensError(f"{path} is not UTF-8 JSON") from None
+    if not text.strip():
+        raise BooklensError(f"{path} is empty")
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise BooklensError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except _DuplicateKey as exc:
+        raise BooklensError(f"malformed FABLES data in {path}: the key {exc.args[0]!r} appears twice in one "
+                            "object (JSON keeps only the last)") from None
+    except RecursionError:
+        raise BooklensError(f"{path} is nested too deeply to be read") from None
 
 
 def load_fables(path: str | Path | None = None) -> list[FablesSummary]:

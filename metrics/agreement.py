@@ -19,6 +19,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from booklens.errors import BooklensError
 from booklens.records import COHERENCE_ERROR_TYPES, CoherenceResult
+from booklens.vocabulary import counted
 
 
 def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> Optional[float]:
@@ -27,12 +28,21 @@ def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> Optional[float]:
     n = len(a)
     if n == 0 or n != len(b):
         return None
-    observed = sum(1 for x, y in zip(a, b) if x == y) / n
-    pa, pb = sum(a) / n, sum(b) / n
-    expected = pa * pb + (1 - pa) * (1 - pb)
-    if expected >= 1.0:
+    tp = sum(1 for x, y in zip(a, b) if x and y)
+    fp = sum(1 for x, y in zip(a, b) if x and not y)
+    fn = sum(1 for x, y in zip(a, b) if not x and y)
+    return kappa_from_counts(tp, fp, fn, n - tp - fp - fn)
+
+
+def kappa_from_counts(tp: float, fp: float, fn: float, tn: float) -> Optional[float]:
+    """Cohen's kappa of a 2x2 table, (p_o - p_e) / (1 - p_e) written over the counts:
+    2 (tp tn - fp fn) / ((tp + fp)(fp + tn) + (tp + fn)(fn + tn)). On whole counts it is exact, so a
+    kappa of no agreement beyond chance is 0, not a rounding error's -0.000. None when chance
+    agreement is 1 (both sides gave one and the same label to everything)."""
+    denominator = (tp + fp) * (fp + tn) + (tp + fn) * (fn + tn)
+    if denominator == 0:
         return None
-    return (observed - expected) / (1 - expected)
+    return 2 * (tp * tn - fp * fn) / denominator
 
 
 def binary_agreement(predicted: Sequence[bool], reference: Sequence[bool]) -> dict[str, Any]:
@@ -127,7 +137,8 @@ def format_agreement(report: Mapping[str, Any]) -> str:
     a, b = report["a"], report["b"]
     c = report["confusing"]
     lines = [
-        f"Agreement of {a} (A) with {b} (B, reference): {report['books']} books, {report['sentences']} sentences"
+        f"Agreement of {a} (A) with {b} (B, reference): {counted(report['books'], 'book')}, "
+        f"{counted(report['sentences'], 'sentence')}"
         + (f", {report['skipped_sentences']} skipped (no valid answer)" if report["skipped_sentences"] else "")
         + (f"; books only in A: {report['only_in_a']}, only in B: {report['only_in_b']}"
            if report["only_in_a"] or report["only_in_b"] else ""),

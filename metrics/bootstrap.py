@@ -123,13 +123,10 @@ def accuracy_of(c: np.ndarray) -> np.ndarray:
 
 def kappa_of(c: np.ndarray) -> np.ndarray:
     """Cohen's kappa from (tp, fp, fn, tn): NaN when chance agreement is 1."""
-    n = c.sum(axis=1)
-    observed = _ratio(c[:, 0] + c[:, 3], n)
-    pa = _ratio(c[:, 0] + c[:, 1], n)  # predicted positive rate
-    pb = _ratio(c[:, 0] + c[:, 2], n)  # reference positive rate
-    expected = pa * pb + (1 - pa) * (1 - pb)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(expected < 1.0 - 1e-12, (observed - expected) / (1 - expected), np.nan)
+    tp, fp, fn, tn = c[:, 0], c[:, 1], c[:, 2], c[:, 3]
+    # (p_o - p_e) / (1 - p_e) over the counts (`metrics.agreement.kappa_from_counts`): exact on whole
+    # counts, so no agreement beyond chance is 0, not -0.0000; undefined where both sides are constant.
+    return _ratio(2 * (tp * tn - fp * fn), (tp + fp) * (fp + tn) + (tp + fn) * (fn + tn))
 
 
 CONFUSION_STATISTICS: dict[str, Callable[[np.ndarray], np.ndarray]] = {

@@ -310,6 +310,37 @@ def test_released_annotations_with_another_configurations_summaries_are_refused(
     assert_one_line_error(proc, out, "(305 in all) is in its summary")
 
 
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"BooookScore data not found at {DATA}")
+def test_agree_refuses_a_set_whose_sentences_are_mostly_not_in_the_summaries_given(tmp_path):
+    # One --summaries file for two configurations: 1 of gpt4-2048-inc's 639 sentences is also in a
+    # hierarchical summary, so not every one was missing, and the other 638 read as clean sentences.
+    proc = run_command(["agree", DATA / "gpt4" / "gpt4-2048-hier.json", DATA / "gpt4" / "gpt4-2048-inc.json",
+                        "--summaries", DATA / "summaries" / "gpt4-2048-hier-cleaned.json"], env=cli_env(tmp_path))
+    assert_one_line_error(proc, tmp_path / "none.json", "638 of the 639 annotated sentences")
+    assert proc.stdout == ""
+
+
+def test_agree_notes_human_spans_that_are_not_in_their_summary(tmp_path):
+    stray = {"lighthouse": {**HUMAN["lighthouse"], "singles": [
+        {"id": "a", "span": "Zed sails away at dawn.", "questions": "Who is Zed?", "labels": ["entity omission"]}]}}
+    out = tmp_path / "agree.json"
+    proc = run_command(["agree", write(tmp_path / "a.json", stray), write(tmp_path / "b.json", HUMAN), "-o", out],
+                       env=cli_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert (f"note: set A: 1 of 1 human-annotated spans are not in their summaries and were ignored ({out} lists "
+            "them)") in proc.stderr.splitlines()
+    report = json.loads(out.read_text())
+    assert report["ignored_annotations"] == {"a": 1, "b": 0} and "Zed sails away" in report["notes"]["a"][0]
+    assert "1 book, 3 sentences" in proc.stdout
+
+
+def test_a_summary_object_with_other_keys_is_one_summary_not_a_map(tmp_path):
+    # Its model name and title were judged as two more summaries.
+    result = score_through_fake_server([write(tmp_path / "s.json", {"summary": SUMMARY, "model": "gpt-4o",
+                                                                    "title": "The Keeper"})], tmp_path)
+    assert result["kind"] == "booklens.coherence" and len(result["sentences"]) == 3
+
+
 def score_through_fake_server(args, tmp_path):
     from booklens.testing import FakeOpenAIServer
 

@@ -67,6 +67,85 @@ def test_trigram_statistics():
     assert novel_trigram_pct("the cat sat", "the cat sat") == 0.0
 
 
+def test_kappa_of_no_agreement_beyond_chance_is_exactly_zero():
+    # 1 of 3 reference positives, none predicted: p_o = p_e = 2/3, which floats made -1.1e-16 ("-0.000")
+    assert cohen_kappa([False, False, False], [True, False, False]) == 0.0
+    row = binary_agreement([False] * 3, [True, False, False])
+    assert row["kappa"] == 0.0 and "-0.000" not in format_agreement(_report_with(row))
+    # the bootstrap's statistic agrees with it on the same counts
+    import numpy as np
+
+    from booklens.metrics.bootstrap import kappa_of
+
+    assert kappa_of(np.array([[0.0, 0.0, 1.0, 2.0]]))[0] == 0.0
+    a = [True] * 25 + [False] * 25
+    b = [True] * 20 + [False] * 5 + [True] * 10 + [False] * 15
+    assert kappa_of(np.array([[20.0, 5.0, 10.0, 15.0]]))[0] == pytest.approx(cohen_kappa(a, b)) == pytest.approx(0.4)
+    assert np.isnan(kappa_of(np.array([[0.0, 0.0, 0.0, 4.0]]))[0])  # both sides constant: undefined
+
+
+def _report_with(row):
+    from booklens.records import COHERENCE_ERROR_TYPES
+
+    return {"a": "a.json", "b": "b.json", "books": 1, "sentences": row["n"], "skipped_sentences": 0,
+            "only_in_a": 0, "only_in_b": 0, "confusing": row, "per_type": {t: row for t in COHERENCE_ERROR_TYPES},
+            "system_score_a": None, "system_score_b": None, "system_score_diff": None,
+            "score_methods": {"a": ["sentences"], "b": ["sentences"]}}
+
+
+def test_agreement_by_hand_on_ten_sentences():
+    """A marks sentences 0-2 (salience), B marks 1-4 (1-2 salience, 3-4 language): the counts and
+    every figure of the table, computed by hand."""
+    sentences = [f"Sentence number {w} is here." for w in "one two three four five six seven eight nine ten".split()]
+    summaries = {"bk": " ".join(sentences)}
+    a = results_from_json({"bk": {sentences[i]: {"questions": "Q?", "types": ["salience"]} for i in (0, 1, 2)}},
+                          summaries)
+    b = results_from_json({"bk": {sentences[i]: {"questions": "Q?", "types": ["salience" if i < 3 else "language"]}
+                                  for i in (1, 2, 3, 4)}}, summaries)
+    report = agreement(a, b)
+    c = report["confusing"]
+    assert (c["tp"], c["fp"], c["fn"], c["tn"]) == (2, 1, 2, 5)
+    # p_o = 0.7, p_e = 0.3 * 0.4 + 0.7 * 0.6 = 0.54: kappa = 0.16 / 0.46
+    assert (c["precision"], c["recall"], c["f1"], c["accuracy"]) == pytest.approx((2 / 3, 0.5, 4 / 7, 0.7))
+    assert c["kappa"] == pytest.approx(0.16 / 0.46)
+    salience = report["per_type"]["salience"]  # tp 2, fp 1, fn 0, tn 7: p_o 0.9, p_e 0.62
+    assert (salience["precision"], salience["recall"], salience["f1"]) == pytest.approx((2 / 3, 1.0, 0.8))
+    assert salience["kappa"] == pytest.approx(0.28 / 0.38)
+    assert report["per_type"]["language"]["kappa"] == 0.0
+    assert (report["system_score_a"], report["system_score_b"]) == pytest.approx((0.7, 0.6))
+    table = format_agreement(report)
+    assert table.startswith("Agreement of A (A) with B (B, reference): 1 book, 10 sentences")
+    assert "| confusing | 30.0 | 40.0 | 0.667 | 0.500 | 0.571 | 0.348 | 0.700 |" in table
+    assert "| language | 0.0 | 20.0 | - | 0.000 | 0.000 | 0.000 | 0.800 |" in table
+
+
+def test_sentence_annotations_of_other_summaries_are_refused_not_counted_as_clean():
+    # One sentence of a summary written the same way by chance matched; the other two did not. Counted, the
+    # two would be clean sentences in figures computed against the wrong text.
+    summaries = {"b": "The story begins. Ann rows out. Ben waits."}
+    data = {"b": {"The story begins.": {"questions": "?", "types": ["salience"]},
+                  "Cal flies a kite.": {"questions": "?", "types": ["language"]},
+                  "Dee sings alone.": {"questions": "?", "types": ["language"]}}}
+    with pytest.raises(BooklensError, match="2 of the 3 annotated sentences .* are not in their summaries"):
+        parse_sentence_annotations(data, summaries)
+    data["b"].pop("Dee sings alone.")  # half of them: the release's own kind of noise, noted
+    results, notes = parse_sentence_annotations(data, summaries)
+    assert (notes.annotated, notes.ignored) == (2, 1) and results["b"].score == pytest.approx(2 / 3)
+
+
+def test_human_spans_not_found_in_their_summary_are_counted_in_the_notes():
+    from booklens.data.booookscore import annotation_set_from_json
+
+    data = human_data()
+    data["lighthouse"]["singles"].append({"id": "s3", "span": "A sentence from another summary.",
+                                          "questions": "?", "labels": ["language"]})
+    results, notes = annotation_set_from_json(data)
+    assert (notes.annotated, notes.ignored) == (4 + 1, 1)  # two singles, one relation of two spans, the stray
+    assert notes.summary_line() == "1 of 5 human-annotated spans are not in their summaries and were ignored"
+    assert "A sentence from another summary." in notes[0]
+    assert annotation_set_from_json(human_data())[1].ignored == 0
+
+
 def test_kappa_and_binary_agreement():
     assert cohen_kappa([True, False, True, False], [True, False, True, False]) == 1.0
     assert cohen_kappa([True, True, False, False], [False, False, True, True]) == -1.0
@@ -146,6 +225,9 @@ def test_sentence_annotations_bad_shapes(data, summaries, pattern):
     ({"b": {"summary": "A b.", "singles": {}, "relations": []}}, "must be lists"),
     ({"b": {"summary": "A b.", "singles": [{"questions": "q"}], "relations": []}}, "expected an object with 'span'"),
     ({"b": {"summary": "A b.", "singles": [], "relations": [{"span_a": "A"}]}}, "span_b"),
+    # without either list the entry would read as a summary the humans found nothing in: all clean labels
+    ({"b": {"summary": "A b."}}, "no 'singles' or 'relations': not human span annotations$"),
+    ({"b": {"summary": "A b.", "annotations": []}}, "the shape of the precision-study file"),
 ])
 def test_human_annotations_bad_shapes(data, pattern):
     with pytest.raises(BooklensError, match=pattern):

@@ -70,12 +70,53 @@ def test_parse_keeps_claim_order_and_fields():
     (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"]["0"].update({"label": "Maybe"}), "label 'Maybe'"),
     (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"]["0"].update({"evidence": [3]}), "list of strings"),
     (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"].update({"x": {"claim": "c", "label": "Yes"}}), "numbers"),
+    # "01" and "1" would be two claims with one id; " 2", "-1" and "٣" read as numbers only by int()
+    (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"].update({"01": {"claim": "c", "label": "Yes"}}),
+     "Book A / GPT-4 numbers two claims 1"),
+    (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"].update({" 2": {"claim": "c", "label": "Yes"}}), "numbers"),
+    (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"].update({"-1": {"claim": "c", "label": "Yes"}}), "numbers"),
+    (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"].update({"\u0663": {"claim": "c", "label": "Yes"}}),
+     "numbers"),
+    # a claim without words would be verified and counted
+    (lambda d: d["FABLES"]["Book A"]["GPT-4"]["claims"]["0"].update({"claim": "  "}), "claim 0 of Book A / GPT-4 has no text"),
+    (lambda d: d["FABLES"]["Book A"]["GPT-4"].update({"general_comment": {"a": 1}}),
+     "general_comment of Book A / GPT-4 must be a list of strings"),
 ])
 def test_malformed_data_is_one_clear_error(mutate, message):
     data = json.loads(json.dumps(TINY))
     mutate(data)
     with pytest.raises(BooklensError, match=message):
         parse_fables(data)
+
+
+def test_a_general_comment_given_as_lines_is_their_text():
+    data = json.loads(json.dumps(TINY))
+    data["FABLES"]["Book A"]["GPT-4"]["general_comment"] = ["Good start.", "Weak ending."]
+    assert parse_fables(data)[0].general_comment == "Good start.\nWeak ending."  # not "['Good start.', ...]"
+
+
+@pytest.mark.parametrize("text, message", [
+    # JSON keeps the last of two equal keys: the first book would be dropped from every count unseen
+    ('{"FABLES": {"Book": {"GPT-4": {"summary": "S.", "claims": {}}}, '
+     '"Book": {"MIXTRAL": {"summary": "S.", "claims": {}}}}}', "the key 'Book' appears twice in one object"),
+    ('{"Book": {"GPT-4": {"summary": "S.", "claims": {"0": {"claim": "c", "label": "Yes"}, '
+     '"0": {"claim": "d", "label": "No"}}}}}', "the key '0' appears twice"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply to be read"),
+    ("", "is empty"),
+    ("  \r\n", "is empty"),
+])
+def test_fables_files_that_would_load_wrong_are_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "FABLES.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(BooklensError, match=message) as caught:
+        load_fables(path)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_bom_and_crlf_line_ends_load(tmp_path):
+    path = tmp_path / "FABLES.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(TINY, indent=1).replace("\n", "\r\n").encode("utf-8"))
+    assert [len(s.claims) for s in load_fables(path)] == [2, 1, 1]
 
 
 def test_examples_map_labels_and_drop_placeholder_evidence():
@@ -163,6 +204,20 @@ def test_data_stats_fables_cli(fables_path, tmp_path):
         assert float(row[8]) == pytest.approx(100 * labels[model]["Inapplicable"] / total, abs=0.006)
     saved = json.loads(out.read_text())
     assert saved["overall"]["claims"] == 2446
+
+
+@pytest.mark.parametrize("content", [b"[" * 100_000, b"\xff\xfe\x00{", b"", b'{"Book": {"GPT-4": {"summary": "S.", '
+                                     b'"claims": {"1": {"claim": "c", "label": "Yes"}, "01": {"claim": "d", "label": "No"}}}}}'])
+def test_data_stats_fables_malformed_files_exit_with_one_line(tmp_path, content):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "booklens", "data", "stats", "fables", "--data", str(bad)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "internal error" not in lines[0] and proc.stdout == ""
 
 
 def test_data_stats_fables_bad_file(tmp_path):

@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from booklens.testing import FakeOpenAIServer, run_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -285,3 +287,131 @@ def test_evaluate_compares_the_default_judge_with_zero_shot(tmp_path, shared_dir
     assert "| zero-shot" in result.output and "default few-shot" in result.output
     labels = [r["label"] for r in json.loads(out.read_text())["results"]]
     assert labels == ["zero-shot", "default few-shot"]
+
+
+# ---------------------------------------------------------------------------
+# Calibration figures against a hand computation on small fixtures. The judge (`answer`) calls a
+# sentence confusing and a claim unfaithful when it names Zed.
+
+FIVE_BOOKS = ("alpha", "beta", "gamma", "delta", "epsilon")  # split with seed 0: test = gamma, epsilon
+
+
+def human_fixture(folder: Path) -> Path:
+    """Five summaries of five sentences; the humans mark sentences 2 and 3, the judge 2 and 4."""
+    data = {}
+    for name in FIVE_BOOKS:
+        s = [f"Mara walks to the {name} shore.", f"Zed waves from the {name} boat.",
+             f"The {name} tide rises slowly.", f"Zed shouts at the {name} gulls.", f"Night falls over the {name} bay."]
+        data[name] = {"summary": " ".join(s), "relations": [], "singles": [
+            {"id": "1", "span": s[1], "questions": "Who is Zed?", "labels": ["entity omission"]},
+            {"id": "2", "span": s[2], "questions": "Which tide?", "labels": ["salience"]}]}
+    folder.mkdir()
+    (folder / "summary-gpt4-4096-inc.json").write_text(json.dumps(data))
+    return folder
+
+
+FIXTURE_CLAIMS = (("Mara walks along the shore.", "Yes"), ("Zed owns the lighthouse.", "No"),
+                  ("Mara hates the sea.", "No"), ("Zed arrives in winter with a letter.", "PartialSupport"),
+                  ("Mara was born in the town.", "Inapplicable"))
+
+
+def fables_fixture(path: Path, books) -> Path:
+    evidence = ["Mara walked along the shore every morning, watching the boats come in from the bay."]
+    path.write_text(json.dumps({"canary": "x", "FABLES": {book: {"GPT-4": {
+        "summary": "Mara walks. Zed arrives.", "general_comment": "",
+        "claims": {str(i): {"claim": c, "label": label, "evidence": evidence, "reason": ["r"]}
+                   for i, (c, label) in enumerate(FIXTURE_CLAIMS)}}} for book in books}}))
+    return path
+
+
+def calibrated(args, tmp_path):
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["calibrate", *args, "--lm", "openai/fake", "--api-base", server.url,
+                         "--cache-dir", tmp_path / "cache", "-o", store], tmp_path)
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(store.read_text())["calibrations"].values()
+    return entry, result.output
+
+
+def test_coherence_calibration_figures_match_a_hand_computation(tmp_path):
+    entry, output = calibrated(["--judge", "coherence", "--coherence-data", human_fixture(tmp_path / "human"),
+                                "--books", "5"], tmp_path)
+    assert entry["data"]["books"] == ["epsilon", "gamma"]  # the test split: no book the demos came from
+    # per summary tp 1 (Zed waves), fp 1 (Zed shouts), fn 1 (the tide), tn 2; two summaries
+    assert entry["counts"] == {"tp": 2, "fp": 2, "fn": 2, "tn": 4, "human_confusing": 4, "judge_confusing": 4}
+    figures = {name: block["value"] for name, block in entry["figures"].items()}
+    # p_o 0.6, p_e 0.4 * 0.4 + 0.6 * 0.6 = 0.52: kappa 0.08 / 0.48
+    assert figures == pytest.approx({"precision": 0.5, "recall": 0.5, "f1": 0.5, "accuracy": 0.6,
+                                     "kappa": round(0.08 / 0.48, 4)})
+    assert entry["n"] == {"summaries": 2, "sentences": 10, "compared": 10, "failed": 0}
+    assert '"confusing" F1 0.50' in output and "kappa 0.17" in output
+
+
+def test_verification_calibration_figures_match_a_hand_computation(tmp_path):
+    fables = fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)
+    entry, output = calibrated(["--judge", "verification", "--fables-data", fables, "--books", "2"], tmp_path)
+    assert entry["data"]["books"] == ["epsilon", "gamma"]
+    # per summary gold faithful, unfaithful, unfaithful, partial, can't verify; judged f, u, f, u, f
+    f1 = {label: block["value"] for label, block in entry["figures"]["f1"].items()}
+    assert f1 == pytest.approx({"faithful": 2 * 2 / (2 * 2 + 4), "unfaithful": 2 * 2 / (2 * 2 + 2 + 2),
+                                "partial support": 0.0, "can't verify": 0.0}, abs=1e-4)
+    assert entry["figures"]["accuracy"]["value"] == pytest.approx(0.4)
+    assert entry["counts"]["unfaithful"] == 4 and entry["counts"]["unfaithful_found"] == 2
+    # Table 5's convention: only the claims humans called faithful or unfaithful (three per summary)
+    t5 = entry["table5"]
+    assert t5["n"] == 6 and (t5["f1_faithful"], t5["f1_unfaithful"], t5["accuracy"]) == pytest.approx((2 / 3,) * 3,
+                                                                                                       abs=1e-4)
+    assert "F1 faithful 0.50" in output and "F1 unfaithful 0.50" in output and "accuracy 0.40" in output
+
+
+def test_binary_calibration_on_the_table5_books_a_file_holds(tmp_path):
+    fables = fables_fixture(tmp_path / "FABLES.json", ("Pet", "yellowface", "alpha"))
+    entry, output = calibrated(["--judge", "binary", "--fables-data", fables], tmp_path)
+    assert entry["data"]["books"] == ["Pet", "yellowface"] and entry["n"]["claims"] == 6
+    f1 = {label: block["value"] for label, block in entry["figures"]["f1"].items()}
+    assert f1 == pytest.approx({"faithful": 2 / 3, "unfaithful": 2 / 3}, abs=1e-4)  # stored to 4 places
+    # two of the seven books: the name says so, not "Table 5's seven books"
+    assert entry["sample_name"] == "2 of FABLES Table 5's seven books"
+    assert "agreement with humans on 2 of FABLES Table 5's seven books" in output
+
+
+def test_calibrate_refuses_data_it_would_measure_wrongly_before_any_call(tmp_path, shared_dir):
+    from booklens.errors import BooklensError
+
+    precision_study = shared_dir / "data" / "booookscore" / "human" / "annotations-gpt4-4096-inc.json"
+    no_table5 = fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)
+    cases = (
+        # read as span annotations it held none: every sentence a clean label, and a calibration stored
+        (["--judge", "coherence", "--coherence-data", precision_study],
+         "no 'singles' or 'relations': not human span annotations (this is the shape of the precision-study file"),
+        (["--judge", "binary", "--fables-data", no_table5],
+         "holds no labelled claim (none of the seven books of FABLES' Table 5 is in it"),
+        (["--judge", "binary", "--seed", "3"], "--seed draws no sample for it"),
+    )
+    with FakeOpenAIServer(responder=answer) as server:
+        for args, message in cases:
+            result = invoke(["calibrate", *args, "--lm", "openai/fake", "--api-base", server.url,
+                             "--cache-dir", tmp_path / "cache"], tmp_path)
+            assert isinstance(result.exception, BooklensError), result.output
+            assert message in str(result.exception) and "\n" not in str(result.exception)
+        assert server.served == []
+    assert not (tmp_path / "cache" / "calibration.json").exists()
+
+
+def test_a_malformed_calibration_entry_is_one_line_naming_the_store(tmp_path):
+    from booklens.judges import DEFAULTS_DIR
+
+    shipped = json.loads((DEFAULTS_DIR / "calibration.json").read_text())
+    key, entry = next(iter(shipped["calibrations"].items()))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for figures in ("x", {"kappa": {"value": "high"}}, {"f1": {"faithful": [0.5]}}):
+        (cache / "calibration.json").write_text(json.dumps({"calibrations": {key: {**entry, "figures": figures}}}))
+        proc = run_command(["judges", "--cache-dir", cache])
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert lines[0].startswith(f"error: calibration store {cache / 'calibration.json'}: the entry {key!r} is "
+                                   "malformed (")
+    (cache / "calibration.json").write_text(json.dumps(shipped))  # the shipped entries pass
+    assert run_command(["judges", "--cache-dir", cache]).returncode == 0

@@ -132,6 +132,9 @@ def calibrate_command(
     if books is not None and judges == ["binary"]:
         raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: --books does not "
                             "apply")
+    if seed != 0 and judges == ["binary"]:  # it would only move the bootstrap intervals of the same sample
+        raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: --seed draws no "
+                            "sample for it")
     human_dir = _human_dir(coherence_data) if "coherence" in judges else None
     fables = _fables_path(fables_data) if any(j != "coherence" for j in judges) else None
     store = output if output is not None else user_store_path(cache_dir)

@@ -175,6 +175,7 @@ def _score_annotations(annotations: Path, summaries: Optional[Path], split: Opti
     """The coherence set the annotations give, and a line on the annotations it had to ignore."""
     from booklens.data.booookscore import (
         MatchNotes,
+        human_match_notes,
         is_human_format,
         parse_human_annotations,
         parse_sentence_annotations,
@@ -201,6 +202,7 @@ def _score_annotations(annotations: Path, summaries: Optional[Path], split: Opti
                     raise BooklensError(f"book {name!r} has a different summary in the {what} and in {summaries}")
         names = _select(list(human), split, limit)
         results = human_results({n: human[n] for n in names})
+        notes = human_match_notes({n: human[n] for n in names})
         annotator = "human"
     elif is_validation_format(data):
         results, notes = parse_validation_study(data, what=what)
@@ -263,9 +265,8 @@ def agree(
     report["notes"] = {"a": list(notes_a), "b": list(notes_b)}
     for name, notes in (("A", notes_a), ("B", notes_b)):
         if notes.ignored:
-            typer.echo(f"note: set {name}: {notes.ignored} of {notes.annotated} annotated sentences are not in their "
-                       "summaries and were ignored" + (" (-o lists them)" if output is None else
-                                                      f" ({output} lists them)"), err=True)
+            typer.echo(f"note: set {name}: {notes.summary_line()}" + (" (-o lists them)" if output is None else
+                                                                      f" ({output} lists them)"), err=True)
     typer.echo(format_agreement(report))
     if output is not None:
         write_output(output, report)
