@@ -145,13 +145,9 @@ def public_api_base(api_base: Optional[str]) -> Optional[str]:
     """The server URL without credentials, query or fragment (what may be written to disk)."""
     if not api_base:
         return None
-    from urllib.parse import urlsplit, urlunsplit
+    from booklens.lm.remote import public_url
 
-    parts = urlsplit(api_base)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    return public_url(api_base)
 
 
 def package_versions() -> dict[str, str]:

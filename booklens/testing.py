@@ -117,8 +117,10 @@ class Reply:
       (e.g. `{"Retry-After": "7"}`);
     - `drop=True` resets the connection without answering;
     - `hold` seconds pass before answering (bounded: the server's shutdown ends the wait);
+    - `raw` is sent as it is with status 200, as a page (`text/html`) instead of a chat completion;
     - otherwise `content` is the answer, with `finish_reason` and usage (`cached_tokens` is
-      reported as `prompt_tokens_details.cached_tokens`, or Anthropic's `cache_read_input_tokens`).
+      reported as `prompt_tokens_details.cached_tokens`, or Anthropic's `cache_read_input_tokens`;
+      `usage=False` leaves the usage out, as some servers and proxies do).
     """
 
     content: str = ""
@@ -131,6 +133,8 @@ class Reply:
     cached_tokens: int = 0
     drop: bool = False
     hold: float = 0.0
+    usage: bool = True
+    raw: str | None = None
 
 
 @dataclass
@@ -205,6 +209,14 @@ class FakeOpenAIServer:
                         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         self.close_connection = True
                         return
+                    if reply.raw is not None:
+                        data = reply.raw.encode()
+                        self.send_response(200)
+                        self.send_header("Content-Type", "text/html")
+                        self.send_header("Content-Length", str(len(data)))
+                        self.end_headers()
+                        self.wfile.write(data)
+                        return
                     if reply.status >= 400:
                         error = {"message": reply.error, "type": "error", "code": reply.status}
                         if anthropic:
@@ -232,6 +244,8 @@ class FakeOpenAIServer:
                                          "message": {"role": "assistant", "content": reply.content}}],
                             "usage": usage,
                         }
+                        if not reply.usage:
+                            del payload["usage"]
                     # Counted before the answer goes out: a client that has its answer must find the
                     # request here, and no longer in flight (after the answer, both could lag behind).
                     with lock:

@@ -314,6 +314,145 @@ def test_context_overflow_is_one_line_with_the_servers_figures():
     assert len(server.received) == 1
 
 
+def test_a_model_the_server_does_not_serve_is_named_with_the_servers_words():
+    """At a URL that ends in /v1 the path is the usual one: the name is what to check (vLLM and
+    Ollama answer 404 for a model they do not serve), not the /v1 the URL already has."""
+    said = "The model `nosuch` does not exist."
+    with FakeOpenAIServer(responder=lambda body: Reply(status=404, error=said)) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, model="openai/nosuch"))
+    assert str(caught.value) == (f"model 'openai/nosuch' was not found at {server.url} ({said}): check the model "
+                                 f"name; the server lists the ones it serves at {server.url}/models")
+    # Ollama's own API (ollama_chat/) lives at the server's root: its /v1 is the OpenAI-compatible one.
+    with FakeOpenAIServer(responder=lambda body: Reply(status=404, error="not found")) as server:
+        with pytest.raises(LMError, match=r"^model 'ollama_chat/llama3' was not found at http://127\.0\.0\.1:\d+/v1: "
+                                          r"ollama_chat/ reaches Ollama's own API at the server's root, such as "
+                                          r"http://127\.0\.0\.1:11434 without /v1 \(its /v1 is for openai/MODEL\)$"):
+            classify(backend_for(server, model="ollama_chat/llama3"))
+    assert server.received[0].path == "/v1/api/chat"
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_key_is_an_authentication_failure(status):
+    """LiteLLM turns an OpenAI-compatible server's 403 into a plain APIError; both statuses are the
+    README's one line, at once."""
+    with FakeOpenAIServer(responder=lambda body: Reply(status=status, error="forbidden")) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server))
+    assert str(caught.value) == (f"authentication failed for 'openai/fake-model' at {server.url}: "
+                                 "check its API key in the environment")
+    assert len(server.received) == 1
+
+
+def test_error_lines_carry_the_servers_words_without_litellms_class_names():
+    with FakeOpenAIServer(responder=lambda body: Reply(status=400, error="temperature must be at most 2")) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server))
+    assert str(caught.value) == (f"'openai/fake-model' at {server.url} rejected the request: "
+                                 "temperature must be at most 2")
+    with FakeOpenAIServer(responder=lambda body: Reply(status=503, error="overloaded")) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, retries=1))
+    assert str(caught.value) == (f"'openai/fake-model' at {server.url} kept failing after 2 tries: "
+                                 "ServiceUnavailableError: overloaded")
+
+
+def test_a_page_instead_of_a_completion_from_a_server_that_never_answered_is_one_line_at_once():
+    """A URL where another service lives (a web page, a health check) answers 200 with no chat
+    completion: retrying would only repeat it for half a minute. Once the server has answered, the
+    same is taken for a glitch of a proxy and retried."""
+    page = "<html><body>Welcome</body></html>"
+    with FakeOpenAIServer(responder=lambda body: Reply(raw=page)) as server:
+        sleep = Recorder()
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, sleep=sleep))
+    message = str(caught.value)
+    assert message.startswith(f"{server.url} answered, but not with an OpenAI-compatible chat completion (")
+    assert "Welcome" in message and message.endswith("check --api-base, usually the server's URL ending in /v1")
+    assert len(server.received) == 1 and sleep.delays == []
+
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=failing_first(1, '{"label": "good"}', then=Reply(raw=page))) as server:
+        classify(backend_for(server, sleep=sleep), text="first")
+        with pytest.raises(LMError, match="kept failing after 3 tries"):
+            classify(backend_for(server, sleep=sleep, retries=2), text="second")
+    assert len(sleep.delays) == 2
+
+
+@pytest.mark.parametrize("said, expected", [
+    # llama.cpp's C++ server (its message has carried the figures since 2025)
+    ("request (5012 tokens) exceeds the available context size (4096 tokens), try increasing it",
+     "the prompt (5012 tokens) does not fit the 4096-token context window"),
+    # vLLM, a prompt too large by itself
+    ("This model's maximum context length is 2048 tokens. However, your request has 3000 input tokens. "
+     "Please reduce the length of the input messages.",
+     "the prompt (3000 tokens) does not fit the 2048-token context window"),
+    # vLLM, a prompt that fits with no room for the answer budget
+    ("'max_tokens' or 'max_completion_tokens' is too large: 1024. This model's maximum context length is 2048 "
+     "tokens and your request has 1500 input tokens (1024 > 2048 - 1500).",
+     "the prompt (1500 tokens) and its answer budget (1024 tokens) do not fit the 2048-token context window"),
+    # words without figures: the server's own, without LiteLLM's class names
+    ("the request exceeds the available context size, try increasing it",
+     "the prompt is larger than the context window of 'openai/fake-model' (the request exceeds the available "
+     "context size, try increasing it)"),
+])
+def test_context_overflow_in_other_servers_words_is_one_line_with_their_figures(said, expected):
+    with FakeOpenAIServer(responder=lambda body: Reply(status=400, error=said)) as server:
+        with pytest.raises(ContextWindowExceeded) as caught:
+            classify(backend_for(server))
+    assert str(caught.value).startswith(expected), str(caught.value)
+    assert str(caught.value).endswith(": use smaller inputs, or a model or server with a larger context")
+    assert len(server.received) == 1
+
+
+def test_a_url_with_a_query_is_refused_where_litellm_would_put_the_path_inside_it(tmp_path, monkeypatch):
+    """LiteLLM's OpenAI-compatible (and most other) routes add '/chat/completions' to the URL as
+    text, so with a query every request goes to the bare path: refused before any call, without
+    showing the query (it may hold a key). Azure's routes merge the query (`?api-version=`) into the
+    request, and take it; their error lines leave it out too."""
+    monkeypatch.delenv("BOOKLENS_API_BASE", raising=False)
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        for model in ("openai/fake-model", "hosted_vllm/fake-model", "ollama_chat/fake-model"):
+            with pytest.raises(LMError) as caught:
+                make_lm(model, api_base=f"{server.url}?token=s3cret-token", cache_dir=tmp_path)
+            assert str(caught.value) == (
+                f"the server URL {server.url}?... has a query string or fragment, which '{model}' cannot take: "
+                "LiteLLM adds the endpoint's path after the URL, so it would land inside the query; give the "
+                "server's base URL, such as http://127.0.0.1:8000/v1")
+        assert server.received == []
+    port = free_port()
+    monkeypatch.setenv("AZURE_API_VERSION", "2024-10-21")
+    backend = LiteLLMBackend("azure/deployment", api_base=f"http://127.0.0.1:{port}/openai?code=s3cret-code",
+                             sleep=Recorder())
+    backend.validate()
+    with pytest.raises(LMError) as caught:
+        classify(backend)
+    assert str(caught.value).startswith(f"cannot connect to http://127.0.0.1:{port}/openai: connection refused")
+
+
+def test_a_model_name_without_its_provider_beside_a_server_is_told_how_to_name_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("BOOKLENS_API_BASE", raising=False)
+    with pytest.raises(LMError, match=r"^unknown model 'llama3': name the provider of the server at "
+                                      r"http://127\.0\.0\.1:9/v1, e\.g\. openai/llama3 for an OpenAI-compatible one$"):
+        make_lm("llama3", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path)
+    with pytest.raises(LMError, match=r"^unknown model 'openai/': use 'local' or a LiteLLM model string"):
+        make_lm("openai/", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path)
+
+
+def test_blank_lm_and_structured_variables_are_unset(monkeypatch):
+    """An empty BOOKLENS_LM is one not set (the embedded model), and so is one of spaces (it was an
+    unknown model named ''); likewise BOOKLENS_STRUCTURED."""
+    from booklens.lm import resolve_lm_name, resolve_structured
+
+    for blank in ("", "   "):
+        monkeypatch.setenv("BOOKLENS_LM", blank)
+        monkeypatch.setenv("BOOKLENS_STRUCTURED", blank)
+        assert resolve_lm_name(None) == "local" and resolve_structured(None) == "auto"
+    monkeypatch.setenv("BOOKLENS_LM", " openai/x ")
+    monkeypatch.setenv("BOOKLENS_STRUCTURED", " JSON ")
+    assert resolve_lm_name(None) == "openai/x" and resolve_structured(None) == "json"
+
+
 def test_an_answer_cut_off_at_the_token_limit_is_re_asked_with_a_larger_budget():
     def needs_40_tokens(body):
         if body["max_tokens"] < 40:
@@ -561,6 +700,44 @@ def test_provider_cached_prompt_tokens_are_reported_and_priced_at_the_cached_rat
                 + 10 * price["output_cost_per_token"])
     assert usage["cost_usd"] == pytest.approx(expected, rel=1e-6)
     assert usage["cost_usd"] < 1000 * price["input_cost_per_token"] + 10 * price["output_cost_per_token"]
+
+
+def test_a_server_that_sends_no_usage_has_its_tokens_counted_and_no_price(tmp_path):
+    """Usage left out of the answer (some proxies and small servers) was recorded as 0 prompt and 0
+    completion tokens, as if known: the tokens are counted with LiteLLM's tokenizer, and the cost is
+    unknown rather than $0, even for a model LiteLLM has prices for."""
+    import litellm
+
+    answer = '{"label": "good"}'
+    with FakeOpenAIServer(responder=lambda body: Reply(content=answer, usage=False)) as server:
+        _, lm = classify(backend_for(server, model="openai/gpt-4o-mini"), text="A calm sea under a grey sky.",
+                         cache_dir=tmp_path)
+        # A rerun replays the same figures from the cache.
+        _, again = classify(backend_for(server, model="openai/gpt-4o-mini"), text="A calm sea under a grey sky.",
+                            cache_dir=tmp_path)
+    usage = lm.usage.snapshot()
+    messages = server.received[0].body["messages"]
+    assert usage["prompt_tokens"] == litellm.token_counter(model="openai/gpt-4o-mini", messages=messages) > 50
+    assert usage["completion_tokens"] == litellm.token_counter(model="openai/gpt-4o-mini", text=answer) > 0
+    assert usage["cost_usd"] is None and usage["unpriced_calls"] == 1
+    assert len(server.received) == 1 and again.usage.snapshot()["cached_prompt_tokens"] == usage["prompt_tokens"]
+
+
+def test_a_model_litellm_prices_at_zero_costs_zero_not_unknown():
+    """A known price of $0 (LiteLLM's for Ollama's models) is $0, as the sweep's estimate has it; it
+    was turned into 'unknown'."""
+    import litellm
+
+    from booklens.sweep.estimate import price
+
+    response = litellm.ModelResponse(model="llama3", usage={"prompt_tokens": 10, "completion_tokens": 2,
+                                                            "total_tokens": 12},
+                                     choices=[{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": "Yes."}}])
+    response._hidden_params["custom_llm_provider"] = "ollama"
+    completion = LiteLLMBackend("ollama/llama3", api_base="http://127.0.0.1:9")._completion(response)
+    assert completion.cost == 0.0 == price("ollama/llama3", 10, 2)
+    assert (completion.prompt_tokens, completion.completion_tokens) == (10, 2)
 
 
 def test_llama_cpp_servers_get_cache_prompt_and_a_server_refusing_it_stops_getting_it():

@@ -445,3 +445,24 @@ def test_cache_dir_expands_a_tilde_and_refuses_an_empty_value(monkeypatch, tmp_p
         assert home.returncode == 0, home.stderr
     assert (tmp_path / "home" / "calls" / "calls.sqlite").is_file()
     assert list(work.iterdir()) == []
+
+
+@pytest.mark.embedded
+def test_a_prompt_larger_than_the_embedded_models_context_is_one_line_with_its_figures(tmp_path):
+    """It named `--chunk-size`, which `claims`, `score`, `verify`, `check` and `qa` do not have, and
+    gave no figures; now it says what the servers' context errors say (`booklens.lm.remote`)."""
+    import os
+
+    from booklens.testing import run_command
+
+    summary = tmp_path / "long.txt"
+    summary.write_text(" ".join(["The keeper lit the lamp at dusk and watched the sea."] * 700), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("BOOKLENS_LM", "BOOKLENS_API_BASE", "BOOKLENS_DEBUG")}
+    proc = run_command(["claims", summary, "--cache-dir", tmp_path / "cache", "-o", tmp_path / "claims.json"], env=env)
+    assert proc.returncode != 0 and not (tmp_path / "claims.json").exists()
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: the prompt (") and "--chunk-size" not in lines[0]
+    assert lines[0].endswith(" tokens) does not fit the 8192-token context window of "
+                             "'local/SmolLM2-135M-Instruct.Q4_1': use smaller inputs, or a model or server with a "
+                             "larger context")

@@ -70,8 +70,9 @@ LOCAL_SUMMARY_SETTINGS = {"max_regenerations": 0, "generation_slack": 1.06, "gen
 
 
 def resolve_lm_name(lm: str | None) -> str:
-    """The LM a `--lm` string names: the string, else BOOKLENS_LM, else the embedded model."""
-    return (lm or os.environ.get("BOOKLENS_LM") or LOCAL_LM).strip()
+    """The LM a `--lm` string names: the string, else BOOKLENS_LM, else the embedded model. An empty
+    BOOKLENS_LM (or one of spaces) is one not set."""
+    return ((lm or "").strip() or (os.environ.get("BOOKLENS_LM") or "").strip() or LOCAL_LM)
 
 
 def lm_name_label(lm: str | None) -> str:
@@ -539,10 +540,11 @@ class LocalBackend:
                 out = llm.create_chat_completion(**kwargs)
             except ValueError as exc:
                 if "context window" in str(exc) or "exceed" in str(exc):
-                    raise ContextWindowExceeded(
-                        f"the prompt is larger than the embedded model's {self.context_window}-token context window "
-                        "(lower --chunk-size or use a model with a larger window)"
-                    ) from None
+                    # llama-cpp-python: "Requested tokens (P) exceed context window of N". The advice is
+                    # the servers' (booklens.lm.remote): the input to make smaller differs by command.
+                    from booklens.lm.remote import context_window_message
+
+                    raise ContextWindowExceeded(context_window_message(LOCAL_LABEL, str(exc))) from None
                 raise
             finally:
                 if self._generate is not None:

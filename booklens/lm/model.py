@@ -268,7 +268,7 @@ def make_lm(
 
 def resolve_structured(structured: str | None) -> str:
     """The structured-output mode from the option, else BOOKLENS_STRUCTURED, else 'auto'."""
-    mode = (structured or os.environ.get("BOOKLENS_STRUCTURED") or "auto").strip().lower()
+    mode = ((structured or "").strip() or (os.environ.get("BOOKLENS_STRUCTURED") or "").strip() or "auto").lower()
     if mode not in STRUCTURED_MODES:
         raise LMError(f"unknown structured-output mode '{mode}': use one of {', '.join(STRUCTURED_MODES)}")
     return mode

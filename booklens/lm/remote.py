@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from booklens.errors import LMError, first_line
+from booklens.errors import LMError
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 from booklens.parallel import pause, raise_if_stopped
 
@@ -88,8 +88,24 @@ def check_api_base(api_base: str | None, what: str = "--api-base") -> str | None
     except ValueError:
         valid = False
     if not valid:
-        raise LMError(f"{what} needs an http:// or https:// URL such as http://127.0.0.1:8000/v1 (got {url!r})")
+        shown = url[: len(url) - len(_query_of(url))] + ("?..." if _query_of(url) else "")  # a query may hold a key
+        raise LMError(f"{what} needs an http:// or https:// URL such as http://127.0.0.1:8000/v1 (got {shown!r})")
     return url
+
+
+def public_url(url: str) -> str:
+    """`url` without user, password, query or fragment: what a message may show of a URL whose
+    query may hold a key."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+        return urlunsplit((parts.scheme, host, parts.path, "", ""))
+    except ValueError:
+        return "the URL"
 
 
 def resolve_api_base(api_base: str | None = None) -> str | None:
@@ -97,6 +113,26 @@ def resolve_api_base(api_base: str | None = None) -> str | None:
     if api_base is not None and api_base.strip():
         return check_api_base(api_base)
     return check_api_base(os.environ.get("BOOKLENS_API_BASE"), "BOOKLENS_API_BASE")
+
+
+# Providers whose LiteLLM route adds the endpoint's path to the api_base as text ('{api_base}/chat/completions',
+# '/api/chat', '/v1/messages', ...), so that a query string in the URL swallows the path and every
+# request goes to the server's bare path: such a URL is refused before any call. (Azure's routes merge
+# the URL's query, `?api-version=...`, into the request instead, and take it.) A query therefore never
+# tells two servers of these providers apart; for Azure's it names an API version of the same
+# deployment. So records and run digests name a server without its query (which may hold a key), and
+# the call cache, which keys on the whole URL, keeps such calls apart all the same.
+PATH_AFTER_URL_PROVIDERS = {
+    "openai", "custom_openai", "text-completion-openai", "hosted_vllm", "ollama", "ollama_chat", "llamafile",
+    "lm_studio", "anthropic", "groq", "mistral", "together_ai", "deepseek", "openrouter", "gemini", "xai",
+    "fireworks_ai", "huggingface", "databricks",
+}
+
+
+def _query_of(url: str) -> str:
+    """The query string and fragment of `url` ('?...' or '#...'), '' when it has neither."""
+    cut = [i for i in (url.find("?"), url.find("#")) if i >= 0]
+    return url[min(cut):] if cut else ""
 
 
 # Where LiteLLM finds a provider's server when no api_base is given. A server named there is as
@@ -183,6 +219,12 @@ class LiteLLMBackend:
         return self.model
 
     @property
+    def server(self) -> str | None:
+        """The server as messages name it: `api_base` without user, password or query (either may hold
+        a key)."""
+        return public_url(self.api_base) if self.api_base else None
+
+    @property
     def dialect(self) -> str:
         """The structured-output dialect structured calls are sent in now."""
         if self.structured != "auto":
@@ -227,7 +269,18 @@ class LiteLLMBackend:
 
         try:
             litellm.get_llm_provider(self.model, api_base=self.api_base)
+            known = bool(self.model.split("/", 1)[-1].strip())  # 'openai/' names no model
         except Exception:
+            known = False
+        if self.api_base and self.provider in PATH_AFTER_URL_PROVIDERS and _query_of(self.api_base):
+            raise LMError(f"the server URL {public_url(self.api_base)}{_query_of(self.api_base)[0]}... has a query "
+                          f"string or fragment, which '{self.model}' cannot take: LiteLLM adds the endpoint's path "
+                          "after the URL, so it would land inside the query; give the server's base URL, such as "
+                          "http://127.0.0.1:8000/v1")
+        if not known:
+            if self.api_base and "/" not in self.model:
+                raise LMError(f"unknown model '{self.model}': name the provider of the server at "
+                              f"{public_url(self.api_base)}, e.g. openai/{self.model} for an OpenAI-compatible one")
             raise LMError(
                 f"unknown model '{self.model}': use 'local' or a LiteLLM model string such as openai/gpt-4o-mini"
             ) from None
@@ -308,27 +361,41 @@ class LiteLLMBackend:
                 continue
             with _learned_lock:
                 self._learned["answered"] = True
-            return self._completion(response)
+            return self._completion(response, kwargs["messages"])
 
-    def _completion(self, response: Any) -> Completion:
+    def _completion(self, response: Any, messages: list[dict[str, Any]] | None = None) -> Completion:
         import litellm
 
         if not getattr(response, "choices", None):
-            where = f"'{self.model}'" + (f" at {self.api_base}" if self.api_base else "")
+            where = f"'{self.model}'" + (f" at {self.server}" if self.api_base else "")
             raise LMError(f"{where} answered without a completion (no choices in its response)")
         choice = response.choices[0]
+        text = choice.message.content or ""
         usage = getattr(response, "usage", None)
         details = getattr(usage, "prompt_tokens_details", None)
-        try:
-            cost = litellm.completion_cost(completion_response=response)
-        except Exception:
-            cost = None
+        prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+        # A server that sends no usage (some proxies and small servers) leaves LiteLLM's counts at 0,
+        # which no real call has: its tokens are counted here with LiteLLM's tokenizer, as the rate
+        # limiter counts them, and its cost is unknown (what the server would bill is not known).
+        counted = prompt_tokens > 0 and (completion_tokens > 0 or not text)
+        cost = None
+        if counted:
+            try:
+                cost = float(litellm.completion_cost(completion_response=response))
+            except Exception:
+                cost = None  # a model LiteLLM has no prices for
+        else:
+            if not prompt_tokens and messages:
+                prompt_tokens = _count_tokens(self.model, messages=messages)
+            if not completion_tokens and text:
+                completion_tokens = _count_tokens(self.model, text=text)
         return Completion(
-            text=choice.message.content or "",
+            text=text,
             finish_reason=choice.finish_reason or "stop",
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            cost=cost or None,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost=cost,
             provider_cached_tokens=int(getattr(details, "cached_tokens", 0) or 0),
         )
 
@@ -344,16 +411,17 @@ class LiteLLMBackend:
             raise exc  # not a provider's answer: a bug, shown as such
         text = str(exc)
         status = getattr(exc, "status_code", None)
-        where = f"'{self.model}'" + (f" at {self.api_base}" if self.api_base else "")
+        where = f"'{self.model}'" + (f" at {self.server}" if self.api_base else "")
 
         if isinstance(exc, litellm.ContextWindowExceededError) or _mentions_context_limit(text):
             raise ContextWindowExceeded(self._redact(context_window_message(self.model, text))) from None
-        if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)):
+        if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or status in (401, 403):
+            # (LiteLLM turns some providers' 403 into a plain APIError.)
             raise LMError(f"authentication failed for {where}: check its API key in the environment") from None
         if "response_format" in kwargs and status != 429 and _mentions_response_format(text):
             if self.structured != "auto":
                 raise LMError(self._redact(
-                    f"{where} refused the '{dialect}' structured-output format ({_status(exc)}{first_line(exc)}); "
+                    f"{where} refused the '{dialect}' structured-output format ({_status(exc)}{server_text(exc)}); "
                     "try --structured auto")) from None
             self._refused(dialect)
             return failures
@@ -361,30 +429,34 @@ class LiteLLMBackend:
             with _learned_lock:
                 self._learned["cache_prompt"] = False
             return failures
-        if isinstance(exc, litellm.NotFoundError):
-            hint = " (check --api-base: OpenAI-compatible servers usually end in /v1)" if self.api_base else ""
-            where_found = f"at {self.api_base}" if self.api_base else "by its provider"
-            raise LMError(f"model '{self.model}' was not found {where_found}{hint}") from None
-        if _unreachable(exc):
-            with _learned_lock:
-                answered = self._learned.get("answered", False)
-            if not answered:
-                # Nothing listens there (or the name does not resolve): backoff would not change that.
-                raise LMError(f"cannot connect to {self.api_base or self.model}: {_unreachable(exc)} "
-                              "(is the server running, and is --api-base right?)") from None
+        if isinstance(exc, litellm.NotFoundError) or status == 404:
+            raise LMError(self._redact(self._not_found(exc))) from None
+        with _learned_lock:
+            answered = self._learned.get("answered", False)
+        if _unreachable(exc) and not answered:
+            # Nothing listens there (or the name does not resolve): backoff would not change that.
+            raise LMError(f"cannot connect to {self.server or self.model}: {_unreachable(exc)} "
+                          "(is the server running, and is --api-base right?)") from None
+        if self.api_base and not answered and _not_a_completion(exc):
+            # An HTTP 200 whose body is no chat completion (a web page, a health check), from a
+            # server that never answered one: another service lives at that URL; asking again
+            # would only repeat it. (After an answer, it is taken for a glitch and retried.)
+            raise LMError(self._redact(
+                f"{self.server} answered, but not with an OpenAI-compatible chat completion "
+                f"({server_text(exc, 160)}): check --api-base, usually the server's URL ending in /v1")) from None
         transient = isinstance(exc, (litellm.RateLimitError, litellm.Timeout, litellm.APIConnectionError,
                                      litellm.InternalServerError, litellm.ServiceUnavailableError,
                                      litellm.BadGatewayError)) or status in TRANSIENT_STATUS or _unreachable(exc)
         if not transient:
             if isinstance(exc, litellm.BadRequestError):
-                raise LMError(self._redact(f"{where} rejected the request: {first_line(exc)}")) from None
-            raise LMError(self._redact(f"{where} failed: {type(exc).__name__}: {first_line(exc)}")) from None
+                raise LMError(self._redact(f"{where} rejected the request: {server_text(exc)}")) from None
+            raise LMError(self._redact(f"{where} failed: {type(exc).__name__}: {server_text(exc)}")) from None
         failures += 1
         if failures > self.retries:
             waited = (f" (each request waited {self.timeout:g} s; BOOKLENS_TIMEOUT sets how long)"
                       if isinstance(exc, litellm.Timeout) else "")
             raise LMError(self._redact(
-                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {first_line(exc)}{waited}"
+                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {server_text(exc)}{waited}"
             )) from None
         wait = retry_after(exc)
         if wait is None:
@@ -395,12 +467,29 @@ class LiteLLMBackend:
         self.sleep(wait)
         return failures
 
+    def _not_found(self, exc: BaseException) -> str:
+        """The line for a 404: the model, or the path the request went to, is not at the server."""
+        from urllib.parse import urlsplit
+
+        if not self.api_base:
+            return f"model '{self.model}' was not found by its provider ({server_text(exc)})"
+        path = urlsplit(self.api_base).path.rstrip("/")
+        where = f"model '{self.model}' was not found at {self.server}"
+        if self.provider in ("ollama", "ollama_chat") and path.endswith("/v1"):
+            return (f"{where}: {self.provider}/ reaches Ollama's own API at the server's root, such as "
+                    "http://127.0.0.1:11434 without /v1 (its /v1 is for openai/MODEL)")
+        if path.endswith("/v1"):
+            # The path is the usual one, so the server most likely serves no model of that name.
+            return (f"{where} ({server_text(exc)}): check the model name; the server lists the ones it "
+                    f"serves at {self.server.rstrip('/')}/models")
+        return f"{where} (check --api-base: OpenAI-compatible servers usually end in /v1)"
+
     def _refused(self, dialect: str | None) -> None:
         with _learned_lock:
             if self._learned.get("dialect") == dialect and dialect != DIALECTS[-1]:
                 self._learned["dialect"] = DIALECTS[DIALECTS.index(dialect) + 1]
                 log.info("%s refused the '%s' structured-output format; using '%s' from now on",
-                         self.api_base or self.model, dialect, self._learned["dialect"])
+                         self.server or self.model, dialect, self._learned["dialect"])
 
     def _redact(self, text: str) -> str:
         """Keys never reach a message, even when a server echoes what it was sent."""
@@ -412,6 +501,39 @@ class LiteLLMBackend:
 
 # ---------------------------------------------------------------------------
 # Reading errors
+
+
+def _count_tokens(model: str, *, messages: list[dict[str, Any]] | None = None, text: str | None = None) -> int:
+    """Tokens of `messages` or `text` by LiteLLM's counter for `model` (its default tokenizer for a model
+    it does not know), else about four characters a token."""
+    try:
+        import litellm
+
+        if messages is not None:
+            return int(litellm.token_counter(model=model, messages=messages))
+        return int(litellm.token_counter(model=model, text=text or ""))
+    except Exception:
+        if messages is not None:
+            return sum(len(str(m.get("content", ""))) for m in messages) // 4
+        return len(text or "") // 4
+
+
+def server_text(exc: BaseException, limit: int = 300) -> str:
+    """What the server (or LiteLLM) said, on one line, without the exception class names LiteLLM puts
+    before it ('litellm.BadRequestError: OpenAIException - ...')."""
+    lines = _without_class_names(str(exc)).splitlines()
+    return lines[0][:limit] if lines else type(exc).__name__
+
+
+def _without_class_names(text: str) -> str:
+    text, previous = text.strip(), None
+    while text != previous:
+        previous, text = text, _LITELLM_PREFIX.sub("", text, count=1).strip()
+    return text
+
+
+# 'litellm.BadRequestError: ', 'InternalServerError: ', 'OpenAIException - ', 'Hosted_vllmException - ', ...
+_LITELLM_PREFIX = re.compile(r"^(?:litellm\.)?[A-Za-z_]*(?:Error|Exception|Timeout)(?::| -)\s+")
 
 
 def _learned_about(provider: str, server: str) -> dict[str, Any]:
@@ -445,6 +567,21 @@ def _causes(exc: BaseException):
         seen.add(id(exc))
         yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def _not_a_completion(exc: BaseException) -> bool:
+    """Whether LiteLLM gave up on an HTTP 200 whose body is no chat completion (not JSON, no list of
+    choices): its 500 then carries no response headers, which a server's own 500 does, and comes from
+    no failed connection (a dropped one is a 500 without headers too)."""
+    import httpx
+    import litellm
+    import openai
+
+    if not (isinstance(exc, litellm.InternalServerError) and getattr(exc, "status_code", None) == 500
+            and not getattr(exc, "litellm_response_headers", None)):
+        return False
+    connection = (openai.APIConnectionError, httpx.TransportError, OSError)
+    return not any(isinstance(cause, connection) for cause in _causes(exc)) and "Connection error" not in str(exc)
 
 
 def _unreachable(exc: BaseException) -> str | None:
@@ -481,27 +618,41 @@ def retry_after(exc: BaseException) -> float | None:
     return None
 
 
-_CONTEXT = re.compile(r"maximum context length is (\d+)")
+# What servers say when a prompt does not fit, and the figures each phrasing gives.
+# OpenAI, vLLM and llama-cpp-python's server: "This model's maximum context length is N tokens.
+# However, you requested M tokens (P in the messages, C in the completion)."; newer vLLM: "'max_tokens' or
+# 'max_completion_tokens' is too large: C. This model's maximum context length is N tokens and your
+# request has P input tokens (C > N - P)."; llama.cpp's C++ server: "request (P tokens) exceeds the
+# available context size (N tokens), try increasing it"; llama-cpp-python in this process (the
+# embedded model): "Requested tokens (P) exceed context window of N".
+_CONTEXT = re.compile(r"maximum context length is (\d+)|available context size \((\d+) tokens\)"
+                      r"|exceed context window of (\d+)")
 _REQUESTED = re.compile(r"(\d+) in the messages, (\d+) in the completion")
-_RESULTED = re.compile(r"(?:messages resulted in|prompt is|prompt has) (\d+) tokens")
+_TOO_LARGE = re.compile(r"is too large: (\d+)")
+_PROMPT = re.compile(r"messages resulted in (\d+) tokens|prompt (?:is|has) (\d+) tokens"
+                     r"|your request has (\d+) input tokens|request \((\d+) tokens\) exceeds"
+                     r"|Requested tokens \((\d+)\) exceed")
+
+
+def _number(match: re.Match | None) -> int | None:
+    return next((int(g) for g in match.groups() if g is not None), None) if match else None
 
 
 def context_window_message(model: str, server_text: str) -> str:
-    """One line from a server's context-overflow error, with the figures it gave.
-
-    OpenAI, vLLM and llama-cpp-python's server say "This model's maximum context length is N
-    tokens. However, you requested M tokens (P in the messages, C in the completion)."."""
-    window = _CONTEXT.search(server_text)
+    """One line from a server's context-overflow error, with the figures it gave."""
+    window = _number(_CONTEXT.search(server_text))
     requested = _REQUESTED.search(server_text)
-    resulted = _RESULTED.search(server_text)
+    prompt = _number(_PROMPT.search(server_text))
+    budget = _number(_TOO_LARGE.search(server_text))
+    if requested:
+        prompt, budget = int(requested.group(1)), int(requested.group(2))
     # Neutral advice: which input is too large, and the option that makes it smaller, differ by command.
     advice = "use smaller inputs, or a model or server with a larger context"
-    if window and requested:
-        prompt, answer = int(requested.group(1)), int(requested.group(2))
-        return (f"the prompt ({prompt} tokens) and its answer budget ({answer} tokens) do not fit the "
-                f"{window.group(1)}-token context window of '{model}': {advice}")
-    if window and resulted:
-        return (f"the prompt ({resulted.group(1)} tokens) does not fit the {window.group(1)}-token context window "
-                f"of '{model}': {advice}")
-    detail = server_text.strip().splitlines()[0][:200] if server_text.strip() else ""
-    return f"the prompt is larger than the context window of '{model}' ({detail}): {advice}"
+    if window and prompt is not None and budget is not None:
+        return (f"the prompt ({prompt} tokens) and its answer budget ({budget} tokens) do not fit the "
+                f"{window}-token context window of '{model}': {advice}")
+    if window and prompt is not None:
+        return f"the prompt ({prompt} tokens) does not fit the {window}-token context window of '{model}': {advice}"
+    lines = _without_class_names(server_text).splitlines()
+    detail = f" ({lines[0][:200]})" if lines else ""
+    return f"the prompt is larger than the context window of '{model}'{detail}: {advice}"
