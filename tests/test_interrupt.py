@@ -1,4 +1,4 @@
-"""Ctrl-C during an LM command: one line that says what is kept, and exit code 130."""
+"""Ctrl-C (or SIGTERM) during an LM command: one line that says what is kept, and exit code 130 (143)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import signal
 import subprocess
 import threading
 import time
+
+import pytest
 
 from booklens.testing import FakeOpenAIServer, Reply, terminal_command
 
@@ -104,40 +106,15 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
 
 
 
-def test_ctrl_c_lets_a_lone_call_end_and_keeps_its_answer(tmp_path):
+@pytest.mark.parametrize("sig, code, stopping", [
+    (signal.SIGINT, 130, "stopping: the LM calls in flight end first"),
+    (signal.SIGTERM, 143, "stopping: terminated; the LM calls in flight end first"),
+], ids=["ctrl-c", "sigterm"])
+def test_a_stop_lets_a_lone_call_end_and_keeps_its_answer(tmp_path, sig, code, stopping):
     """One call at a time runs on the main thread's behalf: Ctrl-C there still lets it end, its
-    answer goes to the cache, and the rerun asks the server nothing."""
-    from booklens.testing import PipelineResponder
-
-    summary = tmp_path / "summary.txt"
-    summary.write_text("Maren keeps the light.", encoding="utf-8")
-    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
-    gate = threading.Event()
-    answer = PipelineResponder()
-
-    def respond(body):
-        gate.wait(120)  # held until the command has taken the Ctrl-C
-        return answer(body)
-
-    args = ["score", summary, "--zero-shot", "--concurrency", "1", "--lm", "openai/fake"]
-    with FakeOpenAIServer(responder=respond) as server:
-        with _interrupted([*args, "--api-base", server.url], server, env, release=gate) as (proc, seen):
-            assert seen and seen[-1].startswith("stopping: the LM calls in flight end first"), seen
-            gate.set()
-            _, rest = proc.communicate(timeout=60)
-        assert proc.returncode == 130, rest
-        assert rest.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
-        again = subprocess.run(terminal_command([*args, "--api-base", server.url]), env=env, capture_output=True,
-                               text=True, timeout=120)
-        assert again.returncode == 0, again.stderr
-        assert len(server.received) == 1, (rest, again.stderr)  # the interrupted call's answer came from the cache
-        assert "1 LM call (1 from cache)" in again.stderr
-
-
-def test_sigterm_lets_the_call_in_flight_end_and_keeps_its_answer(tmp_path):
-    """SIGTERM (`timeout`, `docker stop`, a batch scheduler) is taken like Ctrl-C: the call in flight
-    ends and is cached, none starts after it, exit code 143; the rerun asks the server nothing. Its
-    default action lost the call in flight, and said nothing."""
+    answer goes to the cache, no other call starts, and the rerun asks only what was left. SIGTERM
+    (`timeout`, `docker stop`, a batch scheduler) is taken the same way, exit code 143: its default
+    action lost the call in flight, and said nothing."""
     from booklens.testing import PipelineResponder
 
     summary = tmp_path / "summary.txt"
@@ -152,12 +129,11 @@ def test_sigterm_lets_the_call_in_flight_end_and_keeps_its_answer(tmp_path):
 
     args = ["score", summary, "--zero-shot", "--batch-size", "1", "--concurrency", "1", "--lm", "openai/fake"]
     with FakeOpenAIServer(responder=respond) as server:
-        with _interrupted([*args, "--api-base", server.url], server, env, release=gate, sig=signal.SIGTERM) \
-                as (proc, seen):
-            assert seen and seen[-1].startswith("stopping: terminated; the LM calls in flight end first"), seen
+        with _interrupted([*args, "--api-base", server.url], server, env, release=gate, sig=sig) as (proc, seen):
+            assert seen and seen[-1].startswith(stopping), seen
             gate.set()
             _, rest = proc.communicate(timeout=60)
-        assert proc.returncode == 143, rest
+        assert proc.returncode == code, rest
         assert rest.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
         assert len(server.received) == 1  # the second sentence was not asked
         again = subprocess.run(terminal_command([*args, "--api-base", server.url]), env=env, capture_output=True,
