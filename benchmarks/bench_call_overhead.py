@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _cli import positive_int, run
+
 PROBE = """
 import json, statistics, sys, time
 import booklens  # its offline settings, before DSPy imports LiteLLM
@@ -73,8 +75,9 @@ def measure(variant: str, calls: int, depth: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--repeat", type=int, default=5, help="fresh processes per variant (medians are shown)")
+    parser.add_argument("--calls", type=positive_int, default=200, help="timed calls per process, after the first")
+    parser.add_argument("--repeat", type=positive_int, default=5,
+                        help="fresh processes per variant (medians are shown)")
     args = parser.parse_args()
     print(f"{'stack':<10} {'classes':<10} {'first call':>11} {'each later call':>16}")
     for depth, label in ((0, "shallow"), (60, "60 deep")):
@@ -86,4 +89,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -11,10 +11,15 @@ tokens. The per-sentence mode (the paper's) is the baseline measured in the same
 A last row drops 10% of the batched answers on the first ask (a model that skips
 sentences), to show what the checked re-asks cost.
 
+The programs are the zero-shot ones (`--zero-shot` on the commands) unless `--judge default`
+asks for booklens's default few-shot judge, whose demos (32 labelled sentences for per-sentence
+judging, 2 summaries for batched judging) are part of every prompt.
+
 "same labels" is below 100% only because five summaries repeat a sentence word for word
 with different human labels, which a responder that sees the sentence text cannot tell apart.
 
-    python benchmarks/bench_coherence_batching.py [--limit N] [--data ../shared/data/booookscore]
+    python benchmarks/bench_coherence_batching.py [--limit N] [--judge zero-shot|default]
+                                                  [--data ../shared/data/booookscore]
 """
 
 from __future__ import annotations
@@ -26,14 +31,9 @@ import re
 import time
 from pathlib import Path
 
-import booklens  # noqa: F401  (offline defaults first)
-import dspy
+from _cli import positive_int, run
 
-from booklens.data.booookscore import default_data_dir, load_human_config
-from booklens.lm import BooklensAdapter
-from booklens.programs.coherence import build_scorer
-from booklens.testing import ScriptedLM
-from booklens.text import count_tokens
+JUDGES = ("zero-shot", "default")
 
 
 def _norm(text: str) -> str:
@@ -79,14 +79,21 @@ def common_prefix(a: str, b: str) -> int:
     return i
 
 
-def run_mode(results, batch_size: int, drop: float = 0.0) -> dict:
+def run_mode(results, batch_size: int, drop: float = 0.0, judge: str = "zero-shot") -> dict:
+    import dspy
+
+    from booklens.judges import load_judge
+    from booklens.lm import BooklensAdapter
+    from booklens.testing import ScriptedLM
+    from booklens.text import count_tokens
+
     labels = {}
     for r in results.values():
         for s in r.sentences:
             labels[(_norm(r.summary), _norm(s.sentence))] = {"confusing": s.confusing, "types": list(s.types),
                                                     "questions": list(s.questions)}
     lm = ScriptedLM(make_responder(labels, drop=drop))
-    scorer = build_scorer(batch_size=batch_size, concurrency=4)
+    scorer = load_judge("coherence", zero_shot=judge == "zero-shot", batch_size=batch_size, concurrency=4)
     totals = {"calls": 0, "prompt_tokens": 0, "uncached_prompt_tokens": 0, "completion_tokens": 0, "failed": 0,
               "agree": 0, "sentences": 0}
     started = time.perf_counter()
@@ -115,17 +122,24 @@ def run_mode(results, batch_size: int, drop: float = 0.0) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=default_data_dir())
-    parser.add_argument("--limit", type=int, default=None, help="only the first N summaries (sorted by book)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="the BooookScore data folder (default: ../shared/data/booookscore)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="only the first N summaries (sorted by book)")
+    parser.add_argument("--judge", choices=JUDGES, default="zero-shot",
+                        help="the zero-shot programs, or the default few-shot judge with its demos in every prompt")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
-    results = load_human_config("gpt4-4096-inc", args.data, stats=False)
+    import booklens  # noqa: F401  (offline defaults first)
+    from booklens.data.booookscore import default_data_dir, load_human_config
+
+    results = load_human_config("gpt4-4096-inc", args.data or default_data_dir(), stats=False)
     books = sorted(results)[: args.limit] if args.limit else sorted(results)
     results = {b: results[b] for b in books}
     n = len(results)
     n_sentences = sum(len(r.sentences) for r in results.values())
+    judge = "zero-shot programs" if args.judge == "zero-shot" else "the default few-shot judge"
     print(f"{n} human-annotated incremental summaries (GPT-4, 4096), {n_sentences} sentences "
-          f"({n_sentences / n:.1f} per summary); scripted LM answering with the human labels\n")
+          f"({n_sentences / n:.1f} per summary); {judge}; scripted LM answering with the human labels\n")
     rows = [("per-sentence (baseline)", 1, 0.0), ("batched k=5", 5, 0.0), ("batched k=10", 10, 0.0),
             ("batched k=10, 10% answers skipped", 10, 0.1)]
     figures = {}
@@ -134,7 +148,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     baseline = None
     for name, k, drop in rows:
-        t = run_mode(results, k, drop)
+        t = run_mode(results, k, drop, args.judge)
         figures[name] = t
         if baseline is None:
             baseline = t
@@ -143,8 +157,9 @@ def main() -> None:
               f"{t['uncached_prompt_tokens'] / n:,.0f} | {t['completion_tokens'] / n:,.0f} | {t['failed']} | "
               f"{100 * t['agree'] / t['sentences']:.1f}% | {ratio:.2f}x |", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"summaries": n, "sentences": n_sentences, "modes": figures}, indent=2))
+        args.json.write_text(json.dumps({"summaries": n, "sentences": n_sentences, "judge": args.judge,
+                                         "modes": figures}, indent=2))
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import booklens  # noqa: F401  - offline settings
+from _cli import names_from, nonnegative_int, positive_int, run
 
 REPO = Path(__file__).resolve().parents[1]
 BOOK = REPO.parent / "shared" / "data" / "books" / "pride_and_prejudice.txt"
@@ -170,6 +170,9 @@ def profile(name: str, config: dict[str, Any], text: str, calls: int, concurrenc
         g1 = budgets[0]
         print(f"\n{name}: {describe_backend(backend)}; {len(chunks)} chunks in {len(groups)} level-1 calls, "
               f"level budgets {budgets}, word limit {program.word_limit(g1)}; concurrency {concurrency}")
+        if calls > len(groups):
+            print(f"  (--profile {calls}: the book has {len(groups)} level-1 calls, so all of them run)")
+            calls = len(groups)
         t0 = time.perf_counter()
         nodes = parallel_map(lambda j: program.summarize_group(chunks, groups, j, g1), range(calls),
                              concurrency=concurrency)
@@ -243,23 +246,28 @@ def full(name: str, config: dict[str, Any], text: str, concurrency: int) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--profile", type=int, default=0, help="run the first N level-1 calls per configuration")
+    configs = configurations()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", type=nonnegative_int, default=0,
+                        help="run the first N level-1 calls per configuration")
     parser.add_argument("--full", action="store_true", help="summarize the whole book")
-    parser.add_argument("--configs", default="before,after")
-    parser.add_argument("--concurrency", type=int, default=4, help="the CLI's default")
+    parser.add_argument("--configs", type=names_from(configs), default="before,after",
+                        help=f"comma-separated names from: {', '.join(configs)}; or all")
+    parser.add_argument("--concurrency", type=positive_int, default=4, help="the CLI's default")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if not args.profile and not args.full:
+        parser.error("nothing to run: give --profile N (the first N level-1 calls) or --full (the whole book)")
     if not BOOK.exists():
         sys.exit(f"error: {BOOK} not found (the shared data folder)")
+    import booklens  # noqa: F401  - offline settings
     from booklens.text import count_tokens, read_book
 
     text = read_book(BOOK)
     print(f"Pride and Prejudice: {count_tokens(text)} tokens (cl100k_base); {os.cpu_count()} cores; "
           f"load average {os.getloadavg()[0]:.2f}")
-    configs = configurations()
     results: dict[str, Any] = {}
-    for name in args.configs.split(","):
+    for name in args.configs:
         if args.profile:
             results[f"{name} profile"] = profile(name, configs[name], text, args.profile, args.concurrency)
         if args.full:
@@ -269,4 +277,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -27,8 +27,7 @@ import os
 import time
 from pathlib import Path
 
-import booklens  # noqa: F401  - offline settings
-from booklens.lm import LocalBackend
+from _cli import positive_int, run
 
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
@@ -135,20 +134,27 @@ def measure(llm, tokens: list[int], *, sequences: int, context: int, steps: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sequences", type=int, default=4, help="sequences in the context (calls in flight)")
-    parser.add_argument("--context", type=int, default=4000, help="prompt tokens of each sequence")
-    parser.add_argument("--steps", type=int, default=16, help="written tokens per sequence measured")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sequences", type=positive_int, default=4,
+                        help="sequences in the context (calls in flight), at least 2")
+    parser.add_argument("--context", type=positive_int, default=4000, help="prompt tokens of each sequence")
+    parser.add_argument("--steps", type=positive_int, default=16, help="written tokens per sequence measured")
     parser.add_argument("--unified", action="store_true", help="measure the unified KV cache as well")
     args = parser.parse_args()
+    if args.sequences < 2:
+        parser.error("--sequences: at least 2 (the benchmark batches several sequences' tokens together)")
+    if args.sequences > 16:
+        parser.error("--sequences: at most 16 (each sequence holds a KV cache of 8,192 tokens)")
     if args.context + 600 > 8192:
         parser.error("--context leaves no room in an 8192-token sequence")
+    import booklens  # noqa: F401  - offline settings
+    from booklens.lm import LocalBackend
 
     backend = LocalBackend()
     llm = backend._model()
     text = (NOVEL if NOVEL.exists() else STORY).read_text(encoding="utf-8")
     tokens = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
-    if len(tokens) < args.sequences * args.context + 2048:
+    if len(tokens) < args.sequences * args.context + max(args.steps, max(2, args.steps // 4) * 512):
         parser.error(f"the text holds {len(tokens)} tokens, too few for {args.sequences} x {args.context}")
     print(f"model: {Path(backend.model_path).name} as {backend.weights}, threads: {backend.n_threads}, cores: "
           f"{os.cpu_count()}, flash attention {backend.flash_attention}; load average {os.getloadavg()[0]:.2f}")
@@ -157,4 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

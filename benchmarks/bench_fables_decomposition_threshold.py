@@ -24,7 +24,7 @@ import random
 import sys
 from pathlib import Path
 
-import numpy as np
+from _cli import nonnegative_int, run
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "fables" / "FABLES.json"
@@ -35,11 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--examples", type=int, default=3, help="same-book pairs to show per similarity band")
+    ap.add_argument("--examples", type=nonnegative_int, default=3, help="same-book pairs to show per similarity band")
     args = ap.parse_args(argv)
     if not args.data.exists():
         print(f"skipped: {args.data} not found (needs ../shared)", file=sys.stderr)
         return 0
+    import numpy as np
+
     from booklens.data.fables import load_fables
     from booklens.metrics.fables import MATCH_THRESHOLD
     from booklens.retrieval import embed
@@ -94,4 +96,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -21,12 +21,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_prefix_reuse as data  # noqa: E402  - the prefix-reuse benchmark's inputs
+from _cli import positive_int, run  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--items", type=int, default=8, help="sentences, and claims of each kind")
-    parser.add_argument("--turns", type=int, default=2)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--items", type=positive_int, default=8, help="sentences, and claims of each kind")
+    parser.add_argument("--turns", type=positive_int, default=2, help="runs of the workload per sampler, taking turns")
     args = parser.parse_args()
     for path in (data.HUMAN, data.BOOK, data.SHORT_BOOK):
         if not path.exists():
@@ -80,7 +81,7 @@ def main() -> None:
             outside = sum(s.seconds - s.prompt_eval_seconds - s.generation_seconds for s in stats)
             generated = sum(s.generated_tokens for s in stats)
             print(f"  {name:24s} {len(stats)} calls, {generated} tokens written; outside llama.cpp "
-                  f"{outside:5.1f} s ({1000 * outside / sampled:.1f} ms per token); reading prompts "
+                  f"{outside:5.1f} s ({1000 * outside / sampled:.1f} ms per sampled token); reading prompts "
                   f"{sum(s.prompt_eval_seconds for s in stats):5.1f} s ({sum(s.prompt_eval_tokens for s in stats)} tokens); computing tokens "
                   f"{sum(s.generation_seconds for s in stats):5.1f} s; calls {sum(s.seconds for s in stats):6.1f} s"
                   + (f"; whole-vocabulary passes {backend.grammar_counts['full_passes']} of "
@@ -92,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

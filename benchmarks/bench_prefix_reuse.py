@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import booklens  # noqa: F401  - offline settings
+from _cli import positive_int, positive_ints, run as run_script
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
@@ -79,13 +80,15 @@ def run(backend, fn) -> tuple[list, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sentences", type=int, default=40)
-    parser.add_argument("--claims", type=int, default=20)
-    parser.add_argument("--concurrency", default="1,4", help="comma-separated: each is a run of its own")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sentences", type=positive_int, default=40, help="sentences of the judged summary")
+    parser.add_argument("--claims", type=positive_int, default=20,
+                        help="claims of each verification run (the Cask of Amontillado set holds 20)")
+    parser.add_argument("--concurrency", type=positive_ints, default="1,4",
+                        help="comma-separated: each is a run of its own")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    levels = args.concurrency
     for path in (HUMAN, BOOK, SHORT_BOOK):
         if not path.exists():
             sys.exit(f"error: {path} not found (the shared data folder)")
@@ -135,4 +138,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import statistics
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _cli import positive_int, run
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BOOK = ROOT.parent / "shared" / "data" / "books" / "pride_and_prejudice.txt"
@@ -62,13 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--book", type=Path, default=DEFAULT_BOOK)
     ap.add_argument("--claims", type=Path, default=DEFAULT_CLAIMS)
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--passage-tokens", type=int, default=256)
+    ap.add_argument("--k", type=positive_int, default=5)
+    ap.add_argument("--passage-tokens", type=positive_int, default=256)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
     if not args.book.exists():
         print(f"skipped: {args.book} not found (needs ../shared)", file=sys.stderr)
         return 0
+    if not args.claims.is_file():
+        print(f"error: claims file not found: {args.claims}", file=sys.stderr)
+        return 1
+    load_start = os.getloadavg()[0]
 
     rss_start = peak_rss_mb()
     from booklens.retrieval import BookIndex, embedding_model
@@ -118,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((mode, score(rankings, relevant, args.k), statistics.median(latencies) * 1000))
 
     print(f"book: {args.book.name}, {book_tokens:,} tokens, {n} passages of <= {args.passage_tokens} tokens; "
-          f"{len(claims)} claims, {sum(len(r) for r in relevant)} relevant passages")
+          f"{len(claims)} claims, {sum(len(r) for r in relevant)} relevant passages; "
+          f"load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     print()
     print(f"| mode | recall@{args.k} | hit@{args.k} | MRR | median query latency |")
     print("| --- | ---: | ---: | ---: | ---: |")
@@ -144,4 +152,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _cli import positive_int, run
+
 
 def command_shape() -> list[tuple[str, int]]:
     """(command path, number of parameters) of every booklens command, to mirror in the bare app."""
@@ -63,23 +65,29 @@ def bare_app_source(shape: list[tuple[str, int]]) -> str:
     return "\n".join(lines)
 
 
-def timed(args: list[str], repeat: int, env: dict[str, str]) -> tuple[float, float]:
-    """Median wall-clock and CPU (user + system, children) seconds of `repeat` fresh processes."""
+def timed(args: list[str], repeat: int, env: dict[str, str], *, succeeds: bool = True) -> tuple[float, float]:
+    """Median wall-clock and CPU (user + system, children) seconds of `repeat` fresh processes.
+    A process that crashed (a traceback), or that failed where it should succeed, ends the benchmark:
+    its time would be that of the crash."""
     walls, cpus = [], []
     for _ in range(repeat):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run(args, capture_output=True, env=env, check=False)
+        proc = subprocess.run(args, capture_output=True, env=env, check=False)
         walls.append(time.perf_counter() - t0)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+        if b"Traceback" in proc.stderr or (proc.returncode == 0) != succeeds:
+            stderr = proc.stderr.decode(errors="replace")[-2000:]
+            sys.exit(f"error: {' '.join(args)} exited with {proc.returncode}"
+                     f"{'' if succeeds else ' (an error was expected)'}:\n{stderr}")
     return statistics.median(walls), statistics.median(cpus)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--lm-repeat", type=int, default=7, help="fresh processes per LM-layer row")
+    parser.add_argument("--repeat", type=positive_int, default=15, help="fresh processes per start-up row")
+    parser.add_argument("--lm-repeat", type=positive_int, default=7, help="fresh processes per LM-layer row")
     options = parser.parse_args()
     shape = command_shape()
     env = dict(os.environ)
@@ -93,12 +101,14 @@ def main() -> None:
             ("booklens run missing.txt -o out", [sys.executable, "-m", "booklens", "run", "missing.txt", "-o",
                                                  str(Path(tmp) / "out")]),
         ]
-        results = {name: timed(args, options.repeat, env) for name, args in rows}
+        results = {name: timed(args, options.repeat, env, succeeds=name.endswith("--help")) for name, args in rows}
     print(f"{len(shape)} commands, {sum(p for _, p in shape)} parameters; median of {options.repeat} fresh processes;"
           f" load average {os.getloadavg()[0]:.2f}")
     base_wall, base_cpu = results["bare typer app --help"]
+    error_wall = results["bare typer app, unknown option"][0]
     for name, (wall, cpu) in results.items():
-        print(f"  {name:36s} {wall:6.3f} s wall  {cpu:6.3f} s cpu  {wall / base_wall:5.2f}x the bare --help")
+        peer = f"; {wall / error_wall:.2f}x the bare app's error" if name.startswith("booklens run") else ""
+        print(f"  {name:36s} {wall:6.3f} s wall  {cpu:6.3f} s cpu  {wall / base_wall:5.2f}x the bare --help{peer}")
 
     import_lm = "import booklens.lm.model"
     lm_rows = [
@@ -115,4 +125,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

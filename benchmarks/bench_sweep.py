@@ -10,7 +10,8 @@ shared books x two systems) run three ways, each with a fresh LM cache:
   ray    `booklens sweep --engine ray --concurrency C` (a local Ray with one worker per core; its
          start-up is part of the time)
 
-and the script prints the wall times, the LM calls each made, and the ratios loop/local (target
+and the script prints the wall times, the LM calls each made, when the first call reached the
+server and how long the command ran after the last answer, and the ratios loop/local (target
 >= 10) and ray/local (target <= 1.5). The calls are the same in all three unless two cells send
 an identical request (a book that fits in one chunk under both systems): the loop's later run
 finds it in its cache, while concurrent cells may both make it.
@@ -31,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from booklens.testing import FakeOpenAIServer, PipelineResponder
+from _cli import nonnegative_float, positive_int, run
 
 REPO = Path(__file__).resolve().parents[1]
 BOOKS_DIR = REPO.parent / "shared" / "data" / "books"
@@ -59,15 +60,17 @@ def timed(args: list[str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--books", type=int, default=6, help="how many of the shared books (smallest first)")
+    parser.add_argument("--books", type=positive_int, default=6, help="how many of the shared books (smallest first)")
     parser.add_argument("--systems", choices=sorted(SYSTEMS), default="hier-inc")
-    parser.add_argument("--latency", type=float, default=1.0, help="seconds the server takes per answer")
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--baseline-concurrency", type=int, default=4, help="--concurrency of each `booklens run`")
-    parser.add_argument("--max-claims", type=int, default=None)
+    parser.add_argument("--latency", type=nonnegative_float, default=1.0, help="seconds the server takes per answer")
+    parser.add_argument("--concurrency", type=positive_int, default=16)
+    parser.add_argument("--baseline-concurrency", type=positive_int, default=4,
+                        help="--concurrency of each `booklens run`")
+    parser.add_argument("--max-claims", type=positive_int, default=None)
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--skip-ray", action="store_true")
     opts = parser.parse_args()
+    from booklens.testing import FakeOpenAIServer, PipelineResponder
 
     books = sorted(BOOKS_DIR.glob("*.txt"), key=lambda p: p.stat().st_size)[: opts.books]
     if not books:
@@ -85,16 +88,28 @@ def main() -> None:
     print(f"work directory: {work}")
 
     times: dict[str, float] = {}
-    with FakeOpenAIServer(latency=opts.latency, responder=PipelineResponder()) as server:
+    answers = PipelineResponder()
+    arrivals: list[float] = []  # when each call reached the server (perf_counter)
+
+    def responder(body: dict):
+        arrivals.append(time.perf_counter() - opts.latency)  # answered `latency` s after it arrived
+        return answers(body)
+
+    with FakeOpenAIServer(latency=opts.latency, responder=responder) as server:
         common = ["--lm", "openai/fake-model", "--api-base", server.url]
 
         def measure(name: str, commands: list[list[str]]) -> None:
             start, server.max_in_flight = len(server.served), 0
+            arrivals.clear()
+            started = time.perf_counter()
             seconds = sum(timed(c) for c in commands)
+            ended = time.perf_counter()
             times[name] = seconds
             calls = len(server.served) - start
-            print(f"  {name:<6} {seconds:8.1f} s  {calls:6d} LM calls  at most {server.max_in_flight:3d} in flight",
-                  flush=True)
+            ends = (f"; first call after {min(arrivals) - started:.1f} s, ended "
+                    f"{ended - max(arrivals) - opts.latency:.1f} s after the last answer" if arrivals else "")
+            print(f"  {name:<6} {seconds:8.1f} s  {calls:6d} LM calls  at most {server.max_in_flight:3d} in flight"
+                  f"{ends}", flush=True)
 
         measure("local", [booklens("sweep", str(manifest), "-o", str(work / "local"), "--concurrency",
                                    str(opts.concurrency), "--cache-dir", str(work / "cache-local"), *common)])
@@ -122,4 +137,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -40,8 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import booklens  # noqa: F401  - offline settings (tiktoken's file, LiteLLM's price map) for child processes too
-from booklens.testing import FakeOpenAIServer
+from _cli import nonnegative_float, names_from, positive_int, run
 
 REPO = Path(__file__).resolve().parents[1]
 BOOK = REPO.parent / "shared" / "data" / "books" / "pride_and_prejudice.txt"
@@ -82,6 +81,8 @@ def booookscore_dir() -> Path | None:
 
 
 def run_booookscore(text: str, latency: float, answers: str, work: Path) -> tuple[float, int]:
+    from booklens.testing import FakeOpenAIServer
+
     package = booookscore_dir()
     (work / "prompts").symlink_to(PROTOCOL)
     (work / "key.txt").write_text("not-a-key")
@@ -105,6 +106,8 @@ def run_booklens_cli(latency: float, answers: str, concurrency: int, work: Path,
                      model: str = "openai/fake-model") -> tuple[float, int, float, float]:
     """(seconds, calls, seconds until the first call reached the server, seconds from the last
     answer to the end of the process)."""
+    from booklens.testing import FakeOpenAIServer
+
     arrivals: list[float] = []
     answer = responder(answers)
 
@@ -126,6 +129,7 @@ def warm_up_library() -> None:
     """One call through the LM layer before the in-process runs: LiteLLM imports the OpenAI client
     on its first call (about 1 s), which only the first timed run would otherwise pay."""
     from booklens.lm import BooklensLM, LiteLLMBackend
+    from booklens.testing import FakeOpenAIServer
 
     with FakeOpenAIServer() as server:
         BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url))("Say hello.")
@@ -137,6 +141,7 @@ def run_booklens_library(text: str, latency: float, answers: str, concurrency: i
 
     from booklens.lm import BooklensAdapter, BooklensLM, LiteLLMBackend
     from booklens.programs.summarizer import HierarchicalSummarizer
+    from booklens.testing import FakeOpenAIServer
 
     with FakeOpenAIServer(latency=latency, responder=responder(answers)) as server:
         lm = BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url))
@@ -153,11 +158,13 @@ def run_booklens_library(text: str, latency: float, answers: str, concurrency: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--latency", type=float, default=1.0)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--answers", default="short,budget")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--latency", type=nonnegative_float, default=1.0, help="seconds the server takes per answer")
+    parser.add_argument("--concurrency", type=positive_int, default=8, help="booklens's --concurrency")
+    parser.add_argument("--answers", type=names_from(("short", "budget")), default="short,budget",
+                        help="the server's answers, comma-separated: short, budget (see above), or all")
     args = parser.parse_args()
+    import booklens  # noqa: F401  - offline settings (tiktoken's file, LiteLLM's price map) for child processes too
     from booklens.text import count_tokens, read_book
 
     if not BOOK.exists():
@@ -167,7 +174,7 @@ def main() -> None:
     text = read_book(BOOK)
     print(f"Pride and Prejudice: {count_tokens(text)} tokens; chunk 2048, window 8192, G_n 900; "
           f"server latency {args.latency:.1f} s per call; load average {os.getloadavg()[0]:.2f}")
-    for answers in args.answers.split(","):
+    for answers in args.answers:
         print(f"\nanswers: {answers}")
         print(f"{'run':<52} {'calls':>5} {'levels':>9} {'seconds':>8} {'speed-up':>8}")
         with tempfile.TemporaryDirectory() as tmp:
@@ -195,4 +202,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)
