@@ -176,10 +176,10 @@ def main() -> None:
           f"server latency {args.latency:.1f} s per call; load average {os.getloadavg()[0]:.2f}")
     for answers in args.answers:
         print(f"\nanswers: {answers}")
-        print(f"{'run':<52} {'calls':>5} {'levels':>9} {'seconds':>8} {'speed-up':>8}")
+        print(f"{'run':<54} {'calls':>5} {'levels':>9} {'seconds':>8} {'speed-up':>8}")
         with tempfile.TemporaryDirectory() as tmp:
             base_seconds, base_calls = run_booookscore(text, args.latency, answers, Path(tmp))
-        print(f"{'booookscore 0.1.3 summ.py (sequential)':<52} {base_calls:>5} {'':>9} {base_seconds:>8.1f} "
+        print(f"{'booookscore 0.1.3 summ.py (sequential)':<54} {base_calls:>5} {'':>9} {base_seconds:>8.1f} "
               f"{1.0:>7.1f}x")
         # The same server as `openai/` (LiteLLM's OpenAI SDK route, the usual one for llama.cpp) and as
         # `hosted_vllm/` (LiteLLM's own HTTP client, no OpenAI SDK to load before the first call).
@@ -188,17 +188,17 @@ def main() -> None:
                 seconds, calls, first_call, after_last = run_booklens_cli(args.latency, answers, args.concurrency,
                                                                           Path(tmp), model)
             route = model.split("/")[0]
-            print(f"{f'booklens summarize CLI, {route}/, --concurrency {args.concurrency}':<52} {calls:>5} {'':>9} "
+            print(f"{f'booklens summarize CLI, {route}/, --concurrency {args.concurrency}':<54} {calls:>5} {'':>9} "
                   f"{seconds:>8.1f} {base_seconds / seconds:>7.1f}x")
-            print(f"{'  of which until the first call reaches the server':<52} {'':>5} {'':>9} {first_call:>8.1f}")
-            print(f"{'  of which after the last answer':<52} {'':>5} {'':>9} {after_last:>8.1f}")
+            print(f"{'  of which until the first call reaches the server':<54} {'':>5} {'':>9} {first_call:>8.1f}")
+            print(f"{'  of which after the last answer':<54} {'':>5} {'':>9} {after_last:>8.1f}")
         warm_up_library()
         for context in ("same-level", "lower-level"):
             for pipelined in (True, False):
                 seconds, calls, levels = run_booklens_library(text, args.latency, answers, args.concurrency,
                                                               merge_context=context, pipelined=pipelined)
                 name = f"booklens library, {context} context, {'pipelined' if pipelined else 'level by level'}"
-                print(f"{name:<52} {calls:>5} {levels:>9} {seconds:>8.1f} {base_seconds / seconds:>7.1f}x")
+                print(f"{name:<54} {calls:>5} {levels:>9} {seconds:>8.1f} {base_seconds / seconds:>7.1f}x")
 
 
 if __name__ == "__main__":
