@@ -478,6 +478,45 @@ def test_an_answer_always_cut_off_is_recorded_as_failed_after_the_cap():
     assert [r.body["max_tokens"] for r in server.received] == [16, 32, 64, 64]  # 4x the first budget at most
 
 
+class CutByTheWindow:
+    """A backend whose context window leaves 42 tokens for the answer, as the embedded model's does
+    near its end: it writes that far whatever max_tokens says (`Completion.answer_room`)."""
+
+    name = "window"
+
+    def __init__(self, settle_on: int | None = None):
+        self.requests: list[dict] = []
+        self.settle_on = settle_on  # the try that gets a short answer
+
+    def complete(self, request):
+        from booklens.lm.base import Completion
+
+        self.requests.append(request)
+        if len(self.requests) == self.settle_on:
+            return Completion(text='{"label": "good"}', prompt_tokens=8150, completion_tokens=5)
+        return Completion(text='{"label": "go', finish_reason="length", prompt_tokens=8150, completion_tokens=42,
+                          answer_room=42)
+
+
+def test_an_answer_the_context_window_cut_off_is_re_asked_fresh_not_with_a_larger_budget():
+    """Doubling the budget of an answer the window ended brings the same answer back (the embedded
+    model gave the same cut answer at 2x and 4x the budget): the next try is a fresh sample instead,
+    and the error names the window."""
+    backend = CutByTheWindow(settle_on=2)
+    with dspy.context(lm=BooklensLM(backend), adapter=BooklensAdapter()):
+        result = predict_with_retries(dspy.Predict(Classify), config={"max_tokens": 100}, text="x")
+    assert result.ok and result.attempts == 2
+    assert [r["max_tokens"] for r in backend.requests] == [100, 100]
+    assert backend.requests[1]["temperature"] == 0.7  # a cut-off answer's re-ask keeps the first's
+
+    backend = CutByTheWindow()
+    with dspy.context(lm=BooklensLM(backend), adapter=BooklensAdapter()):
+        result = predict_with_retries(dspy.Predict(Classify), tries=3, config={"max_tokens": 100}, text="x")
+    assert not result.ok and result.attempts == 3 and [r["max_tokens"] for r in backend.requests] == [100] * 3
+    assert result.error.startswith("the answer was cut off where the context window ends (42 tokens left after "
+                                   "the prompt): ")
+
+
 def test_answers_rejected_in_every_try_leave_the_cache_so_a_rerun_asks_again(tmp_path):
     """A judge that failed to parse three times is not replayed from the cache once the server is
     fixed; an item a later try settled keeps its rejected first answer, so its rerun is free."""

@@ -131,6 +131,23 @@ def backend():
 
 
 @pytest.mark.embedded
+def test_an_answer_the_window_bounds_says_how_much_room_it_had():
+    """llama-cpp-python cuts max_tokens to what the window leaves after the prompt, silently: the
+    completion says so (`answer_room`), so a re-ask does not double a budget that cannot be spent."""
+    from booklens.lm import LocalBackend
+
+    small = LocalBackend()
+    small.context_window = 768  # the window the model is loaded with (llama.cpp rounds to 256s)
+    story = "The keeper climbed the stairs and lit the great lamp. " * 45
+    ask = {"messages": [{"role": "user", "content": "Write this story out again:\n" + story}], "temperature": 0.0}
+    long = small.complete({**ask, "max_tokens": 400})
+    assert 500 < long.prompt_tokens < 620 and long.answer_room == 768 - long.prompt_tokens
+    assert long.completion_tokens <= long.answer_room and long.finish_reason == "length"
+    short = small.complete({**ask, "max_tokens": 4})
+    assert short.answer_room is None and short.completion_tokens <= 4
+
+
+@pytest.mark.embedded
 def test_consecutive_calls_evaluate_only_what_differs(backend):
     shared = "Here is a story. " + "The keeper climbed the stairs and lit the great lamp. " * 30
     first = backend.complete({"messages": [{"role": "user", "content": shared + "Question one: who?"}],

@@ -39,3 +39,6 @@ class Completion:
     cost: float | None = None
     # Prompt tokens the provider served from its own prompt cache (billed at its cached rate).
     provider_cached_tokens: int = 0
+    # The tokens the context window left for the answer, when that was less than max_tokens (the
+    # embedded model then writes only as far as the window goes): a larger budget cannot help.
+    answer_room: int | None = None

@@ -561,11 +561,17 @@ class LocalBackend:
             text = llm.detokenize(guard.tokens[:guard.keep]).decode("utf-8", errors="ignore")
             finish_reason = "length"
             repeated = len(guard.tokens) - guard.keep
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        # llama-cpp-python cuts max_tokens to what the window leaves after the prompt, without a word
+        # (servers refuse such a request instead): say so, or a re-ask would double a budget that
+        # cannot be spent and get the same answer back.
+        room = llm.n_ctx() - prompt_tokens  # llama.cpp may round the window up (to 256s)
         completion = Completion(
             text=text,
             finish_reason=finish_reason,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            prompt_tokens=prompt_tokens,
             completion_tokens=int(usage.get("completion_tokens") or 0),
+            answer_room=room if prompt_tokens and room <= max_tokens else None,
         )
         evaluated = after.n_p_eval - before.n_p_eval
         self.stats.append(CallStats(

@@ -33,6 +33,11 @@ def last_finish_reason() -> str:
     return _last_finish_reason.get()
 
 
+# The answer room of the last completion in this thread (`Completion.answer_room`): set when the
+# context window, not max_tokens, bounded its answer.
+_last_answer_room: contextvars.ContextVar[int | None] = contextvars.ContextVar("booklens_room", default=None)
+
+
 # The lists collecting the cached calls made in this context (see `hearing_calls`); blocks nest.
 _calls_heard: contextvars.ContextVar[tuple[list[tuple[CallCache, str]], ...]] = contextvars.ContextVar(
     "booklens_calls_heard", default=())
@@ -167,6 +172,7 @@ class BooklensLM(dspy.BaseLM):
         completion = _completion(value)
         self._count(completion, cached=reused)
         _last_finish_reason.set(completion.finish_reason)
+        _last_answer_room.set(completion.answer_room)
         return _openai_shaped(self.backend.name, completion, reused)
 
 
@@ -366,7 +372,8 @@ def predict_with_retries(
 
     A failed answer that was cut off at the token limit (finish reason 'length') is re-asked
     with twice the answer budget (up to 4x the first budget) at the same temperature: the model
-    was on its way and needs room, not a different answer.
+    was on its way and needs room, not a different answer. One the context window cut off (the
+    embedded model writes only as far as its window goes) is re-asked as any other failure.
 
     When every try fails, the rejected answers leave the call cache, so a rerun asks again."""
     last_error = "no attempt made"
@@ -384,6 +391,7 @@ def predict_with_retries(
         if budget != first_budget:
             call_config["max_tokens"] = budget
         _last_finish_reason.set("stop")
+        _last_answer_room.set(None)
         with hearing_calls() as heard:
             try:
                 prediction = predictor(**inputs, config=call_config)
@@ -404,7 +412,14 @@ def predict_with_retries(
                 _forget_trace(prediction)
         rejected.extend(heard)
         cut_off = last_finish_reason() == "length"
-        if cut_off:
+        room = _last_answer_room.get()
+        if cut_off and room is not None:
+            # The context window ended the answer, not its budget: more budget would bring the same
+            # answer back, so the next try is a fresh sample, which may be shorter.
+            last_error = (f"the answer was cut off where the context window ends ({room} tokens left after the "
+                          f"prompt): {complaint}")
+            cut_off = False
+        elif cut_off:
             last_error = f"the answer was cut off at the token limit ({budget} tokens): {complaint}"
             budget = min(cap, budget * 2)
         else:
