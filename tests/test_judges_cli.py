@@ -415,3 +415,25 @@ def test_a_malformed_calibration_entry_is_one_line_naming_the_store(tmp_path):
                                    "malformed (")
     (cache / "calibration.json").write_text(json.dumps(shipped))  # the shipped entries pass
     assert run_command(["judges", "--cache-dir", cache]).returncode == 0
+
+
+def test_judges_shows_the_batched_coherence_judge_that_calibrate_stored(tmp_path):
+    """`calibrate --batch-size 3` stores the batched judge's figures apart from the per-sentence one's;
+    `judges --batch-size 3` shows that judge with them, as `score --batch-size 3` would judge."""
+    from booklens.testing import PipelineResponder
+
+    cache = tmp_path / "cache"
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        lm = ["--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache]
+        result = invoke(["calibrate", "--judge", "coherence", "--batch-size", "3", "--books", "5",
+                         "--coherence-data", human_fixture(tmp_path / "human"), *lm], tmp_path)
+        assert result.exit_code == 0, result.output
+    shown = invoke(["judges", "--batch-size", "3", *lm], tmp_path)
+    assert shown.exit_code == 0, shown.output
+    lines = [line for line in shown.output.splitlines() if line.startswith("judge: ")]
+    assert len(lines) == 3
+    assert "coherence program (batched, " in lines[0] and "agreement with humans on" in lines[0]
+    plain = invoke(["judges", *lm], tmp_path)
+    first = plain.output.splitlines()
+    assert "coherence program (per-sentence, " in first[0] and "never measured" in first[1]
+    assert invoke(["judges", "--batch-size", "0", *lm], tmp_path).exit_code != 0

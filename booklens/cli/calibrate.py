@@ -1,7 +1,7 @@
 """Judges and their agreement with human annotators:
 
     booklens calibrate [--lm X] [--program P | --zero-shot] [--judge coherence|verification|binary]
-    booklens judges [--lm X]                  the default judges and what is known about them
+    booklens judges [--lm X] [--batch-size N] the default judges and what is known about them
     booklens judges build [-o DIR]            regenerate the default programs from the annotations
 
 `calibrate` runs a judge on the human-annotated test splits (see `booklens.calibration`) and stores
@@ -201,6 +201,10 @@ def judges_command(
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     cache_dir: CacheDirOption = None,
+    batch_size: Annotated[int, typer.Option(
+        "--batch-size", min=1, help="The coherence judge at this many sentences per LM call, as `score`, `run` "
+                                    "and `calibrate` use it with --batch-size (calibrated apart from the "
+                                    "per-sentence one).")] = 1,
 ) -> None:
     """The default judges: their programs, demos and stored agreement with humans for an LM."""
     if ctx.invoked_subcommand is not None:
@@ -214,7 +218,8 @@ def judges_command(
     label = lm_name_label(lm)
     store = load_store(cache_dir)
     for judge in JUDGES:
-        typer.echo(judge_line(judge_info(judge, load_judge(judge), label, store=store, server=server)))
+        program = load_judge(judge, batch_size=batch_size) if judge == "coherence" else load_judge(judge)
+        typer.echo(judge_line(judge_info(judge, program, label, store=store, server=server)))
 
 
 @judges_app.command("build")
