@@ -175,8 +175,9 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
 
 
 def judged_nothing(result: dict[str, Any]) -> Optional[str]:
-    """Why a `judge` or `bias` result holds no judgment at all (the judge failed on every case), else
-    None. The commands write such a result for a look at the errors, then fail: it is not a score."""
+    """Why a `judge` or `bias` result holds no judgment at all (the judge failed on every case), or a
+    `diverse` result has a protocol without one, else None. The commands write such a result for a
+    look at the errors, then fail: it is not a score."""
     from booklens.steps import quote_first_error
 
     kind = result.get("kind")
@@ -184,6 +185,19 @@ def judged_nothing(result: dict[str, Any]) -> Optional[str]:
         items = [item for row in result["events"] for item in row.get("cases", row.get("judgments", []))]
         total, failed = len(items), sum(row["failed"] for row in result["events"])
         what = "pairwise case" if result["protocol"] == "pairwise" else "judgment"
+    elif kind == "booklens.diverse":
+        # Each protocol is a score of its own: one whose every judgment failed measured nothing.
+        by_protocol: dict[str, list[dict[str, Any]]] = {}
+        for row in result["events"]:
+            for name, judgments in (row.get("judgments") or {}).items():
+                by_protocol.setdefault(name, []).extend(judgments)
+        empty = {name: judgments for name, judgments in by_protocol.items()
+                 if judgments and all(j.get("error") for j in judgments)}
+        if not empty:
+            return None
+        items = [j for judgments in empty.values() for j in judgments]
+        return (f"the judge gave no verdict on {', '.join(empty)} ({len(items)} of {counted(len(items), 'judgment')} "
+                "failed)" + quote_first_error([j.get("error") or "" for j in items]))
     elif kind in ("booklens.bias.position", "booklens.bias.verbosity"):
         parts = [part for part in result.values() if isinstance(part, dict) and "result" in part]
         items = [item for part in parts for item in part.get("cases", [])]

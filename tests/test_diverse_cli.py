@@ -130,6 +130,25 @@ def test_judge_and_bias_fail_when_the_judge_gave_no_verdict_and_keep_the_record(
     assert r.exit_code == 0 and "coverage binary = 1.00 (scale 0-1, 6 judgments, 1 failed)" in r.output
 
 
+
+def test_diverse_fails_when_its_judge_gave_no_verdict_on_a_protocol_and_keeps_the_record(tmp_path, monkeypatch):
+    """`diverse` judges as `judge` does: a protocol on which every judgment failed has no score, so
+    the command writes its record (summary and errors) and ends in one line, not with '-' and exit 0."""
+    def summary_only(body):
+        if not body.get("response_format"):  # the summary is asked for in plain text
+            return "Sources disagree on the cause, the cost and the length of the closure."
+        return "no idea"
+
+    out = tmp_path / "d.json"
+    with FakeOpenAIServer(responder=summary_only) as server:
+        with pytest.raises(BooklensError, match=r"^the judge gave no verdict on coverage_binary, coverage_likert, "
+                                                r"faithfulness_likert \(9 of 9 judgments failed\) \(first: "):
+            invoke(["diverse", str(FIXTURE), "--method", "direct", "--max-articles", "2", "--lm", "openai/test-model",
+                    "--api-base", server.url, "-o", str(out)], tmp_path, monkeypatch)
+    record = json.loads(out.read_text())
+    assert record["events"][0]["summary"].startswith("Sources disagree")
+    assert record["events"][0]["scores"]["coverage_likert"] is None
+
 def always_b(body):
     """Every output field any DiverseSumm step asks for; pairwise verdicts always 'B'."""
     if not body.get("response_format"):  # summaries are asked for in plain text

@@ -228,6 +228,7 @@ def diverse_command(
     typer.echo(_usage_line(result), err=True)
     if not any(row["summary"] for row in result["events"]):  # written above: the record keeps every reason
         raise BooklensError(f"no event got a summary (first: {result['events'][0]['error']})")
+    _fail_if_judged_nothing(result)
 
 
 # ---------------------------------------------------------------------------
