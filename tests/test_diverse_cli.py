@@ -179,7 +179,7 @@ def test_diverse_judge_and_bias_end_to_end(tmp_path, monkeypatch):
 
         r = invoke(["judge", str(FIXTURE), str(out), "--protocol", "likert", "--criterion", "coverage", *lm],
                    tmp_path, monkeypatch)
-        assert r.exit_code == 0 and "coverage likert = 1.00" in r.output
+        assert r.exit_code == 0 and "coverage likert = 1.00 (scale 1-10, 1 judgment)" in r.output
 
         other = tmp_path / "other.json"
         other.write_text(json.dumps({row["eid"]: "A different, longer summary of the closure."}))

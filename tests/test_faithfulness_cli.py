@@ -174,6 +174,12 @@ def test_empty_summary(tmp_path, cli, content):
     assert_one_line_error(proc, out, "summary")
 
 
+def test_check_help_offers_no_given_mode(tmp_path, cli):
+    """`check` makes its claims, so none comes with quotes: its help names no 'given' mode."""
+    proc = cli(["check", "--help"], tmp_path)
+    assert proc.returncode == 0 and "--budget-tokens" in proc.stdout and "given" not in proc.stdout
+
+
 def test_given_mode_cannot_be_used_by_check(tmp_path, cli):
     summary = write(tmp_path / "summary.txt", "Anna sails home.")
     out = tmp_path / "out.json"

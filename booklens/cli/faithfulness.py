@@ -47,6 +47,10 @@ KOption = Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per
 BudgetOption = Annotated[Optional[int], typer.Option(
     "--budget-tokens", min=MIN_BUDGET_TOKENS,
     help="Evidence tokens per claim for 'book' and 'given' (default: what the model's context window holds).")]
+# `check` has no 'given' mode (see CheckEvidence).
+CheckBudgetOption = Annotated[Optional[int], typer.Option(
+    "--budget-tokens", min=MIN_BUDGET_TOKENS,
+    help="Evidence tokens per claim for 'book' (default: what the model's context window holds).")]
 PassageTokensOption = Annotated[int, typer.Option("--passage-tokens", min=MIN_PASSAGE_TOKENS,
                                                   help="Maximum tokens per passage.")]
 BinaryOption = Annotated[bool, typer.Option(
@@ -178,7 +182,7 @@ def check_command(
     evidence: Annotated[CheckEvidence, typer.Option("--evidence", help="Evidence per claim: " + CheckEvidence.help)]
     = CheckEvidence.bm25,
     k: KOption = DEFAULT_K,
-    budget_tokens: BudgetOption = None,
+    budget_tokens: CheckBudgetOption = None,
     passage_tokens: PassageTokensOption = DEFAULT_PASSAGE_TOKENS,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,

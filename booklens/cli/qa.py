@@ -47,6 +47,7 @@ from booklens.vocabulary import (
     QA_SETTINGS,
     RATING_SCALES,
     VERBOSITY_PROTOCOLS,
+    counted,
 )
 
 
@@ -97,7 +98,7 @@ def _usage_line(result: dict[str, Any]) -> str:
 
 def _rating_line(name: str, score: Optional[float], judgments: list, scale: str) -> str:
     failed = sum(1 for j in judgments if j["rating"] is None)
-    return (f"{name}: {_fmt(score)} (scale {scale}, {len(judgments)} judgments"
+    return (f"{name}: {_fmt(score)} (scale {scale}, {counted(len(judgments), 'judgment')}"
             + (f", {failed} failed" if failed else "") + ")")
 
 
@@ -273,7 +274,7 @@ def judge_command(
                        + (f", failed {row['failed']}" if row["failed"] else ""))
         else:
             typer.echo(f"{row['eid']}: {criterion.value} {protocol.value} = {_fmt(row['score'])} "
-                       f"(scale {_scale(protocol.value)}, {len(row['judgments'])} judgments"
+                       f"(scale {_scale(protocol.value)}, {counted(len(row['judgments']), 'judgment')}"
                        + (f", {row['failed']} failed" if row["failed"] else "") + ")")
     typer.echo(_usage_line(result), err=True)
     _fail_if_judged_nothing(result)
