@@ -79,6 +79,26 @@ def test_bm25_finds_the_passage_with_the_rare_words():
     assert index.search("the of and", mode="bm25") == []  # only stopwords: nothing to match
 
 
+def test_bm25_finds_words_of_any_script():
+    """Words with accents, and books in Cyrillic or Chinese, are matched like English ones."""
+    from booklens.retrieval import bm25_tokens
+
+    assert bm25_tokens("L'élève étudiait la théorie") == ["l", "élève", "étudiait", "la", "théorie"]
+    russian = ("Иван жил в маленькой деревне у реки и ловил рыбу. " * 3
+               + "Мария играла на скрипке в городском оркестре. " * 3
+               + "Буря потопила три лодки у берега. " * 3)
+    index = BookIndex.build(russian, passage_tokens=40)
+    assert len(index.passages) >= 3
+    hits = index.search("Мария играла на скрипке", mode="bm25", k=1)
+    assert hits and "скрипке" in hits[0][0].text
+    # Chinese has no spaces between words: each character is a term
+    chinese = "小明住在河边的村子里。他每天早上钓鱼。" * 4 + "玛丽在城市乐团拉小提琴。" * 4 + "暴风雨打沉了三条船。" * 4
+    index = BookIndex.build(chinese, passage_tokens=32)
+    assert len(index.passages) >= 3
+    hits = index.search("谁拉小提琴？", mode="bm25", k=1)
+    assert hits and "小提琴" in hits[0][0].text
+
+
 TINY_STORY = ("Maren kept the lighthouse on Carrick Point for twenty years. One winter night the lamp went dark, "
               "because her brother Jonah had given away the fuel. A fishing boat struck the rocks and its skipper "
               "drowned. Jonah hid the letter that explained everything in the cellar, and Maren found it only "

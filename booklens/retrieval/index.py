@@ -82,7 +82,10 @@ def make_passages(text: str, max_tokens: int = 256) -> list[Passage]:
 # ---------------------------------------------------------------------------
 # BM25 tokens
 
-_WORD = re.compile(r"[a-z0-9]+")
+# Scripts written without spaces between words (Han, kana): each character is a term, as a run of
+# them is a whole clause. Every other script: runs of letters and digits, accented ones included.
+_UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_WORD = re.compile(rf"[{_UNSPACED}]|[^\W_{_UNSPACED}]+")
 # Function words that carry no evidence; kept short on purpose (negations stay).
 _STOPWORDS = frozenset(
     """a an the and or but if of at by for with about against between into through during before after
@@ -119,7 +122,7 @@ def bm25_tokens(text: str) -> list[str]:
     return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
 
 
-TOKENIZER_ID = "words-stop-stem-1"
+TOKENIZER_ID = "words-stop-stem-2"
 
 
 # ---------------------------------------------------------------------------
