@@ -278,6 +278,76 @@ def test_a_damaged_cache_is_rebuilt(tmp_path):
     assert BookIndex.build(text, cache_dir=tmp_path).loaded_from_cache
 
 
+def test_two_threads_embed_a_book_once(tmp_path, monkeypatch):
+    """Sweep cells on one book ask for its dense index at the same time: one embeds, the other
+    waits and loads what it saved."""
+    import threading
+    import time
+
+    big_calls = []
+
+    def slow_embed(texts):
+        if len(texts) > 1:  # the book's windows, not a query
+            big_calls.append(len(texts))
+            time.sleep(0.3)  # the other thread arrives while this one embeds
+        return fake_embed(texts)
+
+    monkeypatch.setattr(retrieval, "embed", slow_embed)
+    text = story_text()
+    results, errors = [], []
+
+    def cell():
+        try:
+            index = BookIndex.build(text, cache_dir=tmp_path, passage_tokens=128)
+            index.ensure_dense()
+            results.append([p.index for p, _ in index.search("the keeper and the lamp", "dense")])
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=cell) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(big_calls) == 1
+    assert results[0] == results[1]
+
+
+_BUILD_IN_A_PROCESS = """
+import sys, time
+import booklens.retrieval.index as retrieval
+from booklens.retrieval import BookIndex
+sys.path.insert(0, sys.argv[3])
+from test_retrieval import fake_embed, story_text
+
+def slow_embed(texts):
+    if len(texts) > 1:
+        with open(sys.argv[2], "a") as log:
+            log.write("embedded\\n")
+        time.sleep(1.0)
+    return fake_embed(texts)
+
+retrieval.embed = slow_embed
+BookIndex.build(story_text(), cache_dir=sys.argv[1], passage_tokens=128).ensure_dense()
+"""
+
+
+def test_two_processes_embed_a_book_once(tmp_path):
+    """Two commands on one book at once (two `verify`s): the second waits for the first's dense
+    index instead of embedding the book again."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "log"
+    args = [sys.executable, "-c", _BUILD_IN_A_PROCESS, str(tmp_path / "indexes"), str(log), str(Path(__file__).parent)]
+    procs = [subprocess.Popen(args, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    assert log.read_text().splitlines() == ["embedded"]
+
+
 def test_dense_search_with_the_real_model():
     text = ("Chapter 1. Mara repaired fishing nets on the pier every morning. " * 4
             + "Chapter 2. The orchestra rehearsed a symphony in the concert hall until midnight. " * 4

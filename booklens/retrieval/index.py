@@ -30,6 +30,7 @@ import json
 import os
 import re
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -247,6 +248,35 @@ def _write_json(path: Path, payload: Any) -> None:
     write_atomically(path, write)
 
 
+_BUILD_LOCKS: dict[str, threading.Lock] = {}
+_BUILD_LOCKS_GUARD = threading.Lock()
+
+
+@contextmanager
+def _building(path: Path):
+    """Held while the dense part of the index in `path` is loaded or built, by this thread alone
+    among the process's threads (sweep cells) and processes (commands on the same book) that ask
+    for it: the others wait, then load what it saved instead of embedding the book again. A
+    folder that takes no lock file (read-only) is built in without one."""
+    with _BUILD_LOCKS_GUARD:
+        lock = _BUILD_LOCKS.setdefault(str(path), threading.Lock())
+    with lock:
+        handle = None
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            handle = open(path / "dense.lock", "a")
+            import fcntl
+
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes
+        except (OSError, ImportError):
+            pass
+        try:
+            yield
+        finally:
+            if handle is not None:
+                handle.close()
+
+
 def index_key(text_sha256: str, passage_tokens: int) -> str:
     """The cache key of an index: the book's hash plus every setting that changes the files."""
     settings = f"{text_sha256}|passages={passage_tokens}|tokenizer={TOKENIZER_ID}|v={INDEX_VERSION}"
@@ -336,10 +366,15 @@ class BookIndex:
         return self._dense is not None
 
     def ensure_dense(self):
-        """The faiss inner-product index of passage embeddings: from the cache or built now."""
+        """The faiss inner-product index of passage embeddings: from the cache or built now. Other
+        threads and processes asking for the same cached index meanwhile wait and load it."""
         with self._dense_lock:
             if self._dense is None:
-                self._dense = self._load_dense() or self._build_dense()
+                if self.cache_path is None:
+                    self._dense = self._build_dense()
+                else:
+                    with _building(self.cache_path):
+                        self._dense = self._load_dense() or self._build_dense()
             return self._dense
 
     def _load_dense(self):
