@@ -278,6 +278,20 @@ def test_a_damaged_cache_is_rebuilt(tmp_path):
     assert BookIndex.build(text, cache_dir=tmp_path).loaded_from_cache
 
 
+@pytest.mark.parametrize("name, content", [("meta.json", "null"), ("meta.json", "[]"), ("bm25.json", "[]"),
+                                           ("passages.json", '{"a": 1}'), ("dense.json", "[1]"),
+                                           ("dense.faiss", "not faiss"), ("dense_owners.npy", "")])
+def test_an_index_file_of_the_wrong_shape_is_rebuilt(tmp_path, monkeypatch, name, content):
+    monkeypatch.setattr(retrieval, "embed", fake_embed)
+    text = story_text()
+    first = BookIndex.build(text, cache_dir=tmp_path)
+    first.ensure_dense()
+    expected = [p.index for p, _ in first.search("the keeper and the lamp", "hybrid")]
+    (next(tmp_path.iterdir()) / name).write_text(content)
+    again = BookIndex.build(text, cache_dir=tmp_path)
+    assert [p.index for p, _ in again.search("the keeper and the lamp", "hybrid")] == expected
+
+
 def test_two_threads_embed_a_book_once(tmp_path, monkeypatch):
     """Sweep cells on one book ask for its dense index at the same time: one embeds, the other
     waits and loads what it saved."""

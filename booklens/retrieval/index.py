@@ -353,7 +353,7 @@ class BookIndex:
             passages = [Passage(index=r["index"], start=r["start"], end=r["end"], tokens=r["tokens"],
                                 text=text[r["start"]:r["end"]]) for r in rows]
             bm25 = _bm25_from_state(json.loads((path / "bm25.json").read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # missing or damaged: rebuild
         if len(passages) != meta.get("passages") or bm25.corpus_size != len(passages):
             return None
@@ -390,8 +390,8 @@ class BookIndex:
                 return None
             index = faiss.read_index(str(self.cache_path / "dense.faiss"))
             owners = np.load(self.cache_path / "dense_owners.npy", allow_pickle=False)
-        except (OSError, ValueError, RuntimeError):
-            return None
+        except (OSError, ValueError, RuntimeError, EOFError, AttributeError):
+            return None  # missing or damaged: rebuild
         if index.ntotal != len(owners) or (len(owners) and int(owners.max()) >= len(self.passages)):
             return None
         return index, owners
