@@ -248,13 +248,13 @@ def decompose_summary(summary: str, *, decomposer: Any = None):
 
 
 def book_index(book_text: str, *, cache_dir: Optional[Path] = None, passage_tokens: int = DEFAULT_PASSAGE_TOKENS,
-               mode: Optional[str] = None):
+               mode: Optional[str] = None, budget_tokens: Optional[int] = None):
     """The book's passage index (built once per book and settings, then loaded from the cache);
-    the dense part too when `mode` needs it."""
-    from booklens.retrieval import DENSE_MODES, BookIndex, index_dir
+    the dense part too when `mode` needs it (`book` mode: unless the book fits `budget_tokens`)."""
+    from booklens.retrieval import BookIndex, index_dir
 
     index = BookIndex.build(book_text, cache_dir=index_dir(cache_dir), passage_tokens=passage_tokens)
-    if mode in DENSE_MODES:
+    if mode is not None and index.needs_dense(mode, budget_tokens):
         index.ensure_dense()
     return index
 
@@ -289,7 +289,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     with usage_scope() as tracker:
         claims = checker.claims_of(summary) if decompose else list(claims)
         if book_text is not None and mode != "none" and claims:
-            index = book_index(book_text, cache_dir=cache_dir, passage_tokens=passage_tokens, mode=mode)
+            index = book_index(book_text, cache_dir=cache_dir, passage_tokens=passage_tokens, mode=mode,
+                               budget_tokens=checker.resolved_budget() if mode == "book" else None)
             index_seconds = time.perf_counter() - started
         t0 = time.perf_counter()
         given_lists = [list(g or []) for g in given] if given is not None else None

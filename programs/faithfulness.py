@@ -396,7 +396,7 @@ class FaithfulnessChecker(Module):
                 raise BooklensError("evidence mode 'given' needs evidence quotes with every claim")
             if len(given_evidence) != len(claims):
                 raise BooklensError(f"{len(claims)} claims but {len(given_evidence)} evidence lists")
-        if mode in ("dense", "hybrid", "book") and index is not None and claims:
+        if index is not None and claims and index.needs_dense(mode, self.resolved_budget() if mode == "book" else None):
             index.ensure_dense()  # build once here rather than inside the first worker
         evidence = [self.gather(c, index, given_evidence[i] if given_evidence is not None else None)
                     for i, c in enumerate(claims)]

@@ -196,6 +196,26 @@ def test_book_mode_fills_the_budget_and_needs_a_book(monkeypatch):
     assert retrieval.BOOK_MODES == ("bm25", "dense", "hybrid", "book")
 
 
+def test_book_mode_embeds_nothing_when_the_whole_book_fits(tmp_path, monkeypatch):
+    """A book the budget holds is shown whole: no passage is ranked, so the embedding model is not
+    loaded and the book not embedded (minutes for a novel a large-window model reads whole)."""
+    import booklens.retrieval.index as index_module
+    from booklens.steps import verify_claims
+
+    def no_embedding(*args, **kwargs):
+        raise AssertionError("the book was embedded")
+
+    monkeypatch.setattr(index_module, "embed", no_embedding)
+    monkeypatch.setattr(index_module, "embedding_model", no_embedding)
+    text = story()
+    report, _ = run_with(lambda call: verdict(), lambda: verify_claims(
+        claims=["Maren kept the lighthouse."], book_text=text, mode="book", budget_tokens=count_tokens(text) + 100,
+        cache_dir=tmp_path))
+    (claim,) = report.claims
+    assert [e.passage for e in claim.evidence] == [p.index for p in BookIndex.build(text).passages]
+    assert not list((tmp_path / "indexes").glob("*/dense.json"))
+
+
 def test_the_library_step_refuses_settings_its_evidence_mode_never_uses():
     """`booklens.steps.verify_claims` checks what the CLI checks, before any LM or index."""
     from booklens.steps import verify_claims

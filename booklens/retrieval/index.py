@@ -39,7 +39,7 @@ from pydantic import BaseModel
 
 from booklens.errors import BooklensError
 from booklens.records import write_atomically
-from booklens.retrieval import BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, SEARCH_MODES
+from booklens.retrieval import BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, DENSE_MODES, SEARCH_MODES
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 # Passages are embedded in windows of this many tokens and scored by their best window: a
@@ -377,6 +377,17 @@ class BookIndex:
                         self._dense = self._load_dense() or self._build_dense()
             return self._dense
 
+    def fits(self, budget_tokens: int) -> bool:
+        """Whether the whole book fits `budget_tokens` (then `book_context` is the whole book)."""
+        return sum(p.tokens for p in self.passages) <= budget_tokens
+
+    def needs_dense(self, mode: str, budget_tokens: int | None = None) -> bool:
+        """Whether evidence of `mode` reads the embeddings: dense and hybrid do, and book when the
+        book does not fit its `budget_tokens` (it ranks the passages its windows grow around)."""
+        if mode == "book":
+            return budget_tokens is None or not self.fits(budget_tokens)
+        return mode in DENSE_MODES
+
     def _load_dense(self):
         if self.cache_path is None:
             return None
@@ -507,7 +518,7 @@ class BookIndex:
         so a budget smaller than a passage still gets that much of the book."""
         if budget_tokens <= 0:
             return []
-        if sum(p.tokens for p in self.passages) <= budget_tokens:
+        if self.fits(budget_tokens):
             return list(self.passages)
         ranked = [i for i, _ in self.rank(query, mode, seeds)] or [0]
         n = len(self.passages)
