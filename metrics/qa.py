@@ -11,7 +11,6 @@ than text of the book stay unlocated and are left out of the position and recall
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
@@ -25,7 +24,6 @@ QUOTE_MATCH = 0.5  # share of a gold quote's words a model quote must contain to
 
 _QUOTE_FOLD = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"', "\u2014": "-",
                              "\u2013": "-"})
-_WORD = re.compile(r"[a-z0-9]+")
 
 
 def token_positions(text: str, offsets: Iterable[int]) -> dict[int, int]:
@@ -75,7 +73,9 @@ def share_in_context(spans: Sequence[EvidenceSpan], passages: Sequence[tuple[int
 
 
 def _words(text: str) -> list[str]:
-    return _WORD.findall(text.lower().translate(_QUOTE_FOLD))
+    from booklens.retrieval import words
+
+    return words(text.translate(_QUOTE_FOLD))
 
 
 def quote_recall(gold: Sequence[EvidenceSpan], predicted: Sequence[str], locator: Optional[QuoteLocator] = None,

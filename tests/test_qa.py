@@ -375,3 +375,14 @@ def test_evidence_recall_means():
 def test_report_is_json_serializable():
     recs = [_rec("1", "mh", "times", True, 10)]
     json.dumps(qa_report(recs))
+
+
+def test_quote_overlap_counts_words_of_any_script():
+    """The overlap of the model's quotes with the gold ones counts words as BM25 does: a Russian or
+    Chinese gold quote had no word at all ([a-z0-9] only) and was left out of the figure."""
+    from booklens.metrics.qa import EvidenceSpan, quote_recall
+
+    russian = EvidenceSpan("Смотритель зажёг большой фонарь", 0, 31)
+    chinese = EvidenceSpan("守灯人点亮了大灯", 40, 48)
+    assert quote_recall([russian, chinese], ["смотритель зажёг фонарь", "守灯人点亮"]) == 1.0
+    assert quote_recall([russian, chinese], ["the keeper lit the lamp"]) == 0.0

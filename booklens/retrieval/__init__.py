@@ -19,6 +19,7 @@ command line reads its lists for `--help`); `BookIndex` and friends load on firs
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,18 @@ def check_qa_evidence_options(mode: str, *, k: int = DEFAULT_K, passage_tokens: 
     if rank_mode != QA_BOOK_RANK_MODE and mode != "book":
         raise BooklensError(f"--rank-mode ranks the passages --evidence book grows its windows around; evidence "
                             f"{mode} " + ("ranks by its own name" if mode in SEARCH_MODES else "ranks none"))
+
+
+# What counts as a word when texts are matched word for word (BM25 terms, quote overlap). Scripts
+# written without spaces between words (Han, kana): each character is a word, as a run of them is
+# a whole clause. Every other script: runs of letters and digits, accented ones included.
+_UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_WORD = re.compile(rf"[{_UNSPACED}]|[^\W_{_UNSPACED}]+")
+
+
+def words(text: str) -> list[str]:
+    """The words of `text`, lowercased, in order (see `_WORD`)."""
+    return _WORD.findall(text.lower())
 
 
 def evidence_help(modes: tuple[str, ...] = EVIDENCE_MODES) -> str:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +38,7 @@ from pydantic import BaseModel
 
 from booklens.errors import BooklensError
 from booklens.records import write_atomically
-from booklens.retrieval import BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, DENSE_MODES, SEARCH_MODES
+from booklens.retrieval import BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, DENSE_MODES, SEARCH_MODES, words
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 # Passages are embedded in windows of this many tokens and scored by their best window: a
@@ -83,10 +82,6 @@ def make_passages(text: str, max_tokens: int = 256) -> list[Passage]:
 # ---------------------------------------------------------------------------
 # BM25 tokens
 
-# Scripts written without spaces between words (Han, kana): each character is a term, as a run of
-# them is a whole clause. Every other script: runs of letters and digits, accented ones included.
-_UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_WORD = re.compile(rf"[{_UNSPACED}]|[^\W_{_UNSPACED}]+")
 # Function words that carry no evidence; kept short on purpose (negations stay).
 _STOPWORDS = frozenset(
     """a an the and or but if of at by for with about against between into through during before after
@@ -120,7 +115,7 @@ def _stem(word: str) -> str:
 
 def bm25_tokens(text: str) -> list[str]:
     """The terms BM25 matches on: lower-cased words and numbers, stopwords removed, lightly stemmed."""
-    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
+    return [_stem(w) for w in words(text) if w not in _STOPWORDS]
 
 
 TOKENIZER_ID = "words-stop-stem-2"
