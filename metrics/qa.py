@@ -5,8 +5,9 @@ model's quotes (Table 5), how much of the gold evidence the context held, and wo
 between the model's quotes and the gold quotes.
 
 Evidence quotes are located in the book after collapsing runs of whitespace (and, failing
-that, after also unifying curly and straight quotes); quotes that are reasoning rather
-than text of the book stay unlocated and are left out of the position and recall figures.
+that, after also unifying curly and straight quotes and how dashes and ellipses are typed);
+quotes that are reasoning rather than text of the book stay unlocated and are left out of the
+position and recall figures.
 """
 
 from __future__ import annotations

@@ -400,6 +400,23 @@ def test_locate_quote_ignores_whitespace_and_curly_quotes():
     assert locator.locate("she went") == (text.index("she went"), text.index("she went") + 8)
 
 
+def test_locate_quote_takes_dashes_and_ellipses_however_typed():
+    """A quote with an em dash finds the book's '--' (and the other way round), with or without
+    spaces around it, and '...' finds the one-character ellipsis; the span is the book's own text."""
+    text = "She paused -- then, \u201cwait\u2026 the lamp\u201d, he said\u2014and left. Then\u2014more."
+    start, end = locate_quote(text, "paused\u2014then")
+    assert text[start:end] == "paused -- then"
+    start, end = locate_quote(text, '"wait... the lamp"')
+    assert text[start:end] == "\u201cwait\u2026 the lamp\u201d"
+    start, end = locate_quote(text, "he said -- and left")
+    assert text[start:end] == "he said\u2014and left"
+    start, end = locate_quote(text, "and left. Then --")  # ends on the mark: no trailing space taken
+    assert text[start:end] == "and left. Then\u2014"
+    locator = QuoteLocator(text)
+    assert locator.locate("paused--then", start=text.index("then")) is None  # searched after its place
+    assert locate_quote(text, "paused then") is None  # a dash is not nothing
+
+
 @pytest.mark.parametrize("claims_file, book, at_least", [
     (PP_CLAIMS, "pride_and_prejudice.txt", 40),
     (CASK_CLAIMS, "the_cask_of_amontillado.txt", 20),

@@ -25,9 +25,11 @@ the settings. The dense part is built only when a query first needs it.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import os
+import re
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -197,32 +199,73 @@ def collapse_whitespace(text: str) -> tuple[str, list[int]]:
     return "".join(chars), offsets
 
 
+# Typing variants of one mark that books and quotes of them write differently: a dash as '--', '-'
+# or an em dash (with or without spaces around it), an ellipsis as '...' or its one character.
+_DASH_OR_ELLIPSIS = re.compile("( ?[-\u2010-\u2015]+ ?)|(\u2026)")
+
+
+def fold_marks(text: str) -> tuple[str, list[int], list[int]]:
+    """`text` (whitespace already collapsed) with curly quotes made straight and every dash or
+    ellipsis written one way ('-', '...'); for each character of the result, the start and end
+    in `text` of what it stands for."""
+    chars: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    done = 0
+    for match in _DASH_OR_ELLIPSIS.finditer(text):
+        for i in range(done, match.start()):
+            chars.append(text[i].translate(_FOLD))
+            starts.append(i)
+            ends.append(i + 1)
+        written = "-" if match.group(1) else "..."
+        chars.extend(written)
+        starts.extend([match.start()] * len(written))
+        ends.extend([match.end()] * len(written))
+        done = match.end()
+    for i in range(done, len(text)):
+        chars.append(text[i].translate(_FOLD))
+        starts.append(i)
+        ends.append(i + 1)
+    return "".join(chars), starts, ends
+
+
 class QuoteLocator:
     """Finds verbatim quotes in a text, ignoring differences in whitespace and, as a fallback,
-    curly versus straight quotation marks. Offsets refer to the original text."""
+    curly versus straight quotation marks and how dashes and ellipses are typed. Offsets refer to
+    the original text."""
 
     def __init__(self, text: str):
         self.text = text
         self.collapsed, self.offsets = collapse_whitespace(text)
-        self.folded = self.collapsed.translate(_FOLD)
+        self.folded, self._fold_starts, self._fold_ends = fold_marks(self.collapsed)
 
     def locate(self, quote: str, start: int = 0) -> tuple[int, int] | None:
         needle, _ = collapse_whitespace(quote.strip())
         if not needle:
             return None
-        for haystack, probe in ((self.collapsed, needle), (self.folded, needle.translate(_FOLD))):
-            pos = haystack.find(probe, self._collapsed_pos(start))
-            if pos >= 0:
-                first = self.offsets[pos]
-                last = self.offsets[pos + len(probe) - 1]
-                return first, last + 1
-        return None
+        from_pos = self._collapsed_pos(start)
+        pos = self.collapsed.find(needle, from_pos)
+        if pos >= 0:
+            return self.offsets[pos], self.offsets[pos + len(needle) - 1] + 1
+        probe = fold_marks(needle)[0].strip()
+        if not probe:
+            return None
+        folded_from = bisect.bisect_left(self._fold_starts, from_pos)
+        pos = self.folded.find(probe, folded_from)
+        if pos < 0:
+            return None
+        first = self._fold_starts[pos]
+        last = self._fold_ends[pos + len(probe) - 1] - 1
+        # A dash's spaces belong to the mark in the book, not to the quote that ends or starts there.
+        while first < last and self.collapsed[first] == " ":
+            first += 1
+        while last > first and self.collapsed[last] == " ":
+            last -= 1
+        return self.offsets[first], self.offsets[last] + 1
 
     def _collapsed_pos(self, start: int) -> int:
         if start <= 0:
             return 0
-        import bisect
-
         return bisect.bisect_left(self.offsets, start)
 
 
