@@ -237,7 +237,12 @@ class QuoteLocator:
     def __init__(self, text: str):
         self.text = text
         self.collapsed, self.offsets = collapse_whitespace(text)
-        self.folded, self._fold_starts, self._fold_ends = fold_marks(self.collapsed)
+        self._folded: tuple[str, list[int], list[int]] | None = None  # made at the first fallback
+
+    def _folding(self) -> tuple[str, list[int], list[int]]:
+        if self._folded is None:
+            self._folded = fold_marks(self.collapsed)
+        return self._folded
 
     def locate(self, quote: str, start: int = 0) -> tuple[int, int] | None:
         needle, _ = collapse_whitespace(quote.strip())
@@ -250,12 +255,12 @@ class QuoteLocator:
         probe = fold_marks(needle)[0].strip()
         if not probe:
             return None
-        folded_from = bisect.bisect_left(self._fold_starts, from_pos)
-        pos = self.folded.find(probe, folded_from)
+        folded, starts, ends = self._folding()
+        pos = folded.find(probe, bisect.bisect_left(starts, from_pos))
         if pos < 0:
             return None
-        first = self._fold_starts[pos]
-        last = self._fold_ends[pos + len(probe) - 1] - 1
+        first = starts[pos]
+        last = ends[pos + len(probe) - 1] - 1
         # A dash's spaces belong to the mark in the book, not to the quote that ends or starts there.
         while first < last and self.collapsed[first] == " ":
             first += 1
