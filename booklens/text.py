@@ -3,7 +3,7 @@
 Everything downstream measures text in cl100k_base tokens and cuts it at
 sentence boundaries, so this module owns both:
 
-* Reading: ``.txt`` (UTF-8 with or without BOM, any newline style) and
+* Reading: ``.txt`` (UTF-8 with or without BOM, UTF-16/32 with one, any newline style) and
   ``.epub`` (spine documents in order, HTML stripped), with Project Gutenberg
   header/footer removal and, on request, front/back matter removal.
 * Sentences: :func:`split_sentences` gives the same sentence list as NLTK
@@ -58,16 +58,28 @@ def has_letters(text: str) -> bool:
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 
 
+# Byte-order marks of the wide encodings, the UTF-32 ones before the UTF-16 ones they start with.
+_WIDE_MARKS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"),
+               (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
 def _decode_text(data: bytes, where: str) -> str:
     """Bytes of a text file -> str, or a one-line BooklensError saying what is wrong."""
     if not data:
         raise BooklensError(f"{where} is empty")
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        # UTF-16 with a byte-order mark: unambiguous, so accept it.
+    # UTF-32 or UTF-16 with a byte-order mark: unambiguous, so accept it. UTF-32's little-endian
+    # mark starts with UTF-16's (FF FE), so it is looked for first.
+    wide = next((codec for mark, codec in _WIDE_MARKS if data.startswith(mark)), None)
+    if wide is not None:
         try:
-            return data.decode("utf-16")
+            text = data.decode(wide)
         except UnicodeDecodeError:
-            raise BooklensError(f"{where} is not valid UTF-16 text despite its byte-order mark") from None
+            raise BooklensError(f"{where} is not valid {wide.upper()} text despite its byte-order mark") from None
+        sample = text[:65536]
+        if "\x00" in sample or len(_CONTROL.findall(sample)) > 0.1 * len(sample):
+            raise BooklensError(f"{where} looks like a binary file (control characters after a {wide.upper()} "
+                                "byte-order mark), not text")
+        return text
     if b"\x00" in data:
         raise BooklensError(f"{where} looks like a binary file (it contains NUL bytes), not UTF-8 text")
     skip = 3 if data.startswith(b"\xef\xbb\xbf") else 0  # a UTF-8 byte-order mark

@@ -86,6 +86,26 @@ def test_undecodable_offset_counts_the_byte_order_mark(tmp_path):
     assert_one_line_error(excinfo, "byte offset 6")
 
 
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-be", "utf-32", "utf-32-be"])
+def test_read_utf16_and_utf32_with_a_byte_order_mark(tmp_path, codec):
+    """A UTF-32 little-endian mark starts with the UTF-16 one (FF FE): read as UTF-16, every
+    character came with a NUL after it and the book was summarized as that."""
+    text = "Caf\u00e9 au lait.\r\nThe lamp \u2014 dark.\n"
+    data = text.encode(codec)
+    if not data.startswith((b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")):
+        data = "\ufeff".encode(codec) + data  # the -be codecs write no mark of their own
+    path = write(tmp_path, "wide.txt", data)
+    assert T.read_text_file(path) == "Caf\u00e9 au lait.\nThe lamp \u2014 dark.\n"
+    assert T.read_book(path) == "Caf\u00e9 au lait.\nThe lamp \u2014 dark."
+
+
+def test_binary_data_after_a_utf16_byte_order_mark_is_not_text(tmp_path):
+    path = write(tmp_path, "b.txt", b"\xff\xfe" + b"\x01\x00\x07\x00\x00\x00\x1b\x00" * 200)
+    with pytest.raises(BooklensError) as excinfo:
+        T.read_book(path)
+    assert_one_line_error(excinfo, "binary")
+
+
 def test_read_book_rejects_bad_input_like_read_text_file(tmp_path):
     with pytest.raises(BooklensError, match="book not found"):
         T.read_book(tmp_path / "missing.txt")
