@@ -19,6 +19,7 @@ because the backend's own tokenizer may count a little differently.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -74,7 +75,8 @@ UPDATE_ALLOWANCE = 1.5
 
 
 def prompt_overhead(predictor: dspy.Predict, **empty_inputs: Any) -> int:
-    """Tokens of the predictor's prompt (instructions, field layout, demos) with empty inputs."""
+    """Tokens of the predictor's prompt (instructions, field layout, demos) with empty inputs; with
+    a call's inputs, the tokens of that call's prompt."""
     from booklens.programs.coherence import SharedSummaryPredict, shared_summary_adapter
     from booklens.text import count_tokens
 
@@ -205,6 +207,17 @@ class _BookSummarizer(Module):
         """The most tokens one generation for a `budget`-token summary may write."""
         return int(budget * self.generation_slack) + self.generation_allowance
 
+    def call_cap(self, budget: int, predictor: dspy.Predict, inputs: dict[str, Any]) -> int:
+        """The token cap of one call: `token_cap`, less what the window lacks after the call's prompt.
+
+        The budget checks leave room in the window for a summary of `budget` tokens, not for the cap's
+        slack above it, and a server refuses a request whose prompt and max_tokens exceed its window.
+        The prompt is counted with the margin the budgets keep for the backend's own tokenizer; the
+        cap never drops below the budget, which the checks make room for."""
+        cap = self.token_cap(budget)
+        left = self.context_window - math.ceil(prompt_overhead(predictor, **inputs) / BUDGET_MARGIN)
+        return min(cap, max(left, budget))
+
     @property
     def budget_option(self) -> str:
         """The option that set the summary budgets, for the messages that ask to lower them."""
@@ -241,7 +254,7 @@ class _BookSummarizer(Module):
                 result = predict_with_retries(
                     predictor,
                     config={
-                        "max_tokens": self.token_cap(budget),
+                        "max_tokens": self.call_cap(budget, predictor, asked),
                         "temperature": temperature if regeneration == 0 else max(temperature, 0.7),
                         **fresh_try(100 * regeneration),
                     },

@@ -421,3 +421,45 @@ def test_the_embedded_model_asks_for_a_tight_cap_and_no_regenerations():
                                       "generation_slack": DEFAULT_GENERATION_SLACK,
                                       "generation_allowance": DEFAULT_GENERATION_ALLOWANCE}
         assert book_summarizer(method="hier").token_cap(380) == 570 + 64
+
+
+def _answer_to_the_cap(call):
+    """An answer that runs to whatever cap the call sets, as a model ignoring its word limit does."""
+    from booklens.text import truncate_to_tokens
+
+    key = call.output_fields[0]
+    return {key: truncate_to_tokens(FILLER * 2000, int(call.request["max_tokens"]) - 8)}
+
+
+@pytest.mark.parametrize("program", [
+    # A window the checks accept, whose merges asked for the token cap (1.5 G + 64) on top of a
+    # prompt that had left room only for G: 7 tokens over the 512-token window.
+    lambda: HierarchicalSummarizer(chunk_size=64, context_window=512, max_summary_tokens=58,
+                                   level_budgets=[58, 58], max_regenerations=0),
+    # An update's prompt (chunk, running summary) plus its cap (1.5 x 1.5 G + 64).
+    lambda: IncrementalSummarizer(chunk_size=2400, context_window=8192, max_summary_tokens=1700,
+                                  max_regenerations=0),
+], ids=["hier", "inc"])
+def test_no_call_asks_for_more_tokens_than_the_window_has_left_after_its_prompt(program):
+    """A server refuses a request whose prompt and max_tokens together exceed its window (OpenAI,
+    vLLM: 'maximum context length'), so a run the budget checks accepted failed partway."""
+    program = program()
+    book = synthetic_book(12_000)
+    lm = ScriptedLM(_answer_to_the_cap)
+    lm.backend.finish_reason = "length"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        program(book=book)
+    sizes = [sum(count_tokens(m["content"]) + 4 for m in c.messages) + c.request["max_tokens"]
+             for c in lm.backend.calls]
+    assert len(sizes) > 3 and max(sizes) <= program.context_window, max(sizes)
+    # Only the cap above the budget is given back: every call may still write its whole budget.
+    assert all(c.request["max_tokens"] >= 58 for c in lm.backend.calls)
+
+
+def test_a_call_with_room_in_the_window_keeps_the_whole_token_cap():
+    lm = ScriptedLM(_answer_to_the_cap)
+    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=0)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        program(book=synthetic_book(3_000))
+    assert [c.request["max_tokens"] for c in lm.backend.calls] == [program.token_cap(200)]
