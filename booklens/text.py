@@ -581,7 +581,9 @@ def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: 
         text = drop_front_back_matter(text)
     text = _strip_blank_edges(text)
     if not text:
-        raise BooklensError(f"{p} has no text left after removing boilerplate and front/back matter")
+        removed = " and ".join(part for part, done in (("the Project Gutenberg header and license", strip_boilerplate),
+                                                     ("front/back matter", drop_matter)) if done)
+        raise BooklensError(f"{p} has no text left after removing {removed}")
     return text
 
 

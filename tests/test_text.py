@@ -160,6 +160,11 @@ def test_book_with_only_boilerplate_is_an_error(tmp_path):
     with pytest.raises(BooklensError) as excinfo:
         T.read_book(write(tmp_path, "x.txt", data))
     assert_one_line_error(excinfo, "no text left")
+    # It names what was removed: front and back matter only when --drop-matter asked for it.
+    assert "front/back matter" not in str(excinfo.value) and "Project Gutenberg" in str(excinfo.value)
+    with pytest.raises(BooklensError) as excinfo:
+        T.read_book(write(tmp_path, "x.txt", data), drop_matter=True)
+    assert_one_line_error(excinfo, "no text left", "Project Gutenberg", "front/back matter")
 
 
 # Last words of each book's narrative, which stripping must keep.
