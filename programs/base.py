@@ -45,3 +45,17 @@ class Predict(dspy.Predict):
     """`dspy.Predict` for booklens programs (see the module docstring)."""
 
     __getattribute__ = _lookup
+
+
+def prompt_tokens(predictor: dspy.Predict, **inputs: Any) -> int:
+    """Tokens (cl100k_base) of the prompt `predictor` sends for `inputs`: with empty inputs, what its
+    instructions, field layout and demos take. Programs size their inputs to the window with it."""
+    from booklens.lm import BooklensAdapter
+    from booklens.programs.coherence import SharedSummaryPredict, shared_summary_adapter
+    from booklens.text import count_tokens
+
+    adapter = dspy.settings.adapter or BooklensAdapter()
+    if isinstance(predictor, SharedSummaryPredict):  # its demos show each summary once, as its calls do
+        adapter = shared_summary_adapter(adapter)
+    messages = adapter.format(predictor.signature, predictor.demos, inputs)
+    return sum(count_tokens(str(m.get("content", ""))) + 4 for m in messages)

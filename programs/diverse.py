@@ -30,7 +30,7 @@ from booklens.errors import BooklensError, first_line
 from booklens.lm import ContextWindowExceeded, last_finish_reason, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
-from booklens.programs.base import Module, Predict
+from booklens.programs.base import Module, Predict, prompt_tokens
 from booklens.signatures.diverse import (
     CRITERION_DESCRIPTIONS,
     CompareSummaries,
@@ -66,12 +66,6 @@ class EventTooLarge(BooklensError):
     no summary (the reason is its error); the other events go on."""
 
 
-def _tokens(predictor: dspy.Predict, **inputs: Any) -> int:
-    from booklens.programs.qa import prompt_tokens
-
-    return prompt_tokens(predictor, **inputs)
-
-
 def article_texts(event: Any) -> list[str]:
     """The articles of an event as the summarizer reads them: a heading line, '[aid] title (domain)'
     (or '[aid]' alone), then the content (`Article.summarizer_text`)."""
@@ -105,7 +99,7 @@ class DiverseSummarizer(Module):
         return budget
 
     def fits_directly(self, articles: list[str]) -> bool:
-        return _tokens(self.summarize, articles=articles) <= self.budget()
+        return prompt_tokens(self.summarize, articles=articles) <= self.budget()
 
     def forward(self, articles: list[str]) -> dspy.Prediction:
         """`articles`: each a heading line ('[aid] title (domain)', or '[aid]'), then its content, as
@@ -128,7 +122,7 @@ class DiverseSummarizer(Module):
         extracts = []
         for head, sentences in zip(headings, per_article):
             extracts.append(head + "\n" + "\n".join(f"- {s}" for s in sentences) if sentences else head + "\n- (none)")
-        if _tokens(self.summarize_extracts, extracts=extracts) > self.budget():
+        if prompt_tokens(self.summarize_extracts, extracts=extracts) > self.budget():
             raise EventTooLarge(f"the extracted sentences do not fit the context window "
                                 f"({_window(self.context_window)} tokens); lower --sentences")
         attempt = predict_with_retries(self.summarize_extracts, tries=self.tries, check=_nonempty("summary"),
@@ -151,7 +145,7 @@ class DiverseSummarizer(Module):
         if len(sentences) <= self.num_sentences:
             return sentences
         numbered = [f"[{i}] {s}" for i, s in enumerate(sentences, 1)]
-        tokens = _tokens(self.extract, title=title, sentences=numbered, num_sentences=self.num_sentences)
+        tokens = prompt_tokens(self.extract, title=title, sentences=numbered, num_sentences=self.num_sentences)
         if tokens > self.budget():  # the server would refuse it: say so before spending the call
             raise EventTooLarge(f"an article ({title.strip()[:80]!r}) is too long to pick sentences from: its prompt "
                                 f"is {tokens} tokens, the context window ({_window(self.context_window)} tokens) "
@@ -258,7 +252,7 @@ class ReferenceBuilder(Module):
         texts = [t for _, t in articles]
         # Questions are asked over as many articles as fit (the seed uses a few representative ones).
         shown = list(texts)
-        while len(shown) > 1 and _tokens(self.generate, articles=shown, num_questions=self.num_questions) > self.budget():
+        while len(shown) > 1 and prompt_tokens(self.generate, articles=shown, num_questions=self.num_questions) > self.budget():
             shown.pop()
         got = predict_with_retries(self.generate, tries=self.tries, check=_nonempty("questions"), articles=shown,
                                    num_questions=self.num_questions)
@@ -336,7 +330,7 @@ class ReferenceBuilder(Module):
         longest = max(questions, key=lambda q: sum(len(a) for _, a in answers[q]))
         shown = list(texts)
         numbered = _numbered(answers[longest])
-        while len(shown) > 1 and _tokens(self.filter, articles=shown, question=longest, answers=numbered) > self.budget():
+        while len(shown) > 1 and prompt_tokens(self.filter, articles=shown, question=longest, answers=numbered) > self.budget():
             shown.pop()
         return shown
 

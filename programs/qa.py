@@ -34,8 +34,8 @@ from typing import Any, Optional, Sequence
 import dspy
 
 from booklens.errors import BooklensError
-from booklens.lm import BooklensAdapter, predict_with_retries
-from booklens.programs.base import Module, Predict
+from booklens.lm import predict_with_retries
+from booklens.programs.base import Module, Predict, prompt_tokens
 from booklens.signatures.qa import (
     AnswerMultipleChoice,
     AnswerMultipleChoiceClosedBook,
@@ -91,15 +91,6 @@ class _BookCache:
                 self._indexes[key] = BookIndex.build(book, cache_dir=self.index_cache_dir,
                                                      passage_tokens=self.passage_tokens)
             return self._indexes[key]
-
-
-def prompt_tokens(predictor: dspy.Predict, **inputs: Any) -> int:
-    """Tokens (cl100k_base) of the prompt the predictor sends for these inputs."""
-    from booklens.text import count_tokens
-
-    adapter = dspy.settings.adapter or BooklensAdapter()
-    messages = adapter.format(predictor.signature, predictor.demos, inputs)
-    return sum(count_tokens(str(m.get("content", ""))) + 4 for m in messages)
 
 
 def join_passages(passages: Sequence[Any]) -> str:

@@ -26,9 +26,8 @@ from typing import Any, Callable
 import dspy
 
 from booklens.errors import BooklensError
-from booklens.lm import (BooklensAdapter, forget_answers, fresh_try, hearing_calls, last_finish_reason,
-                         predict_with_retries)
-from booklens.programs.base import Module, Predict
+from booklens.lm import forget_answers, fresh_try, hearing_calls, last_finish_reason, predict_with_retries
+from booklens.programs.base import Module, Predict, prompt_tokens
 from booklens.records import Chunk, SummaryNode
 from booklens.vocabulary import (  # noqa: F401 - the settings are part of this module's API
     DEFAULT_CHUNK_SIZE,
@@ -72,19 +71,6 @@ REGENERATION_SHRINK = 0.1
 WORDLESS_TRIES = 3
 # Incremental updating lets the running summary grow to this share of G_n before compressing it.
 UPDATE_ALLOWANCE = 1.5
-
-
-def prompt_overhead(predictor: dspy.Predict, **empty_inputs: Any) -> int:
-    """Tokens of the predictor's prompt (instructions, field layout, demos) with empty inputs; with
-    a call's inputs, the tokens of that call's prompt."""
-    from booklens.programs.coherence import SharedSummaryPredict, shared_summary_adapter
-    from booklens.text import count_tokens
-
-    adapter = dspy.settings.adapter or BooklensAdapter()
-    if isinstance(predictor, SharedSummaryPredict):  # its demos show each summary once, as its calls do
-        adapter = shared_summary_adapter(adapter)
-    messages = adapter.format(predictor.signature, predictor.demos, empty_inputs)
-    return sum(count_tokens(str(m.get("content", ""))) + 4 for m in messages)
 
 
 def group_by_budget(sizes: list[int], budget: int, *, min_group: int = 1) -> list[list[int]]:
@@ -215,7 +201,7 @@ class _BookSummarizer(Module):
         The prompt is counted with the margin the budgets keep for the backend's own tokenizer; the
         cap never drops below the budget, which the checks make room for."""
         cap = self.token_cap(budget)
-        left = self.context_window - math.ceil(prompt_overhead(predictor, **inputs) / BUDGET_MARGIN)
+        left = self.context_window - math.ceil(prompt_tokens(predictor, **inputs) / BUDGET_MARGIN)
         return min(cap, max(left, budget))
 
     @property
@@ -372,8 +358,8 @@ class HierarchicalSummarizer(_BookSummarizer):
             g = max(self.budget(level) for level in range(2, max(3, len(self.level_budgets) + 1)))
         else:
             g = self.max_summary_tokens  # the schedule's top level, and its largest budget
-        room_merge = self.usable_window - g - prompt_overhead(self.merge, summaries=[], word_limit=0)
-        room_context = self.usable_window - g - prompt_overhead(
+        room_merge = self.usable_window - g - prompt_tokens(self.merge, summaries=[], word_limit=0)
+        room_context = self.usable_window - g - prompt_tokens(
             self.merge_with_context, context="", summaries=[], word_limit=0)
         if room_merge < 2 * max(g1, g) + 32:
             raise BooklensError(
@@ -384,7 +370,7 @@ class HierarchicalSummarizer(_BookSummarizer):
 
     def room_for_chunks(self, g1: int) -> int:
         """Tokens of book text a level-1 call holds when its summary may take `g1` tokens."""
-        return self.usable_window - g1 - prompt_overhead(self.summarize_chunk, excerpt="", word_limit=0)
+        return self.usable_window - g1 - prompt_tokens(self.summarize_chunk, excerpt="", word_limit=0)
 
     def plan_budgets(self, chunks: list[Chunk], room_merge: int) -> tuple[list[list[int]], list[int]]:
         """The level-1 groups of chunks and the budget G_l of every level.
@@ -680,7 +666,7 @@ class IncrementalSummarizer(_BookSummarizer):
 
     def check_budgets(self) -> None:
         g = self.max_summary_tokens
-        overhead = prompt_overhead(self.update, running_summary="", excerpt="", word_limit=0)
+        overhead = prompt_tokens(self.update, running_summary="", excerpt="", word_limit=0)
         need = self.chunk_size + g + int(g * UPDATE_ALLOWANCE) + overhead
         if need > self.usable_window:
             raise BooklensError(
@@ -691,7 +677,7 @@ class IncrementalSummarizer(_BookSummarizer):
         # An update over its budget is compressed whole, so the compression prompt must hold the
         # longest update the token cap allows.
         longest_update = self.token_cap(int(g * UPDATE_ALLOWANCE))
-        compress_need = longest_update + self.token_cap(g) + prompt_overhead(
+        compress_need = longest_update + self.token_cap(g) + prompt_tokens(
             self.compress, summary="", current_words=0, word_limit=0)
         if compress_need > self.usable_window:
             raise BooklensError(

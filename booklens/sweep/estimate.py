@@ -90,11 +90,11 @@ class _Overheads:
         self._cache: dict[int, tuple[Any, int]] = {}
 
     def of(self, predictor: Any, **empty: Any) -> int:
-        from booklens.programs.summarizer import prompt_overhead
+        from booklens.programs.base import prompt_tokens
 
         key = id(predictor)
         if key not in self._cache:
-            self._cache[key] = (predictor, prompt_overhead(predictor, **empty))
+            self._cache[key] = (predictor, prompt_tokens(predictor, **empty))
         return self._cache[key][1]
 
 
