@@ -7,10 +7,10 @@ take the whole summary first so that calls on the same summary share a prompt pr
 """
 
 import inspect
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import dspy
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from booklens.records import COHERENCE_ERROR_TYPES, CoherenceErrorType
 
@@ -78,6 +78,41 @@ class SentenceVerdict(BaseModel):
     questions: list[str] = Field(default_factory=list, description="clarifying questions; empty for no confusion")
     error_types: list[ErrorTypeText] = Field(default_factory=list,
                                              description="kinds of confusion, one or more; empty for no confusion")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_leniently(cls, data: Any) -> Any:
+        """Any item reads as an answer, so that a malformed one costs a re-ask of its own sentence only:
+        a number that is no whole number becomes 0 (no sentence has it: the answer is ignored), a
+        missing verdict "" (the program refuses it), null lists [] and a lone string a list of one.
+        The JSON schema the model is asked for stays as declared."""
+        data = dict(data) if isinstance(data, dict) else {}
+        data["number"] = _whole_number(data.get("number"))
+        if not isinstance(data.get("verdict"), str):
+            data["verdict"] = ""
+        for key in ("questions", "error_types"):
+            value = data.get(key)
+            if value is None:
+                value = []
+            elif isinstance(value, str):
+                value = [value]
+            elif not isinstance(value, list):
+                value = [value]
+            data[key] = ([v for v in value if isinstance(v, str)] if key == "questions"
+                         else [v if isinstance(v, str) else str(v) for v in value])
+        return data
+
+
+def _whole_number(value: Any) -> int:
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return 0
 
 
 @_with_guide

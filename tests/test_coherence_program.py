@@ -269,3 +269,35 @@ def test_stray_questions_next_to_no_confusion_are_dropped():
                                           "error_types": []})
     assert len(calls) == len(SENTENCES)  # valid first time: not re-asked
     assert all(a.confusing is False and a.questions == [] for a in prediction.annotations)
+
+
+def test_batched_one_malformed_answer_costs_a_reask_of_that_sentence_only():
+    """Answers are read one by one: a question written as a string, `null` for an empty list or a
+    missing verdict spoil only their own sentence, not the answers of the rest of the batch."""
+    def responder(call):
+        numbers = batch_numbers(call)
+        answers = [{"number": n, **answer_for(SENTENCES[n - 1])} for n in numbers]
+        if call.attempt == 0:
+            answers[1]["questions"] = "Who is Zed?"  # one question, not in a list
+            answers[0]["error_types"] = None  # null for "none"
+            answers[0]["questions"] = None
+            del answers[2]["verdict"]  # no verdict for sentence 3
+            answers[3]["number"] = "four"  # no usable number for sentence 4
+        return {"answers": answers}
+
+    prediction, calls = run(responder, batch_size=5)
+    assert [batch_numbers(c) for c in calls] == [[1, 2, 3, 4, 5], [3, 4]]
+    assert [a.status for a in prediction.annotations] == ["ok"] * 5
+    assert [a.attempts for a in prediction.annotations] == [1, 1, 2, 2, 1]
+    assert prediction.annotations[1].questions == ["Who is Zed?"]
+    assert prediction.annotations[0].confusing is False and prediction.annotations[0].types == []
+
+
+def test_batched_answer_schema_still_asks_for_every_field():
+    from booklens.signatures.coherence import SentenceVerdict
+
+    schema = SentenceVerdict.model_json_schema()
+    assert schema["required"] == ["number", "verdict"]
+    assert schema["properties"]["number"]["type"] == "integer"
+    assert schema["properties"]["questions"]["type"] == "array"
+    assert schema["properties"]["error_types"]["items"]["enum"][0] == "entity omission"
