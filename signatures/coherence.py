@@ -10,13 +10,28 @@ import inspect
 from typing import Annotated, Any, Literal
 
 import dspy
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
 from booklens.records import COHERENCE_ERROR_TYPES, CoherenceErrorType
 
 NO_CONFUSION = "no confusion"
 CONFUSION = "confusion"
 Verdict = Literal["no confusion", "confusion"]
+
+
+def _as_list(value: Any) -> Any:
+    """A list answer as models write it: `null` (or nothing) for none, a lone item without its list."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return value
+
+
+# The prompt and the JSON schema show the plain list types; only the answer is read leniently
+# (`booklens.lm.adapter` applies a field's `BeforeValidator` when it reads an answer).
+Questions = Annotated[list[str], BeforeValidator(_as_list)]
+ErrorTypes = Annotated[list[CoherenceErrorType], BeforeValidator(_as_list)]
 
 GUIDE = """\
 A sentence counts as confusing only when both of these are true:
@@ -57,8 +72,8 @@ class DetectConfusion(dspy.Signature):
     summary: str = dspy.InputField(desc="the whole summary")
     sentence: str = dspy.InputField(desc="the target sentence, taken from the summary")
     verdict: Verdict = dspy.OutputField(desc='"confusion" or "no confusion"')
-    questions: list[str] = dspy.OutputField(desc="the clarifying questions a reader would ask; empty for no confusion")
-    error_types: list[CoherenceErrorType] = dspy.OutputField(
+    questions: Questions = dspy.OutputField(desc="the clarifying questions a reader would ask; empty for no confusion")
+    error_types: ErrorTypes = dspy.OutputField(
         desc="the kinds of confusion, one or more; empty for no confusion"
     )
 

@@ -301,3 +301,34 @@ def test_batched_answer_schema_still_asks_for_every_field():
     assert schema["properties"]["number"]["type"] == "integer"
     assert schema["properties"]["questions"]["type"] == "array"
     assert schema["properties"]["error_types"]["items"]["enum"][0] == "entity omission"
+
+
+def test_per_sentence_answers_with_null_missing_or_lone_string_lists_are_read():
+    """`null` or nothing for "no questions / no kinds", and a lone question or kind written as a
+    string, are answers, not parse failures asked again until the sentence is left unjudged."""
+    def responder(call):
+        sentence = call.inputs["sentence"]
+        if "Zed" in sentence:
+            return {"verdict": "confusion", "questions": "Who is Zed?", "error_types": "entity omission"}
+        if "harbor" in sentence:
+            return {"verdict": "no confusion"}
+        return {"verdict": "no confusion", "questions": None, "error_types": None}
+
+    prediction, calls = run(responder)
+    assert len(calls) == len(SENTENCES)
+    assert [a.status for a in prediction.annotations] == ["ok"] * 5
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
+    assert prediction.annotations[1].questions == ["Who is Zed?"]
+    assert prediction.annotations[1].types == ["entity omission"]
+
+
+def test_a_confusion_answered_without_questions_is_still_asked_again():
+    def responder(call):
+        if "Zed" in call.inputs["sentence"]:
+            return ({"verdict": "confusion", "error_types": ["entity omission"]} if call.attempt == 0
+                    else ZED)
+        return NO
+
+    prediction, calls = run(responder)
+    assert len(calls) == len(SENTENCES) + 1
+    assert prediction.annotations[1].attempts == 2 and prediction.annotations[1].questions == ["Who is Zed?"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Iterable
 
@@ -77,6 +78,32 @@ def per_call_input(signature: Any) -> str | None:
     if len(names) >= 2 and names[-1] in PER_CALL_INPUTS:
         return names[-1]
     return None
+
+
+def lenient_answer(signature: Any, completion: str) -> str:
+    """The JSON answer with the `BeforeValidator`s of the signature's output fields applied (a field
+    missing from the answer is given to them as None). DSPy reads each field by its bare type, without
+    the validators a field declares; a field that declares none is left as it is, and an answer that
+    is no JSON object is left to DSPy's own reading."""
+    from pydantic import BeforeValidator
+
+    readers = {name: [m.func for m in info.metadata if isinstance(m, BeforeValidator)]
+               for name, info in signature.output_fields.items()}
+    readers = {name: funcs for name, funcs in readers.items() if funcs}
+    if not readers or "{" not in completion:
+        return completion
+    try:
+        data = json.loads(completion[completion.index("{"):completion.rindex("}") + 1])
+    except ValueError:
+        return completion
+    if not isinstance(data, dict):
+        return completion
+    for name, funcs in readers.items():
+        value = data.get(name)
+        for func in funcs:
+            value = func(value)
+        data[name] = value
+    return json.dumps(data, ensure_ascii=False)
 
 
 class BooklensAdapter(JSONAdapter):
@@ -158,6 +185,6 @@ class BooklensAdapter(JSONAdapter):
     def parse(self, signature, completion):
         plain = plain_output_field(signature)
         if plain is None:
-            return super().parse(signature, completion)
+            return super().parse(signature, lenient_answer(signature, completion))
         return {plain: plain_answer(completion, plain, signature.input_fields)}
 
