@@ -345,8 +345,8 @@ class CoherenceScorer(Module):
                     continue  # an answer for a sentence that was not asked about: ignored
                 if index in got:
                     previous = got[index]
-                    if (previous.verdict, previous.error_types) != (answer.verdict, answer.error_types):
-                        conflicting.add(index)
+                    if (previous.verdict, set(previous.error_types)) != (answer.verdict, set(answer.error_types)):
+                        conflicting.add(index)  # the same verdict and kinds, in any order, are one answer
                     continue
                 got[index] = answer
             for i in pending:

@@ -332,3 +332,20 @@ def test_a_confusion_answered_without_questions_is_still_asked_again():
     prediction, calls = run(responder)
     assert len(calls) == len(SENTENCES) + 1
     assert prediction.annotations[1].attempts == 2 and prediction.annotations[1].questions == ["Who is Zed?"]
+
+
+def test_batched_the_same_answer_given_twice_is_one_answer():
+    """A sentence answered twice with the same verdict and kinds (in another order, or once with its
+    questions) is answered, not asked again as if the answers disagreed."""
+    two_kinds = {"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": ["entity omission", "salience"]}
+
+    def responder(call):
+        answers = [{"number": n, **(two_kinds if n == 2 else answer_for(SENTENCES[n - 1]))}
+                   for n in batch_numbers(call)]
+        return {"answers": answers + [{"number": 2, "verdict": "confusion", "questions": [],
+                                       "error_types": ["salience", "entity omission", "salience"]}]}
+
+    prediction, calls = run(responder, batch_size=5)
+    assert len(calls) == 1
+    assert [a.status for a in prediction.annotations] == ["ok"] * 5
+    assert prediction.annotations[1].types == ["entity omission", "salience"]
