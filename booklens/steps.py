@@ -229,6 +229,17 @@ def score_coherence(summaries: Mapping[str, str], *, as_set: bool, batch_size: i
     return record
 
 
+def judge_notes(record: Any) -> list[str]:
+    """The notes a judge left on the summaries it scored (e.g. demos left out to fit the context
+    window), one line each, named by book in a set of several: what the console says next to the
+    score, since the judge line names the judge as shipped."""
+    from booklens.records import CoherenceSet
+
+    if isinstance(record, CoherenceSet):
+        return [f"{name!r}: {note}" for name, result in record.results.items() for note in result.notes]
+    return [str(note) for note in getattr(record, "notes", None) or []]
+
+
 # ---------------------------------------------------------------------------
 # Faithfulness
 

@@ -470,3 +470,21 @@ def test_a_summary_the_judge_scored_nowhere_is_left_out_and_said(tmp_path):
     assert record["results"]["bram"]["score"] is None
     assert record["system_score"] == record["results"]["lighthouse"]["score"]
     assert "over 1 of 2 summaries" in result.stderr, result.stderr
+
+
+def test_a_judge_that_left_demos_out_says_so_on_the_console(tmp_path):
+    """The judge line names the judge as shipped (and its calibration); a summary too long for all
+    its demos was judged with fewer, and the console says so, not only the JSON."""
+    from booklens.testing import FakeOpenAIServer
+
+    sentence = "Anna walks along the quay of the old harbour town and counts the boats that came in."
+    summaries = write(tmp_path / "map.json", {"long": " ".join([sentence] * 150), "short": "Anna walks."})
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=fake_coherence_answer) as server:  # gpt-4: an 8K window LiteLLM knows
+        result = run_command(["score", summaries, "--lm", "openai/gpt-4", "--api-base", server.url,
+                              "--cache-dir", tmp_path / "cache", "-o", out])
+    assert result.returncode == 0, result.stderr
+    note = json.loads(out.read_text())["results"]["long"]["notes"][0]
+    assert "demos were left out" in note
+    assert f"note: 'long': {note}" in result.stderr, result.stderr
+    assert "'short'" not in result.stderr

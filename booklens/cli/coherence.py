@@ -155,7 +155,7 @@ def score(
 
     scorer = load_judge("coherence", program, zero_shot=zero_shot, batch_size=batch_size, concurrency=concurrency,
                         tries=tries)
-    from booklens.steps import judged_nothing, score_coherence
+    from booklens.steps import judge_notes, judged_nothing, score_coherence
 
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     record = score_coherence(texts, as_set=is_map, batch_size=batch_size, concurrency=concurrency, tries=tries,
@@ -165,6 +165,8 @@ def score(
 
     typer.echo(f"{_report_line(record)}; {describe_calls(record.usage)}", err=True)
     echo_judge(record.judge)
+    for note in judge_notes(record):
+        typer.echo(f"note: {note}", err=True)
     reason = judged_nothing(record)  # written above for a look at the errors, but not a score
     if reason:
         raise BooklensError(reason)
