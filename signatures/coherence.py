@@ -28,10 +28,22 @@ def _as_list(value: Any) -> Any:
     return value
 
 
+def _named(value: Any) -> Any:
+    """A verdict or kind as a model may write it without its schema enforced ("No Confusion",
+    "Entity omission "): lower case and single spaces, which is how every allowed value is written."""
+    return " ".join(value.lower().split()) if isinstance(value, str) else value
+
+
+def _named_list(value: Any) -> Any:
+    value = _as_list(value)
+    return [_named(v) for v in value] if isinstance(value, list) else value
+
+
 # The prompt and the JSON schema show the plain list types; only the answer is read leniently
 # (`booklens.lm.adapter` applies a field's `BeforeValidator` when it reads an answer).
 Questions = Annotated[list[str], BeforeValidator(_as_list)]
-ErrorTypes = Annotated[list[CoherenceErrorType], BeforeValidator(_as_list)]
+ErrorTypes = Annotated[list[CoherenceErrorType], BeforeValidator(_named_list)]
+VerdictAnswer = Annotated[Verdict, BeforeValidator(_named)]
 
 GUIDE = """\
 A sentence counts as confusing only when both of these are true:
@@ -71,7 +83,7 @@ class DetectConfusion(dspy.Signature):
 
     summary: str = dspy.InputField(desc="the whole summary")
     sentence: str = dspy.InputField(desc="the target sentence, taken from the summary")
-    verdict: Verdict = dspy.OutputField(desc='"confusion" or "no confusion"')
+    verdict: VerdictAnswer = dspy.OutputField(desc='"confusion" or "no confusion"')
     questions: Questions = dspy.OutputField(desc="the clarifying questions a reader would ask; empty for no confusion")
     error_types: ErrorTypes = dspy.OutputField(
         desc="the kinds of confusion, one or more; empty for no confusion"
@@ -103,8 +115,7 @@ class SentenceVerdict(BaseModel):
         The JSON schema the model is asked for stays as declared."""
         data = dict(data) if isinstance(data, dict) else {}
         data["number"] = _whole_number(data.get("number"))
-        if not isinstance(data.get("verdict"), str):
-            data["verdict"] = ""
+        data["verdict"] = _named(data.get("verdict")) if isinstance(data.get("verdict"), str) else ""
         for key in ("questions", "error_types"):
             value = data.get(key)
             if value is None:
@@ -114,7 +125,7 @@ class SentenceVerdict(BaseModel):
             elif not isinstance(value, list):
                 value = [value]
             data[key] = ([v for v in value if isinstance(v, str)] if key == "questions"
-                         else [v if isinstance(v, str) else str(v) for v in value])
+                         else [_named(v) if isinstance(v, str) else str(v) for v in value])
         return data
 
 

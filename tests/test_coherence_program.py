@@ -349,3 +349,23 @@ def test_batched_the_same_answer_given_twice_is_one_answer():
     assert len(calls) == 1
     assert [a.status for a in prediction.annotations] == ["ok"] * 5
     assert prediction.annotations[1].types == ["entity omission", "salience"]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_verdicts_and_kinds_in_another_case_are_read(batch_size):
+    """'No Confusion' or 'Entity Omission ' (a model without its answer schema enforced) are the
+    verdicts and kinds they name, not unknown values asked again until the sentence is unjudged."""
+    def one(sentence):
+        if "Zed" in sentence:
+            return {"verdict": "Confusion", "questions": ["Who is Zed?"], "error_types": ["Entity Omission "]}
+        return {"verdict": " No confusion", "questions": [], "error_types": []}
+
+    def responder(call):
+        if batch_size == 1:
+            return one(call.inputs["sentence"])
+        return {"answers": [{"number": n, **one(SENTENCES[n - 1])} for n in batch_numbers(call)]}
+
+    prediction, calls = run(responder, batch_size=batch_size)
+    assert len(calls) == (5 if batch_size == 1 else 2)
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
+    assert prediction.annotations[1].types == ["entity omission"]
