@@ -113,6 +113,8 @@ class SentenceVerdict(BaseModel):
         a number that is no whole number becomes 0 (no sentence has it: the answer is ignored), a
         missing verdict "" (the program refuses it), null lists [] and a lone string a list of one.
         The JSON schema the model is asked for stays as declared."""
+        if isinstance(data, BaseModel):
+            data = data.model_dump()
         data = dict(data) if isinstance(data, dict) else {}
         data["number"] = _whole_number(data.get("number"))
         data["verdict"] = _named(data.get("verdict")) if isinstance(data.get("verdict"), str) else ""
