@@ -238,7 +238,20 @@ def test_score_through_an_openai_compatible_server(tmp_path, batch):
     assert served == (3 if batch == 1 else 2)
     assert result["stats"]["length_tokens"] > 10
     assert result["stats"]["novel_trigrams_pct"] is not None  # the book named in the summarize output
-    assert "BooookScore 66.7" in stderr
+    assert "BooookScore 66.7 (3 sentences, 1 confusing)" in stderr
+
+
+def test_the_score_line_counts_one_sentence_and_one_summary_in_the_singular(tmp_path):
+    from booklens.testing import FakeOpenAIServer
+
+    one = write(tmp_path / "one.txt", "Maren keeps the light.")
+    both = write(tmp_path / "map.json", {"lighthouse": "Maren keeps the light."})
+    with FakeOpenAIServer(responder=fake_coherence_answer) as server:
+        lm = ["--lm", "openai/fake", "--api-base", server.url]
+        single = invoke(["score", one, *lm], tmp_path)
+        mapped = invoke(["score", both, *lm], tmp_path)
+    assert single.exit_code == 0 and "BooookScore 100.0 (1 sentence, 0 confusing)" in single.output
+    assert mapped.exit_code == 0 and "over 1 summary (1 sentence, 0 confusing)" in mapped.output
 
 
 def test_score_with_a_judge_that_answers_no_sentence_writes_its_record_and_fails(tmp_path):

@@ -40,6 +40,7 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.errors import BooklensError
+from booklens.vocabulary import counted
 
 
 def _select(names: list[str], split: Optional[SplitName], limit: Optional[int]) -> list[str]:
@@ -65,13 +66,14 @@ def _report_line(record: Any) -> str:
         scored = record.n_scored_summaries
         over = (f"{record.n_summaries}" if scored is None or scored == record.n_summaries
                 else f"{scored} of {record.n_summaries}")  # the mean leaves out a summary with no score
-        text = (f"BooookScore {_pct(record.system_score)} over {over} summaries "
-                f"({record.n_sentences} sentences, {record.n_confusing} confusing"
+        text = (f"BooookScore {_pct(record.system_score)} over {over} summar{'y' if over == '1' else 'ies'} "
+                f"({counted(record.n_sentences, 'sentence')}, {record.n_confusing} confusing"
                 + (f"; {record.n_failed} not judged, left out of the score)" if record.n_failed else ")"))
         if record.system_score_sentences is not None and record.system_score_sentences != record.system_score:
             text += f"; {_pct(record.system_score_sentences)} counting every sentence a span touches"
         return text
-    text = f"BooookScore {_pct(record.score)} ({record.n_sentences} sentences, {record.n_confusing} confusing"
+    text = (f"BooookScore {_pct(record.score)} ({counted(record.n_sentences, 'sentence')}, "
+            f"{record.n_confusing} confusing")
     if record.n_failed:
         return text + f"; {record.n_failed} not judged, left out of the score)"
     return text + ")"
