@@ -145,6 +145,10 @@ def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[
     from booklens.optimizers.artifacts import artifact_metadata, load_program
 
     artifacts = dict(artifacts or {})
+    judged = [task for task in tasks if task in ("coherence", "verification")]
+    if zero_shot and judged and all(task in artifacts for task in judged):
+        # Every judge is an artifact: --zero-shot would apply to none of them (as load_judge says).
+        raise BooklensError("give either --program or --zero-shot, not both")
     programs: dict[str, Any] = {}
     if "coherence" in tasks:
         programs["coherence"] = load_judge("coherence", artifacts.get("coherence"),

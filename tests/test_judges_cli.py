@@ -266,6 +266,12 @@ def test_program_and_zero_shot_together_is_a_user_error(tmp_path):
     result = invoke(["verify", "--claims", tmp_path / "none.json", "--binary", "--program",
                      default_path("verification")], tmp_path)
     assert result.exit_code != 0
+    # verify judges with one program: --zero-shot beside it applied to nothing, and was taken silently.
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Maren keeps the light."]))
+    result = invoke(["verify", "--claims", claims, "--evidence", "none", "--program", default_path("verification"),
+                     "--zero-shot", "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+    assert isinstance(result.exception, BooklensError) and "not both" in str(result.exception)
 
 
 def test_judges_lists_the_default_judges_with_their_calibration(tmp_path):

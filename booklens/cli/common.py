@@ -184,7 +184,7 @@ OutputOption = Annotated[Optional[Path], typer.Option("-o", "--output", callback
                                                       help="Write the result JSON here.")]
 ZeroShotOption = Annotated[bool, typer.Option(
     "--zero-shot", help="Judge with the zero-shot program instead of the few-shot one booklens ships "
-                        "(a --program artifact takes precedence for its task).")]
+                        "(for the judges no --program artifact is given for).")]
 
 
 def label_shares(percentages: dict[str, float] | None, unverified: int = 0) -> str:
