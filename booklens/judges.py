@@ -31,7 +31,7 @@ import json
 import random
 import shlex
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from booklens.errors import BooklensError
 from booklens.lm.embedded import LOCAL_CONTEXT_WINDOW
@@ -135,6 +135,16 @@ def _check_demos_in_use(scorer: Any, path: Path) -> None:
                             f"{'drop --batch-size' if batched else 'give --batch-size above 1'} to use them")
 
 
+def check_zero_shot(artifacts: Mapping[str, Any], tasks: Sequence[str], zero_shot: bool, *,
+                    as_keys: bool = False) -> None:
+    """Zero-shot judging beside an artifact for every judge among `tasks` would apply to none of them:
+    refused, as `load_judge` refuses an artifact and zero-shot for one judge."""
+    judged = [task for task in tasks if task in ("coherence", "verification")]
+    if zero_shot and judged and all(task in artifacts for task in judged):
+        raise BooklensError("give either programs or zero_shot, not both" if as_keys
+                            else "give either --program or --zero-shot, not both")
+
+
 def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[str] = ("coherence", "verification"),
                    zero_shot: bool = False, binary: bool = False, batch_size: int = 1, concurrency: int = 4,
                    tries: int = 3) -> dict[str, Any]:
@@ -145,10 +155,7 @@ def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[
     from booklens.optimizers.artifacts import artifact_metadata, load_program
 
     artifacts = dict(artifacts or {})
-    judged = [task for task in tasks if task in ("coherence", "verification")]
-    if zero_shot and judged and all(task in artifacts for task in judged):
-        # Every judge is an artifact: --zero-shot would apply to none of them (as load_judge says).
-        raise BooklensError("give either --program or --zero-shot, not both")
+    check_zero_shot(artifacts, tasks, zero_shot)
     programs: dict[str, Any] = {}
     if "coherence" in tasks:
         programs["coherence"] = load_judge("coherence", artifacts.get("coherence"),

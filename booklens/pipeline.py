@@ -200,6 +200,9 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
     unknown = sorted(set(judge.programs) - set(JUDGE_TASKS))
     if unknown:
         raise BooklensError(f"the judge takes programs for {', '.join(JUDGE_TASKS)}, not {', '.join(unknown)}")
+    from booklens.judges import check_zero_shot
+
+    check_zero_shot(judge.programs, judge_tasks(judge), judge.zero_shot, as_keys=True)
     if system.given and system.program is not None:
         raise BooklensError("a given summary is judged as it is: a compiled summarizer would not run")
     if system.given:
@@ -574,10 +577,14 @@ def load_judge_programs(judge: JudgeConfig, *, concurrency: int = 4) -> dict[str
     default few-shot judges (zero-shot with `judge.zero_shot`); see `booklens.judges.judge_programs`."""
     from booklens.judges import judge_programs
 
-    tasks = (["coherence"] if "coherence" in judge.steps else []) + (
+    return judge_programs(judge.programs, tasks=judge_tasks(judge), zero_shot=judge.zero_shot,
+                          batch_size=judge.batch_size, concurrency=concurrency)
+
+
+def judge_tasks(judge: JudgeConfig) -> list[str]:
+    """The program tasks of the judging steps: coherence; decomposition and verification."""
+    return (["coherence"] if "coherence" in judge.steps else []) + (
         ["decomposition", "verification"] if "faithfulness" in judge.steps else [])
-    return judge_programs(judge.programs, tasks=tasks, zero_shot=judge.zero_shot, batch_size=judge.batch_size,
-                          concurrency=concurrency)
 
 
 def _stderr(message: str) -> None:

@@ -124,6 +124,10 @@ BAD = {
     # A book's key names its cell directory cells/<system>/<key>: '.' and '..' would not be its own.
     "book key '..'": ("books: dots\nsystems: [{name: a}]\n", "has the key '..', which cannot name a cell directory"),
     "book key '.'": ("books: [dot/..txt]\nsystems: [{name: a}]\n", "has the key '.', which cannot name a cell"),
+    "zero_shot beside a program for every judge": (
+        "books: corpus\nsystems: [{name: a}]\njudge: {steps: [coherence], zero_shot: true, programs: {coherence: "
+        + str(Path(__file__).resolve().parents[1] / "booklens" / "defaults" / "coherence.json") + "}}\n",
+        "give either programs or zero_shot, not both"),
     "an alias inside itself": ("books: &a [*a]\nsystems: [{name: a}]\n",
                                "m.yaml: a YAML alias refers to the list or mapping that holds it"),
     "a system inside its own setting": ("books: corpus\nsystems: &s [{name: a, chunk_size: *s}]\n",
