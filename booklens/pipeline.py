@@ -129,6 +129,15 @@ class JudgeConfig(BaseModel):
 # Helpers
 
 
+def as_path(value: Any, what: str) -> Path:
+    """A path a library caller handed over (a `Path` or a string), or a one-line error naming `what`."""
+    if isinstance(value, str) and value.strip():
+        return Path(value)
+    if isinstance(value, Path):
+        return value
+    raise BooklensError(f"{what} must be a path, not {value!r}")
+
+
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -612,6 +621,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     judge = judge or JudgeConfig()
     notify = notify or _stderr
     started = time.perf_counter()
+    book, output = as_path(book, "the book"), as_path(output, "the run directory")
     check_configs(system, judge)
     check_summarizer(system)
     previous = previous_run(output, notify)
