@@ -270,6 +270,17 @@ def book_index(book_text: str, *, cache_dir: Optional[Path] = None, passage_toke
     return index
 
 
+def check_claims(claims: Any) -> None:
+    """A one-line error unless `claims` is a list of claims, none of them empty (a string would be
+    verified character by character, an empty claim judged like any other)."""
+    if isinstance(claims, (str, bytes)) or not isinstance(claims, Sequence):
+        raise BooklensError(f"claims must be a list of claims, not {type(claims).__name__}")
+    for n, claim in enumerate(claims, 1):
+        if not isinstance(claim, str) or not claim.strip():
+            raise BooklensError(f"claim {n} is empty" if claim is None or isinstance(claim, str) else
+                                f"claim {n} is {type(claim).__name__}, not text")
+
+
 def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Optional[Path] = None,
                   summary: Optional[str] = None, given: Optional[Sequence[Optional[Sequence[str]]]] = None,
                   mode: str = "bm25", k: int = DEFAULT_K, budget_tokens: Optional[int] = None,
@@ -289,6 +300,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     check_evidence_options(mode, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens, as_keys=True)
     if mode in BOOK_MODES and book_text is None:
         raise BooklensError(f"evidence mode '{mode}' needs the book")
+    if not decompose:
+        check_claims(claims)
     lm = current_lm()
     programs = programs or {}  # programs by task (`booklens.judges.judge_programs`)
     verifier = programs.get("verification") or load_judge("verification")

@@ -42,3 +42,16 @@ def test_run_book_takes_paths_given_as_strings(tmp_path, book):
     assert run.scores["booookscore"] is not None
     assert (tmp_path / "run" / "run.json").is_file()
 
+
+@pytest.mark.parametrize("claims, message", [
+    ("Mara finds the key.", "a list of claims"),           # a str would be verified character by character
+    (["Mara finds the key.", "  "], "claim 2 is empty"),   # an empty claim would be 'verified' like any other
+    (["Mara finds the key.", None], "claim 2 is empty"),
+])
+def test_verify_claims_refuses_claims_that_are_not_a_list_of_sentences(tmp_path, claims, message):
+    from booklens.steps import verify_claims
+
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError, match=message):
+        verify_claims(claims=claims, book_text=BOOK_TEXT, cache_dir=tmp_path / "c")
+    assert lm.backend.calls == []
