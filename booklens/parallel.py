@@ -22,6 +22,15 @@ _quiet = 0
 _quiet_lock = threading.Lock()
 
 
+def check_at_least(option: str, value: int, least: int = 1) -> None:
+    """The commands' bound on a count (`--concurrency`, `--batch-size`, ...), checked again where a
+    library caller hands the count over: a one-line `BooklensError` below `least`."""
+    from booklens.errors import BooklensError
+
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise BooklensError(f"{option} must be at least {least} (got {value!r})")
+
+
 class Stopped(KeyboardInterrupt):
     """Work that outlives its interrupted command (a sweep's cells run on daemon threads) ends
     here, as Ctrl-C would have ended it: before another LM call, and before anything is saved."""

@@ -622,6 +622,9 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     notify = notify or _stderr
     started = time.perf_counter()
     book, output = as_path(book, "the book"), as_path(output, "the run directory")
+    from booklens.parallel import check_at_least
+
+    check_at_least("--concurrency", concurrency)
     check_configs(system, judge)
     check_summarizer(system)
     previous = previous_run(output, notify)

@@ -227,10 +227,11 @@ class CoherenceScorer(Module):
     def __init__(self, batch_size: int = 1, concurrency: int = 4, tries: int = DEFAULT_TRIES,
                  tokens_per_sentence: int | None = DEFAULT_TOKENS_PER_SENTENCE):
         super().__init__()
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
-        if tries < 1:
-            raise ValueError("tries must be at least 1")
+        from booklens.parallel import check_at_least
+
+        check_at_least("--batch-size", batch_size)
+        check_at_least("--tries", tries)
+        check_at_least("--concurrency", concurrency)
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.tries = tries

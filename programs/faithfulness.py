@@ -328,6 +328,9 @@ class FaithfulnessChecker(Module):
             raise BooklensError(f"unknown evidence mode '{evidence_mode}' (use one of {', '.join(EVIDENCE_MODES)})")
         if k < 1:
             raise BooklensError("k must be at least 1")
+        from booklens.parallel import check_at_least
+
+        check_at_least("--concurrency", concurrency)
         self.decomposer = decomposer or ClaimDecomposer()
         self.verifier = verifier or ClaimVerifier()
         self.evidence_mode = evidence_mode

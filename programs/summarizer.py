@@ -158,6 +158,10 @@ class _BookSummarizer(Module):
                                      *(("--level-budget", b, MIN_SUMMARY_TOKENS) for b in level_budgets or [])):
             if value < least:
                 raise BooklensError(f"{option} must be at least {least} tokens (got {value})")
+        from booklens.parallel import check_at_least
+
+        check_at_least("--concurrency", concurrency)
+        check_at_least("--max-regenerations", max_regenerations, 0)
         if not MIN_WORDS_PER_TOKEN <= words_per_token <= MAX_WORDS_PER_TOKEN:
             raise BooklensError(f"--words-per-token must be between {MIN_WORDS_PER_TOKEN} and {MAX_WORDS_PER_TOKEN} "
                                 f"(got {words_per_token})")

@@ -253,9 +253,11 @@ def test_check_answer_and_numbering():
 
 
 def test_invalid_construction():
-    with pytest.raises(ValueError):
+    from booklens.errors import BooklensError
+
+    with pytest.raises(BooklensError, match="--batch-size must be at least 1"):
         CoherenceScorer(batch_size=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(BooklensError, match="--tries must be at least 1"):
         CoherenceScorer(tries=0)
     scorer = build_scorer(batch_size=10)
     assert scorer.mode == "batched" and scorer.batch_size == 10

@@ -55,3 +55,39 @@ def test_verify_claims_refuses_claims_that_are_not_a_list_of_sentences(tmp_path,
     with dspy.context(lm=lm), pytest.raises(BooklensError, match=message):
         verify_claims(claims=claims, book_text=BOOK_TEXT, cache_dir=tmp_path / "c")
     assert lm.backend.calls == []
+
+
+SMALL = {"chunk_size": 256, "context_window": 2048, "max_summary_tokens": 128}
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda book, tmp: __import__("booklens.steps").steps.summarize_book(book, concurrency=0, **SMALL),
+     "--concurrency must be at least 1"),
+    (lambda book, tmp: __import__("booklens.steps").steps.summarize_book(book, max_regenerations=-1, **SMALL),
+     "--max-regenerations must be at least 0"),
+    (lambda book, tmp: __import__("booklens.steps").steps.score_summaries({"a": SUMMARY}, concurrency=0),
+     "--concurrency must be at least 1"),
+    (lambda book, tmp: __import__("booklens.steps").steps.score_summaries({"a": SUMMARY}, batch_size=0),
+     "--batch-size must be at least 1"),
+    (lambda book, tmp: __import__("booklens.steps").steps.score_summaries({"a": SUMMARY}, tries=0),
+     "tries must be at least 1"),
+    (lambda book, tmp: __import__("booklens.steps").steps.verify_claims(
+        claims=["Mara finds the key."], book_text=BOOK_TEXT, concurrency=-2, cache_dir=tmp),
+     "--concurrency must be at least 1"),
+])
+def test_steps_refuse_counts_the_commands_refuse(tmp_path, book, call, message):
+    """Concurrency 0 ran (recorded as 0 in the summary's config), -1 regenerations were recorded,
+    batch size 0 was a ValueError: each is now the commands' one-line error, before any call."""
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError, match=message):
+        call(book, tmp_path / "c")
+    assert lm.backend.calls == []
+
+
+def test_run_book_refuses_concurrency_below_one(tmp_path, book):
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import SystemConfig, run_book
+
+    with pytest.raises(BooklensError, match="--concurrency must be at least 1"):
+        run_book(book, tmp_path / "run", SystemConfig(**SMALL), lms=FixedLMPool(pipeline_lm()), concurrency=0)
+    assert not (tmp_path / "run").exists()
