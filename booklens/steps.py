@@ -182,14 +182,23 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
     from booklens.records import CoherenceResult
     from booklens.text import split_sentences
 
+    if not isinstance(summaries, Mapping):
+        raise BooklensError(f"summaries must be a mapping of names to summaries, not {type(summaries).__name__}")
+    split = {}
+    for name, text in summaries.items():  # every summary checked before the first call
+        if text is None or (isinstance(text, str) and not text.strip()):
+            raise BooklensError(f"the summary {name!r} is empty")
+        if not isinstance(text, str):
+            raise BooklensError(f"the summary {name!r} is {type(text).__name__}, not text")
+        split[name] = split_sentences(text)
+        if not split[name]:
+            raise BooklensError(f"the summary {name!r} has no sentence")
     lm = current_lm()
     scorer = scorer or load_judge("coherence", batch_size=batch_size, concurrency=concurrency, tries=tries)
     judge = judge_info("coherence", scorer, lm)
     results = {}
     for name, text in summaries.items():
-        sentences = split_sentences(text)
-        if not sentences:
-            raise BooklensError(f"the summary {name!r} has no sentence")
+        sentences = split[name]
         started = time.perf_counter()
         with usage_scope() as tracker, usage_step("coherence"):
             prediction = scorer(summary=text, sentences=sentences)
@@ -215,6 +224,8 @@ def score_coherence(summaries: Mapping[str, str], *, as_set: bool, batch_size: i
     from booklens.lm import current_lm
     from booklens.metrics.booookscore import build_set
 
+    if isinstance(summaries, Mapping) and not summaries:
+        raise BooklensError("no summaries to score")
     started = time.perf_counter()
     with usage_scope() as tracker:
         results = score_summaries(summaries, batch_size=batch_size, concurrency=concurrency, tries=tries,

@@ -91,3 +91,19 @@ def test_run_book_refuses_concurrency_below_one(tmp_path, book):
     with pytest.raises(BooklensError, match="--concurrency must be at least 1"):
         run_book(book, tmp_path / "run", SystemConfig(**SMALL), lms=FixedLMPool(pipeline_lm()), concurrency=0)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("summaries, message", [
+    ({}, "no summaries to score"),                           # score_coherence: a StopIteration
+    (SUMMARY, "a mapping of names to summaries"),            # an AttributeError ('str' has no 'items')
+    ({"a": None}, "the summary 'a' is empty"),               # a TypeError deep in the sentence splitter
+])
+def test_score_coherence_refuses_summaries_it_cannot_score(summaries, message):
+    from booklens.steps import score_coherence
+
+    lm = pipeline_lm()
+    for as_set in (True, False):
+        with dspy.context(lm=lm), pytest.raises(BooklensError, match=message):
+            score_coherence(summaries, as_set=as_set)
+    assert lm.backend.calls == []
+
