@@ -23,18 +23,20 @@ def title_from_path(path: Path) -> str:
 
 
 def setup_run_lm(lm: Any = None, api_base: Optional[str] = None, cache_dir: Any = None, **options: Any) -> Any:
-    """The LM of a run, installed for DSPy: an LM object as given, or one built from an `--lm` string
-    (`options`: the backend options `make_lm` takes: structured, rpm, tpm)."""
-    from booklens.lm import configure, make_lm, refuse_server_options_for_embedded
+    """The LM of a run: an LM object as given, or one built from an `--lm` string (`options`: the
+    backend options `make_lm` takes: structured, rpm, tpm). `Measured` runs the work on it."""
+    from booklens.lm import make_lm, refuse_server_options_for_embedded
 
     if lm is None or isinstance(lm, str):
         refuse_server_options_for_embedded(lm, api_base, **options)
         lm = make_lm(lm, api_base=api_base, cache_dir=cache_dir, **options)
-    return configure(lm)
+    return lm
 
 
 class Measured:
-    """LM usage (`booklens.lm.record_usage`) and wall time of a block of work on one LM."""
+    """A block of work on one LM: DSPy runs it on that LM with booklens' adapter (in a
+    `dspy.context`, so the caller's own DSPy settings stay as they were and any thread may run
+    it), and its LM usage (`booklens.lm.record_usage`) and wall time are measured."""
 
     def __init__(self, lm: Any):
         self.lm = lm
@@ -42,6 +44,12 @@ class Measured:
         self.seconds = 0.0
 
     def __enter__(self) -> "Measured":
+        import dspy
+
+        from booklens.lm import BooklensAdapter
+
+        self._context = dspy.context(lm=self.lm, adapter=BooklensAdapter())
+        self._context.__enter__()
         self._before = self.lm.usage.snapshot()
         self._t0 = time.perf_counter()
         return self
@@ -51,6 +59,7 @@ class Measured:
 
         self.seconds = round(time.perf_counter() - self._t0, 2)
         self.usage = record_usage(self._before, self.lm.usage.snapshot())
+        self._context.__exit__(*exc)
 
 
 def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = DEFAULT_K,

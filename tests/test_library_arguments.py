@@ -107,3 +107,37 @@ def test_score_coherence_refuses_summaries_it_cannot_score(summaries, message):
             score_coherence(summaries, as_set=as_set)
     assert lm.backend.calls == []
 
+
+def test_run_book_qa_leaves_dspy_settings_alone_and_runs_on_any_thread(tmp_path):
+    """`run_book_qa(lm=...)` ran its LM through `dspy.configure`: it replaced the caller's own DSPy LM
+    for the rest of the process, and on a second thread it stopped with DSPy's RuntimeError
+    ('dspy.settings can only be changed by the thread that initially configured it')."""
+    import json
+    import threading
+
+    from booklens.qa_runs import run_book_qa
+
+    book = tmp_path / "the_lamp.txt"
+    book.write_text(BOOK_TEXT)
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([{"QID": "T-1", "Question": "Where does Mara walk?", "Aspect": "plot",
+                                      "Complexity": "sh", "Options": {"A": "To the sea", "B": "To the mill"},
+                                      "Answer": "To the mill", "Gold": "B", "Evidences": []}]))
+    first, second = (ScriptedLM(lambda call: {"answer": "B"}) for _ in range(2))
+    before = dspy.settings.lm
+    assert run_book_qa(book, questions, lm=first, cache_dir=tmp_path / "c")["predictions"][0]["correct"] is True
+    assert dspy.settings.lm is before  # the process's DSPy settings are as they were
+    outcome = {}
+
+    def on_a_thread():
+        try:
+            outcome["result"] = run_book_qa(book, questions, lm=second, cache_dir=tmp_path / "c")
+        except Exception as exc:  # reported by the assertion below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=on_a_thread)
+    thread.start()
+    thread.join()
+    assert "error" not in outcome, outcome.get("error")
+    assert len(first.backend.calls) == 1 and len(second.backend.calls) == 1
+
