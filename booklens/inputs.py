@@ -11,6 +11,15 @@ from booklens.errors import BooklensError
 from booklens.records import read_json_file
 
 
+def as_path(value: Any, what: str) -> Path:
+    """A path a library caller handed over (a `Path` or a string), or a one-line error naming `what`."""
+    if isinstance(value, str) and value.strip():
+        return Path(value)
+    if isinstance(value, Path):
+        return value
+    raise BooklensError(f"{what} must be a path, not {value!r}")
+
+
 def wordless(text: str) -> Optional[str]:
     """Why `text` is no summary to judge, or None: empty, or without a single letter or digit
     ('...', zero-width spaces). Judged, such a summary would score 100 and all faithful, having

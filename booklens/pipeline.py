@@ -129,15 +129,6 @@ class JudgeConfig(BaseModel):
 # Helpers
 
 
-def as_path(value: Any, what: str) -> Path:
-    """A path a library caller handed over (a `Path` or a string), or a one-line error naming `what`."""
-    if isinstance(value, str) and value.strip():
-        return Path(value)
-    if isinstance(value, Path):
-        return value
-    raise BooklensError(f"{what} must be a path, not {value!r}")
-
-
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -621,6 +612,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     judge = judge or JudgeConfig()
     notify = notify or _stderr
     started = time.perf_counter()
+    from booklens.inputs import as_path
+
     book, output = as_path(book, "the book"), as_path(output, "the run directory")
     from booklens.parallel import check_at_least
 

@@ -75,9 +75,15 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
 
     `lm` is an `--lm` string (None: the default) or an LM object such as `ScriptedLM`."""
     from booklens.data.novelqa import check_evidence_recall, check_setting, load_questions
+    from booklens.inputs import as_path
+    from booklens.parallel import check_at_least
     from booklens.retrieval import BOOK_MODES, check_qa_evidence_options, index_dir
     from booklens.text import count_tokens, read_book
 
+    book, questions = as_path(book, "the book"), as_path(questions, "the question file")
+    if limit is not None:
+        check_at_least("--limit", limit)
+    check_at_least("--concurrency", concurrency)
     check_qa_evidence_options(evidence, k=k, passage_tokens=passage_tokens, rank_mode=rank_mode)
     if quote_evidence and evidence == "none":
         raise BooklensError("--quote-evidence asks for quotes from the context, and --evidence none gives none")
@@ -87,7 +93,7 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     check_evidence_recall(evidence_recall)
     qs = load_questions(questions)
     check_setting(qs, setting, source=str(questions))
-    if limit:
+    if limit is not None:
         qs = qs[:limit]
     text = read_book(book)
 

@@ -141,3 +141,27 @@ def test_run_book_qa_leaves_dspy_settings_alone_and_runs_on_any_thread(tmp_path)
     assert "error" not in outcome, outcome.get("error")
     assert len(first.backend.calls) == 1 and len(second.backend.calls) == 1
 
+
+def test_run_book_qa_takes_paths_as_strings_and_refuses_a_limit_below_one(tmp_path):
+    """A str book stopped with an AttributeError (after the LM was set up); limit=-1 silently left
+    out the last question and limit=0 answered every one."""
+    import json
+
+    from booklens.qa_runs import run_book_qa
+
+    book = tmp_path / "the_lamp.txt"
+    book.write_text(BOOK_TEXT)
+    questions = tmp_path / "q.json"
+    question = {"QID": "T-1", "Question": "Where does Mara walk?", "Aspect": "plot", "Complexity": "sh",
+                "Options": {"A": "To the sea", "B": "To the mill"}, "Answer": "To the mill", "Gold": "B",
+                "Evidences": []}
+    questions.write_text(json.dumps([question, {**question, "QID": "T-2"}]))
+    lm = ScriptedLM(lambda call: {"answer": "B"})
+    result = run_book_qa(str(book), str(questions), lm=lm, cache_dir=tmp_path / "c")
+    assert len(result["predictions"]) == 2 and result["book"] == str(book)
+    for limit in (0, -1):
+        with pytest.raises(BooklensError, match="--limit must be at least 1"):
+            run_book_qa(book, questions, lm=lm, limit=limit, cache_dir=tmp_path / "c")
+    with pytest.raises(BooklensError, match="--concurrency must be at least 1"):
+        run_book_qa(book, questions, lm=lm, concurrency=0, cache_dir=tmp_path / "c")
+    assert len(lm.backend.calls) == 2
