@@ -213,6 +213,11 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
                                 "how a summary is written)")
     if system.summary_file is not None and system.summary_text is not None:
         raise BooklensError("give a summary file or a summary text, not both")
+    if system.summary_text is not None:
+        from booklens.inputs import wordless
+
+        if wordless(system.summary_text):  # judged, it would score 100 and all faithful
+            raise BooklensError(f"the summary of {system.name} {wordless(system.summary_text)}")
     if not system.given:
         from booklens.steps import check_method_options
 

@@ -176,6 +176,7 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
                     book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None) -> dict[str, Any]:
     """Score summaries with the configured LM; name -> `CoherenceResult`, each with its judge. The
     judge is `scorer`, else the default few-shot confusion detector (`booklens.judges`)."""
+    from booklens.inputs import wordless
     from booklens.judges import judge_info, load_judge
     from booklens.lm import current_lm
     from booklens.metrics.booookscore import finish_result
@@ -186,10 +187,12 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
         raise BooklensError(f"summaries must be a mapping of names to summaries, not {type(summaries).__name__}")
     split = {}
     for name, text in summaries.items():  # every summary checked before the first call
-        if text is None or (isinstance(text, str) and not text.strip()):
+        if text is None:
             raise BooklensError(f"the summary {name!r} is empty")
         if not isinstance(text, str):
             raise BooklensError(f"the summary {name!r} is {type(text).__name__}, not text")
+        if wordless(text):  # judged, it would score 100: nothing in it to confuse
+            raise BooklensError(f"the summary {name!r} {wordless(text)}")
         split[name] = split_sentences(text)
         if not split[name]:
             raise BooklensError(f"the summary {name!r} has no sentence")
@@ -258,10 +261,13 @@ def judge_notes(record: Any) -> list[str]:
 def decompose_summary(summary: str, *, decomposer: Any = None):
     """The summary's atomic claims as a `ClaimSet`; when no valid list came back after the
     decomposer's tries, the set is empty and `error` says why (the caller decides if that is fatal)."""
+    from booklens.inputs import wordless
     from booklens.lm import current_lm
     from booklens.programs.faithfulness import build_decomposer
     from booklens.records import ClaimSet
 
+    if summary is None or wordless(summary):  # its claims would all be 'faithful': nothing to be false
+        raise BooklensError(f"the summary {wordless(summary or '')}")
     lm = current_lm()
     with usage_scope() as tracker, usage_step("decompose"):
         result = (decomposer or build_decomposer())(summary=summary)

@@ -165,3 +165,24 @@ def test_run_book_qa_takes_paths_as_strings_and_refuses_a_limit_below_one(tmp_pa
     with pytest.raises(BooklensError, match="--concurrency must be at least 1"):
         run_book_qa(book, questions, lm=lm, concurrency=0, cache_dir=tmp_path / "c")
     assert len(lm.backend.calls) == 2
+
+
+@pytest.mark.parametrize("text", ["... ...", "\u2026", "  "])
+def test_a_summary_without_words_is_refused_not_scored_perfect(tmp_path, book, text):
+    """A summary of nothing but punctuation scored BooookScore 1.0 and 100% faithful (nothing in it
+    to confuse or to be false); the commands refuse it when they read it, and so do the library calls."""
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import SystemConfig, run_book
+    from booklens.steps import decompose_summary, score_summaries
+
+    lm = pipeline_lm()
+    with pytest.raises(BooklensError, match="the summary"):
+        run_book(book, tmp_path / "run", SystemConfig(summary_text=text), lms=FixedLMPool(lm))
+    assert not (tmp_path / "run").exists()
+    with dspy.context(lm=lm):
+        with pytest.raises(BooklensError, match="the summary 'a' (is empty|has no words)"):
+            score_summaries({"a": text})
+        with pytest.raises(BooklensError, match="the summary (is empty|has no words)"):
+            decompose_summary(text)
+    assert lm.backend.calls == []
+
