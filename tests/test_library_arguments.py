@@ -186,3 +186,14 @@ def test_a_summary_without_words_is_refused_not_scored_perfect(tmp_path, book, t
             decompose_summary(text)
     assert lm.backend.calls == []
 
+
+@pytest.mark.parametrize("value", ["openai/gpt-4o-mini", None])
+def test_configure_refuses_what_is_not_an_lm(value):
+    """`configure("openai/gpt-4o-mini")` installed the string as DSPy's LM, and every program then
+    failed deep inside DSPy; it names `make_lm` instead, and leaves DSPy's settings alone."""
+    from booklens.lm import configure
+
+    before = dspy.settings.lm
+    with pytest.raises(BooklensError, match="make_lm"):
+        configure(value)
+    assert dspy.settings.lm is before

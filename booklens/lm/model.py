@@ -313,6 +313,10 @@ def make_limiter(rpm: int | None = None, tpm: int | None = None) -> Any:
 
 def configure(lm: BooklensLM | dspy.BaseLM) -> BooklensLM:
     """Make `lm` the LM of every DSPy program in this process, with booklens' adapter."""
+    if not isinstance(lm, dspy.BaseLM):
+        what = f"the string {lm!r}" if isinstance(lm, str) else type(lm).__name__
+        raise BooklensError(f"configure takes an LM, not {what}: build one with booklens.lm.make_lm(...) "
+                            "(or dspy.LM(...))")
     dspy.configure(lm=lm, adapter=BooklensAdapter())
     return lm
 
