@@ -469,3 +469,16 @@ def test_a_dry_run_refuses_options_only_a_run_uses(options: list[str], named: st
     code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "openai/x", "--api-base",
                          "http://127.0.0.1:9/v1", "--engine", "local", "--concurrency", "4", "--dry-run"])
     assert code == 0, err  # the defaults given are no change
+
+
+def test_run_sweep_refuses_concurrency_below_one_with_nothing_written(corpus: Path):
+    """A library caller skips `--concurrency`'s bound: the sweep refuses it before any cell, as the
+    command does, instead of writing a sweep whose every cell fails (or runs one call at a time)."""
+    from booklens.sweep.run import run_sweep
+
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
+    out = corpus / "sweep"
+    with pytest.raises(BooklensError, match="--concurrency must be at least 1"):
+        run_sweep(manifest, out, lm="openai/x", api_base="http://127.0.0.1:9/v1", concurrency=0,
+                  cache_dir=corpus / "cache")
+    assert not out.exists()

@@ -308,8 +308,11 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     from booklens.sweep.progress import SweepProgress
     from booklens.sweep.report import sweep_meta, write_sweep_report
 
+    from booklens.parallel import check_at_least
+
     if engine not in ENGINES:
         raise BooklensError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
+    check_at_least("--concurrency", concurrency)  # else every cell would fail on it (run_book checks it too)
     if ray_address and engine != "ray":
         raise BooklensError("--ray-address needs --engine ray")
     if engine == "ray":
