@@ -331,8 +331,14 @@ def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None
 
     `seed` draws the sample of test-split books; the split itself is the one the program was compiled
     on (`split_seed_of`, else `SEED`), so the sample never holds a book the program learned from."""
-    from booklens.judges import calibration_key, demo_count, judge_mode, program_fingerprint
+    from booklens.judges import JUDGES, calibration_key, demo_count, judge_mode, program_fingerprint
+    from booklens.parallel import check_at_least
 
+    if judge not in JUDGES:
+        raise BooklensError(f"unknown judge {judge!r}: use {', '.join(JUDGES)}")
+    if books is not None:
+        check_at_least("--books", books)
+    check_at_least("--concurrency", concurrency)
     split_seed = split_seed_of(program)
     split_seed = SEED if split_seed is None else split_seed
     if judge == "coherence":

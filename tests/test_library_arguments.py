@@ -197,3 +197,16 @@ def test_configure_refuses_what_is_not_an_lm(value):
     with pytest.raises(BooklensError, match="make_lm"):
         configure(value)
     assert dspy.settings.lm is before
+
+
+@pytest.mark.parametrize("judge, books, message", [
+    ("coherance", None, "unknown judge 'coherance'"),  # was calibrated as the four-way verification judge
+    ("coherence", 0, "--books must be at least 1"),
+    ("verification", -1, "--books must be at least 1"),  # -1 silently left out one book of the sample
+])
+def test_calibrate_refuses_an_unknown_judge_or_books_below_one(tmp_path, judge, books, message):
+    from booklens.calibration import calibrate
+
+    with pytest.raises(BooklensError, match=message):
+        calibrate(judge, None, pipeline_lm(), human_dir=tmp_path, fables_path=tmp_path / "fables", books=books)
+
