@@ -34,7 +34,7 @@ from booklens.lm import last_finish_reason, predict_with_retries, usage_step
 from booklens.parallel import parallel_map
 from booklens.programs.base import Module, Predict
 from booklens.records import ClaimVerdict, Evidence
-from booklens.retrieval import BOOK_MODES, DEFAULT_K, EVIDENCE_MODES, BookIndex, format_passages
+from booklens.retrieval import BOOK_MODES, DEFAULT_K, EVIDENCE_MODES, MIN_BUDGET_TOKENS, BookIndex, format_passages
 from booklens.signatures.faithfulness import (
     LABEL_TO_FABLES,
     DecomposeSummary,
@@ -190,6 +190,9 @@ class ClaimDecomposer(Module):
 
     def __init__(self, *, tries: int = 3, max_tokens: int = DECOMPOSE_MAX_TOKENS):
         super().__init__()
+        from booklens.parallel import check_at_least
+
+        check_at_least("tries", tries)
         self.decompose = Predict(DecomposeSummary)
         self.tries = tries
         self.max_tokens = max_tokens
@@ -242,6 +245,9 @@ class ClaimVerifier(Module):
 
     def __init__(self, *, tries: int = 3, max_tokens: int = VERIFY_MAX_TOKENS, label_set: str = "four-way"):
         super().__init__()
+        from booklens.parallel import check_at_least
+
+        check_at_least("tries", tries)
         if label_set not in LABEL_SETS:
             raise BooklensError(f"unknown label set '{label_set}' (use one of {', '.join(LABEL_SETS)})")
         binary = label_set == "binary"
@@ -331,6 +337,8 @@ class FaithfulnessChecker(Module):
         from booklens.parallel import check_at_least
 
         check_at_least("--concurrency", concurrency)
+        if budget_tokens is not None:
+            check_at_least("--budget-tokens", budget_tokens, MIN_BUDGET_TOKENS)
         self.decomposer = decomposer or ClaimDecomposer()
         self.verifier = verifier or ClaimVerifier()
         self.evidence_mode = evidence_mode

@@ -210,3 +210,18 @@ def test_calibrate_refuses_an_unknown_judge_or_books_below_one(tmp_path, judge, 
     with pytest.raises(BooklensError, match=message):
         calibrate(judge, None, pipeline_lm(), human_dir=tmp_path, fables_path=tmp_path / "fables", books=books)
 
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: __import__("booklens.steps").steps.verify_claims(
+        claims=["Mara finds the key."], book_text=BOOK_TEXT, mode="book", budget_tokens=0),
+     "--budget-tokens must be at least 64"),  # the claim was verified on no evidence at all
+    (lambda: __import__("programs.faithfulness").faithfulness.build_checker(evidence_mode="given", budget_tokens=-5),
+     "--budget-tokens must be at least 64"),
+    (lambda: __import__("programs.faithfulness").faithfulness.build_verifier(tries=0), "tries must be at least 1"),
+    (lambda: __import__("programs.faithfulness").faithfulness.build_decomposer(tries=0), "tries must be at least 1"),
+])
+def test_faithfulness_programs_refuse_budgets_and_tries_the_commands_refuse(build, message):
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError, match=message):
+        build()
+    assert lm.backend.calls == []
