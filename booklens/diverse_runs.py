@@ -26,8 +26,14 @@ def _criteria(criterion: str) -> list[str]:
 
 
 def _check_case_options(criteria: Sequence[str], protocols: Sequence[str], per_qa: bool,
-                        max_articles: Optional[int]) -> None:
-    """`--per-qa` and `--max-articles` where no judgment uses them would do nothing: one line."""
+                        max_articles: Optional[int], concurrency: int = 1) -> None:
+    """`--per-qa` and `--max-articles` where no judgment uses them would do nothing, and counts the
+    commands bound (a library caller skips their options): one line."""
+    from booklens.parallel import check_at_least
+
+    check_at_least("--concurrency", concurrency)
+    if max_articles is not None:
+        check_at_least("--max-articles", max_articles)
     if per_qa and ("coverage" not in criteria or "pairwise" not in protocols):
         raise BooklensError("--per-qa is for pairwise coverage (each reference QA pair a case)")
     if max_articles is not None and "faithfulness" not in criteria:
@@ -63,7 +69,7 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
     _criteria(criterion)
     if protocol not in JUDGE_PROTOCOLS:
         raise BooklensError(f"unknown protocol {protocol!r}: use {', '.join(JUDGE_PROTOCOLS)}")
-    _check_case_options([criterion], [protocol], per_qa, max_articles)
+    _check_case_options([criterion], [protocol], per_qa, max_articles, concurrency)
     events = load_events(events_path)
     first = load_summaries(summaries_path, events)
     second = None
@@ -103,7 +109,7 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
     """Position bias of the pairwise judge (the seed's Table 3): every case judged in both orders.
     Kind `booklens.bias.position`, with {criterion: {result, cases}} per criterion."""
     criteria = _criteria(criterion)
-    _check_case_options(criteria, ["pairwise"], per_qa, max_articles)
+    _check_case_options(criteria, ["pairwise"], per_qa, max_articles, concurrency)
     events = load_events(events_path)
     s1 = load_summaries(summaries_1, events)
     s2 = load_summaries(summaries_2, events, "second summaries file")
@@ -138,7 +144,7 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
     unknown = [p for p in protocols if p not in VERBOSITY_PROTOCOLS]
     if unknown or not protocols:
         raise BooklensError(f"unknown verbosity protocol {(unknown or [''])[0]!r}: use single or pairwise")
-    _check_case_options(criteria, protocols, per_qa, max_articles)
+    _check_case_options(criteria, protocols, per_qa, max_articles, concurrency)
     events = load_events(events_path)
     originals = load_summaries(summaries, events)
     if "coverage" in criteria:

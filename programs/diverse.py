@@ -548,6 +548,12 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
     from booklens.data.diversesumm import QuestionAnswers
     from booklens.lm import usage_step
 
+    from booklens.parallel import check_at_least
+
+    check_at_least("--generate-questions", generate_questions, 0)
+    check_at_least("--concurrency", concurrency)
+    if max_articles is not None:
+        check_at_least("--max-articles", max_articles)
     # Settings that would do nothing: refused, not recorded as if they had applied.
     if method == "direct" and sentences != EXTRACT_SENTENCES:
         raise BooklensError("--sentences sets what --method extract takes from each article; --method direct "

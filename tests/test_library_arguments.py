@@ -225,3 +225,27 @@ def test_faithfulness_programs_refuse_budgets_and_tries_the_commands_refuse(buil
     with dspy.context(lm=lm), pytest.raises(BooklensError, match=message):
         build()
     assert lm.backend.calls == []
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"generate_questions": -1}, "--generate-questions must be at least 0"),  # was taken as a request for questions
+    ({"max_articles": 0}, "--max-articles must be at least 1"),              # faithfulness judged against no article
+    ({"concurrency": 0}, "--concurrency must be at least 1"),
+])
+def test_diverse_runs_refuse_counts_the_commands_refuse(tmp_path, options, message):
+    from booklens.diverse_runs import run_diverse
+
+    events = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
+    lm = pipeline_lm()
+    with pytest.raises(BooklensError, match=message):
+        run_diverse(events, lm=lm, **options)
+    assert lm.backend.calls == []
+
+
+def test_judge_summaries_refuses_max_articles_below_one(tmp_path):
+    """max_articles=0 judged faithfulness against every article, as if no limit had been given."""
+    from booklens.diverse_runs import judge_summaries
+
+    events = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
+    with pytest.raises(BooklensError, match="--max-articles must be at least 1"):
+        judge_summaries(events, tmp_path / "unread.json", criterion="faithfulness", max_articles=0, lm=pipeline_lm())
