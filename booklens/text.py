@@ -566,7 +566,9 @@ def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: 
     ``drop_matter`` also removes front and back matter (contents, dedication,
     preface, "about the author", ...). A book with no text left is a BooklensError.
     """
-    p = Path(path)
+    from booklens.inputs import as_path
+
+    p = as_path(path, "the book")
     data = read_file_bytes(p, "book")
     if p.suffix.lower() == ".epub" or _looks_like_epub(data):
         text = _read_epub(p, data)

@@ -151,6 +151,8 @@ class _BookSummarizer(Module):
         shrink_on_regeneration: bool = True,
     ):
         super().__init__()
+        if context_window is None:  # as `booklens.steps` takes it: the default window
+            context_window = DEFAULT_CONTEXT_WINDOW
         # The commands' own bounds (`booklens.vocabulary`), checked again for library callers.
         for option, value, least in (("--chunk-size", chunk_size, MIN_CHUNK_SIZE),
                                      ("--context-window", context_window, MIN_CONTEXT_WINDOW),

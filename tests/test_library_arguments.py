@@ -249,3 +249,15 @@ def test_judge_summaries_refuses_max_articles_below_one(tmp_path):
     events = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
     with pytest.raises(BooklensError, match="--max-articles must be at least 1"):
         judge_summaries(events, tmp_path / "unread.json", criterion="faithfulness", max_articles=0, lm=pipeline_lm())
+
+
+def test_summarize_book_without_a_book_and_make_summarizer_with_the_default_window(book):
+    """summarize_book(None) was a TypeError from pathlib; make_summarizer(context_window=None), the
+    value summarize_book takes for the default window, was a TypeError comparing None with an int."""
+    from booklens.programs.summarizer import make_summarizer
+    from booklens.steps import summarize_book
+    from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW
+
+    with dspy.context(lm=pipeline_lm()), pytest.raises(BooklensError, match="the book must be a path, not None"):
+        summarize_book(None)
+    assert make_summarizer("hier", context_window=None).context_window == DEFAULT_CONTEXT_WINDOW
