@@ -261,3 +261,17 @@ def test_summarize_book_without_a_book_and_make_summarizer_with_the_default_wind
     with dspy.context(lm=pipeline_lm()), pytest.raises(BooklensError, match="the book must be a path, not None"):
         summarize_book(None)
     assert make_summarizer("hier", context_window=None).context_window == DEFAULT_CONTEXT_WINDOW
+
+
+def test_programs_run_without_an_lm_say_so_instead_of_scoring_none():
+    """Called before any LM was configured, the judge returned a score of None after re-asking each
+    sentence three times ('unparseable answer: No LM is loaded...'), and the decomposer no claims:
+    a library user's missing `dspy.configure` looked like a model that could not answer."""
+    from booklens.judges import load_judge
+    from booklens.programs.faithfulness import ClaimDecomposer
+
+    with dspy.context(lm=None):
+        with pytest.raises(BooklensError, match="no language model configured"):
+            load_judge("coherence", concurrency=1)(summary=SUMMARY)
+        with pytest.raises(BooklensError, match="no language model configured"):
+            ClaimDecomposer()(summary=SUMMARY)

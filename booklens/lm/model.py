@@ -332,10 +332,14 @@ def fresh_try(attempt: int) -> dict[str, int]:
     return {"rollout_id": attempt} if lm is not None and not isinstance(lm, BooklensLM) else {"booklens_attempt": attempt}
 
 
+NO_LM = ("no language model configured: dspy.configure(lm=...) or booklens.lm.configure(booklens.lm.make_lm(...)) "
+         "first, or run the program inside dspy.context(lm=...)")
+
+
 def current_lm() -> Any:
     lm = dspy.settings.lm
     if lm is None:
-        raise BooklensError("no language model configured")
+        raise BooklensError(NO_LM)
     return lm
 
 
@@ -380,6 +384,9 @@ def predict_with_retries(
     embedded model writes only as far as its window goes) is re-asked as any other failure.
 
     When every try fails, the rejected answers leave the call cache, so a rerun asks again."""
+    if dspy.settings.lm is None and getattr(predictor, "lm", None) is None:
+        # Not a failure of the model's answers to record and re-ask: there is no model.
+        raise BooklensError(NO_LM)
     last_error = "no attempt made"
     budget = _answer_budget(predictor, config)
     first_budget = budget
