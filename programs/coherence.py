@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import dspy
 
-from booklens.errors import LMError, first_line
+from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm import forget_answers, fresh_try, hearing_calls, predict_with_retries
 from booklens.parallel import chunked, parallel_map
 from booklens.programs.base import Module, Predict
@@ -246,6 +246,8 @@ class CoherenceScorer(Module):
     def forward(self, summary: str, sentences: Sequence[str] | None = None) -> dspy.Prediction:
         from booklens.metrics.booookscore import booookscore
 
+        if not isinstance(summary, str) or not summary.strip():
+            raise BooklensError("the summary is empty")  # as the claim decomposer says: no score to give
         if sentences is None:
             from booklens.text import split_sentences
 

@@ -275,3 +275,15 @@ def test_programs_run_without_an_lm_say_so_instead_of_scoring_none():
             load_judge("coherence", concurrency=1)(summary=SUMMARY)
         with pytest.raises(BooklensError, match="no language model configured"):
             ClaimDecomposer()(summary=SUMMARY)
+
+
+@pytest.mark.parametrize("summary", [None, "", "   "])
+def test_the_coherence_judge_refuses_an_empty_summary_as_the_decomposer_does(summary):
+    """README's `load_judge("coherence")(summary=...)`: an empty summary scored None without a word,
+    None was a TypeError; the decomposer already said 'the summary is empty'."""
+    from booklens.judges import load_judge
+
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError, match="the summary is empty"):
+        load_judge("coherence", concurrency=1)(summary=summary)
+    assert lm.backend.calls == []
