@@ -36,7 +36,8 @@ def setup_run_lm(lm: Any = None, api_base: Optional[str] = None, cache_dir: Any 
 class Measured:
     """A block of work on one LM: DSPy runs it on that LM with booklens' adapter (in a
     `dspy.context`, so the caller's own DSPy settings stay as they were and any thread may run
-    it), and its LM usage (`booklens.lm.record_usage`) and wall time are measured."""
+    it), and the LM usage of its own calls (a usage scope: not those other threads make on the same
+    LM meanwhile) and its wall time are measured."""
 
     def __init__(self, lm: Any):
         self.lm = lm
@@ -48,17 +49,19 @@ class Measured:
 
         from booklens.lm import BooklensAdapter
 
+        from booklens.lm import usage_scope
+
         self._context = dspy.context(lm=self.lm, adapter=BooklensAdapter())
         self._context.__enter__()
-        self._before = self.lm.usage.snapshot()
+        self._scope = usage_scope()
+        self._tracker = self._scope.__enter__()
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        from booklens.lm import record_usage
-
         self.seconds = round(time.perf_counter() - self._t0, 2)
-        self.usage = record_usage(self._before, self.lm.usage.snapshot())
+        self.usage = self._tracker.work()
+        self._scope.__exit__(*exc)
         self._context.__exit__(*exc)
 
 

@@ -287,3 +287,40 @@ def test_the_coherence_judge_refuses_an_empty_summary_as_the_decomposer_does(sum
     with dspy.context(lm=lm), pytest.raises(BooklensError, match="the summary is empty"):
         load_judge("coherence", concurrency=1)(summary=summary)
     assert lm.backend.calls == []
+
+
+def test_run_book_qa_counts_only_its_own_calls_when_another_run_shares_the_lm(tmp_path):
+    """Usage was the difference of the shared LM's counters before and after the run, so calls
+    another thread made on the same LM meanwhile were counted in this run's usage too."""
+    import json
+    import threading
+
+    from booklens.qa_runs import run_book_qa
+
+    book = tmp_path / "the_lamp.txt"
+    book.write_text(BOOK_TEXT)
+    files = {}
+    for qid, question in (("SLOW", "Where does Mara walk?"), ("FAST", "Whom does Mara meet?")):
+        files[qid] = tmp_path / f"{qid}.json"
+        files[qid].write_text(json.dumps([{"QID": qid, "Question": question, "Aspect": "plot", "Complexity": "sh",
+                                           "Options": {"A": "Tom", "B": "The mill"}, "Answer": "The mill",
+                                           "Gold": "B", "Evidences": []}]))
+    slow_started, fast_done = threading.Event(), threading.Event()
+
+    def respond(call):
+        if "Where does Mara walk?" in call.messages[-1]["content"]:
+            slow_started.set()
+            fast_done.wait(30)
+        return {"answer": "B"}
+
+    lm = ScriptedLM(respond)
+    results = {}
+    slow = threading.Thread(target=lambda: results.update(slow=run_book_qa(book, files["SLOW"], lm=lm,
+                                                                           cache_dir=tmp_path / "c")))
+    slow.start()
+    assert slow_started.wait(30)
+    results["fast"] = run_book_qa(book, files["FAST"], lm=lm, cache_dir=tmp_path / "c")
+    fast_done.set()
+    slow.join()
+    assert len(lm.backend.calls) == 2
+    assert results["fast"]["usage"]["calls"] == 1 and results["slow"]["usage"]["calls"] == 1
