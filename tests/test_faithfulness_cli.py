@@ -177,7 +177,8 @@ def test_empty_summary(tmp_path, cli, content):
 def test_check_help_offers_no_given_mode(tmp_path, cli):
     """`check` makes its claims, so none comes with quotes: its help names no 'given' mode."""
     proc = cli(["check", "--help"], tmp_path)
-    assert proc.returncode == 0 and "--budget-tokens" in proc.stdout and "given" not in proc.stdout
+    assert proc.returncode == 0 and "--budget-tokens" in proc.stdout and "'given'" not in proc.stdout
+    assert "for 'book'" in proc.stdout
 
 
 def test_given_mode_cannot_be_used_by_check(tmp_path, cli):
