@@ -47,9 +47,7 @@ class Measured:
     def __enter__(self) -> "Measured":
         import dspy
 
-        from booklens.lm import BooklensAdapter
-
-        from booklens.lm import usage_scope
+        from booklens.lm import BooklensAdapter, usage_scope
 
         self._context = dspy.context(lm=self.lm, adapter=BooklensAdapter())
         self._context.__enter__()
