@@ -13,8 +13,9 @@ from typing import Any, Optional, Sequence
 
 from booklens.data.diversesumm import load_events, load_summaries, require_question_answers
 from booklens.errors import BooklensError
+from booklens.lm.base import lm_label
 from booklens.qa_runs import Measured, setup_run_lm
-from booklens.vocabulary import CRITERIA, counted, FAITHFULNESS_CHOICES, JUDGE_PROTOCOLS, VERBOSITY_PROTOCOLS
+from booklens.vocabulary import CRITERIA, FAITHFULNESS_CHOICES, JUDGE_PROTOCOLS, VERBOSITY_PROTOCOLS, counted
 
 
 def _criteria(criterion: str) -> list[str]:
@@ -54,7 +55,7 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
     with Measured(model) as measured:
         results = summarize_events(events, faithfulness=FAITHFULNESS_CHOICES[faithfulness], **options)
-    return {"kind": "booklens.diverse", "events_file": str(events_path), "lm": model.label,
+    return {"kind": "booklens.diverse", "events_file": str(events_path), "lm": lm_label(model),
             "method": options.get("method", "auto"), "events": results, "usage": measured.usage,
             "seconds": measured.seconds}
 
@@ -97,7 +98,7 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
             wins = {w: sum(1 for p in pairs if p["winner"] == w) for w in ("1", "2", "tie")}
             rows.append({"eid": e.eid, "cases": pairs, "wins_1": wins["1"], "wins_2": wins["2"], "ties": wins["tie"],
                          "failed": sum(1 for p in pairs if p["winner"] is None)})
-    return {"kind": "booklens.judge", "protocol": protocol, "criterion": criterion, "lm": model.label,
+    return {"kind": "booklens.judge", "protocol": protocol, "criterion": criterion, "lm": lm_label(model),
             "events": rows, "usage": measured.usage, "seconds": measured.seconds}
 
 
@@ -127,7 +128,7 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
             pairs = judge_pairs(PairwiseJudge(crit), cases, concurrency)
             out[crit] = {"result": position_bias([(p["first_order"], p["second_order"]) for p in pairs]),
                          "cases": pairs}
-    return {"kind": "booklens.bias.position", "lm": model.label, **out, "usage": measured.usage,
+    return {"kind": "booklens.bias.position", "lm": lm_label(model), **out, "usage": measured.usage,
             "seconds": measured.seconds}
 
 
@@ -175,7 +176,7 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
                     result = verbosity_pairwise([(p["first_order"], p["second_order"]) for p in pairs])
                     out[f"{crit}_pairwise"] = {"result": result, "cases": pairs}
                 table.append((crit, proto, result))
-    return {"kind": "booklens.bias.verbosity", "lm": model.label, **out, "table": table, "usage": measured.usage,
+    return {"kind": "booklens.bias.verbosity", "lm": lm_label(model), **out, "table": table, "usage": measured.usage,
             "seconds": measured.seconds}
 
 

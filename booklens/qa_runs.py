@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from booklens.errors import BooklensError
+from booklens.lm.base import lm_label
 from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, QA_BOOK_RANK_MODE
 
 
@@ -29,8 +30,10 @@ def setup_run_lm(lm: Any = None, api_base: Optional[str] = None, cache_dir: Any 
 
     if lm is None or isinstance(lm, str):
         refuse_server_options_for_embedded(lm, api_base, **options)
-        lm = make_lm(lm, api_base=api_base, cache_dir=cache_dir, **options)
-    return lm
+        return make_lm(lm, api_base=api_base, cache_dir=cache_dir, **options)
+    from booklens.lm.model import require_lm
+
+    return require_lm(lm, "lm")
 
 
 class Measured:
@@ -117,7 +120,7 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
         "k": k if evidence in BOOK_MODES else None,
         "passage_tokens": passage_tokens if evidence in BOOK_MODES else None,
         "rank_mode": rank_mode if evidence == "book" else None,
-        "evidence_recall": evidence_recall if program.quote_evidence else None, "lm": model.label,
+        "evidence_recall": evidence_recall if program.quote_evidence else None, "lm": lm_label(model),
         "report": qa_report(records, threshold=position_threshold), "predictions": [r.model_dump() for r in records],
         "usage": measured.usage, "seconds": measured.seconds,
     }

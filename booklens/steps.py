@@ -266,8 +266,10 @@ def decompose_summary(summary: str, *, decomposer: Any = None):
     from booklens.programs.faithfulness import build_decomposer
     from booklens.records import ClaimSet
 
-    if summary is None or wordless(summary):  # its claims would all be 'faithful': nothing to be false
-        raise BooklensError(f"the summary {wordless(summary or '')}")
+    if not isinstance(summary, str):
+        raise BooklensError(f"the summary must be text, not {type(summary).__name__}")
+    if wordless(summary):  # its claims would all be 'faithful': nothing to be false
+        raise BooklensError(f"the summary {wordless(summary)}")
     lm = current_lm()
     with usage_scope() as tracker, usage_step("decompose"):
         result = (decomposer or build_decomposer())(summary=summary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import booklens  # noqa: F401  (offline defaults before dspy/litellm load)
@@ -322,6 +323,18 @@ def test_per_sentence_answers_with_null_missing_or_lone_string_lists_are_read():
     assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
     assert prediction.annotations[1].questions == ["Who is Zed?"]
     assert prediction.annotations[1].types == ["entity omission"]
+
+
+def test_a_lenient_answer_is_read_as_dspy_reads_json():
+    """DSPy reads answers with json_repair: a trailing comma does not turn off the lenient reading."""
+    from booklens.lm.adapter import lenient_answer
+    from booklens.signatures.coherence import DetectConfusion, SentenceVerdict
+
+    read = json.loads(lenient_answer(DetectConfusion, '{"verdict": "Confusion", "questions": "Who?", '
+                                                      '"error_types": "Entity omission ",}'))
+    assert read == {"verdict": "confusion", "questions": ["Who?"], "error_types": ["entity omission"]}
+    # A number in digits other than ASCII's is no sentence number (int('\u00b2') fails; it cost the batch).
+    assert SentenceVerdict.model_validate({"number": "\u00b2", "verdict": "no confusion"}).number == 0
 
 
 def test_a_confusion_answered_without_questions_is_still_asked_again():

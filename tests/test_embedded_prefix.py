@@ -136,15 +136,23 @@ def test_an_answer_the_window_bounds_says_how_much_room_it_had():
     completion says so (`answer_room`), so a re-ask does not double a budget that cannot be spent."""
     from booklens.lm import LocalBackend
 
-    small = LocalBackend()
-    small.context_window = 768  # the window the model is loaded with (llama.cpp rounds to 256s)
-    story = "The keeper climbed the stairs and lit the great lamp. " * 45
-    ask = {"messages": [{"role": "user", "content": "Write this story out again:\n" + story}], "temperature": 0.0}
-    long = small.complete({**ask, "max_tokens": 400})
-    assert 500 < long.prompt_tokens < 620 and long.answer_room == 768 - long.prompt_tokens
-    assert long.completion_tokens <= long.answer_room and long.finish_reason == "length"
-    short = small.complete({**ask, "max_tokens": 4})
+    def ask(copies: int) -> dict:
+        story = "The keeper climbed the stairs and lit the great lamp. " * copies
+        return {"messages": [{"role": "user", "content": "Write this story out again:\n" + story}],
+                "temperature": 0.0}
+
+    unguarded = LocalBackend(stop_repetition=False)  # it copies the story until the window ends
+    unguarded.context_window = 768  # the window the model is loaded with (llama.cpp rounds to 256s)
+    long = unguarded.complete({**ask(60), "max_tokens": 400})
+    assert 650 < long.prompt_tokens < 760 and long.answer_room == 768 - long.prompt_tokens
+    assert long.completion_tokens == long.answer_room and long.finish_reason == "length"
+    short = unguarded.complete({**ask(60), "max_tokens": 4})
     assert short.answer_room is None and short.completion_tokens <= 4
+    # The repetition guard, not the window, ends this copy (room for 200+ tokens): no answer room.
+    guarded = LocalBackend()
+    guarded.context_window = 768
+    cut = guarded.complete({**ask(45), "max_tokens": 400})
+    assert guarded.stats[-1].repeated_tokens > 0 and cut.finish_reason == "length" and cut.answer_room is None
 
 
 @pytest.mark.embedded

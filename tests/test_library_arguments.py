@@ -164,6 +164,9 @@ def test_run_book_qa_takes_paths_as_strings_and_refuses_a_limit_below_one(tmp_pa
             run_book_qa(book, questions, lm=lm, limit=limit, cache_dir=tmp_path / "c")
     with pytest.raises(BooklensError, match="--concurrency must be at least 1"):
         run_book_qa(book, questions, lm=lm, concurrency=0, cache_dir=tmp_path / "c")
+    # Not an LM: the same line `configure` gives (it was an AttributeError on `.label` after the work).
+    with pytest.raises(BooklensError, match=r"^lm takes an LM, not object: build one with booklens\.lm\.make_lm"):
+        run_book_qa(book, questions, lm=object(), cache_dir=tmp_path / "c")
     assert len(lm.backend.calls) == 2
 
 
@@ -184,6 +187,8 @@ def test_a_summary_without_words_is_refused_not_scored_perfect(tmp_path, book, t
             score_summaries({"a": text})
         with pytest.raises(BooklensError, match="the summary (is empty|has no words)"):
             decompose_summary(text)
+        with pytest.raises(BooklensError, match="the summary must be text, not int"):
+            decompose_summary(123)  # an AttributeError from the word check
     assert lm.backend.calls == []
 
 

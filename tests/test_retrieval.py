@@ -294,16 +294,43 @@ def test_an_index_file_of_the_wrong_shape_is_rebuilt(tmp_path, monkeypatch, name
 
 def test_two_threads_embed_a_book_once(tmp_path, monkeypatch):
     """Sweep cells on one book ask for its dense index at the same time: one embeds, the other
-    waits and loads what it saved."""
+    waits and loads what it saved. The first embedding holds until the second cell has reached the
+    index (waiting at its build lock, or embedding too, as it did before the lock), so the two
+    overlap whatever the threads' timing."""
     import threading
-    import time
 
     big_calls = []
+    second_arrived = threading.Event()
+
+    class WatchedLock:
+        """The build lock, noting when a second cell comes to it."""
+
+        def __init__(self):
+            self.lock, self.comers = threading.Lock(), 0
+
+        def __enter__(self):
+            self.comers += 1
+            if self.comers == 2:
+                second_arrived.set()
+            self.lock.acquire()
+
+        def __exit__(self, *exc):
+            self.lock.release()
+
+    watched = WatchedLock()
+
+    class OneLock(dict):
+        def setdefault(self, key, default=None):
+            return watched
+
+    monkeypatch.setattr(retrieval, "_BUILD_LOCKS", OneLock())
 
     def slow_embed(texts):
         if len(texts) > 1:  # the book's windows, not a query
             big_calls.append(len(texts))
-            time.sleep(0.3)  # the other thread arrives while this one embeds
+            if len(big_calls) == 2:
+                second_arrived.set()
+            assert second_arrived.wait(60)  # a guard against a hang, not a timing assumption
         return fake_embed(texts)
 
     monkeypatch.setattr(retrieval, "embed", slow_embed)
@@ -329,21 +356,28 @@ def test_two_threads_embed_a_book_once(tmp_path, monkeypatch):
 
 
 _BUILD_IN_A_PROCESS = """
-import sys, time
+import os, pathlib, sys, time
 import booklens.retrieval.index as retrieval
 from booklens.retrieval import BookIndex
 sys.path.insert(0, sys.argv[3])
 from test_retrieval import fake_embed, story_text
 
+arrivals = pathlib.Path(sys.argv[4])
+
 def slow_embed(texts):
     if len(texts) > 1:
         with open(sys.argv[2], "a") as log:
             log.write("embedded\\n")
-        time.sleep(1.0)
+        # Hold the embedding until the other process has come to the index too.
+        deadline = time.monotonic() + 60  # a guard against a hang, not a timing assumption
+        while len(list(arrivals.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
     return fake_embed(texts)
 
 retrieval.embed = slow_embed
-BookIndex.build(story_text(), cache_dir=sys.argv[1], passage_tokens=128).ensure_dense()
+index = BookIndex.build(story_text(), cache_dir=sys.argv[1], passage_tokens=128)
+(arrivals / str(os.getpid())).touch()
+index.ensure_dense()
 """
 
 
@@ -354,7 +388,10 @@ def test_two_processes_embed_a_book_once(tmp_path):
     import sys
 
     log = tmp_path / "log"
-    args = [sys.executable, "-c", _BUILD_IN_A_PROCESS, str(tmp_path / "indexes"), str(log), str(Path(__file__).parent)]
+    arrivals = tmp_path / "arrivals"
+    arrivals.mkdir()
+    args = [sys.executable, "-c", _BUILD_IN_A_PROCESS, str(tmp_path / "indexes"), str(log), str(Path(__file__).parent),
+            str(arrivals)]
     procs = [subprocess.Popen(args, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for proc in procs:
         _, err = proc.communicate(timeout=120)

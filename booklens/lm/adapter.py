@@ -90,11 +90,13 @@ def lenient_answer(signature: Any, completion: str) -> str:
     readers = {name: [m.func for m in info.metadata if isinstance(m, BeforeValidator)]
                for name, info in signature.output_fields.items()}
     readers = {name: funcs for name, funcs in readers.items() if funcs}
-    if not readers or "{" not in completion:
+    if not readers or "{" not in completion or "}" not in completion:
         return completion
+    import json_repair  # what DSPy's JSONAdapter reads answers with: a trailing comma is no failure here either
+
     try:
-        data = json.loads(completion[completion.index("{"):completion.rindex("}") + 1])
-    except ValueError:
+        data = json_repair.loads(completion[completion.index("{"):completion.rindex("}") + 1])
+    except (ValueError, RecursionError):
         return completion
     if not isinstance(data, dict):
         return completion

@@ -571,7 +571,7 @@ class LocalBackend:
             finish_reason=finish_reason,
             prompt_tokens=prompt_tokens,
             completion_tokens=int(usage.get("completion_tokens") or 0),
-            answer_room=room if prompt_tokens and room <= max_tokens else None,
+            answer_room=room if prompt_tokens and room <= max_tokens and not repeated else None,
         )
         evaluated = after.n_p_eval - before.n_p_eval
         self.stats.append(CallStats(

@@ -311,13 +311,18 @@ def make_limiter(rpm: int | None = None, tpm: int | None = None) -> Any:
     return RateLimiter(**limits)
 
 
-def configure(lm: BooklensLM | dspy.BaseLM) -> BooklensLM:
-    """Make `lm` the LM of every DSPy program in this process, with booklens' adapter."""
+def require_lm(lm: Any, taker: str = "configure") -> Any:
+    """`lm` when it is a DSPy LM, else a one-line error that says how to build one."""
     if not isinstance(lm, dspy.BaseLM):
         what = f"the string {lm!r}" if isinstance(lm, str) else type(lm).__name__
-        raise BooklensError(f"configure takes an LM, not {what}: build one with booklens.lm.make_lm(...) "
+        raise BooklensError(f"{taker} takes an LM, not {what}: build one with booklens.lm.make_lm(...) "
                             "(or dspy.LM(...))")
-    dspy.configure(lm=lm, adapter=BooklensAdapter())
+    return lm
+
+
+def configure(lm: BooklensLM | dspy.BaseLM) -> BooklensLM:
+    """Make `lm` the LM of every DSPy program in this process, with booklens' adapter."""
+    dspy.configure(lm=require_lm(lm), adapter=BooklensAdapter())
     return lm
 
 

@@ -504,17 +504,17 @@ class LiteLLMBackend:
 
 
 def _count_tokens(model: str, *, messages: list[dict[str, Any]] | None = None, text: str | None = None) -> int:
-    """Tokens of `messages` or `text` by LiteLLM's counter for `model` (its default tokenizer for a model
-    it does not know), else about four characters a token."""
+    """Tokens of `messages` (as the rate limiter counts them) or of `text` by LiteLLM's counter for
+    `model`, else about four characters a token."""
+    if messages is not None:
+        from booklens.lm.ratelimit import estimate_tokens
+
+        return estimate_tokens(model, messages, 0)
     try:
         import litellm
 
-        if messages is not None:
-            return int(litellm.token_counter(model=model, messages=messages))
         return int(litellm.token_counter(model=model, text=text or ""))
     except Exception:
-        if messages is not None:
-            return sum(len(str(m.get("content", ""))) for m in messages) // 4
         return len(text or "") // 4
 
 
