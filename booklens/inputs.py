@@ -9,6 +9,7 @@ from typing import Any, Mapping, Optional
 
 from booklens.errors import BooklensError
 from booklens.records import read_json_file
+from booklens.text import has_words
 
 
 def as_path(value: Any, what: str) -> Path:
@@ -26,7 +27,7 @@ def wordless(text: str) -> Optional[str]:
     nothing in it to confuse or to be false."""
     if not text.strip():
         return "is empty"
-    if not any(ch.isalnum() for ch in text):
+    if not has_words(text):
         return "has no words (only punctuation, symbols or invisible characters)"
     return None
 

@@ -175,7 +175,8 @@ def read_json_file(path: str | Path, what: str) -> Any:
 
 
 class Chunk(BaseModel):
-    """A piece of the book: `text == book[start:end]`; chunks tile the book in order."""
+    """A piece of the book: `text == book[start:end]`; chunks tile the book in order, but for
+    stretches with no word that fill whole chunks (`booklens.text.chunk_text`)."""
 
     index: int
     start: int

@@ -15,7 +15,8 @@ sentence boundaries, so this module owns both:
   (token, next token) verdict is memoised.
 * Chunks: :func:`chunk_text` packs whole sentences greedily into chunks of at
   most ``chunk_size`` tokens, counted exactly as encoding each chunk as a whole
-  would count them, for about the cost of one encode of the book.
+  would count them, for about the cost of one encode of the book; a chunk with no
+  word in it (a piece of a blank stretch longer than a chunk) is left out.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ __all__ = [
 def has_letters(text: str) -> bool:
     """Whether `text` has a letter in it: an answer of bare numbers or punctuation is no prose."""
     return any(ch.isalpha() for ch in text)
+
+
+def has_words(text: str) -> bool:
+    """Whether `text` has a word in it, a letter or a digit: whitespace, punctuation and symbols
+    alone give a reader nothing."""
+    return any(ch.isalnum() for ch in text)
 
 
 # Control characters that never occur in text files (everything below 0x20
@@ -913,16 +920,24 @@ def _cut_long(text: str, start: int, end: int, limit: int) -> int:
 def chunk_text(text: str, chunk_size: int) -> list[Chunk]:
     """Greedy chunks of whole sentences, each at most ``chunk_size`` cl100k tokens.
 
-    Chunks tile ``text`` in order (their texts join to ``text``; each ends where the
-    next starts) and end on sentence boundaries. A sentence longer than the limit
+    Chunks are in order and end on sentence boundaries. A sentence longer than the limit
     is cut (at whitespace where possible) into pieces that fit; chunks holding such
     a piece have ``split_sentence=True``. ``tokens`` is each chunk's exact count.
+    Chunks tile ``text`` (their texts join to ``text``; each ends where the next
+    starts) except where a chunk would hold no word (:func:`has_words`), such as a
+    piece of a run of blank lines longer than a chunk: that piece belongs to no chunk.
     """
     if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise BooklensError(f"chunk size must be a positive number of tokens, not {chunk_size!r}")
     if not text:
         return []
-    return _pack(text, sentence_spans(text), chunk_size)
+    chunks = _pack(text, sentence_spans(text), chunk_size)
+    # A chunk without a word would cost a call that summarizes nothing. Only such chunks go, so
+    # every other chunk (and the prompt it goes into, which LM caches are keyed by) stays as it was.
+    if all(has_words(c.text) for c in chunks):
+        return chunks
+    kept = [c for c in chunks if has_words(c.text)]
+    return [c.model_copy(update={"index": i}) for i, c in enumerate(kept)]
 
 
 # Byte length of each cl100k token id seen so far.

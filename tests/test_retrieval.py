@@ -57,6 +57,18 @@ def test_passages_are_exact_spans_within_the_token_limit():
     assert not text[:passages[0].start].strip() and not text[passages[-1].end:].strip()
 
 
+def test_no_passage_is_without_words():
+    """A stretch with no word longer than a passage (blank lines, a row of asterisks) gives no
+    passage: BM25 and the embeddings would index nothing, and evidence would show nothing."""
+    blank, stars = "\n\n  \t" * 400, "* " * 1500
+    text = "Maren lit the lamp. " * 5 + blank + "Jonah hid the letter. " * 5 + stars + "The boat struck the rocks."
+    passages = make_passages(text, max_tokens=64)
+    assert passages and all(any(ch.isalnum() for ch in p.text) for p in passages)
+    assert [p.index for p in passages] == list(range(len(passages)))
+    assert all(text[p.start:p.end] == p.text for p in passages)
+    assert re.findall(r"\w+", " ".join(p.text for p in passages)) == re.findall(r"\w+", text)
+
+
 def test_passages_end_on_sentence_boundaries():
     text = "Anna left the house at dawn. " * 3 + "Ben stayed behind and waited for the rain to stop. " * 30
     for p in make_passages(text, max_tokens=40):

@@ -463,3 +463,20 @@ def test_a_call_with_room_in_the_window_keeps_the_whole_token_cap():
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         program(book=synthetic_book(3_000))
     assert [c.request["max_tokens"] for c in lm.backend.calls] == [program.token_cap(200)]
+
+
+@pytest.mark.parametrize("method", ["hier", "inc"])
+def test_a_long_blank_in_the_book_costs_no_call(method):
+    """A run of whitespace longer than a chunk is cut into pieces with nothing to summarize: no
+    call reads one (each would ask the model to summarize nothing)."""
+    blank = "\n\n  \t" * 5000  # about one token per character: several chunks' worth
+    book = synthetic_book(3_000) + blank + synthetic_book(3_000)
+    lm = ScriptedLM(lambda call: {"summary": summary_of(100)})
+    cls = HierarchicalSummarizer if method == "hier" else IncrementalSummarizer
+    # Level-1 groups of one chunk each, so the hierarchy too would read every chunk in a call.
+    program = cls(chunk_size=2048, context_window=4096, max_summary_tokens=300)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    excerpts = [c.inputs["excerpt"] for c in lm.backend.calls if "excerpt" in c.inputs]
+    assert excerpts and all(any(ch.isalnum() for ch in e) for e in excerpts)
+    assert all(any(ch.isalnum() for ch in c.text) for c in result.chunks)

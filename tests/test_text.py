@@ -707,3 +707,59 @@ def test_exact_counts_by_parts_match_whole_chunk_encodes(real_books, monkeypatch
     monkeypatch.setattr(T, "_CL100K_PATTERN", "a pattern no tokenizer has")  # forces whole-chunk encodes
     for (t, size), chunks in fast.items():
         assert T.chunk_text(t, size) == chunks
+
+
+# A stretch of mixed whitespace far longer than a 2,048-token chunk (a run of one kind of space
+# encodes into few tokens; tabs, newlines and spaces mixed take about one token each).
+LONG_BLANK = "\n\n  \t" * 5000
+
+
+def test_a_whitespace_run_longer_than_a_chunk_gives_no_chunk_without_words():
+    text = "It was a calm night. The sea slept." + LONG_BLANK + "Then morning came. The gulls cried.\n"
+    chunks = T.chunk_text(text, 2048)
+    assert chunks and all(any(ch.isalnum() for ch in c.text) for c in chunks)
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    for c, following in zip(chunks, chunks[1:] + [None]):
+        assert c.text == text[c.start:c.end] and 0 < c.tokens == T.count_tokens(c.text) <= 2048
+        # Only whitespace is left out between chunks.
+        gap = text[c.end:following.start if following else len(text)]
+        assert not gap.strip()
+    assert chunks[0].start == 0
+    assert "".join(c.text for c in chunks).split() == text.split()
+
+
+def test_a_book_that_starts_or_ends_with_a_long_blank_keeps_only_chunks_with_words():
+    for text in (LONG_BLANK + "Only this sentence has words.", "Only this sentence has words." + LONG_BLANK):
+        chunks = T.chunk_text(text, 256)
+        assert chunks and all(any(ch.isalnum() for ch in c.text) for c in chunks)
+        assert "".join(c.text for c in chunks).split() == ["Only", "this", "sentence", "has", "words."]
+    assert T.chunk_text(LONG_BLANK, 256) == []
+
+
+# sha256 of the chunks of Pride and Prejudice as chunk_text cut them before chunks without words
+# were dropped: users' LM call caches are keyed by the prompts these chunks go into, so an ordinary
+# book must keep them byte for byte.
+PP_SHA256 = "0b942a448cdd47dcef4589f5d04e34449e5069aa3fa101d329fa6e4ea7d84c35"
+PP_CHUNKS_SHA256 = {256: "6205fa1f4066db9cf82abe4d96527801eefa40737a1c3e21a3e5c17adadc4e38",
+                    2048: "9134079f47a5588a11e15de9781cd14a0f4e6b7bc634c3186e24b67b35ea3332"}
+
+
+def chunks_digest(chunks) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for c in chunks:
+        digest.update(f"{c.index}|{c.start}|{c.end}|{c.tokens}|{int(c.split_sentence)}|{c.text}\x00".encode())
+    return digest.hexdigest()
+
+
+def test_an_ordinary_novel_keeps_its_chunks_byte_for_byte(books_dir):
+    import hashlib
+
+    path = books_dir / "pride_and_prejudice.txt"
+    if not path.exists():
+        pytest.skip(f"{path} not found")
+    book = T.read_book(path)
+    assert hashlib.sha256(book.encode()).hexdigest() == PP_SHA256, "the test book changed: recompute the digests"
+    for size, expected in PP_CHUNKS_SHA256.items():
+        assert chunks_digest(T.chunk_text(book, size)) == expected, size

@@ -70,11 +70,9 @@ def make_passages(text: str, max_tokens: int = 256) -> list[Passage]:
     if max_tokens < 8:
         raise BooklensError(f"passages need at least 8 tokens (got {max_tokens})")
     passages: list[Passage] = []
-    for chunk in chunk_text(text, max_tokens):
+    for chunk in chunk_text(text, max_tokens):  # every chunk has a word (so no passage is blank)
         segment = text[chunk.start:chunk.end]
         stripped = segment.strip()
-        if not stripped:
-            continue
         start = chunk.start + (len(segment) - len(segment.lstrip()))
         end = start + len(stripped)
         passages.append(Passage(index=len(passages), start=start, end=end, tokens=chunk.tokens, text=stripped))
