@@ -131,8 +131,48 @@ def test_bm25_gives_every_passage_of_a_book_no_larger_than_k():
     hits = two.search("Jonah hid a letter in the cellar.", mode="bm25", k=2)
     assert sorted(p.index for p, _ in hits) == [0, 1]
     assert hits == sorted(hits, key=lambda h: (-h[1], h[0].index))
-    # asked for fewer passages than the book has: only matching ones, as before
-    assert two.search("Jonah hid a letter in the cellar.", mode="bm25", k=1) == []
+    # asked for fewer passages than the book has: the one that matches best
+    best = two.search("Jonah hid a letter in the cellar.", mode="bm25", k=1)
+    assert [p.index for p, _ in best] == [1] and best[0][1] > 0
+    assert two.search("the of and", mode="bm25", k=1) == []
+
+
+def test_bm25_finds_the_one_passage_of_two_that_shares_the_query_words():
+    """rank-bm25's Okapi IDF is 0 for a term in one of two passages (and below 0 for one in both),
+    so on a two-passage book no passage scored above 0 and `--k 1` found nothing."""
+    two = BookIndex.build(TINY_STORY, passage_tokens=40)
+    assert len(two.passages) == 2
+    for query, expected in (("the cellar letter", 1), ("lighthouse on Carrick Point", 0), ("the fuel of the lamp", 0), ("fishing boat", 1)):
+        hits = two.search(query, mode="bm25", k=1)
+        assert [p.index for p, _ in hits] == [expected], query
+        assert hits[0][1] > 0
+    assert two.search("an unrelated zebra", mode="bm25", k=1) == []
+
+
+def okapi_ranking(index: BookIndex, query: str) -> list[tuple[int, float]]:
+    """What rank-bm25's BM25Okapi itself ranks: passages scoring above 0, best first, then book order."""
+    from rank_bm25 import BM25Okapi
+
+    from booklens.retrieval import bm25_tokens
+
+    scores = BM25Okapi([bm25_tokens(p.text) or ["\x00"] for p in index.passages]).get_scores(bm25_tokens(query))
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    return [(i, float(scores[i])) for i in order if scores[i] > 0]
+
+
+@pytest.mark.parametrize("passage_tokens", [64, 256])
+def test_bm25_ranks_an_ordinary_book_as_okapi_does(tmp_path, passage_tokens):
+    """The scoring that finds something in a tiny book leaves books of many passages ranked,
+    scored and cached exactly as rank-bm25's Okapi ranks them."""
+    text = story_text()
+    for index in (BookIndex.build(text, passage_tokens=passage_tokens),
+                  BookIndex.build(text, cache_dir=tmp_path, passage_tokens=passage_tokens),
+                  BookIndex.build(text, cache_dir=tmp_path, passage_tokens=passage_tokens)):
+        assert len(index.passages) > 3
+        for query in ("the keeper and the lamp", "Where did Jonah hide the letter?", "storm boat rocks", "zebra"):
+            assert index.rank(query, "bm25") == okapi_ranking(index, query), query
+            assert index.rank(query, "bm25", 3) == okapi_ranking(index, query)[:3], query
+    assert index.loaded_from_cache
 
 
 def test_dense_and_hybrid_with_a_fake_embedder(monkeypatch):

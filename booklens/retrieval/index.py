@@ -493,9 +493,10 @@ class BookIndex:
 
         In bm25 mode only passages that match the query are returned, except that a book of no
         more passages than the `depth` asked for returns all of them (ordered by score, then book
-        order): every passage fits in what was asked for, and BM25 cannot rank such a book anyway
-        (rank-bm25's IDF is <= 0 for a term in the only passage or in one of two, so a 1- or
-        2-passage book never scores above 0)."""
+        order): every passage fits in what was asked for. When no passage scores above 0 by
+        rank-bm25's Okapi, whose IDF is <= 0 for a term in half the passages or more (every term
+        of a 1- or 2-passage book), the passages are scored with an IDF that is never <= 0
+        (`_positive_idf_scores`), so a query that shares a word with a passage still finds it."""
         if mode not in SEARCH_MODES:
             raise BooklensError(f"unknown search mode '{mode}' (use one of {', '.join(SEARCH_MODES)})")
         n = len(self.passages)
@@ -521,6 +522,8 @@ class BookIndex:
             return []
         if terms:
             scores = np.asarray(self._bm25.get_scores(terms), dtype="float64")
+            if not (scores > 0).any():
+                scores = _positive_idf_scores(self._bm25, terms)
         else:
             scores = np.zeros(len(self.passages), dtype="float64")
         order = np.lexsort((np.arange(len(scores)), -scores))[:depth]
@@ -644,6 +647,23 @@ def _new_bm25(corpus: list[list[str]]):
 
     # rank-bm25 divides by the mean document length; an all-stopword book still gets an index
     return BM25Okapi([doc or ["\x00"] for doc in corpus])
+
+
+def _positive_idf_scores(bm25, terms: list[str]) -> np.ndarray:
+    """BM25 scores of `terms` with the IDF log(1 + (N - n + 0.5) / (n + 0.5)) (Lucene's), above 0
+    for any term in any passage, and the rest as rank-bm25's Okapi computes it. Only a query no
+    passage scores above 0 by Okapi's IDF is ranked so: rankings Okapi can make stay its own, and
+    this needs nothing beyond the saved Okapi state."""
+    doc_len = np.asarray(bm25.doc_len, dtype="float64")
+    norm = bm25.k1 * (1 - bm25.b + bm25.b * doc_len / bm25.avgdl)
+    scores = np.zeros(len(doc_len), dtype="float64")
+    for term in terms:
+        freq = np.asarray([doc.get(term) or 0 for doc in bm25.doc_freqs], dtype="float64")
+        n = int((freq > 0).sum())
+        if n:
+            idf = np.log1p((bm25.corpus_size - n + 0.5) / (n + 0.5))
+            scores += idf * freq * (bm25.k1 + 1) / (freq + norm)
+    return scores
 
 
 _BM25_FIELDS = ("k1", "b", "epsilon", "corpus_size", "avgdl", "doc_freqs", "idf", "doc_len", "average_idf")
