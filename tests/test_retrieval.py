@@ -344,6 +344,99 @@ def test_an_index_file_of_the_wrong_shape_is_rebuilt(tmp_path, monkeypatch, name
     assert [p.index for p, _ in again.search("the keeper and the lamp", "hybrid")] == expected
 
 
+def unwritable_cache_message(message: str, path: Path) -> None:
+    assert "\n" not in message
+    assert message.startswith(f"cannot write the index cache at {path}: "), message
+    assert message.endswith("(it must be a folder you can write: fix that, or use another --cache-dir)"), message
+
+
+def test_an_index_folder_that_cannot_be_made_fails_before_the_passages_are_cut(tmp_path, monkeypatch):
+    """A file where the cache's folder should be (root can write anywhere else): the error comes
+    before any work, not after the book's passages and BM25 index are computed."""
+    def fail(*a, **k):
+        raise AssertionError("computed before the index folder was checked")
+
+    monkeypatch.setattr(retrieval, "make_passages", fail)
+    monkeypatch.setattr(retrieval, "_new_bm25", fail)
+    (tmp_path / "cache").write_text("a file, not a folder")
+    indexes = tmp_path / "cache" / "indexes"
+    with pytest.raises(BooklensError) as excinfo:
+        BookIndex.build(story_text(), cache_dir=indexes)
+    folder = indexes / retrieval.index_key(hashlib.sha256(story_text().encode()).hexdigest(), 256)[:32]
+    unwritable_cache_message(str(excinfo.value), folder)
+
+
+def as_nobody(work) -> str:
+    """What `work()` returns, run by a user who cannot write a folder whose mode says read-only:
+    root writes anyway, so as root it runs in a child process that has given up root."""
+    import os
+
+    if os.geteuid() != 0:
+        return work()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        try:
+            os.close(read)
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                out = work()
+            except BaseException as exc:  # said in the parent's failure, not lost with the child
+                out = f"the child failed: {exc!r}"
+            os.write(write, out.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        out = pipe.read().decode()
+    os.waitpid(child, 0)
+    return out
+
+
+def test_a_read_only_index_folder_fails_before_the_book_is_embedded(monkeypatch):
+    """An index folder that holds the BM25 part but takes no file: BM25 search reads it, and the
+    dense part fails at once instead of after embedding the whole book. A read-only cache with no
+    index of the book fails before its passages are cut."""
+    import shutil
+    import tempfile
+
+    embedded = []
+    monkeypatch.setattr(retrieval, "embed", lambda texts: embedded.append(len(texts)) or fake_embed(texts))
+    text = story_text()
+    cache = Path(tempfile.mkdtemp(prefix="booklens-ro-"))  # pytest's folders are root's alone
+    try:
+        cache.chmod(0o777)
+        folder = BookIndex.build(text, cache_dir=cache).cache_path
+        folder.chmod(0o555)
+        cache.chmod(0o555)
+
+        def work() -> str:
+            index = BookIndex.build(text, cache_dir=cache)
+            assert index.loaded_from_cache and index.search("lamp", "bm25")
+            try:
+                index.ensure_dense()
+                return "built"
+            except BooklensError as exc:
+                dense = str(exc)
+            try:
+                BookIndex.build(text + " One more line.", cache_dir=cache)
+                return "built"
+            except BooklensError as exc:
+                return f"{len(embedded)}\n{dense}\n{exc}"
+
+        out = as_nobody(work)
+    finally:
+        cache.chmod(0o777)
+        folder.chmod(0o777)
+        shutil.rmtree(cache, ignore_errors=True)
+    count, dense, other = out.split("\n")
+    assert count == "0"  # nothing was embedded
+    unwritable_cache_message(dense, folder)
+    key = retrieval.index_key(hashlib.sha256((text + " One more line.").encode()).hexdigest(), 256)[:32]
+    unwritable_cache_message(other, cache / key)
+
+
 def test_two_threads_embed_a_book_once(tmp_path, monkeypatch):
     """Sweep cells on one book ask for its dense index at the same time: one embeds, the other
     waits and loads what it saved. The first embedding holds until the second cell has reached the

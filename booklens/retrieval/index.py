@@ -281,6 +281,26 @@ def locate_quote(text: str, quote: str) -> tuple[int, int] | None:
 # The index
 
 
+def _unwritable(path: Path, exc: OSError) -> BooklensError:
+    """The one-line error for an index folder that cannot be made or written."""
+    return BooklensError(f"cannot write the index cache at {path}: {exc.strerror or exc} (it must be a folder you "
+                         "can write: fix that, or use another --cache-dir)")
+
+
+def _check_writable(path: Path) -> None:
+    """Make the folder `path` and write a file in it (removed again), or raise `_unwritable`: the
+    index is saved only after its passages or embeddings are computed, which a folder that takes
+    no file would otherwise waste."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
+
+
 def _write_json(path: Path, payload: Any) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -357,6 +377,7 @@ class BookIndex:
             loaded = cls._load(text, sha, passage_tokens, cache_path)
             if loaded is not None:
                 return loaded
+            _check_writable(cache_path)
         passages = make_passages(text, passage_tokens)
         if not passages:
             raise BooklensError("the book has no text to index")
@@ -376,7 +397,7 @@ class BookIndex:
             # meta.json last: its presence marks a complete index
             _write_json(path / "meta.json", self._meta())
         except OSError as exc:
-            raise BooklensError(f"cannot write the index cache at {path}: {exc.strerror or exc}") from None
+            raise _unwritable(path, exc) from None
 
     def _meta(self) -> dict[str, Any]:
         return {"text_sha256": self.sha256, "passage_tokens": self.passage_tokens, "tokenizer": TOKENIZER_ID,
@@ -463,6 +484,8 @@ class BookIndex:
         return texts, np.asarray(owners, dtype="int64")
 
     def _build_dense(self):
+        if self.cache_path is not None:
+            _check_writable(self.cache_path)
         import faiss
 
         texts, owners = self.dense_windows()
@@ -483,7 +506,7 @@ class BookIndex:
                             {"model": EMBEDDING_MODEL, "passages": len(self.passages), "windows": len(texts),
                              "window_tokens": DENSE_WINDOW_TOKENS, "dim": int(vectors.shape[1])})
             except OSError as exc:
-                raise BooklensError(f"cannot write the index cache at {self.cache_path}: {exc.strerror or exc}") from None
+                raise _unwritable(self.cache_path, exc) from None
         return index, owners
 
     # -- queries ------------------------------------------------------------------
