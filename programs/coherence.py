@@ -2,13 +2,16 @@
 
 Per-sentence mode (`batch_size=1`, the paper's setting) asks about one sentence per
 call; batched mode asks about `batch_size` numbered sentences per call and checks
-that every sentence got exactly one valid answer under its own number. A sentence
-whose answer is missing, duplicated with a different content, or invalid (an
-unknown error type, a "confusion" without a question or a type, a "no confusion"
-with error types; stray questions next to "no confusion" are dropped) is asked again, alone with the other unanswered sentences of its batch,
-with a fresh sample. After `tries` rounds it is recorded as a parse failure
-(`status="failed"`, `confusing=None`): never retried forever, never silently
-"no confusion". Sentences (or batches) of a summary run concurrently.
+that every sentence got exactly one valid answer under its own number. A reply that
+numbers any answer with a number that was not asked is not trusted at all (its
+numbering is off: see `_judge_batch`). A sentence whose answer is missing,
+duplicated with a different content, or invalid (an unknown error type, a
+"confusion" without a question or a type, a "no confusion" with error types; stray
+questions next to "no confusion" are dropped) is asked again, alone with the other
+unanswered sentences of its batch, with a fresh sample. After `tries` rounds it is
+recorded as a parse failure (`status="failed"`, `confusing=None`): never retried
+forever, never silently "no confusion". Sentences (or batches) of a summary run
+concurrently.
 
 Prompt layout. Every call of one summary shares its prompt up to the target sentence: the
 instructions (system message), the demos, then the summary; only the sentence (or the numbered
@@ -338,14 +341,28 @@ class CoherenceScorer(Module):
                     errors[i] = f"unparseable answer: {first_line(exc, limit=200)}"
                 unused.extend(heard)
                 continue
+            # A number that was not asked (0 for sentence 1, one past the last, or an extra one beside
+            # all the asked ones) shows the reply numbers its answers its own way: which answer belongs
+            # to which sentence is then a guess, and a wrong guess gives a sentence its neighbour's
+            # verdict silently. No answer of such a reply is taken; the pending sentences are asked
+            # again. An unreadable number (None) says nothing of the numbering: that answer alone is lost.
             wanted = set(pending)
+            numbers = [a.number for a in answers if isinstance(getattr(a, "number", None), int)]
+            stray = sorted({n for n in numbers if n - 1 not in wanted})
+            if stray:
+                shown = ", ".join(str(n) for n in stray)
+                for i in pending:
+                    errors[i] = (f"the reply numbered answers {shown}, which were not asked: its numbering "
+                                 f"cannot be trusted, so none of its answers was taken")
+                unused.extend(heard)
+                continue
             got: dict[int, Any] = {}
             conflicting: set[int] = set()
             for answer in answers:
                 number = getattr(answer, "number", None)
-                index = number - 1 if isinstance(number, int) else None
-                if index not in wanted:
-                    continue  # an answer for a sentence that was not asked about: ignored
+                if not isinstance(number, int):
+                    continue  # no readable number: an answer for no sentence
+                index = number - 1
                 if index in got:
                     previous = got[index]
                     if (previous.verdict, set(previous.error_types)) != (answer.verdict, set(answer.error_types)):

@@ -7,10 +7,10 @@ take the whole summary first so that calls on the same summary share a prompt pr
 """
 
 import inspect
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Optional
 
 import dspy
-from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from booklens.records import COHERENCE_ERROR_TYPES, CoherenceErrorType
 
@@ -100,7 +100,10 @@ ErrorTypeText = Annotated[str, Field(json_schema_extra={"enum": list(COHERENCE_E
 class SentenceVerdict(BaseModel):
     """The answer for one numbered sentence."""
 
-    number: int = Field(description="the number of the sentence this answer is about")
+    # None when the model wrote no whole number (the schema it is shown still asks for an integer):
+    # 0 is a number a model writes when it counts from 0, which the program must see as such.
+    number: Annotated[Optional[int], WithJsonSchema({"type": "integer"})] = Field(
+        description="the number of the sentence this answer is about")
     verdict: VerdictText = Field(description='"confusion" or "no confusion"')
     questions: list[str] = Field(default_factory=list, description="clarifying questions; empty for no confusion")
     error_types: list[ErrorTypeText] = Field(default_factory=list,
@@ -110,7 +113,7 @@ class SentenceVerdict(BaseModel):
     @classmethod
     def _read_leniently(cls, data: Any) -> Any:
         """Any item reads as an answer, so that a malformed one costs a re-ask of its own sentence only:
-        a number that is no whole number becomes 0 (no sentence has it: the answer is ignored), a
+        a number that is no whole number becomes None (the answer is for no sentence), a
         missing verdict "" (the program refuses it), null lists [] and a lone string a list of one.
         The JSON schema the model is asked for stays as declared."""
         if isinstance(data, BaseModel):
@@ -131,16 +134,16 @@ class SentenceVerdict(BaseModel):
         return data
 
 
-def _whole_number(value: Any) -> int:
+def _whole_number(value: Any) -> Optional[int]:
     if isinstance(value, bool):
-        return 0
+        return None
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         return int(value.strip())
-    return 0
+    return None
 
 
 @_with_guide

@@ -197,10 +197,12 @@ def test_batched_answers_that_settled_nothing_leave_the_cache(tmp_path):
 def test_batched_misaligned_numbers_and_duplicates_are_not_trusted():
     def responder(call):
         numbers = batch_numbers(call)
+        if call.attempt == 0 and numbers[0] == 1:
+            # sentence 2 answered (wrongly but validly), two different answers for 3
+            return {"answers": [{"number": 1, **NO}, {"number": 2, **NO}, {"number": 3, **NO},
+                                {"number": 3, **ZED}]}
         if call.attempt == 0:
-            # renumbered from 1 (3 and 4 -> 1 and 2: not asked, ignored), and two different answers for 5
-            return {"answers": [{"number": 1, **NO}, {"number": 2, **NO}, {"number": 5, **NO},
-                                {"number": 5, **ZED}]}
+            return {"answers": [{"number": 1, **NO}, {"number": 2, **NO}]}  # 4 and 5 renumbered from 1
         return {"answers": [{"number": n, **answer_for(SENTENCES[n - 1])} for n in numbers]}
 
     prediction, calls = run(responder, batch_size=3, sentences=SENTENCES, concurrency=1)
@@ -209,6 +211,7 @@ def test_batched_misaligned_numbers_and_duplicates_are_not_trusted():
     assert second_round == [[3], [4, 5]]
     assert [a.status for a in prediction.annotations] == ["ok"] * 5
     assert prediction.annotations[1].confusing is False  # sentence 2 answered (wrongly but validly) first round
+    assert prediction.annotations[2].attempts == 2
 
 
 def test_batched_garbage_is_bounded():
@@ -334,7 +337,7 @@ def test_a_lenient_answer_is_read_as_dspy_reads_json():
                                                       '"error_types": "Entity omission ",}'))
     assert read == {"verdict": "confusion", "questions": ["Who?"], "error_types": ["entity omission"]}
     # A number in digits other than ASCII's is no sentence number (int('\u00b2') fails; it cost the batch).
-    assert SentenceVerdict.model_validate({"number": "\u00b2", "verdict": "no confusion"}).number == 0
+    assert SentenceVerdict.model_validate({"number": "\u00b2", "verdict": "no confusion"}).number is None
 
 
 def test_a_confusion_answered_without_questions_is_still_asked_again():
@@ -384,3 +387,74 @@ def test_verdicts_and_kinds_in_another_case_are_read(batch_size):
     assert len(calls) == (5 if batch_size == 1 else 2)
     assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
     assert prediction.annotations[1].types == ["entity omission"]
+
+
+def test_batched_answers_numbered_from_zero_are_not_taken():
+    """Answers numbered 0..4 for sentences 1..5 would give each sentence its neighbour's verdict:
+    the 0 that was not asked shows the numbering is off, so no answer of that reply is taken."""
+    def responder(call):
+        shift = 1 if call.attempt == 0 else 0
+        return {"answers": [{"number": n - shift, **answer_for(SENTENCES[n - 1])} for n in batch_numbers(call)]}
+
+    prediction, calls = run(responder, batch_size=5)
+    assert [batch_numbers(c) for c in calls] == [[1, 2, 3, 4, 5], [1, 2, 3, 4, 5]]
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
+    assert [a.attempts for a in prediction.annotations] == [2] * 5
+
+
+def test_batched_numbering_that_stays_off_ends_in_failures_that_say_so():
+    def responder(call):
+        return {"answers": [{"number": n + 1, **answer_for(SENTENCES[n - 1])} for n in batch_numbers(call)]}
+
+    prediction, calls = run(responder, batch_size=5, tries=2)
+    assert len(calls) == 2
+    assert all(a.status == "failed" and a.confusing is None for a in prediction.annotations)
+    assert all("6" in a.error and "not asked" in a.error for a in prediction.annotations)
+
+
+def test_batched_an_extra_number_beside_all_asked_ones_is_not_trusted():
+    """Answers for 1, 2, 3 and 4 when 1, 2 and 3 were asked: the model may have judged a sentence it was
+    not shown, or split one and numbered on from there; which answer belongs to which sentence is unknown."""
+    def responder(call):
+        numbers = batch_numbers(call)
+        answers = [{"number": n, **answer_for(SENTENCES[n - 1])} for n in numbers]
+        if call.attempt == 0 and numbers[0] == 1:
+            answers.append({"number": 4, **NO})
+        return {"answers": answers}
+
+    prediction, calls = run(responder, batch_size=3, concurrency=1)
+    assert sorted(batch_numbers(c) for c in calls) == [[1, 2, 3], [1, 2, 3], [4, 5]]
+    assert [a.attempts for a in prediction.annotations] == [2, 2, 2, 1, 1]
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
+
+
+def test_batched_a_reask_numbered_from_one_is_not_trusted():
+    """Sentences 2 and 4 are asked again; answers numbered 1 and 2 (the model's own list numbers) would
+    give sentence 2 the verdict meant for sentence 4."""
+    def responder(call):
+        numbers = batch_numbers(call)
+        if call.attempt == 0:
+            numbers = [n for n in numbers if n not in (2, 4)]
+        elif call.attempt == 1:
+            return {"answers": [{"number": k, **answer_for(SENTENCES[n - 1])} for k, n in enumerate(numbers, 1)]}
+        return {"answers": [{"number": n, **answer_for(SENTENCES[n - 1])} for n in numbers]}
+
+    prediction, calls = run(responder, batch_size=5)
+    assert [batch_numbers(c) for c in calls] == [[1, 2, 3, 4, 5], [2, 4], [2, 4]]
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
+    assert [a.attempts for a in prediction.annotations] == [1, 3, 1, 3, 1]
+
+
+def test_batched_an_unreadable_number_costs_only_its_own_sentence():
+    """A number that is no whole number says nothing about the numbering: that answer belongs to no
+    sentence, the rest of the reply stands."""
+    def responder(call):
+        answers = [{"number": n, **answer_for(SENTENCES[n - 1])} for n in batch_numbers(call)]
+        if call.attempt == 0:
+            answers[2]["number"] = "third"
+            del answers[3]["number"]
+        return {"answers": answers}
+
+    prediction, calls = run(responder, batch_size=5)
+    assert [batch_numbers(c) for c in calls] == [[1, 2, 3, 4, 5], [3, 4]]
+    assert [a.status for a in prediction.annotations] == ["ok"] * 5
