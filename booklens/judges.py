@@ -219,6 +219,8 @@ def demo_count(judge: str, program: Any) -> int:
 
 
 def _as_list(value: Any) -> list:
+    """A batched demo's stored answers: a list, or the JSON text of one. Not the lenient reading of a
+    model's answer in `booklens.signatures.coherence`, where a lone string is one item."""
     if isinstance(value, str):
         try:
             value = json.loads(value)

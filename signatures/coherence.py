@@ -19,13 +19,11 @@ CONFUSION = "confusion"
 Verdict = Literal["no confusion", "confusion"]
 
 
-def _as_list(value: Any) -> Any:
+def _as_list(value: Any) -> list:
     """A list answer as models write it: `null` (or nothing) for none, a lone item without its list."""
     if value is None:
         return []
-    if isinstance(value, str):
-        return [value]
-    return value
+    return value if isinstance(value, list) else [value]
 
 
 def _named(value: Any) -> Any:
@@ -34,14 +32,20 @@ def _named(value: Any) -> Any:
     return " ".join(value.lower().split()) if isinstance(value, str) else value
 
 
-def _named_list(value: Any) -> Any:
-    value = _as_list(value)
-    return [_named(v) for v in value] if isinstance(value, list) else value
+def _text_list(value: Any) -> list[str]:
+    """Questions: an item that is no text is no question, and dropping it leaves the rest readable."""
+    return [v for v in _as_list(value) if isinstance(v, str)]
+
+
+def _named_list(value: Any) -> list[str]:
+    """Kinds: a `null` item is nothing, as a `null` list is; any other item that is no text is kept as
+    text, so that it is refused as an unknown kind (a number may mean a place in the list: a guess)."""
+    return [_named(v if isinstance(v, str) else str(v)) for v in _as_list(value) if v is not None]
 
 
 # The prompt and the JSON schema show the plain list types; only the answer is read leniently
 # (`booklens.lm.adapter` applies a field's `BeforeValidator` when it reads an answer).
-Questions = Annotated[list[str], BeforeValidator(_as_list)]
+Questions = Annotated[list[str], BeforeValidator(_text_list)]
 ErrorTypes = Annotated[list[CoherenceErrorType], BeforeValidator(_named_list)]
 VerdictAnswer = Annotated[Verdict, BeforeValidator(_named)]
 
@@ -114,23 +118,16 @@ class SentenceVerdict(BaseModel):
     def _read_leniently(cls, data: Any) -> Any:
         """Any item reads as an answer, so that a malformed one costs a re-ask of its own sentence only:
         a number that is no whole number becomes None (the answer is for no sentence), a
-        missing verdict "" (the program refuses it), null lists [] and a lone string a list of one.
+        missing verdict "" (the program refuses it); the lists are read as in `DetectConfusion`.
         The JSON schema the model is asked for stays as declared."""
         if isinstance(data, BaseModel):
             data = data.model_dump()
         data = dict(data) if isinstance(data, dict) else {}
         data["number"] = _whole_number(data.get("number"))
-        data["verdict"] = _named(data.get("verdict")) if isinstance(data.get("verdict"), str) else ""
-        for key in ("questions", "error_types"):
-            value = data.get(key)
-            if value is None:
-                value = []
-            elif isinstance(value, str):
-                value = [value]
-            elif not isinstance(value, list):
-                value = [value]
-            data[key] = ([v for v in value if isinstance(v, str)] if key == "questions"
-                         else [_named(v) if isinstance(v, str) else str(v) for v in value])
+        verdict = _named(data.get("verdict"))
+        data["verdict"] = verdict if isinstance(verdict, str) else ""
+        data["questions"] = _text_list(data.get("questions"))
+        data["error_types"] = _named_list(data.get("error_types"))
         return data
 
 

@@ -458,3 +458,43 @@ def test_batched_an_unreadable_number_costs_only_its_own_sentence():
     prediction, calls = run(responder, batch_size=5)
     assert [batch_numbers(c) for c in calls] == [[1, 2, 3, 4, 5], [3, 4]]
     assert [a.status for a in prediction.annotations] == ["ok"] * 5
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_null_or_non_text_list_items_are_read_alike_in_both_modes(batch_size):
+    """A `null` among the questions or kinds stands for nothing, as a `null` list does, and a question
+    that is no text is no question: the rest of the answer is read, per sentence as in a batch."""
+    def one(sentence):
+        if "Zed" in sentence:
+            return {"verdict": "confusion", "questions": ["Who is Zed?", None, 7], "error_types": ["entity omission", None]}
+        return {"verdict": "no confusion", "questions": [None], "error_types": [None]}
+
+    def responder(call):
+        if batch_size == 1:
+            return one(call.inputs["sentence"])
+        return {"answers": [{"number": n, **one(SENTENCES[n - 1])} for n in batch_numbers(call)]}
+
+    prediction, calls = run(responder, batch_size=batch_size)
+    assert len(calls) == (5 if batch_size == 1 else 2)
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
+    assert prediction.annotations[1].questions == ["Who is Zed?"]
+    assert prediction.annotations[1].types == ["entity omission"]
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_kind_that_is_no_text_is_asked_again_in_both_modes(batch_size):
+    """A kind written as a number may mean a place in the list of kinds: which one is a guess."""
+    def one(sentence, attempt):
+        if "Zed" in sentence and attempt == 0:
+            return {"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": [1]}
+        return answer_for(sentence)
+
+    def responder(call):
+        if batch_size == 1:
+            return one(call.inputs["sentence"], call.attempt)
+        return {"answers": [{"number": n, **one(SENTENCES[n - 1], call.attempt)} for n in batch_numbers(call)]}
+
+    prediction, calls = run(responder, batch_size=batch_size)
+    assert len(calls) == (6 if batch_size == 1 else 3)
+    assert [a.status for a in prediction.annotations] == ["ok"] * 5
+    assert prediction.annotations[1].attempts == 2 and prediction.annotations[1].types == ["entity omission"]
