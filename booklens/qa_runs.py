@@ -81,14 +81,15 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     from booklens.data.novelqa import check_evidence_recall, check_setting, load_questions
     from booklens.inputs import as_path
     from booklens.parallel import check_at_least
-    from booklens.retrieval import BOOK_MODES, check_qa_evidence_options, index_dir
+    from booklens.retrieval import BOOK_MODES, check_evidence_options, index_dir
     from booklens.text import count_tokens, read_book
 
     book, questions = as_path(book, "the book"), as_path(questions, "the question file")
     if limit is not None:
         check_at_least("--limit", limit)
     check_at_least("--concurrency", concurrency)
-    check_qa_evidence_options(evidence, k=k, passage_tokens=passage_tokens, rank_mode=rank_mode)
+    check_evidence_options(evidence, k=k, passage_tokens=passage_tokens, rank_mode=rank_mode, book_takes_k=True,
+                           given_cuts_passages=False)
     if quote_evidence and evidence == "none":
         raise BooklensError("--quote-evidence asks for quotes from the context, and --evidence none gives none")
     if evidence_recall is not None and not quote_evidence:

@@ -217,6 +217,48 @@ def test_unknown_search_mode_is_an_error():
         index.search("x", mode="tfidf")
 
 
+QA_OPTIONS = dict(book_takes_k=True, given_cuts_passages=False)
+
+
+@pytest.mark.parametrize("mode, options, message", [
+    ("none", dict(k=3), "--k is how many passages bm25/dense/hybrid retrieve; evidence none retrieves none"),
+    ("book", dict(k=3), "--k is how many passages bm25/dense/hybrid retrieve; evidence book retrieves none"),
+    ("bm25", dict(budget_tokens=500), "--budget-tokens bounds the evidence of the book and given modes; "
+                                      "evidence bm25 would not apply it"),
+    ("none", dict(passage_tokens=64), "--passage-tokens sizes the passages cut from the book; evidence none "
+                                      "cuts none"),
+    ("none", dict(k=3, as_keys=True), "k is how many passages"),
+    ("none", dict(k=3, **QA_OPTIONS),
+     "--k is how many passages bm25/dense/hybrid/book start from; evidence none retrieves none"),
+    ("given", dict(passage_tokens=64, **QA_OPTIONS),
+     "--passage-tokens sizes the passages cut from the book; evidence given cuts none"),
+    ("none", dict(rank_mode="dense", **QA_OPTIONS),
+     "--rank-mode ranks the passages --evidence book grows its windows around; evidence none ranks none"),
+    ("bm25", dict(rank_mode="dense", **QA_OPTIONS),
+     "--rank-mode ranks the passages --evidence book grows its windows around; evidence bm25 ranks by its own name"),
+])
+def test_one_checker_refuses_settings_the_evidence_mode_never_uses(mode, options, message):
+    from booklens.retrieval import check_evidence_options
+
+    with pytest.raises(BooklensError) as caught:
+        check_evidence_options(mode, **options)
+    assert str(caught.value).startswith(message)
+
+
+@pytest.mark.parametrize("mode, options", [
+    ("bm25", dict(k=3)),
+    ("given", dict(passage_tokens=64)),
+    ("book", dict(budget_tokens=500, passage_tokens=64)),
+    ("book", dict(k=3, rank_mode="dense", **QA_OPTIONS)),
+    ("hybrid", dict(k=3, passage_tokens=64, **QA_OPTIONS)),
+    ("given", dict(rank_mode="bm25", **QA_OPTIONS)),
+])
+def test_one_checker_takes_the_settings_the_evidence_mode_uses(mode, options):
+    from booklens.retrieval import check_evidence_options
+
+    check_evidence_options(mode, **options)
+
+
 def test_book_context_fits_the_budget_in_book_order_around_the_best_passage():
     text = story_text()
     index = BookIndex.build(text, passage_tokens=64)

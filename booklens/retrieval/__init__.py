@@ -57,42 +57,35 @@ EVIDENCE_HELP = {
 
 
 def check_evidence_options(mode: str, *, k: int = DEFAULT_K, budget_tokens: int | None = None,
-                           passage_tokens: int = DEFAULT_PASSAGE_TOKENS, as_keys: bool = False) -> None:
+                           passage_tokens: int = DEFAULT_PASSAGE_TOKENS, rank_mode: str | None = None,
+                           book_takes_k: bool = False, given_cuts_passages: bool = True,
+                           as_keys: bool = False) -> None:
     """A one-line `BooklensError` for a retrieval setting the evidence mode never uses, which the
-    record would otherwise list as if it had applied (a default counts as not given). `as_keys`:
-    name the settings as manifests write them."""
+    record would otherwise list as if it had applied (a default counts as not given).
+
+    What differs for `qa`: its `book` mode takes `k` too (`book_takes_k`: the passages its windows
+    grow around) ranked by `rank_mode` (None: the command has no such setting, else compared with
+    qa's default), and its `given` evidence is NovelQA's, cut from no passage
+    (`given_cuts_passages=False`). `as_keys`: name the settings as manifests write them."""
     from booklens.errors import BooklensError
 
     def name(option: str) -> str:
         return option.lstrip("-").replace("-", "_") if as_keys else option
 
-    if k != DEFAULT_K and mode not in PASSAGE_MODES:
-        raise BooklensError(f"{name('--k')} is how many passages {'/'.join(PASSAGE_MODES)} retrieve; "
-                            f"evidence {mode} retrieves none")
+    k_modes = BOOK_MODES if book_takes_k else PASSAGE_MODES
+    if k != DEFAULT_K and mode not in k_modes:
+        raise BooklensError(f"{name('--k')} is how many passages {'/'.join(k_modes)} "
+                            f"{'start from' if book_takes_k else 'retrieve'}; evidence {mode} retrieves none")
     if budget_tokens is not None and mode not in ("book", "given"):
         raise BooklensError(f"{name('--budget-tokens')} bounds the evidence of the book and given modes; "
                             f"evidence {mode} would not apply it")
-    if passage_tokens != DEFAULT_PASSAGE_TOKENS and mode == "none":
-        raise BooklensError(f"{name('--passage-tokens')} sizes the passages cut from the book; evidence none "
+    cut_modes = BOOK_MODES + (("given",) if given_cuts_passages else ())
+    if passage_tokens != DEFAULT_PASSAGE_TOKENS and mode not in cut_modes:
+        raise BooklensError(f"{name('--passage-tokens')} sizes the passages cut from the book; evidence {mode} "
                             "cuts none")
-
-
-def check_qa_evidence_options(mode: str, *, k: int = DEFAULT_K, passage_tokens: int = DEFAULT_PASSAGE_TOKENS,
-                              rank_mode: str = QA_BOOK_RANK_MODE) -> None:
-    """`check_evidence_options` for `qa`, whose `book` mode also takes `k` (the passages its
-    windows grow around) and `rank_mode` (how they are ranked); `given` shows NovelQA's gold
-    evidence, cut from no passage."""
-    from booklens.errors import BooklensError
-
-    reads_book = mode in BOOK_MODES
-    if k != DEFAULT_K and not reads_book:
-        raise BooklensError(f"--k is how many passages {'/'.join(BOOK_MODES)} start from; evidence {mode} "
-                            "retrieves none")
-    if passage_tokens != DEFAULT_PASSAGE_TOKENS and not reads_book:
-        raise BooklensError(f"--passage-tokens sizes the passages cut from the book; evidence {mode} cuts none")
-    if rank_mode != QA_BOOK_RANK_MODE and mode != "book":
-        raise BooklensError(f"--rank-mode ranks the passages --evidence book grows its windows around; evidence "
-                            f"{mode} " + ("ranks by its own name" if mode in SEARCH_MODES else "ranks none"))
+    if rank_mode is not None and rank_mode != QA_BOOK_RANK_MODE and mode != "book":
+        raise BooklensError(f"{name('--rank-mode')} ranks the passages --evidence book grows its windows around; "
+                            f"evidence {mode} " + ("ranks by its own name" if mode in SEARCH_MODES else "ranks none"))
 
 
 # What counts as a word when texts are matched word for word (BM25 terms, quote overlap). Scripts
