@@ -15,7 +15,7 @@ from booklens.data.diversesumm import load_events, load_summaries, require_quest
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
 from booklens.qa_runs import Measured, setup_run_lm
-from booklens.vocabulary import CRITERIA, FAITHFULNESS_CHOICES, JUDGE_PROTOCOLS, VERBOSITY_PROTOCOLS, counted
+from booklens.vocabulary import CRITERIA, FAITHFULNESS_CHOICES, JUDGE_PROTOCOLS, VERBOSITY_PROTOCOLS
 
 
 def _criteria(criterion: str) -> list[str]:
@@ -178,41 +178,3 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
                 table.append((crit, proto, result))
     return {"kind": "booklens.bias.verbosity", "lm": lm_label(model), **out, "table": table, "usage": measured.usage,
             "seconds": measured.seconds}
-
-
-
-def judged_nothing(result: dict[str, Any]) -> Optional[str]:
-    """Why a `judge` or `bias` result holds no judgment at all (the judge failed on every case), or a
-    `diverse` result has a protocol without one, else None. The commands write such a result for a
-    look at the errors, then fail: it is not a score."""
-    from booklens.steps import quote_first_error
-
-    kind = result.get("kind")
-    if kind == "booklens.judge":
-        items = [item for row in result["events"] for item in row.get("cases", row.get("judgments", []))]
-        total, failed = len(items), sum(row["failed"] for row in result["events"])
-        what = "pairwise case" if result["protocol"] == "pairwise" else "judgment"
-    elif kind == "booklens.diverse":
-        # Each protocol is a score of its own: one whose every judgment failed measured nothing.
-        by_protocol: dict[str, list[dict[str, Any]]] = {}
-        for row in result["events"]:
-            for name, judgments in (row.get("judgments") or {}).items():
-                by_protocol.setdefault(name, []).extend(judgments)
-        empty = {name: judgments for name, judgments in by_protocol.items()
-                 if judgments and all(j.get("error") for j in judgments)}
-        if not empty:
-            return None
-        items = [j for judgments in empty.values() for j in judgments]
-        return (f"the judge gave no verdict on {', '.join(empty)} ({len(items)} of {counted(len(items), 'judgment')} "
-                "failed)" + quote_first_error([j.get("error") or "" for j in items]))
-    elif kind in ("booklens.bias.position", "booklens.bias.verbosity"):
-        parts = [part for part in result.values() if isinstance(part, dict) and "result" in part]
-        items = [item for part in parts for item in part.get("cases", [])]
-        failed = sum(part["result"]["failed"] for part in parts)
-        total, what = failed + sum(part["result"]["cases"] for part in parts), "case"
-    else:
-        return None
-    if not total or failed < total:
-        return None
-    return f"the judge gave no verdict ({failed} of {counted(total, what)} failed)" + quote_first_error(
-        [item.get("error") or "" for item in items])

@@ -125,18 +125,3 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
         "report": qa_report(records, threshold=position_threshold), "predictions": [r.model_dump() for r in records],
         "usage": measured.usage, "seconds": measured.seconds,
     }
-
-
-def answered_nothing(result: dict[str, Any]) -> Optional[str]:
-    """Why a `qa` result measures nothing (no question got a valid answer, or, in the gen setting, a
-    verdict), else None. Its 0% would say more about the backend than about the model: the command
-    writes the result for a look at the errors, then fails."""
-    from booklens.steps import quote_first_error
-    from booklens.vocabulary import counted
-
-    predictions = result["predictions"]
-    errors = [p.get("error") or "" for p in predictions]
-    if not predictions or not all(errors):
-        return None
-    return (f"no question got a valid answer or verdict ({len(errors)} of {counted(len(errors), 'question')} "
-            "failed)" + quote_first_error(errors))

@@ -22,7 +22,7 @@ from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
 from booklens.lm.usage import usage_scope, usage_step
 from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS
-from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS
+from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, counted
 
 
 def _usage(tracker) -> dict[str, Any]:
@@ -356,22 +356,68 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
 
 
 def judged_nothing(record: Any) -> Optional[str]:
-    """Why a judge's record says nothing about its summary, else None: the judge gave no valid verdict
-    on any sentence (a `CoherenceResult` or `CoherenceSet`) or on any claim (a `FaithfulnessReport`).
-    Commands and runs count such a record as a failure instead of a score."""
+    """Why a record measures nothing, else None: its judge (or `qa`'s model) failed on every item.
+    Commands and runs write such a record for a look at the errors, then count it as a failure
+    instead of a score (a 0 would say more about the backend than about the summary or model).
+
+    Records: a `CoherenceResult` or `CoherenceSet` (sentences), a `FaithfulnessReport` (claims), and
+    the results of `judge` (judgments or pairwise cases), `bias` (cases), `qa` (questions) and
+    `diverse`, each of whose protocols is a score of its own, so one that failed throughout measured
+    nothing."""
     from booklens.records import CoherenceResult, CoherenceSet, FaithfulnessReport
 
     if isinstance(record, FaithfulnessReport):
-        if record.claims and record.failures == len(record.claims):
-            errors = [c.error for c in record.claims if c.error]
-            return f"the judge verified none of the {len(record.claims)} claims" + quote_first_error(errors)
-        return None
+        errors = [c.error for c in record.claims if c.error]
+        return all_failed(f"the judge verified none of the {len(record.claims)} claims", len(record.claims),
+                          record.failures, errors)
     if isinstance(record, (CoherenceResult, CoherenceSet)):
-        if record.n_sentences and record.n_failed == record.n_sentences:
-            results = record.results.values() if isinstance(record, CoherenceSet) else [record]
-            errors = [s.error for r in results for s in r.sentences if s.error]
-            return f"the judge gave no valid verdict on any of the {record.n_sentences} sentences" + quote_first_error(errors)
+        results = record.results.values() if isinstance(record, CoherenceSet) else [record]
+        errors = [s.error for r in results for s in r.sentences if s.error]
+        return all_failed(f"the judge gave no valid verdict on any of the {record.n_sentences} sentences",
+                          record.n_sentences, record.n_failed, errors)
+    kind = record.get("kind") if isinstance(record, Mapping) else None
+    if kind == "booklens.qa":
+        errors = [p.get("error") or "" for p in record["predictions"]]
+        return all_failed("no question got a valid answer or verdict", len(errors), sum(map(bool, errors)), errors,
+                          counts="question")
+    if kind == "booklens.judge":
+        items = [item for row in record["events"] for item in row.get("cases", row.get("judgments", []))]
+        failed = sum(row["failed"] for row in record["events"])
+        return all_failed("the judge gave no verdict", len(items), failed, [i.get("error") or "" for i in items],
+                          counts="pairwise case" if record["protocol"] == "pairwise" else "judgment")
+    if kind in ("booklens.bias.position", "booklens.bias.verbosity"):
+        parts = [part for part in record.values() if isinstance(part, Mapping) and "result" in part]
+        items = [item for part in parts for item in part.get("cases", [])]
+        failed = sum(part["result"]["failed"] for part in parts)
+        return all_failed("the judge gave no verdict", failed + sum(part["result"]["cases"] for part in parts),
+                          failed, [i.get("error") or "" for i in items], counts="case")
+    if kind == "booklens.diverse":
+        by_protocol: dict[str, list[Any]] = {}
+        for row in record["events"]:
+            for name, judgments in (row.get("judgments") or {}).items():
+                by_protocol.setdefault(name, []).extend(judgments)
+        empty = {name: [j.get("error") or "" for j in judgments] for name, judgments in by_protocol.items()
+                 if failed_throughout(len(judgments), sum(bool(j.get("error")) for j in judgments))}
+        errors = [e for name_errors in empty.values() for e in name_errors]
+        return all_failed(f"the judge gave no verdict on {', '.join(empty)}", len(errors), len(errors), errors,
+                          counts="judgment")
     return None
+
+
+def all_failed(said: str, total: int, failed: int, errors: Sequence[str], *, counts: Optional[str] = None
+               ) -> Optional[str]:
+    """The rule of `judged_nothing`: `said`, then "(failed of total <counts>s failed)" when `counts`
+    names the items, and the first error, when every one of `total` items failed
+    (`failed_throughout`); else None."""
+    if not failed_throughout(total, failed):
+        return None
+    tally = f" ({failed} of {counted(total, counts)} failed)" if counts else ""
+    return said + tally + quote_first_error(errors)
+
+
+def failed_throughout(total: int, failed: int) -> bool:
+    """Every one of `total` items failed (no item at all is not a failure: there was nothing to judge)."""
+    return total > 0 and failed >= total
 
 
 def require_verdicts(record: Any) -> Any:

@@ -396,6 +396,37 @@ def test_a_judge_that_verifies_no_claim_fails_its_step_instead_of_scoring_zero(s
     assert not (out / "faithfulness.json").exists()
 
 
+def test_one_rule_says_when_a_record_of_any_command_judged_nothing():
+    """Every command's record (a run step's, `judge`'s, `bias`'s, `diverse`'s, `qa`'s) is read by the
+    same rule: nothing measured only when every item failed, and none when there was no item."""
+    from booklens.steps import judged_nothing
+
+    qa = {"kind": "booklens.qa", "predictions": [{"error": "no answer\nmore"}, {"error": "bad"}]}
+    assert judged_nothing(qa) == ("no question got a valid answer or verdict (2 of 2 questions failed) "
+                                  "(first: no answer)")
+    assert judged_nothing({**qa, "predictions": [{"error": "bad"}, {"error": None}]}) is None
+    assert judged_nothing({**qa, "predictions": []}) is None
+
+    judge = {"kind": "booklens.judge", "protocol": "pairwise",
+             "events": [{"cases": [{"error": None}, {"error": "late"}], "failed": 1}]}
+    assert judged_nothing(judge) is None
+    judge["events"][0]["cases"][0]["error"], judge["events"][0]["failed"] = "early", 2
+    assert judged_nothing(judge) == "the judge gave no verdict (2 of 2 pairwise cases failed) (first: early)"
+
+    diverse = {"kind": "booklens.diverse", "events": [
+        {"judgments": {"coverage_binary": [{"error": "e1"}], "coverage_likert": [{"error": None}]}},
+        {"judgments": None}]}
+    assert judged_nothing(diverse) == ("the judge gave no verdict on coverage_binary (1 of 1 judgment failed) "
+                                       "(first: e1)")
+
+    bias = {"kind": "booklens.bias.position", "lm": "x",
+            "coverage": {"result": {"failed": 1, "cases": 0}, "cases": [{"error": "e2"}]}}
+    assert judged_nothing(bias) == "the judge gave no verdict (1 of 1 case failed) (first: e2)"
+    bias["coverage"]["result"]["cases"] = 1
+    assert judged_nothing(bias) is None
+    assert judged_nothing({"kind": "booklens.other"}) is None
+
+
 def test_claims_the_judge_could_not_verify_are_left_out_of_the_shares_and_said(server, tmp_path):
     out, cache = tmp_path / "run", tmp_path / "cache"
     server.answers.verify_garbled = "lamp"  # one claim of four

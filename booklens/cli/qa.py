@@ -82,8 +82,9 @@ def _fmt(x: Optional[float], digits: int = 2) -> str:
 
 
 def _fail_if_judged_nothing(result: dict[str, Any]) -> None:
-    """A one-line error (exit 2, the record already written) when the judge gave no verdict at all."""
-    from booklens.diverse_runs import judged_nothing
+    """A one-line error (exit 2, the record already written) when the judge gave no verdict at all, or
+    `qa`'s model no valid answer."""
+    from booklens.steps import judged_nothing
 
     reason = judged_nothing(result)
     if reason:
@@ -145,7 +146,7 @@ def qa_command(
 ) -> None:
     """Answer NovelQA-format questions about a book and print accuracy by question type and evidence position."""
     from booklens.metrics.qa import format_report
-    from booklens.qa_runs import answered_nothing, run_book_qa
+    from booklens.qa_runs import run_book_qa
 
     result = run_book_qa(book, questions, setting=setting.value, evidence=evidence.value, k=k,
                          passage_tokens=passage_tokens, rank_mode=rank_mode.value, quote_evidence=quote_evidence,
@@ -161,9 +162,7 @@ def qa_command(
                f"{setting.value}; evidence {evidence.value} ({modes}); LM {result['lm']}")
     typer.echo(format_report(result["report"]))
     typer.echo(_usage_line(result), err=True)
-    reason = answered_nothing(result)
-    if reason:
-        raise BooklensError(reason)
+    _fail_if_judged_nothing(result)
 
 
 # ---------------------------------------------------------------------------
