@@ -372,9 +372,8 @@ def judged_nothing(record: Any) -> Optional[str]:
                           record.failures, errors)
     if isinstance(record, (CoherenceResult, CoherenceSet)):
         results = record.results.values() if isinstance(record, CoherenceSet) else [record]
-        errors = [s.error for r in results for s in r.sentences if s.error]
-        return all_failed(f"the judge gave no valid verdict on any of the {record.n_sentences} sentences",
-                          record.n_sentences, record.n_failed, errors)
+        return sentences_judged_nothing(record.n_sentences, record.n_failed,
+                                        [s.error for r in results for s in r.sentences if s.error])
     kind = record.get("kind") if isinstance(record, Mapping) else None
     if kind == "booklens.qa":
         errors = [p.get("error") or "" for p in record["predictions"]]
@@ -402,6 +401,13 @@ def judged_nothing(record: Any) -> Optional[str]:
         return all_failed(f"the judge gave no verdict on {', '.join(empty)}", len(errors), len(errors), errors,
                           counts="judgment")
     return None
+
+
+def sentences_judged_nothing(n_sentences: int, n_failed: int, errors: Sequence[str]) -> Optional[str]:
+    """`judged_nothing` of a coherence judgment of `n_sentences` sentences (also what the
+    summarization task's metric says of a summary it cannot score)."""
+    return all_failed(f"the judge gave no valid verdict on any of the {n_sentences} sentences", n_sentences,
+                      n_failed, errors)
 
 
 def all_failed(said: str, total: int, failed: int, errors: Sequence[str], *, counts: Optional[str] = None

@@ -458,21 +458,22 @@ def _book_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
 def summary_coherence(example, prediction, trace=None) -> float:
     """The BooookScore of the produced summary by the confusion detector (0 for a summary with no
     sentence). When the detector gave no valid verdict on any sentence, the summary has no score,
-    as in `score` and `run` (`booklens.steps.judged_nothing`): `NoScore`, never a BooookScore of 0.
+    as in `score` and `run` (`booklens.steps.sentences_judged_nothing`): `NoScore`, never a
+    BooookScore of 0.
     The detector's own LM calls stay out of the optimizer's trace."""
     from booklens.optimizers.evaluate import NoScore
     from booklens.programs.coherence import build_scorer
-    from booklens.steps import quote_first_error
+    from booklens.steps import sentences_judged_nothing
 
     summary = getattr(prediction, "summary", "") or ""
     if not summary.strip():
         return 0.0
     with dspy.context(trace=None):
         scored = build_scorer(batch_size=4, concurrency=1)(summary=summary)
-    if scored.score is None and scored.sentences:
-        errors = [a.error for a in scored.annotations if a.error]
-        raise NoScore(f"the judge gave no valid verdict on any of the {len(scored.sentences)} sentences"
-                      + quote_first_error(errors))
+    reason = sentences_judged_nothing(len(scored.sentences), scored.n_failed,
+                                      [a.error for a in scored.annotations if a.error])
+    if reason:
+        raise NoScore(reason)
     return float(scored.score or 0.0)  # 0 for a summary with no sentence, as for an empty one
 
 

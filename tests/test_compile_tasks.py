@@ -243,6 +243,26 @@ def test_coherence_has_a_smaller_default_budget_and_options_override_it():
     assert coherence.default_budget(demos=5, trials=None).trials == 3
 
 
+def test_the_metric_says_no_verdict_in_the_words_score_uses(monkeypatch):
+    """One builder for the sentence: the summary metric's NoScore is what `score` says of the same
+    summary judged the same way (`booklens.steps.sentences_judged_nothing`)."""
+    import booklens.steps as steps
+    from booklens.optimizers.evaluate import NoScore
+    from booklens.optimizers.tasks import summary_coherence
+
+    built = []
+    builder = steps.sentences_judged_nothing
+    monkeypatch.setattr(steps, "sentences_judged_nothing", lambda *a, **kw: built.append(a) or builder(*a, **kw))
+    summary = "The keeper lit the lamp. He slept."
+    configure(ScriptedLM(lambda call: "not json at all"))
+    with pytest.raises(NoScore) as caught:
+        summary_coherence(None, dspy.Prediction(summary=summary))
+    assert len(built) == 1
+    record = steps.score_coherence({"s": summary}, as_set=False, batch_size=4, concurrency=1)
+    assert str(caught.value) == steps.judged_nothing(record)
+    assert str(caught.value).startswith("the judge gave no valid verdict on any of the 2 sentences (first: ")
+
+
 @pytest.mark.parametrize("optimizer", ["bootstrap", "random-search"])
 def test_a_summary_the_judge_gave_no_verdict_on_has_no_score_not_a_booookscore_of_0(optimizer, tmp_path):
     """The metric says so (NoScore) instead of scoring 0, and an optimizer that got no score on
