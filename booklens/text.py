@@ -82,28 +82,28 @@ def _decode_text(data: bytes, where: str) -> str:
             text = data.decode(wide)
         except UnicodeDecodeError:
             raise BooklensError(f"{where} is not valid {wide.upper()} text despite its byte-order mark") from None
-        sample = text[:65536]
-        if "\x00" in sample or len(_CONTROL.findall(sample)) > 0.1 * len(sample):
-            raise BooklensError(f"{where} looks like a binary file (control characters after a {wide.upper()} "
-                                "byte-order mark), not text")
-        return text
-    if b"\x00" in data:
-        raise BooklensError(f"{where} looks like a binary file (it contains NUL bytes), not UTF-8 text")
-    skip = 3 if data.startswith(b"\xef\xbb\xbf") else 0  # a UTF-8 byte-order mark
-    try:
-        text = data[skip:].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        sample = data[skip:skip + 65536].decode("utf-8", errors="replace")
-        bad = sample.count("\ufffd") + len(_CONTROL.findall(sample))
-        if len(sample) >= 32 and bad > 0.3 * len(sample):
-            raise BooklensError(f"{where} looks like a binary file, not UTF-8 text") from None
-        raise BooklensError(
-            f"{where} is not valid UTF-8: undecodable byte 0x{data[skip + exc.start]:02x} at byte offset "
-            f"{skip + exc.start}; convert the file to UTF-8"
-        ) from None
+        looks = f"control characters after a {wide.upper()} byte-order mark"
+    else:
+        if b"\x00" in data:
+            raise BooklensError(f"{where} looks like a binary file (it contains NUL bytes), not UTF-8 text")
+        skip = 3 if data.startswith(b"\xef\xbb\xbf") else 0  # a UTF-8 byte-order mark
+        try:
+            text = data[skip:].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            sample = data[skip:skip + 65536].decode("utf-8", errors="replace")
+            bad = sample.count("\ufffd") + len(_CONTROL.findall(sample))
+            if len(sample) >= 32 and bad > 0.3 * len(sample):
+                raise BooklensError(f"{where} looks like a binary file, not UTF-8 text") from None
+            raise BooklensError(
+                f"{where} is not valid UTF-8: undecodable byte 0x{data[skip + exc.start]:02x} at byte offset "
+                f"{skip + exc.start}; convert the file to UTF-8"
+            ) from None
+        looks = "mostly control characters"
+    # Decoded text that is a binary file's all the same: a NUL (only a wide encoding gets this far
+    # with one) or over 10% control characters in its first 64K characters.
     sample = text[:65536]
-    if len(_CONTROL.findall(sample)) > 0.1 * len(sample):
-        raise BooklensError(f"{where} looks like a binary file (mostly control characters), not text")
+    if "\x00" in sample or len(_CONTROL.findall(sample)) > 0.1 * len(sample):
+        raise BooklensError(f"{where} looks like a binary file ({looks}), not text")
     return text
 
 

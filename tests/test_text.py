@@ -106,6 +106,28 @@ def test_binary_data_after_a_utf16_byte_order_mark_is_not_text(tmp_path):
     assert_one_line_error(excinfo, "binary")
 
 
+@pytest.mark.parametrize("data, reason", [
+    (bytes(range(1, 9)) * 500, "(mostly control characters)"),
+    ("\ufeffAbc\x01\x02\x03".encode("utf-8"), "(mostly control characters)"),
+    (b"\xff\xfe" + "Ab\x01\x02\x03".encode("utf-16-le"), "(control characters after a UTF-16 byte-order mark)"),
+    (b"\xff\xfe" + "A text with one NUL: \x00.".encode("utf-16-le"),
+     "(control characters after a UTF-16 byte-order mark)"),
+    (b"\x00\x00\xfe\xff" + "Ab\x1b\x1b\x1b".encode("utf-32-be"),
+     "(control characters after a UTF-32 byte-order mark)"),
+])
+def test_control_characters_say_binary_file_in_one_line_whatever_the_encoding(tmp_path, data, reason):
+    path = write(tmp_path, "b.txt", data)
+    with pytest.raises(BooklensError) as excinfo:
+        T.read_text_file(path)
+    assert str(excinfo.value) == f"{path} looks like a binary file {reason}, not text"
+
+
+def test_a_few_control_characters_in_text_are_read(tmp_path):
+    text = "A page.\x0cThe next page, with a bell\x07 in it.\n"
+    for data in (text.encode("utf-8"), text.encode("utf-16")):  # Python's UTF-16 starts with its mark
+        assert T.read_text_file(write(tmp_path, "t.txt", data)) == text
+
+
 def test_read_book_rejects_bad_input_like_read_text_file(tmp_path):
     with pytest.raises(BooklensError, match="book not found"):
         T.read_book(tmp_path / "missing.txt")
