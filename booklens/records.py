@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 from glob import escape as glob_escape
 from pathlib import Path
@@ -161,13 +162,61 @@ def read_text_file(path: str | Path, what: str) -> str:
 
 def read_json_file(path: str | Path, what: str) -> Any:
     """A JSON file a user gave, or a one-line `BooklensError` saying what is wrong with it."""
-    text = read_text_file(path, what)
+    return parse_json(read_text_file(path, what), path, what)
+
+
+def parse_json(text: str, path: str | Path, what: str) -> Any:
+    """The JSON `text` of the file `path` (a user's `what`), or a one-line `BooklensError`: not JSON,
+    nested too deeply, or a key given twice in one object, of which JSON would keep the last value
+    and drop the other unseen (a question, a book's summary, a claim)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise BooklensError(f"{what} is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
+    except _KeyTwice as exc:
+        key = exc.args[0]
+        line = _line_of_second(text, key)
+        where = f"{path}: line {line}" if line else str(path)
+        raise BooklensError(f"{what} is malformed: the key {key!r} appears twice in one object ({where}); JSON "
+                            "keeps only the last") from None
     except RecursionError:  # Python's parser has a depth limit; no booklens file comes near it
         raise BooklensError(f"{what} is nested too deeply to be read ({path})") from None
+
+
+class _KeyTwice(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _KeyTwice(key)
+        seen[key] = value
+    return seen
+
+
+# A JSON string (and the colon after it, when it is an object's key), or a bracket.
+_JSON_TOKEN = re.compile(r'("(?:[^"\\]|\\.)*")(\s*:)?|[{}\[\]]')
+
+
+def _line_of_second(text: str, key: str) -> Optional[int]:
+    """The line on which `key` comes a second time in one object of `text`. The parser's hook sees
+    no positions, and only this error path pays for a second pass."""
+    objects: list[Optional[set[str]]] = []  # the keys of each open object; None for an array
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group(0)
+        if token in ("{", "["):
+            objects.append(set() if token == "{" else None)
+        elif token in ("}", "]"):
+            if objects:
+                objects.pop()
+        elif match.group(2) and objects and objects[-1] is not None:
+            name = json.loads(match.group(1))
+            if name == key and name in objects[-1]:
+                return text.count("\n", 0, match.start()) + 1
+            objects[-1].add(name)
+    return None
 
 
 # ---------------------------------------------------------------------------

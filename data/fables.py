@@ -14,7 +14,6 @@ splits them by book with `booklens.data.splits.split_by_book`.
 from __future__ import annotations
 
 import io
-import json
 import statistics
 import urllib.error
 import urllib.request
@@ -128,23 +127,8 @@ def parse_fables(data: Any, source: str = "FABLES data") -> list[FablesSummary]:
     return summaries
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys are all different: of a key written twice, json keeps the last
-    value and drops the other unseen (a book, a summarizer, a claim)."""
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise _DuplicateKey(key)
-        seen[key] = value
-    return seen
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
 def _read_bytes(path: Path) -> Any:
-    from booklens.records import read_file_bytes
+    from booklens.records import parse_json, read_file_bytes
 
     raw = read_file_bytes(path, "FABLES data")
     if zipfile.is_zipfile(io.BytesIO(raw)):
@@ -162,15 +146,7 @@ def _read_bytes(path: Path) -> Any:
         raise BooklensError(f"{path} is not UTF-8 JSON") from None
     if not text.strip():
         raise BooklensError(f"{path} is empty")
-    try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except _DuplicateKey as exc:
-        raise BooklensError(f"malformed FABLES data in {path}: the key {exc.args[0]!r} appears twice in one "
-                            "object (JSON keeps only the last)") from None
-    except RecursionError:
-        raise BooklensError(f"{path} is nested too deeply to be read") from None
+    return parse_json(text, path, "FABLES data")
 
 
 def load_fables(path: str | Path | None = None) -> list[FablesSummary]:

@@ -85,6 +85,8 @@ def save_program(program: dspy.Module, path: str | Path, *, task: str, **metadat
 
 def read_artifact(path: str | Path) -> dict[str, Any]:
     """Read and validate an artifact file; one-line `BooklensError`s for every way it can be wrong."""
+    from booklens.records import parse_json
+
     path = Path(path)
     if not path.exists():
         raise BooklensError(f"program artifact not found: {path}")
@@ -94,12 +96,10 @@ def read_artifact(path: str | Path) -> dict[str, Any]:
     if raw[:2] == b"\x80\x04" or raw[:1] == b"\x80":
         raise BooklensError(f"{path} is a pickle; booklens loads only JSON program artifacts (never pickle)")
     try:
-        state = json.loads(raw.decode("utf-8-sig"))
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise BooklensError(f"program artifact {path} is corrupted: not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise BooklensError(f"program artifact {path} is corrupted: not valid JSON "
-                            f"(line {exc.lineno}: {exc.msg})") from None
+    state = parse_json(text, path, "program artifact")
     metadata = state.get("metadata") if isinstance(state, dict) else None
     if metadata is not None and not isinstance(metadata, dict):
         raise _invalid(path, f"its metadata is {_json_type(metadata)}, not an object")

@@ -118,10 +118,12 @@ def invoke(args, tmp_path):
     (lambda d: ["score", write(d / "c.json", {"format_version": 1, "kind": "booklens.claims", "claims": []})],
      "is a booklens.claims record, not a summary"),
     (lambda d: ["score", write(d / "deep.json", "[" * 100_000 + "]" * 100_000)], "nested too deeply"),
+    (lambda d: ["score", write(d / "m.json", '{"a": "One. Two.",\n "a": "Three."}')],
+     "summary file is malformed: the key 'a' appears twice in one object"),
 ], ids=["empty-in-map", "list", "bad-json", "empty-summarize-output", "annot-strings", "annot-singles",
         "annot-unknown-label", "no-summaries", "human-book-only-in-annotations", "annot-missing", "both-inputs",
         "nothing", "book-with-map", "agree-disjoint", "agree-different-summary", "agree-needs-summaries",
-        "empty-summary-object", "another-record", "nested-too-deeply"])
+        "empty-summary-object", "another-record", "nested-too-deeply", "key-twice"])
 def test_bad_input_is_a_user_error(tmp_path, setup, pattern):
     out = tmp_path / "out.json"
     args = setup(tmp_path)

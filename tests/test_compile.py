@@ -261,6 +261,8 @@ def test_changed_signature_fields_are_detected(artifact):
 @pytest.mark.parametrize("damage, needle", [
     (lambda text: text[: len(text) // 2], "not valid JSON"),
     (lambda text: "\x00\x01binary", "not valid JSON"),
+    (lambda text: text.replace('"demos": [', '"demos": [], "demos": [', 1),
+     "program artifact is malformed: the key 'demos' appears twice in one object"),
     (lambda text: json.dumps([1, 2, 3]), "not a booklens program artifact"),
     (lambda text: json.dumps({**json.loads(text), "metadata": {"dependency_versions": {}}}),
      "not a booklens program artifact"),

@@ -194,7 +194,7 @@ def test_wrong_task_and_corrupted_artifacts_are_one_line_errors(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text(verify_artifact.read_text()[:200])
     proc = run_cli(["evaluate", "verification", "--data", data, "--program", broken], tmp_path)
-    assert_one_line_error(proc, "corrupted", "not valid JSON")
+    assert_one_line_error(proc, "program artifact is not valid JSON", str(broken))
 
 
 def test_malformed_artifact_metadata_is_one_line_error_in_every_command(tmp_path):

@@ -101,6 +101,12 @@ def test_a_general_comment_given_as_lines_is_their_text():
      '"Book": {"MIXTRAL": {"summary": "S.", "claims": {}}}}}', "the key 'Book' appears twice in one object"),
     ('{"Book": {"GPT-4": {"summary": "S.", "claims": {"0": {"claim": "c", "label": "Yes"}, '
      '"0": {"claim": "d", "label": "No"}}}}}', "the key '0' appears twice"),
+    # the line of the second one, in the object that holds it twice (not a same key elsewhere)
+    ('{"A": {"GPT-4": {"summary": "S.", "claims": {"0": {"claim": "c", "label": "Yes"}}}},\n'
+     ' "B": {"GPT-4": {"summary": "S.",\n "claims": {"0": {"claim": "c", "label": "Yes"},\n'
+     ' "1": {"claim": "d", "label": "No"},\n "0": {"claim": "e", "label": "No"}}}}}',
+     r"^FABLES data is malformed: the key '0' appears twice in one object \(.*FABLES.json: line 5\); JSON keeps "
+     "only the last$"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply to be read"),
     ("", "is empty"),
     ("  \r\n", "is empty"),

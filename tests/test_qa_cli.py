@@ -79,6 +79,15 @@ def test_retrieval_options_the_evidence_mode_never_uses_are_refused(tmp_path, bo
     assert_one_line_error(result, needle)
 
 
+def test_a_key_given_twice_in_the_question_file_is_refused(tmp_path, book):
+    """JSON keeps the last of two equal keys: the question would be asked with its second text, and
+    the first dropped unseen."""
+    q = tmp_path / "q.json"
+    q.write_text('[\n {"QID": "T-1",\n  "Question": "Which ship?",\n  "Question": "Which day?"}]', encoding="utf-8")
+    assert_one_line_error(run(["qa", str(book), "--questions", str(q)], tmp_path),
+                          f"question file is malformed: the key 'Question' appears twice in one object ({q}: line 4)")
+
+
 def test_invalid_json(tmp_path, book):
     bad = tmp_path / "bad.json"
     bad.write_text("[{", encoding="utf-8")

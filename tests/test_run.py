@@ -309,6 +309,25 @@ def test_every_atomic_writer_shares_one_mechanism(tmp_path):
     assert list((tmp_path / "index").iterdir()) == []
 
 
+@pytest.mark.parametrize("text, key, line", [
+    ('{"a": 1,\n "b": {"a": 2},\n "a": 3}', "a", 3),
+    # brackets, quotes and the key itself inside strings are text, not structure
+    ('{"s": "a \\" { [ \\"s\\": ",\n "t": "}",\n "s": 0}', "s", 3),
+    ('[{"k": 1},\n {"k": 2, "j": [1, {"k": 3}],\n "k": 4}]', "k", 3),
+    ('{"\\u00e9": 1,\n "\u00e9": 2}', "\u00e9", 2),
+])
+def test_a_key_given_twice_in_a_json_input_is_one_line_naming_file_key_and_line(tmp_path, text, key, line):
+    from booklens.errors import BooklensError
+    from booklens.records import read_json_file
+
+    path = tmp_path / "in.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(BooklensError) as caught:
+        read_json_file(path, "input file")
+    assert str(caught.value) == (f"input file is malformed: the key {key!r} appears twice in one object "
+                                 f"({path}: line {line}); JSON keeps only the last")
+
+
 def test_records_get_the_usual_file_mode(tmp_path):
     """Records on a shared file system are read by other users and nodes: the umask decides their
     mode, as it does for reports, not the private mode of a temporary file."""
