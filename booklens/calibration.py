@@ -81,11 +81,14 @@ def _refuse_demos(judge: str, found: int, total: int, what: str) -> None:
                             "compiled on this data, or draw another sample with --seed")
 
 
-def _judged_nothing(judge: str, items: int, what: str, errors: list[str]) -> JudgedNothing:
-    from booklens.steps import quote_first_error  # the same "(first: ...)" as score and verify
+def _judged_nothing(judge: str, items: int, what: str, failed: int, errors: list[str]) -> Optional[JudgedNothing]:
+    """The error for a calibration whose every one of `items` failed (`steps.all_failed`, the rule
+    score and verify apply): figures of no verdict would read as a measured (null) agreement."""
+    from booklens.steps import all_failed
 
-    return JudgedNothing(f"{judge} calibration: the judge gave no valid verdict on any of the "
-                         f"{counted(items, what)}{quote_first_error(errors)}; nothing stored")
+    reason = all_failed(f"{judge} calibration: the judge gave no valid verdict on any of the {counted(items, what)}",
+                        items, failed, errors)
+    return JudgedNothing(f"{reason}; nothing stored") if reason else None
 
 
 def _empty_sample(judge: str, source: str | Path, what: str, table5: bool = False) -> BooklensError:
@@ -171,8 +174,9 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
             if progress:
                 progress(f"coherence: {n}/{len(items)} summaries")
     compared = sentences - failed
-    if sentences and not compared:  # figures of no verdict would read as a measured (null) agreement
-        raise _judged_nothing("coherence", sentences, "sentence", errors)
+    nothing = _judged_nothing("coherence", sentences, "sentence", failed, errors)
+    if nothing:
+        raise nothing
     tp, fp, fn, tn = (sum(u[i] for u in units) for i in range(4))
     figures = {name: figure(units, name, n=compared, seed=seed)
                for name in ("precision", "recall", "f1", "kappa", "accuracy")}
@@ -274,8 +278,10 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
             units.append((g, p))
             if progress:
                 progress(f"verification: {n}/{len(summaries)} summaries")
-    if gold and all(x is None for x in pred):  # every claim failed: accuracy 0 would be no measurement
-        raise _judged_nothing("binary" if binary else "verification", len(gold), "claim", errors)
+    nothing = _judged_nothing("binary" if binary else "verification", len(gold), "claim",
+                              sum(1 for x in pred if x is None), errors)
+    if nothing:
+        raise nothing
     labels = BINARY_LABELS if binary or table5 else CLAIM_LABELS
     f1 = {}
     for label in labels:
