@@ -216,6 +216,9 @@ def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Modu
             if not isinstance(demos, list) or not all(isinstance(d, dict) for d in demos) \
                     or not isinstance(entry.get("signature"), dict):
                 raise ValueError(f"{name} has no list of demo objects or no signature")
+            problem = _signature_problem(entry["signature"])
+            if problem:
+                raise ValueError(f"predictor {name}: {problem}")
             predictor.load_state(entry)
     except BooklensError:
         raise
@@ -225,6 +228,27 @@ def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Modu
         predictor.__dict__.update(loaded.__dict__)
     program._booklens_artifact = block  # noqa: SLF001 - lets commands record what they ran
     return program
+
+
+def _signature_problem(signature: dict[str, Any]) -> str | None:
+    """What in a saved signature DSPy would load as it is but could not run: instructions or field
+    texts that are not text make every call fail, each failure looking like an unparseable answer."""
+    if "instructions" not in signature:
+        return "its signature has no instructions"
+    if not isinstance(signature["instructions"], str):
+        return f"its instructions are {_json_type(signature['instructions'])}, not text"
+    fields = signature.get("fields")
+    if not isinstance(fields, list):
+        return f"its signature fields are {_json_type(fields)}, not a list"
+    for i, field in enumerate(fields, start=1):
+        if not isinstance(field, dict):
+            return f"its signature field {i} is {_json_type(field)}, not an object"
+        for key in ("prefix", "description"):
+            if key not in field:
+                return f"its signature field {i} has no {key}"
+            if not isinstance(field[key], str):
+                return f"the {key} of its signature field {i} is {_json_type(field.get(key))}, not text"
+    return None
 
 
 def demos_among(program: dspy.Module, examples: list[dspy.Example]) -> int:

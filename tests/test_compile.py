@@ -258,6 +258,12 @@ def test_changed_signature_fields_are_detected(artifact):
     assert_one_line(exc, "another version", "recompile")
 
 
+def _edit_signature(text: str, edit) -> str:
+    state = json.loads(text)
+    edit(state["classify"]["signature"])
+    return json.dumps(state)
+
+
 @pytest.mark.parametrize("damage, needle", [
     (lambda text: text[: len(text) // 2], "not valid JSON"),
     (lambda text: "\x00\x01binary", "not valid JSON"),
@@ -271,6 +277,13 @@ def test_changed_signature_fields_are_detected(artifact):
     (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "classify"}), "no state for classify"),
     (lambda text: text.replace('"demos": [', '"demos": 7, "x": ['), "corrupted"),
     (lambda text: text.replace('"demos": [', '"demos": ["not a demo", ', 1), "no list of demo objects"),
+    # a hand edit DSPy's loader takes as it is: the program would fail on every call, each failure
+    # recorded as the model's unparseable answer
+    (lambda text: _edit_signature(text, lambda s: s.update(instructions=None)), "instructions are null"),
+    (lambda text: _edit_signature(text, lambda s: s.update(instructions=5)), "instructions are a number"),
+    (lambda text: _edit_signature(text, lambda s: s["fields"][0].update(prefix=None)), "field 1"),
+    (lambda text: _edit_signature(text, lambda s: s["fields"][1].update(description=7)), "field 2"),
+    (lambda text: _edit_signature(text, lambda s: s.update(fields={"a": 1})), "fields are an object"),
 ])
 def test_damaged_artifacts_give_one_line_errors(artifact, damage, needle):
     artifact.write_text(damage(artifact.read_text()))
