@@ -107,6 +107,12 @@ class NovelQAQuestion(BaseModel):
                              f"got {', '.join(beyond)}")
         return out
 
+    @field_validator("answer")
+    @classmethod
+    def _answer_text(cls, value: Optional[str]) -> Optional[str]:
+        # A blank reference is none (as a blank Gold is): the gen judge would grade against nothing.
+        return value if value is not None and value.strip() else None
+
     @field_validator("evidences", mode="before")
     @classmethod
     def _evidences(cls, value: Any) -> Any:

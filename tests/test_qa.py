@@ -229,6 +229,19 @@ def test_generative_answers_are_judged():
     assert rec.correct is None and rec.error.startswith("judge:")
 
 
+def test_a_blank_reference_answer_is_no_reference_in_the_gen_setting():
+    """An empty or blank Answer is a question without a reference, as a blank Gold letter is: the
+    judge would otherwise grade the model's answer against nothing and the question be scored."""
+    book = make_book(20)
+    q = parse_questions([{**QUESTION, "QID": "T-2", "Answer": ""}, {**QUESTION, "QID": "T-3", "Answer": "  "}])
+    assert [x.answer for x in q] == [None, None]
+    lm = scripted(lambda call: {"reason": "no reference", "verdict": "correct"} if call.wants("verdict")
+                  else {"answer": "the tender Marigold"})
+    records = answer_questions(BookQA("gen", "book"), book, q)
+    assert [(r.gold, r.correct) for r in records] == [(None, None), (None, None)]
+    assert not any(call.wants("verdict") for call in lm.backend.calls)
+
+
 def test_answer_judge_program():
     lm = scripted(lambda call: {"reason": "rough number", "verdict": "incorrect"})
     v = AnswerJudge()(question="How many?", correct_answer="3", student_answer="a few", book_title="The Lamp")
