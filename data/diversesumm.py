@@ -97,7 +97,8 @@ class QuestionAnswers(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     question: str = Field(min_length=1)
-    answer_groups: list[list[Answer]] = Field(default_factory=list)
+    # validated when left out too: a question without answers is as unjudgeable as one with []
+    answer_groups: list[list[Answer]] = Field(default_factory=list, validate_default=True)
 
     # A judge asked whether a summary covers a blank question, or answers there are none of,
     # would be scored on nothing.

@@ -89,6 +89,8 @@ def test_fixture_event_loads(event):
      "an answer is empty"),
     ([{**small_event(), "question_answers": [{"question": "q", "answer_groups": []}]}], "needs answer groups"),
     ([{**small_event(), "question_answers": [{"question": "q", "answer_groups": [[]]}]}], "needs answer groups"),
+    # no answer_groups at all is no answers either: a judge would rate coverage of a bare question
+    ([{**small_event(), "question_answers": [{"question": "q"}]}], "needs answer groups"),
 ])
 def test_bad_events(payload, needle):
     with pytest.raises(BooklensError) as err:
