@@ -11,6 +11,8 @@ from typing import Literal
 
 import dspy
 
+from booklens.signatures.answers import lenient
+
 
 class GenerateQuestions(dspy.Signature):
     """Several news articles report the same event. Write questions about the event that most of
@@ -157,7 +159,7 @@ class CompareSummaries(dspy.Signature):
     summary_a: str = dspy.InputField()
     summary_b: str = dspy.InputField()
     explanation: str = dspy.OutputField(desc="one to three sentences")
-    verdict: Literal["A", "B", "tie"] = dspy.OutputField()
+    verdict: lenient(Literal["A", "B", "tie"]) = dspy.OutputField()
 
 
 # What the pairwise judge is told each criterion of `booklens.vocabulary.CRITERIA` means.

@@ -9,7 +9,11 @@ and the claim after the instructions and demos, so the calls of one judge share 
 
 import dspy
 
+from booklens.signatures.answers import lenient
 from booklens.vocabulary import BinaryLabel, ClaimLabel
+
+ClaimLabelAnswer = lenient(ClaimLabel)
+BinaryLabelAnswer = lenient(BinaryLabel)
 
 # The dataset's names of the four judgments, onto booklens' (`booklens.vocabulary.CLAIM_LABELS`).
 FABLES_LABELS = {"Yes": "faithful", "No": "unfaithful", "PartialSupport": "partial support", "Inapplicable": "can't verify"}
@@ -46,7 +50,7 @@ class VerifyClaim(dspy.Signature):
 
     evidence: str = dspy.InputField(desc="numbered passages from the book: [1] ..., [2] ...; may be empty")
     claim: str = dspy.InputField(desc="the claim to judge")
-    label: ClaimLabel = dspy.OutputField(desc="faithful, unfaithful, partial support or can't verify")
+    label: ClaimLabelAnswer = dspy.OutputField(desc="faithful, unfaithful, partial support or can't verify")
     reason: str = dspy.OutputField(desc="one short sentence explaining the label")
     supporting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that support the claim")
     refuting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that contradict the claim")
@@ -64,7 +68,7 @@ class VerifyClaimWithoutEvidence(dspy.Signature):
     Give a one-sentence reason."""
 
     claim: str = dspy.InputField(desc="the claim to judge")
-    label: ClaimLabel = dspy.OutputField(desc="faithful, unfaithful, partial support or can't verify")
+    label: ClaimLabelAnswer = dspy.OutputField(desc="faithful, unfaithful, partial support or can't verify")
     reason: str = dspy.OutputField(desc="one short sentence explaining the label")
 
 
@@ -81,7 +85,7 @@ class VerifyClaimBinary(dspy.Signature):
 
     evidence: str = dspy.InputField(desc="numbered passages from the book: [1] ..., [2] ...; may be empty")
     claim: str = dspy.InputField(desc="the claim to judge")
-    label: BinaryLabel = dspy.OutputField(desc="faithful or unfaithful")
+    label: BinaryLabelAnswer = dspy.OutputField(desc="faithful or unfaithful")
     reason: str = dspy.OutputField(desc="one short sentence explaining the label")
     supporting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that support the claim")
     refuting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that contradict the claim")
@@ -97,5 +101,5 @@ class VerifyClaimBinaryWithoutEvidence(dspy.Signature):
     Give a one-sentence reason."""
 
     claim: str = dspy.InputField(desc="the claim to judge")
-    label: BinaryLabel = dspy.OutputField(desc="faithful or unfaithful")
+    label: BinaryLabelAnswer = dspy.OutputField(desc="faithful or unfaithful")
     reason: str = dspy.OutputField(desc="one short sentence explaining the label")

@@ -11,6 +11,9 @@ from typing import Literal
 import dspy
 
 from booklens.data.novelqa import OPTION_LETTERS
+from booklens.signatures.answers import lenient
+
+OptionLetter = lenient(Literal[OPTION_LETTERS])
 
 
 class AnswerMultipleChoice(dspy.Signature):
@@ -23,7 +26,7 @@ class AnswerMultipleChoice(dspy.Signature):
     context: str = dspy.InputField(desc="the novel, or passages from it in the order they appear")
     question: str = dspy.InputField()
     options: str = dspy.InputField(desc="one option per line, 'LETTER. text'")
-    answer: Literal[OPTION_LETTERS] = dspy.OutputField(desc="the letter of the correct option")
+    answer: OptionLetter = dspy.OutputField(desc="the letter of the correct option")
 
 
 class AnswerMultipleChoiceClosedBook(dspy.Signature):
@@ -33,7 +36,7 @@ class AnswerMultipleChoiceClosedBook(dspy.Signature):
     book_title: str = dspy.InputField()
     question: str = dspy.InputField()
     options: str = dspy.InputField(desc="one option per line, 'LETTER. text'")
-    answer: Literal[OPTION_LETTERS] = dspy.OutputField(desc="the letter of the correct option")
+    answer: OptionLetter = dspy.OutputField(desc="the letter of the correct option")
 
 
 class AnswerQuestion(dspy.Signature):
@@ -85,7 +88,7 @@ class JudgeAnswer(dspy.Signature):
     supporting_evidence: list[str] = dspy.InputField(desc="quotes from the novel or the annotator's reasoning")
     student_answer: str = dspy.InputField()
     reason: str = dspy.OutputField(desc="one or two sentences")
-    verdict: Literal["correct", "incorrect"] = dspy.OutputField()
+    verdict: lenient(Literal["correct", "incorrect"]) = dspy.OutputField()
 
 
 class ScoreEvidence(dspy.Signature):

@@ -329,6 +329,17 @@ def test_judge_that_always_picks_the_second_position(event):
     assert "100.00" in format_position(result, "Faithfulness")
 
 
+@pytest.mark.parametrize("written, read, winner", [(("a", "b"), ("A", "B"), "1"), (("A", "b."), ("A", "B"), "1"),
+                                                  (("Tie", " TIE "), ("tie", "tie"), "tie"),
+                                                  (("b", "a"), ("B", "A"), "2")])
+def test_pairwise_verdicts_written_another_way_are_read_as_the_verdict_they_name(written, read, winner):
+    answers = iter(written)
+    lm = scripted(lambda call: {"explanation": "because", "verdict": next(answers)})
+    r = PairwiseJudge("coverage")(reference="ref", summary_1="one", summary_2="two")
+    assert (r.first_order, r.second_order, r.winner, r.error) == (*read, winner, None)
+    assert len(lm.backend.calls) == 2
+
+
 def test_position_bias_arithmetic():
     pairs = [("A", "A"),    # first position wins both times
              ("B", "B"),    # second position wins both times

@@ -61,6 +61,16 @@ def test_every_label_parses_and_maps_to_fables(label, fables):
     assert result.label_percentages[label] == 100.0 and result.failures == 0
 
 
+@pytest.mark.parametrize("written, label", [("Faithful", "faithful"), ("UNFAITHFUL", "unfaithful"),
+                                            ("Partial  Support", "partial support"), ("Can't verify.", "can't verify")])
+def test_a_label_written_in_capitals_is_read_as_the_label(written, label):
+    checker = build_checker(evidence_mode="given")
+    result, lm = run_with(lambda call: verdict(written),
+                          lambda: checker(claims=["Anna sails home."], given_evidence=[["Anna sailed home."]]))
+    v = result.claims[0]
+    assert (v.label, v.error, v.attempts) == (label, None, 1) and len(lm.backend.calls) == 1
+
+
 def test_an_out_of_set_label_is_reasked_then_recorded_as_a_failure():
     checker = build_checker(evidence_mode="given")
     result, lm = run_with(lambda call: verdict("mostly true"),

@@ -208,6 +208,25 @@ def test_letters_outside_the_options_are_reasked_then_recorded_as_failures():
     assert rec.prediction == "B" and rec.correct is True and rec.attempts == 2
 
 
+@pytest.mark.parametrize("written", ["b", " B ", "(b)", "B.", "**B**"])
+def test_an_option_letter_written_another_way_is_read_as_that_letter(written):
+    """Without the answer schema enforced, a model may write the right letter in lower case or with
+    brackets: read as the letter it names, not re-asked until the question is counted wrong."""
+    q = parse_questions([QUESTION])
+    lm = scripted(lambda call: {"answer": written})
+    rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
+    assert (rec.prediction, rec.correct, rec.attempts, rec.error) == ("B", True, 1, None)
+    assert len(lm.backend.calls) == 1
+
+
+def test_a_verdict_written_in_capitals_is_read_as_the_verdict():
+    q = parse_questions([QUESTION])
+    scripted(lambda call: {"reason": "same ship", "verdict": "Correct"} if call.wants("verdict")
+             else {"answer": "the tender Marigold"})
+    rec = answer_questions(BookQA("gen", "book"), make_book(20), q)[0]
+    assert (rec.correct, rec.error) == (True, None)
+
+
 def test_generative_answers_are_judged():
     book = make_book(20)
     q = parse_questions([QUESTION])
