@@ -162,8 +162,9 @@ class NovelQAQuestion(BaseModel):
         return gold
 
     def options_text(self) -> str:
-        """The options as lines 'A. text'."""
-        return "\n".join(f"{k}. {v}" for k, v in (self.options or {}).items())
+        """The options as lines 'A. text', one line each: a line break inside an option's text
+        would show a line that reads as an option of its own."""
+        return "\n".join(f"{k}. {' '.join(v.split())}" for k, v in (self.options or {}).items())
 
 
 def parse_questions(payload: Any, source: str = "questions") -> list[NovelQAQuestion]:

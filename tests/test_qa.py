@@ -227,6 +227,19 @@ def test_a_verdict_written_in_capitals_is_read_as_the_verdict():
     assert (rec.correct, rec.error) == (True, None)
 
 
+def test_an_option_written_over_several_lines_is_shown_on_one():
+    """The options reach the model one per line ('LETTER. text'): a line break inside an option's
+    text would show a line that reads as an option of its own ('B. ...' twice)."""
+    q = parse_questions([{**QUESTION, "Options": {"A": "The Heron,\nB. the old one", "B": "The  Marigold\n",
+                                                  "C": "The Swift", "D": "The Lantern"}}])[0]
+    assert q.options_text().splitlines() == ["A. The Heron, B. the old one", "B. The Marigold", "C. The Swift",
+                                            "D. The Lantern"]
+    lm = scripted(lambda call: {"answer": "B"})
+    rec = answer_questions(BookQA("mc", "book"), make_book(20), [q])[0]
+    assert rec.correct is True
+    assert lm.backend.calls[0].inputs["options"] == q.options_text()
+
+
 def test_generative_answers_are_judged():
     book = make_book(20)
     q = parse_questions([QUESTION])
