@@ -41,9 +41,10 @@ class Article(BaseModel):
         return value
 
     def heading(self) -> str:
-        """'title (domain)', the title or the domain alone, or '' when the article has neither."""
-        head = self.title.strip()
-        domain = self.domain.strip()
+        """'title (domain)', the title or the domain alone, or '' when the article has neither;
+        on one line, since the summarizer's article text takes its first line as the heading."""
+        head = " ".join(self.title.split())
+        domain = " ".join(self.domain.split())
         if domain:
             head = f"{head} ({domain})" if head else domain
         return head

@@ -437,6 +437,30 @@ def test_extraction_rejects_numbers_outside_the_article_and_takes_short_articles
     assert len(lm.backend.calls) == calls_before  # nothing to choose, no LM call
 
 
+def test_a_title_over_several_lines_stays_on_the_heading_line(event):
+    """The summarizer's article text is one heading line, then the content: a line break in a
+    title would end the heading early and send the title's tail to the sentences to pick from."""
+    seen: list = []
+
+    def responder(call):
+        if call.wants("picks"):
+            seen.append(call.inputs)
+            return {"picks": [1]}
+        return {"summary": "Sources disagree."}
+
+    data = event.model_dump()
+    data["articles"][0]["title"] = "Harbor bridge\nclosed after   inspection"
+    data["articles"][0]["domain"] = " news.example\n"
+    ev = parse_events([data])[0]
+    texts = article_texts(ev)
+    assert texts[0].split("\n", 1)[0] == "[a01] Harbor bridge closed after inspection (news.example)"
+    scripted(responder, window=4096)
+    DiverseSummarizer("extract", num_sentences=2)(articles=texts)
+    sentences = [s.strip() for s in split_sentences(ev.articles[0].content) if s.strip()]
+    assert seen[0]["title"] == "[a01] Harbor bridge closed after inspection (news.example)"
+    assert json.loads(seen[0]["sentences"]) == [f"[{i}] {s}" for i, s in enumerate(sentences, 1)]
+
+
 def test_articles_without_title_or_domain_are_extracted_from_like_any_other(event):
     """The first line of an article text is its heading even when the article has no title or
     domain ('[aid]' alone), so every sentence of the content can be picked: none is taken for the
