@@ -182,11 +182,13 @@ def _nonempty(field: str):
 # QA references
 
 
-_NORM = re.compile(r"[^a-z0-9]+")
+# Anything but letters and digits, of any script: an ASCII-only class would erase Cyrillic or
+# Chinese wording entirely and make every such answer (or question) the same.
+_NORM = re.compile(r"[\W_]+")
 
 
 def _norm(text: str) -> str:
-    return _NORM.sub(" ", text.lower()).strip()
+    return _NORM.sub(" ", text.casefold()).strip()
 
 
 def _numbered(answers: Sequence[tuple[str, str]]) -> list[str]:

@@ -27,6 +27,7 @@ from booklens.programs.diverse import (
     RatingJudge,
     ReferenceBuilder,
     article_texts,
+    exact_groups,
     judge_pairs,
     pairwise_cases,
     summarize_events,
@@ -220,6 +221,26 @@ def test_reference_builder_clusters_answers_and_keeps_diverse_questions(event):
     content = filters[0].messages[-1]["content"]
     assert content.index("[[ ## articles ## ]]") < content.index("[[ ## question ## ]]") < content.index(
         "[[ ## answers ## ]]")
+
+
+def test_questions_and_answers_in_any_script_are_told_apart():
+    """Generated questions are deduplicated, and exact clustering groups answers, by their wording up
+    to case and punctuation: wording in another script (or with accents) is wording too, not nothing."""
+    answers = [("a1", "Три человека."), ("a2", "три человека"), ("a3", "Пять человек"), ("a4", "Café"),
+               ("a5", "cafe"), ("a6", "五人"), ("a7", "三人")]
+    assert exact_groups(answers) == [[0, 1], [2], [3], [4], [5], [6]]
+
+    def responder(call):
+        if call.wants("questions"):
+            return {"questions": ["Почему закрыли мост?", "Кто виноват?", "почему закрыли мост"]}
+        if call.wants("answers"):
+            return {"answers": []}
+        raise AssertionError(call.output_fields)
+
+    scripted(responder)
+    articles = [(f"a{i}", f"[a{i}] Статья {i}.\nМост закрыт.") for i in range(3)]
+    ref = ReferenceBuilder(num_questions=3, clustering="exact", diversity_filter=False)(articles=articles)
+    assert ref.questions == ["Почему закрыли мост?", "Кто виноват?"]
 
 
 def test_reference_clustering_failures_fall_back_to_identical_wording(event):
