@@ -14,7 +14,8 @@ _EDGES = " \t\r\n.:()[]\"'*`"
 
 
 def _key(text: str) -> str:
-    return " ".join(text.strip(_EDGES).lower().split())
+    # a typographic apostrophe ("can’t verify") read as the straight one the values are declared with
+    return " ".join(text.replace("\u2019", "'").strip(_EDGES).lower().split())
 
 
 def choice_reader(values: tuple[str, ...]) -> Callable[[Any], Any]:
