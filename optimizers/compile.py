@@ -4,9 +4,12 @@
 |-----------------|------------------------------------|----------------------------------------------------|
 | `labeled`       | LabeledFewShot                     | nothing: `demos` annotated examples per predictor  |
 | `bootstrap`     | BootstrapFewShot                   | demos from the program's own runs the metric accepts |
-| `random-search` | BootstrapFewShotWithRandomSearch   | `candidates` bootstrapped demo sets, best on dev   |
+| `random-search` | BootstrapFewShotWithRandomSearch   | `candidates` shuffled bootstrapped demo sets, best on dev |
 | `mipro`         | MIPROv2                            | `candidates` instructions x demo sets, `trials` Bayesian trials on dev |
 | `gepa`          | GEPA                               | instructions rewritten by reflection, about `trials` proposals |
+
+(`random-search` also tries, whatever `candidates` is, the zero-shot program, the labeled demos and
+the unshuffled bootstrap: `--candidates 0` still chooses among those three.)
 
 Budgets default to what finishes in minutes on a 2-core machine with the embedded model.
 Seeds are fixed (the training order, DSPy's samplers, Optuna's sampler, GEPA's RNG), and every
@@ -68,7 +71,7 @@ class Budget:
     """How much an optimizer may spend. The defaults finish in minutes with the embedded model."""
 
     demos: int = 3  # demos per predictor (bootstrapped first, then annotated ones)
-    candidates: int = 3  # random-search: bootstrapped demo sets; mipro: instruction and demo-set candidates
+    candidates: int = 3  # random-search: shuffled demo sets (and 3 fixed ones); mipro: instruction/demo sets
     trials: int = 4  # mipro: search trials; gepa: reflective proposals
     threads: int = 2  # examples evaluated at once
     max_rounds: int = 1  # bootstrap attempts per training example

@@ -69,8 +69,9 @@ def compile_command(
     demos: Annotated[Optional[int], typer.Option(
         "--demos", help="Demos per predictor (default 3; coherence 2).")] = None,
     candidates: Annotated[Optional[int], typer.Option(
-        "--candidates", help="random-search: demo sets tried; mipro: instruction and demo-set candidates "
-                             "(default 3; coherence 2).")] = None,
+        "--candidates", help="random-search: shuffled demo sets tried, beside the zero-shot, labeled and "
+                             "unshuffled bootstrap programs it always tries; mipro: instruction and demo-set "
+                             "candidates (default 3; coherence 2).")] = None,
     trials: Annotated[Optional[int], typer.Option(
         "--trials", help="mipro: search trials; gepa: reflective proposals (default 4; coherence 3).")] = None,
     threads: ThreadsOption = 2,
