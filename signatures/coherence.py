@@ -7,12 +7,13 @@ take the whole summary first so that calls on the same summary share a prompt pr
 """
 
 import inspect
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, get_args
 
 import dspy
 from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from booklens.records import COHERENCE_ERROR_TYPES, CoherenceErrorType
+from booklens.signatures.answers import choice_reader, lenient
 
 NO_CONFUSION = "no confusion"
 CONFUSION = "confusion"
@@ -26,10 +27,10 @@ def _as_list(value: Any) -> list:
     return value if isinstance(value, list) else [value]
 
 
-def _named(value: Any) -> Any:
-    """A verdict or kind as a model may write it without its schema enforced ("No Confusion",
-    "Entity omission "): lower case and single spaces, which is how every allowed value is written."""
-    return " ".join(value.lower().split()) if isinstance(value, str) else value
+# A verdict or kind as a model may write it without its schema enforced ("No Confusion",
+# "**Entity omission**"), read as the allowed value it names: the rule every closed-set answer follows.
+_verdict = choice_reader(get_args(Verdict))
+_kind = choice_reader(COHERENCE_ERROR_TYPES)
 
 
 def _text_list(value: Any) -> list[str]:
@@ -40,14 +41,14 @@ def _text_list(value: Any) -> list[str]:
 def _named_list(value: Any) -> list[str]:
     """Kinds: a `null` item is nothing, as a `null` list is; any other item that is no text is kept as
     text, so that it is refused as an unknown kind (a number may mean a place in the list: a guess)."""
-    return [_named(v if isinstance(v, str) else str(v)) for v in _as_list(value) if v is not None]
+    return [_kind(v if isinstance(v, str) else str(v)) for v in _as_list(value) if v is not None]
 
 
 # The prompt and the JSON schema show the plain list types; only the answer is read leniently
 # (`booklens.lm.adapter` applies a field's `BeforeValidator` when it reads an answer).
 Questions = Annotated[list[str], BeforeValidator(_text_list)]
 ErrorTypes = Annotated[list[CoherenceErrorType], BeforeValidator(_named_list)]
-VerdictAnswer = Annotated[Verdict, BeforeValidator(_named)]
+VerdictAnswer = lenient(Verdict)
 
 GUIDE = """\
 A sentence counts as confusing only when both of these are true:
@@ -124,7 +125,7 @@ class SentenceVerdict(BaseModel):
             data = data.model_dump()
         data = dict(data) if isinstance(data, dict) else {}
         data["number"] = _whole_number(data.get("number"))
-        verdict = _named(data.get("verdict"))
+        verdict = _verdict(data.get("verdict"))
         data["verdict"] = verdict if isinstance(verdict, str) else ""
         data["questions"] = _text_list(data.get("questions"))
         data["error_types"] = _named_list(data.get("error_types"))

@@ -371,11 +371,13 @@ def test_batched_the_same_answer_given_twice_is_one_answer():
 
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_verdicts_and_kinds_in_another_case_are_read(batch_size):
-    """'No Confusion' or 'Entity Omission ' (a model without its answer schema enforced) are the
-    verdicts and kinds they name, not unknown values asked again until the sentence is unjudged."""
+    """'No Confusion', '**Confusion**' or '(Entity Omission)' (a model without its answer schema
+    enforced) are the verdicts and kinds they name, read as every closed-set answer is
+    (`signatures.answers`), not unknown values asked again until the sentence is unjudged."""
     def one(sentence):
         if "Zed" in sentence:
-            return {"verdict": "Confusion", "questions": ["Who is Zed?"], "error_types": ["Entity Omission "]}
+            return {"verdict": "**Confusion**", "questions": ["Who is Zed?"],
+                    "error_types": ["(Entity Omission) ", "Salience."]}
         return {"verdict": " No confusion", "questions": [], "error_types": []}
 
     def responder(call):
@@ -386,7 +388,7 @@ def test_verdicts_and_kinds_in_another_case_are_read(batch_size):
     prediction, calls = run(responder, batch_size=batch_size)
     assert len(calls) == (5 if batch_size == 1 else 2)
     assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
-    assert prediction.annotations[1].types == ["entity omission"]
+    assert prediction.annotations[1].types == ["entity omission", "salience"]
 
 
 def test_batched_answers_numbered_from_zero_are_not_taken():
