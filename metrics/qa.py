@@ -13,7 +13,7 @@ position and recall figures.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence
 
 from booklens.data.novelqa import ASPECT_LABELS, ASPECTS, COMPLEXITIES
 
@@ -71,6 +71,26 @@ def share_in_context(spans: Sequence[EvidenceSpan], passages: Sequence[tuple[int
         if covered >= 0.5 * (s.end - s.start):
             hit += 1
     return hit / len(spans)
+
+
+def shown_shares(quotes: Sequence[str], kept: int) -> dict[str, float]:
+    """For evidence `quotes` (stripped) shown one after another, two line breaks apart, and cut
+    after `kept` characters: the share of each quote's characters that was shown."""
+    shares: dict[str, float] = {}
+    offset = 0
+    for quote in quotes:
+        shown = max(0, min(len(quote), kept - offset)) / len(quote)
+        shares[quote] = max(shares.get(quote, 0.0), shown)
+        offset += len(quote) + 2
+    return shares
+
+
+def share_shown(spans: Sequence[EvidenceSpan], shares: Mapping[str, float]) -> Optional[float]:
+    """`share_in_context` for evidence given with the question: the share of located spans of
+    which at least half the characters were shown (`shown_shares`)."""
+    if not spans:
+        return None
+    return sum(1 for s in spans if shares.get(s.quote.strip(), 0.0) >= 0.5) / len(spans)
 
 
 def _words(text: str) -> list[str]:

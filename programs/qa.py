@@ -161,6 +161,7 @@ class BookQA(Module):
     def select_context(self, book: str, question: str, options: Optional[str] = None,
                        gold_evidence: Optional[Sequence[str]] = None) -> dict[str, Any]:
         """What the model reads: {mode, text, passages [(index, start, end)], tokens}."""
+        from booklens.metrics.qa import shown_shares
         from booklens.retrieval.index import cut_passage
         from booklens.text import count_tokens, truncate_to_tokens
 
@@ -168,12 +169,14 @@ class BookQA(Module):
             return {"mode": "closed-book", "text": "", "passages": [], "tokens": 0}
         budget = self.context_budget(question, options)
         if self.evidence == "given":
-            text = "\n\n".join(e.strip() for e in (gold_evidence or []) if e and e.strip())
+            quotes = [e.strip() for e in (gold_evidence or []) if e and e.strip()]
+            text = "\n\n".join(quotes)
             if not text:  # a question without annotated evidence: asked, and counted, closed-book
                 return {"mode": "closed-book", "text": "", "passages": [], "tokens": 0}
             if count_tokens(text) > budget:
                 text = truncate_to_tokens(text, budget)
-            return {"mode": "given", "text": text, "passages": [], "tokens": count_tokens(text)}
+            return {"mode": "given", "text": text, "passages": [], "tokens": count_tokens(text),
+                    "shown": shown_shares(quotes, len(text))}
         if self.evidence == "book":
             book_tokens = self.books.tokens(book)
             if book_tokens <= budget:
@@ -224,7 +227,7 @@ class BookQA(Module):
             quotes = [str(q) for q in (getattr(pred, "evidence", None) or []) if str(q).strip()]
         return dspy.Prediction(answer=answer, evidence=quotes, error=attempt.error, attempts=attempt.attempts,
                                context_mode=context["mode"], passages=context["passages"],
-                               context_tokens=context["tokens"])
+                               context_tokens=context["tokens"], evidence_shown=context.get("shown"))
 
     def _checker(self, letters: list[str]):
         def check(pred: Any) -> Optional[str]:
@@ -314,7 +317,7 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
     gold quotes (free) and, with `evidence_recall="llm"` (the seed's method), by an LLM judge."""
     from booklens.data.novelqa import QAPrediction, check_evidence_recall, gold_for
     from booklens.lm import usage_step
-    from booklens.metrics.qa import locate_evidence, quote_recall, share_in_context, token_positions
+    from booklens.metrics.qa import locate_evidence, quote_recall, share_in_context, share_shown, token_positions
     from booklens.parallel import parallel_map
     from booklens.retrieval import QuoteLocator
 
@@ -337,8 +340,10 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
             pred = program(book=book, question=q.question, options=q.options_text() if setting == "mc" else None,
                            gold_evidence=q.evidences, book_title=book_title)
         located = spans[q.qid]
-        if pred.context_mode in ("whole-book", "given"):
+        if pred.context_mode == "whole-book":
             in_context = 1.0 if located else None
+        elif pred.context_mode == "given":  # the given evidence may have been cut to fit the window
+            in_context = share_shown(located, pred.evidence_shown or {})
         elif pred.context_mode == "retrieval":
             in_context = share_in_context(located, [(s, e) for _, s, e in pred.passages])
         else:

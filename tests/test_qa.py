@@ -194,6 +194,24 @@ def test_closed_book_and_given_evidence():
     assert bare.context_mode == "closed-book" and "context" not in calls[-1].inputs
 
 
+def test_given_evidence_cut_to_fit_counts_only_what_was_shown():
+    """Given evidence longer than the window is cut: the evidence cut off was not in the context,
+    and the record says so (it said 100% whenever any evidence was given)."""
+    book = make_book()
+    paragraphs = book.split("\n\n")
+    long_quote = "\n\n".join(paragraphs[:30])  # about 1,230 tokens, more than the 2K window leaves
+    q = parse_questions([{**QUESTION, "Evidences": [long_quote, QUESTION["Evidences"][0]]}])
+    calls = []
+    scripted(lambda call: calls.append(call) or {"answer": "B"}, window=2048)
+    cut = answer_questions(BookQA("mc", "given"), book, q)[0]
+    assert cut.context_mode == "given" and cut.gold_evidence_located == 2
+    assert QUESTION["Evidences"][0] not in calls[-1].inputs["context"]
+    assert cut.gold_evidence_in_context == 0.5  # the long quote, nearly whole; not the short one after it
+    scripted(lambda call: {"answer": "B"}, window=8192)
+    whole = answer_questions(BookQA("mc", "given"), book, q)[0]
+    assert whole.gold_evidence_in_context == 1.0
+
+
 def test_letters_outside_the_options_are_reasked_then_recorded_as_failures():
     three = {**QUESTION, "Options": {"A": "x", "B": "The Marigold", "C": "y"}}
     q = parse_questions([three])
