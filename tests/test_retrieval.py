@@ -641,6 +641,24 @@ def test_locate_quote_takes_dashes_and_ellipses_however_typed():
     assert locate_quote(text, "paused then") is None  # a dash is not nothing
 
 
+def test_locate_quote_takes_accents_however_composed():
+    """'é' as one character (NFC) in the quote finds 'e' and a combining accent (NFD) in the book,
+    and the other way round; the span is the book's own text."""
+    import unicodedata
+
+    composed = "Au caf\u00e9, Ren\u00e9e lut la l\u00e9gende du ch\u00e2teau."
+    decomposed = unicodedata.normalize("NFD", composed)
+    assert composed != decomposed
+    start, end = locate_quote(decomposed, "Ren\u00e9e lut la l\u00e9gende")
+    assert decomposed[start:end] == unicodedata.normalize("NFD", "Ren\u00e9e lut la l\u00e9gende")
+    start, end = locate_quote(composed, unicodedata.normalize("NFD", "du ch\u00e2teau"))
+    assert composed[start:end] == "du ch\u00e2teau"
+    assert locate_quote(composed, "du chateau") is None  # an accent is still an accent
+    assert locate_quote(composed, "Au cafe") is None
+    assert locate_quote(decomposed, "Au cafe") is None  # 'e' and the accent after it are one letter
+    assert locate_quote(composed + " Au cafe noir.", "Au cafe") == (len(composed) + 1, len(composed) + 8)
+
+
 @pytest.mark.parametrize("claims_file, book, at_least", [
     (PP_CLAIMS, "pride_and_prejudice.txt", 40),
     (CASK_CLAIMS, "the_cask_of_amontillado.txt", 20),

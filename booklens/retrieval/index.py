@@ -31,6 +31,7 @@ import json
 import os
 import re
 import threading
+import unicodedata
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
@@ -203,27 +204,33 @@ _DASH_OR_ELLIPSIS = re.compile("( ?[-\u2010-\u2015]+ ?)|(\u2026)")
 
 
 def fold_marks(text: str) -> tuple[str, list[int], list[int]]:
-    """`text` (whitespace already collapsed) with curly quotes made straight and every dash or
-    ellipsis written one way ('-', '...'); for each character of the result, the start and end
-    in `text` of what it stands for."""
+    """`text` (whitespace already collapsed) with curly quotes made straight, every dash or
+    ellipsis written one way ('-', '...') and accented letters decomposed (a book and a question
+    file may write 'é' as one character or as 'e' and a combining accent); for each character of
+    the result, the start and end in `text` of what it stands for."""
     chars: list[str] = []
     starts: list[int] = []
     ends: list[int] = []
+
+    def plain(i: int) -> None:
+        ch = text[i]
+        if not ch.isascii():
+            ch = unicodedata.normalize("NFD", ch).translate(_FOLD)
+        chars.extend(ch)
+        starts.extend([i] * len(ch))
+        ends.extend([i + 1] * len(ch))
+
     done = 0
     for match in _DASH_OR_ELLIPSIS.finditer(text):
         for i in range(done, match.start()):
-            chars.append(text[i].translate(_FOLD))
-            starts.append(i)
-            ends.append(i + 1)
+            plain(i)
         written = "-" if match.group(1) else "..."
         chars.extend(written)
         starts.extend([match.start()] * len(written))
         ends.extend([match.end()] * len(written))
         done = match.end()
     for i in range(done, len(text)):
-        chars.append(text[i].translate(_FOLD))
-        starts.append(i)
-        ends.append(i + 1)
+        plain(i)
     return "".join(chars), starts, ends
 
 
@@ -247,14 +254,14 @@ class QuoteLocator:
         if not needle:
             return None
         from_pos = self._collapsed_pos(start)
-        pos = self.collapsed.find(needle, from_pos)
+        pos = _whole_letters(self.collapsed, needle, from_pos)
         if pos >= 0:
             return self.offsets[pos], self.offsets[pos + len(needle) - 1] + 1
         probe = fold_marks(needle)[0].strip()
         if not probe:
             return None
         folded, starts, ends = self._folding()
-        pos = folded.find(probe, bisect.bisect_left(starts, from_pos))
+        pos = _whole_letters(folded, probe, bisect.bisect_left(starts, from_pos))
         if pos < 0:
             return None
         first = starts[pos]
@@ -270,6 +277,15 @@ class QuoteLocator:
         if start <= 0:
             return 0
         return bisect.bisect_left(self.offsets, start)
+
+
+def _whole_letters(text: str, needle: str, start: int) -> int:
+    """`text.find(needle, start)`, skipping a match that ends where a combining accent follows:
+    "cafe" is no quote of "cafe" written with an accent after its 'e'."""
+    pos = text.find(needle, start)
+    while pos >= 0 and pos + len(needle) < len(text) and unicodedata.combining(text[pos + len(needle)]):
+        pos = text.find(needle, pos + 1)
+    return pos
 
 
 def locate_quote(text: str, quote: str) -> tuple[int, int] | None:
