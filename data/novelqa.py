@@ -46,6 +46,14 @@ Aspect = Literal["character", "meaning", "plot", "relation", "setting", "span", 
 Complexity = Literal["mh", "sh", "dtl"]
 
 
+
+def _option_text(value: Any) -> Any:
+    """An option as written: a number ("A": 1862, a year or a count) is its text; other values are
+    left to be refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
 class NovelQAQuestion(BaseModel):
     """One NovelQA question. Field names follow the dataset (aliases) and Python style."""
 
@@ -81,8 +89,9 @@ class NovelQAQuestion(BaseModel):
         if value is None or value == {} or value == []:
             return None
         if isinstance(value, list):
+            value = [_option_text(v) for v in value]
             if not all(isinstance(v, str) for v in value):
-                raise ValueError("options must be strings")
+                raise ValueError("options must be text")
             out = {chr(ord("A") + i): v for i, v in enumerate(value)}
         elif isinstance(value, dict):
             out, keys = {}, {}
@@ -92,6 +101,7 @@ class NovelQAQuestion(BaseModel):
                     raise ValueError(f"option keys must be letters such as A-D, got {key!r}")
                 if letter in keys:  # keeping one of the two would drop an option unseen
                     raise ValueError(f"option keys {keys[letter]!r} and {key!r} are the same letter {letter}")
+                text = _option_text(text)
                 if not isinstance(text, str):
                     raise ValueError(f"option {key} must be text")
                 keys[letter] = key

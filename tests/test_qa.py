@@ -212,6 +212,19 @@ def test_given_evidence_cut_to_fit_counts_only_what_was_shown():
     assert whole.gold_evidence_in_context == 1.0
 
 
+def test_options_written_as_numbers_are_their_text():
+    """"A": 1862 (a year, a count) is the option "1862", as a list or keyed by letter; true or
+    null is still refused."""
+    keyed = parse_questions([{**QUESTION, "Options": {"A": 1862, "B": 1863.0, "C": 2.5, "D": "never"},
+                              "Gold": "A"}])[0]
+    assert keyed.options == {"A": "1862", "B": "1863", "C": "2.5", "D": "never"}
+    listed = parse_questions([{**QUESTION, "Options": [3, 4, 5, 6], "Gold": "B"}])[0]
+    assert listed.options == {"A": "3", "B": "4", "C": "5", "D": "6"}
+    for bad in ({"A": True, "B": "x"}, [None, "x"]):
+        with pytest.raises(BooklensError, match="must be text"):
+            parse_questions([{**QUESTION, "Options": bad, "Gold": "B"}])
+
+
 def test_letters_outside_the_options_are_reasked_then_recorded_as_failures():
     three = {**QUESTION, "Options": {"A": "x", "B": "The Marigold", "C": "y"}}
     q = parse_questions([three])
