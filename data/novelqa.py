@@ -181,6 +181,11 @@ def parse_questions(payload: Any, source: str = "questions") -> list[NovelQAQues
     """Validate a decoded NovelQA file (a list of questions, or a dict keyed by QID)."""
     if isinstance(payload, dict):
         if all(isinstance(v, dict) for v in payload.values()) and payload:
+            for key, value in payload.items():
+                # the key names the question; an entry naming another would be matched to the wrong one
+                if "QID" in value and str(value["QID"]).strip() != str(key).strip():
+                    raise BooklensError(f"{source}: question {key} carries another QID, {value['QID']!r}: "
+                                        "give each question one QID")
             payload = [{"QID": k, **v} for k, v in payload.items()]
         else:
             raise BooklensError(f"{source}: expected a JSON list of NovelQA questions, got an object")

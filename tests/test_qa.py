@@ -212,6 +212,14 @@ def test_given_evidence_cut_to_fit_counts_only_what_was_shown():
     assert whole.gold_evidence_in_context == 1.0
 
 
+def test_a_question_keyed_by_one_qid_carrying_another_is_refused():
+    """{"Q1": {"QID": "Q2", ...}}: which one is meant is a guess (the entry's won, silently)."""
+    entry = {k: v for k, v in QUESTION.items() if k != "QID"}
+    with pytest.raises(BooklensError, match="question Q1 carries another QID, 'Q2'"):
+        parse_questions({"Q1": {**entry, "QID": "Q2"}})
+    assert [q.qid for q in parse_questions({"Q1": {**entry, "QID": "Q1"}, "Q2": entry})] == ["Q1", "Q2"]
+
+
 def test_options_written_as_numbers_are_their_text():
     """"A": 1862 (a year, a count) is the option "1862", as a list or keyed by letter; true or
     null is still refused."""
