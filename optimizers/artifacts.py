@@ -220,6 +220,9 @@ def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Modu
             if problem:
                 raise ValueError(f"predictor {name}: {problem}")
             predictor.load_state(entry)
+            problem = _demo_problem(predictor.signature, predictor.demos)
+            if problem:
+                raise ValueError(f"predictor {name}: {problem}")
     except BooklensError:
         raise
     except Exception as exc:
@@ -228,6 +231,29 @@ def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Modu
         predictor.__dict__.update(loaded.__dict__)
     program._booklens_artifact = block  # noqa: SLF001 - lets commands record what they ran
     return program
+
+
+def _demo_problem(signature: Any, demos: list[Any]) -> str | None:
+    """A demo whose closed-set output (a label, a verdict, an option letter) is none of the values
+    the field allows: the model would be shown an example of an answer it must not give."""
+    from typing import Annotated, Literal, get_args, get_origin
+
+    from booklens.signatures.answers import choice_reader
+
+    for field_name, field in signature.output_fields.items():
+        kind = field.annotation
+        if get_origin(kind) is Annotated:
+            kind = get_args(kind)[0]
+        if get_origin(kind) is not Literal:
+            continue
+        allowed = get_args(kind)
+        read = choice_reader(tuple(str(v) for v in allowed))
+        for i, demo in enumerate(demos, start=1):
+            value = demo.get(field_name) if hasattr(demo, "get") else None
+            if value is not None and value not in allowed and read(str(value)) not in allowed:
+                return (f"demo {i} answers {field_name} {value!r}, which is none of "
+                        f"{', '.join(repr(v) for v in allowed)}")
+    return None
 
 
 def _signature_problem(signature: dict[str, Any]) -> str | None:

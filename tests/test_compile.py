@@ -264,6 +264,12 @@ def _edit_signature(text: str, edit) -> str:
     return json.dumps(state)
 
 
+def _edit_demo(text: str, **values) -> str:
+    state = json.loads(text)
+    state["classify"]["demos"][0].update(values)
+    return json.dumps(state)
+
+
 @pytest.mark.parametrize("damage, needle", [
     (lambda text: text[: len(text) // 2], "not valid JSON"),
     (lambda text: "\x00\x01binary", "not valid JSON"),
@@ -284,12 +290,20 @@ def _edit_signature(text: str, edit) -> str:
     (lambda text: _edit_signature(text, lambda s: s["fields"][0].update(prefix=None)), "field 1"),
     (lambda text: _edit_signature(text, lambda s: s["fields"][1].update(description=7)), "field 2"),
     (lambda text: _edit_signature(text, lambda s: s.update(fields={"a": 1})), "fields are an object"),
+    # a demo answering a label the field does not allow would teach the model to give it
+    (lambda text: _edit_demo(text, label="bogus"), "demo 1 answers label 'bogus', which is none of 'happy', 'sad'"),
 ])
 def test_damaged_artifacts_give_one_line_errors(artifact, damage, needle):
     artifact.write_text(damage(artifact.read_text()))
     with pytest.raises(BooklensError) as exc:
         load_program(MoodProgram(), artifact, task=TOY.name)
     assert_one_line(exc, needle)
+
+
+def test_a_demo_label_in_another_case_still_loads(artifact):
+    """'Happy' is read as happy wherever a model's answer is: a hand edit that capitalises it is no damage."""
+    artifact.write_text(_edit_demo(artifact.read_text(), label="Happy"))
+    assert load_program(MoodProgram(), artifact, task=TOY.name).classify.demos[0]["label"] == "Happy"
 
 
 @pytest.mark.parametrize("key, value, needle", [
