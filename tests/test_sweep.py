@@ -936,3 +936,54 @@ def test_the_progress_line_counts_the_work_of_reused_steps_apart_and_once(server
     assert made and earlier and now - made == 2
     assert re.fullmatch(rf"sweep: 4/4 cells \(2 reused\) \| {now} LM calls \(2 from the cache\) \+ {earlier} reused "
                         rf"from earlier runs \| {shown(tokens)} tokens \| \d+s", line), line
+
+
+def test_a_second_sweep_into_a_directory_a_sweep_is_writing_is_refused(tmp_path):
+    """Two sweeps into one directory at once (the same command started twice) each made every LM call
+    of every cell, the cache answering neither (each call was still in flight for the other), and
+    wrote the same cells: twice the spend. The second is one line, and makes no call."""
+    import io
+    import threading
+
+    from booklens.sweep.run import run_sweep
+
+    manifest = small_corpus(tmp_path / "corpus")
+    out, cache = tmp_path / "sweep", tmp_path / "cache"
+    answers = PipelineResponder()
+    held, release, intruders = threading.Event(), threading.Event(), []
+
+    def answer(body):
+        # The first request waits until the second sweep is done; with one call in flight, any other
+        # request in the meantime is the second sweep's.
+        if not held.is_set():
+            held.set()
+            release.wait(60)
+        elif not release.is_set():
+            intruders.append(body)
+            release.set()
+        return answers(body)
+
+    with FakeOpenAIServer(responder=answer) as srv:
+        first: list = []
+
+        def sweep():  # one call in flight at a time
+            first.append(run_sweep(manifest, out, lm="openai/fake-model", api_base=srv.url, cache_dir=cache,
+                                   concurrency=1, stream=io.StringIO(), progress_interval=60))
+
+        thread = threading.Thread(target=sweep)
+        thread.start()
+        try:
+            assert held.wait(60)
+            proc = cli(sweep_args(srv, manifest, out, cache))
+        finally:
+            release.set()
+            thread.join(120)
+        served = len(srv.served)
+        # Once it has ended, the directory is the next sweep's to resume (every call made already).
+        assert cli(sweep_args(srv, manifest, out, cache)).returncode == 0 and len(srv.served) == served
+    assert proc.returncode != 0 and not intruders
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "another booklens sweep" in lines[0] and str(out) in lines[0], proc.stderr
+    assert [o.status for o in first[0].outcomes] == ["complete"] * 4
+    assert served == first[0].results["systems"]["hier"]["usage"]["calls"] + \
+        first[0].results["systems"]["given"]["usage"]["calls"]

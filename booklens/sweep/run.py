@@ -6,6 +6,7 @@
     DIR/cells.jsonl     one flat line per cell: status, error, scores, LM work
     DIR/results.json    per system and per pair of systems, with bootstrap intervals over books
     DIR/report.html     the sweep's page, linking to each cell's report.html
+    DIR/.sweep.lock     locked while a sweep writes DIR: a second one at once is refused
 
 Everything a user can get wrong is checked before anything is written or any model loads. A
 rerun resumes: each cell's pipeline reuses the steps whose inputs are unchanged (their digests in
@@ -18,15 +19,19 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Iterator, Optional, TextIO
 
 from booklens.errors import BooklensError
 from booklens.sweep import ENGINES, PLAN_FILE
 from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
 from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine
 from booklens.sweep.manifest import Sweep, load_manifest
+
+# Held by the sweep writing the directory (`sweep_lock`); hidden, so the directory still reads as empty.
+LOCK_FILE = ".sweep.lock"
 
 
 @dataclass
@@ -194,6 +199,35 @@ def artifact_notes(sweep: Sweep) -> list[str]:
     return [n for n in notes if n]
 
 
+@contextmanager
+def sweep_lock(output: Path) -> Iterator[None]:
+    """Held while a sweep writes `output`. Two sweeps into one directory at once (the same command
+    started twice) would each make every LM call (each call still in flight for the other, so the
+    cache answers neither) and write the same cells: the second is a one-line error. Where the
+    platform or the file system takes no lock, the sweep goes on without one."""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    try:
+        handle = open(output / LOCK_FILE, "a") if fcntl is not None else None
+    except OSError:
+        handle = None
+    try:
+        if handle is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the handle closes
+            except BlockingIOError:
+                raise BooklensError(f"another booklens sweep is writing {output}: wait for it to end (or stop "
+                                    "it), then rerun to resume") from None
+            except OSError:  # a file system without locks
+                pass
+        yield
+    finally:
+        if handle is not None:
+            handle.close()
+
+
 def remove_sweep_partial_writes(output: Path) -> int:
     """Delete the temporary files that a killed sweep's atomic writes of its own files left."""
     from booklens.records import remove_partial_writes
@@ -337,49 +371,50 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     from booklens.pipeline import make_output_dir
 
     make_output_dir(output / CELLS_DIR, "sweep")
-    remove_sweep_partial_writes(output)  # a killed sweep may have left half-written files behind
-    write_plan(sweep, output)  # a changed plan drops the aggregate of the previous one (see write_plan)
-    stream = stream if stream is not None else sys.stderr
-    own_stream = False
-    if engine == "ray":
-        runner = RayEngine(settings, address=ray_address, num_cpus=ray_cpus, log_path=output / "ray.log")
-        # Ray writes to file descriptor 2, which the engine points at ray.log; the display keeps a copy.
-        if stream is sys.stderr:
-            tty = stream.isatty() if tty is None else tty
-            try:
-                stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
-                own_stream = True
-            except (AttributeError, OSError, ValueError):  # not a real file (captured): keep it
-                pass
-        runner.start()
-    progress = SweepProgress(len(tasks), runner.usage, stream=stream, tty=tty, interval=progress_interval)
-    try:
-        progress.start()
-
-        def done(outcome: CellOutcome) -> None:
-            reused, earlier = reused_work(outcome, output)
-            progress.cell_done(f"{outcome.system}/{outcome.book}", failed=outcome.error if outcome.status == "failed"
-                               else None, reused=reused, earlier=earlier)
-
-        from booklens.parallel import quiet_progress
-
-        with quiet_progress():  # one display for the sweep, not a bar per level of every cell
-            finished = runner.run(schedule, done, fail_fast=fail_fast)
-    finally:
-        progress.close()
+    with sweep_lock(output):  # before anything of an earlier sweep is removed or rewritten
+        remove_sweep_partial_writes(output)  # a killed sweep may have left half-written files behind
+        write_plan(sweep, output)  # a changed plan drops the aggregate of the previous one (see write_plan)
+        stream = stream if stream is not None else sys.stderr
+        own_stream = False
         if engine == "ray":
-            runner.close()
-            if own_stream:
-                stream.close()
-    by_cell = {(o.system, o.book): o for o in finished}
-    outcomes = [by_cell[(t.system, t.book)] for t in tasks]  # manifest order
-    systems = [s.name for s in sweep.systems]
-    books = [b.key for b in sweep.books]
-    results = write_aggregate(output, systems, books, outcomes)
-    judge = sweep.judge_config()
-    meta = sweep_meta(len(systems), len(books), str(sweep.manifest), judge.steps, judge.evidence)
-    write_sweep_report(output, results, [cell_row(o) for o in outcomes], title=sweep.manifest.stem, meta=meta)
-    return SweepOutcome(output, results, outcomes, artifact_notes(sweep))
+            runner = RayEngine(settings, address=ray_address, num_cpus=ray_cpus, log_path=output / "ray.log")
+            # Ray writes to file descriptor 2, which the engine points at ray.log; the display keeps a copy.
+            if stream is sys.stderr:
+                tty = stream.isatty() if tty is None else tty
+                try:
+                    stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
+                    own_stream = True
+                except (AttributeError, OSError, ValueError):  # not a real file (captured): keep it
+                    pass
+            runner.start()
+        progress = SweepProgress(len(tasks), runner.usage, stream=stream, tty=tty, interval=progress_interval)
+        try:
+            progress.start()
+
+            def done(outcome: CellOutcome) -> None:
+                reused, earlier = reused_work(outcome, output)
+                failed = outcome.error if outcome.status == "failed" else None
+                progress.cell_done(f"{outcome.system}/{outcome.book}", failed=failed, reused=reused, earlier=earlier)
+
+            from booklens.parallel import quiet_progress
+
+            with quiet_progress():  # one display for the sweep, not a bar per level of every cell
+                finished = runner.run(schedule, done, fail_fast=fail_fast)
+        finally:
+            progress.close()
+            if engine == "ray":
+                runner.close()
+                if own_stream:
+                    stream.close()
+        by_cell = {(o.system, o.book): o for o in finished}
+        outcomes = [by_cell[(t.system, t.book)] for t in tasks]  # manifest order
+        systems = [s.name for s in sweep.systems]
+        books = [b.key for b in sweep.books]
+        results = write_aggregate(output, systems, books, outcomes)
+        judge = sweep.judge_config()
+        meta = sweep_meta(len(systems), len(books), str(sweep.manifest), judge.steps, judge.evidence)
+        write_sweep_report(output, results, [cell_row(o) for o in outcomes], title=sweep.manifest.stem, meta=meta)
+        return SweepOutcome(output, results, outcomes, artifact_notes(sweep))
 
 
 # ---------------------------------------------------------------------------
