@@ -482,3 +482,23 @@ def test_run_sweep_refuses_concurrency_below_one_with_nothing_written(corpus: Pa
         run_sweep(manifest, out, lm="openai/x", api_base="http://127.0.0.1:9/v1", concurrency=0,
                   cache_dir=corpus / "cache")
     assert not out.exists()
+
+
+def test_a_book_file_name_that_is_not_utf8_is_one_line_with_nothing_written(corpus: Path):
+    """A file named in another encoding (a Latin-1 'café.txt' from an old archive) has a key Python can
+    hold but not write as UTF-8: the sweep stopped with an internal error while writing sweep.json,
+    and left a directory without it that every rerun refused as not a sweep's."""
+    import os
+
+    folder = corpus / "latin"
+    folder.mkdir()
+    with open(os.path.join(os.fsencode(folder), b"caf\xe9.txt"), "w", encoding="utf-8") as handle:
+        handle.write("A book whose file name is Latin-1.\n")
+    manifest = write(corpus / "m.yaml", "books: [latin]\nsystems: [{name: a}]\n")
+    out = corpus / "sweep"
+    for extra in ([], ["--dry-run"]):
+        code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "openai/x", "--api-base",
+                             "http://127.0.0.1:9/v1", *extra])
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1 and "not valid UTF-8" in lines[0] and "caf" in lines[0], err
+        assert not out.exists()

@@ -415,6 +415,12 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
     books: list[Book] = []
     by_key: dict[str, Path] = {}
     for p in found:
+        try:
+            str(p).encode("utf-8")
+        except UnicodeEncodeError:  # bytes of another encoding: the key and path could not be recorded
+            shown = os.fsencode(p).decode("utf-8", "replace")
+            raise BooklensError(f"{manifest}: books: the file name {shown} is not valid UTF-8 (written in another "
+                                "encoding); rename it") from None
         key = p.stem if p.suffix else p.name
         if key in (".", ".."):  # `..txt`, `...txt`: the cell directory cells/<system>/<key> would not be its own
             raise BooklensError(f"{manifest}: books: {p} has the key {key!r}, which cannot name a cell directory; "
