@@ -987,3 +987,24 @@ def test_a_second_sweep_into_a_directory_a_sweep_is_writing_is_refused(tmp_path)
     assert [o.status for o in first[0].outcomes] == ["complete"] * 4
     assert served == first[0].results["systems"]["hier"]["usage"]["calls"] + \
         first[0].results["systems"]["given"]["usage"]["calls"]
+
+
+def test_a_first_sweep_stopped_before_its_plan_is_written_can_be_rerun(server, tmp_path, monkeypatch):
+    """Before its first cell, a sweep reads every book to record their digests in sweep.json. Stopped
+    then (Ctrl-C while a large corpus is read), it left a directory holding `cells/` but no sweep.json,
+    which every rerun refused as not a sweep's."""
+    from booklens.sweep import run as sweep_run
+
+    manifest = small_corpus(tmp_path / "corpus")
+    out, cache = tmp_path / "sweep", tmp_path / "cache"
+    content = sweep_run.plan_content
+
+    def stopped(sweep):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_run, "plan_content", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep_quietly(manifest, out, server, cache)
+    monkeypatch.setattr(sweep_run, "plan_content", content)
+    again = run_sweep_quietly(manifest, out, server, cache)
+    assert [o.status for o in again.outcomes] == ["complete"] * 4

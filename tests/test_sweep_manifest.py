@@ -223,7 +223,7 @@ def test_a_sweep_directory_that_cannot_be_created_is_one_line(corpus: Path):
     blocker = write(corpus / "a-file", "not a directory")
     code, err = run_cli(["sweep", str(manifest), "-o", str(blocker / "sweep"), "--lm", "openai/x", "--api-base",
                          "http://127.0.0.1:9/v1"])
-    assert code == 2 and err.strip() == f"error: cannot create the sweep directory {blocker / 'sweep' / 'cells'}: " \
+    assert code == 2 and err.strip() == f"error: cannot create the sweep directory {blocker / 'sweep'}: " \
                                         "Not a directory"
 
 

@@ -370,10 +370,13 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
 
     from booklens.pipeline import make_output_dir
 
-    make_output_dir(output / CELLS_DIR, "sweep")
+    make_output_dir(output, "sweep")
     with sweep_lock(output):  # before anything of an earlier sweep is removed or rewritten
         remove_sweep_partial_writes(output)  # a killed sweep may have left half-written files behind
         write_plan(sweep, output)  # a changed plan drops the aggregate of the previous one (see write_plan)
+        # After sweep.json, which marks the directory as a sweep's: stopped before it (while the books
+        # are read for their digests), the directory holds nothing a rerun refuses.
+        make_output_dir(output / CELLS_DIR, "sweep")
         stream = stream if stream is not None else sys.stderr
         own_stream = False
         if engine == "ray":
