@@ -386,10 +386,11 @@ class _Runner:
             return {}
 
     def run_step(self, name: str, inputs: dict[str, Any], compute: Callable[[], Any], load: Callable[[], Any],
-                 *, normalize: bool = True):
+                 *, normalize: bool = True, legacy: Optional[dict[str, Any]] = None):
         """The step's record: the previous one when its inputs match and its file is intact, else computed
         and saved atomically (then run.json and timings.json are brought up to date). None when the step,
-        or a step it needs, failed (the reason is in `failures`)."""
+        or a step it needs, failed (the reason is in `failures`). `legacy`: the inputs as an earlier
+        booklens digested them, also a match (the record then takes the digest of `inputs`)."""
         from booklens import __version__
         from booklens.lm.usage import usage_scope
         from booklens.reports import STEP_FILES
@@ -403,6 +404,9 @@ class _Runner:
             path = self.output / STEP_FILES[name]
             inputs_sha = digest({"step": name, "booklens": __version__, **inputs})
             prev = self.previous.steps.get(name) if self.previous is not None else None
+            if prev is not None and legacy is not None and \
+                    prev.inputs_sha256 == digest({"step": name, "booklens": __version__, **legacy}):
+                prev = prev.model_copy(update={"inputs_sha256": inputs_sha})
             if prev is not None and prev.inputs_sha256 == inputs_sha and path.is_file():
                 try:
                     intact = sha256_file(path) == prev.sha256
@@ -712,13 +716,16 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
         summary_inputs = {"given": sha256_text(given_text if given_record is None else
                                                given_record.model_dump_json()),
-                          "file": source, "book_sha256": book_sha, "book": str(book)}
+                          "file": source, "book_sha256": book_sha}
         summary = runner.run_step("summary", summary_inputs, given_summary,
-                                  lambda: read_step_record(output, "summary"), normalize=False)
+                                  lambda: read_step_record(output, "summary"), normalize=False,
+                                  legacy={**summary_inputs, "book": str(book)})
     else:
         from booklens.steps import summarize_book
 
-        summary_inputs = {**summary_model, "book_sha256": book_sha, "book": str(book), "method": system.method,
+        # The book by its text, not its path: a corpus moved to another folder or machine resumes (run
+        # directories that digested the path too still resume: `legacy`).
+        summary_inputs = {**summary_model, "book_sha256": book_sha, "method": system.method,
                           "chunk_size": system.chunk_size, "context_window": system.context_window,
                           "max_summary_tokens": system.max_summary_tokens,
                           "max_regenerations": system.max_regenerations, "drop_matter": system.drop_matter,
@@ -735,7 +742,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
             remove_artifacts=system.remove_artifacts, drop_matter=system.drop_matter, concurrency=concurrency,
             program_path=system.program, text=book_text, level_budgets=system.level_budgets,
             merge_context=system.merge_context, words_per_token=system.words_per_token)),
-            lambda: read_step_record(output, "summary"))
+            lambda: read_step_record(output, "summary"), legacy={**summary_inputs, "book": str(book)})
     summary_sha = runner.steps["summary"].sha256 if summary is not None else None
     summary_text = summary.summary if summary is not None else None
 

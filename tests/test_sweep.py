@@ -1008,3 +1008,71 @@ def test_a_first_sweep_stopped_before_its_plan_is_written_can_be_rerun(server, t
     monkeypatch.setattr(sweep_run, "plan_content", content)
     again = run_sweep_quietly(manifest, out, server, cache)
     assert [o.status for o in again.outcomes] == ["complete"] * 4
+
+
+def test_a_corpus_moved_to_another_folder_resumes_without_an_lm_call(server, tmp_path):
+    """A cell is matched by its book's text, not by where the file lies: the corpus and its manifest
+    moved (a folder renamed, the sweep taken to another machine with a cache of its own) resume every
+    finished step. The book's path was part of the summary step's digest, so every summary, and the
+    judging of it, was made again: with another cache, every call paid for twice."""
+    import shutil
+
+    manifest = small_corpus(tmp_path / "corpus")
+    out = tmp_path / "sweep"
+    first = run_sweep_quietly(manifest, out, server, tmp_path / "cache")
+    assert [o.status for o in first.outcomes] == ["complete"] * 4
+    shutil.move(manifest.parent, tmp_path / "moved")
+    before = len(server.served)
+    again = run_sweep_quietly(tmp_path / "moved" / manifest.name, out, server, tmp_path / "another-cache")
+    assert len(server.served) == before
+    assert set(reused_cells(out).values()) == {True}
+    assert again.results["systems"] == first.results["systems"]
+    assert {read_json(c / "run.json")["book"] for c in (out / "cells").glob("*/*")} == \
+        {str(tmp_path / "moved" / f"{key}.txt") for key in ("a", "b")}
+
+
+def test_cells_whose_summary_digest_named_the_books_path_still_resume(server, tmp_path):
+    """Run directories written while the book's path was part of the summary step's digest resume as
+    they did (and then match by the text alone), rather than making every summary again."""
+    from booklens import __version__
+    from booklens.pipeline import digest
+
+    manifest = small_corpus(tmp_path / "corpus")
+    out = tmp_path / "sweep"
+    first = run_sweep_quietly(manifest, out, server, tmp_path / "cache")
+    assert [o.status for o in first.outcomes] == ["complete"] * 4
+    # What an earlier booklens recorded: the same inputs plus the book's path.
+    for cell in (out / "cells").glob("*/*"):
+        run = read_json(cell / "run.json")
+        step = run["steps"]["summary"]
+        assert step["inputs_sha256"] == digest({"step": "summary", "booklens": __version__,
+                                                **summary_inputs(run)})
+        step["inputs_sha256"] = digest({"step": "summary", "booklens": __version__, **summary_inputs(run),
+                                        "book": run["book"]})
+        (cell / "run.json").write_text(json.dumps(run, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    before = len(server.served)
+    again = run_sweep_quietly(manifest, out, server, tmp_path / "another-cache")
+    assert len(server.served) == before and set(reused_cells(out).values()) == {True}
+    assert again.results["systems"] == first.results["systems"]
+    assert all(read_json(c / "run.json")["steps"]["summary"]["inputs_sha256"] ==
+               digest({"step": "summary", "booklens": __version__, **summary_inputs(read_json(c / "run.json"))})
+               for c in (out / "cells").glob("*/*"))
+
+
+def summary_inputs(run: dict) -> dict:
+    """The summary step's digested inputs of a small_corpus cell, rebuilt from its run.json."""
+    config = run["config"]
+    model = {"lm": run["lm"], "api_base": config["api_base"]}
+    if config["summary_file"] is None and config["method"] is None:  # given summaries
+        given = (Path(run["book"]).parent / "given.json")
+        text = json.loads(given.read_text(encoding="utf-8"))[Path(run["book"]).stem]
+        from booklens.pipeline import sha256_text
+
+        return {"given": sha256_text(text), "file": f"summaries of {config['system']}",
+                "book_sha256": run["book_sha256"]}
+    return {**model, "book_sha256": run["book_sha256"], "method": config["method"],
+            "chunk_size": config["chunk_size"], "context_window": config["context_window"],
+            "max_summary_tokens": config["max_summary_tokens"], "max_regenerations": config["max_regenerations"],
+            "drop_matter": config["drop_matter"], "merge_context": config["merge_context"],
+            "words_per_token": config["words_per_token"], "remove_artifacts": config["remove_artifacts"],
+            "program": None}
