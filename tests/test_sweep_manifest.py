@@ -502,3 +502,21 @@ def test_a_book_file_name_that_is_not_utf8_is_one_line_with_nothing_written(corp
         lines = [line for line in err.splitlines() if line.strip()]
         assert code == 2 and len(lines) == 1 and "not valid UTF-8" in lines[0] and "caf" in lines[0], err
         assert not out.exists()
+
+
+def test_book_keys_that_differ_only_in_unicode_normalization_are_refused(corpus: Path):
+    """'Émile' written with one code point for É or with E and a combining accent: two keys here,
+    one cell directory on macOS (whose file system compares names after normalizing them), as keys
+    that differ only in case are; and summaries keyed by one of the spellings miss the other."""
+    import unicodedata
+
+    composed, decomposed = unicodedata.normalize("NFC", "Émile"), unicodedata.normalize("NFD", "Émile")
+    assert composed != decomposed
+    write(corpus / "one" / f"{composed}.txt", "Emile goes to school.\n")
+    write(corpus / "two" / f"{decomposed}.txt", "Emile leaves school.\n")
+    manifest = write(corpus / "m.yaml", "books: [one, two]\nsystems: [{name: a}]\n")
+    code, err = run_cli(["sweep", str(manifest), "-o", str(corpus / "sweep"), "--lm", "openai/x", "--api-base",
+                         "http://127.0.0.1:9/v1"])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "differ only in case or in how their accents are encoded" in lines[0], err
+    assert not (corpus / "sweep").exists()

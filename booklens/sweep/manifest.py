@@ -430,15 +430,23 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
                 continue  # the same file named twice (overlapping globs)
             raise BooklensError(f"{manifest}: two books have the key {key!r} ({by_key[key]} and {p}); a book's "
                                 "key is its file name without the extension, so rename one")
-        twin = next((k for k in by_key if k.casefold() == key.casefold()), None)
+        twin = next((k for k in by_key if _folded(k) == _folded(key)), None)
         if twin is not None:
-            raise BooklensError(f"{manifest}: the books {by_key[twin]} and {p} have keys that differ only in case "
+            how = "in case" if twin.casefold() == key.casefold() else "in case or in how their accents are encoded"
+            raise BooklensError(f"{manifest}: the books {by_key[twin]} and {p} have keys that differ only {how} "
                                 f"({twin!r} and {key!r}): on a case-insensitive file system (macOS, Windows) their "
                                 "cells would be one directory, so rename one")
         by_key[key] = p
         books.append(Book(key, p))
     _refuse_repeated_books(manifest, books)
     return books
+
+
+def _folded(key: str) -> str:
+    """A book key as macOS's file system compares names: accents in one encoding (NFC), case ignored."""
+    import unicodedata
+
+    return unicodedata.normalize("NFC", key).casefold()
 
 
 def _refuse_repeated_books(manifest: Path, books: list[Book]) -> None:
