@@ -714,12 +714,13 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                 return given_record
             return GivenSummary(file=source, book=str(book), book_sha256=book_sha, summary=given_text)
 
+        # The summary and the book by their texts, not where their files lie (see below).
         summary_inputs = {"given": sha256_text(given_text if given_record is None else
                                                given_record.model_dump_json()),
-                          "file": source, "book_sha256": book_sha}
+                          "book_sha256": book_sha}
         summary = runner.run_step("summary", summary_inputs, given_summary,
                                   lambda: read_step_record(output, "summary"), normalize=False,
-                                  legacy={**summary_inputs, "book": str(book)})
+                                  legacy={**summary_inputs, "file": source, "book": str(book)})
     else:
         from booklens.steps import summarize_book
 

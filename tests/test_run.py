@@ -415,6 +415,35 @@ def test_a_judge_that_verifies_no_claim_fails_its_step_instead_of_scoring_zero(s
     assert not (out / "faithfulness.json").exists()
 
 
+def test_a_given_summary_and_its_book_moved_elsewhere_resume_without_an_lm_call(server, tmp_path):
+    """`run --summary` matches the summary and the book by their texts: the two files moved to another
+    folder (or machine, with a cache of its own) reuse every step. Their paths were part of the summary
+    step's digest, so every judge step ran again."""
+    import shutil
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    shutil.copy(STORY, here / "story.txt")
+    (here / "summary.txt").write_text(SUMMARY, encoding="utf-8")
+    out = tmp_path / "run"
+
+    def judge(folder: Path, cache: str):
+        args = run_args(server, out, tmp_path / cache)
+        args[args.index(str(STORY))] = str(folder / "story.txt")
+        for option in ("--chunk-size", "--context-window", "--max-summary-tokens"):
+            del args[args.index(option):args.index(option) + 2]
+        return cli([*args, "--summary", str(folder / "summary.txt")])
+
+    first = judge(here, "cache")
+    assert first.returncode == 0, first.stderr
+    shutil.move(here, there)
+    before = len(server.served)
+    again = judge(there, "another-cache")
+    assert again.returncode == 0, again.stderr
+    assert len(server.served) == before, "the moved files were judged again"
+    assert again.stderr.count("(inputs unchanged)") == 4
+
+
 def test_one_rule_says_when_a_record_of_any_command_judged_nothing():
     """Every command's record (a run step's, `judge`'s, `bias`'s, `diverse`'s, `qa`'s) is read by the
     same rule: nothing measured only when every item failed, and none when there was no item."""

@@ -1047,8 +1047,7 @@ def test_cells_whose_summary_digest_named_the_books_path_still_resume(server, tm
         step = run["steps"]["summary"]
         assert step["inputs_sha256"] == digest({"step": "summary", "booklens": __version__,
                                                 **summary_inputs(run)})
-        step["inputs_sha256"] = digest({"step": "summary", "booklens": __version__, **summary_inputs(run),
-                                        "book": run["book"]})
+        step["inputs_sha256"] = digest({"step": "summary", "booklens": __version__, **legacy_summary_inputs(run)})
         (cell / "run.json").write_text(json.dumps(run, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     before = len(server.served)
     again = run_sweep_quietly(manifest, out, server, tmp_path / "another-cache")
@@ -1057,6 +1056,15 @@ def test_cells_whose_summary_digest_named_the_books_path_still_resume(server, tm
     assert all(read_json(c / "run.json")["steps"]["summary"]["inputs_sha256"] ==
                digest({"step": "summary", "booklens": __version__, **summary_inputs(read_json(c / "run.json"))})
                for c in (out / "cells").glob("*/*"))
+
+
+def legacy_summary_inputs(run: dict) -> dict:
+    """`summary_inputs` as booklens digested them before: with the book's path and, for given
+    summaries, where they came from."""
+    inputs = {**summary_inputs(run), "book": run["book"]}
+    if "given" in inputs:
+        inputs["file"] = f"summaries of {run['config']['system']}"
+    return inputs
 
 
 def summary_inputs(run: dict) -> dict:
@@ -1068,8 +1076,7 @@ def summary_inputs(run: dict) -> dict:
         text = json.loads(given.read_text(encoding="utf-8"))[Path(run["book"]).stem]
         from booklens.pipeline import sha256_text
 
-        return {"given": sha256_text(text), "file": f"summaries of {config['system']}",
-                "book_sha256": run["book_sha256"]}
+        return {"given": sha256_text(text), "book_sha256": run["book_sha256"]}
     return {**model, "book_sha256": run["book_sha256"], "method": config["method"],
             "chunk_size": config["chunk_size"], "context_window": config["context_window"],
             "max_summary_tokens": config["max_summary_tokens"], "max_regenerations": config["max_regenerations"],
