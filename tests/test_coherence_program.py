@@ -47,6 +47,17 @@ def run(responder, batch_size=1, tries=3, concurrency=4, sentences=SENTENCES, la
     return prediction, lm.backend.calls
 
 
+def run_in_mode(one, batch_size):
+    """`run` with `one(sentence, attempt)` answering each sentence, per sentence (batch size 1) or
+    in numbered batches."""
+    def responder(call):
+        if batch_size == 1:
+            return one(call.inputs["sentence"], call.attempt)
+        return {"answers": [{"number": n, **one(SENTENCES[n - 1], call.attempt)} for n in batch_numbers(call)]}
+
+    return run(responder, batch_size=batch_size)
+
+
 def test_per_sentence_mode_one_call_per_sentence_and_eq1():
     prediction, calls = run(lambda call: answer_for(call.inputs["sentence"]))
     assert len(calls) == len(SENTENCES)
@@ -374,18 +385,13 @@ def test_verdicts_and_kinds_in_another_case_are_read(batch_size):
     """'No Confusion', '**Confusion**' or '(Entity Omission)' (a model without its answer schema
     enforced) are the verdicts and kinds they name, read as every closed-set answer is
     (`signatures.answers`), not unknown values asked again until the sentence is unjudged."""
-    def one(sentence):
+    def one(sentence, attempt):
         if "Zed" in sentence:
             return {"verdict": "**Confusion**", "questions": ["Who is Zed?"],
                     "error_types": ["(Entity Omission) ", "Salience."]}
         return {"verdict": " No confusion", "questions": [], "error_types": []}
 
-    def responder(call):
-        if batch_size == 1:
-            return one(call.inputs["sentence"])
-        return {"answers": [{"number": n, **one(SENTENCES[n - 1])} for n in batch_numbers(call)]}
-
-    prediction, calls = run(responder, batch_size=batch_size)
+    prediction, calls = run_in_mode(one, batch_size)
     assert len(calls) == (5 if batch_size == 1 else 2)
     assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
     assert prediction.annotations[1].types == ["entity omission", "salience"]
@@ -466,17 +472,12 @@ def test_batched_an_unreadable_number_costs_only_its_own_sentence():
 def test_null_or_non_text_list_items_are_read_alike_in_both_modes(batch_size):
     """A `null` among the questions or kinds stands for nothing, as a `null` list does, and a question
     that is no text is no question: the rest of the answer is read, per sentence as in a batch."""
-    def one(sentence):
+    def one(sentence, attempt):
         if "Zed" in sentence:
             return {"verdict": "confusion", "questions": ["Who is Zed?", None, 7], "error_types": ["entity omission", None]}
         return {"verdict": "no confusion", "questions": [None], "error_types": [None]}
 
-    def responder(call):
-        if batch_size == 1:
-            return one(call.inputs["sentence"])
-        return {"answers": [{"number": n, **one(SENTENCES[n - 1])} for n in batch_numbers(call)]}
-
-    prediction, calls = run(responder, batch_size=batch_size)
+    prediction, calls = run_in_mode(one, batch_size)
     assert len(calls) == (5 if batch_size == 1 else 2)
     assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
     assert prediction.annotations[1].questions == ["Who is Zed?"]
@@ -491,12 +492,7 @@ def test_a_kind_that_is_no_text_is_asked_again_in_both_modes(batch_size):
             return {"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": [1]}
         return answer_for(sentence)
 
-    def responder(call):
-        if batch_size == 1:
-            return one(call.inputs["sentence"], call.attempt)
-        return {"answers": [{"number": n, **one(SENTENCES[n - 1], call.attempt)} for n in batch_numbers(call)]}
-
-    prediction, calls = run(responder, batch_size=batch_size)
+    prediction, calls = run_in_mode(one, batch_size)
     assert len(calls) == (6 if batch_size == 1 else 3)
     assert [a.status for a in prediction.annotations] == ["ok"] * 5
     assert prediction.annotations[1].attempts == 2 and prediction.annotations[1].types == ["entity omission"]

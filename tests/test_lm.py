@@ -10,7 +10,7 @@ import pytest
 
 from booklens.errors import LMError
 from booklens.lm import BooklensAdapter, LiteLLMBackend, BooklensLM, make_lm, predict_with_retries, usage_step
-from booklens.testing import FakeOpenAIServer, ScriptedLM
+from booklens.testing import FakeOpenAIServer, ScriptedLM, run_as_nobody
 
 
 class Classify(dspy.Signature):
@@ -159,23 +159,7 @@ def test_a_read_only_cache_file_is_refused_when_it_opens():
         made.put("k", {"text": "kept"})
         made._db.close()  # the last connection: the write-ahead log goes into the file, and its files away
         path.chmod(0o444)
-        if os.geteuid() != 0:
-            message = open_message(path)
-        else:
-            read, write = os.pipe()
-            child = os.fork()
-            if child == 0:  # pragma: no cover - runs in the child
-                try:
-                    os.close(read)
-                    os.setgid(65534)
-                    os.setuid(65534)
-                    os.write(write, open_message(path).encode())
-                finally:
-                    os._exit(0)
-            os.close(write)
-            with os.fdopen(read, "rb") as pipe:
-                message = pipe.read().decode()
-            os.waitpid(child, 0)
+        message = run_as_nobody(lambda: open_message(path))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     assert message == (f"cannot open the LM cache at {path}: attempt to write a readonly database (make it and its "

@@ -14,6 +14,7 @@ import pytest
 import booklens.retrieval.index as retrieval
 from booklens.errors import BooklensError
 from booklens.retrieval import BookIndex, Passage, QuoteLocator, locate_quote, make_passages
+from booklens.testing import run_as_nobody
 
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
@@ -408,34 +409,6 @@ def test_an_index_folder_that_cannot_be_made_fails_before_the_passages_are_cut(t
     unwritable_cache_message(str(excinfo.value), folder)
 
 
-def as_nobody(work) -> str:
-    """What `work()` returns, run by a user who cannot write a folder whose mode says read-only:
-    root writes anyway, so as root it runs in a child process that has given up root."""
-    import os
-
-    if os.geteuid() != 0:
-        return work()
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the child
-        try:
-            os.close(read)
-            os.setgid(65534)
-            os.setuid(65534)
-            try:
-                out = work()
-            except BaseException as exc:  # said in the parent's failure, not lost with the child
-                out = f"the child failed: {exc!r}"
-            os.write(write, out.encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        out = pipe.read().decode()
-    os.waitpid(child, 0)
-    return out
-
-
 def test_a_read_only_index_folder_fails_before_the_book_is_embedded(monkeypatch):
     """An index folder that holds the BM25 part but takes no file: BM25 search reads it, and the
     dense part fails at once instead of after embedding the whole book. A read-only cache with no
@@ -467,7 +440,7 @@ def test_a_read_only_index_folder_fails_before_the_book_is_embedded(monkeypatch)
             except BooklensError as exc:
                 return f"{len(embedded)}\n{dense}\n{exc}"
 
-        out = as_nobody(work)
+        out = run_as_nobody(work)
     finally:
         cache.chmod(0o777)
         folder.chmod(0o777)
