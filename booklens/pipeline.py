@@ -124,6 +124,10 @@ class JudgeConfig(BaseModel):
     def run_steps(self) -> list[str]:
         return [step for judge_step, steps in JUDGE_STEPS.items() if judge_step in self.steps for step in steps]
 
+    def wanted_steps(self) -> list[str]:
+        """Every step a run with this judge makes: the summary, then the judge's."""
+        return ["summary", *self.run_steps()]
+
 
 # ---------------------------------------------------------------------------
 # Helpers
@@ -357,6 +361,145 @@ def _left_unjudged(record: Any) -> str:
     return ""
 
 
+def step_digest(name: str, inputs: dict[str, Any]) -> str:
+    """The digest a step's record is matched by: its inputs and the booklens that made it."""
+    from booklens import __version__
+
+    return digest({"step": name, "booklens": __version__, **inputs})
+
+
+def load_step(output: Path, name: str) -> Any:
+    """A step's record as a run reuses it: checked, and for a judge step holding at least one verdict
+    (a record without any, kept by an older booklens, is judged again)."""
+    from booklens.reports import read_step_record
+
+    record = read_step_record(output, name)
+    if name in ("coherence", "faithfulness"):
+        from booklens.steps import require_verdicts
+
+        record = require_verdicts(record)
+    return record
+
+
+def reusable_step(output: Path, previous: Any, name: str, inputs: dict[str, Any],
+                  legacy: Optional[dict[str, Any]] = None) -> tuple[Any, Any, str]:
+    """Whether a run reuses step `name` of the run directory `output` (whose run.json is `previous`,
+    or None) instead of computing it: (its run.json entry, its record, '') when the recorded inputs
+    digest matches `inputs`, its file is intact and it left nothing unjudged; else (None, None, what
+    it left unjudged or ''). `legacy`: the inputs as an earlier booklens digested them, also a match
+    (the entry then takes the digest of `inputs`). `run_book` and a sweep's plan both decide here."""
+    from booklens.reports import STEP_FILES
+
+    inputs_sha = step_digest(name, inputs)
+    prev = previous.steps.get(name) if previous is not None else None
+    if prev is not None and legacy is not None and prev.inputs_sha256 == step_digest(name, legacy):
+        prev = prev.model_copy(update={"inputs_sha256": inputs_sha})
+    path = output / STEP_FILES[name]
+    if prev is None or prev.inputs_sha256 != inputs_sha or not path.is_file():
+        return None, None, ""
+    try:
+        record = load_step(output, name) if sha256_file(path) == prev.sha256 else None
+    except (OSError, BooklensError):
+        record = None
+    unjudged = _left_unjudged(record)
+    if record is None or unjudged:
+        return None, None, unjudged
+    return prev, record, ""
+
+
+def summary_step_inputs(system: SystemConfig, book: Path, book_sha: Optional[str], summary_model: dict[str, Any],
+                        given: tuple[Any, Optional[str]] = (None, None)) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The summary step's digested inputs and their legacy form (`reusable_step`). `summary_model`:
+    the summarizer's {"lm", "api_base"}; `given`: a given summary's (record, text) (`given_summary`)."""
+    if system.given:
+        given_record, given_text = given
+        # The summary and the book by their texts, not where their files lie (see below).
+        inputs = {"given": sha256_text(given_text if given_record is None else given_record.model_dump_json()),
+                  "book_sha256": book_sha}
+        return inputs, {**inputs, "file": given_source(system), "book": str(book)}
+    # The book by its text, not its path: a corpus moved to another folder or machine resumes (run
+    # directories that digested the path too still resume: the legacy form).
+    inputs = {**summary_model, "book_sha256": book_sha, "method": system.method,
+              "chunk_size": system.chunk_size, "context_window": system.context_window,
+              "max_summary_tokens": system.max_summary_tokens,
+              "max_regenerations": system.max_regenerations, "drop_matter": system.drop_matter,
+              "merge_context": (system.merge_context or DEFAULT_MERGE_CONTEXT) if system.method == "hier" else None,
+              "words_per_token": system.words_per_token,
+              "remove_artifacts": system.remove_artifacts,
+              "program": sha256_file(system.program) if system.program else None}
+    if system.level_budgets:  # only when given, so run directories made without them still resume
+        inputs["level_budgets"] = system.level_budgets
+    return inputs, {**inputs, "book": str(book)}
+
+
+def judge_step_inputs(name: str, judge: JudgeConfig, judge_model: dict[str, Any], book_sha: Optional[str],
+                      needed_sha: Optional[str], programs: dict[str, Any]) -> dict[str, Any]:
+    """The digested inputs of the judge step `name`; `needed_sha`: the record digest of the step it
+    reads (`NEEDS`), `programs`: the loaded judge programs (`load_judge_programs`)."""
+
+    def program_sha(task: str) -> Optional[str]:
+        """What a step's program is: the judges' fingerprint (default, zero-shot or compiled), an artifact's digest."""
+        if task in ("coherence", "verification") and task in programs:
+            from booklens.judges import program_fingerprint
+
+            return program_fingerprint(programs[task])
+        path = judge.programs.get(task)
+        return sha256_file(path) if path is not None else None
+
+    if name == "coherence":
+        return {**judge_model, "summary": needed_sha, "book_sha256": book_sha, "batch_size": judge.batch_size,
+                "program": program_sha("coherence")}
+    if name == "claims":
+        return {**judge_model, "summary": needed_sha, "program": program_sha("decomposition")}
+    return {**judge_model, "claims": needed_sha, "book_sha256": book_sha, "evidence": judge.evidence, "k": judge.k,
+            "budget_tokens": judge.budget_tokens, "passage_tokens": judge.passage_tokens,
+            "max_claims": judge.max_claims, "program": program_sha("verification")}
+
+
+def given_source(system: SystemConfig) -> str:
+    """Where a given summary comes from, as its record names it."""
+    return str(system.summary_file) if system.summary_file is not None else f"summaries of {system.name}"
+
+
+def given_summary(system: SystemConfig) -> tuple[Any, Optional[str]]:
+    """A given summary's (record, text): a `summarize` record and its summary, or (None, the text)."""
+    if system.summary_file is None:
+        return None, system.summary_text
+    from booklens.inputs import read_given_summary
+
+    given = read_given_summary(system.summary_file)
+    return (given, given.summary) if not isinstance(given, str) else (None, given)
+
+
+def reusable_steps(book: Path, output: Path, system: SystemConfig, judge: JudgeConfig, *,
+                   summary_model: dict[str, Any], judge_model: dict[str, Any], programs: dict[str, Any],
+                   book_text: Optional[str] = None) -> list[str]:
+    """The steps `run_book` would reuse from the run directory `output` without an LM call, in the
+    order it runs them (a step whose needed step would be made again is not reused). The models are
+    {"lm", "api_base"} as run.json's config names them, `programs` the loaded judge programs. Nothing
+    is written; a directory or book that cannot be read reuses nothing."""
+    from booklens.reports import RUN_FILE, read_run_record
+    from booklens.text import read_book
+
+    steps: dict[str, Any] = {}
+    try:  # (a program or summary file that cannot be read fails the run: nothing of it is reused)
+        previous = read_run_record(output / RUN_FILE)
+        if book_text is None:
+            book_text = read_book(book, drop_matter=system.drop_matter)
+        book_sha = sha256_text(book_text)
+        given = given_summary(system) if system.given else (None, None)
+        inputs, legacy = summary_step_inputs(system, book, book_sha, summary_model, given)
+        steps["summary"], _, _ = reusable_step(output, previous, "summary", inputs, legacy)
+        for name in judge.run_steps():
+            needed = steps.get(NEEDS[name])
+            if needed is not None:
+                inputs = judge_step_inputs(name, judge, judge_model, book_sha, needed.sha256, programs)
+                steps[name], _, _ = reusable_step(output, previous, name, inputs)
+    except (OSError, BooklensError):
+        return []
+    return [name for name in STEPS if steps.get(name) is not None]
+
+
 class _Runner:
     def __init__(self, output: Path, previous, base: dict[str, Any], wanted: list[str],
                  notify: Callable[[str], None]):
@@ -385,13 +528,11 @@ class _Runner:
         except (OSError, ValueError, AttributeError):
             return {}
 
-    def run_step(self, name: str, inputs: dict[str, Any], compute: Callable[[], Any], load: Callable[[], Any],
-                 *, normalize: bool = True, legacy: Optional[dict[str, Any]] = None):
-        """The step's record: the previous one when its inputs match and its file is intact, else computed
-        and saved atomically (then run.json and timings.json are brought up to date). None when the step,
-        or a step it needs, failed (the reason is in `failures`). `legacy`: the inputs as an earlier
-        booklens digested them, also a match (the record then takes the digest of `inputs`)."""
-        from booklens import __version__
+    def run_step(self, name: str, inputs: dict[str, Any], compute: Callable[[], Any], *, normalize: bool = True,
+                 legacy: Optional[dict[str, Any]] = None):
+        """The step's record: the previous one when `reusable_step` says so, else computed and saved
+        atomically (then run.json and timings.json are brought up to date). None when the step, or a
+        step it needs, failed (the reason is in `failures`)."""
         from booklens.lm.usage import usage_scope
         from booklens.reports import STEP_FILES
 
@@ -402,29 +543,18 @@ class _Runner:
                 self.notify(f"{name}: not run (needs {needed})")
                 return None
             path = self.output / STEP_FILES[name]
-            inputs_sha = digest({"step": name, "booklens": __version__, **inputs})
-            prev = self.previous.steps.get(name) if self.previous is not None else None
-            if prev is not None and legacy is not None and \
-                    prev.inputs_sha256 == digest({"step": name, "booklens": __version__, **legacy}):
-                prev = prev.model_copy(update={"inputs_sha256": inputs_sha})
-            if prev is not None and prev.inputs_sha256 == inputs_sha and path.is_file():
-                try:
-                    intact = sha256_file(path) == prev.sha256
-                    record = load() if intact else None
-                except (OSError, BooklensError):
-                    record = None
-                unjudged = _left_unjudged(record)
-                if unjudged:  # answers rejected in every try were not kept: asking again may judge them
-                    self.notify(f"{name}: asking again about the {unjudged} left unjudged in {path.name}")
-                    record = None
-                if record is not None:
-                    self.steps[name] = prev
-                    entry = dict(self.timings.get(name) or {})
-                    entry.update({"reused": True, "fresh_calls": 0, "cached_calls": 0})
-                    self.timings[name] = entry
-                    self.reached.add(name)
-                    self.notify(f"{name}: reused {path.name} (inputs unchanged)")
-                    return record
+            inputs_sha = step_digest(name, inputs)
+            prev, record, unjudged = reusable_step(self.output, self.previous, name, inputs, legacy)
+            if unjudged:  # answers rejected in every try were not kept: asking again may judge them
+                self.notify(f"{name}: asking again about the {unjudged} left unjudged in {path.name}")
+            if record is not None:
+                self.steps[name] = prev
+                entry = dict(self.timings.get(name) or {})
+                entry.update({"reused": True, "fresh_calls": 0, "cached_calls": 0})
+                self.timings[name] = entry
+                self.reached.add(name)
+                self.notify(f"{name}: reused {path.name} (inputs unchanged)")
+                return record
         started = time.perf_counter()
         with usage_scope() as tracker:
             try:
@@ -614,7 +744,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     import dspy
 
     from booklens.lm import BooklensAdapter, LMPool, lm_label
-    from booklens.reports import RunData, read_step_record, render_report, write_text_atomic, REPORT_FILE
+    from booklens.reports import RunData, render_report, write_text_atomic, REPORT_FILE
     from booklens.text import count_tokens, read_book
 
     system = system or SystemConfig()
@@ -636,13 +766,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
         remove_partial_writes(output, [RUN_FILE, TIMINGS_FILE, REPORT_FILE, *STEP_FILES.values()])
     programs = load_judge_programs(judge, concurrency=concurrency)
-    given_record = None
-    given_text = system.summary_text
-    if system.summary_file is not None:
-        from booklens.inputs import read_given_summary
-
-        given = read_given_summary(system.summary_file)
-        given_record, given_text = (given, given.summary) if not isinstance(given, str) else (None, given)
+    given_record, given_text = given_summary(system) if system.given else (None, None)
     if lms is None:
         lms = LMPool(system.lm, system.api_base, concurrency=concurrency)
     summary_lm = lms.get(system.lm, system.api_base)
@@ -655,7 +779,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     made_by = summary_label
     if system.given:
         made_by = str(getattr(given_record, "lm", "") or "") or GIVEN_SUMMARY_LM
-    wanted = ["summary", *judge.run_steps()]
+    wanted = judge.wanted_steps()
     from booklens.judges import judge_info, judge_name
 
     judges = {task: judge_info(judge_name(task, program), program, judge_lm)
@@ -701,60 +825,30 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         return call
 
     # 1. the summary
+    summary_inputs, legacy = summary_step_inputs(system, book, book_sha, summary_model, (given_record, given_text))
     if system.given:
         from booklens.records import GivenSummary
 
-        source = str(system.summary_file) if system.summary_file is not None else f"summaries of {system.name}"
-
-        def given_summary():
+        def given_summary_record():
             if given_record is not None:
                 if given_record.book_sha256 != book_sha:
                     notify(f"warning: {system.summary_file} summarizes a different text than {book} "
                            "(its book digest differs)")
                 return given_record
-            return GivenSummary(file=source, book=str(book), book_sha256=book_sha, summary=given_text)
+            return GivenSummary(file=given_source(system), book=str(book), book_sha256=book_sha, summary=given_text)
 
-        # The summary and the book by their texts, not where their files lie (see below).
-        summary_inputs = {"given": sha256_text(given_text if given_record is None else
-                                               given_record.model_dump_json()),
-                          "book_sha256": book_sha}
-        summary = runner.run_step("summary", summary_inputs, given_summary,
-                                  lambda: read_step_record(output, "summary"), normalize=False,
-                                  legacy={**summary_inputs, "file": source, "book": str(book)})
+        summary = runner.run_step("summary", summary_inputs, given_summary_record, normalize=False, legacy=legacy)
     else:
         from booklens.steps import summarize_book
 
-        # The book by its text, not its path: a corpus moved to another folder or machine resumes (run
-        # directories that digested the path too still resume: `legacy`).
-        summary_inputs = {**summary_model, "book_sha256": book_sha, "method": system.method,
-                          "chunk_size": system.chunk_size, "context_window": system.context_window,
-                          "max_summary_tokens": system.max_summary_tokens,
-                          "max_regenerations": system.max_regenerations, "drop_matter": system.drop_matter,
-                          "merge_context": (system.merge_context or DEFAULT_MERGE_CONTEXT) if system.method == "hier"
-                          else None,
-                          "words_per_token": system.words_per_token,
-                          "remove_artifacts": system.remove_artifacts,
-                          "program": sha256_file(system.program) if system.program else None}
-        if system.level_budgets:  # only when given, so run directories made without them still resume
-            summary_inputs["level_budgets"] = system.level_budgets
         summary = runner.run_step("summary", summary_inputs, with_lm(summary_lm, lambda: summarize_book(
             book, method=system.method, chunk_size=system.chunk_size, context_window=system.context_window,
             max_summary_tokens=system.max_summary_tokens, max_regenerations=system.max_regenerations,
             remove_artifacts=system.remove_artifacts, drop_matter=system.drop_matter, concurrency=concurrency,
             program_path=system.program, text=book_text, level_budgets=system.level_budgets,
-            merge_context=system.merge_context, words_per_token=system.words_per_token)),
-            lambda: read_step_record(output, "summary"), legacy={**summary_inputs, "book": str(book)})
+            merge_context=system.merge_context, words_per_token=system.words_per_token)), legacy=legacy)
     summary_sha = runner.steps["summary"].sha256 if summary is not None else None
     summary_text = summary.summary if summary is not None else None
-
-    def program_sha(task: str) -> Optional[str]:
-        """What a step's program is: the judges' fingerprint (default, zero-shot or compiled), an artifact's digest."""
-        if task in ("coherence", "verification") and task in programs:
-            from booklens.judges import program_fingerprint
-
-            return program_fingerprint(programs[task])
-        path = judge.programs.get(task)
-        return sha256_file(path) if path is not None else None
 
     # 2. coherence
     def judge_coherence():
@@ -768,11 +862,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                                       scorer=programs.get("coherence"))
             return require_verdicts(results[book.name])
 
-        coherence_inputs = {**judge_model, "summary": summary_sha, "book_sha256": book_sha,
-                            "batch_size": judge.batch_size, "program": program_sha("coherence")}
-        # A record without a single verdict (kept by an older booklens) is judged again, not reused.
-        return runner.run_step("coherence", coherence_inputs, with_lm(judge_lm, score),
-                               lambda: require_verdicts(read_step_record(output, "coherence")))
+        coherence_inputs = judge_step_inputs("coherence", judge, judge_model, book_sha, summary_sha, programs)
+        return runner.run_step("coherence", coherence_inputs, with_lm(judge_lm, score))
 
     # 3. claims, 4. verification
     def judge_faithfulness():
@@ -787,9 +878,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                                     f"{claim_set.error}")
             return claim_set
 
-        claims_inputs = {**judge_model, "summary": summary_sha, "program": program_sha("decomposition")}
-        claims = runner.run_step("claims", claims_inputs, with_lm(judge_lm, decompose),
-                                 lambda: read_step_record(output, "claims"))
+        claims_inputs = judge_step_inputs("claims", judge, judge_model, book_sha, summary_sha, programs)
+        claims = runner.run_step("claims", claims_inputs, with_lm(judge_lm, decompose))
 
         def verify():
             chosen = list(claims.claims)[: judge.max_claims] if judge.max_claims else list(claims.claims)
@@ -798,12 +888,9 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                 k=judge.k, budget_tokens=judge.budget_tokens, passage_tokens=judge.passage_tokens,
                 concurrency=concurrency, cache_dir=lms.cache_dir, programs=programs))
 
-        verify_inputs = {**judge_model, "claims": runner.steps["claims"].sha256 if claims is not None else None,
-                         "book_sha256": book_sha, "evidence": judge.evidence, "k": judge.k,
-                         "budget_tokens": judge.budget_tokens, "passage_tokens": judge.passage_tokens,
-                         "max_claims": judge.max_claims, "program": program_sha("verification")}
-        faithfulness = runner.run_step("faithfulness", verify_inputs, with_lm(judge_lm, verify),
-                                       lambda: require_verdicts(read_step_record(output, "faithfulness")))
+        claims_sha = runner.steps["claims"].sha256 if claims is not None else None
+        verify_inputs = judge_step_inputs("faithfulness", judge, judge_model, book_sha, claims_sha, programs)
+        faithfulness = runner.run_step("faithfulness", verify_inputs, with_lm(judge_lm, verify))
         return claims, faithfulness
 
     # Coherence needs only the summary: it is judged while the claims are split and verified.

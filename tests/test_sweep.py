@@ -1083,3 +1083,54 @@ def summary_inputs(run: dict) -> dict:
             "drop_matter": config["drop_matter"], "merge_context": config["merge_context"],
             "words_per_token": config["words_per_token"], "remove_artifacts": config["remove_artifacts"],
             "program": None}
+
+
+# ---------------------------------------------------------------------------
+# What a resumed sweep will run: --dry-run and --fail-fast tell cells complete on disk apart
+
+
+def dry_run_table(text: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in text.splitlines()
+            if line.split() and line.split()[0] in ("hier", "given", "inc", "total")}
+
+
+def test_dry_run_counts_the_cells_complete_on_disk_apart_and_estimates_only_the_rest(server, tmp_path):
+    """After a system is added to a finished sweep, its dry run estimated every cell again, as if the
+    finished ones would be run: they are reused without an LM call. The dry run now decides that with
+    the digests the pipeline reuses steps by, and counts only the cells that would run."""
+    from booklens.sweep.run import dry_run
+
+    manifest = small_corpus(tmp_path / "corpus")
+    out = tmp_path / "sweep"
+    run_sweep_quietly(manifest, out, server, tmp_path / "cache")
+
+    def plan() -> str:
+        return dry_run(manifest, out, lm="openai/fake-model", api_base=server.url)
+
+    finished = plan()
+    assert "4 complete on disk" in finished.splitlines()[0]
+    assert dry_run_table(finished)["total"][1:3] == ["0", "0"]  # chunks and calls (no LM columns)
+    manifest.write_text(manifest.read_text().replace(
+        "  - {name: given", "  - {name: inc, method: inc, chunk_size: 256, context_window: 2048, "
+                            "max_summary_tokens: 100}\n  - {name: given"))
+    added = plan()
+    first = added.splitlines()[0]
+    assert first.startswith("6 cells: 3 systems") and "4 complete on disk" in first, first
+    table = dry_run_table(added)
+    assert table["hier"][4] == "0" and table["given"][4] == "0" and table["hier"][3] == "0"
+    assert int(table["inc"][4]) > 0 and table["total"][2] == table["inc"][4]
+    assert "  hier (summarizes): a (complete, reused), b (complete, reused)" in added.splitlines()
+    assert "  inc (summarizes): a, b" in added.splitlines()
+
+    # A book whose text changed, or a step record damaged on disk: those cells would run again.
+    book = manifest.parent / "a.txt"
+    book.write_text(book.read_text(encoding="utf-8").replace("Mara", "Ines"), encoding="utf-8")
+    (out / "cells" / "given" / "b" / "coherence.json").write_text("{}")
+    again = plan()
+    assert "1 complete on disk" in again.splitlines()[0]
+    assert "  hier (summarizes): a, b (complete, reused)" in again.splitlines()
+    assert "  given (summaries from given.json): a, b" in again.splitlines()
+    # What the dry run called complete is what the run reuses whole, and nothing else is.
+    run_sweep_quietly(manifest, out, server, tmp_path / "another-cache")
+    assert reused_cells(out) == {"given/a": False, "given/b": False, "hier/a": False, "hier/b": True,
+                                 "inc/a": False, "inc/b": False}

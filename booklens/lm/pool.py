@@ -30,6 +30,16 @@ def named_server(name: str, api_base: str | None = None) -> str | None:
     return None if name == LOCAL_LM else resolve_server(name, api_base)
 
 
+def resolve_model(default_lm: str | None, default_api_base: str | None, lm: str | None = None,
+                  api_base: str | None = None) -> tuple[str, str | None]:
+    """(model string, server) an LM option names: `default_lm` and `default_api_base` where not given,
+    the server as its backend reaches it (`named_server`)."""
+    from booklens.lm.embedded import resolve_lm_name
+
+    name = (lm or resolve_lm_name(default_lm)).strip()
+    return name, named_server(name, default_api_base if api_base is None else api_base)
+
+
 class LMPool:
     def __init__(self, default_lm: str | None = None, api_base: str | None = None, *,
                  cache_dir: Path | str | None = None, concurrency: int = 4, use_cache: bool = True,
@@ -57,8 +67,7 @@ class LMPool:
     def resolve(self, lm: str | None = None, api_base: str | None = None) -> tuple[str, str | None]:
         """(model string, server) an LM option names: the pool's default model and server where not
         given, the server as its backend reaches it (`named_server`)."""
-        name = (lm or self.default_lm).strip()
-        return name, named_server(name, self.api_base if api_base is None else api_base)
+        return resolve_model(self.default_lm, self.api_base, lm, api_base)
 
     def get(self, lm: str | None = None, api_base: str | None = None):
         """The pool's `BooklensLM` for a model (built and checked on first use)."""

@@ -223,8 +223,11 @@ def _judge_programs(judge: Any) -> dict[str, Any]:
     return load_judge_programs(judge)
 
 
-def estimate_sweep(sweep: Sweep) -> list[SystemEstimate]:
-    """Per system: books, chunks, LM calls and tokens (summarizing and judging), cost where known."""
+def estimate_sweep(sweep: Sweep, *, skip: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset(),
+                   programs: Optional[dict[str, Any]] = None) -> list[SystemEstimate]:
+    """Per system: books, chunks, LM calls and tokens (summarizing and judging), cost where known.
+    The (system, book) cells in `skip` (complete on disk: a run reuses them without a call) are left
+    out; `programs`: the judge programs, when already loaded."""
     import dspy
 
     from booklens.errors import BooklensError
@@ -248,7 +251,7 @@ def estimate_sweep(sweep: Sweep) -> list[SystemEstimate]:
 
     estimates = []
     with dspy.context(adapter=BooklensAdapter()):
-        programs = _judge_programs(judge)
+        programs = programs if programs is not None else _judge_programs(judge)
         judge_lm = resolve_lm_name(judge.lm or sweep.lm)
         judge_window = lm_context_window(judge_lm)  # the judge's calls run on its LM, not the summarizer's
         for spec in sweep.systems:
@@ -264,6 +267,8 @@ def estimate_sweep(sweep: Sweep) -> list[SystemEstimate]:
                 except BooklensError as exc:
                     raise BooklensError(f"system {spec.name!r}: {exc}") from None
             for book in sweep.books:
+                if (spec.name, book.key) in skip:
+                    continue
                 read = book_text(book.key, first.drop_matter)
                 if read is None:
                     continue

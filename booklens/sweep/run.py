@@ -313,6 +313,44 @@ def _without_credentials(section: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
+def complete_cells(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any]) -> set[tuple[str, str]]:
+    """The (system, book) cells whose run directory a run would reuse whole, every step as it is on
+    disk without an LM call: decided by the pipeline's own rule (`reusable_steps`, the digests its
+    steps are matched by). `programs`: the judge programs the cells load (`load_judge_programs`)."""
+    from booklens.lm.embedded import lm_name_label
+    from booklens.lm.pool import resolve_model
+    from booklens.pipeline import JudgeConfig, SystemConfig, public_api_base, reusable_steps
+    from booklens.text import read_book
+
+    def model(lm: Optional[str], api_base: Optional[str]) -> dict[str, Any]:
+        # As the cells' pool names it (`run_book`: its label and public server), without building it.
+        name, server = resolve_model(sweep.lm, sweep.api_base, lm, api_base)
+        return {"lm": lm_name_label(name), "api_base": public_api_base(server)}
+
+    texts: dict[tuple[str, bool], Optional[str]] = {}
+    complete = set()
+    for task in tasks:
+        system = SystemConfig.model_validate(task.system_config)
+        judge = JudgeConfig.model_validate(task.judge_config)
+        if not (Path(task.output) / "run.json").is_file():
+            continue
+        key = (task.book_path, system.drop_matter)
+        if key not in texts:
+            try:
+                texts[key] = read_book(Path(task.book_path), drop_matter=system.drop_matter)
+            except BooklensError:  # its cells fail (and make no call); none is complete
+                texts[key] = None
+        if texts[key] is None:
+            continue
+        reused = reusable_steps(Path(task.book_path), Path(task.output), system, judge,
+                                summary_model=model(system.lm, system.api_base),
+                                judge_model=model(judge.lm, judge.api_base), programs=programs,
+                                book_text=texts[key])
+        if set(reused) == set(judge.wanted_steps()):
+            complete.add((task.system, task.book))
+    return complete
+
+
 def reused_work(outcome: CellOutcome, output: Path) -> tuple[bool, dict[str, Any]]:
     """What of a finished cell was already on disk: whether every step was (it did no work in this
     invocation), and the LM work of the steps this invocation reused (run.json's figures, made by an
@@ -426,7 +464,8 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
 
 def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = None,
             api_base: Optional[str] = None) -> str:
-    """The text `--dry-run` prints: the cells and the estimated work per system. Writes nothing, calls
+    """The text `--dry-run` prints: the cells (those complete on disk, which a run reuses without a
+    call, marked: `complete_cells`) and the estimated work of the others per system. Writes nothing, calls
     no LM and opens no cache, so it takes none of the options of running cells (engine, concurrency,
     cache, --structured, --rpm, --tpm, --fail-fast)."""
     from booklens.lm.usage import cost_text, known_cost
@@ -434,15 +473,23 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
 
     output = Path(output)
     sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, check_lms=False)
-    estimates = estimate_sweep(sweep)
+    import dspy
+
+    from booklens.lm import BooklensAdapter
+    from booklens.pipeline import load_judge_programs
+
+    with dspy.context(adapter=BooklensAdapter()):
+        programs = load_judge_programs(sweep.judge_config())
+    complete = complete_cells(sweep, tasks, programs)
+    estimates = estimate_sweep(sweep, skip=complete, programs=programs)
     lines = [f"{len(tasks)} cells: {len(sweep.systems)} systems \u00d7 {len(sweep.books)} books -> {output}"]
-    done = sum(1 for t in tasks if _complete(Path(t.output)))
-    if done:
-        lines[0] += (f" ({done} already have a complete run directory, reused where their configuration is "
-                     "unchanged)")
+    if complete:
+        lines[0] += (f" ({len(complete)} complete on disk, every step reused without an LM call; the estimate "
+                     f"counts the other {len(tasks) - len(complete)})")
     for spec in sweep.systems:
         kind = f"summaries from {Path(spec.summaries).name}" if spec.summaries else "summarizes"
-        lines.append(f"  {spec.name} ({kind}): " + ", ".join(b.key for b in sweep.books))
+        lines.append(f"  {spec.name} ({kind}): " + ", ".join(
+            b.key + (" (complete, reused)" if (spec.name, b.key) in complete else "") for b in sweep.books))
     header = ("system", "summarizer", "judge", "chunks", "LM calls", "prompt tokens", "completion tokens", "cost")
     rows = []
     for e in estimates:
@@ -461,12 +508,3 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     lines.append(ASSUMPTIONS)
     lines.extend(f"note: {note}" for note in artifact_notes(sweep))
     return "\n".join(lines)
-
-
-def _complete(run_dir: Path) -> bool:
-    import json
-
-    try:
-        return json.loads((run_dir / "run.json").read_text()).get("complete") is True
-    except (OSError, ValueError, AttributeError):
-        return False
