@@ -1134,3 +1134,42 @@ def test_dry_run_counts_the_cells_complete_on_disk_apart_and_estimates_only_the_
     run_sweep_quietly(manifest, out, server, tmp_path / "another-cache")
     assert reused_cells(out) == {"given/a": False, "given/b": False, "hier/a": False, "hier/b": True,
                                  "inc/a": False, "inc/b": False}
+
+
+def test_fail_fast_on_a_resumed_sweep_keeps_the_cells_complete_on_disk(server, tmp_path):
+    """--fail-fast on a rerun returned every cell after the first failure as "not run", even those
+    complete on disk, so results.json lost them until a rerun without the flag. They are reused
+    (without an LM call) and stay in the results; only the cells that would run are not started."""
+    import io
+
+    from booklens.sweep.run import run_sweep
+
+    manifest = small_corpus(tmp_path / "corpus")
+    corpus = manifest.parent
+    (corpus / "broken.txt").write_bytes(b"\x00\x01binary\xff" * 20_000)  # the largest book: scheduled first
+    given = read_json(corpus / "given.json")
+    (corpus / "given.json").write_text(json.dumps({**given, "broken": "A summary of nothing."}))
+    manifest.write_text(manifest.read_text().replace("books: [a.txt, b.txt]", "books: [broken.txt, a.txt, b.txt]"))
+    out = tmp_path / "sweep"
+
+    def sweep(**options):
+        return run_sweep(manifest, out, lm="openai/fake-model", api_base=server.url, cache_dir=tmp_path / "cache",
+                         concurrency=1, stream=io.StringIO(), progress_interval=60, **options)
+
+    first = sweep()
+    assert {(o.system, o.book): o.status for o in first.outcomes if o.book != "broken"} == {
+        ("hier", "a"): "complete", ("hier", "b"): "complete", ("given", "a"): "complete",
+        ("given", "b"): "complete"}
+    before = len(server.served)
+    again = sweep(fail_fast=True)
+    statuses = {(o.system, o.book): o.status for o in again.outcomes}
+    assert sorted(statuses[(s, "broken")] for s in ("hier", "given")) == ["failed", "not run"]
+    assert all(statuses[(s, b)] == "complete" for s in ("hier", "given") for b in ("a", "b")), statuses
+    assert len(server.served) == before
+    def figures(results):  # (a broken cell not started is not counted as failed)
+        return {name: {k: v for k, v in system.items() if k != "failed"} for name, system in results["systems"].items()}
+
+    assert figures(again.results) == figures(first.results)
+    assert [s["books"] for s in again.results["systems"].values()] == [2, 2]
+    rows = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert sorted(r["status"] for r in rows) == ["complete"] * 4 + ["failed", "not run"]

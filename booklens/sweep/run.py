@@ -351,6 +351,30 @@ def complete_cells(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any]
     return complete
 
 
+def reuse_complete_cells(sweep: Sweep, tasks: list[CellTask], outcomes: list[CellOutcome], pool: Any,
+                         settings: PoolSettings, on_done: Any) -> list[CellOutcome]:
+    """`outcomes` (of `tasks`, in order) with each cell that --fail-fast left "not run" but whose run
+    directory is complete on disk (`complete_cells`) run after all: every step is reused without an LM
+    call, so results.json keeps it. `pool`: the LMs to run them with (None: one made from `settings`)."""
+    from booklens.sweep.engines import run_cell
+
+    skipped = [t for t, o in zip(tasks, outcomes) if o.status == "not run"]
+    if not skipped:
+        return outcomes
+    from booklens.pipeline import load_judge_programs
+
+    complete = complete_cells(sweep, skipped, load_judge_programs(sweep.judge_config()))
+    if not complete:
+        return outcomes
+    pool = pool if pool is not None else settings.make_pool()
+    outcomes = list(outcomes)
+    for i, task in enumerate(tasks):
+        if outcomes[i].status == "not run" and (task.system, task.book) in complete:
+            outcomes[i] = run_cell(task, pool)
+            on_done(outcomes[i])
+    return outcomes
+
+
 def reused_work(outcome: CellOutcome, output: Path) -> tuple[bool, dict[str, Any]]:
     """What of a finished cell was already on disk: whether every step was (it did no work in this
     invocation), and the LM work of the steps this invocation reused (run.json's figures, made by an
@@ -441,6 +465,8 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
 
             with quiet_progress():  # one display for the sweep, not a bar per level of every cell
                 finished = runner.run(schedule, done, fail_fast=fail_fast)
+                finished = reuse_complete_cells(sweep, schedule, finished, runner.pool if engine == "local"
+                                                else None, settings, done)
         finally:
             progress.close()
             if engine == "ray":
