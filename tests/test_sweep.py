@@ -1173,3 +1173,49 @@ def test_fail_fast_on_a_resumed_sweep_keeps_the_cells_complete_on_disk(server, t
     assert [s["books"] for s in again.results["systems"].values()] == [2, 2]
     rows = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
     assert sorted(r["status"] for r in rows) == ["complete"] * 4 + ["failed", "not run"]
+
+
+def test_the_same_manifest_named_by_another_path_keeps_the_aggregate(server, tmp_path, monkeypatch):
+    """sweep.json kept the manifest's path as typed: the same manifest named another way (from
+    another folder, or by its absolute path) counted as another plan, and a rerun dropped the
+    aggregate until it finished. Paths are compared resolved; an older sweep.json that kept a
+    relative path is read against the working directory, as it was typed."""
+    import shutil
+
+    from booklens.sweep.engines import LocalEngine
+
+    manifest = small_corpus(tmp_path / "corpus")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(manifest.parent)
+    finished = tmp_path / "finished"
+    run_sweep_quietly(Path("sweep.yaml"), finished, server, tmp_path / "cache")
+    aggregate = ("results.json", "cells.jsonl", "report.html")
+
+    def interrupted(self, tasks, on_done, *, fail_fast=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalEngine, "run", interrupted)
+
+    def kept_after(named: Path, *, older: bool = False) -> bool:
+        out = tmp_path / "sweep"
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.copytree(finished, out)
+        if older:  # as an earlier booklens wrote it: the path as typed
+            plan = read_json(out / "sweep.json")
+            plan["manifest"] = "sweep.yaml"
+            (out / "sweep.json").write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+        with pytest.raises(KeyboardInterrupt):
+            run_sweep_quietly(named, out, server, tmp_path / "cache")
+        return all((out / name).is_file() for name in aggregate)
+
+    assert kept_after(Path("sweep.yaml"))
+    assert kept_after(manifest)
+    assert kept_after(Path("sweep.yaml"), older=True)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert kept_after(Path("../corpus/sweep.yaml"))
+    assert kept_after(Path("../elsewhere/../corpus/sweep.yaml"))
+    # Another manifest is still another plan.
+    shutil.copy(manifest, tmp_path / "elsewhere" / "copy.yaml")
+    for name in ("a.txt", "b.txt", "given.json"):
+        shutil.copy(manifest.parent / name, tmp_path / "elsewhere" / name)
+    assert not kept_after(Path("copy.yaml"))

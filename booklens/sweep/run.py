@@ -278,20 +278,26 @@ def write_plan(sweep: Sweep, output: Path) -> None:
     one of its LMs, a book or a summaries or program file whose content changed), the results.json,
     cells.jsonl and report.html of the earlier plan are removed first: a sweep stopped before its new
     aggregate is written must not leave figures that look like this plan's. (Which cells are new is
-    each cell's own run.json's to say: its steps' digests cover the same servers and contents.)"""
+    each cell's own run.json's to say: its steps' digests cover the same servers and contents.) Files
+    are compared by their resolved paths (`comparable_plan`): the same manifest named another way is
+    the same plan."""
+    import json
+
     from booklens.records import save_json
     from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
     from booklens.sweep.report import REPORT_FILE
 
     plan = output / PLAN_FILE
     try:
-        before: Optional[bytes] = plan.read_bytes()
+        before: Any = json.loads(plan.read_bytes())
     except OSError:
         before = None
+    except ValueError:  # damaged: not this plan's
+        before = {}
     save_json(plan, {
         "kind": "booklens.sweep.plan",
         "format_version": 1,
-        "manifest": str(sweep.manifest),
+        "manifest": manifest_name(sweep),
         "lm": sweep.lm,
         "servers": plan_servers(sweep),
         "books": {b.key: str(b.path) for b in sweep.books},
@@ -299,9 +305,40 @@ def write_plan(sweep: Sweep, output: Path) -> None:
         "judge": _without_credentials(sweep.judge.model_dump(exclude_unset=True)),
         "content_sha256": plan_content(sweep),
     })
-    if before is not None and plan.read_bytes() != before:
+    if before is not None and comparable_plan(json.loads(plan.read_bytes())) != comparable_plan(before):
         for name in (RESULTS_FILE, CELLS_FILE, REPORT_FILE):
             (output / name).unlink(missing_ok=True)
+
+
+def manifest_name(sweep: Sweep) -> str:
+    """The manifest as sweep.json and the sweep's page name it: its resolved path, the same however
+    it was typed (and meaningful to `booklens report` run from another folder)."""
+    return str(sweep.manifest.resolve())
+
+
+def comparable_plan(plan: Any) -> Any:
+    """A sweep.json's plan with each file path resolved (`..`, symbolic links): the same files named
+    another way are the same plan. An older sweep.json kept the manifest's path as typed (relative):
+    it is resolved against the working directory, as the rerun's own path is."""
+    if not isinstance(plan, dict):
+        return plan
+
+    def real(path: Any) -> Any:
+        return os.path.realpath(path) if isinstance(path, str) else path
+
+    def real_values(paths: Any) -> Any:
+        return {k: real(v) for k, v in paths.items()} if isinstance(paths, dict) else paths
+
+    plan = {**plan, "manifest": real(plan.get("manifest")), "books": real_values(plan.get("books"))}
+    if isinstance(plan.get("systems"), list):
+        plan["systems"] = [{k: real(v) if k in ("summaries", "program") else v for k, v in system.items()}
+                           if isinstance(system, dict) else system for system in plan["systems"]]
+    if isinstance(plan.get("judge"), dict):
+        plan["judge"] = {**plan["judge"], "programs": real_values(plan["judge"].get("programs"))}
+    content = plan.get("content_sha256")
+    if isinstance(content, dict) and isinstance(content.get("programs"), dict):
+        plan["content_sha256"] = {**content, "programs": {real(k): v for k, v in content["programs"].items()}}
+    return plan
 
 
 def _without_credentials(section: dict[str, Any]) -> dict[str, Any]:
@@ -479,7 +516,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
         books = [b.key for b in sweep.books]
         results = write_aggregate(output, systems, books, outcomes)
         judge = sweep.judge_config()
-        meta = sweep_meta(len(systems), len(books), str(sweep.manifest), judge.steps, judge.evidence)
+        meta = sweep_meta(len(systems), len(books), manifest_name(sweep), judge.steps, judge.evidence)
         write_sweep_report(output, results, [cell_row(o) for o in outcomes], title=sweep.manifest.stem, meta=meta)
         return SweepOutcome(output, results, outcomes, artifact_notes(sweep))
 
