@@ -284,10 +284,12 @@ class SummaryNode(BaseModel):
     fallback: bool = Field(default=False, description="no answer had words in it, so booklens kept its input: "
                                                       "a compression keeps the update trimmed to the budget, "
                                                       "artifact removal keeps the summary as it was (which it "
-                                                      "also does when its rewrite ran longer than the summary)")
+                                                      "also does when its rewrite was not a cleanup: see "
+                                                      "dropped_rewrite_tokens)")
     dropped_rewrite_tokens: Optional[int] = Field(
-        default=None, description="artifact removal: the length of a rewrite that ran longer than the summary "
-                                  "or was left unfinished (cut_off), so the summary was kept as it was")
+        default=None, description="artifact removal: the length of a rewrite that ran longer than the summary, "
+                                  "was left unfinished (cut_off) or kept under half of the summary's words, so "
+                                  "the summary was kept as it was")
 
 
 class SummaryConfig(BaseModel):

@@ -71,6 +71,9 @@ REGENERATION_SHRINK = 0.1
 WORDLESS_TRIES = 3
 # Incremental updating lets the running summary grow to this share of G_n before compressing it.
 UPDATE_ALLOWANCE = 1.5
+# The least share of a summary's words its artifact-removal rewrite keeps: the pass removes phrases
+# and the odd sentence about the text, never most of what the summary says.
+CLEANUP_MIN_WORDS_KEPT = 0.5
 
 
 def group_by_budget(sizes: list[int], budget: int, *, min_group: int = 1) -> list[list[int]]:
@@ -118,6 +121,20 @@ def without_unfinished_sentence(text: str) -> str:
     if len(spans) < 2 or text.endswith(_SENTENCE_END):
         return text
     return text[:spans[-1][0]].strip()
+
+
+def words_kept(original: str, rewrite: str) -> float:
+    """The share of `original`'s words (case-folded, counted with repeats) that `rewrite` still has."""
+    import re
+    from collections import Counter
+
+    def words(text: str) -> Counter:
+        return Counter(re.findall(r"\w+", text.casefold()))
+
+    before = words(original)
+    if not before:
+        return 1.0
+    return sum((before & words(rewrite)).values()) / sum(before.values())
 
 
 @dataclass
@@ -304,9 +321,12 @@ class _BookSummarizer(Module):
         cleaned = self._generate(self.clean, "cleaned", budget, temperature=0.0, trim=False,
                                  where="artifact removal", fallback=final.text, summary=final.text)
         dropped = None
-        if not cleaned.fallback and (cleaned.over_budget or cleaned.cut_off):
+        if not cleaned.fallback and (cleaned.over_budget or cleaned.cut_off
+                                     or words_kept(final.text, cleaned.text) < CLEANUP_MIN_WORDS_KEPT):
             # Removing phrases never lengthens a summary: a longer rewrite wrote more than it removed, and
             # cutting it (or taking one the cap or the repetition guard stopped) would drop the summary's end.
+            # Nor does it remove most of the summary's words: such an answer is about the summary ("it has
+            # no artifacts") or a shorter summary of it, and would stand as the book's summary.
             # The summary stands as it was, and the node says why.
             dropped = cleaned.tokens
             cleaned = _Generated(final.text, final.tokens, cleaned.attempts, False, False, cleaned.cut_off,

@@ -499,6 +499,10 @@ def test_a_step_whose_input_was_kept_says_so_in_the_merge_tree():
     assert "no answer with words" not in long
     unfinished = _node_summary(kept.model_copy(update={"dropped_rewrite_tokens": 271, "cut_off": True}))
     assert "the rewrite was left unfinished: summary kept" in unfinished and "271" not in unfinished
+    # a rewrite that dropped most of the summary's words is no longer one
+    dropped = _node_summary(kept.model_copy(update={"dropped_rewrite_tokens": 3}))
+    assert "the rewrite kept too little of the summary (3 tokens): summary kept" in dropped
+    assert "longer than the summary" not in dropped
 
 
 def test_the_merge_tree_tells_a_trimmed_answer_from_one_the_token_cap_stopped():

@@ -225,6 +225,26 @@ def test_a_cleanup_longer_than_the_summary_is_dropped_and_the_summary_kept():
     assert not shorter.nodes[-1].fallback
 
 
+@pytest.mark.parametrize("answer", [
+    "The summary contains no artifacts, so nothing needs to change.",  # an answer about the summary
+    "Mara finds the lamp dark.",  # the first sentence only: the rest of the story gone
+])
+def test_a_cleanup_that_drops_most_of_the_summary_is_dropped_and_the_summary_kept(answer):
+    """Removing phrases leaves most of a summary's words in place: an answer that keeps under half of
+    them replaced the summary instead of cleaning it, and would stand as the book's summary."""
+    summary = ("In this segment, Mara finds the lamp dark. She rows to the island through the storm. "
+               "The keeper admits he sold the oil. Mara lights the lamp and the ship turns away from the rocks.")
+    result = summarize_with_cleanup(summary, lambda text: answer)
+    clean = result.nodes[-1]
+    assert result.summary == summary
+    assert clean.kind == "clean" and clean.fallback and clean.text == summary and not clean.cut_off
+    assert clean.dropped_rewrite_tokens == count_tokens(answer) < clean.budget
+    # removing the phrase (and a sentence about the text) is a cleanup, and is taken
+    kept = summarize_with_cleanup(summary + " The chapter ends the first part of the book.",
+                                  lambda text: summary.replace("In this segment, ", ""))
+    assert kept.summary == summary.replace("In this segment, ", "") and not kept.nodes[-1].fallback
+
+
 def test_an_unfinished_cleanup_is_dropped_even_when_shorter_than_the_summary():
     """A rewrite the cap (or the embedded model's repetition guard) stopped has not reached the
     summary's end: the summary is kept whole."""
