@@ -228,6 +228,11 @@ class _BookSummarizer(Module):
         return min(cap, max(left, budget))
 
     @property
+    def final_budget(self) -> int:
+        """G_n, the budget of the book's summary: the last level budget when they are given."""
+        return self.level_budgets[-1] if self.level_budgets else self.max_summary_tokens
+
+    @property
     def budget_option(self) -> str:
         """The option that set the summary budgets, for the messages that ask to lower them."""
         return "--level-budget" if self.level_budgets else "--max-summary-tokens"
@@ -401,13 +406,24 @@ class HierarchicalSummarizer(_BookSummarizer):
     def plan_budgets(self, chunks: list[Chunk], room_merge: int) -> tuple[list[list[int]], list[int]]:
         """The level-1 groups of chunks and the budget G_l of every level.
 
-        Given level budgets are used as they are. Otherwise, as in the published BooookScore code,
-        the tree's depth L is estimated and G_l = G_n * 0.65^(L - l): the smallest L for which a
-        tree of summaries at those budgets reaches one summary in L levels (level 1 grouping as
-        many chunks as fit beside a G_1 summary). Levels beyond the estimate get G_n."""
+        Given level budgets are used as they are, except that the book's summary gets the last one
+        even when the book fits one level-1 call beside the first. Otherwise, as in the published
+        BooookScore code, the tree's depth L is estimated and G_l = G_n * 0.65^(L - l): the smallest
+        L for which a tree of summaries at those budgets reaches one summary in L levels (level 1
+        grouping as many chunks as fit beside a G_1 summary). Levels beyond the estimate get G_n."""
         sizes = [c.tokens for c in chunks]
         if self.level_budgets:
-            return group_by_budget(sizes, self.room_for_chunks(self.budget(1))), list(self.level_budgets)
+            budgets = list(self.level_budgets)
+            groups = group_by_budget(sizes, self.room_for_chunks(budgets[0]))
+            if len(groups) == 1 and budgets[0] != self.final_budget:
+                # That one call would write the book's summary, which gets G_n however few levels the
+                # book needs: beside G_n the book fits one call, or level 1 splits it for a merge to write
+                # (a book of one chunk too long to sit beside G_n keeps G_1: it cannot be split).
+                if sum(sizes) <= self.room_for_chunks(self.final_budget):
+                    budgets = [self.final_budget]
+                elif len(sizes) > 1:
+                    groups = group_by_budget(sizes, self.room_for_chunks(self.final_budget))
+            return groups, budgets
         g = self.max_summary_tokens
         for levels in range(1, 32):
             budgets = [max(MIN_SUMMARY_TOKENS, int(g * LEVEL_BUDGET_RATIO ** (levels - level)))
@@ -608,8 +624,7 @@ class _MergeTree:
             return True
         budget = program.budget(upper.level, self.budgets)
         if start == 0 and lower.cursor == len(lower.slots) and lower.complete:
-            # The last merge writes the book's summary: G_n (the last level budget when they are given).
-            budget = program.level_budgets[-1] if program.level_budgets else program.max_summary_tokens
+            budget = program.final_budget  # the last merge writes the book's summary
         upper.slots.append(None)
         self.ready.append((upper.level, j,
                            lambda: program.merge_node(upper.level, j, context, context_text, group, budget)))

@@ -181,3 +181,39 @@ def test_a_long_update_is_compressed_whole_so_the_newest_chunk_survives():
     assert len(compress_calls) == len(updates)
     assert all("NEWEST-EVENT" in c.inputs["summary"] for c in compress_calls)
     assert count_tokens(result.summary) <= g and result.summary.endswith("happened.")
+
+
+@pytest.mark.parametrize("book_tokens, calls", [(1_500, 1), (2_800, 3)])
+def test_a_book_that_fits_one_level_1_call_gets_the_last_level_budget_for_its_summary(book_tokens, calls):
+    """With given level budgets, the call that writes the book's summary gets the last one (as the record's
+    max_summary_tokens says), however few levels the book needs: a book that fits one level-1 call beside
+    G_1 got G_1. One that fits beside G_1 but not beside G_n is summarized in two level-1 calls at G_1 and
+    merged at G_n."""
+    from booklens.text import chunk_text
+
+    book = synthetic_book(book_tokens)
+    lm = ScriptedLM(answer_for)
+    program = HierarchicalSummarizer(chunk_size=1024, context_window=4096, level_budgets=[100, 800],
+                                     max_summary_tokens=800)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        tokens = sum(c.tokens for c in chunk_text(book, 1024))
+        assert tokens <= program.room_for_chunks(100)  # one level-1 call beside G_1 ...
+        assert (tokens <= program.room_for_chunks(800)) == (calls == 1)  # ... and beside G_n, or not
+        result = program(book=book)
+    assert len(lm.backend.calls) == calls
+    assert result.nodes[-1].budget == 800 and int(lm.backend.calls[-1].inputs["word_limit"]) == int(800 * 0.65)
+    assert all(n.budget == 100 for n in result.nodes if n.level == 1 and n is not result.nodes[-1])
+
+
+def test_the_sweep_estimate_gives_the_books_summary_the_last_level_budget_as_the_summarizer_does():
+    from booklens.sweep.estimate import _Overheads, summary_work
+    from booklens.text import chunk_text
+
+    lm = ScriptedLM(answer_for)
+    program = HierarchicalSummarizer(chunk_size=1024, context_window=4096, level_budgets=[100, 200, 600],
+                                     max_summary_tokens=600)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        _, final = summary_work(program, chunk_text(synthetic_book(6_000), 1024), _Overheads())
+        result = program(book=synthetic_book(6_000))
+    assert max(n.level for n in result.nodes) == 2 and result.nodes[-1].budget == 600
+    assert final == 600

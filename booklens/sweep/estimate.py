@@ -128,8 +128,8 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
                     upper.append(sizes[start])  # a lone summary moves up unchanged
                 else:
                     written = budget
-                    if not summarizer.level_budgets and start == 0 and end == len(sizes):
-                        written = summarizer.max_summary_tokens  # the book's summary: G_n
+                    if start == 0 and end == len(sizes):
+                        written = summarizer.final_budget  # the book's summary: G_n
                     inputs = sum(sizes[start:end])
                     work.add(1, (merge_head if context is None else context_head + context) + inputs, written)
                     upper.append(written)
