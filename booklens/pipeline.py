@@ -134,7 +134,8 @@ class JudgeConfig(BaseModel):
 
 
 def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    # surrogatepass: a file name that is not UTF-8 (its bytes held as lone surrogates) has a digest too
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def sha256_file(path: Path) -> str:

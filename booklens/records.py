@@ -105,15 +105,24 @@ def _create_temporary(path: Path, mode: int) -> str:
             continue
 
 
+def json_text(payload: Any) -> str:
+    """The JSON text of a record (a model or plain data) as booklens writes and prints it."""
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(mode="json")
+    text = json.dumps(payload, indent=2, ensure_ascii=False, default=str)
+    # A file name that is not UTF-8 holds its bytes as lone surrogates, which UTF-8 cannot encode:
+    # written as `\udce9`, each is the JSON escape of the same character, so the name reads back whole.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def save_json(path: str | Path, payload: Any) -> None:
     """Write JSON atomically (`write_atomically`); a one-line `BooklensError` when it cannot."""
     path = Path(path)
-    if isinstance(payload, BaseModel):
-        payload = payload.model_dump(mode="json")
+    text = json_text(payload)
 
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, ensure_ascii=False, default=str)
+            handle.write(text)
             handle.write("\n")
 
     try:

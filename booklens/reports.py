@@ -147,7 +147,8 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Write a text file atomically (`write_atomically`), with the usual file mode: a page to share."""
 
     def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+        # (a file name that is not UTF-8 shows its undecodable bytes as `\udce9`)
+        with open(tmp, "w", encoding="utf-8", errors="backslashreplace", newline="\n") as handle:
             handle.write(text)
 
     try:

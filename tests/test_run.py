@@ -653,3 +653,27 @@ def test_run_refuses_hier_settings_with_incremental_updating_before_anything_is_
         proc = cli([*run_args(server, out, tmp_path / "cache"), "--method", "inc", option, value])
         assert_one_line_error(proc, f"{option} is for --method hier")
         assert proc.returncode == 2 and not out.exists()
+
+
+def test_a_book_whose_file_name_is_not_utf8_runs_resumes_and_is_named_in_the_records_and_report(server, tmp_path):
+    """A file name in another encoding (Latin-1 'café') reaches Python with its byte as a lone surrogate,
+    which UTF-8 cannot encode: writing run.json stopped the run with an internal error. The records
+    keep the name as a JSON escape (it reads back as the same path), the page shows it escaped."""
+    import html
+
+    book = tmp_path / os.fsdecode(b"caf\xe9.txt")
+    book.write_bytes(STORY.read_bytes())
+    out = tmp_path / "run"
+    args = [*run_args(server, out, tmp_path / "cache"), "--max-claims", "1"]
+    args[args.index(str(STORY))] = str(book)
+    proc = cli(args)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "run.json").read_text(encoding="utf-8"))["book"] == str(book)
+    assert json.loads((out / "summary.json").read_text(encoding="utf-8"))["book"] == str(book)
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "booklens report: " + html.escape("caf\\udce9.txt") in page
+    before, files = len(server.served), contents(out)
+    again = cli(args)
+    assert again.returncode == 0 and len(server.served) == before, again.stderr
+    assert contents(out) == files
+    assert cli([sys.executable, "-m", "booklens", "report", str(out)]).returncode == 0

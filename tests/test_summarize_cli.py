@@ -287,3 +287,23 @@ def test_summarize_sample_story_with_the_embedded_model(tmp_path, story_opening)
     assert (record["config"]["generation_slack"], record["config"]["generation_allowance"]) == (1.06, 8)
     levels = {n["level"] for n in record["nodes"]}
     assert {1, 2} <= levels and record["nodes"][-1]["chunks"] == [c["index"] for c in record["chunks"]]
+
+
+def test_a_book_whose_file_name_is_not_utf8_is_summarized_and_named_in_the_record(tmp_path):
+    """A Latin-1 file name reaches Python with its byte as a lone surrogate: writing the record, after
+    every LM call, was an internal error. The record names the book by a JSON escape that reads back
+    as the same path, in a file or on stdout."""
+    book = tmp_path / os.fsdecode(b"caf\xe9.txt")
+    book.write_bytes(STORY.read_bytes())
+    out = tmp_path / "summary.json"
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        args = ["summarize", str(book), "--lm", "openai/fake", "--api-base", server.url, "--keep-artifacts"]
+        proc = run_cli([*args, "-o", str(out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(out.read_text(encoding="utf-8"))["book"] == str(book)
+        printed = subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True,
+                                 env={**cli_env(tmp_path), "PYTHONIOENCODING": "utf-8"})
+    assert printed.returncode == 0, printed.stderr.decode()
+    assert json.loads(printed.stdout.decode("utf-8")) == json.loads(out.read_text(encoding="utf-8")) | {
+        "timings": json.loads(printed.stdout.decode("utf-8"))["timings"],
+        "usage": json.loads(printed.stdout.decode("utf-8"))["usage"]}

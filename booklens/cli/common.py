@@ -4,7 +4,6 @@ errors load no model, no dspy, no litellm."""
 from __future__ import annotations
 
 import functools
-import json
 import os
 from enum import Enum
 from pathlib import Path
@@ -280,12 +279,10 @@ def setup_lm(lm: str | None, api_base: str | None = None, cache_dir: Path | None
 
 def write_output(path: Path | None, payload: Any) -> None:
     """Write JSON atomically (a complete file or none), or print it when no path is given."""
-    from booklens.records import save_json
+    from booklens.records import json_text, save_json
 
     if path is None:
-        if hasattr(payload, "model_dump"):
-            payload = payload.model_dump(mode="json")
-        typer.echo(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
+        typer.echo(json_text(payload))
         return
     save_json(path, payload)
     typer.echo(f"wrote {path}", err=True)
