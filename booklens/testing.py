@@ -445,8 +445,8 @@ class PipelineResponder:
     frequent names of its input and a page number drawn from the prompt's digest (so different
     books and systems get different summaries, and no two cells send the same judge request); a
     sentence about hiding something confuses the judge, asked one at a time or in a batch; claims
-    are the summary's sentences; a claim about hiding is unfaithful, the others faithful. `delay`
-    slows every answer down."""
+    are the summary's sentences; a claim about hiding is unfaithful, the others faithful; the
+    artifact-removal pass returns the summary unchanged. `delay` slows every answer down."""
 
     def __init__(self, delay: float = 0.0):
         self.delay = delay
@@ -503,7 +503,9 @@ class PipelineResponder:
                                "refuting_passages": [1] if label == "unfaithful" else [],
                                "reason": f"Passage 1 {'contradicts' if label == 'unfaithful' else 'supports'} it."})
         text = self.summary(last)
-        return json.dumps({"summary": text, "condensed": text, "cleaned": text})
+        # the artifact-removal pass gives the summary back as it was: nothing in it is an artifact
+        cleaned = parse_fields(last).get("summary") or text
+        return json.dumps({"summary": text, "condensed": text, "cleaned": cleaned})
 
 
 # A command started in the background by a non-interactive shell (as CI may start the tests)
