@@ -74,15 +74,29 @@ def asserts_something(text: str) -> bool:
     return bool(words) and (len(words) > NAME_WORDS or any(w[0].islower() for w in words))
 
 
+_QUOTES = '"\u201c\u201d'
+
+
+def _unwrap(text: str) -> str:
+    """`text` without a pair of double quotes around all of it. Quotes that open or close a
+    quotation from the book inside the claim stay: with more quotes in between, the first and
+    last marks may not be one pair, and stripping them would leave the quotation unbalanced."""
+    if len(text) >= 2 and text[0] in '"\u201c' and text[-1] in '"\u201d' \
+            and not any(q in text[1:-1] for q in _QUOTES):
+        return text[1:-1].strip()
+    return text
+
+
 def clean_claims(raw: Sequence[Any]) -> list[str]:
-    """Claims as plain sentences: list markers stripped, blanks and exact repeats dropped, and
-    fragments that state nothing (`asserts_something`) dropped from a list that has claims.
+    """Claims as plain sentences: list markers and quotes around a whole claim stripped, blanks and
+    exact repeats dropped, and fragments that state nothing (`asserts_something`) dropped from a
+    list that has claims.
     A list of nothing but fragments is kept as it is. A small model writes such lists for a few
     summaries on every try, and a run with something to verify beats one that stops at this step."""
     claims: list[str] = []
     seen: set[str] = set()
     for item in raw or []:
-        text = _BULLET.sub("", str(item)).strip().strip('"').strip()
+        text = _unwrap(_BULLET.sub("", str(item)).strip())
         key = " ".join(text.lower().split())
         if text and key not in seen:
             seen.add(key)

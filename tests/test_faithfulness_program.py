@@ -380,3 +380,19 @@ def test_a_bare_name_or_title_is_not_a_claim():
                                  "Elizabeth Bennet Marries Fitzwilliam Darcy At Longbourn"]
     # a list of nothing but fragments is kept: the run still has something to verify
     assert clean_claims(["Daniel Pike", "2. Chapter One"]) == ["Daniel Pike", "Chapter One"]
+
+
+@pytest.mark.parametrize("raw, cleaned", [
+    # a claim that starts or ends with a quotation from the book keeps its quotation marks
+    ('"Nevermore," the raven answers every question the narrator asks.',
+     '"Nevermore," the raven answers every question the narrator asks.'),
+    ('Fortunato cries out "For the love of God, Montresor!"', 'Fortunato cries out "For the love of God, Montresor!"'),
+    ('"Anna," Ben says, "the lamp is out."', '"Anna," Ben says, "the lamp is out."'),
+    # a claim written inside quotes, straight or curly, loses the pair around it
+    ('"Anna sails home."', "Anna sails home."),
+    ("\u201cAnna sails home.\u201d", "Anna sails home."),
+    # with quotes inside too, which pair is which cannot be told: the claim stays as it was written
+    ('"Ben says "hello" to Anna."', '"Ben says "hello" to Anna."'),
+], ids=["opens-with-quote", "ends-with-quote", "quotes-at-both-ends", "wrapped", "wrapped-curly", "wrapped-nested"])
+def test_quotation_marks_that_belong_to_the_claim_are_kept(raw, cleaned):
+    assert clean_claims([raw]) == [cleaned]
