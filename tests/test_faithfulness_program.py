@@ -396,3 +396,28 @@ def test_a_bare_name_or_title_is_not_a_claim():
 ], ids=["opens-with-quote", "ends-with-quote", "quotes-at-both-ends", "wrapped", "wrapped-curly", "wrapped-nested"])
 def test_quotation_marks_that_belong_to_the_claim_are_kept(raw, cleaned):
     assert clean_claims([raw]) == [cleaned]
+
+
+def test_index_time_of_a_check_leaves_out_the_decomposition(monkeypatch, tmp_path):
+    """`check` decomposes, then builds the index, then verifies: the record's index_seconds is the
+    index alone (it used to run from the start, so it counted every decomposition call too). A
+    clock that moves only when the LM answers makes the figures exact."""
+    import types
+
+    import booklens.steps as steps_module
+    from booklens.steps import verify_claims
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(steps_module, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+
+    def responder(call):
+        clock["now"] += 10.0
+        if call.wants("claims"):
+            return {"claims": ["Maren kept the lighthouse.", "Jonah hid a letter."]}
+        return verdict()
+
+    report, lm = run_with(responder, lambda: verify_claims(
+        claims=[], book_text=story(), summary="Maren kept the lighthouse. Jonah hid a letter.", decompose=True,
+        cache_dir=tmp_path))
+    assert len(lm.backend.calls) == 3
+    assert report.timings == {"index_seconds": 0.0, "verify_seconds": 20.0, "total_seconds": 30.0}
