@@ -5,6 +5,7 @@ when it reads an answer; the prompt and the JSON schema still show the values as
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Callable, get_args
 
 from pydantic import BeforeValidator
@@ -32,3 +33,28 @@ def choice_reader(values: tuple[str, ...]) -> Callable[[Any], Any]:
 def lenient(choices: Any) -> Any:
     """`choices` (a Literal) read with `choice_reader`."""
     return Annotated[choices, BeforeValidator(choice_reader(get_args(choices)))]
+
+
+_NUMBER = re.compile(r"\d+")
+
+
+def read_numbers(value: Any) -> Any:
+    """A list of numbers as a model may write it without its schema enforced: `null` for none, a
+    lone number without its list, items such as "Passage 2" or "[2]" (the numbers in them), a
+    whole number written as 2.0. Items with no number in them ("none") are nothing; anything else
+    is left as written, to be refused."""
+    items = [] if value is None else value if isinstance(value, list) else [value]
+    numbers: list[Any] = []
+    for item in items:
+        if isinstance(item, str):
+            numbers.extend(int(n) for n in _NUMBER.findall(item))
+        elif isinstance(item, float) and item.is_integer():
+            numbers.append(int(item))
+        else:
+            numbers.append(item)
+    return numbers
+
+
+def lenient_numbers() -> Any:
+    """A list of whole numbers read with `read_numbers`; the prompt and schema show `list[int]`."""
+    return Annotated[list[int], BeforeValidator(read_numbers)]

@@ -9,11 +9,13 @@ and the claim after the instructions and demos, so the calls of one judge share 
 
 import dspy
 
-from booklens.signatures.answers import lenient
+from booklens.signatures.answers import lenient, lenient_numbers
 from booklens.vocabulary import BinaryLabel, ClaimLabel
 
 ClaimLabelAnswer = lenient(ClaimLabel)
 BinaryLabelAnswer = lenient(BinaryLabel)
+# Passage numbers as a model writes them without the schema: "Passage 2", a bare 2, null.
+PassageNumbers = lenient_numbers()
 
 # The dataset's names of the four judgments, onto booklens' (`booklens.vocabulary.CLAIM_LABELS`).
 FABLES_LABELS = {"Yes": "faithful", "No": "unfaithful", "PartialSupport": "partial support", "Inapplicable": "can't verify"}
@@ -52,8 +54,8 @@ class VerifyClaim(dspy.Signature):
     claim: str = dspy.InputField(desc="the claim to judge")
     label: ClaimLabelAnswer = dspy.OutputField(desc="faithful, unfaithful, partial support or can't verify")
     reason: str = dspy.OutputField(desc="one short sentence explaining the label")
-    supporting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that support the claim")
-    refuting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that contradict the claim")
+    supporting_passages: PassageNumbers = dspy.OutputField(desc="numbers of the passages that support the claim")
+    refuting_passages: PassageNumbers = dspy.OutputField(desc="numbers of the passages that contradict the claim")
 
 
 class VerifyClaimWithoutEvidence(dspy.Signature):
@@ -87,8 +89,8 @@ class VerifyClaimBinary(dspy.Signature):
     claim: str = dspy.InputField(desc="the claim to judge")
     label: BinaryLabelAnswer = dspy.OutputField(desc="faithful or unfaithful")
     reason: str = dspy.OutputField(desc="one short sentence explaining the label")
-    supporting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that support the claim")
-    refuting_passages: list[int] = dspy.OutputField(desc="numbers of the passages that contradict the claim")
+    supporting_passages: PassageNumbers = dspy.OutputField(desc="numbers of the passages that support the claim")
+    refuting_passages: PassageNumbers = dspy.OutputField(desc="numbers of the passages that contradict the claim")
 
 
 class VerifyClaimBinaryWithoutEvidence(dspy.Signature):

@@ -120,6 +120,23 @@ def test_verifier_reports_passage_numbers_and_drops_invalid_ones():
     assert pred.supporting == [2] and pred.refuting == [1] and pred.invalid_references == [0, 7]
 
 
+@pytest.mark.parametrize("written, numbers", [
+    (["Passage 2"], [2]), (["[2]", "[3]"], [2, 3]), (2, [2]), ("passages 1 and 3", [1, 3]), (None, []),
+    (["none"], []), ([2.0], [2]),
+], ids=["named", "bracketed", "bare-number", "sentence", "null", "word", "float"])
+def test_passage_numbers_written_as_text_keep_the_verdict(written, numbers):
+    """A server that does not enforce the answer schema lets a model write its passage lists as it
+    likes: "Passage 2", "[2]", a bare 2. The label it gave is valid, and used to be thrown away
+    (asked three times, then recorded as a failure) for the way the numbers were written."""
+    def responder(call):
+        return {"label": "faithful", "reason": "The passage says so.", "supporting_passages": written,
+                "refuting_passages": []}
+
+    pred, lm = run_with(responder, lambda: build_verifier()(claim="c", passages=["one", "two", "three"]))
+    assert (pred.label, pred.error, pred.attempts, len(lm.backend.calls)) == ("faithful", None, 1, 1)
+    assert pred.supporting == numbers and pred.refuting == []
+
+
 def test_a_cut_off_answer_keeps_its_label_but_not_its_passage_lists(monkeypatch):
     import booklens.programs.faithfulness as faithfulness
 
