@@ -151,6 +151,31 @@ _SILENT = re.compile(
     re.IGNORECASE)
 
 
+# The reason cites the evidence for the claim: "passage 2 says", "[1] confirms", "the text shows",
+# "as stated in passage 3". What such a reason says is missing or absent is another thing than the
+# claim (a cause it does not name, the story's own "no support from her family").
+_CITES = re.compile(
+    r"(?:\bpassages?\s*\[?\d+\]?(?:\s*(?:,|and|&)\s*\[?\d+\]?)*|\[\d+\]"
+    r"|\bthe\s+(?:passages?|text|evidence|excerpts?|quotes?|book|story))"
+    r"\s+(?:(?:also|clearly|directly|explicitly|plainly|itself|both)\s+)?"
+    r"(?:says?|states?|shows?|confirms?|supports?|describes?|mentions?|implies|indicates?|notes?|explains?"
+    r"|reveals?|depicts?|establishes|recounts?|narrates?)\b"
+    r"|\b(?:stated|shown|confirmed|supported|described|mentioned|established|implied)\s+"
+    r"(?:directly\s+|explicitly\s+|clearly\s+)?(?:in|by)\s+(?:passages?\s*\[?\d+|\[\d+\])",
+    re.IGNORECASE)
+# The evidence said to be silent without saying about what: after a citation, not about the claim.
+_NOTHING_SAID = re.compile(r"\bno\s+(?:mention|references?)\b|\bnothing\s+(?:in|about)\b", re.IGNORECASE)
+_NEGATED = re.compile(r"\b(?:not|no|never|nothing|none|neither|nor|without)\b|n't\b", re.IGNORECASE)
+# Where one clause of a reason ends and the next begins ("Passage 1 mentions Lisbon, but whether ...").
+_CLAUSE = re.compile(r"[.;:!?](?:\s+|$)|,?\s+(?:but|although|though|however|whereas)\b,?\s*", re.IGNORECASE)
+
+
+def _cites_support(clause: str) -> bool:
+    """Whether a clause cites a passage or the text as saying something, not negated before it in its
+    phrase ("Nothing in passage 1 states ..." cites nothing)."""
+    return any(not _NEGATED.search(clause[:m.start()].rsplit(",", 1)[-1]) for m in _CITES.finditer(clause))
+
+
 def speaks_of_unsettled_evidence(reason: str, label: str) -> bool:
     """Whether a reason speaks of the evidence as not settling the claim, lacking support for it, or
     (but for partial support) silent on it. Stricter than `settle_label`, which lets a stated
@@ -166,14 +191,29 @@ def settle_label(label: str | None, reason: str, label_set: str = "four-way") ->
     A reason that says the claim cannot be decided makes any label "can't verify"; a reason that says
     the evidence lacks support for the claim, or is silent about it, does so for faithful and
     unfaithful (partial support legitimately says part of the claim goes beyond the evidence). An
-    unfaithful verdict whose reason says the evidence goes against the claim stands. Binary verdicts
-    are kept."""
+    unfaithful verdict whose reason says the evidence goes against the claim stands. A reason that
+    cites a passage for the claim (`_cites_support`) keeps a partial support, and keeps a faithful
+    verdict unless a clause after the citation says the claim cannot be decided, or that the
+    evidence lacks it or does not say it. Binary verdicts are kept."""
     if label is None or label == CANT_VERIFY or label_set != "four-way" or not reason:
         return label, None
     if label == "unfaithful" and _CONTRADICTED.search(reason):
         return label, None
-    lacking = label != "partial support" and (_LACKS_EVIDENCE.search(reason) or _SILENT.search(reason))
-    if _UNDECIDED.search(reason) or lacking:
+    clauses = [c for c in _CLAUSE.split(reason) if c.strip()]
+    citing = [_cites_support(c) for c in clauses]
+    if label == "unfaithful":
+        unsettled = _UNDECIDED.search(reason) or _LACKS_EVIDENCE.search(reason) or _SILENT.search(reason)
+    elif label == "partial support":
+        unsettled = not any(citing) and _UNDECIDED.search(reason)
+    elif any(citing):
+        # What comes after the last citation qualifies it; "nothing in the passages contradicts it"
+        # or "no mention of another cause" there is about something other than the claim.
+        last = max(i for i, cites in enumerate(citing) if cites)
+        unsettled = any(_UNDECIDED.search(c) or _LACKS_EVIDENCE.search(c) or _SILENT.search(_NOTHING_SAID.sub(" ", c))
+                        for c in clauses[last + 1:])
+    else:
+        unsettled = _UNDECIDED.search(reason) or _LACKS_EVIDENCE.search(reason) or _SILENT.search(reason)
+    if unsettled:
         return CANT_VERIFY, f"the model answered '{label}' but its reason says the evidence does not settle the claim"
     return label, None
 

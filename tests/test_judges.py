@@ -130,6 +130,39 @@ def test_a_reason_that_leaves_the_claim_open_makes_the_verdict_cant_verify(label
         assert verdict.model_label is None and verdict.relabelled is None
 
 
+@pytest.mark.parametrize("label, reason, expected", [
+    # The reason cites a passage for the claim; what it says is missing is some other thing.
+    ("faithful", "Passage 2 confirms it; nothing in the passages contradicts it.", "faithful"),
+    ("faithful", "Passage 1 directly states this; there is no mention of any other cause.", "faithful"),
+    ("faithful", "The text does not state it outright, but passage 2 implies it.", "faithful"),
+    # What the passage says is itself about a lack: the story's, not the evidence's.
+    ("faithful", "Passage 2 says Anna got no support from her family before she sailed.", "faithful"),
+    ("faithful", "Passage 1 shows Anna had no information about the storm when she sailed.", "faithful"),
+    ("faithful", "The passage shows Ben could not find any evidence of the theft, as the claim says.", "faithful"),
+    # Partial support: one part supported, the rest open, is what the label means.
+    ("partial support", "Passage 1 supports the voyage, but the date cannot be verified.", "partial support"),
+    # A supported part does not make a faithful verdict of a claim whose other part is open.
+    ("faithful", "Passage 1 mentions Lisbon, but whether Anna sailed there cannot be determined.", "can't verify"),
+    ("faithful", "Nothing in passage 1 states that Anna sailed.", "can't verify"),
+    ("faithful", "Passage 1 mentions Lisbon; the passages do not say that Anna sailed there.", "can't verify"),
+    ("faithful", "Passage 1 shows she sailed; there is no evidence she went to Lisbon.", "can't verify"),
+])
+def test_a_reason_that_cites_support_keeps_its_verdict(label, reason, expected):
+    """The rule above read any "no mention", "nothing in" or "no support" as the evidence not settling
+    the claim, so a strong judge's "Passage 2 confirms it; nothing in the passages contradicts it" was
+    recorded as can't verify, and its faithful share came out too low."""
+    from booklens.programs.faithfulness import build_checker
+
+    checker = build_checker(evidence_mode="given", concurrency=1)
+    respond = lambda call: {"label": label, "reason": reason, "supporting_passages": [1],  # noqa: E731
+                            "refuting_passages": []}
+    result, _ = run_with(respond, lambda: checker(claims=["Anna sails to Lisbon."],
+                                                  given_evidence=[["Anna sailed to Lisbon in May."]]))
+    verdict = result.claims[0]
+    assert verdict.label == expected
+    assert (verdict.model_label, verdict.relabelled is None) == ((None, True) if expected == label else (label, False))
+
+
 def test_the_binary_rater_has_two_labels_and_keeps_them():
     from booklens.programs.faithfulness import build_checker, build_verifier
 
