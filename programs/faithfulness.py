@@ -54,7 +54,9 @@ BUDGET_MARGIN = 0.8
 
 # What annotators write when they have no quote; not evidence.
 _NO_EVIDENCE = re.compile(r"^\s*(n/?a|none\.?|-+|not applicable|no evidence\.?|not true)?\s*$", re.IGNORECASE)
-_BULLET = re.compile(r"^\s*(?:[-*\u2022]+|\d+[.)]|\(\d+\))\s+")
+# A list marker or number before a claim: "-", "1.", "(1)", "[1]", "1:", "Claim 2:", "Claim #4 -".
+_BULLET = re.compile(r"^\s*(?:[-*\u2022]+|\d+[.):]|\(\d+\)|\[\d+\]|claim\s*#?\d+\s*[-.:)\u2013\u2014]?)\s+",
+                     re.IGNORECASE)
 
 
 def clean_evidence(quotes: Sequence[str] | None) -> list[str]:

@@ -438,3 +438,16 @@ def test_index_time_of_a_check_leaves_out_the_decomposition(monkeypatch, tmp_pat
         cache_dir=tmp_path))
     assert len(lm.backend.calls) == 3
     assert report.timings == {"index_seconds": 0.0, "verify_seconds": 20.0, "total_seconds": 30.0}
+
+
+def test_numbered_claims_lose_their_numbers():
+    """Models number their claims in more ways than "1." and "(1)": "[1]" (as the passages are shown to
+    the verifier), "1:", "Claim 2:". The number stayed in the claim, and a repeat numbered
+    differently was verified twice."""
+    raw = ["[1] Anna sails home.", "Claim 2: Ben waits at the dock.", "3: Maren keeps the light.",
+           "Claim #4 - Jonah hides a letter.", "CLAIM 5. Anna sails home."]
+    assert clean_claims(raw) == ["Anna sails home.", "Ben waits at the dock.", "Maren keeps the light.",
+                                 "Jonah hides a letter."]
+    # a claim that starts with a number of its own keeps it
+    assert clean_claims(["1984 is the year Winston starts his diary.", "3 ships sink in the storm."]) == [
+        "1984 is the year Winston starts his diary.", "3 ships sink in the storm."]
