@@ -321,6 +321,12 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
         raise BooklensError(f"evidence mode '{mode}' needs the book")
     if not decompose:
         check_claims(claims)
+        if mode == "given" and given is not None and len(given) == len(claims):
+            from booklens.programs.faithfulness import first_without_quotes
+
+            missing = first_without_quotes(given, len(claims))
+            if missing is not None:
+                raise BooklensError(f"evidence mode 'given' needs quotes with every claim (claim {missing} has none)")
     lm = current_lm()
     programs = programs or {}  # programs by task (`booklens.judges.judge_programs`)
     verifier = programs.get("verification") or load_judge("verification")

@@ -64,6 +64,13 @@ def clean_evidence(quotes: Sequence[str] | None) -> list[str]:
     return [q.strip() for q in quotes or [] if isinstance(q, str) and not _NO_EVIDENCE.match(q)]
 
 
+def first_without_quotes(given: Sequence[Sequence[str] | None] | None, count: int) -> int | None:
+    """The first of `count` claims whose evidence holds no quote (no list, an empty one, or only blanks
+    and placeholders such as 'N/A'), else None: in the 'given' mode the judge would read nothing."""
+    lists = list(given or [])
+    return next((i for i in range(count) if i >= len(lists) or not clean_evidence(lists[i])), None)
+
+
 _WORD = re.compile(r"[^\W\d_][\w'\u2019-]*")
 # A fragment of this many words or fewer, every one capitalized, is a name or a title.
 NAME_WORDS = 4

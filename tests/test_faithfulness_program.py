@@ -451,3 +451,18 @@ def test_numbered_claims_lose_their_numbers():
     # a claim that starts with a number of its own keeps it
     assert clean_claims(["1984 is the year Winston starts his diary.", "3 ships sink in the storm."]) == [
         "1984 is the year Winston starts his diary.", "3 ships sink in the storm."]
+
+
+@pytest.mark.parametrize("given", [[["Anna sailed."], []], [["Anna sailed."], ["N/A", " "]], [["Anna sailed."], None]],
+                         ids=["empty-list", "placeholders", "none"])
+def test_the_library_step_refuses_given_mode_with_a_claim_without_quotes(given):
+    """`booklens verify` refuses it; `booklens.steps.verify_claims` judged such a claim on no evidence
+    at all (and usually called it faithful). Now the same one-line error, before any LM call."""
+    from booklens.steps import verify_claims
+
+    def responder(call):
+        raise AssertionError("the LM was asked")
+
+    with pytest.raises(BooklensError, match=r"^evidence mode 'given' needs quotes with every claim \(claim 1 has none\)"):
+        run_with(responder, lambda: verify_claims(claims=["Anna sails.", "Ben waits."], book_text=None, mode="given",
+                                                  given=given))

@@ -155,14 +155,13 @@ def verify_command(
     if evidence.value in BOOK_MODES and book is None:
         raise BooklensError(f"--evidence {evidence.value} needs the book: pass --book BOOK")
     if evidence is EvidenceMode.given:
-        from booklens.programs.faithfulness import clean_evidence
+        from booklens.programs.faithfulness import first_without_quotes
 
-        # An empty list, or one of blank quotes and placeholders ('N/A'), is no evidence either:
-        # the judge would be asked with nothing to read.
-        missing = [i for i, g in enumerate(given or [None] * len(claim_list)) if not clean_evidence(g)]
-        if missing:
+        # Checked here too, before the book is read, to name the file.
+        missing = first_without_quotes(given, len(claim_list))
+        if missing is not None:
             raise BooklensError(f"--evidence given needs an 'evidence' list of quotes with every claim "
-                                f"(claim {missing[0]} of {claims} has none)")
+                                f"(claim {missing} of {claims} has none)")
     book_text = read_book(book) if book is not None else None
     programs, _ = _programs([program] if program is not None else [], "verify", ("verification",),
                             zero_shot=zero_shot, binary=binary)
