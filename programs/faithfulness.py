@@ -168,20 +168,25 @@ _CITES = re.compile(
     r"|\bthe\s+(?:passages?|text|evidence|excerpts?|quotes?|book|story))"
     r"\s+(?:(?:also|clearly|directly|explicitly|plainly|itself|both)\s+)?"
     r"(?:says?|states?|shows?|confirms?|supports?|describes?|mentions?|implies|indicates?|notes?|explains?"
-    r"|reveals?|depicts?|establishes|recounts?|narrates?)\b"
+    r"|reveals?|depicts?|establishes|recounts?|narrates?)\b(?!\s+(?:nothing|no|none|neither|not|never)\b)"
     r"|\b(?:stated|shown|confirmed|supported|described|mentioned|established|implied)\s+"
     r"(?:directly\s+|explicitly\s+|clearly\s+)?(?:in|by)\s+(?:passages?\s*\[?\d+|\[\d+\])",
     re.IGNORECASE)
-# The evidence said to be silent without saying about what: after a citation, not about the claim.
-_NOTHING_SAID = re.compile(r"\bno\s+(?:mention|references?)\b|\bnothing\s+(?:in|about)\b", re.IGNORECASE)
+# After a citation, the evidence (whatever the clause calls it: "it", "they", "the passages") does not
+# say something: the rest of the claim, as a faithful verdict's reason would not bring up anything else.
+# ("No mention of another cause", "nothing in the passages contradicts it" do not count there.)
+_NOT_SAID = re.compile(
+    r"\b(?:does|do|did)\s*(?:n't|\s+not)\s+(?:mention|say|state|address|discuss|describe|refer|show|indicate"
+    r"|specify)\b|\b(?:is|are|was|were)\s+not\s+(?:mentioned|stated|addressed|discussed|described|specified|shown)\b",
+    re.IGNORECASE)
 _NEGATED = re.compile(r"\b(?:not|no|never|nothing|none|neither|nor|without)\b|n't\b", re.IGNORECASE)
 # Where one clause of a reason ends and the next begins ("Passage 1 mentions Lisbon, but whether ...").
 _CLAUSE = re.compile(r"[.;:!?](?:\s+|$)|,?\s+(?:but|although|though|however|whereas)\b,?\s*", re.IGNORECASE)
 
 
 def _cites_support(clause: str) -> bool:
-    """Whether a clause cites a passage or the text as saying something, not negated before it in its
-    phrase ("Nothing in passage 1 states ..." cites nothing)."""
+    """Whether a clause cites a passage or the text as saying something, not negated around it
+    ("Nothing in passage 1 states ...", "passage 1 says nothing about ..." cite nothing)."""
     return any(not _NEGATED.search(clause[:m.start()].rsplit(",", 1)[-1]) for m in _CITES.finditer(clause))
 
 
@@ -215,10 +220,9 @@ def settle_label(label: str | None, reason: str, label_set: str = "four-way") ->
     elif label == "partial support":
         unsettled = not any(citing) and _UNDECIDED.search(reason)
     elif any(citing):
-        # What comes after the last citation qualifies it; "nothing in the passages contradicts it"
-        # or "no mention of another cause" there is about something other than the claim.
+        # What comes after the last citation qualifies it.
         last = max(i for i, cites in enumerate(citing) if cites)
-        unsettled = any(_UNDECIDED.search(c) or _LACKS_EVIDENCE.search(c) or _SILENT.search(_NOTHING_SAID.sub(" ", c))
+        unsettled = any(_UNDECIDED.search(c) or _LACKS_EVIDENCE.search(c) or _NOT_SAID.search(c)
                         for c in clauses[last + 1:])
     else:
         unsettled = _UNDECIDED.search(reason) or _LACKS_EVIDENCE.search(reason) or _SILENT.search(reason)

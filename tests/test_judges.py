@@ -144,8 +144,11 @@ def test_a_reason_that_leaves_the_claim_open_makes_the_verdict_cant_verify(label
     # A supported part does not make a faithful verdict of a claim whose other part is open.
     ("faithful", "Passage 1 mentions Lisbon, but whether Anna sailed there cannot be determined.", "can't verify"),
     ("faithful", "Nothing in passage 1 states that Anna sailed.", "can't verify"),
+    ("faithful", "The book says nothing about Lisbon.", "can't verify"),
+    ("partial support", "Passage 2 says nothing of the date; the claim cannot be verified.", "can't verify"),
     ("faithful", "Passage 1 mentions Lisbon; the passages do not say that Anna sailed there.", "can't verify"),
     ("faithful", "Passage 1 shows she sailed; there is no evidence she went to Lisbon.", "can't verify"),
+    ("faithful", "Passage 1 shows she sailed, but it does not mention Lisbon.", "can't verify"),
 ])
 def test_a_reason_that_cites_support_keeps_its_verdict(label, reason, expected):
     """The rule above read any "no mention", "nothing in" or "no support" as the evidence not settling
