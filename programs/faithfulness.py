@@ -80,7 +80,8 @@ def asserts_something(text: str) -> bool:
     """Whether a claim states something. A bare name or title ("Daniel Pike", "Chapter One")
     does not: it has at most NAME_WORDS words and all of them start with a capital letter."""
     words = _WORD.findall(text)
-    return bool(words) and (len(words) > NAME_WORDS or any(w[0].islower() for w in words))
+    # A letter without case (Han, kana, Arabic) is no capital: such a script writes no names so.
+    return bool(words) and (len(words) > NAME_WORDS or not all(w[0].isupper() for w in words))
 
 
 _QUOTES = '"\u201c\u201d'

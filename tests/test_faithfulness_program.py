@@ -466,3 +466,12 @@ def test_the_library_step_refuses_given_mode_with_a_claim_without_quotes(given):
     with pytest.raises(BooklensError, match=r"^evidence mode 'given' needs quotes with every claim \(claim 1 has none\)"):
         run_with(responder, lambda: verify_claims(claims=["Anna sails.", "Ben waits."], book_text=None, mode="given",
                                                   given=given))
+
+
+def test_claims_in_a_script_without_capitals_are_claims():
+    """A bare name is a few words that all start with a capital; Chinese or Japanese has no capitals,
+    and a whole claim written without spaces was taken for such a name: beside one claim with a
+    Latin word in it, every other claim of the list was dropped."""
+    raw = ["安娜在五月乘船去了里斯本。", "本在码头等她。", "Anna kauft ein iPhone."]
+    assert clean_claims(raw) == raw
+    assert clean_claims(["Daniel Pike", "本在码头等她。"]) == ["本在码头等她。"]
