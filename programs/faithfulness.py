@@ -107,7 +107,7 @@ def clean_claims(raw: Sequence[Any]) -> list[str]:
     seen: set[str] = set()
     for item in raw or []:
         text = _unwrap(_BULLET.sub("", str(item)).strip())
-        key = " ".join(text.lower().split())
+        key = " ".join(text.lower().rstrip(".!;").split())  # "Anna sails." repeats "Anna sails"
         if text and key not in seen:
             seen.add(key)
             claims.append(text)

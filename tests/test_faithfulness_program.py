@@ -475,3 +475,10 @@ def test_claims_in_a_script_without_capitals_are_claims():
     raw = ["安娜在五月乘船去了里斯本。", "本在码头等她。", "Anna kauft ein iPhone."]
     assert clean_claims(raw) == raw
     assert clean_claims(["Daniel Pike", "本在码头等她。"]) == ["本在码头等她。"]
+
+
+def test_a_repeat_that_differs_only_in_its_final_stop_is_dropped():
+    """The same claim written once with its period and once without was verified twice, and counted
+    twice in the shares."""
+    assert clean_claims(["Anna sails home.", "Anna sails home", "anna sails  home!", "Ben waits."]) == [
+        "Anna sails home.", "Ben waits."]
