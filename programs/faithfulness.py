@@ -207,9 +207,10 @@ def settle_label(label: str | None, reason: str, label_set: str = "four-way") ->
     the evidence lacks support for the claim, or is silent about it, does so for faithful and
     unfaithful (partial support legitimately says part of the claim goes beyond the evidence). An
     unfaithful verdict whose reason says the evidence goes against the claim stands. A reason that
-    cites a passage for the claim (`_cites_support`) keeps a partial support, and keeps a faithful
-    verdict unless a clause after the citation says the claim cannot be decided, or that the
-    evidence lacks it or does not say it. Binary verdicts are kept."""
+    cites a passage for the claim (`_cites_support`) keeps a partial support unless a clause before
+    the citation says the claim cannot be decided, and keeps a faithful verdict unless a clause
+    after the citation says the claim cannot be decided, or that the evidence lacks it or does not
+    say it. Binary verdicts are kept."""
     if label is None or label == CANT_VERIFY or label_set != "four-way" or not reason:
         return label, None
     if label == "unfaithful" and _CONTRADICTED.search(reason):
@@ -219,7 +220,10 @@ def settle_label(label: str | None, reason: str, label_set: str = "four-way") ->
     if label == "unfaithful":
         unsettled = _UNDECIDED.search(reason) or _LACKS_EVIDENCE.search(reason) or _SILENT.search(reason)
     elif label == "partial support":
-        unsettled = not any(citing) and _UNDECIDED.search(reason)
+        # "Passage 1 supports the voyage, but the date cannot be verified" is what partial support
+        # means; "The claim cannot be verified; passage 1 is about ..." is not.
+        first = citing.index(True) if any(citing) else len(clauses)
+        unsettled = any(_UNDECIDED.search(c) for c in clauses[:first])
     elif any(citing):
         # What comes after the last citation qualifies it.
         last = max(i for i, cites in enumerate(citing) if cites)

@@ -146,6 +146,7 @@ def test_a_reason_that_leaves_the_claim_open_makes_the_verdict_cant_verify(label
     ("faithful", "Nothing in passage 1 states that Anna sailed.", "can't verify"),
     ("faithful", "The book says nothing about Lisbon.", "can't verify"),
     ("partial support", "Passage 2 says nothing of the date; the claim cannot be verified.", "can't verify"),
+    ("partial support", "The claim cannot be verified; passage 1 says Anna was in Porto in May.", "can't verify"),
     ("faithful", "Passage 1 mentions Lisbon; the passages do not say that Anna sailed there.", "can't verify"),
     ("faithful", "Passage 1 shows she sailed; there is no evidence she went to Lisbon.", "can't verify"),
     ("faithful", "Passage 1 shows she sailed, but it does not mention Lisbon.", "can't verify"),
