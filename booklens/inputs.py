@@ -191,6 +191,6 @@ def read_claims(path: Path) -> tuple[list[str], Optional[list[Optional[list[str]
             evidence.append(_evidence_texts(item["evidence"], where) if "evidence" in item else None)
         else:
             raise BooklensError(f"claims file {path}: {shape} (claim {n} is {type(item).__name__})")
-        if not claims[-1].strip():
-            raise BooklensError(f"{where} is empty")
+        if wordless(claims[-1]):  # a claim with nothing in it to be false would be judged faithful
+            raise BooklensError(f"{where} {wordless(claims[-1])}")
     return claims, (evidence if any(e is not None for e in evidence) else None)

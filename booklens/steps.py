@@ -290,13 +290,16 @@ def book_index(book_text: str, *, cache_dir: Optional[Path] = None, passage_toke
 
 
 def check_claims(claims: Any) -> None:
-    """A one-line error unless `claims` is a list of claims, none of them empty (a string would be
-    verified character by character, an empty claim judged like any other)."""
+    """A one-line error unless `claims` is a list of claims, none of them empty or without a word (a
+    string would be verified character by character, an empty claim judged like any other)."""
     if isinstance(claims, (str, bytes)) or not isinstance(claims, Sequence):
         raise BooklensError(f"claims must be a list of claims, not {type(claims).__name__}")
+    from booklens.inputs import wordless
+
     for n, claim in enumerate(claims, 1):
-        if not isinstance(claim, str) or not claim.strip():
-            raise BooklensError(f"claim {n} is empty" if claim is None or isinstance(claim, str) else
+        if not isinstance(claim, str) or wordless(claim):
+            raise BooklensError(f"claim {n} {wordless(claim)}" if isinstance(claim, str) else
+                                f"claim {n} is empty" if claim is None else
                                 f"claim {n} is {type(claim).__name__}, not text")
 
 

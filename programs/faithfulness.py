@@ -98,17 +98,19 @@ def _unwrap(text: str) -> str:
 
 
 def clean_claims(raw: Sequence[Any]) -> list[str]:
-    """Claims as plain sentences: list markers and quotes around a whole claim stripped, blanks and
-    exact repeats dropped, and fragments that state nothing (`asserts_something`) dropped from a
+    """Claims as plain sentences: list markers and quotes around a whole claim stripped, claims
+    without a word and exact repeats dropped, and fragments that state nothing (`asserts_something`) dropped from a
     list that has claims.
     A list of nothing but fragments is kept as it is. A small model writes such lists for a few
     summaries on every try, and a run with something to verify beats one that stops at this step."""
+    from booklens.text import has_words
+
     claims: list[str] = []
     seen: set[str] = set()
     for item in raw or []:
         text = _unwrap(_BULLET.sub("", str(item)).strip())
         key = " ".join(text.lower().rstrip(".!;").split())  # "Anna sails." repeats "Anna sails"
-        if text and key not in seen:
+        if has_words(text) and key not in seen:
             seen.add(key)
             claims.append(text)
     statements = [c for c in claims if asserts_something(c)]

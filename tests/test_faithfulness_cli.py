@@ -61,10 +61,11 @@ def write(path: Path, content) -> Path:
     ([3, 4], "expected a list of claims"),
     ([], "has no claims"),
     (["  "], "is empty"),
+    (["Anna sails.", "\u2014 \u2026"], "claim 1 has no words"),
     ([{"claim": "Anna sails.", "evidence": "a quote"}], "'evidence' must be a list"),
     ("{not json", "not valid JSON"),
 ], ids=["claims-not-list", "no-claims-key", "object-without-claim", "numbers", "empty-list", "blank-claim",
-        "evidence-not-list", "invalid-json"])
+        "wordless-claim", "evidence-not-list", "invalid-json"])
 def test_claims_file_of_the_wrong_shape(tmp_path, cli, content, pattern):
     claims = write(tmp_path / "claims.json", content)
     out = tmp_path / "out.json"

@@ -482,3 +482,10 @@ def test_a_repeat_that_differs_only_in_its_final_stop_is_dropped():
     twice in the shares."""
     assert clean_claims(["Anna sails home.", "Anna sails home", "anna sails  home!", "Ben waits."]) == [
         "Anna sails home.", "Ben waits."]
+
+
+def test_a_claim_without_a_word_is_no_claim():
+    """"..." or a lone dash from the decomposer would be verified (and called faithful: nothing in it
+    is false); the library's verify step now refuses such a claim, so the decomposer must not make one."""
+    assert clean_claims(["Anna sails home.", "...", "\u2014", "- *"]) == ["Anna sails home."]
+    assert clean_claims(["...", "\u2014"]) == []

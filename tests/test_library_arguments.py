@@ -47,6 +47,7 @@ def test_run_book_takes_paths_given_as_strings(tmp_path, book):
     ("Mara finds the key.", "a list of claims"),           # a str would be verified character by character
     (["Mara finds the key.", "  "], "claim 2 is empty"),   # an empty claim would be 'verified' like any other
     (["Mara finds the key.", None], "claim 2 is empty"),
+    (["Mara finds the key.", "..."], "claim 2 has no words"),  # nothing in it to be false: 'faithful'
 ])
 def test_verify_claims_refuses_claims_that_are_not_a_list_of_sentences(tmp_path, claims, message):
     from booklens.steps import verify_claims
