@@ -98,10 +98,9 @@ def _unwrap(text: str) -> str:
 
 
 def clean_claims(raw: Sequence[Any]) -> list[str]:
-    """Claims as plain sentences: list markers and quotes around a whole claim stripped, claims
-    without a word and exact repeats dropped, and fragments that state nothing (`asserts_something`) dropped from a
-    list that has claims.
-    A list of nothing but fragments is kept as it is. A small model writes such lists for a few
+    """Claims as plain sentences: list markers and quotes around a whole claim stripped, items
+    without a word and repeats dropped, and fragments that state nothing (`asserts_something`)
+    dropped from a list that has claims. A list of nothing but fragments is kept as it is. A small model writes such lists for a few
     summaries on every try, and a run with something to verify beats one that stops at this step."""
     from booklens.text import has_words
 
@@ -175,9 +174,9 @@ _CITES = re.compile(
     r"|\b(?:stated|shown|confirmed|supported|described|mentioned|established|implied)\s+"
     r"(?:directly\s+|explicitly\s+|clearly\s+)?(?:in|by)\s+(?:passages?\s*\[?\d+|\[\d+\])",
     re.IGNORECASE)
-# After a citation, the evidence (whatever the clause calls it: "it", "they", "the passages") does not
-# say something: the rest of the claim, as a faithful verdict's reason would not bring up anything else.
-# ("No mention of another cause", "nothing in the passages contradicts it" do not count there.)
+# After a citation, a clause saying the evidence ("it", "they", "the passages") does not say something
+# speaks of the rest of the claim. "No mention of another cause" or "nothing in the passages
+# contradicts it" there does not: those name no part of the claim as missing.
 _NOT_SAID = re.compile(
     r"\b(?:does|do|did)\s*(?:n't|\s+not)\s+(?:mention|say|state|address|discuss|describe|refer|show|indicate"
     r"|specify)\b|\b(?:is|are|was|were)\s+not\s+(?:mentioned|stated|addressed|discussed|described|specified|shown)\b",
