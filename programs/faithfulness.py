@@ -100,8 +100,9 @@ def _unwrap(text: str) -> str:
 def clean_claims(raw: Sequence[Any]) -> list[str]:
     """Claims as plain sentences: list markers and quotes around a whole claim stripped, items
     without a word and repeats dropped, and fragments that state nothing (`asserts_something`)
-    dropped from a list that has claims. A list of nothing but fragments is kept as it is. A small model writes such lists for a few
-    summaries on every try, and a run with something to verify beats one that stops at this step."""
+    dropped from a list that has claims. A list of nothing but fragments is kept as it is. A small
+    model writes such lists for a few summaries on every try, and a run with something to verify
+    beats one that stops at this step."""
     from booklens.text import has_words
 
     claims: list[str] = []
