@@ -108,7 +108,8 @@ def clean_claims(raw: Sequence[Any]) -> list[str]:
     claims: list[str] = []
     seen: set[str] = set()
     for item in raw or []:
-        text = _unwrap(_BULLET.sub("", str(item)).strip())
+        # a number may sit inside the quotes ('"1. Anna sails."') as well as before them
+        text = _BULLET.sub("", _unwrap(_BULLET.sub("", str(item)).strip())).strip()
         key = " ".join(text.lower().rstrip(".!;").split())  # "Anna sails." repeats "Anna sails"
         if has_words(text) and key not in seen:
             seen.add(key)

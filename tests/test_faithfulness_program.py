@@ -445,7 +445,7 @@ def test_numbered_claims_lose_their_numbers():
     the verifier), "1:", "Claim 2:". The number stayed in the claim, and a repeat numbered
     differently was verified twice."""
     raw = ["[1] Anna sails home.", "Claim 2: Ben waits at the dock.", "3: Maren keeps the light.",
-           "Claim #4 - Jonah hides a letter.", "CLAIM 5. Anna sails home."]
+           "Claim #4 - Jonah hides a letter.", "CLAIM 5. Anna sails home.", '"6. Ben waits at the dock."']
     assert clean_claims(raw) == ["Anna sails home.", "Ben waits at the dock.", "Maren keeps the light.",
                                  "Jonah hides a letter."]
     # a claim that starts with a number of its own keeps it
