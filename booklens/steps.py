@@ -319,7 +319,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     from booklens.records import FaithfulnessReport
     from booklens.retrieval import BOOK_MODES, PASSAGE_MODES, check_evidence_options
 
-    check_evidence_options(mode, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens, as_keys=True)
+    check_evidence_options(mode, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
+                           has_book=book_text is not None, as_keys=True)
     if mode in BOOK_MODES and book_text is None:
         raise BooklensError(f"evidence mode '{mode}' needs the book")
     if not decompose:

@@ -95,6 +95,8 @@ def test_evidence_mode_that_needs_a_book_without_one(tmp_path, cli, mode):
      "--budget-tokens bounds the evidence of the book and given modes; evidence bm25 would not apply it"),
     ("verify", ["--evidence", "none", "--passage-tokens", "100"], "--passage-tokens sizes the passages"),
     ("verify", ["--evidence", "none", "--book", STORY], "--evidence none reads nothing from the book"),
+    ("verify", ["--evidence", "given", "--passage-tokens", "100"],
+     "--passage-tokens sizes the passages cut from the book; evidence given without the book cuts none"),
     ("check", ["--evidence", "dense", "--budget-tokens", "500"], "--budget-tokens bounds the evidence"),
 ])
 def test_retrieval_settings_the_evidence_mode_never_uses_are_refused(tmp_path, cli, command, args, message):

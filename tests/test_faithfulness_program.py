@@ -252,6 +252,11 @@ def test_the_library_step_refuses_settings_its_evidence_mode_never_uses():
         verify_claims(claims=["x"], book_text=None, mode="none", k=7)
     with pytest.raises(BooklensError, match="^budget_tokens bounds the evidence of the book and given modes"):
         verify_claims(claims=["x"], book_text="A book.", mode="bm25", budget_tokens=100)
+    # 'given' quotes are placed in the book's passages only when there is a book: without one, a
+    # passage size was taken and did nothing
+    with pytest.raises(BooklensError, match="^passage_tokens sizes the passages cut from the book; evidence given "
+                                            "without the book cuts none"):
+        verify_claims(claims=["x"], given=[["q"]], book_text=None, mode="given", passage_tokens=100)
 
 
 def test_book_mode_with_a_budget_below_the_passage_size_gets_part_of_a_passage():

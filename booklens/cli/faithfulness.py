@@ -148,7 +148,8 @@ def verify_command(
     from booklens.steps import verify_claims
     from booklens.text import read_book
 
-    check_evidence_options(evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens)
+    check_evidence_options(evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
+                           has_book=book is not None)
     if book is not None and evidence is EvidenceMode.none:
         raise BooklensError("--evidence none reads nothing from the book: --book would not apply")
     claim_list, given = read_claims(claims)

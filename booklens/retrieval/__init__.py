@@ -59,14 +59,15 @@ EVIDENCE_HELP = {
 def check_evidence_options(mode: str, *, k: int = DEFAULT_K, budget_tokens: int | None = None,
                            passage_tokens: int = DEFAULT_PASSAGE_TOKENS, rank_mode: str | None = None,
                            book_takes_k: bool = False, given_cuts_passages: bool = True,
-                           as_keys: bool = False) -> None:
+                           has_book: bool = True, as_keys: bool = False) -> None:
     """A one-line `BooklensError` for a retrieval setting the evidence mode never uses, which the
     record would otherwise list as if it had applied (a default counts as not given).
 
     What differs for `qa`: its `book` mode takes `k` too (`book_takes_k`: the passages its windows
     grow around) ranked by `rank_mode` (None: the command has no such setting, else compared with
     qa's default), and its `given` evidence is NovelQA's, cut from no passage
-    (`given_cuts_passages=False`). `as_keys`: name the settings as manifests write them."""
+    (`given_cuts_passages=False`). Given quotes are placed in the book's passages only when there is
+    a book (`has_book`). `as_keys`: name the settings as manifests write them."""
     from booklens.errors import BooklensError
 
     def name(option: str) -> str:
@@ -83,6 +84,9 @@ def check_evidence_options(mode: str, *, k: int = DEFAULT_K, budget_tokens: int 
     if passage_tokens != DEFAULT_PASSAGE_TOKENS and mode not in cut_modes:
         raise BooklensError(f"{name('--passage-tokens')} sizes the passages cut from the book; evidence {mode} "
                             "cuts none")
+    if passage_tokens != DEFAULT_PASSAGE_TOKENS and mode == "given" and not has_book:
+        raise BooklensError(f"{name('--passage-tokens')} sizes the passages cut from the book; evidence given "
+                            "without the book cuts none")
     if rank_mode is not None and rank_mode != QA_BOOK_RANK_MODE and mode != "book":
         raise BooklensError(f"{name('--rank-mode')} ranks the passages --evidence book grows its windows around; "
                             f"evidence {mode} " + ("ranks by its own name" if mode in SEARCH_MODES else "ranks none"))
