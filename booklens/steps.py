@@ -330,7 +330,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
 
             missing = first_without_quotes(given, len(claims))
             if missing is not None:
-                raise BooklensError(f"evidence mode 'given' needs quotes with every claim (claim {missing} has none)")
+                raise BooklensError(f"evidence mode 'given' needs quotes with every claim "
+                                    f"(claim {missing + 1} has none)")
     lm = current_lm()
     programs = programs or {}  # programs by task (`booklens.judges.judge_programs`)
     verifier = programs.get("verification") or load_judge("verification")

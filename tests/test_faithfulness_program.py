@@ -468,7 +468,8 @@ def test_the_library_step_refuses_given_mode_with_a_claim_without_quotes(given):
     def responder(call):
         raise AssertionError("the LM was asked")
 
-    with pytest.raises(BooklensError, match=r"^evidence mode 'given' needs quotes with every claim \(claim 1 has none\)"):
+    with pytest.raises(BooklensError,
+                       match=r"^evidence mode 'given' needs quotes with every claim \(claim 2 has none\)"):
         run_with(responder, lambda: verify_claims(claims=["Anna sails.", "Ben waits."], book_text=None, mode="given",
                                                   given=given))
 
