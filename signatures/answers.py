@@ -35,7 +35,9 @@ def lenient(choices: Any) -> Any:
     return Annotated[choices, BeforeValidator(choice_reader(get_args(choices)))]
 
 
-_NUMBER = re.compile(r"\d+")
+# A number, or a range of them ("2-4", "2 to 4"); a fraction is caught so that "2.0" reads as 2, not 2 and 0.
+_NUMBERS = re.compile(r"(\d+)(\.\d+)?(?:\s*(?:-|\u2013|\u2014|to)\s*(\d+)(\.\d+)?)?")
+_LONGEST_RANGE = 100  # "1-1000" is no list of passages anyone shows a judge: read as its two ends
 
 
 def read_numbers(value: Any) -> Any:
@@ -47,12 +49,29 @@ def read_numbers(value: Any) -> Any:
     numbers: list[Any] = []
     for item in items:
         if isinstance(item, str):
-            numbers.extend(int(n) for n in _NUMBER.findall(item))
+            numbers.extend(_numbers_in(item))
         elif isinstance(item, float) and item.is_integer():
             numbers.append(int(item))
         else:
             numbers.append(item)
     return numbers
+
+
+def _numbers_in(text: str) -> list[Any]:
+    """The whole numbers `text` names, ranges spelled out ("2-4": 2, 3, 4); `[text]` (to be refused)
+    when it names a number with a fraction, which is no passage number."""
+    found: list[int] = []
+    for start, start_fraction, end, end_fraction in _NUMBERS.findall(text):
+        if any(f and float(f) for f in (start_fraction, end_fraction)):
+            return [text]
+        first = int(start)
+        if not end:
+            found.append(first)
+        elif first <= int(end) <= first + _LONGEST_RANGE:
+            found.extend(range(first, int(end) + 1))
+        else:
+            found.extend([first, int(end)])
+    return found
 
 
 def lenient_numbers() -> Any:

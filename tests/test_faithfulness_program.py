@@ -122,8 +122,9 @@ def test_verifier_reports_passage_numbers_and_drops_invalid_ones():
 
 @pytest.mark.parametrize("written, numbers", [
     (["Passage 2"], [2]), (["[2]", "[3]"], [2, 3]), (2, [2]), ("passages 1 and 3", [1, 3]), (None, []),
-    (["none"], []), ([2.0], [2]),
-], ids=["named", "bracketed", "bare-number", "sentence", "null", "word", "float"])
+    (["none"], []), ([2.0], [2]), (["2.0"], [2]), ("passages 1-3", [1, 2, 3]), (["1 to 2", "3"], [1, 2, 3]),
+], ids=["named", "bracketed", "bare-number", "sentence", "null", "word", "float", "float-text", "range",
+        "range-in-words"])
 def test_passage_numbers_written_as_text_keep_the_verdict(written, numbers):
     """A server that does not enforce the answer schema lets a model write its passage lists as it
     likes: "Passage 2", "[2]", a bare 2. The label it gave is valid, and used to be thrown away
@@ -135,6 +136,13 @@ def test_passage_numbers_written_as_text_keep_the_verdict(written, numbers):
     pred, lm = run_with(responder, lambda: build_verifier()(claim="c", passages=["one", "two", "three"]))
     assert (pred.label, pred.error, pred.attempts, len(lm.backend.calls)) == ("faithful", None, 1, 1)
     assert pred.supporting == numbers and pred.refuting == []
+
+
+def test_a_passage_number_with_a_fraction_is_refused_not_split():
+    from booklens.signatures.answers import read_numbers
+
+    assert read_numbers(["2.5"]) == ["2.5"]  # refused by the list[int] field, and asked again
+    assert read_numbers("2-4, 7") == [2, 3, 4, 7] and read_numbers("1-1000") == [1, 1000]
 
 
 def test_a_cut_off_answer_keeps_its_label_but_not_its_passage_lists(monkeypatch):
