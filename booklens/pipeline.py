@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from booklens.errors import BooklensError, first_line
 from booklens.parallel import raise_if_stopped
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS, SEARCH_MODES
 from booklens.vocabulary import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MERGE_CONTEXT,
@@ -802,6 +802,12 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         "versions": package_versions(),
         "judges": judges,
     }
+    if "verification" in programs and judge.evidence in SEARCH_MODES and book_text is not None:
+        from booklens.programs.faithfulness import check_evidence_fits
+
+        # before the summary is written: the verification step comes last, and would fail on every claim
+        check_evidence_fits(programs["verification"], getattr(judge_lm, "context_window", None), k=judge.k,
+                            passage_tokens=judge.passage_tokens, book_text=book_text, as_keys=True)
     make_output_dir(output, "run")
     runner = _Runner(output, previous, base, wanted, notify)
     if previous is None:

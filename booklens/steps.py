@@ -308,11 +308,12 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
                   mode: str = "bm25", k: int = DEFAULT_K, budget_tokens: Optional[int] = None,
                   passage_tokens: int = DEFAULT_PASSAGE_TOKENS,
                   concurrency: int = 4, cache_dir: Optional[Path] = None, decompose: bool = False,
-                  programs: Optional[Mapping[str, Any]] = None):
+                  programs: Optional[Mapping[str, Any]] = None, as_keys: bool = True):
     """Gather evidence for each claim (decomposing `summary` first when `decompose`) and verify it
     with the configured LM; a `FaithfulnessReport` with its judge. `programs` holds the decomposer and
     verifier to use by task; the verifier defaults to the few-shot one booklens ships (`booklens.judges`).
-    No claims give an empty report (no index is built)."""
+    No claims give an empty report (no index is built). Errors name the settings as manifests write
+    them (`k`), or as the command line spells them (`--k`) when not `as_keys`."""
     from booklens.judges import judge_info, judge_name, load_judge
     from booklens.lm import current_lm
     from booklens.programs.faithfulness import build_checker, label_summary
@@ -320,7 +321,7 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     from booklens.retrieval import BOOK_MODES, PASSAGE_MODES, check_evidence_options
 
     check_evidence_options(mode, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
-                           has_book=book_text is not None, as_keys=True)
+                           has_book=book_text is not None, as_keys=as_keys)
     if mode in BOOK_MODES and book_text is None:
         raise BooklensError(f"evidence mode '{mode}' needs the book")
     if not decompose:
@@ -337,6 +338,11 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     verifier = programs.get("verification") or load_judge("verification")
     checker = build_checker(evidence_mode=mode, k=k, budget_tokens=budget_tokens, concurrency=concurrency,
                             decomposer=programs.get("decomposition"), verifier=verifier)
+    if mode in PASSAGE_MODES and book_text is not None:
+        from booklens.programs.faithfulness import check_evidence_fits
+
+        check_evidence_fits(verifier, getattr(lm, "context_window", None), k=k, passage_tokens=passage_tokens,
+                            book_text=book_text, as_keys=as_keys)
     started = time.perf_counter()
     index = None
     index_seconds = 0.0

@@ -125,6 +125,31 @@ def evidence_budget(context_window: int | None, max_tokens: int = VERIFY_MAX_TOK
     return max(256, int((window - max_tokens - VERIFY_PROMPT_OVERHEAD - demo_tokens) * BUDGET_MARGIN))
 
 
+def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *, k: int, passage_tokens: int,
+                        book_text: str | None = None, as_keys: bool = False) -> None:
+    """A one-line `BooklensError` when the top `k` passages of up to `passage_tokens` tokens cannot fit
+    one verification prompt of `verifier` in a `context_window`-token window, even with nothing else
+    in it than the answer budget and the demos: every call would fail with the server's "prompt does
+    not fit", which names neither setting. A book shorter than that is all the evidence any k brings.
+    No window figure (a remote model LiteLLM does not know), no check."""
+    if not context_window:
+        return
+    room = context_window - verifier.max_tokens - verifier.demo_tokens()
+    shown = k * passage_tokens
+    if shown <= room:
+        return
+    if book_text is not None:
+        from booklens.text import count_tokens
+
+        shown = min(shown, count_tokens(book_text))  # counted only here: a whole book takes a moment
+        if shown <= room:
+            return
+    k_name, size_name = ("k", "passage_tokens") if as_keys else ("--k", "--passage-tokens")
+    raise BooklensError(f"{k_name} {k} passages of up to {size_name} {passage_tokens} tokens: {shown} tokens of "
+                        f"evidence per claim, more than the {max(room, 0)} that fit beside the judge's answer and "
+                        f"demos in its {context_window}-token context window; lower {k_name} or {size_name}")
+
+
 # ---------------------------------------------------------------------------
 # Verdicts that do not overclaim
 

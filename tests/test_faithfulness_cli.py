@@ -335,3 +335,23 @@ def test_verify_one_claim_with_the_embedded_model(tmp_path, books_dir):
     assert judge["lm"].startswith("local/") and judge["program"] == "default" and judge["demos"] >= 1
     assert judge["calibration"]["figures"]["f1"]["unfaithful"]["n"] > 0
     assert "agreement with humans on FABLES' test split" in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["verify", "check"])
+def test_retrieved_evidence_that_cannot_fit_the_judge_window_is_one_line_before_any_call(tmp_path, command):
+    """40 passages of 256 tokens against gpt-4's 8,192-token window: every verification failed with
+    the server's "prompt does not fit", naming neither --k nor --passage-tokens. Now one line that
+    names both, before the claims are split or verified."""
+    book = write(tmp_path / "book.txt", " ".join(f"On day {n} Maren climbed the tower and trimmed the lamp."
+                                                 for n in range(1200)))
+    claims = write(tmp_path / "claims.json", ["Maren trimmed the lamp."])
+    summary = write(tmp_path / "summary.txt", "Maren trimmed the lamp every day.")
+    out = tmp_path / "out.json"
+    inputs = ["--claims", str(claims), "--book", str(book)] if command == "verify" else [str(book), str(summary)]
+    with FakeOpenAIServer(responder=fake_answers) as server:
+        proc = run_here([command, *inputs, "--k", "40", "--lm", "openai/gpt-4", "--api-base", server.url,
+                         "-o", str(out)], tmp_path)
+        assert_one_line_error(proc, out, "--k 40 passages of up to --passage-tokens 256 tokens: 10240 tokens of "
+                                         "evidence per claim")
+        assert "in its 8192-token context window; lower --k or --passage-tokens" in proc.stderr
+        assert server.received == []

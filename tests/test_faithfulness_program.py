@@ -503,3 +503,41 @@ def test_a_claim_without_a_word_is_no_claim():
     is false); the library's verify step now refuses such a claim, so the decomposer must not make one."""
     assert clean_claims(["Anna sails home.", "...", "\u2014", "- *"]) == ["Anna sails home."]
     assert clean_claims(["...", "\u2014"]) == []
+
+
+# A book of about 6,000 tokens: longer than a 4K window, so its top passages can fill one.
+LONG_BOOK = " ".join(f"On day {n} Maren climbed the tower and trimmed the lamp before the storm." for n in range(400))
+
+
+def test_retrieved_evidence_that_cannot_fit_the_window_is_refused_before_any_call():
+    """20 passages of 256 tokens are 5,120 tokens of evidence, more than a 4,096-token window holds:
+    that failed at the first verification with the server's 'prompt does not fit', which names
+    neither --k nor --passage-tokens. Now a one-line error up front, before the claims are split."""
+    from booklens.steps import verify_claims
+
+    def responder(call):
+        raise AssertionError("the LM was asked")
+
+    for decompose in (False, True):
+        with pytest.raises(BooklensError, match=r"^k 20 passages of up to passage_tokens 256 tokens: 5120 tokens "
+                                                r"of evidence per claim, more than the \d+ that fit beside the "
+                                                r"judge's answer and demos in its 4096-token context window; "
+                                                r"lower k or passage_tokens$"):
+            run_with(responder, lambda: verify_claims(
+                claims=[] if decompose else ["Maren trimmed the lamp."], summary="Maren trimmed the lamp.",
+                decompose=decompose, book_text=LONG_BOOK, mode="bm25", k=20), context_window=4096)
+
+
+def test_retrieved_evidence_is_checked_only_where_the_window_is_known_and_the_book_is_long_enough():
+    """No figure for the window (a remote model LiteLLM does not know): asked as before. A book
+    shorter than the window is all the evidence any k can bring, so a large k is no error."""
+    from booklens.steps import verify_claims
+
+    report, lm = run_with(lambda call: verdict(), lambda: verify_claims(
+        claims=["Maren trimmed the lamp."], book_text=LONG_BOOK, mode="bm25", k=20), context_window=None)
+    assert report.claims[0].label == "faithful" and len(lm.backend.calls) == 1
+    short = " ".join(LONG_BOOK.split()[:600])
+    assert count_tokens(short) < 2000
+    report, lm = run_with(lambda call: verdict(), lambda: verify_claims(
+        claims=["Maren trimmed the lamp."], book_text=short, mode="bm25", k=20), context_window=4096)
+    assert report.claims[0].label == "faithful" and len(lm.backend.calls) == 1

@@ -330,3 +330,18 @@ def test_run_book_qa_counts_only_its_own_calls_when_another_run_shares_the_lm(tm
     slow.join()
     assert len(lm.backend.calls) == 2
     assert results["fast"]["usage"]["calls"] == 1 and results["slow"]["usage"]["calls"] == 1
+
+
+def test_run_book_refuses_retrieved_evidence_that_cannot_fit_the_judge_window(tmp_path):
+    """A run whose judge would be shown more passages than its window holds stopped at the
+    verification step, after the summary and the claims; it is refused before any call."""
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import JudgeConfig, SystemConfig, run_book
+
+    path = tmp_path / "long.txt"
+    path.write_text(" ".join(f"Mara walked to the mill on day {n} and met Tom there by the old gate."
+                             for n in range(500)))
+    lm = pipeline_lm(context_window=2048)
+    with pytest.raises(BooklensError, match=r"^k 12 passages of up to passage_tokens 256 tokens: 3072 tokens"):
+        run_book(path, tmp_path / "run", SystemConfig(**SMALL), JudgeConfig(k=12), lms=FixedLMPool(lm))
+    assert lm.backend.calls == [] and not (tmp_path / "run").exists()

@@ -170,7 +170,7 @@ def verify_command(
     report = verify_claims(claims=claim_list, given=given if evidence is EvidenceMode.given else None,
                            book=book, book_text=book_text, mode=evidence.value, k=k, budget_tokens=budget_tokens,
                            passage_tokens=passage_tokens, concurrency=concurrency, cache_dir=cache_dir,
-                           programs=programs)
+                           programs=programs, as_keys=False)
     write_output(output, report)
     _report_line(report)
 
@@ -212,7 +212,7 @@ def check_command(
     echo_artifact_note(artifacts.get("decomposition"), lm_label(model))  # the verifier's is under its judge line
     report = verify_claims(claims=[], book=book, book_text=book_text, summary=summary_text, mode=evidence.value,
                            k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens, concurrency=concurrency,
-                           cache_dir=cache_dir, decompose=True, programs=programs)
+                           cache_dir=cache_dir, decompose=True, programs=programs, as_keys=False)
     write_output(output, report)
     _report_line(report)
 
