@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import dspy
 
@@ -257,6 +257,7 @@ class _BookSummarizer(Module):
         best: _Generated | None = None
         tried = 0
         wordless: list = []  # the calls of answers without a word
+        unread: list[str] = []  # why each try whose answers did not parse failed
         for regeneration in range(self._tries(fallback)):
             if regeneration > self.max_regenerations and best is not None and has_letters(best.text):
                 break  # the tries past --max-regenerations are only for a summary with no word yet
@@ -275,6 +276,7 @@ class _BookSummarizer(Module):
                     **asked,
                 )
             if not result.ok:
+                unread.append(result.error or "unparseable answer")
                 continue
             text = str(getattr(result.prediction, output) or "").strip()
             if not has_letters(text):
@@ -292,7 +294,7 @@ class _BookSummarizer(Module):
             return _Generated(text, tokens, tried, tokens > budget, text != fallback, fallback=True)
         if best is None or not has_letters(best.text):
             forget_answers(wordless)  # not kept: a rerun asks again
-            raise BooklensError(self._no_summary(where, best))
+            raise BooklensError(self._no_summary(where, best, unread))
         if best.cut_off and trim:
             # The cap stopped the answer mid-sentence: a dangling half sentence would read as confusing.
             text = without_unfinished_sentence(best.text)
@@ -310,12 +312,24 @@ class _BookSummarizer(Module):
         """How many tries a summary gets when none of its answers has a word."""
         return self.max_regenerations + 1 if fallback is not None else max(self.max_regenerations + 1, WORDLESS_TRIES)
 
-    def _no_summary(self, where: str, best: _Generated | None) -> str:
-        """The error when no try gave a summary with words. Those answers are not kept in the cache
-        (empty ones never are), so a plain rerun asks again; more regenerations or another model
-        are what change the odds."""
+    def _no_summary(self, where: str, best: _Generated | None, unread: Sequence[str] = ()) -> str:
+        """The error when no try gave a summary with words: what the tries got instead (answers
+        without a word, empty ones, or, `unread`, the errors of those that did not parse). Those
+        answers are not kept in the cache (empty ones never are), so a plain rerun asks again; more
+        regenerations or another model are what change the odds."""
         tries = self._tries(None)
-        got = "only empty answers" if best is None else f"answers without a word, such as {best.text[:40]!r}"
+        # the parser's words can run long; the first of them say what was wrong
+        why = unread[-1][:160].rstrip(" .") if unread else ""
+        if best is not None:
+            got = f"answers without a word, such as {best.text[:40]!r}"
+            if unread:
+                got += f"; {len(unread)} could not be read ({why})"
+        elif len(unread) == tries:
+            got = f"no answer could be read ({why})"
+        elif unread:
+            got = f"{len(unread)} answers could not be read ({why}) and the others were empty"
+        else:
+            got = "only empty answers"
         return (f"the model gave no usable summary for {where} in {tries} tries ({got}, not kept: a rerun asks "
                 f"again); raise --max-regenerations above {tries - 1} or use another model")
 

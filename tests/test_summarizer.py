@@ -500,3 +500,28 @@ def test_a_long_blank_in_the_book_costs_no_call(method):
     excerpts = [c.inputs["excerpt"] for c in lm.backend.calls if "excerpt" in c.inputs]
     assert excerpts and all(any(ch.isalnum() for ch in e) for e in excerpts)
     assert all(any(ch.isalnum() for ch in c.text) for c in result.chunks)
+
+
+def test_answers_that_cannot_be_read_are_not_called_empty():
+    """With an adapter that finds no summary field in the answers (a library user's dspy.ChatAdapter
+    here), every try failed to parse, and the error said the model gave "only empty answers": the
+    model wrote plenty. The error now says the answers could not be read, and why."""
+    book = synthetic_book(3_000)
+    lm = ScriptedLM(lambda call: "Here is a long answer about the book, but no summary field in it.")
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=1)
+    with dspy.context(lm=lm, adapter=dspy.ChatAdapter()), pytest.raises(BooklensError) as excinfo:
+        program(book=book)
+    message = str(excinfo.value)
+    assert ("no usable summary for level 1 summary 0 in 3 tries (no answer could be read (unparseable answer: "
+            in message)
+    assert "empty" not in message
+
+
+def test_empty_answers_are_still_called_empty():
+    lm = ScriptedLM(lambda call: "")
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=1)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(BooklensError,
+                                                                        match=r"in 3 tries \(only empty answers, "):
+        program(book=synthetic_book(3_000))
