@@ -343,7 +343,8 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
         if pred.context_mode == "whole-book":
             in_context = 1.0 if located else None
         elif pred.context_mode == "given":  # the given evidence may have been cut to fit the window
-            in_context = share_shown(located, pred.evidence_shown or {})
+            shown = getattr(pred, "evidence_shown", None)  # None: a program that says nothing of a cut
+            in_context = share_shown(located, shown) if shown is not None else (1.0 if located else None)
         elif pred.context_mode == "retrieval":
             in_context = share_in_context(located, [(s, e) for _, s, e in pred.passages])
         else:
