@@ -18,6 +18,7 @@ import statistics
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
@@ -136,10 +137,21 @@ def _read_bytes(path: Path) -> Any:
             names = [n for n in archive.namelist() if n.endswith(".json") and not n.startswith("__MACOSX")]
             if not names:
                 raise BooklensError(f"{path} is a zip archive without a JSON file")
+            # Several JSON files: the release's own name decides; taking whichever is listed first
+            # would read, say, a metadata file and report it as malformed FABLES data.
+            release = [n for n in names if n.rsplit("/", 1)[-1] == "FABLES.json"]
+            if len(names) > 1 and len(release) != 1:
+                raise BooklensError(f"{path} holds {len(names)} JSON files ({', '.join(names)}) and not one "
+                                    "FABLES.json: pass the FABLES.json itself with --data")
+            member = release[0] if release else names[0]
             try:
-                raw = archive.read(names[0])
+                raw = archive.read(member)
             except RuntimeError as exc:  # encrypted members
-                raise BooklensError(f"cannot read {names[0]} from {path}: {exc}") from None
+                raise BooklensError(f"cannot read {member} from {path}: {exc}") from None
+            except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+                # Its directory reads but its bytes do not: a download cut short or spoiled.
+                raise BooklensError(f"{path} is a damaged zip archive ({member}: {exc}); download "
+                                    "FABLES.json.zip again") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:

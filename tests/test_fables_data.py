@@ -144,6 +144,40 @@ def test_zip_release_loads(tmp_path):
     assert len(load_fables(archive)) == 3
 
 
+def _damaged_zip(path, compression):
+    """A zip whose directory is intact but whose member bytes are not (a download cut or spoiled
+    in transit): it passes zipfile.is_zipfile and fails only when the member is read."""
+    with zipfile.ZipFile(path, "w", compression=compression) as z:
+        z.writestr("FABLES.json", json.dumps(TINY) * 20)
+    raw = bytearray(path.read_bytes())
+    start = 30 + len("FABLES.json")  # the member's data follows its local header
+    for i in range(start + 5, start + 40):
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    assert zipfile.is_zipfile(path)
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED])
+def test_damaged_zip_is_one_clear_error(tmp_path, compression):
+    archive = tmp_path / "FABLES.json.zip"
+    _damaged_zip(archive, compression)
+    with pytest.raises(BooklensError, match=r"FABLES.json.zip is a damaged zip archive"):
+        load_fables(archive)
+
+
+def test_zip_with_several_json_files_reads_fables_json_or_refuses(tmp_path):
+    archive = tmp_path / "bundle.json.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("meta.json", json.dumps({"version": 1}))
+        z.writestr("data/FABLES.json", json.dumps(TINY))
+    assert len(load_fables(archive)) == 3  # the release's file, wherever it sits, not the first listed
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("meta.json", json.dumps({"version": 1}))
+        z.writestr("other.json", json.dumps(TINY))
+    with pytest.raises(BooklensError, match=r"bundle.json.zip holds 2 JSON files \(meta.json, other.json\)"):
+        load_fables(archive)
+
+
 def test_download_failure_is_one_clear_error(tmp_path):
     with pytest.raises(BooklensError, match="cannot download FABLES.*--data PATH"):
         download_fables(tmp_path, url="http://127.0.0.1:9/FABLES.json.zip", timeout=2)
@@ -224,6 +258,17 @@ def test_data_stats_fables_malformed_files_exit_with_one_line(tmp_path, content)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert "internal error" not in lines[0] and proc.stdout == ""
+
+
+def test_data_stats_fables_damaged_zip_exits_with_one_line(tmp_path):
+    archive = tmp_path / "FABLES.json.zip"
+    _damaged_zip(archive, zipfile.ZIP_DEFLATED)
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_DEBUG", None)
+    proc = subprocess.run([sys.executable, "-m", "booklens", "data", "stats", "fables", "--data", str(archive)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "damaged zip archive" in lines[0], proc.stderr
 
 
 def test_data_stats_fables_bad_file(tmp_path):
