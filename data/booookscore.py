@@ -628,8 +628,17 @@ def human_annotation_files(path: str | Path) -> list[Path]:
 def load_human_summaries(path: str | Path) -> list[tuple[str, HumanSummaryAnnotation]]:
     """(file name, annotation) of every human-annotated summary under `path`, files in name order,
     books in file order. The same book summarized twice (inc and hier) appears twice."""
-    return [(file.name, annotation) for file in human_annotation_files(path)
-            for annotation in load_human_annotations(file).values()]
+    items = [(file.name, annotation) for file in human_annotation_files(path)
+             for annotation in load_human_annotations(file).values()]
+    # A copy of a file left in the folder would count each of its summaries twice (doubled
+    # sentences, too narrow intervals); two summaries of one book must differ to both count.
+    seen: dict[tuple[str, str], str] = {}
+    for name, annotation in items:
+        first = seen.setdefault((annotation.book, annotation.summary), name)
+        if first != name:
+            raise BooklensError(f"the summary of book {annotation.book!r} is in both {first} and {name} "
+                                f"in {path}: remove the copy")
+    return items
 
 
 def split_human_summaries(items: list[tuple[str, HumanSummaryAnnotation]], *, seed: int = DEFAULT_SEED,

@@ -140,3 +140,22 @@ def test_an_invalid_score_file_is_one_line_naming_its_first_problem(data, proble
         bs.results_from_json(data, what="scores.json")
     message = str(excinfo.value)
     assert message == f"scores.json is not a valid booklens {problem}" and "\n" not in message
+
+
+def test_a_copy_of_a_human_annotation_file_in_the_folder_is_refused(tmp_path):
+    """Two files holding the same summary of a book (a copy left beside the original) would count
+    every summary twice in a calibration: twice the sentences and narrower intervals than the data
+    give. inc and hier summaries of one book differ and both count."""
+    import json
+
+    summary = "Ann sails. Ben waits."
+    data = {"b": {"summary": summary, "singles": [], "relations": []}}
+    (tmp_path / "summary-gpt4-4096-hier.json").write_text(json.dumps(data))
+    (tmp_path / "summary-gpt4-4096-inc.json").write_text(
+        json.dumps({"b": {"summary": "Ann sails away. Ben waits at home.", "singles": [], "relations": []}}))
+    assert len(bs.load_human_summaries(tmp_path)) == 2
+    (tmp_path / "summary-gpt4-4096-hier-copy.json").write_text(json.dumps(data))
+    with pytest.raises(BooklensError, match=r"the summary of book 'b' is in both summary-gpt4-4096-hier-copy.json "
+                                            r"and summary-gpt4-4096-hier.json") as caught:
+        bs.load_human_summaries(tmp_path)
+    assert "\n" not in str(caught.value)
