@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -630,15 +630,20 @@ def load_human_summaries(path: str | Path) -> list[tuple[str, HumanSummaryAnnota
     books in file order. The same book summarized twice (inc and hier) appears twice."""
     items = [(file.name, annotation) for file in human_annotation_files(path)
              for annotation in load_human_annotations(file).values()]
-    # A copy of a file left in the folder would count each of its summaries twice (doubled
-    # sentences, too narrow intervals); two summaries of one book must differ to both count.
-    seen: dict[tuple[str, str], str] = {}
-    for name, annotation in items:
-        first = seen.setdefault((annotation.book, annotation.summary), name)
-        if first != name:
-            raise BooklensError(f"the summary of book {annotation.book!r} is in both {first} and {name} "
-                                f"in {path}: remove the copy")
+    refuse_copies(((name, a.book, a.summary) for name, a in items), path)
     return items
+
+
+def refuse_copies(entries: Iterable[tuple[str, str, str]], path: str | Path) -> None:
+    """Refuse (file name, book, summary) entries where two files hold the same summary of a book.
+    A copy of a file left in the folder would count each of its summaries twice (doubled
+    sentences, too narrow intervals); two summaries of one book must differ to both count."""
+    seen: dict[tuple[str, str], str] = {}
+    for name, book, summary in entries:
+        first = seen.setdefault((book, summary), name)
+        if first != name:
+            raise BooklensError(f"the summary of book {book!r} is in both {first} and {name} in {path}: "
+                                "remove the copy")
 
 
 def split_human_summaries(items: list[tuple[str, HumanSummaryAnnotation]], *, seed: int = DEFAULT_SEED,

@@ -292,10 +292,11 @@ def _coherence_feedback(example, prediction, score) -> str:
 
 def _coherence_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
     from booklens.cli.common import read_json_file
-    from booklens.data.booookscore import SummariesNeeded, results_from_json, to_examples
+    from booklens.data.booookscore import SummariesNeeded, refuse_copies, results_from_json, to_examples
     from booklens.data.splits import split_by_book
 
     examples: list[dspy.Example] = []
+    held: list[tuple[str, str, str]] = []
     for file in _annotation_files(path):
         try:
             results = results_from_json(read_json_file(file, "annotation file"), what=f"annotation file {file}")
@@ -305,6 +306,8 @@ def _coherence_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
         if judges:  # a model's verdicts (GPT-4's in the precision study, a `score` output) as gold labels
             raise BooklensError(f"{file} holds {' and '.join(map(repr, judges))} annotations, not human ones: the "
                                 f"coherence task learns from {COHERENCE_DATA}")
+        held.extend((file.name, book, r.summary) for book, r in results.items())
+        refuse_copies(held, path)
         for e in to_examples(results):
             e["source"] = file.name  # the same book may be summarized twice (inc and hier): one split for both
             examples.append(e)

@@ -276,3 +276,13 @@ def test_a_summary_the_judge_gave_no_verdict_on_has_no_score_not_a_booookscore_o
     with pytest.raises(BooklensError, match=f"^compiling with {optimizer} failed on every example it scored; the "
                                             "first failure: no score: the judge gave no valid verdict on any of"):
         compile_program(task, splits.train, splits.dev, optimizer=optimizer, budget=BUDGET)
+
+
+def test_coherence_task_refuses_a_copy_of_an_annotation_file(tmp_path):
+    """A copy beside the original would put every summary's sentences in the training data twice."""
+    data = {"b": {"summary": "Ann sails. Ben waits.", "singles": [], "relations": []}}
+    (tmp_path / "summary-gpt4-4096-inc.json").write_text(json.dumps(data))
+    (tmp_path / "summary-gpt4-4096-inc-copy.json").write_text(json.dumps(data))
+    with pytest.raises(BooklensError, match=r"the summary of book 'b' is in both summary-gpt4-4096-inc-copy.json "
+                                            r"and summary-gpt4-4096-inc.json"):
+        load_task_splits(get_task("coherence"), tmp_path)
