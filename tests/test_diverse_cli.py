@@ -211,3 +211,21 @@ def test_diverse_judge_and_bias_end_to_end(tmp_path, monkeypatch):
 
         extended = [b for b in server.served if "\\n\\nSources disagree" in json.dumps(b)]
         assert extended  # the judge saw the summary repeated
+
+
+def test_diverse_says_why_an_event_without_references_has_no_coverage(tmp_path, monkeypatch):
+    """An event without question_answers (and none generated) cannot be judged for coverage: the
+    record and the output say so, rather than the coverage scores being silently absent."""
+    event = json.loads(FIXTURE.read_text())[0]
+    event["question_answers"] = []
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([event]))
+    out = tmp_path / "diverse.json"
+    with FakeOpenAIServer(responder=always_b) as server:
+        r = invoke(["diverse", str(events), "--lm", "openai/test-model", "--api-base", server.url,
+                    "--max-articles", "2", "-o", str(out)], tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    row = json.loads(out.read_text())["events"][0]
+    assert "coverage_binary" not in row["scores"] and "faithfulness_likert" in row["scores"]
+    assert row["coverage_not_judged"].startswith("no reference question_answers")
+    assert "coverage: not judged (no reference question_answers" in r.output

@@ -223,6 +223,8 @@ def diverse_command(
                 detail = (f"{check['articles_answering']} articles, {check['clusters']} answer clusters"
                           if check["kept"] else f"dropped: {check['reason']}")
                 typer.echo(f"  - {check['question']} ({detail})")
+        if row.get("coverage_not_judged"):
+            typer.echo(f"coverage: not judged ({row['coverage_not_judged']})")
         for name, value in row["scores"].items():
             typer.echo(_rating_line(name, value, row["judgments"][name], _scale(name.rsplit("_", 1)[1])))
     typer.echo(_usage_line(result), err=True)
