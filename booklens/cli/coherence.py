@@ -229,7 +229,7 @@ def _score_annotations(annotations: Path, summaries: Optional[Path], split: Opti
     else:
         raise BooklensError(
             f"{what} is not an annotation set: expected human span annotations (book -> {{summary, singles, "
-            "relations}}) or sentence annotations (book -> {sentence: {questions, types}} or null)")
+            "relations}) or sentence annotations (book -> {sentence: {questions, types}} or null)")
     if not results:
         raise BooklensError("no summary left to score after --split/--limit")
     gist = notes.gist() if isinstance(notes, MatchNotes) else None
