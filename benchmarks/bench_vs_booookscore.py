@@ -80,6 +80,24 @@ def booookscore_dir() -> Path | None:
     return Path(spec.origin).parent if spec and spec.origin else None
 
 
+def booookscore_env(package: Path, environ: dict[str, str]) -> dict[str, str]:
+    """The environment of booookscore's scripts: its package folder first on PYTHONPATH (for its
+    top-level `utils` import), then the caller's entries, which may be where booookscore is."""
+    paths = [str(package), *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def run_step(name: str, command: list[str], **kwargs) -> None:
+    """Run one step in a subprocess; a failure ends the benchmark in one line with the step's
+    last line of stderr (its own error), not a traceback that hides it."""
+    from booklens.errors import BooklensError
+
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    if done.returncode:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise BooklensError(f"{name} failed (exit {done.returncode}): {lines[-1] if lines else 'no output'}")
+
+
 def run_booookscore(text: str, latency: float, answers: str, work: Path) -> tuple[float, int]:
     from booklens.testing import FakeOpenAIServer
 
@@ -88,17 +106,16 @@ def run_booookscore(text: str, latency: float, answers: str, work: Path) -> tupl
     (work / "key.txt").write_text("not-a-key")
     with open(work / "books.pkl", "wb") as f:
         pickle.dump({"pride_and_prejudice": text}, f)
-    env = {**os.environ, "PYTHONPATH": str(package)}
-    subprocess.run([sys.executable, "-m", "booookscore.chunk", "--chunk_size", "2048", "--input_path",
-                    "books.pkl", "--output_path", "chunks.pkl"], cwd=work, env=env, check=True,
-                   capture_output=True)
+    env = booookscore_env(package, dict(os.environ))
+    run_step("booookscore.chunk", [sys.executable, "-m", "booookscore.chunk", "--chunk_size", "2048",
+                                   "--input_path", "books.pkl", "--output_path", "chunks.pkl"], cwd=work, env=env)
     with FakeOpenAIServer(latency=latency, responder=responder(answers)) as server:
         env["OPENAI_BASE_URL"] = server.url
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "booookscore.summ", "--book_path", "chunks.pkl", "--summ_path",
-                        "summaries.json", "--model", "fake-model", "--api", "openai", "--api_key", "key.txt",
-                        "--method", "hier", "--chunk_size", "2048", "--max_context_len", "8192",
-                        "--max_summary_len", "900"], cwd=work, env=env, check=True, capture_output=True)
+        run_step("booookscore.summ", [sys.executable, "-m", "booookscore.summ", "--book_path", "chunks.pkl",
+                                      "--summ_path", "summaries.json", "--model", "fake-model", "--api", "openai",
+                                      "--api_key", "key.txt", "--method", "hier", "--chunk_size", "2048",
+                                      "--max_context_len", "8192", "--max_summary_len", "900"], cwd=work, env=env)
         return time.perf_counter() - t0, len(server.served)
 
 
@@ -117,10 +134,11 @@ def run_booklens_cli(latency: float, answers: str, concurrency: int, work: Path,
 
     with FakeOpenAIServer(latency=latency, responder=timed_answer) as server:
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "booklens", "summarize", str(BOOK), "--method", "hier",
-                        "--chunk-size", "2048", "--context-window", "8192", "--concurrency", str(concurrency),
-                        "--lm", model, "--api-base", server.url, "--cache-dir", str(work / "cache"),
-                        "--keep-artifacts", "-o", str(work / "summary.json")], check=True, capture_output=True)
+        run_step("booklens summarize", [sys.executable, "-m", "booklens", "summarize", str(BOOK), "--method", "hier",
+                                        "--chunk-size", "2048", "--context-window", "8192",
+                                        "--concurrency", str(concurrency), "--lm", model, "--api-base", server.url,
+                                        "--cache-dir", str(work / "cache"), "--keep-artifacts",
+                                        "-o", str(work / "summary.json")])
         seconds = time.perf_counter() - t0
         return seconds, len(server.served), min(arrivals), seconds - max(arrivals) - latency
 
@@ -173,7 +191,7 @@ def main() -> None:
         sys.exit("error: booookscore is not installed: pip install --no-deps booookscore==0.1.3 anthropic==0.21.3")
     text = read_book(BOOK)
     print(f"Pride and Prejudice: {count_tokens(text)} tokens; chunk 2048, window 8192, G_n 900; "
-          f"server latency {args.latency:.1f} s per call; load average {os.getloadavg()[0]:.2f}")
+          f"server latency {args.latency:g} s per call; load average {os.getloadavg()[0]:.2f}")
     for answers in args.answers:
         print(f"\nanswers: {answers}")
         print(f"{'run':<54} {'calls':>5} {'levels':>9} {'seconds':>8} {'speed-up':>8}")

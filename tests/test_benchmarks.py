@@ -5,6 +5,7 @@ traceback. None of these runs a benchmark: each fails at its arguments, before a
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,23 @@ def test_argument_types():
                         (_cli.nonnegative_float, "nan"), (_cli.positive_float, "inf")):
         with pytest.raises(argparse.ArgumentTypeError):
             parse(text)
+
+
+def test_booookscore_runs_keep_the_callers_python_path(tmp_path):
+    # booookscore installed outside the interpreter's site-packages (found through PYTHONPATH)
+    # must still be importable once its package folder is added for its `utils` import
+    import bench_vs_booookscore as bench
+
+    env = bench.booookscore_env(tmp_path / "booookscore", {"PYTHONPATH": "/opt/extra", "HOME": "/h"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "booookscore"), "/opt/extra"]
+    assert env["HOME"] == "/h"
+    assert bench.booookscore_env(tmp_path, {})["PYTHONPATH"] == str(tmp_path)
+
+
+def test_a_failing_booookscore_step_ends_in_one_line(tmp_path):
+    import bench_vs_booookscore as bench
+    from booklens.errors import BooklensError
+
+    script = "import sys; print('noise', file=sys.stderr); sys.exit('ModuleNotFoundError: no utils')"
+    with pytest.raises(BooklensError, match=r"^booookscore\.chunk failed \(exit 1\): ModuleNotFoundError: no utils$"):
+        bench.run_step("booookscore.chunk", [sys.executable, "-c", script], cwd=tmp_path, env=None)
