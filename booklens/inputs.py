@@ -181,7 +181,7 @@ def read_claims(path: Path) -> tuple[list[str], Optional[list[Optional[list[str]
         raise BooklensError(f"claims file {path} has no claims")
     claims: list[str] = []
     evidence: list[Optional[list[str]]] = []
-    for n, item in enumerate(items):
+    for n, item in enumerate(items, 1):  # counted from 1, as the library's checks of claims count them
         where = f"claims file {path}, claim {n}"
         if isinstance(item, str):
             claims.append(item)

@@ -61,7 +61,7 @@ def write(path: Path, content) -> Path:
     ([3, 4], "expected a list of claims"),
     ([], "has no claims"),
     (["  "], "is empty"),
-    (["Anna sails.", "\u2014 \u2026"], "claim 1 has no words"),
+    (["Anna sails.", "\u2014 \u2026"], "claim 2 has no words"),
     ([{"claim": "Anna sails.", "evidence": "a quote"}], "'evidence' must be a list"),
     ("{not json", "not valid JSON"),
 ], ids=["claims-not-list", "no-claims-key", "object-without-claim", "numbers", "empty-list", "blank-claim",
@@ -114,7 +114,7 @@ def test_given_mode_without_quotes(tmp_path, cli):
     claims = write(tmp_path / "claims.json", [{"claim": "Anna sails.", "evidence": ["x"]}, "Ben waits."])
     out = tmp_path / "out.json"
     proc = cli(["verify", "--claims", str(claims), "--evidence", "given", "-o", str(out)], tmp_path)
-    assert_one_line_error(proc, out, "claim 1")
+    assert_one_line_error(proc, out, "claim 2 of")  # counted from 1, as the library counts claims
 
 
 @pytest.mark.parametrize("quotes", [[], ["   ", ""], ["N/A"]], ids=["empty-list", "blank-quotes", "placeholder"])
@@ -127,7 +127,7 @@ def test_given_mode_with_an_empty_evidence_list(tmp_path, quotes):
         proc = run_here(["verify", "--claims", str(claims), "--evidence", "given", "--lm", "openai/fake-model",
                          "--api-base", server.url, "-o", str(out)], tmp_path)
     assert_one_line_error(proc, out, "--evidence given needs an 'evidence' list of quotes with every claim")
-    assert proc.returncode == 2 and "claim 1 of" in proc.stderr and not server.received
+    assert proc.returncode == 2 and "claim 2 of" in proc.stderr and not server.received
 
 
 def test_unknown_evidence_mode(tmp_path, cli):

@@ -162,7 +162,7 @@ def verify_command(
         missing = first_without_quotes(given, len(claim_list))
         if missing is not None:
             raise BooklensError(f"--evidence given needs an 'evidence' list of quotes with every claim "
-                                f"(claim {missing} of {claims} has none)")
+                                f"(claim {missing + 1} of {claims} has none)")
     book_text = read_book(book) if book is not None else None
     programs, _ = _programs([program] if program is not None else [], "verify", ("verification",),
                             zero_shot=zero_shot, binary=binary)
