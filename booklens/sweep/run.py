@@ -357,6 +357,7 @@ def complete_cells(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any]
     from booklens.lm.embedded import lm_name_label
     from booklens.lm.pool import resolve_model
     from booklens.pipeline import JudgeConfig, SystemConfig, public_api_base, reusable_steps
+    from booklens.reports import RUN_FILE
     from booklens.text import read_book
 
     def model(lm: Optional[str], api_base: Optional[str]) -> dict[str, Any]:
@@ -369,7 +370,7 @@ def complete_cells(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any]
     for task in tasks:
         system = SystemConfig.model_validate(task.system_config)
         judge = JudgeConfig.model_validate(task.judge_config)
-        if not (Path(task.output) / "run.json").is_file():
+        if not (Path(task.output) / RUN_FILE).is_file():
             continue
         key = (task.book_path, system.drop_matter)
         if key not in texts:
