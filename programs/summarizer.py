@@ -124,17 +124,16 @@ def without_unfinished_sentence(text: str) -> str:
 
 
 def words_kept(original: str, rewrite: str) -> float:
-    """The share of `original`'s words (case-folded, counted with repeats) that `rewrite` still has."""
-    import re
+    """The share of `original`'s words (lower-cased, counted with repeats, in any script: see
+    `booklens.retrieval.words`) that `rewrite` still has."""
     from collections import Counter
 
-    def words(text: str) -> Counter:
-        return Counter(re.findall(r"\w+", text.casefold()))
+    from booklens.retrieval import words
 
-    before = words(original)
+    before = Counter(words(original))
     if not before:
         return 1.0
-    return sum((before & words(rewrite)).values()) / sum(before.values())
+    return sum((before & Counter(words(rewrite))).values()) / sum(before.values())
 
 
 @dataclass

@@ -245,6 +245,15 @@ def test_a_cleanup_that_drops_most_of_the_summary_is_dropped_and_the_summary_kep
     assert kept.summary == summary.replace("In this segment, ", "") and not kept.nodes[-1].fallback
 
 
+def test_a_cleanup_of_a_summary_in_chinese_is_taken():
+    """Words are counted in any script: a Chinese summary is one unbroken run of characters, so
+    counting runs of word characters called any edit of it a loss of all its words."""
+    summary = "本章中玛拉发现灯塔的灯熄灭了。本章中她冒着暴风雨划船到岛上。本章中看守人承认他卖掉了灯油。"
+    cleaned = summary.replace("本章中", "")  # a phrase inside every run of characters
+    result = summarize_with_cleanup(summary, lambda text: cleaned)
+    assert result.summary == cleaned and not result.nodes[-1].fallback
+
+
 def test_an_unfinished_cleanup_is_dropped_even_when_shorter_than_the_summary():
     """A rewrite the cap (or the embedded model's repetition guard) stopped has not reached the
     summary's end: the summary is kept whole."""
