@@ -46,13 +46,13 @@ Aspect = Literal["character", "meaning", "plot", "relation", "setting", "span", 
 Complexity = Literal["mh", "sh", "dtl"]
 
 
-
 def _option_text(value: Any) -> Any:
     """An option as written: a number ("A": 1862, a year or a count) is its text; other values are
     left to be refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return value
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
 
 class NovelQAQuestion(BaseModel):
     """One NovelQA question. Field names follow the dataset (aliases) and Python style."""
