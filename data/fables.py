@@ -13,6 +13,7 @@ splits them by book with `booklens.data.splits.split_by_book`.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import statistics
 import urllib.error
@@ -198,18 +199,21 @@ def download_fables(target_dir: str | Path | None = None, url: str = FABLES_URL,
         reason = getattr(exc, "reason", exc)
         raise BooklensError(f"cannot download FABLES from {url} ({reason}); offline? pass --data PATH "
                             "to a local FABLES.json") from None
+    tmp = target / ".FABLES.download"
     try:
         target.mkdir(parents=True, exist_ok=True)
-        tmp = target / ".FABLES.download"
         tmp.write_bytes(payload)
         data = _read_bytes(tmp)
         parse_fables(data, url)  # only a file that loads is kept
         from booklens.records import save_json
 
         save_json(path, data)
-        tmp.unlink(missing_ok=True)
     except OSError as exc:
         raise BooklensError(f"cannot store FABLES in {target}: {exc.strerror or exc}") from None
+    finally:
+        # The raw bytes are only a step towards FABLES.json; a download that did not load leaves none.
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return path
 
 

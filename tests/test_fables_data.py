@@ -184,6 +184,17 @@ def test_download_failure_is_one_clear_error(tmp_path):
     assert not (tmp_path / "FABLES.json").exists()
 
 
+def test_download_that_does_not_load_leaves_nothing_behind(tmp_path):
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "FABLES.json").write_text('{"not": "the release"}', encoding="utf-8")
+    store = tmp_path / "store"
+    with pytest.raises(BooklensError):
+        download_fables(store, url=(served / "FABLES.json").as_uri())
+    # Neither the release nor the downloaded bytes stay: the next try starts clean.
+    assert sorted(p.name for p in store.iterdir()) == []
+
+
 def test_real_release_loads_and_splits_by_book(fables_path):
     summaries = load_fables(fables_path)
     assert len(summaries) == 100 and sum(len(s.claims) for s in summaries) == 2446
