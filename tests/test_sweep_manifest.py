@@ -520,3 +520,29 @@ def test_book_keys_that_differ_only_in_unicode_normalization_are_refused(corpus:
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and "differ only in case or in how their accents are encoded" in lines[0], err
     assert not (corpus / "sweep").exists()
+
+
+def test_judge_evidence_that_cannot_fit_the_window_is_refused_before_any_cell(corpus: Path):
+    from booklens.sweep.run import check_judge_evidence
+
+    # 10 passages of up to 1,024 tokens cannot sit in one prompt of the embedded model's 8,192-token window
+    too_much = "books: corpus\nsystems: [{name: a}]\njudge: {k: 10, passage_tokens: 1024}\n"
+    short = load_manifest(write(corpus / "short.yaml", too_much))
+    check_judge_evidence(short)  # every book is shorter than that: all of it is what any k shows
+    write(corpus / "corpus" / "long.txt", "The long voyage went on. " * 2000)
+    with pytest.raises(BooklensError, match=r"long.yaml: judge: k 10 passages of up to passage_tokens 1024 tokens: "
+                       r"10240 tokens .* lower k or passage_tokens \(the book 'long' and any as long\)"):
+        check_judge_evidence(load_manifest(write(corpus / "long.yaml", too_much)))
+    check_judge_evidence(load_manifest(write(corpus / "fits.yaml", too_much.replace("k: 10", "k: 5"))))
+    no_search = too_much.replace("k: 10,", "evidence: none, k: 10,")
+    check_judge_evidence(load_manifest(write(corpus / "none.yaml", no_search)))
+
+
+def test_a_sweep_whose_judge_evidence_cannot_fit_is_one_line_with_nothing_written(corpus: Path):
+    write(corpus / "corpus" / "long.txt", "The long voyage went on. " * 2000)
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\njudge: {k: 10, passage_tokens: 1024}\n")
+    out = corpus / "sweep"
+    code, err = run_cli(["sweep", str(manifest), "-o", str(out)])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code != 0 and len(lines) == 1 and "judge: k 10 passages" in lines[0], err
+    assert not out.exists()

@@ -151,6 +151,43 @@ def check_summarizers(sweep: Sweep) -> None:
                 raise BooklensError(f"{sweep.manifest}: system {spec.name!r}: {manifest_terms(str(exc))}") from None
 
 
+def check_judge_evidence(sweep: Sweep) -> None:
+    """The judge's `k` passages of up to `passage_tokens` tokens fit one verification prompt in its
+    model's window (what each cell checks before it summarizes): refused here, every such cell
+    would fail alike. A book shorter than that much evidence fits whatever k brings, so the books
+    are read only when the settings alone do not fit, and only until one is too long."""
+    from booklens.retrieval import SEARCH_MODES
+
+    judge = sweep.judge_config()
+    if "faithfulness" not in judge.steps or judge.evidence not in SEARCH_MODES:
+        return
+    from booklens.lm import lm_context_window
+
+    window = lm_context_window(sweep.judge.lm or sweep.lm)
+    if not window:
+        return
+    from booklens.pipeline import load_judge_programs
+    from booklens.programs.faithfulness import check_evidence_fits
+    from booklens.text import read_book
+
+    verifier = load_judge_programs(judge)["verification"]
+    try:
+        check_evidence_fits(verifier, window, k=judge.k, passage_tokens=judge.passage_tokens, as_keys=True)
+        return
+    except BooklensError:
+        pass
+    for book in sweep.books:
+        try:
+            text = read_book(Path(book.path))
+        except BooklensError:
+            continue  # its cells record the read error
+        try:
+            check_evidence_fits(verifier, window, k=judge.k, passage_tokens=judge.passage_tokens, book_text=text,
+                                as_keys=True)
+        except BooklensError as exc:
+            raise BooklensError(f"{sweep.manifest}: judge: {exc} (the book {book.key!r} and any as long)") from None
+
+
 def manifest_terms(message: str) -> str:
     """A summarizer's message in a manifest's words: the options it names (`--chunk-size`) become
     the system keys that set them (`chunk_size`). The summarizer speaks the commands' language."""
@@ -176,6 +213,7 @@ def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base:
     check_output(output)
     tasks = plan_tasks(sweep, output, concurrency)  # the pipeline's own config models validate every value
     check_summarizers(sweep)
+    check_judge_evidence(sweep)
     if check_lms:
         check_models(sweep)
     return sweep, tasks
