@@ -84,7 +84,7 @@ def main() -> None:
     manifest.write_text(json.dumps({"books": [str(b) for b in books], "systems": systems, "judge": judge}))
     cells = len(books) * len(systems)
     print(f"{len(books)} books x {len(systems)} systems = {cells} cells ({', '.join(s['name'] for s in systems)}); "
-          f"server latency {opts.latency:.1f} s; load average {os.getloadavg()[0]:.2f}")
+          f"server latency {opts.latency:g} s; load average {os.getloadavg()[0]:.2f}")
     print(f"work directory: {work}")
 
     times: dict[str, float] = {}
