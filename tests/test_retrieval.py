@@ -112,6 +112,27 @@ def test_bm25_finds_words_of_any_script():
     assert hits and "小提琴" in hits[0][0].text
 
 
+@pytest.mark.parametrize("book_form, query_form", [("NFD", "NFC"), ("NFC", "NFD")])
+def test_bm25_matches_accents_however_composed(book_form, query_form):
+    """A book may write 'é' as 'e' and a combining accent (an EPUB made on macOS) while a claim
+    writes it as one character: the same word. Split at the accent, a decomposed book matched no
+    accented word of the claim, and BM25 gave no passage at all."""
+    import unicodedata
+
+    from booklens.retrieval import bm25_tokens, words
+
+    book = ("Le marché était plein de monde ce matin-là. " * 3 + "\n\n"
+            + "Marie acheta une crème brûlée pour son élève préféré. " * 2
+            + "Il pleuvait sur la ville grise. " * 3)
+    index = BookIndex.build(unicodedata.normalize(book_form, book), passage_tokens=32)
+    assert len(index.passages) >= 3
+    hits = index.search(unicodedata.normalize(query_form, "crème brûlée élève"), mode="bm25", k=1)
+    assert hits and "acheta" in hits[0][0].text
+    assert words(unicodedata.normalize("NFD", "L'élève préféré")) == ["l", "élève", "préféré"]
+    # compatibility forms are the same word too: a ligature from a scanned book, full-width letters
+    assert bm25_tokens("the \ufb01nal Ｆｉｎｄｉｎｇ") == bm25_tokens("the final finding")
+
+
 TINY_STORY = ("Maren kept the lighthouse on Carrick Point for twenty years. One winter night the lamp went dark, "
               "because her brother Jonah had given away the fuel. A fishing boat struck the rocks and its skipper "
               "drowned. Jonah hid the letter that explained everything in the cellar, and Maren found it only "

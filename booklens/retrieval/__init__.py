@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,10 @@ _WORD = re.compile(rf"[{_UNSPACED}]|[^\W_{_UNSPACED}]+")
 
 
 def words(text: str) -> list[str]:
-    """The words of `text`, lowercased, in order (see `_WORD`)."""
-    return _WORD.findall(text.lower())
+    """The words of `text`, lowercased, in order (see `_WORD`). Text is compared in NFKC form: a
+    combining accent is no letter, so 'é' written as 'e' and an accent would split its word, and a
+    ligature ('\ufb01') or a full-width letter is the same word as its plain letters."""
+    return _WORD.findall(unicodedata.normalize("NFKC", text.lower()))
 
 
 def evidence_help(modes: tuple[str, ...] = EVIDENCE_MODES) -> str:

@@ -119,7 +119,7 @@ def bm25_tokens(text: str) -> list[str]:
     return [_stem(w) for w in words(text) if w not in _STOPWORDS]
 
 
-TOKENIZER_ID = "words-stop-stem-2"
+TOKENIZER_ID = "words-stop-stem-3"  # -3: words in NFKC form (indexes built before are rebuilt)
 
 
 # ---------------------------------------------------------------------------
