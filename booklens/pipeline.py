@@ -808,6 +808,11 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         # before the summary is written: the verification step comes last, and would fail on every claim
         check_evidence_fits(programs["verification"], getattr(judge_lm, "context_window", None), k=judge.k,
                             passage_tokens=judge.passage_tokens, book_text=book_text, as_keys=True)
+    if "verification" in programs and judge.evidence == "book" and book_text is not None:
+        from booklens.programs.faithfulness import check_budget_fits
+
+        check_budget_fits(programs["verification"], getattr(judge_lm, "context_window", None),
+                          budget_tokens=judge.budget_tokens, book_text=book_text, as_keys=True)
     make_output_dir(output, "run")
     runner = _Runner(output, previous, base, wanted, notify)
     if previous is None:

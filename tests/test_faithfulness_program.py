@@ -528,6 +528,32 @@ def test_retrieved_evidence_that_cannot_fit_the_window_is_refused_before_any_cal
                 decompose=decompose, book_text=LONG_BOOK, mode="bm25", k=20), context_window=4096)
 
 
+def test_a_book_budget_that_cannot_fit_the_window_is_refused_before_any_call():
+    """--evidence book --budget-tokens 6000 on a 4,096-token window: every verification prompt held
+    6,000 tokens of the book and failed with the server's 'prompt does not fit', naming no option.
+    Now one line naming the budget, before the claims are split. A book shorter than the window is
+    all the evidence any budget brings, and no window figure means no check, as for k."""
+    from booklens.steps import verify_claims
+
+    def responder(call):
+        raise AssertionError("the LM was asked")
+
+    for decompose in (False, True):
+        with pytest.raises(BooklensError, match=r"^budget_tokens 6000: 6000 tokens of evidence per claim, more "
+                                                r"than the \d+ that fit beside the judge's answer and demos in its "
+                                                r"4096-token context window; lower budget_tokens or leave it out "
+                                                r"\(the default is what the window holds\)$"):
+            run_with(responder, lambda: verify_claims(
+                claims=[] if decompose else ["Maren trimmed the lamp."], summary="Maren trimmed the lamp.",
+                decompose=decompose, book_text=LONG_BOOK, mode="book", budget_tokens=6000), context_window=4096)
+    short = " ".join(LONG_BOOK.split()[:600])
+    for book, window in ((short, 4096), (LONG_BOOK, None)):
+        report, lm = run_with(lambda call: verdict(), lambda: verify_claims(
+            claims=["Maren trimmed the lamp."], book_text=book, mode="book", budget_tokens=6000),
+            context_window=window)
+        assert report.claims[0].label == "faithful" and len(lm.backend.calls) == 1
+
+
 def test_retrieved_evidence_is_checked_only_where_the_window_is_known_and_the_book_is_long_enough():
     """No figure for the window (a remote model LiteLLM does not know): asked as before. A book
     shorter than the window is all the evidence any k can bring, so a large k is no error."""

@@ -345,3 +345,19 @@ def test_run_book_refuses_retrieved_evidence_that_cannot_fit_the_judge_window(tm
     with pytest.raises(BooklensError, match=r"^k 12 passages of up to passage_tokens 256 tokens: 3072 tokens"):
         run_book(path, tmp_path / "run", SystemConfig(**SMALL), JudgeConfig(k=12), lms=FixedLMPool(lm))
     assert lm.backend.calls == [] and not (tmp_path / "run").exists()
+
+
+def test_run_book_refuses_a_book_budget_that_cannot_fit_the_judge_window(tmp_path):
+    """evidence book with a budget_tokens larger than the judge's window failed at every claim's
+    verification, after the summary and the claims; it is refused before any call."""
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import JudgeConfig, SystemConfig, run_book
+
+    path = tmp_path / "long.txt"
+    path.write_text(" ".join(f"Mara walked to the mill on day {n} and met Tom there by the old gate."
+                             for n in range(500)))
+    lm = pipeline_lm(context_window=2048)
+    with pytest.raises(BooklensError, match=r"^budget_tokens 3000: 3000 tokens of evidence per claim, more than"):
+        run_book(path, tmp_path / "run", SystemConfig(**SMALL), JudgeConfig(evidence="book", budget_tokens=3000),
+                 lms=FixedLMPool(lm))
+    assert lm.backend.calls == [] and not (tmp_path / "run").exists()
