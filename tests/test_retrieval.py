@@ -653,6 +653,25 @@ def test_locate_quote_takes_accents_however_composed():
     assert locate_quote(composed + " Au cafe noir.", "Au cafe") == (len(composed) + 1, len(composed) + 8)
 
 
+def test_soft_hyphens_neither_split_words_nor_hide_quotes():
+    """EPUBs often carry soft hyphens (&shy;, U+00AD: where a line may break) inside words. BM25 cut
+    'won\u00adder\u00adful' into 'won', 'der', 'ful', so a claim saying 'wonderful' matched no
+    passage, and a quote typed without them was not found in the book."""
+    from booklens.retrieval import words
+
+    assert words("A won\u00adder\u00adful\u2060day") == ["a", "wonderfulday"]
+    book = ("The harbour was quiet that morning. " * 4 + "\n\n"
+            + "Ma\u00adren found a won\u00adder\u00adful tele\u00adscope in the cel\u00adlar. " * 2
+            + "Rain fell on the grey town. " * 4)
+    index = BookIndex.build(book, passage_tokens=32)
+    assert len(index.passages) >= 3
+    hits = index.search("Maren's wonderful telescope", mode="bm25", k=1)
+    assert hits and "tele\u00adscope" in hits[0][0].text
+    start, end = locate_quote(book, "a wonderful telescope in the cellar")
+    assert book[start:end] == "a won\u00adder\u00adful tele\u00adscope in the cel\u00adlar"
+    assert locate_quote("a wonderful day", "won\u00adder\u00adful") == (2, 11)
+
+
 @pytest.mark.parametrize("claims_file, book, at_least", [
     (PP_CLAIMS, "pride_and_prejudice.txt", 40),
     (CASK_CLAIMS, "the_cask_of_amontillado.txt", 20),

@@ -98,13 +98,17 @@ def check_evidence_options(mode: str, *, k: int = DEFAULT_K, budget_tokens: int 
 # a whole clause. Every other script: runs of letters and digits, accented ones included.
 _UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _WORD = re.compile(rf"[{_UNSPACED}]|[^\W_{_UNSPACED}]+")
+# Invisible marks that sit inside a word without ending it: the soft hyphen (where a line may break,
+# common in EPUBs), the word joiner and the zero-width no-break space. Matching drops them.
+IN_WORD_MARKS = "\u00ad\u2060\ufeff"
+_DROP_IN_WORD_MARKS = dict.fromkeys(map(ord, IN_WORD_MARKS))
 
 
 def words(text: str) -> list[str]:
-    """The words of `text`, lowercased, in order (see `_WORD`). Text is compared in NFKC form: a
-    combining accent is no letter, so 'é' written as 'e' and an accent would split its word, and a
-    ligature ('\ufb01') or a full-width letter is the same word as its plain letters."""
-    return _WORD.findall(unicodedata.normalize("NFKC", text.lower()))
+    """The words of `text`, lowercased, in order (see `_WORD`), without `IN_WORD_MARKS`. Text is
+    compared in NFKC form: a combining accent is no letter, so 'é' written as 'e' and an accent would
+    split its word, and a ligature ('\ufb01') or a full-width letter is the same word as its plain letters."""
+    return _WORD.findall(unicodedata.normalize("NFKC", text.translate(_DROP_IN_WORD_MARKS).lower()))
 
 
 def evidence_help(modes: tuple[str, ...] = EVIDENCE_MODES) -> str:

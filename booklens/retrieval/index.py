@@ -41,7 +41,8 @@ from pydantic import BaseModel
 
 from booklens.errors import BooklensError
 from booklens.records import write_atomically
-from booklens.retrieval import BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, DENSE_MODES, SEARCH_MODES, words
+from booklens.retrieval import (BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, DENSE_MODES, IN_WORD_MARKS,
+                                SEARCH_MODES, words)
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 # Passages are embedded in windows of this many tokens and scored by their best window: a
@@ -119,7 +120,7 @@ def bm25_tokens(text: str) -> list[str]:
     return [_stem(w) for w in words(text) if w not in _STOPWORDS]
 
 
-TOKENIZER_ID = "words-stop-stem-3"  # -3: words in NFKC form (indexes built before are rebuilt)
+TOKENIZER_ID = "words-stop-stem-3"  # -3: words in NFKC form, soft hyphens dropped (indexes built before are rebuilt)
 
 
 # ---------------------------------------------------------------------------
@@ -180,12 +181,15 @@ _FOLD = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"
 
 
 def collapse_whitespace(text: str) -> tuple[str, list[int]]:
-    """`text` with every whitespace run replaced by one space, and for each character of the
-    result its offset in `text` (so a match in the collapsed text maps back to the original)."""
+    """`text` with every whitespace run replaced by one space and the invisible marks inside words
+    (`IN_WORD_MARKS`: soft hyphens) left out, and for each character of the result its offset in
+    `text` (so a match in the collapsed text maps back to the original)."""
     chars: list[str] = []
     offsets: list[int] = []
     in_space = False
     for i, ch in enumerate(text):
+        if ch in IN_WORD_MARKS:
+            continue
         if ch.isspace():
             if in_space:
                 continue
