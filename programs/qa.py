@@ -158,6 +158,22 @@ class BookQA(Module):
             raise BooklensError(f"the context window ({self.window()} tokens) cannot hold the question prompt")
         return budget
 
+    def prepare(self, book: str) -> None:
+        """Build what the questions about `book` will search (its index, and its embeddings where
+        the ranking reads them) here, before the questions go to workers: built by the first
+        question's worker, it held the others back, and Ctrl-C waited for it as for a call in flight."""
+        from booklens.retrieval import DENSE_MODES, SEARCH_MODES
+
+        if self.evidence in SEARCH_MODES:
+            rank_mode = self.evidence
+        elif self.evidence == "book" and self.books.tokens(book) > int(self.window() * BUDGET_MARGIN):
+            rank_mode = self.rank_mode  # no question's budget holds the whole book
+        else:
+            return  # no index, or (a book near the window's size) one only some questions may need
+        index = self.books.index(book)
+        if rank_mode in DENSE_MODES:
+            index.ensure_dense()
+
     def select_context(self, book: str, question: str, options: Optional[str] = None,
                        gold_evidence: Optional[Sequence[str]] = None) -> dict[str, Any]:
         """What the model reads: {mode, text, passages [(index, start, end)], tokens}."""
@@ -371,6 +387,8 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
     # All answers first, then all verdicts: calls about the same book then follow each other,
     # so a backend that reuses the prompt prefix (the book) keeps it between questions.
     by_qid = {q.qid: q for q in questions}
+    if questions:
+        program.prepare(book)
     records = parallel_map(run, list(questions), concurrency=concurrency, desc=desc)
     to_judge = [r for r in records if setting == "gen" and r.gold is not None and r.prediction is not None]
 

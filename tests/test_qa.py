@@ -151,6 +151,35 @@ def test_whole_book_when_it_fits_retrieval_when_it_does_not():
     assert "Marigold" in seen[-1]
 
 
+@pytest.mark.parametrize("evidence, rank_mode, window", [("dense", "bm25", 8192), ("hybrid", "bm25", 8192),
+                                                         ("book", "hybrid", 2048)])
+def test_the_book_is_embedded_before_the_questions_are_shared_out(monkeypatch, evidence, rank_mode, window):
+    """The first question's worker embedded the book (some 100 s for a novel) while the others
+    waited, and Ctrl-C then waited for that embedding to end, since the calls in flight end
+    first. Like verify, qa now builds the index in the calling thread, where Ctrl-C stops it."""
+    import threading
+
+    import booklens.retrieval.index as retrieval
+
+    embedded_in = []
+
+    def fake_embed(texts, batch_size=32):
+        import numpy as np
+
+        if len(texts) > 1:  # the book's windows, not a query
+            embedded_in.append(threading.current_thread() is threading.main_thread())
+        vectors = np.ones((len(texts), 8), dtype="float32")
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    monkeypatch.setattr(retrieval, "embed", fake_embed)
+    scripted(lambda call: {"answer": "B"}, window=window)
+    questions = parse_questions([{**QUESTION, "QID": f"T-{n}"} for n in range(4)])
+    records = answer_questions(BookQA("mc", evidence, k=2, rank_mode=rank_mode), make_book(), questions,
+                               concurrency=4)
+    assert all(r.context_mode == "retrieval" and r.correct for r in records)
+    assert embedded_in == [True]
+
+
 def test_a_retrieved_passage_larger_than_the_budget_is_cut_to_fit_not_dropped():
     from booklens.text import count_tokens
 
