@@ -151,20 +151,22 @@ def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *
 
 
 def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, budget_tokens: int | None,
-                      book_text: str, as_keys: bool = False) -> None:
+                      book_text: str | None = None, as_keys: bool = False) -> None:
     """`check_evidence_fits` for the `book` mode's budget: a one-line `BooklensError` when an explicit
     `budget_tokens` of the book cannot fit one verification prompt. The whole book is the most any
     budget brings; no budget (the window's own) or no window figure, no check."""
     if not context_window or budget_tokens is None:
         return
     room = context_window - verifier.max_tokens - verifier.demo_tokens()
-    if budget_tokens <= room:
-        return
-    from booklens.text import count_tokens
-
-    shown = min(budget_tokens, count_tokens(book_text))
+    shown = budget_tokens
     if shown <= room:
         return
+    if book_text is not None:
+        from booklens.text import count_tokens
+
+        shown = min(shown, count_tokens(book_text))
+        if shown <= room:
+            return
     name = "budget_tokens" if as_keys else "--budget-tokens"
     raise BooklensError(f"{name} {budget_tokens}: {shown} tokens of evidence per claim, more than the {max(room, 0)} "
                         f"that fit beside the judge's answer and demos in its {context_window}-token context window; "

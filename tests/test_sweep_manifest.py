@@ -536,6 +536,12 @@ def test_judge_evidence_that_cannot_fit_the_window_is_refused_before_any_cell(co
     check_judge_evidence(load_manifest(write(corpus / "fits.yaml", too_much.replace("k: 10", "k: 5"))))
     no_search = too_much.replace("k: 10,", "evidence: none, k: 10,")
     check_judge_evidence(load_manifest(write(corpus / "none.yaml", no_search)))
+    # the `book` mode's budget, likewise
+    budget = "books: corpus\nsystems: [{name: a}]\njudge: {evidence: book, budget_tokens: 9000}\n"
+    with pytest.raises(BooklensError, match=r"book.yaml: judge: budget_tokens 9000: 9000 tokens of evidence per claim"
+                       r".*\(the book 'long' and any as long\)"):
+        check_judge_evidence(load_manifest(write(corpus / "book.yaml", budget)))
+    check_judge_evidence(load_manifest(write(corpus / "book-fits.yaml", budget.replace("9000", "4000"))))
 
 
 def test_a_sweep_whose_judge_evidence_cannot_fit_is_one_line_with_nothing_written(corpus: Path):

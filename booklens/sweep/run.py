@@ -152,14 +152,15 @@ def check_summarizers(sweep: Sweep) -> None:
 
 
 def check_judge_evidence(sweep: Sweep) -> None:
-    """The judge's `k` passages of up to `passage_tokens` tokens fit one verification prompt in its
-    model's window (what each cell checks before it summarizes): refused here, every such cell
-    would fail alike. A book shorter than that much evidence fits whatever k brings, so the books
-    are read only when the settings alone do not fit, and only until one is too long."""
+    """The judge's evidence for one claim (`k` passages of up to `passage_tokens` tokens, or the
+    `book` mode's `budget_tokens`) fits one verification prompt in its model's window, as each cell
+    checks before it summarizes: refused here, every such cell would fail alike. A book shorter
+    than that much evidence fits whatever the settings ask, so the books are read only when the
+    settings alone do not fit, and only until one is too long."""
     from booklens.retrieval import SEARCH_MODES
 
     judge = sweep.judge_config()
-    if "faithfulness" not in judge.steps or judge.evidence not in SEARCH_MODES:
+    if "faithfulness" not in judge.steps or judge.evidence not in (*SEARCH_MODES, "book"):
         return
     from booklens.lm import lm_context_window
 
@@ -167,12 +168,20 @@ def check_judge_evidence(sweep: Sweep) -> None:
     if not window:
         return
     from booklens.pipeline import load_judge_programs
-    from booklens.programs.faithfulness import check_evidence_fits
+    from booklens.programs.faithfulness import check_budget_fits, check_evidence_fits
     from booklens.text import read_book
 
     verifier = load_judge_programs(judge)["verification"]
+
+    def check(text: Optional[str]) -> None:
+        if judge.evidence == "book":
+            check_budget_fits(verifier, window, budget_tokens=judge.budget_tokens, book_text=text, as_keys=True)
+        else:
+            check_evidence_fits(verifier, window, k=judge.k, passage_tokens=judge.passage_tokens, book_text=text,
+                                as_keys=True)
+
     try:
-        check_evidence_fits(verifier, window, k=judge.k, passage_tokens=judge.passage_tokens, as_keys=True)
+        check(None)
         return
     except BooklensError:
         pass
@@ -182,8 +191,7 @@ def check_judge_evidence(sweep: Sweep) -> None:
         except BooklensError:
             continue  # its cells record the read error
         try:
-            check_evidence_fits(verifier, window, k=judge.k, passage_tokens=judge.passage_tokens, book_text=text,
-                                as_keys=True)
+            check(text)
         except BooklensError as exc:
             raise BooklensError(f"{sweep.manifest}: judge: {exc} (the book {book.key!r} and any as long)") from None
 
