@@ -1219,3 +1219,29 @@ def test_the_same_manifest_named_by_another_path_keeps_the_aggregate(server, tmp
     for name in ("a.txt", "b.txt", "given.json"):
         shutil.copy(manifest.parent / name, tmp_path / "elsewhere" / name)
     assert not kept_after(Path("copy.yaml"))
+
+
+def test_the_command_says_when_the_systems_figures_are_over_different_books(tmp_path):
+    """The judge refuses the worse summary of system 'other', whose figures are then over its other
+    book only. The lines per system read as a ranking, so the command says that the figures are over
+    different books and where the comparison over the same books is."""
+    from booklens.testing import FakeOpenAIServer, PipelineResponder
+
+    manifest = small_corpus(tmp_path / "corpus")
+    corpus = manifest.parent
+    (corpus / "other.json").write_text(json.dumps({"a": "Mara keeps the light.",
+                                                   "b": "Tomas hides the log. The hard one."}))
+    manifest.write_text("books: [a.txt, b.txt]\nsystems:\n  - {name: given, summaries: given.json}\n"
+                        "  - {name: other, summaries: other.json}\njudge: {steps: [coherence]}\n")
+    responder = PipelineResponder()
+
+    def refuse_the_hard_one(body):
+        return (400, "refused") if "The hard one." in str(body["messages"][-1]["content"]) else responder(body)
+
+    with FakeOpenAIServer(responder=refuse_the_hard_one) as srv:
+        proc = cli(sweep_args(srv, manifest, tmp_path / "sweep", tmp_path / "cache"))
+    assert proc.returncode == 1
+    assert "other: 1 book, 1 failed; BooookScore 100.0" in proc.stderr
+    assert ("note: the systems' figures are over different books (other lacks b): compare them by the paired "
+            "differences over the books both completed (results.json's pairs, report.html)") in proc.stderr
+    assert read_json(tmp_path / "sweep" / "results.json")["systems"]["other"]["missing_books"] == ["b"]

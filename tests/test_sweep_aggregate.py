@@ -273,3 +273,32 @@ def test_a_cost_is_known_only_when_every_call_that_counted_was_priced(tmp_path):
     assert "$" not in SweepProgress(2, lambda: usage, stream=io.StringIO(), tty=False).line()
     usage["unpriced_calls"] = 0
     assert "| $0.4200 |" in SweepProgress(2, lambda: usage, stream=io.StringIO(), tty=False).line()
+
+
+def test_a_system_whose_hard_book_failed_is_not_ranked_above_one_that_completed_it():
+    """b failed the book it did worst on: its mean over the books it completed is higher than a's
+    over all three. The table's rows are then over different books: results.json names the books
+    each system's figures leave out, and the page says so above the table and sends the reader to
+    the paired differences, which use only the books both completed."""
+    rows = [cell_row(outcome_of_run("a", "b1", run(0.8, 80.0, 1))),
+            cell_row(outcome_of_run("a", "b2", run(0.8, 80.0, 1))),
+            cell_row(outcome_of_run("a", "b3", run(0.2, 20.0, 1))),
+            cell_row(outcome_of_run("b", "b1", run(0.9, 90.0, 1))),
+            cell_row(outcome_of_run("b", "b2", run(0.9, 90.0, 1))),
+            cell_row(outcome_of_run("b", "b3", failed_run(1))),
+            cell_row(CellOutcome("c", "b1", "not run")),
+            cell_row(CellOutcome("c", "b2", "not run")),
+            cell_row(CellOutcome("c", "b3", "not run"))]
+    data = results(["a", "b", "c"], ["b1", "b2", "b3"], rows)
+    assert data["systems"]["b"]["booookscore"]["mean"] > data["systems"]["a"]["booookscore"]["mean"]
+    assert [data["systems"][s]["missing_books"] for s in "abc"] == [[], ["b3"], ["b1", "b2", "b3"]]
+    page = render_sweep_report(data, rows, title="t")
+    table = page.split('<section id="systems"')[1].split("</section>")[0]
+    assert ("The rows are over different books: b lacks b3 and c lacks b1, b2 and b3, which another system "
+            "completed.") in table
+    assert "compare systems by the paired differences" in table
+    # Every system completed the same books (b3 failed for all): the rows compare, and nothing is said.
+    same = [r for r in rows if r["system"] != "c" and not (r["system"] == "a" and r["book"] == "b3")]
+    data = results(["a", "b"], ["b1", "b2", "b3"], same)
+    assert [data["systems"][s]["missing_books"] for s in "ab"] == [[], []]
+    assert "over different books" not in render_sweep_report(data, same, title="t")

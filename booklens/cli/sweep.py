@@ -85,6 +85,12 @@ def sweep_command(
                    + f"; BooookScore {'-' if score is None else f'{100 * score:.1f}'}"
                    + f"; {'-' if faithful is None else f'{faithful:.1f}%'} faithful"
                    + unjudged(s), err=True)
+    lacking = [f"{name} lacks {', '.join(s['missing_books'])}" for name, s in outcome.results["systems"].items()
+               if s.get("missing_books")]
+    if lacking:
+        typer.echo(f"note: the systems' figures are over different books ({'; '.join(lacking)}): compare them by "
+                   "the paired differences over the books both completed (results.json's pairs, report.html)",
+                   err=True)
     if outcome.results.get("judges"):
         from booklens.judges import judge_line
         from booklens.records import JudgeInfo

@@ -5,10 +5,12 @@ Per system, over the books whose cell completed: the mean BooookScore with a 95%
 interval over books, the mean share of claims per label (each book's percentages of its verified
 claims averaged, so every book weighs the same, with intervals for each label), the sentences and
 claims the judges could not judge (left out of those figures), the mean summary length and share of
-repeated trigrams, and the LM work of all the system's cells (failed ones included: it was
-spent). For every pair of systems, the paired bootstrap difference (second minus first) over the
-books both completed. The bootstrap has a fixed seed and resamples the books' figures in sorted order:
-the same cells give the same file, whatever the order of the books in the manifest.
+repeated trigrams, the LM work of all the system's cells (failed ones included: it was
+spent), and the books another system completed that it did not (its figures are over other books
+than theirs, so they do not rank it against them). For every pair of systems, the paired bootstrap
+difference (second minus first) over the books both completed. The bootstrap has a fixed seed and
+resamples the books' figures in sorted order: the same cells give the same file, whatever the order
+of the books in the manifest.
 """
 
 from __future__ import annotations
@@ -120,13 +122,15 @@ def _present(rows: Sequence[dict[str, Any]], column: str) -> list[float]:
             and not (isinstance(r[column], float) and math.isnan(r[column]))]
 
 
-def system_results(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def system_results(rows: Sequence[dict[str, Any]], missing: Sequence[str] = ()) -> dict[str, Any]:
+    """`missing`: the books another system completed and this one did not (`missing_books`)."""
     complete = [r for r in rows if r["status"] == "complete"]
     scores = _present(complete, "booookscore")
     claims = {label: _mean(_present(complete, column)) for label, column in LABEL_COLUMNS.items()}
     return {
         "books": len(complete),
         "failed": sum(1 for r in rows if r["status"] == "failed"),
+        "missing_books": list(missing),
         "booookscore": {"mean": _mean(scores), "ci95": _ci(scores)},
         "claims": claims,
         "claims_ci95": {label: _ci(_present(complete, column)) for label, column in LABEL_COLUMNS.items()},
@@ -181,14 +185,24 @@ def sweep_judges(outcomes: Sequence[CellOutcome]) -> dict[str, Any]:
     return {task: judges[task] for task in ("coherence", "verification") if task in judges}
 
 
+def missing_books(systems: list[str], books: list[str], rows: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per system, the books another system completed and it did not (failed or not run), in the
+    sweep's order. A system's figures leave these out, so its row is over other books than the rows
+    it is compared with, and a book it failed because it was hard would flatter it."""
+    completed = {(r["system"], r["book"]) for r in rows if r["status"] == "complete"}
+    return {s: [b for b in books if (s, b) not in completed
+                and any((other, b) in completed for other in systems if other != s)] for s in systems}
+
+
 def results(systems: list[str], books: list[str], rows: Sequence[dict[str, Any]],
             judges: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    missing = missing_books(systems, books, rows)
     return {
         "kind": "booklens.sweep",
         "format_version": 1,
         "books": list(books),
         "judges": judges or {},
-        "systems": {s: system_results([r for r in rows if r["system"] == s]) for s in systems},
+        "systems": {s: system_results([r for r in rows if r["system"] == s], missing[s]) for s in systems},
         "pairs": pair_results(systems, rows),
     }
 

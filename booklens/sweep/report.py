@@ -91,8 +91,25 @@ def _table_section(results: dict[str, Any]) -> str:
             "shares are the mean over books of each book's share of its verified claims with that label. "
             "Brackets hold 95% bootstrap intervals over books. LM work counts every cell of the system, failed "
             "ones included; its cost is unknown unless every call had a price." + _unjudged_note(systems) + "</p>")
-    return (f'{note}\n<table class="data"><caption>Systems compared</caption><thead>{head}</thead>'
-            f'<tbody>{"".join(rows)}</tbody></table>')
+    return (f'{note}\n{_different_books_note(systems)}<table class="data"><caption>Systems compared</caption>'
+            f'<thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def _in_words(items: Sequence[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _different_books_note(systems: dict[str, Any]) -> str:
+    """When some system lacks a book another completed, its row's means are over other books: a book
+    it failed for being hard would raise them. Said above the table, with where to compare instead."""
+    lacking = [f"{h(name)} lacks {h(_in_words(s['missing_books']))}" for name, s in systems.items()
+               if s.get("missing_books")]
+    if not lacking:
+        return ""
+    return (f'<p class="note"><strong>The rows are over different books: {_in_words(lacking)}, which another '
+            "system completed.</strong> A system's figures leave out the books it did not complete, which may "
+            "be the ones it found hardest: compare systems by the paired differences below, over the books "
+            "both completed.</p>\n")
 
 
 def _unjudged_note(systems: dict[str, Any]) -> str:
