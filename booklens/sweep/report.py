@@ -19,6 +19,11 @@ from booklens.reports import SEP, h, page_head
 
 REPORT_FILE = "report.html"
 CANT_VERIFY = "can't verify"
+# Fewest shared books for a difference to be marked. The percentile bootstrap's interval excludes 0
+# whenever every book moves the same way, which two equal systems do by chance with probability
+# 2/2^n; a test that assumes nothing of the differences' distribution (sign, sign-flip) cannot
+# reach 5% below 6 books.
+MIN_BOOKS_MARKED = 6
 
 SWEEP_STYLE = """
 table.data td.best { font-weight: 700; }
@@ -187,7 +192,7 @@ def _pairs_section(results: dict[str, Any]) -> str:
         if not d:
             return '<td class="num">-</td>'
         ci = d.get("ci95")
-        sig = bool(ci) and (ci[0] > 0 or ci[1] < 0)
+        sig = bool(ci) and (ci[0] > 0 or ci[1] < 0) and d.get("books", 0) >= MIN_BOOKS_MARKED
         value = f"{d['diff'] * scale:+.1f}"
         return (f'<td class="num"><span class="{"sig" if sig else ""}">{value}</span> '
                 f'{_interval(d["ci95"], scale)}</td>')
@@ -196,7 +201,9 @@ def _pairs_section(results: dict[str, Any]) -> str:
                    f'{cell(p["booookscore"], 100)}{cell(p["faithful"], 1)}</tr>' for p in pairs)
     note = ("<p class=\"note\">Paired over the books both systems completed: the mean difference (second system "
             "minus first) and its 95% bootstrap interval (none over one book). A <span class=\"sig\">bold</span> "
-            "difference has an interval that excludes 0.</p>")
+            f"difference has an interval that excludes 0 over at least {MIN_BOOKS_MARKED} books: over fewer, "
+            "the interval excludes 0 whenever every book moves the same way, which chance alone does often "
+            "(half the time over 2 books).</p>")
     return (f'{note}\n<table class="data"><caption>Paired differences</caption><thead><tr><th scope="col">Pair'
             f'</th><th scope="col" class="num">Shared books</th><th scope="col" class="num">\u0394 BooookScore'
             f'</th><th scope="col" class="num">\u0394 % faithful</th></tr></thead><tbody>{rows}</tbody></table>')
