@@ -1245,3 +1245,22 @@ def test_the_command_says_when_the_systems_figures_are_over_different_books(tmp_
     assert ("note: the systems' figures are over different books (other lacks b): compare them by the paired "
             "differences over the books both completed (results.json's pairs, report.html)") in proc.stderr
     assert read_json(tmp_path / "sweep" / "results.json")["systems"]["other"]["missing_books"] == ["b"]
+
+
+def test_a_sweep_run_through_a_link_to_its_manifest_is_titled_as_report_rebuilds_it(server, tmp_path):
+    """sweep.json names the manifest by its resolved path, and `booklens report` titles the page by it;
+    the sweep titled it by the name it was given: run through `current.yaml`, a link to
+    `study-v2.yaml`, the page said 'current' over 'manifest study-v2.yaml', and rebuilding it changed
+    the title. One name, the one sweep.json records."""
+    manifest = small_corpus(tmp_path / "corpus")
+    study = manifest.with_name("study-v2.yaml")
+    manifest.rename(study)
+    (tmp_path / "corpus" / "current.yaml").symlink_to("study-v2.yaml")
+    out = tmp_path / "sweep"
+    proc = cli(sweep_args(server, tmp_path / "corpus" / "current.yaml", out, tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr
+    written = (out / "report.html").read_bytes()
+    assert b"<title>booklens sweep: study-v2</title>" in written
+    proc = run_command(["report", out, "-o", tmp_path / "again.html"])
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "again.html").read_bytes() == written

@@ -564,7 +564,9 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
         results = write_aggregate(output, systems, books, outcomes)
         judge = sweep.judge_config()
         meta = sweep_meta(len(systems), len(books), manifest_name(sweep), judge.steps, judge.evidence)
-        write_sweep_report(output, results, [cell_row(o) for o in outcomes], title=sweep.manifest.stem, meta=meta)
+        # Titled by the manifest as sweep.json names it, as `booklens report` titles the page it rebuilds.
+        write_sweep_report(output, results, [cell_row(o) for o in outcomes], title=Path(manifest_name(sweep)).stem,
+                           meta=meta)
         return SweepOutcome(output, results, outcomes, artifact_notes(sweep))
 
 
