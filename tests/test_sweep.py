@@ -1264,3 +1264,12 @@ def test_a_sweep_run_through_a_link_to_its_manifest_is_titled_as_report_rebuilds
     proc = run_command(["report", out, "-o", tmp_path / "again.html"])
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "again.html").read_bytes() == written
+
+
+def test_dry_run_counts_one_book_in_the_singular(server, tmp_path):
+    from booklens.sweep.run import dry_run
+
+    manifest = small_corpus(tmp_path / "corpus")
+    manifest.write_text(manifest.read_text().replace("books: [a.txt, b.txt]", "books: [a.txt]"))
+    text = dry_run(manifest, tmp_path / "sweep", lm="openai/fake-model", api_base=server.url)
+    assert text.splitlines()[0].startswith("2 cells: 2 systems \u00d7 1 book -> ")

@@ -324,3 +324,10 @@ def test_a_difference_over_a_few_books_is_not_marked_significant():
         assert '<span class="">+10.0</span> <span class="ci">[10.0, 10.0]</span>' in page, n
     pair, page = pair_page(6)
     assert page.count('<span class="sig">+10.0</span>') == 2  # BooookScore and % faithful
+
+
+def test_the_pages_line_counts_one_system_and_one_book_in_the_singular():
+    from booklens.sweep.report import sweep_meta
+
+    assert sweep_meta(2, 1, "/x/s.yaml", ["coherence"], "bm25")[0] == "2 systems \u00d7 1 book"
+    assert sweep_meta(1, 3, "/x/s.yaml", ["coherence"], "bm25")[0] == "1 system \u00d7 3 books"

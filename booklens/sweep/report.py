@@ -318,7 +318,9 @@ def write_sweep_report(output: Path, results: dict[str, Any], rows: Sequence[dic
 
 def sweep_meta(systems: int, books: int, manifest: str, judge_steps: Sequence[str], evidence: str) -> list[str]:
     """The line under the page's title: the sweep's size, its manifest and how it was judged."""
-    return [f"{systems} systems \u00d7 {books} books", f"manifest {Path(manifest).name}",
+    from booklens.vocabulary import counted
+
+    return [f"{counted(systems, 'system')} \u00d7 {counted(books, 'book')}", f"manifest {Path(manifest).name}",
             f"judge: {', '.join(judge_steps)}" + (f", evidence {evidence}" if "faithfulness" in judge_steps else "")]
 
 

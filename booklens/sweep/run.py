@@ -582,6 +582,7 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     cache, --structured, --rpm, --tpm, --fail-fast)."""
     from booklens.lm.usage import cost_text, known_cost
     from booklens.sweep.estimate import ASSUMPTIONS, estimate_sweep
+    from booklens.vocabulary import counted
 
     output = Path(output)
     sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, check_lms=False)
@@ -594,7 +595,8 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
         programs = load_judge_programs(sweep.judge_config())
     complete = complete_cells(sweep, tasks, programs)
     estimates = estimate_sweep(sweep, skip=complete, programs=programs)
-    lines = [f"{len(tasks)} cells: {len(sweep.systems)} systems \u00d7 {len(sweep.books)} books -> {output}"]
+    lines = [f"{counted(len(tasks), 'cell')}: {counted(len(sweep.systems), 'system')} \u00d7 "
+             f"{counted(len(sweep.books), 'book')} -> {output}"]
     if complete:
         lines[0] += (f" ({len(complete)} complete on disk, every step reused without an LM call; the estimate "
                      f"counts the other {len(tasks) - len(complete)})")
