@@ -331,3 +331,18 @@ def test_the_pages_line_counts_one_system_and_one_book_in_the_singular():
 
     assert sweep_meta(2, 1, "/x/s.yaml", ["coherence"], "bm25")[0] == "2 systems \u00d7 1 book"
     assert sweep_meta(1, 3, "/x/s.yaml", ["coherence"], "bm25")[0] == "1 system \u00d7 3 books"
+
+
+def test_the_readme_names_every_key_of_results_json(outcomes):
+    """results.json is read by scripts: its keys are the ones README lists, no more and no fewer."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    listed = re.search(r"results\.json`'s keys: (.*?)\n- ", readme, re.S)
+    assert listed, "README lists results.json's keys"
+    named = set(re.findall(r"`([^`]+)`", listed.group(1)))
+    data = results(["a", "b", "c"], ["b1", "b2", "b3"], [cell_row(o) for o in outcomes])
+    system, pair = data["systems"]["a"], data["pairs"][0]
+    keys = set(data) | set(system) | set(system["booookscore"]) | set(pair) | set(pair["booookscore"])
+    assert keys == named, (keys - named, named - keys)
