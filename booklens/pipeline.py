@@ -795,7 +795,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     book_sha = sha256_text(book_text) if book_text is not None else None
     base = {
         "book": str(book), "book_sha256": book_sha or "", "book_chars": len(book_text or ""),
-        "book_tokens": count_tokens(book_text) if book_text is not None else 0,
+        "book_tokens": count_tokens(book_text) if book_text is not None else None,  # unread: unknown, not 0
         "summary_source": "given" if system.given else "summarize", "lm": made_by, "judge_lm": judge_label,
         "config": _config_record(system, judge, made_by, judge_label, concurrency, summary_model["api_base"],
                                  judge_model["api_base"]),

@@ -555,7 +555,7 @@ class RunRecord(BaseModel):
     book: str
     book_sha256: str
     book_chars: int
-    book_tokens: int
+    book_tokens: Optional[int] = Field(description="None when the book could not be read")
     summary_source: Literal["summarize", "given"]
     lm: str
     judge_lm: Optional[str] = None

@@ -868,3 +868,25 @@ def test_a_new_run_directory_holds_run_json_before_its_first_step(tmp_path):
     out = execute(tmp_path, ScriptedLM(respond), evidence="none", steps=["coherence"])
     assert seen and seen[0] is True  # there at the first LM call, before any step record
     assert json.loads((out / "run.json").read_text())["complete"] is True
+
+
+def test_a_book_that_cannot_be_read_has_no_token_count_not_zero(tmp_path):
+    """The run of a book that cannot be read recorded it as 0 tokens: its page said 'book of 0 tokens'
+    and a sweep's cells.jsonl had 0 in the column a study averages. Its size is unknown: null, '-'."""
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import SystemConfig, run_book
+    from booklens.sweep.aggregate import cell_row, outcome_of_run
+    from booklens.testing import PipelineResponder
+
+    book = tmp_path / "broken.epub"
+    book.write_bytes(b"\x00\x01 not a zip archive " * 100)
+    lm = ScriptedLM(lambda call: PipelineResponder()({"messages": call.messages}))
+    run = run_book(book, tmp_path / "run", SystemConfig(summary_text="Mara keeps the light."), lms=FixedLMPool(lm),
+                   notify=lambda _: None)
+    assert run.failures and run.book_tokens is None
+    record = json.loads((tmp_path / "run" / "run.json").read_text(encoding="utf-8"))
+    assert record["book_tokens"] is None
+    assert cell_row(outcome_of_run("s", "broken", record))["book_tokens"] is None
+    page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
+    assert "book of 0 tokens" not in page and "book of - tokens" in page
+    assert run_command(["report", tmp_path / "run"]).returncode == 0
