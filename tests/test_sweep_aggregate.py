@@ -346,3 +346,32 @@ def test_the_readme_names_every_key_of_results_json(outcomes):
     system, pair = data["systems"]["a"], data["pairs"][0]
     keys = set(data) | set(system) | set(system["booookscore"]) | set(pair) | set(pair["booookscore"])
     assert keys == named, (keys - named, named - keys)
+
+
+def test_a_score_that_is_not_a_number_is_left_out_of_the_pairs_as_of_the_means(tmp_path):
+    """A run record holding NaN for a score (Python's json writes and reads it) was left out of a
+    system's mean but not of the paired difference, which became NaN: results.json then held a NaN
+    literal, which is not JSON, and so did cells.jsonl, which copied the score. Unknown: null."""
+    runs = {(s, b): run(score, faithful, 1) for s, b, score, faithful in (
+        ("a", "b1", 0.5, 50.0), ("a", "b2", 0.5, 50.0), ("a", "b3", 0.7, 70.0),
+        ("b", "b1", 0.6, 60.0), ("b", "b2", 0.9, 90.0), ("b", "b3", 0.9, 90.0))}
+    runs[("a", "b2")]["scores"]["booookscore"] = float("nan")
+    runs[("a", "b2")]["scores"]["claim_labels"]["faithful"] = float("nan")
+    rows = [cell_row(outcome_of_run(s, b, json.loads(json.dumps(r)))) for (s, b), r in runs.items()]
+    data = results(["a", "b"], ["b1", "b2", "b3"], rows)
+    assert data["systems"]["a"]["booookscore"]["mean"] == pytest.approx(0.6)
+    (pair,) = data["pairs"]
+    assert pair["booookscore"]["books"] == 2 and pair["booookscore"]["diff"] == pytest.approx(0.15)
+    assert pair["faithful"]["books"] == 2 and pair["faithful"]["diff"] == pytest.approx(15.0)
+    json.dumps(data, allow_nan=False)
+
+    def strict(text: str):
+        def refuse(name: str):
+            raise ValueError(f"{name} is not JSON")
+        return json.loads(text, parse_constant=refuse)
+
+    write_aggregate(tmp_path, ["a", "b"], ["b1", "b2", "b3"],
+                    [outcome_of_run(s, b, json.loads(json.dumps(r))) for (s, b), r in runs.items()])
+    lines = [strict(line) for line in (tmp_path / "cells.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert (lines[1]["booookscore"], lines[1]["faithful_pct"]) == (None, None)
+    assert strict((tmp_path / "results.json").read_text(encoding="utf-8")) == data

@@ -95,7 +95,8 @@ def cell_row(outcome: CellOutcome) -> dict[str, Any]:
     row["repeated_trigrams"] = scores.get("repeated_trigrams")
     for key in WORK_KEYS:
         row[key] = totals.get(key)
-    return row
+    # NaN or infinity in a record (Python's json reads and writes them) is no figure, and no JSON: unknown.
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
 # ---------------------------------------------------------------------------
@@ -117,9 +118,13 @@ def _ci(values: Sequence[float]) -> Optional[list[float]]:
     return None if math.isnan(lo) else [round(lo, 6), round(hi, 6)]  # NaN: no interval (one book)
 
 
+def _is_figure(value: Any) -> bool:
+    """A number a mean or a difference can take (not None, NaN or infinite)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _present(rows: Sequence[dict[str, Any]], column: str) -> list[float]:
-    return [float(r[column]) for r in rows if isinstance(r.get(column), (int, float))
-            and not (isinstance(r[column], float) and math.isnan(r[column]))]
+    return [float(r[column]) for r in rows if _is_figure(r.get(column))]
 
 
 def system_results(rows: Sequence[dict[str, Any]], missing: Sequence[str] = ()) -> dict[str, Any]:
@@ -145,8 +150,7 @@ def system_results(rows: Sequence[dict[str, Any]], missing: Sequence[str] = ()) 
 
 def _paired(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]], books: list[str],
             column: str) -> Optional[dict[str, Any]]:
-    shared = [k for k in books if isinstance(a[k].get(column), (int, float))
-              and isinstance(b[k].get(column), (int, float))]
+    shared = [k for k in books if _is_figure(a[k].get(column)) and _is_figure(b[k].get(column))]
     if not shared:
         return None
     from booklens.metrics.bootstrap import paired_bootstrap_ci
