@@ -265,6 +265,10 @@ a { color: var(--accent); }
 .skip { position: absolute; left: -999px; top: 0; background: var(--bg); padding: .5rem 1rem; }
 .skip:focus { left: 1rem; z-index: 10; }
 header, main, footer { max-width: 72rem; margin: 0 auto; padding: 0 1.5rem; }
+/* A word longer than its box (a URL in a summary, claim or passage) breaks rather than widening the page;
+   a table keeps its words and scrolls in its own box. */
+header, main, footer { overflow-wrap: anywhere; }
+table.data { overflow-wrap: normal; }
 header { padding-top: 1.25rem; border-bottom: 1px solid var(--line); }
 header h1 { margin: 0; font-size: 1.6rem; }
 header .meta { margin: .25rem 0 .75rem; color: var(--muted); }

@@ -890,3 +890,31 @@ def test_a_book_that_cannot_be_read_has_no_token_count_not_zero(tmp_path):
     page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
     assert "book of 0 tokens" not in page and "book of - tokens" in page
     assert run_command(["report", tmp_path / "run"]).returncode == 0
+
+
+def test_a_long_unbroken_word_wraps_inside_the_page_in_chromium(tmp_path):
+    """A summary, a claim or a passage holding a long word without a break (a URL, a run of symbols)
+    ran out of its box and made the whole page scroll sideways. Measured in Chromium on a copy of the
+    page with a script that records the page's scrolling width (the page itself runs none)."""
+    import re
+
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import JudgeConfig, SystemConfig, run_book
+    from booklens.testing import PipelineResponder
+
+    chromium_exe()
+    word = "https://example.org/" + "x" * 300
+    book = tmp_path / "book.txt"
+    book.write_text(" ".join(f"On day {i} Mara read {word} aloud to the keeper." for i in range(40)), encoding="utf-8")
+    lm = ScriptedLM(lambda call: PipelineResponder()({"messages": call.messages}))
+    run_book(book, tmp_path / "run", SystemConfig(summary_text=f"Mara reads {word} aloud. The keeper listens."),
+             JudgeConfig(k=2), lms=FixedLMPool(lm), notify=lambda _: None)
+    page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
+    assert page.count(word) >= 3  # the summary, its claim, a passage
+    probe = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page).replace(
+        "</body>", "<script>document.body.setAttribute('data-widths', document.documentElement.scrollWidth + ' '"
+                   " + document.documentElement.clientWidth)</script></body>")
+    (tmp_path / "probe.html").write_text(probe, encoding="utf-8")
+    proc = chromium(tmp_path / "probe.html", tmp_path / "profile-wide", "--window-size=800,1200", "--dump-dom")
+    scroll, client = map(int, re.search(r'data-widths="(\d+) (\d+)"', proc.stdout).groups())
+    assert scroll <= client, (scroll, client)
