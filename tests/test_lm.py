@@ -231,6 +231,23 @@ def test_an_answer_the_cache_cannot_keep_stops_the_call_in_one_line_instead_of_a
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         assert predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm").ok  # the cache works again
 
+def test_an_empty_answer_is_re_asked_as_unparseable_not_read_as_outputs_of_none():
+    """DSPy reads an empty completion (a server's `content: null`, a model that wrote nothing) as
+    every output None, meant for tool calls: the QA judge then graded the answer 'incorrect' for
+    reason 'None'. It is an answer that does not parse: re-asked, then recorded as failed."""
+    from booklens.programs.qa import AnswerJudge
+
+    lm = ScriptedLM(lambda call: {"label": "good"} if call.attempt == 2 else "")
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm")
+    assert result.ok and result.prediction.label == "good" and result.attempts == 3
+    silent = ScriptedLM(lambda call: "")
+    with dspy.context(lm=silent, adapter=BooklensAdapter()):
+        verdict = AnswerJudge(tries=2)(question="How many?", correct_answer="3", student_answer="three")
+    assert verdict.correct is None and verdict.error.startswith("unparseable answer: ")
+    assert "\n" not in verdict.error and len(silent.backend.calls) == 2
+
+
 def test_re_ask_recovers_when_a_later_answer_is_valid():
     lm = ScriptedLM(lambda call: {"label": "good"} if call.attempt else "not json at all")
     with dspy.context(lm=lm, adapter=BooklensAdapter()):

@@ -134,6 +134,21 @@ class BooklensAdapter(JSONAdapter):
         lm_kwargs = {**lm_kwargs, "response_format": response_format}
         return ChatAdapter.__call__(self, lm, lm_kwargs, signature, demos, inputs)
 
+    def _call_postprocess(self, processed_signature, original_signature, outputs, lm):
+        # DSPy reads an empty completion as every output None (it expects tool calls there), which a
+        # program would take for its answer (the QA judge graded it 'incorrect'): for structured
+        # outputs it is an answer that does not parse, so the caller re-asks. Free text is left to
+        # the programs, which judge an empty summary or answer themselves.
+        if plain_output_field(original_signature) is None:
+            for output in outputs:
+                text = output.get("text") if isinstance(output, dict) else output
+                if not str(text or "").strip() and not (isinstance(output, dict) and output.get("tool_calls")):
+                    from dspy.utils.exceptions import AdapterParseError
+
+                    raise AdapterParseError(type(self).__name__, original_signature, str(text or ""),
+                                            message="the answer is empty")
+        return super()._call_postprocess(processed_signature, original_signature, outputs, lm)
+
     def format_field_description(self, signature):
         plain = plain_output_field(signature)
         if plain is None:
