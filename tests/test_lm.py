@@ -79,6 +79,33 @@ def test_a_damaged_cache_file_is_one_line_that_says_what_to_do(tmp_path, damage)
     assert "move it aside, or use another --cache-dir" in message
 
 
+@pytest.mark.parametrize("stored", ["not json", "[]", "{}", '{"text": 5}', '{"text": "good", "prompt_tokens": "a"}',
+                                    b"\xff\xfe{}"],
+                         ids=["not-json", "a-list", "no-text", "text-not-a-string", "count-not-a-number", "not-utf8"])
+def test_a_cache_entry_that_is_no_readable_answer_is_asked_again_and_replaced(tmp_path, stored):
+    """A hand-edited (or otherwise damaged) entry stopped the call with a traceback-like internal
+    error, or was taken by a re-ask for the model's unparseable answer. It is a call not finished:
+    asked again, its entry replaced, and read from the cache by the next run."""
+    import sqlite3
+
+    lm = ScriptedLM(lambda call: {"label": "good"}, cache_dir=tmp_path)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        dspy.Predict(Classify)(text="a fine day")
+    db = sqlite3.connect(tmp_path / "calls.sqlite")
+    value = f"CAST(X'{stored.hex()}' AS TEXT)" if isinstance(stored, bytes) else "?"
+    db.execute(f"UPDATE calls SET value = {value}", () if isinstance(stored, bytes) else (stored,))
+    db.commit()
+    db.close()
+    again = ScriptedLM(lambda call: {"label": "good"}, cache_dir=tmp_path)
+    with dspy.context(lm=again, adapter=BooklensAdapter()):
+        assert dspy.Predict(Classify)(text="a fine day").label == "good"
+    assert len(again.backend.calls) == 1 and again.usage.snapshot()["calls"] == 1
+    replay = ScriptedLM(lambda call: pytest.fail("a replaced entry was asked again"), cache_dir=tmp_path)
+    with dspy.context(lm=replay, adapter=BooklensAdapter()):
+        assert dspy.Predict(Classify)(text="a fine day").label == "good"
+    assert replay.usage.snapshot()["cached_calls"] == 1
+
+
 def test_a_cache_another_process_is_creating_opens_once_that_one_is_done(tmp_path, monkeypatch):
     """Commands started side by side on an empty cache: switching the new file to WAL needs all of
     it, and SQLite answers 'locked' at once, without its busy wait, while another connection is

@@ -42,3 +42,19 @@ class Completion:
     # The tokens the context window left for the answer, when that was less than max_tokens (the
     # embedded model then writes only as far as the window goes): a larger budget cannot help.
     answer_room: int | None = None
+
+
+def stored_completion(value: Any) -> bool:
+    """Whether a call cache entry (a decoded `Completion.__dict__`) can be read as a Completion: an
+    object whose text is a string and whose other known fields have their types. One that cannot (a
+    hand-edited or damaged entry) is a call not finished, asked again."""
+    if not isinstance(value, dict) or not isinstance(value.get("text"), str):
+        return False
+
+    def count(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    checks = {"finish_reason": lambda x: isinstance(x, str), "prompt_tokens": count, "completion_tokens": count,
+              "provider_cached_tokens": count, "answer_room": lambda x: x is None or count(x),
+              "cost": lambda x: x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))}
+    return all(check(value[name]) for name, check in checks.items() if name in value)

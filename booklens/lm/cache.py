@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from booklens.errors import BooklensError, CacheError
+from booklens.lm.base import stored_completion
 
 
 CACHE_FILE = "calls.sqlite"  # in the cache directory
@@ -126,12 +127,21 @@ class CallCache:
         return hashlib.sha256(json.dumps(request, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
     def get(self, key: str) -> dict[str, Any] | None:
+        """The stored answer of `key`; None when there is none, or when its entry cannot be read (not
+        UTF-8, not JSON, not a completion: edited by hand, say), which `fetch` then asks again and replaces."""
         try:
             with self._lock:
-                row = self._db.execute("SELECT value FROM calls WHERE key = ?", (key,)).fetchone()
+                # As bytes: SQLite would refuse a value that is not UTF-8 with the whole value in its message.
+                row = self._db.execute("SELECT CAST(value AS BLOB) FROM calls WHERE key = ?", (key,)).fetchone()
         except sqlite3.Error as exc:
             raise CacheError(f"cannot read the LM cache at {self.path}: {exc}{_advice(exc)}") from None
-        return json.loads(row[0]) if row else None
+        if row is None:
+            return None
+        try:
+            value = json.loads(bytes(row[0]).decode("utf-8"))
+        except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            return None
+        return value if stored_completion(value) else None
 
     def put(self, key: str, value: dict[str, Any]) -> None:
         try:
