@@ -779,6 +779,18 @@ def test_a_model_litellm_prices_at_zero_costs_zero_not_unknown():
     assert (completion.prompt_tokens, completion.completion_tokens) == (10, 2)
 
 
+def test_a_dspy_rollout_reaches_the_server_as_a_seed_of_its_own():
+    from booklens.lm.base import sample_seed
+
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        lm = BooklensLM(backend_for(server))
+        for rollout in (None, 1, 2):
+            with dspy.context(lm=lm.copy(rollout_id=rollout, temperature=1.0), adapter=BooklensAdapter()):
+                dspy.Predict(Classify)(text="same")
+    seeds = [r.body.get("seed") for r in server.received]
+    assert seeds == [0, sample_seed({"rollout": 1}), sample_seed({"rollout": 2})] and len(set(seeds)) == 3
+
+
 def test_llama_cpp_servers_get_cache_prompt_and_a_server_refusing_it_stops_getting_it():
     with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
         classify(backend_for(server))

@@ -10,6 +10,7 @@ import pytest
 
 from booklens.errors import LMError
 from booklens.lm import BooklensAdapter, LiteLLMBackend, BooklensLM, make_lm, predict_with_retries, usage_step
+from booklens.lm.base import sample_seed
 from booklens.testing import FakeOpenAIServer, ScriptedLM, run_as_nobody
 
 
@@ -273,6 +274,28 @@ def test_an_empty_answer_is_re_asked_as_unparseable_not_read_as_outputs_of_none(
         verdict = AnswerJudge(tries=2)(question="How many?", correct_answer="3", student_answer="three")
     assert verdict.correct is None and verdict.error.startswith("unparseable answer: ")
     assert "\n" not in verdict.error and len(silent.backend.calls) == 2
+
+
+def test_dspy_rollout_ids_are_fresh_samples_not_replays_of_one_cached_answer(tmp_path):
+    """DSPy's optimizers ask a copy of the LM with a new `rollout_id` at temperature 1.0 for a fresh
+    sample: BootstrapFewShot's rounds past the first (`compile --max-rounds`), MIPROv2's instruction
+    proposals. booklens LMs left it out of the cache key and the sample's seed, so every round after
+    the second replayed one cached answer. A rollout id asked again is a cache hit, as a rerun's is."""
+    from dspy.teleprompt import BootstrapFewShot
+
+    lm = ScriptedLM(lambda call: {"label": "bad"}, cache_dir=tmp_path)
+    trainset = [dspy.Example(text="a fine day", label="good").with_inputs("text")]
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        BootstrapFewShot(metric=lambda example, prediction, trace=None: prediction.label == example.label,
+                         max_bootstrapped_demos=1, max_labeled_demos=0, max_rounds=4).compile(
+            dspy.Predict(Classify), trainset=trainset)
+    rounds = [(c.request["temperature"], c.request.get("rollout")) for c in lm.backend.calls]
+    assert rounds == [(0.0, None), (1.0, 1), (1.0, 2), (1.0, 3)]
+    seeds = {sample_seed(c.request) for c in lm.backend.calls}
+    assert len(seeds) == 4 and all(0 <= s < 2**31 for s in seeds)
+    with dspy.context(lm=lm.copy(rollout_id=2, temperature=1.0), adapter=BooklensAdapter()):
+        dspy.Predict(Classify)(text="a fine day")
+    assert len(lm.backend.calls) == 4 and lm.usage.snapshot()["cached_calls"] == 1
 
 
 def test_re_ask_recovers_when_a_later_answer_is_valid():

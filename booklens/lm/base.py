@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,3 +59,12 @@ def stored_completion(value: Any) -> bool:
               "provider_cached_tokens": count, "answer_room": lambda x: x is None or count(x),
               "cost": lambda x: x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))}
     return all(check(value[name]) for name, check in checks.items() if name in value)
+
+
+def sample_seed(request: dict[str, Any]) -> int:
+    """The seed of a request's sample: its attempt (booklens' re-asks), mixed with DSPy's rollout id
+    when it has one (an optimizer's fresh sample), kept below 2**31, which every server takes."""
+    attempt = int(request.get("attempt") or 0)
+    if request.get("rollout") is None:
+        return attempt
+    return zlib.crc32(f"{attempt}/{request['rollout']}".encode()) & 0x7FFFFFFF

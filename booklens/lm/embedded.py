@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from booklens.errors import LMError
-from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
+from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, sample_seed
 
 LOCAL_LM = "local"
 LOCAL_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
@@ -523,7 +523,7 @@ class LocalBackend:
             messages=request["messages"],
             temperature=request.get("temperature") or 0.0,
             max_tokens=max_tokens,
-            seed=self.seed + int(request.get("attempt") or 0),
+            seed=self.seed + sample_seed(request),
             repeat_penalty=1.1,
         )
         if request.get("schema"):

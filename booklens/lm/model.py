@@ -147,6 +147,10 @@ class BooklensLM(dspy.BaseLM):
         }
         if merged.get("booklens_plain_output"):
             request["plain_output"] = merged["booklens_plain_output"]
+        if merged.get("rollout_id") is not None:
+            # DSPy's optimizers ask an LM copy with a new rollout id for a fresh sample (bootstrap
+            # rounds, MIPROv2's proposals): a sample of its own, in the key and the seed.
+            request["rollout"] = merged["rollout_id"]
         # The key says what was asked (messages, output schema, sampling), not how it travelled: the
         # structured-output dialect a server accepted is left out, so a resumed run that starts
         # again from the first dialect still finds every finished call. A backend whose own settings

@@ -31,7 +31,7 @@ import time
 from typing import Any, Callable
 
 from booklens.errors import LMError
-from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
+from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, sample_seed
 from booklens.parallel import pause, raise_if_stopped
 
 log = logging.getLogger("booklens.lm")
@@ -321,7 +321,7 @@ class LiteLLMBackend:
             max_retries=0,  # the OpenAI client would otherwise retry on its own, unseen and uncounted
         )
         if self.takes_seed:
-            kwargs["seed"] = int(request.get("attempt") or 0)
+            kwargs["seed"] = sample_seed(request)
         if self.api_base:
             kwargs["api_base"] = self.api_base
             # Self-hosted OpenAI-compatible servers usually take any key; the client insists on one.
