@@ -114,7 +114,8 @@ class Reply:
     """What the server does with one request (a responder may return this instead of a string).
 
     - `status` >= 400 answers with an error whose message is `error`, plus `headers`
-      (e.g. `{"Retry-After": "7"}`);
+      (e.g. `{"Retry-After": "7"}`); `error_code` is its `code` and `type` (OpenAI's
+      `insufficient_quota`), else the code is the status;
     - `drop=True` resets the connection without answering;
     - `hold` seconds pass before answering (bounded: the server's shutdown ends the wait);
     - `raw` is sent as it is with status 200, as a page (`text/html`) instead of a chat completion;
@@ -126,6 +127,7 @@ class Reply:
     content: str = ""
     status: int = 200
     error: str = "error"
+    error_code: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     finish_reason: str = "stop"
     prompt_tokens: int | None = None
@@ -218,7 +220,8 @@ class FakeOpenAIServer:
                         self.wfile.write(data)
                         return
                     if reply.status >= 400:
-                        error = {"message": reply.error, "type": "error", "code": reply.status}
+                        error = {"message": reply.error, "type": reply.error_code or "error",
+                                 "code": reply.error_code or reply.status}
                         if anthropic:
                             self._send(reply.status, {"type": "error", "error": {"type": "error", "message": reply.error}},
                                        reply.headers)

@@ -269,6 +269,28 @@ def test_a_fault_that_persists_stops_after_bounded_tries_with_one_line():
     assert max(sleep.delays) <= 10.0 * 1.25  # the backoff is bounded
 
 
+def test_a_quota_used_up_is_one_line_at_once_not_retried_as_a_rate_limit():
+    """OpenAI answers a key without credit with a 429 whose code is 'insufficient_quota', which no wait
+    mends: it was retried five times over about half a minute before the same words came out. (Gemini
+    says the same words about a per-minute limit, without that code: a rate limit, still waited out.)"""
+    said = ("You exceeded your current quota, please check your plan and billing details. For more "
+            "information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors.")
+    for model in ("openai/fake-model", "hosted_vllm/fake-model"):  # LiteLLM words the two routes' errors apart
+        sleep = Recorder()
+        with FakeOpenAIServer(responder=lambda body: Reply(status=429, error=said,
+                                                           error_code="insufficient_quota")) as server:
+            with pytest.raises(LMError) as caught:
+                classify(backend_for(server, model=model, sleep=sleep))
+        assert str(caught.value).startswith(f"'{model}' at {server.url} refused the request: the quota of its API "
+                                            "key is used up (")
+        assert said in str(caught.value) and str(caught.value).endswith("): check the plan and billing of the key")
+        assert len(server.received) == 1 and sleep.delays == []
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=failing_first(1, Reply(status=429, error=said))) as server:
+        prediction, _ = classify(backend_for(server, sleep=sleep))
+    assert prediction.label == "good" and len(sleep.delays) == 1
+
+
 def test_a_retry_after_longer_than_a_run_should_wait_stops_with_one_line():
     with FakeOpenAIServer(responder=lambda body: Reply(status=429, error="quota", headers={"Retry-After": "86400"})) as server:
         with pytest.raises(LMError, match=r"asks to wait 86400 s .*rerun later") as caught:

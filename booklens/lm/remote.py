@@ -418,6 +418,10 @@ class LiteLLMBackend:
         if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or status in (401, 403):
             # (LiteLLM turns some providers' 403 into a plain APIError.)
             raise LMError(f"authentication failed for {where}: check its API key in the environment") from None
+        if status == 429 and _quota_used_up(exc):
+            # OpenAI's answer to a key without credit: a 429 that no wait mends.
+            raise LMError(self._redact(f"{where} refused the request: the quota of its API key is used up "
+                                       f"({server_text(exc)}): check the plan and billing of the key")) from None
         if "response_format" in kwargs and status != 429 and _mentions_response_format(text):
             if self.structured != "auto":
                 raise LMError(self._redact(
@@ -553,6 +557,15 @@ def _status(exc: Exception) -> str:
 
 def _mentions_response_format(text: str) -> bool:
     return "response_format" in text or "json_schema" in text
+
+
+def _quota_used_up(exc: BaseException) -> bool:
+    """Whether a 429 says the key's quota is used up (OpenAI's code 'insufficient_quota', in the error
+    body or, on routes that pass the body on as text, in the message), not that requests came too fast.
+    (Gemini words its per-minute limits 'You exceeded your current quota' too: only the code tells.)"""
+    body = getattr(exc, "body", None)
+    codes = (body.get("code"), body.get("type")) if isinstance(body, dict) else ()
+    return "insufficient_quota" in codes or "insufficient_quota" in str(exc)
 
 
 def _mentions_context_limit(text: str) -> bool:
