@@ -291,6 +291,31 @@ def test_a_quota_used_up_is_one_line_at_once_not_retried_as_a_rate_limit():
     assert prediction.label == "good" and len(sleep.delays) == 1
 
 
+def test_a_model_that_takes_only_its_default_temperature_is_sent_none():
+    """OpenAI's reasoning models (o1, o3, gpt-5) refuse any temperature but 1, LiteLLM before sending
+    and a proxy's server after: every call was 'rejected', so booklens could not use them at all.
+    Such a model is sent no temperature from then on (other models at the same server still are)."""
+    said = ("Unsupported value: 'temperature' does not support 0.0 with this model. Only the default (1) "
+            "value is supported.")
+
+    def respond(body):
+        if body["model"] == "strict" and "temperature" in body:
+            return Reply(status=400, error=said)
+        return '{"label": "good"}'
+
+    with FakeOpenAIServer(responder=respond) as server:
+        for model in ("openai/o3-mini", "openai/gpt-5-mini"):  # refused by LiteLLM, before any request
+            prediction, _ = classify(backend_for(server, model=model))
+            assert prediction.label == "good"
+        assert [("temperature" in r.body) for r in server.received] == [False, False]
+        strict = backend_for(server, model="openai/strict")
+        for text in ("one", "two"):
+            assert classify(strict, text=text)[0].label == "good"
+        classify(backend_for(server, model="openai/lenient"))
+    assert [(r.body["model"], r.body.get("temperature")) for r in server.received[2:]] == [
+        ("strict", 0.0), ("strict", None), ("strict", None), ("lenient", 0.0)]
+
+
 def test_a_retry_after_longer_than_a_run_should_wait_stops_with_one_line():
     with FakeOpenAIServer(responder=lambda body: Reply(status=429, error="quota", headers={"Retry-After": "86400"})) as server:
         with pytest.raises(LMError, match=r"asks to wait 86400 s .*rerun later") as caught:

@@ -314,12 +314,15 @@ class LiteLLMBackend:
         kwargs: dict[str, Any] = dict(
             model=self.model,
             messages=messages,
-            temperature=request.get("temperature"),
             max_tokens=request.get("max_tokens") or DEFAULT_MAX_TOKENS,
             timeout=self.timeout,
             num_retries=0,
             max_retries=0,  # the OpenAI client would otherwise retry on its own, unseen and uncounted
         )
+        with _learned_lock:
+            default_temperature_only = self.model in self._learned.get("default_temperature_only", ())
+        if not default_temperature_only:
+            kwargs["temperature"] = request.get("temperature")
         if self.takes_seed:
             kwargs["seed"] = sample_seed(request)
         if self.api_base:
@@ -422,6 +425,13 @@ class LiteLLMBackend:
             # OpenAI's answer to a key without credit: a 429 that no wait mends.
             raise LMError(self._redact(f"{where} refused the request: the quota of its API key is used up "
                                        f"({server_text(exc)}): check the plan and billing of the key")) from None
+        if kwargs.get("temperature") is not None and status == 400 and _refuses_temperature(text):
+            # OpenAI's reasoning models take no temperature but their default (LiteLLM refuses the others
+            # before sending): learned per model, since other models at one server may take any.
+            with _learned_lock:
+                self._learned.setdefault("default_temperature_only", set()).add(self.model)
+            log.info("%s takes only its default temperature; sending none from now on", self.model)
+            return failures
         if "response_format" in kwargs and status != 429 and _mentions_response_format(text):
             if self.structured != "auto":
                 raise LMError(self._redact(
@@ -566,6 +576,13 @@ def _quota_used_up(exc: BaseException) -> bool:
     body = getattr(exc, "body", None)
     codes = (body.get("code"), body.get("type")) if isinstance(body, dict) else ()
     return "insufficient_quota" in codes or "insufficient_quota" in str(exc)
+
+
+def _refuses_temperature(text: str) -> bool:
+    """Whether a 400 says the model does not take the temperature it was sent ('O-series models don't
+    support temperature=0.0', OpenAI's "Unsupported value: 'temperature' does not support 0.0")."""
+    lowered = text.lower()
+    return "temperature" in lowered and "support" in lowered
 
 
 def _mentions_context_limit(text: str) -> bool:
