@@ -761,6 +761,20 @@ def test_tokens_per_minute_count_the_prompt_and_the_answer_budget():
     assert arrivals[:2] == [0.0, 0.0] and arrivals[2] >= 62
 
 
+def test_both_limits_together_never_let_more_than_either_through_in_a_minute():
+    """A request took its slot in the requests' window, then waited for the tokens' window: it left a
+    minute after its slot, with later requests whose slots came then, so with --rpm 2 --tpm 1000 the
+    server saw three requests at one moment. Both limits are checked and counted at the same moment."""
+    clock = FakeClock()
+    limiter = RateLimiter(rpm=2, tpm=1000, clock=clock, sleep=clock.sleep)
+    sent: list[float] = []
+    for tokens in (900, 900, 50, 50, 50, 50):
+        limiter.acquire(tokens)
+        sent.append(clock())
+    assert most_in_any_minute(sent) <= 2
+    assert sent[:2] == [0.0, 62.001]  # the second waits for the first's tokens, not for a request slot
+
+
 def test_one_request_larger_than_the_token_limit_still_goes():
     clock = FakeClock()
     limiter = RateLimiter(tpm=100, clock=clock, sleep=clock.sleep)

@@ -53,26 +53,39 @@ class RateLimiter:
         return int(self._clock() * 1000)
 
     def acquire(self, tokens: int = 0) -> None:
-        """Block until one request of `tokens` tokens fits both limits, then count it."""
+        """Block until one request of `tokens` tokens fits both limits, then count it in both.
+
+        Both are checked at one moment and counted together: a request counted in one window while it
+        waited for the other would leave later than its count says, and the server could then see more
+        than the limit in a minute (three requests at once under --rpm 2 --tpm 1000)."""
         from pyrate_limiter import RateItem
 
-        for name, weight in (("requests", 1), ("tokens", max(1, tokens))):
-            if name not in self._buckets:
-                continue
-            bucket, limit = self._buckets[name]
-            weight = min(weight, limit)
-            while True:
-                with self._lock:
-                    now = self._now_ms()
+        weights = {"requests": 1, "tokens": max(1, tokens)}
+        while True:
+            with self._lock:
+                now = self._now_ms()
+                wait_ms = 0
+                for bucket, limit in self._buckets.values():
                     bucket.leak(now)  # forget what left the window, so memory stays bounded
-                    item = RateItem(name, now, weight)
-                    if bucket.put(item):
-                        break
-                    wait_ms = bucket.waiting(item)
-                seconds = max(wait_ms, 1) / 1000
-                with self._lock:
-                    self.waits.append(seconds)
-                self._sleep(seconds)
+                for name, (bucket, limit) in self._buckets.items():
+                    wait_ms = max(wait_ms, _wait_ms(bucket, min(weights[name], limit), limit, now))
+                if not wait_ms:
+                    for name, (bucket, limit) in self._buckets.items():
+                        bucket.put(RateItem(name, now, min(weights[name], limit)))
+                    return
+                seconds = wait_ms / 1000
+                self.waits.append(seconds)
+            self._sleep(seconds)
+
+
+def _wait_ms(bucket: Any, weight: int, limit: int, now: int) -> int:
+    """Milliseconds until `weight` more fits in the window of `bucket` (0: it fits now), from what the
+    bucket holds after `leak(now)`: one item per unit, newest first by `peek`."""
+    leaving = bucket.count() + weight - limit  # how many must leave the window first
+    if leaving <= 0:
+        return 0
+    last_to_leave = bucket.peek(bucket.count() - leaving)
+    return max(1, last_to_leave.timestamp + MINUTE_MS + SEND_MARGIN_MS + 1 - now)
 
 
 def estimate_tokens(model: str, messages: list[dict[str, Any]], max_tokens: int) -> int:
