@@ -298,6 +298,33 @@ def test_dspy_rollout_ids_are_fresh_samples_not_replays_of_one_cached_answer(tmp
     assert len(lm.backend.calls) == 4 and lm.usage.snapshot()["cached_calls"] == 1
 
 
+def test_several_samples_asked_with_n_are_that_many_calls_each_cached(tmp_path):
+    """`dspy.Predict(..., n=3)` on a booklens LM gave one completion, silently: the LM sent no `n` and
+    answered with one choice. Each sample is a call of its own (llama.cpp's server takes no `n`),
+    with a key and seed of its own; the first is the call a lone sample would be."""
+    lm = ScriptedLM(lambda call: {"label": "good"}, cache_dir=tmp_path)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        got = dspy.Predict(Classify, n=3)(text="a fine day")
+    assert [c.label for c in got.completions] == ["good"] * 3
+    assert len({sample_seed(c.request) for c in lm.backend.calls}) == 3
+    assert lm.usage.snapshot()["calls"] == 3
+    again = ScriptedLM(lambda call: pytest.fail("a cached sample was asked again"), cache_dir=tmp_path)
+    with dspy.context(lm=again, adapter=BooklensAdapter()):
+        assert len(dspy.Predict(Classify, n=3)(text="a fine day").completions) == 3
+        assert dspy.Predict(Classify)(text="a fine day", config={"temperature": 0.7}).label == "good"
+    assert again.usage.snapshot()["cached_calls"] == 4
+
+
+def test_async_programs_run_on_a_booklens_lm(tmp_path):
+    """DSPy's `acall` asks the LM's `aforward`, which booklens LMs did not have (NotImplementedError)."""
+    import asyncio
+
+    lm = ScriptedLM(lambda call: {"label": "good"}, cache_dir=tmp_path)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), usage_step("labels"):
+        got = asyncio.run(dspy.Predict(Classify).acall(text="a fine day"))
+    assert got.label == "good" and lm.usage.snapshot()["steps"]["labels"]["calls"] == 1
+
+
 def test_re_ask_recovers_when_a_later_answer_is_valid():
     lm = ScriptedLM(lambda call: {"label": "good"} if call.attempt else "not json at all")
     with dspy.context(lm=lm, adapter=BooklensAdapter()):

@@ -63,8 +63,10 @@ def stored_completion(value: Any) -> bool:
 
 def sample_seed(request: dict[str, Any]) -> int:
     """The seed of a request's sample: its attempt (booklens' re-asks), mixed with DSPy's rollout id
-    when it has one (an optimizer's fresh sample), kept below 2**31, which every server takes."""
+    (an optimizer's fresh sample) and its sample number (one of `n`) when it has them, kept below
+    2**31, which every server takes."""
     attempt = int(request.get("attempt") or 0)
-    if request.get("rollout") is None:
+    rollout, sample = request.get("rollout"), request.get("sample")
+    if rollout is None and sample is None:
         return attempt
-    return zlib.crc32(f"{attempt}/{request['rollout']}".encode()) & 0x7FFFFFFF
+    return zlib.crc32(f"{attempt}/{rollout}/{sample}".encode()) & 0x7FFFFFFF

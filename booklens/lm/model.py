@@ -151,6 +151,25 @@ class BooklensLM(dspy.BaseLM):
             # DSPy's optimizers ask an LM copy with a new rollout id for a fresh sample (bootstrap
             # rounds, MIPROv2's proposals): a sample of its own, in the key and the seed.
             request["rollout"] = merged["rollout_id"]
+        # DSPy asks for several samples with `n` (`Predict(..., n=3)`): one call each (llama.cpp's
+        # server takes no `n`), the first as a lone call would be, the others samples of their own.
+        samples = max(1, int(merged.get("n") or 1))
+        answers = [self._ask(request if i == 0 else {**request, "sample": i}, response_format) for i in range(samples)]
+        first = answers[0][0]
+        _last_finish_reason.set(first.finish_reason)
+        _last_answer_room.set(first.answer_room)
+        return _openai_shaped(self.backend.name, [completion for completion, _ in answers],
+                              all(reused for _, reused in answers))
+
+    async def aforward(self, prompt=None, messages=None, **kwargs):
+        # DSPy's async programs (`acall`): the same call on a worker thread, which takes this
+        # context along (DSPy's settings, the usage step, a stop request).
+        import asyncio
+
+        return await asyncio.to_thread(self.forward, prompt=prompt, messages=messages, **kwargs)
+
+    def _ask(self, request: dict[str, Any], response_format: Any) -> tuple[Completion, bool]:
+        """One call: from the cache, else from the backend (and then cached); counted either way."""
         # The key says what was asked (messages, output schema, sampling), not how it travelled: the
         # structured-output dialect a server accepted is left out, so a resumed run that starts
         # again from the first dialect still finds every finished call. A backend whose own settings
@@ -175,9 +194,7 @@ class BooklensLM(dspy.BaseLM):
         value, reused = (found, True) if found is not None else survive_ctrl_c(fetch)
         completion = _completion(value)
         self._count(completion, cached=reused)
-        _last_finish_reason.set(completion.finish_reason)
-        _last_answer_room.set(completion.answer_room)
-        return _openai_shaped(self.backend.name, completion, reused)
+        return completion, reused
 
 
 def _worth_keeping(value: dict[str, Any]) -> bool:
@@ -191,17 +208,16 @@ def _completion(value: dict[str, Any]) -> Completion:
     return Completion(**{k: v for k, v in value.items() if k in known})
 
 
-def _openai_shaped(model: str, completion: Completion, cache_hit: bool) -> SimpleNamespace:
-    message = SimpleNamespace(content=completion.text, tool_calls=None, provider_specific_fields={})
-    choice = SimpleNamespace(message=message, finish_reason=completion.finish_reason, logprobs=None)
-    usage = {
-        "prompt_tokens": completion.prompt_tokens,
-        "completion_tokens": completion.completion_tokens,
-        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
-    }
-    return SimpleNamespace(
-        choices=[choice], usage=usage, model=model, cache_hit=cache_hit, _hidden_params={"response_cost": completion.cost}
-    )
+def _openai_shaped(model: str, completions: list[Completion], cache_hit: bool) -> SimpleNamespace:
+    choices = [SimpleNamespace(message=SimpleNamespace(content=c.text, tool_calls=None, provider_specific_fields={}),
+                               finish_reason=c.finish_reason, logprobs=None) for c in completions]
+    prompt = sum(c.prompt_tokens for c in completions)
+    answer = sum(c.completion_tokens for c in completions)
+    usage = {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer}
+    costs = [c.cost for c in completions]
+    cost = None if None in costs else sum(costs)
+    return SimpleNamespace(choices=choices, usage=usage, model=model, cache_hit=cache_hit,
+                           _hidden_params={"response_cost": cost})
 
 
 # ---------------------------------------------------------------------------
