@@ -325,6 +325,20 @@ def test_async_programs_run_on_a_booklens_lm(tmp_path):
     assert got.label == "good" and lm.usage.snapshot()["steps"]["labels"]["calls"] == 1
 
 
+def test_a_prompt_holding_a_file_names_bytes_that_are_not_utf8_is_still_asked(tmp_path):
+    """A book file whose name is not UTF-8 gives a title holding lone surrogates (`qa` shows the
+    title to the model), which UTF-8 cannot encode: the call cache's key failed on it, and every
+    question was recorded as an 'unparseable answer' about a codec. Such a byte is sent as U+FFFD."""
+    from booklens.programs.qa import AnswerJudge
+
+    lm = ScriptedLM(lambda call: {"reason": "same meaning", "verdict": "correct"}, cache_dir=tmp_path)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        verdict = AnswerJudge()(question="Who?", correct_answer="Jean", student_answer="Jean",
+                                book_title="Les Mis\udce9rables")
+    assert verdict.error is None and verdict.correct is True
+    assert "Les Mis\ufffdrables" in lm.backend.calls[0].messages[-1]["content"]
+
+
 def test_re_ask_recovers_when_a_later_answer_is_valid():
     lm = ScriptedLM(lambda call: {"label": "good"} if call.attempt else "not json at all")
     with dspy.context(lm=lm, adapter=BooklensAdapter()):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 import os
+import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -130,6 +131,7 @@ class BooklensLM(dspy.BaseLM):
         merged = {**self.kwargs, **kwargs}
         if messages is None:
             messages = [{"role": "user", "content": prompt}]
+        messages = _sendable(messages)
         response_format = merged.get("response_format")
         schema = None
         if isinstance(response_format, type):
@@ -195,6 +197,26 @@ class BooklensLM(dspy.BaseLM):
         completion = _completion(value)
         self._count(completion, cached=reused)
         return completion, reused
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _sendable(value: Any) -> Any:
+    """`value` (messages, their parts) with each lone surrogate as U+FFFD. Python keeps a byte of a
+    file name that is not UTF-8 as one (a book's title comes from its file name), and UTF-8 cannot
+    encode it: neither the cache key nor a server could take the prompt."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return _SURROGATE.sub("\ufffd", value)
+        return value
+    if isinstance(value, list):
+        return [_sendable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _sendable(v) for k, v in value.items()}
+    return value
 
 
 def _worth_keeping(value: dict[str, Any]) -> bool:
