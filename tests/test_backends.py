@@ -391,6 +391,23 @@ def test_a_refused_key_is_an_authentication_failure(status):
     assert len(server.received) == 1
 
 
+@pytest.mark.parametrize("variable", ["BOOKLENS_API_KEY", "OPENAI_API_KEY"])
+def test_a_key_holding_a_character_no_header_can_carry_is_one_line_that_says_so(monkeypatch, variable):
+    """A key pasted with curly quotes (or any character that is not ASCII) cannot go into the
+    Authorization header: no request leaves. It was taken for a server answering with no chat
+    completion ('check --api-base'), or retried five times where no server was given."""
+    monkeypatch.delenv("BOOKLENS_API_KEY", raising=False)
+    monkeypatch.setenv(variable, "\u201csk-test-0123456789\u201d")
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, sleep=sleep))
+    assert str(caught.value) == (f"cannot send a request to 'openai/fake-model' at {server.url}: its API key holds a "
+                                 "character that is not ASCII, which no HTTP header can carry: check the key in the "
+                                 "environment for a quote or a space pasted with it")
+    assert server.received == [] and sleep.delays == []
+
+
 def test_error_lines_carry_the_servers_words_without_litellms_class_names():
     with FakeOpenAIServer(responder=lambda body: Reply(status=400, error="temperature must be at most 2")) as server:
         with pytest.raises(LMError) as caught:

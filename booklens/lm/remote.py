@@ -421,6 +421,12 @@ class LiteLLMBackend:
         if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or status in (401, 403):
             # (LiteLLM turns some providers' 403 into a plain APIError.)
             raise LMError(f"authentication failed for {where}: check its API key in the environment") from None
+        if any(isinstance(cause, UnicodeEncodeError) for cause in _causes(exc)):
+            # No request left: the client could not write the key into the Authorization header
+            # (LiteLLM reports it as a server's 500).
+            raise LMError(f"cannot send a request to {where}: its API key holds a character that is not ASCII, "
+                          "which no HTTP header can carry: check the key in the environment for a quote or a space "
+                          "pasted with it") from None
         if status == 429 and _quota_used_up(exc):
             # OpenAI's answer to a key without credit: a 429 that no wait mends.
             raise LMError(self._redact(f"{where} refused the request: the quota of its API key is used up "
