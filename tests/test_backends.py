@@ -391,21 +391,37 @@ def test_a_refused_key_is_an_authentication_failure(status):
     assert len(server.received) == 1
 
 
-@pytest.mark.parametrize("variable", ["BOOKLENS_API_KEY", "OPENAI_API_KEY"])
-def test_a_key_holding_a_character_no_header_can_carry_is_one_line_that_says_so(monkeypatch, variable):
-    """A key pasted with curly quotes (or any character that is not ASCII) cannot go into the
+@pytest.mark.parametrize("model, variable, key", [
+    ("openai/fake-model", "BOOKLENS_API_KEY", "\u201csk-test-0123456789\u201d"),
+    ("openai/fake-model", "OPENAI_API_KEY", "\u201csk-test-0123456789\u201d"),
+    ("openai/fake-model", "BOOKLENS_API_KEY", "sk-test-0123456789\r"),
+    ("hosted_vllm/fake-model", "BOOKLENS_API_KEY", "sk-test-0123456789\r"),
+    ("openai/fake-model", "OPENAI_API_KEY", "sk-test-0123456789 "),
+], ids=["curly-quotes", "curly-quotes-provider-variable", "carriage-return", "carriage-return-vllm", "trailing-space"])
+def test_a_key_holding_a_character_no_header_can_carry_is_one_line_that_says_so(monkeypatch, model, variable, key):
+    """A key pasted with curly quotes, a line end of a Windows file or a space cannot go into the
     Authorization header: no request leaves. It was taken for a server answering with no chat
-    completion ('check --api-base'), or retried five times where no server was given."""
+    completion ('check --api-base'), or retried five times as a 'Connection error.'; on the vLLM
+    route the last line then showed the key itself, which the redaction (of the whole value, line
+    end included) missed."""
     monkeypatch.delenv("BOOKLENS_API_KEY", raising=False)
-    monkeypatch.setenv(variable, "\u201csk-test-0123456789\u201d")
+    monkeypatch.setenv(variable, key)
     sleep = Recorder()
     with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
         with pytest.raises(LMError) as caught:
-            classify(backend_for(server, sleep=sleep))
-    assert str(caught.value) == (f"cannot send a request to 'openai/fake-model' at {server.url}: its API key holds a "
-                                 "character that is not ASCII, which no HTTP header can carry: check the key in the "
-                                 "environment for a quote or a space pasted with it")
+            classify(backend_for(server, model=model, sleep=sleep))
+    assert str(caught.value) == (f"cannot send a request to '{model}' at {server.url}: its API key holds a character "
+                                 "that no HTTP header can carry (a quote that is not ASCII, a line break, a space at "
+                                 "its end): check the key in the environment")
     assert server.received == [] and sleep.delays == []
+
+
+def test_errors_never_carry_a_key_with_a_line_end_or_spaces_around_it(monkeypatch):
+    from booklens.lm.remote import LiteLLMBackend
+
+    monkeypatch.setenv("SOME_API_KEY", " sk-test-0123456789\r\n")
+    backend = LiteLLMBackend("openai/x", api_base="http://127.0.0.1:9/v1")
+    assert backend._redact("it said Bearer sk-test-0123456789\\r") == "it said Bearer [redacted]\\r"
 
 
 def test_error_lines_carry_the_servers_words_without_litellms_class_names():

@@ -421,12 +421,12 @@ class LiteLLMBackend:
         if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or status in (401, 403):
             # (LiteLLM turns some providers' 403 into a plain APIError.)
             raise LMError(f"authentication failed for {where}: check its API key in the environment") from None
-        if any(isinstance(cause, UnicodeEncodeError) for cause in _causes(exc)):
+        if _unsendable_header(exc):
             # No request left: the client could not write the key into the Authorization header
-            # (LiteLLM reports it as a server's 500).
-            raise LMError(f"cannot send a request to {where}: its API key holds a character that is not ASCII, "
-                          "which no HTTP header can carry: check the key in the environment for a quote or a space "
-                          "pasted with it") from None
+            # (LiteLLM reports it as a server's 500 or a connection error, and may quote the header).
+            raise LMError(f"cannot send a request to {where}: its API key holds a character that no HTTP header "
+                          "can carry (a quote that is not ASCII, a line break, a space at its end): check the key in "
+                          "the environment") from None
         if status == 429 and _quota_used_up(exc):
             # OpenAI's answer to a key without credit: a 429 that no wait mends.
             raise LMError(self._redact(f"{where} refused the request: the quota of its API key is used up "
@@ -513,7 +513,9 @@ class LiteLLMBackend:
 
     def _redact(self, text: str) -> str:
         """Keys never reach a message, even when a server echoes what it was sent."""
-        secrets = {v for k, v in os.environ.items() if len(v) >= 8 and re.search(r"(KEY|TOKEN|SECRET)$", k)}
+        # Each value as set and without the spaces or line end around it (a message may quote it without them).
+        values = [v for k, v in os.environ.items() if re.search(r"(KEY|TOKEN|SECRET)$", k)]
+        secrets = {s for v in values for s in (v, v.strip()) if len(s) >= 8}
         for secret in sorted(secrets, key=len, reverse=True):
             text = text.replace(secret, "[redacted]")
         return text
@@ -603,6 +605,16 @@ def _causes(exc: BaseException):
         seen.add(id(exc))
         yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def _unsendable_header(exc: BaseException) -> bool:
+    """Whether the HTTP client refused to write a header of the request (the key, in Authorization): a
+    character that is not ASCII, or one HTTP does not allow there (a line break, a space at an end)."""
+    import httpx
+
+    return any(isinstance(cause, UnicodeEncodeError)
+               or (isinstance(cause, httpx.LocalProtocolError) and "header" in str(cause).lower())
+               for cause in _causes(exc))
 
 
 def _not_a_completion(exc: BaseException) -> bool:
