@@ -354,6 +354,27 @@ def test_unknown_model_and_missing_key_are_clear_errors(monkeypatch, tmp_path):
         make_lm("openai/gpt-4o-mini", cache_dir=tmp_path)
 
 
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_key_variable_is_a_missing_key(monkeypatch, tmp_path, value):
+    """`OPENAI_API_KEY=` in a .env file (or `export OPENAI_API_KEY=$UNSET`) passed LiteLLM's check,
+    which asks only whether the variable exists: every call then failed in the client ('Missing
+    credentials'), retried five times over half a minute as a server error."""
+    monkeypatch.setenv("OPENAI_API_KEY", value)
+    with pytest.raises(LMError) as caught:
+        make_lm("openai/gpt-4o-mini", cache_dir=tmp_path)
+    assert str(caught.value) == "missing API key for 'openai/gpt-4o-mini': OPENAI_API_KEY is set but empty"
+    if value:
+        return
+    # A backend made without that check (a library caller's) stops at its first call, not after
+    # retries: the client refuses it before sending anything.
+    slept: list[float] = []
+    lm = BooklensLM(LiteLLMBackend("openai/gpt-4o-mini", sleep=slept.append))
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(LMError) as caught:
+        dspy.Predict(Classify)(text="x")
+    assert str(caught.value).startswith("cannot send a request to 'openai/gpt-4o-mini': Missing credentials")
+    assert slept == []
+
+
 def test_transient_errors_retry_with_backoff_then_succeed(tmp_path):
     failures = {"left": 2}
 

@@ -293,6 +293,10 @@ class LiteLLMBackend:
         missing = env.get("missing_keys") or []
         if missing:
             raise LMError(f"missing API key for '{self.model}': set {', '.join(missing)} in the environment")
+        # LiteLLM asks whether the variable exists; an empty one (`KEY=` in a .env file) is no key either.
+        variable = f"{self.provider.upper()}_API_KEY"
+        if variable in os.environ and not os.environ[variable].strip():
+            raise LMError(f"missing API key for '{self.model}': {variable} is set but empty")
 
     # -- one request -----------------------------------------------------
 
@@ -421,6 +425,10 @@ class LiteLLMBackend:
         if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or status in (401, 403):
             # (LiteLLM turns some providers' 403 into a plain APIError.)
             raise LMError(f"authentication failed for {where}: check its API key in the environment") from None
+        if any(type(cause) is openai.OpenAIError for cause in _causes(exc)):
+            # The client's own refusal before sending anything (no key at all, say), which LiteLLM
+            # reports as a server's 500: no retry can change it.
+            raise LMError(self._redact(f"cannot send a request to {where}: {server_text(exc)}")) from None
         if _unsendable_header(exc):
             # No request left: the client could not write the key into the Authorization header
             # (LiteLLM reports it as a server's 500 or a connection error, and may quote the header).
