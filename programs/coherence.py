@@ -326,7 +326,7 @@ class CoherenceScorer(Module):
                 break
             config: dict[str, Any] = self._budget(len(pending))
             if attempt:
-                config.update({**fresh_try(attempt), "temperature": 0.7})
+                config.update({**fresh_try(attempt, getattr(self.detect_batch, "lm", None)), "temperature": 0.7})
             for i in pending:
                 attempts[i] += 1
             try:

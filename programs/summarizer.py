@@ -270,7 +270,7 @@ class _BookSummarizer(Module):
                     config={
                         "max_tokens": self.call_cap(budget, predictor, asked),
                         "temperature": temperature if regeneration == 0 else max(temperature, 0.7),
-                        **fresh_try(100 * regeneration),
+                        **fresh_try(100 * regeneration, getattr(predictor, "lm", None)),
                     },
                     **asked,
                 )

@@ -68,3 +68,29 @@ def test_programs_on_a_plain_dspy_lm_send_no_booklens_keys_and_reask_with_a_fres
     assert summary.summary and steps.count("summarize") >= 2
     assert _booklens_keys(bodies) == []
     assert not any("rollout_id" in body for body in bodies)
+
+
+def test_a_program_given_its_own_plain_lm_gets_dspys_fresh_sample_not_booklens_keys():
+    """With the LM set on the program (`set_lm`) and none configured, a re-ask was marked for a
+    booklens LM (`booklens_attempt`, which a plain LM sends on to the server, and OpenAI refuses):
+    the mark follows the LM that answers."""
+    from typing import Literal
+
+    from booklens.lm import BooklensAdapter, predict_with_retries
+
+    class Classify(dspy.Signature):
+        """Label the text."""
+
+        text: str = dspy.InputField()
+        label: Literal["good", "bad"] = dspy.OutputField()
+
+    answers = iter(['{"label": "excellent"}', '{"label": "good"}'])
+    with FakeOpenAIServer(responder=lambda body: next(answers)) as server:
+        predictor = dspy.Predict(Classify)
+        predictor.set_lm(_plain_lm(server))
+        with dspy.context(adapter=BooklensAdapter()):
+            got = predict_with_retries(predictor, text="a fine day")
+        bodies = [r.body for r in server.received]
+    assert got.ok and got.attempts == 2 and len(bodies) == 2
+    assert _booklens_keys(bodies) == [] and bodies[1].get("temperature") == 0.7
+

@@ -368,14 +368,15 @@ def configure(lm: BooklensLM | dspy.BaseLM) -> BooklensLM:
     return lm
 
 
-def fresh_try(attempt: int) -> dict[str, int]:
+def fresh_try(attempt: int, lm: Any = None) -> dict[str, int]:
     """The LM keyword that makes try number `attempt` (1, 2, ...) of a call a new sample instead of
-    the cached answer of try 0. booklens LMs key their cache and the embedded model's seed on
+    the cached answer of try 0, for the LM that answers it: `lm` (a predictor's own, `set_lm`), else
+    the configured one. booklens LMs key their cache and the embedded model's seed on
     `booklens_attempt`; any other DSPy LM (a library user's `dspy.LM`) gets DSPy's own `rollout_id`,
     which it keeps out of the request it sends."""
     if not attempt:
         return {}
-    lm = dspy.settings.lm
+    lm = lm if lm is not None else dspy.settings.lm
     return {"rollout_id": attempt} if lm is not None and not isinstance(lm, BooklensLM) else {"booklens_attempt": attempt}
 
 
@@ -443,7 +444,7 @@ def predict_with_retries(
     for attempt in range(tries):
         call_config = dict(config or {})
         if attempt:
-            call_config.update(fresh_try(attempt))
+            call_config.update(fresh_try(attempt, getattr(predictor, "lm", None)))
             if not cut_off:
                 call_config.setdefault("temperature", 0.7)
         if budget != first_budget:
