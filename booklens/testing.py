@@ -124,7 +124,7 @@ class Reply:
       `usage=False` leaves the usage out, as some servers and proxies do).
     """
 
-    content: str = ""
+    content: str | None = ""  # None: `content: null`
     status: int = 200
     error: str = "error"
     error_code: str | None = None
@@ -232,7 +232,8 @@ class FakeOpenAIServer:
                     if prompt is None:
                         prompt = sum(len(str(m.get("content", ""))) // 4 for m in body.get("messages", []))
                         prompt += len(str(body.get("system", ""))) // 4
-                    completion = len(reply.content) // 4 if reply.completion_tokens is None else reply.completion_tokens
+                    completion = (len(reply.content or "") // 4 if reply.completion_tokens is None
+                                  else reply.completion_tokens)
                     if anthropic:
                         payload = _anthropic_message(body, reply, prompt, completion)
                     else:

@@ -533,6 +533,22 @@ def test_blank_lm_and_structured_variables_are_unset(monkeypatch):
     assert resolve_lm_name(None) == "openai/x" and resolve_structured(None) == "json"
 
 
+def test_an_answer_whose_content_is_null_is_re_asked_and_not_kept(tmp_path):
+    """`content: null` (a model that answered with nothing, a filtered answer) is an empty answer:
+    not kept, and re-asked as one that does not parse; then recorded as failed, never read as None."""
+    with FakeOpenAIServer(responder=failing_first(1, Reply(content=None))) as server:
+        backend = backend_for(server)
+        lm = BooklensLM(backend, cache=CallCache(tmp_path / "calls.sqlite"))
+        with dspy.context(lm=lm, adapter=BooklensAdapter()):
+            got = predict_with_retries(dspy.Predict(Classify), text="x")
+    assert got.ok and got.prediction.label == "good" and got.attempts == 2
+    assert len(lm.call_cache) == 1  # the answer of the second try only
+    with FakeOpenAIServer(responder=lambda body: Reply(content=None)) as server:
+        with dspy.context(lm=BooklensLM(backend_for(server)), adapter=BooklensAdapter()):
+            got = predict_with_retries(dspy.Predict(Classify), text="x")
+    assert not got.ok and got.error == "unparseable answer: the answer is empty" and len(server.received) == 3
+
+
 def test_an_answer_cut_off_at_the_token_limit_is_re_asked_with_a_larger_budget():
     def needs_40_tokens(body):
         if body["max_tokens"] < 40:
