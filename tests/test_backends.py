@@ -459,6 +459,33 @@ def test_a_page_instead_of_a_completion_from_a_server_that_never_answered_is_one
     assert len(sleep.delays) == 2
 
 
+NO_CHOICES = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "fake-model", "choices": [],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}})
+
+
+def test_a_response_without_choices_is_retried_as_a_glitch_once_the_server_has_answered():
+    """A proxy that loses its upstream's answer may send a response with no choices. From a server
+    that never answered, it is one line at once, as a page instead of a completion is; after an
+    answer, it stopped the whole run at once, where a retry mends it."""
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=lambda body: Reply(raw=NO_CHOICES)) as server:
+        with pytest.raises(LMError, match=r"answered without a completion \(no choices in its response\)$"):
+            classify(backend_for(server, sleep=sleep))
+    assert len(server.received) == 1 and sleep.delays == []
+    with FakeOpenAIServer(responder=failing_first(1, '{"label": "good"}', then=Reply(raw=NO_CHOICES))) as server:
+        backend = backend_for(server, sleep=sleep, retries=2)
+        classify(backend, text="first")
+        respond = failing_first(1, Reply(raw=NO_CHOICES))
+        server.responder = respond
+        assert classify(backend, text="second")[0].label == "good"
+        assert len(sleep.delays) == 1
+        server.responder = lambda body: Reply(raw=NO_CHOICES)
+        with pytest.raises(LMError, match=r"kept answering without a completion \(no choices in its response\) "
+                                          r"after 3 tries$"):
+            classify(backend, text="third")
+    assert len(sleep.delays) == 3
+
+
 @pytest.mark.parametrize("said, expected", [
     # llama.cpp's C++ server (its message has carried the figures since 2025)
     ("request (5012 tokens) exceeds the available context size (4096 tokens), try increasing it",

@@ -366,9 +366,33 @@ class LiteLLMBackend:
                 failures = self._after_failure(exc, kwargs, dialect, failures)
                 raise_if_stopped()  # after Ctrl-C, a call that failed in flight is not sent again
                 continue
+            if not getattr(response, "choices", None):
+                failures = self._without_choices(failures)
+                raise_if_stopped()
+                continue
             with _learned_lock:
                 self._learned["answered"] = True
             return self._completion(response, kwargs["messages"])
+
+    def _without_choices(self, failures: int) -> int:
+        """A response with no completion in it (a proxy that lost its upstream's answer): from a server
+        that has answered, a glitch, retried with backoff; from one that never has, one line at once."""
+        where = f"'{self.model}'" + (f" at {self.server}" if self.api_base else "")
+        with _learned_lock:
+            answered = self._learned.get("answered", False)
+        if not answered:
+            raise LMError(f"{where} answered without a completion (no choices in its response)")
+        failures += 1
+        if failures > self.retries:
+            raise LMError(f"{where} kept answering without a completion (no choices in its response) after "
+                          f"{failures} tries")
+        self.sleep(self._backoff(failures))
+        return failures
+
+    def _backoff(self, failures: int) -> float:
+        """Seconds to wait after the `failures`-th transient failure in a row: doubling from
+        `backoff_base`, at most `max_backoff`, plus up to 25% jitter."""
+        return min(self.max_backoff, self.backoff_base * 2 ** (failures - 1)) * (1 + random.random() * 0.25)
 
     def _completion(self, response: Any, messages: list[dict[str, Any]] | None = None) -> Completion:
         import litellm
@@ -488,7 +512,7 @@ class LiteLLMBackend:
             )) from None
         wait = retry_after(exc)
         if wait is None:
-            wait = min(self.max_backoff, self.backoff_base * 2 ** (failures - 1)) * (1 + random.random() * 0.25)
+            wait = self._backoff(failures)
         elif wait > MAX_RETRY_AFTER:
             raise LMError(f"{where} asks to wait {wait:.0f} s before the next request (Retry-After); "
                           "rerun later to resume from the cache") from None
