@@ -233,11 +233,25 @@ def _read_epub(p: Path, data: bytes) -> str:
             book = epub.read_epub(io.BytesIO(data), options={"ignore_ncx": True})
     except Exception as exc:  # ebooklib raises many kinds for a broken file, most of them internal
         raise BooklensError(_epub_problem(p, data, exc)) from None
-    parts = []
+    documents = []
     for idref, _linear in book.spine:
         item = book.get_item_with_id(idref)
-        if item is None or item.get_type() != ebooklib.ITEM_DOCUMENT or isinstance(item, epub.EpubNav):
+        # ebooklib types an item it does not build as XHTML by its file extension, which calls a
+        # chapter labelled text/html unknown: the label says it is a document.
+        if item is None or isinstance(item, epub.EpubNav) or (
+                item.get_type() != ebooklib.ITEM_DOCUMENT and item.media_type not in _HTML_TYPES):
             continue  # images, ..., and the navigation document (a generated table of contents)
+        documents.append(item)
+    encrypted = _encrypted_members(data)
+    if encrypted:
+        locked = [name for name in encrypted
+                  if any(name == d.file_name or name.endswith("/" + d.file_name) for d in documents)]
+        if locked:
+            more = f" and {len(locked) - 1} more" if len(locked) > 1 else ""
+            raise BooklensError(f"{p} is DRM-protected: its text ({locked[0]}{more}) is encrypted, as its "
+                                "META-INF/encryption.xml says, so it cannot be read; use a DRM-free copy")
+    parts = []
+    for item in documents:
         content = item.content
         if not content:
             continue
@@ -245,6 +259,43 @@ def _read_epub(p: Path, data: bytes) -> str:
         if text.strip():
             parts.append(text)
     return "\n\n".join(parts)
+
+
+_HTML_TYPES = frozenset({"application/xhtml+xml", "text/html"})
+# Font obfuscation (IDPF's and Adobe's) garbles embedded fonts only, leaving the text readable.
+_FONT_OBFUSCATION = frozenset({"http://www.idpf.org/2008/embedding", "http://ns.adobe.com/pdf/enc#RC"})
+
+
+def _encrypted_members(data: bytes) -> list[str]:
+    """Archive paths that the EPUB's META-INF/encryption.xml lists as encrypted by something other
+    than font obfuscation: DRM, whose ciphertext would otherwise be read as the book's text."""
+    import io
+    import posixpath
+    import zipfile
+    from urllib.parse import unquote
+
+    from lxml import etree
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            listing = archive.read("META-INF/encryption.xml")
+    except (KeyError, zipfile.BadZipFile, OSError):
+        return []
+    try:
+        root = etree.fromstring(listing)
+    except etree.XMLSyntaxError:
+        return []
+    enc = "{http://www.w3.org/2001/04/xmlenc#}"
+    names = []
+    for entry in root.iter(f"{enc}EncryptedData"):
+        method = entry.find(f"{enc}EncryptionMethod")
+        if method is not None and method.get("Algorithm") in _FONT_OBFUSCATION:
+            continue
+        for ref in entry.iter(f"{enc}CipherReference"):
+            uri = ref.get("URI")
+            if uri:
+                names.append(posixpath.normpath(unquote(uri)))
+    return names
 
 
 def _epub_problem(p: Path, data: bytes, exc: Exception) -> str:

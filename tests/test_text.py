@@ -460,6 +460,58 @@ def test_read_empty_epub_is_an_error(tmp_path):
         T.read_book(path)
 
 
+
+ENCRYPTION = ('<encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:container" '
+              'xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData>'
+              '<enc:EncryptionMethod Algorithm="{algorithm}"/>'
+              '<enc:CipherData><enc:CipherReference URI="{uri}"/></enc:CipherData></enc:EncryptedData></encryption>')
+
+
+def test_a_drm_protected_epub_is_an_error_not_its_ciphertext(tmp_path):
+    """A store's DRM encrypts the chapters and lists them in META-INF/encryption.xml; the archive
+    and package are intact, so without a look at that list the ciphertext was read as the book."""
+    import zipfile
+
+    path = tmp_path / "bought.epub"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("mimetype", "application/epub+zip")
+        archive.writestr("META-INF/container.xml", EPUB_CONTAINER)
+        archive.writestr("META-INF/encryption.xml", ENCRYPTION.format(
+            algorithm="http://www.w3.org/2001/04/xmlenc#aes128-cbc", uri="OEBPS/c1.xhtml"))
+        archive.writestr("OEBPS/content.opf", EPUB_PACKAGE)
+        archive.writestr("OEBPS/c1.xhtml", bytes(range(256)) * 8)  # the chapter as ciphertext
+    with pytest.raises(BooklensError) as excinfo:
+        T.read_book(path)
+    assert_one_line_error(excinfo, f"{path} is DRM-protected", "OEBPS/c1.xhtml")
+
+
+def test_an_epub_with_obfuscated_fonts_only_reads(tmp_path):
+    """Embedded fonts are commonly obfuscated (IDPF, Adobe) with the text in the clear: not DRM."""
+    import zipfile
+
+    path = zipped_epub(tmp_path / "fonts.epub")
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("META-INF/encryption.xml", ENCRYPTION.format(
+            algorithm="http://www.idpf.org/2008/embedding", uri="OEBPS/fonts/serif.otf"))
+    assert T.read_book(path) == "Mara lit the lamp."
+
+
+def test_spine_documents_served_as_text_html_are_read(tmp_path):
+    """Some converters label chapters text/html with an .html name: ebooklib types those by file
+    extension and calls them unknown, so they were left out without a word (all of them: 'no text')."""
+    import zipfile
+
+    package = EPUB_PACKAGE.replace(
+        '<item id="c1" href="c1.xhtml" media-type="application/xhtml+xml"/>',
+        '<item id="c1" href="c1.xhtml" media-type="application/xhtml+xml"/>'
+        '<item id="c2" href="c2.html" media-type="text/html"/>',
+    ).replace('<itemref idref="c1"/>', '<itemref idref="c1"/><itemref idref="c2"/>')
+    path = zipped_epub(tmp_path / "mixed.epub", package)
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("OEBPS/c2.html", "<html><body><p>She climbed the stair.</p></body></html>")
+    assert T.read_book(path) == "Mara lit the lamp.\n\nShe climbed the stair."
+
+
 # ---------------------------------------------------------------------------
 # Tokens
 
