@@ -407,12 +407,18 @@ _PG_END = re.compile(
     r"|^[ \t]*End of (?:the |this )?Project Gutenberg",
     re.IGNORECASE | re.MULTILINE,
 )
-# Paragraphs near the top that credit the transcription or describe the file.
-_PG_CREDIT = re.compile(
-    r"project gutenberg|gutenberg\.org|\be-?books?\b|\be-?texts?\b|pgdp|distributed proofread"
-    r"|^\s*(?:produced by|transcribed (?:from|by)|prepared by|special thanks|proofread)"
+# Paragraphs near the top that credit the transcription or describe the file: ones that start
+# as credits do, and (only where a Project Gutenberg marker shows the file is one of theirs) ones
+# that name the Project or an e-book, which a book's own opening may do.
+_PG_CREDIT_START = re.compile(
+    r"^\s*(?:produced by|transcribed (?:from|by)|prepared by|special thanks|proofread)"
     r"|^\s*(?:title|author|release date|posting date|last updated|language|character set encoding"
     r"|credits|illustrator|translator|editor|original publication):",
+    re.IGNORECASE,
+)
+_PG_CREDIT = re.compile(
+    r"project gutenberg|gutenberg\.org|\be-?books?\b|\be-?texts?\b|pgdp|distributed proofread"
+    rf"|{_PG_CREDIT_START.pattern}",
     re.IGNORECASE,
 )
 
@@ -434,14 +440,15 @@ def strip_gutenberg(text: str) -> str:
     if m:
         start = m.end()
     end = len(text)
-    m = _PG_END.search(text, max(start, end - _PG_WINDOW))
-    if m:
-        end = m.start()
+    m_end = _PG_END.search(text, max(start, end - _PG_WINDOW))
+    if m_end:
+        end = m_end.start()
+    credit = _PG_CREDIT if m or m_end else _PG_CREDIT_START
     # Credit paragraphs at the top ("Produced by ...", "This eBook is for the use of ...").
     for m in itertools.islice(_BLOCK.finditer(text, start, end), 12):
         b_start, b_end = m.span()
         block = text[b_start:b_end]
-        if len(block) > 1500 or not _PG_CREDIT.search(block):
+        if len(block) > 1500 or not credit.search(block):
             break
         start = b_end
     return text[start:end]

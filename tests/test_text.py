@@ -177,6 +177,23 @@ def test_gutenberg_older_footer_variant():
     assert T.strip_gutenberg(text).strip() == "It was a dark night."
 
 
+
+def test_a_book_without_gutenberg_markers_keeps_an_opening_that_mentions_ebooks():
+    """Credit paragraphs ("This eBook is for the use of anyone ...") are dropped after Project
+    Gutenberg's markers; a book with none keeps its opening even when that names an ebook or the
+    Project itself, where it lost every such paragraph up to the first that did not."""
+    opening = [
+        "Mara kept her grandfather's library on an old e-book reader, four thousand volumes from "
+        "Project Gutenberg that she had never once finished.",
+        "The night the lamp went dark she was reading the ebook of Moby-Dick for the third time.",
+        "She put it down and climbed the stair.",
+    ]
+    book = "\n\n".join(opening)
+    assert T.strip_gutenberg(book) == book
+    # A credit line of its own is still dropped without markers (a header cut off by hand).
+    assert T.strip_gutenberg("Produced by Anon.\n\n" + book).strip() == book
+
+
 def test_book_with_only_boilerplate_is_an_error(tmp_path):
     data = b"*** START OF THIS PROJECT GUTENBERG EBOOK X ***\n\nProduced by Someone\n\n*** END OF THIS PROJECT GUTENBERG EBOOK X ***\nlicense"
     with pytest.raises(BooklensError) as excinfo:
