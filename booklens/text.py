@@ -610,6 +610,8 @@ def drop_front_back_matter(text: str) -> str:
             continue
         if any(k > i for k in starts) or n - s > 0.15 * n:
             continue  # a chapter follows (this was not the end), or too much would go
+        if any(k < i <= k + 2 and not any(_is_text(text[a:b]) for a, b in blocks[k + 1:i]) for k in starts):
+            continue  # the title under a chapter heading ("CHAPTER 12 / The End of the Road")
         back = s
         break
     return text[front:back]

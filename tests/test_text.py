@@ -305,6 +305,20 @@ def test_drop_matter_keeps_an_epilogue_after_the_end_of_part_one():
     assert T.drop_front_back_matter(book) == book
 
 
+
+@pytest.mark.parametrize("heading, title", [("CHAPTER 10", "The End of the Road"), ("10", "The End"),
+                                            ("Chapter Ten", "FINIS")])
+def test_drop_matter_keeps_a_last_chapter_whose_title_reads_as_back_matter(heading, title):
+    """A back-matter heading ("The End", "Finis", ...) that is the title under a chapter heading
+    names that chapter: the whole last chapter went, its heading left dangling at the end."""
+    chapter = "\n\n".join(NARRATIVE * 3)
+    parts = []
+    for i in range(1, 10):
+        parts += [f"CHAPTER {i}", f"The Night of Storm {i}", chapter]
+    book = "\n\n".join(parts + [heading, title, chapter, "THE END"])
+    assert T.drop_front_back_matter(book).rstrip() == book[:book.rindex("THE END")].rstrip()
+
+
 def test_drop_matter_keeps_a_story_that_opens_with_dialogue():
     book = "\n\n".join(["“Run!”", "She ran."] + NARRATIVE * 3)
     assert T.drop_front_back_matter(book) == book
