@@ -144,6 +144,10 @@ class _HTMLText(html.parser.HTMLParser):
         self._buf: list[str] = []
         self._skip = 0
         self._pre = 0
+        # An open note reference (its tag, and how deep that tag nests in it): a link to a note
+        # whose number, read as text, would glue itself to the word it marks ("lamp1").
+        self._note: Optional[str] = None
+        self._note_depth = 0
 
     def _flush(self) -> None:
         if self._buf:
@@ -157,8 +161,23 @@ class _HTMLText(html.parser.HTMLParser):
             if para.strip():
                 self.paragraphs.append(para)
 
+    @staticmethod
+    def _is_note_reference(attrs) -> bool:
+        for name, value in attrs:
+            if name in ("epub:type", "role") and value and (
+                    "noteref" in value.split() or "doc-noteref" in value.split()):
+                return True
+        return False
+
     def handle_starttag(self, tag: str, attrs) -> None:
-        if tag in self.SKIP:
+        if self._note is not None:
+            if tag not in self.BLOCKS:
+                self._note_depth += tag == self._note
+                return
+            self._note = None  # a reference left open (sloppy markup) ends with its paragraph
+        if self._is_note_reference(attrs):
+            self._note, self._note_depth = tag, 1
+        elif tag in self.SKIP:
             self._skip += 1
         elif tag == "br":
             self._buf.append("\n")
@@ -168,12 +187,22 @@ class _HTMLText(html.parser.HTMLParser):
                 self._pre += 1
 
     def handle_startendtag(self, tag: str, attrs) -> None:
+        if self._note is not None:
+            return
         if tag == "br":
             self._buf.append("\n")
         elif tag in self.BLOCKS:
             self._flush()
 
     def handle_endtag(self, tag: str) -> None:
+        if self._note is not None:
+            if tag not in self.BLOCKS:
+                if tag == self._note:
+                    self._note_depth -= 1
+                    if not self._note_depth:
+                        self._note = None
+                return
+            self._note = None  # left open: it ends with its paragraph
         if tag in self.SKIP:
             self._skip = max(0, self._skip - 1)
         elif tag in self.BLOCKS:
@@ -182,7 +211,7 @@ class _HTMLText(html.parser.HTMLParser):
                 self._pre = max(0, self._pre - 1)
 
     def handle_data(self, data: str) -> None:
-        if self._skip:
+        if self._skip or self._note is not None:
             return
         if self._pre:
             self._buf.append(data)

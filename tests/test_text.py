@@ -381,6 +381,21 @@ def test_read_epub_in_spine_order_with_html_stripped(tmp_path):
                     "\n\nChapter Two\n\nMorning came — grey.")
 
 
+def test_epub_note_references_do_not_join_the_words_they_mark(tmp_path):
+    """A note reference is a link to a note, not text: read as text it glued its number to the
+    word it marks ("lamp1") and after a full stop hid the sentence's end ("dark.2 She")."""
+    path = make_epub(tmp_path / "notes.epub", [(
+        "One",
+        '<html xmlns:epub="http://www.idpf.org/2007/ops"><body>'
+        '<p>The lamp<a href="#n1" epub:type="noteref">1</a> was dark.<sup><a href="#n2" role="doc-noteref">2</a>'
+        '</sup> She lit it.</p><aside epub:type="footnote" id="n1"><p>1. An oil lamp.</p></aside></body></html>',
+    )])
+    assert T.read_book(path) == "The lamp was dark. She lit it.\n\n1. An oil lamp."
+    assert T.split_sentences(T.read_book(path))[:2] == ["The lamp was dark.", "She lit it."]
+    # A reference left open in sloppy markup hides no more than the rest of its paragraph.
+    assert T.html_to_text('<p>Dark<a epub:type="noteref">1.</p><p>She lit it.</p>') == "Dark\n\nShe lit it."
+
+
 def test_an_epub_is_read_from_disk_once(tmp_path, monkeypatch):
     """The bytes the path checks read are the ones parsed: the file is opened once, so a book
     replaced meanwhile cannot mix two files, and a broken one is diagnosed from the same bytes."""
