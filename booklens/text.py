@@ -170,6 +170,7 @@ class _HTMLText(html.parser.HTMLParser):
         return False
 
     def handle_starttag(self, tag: str, attrs) -> None:
+        tag = tag.rpartition(":")[2]  # <h:p> where XHTML's namespace has a prefix
         if self._note is not None:
             if tag not in self.BLOCKS:
                 self._note_depth += tag == self._note
@@ -187,6 +188,7 @@ class _HTMLText(html.parser.HTMLParser):
                 self._pre += 1
 
     def handle_startendtag(self, tag: str, attrs) -> None:
+        tag = tag.rpartition(":")[2]
         if self._note is not None:
             return
         if tag == "br":
@@ -195,6 +197,7 @@ class _HTMLText(html.parser.HTMLParser):
             self._flush()
 
     def handle_endtag(self, tag: str) -> None:
+        tag = tag.rpartition(":")[2]
         if self._note is not None:
             if tag not in self.BLOCKS:
                 if tag == self._note:

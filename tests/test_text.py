@@ -396,6 +396,14 @@ def test_epub_note_references_do_not_join_the_words_they_mark(tmp_path):
     assert T.html_to_text('<p>Dark<a epub:type="noteref">1.</p><p>She lit it.</p>') == "Dark\n\nShe lit it."
 
 
+def test_xhtml_with_prefixed_element_names_reads_as_unprefixed():
+    """XHTML may bind its namespace to a prefix (<h:p>): its paragraphs ran together and its
+    head's title was read as text."""
+    doc = ('<?xml version="1.0"?><h:html xmlns:h="http://www.w3.org/1999/xhtml"><h:head><h:title>The Lamp'
+           '</h:title></h:head><h:body><h:p>Mara lit it.</h:p><h:p>It burned.<h:br/>All night.</h:p></h:body></h:html>')
+    assert T.html_to_text(doc) == "Mara lit it.\n\nIt burned.\nAll night."
+
+
 def test_an_epub_is_read_from_disk_once(tmp_path, monkeypatch):
     """The bytes the path checks read are the ones parsed: the file is opened once, so a book
     replaced meanwhile cannot mix two files, and a broken one is diagnosed from the same bytes."""
