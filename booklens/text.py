@@ -94,10 +94,12 @@ def _decode_text(data: bytes, where: str) -> str:
             bad = sample.count("\ufffd") + len(_CONTROL.findall(sample))
             if len(sample) >= 32 and bad > 0.3 * len(sample):
                 raise BooklensError(f"{where} looks like a binary file, not UTF-8 text") from None
-            raise BooklensError(
-                f"{where} is not valid UTF-8: undecodable byte 0x{data[skip + exc.start]:02x} at byte offset "
-                f"{skip + exc.start}; convert the file to UTF-8"
-            ) from None
+            text = _decode_declared(data)
+            if text is None:
+                raise BooklensError(
+                    f"{where} is not valid UTF-8: undecodable byte 0x{data[skip + exc.start]:02x} at byte offset "
+                    f"{skip + exc.start}; convert the file to UTF-8"
+                ) from None
         looks = "mostly control characters"
     # Decoded text that is a binary file's all the same: a NUL (only a wide encoding gets this far
     # with one) or over 10% control characters in its first 64K characters.
@@ -105,6 +107,30 @@ def _decode_text(data: bytes, where: str) -> str:
     if "\x00" in sample or len(_CONTROL.findall(sample)) > 0.1 * len(sample):
         raise BooklensError(f"{where} looks like a binary file ({looks}), not text")
     return text
+
+
+# Project Gutenberg's header line naming the file's encoding ("Character set encoding: ISO-8859-1").
+_DECLARED_ENCODING = re.compile(rb"^[ \t]*Character set encoding:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.I | re.M)
+# The 8-bit encodings its older files declare, by their names with spaces, dashes and underscores
+# dropped. A Latin-1 label is read as Windows-1252, as browsers read it: such files often hold
+# Windows-1252 quotes and dashes in the bytes Latin-1 leaves to control characters.
+_DECLARED_CODECS = {"iso88591": "cp1252", "isolatin1": "cp1252", "latin1": "cp1252", "windows1252": "cp1252",
+                    "cp1252": "cp1252", "iso885915": "iso-8859-15", "macroman": "mac-roman"}
+
+
+def _decode_declared(data: bytes) -> Optional[str]:
+    """`data` decoded in the 8-bit encoding its Project Gutenberg header declares, or None when it
+    declares none that this knows (a guess could misread every accented letter)."""
+    m = _DECLARED_ENCODING.search(data, 0, 65536)
+    if not m:
+        return None
+    codec = _DECLARED_CODECS.get(re.sub(rb"[\s_-]", b"", m.group(1)).decode("ascii", "replace").lower())
+    if codec is None:
+        return None
+    try:
+        return data.decode(codec)
+    except UnicodeDecodeError:  # one of the five bytes Windows-1252 leaves undefined
+        return data.decode("latin-1") if codec == "cp1252" else None
 
 
 def _normalize_newlines(text: str) -> str:

@@ -79,6 +79,26 @@ def test_read_undecodable_text_names_the_byte_offset(tmp_path):
     assert_one_line_error(excinfo, "not valid UTF-8", "byte offset 7", "0xe9")
 
 
+
+@pytest.mark.parametrize("declared", ["ISO-8859-1", "ISO Latin-1", "latin1", "Windows-1252"])
+def test_a_gutenberg_file_is_read_in_the_encoding_its_header_declares(tmp_path, declared):
+    """Project Gutenberg's older 8-bit files say their encoding in the header; Latin-1 files of
+    theirs often hold Windows-1252 quotes too (as browsers read a Latin-1 label)."""
+    head = f"The Project Gutenberg EBook of The Lamp\n\nCharacter set encoding: {declared}\n\n"
+    body = "*** START OF THIS PROJECT GUTENBERG EBOOK THE LAMP ***\n\nThe caf\u00e9 was closed. \u201cNo,\u201d she said.\n"
+    path = write(tmp_path, "lamp.txt", (head + body).encode("cp1252"))
+    assert T.read_book(path) == "The caf\u00e9 was closed. \u201cNo,\u201d she said."
+    # Without a declaration an 8-bit file is still an error: a guess could misread every accent.
+    path = write(tmp_path, "plain.txt", "The caf\u00e9 was closed.\n".encode("cp1252"))
+    with pytest.raises(BooklensError) as excinfo:
+        T.read_book(path)
+    assert_one_line_error(excinfo, "not valid UTF-8", "convert the file to UTF-8")
+    # A declaration the bytes contradict (UTF-8 declared) is the same error.
+    path = write(tmp_path, "liar.txt", (head.replace(declared, "UTF-8") + body).encode("cp1252"))
+    with pytest.raises(BooklensError, match="not valid UTF-8"):
+        T.read_book(path)
+
+
 def test_undecodable_offset_counts_the_byte_order_mark(tmp_path):
     path = write(tmp_path, "bom.txt", b"\xef\xbb\xbfcaf\xe9")
     with pytest.raises(BooklensError) as excinfo:
