@@ -302,8 +302,12 @@ def _read_epub(p: Path, data: bytes) -> str:
         documents.append(item)
     encrypted = _encrypted_members(data)
     if encrypted:
-        locked = [name for name in encrypted
-                  if any(name == d.file_name or name.endswith("/" + d.file_name) for d in documents)]
+        import posixpath
+
+        # Names in the manifest are relative to the package document, which may sit in a folder
+        # beside them ("../Text/c1.xhtml"); the encryption list's are the archive's.
+        tails = [re.sub(r"^(?:\.\./)+", "", posixpath.normpath(d.file_name)) for d in documents]
+        locked = [name for name in encrypted if any(name == t or name.endswith("/" + t) for t in tails)]
         if locked:
             more = f" and {len(locked) - 1} more" if len(locked) > 1 else ""
             raise BooklensError(f"{p} is DRM-protected: its text ({locked[0]}{more}) is encrypted, as its "

@@ -541,22 +541,29 @@ ENCRYPTION = ('<encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:containe
               '<enc:CipherData><enc:CipherReference URI="{uri}"/></enc:CipherData></enc:EncryptedData></encryption>')
 
 
-def test_a_drm_protected_epub_is_an_error_not_its_ciphertext(tmp_path):
+@pytest.mark.parametrize("package, chapter", [
+    ("OEBPS/content.opf", "OEBPS/c1.xhtml"),
+    ("OEBPS/content.opf", "Text/c1.xhtml"),  # beside the package's folder: href="../Text/c1.xhtml"
+    ("content.opf", "c1.xhtml"),
+])
+def test_a_drm_protected_epub_is_an_error_not_its_ciphertext(tmp_path, package, chapter):
     """A store's DRM encrypts the chapters and lists them in META-INF/encryption.xml; the archive
     and package are intact, so without a look at that list the ciphertext was read as the book."""
+    import posixpath
     import zipfile
 
+    href = posixpath.relpath(chapter, posixpath.dirname(package) or ".")
     path = tmp_path / "bought.epub"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("mimetype", "application/epub+zip")
-        archive.writestr("META-INF/container.xml", EPUB_CONTAINER)
+        archive.writestr("META-INF/container.xml", EPUB_CONTAINER.replace("OEBPS/content.opf", package))
         archive.writestr("META-INF/encryption.xml", ENCRYPTION.format(
-            algorithm="http://www.w3.org/2001/04/xmlenc#aes128-cbc", uri="OEBPS/c1.xhtml"))
-        archive.writestr("OEBPS/content.opf", EPUB_PACKAGE)
-        archive.writestr("OEBPS/c1.xhtml", bytes(range(256)) * 8)  # the chapter as ciphertext
+            algorithm="http://www.w3.org/2001/04/xmlenc#aes128-cbc", uri=chapter))
+        archive.writestr(package, EPUB_PACKAGE.replace('href="c1.xhtml"', f'href="{href}"'))
+        archive.writestr(chapter, bytes(range(256)) * 8)  # the chapter as ciphertext
     with pytest.raises(BooklensError) as excinfo:
         T.read_book(path)
-    assert_one_line_error(excinfo, f"{path} is DRM-protected", "OEBPS/c1.xhtml")
+    assert_one_line_error(excinfo, f"{path} is DRM-protected", chapter)
 
 
 def test_an_epub_with_obfuscated_fonts_only_reads(tmp_path):
