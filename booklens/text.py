@@ -689,7 +689,7 @@ def _strip_blank_edges(text: str) -> str:
 
 
 def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: bool = False) -> str:
-    """The text of a book file (``.txt`` or ``.epub``), ready for chunking.
+    """The text of a book file (``.txt``, ``.epub`` or an HTML page), ready for chunking.
 
     ``strip_boilerplate`` removes a Project Gutenberg header, credits and license;
     ``drop_matter`` also removes front and back matter (contents, dedication,
@@ -701,6 +701,8 @@ def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: 
     data = read_file_bytes(p, "book")
     if p.suffix.lower() == ".epub" or _looks_like_epub(data):
         text = _read_epub(p, data)
+    elif p.suffix.lower() in (".html", ".htm", ".xhtml"):
+        text = html_to_text(_decode_text(data, str(p)))  # a web page's text, not its markup
     else:
         text = _decode_text(data, str(p))
     text = _normalize_newlines(text)

@@ -424,6 +424,19 @@ def test_xhtml_with_prefixed_element_names_reads_as_unprefixed():
     assert T.html_to_text(doc) == "Mara lit it.\n\nIt burned.\nAll night."
 
 
+@pytest.mark.parametrize("name", ["lamp.html", "lamp.HTM", "lamp.xhtml"])
+def test_an_html_book_is_read_as_its_visible_text_not_its_markup(tmp_path, name):
+    """Project Gutenberg's HTML edition given as the book: its tags, styles and head were read as
+    the book's text and summarized."""
+    page = ('<!DOCTYPE html><html><head><meta charset="utf-8"><title>The Lamp</title><style>p {margin: 0}</style>'
+            '</head><body><section class="pg-boilerplate"><p>The Project Gutenberg eBook of The Lamp</p>'
+            '<div>*** START OF THE PROJECT GUTENBERG EBOOK THE LAMP ***</div></section>'
+            '<h2>Chapter I</h2><p>Mara lit the lamp &mdash; at last.</p><p>It burned.</p>'
+            '<div>*** END OF THE PROJECT GUTENBERG EBOOK THE LAMP ***</div><p>License.</p></body></html>')
+    path = write(tmp_path, name, page.encode("utf-8"))
+    assert T.read_book(path) == "Chapter I\n\nMara lit the lamp \u2014 at last.\n\nIt burned."
+
+
 def test_an_epub_is_read_from_disk_once(tmp_path, monkeypatch):
     """The bytes the path checks read are the ones parsed: the file is opened once, so a book
     replaced meanwhile cannot mix two files, and a broken one is diagnosed from the same bytes."""
