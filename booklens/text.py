@@ -535,7 +535,7 @@ _FRONT_HEADINGS = re.compile(
     r"|dedication|epigraph|(?:author|editor|translator|publisher|transcriber)['’]?s['’]? notes?"
     r"|a note (?:on|about) the (?:text|translation|author)|list of (?:illustrations|characters|plates)"
     r"|illustrations|dramatis personae|by the same author|also by\b|books by\b|other (?:books|works) by\b"
-    r"|copyright|about (?:this|the) (?:book|e-?book|edition))\b",
+    r"|copyright|about (?:this|the) (?:book|e-?book|edition|authors?))\b",
     re.IGNORECASE,
 )
 _FRONT_SIGNALS = re.compile(
@@ -547,7 +547,7 @@ _BACK_HEADINGS = re.compile(
     r"^(?:the end|finis|the end of [\w' ]{1,40}|about the authors?|a note (?:on|about) the authors?"
     r"|acknowledge?ments?|transcriber['’]?s['’]? notes?|also by\b|by the same author|other (?:books|works) by\b"
     r"|books by\b|footnotes|endnotes|afterword|reading group guide|discussion questions|questions for discussion"
-    r"|colophon|copyright)\b[\s.:!]*$",
+    r"|colophon|copyright|appendix(?:\s+(?:[ivxlc]+|[a-z]|\d+))?|appendices)\b[\s.:!]*$",
     re.IGNORECASE,
 )
 

@@ -339,6 +339,18 @@ def test_drop_matter_keeps_a_last_chapter_whose_title_reads_as_back_matter(headi
     assert T.drop_front_back_matter(book).rstrip() == book[:book.rindex("THE END")].rstrip()
 
 
+
+def test_drop_matter_drops_about_the_author_before_the_story_and_an_appendix_after_it():
+    chapter = "\n\n".join(NARRATIVE * 3)
+    about = ("Ada Quill lives by the sea with two cats and a lighthouse that no longer works. This is "
+             "her first novel, and she is at work on a second.")
+    appendix = ("The lamps of the northern coast, with the years they were lit and the names of their "
+                "keepers as far as the harbour records give them.")
+    story = "\n\n".join(f"Chapter {i}\n\n{chapter}" for i in range(1, 8))
+    book = "\n\n".join(["THE LANTERN KEEPER", "ABOUT THE AUTHOR", about, story, "APPENDIX", appendix])
+    assert T.drop_front_back_matter(book).strip() == story
+
+
 def test_drop_matter_keeps_a_story_that_opens_with_dialogue():
     book = "\n\n".join(["“Run!”", "She ran."] + NARRATIVE * 3)
     assert T.drop_front_back_matter(book) == book
