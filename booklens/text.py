@@ -254,6 +254,15 @@ class _HTMLText(html.parser.HTMLParser):
 
 
 def _decode_markup(data: bytes) -> str:
+    # UTF-16, which XML allows for a document: told by its byte-order mark or, without one, by
+    # the NUL beside its first '<' (XML's own rule for finding a document's encoding).
+    for start, codec in ((b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"), (b"<\x00", "utf-16-le"),
+                         (b"\x00<", "utf-16-be")):
+        if data.startswith(start):
+            try:
+                return data.decode(codec)
+            except UnicodeDecodeError:
+                break
     head = data[:200].decode("ascii", "replace")
     m = re.search(r"""encoding=["']([\w.-]+)["']""", head)
     for enc in ("utf-8-sig", m.group(1) if m else None):

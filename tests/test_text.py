@@ -449,6 +449,15 @@ def test_an_html_book_is_read_as_its_visible_text_not_its_markup(tmp_path, name)
     assert T.read_book(path) == "Chapter I\n\nMara lit the lamp \u2014 at last.\n\nIt burned."
 
 
+@pytest.mark.parametrize("codec", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_an_epub_document_in_utf16_is_read(tmp_path, codec):
+    """XHTML in an EPUB may be UTF-16 (with a byte-order mark, or told by its '<?xml' alone): it
+    was read as UTF-8, every other character a NUL."""
+    doc = ('<?xml version="1.0" encoding="UTF-16"?><html xmlns="http://www.w3.org/1999/xhtml"><body>'
+           '<p>The caf\u00e9 lamp.</p></body></html>')
+    assert T.html_to_text(doc.encode(codec)) == "The caf\u00e9 lamp."
+
+
 def test_an_epub_is_read_from_disk_once(tmp_path, monkeypatch):
     """The bytes the path checks read are the ones parsed: the file is opened once, so a book
     replaced meanwhile cannot mix two files, and a broken one is diagnosed from the same bytes."""
