@@ -263,8 +263,10 @@ def _decode_markup(data: bytes) -> str:
                 return data.decode(codec)
             except UnicodeDecodeError:
                 break
-    head = data[:200].decode("ascii", "replace")
-    m = re.search(r"""encoding=["']([\w.-]+)["']""", head)
+    # The XML declaration's encoding, or else a <meta> tag's charset (after a doctype, further in).
+    head = data[:2048].decode("ascii", "replace")
+    m = re.search(r"""encoding=["']([\w.-]+)["']""", head[:200]) or re.search(
+        r"""<meta[^>]*?charset=["']?([\w.-]+)""", head, re.IGNORECASE)
     for enc in ("utf-8-sig", m.group(1) if m else None):
         if enc:
             try:

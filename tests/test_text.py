@@ -458,6 +458,17 @@ def test_an_epub_document_in_utf16_is_read(tmp_path, codec):
     assert T.html_to_text(doc.encode(codec)) == "The caf\u00e9 lamp."
 
 
+def test_an_epub_document_whose_meta_tag_names_its_encoding_is_read_in_it():
+    """Older XHTML names its 8-bit encoding in a <meta> tag only: its accents and quotes became
+    replacement characters."""
+    doc = ('<?xml version="1.0"?>\n<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.1//EN" '
+           '"http://www.w3.org/TR/xhtml11/DTD/xhtml11.dtd">\n<html xmlns="http://www.w3.org/1999/xhtml"><head>'
+           '<meta http-equiv="Content-Type" content="text/html; charset=windows-1252"/><title>One</title></head>'
+           '<body><p>\u201cThe caf\u00e9,\u201d she said.</p></body></html>')
+    assert T.html_to_text(doc.encode("cp1252")) == "\u201cThe caf\u00e9,\u201d she said."
+    assert T.html_to_text(doc.replace("windows-1252", "utf-8").encode("utf-8")) == "\u201cThe caf\u00e9,\u201d she said."
+
+
 def test_an_epub_is_read_from_disk_once(tmp_path, monkeypatch):
     """The bytes the path checks read are the ones parsed: the file is opened once, so a book
     replaced meanwhile cannot mix two files, and a broken one is diagnosed from the same bytes."""
