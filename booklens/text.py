@@ -553,6 +553,18 @@ _FRONT_SIGNALS = re.compile(
     r"copyright|all rights reserved|first published|printed in|\bisbn\b|transcriber|gutenberg",
     re.IGNORECASE,
 )
+# Signals no story's paragraph has: the others ("printed in", "first published", a copyright
+# mentioned) mark a block only when it is not running prose.
+_STRONG_FRONT_SIGNALS = re.compile(
+    r"©|copyright\s+(?:\(c\)|\d{4})|all rights reserved|\bisbn\b|transcriber|gutenberg", re.IGNORECASE
+)
+
+
+def _says_front_matter(block: str) -> bool:
+    """Whether a block says it is front matter (a copyright notice, a transcriber's note, ...)."""
+    if _STRONG_FRONT_SIGNALS.search(block):
+        return True
+    return bool(_FRONT_SIGNALS.search(block)) and not _is_prose(block)
 _DEDICATION = re.compile(r"^(?:to|for|in (?:loving )?memory of|dedicated to)\b", re.IGNORECASE)
 _BACK_HEADINGS = re.compile(
     r"^(?:the end|finis|the end of [\w' ]{1,40}|about the authors?|a note (?:on|about) the authors?"
@@ -657,7 +669,7 @@ def drop_front_back_matter(text: str) -> str:
             block = text[blocks[i][0]:blocks[i][1]]
             if not _is_text(block):
                 in_matter_section = _is_short(block, max_lines=2) and bool(_FRONT_HEADINGS.match(_lines(block)[0]))
-            elif in_matter_section or _FRONT_SIGNALS.search(block):
+            elif in_matter_section or _says_front_matter(block):
                 continue
             elif (
                 # A dedication: "For my mother, / who kept the light." standing on its own.

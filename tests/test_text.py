@@ -351,6 +351,22 @@ def test_drop_matter_drops_about_the_author_before_the_story_and_an_appendix_aft
     assert T.drop_front_back_matter(book).strip() == story
 
 
+
+@pytest.mark.parametrize("words", ["printed in the Harbour Gazette", "first published by the harbour board",
+                                   "under the copyright of the old company"])
+def test_drop_matter_keeps_an_opening_paragraph_whose_words_sound_like_a_copyright_page(words):
+    """An opening paragraph of the story was front matter when a phrase of a copyright page
+    ("printed in", "first published", "copyright") occurred in it: the story lost its first words."""
+    opening = (f"The notice had been {words} three weeks before anyone read it, and by then "
+               "the keeper was long gone from the tower and the town.")
+    chapter = "\n\n".join(NARRATIVE * 2)
+    story = "\n\n".join([opening, chapter] + [f"Chapter {i}\n\n{chapter}" for i in range(2, 9)])
+    assert T.drop_front_back_matter("THE LAMP\n\n" + story).strip() == story
+    # A copyright page says so in its own short lines, and still goes.
+    page = "Copyright 2031 Ada Quill\nFirst published in 2031 by Tower Books\nPrinted in Great Britain"
+    assert T.drop_front_back_matter("THE LAMP\n\n" + page + "\n\n" + story).strip() == story
+
+
 def test_drop_matter_keeps_a_story_that_opens_with_dialogue():
     book = "\n\n".join(["“Run!”", "She ran."] + NARRATIVE * 3)
     assert T.drop_front_back_matter(book) == book
