@@ -468,9 +468,10 @@ def _looks_like_epub(data: bytes) -> bool:
 
 _PG_START = re.compile(
     # "*** START OF THE PROJECT GUTENBERG EBOOK TITLE ***" (a long title may wrap the marker
-    # over lines), older "*** START OF THIS PROJECT GUTENBERG EBOOK ...", and the end of the
-    # old "SMALL PRINT" license header.
-    r"^[ \t]*\*+[ \t]*START OF (?:THE|THIS) PROJECT GUTENBERG[^*\n]*(?:\n[^*\n]*)?\*+[^\n]*"
+    # over up to three lines, its asterisks perhaps on a line of their own), older "*** START OF
+    # THIS PROJECT GUTENBERG EBOOK ...", and the end of the old "SMALL PRINT" license header.
+    r"^[ \t]*\*+[ \t]*START OF (?:THE|THIS) PROJECT GUTENBERG[^*\n]*(?:\n[ \t]*[^*\s][^*\n]*){0,2}"
+    r"(?:\n[ \t]*)?\*+[^\n]*"
     r"|^[ \t]*\*+[ \t]*START OF (?:THE|THIS) PROJECT GUTENBERG[^\n]*"
     r"|^[ \t]*\*+[ \t]*END\*?[ \t]*THE SMALL PRINT[^\n]*",
     re.IGNORECASE | re.MULTILINE,

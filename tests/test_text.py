@@ -214,6 +214,23 @@ def test_a_book_without_gutenberg_markers_keeps_an_opening_that_mentions_ebooks(
     assert T.strip_gutenberg("Produced by Anon.\n\n" + book).strip() == book
 
 
+
+@pytest.mark.parametrize("marker", [
+    "*** START OF THE PROJECT GUTENBERG EBOOK THE LAMP ***",
+    "*** START OF THE PROJECT GUTENBERG EBOOK THE LAMP AND\nTHE TOWER ***",
+    "*** START OF THE PROJECT GUTENBERG EBOOK THE LAMP, THE TOWER\nAND THE LONG, LONG NIGHT ON THE\nNORTHERN COAST ***",
+    "*** START OF THE PROJECT GUTENBERG EBOOK THE LAMP AND THE TOWER\n***",
+])
+def test_a_start_marker_wrapped_over_lines_goes_whole(marker):
+    """A long title wraps the start marker over two or three lines: of a three-line one, the last
+    two were left at the top of the book."""
+    book = "\n\n".join(NARRATIVE)
+    assert T.strip_gutenberg(f"Header\n\n{marker}\n\n\n{book}\n").strip() == book
+    # A marker without closing asterisks takes no more than its line.
+    assert T.strip_gutenberg(f"*** START OF THE PROJECT GUTENBERG EBOOK THE LAMP\n{book}\n* * *\n").strip() == (
+        book + "\n* * *")
+
+
 def test_book_with_only_boilerplate_is_an_error(tmp_path):
     data = b"*** START OF THIS PROJECT GUTENBERG EBOOK X ***\n\nProduced by Someone\n\n*** END OF THIS PROJECT GUTENBERG EBOOK X ***\nlicense"
     with pytest.raises(BooklensError) as excinfo:
