@@ -113,9 +113,12 @@ def _decode_text(data: bytes, where: str) -> str:
 _DECLARED_ENCODING = re.compile(rb"^[ \t]*Character set encoding:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.I | re.M)
 # The 8-bit encodings its older files declare, by their names with spaces, dashes and underscores
 # dropped. A Latin-1 label is read as Windows-1252, as browsers read it: such files often hold
-# Windows-1252 quotes and dashes in the bytes Latin-1 leaves to control characters.
+# Windows-1252 quotes and dashes in the bytes Latin-1 leaves to control characters. So is an
+# ASCII label (again as browsers read it): a file so labelled that is not UTF-8 has stray 8-bit
+# letters, Latin-1's or Windows-1252's.
 _DECLARED_CODECS = {"iso88591": "cp1252", "isolatin1": "cp1252", "latin1": "cp1252", "windows1252": "cp1252",
-                    "cp1252": "cp1252", "iso885915": "iso-8859-15", "macroman": "mac-roman"}
+                    "cp1252": "cp1252", "ascii": "cp1252", "usascii": "cp1252", "iso885915": "iso-8859-15",
+                    "macroman": "mac-roman"}
 
 
 def _decode_declared(data: bytes) -> Optional[str]:

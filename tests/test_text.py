@@ -80,10 +80,11 @@ def test_read_undecodable_text_names_the_byte_offset(tmp_path):
 
 
 
-@pytest.mark.parametrize("declared", ["ISO-8859-1", "ISO Latin-1", "latin1", "Windows-1252"])
+@pytest.mark.parametrize("declared", ["ISO-8859-1", "ISO Latin-1", "latin1", "Windows-1252", "ASCII", "US-ASCII"])
 def test_a_gutenberg_file_is_read_in_the_encoding_its_header_declares(tmp_path, declared):
     """Project Gutenberg's older 8-bit files say their encoding in the header; Latin-1 files of
-    theirs often hold Windows-1252 quotes too (as browsers read a Latin-1 label)."""
+    theirs often hold Windows-1252 quotes too, and ones labelled ASCII stray 8-bit letters (as
+    browsers read both labels: as Windows-1252)."""
     head = f"The Project Gutenberg EBook of The Lamp\n\nCharacter set encoding: {declared}\n\n"
     body = "*** START OF THIS PROJECT GUTENBERG EBOOK THE LAMP ***\n\nThe caf\u00e9 was closed. \u201cNo,\u201d she said.\n"
     path = write(tmp_path, "lamp.txt", (head + body).encode("cp1252"))
