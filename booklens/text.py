@@ -560,7 +560,9 @@ _FRONT_SIGNALS = re.compile(
 # Signals no story's paragraph has: the others ("printed in", "first published", a copyright
 # mentioned) mark a block only when it is not running prose.
 _STRONG_FRONT_SIGNALS = re.compile(
-    r"©|copyright\s+(?:\(c\)|\d{4})|all rights reserved|\bisbn\b|transcriber|gutenberg", re.IGNORECASE
+    r"©|copyright[\s,]+(?:\(c\)|\d{4}|by\b)|all rights reserved|\bisbn\b|transcriber|gutenberg"
+    r"|printed in (?:the )?(?:u\.? ?s\.? ?a\b|united states|great britain|england|canada|australia)",
+    re.IGNORECASE,
 )
 
 

@@ -383,6 +383,11 @@ def test_drop_matter_keeps_an_opening_paragraph_whose_words_sound_like_a_copyrig
     # A copyright page says so in its own short lines, and still goes.
     page = "Copyright 2031 Ada Quill\nFirst published in 2031 by Tower Books\nPrinted in Great Britain"
     assert T.drop_front_back_matter("THE LAMP\n\n" + page + "\n\n" + story).strip() == story
+    for page in ("Copyright, 1924, by Dodd, Mead and Company, Inc., and first published by them in the spring "
+                 "of that year, in an edition of two thousand copies.",
+                 "First published in the autumn of 1924 by Tower Books of London. Printed in Great Britain by "
+                 "the Quinn and Boden Company, book manufacturers."):
+        assert T.drop_front_back_matter("THE LAMP\n\n" + page + "\n\n" + story).strip() == story, page
 
 
 def test_drop_matter_keeps_a_story_that_opens_with_dialogue():
