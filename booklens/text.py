@@ -173,8 +173,8 @@ class _HTMLText(html.parser.HTMLParser):
         self._buf: list[str] = []
         self._skip = 0
         self._pre = 0
-        # An open note reference (its tag, and how deep that tag nests in it): a link to a note
-        # whose number, read as text, would glue itself to the word it marks ("lamp1").
+        # An open note reference or page break (its tag, and how deep that tag nests in it): a
+        # number that, read as text, would glue itself to the word beside it ("lamp1").
         self._note: Optional[str] = None
         self._note_depth = 0
 
@@ -190,13 +190,13 @@ class _HTMLText(html.parser.HTMLParser):
             if para.strip():
                 self.paragraphs.append(para)
 
-    @staticmethod
-    def _is_note_reference(attrs) -> bool:
-        for name, value in attrs:
-            if name in ("epub:type", "role") and value and (
-                    "noteref" in value.split() or "doc-noteref" in value.split()):
-                return True
-        return False
+    MARKERS = frozenset("noteref doc-noteref pagebreak doc-pagebreak".split())
+
+    @classmethod
+    def _is_note_reference(cls, attrs) -> bool:
+        """Whether an element is a note reference or a print edition's page number, not text."""
+        return any(name in ("epub:type", "role") and value and not cls.MARKERS.isdisjoint(value.split())
+                   for name, value in attrs)
 
     def handle_starttag(self, tag: str, attrs) -> None:
         tag = tag.rpartition(":")[2]  # <h:p> where XHTML's namespace has a prefix

@@ -463,6 +463,10 @@ def test_epub_note_references_do_not_join_the_words_they_mark(tmp_path):
     )])
     assert T.read_book(path) == "The lamp was dark. She lit it.\n\n1. An oil lamp."
     assert T.split_sentences(T.read_book(path))[:2] == ["The lamp was dark.", "She lit it."]
+    # Nor is a page number a print edition's page break leaves in the text.
+    assert T.html_to_text('<p>The lamp <span epub:type="pagebreak" title="12">12</span>was dark. It '
+                          '<span role="doc-pagebreak" aria-label="13">13</span>burned.</p>') == (
+        "The lamp was dark. It burned.")
     # A reference left open in sloppy markup hides no more than the rest of its paragraph.
     assert T.html_to_text('<p>Dark<a epub:type="noteref">1.</p><p>She lit it.</p>') == "Dark\n\nShe lit it."
 
