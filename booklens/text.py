@@ -191,6 +191,7 @@ class _HTMLText(html.parser.HTMLParser):
                 self.paragraphs.append(para)
 
     MARKERS = frozenset("noteref doc-noteref pagebreak doc-pagebreak".split())
+    VOID = frozenset("area base br col embed hr img input link meta source track wbr".split())
 
     @classmethod
     def _is_note_reference(cls, attrs) -> bool:
@@ -205,7 +206,7 @@ class _HTMLText(html.parser.HTMLParser):
                 self._note_depth += tag == self._note
                 return
             self._note = None  # a reference left open (sloppy markup) ends with its paragraph
-        if self._is_note_reference(attrs):
+        if tag not in self.VOID and self._is_note_reference(attrs):  # <hr epub:type="pagebreak"> holds nothing
             self._note, self._note_depth = tag, 1
         elif tag in self.SKIP:
             self._skip += 1

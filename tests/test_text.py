@@ -467,6 +467,8 @@ def test_epub_note_references_do_not_join_the_words_they_mark(tmp_path):
     assert T.html_to_text('<p>The lamp <span epub:type="pagebreak" title="12">12</span>was dark. It '
                           '<span role="doc-pagebreak" aria-label="13">13</span>burned.</p>') == (
         "The lamp was dark. It burned.")
+    assert T.html_to_text('<div>The lamp<hr epub:type="pagebreak" title="12">was dark.</div>') == (
+        "The lamp\n\nwas dark.")
     # A reference left open in sloppy markup hides no more than the rest of its paragraph.
     assert T.html_to_text('<p>Dark<a epub:type="noteref">1.</p><p>She lit it.</p>') == "Dark\n\nShe lit it."
 
