@@ -3,8 +3,9 @@
 Everything downstream measures text in cl100k_base tokens and cuts it at
 sentence boundaries, so this module owns both:
 
-* Reading: ``.txt`` (UTF-8 with or without BOM, UTF-16/32 with one, any newline style) and
-  ``.epub`` (spine documents in order, HTML stripped), with Project Gutenberg
+* Reading: ``.txt`` (UTF-8 with or without BOM, UTF-16/32 with one, any newline style, or the
+  8-bit encoding a Project Gutenberg header declares), ``.epub`` (spine documents in order, HTML
+  stripped) and HTML pages, with Project Gutenberg
   header/footer removal and, on request, front/back matter removal.
 * Sentences: :func:`split_sentences` gives the same sentence list as NLTK
   3.8.1's ``sent_tokenize`` (Punkt, English), which is what the published
@@ -514,14 +515,14 @@ def strip_gutenberg(text: str) -> str:
     """Drop a Project Gutenberg header, credits and license footer; other text is returned unchanged."""
     # Markers sit near the ends (a license is about 20K characters): search only there.
     start = 0
-    m = _PG_START.search(text, 0, _PG_WINDOW)
-    if m:
-        start = m.end()
+    m_start = _PG_START.search(text, 0, _PG_WINDOW)
+    if m_start:
+        start = m_start.end()
     end = len(text)
     m_end = _PG_END.search(text, max(start, end - _PG_WINDOW))
     if m_end:
         end = m_end.start()
-    credit = _PG_CREDIT if m or m_end else _PG_CREDIT_START
+    credit = _PG_CREDIT if m_start or m_end else _PG_CREDIT_START
     # Credit paragraphs at the top ("Produced by ...", "This eBook is for the use of ...").
     for m in itertools.islice(_BLOCK.finditer(text, start, end), 12):
         b_start, b_end = m.span()
@@ -572,6 +573,8 @@ def _says_front_matter(block: str) -> bool:
     if _STRONG_FRONT_SIGNALS.search(block):
         return True
     return bool(_FRONT_SIGNALS.search(block)) and not _is_prose(block)
+
+
 _DEDICATION = re.compile(r"^(?:to|for|in (?:loving )?memory of|dedicated to)\b", re.IGNORECASE)
 _BACK_HEADINGS = re.compile(
     r"^(?:the end|finis|the end of [\w' ]{1,40}|about the authors?|a note (?:on|about) the authors?"
