@@ -196,8 +196,10 @@ class _HTMLText(html.parser.HTMLParser):
 
     @classmethod
     def _is_note_reference(cls, attrs) -> bool:
-        """Whether an element is a note reference or a print edition's page number, not text."""
-        return any(name in ("epub:type", "role") and value and not cls.MARKERS.isdisjoint(value.split())
+        """Whether an element is a note reference or a print edition's page number, not text
+        (Project Gutenberg's HTML marks the page numbers with class "pagenum", or "pageno")."""
+        return any(value and ((name in ("epub:type", "role") and not cls.MARKERS.isdisjoint(value.split()))
+                              or (name == "class" and not {"pagenum", "pageno"}.isdisjoint(value.split())))
                    for name, value in attrs)
 
     def handle_starttag(self, tag: str, attrs) -> None:

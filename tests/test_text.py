@@ -469,6 +469,10 @@ def test_epub_note_references_do_not_join_the_words_they_mark(tmp_path):
         "The lamp was dark. It burned.")
     assert T.html_to_text('<div>The lamp<hr epub:type="pagebreak" title="12">was dark.</div>') == (
         "The lamp\n\nwas dark.")
+    # Project Gutenberg's HTML (and the EPUBs made from it) marks print pages with class "pagenum".
+    assert T.html_to_text('<p>The lamp was<span class="pagenum"><a id="Page_12">[Pg 12]</a></span> dark.</p>') == (
+        "The lamp was dark.")
+    assert T.html_to_text('<p>The lamp was <span class="pageno" id="Page_13">13</span>dark.</p>') == "The lamp was dark."
     # A reference left open in sloppy markup hides no more than the rest of its paragraph.
     assert T.html_to_text('<p>Dark<a epub:type="noteref">1.</p><p>She lit it.</p>') == "Dark\n\nShe lit it."
 
