@@ -50,10 +50,11 @@ def summary_map(data: Any, what: str) -> dict[str, str]:
     return out
 
 
-def load_summaries(path: Path) -> tuple[dict[str, str], Optional[tuple[Path, str]], bool]:
+def load_summaries(path: Path, elsewhere: Optional[Path] = None
+                   ) -> tuple[dict[str, str], Optional[tuple[Path, str]], bool]:
     """The summaries to score (name -> text), the book a single summary names if that file is
-    there (its path, and its text as it was summarized: `recorded_book`), and whether the file was
-    a map of several summaries.
+    there (its path, and its text as it was summarized: `recorded_book`, which also tries the file
+    `elsewhere`), and whether the file was a map of several summaries.
 
     A JSON object with a "summary" string is one summary (its other keys, such as "book" or a
     model name, are about it), as every other command reads it, not a map with a book called
@@ -74,7 +75,7 @@ def load_summaries(path: Path) -> tuple[dict[str, str], Optional[tuple[Path, str
             book = data.get("book")
             name = Path(book).name if isinstance(book, str) and book else path.stem
             config = data.get("config") if isinstance(data.get("config"), Mapping) else {}
-            recorded = recorded_book(book, path, data.get("book_sha256"), bool(config.get("drop_matter")))
+            recorded = recorded_book(book, path, data.get("book_sha256"), bool(config.get("drop_matter")), elsewhere)
             return {name: text}, recorded, False
         if isinstance(kind, str) and kind.startswith("booklens."):
             raise BooklensError(f"summary file {path} is a {kind} record, not a summary: give a `booklens summarize` "
@@ -88,19 +89,23 @@ def load_summaries(path: Path) -> tuple[dict[str, str], Optional[tuple[Path, str
     return {path.name: text.strip()}, None, False
 
 
-def recorded_book(book: Any, record_path: Path, sha256: Any = None,
-                  drop_matter: bool = False) -> Optional[tuple[Path, str]]:
+def recorded_book(book: Any, record_path: Path, sha256: Any = None, drop_matter: bool = False,
+                  elsewhere: Optional[Path] = None) -> Optional[tuple[Path, str]]:
     """The book file a summary record names and its text as the record's summarizer read it
     (`drop_matter` as recorded), or None when it is not there. A relative name is looked up where
     the command runs, then beside the record. Where the record holds the digest of the text it
     summarized, only a file whose text has that digest counts: another file of the same name is
-    not that book."""
+    not that book, and the file `elsewhere` is the book when its text has that digest."""
     if not isinstance(book, str) or not book:
         return None
     from booklens.text import read_book
 
     named = Path(book)
     candidates = [named] if named.is_absolute() else [named, record_path.parent / named]
+    # A relative name is relative to where summarize ran, which may be neither here nor beside the
+    # record: the digest still tells whether `elsewhere` (a file -o would replace) is the book.
+    if elsewhere is not None and isinstance(sha256, str) and sha256:
+        candidates.append(elsewhere)
     for candidate in candidates:
         try:
             if not candidate.is_file():

@@ -443,6 +443,24 @@ def test_score_refuses_to_write_over_the_book_its_record_names(tmp_path):
     assert book.read_bytes() == before
 
 
+def test_score_refuses_to_write_over_the_book_its_record_names_from_another_folder(tmp_path, monkeypatch):
+    # The record names its book by the relative path summarize was given, which resolves neither
+    # here nor beside the record; the book is still found by its digest when -o names it.
+    from booklens.text import read_book
+
+    (tmp_path / "books").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    book = tmp_path / "books" / "story.txt"
+    book.write_bytes((REPO / "examples" / "sample_story.txt").read_bytes())
+    record = write(tmp_path / "runs" / "summary.json", summarize_record("books/story.txt", read_book(book)))
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    before = book.read_bytes()
+    proc = run_command(["score", record, "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1", "-o", book])
+    assert proc.returncode == 2 and "also an input" in proc.stderr, proc.stderr
+    assert book.read_bytes() == before
+
+
 def test_an_output_name_the_file_system_refuses_is_a_one_line_error(tmp_path):
     out = tmp_path / ("x" * 300 + ".json")
     proc = run_command(["score", write(tmp_path / "s.txt", SUMMARY), "-o", out])

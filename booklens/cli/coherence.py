@@ -137,7 +137,7 @@ def score(
     check_lm_options(lm, api_base, structured=structured, rpm=rpm, tpm=tpm)
     from booklens.inputs import load_summaries
 
-    texts, recorded, is_map = load_summaries(summary)
+    texts, recorded, is_map = load_summaries(summary, elsewhere=output if book is None else None)
     book_path, book_text = recorded or (None, None)  # the text as summarized, read once
     if book is not None:
         if len(texts) != 1:
