@@ -166,6 +166,10 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
         from booklens.sweep.report import rebuild_sweep_report
 
         return rebuild_sweep_report(run_dir, output)
+    folder = Path(run_dir)
+    if folder.is_dir() and os.access(folder, os.R_OK | os.X_OK) and not (folder / RUN_FILE).exists():
+        # Either kind of directory would do here, so name the record of each.
+        raise BooklensError(f"{folder} is not a booklens run or sweep directory (it has no {RUN_FILE} or {PLAN_FILE})")
     data = load_run(run_dir)
     target = Path(output) if output is not None else Path(run_dir) / REPORT_FILE
     for name in (RUN_FILE, *STEP_FILES.values(), TIMINGS_FILE):

@@ -611,7 +611,7 @@ def _remove(path: Path) -> Path:
 
 @pytest.mark.parametrize("damage, pattern", [
     (lambda d: d / "run.json", "not a directory"),
-    (lambda d: _remove(d / "run.json"), "not a booklens run directory"),
+    (lambda d: _remove(d / "run.json"), "not a booklens run or sweep directory"),
     (lambda d: _write(d / "run.json", b"{oops"), "not valid JSON"),
     (lambda d: _write(d / "run.json", b"\xff\xfe\x00bad"), "not UTF-8"),
     (lambda d: _edit(d / "run.json", kind="booklens.summary"), "is not a booklens run record"),
@@ -633,6 +633,17 @@ def test_bad_run_directory_is_a_one_line_error(hier_run, tmp_path, damage, patte
     message = str(err.value)
     assert pattern in message and "\n" not in message, message
     assert not (tmp_path / "out.html").exists()
+
+
+def test_report_on_a_folder_that_is_neither_a_run_nor_a_sweep_names_both_records(tmp_path):
+    # report takes a run or a sweep directory: a sweep's folder without its sweep.json (a copy of
+    # results.json and cells.jsonl, say) must not be told only that it lacks a run.json.
+    (tmp_path / "results.json").write_text("{}")
+    (tmp_path / "cells.jsonl").write_text("")
+    result = run_command(["report", tmp_path])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"error: {tmp_path} is not a booklens run or sweep directory "
+                             "(it has no run.json or sweep.json)\n"), result.stderr
 
 
 @pytest.mark.parametrize("name", ["run.json", "summary.json", "coherence.json", "claims.json", "faithfulness.json",
