@@ -239,10 +239,11 @@ def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, A
     shipped one plus the user's next to the LM's call cache, unless `store` is given. `server`: the
     LM's server URL when `lm` is only a name (an LM object says its own)."""
     from booklens.lm.base import lm_label, lm_server
+    from booklens.lm.remote import public_url
     from booklens.records import JudgeInfo
 
     lm_name = lm_label(lm)
-    server = server or lm_server(lm)
+    server = public_url(server) if server else lm_server(lm)
     if store is None:
         call_cache = getattr(getattr(lm, "call_cache", None), "path", None)
         store = load_store(Path(call_cache).parent if call_cache is not None else None)

@@ -613,3 +613,21 @@ def test_building_the_default_judges_into_a_file_is_a_one_line_error(tmp_path):
     with pytest.raises(BooklensError, match="book.txt is a file: the default judges are written to a folder"):
         build_defaults(tmp_path / "no-annotations", tmp_path / "no-fables.json", target)
     assert target.read_text(encoding="utf-8") == "mine"
+
+
+def test_the_judge_object_names_its_server_without_user_or_password(tmp_path):
+    # The judge object goes into every record and its warning is printed: a password in the
+    # --api-base URL must reach neither, as it reaches no other record or error line.
+    from booklens.judges import judge_info, judge_line, load_judge
+    from booklens.lm import make_lm
+    from booklens.lm.base import lm_server
+
+    secret_url, public = "http://user:sekrit@127.0.0.1:9/v1", "http://127.0.0.1:9/v1"
+    program = load_judge("coherence")
+    lm = make_lm("openai/some-model", api_base=secret_url, cache_dir=tmp_path)
+    for info in (judge_info("coherence", program, lm, store={}),
+                 judge_info("coherence", program, "openai/some-model", server=secret_url, store={})):
+        assert info.api_base == public
+        assert "sekrit" not in info.model_dump_json() and "sekrit" not in judge_line(info)
+    # calibrate keys and records its entry by the same public URL, so the lookup above finds it
+    assert lm_server(lm) == public

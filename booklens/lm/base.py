@@ -18,13 +18,20 @@ def lm_label(lm: Any) -> str:
 
 
 def lm_server(lm: Any) -> str | None:
-    """The server URL an LM is reached at (`--api-base`), None for a provider's own endpoint, the
-    embedded model or a name: a booklens LM's backend's, or a DSPy LM's `api_base` argument."""
+    """The server URL an LM is reached at (`--api-base`) as records name it, without user, password
+    or query (either may hold a key); None for a provider's own endpoint, the embedded model or a
+    name: a booklens LM's backend's, or a DSPy LM's `api_base` argument."""
     backend = getattr(lm, "backend", None)
     if backend is not None:
-        return getattr(backend, "api_base", None) or None
-    kwargs = getattr(lm, "kwargs", None)
-    return (kwargs.get("api_base") or None) if isinstance(kwargs, dict) else None
+        url = getattr(backend, "api_base", None)
+    else:
+        kwargs = getattr(lm, "kwargs", None)
+        url = kwargs.get("api_base") if isinstance(kwargs, dict) else None
+    if not url:
+        return None
+    from booklens.lm.remote import public_url
+
+    return public_url(url)
 
 
 class ContextWindowExceeded(LMError):
