@@ -388,3 +388,62 @@ def test_the_repetition_guard_watches_plain_answers_and_ends_them_where_it_fires
     assert cut.finish_reason == "length" and cut.completion_tokens == 29
     kept = backend._model().detokenize(backend._model().tokenize(whole.text.encode(), add_bos=False)[:20])
     assert cut.text == kept.decode() and whole.text.startswith(cut.text)
+
+
+class ScriptedLlama:
+    """Stands in for llama-cpp-python's `Llama` in tests of what the backend does around a call:
+    answers "ok"; the first call holds the context until `release` is set."""
+
+    def __init__(self):
+        self.prompts: list[str] = []
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def create_chat_completion(self, messages, **kwargs):
+        self.prompts.append(messages[-1]["content"])
+        self.entered.set()
+        self.release.wait(timeout=60)
+        return {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+
+    def n_ctx(self) -> int:
+        return 8192
+
+
+def test_calls_waiting_for_the_context_when_ctrl_c_comes_start_no_generation(monkeypatch):
+    """Under --concurrency > 1 the other calls wait for the one llama.cpp context: they have not
+    started, so after Ctrl-C they end without generating (the call in flight still ends)."""
+    from types import SimpleNamespace
+
+    import booklens.lm.embedded as embedded
+    from booklens.lm.embedded import LocalBackend
+    from booklens.parallel import Stopped, stoppable
+
+    zero = SimpleNamespace(n_p_eval=0, t_p_eval_ms=0.0, t_eval_ms=0.0)
+    monkeypatch.setattr(embedded, "_perf", lambda llm: zero)
+    backend = LocalBackend()
+    backend._llm = llama = ScriptedLlama()
+    stop = threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def ask(name: str) -> None:
+        with stoppable(stop):
+            try:
+                outcomes[name] = backend.complete({"messages": [{"role": "user", "content": name}],
+                                                   "max_tokens": 4}).text
+            except Stopped:
+                outcomes[name] = "stopped"
+
+    first = threading.Thread(target=ask, args=("first",))
+    first.start()
+    llama.entered.wait(timeout=60)
+    waiting = [threading.Thread(target=ask, args=(name,)) for name in ("second", "third")]
+    for thread in waiting:
+        thread.start()
+    wait_until(lambda: len(backend.scheduler._waiting) == 2)
+    stop.set()  # Ctrl-C
+    llama.release.set()
+    for thread in [first, *waiting]:
+        thread.join(timeout=60)
+    assert outcomes == {"first": "ok", "second": "stopped", "third": "stopped"}
+    assert llama.prompts == ["first"]

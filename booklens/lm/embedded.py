@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 from booklens.errors import LMError
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, sample_seed
+from booklens.parallel import raise_if_stopped
 
 LOCAL_LM = "local"
 LOCAL_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1"
@@ -532,6 +533,9 @@ class LocalBackend:
         guard = RepetitionGuard() if self._generate is not None and not request.get("schema") else None
         asked = time.perf_counter()
         with self.scheduler.turn(prompt_key(request["messages"])):
+            # A call that waited for the context has not started: after Ctrl-C it ends here, not
+            # after a generation the user said stop to (the call in flight still ends and is cached).
+            raise_if_stopped()
             started = time.perf_counter()
             before = _perf(llm)
             if self._generate is not None:
