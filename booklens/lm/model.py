@@ -19,7 +19,7 @@ from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm.adapter import BooklensAdapter
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 from booklens.lm.cache import CACHE_FILE, CallCache, cache_folder
-from booklens.lm.embedded import LOCAL_LM, LocalBackend, resolve_lm_name
+from booklens.lm.embedded import LOCAL_LM, LocalBackend, missing_model_error, resolve_lm_name
 from booklens.lm.remote import (STRUCTURED_MODES, LiteLLMBackend, model_context_window, resolve_api_base,
                                  resolve_server)
 from booklens.lm.usage import UsageTracker
@@ -257,7 +257,7 @@ def local_backend() -> LocalBackend:
         if _LOCAL_BACKEND is None:
             backend = LocalBackend()
             if not os.path.exists(backend.model_path):
-                raise LMError(f"embedded model file missing: {backend.model_path}")
+                raise missing_model_error(backend.model_path)
             _LOCAL_BACKEND = backend
         return _LOCAL_BACKEND
 
