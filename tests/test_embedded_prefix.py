@@ -475,3 +475,28 @@ def test_a_damaged_or_missing_model_file_is_a_one_line_error_not_an_unparseable_
         LocalBackend()._model()
     with pytest.raises(LMError, match="embedded model file missing"):
         LocalBackend(model_path=str(tmp_path / "nothing.gguf"))._model()
+
+
+def test_a_call_interrupted_while_it_waits_for_the_context_leaves_no_place_in_the_queue():
+    """Ctrl-C reaches a call made on the main thread (a library caller's, a notebook's) while it waits
+    for the context: its place in the queue goes with it, or the scheduler would hand the context to
+    a call no longer there and every later call would wait forever."""
+    scheduler = PrefixScheduler()
+    holder = Holder(scheduler, "A")
+    holder.entered.wait(timeout=60)
+    wait = scheduler._cond.wait
+
+    def interrupted(timeout=None):
+        raise KeyboardInterrupt
+
+    scheduler._cond.wait = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        with scheduler.turn("B"):
+            pass
+    scheduler._cond.wait = wait
+    assert scheduler._waiting == []
+    holder.release.set()
+    holder.thread.join(timeout=60)
+    with scheduler.turn("C"):
+        pass
+    assert list(scheduler.granted) == ["A", "C"]

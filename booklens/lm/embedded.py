@@ -193,11 +193,18 @@ class PrefixScheduler:
             if self._linger_until and 2 * self._shared(ticket) < len(self._held):
                 self._linger_until = 0.0  # the call that arrived next shares little: stop waiting
             self._cond.notify_all()  # a lingering choice may prefer the newcomer
-            while True:
-                chosen, wait = self._choose(time.monotonic())
-                if chosen is ticket:
-                    break
-                self._cond.wait(timeout=wait or None)
+            try:
+                while True:
+                    chosen, wait = self._choose(time.monotonic())
+                    if chosen is ticket:
+                        break
+                    self._cond.wait(timeout=wait or None)
+            except BaseException:
+                # Ctrl-C on the main thread while waiting: a ticket left behind would be granted the
+                # context with no call there to take it, and every later call would wait forever.
+                self._waiting.remove(ticket)
+                self._cond.notify_all()
+                raise
             self._waiting.remove(ticket)
             for other in self._waiting:
                 if other.order < ticket.order:
