@@ -500,3 +500,35 @@ def test_a_call_interrupted_while_it_waits_for_the_context_leaves_no_place_in_th
     with scheduler.turn("C"):
         pass
     assert list(scheduler.granted) == ["A", "C"]
+
+
+def test_a_json_mode_request_without_a_schema_decodes_under_a_json_grammar_and_is_never_cut_as_a_repeat(monkeypatch):
+    """An output DSPy cannot state a schema for (an open-ended mapping) is asked in JSON mode: the
+    embedded model decoded it freely, as plain text, and the repetition guard could cut a JSON answer
+    whose values repeat each other."""
+    from types import SimpleNamespace
+
+    import booklens.lm.embedded as embedded
+    from booklens.lm.embedded import LocalBackend, _GuardedGenerate
+
+    monkeypatch.setattr(embedded, "_perf", lambda llm: SimpleNamespace(n_p_eval=0, t_p_eval_ms=0.0, t_eval_ms=0.0))
+    seen = []
+
+    class Llama(ScriptedLlama):
+        def generate(self, tokens, **kwargs):
+            return iter(())
+
+        def create_chat_completion(self, messages, **kwargs):
+            seen.append((kwargs.get("response_format"), kwargs.get("grammar"), backend._generate.guard))
+            return {"choices": [{"message": {"content": "{}"}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1}}
+
+    backend = LocalBackend()
+    backend._llm = llama = Llama()
+    backend._generate = _GuardedGenerate(llama)
+    ask = {"messages": [{"role": "user", "content": "Map each name to its role."}], "max_tokens": 8}
+    backend.complete({**ask, "response_format": {"type": "json_object"}})
+    backend.complete(ask)  # plain text: no grammar, the guard watches
+    (json_format, json_grammar, json_guard), (plain_format, plain_grammar, plain_guard) = seen
+    assert json_format == {"type": "json_object"} and json_guard is None
+    assert plain_format is None and plain_grammar is None and plain_guard is not None

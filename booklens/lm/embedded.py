@@ -542,10 +542,16 @@ class LocalBackend:
             seed=self.seed + sample_seed(request),
             repeat_penalty=1.1,
         )
-        if request.get("schema"):
+        structured = bool(request.get("schema"))
+        if structured:
             kwargs["grammar"] = self._grammar(request["schema"])
+        elif isinstance(request.get("response_format"), dict) and request["response_format"].get("type") == "json_object":
+            # JSON mode (an output with no schema to state, such as an open-ended mapping): any JSON
+            # object, under llama-cpp-python's own JSON grammar.
+            kwargs["response_format"] = {"type": "json_object"}
+            structured = True
         # Structured answers are held to their grammar; a loop there ends at the cap and is asked again.
-        guard = RepetitionGuard() if self._generate is not None and not request.get("schema") else None
+        guard = RepetitionGuard() if self._generate is not None and not structured else None
         asked = time.perf_counter()
         with self.scheduler.turn(prompt_key(request["messages"])):
             # A call that waited for the context has not started: after Ctrl-C it ends here, not
