@@ -409,6 +409,44 @@ def _import_ray_data() -> None:
         pass
 
 
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A one-line error unless something listens at a `host:port` or `ray://host:port` address. Ray
+    itself retries an address nobody answers at without end, silently (its messages go to the log).
+    Other forms (`auto`, or one Ray cannot parse) are left to Ray, which refuses them at once."""
+    import socket
+
+    text = address.strip()
+    if text.startswith("ray://"):
+        text = text[len("ray://"):]
+    elif "://" in text:
+        return
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except socket.gaierror:
+        reason = f"unknown host {host}"
+    except socket.timeout:
+        reason = f"no answer within {timeout:g} s"
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+    else:
+        return
+    raise BooklensError(f"cannot reach the Ray cluster at {address}: {reason} (is Ray running there? "
+                        "`ray start --head` starts it)")
+
+
+def temporary_log() -> Path:
+    """A file for Ray's messages while the sweep directory is not made yet (`RayEngine.move_log`)."""
+    import tempfile
+
+    handle, name = tempfile.mkstemp(prefix="booklens-ray-", suffix=".log")
+    os.close(handle)
+    return Path(name)
+
+
 class RayEngine:
     """Cells as rows of a Ray dataset, run by `CellWorker` actors (see the module docstring)."""
 
@@ -443,6 +481,8 @@ class RayEngine:
         data_import.start()
         with self._quiet():
             if not ray.is_initialized():
+                if self.address:
+                    check_reachable(self.address)
                 try:
                     if self.address:
                         ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
@@ -461,6 +501,20 @@ class RayEngine:
             self.board = _sweep_board_class().options(name=self.board_name).remote(
                 self.settings.concurrency, self.rate_limits)
         data_import.join()
+
+    def move_log(self, path: Path) -> None:
+        """From now on Ray's messages go to `path` (the sweep directory's log), after those so far."""
+        old = self.log_path
+        if old is None or old == path:
+            self.log_path = path
+            return
+        with open(path, "ab") as log:
+            try:
+                log.write(old.read_bytes())
+            except OSError:
+                pass
+        old.unlink(missing_ok=True)
+        self.log_path = path
 
     def workers(self, cells: int) -> int:
         """One worker per CPU of the cluster, but no more than there are cells, nor than

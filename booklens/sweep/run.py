@@ -27,7 +27,7 @@ from typing import Any, Iterator, Optional, TextIO
 from booklens.errors import BooklensError
 from booklens.sweep import ENGINES, PLAN_FILE
 from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
-from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine
+from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine, temporary_log
 from booklens.sweep.manifest import Sweep, load_manifest
 
 # Held by the sweep writing the directory (`sweep_lock`); hidden, so the directory still reads as empty.
@@ -509,65 +509,73 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     # The LM cache opens before anything is written: a bad --cache-dir must not leave a sweep
     # directory behind. The local engine's pool opens it; Ray workers open their own, so check here.
     runner: Any = None
+    stream = stream if stream is not None else sys.stderr
+    own_stream = False
     if engine == "ray":
         check_cache(settings)
+        # Ray writes to file descriptor 2, which the engine points at its log; the display keeps a copy.
+        if stream is sys.stderr:
+            tty = stream.isatty() if tty is None else tty
+            try:
+                stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
+                own_stream = True
+            except (AttributeError, OSError, ValueError):  # not a real file (captured): keep it
+                pass
+        # Ray starts (or the cluster is joined) before anything is written: an address that fails is
+        # one line and no sweep directory. Its log is moved into the directory once that exists.
+        runner = RayEngine(settings, address=ray_address, num_cpus=ray_cpus, log_path=temporary_log())
     else:
         runner = LocalEngine(settings)
-
-    from booklens.pipeline import make_output_dir
-
-    make_output_dir(output, "sweep")
-    with sweep_lock(output):  # before anything of an earlier sweep is removed or rewritten
-        remove_sweep_partial_writes(output)  # a killed sweep may have left half-written files behind
-        write_plan(sweep, output)  # a changed plan drops the aggregate of the previous one (see write_plan)
-        # After sweep.json, which marks the directory as a sweep's: stopped before it (while the books
-        # are read for their digests), the directory holds nothing a rerun refuses.
-        make_output_dir(output / CELLS_DIR, "sweep")
-        stream = stream if stream is not None else sys.stderr
-        own_stream = False
+    try:
         if engine == "ray":
-            runner = RayEngine(settings, address=ray_address, num_cpus=ray_cpus, log_path=output / "ray.log")
-            # Ray writes to file descriptor 2, which the engine points at ray.log; the display keeps a copy.
-            if stream is sys.stderr:
-                tty = stream.isatty() if tty is None else tty
-                try:
-                    stream = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
-                    own_stream = True
-                except (AttributeError, OSError, ValueError):  # not a real file (captured): keep it
-                    pass
             runner.start()
-        progress = SweepProgress(len(tasks), runner.usage, stream=stream, tty=tty, interval=progress_interval)
-        try:
-            progress.start()
+        from booklens.pipeline import make_output_dir
 
-            def done(outcome: CellOutcome) -> None:
-                reused, earlier = reused_work(outcome, output)
-                failed = outcome.error if outcome.status == "failed" else None
-                progress.cell_done(f"{outcome.system}/{outcome.book}", failed=failed, reused=reused, earlier=earlier)
+        make_output_dir(output, "sweep")
+        if engine == "ray":
+            runner.move_log(output / "ray.log")
+        with sweep_lock(output):  # before anything of an earlier sweep is removed or rewritten
+            remove_sweep_partial_writes(output)  # a killed sweep may have left half-written files behind
+            write_plan(sweep, output)  # a changed plan drops the aggregate of the previous one (see write_plan)
+            # After sweep.json, which marks the directory as a sweep's: stopped before it (while the books
+            # are read for their digests), the directory holds nothing a rerun refuses.
+            make_output_dir(output / CELLS_DIR, "sweep")
+            progress = SweepProgress(len(tasks), runner.usage, stream=stream, tty=tty, interval=progress_interval)
+            try:
+                progress.start()
 
-            from booklens.parallel import quiet_progress
+                def done(outcome: CellOutcome) -> None:
+                    reused, earlier = reused_work(outcome, output)
+                    failed = outcome.error if outcome.status == "failed" else None
+                    progress.cell_done(f"{outcome.system}/{outcome.book}", failed=failed, reused=reused,
+                                       earlier=earlier)
 
-            with quiet_progress():  # one display for the sweep, not a bar per level of every cell
-                finished = runner.run(schedule, done, fail_fast=fail_fast)
-                finished = reuse_complete_cells(sweep, schedule, finished, runner.pool if engine == "local"
-                                                else None, settings, done)
-        finally:
-            progress.close()
-            if engine == "ray":
-                runner.close()
-                if own_stream:
-                    stream.close()
-        by_cell = {(o.system, o.book): o for o in finished}
-        outcomes = [by_cell[(t.system, t.book)] for t in tasks]  # manifest order
-        systems = [s.name for s in sweep.systems]
-        books = [b.key for b in sweep.books]
-        results = write_aggregate(output, systems, books, outcomes)
-        judge = sweep.judge_config()
-        meta = sweep_meta(len(systems), len(books), manifest_name(sweep), judge.steps, judge.evidence)
-        # Titled by the manifest as sweep.json names it, as `booklens report` titles the page it rebuilds.
-        write_sweep_report(output, results, [cell_row(o) for o in outcomes], title=Path(manifest_name(sweep)).stem,
-                           meta=meta)
-        return SweepOutcome(output, results, outcomes, artifact_notes(sweep))
+                from booklens.parallel import quiet_progress
+
+                with quiet_progress():  # one display for the sweep, not a bar per level of every cell
+                    finished = runner.run(schedule, done, fail_fast=fail_fast)
+                    finished = reuse_complete_cells(sweep, schedule, finished, runner.pool if engine == "local"
+                                                    else None, settings, done)
+            finally:
+                progress.close()
+            by_cell = {(o.system, o.book): o for o in finished}
+            outcomes = [by_cell[(t.system, t.book)] for t in tasks]  # manifest order
+            systems = [s.name for s in sweep.systems]
+            books = [b.key for b in sweep.books]
+            results = write_aggregate(output, systems, books, outcomes)
+            judge = sweep.judge_config()
+            meta = sweep_meta(len(systems), len(books), manifest_name(sweep), judge.steps, judge.evidence)
+            # Titled by the manifest as sweep.json names it, as `booklens report` titles the page it rebuilds.
+            write_sweep_report(output, results, [cell_row(o) for o in outcomes],
+                               title=Path(manifest_name(sweep)).stem, meta=meta)
+            return SweepOutcome(output, results, outcomes, artifact_notes(sweep))
+    finally:
+        if engine == "ray":
+            runner.close()
+            if runner.log_path.parent != output:  # stopped before the directory was made
+                runner.log_path.unlink(missing_ok=True)
+            if own_stream:
+                stream.close()
 
 
 # ---------------------------------------------------------------------------
