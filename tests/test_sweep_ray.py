@@ -59,3 +59,52 @@ def test_a_malformed_ray_address_is_one_line_before_anything_is_written(tmp_path
     assert proc.returncode != 0
     assert proc.stderr.count("\n") == 1 and address in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_on_a_ray_sweep_lets_the_calls_in_flight_end_and_be_cached(tmp_path):
+    """As with the local engine, Ctrl-C starts no new call and the calls in flight end and are cached
+    before the command exits, so the rerun asks none of them again. (The KeyboardInterrupt used to come
+    out of Ray Data's iterator, which killed the workers mid-call: every call in flight was lost.)"""
+    import json
+    import signal
+    import sqlite3
+    import time
+
+    from booklens.testing import FakeOpenAIServer, PipelineResponder, terminal_command
+
+    (tmp_path / "a.txt").write_text("Mara kept the light through the winter. " * 80, encoding="utf-8")
+    (tmp_path / "b.txt").write_text("The ship came home in the spring and Tom rang the bell. " * 50, encoding="utf-8")
+    (tmp_path / "sweep.yaml").write_text(
+        "books: [a.txt, b.txt]\n"
+        "systems: [{name: hier, method: hier, chunk_size: 256, max_summary_tokens: 100},\n"
+        "          {name: inc, method: inc, chunk_size: 256, max_summary_tokens: 100}]\n"
+        "judge: {steps: [coherence, faithfulness], evidence: bm25, k: 2, max_claims: 2}\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    with FakeOpenAIServer(responder=PipelineResponder(delay=0.3)) as srv:
+        args = ["sweep", tmp_path / "sweep.yaml", "-o", tmp_path / "out", "--lm", "openai/fake-model", "--api-base",
+                srv.url, "--cache-dir", tmp_path / "cache", "--engine", "ray", "--concurrency", "4"]
+        proc = subprocess.Popen(terminal_command(args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env=env)
+        try:
+            deadline = time.time() + 300
+            while time.time() < deadline and proc.poll() is None and len(srv.served) < 12:
+                time.sleep(0.01)
+            assert proc.poll() is None, "the sweep ended before it could be interrupted"
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130, stderr
+        assert stderr.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
+        asked = {json.dumps(body, sort_keys=True) for body in srv.served}
+        # Every request the server answered before the command exited is in the cache (cells on two
+        # workers may ask one request side by side: one row).
+        with sqlite3.connect(tmp_path / "cache" / "calls.sqlite") as db:
+            cached = db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+        assert cached == len(asked), f"{len(asked) - cached} of the {len(asked)} answered calls were not cached"
+        before = len(srv.served)
+        rerun = subprocess.run(terminal_command(args), capture_output=True, text=True, env=env, timeout=300)
+        assert rerun.returncode == 0, rerun.stderr
+        again = [body for body in srv.served[before:] if json.dumps(body, sort_keys=True) in asked]
+    assert not again, f"the rerun asked {len(again)} calls again"

@@ -29,9 +29,10 @@ import os
 import queue
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from booklens.errors import BooklensError
 from booklens.parallel import Stopped, stoppable
@@ -273,7 +274,7 @@ class CellWorker:
             else:
                 try:
                     outcome = run_cell(task, self.pool)
-                except Stopped:  # the sweep's board is gone (the driver was interrupted): nothing saved
+                except Stopped:  # the driver was interrupted (or its board is gone): nothing saved
                     outcome = not_run(task)
             outcomes.append(json.dumps(asdict(outcome)))
         board = str(batch["board"][0])
@@ -299,6 +300,7 @@ def _sweep_board_class():
             self.slots = asyncio.Semaphore(slots)
             self.latest: dict[str, dict[str, Any]] = {}
             self.stop = False  # --fail-fast after a failure: workers start no new cell
+            self.interrupted = False  # Ctrl-C: no new call either; the calls in flight end
             self.rate_limits = dict(rate_limits or {})
             self.limiters: dict[str, Any] = {}
             self.paced_requests: dict[str, int] = {}
@@ -312,8 +314,18 @@ def _sweep_board_class():
         async def stopped(self) -> bool:
             return self.stop
 
-        async def acquire(self) -> None:
+        async def interrupt(self) -> None:
+            self.stop = self.interrupted = True
+
+        async def acquire(self) -> bool:
+            """Take a call slot; False once the sweep is interrupted (the call is not made)."""
+            if self.interrupted:
+                return False
             await self.slots.acquire()
+            if self.interrupted:
+                self.slots.release()
+                return False
+            return True
 
         async def release(self) -> None:
             self.slots.release()
@@ -365,9 +377,11 @@ class SharedSlots:
         import ray
 
         try:
-            ray.get(self.actor.acquire.remote())
+            granted = ray.get(self.actor.acquire.remote())
         except ray.exceptions.RayError:
             raise Stopped() from None
+        if granted is False:  # the driver was interrupted: no new call
+            raise Stopped()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -550,7 +564,8 @@ class RayEngine:
         rows = [{"task": t.to_json(), "settings": json.dumps(asdict(settings)), "board": self.board_name or ""}
                 for t in tasks]
         outcomes: dict[tuple[str, str], CellOutcome] = {}
-        with self._quiet():
+        interrupted = threading.Event()
+        with self._quiet(), _calls_end_on_ctrl_c(interrupted, self._interrupt_board):
             context = ray.data.DataContext.get_current()
             context.enable_progress_bars = False
             context.print_on_execution_start = False
@@ -573,10 +588,21 @@ class RayEngine:
                             break
                         ray.get(self.board.halt.remote())
             except Exception as exc:
-                if isinstance(exc, (KeyboardInterrupt, BooklensError)):
+                if isinstance(exc, BooklensError):
                     raise
                 raise BooklensError(f"the Ray engine failed: {_one_line(exc)}") from None
+        if interrupted.is_set():  # every cell has ended: the calls that were in flight are cached
+            raise KeyboardInterrupt
         return [outcomes.get((t.system, t.book)) or not_run(t) for t in tasks]
+
+    def _interrupt_board(self) -> None:
+        import ray
+
+        if self.board is not None:
+            try:
+                ray.get(self.board.interrupt.remote(), timeout=10)
+            except Exception:  # no board: the workers' next call finds it gone and stops anyway
+                pass
 
     def close(self) -> None:
         import ray
@@ -591,6 +617,40 @@ class RayEngine:
             if self._started_ray:
                 ray.shutdown()
                 self._started_ray = False
+
+
+@contextmanager
+def _calls_end_on_ctrl_c(interrupted: threading.Event, interrupt: Callable[[], None]) -> Iterator[None]:
+    """While a Ray sweep runs, the first Ctrl-C sets `interrupted` and has `interrupt` called (the
+    board then lets no cell and no LM call start) instead of raising at once: a KeyboardInterrupt
+    out of the dataset's iterator would have Ray Data kill the workers, and with them the calls in
+    flight, which the rerun would ask again. The cells end at their next call and their rows come
+    back; the engine then raises. The signal still goes to the handler it replaces (the command's
+    prints that the calls in flight end first, and quits at once on a second Ctrl-C)."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:
+        if interrupted.is_set():
+            previous(signum, frame)
+            return
+        interrupted.set()
+        # Not from the handler itself: it runs between two steps of whatever Ray was doing.
+        threading.Thread(target=interrupt, name="sweep-interrupt", daemon=True).start()
+        try:
+            previous(signum, frame)
+        except KeyboardInterrupt:
+            pass
+
+    signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class _NoRedirect:
