@@ -489,32 +489,35 @@ class RayEngine:
             raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'") from None
         import logging
 
+        if self.address and not ray.is_initialized():
+            check_reachable(self.address)
         # Ray Data's import (pyarrow and friends, 1.5 s) runs while ray.init waits for the node's
         # processes to come up, which is most of its 5 s.
         data_import = threading.Thread(target=_import_ray_data, name="import-ray-data", daemon=True)
         data_import.start()
-        with self._quiet():
-            if not ray.is_initialized():
-                if self.address:
-                    check_reachable(self.address)
-                try:
-                    if self.address:
-                        ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
-                    else:
-                        ray.init(num_cpus=self.num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                                 logging_level=logging.ERROR, log_to_driver=False)
-                    self._started_ray = True
-                except Exception as exc:
-                    where = f"the Ray cluster at {self.address}" if self.address else "a local Ray"
-                    raise BooklensError(f"cannot start {where}: {_one_line(exc)}") from None
-            self.board_name = f"booklens-sweep-{os.getpid()}-{id(self)}"
-            from booklens.lm.model import rate_limits
+        try:
+            with self._quiet():
+                if not ray.is_initialized():
+                    try:
+                        if self.address:
+                            ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
+                        else:
+                            ray.init(num_cpus=self.num_cpus or os.cpu_count() or 1, include_dashboard=False,
+                                     logging_level=logging.ERROR, log_to_driver=False)
+                        self._started_ray = True
+                    except Exception as exc:
+                        where = f"the Ray cluster at {self.address}" if self.address else "a local Ray"
+                        raise BooklensError(f"cannot start {where}: {_one_line(exc)}") from None
+                self.board_name = f"booklens-sweep-{os.getpid()}-{id(self)}"
+                from booklens.lm.model import rate_limits
 
-            # The limits (from the options or BOOKLENS_RPM / BOOKLENS_TPM here) are the board's.
-            self.rate_limits = rate_limits(self.settings.rpm, self.settings.tpm)
-            self.board = _sweep_board_class().options(name=self.board_name).remote(
-                self.settings.concurrency, self.rate_limits)
-        data_import.join()
+                # The limits (from the options or BOOKLENS_RPM / BOOKLENS_TPM here) are the board's.
+                self.rate_limits = rate_limits(self.settings.rpm, self.settings.tpm)
+                self.board = _sweep_board_class().options(name=self.board_name).remote(
+                    self.settings.concurrency, self.rate_limits)
+        finally:
+            # Also after a failure: a command exiting while the import is half done hangs at exit.
+            data_import.join()
 
     def move_log(self, path: Path) -> None:
         """From now on Ray's messages go to `path` (the sweep directory's log), after those so far."""
