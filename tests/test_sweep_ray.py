@@ -114,3 +114,19 @@ def test_ctrl_c_on_a_ray_sweep_lets_the_calls_in_flight_end_and_be_cached(tmp_pa
         assert rerun.returncode == 0, rerun.stderr
         again = [body for body in srv.served[before:] if json.dumps(body, sort_keys=True) in asked]
     assert not again, f"the rerun asked {len(again)} calls again"
+
+
+def test_a_ray_without_ray_data_is_one_line_before_anything_is_written(tmp_path):
+    """Ray installed without its Data library (`pip install ray`, not the `ray` extra's `ray[data]`):
+    an internal error with a traceback hint, after the sweep directory was written."""
+    manifest = small_sweep(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    args = ["sweep", str(manifest), "-o", str(tmp_path / "out"), "--lm", "openai/fake-model", "--api-base",
+            f"http://127.0.0.1:{free_port()}/v1", "--cache-dir", str(tmp_path / "cache"), "--engine", "ray"]
+    script = ("import sys; sys.modules['pyarrow'] = None; sys.argv = ['booklens', *sys.argv[1:]]; "
+              "from booklens.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "ray[data]" in proc.stderr and "internal error" not in proc.stderr, \
+        proc.stderr
+    assert not (tmp_path / "out").exists()

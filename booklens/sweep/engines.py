@@ -416,11 +416,11 @@ class SharedRateLimit:
             raise Stopped() from None
 
 
-def _import_ray_data() -> None:
+def _import_ray_data(failures: list[BaseException]) -> None:
     try:
         import ray.data  # noqa: F401
-    except Exception:  # run() imports it again and reports the failure there
-        pass
+    except Exception as exc:  # Ray without its Data library (`pip install ray`): `start` says so
+        failures.append(exc)
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
@@ -493,7 +493,9 @@ class RayEngine:
             check_reachable(self.address)
         # Ray Data's import (pyarrow and friends, 1.5 s) runs while ray.init waits for the node's
         # processes to come up, which is most of its 5 s.
-        data_import = threading.Thread(target=_import_ray_data, name="import-ray-data", daemon=True)
+        import_failures: list[BaseException] = []
+        data_import = threading.Thread(target=_import_ray_data, args=(import_failures,), name="import-ray-data",
+                                       daemon=True)
         data_import.start()
         try:
             with self._quiet():
@@ -518,6 +520,9 @@ class RayEngine:
         finally:
             # Also after a failure: a command exiting while the import is half done hangs at exit.
             data_import.join()
+        if import_failures:
+            raise BooklensError("the ray engine needs Ray Data: pip install 'booklens[ray]', which installs "
+                                f"ray[data] (import ray.data: {_one_line(import_failures[0])})")
 
     def move_log(self, path: Path) -> None:
         """From now on Ray's messages go to `path` (the sweep directory's log), after those so far."""
