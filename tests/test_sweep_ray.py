@@ -103,6 +103,8 @@ def test_ctrl_c_on_a_ray_sweep_lets_the_calls_in_flight_end_and_be_cached(tmp_pa
                 proc.kill()
         assert proc.returncode == 130, stderr
         assert stderr.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
+        # The terminal is told at once that the calls in flight end first (not the sweep's ray.log).
+        assert "stopping: the LM calls in flight end first" in stderr, stderr
         asked = {json.dumps(body, sort_keys=True) for body in srv.served}
         # Every request the server answered before the command exited is in the cache (cells on two
         # workers may ask one request side by side: one row).

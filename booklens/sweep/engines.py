@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import json
 import math
+import contextlib
 import os
 import queue
 import sys
 import threading
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -573,7 +573,7 @@ class RayEngine:
                 for t in tasks]
         outcomes: dict[tuple[str, str], CellOutcome] = {}
         interrupted = threading.Event()
-        with self._quiet(), _calls_end_on_ctrl_c(interrupted, self._interrupt_board):
+        with self._quiet() as quiet, _calls_end_on_ctrl_c(interrupted, self._interrupt_board, quiet.terminal):
             context = ray.data.DataContext.get_current()
             context.enable_progress_bars = False
             context.print_on_execution_start = False
@@ -627,14 +627,16 @@ class RayEngine:
                 self._started_ray = False
 
 
-@contextmanager
-def _calls_end_on_ctrl_c(interrupted: threading.Event, interrupt: Callable[[], None]) -> Iterator[None]:
+@contextlib.contextmanager
+def _calls_end_on_ctrl_c(interrupted: threading.Event, interrupt: Callable[[], None],
+                         terminal: Optional[int] = None) -> Iterator[None]:
     """While a Ray sweep runs, the first Ctrl-C sets `interrupted` and has `interrupt` called (the
     board then lets no cell and no LM call start) instead of raising at once: a KeyboardInterrupt
     out of the dataset's iterator would have Ray Data kill the workers, and with them the calls in
     flight, which the rerun would ask again. The cells end at their next call and their rows come
     back; the engine then raises. The signal still goes to the handler it replaces (the command's
-    prints that the calls in flight end first, and quits at once on a second Ctrl-C)."""
+    prints that the calls in flight end first, and quits at once on a second Ctrl-C); what it prints
+    goes to `terminal` (a file descriptor), as Ray's own messages go to the log on descriptor 2."""
     import signal
 
     previous = signal.getsignal(signal.SIGINT)
@@ -642,15 +644,21 @@ def _calls_end_on_ctrl_c(interrupted: threading.Event, interrupt: Callable[[], N
         yield
         return
 
+    def to_terminal(signum: int, frame: Any) -> None:
+        if terminal is None:
+            return previous(signum, frame)
+        with open(terminal, "w", closefd=False) as stream, contextlib.redirect_stderr(stream):
+            previous(signum, frame)
+
     def on_ctrl_c(signum: int, frame: Any) -> None:
         if interrupted.is_set():
-            previous(signum, frame)
+            to_terminal(signum, frame)
             return
         interrupted.set()
         # Not from the handler itself: it runs between two steps of whatever Ray was doing.
         threading.Thread(target=interrupt, name="sweep-interrupt", daemon=True).start()
         try:
-            previous(signum, frame)
+            to_terminal(signum, frame)
         except KeyboardInterrupt:
             pass
 
@@ -662,6 +670,8 @@ def _calls_end_on_ctrl_c(interrupted: threading.Event, interrupt: Callable[[], N
 
 
 class _NoRedirect:
+    terminal: Optional[int] = None
+
     def __enter__(self):
         return self
 
@@ -678,7 +688,7 @@ class _StderrTo:
     def __enter__(self):
         sys.stderr.flush()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.saved = os.dup(2)
+        self.saved = self.terminal = os.dup(2)  # where descriptor 2 pointed (a terminal, say)
         self.log = open(self.path, "ab")
         os.dup2(self.log.fileno(), 2)
         return self
