@@ -1,6 +1,6 @@
-"""`booklens sweep --engine ray` when Ray cannot be reached or started: one line, nothing written.
-
-These start no Ray of their own (the engine's other tests, with a local Ray, are in test_sweep.py)."""
+"""`booklens sweep --engine ray` as a command, in a process of its own: Ray that cannot be reached or
+started (one line, nothing written) and Ctrl-C. The engine's tests on a Ray of this process are in
+test_sweep.py."""
 
 from __future__ import annotations
 
@@ -130,5 +130,22 @@ def test_a_ray_without_ray_data_is_one_line_before_anything_is_written(tmp_path)
     proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "ray[data]" in proc.stderr and "internal error" not in proc.stderr, \
+        proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_address_in_the_environment_is_the_cluster_joined(tmp_path):
+    """RAY_ADDRESS (set by `ray job submit` for the job's command, or exported on a cluster machine)
+    names the cluster when --ray-address does not, as it does for Ray itself: the sweep used to fail
+    with "cannot start a local Ray: When connecting to an existing cluster, num_cpus and num_gpus
+    must not be provided"."""
+    manifest = small_sweep(tmp_path)
+    address = f"127.0.0.1:{free_port()}"
+    args = ["sweep", str(manifest), "-o", str(tmp_path / "out"), "--lm", "openai/fake-model", "--api-base",
+            f"http://127.0.0.1:{free_port()}/v1", "--cache-dir", str(tmp_path / "cache"), "--engine", "ray"]
+    proc = subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True, timeout=90,
+                          env={**os.environ, "RAY_ADDRESS": address})
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and f"cannot reach the Ray cluster at {address} (RAY_ADDRESS)" in proc.stderr, \
         proc.stderr
     assert not (tmp_path / "out").exists()

@@ -41,8 +41,8 @@ def sweep_command(
                                                             "on Ray workers (needs booklens' ray extra).")]
     = Engine.local,
     ray_address: Annotated[Optional[str], typer.Option(
-        "--ray-address", help="Join this Ray cluster (e.g. ray://head:10001 or auto); without it a local Ray "
-                              "starts.")] = None,
+        "--ray-address", help="Join this Ray cluster (e.g. ray://head:10001 or auto); without it, the one "
+                              "RAY_ADDRESS names, else a local Ray starts.")] = None,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,

@@ -14,7 +14,8 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
   every worker takes one, so a worker whose cells are done leaves its share to the others; the
   board also counts `--rpm`/`--tpm` for all the workers (one limiter per LM, whatever the number
   of workers); after a failure under `--fail-fast` the board
-  tells the workers to start no new cell. Workers write each cell's run directory
+  tells the workers to start no new cell, and after Ctrl-C no new cell or LM call (the calls in
+  flight end and are cached before Ray stops). Workers write each cell's run directory
   themselves, so the sweep directory must be on a path every node sees (the call cache stays on
   each node's own disk: SQLite's WAL mode does not work on network file systems); the
   cell's run record comes back to the driver in the dataset's rows, and the driver writes the
@@ -423,10 +424,11 @@ def _import_ray_data(failures: list[BaseException]) -> None:
         failures.append(exc)
 
 
-def check_reachable(address: str, timeout: float = 5.0) -> None:
+def check_reachable(address: str, timeout: float = 5.0, *, name: Optional[str] = None) -> None:
     """A one-line error unless something listens at a `host:port` or `ray://host:port` address. Ray
     itself retries an address nobody answers at without end, silently (its messages go to the log).
-    Other forms (`auto`, or one Ray cannot parse) are left to Ray, which refuses them at once."""
+    Other forms (`auto`, or one Ray cannot parse) are left to Ray, which refuses them at once.
+    `name`: the address as the message names it (default: itself)."""
     import socket
 
     text = address.strip()
@@ -448,7 +450,7 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
         reason = exc.strerror or type(exc).__name__
     else:
         return
-    raise BooklensError(f"cannot reach the Ray cluster at {address}: {reason} (is Ray running there? "
+    raise BooklensError(f"cannot reach the Ray cluster at {name or address}: {reason} (is Ray running there? "
                         "`ray start --head` starts it)")
 
 
@@ -489,8 +491,12 @@ class RayEngine:
             raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'") from None
         import logging
 
-        if self.address and not ray.is_initialized():
-            check_reachable(self.address)
+        # Without --ray-address, RAY_ADDRESS names the cluster, as it does for Ray itself (`ray job
+        # submit` sets it for the job's command); ray.init would otherwise join it and refuse num_cpus.
+        address = self.address or os.environ.get("RAY_ADDRESS", "").strip() or None
+        where = address if self.address or not address else f"{address} (RAY_ADDRESS)"
+        if address and not ray.is_initialized():
+            check_reachable(address, name=where)
         # Ray Data's import (pyarrow and friends, 1.5 s) runs while ray.init waits for the node's
         # processes to come up, which is most of its 5 s.
         import_failures: list[BaseException] = []
@@ -501,15 +507,15 @@ class RayEngine:
             with self._quiet():
                 if not ray.is_initialized():
                     try:
-                        if self.address:
-                            ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False)
+                        if address:
+                            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
                         else:
                             ray.init(num_cpus=self.num_cpus or os.cpu_count() or 1, include_dashboard=False,
                                      logging_level=logging.ERROR, log_to_driver=False)
                         self._started_ray = True
                     except Exception as exc:
-                        where = f"the Ray cluster at {self.address}" if self.address else "a local Ray"
-                        raise BooklensError(f"cannot start {where}: {_one_line(exc)}") from None
+                        what = f"the Ray cluster at {where}" if address else "a local Ray"
+                        raise BooklensError(f"cannot start {what}: {_one_line(exc)}") from None
                 self.board_name = f"booklens-sweep-{os.getpid()}-{id(self)}"
                 from booklens.lm.model import rate_limits
 
