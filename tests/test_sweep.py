@@ -560,17 +560,41 @@ def test_ray_workers_count_the_rate_limits_together(local_ray):
     name = f"test-rate-board-{os.getpid()}"
     board = _sweep_board_class().options(name=name).remote(4, {"rpm": 1000, "tpm": 100_000})
 
+    @local_ray.remote(num_cpus=0)
+    class Gate:
+        """Holds each of the two tasks on one LM until both have started, so they run at once and
+        hence in two worker processes (a task that ended first could lend its process to the other)."""
+
+        def __init__(self):
+            self.arrived = 0
+
+        def arrive(self) -> None:
+            self.arrived += 1
+
+        def count(self) -> int:
+            return self.arrived
+
+    gate = Gate.remote()
+
     @local_ray.remote(num_cpus=1)
-    def three_requests(key: str) -> int:
+    def three_requests(key: str, wait_for: int) -> int:
+        import time
+
+        if wait_for:
+            local_ray.get(gate.arrive.remote())
+        for _ in range(2400 if wait_for else 0):  # at most 2 min: the two tasks fit the session's 2 CPUs at once
+            if local_ray.get(gate.count.remote()) >= wait_for:
+                break
+            time.sleep(0.05)
         limiter = SharedRateLimit(name, key)
         for _ in range(3):
             limiter.acquire(100)
         return os.getpid()
 
     try:
-        pids = local_ray.get([three_requests.remote("openai/x@http://h/v1") for _ in range(2)]
-                             + [three_requests.remote("openai/y@")])
-        assert len(set(pids)) >= 2  # more than one worker process asked
+        pids = local_ray.get([three_requests.remote("openai/x@http://h/v1", 2) for _ in range(2)]
+                             + [three_requests.remote("openai/y@", 0)])
+        assert pids[0] != pids[1]  # two worker processes asked on one LM
         assert local_ray.get(board.paced.remote()) == {"openai/x@http://h/v1": 6, "openai/y@": 3}
         # A worker's pool hands its LMs the board's limiter.
         pool = PoolSettings(lm="openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=None, concurrency=2,
@@ -579,6 +603,7 @@ def test_ray_workers_count_the_rate_limits_together(local_ray):
         assert isinstance(limiter, SharedRateLimit) and limiter.key == "openai/x@http://127.0.0.1:9/v1"
     finally:
         local_ray.kill(board)
+        local_ray.kill(gate)
 
 
 def test_the_concurrency_help_says_ray_workers_share_one_limit():
