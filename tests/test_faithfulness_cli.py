@@ -337,11 +337,23 @@ def test_verify_one_claim_with_the_embedded_model(tmp_path, books_dir):
     assert "agreement with humans on FABLES' test split" in proc.stderr
 
 
+EVIDENCE_TOO_LARGE = {
+    # 40 passages of 256 tokens against gpt-4's 8,192-token window
+    "k": (["--k", "40"], "--k 40 passages of up to --passage-tokens 256 tokens: 10240 tokens of evidence per claim",
+          "in its 8192-token context window; lower --k or --passage-tokens"),
+    "book budget": (["--evidence", "book", "--budget-tokens", "9000"],
+                    "--budget-tokens 9000: 9000 tokens of evidence per claim",
+                    "in its 8192-token context window; lower --budget-tokens or leave it out"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EVIDENCE_TOO_LARGE))
 @pytest.mark.parametrize("command", ["verify", "check"])
-def test_retrieved_evidence_that_cannot_fit_the_judge_window_is_one_line_before_any_call(tmp_path, command):
-    """40 passages of 256 tokens against gpt-4's 8,192-token window: every verification failed with
-    the server's "prompt does not fit", naming neither --k nor --passage-tokens. Now one line that
-    names both, before the claims are split or verified."""
+def test_evidence_that_cannot_fit_the_judge_window_is_one_line_before_any_call(tmp_path, command, case):
+    """Evidence per claim larger than the judge's window (`--k` passages of `--passage-tokens`, or
+    `--evidence book --budget-tokens`): every verification failed with the server's "prompt does not
+    fit", naming no option. Now one line that names them, before the claims are split or verified."""
+    options, first, rest = EVIDENCE_TOO_LARGE[case]
     book = write(tmp_path / "book.txt", " ".join(f"On day {n} Maren climbed the tower and trimmed the lamp."
                                                  for n in range(1200)))
     claims = write(tmp_path / "claims.json", ["Maren trimmed the lamp."])
@@ -349,27 +361,8 @@ def test_retrieved_evidence_that_cannot_fit_the_judge_window_is_one_line_before_
     out = tmp_path / "out.json"
     inputs = ["--claims", str(claims), "--book", str(book)] if command == "verify" else [str(book), str(summary)]
     with FakeOpenAIServer(responder=fake_answers) as server:
-        proc = run_here([command, *inputs, "--k", "40", "--lm", "openai/gpt-4", "--api-base", server.url,
+        proc = run_here([command, *inputs, *options, "--lm", "openai/gpt-4", "--api-base", server.url,
                          "-o", str(out)], tmp_path)
-        assert_one_line_error(proc, out, "--k 40 passages of up to --passage-tokens 256 tokens: 10240 tokens of "
-                                         "evidence per claim")
-        assert "in its 8192-token context window; lower --k or --passage-tokens" in proc.stderr
-        assert server.received == []
-
-
-@pytest.mark.parametrize("command", ["verify", "check"])
-def test_a_book_budget_that_cannot_fit_the_judge_window_is_one_line_before_any_call(tmp_path, command):
-    """--evidence book --budget-tokens 9000 against gpt-4's 8,192-token window: every verification
-    failed with the server's "prompt does not fit". Now one line naming --budget-tokens, before any call."""
-    book = write(tmp_path / "book.txt", " ".join(f"On day {n} Maren climbed the tower and trimmed the lamp."
-                                                 for n in range(1200)))
-    claims = write(tmp_path / "claims.json", ["Maren trimmed the lamp."])
-    summary = write(tmp_path / "summary.txt", "Maren trimmed the lamp every day.")
-    out = tmp_path / "out.json"
-    inputs = ["--claims", str(claims), "--book", str(book)] if command == "verify" else [str(book), str(summary)]
-    with FakeOpenAIServer(responder=fake_answers) as server:
-        proc = run_here([command, *inputs, "--evidence", "book", "--budget-tokens", "9000", "--lm", "openai/gpt-4",
-                         "--api-base", server.url, "-o", str(out)], tmp_path)
-        assert_one_line_error(proc, out, "--budget-tokens 9000: 9000 tokens of evidence per claim")
-        assert "in its 8192-token context window; lower --budget-tokens or leave it out" in proc.stderr
+        assert_one_line_error(proc, out, first)
+        assert rest in proc.stderr
         assert server.received == []
