@@ -131,6 +131,8 @@ def test_bm25_matches_accents_however_composed(book_form, query_form):
     assert words(unicodedata.normalize("NFD", "L'élève préféré")) == ["l", "élève", "préféré"]
     # compatibility forms are the same word too: a ligature from a scanned book, full-width letters
     assert bm25_tokens("the \ufb01nal Ｆｉｎｄｉｎｇ") == bm25_tokens("the final finding")
+    # lowercased after that form is taken: some compatibility letters become capitals ('\u210c' is H)
+    assert words("\u210cello, chapter \u2168") == ["hello", "chapter", "ix"]
 
 
 TINY_STORY = ("Maren kept the lighthouse on Carrick Point for twenty years. One winter night the lamp went dark, "

@@ -107,8 +107,9 @@ _DROP_IN_WORD_MARKS = dict.fromkeys(map(ord, IN_WORD_MARKS))
 def words(text: str) -> list[str]:
     """The words of `text`, lowercased, in order (see `_WORD`), without `IN_WORD_MARKS`. Text is
     compared in NFKC form: a combining accent is no letter, so 'é' written as 'e' and an accent would
-    split its word, and a ligature ('\ufb01') or a full-width letter is the same word as its plain letters."""
-    return _WORD.findall(unicodedata.normalize("NFKC", text.translate(_DROP_IN_WORD_MARKS).lower()))
+    split its word, and a ligature ('\ufb01') or a full-width letter is the same word as its plain letters.
+    Lowercased after: the form makes capitals of some letters ('\u210c' is 'H')."""
+    return _WORD.findall(unicodedata.normalize("NFKC", text.translate(_DROP_IN_WORD_MARKS)).lower())
 
 
 def evidence_help(modes: tuple[str, ...] = EVIDENCE_MODES) -> str:

@@ -24,9 +24,9 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import contextlib
 import os
 import queue
 import sys
