@@ -55,6 +55,7 @@ from booklens.vocabulary import (
     MIN_WORDS_PER_TOKEN,
     MergeContextName,
     SummaryMethod,
+    counted,
 )
 
 STEPS = ("summary", "coherence", "claims", "faithfulness")
@@ -609,7 +610,7 @@ class _Runner:
         self.timings[name] = {"reused": False, "seconds": round(seconds, 3), "fresh_calls": fresh,
                               "cached_calls": cached}
         self.save_progress()
-        self.notify(f"{name}: {seconds:.1f} s, {work['calls']} LM calls ({cached} from the cache)")
+        self.notify(f"{name}: {seconds:.1f} s, {counted(work['calls'], 'LM call')} ({cached} from the cache)")
         return record
 
     def remove_unrecorded(self) -> None:

@@ -92,6 +92,8 @@ VERBOSITY_PROTOCOLS = ("single", "pairwise")
 # Counts in the lines commands print
 
 
-def counted(n: int, noun: str) -> str:
-    """'1 claim', '3 claims': `noun` is the singular, made plural with an s."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def counted(n: float, noun: str, shown: str | None = None) -> str:
+    """'1 claim', '3 claims': `noun` is the singular, made plural with an s; `shown` writes the
+    number another way ('1.2M')."""
+    number = str(n) if shown is None else shown
+    return f"{number} {noun}" if n == 1 else f"{number} {noun}s"

@@ -375,3 +375,17 @@ def test_a_score_that_is_not_a_number_is_left_out_of_the_pairs_as_of_the_means(t
     lines = [strict(line) for line in (tmp_path / "cells.jsonl").read_text(encoding="utf-8").splitlines()]
     assert (lines[1]["booookscore"], lines[1]["faithful_pct"]) == (None, None)
     assert strict((tmp_path / "results.json").read_text(encoding="utf-8")) == data
+
+
+def test_the_progress_line_says_one_call_and_one_cell_in_the_singular():
+    clock = Clock()
+    progress = SweepProgress(1, lambda: {"calls": 1}, stream=io.StringIO(), tty=False, interval=3600, clock=clock)
+    progress.started = clock.now
+    assert progress.line() == "sweep: 0/1 cell | 1 LM call | 0 tokens | 0s"
+    progress = SweepProgress(1, lambda: {"calls": 0, "cached_calls": 1}, stream=io.StringIO(), tty=False,
+                             interval=3600, clock=clock)
+    progress.started = clock.now
+    progress.cell_done("s/b", reused=True, earlier={"calls": 1, "prompt_tokens": 1, "completion_tokens": 0,
+                                                    "cost_usd": 0.0})
+    assert progress.line() == ("sweep: 1/1 cell (1 reused) | 1 LM call (1 from the cache) + 1 reused from "
+                               "earlier runs | 1 token | 0s")

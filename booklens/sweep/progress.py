@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Optional, TextIO
 
 from booklens.lm.usage import cost_text, known_cost, snapshot_cost, total_work
+from booklens.vocabulary import counted
 
 Usage = Callable[[], dict[str, Any]]
 
@@ -107,14 +108,14 @@ class SweepProgress:
         # None (not shown) unless every call so far had a price
         cost = known_cost([(calls, snapshot_cost(u)), (earlier["calls"], earlier["cost_usd"])])
         cells = [f"{self.reused} reused"] * bool(self.reused) + [f"{self.failed} failed"] * bool(self.failed)
-        parts = [f"sweep: {self.done}/{self.total} cells" + (f" ({', '.join(cells)})" if cells else "")]
-        calls_text = f"{_count(calls)} LM calls"
+        parts = [f"sweep: {self.done}/{self.total} cell" + "s" * (self.total != 1) + (f" ({', '.join(cells)})" if cells else "")]
+        calls_text = counted(calls, "LM call", _count(calls))
         if u.get("cached_calls"):
             calls_text += f" ({_count(u['cached_calls'])} from the cache)"
         if earlier["calls"]:
             calls_text += f" + {_count(earlier['calls'])} reused from earlier runs"
         parts.append(calls_text)
-        parts.append(f"{_count(tokens)} tokens")
+        parts.append(counted(tokens, "token", _count(tokens)))
         if cost is not None:
             parts.append(cost_text(cost))
         elapsed = self.clock() - self.started
