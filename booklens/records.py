@@ -287,7 +287,8 @@ class SummaryNode(BaseModel):
     used_context: bool = False
     context: Optional[str] = Field(default=None, description="id of the summary a merge received as context")
     attempts: int = 1
-    over_budget: bool = False
+    over_budget: bool = Field(default=False, description="its text is longer than its budget (kept whole: a trimmed "
+                                                         "text is within it and says so with truncated)")
     truncated: bool = Field(default=False, description="trimmed to whole sentences within the budget")
     cut_off: bool = Field(default=False, description="the model's answer stopped at the token cap")
     fallback: bool = Field(default=False, description="no answer had words in it, so booklens kept its input: "

@@ -303,7 +303,8 @@ class _BookSummarizer(Module):
         if best.over_budget and trim:
             # Keep whole sentences up to the budget rather than fail the whole book.
             text = trim_to_budget(best.text, budget)
-            best = _Generated(text, count_tokens(text), tried, True, True, best.cut_off)
+            tokens = count_tokens(text)
+            best = _Generated(text, tokens, tried, tokens > budget, True, best.cut_off)
         best.attempts = tried
         return best
 

@@ -125,7 +125,7 @@ def test_gives_up_after_bounded_regenerations_and_trims_to_budget():
         result = program(book=book)
     (node,) = result.nodes
     assert len(lm.backend.calls) == 3
-    assert node.over_budget and node.truncated
+    assert node.truncated and not node.over_budget
     assert count_tokens(node.text) <= 200
 
 
@@ -534,3 +534,17 @@ def test_empty_answers_are_still_called_empty():
     with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(BooklensError,
                                                                         match=r"in 3 tries \(only empty answers, "):
         program(book=synthetic_book(3_000))
+
+
+def test_a_summary_trimmed_to_its_budget_is_not_recorded_over_budget():
+    """`over_budget` says the kept text is longer than its budget; trimmed text never is (`truncated`
+    says it was cut), as a fallback or a cut-off answer trimmed within the budget already records."""
+    book = synthetic_book(3_000)
+    lm = ScriptedLM(lambda call: {"summary": summary_of(2000)})
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=1)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    (node,) = result.nodes
+    assert node.truncated and node.tokens <= node.budget == 200
+    assert not node.over_budget
