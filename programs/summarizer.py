@@ -243,16 +243,18 @@ class _BookSummarizer(Module):
     # -- one generation with bounded regeneration ------------------------
 
     def _generate(self, predictor: dspy.Predict, output: str, budget: int, *, temperature: float | None = None,
-                  where: str, trim: bool = True, fallback: str | None = None, **inputs: Any) -> _Generated:
+                  where: str, trim: bool = True, keep: int | None = None, fallback: str | None = None,
+                  **inputs: Any) -> _Generated:
         """One summary within `budget` tokens, regenerated up to `max_regenerations` times when it is
         over budget, cut off or without words. When every try fails, the shortest answer with words is
-        trimmed to whole leading sentences within the budget (`trim`), or kept whole and flagged over
-        budget. When no answer has words, `fallback` (trimmed the same way) stands in if given; without
+        trimmed to whole leading sentences within `keep` tokens (default: the budget; `trim`), or kept
+        whole; either way it is flagged over budget when longer than the budget. When no answer has words, `fallback` (trimmed the same way) stands in if given; without
         one, tries go on to `WORDLESS_TRIES`, and if none has a word that is a one-line error, never an
         answer of bare numbers passed off as a summary."""
         from booklens.text import count_tokens, has_letters  # an answer of bare numbers is no summary
 
         temperature = self.temperature if temperature is None else temperature
+        keep = budget if keep is None else keep
         best: _Generated | None = None
         tried = 0
         wordless: list = []  # the calls of answers without a word
@@ -288,7 +290,7 @@ class _BookSummarizer(Module):
             if has_letters(text) and tokens <= budget and not cut_off:
                 return candidate
         if fallback is not None and (best is None or not has_letters(best.text)):
-            text = trim_to_budget(fallback, budget) if trim else fallback
+            text = trim_to_budget(fallback, keep) if trim else fallback
             tokens = count_tokens(text)
             return _Generated(text, tokens, tried, tokens > budget, text != fallback, fallback=True)
         if best is None or not has_letters(best.text):
@@ -300,9 +302,9 @@ class _BookSummarizer(Module):
             if text != best.text:
                 tokens = count_tokens(text)
                 best = _Generated(text, tokens, best.attempts, tokens > budget, True, True)
-        if best.over_budget and trim:
-            # Keep whole sentences up to the budget rather than fail the whole book.
-            text = trim_to_budget(best.text, budget)
+        if best.tokens > keep and trim:
+            # Keep whole sentences up to the budget (or `keep`) rather than fail the whole book.
+            text = trim_to_budget(best.text, keep)
             tokens = count_tokens(text)
             best = _Generated(text, tokens, tried, tokens > budget, True, best.cut_off)
         best.attempts = tried
@@ -740,6 +742,19 @@ class IncrementalSummarizer(_BookSummarizer):
                 f"{self.usable_window}; lower --max-summary-tokens or raise --context-window"
             )
 
+    def running_room(self) -> int:
+        """The most tokens a running summary may have for the next update's prompt to hold it beside a
+        chunk and the update's budget: at least G_n (`check_budgets`)."""
+        g = self.max_summary_tokens
+        overhead = prompt_tokens(self.update, running_summary="", excerpt="", word_limit=0)
+        return self.usable_window - self.chunk_size - int(g * UPDATE_ALLOWANCE) - overhead
+
+    def final_room(self) -> int:
+        """The most tokens the book's summary may have for the artifact-removal prompt to hold it
+        and a rewrite as long (kept whether or not that pass runs, so both give the same summary)."""
+        overhead = prompt_tokens(self.clean, summary="")
+        return max(self.max_summary_tokens, (self.usable_window - overhead) // 2)
+
     def forward(self, book: str) -> dspy.Prediction:
         self.check_budgets()
         chunks = self._chunks(book)
@@ -769,8 +784,11 @@ class IncrementalSummarizer(_BookSummarizer):
             nodes.append(updated)
             current = updated
             if updated.tokens > g:
+                # A compression still over G_n is kept whole as far as the next call has room for it: in
+                # story order, its end tells the newest chunk, which a cut to leading sentences drops.
+                room = self.running_room() if i + 1 < len(chunks) else self.final_room()
                 comp = self._generate(self.compress, "condensed", g, temperature=1.0, where=f"compression {i}",
-                                      fallback=updated.text, summary=updated.text,
+                                      keep=room, fallback=updated.text, summary=updated.text,
                                       current_words=len(updated.text.split()), word_limit=words)
                 current = SummaryNode(id=f"u{i}.compressed", level=i + 1, kind="compress", text=comp.text,
                                       tokens=comp.tokens, budget=g, children=[updated.id], chunks=updated.chunks,

@@ -362,10 +362,13 @@ def test_an_answer_without_words_is_asked_again_even_with_no_regenerations():
     assert node.attempts == 2 and node.truncated and node.tokens <= 200
 
 
-def test_a_compression_without_words_keeps_the_update_trimmed_to_the_budget():
-    book = synthetic_book(6_000)
+def test_a_compression_without_words_keeps_the_update_as_far_as_the_next_call_has_room():
+    """The update stands in for a compression without words: whole, or, where the next update's prompt
+    could not hold it, cut to whole sentences within that room (at least G_n); at the last chunk, within
+    the room of the artifact-removal prompt."""
+    book = synthetic_book(2_000)
     g = 300
-    update = summary_of(330)  # over G_n, so it is compressed
+    update = summary_of(580)  # over G_n, so it is compressed; longer than the next update has room for
 
     def respond(call):
         if "condensed" in call.output_fields:
@@ -375,20 +378,24 @@ def test_a_compression_without_words_keeps_the_update_trimmed_to_the_budget():
         return {"summary": summary_of(150)}
 
     lm = ScriptedLM(respond)
-    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=g, max_regenerations=1)
+    program = IncrementalSummarizer(chunk_size=512, context_window=2048, max_summary_tokens=g, max_regenerations=1)
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         result = program(book=book)
+        room, final_room = program.running_room(), program.final_room()
+    assert g < room < count_tokens(update) < final_room
     compressions = [n for n in result.nodes if n.kind == "compress"]
     assert len(compressions) == len(result.chunks) - 1 >= 2
     condensed_calls = [c for c in lm.backend.calls if "condensed" in c.output_fields]
     assert len(condensed_calls) == 2 * len(compressions)  # both tries answered without words
-    for node in compressions:
-        assert node.fallback and node.truncated and not node.over_budget
-        assert update.startswith(node.text) and node.tokens <= g
-    # The next update reads the trimmed update, not the numbers.
+    for node in compressions[:-1]:
+        assert node.fallback and node.truncated and node.over_budget
+        assert update.startswith(node.text) and g < node.tokens <= room
+    last = compressions[-1]
+    assert last.fallback and not last.truncated and last.over_budget and last.text == update
+    # The next update reads the kept update, not the numbers.
     updates = [c for c in lm.backend.calls if "running_summary" in c.inputs]
-    assert updates[1].inputs["running_summary"] == compressions[0].text
-    assert result.summary == compressions[-1].text
+    assert updates[-1].inputs["running_summary"] == compressions[-2].text
+    assert result.summary == update
 
 
 def test_artifact_removal_without_words_keeps_the_summary():
@@ -548,3 +555,62 @@ def test_a_summary_trimmed_to_its_budget_is_not_recorded_over_budget():
     (node,) = result.nodes
     assert node.truncated and node.tokens <= node.budget == 200
     assert not node.over_budget
+
+
+def newest_event(excerpt: str) -> str:
+    """A sentence naming the first day a chunk of `synthetic_book` tells: the chunk's newest event."""
+    import re
+
+    day = re.search(r"On day (\d+)", excerpt).group(1)
+    return f"Then came the news of day {day}."
+
+
+def test_a_compression_that_stays_over_budget_keeps_the_newest_chunk():
+    """The paper condenses the running summary; it never cuts it. A compression still over G_n after its
+    tries is kept whole while the next update has room for it: its end tells the newest chunk, which
+    cutting it to its leading sentences dropped (the book's ending, at the last chunk)."""
+    book = synthetic_book(9_000)
+    g = 300
+
+    def respond(call):
+        if "condensed" in call.output_fields:  # condensed in story order, a little over G_n on every try
+            return {"condensed": summary_of(300) + " " + call.inputs["summary"].rsplit(". ", 1)[-1]}
+        if "running_summary" in call.inputs:  # over G_n, so compressed; the newest chunk comes last
+            return {"summary": summary_of(330) + " " + newest_event(call.inputs["excerpt"])}
+        return {"summary": summary_of(150)}
+
+    lm = ScriptedLM(respond)
+    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=g)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    compressions = [n for n in result.nodes if n.kind == "compress"]
+    assert len(compressions) == len(result.chunks) - 1 >= 3
+    for node, chunk in zip(compressions, result.chunks[1:]):
+        assert node.text.endswith(newest_event(chunk.text))
+        assert node.over_budget and not node.truncated and node.tokens > g
+    updates = [c for c in lm.backend.calls if "running_summary" in c.inputs]
+    assert updates[1].inputs["running_summary"] == compressions[0].text
+    assert result.summary.endswith(newest_event(result.chunks[-1].text))
+
+
+def test_a_compression_without_words_keeps_the_whole_update_with_its_newest_chunk():
+    book = synthetic_book(6_000)
+    g = 300
+
+    def respond(call):
+        if "condensed" in call.output_fields:
+            return {"condensed": "1064\n276"}
+        if "running_summary" in call.inputs:
+            return {"summary": summary_of(400) + " " + newest_event(call.inputs["excerpt"])}
+        return {"summary": summary_of(150)}
+
+    lm = ScriptedLM(respond)
+    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=g, max_regenerations=0)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    compressions = [n for n in result.nodes if n.kind == "compress"]
+    assert len(compressions) == len(result.chunks) - 1 >= 2
+    for node, chunk in zip(compressions, result.chunks[1:]):
+        assert node.fallback and node.over_budget and not node.truncated
+        assert node.text.endswith(newest_event(chunk.text))
+    assert result.summary.endswith(newest_event(result.chunks[-1].text))
