@@ -78,3 +78,27 @@ def test_an_incremental_summary_carries_the_cleaned_prose_forward():
     # Every update reads the previous answer as cleaned prose, and the result is cleaned prose.
     assert [c.inputs["running_summary"] for c in calls[1:]] == [cleaned] * (len(calls) - 1)
     assert result.summary == cleaned
+
+
+@pytest.mark.parametrize("written", [
+    f'{{"summary": "{PROSE}"}}',
+    f'```json\n{{"summary": "{PROSE}"}}\n```',
+    f'{{"Summary": "{PROSE}", }}',  # the key capitalized, a trailing comma
+    f'{{"summary": ["{PROSE.split(". ")[0]}.", "{PROSE.split(". ")[1]}"]}}',  # paragraphs as a list
+    f'{{"text": "{PROSE}"}}',  # the one value, under another name
+])
+def test_an_answer_written_as_a_json_object_is_read_as_its_prose(written):
+    """Asked for plain text, a model used to JSON answers may still wrap its prose in an object; the
+    summary is the prose, not the object's JSON."""
+    assert plain_answer(written, "summary").replace("\n\n", " ") == PROSE
+
+
+def test_json_that_is_not_an_object_of_prose_is_left_as_it_is():
+    for written in ('{"summary": 3}', '{"a": "one", "b": "two"}', "{not json at all} and more"):
+        assert plain_answer(written, "summary") == written
+
+
+@pytest.mark.parametrize("written", [f"**Summary:**\n{PROSE}", f"**Summary**\n\n{PROSE}", f"__Summary:__\n{PROSE}",
+                                     f"### **Summary**\n{PROSE}"])
+def test_a_bold_markdown_header_is_dropped(written):
+    assert plain_answer(written, "summary") == PROSE

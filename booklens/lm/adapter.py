@@ -23,8 +23,10 @@ def plain_output_field(signature: Any) -> str | None:
 
 
 # A line that is only a field header, exact or garbled by a small model: "[[ ## summary ## ]]",
-# "[## summary ## ]", "## Summary", "[Summary]", "Summary:".
-_HEADER_LINE = re.compile(r"^\[*\s*#*\s*([A-Za-z][A-Za-z _]*?)\s*#*\s*\]*\s*:?$")
+# "[## summary ## ]", "## Summary", "[Summary]", "Summary:", or in markdown bold, "**Summary:**".
+_HEADER_LINE = re.compile(r"^\[*\s*#*\s*[*_]*\s*([A-Za-z][A-Za-z _]*?)\s*:?\s*[*_]*\s*#*\s*\]*\s*:?$")
+# An answer that is one JSON object (in a code fence or not) whose first key is quoted.
+_JSON_OBJECT = re.compile(r"^(?:```(?:json)?\s*)?(\{\s*\".*\})\s*(?:```)?$", re.DOTALL)
 # A list item with nothing after its marker: "6.", "6)", "-".
 _LIST_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s*$")
 
@@ -34,15 +36,39 @@ def _is_header(line: str, names: set[str]) -> bool:
     return bool(found) and found.group(1).strip().lower().replace(" ", "_") in names
 
 
+def _json_prose(text: str, field: str) -> str | None:
+    """The prose of an answer written as a JSON object, as a model used to JSON answers may write
+    even when asked for plain text: the value of `field` (any case), else the object's one value;
+    a list of strings is paragraphs. None when the answer is no such object."""
+    found = _JSON_OBJECT.match(text)
+    if not found:
+        return None
+    import json_repair  # as DSPy reads JSON answers: a trailing comma is no failure
+
+    try:
+        data = json_repair.loads(found.group(1))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or not data:
+        return None
+    named = [v for k, v in data.items() if str(k).strip().lower() == field]
+    value = named[0] if named else (next(iter(data.values())) if len(data) == 1 else None)
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        value = "\n\n".join(v.strip() for v in value)
+    return value if isinstance(value, str) and has_letters(value) else None
+
+
 def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str:
     """The prose a model wrote for the free-text output `field`, without the scaffolding small
     models echo: headers (exact or garbled) of `field`, of the signature's `other_fields` (a model
     asked to condense a `summary` may head its answer with that name) or of the end marker before
     it, lines without a letter before the prose, whatever follows such a header after the prose
     (a copy of an input), an empty list item at the end, and line breaks written as the two
-    characters backslash and n, as if inside a JSON string."""
+    characters backslash and n, as if inside a JSON string. An answer that is a JSON object is read
+    as the prose it holds (`_json_prose`)."""
     names = {field, "completed", *other_fields}
     text = text.strip()
+    text = _json_prose(text, field) or text
     marker = f"[[ ## {field} ## ]]"
     if marker in text:
         text = text.split(marker, 1)[1]
