@@ -20,6 +20,7 @@ because the backend's own tokenizer may count a little differently.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -121,6 +122,23 @@ def without_unfinished_sentence(text: str) -> str:
     if len(spans) < 2 or text.endswith(_SENTENCE_END):
         return text
     return text[:spans[-1][0]].strip()
+
+
+# A model declining the task ("I'm sorry, but I can't help with that."): its first sentence starts
+# with the model speaking and says it cannot do the work. Such an answer has words but is no summary,
+# and as an incremental update it would replace the whole story so far.
+_REFUSAL = re.compile(
+    r"^\W*(?:(?:I|Sorry|As an AI|Unfortunately)\b[^.!?]*?)?\bI\s*(?:can['\u2019]?t|cannot|can not|won['\u2019]?t|"
+    r"will not|am unable to|['\u2019]m unable to|am not able to|['\u2019]m not able to)\s+(?:\w+\s+){0,2}?"
+    r"(?:help|assist|provide|summari[sz]e|continue|complete|fulfil|comply|do|create|write|generate|update|"
+    r"condense|compress|merge|shorten|produce|clean)", re.IGNORECASE)
+# A refusal is short: a longer answer that starts like one goes on to say something about the story.
+REFUSAL_MAX_WORDS = 80
+
+
+def looks_like_refusal(text: str) -> bool:
+    """Whether an answer declines the task instead of doing it (see `_REFUSAL`)."""
+    return len(text.split()) <= REFUSAL_MAX_WORDS and bool(_REFUSAL.match(text.strip()))
 
 
 def words_kept(original: str, rewrite: str) -> float:
@@ -248,10 +266,14 @@ class _BookSummarizer(Module):
         """One summary within `budget` tokens, regenerated up to `max_regenerations` times when it is
         over budget, cut off or without words. When every try fails, the shortest answer with words is
         trimmed to whole leading sentences within `keep` tokens (default: the budget; `trim`), or kept
-        whole; either way it is flagged over budget when longer than the budget. When no answer has words, `fallback` (trimmed the same way) stands in if given; without
-        one, tries go on to `WORDLESS_TRIES`, and if none has a word that is a one-line error, never an
-        answer of bare numbers passed off as a summary."""
+        whole; either way it is flagged over budget when longer than the budget. When no answer has
+        words (or every one that has is a refusal), `fallback` (trimmed the same way) stands in if
+        given; without one, tries go on to `WORDLESS_TRIES`, and if none has a word that is a one-line
+        error, never an answer of bare numbers or a refusal passed off as a summary."""
         from booklens.text import count_tokens, has_letters  # an answer of bare numbers is no summary
+
+        def usable(text: str) -> bool:
+            return has_letters(text) and not looks_like_refusal(text)
 
         temperature = self.temperature if temperature is None else temperature
         keep = budget if keep is None else keep
@@ -260,7 +282,7 @@ class _BookSummarizer(Module):
         wordless: list = []  # the calls of answers without a word
         unread: list[str] = []  # why each try whose answers did not parse failed
         for regeneration in range(self._tries(fallback)):
-            if regeneration > self.max_regenerations and best is not None and has_letters(best.text):
+            if regeneration > self.max_regenerations and best is not None and usable(best.text):
                 break  # the tries past --max-regenerations are only for a summary with no word yet
             tried += 1
             asked = dict(inputs)
@@ -280,20 +302,20 @@ class _BookSummarizer(Module):
                 unread.append(result.error or "unparseable answer")
                 continue
             text = str(getattr(result.prediction, output) or "").strip()
-            if not has_letters(text):
+            if not usable(text):
                 wordless.extend(heard)
             tokens = count_tokens(text)
             cut_off = last_finish_reason() == "length"
             candidate = _Generated(text, tokens, regeneration + 1, tokens > budget, False, cut_off)
-            if text and (best is None or (has_letters(text), -tokens) > (has_letters(best.text), -best.tokens)):
+            if text and (best is None or (usable(text), -tokens) > (usable(best.text), -best.tokens)):
                 best = candidate
-            if has_letters(text) and tokens <= budget and not cut_off:
+            if usable(text) and tokens <= budget and not cut_off:
                 return candidate
-        if fallback is not None and (best is None or not has_letters(best.text)):
+        if fallback is not None and (best is None or not usable(best.text)):
             text = trim_to_budget(fallback, keep) if trim else fallback
             tokens = count_tokens(text)
             return _Generated(text, tokens, tried, tokens > budget, text != fallback, fallback=True)
-        if best is None or not has_letters(best.text):
+        if best is None or not usable(best.text):
             forget_answers(wordless)  # not kept: a rerun asks again
             raise BooklensError(self._no_summary(where, best, unread))
         if best.cut_off and trim:
@@ -323,7 +345,10 @@ class _BookSummarizer(Module):
         # the parser's words can run long; the first of them say what was wrong
         why = unread[-1][:160].rstrip(" .") if unread else ""
         if best is not None:
-            got = f"answers without a word, such as {best.text[:40]!r}"
+            from booklens.text import has_letters
+
+            kind = "refusals" if has_letters(best.text) else "answers without a word"
+            got = f"{kind}, such as {best.text[:40]!r}"
             if unread:
                 got += f"; {len(unread)} could not be read ({why})"
         elif len(unread) == tries:

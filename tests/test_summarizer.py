@@ -614,3 +614,73 @@ def test_a_compression_without_words_keeps_the_whole_update_with_its_newest_chun
         assert node.fallback and node.over_budget and not node.truncated
         assert node.text.endswith(newest_event(chunk.text))
     assert result.summary.endswith(newest_event(result.chunks[-1].text))
+
+
+REFUSAL = "I'm sorry, but I can't help with summarizing this text."
+
+
+def test_a_refused_update_is_asked_again_instead_of_replacing_the_running_summary():
+    """A refusal has words but is no summary: taken as the update, it became the story so far and
+    every later update built on it."""
+    book = synthetic_book(6_000)
+    refused = set()
+
+    def respond(call):
+        if "running_summary" in call.inputs:
+            key = call.inputs["excerpt"][:40]
+            if key not in refused:  # each update is refused once, then written
+                refused.add(key)
+                return {"summary": REFUSAL}
+            return {"summary": call.inputs["running_summary"] + " " + newest_event(call.inputs["excerpt"])}
+        return {"summary": summary_of(100)}
+
+    lm = ScriptedLM(respond)
+    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=600)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    updates = [n for n in result.nodes if n.kind == "update"]
+    assert len(updates) == len(result.chunks) - 1 >= 2
+    assert all(n.attempts == 2 and "sorry" not in n.text for n in updates)
+    assert result.summary.startswith(summary_of(100))
+    assert all(newest_event(c.text) in result.summary for c in result.chunks[1:])
+
+
+def test_a_summary_refused_in_every_try_is_a_one_line_error_that_says_so():
+    lm = ScriptedLM(lambda call: {"summary": REFUSAL})
+    program = HierarchicalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=200)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        with pytest.raises(BooklensError, match=r"no usable summary for level 1 summary 0 in 3 tries \(refusals, "
+                                                r"such as \"I'm sorry, but I can't help"):
+            program(book=synthetic_book(1_000))
+    assert len(lm.backend.calls) == 3
+
+
+def test_a_refused_compression_keeps_the_update():
+    book = synthetic_book(6_000)
+    g = 300
+    update = summary_of(330)
+
+    def respond(call):
+        if "condensed" in call.output_fields:
+            return {"condensed": "I cannot condense this summary further."}
+        if "running_summary" in call.inputs:
+            return {"summary": update}
+        return {"summary": summary_of(150)}
+
+    lm = ScriptedLM(respond)
+    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=g, max_regenerations=0)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    compressions = [n for n in result.nodes if n.kind == "compress"]
+    assert compressions and all(n.fallback and n.text == update for n in compressions)
+
+
+@pytest.mark.parametrize("summary", [
+    "I'm sorry, Ahab says to the crew, and then he sails on. The whale returns at dawn.",  # dialogue, not a refusal
+    "Sorry Hollow is a village where Mara keeps the lamp.",
+    "I cannot help thinking of the lamp, Mara writes in her diary. " + "The storm grows. " * 60,  # a long answer
+])
+def test_a_summary_that_only_starts_like_a_refusal_is_kept(summary):
+    from booklens.programs.summarizer import looks_like_refusal
+
+    assert not looks_like_refusal(summary)
