@@ -102,3 +102,12 @@ def test_json_that_is_not_an_object_of_prose_is_left_as_it_is():
                                      f"### **Summary**\n{PROSE}"])
 def test_a_bold_markdown_header_is_dropped(written):
     assert plain_answer(written, "summary") == PROSE
+
+
+@pytest.mark.parametrize("lead", ["Sure! Here is a summary of the excerpt:", "Here's the updated summary:",
+                                  "Certainly. Below is the condensed summary (120 words):", "Here is the merged summary:"])
+def test_a_chatty_lead_in_before_the_prose_is_dropped(lead):
+    assert plain_answer(f"{lead}\n\n{PROSE}", "summary") == PROSE
+    # A line that only looks like one inside the prose stays.
+    inside = f"{PROSE}\nHere is what Montresor said:\nRest in peace."
+    assert plain_answer(inside, "summary") == inside
