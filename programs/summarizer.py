@@ -812,13 +812,16 @@ class IncrementalSummarizer(_BookSummarizer):
                 # A compression still over G_n is kept whole as far as the next call has room for it: in
                 # story order, its end tells the newest chunk, which a cut to leading sentences drops.
                 room = self.running_room() if i + 1 < len(chunks) else self.final_room()
+                # Standing in for a compression, an update the cap stopped loses its half sentence.
+                stand_in = without_unfinished_sentence(updated.text) if updated.cut_off else updated.text
                 comp = self._generate(self.compress, "condensed", g, temperature=1.0, where=f"compression {i}",
-                                      keep=room, fallback=updated.text, summary=updated.text,
+                                      keep=room, fallback=stand_in, summary=updated.text,
                                       current_words=len(updated.text.split()), word_limit=words)
                 current = SummaryNode(id=f"u{i}.compressed", level=i + 1, kind="compress", text=comp.text,
                                       tokens=comp.tokens, budget=g, children=[updated.id], chunks=updated.chunks,
                                       attempts=comp.attempts, over_budget=comp.over_budget,
-                                      truncated=comp.truncated, cut_off=comp.cut_off, fallback=comp.fallback)
+                                      truncated=comp.truncated or (comp.fallback and stand_in != updated.text),
+                                      cut_off=comp.cut_off, fallback=comp.fallback)
                 nodes.append(current)
             steps(1)
         steps(0, close=True)

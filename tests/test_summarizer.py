@@ -684,3 +684,25 @@ def test_a_summary_that_only_starts_like_a_refusal_is_kept(summary):
     from booklens.programs.summarizer import looks_like_refusal
 
     assert not looks_like_refusal(summary)
+
+
+def test_an_update_the_cap_cut_stands_in_for_a_compression_without_its_unfinished_sentence():
+    book = synthetic_book(6_000)
+    g = 300
+
+    def respond(call):
+        if "condensed" in call.output_fields:
+            return {"condensed": "1064"}
+        if "running_summary" in call.inputs:
+            return {"summary": summary_of(400) + " " + newest_event(call.inputs["excerpt"]) + " Then Mara rowed"}
+        return {"summary": summary_of(150)}
+
+    lm = ScriptedLM(respond)
+    lm.backend.finish_reason = "length"  # every answer stopped at the token cap
+    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=g, max_regenerations=0)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    compressions = [n for n in result.nodes if n.kind == "compress"]
+    assert compressions and all(n.fallback and n.truncated for n in compressions)
+    for node, chunk in zip(compressions, result.chunks[1:]):
+        assert node.text.endswith(newest_event(chunk.text))
