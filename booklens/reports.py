@@ -774,7 +774,7 @@ def _node_summary(n: SummaryNode) -> str:
         bits.append("the answer stopped at the token cap")
     if n.truncated:  # the answer ran over its budget and was cut to whole sentences within it
         bits.append("trimmed to the budget")
-    elif n.over_budget:  # kept whole over its budget (an update whose cut could drop the newest chunk)
+    elif n.over_budget:  # kept whole over its budget (an update or compression a cut would rob of the newest chunk)
         bits.append("over budget")
     if n.dropped_rewrite_tokens is not None and n.cut_off:
         bits.append("the rewrite was left unfinished: summary kept")

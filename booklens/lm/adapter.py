@@ -27,8 +27,9 @@ def plain_output_field(signature: Any) -> str | None:
 _HEADER_LINE = re.compile(r"^\[*\s*#*\s*[*_]*\s*([A-Za-z][A-Za-z _]*?)\s*:?\s*[*_]*\s*#*\s*\]*\s*:?$")
 # An answer that is one JSON object (in a code fence or not) whose first key is quoted.
 _JSON_OBJECT = re.compile(r"^(?:```(?:json)?\s*)?(\{\s*\".*\})\s*(?:```)?$", re.DOTALL)
-# A chat model's lead-in line before the answer it asked for: "Sure! Here is the updated summary:".
-_LEAD_IN = re.compile(r"^(?:(?:sure|certainly|of course|okay|ok|absolutely)\b\W*)?(?:here(?:'s|\u2019s| is| are)|below is)\b"
+# A chat model's lead-in line before the answer it was asked for: "Sure! Here is the updated summary:".
+_LEAD_IN = re.compile(r"^(?:(?:sure|certainly|of course|okay|ok|absolutely)\b\W*)?"
+                      r"(?:here(?:'s|\u2019s| is| are)|below is)\b"
                       r"[^\n]*\b(?:summary|summaries|version|rewrite|text)\b[^\n]*:$", re.IGNORECASE)
 # A list item with nothing after its marker: "6.", "6)", "-".
 _LIST_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s*$")
@@ -63,9 +64,9 @@ def _json_prose(text: str, field: str) -> str | None:
 
 def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str:
     """The prose a model wrote for the free-text output `field`, without the scaffolding small
-    models echo: a chat lead-in line ("Here is the summary:"), headers (exact or garbled) of `field`, of the signature's `other_fields` (a model
-    asked to condense a `summary` may head its answer with that name) or of the end marker before
-    it, lines without a letter before the prose, whatever follows such a header after the prose
+    models echo: a chat lead-in line ("Here is the summary:"), headers (exact or garbled) of
+    `field`, of the signature's `other_fields` (a model asked to condense a `summary` may head its
+    answer with that name) or of the end marker before it, lines without a letter before the prose, whatever follows such a header after the prose
     (a copy of an input), an empty list item at the end, and line breaks written as the two
     characters backslash and n, as if inside a JSON string. An answer that is a JSON object is read
     as the prose it holds (`_json_prose`)."""
