@@ -451,7 +451,9 @@ class HierarchicalSummarizer(_BookSummarizer):
         even when the book fits one level-1 call beside the first. Otherwise, as in the published
         BooookScore code, the tree's depth L is estimated and G_l = G_n * 0.65^(L - l): the smallest
         L for which a tree of summaries at those budgets reaches one summary in L levels (level 1
-        grouping as many chunks as fit beside a G_1 summary). Levels beyond the estimate get G_n."""
+        grouping as many chunks as fit beside a G_1 summary). Levels beyond the estimate get G_n, and
+        so does the book's summary: a book that fits one level-1 call beside G_1 but not beside G_n is
+        split for a merge to write it."""
         sizes = [c.tokens for c in chunks]
         if self.level_budgets:
             budgets = list(self.level_budgets)
@@ -470,6 +472,10 @@ class HierarchicalSummarizer(_BookSummarizer):
             budgets = [max(MIN_SUMMARY_TOKENS, int(g * LEVEL_BUDGET_RATIO ** (levels - level)))
                        for level in range(1, levels + 1)]
             groups = group_by_budget(sizes, self.room_for_chunks(budgets[0]))
+            if len(groups) == 1 and levels > 1:
+                # That one call would write the book's summary at G_1: as with given level budgets, the
+                # book is split so that a merge writes it at G_n (each chunk fits beside G_n: `check_budgets`).
+                groups = group_by_budget(sizes, self.room_for_chunks(g))
             count, level = len(groups), 1
             while count > 1:  # merge the summaries of `level` (each at its budget) into the next level
                 per_merge = max(2, room_merge // self.budget(level, budgets))

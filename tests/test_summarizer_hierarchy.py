@@ -217,3 +217,24 @@ def test_the_sweep_estimate_gives_the_books_summary_the_last_level_budget_as_the
         result = program(book=synthetic_book(6_000))
     assert max(n.level for n in result.nodes) == 2 and result.nodes[-1].budget == 600
     assert final == 600
+
+
+def test_a_book_that_fits_one_level_1_call_beside_g1_but_not_g_n_gets_g_n_with_the_default_budgets():
+    """With the published code's level budgets too, the book's summary gets G_n: a book that fit one
+    level-1 call beside G_1 = 0.65 G_n (and not beside G_n) was summarized in that one call at G_1,
+    while a shorter book got G_n and so did a longer one. It is now summarized in level-1 calls that a
+    merge at G_n joins."""
+    from booklens.text import chunk_text
+
+    book = synthetic_book(2_500)
+    lm = ScriptedLM(answer_for)
+    program = HierarchicalSummarizer(chunk_size=1024, context_window=4096, max_summary_tokens=900)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        tokens = sum(c.tokens for c in chunk_text(book, 1024))
+        assert program.room_for_chunks(900) < tokens <= program.room_for_chunks(int(900 * 0.65))
+        result = program(book=book)
+    root = result.nodes[-1]
+    assert root.budget == 900 and root.kind == "merge" and int(lm.backend.calls[-1].inputs["word_limit"]) == 585
+    level1 = [n for n in result.nodes if n.level == 1]
+    assert len(level1) == 2 and all(n.budget == 585 for n in level1)
+    assert all(sum(result.chunks[i].tokens for i in n.chunks) <= program.room_for_chunks(585) for n in level1)
