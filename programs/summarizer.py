@@ -124,14 +124,15 @@ def without_unfinished_sentence(text: str) -> str:
     return text[:spans[-1][0]].strip()
 
 
-# A model declining the task ("I'm sorry, but I can't help with that."): its first sentence starts
-# with the model speaking and says it cannot do the work. Such an answer has words but is no summary,
-# and as an incremental update it would replace the whole story so far.
+# A model declining the task ("I'm sorry, but I can't help with that."): its first sentence has the
+# model say it cannot do the work asked of it (a narrator who cannot go north is no refusal). Such an
+# answer has words but is no summary, and as an incremental update it would replace the story so far.
 _REFUSAL = re.compile(
     r"^\W*(?:(?:I|Sorry|As an AI|Unfortunately)\b[^.!?]*?)?\bI\s*(?:can['\u2019]?t|cannot|can not|won['\u2019]?t|"
-    r"will not|am unable to|['\u2019]m unable to|am not able to|['\u2019]m not able to)\s+(?:\w+\s+){0,2}?"
-    r"(?:help|assist|provide|summari[sz]e|continue|complete|fulfil|comply|do|create|write|generate|update|"
-    r"condense|compress|merge|shorten|produce|clean)", re.IGNORECASE)
+    r"will not|am unable to|['\u2019]m unable to|am not able to|['\u2019]m not able to)\s+(?:be able to\s+)?"
+    r"(?:(?:help|assist)(?: you)?(?: with\b|[.!?]|$)|assist\b|comply\b|fulfil|summari[sz]e|condense|compress|"
+    r"merge|(?:provide|create|write|generate|produce|update|continue)\b[^.!?]*?\b(?:summary|summaries|request|task)"
+    r"|do (?:that|this)\b|complete (?:this|that|the|your) (?:task|request))", re.IGNORECASE)
 # A refusal is short: a longer answer that starts like one goes on to say something about the story.
 REFUSAL_MAX_WORDS = 80
 

@@ -655,6 +655,17 @@ def test_a_summary_refused_in_every_try_is_a_one_line_error_that_says_so():
     assert len(lm.backend.calls) == 3
 
 
+@pytest.mark.parametrize("answer", [
+    REFUSAL, "I cannot condense this summary further.", "As an AI language model, I cannot summarize copyrighted text.",
+    "Unfortunately, I am unable to provide a summary of this excerpt.", "I\u2019m sorry, I can\u2019t assist with that.",
+    "I'm sorry, but I won't be able to help with that request.", "Sorry, I can't comply with this request.",
+])
+def test_refusals(answer):
+    from booklens.programs.summarizer import looks_like_refusal
+
+    assert looks_like_refusal(answer)
+
+
 def test_a_refused_compression_keeps_the_update():
     book = synthetic_book(6_000)
     g = 300
@@ -679,8 +690,14 @@ def test_a_refused_compression_keeps_the_update():
     "I'm sorry, Ahab says to the crew, and then he sails on. The whale returns at dawn.",  # dialogue, not a refusal
     "Sorry Hollow is a village where Mara keeps the lamp.",
     "I cannot help thinking of the lamp, Mara writes in her diary. " + "The storm grows. " * 60,  # a long answer
+    # a first-person story told in its narrator's voice, as short as a small level-1 budget asks
+    "I cannot continue north until the storm passes, so I wait at the harbour with the keeper.",
+    "I can't do anything but watch as the lamp goes dark and the ship runs aground.",
+    "I cannot write to my sister again; the keeper burns my letters.",
 ])
 def test_a_summary_that_only_starts_like_a_refusal_is_kept(summary):
+    """What counts as a refusal says the model will not do the task; a narrator who cannot do
+    something is not one."""
     from booklens.programs.summarizer import looks_like_refusal
 
     assert not looks_like_refusal(summary)
