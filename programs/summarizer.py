@@ -339,7 +339,7 @@ class _BookSummarizer(Module):
 
     def _no_summary(self, where: str, best: _Generated | None, unread: Sequence[str] = ()) -> str:
         """The error when no try gave a summary with words: what the tries got instead (answers
-        without a word, empty ones, or, `unread`, the errors of those that did not parse). Those
+        without a word, refusals, empty ones, or, `unread`, the errors of those that did not parse). Those
         answers are not kept in the cache (empty ones never are), so a plain rerun asks again; more
         regenerations or another model are what change the odds."""
         tries = self._tries(None)
