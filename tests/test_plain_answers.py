@@ -111,3 +111,12 @@ def test_a_chatty_lead_in_before_the_prose_is_dropped(lead):
     # A line that only looks like one inside the prose stays.
     inside = f"{PROSE}\nHere is what Montresor said:\nRest in peace."
     assert plain_answer(inside, "summary") == inside
+
+
+@pytest.mark.parametrize("sign_off", ["I hope this helps!", "Let me know if you would like any changes.",
+                                      "Would you like me to make it shorter?", "Feel free to ask for more detail."])
+def test_a_chatty_sign_off_after_the_prose_is_dropped(sign_off):
+    assert plain_answer(f"{PROSE}\n\n{sign_off}", "summary") == PROSE
+    # Inside the prose's last paragraph it is the story's.
+    said = f'{PROSE} "Let me know if you hear the bells," he says.'
+    assert plain_answer(said, "summary") == said

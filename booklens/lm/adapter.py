@@ -31,6 +31,9 @@ _JSON_OBJECT = re.compile(r"^(?:```(?:json)?\s*)?(\{\s*\".*\})\s*(?:```)?$", re.
 _LEAD_IN = re.compile(r"^(?:(?:sure|certainly|of course|okay|ok|absolutely)\b\W*)?"
                       r"(?:here(?:'s|\u2019s| is| are)|below is)\b"
                       r"[^\n]*\b(?:summary|summaries|version|rewrite|text)\b[^\n]*:$", re.IGNORECASE)
+# A chat model's sign-off line after the answer: "I hope this helps!", "Let me know if ...".
+_SIGN_OFF = re.compile(r"^(?:I hope (?:this|that|the summary)\b|Let me know\b|Feel free to\b|Would you like me\b|"
+                       r"If you(?:'d| would) like me\b|If you need (?:any|more)\b)[^\n]*$", re.IGNORECASE)
 # A list item with nothing after its marker: "6.", "6)", "-".
 _LIST_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s*$")
 
@@ -66,9 +69,10 @@ def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str
     """The prose a model wrote for the free-text output `field`, without the scaffolding small
     models echo: a chat lead-in line ("Here is the summary:"), headers (exact or garbled) of
     `field`, of the signature's `other_fields` (a model asked to condense a `summary` may head its
-    answer with that name) or of the end marker before it, lines without a letter before the prose, whatever follows such a header after the prose
-    (a copy of an input), an empty list item at the end, and line breaks written as the two
-    characters backslash and n, as if inside a JSON string. An answer that is a JSON object is read
+    answer with that name) or of the end marker before it, lines without a letter before the
+    prose, whatever follows such a header after the prose (a copy of an input), a chat sign-off
+    line ("I hope this helps!") and an empty list item at the end, and line breaks written as the
+    two characters backslash and n, as if inside a JSON string. An answer that is a JSON object is read
     as the prose it holds (`_json_prose`)."""
     names = {field, "completed", *other_fields}
     text = text.strip()
@@ -90,7 +94,8 @@ def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str
     enders = names - {field}
     ends = [i for i, line in enumerate(lines) if line.lstrip().startswith("[") and _is_header(line, enders)]
     lines = lines[:ends[0]] if ends else lines
-    while lines and (not lines[-1].strip() or _is_header(lines[-1], names) or _LIST_MARKER.match(lines[-1])):
+    while lines and (not lines[-1].strip() or _is_header(lines[-1], names) or _LIST_MARKER.match(lines[-1])
+                     or (_SIGN_OFF.match(lines[-1].strip()) and any(map(has_letters, lines[:-1])))):
         lines.pop()  # an empty list item ("6.") is where an answer that was cut off stopped
     return "\n".join(lines).strip()
 
