@@ -35,6 +35,52 @@ def lenient(choices: Any) -> Any:
     return Annotated[choices, BeforeValidator(choice_reader(get_args(choices)))]
 
 
+# An option letter with its option's text after it ("B. The ship", "(B) The ship", "B - The ship"), or
+# after a phrase ("The answer is B", "Answer: (b)", "Option B"): how chat models answer a multiple
+# choice when the schema is not enforced, the same way on every re-ask.
+_LETTER_WITH_TEXT = re.compile(r"[\s*_`\"'\[]*(?:\((?P<a>[A-Za-z])\)|(?P<b>[A-Za-z])\**(?:[.):]|\s+[-\u2013\u2014]\s))"
+                               r"\**\s*(?P<rest>\S.*)", re.DOTALL)
+_LETTER_IN_PHRASE = re.compile(r"(?:the\s+)?(?:(?:correct|right|best)\s+)?(?:answer|option|choice)(?:\s+is)?\s*:?\s*"
+                               r"(?P<letter>\([A-Za-z]\)|[A-Za-z])(?P<rest>(?:[\s.):,;*]+.*)?)", re.IGNORECASE | re.DOTALL)
+# A lone letter as the rest names it ("B. or C."): then the answer names two options.
+_OTHER_LETTER = re.compile(r"(?<![\w'])[A-Z](?:[.):]|$)")
+
+
+def option_letter_reader(letters: tuple[str, ...]) -> Callable[[Any], Any]:
+    """`choice_reader` for option letters that also reads a letter given with its option's text or
+    after a phrase; an answer that names a second letter, or none, is left as written."""
+    exact = choice_reader(letters)
+
+    def read(value: Any) -> Any:
+        got = exact(value)
+        if got in letters or not isinstance(value, str):
+            return got
+        text = value.strip()
+        found = _LETTER_WITH_TEXT.fullmatch(text)
+        if found:
+            letter, rest = (found["a"] or found["b"]), found["rest"]
+        else:
+            found = _LETTER_IN_PHRASE.fullmatch(text)
+            if not found:
+                return value
+            letter, rest = found["letter"].strip("()"), found["rest"]
+            # "the answer is a ship": a lower-case letter counts only bracketed or standing alone
+            if letter.islower() and not found["letter"].startswith("(") and rest.strip(" .*"):
+                return value
+        if _OTHER_LETTER.search(rest.strip()):
+            return value
+        return exact(letter)
+
+    return read
+
+
+def option_letter(letters: tuple[str, ...]) -> Any:
+    """The Literal of `letters` read with `option_letter_reader`."""
+    from typing import Literal
+
+    return Annotated[Literal[letters], BeforeValidator(option_letter_reader(letters))]
+
+
 # A number, or a range of them ("2-4", "2 to 4"); a fraction is caught so that "2.0" reads as 2, not 2 and 0.
 _NUMBERS = re.compile(r"(\d+)(\.\d+)?(?:\s*(?:-|\u2013|\u2014|to)\s*(\d+)(\.\d+)?)?")
 _LONGEST_RANGE = 100  # "1-1000" is no list of passages anyone shows a judge: read as its two ends

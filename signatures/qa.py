@@ -11,9 +11,9 @@ from typing import Literal
 import dspy
 
 from booklens.data.novelqa import OPTION_LETTERS
-from booklens.signatures.answers import lenient
+from booklens.signatures.answers import lenient, option_letter
 
-OptionLetter = lenient(Literal[OPTION_LETTERS])
+OptionLetter = option_letter(OPTION_LETTERS)
 
 
 class AnswerMultipleChoice(dspy.Signature):

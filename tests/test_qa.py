@@ -287,6 +287,28 @@ def test_an_option_letter_written_another_way_is_read_as_that_letter(written):
     assert len(lm.backend.calls) == 1
 
 
+@pytest.mark.parametrize("written", ["B. The Marigold", "B) The Marigold", "(B) The Marigold", "B: The Marigold",
+                                     "**B.** The Marigold", "B - The Marigold", "The answer is B", "The answer is (B).",
+                                     "Answer: B", "Option B", "option b", "The correct answer is B. The Marigold"])
+def test_an_option_letter_given_with_its_text_or_in_a_phrase_is_read_as_that_letter(written):
+    """A chat model without its schema enforced often writes the letter with the option's text or in a
+    phrase; each re-ask gets the same, so the question ended counted wrong after three calls."""
+    q = parse_questions([QUESTION])
+    lm = scripted(lambda call: {"answer": written})
+    rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
+    assert (rec.prediction, rec.correct, rec.attempts, rec.error) == ("B", True, 1, None)
+    assert len(lm.backend.calls) == 1
+
+
+@pytest.mark.parametrize("written", ["A, B", "A or B", "AB", "The Marigold", "A ship", "the answer is a ship",
+                                     "B. or C.", "Not B"])
+def test_an_answer_naming_no_single_letter_is_still_refused(written):
+    q = parse_questions([QUESTION])
+    scripted(lambda call: {"answer": written})
+    rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
+    assert (rec.prediction, rec.correct, rec.attempts) == (None, False, 3)
+
+
 def test_a_verdict_written_in_capitals_is_read_as_the_verdict():
     q = parse_questions([QUESTION])
     scripted(lambda call: {"reason": "same ship", "verdict": "Correct"} if call.wants("verdict")
