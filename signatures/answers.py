@@ -81,6 +81,35 @@ def option_letter(letters: tuple[str, ...]) -> Any:
     return Annotated[Literal[letters], BeforeValidator(option_letter_reader(letters))]
 
 
+# A rating as judges write it without the schema enforced: "7", "7/10", "7 out of 10", "Rating: 7",
+# "**7**", "7 (mostly covered)". A label before it, the scale after it and words after a bracket,
+# dash or colon are allowed; a second number after it ("7-8", "7 or 8") is not.
+_RATING = re.compile(r"(?:[^\W\d_][^\W\d]{0,20}(?: [^\W\d]{1,20}){0,2}\s*[:=]\s*)?(?P<n>\d+)(?:\.0*)?"
+                     r"(?:\s*(?:/|out\s+of)\s*(?P<of>\d+))?\.?(?P<rest>\s*[-(:\u2013\u2014][^\d]*)?",
+                     re.IGNORECASE | re.DOTALL)
+_RATING_EDGES = " \t\r\n*`[]\"'"
+
+
+def rating_reader(top: int) -> Callable[[Any], Any]:
+    """A reader mapping text that names one whole-number rating (on a scale up to `top`, when the
+    text names its scale) to that number; anything else is left as written, to be refused."""
+
+    def read(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        found = _RATING.fullmatch(value.strip(_RATING_EDGES))
+        if not found or (found["of"] is not None and int(found["of"]) != top):
+            return value
+        return int(found["n"])
+
+    return read
+
+
+def lenient_rating(top: int) -> Any:
+    """An integer rating read with `rating_reader(top)`; the prompt and schema show `int`."""
+    return Annotated[int, BeforeValidator(rating_reader(top))]
+
+
 # A number, or a range of them ("2-4", "2 to 4"); a fraction is caught so that "2.0" reads as 2, not 2 and 0.
 _NUMBERS = re.compile(r"(\d+)(\.\d+)?(?:\s*(?:-|\u2013|\u2014|to)\s*(\d+)(\.\d+)?)?")
 _LONGEST_RANGE = 100  # "1-1000" is no list of passages anyone shows a judge: read as its two ends

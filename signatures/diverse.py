@@ -11,7 +11,8 @@ from typing import Literal
 
 import dspy
 
-from booklens.signatures.answers import lenient
+from booklens.signatures.answers import lenient, lenient_rating
+from booklens.vocabulary import RATING_SCALES
 
 
 class GenerateQuestions(dspy.Signature):
@@ -110,7 +111,7 @@ class JudgeCoverageOfQA(dspy.Signature):
     summary: str = dspy.InputField()
     question_and_answers: str = dspy.InputField(desc="a reference question and the answers different articles give")
     explanation: str = dspy.OutputField(desc="one or two sentences")
-    rating: int = dspy.OutputField(desc="1 = covered, 0 = not covered")
+    rating: lenient_rating(RATING_SCALES["binary"][1]) = dspy.OutputField(desc="1 = covered, 0 = not covered")
 
 
 class JudgeCoverageOfAllQAs(dspy.Signature):
@@ -122,7 +123,7 @@ class JudgeCoverageOfAllQAs(dspy.Signature):
     summary: str = dspy.InputField()
     questions_and_answers: str = dspy.InputField(desc="reference questions with the answers different articles give")
     explanation: str = dspy.OutputField(desc="one or two sentences")
-    rating: int = dspy.OutputField(desc="an integer from 1 to 10")
+    rating: lenient_rating(RATING_SCALES["likert"][1]) = dspy.OutputField(desc="an integer from 1 to 10")
 
 
 class JudgeFaithfulnessBinary(dspy.Signature):
@@ -134,7 +135,7 @@ class JudgeFaithfulnessBinary(dspy.Signature):
     summary: str = dspy.InputField()
     article: str = dspy.InputField()
     explanation: str = dspy.OutputField(desc="one or two sentences")
-    rating: int = dspy.OutputField(desc="1 = faithful, 0 = unfaithful")
+    rating: lenient_rating(RATING_SCALES["binary"][1]) = dspy.OutputField(desc="1 = faithful, 0 = unfaithful")
 
 
 class JudgeFaithfulnessLikert(dspy.Signature):
@@ -145,7 +146,7 @@ class JudgeFaithfulnessLikert(dspy.Signature):
     summary: str = dspy.InputField()
     article: str = dspy.InputField()
     explanation: str = dspy.OutputField(desc="one or two sentences")
-    rating: int = dspy.OutputField(desc="an integer from 1 to 10")
+    rating: lenient_rating(RATING_SCALES["likert"][1]) = dspy.OutputField(desc="an integer from 1 to 10")
 
 
 class CompareSummaries(dspy.Signature):

@@ -11,7 +11,7 @@ from typing import Literal
 import dspy
 
 from booklens.data.novelqa import OPTION_LETTERS
-from booklens.signatures.answers import lenient, option_letter
+from booklens.signatures.answers import lenient, lenient_rating, option_letter
 
 OptionLetter = option_letter(OPTION_LETTERS)
 
@@ -106,6 +106,6 @@ class ScoreEvidence(dspy.Signature):
     correct_evidence: list[str] = dspy.InputField(desc="the annotator's quotes from the novel or reasoning")
     student_answer: str = dspy.InputField()
     student_evidence: list[str] = dspy.InputField(desc="the sentences the student quoted")
-    correctness: int = dspy.OutputField(desc="0 to 100")
-    relevance: int = dspy.OutputField(desc="0 to 100")
-    sufficiency: int = dspy.OutputField(desc="0 to 100")
+    correctness: lenient_rating(100) = dspy.OutputField(desc="0 to 100")
+    relevance: lenient_rating(100) = dspy.OutputField(desc="0 to 100")
+    sufficiency: lenient_rating(100) = dspy.OutputField(desc="0 to 100")

@@ -289,6 +289,24 @@ def test_likert_rating_outside_the_scale_is_reasked():
     assert [c.attempt for c in lm.backend.calls] == [0, 1]
 
 
+@pytest.mark.parametrize("written", ["7/10", "7 / 10", "7 out of 10", "Rating: 7", "**7**", "7.", "[[7]]",
+                                     "7 (mostly covered)", "7/10 - most answers are there"])
+def test_a_rating_written_with_its_scale_or_a_label_is_read_as_that_rating(written):
+    """Without the answer schema enforced, judges write a rating as '7/10' or 'Rating: 7': read as 7,
+    not re-asked until the judgment is recorded as failed."""
+    lm = scripted(lambda call: {"explanation": "e", "rating": written})
+    r = RatingJudge(JudgeCoverageOfAllQAs, "likert")(summary="s", questions_and_answers="q")
+    assert (r.rating, r.attempts, r.error) == (7, 1, None)
+    assert len(lm.backend.calls) == 1
+
+
+@pytest.mark.parametrize("written", ["7.5", "7-8", "7 or 8", "between 6 and 8", "seven", "7/8", "7 out of 100"])
+def test_a_rating_naming_no_single_whole_number_on_the_scale_is_refused(written):
+    lm = scripted(lambda call: {"explanation": "e", "rating": written})
+    r = RatingJudge(JudgeCoverageOfAllQAs, "likert")(summary="s", questions_and_answers="q")
+    assert r.rating is None and r.error and len(lm.backend.calls) == 3
+
+
 @pytest.mark.parametrize("answer", [{"explanation": "e", "rating": 0}, {"explanation": "e", "rating": 12},
                                     "Rating: [[7]]", {"explanation": "e"}])
 def test_likert_failures_are_recorded_not_guessed(answer):

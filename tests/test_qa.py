@@ -429,6 +429,14 @@ def test_evidence_judge_scores_no_quotes_as_zero_and_reasks_out_of_range_scores(
     assert bad.scores is None and "correctness 140" in bad.error and len(lm.backend.calls) == 3
 
 
+def test_evidence_scores_written_with_their_scale_are_read_as_those_scores():
+    lm = scripted(lambda call: {"correctness": "80/100", "relevance": "Relevance: 90", "sufficiency": "**70**"})
+    got = EvidenceJudge()(question="q", correct_answer="a", correct_evidence=["e"], student_answer="a",
+                          student_evidence=["x"])
+    assert got.scores == {"correctness": 80, "relevance": 90, "sufficiency": 70} and got.error is None
+    assert len(lm.backend.calls) == 1
+
+
 def test_evidence_recall_options_with_nothing_to_score_are_refused(tmp_path):
     questions = tmp_path / "q.json"
     questions.write_text(json.dumps([QUESTION]))
