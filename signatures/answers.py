@@ -81,6 +81,34 @@ def option_letter(letters: tuple[str, ...]) -> Any:
     return Annotated[Literal[letters], BeforeValidator(option_letter_reader(letters))]
 
 
+# A pairwise verdict naming its summary ("Summary A", "Summary B is better") or the tie ("It is a tie",
+# "Tie: neither is better"); nothing may follow a summary's letter, which could name the other one.
+_SUMMARY_VERDICT = re.compile(r"(?:summary\s+)?(?P<v>[ab])(?:\s+is\s+(?:the\s+)?better(?:\s+one)?)?[.!]?",
+                              re.IGNORECASE)
+_TIE_VERDICT = re.compile(r"(?:it(?:'s|\s+is)\s+)?(?:a\s+)?tie(?:\s*[.!]|\s*[:,\u2013\u2014-]\s*\D*)?",
+                          re.IGNORECASE | re.DOTALL)
+
+
+def pairwise_verdict_reader(summaries: tuple[str, str], tie: str) -> Callable[[Any], Any]:
+    """`choice_reader` for a pairwise verdict (`summaries` the two letters, `tie` the tie) that also
+    reads a verdict naming its summary or the tie; anything else is left as written."""
+    exact = choice_reader((*summaries, tie))
+
+    def read(value: Any) -> Any:
+        got = exact(value)
+        if got in (*summaries, tie) or not isinstance(value, str):
+            return got
+        text = " ".join(value.replace("\u2019", "'").strip(_EDGES).split())
+        found = _SUMMARY_VERDICT.fullmatch(text)
+        if found:
+            return exact(found["v"])
+        if _TIE_VERDICT.fullmatch(text):
+            return tie
+        return value
+
+    return read
+
+
 # A rating as judges write it without the schema enforced: "7", "7/10", "7 out of 10", "Rating: 7",
 # "**7**", "7 (mostly covered)". A label before it, the scale after it and words after a bracket,
 # dash or colon are allowed; a second number after it ("7-8", "7 or 8") is not.

@@ -7,11 +7,12 @@ the judges of coverage and faithfulness (binary, Likert 1-10 and pairwise).
 What many calls share (the summary being judged, the article being read, the articles
 of the event) comes before what changes between calls (the question, the answers)."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import dspy
+from pydantic import BeforeValidator
 
-from booklens.signatures.answers import lenient, lenient_rating
+from booklens.signatures.answers import lenient_rating, pairwise_verdict_reader
 from booklens.vocabulary import RATING_SCALES
 
 
@@ -149,6 +150,9 @@ class JudgeFaithfulnessLikert(dspy.Signature):
     rating: lenient_rating(RATING_SCALES["likert"][1]) = dspy.OutputField(desc="an integer from 1 to 10")
 
 
+PairwiseVerdict = Annotated[Literal["A", "B", "tie"], BeforeValidator(pairwise_verdict_reader(("A", "B"), "tie"))]
+
+
 class CompareSummaries(dspy.Signature):
     """You are an impartial judge comparing two summaries, A and B, on one criterion against a
     reference. Judge only the criterion. The order in which the summaries appear must not
@@ -160,7 +164,7 @@ class CompareSummaries(dspy.Signature):
     summary_a: str = dspy.InputField()
     summary_b: str = dspy.InputField()
     explanation: str = dspy.OutputField(desc="one to three sentences")
-    verdict: lenient(Literal["A", "B", "tie"]) = dspy.OutputField()
+    verdict: PairwiseVerdict = dspy.OutputField()
 
 
 # What the pairwise judge is told each criterion of `booklens.vocabulary.CRITERIA` means.

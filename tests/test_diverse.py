@@ -379,6 +379,24 @@ def test_pairwise_verdicts_written_another_way_are_read_as_the_verdict_they_name
     assert len(lm.backend.calls) == 2
 
 
+@pytest.mark.parametrize("written, read", [("Summary A", "A"), ("summary b", "B"), ("Summary B is better", "B"),
+                                           ("A is better.", "A"), ("**Summary A**", "A"), ("It is a tie", "tie"),
+                                           ("Tie: neither is better", "tie")])
+def test_a_pairwise_verdict_naming_its_summary_is_read_as_that_verdict(written, read):
+    """'Summary A' names the verdict A: read so, not re-asked until the comparison is recorded as failed."""
+    lm = scripted(lambda call: {"explanation": "because", "verdict": written})
+    r = PairwiseJudge("coverage")(reference="ref", summary_1="one", summary_2="two")
+    assert (r.first_order, r.second_order, r.error) == (read, read, None)
+    assert len(lm.backend.calls) == 2
+
+
+@pytest.mark.parametrize("written", ["A or B", "Summary A and summary B", "Neither", "B is worse", "Not A"])
+def test_a_pairwise_verdict_naming_no_single_verdict_is_refused(written):
+    lm = scripted(lambda call: {"explanation": "because", "verdict": written})
+    r = PairwiseJudge("coverage")(reference="ref", summary_1="one", summary_2="two")
+    assert r.first_order is None and r.error and len(lm.backend.calls) == 6
+
+
 def test_position_bias_arithmetic():
     pairs = [("A", "A"),    # first position wins both times
              ("B", "B"),    # second position wins both times
