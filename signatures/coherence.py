@@ -38,10 +38,18 @@ def _text_list(value: Any) -> list[str]:
     return [v for v in _as_list(value) if isinstance(v, str)]
 
 
+# Kinds that say there is none: BooookScore's own annotations write "Types: no confusion" for a clean
+# sentence, and models write "none" or "" alike.
+_NO_KINDS = ("", "none", NO_CONFUSION, "n/a")
+_no_kind = choice_reader(_NO_KINDS)
+
+
 def _named_list(value: Any) -> list[str]:
-    """Kinds: a `null` item is nothing, as a `null` list is; any other item that is no text is kept as
-    text, so that it is refused as an unknown kind (a number may mean a place in the list: a guess)."""
-    return [_kind(v if isinstance(v, str) else str(v)) for v in _as_list(value) if v is not None]
+    """Kinds: a `null` item, or one that names no kind ("none", "no confusion", ""), is nothing, as a
+    `null` list is; any other item that is no text is kept as text, so that it is refused as an unknown
+    kind (a number may mean a place in the list: a guess)."""
+    return [_kind(v if isinstance(v, str) else str(v)) for v in _as_list(value)
+            if v is not None and not (isinstance(v, str) and _no_kind(v) in _NO_KINDS)]
 
 
 # The prompt and the JSON schema show the plain list types; only the answer is read leniently

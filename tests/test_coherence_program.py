@@ -484,6 +484,35 @@ def test_null_or_non_text_list_items_are_read_alike_in_both_modes(batch_size):
     assert prediction.annotations[1].types == ["entity omission"]
 
 
+@pytest.mark.parametrize("none", [["no confusion"], ["None"], "none", "", [""], ["N/A"]])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_kinds_written_as_none_are_no_kinds_in_both_modes(batch_size, none):
+    """BooookScore's own annotations write "Types: no confusion" for a clean sentence, and models write
+    "none" or "" the same way: no kinds, not an unknown kind asked again until no sentence is judged."""
+    def one(sentence, attempt):
+        if "Zed" in sentence:
+            return {"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": ["entity omission"]}
+        return {"verdict": "no confusion", "questions": [], "error_types": none}
+
+    prediction, calls = run_in_mode(one, batch_size)
+    assert len(calls) == (5 if batch_size == 1 else 2)
+    assert [a.status for a in prediction.annotations] == ["ok"] * 5
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
+    assert prediction.score == pytest.approx(4 / 5)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_confusion_whose_kinds_say_none_is_asked_again(batch_size):
+    def one(sentence, attempt):
+        if "Zed" in sentence and attempt == 0:
+            return {"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": ["none"]}
+        return answer_for(sentence)
+
+    prediction, calls = run_in_mode(one, batch_size)
+    assert len(calls) == (6 if batch_size == 1 else 3)
+    assert prediction.annotations[1].attempts == 2 and prediction.annotations[1].types == ["entity omission"]
+
+
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_a_kind_that_is_no_text_is_asked_again_in_both_modes(batch_size):
     """A kind written as a number may mean a place in the list of kinds: which one is a guess."""
