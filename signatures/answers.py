@@ -41,7 +41,8 @@ def lenient(choices: Any) -> Any:
 _LETTER_WITH_TEXT = re.compile(r"[\s*_`\"'\[]*(?:\((?P<a>[A-Za-z])\)|(?P<b>[A-Za-z])\**(?:[.):]|\s+[-\u2013\u2014]\s))"
                                r"\**\s*(?P<rest>\S.*)", re.DOTALL)
 _LETTER_IN_PHRASE = re.compile(r"(?:the\s+)?(?:(?:correct|right|best)\s+)?(?:answer|option|choice)(?:\s+is)?\s*:?\s*"
-                               r"(?P<letter>\([A-Za-z]\)|[A-Za-z])(?P<rest>(?:[\s.):,;*]+.*)?)", re.IGNORECASE | re.DOTALL)
+                               r"(?P<letter>\([A-Za-z]\)|[A-Za-z])(?P<rest>(?:[\s.):,;*]+.*)?)",
+                               re.IGNORECASE | re.DOTALL)
 # A lone letter as the rest names it ("B. or C."): then the answer names two options.
 _OTHER_LETTER = re.compile(r"(?<![\w'])[A-Z](?:[.):]|$)")
 
@@ -180,3 +181,16 @@ def _numbers_in(text: str) -> list[Any]:
 def lenient_numbers() -> Any:
     """A list of whole numbers read with `read_numbers`; the prompt and schema show `list[int]`."""
     return Annotated[list[int], BeforeValidator(read_numbers)]
+
+
+def read_number_groups(value: Any) -> Any:
+    """A list of groups of numbers, each group read with `read_numbers` ('[1]', '[3]' are 1 and 3);
+    `null` is no group. A bare number where a group belongs is left as written, to be refused: one
+    group or one group per number would be a guess."""
+    items = [] if value is None else value if isinstance(value, list) else [value]
+    return [read_numbers(g) if isinstance(g, (list, str)) else g for g in items]
+
+
+def lenient_number_groups() -> Any:
+    """Groups of whole numbers read with `read_number_groups`; the prompt and schema show `list[list[int]]`."""
+    return Annotated[list[list[int]], BeforeValidator(read_number_groups)]

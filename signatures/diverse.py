@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import dspy
 from pydantic import BeforeValidator
 
-from booklens.signatures.answers import lenient_rating, pairwise_verdict_reader
+from booklens.signatures.answers import lenient_number_groups, lenient_numbers, lenient_rating, pairwise_verdict_reader
 from booklens.vocabulary import RATING_SCALES
 
 
@@ -47,7 +47,7 @@ class GroupEquivalentAnswers(dspy.Signature):
 
     question: str = dspy.InputField()
     answers: list[str] = dspy.InputField(desc="numbered answers: '[n] (article id) answer'")
-    groups: list[list[int]] = dspy.OutputField(desc="groups of answer numbers")
+    groups: lenient_number_groups() = dspy.OutputField(desc="groups of answer numbers")
 
 
 class FilterAnswers(dspy.Signature):
@@ -60,8 +60,8 @@ class FilterAnswers(dspy.Signature):
     articles: list[str] = dspy.InputField(desc="the articles, each headed by its id, title and source")
     question: str = dspy.InputField()
     answers: list[str] = dspy.InputField(desc="numbered answers: '[n] (article id) answer'")
-    invalid: list[int] = dspy.OutputField(desc="numbers of the invalid answers; empty when none")
-    diverse: list[int] = dspy.OutputField(
+    invalid: lenient_numbers() = dspy.OutputField(desc="numbers of the invalid answers; empty when none")
+    diverse: lenient_numbers() = dspy.OutputField(
         desc="numbers of the valid answers that conflict or differ from one another; empty when they all agree")
 
 
@@ -84,7 +84,7 @@ class ExtractImportantSentences(dspy.Signature):
     num_sentences: int = dspy.InputField(desc="how many sentences to pick")
     title: str = dspy.InputField(desc="the article's title and source")
     sentences: list[str] = dspy.InputField(desc="the article's sentences, each starting with its number in brackets")
-    picks: list[int] = dspy.OutputField(desc="numbers of the chosen sentences")
+    picks: lenient_numbers() = dspy.OutputField(desc="numbers of the chosen sentences")
 
 
 class SummarizeExtractedSentences(dspy.Signature):

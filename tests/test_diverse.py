@@ -494,6 +494,40 @@ def test_extraction_rejects_numbers_outside_the_article_and_takes_short_articles
     assert len(lm.backend.calls) == calls_before  # nothing to choose, no LM call
 
 
+@pytest.mark.parametrize("picks", [["[3]", "[5]"], "[3], [5]", ["Sentence 3", "Sentence 5"], ["3", "5"]])
+def test_sentence_numbers_written_as_the_prompt_shows_them_are_read(event, picks):
+    """The sentences are shown as '[3] ...': a model without its schema enforced answers '[3]'. Refused,
+    the article was summarized from nothing ('- (none)') with no error anywhere."""
+    lm = scripted(lambda call: {"picks": picks}, window=4096)
+    article = article_texts(event)[0]
+    got = DiverseSummarizer("extract", num_sentences=2).extract_sentences(article)
+    sentences = [s.strip() for s in split_sentences(article.split("\n", 1)[1]) if s.strip()]
+    assert got == [sentences[2], sentences[4]] and len(lm.backend.calls) == 1
+
+
+def test_answer_numbers_written_as_the_prompt_shows_them_are_read(event):
+    """Answers are shown as '[n] (aid) answer': the clustering and the filter read '[n]' as n."""
+    def bracketed(reply):
+        if "groups" in reply:
+            return {"groups": [[f"[{n}]" for n in g] for g in reply["groups"]]}
+        return {k: [f"[{n}]" for n in v] for k, v in reply.items()}
+
+    plain, seen = reference_responder(), []
+
+    def responder(call):
+        seen.append(call)
+        reply = plain(call)
+        return bracketed(reply) if call.wants("groups") or call.wants("invalid", "diverse") else reply
+
+    scripted(responder)
+    articles = [(a.aid, f"[{a.aid}] {a.as_text()}") for a in event.articles]
+    ref = ReferenceBuilder(num_questions=3)(articles=articles)
+    kept = ref.screening[0]
+    assert kept["kept"] and kept["invalid_answers"] == 2 and kept["diverse_clusters"] == 3 and kept["clusters"] == 3
+    assert kept["clustering_error"] is None and kept["filter_error"] is None
+    assert sum(1 for c in seen if c.wants("groups") or c.wants("diverse")) == 5  # none re-asked
+
+
 def test_a_title_over_several_lines_stays_on_the_heading_line(event):
     """The summarizer's article text is one heading line, then the content: a line break in a
     title would end the heading early and send the title's tail to the sentences to pick from."""
