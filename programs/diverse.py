@@ -118,32 +118,44 @@ class DiverseSummarizer(Module):
                                            articles=articles)
             return self._summary(attempt, "direct", [])
 
-        per_article = parallel_map(self.extract_sentences, articles, concurrency=self.concurrency, desc="extract")
+        per_article = parallel_map(self.pick_sentences, articles, concurrency=self.concurrency, desc="extract")
+        # An article nothing valid was picked from is shown as '- (none)'; the record says which.
+        failures = [f"{head}: {error}" for head, (_, error) in zip(headings, per_article) if error]
+        if not any(sentences for sentences, _ in per_article):
+            return dspy.Prediction(summary=None, method="extract", extracts=[], extract_errors=failures,
+                                   error=f"no sentence was picked from any of the {len(articles)} articles "
+                                         f"(first: {failures[0] if failures else 'none picked'})",
+                                   attempts=0, cut_off=False)
         extracts = []
-        for head, sentences in zip(headings, per_article):
+        for head, (sentences, _) in zip(headings, per_article):
             extracts.append(head + "\n" + "\n".join(f"- {s}" for s in sentences) if sentences else head + "\n- (none)")
         if prompt_tokens(self.summarize_extracts, extracts=extracts) > self.budget():
             raise EventTooLarge(f"the extracted sentences do not fit the context window "
                                 f"({_window(self.context_window)} tokens); lower --sentences")
         attempt = predict_with_retries(self.summarize_extracts, tries=self.tries, check=_nonempty("summary"),
                                        extracts=extracts)
-        return self._summary(attempt, "extract", extracts)
+        return self._summary(attempt, "extract", extracts, failures)
 
     @staticmethod
-    def _summary(attempt: Any, method: str, extracts: list[str]) -> dspy.Prediction:
+    def _summary(attempt: Any, method: str, extracts: list[str], extract_errors: Sequence[str] = ()
+                 ) -> dspy.Prediction:
         """The prediction of a summarize call; `cut_off` when the answer ran into the output token
         limit (kept, since the seed lets summaries run long, but flagged)."""
         return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None, method=method,
-                               extracts=extracts, error=attempt.error, attempts=attempt.attempts,
-                               cut_off=attempt.ok and last_finish_reason() == "length")
+                               extracts=extracts, extract_errors=list(extract_errors), error=attempt.error,
+                               attempts=attempt.attempts, cut_off=attempt.ok and last_finish_reason() == "length")
 
     def extract_sentences(self, article: str) -> list[str]:
         """The article's most important sentences, verbatim: the model picks sentence numbers, so
         an extract can never be a paraphrase or an invention. Short articles are taken whole."""
+        return self.pick_sentences(article)[0]
+
+    def pick_sentences(self, article: str) -> tuple[list[str], Optional[str]]:
+        """`extract_sentences`, with why nothing was picked (the last refusal) when no valid pick came."""
         title, body = split_article_text(article)
         sentences = [s.strip() for s in split_sentences(body) if s.strip()]
         if len(sentences) <= self.num_sentences:
-            return sentences
+            return sentences, None
         numbered = [f"[{i}] {s}" for i, s in enumerate(sentences, 1)]
         tokens = prompt_tokens(self.extract, title=title, sentences=numbered, num_sentences=self.num_sentences)
         if tokens > self.budget():  # the server would refuse it: say so before spending the call
@@ -163,9 +175,9 @@ class DiverseSummarizer(Module):
         got = predict_with_retries(self.extract, tries=self.tries, check=check, title=title, sentences=numbered,
                                    num_sentences=self.num_sentences)
         if not got.ok:
-            return []
+            return [], got.error or "no valid pick"
         chosen = list(dict.fromkeys(got.prediction.picks))[: self.num_sentences]
-        return [sentences[n - 1] for n in sorted(chosen)]  # in the article's order, so they read as text
+        return [sentences[n - 1] for n in sorted(chosen)], None  # in the article's order, so they read as text
 
 
 def _nonempty(field: str):
@@ -581,9 +593,10 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
             with usage_step("summarize"):
                 pred = summarizer(articles=article_texts(event))
         except (EventTooLarge, ContextWindowExceeded) as exc:  # this event's size, not the run's setup
-            pred = dspy.Prediction(summary=None, method=method, extracts=[], error=first_line(exc), cut_off=False)
-        row.update(summary=pred.summary, method=pred.method, extracts=pred.extracts, error=pred.error,
-                   summary_cut_off=pred.cut_off)
+            pred = dspy.Prediction(summary=None, method=method, extracts=[], extract_errors=[], error=first_line(exc),
+                                   cut_off=False)
+        row.update(summary=pred.summary, method=pred.method, extracts=pred.extracts,
+                   extract_errors=pred.extract_errors, error=pred.error, summary_cut_off=pred.cut_off)
         if refs is not None:
             with usage_step("reference"):
                 ref = refs(articles=[(a.aid, a.summarizer_text()) for a in event.articles])

@@ -505,6 +505,30 @@ def test_sentence_numbers_written_as_the_prompt_shows_them_are_read(event, picks
     assert got == [sentences[2], sentences[4]] and len(lm.backend.calls) == 1
 
 
+def test_an_article_no_sentence_was_picked_from_is_recorded_and_none_at_all_is_no_summary(event):
+    """An article whose picks stay invalid is summarized as '- (none)': the row says which, and with
+    no sentence from any article there is nothing to summarize (nor to judge)."""
+    first = event.articles[0].aid
+
+    def responder(call):
+        if call.wants("picks"):
+            bad = call.inputs["title"].startswith(f"[{first}]")
+            return {"picks": [0, 99] if bad else [1, 2]}
+        return {"summary": "Sources disagree."}
+
+    lm = scripted(responder, window=4096)
+    row = summarize_events([event], method="extract", sentences=2, judge=False)[0]
+    assert row["summary"] == "Sources disagree." and row["error"] is None
+    assert len(row["extract_errors"]) == 1 and row["extract_errors"][0].startswith(f"[{first}]")
+    assert "sentence numbers run from 1 to" in row["extract_errors"][0]
+
+    lm = scripted(lambda call: {"picks": [0]} if call.wants("picks") else {"summary": "Nothing."}, window=4096)
+    row = summarize_events([event], method="extract", sentences=2, judge=False)[0]
+    assert row["summary"] is None and "no sentence was picked from any of the 10 articles" in row["error"]
+    assert len(row["extract_errors"]) == 10
+    assert not any(c.wants("summary") for c in lm.backend.calls)
+
+
 def test_answer_numbers_written_as_the_prompt_shows_them_are_read(event):
     """Answers are shown as '[n] (aid) answer': the clustering and the filter read '[n]' as n."""
     def bracketed(reply):

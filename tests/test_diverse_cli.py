@@ -213,6 +213,22 @@ def test_diverse_judge_and_bias_end_to_end(tmp_path, monkeypatch):
         assert extended  # the judge saw the summary repeated
 
 
+def test_diverse_says_which_articles_no_sentence_was_picked_from(tmp_path, monkeypatch):
+    def responder(body):
+        last = str(body["messages"][-1]["content"])
+        if "[[ ## title ## ]]" in last:  # picking sentences: never a valid number for article a01
+            return json.dumps({"picks": [0] if "[a01]" in last else [1, 2]})
+        return always_b(body)
+
+    out = tmp_path / "diverse.json"
+    with FakeOpenAIServer(responder=responder) as server:
+        r = invoke(["diverse", str(FIXTURE), "--method", "extract", "--sentences", "2", "--no-judge",
+                    "--lm", "openai/test-model", "--api-base", server.url, "-o", str(out)], tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["events"][0]["extract_errors"][0].startswith("[a01]")
+    assert "(no sentence picked from 1 of 10 articles, shown as '(none)'; first: [a01]" in r.output
+
+
 def test_diverse_says_why_an_event_without_references_has_no_coverage(tmp_path, monkeypatch):
     """An event without question_answers (and none generated) cannot be judged for coverage: the
     record and the output say so, rather than the coverage scores being silently absent."""
