@@ -35,6 +35,19 @@ def lenient(choices: Any) -> Any:
     return Annotated[choices, BeforeValidator(choice_reader(get_args(choices)))]
 
 
+def read_texts(value: Any) -> list[Any]:
+    """A list of texts as models write it without the schema enforced: `null` (or nothing) for none,
+    "" for none, a lone text without its list; an item that is no text is dropped."""
+    if value is None or value == "":
+        return []
+    return [v for v in (value if isinstance(value, list) else [value]) if isinstance(v, str)]
+
+
+def lenient_texts() -> Any:
+    """A list of texts read with `read_texts`; the prompt and schema show `list[str]`."""
+    return Annotated[list[str], BeforeValidator(read_texts)]
+
+
 # An option letter with its option's text after it ("B. The ship", "(B) The ship", "B - The ship"), or
 # after a phrase ("The answer is B", "Answer: (b)", "Option B"): how chat models answer a multiple
 # choice when the schema is not enforced, the same way on every re-ask.

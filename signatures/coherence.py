@@ -13,7 +13,7 @@ import dspy
 from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from booklens.records import COHERENCE_ERROR_TYPES, CoherenceErrorType
-from booklens.signatures.answers import choice_reader, lenient
+from booklens.signatures.answers import choice_reader, lenient, read_texts
 
 NO_CONFUSION = "no confusion"
 CONFUSION = "confusion"
@@ -33,9 +33,8 @@ _verdict = choice_reader(get_args(Verdict))
 _kind = choice_reader(COHERENCE_ERROR_TYPES)
 
 
-def _text_list(value: Any) -> list[str]:
-    """Questions: an item that is no text is no question, and dropping it leaves the rest readable."""
-    return [v for v in _as_list(value) if isinstance(v, str)]
+# Questions: an item that is no text is no question, and dropping it leaves the rest readable.
+_text_list = read_texts
 
 
 # Kinds that say there is none: BooookScore's own annotations write "Types: no confusion" for a clean

@@ -12,7 +12,13 @@ from typing import Annotated, Literal
 import dspy
 from pydantic import BeforeValidator
 
-from booklens.signatures.answers import lenient_number_groups, lenient_numbers, lenient_rating, pairwise_verdict_reader
+from booklens.signatures.answers import (
+    lenient_number_groups,
+    lenient_numbers,
+    lenient_rating,
+    lenient_texts,
+    pairwise_verdict_reader,
+)
 from booklens.vocabulary import RATING_SCALES
 
 
@@ -25,7 +31,7 @@ class GenerateQuestions(dspy.Signature):
 
     articles: list[str] = dspy.InputField(desc="the articles, each headed by its title and source")
     num_questions: int = dspy.InputField(desc="how many questions to write")
-    questions: list[str] = dspy.OutputField()
+    questions: lenient_texts() = dspy.OutputField()
 
 
 class ExtractAnswers(dspy.Signature):
@@ -35,7 +41,7 @@ class ExtractAnswers(dspy.Signature):
 
     article: str = dspy.InputField()
     question: str = dspy.InputField()
-    answers: list[str] = dspy.OutputField(desc="answers found in the article; empty when there is none")
+    answers: lenient_texts() = dspy.OutputField(desc="answers found in the article; empty when there is none")
 
 
 class GroupEquivalentAnswers(dspy.Signature):

@@ -11,7 +11,7 @@ from typing import Literal
 import dspy
 
 from booklens.data.novelqa import OPTION_LETTERS
-from booklens.signatures.answers import lenient, lenient_rating, option_letter
+from booklens.signatures.answers import lenient, lenient_rating, lenient_texts, option_letter
 
 OptionLetter = option_letter(OPTION_LETTERS)
 
@@ -70,7 +70,7 @@ def with_evidence(signature: type[dspy.Signature]) -> type[dspy.Signature]:
     instructions = (signature.instructions.rstrip()
                     + " First copy, word for word, the sentences of the context that support the answer.")
     sig = signature.with_instructions(instructions)
-    return sig.prepend("evidence", dspy.OutputField(desc=EVIDENCE_FIELD_DESC), type_=list[str])
+    return sig.prepend("evidence", dspy.OutputField(desc=EVIDENCE_FIELD_DESC), type_=lenient_texts())
 
 
 class JudgeAnswer(dspy.Signature):

@@ -529,6 +529,24 @@ def test_an_article_no_sentence_was_picked_from_is_recorded_and_none_at_all_is_n
     assert not any(c.wants("summary") for c in lm.backend.calls)
 
 
+@pytest.mark.parametrize("written, read", [("corrosion", ["corrosion"]), (None, []), ("", [])])
+def test_extracted_answers_written_as_one_string_or_null_are_read(event, written, read):
+    """A lone answer written as a string was lost (the article counted as not answering) after three
+    calls; `null` for none cost three calls too."""
+    def responder(call):
+        if call.wants("questions"):
+            return {"questions": ["Why did it close?"]}
+        if call.wants("answers"):
+            return {"answers": written}
+        raise AssertionError(call.output_fields)
+
+    lm = scripted(responder)
+    articles = [(a.aid, f"[{a.aid}] {a.as_text()}") for a in event.articles[:3]]
+    ref = ReferenceBuilder(num_questions=1, clustering="exact", diversity_filter=False)(articles=articles)
+    assert ref.screening[0]["answers"] == 3 * len(read)
+    assert len(lm.backend.calls) == 1 + 3
+
+
 def test_answer_numbers_written_as_the_prompt_shows_them_are_read(event):
     """Answers are shown as '[n] (aid) answer': the clustering and the filter read '[n]' as n."""
     def bracketed(reply):

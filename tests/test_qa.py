@@ -429,6 +429,20 @@ def test_evidence_judge_scores_no_quotes_as_zero_and_reasks_out_of_range_scores(
     assert bad.scores is None and "correctness 140" in bad.error and len(lm.backend.calls) == 3
 
 
+@pytest.mark.parametrize("written, quotes", [("Captain Orrin Vell sailed the lighthouse tender Marigold",
+                                             ["Captain Orrin Vell sailed the lighthouse tender Marigold"]),
+                                            (None, []), ("", [])])
+def test_quotes_written_as_one_string_or_null_do_not_cost_the_answer(written, quotes):
+    """With --quote-evidence, a lone quote written as a string, or `null` for none, made the whole
+    answer unparseable: a right letter was re-asked, then counted wrong."""
+    q = parse_questions([QUESTION])
+    lm = scripted(lambda call: {"evidence": written, "answer": "B"})
+    rec = answer_questions(BookQA("mc", "book", quote_evidence=True), make_book(20), q,
+                           evidence_recall="overlap")[0]
+    assert (rec.prediction, rec.correct, rec.attempts, rec.error) == ("B", True, 1, None)
+    assert rec.quoted_evidence == quotes and len(lm.backend.calls) == 1
+
+
 def test_evidence_scores_written_with_their_scale_are_read_as_those_scores():
     lm = scripted(lambda call: {"correctness": "80/100", "relevance": "Relevance: 90", "sufficiency": "**70**"})
     got = EvidenceJudge()(question="q", correct_answer="a", correct_evidence=["e"], student_answer="a",
