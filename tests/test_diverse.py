@@ -300,7 +300,7 @@ def test_a_rating_written_with_its_scale_or_a_label_is_read_as_that_rating(writt
     assert len(lm.backend.calls) == 1
 
 
-@pytest.mark.parametrize("written", ["7.5", "7-8", "7 or 8", "between 6 and 8", "seven", "7/8", "7 out of 100"])
+@pytest.mark.parametrize("written", ["7.5", "7-8", "7 or 8", "between 6 and 8", "seven", "7/8", "7 out of 100", "70%"])
 def test_a_rating_naming_no_single_whole_number_on_the_scale_is_refused(written):
     lm = scripted(lambda call: {"explanation": "e", "rating": written})
     r = RatingJudge(JudgeCoverageOfAllQAs, "likert")(summary="s", questions_and_answers="q")

@@ -451,6 +451,13 @@ def test_evidence_scores_written_with_their_scale_are_read_as_those_scores():
     assert len(lm.backend.calls) == 1
 
 
+def test_evidence_scores_written_as_percentages_are_read_on_their_0_to_100_scale():
+    lm = scripted(lambda call: {"correctness": "80%", "relevance": "90 %", "sufficiency": "70"})
+    got = EvidenceJudge()(question="q", correct_answer="a", correct_evidence=["e"], student_answer="a",
+                          student_evidence=["x"])
+    assert got.scores == {"correctness": 80, "relevance": 90, "sufficiency": 70} and len(lm.backend.calls) == 1
+
+
 def test_evidence_recall_options_with_nothing_to_score_are_refused(tmp_path):
     questions = tmp_path / "q.json"
     questions.write_text(json.dumps([QUESTION]))
