@@ -6,7 +6,7 @@ when it reads an answer; the prompt and the JSON schema still show the values as
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Callable, get_args
+from typing import Annotated, Any, Callable, Literal, get_args
 
 from pydantic import BeforeValidator
 
@@ -51,7 +51,8 @@ def lenient_texts() -> Any:
 # An option letter with its option's text after it ("B. The ship", "(B) The ship", "B - The ship"), or
 # after a phrase ("The answer is B", "Answer: (b)", "Option B"): how chat models answer a multiple
 # choice when the schema is not enforced, the same way on every re-ask.
-_LETTER_WITH_TEXT = re.compile(r"[\s*_`\"'\[]*(?:\((?P<a>[A-Za-z])\)|(?P<b>[A-Za-z])\**(?:[.):]|\s+[-\u2013\u2014]\s))"
+_LETTER_WITH_TEXT = re.compile(r"[\s*_`\"'\[]*"
+                               r"(?:\((?P<a>[A-Za-z])\)|(?P<b>[A-Za-z])\**(?:[.):]|\s+[-\u2013\u2014]\s))"
                                r"\**\s*(?P<rest>\S.*)", re.DOTALL)
 _LETTER_IN_PHRASE = re.compile(r"(?:the\s+)?(?:(?:correct|right|best)\s+)?(?:answer|option|choice)(?:\s+is)?\s*:?\s*"
                                r"(?P<letter>\([A-Za-z]\)|[A-Za-z])(?P<rest>(?:[\s.):,;*]+.*)?)",
@@ -90,8 +91,6 @@ def option_letter_reader(letters: tuple[str, ...]) -> Callable[[Any], Any]:
 
 def option_letter(letters: tuple[str, ...]) -> Any:
     """The Literal of `letters` read with `option_letter_reader`."""
-    from typing import Literal
-
     return Annotated[Literal[letters], BeforeValidator(option_letter_reader(letters))]
 
 
@@ -127,7 +126,8 @@ def pairwise_verdict_reader(summaries: tuple[str, str], tie: str) -> Callable[[A
 # "**7**", "7 (mostly covered)", "70%" on a scale to 100. A label before it, the scale after it and
 # words after a bracket, dash or colon are allowed; a second number after it ("7-8", "7 or 8") is not.
 _RATING = re.compile(r"(?:[^\W\d_][^\W\d]{0,20}(?: [^\W\d]{1,20}){0,2}\s*[:=]\s*)?(?P<n>\d+)(?:\.0*)?"
-                     r"(?:\s*(?:/|out\s+of)\s*(?P<of>\d+)|\s*(?P<percent>%))?\.?(?P<rest>\s*[-(:\u2013\u2014][^\d]*)?",
+                     r"(?:\s*(?:/|out\s+of)\s*(?P<of>\d+)|\s*(?P<percent>%))?\.?"
+                     r"(?P<rest>\s*[-(:\u2013\u2014][^\d]*)?",
                      re.IGNORECASE | re.DOTALL)
 _RATING_EDGES = " \t\r\n*`[]\"'"
 
@@ -140,7 +140,9 @@ def rating_reader(top: int) -> Callable[[Any], Any]:
         if not isinstance(value, str):
             return value
         found = _RATING.fullmatch(value.strip(_RATING_EDGES))
-        if not found or (found["of"] is not None and int(found["of"]) != top) or (found["percent"] and top != 100):
+        if not found or (found["of"] is not None and int(found["of"]) != top):
+            return value
+        if found["percent"] and top != 100:  # a percentage is a rating only on a scale to 100
             return value
         return int(found["n"])
 
