@@ -47,7 +47,14 @@ from booklens.signatures.diverse import (
     SummarizeExtractedSentences,
 )
 from booklens.text import split_sentences
-from booklens.vocabulary import ANSWER_CLUSTERINGS, CRITERIA, DEFAULT_CONTEXT_WINDOW, DIVERSE_METHODS, RATING_SCALES
+from booklens.vocabulary import (
+    ANSWER_CLUSTERINGS,
+    CRITERIA,
+    DEFAULT_CONTEXT_WINDOW,
+    DIVERSE_METHODS,
+    RATING_SCALES,
+    counted,
+)
 
 BUDGET_MARGIN = 0.8
 SUMMARY_RESERVE = 1024
@@ -278,7 +285,8 @@ class ReferenceBuilder(Module):
             if q and _norm(q) not in {_norm(x) for x in questions}:
                 questions.append(q)
         questions = questions[: self.num_questions]
-        answers = self.extract_all(articles, questions)
+        failed: dict[str, list[str]] = {q: [] for q in questions}
+        answers = self.extract_all(articles, questions, failed)
         clusters = parallel_map(lambda q: self.cluster(q, answers[q]), questions, concurrency=self.concurrency,
                                 desc="cluster")
         if self.diversity_filter:
@@ -289,21 +297,25 @@ class ReferenceBuilder(Module):
             verdicts = [None] * len(questions)
         question_answers, screening = [], []
         for q, groups, verdict in zip(questions, clusters, verdicts):
-            qa, record = self.decide(q, answers[q], groups, verdict, len(articles))
+            qa, record = self.decide(q, answers[q], groups, verdict, len(articles), failed[q])
             screening.append(record)
             if qa is not None:
                 question_answers.append(qa)
         return dspy.Prediction(question_answers=question_answers, questions=questions, screening=screening, error=None)
 
-    def extract_all(self, articles: list[tuple[str, str]], questions: list[str]) -> dict[str, list[tuple[str, str]]]:
+    def extract_all(self, articles: list[tuple[str, str]], questions: list[str],
+                    failed: Optional[dict[str, list[str]]] = None) -> dict[str, list[tuple[str, str]]]:
         """{question: [(aid, answer), ...]} over every article. Calls about one article follow each
-        other, so a backend that keeps the prompt prefix reads each article once."""
+        other, so a backend that keeps the prompt prefix reads each article once. An extraction
+        without a valid answer adds 'aid: error' to `failed[question]`."""
         jobs = [(aid, text, q) for aid, text in articles for q in questions]
 
         def answer(job: tuple[str, str, str]) -> list[str]:
-            _, text, q = job
+            aid, text, q = job
             got = predict_with_retries(self.extract_answers, tries=self.tries, article=text, question=q)
             if not got.ok:
+                if failed is not None:
+                    failed.setdefault(q, []).append(f"{aid}: {got.error}")
                 return []
             return [str(a).strip() for a in (got.prediction.answers or []) if str(a).strip()]
 
@@ -366,8 +378,11 @@ class ReferenceBuilder(Module):
         return {"invalid": invalid, "diverse": diverse, "error": None}
 
     def decide(self, question: str, answers: list[tuple[str, str]], clusters: dict[str, Any],
-               verdict: Optional[dict[str, Any]], n_articles: int) -> tuple[Optional[dict[str, Any]], dict[str, Any]]:
-        """The question in the DiverseSumm format (or None when dropped) and the record of why."""
+               verdict: Optional[dict[str, Any]], n_articles: int, failed: Sequence[str] = ()
+               ) -> tuple[Optional[dict[str, Any]], dict[str, Any]]:
+        """The question in the DiverseSumm format (or None when dropped) and the record of why;
+        `failed`: the articles whose extraction gave no valid answer ('aid: error'), counted apart
+        from the articles that do not answer."""
         invalid = set(verdict["invalid"]) if verdict else set()
         groups = [[i for i in g if i not in invalid] for g in clusters["groups"]]
         groups = [g for g in groups if g]
@@ -376,6 +391,7 @@ class ReferenceBuilder(Module):
         record: dict[str, Any] = {
             "question": question, "answers": len(answers), "invalid_answers": len(invalid), "clusters": len(groups),
             "articles_answering": len(answering), "clustering_error": clusters["error"],
+            "extraction_failures": len(failed), "extraction_error": failed[0] if failed else None,
         }
         reason = None
         if verdict is not None:
@@ -387,6 +403,8 @@ class ReferenceBuilder(Module):
                 reason = f"the diversity filter gave no valid verdict ({verdict['error']})"
         if reason is None and len(answering) < needed:
             reason = f"answered by {len(answering)} of {n_articles} articles (needs {needed:g})"
+            if failed:
+                reason += f"; {counted(len(failed), 'article')} gave no valid answer"
         if reason is None and verdict is not None and record["diverse_clusters"] < 2:
             reason = "the answers are not diverse (fewer than two clusters of conflicting or different answers)"
         record["kept"] = reason is None

@@ -547,6 +547,26 @@ def test_extracted_answers_written_as_one_string_or_null_are_read(event, written
     assert len(lm.backend.calls) == 1 + 3
 
 
+def test_articles_whose_answers_never_parsed_are_counted_apart_from_articles_without_an_answer(event):
+    """An article whose answer extraction failed was counted as not answering: a question could be
+    dropped for 'too few articles answering' when the model's replies were what failed."""
+    def responder(call):
+        if call.wants("questions"):
+            return {"questions": ["Why did it close?"]}
+        if call.wants("answers"):
+            return "garbage" if call.inputs["article"].startswith(("[a01]", "[a02]")) else {"answers": ["rust"]}
+        raise AssertionError(call.output_fields)
+
+    scripted(responder)
+    articles = [(a.aid, f"[{a.aid}] {a.as_text()}") for a in event.articles[:3]]
+    ref = ReferenceBuilder(num_questions=1, clustering="exact", diversity_filter=False,
+                           min_answer_share=0.5)(articles=articles)
+    why = ref.screening[0]
+    assert why["articles_answering"] == 1 and why["extraction_failures"] == 2 and not why["kept"]
+    assert why["extraction_error"].startswith("a01: ")
+    assert why["reason"] == "answered by 1 of 3 articles (needs 1.5); 2 articles gave no valid answer"
+
+
 def test_answer_numbers_written_as_the_prompt_shows_them_are_read(event):
     """Answers are shown as '[n] (aid) answer': the clustering and the filter read '[n]' as n."""
     def bracketed(reply):
