@@ -48,6 +48,33 @@ def lenient_texts() -> Any:
     return Annotated[list[str], BeforeValidator(read_texts)]
 
 
+# A verdict after a label or in a phrase ("Verdict: correct", "The answer is incorrect"), or followed by
+# its reason ("Incorrect - it names the wrong ship").
+_VERDICT_LEAD = r"(?:(?:the\s+)?(?:student'?s\s+)?(?:answer|verdict|grade)(?:\s+is|\s*[:=])\s*)?"
+
+
+def verdict_reader(values: tuple[str, ...]) -> Callable[[Any], Any]:
+    """`choice_reader` that also reads a verdict after a label or in a phrase, or followed by its
+    reason; a reason that names another of `values` ("correct - though partly incorrect") leaves
+    the answer as written, as does anything before the verdict ("not correct")."""
+    exact = choice_reader(values)
+    names = "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True))
+    pattern = re.compile(_VERDICT_LEAD + rf"\**(?P<v>{names})\**(?:\s*(?:[.:!]|\s[-\u2013\u2014])\s*(?P<rest>.*))?",
+                         re.IGNORECASE | re.DOTALL)
+    others = [re.compile(rf"\b{re.escape(v)}\b", re.IGNORECASE) for v in values]
+
+    def read(value: Any) -> Any:
+        got = exact(value)
+        if got in values or not isinstance(value, str):
+            return got
+        found = pattern.fullmatch(" ".join(value.replace("\u2019", "'").split()).strip(" *`\"'"))
+        if not found or any(other.search(found["rest"] or "") for other in others):
+            return value
+        return exact(found["v"])
+
+    return read
+
+
 # An option letter with its option's text after it ("B. The ship", "(B) The ship", "B - The ship"), or
 # after a phrase ("The answer is B", "Answer: (b)", "Option B"): how chat models answer a multiple
 # choice when the schema is not enforced, the same way on every re-ask.

@@ -6,12 +6,13 @@ scoring quoted evidence against the annotators' evidence (NovelQA's evidence rec
 Inputs shared by many calls (the book or its passages) come first so that prompt
 prefixes are reused between questions about the same book."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import dspy
+from pydantic import BeforeValidator
 
 from booklens.data.novelqa import OPTION_LETTERS
-from booklens.signatures.answers import lenient, lenient_rating, lenient_texts, option_letter
+from booklens.signatures.answers import lenient_rating, lenient_texts, option_letter, verdict_reader
 
 OptionLetter = option_letter(OPTION_LETTERS)
 
@@ -88,7 +89,8 @@ class JudgeAnswer(dspy.Signature):
     supporting_evidence: list[str] = dspy.InputField(desc="quotes from the novel or the annotator's reasoning")
     student_answer: str = dspy.InputField()
     reason: str = dspy.OutputField(desc="one or two sentences")
-    verdict: lenient(Literal["correct", "incorrect"]) = dspy.OutputField()
+    verdict: Annotated[Literal["correct", "incorrect"],
+                       BeforeValidator(verdict_reader(("correct", "incorrect")))] = dspy.OutputField()
 
 
 class ScoreEvidence(dspy.Signature):

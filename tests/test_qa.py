@@ -317,6 +317,30 @@ def test_a_verdict_written_in_capitals_is_read_as_the_verdict():
     assert (rec.correct, rec.error) == (True, None)
 
 
+@pytest.mark.parametrize("written, correct", [
+    ("Verdict: correct", True), ("Incorrect - it names the wrong ship", False),
+    ("Incorrect. The ship was the Marigold.", False), ("The answer is correct", True),
+    ("The student's answer is incorrect.", False), ("**Correct**: same ship", True)])
+def test_a_verdict_with_a_label_or_its_reason_is_read_as_that_verdict(written, correct):
+    """A judge that writes 'Incorrect - it names the wrong ship' left the question unscored after three
+    calls: accuracy is over scored questions, so wrong answers dropped that way raised it."""
+    q = parse_questions([QUESTION])
+    lm = scripted(lambda call: {"reason": "r", "verdict": written} if call.wants("verdict")
+                  else {"answer": "the tender Marigold"})
+    rec = answer_questions(BookQA("gen", "book"), make_book(20), q)[0]
+    assert (rec.correct, rec.error) == (correct, None) and len(lm.backend.calls) == 2
+
+
+@pytest.mark.parametrize("written", ["not correct", "partially correct", "Correct - though partly incorrect",
+                                     "correct or incorrect", "yes"])
+def test_a_verdict_naming_no_single_value_is_still_refused(written):
+    q = parse_questions([QUESTION])
+    scripted(lambda call: {"reason": "r", "verdict": written} if call.wants("verdict")
+             else {"answer": "the tender Marigold"})
+    rec = answer_questions(BookQA("gen", "book"), make_book(20), q)[0]
+    assert rec.correct is None and rec.error.startswith("judge: ")
+
+
 def test_an_option_written_over_several_lines_is_shown_on_one():
     """The options reach the model one per line ('LETTER. text'): a line break inside an option's
     text would show a line that reads as an option of its own ('B. ...' twice)."""
