@@ -127,29 +127,32 @@ class DiverseSummarizer(Module):
 
         per_article = parallel_map(self.pick_sentences, articles, concurrency=self.concurrency, desc="extract")
         # An article nothing valid was picked from is shown as '- (none)'; the record says which.
-        failures = [f"{head}: {error}" for head, (_, error) in zip(headings, per_article) if error]
-        if not any(sentences for sentences, _ in per_article):
+        failures = [f"{head}: {error}" for head, (_, error, _) in zip(headings, per_article) if error]
+        notes = [note for _, _, note in per_article if note]
+        if not any(sentences for sentences, _, _ in per_article):
             return dspy.Prediction(summary=None, method="extract", extracts=[], extract_errors=failures,
+                                   extract_notes=notes,
                                    error=f"no sentence was picked from any of the {len(articles)} articles "
                                          f"(first: {failures[0] if failures else 'none picked'})",
                                    attempts=0, cut_off=False)
         extracts = []
-        for head, (sentences, _) in zip(headings, per_article):
+        for head, (sentences, _, _) in zip(headings, per_article):
             extracts.append(head + "\n" + "\n".join(f"- {s}" for s in sentences) if sentences else head + "\n- (none)")
         if prompt_tokens(self.summarize_extracts, extracts=extracts) > self.budget():
             raise EventTooLarge(f"the extracted sentences do not fit the context window "
                                 f"({_window(self.context_window)} tokens); lower --sentences")
         attempt = predict_with_retries(self.summarize_extracts, tries=self.tries, check=_nonempty("summary"),
                                        extracts=extracts)
-        return self._summary(attempt, "extract", extracts, failures)
+        return self._summary(attempt, "extract", extracts, failures, notes)
 
     @staticmethod
-    def _summary(attempt: Any, method: str, extracts: list[str], extract_errors: Sequence[str] = ()
-                 ) -> dspy.Prediction:
+    def _summary(attempt: Any, method: str, extracts: list[str], extract_errors: Sequence[str] = (),
+                 extract_notes: Sequence[str] = ()) -> dspy.Prediction:
         """The prediction of a summarize call; `cut_off` when the answer ran into the output token
         limit (kept, since the seed lets summaries run long, but flagged)."""
         return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None, method=method,
-                               extracts=extracts, extract_errors=list(extract_errors), error=attempt.error,
+                               extracts=extracts, extract_errors=list(extract_errors),
+                               extract_notes=list(extract_notes), error=attempt.error,
                                attempts=attempt.attempts, cut_off=attempt.ok and last_finish_reason() == "length")
 
     def extract_sentences(self, article: str) -> list[str]:
@@ -157,18 +160,29 @@ class DiverseSummarizer(Module):
         an extract can never be a paraphrase or an invention. Short articles are taken whole."""
         return self.pick_sentences(article)[0]
 
-    def pick_sentences(self, article: str) -> tuple[list[str], Optional[str]]:
-        """`extract_sentences`, with why nothing was picked (the last refusal) when no valid pick came."""
+    def pick_sentences(self, article: str) -> tuple[list[str], Optional[str], Optional[str]]:
+        """`extract_sentences`, with why nothing was picked (the last refusal) when no valid pick came,
+        and a note when the article was too long to offer whole: its sentences are then offered as
+        far as the window holds them (one long article no longer costs its event the summary)."""
         title, body = split_article_text(article)
         sentences = [s.strip() for s in split_sentences(body) if s.strip()]
         if len(sentences) <= self.num_sentences:
-            return sentences, None
+            return sentences, None, None
         numbered = [f"[{i}] {s}" for i, s in enumerate(sentences, 1)]
-        tokens = prompt_tokens(self.extract, title=title, sentences=numbered, num_sentences=self.num_sentences)
-        if tokens > self.budget():  # the server would refuse it: say so before spending the call
-            raise EventTooLarge(f"an article ({title.strip()[:80]!r}) is too long to pick sentences from: its prompt "
-                                f"is {tokens} tokens, the context window ({_window(self.context_window)} tokens) "
-                                f"leaves {self.budget()}")
+        note = None
+        shown = self._sentences_that_fit(title, numbered)
+        if shown < len(numbered):
+            if shown == 0:  # not even the first sentence fits: the server would refuse the call
+                tokens = prompt_tokens(self.extract, title=title, sentences=numbered[:1],
+                                       num_sentences=self.num_sentences)
+                raise EventTooLarge(f"an article ({title.strip()[:80]!r}) is too long to pick sentences from: the "
+                                    f"prompt with its first sentence is {tokens} tokens, the context window "
+                                    f"({_window(self.context_window)} tokens) leaves {self.budget()}")
+            note = (f"{title}: picked from the first {shown} of {len(sentences)} sentences (the rest do not fit the "
+                    f"context window)")
+            sentences, numbered = sentences[:shown], numbered[:shown]
+            if shown <= self.num_sentences:
+                return sentences, None, note
 
         def check(pred: Any) -> Optional[str]:
             picks = getattr(pred, "picks", None) or []
@@ -182,9 +196,23 @@ class DiverseSummarizer(Module):
         got = predict_with_retries(self.extract, tries=self.tries, check=check, title=title, sentences=numbered,
                                    num_sentences=self.num_sentences)
         if not got.ok:
-            return [], got.error or "no valid pick"
+            return [], got.error or "no valid pick", note
         chosen = list(dict.fromkeys(got.prediction.picks))[: self.num_sentences]
-        return [sentences[n - 1] for n in sorted(chosen)], None  # in the article's order, so they read as text
+        return [sentences[n - 1] for n in sorted(chosen)], None, note  # in the article's order, so they read as text
+
+    def _sentences_that_fit(self, title: str, numbered: list[str]) -> int:
+        """How many of the numbered sentences, from the first, fit the picking prompt in the budget."""
+        def fits(n: int) -> bool:
+            return prompt_tokens(self.extract, title=title, sentences=numbered[:n],
+                                 num_sentences=self.num_sentences) <= self.budget()
+
+        if fits(len(numbered)):
+            return len(numbered)
+        low, high = 0, len(numbered)  # low sentences fit (none, to begin with), high do not
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle)
+        return low
 
 
 def _nonempty(field: str):
@@ -611,10 +639,11 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
             with usage_step("summarize"):
                 pred = summarizer(articles=article_texts(event))
         except (EventTooLarge, ContextWindowExceeded) as exc:  # this event's size, not the run's setup
-            pred = dspy.Prediction(summary=None, method=method, extracts=[], extract_errors=[], error=first_line(exc),
-                                   cut_off=False)
+            pred = dspy.Prediction(summary=None, method=method, extracts=[], extract_errors=[], extract_notes=[],
+                                   error=first_line(exc), cut_off=False)
         row.update(summary=pred.summary, method=pred.method, extracts=pred.extracts,
-                   extract_errors=pred.extract_errors, error=pred.error, summary_cut_off=pred.cut_off)
+                   extract_errors=pred.extract_errors, extract_notes=pred.extract_notes, error=pred.error,
+                   summary_cut_off=pred.cut_off)
         if refs is not None:
             with usage_step("reference"):
                 ref = refs(articles=[(a.aid, a.summarizer_text()) for a in event.articles])

@@ -567,6 +567,35 @@ def test_articles_whose_answers_never_parsed_are_counted_apart_from_articles_wit
     assert why["reason"] == "answered by 1 of 3 articles (needs 1.5); 2 articles gave no valid answer"
 
 
+def test_an_article_too_long_to_pick_from_whole_is_picked_from_as_far_as_fits():
+    """One article far longer than the others made the whole event fail ('too long to pick sentences
+    from'): its sentences are now offered as far as they fit, and the record says where they stop."""
+    payload = json.loads(FIXTURE.read_text())[0]
+    payload["articles"][3]["content"] = " ".join(f"The council met for the {i}th time about the bridge."
+                                                 for i in range(1, 1500))
+    event = parse_events([payload])[0]
+    offered: list[int] = []
+
+    def responder(call):
+        if call.wants("picks"):
+            offered.append(len(json.loads(call.inputs["sentences"])))
+            return {"picks": [1, 2]}
+        return {"summary": "Sources disagree."}
+
+    lm = scripted(responder, window=8192)
+    row = summarize_events([event], method="extract", sentences=2, judge=False)[0]
+    assert row["summary"] == "Sources disagree." and row["error"] is None and row["extract_errors"] == []
+    assert len(row["extract_notes"]) == 1 and row["extract_notes"][0].startswith("[a04]")
+    shown = max(offered)
+    assert 2 < shown < 1499 and f"the first {shown} of 1499 sentences" in row["extract_notes"][0]
+    summarizer = DiverseSummarizer("extract", num_sentences=2)
+    article = article_texts(event)[3]
+    numbered = [f"[{i}] {s}" for i, s in enumerate(split_sentences(article.split("\n", 1)[1])[:shown], 1)]
+    from booklens.programs.base import prompt_tokens
+    assert prompt_tokens(summarizer.extract, title=article.split("\n")[0], sentences=numbered,
+                         num_sentences=2) <= summarizer.budget()
+
+
 def test_answer_numbers_written_as_the_prompt_shows_them_are_read(event):
     """Answers are shown as '[n] (aid) answer': the clustering and the filter read '[n]' as n."""
     def bracketed(reply):
@@ -659,8 +688,8 @@ def test_articles_without_title_or_domain_are_extracted_from_like_any_other(even
                                                      for i in range(1500))
     scripted(responder, window=4096)
     rows = summarize_events(parse_events([untitled]), method="extract", sentences=2, judge=False)
-    assert rows[0]["summary"] is None
-    assert rows[0]["error"].startswith("an article ('[a01]') is too long to pick sentences from: its prompt is ")
+    assert rows[0]["summary"] == "Sources disagree."
+    assert rows[0]["extract_notes"][0].startswith("[a01]: picked from the first ")
 
 
 def test_an_event_too_large_for_the_window_gets_an_error_and_the_others_go_on(event):
@@ -672,11 +701,12 @@ def test_an_event_too_large_for_the_window_gets_an_error_and_the_others_go_on(ev
     lm = scripted(responder, window=4096)
     long_event = event.model_dump()
     long_event["eid"] = "long"
-    long_event["articles"][0]["content"] = " ".join(f"Sentence {i} of a long feature about the bridge." for i in
-                                                    range(1500))
+    # one sentence longer than the window: no part of the article can be offered
+    long_event["articles"][0]["content"] = ("It began " + " ".join(f"with part {i} of a long feature about the bridge"
+                                                                 for i in range(1500)) + ". It ended. Nobody knew why.")
     events = [parse_events([small_event()])[0], parse_events([long_event])[0]]
     rows = summarize_events(events, method="extract", sentences=2, judge=False)
     assert rows[0]["summary"] == "Sources disagree on the toll." and rows[0]["error"] is None
     assert rows[1]["summary"] is None and "too long to pick sentences from" in rows[1]["error"]
     # The article that cannot fit is never sent (the server would refuse it).
-    assert not any("Sentence 1499" in json.dumps(call.inputs) for call in lm.backend.calls)
+    assert not any("part 1499" in json.dumps(call.inputs) for call in lm.backend.calls)

@@ -229,6 +229,25 @@ def test_diverse_says_which_articles_no_sentence_was_picked_from(tmp_path, monke
     assert "(no sentence picked from 1 of 10 articles, shown as '(none)'; first: [a01]" in r.output
 
 
+def test_diverse_says_which_article_was_too_long_to_offer_whole(tmp_path, monkeypatch):
+    event = json.loads(FIXTURE.read_text())[0]
+    event["articles"][3]["content"] = " ".join(f"The council met for the {i}th time." for i in range(1, 3000))
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([event]))
+
+    def responder(body):
+        if "[[ ## title ## ]]" in str(body["messages"][-1]["content"]):
+            return json.dumps({"picks": [1, 2]})
+        return always_b(body)
+
+    with FakeOpenAIServer(responder=responder) as server:
+        r = invoke(["diverse", str(events), "--method", "extract", "--sentences", "2", "--no-judge",
+                    "--context-window", "8192", "--lm", "openai/test-model", "--api-base", server.url],
+                   tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert "(1 article too long to offer whole: [a04] " in r.output and "of 2999 sentences" in r.output
+
+
 def test_diverse_says_why_an_event_without_references_has_no_coverage(tmp_path, monkeypatch):
     """An event without question_answers (and none generated) cannot be judged for coverage: the
     record and the output say so, rather than the coverage scores being silently absent."""

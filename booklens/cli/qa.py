@@ -216,6 +216,9 @@ def diverse_command(
         typer.echo(row["summary"] if row["summary"] else f"(no summary: {row['error']})")
         if row["summary_cut_off"]:
             typer.echo("(the summary ran into the output token limit and is cut off)")
+        if row["summary"] and row.get("extract_notes"):
+            typer.echo(f"({counted(len(row['extract_notes']), 'article')} too long to offer whole: "
+                       f"{row['extract_notes'][0]})")
         if row["summary"] and row.get("extract_errors"):
             typer.echo(f"(no sentence picked from {len(row['extract_errors'])} of {len(row['extracts'])} articles, "
                        f"shown as '(none)'; first: {row['extract_errors'][0]})")
