@@ -466,7 +466,10 @@ class RatingJudge(Module):
         return None
 
     def forward(self, **inputs: Any) -> dspy.Prediction:
-        got = predict_with_retries(self.judge, tries=self.tries, check=self.check, **inputs)
+        try:
+            got = predict_with_retries(self.judge, tries=self.tries, check=self.check, **inputs)
+        except ContextWindowExceeded as exc:  # this article (or reference) is too long: one judgment fails
+            return dspy.Prediction(rating=None, explanation=None, error=first_line(exc), attempts=1)
         if not got.ok:
             return dspy.Prediction(rating=None, explanation=None, error=got.error, attempts=got.attempts)
         return dspy.Prediction(rating=got.prediction.rating, explanation=str(got.prediction.explanation),
@@ -530,9 +533,12 @@ class PairwiseJudge(Module):
         self.tries = tries
 
     def one_order(self, reference: str, first: str, second: str) -> tuple[Optional[str], Optional[str], Optional[str]]:
-        got = predict_with_retries(self.compare, tries=self.tries,
-                                   criterion=CRITERION_DESCRIPTIONS[self.criterion],
-                                   reference=reference, summary_a=first, summary_b=second)
+        try:
+            got = predict_with_retries(self.compare, tries=self.tries,
+                                       criterion=CRITERION_DESCRIPTIONS[self.criterion],
+                                       reference=reference, summary_a=first, summary_b=second)
+        except ContextWindowExceeded as exc:  # this case is too long: it fails, the others go on
+            return None, None, first_line(exc)
         if not got.ok:
             return None, None, got.error
         return got.prediction.verdict, str(got.prediction.explanation), None

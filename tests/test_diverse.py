@@ -334,6 +334,27 @@ def test_binary_coverage_per_qa_pair_and_likert_over_all(event):
     assert likert.score == 4 and len(lm.backend.calls) == 7
 
 
+def test_an_article_too_long_for_the_judge_is_a_failed_judgment_not_the_end_of_the_run(event):
+    """A server refusing one article's prompt as too long for its window ended the whole run (the
+    summaries and every other judgment unwritten): that judgment fails, with the server's reason."""
+    from booklens.lm import ContextWindowExceeded
+
+    def responder(call):
+        text = call.inputs.get("article") or call.inputs.get("reference") or ""
+        if event.articles[3].content.strip()[:60] in text:
+            raise ContextWindowExceeded("the prompt (9100 tokens) does not fit the 8192-token context window")
+        return {"explanation": "e", "rating": 7, "verdict": "A"}
+
+    scripted(responder)
+    r = FaithfulnessJudge("likert")(summary="s", articles=event.articles)
+    assert r.score == 7 and r.failed == 1
+    failed = [d for d in r.details if d["rating"] is None]
+    assert failed[0]["key"] == event.articles[3].aid and "does not fit" in failed[0]["error"]
+    cases = pairwise_cases(event, "faithfulness")
+    pairs = judge_pairs(PairwiseJudge("faithfulness"), [(cid, ref, "one", "two") for cid, ref in cases])
+    assert sum(1 for p in pairs if p["winner"] is None) == 1 and "does not fit" in pairs[3]["error"]
+
+
 def test_binary_faithfulness_rejects_likert_values(event):
     scripted(lambda call: {"explanation": "e", "rating": 5})
     r = FaithfulnessJudge("binary")(summary="s", articles=event.articles[:2])
