@@ -338,19 +338,22 @@ class ReferenceBuilder(Module):
         without a valid answer adds 'aid: error' to `failed[question]`."""
         jobs = [(aid, text, q) for aid, text in articles for q in questions]
 
-        def answer(job: tuple[str, str, str]) -> list[str]:
-            aid, text, q = job
-            got = predict_with_retries(self.extract_answers, tries=self.tries, article=text, question=q)
+        def answer(job: tuple[str, str, str]) -> tuple[list[str], Optional[str]]:
+            _, text, q = job
+            try:
+                got = predict_with_retries(self.extract_answers, tries=self.tries, article=text, question=q)
+            except ContextWindowExceeded as exc:  # this article is too long to read whole: it gives no answer
+                return [], first_line(exc)
             if not got.ok:
-                if failed is not None:
-                    failed.setdefault(q, []).append(f"{aid}: {got.error}")
-                return []
-            return [str(a).strip() for a in (got.prediction.answers or []) if str(a).strip()]
+                return [], got.error or "no valid answer"
+            return [str(a).strip() for a in (got.prediction.answers or []) if str(a).strip()], None
 
         found = parallel_map(answer, jobs, concurrency=self.concurrency, desc="answers")
         by_question: dict[str, list[tuple[str, str]]] = {q: [] for q in questions}
-        for (aid, _, q), texts in zip(jobs, found):
+        for (aid, _, q), (texts, error) in zip(jobs, found):  # in article order, whatever the concurrency
             by_question[q].extend((aid, a) for a in texts)
+            if error and failed is not None:
+                failed.setdefault(q, []).append(f"{aid}: {error}")
         return by_question
 
     def cluster(self, question: str, answers: list[tuple[str, str]]) -> dict[str, Any]:

@@ -587,6 +587,20 @@ def test_articles_whose_answers_never_parsed_are_counted_apart_from_articles_wit
     assert why["extraction_error"].startswith("a01: ")
     assert why["reason"] == "answered by 1 of 3 articles (needs 1.5); 2 articles gave no valid answer"
 
+    # an article too long for the window is such an article too, not the end of the run
+    from booklens.lm import ContextWindowExceeded
+
+    def too_long(call):
+        if call.wants("answers") and call.inputs["article"].startswith("[a01]"):
+            raise ContextWindowExceeded("the prompt (9100 tokens) does not fit the 8192-token context window")
+        return responder(call)
+
+    scripted(too_long)
+    ref = ReferenceBuilder(num_questions=1, clustering="exact", diversity_filter=False,
+                           min_answer_share=0.5)(articles=articles)
+    assert ref.screening[0]["extraction_failures"] == 2
+    assert ref.screening[0]["extraction_error"].startswith("a01: the prompt (9100 tokens) does not fit")
+
 
 def test_an_article_too_long_to_pick_from_whole_is_picked_from_as_far_as_fits():
     """One article far longer than the others made the whole event fail ('too long to pick sentences
