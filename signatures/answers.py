@@ -150,9 +150,10 @@ def pairwise_verdict_reader(summaries: tuple[str, str], tie: str) -> Callable[[A
 
 
 # A rating as judges write it without the schema enforced: "7", "7/10", "7 out of 10", "Rating: 7",
-# "**7**", "7 (mostly covered)", "70%" on a scale to 100. A label before it, the scale after it and
-# words after a bracket, dash or colon are allowed; a second number after it ("7-8", "7 or 8") is not.
-_RATING = re.compile(r"(?:[^\W\d_][^\W\d]{0,20}(?: [^\W\d]{1,20}){0,2}\s*[:=]\s*)?(?P<n>\d+)(?:\.0*)?"
+# "**7**", "Rating: [[7]]" (DiverseSumm's prompts ask for that), "7 (mostly covered)", "70%" on a
+# scale to 100. A label before it, the scale after it and words after a bracket, dash or colon are
+# allowed; a second number after it ("7-8", "7 or 8") is not.
+_RATING = re.compile(r"(?:[^\W\d_][^\W\d]{0,20}(?: [^\W\d]{1,20}){0,2}\s*[:=]\s*)?\[*(?P<n>\d+)(?:\.0*)?\]*"
                      r"(?:\s*(?:/|out\s+of)\s*(?P<of>\d+)|\s*(?P<percent>%))?\.?"
                      r"(?P<rest>\s*[-(:\u2013\u2014][^\d]*)?",
                      re.IGNORECASE | re.DOTALL)

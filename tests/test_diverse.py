@@ -290,7 +290,7 @@ def test_likert_rating_outside_the_scale_is_reasked():
 
 
 @pytest.mark.parametrize("written", ["7/10", "7 / 10", "7 out of 10", "Rating: 7", "**7**", "7.", "[[7]]",
-                                     "7 (mostly covered)", "7/10 - most answers are there"])
+                                     "Rating: [[7]]", "7 (mostly covered)", "7/10 - most answers are there"])
 def test_a_rating_written_with_its_scale_or_a_label_is_read_as_that_rating(written):
     """Without the answer schema enforced, judges write a rating as '7/10' or 'Rating: 7': read as 7,
     not re-asked until the judgment is recorded as failed."""
