@@ -84,8 +84,8 @@ _LETTER_WITH_TEXT = re.compile(r"[\s*_`\"'\[]*"
 _LETTER_IN_PHRASE = re.compile(r"(?:the\s+)?(?:(?:correct|right|best)\s+)?(?:answer|option|choice)(?:\s+is)?\s*:?\s*"
                                r"(?P<letter>\([A-Za-z]\)|[A-Za-z])(?P<rest>(?:[\s.):,;*]+.*)?)",
                                re.IGNORECASE | re.DOTALL)
-# A lone letter as the rest names it ("B. or C."): then the answer names two options.
-_OTHER_LETTER = re.compile(r"(?<![\w'])[A-Z](?:[.):]|$)")
+# A lone capital as the rest names it ("B. or C."): another option's letter there names two options.
+_OTHER_LETTER = re.compile(r"(?<![\w'])([A-Z])(?:[.):]|$)")
 
 
 def option_letter_reader(letters: tuple[str, ...]) -> Callable[[Any], Any]:
@@ -109,9 +109,10 @@ def option_letter_reader(letters: tuple[str, ...]) -> Callable[[Any], Any]:
             # "the answer is a ship": a lower-case letter counts only bracketed or standing alone
             if letter.islower() and not found["letter"].startswith("(") and rest.strip(" .*"):
                 return value
-        if _OTHER_LETTER.search(rest.strip()):
+        letter = exact(letter)
+        if any(other in letters and other != letter for other in _OTHER_LETTER.findall(rest.strip())):
             return value
-        return exact(letter)
+        return letter
 
     return read
 

@@ -289,7 +289,8 @@ def test_an_option_letter_written_another_way_is_read_as_that_letter(written):
 
 @pytest.mark.parametrize("written", ["B. The Marigold", "B) The Marigold", "(B) The Marigold", "B: The Marigold",
                                      "**B.** The Marigold", "B - The Marigold", "The answer is B", "The answer is (B).",
-                                     "Answer: B", "Option B", "option b", "The correct answer is B. The Marigold"])
+                                     "Answer: B", "Option B", "option b", "The correct answer is B. The Marigold",
+                                     "B. Henry V.", "B. Plan B"])
 def test_an_option_letter_given_with_its_text_or_in_a_phrase_is_read_as_that_letter(written):
     """A chat model without its schema enforced often writes the letter with the option's text or in a
     phrase; each re-ask gets the same, so the question ended counted wrong after three calls."""
