@@ -510,3 +510,40 @@ def test_a_judge_that_never_gives_a_verdict_ends_evaluate_and_compile_summarize_
             assert proc.returncode != 0 and "Traceback" not in proc.stderr and not out.exists(), proc.stderr
             errors = [line for line in proc.stderr.splitlines() if not line.startswith(("compiling ", "note: "))]
             assert errors == [f"error: {failed}; the first failure: {NO_VERDICT}"], proc.stderr
+
+
+def test_evaluate_scores_an_artifact_on_the_split_its_compile_scored(tmp_path):
+    """A program compiled with --test-size is evaluated on the same test examples by default, so
+    that evaluate gives the figure compile reported; --size still chooses, and an artifact compiled
+    with --no-test (nothing scored on the test split) leaves the task's subset size."""
+    data = tiny_fables(tmp_path / "fables.json")
+    artifact, untested = tmp_path / "verify.json", tmp_path / "untested.json"
+
+    def half_right(body):  # wrong on the claims of even books: subsets of other books score otherwise
+        answer = json.loads(fake_verifier(body))
+        claim = parse_fields(body["messages"][-1]["content"]).get("claim", "")
+        if int(re.search(r"book (\d+)", claim).group(1)) % 2 == 0:
+            answer["label"] = "unfaithful" if answer["label"] == "faithful" else "faithful"
+        return json.dumps(answer)
+
+    with FakeOpenAIServer(responder=half_right) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "--demos", "2",
+                        "--test-size", "6", "-o", artifact, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "--demos", "2",
+                        "--no-test", "-o", untested, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        reported = json.loads(artifact.read_text())["metadata"]["booklens"]["metrics"]["test"]
+
+        def evaluated(program, *args):
+            out = tmp_path / "evaluation.json"
+            proc = run_cli(["evaluate", "verification", "--data", data, "--program", program, "--no-zero-shot",
+                            *args, "-o", out, *lm], tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            return json.loads(out.read_text())["results"][0]
+
+        result = evaluated(artifact)
+        assert (result["n"], result["metric"], result["ci95"]) == (6, reported["value"], reported["ci95"])
+        assert evaluated(artifact, "--size", "0")["n"] == 16
+        assert evaluated(untested)["n"] == 16  # the task's 24, more than the split holds

@@ -186,6 +186,22 @@ def _default_if_named(path: Path, task: str) -> Path:
     return default_path(task)
 
 
+def _compiled_size(blocks: list[dict[str, Any]], split: str, digest: str) -> int | None:
+    """How many examples of `split` compile scored the first artifact compiled on this data on (its
+    recorded subset), so that evaluate measures it on the examples whose figure compile reported;
+    None (the task's subset size) when no artifact was scored on this split of this data."""
+    for block in blocks:
+        if (block.get("dataset") or {}).get("sha256") != digest:
+            continue
+        sizes = (block.get("split") or {}).get("sizes") if isinstance(block.get("split"), dict) else None
+        recorded = sizes.get(split) if isinstance(sizes, dict) else None
+        # 0: compiled with --no-test, nothing was scored on the split (not "the whole split")
+        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
+            return recorded
+        return None
+    return None
+
+
 @app.command("evaluate")
 def evaluate_command(
     task: TaskArgument,
@@ -196,7 +212,8 @@ def evaluate_command(
     = None,
     split: Annotated[SplitName, typer.Option("--split", help="Which split of the data, by book.")] = SplitName.test,
     size: Annotated[Optional[int], typer.Option(
-        "--size", help="Examples of the split to use (default: the task's subset size; 0: all).")] = None,
+        "--size", help="Examples of the split to use (default: as many as compile scored the first --program "
+                       "compiled on this data on, else the task's subset size; 0: all).")] = None,
     zero_shot: Annotated[bool, typer.Option("--zero-shot/--no-zero-shot",
                                             help="Include the uncompiled program.")] = True,
     seed: SeedOption = None,
@@ -229,6 +246,8 @@ def evaluate_command(
     if seed is None:
         seed = next((b.get("seed") for b in blocks if isinstance(b.get("seed"), int)), 0)
     digest = sha256_of(data)
+    if size is None:
+        size = _compiled_size(blocks, split, digest)
     splits = load_task_splits(spec, data, seed=seed, sizes={split: size})
     examples = splits.get(split)
     if not examples:
