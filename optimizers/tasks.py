@@ -63,6 +63,10 @@ class Task:
     failure: Callable[[Any], str | None] | None = None
     bootstrap_threshold: float | None = None  # bootstrap keeps a run as a demo when metric >= this
     data_help: str = ""
+    # The files `load_splits` reads from a data path (the dataset an artifact records is their
+    # digest, so that a folder's other files or another name for the same files change nothing);
+    # None: the path's own digest.
+    data_files: Callable[[Path], list[Path]] | None = None
     program_config: dict[str, Any] = field(default_factory=dict)
     # Budget defaults of this task where they differ from `Budget`'s (a task with long prompts
     # needs a smaller one to compile in minutes on the embedded model).
@@ -172,8 +176,6 @@ def _hashable(value: Any) -> Any:
 def load_task_splits(task: Task, data: str | Path, *, seed: int = 0, sizes: dict[str, int | None] | None = None
                      ) -> Splits:
     """The task's examples split by book, each split cut to its subset size."""
-    from booklens.optimizers.artifacts import sha256_of
-
     path = Path(data)
     if not path.exists():
         raise BooklensError(f"data not found: {path}" + (f" ({task.data_help})" if task.data_help else ""))
@@ -192,8 +194,25 @@ def load_task_splits(task: Task, data: str | Path, *, seed: int = 0, sizes: dict
         "available": {name: len(full.get(name, [])) for name in SPLITS},
         "groups": {name: len({_hashable(e.get(task.group)) for e in picked[name]}) for name in SPLITS},
     }
-    info["dataset"] = {"path": str(path), "sha256": sha256_of(path)}
+    info["dataset"] = {"path": str(path), "sha256": data_digest(task, path)}
     return Splits(picked["train"], picked["dev"], picked["test"], info)
+
+
+def data_digest(task: Task, data: str | Path) -> str:
+    """sha256 of the data the task reads from `data`: of the file when it reads one (wherever it was
+    named from: FABLES.json or its folder), of the files' names and digests when it reads several."""
+    import hashlib
+
+    from booklens.optimizers.artifacts import sha256_of
+
+    path = Path(data)
+    files = task.data_files(path) if task.data_files is not None else [path]
+    if len(files) == 1:
+        return sha256_of(files[0])
+    digest = hashlib.sha256()
+    for file in sorted(files, key=lambda f: f.name):
+        digest.update(file.name.encode("utf-8") + b"\0" + sha256_of(file).encode("ascii"))
+    return digest.hexdigest()
 
 
 def _fractions() -> dict[str, float]:
@@ -236,6 +255,7 @@ def _coherence() -> Task:
         feedback=_coherence_feedback,
         bootstrap_threshold=0.5,  # the verdict agrees with the humans
         data_help=COHERENCE_DATA,
+        data_files=_annotation_files,
         program_config={"batch_size": 1},
     )
 
@@ -337,12 +357,15 @@ def _coherence_example(example: dspy.Example) -> dspy.Example:
 VERIFICATION_LABELS = ("Yes", "No")  # faithful / unfaithful, the claims the seed's Table 5 scores
 
 
+def _fables_file(path: Path) -> list[Path]:
+    """The FABLES release a data path names: the file, or FABLES.json in the folder."""
+    return [path / "FABLES.json" if path.is_dir() else path]
+
+
 def _fables_summary_splits(path: Path, seed: int) -> dict[str, list]:
     from booklens.data.fables import load_fables, split_summaries
 
-    if path.is_dir():
-        path = path / "FABLES.json"
-    return split_summaries(load_fables(path), seed=seed)
+    return split_summaries(load_fables(_fables_file(path)[0]), seed=seed)
 
 
 def _verification() -> Task:
@@ -364,6 +387,7 @@ def _verification() -> Task:
         feedback=_verification_feedback,
         bootstrap_threshold=1.0,
         data_help="the FABLES release, FABLES.json",
+        data_files=_fables_file,
     )
 
 
@@ -404,6 +428,7 @@ def _decomposition() -> Task:
         sizes={"train": 8, "dev": 4, "test": 8},
         bootstrap_threshold=0.5,
         data_help="the FABLES release, FABLES.json",
+        data_files=_fables_file,
     )
 
 
@@ -436,6 +461,7 @@ def _summarize() -> Task:
         sizes={"train": 2, "dev": 1, "test": 2},
         bootstrap_threshold=0.9,
         data_help="a folder of books (.txt or .epub) or one book",
+        data_files=_book_files,
         program_config={"method": "hier", **SUMMARIZER_DEFAULTS},
     )
 
@@ -443,10 +469,8 @@ def _summarize() -> Task:
 BOOK_SUFFIXES = (".txt", ".epub")
 
 
-def _book_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
-    from booklens.data.splits import split_by_book
-    from booklens.text import read_book
-
+def _book_files(path: Path) -> list[Path]:
+    """The books a data path names: the book, or the .txt and .epub files of the folder."""
     if path.is_file() and path.suffix.lower() not in BOOK_SUFFIXES:
         raise BooklensError(f"{path} is not a book: the summarize task takes a .txt or .epub book, or a folder "
                             "of them")
@@ -454,6 +478,14 @@ def _book_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
                                                    if p.is_file() and p.suffix.lower() in BOOK_SUFFIXES)
     if not files:
         raise BooklensError(f"no books (.txt or .epub) in {path}")
+    return files
+
+
+def _book_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
+    from booklens.data.splits import split_by_book
+    from booklens.text import read_book
+
+    files = _book_files(path)
     examples = [dspy.Example(book=read_book(f), name=f.stem).with_inputs("book") for f in files]
     return split_by_book(examples, "name", seed=seed)
 

@@ -547,3 +547,25 @@ def test_evaluate_scores_an_artifact_on_the_split_its_compile_scored(tmp_path):
         assert (result["n"], result["metric"], result["ci95"]) == (6, reported["value"], reported["ci95"])
         assert evaluated(artifact, "--size", "0")["n"] == 16
         assert evaluated(untested)["n"] == 16  # the task's 24, more than the split holds
+
+
+def test_the_same_data_named_by_its_folder_or_its_file_is_the_same_data(tmp_path):
+    """FABLES given as its folder (which holds a licence too) or as FABLES.json is the one file the
+    task reads: evaluate takes it as the data the artifact was compiled on (no note that its splits
+    may overlap, and the split size compile scored)."""
+    folder = tmp_path / "fables"
+    folder.mkdir()
+    data = tiny_fables(folder / "FABLES.json")
+    (folder / "LICENSE").write_text("terms\n")
+    artifact = tmp_path / "verify.json"
+    with FakeOpenAIServer(responder=fake_verifier) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_cli(["compile", "verification", "--data", folder, "--optimizer", "labeled", "--demos", "2",
+                        "--test-size", "6", "-o", artifact, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        out = tmp_path / "evaluation.json"
+        proc = run_cli(["evaluate", "verification", "--data", data, "--program", artifact, "--no-zero-shot",
+                        "-o", out, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    assert "note:" not in proc.stderr
+    assert json.loads(out.read_text())["results"][0]["n"] == 6

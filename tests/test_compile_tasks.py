@@ -286,3 +286,30 @@ def test_coherence_task_refuses_a_copy_of_an_annotation_file(tmp_path):
     with pytest.raises(BooklensError, match=r"the summary of book 'b' is in both summary-gpt4-4096-inc-copy.json "
                                             r"and summary-gpt4-4096-inc.json"):
         load_task_splits(get_task("coherence"), tmp_path)
+
+
+def test_the_recorded_data_is_the_files_the_task_reads_however_they_are_named(tmp_path):
+    """A folder's other files (a licence, a file the task does not read) do not make it other data,
+    and neither does naming the folder above the annotations; other annotations do."""
+    coherence, verification = get_task("coherence"), get_task("verification")
+    human = tmp_path / "booookscore" / "human"
+    human.mkdir(parents=True)
+    human_annotations(human / "summary-gpt4-4096-inc.json")
+    (human / "notes.txt").write_text("read me\n")
+
+    def digest(task, path):
+        return load_task_splits(task, path, seed=0).info["dataset"]["sha256"]
+
+    assert digest(coherence, human) == digest(coherence, human.parent)
+    (human / "notes.txt").write_text("read me again\n")
+    assert digest(coherence, human) == digest(coherence, human.parent)
+    first = digest(coherence, human)
+    data = json.loads((human / "summary-gpt4-4096-inc.json").read_text())
+    data.pop("book-0.epub")
+    (human / "summary-gpt4-4096-inc.json").write_text(json.dumps(data))
+    assert digest(coherence, human) != first
+
+    (tmp_path / "fables").mkdir()
+    path = fables(tmp_path / "fables" / "FABLES.json")
+    (path.parent / "LICENSE").write_text("terms\n")
+    assert digest(verification, path.parent) == digest(verification, path)

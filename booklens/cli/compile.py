@@ -230,9 +230,9 @@ def evaluate_command(
     """Run zero-shot and compiled programs on a split, side by side: metric with a bootstrap 95% CI, LM calls, tokens."""
     if not Path(data).exists():  # before DSPy loads: a typo costs no start-up time
         raise BooklensError(f"data not found: {data}")
-    from booklens.optimizers.artifacts import check_task, held_out_notes, load_program, sha256_of
+    from booklens.optimizers.artifacts import check_task, held_out_notes, load_program
     from booklens.optimizers.evaluate import evaluate_program, format_table
-    from booklens.optimizers.tasks import get_task, load_task_splits
+    from booklens.optimizers.tasks import data_digest, get_task, load_task_splits
 
     split = SplitName(split).value
     if size is not None and size < 0:
@@ -245,7 +245,7 @@ def evaluate_command(
     blocks = [s["metadata"]["booklens"] for s in states]
     if seed is None:
         seed = next((b.get("seed") for b in blocks if isinstance(b.get("seed"), int)), 0)
-    digest = sha256_of(data)
+    digest = data_digest(spec, data)
     if size is None:
         size = _compiled_size(blocks, split, digest)
     splits = load_task_splits(spec, data, seed=seed, sizes={split: size})
