@@ -66,6 +66,10 @@ def check_budget_options(optimizer: str, given: dict[str, Optional[int]]) -> Non
                             f"{', '.join('--' + name.replace('_', '-') for name in spent)}")
 
 
+# Optimizers whose only choice is the demos: with none to pick, what they return is the zero-shot program.
+DEMO_PICKERS = ("labeled", "bootstrap", "random-search")
+
+
 @dataclass(frozen=True)
 class Budget:
     """How much an optimizer may spend. The defaults finish in minutes with the embedded model."""
@@ -85,6 +89,14 @@ class Budget:
         for name in ("threads", "max_rounds"):
             if getattr(self, name) < 1:
                 raise BooklensError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+
+    def check_for(self, optimizer: str) -> None:
+        """`validate`, and a budget the optimizer can spend: the ones that only pick demos are given some."""
+        self.validate()
+        if optimizer in DEMO_PICKERS and self.demos == 0:
+            raise BooklensError(f"--demos 0 leaves the {optimizer} optimizer nothing to choose (it picks demos and "
+                                "nothing else): the artifact would be the zero-shot program, which evaluate runs "
+                                "as it is")
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -264,7 +276,7 @@ def compile_program(
     spec = get_task(task) if isinstance(task, str) else task
     name = check_optimizer(optimizer)
     budget = budget or spec.default_budget()
-    budget.validate()
+    budget.check_for(name)
     trainset = seeded_order(trainset, seed)
     devset = list(devset or [])
     if not trainset:

@@ -569,3 +569,14 @@ def test_the_same_data_named_by_its_folder_or_its_file_is_the_same_data(tmp_path
         assert proc.returncode == 0, proc.stderr
     assert "note:" not in proc.stderr
     assert json.loads(out.read_text())["results"][0]["n"] == 6
+
+
+def test_demos_0_with_an_optimizer_that_only_picks_demos_is_a_one_line_error(tmp_path):
+    """labeled, bootstrap and random-search choose demos and nothing else: with --demos 0 the artifact
+    is the zero-shot program (labeled said the training split held no usable example)."""
+    data = tiny_fables(tmp_path / "fables.json")
+    out = tmp_path / "a.json"
+    for optimizer in ("labeled", "bootstrap", "random-search"):
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", optimizer, "--demos", "0",
+                        "-o", out], tmp_path)
+        assert_one_line_error(proc, f"--demos 0 leaves the {optimizer} optimizer nothing to choose", output=out)

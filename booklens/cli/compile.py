@@ -109,7 +109,7 @@ def compile_command(
     spec = get_task(task)
     budget = spec.default_budget(demos=demos, candidates=candidates, trials=trials, threads=threads,
                                  max_rounds=max_rounds, minibatch_size=minibatch_size)
-    budget.validate()
+    budget.check_for(name)
     seed = 0 if seed is None else seed
     splits = load_task_splits(spec, data, seed=seed, sizes=_sizes(train_size, dev_size, test_size))
     if not evaluate_test:
