@@ -125,7 +125,8 @@ def load_judge(judge: str, program: str | Path | None = None, *, zero_shot: bool
 
 def _check_demos_in_use(scorer: Any, path: Path) -> None:
     """A coherence artifact whose demos are all on the predictor of the other mode (per-sentence
-    or batched) would judge with none of them: refused, rather than run as zero-shot under its name."""
+    or batched), or one compiled per sentence and run batched, would judge with none of what it holds:
+    refused, rather than run as zero-shot under its name."""
     batched = getattr(scorer, "batch_size", 1) > 1
     used, other = (scorer.detect_batch, scorer.detect) if batched else (scorer.detect, scorer.detect_batch)
     if not used.demos and other.demos:
@@ -133,6 +134,13 @@ def _check_demos_in_use(scorer: Any, path: Path) -> None:
         raise BooklensError(f"{path} holds its {counted(len(other.demos), 'demo')} for {made_for} only: with "
                             f"--batch-size {scorer.batch_size} it would judge with none of them; "
                             f"{'drop --batch-size' if batched else 'give --batch-size above 1'} to use them")
+    # compile runs one sentence per call: what it chose (demos, or the instructions MIPROv2 and GEPA
+    # write) is on the per-sentence predictor, and no run ever scored the batched one.
+    block = getattr(scorer, "_booklens_artifact", None) or {}
+    if batched and (block.get("program_config") or {}).get("batch_size") == 1 and not scorer.detect_batch.demos:
+        raise BooklensError(f"{path} was compiled for per-sentence judging (--batch-size 1): with --batch-size "
+                            f"{scorer.batch_size} its batched predictor would judge with nothing compile chose; "
+                            "drop --batch-size to use it")
 
 
 def check_zero_shot(artifacts: Mapping[str, Any], tasks: Sequence[str], zero_shot: bool, *,

@@ -580,3 +580,24 @@ def test_demos_0_with_an_optimizer_that_only_picks_demos_is_a_one_line_error(tmp
         proc = run_cli(["compile", "verification", "--data", data, "--optimizer", optimizer, "--demos", "0",
                         "-o", out], tmp_path)
         assert_one_line_error(proc, f"--demos 0 leaves the {optimizer} optimizer nothing to choose", output=out)
+
+
+def test_a_coherence_program_compiled_to_new_instructions_is_not_run_batched(tmp_path):
+    """MIPROv2 and GEPA compile instructions, not only demos, and compile runs the per-sentence
+    predictor only: with --batch-size above 1 the batched one would judge with nothing compile chose
+    (the original instructions, or ones no run ever scored) under the artifact's name."""
+    from booklens.optimizers.artifacts import save_program
+    from booklens.optimizers.tasks import get_task
+
+    spec = get_task("coherence")
+    program = spec.build_program()
+    program.detect.signature = program.detect.signature.with_instructions("Flag every sentence about Zed.")
+    artifact = tmp_path / "compiled.json"
+    save_program(program, artifact, task="coherence", program_config=spec.program_config, optimizer="mipro")
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Ada visits the harbor. She meets the keeper.")
+    out = tmp_path / "scored.json"
+    proc = run_cli(["score", summary, "--program", artifact, "--batch-size", "4", "-o", out, "--lm",
+                    "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+    assert_one_line_error(proc, f"{artifact} was compiled for per-sentence judging (--batch-size 1)",
+                          "drop --batch-size", output=out)
