@@ -91,12 +91,15 @@ class Budget:
                 raise BooklensError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
 
     def check_for(self, optimizer: str) -> None:
-        """`validate`, and a budget the optimizer can spend: the ones that only pick demos are given some."""
+        """`validate`, and a budget the optimizer can spend: the ones that only pick demos are given
+        some, and MIPROv2 a candidate and a trial. Checked before any LM call."""
         self.validate()
         if optimizer in DEMO_PICKERS and self.demos == 0:
             raise BooklensError(f"--demos 0 leaves the {optimizer} optimizer nothing to choose (it picks demos and "
                                 "nothing else): the artifact would be the zero-shot program, which evaluate runs "
                                 "as it is")
+        if optimizer == "mipro" and (self.candidates < 1 or self.trials < 1):
+            raise BooklensError("mipro needs --candidates and --trials of at least 1")
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -347,8 +350,6 @@ def _run(name: str, student: dspy.Module, trainset: list, devset: list, budget: 
             num_threads=budget.threads, max_errors=max_errors,
         ).compile(student, trainset=trainset, valset=devset)
     if name == "mipro":
-        if budget.candidates < 1 or budget.trials < 1:
-            raise BooklensError("mipro needs --candidates and --trials of at least 1")
         minibatch = 0 < budget.minibatch_size < len(devset)
         optimizer = MIPROv2(
             metric=dspy_metric, metric_threshold=threshold, auto=None, num_candidates=budget.candidates,

@@ -601,3 +601,14 @@ def test_a_coherence_program_compiled_to_new_instructions_is_not_run_batched(tmp
                     "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
     assert_one_line_error(proc, f"{artifact} was compiled for per-sentence judging (--batch-size 1)",
                           "drop --batch-size", output=out)
+
+
+def test_mipro_without_candidates_or_trials_is_refused_before_the_lm_starts(tmp_path):
+    """MIPROv2 needs a candidate and a trial: said before any LM call (the embedded model loads for
+    minutes), not after the first one."""
+    data = tiny_fables(tmp_path / "fables.json")
+    out = tmp_path / "a.json"
+    for extra in (["--candidates", "0"], ["--trials", "0"]):
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "mipro", *extra, "-o", out,
+                        "--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+        assert_one_line_error(proc, "mipro needs --candidates and --trials of at least 1", output=out)
