@@ -612,3 +612,29 @@ def test_mipro_without_candidates_or_trials_is_refused_before_the_lm_starts(tmp_
         proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "mipro", *extra, "-o", out,
                         "--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
         assert_one_line_error(proc, "mipro needs --candidates and --trials of at least 1", output=out)
+
+
+def test_an_artifact_recording_its_folders_digest_is_still_on_the_same_data(tmp_path):
+    """Artifacts compiled before the digest named the files a task reads recorded the digest of the
+    whole folder given: evaluate on that folder still takes it as the same data."""
+    from booklens.optimizers.artifacts import sha256_of
+
+    folder = tmp_path / "fables"
+    folder.mkdir()
+    tiny_fables(folder / "FABLES.json")
+    (folder / "LICENSE").write_text("terms\n")
+    artifact = tmp_path / "verify.json"
+    with FakeOpenAIServer(responder=fake_verifier) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_cli(["compile", "verification", "--data", folder, "--optimizer", "labeled", "--demos", "2",
+                        "--test-size", "6", "-o", artifact, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        state = json.loads(artifact.read_text())
+        state["metadata"]["booklens"]["dataset"]["sha256"] = sha256_of(folder)
+        artifact.write_text(json.dumps(state))
+        out = tmp_path / "evaluation.json"
+        proc = run_cli(["evaluate", "verification", "--data", folder, "--program", artifact, "--no-zero-shot",
+                        "-o", out, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    assert "note:" not in proc.stderr
+    assert json.loads(out.read_text())["results"][0]["n"] == 6

@@ -186,12 +186,12 @@ def _default_if_named(path: Path, task: str) -> Path:
     return default_path(task)
 
 
-def _compiled_size(blocks: list[dict[str, Any]], split: str, digest: str) -> int | None:
+def _compiled_size(blocks: list[dict[str, Any]], split: str, same_data: set[str]) -> int | None:
     """How many examples of `split` compile scored the first artifact compiled on this data on (its
     recorded subset), so that evaluate measures it on the examples whose figure compile reported;
     None (the task's subset size) when no artifact was scored on this split of this data."""
     for block in blocks:
-        if (block.get("dataset") or {}).get("sha256") != digest:
+        if (block.get("dataset") or {}).get("sha256") not in same_data:
             continue
         sizes = (block.get("split") or {}).get("sizes") if isinstance(block.get("split"), dict) else None
         recorded = sizes.get(split) if isinstance(sizes, dict) else None
@@ -230,7 +230,7 @@ def evaluate_command(
     """Run zero-shot and compiled programs on a split, side by side: metric with a bootstrap 95% CI, LM calls, tokens."""
     if not Path(data).exists():  # before DSPy loads: a typo costs no start-up time
         raise BooklensError(f"data not found: {data}")
-    from booklens.optimizers.artifacts import check_task, held_out_notes, load_program
+    from booklens.optimizers.artifacts import check_task, held_out_notes, load_program, sha256_of
     from booklens.optimizers.evaluate import evaluate_program, format_table
     from booklens.optimizers.tasks import data_digest, get_task, load_task_splits
 
@@ -246,8 +246,12 @@ def evaluate_command(
     if seed is None:
         seed = next((b.get("seed") for b in blocks if isinstance(b.get("seed"), int)), 0)
     digest = data_digest(spec, data)
+    same_data = {digest}
+    if any((b.get("dataset") or {}).get("sha256") not in (None, digest) for b in blocks):
+        # what artifacts of earlier versions recorded: the digest of the whole path given
+        same_data.add(sha256_of(data))
     if size is None:
-        size = _compiled_size(blocks, split, digest)
+        size = _compiled_size(blocks, split, same_data)
     splits = load_task_splits(spec, data, seed=seed, sizes={split: size})
     examples = splits.get(split)
     if not examples:
@@ -269,7 +273,9 @@ def evaluate_command(
         runs.append((label, loaded))
         # A note, not a refusal: evaluating an artifact on what it learned from is a fair check of
         # fit, as long as the figures are not read as held out.
-        notes = held_out_notes(str(path), b, loaded, examples, digest=digest, seed=seed, split=split)
+        recorded = (b.get("dataset") or {}).get("sha256")
+        notes = held_out_notes(str(path), b, loaded, examples, digest=recorded if recorded in same_data else digest,
+                               seed=seed, split=split)
         for note in [*notes, other_lm_note(str(path), compiled_with(b), lm_label(model))]:
             if note:
                 typer.echo(f"note: {note}", err=True)
