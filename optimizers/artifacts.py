@@ -322,6 +322,22 @@ def held_out_notes(label: str, block: dict[str, Any], program: dspy.Module, exam
     return notes
 
 
+def compiled_split_size(blocks: list[dict[str, Any]], split: str, same_data: set[str]) -> int | None:
+    """The size of `split` recorded by the first artifact of `blocks` compiled on this data (its dataset
+    digest in `same_data`): evaluate then runs on the examples whose figure compile reported. None
+    (the task's subset size) when that artifact scored nothing on the split, or none is of this data."""
+    for block in blocks:
+        if (block.get("dataset") or {}).get("sha256") not in same_data:
+            continue
+        sizes = (block.get("split") or {}).get("sizes") if isinstance(block.get("split"), dict) else None
+        recorded = sizes.get(split) if isinstance(sizes, dict) else None
+        # 0: compiled with --no-test, nothing was scored on the split (not "the whole split")
+        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
+            return recorded
+        return None
+    return None
+
+
 def _config_hint(block: dict[str, Any]) -> str:
     config = block.get("program_config") or {}
     method = config.get("method")
@@ -351,5 +367,6 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["ARTIFACT_FORMAT_VERSION", "ARTIFACT_KIND", "artifact_metadata", "check_task", "demos_among",
+__all__ = ["ARTIFACT_FORMAT_VERSION", "ARTIFACT_KIND", "artifact_metadata", "check_task", "compiled_split_size",
+           "demos_among",
            "held_out_notes", "load_program", "read_artifact", "save_program", "sha256_of"]

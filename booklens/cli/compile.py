@@ -186,22 +186,6 @@ def _default_if_named(path: Path, task: str) -> Path:
     return default_path(task)
 
 
-def _compiled_size(blocks: list[dict[str, Any]], split: str, same_data: set[str]) -> int | None:
-    """How many examples of `split` compile scored the first artifact compiled on this data on (its
-    recorded subset), so that evaluate measures it on the examples whose figure compile reported;
-    None (the task's subset size) when no artifact was scored on this split of this data."""
-    for block in blocks:
-        if (block.get("dataset") or {}).get("sha256") not in same_data:
-            continue
-        sizes = (block.get("split") or {}).get("sizes") if isinstance(block.get("split"), dict) else None
-        recorded = sizes.get(split) if isinstance(sizes, dict) else None
-        # 0: compiled with --no-test, nothing was scored on the split (not "the whole split")
-        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
-            return recorded
-        return None
-    return None
-
-
 @app.command("evaluate")
 def evaluate_command(
     task: TaskArgument,
@@ -230,9 +214,9 @@ def evaluate_command(
     """Run zero-shot and compiled programs on a split, side by side: metric with a bootstrap 95% CI, LM calls, tokens."""
     if not Path(data).exists():  # before DSPy loads: a typo costs no start-up time
         raise BooklensError(f"data not found: {data}")
-    from booklens.optimizers.artifacts import check_task, held_out_notes, load_program, sha256_of
+    from booklens.optimizers.artifacts import check_task, compiled_split_size, held_out_notes, load_program
     from booklens.optimizers.evaluate import evaluate_program, format_table
-    from booklens.optimizers.tasks import data_digest, get_task, load_task_splits
+    from booklens.optimizers.tasks import data_digest, get_task, load_task_splits, same_data_digests
 
     split = SplitName(split).value
     if size is not None and size < 0:
@@ -246,12 +230,9 @@ def evaluate_command(
     if seed is None:
         seed = next((b.get("seed") for b in blocks if isinstance(b.get("seed"), int)), 0)
     digest = data_digest(spec, data)
-    same_data = {digest}
-    if any((b.get("dataset") or {}).get("sha256") not in (None, digest) for b in blocks):
-        # what artifacts of earlier versions recorded: the digest of the whole path given
-        same_data.add(sha256_of(data))
+    same_data = same_data_digests(spec, data, [(b.get("dataset") or {}).get("sha256") for b in blocks])
     if size is None:
-        size = _compiled_size(blocks, split, same_data)
+        size = compiled_split_size(blocks, split, same_data)
     splits = load_task_splits(spec, data, seed=seed, sizes={split: size})
     examples = splits.get(split)
     if not examples:
