@@ -196,8 +196,8 @@ def evaluate_command(
     = None,
     split: Annotated[SplitName, typer.Option("--split", help="Which split of the data, by book.")] = SplitName.test,
     size: Annotated[Optional[int], typer.Option(
-        "--size", help="Examples of the split to use (default: as many as compile scored the first --program "
-                       "compiled on this data on, else the task's subset size; 0: all).")] = None,
+        "--size", help="Examples of the split to use (default: the size compile recorded for this split in "
+                       "the first --program compiled on this data, else the task's subset size; 0: all).")] = None,
     zero_shot: Annotated[bool, typer.Option("--zero-shot/--no-zero-shot",
                                             help="Include the uncompiled program.")] = True,
     seed: SeedOption = None,
