@@ -322,12 +322,13 @@ def held_out_notes(label: str, block: dict[str, Any], program: dspy.Module, exam
     return notes
 
 
-def compiled_split_size(blocks: list[dict[str, Any]], split: str, same_data: set[str]) -> int | None:
+def compiled_split_size(blocks: list[dict[str, Any]], split: str, same_data: set[str], seed: int) -> int | None:
     """The size of `split` recorded by the first artifact of `blocks` compiled on this data (its dataset
-    digest in `same_data`): evaluate then runs on the examples whose figure compile reported. None
-    (the task's subset size) when that artifact scored nothing on the split, or none is of this data."""
+    digest in `same_data`) split with `seed`: evaluate then runs on the examples whose figure compile
+    reported. None (the task's subset size) when that artifact scored nothing on the split, or none
+    was compiled on this split of this data."""
     for block in blocks:
-        if (block.get("dataset") or {}).get("sha256") not in same_data:
+        if (block.get("dataset") or {}).get("sha256") not in same_data or block.get("seed") != seed:
             continue
         sizes = (block.get("split") or {}).get("sizes") if isinstance(block.get("split"), dict) else None
         recorded = sizes.get(split) if isinstance(sizes, dict) else None

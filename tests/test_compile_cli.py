@@ -546,6 +546,7 @@ def test_evaluate_scores_an_artifact_on_the_split_its_compile_scored(tmp_path):
         result = evaluated(artifact)
         assert (result["n"], result["metric"], result["ci95"]) == (6, reported["value"], reported["ci95"])
         assert evaluated(artifact, "--size", "0")["n"] == 16
+        assert evaluated(artifact, "--seed", "1")["n"] == 16  # another split: the task's subset size
         assert evaluated(untested)["n"] == 16  # the task's 24, more than the split holds
 
 

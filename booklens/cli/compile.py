@@ -197,7 +197,7 @@ def evaluate_command(
     split: Annotated[SplitName, typer.Option("--split", help="Which split of the data, by book.")] = SplitName.test,
     size: Annotated[Optional[int], typer.Option(
         "--size", help="Examples of the split to use (default: the size compile recorded for this split in "
-                       "the first --program compiled on this data, else the task's subset size; 0: all).")] = None,
+                       "the first --program compiled on the same data and seed, else the task's subset size; 0: all).")] = None,
     zero_shot: Annotated[bool, typer.Option("--zero-shot/--no-zero-shot",
                                             help="Include the uncompiled program.")] = True,
     seed: SeedOption = None,
@@ -232,7 +232,7 @@ def evaluate_command(
     digest = data_digest(spec, data)
     same_data = same_data_digests(spec, data, [(b.get("dataset") or {}).get("sha256") for b in blocks])
     if size is None:
-        size = compiled_split_size(blocks, split, same_data)
+        size = compiled_split_size(blocks, split, same_data, seed)
     splits = load_task_splits(spec, data, seed=seed, sizes={split: size})
     examples = splits.get(split)
     if not examples:
