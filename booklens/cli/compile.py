@@ -197,7 +197,8 @@ def evaluate_command(
     split: Annotated[SplitName, typer.Option("--split", help="Which split of the data, by book.")] = SplitName.test,
     size: Annotated[Optional[int], typer.Option(
         "--size", help="Examples of the split to use (default: the size compile recorded for this split in "
-                       "the first --program compiled on the same data and seed, else the task's subset size; 0: all).")] = None,
+                       "the first --program compiled on the same data and seed, else the task's subset size; "
+                       "0: all).")] = None,
     zero_shot: Annotated[bool, typer.Option("--zero-shot/--no-zero-shot",
                                             help="Include the uncompiled program.")] = True,
     seed: SeedOption = None,
