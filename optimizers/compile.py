@@ -274,6 +274,7 @@ def compile_program(
     `task` is a task name from `booklens.optimizers.tasks` or a `Task`. Returns a new program;
     the one passed in is not changed."""
     from booklens.lm import current_lm
+    from booklens.optimizers.artifacts import DEV_CHOOSERS
     from booklens.optimizers.tasks import get_task
 
     spec = get_task(task) if isinstance(task, str) else task
@@ -284,7 +285,7 @@ def compile_program(
     devset = list(devset or [])
     if not trainset:
         raise BooklensError("the training set is empty")
-    if name in ("random-search", "mipro", "gepa") and not devset:
+    if name in DEV_CHOOSERS and not devset:
         raise BooklensError(f"optimizer '{name}' chooses among candidates on a dev set, and the dev set is empty")
     student = program if program is not None else spec.build_program()
     base_metric = metric or spec.metric

@@ -639,3 +639,17 @@ def test_an_artifact_recording_its_folders_digest_is_still_on_the_same_data(tmp_
         assert proc.returncode == 0, proc.stderr
     assert "note:" not in proc.stderr
     assert json.loads(out.read_text())["results"][0]["n"] == 6
+
+
+def test_an_optimizer_that_chooses_on_dev_with_no_dev_split_is_one_line(tmp_path):
+    """Two books leave the dev split empty: the optimizers that choose on it stop in one line, not
+    after a note that nothing will score the program there and the line that compiling began."""
+    data = tmp_path / "fables.json"
+    full = json.loads(tiny_fables(tmp_path / "ten.json").read_text())
+    data.write_text(json.dumps({book: full[book] for book in ("Book 0", "Book 1")}))
+    out = tmp_path / "a.json"
+    for optimizer in ("random-search", "mipro", "gepa"):
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", optimizer, "-o", out,
+                        "--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+        assert_one_line_error(proc, f"optimizer '{optimizer}' chooses among candidates on a dev set, and the dev "
+                                    f"split of {data} is empty", output=out)
