@@ -369,5 +369,4 @@ def _file_digest(path: Path) -> str:
 
 
 __all__ = ["ARTIFACT_FORMAT_VERSION", "ARTIFACT_KIND", "artifact_metadata", "check_task", "compiled_split_size",
-           "demos_among",
-           "held_out_notes", "load_program", "read_artifact", "save_program", "sha256_of"]
+           "demos_among", "held_out_notes", "load_program", "read_artifact", "save_program", "sha256_of"]

@@ -215,13 +215,12 @@ def data_digest(task: Task, data: str | Path) -> str:
     return digest.hexdigest()
 
 
-def same_data_digests(task: Task, data: str | Path, recorded: Sequence[Optional[str]]) -> set[str]:
-    """The digests that say an artifact was compiled on `data`: `data_digest`, and the digest of the
-    whole path when one of the `recorded` digests is neither (what artifacts of earlier versions
-    recorded for a folder)."""
+def same_data_digests(digest: str, data: str | Path, recorded: Sequence[Optional[str]]) -> set[str]:
+    """The digests that say an artifact was compiled on `data`, whose `data_digest` is `digest`: that
+    one, and the digest of the whole path when one of the `recorded` digests is neither (what
+    artifacts of earlier versions recorded for a folder)."""
     from booklens.optimizers.artifacts import sha256_of
 
-    digest = data_digest(task, data)
     same = {digest}
     if any(r not in (None, digest) for r in recorded):
         same.add(sha256_of(data))

@@ -234,7 +234,7 @@ def evaluate_command(
     if seed is None:
         seed = next((b.get("seed") for b in blocks if isinstance(b.get("seed"), int)), 0)
     digest = data_digest(spec, data)
-    same_data = same_data_digests(spec, data, [(b.get("dataset") or {}).get("sha256") for b in blocks])
+    same_data = same_data_digests(digest, data, [(b.get("dataset") or {}).get("sha256") for b in blocks])
     if size is None:
         size = compiled_split_size(blocks, split, same_data, seed)
     splits = load_task_splits(spec, data, seed=seed, sizes={split: size})
