@@ -42,7 +42,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from booklens.errors import BooklensError, first_line
 from booklens.parallel import raise_if_stopped
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS, SEARCH_MODES
+from booklens.retrieval import (BOOK_MODES, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS,
+                                SEARCH_MODES)
 from booklens.vocabulary import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MERGE_CONTEXT,
@@ -814,6 +815,20 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
         check_budget_fits(programs["verification"], getattr(judge_lm, "context_window", None),
                           budget_tokens=judge.budget_tokens, book_text=book_text, as_keys=True)
+    evidence_index = None
+    if "faithfulness" in wanted and judge.evidence in BOOK_MODES and book_text is not None and "faithfulness" not in \
+            reusable_steps(book, output, system, judge, summary_model=summary_model, judge_model=judge_model,
+                           programs=programs, book_text=book_text):
+        # Before the first call: an index that cannot be built (a cache folder that takes no file, no
+        # embedding model) would otherwise fail the last step, after every paid call before it.
+        from booklens.programs.faithfulness import build_checker
+        from booklens.steps import book_index
+
+        with dspy.context(lm=judge_lm):  # the judge's window sizes the `book` mode's budget
+            budget = build_checker(evidence_mode=judge.evidence, budget_tokens=judge.budget_tokens,
+                                   verifier=programs["verification"]).resolved_budget()
+        evidence_index = book_index(book_text, cache_dir=lms.cache_dir, passage_tokens=judge.passage_tokens,
+                                    mode=judge.evidence, budget_tokens=budget if judge.evidence == "book" else None)
     make_output_dir(output, "run")
     runner = _Runner(output, previous, base, wanted, notify)
     if previous is None:
@@ -899,7 +914,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
             return require_verdicts(verify_claims(
                 claims=chosen, book_text=book_text, book=book, summary=claims.summary, mode=judge.evidence,
                 k=judge.k, budget_tokens=judge.budget_tokens, passage_tokens=judge.passage_tokens,
-                concurrency=concurrency, cache_dir=lms.cache_dir, programs=programs))
+                concurrency=concurrency, cache_dir=lms.cache_dir, programs=programs, index=evidence_index))
 
         claims_sha = runner.steps["claims"].sha256 if claims is not None else None
         verify_inputs = judge_step_inputs("faithfulness", judge, judge_model, book_sha, claims_sha, programs)

@@ -308,11 +308,12 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
                   mode: str = "bm25", k: int = DEFAULT_K, budget_tokens: Optional[int] = None,
                   passage_tokens: int = DEFAULT_PASSAGE_TOKENS,
                   concurrency: int = 4, cache_dir: Optional[Path] = None, decompose: bool = False,
-                  programs: Optional[Mapping[str, Any]] = None, as_keys: bool = True):
+                  programs: Optional[Mapping[str, Any]] = None, as_keys: bool = True, index: Any = None):
     """Gather evidence for each claim (decomposing `summary` first when `decompose`) and verify it
     with the configured LM; a `FaithfulnessReport` with its judge. `programs` holds the decomposer and
     verifier to use by task; the verifier defaults to the few-shot one booklens ships (`booklens.judges`).
-    No claims give an empty report (no index is built). Errors name the settings as manifests write
+    No claims give an empty report (no index is built). `index` is the book's index when the caller
+    built it already (`book_index`, with the same settings). Errors name the settings as manifests write
     them (`k`), or as the command line spells them (`--k`) when not `as_keys`."""
     from booklens.judges import judge_info, judge_name, load_judge
     from booklens.lm import current_lm
@@ -349,15 +350,15 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
         check_budget_fits(verifier, getattr(lm, "context_window", None), budget_tokens=budget_tokens,
                           book_text=book_text, as_keys=as_keys)
     started = time.perf_counter()
-    index = None
     index_seconds = 0.0
+    if index is None and book_text is not None and mode != "none" and (decompose or claims):
+        # Before the decomposition: an index that cannot be built (a cache folder that takes no file,
+        # no embedding model) is then an error before any call, not after a paid one.
+        index = book_index(book_text, cache_dir=cache_dir, passage_tokens=passage_tokens, mode=mode,
+                           budget_tokens=checker.resolved_budget() if mode == "book" else None)
+        index_seconds = time.perf_counter() - started
     with usage_scope() as tracker:
         claims = checker.claims_of(summary) if decompose else list(claims)
-        if book_text is not None and mode != "none" and claims:
-            indexing = time.perf_counter()  # after the decomposition, which is no part of the index's time
-            index = book_index(book_text, cache_dir=cache_dir, passage_tokens=passage_tokens, mode=mode,
-                               budget_tokens=checker.resolved_budget() if mode == "book" else None)
-            index_seconds = time.perf_counter() - indexing
         t0 = time.perf_counter()
         given_lists = [list(g or []) for g in given] if given is not None else None
         verdicts = checker.verify_claims(claims, index=index, given_evidence=given_lists) if claims else []

