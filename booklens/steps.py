@@ -344,11 +344,11 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
 
         check_evidence_fits(verifier, getattr(lm, "context_window", None), k=k, passage_tokens=passage_tokens,
                             book_text=book_text, as_keys=as_keys)
-    if mode == "book" and book_text is not None:
+    if (mode == "book" and book_text is not None) or (mode == "given" and given is not None):
         from booklens.programs.faithfulness import check_budget_fits
 
         check_budget_fits(verifier, getattr(lm, "context_window", None), budget_tokens=budget_tokens,
-                          book_text=book_text, as_keys=as_keys)
+                          book_text=book_text, given=given if mode == "given" else None, as_keys=as_keys)
     started = time.perf_counter()
     index_seconds = 0.0
     if index is None and book_text is not None and mode != "none" and (decompose or claims):

@@ -151,26 +151,39 @@ def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *
 
 
 def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, budget_tokens: int | None,
-                      book_text: str | None = None, as_keys: bool = False) -> None:
-    """`check_evidence_fits` for the `book` mode's budget: a one-line `BooklensError` when an explicit
-    `budget_tokens` of the book cannot fit one verification prompt. The whole book is the most any
-    budget brings; no budget (the window's own) or no window figure, no check."""
+                      book_text: str | None = None, given: Sequence[Sequence[str] | None] | None = None,
+                      as_keys: bool = False) -> None:
+    """`check_evidence_fits` for the budget of the `book` and `given` modes: a one-line `BooklensError`
+    when an explicit `budget_tokens` cannot fit one verification prompt. The whole book (`book_text`)
+    is the most any budget brings; in the `given` mode each claim's own quotes (`given`, one list per
+    claim) are, and the error names the first claim whose quotes the budget lets past the window. No
+    budget (the window's own) or no window figure, no check."""
     if not context_window or budget_tokens is None:
         return
     room = context_window - verifier.max_tokens - verifier.demo_tokens()
     shown = budget_tokens
     if shown <= room:
         return
-    if book_text is not None:
+    whose = ""
+    if given is not None:
+        from booklens.text import count_tokens
+
+        # as `FaithfulnessChecker._given` shows them: the cleaned quotes, cut at the budget
+        sizes = [min(budget_tokens, sum(count_tokens(q) for q in clean_evidence(quotes))) for quotes in given]
+        first = next((i for i, size in enumerate(sizes) if size > room), None)
+        if first is None:
+            return
+        whose = f"claim {first + 1}'s evidence is {sizes[first]} tokens"
+    elif book_text is not None:
         from booklens.text import count_tokens
 
         shown = min(shown, count_tokens(book_text))
         if shown <= room:
             return
     name = "budget_tokens" if as_keys else "--budget-tokens"
-    raise BooklensError(f"{name} {budget_tokens}: {shown} tokens of evidence per claim, more than the {max(room, 0)} "
-                        f"that fit beside the judge's answer and demos in its {context_window}-token context window; "
-                        f"lower {name} or leave it out (the default is what the window holds)")
+    raise BooklensError(f"{name} {budget_tokens}: {whose or f'{shown} tokens of evidence per claim'}, more than the "
+                        f"{max(room, 0)} that fit beside the judge's answer and demos in its {context_window}-token "
+                        f"context window; lower {name} or leave it out (the default is what the window holds)")
 
 
 # ---------------------------------------------------------------------------

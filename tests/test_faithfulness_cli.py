@@ -397,3 +397,27 @@ def test_check_builds_the_evidence_index_before_the_summary_is_split(tmp_path, m
         assert_one_line_error(proc, out, "index cache" if case == "index cache not writable" else "dense retrieval")
         assert server.received == []
 
+
+def test_given_evidence_that_cannot_fit_the_judge_window_is_one_line_naming_the_claim_before_any_call(tmp_path):
+    """`--evidence given --budget-tokens` larger than the judge's room: the claims' own quotes were
+    shown up to the budget, and a claim whose quotes ran past the window failed at the server after the
+    calls before it. Now one line before any call that names the first such claim; quotes that fit
+    whatever the budget are not refused (as a short book is not in `book` mode)."""
+    quote = " ".join(f"On day {n} Maren climbed the tower and trimmed the lamp." for n in range(900))
+    claims = write(tmp_path / "claims.json", [
+        {"claim": "Maren trimmed the lamp.", "evidence": ["Maren trimmed the lamp."]},
+        {"claim": "Maren climbed the tower.", "evidence": [quote]},
+    ])
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=fake_answers) as server:
+        lm = ["--lm", "openai/gpt-4", "--api-base", server.url]
+        proc = run_here(["verify", "--claims", str(claims), "--evidence", "given", "--budget-tokens", "9000", *lm,
+                         "-o", str(out)], tmp_path)
+        assert_one_line_error(proc, out, "--budget-tokens 9000: claim 2's evidence is 9000 tokens, more than the")
+        assert "in its 8192-token context window; lower --budget-tokens or leave it out" in proc.stderr
+        assert server.received == []
+        short = write(tmp_path / "short.json", [{"claim": "Maren trimmed the lamp.",
+                                                 "evidence": ["Maren trimmed the lamp."]}])
+        proc = run_here(["verify", "--claims", str(short), "--evidence", "given", "--budget-tokens", "9000", *lm,
+                         "-o", str(out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
