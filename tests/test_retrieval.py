@@ -694,3 +694,94 @@ def test_every_quote_of_a_benchmark_claim_set_occurs_in_its_book(books_dir, clai
             span = locator.locate(quote)
             assert span is not None, (claim["id"], quote[:60])
             assert collapsed(text[span[0]:span[1]]) == collapsed(quote)
+
+
+# A build killed while it writes (kill -9, a machine that went down): the write of `which` stops
+# halfway and the process dies on the spot, as no handler runs.
+_KILLED_BUILD = """
+import os, signal, sys
+import numpy as np
+import booklens.retrieval.index as retrieval
+from booklens.retrieval import BookIndex
+
+which, cache, text = sys.argv[1], sys.argv[2], open(sys.argv[3], encoding="utf-8").read()
+retrieval.embed = lambda texts: np.ones((len(texts), 8), dtype="float32") / np.sqrt(8)
+real_dump = retrieval.json.dump
+
+def dump(payload, handle, **kw):
+    if which == "bm25" and isinstance(payload, dict) and payload.get("class") == "BM25Okapi":
+        handle.write("{\\"half")
+        handle.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_dump(payload, handle, **kw)
+
+retrieval.json.dump = dump
+index = BookIndex.build(text, cache_dir=cache)
+if which == "dense":
+    import faiss
+
+    def write_index(index, path):
+        open(path, "w").write("half")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    faiss.write_index = write_index
+    index.ensure_dense()
+"""
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".write-check"))
+
+
+@pytest.mark.parametrize("which", ["bm25", "dense"])
+def test_a_killed_index_build_leaves_nothing_the_next_build_takes_or_keeps(tmp_path, monkeypatch, which):
+    """A build killed mid-write leaves its hidden `.NAME.XXXX.tmp` in the index folder. It is never
+    read as an index (the next build builds), and that build removes it."""
+    import subprocess
+    import sys
+
+    monkeypatch.setattr(retrieval, "embed", fake_embed)
+    text = story_text()
+    (tmp_path / "book.txt").write_text(text, encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-c", _KILLED_BUILD, which, str(tmp_path / "cache"),
+                           str(tmp_path / "book.txt")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr
+    folder = next((tmp_path / "cache").iterdir())
+    assert leftovers(folder), "the kill left the write's temporary file"
+    index = BookIndex.build(text, cache_dir=tmp_path / "cache")
+    assert index.loaded_from_cache == (which == "dense")
+    assert index.search("lamp", "bm25")
+    if which == "dense":
+        assert not index.dense_ready and [p.index for p, _ in index.search("the keeper", "dense")]
+    assert leftovers(folder) == []
+
+
+@pytest.mark.parametrize("which", ["bm25", "dense"])
+def test_an_index_build_stopped_by_ctrl_c_removes_its_temporary_files(tmp_path, monkeypatch, which):
+    monkeypatch.setattr(retrieval, "embed", fake_embed)
+    text = story_text()
+    if which == "dense":
+        index = BookIndex.build(text, cache_dir=tmp_path)
+
+        def write_index(index, path):
+            Path(path).write_text("half")
+            raise KeyboardInterrupt
+
+        import faiss
+
+        monkeypatch.setattr(faiss, "write_index", write_index)
+        with pytest.raises(KeyboardInterrupt):
+            index.ensure_dense()
+    else:
+        real_dump = json.dump
+
+        def dump(payload, handle, **kw):
+            if isinstance(payload, dict) and payload.get("class") == "BM25Okapi":
+                handle.write('{"half')
+                raise KeyboardInterrupt
+            return real_dump(payload, handle, **kw)
+
+        monkeypatch.setattr(retrieval.json, "dump", dump)
+        with pytest.raises(KeyboardInterrupt):
+            BookIndex.build(text, cache_dir=tmp_path)
+    assert leftovers(next(tmp_path.iterdir())) == []

@@ -322,7 +322,7 @@ def check_writable(path: Path) -> None:
 
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+        with tempfile.NamedTemporaryFile(dir=path, prefix=_WRITE_CHECK_PREFIX):
             pass
     except OSError as exc:
         raise _unwritable(path, exc) from None
@@ -340,12 +340,20 @@ _BUILD_LOCKS: dict[str, threading.Lock] = {}
 _BUILD_LOCKS_GUARD = threading.Lock()
 
 
+# The files of an index folder; a write of each goes through a hidden `.NAME.XXXX.tmp` first.
+INDEX_FILES = ("passages.json", "bm25.json", "meta.json", "dense.faiss", "dense_owners.npy", "dense.json")
+_WRITE_CHECK_PREFIX = ".write-check-"
+
+
 @contextmanager
 def _building(path: Path):
-    """Held while the dense part of the index in `path` is loaded or built, by this thread alone
-    among the process's threads (sweep cells) and processes (commands on the same book) that ask
-    for it: the others wait, then load what it saved instead of embedding the book again. A
-    folder that takes no lock file (read-only) is built in without one."""
+    """Held while the index in `path` (its BM25 part, or its dense part) is loaded or built, by this
+    thread alone among the process's threads (sweep cells) and processes (commands on the same book)
+    that ask for it: the others wait, then load what it saved instead of building it again. A folder
+    that takes no lock file (read-only) is built in without one.
+
+    Every write into the folder happens under this lock, so a temporary file found while holding it
+    was left by a build that was killed (Ctrl-C removes its own): it is removed then."""
     with _BUILD_LOCKS_GUARD:
         lock = _BUILD_LOCKS.setdefault(str(path), threading.Lock())
     with lock:
@@ -357,12 +365,28 @@ def _building(path: Path):
 
             fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes
         except (OSError, ImportError):
-            pass
+            if handle is not None:
+                handle.close()
+                handle = None
+        if handle is not None:  # without the lock, a leftover may be another process's write in progress
+            _remove_leftovers(path)
         try:
             yield
         finally:
             if handle is not None:
                 handle.close()
+
+
+def _remove_leftovers(path: Path) -> None:
+    """Delete the temporary files a killed build left in the index folder `path`."""
+    import contextlib
+
+    from booklens.records import remove_partial_writes
+
+    remove_partial_writes(path, INDEX_FILES)
+    for leftover in path.glob(f"{_WRITE_CHECK_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            leftover.unlink()
 
 
 def index_key(text_sha256: str, passage_tokens: int) -> str:
@@ -398,13 +422,22 @@ class BookIndex:
         if not text or not text.strip():
             raise BooklensError("the book has no text to index")
         sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        cache_path = None
-        if cache_dir is not None:
-            cache_path = Path(cache_dir) / index_key(sha, passage_tokens)[:32]
+        if cache_dir is None:
+            return cls._build(text, passage_tokens, None)
+        cache_path = Path(cache_dir) / index_key(sha, passage_tokens)[:32]
+        loaded = cls._load(text, sha, passage_tokens, cache_path)
+        if loaded is not None:
+            return loaded
+        with _building(cache_path):
+            # another thread or process may have saved it while this one waited
             loaded = cls._load(text, sha, passage_tokens, cache_path)
             if loaded is not None:
                 return loaded
             check_writable(cache_path)
+            return cls._build(text, passage_tokens, cache_path)
+
+    @classmethod
+    def _build(cls, text: str, passage_tokens: int, cache_path: Path | None) -> "BookIndex":
         passages = make_passages(text, passage_tokens)
         if not passages:
             raise BooklensError("the book has no text to index")
