@@ -20,7 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from pydantic import BaseModel, ValidationError
 
@@ -157,15 +157,16 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def write_report(run_dir: str | Path, output: str | Path | None = None) -> Path:
+def write_report(run_dir: str | Path, output: str | Path | None = None, *,
+                 notify: Optional[Callable[[str], None]] = None) -> Path:
     """Rebuild `report.html` (or `output`) from a run directory's records, or a sweep directory's page
-    from its results.json and cells.jsonl."""
+    from its results.json and cells.jsonl (`notify` gets a line when some of its cells are not done)."""
     from booklens.sweep import PLAN_FILE
 
     if not (Path(run_dir) / RUN_FILE).exists() and (Path(run_dir) / PLAN_FILE).is_file():
         from booklens.sweep.report import rebuild_sweep_report
 
-        return rebuild_sweep_report(run_dir, output)
+        return rebuild_sweep_report(run_dir, output, notify=notify)
     folder = Path(run_dir)
     if folder.is_dir() and os.access(folder, os.R_OK | os.X_OK) and not (folder / RUN_FILE).exists():
         # Either kind of directory would do here, so name the record of each.

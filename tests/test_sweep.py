@@ -1329,3 +1329,65 @@ def test_an_index_no_cell_could_build_is_one_line_before_any_cell(tmp_path, monk
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(pattern), proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def small_sweep(tmp_path):
+    """A finished sweep of given summaries over three short books: one system, three cells."""
+    from booklens.sweep.run import run_sweep
+
+    summaries = {}
+    for key in ("a", "b", "c"):
+        (tmp_path / f"{key}.txt").write_text(f"Mara kept the light on island {key}. " * 30, encoding="utf-8")
+        summaries[key] = f"Mara kept the light on island {key}."
+    (tmp_path / "given.json").write_text(json.dumps(summaries))
+    (tmp_path / "sweep.yaml").write_text("books: [a.txt, b.txt, c.txt]\nsystems: [{name: given, summaries: given.json}]"
+                                         "\njudge: {evidence: bm25, k: 2}\n", encoding="utf-8")
+    with FakeOpenAIServer(responder=PipelineResponder()) as srv:
+        outcome = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", lm="openai/fake-model", api_base=srv.url,
+                            cache_dir=tmp_path / "cache", progress_interval=60)
+    assert [o.status for o in outcome.outcomes] == ["complete"] * 3
+    return tmp_path / "out"
+
+
+def test_report_of_a_sweep_stopped_before_its_aggregate_shows_what_is_done_and_says_what_is_not(small_sweep):
+    """A sweep killed mid-way has cells on disk but no results.json yet (it is written at the end):
+    `booklens report` said the results were not found. Now it makes the page from the cells that are
+    on disk and says, in one line, how many cells are not done and which books they miss."""
+    import shutil
+
+    from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
+
+    out = small_sweep
+    for name in (RESULTS_FILE, CELLS_FILE, "report.html"):
+        (out / name).unlink()
+    shutil.rmtree(out / "cells" / "given" / "b")  # never started
+    run = read_json(out / "cells" / "given" / "c" / "run.json")
+    run["complete"] = False  # stopped after its first step
+    (out / "cells" / "given" / "c" / "run.json").write_text(json.dumps(run))
+    proc = run_command(["report", out])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == f"wrote {out / 'report.html'}"
+    assert lines[1:] == ["note: the sweep is not finished: 2 of 3 cells are not done (1 failed, 1 not run; "
+                         "books without every cell: b, c); the page covers the complete cells only; rerun the sweep "
+                         "to finish it"], proc.stderr
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "1 cell failed, 1 did not run" in page and 'href="cells/given/a/report.html"' in page
+    assert not (out / RESULTS_FILE).exists() and not (out / CELLS_FILE).exists()  # the sweep's to write
+
+
+def test_report_of_a_sweep_with_cells_not_done_says_so_in_one_line(small_sweep):
+    """A sweep that ended with a failed cell, or one --fail-fast did not start: its page said so,
+    the command did not."""
+    from booklens.sweep.aggregate import CELLS_FILE
+
+    out = small_sweep
+    rows = [json.loads(line) for line in (out / CELLS_FILE).read_text().splitlines()]
+    rows[2].update(status="not run")
+    (out / CELLS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = run_command(["report", out])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[1:] == [
+        "note: the sweep is not finished: 1 of 3 cells is not done (1 not run; books without every cell: c); the "
+        "page covers the complete cells only; rerun the sweep to finish it"]

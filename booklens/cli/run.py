@@ -164,5 +164,8 @@ def report_command(
     """Rebuild a run (or sweep) directory's report.html from its JSON records."""
     from booklens.reports import write_report
 
-    target = write_report(run_dir, output)
+    notes: list[str] = []
+    target = write_report(run_dir, output, notify=notes.append)
     typer.echo(f"wrote {target}", err=True)
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)

@@ -11,7 +11,7 @@ report. Every name that comes from a manifest, a book or a model goes through `h
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 from urllib.parse import quote
 
 from booklens.lm.usage import cost_text
@@ -324,9 +324,52 @@ def sweep_meta(systems: int, books: int, manifest: str, judge_steps: Sequence[st
             f"judge: {', '.join(judge_steps)}" + (f", evidence {evidence}" if "faithfulness" in judge_steps else "")]
 
 
-def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = None) -> Path:
+def unfinished_note(rows: Sequence[dict[str, Any]]) -> Optional[str]:
+    """One line on the cells of a sweep that are not done (failed, or not run), else None."""
+    from booklens.vocabulary import counted
+
+    undone = [r for r in rows if r["status"] != "complete"]
+    if not undone:
+        return None
+    failed = sum(1 for r in undone if r["status"] == "failed")
+    kinds = ", ".join(bit for bit in (f"{failed} failed" if failed else "",
+                                      f"{len(undone) - failed} not run" if len(undone) > failed else "") if bit)
+    books = list(dict.fromkeys(r["book"] for r in undone))
+    return (f"the sweep is not finished: {len(undone)} of {counted(len(rows), 'cell')} "
+            f"{'is' if len(undone) == 1 else 'are'} not done ({kinds}; books without every cell: "
+            f"{', '.join(books)}); the page covers the complete cells only; rerun the sweep to finish it")
+
+
+def _cells_on_disk(sweep_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The figures and rows of the cells a sweep left in its directory before it wrote its aggregate
+    (stopped or killed): a cell without a run record did not run, one whose run is not complete failed."""
+    from booklens.errors import BooklensError
+    from booklens.reports import RUN_FILE, read_run_record
+    from booklens.sweep.aggregate import CellOutcome, cell_dir, cell_row, outcome_of_run, results, sweep_judges
+
+    systems = [str(spec["name"]) for spec in plan["systems"]]
+    books = [str(key) for key in plan["books"]]
+    outcomes = []
+    for system in systems:
+        for book in books:
+            path = cell_dir(sweep_dir, system, book) / RUN_FILE
+            if not path.exists():
+                outcomes.append(CellOutcome(system, book, "not run"))
+                continue
+            try:
+                outcomes.append(outcome_of_run(system, book, read_run_record(path).model_dump(mode="json")))
+            except BooklensError as exc:
+                outcomes.append(CellOutcome(system, book, "failed", str(exc).splitlines()[0]))
+    rows = [cell_row(o) for o in outcomes]
+    return results(systems, books, rows, sweep_judges(outcomes)), rows
+
+
+def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = None, *,
+                         notify: Optional[Callable[[str], None]] = None) -> Path:
     """Write a sweep directory's report.html (or `output`) again from its sweep.json, results.json and
-    cells.jsonl, as the sweep wrote it; one-line `BooklensError`s for anything missing or unreadable."""
+    cells.jsonl, as the sweep wrote it; one-line `BooklensError`s for anything missing or unreadable.
+    A sweep stopped before it wrote results.json gets the page of the cells in its directory (nothing
+    else is written). `notify` gets one line when some cells are not done."""
     import json
 
     from booklens.errors import BooklensError
@@ -337,10 +380,14 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
 
     sweep_dir = Path(sweep_dir)
     plan = read_json_file(sweep_dir / PLAN_FILE, "sweep plan")
-    results = read_json_file(sweep_dir / RESULTS_FILE, "sweep results")
+    stopped = not (sweep_dir / RESULTS_FILE).exists() and not (sweep_dir / CELLS_FILE).exists()
     try:
-        rows = [json.loads(line) for line in (sweep_dir / CELLS_FILE).read_text(encoding="utf-8").splitlines()
-                if line.strip()]
+        if stopped:
+            results, rows = _cells_on_disk(sweep_dir, plan)
+        else:
+            results = read_json_file(sweep_dir / RESULTS_FILE, "sweep results")
+            rows = [json.loads(line) for line in (sweep_dir / CELLS_FILE).read_text(encoding="utf-8").splitlines()
+                    if line.strip()]
         judge = JudgeConfig(**{k: v for k, v in (plan.get("judge") or {}).items() if k in ("steps", "evidence")})
         systems, books = results["systems"], results["books"]
         if not isinstance(systems, dict) or not isinstance(books, list) or not all(isinstance(r, dict) for r in rows):
@@ -358,7 +405,11 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
             raise BooklensError(f"cannot write the report to {target}: it is the sweep's {name}, which the page is "
                                 f"built from; write it elsewhere (by default {sweep_dir / REPORT_FILE})")
     try:
-        return write_sweep_report(sweep_dir, results, rows, title=title, meta=meta, target=target)
+        written = write_sweep_report(sweep_dir, results, rows, title=title, meta=meta, target=target)
+        note = unfinished_note(rows)
     except (KeyError, TypeError, ValueError, AttributeError):  # a field of another type than written
         raise BooklensError(f"{sweep_dir} holds records this booklens cannot read (results.json or cells.jsonl); "
                             "rerun the sweep to write them again") from None
+    if note and notify is not None:
+        notify(note)
+    return written
