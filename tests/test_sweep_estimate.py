@@ -79,3 +79,58 @@ def test_book_evidence_is_no_more_than_the_book(books_dir: Path, tmp_path: Path)
     # (the verifier's instructions and demos are about 1,900 tokens; a default window's budget, 5,548, is more
     # than the story holds)
     assert book_tokens <= e.judge.prompt_tokens <= book_tokens + 2_500, e.judge
+
+
+# Four sentences of about 25 tokens (100 in all): shorter than one chunk of `hier`, two chunks of
+# `inc`, and shorter than either summary budget.
+SHORT_BOOK = ("On the first morning Mara climbed the old stone tower, trimmed the lamp wick, and wrote the weather "
+              "in her small blue log. On the second morning Mara climbed the old stone tower, cleaned the salt from "
+              "the glass, and fed the two gray cats. On the third morning a storm came in from the west, and Mara "
+              "kept the light burning through the whole long night. On the fourth morning a fishing boat came "
+              "safely into the harbor, and its captain thanked Mara with a basket of bread.")
+
+
+class EchoingSummaries:
+    """A scripted model whose summaries are their whole input (a summary is never longer than what it
+    summarizes); the judge's answers are `PipelineResponder`'s."""
+
+    def __init__(self):
+        from booklens.testing import PipelineResponder
+
+        self.judge = PipelineResponder()
+
+    def __call__(self, body):
+        from booklens.testing import parse_fields, pipeline_step
+
+        last = str(body["messages"][-1]["content"])
+        fields = parse_fields(last)
+        if pipeline_step(body) == "summarize":
+            return " ".join(fields[k] for k in ("running_summary", "summaries", "summary", "excerpt") if k in fields)
+        return self.judge(body)
+
+
+def test_the_estimate_of_a_short_book_is_the_calls_its_run_makes(tmp_path: Path):
+    """A book shorter than a chunk, or than the summary budget: the estimate took every summary at its
+    full budget (so 12 sentences, each a coherence call and a claim to verify, instead of the book's
+    4) and a compression after every update of `inc` (the run compresses only a summary over its
+    budget). Now a summary is no longer than what it summarizes, and the estimate is the run's calls."""
+    from booklens.sweep.run import run_sweep
+    from booklens.testing import FakeOpenAIServer
+
+    (tmp_path / "short.txt").write_text(SHORT_BOOK, encoding="utf-8")
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text(
+        "books: [short.txt]\n"
+        "systems:\n"
+        "  - {name: hier, method: hier, chunk_size: 512, max_summary_tokens: 300}\n"
+        "  - {name: inc, method: inc, chunk_size: 64, max_summary_tokens: 300}\n"
+        "judge: {steps: [coherence, faithfulness], evidence: bm25, k: 2}\n", encoding="utf-8")
+    estimates = {e.name: e for e in estimate_sweep(load_manifest(manifest, lm="openai/fake-model"))}
+    with FakeOpenAIServer(responder=EchoingSummaries()) as server:
+        outcome = run_sweep(manifest, tmp_path / "out", lm="openai/fake-model", api_base=server.url,
+                            cache_dir=tmp_path / "cache", progress_interval=60)
+    assert [o.status for o in outcome.outcomes] == ["complete", "complete"], [o.error for o in outcome.outcomes]
+    for name in ("hier", "inc"):
+        cell = json.loads((tmp_path / "out" / "cells" / name / "short" / "run.json").read_text())
+        assert cell["scores"]["sentences"] == 4 and cell["scores"]["claims"] == 4
+        assert estimates[name].calls == cell["totals"]["calls"], (name, estimates[name])

@@ -7,9 +7,10 @@ a configuration the summarizer would refuse is refused here too. The judge's cal
 the judge's LM: with `evidence: book` each verification holds what the verifier's own budget on
 that LM's context window holds (`ClaimVerifier.evidence_budget`), the whole book at most. What
 cannot be known before the model writes is assumed, and said: every summary fills its token
-budget, incremental updating compresses after every update (both upper bounds on calls), a
-summary sentence is about `TOKENS_PER_SENTENCE` tokens and yields one claim, and no answer needs
-a retry.
+budget unless what it summarizes is shorter (then it is as long as that: a short book's summary
+is no longer than the book), incremental updating compresses every update over its budget (upper
+bounds on calls), a summary sentence is about `TOKENS_PER_SENTENCE` tokens and yields one claim,
+and no answer needs a retry.
 """
 
 from __future__ import annotations
@@ -103,27 +104,32 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
     work = Work()
     if summarizer.method == "hier":
         # The merge tree's grouping rule (programs.summarizer._MergeTree) with every summary at its
-        # budget: greedy consecutive groups within the room the context leaves.
+        # budget, or as long as the book text under it when that is shorter: greedy consecutive groups
+        # within the room the context leaves.
         _, room_merge, room_context = summarizer.check_budgets()
         groups, budgets = summarizer.plan_budgets(chunks, room_merge)
         g1 = summarizer.budget(1, budgets)
         head = overheads.of(summarizer.summarize_chunk, excerpt="", word_limit=0)
+        sizes, covered = [], []  # each summary's tokens, and those of the book text under it
         for group in groups:
-            work.add(1, head + sum(chunks[i].tokens for i in group), g1)
+            covered.append(sum(chunks[i].tokens for i in group))
+            sizes.append(min(g1, covered[-1]))
+            work.add(1, head + covered[-1], sizes[-1])
         merge_head = overheads.of(summarizer.merge, summaries=[], word_limit=0)
         context_head = overheads.of(summarizer.merge_with_context, context="", summaries=[], word_limit=0)
-        sizes = [g1] * len(groups)
         level = 1
         while len(sizes) > 1:
             level += 1
             budget = summarizer.budget(level, budgets)
             upper: list[int] = []
+            upper_covered: list[int] = []
             start = 0
             while start < len(sizes):
                 context = _context_tokens(summarizer.merge_context, sizes, start, upper, room_context)
                 end = _greedy_end(sizes, start, room_merge if context is None else room_context - context)
                 if end - start == 1 and end < len(sizes) and context is not None:
                     context, end = None, _greedy_end(sizes, start, room_merge)
+                upper_covered.append(sum(covered[start:end]))
                 if end - start == 1:
                     upper.append(sizes[start])  # a lone summary moves up unchanged
                 else:
@@ -131,6 +137,7 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
                     if start == 0 and end == len(sizes):
                         written = summarizer.final_budget  # the book's summary: G_n
                     inputs = sum(sizes[start:end])
+                    written = min(written, upper_covered[-1])
                     work.add(1, (merge_head if context is None else context_head + context) + inputs, written)
                     upper.append(written)
                 start = end
@@ -139,7 +146,7 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
 
                 raise BooklensError("summaries are too long to merge within the context window; lower "
                                     "max_summary_tokens or raise context_window")
-            sizes = upper
+            sizes, covered = upper, upper_covered
         final = sizes[0]
     else:
         summarizer.check_budgets()
@@ -147,12 +154,17 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
         first = overheads.of(summarizer.summarize_chunk, excerpt="", word_limit=0)
         update = overheads.of(summarizer.update, running_summary="", excerpt="", word_limit=0)
         compress = overheads.of(summarizer.compress, summary="", current_words=0, word_limit=0)
-        work.add(1, first + chunks[0].tokens, g)
+        current = min(g, chunks[0].tokens)
+        work.add(1, first + chunks[0].tokens, current)
         grown = int(g * 1.5)
         for chunk in chunks[1:]:
-            work.add(1, update + g + chunk.tokens, grown)
-            work.add(1, compress + grown, g)
-        final = g
+            updated = min(grown, current + chunk.tokens)  # no longer than the summary and chunk it updates
+            work.add(1, update + current + chunk.tokens, updated)
+            current = updated
+            if updated > g:  # as the run: only an update over the budget is compressed
+                work.add(1, compress + updated, g)
+                current = g
+        final = current
     if summarizer.remove_artifacts:
         work.add(1, overheads.of(summarizer.clean, summary="") + final, final)
     return work, final
@@ -210,8 +222,8 @@ def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int
             head = overheads.of(verifier.verify, evidence="", claim="")
             if judge.evidence == "book":  # as much of the book as the judge LM's budget holds, at most all of it
                 evidence = min(book_tokens, judge.budget_tokens or verifier.evidence_budget(judge_window))
-            else:
-                evidence = judge.k * judge.passage_tokens
+            else:  # k passages, or the whole of a book shorter than that
+                evidence = min(book_tokens, judge.k * judge.passage_tokens)
         work.add(claims, claims * (head + CLAIM_TOKENS + evidence), claims * VERIFY_ANSWER_TOKENS)
     return work
 
@@ -293,6 +305,7 @@ def estimate_sweep(sweep: Sweep, *, skip: frozenset[tuple[str, str]] | set[tuple
     return estimates
 
 
-ASSUMPTIONS = (f"Estimates: every summary fills its token budget and incremental updating compresses after "
-               f"every update (upper bounds), a summary sentence is about {TOKENS_PER_SENTENCE} tokens with one "
-               "claim, no answer is retried; calls answered from the cache cost nothing.")
+ASSUMPTIONS = (f"Estimates: every summary fills its token budget (or, when what it summarizes is shorter, is as "
+               f"long as that) and incremental updating compresses every update over the budget (upper bounds), "
+               f"a summary sentence is about {TOKENS_PER_SENTENCE} tokens with one claim, no answer is retried; "
+               "calls answered from the cache cost nothing.")
