@@ -1066,3 +1066,86 @@ def test_a_wrong_api_base_is_one_line_through_the_command(tmp_path):
     assert proc.returncode != 0 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
         f"error: cannot connect to {url}: connection refused (is the server running, and is --api-base right?)"]
+
+
+# ---------------------------------------------------------------------------
+# Self-hosted servers in their own words
+
+
+class FakeOllama:
+    """Ollama's own API on loopback: `POST /api/chat` (ollama_chat/) and `/api/generate` (ollama/),
+    answered with `answer`; `received` keeps each request's path and body."""
+
+    def __init__(self, answer: str = '{"label": "good"}'):
+        import http.server
+        import socketserver
+
+        self.received: list[tuple[str, dict]] = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                fake.received.append((self.path, body))
+                done = {"model": body.get("model"), "created_at": "2026-01-01T00:00:00Z", "done": True,
+                        "done_reason": "stop", "prompt_eval_count": 10, "eval_count": 5}
+                if self.path == "/api/chat":
+                    payload = {**done, "message": {"role": "assistant", "content": answer}}
+                elif self.path == "/api/generate":
+                    payload = {**done, "response": answer}
+                else:
+                    payload = None
+                data = json.dumps(payload or {"error": "404 page not found"}).encode()
+                self.send_response(200 if payload else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        answer = answer
+        self._httpd = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeOllama":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+@pytest.mark.parametrize("model, path, windows", [
+    ("ollama_chat/llama3", "/api/chat", [8192, 8192, 16384]),
+    ("ollama/llama3", "/api/generate", [8192, 8192, 16384]),
+    ("ollama_chat/codellama", "/api/chat", [4096, 4096, 16384]),  # LiteLLM knows its 4K window
+    ("ollama_chat/my-own-model", "/api/chat", [8192, 8192, 16384]),
+])
+def test_ollama_is_sent_the_context_window_booklens_plans_for(model, path, windows):
+    """Ollama cuts a prompt longer than its `num_ctx` (2048 or 4096 by default) from the front, without
+    an error: a long judge prompt lost its instructions and the answers were garbage. Every request
+    carries the window booklens plans for (the model's known window, else booklens' 8192 default), the
+    same value each time (Ollama reloads the model when it changes), and a larger one for a request
+    that needs more (a summary run with a larger --context-window)."""
+    with FakeOllama() as server:
+        backend = LiteLLMBackend(model, api_base=server.url, sleep=Recorder())
+        assert classify(backend, text="short")[0].label == "good"
+        assert classify(backend, text="another")[0].label == "good"
+        classify(backend, text="a long chapter " * 2500)  # about 10K tokens
+    asked = [body for p, body in server.received if p != "/api/show"]  # LiteLLM looks the model up there
+    assert [p for p, _ in server.received if p != "/api/show"] == [path] * 3
+    assert [body["options"]["num_ctx"] for body in asked] == windows
+
+
+def test_only_ollamas_own_api_is_sent_num_ctx():
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        classify(backend_for(server))
+        classify(backend_for(server, model="hosted_vllm/fake-model"))
+    assert all("num_ctx" not in json.dumps(r.body) for r in server.received)

@@ -11,6 +11,8 @@ What goes on the wire besides the messages:
 - `cache_prompt: true` for OpenAI-compatible servers given by `api_base` (llama.cpp keeps the
   evaluated prompt prefix; servers that do not know the field ignore it, and one that refuses it
   is not sent it again).
+- `num_ctx` for Ollama's own API (`ollama/`, `ollama_chat/`), which otherwise cuts a prompt longer
+  than its small default window from the front without an error (`ollama_window`).
 - Cache-control markers on the shared prefix (system message and the message before the last)
   for providers with explicit prompt caching, through LiteLLM's `cache_control_injection_points`.
 
@@ -41,6 +43,11 @@ STRUCTURED_MODES = ("auto", "schema", "json", "off")
 DIALECTS = ("schema", "json", "off")
 # Servers people run themselves: they get the output schema without asking LiteLLM's model map.
 SELF_HOSTED_PROVIDERS = {"hosted_vllm", "ollama", "ollama_chat", "llamafile", "lm_studio"}
+# Ollama's own API, which takes the context window per request as `num_ctx` (its /v1 does not).
+OLLAMA_PROVIDERS = {"ollama", "ollama_chat"}
+# A prompt's token count is estimated with LiteLLM's tokenizer, which may count fewer tokens than the
+# model's own (Llama 2's and Mistral's count about a quarter more): a window must hold this much more.
+OLLAMA_TOKEN_MARGIN = 1.25
 # Where `cache_prompt` may go (with an api_base): the OpenAI-compatible route llama.cpp servers use.
 CACHE_PROMPT_PROVIDERS = {"openai", "custom_openai", "openai_like"}
 TRANSIENT_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 529}
@@ -168,11 +175,18 @@ def model_context_window(model: str) -> int | None:
     model: a self-hosted server's). What a backend works within, known without building one."""
     import litellm
 
-    try:
-        info = litellm.get_model_info(model)
-        return info.get("max_input_tokens") or info.get("max_tokens")
-    except Exception:
-        return None
+    names = [model]
+    if model.startswith("ollama_chat/"):
+        names.append("ollama/" + model.split("/", 1)[1])  # LiteLLM's map names Ollama's models once, as ollama/
+    for name in names:
+        try:
+            info = litellm.get_model_info(name)
+        except Exception:
+            continue
+        window = info.get("max_input_tokens") or info.get("max_tokens")
+        if window:
+            return window
+    return None
 
 
 class LiteLLMBackend:
@@ -336,6 +350,8 @@ class LiteLLMBackend:
         response_format = self.response_format(request, dialect) if dialect else None
         if response_format is not None:
             kwargs["response_format"] = response_format
+        if self.provider in OLLAMA_PROVIDERS:
+            kwargs["num_ctx"] = self.ollama_window(messages, kwargs["max_tokens"])  # LiteLLM puts it in `options`
         if self.sends_cache_prompt:
             kwargs["extra_body"] = {"cache_prompt": True}
         if self.marks_cache_control and len(messages) > 1:
@@ -345,6 +361,19 @@ class LiteLLMBackend:
                 {"location": "message", "index": -2},
             ]
         return kwargs
+
+    def ollama_window(self, messages: list[dict[str, Any]], max_tokens: int) -> int:
+        """The `num_ctx` an Ollama request is sent: the window booklens plans for (the model's known
+        window, else the default --context-window), doubled until the prompt and its answer budget fit.
+        Ollama reloads the model whenever `num_ctx` changes, so requests that fit all get the same value."""
+        from booklens.lm.ratelimit import estimate_tokens
+        from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW
+
+        window = int(self.context_window or DEFAULT_CONTEXT_WINDOW)
+        needed = estimate_tokens(self.model, messages, 0) * OLLAMA_TOKEN_MARGIN + max_tokens
+        while window < needed:
+            window *= 2
+        return window
 
     def complete(self, request: dict[str, Any]) -> Completion:
         import litellm
