@@ -1149,3 +1149,21 @@ def test_only_ollamas_own_api_is_sent_num_ctx():
         classify(backend_for(server))
         classify(backend_for(server, model="hosted_vllm/fake-model"))
     assert all("num_ctx" not in json.dumps(r.body) for r in server.received)
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_an_empty_api_base_asked_of_a_pool_is_one_not_given(tmp_path, monkeypatch, blank):
+    """An empty server (an empty variable passed on, `SystemConfig(api_base="")` given to `run_book`) is
+    one left out, as an empty --api-base, BOOKLENS_API_BASE or manifest `api_base` is: the pool's own server. It was taken for 'no server'
+    and sent the model to its provider's public endpoint instead."""
+    from booklens.lm import LMPool
+
+    for variable in ("BOOKLENS_API_BASE", "OPENAI_BASE_URL", "OPENAI_API_BASE"):
+        monkeypatch.delenv(variable, raising=False)
+    with FakeOpenAIServer(responder=lambda body: "from the pool's server") as server:
+        pool = LMPool("openai/fake", server.url, cache_dir=tmp_path)
+        assert pool.resolve(None, blank) == pool.resolve() == ("openai/fake", server.url)
+        assert pool.resolve("openai/other", blank) == ("openai/other", server.url)
+        lm = pool.get(api_base=blank)
+        assert lm is pool.get() and lm.backend.api_base == server.url
+        assert lm.forward(prompt="Who keeps the light?").choices[0].message.content == "from the pool's server"

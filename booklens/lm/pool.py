@@ -32,12 +32,13 @@ def named_server(name: str, api_base: str | None = None) -> str | None:
 
 def resolve_model(default_lm: str | None, default_api_base: str | None, lm: str | None = None,
                   api_base: str | None = None) -> tuple[str, str | None]:
-    """(model string, server) an LM option names: `default_lm` and `default_api_base` where not given,
-    the server as its backend reaches it (`named_server`)."""
+    """(model string, server) an LM option names: `default_lm` and `default_api_base` where not given
+    (an empty or blank value is one not given, as an empty --api-base is), the server as its backend
+    reaches it (`named_server`)."""
     from booklens.lm.embedded import resolve_lm_name
 
     name = (lm or resolve_lm_name(default_lm)).strip()
-    return name, named_server(name, default_api_base if api_base is None else api_base)
+    return name, named_server(name, api_base if api_base and api_base.strip() else default_api_base)
 
 
 class LMPool:
