@@ -118,7 +118,8 @@ class Reply:
       `insufficient_quota`), else the code is the status;
     - `drop=True` resets the connection without answering;
     - `hold` seconds pass before answering (bounded: the server's shutdown ends the wait);
-    - `raw` is sent as it is with status 200, as a page (`text/html`) instead of a chat completion;
+    - `raw` is sent as it is, with `status` (200 unless given) and `raw_type` as its content type (a
+      page, `text/html`, unless given): a body no chat completion is, or an error in a server's own shape;
     - otherwise `content` is the answer, with `finish_reason` and usage (`cached_tokens` is
       reported as `prompt_tokens_details.cached_tokens`, or Anthropic's `cache_read_input_tokens`;
       `usage=False` leaves the usage out, as some servers and proxies do).
@@ -137,6 +138,7 @@ class Reply:
     hold: float = 0.0
     usage: bool = True
     raw: str | None = None
+    raw_type: str = "text/html"
 
 
 @dataclass
@@ -213,8 +215,8 @@ class FakeOpenAIServer:
                         return
                     if reply.raw is not None:
                         data = reply.raw.encode()
-                        self.send_response(200)
-                        self.send_header("Content-Type", "text/html")
+                        self.send_response(reply.status)
+                        self.send_header("Content-Type", reply.raw_type)
                         self.send_header("Content-Length", str(len(data)))
                         self.end_headers()
                         self.wfile.write(data)

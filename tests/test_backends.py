@@ -498,18 +498,55 @@ def test_a_response_without_choices_is_retried_as_a_glitch_once_the_server_has_a
     ("'max_tokens' or 'max_completion_tokens' is too large: 1024. This model's maximum context length is 2048 "
      "tokens and your request has 1500 input tokens (1024 > 2048 - 1500).",
      "the prompt (1500 tokens) and its answer budget (1024 tokens) do not fit the 2048-token context window"),
+    # older vLLM, from its engine's input check
+    ("The decoder prompt (length 12324) is longer than the maximum model length of 8192. Make sure that "
+     "`max_model_len` is no smaller than the number of text tokens.",
+     "the prompt (12324 tokens) does not fit the 8192-token context window"),
+    ("The prompt (total length 25938) is too long to fit into the model (context length 4096). Make sure that "
+     "`max_model_len` is no smaller than the number of text tokens plus multimodal tokens.",
+     "the prompt (25938 tokens) does not fit the 4096-token context window"),
+    # LM Studio 0.3 (its spelling), LM Studio 0.3.2x and 0.4, its MLX engine
+    ("Trying to keep the first 10136 tokens when context the overflows. However, the model is loaded with context "
+     "length of only 7866 tokens, which is not enough. Try to load the model with a larger context length, or "
+     "provide a shorter input",
+     "the prompt (10136 tokens) does not fit the 7866-token context window"),
+    ("The number of tokens to keep from the initial prompt is greater than the context length (n_keep: 13055>= "
+     "n_ctx: 4096). Try to load the model with a larger context length, or provide a shorter input.",
+     "the prompt (13055 tokens) does not fit the 4096-token context window"),
+    ("The number of tokens to keep from the initial prompt is greater than the context length. Try to load the "
+     "model with a larger context length, or provide a shorter input",
+     "the prompt is larger than the context window of 'openai/fake-model' (The number of tokens to keep"),
+    ("Context size has been exceeded.", "the prompt is larger than the context window of 'openai/fake-model'"),
+    # llama.cpp's server before it counted the request, as LM Studio passes it on
+    ("Cannot truncate prompt with n_keep (15028) >= n_ctx (7424)",
+     "the prompt (15028 tokens) does not fit the 7424-token context window"),
+    # Text Generation Inference (422)
+    ("Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 `inputs` tokens "
+     "and 500 `max_new_tokens`",
+     "the prompt (4000 tokens) and its answer budget (500 tokens) do not fit the 4096-token context window"),
+    ("Input validation error: `inputs` must have less than 4096 tokens. Given: 5000",
+     "the prompt (5000 tokens) does not fit the 4096-token context window"),
+    # Ollama told not to truncate (`truncate`/`shift` false), and its embedding models
+    ("the prompt is longer than the context length currently available to the model",
+     "the prompt is larger than the context window of 'openai/fake-model'"),
+    ("the input length exceeds the context length", "the prompt is larger than the context window"),
     # words without figures: the server's own, without LiteLLM's class names
     ("the request exceeds the available context size, try increasing it",
      "the prompt is larger than the context window of 'openai/fake-model' (the request exceeds the available "
      "context size, try increasing it)"),
 ])
 def test_context_overflow_in_other_servers_words_is_one_line_with_their_figures(said, expected):
-    with FakeOpenAIServer(responder=lambda body: Reply(status=400, error=said)) as server:
-        with pytest.raises(ContextWindowExceeded) as caught:
-            classify(backend_for(server))
-    assert str(caught.value).startswith(expected), str(caught.value)
-    assert str(caught.value).endswith(": use smaller inputs, or a model or server with a larger context")
-    assert len(server.received) == 1
+    """The same line whatever the server's words, its error an object or (LM Studio's, TGI's) a string,
+    on either OpenAI-compatible route; at once, never retried."""
+    for reply in (Reply(status=400, error=said),
+                  Reply(status=400, raw=json.dumps({"error": said}), raw_type="application/json")):
+        for model in ("openai/fake-model", "hosted_vllm/fake-model"):
+            with FakeOpenAIServer(responder=lambda body: reply) as server:
+                with pytest.raises(ContextWindowExceeded) as caught:
+                    classify(backend_for(server, model=model))
+            assert str(caught.value).startswith(expected.replace("openai/fake-model", model)), str(caught.value)
+            assert str(caught.value).endswith(": use smaller inputs, or a model or server with a larger context")
+            assert "\n" not in str(caught.value) and len(server.received) == 1
 
 
 def test_a_url_with_a_query_is_refused_where_litellm_would_put_the_path_inside_it(tmp_path, monkeypatch):

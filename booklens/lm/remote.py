@@ -603,9 +603,39 @@ def _count_tokens(model: str, *, messages: list[dict[str, Any]] | None = None, t
 
 def server_text(exc: BaseException, limit: int = 300) -> str:
     """What the server (or LiteLLM) said, on one line, without the exception class names LiteLLM puts
-    before it ('litellm.BadRequestError: OpenAIException - ...')."""
-    lines = _without_class_names(str(exc)).splitlines()
+    before it ('litellm.BadRequestError: OpenAIException - ...') or the error body around it."""
+    lines = _server_words(str(exc)).splitlines()
     return lines[0][:limit] if lines else type(exc).__name__
+
+
+def _server_words(text: str) -> str:
+    """`text` without LiteLLM's class names, and the message alone when what is left is an error body:
+    the OpenAI SDK's 'Error code: 400 - {'error': '...'}' (a dict as Python prints it) for a body it
+    cannot read as OpenAI's, or the JSON body LiteLLM's own routes (hosted_vllm/, ...) pass on. LM
+    Studio and TGI send `{"error": "..."}`, llama.cpp and vLLM `{"error": {"message": ...}}`."""
+    import ast
+    import json
+
+    text = _without_class_names(text)
+    body = _ERROR_CODE.sub("", text, count=1).strip()
+    if not body.startswith("{"):
+        return text
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        try:
+            parsed = ast.literal_eval(body)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return text
+    for _ in range(3):  # {"error": {"message": ...}}, {"detail": ...}, a message that is itself such a body
+        if not isinstance(parsed, dict):
+            break
+        parsed = next((parsed[k] for k in ("error", "message", "detail") if parsed.get(k)), None)
+    return parsed.strip() if isinstance(parsed, str) and parsed.strip() else text
+
+
+# The OpenAI SDK's start of a message whose body it could not read as OpenAI's error object.
+_ERROR_CODE = re.compile(r"^Error code: \d+ - ")
 
 
 def _without_class_names(text: str) -> str:
@@ -654,10 +684,25 @@ def _refuses_temperature(text: str) -> bool:
     return "temperature" in lowered and "support" in lowered
 
 
+# What servers say when a prompt does not fit their context window, in lower case: the one list that
+# makes an error a context overflow (the patterns further down read the figures some give).
+CONTEXT_OVERFLOW_WORDS = (
+    "maximum context length", "context_length_exceeded",  # OpenAI, vLLM, llama-cpp-python's server
+    "context window",  # LiteLLM's own words, llama-cpp-python in this process
+    "exceeds the available context size", "exceed_context_size",  # llama.cpp's server; Ollama not truncating
+    "cannot truncate prompt with n_keep",  # llama.cpp's server before it gave the figures
+    "maximum model length", "too long to fit into the model",  # older vLLM
+    "when context the overflows", "when context overflows",  # LM Studio 0.3 (with its spelling)
+    "tokens to keep from the initial prompt is greater than the context length",  # LM Studio 0.3.2x, 0.4
+    "context size has been exceeded",  # LM Studio's MLX engine
+    "`max_new_tokens` must be <=", "`inputs` must have less than",  # Text Generation Inference
+    "longer than the context length", "exceeds the context length",  # Ollama told not to truncate
+)
+
+
 def _mentions_context_limit(text: str) -> bool:
     lowered = text.lower()
-    return any(s in lowered for s in ("maximum context length", "context_length_exceeded", "context window",
-                                      "exceeds the available context size", "exceed_context_size"))
+    return any(words in lowered for words in CONTEXT_OVERFLOW_WORDS)
 
 
 def _causes(exc: BaseException):
@@ -727,20 +772,29 @@ def retry_after(exc: BaseException) -> float | None:
     return None
 
 
-# What servers say when a prompt does not fit, and the figures each phrasing gives.
+# The figures each phrasing of CONTEXT_OVERFLOW_WORDS gives (window N, prompt P, answer budget C).
 # OpenAI, vLLM and llama-cpp-python's server: "This model's maximum context length is N tokens.
 # However, you requested M tokens (P in the messages, C in the completion)."; newer vLLM: "'max_tokens' or
 # 'max_completion_tokens' is too large: C. This model's maximum context length is N tokens and your
-# request has P input tokens (C > N - P)."; llama.cpp's C++ server: "request (P tokens) exceeds the
-# available context size (N tokens), try increasing it"; llama-cpp-python in this process (the
-# embedded model): "Requested tokens (P) exceed context window of N".
+# request has P input tokens (C > N - P)."; older vLLM: "The decoder prompt (length P) is longer than the
+# maximum model length of N." and "The prompt (total length P) is too long to fit into the model (context
+# length N)."; llama.cpp's C++ server: "request (P tokens) exceeds the available context size (N tokens),
+# try increasing it", before that "Cannot truncate prompt with n_keep (P) >= n_ctx (N)"; LM Studio:
+# "Trying to keep the first P tokens when context the overflows. However, the model is loaded with context
+# length of only N tokens, ..." and "The number of tokens to keep from the initial prompt is greater than
+# the context length (n_keep: P>= n_ctx: N)."; TGI: "`inputs` tokens + `max_new_tokens` must be <= N. Given:
+# P `inputs` tokens and C `max_new_tokens`" and "`inputs` must have less than N tokens. Given: P";
+# llama-cpp-python in this process (the embedded model): "Requested tokens (P) exceed context window of N".
 _CONTEXT = re.compile(r"maximum context length is (\d+)|available context size \((\d+) tokens\)"
-                      r"|exceed context window of (\d+)")
+                      r"|exceed context window of (\d+)|maximum model length of (\d+)|\(context length (\d+)\)"
+                      r"|context length of only (\d+)|n_ctx(?::\s*| \()(\d+)|must be <= (\d+)"
+                      r"|must have less than (\d+) tokens")
 _REQUESTED = re.compile(r"(\d+) in the messages, (\d+) in the completion")
-_TOO_LARGE = re.compile(r"is too large: (\d+)")
+_TOO_LARGE = re.compile(r"is too large: (\d+)|and (\d+) `max_new_tokens`")
 _PROMPT = re.compile(r"messages resulted in (\d+) tokens|prompt (?:is|has) (\d+) tokens"
                      r"|your request has (\d+) input tokens|request \((\d+) tokens\) exceeds"
-                     r"|Requested tokens \((\d+)\) exceed")
+                     r"|Requested tokens \((\d+)\) exceed|prompt \((?:total )?length (\d+)\)"
+                     r"|keep the first (\d+) tokens|n_keep(?::\s*| \()(\d+)|Given: (\d+)")
 
 
 def _number(match: re.Match | None) -> int | None:
@@ -762,6 +816,6 @@ def context_window_message(model: str, server_text: str) -> str:
                 f"{window}-token context window of '{model}': {advice}")
     if window and prompt is not None:
         return f"the prompt ({prompt} tokens) does not fit the {window}-token context window of '{model}': {advice}"
-    lines = _without_class_names(server_text).splitlines()
+    lines = _server_words(server_text).splitlines()
     detail = f" ({lines[0][:200]})" if lines else ""
     return f"the prompt is larger than the context window of '{model}'{detail}: {advice}"
