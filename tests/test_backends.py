@@ -1204,3 +1204,40 @@ def test_an_empty_api_base_asked_of_a_pool_is_one_not_given(tmp_path, monkeypatc
         lm = pool.get(api_base=blank)
         assert lm is pool.get() and lm.backend.api_base == server.url
         assert lm.forward(prompt="Who keeps the light?").choices[0].message.content == "from the pool's server"
+
+
+def error_body(error) -> Reply:
+    """An HTTP 200 whose body is an error object instead of a chat completion (some proxies, LM Studio)."""
+    return Reply(raw=json.dumps({"error": error}), raw_type="application/json")
+
+
+@pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model"])
+def test_an_error_sent_with_status_200_is_one_line_with_the_servers_words(model):
+    """LiteLLM reads the error object of a 200 but its OpenAI route drops the message: the line said
+    'rejected the request: OpenAIException - ' and a context overflow was not seen as one."""
+    said = "model 'fake-model' is not loaded: load it in the server first"
+    with FakeOpenAIServer(responder=lambda body: error_body({"message": said, "type": "invalid_request_error"})) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, model=model))
+    assert str(caught.value) == f"'{model}' at {server.url} answered with an error instead of a chat completion: {said}"
+    assert len(server.received) == 1
+
+    overflow = ("Trying to keep the first 10136 tokens when context the overflows. However, the model is loaded with "
+                "context length of only 7866 tokens, which is not enough.")
+    with FakeOpenAIServer(responder=lambda body: error_body({"message": overflow})) as server:
+        with pytest.raises(ContextWindowExceeded, match=r"^the prompt \(10136 tokens\) does not fit the 7866-token "):
+            classify(backend_for(server, model=model))
+
+    # An error a retry may mend (the code the body gives) is retried, and the last line keeps its words.
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=lambda body: error_body({"message": "upstream timed out", "code": 503})) as server:
+        with pytest.raises(LMError, match=r"kept failing after 3 tries: \w+: upstream timed out$"):
+            classify(backend_for(server, model=model, sleep=sleep, retries=2))
+    assert len(sleep.delays) == 2
+
+    # A string in place of the object: LiteLLM passes no words of it on, and the line says so.
+    with FakeOpenAIServer(responder=lambda body: error_body("the model crashed")) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, model=model))
+    assert str(caught.value) == (f"'{model}' at {server.url} answered with an error instead of a chat completion "
+                                 "(its words are in the server's log)")

@@ -469,7 +469,8 @@ class LiteLLMBackend:
 
         if not isinstance(exc, openai.OpenAIError):
             raise exc  # not a provider's answer: a bug, shown as such
-        text = str(exc)
+        in_body = _error_in_body(exc)
+        text = _said(exc)
         status = getattr(exc, "status_code", None)
         where = f"'{self.model}'" + (f" at {self.server}" if self.api_base else "")
 
@@ -518,7 +519,7 @@ class LiteLLMBackend:
             # Nothing listens there (or the name does not resolve): backoff would not change that.
             raise LMError(f"cannot connect to {self.server or self.model}: {_unreachable(exc)} "
                           "(is the server running, and is --api-base right?)") from None
-        if self.api_base and not answered and _not_a_completion(exc):
+        if self.api_base and not answered and in_body is None and _not_a_completion(exc):
             # An HTTP 200 whose body is no chat completion (a web page, a health check), from a
             # server that never answered one: another service lives at that URL; asking again
             # would only repeat it. (After an answer, it is taken for a glitch and retried.)
@@ -529,6 +530,11 @@ class LiteLLMBackend:
                                      litellm.InternalServerError, litellm.ServiceUnavailableError,
                                      litellm.BadGatewayError)) or status in TRANSIENT_STATUS or _unreachable(exc)
         if not transient:
+            if in_body is not None:
+                # An error object where the chat completion should be (in an HTTP 200): the server's words
+                # are the whole story; that it was sent with 200 says nothing about the request.
+                raise LMError(self._redact(f"{where} answered with an error instead of a chat completion" + (
+                    f": {server_text(exc)}" if in_body else " (its words are in the server's log)"))) from None
             if isinstance(exc, litellm.BadRequestError):
                 raise LMError(self._redact(f"{where} rejected the request: {server_text(exc)}")) from None
             raise LMError(self._redact(f"{where} failed: {type(exc).__name__}: {server_text(exc)}")) from None
@@ -604,8 +610,29 @@ def _count_tokens(model: str, *, messages: list[dict[str, Any]] | None = None, t
 def server_text(exc: BaseException, limit: int = 300) -> str:
     """What the server (or LiteLLM) said, on one line, without the exception class names LiteLLM puts
     before it ('litellm.BadRequestError: OpenAIException - ...') or the error body around it."""
-    lines = _server_words(str(exc)).splitlines()
+    lines = _server_words(_said(exc)).splitlines()
     return lines[0][:limit] if lines else type(exc).__name__
+
+
+# LiteLLM's words for an error object in a 200 whose message it does not read (a string, say).
+_UNREAD_ERROR = "Error in response object"
+
+
+def _error_in_body(exc: BaseException) -> str | None:
+    """The server's message when it sent an error object in place of a chat completion (with an HTTP
+    200), '' when LiteLLM read none from it; None for any other failure. LiteLLM raises such an object
+    as a bare Exception that carries the message as an attribute, which its OpenAI route then drops."""
+    for cause in _causes(exc):
+        message = getattr(cause, "message", None)
+        if type(cause) is Exception and isinstance(message, str):
+            return "" if message.strip() == _UNREAD_ERROR else message.strip()
+    return None
+
+
+def _said(exc: BaseException) -> str:
+    """`str(exc)`, with the message of an error object sent in place of a completion where it lacks it."""
+    text, in_body = str(exc), _error_in_body(exc)
+    return f"{text.rstrip()} {in_body}" if in_body and in_body not in text else text
 
 
 def _server_words(text: str) -> str:
