@@ -1113,7 +1113,7 @@ class FakeOllama:
     """Ollama's own API on loopback: `POST /api/chat` (ollama_chat/) and `/api/generate` (ollama/),
     answered with `answer`; `received` keeps each request's path and body."""
 
-    def __init__(self, answer: str = '{"label": "good"}'):
+    def __init__(self, answer: str = '{"label": "good"}', *, pulled: bool = True):
         import http.server
         import socketserver
 
@@ -1129,13 +1129,16 @@ class FakeOllama:
                 fake.received.append((self.path, body))
                 done = {"model": body.get("model"), "created_at": "2026-01-01T00:00:00Z", "done": True,
                         "done_reason": "stop", "prompt_eval_count": 10, "eval_count": 5}
-                if self.path == "/api/chat":
+                if not pulled and self.path in ("/api/chat", "/api/generate"):
+                    payload = None  # Ollama's words for a model it has not pulled
+                    missing = {"error": f"model '{body.get('model')}' not found, try pulling it first"}
+                elif self.path == "/api/chat":
                     payload = {**done, "message": {"role": "assistant", "content": answer}}
                 elif self.path == "/api/generate":
                     payload = {**done, "response": answer}
                 else:
                     payload = None
-                data = json.dumps(payload or {"error": "404 page not found"}).encode()
+                data = json.dumps(payload or (missing if not pulled else {"error": "404 page not found"})).encode()
                 self.send_response(200 if payload else 404)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -1241,3 +1244,39 @@ def test_an_error_sent_with_status_200_is_one_line_with_the_servers_words(model)
             classify(backend_for(server, model=model))
     assert str(caught.value) == (f"'{model}' at {server.url} answered with an error instead of a chat completion "
                                  "(its words are in the server's log)")
+
+
+@pytest.mark.parametrize("model", ["hosted_vllm/fake-model", "ollama_chat/fake-model", "ollama/fake-model"])
+def test_a_page_instead_of_an_answer_is_one_line_at_once_on_every_route(model):
+    """A proxy's login page where the server should answer: on the hosted_vllm/ route the line named no
+    fix, and Ollama's routes took it for a dropped connection, retried for half a minute."""
+    page = "<html><body>Sign in to the proxy</body></html>"
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=lambda body: Reply(raw=page)) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, model=model, sleep=sleep))
+    message = str(caught.value)
+    assert message.startswith(f"{server.url} answered, but not with ") and "\n" not in message
+    if model.startswith("ollama"):
+        assert message.endswith("check --api-base, usually the Ollama server's root, such as http://127.0.0.1:11434")
+    else:
+        assert "Sign in to the proxy" in message
+        assert message.endswith("check --api-base, usually the server's URL ending in /v1")
+    assert len(server.received) == 1 and sleep.delays == []
+    # A proxy's error page with a 5xx (a server restarting behind it) is still retried.
+    with FakeOpenAIServer(responder=lambda body: Reply(status=502, raw="<html>502 Bad Gateway</html>")) as server:
+        with pytest.raises(LMError, match=r"kept failing after 2 tries: BadGatewayError: <html>502 Bad Gateway"):
+            classify(backend_for(server, model=model, sleep=sleep, retries=1))
+    assert len(sleep.delays) == 1
+
+
+def test_a_model_ollama_has_not_pulled_is_named_with_its_words_and_the_fix():
+    """At Ollama's root a 404 is a model the server does not have: the line told to add /v1, which
+    Ollama's own API does not take."""
+    with FakeOllama(pulled=False) as server:
+        with pytest.raises(LMError) as caught:
+            classify(LiteLLMBackend("ollama_chat/llama3", api_base=server.url, sleep=Recorder()))
+    assert str(caught.value) == (f"model 'ollama_chat/llama3' was not found at {server.url} (model 'llama3' not found, "
+                                 "try pulling it first): check the model name (`ollama list` shows the ones the "
+                                 "server has) and that --api-base is the Ollama server's root, such as "
+                                 "http://127.0.0.1:11434")

@@ -45,6 +45,7 @@ DIALECTS = ("schema", "json", "off")
 SELF_HOSTED_PROVIDERS = {"hosted_vllm", "ollama", "ollama_chat", "llamafile", "lm_studio"}
 # Ollama's own API, which takes the context window per request as `num_ctx` (its /v1 does not).
 OLLAMA_PROVIDERS = {"ollama", "ollama_chat"}
+OLLAMA_ROOT = "http://127.0.0.1:11434"  # where messages say Ollama's API usually is
 # A prompt's token count is estimated with LiteLLM's tokenizer, which may count fewer tokens than the
 # model's own (Llama 2's and Mistral's count about a quarter more): a window must hold this much more.
 OLLAMA_TOKEN_MARGIN = 1.25
@@ -523,6 +524,10 @@ class LiteLLMBackend:
             # An HTTP 200 whose body is no chat completion (a web page, a health check), from a
             # server that never answered one: another service lives at that URL; asking again
             # would only repeat it. (After an answer, it is taken for a glitch and retried.)
+            if self.provider in OLLAMA_PROVIDERS:
+                raise LMError(self._redact(
+                    f"{self.server} answered, but not with an answer of Ollama's API ({server_text(exc, 160)}): "
+                    f"check --api-base, usually the Ollama server's root, such as {OLLAMA_ROOT}")) from None
             raise LMError(self._redact(
                 f"{self.server} answered, but not with an OpenAI-compatible chat completion "
                 f"({server_text(exc, 160)}): check --api-base, usually the server's URL ending in /v1")) from None
@@ -562,9 +567,13 @@ class LiteLLMBackend:
             return f"model '{self.model}' was not found by its provider ({server_text(exc)})"
         path = urlsplit(self.api_base).path.rstrip("/")
         where = f"model '{self.model}' was not found at {self.server}"
-        if self.provider in ("ollama", "ollama_chat") and path.endswith("/v1"):
+        if self.provider in OLLAMA_PROVIDERS and path.endswith("/v1"):
             return (f"{where}: {self.provider}/ reaches Ollama's own API at the server's root, such as "
-                    "http://127.0.0.1:11434 without /v1 (its /v1 is for openai/MODEL)")
+                    f"{OLLAMA_ROOT} without /v1 (its /v1 is for openai/MODEL)")
+        if self.provider in OLLAMA_PROVIDERS:
+            # Ollama's own API lives at the root: its 404 there is a model it has not pulled.
+            return (f"{where} ({server_text(exc)}): check the model name (`ollama list` shows the ones the server "
+                    f"has) and that --api-base is the Ollama server's root, such as {OLLAMA_ROOT}")
         if path.endswith("/v1"):
             # The path is the usual one, so the server most likely serves no model of that name.
             return (f"{where} ({server_text(exc)}): check the model name; the server lists the ones it "
@@ -752,12 +761,19 @@ def _unsendable_header(exc: BaseException) -> bool:
 
 def _not_a_completion(exc: BaseException) -> bool:
     """Whether LiteLLM gave up on an HTTP 200 whose body is no chat completion (not JSON, no list of
-    choices): its 500 then carries no response headers, which a server's own 500 does, and comes from
-    no failed connection (a dropped one is a 500 without headers too)."""
+    choices): a JSON decoding error among its causes, or on the OpenAI route a 500 without response
+    headers, which a server's own 500 has, from no failed connection (a dropped one is a 500 without
+    headers too)."""
+    import json
+
     import httpx
     import litellm
     import openai
 
+    if any(isinstance(cause, json.JSONDecodeError) for cause in _causes(exc)):
+        # A body that is not JSON at all (a proxy's login page): LiteLLM's own routes (hosted_vllm/,
+        # ollama_chat/, ...) report it as an API or even a connection error.
+        return True
     if not (isinstance(exc, litellm.InternalServerError) and getattr(exc, "status_code", None) == 500
             and not getattr(exc, "litellm_response_headers", None)):
         return False
