@@ -221,6 +221,7 @@ class LiteLLMBackend:
         except Exception:
             self.provider = model.split("/", 1)[0]
         self._learned = _learned_about(self.provider, api_base or model)
+        self._num_ctx: int | None = None  # the window Ollama was last sent (`ollama_window`)
         try:
             params = litellm.get_supported_openai_params(model=model, custom_llm_provider=self.provider) or []
         except Exception:
@@ -366,14 +367,18 @@ class LiteLLMBackend:
     def ollama_window(self, messages: list[dict[str, Any]], max_tokens: int) -> int:
         """The `num_ctx` an Ollama request is sent: the window booklens plans for (the model's known
         window, else the default --context-window), doubled until the prompt and its answer budget fit.
-        Ollama reloads the model whenever `num_ctx` changes, so requests that fit all get the same value."""
+        Ollama reloads the model whenever `num_ctx` changes, so requests that fit all get the same value,
+        and once a request needed a larger one, the model's later requests keep it (a few reloads a run
+        at most, not one for each change of prompt size)."""
         from booklens.lm.ratelimit import estimate_tokens
         from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW
 
-        window = int(self.context_window or DEFAULT_CONTEXT_WINDOW)
         needed = estimate_tokens(self.model, messages, 0) * OLLAMA_TOKEN_MARGIN + max_tokens
-        while window < needed:
-            window *= 2
+        with _learned_lock:
+            window = self._num_ctx or int(self.context_window or DEFAULT_CONTEXT_WINDOW)
+            while window < needed:
+                window *= 2
+            self._num_ctx = window
         return window
 
     def complete(self, request: dict[str, Any]) -> Completion:
