@@ -1281,3 +1281,18 @@ def test_a_model_ollama_has_not_pulled_is_named_with_its_words_and_the_fix():
                                  "try pulling it first): check the model name (`ollama list` shows the ones the "
                                  "server has) and that --api-base is the Ollama server's root, such as "
                                  "http://127.0.0.1:11434")
+
+
+@pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model", "ollama_chat/fake-model"])
+def test_a_url_that_takes_no_posts_says_to_check_the_api_base(model):
+    """A web server (nginx with a static site, a dashboard) answers a POST with 405: the line showed its
+    page as a failure or a rejected request, without saying that the URL is what to check."""
+    page = "<html><head><title>405 Not Allowed</title></head><body>nginx</body></html>"
+    with FakeOpenAIServer(responder=lambda body: Reply(status=405, raw=page)) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, model=model))
+    root = ("the Ollama server's root, such as http://127.0.0.1:11434" if model.startswith("ollama")
+            else "the server's URL ending in /v1")
+    assert str(caught.value) == (f"{server.url} takes no requests at the path '{model}' was sent to (405 Method Not "
+                                 f"Allowed): check --api-base, usually {root}")
+    assert len(server.received) == 1

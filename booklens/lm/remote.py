@@ -529,13 +529,13 @@ class LiteLLMBackend:
             # An HTTP 200 whose body is no chat completion (a web page, a health check), from a
             # server that never answered one: another service lives at that URL; asking again
             # would only repeat it. (After an answer, it is taken for a glitch and retried.)
-            if self.provider in OLLAMA_PROVIDERS:
-                raise LMError(self._redact(
-                    f"{self.server} answered, but not with an answer of Ollama's API ({server_text(exc, 160)}): "
-                    f"check --api-base, usually the Ollama server's root, such as {OLLAMA_ROOT}")) from None
-            raise LMError(self._redact(
-                f"{self.server} answered, but not with an OpenAI-compatible chat completion "
-                f"({server_text(exc, 160)}): check --api-base, usually the server's URL ending in /v1")) from None
+            what = "an answer of Ollama's API" if self.provider in OLLAMA_PROVIDERS else "an OpenAI-compatible chat completion"
+            raise LMError(self._redact(f"{self.server} answered, but not with {what} ({server_text(exc, 160)}): "
+                                       f"{self._check_api_base()}")) from None
+        if self.api_base and status == 405:
+            # A web server that is no API (a static site, a dashboard) takes no POST at that path.
+            raise LMError(f"{self.server} takes no requests at the path '{self.model}' was sent to (405 Method Not "
+                          f"Allowed): {self._check_api_base()}") from None
         transient = isinstance(exc, (litellm.RateLimitError, litellm.Timeout, litellm.APIConnectionError,
                                      litellm.InternalServerError, litellm.ServiceUnavailableError,
                                      litellm.BadGatewayError)) or status in TRANSIENT_STATUS or _unreachable(exc)
@@ -563,6 +563,12 @@ class LiteLLMBackend:
                           "rerun later to resume from the cache") from None
         self.sleep(wait)
         return failures
+
+    def _check_api_base(self) -> str:
+        """The advice for a URL where no API of the model's provider answers."""
+        if self.provider in OLLAMA_PROVIDERS:
+            return f"check --api-base, usually the Ollama server's root, such as {OLLAMA_ROOT}"
+        return "check --api-base, usually the server's URL ending in /v1"
 
     def _not_found(self, exc: BaseException) -> str:
         """The line for a 404: the model, or the path the request went to, is not at the server."""
