@@ -1296,3 +1296,17 @@ def test_a_url_that_takes_no_posts_says_to_check_the_api_base(model):
     assert str(caught.value) == (f"{server.url} takes no requests at the path '{model}' was sent to (405 Method Not "
                                  f"Allowed): check --api-base, usually {root}")
     assert len(server.received) == 1
+
+
+def test_ollamas_window_is_counted_without_the_tokenizer_litellm_picks_by_the_models_name(monkeypatch):
+    """For a model name holding 'llama-3' LiteLLM's counter fetches a tokenizer from the Hugging Face
+    Hub: offline, every request would try, and log a warning, before it is sent."""
+    import litellm
+
+    asked = []
+    count = litellm.token_counter
+    monkeypatch.setattr(litellm, "token_counter", lambda *args, **kwargs: asked.append(kwargs.get("model")) or
+                        count(*args, **kwargs))
+    with FakeOllama() as server:
+        classify(LiteLLMBackend("ollama_chat/llama-3-custom", api_base=server.url, sleep=Recorder()))
+    assert asked and "ollama_chat/llama-3-custom" not in asked

@@ -373,7 +373,9 @@ class LiteLLMBackend:
         from booklens.lm.ratelimit import estimate_tokens
         from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW
 
-        needed = estimate_tokens(self.model, messages, 0) * OLLAMA_TOKEN_MARGIN + max_tokens
+        # Counted with LiteLLM's default (tiktoken) encoding, not by the model's name: for a name holding
+        # 'llama-3' LiteLLM would fetch a tokenizer from the Hugging Face Hub, on every request when offline.
+        needed = estimate_tokens("", messages, 0) * OLLAMA_TOKEN_MARGIN + max_tokens
         with _learned_lock:
             window = self._num_ctx or int(self.context_window or DEFAULT_CONTEXT_WINDOW)
             while window < needed:
