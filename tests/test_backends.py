@@ -1310,3 +1310,25 @@ def test_ollamas_window_is_counted_without_the_tokenizer_litellm_picks_by_the_mo
     with FakeOllama() as server:
         classify(LiteLLMBackend("ollama_chat/llama-3-custom", api_base=server.url, sleep=Recorder()))
     assert asked and "ollama_chat/llama-3-custom" not in asked
+
+
+def test_a_context_overflow_sent_with_status_200_is_one_line_through_the_command(tmp_path):
+    """LM Studio 0.4 sends its overflow with HTTP 200: the command ends with the context line, not a
+    traceback or a parse error."""
+    import os
+    import subprocess
+    import sys
+
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Mara keeps the Pellmark light.", encoding="utf-8")
+    said = ("The number of tokens to keep from the initial prompt is greater than the context length (n_keep: 13055>= "
+            "n_ctx: 4096). Try to load the model with a larger context length, or provide a shorter input.")
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_DEBUG", None)
+    with FakeOpenAIServer(responder=lambda body: error_body({"message": said})) as server:
+        proc = subprocess.run([sys.executable, "-m", "booklens", "claims", str(summary), "--lm", "openai/fake-model",
+                               "--api-base", server.url], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        "error: the prompt (13055 tokens) does not fit the 4096-token context window of 'openai/fake-model': use "
+        "smaller inputs, or a model or server with a larger context"]
