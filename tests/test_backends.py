@@ -1332,3 +1332,19 @@ def test_a_context_overflow_sent_with_status_200_is_one_line_through_the_command
     assert proc.stderr.strip().splitlines() == [
         "error: the prompt (13055 tokens) does not fit the 4096-token context window of 'openai/fake-model': use "
         "smaller inputs, or a model or server with a larger context"]
+
+
+def test_lm_studios_own_variable_names_the_lms_server(tmp_path, monkeypatch):
+    """LiteLLM sends `lm_studio/...` to LM_STUDIO_API_BASE when no --api-base is given: that server
+    is the LM's, as OPENAI_BASE_URL's is for openai/ (the call cache key, records, the error lines)."""
+    from booklens.lm.remote import resolve_server
+
+    monkeypatch.delenv("BOOKLENS_API_BASE", raising=False)
+    with FakeOpenAIServer(responder=lambda body: "from LM Studio") as server:
+        monkeypatch.setenv("LM_STUDIO_API_BASE", server.url)
+        lm = make_lm("lm_studio/fake", cache_dir=tmp_path)
+        assert lm.backend.api_base == server.url == resolve_server("lm_studio/fake")
+        assert lm.forward(prompt="Who keeps the light?").choices[0].message.content == "from LM Studio"
+    monkeypatch.setenv("LM_STUDIO_API_BASE", "127.0.0.1:1234/v1")
+    with pytest.raises(LMError, match=r"^LM_STUDIO_API_BASE needs an http:// or https:// URL"):
+        make_lm("lm_studio/fake", cache_dir=tmp_path)

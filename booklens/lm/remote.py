@@ -151,6 +151,7 @@ PROVIDER_BASE_VARIABLES = {
     "ollama": ("OLLAMA_API_BASE",),
     "ollama_chat": ("OLLAMA_API_BASE",),
     "llamafile": ("LLAMAFILE_API_BASE",),
+    "lm_studio": ("LM_STUDIO_API_BASE",),
 }
 
 
