@@ -1166,14 +1166,17 @@ class FakeOllama:
     ("ollama_chat/llama3", "/api/chat", [8192, 8192, 16384, 16384]),
     ("ollama/llama3", "/api/generate", [8192, 8192, 16384, 16384]),
     ("ollama_chat/codellama", "/api/chat", [4096, 4096, 16384, 16384]),  # LiteLLM knows its 4K window
+    # a 32K window is not taken whole for short prompts: Ollama would hold that much memory for them
+    ("ollama_chat/mistral-7B-Instruct-v0.2", "/api/chat", [8192, 8192, 16384, 16384]),
     ("ollama_chat/my-own-model", "/api/chat", [8192, 8192, 16384, 16384]),
 ])
 def test_ollama_is_sent_the_context_window_booklens_plans_for(model, path, windows):
     """Ollama cuts a prompt longer than its `num_ctx` (2048 or 4096 by default) from the front, without
     an error: a long judge prompt lost its instructions and the answers were garbage. Every request
-    carries the window booklens plans for (the model's known window, else booklens' 8192 default), the
-    same value each time (Ollama reloads the model when it changes), and a larger one for a request
-    that needs more (a summary run with a larger --context-window), kept for the requests after it."""
+    carries the window booklens plans for (booklens' 8192 default, or the model's known window where
+    that is smaller), the same value each time (Ollama reloads the model when it changes), and a larger
+    one for a request that needs more (a larger --context-window, evidence for a larger known window),
+    kept for the requests after it."""
     with FakeOllama() as server:
         backend = LiteLLMBackend(model, api_base=server.url, sleep=Recorder())
         assert classify(backend, text="short")[0].label == "good"

@@ -366,11 +366,12 @@ class LiteLLMBackend:
         return kwargs
 
     def ollama_window(self, messages: list[dict[str, Any]], max_tokens: int) -> int:
-        """The `num_ctx` an Ollama request is sent: the window booklens plans for (the model's known
-        window, else the default --context-window), doubled until the prompt and its answer budget fit.
-        Ollama reloads the model whenever `num_ctx` changes, so requests that fit all get the same value,
-        and once a request needed a larger one, the model's later requests keep it (a few reloads a run
-        at most, not one for each change of prompt size)."""
+        """The `num_ctx` an Ollama request is sent: the default --context-window (or the model's known
+        window where that is smaller), doubled until the prompt and its answer budget fit. A larger
+        known window (Ollama tells LiteLLM the one a model was trained for, often 128K) is not taken
+        whole: Ollama holds memory for all of it, whatever the prompt. Ollama reloads the model whenever
+        `num_ctx` changes, so requests that fit all get the same value, and once a request needed a
+        larger one, the model's later requests keep it (a few reloads a run at most)."""
         from booklens.lm.ratelimit import estimate_tokens
         from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW
 
@@ -378,7 +379,7 @@ class LiteLLMBackend:
         # 'llama-3' LiteLLM would fetch a tokenizer from the Hugging Face Hub, on every request when offline.
         needed = estimate_tokens("", messages, 0) * OLLAMA_TOKEN_MARGIN + max_tokens
         with _learned_lock:
-            window = self._num_ctx or int(self.context_window or DEFAULT_CONTEXT_WINDOW)
+            window = self._num_ctx or min(int(self.context_window or DEFAULT_CONTEXT_WINDOW), DEFAULT_CONTEXT_WINDOW)
             while window < needed:
                 window *= 2
             self._num_ctx = window
