@@ -1351,3 +1351,18 @@ def test_lm_studios_own_variable_names_the_lms_server(tmp_path, monkeypatch):
     monkeypatch.setenv("LM_STUDIO_API_BASE", "127.0.0.1:1234/v1")
     with pytest.raises(LMError, match=r"^LM_STUDIO_API_BASE needs an http:// or https:// URL"):
         make_lm("lm_studio/fake", cache_dir=tmp_path)
+
+
+def test_an_ollama_models_window_comes_from_litellms_table_not_a_server(monkeypatch):
+    """Ollama's models find their window in LiteLLM's table (`ollama_chat/` under its `ollama/` names)
+    only. LiteLLM's lookup by name asks an Ollama server (OLLAMA_API_BASE or localhost, whatever
+    --api-base says) for the window the model was trained for, often 128K, and the judges would then
+    fill that much evidence per claim."""
+    from booklens.lm.remote import model_context_window
+
+    with FakeOllama() as server:
+        monkeypatch.setenv("OLLAMA_API_BASE", server.url)
+        assert model_context_window("ollama_chat/codellama") == model_context_window("ollama/codellama") == 4096
+        assert model_context_window("ollama_chat/my-own-model") is None
+        assert model_context_window("ollama/my-own-model") is None
+    assert server.received == []

@@ -177,18 +177,18 @@ def model_context_window(model: str) -> int | None:
     model: a self-hosted server's). What a backend works within, known without building one."""
     import litellm
 
-    names = [model]
-    if model.startswith("ollama_chat/"):
-        names.append("ollama/" + model.split("/", 1)[1])  # LiteLLM's map names Ollama's models once, as ollama/
-    for name in names:
-        try:
-            info = litellm.get_model_info(name)
-        except Exception:
-            continue
-        window = info.get("max_input_tokens") or info.get("max_tokens")
-        if window:
-            return window
-    return None
+    provider, _, name = model.partition("/")
+    if provider in OLLAMA_PROVIDERS:
+        # LiteLLM's table names Ollama's models once, as ollama/. Its table only: its lookup by name asks
+        # an Ollama server (OLLAMA_API_BASE or localhost, not --api-base) for the window the model was
+        # trained for, often 128K, which the judges would fill with evidence.
+        info = litellm.model_cost.get(f"ollama/{name}") or {}
+        return info.get("max_input_tokens") or info.get("max_tokens") or None
+    try:
+        info = litellm.get_model_info(model)
+        return info.get("max_input_tokens") or info.get("max_tokens")
+    except Exception:
+        return None
 
 
 class LiteLLMBackend:
@@ -368,8 +368,8 @@ class LiteLLMBackend:
     def ollama_window(self, messages: list[dict[str, Any]], max_tokens: int) -> int:
         """The `num_ctx` an Ollama request is sent: the default --context-window (or the model's known
         window where that is smaller), doubled until the prompt and its answer budget fit. A larger
-        known window (Ollama tells LiteLLM the one a model was trained for, often 128K) is not taken
-        whole: Ollama holds memory for all of it, whatever the prompt. Ollama reloads the model whenever
+        known window (LiteLLM's table gives 32K and more for some) is not taken whole: Ollama holds
+        memory for all of it, whatever the prompt. Ollama reloads the model whenever
         `num_ctx` changes, so requests that fit all get the same value, and once a request needed a
         larger one, the model's later requests keep it (a few reloads a run at most)."""
         from booklens.lm.ratelimit import estimate_tokens
