@@ -1366,3 +1366,21 @@ def test_an_ollama_models_window_comes_from_litellms_table_not_a_server(monkeypa
         assert model_context_window("ollama_chat/my-own-model") is None
         assert model_context_window("ollama/my-own-model") is None
     assert server.received == []
+
+
+def test_answers_ollama_gave_before_it_was_sent_its_window_are_not_replayed(tmp_path, monkeypatch):
+    """An answer cached before requests carried `num_ctx` may answer a prompt Ollama cut from the front:
+    a rerun asks again instead of replaying it; the new answer is then kept as any other."""
+    with FakeOllama() as server:
+        def asked() -> int:
+            return len([p for p, _ in server.received if p != "/api/show"])
+
+        backend = LiteLLMBackend("ollama_chat/llama3", api_base=server.url, sleep=Recorder())
+        with monkeypatch.context() as before:  # the backend as it was: no identity of its own in the key
+            before.setattr(LiteLLMBackend, "cache_identity", None, raising=False)
+            classify(backend, cache_dir=tmp_path)
+        assert asked() == 1
+        classify(backend, cache_dir=tmp_path)
+        assert asked() == 2
+        classify(backend, cache_dir=tmp_path)
+        assert asked() == 2

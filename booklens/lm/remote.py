@@ -242,6 +242,13 @@ class LiteLLMBackend:
         return public_url(self.api_base) if self.api_base else None
 
     @property
+    def cache_identity(self) -> dict[str, Any] | None:
+        """What the call cache key adds to the request (see `BooklensLM`): for Ollama, that requests
+        carry `num_ctx`. An answer cached before they did may answer a prompt Ollama cut from the front,
+        and is not replayed. (The value sent is left out: a window that holds the prompt changes no answer.)"""
+        return {"num_ctx": "holds the prompt"} if self.provider in OLLAMA_PROVIDERS else None
+
+    @property
     def dialect(self) -> str:
         """The structured-output dialect structured calls are sent in now."""
         if self.structured != "auto":
