@@ -522,7 +522,6 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
                            server_options={"structured": structured, "rpm": rpm, "tpm": tpm})
     settings = PoolSettings(sweep.lm, sweep.api_base, str(cache_folder(cache_dir).absolute()) if cache_dir else None,
                             concurrency, structured=structured, rpm=rpm, tpm=tpm)
-    check_judge_index(sweep, settings.cache_dir)
     schedule = sorted(tasks, key=lambda t: -_size(t.book_path))  # stable: manifest order among equals
     # The LM cache opens before anything is written: a bad --cache-dir must not leave a sweep
     # directory behind. The local engine's pool opens it; Ray workers open their own, so check here.
@@ -531,6 +530,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     own_stream = False
     if engine == "ray":
         check_cache(settings)
+        check_judge_index(sweep, settings.cache_dir)
         # Ray writes to file descriptor 2, which the engine points at its log; the display keeps a copy.
         if stream is sys.stderr:
             tty = stream.isatty() if tty is None else tty
@@ -544,6 +544,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
         runner = RayEngine(settings, address=ray_address, num_cpus=ray_cpus, log_path=temporary_log())
     else:
         runner = LocalEngine(settings)
+        check_judge_index(sweep, settings.cache_dir)  # after the pool opened the LM cache: a bad --cache-dir is named as one
     try:
         if engine == "ray":
             runner.start()
