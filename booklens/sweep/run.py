@@ -544,7 +544,8 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
         runner = RayEngine(settings, address=ray_address, num_cpus=ray_cpus, log_path=temporary_log())
     else:
         runner = LocalEngine(settings)
-        check_judge_index(sweep, settings.cache_dir)  # after the pool opened the LM cache: a bad --cache-dir is named as one
+        # after the pool opened the LM cache: a bad --cache-dir is named as one
+        check_judge_index(sweep, settings.cache_dir)
     try:
         if engine == "ray":
             runner.start()
