@@ -6,7 +6,7 @@ when it reads an answer; the prompt and the JSON schema still show the values as
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Callable, Literal, get_args
+from typing import Annotated, Any, Callable, Literal, Mapping, get_args
 
 from pydantic import BeforeValidator
 
@@ -49,28 +49,54 @@ def lenient_texts() -> Any:
 
 
 # A verdict after a label or in a phrase ("Verdict: correct", "The answer is incorrect"), or followed by
-# its reason ("Incorrect - it names the wrong ship").
-_VERDICT_LEAD = r"(?:(?:the\s+)?(?:student'?s\s+)?(?:answer|verdict|grade)(?:\s+is|\s*[:=])\s*)?"
+# its reason ("Incorrect - it names the wrong ship"). `subjects` are the nouns a phrase may start with.
+def _verdict_lead(subjects: tuple[str, ...]) -> str:
+    nouns = "|".join(r"\s+".join(map(re.escape, s.split())) for s in subjects)
+    return rf"(?:(?:the\s+)?(?:student'?s\s+)?(?:{nouns})(?:\s+is|\s*[:=])\s*)?"
 
 
-def verdict_reader(values: tuple[str, ...]) -> Callable[[Any], Any]:
+_VERDICT_SUBJECTS = ("answer", "verdict", "grade")
+# "Yes, it is confusing": a yes or no before a verdict, read only where it agrees with that verdict.
+_YES_OR_NO = re.compile(r"(?P<word>yes|no)\s*[,.!:;\u2013\u2014-]\s*(?P<rest>\S.*)", re.IGNORECASE | re.DOTALL)
+
+
+def verdict_reader(values: tuple[str, ...], *, subjects: tuple[str, ...] = _VERDICT_SUBJECTS,
+                   wordings: Mapping[str, str] | None = None,
+                   yes_no: Mapping[str, str] | None = None) -> Callable[[Any], Any]:
     """`choice_reader` that also reads a verdict after a label or in a phrase, or followed by its
-    reason; a reason that names another of `values` ("correct - though partly incorrect") leaves
-    the answer as written, as does anything before the verdict ("not correct")."""
+    reason; a reason that names one of `values` ("correct - though partly incorrect") leaves
+    the answer as written, as does anything before the verdict ("not correct").
+
+    `wordings` maps other ways of naming a value ("partially supported") to it, `subjects` are the
+    nouns of a phrase ("The claim is ..."), and `yes_no` the value a leading "yes" or "no" says: the
+    answer is read only when the verdict after it is that value ("No, it is not confusing")."""
+    wordings = {_key(k): v for k, v in (wordings or {}).items()}
+    yes_no = {k.lower(): v for k, v in (yes_no or {}).items()}
+    if not set(wordings.values()) | set(yes_no.values()) <= set(values):
+        raise ValueError(f"wordings and yes_no must name values of {values}")
     exact = choice_reader(values)
-    names = "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True))
-    pattern = re.compile(_VERDICT_LEAD + rf"\**(?P<v>{names})\**(?:\s*(?:[.:!]|\s[-\u2013\u2014])\s*(?P<rest>.*))?",
+    names = "|".join(re.escape(v) for v in sorted((*values, *wordings), key=len, reverse=True))
+    pattern = re.compile(_verdict_lead(subjects)
+                         + rf"\**(?P<v>{names})\**(?:\s*(?:[.:!]|\s[-\u2013\u2014])\s*(?P<rest>.*))?",
                          re.IGNORECASE | re.DOTALL)
-    others = [re.compile(rf"\b{re.escape(v)}\b", re.IGNORECASE) for v in values]
+    others = [re.compile(rf"\b{re.escape(v)}\b", re.IGNORECASE) for v in (*values, *wordings)]
+
+    def read_phrase(text: str) -> Any:
+        found = pattern.fullmatch(text)
+        if not found or any(other.search(found["rest"] or "") for other in others):
+            return None
+        return exact(wordings.get(_key(found["v"]), found["v"]))
 
     def read(value: Any) -> Any:
         got = exact(value)
         if got in values or not isinstance(value, str):
             return got
-        found = pattern.fullmatch(" ".join(value.replace("\u2019", "'").split()).strip(" *`\"'"))
-        if not found or any(other.search(found["rest"] or "") for other in others):
-            return value
-        return exact(found["v"])
+        text = " ".join(value.replace("\u2019", "'").split()).strip(" *`\"'")
+        got = read_phrase(text)
+        if got is None and yes_no and (found := _YES_OR_NO.fullmatch(text)):
+            got = read_phrase(found["rest"].strip(" *`\"'"))
+            got = got if got == yes_no[found["word"].lower()] else None
+        return value if got is None else got
 
     return read
 

@@ -13,7 +13,7 @@ import dspy
 from pydantic import BaseModel, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from booklens.records import COHERENCE_ERROR_TYPES, CoherenceErrorType
-from booklens.signatures.answers import choice_reader, lenient, read_texts
+from booklens.signatures.answers import choice_reader, read_texts, verdict_reader
 
 NO_CONFUSION = "no confusion"
 CONFUSION = "confusion"
@@ -29,7 +29,12 @@ def _as_list(value: Any) -> list:
 
 # A verdict or kind as a model may write it without its schema enforced ("No Confusion",
 # "**Entity omission**"), read as the allowed value it names: the rule every closed-set answer follows.
-_verdict = choice_reader(get_args(Verdict))
+# A verdict may also come after a label or in a phrase ("Verdict: confusion", "The sentence is not
+# confusing", "Yes, it is confusing"); with two verdicts, "not confusing" can only mean the other one.
+_verdict = verdict_reader(get_args(Verdict), subjects=("verdict", "answer", "sentence", "target sentence",
+                                                       "this sentence", "it"),
+                          wordings={"confusing": CONFUSION, "not confusing": NO_CONFUSION},
+                          yes_no={"yes": CONFUSION, "no": NO_CONFUSION})
 _kind = choice_reader(COHERENCE_ERROR_TYPES)
 
 
@@ -55,7 +60,7 @@ def _named_list(value: Any) -> list[str]:
 # (`booklens.lm.adapter` applies a field's `BeforeValidator` when it reads an answer).
 Questions = Annotated[list[str], BeforeValidator(_text_list)]
 ErrorTypes = Annotated[list[CoherenceErrorType], BeforeValidator(_named_list)]
-VerdictAnswer = lenient(Verdict)
+VerdictAnswer = Annotated[Verdict, BeforeValidator(_verdict)]
 
 GUIDE = """\
 A sentence counts as confusing only when both of these are true:

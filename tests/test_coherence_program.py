@@ -397,6 +397,36 @@ def test_verdicts_and_kinds_in_another_case_are_read(batch_size):
     assert prediction.annotations[1].types == ["entity omission", "salience"]
 
 
+@pytest.mark.parametrize("confusing, clear", [
+    ("Verdict: confusion", "Verdict: no confusion"), ("**confusing**", "The sentence is not confusing"),
+    ("Confusion.", "No confusion"), ("yes, it is confusing", "No, it is not confusing."),
+    ("Confusion - a reader cannot tell who Zed is", "Not confusing")])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_verdict_with_a_label_or_in_a_phrase_is_read_in_both_modes(batch_size, confusing, clear):
+    """'Verdict: confusion' or 'The sentence is not confusing' (a model without its answer schema
+    enforced) name one verdict: refused, they were asked again until the sentence was unjudged."""
+    def one(sentence, attempt):
+        return {**ZED, "verdict": confusing} if "Zed" in sentence else {**NO, "verdict": clear}
+
+    prediction, calls = run_in_mode(one, batch_size)
+    assert len(calls) == (5 if batch_size == 1 else 2)
+    assert [a.status for a in prediction.annotations] == ["ok"] * 5
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
+
+
+@pytest.mark.parametrize("written", ["confusing or not", "maybe", "not sure", "Yes", "not confusion",
+                                     "Yes, it is not confusing", "No, it is confusing", "somewhat confusing",
+                                     "Confusion - or no confusion, hard to say"])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_verdict_naming_no_single_value_is_still_asked_again(batch_size, written):
+    def one(sentence, attempt):
+        return {**ZED, "verdict": written} if "Zed" in sentence else NO
+
+    prediction, calls = run_in_mode(one, batch_size)
+    assert [a.status for a in prediction.annotations] == ["ok", "failed", "ok", "ok", "ok"]
+    assert prediction.annotations[1].attempts == 3 and prediction.annotations[1].confusing is None
+
+
 def test_batched_answers_numbered_from_zero_are_not_taken():
     """Answers numbered 0..4 for sentences 1..5 would give each sentence its neighbour's verdict:
     the 0 that was not asked shows the numbering is off, so no answer of that reply is taken."""
