@@ -7,13 +7,31 @@ rater answers whether the statement is true or false given the context). Both pu
 and the claim after the instructions and demos, so the calls of one judge share that prefix.
 """
 
+from typing import Annotated
+
 import dspy
+from pydantic import BeforeValidator
 
-from booklens.signatures.answers import lenient, lenient_numbers
-from booklens.vocabulary import BinaryLabel, ClaimLabel
+from booklens.signatures.answers import lenient_numbers, verdict_reader
+from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, BinaryLabel, ClaimLabel
 
-ClaimLabelAnswer = lenient(ClaimLabel)
-BinaryLabelAnswer = lenient(BinaryLabel)
+# A label as a model writes it without the schema: also after a label name or in a phrase ("Label:
+# Unfaithful", "The claim is unfaithful"), or in other words for the same judgment ("Partially
+# supported", "Cannot verify"). "not faithful" is unfaithful only where no partial support or
+# can't verify could be meant: in the binary rater's two labels.
+_, _UNFAITHFUL, _PARTIAL_SUPPORT, _CANT_VERIFY = CLAIM_LABELS
+_LABEL_SUBJECTS = ("label", "verdict", "answer", "claim", "this claim", "it")
+_CLAIM_WORDINGS = {
+    **dict.fromkeys(("partial", "partially supported", "partly supported", "supported in part"),
+                    _PARTIAL_SUPPORT),
+    **dict.fromkeys(("cannot verify", "can not verify", "cannot be verified", "can not be verified",
+                     "can't be verified", "unverifiable", "not verifiable"), _CANT_VERIFY)}
+_BINARY_WORDINGS = {"not faithful": _UNFAITHFUL}
+
+ClaimLabelAnswer = Annotated[ClaimLabel, BeforeValidator(verdict_reader(CLAIM_LABELS, subjects=_LABEL_SUBJECTS,
+                                                                        wordings=_CLAIM_WORDINGS))]
+BinaryLabelAnswer = Annotated[BinaryLabel, BeforeValidator(verdict_reader(BINARY_LABELS, subjects=_LABEL_SUBJECTS,
+                                                                          wordings=_BINARY_WORDINGS))]
 # Passage numbers as a model writes them without the schema: "Passage 2", a bare 2, null.
 PassageNumbers = lenient_numbers()
 

@@ -72,6 +72,37 @@ def test_a_label_written_in_capitals_is_read_as_the_label(written, label):
     assert (v.label, v.error, v.attempts) == (label, None, 1) and len(lm.backend.calls) == 1
 
 
+@pytest.mark.parametrize("label_set, written, label", [
+    ("four-way", "Label: Unfaithful", "unfaithful"), ("four-way", "**Faithful**", "faithful"),
+    ("four-way", "faithful.", "faithful"), ("four-way", "Partially supported", "partial support"),
+    ("four-way", "The claim is partly supported.", "partial support"), ("four-way", "Cannot verify", "can't verify"),
+    ("four-way", "Can not be verified", "can't verify"), ("four-way", "Unverifiable", "can't verify"),
+    ("four-way", "The claim is unfaithful", "unfaithful"), ("four-way", "Unfaithful - he stayed home", "unfaithful"),
+    ("binary", "Label: unfaithful", "unfaithful"), ("binary", "The claim is faithful.", "faithful"),
+    ("binary", "not faithful", "unfaithful")])
+@pytest.mark.parametrize("passages", [["Anna sailed home."], None])
+def test_a_label_after_a_label_name_or_in_a_phrase_is_read_as_the_label(label_set, written, label, passages):
+    """'Label: Unfaithful' or 'Partially supported' (a model without its answer schema enforced) name
+    one label: refused, they were asked again until the claim was recorded as unverified."""
+    verifier = build_verifier(label_set=label_set)
+    pred, lm = run_with(lambda call: verdict(written), lambda: verifier(claim="Anna sails home.", passages=passages))
+    assert (pred.label, pred.error, pred.attempts) == (label, None, 1) and len(lm.backend.calls) == 1
+
+
+@pytest.mark.parametrize("label_set, written", [
+    ("four-way", "faithful or unfaithful"), ("four-way", "not faithful"), ("four-way", "not unfaithful"),
+    ("four-way", "Faithful - though partially supported"), ("four-way", "maybe"), ("four-way", "supported"),
+    ("binary", "Partially supported"), ("binary", "Cannot verify"), ("binary", "not unfaithful"),
+    ("binary", "faithful or unfaithful")])
+def test_a_label_naming_no_single_label_is_still_asked_again(label_set, written):
+    """'not faithful' may be unfaithful or partial support among the four labels (binary has only the
+    one), and a double negation is a guess: asked again, then recorded as a failure."""
+    verifier = build_verifier(label_set=label_set)
+    pred, lm = run_with(lambda call: verdict(written), lambda: verifier(claim="Anna sails home.",
+                                                                        passages=["Anna sailed home."]))
+    assert pred.label is None and written in pred.error and len(lm.backend.calls) == 3
+
+
 def test_an_out_of_set_label_is_reasked_then_recorded_as_a_failure():
     checker = build_checker(evidence_mode="given")
     result, lm = run_with(lambda call: verdict("mostly true"),
