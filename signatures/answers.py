@@ -6,7 +6,7 @@ when it reads an answer; the prompt and the JSON schema still show the values as
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Callable, Literal, Mapping, get_args
+from typing import Annotated, Any, Callable, Literal, Mapping
 
 from pydantic import BeforeValidator
 
@@ -28,11 +28,6 @@ def choice_reader(values: tuple[str, ...]) -> Callable[[Any], Any]:
         return canonical.get(_key(value), value) if isinstance(value, str) else value
 
     return read
-
-
-def lenient(choices: Any) -> Any:
-    """`choices` (a Literal) read with `choice_reader`."""
-    return Annotated[choices, BeforeValidator(choice_reader(get_args(choices)))]
 
 
 def read_texts(value: Any) -> list[Any]:
