@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from booklens.errors import BooklensError
 from booklens.lm.embedded import LOCAL_CONTEXT_WINDOW
-from booklens.vocabulary import counted
+from booklens.vocabulary import CANT_VERIFY, counted
 
 DEFAULTS_DIR = Path(__file__).resolve().parent / "defaults"
 # Judge name -> shipped artifact. "binary" is the verification task with the binary label set.
@@ -618,8 +618,8 @@ def _verification_pool(fables_path: str | Path, seed: int) -> tuple[list[Any], d
         # The reason must agree with the label: a can't-verify demo says why it cannot be verified,
         # and no other demo speaks of evidence that does not settle the claim.
         label = FABLES_LABELS[claim.label]
-        probe = "faithful" if label == "can't verify" else label
-        if speaks_of_unsettled_evidence(reason, probe) != (label == "can't verify"):
+        probe = "faithful" if label == CANT_VERIFY else label
+        if speaks_of_unsettled_evidence(reason, probe) != (label == CANT_VERIFY):
             continue
         evidence = count_tokens(" ".join(clean_evidence(claim.evidence)))
         low, high = DEMO_EVIDENCE_TOKENS

@@ -54,6 +54,7 @@ MAX_WORDS_PER_TOKEN = 2.0
 # dataset's names onto them), and the two of its binary rater (Table 5).
 ClaimLabel = Literal["faithful", "unfaithful", "partial support", "can't verify"]
 CLAIM_LABELS: tuple[str, ...] = get_args(ClaimLabel)
+CANT_VERIFY: str = CLAIM_LABELS[3]  # the verdict when the evidence does not settle the claim
 BinaryLabel = Literal["faithful", "unfaithful"]
 BINARY_LABELS: tuple[str, ...] = get_args(BinaryLabel)
 # Where the evidence a claim is checked against came from: given quotes, or a passage of the book

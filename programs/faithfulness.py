@@ -43,7 +43,7 @@ from booklens.signatures.faithfulness import (
     VerifyClaimBinaryWithoutEvidence,
     VerifyClaimWithoutEvidence,
 )
-from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, DEFAULT_CONTEXT_WINDOW
+from booklens.vocabulary import BINARY_LABELS, CANT_VERIFY, CLAIM_LABELS, DEFAULT_CONTEXT_WINDOW
 
 DECOMPOSE_MAX_TOKENS = 2048
 VERIFY_MAX_TOKENS = 256
@@ -190,7 +190,6 @@ def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, 
 # Verdicts that do not overclaim
 
 LABEL_SETS: dict[str, tuple[str, ...]] = {"four-way": CLAIM_LABELS, "binary": BINARY_LABELS}
-CANT_VERIFY = "can't verify"
 
 # The reason says outright that the claim cannot be decided from what was given.
 _ADVERB = r"(?:\s+(?:really|fully|completely|entirely|directly|clearly|definitively|reliably|actually))?"

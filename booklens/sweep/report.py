@@ -16,9 +16,9 @@ from urllib.parse import quote
 
 from booklens.lm.usage import cost_text
 from booklens.reports import SEP, h, page_head
+from booklens.vocabulary import CANT_VERIFY, counted
 
 REPORT_FILE = "report.html"
-CANT_VERIFY = "can't verify"
 # Fewest shared books for a difference to be marked. The percentile bootstrap's interval excludes 0
 # whenever every book moves the same way, which two equal systems do by chance with probability
 # 2/2^n; a test that assumes nothing of the differences' distribution (sign, sign-flip) cannot
@@ -318,16 +318,12 @@ def write_sweep_report(output: Path, results: dict[str, Any], rows: Sequence[dic
 
 def sweep_meta(systems: int, books: int, manifest: str, judge_steps: Sequence[str], evidence: str) -> list[str]:
     """The line under the page's title: the sweep's size, its manifest and how it was judged."""
-    from booklens.vocabulary import counted
-
     return [f"{counted(systems, 'system')} \u00d7 {counted(books, 'book')}", f"manifest {Path(manifest).name}",
             f"judge: {', '.join(judge_steps)}" + (f", evidence {evidence}" if "faithfulness" in judge_steps else "")]
 
 
 def unfinished_note(rows: Sequence[dict[str, Any]]) -> Optional[str]:
     """One line on the cells of a sweep that are not done (failed, or not run), else None."""
-    from booklens.vocabulary import counted
-
     undone = [r for r in rows if r["status"] != "complete"]
     if not undone:
         return None
