@@ -59,8 +59,9 @@ def test_escaped_line_breaks_become_line_breaks():
 
 
 def test_prose_that_only_looks_like_a_header_is_kept():
-    # Another field's header, a hashtag in the prose, a heading that is part of the answer's content.
-    written = "## Chapter One\nMontresor invites Fortunato #carnival.\n[## claims ## ]"
+    # Another field's header, a hashtag in the prose, headings that are part of the answer's content
+    # (a lone heading before the prose is a title: `test_a_markdown_title_before_the_prose_is_dropped`).
+    written = "## Chapter One\nMontresor invites Fortunato #carnival.\n## Chapter Two\nThe wall.\n[## claims ## ]"
     assert plain_answer(written, "summary") == written
     assert plain_answer(f"Summaries:\n{PROSE}", "summary") == f"Summaries:\n{PROSE}"
 
@@ -120,3 +121,33 @@ def test_a_chatty_sign_off_after_the_prose_is_dropped(sign_off):
     # Inside the prose's last paragraph it is the story's.
     said = f'{PROSE} "Let me know if you hear the bells," he says.'
     assert plain_answer(said, "summary") == said
+
+
+@pytest.mark.parametrize("title", ["# Chapter summary", "## The story so far", "### Summary of chapters 1-3",
+                                   "## The Cask of Amontillado ##", "# **Summary of the excerpt**"])
+def test_a_markdown_title_before_the_prose_is_dropped(title):
+    """A title is no sentence of the summary: kept, the coherence judge read it as one and the claim
+    splitter made a claim of it."""
+    assert plain_answer(f"{title}\n\n{PROSE}", "summary") == PROSE
+    assert plain_answer(f"Here is the summary:\n{title}\n{PROSE}", "summary") == PROSE
+
+
+@pytest.mark.parametrize("written", [
+    "# Montresor walls Fortunato in.\nNo one hears him.",  # a sentence after '#' ends like one
+    "#carnival season: Montresor meets Fortunato.\nHe walls him in.",  # a hashtag, not a heading
+    "# Chapter summary",  # nothing after it: left for the caller to judge
+    # Headings that divide the answer into sections are its structure, the first one too.
+    f"## Chapter One\n{PROSE}\n\n## Chapter Two\nThe wall stands for half a century.",
+])
+def test_a_line_starting_with_a_hash_that_is_no_title_is_kept(written):
+    assert plain_answer(written, "summary") == written
+
+
+def test_a_summary_headed_by_a_title_is_the_prose_alone():
+    lm = ScriptedLM(lambda call: f"## The story so far\n\n{PROSE}")
+    program = IncrementalSummarizer(chunk_size=64, context_window=2048, max_summary_tokens=200)
+    book = " ".join(["Montresor planned his revenge through the long carnival night."] * 12)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    assert result.summary == PROSE
+    assert all(node.text == PROSE for node in result.nodes)

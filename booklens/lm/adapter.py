@@ -34,6 +34,10 @@ _LEAD_IN = re.compile(r"^(?:(?:sure|certainly|of course|okay|ok|absolutely)\b\W*
 # A chat model's sign-off line after the answer: "I hope this helps!", "Let me know if ...".
 _SIGN_OFF = re.compile(r"^(?:I hope (?:this|that|the summary)\b|Let me know\b|Feel free to\b|Would you like me\b|"
                        r"If you(?:'d| would) like me\b|If you need (?:any|more)\b)[^\n]*$", re.IGNORECASE)
+# A markdown heading line: "## The story so far", "# Title #".
+_MD_HEADING = re.compile(r"^#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$")
+# A title is short, and it does not end as a sentence does ("# He walls him in." is prose).
+_TITLE_MAX_WORDS = 12
 # A list item with nothing after its marker: "6.", "6)", "-".
 _LIST_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s*$")
 
@@ -41,6 +45,17 @@ _LIST_MARKER = re.compile(r"^\s*(?:\d+[.)]|[-*\u2022])\s*$")
 def _is_header(line: str, names: set[str]) -> bool:
     found = _HEADER_LINE.match(line.strip())
     return bool(found) and found.group(1).strip().lower().replace(" ", "_") in names
+
+
+def _is_title(lines: list[str], i: int) -> bool:
+    """Whether `lines[i]` is a markdown title of the answer: a short heading that does not end like a
+    sentence, with no other heading after it (headings that divide the answer are its structure)."""
+    found = _MD_HEADING.match(lines[i].strip())
+    if not found:
+        return False
+    words = found.group(1).strip(" *_").split()
+    return (0 < len(words) <= _TITLE_MAX_WORDS and not words[-1].endswith((".", "!", "?"))
+            and not any(_MD_HEADING.match(line.strip()) for line in lines[i + 1:]))
 
 
 def _json_prose(text: str, field: str) -> str | None:
@@ -67,7 +82,8 @@ def _json_prose(text: str, field: str) -> str | None:
 
 def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str:
     """The prose a model wrote for the free-text output `field`, without the scaffolding small
-    models echo: a chat lead-in line ("Here is the summary:"), headers (exact or garbled) of
+    models echo: a chat lead-in line ("Here is the summary:"), a markdown title ("## The story so
+    far", `_is_title`), headers (exact or garbled) of
     `field`, of the signature's `other_fields` (a model asked to condense a `summary` may head its
     answer with that name) or of the end marker before it, lines without a letter before the
     prose, whatever follows such a header after the prose (a copy of an input), a chat sign-off
@@ -84,9 +100,10 @@ def plain_answer(text: str, field: str, other_fields: Iterable[str] = ()) -> str
     if "\\n" in text:  # prose about a book has no literal backslash-n; a model imitating JSON does
         text = text.replace("\\r\\n", "\n").replace("\\n", "\n")
     lines = text.strip().splitlines()
-    # Before the prose: headers, and lines without a letter (the word limit echoed, a bare "1").
-    # (An answer with no prose at all stays as it is, for the caller to judge.)
-    while (lines and (not has_letters(lines[0]) or _is_header(lines[0], names) or _LEAD_IN.match(lines[0].strip()))
+    # Before the prose: headers, a markdown title, and lines without a letter (the word limit echoed,
+    # a bare "1"). (An answer with no prose at all stays as it is, for the caller to judge.)
+    while (lines and (not has_letters(lines[0]) or _is_header(lines[0], names) or _LEAD_IN.match(lines[0].strip())
+                      or _is_title(lines, 0))
            and any(map(has_letters, lines[1:]))):
         lines.pop(0)
     # Past the prose, a bracketed header of an input or of the end marker starts a copy of the
