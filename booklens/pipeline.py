@@ -773,6 +773,10 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     if lms is None:
         lms = LMPool(system.lm, system.api_base, concurrency=concurrency)
     summary_lm = lms.get(system.lm, system.api_base)
+    if not system.given:  # before the run directory is made: no rerun could get past it
+        from booklens.steps import check_context_window
+
+        check_context_window(system.context_window, getattr(summary_lm, "context_window", None))
     judge_lm = lms.get(judge.lm, judge.api_base)
     summary_label, judge_label = lm_label(summary_lm), lm_label(judge_lm)
     summary_model = {"lm": summary_label, "api_base": public_api_base(lms.resolve(system.lm, system.api_base)[1])}

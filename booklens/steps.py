@@ -80,6 +80,18 @@ def check_method_options(method: str, level_budgets: Optional[list[int]] = None,
                             "makes no merges")
 
 
+def check_context_window(context_window: Optional[int], model_window: Optional[int]) -> None:
+    """A one-line error when the summarizer's window (`context_window`; None is the default) is
+    larger than the model's (`model_window`; None is unknown, and not checked). It says which of
+    the two it was, so a user who never gave --context-window is not told about that option's value."""
+    window = DEFAULT_CONTEXT_WINDOW if context_window is None else context_window
+    if not model_window or window <= model_window:
+        return
+    which = f"the default context window {window}" if context_window is None else f"--context-window {window}"
+    raise BooklensError(f"{which} is larger than this model's {model_window}: set --context-window to "
+                        f"{model_window} or less")
+
+
 def book_summarizer(*, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZE,
                     context_window: Optional[int] = None, max_summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
                     level_budgets: Optional[list[int]] = None,
@@ -135,10 +147,8 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = D
                               remove_artifacts=remove_artifacts, program_path=program_path,
                               merge_context=merge_context, words_per_token=words_per_token)
     merge_context = merge_context or DEFAULT_MERGE_CONTEXT
+    check_context_window(context_window, getattr(lm, "context_window", None))
     window = program.context_window
-    backend_window = getattr(lm, "context_window", None)
-    if backend_window and window > backend_window:
-        raise BooklensError(f"--context-window {window} is larger than the model's context window ({backend_window})")
     config = SummaryConfig(method=method, chunk_size=chunk_size, context_window=window,
                            max_summary_tokens=program.max_summary_tokens, level_budgets=level_budgets or [],
                            max_regenerations=program.max_regenerations, generation_slack=program.generation_slack,

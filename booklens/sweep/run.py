@@ -135,18 +135,22 @@ def check_models(sweep: Sweep) -> None:
 
 
 def check_summarizers(sweep: Sweep) -> None:
-    """The summarizer settings of each system fit its context window (what the summarizer checks first)."""
+    """The summarizer settings of each system fit its context window (what the summarizer checks first),
+    and that window fits the system's model where its window is known."""
     import dspy
 
-    from booklens.lm import BooklensAdapter
+    from booklens.lm import BooklensAdapter, lm_context_window
     from booklens.pipeline import build_summarizer
+    from booklens.steps import check_context_window
 
     with dspy.context(adapter=BooklensAdapter()):
         for spec in sweep.systems:
             if spec.summaries is not None:
                 continue
+            system = sweep.system_config(spec.name, sweep.books[0].key)
             try:
-                build_summarizer(sweep.system_config(spec.name, sweep.books[0].key)).check_budgets()
+                check_context_window(system.context_window, lm_context_window(spec.lm or sweep.lm))
+                build_summarizer(system).check_budgets()
             except BooklensError as exc:
                 raise BooklensError(f"{sweep.manifest}: system {spec.name!r}: {manifest_terms(str(exc))}") from None
 

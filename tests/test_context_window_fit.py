@@ -1,0 +1,71 @@
+"""A context window larger than the model's is refused in one line that says where the figure came
+from (the default or the option) and what to give instead, by every command that takes one, before
+anything is written or asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dspy
+import pytest
+
+import booklens  # noqa: F401 - offline settings before dspy imports litellm
+from booklens.errors import BooklensError
+from booklens.lm import BooklensAdapter
+from booklens.testing import ScriptedLM, run_command
+
+# A model LiteLLM's map gives a 4,096-token window; the server is never reached.
+SMALL_MODEL = ["--lm", "azure_ai/Phi-3-mini-4k-instruct", "--api-base", "http://127.0.0.1:9/v1"]
+DEFAULT_TOO_LARGE = ("the default context window 8192 is larger than this model's 4096: set --context-window "
+                     "to 4096 or less")
+
+
+@pytest.fixture
+def book(tmp_path: Path) -> Path:
+    path = tmp_path / "book.txt"
+    path.write_text("Mara walked to the mill. She met Tom by the gate.\n" * 20)
+    return path
+
+
+def test_summarize_book_says_the_default_was_too_large(book):
+    from booklens.steps import summarize_book
+
+    lm = ScriptedLM(lambda call: "Mara walked.", context_window=4096)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        with pytest.raises(BooklensError, match=f"^{DEFAULT_TOO_LARGE}$"):
+            summarize_book(book)
+        with pytest.raises(BooklensError, match="^--context-window 6000 is larger than this model's 4096: "
+                                                "set --context-window to 4096 or less$"):
+            summarize_book(book, context_window=6000)
+    assert lm.backend.calls == []
+
+
+def one_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_summarize_names_the_default_not_an_option_never_given(book, tmp_path):
+    result = run_command(["summarize", book, "-o", tmp_path / "s.json", *SMALL_MODEL])
+    assert one_line(result) == f"error: {DEFAULT_TOO_LARGE}"
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_run_refuses_the_default_window_before_writing_anything(book, tmp_path):
+    result = run_command(["run", book, "-o", tmp_path / "run", *SMALL_MODEL])
+    assert one_line(result) == f"error: {DEFAULT_TOO_LARGE}"
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_sweep_refuses_the_default_window_in_the_manifest_s_words(book, tmp_path):
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(f"books: [{book}]\nsystems: [{{name: a}}, {{name: b, context_window: 2048}}]\n")
+    result = run_command(["sweep", manifest, "-o", tmp_path / "sweep", *SMALL_MODEL])
+    assert one_line(result) == (f"error: {manifest}: system 'a': the default context window 8192 is larger than "
+                                "this model's 4096: set context_window to 4096 or less")
+    assert not (tmp_path / "sweep").exists()
+    manifest.write_text(f"books: [{book}]\nsystems: [{{name: b, context_window: 6000}}]\n")
+    result = run_command(["sweep", manifest, "-o", tmp_path / "sweep", *SMALL_MODEL])
+    assert one_line(result) == (f"error: {manifest}: system 'b': context_window 6000 is larger than this "
+                                "model's 4096: set context_window to 4096 or less")
