@@ -296,6 +296,8 @@ class SummaryNode(BaseModel):
                                                       "artifact removal keeps the summary as it was (which it "
                                                       "also does when its rewrite was not a cleanup: see "
                                                       "dropped_rewrite_tokens)")
+    filtered: bool = Field(default=False, description="the provider's content filter stopped every answer, so "
+                                                      "booklens kept its input (with fallback)")
     dropped_rewrite_tokens: Optional[int] = Field(
         default=None, description="artifact removal: the length of a rewrite that ran longer than the summary, "
                                   "was left unfinished (cut_off) or kept under half of the summary's words, so "

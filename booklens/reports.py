@@ -783,6 +783,8 @@ def _node_summary(n: SummaryNode) -> str:
         bits.append(f"the rewrite ran to {n.dropped_rewrite_tokens:,} tokens, longer than the summary: summary kept")
     elif n.dropped_rewrite_tokens is not None:  # it dropped most of the summary's words
         bits.append(f"the rewrite kept too little of the summary ({n.dropped_rewrite_tokens:,} tokens): summary kept")
+    elif n.fallback and n.filtered:
+        bits.append("the provider's content filter stopped every answer: input kept")
     elif n.fallback:
         bits.append("no answer with words: input kept")
     return (f'<span class="kind">{h(_KIND_NAMES.get(n.kind, n.kind).capitalize())}</span> {h(n.id)}{SEP}'

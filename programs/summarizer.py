@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import dspy
 
 from booklens.errors import BooklensError
-from booklens.lm import forget_answers, fresh_try, hearing_calls, last_finish_reason, predict_with_retries
+from booklens.lm import forget_answers, fresh_try, hearing_calls, last_stop, predict_with_retries
 from booklens.programs.base import Module, Predict, prompt_tokens
 from booklens.records import Chunk, SummaryNode
 from booklens.vocabulary import (  # noqa: F401 - the settings are part of this module's API
@@ -164,6 +164,7 @@ class _Generated:
     truncated: bool  # trimmed to the budget by booklens
     cut_off: bool = False  # the model's answer stopped at the token cap
     fallback: bool = False  # no answer had words: the given fallback text stands in
+    filtered: bool = False  # the provider's content filter stopped this answer (or, with fallback, the answers)
 
 
 class _BookSummarizer(Module):
@@ -268,13 +269,18 @@ class _BookSummarizer(Module):
         over budget, cut off or without words. When every try fails, the shortest answer with words is
         trimmed to whole leading sentences within `keep` tokens (default: the budget; `trim`), or kept
         whole; either way it is flagged over budget when longer than the budget. When no answer has
-        words (or every one that has is a refusal), `fallback` (trimmed the same way) stands in if
-        given; without one, tries go on to `WORDLESS_TRIES`, and if none has a word that is a one-line
-        error, never an answer of bare numbers or a refusal passed off as a summary."""
+        words (or every one that has is a refusal, or was stopped by the provider's content filter),
+        `fallback` (trimmed the same way) stands in if given; without one, tries go on to
+        `WORDLESS_TRIES`, and if none has a word that is a one-line error, never an answer of bare
+        numbers, a refusal or a filtered fragment passed off as a summary."""
         from booklens.text import count_tokens, has_letters  # an answer of bare numbers is no summary
 
         def usable(text: str) -> bool:
             return has_letters(text) and not looks_like_refusal(text)
+
+        def good(answer: _Generated) -> bool:
+            # A fragment the content filter left is no summary: what it stopped may be most of it.
+            return usable(answer.text) and not answer.filtered
 
         temperature = self.temperature if temperature is None else temperature
         keep = budget if keep is None else keep
@@ -282,8 +288,9 @@ class _BookSummarizer(Module):
         tried = 0
         wordless: list = []  # the calls of answers without a word
         unread: list[str] = []  # why each try whose answers did not parse failed
+        filtered = 0  # the tries whose answer the provider's content filter stopped
         for regeneration in range(self._tries(fallback)):
-            if regeneration > self.max_regenerations and best is not None and usable(best.text):
+            if regeneration > self.max_regenerations and best is not None and good(best):
                 break  # the tries past --max-regenerations are only for a summary with no word yet
             tried += 1
             asked = dict(inputs)
@@ -303,22 +310,27 @@ class _BookSummarizer(Module):
                 unread.append(result.error or "unparseable answer")
                 continue
             text = str(getattr(result.prediction, output) or "").strip()
-            if not usable(text):
-                wordless.extend(heard)
             tokens = count_tokens(text)
-            cut_off = last_finish_reason() == "length"
-            candidate = _Generated(text, tokens, regeneration + 1, tokens > budget, False, cut_off)
-            if text and (best is None or (usable(text), -tokens) > (usable(best.text), -best.tokens)):
+            stop = last_stop()
+            candidate = _Generated(text, tokens, regeneration + 1, tokens > budget, False, stop == "length",
+                                   filtered=stop == "content_filter")
+            filtered += candidate.filtered
+            if not good(candidate):
+                wordless.extend(heard)
+            # (of answers that are no summary, one the filter did not stop says more of why in an error)
+            if text and (best is None or (good(candidate), not candidate.filtered, -tokens)
+                         > (good(best), not best.filtered, -best.tokens)):
                 best = candidate
-            if usable(text) and tokens <= budget and not cut_off:
+            if good(candidate) and tokens <= budget and not candidate.cut_off:
                 return candidate
-        if fallback is not None and (best is None or not usable(best.text)):
+        if fallback is not None and (best is None or not good(best)):
             text = trim_to_budget(fallback, keep) if trim else fallback
             tokens = count_tokens(text)
-            return _Generated(text, tokens, tried, tokens > budget, text != fallback, fallback=True)
-        if best is None or not usable(best.text):
+            return _Generated(text, tokens, tried, tokens > budget, text != fallback, fallback=True,
+                              filtered=filtered == tried)
+        if best is None or not good(best):
             forget_answers(wordless)  # not kept: a rerun asks again
-            raise BooklensError(self._no_summary(where, best, unread))
+            raise BooklensError(self._no_summary(where, best, unread, filtered))
         if best.cut_off and trim:
             # The cap stopped the answer mid-sentence: a dangling half sentence would read as confusing.
             text = without_unfinished_sentence(best.text)
@@ -337,18 +349,22 @@ class _BookSummarizer(Module):
         """How many tries a summary gets when none of its answers has a word."""
         return self.max_regenerations + 1 if fallback is not None else max(self.max_regenerations + 1, WORDLESS_TRIES)
 
-    def _no_summary(self, where: str, best: _Generated | None, unread: Sequence[str] = ()) -> str:
+    def _no_summary(self, where: str, best: _Generated | None, unread: Sequence[str] = (), filtered: int = 0) -> str:
         """The error when no try gave a summary with words: what the tries got instead (answers
-        without a word, refusals, empty ones, or, `unread`, the errors of those that did not parse). Those
+        without a word, refusals, empty ones, `filtered` stopped by the provider's content filter,
+        or, `unread`, the errors of those that did not parse). Those
         answers are not kept in the cache (empty ones never are), so a plain rerun asks again; more
         regenerations or another model are what change the odds."""
         tries = self._tries(None)
         # the parser's words can run long; the first of them say what was wrong
         why = unread[-1][:160].rstrip(" .") if unread else ""
-        if best is not None:
+        if filtered == tries:
+            got = "the provider's content filter stopped every answer"
+        elif best is not None:
             from booklens.text import has_letters
 
-            kind = "refusals" if has_letters(best.text) else "answers without a word"
+            kind = ("answers the provider's content filter stopped" if best.filtered
+                    else "refusals" if has_letters(best.text) else "answers without a word")
             got = f"{kind}, such as {best.text[:40]!r}"
             if unread:
                 got += f"; {len(unread)} could not be read ({why})"
@@ -358,6 +374,8 @@ class _BookSummarizer(Module):
             got = f"{len(unread)} answers could not be read ({why}) and the others were empty"
         else:
             got = "only empty answers"
+        if 0 < filtered < tries and not (best is not None and best.filtered):
+            got += f"; the provider's content filter stopped {filtered}"
         return (f"the model gave no usable summary for {where} in {tries} tries ({got}, not kept: a rerun asks "
                 f"again); raise --max-regenerations above {tries - 1} or use another model")
 
@@ -382,7 +400,7 @@ class _BookSummarizer(Module):
                                  tokens=cleaned.tokens, budget=budget, children=[final.id], chunks=final.chunks,
                                  attempts=cleaned.attempts, over_budget=cleaned.over_budget,
                                  truncated=cleaned.truncated, cut_off=cleaned.cut_off, fallback=cleaned.fallback,
-                                 dropped_rewrite_tokens=dropped))
+                                 filtered=cleaned.filtered, dropped_rewrite_tokens=dropped))
         return cleaned.text
 
     def _chunks(self, book: str) -> list[Chunk]:
@@ -828,7 +846,7 @@ class IncrementalSummarizer(_BookSummarizer):
                                       tokens=comp.tokens, budget=g, children=[updated.id], chunks=updated.chunks,
                                       attempts=comp.attempts, over_budget=comp.over_budget,
                                       truncated=comp.truncated or (comp.fallback and stand_in != updated.text),
-                                      cut_off=comp.cut_off, fallback=comp.fallback)
+                                      cut_off=comp.cut_off, fallback=comp.fallback, filtered=comp.filtered)
                 nodes.append(current)
             steps(1)
         steps(0, close=True)

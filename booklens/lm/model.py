@@ -34,6 +34,19 @@ def last_finish_reason() -> str:
     return _last_finish_reason.get()
 
 
+# Why an answer stopped before the model finished it, by finish reason, in a message's words:
+# at the token cap, or by the provider's content filter (OpenAI's and Azure's `content_filter`,
+# which LiteLLM also reports for other providers' safety stops). Any other reason is a finished answer.
+UNFINISHED = {"length": "cut off at the token limit", "content_filter": "stopped by the provider's content filter"}
+
+
+def last_stop() -> str | None:
+    """Why the current thread's most recent answer was left unfinished, a key of `UNFINISHED`
+    ('length', 'content_filter'); None when the model finished it."""
+    reason = _last_finish_reason.get()
+    return reason if reason in UNFINISHED else None
+
+
 # The answer room of the last completion in this thread (`Completion.answer_room`): set when the
 # context window, not max_tokens, bounded its answer.
 _last_answer_room: contextvars.ContextVar[int | None] = contextvars.ContextVar("booklens_room", default=None)
@@ -470,9 +483,13 @@ def predict_with_retries(
                     return Attempted(prediction=prediction, attempts=attempt + 1)
                 _forget_trace(prediction)
         rejected.extend(heard)
-        cut_off = last_finish_reason() == "length"
+        stop = last_stop()
+        cut_off = stop == "length"
         room = _last_answer_room.get()
-        if cut_off and room is not None:
+        if stop == "content_filter":
+            # More room would not get past the filter: the next try is a fresh sample.
+            last_error = f"the answer was {UNFINISHED[stop]}: {complaint}"
+        elif cut_off and room is not None:
             # The context window ended the answer, not its budget: more budget would bring the same
             # answer back, so the next try is a fresh sample, which may be shorter.
             last_error = (f"the answer was cut off where the context window ends ({room} tokens left after the "

@@ -1,0 +1,97 @@
+"""An answer the provider's content filter stopped (`finish_reason: content_filter`, as OpenAI and
+Azure report it) is no finished answer: it is asked again, and a summary that every try lost to
+the filter is a one-line error naming the filter (a compression or cleanup keeps its input and its
+node says why), never a fragment passed off as the summary."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import dspy
+import pytest
+
+import booklens  # noqa: F401 - offline settings before dspy imports litellm
+from booklens.errors import BooklensError
+from booklens.lm import BooklensAdapter, BooklensLM, LiteLLMBackend, predict_with_retries
+from booklens.programs.summarizer import HierarchicalSummarizer, IncrementalSummarizer
+from booklens.testing import FakeOpenAIServer, Reply
+
+WHOLE = "The keeper gave away the fuel. The lamp went dark. Years later the truth came out."
+FRAGMENT = "The keeper gave away the fuel. The lamp went da"
+STORY = " ".join(["The keeper of the lighthouse gave the last of the lamp oil to a ship in need."] * 6)
+
+
+def no_sleep(seconds: float) -> None:
+    pass
+
+
+def lm_for(server) -> BooklensLM:
+    return BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url, sleep=no_sleep))
+
+
+def filtered(body) -> Reply:
+    return Reply(content=FRAGMENT, finish_reason="content_filter")
+
+
+def test_a_filtered_summary_is_asked_again_and_the_finished_one_kept():
+    answers = iter([filtered, lambda body: WHOLE])
+    with FakeOpenAIServer(responder=lambda body: next(answers)(body)) as server:
+        program = HierarchicalSummarizer(chunk_size=256, context_window=4096, max_summary_tokens=200)
+        with dspy.context(lm=lm_for(server), adapter=BooklensAdapter()):
+            result = program(book=STORY)
+    assert result.summary == WHOLE
+    assert [n.attempts for n in result.nodes] == [2] and len(server.received) == 2
+
+
+def test_a_summary_the_filter_stopped_in_every_try_is_one_line_naming_the_filter():
+    with FakeOpenAIServer(responder=filtered) as server:
+        program = HierarchicalSummarizer(chunk_size=256, context_window=4096, max_summary_tokens=200)
+        with dspy.context(lm=lm_for(server), adapter=BooklensAdapter()):
+            with pytest.raises(BooklensError) as caught:
+                program(book=STORY)
+    message = str(caught.value)
+    assert "\n" not in message and "content filter stopped every answer" in message, message
+    assert FRAGMENT not in message and len(server.received) == 3
+
+
+def test_an_empty_answer_the_filter_stopped_is_named_too():
+    with FakeOpenAIServer(responder=lambda body: Reply(content="", finish_reason="content_filter")) as server:
+        program = HierarchicalSummarizer(chunk_size=256, context_window=4096, max_summary_tokens=200)
+        with dspy.context(lm=lm_for(server), adapter=BooklensAdapter()):
+            with pytest.raises(BooklensError, match="content filter stopped every answer"):
+                program(book=STORY)
+
+
+def test_a_filtered_cleanup_keeps_the_summary_and_its_node_says_why():
+    from booklens.reports import _node_summary
+
+    def respond(body):
+        last = str(body["messages"][-1]["content"])
+        return filtered(body) if "[[ ## summary ## ]]" in last and "excerpt" not in last else WHOLE
+
+    with FakeOpenAIServer(responder=respond) as server:
+        program = HierarchicalSummarizer(chunk_size=256, context_window=4096, max_summary_tokens=200,
+                                         remove_artifacts=True)
+        with dspy.context(lm=lm_for(server), adapter=BooklensAdapter()):
+            result = program(book=STORY)
+    assert result.summary == WHOLE
+    clean = result.nodes[-1]
+    assert clean.kind == "clean" and clean.fallback and clean.filtered and clean.text == WHOLE
+    assert "content filter" in _node_summary(clean)
+
+
+class Classify(dspy.Signature):
+    """Classify the text."""
+
+    text: str = dspy.InputField()
+    label: Literal["good", "bad"] = dspy.OutputField()
+
+
+def test_a_structured_answer_the_filter_stopped_fails_naming_the_filter():
+    reply = lambda body: Reply(content='{"label": "go', finish_reason="content_filter")  # noqa: E731
+    with FakeOpenAIServer(responder=reply) as server:
+        with dspy.context(lm=lm_for(server), adapter=BooklensAdapter()):
+            result = predict_with_retries(dspy.Predict(Classify), config={"max_tokens": 16}, text="x")
+    assert not result.ok and "stopped by the provider's content filter" in result.error
+    # more room would bring the filter back: no larger budget
+    assert [r.body["max_tokens"] for r in server.received] == [16, 16, 16]
