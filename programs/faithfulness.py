@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import dspy
 
 from booklens.errors import BooklensError
-from booklens.lm import last_finish_reason, predict_with_retries, usage_step
+from booklens.lm import UNFINISHED, last_finish_reason, last_stop, predict_with_retries, usage_step
 from booklens.parallel import parallel_map
 from booklens.programs.base import Module, Predict
 from booklens.records import ClaimVerdict, Evidence
@@ -337,8 +337,9 @@ class ClaimDecomposer(Module):
             raise BooklensError("the summary is empty")
 
         def check(prediction) -> str | None:
-            if last_finish_reason() == "length":
-                return "the list of claims was cut off at the token limit"
+            stop = last_stop()
+            if stop is not None:
+                return f"the list of claims was {UNFINISHED[stop]}"
             if not clean_claims(prediction.claims):
                 return "no claims in the answer"
             return None

@@ -95,3 +95,19 @@ def test_a_structured_answer_the_filter_stopped_fails_naming_the_filter():
     assert not result.ok and "stopped by the provider's content filter" in result.error
     # more room would bring the filter back: no larger budget
     assert [r.body["max_tokens"] for r in server.received] == [16, 16, 16]
+
+
+def test_a_list_of_claims_the_filter_stopped_is_not_taken_for_the_whole_list():
+    """A list of claims the filter stopped lacks the claims after where it stopped: verified as if whole,
+    the summary's unverified part would go uncounted."""
+    from booklens.programs.faithfulness import ClaimDecomposer
+    from booklens.testing import ScriptedLM
+
+    lm = ScriptedLM(lambda call: {"claims": ["The keeper gave away the fuel."]})
+    lm.backend.finish_reason = "content_filter"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = ClaimDecomposer()(summary=WHOLE)
+    assert result.claims == [] and "the list of claims was stopped by the provider's content filter" in result.error
+    lm.backend.finish_reason = "stop"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        assert ClaimDecomposer()(summary=WHOLE).claims == ["The keeper gave away the fuel."]

@@ -24,7 +24,7 @@ _EXPORTS = {
     "remote": ("LiteLLMBackend", "STRUCTURED_MODES", "check_api_base", "resolve_api_base"),
     "ratelimit": ("RateLimiter",),
     "adapter": ("BooklensAdapter", "plain_output_field"),
-    "model": ("BooklensLM", "last_finish_reason", "last_stop", "make_lm", "make_backend", "lm_context_window",
+    "model": ("BooklensLM", "last_finish_reason", "last_stop", "UNFINISHED", "make_lm", "make_backend", "lm_context_window",
               "local_backend", "configure", "current_lm", "Attempted", "predict_with_retries", "fresh_try",
               "hearing_calls", "forget_answers",
               "resolve_structured", "make_limiter", "rate_limits"),
