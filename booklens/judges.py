@@ -346,9 +346,10 @@ def _fmt_figure(name: str, block: Optional[dict[str, Any]]) -> str:
     return f"{name} {block['value']:.2f}{ci}"
 
 
-def _failed_note(task: str, calibration: dict[str, Any]) -> str:
+def failed_note(task: str, calibration: dict[str, Any]) -> Optional[str]:
     """How many items of the calibration sample got no valid verdict, and how the figures took them:
-    coherence leaves such sentences out, verification counts such claims as wrong."""
+    coherence leaves such sentences out, verification counts such claims as wrong. None when none
+    failed. The judge line and the report's judge card both show it."""
     if task == "coherence":
         n = calibration.get("n") or {}
         failed, total, what, how = n.get("failed"), n.get("sentences"), "sentence", "left out"
@@ -356,8 +357,8 @@ def _failed_note(task: str, calibration: dict[str, Any]) -> str:
         counts = calibration.get("counts") or {}
         failed, total, what, how = counts.get("failed"), counts.get("claims"), "claim", "counted as wrong"
     if not failed:
-        return ""
-    return f" ({failed} of {counted(total or 0, what)} got no valid verdict: {how})"
+        return None
+    return f"{failed} of {counted(total or 0, what)} got no valid verdict: {how}"
 
 
 def judge_line(info: Any) -> str:
@@ -375,7 +376,8 @@ def judge_line(info: Any) -> str:
             parts = [_fmt_figure("F1 faithful", f1.get("faithful")), _fmt_figure("F1 unfaithful", f1.get("unfaithful")),
                      _fmt_figure("accuracy", figures.get("accuracy"))]
         head += f"; agreement with humans on {c.get('sample_name', 'the test split')}: {', '.join(parts)}"
-        head += _failed_note(info.task, c)
+        failed = failed_note(info.task, c)
+        head += f" ({failed})" if failed else ""
     note = other_lm_note(f"the {info.task} program", info.compiled_with, info.lm)
     return head + (f"\nnote: {note}" if note else "") + (f"\nwarning: {info.warning}" if info.warning else "")
 

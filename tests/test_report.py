@@ -361,6 +361,32 @@ def test_a_judge_card_names_the_lm_its_program_was_compiled_with_when_another_ru
     assert "compiled with" not in card("openai/gpt-4o", None)
 
 
+def _verification_judge(evidence=None, failed=0):
+    from booklens.records import JudgeInfo
+
+    calibration = {"sample_name": "FABLES' test split (1 book, 40 claims)",
+                   "counts": {"claims": 40, "failed": failed, "unfaithful": 4, "unfaithful_found": 2},
+                   "figures": {"f1": {"faithful": {"value": 0.9}, "unfaithful": {"value": 0.5}},
+                               "accuracy": {"value": 0.8}}}
+    return JudgeInfo(task="verification", mode="four-way", program="default", program_sha256="0" * 64, demos=6,
+                     lm="openai/x", calibration=calibration, evidence=evidence)
+
+
+def _card_text(info) -> str:
+    from booklens.reports import judge_card
+
+    return Dom.text(Dom(judge_card("verification", info)).find("li", cls="judge")[0])
+
+
+def test_the_judge_card_says_how_many_calibration_items_got_no_verdict_as_the_judge_line_does():
+    from booklens.judges import judge_line
+
+    info = _verification_judge(failed=3)
+    note = "3 of 40 claims got no valid verdict: counted as wrong"
+    assert note in judge_line(info) and note in _card_text(info)
+    assert "no valid verdict" not in judge_line(_verification_judge()) + _card_text(_verification_judge())
+
+
 def verification_card_with(run_dir: Path, run_json_judge: dict) -> str:
     """The report's verification judge card once run.json lists `run_json_judge` for it."""
     from booklens.reports import load_run, render_report
