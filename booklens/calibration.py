@@ -39,6 +39,8 @@ from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, counted
 COHERENCE_BOOKS = 2
 VERIFICATION_BOOKS = 1
 SEED = 0
+# The evidence a verifier is calibrated with: the annotators' quotes (the seed's "human evidence").
+VERIFICATION_EVIDENCE = "given"
 
 
 class JudgedNothing(BooklensError):
@@ -255,7 +257,8 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
                   sum(1 for c in claims_in_sample if " ".join(c.split()) in shown), len(claims_in_sample), "claims")
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
-    checker = FaithfulnessChecker(verifier=program, evidence_mode="given", concurrency=concurrency)
+    checker = FaithfulnessChecker(verifier=program, evidence_mode=VERIFICATION_EVIDENCE,
+                                 concurrency=concurrency)
     gold: list[str] = []
     pred: list[Optional[str]] = []
     groups: list[str] = []

@@ -242,10 +242,11 @@ def _as_list(value: Any) -> list:
 
 
 def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, Any]] = None,
-               server: Optional[str] = None) -> Any:
+               server: Optional[str] = None, evidence: Optional[str] = None) -> Any:
     """`JudgeInfo` for a (program, LM) pair, with its stored calibration and warning. The store is the
     shipped one plus the user's next to the LM's call cache, unless `store` is given. `server`: the
-    LM's server URL when `lm` is only a name (an LM object says its own)."""
+    LM's server URL when `lm` is only a name (an LM object says its own). `evidence`: the evidence
+    mode a verifier's verdicts are made with (None where no verdicts are made)."""
     from booklens.lm.base import lm_label, lm_server
     from booklens.lm.remote import public_url
     from booklens.records import JudgeInfo
@@ -260,7 +261,8 @@ def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, A
     entry = find_calibration(judge, mode, lm_name, fingerprint, server=server, store=store)
     info = JudgeInfo(task=task_of(judge), mode=mode, program=getattr(program, "_booklens_judge", "program"),
                      program_sha256=fingerprint, demos=demo_count(judge, program), lm=lm_name, api_base=server,
-                     compiled_with=compiled_with(getattr(program, "_booklens_artifact", None)), calibration=entry)
+                     compiled_with=compiled_with(getattr(program, "_booklens_artifact", None)), calibration=entry,
+                     evidence=evidence if judge != "coherence" else None)
     info.warning = judge_warning(info, batch_size=getattr(program, "batch_size", 1))
     return info
 
@@ -361,6 +363,16 @@ def failed_note(task: str, calibration: dict[str, Any]) -> Optional[str]:
     return f"{failed} of {counted(total or 0, what)} got no valid verdict: {how}"
 
 
+def evidence_note(info: Any) -> Optional[str]:
+    """When a verifier's verdicts had other evidence than its calibration (the annotators' quotes):
+    the figures measured it in a setting other than the one it judged in. None otherwise."""
+    from booklens.calibration import VERIFICATION_EVIDENCE
+
+    if info.task != "verification" or not info.calibration or info.evidence in (None, VERIFICATION_EVIDENCE):
+        return None
+    return f"measured with the annotators' evidence quotes, not --evidence {info.evidence} as here"
+
+
 def judge_line(info: Any) -> str:
     """One line for the terminal: who judged and how well it agrees with humans."""
     name = {"default": "default few-shot", "zero-shot": "zero-shot"}.get(info.program, info.program)
@@ -378,6 +390,8 @@ def judge_line(info: Any) -> str:
         head += f"; agreement with humans on {c.get('sample_name', 'the test split')}: {', '.join(parts)}"
         failed = failed_note(info.task, c)
         head += f" ({failed})" if failed else ""
+        setting = evidence_note(info)
+        head += f"; {setting}" if setting else ""
     note = other_lm_note(f"the {info.task} program", info.compiled_with, info.lm)
     return head + (f"\nnote: {note}" if note else "") + (f"\nwarning: {info.warning}" if info.warning else "")
 

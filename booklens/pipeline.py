@@ -789,7 +789,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     wanted = judge.wanted_steps()
     from booklens.judges import judge_info, judge_name
 
-    judges = {task: judge_info(judge_name(task, program), program, judge_lm)
+    judges = {task: judge_info(judge_name(task, program), program, judge_lm, evidence=judge.evidence)
               for task, program in programs.items() if task in ("coherence", "verification")}
 
     book_error = None

@@ -267,6 +267,8 @@ class JudgeInfo(BaseModel):
                                                                    "or instructions, when an LM chose them")
     calibration: Optional[dict[str, Any]] = None
     warning: Optional[str] = None
+    evidence: Optional[str] = Field(default=None, description="verification: the evidence mode the verdicts were "
+                                                              "made with (the calibration's is 'given')")
 
 
 # ---------------------------------------------------------------------------

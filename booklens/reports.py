@@ -552,11 +552,14 @@ def judge_card(task: str, judge: Any) -> str:
                  _figure_text("accuracy", figures.get("accuracy"))]
         headline = _figure_text("F1 unfaithful", f1.get("unfaithful"))
     if c:
-        from booklens.judges import failed_note
+        from booklens.judges import evidence_note, failed_note
 
         failed = failed_note(task, c)
         detail.append(f"agreement with human annotators on {c.get('sample_name', 'the test split')}: "
                       + ", ".join(x for x in shown if x) + (f" ({failed})" if failed else ""))
+        setting = evidence_note(judge)
+        if setting:
+            detail.append(setting)
         value = (headline or "measured").split(" [")[0]
     else:
         detail.append("its agreement with human annotators was never measured")

@@ -421,3 +421,25 @@ def test_given_evidence_that_cannot_fit_the_judge_window_is_one_line_naming_the_
         proc = run_here(["verify", "--claims", str(short), "--evidence", "given", "--budget-tokens", "9000", *lm,
                          "-o", str(out)], tmp_path)
         assert proc.returncode == 0, proc.stderr
+
+
+def test_the_judge_line_says_the_calibration_had_the_annotators_evidence_when_verify_had_none(tmp_path):
+    """A verifier is calibrated with the annotators' quotes: next to closed-book verdicts its figures
+    measure another setting, and the line says so; the record keeps the evidence mode its judge had."""
+    from booklens.judges import calibration_key, load_judge, program_fingerprint, store_calibration
+
+    claims = write(tmp_path / "claims.json", ["The keeper let the lamp go dark."])
+    out = tmp_path / "verify.json"
+    with FakeOpenAIServer(responder=fake_answers) as server:
+        entry = {"key": calibration_key("verification", "four-way", "openai/fake-model",
+                                        program_fingerprint(load_judge("verification")), server.url),
+                 "sample_name": "S", "counts": {"claims": 10, "unfaithful": 2, "unfaithful_found": 1},
+                 "figures": {"f1": {"unfaithful": {"value": 0.5}}, "accuracy": {"value": 0.9}}}
+        store_calibration(entry, tmp_path / "cache" / "calibration.json")
+        proc = run_here(["verify", "--claims", str(claims), "--evidence", "none", "--lm", "openai/fake-model",
+                         "--api-base", server.url, "-o", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("judge: "))
+    assert "agreement with humans on S" in line
+    assert line.endswith("; measured with the annotators' evidence quotes, not --evidence none as here")
+    assert json.loads(out.read_text())["judge"]["evidence"] == "none"

@@ -387,6 +387,18 @@ def test_the_judge_card_says_how_many_calibration_items_got_no_verdict_as_the_ju
     assert "no valid verdict" not in judge_line(_verification_judge()) + _card_text(_verification_judge())
 
 
+def test_the_judge_line_and_card_say_the_calibration_had_the_annotators_evidence_when_the_run_did_not():
+    from booklens.judges import judge_line
+
+    for mode in ("bm25", "none"):
+        info = _verification_judge(evidence=mode)
+        clause = f"measured with the annotators' evidence quotes, not --evidence {mode} as here"
+        assert clause in judge_line(info) and clause in _card_text(info)
+    # The calibration's own setting, or a record that does not say, gets no clause.
+    for info in (_verification_judge(evidence="given"), _verification_judge()):
+        assert "annotators' evidence" not in judge_line(info) + _card_text(info)
+
+
 def verification_card_with(run_dir: Path, run_json_judge: dict) -> str:
     """The report's verification judge card once run.json lists `run_json_judge` for it."""
     from booklens.reports import load_run, render_report
