@@ -94,7 +94,18 @@ VERBOSITY_PROTOCOLS = ("single", "pairwise")
 
 
 def counted(n: float, noun: str, shown: str | None = None) -> str:
-    """'1 claim', '3 claims': `noun` is the singular, made plural with an s; `shown` writes the
-    number another way ('1.2M')."""
+    """'1 claim', '3 claims', '2 summaries': `noun` is the singular, made plural with an s (a y after
+    a consonant becomes ies); `shown` writes the number another way ('1.2M')."""
     number = str(n) if shown is None else shown
-    return f"{number} {noun}" if n == 1 else f"{number} {noun}s"
+    if n == 1:
+        return f"{number} {noun}"
+    if noun.endswith("y") and noun[-2:-1] not in ("", *"aeiou"):
+        return f"{number} {noun[:-1]}ies"
+    return f"{number} {noun}s"
+
+
+def singular(plural: str) -> str:
+    """The noun `counted` makes `plural` from ('summaries' -> 'summary'), for names kept in the plural."""
+    if plural.endswith("ies"):
+        return plural[:-3] + "y"
+    return plural[:-1] if plural.endswith("s") else plural

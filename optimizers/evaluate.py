@@ -24,6 +24,7 @@ import dspy
 from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm import BooklensLM
 from booklens.lm.usage import UsageTracker
+from booklens.vocabulary import counted, singular
 from booklens.metrics.bootstrap import bootstrap_mean as bootstrap_ci, paired_bootstrap_ci  # noqa: F401 - part of this module's API
 
 
@@ -272,7 +273,10 @@ def format_table(results: Sequence[EvalResult], *, title: str, metric_name: str)
             units = None if first.units is None else [first.units[i] for i in both]
             diff, lo, hi = paired_bootstrap_ci([first.scores[i] for i in both], [r.scores[i] for i in both],
                                                units=units)
-            interval = (f"(no interval: 1 of {first.unit_name} to resample)" if math.isnan(lo) else
+            # Fewer than two units is no interval: every resample is the one unit again.
+            n_units = len(both) if units is None else len(set(units))
+            interval = (f"(no interval: only {counted(n_units, singular(first.unit_name))} to resample)"
+                        if math.isnan(lo) else
                         f"[{lo:+.3f}, {hi:+.3f}] (paired bootstrap over the same {first.unit_name}, 95%)")
             over = "" if len(both) == first.n else f" over the {len(both)} of {first.n} examples both have a score for"
             out.append(f"{r.label} - {first.label}: {diff:+.3f} {interval}{over}")

@@ -363,7 +363,19 @@ def test_bootstrap_interval_is_reproducible_and_contains_the_mean():
     table = format_table(one, title="t", metric_name="m")
     metric_row = next(line for line in table.splitlines() if line.startswith("| m (95% CI)"))
     assert "0.500" in metric_row and "1.000" in metric_row and "[" not in metric_row
-    assert "b - a: +0.500 (no interval: 1 of summaries to resample)" in table
+    assert "b - a: +0.500 (no interval: only 1 summary to resample)" in table
+    # Without units each example is its own: one example both have a score for is one to resample.
+    single = [EvalResult(label, scores, examples="same") for label, scores in (("a", [1.0]), ("b", [0.0]))]
+    assert "b - a: -1.000 (no interval: only 1 example to resample)" in format_table(single, title="t", metric_name="m")
+
+
+def test_counts_name_their_noun_in_the_singular_or_the_plural():
+    from booklens.vocabulary import counted, singular
+
+    assert [counted(n, "summary") for n in (1, 2)] == ["1 summary", "2 summaries"]
+    assert [counted(n, "day") for n in (1, 2)] == ["1 day", "2 days"]  # a vowel before the y keeps it
+    assert counted(0, "claim") == "0 claims" and counted(1_200_000, "token", "1.2M") == "1.2M tokens"
+    assert [singular(name) for name in ("summaries", "examples", "days")] == ["summary", "example", "day"]
 
 
 def test_a_figure_that_only_one_unit_defines_gets_no_interval():
