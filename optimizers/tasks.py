@@ -198,6 +198,12 @@ def load_task_splits(task: Task, data: str | Path, *, seed: int = 0, sizes: dict
     return Splits(picked["train"], picked["dev"], picked["test"], info)
 
 
+def data_files(task: Task, data: str | Path) -> list[Path]:
+    """The files the task reads from a data path (FABLES.json, whether named itself or by its folder)."""
+    path = Path(data)
+    return task.data_files(path) if task.data_files is not None else [path]
+
+
 def data_digest(task: Task, data: str | Path) -> str:
     """sha256 of the data the task reads from `data`: of the file when it reads one (wherever it was
     named from: FABLES.json or its folder), of the files' names and digests when it reads several."""
@@ -205,8 +211,7 @@ def data_digest(task: Task, data: str | Path) -> str:
 
     from booklens.optimizers.artifacts import sha256_of
 
-    path = Path(data)
-    files = task.data_files(path) if task.data_files is not None else [path]
+    files = data_files(task, data)
     if len(files) == 1:
         return sha256_of(files[0])
     digest = hashlib.sha256()

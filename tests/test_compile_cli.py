@@ -653,3 +653,23 @@ def test_an_optimizer_that_chooses_on_dev_with_no_dev_split_is_one_line(tmp_path
                         "--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
         assert_one_line_error(proc, f"optimizer '{optimizer}' chooses among candidates on a dev set, and the dev "
                                     f"split of {data} is empty", output=out)
+
+
+def test_calibrate_takes_the_fables_folder_as_compile_does(tmp_path):
+    """compile --data takes FABLES.json or its folder; calibrate --fables-data refused the folder. Both
+    read the file the verification task reads from the path, and store the same calibration."""
+    folder = tmp_path / "fables"
+    folder.mkdir()
+    tiny_fables(folder / "FABLES.json")
+    (folder / "README.txt").write_text("not FABLES")
+    stores = {name: tmp_path / f"{name}.json" for name in ("folder", "file")}
+    with FakeOpenAIServer(responder=fake_verifier) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        for name, data in (("folder", folder), ("file", folder / "FABLES.json")):
+            proc = run_cli(["calibrate", "--judge", "verification", "--fables-data", data, "-o", stores[name], *lm],
+                           tmp_path)
+            assert proc.returncode == 0, proc.stderr
+    entries = [json.loads(stores[name].read_text())["calibrations"] for name in ("folder", "file")]
+    assert entries[0] == entries[1]
+    (entry,) = entries[0].values()
+    assert [f["name"] for f in entry["data"]["files"]] == ["FABLES.json"] and entry["n"]["claims"] > 0

@@ -42,8 +42,8 @@ CoherenceDataOption = Annotated[Optional[Path], typer.Option(
     "--coherence-data", help="BooookScore human annotations: the folder with summary-gpt4-4096-{inc,hier}.json "
                              "(default: ../shared/data/booookscore/human or $BOOKLENS_BOOOOKSCORE_DIR/human).")]
 FablesDataOption = Annotated[Optional[Path], typer.Option(
-    "--fables-data", help="FABLES.json (default: ../shared/data/fables/FABLES.json if present, else the public "
-                          "release, downloaded once).")]
+    "--fables-data", help="FABLES.json or its folder (default: ../shared/data/fables/FABLES.json if present, else "
+                          "the public release, downloaded once).")]
 ZeroShotOption = Annotated[bool, typer.Option("--zero-shot", help="The zero-shot program instead of the default "
                                                                   "few-shot one.")]
 
@@ -55,8 +55,11 @@ def _human_dir(path: Optional[Path]) -> Path:
 
 
 def _fables_path(path: Optional[Path]) -> Path:
+    """The FABLES file a judge reads: as `compile --data` takes it, the file or the FABLES.json in a folder."""
     if path is not None:
-        return path
+        from booklens.optimizers.tasks import data_files, get_task
+
+        return data_files(get_task("verification"), path)[0]
     from booklens.data.fables import default_fables_path
 
     return default_fables_path()
