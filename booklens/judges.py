@@ -155,11 +155,12 @@ def check_zero_shot(artifacts: Mapping[str, Any], tasks: Sequence[str], zero_sho
 
 def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[str] = ("coherence", "verification"),
                    zero_shot: bool = False, binary: bool = False, batch_size: int = 1, concurrency: int = 4,
-                   tries: int = 3) -> dict[str, Any]:
+                   tries: int = 3, evidence: Optional[str] = None) -> dict[str, Any]:
     """The programs a command runs, by task: each judge (coherence, verification) is the artifact given
     for its task, else the zero-shot program with `zero_shot`, else the default few-shot program; the
     claim decomposer is the artifact given or the zero-shot one. `binary` asks for the faithful /
-    unfaithful rater (an artifact's own label set decides when one is given)."""
+    unfaithful rater (an artifact's own label set decides when one is given). `evidence`: the mode
+    the verifier will run with, for `check_closed_book`."""
     from booklens.optimizers.artifacts import artifact_metadata, load_program
 
     artifacts = dict(artifacts or {})
@@ -176,6 +177,7 @@ def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[
             if binary and compiled_for != "binary":
                 raise BooklensError(f"{path} is a {compiled_for} verification program; --binary needs a binary one")
             binary = compiled_for == "binary"
+            check_closed_book(path, evidence)
         programs["verification"] = load_judge("binary" if binary else "verification", path,
                                               zero_shot=zero_shot and path is None, tries=tries)
     if "decomposition" in tasks:
@@ -186,6 +188,19 @@ def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[
             load_program(decomposer, artifacts["decomposition"], task="decomposition")
         programs["decomposition"] = decomposer
     return programs
+
+
+def check_closed_book(path: Path, evidence: Optional[str]) -> None:
+    """A compiled verifier is refused for closed-book verification: compile runs and scores its
+    predictor with evidence, so with evidence 'none' its other predictor, which no optimizer ran or
+    scored, would judge under the artifact's name. The programs `booklens judges build` writes
+    (`default` in their metadata) hold annotated demos for both and run either way."""
+    from booklens.optimizers.artifacts import artifact_metadata
+
+    if evidence == "none" and not artifact_metadata(path).get("default"):
+        raise BooklensError(f"{path} was compiled with evidence; closed-book verification (evidence none) runs a "
+                            "predictor it did not compile: drop the program to use the default judge, or give "
+                            "the verifier evidence")
 
 
 def judge_name(task: str, program: Any) -> str:

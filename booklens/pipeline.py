@@ -720,7 +720,7 @@ def load_judge_programs(judge: JudgeConfig, *, concurrency: int = 4) -> dict[str
     from booklens.judges import judge_programs
 
     return judge_programs(judge.programs, tasks=judge_tasks(judge), zero_shot=judge.zero_shot,
-                          batch_size=judge.batch_size, concurrency=concurrency)
+                          batch_size=judge.batch_size, concurrency=concurrency, evidence=judge.evidence)
 
 
 def judge_tasks(judge: JudgeConfig) -> list[str]:

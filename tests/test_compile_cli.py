@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from booklens.errors import BooklensError
 from booklens.testing import FakeOpenAIServer, parse_fields, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -673,3 +674,25 @@ def test_calibrate_takes_the_fables_folder_as_compile_does(tmp_path):
     assert entries[0] == entries[1]
     (entry,) = entries[0].values()
     assert [f["name"] for f in entry["data"]["files"]] == ["FABLES.json"] and entry["n"]["claims"] > 0
+
+
+def test_closed_book_verification_refuses_a_compiled_verifier_before_any_call(tmp_path):
+    """compile runs and scores the verifier with evidence; --evidence none runs its other predictor,
+    which compile never ran, under the artifact's name: refused (the LM is a closed port)."""
+    artifact = make_artifact(tmp_path, "verification", "verify.json")
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Ada visits the harbor."]))
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Ada visits the harbor. She meets the keeper.")
+    out = tmp_path / "out.json"
+    lm = ["--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"]
+    for args in (["verify", "--claims", claims], ["check", STORY, summary]):
+        proc = run_cli([*args, "--evidence", "none", "--program", artifact, "-o", out, *lm], tmp_path)
+        assert_one_line_error(proc, f"{artifact} was compiled with evidence; closed-book verification (evidence "
+                                    "none) runs a predictor it did not compile", output=out)
+    from booklens.pipeline import JudgeConfig, load_judge_programs
+
+    with pytest.raises(BooklensError, match="closed-book verification"):
+        load_judge_programs(JudgeConfig(evidence="none", programs={"verification": artifact}))
+    # The shipped judge's closed-book demos are annotations chosen for it: it still runs closed-book.
+    assert load_judge_programs(JudgeConfig(evidence="none"))["verification"].verify_without_evidence.demos

@@ -59,14 +59,14 @@ BinaryOption = Annotated[bool, typer.Option(
 
 
 def _programs(paths: Optional[list[Path]], command: str, tasks: tuple[str, ...], *, zero_shot: bool,
-              binary: bool) -> tuple[dict, dict]:
+              binary: bool, evidence: Optional[str] = None) -> tuple[dict, dict]:
     """The command's programs by task: `--program` artifacts, else the default judges (or zero-shot ones),
     loaded before any model (see `booklens.judges.judge_programs`); and the artifacts' files by task."""
     from booklens.judges import judge_programs
     from booklens.pipeline import route_programs
 
     artifacts = route_programs(list(paths or []), allowed=tasks, command=f"booklens {command}")
-    return judge_programs(artifacts, tasks=tasks, zero_shot=zero_shot, binary=binary), artifacts
+    return judge_programs(artifacts, tasks=tasks, zero_shot=zero_shot, binary=binary, evidence=evidence), artifacts
 
 
 def _report_line(report) -> None:
@@ -165,7 +165,7 @@ def verify_command(
                                 f"(claim {missing + 1} of {claims} has none)")
     book_text = read_book(book) if book is not None else None
     programs, _ = _programs([program] if program is not None else [], "verify", ("verification",),
-                            zero_shot=zero_shot, binary=binary)
+                            zero_shot=zero_shot, binary=binary, evidence=evidence.value)
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     report = verify_claims(claims=claim_list, given=given if evidence is EvidenceMode.given else None,
                            book=book, book_text=book_text, mode=evidence.value, k=k, budget_tokens=budget_tokens,
@@ -207,7 +207,7 @@ def check_command(
     book_text = read_book(book)
     summary_text = read_summary_text(summary)
     programs, artifacts = _programs(program, "check", ("decomposition", "verification"), zero_shot=zero_shot,
-                                    binary=binary)
+                                    binary=binary, evidence=evidence.value)
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
     echo_artifact_note(artifacts.get("decomposition"), lm_label(model))  # the verifier's is under its judge line
     report = verify_claims(claims=[], book=book, book_text=book_text, summary=summary_text, mode=evidence.value,
