@@ -203,6 +203,19 @@ def check_closed_book(path: Path, evidence: Optional[str]) -> None:
                             "the verifier evidence")
 
 
+def check_not_binary(path: Path, block: Mapping[str, Any]) -> None:
+    """`evaluate verification` runs the four-way verifier `compile` makes; the binary rater (shipped, or
+    written by `booklens judges build`) is measured by `booklens calibrate`, on Table 5's books: a
+    one-line refusal that names that command, instead of failing to load it."""
+    if (block.get("program_config") or {}).get("label_set") != "binary":
+        return
+    how = ("--judge binary" if Path(path).resolve() == default_path("binary").resolve()
+           else f"--program {shlex.quote(str(path))}")
+    raise BooklensError(f"{path} is the binary (faithful / unfaithful) rater; evaluate runs the four-way verifiers "
+                        f"compile makes: measure it with `booklens calibrate {how}` (FABLES Table 5's books, "
+                        "against the annotators' labels)")
+
+
 def judge_name(task: str, program: Any) -> str:
     """The judge a task's program is: coherence, verification or binary."""
     if task == "coherence":

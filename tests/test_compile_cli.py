@@ -696,3 +696,23 @@ def test_closed_book_verification_refuses_a_compiled_verifier_before_any_call(tm
         load_judge_programs(JudgeConfig(evidence="none", programs={"verification": artifact}))
     # The shipped judge's closed-book demos are annotations chosen for it: it still runs closed-book.
     assert load_judge_programs(JudgeConfig(evidence="none"))["verification"].verify_without_evidence.demos
+
+
+def test_evaluate_refuses_the_binary_rater_saying_how_to_measure_it(tmp_path):
+    """compile makes four-way verifiers, which evaluate runs; the binary rater (the shipped one, or one
+    built with `judges build`) is measured by calibrate: the refusal says so, before any call."""
+    import shutil
+
+    from booklens.judges import default_path
+
+    data = tiny_fables(tmp_path / "fables.json")
+    built = tmp_path / "judges" / "verification-binary.json"
+    built.parent.mkdir()
+    shutil.copy(default_path("binary"), built)
+    out = tmp_path / "eval.json"
+    lm = ["--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"]
+    for artifact, hint in ((default_path("binary"), "booklens calibrate --judge binary"),
+                           (built, f"booklens calibrate --program {built}")):
+        proc = run_cli(["evaluate", "verification", "--data", data, "--program", artifact, "-o", out, *lm], tmp_path)
+        assert_one_line_error(proc, f"{artifact} is the binary (faithful / unfaithful) rater; evaluate runs the "
+                                    "four-way verifiers compile makes", f"measure it with `{hint}`", output=out)

@@ -231,6 +231,11 @@ def evaluate_command(
         raise BooklensError("nothing to evaluate: give --program or drop --no-zero-shot")
     states = [check_task(p, spec.name) for p in programs]  # wrong or broken artifacts fail before any work
     blocks = [s["metadata"]["booklens"] for s in states]
+    if spec.name == "verification":
+        from booklens.judges import check_not_binary
+
+        for path, b in zip(programs, blocks):
+            check_not_binary(path, b)
     if seed is None:
         seed = next((b.get("seed") for b in blocks if isinstance(b.get("seed"), int)), 0)
     digest = data_digest(spec, data)
