@@ -523,6 +523,9 @@ def test_incremental_summary_shows_its_update_steps(tmp_path):
     steps = [d for d in dom.find("details") if "level " in Dom.text(d)]
     assert len(steps) == len(summary["nodes"]) >= 2
     assert "No evidence passages were shown" in page  # --evidence none
+    # The verifier's judge object, in run.json and in the step's record, keeps the evidence it judged with.
+    assert json.loads((out / "run.json").read_text())["judges"]["verification"]["evidence"] == "none"
+    assert json.loads((out / "faithfulness.json").read_text())["judge"]["evidence"] == "none"
 
 
 def test_a_step_whose_input_was_kept_says_so_in_the_merge_tree():
