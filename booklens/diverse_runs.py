@@ -139,7 +139,7 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
                          concurrency: int = 1) -> dict[str, Any]:
     """Verbosity bias (the seed's Table 4): each summary against itself repeated twice, graded
     alone on the Likert scale (`single`) and compared in both orders (`pairwise`). Kind
-    `booklens.bias.verbosity`, with {criterion_protocol: {result, ...}} and `table` rows
+    `booklens.bias.verbosity`, with {criterion_protocol: {result, cases, ...}} and `table` rows
     (criterion, protocol, result) in the seed's layout."""
     criteria = _criteria(criterion)
     unknown = [p for p in protocols if p not in VERBOSITY_PROTOCOLS]
@@ -162,13 +162,20 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
             for proto in protocols:
                 if proto == "single":
                     scores: dict[str, list] = {"original": [], "extended": []}
+                    cases = []
                     for e in events:
-                        for name, version in (("original", originals), ("extended", extended)):
-                            r = rate_event(crit, "likert", e, version[e.eid], max_articles=max_articles,
-                                           concurrency=concurrency)
-                            scores[name].extend(d["rating"] for d in r["judgments"])
+                        rated = [rate_event(crit, "likert", e, version[e.eid], max_articles=max_articles,
+                                            concurrency=concurrency)["judgments"] for version in (originals, extended)]
+                        # Each case keeps its two ratings and the error of a missing one, as a pairwise
+                        # case does: the record shows why a case failed, and the error line quotes it.
+                        for o, x in zip(*rated):
+                            scores["original"].append(o["rating"])
+                            scores["extended"].append(x["rating"])
+                            cases.append({"case": f"{e.eid}/{o['key']}", "original": o["rating"],
+                                          "extended": x["rating"], "explanations": [o["explanation"], x["explanation"]],
+                                          "error": o["error"] or x["error"]})
                     result = verbosity_single(scores["original"], scores["extended"])
-                    out[f"{crit}_single"] = {"result": result, **scores}
+                    out[f"{crit}_single"] = {"result": result, **scores, "cases": cases}
                 else:
                     cases = [(f"{e.eid}/{cid}", ref, originals[e.eid], extended[e.eid]) for e in events
                              for cid, ref in pairwise_cases(e, crit, per_qa, max_articles)]

@@ -131,6 +131,40 @@ def test_judge_and_bias_fail_when_the_judge_gave_no_verdict_and_keep_the_record(
 
 
 
+def test_verbosity_single_grading_keeps_each_failed_rating_with_its_error(tmp_path, monkeypatch):
+    """Single-answer grading rates each version apart: a rating the judge never gave is kept in the
+    record with its error, as a pairwise case is, and the one-line error quotes the first."""
+    summaries = tmp_path / "s.json"
+    summaries.write_text(json.dumps({"ev-0001": "The bridge closed for repairs."}))
+    out = tmp_path / "verbosity.json"
+    with FakeOpenAIServer(responder=lambda body: "no idea") as server:
+        with pytest.raises(BooklensError, match=r"^the judge gave no verdict \(1 of 1 case failed\) \(first: "):
+            invoke(["bias", "verbosity", str(FIXTURE), str(summaries), "--criterion", "coverage", "--protocol",
+                    "single", "--lm", "openai/test-model", "--api-base", server.url, "-o", str(out)],
+                   tmp_path, monkeypatch)
+    part = json.loads(out.read_text())["coverage_single"]
+    assert part["original"] == [None] and part["extended"] == [None]
+    [case] = part["cases"]
+    assert case["case"] == "ev-0001/all" and case["original"] is None and case["extended"] is None
+    assert case["error"]
+
+    # One version rated and the other not: the case failed, and the rating given is kept beside the error.
+    def rates_the_original_only(body):
+        if "\\n\\nThe bridge closed" in json.dumps(body):  # the repeated version
+            return "no idea"
+        return json.dumps({"explanation": "covers it", "rating": 7})
+
+    with FakeOpenAIServer(responder=rates_the_original_only) as server:
+        with pytest.raises(BooklensError, match=r"^the judge gave no verdict \(2 of 2 cases failed\) \(first: "):
+            invoke(["bias", "verbosity", str(FIXTURE), str(summaries), "--criterion", "faithfulness", "--protocol",
+                    "single", "--max-articles", "2", "--lm", "openai/test-model", "--api-base", server.url,
+                    "-o", str(out)], tmp_path, monkeypatch)
+    part = json.loads(out.read_text())["faithfulness_single"]
+    assert [c["case"] for c in part["cases"]] == ["ev-0001/a01", "ev-0001/a02"]
+    assert all(c["original"] == 7 and c["extended"] is None and c["error"] for c in part["cases"])
+    assert part["result"]["failed"] == 2
+
+
 def test_diverse_fails_when_its_judge_gave_no_verdict_on_a_protocol_and_keeps_the_record(tmp_path, monkeypatch):
     """`diverse` judges as `judge` does: a protocol on which every judgment failed has no score, so
     the command writes its record (summary and errors) and ends in one line, not with '-' and exit 0."""
