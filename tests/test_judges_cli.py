@@ -443,3 +443,15 @@ def test_judges_shows_the_batched_coherence_judge_that_calibrate_stored(tmp_path
     first = plain.output.splitlines()
     assert "coherence program (per-sentence, " in first[0] and "never measured" in first[1]
     assert invoke(["judges", "--batch-size", "0", *lm], tmp_path).exit_code != 0
+
+
+@pytest.mark.parametrize("option", [["--lm", "openai/fake"], ["--api-base", "http://127.0.0.1:9/v1"],
+                                    ["--cache-dir", "elsewhere"], ["--batch-size", "4"]])
+def test_judges_build_refuses_the_options_that_only_show_the_judges(tmp_path, option):
+    # `judges build` reads annotations with no LM: an option of `judges` given before it would do nothing.
+    out = tmp_path / "built"
+    result = run_command(["judges", *option, "build", "-o", out])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert option[0] in result.stderr and "build" in result.stderr
+    assert not out.exists()

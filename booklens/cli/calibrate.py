@@ -211,6 +211,14 @@ def judges_command(
 ) -> None:
     """The default judges: their programs, demos and stored agreement with humans for an LM."""
     if ctx.invoked_subcommand is not None:
+        # These options choose which judges to show; `build` reads annotations with no LM: they would do nothing.
+        given = [name for name, value, default in (("--lm", lm, None), ("--api-base", api_base, None),
+                                                   ("--cache-dir", cache_dir, None), ("--batch-size", batch_size, 1))
+                 if value != default]
+        if given:
+            raise BooklensError(f"{', '.join(given)} {'chooses' if len(given) == 1 else 'choose'} the judges "
+                                f"`booklens judges` shows, and `judges {ctx.invoked_subcommand}` shows none: leave "
+                                f"{'it' if len(given) == 1 else 'them'} out")
         return
     from booklens.judges import JUDGES, judge_info, judge_line, load_judge, load_store
     from booklens.lm import LOCAL_LM, lm_name_label, refuse_server_options_for_embedded, resolve_lm_name
