@@ -748,9 +748,15 @@ def _fractions() -> dict[str, float]:
 
 
 def build_defaults(human_dir: str | Path, fables_path: str | Path, output: str | Path = DEFAULTS_DIR,
-                   *, seed: int = DEFAULT_SEED) -> dict[str, Path]:
-    """Write the three default programs to `output`; returns judge -> path."""
+                   *, seed: int = DEFAULT_SEED, unchanged_only: bool = False) -> dict[str, Path]:
+    """Write the three default programs to `output`; returns judge -> path. With `unchanged_only`,
+    a file of `output` the build would change is a one-line error and nothing is written (`judges
+    build` without -o: the shipped judges, which their calibration belongs to, are only rewritten as
+    they are)."""
+    import tempfile
+
     from booklens.optimizers.artifacts import save_program
+    from booklens.records import write_atomically
 
     output = Path(output)
     if output.exists() and not output.is_dir():  # checked first: building reads every annotation
@@ -761,12 +767,33 @@ def build_defaults(human_dir: str | Path, fables_path: str | Path, output: str |
         "verification": build_verification_default(fables_path, seed=seed),
         "binary": build_verification_default(fables_path, binary=True, seed=seed),
     }
+    contents = {}
+    with tempfile.TemporaryDirectory() as scratch:  # every file made before any is written
+        for judge, (program, metadata) in built.items():
+            path = Path(scratch) / DEFAULT_FILES[judge]
+            config = {"batch_size": 1} if judge == "coherence" else {"label_set": program.label_set}
+            save_program(program, path, task=task_of(judge), program_config=config, seed=seed,
+                         optimizer="human-annotated demos (booklens judges build)", lm=None, default=True,
+                         fingerprint=program_fingerprint(program), **metadata)
+            contents[judge] = path.read_bytes()
+    if unchanged_only:
+        changed = [DEFAULT_FILES[judge] for judge, data in contents.items()
+                   if (output / DEFAULT_FILES[judge]).is_file() and (output / DEFAULT_FILES[judge]).read_bytes() != data]
+        if changed:
+            raise BooklensError(f"these annotations build other judges than the ones in {output} "
+                                f"({', '.join(changed)} would change): write them elsewhere with -o DIR, or name "
+                                f"the folder with -o {output} to replace them")
     written = {}
-    for judge, (program, metadata) in built.items():
+    for judge, data in contents.items():
         path = output / DEFAULT_FILES[judge]
-        config = {"batch_size": 1} if judge == "coherence" else {"label_set": program.label_set}
-        save_program(program, path, task=task_of(judge), program_config=config, seed=seed,
-                     optimizer="human-annotated demos (booklens judges build)", lm=None, default=True,
-                     fingerprint=program_fingerprint(program), **metadata)
+
+        def write(tmp: str, data: bytes = data) -> None:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+
+        try:
+            write_atomically(path, write)
+        except OSError as exc:
+            raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
         written[judge] = path
     return written

@@ -455,3 +455,37 @@ def test_judges_build_refuses_the_options_that_only_show_the_judges(tmp_path, op
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert option[0] in result.stderr and "build" in result.stderr
     assert not out.exists()
+
+
+def test_judges_build_without_o_never_changes_the_shipped_judges(tmp_path, shared_dir, monkeypatch):
+    """With no -o, `judges build` rewrites the shipped judges only as they are: annotations that
+    build other judges are refused in one line, and the shipped files stay; -o writes them anywhere."""
+    import shutil
+
+    import booklens.judges
+    from booklens.judges import DEFAULT_FILES, DEFAULTS_DIR
+
+    shipped = tmp_path / "defaults"
+    shutil.copytree(DEFAULTS_DIR, shipped)
+    monkeypatch.setattr(booklens.judges, "DEFAULTS_DIR", shipped)
+    before = {name: (shipped / name).read_bytes() for name in DEFAULT_FILES.values()}
+    human = shared_dir / "data" / "booookscore" / "human"
+    fables = shared_dir / "data" / "fables" / "FABLES.json"
+    other = tmp_path / "FABLES.json"  # the same annotations written another way: another sha256 to record
+    other.write_text(json.dumps(json.loads(fables.read_text(encoding="utf-8"))), encoding="utf-8")
+
+    result = run_command(["judges", "build", "--coherence-data", human, "--fables-data", other])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "verification.json" in result.stderr and "-o" in result.stderr
+    assert {name: (shipped / name).read_bytes() for name in DEFAULT_FILES.values()} == before
+    assert sorted(p.name for p in shipped.iterdir()) == sorted(p.name for p in DEFAULTS_DIR.iterdir())
+
+    result = run_command(["judges", "build", "--coherence-data", human, "--fables-data", fables])
+    assert result.returncode == 0, result.stderr  # the same annotations: the same bytes
+    assert {name: (shipped / name).read_bytes() for name in DEFAULT_FILES.values()} == before
+
+    result = run_command(["judges", "build", "--coherence-data", human, "--fables-data", other, "-o", shipped])
+    assert result.returncode == 0, result.stderr  # named: replaced
+    assert (shipped / "verification.json").read_bytes() != before["verification.json"]
+    assert (shipped / "coherence.json").read_bytes() == before["coherence.json"]

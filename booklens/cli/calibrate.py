@@ -239,11 +239,14 @@ def judges_build_command(
     fables_data: FablesDataOption = None,
     output: Annotated[Optional[Path], typer.Option(
         "-o", "--output", help="Folder to write coherence.json, verification.json and verification-binary.json "
-                               "(default: booklens/defaults, the shipped programs).")] = None,
+                               "(default: booklens/defaults, the shipped programs, rewritten only when they come "
+                               "out the same).")] = None,
 ) -> None:
     """Rebuild the default few-shot programs from the human annotations (no LM; the same files every time)."""
     from booklens.judges import DEFAULTS_DIR, build_defaults
 
-    written = build_defaults(_human_dir(coherence_data), _fables_path(fables_data), output or DEFAULTS_DIR)
+    # Without -o the shipped judges are only rewritten as they are: other annotations are refused.
+    written = build_defaults(_human_dir(coherence_data), _fables_path(fables_data), output or DEFAULTS_DIR,
+                             unchanged_only=output is None)
     for judge, path in written.items():
         typer.echo(f"wrote {path}", err=True)
