@@ -175,7 +175,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, *,
     target = Path(output) if output is not None else Path(run_dir) / REPORT_FILE
     for name in (RUN_FILE, *STEP_FILES.values(), TIMINGS_FILE):
         # The page must not replace a record it is built from: the run directory would be broken.
-        if _same_file(target, Path(run_dir) / name):
+        if same_file(target, Path(run_dir) / name):
             raise BooklensError(f"cannot write the report to {target}: it is the run's {name}, which the page is "
                                 f"built from; write it elsewhere (by default {Path(run_dir) / REPORT_FILE})")
     try:
@@ -187,7 +187,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, *,
     return target
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
     """One file under two spellings (`RUN/./run.json`, a link to it), or one path not yet written."""
     try:
         if a.exists() and b.exists():

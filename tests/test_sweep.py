@@ -1391,3 +1391,20 @@ def test_report_of_a_sweep_with_cells_not_done_says_so_in_one_line(small_sweep):
     assert proc.stderr.strip().splitlines()[1:] == [
         "note: the sweep is not finished: 1 of 3 cells is not done (1 not run; books without every cell: c); the "
         "page covers the complete cells only; rerun the sweep to finish it"]
+
+
+@pytest.mark.parametrize("name", ["results.json", "cells.jsonl"])
+def test_report_of_a_stopped_sweep_is_not_written_over_a_record_the_sweep_has_not_made_yet(small_sweep, name):
+    """A stopped sweep has no results.json or cells.jsonl yet: -o naming one of them would leave an HTML
+    page where the sweep's record belongs, and `report` would then find the sweep's records unreadable."""
+    from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
+
+    out = small_sweep
+    for record in (RESULTS_FILE, CELLS_FILE):
+        (out / record).unlink()
+    proc = run_command(["report", out, "-o", out / name])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"error: cannot write the report to {out / name}: it is the sweep's {name}, which the "
+                           f"page is built from; write it elsewhere (by default {out / 'report.html'})\n"), proc.stderr
+    assert not (out / name).exists()
+    assert run_command(["report", out]).returncode == 0

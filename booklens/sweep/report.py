@@ -396,8 +396,11 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
         raise BooklensError(f"{sweep_dir} holds records this booklens cannot read (sweep.json, results.json or "
                             "cells.jsonl); rerun the sweep to write them again") from None
     target = Path(output) if output is not None else sweep_dir / REPORT_FILE
+    from booklens.reports import same_file
+
     for name in (PLAN_FILE, RESULTS_FILE, CELLS_FILE):
-        if target.exists() and (sweep_dir / name).exists() and target.samefile(sweep_dir / name):
+        # also a record a stopped sweep has not written yet: the page there would break the sweep directory
+        if same_file(target, sweep_dir / name):
             raise BooklensError(f"cannot write the report to {target}: it is the sweep's {name}, which the page is "
                                 f"built from; write it elsewhere (by default {sweep_dir / REPORT_FILE})")
     try:
