@@ -21,7 +21,7 @@ import urllib.request
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Iterable, Literal, Optional, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -317,9 +317,10 @@ def label_statistics(summaries: Sequence[FablesSummary]) -> dict[str, Any]:
             "summaries": len(items),
             "claims": total,
             "claims_per_summary_mean": round(statistics.mean(counts), 2) if counts else 0.0,
-            "claims_per_summary_std": round(statistics.stdev(counts), 2) if len(counts) > 1 else 0.0,
+            # one summary has no spread, and no claims no shares: unknown (None), not 0
+            "claims_per_summary_std": round(statistics.stdev(counts), 2) if len(counts) > 1 else None,
             "label_counts": {name: labels.count(name) for name in FABLES_LABEL_NAMES},
-            "label_percentages": {name: (round(100.0 * labels.count(name) / total, 2) if total else 0.0)
+            "label_percentages": {name: (round(100.0 * labels.count(name) / total, 2) if total else None)
                                   for name in FABLES_LABEL_NAMES},
         }
 
@@ -337,10 +338,13 @@ def format_statistics(stats: dict[str, Any]) -> str:
     header = f"{'Summarizer':<16}{'Summ.':>6}{'Claims':>8}{'Claims/summ. (std)':>20}" \
              f"{'Faithful':>10}{'Unfaithful':>12}{'Partial':>9}{cant:>14}"
     lines = [header, "-" * len(header)]
+    def f(x: Optional[float]) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
     rows = list(stats["by_summarizer"].items()) + [("Overall", stats["overall"])]
     for name, b in rows:
         p = b["label_percentages"]
-        per = f"{b['claims_per_summary_mean']:.2f} ({b['claims_per_summary_std']:.2f})"
+        per = f"{b['claims_per_summary_mean']:.2f} ({f(b['claims_per_summary_std'])})"
         lines.append(f"{name:<16}{b['summaries']:>6}{b['claims']:>8}{per:>20}"
-                     f"{p['Yes']:>10.2f}{p['No']:>12.2f}{p['PartialSupport']:>9.2f}{p['Inapplicable']:>14.2f}")
+                     f"{f(p['Yes']):>10}{f(p['No']):>12}{f(p['PartialSupport']):>9}{f(p['Inapplicable']):>14}")
     return "\n".join(lines)

@@ -309,3 +309,23 @@ def test_data_stats_fables_reads_the_shared_copy_like_calibrate(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "CLAUDE-3-OPUS" in proc.stdout
     assert not (cache / "data" / "fables" / "FABLES.json").exists()
+
+
+def test_statistics_of_a_summarizer_without_claims_or_with_one_summary_are_not_zeros():
+    """Shares of no claims, and the spread of one summary's count, are unknown: "-", not 0.00."""
+    from booklens.data.fables import format_statistics
+
+    data = {"Book A": {"GPT-4": {"summary": "Ann sails.", "claims": {}},
+                       "MIXTRAL": {"summary": "Ann flies.", "claims": {"0": {"claim": "Ann flies.", "label": "Yes"}}}},
+            "Book B": {"MIXTRAL": {"summary": "Cal sings.", "claims": {"0": {"claim": "Cal sings.", "label": "No"},
+                                                                       "1": {"claim": "Cal is a bird.", "label": "No"}}}}}
+    stats = label_statistics(parse_fables(data))
+    gpt4, mixtral = stats["by_summarizer"]["GPT-4"], stats["by_summarizer"]["MIXTRAL"]
+    assert gpt4["claims"] == 0 and gpt4["claims_per_summary_mean"] == 0.0
+    assert gpt4["claims_per_summary_std"] is None and set(gpt4["label_percentages"].values()) == {None}
+    assert mixtral["claims_per_summary_std"] == pytest.approx(0.71, abs=0.005)
+    assert mixtral["label_percentages"] == {"Yes": 33.33, "No": 66.67, "PartialSupport": 0.0, "Inapplicable": 0.0}
+    assert stats["overall"]["claims_per_summary_std"] == 1.0
+    rows = {line.split()[0]: line.split() for line in format_statistics(stats).splitlines()[2:]}
+    assert rows["GPT-4"] == ["GPT-4", "1", "0", "0.00", "(-)", "-", "-", "-", "-"]
+    assert rows["MIXTRAL"] == ["MIXTRAL", "2", "3", "1.50", "(0.71)", "33.33", "66.67", "0.00", "0.00"]
