@@ -780,9 +780,8 @@ def build_defaults(human_dir: str | Path, fables_path: str | Path, output: str |
         changed = [DEFAULT_FILES[judge] for judge, data in contents.items()
                    if (output / DEFAULT_FILES[judge]).is_file() and (output / DEFAULT_FILES[judge]).read_bytes() != data]
         if changed:
-            raise BooklensError(f"these annotations build other judges than the ones in {output} "
-                                f"({', '.join(changed)} would change): write them elsewhere with -o DIR, or name "
-                                f"the folder with -o {output} to replace them")
+            raise BooklensError(f"the judges built differ from the ones in {output} ({', '.join(changed)} would "
+                                f"change): write them elsewhere with -o DIR, or replace those with -o {output}")
     written = {}
     for judge, data in contents.items():
         path = output / DEFAULT_FILES[judge]

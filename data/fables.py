@@ -338,6 +338,7 @@ def format_statistics(stats: dict[str, Any]) -> str:
     header = f"{'Summarizer':<16}{'Summ.':>6}{'Claims':>8}{'Claims/summ. (std)':>20}" \
              f"{'Faithful':>10}{'Unfaithful':>12}{'Partial':>9}{cant:>14}"
     lines = [header, "-" * len(header)]
+
     def f(x: Optional[float]) -> str:
         return "-" if x is None else f"{x:.2f}"
 
