@@ -163,13 +163,17 @@ def _read_bytes(path: Path) -> Any:
 
 
 def load_fables(path: str | Path | None = None) -> list[FablesSummary]:
-    """FABLES summaries from a .json (or the release's .json.zip); `default_fables_path()` when `path` is None."""
-    path = Path(path) if path is not None else default_fables_path()
+    """FABLES summaries from a .json (or the release's .json.zip, or the folder of FABLES.json);
+    `default_fables_path()` when `path` is None."""
+    path = fables_file(Path(path)) if path is not None else default_fables_path()
     if not path.exists():
         raise BooklensError(f"FABLES data not found: {path}")
-    if path.is_dir():
-        raise BooklensError(f"FABLES data path is a directory, not a file: {path}")
     return parse_fables(_read_bytes(path), str(path))
+
+
+def fables_file(path: Path) -> Path:
+    """The FABLES release a data path names: the file itself, or FABLES.json in the release's folder."""
+    return path / "FABLES.json" if path.is_dir() else path
 
 
 def default_fables_path() -> Path:

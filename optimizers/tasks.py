@@ -375,8 +375,9 @@ VERIFICATION_LABELS = ("Yes", "No")  # faithful / unfaithful, the claims the see
 
 
 def _fables_file(path: Path) -> list[Path]:
-    """The FABLES release a data path names: the file, or FABLES.json in the folder."""
-    return [path / "FABLES.json" if path.is_dir() else path]
+    from booklens.data.fables import fables_file
+
+    return [fables_file(path)]
 
 
 def _fables_summary_splits(path: Path, seed: int) -> dict[str, list]:

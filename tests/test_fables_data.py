@@ -329,3 +329,17 @@ def test_statistics_of_a_summarizer_without_claims_or_with_one_summary_are_not_z
     rows = {line.split()[0]: line.split() for line in format_statistics(stats).splitlines()[2:]}
     assert rows["GPT-4"] == ["GPT-4", "1", "0", "0.00", "(-)", "-", "-", "-", "-"]
     assert rows["MIXTRAL"] == ["MIXTRAL", "2", "3", "1.50", "(0.71)", "33.33", "66.67", "0.00", "0.00"]
+
+
+def test_the_fables_folder_is_read_as_the_release_in_it_as_compile_reads_it(tmp_path):
+    """`data stats fables --data FOLDER` (and every loader) takes the FABLES folder, as `compile --data` does."""
+    from booklens.optimizers.tasks import data_files, get_task
+
+    (tmp_path / "FABLES.json").write_text(json.dumps(TINY), encoding="utf-8")
+    (tmp_path / "LICENSE").write_text("not data", encoding="utf-8")
+    assert [(s.book, s.summarizer) for s in load_fables(tmp_path)] == [(s.book, s.summarizer)
+                                                                       for s in load_fables(tmp_path / "FABLES.json")]
+    assert data_files(get_task("verification"), tmp_path) == [tmp_path / "FABLES.json"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BooklensError, match="FABLES data not found: .*empty/FABLES.json"):
+        load_fables(tmp_path / "empty")

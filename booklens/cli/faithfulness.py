@@ -220,7 +220,7 @@ def check_command(
 @stats_app.command("fables")
 def fables_stats_command(
     data: Annotated[Optional[Path], typer.Option(
-        "--data", help="FABLES.json (or the release's .json.zip); default: ../shared/data/fables/FABLES.json if "
+        "--data", help="FABLES.json, its folder, or the release's .json.zip; default: ../shared/data/fables/FABLES.json if "
                        "present, else the public release, downloaded once.")] = None,
     output: OutputOption = None,
 ) -> None:
