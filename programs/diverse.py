@@ -27,7 +27,7 @@ import dspy
 
 from booklens.data.diversesumm import require_question_answers, split_article_text
 from booklens.errors import BooklensError, first_line
-from booklens.lm import ContextWindowExceeded, last_finish_reason, predict_with_retries
+from booklens.lm import ContextWindowExceeded, last_stop, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
 from booklens.programs.base import Module, Predict, prompt_tokens
@@ -153,7 +153,7 @@ class DiverseSummarizer(Module):
         return dspy.Prediction(summary=attempt.prediction.summary.strip() if attempt.ok else None, method=method,
                                extracts=extracts, extract_errors=list(extract_errors),
                                extract_notes=list(extract_notes), error=attempt.error,
-                               attempts=attempt.attempts, cut_off=attempt.ok and last_finish_reason() == "length")
+                               attempts=attempt.attempts, cut_off=attempt.ok and last_stop() == "length")
 
     def extract_sentences(self, article: str) -> list[str]:
         """The article's most important sentences, verbatim: the model picks sentence numbers, so
@@ -220,6 +220,9 @@ def _nonempty(field: str):
         value = getattr(pred, field, None)
         if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
             return f"empty {field}"
+        if last_stop() == "content_filter":
+            # What the filter withheld may be most of the answer: not kept as if finished.
+            return f"the {field} is unfinished"
         return None
 
     return check

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import dspy
 
 from booklens.errors import BooklensError
-from booklens.lm import UNFINISHED, last_finish_reason, last_stop, predict_with_retries, usage_step
+from booklens.lm import UNFINISHED, last_stop, predict_with_retries, usage_step
 from booklens.parallel import parallel_map
 from booklens.programs.base import Module, Predict
 from booklens.records import ClaimVerdict, Evidence
@@ -421,11 +421,16 @@ class ClaimVerifier(Module):
 
     def forward(self, claim: str, passages: Sequence[str] | None = None) -> dspy.Prediction:
         config = {"max_tokens": self.max_tokens}
-        finish: dict[str, str] = {}
+        finish: dict[str, str | None] = {}
 
         def check(prediction) -> str | None:
-            finish["reason"] = last_finish_reason()
-            return self.check(prediction)
+            finish["reason"] = last_stop()
+            complaint = self.check(prediction)
+            if complaint is None and finish["reason"] == "content_filter":
+                # What the filter withheld may be the reason, the passage lists or the label's own
+                # words: no finished verdict, so it is asked again and, failing that, recorded as failed.
+                return "the verdict is unfinished"
+            return complaint
 
         if passages is None:
             attempted = predict_with_retries(self.verify_without_evidence, tries=self.tries, check=check,

@@ -111,3 +111,37 @@ def test_a_list_of_claims_the_filter_stopped_is_not_taken_for_the_whole_list():
     lm.backend.finish_reason = "stop"
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         assert ClaimDecomposer()(summary=WHOLE).claims == ["The keeper gave away the fuel."]
+
+
+def test_a_verdict_the_filter_stopped_is_asked_again_then_fails_naming_the_filter():
+    """A verdict the filter stopped may have lost its reason and passage lists (or had its label
+    withheld): it is no finished verdict, so it is not kept, as a list of claims is not."""
+    from booklens.programs.faithfulness import build_verifier
+    from booklens.testing import ScriptedLM
+
+    lm = ScriptedLM(lambda call: {"label": "faithful", "supporting_passages": [1], "refuting_passages": [],
+                                  "reason": "The first passage says so."})
+    lm.backend.finish_reason = "content_filter"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        pred = build_verifier()(claim="The keeper gave away the fuel.", passages=["He gave it away."])
+    assert pred.label is None and "stopped by the provider's content filter" in pred.error
+    assert pred.attempts == 3 and len(lm.backend.calls) == 3
+    lm.backend.finish_reason = "stop"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        pred = build_verifier()(claim="The keeper gave away the fuel.", passages=["He gave it away."])
+    assert pred.label == "faithful" and not pred.truncated and pred.supporting == [1]
+
+
+def test_a_diverse_summary_the_filter_stopped_is_asked_again_then_fails_naming_the_filter():
+    """DiverseSumm keeps a summary the token cap cut (flagged cut_off); one the filter stopped may
+    lack most of what it would have said, so it is re-asked, then recorded as failed."""
+    from booklens.programs.diverse import DiverseSummarizer
+    from booklens.testing import ScriptedLM
+
+    articles = ["[a1] First\nThe storm closed the port on Monday.", "[a2] Second\nThe port stayed open."]
+    lm = ScriptedLM(lambda call: {"summary": "Sources disagree on whether"})
+    lm.backend.finish_reason = "content_filter"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        pred = DiverseSummarizer("direct")(articles=articles)
+    assert pred.summary is None and not pred.cut_off
+    assert "stopped by the provider's content filter" in pred.error and len(lm.backend.calls) == 3

@@ -176,12 +176,11 @@ def test_a_passage_number_with_a_fraction_is_refused_not_split():
     assert read_numbers("2-4, 7") == [2, 3, 4, 7] and read_numbers("1-1000") == [1, 1000]
 
 
-def test_a_cut_off_answer_keeps_its_label_but_not_its_passage_lists(monkeypatch):
-    import booklens.programs.faithfulness as faithfulness
-
-    monkeypatch.setattr(faithfulness, "last_finish_reason", lambda: "length")
-    pred, lm = run_with(lambda call: verdict("faithful", supporting=list(range(1, 60))),
-                        lambda: build_verifier()(claim="c", passages=["one", "two"]))
+def test_a_cut_off_answer_keeps_its_label_but_not_its_passage_lists():
+    lm = ScriptedLM(lambda call: verdict("faithful", supporting=list(range(1, 60))))
+    lm.backend.finish_reason = "length"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        pred = build_verifier()(claim="c", passages=["one", "two"])
     assert pred.label == "faithful" and pred.truncated and pred.error is None and pred.attempts == 1
     assert pred.supporting == [] and pred.refuting == [] and pred.invalid_references == []
 
