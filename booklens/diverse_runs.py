@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 from booklens.data.diversesumm import load_events, load_summaries, require_question_answers
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
-from booklens.qa_runs import Measured, setup_run_lm
+from booklens.qa_runs import Measured, check_given_window, setup_run_lm
 from booklens.vocabulary import CRITERIA, FAITHFULNESS_CHOICES, JUDGE_PROTOCOLS, VERBOSITY_PROTOCOLS
 
 
@@ -53,6 +53,7 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
     from booklens.programs.diverse import summarize_events
 
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
+    check_given_window(options.get("context_window"), model)
     with Measured(model) as measured:
         results = summarize_events(events, faithfulness=FAITHFULNESS_CHOICES[faithfulness], **options)
     return {"kind": "booklens.diverse", "events_file": str(events_path), "lm": lm_label(model),

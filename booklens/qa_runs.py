@@ -66,6 +66,15 @@ class Measured:
         self._context.__exit__(*exc)
 
 
+def check_given_window(context_window: Optional[int], model: Any) -> None:
+    """The one check of a --context-window against the model's, before any call. Without one, qa and
+    diverse take the model's own window, so there is nothing to check (unlike the summarizer's default)."""
+    from booklens.steps import check_context_window
+
+    if context_window is not None:
+        check_context_window(context_window, getattr(model, "context_window", None))
+
+
 def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = DEFAULT_K,
                 passage_tokens: int = DEFAULT_PASSAGE_TOKENS, rank_mode: str = QA_BOOK_RANK_MODE,
                 quote_evidence: bool = False,
@@ -108,6 +117,7 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     program = BookQA(setting, evidence, k=k, passage_tokens=passage_tokens, context_window=context_window,
                      quote_evidence=quote_evidence, rank_mode=rank_mode, index_cache_dir=index_dir(cache_dir))
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
+    check_given_window(context_window, model)
     with Measured(model) as measured:
         records = answer_questions(program, text, qs, concurrency=concurrency,
                                    book_title=title or title_from_path(book), evidence_recall=evidence_recall)

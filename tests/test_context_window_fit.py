@@ -69,3 +69,41 @@ def test_a_sweep_refuses_the_default_window_in_the_manifest_s_words(book, tmp_pa
     result = run_command(["sweep", manifest, "-o", tmp_path / "sweep", *SMALL_MODEL])
     assert one_line(result) == (f"error: {manifest}: system 'b': context_window 6000 is larger than this "
                                 "model's 4096: set context_window to 4096 or less")
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_qa_refuses_a_context_window_larger_than_the_model_s_before_any_call(book, tmp_path):
+    questions = REPO / "examples" / "qa" / "the_cask_of_amontillado.json"
+    out = tmp_path / "qa.json"
+    for evidence in ("none", "book"):
+        result = run_command(["qa", book, "--questions", questions, "--evidence", evidence, "--context-window",
+                              6000, "-o", out, *SMALL_MODEL])
+        assert one_line(result) == ("error: --context-window 6000 is larger than this model's 4096: set "
+                                    "--context-window to 4096 or less")
+    assert not out.exists()
+
+
+def test_diverse_refuses_a_context_window_larger_than_the_model_s_before_any_call(tmp_path):
+    events = REPO / "examples" / "diverse" / "harbor_bridge_closure.json"
+    out = tmp_path / "d.json"
+    result = run_command(["diverse", events, "--context-window", 6000, "-o", out, *SMALL_MODEL])
+    assert one_line(result) == ("error: --context-window 6000 is larger than this model's 4096: set "
+                                "--context-window to 4096 or less")
+    assert not out.exists()
+
+
+def test_qa_and_diverse_take_the_model_s_window_when_none_is_given(tmp_path):
+    """Their default is the model's own window (not the summarizer's 8192): nothing to refuse."""
+    from booklens.diverse_runs import run_diverse
+
+    import json
+
+    lm = ScriptedLM(lambda call: {"summary": "Sources disagree on the cause."}, context_window=4096)
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([{"eid": "e1", "articles": [
+        {"aid": f"a{i}", "title": f"T{i}", "url": "", "domain": "x.org", "content": f"The toll is {i} dollars."}
+        for i in range(2)]}]))
+    result = run_diverse(events, lm=lm, judge=False, method="direct", cache_dir=tmp_path / "c")
+    assert result["events"][0]["summary"] == "Sources disagree on the cause."
