@@ -43,11 +43,17 @@ def lenient_texts() -> Any:
     return Annotated[list[str], BeforeValidator(read_texts)]
 
 
+# Markdown emphasis around a label name or its colon ("**Verdict:** confusion", "**Answer**: B"),
+# as chat models format a labelled answer.
+_EMPHASIS = r"[*_]*"
+
+
 # A verdict after a label or in a phrase ("Verdict: correct", "The answer is incorrect"), or followed by
 # its reason ("Incorrect - it names the wrong ship"). `subjects` are the nouns a phrase may start with.
 def _verdict_lead(subjects: tuple[str, ...]) -> str:
     nouns = "|".join(r"\s+".join(map(re.escape, s.split())) for s in subjects)
-    return rf"(?:(?:the\s+)?(?:student'?s\s+)?(?:{nouns})(?:\s+is|\s*[:=])\s*)?"
+    return (rf"(?:{_EMPHASIS}(?:the\s+)?(?:student'?s\s+)?(?:{nouns})(?:\s+is|{_EMPHASIS}\s*[:=])"
+            rf"{_EMPHASIS}\s*)?")
 
 
 _VERDICT_SUBJECTS = ("answer", "verdict", "grade")
@@ -102,7 +108,8 @@ def verdict_reader(values: tuple[str, ...], *, subjects: tuple[str, ...] = _VERD
 _LETTER_WITH_TEXT = re.compile(r"[\s*_`\"'\[]*"
                                r"(?:\((?P<a>[A-Za-z])\)|(?P<b>[A-Za-z])\**(?:[.):]|\s+[-\u2013\u2014]\s))"
                                r"\**\s*(?P<rest>\S.*)", re.DOTALL)
-_LETTER_IN_PHRASE = re.compile(r"(?:the\s+)?(?:(?:correct|right|best)\s+)?(?:answer|option|choice)(?:\s+is)?\s*:?\s*"
+_LETTER_IN_PHRASE = re.compile(rf"{_EMPHASIS}(?:the\s+)?(?:(?:correct|right|best)\s+)?(?:answer|option|choice)"
+                               rf"(?:\s+is)?{_EMPHASIS}\s*:?{_EMPHASIS}\s*{_EMPHASIS}"
                                r"(?P<letter>\([A-Za-z]\)|[A-Za-z])(?P<rest>(?:[\s.):,;*]+.*)?)",
                                re.IGNORECASE | re.DOTALL)
 # A lone capital as the rest names it ("B. or C."): another option's letter there names two options.

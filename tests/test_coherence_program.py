@@ -400,7 +400,8 @@ def test_verdicts_and_kinds_in_another_case_are_read(batch_size):
 @pytest.mark.parametrize("confusing, clear", [
     ("Verdict: confusion", "Verdict: no confusion"), ("**confusing**", "The sentence is not confusing"),
     ("Confusion.", "No confusion"), ("yes, it is confusing", "No, it is not confusing."),
-    ("Confusion - a reader cannot tell who Zed is", "Not confusing")])
+    ("Confusion - a reader cannot tell who Zed is", "Not confusing"),
+    ("**Verdict:** confusion", "**Verdict**: no confusion"), ("*Verdict:* **confusion**", "__Verdict:__ No confusion")])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_a_verdict_with_a_label_or_in_a_phrase_is_read_in_both_modes(batch_size, confusing, clear):
     """'Verdict: confusion' or 'The sentence is not confusing' (a model without its answer schema
@@ -416,7 +417,8 @@ def test_a_verdict_with_a_label_or_in_a_phrase_is_read_in_both_modes(batch_size,
 
 @pytest.mark.parametrize("written", ["confusing or not", "maybe", "not sure", "Yes", "not confusion",
                                      "Yes, it is not confusing", "No, it is confusing", "somewhat confusing",
-                                     "Confusion - or no confusion, hard to say"])
+                                     "Confusion - or no confusion, hard to say", "**Verdict:** confusing or not",
+                                     "**Verdict**: not sure", "**Yes**, it is not confusing"])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_a_verdict_naming_no_single_value_is_still_asked_again(batch_size, written):
     def one(sentence, attempt):

@@ -79,7 +79,9 @@ def test_a_label_written_in_capitals_is_read_as_the_label(written, label):
     ("four-way", "Can not be verified", "can't verify"), ("four-way", "Unverifiable", "can't verify"),
     ("four-way", "The claim is unfaithful", "unfaithful"), ("four-way", "Unfaithful - he stayed home", "unfaithful"),
     ("binary", "Label: unfaithful", "unfaithful"), ("binary", "The claim is faithful.", "faithful"),
-    ("binary", "not faithful", "unfaithful")])
+    ("binary", "not faithful", "unfaithful"), ("four-way", "**Label:** Unfaithful", "unfaithful"),
+    ("four-way", "**Label**: partially supported", "partial support"), ("binary", "**Label:** **faithful**", "faithful"),
+    ("four-way", "**The claim is** unfaithful.", "unfaithful")])
 @pytest.mark.parametrize("passages", [["Anna sailed home."], None])
 def test_a_label_after_a_label_name_or_in_a_phrase_is_read_as_the_label(label_set, written, label, passages):
     """'Label: Unfaithful' or 'Partially supported' (a model without its answer schema enforced) name
@@ -93,7 +95,8 @@ def test_a_label_after_a_label_name_or_in_a_phrase_is_read_as_the_label(label_se
     ("four-way", "faithful or unfaithful"), ("four-way", "not faithful"), ("four-way", "not unfaithful"),
     ("four-way", "Faithful - though partially supported"), ("four-way", "maybe"), ("four-way", "supported"),
     ("binary", "Partially supported"), ("binary", "Cannot verify"), ("binary", "not unfaithful"),
-    ("binary", "faithful or unfaithful")])
+    ("binary", "faithful or unfaithful"), ("four-way", "**Label:** faithful or unfaithful"),
+    ("four-way", "**Label**: not faithful")])
 def test_a_label_naming_no_single_label_is_still_asked_again(label_set, written):
     """'not faithful' may be unfaithful or partial support among the four labels (binary has only the
     one), and a double negation is a guess: asked again, then recorded as a failure."""

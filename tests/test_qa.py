@@ -290,7 +290,8 @@ def test_an_option_letter_written_another_way_is_read_as_that_letter(written):
 @pytest.mark.parametrize("written", ["B. The Marigold", "B) The Marigold", "(B) The Marigold", "B: The Marigold",
                                      "**B.** The Marigold", "B - The Marigold", "The answer is B", "The answer is (B).",
                                      "Answer: B", "Option B", "option b", "The correct answer is B. The Marigold",
-                                     "B. Henry V.", "B. Plan B"])
+                                     "B. Henry V.", "B. Plan B", "**Answer:** B", "**Answer**: (B) The Marigold",
+                                     "*Answer:* B.", "**Answer:** **B**"])
 def test_an_option_letter_given_with_its_text_or_in_a_phrase_is_read_as_that_letter(written):
     """A chat model without its schema enforced often writes the letter with the option's text or in a
     phrase; each re-ask gets the same, so the question ended counted wrong after three calls."""
@@ -302,7 +303,7 @@ def test_an_option_letter_given_with_its_text_or_in_a_phrase_is_read_as_that_let
 
 
 @pytest.mark.parametrize("written", ["A, B", "A or B", "AB", "The Marigold", "A ship", "the answer is a ship",
-                                     "B. or C.", "Not B"])
+                                     "B. or C.", "Not B", "**Answer:** B or C", "**Answer:** a ship"])
 def test_an_answer_naming_no_single_letter_is_still_refused(written):
     q = parse_questions([QUESTION])
     scripted(lambda call: {"answer": written})
@@ -321,7 +322,8 @@ def test_a_verdict_written_in_capitals_is_read_as_the_verdict():
 @pytest.mark.parametrize("written, correct", [
     ("Verdict: correct", True), ("Incorrect - it names the wrong ship", False),
     ("Incorrect. The ship was the Marigold.", False), ("The answer is correct", True),
-    ("The student's answer is incorrect.", False), ("**Correct**: same ship", True)])
+    ("The student's answer is incorrect.", False), ("**Correct**: same ship", True),
+    ("**Verdict:** incorrect", False), ("**Verdict**: Correct", True)])
 def test_a_verdict_with_a_label_or_its_reason_is_read_as_that_verdict(written, correct):
     """A judge that writes 'Incorrect - it names the wrong ship' left the question unscored after three
     calls: accuracy is over scored questions, so wrong answers dropped that way raised it."""
@@ -333,7 +335,7 @@ def test_a_verdict_with_a_label_or_its_reason_is_read_as_that_verdict(written, c
 
 
 @pytest.mark.parametrize("written", ["not correct", "partially correct", "Correct - though partly incorrect",
-                                     "correct or incorrect", "yes"])
+                                     "correct or incorrect", "yes", "**Verdict:** correct or incorrect"])
 def test_a_verdict_naming_no_single_value_is_still_refused(written):
     q = parse_questions([QUESTION])
     scripted(lambda call: {"reason": "r", "verdict": written} if call.wants("verdict")
