@@ -145,3 +145,16 @@ def test_a_diverse_summary_the_filter_stopped_is_asked_again_then_fails_naming_t
         pred = DiverseSummarizer("direct")(articles=articles)
     assert pred.summary is None and not pred.cut_off
     assert "stopped by the provider's content filter" in pred.error and len(lm.backend.calls) == 3
+
+
+def test_generated_questions_the_filter_stopped_are_asked_again_then_fail_naming_the_filter():
+    """A list of questions the filter stopped may have lost its last questions, as a list of claims may."""
+    from booklens.programs.diverse import ReferenceBuilder
+    from booklens.testing import ScriptedLM
+
+    lm = ScriptedLM(lambda call: {"questions": ["Was the port closed?"]})
+    lm.backend.finish_reason = "content_filter"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        ref = ReferenceBuilder(num_questions=3)(articles=[("a1", "The port closed."), ("a2", "The port stayed open.")])
+    assert ref.questions == [] and "stopped by the provider's content filter" in ref.error
+    assert len(lm.backend.calls) == 3
