@@ -438,7 +438,10 @@ def calibration_key(judge: str, mode: str, lm: str, fingerprint: str, server: Op
 def user_store_path(cache_dir: str | Path | None = None) -> Path:
     from booklens.lm.cache import cache_folder
 
-    return cache_folder(cache_dir) / CALIBRATION_FILE
+    folder = cache_folder(cache_dir)
+    if folder.exists() and not folder.is_dir():  # else read as a store that holds no calibration
+        raise BooklensError(f"cannot use {folder} as the cache directory: it is a file")
+    return folder / CALIBRATION_FILE
 
 
 def read_store(path: Path) -> dict[str, Any]:

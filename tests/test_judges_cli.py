@@ -283,6 +283,16 @@ def test_judges_lists_the_default_judges_with_their_calibration(tmp_path):
     assert "agreement with humans on" in lines[0] and "agreement with humans on" in lines[1]
 
 
+def test_judges_refuses_a_cache_dir_that_is_a_file(tmp_path):
+    """Its calibrations would be read as none at all: the figures of the user's own calibrate runs
+    missing without a word."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x", encoding="utf-8")
+    result = run_command(["judges", "--lm", "local", "--cache-dir", blocker])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"error: cannot use {blocker} as the cache directory: it is a file\n", result.stderr
+
+
 def test_evaluate_compares_the_default_judge_with_zero_shot(tmp_path, shared_dir):
     fables = shared_dir / "data" / "fables" / "FABLES.json"
     out = tmp_path / "eval.json"
