@@ -1384,3 +1384,26 @@ def test_answers_ollama_gave_before_it_was_sent_its_window_are_not_replayed(tmp_
         assert asked() == 2
         classify(backend, cache_dir=tmp_path)
         assert asked() == 2
+
+
+@pytest.mark.parametrize("usage", [True, False])
+def test_the_rate_limit_and_missing_usage_are_counted_without_asking_the_hugging_face_hub(monkeypatch, usage):
+    """The limiter's count (and the count of a server that sends no usage) took LiteLLM's tokenizer for
+    the model's name, which for a name holding 'llama-3' is fetched from the Hugging Face Hub: offline,
+    every request tried it (and warned) before it was sent. They count as the Ollama window does."""
+    import huggingface_hub
+    import huggingface_hub.file_download
+
+    fetched = []
+
+    def no_hub(*args, **kwargs):
+        fetched.append(kwargs.get("repo_id") or args)
+        raise OSError("the Hub is out of reach")
+
+    monkeypatch.setattr(huggingface_hub.file_download, "hf_hub_download", no_hub)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_hub)
+    limiter = RateLimiter(rpm=600, tpm=100000)
+    with FakeOpenAIServer(responder=lambda body: Reply(content='{"label": "good"}', usage=usage)) as server:
+        _, lm = classify(backend_for(server, model="openai/llama-3-custom", limiter=limiter))
+    assert len(server.served) == 1 and fetched == []
+    assert lm.usage.snapshot()["prompt_tokens"] > 0

@@ -88,12 +88,22 @@ def _wait_ms(bucket: Any, weight: int, limit: int, now: int) -> int:
     return max(1, last_to_leave.timestamp + MINUTE_MS + SEND_MARGIN_MS + 1 - now)
 
 
-def estimate_tokens(model: str, messages: list[dict[str, Any]], max_tokens: int) -> int:
-    """What a request counts against a tokens-per-minute limit: its prompt plus its answer budget."""
+def count_tokens(*, messages: list[dict[str, Any]] | None = None, text: str | None = None) -> int:
+    """Tokens of `messages` or of `text` by LiteLLM's default (tiktoken) encoding, else about four
+    characters a token. Never by the model's name: for some names (one holding 'llama-3', say) LiteLLM
+    fetches a tokenizer from the Hugging Face Hub, which offline is tried, and warned about, at every call."""
     try:
         import litellm
 
-        prompt = litellm.token_counter(model=model, messages=messages)
-    except Exception:  # unknown tokenizer: about four characters a token
-        prompt = sum(len(str(m.get("content", ""))) for m in messages) // 4
-    return int(prompt) + int(max_tokens)
+        if messages is not None:
+            return int(litellm.token_counter(messages=messages))
+        return int(litellm.token_counter(text=text or ""))
+    except Exception:
+        if messages is not None:
+            return sum(len(str(m.get("content", ""))) for m in messages) // 4
+        return len(text or "") // 4
+
+
+def estimate_tokens(messages: list[dict[str, Any]], max_tokens: int) -> int:
+    """What a request counts against a tokens-per-minute limit: its prompt plus its answer budget."""
+    return count_tokens(messages=messages) + int(max_tokens)

@@ -379,12 +379,10 @@ class LiteLLMBackend:
         memory for all of it, whatever the prompt. Ollama reloads the model whenever
         `num_ctx` changes, so requests that fit all get the same value, and once a request needed a
         larger one, the model's later requests keep it (a few reloads a run at most)."""
-        from booklens.lm.ratelimit import estimate_tokens
+        from booklens.lm.ratelimit import count_tokens
         from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW
 
-        # Counted with LiteLLM's default (tiktoken) encoding, not by the model's name: for a name holding
-        # 'llama-3' LiteLLM would fetch a tokenizer from the Hugging Face Hub, on every request when offline.
-        needed = estimate_tokens("", messages, 0) * OLLAMA_TOKEN_MARGIN + max_tokens
+        needed = count_tokens(messages=messages) * OLLAMA_TOKEN_MARGIN + max_tokens
         with _learned_lock:
             window = self._num_ctx or min(int(self.context_window or DEFAULT_CONTEXT_WINDOW), DEFAULT_CONTEXT_WINDOW)
             while window < needed:
@@ -404,7 +402,7 @@ class LiteLLMBackend:
             if self.limiter is not None:
                 from booklens.lm.ratelimit import estimate_tokens
 
-                self.limiter.acquire(estimate_tokens(self.model, kwargs["messages"], kwargs["max_tokens"]))
+                self.limiter.acquire(estimate_tokens(kwargs["messages"], kwargs["max_tokens"]))
                 raise_if_stopped()
             try:
                 response = litellm.completion(**kwargs)
@@ -443,6 +441,8 @@ class LiteLLMBackend:
     def _completion(self, response: Any, messages: list[dict[str, Any]] | None = None) -> Completion:
         import litellm
 
+        from booklens.lm.ratelimit import count_tokens
+
         if not getattr(response, "choices", None):
             where = f"'{self.model}'" + (f" at {self.server}" if self.api_base else "")
             raise LMError(f"{where} answered without a completion (no choices in its response)")
@@ -453,8 +453,8 @@ class LiteLLMBackend:
         prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
         completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
         # A server that sends no usage (some proxies and small servers) leaves LiteLLM's counts at 0,
-        # which no real call has: its tokens are counted here with LiteLLM's tokenizer, as the rate
-        # limiter counts them, and its cost is unknown (what the server would bill is not known).
+        # which no real call has: its tokens are counted here as the rate limiter counts them, and its
+        # cost is unknown (what the server would bill is not known).
         counted = prompt_tokens > 0 and (completion_tokens > 0 or not text)
         cost = None
         if counted:
@@ -464,9 +464,9 @@ class LiteLLMBackend:
                 cost = None  # a model LiteLLM has no prices for
         else:
             if not prompt_tokens and messages:
-                prompt_tokens = _count_tokens(self.model, messages=messages)
+                prompt_tokens = count_tokens(messages=messages)
             if not completion_tokens and text:
-                completion_tokens = _count_tokens(self.model, text=text)
+                completion_tokens = count_tokens(text=text)
         return Completion(
             text=text,
             finish_reason=choice.finish_reason or "stop",
@@ -621,21 +621,6 @@ class LiteLLMBackend:
 
 # ---------------------------------------------------------------------------
 # Reading errors
-
-
-def _count_tokens(model: str, *, messages: list[dict[str, Any]] | None = None, text: str | None = None) -> int:
-    """Tokens of `messages` (as the rate limiter counts them) or of `text` by LiteLLM's counter for
-    `model`, else about four characters a token."""
-    if messages is not None:
-        from booklens.lm.ratelimit import estimate_tokens
-
-        return estimate_tokens(model, messages, 0)
-    try:
-        import litellm
-
-        return int(litellm.token_counter(model=model, text=text or ""))
-    except Exception:
-        return len(text or "") // 4
 
 
 def server_text(exc: BaseException, limit: int = 300) -> str:
