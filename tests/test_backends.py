@@ -1111,9 +1111,10 @@ def test_a_wrong_api_base_is_one_line_through_the_command(tmp_path):
 
 class FakeOllama:
     """Ollama's own API on loopback: `POST /api/chat` (ollama_chat/) and `/api/generate` (ollama/),
-    answered with `answer`; `received` keeps each request's path and body."""
+    answered with `answer` (or with a 500 carrying `error`, as Ollama sends a model it cannot load);
+    `received` keeps each request's path and body."""
 
-    def __init__(self, answer: str = '{"label": "good"}', *, pulled: bool = True):
+    def __init__(self, answer: str = '{"label": "good"}', *, pulled: bool = True, error: str | None = None):
         import http.server
         import socketserver
 
@@ -1129,6 +1130,14 @@ class FakeOllama:
                 fake.received.append((self.path, body))
                 done = {"model": body.get("model"), "created_at": "2026-01-01T00:00:00Z", "done": True,
                         "done_reason": "stop", "prompt_eval_count": 10, "eval_count": 5}
+                if error is not None:
+                    data = json.dumps({"error": error}).encode()
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                    return
                 if not pulled and self.path in ("/api/chat", "/api/generate"):
                     payload = None  # Ollama's words for a model it has not pulled
                     missing = {"error": f"model '{body.get('model')}' not found, try pulling it first"}
@@ -1407,3 +1416,20 @@ def test_the_rate_limit_and_missing_usage_are_counted_without_asking_the_hugging
         _, lm = classify(backend_for(server, model="openai/llama-3-custom", limiter=limiter))
     assert len(server.served) == 1 and fetched == []
     assert lm.usage.snapshot()["prompt_tokens"] > 0
+
+
+@pytest.mark.parametrize("model", ["ollama_chat/llama3.1:70b", "ollama/llama3.1:70b"])
+@pytest.mark.parametrize("said, fix", [
+    ("model requires more system memory (44.0 GiB) than is available (7.6 GiB)",
+     "use a smaller model (or a smaller quantization of it)"),
+    ("model 'llama3.1:70b' not found, try pulling it first", "run `ollama pull llama3.1:70b` where the server runs"),
+])
+def test_an_ollama_500_that_no_retry_can_mend_is_one_line_at_once(model, said, fix):
+    """Ollama sends a model it cannot load with a 500, which was taken for a passing fault: the same
+    request was sent 5 more times, with backoff, before the line."""
+    sleep = Recorder()
+    with FakeOllama(error=said) as server:
+        with pytest.raises(LMError) as caught:
+            classify(LiteLLMBackend(model, api_base=server.url, sleep=sleep))
+    assert str(caught.value) == f"'{model}' at {server.url} cannot serve the model ({said}): {fix}"
+    assert len(server.received) == 1 and sleep.delays == []

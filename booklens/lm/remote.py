@@ -547,6 +547,9 @@ class LiteLLMBackend:
             # A web server that is no API (a static site, a dashboard) takes no POST at that path.
             raise LMError(f"{self.server} takes no requests at the path '{self.model}' was sent to (405 Method Not "
                           f"Allowed): {self._check_api_base()}") from None
+        fix = _unservable_fix(text, self.model.split("/", 1)[-1])
+        if fix:
+            raise LMError(self._redact(f"{where} cannot serve the model ({server_text(exc)}): {fix}")) from None
         transient = isinstance(exc, (litellm.RateLimitError, litellm.Timeout, litellm.APIConnectionError,
                                      litellm.InternalServerError, litellm.ServiceUnavailableError,
                                      litellm.BadGatewayError)) or status in TRANSIENT_STATUS or _unreachable(exc)
@@ -741,6 +744,21 @@ CONTEXT_OVERFLOW_WORDS = (
     "`max_new_tokens` must be <=", "`inputs` must have less than",  # Text Generation Inference
     "longer than the context length", "exceeds the context length",  # Ollama told not to truncate
 )
+
+
+# What servers say, in lower case, when the model cannot be served at all, with the fix ({name}: the
+# model's name at the server): the one list of failures that no retry mends, whatever their status
+# (Ollama sends them with a 500, which is otherwise a passing fault).
+UNSERVABLE_MODEL_WORDS = (
+    ("model requires more system memory", "use a smaller model (or a smaller quantization of it)"),  # Ollama
+    ("not found, try pulling it first", "run `ollama pull {name}` where the server runs"),  # Ollama
+)
+
+
+def _unservable_fix(text: str, name: str) -> str | None:
+    """The fix for a model the server says it cannot serve (see UNSERVABLE_MODEL_WORDS), else None."""
+    lowered = text.lower()
+    return next((fix.format(name=name) for words, fix in UNSERVABLE_MODEL_WORDS if words in lowered), None)
 
 
 def _mentions_context_limit(text: str) -> bool:
