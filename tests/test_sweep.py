@@ -1408,3 +1408,40 @@ def test_report_of_a_stopped_sweep_is_not_written_over_a_record_the_sweep_has_no
                            f"page is built from; write it elsewhere (by default {out / 'report.html'})\n"), proc.stderr
     assert not (out / name).exists()
     assert run_command(["report", out]).returncode == 0
+
+
+def test_report_of_a_stopped_sweep_leaves_out_the_cells_of_its_earlier_plan(small_sweep):
+    """The manifest was edited (another judge) and the new sweep stopped before its aggregate: the page
+    was made from every cell on disk, the earlier judge's among them. Only the cells a run of the plan in
+    sweep.json would reuse whole are on it (as --dry-run decides), and the note counts the others."""
+    import shutil
+
+    from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
+
+    out = small_sweep
+    earlier = out.parent / "earlier"
+    shutil.copytree(out / "cells", earlier)
+    manifest = out.parent / "sweep.yaml"
+    manifest.write_text(manifest.read_text(encoding="utf-8").replace("k: 2", "k: 3"), encoding="utf-8")
+    with FakeOpenAIServer(responder=PipelineResponder()) as srv:
+        outcome = run_sweep_for_test(manifest, out, srv.url, out.parent / "cache")
+    assert [o.status for o in outcome.outcomes] == ["complete"] * 3
+    for name in (RESULTS_FILE, CELLS_FILE, "report.html"):  # stopped before its aggregate
+        (out / name).unlink()
+    for book in ("b", "c"):  # as the earlier plan left them
+        shutil.rmtree(out / "cells" / "given" / book)
+        shutil.copytree(earlier / "given" / book, out / "cells" / "given" / book)
+    proc = run_command(["report", out])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[1:] == [
+        "note: the sweep is not finished: 2 of 3 cells are not done (2 not run; books without every cell: b, c); "
+        "the page covers the complete cells only (2 cells on disk are left out as from an earlier plan); rerun the "
+        "sweep to finish it"], proc.stderr
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert 'href="cells/given/a/report.html"' in page and 'href="cells/given/b/report.html"' not in page
+
+
+def run_sweep_for_test(manifest, out, url, cache):
+    from booklens.sweep.run import run_sweep
+
+    return run_sweep(manifest, out, lm="openai/fake-model", api_base=url, cache_dir=cache, progress_interval=60)

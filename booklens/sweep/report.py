@@ -322,8 +322,9 @@ def sweep_meta(systems: int, books: int, manifest: str, judge_steps: Sequence[st
             f"judge: {', '.join(judge_steps)}" + (f", evidence {evidence}" if "faithfulness" in judge_steps else "")]
 
 
-def unfinished_note(rows: Sequence[dict[str, Any]]) -> Optional[str]:
-    """One line on the cells of a sweep that are not done (failed, or not run), else None."""
+def unfinished_note(rows: Sequence[dict[str, Any]], earlier: int = 0) -> Optional[str]:
+    """One line on the cells of a sweep that are not done (failed, or not run), else None; `earlier`:
+    how many cells on disk were left out as an earlier plan's."""
     undone = [r for r in rows if r["status"] != "complete"]
     if not undone:
         return None
@@ -333,18 +334,25 @@ def unfinished_note(rows: Sequence[dict[str, Any]]) -> Optional[str]:
     books = list(dict.fromkeys(r["book"] for r in undone))
     return (f"the sweep is not finished: {len(undone)} of {counted(len(rows), 'cell')} "
             f"{'is' if len(undone) == 1 else 'are'} not done ({kinds}; books without every cell: "
-            f"{', '.join(books)}); the page covers the complete cells only; rerun the sweep to finish it")
+            f"{', '.join(books)}); the page covers the complete cells only"
+            + (f" ({counted(earlier, 'cell')} on disk {'is' if earlier == 1 else 'are'} left out as from an "
+               "earlier plan)" if earlier else "") + "; rerun the sweep to finish it")
 
 
-def _cells_on_disk(sweep_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _cells_on_disk(sweep_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
     """The figures and rows of the cells a sweep left in its directory before it wrote its aggregate
-    (stopped or killed): a cell without a run record did not run, one whose run is not complete failed."""
+    (stopped or killed): a cell without a run record did not run, one whose run is not complete failed,
+    and a complete one that the plan in sweep.json would not reuse whole (`cells_of_plan`) was made by
+    an earlier plan and counts as not run; also how many of those there were."""
     from booklens.errors import BooklensError
     from booklens.reports import RUN_FILE, read_run_record
     from booklens.sweep.aggregate import CellOutcome, cell_dir, cell_row, outcome_of_run, results, sweep_judges
+    from booklens.sweep.run import cells_of_plan
 
     systems = [str(spec["name"]) for spec in plan["systems"]]
     books = [str(key) for key in plan["books"]]
+    of_plan = cells_of_plan(sweep_dir, plan)
+    earlier = 0
     outcomes = []
     for system in systems:
         for book in books:
@@ -353,11 +361,15 @@ def _cells_on_disk(sweep_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, Any
                 outcomes.append(CellOutcome(system, book, "not run"))
                 continue
             try:
-                outcomes.append(outcome_of_run(system, book, read_run_record(path).model_dump(mode="json")))
+                outcome = outcome_of_run(system, book, read_run_record(path).model_dump(mode="json"))
             except BooklensError as exc:
-                outcomes.append(CellOutcome(system, book, "failed", str(exc).splitlines()[0]))
+                outcome = CellOutcome(system, book, "failed", str(exc).splitlines()[0])
+            if outcome.status == "complete" and of_plan is not None and (system, book) not in of_plan:
+                earlier += 1
+                outcome = CellOutcome(system, book, "not run")
+            outcomes.append(outcome)
     rows = [cell_row(o) for o in outcomes]
-    return results(systems, books, rows, sweep_judges(outcomes)), rows
+    return results(systems, books, rows, sweep_judges(outcomes)), rows, earlier
 
 
 def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = None, *,
@@ -377,9 +389,10 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
     sweep_dir = Path(sweep_dir)
     plan = read_json_file(sweep_dir / PLAN_FILE, "sweep plan")
     stopped = not (sweep_dir / RESULTS_FILE).exists() and not (sweep_dir / CELLS_FILE).exists()
+    earlier = 0
     try:
         if stopped:
-            results, rows = _cells_on_disk(sweep_dir, plan)
+            results, rows, earlier = _cells_on_disk(sweep_dir, plan)
         else:
             results = read_json_file(sweep_dir / RESULTS_FILE, "sweep results")
             rows = [json.loads(line) for line in (sweep_dir / CELLS_FILE).read_text(encoding="utf-8").splitlines()
@@ -405,7 +418,7 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
                                 f"built from; write it elsewhere (by default {sweep_dir / REPORT_FILE})")
     try:
         written = write_sweep_report(sweep_dir, results, rows, title=title, meta=meta, target=target)
-        note = unfinished_note(rows)
+        note = unfinished_note(rows, earlier)
     except (KeyError, TypeError, ValueError, AttributeError):  # a field of another type than written
         raise BooklensError(f"{sweep_dir} holds records this booklens cannot read (results.json or cells.jsonl); "
                             "rerun the sweep to write them again") from None

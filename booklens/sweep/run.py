@@ -340,6 +340,21 @@ def plan_content(sweep: Sweep) -> dict[str, Any]:
             "programs": {str(p): file_sha(Path(p)) for p in sorted(set(programs))}}
 
 
+def plan_record(sweep: Sweep) -> dict[str, Any]:
+    """What sweep.json records of a sweep's plan."""
+    return {
+        "kind": "booklens.sweep.plan",
+        "format_version": 1,
+        "manifest": manifest_name(sweep),
+        "lm": sweep.lm,
+        "servers": plan_servers(sweep),
+        "books": {b.key: str(b.path) for b in sweep.books},
+        "systems": [_without_credentials(s.model_dump(exclude_unset=True)) for s in sweep.systems],
+        "judge": _without_credentials(sweep.judge.model_dump(exclude_unset=True)),
+        "content_sha256": plan_content(sweep),
+    }
+
+
 def write_plan(sweep: Sweep, output: Path) -> None:
     """Write sweep.json. When it changes (another manifest, the same one edited, another server for
     one of its LMs, a book or a summaries or program file whose content changed), the results.json,
@@ -361,17 +376,7 @@ def write_plan(sweep: Sweep, output: Path) -> None:
         before = None
     except ValueError:  # damaged: not this plan's
         before = {}
-    save_json(plan, {
-        "kind": "booklens.sweep.plan",
-        "format_version": 1,
-        "manifest": manifest_name(sweep),
-        "lm": sweep.lm,
-        "servers": plan_servers(sweep),
-        "books": {b.key: str(b.path) for b in sweep.books},
-        "systems": [_without_credentials(s.model_dump(exclude_unset=True)) for s in sweep.systems],
-        "judge": _without_credentials(sweep.judge.model_dump(exclude_unset=True)),
-        "content_sha256": plan_content(sweep),
-    })
+    save_json(plan, plan_record(sweep))
     if before is not None and comparable_plan(json.loads(plan.read_bytes())) != comparable_plan(before):
         for name in (RESULTS_FILE, CELLS_FILE, REPORT_FILE):
             (output / name).unlink(missing_ok=True)
@@ -454,6 +459,36 @@ def complete_cells(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any]
         if set(reused) == set(judge.wanted_steps()):
             complete.add((task.system, task.book))
     return complete
+
+
+def cells_of_plan(sweep_dir: Path, plan: dict[str, Any]) -> Optional[set[tuple[str, str]]]:
+    """The cells in `sweep_dir` that the plan its sweep.json records (`plan`) would reuse whole
+    (`complete_cells`, as --dry-run decides): a complete cell not among them was made by an earlier
+    plan. None when the plan cannot be had again: its manifest is gone, or no longer gives that plan."""
+    import json
+
+    from booklens.pipeline import load_judge_programs
+    from booklens.records import json_text
+
+    # The command's --api-base is not recorded apart from the servers: try none, then each of them.
+    servers = [None] + [s.get("server") for s in plan.get("servers") or [] if isinstance(s, dict) and s.get("server")]
+    wanted = comparable_plan(plan)
+    for api_base in dict.fromkeys(servers):
+        try:
+            sweep = load_manifest(Path(str(plan["manifest"])), lm=plan.get("lm"), api_base=api_base)
+            if comparable_plan(json.loads(json_text(plan_record(sweep)))) != wanted:
+                continue
+            tasks = plan_tasks(sweep, sweep_dir)
+            import dspy
+
+            from booklens.lm import BooklensAdapter
+
+            with dspy.context(adapter=BooklensAdapter()):
+                programs = load_judge_programs(sweep.judge_config())
+            return complete_cells(sweep, tasks, programs)
+        except (BooklensError, OSError, KeyError, TypeError, ValueError):
+            continue
+    return None
 
 
 def reuse_complete_cells(sweep: Sweep, tasks: list[CellTask], outcomes: list[CellOutcome], pool: Any,
