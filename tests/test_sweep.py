@@ -1377,6 +1377,23 @@ def test_report_of_a_sweep_stopped_before_its_aggregate_shows_what_is_done_and_s
     assert not (out / RESULTS_FILE).exists() and not (out / CELLS_FILE).exists()  # the sweep's to write
 
 
+def test_report_of_a_stopped_sweep_whose_manifest_is_gone_says_its_cells_are_not_matched(small_sweep):
+    """Without the manifest sweep.json names, the plan cannot be had again, so whether the cells on
+    disk are this plan's is unknown: the page shows them all, and the command says so."""
+    from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
+
+    out = small_sweep
+    for name in (RESULTS_FILE, CELLS_FILE, "report.html"):
+        (out / name).unlink()
+    (out.parent / "sweep.yaml").unlink()
+    proc = run_command(["report", out])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[1:] == [
+        "note: the cells on disk cannot be matched to the plan in sweep.json (its manifest is gone, or no longer "
+        "gives that plan): the page shows every complete cell, whichever plan made it"], proc.stderr
+    assert 'href="cells/given/c/report.html"' in (out / "report.html").read_text(encoding="utf-8")
+
+
 def test_report_of_a_sweep_with_cells_not_done_says_so_in_one_line(small_sweep):
     """A sweep that ended with a failed cell, or one --fail-fast did not start: its page said so,
     the command did not."""

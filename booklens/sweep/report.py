@@ -339,11 +339,13 @@ def unfinished_note(rows: Sequence[dict[str, Any]], earlier: int = 0) -> Optiona
                "earlier plan)" if earlier else "") + "; rerun the sweep to finish it")
 
 
-def _cells_on_disk(sweep_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+def _cells_on_disk(sweep_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                                                   Optional[int]]:
     """The figures and rows of the cells a sweep left in its directory before it wrote its aggregate
     (stopped or killed): a cell without a run record did not run, one whose run is not complete failed,
     and a complete one that the plan in sweep.json would not reuse whole (`cells_of_plan`) was made by
-    an earlier plan and counts as not run; also how many of those there were."""
+    an earlier plan and counts as not run; also how many of those there were (None when the plan
+    cannot be had again to tell: every complete cell is kept then)."""
     from booklens.errors import BooklensError
     from booklens.reports import RUN_FILE, read_run_record
     from booklens.sweep.aggregate import CellOutcome, cell_dir, cell_row, outcome_of_run, results, sweep_judges
@@ -369,7 +371,7 @@ def _cells_on_disk(sweep_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, Any
                 outcome = CellOutcome(system, book, "not run")
             outcomes.append(outcome)
     rows = [cell_row(o) for o in outcomes]
-    return results(systems, books, rows, sweep_judges(outcomes)), rows, earlier
+    return results(systems, books, rows, sweep_judges(outcomes)), rows, (earlier if of_plan is not None else None)
 
 
 def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = None, *,
@@ -389,7 +391,7 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
     sweep_dir = Path(sweep_dir)
     plan = read_json_file(sweep_dir / PLAN_FILE, "sweep plan")
     stopped = not (sweep_dir / RESULTS_FILE).exists() and not (sweep_dir / CELLS_FILE).exists()
-    earlier = 0
+    earlier: Optional[int] = 0
     try:
         if stopped:
             results, rows, earlier = _cells_on_disk(sweep_dir, plan)
@@ -418,7 +420,11 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
                                 f"built from; write it elsewhere (by default {sweep_dir / REPORT_FILE})")
     try:
         written = write_sweep_report(sweep_dir, results, rows, title=title, meta=meta, target=target)
-        note = unfinished_note(rows, earlier)
+        note = unfinished_note(rows, earlier or 0)
+        if earlier is None:
+            unmatched = ("the cells on disk cannot be matched to the plan in sweep.json (its manifest is gone, or no "
+                         "longer gives that plan): the page shows every complete cell, whichever plan made it")
+            note = f"{note}; {unmatched}" if note else unmatched
     except (KeyError, TypeError, ValueError, AttributeError):  # a field of another type than written
         raise BooklensError(f"{sweep_dir} holds records this booklens cannot read (results.json or cells.jsonl); "
                             "rerun the sweep to write them again") from None
