@@ -1291,7 +1291,7 @@ def test_a_model_ollama_has_not_pulled_is_named_with_its_words_and_the_fix():
             classify(LiteLLMBackend("ollama_chat/llama3", api_base=server.url, sleep=Recorder()))
     assert str(caught.value) == (f"model 'ollama_chat/llama3' was not found at {server.url} (model 'llama3' not found, "
                                  "try pulling it first): check the model name (`ollama list` shows the ones the "
-                                 "server has) and that --api-base is the Ollama server's root, such as "
+                                 "server has; `ollama pull llama3` fetches it) and that --api-base is the Ollama server's root, such as "
                                  "http://127.0.0.1:11434")
 
 

@@ -597,8 +597,10 @@ class LiteLLMBackend:
                     f"{OLLAMA_ROOT} without /v1 (its /v1 is for openai/MODEL)")
         if self.provider in OLLAMA_PROVIDERS:
             # Ollama's own API lives at the root: its 404 there is a model it has not pulled.
+            pulled = self.model.split("/", 1)[-1]
             return (f"{where} ({server_text(exc)}): check the model name (`ollama list` shows the ones the server "
-                    f"has) and that --api-base is the Ollama server's root, such as {OLLAMA_ROOT}")
+                    f"has; `ollama pull {pulled}` fetches it) and that --api-base is the Ollama server's root, such "
+                    f"as {OLLAMA_ROOT}")
         if path.endswith("/v1"):
             # The path is the usual one, so the server most likely serves no model of that name.
             return (f"{where} ({server_text(exc)}): check the model name; the server lists the ones it "
