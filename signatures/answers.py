@@ -58,7 +58,9 @@ def _verdict_lead(subjects: tuple[str, ...]) -> str:
 
 _VERDICT_SUBJECTS = ("answer", "verdict", "grade")
 # "Yes, it is confusing": a yes or no before a verdict, read only where it agrees with that verdict.
-_YES_OR_NO = re.compile(r"(?P<word>yes|no)\s*[,.!:;\u2013\u2014-]\s*(?P<rest>\S.*)", re.IGNORECASE | re.DOTALL)
+# The yes or no may be in bold or italics ("**Yes**, it is confusing"), as chat models stress it.
+_YES_OR_NO = re.compile(rf"{_EMPHASIS}(?P<word>yes|no){_EMPHASIS}\s*[,.!:;\u2013\u2014-]\s*(?P<rest>\S.*)",
+                        re.IGNORECASE | re.DOTALL)
 
 
 def verdict_reader(values: tuple[str, ...], *, subjects: tuple[str, ...] = _VERDICT_SUBJECTS,
@@ -80,13 +82,19 @@ def verdict_reader(values: tuple[str, ...], *, subjects: tuple[str, ...] = _VERD
     pattern = re.compile(_verdict_lead(subjects)
                          + rf"\**(?P<v>{names})\**(?:\s*(?:[.:!]|\s[-\u2013\u2014])\s*(?P<rest>.*))?",
                          re.IGNORECASE | re.DOTALL)
-    others = [re.compile(rf"\b{re.escape(v)}\b", re.IGNORECASE) for v in (*values, *wordings)]
+    # Each name with the value it names: a reason naming the same value again ("Faithful. The claim is
+    # true") is no second verdict.
+    others = [(re.compile(rf"\b{re.escape(v)}\b", re.IGNORECASE), wordings.get(_key(v), v))
+              for v in (*values, *wordings)]
 
     def read_phrase(text: str) -> Any:
         found = pattern.fullmatch(text)
-        if not found or any(other.search(found["rest"] or "") for other in others):
+        if not found:
             return None
-        return exact(wordings.get(_key(found["v"]), found["v"]))
+        got = exact(wordings.get(_key(found["v"]), found["v"]))
+        if any(name != got and other.search(found["rest"] or "") for other, name in others):
+            return None
+        return got
 
     def read(value: Any) -> Any:
         got = exact(value)

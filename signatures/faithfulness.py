@@ -19,14 +19,15 @@ from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, BinaryLabel, ClaimL
 # Unfaithful", "The claim is unfaithful"), or in other words for the same judgment ("Partially
 # supported", "Cannot verify"). "not faithful" is unfaithful only where no partial support or
 # can't verify could be meant: in the binary rater's two labels.
-_, _UNFAITHFUL, _PARTIAL_SUPPORT, _CANT_VERIFY = CLAIM_LABELS
+_FAITHFUL, _UNFAITHFUL, _PARTIAL_SUPPORT, _CANT_VERIFY = CLAIM_LABELS
 _LABEL_SUBJECTS = ("label", "verdict", "answer", "claim", "this claim", "it")
 _CLAIM_WORDINGS = {
     **dict.fromkeys(("partial", "partially supported", "partly supported", "supported in part"),
                     _PARTIAL_SUPPORT),
     **dict.fromkeys(("cannot verify", "can not verify", "cannot be verified", "can not be verified",
                      "can't be verified", "unverifiable", "not verifiable"), _CANT_VERIFY)}
-_BINARY_WORDINGS = {"not faithful": _UNFAITHFUL}
+# The binary rater's prompt defines faithful as the claim being true: "True" and "False" answer it.
+_BINARY_WORDINGS = {"not faithful": _UNFAITHFUL, "true": _FAITHFUL, "false": _UNFAITHFUL}
 
 ClaimLabelAnswer = Annotated[ClaimLabel, BeforeValidator(verdict_reader(CLAIM_LABELS, subjects=_LABEL_SUBJECTS,
                                                                         wordings=_CLAIM_WORDINGS))]

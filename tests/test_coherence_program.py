@@ -401,7 +401,8 @@ def test_verdicts_and_kinds_in_another_case_are_read(batch_size):
     ("Verdict: confusion", "Verdict: no confusion"), ("**confusing**", "The sentence is not confusing"),
     ("Confusion.", "No confusion"), ("yes, it is confusing", "No, it is not confusing."),
     ("Confusion - a reader cannot tell who Zed is", "Not confusing"),
-    ("**Verdict:** confusion", "**Verdict**: no confusion"), ("*Verdict:* **confusion**", "__Verdict:__ No confusion")])
+    ("**Verdict:** confusion", "**Verdict**: no confusion"), ("*Verdict:* **confusion**", "__Verdict:__ No confusion"),
+    ("**Yes**, it is confusing", "**No**, it is not confusing."), ("*Yes*: confusing", "**No.** Not confusing")])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_a_verdict_with_a_label_or_in_a_phrase_is_read_in_both_modes(batch_size, confusing, clear):
     """'Verdict: confusion' or 'The sentence is not confusing' (a model without its answer schema

@@ -81,7 +81,9 @@ def test_a_label_written_in_capitals_is_read_as_the_label(written, label):
     ("binary", "Label: unfaithful", "unfaithful"), ("binary", "The claim is faithful.", "faithful"),
     ("binary", "not faithful", "unfaithful"), ("four-way", "**Label:** Unfaithful", "unfaithful"),
     ("four-way", "**Label**: partially supported", "partial support"), ("binary", "**Label:** **faithful**", "faithful"),
-    ("four-way", "**The claim is** unfaithful.", "unfaithful")])
+    ("four-way", "**The claim is** unfaithful.", "unfaithful"), ("binary", "True", "faithful"),
+    ("binary", "true", "faithful"), ("binary", "False", "unfaithful"), ("binary", "**False.**", "unfaithful"),
+    ("binary", "The claim is true.", "faithful"), ("binary", "Faithful. The claim is true to the book.", "faithful")])
 @pytest.mark.parametrize("passages", [["Anna sailed home."], None])
 def test_a_label_after_a_label_name_or_in_a_phrase_is_read_as_the_label(label_set, written, label, passages):
     """'Label: Unfaithful' or 'Partially supported' (a model without its answer schema enforced) name
@@ -96,7 +98,8 @@ def test_a_label_after_a_label_name_or_in_a_phrase_is_read_as_the_label(label_se
     ("four-way", "Faithful - though partially supported"), ("four-way", "maybe"), ("four-way", "supported"),
     ("binary", "Partially supported"), ("binary", "Cannot verify"), ("binary", "not unfaithful"),
     ("binary", "faithful or unfaithful"), ("four-way", "**Label:** faithful or unfaithful"),
-    ("four-way", "**Label**: not faithful")])
+    ("four-way", "**Label**: not faithful"), ("four-way", "True"), ("four-way", "False"),
+    ("binary", "true or false"), ("binary", "Faithful - it is false"), ("binary", "False - but true in part")])
 def test_a_label_naming_no_single_label_is_still_asked_again(label_set, written):
     """'not faithful' may be unfaithful or partial support among the four labels (binary has only the
     one), and a double negation is a guess: asked again, then recorded as a failure."""
