@@ -32,7 +32,8 @@ from typing import Any, Sequence
 import dspy
 
 from booklens.errors import BooklensError, LMError, first_line
-from booklens.lm import forget_answers, fresh_try, hearing_calls, predict_with_retries
+from booklens.lm import (UNFINISHED, filter_stopped, forget_answers, fresh_try, hearing_calls, last_stop,
+                         predict_with_retries)
 from booklens.parallel import chunked, parallel_map
 from booklens.programs.base import Module, Predict
 from booklens.records import COHERENCE_ERROR_TYPES, SentenceAnnotation
@@ -301,7 +302,7 @@ class CoherenceScorer(Module):
         outcome = predict_with_retries(
             self.detect,
             tries=self.tries,
-            check=lambda p: check_answer(p.verdict, p.questions, p.error_types),
+            check=lambda p: check_answer(p.verdict, p.questions, p.error_types) or filter_stopped("verdict"),
             config=self._budget(1),
             summary=summary,
             sentence=sentence,
@@ -337,8 +338,19 @@ class CoherenceScorer(Module):
             except LMError:
                 raise
             except Exception as exc:  # the whole answer did not parse: every pending sentence is re-asked
+                complaint = f"unparseable answer: {first_line(exc, limit=200)}"
+                if last_stop() == "content_filter":
+                    complaint = f"the answer was {UNFINISHED['content_filter']}: {complaint}"
                 for i in pending:
-                    errors[i] = f"unparseable answer: {first_line(exc, limit=200)}"
+                    errors[i] = complaint
+                unused.extend(heard)
+                continue
+            unfinished = filter_stopped("verdicts")
+            if unfinished:
+                # What the filter withheld may be any sentence's verdict, questions or kinds: no answer of
+                # the reply is taken, as no filtered verdict is in per-sentence mode.
+                for i in pending:
+                    errors[i] = f"the answer was {UNFINISHED['content_filter']}: {unfinished}"
                 unused.extend(heard)
                 continue
             # A number that was not asked (0 for sentence 1, one past the last, or an extra one beside

@@ -27,7 +27,7 @@ import dspy
 
 from booklens.data.diversesumm import require_question_answers, split_article_text
 from booklens.errors import BooklensError, first_line
-from booklens.lm import ContextWindowExceeded, last_stop, predict_with_retries
+from booklens.lm import ContextWindowExceeded, filter_stopped, last_stop, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
 from booklens.programs.base import Module, Predict, prompt_tokens
@@ -191,7 +191,7 @@ class DiverseSummarizer(Module):
             bad = [n for n in picks if not isinstance(n, int) or not 1 <= n <= len(sentences)]
             if bad:
                 return f"sentence numbers run from 1 to {len(sentences)}; {bad[0]} is not one of them"
-            return None
+            return filter_stopped("picks")
 
         got = predict_with_retries(self.extract, tries=self.tries, check=check, title=title, sentences=numbered,
                                    num_sentences=self.num_sentences)
@@ -469,7 +469,7 @@ class RatingJudge(Module):
         rating = getattr(pred, "rating", None)
         if not isinstance(rating, int) or isinstance(rating, bool) or not low <= rating <= high:
             return f"rating {rating!r} is outside the {self.scale} scale {low}-{high}"
-        return None
+        return filter_stopped("rating")
 
     def forward(self, **inputs: Any) -> dspy.Prediction:
         try:

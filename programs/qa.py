@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 import dspy
 
 from booklens.errors import BooklensError
-from booklens.lm import predict_with_retries
+from booklens.lm import filter_stopped, predict_with_retries
 from booklens.programs.base import Module, Predict, prompt_tokens
 from booklens.signatures.qa import (
     AnswerMultipleChoice,
@@ -252,7 +252,7 @@ class BookQA(Module):
                 return "empty answer"
             if self.setting == "mc" and letters and answer not in letters:
                 return f"answer {answer!r} is not one of the options {', '.join(letters)}"
-            return None
+            return filter_stopped("answer")
 
         return check
 
@@ -276,7 +276,8 @@ class AnswerJudge(Module):
 
     def forward(self, question: str, correct_answer: str, student_answer: str,
                 evidence: Optional[Sequence[str]] = None, book_title: str = "") -> dspy.Prediction:
-        attempt = predict_with_retries(self.judge, tries=self.tries, book_title=book_title or "(untitled)",
+        attempt = predict_with_retries(self.judge, tries=self.tries, check=lambda p: filter_stopped("verdict"),
+                                       book_title=book_title or "(untitled)",
                                        question=question, correct_answer=correct_answer,
                                        supporting_evidence=list(evidence or []), student_answer=student_answer)
         if not attempt.ok:

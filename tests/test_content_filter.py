@@ -158,3 +158,82 @@ def test_generated_questions_the_filter_stopped_are_asked_again_then_fail_naming
         ref = ReferenceBuilder(num_questions=3)(articles=[("a1", "The port closed."), ("a2", "The port stayed open.")])
     assert ref.questions == [] and "stopped by the provider's content filter" in ref.error
     assert len(lm.backend.calls) == 3
+
+
+ZED = {"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": ["entity omission"]}
+ARTICLE = "[a1] Port\n" + " ".join(f"Ship {n} left the port on Monday." for n in range(1, 7))
+
+
+def _coherence(batch_size):
+    from booklens.programs.coherence import build_scorer
+
+    def run():
+        result = build_scorer(batch_size=batch_size)(summary="Zed came.", sentences=["Zed came."])
+        return result.annotations[0].confusing, result.annotations[0].error
+    return run
+
+
+def _qa_letter():
+    from booklens.programs.qa import BookQA
+
+    pred = BookQA("mc", "none")(book="", question="Who sailed?", options="A. Anna\nB. Ben")
+    return pred.answer, pred.error
+
+
+def _qa_verdict():
+    from booklens.programs.qa import AnswerJudge
+
+    pred = AnswerJudge()(question="How many?", correct_answer="3", student_answer="three")
+    return pred.correct, pred.error
+
+
+def _diverse_picks():
+    from booklens.programs.diverse import DiverseSummarizer
+
+    picked, error, _ = DiverseSummarizer("extract", num_sentences=2).pick_sentences(ARTICLE)
+    return picked or None, error
+
+
+def _diverse_rating():
+    from booklens.programs.diverse import RatingJudge
+    from booklens.signatures.diverse import JudgeCoverageOfAllQAs
+
+    r = RatingJudge(JudgeCoverageOfAllQAs, "likert")(summary="s", questions_and_answers="q")
+    return r.rating, r.error
+
+
+@pytest.mark.parametrize("answer, run, finished", [
+    (ZED, _coherence(1), True),
+    ({"answers": [{"number": 1, **ZED}]}, _coherence(3), True),
+    ({"answer": "B"}, _qa_letter, "B"),
+    ({"reason": "Three is 3.", "verdict": "correct"}, _qa_verdict, True),
+    ({"picks": [1, 2]}, _diverse_picks, ["Ship 1 left the port on Monday.", "Ship 2 left the port on Monday."]),
+    ({"explanation": "Most answers are there.", "rating": 7}, _diverse_rating, 7),
+], ids=["coherence", "coherence-batched", "qa-letter", "qa-gen-verdict", "diverse-picks", "diverse-rating"])
+def test_a_judgment_the_filter_stopped_is_asked_again_then_fails_naming_the_filter(answer, run, finished):
+    """A verdict, letter, pick or rating that parses though the filter stopped it may have lost its
+    reason, questions or further items, or been withheld: no finished judgment, as a claim's verdict is not."""
+    from booklens.testing import ScriptedLM
+
+    lm = ScriptedLM(lambda call: answer)
+    lm.backend.finish_reason = "content_filter"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        value, error = run()
+    assert value is None and "stopped by the provider's content filter" in error and len(lm.backend.calls) == 3
+    lm.backend.finish_reason = "stop"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        assert run() == (finished, None)
+
+
+def test_a_batched_reply_the_filter_left_unparseable_names_the_filter():
+    """Per-sentence answers say so through the retries; a batch's unparseable reply said only 'unparseable'."""
+    from booklens.programs.coherence import build_scorer
+    from booklens.testing import ScriptedLM
+
+    lm = ScriptedLM(lambda call: "I can")
+    lm.backend.finish_reason = "content_filter"
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = build_scorer(batch_size=3)(summary="Zed came.", sentences=["Zed came."])
+    failed = result.annotations[0]
+    assert failed.confusing is None and len(lm.backend.calls) == 3
+    assert failed.error.startswith("the answer was stopped by the provider's content filter: unparseable answer")

@@ -47,6 +47,13 @@ def last_stop() -> str | None:
     return reason if reason in UNFINISHED else None
 
 
+def filter_stopped(what: str) -> str | None:
+    """A check's complaint ('the {what} is unfinished') when the provider's content filter stopped the
+    answer just read, else None: what it withheld may be the reason, the later items or the value's
+    own words, so an answer that still parses is no finished one."""
+    return f"the {what} is unfinished" if last_stop() == "content_filter" else None
+
+
 # The answer room of the last completion in this thread (`Completion.answer_room`): set when the
 # context window, not max_tokens, bounded its answer.
 _last_answer_room: contextvars.ContextVar[int | None] = contextvars.ContextVar("booklens_room", default=None)
