@@ -540,7 +540,7 @@ class PairwiseJudge(Module):
 
     def one_order(self, reference: str, first: str, second: str) -> tuple[Optional[str], Optional[str], Optional[str]]:
         try:
-            got = predict_with_retries(self.compare, tries=self.tries,
+            got = predict_with_retries(self.compare, tries=self.tries, check=lambda p: filter_stopped("verdict"),
                                        criterion=CRITERION_DESCRIPTIONS[self.criterion],
                                        reference=reference, summary_a=first, summary_b=second)
         except ContextWindowExceeded as exc:  # this case is too long: it fails, the others go on

@@ -303,7 +303,7 @@ class EvidenceJudge(Module):
             value = getattr(pred, name, None)
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
                 return f"{name} {value!r} is not an integer from 0 to 100"
-        return None
+        return filter_stopped("scores")
 
     def forward(self, question: str, correct_answer: str, correct_evidence: Sequence[str], student_answer: str,
                 student_evidence: Sequence[str], book_title: str = "") -> dspy.Prediction:

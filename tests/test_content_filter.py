@@ -202,6 +202,21 @@ def _diverse_rating():
     return r.rating, r.error
 
 
+def _qa_evidence_scores():
+    from booklens.programs.qa import EvidenceJudge
+
+    r = EvidenceJudge()(question="Who?", correct_answer="Ben", correct_evidence=["Ben sailed."], student_answer="Ben",
+                        student_evidence=["Ben sailed home."])
+    return r.mean, r.error
+
+
+def _diverse_pairwise():
+    from booklens.programs.diverse import PairwiseJudge
+
+    verdict, _, error = PairwiseJudge("coverage").one_order("the article", "first", "second")
+    return verdict, error
+
+
 @pytest.mark.parametrize("answer, run, finished", [
     (ZED, _coherence(1), True),
     ({"answers": [{"number": 1, **ZED}]}, _coherence(3), True),
@@ -209,7 +224,10 @@ def _diverse_rating():
     ({"reason": "Three is 3.", "verdict": "correct"}, _qa_verdict, True),
     ({"picks": [1, 2]}, _diverse_picks, ["Ship 1 left the port on Monday.", "Ship 2 left the port on Monday."]),
     ({"explanation": "Most answers are there.", "rating": 7}, _diverse_rating, 7),
-], ids=["coherence", "coherence-batched", "qa-letter", "qa-gen-verdict", "diverse-picks", "diverse-rating"])
+    ({"correctness": 90, "relevance": 80, "sufficiency": 70}, _qa_evidence_scores, 80.0),
+    ({"explanation": "A covers more.", "verdict": "A"}, _diverse_pairwise, "A"),
+], ids=["coherence", "coherence-batched", "qa-letter", "qa-gen-verdict", "diverse-picks", "diverse-rating",
+        "qa-evidence-scores", "diverse-pairwise"])
 def test_a_judgment_the_filter_stopped_is_asked_again_then_fails_naming_the_filter(answer, run, finished):
     """A verdict, letter, pick or rating that parses though the filter stopped it may have lost its
     reason, questions or further items, or been withheld: no finished judgment, as a claim's verdict is not."""
