@@ -220,10 +220,8 @@ def _nonempty(field: str):
         value = getattr(pred, field, None)
         if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
             return f"empty {field}"
-        if last_stop() == "content_filter":
-            # What the filter withheld may be most of the answer: not kept as if finished.
-            return f"the {field} is unfinished"
-        return None
+        # What the filter withheld may be most of the answer: not kept as if finished.
+        return filter_stopped(field)
 
     return check
 
@@ -344,7 +342,8 @@ class ReferenceBuilder(Module):
         def answer(job: tuple[str, str, str]) -> tuple[list[str], Optional[str]]:
             _, text, q = job
             try:
-                got = predict_with_retries(self.extract_answers, tries=self.tries, article=text, question=q)
+                got = predict_with_retries(self.extract_answers, tries=self.tries, article=text, question=q,
+                                           check=lambda p: filter_stopped("answers"))
             except ContextWindowExceeded as exc:  # this article is too long to read whole: it gives no answer
                 return [], first_line(exc)
             if not got.ok:
@@ -367,7 +366,8 @@ class ReferenceBuilder(Module):
         got = predict_with_retries(
             self.group, tries=self.tries, question=question, answers=_numbered(answers),
             check=lambda p: (None if getattr(p, "groups", None) else "no groups")
-            or _numbers_in_range([n for g in p.groups for n in (g or [])], len(answers), "groups"))
+            or _numbers_in_range([n for g in p.groups for n in (g or [])], len(answers), "groups")
+            or filter_stopped("groups"))
         if not got.ok:
             return {"groups": exact_groups(answers), "error": f"clustering failed ({got.error}); identical answers "
                                                                "grouped instead"}
@@ -401,7 +401,8 @@ class ReferenceBuilder(Module):
 
         def check(p: Any) -> Optional[str]:
             return (_numbers_in_range(getattr(p, "invalid", None), len(answers), "invalid")
-                    or _numbers_in_range(getattr(p, "diverse", None), len(answers), "diverse"))
+                    or _numbers_in_range(getattr(p, "diverse", None), len(answers), "diverse")
+                    or filter_stopped("screening"))
 
         got = predict_with_retries(self.filter, tries=self.tries, check=check, articles=shown, question=question,
                                    answers=_numbered(answers))

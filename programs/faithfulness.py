@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import dspy
 
 from booklens.errors import BooklensError
-from booklens.lm import UNFINISHED, last_stop, predict_with_retries, usage_step
+from booklens.lm import UNFINISHED, filter_stopped, last_stop, predict_with_retries, usage_step
 from booklens.parallel import parallel_map
 from booklens.programs.base import Module, Predict
 from booklens.records import ClaimVerdict, Evidence
@@ -425,12 +425,9 @@ class ClaimVerifier(Module):
 
         def check(prediction) -> str | None:
             finish["reason"] = last_stop()
-            complaint = self.check(prediction)
-            if complaint is None and finish["reason"] == "content_filter":
-                # What the filter withheld may be the reason, the passage lists or the label's own
-                # words: no finished verdict, so it is asked again and, failing that, recorded as failed.
-                return "the verdict is unfinished"
-            return complaint
+            # What the filter withheld may be the reason, the passage lists or the label's own words:
+            # no finished verdict, so it is asked again and, failing that, recorded as failed.
+            return self.check(prediction) or filter_stopped("verdict")
 
         if passages is None:
             attempted = predict_with_retries(self.verify_without_evidence, tries=self.tries, check=check,

@@ -217,6 +217,28 @@ def _diverse_pairwise():
     return verdict, error
 
 
+def _reference_answers():
+    from booklens.programs.diverse import ReferenceBuilder
+
+    failed: dict = {}
+    found = ReferenceBuilder().extract_all([("a1", "The port closed.")], ["Was the port closed?"], failed)
+    return found["Was the port closed?"] or None, (failed.get("Was the port closed?") or [None])[0]
+
+
+def _reference_groups():
+    from booklens.programs.diverse import ReferenceBuilder
+
+    got = ReferenceBuilder().cluster("Was the port closed?", [("a1", "yes"), ("a2", "no")])
+    return (None if got["error"] else got["groups"]), got["error"]
+
+
+def _reference_screen():
+    from booklens.programs.diverse import ReferenceBuilder
+
+    got = ReferenceBuilder().screen(["The port closed."], "Was the port closed?", [("a1", "yes"), ("a2", "no")])
+    return (None if got["error"] else got["diverse"]), got["error"]
+
+
 @pytest.mark.parametrize("answer, run, finished", [
     (ZED, _coherence(1), True),
     ({"answers": [{"number": 1, **ZED}]}, _coherence(3), True),
@@ -226,8 +248,11 @@ def _diverse_pairwise():
     ({"explanation": "Most answers are there.", "rating": 7}, _diverse_rating, 7),
     ({"correctness": 90, "relevance": 80, "sufficiency": 70}, _qa_evidence_scores, 80.0),
     ({"explanation": "A covers more.", "verdict": "A"}, _diverse_pairwise, "A"),
+    ({"answers": ["yes"]}, _reference_answers, [("a1", "yes")]),
+    ({"groups": [[1], [2]]}, _reference_groups, [[0], [1]]),
+    ({"invalid": [], "diverse": [1, 2]}, _reference_screen, [0, 1]),
 ], ids=["coherence", "coherence-batched", "qa-letter", "qa-gen-verdict", "diverse-picks", "diverse-rating",
-        "qa-evidence-scores", "diverse-pairwise"])
+        "qa-evidence-scores", "diverse-pairwise", "reference-answers", "reference-groups", "reference-screen"])
 def test_a_judgment_the_filter_stopped_is_asked_again_then_fails_naming_the_filter(answer, run, finished):
     """A verdict, letter, pick or rating that parses though the filter stopped it may have lost its
     reason, questions or further items, or been withheld: no finished judgment, as a claim's verdict is not."""
