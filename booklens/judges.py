@@ -398,7 +398,9 @@ def evidence_note(info: Any) -> Optional[str]:
 
     if info.task != "verification" or not info.calibration or info.evidence in (None, VERIFICATION_EVIDENCE):
         return None
-    return f"measured with the annotators' evidence quotes, not --evidence {info.evidence} as here"
+    # in the words of the setting, not of an option: a sweep's manifest says `evidence: bm25`
+    had = "none" if info.evidence == "none" else f"{info.evidence} evidence"
+    return f"measured with the annotators' evidence quotes, where the verdicts here had {had}"
 
 
 def judge_line(info: Any) -> str:

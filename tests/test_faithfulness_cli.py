@@ -441,5 +441,5 @@ def test_the_judge_line_says_the_calibration_had_the_annotators_evidence_when_ve
     assert proc.returncode == 0, proc.stderr
     line = next(x for x in proc.stderr.splitlines() if x.startswith("judge: "))
     assert "agreement with humans on S" in line
-    assert line.endswith("; measured with the annotators' evidence quotes, not --evidence none as here")
+    assert line.endswith("; measured with the annotators' evidence quotes, where the verdicts here had none")
     assert json.loads(out.read_text())["judge"]["evidence"] == "none"

@@ -390,9 +390,9 @@ def test_the_judge_card_says_how_many_calibration_items_got_no_verdict_as_the_ju
 def test_the_judge_line_and_card_say_the_calibration_had_the_annotators_evidence_when_the_run_did_not():
     from booklens.judges import judge_line
 
-    for mode in ("bm25", "none"):
+    for mode, had in (("bm25", "bm25 evidence"), ("none", "none")):
         info = _verification_judge(evidence=mode)
-        clause = f"measured with the annotators' evidence quotes, not --evidence {mode} as here"
+        clause = f"measured with the annotators' evidence quotes, where the verdicts here had {had}"
         assert clause in judge_line(info) and clause in _card_text(info)
     # The calibration's own setting, or a record that does not say, gets no clause.
     for info in (_verification_judge(evidence="given"), _verification_judge()):
