@@ -340,8 +340,6 @@ _BUILD_LOCKS: dict[str, threading.Lock] = {}
 _BUILD_LOCKS_GUARD = threading.Lock()
 
 
-# The files of an index folder; a write of each goes through a hidden `.NAME.XXXX.tmp` first.
-INDEX_FILES = ("passages.json", "bm25.json", "meta.json", "dense.faiss", "dense_owners.npy", "dense.json")
 _WRITE_CHECK_PREFIX = ".write-check-"
 
 
@@ -378,15 +376,17 @@ def _building(path: Path):
 
 
 def _remove_leftovers(path: Path) -> None:
-    """Delete the temporary files a killed build left in the index folder `path`."""
+    """Delete the temporary files a killed build left in the index folder `path`: the hidden
+    `.NAME.XXXX.tmp` of an atomic write (of whichever index file: the folder is booklens's own) and
+    a write check's file."""
     import contextlib
 
-    from booklens.records import remove_partial_writes
+    from booklens.records import PARTIAL_WRITE_SUFFIX
 
-    remove_partial_writes(path, INDEX_FILES)
-    for leftover in path.glob(f"{_WRITE_CHECK_PREFIX}*"):
-        with contextlib.suppress(OSError):
-            leftover.unlink()
+    for pattern in (f".*{PARTIAL_WRITE_SUFFIX}", f"{_WRITE_CHECK_PREFIX}*"):
+        for leftover in path.glob(pattern):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
 
 
 def index_key(text_sha256: str, passage_tokens: int) -> str:
