@@ -255,6 +255,14 @@ def seeded_order(examples: Sequence[dspy.Example], seed: int) -> list[dspy.Examp
     return order
 
 
+def check_dev_set(optimizer: str, devset: Sequence[Any], empty: str = "the dev set is empty") -> None:
+    """The optimizers that choose among candidates on a dev set refuse an empty one (`empty` says whose)."""
+    from booklens.optimizers.artifacts import DEV_CHOOSERS
+
+    if optimizer in DEV_CHOOSERS and not devset:
+        raise BooklensError(f"optimizer '{optimizer}' chooses among candidates on a dev set, and {empty}")
+
+
 def compile_program(
     task: Any,
     trainset: Sequence[dspy.Example],
@@ -274,7 +282,6 @@ def compile_program(
     `task` is a task name from `booklens.optimizers.tasks` or a `Task`. Returns a new program;
     the one passed in is not changed."""
     from booklens.lm import current_lm
-    from booklens.optimizers.artifacts import DEV_CHOOSERS
     from booklens.optimizers.tasks import get_task
 
     spec = get_task(task) if isinstance(task, str) else task
@@ -285,8 +292,7 @@ def compile_program(
     devset = list(devset or [])
     if not trainset:
         raise BooklensError("the training set is empty")
-    if name in DEV_CHOOSERS and not devset:
-        raise BooklensError(f"optimizer '{name}' chooses among candidates on a dev set, and the dev set is empty")
+    check_dev_set(name, devset)
     student = program if program is not None else spec.build_program()
     base_metric = metric or spec.metric
     scoring = Scoring()

@@ -95,8 +95,8 @@ def compile_command(
     verbose: Annotated[bool, typer.Option("--verbose", help="Show the optimizer's own progress output.")] = False,
 ) -> None:
     """Compile a task's program on the training split with a DSPy optimizer; write the artifact."""
-    from booklens.optimizers.artifacts import DEV_CHOOSERS, save_program
-    from booklens.optimizers.compile import check_budget_options, check_optimizer, compile_program
+    from booklens.optimizers.artifacts import save_program
+    from booklens.optimizers.compile import check_budget_options, check_dev_set, check_optimizer, compile_program
     from booklens.lm.usage import UsageTracker
     from booklens.optimizers.evaluate import evaluate_program, format_table
     from booklens.optimizers.tasks import get_task, load_task_splits
@@ -117,9 +117,8 @@ def compile_command(
     if not splits.train:
         raise BooklensError(f"the training split of {data} is empty")
     shares = "/".join(f"{100 * f:g}" for f in DEFAULT_FRACTIONS.values())
-    if name in DEV_CHOOSERS and not splits.dev:
-        raise BooklensError(f"optimizer '{name}' chooses among candidates on a dev set, and the dev split of {data} "
-                            f"is empty (the data is split by book, {shares} %: more books fill it)")
+    check_dev_set(name, splits.dev, f"the dev split of {data} is empty (the data is split by book, {shares} %: more "
+                                    "books fill it)")
     empty = [name for name in ("dev", "test") if not splits.get(name) and (name == "dev" or evaluate_test)]
     if empty:
         # Not an error: labeled and bootstrap need no dev split (the optimizers that choose on it
