@@ -322,7 +322,9 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     """Gather evidence for each claim (decomposing `summary` first when `decompose`) and verify it
     with the configured LM; a `FaithfulnessReport` with its judge. `programs` holds the decomposer and
     verifier to use by task; the verifier defaults to the few-shot one booklens ships (`booklens.judges`).
-    No claims give an empty report (no index is built). `index` is the book's index when the caller
+    No claims given (and none to decompose) give an empty report without an index; a summary to
+    decompose has its book indexed first, so an index that cannot be built fails before the paid
+    decomposition (even when it then yields no claim). `index` is the book's index when the caller
     built it already (`book_index`, with the same settings). Errors name the settings as manifests write
     them (`k`), or as the command line spells them (`--k`) when not `as_keys`."""
     from booklens.judges import judge_info, judge_name, load_judge
