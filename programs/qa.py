@@ -215,7 +215,10 @@ class BookQA(Module):
 
     def _query(self, question: str, options: Optional[str]) -> str:
         if self.setting == "mc" and options:
-            return f"{question}\n{options}"
+            # The options' words, not their letters: 'b' and 'c' are rare in a book, so as search
+            # terms they ranked up passages that happen to hold them.
+            texts = [line.strip()[2:] if _option_letters(line) else line for line in options.splitlines()]
+            return "\n".join([question, *texts])
         return question
 
     # -- answering -----------------------------------------------------------------

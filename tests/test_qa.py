@@ -577,3 +577,22 @@ def test_quote_overlap_counts_words_of_any_script():
     chinese = EvidenceSpan("守灯人点亮了大灯", 40, 48)
     assert quote_recall([russian, chinese], ["смотритель зажёг фонарь", "守灯人点亮"]) == 1.0
     assert quote_recall([russian, chinese], ["the keeper lit the lamp"]) == 0.0
+
+
+def test_option_letters_are_not_search_terms():
+    """A multiple-choice question is searched by its words and its options' words, not by the options'
+    letters: 'b' and 'c' are rare in a book, so a passage that happens to hold them (a list marked
+    b) and c), a grid reference) outranked passages about the question."""
+    from booklens.retrieval.index import bm25_tokens
+
+    book = make_book(120).split("\n\n")
+    book[10] = "The inventory listed crate b, crate c, shelf b and shelf c, and row b next to row c."
+    book = "\n\n".join(book)
+    seen = []
+    scripted(lambda call: seen.append(call.inputs["context"]) or {"answer": "B"})
+    program = BookQA("mc", "bm25", k=3, passage_tokens=64)
+    options = parse_questions([QUESTION])[0].options_text()
+    assert {"b", "c"} <= set(bm25_tokens(options))  # the letters would be terms if searched
+    answer_questions(program, book, parse_questions([QUESTION]))
+    assert "Marigold" in seen[-1]
+    assert "crate b" not in seen[-1]
