@@ -15,8 +15,9 @@ The programs are the zero-shot ones (`--zero-shot` on the commands) unless `--ju
 asks for booklens's default few-shot judge, whose demos (32 labelled sentences for per-sentence
 judging, 2 summaries for batched judging) are part of every prompt.
 
-"same labels" is below 100% only because five summaries repeat a sentence word for word
-with different human labels, which a responder that sees the sentence text cannot tell apart.
+Five summaries repeat a sentence word for word with different human labels; the responder tells
+the copies apart as the model does: by the occurrence the per-sentence prompt names, and by the
+number of a batched sentence.
 
     python benchmarks/bench_coherence_batching.py [--limit N] [--judge zero-shot|default]
                                                   [--data ../shared/data/booookscore]
@@ -40,12 +41,21 @@ def _norm(text: str) -> str:
     return " ".join(text.split())
 
 
-def make_responder(labels: dict[tuple[str, str], dict], drop: float = 0.0, seed: int = 0):
-    """Answer like the human annotators did; optionally skip a share of batched answers on the first ask."""
+OCCURRENCE = re.compile(r"\n\(This sentence occurs \d+ times in the summary; judge occurrence (\d+)\.\)$")
+
+
+def make_responder(labels: dict[tuple[str, int], dict], sentences: dict[str, list[str]], drop: float = 0.0,
+                   seed: int = 0):
+    """Answer like the human annotators did; optionally skip a share of batched answers on the first ask.
+    `labels` is keyed by (summary, sentence index), `sentences` lists each summary's sentences."""
     rng = random.Random(seed)
 
-    def verdict(summary: str, sentence: str) -> dict:
-        ann = labels.get((_norm(summary), _norm(sentence)))
+    def index_of(summary: str, sentence: str, occurrence: int) -> int:
+        found = [i for i, s in enumerate(sentences.get(summary, [])) if _norm(s) == _norm(sentence)]
+        return found[occurrence - 1] if len(found) >= occurrence else -1
+
+    def verdict(summary: str, index: int) -> dict:
+        ann = labels.get((_norm(summary), index))
         if ann and ann["confusing"]:
             return {"verdict": "confusion", "questions": ann["questions"] or ["What does this refer to?"],
                     "error_types": ann["types"]}
@@ -60,9 +70,14 @@ def make_responder(labels: dict[tuple[str, str], dict], drop: float = 0.0, seed:
                     continue
                 if drop and call.attempt == 0 and rng.random() < drop:
                     continue
-                answers.append({"number": int(m.group(1)), **verdict(call.inputs["summary"], m.group(2))})
+                answers.append({"number": int(m.group(1)), **verdict(call.inputs["summary"], int(m.group(1)) - 1)})
             return {"answers": answers}
-        return verdict(call.inputs["summary"], call.inputs["sentence"])
+        sentence = call.inputs["sentence"]
+        occurrence = OCCURRENCE.search(sentence)
+        if occurrence:
+            sentence = sentence[:occurrence.start()]
+        summary = _norm(call.inputs["summary"])
+        return verdict(summary, index_of(summary, sentence, int(occurrence.group(1)) if occurrence else 1))
 
     return respond
 
@@ -88,11 +103,13 @@ def run_mode(results, batch_size: int, drop: float = 0.0, judge: str = "zero-sho
     from booklens.text import count_tokens
 
     labels = {}
+    sentences = {}
     for r in results.values():
-        for s in r.sentences:
-            labels[(_norm(r.summary), _norm(s.sentence))] = {"confusing": s.confusing, "types": list(s.types),
-                                                    "questions": list(s.questions)}
-    lm = ScriptedLM(make_responder(labels, drop=drop))
+        sentences[_norm(r.summary)] = [s.sentence for s in r.sentences]
+        for i, s in enumerate(r.sentences):
+            labels[(_norm(r.summary), i)] = {"confusing": s.confusing, "types": list(s.types),
+                                             "questions": list(s.questions)}
+    lm = ScriptedLM(make_responder(labels, sentences, drop=drop))
     scorer = load_judge("coherence", zero_shot=judge == "zero-shot", batch_size=batch_size, concurrency=4)
     totals = {"calls": 0, "prompt_tokens": 0, "uncached_prompt_tokens": 0, "completion_tokens": 0, "failed": 0,
               "agree": 0, "sentences": 0}

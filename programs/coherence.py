@@ -99,6 +99,25 @@ def _failure(index: int, sentence: str, error: str, attempts: int) -> SentenceAn
                               attempts=attempts, error=error)
 
 
+def occurrence_targets(sentences: Sequence[str]) -> list[str]:
+    """The target of each per-sentence prompt: the sentence itself, and for a sentence the summary
+    has more than once, which occurrence it is. Identical prompts got one verdict for every copy,
+    so a copy written again could not be told apart as a duplication; a sentence written once is
+    asked exactly as before."""
+    from collections import Counter
+
+    counts = Counter(s.strip() for s in sentences)
+    seen: Counter = Counter()
+    targets = []
+    for sentence in sentences:
+        key = sentence.strip()
+        seen[key] += 1
+        if counts[key] > 1:
+            sentence = f"{sentence}\n(This sentence occurs {counts[key]} times in the summary; judge occurrence {seen[key]}.)"
+        targets.append(sentence)
+    return targets
+
+
 def number_sentences(sentences: Sequence[str], indices: Sequence[int]) -> str:
     """The batched prompt's sentence list: "number: sentence" lines, numbers 1-based in the summary."""
     return "\n".join(f"{i + 1}: {' '.join(sentences[i].split())}" for i in indices)
@@ -261,13 +280,14 @@ class CoherenceScorer(Module):
 
         per_sentence = self.batch_size == 1
         predictor = self.detect if per_sentence else self.detect_batch
-        longest = max((count_tokens(s) for s in sentences), default=0)
+        targets = occurrence_targets(sentences) if per_sentence else sentences
+        longest = max((count_tokens(s) for s in targets), default=0)
         demos = fitting_demos(predictor, summary, judged_tokens=longest * (1 if per_sentence else self.batch_size),
                               answer_tokens=self._budget(self.batch_size).get("max_tokens", 0))
         override = {} if demos is None else {"demos": demos}
         if per_sentence:
             annotations = parallel_map(
-                lambda i: self._judge_one(summary, i, sentences[i], override),
+                lambda i: self._judge_one(summary, i, sentences[i], override, target=targets[i]),
                 range(len(sentences)),
                 concurrency=self.concurrency,
                 desc="sentences",
@@ -298,14 +318,15 @@ class CoherenceScorer(Module):
 
     # -- per-sentence mode -------------------------------------------------
 
-    def _judge_one(self, summary: str, index: int, sentence: str, override: dict[str, Any]) -> SentenceAnnotation:
+    def _judge_one(self, summary: str, index: int, sentence: str, override: dict[str, Any],
+                   target: str | None = None) -> SentenceAnnotation:
         outcome = predict_with_retries(
             self.detect,
             tries=self.tries,
             check=lambda p: check_answer(p.verdict, p.questions, p.error_types) or filter_stopped("verdict"),
             config=self._budget(1),
             summary=summary,
-            sentence=sentence,
+            sentence=sentence if target is None else target,
             **override,
         )
         if not outcome.ok:

@@ -558,3 +558,29 @@ def test_a_kind_that_is_no_text_is_asked_again_in_both_modes(batch_size):
     assert len(calls) == (6 if batch_size == 1 else 3)
     assert [a.status for a in prediction.annotations] == ["ok"] * 5
     assert prediction.annotations[1].attempts == 2 and prediction.annotations[1].types == ["entity omission"]
+
+
+def test_a_sentence_written_twice_is_judged_once_per_occurrence():
+    """A summary that says one sentence twice (inc summaries do) gets a verdict for each copy: the
+    per-sentence prompt says which occurrence it is, so the second can be a duplication and the
+    first not. Before, both copies had one prompt and so one verdict. A sentence written once is
+    asked exactly as before (caches and calibrations stay valid)."""
+    repeated = "The lamp stays lit and a ship reaches the harbor."
+    sentences = SENTENCES[:4] + [repeated] + SENTENCES[4:]
+    seen = []
+
+    def responder(call):
+        target = call.inputs["sentence"]
+        seen.append(target)
+        if "occurrence 2" in target:
+            return {"verdict": "confusion", "questions": ["Why is this said again?"], "error_types": ["duplication"]}
+        return NO
+
+    prediction, _ = run(responder, sentences=sentences, concurrency=1)
+    marked = [s for s in seen if s.startswith(repeated)]
+    assert len(marked) == 2 and len(set(marked)) == 2
+    assert all("occurs 2 times" in s for s in marked)
+    assert sorted(s for s in seen if not s.startswith(repeated)) == sorted(SENTENCES[:3] + SENTENCES[4:])
+    flags = [(a.sentence, a.confusing) for a in prediction.annotations]
+    assert flags[3] == (repeated, False) and flags[4] == (repeated, True)
+    assert prediction.score == 5 / 6
