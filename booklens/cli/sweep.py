@@ -69,6 +69,7 @@ def sweep_command(
                  if value != defaults[name].default]
         if given:
             raise BooklensError(f"--dry-run runs no cell and calls no LM: {', '.join(given)} would not apply")
+    from booklens.sweep.report import different_books_line
     from booklens.sweep.run import dry_run as plan_text, run_sweep
 
     if dry_run:
@@ -85,12 +86,9 @@ def sweep_command(
                    + f"; BooookScore {'-' if score is None else f'{100 * score:.1f}'}"
                    + f"; {'-' if faithful is None else f'{faithful:.1f}%'} faithful"
                    + unjudged(s), err=True)
-    lacking = [f"{name} lacks {', '.join(s['missing_books'])}" for name, s in outcome.results["systems"].items()
-               if s.get("missing_books")]
+    lacking = different_books_line(outcome.results["systems"])
     if lacking:
-        typer.echo(f"note: the systems' figures are over different books ({'; '.join(lacking)}): compare them by "
-                   "the paired differences over the books both completed (results.json's pairs, report.html)",
-                   err=True)
+        typer.echo(f"note: {lacking}", err=True)
     if outcome.results.get("judges"):
         from booklens.judges import judge_line
         from booklens.records import JudgeInfo

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from booklens.lm.usage import cost_text
 from booklens.reports import SEP, h, page_head
-from booklens.vocabulary import CANT_VERIFY, counted
+from booklens.vocabulary import CANT_VERIFY, CLAIM_LABELS, counted
 
 REPORT_FILE = "report.html"
 # Fewest shared books for a difference to be marked. The percentile bootstrap's interval excludes 0
@@ -45,18 +45,59 @@ table.heat td.missing { color: var(--muted); }
 """
 
 
-def _num(value: Optional[float], scale: float = 1.0, digits: int = 1) -> str:
-    return "-" if value is None else f"{value * scale:.{digits}f}"
+# ---------------------------------------------------------------------------
+# The figures as text: the page and the tables `booklens report --table` prints (`booklens.sweep.tables`)
+# write them alike.
 
 
-def _interval(ci: Optional[Sequence[float]], scale: float = 1.0, digits: int = 1) -> str:
+def figure_text(value: Optional[float], scale: float = 1.0, digits: int = 1, *, signed: bool = False) -> str:
+    """A figure of results.json as the tables show it ('62.5', BooookScore scaled by 100), '-' when unknown."""
+    return "-" if value is None else f"{value * scale:{'+' if signed else ''}.{digits}f}"
+
+
+def interval_text(ci: Optional[Sequence[float]], scale: float = 1.0, digits: int = 1, *,
+                  signed: bool = False) -> Optional[str]:
+    """A 95% interval as '[lo, hi]', or None when there is none (one book)."""
     if not ci or ci[0] is None:
-        return ""
-    return f'<span class="ci">[{ci[0] * scale:.{digits}f}, {ci[1] * scale:.{digits}f}]</span>'
+        return None
+    return f"[{figure_text(ci[0], scale, digits, signed=signed)}, {figure_text(ci[1], scale, digits, signed=signed)}]"
 
 
-def _int(value: Optional[int]) -> str:
+def count_text(value: Optional[int]) -> str:
     return "-" if value is None else f"{value:,}"
+
+
+def is_marked(difference: dict[str, Any]) -> bool:
+    """Whether a paired difference is shown in bold: its interval excludes 0 over `MIN_BOOKS_MARKED` books."""
+    ci = difference.get("ci95")
+    return bool(ci) and (ci[0] > 0 or ci[1] < 0) and difference.get("books", 0) >= MIN_BOOKS_MARKED
+
+
+def system_cells(system: dict[str, Any]) -> dict[str, Optional[str]]:
+    """One system of results.json as the text of its table row, by figure: `books`, `failed`,
+    `booookscore` (x100) and `booookscore_ci`, each claim label's share (%) and `faithful_ci`,
+    `summary_tokens`, `repeated_trigrams` (with its %), `calls`, `prompt_tokens`, `tokens` (prompt and
+    completion), `cost`. A figure not known is '-'; an interval not known is None."""
+    b, c, u = system["booookscore"], system["claims"], system["usage"]
+    trigrams = system["repeated_trigrams"]
+    return {
+        "books": str(system["books"]),
+        "failed": str(system["failed"]),
+        "booookscore": figure_text(b["mean"], 100),
+        "booookscore_ci": interval_text(b["ci95"], 100),
+        **{label: figure_text(c.get(label)) for label in CLAIM_LABELS},
+        "faithful_ci": interval_text((system.get("claims_ci95") or {}).get("faithful")),
+        "summary_tokens": figure_text(system["summary_tokens"], digits=0),
+        "repeated_trigrams": figure_text(trigrams) + ("%" if trigrams is not None else ""),
+        "calls": count_text(u["calls"]),
+        "prompt_tokens": count_text(u["prompt_tokens"]),
+        "tokens": count_text(u["prompt_tokens"] + u["completion_tokens"]),
+        "cost": cost_text(u["cost_usd"]),
+    }
+
+
+def _ci_span(text: Optional[str]) -> str:
+    return "" if text is None else f'<span class="ci">{text}</span>'
 
 
 def _cell_href(row: dict[str, Any]) -> str:
@@ -78,19 +119,18 @@ def _table_section(results: dict[str, Any]) -> str:
             "<th scope=\"col\" class=\"num\">Cost</th></tr>")
     rows = []
     for name, s in systems.items():
-        b, c, u = s["booookscore"], s["claims"], s["usage"]
-        ci = s.get("claims_ci95") or {}
+        t = system_cells(s)
         rows.append(
-            f'<tr><th scope="row">{h(name)}</th><td class="num">{s["books"]}</td><td class="num">{s["failed"]}</td>'
-            f'<td class="num">{_num(b["mean"], 100)} {_interval(b["ci95"], 100)}</td>'
-            f'<td class="num">{_num(c.get("faithful"))} {_interval(ci.get("faithful"))}</td>'
-            f'<td class="num">{_num(c.get("unfaithful"))}</td><td class="num">{_num(c.get("partial support"))}</td>'
-            f'<td class="num">{_num(c.get(CANT_VERIFY))}</td>'
-            f'<td class="num">{_num(s["summary_tokens"], digits=0)}</td>'
-            f'<td class="num">{_num(s["repeated_trigrams"])}{"%" if s["repeated_trigrams"] is not None else ""}</td>'
-            f'<td class="num">{_int(u["calls"])}</td>'
-            f'<td class="num">{_int(u["prompt_tokens"] + u["completion_tokens"])}</td>'
-            f'<td class="num">{h(cost_text(u["cost_usd"]))}</td></tr>')
+            f'<tr><th scope="row">{h(name)}</th><td class="num">{t["books"]}</td><td class="num">{t["failed"]}</td>'
+            f'<td class="num">{t["booookscore"]} {_ci_span(t["booookscore_ci"])}</td>'
+            f'<td class="num">{t["faithful"]} {_ci_span(t["faithful_ci"])}</td>'
+            f'<td class="num">{t["unfaithful"]}</td><td class="num">{t["partial support"]}</td>'
+            f'<td class="num">{t[CANT_VERIFY]}</td>'
+            f'<td class="num">{t["summary_tokens"]}</td>'
+            f'<td class="num">{t["repeated_trigrams"]}</td>'
+            f'<td class="num">{t["calls"]}</td>'
+            f'<td class="num">{t["tokens"]}</td>'
+            f'<td class="num">{h(t["cost"])}</td></tr>')
     note = ("<p class=\"note\">One row per system, over the books whose cell completed. BooookScore is the "
             "share of summary sentences a reader would not find confusing (\u00d7100, higher is better); claim "
             "shares are the mean over books of each book's share of its verified claims with that label. "
@@ -115,6 +155,16 @@ def _different_books_note(systems: dict[str, Any]) -> str:
             "system completed.</strong> A system's figures leave out the books it did not complete, which may "
             "be the ones it found hardest: compare systems by the paired differences below, over the books "
             "both completed.</p>\n")
+
+
+def different_books_line(systems: dict[str, Any]) -> Optional[str]:
+    """The page's note on rows over different books as one line of the command's (None when every
+    system completed the same books)."""
+    lacking = [f"{name} lacks {', '.join(s['missing_books'])}" for name, s in systems.items() if s.get("missing_books")]
+    if not lacking:
+        return None
+    return (f"the systems' figures are over different books ({'; '.join(lacking)}): compare them by the paired "
+            "differences over the books both completed (results.json's pairs, report.html)")
 
 
 def _unjudged_note(systems: dict[str, Any]) -> str:
@@ -191,11 +241,9 @@ def _pairs_section(results: dict[str, Any]) -> str:
     def cell(d: Optional[dict[str, Any]], scale: float) -> str:
         if not d:
             return '<td class="num">-</td>'
-        ci = d.get("ci95")
-        sig = bool(ci) and (ci[0] > 0 or ci[1] < 0) and d.get("books", 0) >= MIN_BOOKS_MARKED
-        value = f"{d['diff'] * scale:+.1f}"
-        return (f'<td class="num"><span class="{"sig" if sig else ""}">{value}</span> '
-                f'{_interval(d["ci95"], scale)}</td>')
+        value = figure_text(d["diff"], scale, signed=True)
+        return (f'<td class="num"><span class="{"sig" if is_marked(d) else ""}">{value}</span> '
+                f'{_ci_span(interval_text(d["ci95"], scale))}</td>')
 
     rows = "".join(f'<tr><th scope="row">{h(p["b"])} \u2212 {h(p["a"])}</th><td class="num">{p["books"]}</td>'
                    f'{cell(p["booookscore"], 100)}{cell(p["faithful"], 1)}</tr>' for p in pairs)
@@ -247,8 +295,8 @@ def _heatmap_section(results: dict[str, Any], rows: Sequence[dict[str, Any]]) ->
             score = r.get("booookscore")
             faithful = r.get("faithful_pct")
             style = f' style="background:{_heat_color(score)}"' if isinstance(score, (int, float)) else ""
-            text = _num(score, 100) if score is not None else "-"
-            sub = f"{_num(faithful)}% faithful" if faithful is not None else ""
+            text = figure_text(score, 100)
+            sub = f"{figure_text(faithful)}% faithful" if faithful is not None else ""
             cells.append(f'<td{style}>' + link.format(h(text)) + f'<span class="sub">{h(sub)}</span></td>')
         body.append(f'<tr><th scope="row">{h(book)}</th>{"".join(cells)}</tr>')
     note = ("<p class=\"note\">BooookScore (\u00d7100) of each book under each system, coloured from red (0) to "
