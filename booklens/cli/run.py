@@ -2,6 +2,7 @@
 
     booklens run BOOK [--summary FILE] [--method hier|inc] [--evidence MODE] [--lm ...] -o RUN_DIR
     booklens report RUN_DIR [-o FILE]
+    booklens report SWEEP_DIR --table markdown|latex|csv|csv-pairs
 
 `run` drives `booklens.pipeline.run_book` (summary, coherence, claims, verification; each step's
 record written as it finishes; a rerun resumes) and prints the scores.
@@ -24,6 +25,7 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     ZeroShotOption,
+    choices,
     echo_artifact_note,
     echo_judge,
     evidence_enum,
@@ -46,6 +48,7 @@ from booklens.cli.summarize import (
 )
 from booklens.errors import BooklensError
 from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
+from booklens.sweep import TABLE_FORMATS
 from booklens.vocabulary import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_SUMMARY_TOKENS,
@@ -54,6 +57,7 @@ from booklens.vocabulary import (
 )
 
 RunEvidence = evidence_enum("RunEvidence", exclude=("given",))
+TableFormat = choices("TableFormat", TABLE_FORMATS)
 
 
 def score_line(run) -> str:
@@ -160,8 +164,24 @@ def report_command(
     output: Annotated[Optional[Path], typer.Option("-o", "--output", callback=output_file,
                                                    help="Write the page here instead of RUN_DIR/report.html.")]
     = None,
+    table: Annotated[Optional[TableFormat], typer.Option(
+        "--table", help="Print a finished sweep's tables from its results.json instead, to paste into a paper or "
+                        "a README: markdown or latex (the systems and the paired differences), csv (the systems' "
+                        "raw figures) or csv-pairs (the paired differences'); writes nothing.")] = None,
 ) -> None:
-    """Rebuild a run (or sweep) directory's report.html from its JSON records."""
+    """Rebuild a run (or sweep) directory's report.html from its JSON records, or print a sweep's tables
+    (--table)."""
+    if table is not None:
+        if output is not None:
+            raise BooklensError("--table prints the tables to stdout and writes no page: -o would not apply")
+        from booklens.sweep.tables import sweep_table
+
+        notes: list[str] = []
+        text = sweep_table(run_dir, table.value, notify=notes.append)
+        for note in notes:
+            typer.echo(f"note: {note}", err=True)
+        typer.echo(text, nl=False)
+        return
     from booklens.reports import write_report
 
     notes: list[str] = []

@@ -1,0 +1,196 @@
+"""A sweep's comparison as text to paste into a paper or a README (`booklens report DIR --table`),
+made from `results.json` alone:
+
+- `markdown`: the systems' table (the columns of README's sweep table) and a line per pair of
+  systems with the paired differences;
+- `latex`: the same two tables as booktabs `tabular`s (names escaped, `\\%` for percents);
+- `csv`: one row per system with the raw figures of results.json, an interval as `_lo`/`_hi` columns;
+- `csv-pairs`: one row per pair of systems, the same way.
+
+The figures are written as the sweep's page writes them (`booklens.sweep.report.system_cells`): a
+figure that is not known is `-` (empty in CSV), a difference the page marks is bold.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from booklens.sweep import TABLE_FORMATS
+from booklens.vocabulary import CLAIM_LABELS, counted
+
+HEADER = ("system", "books", "BooookScore [95% CI]", *CLAIM_LABELS, "summary tokens", "LM calls", "prompt tokens")
+PAIR_HEADER = ("pair (b - a)", "books", "$\\Delta$ BooookScore [95% CI]", "$\\Delta$ faithful [95% CI] (points)")
+NO_INTERVAL = "[-, -]"
+# The pairs' figures, each with its scale in the text tables (BooookScore x100, faithful in points).
+PAIR_FIGURES = (("booookscore", 100), ("faithful", 1))
+_LATEX = {"\\": "\\textbackslash{}", "{": "\\{", "}": "\\}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#",
+          "$": "\\$", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    """`text` as LaTeX prints it: the characters it reads as markup escaped (a leading `[` braced,
+    or the row's `\\\\` before it would take it for an option)."""
+    escaped = "".join(_LATEX.get(ch, ch) for ch in text)
+    return "{}" + escaped if escaped.startswith("[") else escaped
+
+
+def _markdown_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _system_row(name: str, system: dict[str, Any]) -> list[str]:
+    from booklens.sweep.report import system_cells
+
+    cells = system_cells(system)
+    score = cells["booookscore"]
+    if score != "-":
+        score = f"{score} {cells['booookscore_ci'] or NO_INTERVAL}"
+    shares = [cells[label] + ("%" if cells[label] != "-" else "") for label in CLAIM_LABELS]
+    return [name, cells["books"], score, *shares, cells["summary_tokens"], cells["calls"], cells["prompt_tokens"]]
+
+
+def _difference(d: Optional[dict[str, Any]], scale: float, bold: Callable[[str], str]) -> str:
+    """A paired difference and its interval ('+2.5 [+0.4, +4.6]'), the difference bold where the page marks it."""
+    from booklens.sweep.report import figure_text, interval_text, is_marked
+
+    if not d:
+        return "-"
+    value = figure_text(d["diff"], scale, signed=True)
+    return f"{bold(value) if is_marked(d) else value} {interval_text(d.get('ci95'), scale, signed=True) or NO_INTERVAL}"
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    rows = [HEADER, ["---"] * len(HEADER)]
+    rows += [[_markdown_escape(cell) for cell in _system_row(name, s)] for name, s in results["systems"].items()]
+    lines = ["| " + " | ".join(row) + " |" for row in rows]
+    for p in results.get("pairs") or []:
+        score, faithful = (_difference(p[key], scale, lambda v: f"**{v}**") for key, scale in PAIR_FIGURES)
+        lines += ["", f"Paired difference {p['b']} - {p['a']} over {counted(p['books'], 'book')}: "
+                      f"BooookScore {score}, faithful {faithful} points."]
+    return "\n".join(lines) + "\n"
+
+
+def _tabular(header: tuple[str, ...], rows: list[list[str]]) -> str:
+    lines = [f"\\begin{{tabular}}{{l{'r' * (len(header) - 1)}}}", "\\toprule",
+             " & ".join(header) + " \\\\", "\\midrule", *(" & ".join(row) + " \\\\" for row in rows),
+             "\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def _latex(results: dict[str, Any]) -> str:
+    header = tuple(latex_escape(title) for title in HEADER)
+    rows = [[latex_escape(cell) for cell in _system_row(name, s)] for name, s in results["systems"].items()]
+    tables = [_tabular(header, rows)]
+    pairs = results.get("pairs") or []
+    if pairs:
+        # The titles' $\Delta$ is markup: only their percent sign is escaped.
+        pair_header = tuple(title.replace("%", "\\%") for title in PAIR_HEADER)
+        pair_rows = [[latex_escape(f"{p['b']} - {p['a']}"), latex_escape(str(p["books"])),
+                      *(_difference(p[key], scale, lambda v: f"\\textbf{{{v}}}") for key, scale in PAIR_FIGURES)]
+                     for p in pairs]
+        tables.append(_tabular(pair_header, pair_rows))
+    return "\n".join(tables)
+
+
+def _raw(value: Any) -> Any:
+    """A figure of results.json as it goes into a CSV cell: a number, or None (an empty cell)."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+        return value
+    raise TypeError(f"not a figure: {value!r}")
+
+
+def _bounds(ci: Any) -> list[Any]:
+    if ci is None:
+        return [None, None]
+    lo, hi = ci
+    return [_raw(lo), _raw(hi)]
+
+
+def _csv(header: list[str], rows: list[list[Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)  # RFC 4180: a field with a comma, quote or line break is quoted, lines end in CRLF
+    writer.writerow(header)
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def _systems_csv(results: dict[str, Any]) -> str:
+    from booklens.sweep.aggregate import LABEL_COLUMNS
+
+    header = ["system", "books", "booookscore", "booookscore_lo", "booookscore_hi"]
+    for label in CLAIM_LABELS:
+        header += [LABEL_COLUMNS[label], LABEL_COLUMNS[label] + "_lo", LABEL_COLUMNS[label] + "_hi"]
+    header += ["summary_tokens", "calls", "prompt_tokens"]
+    rows = []
+    for name, s in results["systems"].items():
+        intervals = s.get("claims_ci95") or {}
+        row = [name, _raw(s["books"]), _raw(s["booookscore"]["mean"]), *_bounds(s["booookscore"]["ci95"])]
+        for label in CLAIM_LABELS:
+            row += [_raw(s["claims"].get(label)), *_bounds(intervals.get(label))]
+        row += [_raw(s["summary_tokens"]), _raw(s["usage"]["calls"]), _raw(s["usage"]["prompt_tokens"])]
+        rows.append(row)
+    return _csv(header, rows)
+
+
+def _pairs_csv(results: dict[str, Any]) -> str:
+    header = ["a", "b", "books"]
+    for key, _ in PAIR_FIGURES:
+        header += [f"{key}_books", f"{key}_diff", f"{key}_diff_lo", f"{key}_diff_hi"]
+    rows = []
+    for p in results.get("pairs") or []:
+        row = [str(p["a"]), str(p["b"]), _raw(p["books"])]
+        for key, _ in PAIR_FIGURES:
+            d = p[key]
+            row += [None] * 4 if d is None else [_raw(d["books"]), _raw(d["diff"]), *_bounds(d.get("ci95"))]
+        rows.append(row)
+    return _csv(header, rows)
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "markdown": _markdown, "latex": _latex, "csv": _systems_csv, "csv-pairs": _pairs_csv}
+assert tuple(RENDERERS) == TABLE_FORMATS
+
+
+def render_table(results: dict[str, Any], fmt: str) -> str:
+    """The tables of a sweep's results (results.json as a dict) as `fmt` text (`TABLE_FORMATS`)."""
+    if fmt not in RENDERERS:
+        raise ValueError(f"unknown table format {fmt!r}; one of {', '.join(TABLE_FORMATS)}")
+    return RENDERERS[fmt](results)
+
+
+def sweep_table(sweep_dir: str | Path, fmt: str, *, notify: Optional[Callable[[str], None]] = None) -> str:
+    """The tables of the sweep directory `sweep_dir` as `fmt` text, from its results.json; one-line
+    `BooklensError`s for a directory that is no finished sweep's. Writes nothing. `notify` gets the
+    line the sweep printed when the systems' figures are over different books."""
+    from booklens.errors import BooklensError
+    from booklens.records import read_json_file
+    from booklens.reports import RUN_FILE
+    from booklens.sweep import PLAN_FILE
+    from booklens.sweep.aggregate import RESULTS_FILE
+    from booklens.sweep.report import different_books_line
+
+    folder = Path(sweep_dir)
+    if not (folder / PLAN_FILE).is_file():
+        if (folder / RUN_FILE).exists():
+            raise BooklensError(f"{folder} is a run directory (one book): --table prints the comparison of a sweep "
+                                f"directory's {RESULTS_FILE}")
+        raise BooklensError(f"{folder} is not a booklens sweep directory (it has no {PLAN_FILE}): --table prints "
+                            f"the comparison of a sweep directory's {RESULTS_FILE}")
+    if not (folder / RESULTS_FILE).exists():
+        raise BooklensError(f"{folder} has no {RESULTS_FILE} (the sweep stopped before it wrote its figures), which "
+                            "--table needs: rerun the sweep to finish it (`booklens report` without --table shows "
+                            "the cells done so far)")
+    results = read_json_file(folder / RESULTS_FILE, "sweep results")
+    try:
+        text = render_table(results, fmt)
+        note = different_books_line(results["systems"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):  # a field of another type than written
+        raise BooklensError(f"{folder / RESULTS_FILE} holds figures this booklens cannot read; rerun the sweep to "
+                            "write them again") from None
+    if note and notify is not None:
+        notify(note)
+    return text

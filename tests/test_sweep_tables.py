@@ -1,0 +1,292 @@
+"""`booklens report SWEEP_DIR --table FORMAT`: a sweep's comparison as markdown, LaTeX or CSV text,
+every figure read from results.json (built here from hand-made cell records, as in
+test_sweep_aggregate.py: no LM)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from booklens.sweep.aggregate import CellOutcome, cell_row, outcome_of_run, results, write_aggregate
+from booklens.sweep.tables import render_table
+from booklens.testing import run_command
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def run(score: float, faithful: float, calls: int = 10, prompt_tokens: int = 100, summary_tokens: int = 200) -> dict:
+    return {"complete": True, "failures": {}, "lm": "openai/x", "book_tokens": 1000,
+            "scores": {"booookscore": score, "sentences": 10, "confusing_sentences": round(10 * (1 - score)),
+                       "claims": 4, "claim_labels": {"faithful": faithful, "unfaithful": 100 - faithful,
+                                                     "partial support": 0.0, "can't verify": 0.0},
+                       "summary_tokens": summary_tokens, "repeated_trigrams": 1.5},
+            "totals": {"calls": calls, "prompt_tokens": prompt_tokens, "completion_tokens": 10, "cost_usd": None}}
+
+
+def failed_run(calls: int) -> dict:
+    return {"complete": False, "failures": {"summary": "model gave no usable summary"},
+            "scores": {"booookscore": None}, "totals": {"calls": calls, "prompt_tokens": 5, "completion_tokens": 0,
+                                                        "cost_usd": None}}
+
+
+def three_systems(names=("a", "b", "c")) -> dict:
+    """a: two books (b3 failed); b: three; c: none (one failed, two not run)."""
+    a, b, c = names
+    outcomes = [
+        outcome_of_run(a, "b1", run(0.8, 50.0, 10, 1000)),
+        outcome_of_run(a, "b2", run(0.6, 75.0, 12, 1500)),
+        outcome_of_run(a, "b3", failed_run(3)),
+        outcome_of_run(b, "b1", run(0.9, 100.0, 20)),
+        outcome_of_run(b, "b2", run(1.0, 100.0, 20)),
+        outcome_of_run(b, "b3", run(0.5, 0.0, 20)),
+        CellOutcome(c, "b1", "not run"),
+        CellOutcome(c, "b2", "failed", "internal error: boom"),
+        CellOutcome(c, "b3", "not run"),
+    ]
+    return results(list(names), ["b1", "b2", "b3"], [cell_row(o) for o in outcomes])
+
+
+def pct(ci, scale=1.0, sign="") -> str:
+    return f"[{ci[0] * scale:{sign}.1f}, {ci[1] * scale:{sign}.1f}]"
+
+
+def readme_table_header() -> str:
+    text = README.read_text(encoding="utf-8")
+    return next(line for line in text.splitlines() if line.startswith("| system | books |"))
+
+
+def test_markdown_has_the_readmes_columns_and_the_figures_of_results_json():
+    data = three_systems()
+    a, b = data["systems"]["a"], data["systems"]["b"]
+    ab, ac, bc = data["pairs"]
+    text = render_table(data, "markdown")
+    lines = text.splitlines()
+    assert lines[0] == readme_table_header()
+    assert lines[1] == "| --- |" + " --- |" * 9
+    assert lines[2] == (f"| a | 2 | 70.0 {pct(a['booookscore']['ci95'], 100)} | 62.5% | 37.5% | 0.0% | 0.0% | 200 "
+                        "| 25 | 2,505 |")
+    assert lines[3] == (f"| b | 3 | 80.0 {pct(b['booookscore']['ci95'], 100)} | 66.7% | 33.3% | 0.0% | 0.0% | 200 "
+                        "| 60 | 300 |")
+    assert lines[4] == "| c | 0 | - | - | - | - | - | - | 0 | 0 |"  # nothing completed: unknown, not 0
+    assert lines[5] == ""
+    assert (f"Paired difference b - a over 2 books: BooookScore +25.0 {pct(ab['booookscore']['ci95'], 100, '+')}, "
+            f"faithful +37.5 {pct(ab['faithful']['ci95'], 1, '+')} points.") in lines
+    assert (ac["books"], bc["books"]) == (0, 0)
+    assert "Paired difference c - a over 0 books: BooookScore -, faithful - points." in lines
+    assert "Paired difference c - b over 0 books: BooookScore -, faithful - points." in lines
+    assert text.endswith(" points.\n") and text.count("Paired difference") == 3
+
+
+def test_an_unknown_interval_is_a_dash_in_markdown_and_latex_and_empty_in_csv():
+    """One completed book: a mean and no interval (results.json says null)."""
+    rows = [cell_row(outcome_of_run("a", "b1", run(0.8, 50.0))), cell_row(outcome_of_run("a", "b2", failed_run(1))),
+            cell_row(outcome_of_run("b", "b1", run(0.9, 60.0))), cell_row(outcome_of_run("b", "b2", run(1.0, 70.0)))]
+    data = results(["a", "b"], ["b1", "b2"], rows)
+    assert data["systems"]["a"]["booookscore"]["ci95"] is None and data["pairs"][0]["booookscore"]["ci95"] is None
+    markdown = render_table(data, "markdown")
+    assert "| a | 1 | 80.0 [-, -] | 50.0% |" in markdown
+    assert "Paired difference b - a over 1 book: BooookScore +10.0 [-, -], faithful +10.0 [-, -] points." in markdown
+    assert "a & 1 & 80.0 [-, -] & 50.0\\% &" in render_table(data, "latex")
+    (row_a, _) = csv.DictReader(io.StringIO(render_table(data, "csv")))
+    assert (row_a["booookscore"], row_a["booookscore_lo"], row_a["booookscore_hi"]) == ("0.8", "", "")
+    (pair,) = csv.DictReader(io.StringIO(render_table(data, "csv-pairs")))
+    assert (pair["booookscore_diff_lo"], pair["booookscore_diff_hi"], pair["books"]) == ("", "", "1")
+
+
+def test_latex_is_a_booktabs_tabular_with_the_names_escaped():
+    names = ("hier_512", "50% & #1", "cost $5 {x}")
+    data = three_systems(names)
+    a = data["systems"][names[0]]
+    text = render_table(data, "latex")
+    tables = text.split("\n\n")
+    assert len(tables) == 2
+    lines = tables[0].splitlines()
+    assert lines[0] == "\\begin{tabular}{lrrrrrrrrr}" and lines[1] == "\\toprule"
+    assert lines[2] == ("system & books & BooookScore [95\\% CI] & faithful & unfaithful & partial support & "
+                        "can't verify & summary tokens & LM calls & prompt tokens \\\\")
+    assert lines[3] == "\\midrule"
+    assert lines[4] == (f"hier\\_512 & 2 & 70.0 {pct(a['booookscore']['ci95'], 100)} & 62.5\\% & 37.5\\% & 0.0\\% & "
+                        "0.0\\% & 200 & 25 & 2,505 \\\\")
+    assert lines[5].startswith("50\\% \\& \\#1 & 3 & 80.0 [")
+    assert lines[6] == "cost \\$5 \\{x\\} & 0 & - & - & - & - & - & - & 0 & 0 \\\\"
+    assert lines[7:] == ["\\bottomrule", "\\end{tabular}"]
+    pairs = tables[1].splitlines()
+    assert pairs[0] == "\\begin{tabular}{lrrr}" and pairs[1] == "\\toprule"
+    assert pairs[2] == ("pair (b - a) & books & $\\Delta$ BooookScore [95\\% CI] & "
+                        "$\\Delta$ faithful [95\\% CI] (points) \\\\")
+    assert pairs[4].startswith("50\\% \\& \\#1 - hier\\_512 & 2 & +25.0 [+")
+    assert pairs[6] == "cost \\$5 \\{x\\} - 50\\% \\& \\#1 & 0 & - & - \\\\"
+    assert pairs[-2:] == ["\\bottomrule", "\\end{tabular}"]
+    assert text.endswith("\\end{tabular}\n")
+
+
+def test_csv_reads_back_to_the_numbers_of_results_json():
+    names = ("plain", 'with, comma and "quotes"', "c")
+    data = three_systems(names)
+    text = render_table(data, "csv")
+    assert text.endswith("\r\n")  # RFC 4180 line ends
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    assert [r["system"] for r in rows] == list(names)
+    header = list(rows[0])
+    assert header[:5] == ["system", "books", "booookscore", "booookscore_lo", "booookscore_hi"]
+    assert header[-3:] == ["summary_tokens", "calls", "prompt_tokens"]
+    labels = {"faithful": "faithful_pct", "unfaithful": "unfaithful_pct", "partial support": "partial_support_pct",
+              "can't verify": "cant_verify_pct"}
+    for row in rows:
+        s = data["systems"][row["system"]]
+
+        def number(text: str):
+            return None if text == "" else float(text)
+
+        assert int(row["books"]) == s["books"]
+        assert number(row["booookscore"]) == s["booookscore"]["mean"]
+        ci = s["booookscore"]["ci95"] or [None, None]
+        assert [number(row["booookscore_lo"]), number(row["booookscore_hi"])] == ci
+        for label, column in labels.items():
+            assert number(row[column]) == s["claims"][label]
+            ci = s["claims_ci95"][label] or [None, None]
+            assert [number(row[column + "_lo"]), number(row[column + "_hi"])] == ci
+        assert number(row["summary_tokens"]) == s["summary_tokens"]
+        assert int(row["calls"]) == s["usage"]["calls"] and int(row["prompt_tokens"]) == s["usage"]["prompt_tokens"]
+    assert rows[2]["booookscore"] == "" and rows[2]["faithful_pct"] == ""  # unknown: empty, not 0
+
+    pairs = list(csv.DictReader(io.StringIO(render_table(data, "csv-pairs"), newline="")))
+    assert [(p["a"], p["b"]) for p in pairs] == [(p["a"], p["b"]) for p in data["pairs"]]
+    for row, pair in zip(pairs, data["pairs"]):
+        assert int(row["books"]) == pair["books"]
+        for figure in ("booookscore", "faithful"):
+            d = pair[figure]
+            if d is None:
+                assert row[f"{figure}_books"] == row[f"{figure}_diff"] == row[f"{figure}_diff_lo"] == ""
+                continue
+            assert int(row[f"{figure}_books"]) == d["books"] and float(row[f"{figure}_diff"]) == d["diff"]
+            assert [float(row[f"{figure}_diff_lo"]), float(row[f"{figure}_diff_hi"])] == d["ci95"]
+
+
+def test_a_difference_the_page_marks_is_bold_in_markdown_and_latex():
+    """The page's rule: an interval that excludes 0 over 6 books or more."""
+    def pair_data(n: int) -> dict:
+        rows = [cell_row(outcome_of_run(system, f"b{i}", run(score + i / 100, 50.0 + 10 * (system == "b"))))
+                for i in range(n) for system, score in (("a", 0.5), ("b", 0.6))]
+        return results(["a", "b"], [f"b{i}" for i in range(n)], rows)
+
+    few, many = pair_data(5), pair_data(6)
+    assert "BooookScore +10.0 [+10.0, +10.0], faithful +10.0 [+10.0, +10.0] points" in render_table(few, "markdown")
+    assert ("BooookScore **+10.0** [+10.0, +10.0], faithful **+10.0** [+10.0, +10.0] points"
+            in render_table(many, "markdown"))
+    assert "b - a & 5 & +10.0 [+10.0, +10.0] & +10.0 [+10.0, +10.0] \\\\" in render_table(few, "latex")
+    assert ("b - a & 6 & \\textbf{+10.0} [+10.0, +10.0] & \\textbf{+10.0} [+10.0, +10.0] \\\\"
+            in render_table(many, "latex"))
+
+
+def test_one_system_has_no_pairs():
+    data = results(["a"], ["b1"], [cell_row(outcome_of_run("a", "b1", run(0.5, 50.0)))])
+    assert "Paired" not in render_table(data, "markdown")
+    assert render_table(data, "latex").count("\\begin{tabular}") == 1
+    assert render_table(data, "csv-pairs").splitlines()[0].startswith("a,b,books,")
+    assert len(render_table(data, "csv-pairs").splitlines()) == 1
+
+
+def test_the_readmes_embedded_model_table_is_what_the_export_prints_for_those_figures():
+    """README's table and its paired line come out of `--table markdown` for a sweep with its figures."""
+    rows = []
+    for system, tokens, calls, prompts in (("hier-512", (140, 148), (14, 14), (45_545, 45_546)),
+                                           ("inc-512", (150, 154), (23, 24), (56_695, 56_696))):
+        for book, t, c, p in zip(("the_cask_of_amontillado", "sample_story"), tokens, calls, prompts):
+            rows.append(cell_row(outcome_of_run(system, book, run(1.0, 100.0, c, p, t))))
+    data = results(["hier-512", "inc-512"], ["the_cask_of_amontillado", "sample_story"], rows)
+    readme = README.read_text(encoding="utf-8")
+    for line in render_table(data, "markdown").splitlines():
+        if line:
+            assert line in readme.splitlines(), line
+
+
+def sweep_dir(tmp_path: Path, names=("a", "b")) -> Path:
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.json").write_text("{}")
+    outcomes = [outcome_of_run(names[0], "b1", run(0.8, 50.0)), outcome_of_run(names[0], "b2", failed_run(2)),
+                outcome_of_run(names[1], "b1", run(0.9, 60.0)), outcome_of_run(names[1], "b2", run(1.0, 70.0))]
+    write_aggregate(out, list(names), ["b1", "b2"], outcomes)
+    return out
+
+
+def listing(folder: Path) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("fmt", ["markdown", "latex", "csv", "csv-pairs"])
+def test_report_table_prints_the_tables_of_results_json_and_writes_nothing(tmp_path, fmt):
+    out = sweep_dir(tmp_path)
+    before = listing(out)
+    proc = run_command(["report", out, "--table", fmt])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == render_table(json.loads((out / "results.json").read_text()), fmt)
+    assert listing(out) == before and not (out / "report.html").exists()
+    # a lacks b2, which b completed: the rows are over different books, said apart from the table
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("note: the systems' figures are over different "
+                                                                   "books (a lacks b2)")
+
+
+def test_report_table_needs_a_finished_sweep(tmp_path):
+    out = sweep_dir(tmp_path)
+    proc = run_command(["report", out, "--table", "html"])
+    assert proc.returncode == 2 and "Invalid value" in proc.stderr and proc.stdout == ""
+    proc = run_command(["report", out, "--table", "csv", "-o", tmp_path / "page.html"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "-o" in proc.stderr
+    assert not (tmp_path / "page.html").exists()
+    # A sweep stopped before it wrote results.json has no figures to print.
+    (out / "results.json").unlink()
+    (out / "cells.jsonl").unlink()
+    proc = run_command(["report", out, "--table", "markdown"])
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: ") and "results.json" in proc.stderr
+    assert not (out / "report.html").exists()
+    # A run directory (one book) has no comparison.
+    single = tmp_path / "run"
+    single.mkdir()
+    (single / "run.json").write_text("{}")
+    proc = run_command(["report", single, "--table", "markdown"])
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert "run directory" in proc.stderr and "sweep" in proc.stderr
+    # Neither kind, or not there at all.
+    for folder in (tmp_path / "empty", tmp_path / "nowhere"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        proc = run_command(["report", folder, "--table", "csv"])
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "sweep.json" in proc.stderr, proc.stderr
+
+
+def test_report_table_on_a_results_json_of_another_layout_is_one_line(tmp_path):
+    out = sweep_dir(tmp_path)
+    data = json.loads((out / "results.json").read_text())
+    data["systems"]["a"]["usage"]["calls"] = "x"
+    (out / "results.json").write_text(json.dumps(data))
+    proc = run_command(["report", out, "--table", "markdown"])
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    (out / "results.json").write_text("{")
+    proc = run_command(["report", out, "--table", "latex"])
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_report_table_loads_no_heavy_library(tmp_path):
+    out = sweep_dir(tmp_path)
+    probe = ("import sys\nsys.argv = ['booklens', 'report', sys.argv[1], '--table', 'csv']\nimport booklens.cli\n"
+             "try:\n    booklens.cli.main()\nexcept SystemExit:\n    pass\n"
+             "heavy = ('dspy', 'litellm', 'torch', 'faiss', 'numpy', 'tiktoken', 'llama_cpp', 'ray')\n"
+             "print('HEAVY', sorted(m for m in heavy if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.startswith("system,books,") and "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_readme_documents_the_table_export():
+    readme = README.read_text(encoding="utf-8")
+    assert re.search(r"booklens report \S+ --table markdown", readme)
+    help_text = run_command(["report", "--help"]).stdout
+    assert "--table" in help_text and "csv-pairs" in help_text
