@@ -321,7 +321,7 @@ def test_a_difference_over_a_few_books_is_not_marked_significant():
         pair, page = pair_page(n)
         assert pair["booookscore"]["ci95"][0] > 0, n  # the interval excludes 0 ...
         assert '<span class="sig">+' not in page, n  # ... but so few books cannot show a difference
-        assert '<span class="">+10.0</span> <span class="ci">[10.0, 10.0]</span>' in page, n
+        assert '<span class="">+10.0</span> <span class="ci">[+10.0, +10.0]</span>' in page, n
     pair, page = pair_page(6)
     assert page.count('<span class="sig">+10.0</span>') == 2  # BooookScore and % faithful
 

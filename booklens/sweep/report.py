@@ -243,7 +243,7 @@ def _pairs_section(results: dict[str, Any]) -> str:
             return '<td class="num">-</td>'
         value = figure_text(d["diff"], scale, signed=True)
         return (f'<td class="num"><span class="{"sig" if is_marked(d) else ""}">{value}</span> '
-                f'{_ci_span(interval_text(d["ci95"], scale))}</td>')
+                f'{_ci_span(interval_text(d["ci95"], scale, signed=True))}</td>')
 
     rows = "".join(f'<tr><th scope="row">{h(p["b"])} \u2212 {h(p["a"])}</th><td class="num">{p["books"]}</td>'
                    f'{cell(p["booookscore"], 100)}{cell(p["faithful"], 1)}</tr>' for p in pairs)
