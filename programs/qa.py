@@ -43,6 +43,7 @@ from booklens.signatures.qa import (
     AnswerQuestionClosedBook,
     JudgeAnswer,
     ScoreEvidence,
+    reading_option_texts,
     with_evidence,
 )
 from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, QA_BOOK_RANK_MODE
@@ -234,9 +235,13 @@ class BookQA(Module):
         else:
             predictor = self.answer
             inputs = {"context": context["text"], "question": question}
+        letters: list[str] = []
         if self.setting == "mc":
             inputs["options"] = options
-        letters = _option_letters(options) if self.setting == "mc" else []
+            texts = _option_texts(options)
+            letters = list(texts)
+            # an answer that is one option's text alone ("The Marigold") is read as its letter
+            inputs["signature"] = reading_option_texts(predictor.signature, texts)
         attempt = predict_with_retries(predictor, tries=self.tries, check=self._checker(letters), **inputs)
         pred = attempt.prediction
         answer = None
@@ -260,13 +265,14 @@ class BookQA(Module):
         return check
 
 
-def _option_letters(options: Optional[str]) -> list[str]:
-    letters = []
+def _option_texts(options: Optional[str]) -> dict[str, str]:
+    """Each option's text by its letter, from the options as the model reads them ('B. The Marigold')."""
+    texts: dict[str, str] = {}
     for line in (options or "").splitlines():
         line = line.strip()
         if len(line) >= 2 and line[0].isalpha() and line[1] in ".):":
-            letters.append(line[0].upper())
-    return letters
+            texts.setdefault(line[0].upper(), line[2:].strip())
+    return texts
 
 
 class AnswerJudge(Module):

@@ -124,15 +124,20 @@ _LETTER_IN_PHRASE = re.compile(rf"{_EMPHASIS}(?:the\s+)?(?:(?:correct|right|best
 _OTHER_LETTER = re.compile(r"(?<![\w'])([A-Z])(?:[.):]|$)")
 
 
-def option_letter_reader(letters: tuple[str, ...]) -> Callable[[Any], Any]:
+def option_letter_reader(letters: tuple[str, ...], texts: Mapping[str, str] | None = None) -> Callable[[Any], Any]:
     """`choice_reader` for option letters that also reads a letter given with its option's text or
-    after a phrase; an answer that names a second letter, or none, is left as written."""
-    exact = choice_reader(letters)
+    after a phrase; an answer that names a second letter, or none, is left as written.
 
-    def read(value: Any) -> Any:
-        got = exact(value)
-        if got in letters or not isinstance(value, str):
-            return got
+    With `texts` (each option's text by its letter), an answer that is the text of one option alone
+    ("The Marigold", "the marigold." for "B. The Marigold"), compared as `choice_reader` compares
+    values, is read as that option's letter; one that is the text of several options is left as written."""
+    exact = choice_reader(letters)
+    by_text: dict[str, list[str]] = {}
+    for letter, text in (texts or {}).items():
+        if exact(letter) in letters:
+            by_text.setdefault(_key(text), []).append(exact(letter))
+
+    def read_letter(value: str) -> Any:
         text = value.strip()
         found = _LETTER_WITH_TEXT.fullmatch(text)
         if found:
@@ -140,15 +145,25 @@ def option_letter_reader(letters: tuple[str, ...]) -> Callable[[Any], Any]:
         else:
             found = _LETTER_IN_PHRASE.fullmatch(text)
             if not found:
-                return value
+                return None
             letter, rest = found["letter"].strip("()"), found["rest"]
             # "the answer is a ship": a lower-case letter counts only bracketed or standing alone
             if letter.islower() and not found["letter"].startswith("(") and rest.strip(" .*"):
-                return value
+                return None
         letter = exact(letter)
         if any(other in letters and other != letter for other in _OTHER_LETTER.findall(rest.strip())):
-            return value
+            return None
         return letter
+
+    def read(value: Any) -> Any:
+        got = exact(value)
+        if got in letters or not isinstance(value, str):
+            return got
+        got = read_letter(value)
+        if got not in letters:  # no letter, or one of no option ("J. Smith" may be an option's text)
+            named = by_text.get(_key(value), [])
+            got = named[0] if len(named) == 1 else got
+        return value if got is None else got
 
     return read
 

@@ -6,13 +6,20 @@ scoring quoted evidence against the annotators' evidence (NovelQA's evidence rec
 Inputs shared by many calls (the book or its passages) come first so that prompt
 prefixes are reused between questions about the same book."""
 
-from typing import Annotated, Literal
+from copy import deepcopy
+from typing import Annotated, Literal, Mapping
 
 import dspy
 from pydantic import BeforeValidator
 
 from booklens.data.novelqa import OPTION_LETTERS
-from booklens.signatures.answers import lenient_rating, lenient_texts, option_letter, verdict_reader
+from booklens.signatures.answers import (
+    lenient_rating,
+    lenient_texts,
+    option_letter,
+    option_letter_reader,
+    verdict_reader,
+)
 
 OptionLetter = option_letter(OPTION_LETTERS)
 
@@ -38,6 +45,15 @@ class AnswerMultipleChoiceClosedBook(dspy.Signature):
     question: str = dspy.InputField()
     options: str = dspy.InputField(desc="one option per line, 'LETTER. text'")
     answer: OptionLetter = dspy.OutputField(desc="the letter of the correct option")
+
+
+def reading_option_texts(signature: type[dspy.Signature], options: Mapping[str, str]) -> type[dspy.Signature]:
+    """A multiple-choice `signature` whose answer is also read as the letter of the one option whose
+    text it is (`option_letter_reader` with `options`, each option's text by its letter). Only how the
+    answer is read changes: the prompt and the answer's schema are the signature's."""
+    fields = deepcopy(signature.fields)
+    fields["answer"].metadata = [BeforeValidator(option_letter_reader(OPTION_LETTERS, options))]
+    return dspy.Signature(fields, signature.instructions)
 
 
 class AnswerQuestion(dspy.Signature):

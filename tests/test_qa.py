@@ -302,13 +302,67 @@ def test_an_option_letter_given_with_its_text_or_in_a_phrase_is_read_as_that_let
     assert len(lm.backend.calls) == 1
 
 
-@pytest.mark.parametrize("written", ["A, B", "A or B", "AB", "The Marigold", "A ship", "the answer is a ship",
+@pytest.mark.parametrize("written", ["A, B", "A or B", "AB", "The Osprey", "A ship", "the answer is a ship",
                                      "B. or C.", "Not B", "**Answer:** B or C", "**Answer:** a ship"])
 def test_an_answer_naming_no_single_letter_is_still_refused(written):
     q = parse_questions([QUESTION])
     scripted(lambda call: {"answer": written})
     rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
     assert (rec.prediction, rec.correct, rec.attempts) == (None, False, 3)
+
+
+@pytest.mark.parametrize("evidence, quote", [("book", False), ("none", False), ("book", True)])
+@pytest.mark.parametrize("written", ["The Marigold", "the marigold.", "**The Marigold**", '"The Marigold"',
+                                     "  THE  MARIGOLD  ", "The Marigold."])
+def test_an_answer_written_as_one_options_text_is_read_as_its_letter(written, evidence, quote):
+    """A model without its schema enforced may answer with the option's text alone ("The Marigold" for
+    option B): the same on every re-ask, so the question ended counted wrong after three calls."""
+    q = parse_questions([QUESTION])
+    lm = scripted(lambda call: {"evidence": ["Captain Orrin Vell sailed"], "answer": written} if call.wants("evidence")
+                  else {"answer": written})
+    rec = answer_questions(BookQA("mc", evidence, quote_evidence=quote), make_book(20), q, evidence_recall="overlap")[0]
+    assert (rec.prediction, rec.correct, rec.attempts, rec.error) == ("B", True, 1, None)
+    assert len(lm.backend.calls) == 1
+
+
+def test_an_options_text_that_starts_like_a_letter_of_no_option_is_read_as_its_letter():
+    """"J. Smith" starts as a letter would, but J is no option: it is the text of option C."""
+    q = parse_questions([{**QUESTION, "Options": {"A": "The Heron", "B": "The Marigold", "C": "J. Smith",
+                                                  "D": "The Lantern"}, "Gold": "C"}])
+    lm = scripted(lambda call: {"answer": "j. smith"})
+    rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
+    assert (rec.prediction, rec.correct, rec.attempts) == ("C", True, 1) and len(lm.backend.calls) == 1
+
+
+@pytest.mark.parametrize("options, written", [
+    ({"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": "The Lantern"}, "The Osprey"),
+    ({"A": "The Heron", "B": "The Marigold", "C": "the marigold.", "D": "The Lantern"}, "The Marigold"),
+    ({"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": "The Lantern"}, "The Marigold or The Swift"),
+])
+def test_an_answer_matching_no_options_text_or_two_is_still_refused(options, written):
+    q = parse_questions([{**QUESTION, "Options": options}])
+    lm = scripted(lambda call: {"answer": written})
+    rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
+    assert (rec.prediction, rec.correct, rec.attempts) == (None, False, 3)
+    assert len(lm.backend.calls) == 3
+
+
+def test_reading_an_options_text_leaves_the_prompt_and_schema_as_the_signature_has_them():
+    """Reading the options' texts must not change what is sent: a changed prompt or schema would
+    miss every cached call."""
+    import dspy
+
+    from booklens.programs.base import Predict
+    from booklens.signatures.qa import AnswerMultipleChoice
+
+    book, q = make_book(20), parse_questions([QUESTION])[0]
+    lm = scripted(lambda call: {"answer": "The Marigold"})
+    assert BookQA("mc", "book")(book=book, question=q.question, options=q.options_text()).answer == "B"
+    plain = ScriptedLM(lambda call: {"answer": "B"})
+    with dspy.context(lm=plain):
+        Predict(AnswerMultipleChoice)(context=book, question=q.question, options=q.options_text())
+    sent, expected = lm.backend.calls[0], plain.backend.calls[0]
+    assert sent.messages == expected.messages and sent.request["schema"] == expected.request["schema"]
 
 
 def test_a_verdict_written_in_capitals_is_read_as_the_verdict():
