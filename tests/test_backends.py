@@ -1423,6 +1423,17 @@ def test_the_rate_limit_and_missing_usage_are_counted_without_asking_the_hugging
     ("model requires more system memory (44.0 GiB) than is available (7.6 GiB)",
      "use a smaller model (or a smaller quantization of it)"),
     ("model 'llama3.1:70b' not found, try pulling it first", "run `ollama pull llama3.1:70b` where the server runs"),
+    # How other Ollama versions say that loading the model ran out of memory
+    ("llama runner process has terminated: cudaMalloc failed: out of memory",
+     "use a smaller model (or a smaller quantization of it)"),
+    ("llama runner process has terminated: error loading model: unable to allocate CUDA0 buffer",
+     "use a smaller model (or a smaller quantization of it)"),
+    ("llama-server process has terminated: exit status 1: ggml_backend_cpu_buffer_type_alloc_buffer: failed to "
+     "allocate buffer of size 40000000000", "use a smaller model (or a smaller quantization of it)"),
+    ("llama-server reported out-of-memory during startup: cudaMalloc failed: out of memory",
+     "use a smaller model (or a smaller quantization of it)"),
+    ("failed to allocate memory for model", "use a smaller model (or a smaller quantization of it)"),
+    ("memory layout cannot be allocated with num_gpu = 99", "use a smaller model (or a smaller quantization of it)"),
 ])
 def test_an_ollama_500_that_no_retry_can_mend_is_one_line_at_once(model, said, fix):
     """Ollama sends a model it cannot load with a 500, which was taken for a passing fault: the same
@@ -1433,3 +1444,18 @@ def test_an_ollama_500_that_no_retry_can_mend_is_one_line_at_once(model, said, f
             classify(LiteLLMBackend(model, api_base=server.url, sleep=sleep))
     assert str(caught.value) == f"'{model}' at {server.url} cannot serve the model ({said}): {fix}"
     assert len(server.received) == 1 and sleep.delays == []
+
+
+@pytest.mark.parametrize("said", [
+    "llama runner process has terminated: exit status 2",  # a crash that names no cause
+    "cudaMalloc failed: out of memory",  # while answering: newer Ollama then unloads its other models
+])
+def test_an_ollama_500_that_a_retry_may_mend_is_still_retried(said):
+    """Only a model that could not be loaded for lack of memory is one line at once: a crash that names
+    no cause, or memory running out while a loaded model answers, may pass."""
+    sleep = Recorder()
+    with FakeOllama(error=said) as server:
+        backend = LiteLLMBackend("ollama_chat/llama3.1:70b", api_base=server.url, sleep=sleep)
+        with pytest.raises(LMError, match="kept failing after"):
+            classify(backend)
+    assert len(server.received) == backend.retries + 1 and len(sleep.delays) == backend.retries

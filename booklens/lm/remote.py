@@ -748,19 +748,34 @@ CONTEXT_OVERFLOW_WORDS = (
 )
 
 
-# What servers say, in lower case, when the model cannot be served at all, with the fix ({name}: the
-# model's name at the server): the one list of failures that no retry mends, whatever their status
-# (Ollama sends them with a 500, which is otherwise a passing fault).
+# What Ollama's runner says, in lower case, when it ran out of memory (after "process has terminated:").
+_RUNNER_OUT_OF_MEMORY = (r"out of memory|out of device memory|cudamalloc failed|hipmalloc failed|unable to allocate"
+                         r"|failed to allocate|allocation failed|not enough memory|insufficient memory")
+_SMALLER_MODEL = "use a smaller model (or a smaller quantization of it)"
+
+# What servers say when the model cannot be served at all, as patterns searched for in the lower-cased
+# text, with the fix ({name}: the model's name at the server): the one list of failures that no retry
+# mends, whatever their status (Ollama sends them with a 500, which is otherwise a passing fault).
+# Ollama's words for a model it could not load for lack of memory differ by version. Memory that runs
+# out while a loaded model answers is not here: newer Ollama then unloads its other models, and the
+# next try may pass.
 UNSERVABLE_MODEL_WORDS = (
-    ("model requires more system memory", "use a smaller model (or a smaller quantization of it)"),  # Ollama
-    ("not found, try pulling it first", "run `ollama pull {name}` where the server runs"),  # Ollama
+    (r"model requires more system memory", _SMALLER_MODEL),  # Ollama up to 0.24, before it loads
+    (r"failed to allocate memory for model|memory layout cannot be allocated", _SMALLER_MODEL),  # Ollama 0.12-0.24
+    (r"llama-server reported out-of-memory", _SMALLER_MODEL),  # Ollama 0.30 on, while loading
+    # The runner that loads the model ended, with its last error: "llama runner process has terminated:
+    # cudaMalloc failed: out of memory", "... error loading model: unable to allocate CUDA0 buffer"
+    # ("llama-server process has terminated: ..." from Ollama 0.30 on).
+    (rf"(?:llama runner|llama-server) process has terminated:.*(?:{_RUNNER_OUT_OF_MEMORY})", _SMALLER_MODEL),
+    (r"not found, try pulling it first", "run `ollama pull {name}` where the server runs"),  # Ollama
 )
 
 
 def _unservable_fix(text: str, name: str) -> str | None:
     """The fix for a model the server says it cannot serve (see UNSERVABLE_MODEL_WORDS), else None."""
     lowered = text.lower()
-    return next((fix.format(name=name) for words, fix in UNSERVABLE_MODEL_WORDS if words in lowered), None)
+    return next((fix.format(name=name) for words, fix in UNSERVABLE_MODEL_WORDS
+                 if re.search(words, lowered, re.DOTALL)), None)
 
 
 def _mentions_context_limit(text: str) -> bool:
