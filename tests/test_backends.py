@@ -372,11 +372,28 @@ def test_a_model_the_server_does_not_serve_is_named_with_the_servers_words():
                                  f"name; the server lists the ones it serves at {server.url}/models")
     # Ollama's own API (ollama_chat/) lives at the server's root: its /v1 is the OpenAI-compatible one.
     with FakeOpenAIServer(responder=lambda body: Reply(status=404, error="not found")) as server:
-        with pytest.raises(LMError, match=r"^model 'ollama_chat/llama3' was not found at http://127\.0\.0\.1:\d+/v1: "
-                                          r"ollama_chat/ reaches Ollama's own API at the server's root, such as "
-                                          r"http://127\.0\.0\.1:11434 without /v1 \(its /v1 is for openai/MODEL\)$"):
+        with pytest.raises(LMError) as caught:
             classify(backend_for(server, model="ollama_chat/llama3"))
+    assert str(caught.value) == f"model 'ollama_chat/llama3' was not found at {server.url}: {OLLAMA_AT_V1}"
     assert server.received[0].path == "/v1/api/chat"
+
+
+OLLAMA_AT_V1 = ("ollama_chat/ speaks Ollama's own API, which is at the server's root: give --api-base without /v1, "
+                "such as http://127.0.0.1:11434, or use openai/llama3 for an OpenAI-compatible server (Ollama's /v1 "
+                "is one)")
+
+
+def test_ollama_chat_at_an_openai_compatible_url_is_one_line_at_once():
+    """ollama_chat/ posts to Ollama's /api/chat, under the URL given: at an OpenAI-compatible server's /v1
+    an answer there is no answer of Ollama's API (LiteLLM fails reading it as one, which looks like a
+    dropped connection), so the command ended after five retries on LiteLLM's words about a
+    `Message()` argument."""
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, model="ollama_chat/llama3", sleep=sleep))
+    assert str(caught.value) == f"'ollama_chat/llama3' at {server.url} got no answer of Ollama's API: {OLLAMA_AT_V1}"
+    assert [r.path for r in server.received] == ["/v1/api/chat"] and sleep.delays == []
 
 
 @pytest.mark.parametrize("status", [401, 403])

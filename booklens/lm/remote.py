@@ -547,6 +547,11 @@ class LiteLLMBackend:
             # A web server that is no API (a static site, a dashboard) takes no POST at that path.
             raise LMError(f"{self.server} takes no requests at the path '{self.model}' was sent to (405 Method Not "
                           f"Allowed): {self._check_api_base()}") from None
+        if self._ollama_at_v1() and not answered and _unreadable_answer(exc):
+            # Ollama's routes post to /api/chat (or /api/generate) under the URL: under /v1 no Ollama API
+            # answers, and an OpenAI-compatible server's answer there LiteLLM cannot read as Ollama's (it
+            # reports that as a dropped connection, which was retried). Asking again would only repeat it.
+            raise LMError(f"{where} got no answer of Ollama's API: {self._ollama_at_v1_fix()}") from None
         fix = _unservable_fix(text, self.model.split("/", 1)[-1])
         if fix:
             raise LMError(self._redact(f"{where} cannot serve the model ({server_text(exc)}): {fix}")) from None
@@ -584,6 +589,20 @@ class LiteLLMBackend:
             return f"check --api-base, usually the Ollama server's root, such as {OLLAMA_ROOT}"
         return "check --api-base, usually the server's URL ending in /v1"
 
+    def _ollama_at_v1(self) -> bool:
+        """Whether an Ollama route (ollama_chat/, ollama/) was given a URL ending in /v1, where an
+        OpenAI-compatible API lives (Ollama's own included), not Ollama's own API."""
+        from urllib.parse import urlsplit
+
+        return (self.provider in OLLAMA_PROVIDERS and bool(self.api_base)
+                and urlsplit(self.api_base).path.rstrip("/").endswith("/v1"))
+
+    def _ollama_at_v1_fix(self) -> str:
+        """What to do when an Ollama route was given a URL ending in /v1 (see `_ollama_at_v1`)."""
+        name = self.model.split("/", 1)[-1]
+        return (f"{self.provider}/ speaks Ollama's own API, which is at the server's root: give --api-base without "
+                f"/v1, such as {OLLAMA_ROOT}, or use openai/{name} for an OpenAI-compatible server (Ollama's /v1 is one)")
+
     def _not_found(self, exc: BaseException) -> str:
         """The line for a 404: the model, or the path the request went to, is not at the server."""
         from urllib.parse import urlsplit
@@ -592,9 +611,8 @@ class LiteLLMBackend:
             return f"model '{self.model}' was not found by its provider ({server_text(exc)})"
         path = urlsplit(self.api_base).path.rstrip("/")
         where = f"model '{self.model}' was not found at {self.server}"
-        if self.provider in OLLAMA_PROVIDERS and path.endswith("/v1"):
-            return (f"{where}: {self.provider}/ reaches Ollama's own API at the server's root, such as "
-                    f"{OLLAMA_ROOT} without /v1 (its /v1 is for openai/MODEL)")
+        if self._ollama_at_v1():
+            return f"{where}: {self._ollama_at_v1_fix()}"
         if self.provider in OLLAMA_PROVIDERS:
             # Ollama's own API lives at the root: its 404 there is a model it has not pulled.
             pulled = self.model.split("/", 1)[-1]
@@ -821,6 +839,19 @@ def _not_a_completion(exc: BaseException) -> bool:
         return False
     connection = (openai.APIConnectionError, httpx.TransportError, OSError)
     return not any(isinstance(cause, connection) for cause in _causes(exc)) and "Connection error" not in str(exc)
+
+
+def _unreadable_answer(exc: BaseException) -> bool:
+    """Whether LiteLLM failed on reading what the server sent back (a TypeError, KeyError or
+    AttributeError among the causes: its route read a body of another API's shape), with no failed
+    connection under it. LiteLLM reports that as a connection error of its own."""
+    import httpx
+    import openai
+
+    causes = list(_causes(exc))[1:]
+    connection = (openai.APIConnectionError, httpx.TransportError, OSError)
+    return (any(isinstance(cause, (TypeError, KeyError, AttributeError)) for cause in causes)
+            and not any(isinstance(cause, connection) for cause in causes))
 
 
 def _unreachable(exc: BaseException) -> str | None:
