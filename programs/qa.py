@@ -218,8 +218,8 @@ class BookQA(Module):
         if self.setting == "mc" and options:
             # The options' words, not their letters: 'b' and 'c' are rare in a book, so as search
             # terms they ranked up passages that happen to hold them.
-            texts = [line.strip()[2:] if _option_letters(line) else line for line in options.splitlines()]
-            return "\n".join([question, *texts])
+            texts = _option_texts(options)
+            return "\n".join([question, *texts.values()]) if texts else f"{question}\n{options}"
         return question
 
     # -- answering -----------------------------------------------------------------
