@@ -137,6 +137,18 @@ def coherence_sample(human_dir: str | Path, *, books: Optional[int] = COHERENCE_
     return items, info
 
 
+def _coherence_items(program: Any, *, human_dir: str | Path, books: Optional[int], seed: int,
+                     split_seed: Optional[int]) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """The coherence sample, or the refusals to measure on it (no annotated sentence, demos in it)."""
+    items, info = coherence_sample(human_dir, books=books, seed=seed, split_seed=split_seed)
+    if not any(a.sentence_annotations() for _, a in items):
+        raise _empty_sample("coherence", human_dir, "annotated sentence")
+    shown = _demo_values(program, "summary")
+    _refuse_demos("coherence", sum(1 for _, a in items if " ".join(a.summary.split()) in shown), len(items),
+                  "summaries")
+    return items, info
+
+
 def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[int] = COHERENCE_BOOKS,
                         seed: int = SEED, split_seed: Optional[int] = None,
                         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -148,12 +160,7 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
 
     import dspy
 
-    items, info = coherence_sample(human_dir, books=books, seed=seed, split_seed=split_seed)
-    if not any(a.sentence_annotations() for _, a in items):
-        raise _empty_sample("coherence", human_dir, "annotated sentence")
-    shown = _demo_values(program, "summary")
-    _refuse_demos("coherence", sum(1 for _, a in items if " ".join(a.summary.split()) in shown), len(items),
-                  "summaries")
+    items, info = _coherence_items(program, human_dir=human_dir, books=books, seed=seed, split_seed=split_seed)
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
     units: list[list[int]] = []
@@ -227,6 +234,26 @@ def verification_sample(fables_path: str | Path, *, books: Optional[int] = VERIF
     return pool, info
 
 
+def _verification_items(program: Any, *, fables_path: str | Path, books: Optional[int], table5: bool, seed: int,
+                        split_seed: Optional[int]) -> tuple[list[Any], dict[str, Any], tuple[str, ...]]:
+    """The verification sample and the labels measured on it, or the refusals to measure on it (no
+    labelled claim, demos in it)."""
+    from booklens.signatures.faithfulness import FABLES_LABELS
+
+    binary = getattr(program, "label_set", "four-way") == "binary"
+    keep = ("Yes", "No") if binary or table5 else tuple(FABLES_LABELS)
+    summaries, info = verification_sample(fables_path, books=books, table5=table5 or binary and books is None,
+                                          seed=seed, split_seed=split_seed)
+    shown = _demo_values(program, "claim")
+    claims_in_sample = [c.claim for s in summaries for c in s.claims if c.label in keep]
+    if not claims_in_sample:
+        raise _empty_sample("binary" if binary else "verification", fables_path, "labelled claim",
+                            table5=info["split"] == "table5")
+    _refuse_demos("binary" if binary else "verification",
+                  sum(1 for c in claims_in_sample if " ".join(c.split()) in shown), len(claims_in_sample), "claims")
+    return summaries, info, keep
+
+
 def calibrate_verification(program: Any, *, fables_path: str | Path, books: Optional[int] = VERIFICATION_BOOKS,
                            table5: bool = False, seed: int = SEED, split_seed: Optional[int] = None,
                            concurrency: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -245,16 +272,8 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     from booklens.signatures.faithfulness import FABLES_LABELS
 
     binary = getattr(program, "label_set", "four-way") == "binary"
-    keep = ("Yes", "No") if binary or table5 else tuple(FABLES_LABELS)
-    summaries, info = verification_sample(fables_path, books=books, table5=table5 or binary and books is None,
-                                          seed=seed, split_seed=split_seed)
-    shown = _demo_values(program, "claim")
-    claims_in_sample = [c.claim for s in summaries for c in s.claims if c.label in keep]
-    if not claims_in_sample:
-        raise _empty_sample("binary" if binary else "verification", fables_path, "labelled claim",
-                            table5=info["split"] == "table5")
-    _refuse_demos("binary" if binary else "verification",
-                  sum(1 for c in claims_in_sample if " ".join(c.split()) in shown), len(claims_in_sample), "claims")
+    summaries, info, keep = _verification_items(program, fables_path=fables_path, books=books, table5=table5,
+                                                seed=seed, split_seed=split_seed)
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
     checker = FaithfulnessChecker(verifier=program, evidence_mode=VERIFICATION_EVIDENCE,
@@ -333,6 +352,42 @@ def _table5_name(present: int) -> str:
 # One call for the command
 
 
+def _sample_of(judge: str, program: Any, *, human_dir: str | Path | None, fables_path: str | Path | None,
+               books: Optional[int], seed: int) -> dict[str, Any]:
+    """What `calibrate` samples `judge` from: the keyword arguments of its calibrate_* function."""
+    from booklens.judges import JUDGES
+    from booklens.parallel import check_at_least
+
+    if judge not in JUDGES:
+        raise BooklensError(f"unknown judge {judge!r}: use {', '.join(JUDGES)}")
+    if books is not None:
+        check_at_least("--books", books)
+    split_seed = split_seed_of(program)
+    split_seed = SEED if split_seed is None else split_seed
+    if judge == "coherence":
+        if human_dir is None:
+            raise BooklensError("coherence calibration needs the BooookScore human annotations (--coherence-data)")
+        return {"human_dir": human_dir, "seed": seed, "split_seed": split_seed,
+                "books": COHERENCE_BOOKS if books is None else books}
+    if fables_path is None:
+        raise BooklensError("verification calibration needs FABLES (--fables-data)")
+    table5 = judge == "binary"
+    return {"fables_path": fables_path, "seed": seed, "split_seed": split_seed, "table5": table5,
+            "books": None if table5 else (VERIFICATION_BOOKS if books is None else books)}
+
+
+def check_sample(judge: str, program: Any, *, human_dir: str | Path | None = None,
+                 fables_path: str | Path | None = None, books: Optional[int] = None, seed: int = SEED) -> None:
+    """Read the data `calibrate` would measure `judge` on and make every refusal it would make before
+    its first LM call (unreadable data, an empty sample, the program's demos in it), calling no LM:
+    a command that calibrates several judges fails before the first one's calls, not after them."""
+    sample = _sample_of(judge, program, human_dir=human_dir, fables_path=fables_path, books=books, seed=seed)
+    if judge == "coherence":
+        _coherence_items(program, **sample)
+    else:
+        _verification_items(program, **sample)
+
+
 def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None = None,
               fables_path: str | Path | None = None, books: Optional[int] = None, seed: int = SEED,
               concurrency: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -340,29 +395,15 @@ def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None
 
     `seed` draws the sample of test-split books; the split itself is the one the program was compiled
     on (`split_seed_of`, else `SEED`), so the sample never holds a book the program learned from."""
-    from booklens.judges import JUDGES, calibration_key, demo_count, judge_mode, program_fingerprint
+    from booklens.judges import calibration_key, demo_count, judge_mode, program_fingerprint
     from booklens.parallel import check_at_least
 
-    if judge not in JUDGES:
-        raise BooklensError(f"unknown judge {judge!r}: use {', '.join(JUDGES)}")
-    if books is not None:
-        check_at_least("--books", books)
     check_at_least("--concurrency", concurrency)
-    split_seed = split_seed_of(program)
-    split_seed = SEED if split_seed is None else split_seed
+    sample = _sample_of(judge, program, human_dir=human_dir, fables_path=fables_path, books=books, seed=seed)
     if judge == "coherence":
-        if human_dir is None:
-            raise BooklensError("coherence calibration needs the BooookScore human annotations (--coherence-data)")
-        body = calibrate_coherence(program, human_dir=human_dir, seed=seed, split_seed=split_seed, progress=progress,
-                                   books=COHERENCE_BOOKS if books is None else books)
+        body = calibrate_coherence(program, **sample, progress=progress)
     else:
-        if fables_path is None:
-            raise BooklensError("verification calibration needs FABLES (--fables-data)")
-        table5 = judge == "binary"
-        body = calibrate_verification(program, fables_path=fables_path, seed=seed, split_seed=split_seed,
-                                      concurrency=concurrency,
-                                      progress=progress, table5=table5,
-                                      books=None if table5 else (VERIFICATION_BOOKS if books is None else books))
+        body = calibrate_verification(program, **sample, concurrency=concurrency, progress=progress)
     mode = judge_mode(judge, program)
     fingerprint = program_fingerprint(program)
     lm_name, server = lm_label(lm), lm_server(lm)

@@ -499,3 +499,36 @@ def test_judges_build_without_o_never_changes_the_shipped_judges(tmp_path, share
     assert result.returncode == 0, result.stderr  # named: replaced
     assert (shipped / "verification.json").read_bytes() != before["verification.json"]
     assert (shipped / "coherence.json").read_bytes() == before["coherence.json"]
+
+
+@pytest.mark.parametrize("bad", ["missing", "empty", "not-json", "no-labelled-claim"])
+@pytest.mark.parametrize("first", ["coherence", "verification"])
+def test_calibrate_checks_every_judges_data_before_the_first_judges_calls(tmp_path, first, bad):
+    """Two judges in one run: the data of the second one is read (and refused) before the first one
+    makes a call, not after its whole calibration."""
+    from booklens.errors import BooklensError
+
+    human = human_fixture(tmp_path / "human")
+    fables = fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)
+    broken = {"missing": tmp_path / "nowhere.json", "empty": tmp_path / "empty.json",
+              "not-json": tmp_path / "notes.json"}.get(bad)
+    if bad == "empty":
+        broken.write_text("")
+    elif bad == "not-json":
+        broken.write_text("just notes\n")
+    second = "verification" if first == "coherence" else "coherence"
+    data = {"coherence": ["--coherence-data", human], "verification": ["--fables-data", fables]}
+    if bad == "no-labelled-claim":  # readable, but the binary rater's sample (Table 5's books) is empty
+        if first != "coherence":
+            pytest.skip("one case of an empty sample is enough")
+        second, broken = "binary", fables
+    else:
+        data["verification" if second == "binary" else second][1] = broken
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["calibrate", "--judge", first, "--judge", second, *data["coherence"], *data["verification"],
+                         "--books", "1", "--lm", "openai/fake", "--api-base", server.url, "-o", store], tmp_path)
+        assert isinstance(result.exception, BooklensError), result.output
+        assert "\n" not in str(result.exception)
+        assert server.served == []
+    assert not store.exists()

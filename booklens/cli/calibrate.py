@@ -149,6 +149,11 @@ def calibrate_command(
     # bad artifacts fail first
     programs = {j: load_judge(j, program, zero_shot=zero_shot, **({"batch_size": batch_size} if j == "coherence"
                                                                   else {})) for j in judges}
+    from booklens.calibration import check_sample
+
+    # Every judge's data is read now: a second judge's bad data fails before the first judge's calls.
+    for name, prog in programs.items():
+        check_sample(name, prog, human_dir=human_dir, fables_path=fables, books=books, seed=seed)
     from booklens.lm import LOCAL_LM, resolve_lm_name
 
     calls_at_once = concurrency or (1 if resolve_lm_name(lm) == LOCAL_LM else 4)
