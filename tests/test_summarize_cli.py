@@ -206,6 +206,49 @@ def test_an_output_that_cannot_be_a_file_is_refused_before_any_call(tmp_path):
     assert (tmp_path / "existfile").read_text() == "mine" and list((tmp_path / "existdir").iterdir()) == []
 
 
+BLANK_OUTPUT_COMMANDS = {  # commands that need no LM: they would write at once
+    "agree": lambda d: ["agree", _write(d / "a.json", json.dumps(HUMAN_SET).encode()),
+                        _write(d / "b.json", json.dumps(HUMAN_SET).encode())],
+    "data stats fables": lambda d: ["data", "stats", "fables", "--data",
+                                    _write(d / "FABLES.json", json.dumps(FABLES_SET).encode())],
+    "summarize": lambda d: ["summarize", STORY, "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"],
+}
+HUMAN_SET = {"lighthouse": {"summary": "Mara keeps the lamp. Zed comes.", "relations": [], "singles": [
+    {"id": "a", "span": "Zed", "questions": "Who is Zed?", "labels": ["entity omission"]}]}}
+FABLES_SET = {"FABLES": {"book": {"GPT-4": {"summary": "Mara walks.", "claims": {
+    "0": {"claim": "Mara walks.", "label": "Yes", "evidence": ["Mara walked."], "reason": ["r"]}}}}}}
+
+
+@pytest.mark.parametrize("name", [" ", "  \t", "sub/ "])
+@pytest.mark.parametrize("command", list(BLANK_OUTPUT_COMMANDS))
+def test_an_output_file_with_a_blank_name_is_refused(tmp_path, command, name, monkeypatch):
+    """`-o " "` (a quoted variable holding a space, say) would write a file no one can see in a listing."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    proc = run_cli([*BLANK_OUTPUT_COMMANDS[command](tmp_path), "-o", name], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: -o ") and "no file name" in lines[0], proc.stderr
+    assert sorted(p.name for p in work.rglob("*")) == []
+
+
+@pytest.mark.parametrize("name", ["", " "])
+@pytest.mark.parametrize("command", [["run", STORY], ["sweep", REPO / "examples" / "sweep.yaml"],
+                                     ["judges", "build"]], ids=["run", "sweep", "judges-build"])
+def test_an_empty_output_folder_is_refused_not_taken_for_the_current_one(tmp_path, command, name, monkeypatch):
+    """`-o "$DIR"` with DIR unset: the run, sweep or judges would be written into the current folder."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    lm = [] if command[0] == "judges" else ["--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"]
+    proc = run_cli([*command, *lm, "-o", name], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: -o is empty"), proc.stderr
+    assert list(work.iterdir()) == []
+
+
 def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
     out = tmp_path / "summary.json"
     args = [sys.executable, "-m", "booklens", "summarize", str(STORY), "--method", "inc", "--chunk-size", "512",

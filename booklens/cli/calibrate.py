@@ -29,6 +29,7 @@ from booklens.cli.common import (
     TpmOption,
     command_group,
     output_file,
+    output_folder,
     seed_option,
     setup_lm,
 )
@@ -243,7 +244,7 @@ def judges_build_command(
     coherence_data: CoherenceDataOption = None,
     fables_data: FablesDataOption = None,
     output: Annotated[Optional[Path], typer.Option(
-        "-o", "--output", help="Folder to write coherence.json, verification.json and verification-binary.json "
+        "-o", "--output", parser=output_folder, metavar="<path>", help="Folder to write coherence.json, verification.json and verification-binary.json "
                                "(default: booklens/defaults, the shipped programs, rewritten only when they come "
                                "out the same).")] = None,
 ) -> None:

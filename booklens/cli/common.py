@@ -84,6 +84,8 @@ def check_output_file(path: Path) -> None:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
     if is_dir:
         raise BooklensError(f"-o {path} is a directory: give the path of the file to write")
+    if not path.name.strip():  # `-o " "`: a file no listing shows, from a variable holding blanks
+        raise BooklensError(f"-o {str(path)!r} has no file name, only blanks: give the path of the file to write")
     folder = path.absolute().parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -111,6 +113,14 @@ def output_file(path: Optional[Path]) -> Optional[Path]:
     if path is not None:
         check_output_file(path)
     return path
+
+
+def output_folder(value: str) -> Path:
+    """The parser of an -o FOLDER option (`run`, `sweep`, `judges build`): an empty or blank value is
+    refused, not taken for the current folder (`-o "$DIR"` with DIR unset, say)."""
+    if not value.strip():
+        raise BooklensError("-o is empty: name the folder to write")
+    return Path(value)
 
 
 def _paths(value: Any) -> Iterable[Path]:

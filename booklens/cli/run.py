@@ -32,6 +32,7 @@ from booklens.cli.common import (
     label_shares,
     lm_options,
     output_file,
+    output_folder,
 )
 from booklens.cli.summarize import (
     ChunkSizeOption,
@@ -79,7 +80,8 @@ def score_line(run) -> str:
 @app.command("run")
 def run_command(
     book: Annotated[Path, typer.Argument(help="The book: .txt (UTF-8) or .epub.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The run directory to write (or resume).")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=output_folder, metavar="<path>",
+                                         help="The run directory to write (or resume).")],
     summary: Annotated[Optional[Path], typer.Option(
         "--summary", help="Judge this summary instead of writing one: a text file, a `booklens summarize` "
                           "output or JSON with a 'summary' string.")] = None,

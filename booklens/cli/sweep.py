@@ -19,6 +19,7 @@ from booklens.cli.common import (
     TpmOption,
     choices,
     lm_options,
+    output_folder,
 )
 from booklens.errors import BooklensError
 from booklens.sweep import ENGINES
@@ -36,7 +37,8 @@ def unjudged(system: dict) -> str:
 @app.command("sweep")
 def sweep_command(
     manifest: Annotated[Path, typer.Argument(help="The sweep manifest (YAML): books, systems, judge.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The sweep directory to write (or resume).")],
+    output: Annotated[Path, typer.Option("-o", "--output", parser=output_folder, metavar="<path>",
+                                         help="The sweep directory to write (or resume).")],
     engine: Annotated[Engine, typer.Option("--engine", help="local: cells on threads of this process; ray: cells "
                                                             "on Ray workers (needs booklens' ray extra).")]
     = Engine.local,
