@@ -262,6 +262,15 @@ def owned_output_dir(output: Path, marker: str, what: str) -> bool:
     or empty directory is fine (False); anything else is a one-line error, so nothing of the user's
     is overwritten. `what` names the directory in the message ("run", "sweep")."""
     if not output.exists():
+        # A file where a folder of the path should be: the directory could never be made (refused
+        # here, so that a dry run, which makes nothing, says so too).
+        folder = output.absolute().parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            import errno
+
+            raise BooklensError(f"cannot create the {what} directory {output}: {os.strerror(errno.ENOTDIR)}")
         return False
     if not output.is_dir():
         raise BooklensError(f"{output} exists and is not a directory: -o takes the {what} directory to write")

@@ -227,6 +227,16 @@ def test_a_sweep_directory_that_cannot_be_created_is_one_line(corpus: Path):
                                         "Not a directory"
 
 
+def test_a_dry_run_refuses_a_sweep_directory_the_run_could_not_create(corpus: Path):
+    """The plan said nothing (exit 0) of an -o under a file, which the run then refused."""
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
+    blocker = write(corpus / "a-file", "not a directory")
+    code, err = run_cli(["sweep", str(manifest), "-o", str(blocker / "deeper" / "sweep"), "--lm", "openai/x",
+                         "--api-base", "http://127.0.0.1:9/v1", "--dry-run"])
+    assert code == 2 and err.strip() == f"error: cannot create the sweep directory {blocker / 'deeper' / 'sweep'}: " \
+                                        "Not a directory", err
+
+
 def test_a_server_url_no_lm_of_the_sweep_uses_is_refused(corpus: Path):
     """--api-base with every LM the embedded model would be ignored; beside a server's LM it is used."""
     manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}, {name: b, lm: local}]\n")
