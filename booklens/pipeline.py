@@ -264,12 +264,11 @@ def owned_output_dir(output: Path, marker: str, what: str) -> bool:
     if not output.exists():
         # A file where a folder of the path should be: the directory could never be made (refused
         # here, so that a dry run, which makes nothing, says so too).
-        folder = output.absolute().parent
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        if not folder.is_dir():
-            import errno
+        import errno
 
+        from booklens.records import nearest_existing_folder
+
+        if not nearest_existing_folder(output).is_dir():
             raise BooklensError(f"cannot create the {what} directory {output}: {os.strerror(errno.ENOTDIR)}")
         return False
     if not output.is_dir():

@@ -105,6 +105,15 @@ def _create_temporary(path: Path, mode: int) -> str:
             continue
 
 
+def nearest_existing_folder(path: str | Path) -> Path:
+    """The nearest folder above `path` that exists (it may be a file, where a folder should be):
+    where writing `path` would make its missing folders from."""
+    folder = Path(path).absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
 def json_text(payload: Any) -> str:
     """The JSON text of a record (a model or plain data) as booklens writes and prints it."""
     if isinstance(payload, BaseModel):

@@ -86,9 +86,9 @@ def check_output_file(path: Path) -> None:
         raise BooklensError(f"-o {path} is a directory: give the path of the file to write")
     if not path.name.strip():  # `-o " "`: a file no listing shows, from a variable holding blanks
         raise BooklensError(f"-o {str(path)!r} has no file name, only blanks: give the path of the file to write")
-    folder = path.absolute().parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    from booklens.records import nearest_existing_folder
+
+    folder = nearest_existing_folder(path)
     if not folder.is_dir():
         raise BooklensError(f"cannot write {path}: {folder} is not a directory")
     if not os.access(folder, os.W_OK | os.X_OK):
