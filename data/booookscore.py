@@ -193,6 +193,12 @@ def _covered(offsets: list[tuple[int, int]], start: int, end: int) -> list[int]:
 # Validation helpers: a wrong shape is a one-line user error
 
 
+def summaries_by_book(data: Any, what: str = "summaries file") -> Mapping[str, Any]:
+    """The summaries a user gave for sentence annotations (book -> summary, as read from JSON), or a
+    one-line error."""
+    return _require_mapping(data, what)
+
+
 def _require_mapping(data: Any, what: str, allow_empty: bool = False) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise BooklensError(f"{what} must be a JSON object mapping book names to entries, got {type(data).__name__}")
@@ -389,7 +395,7 @@ def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "g
     from booklens.text import split_sentences
 
     data = _require_mapping(data, what, allow_empty=True)
-    summaries = _require_mapping(summaries, summaries_what)
+    summaries = summaries_by_book(summaries, summaries_what)
     for book, summary in summaries.items():
         if not isinstance(summary, str):
             raise BooklensError(f"{summaries_what}: the summary of {book!r} must be a string")

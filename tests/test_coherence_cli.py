@@ -134,6 +134,22 @@ def test_bad_input_is_a_user_error(tmp_path, setup, pattern):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("content", [None, [SUMMARY], SUMMARY], ids=["null", "list", "string"])
+@pytest.mark.parametrize("command", ["score", "agree"])
+def test_a_summaries_file_that_holds_no_summaries_says_so(tmp_path, command, content):
+    """A --summaries file holding `null` read as no file given: the error asked for the --summaries
+    that had just been passed."""
+    summaries = write(tmp_path / "s.json", json.dumps(content))
+    sentences = write(tmp_path / "a.json", SENTENCE_ANN)
+    args = ["score", "--annotations", sentences] if command == "score" else ["agree", sentences,
+                                                                             write(tmp_path / "h.json", HUMAN)]
+    result = invoke([*args, "--summaries", summaries], tmp_path)
+    assert isinstance(result.exception, BooklensError), result.exception
+    message = str(result.exception)
+    assert f"summaries file {summaries} must be a JSON object mapping book names to entries" in message, message
+    assert "\n" not in message
+
+
 def test_score_from_annotations_and_agree(tmp_path):
     out = tmp_path / "human.json"
     result = invoke(["score", "--annotations", write(tmp_path / "h.json", HUMAN), "-o", out], tmp_path)

@@ -174,6 +174,18 @@ def score(
         raise BooklensError(reason)
 
 
+def _read_summaries(path: Optional[Path]) -> Any:
+    """The JSON of a --summaries file (None when none is given), its shape checked at once: a file
+    holding `null` would otherwise read as no file given."""
+    if path is None:
+        return None
+    from booklens.data.booookscore import summaries_by_book
+
+    data = read_json_file(path, "summaries file")
+    summaries_by_book(data, f"summaries file {path}")
+    return data
+
+
 def _score_annotations(annotations: Path, summaries: Optional[Path], split: Optional[SplitName],
                        limit: Optional[int]) -> tuple[Any, Optional[str]]:
     """The coherence set the annotations give, and a line on the annotations it had to ignore."""
@@ -193,7 +205,7 @@ def _score_annotations(annotations: Path, summaries: Optional[Path], split: Opti
 
     data = read_json_file(annotations, "annotation file")
     what = f"annotation file {annotations}"
-    summaries_data = read_json_file(summaries, "summaries file") if summaries is not None else None
+    summaries_data = _read_summaries(summaries)
     notes: list[str] = []
     if is_human_format(data):
         human = parse_human_annotations(data, what)
@@ -254,7 +266,7 @@ def agree(
     if summaries is not None and not (is_sentence_format(data_a) or is_sentence_format(data_b)):
         raise BooklensError("--summaries is only read for sentence annotations, and neither set holds them "
                             "(each carries its own summaries)")
-    summaries_data = read_json_file(summaries, "summaries file") if summaries is not None else None
+    summaries_data = _read_summaries(summaries)
     sets = {}
     try:
         for name, path, data in (("A", a, data_a), ("B", b, data_b)):
