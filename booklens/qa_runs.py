@@ -97,6 +97,9 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     if limit is not None:
         check_at_least("--limit", limit)
     check_at_least("--concurrency", concurrency)
+    if title is not None and not title.strip():  # `--title "$TITLE"` with TITLE unset, say
+        raise BooklensError("--title is empty: name the book, or leave the option out (the file name gives the "
+                            f"title: {title_from_path(book)!r})")
     check_evidence_options(evidence, k=k, passage_tokens=passage_tokens, rank_mode=rank_mode, book_takes_k=True,
                            given_cuts_passages=False)
     if quote_evidence and evidence == "none":

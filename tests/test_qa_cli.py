@@ -94,6 +94,20 @@ def test_invalid_json(tmp_path, book):
     assert_one_line_error(run(["qa", str(book), "--questions", str(bad)], tmp_path), "not valid JSON")
 
 
+@pytest.mark.parametrize("title", ["", " ", "\t\n"], ids=["empty", "space", "blanks"])
+def test_an_empty_title_is_refused_before_any_call(tmp_path, book, title):
+    """`--title "$TITLE"` with TITLE unset fell back to the file name unsaid, and a title of blanks
+    went into every closed-book prompt."""
+    from booklens.testing import run_command
+
+    q = write(tmp_path, "q.json", [QUESTION])
+    with FakeOpenAIServer() as server:
+        result = run_command(["qa", book, "--questions", q, "--title", title, "--lm", "openai/fake", "--api-base",
+                              server.url], env={**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")})
+        assert server.received == []
+    assert_one_line_error(result, "--title is empty")
+
+
 def invoke(args, tmp_path, monkeypatch):
     """Run a command in-process (the model is a local test server, so no import cost per run)."""
     from typer.testing import CliRunner
