@@ -455,6 +455,19 @@ def test_lm_and_api_base_options_no_step_takes_are_refused(corpus: Path):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("engine, address", [("local", ""), ("local", " "), ("ray", " ")])
+def test_an_empty_ray_address_is_refused_before_anything_is_written(corpus: Path, engine: str, address: str):
+    """`--ray-address "$HEAD"` with HEAD unset: with the local engine it was taken for no address (the
+    sweep ran, on no cluster), with Ray the blank address failed only after Ray's start-up."""
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
+    out = corpus / "sweep"
+    code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "openai/x", "--api-base",
+                         "http://127.0.0.1:9/v1", "--cache-dir", str(corpus / "cache"), "--engine", engine,
+                         "--ray-address", address])
+    assert code == 2 and err.startswith("error: --ray-address is empty") and err.count("\n") == 1, err
+    assert not out.exists() and not (corpus / "cache").exists()
+
+
 @pytest.mark.parametrize("options, named", [
     (["--concurrency", "8"], "--concurrency"),
     (["--engine", "ray"], "--engine"),

@@ -549,6 +549,9 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     if engine not in ENGINES:
         raise BooklensError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
     check_at_least("--concurrency", concurrency)  # else every cell would fail on it (run_book checks it too)
+    if ray_address is not None and not ray_address.strip():  # `--ray-address "$HEAD"` with HEAD unset, say
+        raise BooklensError("--ray-address is empty: name the cluster (auto, ray://HEAD:10001) or leave the option "
+                            "out (RAY_ADDRESS, else a local Ray)")
     if ray_address and engine != "ray":
         raise BooklensError("--ray-address needs --engine ray")
     if engine == "ray":
