@@ -249,6 +249,24 @@ def test_an_empty_output_folder_is_refused_not_taken_for_the_current_one(tmp_pat
     assert list(work.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [
+    lambda d, long: ["summarize", long, "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"],
+    lambda d, long: ["score", STORY, "--book", long, "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"],
+    lambda d, long: ["report", long],
+    lambda d, long: ["sweep", long, "-o", d / "sweep", "--dry-run"],
+    lambda d, long: ["run", STORY, "-o", long, "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"],
+    lambda d, long: ["data", "stats", "fables", "--data", long],
+    lambda d, long: ["judges", "build", "-o", long],
+], ids=["summarize-book", "score-book", "report", "sweep-manifest", "run-output", "fables-data", "judges-output"])
+def test_a_path_whose_name_the_file_system_refuses_is_a_user_error(tmp_path, command):
+    """A file name longer than the file system takes (255 bytes) ended in 'internal error: OSError'
+    (exit 1, with the hint to rerun for a traceback) from the first check of whether the file exists."""
+    long = tmp_path / ("n" * 300 + ".txt")
+    proc = run_cli(command(tmp_path, long), tmp_path)
+    line = one_line_error(proc)
+    assert "internal error" not in line and "File name too long" in line and str(long) in line, line
+
+
 def test_killed_run_resumes_without_repeating_finished_calls(tmp_path):
     out = tmp_path / "summary.json"
     args = [sys.executable, "-m", "booklens", "summarize", str(STORY), "--method", "inc", "--chunk-size", "512",

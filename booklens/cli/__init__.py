@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -113,6 +114,10 @@ def _run_command() -> None:
     except Exception as exc:  # a bug, not a user error: still one line unless asked for more
         if os.environ.get("BOOKLENS_DEBUG"):
             raise
+        refused = _path_refused(exc)
+        if refused:
+            print(f"error: {refused}", file=sys.stderr)
+            sys.exit(2)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(f"error: internal error: {type(exc).__name__}: {first} (BOOKLENS_DEBUG=1 shows the traceback)",
               file=sys.stderr)
@@ -120,6 +125,18 @@ def _run_command() -> None:
 
 
 INTERRUPTED = "interrupted (completed LM calls are cached; rerun to resume)"
+
+# What the system says of a path itself, whatever the command does with it: a name it refuses, or
+# one it may not reach. Raised by the first look at a path a user gave (Path.exists() lets only
+# "not found" pass), wherever that look is.
+_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.ELOOP}
+
+
+def _path_refused(exc: BaseException) -> str:
+    """The one-line error for an OSError about a path the system refuses (`_PATH_ERRNOS`), else ''."""
+    if isinstance(exc, OSError) and exc.errno in _PATH_ERRNOS and exc.filename is not None:
+        return f"cannot use {os.fsdecode(exc.filename)}: {exc.strerror or os.strerror(exc.errno)}"
+    return ""
 
 
 class _Interrupted(Exception):
