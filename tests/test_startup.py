@@ -190,3 +190,18 @@ def test_every_command_help_fits_an_80_column_terminal_with_its_option_names_who
                     assert name in result.output, (path, name)  # not cut to "--max-summary-to…"
         checked += 1
     assert checked >= 19
+
+
+@pytest.mark.parametrize("args", [[], ["bias"], ["data"], ["data", "stats"]], ids=["booklens", "bias", "data",
+                                                                                    "data-stats"])
+def test_a_command_group_without_its_command_shows_its_help_not_an_error(args):
+    """The help a group shows when no command is named came out as one 'error: Usage: ...' wrapping the
+    whole help screen, followed by '(see booklens --help)'."""
+    from booklens.testing import run_command
+
+    proc = run_command(args, env={**os.environ})
+    usage = proc.stderr.splitlines()[0]  # the program's name is as click finds it (python -m booklens, ...)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert usage.startswith("Usage: ") and usage.endswith(" ".join(["booklens", *args, "[OPTIONS] COMMAND [ARGS]..."])), \
+        proc.stderr
+    assert "\nCommands:\n" in proc.stderr and "error" not in proc.stderr and "(see " not in proc.stderr

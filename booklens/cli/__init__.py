@@ -80,13 +80,19 @@ def _run_command() -> None:
     from typer import Abort, Exit
 
     try:  # typer >= 0.20 ships its own copy of click
-        from typer._click.exceptions import ClickException, UsageError
+        from typer._click import exceptions as click_exceptions
     except ImportError:  # pragma: no cover - older typer
-        from click.exceptions import ClickException, UsageError
+        from click import exceptions as click_exceptions
+    ClickException, UsageError = click_exceptions.ClickException, click_exceptions.UsageError
+    # click >= 8.2: a group named without its command raises its help screen as a usage error
+    HelpShown = getattr(click_exceptions, "NoArgsIsHelpError", ())
 
     try:
         code = _command()(standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
+    except HelpShown as exc:
+        print(exc.format_message(), file=sys.stderr)  # the help as it is, as click shows it
+        sys.exit(2)
     except UsageError as exc:
         message = exc.format_message().strip()
         if message:  # an empty message follows a help screen already shown
