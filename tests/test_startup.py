@@ -202,6 +202,6 @@ def test_a_command_group_without_its_command_shows_its_help_not_an_error(args):
     proc = run_command(args, env={**os.environ})
     usage = proc.stderr.splitlines()[0]  # the program's name is as click finds it (python -m booklens, ...)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert usage.startswith("Usage: ") and usage.endswith(" ".join(["booklens", *args, "[OPTIONS] COMMAND [ARGS]..."])), \
-        proc.stderr
+    expected = " ".join(["booklens", *args, "[OPTIONS] COMMAND [ARGS]..."])
+    assert usage.startswith("Usage: ") and usage.endswith(expected), proc.stderr
     assert "\nCommands:\n" in proc.stderr and "error" not in proc.stderr and "(see " not in proc.stderr

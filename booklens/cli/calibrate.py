@@ -244,9 +244,9 @@ def judges_build_command(
     coherence_data: CoherenceDataOption = None,
     fables_data: FablesDataOption = None,
     output: Annotated[Optional[Path], typer.Option(
-        "-o", "--output", parser=output_folder, metavar="<path>", help="Folder to write coherence.json, verification.json and verification-binary.json "
-                               "(default: booklens/defaults, the shipped programs, rewritten only when they come "
-                               "out the same).")] = None,
+        "-o", "--output", parser=output_folder, metavar="<path>",
+        help="Folder to write coherence.json, verification.json and verification-binary.json (default: "
+             "booklens/defaults, the shipped programs, rewritten only when they come out the same).")] = None,
 ) -> None:
     """Rebuild the default few-shot programs from the human annotations (no LM; the same files every time)."""
     from booklens.judges import DEFAULTS_DIR, build_defaults
