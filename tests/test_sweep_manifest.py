@@ -455,6 +455,21 @@ def test_lm_and_api_base_options_no_step_takes_are_refused(corpus: Path):
     assert not out.exists()
 
 
+def test_a_dry_run_refuses_a_model_name_the_run_would_refuse_but_needs_no_key(corpus: Path, monkeypatch):
+    """The dry run priced an unknown model as 'unknown' and exited 0; the run then refused it at once.
+    It names no key, though: a plan is made before the keys are set."""
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
+    out = corpus / "sweep"
+    code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "bogus", "--api-base",
+                         "http://127.0.0.1:9/v1", "--dry-run"])
+    assert code == 2 and err.startswith("error: unknown model 'bogus'") and err.count("\n") == 1, err
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "anthropic/claude-3-5-haiku-20241022",
+                         "--dry-run"])
+    assert code == 0, err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("engine, address", [("local", ""), ("local", " "), ("ray", " ")])
 def test_an_empty_ray_address_is_refused_before_anything_is_written(corpus: Path, engine: str, address: str):
     """`--ray-address "$HEAD"` with HEAD unset: with the local engine it was taken for no address (the

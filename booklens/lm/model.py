@@ -290,9 +290,9 @@ def lm_context_window(lm: str | None = None) -> int | None:
 
 
 def make_backend(lm: str | None = None, *, api_base: str | None = None, structured: str | None = None,
-                 rpm: int | None = None, tpm: int | None = None, limiter: Any = None) -> Any:
-    """The backend a `--lm` string names, checked (unknown model, missing key, bad structured mode,
-    limits or server URL) before any call."""
+                 rpm: int | None = None, tpm: int | None = None, limiter: Any = None, check_keys: bool = True) -> Any:
+    """The backend a `--lm` string names, checked (unknown model, missing key unless not `check_keys`,
+    bad structured mode, limits or server URL) before any call."""
     name = resolve_lm_name(lm)
     mode = resolve_structured(structured)
     api_base = resolve_api_base(api_base)  # a malformed server URL is an error even for the embedded model
@@ -301,7 +301,7 @@ def make_backend(lm: str | None = None, *, api_base: str | None = None, structur
     if name == LOCAL_LM:
         return local_backend()
     backend = LiteLLMBackend(name, api_base=resolve_server(name, api_base), structured=mode, limiter=limiter)
-    backend.validate()
+    backend.validate(keys=check_keys)
     return backend
 
 

@@ -287,8 +287,8 @@ class LiteLLMBackend:
         except Exception:
             return False
 
-    def validate(self) -> None:
-        """Fail before any work when the model string or its key cannot work."""
+    def validate(self, *, keys: bool = True) -> None:
+        """Fail before any work when the model string or (with `keys`) its key cannot work."""
         import litellm
 
         try:
@@ -308,7 +308,7 @@ class LiteLLMBackend:
             raise LMError(
                 f"unknown model '{self.model}': use 'local' or a LiteLLM model string such as openai/gpt-4o-mini"
             ) from None
-        if self.api_base:
+        if self.api_base or not keys:
             return  # self-hosted servers usually need no key
         try:
             env = litellm.validate_environment(model=self.model)

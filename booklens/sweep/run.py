@@ -125,13 +125,16 @@ def check_defaults_taken(sweep: Sweep, lm: Optional[str], api_base: Optional[str
                             "embedded model")
 
 
-def check_models(sweep: Sweep) -> None:
-    """Every LM the sweep names is a model LiteLLM knows, with its key in the environment (no call)."""
-    from booklens.lm import make_backend
+def check_models(sweep: Sweep, *, keys: bool = True) -> None:
+    """Every LM the sweep names is a model LiteLLM knows, with its key in the environment (no call).
+    Without `keys` (the dry run, which calls none): the names only, and the embedded model is not
+    looked for."""
+    from booklens.lm import LOCAL_LM, make_backend, resolve_lm_name
 
     names = sweep_lms(sweep)
     for lm, api_base in sorted(names, key=lambda x: (str(x[0]), str(x[1]))):
-        make_backend(lm, api_base=api_base)
+        if keys or resolve_lm_name(lm) != LOCAL_LM:
+            make_backend(lm, api_base=api_base, check_keys=keys)
 
 
 def check_summarizers(sweep: Sweep) -> None:
@@ -232,10 +235,11 @@ def manifest_terms(message: str) -> str:
 
 
 def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base: Optional[str] = None,
-            concurrency: int = 4, check_lms: bool = True,
+            concurrency: int = 4, check_keys: bool = True,
             server_options: Optional[dict[str, Any]] = None) -> tuple[Sweep, list[CellTask]]:
     """The checked sweep and its cells; raises a one-line `BooklensError` before anything is written.
-    `server_options`: the backend options given (structured, rpm, tpm)."""
+    `server_options`: the backend options given (structured, rpm, tpm); without `check_keys` (the dry
+    run) the LMs' names are checked, not their keys."""
     sweep = load_manifest(manifest, lm=lm, api_base=api_base)
     check_server_option(sweep, api_base, **(server_options or {}))
     check_defaults_taken(sweep, lm, api_base)
@@ -243,8 +247,7 @@ def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base:
     tasks = plan_tasks(sweep, output, concurrency)  # the pipeline's own config models validate every value
     check_summarizers(sweep)
     check_judge_evidence(sweep)
-    if check_lms:
-        check_models(sweep)
+    check_models(sweep, keys=check_keys)
     return sweep, tasks
 
 
@@ -655,7 +658,7 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     from booklens.vocabulary import counted
 
     output = Path(output)
-    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, check_lms=False)
+    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, check_keys=False)
     import dspy
 
     from booklens.lm import BooklensAdapter
