@@ -135,6 +135,24 @@ BAD = {
 }
 
 
+def test_aliases_that_would_expand_to_an_astronomical_list_are_one_line_at_once(corpus: Path):
+    """60 lists, each holding the one before twice, are 2**60 items once expanded: the check that no
+    alias holds itself walked every one of them (seconds at 2**22, years here)."""
+    import subprocess
+    import sys
+
+    levels = ["l0: &l0 [alpha.txt, beta.txt]"] + [f"l{i}: &l{i} [*l{i - 1}, *l{i - 1}]" for i in range(1, 60)]
+    manifest = write(corpus / "m.yaml", "\n".join(levels) + "\nbooks: *l59\nsystems: [{name: a}]\n")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "booklens", "sweep", str(manifest), "-o", str(corpus / "sweep"),
+                               "--dry-run"], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the manifest was still being read after 120 s")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {manifest}: "), proc.stderr
+    assert not (corpus / "sweep").exists()
+
+
 def run_cli(args: list[str]) -> tuple[int, str]:
     from booklens.testing import run_command
 

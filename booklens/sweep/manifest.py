@@ -277,14 +277,22 @@ def _read_yaml(path: Path) -> Any:
     return data
 
 
-def _holds_itself(value: Any, within: tuple[int, ...] = ()) -> bool:
-    """Whether an alias makes a list or mapping contain itself (one shared by two keys is fine)."""
+def _holds_itself(value: Any, within: tuple[int, ...] = (), cleared: set[int] | None = None) -> bool:
+    """Whether an alias makes a list or mapping contain itself (one shared by two keys is fine).
+    Each list or mapping is looked into once (`cleared`: those that hold no cycle), so aliases of
+    aliases, which would expand to an astronomical tree, cost what the YAML text holds."""
     if not isinstance(value, (list, dict)):
         return False
     if id(value) in within:
         return True
+    cleared = set() if cleared is None else cleared
+    if id(value) in cleared:
+        return False
     items = value.values() if isinstance(value, dict) else value
-    return any(_holds_itself(item, (*within, id(value))) for item in items)
+    if any(_holds_itself(item, (*within, id(value)), cleared) for item in items):
+        return True
+    cleared.add(id(value))
+    return False
 
 
 @functools.lru_cache(maxsize=None)
