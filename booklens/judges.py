@@ -761,12 +761,15 @@ def build_defaults(human_dir: str | Path, fables_path: str | Path, output: str |
     import tempfile
 
     from booklens.optimizers.artifacts import save_program
-    from booklens.records import write_atomically
+    from booklens.records import nearest_existing_folder, write_atomically
 
     output = Path(output)
-    if output.exists() and not output.is_dir():  # checked first: building reads every annotation
+    # Checked first: building reads every annotation.
+    if output.exists() and not output.is_dir():
         raise BooklensError(f"{output} is a file: the default judges are written to a folder "
                             f"({', '.join(DEFAULT_FILES.values())})")
+    if not output.exists() and not nearest_existing_folder(output).is_dir():
+        raise BooklensError(f"cannot write the judges to {output}: {nearest_existing_folder(output)} is not a folder")
     built = {
         "coherence": build_coherence_default(human_dir, seed=seed),
         "verification": build_verification_default(fables_path, seed=seed),

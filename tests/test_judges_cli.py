@@ -532,3 +532,15 @@ def test_calibrate_checks_every_judges_data_before_the_first_judges_calls(tmp_pa
         assert "\n" not in str(result.exception)
         assert server.served == []
     assert not store.exists()
+
+
+def test_judges_build_refuses_a_folder_under_a_file_before_reading_any_annotation(tmp_path):
+    """A file where a folder of -o should be was found only when the first program was written,
+    after every annotation had been read and every demo chosen."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    out = blocker / "judges"
+    result = run_command(["judges", "build", "--coherence-data", tmp_path / "nowhere", "--fables-data",
+                          tmp_path / "nowhere.json", "-o", out])
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr == f"error: cannot write the judges to {out}: {blocker} is not a folder\n"
