@@ -83,8 +83,13 @@ def test_summarize_and_run_take_the_same_summarizer_bounds():
     for name in ("summarize", "run"):
         bounds = {p.opts[0]: p.min for p in commands[name].params if p.opts[0] in least}
         assert bounds == least, name
-    words = next(p for p in commands["summarize"].params if p.opts[0] == "--words-per-token")
-    assert (words.min, words.max) == (v.MIN_WORDS_PER_TOKEN, v.MAX_WORDS_PER_TOKEN)
+    from booklens.cli.summarize import words_per_token
+
+    assert words_per_token(str(v.MIN_WORDS_PER_TOKEN)) == v.MIN_WORDS_PER_TOKEN
+    assert words_per_token(str(v.MAX_WORDS_PER_TOKEN)) == v.MAX_WORDS_PER_TOKEN
+    for beyond in (v.MIN_WORDS_PER_TOKEN - 0.01, v.MAX_WORDS_PER_TOKEN + 0.01):
+        with pytest.raises(typer.BadParameter, match="not between"):
+            words_per_token(str(beyond))
 
 
 def test_level_budgets_are_refused_for_incremental_updating(tmp_path):
@@ -162,3 +167,14 @@ def test_every_command_defaults_to_the_settings_the_library_runs_without_them():
         if command != "qa":
             assert option(command, "budget_tokens").min == floor(judge["budget_tokens"]), command
     assert (qa["k"].default, qa["passage_tokens"].default) == (judge["k"].default, judge["passage_tokens"].default)
+
+
+@pytest.mark.parametrize("command", ["summarize", "run"])
+def test_words_per_token_that_is_no_number_is_named_so(tmp_path, command):
+    """`--words-per-token nan` was refused as if it were above the bound ('less than or equal to 2')."""
+    from booklens.testing import run_command
+
+    proc = run_command([command, str(STORY), "--words-per-token", "nan", "-o", str(tmp_path / "out")])
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "finite number" in proc.stderr and "less than" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -58,9 +59,24 @@ MergeContextOption = Annotated[Optional[MergeContext], typer.Option(
     "--merge-context", help="hier: what a merge after the first of its level sees as context: same-level, "
                             "the previous merged summary of its level (the paper's, the default); lower-level, "
                             "the summary just before its inputs (merges of a level run at once); none.")]
+def words_per_token(text: str) -> float:
+    """--words-per-token: a number within its bounds. `nan` fails every comparison, so the range
+    check alone named the bound ('less than or equal to 2') as what it broke."""
+    try:
+        number = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a number") from None
+    if not math.isfinite(number):
+        raise typer.BadParameter(f"{text!r} is not a finite number")
+    if not MIN_WORDS_PER_TOKEN <= number <= MAX_WORDS_PER_TOKEN:
+        raise typer.BadParameter(f"{text} is not between {MIN_WORDS_PER_TOKEN} and {MAX_WORDS_PER_TOKEN}")
+    return number
+
+
 WordsPerTokenOption = Annotated[float, typer.Option(
-    "--words-per-token", min=MIN_WORDS_PER_TOKEN, max=MAX_WORDS_PER_TOKEN,
-    help=f"Words a prompt asks for per token of budget (the published code's {DEFAULT_WORDS_PER_TOKEN}).")]
+    "--words-per-token", parser=words_per_token,
+    help=f"Words a prompt asks for per token of budget, {MIN_WORDS_PER_TOKEN} to {MAX_WORDS_PER_TOKEN} "
+         f"(the published code's {DEFAULT_WORDS_PER_TOKEN}).")]
 MaxRegenerationsOption = Annotated[Optional[int], typer.Option(
     "--max-regenerations", min=0,
     help="Retries for a summary over budget or cut off (default 2; 0 on the embedded model, whose "
