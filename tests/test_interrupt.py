@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer, Reply, terminal_command
+from booklens.testing import FakeOpenAIServer, Reply, run_command, terminal_command
 
 
 def _wait_for_line(stream, prefix: str) -> list[str]:
@@ -74,13 +74,16 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
     summary = tmp_path / "summary.txt"
     summary.write_text(" ".join(f"Maren lit lamp number {i} at dusk." for i in range(12)), encoding="utf-8")
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
-    # Each call ends 3 s after it arrives (the signal lands while the first two are in flight):
-    # the first with a dropped connection, which the backend would otherwise retry, the others
-    # with an answer that does not parse, which the command would otherwise ask again.
-    replies = iter([Reply(hold=3, drop=True)])
+    # Each call is held until the command has taken the signal, so it lands while the first two are
+    # in flight; then the first ends with a dropped connection, which the backend would otherwise
+    # retry, the others with an answer that does not parse, which the command would otherwise ask again.
+    replies = iter([Reply(drop=True)])
+    gate = threading.Event()
 
     def respond(body):
-        return next(replies, Reply(content="It reads fine.", hold=3))
+        reply = next(replies, Reply(content="It reads fine."))
+        gate.wait(120)
+        return reply
 
     with FakeOpenAIServer(responder=respond) as server:
         proc = subprocess.Popen(terminal_command(["score", summary, "--zero-shot", "--batch-size", "1",
@@ -93,8 +96,12 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
                 time.sleep(0.05)
             assert len(server.received) == 2, "the command did not start two calls"
             proc.send_signal(signal.SIGINT)
-            _, stderr = proc.communicate(timeout=60)
+            seen = _wait_for_line(proc.stderr, "stopping:")
+            gate.set()
+            _, rest = proc.communicate(timeout=60)
+            stderr = "".join(seen) + rest
         finally:
+            gate.set()
             if proc.poll() is None:
                 proc.kill()
         received = len(server.received)
@@ -136,8 +143,8 @@ def test_a_stop_lets_a_lone_call_end_and_keeps_its_answer(tmp_path, sig, code, s
         assert proc.returncode == code, rest
         assert rest.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
         assert len(server.received) == 1  # the second sentence was not asked
-        again = subprocess.run(terminal_command([*args, "--api-base", server.url]), env=env, capture_output=True,
-                               text=True, timeout=120)
+        # The rerun needs no process of its own (booklens.testing.run_command): the stop was the process's.
+        again = run_command([*args, "--api-base", server.url], env=env)
         assert again.returncode == 0, again.stderr
         assert len(server.received) == 2, (rest, again.stderr)  # only the second sentence's call is new
         assert "2 LM calls (1 from cache)" in again.stderr
