@@ -856,7 +856,7 @@ def test_embedded_model_run_on_the_sample_story(tmp_path, story_opening):
     env.pop("BOOKLENS_LM", None)
     # In this process (booklens.testing.run_command): the command as the script runs it, without
     # importing DSPy, LiteLLM and sentence-transformers again.
-    proc = run_command(["run", story_opening, "--lm", "local", "--zero-shot", "--max-summary-tokens", "120",
+    proc = run_command(["run", story_opening, "--lm", "local", "--zero-shot", "--max-summary-tokens", "60",
                         "--max-regenerations", "0", "--max-claims", "2", "--k", "2", "--passage-tokens", "128",
                         "-o", out], env=env)
     assert proc.returncode == 0, proc.stderr
