@@ -573,6 +573,10 @@ def test_two_processes_embed_a_book_once(tmp_path):
     log = tmp_path / "log"
     arrivals = tmp_path / "arrivals"
     arrivals.mkdir()
+    # The BM25 part is saved first, so each process loads it without the folder's lock. Were it built
+    # by the processes, the first could take the lock back for its embedding before the second had
+    # built it, and hold it until its 60 s guard ran out, waiting for the second to arrive.
+    BookIndex.build(story_text(), cache_dir=tmp_path / "indexes", passage_tokens=128)
     args = [sys.executable, "-c", _BUILD_IN_A_PROCESS, str(tmp_path / "indexes"), str(log), str(Path(__file__).parent),
             str(arrivals)]
     procs = [subprocess.Popen(args, stderr=subprocess.PIPE, text=True) for _ in range(2)]
