@@ -70,9 +70,11 @@ def test_markdown_has_the_readmes_columns_and_the_figures_of_results_json():
     lines = text.splitlines()
     assert lines[0] == readme_table_header()
     assert lines[1] == "| --- |" + " --- |" * 9
-    assert lines[2] == (f"| a | 2 | 70.0 {pct(a['booookscore']['ci95'], 100)} | 62.5% | 37.5% | 0.0% | 0.0% | 200 "
+    assert lines[2] == (f"| a | 2 | 70.0 {pct(a['booookscore']['ci95'], 100)} | 62.5% {pct(a['claims_ci95']['faithful'], 1)} "
+                        "| 37.5% | 0.0% | 0.0% | 200 "
                         "| 25 | 2,505 |")
-    assert lines[3] == (f"| b | 3 | 80.0 {pct(b['booookscore']['ci95'], 100)} | 66.7% | 33.3% | 0.0% | 0.0% | 200 "
+    assert lines[3] == (f"| b | 3 | 80.0 {pct(b['booookscore']['ci95'], 100)} | 66.7% {pct(b['claims_ci95']['faithful'], 1)} "
+                        "| 33.3% | 0.0% | 0.0% | 200 "
                         "| 60 | 300 |")
     assert lines[4] == "| c | 0 | - | - | - | - | - | - | 0 | 0 |"  # nothing completed: unknown, not 0
     assert lines[5] == ""
@@ -91,9 +93,9 @@ def test_an_unknown_interval_is_a_dash_in_markdown_and_latex_and_empty_in_csv():
     data = results(["a", "b"], ["b1", "b2"], rows)
     assert data["systems"]["a"]["booookscore"]["ci95"] is None and data["pairs"][0]["booookscore"]["ci95"] is None
     markdown = render_table(data, "markdown")
-    assert "| a | 1 | 80.0 [-, -] | 50.0% |" in markdown
+    assert "| a | 1 | 80.0 [-, -] | 50.0% [-, -] |" in markdown
     assert "Paired difference b - a over 1 book: BooookScore +10.0 [-, -], faithful +10.0 [-, -] points." in markdown
-    assert "a & 1 & 80.0 [-, -] & 50.0\\% &" in render_table(data, "latex")
+    assert "a & 1 & 80.0 [-, -] & 50.0\\% [-, -] &" in render_table(data, "latex")
     (row_a, _) = csv.DictReader(io.StringIO(render_table(data, "csv")))
     assert (row_a["booookscore"], row_a["booookscore_lo"], row_a["booookscore_hi"]) == ("0.8", "", "")
     (pair,) = csv.DictReader(io.StringIO(render_table(data, "csv-pairs")))
@@ -109,10 +111,11 @@ def test_latex_is_a_booktabs_tabular_with_the_names_escaped():
     assert len(tables) == 2
     lines = tables[0].splitlines()
     assert lines[0] == "\\begin{tabular}{lrrrrrrrrr}" and lines[1] == "\\toprule"
-    assert lines[2] == ("system & books & BooookScore [95\\% CI] & faithful & unfaithful & partial support & "
+    assert lines[2] == ("system & books & BooookScore [95\\% CI] & faithful [95\\% CI] & unfaithful & partial support & "
                         "can't verify & summary tokens & LM calls & prompt tokens \\\\")
     assert lines[3] == "\\midrule"
-    assert lines[4] == (f"hier\\_512 & 2 & 70.0 {pct(a['booookscore']['ci95'], 100)} & 62.5\\% & 37.5\\% & 0.0\\% & "
+    assert lines[4] == (f"hier\\_512 & 2 & 70.0 {pct(a['booookscore']['ci95'], 100)} & 62.5\\% "
+                        f"{pct(a['claims_ci95']['faithful'], 1)} & 37.5\\% & 0.0\\% & "
                         "0.0\\% & 200 & 25 & 2,505 \\\\")
     assert lines[5].startswith("50\\% \\& \\#1 & 3 & 80.0 [")
     assert lines[6] == "cost \\$5 \\{x\\} & 0 & - & - & - & - & - & - & 0 & 0 \\\\"

@@ -22,7 +22,9 @@ from typing import Any, Callable, Optional
 from booklens.sweep import TABLE_FORMATS
 from booklens.vocabulary import CLAIM_LABELS, counted
 
-HEADER = ("system", "books", "BooookScore [95% CI]", *CLAIM_LABELS, "summary tokens", "LM calls", "prompt tokens")
+# The claim labels' shares; faithful, the headline figure, with its interval as on the page.
+HEADER = ("system", "books", "BooookScore [95% CI]", "faithful [95% CI]", *CLAIM_LABELS[1:], "summary tokens",
+          "LM calls", "prompt tokens")
 PAIR_HEADER = ("pair (b - a)", "books", "$\\Delta$ BooookScore [95% CI]", "$\\Delta$ faithful [95% CI] (points)")
 NO_INTERVAL = "[-, -]"
 # The pairs' figures, each with its scale in the text tables (BooookScore x100, faithful in points).
@@ -50,6 +52,8 @@ def _system_row(name: str, system: dict[str, Any]) -> list[str]:
     if score != "-":
         score = f"{score} {cells['booookscore_ci'] or NO_INTERVAL}"
     shares = [cells[label] + ("%" if cells[label] != "-" else "") for label in CLAIM_LABELS]
+    if shares[0] != "-":
+        shares[0] = f"{shares[0]} {cells['faithful_ci'] or NO_INTERVAL}"
     return [name, cells["books"], score, *shares, cells["summary_tokens"], cells["calls"], cells["prompt_tokens"]]
 
 
