@@ -293,3 +293,25 @@ def test_readme_documents_the_table_export():
     assert re.search(r"booklens report \S+ --table markdown", readme)
     help_text = run_command(["report", "--help"]).stdout
     assert "--table" in help_text and "csv-pairs" in help_text
+
+
+def test_the_judges_agreement_goes_with_the_tables():
+    """A table of judge scores is read with how far the judges agree with humans: markdown and LaTeX end
+    with the lines the sweep printed for its judges (LaTeX as comments), CSV holds figures only."""
+    from booklens.judges import judge_line
+    from booklens.records import JudgeInfo
+
+    data = three_systems()
+    info = {"task": "verification", "mode": "four-way", "program": "default", "program_sha256": "302c1e22" * 8,
+            "demos": 6, "lm": "local/model", "evidence": "bm25",
+            "warning": "low agreement: this judge found 0 of 4 unfaithful claims"}
+    data["judges"] = {"verification": info}
+    lines = judge_line(JudgeInfo.model_validate(info)).splitlines()
+    assert len(lines) == 2 and lines[0].startswith("judge: ") and lines[1].startswith("warning: low agreement")
+    markdown = render_table(data, "markdown").splitlines()
+    assert markdown[-len(lines):] == [f"- {line}" for line in lines]
+    latex = render_table(data, "latex").splitlines()
+    assert latex[-len(lines):] == [f"% {line}" for line in lines]
+    assert "judge" not in render_table(data, "csv") and "judge" not in render_table(data, "csv-pairs")
+    data["judges"] = {}
+    assert not any(line.startswith("- judge") for line in render_table(data, "markdown").splitlines())

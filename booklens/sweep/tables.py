@@ -67,6 +67,16 @@ def _difference(d: Optional[dict[str, Any]], scale: float, bold: Callable[[str],
     return f"{bold(value) if is_marked(d) else value} {interval_text(d.get('ci95'), scale, signed=True) or NO_INTERVAL}"
 
 
+def _judge_lines(results: dict[str, Any]) -> list[str]:
+    """The lines the sweep printed for its judges: each one's program, LM and agreement with human
+    annotators, and its warning, so a table of their scores travels with how far to trust them."""
+    from booklens.judges import judge_line
+    from booklens.records import JudgeInfo
+
+    return [line for info in (results.get("judges") or {}).values()
+            for line in judge_line(JudgeInfo.model_validate(info)).splitlines()]
+
+
 def _markdown(results: dict[str, Any]) -> str:
     rows = [HEADER, ["---"] * len(HEADER)]
     rows += [[_markdown_escape(cell) for cell in _system_row(name, s)] for name, s in results["systems"].items()]
@@ -75,6 +85,9 @@ def _markdown(results: dict[str, Any]) -> str:
         score, faithful = (_difference(p[key], scale, lambda v: f"**{v}**") for key, scale in PAIR_FIGURES)
         lines += ["", f"Paired difference {p['b']} - {p['a']} over {counted(p['books'], 'book')}: "
                       f"BooookScore {score}, faithful {faithful} points."]
+    judges = _judge_lines(results)
+    if judges:
+        lines += ["", *(f"- {line}" for line in judges)]
     return "\n".join(lines) + "\n"
 
 
@@ -97,6 +110,9 @@ def _latex(results: dict[str, Any]) -> str:
                       *(_difference(p[key], scale, lambda v: f"\\textbf{{{v}}}") for key, scale in PAIR_FIGURES)]
                      for p in pairs]
         tables.append(_tabular(pair_header, pair_rows))
+    judges = _judge_lines(results)
+    if judges:  # comments: LaTeX prints none of it, the one who pastes the table reads it
+        tables.append("".join(f"% {line}\n" for line in judges))
     return "\n".join(tables)
 
 
