@@ -278,14 +278,24 @@ def test_report_table_on_a_results_json_of_another_layout_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
 
 
-def test_report_table_loads_no_heavy_library(tmp_path):
+@pytest.mark.parametrize("fmt", ["csv", "latex"])
+def test_report_table_loads_no_heavy_library(tmp_path, fmt):
+    """Nor do the judges' lines (latex) need one."""
+
     out = sweep_dir(tmp_path)
-    probe = ("import sys\nsys.argv = ['booklens', 'report', sys.argv[1], '--table', 'csv']\nimport booklens.cli\n"
-             "try:\n    booklens.cli.main()\nexcept SystemExit:\n    pass\n"
+    data = json.loads((out / "results.json").read_text())
+    data["judges"] = {"verification": {"task": "verification", "mode": "four-way", "program": "default",
+                                       "program_sha256": "ab" * 32, "demos": 6, "lm": "local/model"}}
+    (out / "results.json").write_text(json.dumps(data))
+    probe = ("import sys\nsys.argv = ['booklens', 'report', sys.argv[1], '--table', sys.argv[2]]\n"
+             "import booklens.cli\ntry:\n    booklens.cli.main()\nexcept SystemExit:\n    pass\n"
              "heavy = ('dspy', 'litellm', 'torch', 'faiss', 'numpy', 'tiktoken', 'llama_cpp', 'ray')\n"
              "print('HEAVY', sorted(m for m in heavy if m in sys.modules))\n")
-    proc = subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True, timeout=120)
-    assert proc.stdout.startswith("system,books,") and "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-c", probe, str(out), fmt], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in proc.stdout, proc.stdout + proc.stderr
+    first = {"csv": "system,books,", "latex": "\\begin{tabular}"}[fmt]
+    assert proc.stdout.startswith(first), proc.stdout + proc.stderr
+    assert ("% judge: " in proc.stdout) == (fmt == "latex"), proc.stdout
 
 
 def test_readme_documents_the_table_export():
