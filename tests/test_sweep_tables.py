@@ -281,7 +281,6 @@ def test_report_table_on_a_results_json_of_another_layout_is_one_line(tmp_path):
 @pytest.mark.parametrize("fmt", ["csv", "latex"])
 def test_report_table_loads_no_heavy_library(tmp_path, fmt):
     """Nor do the judges' lines (latex) need one."""
-
     out = sweep_dir(tmp_path)
     data = json.loads((out / "results.json").read_text())
     data["judges"] = {"verification": {"task": "verification", "mode": "four-way", "program": "default",
