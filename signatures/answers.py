@@ -130,12 +130,15 @@ def option_letter_reader(letters: tuple[str, ...], texts: Mapping[str, str] | No
 
     With `texts` (each option's text by its letter), an answer that is the text of one option alone
     ("The Marigold", "the marigold." for "B. The Marigold"), compared as `choice_reader` compares
-    values, is read as that option's letter; one that is the text of several options is left as written."""
+    values, is read as that option's letter (before any letter it starts with: option C's text may be
+    "A. Lincoln"); one that is the text of several options is left as written."""
     exact = choice_reader(letters)
     by_text: dict[str, list[str]] = {}
+    text_of: dict[str, str] = {}
     for letter, text in (texts or {}).items():
         if exact(letter) in letters:
             by_text.setdefault(_key(text), []).append(exact(letter))
+            text_of[exact(letter)] = _key(text)
 
     def read_letter(value: str) -> Any:
         text = value.strip()
@@ -151,6 +154,8 @@ def option_letter_reader(letters: tuple[str, ...], texts: Mapping[str, str] | No
             if letter.islower() and not found["letter"].startswith("(") and rest.strip(" .*"):
                 return None
         letter = exact(letter)
+        if text_of.get(letter) == _key(rest):  # the letter and its own option's text, whatever that holds
+            return letter
         if any(other in letters and other != letter for other in _OTHER_LETTER.findall(rest.strip())):
             return None
         return letter
@@ -159,10 +164,11 @@ def option_letter_reader(letters: tuple[str, ...], texts: Mapping[str, str] | No
         got = exact(value)
         if got in letters or not isinstance(value, str):
             return got
+        # One option's whole text first: "A. Lincoln" as option C's text is C, not A with words after it.
+        named = by_text.get(_key(value), [])
+        if len(named) == 1:
+            return named[0]
         got = read_letter(value)
-        if got not in letters:  # no letter, or one of no option ("J. Smith" may be an option's text)
-            named = by_text.get(_key(value), [])
-            got = named[0] if len(named) == 1 else got
         return value if got is None else got
 
     return read

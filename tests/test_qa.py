@@ -334,6 +334,17 @@ def test_an_options_text_that_starts_like_a_letter_of_no_option_is_read_as_its_l
     assert (rec.prediction, rec.correct, rec.attempts) == ("C", True, 1) and len(lm.backend.calls) == 1
 
 
+def test_an_options_whole_text_that_starts_like_another_letter_is_that_option():
+    """Option C is "A. Lincoln": the answer "A. Lincoln" is its text whole, not option A with some
+    words after it (option A is not Lincoln). Letters with their own option's text still read as before."""
+    options = {"A": "Grant", "B": "Lee", "C": "A. Lincoln", "D": "Davis"}
+    q = parse_questions([{**QUESTION, "Options": options, "Gold": "C"}])
+    for written, letter in (("A. Lincoln", "C"), ("a. lincoln", "C"), ("C. A. Lincoln", "C"), ("A. Grant", "A")):
+        scripted(lambda call: {"answer": written})
+        rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
+        assert (rec.prediction, rec.attempts) == (letter, 1), written
+
+
 @pytest.mark.parametrize("options, written", [
     ({"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": "The Lantern"}, "The Osprey"),
     ({"A": "The Heron", "B": "The Marigold", "C": "the marigold.", "D": "The Lantern"}, "The Marigold"),
