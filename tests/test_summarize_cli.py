@@ -233,6 +233,19 @@ def test_an_output_file_with_a_blank_name_is_refused(tmp_path, command, name, mo
     assert sorted(p.name for p in work.rglob("*")) == []
 
 
+@pytest.mark.parametrize("command", list(BLANK_OUTPUT_COMMANDS))
+def test_an_empty_output_file_is_refused_as_empty(tmp_path, command, monkeypatch):
+    """`-o "$OUT"` with OUT unset was told '-o . is a directory' (the empty path is the current folder)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    proc = run_cli([*BLANK_OUTPUT_COMMANDS[command](tmp_path), "-o", ""], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: -o is empty: name the file to write"), proc.stderr
+    assert list(work.iterdir()) == []
+
+
 @pytest.mark.parametrize("name", ["", " "])
 @pytest.mark.parametrize("command", [["run", STORY], ["sweep", REPO / "examples" / "sweep.yaml"],
                                      ["judges", "build"]], ids=["run", "sweep", "judges-build"])

@@ -29,6 +29,7 @@ from booklens.cli.common import (
     TpmOption,
     command_group,
     output_file,
+    output_path,
     output_folder,
     seed_option,
     setup_lm,
@@ -109,7 +110,7 @@ def calibrate_command(
                                      "anyway and then come out the same on every run; 4 otherwise).")] = None,
     cache_dir: CacheDirOption = None,
     output: Annotated[Optional[Path], typer.Option(
-        "-o", "--output", callback=output_file,
+        "-o", "--output", parser=output_path, callback=output_file,
         help="The calibration store to add to (default: <cache>/calibration.json).")] = None,
 ) -> None:
     """Measure how well a judge agrees with human annotators on the test splits; store the figures."""

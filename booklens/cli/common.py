@@ -115,6 +115,14 @@ def output_file(path: Optional[Path]) -> Optional[Path]:
     return path
 
 
+def output_path(value: str) -> Path:
+    """The parser of an -o FILE option (its callback, `output_file`, checks the path): an empty value
+    is refused as empty, not read as the current folder ('-o . is a directory')."""
+    if not value:
+        raise BooklensError("-o is empty: name the file to write")
+    return Path(value)
+
+
 def output_folder(value: str) -> Path:
     """The parser of an -o FOLDER option (`run`, `sweep`, `judges build`): an empty or blank value is
     refused, not taken for the current folder (`-o "$DIR"` with DIR unset, say)."""
@@ -189,7 +197,7 @@ def _checking_output(command: Callable[..., Any]) -> Callable[..., Any]:
     return checked
 
 
-OutputOption = Annotated[Optional[Path], typer.Option("-o", "--output", callback=output_file,
+OutputOption = Annotated[Optional[Path], typer.Option("-o", "--output", parser=output_path, callback=output_file,
                                                       help="Write the result JSON here.")]
 ZeroShotOption = Annotated[bool, typer.Option(
     "--zero-shot", help="Judge with the zero-shot program instead of the few-shot one booklens ships "

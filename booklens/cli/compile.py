@@ -26,6 +26,7 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     output_file,
+    output_path,
     seed_option,
     setup_lm,
     write_output,
@@ -64,7 +65,7 @@ def compile_command(
     data: DataOption,
     optimizer: Annotated[str, typer.Option(
         "--optimizer", help="labeled, bootstrap, random-search, mipro or gepa.")],
-    output: Annotated[Path, typer.Option("-o", "--output", callback=output_file,
+    output: Annotated[Path, typer.Option("-o", "--output", parser=output_path, callback=output_file,
                                          help="Where to write the artifact (JSON).")],
     demos: Annotated[Optional[int], typer.Option(
         "--demos", help="Demos per predictor (default 3; coherence 2).")] = None,
@@ -211,7 +212,7 @@ def evaluate_command(
     rpm: RpmOption = None,
     tpm: TpmOption = None,
     cache_dir: CacheDirOption = None,
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", callback=output_file,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", parser=output_path, callback=output_file,
                                                    help="Also write the results as JSON.")] = None,
 ) -> None:
     """Run zero-shot and compiled programs on a split, side by side: metric with a bootstrap 95% CI, LM calls, tokens."""

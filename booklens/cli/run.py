@@ -32,6 +32,7 @@ from booklens.cli.common import (
     label_shares,
     lm_options,
     output_file,
+    output_path,
     output_folder,
 )
 from booklens.cli.summarize import (
@@ -163,7 +164,7 @@ def run_command(
 @app.command("report")
 def report_command(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by `booklens run`, or a sweep directory.")],
-    output: Annotated[Optional[Path], typer.Option("-o", "--output", callback=output_file,
+    output: Annotated[Optional[Path], typer.Option("-o", "--output", parser=output_path, callback=output_file,
                                                    help="Write the page here instead of RUN_DIR/report.html.")]
     = None,
     table: Annotated[Optional[TableFormat], typer.Option(
