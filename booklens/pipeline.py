@@ -87,7 +87,8 @@ class SystemConfig(BaseModel):
     max_regenerations: Optional[int] = Field(default=None, ge=0)  # None: the model's (booklens.steps)
     level_budgets: Optional[list[Annotated[int, Field(ge=MIN_SUMMARY_TOKENS)]]] = Field(default=None, min_length=1)
     merge_context: Optional[MergeContextName] = None  # None: the paper's, for hier (booklens.steps)
-    words_per_token: float = Field(default=DEFAULT_WORDS_PER_TOKEN, ge=MIN_WORDS_PER_TOKEN, le=MAX_WORDS_PER_TOKEN)
+    words_per_token: float = Field(default=DEFAULT_WORDS_PER_TOKEN, ge=MIN_WORDS_PER_TOKEN, le=MAX_WORDS_PER_TOKEN,
+                                   allow_inf_nan=False)  # nan: "a finite number", not "less than 2"
     drop_matter: bool = False
     remove_artifacts: bool = True
     program: Optional[Path] = None

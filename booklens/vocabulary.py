@@ -47,6 +47,20 @@ MIN_SUMMARY_TOKENS = 16
 MIN_WORDS_PER_TOKEN = 0.1
 MAX_WORDS_PER_TOKEN = 2.0
 
+
+def check_words_per_token(value: float) -> None:
+    """The one rule for --words-per-token (the summarizers and the command's parser): a finite number
+    within its range. `nan` fails every comparison, so it is named for what it is."""
+    import math
+
+    from booklens.errors import BooklensError
+
+    if not math.isfinite(value):
+        raise BooklensError(f"--words-per-token must be a finite number (got {value})")
+    if not MIN_WORDS_PER_TOKEN <= value <= MAX_WORDS_PER_TOKEN:
+        raise BooklensError(f"--words-per-token must be between {MIN_WORDS_PER_TOKEN} and {MAX_WORDS_PER_TOKEN} "
+                            f"(got {value})")
+
 # ---------------------------------------------------------------------------
 # Claim verification (FABLES)
 

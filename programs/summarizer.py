@@ -30,7 +30,7 @@ from booklens.errors import BooklensError
 from booklens.lm import forget_answers, fresh_try, hearing_calls, last_stop, predict_with_retries
 from booklens.programs.base import Module, Predict, prompt_tokens
 from booklens.records import Chunk, SummaryNode
-from booklens.vocabulary import (  # noqa: F401 - the settings are part of this module's API
+from booklens.vocabulary import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_CONTEXT_WINDOW,
     DEFAULT_GENERATION_ALLOWANCE,
@@ -39,12 +39,11 @@ from booklens.vocabulary import (  # noqa: F401 - the settings are part of this 
     DEFAULT_MERGE_CONTEXT,
     DEFAULT_SUMMARY_TOKENS,
     DEFAULT_WORDS_PER_TOKEN,
-    MAX_WORDS_PER_TOKEN,
     MERGE_CONTEXTS,
     MIN_CHUNK_SIZE,
     MIN_CONTEXT_WINDOW,
     MIN_SUMMARY_TOKENS,
-    MIN_WORDS_PER_TOKEN,
+    check_words_per_token,
 )
 from booklens.signatures.summarize import (
     CompressSummary,
@@ -200,9 +199,7 @@ class _BookSummarizer(Module):
 
         check_at_least("--concurrency", concurrency)
         check_at_least("--max-regenerations", max_regenerations, 0)
-        if not MIN_WORDS_PER_TOKEN <= words_per_token <= MAX_WORDS_PER_TOKEN:
-            raise BooklensError(f"--words-per-token must be between {MIN_WORDS_PER_TOKEN} and {MAX_WORDS_PER_TOKEN} "
-                                f"(got {words_per_token})")
+        check_words_per_token(words_per_token)
         self.chunk_size = chunk_size
         self.context_window = context_window
         self.max_summary_tokens = max_summary_tokens

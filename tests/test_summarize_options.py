@@ -84,11 +84,12 @@ def test_summarize_and_run_take_the_same_summarizer_bounds():
         bounds = {p.opts[0]: p.min for p in commands[name].params if p.opts[0] in least}
         assert bounds == least, name
     from booklens.cli.summarize import words_per_token
+    from booklens.errors import BooklensError
 
     assert words_per_token(str(v.MIN_WORDS_PER_TOKEN)) == v.MIN_WORDS_PER_TOKEN
     assert words_per_token(str(v.MAX_WORDS_PER_TOKEN)) == v.MAX_WORDS_PER_TOKEN
     for beyond in (v.MIN_WORDS_PER_TOKEN - 0.01, v.MAX_WORDS_PER_TOKEN + 0.01):
-        with pytest.raises(typer.BadParameter, match="not between"):
+        with pytest.raises(BooklensError, match="must be between"):
             words_per_token(str(beyond))
 
 

@@ -65,6 +65,8 @@ BAD = {
     "glob matching nothing": ("books: ['corpus/*.epub']\nsystems: [{name: a}]\n", "matches no .txt or .epub file"),
     "unknown key": ("books: corpus\nsystems: [{name: a, chunk_sze: 512}]\n",
                     "system 'a': unknown key 'chunk_sze' (did you mean 'chunk_size'?)"),
+    "words per token that is no number": ("books: corpus\nsystems: [{name: a, words_per_token: .nan}]\n",
+                                          "system 'a': words_per_token: Input should be a finite number"),
     "unknown top-level key": ("books: corpus\nsystem: [{name: a}]\n", "unknown key 'system'"),
     "no judge step": ("books: corpus\nsystems: [{name: a}]\njudge: {steps: []}\n", "judge.steps is empty"),
     "settings of a step not taken": ("books: corpus\nsystems: [{name: a}]\njudge: {steps: [coherence], k: 9, "

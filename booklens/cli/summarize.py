@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -23,6 +22,7 @@ from booklens.cli.common import (
     setup_lm,
     write_output,
 )
+from booklens.errors import BooklensError
 from booklens.vocabulary import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_CONTEXT_WINDOW,
@@ -35,6 +35,7 @@ from booklens.vocabulary import (
     MIN_SUMMARY_TOKENS,
     MIN_WORDS_PER_TOKEN,
     SUMMARY_METHODS,
+    check_words_per_token,
 )
 
 
@@ -60,16 +61,13 @@ MergeContextOption = Annotated[Optional[MergeContext], typer.Option(
                             "the previous merged summary of its level (the paper's, the default); lower-level, "
                             "the summary just before its inputs (merges of a level run at once); none.")]
 def words_per_token(text: str) -> float:
-    """--words-per-token: a number within its bounds. `nan` fails every comparison, so the range
-    check alone named the bound ('less than or equal to 2') as what it broke."""
+    """The parser of --words-per-token: a number, then the summarizers' own rule
+    (`check_words_per_token`: typer's range check named the bound when `nan` broke none)."""
     try:
         number = float(text)
     except ValueError:
-        raise typer.BadParameter(f"{text!r} is not a number") from None
-    if not math.isfinite(number):
-        raise typer.BadParameter(f"{text!r} is not a finite number")
-    if not MIN_WORDS_PER_TOKEN <= number <= MAX_WORDS_PER_TOKEN:
-        raise typer.BadParameter(f"{text} is not between {MIN_WORDS_PER_TOKEN} and {MAX_WORDS_PER_TOKEN}")
+        raise BooklensError(f"--words-per-token must be a number (got {text!r})") from None
+    check_words_per_token(number)
     return number
 
 
