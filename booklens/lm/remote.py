@@ -30,7 +30,7 @@ import random
 import re
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from booklens.errors import LMError
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, sample_seed
@@ -826,9 +826,7 @@ def _not_a_completion(exc: BaseException) -> bool:
     headers too)."""
     import json
 
-    import httpx
     import litellm
-    import openai
 
     if any(isinstance(cause, json.JSONDecodeError) for cause in _causes(exc)):
         # A body that is not JSON at all (a proxy's login page): LiteLLM's own routes (hosted_vllm/,
@@ -837,21 +835,25 @@ def _not_a_completion(exc: BaseException) -> bool:
     if not (isinstance(exc, litellm.InternalServerError) and getattr(exc, "status_code", None) == 500
             and not getattr(exc, "litellm_response_headers", None)):
         return False
-    connection = (openai.APIConnectionError, httpx.TransportError, OSError)
-    return not any(isinstance(cause, connection) for cause in _causes(exc)) and "Connection error" not in str(exc)
+    return not _failed_connection(_causes(exc)) and "Connection error" not in str(exc)
 
 
 def _unreadable_answer(exc: BaseException) -> bool:
     """Whether LiteLLM failed on reading what the server sent back (a TypeError, KeyError or
     AttributeError among the causes: its route read a body of another API's shape), with no failed
     connection under it. LiteLLM reports that as a connection error of its own."""
+    causes = list(_causes(exc))[1:]
+    return (any(isinstance(cause, (TypeError, KeyError, AttributeError)) for cause in causes)
+            and not _failed_connection(causes))
+
+
+def _failed_connection(causes: Iterable[BaseException]) -> bool:
+    """Whether a failed connection is among `causes` (the chain `_causes` walks): what a dropped or
+    refused connection raises through the OpenAI client, httpx or the socket."""
     import httpx
     import openai
 
-    causes = list(_causes(exc))[1:]
-    connection = (openai.APIConnectionError, httpx.TransportError, OSError)
-    return (any(isinstance(cause, (TypeError, KeyError, AttributeError)) for cause in causes)
-            and not any(isinstance(cause, connection) for cause in causes))
+    return any(isinstance(cause, (openai.APIConnectionError, httpx.TransportError, OSError)) for cause in causes)
 
 
 def _unreachable(exc: BaseException) -> str | None:
