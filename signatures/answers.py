@@ -136,7 +136,8 @@ def option_letter_reader(letters: tuple[str, ...], texts: Mapping[str, str] | No
     by_text: dict[str, list[str]] = {}
     text_of: dict[str, str] = {}
     for letter, text in (texts or {}).items():
-        if exact(letter) in letters:
+        # A blank option's text names nothing: an answer with no words is not its letter.
+        if exact(letter) in letters and _key(text):
             by_text.setdefault(_key(text), []).append(exact(letter))
             text_of[exact(letter)] = _key(text)
 

@@ -358,6 +358,18 @@ def test_an_answer_matching_no_options_text_or_two_is_still_refused(options, wri
     assert len(lm.backend.calls) == 3
 
 
+@pytest.mark.parametrize("written", ["", "**", "."])
+def test_a_blank_answer_is_not_read_as_a_blank_options_letter(written):
+    """A question may have a blank option (D: ""): an answer with no words is still no answer, not
+    the letter of the option whose text is as blank as it is."""
+    options = {"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": ""}
+    q = parse_questions([{**QUESTION, "Options": options}])
+    lm = scripted(lambda call: {"answer": written})
+    rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
+    assert (rec.prediction, rec.correct, rec.attempts) == (None, False, 3)
+    assert len(lm.backend.calls) == 3
+
+
 def test_reading_an_options_text_leaves_the_prompt_and_schema_as_the_signature_has_them():
     """Reading the options' texts must not change what is sent: a changed prompt or schema would
     miss every cached call."""
