@@ -106,11 +106,12 @@ def occurrence_targets(sentences: Sequence[str]) -> list[str]:
     asked exactly as before."""
     from collections import Counter
 
-    counts = Counter(s.strip() for s in sentences)
+    # Copies that differ only in spacing or line breaks (a hard-wrapped summary) are one sentence to a reader.
+    counts = Counter(" ".join(s.split()) for s in sentences)
     seen: Counter = Counter()
     targets = []
     for sentence in sentences:
-        key = sentence.strip()
+        key = " ".join(sentence.split())
         seen[key] += 1
         if counts[key] > 1:
             sentence = f"{sentence}\n(This sentence occurs {counts[key]} times in the summary; judge occurrence {seen[key]}.)"

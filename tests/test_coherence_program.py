@@ -584,3 +584,24 @@ def test_a_sentence_written_twice_is_judged_once_per_occurrence():
     flags = [(a.sentence, a.confusing) for a in prediction.annotations]
     assert flags[3] == (repeated, False) and flags[4] == (repeated, True)
     assert prediction.score == 5 / 6
+
+
+@pytest.mark.parametrize("copy", ["The lamp stays lit\nand a ship reaches the harbor.",
+                                  "The lamp stays  lit and a ship reaches the harbor."])
+def test_a_repeated_sentence_wrapped_or_spaced_otherwise_is_still_the_same_sentence(copy):
+    """A summary hard-wrapped at a line width breaks a sentence it says twice at different places: to
+    a reader (and the model) both are the same sentence, so both prompts name their occurrence; the
+    count and the ordinals are those the model sees in the summary."""
+    repeated = "The lamp stays lit and a ship reaches the harbor."
+    sentences = SENTENCES[:4] + [copy] + SENTENCES[4:]
+    seen = {}
+
+    def responder(call):
+        target = call.inputs["sentence"]
+        seen[target.split("\n(")[0]] = target
+        return NO
+
+    run(responder, sentences=sentences, concurrency=1)
+    assert seen[repeated].endswith("(This sentence occurs 2 times in the summary; judge occurrence 1.)")
+    assert seen[copy].endswith("(This sentence occurs 2 times in the summary; judge occurrence 2.)")
+    assert all(seen[s] == s for s in SENTENCES if s != repeated)  # said once: asked as before
