@@ -278,6 +278,26 @@ def test_report_table_on_a_results_json_of_another_layout_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
 
 
+@pytest.mark.parametrize("fmt", ["markdown", "latex", "csv", "csv-pairs"])
+@pytest.mark.parametrize("where", ["mean", "interval", "pair"])
+def test_report_table_refuses_a_figure_that_is_no_number_in_every_format(tmp_path, fmt, where):
+    """NaN or infinity is no figure (booklens writes none; Python's json reads them): every format
+    refuses the file alike, rather than markdown and LaTeX printing 'nan' into a paper's table."""
+    out = sweep_dir(tmp_path)
+    data = json.loads((out / "results.json").read_text())
+    if where == "mean":
+        data["systems"]["b"]["booookscore"]["mean"] = float("nan")
+    elif where == "interval":
+        data["systems"]["b"]["claims_ci95"]["faithful"] = [60.0, float("inf")]
+    else:
+        data["pairs"][0]["faithful"]["diff"] = float("nan")
+    (out / "results.json").write_text(json.dumps(data))
+    proc = run_command(["report", out, "--table", fmt])
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "results.json" in proc.stderr
+
+
 @pytest.mark.parametrize("fmt", ["csv", "latex"])
 def test_report_table_loads_no_heavy_library(tmp_path, fmt):
     """Nor do the judges' lines (latex) need one."""

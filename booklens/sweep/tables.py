@@ -175,10 +175,20 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
 assert tuple(RENDERERS) == TABLE_FORMATS
 
 
+def _check_finite(value: Any) -> None:
+    """Raise ValueError for NaN or infinity anywhere in `value`: no figure booklens writes, but
+    Python's json reads them, and the text tables would print 'nan' where CSV refuses it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"not a figure: {value!r}")
+    for item in value.values() if isinstance(value, dict) else value if isinstance(value, list) else ():
+        _check_finite(item)
+
+
 def render_table(results: dict[str, Any], fmt: str) -> str:
     """The tables of a sweep's results (results.json as a dict) as `fmt` text (`TABLE_FORMATS`)."""
     if fmt not in RENDERERS:
         raise ValueError(f"unknown table format {fmt!r}; one of {', '.join(TABLE_FORMATS)}")
+    _check_finite([results.get("systems"), results.get("pairs")])  # every format refuses the same files
     return RENDERERS[fmt](results)
 
 
