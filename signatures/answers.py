@@ -11,12 +11,18 @@ from typing import Annotated, Any, Callable, Literal, Mapping
 from pydantic import BeforeValidator
 
 # Wrapping a bare value: spaces, brackets, quotes, a closing period and Markdown emphasis.
-_EDGES = " \t\r\n.:()[]\"'*`"
+_EDGES = " \t\r\n.:()[]\"'*_`"
+_STRAIGHT_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+
+
+def _plain_quotes(text: str) -> str:
+    """Typographic quotes as the straight ones: an apostrophe in "can’t verify" as the values are
+    declared, and “B” or ‘The Marigold’ wrapped as "B" is."""
+    return text.translate(_STRAIGHT_QUOTES)
 
 
 def _key(text: str) -> str:
-    # a typographic apostrophe ("can’t verify") read as the straight one the values are declared with
-    return " ".join(text.replace("\u2019", "'").strip(_EDGES).lower().split())
+    return " ".join(_plain_quotes(text).strip(_EDGES).lower().split())
 
 
 def choice_reader(values: tuple[str, ...]) -> Callable[[Any], Any]:
@@ -100,7 +106,7 @@ def verdict_reader(values: tuple[str, ...], *, subjects: tuple[str, ...] = _VERD
         got = exact(value)
         if got in values or not isinstance(value, str):
             return got
-        text = " ".join(value.replace("\u2019", "'").split()).strip(" *`\"'")
+        text = " ".join(_plain_quotes(value).split()).strip(" *`\"'")
         got = read_phrase(text)
         if got is None and yes_no and (found := _YES_OR_NO.fullmatch(text)):
             got = read_phrase(found["rest"].strip(" *`\"'"))
@@ -117,11 +123,11 @@ _LETTER_WITH_TEXT = re.compile(r"[\s*_`\"'\[]*"
                                r"(?:\((?P<a>[A-Za-z])\)|(?P<b>[A-Za-z])\**(?:[.):]|\s+[-\u2013\u2014]\s))"
                                r"\**\s*(?P<rest>\S.*)", re.DOTALL)
 _LETTER_IN_PHRASE = re.compile(rf"{_EMPHASIS}(?:the\s+)?(?:(?:correct|right|best)\s+)?(?:answer|option|choice)"
-                               rf"(?:\s+is)?{_EMPHASIS}\s*:?{_EMPHASIS}\s*{_EMPHASIS}"
-                               r"(?P<letter>\([A-Za-z]\)|[A-Za-z])(?P<rest>(?:[\s.):,;*]+.*)?)",
+                               rf"(?:\s+is)?{_EMPHASIS}\s*:?{_EMPHASIS}\s*[*_\"']*"
+                               r"(?P<letter>\([A-Za-z]\)|[A-Za-z])(?P<rest>(?:[\s.):,;*\"']+.*)?)",
                                re.IGNORECASE | re.DOTALL)
-# A lone capital as the rest names it ("B. or C."): another option's letter there names two options.
-_OTHER_LETTER = re.compile(r"(?<![\w'])([A-Z])(?:[.):]|$)")
+# A lone capital as the rest names it ("B. or C.", 'B or "C"'): another option's letter there names two options.
+_OTHER_LETTER = re.compile(r"(?<![\w'])[\"']?([A-Z])[\"'*]*(?:[.):]|$)")
 
 
 def option_letter_reader(letters: tuple[str, ...], texts: Mapping[str, str] | None = None) -> Callable[[Any], Any]:
@@ -142,7 +148,7 @@ def option_letter_reader(letters: tuple[str, ...], texts: Mapping[str, str] | No
             text_of[exact(letter)] = _key(text)
 
     def read_letter(value: str) -> Any:
-        text = value.strip()
+        text = _plain_quotes(value).strip()
         found = _LETTER_WITH_TEXT.fullmatch(text)
         if found:
             letter, rest = (found["a"] or found["b"]), found["rest"]
@@ -152,7 +158,7 @@ def option_letter_reader(letters: tuple[str, ...], texts: Mapping[str, str] | No
                 return None
             letter, rest = found["letter"].strip("()"), found["rest"]
             # "the answer is a ship": a lower-case letter counts only bracketed or standing alone
-            if letter.islower() and not found["letter"].startswith("(") and rest.strip(" .*"):
+            if letter.islower() and not found["letter"].startswith("(") and rest.strip(" .*\"'"):
                 return None
         letter = exact(letter)
         if text_of.get(letter) == _key(rest):  # the letter and its own option's text, whatever that holds
@@ -197,7 +203,7 @@ def pairwise_verdict_reader(summaries: tuple[str, str], tie: str) -> Callable[[A
         got = exact(value)
         if got in (*summaries, tie) or not isinstance(value, str):
             return got
-        text = " ".join(value.replace("\u2019", "'").strip(_EDGES).split())
+        text = " ".join(_plain_quotes(value).strip(_EDGES).split())
         found = _SUMMARY_VERDICT.fullmatch(text)
         if found:
             return exact(found["v"])

@@ -63,7 +63,8 @@ def test_every_label_parses_and_maps_to_fables(label, fables):
 
 @pytest.mark.parametrize("written, label", [("Faithful", "faithful"), ("UNFAITHFUL", "unfaithful"),
                                             ("Partial  Support", "partial support"), ("Can't verify.", "can't verify"),
-                                            ("can\u2019t verify", "can't verify")])
+                                            ("can\u2019t verify", "can't verify"),
+                                            ("\u201cFaithful\u201d", "faithful"), ("__Unfaithful__", "unfaithful")])
 def test_a_label_written_in_capitals_is_read_as_the_label(written, label):
     checker = build_checker(evidence_mode="given")
     result, lm = run_with(lambda call: verdict(written),

@@ -276,7 +276,7 @@ def test_letters_outside_the_options_are_reasked_then_recorded_as_failures():
     assert rec.prediction == "B" and rec.correct is True and rec.attempts == 2
 
 
-@pytest.mark.parametrize("written", ["b", " B ", "(b)", "B.", "**B**"])
+@pytest.mark.parametrize("written", ["b", " B ", "(b)", "B.", "**B**", "\u201cB\u201d", "\u2018B\u2019", "__B__", "_B_"])
 def test_an_option_letter_written_another_way_is_read_as_that_letter(written):
     """Without the answer schema enforced, a model may write the right letter in lower case or with
     brackets: read as the letter it names, not re-asked until the question is counted wrong."""
@@ -291,7 +291,8 @@ def test_an_option_letter_written_another_way_is_read_as_that_letter(written):
                                      "**B.** The Marigold", "B - The Marigold", "The answer is B", "The answer is (B).",
                                      "Answer: B", "Option B", "option b", "The correct answer is B. The Marigold",
                                      "B. Henry V.", "B. Plan B", "**Answer:** B", "**Answer**: (B) The Marigold",
-                                     "*Answer:* B.", "**Answer:** **B**"])
+                                     "*Answer:* B.", "**Answer:** **B**", "\u201cB. The Marigold\u201d",
+                                     "Answer: \u201cB\u201d", "The answer is 'B'.", "the answer is 'b'"])
 def test_an_option_letter_given_with_its_text_or_in_a_phrase_is_read_as_that_letter(written):
     """A chat model without its schema enforced often writes the letter with the option's text or in a
     phrase; each re-ask gets the same, so the question ended counted wrong after three calls."""
@@ -303,7 +304,8 @@ def test_an_option_letter_given_with_its_text_or_in_a_phrase_is_read_as_that_let
 
 
 @pytest.mark.parametrize("written", ["A, B", "A or B", "AB", "The Osprey", "A ship", "the answer is a ship",
-                                     "B. or C.", "Not B", "**Answer:** B or C", "**Answer:** a ship"])
+                                     "B. or C.", "Not B", "**Answer:** B or C", "**Answer:** a ship",
+                                     "the answer is 'a' ship", "Answer: \u201cB\u201d or \u201cC\u201d"])
 def test_an_answer_naming_no_single_letter_is_still_refused(written):
     q = parse_questions([QUESTION])
     scripted(lambda call: {"answer": written})
@@ -313,7 +315,8 @@ def test_an_answer_naming_no_single_letter_is_still_refused(written):
 
 @pytest.mark.parametrize("evidence, quote", [("book", False), ("none", False), ("book", True)])
 @pytest.mark.parametrize("written", ["The Marigold", "the marigold.", "**The Marigold**", '"The Marigold"',
-                                     "  THE  MARIGOLD  ", "The Marigold."])
+                                     "  THE  MARIGOLD  ", "The Marigold.", "\u201cThe Marigold\u201d",
+                                     "\u2018The Marigold.\u2019", "__The Marigold__"])
 def test_an_answer_written_as_one_options_text_is_read_as_its_letter(written, evidence, quote):
     """A model without its schema enforced may answer with the option's text alone ("The Marigold" for
     option B): the same on every re-ask, so the question ended counted wrong after three calls."""
