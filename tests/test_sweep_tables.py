@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from booklens.sweep.aggregate import CellOutcome, cell_row, outcome_of_run, results, write_aggregate
-from booklens.sweep.tables import render_table
+from booklens.sweep.tables import latex_escape, render_table
 from booklens.testing import run_command
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -344,3 +344,13 @@ def test_the_judges_agreement_goes_with_the_tables():
     assert "judge" not in render_table(data, "csv") and "judge" not in render_table(data, "csv-pairs")
     data["judges"] = {}
     assert not any(line.startswith("- judge") for line in render_table(data, "markdown").splitlines())
+
+
+@pytest.mark.parametrize("name, escaped", [("hier--2048", "hier-{}-2048"), ("a---b", "a-{}-{}-b"), ("inc-1", "inc-1"),
+                                           ("--x-", "-{}-x-")])
+def test_dashes_in_a_name_stay_hyphens_in_latex(name, escaped):
+    """LaTeX prints `--` as an en dash and `---` as an em dash: a system named hier--2048 would come out
+    as hier–2048 in the paper."""
+    assert latex_escape(name) == escaped
+    data = three_systems((name, "b", "c"))
+    assert f"\n{escaped} & " in render_table(data, "latex")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -35,8 +36,9 @@ _LATEX = {"\\": "\\textbackslash{}", "{": "\\{", "}": "\\}", "_": "\\_", "%": "\
 
 def latex_escape(text: str) -> str:
     """`text` as LaTeX prints it: the characters it reads as markup escaped (a leading `[` braced,
-    or the row's `\\\\` before it would take it for an option)."""
-    escaped = "".join(_LATEX.get(ch, ch) for ch in text)
+    or the row's `\\\\` before it would take it for an option), and dashes kept apart (LaTeX prints
+    `--` as an en dash)."""
+    escaped = re.sub(r"-(?=-)", "-{}", "".join(_LATEX.get(ch, ch) for ch in text))
     return "{}" + escaped if escaped.startswith("[") else escaped
 
 
