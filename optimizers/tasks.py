@@ -345,11 +345,12 @@ def _coherence_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]]:
                                 f"coherence task learns from {COHERENCE_DATA}")
         held.extend((file.name, book, r.summary) for book, r in results.items())
         refuse_copies(held, path)
+        targets = {book: _prompt_targets(r) for book, r in results.items()}
         for e in to_examples(results):
             e["source"] = file.name  # the same book may be summarized twice (inc and hier): one split for both
-            examples.append(e)
+            examples.append(_coherence_example(e, targets[e.book][e.index]))
     splits = split_by_book(examples, "book", seed=seed)
-    return {name: [_coherence_example(e) for e in items] for name, items in splits.items()}
+    return {name: list(items) for name, items in splits.items()}
 
 
 def _annotation_files(path: Path) -> list[Path]:
@@ -358,13 +359,28 @@ def _annotation_files(path: Path) -> list[Path]:
     return human_annotation_files(path)
 
 
-def _coherence_example(example: dspy.Example) -> dspy.Example:
-    """The scorer judges a list of sentences; here the list holds the one annotated sentence.
-    `sentence`, `verdict`, `questions` and `error_types` stay on the example: they are the
-    fields of the per-sentence predictor, so the example is also a complete labeled demo."""
+def _prompt_targets(result) -> dict[int, str]:
+    """Sentence index -> what `score` asks about that sentence of the annotated summary. The
+    annotation lists every sentence of its summary as `score` cuts them (`split_sentences`), so
+    the copies of a repeated sentence are found among the same sentences a run judges."""
+    from booklens.programs.coherence import occurrence_targets
+
+    sentences = sorted(result.sentences, key=lambda s: s.index)
+    return dict(zip((s.index for s in sentences), occurrence_targets([s.sentence for s in sentences])))
+
+
+def _coherence_example(example: dspy.Example, target: str) -> dspy.Example:
+    """The scorer judges a list of sentences; here the list holds the one annotated sentence, and
+    `targets` what a run of the whole summary asks about it (which copy, for a sentence the summary
+    says more than once; the sentence itself otherwise). `sentence`, `verdict`, `questions` and
+    `error_types` are the fields of the per-sentence predictor, so the example is also a complete
+    labeled demo: its `sentence` is that target, the text the prompt shows, while the scorer
+    records the plain sentence from `sentences`."""
     fields = dict(example.items())
     fields["sentences"] = [example.sentence]
-    return dspy.Example(**fields).with_inputs("summary", "sentences")
+    fields["targets"] = [target]
+    fields["sentence"] = target
+    return dspy.Example(**fields).with_inputs("summary", "sentences", "targets")
 
 
 # ---------------------------------------------------------------------------

@@ -267,7 +267,13 @@ class CoherenceScorer(Module):
     def mode(self) -> str:
         return "per-sentence" if self.batch_size == 1 else "batched"
 
-    def forward(self, summary: str, sentences: Sequence[str] | None = None) -> dspy.Prediction:
+    def forward(self, summary: str, sentences: Sequence[str] | None = None,
+                targets: Sequence[str] | None = None) -> dspy.Prediction:
+        """Judge `sentences` (default: the summary's sentences). `targets`, one per sentence, is what
+        each per-sentence prompt asks about (default `occurrence_targets(sentences)`): sentences taken
+        out of their summary (compile's examples, one annotated sentence each) pass the target they
+        have in the whole summary, so they are asked as a run of that summary asks them. The batched
+        prompt numbers its sentences instead and does not use it."""
         from booklens.metrics.booookscore import booookscore
 
         if not isinstance(summary, str) or not summary.strip():
@@ -277,11 +283,20 @@ class CoherenceScorer(Module):
 
             sentences = split_sentences(summary)
         sentences = list(sentences)
+        if targets is not None and len(targets) != len(sentences):
+            from booklens.vocabulary import counted
+
+            raise BooklensError(f"{counted(len(targets), 'prompt target')} for {counted(len(sentences), 'sentence')}: "
+                                "give one per sentence")
         from booklens.text import count_tokens
 
         per_sentence = self.batch_size == 1
         predictor = self.detect if per_sentence else self.detect_batch
-        targets = occurrence_targets(sentences) if per_sentence else sentences
+        if not per_sentence:
+            targets = sentences
+        elif targets is None:
+            targets = occurrence_targets(sentences)
+        targets = list(targets)
         longest = max((count_tokens(s) for s in targets), default=0)
         demos = fitting_demos(predictor, summary, judged_tokens=longest * (1 if per_sentence else self.batch_size),
                               answer_tokens=self._budget(self.batch_size).get("max_tokens", 0))

@@ -605,3 +605,26 @@ def test_a_repeated_sentence_wrapped_or_spaced_otherwise_is_still_the_same_sente
     assert seen[repeated].endswith("(This sentence occurs 2 times in the summary; judge occurrence 1.)")
     assert seen[copy].endswith("(This sentence occurs 2 times in the summary; judge occurrence 2.)")
     assert all(seen[s] == s for s in SENTENCES if s != repeated)  # said once: asked as before
+
+
+def test_sentences_taken_out_of_their_summary_are_asked_with_the_targets_given():
+    """Compile's examples hold one annotated sentence each: the target passed with it (a copy's
+    occurrence in the whole summary) is what its prompt asks, the sentence what is recorded; a
+    target count that does not match the sentences is a one-line error, not a silent mismatch."""
+    from booklens.errors import BooklensError
+
+    repeated = SENTENCES[3]
+    target = f"{repeated}\n(This sentence occurs 2 times in the summary; judge occurrence 2.)"
+    seen = []
+
+    def responder(call):
+        seen.append(call.inputs["sentence"])
+        return NO
+
+    lm = ScriptedLM(responder)
+    scorer = CoherenceScorer(batch_size=1, concurrency=1)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        prediction = scorer(summary=SUMMARY, sentences=[repeated], targets=[target])
+        assert seen == [target] and [a.sentence for a in prediction.annotations] == [repeated]
+        with pytest.raises(BooklensError, match=r"^2 prompt targets for 1 sentence: give one per sentence$"):
+            scorer(summary=SUMMARY, sentences=[repeated], targets=[target, target])

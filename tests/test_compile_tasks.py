@@ -313,3 +313,102 @@ def test_the_recorded_data_is_the_files_the_task_reads_however_they_are_named(tm
     path = fables(tmp_path / "fables" / "FABLES.json")
     (path.parent / "LICENSE").write_text("terms\n")
     assert digest(verification, path.parent) == digest(verification, path)
+
+
+# ---------------------------------------------------------------------------
+# coherence: a sentence the summary says twice
+
+
+def annotations_with_a_repeated_sentence(path):
+    """Ten summaries of five sentences that end by saying their first sentence again; the third
+    names a stranger nobody introduces."""
+    data = {}
+    for b in range(10):
+        opening = f"Mara runs the mill in the valley town {b}."
+        odd = f"A mysterious figure named Zed{b} arrives at the mill."
+        summary = f"{opening} Her brother Tom keeps its books. {odd} Mara and Tom sell the mill. {opening}"
+        data[f"book-{b}.epub"] = {"summary": summary, "relations": [],
+                                  "singles": [{"span": odd, "questions": f"Who is Zed{b}?",
+                                               "labels": ["entity omission"]}]}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_compile_and_evaluate_ask_each_copy_of_a_repeated_sentence_as_score_does(tmp_path):
+    """`score` names which occurrence of a repeated sentence it judges; the examples compile and
+    evaluate run held the sentence alone, so both copies were asked one prompt that no run of the
+    summary ever sends. Each example's prompt is now byte for byte the one `score` sends for that
+    sentence of that summary; a sentence said once was and is asked exactly as before, and what the
+    run records as the sentence is the sentence, not the prompt's note."""
+    from booklens.programs.coherence import build_scorer
+
+    task = get_task("coherence")
+    splits = load_task_splits(task, annotations_with_a_repeated_sentence(tmp_path / "human.json"), seed=0,
+                              sizes={"train": 0, "dev": 0, "test": 0})
+    book = splits.test[0].book
+    examples = [e for e in splits.test if e.book == book]
+    assert [e.index for e in examples] == [0, 1, 2, 3, 4]
+    summary = examples[0].summary
+
+    lm = configure(ScriptedLM(detector))
+    build_scorer(batch_size=1, concurrency=1)(summary=summary)  # `booklens score`'s program, one sentence a call
+    by_score = [c.messages for c in lm.backend.calls]
+    assert len(by_score) == 5
+    assert "judge occurrence 1." in by_score[0][-1]["content"] and "judge occurrence 2." in by_score[4][-1]["content"]
+
+    by_example, recorded = {}, {}
+    for example in examples:
+        lm = configure(ScriptedLM(detector))
+        result = evaluate_program(task.build_program(), [example], task.metric, threads=1, keep_predictions=True)
+        by_example[example.index] = [c.messages for c in lm.backend.calls]
+        recorded[example.index] = [a.sentence for a in result.predictions[0].annotations]
+    assert {i: by_example[i] == [by_score[i]] for i in by_example} == {i: True for i in range(5)}
+    opening = f"Mara runs the mill in the valley town {book.split('-')[1].split('.')[0]}."
+    assert recorded[0] == recorded[4] == [opening]
+
+
+def test_compiled_demos_of_a_repeated_sentence_show_what_score_asks(tmp_path):
+    """A labeled demo is the example itself: its sentence is the text the prompt judges, the copy's
+    occurrence named as `score` names it, so a demo never shows a prompt no run asks."""
+    from booklens.programs.coherence import build_scorer
+
+    task = get_task("coherence")
+    splits = load_task_splits(task, annotations_with_a_repeated_sentence(tmp_path / "human.json"), seed=0,
+                              sizes={"train": 0, "dev": 0, "test": 0})
+    configure(ScriptedLM(detector))
+    compiled = compile_program(task, splits.train, splits.dev, optimizer="labeled",
+                               budget=Budget(demos=len(splits.train), threads=1))
+    demos = compiled.detect.demos
+    assert len(demos) == len(splits.train) == 20
+    asked: dict[str, list[str]] = {}
+    for summary in {d["summary"] for d in demos}:
+        lm = configure(ScriptedLM(detector))
+        build_scorer(batch_size=1, concurrency=1)(summary=summary)
+        asked[summary] = [c.inputs["sentence"] for c in lm.backend.calls]
+    assert all(d["sentence"] in asked[d["summary"]] for d in demos)
+    assert sum("judge occurrence 2." in d["sentence"] for d in demos) == 4  # one copy in each of 4 summaries
+
+
+def test_the_released_summaries_with_a_repeated_sentence_are_asked_as_score_asks_them(shared_dir):
+    """The annotation files list each summary's sentences as `score` cuts them, so the copies the
+    examples name are the copies a run of the summary names: 5 of the 200 human-annotated summaries
+    say a sentence more than once (15 examples are such copies), and every sentence of those
+    summaries is asked as `score` asks it, the plain sentence kept for the record."""
+    from booklens.programs.coherence import build_scorer
+    from booklens.text import split_sentences
+
+    task = get_task("coherence")
+    splits = load_task_splits(task, shared_dir / "data" / "booookscore" / "human", seed=0,
+                              sizes={"train": 0, "dev": 0, "test": 0})
+    examples = splits.train + splits.dev + splits.test
+    copies = [e for e in examples if e.sentence != e.sentences[0]]
+    repeating = {(e.source, e.book) for e in copies}
+    assert len(copies) == 15 and len(repeating) == 5
+    for source, book in sorted(repeating):
+        mine = [e for e in examples if (e.source, e.book) == (source, book)]
+        lm = configure(ScriptedLM(detector))
+        build_scorer(batch_size=1, concurrency=1)(summary=mine[0].summary)
+        asked = [c.inputs["sentence"] for c in lm.backend.calls]
+        plain = split_sentences(mine[0].summary)
+        assert len(mine) == len(asked) == len(plain)
+        assert all(e.sentence == asked[e.index] and e.sentences == [plain[e.index]] for e in mine)
