@@ -565,7 +565,10 @@ def coherence_prompt_tokens(program: Any) -> int:
 
 
 def _sentence_demo(annotation: Any, index: int, label: Any) -> dict[str, Any]:
-    return {"summary": annotation.summary, "sentence": annotation.sentences[index],
+    from booklens.programs.coherence import occurrence_targets
+
+    # The sentence as `score` asks it in this summary: a copy of a repeated sentence names its occurrence.
+    return {"summary": annotation.summary, "sentence": occurrence_targets(annotation.sentences)[index],
             "verdict": "confusion" if label.confusing else "no confusion",
             "questions": [q.strip() for q in label.questions if q.strip()] if label.confusing else [],
             "error_types": list(label.types) if label.confusing else []}

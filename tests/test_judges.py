@@ -631,3 +631,30 @@ def test_the_judge_object_names_its_server_without_user_or_password(tmp_path):
         assert "sekrit" not in info.model_dump_json() and "sekrit" not in judge_line(info)
     # calibrate keys and records its entry by the same public URL, so the lookup above finds it
     assert lm_server(lm) == public
+
+
+def test_a_default_demo_of_a_repeated_sentence_shows_what_score_asks(tmp_path):
+    """`judges build` labels sentences of whole human-annotated summaries as demos: a copy of a
+    sentence the summary says twice is shown as `score` asks it, its occurrence named, not as the
+    plain sentence both copies would share."""
+    from booklens.judges import build_coherence_default
+    from booklens.programs.coherence import build_scorer
+
+    for kind in ("inc", "hier"):
+        data = {}
+        for b in range(10):
+            opening = f"Mara bakes bread in the town of Dunmore {b} ({kind})."
+            odd = [f"A stranger named Zed{b}{k} appears at the bakery." for k in range(4)]
+            summary = " ".join([opening, odd[0], "Tom sells the bread.", odd[1], odd[2], "The town grows.",
+                                odd[3], opening])
+            data[f"book-{b}.epub"] = {"summary": summary, "relations": [],
+                                      "singles": [{"span": s, "questions": "Who is this?",
+                                                   "labels": ["entity omission"]} for s in odd]}
+        (tmp_path / f"summary-gpt4-4096-{kind}.json").write_text(json.dumps(data))
+    program, _ = build_coherence_default(tmp_path)
+    demos = program.detect.demos
+    assert sum("judge occurrence 2." in d["sentence"] for d in demos) == 2  # one copy in each demo summary
+    for summary in {d["summary"] for d in demos}:
+        _, lm = run_with(clean, lambda: build_scorer(batch_size=1, concurrency=1)(summary=summary))
+        asked = [c.inputs["sentence"] for c in lm.backend.calls]
+        assert [d["sentence"] for d in demos if d["summary"] == summary] == asked  # every sentence, in order
