@@ -396,6 +396,21 @@ def test_ollama_chat_at_an_openai_compatible_url_is_one_line_at_once():
     assert [r.path for r in server.received] == ["/v1/api/chat"] and sleep.delays == []
 
 
+@pytest.mark.parametrize("provider", ["ollama", "ollama_chat"])
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_an_ollama_route_at_a_v1_url_is_refused_before_any_call(tmp_path, provider, slash):
+    """Ollama's routes post to /api/generate or /api/chat under the URL, so a URL ending in /v1 never
+    reaches Ollama's API. It was told only after the first answer; on ollama/ a server answering 200
+    there gave an empty answer, asked three times before the step failed as the model's fault."""
+    with FakeOpenAIServer() as server:
+        with pytest.raises(LMError) as caught:
+            make_lm(f"{provider}/llama3", api_base=server.url + slash, cache_dir=tmp_path)
+        assert server.received == []
+    fix = OLLAMA_AT_V1.replace("ollama_chat/", f"{provider}/")
+    assert str(caught.value) == (f"'{provider}/llama3' at {server.url}{slash} would get no answer of Ollama's API: "
+                                 f"{fix}")
+
+
 @pytest.mark.parametrize("status", [401, 403])
 def test_a_refused_key_is_an_authentication_failure(status):
     """LiteLLM turns an OpenAI-compatible server's 403 into a plain APIError; both statuses are the
@@ -1083,6 +1098,54 @@ def test_a_key_in_the_environment_reaches_no_file_and_no_output(tmp_path):
 
 # ---------------------------------------------------------------------------
 # The command line
+
+
+def _ollama_commands(d, url):
+    """Every kind of command that takes --lm/--api-base, with inputs it would accept (`d`: a folder)."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    story = repo / "examples" / "sample_story.txt"
+    (d / "summary.txt").write_text("Mara keeps the Pellmark light.", encoding="utf-8")
+    (d / "claims.json").write_text(json.dumps(["Mara keeps the light."]), encoding="utf-8")
+    (d / "m.yaml").write_text(f"books: [{story}]\nsystems: [{{name: a}}]\n", encoding="utf-8")
+    (d / "own.yaml").write_text(f"books: [{story}]\nsystems: [{{name: a, lm: openai/x, api_base: 'http://127.0.0.1:9/v1'}}]"
+                                f"\njudge: {{lm: ollama/llama3, api_base: '{url}'}}\n", encoding="utf-8")
+    lm = ["--lm", "ollama/llama3", "--api-base", url]
+    return {
+        "summarize": ["summarize", story, *lm],
+        "score": ["score", d / "summary.txt", *lm],
+        "claims": ["claims", d / "summary.txt", *lm],
+        "verify": ["verify", "--claims", d / "claims.json", "--book", story, *lm],
+        "check": ["check", story, d / "summary.txt", *lm],
+        "run": ["run", story, "-o", d / "run", *lm],
+        "qa": ["qa", story, "--questions", repo / "examples" / "qa" / "the_cask_of_amontillado.json", *lm],
+        "diverse": ["diverse", repo / "examples" / "diverse" / "harbor_bridge_closure.json", *lm],
+        "sweep": ["sweep", d / "m.yaml", "-o", d / "sweep", *lm],
+        "sweep-dry-run": ["sweep", d / "m.yaml", "-o", d / "sweep", *lm, "--dry-run"],
+        "manifest-step": ["sweep", d / "own.yaml", "-o", d / "sweep"],
+        "manifest-step-dry-run": ["sweep", d / "own.yaml", "-o", d / "sweep", "--dry-run"],
+    }
+
+
+@pytest.mark.parametrize("command", ["summarize", "score", "claims", "verify", "check", "run", "qa", "diverse",
+                                     "sweep", "sweep-dry-run", "manifest-step", "manifest-step-dry-run"])
+def test_every_command_refuses_an_ollama_route_at_a_v1_url_before_any_call(tmp_path, monkeypatch, command):
+    """The refusal is made where the LM is made, so every command and a manifest's own steps (the dry run
+    too, which needs no key) say it in one line, and nothing reaches the server."""
+    from booklens.testing import run_command
+
+    for name in ("BOOKLENS_LM", "BOOKLENS_API_BASE", "BOOKLENS_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
+    with FakeOpenAIServer() as server:
+        proc = run_command(_ollama_commands(tmp_path, server.url)[command])
+    fix = OLLAMA_AT_V1.replace("ollama_chat/", "ollama/")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [f"error: 'ollama/llama3' at {server.url} would get no answer of Ollama's API: "
+                                        f"{fix}"]
+    assert server.received == []
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "run").exists()
 
 
 def test_structured_option_reaches_the_wire(tmp_path, monkeypatch):

@@ -301,6 +301,11 @@ class LiteLLMBackend:
                           f"string or fragment, which '{self.model}' cannot take: LiteLLM adds the endpoint's path "
                           "after the URL, so it would land inside the query; give the server's base URL, such as "
                           "http://127.0.0.1:8000/v1")
+        if self._ollama_at_v1():
+            # Known from the URL alone: no Ollama API lives under /v1, and a server that answers there
+            # (Ollama's own OpenAI-compatible one) would give empty answers to re-ask, or none at all.
+            raise LMError(f"'{self.model}' at {self.server} would get no answer of Ollama's API: "
+                          f"{self._ollama_at_v1_fix()}")
         if not known:
             if self.api_base and "/" not in self.model:
                 raise LMError(f"unknown model '{self.model}': name the provider of the server at "
