@@ -490,6 +490,33 @@ def test_a_dry_run_refuses_a_model_name_the_run_would_refuse_but_needs_no_key(co
     assert not out.exists()
 
 
+@pytest.mark.parametrize("variable, value, said", [
+    ("BOOKLENS_RPM", "abc", "BOOKLENS_RPM must be a whole number, not 'abc'"),
+    ("BOOKLENS_TPM", "0", "BOOKLENS_TPM must be at least 1 (got 0)"),
+    ("BOOKLENS_STRUCTURED", "bogus", "unknown structured-output mode 'bogus': use one of auto, schema, json, off"),
+    ("BOOKLENS_API_BASE", "127.0.0.1:8000/v1", "BOOKLENS_API_BASE needs an http:// or https:// URL such as "
+                                               "http://127.0.0.1:8000/v1 (got '127.0.0.1:8000/v1')"),
+])
+@pytest.mark.parametrize("lm", ["local", "openai/x"])
+def test_a_dry_run_refuses_the_settings_from_the_environment_the_run_would_refuse(corpus: Path, monkeypatch, lm,
+                                                                                   variable, value, said):
+    """The run parses these settings where it makes each LM, the embedded model's too, and refuses them
+    before any call; the dry run skipped making the embedded model (it needs no weights) and so said
+    nothing about them, planning a sweep that could not start. It needs no key or server either way."""
+    from booklens.lm import make_backend
+
+    manifest = write(corpus / "m.yaml", f"lm: {lm}\nbooks: corpus\nsystems: [{{name: a}}]\n")
+    out = corpus / "sweep"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(BooklensError) as caught:
+        make_backend(lm)  # what the run says
+    assert str(caught.value) == said
+    code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--dry-run"])
+    assert (code, err) == (2, f"error: {said}\n")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("engine, address", [("local", ""), ("local", " "), ("ray", " ")])
 def test_an_empty_ray_address_is_refused_before_anything_is_written(corpus: Path, engine: str, address: str):
     """`--ray-address "$HEAD"` with HEAD unset: with the local engine it was taken for no address (the

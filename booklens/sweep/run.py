@@ -128,13 +128,16 @@ def check_defaults_taken(sweep: Sweep, lm: Optional[str], api_base: Optional[str
 def check_models(sweep: Sweep, *, keys: bool = True) -> None:
     """Every LM the sweep names is a model LiteLLM knows, with its key in the environment (no call).
     Without `keys` (the dry run, which calls none): the names only, and the embedded model is not
-    looked for."""
+    looked for, though the settings its run would read from the environment are checked."""
     from booklens.lm import LOCAL_LM, make_backend, resolve_lm_name
+    from booklens.lm.model import backend_settings
 
     names = sweep_lms(sweep)
     for lm, api_base in sorted(names, key=lambda x: (str(x[0]), str(x[1]))):
         if keys or resolve_lm_name(lm) != LOCAL_LM:
             make_backend(lm, api_base=api_base, check_keys=keys)
+        else:
+            backend_settings(lm, api_base=api_base)
 
 
 def check_summarizers(sweep: Sweep) -> None:
