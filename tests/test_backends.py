@@ -928,6 +928,36 @@ def test_one_request_larger_than_the_token_limit_still_goes():
     assert len(server.served) == 1 and limiter.waits == []
 
 
+def test_a_large_token_limit_counts_in_bounded_memory_and_still_keeps_to_the_limit():
+    """pyrate-limiter's bucket holds one entry per unit of weight, and a request weighed one unit per
+    token: under --tpm 10**8 one request of 10**7 tokens made a list of ten million entries, and a huge
+    answer budget beside a huge --tpm filled memory before anything was sent. A large limit is counted
+    in coarser units, each request rounded up, so no minute lets more through than the limit."""
+    import tracemalloc
+
+    clock = FakeClock()
+    limiter = RateLimiter(tpm=10**8, clock=clock, sleep=clock.sleep)
+    tracemalloc.start()
+    try:
+        limiter.acquire(10**7)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 10**6  # bytes: the entries of ten million tokens took 80 MB
+    huge = RateLimiter(tpm=10**30, clock=clock, sleep=clock.sleep)
+    for _ in range(100):
+        huge.acquire(10**28)  # a hundred such requests fit a minute of 10**30 tokens
+    assert huge.waits == []
+    clock.now = 0.0
+    limiter = RateLimiter(tpm=3 * 10**6, clock=clock, sleep=clock.sleep)
+    sent = []
+    for tokens in (999_999, 999_999, 999_999, 3, 1):
+        limiter.acquire(tokens)
+        sent.append(clock())
+    # 3,000,000 tokens fit the minute; one more would pass the limit
+    assert sent[:4] == [0.0, 0.0, 0.0, 0.0] and sent[4] >= 62
+
+
 # ---------------------------------------------------------------------------
 # Prompt caching: reported, priced, and asked for on the wire
 
@@ -1166,6 +1196,33 @@ def test_structured_option_reaches_the_wire(tmp_path, monkeypatch):
         sent[mode] = server.received[0].body.get("response_format")
     assert sent["json"]["type"] == "json_object" and "claims" in sent["json"]["schema"]["properties"]
     assert sent["off"] is None
+
+
+def test_a_huge_answer_budget_under_a_huge_token_limit_is_sent_not_counted_into_memory(tmp_path):
+    """--tpm 10**30 with --max-summary-tokens 10**28 (which a --context-window of 10**30 takes): the rate
+    limiter's count of the first request grew a list by one entry per token, and the command hung
+    filling memory with nothing sent. The request goes; the server answers."""
+    import os
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    story = Path(__file__).resolve().parents[1] / "examples" / "sample_story.txt"
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_DEBUG", None)
+
+    def bounded() -> None:  # so a regression fails with MemoryError instead of taking the machine's memory
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    with FakeOpenAIServer() as server:
+        proc = subprocess.run([sys.executable, "-m", "booklens", "summarize", str(story), "--lm", "openai/fake-model",
+                               "--api-base", server.url, "--context-window", str(10**30), "--chunk-size", "512",
+                               "--max-summary-tokens", str(10**28), "--tpm", str(10**30),
+                               "-o", str(tmp_path / "summary.json")],
+                              capture_output=True, text=True, env=env, timeout=300, preexec_fn=bounded)
+    assert proc.returncode == 0, proc.stderr
+    assert server.received and all(r.body["max_tokens"] > 10**28 for r in server.received[:1])
 
 
 def test_a_wrong_api_base_is_one_line_through_the_command(tmp_path):

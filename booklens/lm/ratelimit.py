@@ -16,6 +16,11 @@ MINUTE_MS = 60_000
 # about a second getting ready), so slots are counted over a minute and this much more: the server
 # never sees more than the limit in any 60 seconds of arrivals.
 SEND_MARGIN_MS = 2_000
+# pyrate-limiter's bucket keeps one entry per unit of weight. Under a token limit larger than this many
+# units, a unit stands for several tokens (a request rounded up to whole units), so the bucket never holds
+# more entries than this, whatever the limit or a request's answer budget (a list of 8 MB at most). A
+# request weighs one entry, so the requests' bucket holds no more than the requests sent in a window.
+MAX_UNITS = 1_000_000
 
 
 class RateLimiter:
@@ -34,10 +39,12 @@ class RateLimiter:
             raise ValueError("rate limits must be positive")
         self.rpm = rpm
         self.tpm = tpm
-        self._buckets = {
-            name: (InMemoryBucket([Rate(limit, MINUTE_MS + SEND_MARGIN_MS)]), limit)
-            for name, limit in (("requests", rpm), ("tokens", tpm)) if limit
-        }
+        self._buckets = {}
+        for name, limit in (("requests", rpm), ("tokens", tpm)):
+            if limit:
+                unit = -(-limit // MAX_UNITS) if name == "tokens" else 1  # tokens per entry: 1 up to MAX_UNITS
+                units = limit // unit  # rounded down: the units allowed never add up to more than the limit
+                self._buckets[name] = (InMemoryBucket([Rate(units, MINUTE_MS + SEND_MARGIN_MS)]), units, unit)
         self._clock = clock or time.monotonic
         if sleep is None:
             from booklens.parallel import pause as sleep  # a wait ends at Ctrl-C
@@ -65,13 +72,16 @@ class RateLimiter:
             with self._lock:
                 now = self._now_ms()
                 wait_ms = 0
-                for bucket, limit in self._buckets.values():
+                for bucket, _, _ in self._buckets.values():
                     bucket.leak(now)  # forget what left the window, so memory stays bounded
-                for name, (bucket, limit) in self._buckets.items():
-                    wait_ms = max(wait_ms, _wait_ms(bucket, min(weights[name], limit), limit, now))
+                # in whole units, and at most the whole limit: a heavier request goes alone in its window
+                units = {name: min(-(-weights[name] // unit), limit)
+                         for name, (_, limit, unit) in self._buckets.items()}
+                for name, (bucket, limit, _) in self._buckets.items():
+                    wait_ms = max(wait_ms, _wait_ms(bucket, units[name], limit, now))
                 if not wait_ms:
-                    for name, (bucket, limit) in self._buckets.items():
-                        bucket.put(RateItem(name, now, min(weights[name], limit)))
+                    for name, (bucket, _, _) in self._buckets.items():
+                        bucket.put(RateItem(name, now, units[name]))
                     return
                 seconds = wait_ms / 1000
                 self.waits.append(seconds)
