@@ -752,6 +752,24 @@ def test_booklens_timeout_sets_how_long_a_request_may_take(monkeypatch):
     assert LiteLLMBackend("openai/fake-model", api_base="http://127.0.0.1:9/v1").timeout == 600.0
 
 
+def test_a_timeout_longer_than_the_clocks_hold_is_refused_before_any_call(monkeypatch):
+    """BOOKLENS_TIMEOUT=1e30 (or 1e10) passed the check, then every request failed in the client before it
+    left (the seconds overflow the clock below it), reported as a dropped connection and retried for
+    half a minute: 'kept failing after 6 tries: Connection error.' A billion seconds still waits."""
+    monkeypatch.setenv("BOOKLENS_TIMEOUT", "1e9")
+    with FakeOpenAIServer(responder=lambda body: '{"label": "good"}') as server:
+        prediction, _ = classify(backend_for(server))
+        assert prediction.label == "good" and len(server.received) == 1
+    for huge in ("1e10", "1e30"):
+        monkeypatch.setenv("BOOKLENS_TIMEOUT", huge)
+        with pytest.raises(LMError) as caught:
+            LiteLLMBackend("openai/fake-model", api_base="http://127.0.0.1:9/v1")
+        assert str(caught.value) == (f"BOOKLENS_TIMEOUT must be at most 1000000000 seconds (about 31 years; the "
+                                     f"clocks a request is timed by count no further), not '{huge}'")
+    with pytest.raises(LMError, match=r"^timeout must be at most 1000000000 seconds"):
+        LiteLLMBackend("openai/fake-model", api_base="http://127.0.0.1:9/v1", timeout=1e30)
+
+
 def test_errors_never_carry_a_key_a_server_echoes(monkeypatch):
     canary = "sk-booklens-canary-7f3a9c21"
     monkeypatch.setenv("OPENAI_API_KEY", canary)

@@ -57,11 +57,14 @@ MAX_RETRY_AFTER = 600.0
 # How long one request may take before it counts as timed out (and is retried); BOOKLENS_TIMEOUT
 # sets it, for a CPU server reading a long prompt, say.
 DEFAULT_TIMEOUT = 600.0
+# The longest wait a request can be given: the clocks below it (Python's, in nanoseconds in 64 bits)
+# overflow past about 9.2e9 s, and a request given more failed before it left, as a dropped connection.
+MAX_TIMEOUT = 1e9
 
 
 def request_timeout(seconds: float | None = None) -> float:
     """`seconds`, else BOOKLENS_TIMEOUT, else DEFAULT_TIMEOUT; a one-line `LMError` for a value
-    that is not a number of seconds above 0."""
+    that is not a number of seconds above 0, or is above MAX_TIMEOUT."""
     source, raw = "timeout", seconds
     if raw is None:
         source, raw = "BOOKLENS_TIMEOUT", os.environ.get("BOOKLENS_TIMEOUT", "").strip() or None
@@ -73,6 +76,9 @@ def request_timeout(seconds: float | None = None) -> float:
         value = float("nan")
     if not value > 0 or value == float("inf"):
         raise LMError(f"{source} must be a number of seconds above 0, not '{raw}'")
+    if value > MAX_TIMEOUT:
+        raise LMError(f"{source} must be at most {MAX_TIMEOUT:.0f} seconds (about 31 years; the clocks a request is "
+                      f"timed by count no further), not '{raw}'")
     return value
 
 # What each server was found to accept, by (provider, api_base or model), for this process.
