@@ -645,6 +645,20 @@ def test_an_answer_whose_content_is_null_is_re_asked_and_not_kept(tmp_path):
     assert not got.ok and got.error == "unparseable answer: the answer is empty" and len(server.received) == 3
 
 
+def test_running_out_of_memory_is_not_taken_for_an_unreadable_answer():
+    """A MemoryError inside a call is the machine's, not the answer's: it ends the call where it
+    happened instead of being recorded as 'unparseable answer: MemoryError' and asked twice more."""
+    calls = []
+
+    def predictor(**inputs):
+        calls.append(inputs)
+        raise MemoryError()
+
+    with pytest.raises(MemoryError):
+        predict_with_retries(predictor, text="x")
+    assert len(calls) == 1
+
+
 def test_an_answer_cut_off_at_the_token_limit_is_re_asked_with_a_larger_budget():
     def needs_40_tokens(body):
         if body["max_tokens"] < 40:

@@ -491,7 +491,7 @@ def predict_with_retries(
                 forget_answers(rejected)
                 return Attempted(error=f"{last_error}; a larger answer budget ({budget} tokens) does not fit the "
                                        "context window", attempts=attempt + 1)
-            except LMError:
+            except (LMError, MemoryError):  # the backend's failure or the machine's, not the answer's
                 raise
             except Exception as exc:  # DSPy raises several parse error types
                 complaint = f"unparseable answer: {first_line(exc)}"
