@@ -1363,7 +1363,8 @@ def test_report_of_a_sweep_stopped_before_its_aggregate_shows_what_is_done_and_s
         (out / name).unlink()
     shutil.rmtree(out / "cells" / "given" / "b")  # never started
     run = read_json(out / "cells" / "given" / "c" / "run.json")
-    run["complete"] = False  # stopped after its first step
+    run["complete"] = False  # its verification failed
+    run["failures"] = {"faithfulness": "the LM gave no usable verdict"}
     (out / "cells" / "given" / "c" / "run.json").write_text(json.dumps(run))
     proc = run_command(["report", out])
     assert proc.returncode == 0, proc.stderr
@@ -1375,6 +1376,30 @@ def test_report_of_a_sweep_stopped_before_its_aggregate_shows_what_is_done_and_s
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "1 cell failed, 1 did not run" in page and 'href="cells/given/a/report.html"' in page
     assert not (out / RESULTS_FILE).exists() and not (out / CELLS_FILE).exists()  # the sweep's to write
+
+
+def test_report_of_a_stopped_sweep_does_not_call_the_cells_it_interrupted_failed(small_sweep):
+    """Ctrl-C stops the cells that are running: each leaves a run.json of the steps it finished,
+    not complete, with no failure. The page and the note called such a cell failed (its heatmap
+    cell: 'the run did not complete'), which reads as an LM or book error; the rerun finishes it
+    like a cell that never started, so it is a cell not run."""
+    from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
+
+    out = small_sweep
+    for name in (RESULTS_FILE, CELLS_FILE, "report.html"):
+        (out / name).unlink()
+    for book in ("b", "c"):  # stopped after their first step, and before any step
+        run = read_json(out / "cells" / "given" / book / "run.json")
+        run["steps"] = {name: step for name, step in run["steps"].items() if book == "b" and name == "coherence"}
+        run.update(complete=False, failures={}, scores={})
+        (out / "cells" / "given" / book / "run.json").write_text(json.dumps(run))
+    proc = run_command(["report", out])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[1:] == [
+        "note: the sweep is not finished: 2 of 3 cells are not done (2 not run; books without every cell: b, c); "
+        "the page covers the complete cells only; rerun the sweep to finish it"], proc.stderr
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "2 did not run" in page and 'class="failed"' not in page and "did not complete" not in page
 
 
 def test_report_of_a_stopped_sweep_whose_manifest_is_gone_says_its_cells_are_not_matched(small_sweep):

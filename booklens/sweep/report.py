@@ -390,7 +390,8 @@ def unfinished_note(rows: Sequence[dict[str, Any]], earlier: int = 0) -> Optiona
 def _cells_on_disk(sweep_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]],
                                                                    Optional[int]]:
     """The figures and rows of the cells a sweep left in its directory before it wrote its aggregate
-    (stopped or killed): a cell without a run record did not run, one whose run is not complete failed,
+    (stopped or killed): a cell without a run record, or whose run stopped part-way with no step
+    failed, did not run; one whose run recorded a failure failed,
     and a complete one that the plan in sweep.json would not reuse whole (`cells_of_plan`) was made by
     an earlier plan and counts as not run; also how many of those there were (None when the plan
     cannot be had again to tell: every complete cell is kept then)."""
@@ -411,9 +412,16 @@ def _cells_on_disk(sweep_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, Any
                 outcomes.append(CellOutcome(system, book, "not run"))
                 continue
             try:
-                outcome = outcome_of_run(system, book, read_run_record(path).model_dump(mode="json"))
+                run = read_run_record(path).model_dump(mode="json")
             except BooklensError as exc:
-                outcome = CellOutcome(system, book, "failed", str(exc).splitlines()[0])
+                outcomes.append(CellOutcome(system, book, "failed", str(exc).splitlines()[0]))
+                continue
+            if not run.get("complete") and not run.get("failures"):
+                # Stopped part-way (Ctrl-C, a kill) or still running: nothing failed, and the rerun
+                # finishes it as it would a cell that never started.
+                outcomes.append(CellOutcome(system, book, "not run"))
+                continue
+            outcome = outcome_of_run(system, book, run)
             if outcome.status == "complete" and of_plan is not None and (system, book) not in of_plan:
                 earlier += 1
                 outcome = CellOutcome(system, book, "not run")
