@@ -94,6 +94,10 @@ BAD = {
     "system names differing in case": ("books: corpus\nsystems: [{name: hier}, {name: Hier}]\n",
                                        "the systems 'hier' and 'Hier' differ only in case"),
     "system name that is a path": ("books: corpus\nsystems: [{name: ../up}]\n", "name '../up' must start"),
+    # 'é' is a letter: a rule said as "letters" read as if it were allowed.
+    "system name with an accent": ("books: corpus\nsystems: [{name: r\u00e9sum\u00e9}]\n",
+                                   "name 'r\u00e9sum\u00e9' must start with an ASCII letter or digit and hold only "
+                                   "ASCII letters, digits and . _ - + ="),
     "no systems": ("books: corpus\nsystems: []\n", "systems: List should have at least 1 item"),
     "not a mapping": ("- corpus\n", "a manifest is a YAML mapping"),
     "missing systems": ("books: corpus\n", "missing key 'systems'"),

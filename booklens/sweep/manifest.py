@@ -180,8 +180,8 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
     for i, system in enumerate(systems):
         where = f"{path}: systems[{i}]"
         if not SYSTEM_NAME.match(system.name) or system.name in (".", ".."):
-            raise BooklensError(f"{where}: name {system.name!r} must start with a letter or digit and hold only "
-                                "letters, digits and . _ - + = (it names a directory)")
+            raise BooklensError(f"{where}: name {system.name!r} must start with an ASCII letter or digit and hold "
+                                "only ASCII letters, digits and . _ - + = (it names a directory)")
         if system.name in seen:
             raise BooklensError(f"{where}: two systems are named {system.name!r}; system names must be unique")
         twin = next((name for name in seen if name.casefold() == system.name.casefold()), None)
