@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer, PipelineResponder, run_command, terminal_command
+from booklens.testing import FakeOpenAIServer, PipelineResponder, pipeline_step, run_command, terminal_command
 
 BOOKS = ("the_cask_of_amontillado", "poirot_investigates")
 SYSTEMS = ("hier", "inc", "released")
@@ -1154,11 +1154,42 @@ def test_dry_run_counts_the_cells_complete_on_disk_apart_and_estimates_only_the_
     again = plan()
     assert "1 complete on disk" in again.splitlines()[0]
     assert "  hier (summarizes): a, b (complete, reused)" in again.splitlines()
-    assert "  given (summaries from given.json): a, b" in again.splitlines()
+    assert "  given (summaries from given.json): a, b (reuses summary)" in again.splitlines()  # not its judgment
     # What the dry run called complete is what the run reuses whole, and nothing else is.
     run_sweep_quietly(manifest, out, server, tmp_path / "another-cache")
     assert reused_cells(out) == {"given/a": False, "given/b": False, "hier/a": False, "hier/b": True,
                                  "inc/a": False, "inc/b": False}
+
+
+def test_dry_run_after_a_judge_change_estimates_only_the_steps_to_make_again(server, tmp_path):
+    """A judge setting changed on a finished sweep: the run makes the new judge steps and reuses the
+    summaries (and the judge steps that did not change). The dry run estimated every such cell whole,
+    summarizing included, so the study looked as costly as a new one. It now leaves out the steps the
+    run reuses, and says which they are."""
+    from booklens.sweep.run import dry_run
+
+    manifest = small_corpus(tmp_path / "corpus")
+    out = tmp_path / "sweep"
+    run_sweep_quietly(manifest, out, server, tmp_path / "cache")
+    manifest.write_text(manifest.read_text().replace("judge: {steps: [coherence]}",
+                                                     "judge: {steps: [coherence, faithfulness], evidence: bm25}"))
+    fresh = dry_run_table(dry_run(manifest, tmp_path / "new", lm="openai/fake-model", api_base=server.url))
+    text = dry_run(manifest, out, lm="openai/fake-model", api_base=server.url)
+    table = dry_run_table(text)
+    assert "4 with some steps on disk" in text.splitlines()[0], text
+    assert "  given (summaries from given.json): a (reuses summary, coherence), b (reuses summary, coherence)" \
+        in text.splitlines(), text
+    # Each given summary has 2 sentences: 2 claims, so 1 decomposition and 2 verifications a book;
+    # its 2 coherence calls a book are reused. The summarizing system makes no summary.
+    assert (fresh["given"][4], table["given"][4]) == ("10", "6")
+    assert table["hier"][3] == "0" and int(table["hier"][4]) < int(fresh["hier"][4]) - int(fresh["hier"][3])
+    before = len(server.served)
+    run_sweep_quietly(manifest, out, server, tmp_path / "another-cache")
+    made = server.served[before:]
+    assert sorted({pipeline_step(body) for body in made}) == ["claims", "verify"]
+    given = [body for body in made if any(claim in str(body["messages"][-1]["content"])
+                                          for claim in ("keeps the light", "writes in the log"))]
+    assert len(given) == 6  # as estimated
 
 
 def test_fail_fast_on_a_resumed_sweep_keeps_the_cells_complete_on_disk(server, tmp_path):

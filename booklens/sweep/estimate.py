@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Collection, Mapping, Optional
 
 from booklens.lm.usage import known_cost
 from booklens.sweep.manifest import Sweep
@@ -192,12 +192,13 @@ def _greedy_end(sizes: list[int], start: int, room: int) -> int:
 
 
 def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int, judge_window: Optional[int],
-               overheads: _Overheads, programs: dict[str, Any]) -> Work:
+               overheads: _Overheads, programs: dict[str, Any], reused: Collection[str] = ()) -> Work:
     """Calls and tokens to judge one summary of this many tokens and sentences, of a book of
-    `book_tokens`, on a judge LM whose context window is `judge_window` (None: unknown)."""
+    `book_tokens`, on a judge LM whose context window is `judge_window` (None: unknown), less the
+    run steps in `reused` (on disk: a run makes them without a call)."""
     work = Work()
     sentences = max(1, sentences)
-    if "coherence" in judge.steps:
+    if "coherence" in judge.steps and "coherence" not in reused:
         scorer = programs["coherence"]
         if judge.batch_size == 1:
             head = overheads.of(scorer.detect, summary="", sentence="")
@@ -211,8 +212,11 @@ def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int
                      sentences * COHERENCE_ANSWER_TOKENS)
     if "faithfulness" in judge.steps:
         claims = max(1, round(sentences * CLAIMS_PER_SENTENCE))
-        decomposer = programs["decomposition"]
-        work.add(1, overheads.of(decomposer.decompose, summary="") + summary_tokens, claims * CLAIM_ANSWER_TOKENS)
+        if "claims" not in reused:
+            decomposer = programs["decomposition"]
+            work.add(1, overheads.of(decomposer.decompose, summary="") + summary_tokens, claims * CLAIM_ANSWER_TOKENS)
+        if "faithfulness" in reused:
+            return work
         if judge.max_claims:
             claims = min(claims, judge.max_claims)
         verifier = programs["verification"]
@@ -235,11 +239,12 @@ def _judge_programs(judge: Any) -> dict[str, Any]:
     return load_judge_programs(judge)
 
 
-def estimate_sweep(sweep: Sweep, *, skip: frozenset[tuple[str, str]] | set[tuple[str, str]] = frozenset(),
+def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Collection[str]]] = None,
                    programs: Optional[dict[str, Any]] = None) -> list[SystemEstimate]:
     """Per system: books, chunks, LM calls and tokens (summarizing and judging), cost where known.
-    The (system, book) cells in `skip` (complete on disk: a run reuses them without a call) are left
-    out; `programs`: the judge programs, when already loaded."""
+    `reused`: per (system, book) cell, the run steps on disk that a run reuses without a call
+    (`reusable_cell_steps`): they are left out, so a cell complete on disk counts nothing and one
+    whose judge changed counts its judging only. `programs`: the judge programs, when already loaded."""
     import dspy
 
     from booklens.errors import BooklensError
@@ -279,7 +284,8 @@ def estimate_sweep(sweep: Sweep, *, skip: frozenset[tuple[str, str]] | set[tuple
                 except BooklensError as exc:
                     raise BooklensError(f"system {spec.name!r}: {exc}") from None
             for book in sweep.books:
-                if (spec.name, book.key) in skip:
+                done = set((reused or {}).get((spec.name, book.key), ()))
+                if done >= set(judge.wanted_steps()):
                     continue
                 read = book_text(book.key, first.drop_matter)
                 if read is None:
@@ -290,11 +296,12 @@ def estimate_sweep(sweep: Sweep, *, skip: frozenset[tuple[str, str]] | set[tuple
                     tokens, sentences = count_tokens(summary), len(split_sentences(summary))
                 else:
                     chunks = chunk_text(text, first.chunk_size)
-                    est.chunks += len(chunks)
                     work, tokens = summary_work(summarizer, chunks, overheads)
-                    est.summarize.add(work.calls, work.prompt_tokens, work.completion_tokens)
+                    if "summary" not in done:  # (a summary on disk is judged at the size assumed for it)
+                        est.chunks += len(chunks)
+                        est.summarize.add(work.calls, work.prompt_tokens, work.completion_tokens)
                     sentences = max(1, round(tokens / TOKENS_PER_SENTENCE))
-                w = judge_work(judge, tokens, sentences, book_tokens, judge_window, overheads, programs)
+                w = judge_work(judge, tokens, sentences, book_tokens, judge_window, overheads, programs, done)
                 est.judge.add(w.calls, w.prompt_tokens, w.completion_tokens)
             parts = [(est.judge.calls, price(judge_lm, est.judge.prompt_tokens, est.judge.completion_tokens))]
             if est.summarize_lm is not None:

@@ -428,10 +428,12 @@ def _without_credentials(section: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
-def complete_cells(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any]) -> set[tuple[str, str]]:
-    """The (system, book) cells whose run directory a run would reuse whole, every step as it is on
-    disk without an LM call: decided by the pipeline's own rule (`reusable_steps`, the digests its
-    steps are matched by). `programs`: the judge programs the cells load (`load_judge_programs`)."""
+def reusable_cell_steps(sweep: Sweep, tasks: list[CellTask],
+                        programs: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    """Per (system, book) cell with a run directory, the steps a run would reuse from it without an
+    LM call, decided by the pipeline's own rule (`reusable_steps`, the digests its steps are matched
+    by); cells that would reuse nothing are left out. `programs`: the judge programs the cells load
+    (`load_judge_programs`)."""
     from booklens.lm.embedded import lm_name_label
     from booklens.lm.pool import resolve_model
     from booklens.pipeline import JudgeConfig, SystemConfig, public_api_base, reusable_steps
@@ -444,7 +446,7 @@ def complete_cells(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any]
         return {"lm": lm_name_label(name), "api_base": public_api_base(server)}
 
     texts: dict[tuple[str, bool], Optional[str]] = {}
-    complete = set()
+    reusable: dict[tuple[str, str], set[str]] = {}
     for task in tasks:
         system = SystemConfig.model_validate(task.system_config)
         judge = JudgeConfig.model_validate(task.judge_config)
@@ -462,9 +464,22 @@ def complete_cells(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any]
                                 summary_model=model(system.lm, system.api_base),
                                 judge_model=model(judge.lm, judge.api_base), programs=programs,
                                 book_text=texts[key])
-        if set(reused) == set(judge.wanted_steps()):
-            complete.add((task.system, task.book))
-    return complete
+        if reused:
+            reusable[(task.system, task.book)] = set(reused)
+    return reusable
+
+
+def complete_cells(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any],
+                   reusable: Optional[dict[tuple[str, str], set[str]]] = None) -> set[tuple[str, str]]:
+    """The (system, book) cells whose run directory a run would reuse whole, every step as it is on
+    disk without an LM call (`reusable_cell_steps`, or `reusable` when already found)."""
+    from booklens.pipeline import JudgeConfig
+
+    if reusable is None:
+        reusable = reusable_cell_steps(sweep, tasks, programs)
+    return {(task.system, task.book) for task in tasks
+            if reusable.get((task.system, task.book)) == set(JudgeConfig.model_validate(task.judge_config)
+                                                                 .wanted_steps())}
 
 
 def cells_of_plan(sweep_dir: Path, plan: dict[str, Any]) -> Optional[set[tuple[str, str]]]:
@@ -665,21 +680,30 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     import dspy
 
     from booklens.lm import BooklensAdapter
-    from booklens.pipeline import load_judge_programs
+    from booklens.pipeline import STEPS, load_judge_programs
 
     with dspy.context(adapter=BooklensAdapter()):
         programs = load_judge_programs(sweep.judge_config())
-    complete = complete_cells(sweep, tasks, programs)
-    estimates = estimate_sweep(sweep, skip=complete, programs=programs)
+    reusable = reusable_cell_steps(sweep, tasks, programs)
+    complete = complete_cells(sweep, tasks, programs, reusable)
+    estimates = estimate_sweep(sweep, reused=reusable, programs=programs)
     lines = [f"{counted(len(tasks), 'cell')}: {counted(len(sweep.systems), 'system')} \u00d7 "
              f"{counted(len(sweep.books), 'book')} -> {output}"]
-    if complete:
-        lines[0] += (f" ({len(complete)} complete on disk, every step reused without an LM call; the estimate "
-                     f"counts the other {len(tasks) - len(complete)})")
+    partly = len(reusable) - len(complete)
+    on_disk = [f"{len(complete)} complete on disk, every step reused without an LM call" if complete else "",
+               f"{partly} with some steps on disk, which the run reuses without an LM call" if partly else ""]
+    if complete or partly:
+        lines[0] += f" ({'; '.join(bit for bit in on_disk if bit)}; the estimate counts only the steps to make)"
+
+    def mark(cell: tuple[str, str]) -> str:
+        if cell in complete:
+            return " (complete, reused)"
+        steps = [step for step in STEPS if step in reusable.get(cell, ())]
+        return f" (reuses {', '.join(steps)})" if steps else ""
+
     for spec in sweep.systems:
         kind = f"summaries from {Path(spec.summaries).name}" if spec.summaries else "summarizes"
-        lines.append(f"  {spec.name} ({kind}): " + ", ".join(
-            b.key + (" (complete, reused)" if (spec.name, b.key) in complete else "") for b in sweep.books))
+        lines.append(f"  {spec.name} ({kind}): " + ", ".join(b.key + mark((spec.name, b.key)) for b in sweep.books))
     header = ("system", "summarizer", "judge", "chunks", "LM calls", "prompt tokens", "completion tokens", "cost")
     rows = []
     for e in estimates:
