@@ -193,8 +193,15 @@ def route_programs(paths: list[Path], *, allowed: tuple[str, ...] = tuple(PROGRA
     return routed
 
 
-def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
-    """Configuration errors a user can make, found before any model loads."""
+def summarizer_option(field: str) -> str:
+    """How `run` spells the option that sets a summarizer field away from its default."""
+    return {"level_budgets": "--level-budget", "remove_artifacts": "--keep-artifacts"}.get(
+        field, "--" + field.replace("_", "-"))
+
+
+def check_configs(system: SystemConfig, judge: JudgeConfig, *, as_keys: bool = True) -> None:
+    """Configuration errors a user can make, found before any model loads. `as_keys`: name the settings
+    as manifests write them; else as `run`'s options."""
     from booklens.retrieval import EVIDENCE_MODES
 
     if judge.evidence not in EVIDENCE_MODES or judge.evidence == "given":
@@ -204,19 +211,20 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
 
     if "faithfulness" in judge.steps:
         check_evidence_options(judge.evidence, k=judge.k, budget_tokens=judge.budget_tokens,
-                               passage_tokens=judge.passage_tokens, as_keys=True)
+                               passage_tokens=judge.passage_tokens, as_keys=as_keys)
     unknown = sorted(set(judge.programs) - set(JUDGE_TASKS))
     if unknown:
         raise BooklensError(f"the judge takes programs for {', '.join(JUDGE_TASKS)}, not {', '.join(unknown)}")
     from booklens.judges import check_zero_shot
 
-    check_zero_shot(judge.programs, judge_tasks(judge), judge.zero_shot, as_keys=True)
+    check_zero_shot(judge.programs, judge_tasks(judge), judge.zero_shot, as_keys=as_keys)
     if system.given and system.program is not None:
         raise BooklensError("a given summary is judged as it is: a compiled summarizer would not run")
     if system.given:
         unused = [name for name in SUMMARIZER_FIELDS
                   if getattr(system, name) != SystemConfig.model_fields[name].get_default(call_default_factory=True)]
         if unused:
+            unused = unused if as_keys else [summarizer_option(name) for name in unused]
             raise BooklensError(f"a given summary is judged as it is: {', '.join(unused)} would not apply (they set "
                                 "how a summary is written)")
     if system.summary_file is not None and system.summary_text is not None:
@@ -230,7 +238,7 @@ def check_configs(system: SystemConfig, judge: JudgeConfig) -> None:
         from booklens.steps import check_method_options
 
         check_method_options(system.method, system.level_budgets, system.merge_context,
-                             max_summary_tokens=system.max_summary_tokens, as_keys=True)
+                             max_summary_tokens=system.max_summary_tokens, as_keys=as_keys)
 
 
 def build_summarizer(system: SystemConfig):

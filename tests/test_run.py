@@ -624,15 +624,17 @@ def test_run_refuses_options_that_would_be_ignored_before_anything_is_written(tm
     be ignored without a word: each is one line, and nothing is written."""
     out = tmp_path / "run"
     base = [sys.executable, "-m", "booklens", "run", str(STORY), "-o", str(out)]
-    proc = cli([*base, "--summary", str(STORY), "--chunk-size", "1024", "--keep-artifacts"])
-    assert_one_line_error(proc, "a given summary is judged as it is: chunk_size, remove_artifacts would not apply")
+    # named as the command line gives them: --keep-artifacts, which sets remove_artifacts, was told as that key
+    proc = cli([*base, "--summary", str(STORY), "--chunk-size", "1024", "--keep-artifacts", "--level-budget", "100"])
+    assert_one_line_error(proc, "a given summary is judged as it is: --chunk-size, --level-budget, --keep-artifacts "
+                                "would not apply")
     proc = cli([*base, "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"])
     assert_one_line_error(proc, "--api-base http://127.0.0.1:9/v1 names a server, but the LM is the embedded model")
     proc = cli([sys.executable, "-m", "booklens", "summarize", str(STORY), "-o", str(tmp_path / "s.json"),
                 "--lm", "local", "--api-base", "http://127.0.0.1:9/v1"])
     assert_one_line_error(proc, "names a server, but the LM is the embedded model")
     proc = cli([*base, "--evidence", "none", "--k", "3"])
-    assert_one_line_error(proc, "k is how many passages bm25/dense/hybrid retrieve; evidence none retrieves none")
+    assert_one_line_error(proc, "--k is how many passages bm25/dense/hybrid retrieve; evidence none retrieves none")
     proc = cli([*base, "--lm", "local", "--rpm", "5"])
     assert_one_line_error(proc, "--rpm is for models behind a server or provider; the embedded model (local) always "
                                 "decodes under the output schema and has no rate limits")

@@ -142,7 +142,7 @@ def run_command(
                         max_claims=max_claims, batch_size=batch_size, programs=programs, zero_shot=zero_shot)
     if summary is not None and system.program is not None:
         raise BooklensError("--summary gives the summary: a compiled summarizer (--program) would not run")
-    check_configs(system, judge)
+    check_configs(system, judge, as_keys=False)
     # Bad input fails before any model loads or anything is written.
     book_text = read_book(book, drop_matter=drop_matter)
     if summary is not None:
