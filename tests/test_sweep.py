@@ -1161,35 +1161,61 @@ def test_dry_run_counts_the_cells_complete_on_disk_apart_and_estimates_only_the_
                                  "inc/a": False, "inc/b": False}
 
 
-def test_dry_run_after_a_judge_change_estimates_only_the_steps_to_make_again(server, tmp_path):
+class ExtraClaim(PipelineResponder):
+    """Claims as PipelineResponder splits them, and one more: more claims than sentences."""
+
+    def __call__(self, body):
+        answer = super().__call__(body)
+        if pipeline_step(body) == "claims":  # (no two summaries share the extra claim: each is verified)
+            claims = json.loads(answer)["claims"]
+            return json.dumps({"claims": [*claims, f"The story that starts with '{claims[0]}' has an end."]})
+        return answer
+
+
+def test_dry_run_after_a_judge_change_estimates_only_the_steps_to_make_again(tmp_path):
     """A judge setting changed on a finished sweep: the run makes the new judge steps and reuses the
     summaries (and the judge steps that did not change). The dry run estimated every such cell whole,
     summarizing included, so the study looked as costly as a new one. It now leaves out the steps the
-    run reuses, and says which they are."""
+    run reuses, says which they are, and sizes the judging by the summaries and claims on disk."""
     from booklens.sweep.run import dry_run
+    from booklens.text import split_sentences
 
     manifest = small_corpus(tmp_path / "corpus")
     out = tmp_path / "sweep"
-    run_sweep_quietly(manifest, out, server, tmp_path / "cache")
-    manifest.write_text(manifest.read_text().replace("judge: {steps: [coherence]}",
-                                                     "judge: {steps: [coherence, faithfulness], evidence: bm25}"))
-    fresh = dry_run_table(dry_run(manifest, tmp_path / "new", lm="openai/fake-model", api_base=server.url))
-    text = dry_run(manifest, out, lm="openai/fake-model", api_base=server.url)
-    table = dry_run_table(text)
-    assert "4 with some steps on disk" in text.splitlines()[0], text
-    assert "  given (summaries from given.json): a (reuses summary, coherence), b (reuses summary, coherence)" \
-        in text.splitlines(), text
-    # Each given summary has 2 sentences: 2 claims, so 1 decomposition and 2 verifications a book;
-    # its 2 coherence calls a book are reused. The summarizing system makes no summary.
-    assert (fresh["given"][4], table["given"][4]) == ("10", "6")
-    assert table["hier"][3] == "0" and int(table["hier"][4]) < int(fresh["hier"][4]) - int(fresh["hier"][3])
-    before = len(server.served)
-    run_sweep_quietly(manifest, out, server, tmp_path / "another-cache")
-    made = server.served[before:]
-    assert sorted({pipeline_step(body) for body in made}) == ["claims", "verify"]
-    given = [body for body in made if any(claim in str(body["messages"][-1]["content"])
-                                          for claim in ("keeps the light", "writes in the log"))]
-    assert len(given) == 6  # as estimated
+    with FakeOpenAIServer(responder=ExtraClaim()) as server:
+        def plan(directory=out):
+            return dry_run(manifest, directory, lm="openai/fake-model", api_base=server.url)
+
+        run_sweep_quietly(manifest, out, server, tmp_path / "cache")
+        manifest.write_text(manifest.read_text().replace("judge: {steps: [coherence]}",
+                                                         "judge: {steps: [coherence, faithfulness], evidence: bm25}"))
+        fresh, text = dry_run_table(plan(tmp_path / "new")), plan()
+        table = dry_run_table(text)
+        assert "4 with some steps on disk" in text.splitlines()[0], text
+        assert "  given (summaries from given.json): a (reuses summary, coherence), b (reuses summary, coherence)" \
+            in text.splitlines(), text
+        # Each given summary has 2 sentences, taken for 2 claims: 1 decomposition and 2 verifications a
+        # book; its 2 coherence calls a book are reused. The summarizing system makes no summary, and its
+        # summaries on disk are judged at their own length.
+        assert (fresh["given"][4], table["given"][4]) == ("10", "6")
+        sentences = sum(len(split_sentences(read_json(out / "cells" / "hier" / book / "summary.json")["summary"]))
+                        for book in ("a", "b"))
+        assert (table["hier"][3], table["hier"][4]) == ("0", str(2 + sentences))
+        before = len(server.served)
+        run_sweep_quietly(manifest, out, server, tmp_path / "another-cache")
+        assert {pipeline_step(body) for body in server.served[before:]} == {"claims", "verify"}
+
+        # Only the verification changes: the claims on disk, one more than the sentences, are verified again.
+        manifest.write_text(manifest.read_text().replace("evidence: bm25}", "evidence: bm25, k: 2}"))
+        text = plan()
+        assert "  hier (summarizes): a (reuses summary, coherence, claims), b (reuses summary, coherence, claims)" \
+            in text.splitlines(), text
+        claims = sum(len(read_json(out / "cells" / system / book / "claims.json")["claims"])
+                     for system in ("hier", "given") for book in ("a", "b"))
+        before = len(server.served)
+        run_sweep_quietly(manifest, out, server, tmp_path / "a-third-cache")
+        assert {pipeline_step(body) for body in server.served[before:]} == {"verify"}
+        assert dry_run_table(text)["total"][2] == str(claims) == str(len(server.served) - before)
 
 
 def test_fail_fast_on_a_resumed_sweep_keeps_the_cells_complete_on_disk(server, tmp_path):

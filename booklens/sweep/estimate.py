@@ -10,13 +10,15 @@ cannot be known before the model writes is assumed, and said: every summary fill
 budget unless what it summarizes is shorter (then it is as long as that: a short book's summary
 is no longer than the book), incremental updating compresses every update over its budget (upper
 bounds on calls), a summary sentence is about `TOKENS_PER_SENTENCE` tokens and yields one claim,
-and no answer needs a retry.
+and no answer needs a retry. A cell whose run directory holds steps a run reuses (a judge setting
+changed) is estimated for the other steps only, judging the summary and claims on disk.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Collection, Mapping, Optional
 
 from booklens.lm.usage import known_cost
@@ -192,10 +194,12 @@ def _greedy_end(sizes: list[int], start: int, room: int) -> int:
 
 
 def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int, judge_window: Optional[int],
-               overheads: _Overheads, programs: dict[str, Any], reused: Collection[str] = ()) -> Work:
+               overheads: _Overheads, programs: dict[str, Any], reused: Collection[str] = (),
+               claims: Optional[int] = None) -> Work:
     """Calls and tokens to judge one summary of this many tokens and sentences, of a book of
     `book_tokens`, on a judge LM whose context window is `judge_window` (None: unknown), less the
-    run steps in `reused` (on disk: a run makes them without a call)."""
+    run steps in `reused` (on disk: a run makes them without a call); `claims`: how many the summary
+    was split into, when known."""
     work = Work()
     sentences = max(1, sentences)
     if "coherence" in judge.steps and "coherence" not in reused:
@@ -211,7 +215,8 @@ def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int
             work.add(batches, batches * (head + 2 * summary_tokens // batches + summary_tokens),
                      sentences * COHERENCE_ANSWER_TOKENS)
     if "faithfulness" in judge.steps:
-        claims = max(1, round(sentences * CLAIMS_PER_SENTENCE))
+        if claims is None:
+            claims = max(1, round(sentences * CLAIMS_PER_SENTENCE))
         if "claims" not in reused:
             decomposer = programs["decomposition"]
             work.add(1, overheads.of(decomposer.decompose, summary="") + summary_tokens, claims * CLAIM_ANSWER_TOKENS)
@@ -232,6 +237,30 @@ def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int
     return work
 
 
+def _step_on_disk(output: Optional[Path], system: str, book: str, step: str) -> Any:
+    """A step's record in a cell's run directory, or None when there is none to read."""
+    from booklens.errors import BooklensError
+    from booklens.reports import read_step_record
+    from booklens.sweep.aggregate import cell_dir
+
+    if output is None:
+        return None
+    try:
+        return read_step_record(cell_dir(output, system, book), step)
+    except BooklensError:
+        return None
+
+
+def _summary_on_disk(output: Optional[Path], system: str, book: str) -> Optional[str]:
+    record = _step_on_disk(output, system, book, "summary")
+    return None if record is None else record.summary
+
+
+def _claims_on_disk(output: Optional[Path], system: str, book: str) -> Optional[int]:
+    record = _step_on_disk(output, system, book, "claims")
+    return None if record is None else len(record.claims)
+
+
 def _judge_programs(judge: Any) -> dict[str, Any]:
     """The programs the cells judge with (the pipeline's: default few-shot, zero-shot or compiled)."""
     from booklens.pipeline import load_judge_programs
@@ -240,11 +269,12 @@ def _judge_programs(judge: Any) -> dict[str, Any]:
 
 
 def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Collection[str]]] = None,
-                   programs: Optional[dict[str, Any]] = None) -> list[SystemEstimate]:
+                   output: Optional[Path] = None, programs: Optional[dict[str, Any]] = None) -> list[SystemEstimate]:
     """Per system: books, chunks, LM calls and tokens (summarizing and judging), cost where known.
     `reused`: per (system, book) cell, the run steps on disk that a run reuses without a call
     (`reusable_cell_steps`): they are left out, so a cell complete on disk counts nothing and one
-    whose judge changed counts its judging only. `programs`: the judge programs, when already loaded."""
+    whose judge changed counts its judging only, of the summary in its run directory under the sweep
+    directory `output`. `programs`: the judge programs, when already loaded."""
     import dspy
 
     from booklens.errors import BooklensError
@@ -297,11 +327,15 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
                 else:
                     chunks = chunk_text(text, first.chunk_size)
                     work, tokens = summary_work(summarizer, chunks, overheads)
-                    if "summary" not in done:  # (a summary on disk is judged at the size assumed for it)
+                    sentences = max(1, round(tokens / TOKENS_PER_SENTENCE))
+                    made = _summary_on_disk(output, spec.name, book.key) if "summary" in done else None
+                    if made is not None:  # judged as it is, not at the size a new one is assumed to have
+                        tokens, sentences = count_tokens(made), len(split_sentences(made))
+                    elif "summary" not in done:
                         est.chunks += len(chunks)
                         est.summarize.add(work.calls, work.prompt_tokens, work.completion_tokens)
-                    sentences = max(1, round(tokens / TOKENS_PER_SENTENCE))
-                w = judge_work(judge, tokens, sentences, book_tokens, judge_window, overheads, programs, done)
+                claims = _claims_on_disk(output, spec.name, book.key) if "claims" in done else None
+                w = judge_work(judge, tokens, sentences, book_tokens, judge_window, overheads, programs, done, claims)
                 est.judge.add(w.calls, w.prompt_tokens, w.completion_tokens)
             parts = [(est.judge.calls, price(judge_lm, est.judge.prompt_tokens, est.judge.completion_tokens))]
             if est.summarize_lm is not None:

@@ -686,7 +686,7 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
         programs = load_judge_programs(sweep.judge_config())
     reusable = reusable_cell_steps(sweep, tasks, programs)
     complete = complete_cells(sweep, tasks, programs, reusable)
-    estimates = estimate_sweep(sweep, reused=reusable, programs=programs)
+    estimates = estimate_sweep(sweep, reused=reusable, output=output, programs=programs)
     lines = [f"{counted(len(tasks), 'cell')}: {counted(len(sweep.systems), 'system')} \u00d7 "
              f"{counted(len(sweep.books), 'book')} -> {output}"]
     partly = len(reusable) - len(complete)
