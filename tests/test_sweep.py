@@ -1343,9 +1343,9 @@ def test_a_sweep_run_through_a_link_to_its_manifest_is_titled_as_report_rebuilds
     assert proc.returncode == 0, proc.stderr
     written = (out / "report.html").read_bytes()
     assert b"<title>booklens sweep: study-v2</title>" in written
-    proc = run_command(["report", out, "-o", tmp_path / "again.html"])
+    proc = run_command(["report", out, "-o", out / "again.html"])  # (beside the cells: the same links)
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "again.html").read_bytes() == written
+    assert (out / "again.html").read_bytes() == written
 
 
 def test_dry_run_counts_one_book_in_the_singular(server, tmp_path):
@@ -1433,6 +1433,26 @@ def test_report_of_a_sweep_stopped_before_its_aggregate_shows_what_is_done_and_s
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "1 cell failed, 1 did not run" in page and 'href="cells/given/a/report.html"' in page
     assert not (out / RESULTS_FILE).exists() and not (out / CELLS_FILE).exists()  # the sweep's to write
+
+
+def test_a_sweep_page_written_elsewhere_links_to_the_cells_where_they_are(small_sweep, tmp_path):
+    """`booklens report DIR -o OTHER/page.html`: the page linked each cell as cells/<system>/<book>/
+    report.html, relative to the page, so every link of the heatmap led nowhere once the page was
+    not in DIR. The links now lead from the page's folder to the cells' reports."""
+    import re
+    from urllib.parse import unquote
+
+    out = small_sweep
+    for target in (tmp_path / "docs" / "figures" / "sweep.html", out / "report.html"):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        proc = run_command(["report", out, "-o", target])
+        assert proc.returncode == 0, proc.stderr
+        links = re.findall(r'href="([^"#]+)"', target.read_text(encoding="utf-8"))
+        assert len(links) == 3, links
+        for link in links:
+            assert (target.parent / unquote(link)).resolve() == \
+                (out / "cells" / "given" / link.split("/")[-2] / "report.html").resolve(), link
+    assert links[0] == "cells/given/a/report.html"  # in the sweep directory, as before
 
 
 def test_report_of_a_stopped_sweep_does_not_call_the_cells_it_interrupted_failed(small_sweep):

@@ -100,8 +100,11 @@ def _ci_span(text: Optional[str]) -> str:
     return "" if text is None else f'<span class="ci">{text}</span>'
 
 
-def _cell_href(row: dict[str, Any]) -> str:
-    return "/".join(quote(part, safe="") for part in ("cells", row["system"], row["book"], "report.html"))
+def _cell_href(row: dict[str, Any], to_sweep: Sequence[str] = ()) -> str:
+    """The link to a cell's report from the page; `to_sweep`: the path from the page's folder to the
+    sweep directory, one part a step (none for a page in the sweep directory)."""
+    parts = (*to_sweep, "cells", row["system"], row["book"], "report.html")
+    return "/".join(quote(part, safe="") for part in parts)
 
 
 # ---------------------------------------------------------------------------
@@ -273,7 +276,7 @@ def _heat_color(score: float) -> str:
     return f"hsl({hue:.0f}, 70%, 82%)"
 
 
-def _heatmap_section(results: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+def _heatmap_section(results: dict[str, Any], rows: Sequence[dict[str, Any]], to_sweep: Sequence[str] = ()) -> str:
     systems = list(results["systems"])
     books = list(results.get("books") or sorted({r["book"] for r in rows}))
     by_cell = {(r["system"], r["book"]): r for r in rows}
@@ -286,7 +289,7 @@ def _heatmap_section(results: dict[str, Any], rows: Sequence[dict[str, Any]]) ->
             if r is None or r["status"] == "not run":
                 cells.append('<td class="missing">not run</td>')
                 continue
-            link = f'<a href="{h(_cell_href(r))}">{{}}</a>'
+            link = f'<a href="{h(_cell_href(r, to_sweep))}">{{}}</a>'
             if r["status"] == "failed":
                 error = r.get("error") or "failed"
                 cells.append(f'<td class="failed" title="{h(error)}">'
@@ -307,15 +310,16 @@ def _heatmap_section(results: dict[str, Any], rows: Sequence[dict[str, Any]]) ->
 
 
 def render_sweep_report(results: dict[str, Any], rows: Sequence[dict[str, Any]], *, title: str,
-                        meta: Sequence[str] = ()) -> str:
-    """The page (deterministic: the same figures give the same bytes)."""
+                        meta: Sequence[str] = (), to_sweep: Sequence[str] = ()) -> str:
+    """The page (deterministic: the same figures give the same bytes). `to_sweep`: the path from the
+    page's folder to the sweep directory, for a page written outside it (`_cell_href`)."""
     from booklens import __version__
 
     sections = [
         ("systems", "Systems", _table_section(results)),
         ("chart", "BooookScore and faithfulness", _chart_section(results)),
         ("pairs", "Paired differences", _pairs_section(results)),
-        ("books", "Books \u00d7 systems", _heatmap_section(results, rows)),
+        ("books", "Books \u00d7 systems", _heatmap_section(results, rows, to_sweep)),
     ]
     judges = _judges_section(results)
     if judges:
@@ -360,8 +364,22 @@ def write_sweep_report(output: Path, results: dict[str, Any], rows: Sequence[dic
     from booklens.reports import write_text_atomic
 
     target = Path(target) if target is not None else Path(output) / REPORT_FILE
-    write_text_atomic(target, render_sweep_report(results, rows, title=title, meta=meta))
+    write_text_atomic(target, render_sweep_report(results, rows, title=title, meta=meta,
+                                                  to_sweep=_path_between(target.parent, Path(output))))
     return target
+
+
+def _path_between(folder: Path, sweep_dir: Path) -> tuple[str, ...]:
+    """The relative path from `folder` (where a page is written) to `sweep_dir`, one part a step; the
+    cell links of a page written elsewhere lead back to the cells. As the browser reads a link:
+    by the folders' names, not where their links resolve."""
+    import os
+
+    try:
+        relative = os.path.relpath(os.path.abspath(sweep_dir), os.path.abspath(folder))
+    except ValueError:  # on another drive (Windows) there is no relative path: links as from the sweep directory
+        return ()
+    return () if relative == os.curdir else Path(relative).parts
 
 
 def sweep_meta(systems: int, books: int, manifest: str, judge_steps: Sequence[str], evidence: str) -> list[str]:
