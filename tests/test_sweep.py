@@ -1348,6 +1348,29 @@ def test_a_sweep_run_through_a_link_to_its_manifest_is_titled_as_report_rebuilds
     assert (out / "again.html").read_bytes() == written
 
 
+def test_dry_run_names_the_books_whose_cells_will_fail_unread(server, tmp_path):
+    """An empty or binary book is no manifest error (its cells fail, the others run), but the dry run
+    listed its cells as any other and left them out of the estimate without a word: the researcher
+    learnt of it only from the run. It now says, a line a book, which books cannot be read and why."""
+    from booklens.sweep.run import dry_run
+
+    manifest = small_corpus(tmp_path / "corpus")
+    (manifest.parent / "empty.txt").write_text("")
+    (manifest.parent / "scan.txt").write_bytes(b"\x00\x01binary\xff" * 100)
+    given = read_json(manifest.parent / "given.json")
+    (manifest.parent / "given.json").write_text(json.dumps({**given, "empty": "Nothing.", "scan": "Nothing."}))
+    manifest.write_text(manifest.read_text().replace("books: [a.txt, b.txt]", "books: [a.txt, empty.txt, scan.txt]"))
+    lines = dry_run(manifest, tmp_path / "sweep", lm="openai/fake-model", api_base=server.url).splitlines()
+    assert [line for line in lines if line.startswith("warning:")] == [
+        f"warning: book 'empty' cannot be read ({manifest.parent / 'empty.txt'} is empty): its 2 cells will fail",
+        f"warning: book 'scan' cannot be read ({manifest.parent / 'scan.txt'} looks like a binary file (it contains "
+        "NUL bytes), not UTF-8 text): its 2 cells will fail"], lines
+    assert not (tmp_path / "sweep").exists()
+    outcome = run_sweep_quietly(manifest, tmp_path / "sweep", server, tmp_path / "cache")
+    assert sorted((o.system, o.book) for o in outcome.failed) == [("given", "empty"), ("given", "scan"),
+                                                                   ("hier", "empty"), ("hier", "scan")]
+
+
 def test_dry_run_counts_one_book_in_the_singular(server, tmp_path):
     from booklens.sweep.run import dry_run
 

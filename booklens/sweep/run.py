@@ -720,5 +720,33 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
                                enumerate(zip(r, widths))).rstrip())
     lines.append("")
     lines.append(ASSUMPTIONS)
+    lines.extend(unreadable_books(sweep))
     lines.extend(f"note: {note}" for note in artifact_notes(sweep))
     return "\n".join(lines)
+
+
+def unreadable_books(sweep: Sweep) -> list[str]:
+    """A warning for each book that cannot be read (empty, binary, not UTF-8, a broken EPUB): no manifest
+    error, since the sweep's other cells run, but its cells will fail, and the estimate counts none of
+    their calls."""
+    from booklens.text import read_book
+
+    warnings = []
+    for book in sweep.books:
+        reasons: dict[bool, Optional[str]] = {}  # by drop_matter, the one setting that changes what is read
+        for spec in sweep.systems:
+            drop_matter = sweep.system_config(spec.name, book.key).drop_matter
+            if drop_matter not in reasons:
+                try:
+                    read_book(Path(book.path), drop_matter=drop_matter)
+                    reasons[drop_matter] = None
+                except BooklensError as exc:
+                    reasons[drop_matter] = str(exc).splitlines()[0]
+        failing = [reason for reason in (reasons[sweep.system_config(spec.name, book.key).drop_matter]
+                                         for spec in sweep.systems) if reason is not None]
+        if failing:
+            from booklens.vocabulary import counted
+
+            warnings.append(f"warning: book {book.key!r} cannot be read ({failing[0]}): its "
+                            f"{counted(len(failing), 'cell')} will fail")
+    return warnings
