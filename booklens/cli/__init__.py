@@ -94,7 +94,8 @@ def _run_command() -> None:
         print(exc.format_message(), file=sys.stderr)  # the help as it is, as click shows it
         sys.exit(2)
     except UsageError as exc:
-        message = exc.format_message().strip()
+        # typer validates a choice through pydantic, whose "Value error, " would open the reason
+        message = exc.format_message().strip().replace(": Value error, ", ": ", 1)
         if message:  # an empty message follows a help screen already shown
             print(f"error: {message} (see {_command_of(exc.ctx)} --help)", file=sys.stderr)
         sys.exit(2)
