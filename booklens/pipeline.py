@@ -958,6 +958,15 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     return run
 
 
+def _claim_shares(faithfulness) -> dict[str, float]:
+    """The label shares unrounded (the record shows them to two decimals), so a sweep's mean over books is
+    the books' mean; a record without label counts (an earlier booklens's) gives the shares it shows."""
+    from booklens.programs.faithfulness import label_shares_of
+
+    counts = faithfulness.label_counts
+    return label_shares_of(counts) if counts else dict(faithfulness.label_percentages)
+
+
 def run_scores(summary_text: Optional[str], coherence, faithfulness) -> dict[str, Any]:
     """The figures of a run that a sweep aggregates (None where the step did not run)."""
     from booklens.metrics.booookscore import summary_stats
@@ -970,7 +979,7 @@ def run_scores(summary_text: Optional[str], coherence, faithfulness) -> dict[str
         "failed_sentences": coherence.n_failed if coherence is not None else None,
         "claims": len(faithfulness.claims) if faithfulness is not None else None,
         "failed_claims": faithfulness.failures if faithfulness is not None else None,
-        "claim_labels": dict(faithfulness.label_percentages) if faithfulness is not None else None,
+        "claim_labels": _claim_shares(faithfulness) if faithfulness is not None else None,
         "summary_tokens": stats.get("length_tokens"),
         "repeated_trigrams": stats.get("repeated_trigrams_pct"),
     }

@@ -25,7 +25,7 @@ the book carries its character offsets, so a verdict can be traced to the text.
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import dspy
 
@@ -311,9 +311,17 @@ def label_summary(verdicts: Sequence[ClaimVerdict]) -> tuple[dict[str, int], dic
     counts["failed"] = 0
     for v in verdicts:
         counts[v.label if v.label is not None else "failed"] += 1
-    verified = len(verdicts) - counts["failed"]
-    percentages = {label: round(100.0 * counts[label] / verified, 2) for label in CLAIM_LABELS} if verified else {}
-    return counts, percentages, counts["failed"]
+    return counts, label_shares_of(counts, digits=2), counts["failed"]
+
+
+def label_shares_of(counts: Mapping[str, int], digits: int | None = None) -> dict[str, float]:
+    """The percentage of each label among the verified claims of `counts` (as `label_summary`
+    counts them), rounded to `digits` for display or exact for averaging; {} when none was verified."""
+    verified = sum(counts.get(label, 0) for label in CLAIM_LABELS)
+    if not verified:
+        return {}
+    shares = {label: 100.0 * counts.get(label, 0) / verified for label in CLAIM_LABELS}
+    return {label: round(share, digits) for label, share in shares.items()} if digits is not None else shares
 
 
 # ---------------------------------------------------------------------------

@@ -486,8 +486,8 @@ def test_claims_the_judge_could_not_verify_are_left_out_of_the_shares_and_said(s
     scores = json.loads((out / "run.json").read_text())["scores"]
     assert scores["claims"] == 4 and scores["failed_claims"] == 1
     # of the 3 verified claims, Zed's is unfaithful
-    assert scores["claim_labels"]["faithful"] == pytest.approx(66.67) and scores["claim_labels"]["unfaithful"] == \
-        pytest.approx(33.33)
+    # unrounded: a sweep averages them over books (the report and faithfulness.json show 66.67)
+    assert scores["claim_labels"]["faithful"] == 200 / 3 and scores["claim_labels"]["unfaithful"] == 100 / 3
     assert "(1 not verified, left out of the shares)" in proc.stderr
 
     # The server is fixed: the rerun keeps every other step and asks again about that one claim

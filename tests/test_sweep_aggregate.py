@@ -389,3 +389,27 @@ def test_the_progress_line_says_one_call_and_one_cell_in_the_singular():
                                                     "cost_usd": 0.0})
     assert progress.line() == ("sweep: 1/1 cell (1 reused) | 1 LM call (1 from the cache) + 1 reused from "
                                "earlier runs | 1 token | 0s")
+
+
+def test_a_cells_claim_shares_reach_the_sweep_unrounded():
+    """A run's claim shares are shown to two decimals, but the sweep averages them over books: three
+    books with 2 of 3 claims faithful averaged the shown 66.67 (66.67 in results.json, its interval
+    from 66.67 too), where the books' share is 66.666667."""
+    from booklens.pipeline import run_scores
+    from booklens.records import FaithfulnessReport
+
+    counts = {"faithful": 2, "unfaithful": 1, "partial support": 0, "can't verify": 0, "failed": 1}
+    report = FaithfulnessReport(evidence_mode="book", claims=[], label_counts=counts, failures=1,
+                                label_percentages={"faithful": 66.67, "unfaithful": 33.33,
+                                                   "partial support": 0.0, "can't verify": 0.0})
+    shares = run_scores(None, None, report)["claim_labels"]
+    assert shares == {"faithful": 200 / 3, "unfaithful": 100 / 3, "partial support": 0.0, "can't verify": 0.0}
+    runs = {("a", f"b{i}"): run(0.8, 0.0, calls=5) for i in range(3)}
+    for r in runs.values():
+        r["scores"]["claim_labels"] = shares
+    rows = [cell_row(outcome_of_run(s, b, r)) for (s, b), r in runs.items()]
+    system = results(["a"], ["b0", "b1", "b2"], rows)["systems"]["a"]
+    assert system["claims"]["faithful"] == 66.666667
+    # a record written before label counts were kept still gives its shares
+    legacy = FaithfulnessReport(evidence_mode="book", label_percentages={"faithful": 50.0, "unfaithful": 50.0})
+    assert run_scores(None, None, legacy)["claim_labels"] == {"faithful": 50.0, "unfaithful": 50.0}
