@@ -83,7 +83,11 @@ def test_markdown_has_the_readmes_columns_and_the_figures_of_results_json():
     assert (ac["books"], bc["books"]) == (0, 0)
     assert "Paired difference c - a over 0 books: BooookScore -, faithful - points." in lines
     assert "Paired difference c - b over 0 books: BooookScore -, faithful - points." in lines
-    assert text.endswith(" points.\n") and text.count("Paired difference") == 3
+    assert text.count("Paired difference") == 3
+    # c completed nothing, a fewer books than b: the table says its rows are over different books
+    assert text.endswith(" points.\n\nNote: the systems' figures are over different books (a lacks b3; c lacks b1, b2, "
+                         "b3): compare them by the paired differences over the books both completed (results.json's "
+                         "pairs, report.html)\n")
 
 
 def test_an_unknown_interval_is_a_dash_in_markdown_and_latex_and_empty_in_csv():
@@ -108,7 +112,7 @@ def test_latex_is_a_booktabs_tabular_with_the_names_escaped():
     a = data["systems"][names[0]]
     text = render_table(data, "latex")
     tables = text.split("\n\n")
-    assert len(tables) == 2
+    assert len(tables) == 3 and tables[2].startswith("% note: the systems' figures are over different books")
     lines = tables[0].splitlines()
     assert lines[0] == "\\begin{tabular}{lrrrrrrrrr}" and lines[1] == "\\toprule"
     assert lines[2] == ("system & books & BooookScore [95\\% CI] & faithful [95\\% CI] & unfaithful & partial support & "
@@ -127,7 +131,11 @@ def test_latex_is_a_booktabs_tabular_with_the_names_escaped():
     assert pairs[4].startswith("50\\% \\& \\#1 - hier\\_512 & 2 & +25.0 [+")
     assert pairs[6] == "cost \\$5 \\{x\\} - 50\\% \\& \\#1 & 0 & - & - \\\\"
     assert pairs[-2:] == ["\\bottomrule", "\\end{tabular}"]
-    assert text.endswith("\\end{tabular}\n")
+    # the rows are over different books (the third system completed none): said in a comment after the
+    # tables, as written (LaTeX reads nothing in a comment)
+    assert text.endswith("\\end{tabular}\n\n% note: the systems' figures are over different books (hier_512 lacks "
+                         "b3; cost $5 {x} lacks b1, b2, b3): compare them by the paired differences over the "
+                         "books both completed (results.json's pairs, report.html)\n")
 
 
 def test_csv_reads_back_to_the_numbers_of_results_json():
@@ -236,6 +244,10 @@ def test_report_table_prints_the_tables_of_results_json_and_writes_nothing(tmp_p
     # a lacks b2, which b completed: the rows are over different books, said apart from the table
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("note: the systems' figures are over different "
                                                                    "books (a lacks b2)")
+    # and in the text a paper takes (LaTeX as a comment): a table of rows over different books says so
+    note = {"markdown": "\nNote: the systems' figures are over different books (a lacks b2)",
+            "latex": "\n% note: the systems' figures are over different books (a lacks b2)"}.get(fmt)
+    assert (note is not None and note in proc.stdout) or (note is None and "different books" not in proc.stdout)
 
 
 def test_report_table_needs_a_finished_sweep(tmp_path):

@@ -79,6 +79,14 @@ def _judge_lines(results: dict[str, Any]) -> list[str]:
             for line in judge_line(JudgeInfo.model_validate(info)).splitlines()]
 
 
+def _different_books(results: dict[str, Any]) -> Optional[str]:
+    """The line the sweep printed when its systems' figures are over different books: a table pasted
+    without it would read as a like-for-like comparison."""
+    from booklens.sweep.report import different_books_line
+
+    return different_books_line(results["systems"])
+
+
 def _markdown(results: dict[str, Any]) -> str:
     rows = [HEADER, ["---"] * len(HEADER)]
     rows += [[_markdown_escape(cell) for cell in _system_row(name, s)] for name, s in results["systems"].items()]
@@ -87,6 +95,9 @@ def _markdown(results: dict[str, Any]) -> str:
         score, faithful = (_difference(p[key], scale, lambda v: f"**{v}**") for key, scale in PAIR_FIGURES)
         lines += ["", f"Paired difference {p['b']} - {p['a']} over {counted(p['books'], 'book')}: "
                       f"BooookScore {score}, faithful {faithful} points."]
+    note = _different_books(results)
+    if note:
+        lines += ["", f"Note: {note}"]
     judges = _judge_lines(results)
     if judges:
         lines += ["", *(f"- {line}" for line in judges)]
@@ -112,9 +123,11 @@ def _latex(results: dict[str, Any]) -> str:
                       *(_difference(p[key], scale, lambda v: f"\\textbf{{{v}}}") for key, scale in PAIR_FIGURES)]
                      for p in pairs]
         tables.append(_tabular(pair_header, pair_rows))
-    judges = _judge_lines(results)
-    if judges:  # comments: LaTeX prints none of it, the one who pastes the table reads it
-        tables.append("".join(f"% {line}\n" for line in judges))
+    # comments: LaTeX prints none of it, the one who pastes the table reads it
+    note = _different_books(results)
+    comments = ([f"note: {note}"] if note else []) + _judge_lines(results)
+    if comments:
+        tables.append("".join(f"% {line}\n" for line in comments))
     return "\n".join(tables)
 
 
