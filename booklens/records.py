@@ -152,12 +152,38 @@ def remove_partial_writes(folder: str | Path, names: Iterable[str]) -> int:
     return removed
 
 
+def meant_file(path: Path) -> Optional[Path]:
+    """The file beside a missing `path` that its name most likely meant: the same name in another case,
+    the same name with another suffix or none ('pride' for pride.txt), or a name one typo away; None
+    when nothing is that close."""
+    import difflib
+
+    try:
+        names = sorted(entry.name for entry in os.scandir(path.parent) if entry.is_file())
+    except OSError:
+        return None
+    wanted = path.name.lower()
+    stem = (path.stem if path.suffix else path.name).lower()
+    for same in ([n for n in names if n.lower() == wanted],
+                 [n for n in names if Path(n).stem.lower() == stem]):
+        if same:
+            return path.parent / same[0]
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.8)
+    return path.parent / close[0] if close else None
+
+
+def not_found(what: str, path: Path) -> BooklensError:
+    """'WHAT not found: PATH', naming the file beside it that was likely meant."""
+    meant = meant_file(path)
+    return BooklensError(f"{what} not found: {path}" + (f" (did you mean {meant}?)" if meant else ""))
+
+
 def read_file_bytes(path: str | Path, what: str) -> bytes:
     """The bytes of a file a user gave, or a one-line `BooklensError` that names it as `what`.
     Every reader of a user's file starts here, books and data files alike."""
     path = Path(path)
     if not path.exists():
-        raise BooklensError(f"{what} not found: {path}")
+        raise not_found(what, path)
     if path.is_dir():
         raise BooklensError(f"{what} is a directory, not a file: {path}")
     if not path.is_file():  # /dev/zero would be read until memory runs out, a pipe until its writer closes

@@ -62,6 +62,8 @@ BAD = {
     "no books": ("systems: [{name: a}]\n", "m.yaml: missing key 'books'"),
     "missing book": ("books: [corpus/alpha.txt, corpus/nope.txt]\nsystems: [{name: a}]\n",
                      "book not found:"),
+    "book without its suffix": ("books: [corpus/alpha]\nsystems: [{name: a}]\n",
+                                "corpus/alpha (did you mean "),
     "glob matching nothing": ("books: ['corpus/*.epub']\nsystems: [{name: a}]\n", "matches no .txt or .epub file"),
     "unknown key": ("books: corpus\nsystems: [{name: a, chunk_sze: 512}]\n",
                     "system 'a': unknown key 'chunk_sze' (did you mean 'chunk_size'?)"),

@@ -149,6 +149,21 @@ def test_a_few_control_characters_in_text_are_read(tmp_path):
         assert T.read_text_file(write(tmp_path, "t.txt", data)) == text
 
 
+@pytest.mark.parametrize("given, hint", [("pride", "pride.txt"), ("Pride.txt", "pride.txt"),
+                                         ("pride_and_prejudise.txt", "pride_and_prejudice.txt"),
+                                         ("pride.epub", "pride.txt"), ("emma.txt", None)])
+def test_a_book_not_found_names_the_file_meant(tmp_path, given, hint):
+    """A name without its suffix, in another case or with a typo: the one-line error names the file
+    beside it that was meant; nothing close, no guess."""
+    (tmp_path / "pride.txt").write_text("It is a truth universally acknowledged.\n")
+    (tmp_path / "pride_and_prejudice.txt").write_text("It is a truth universally acknowledged.\n")
+    with pytest.raises(BooklensError) as caught:
+        T.read_book(tmp_path / given)
+    message = str(caught.value)
+    assert message.startswith(f"book not found: {tmp_path / given}")
+    assert message.endswith(f" (did you mean {tmp_path / hint}?)" if hint else given)
+
+
 def test_read_book_rejects_bad_input_like_read_text_file(tmp_path):
     with pytest.raises(BooklensError, match="book not found"):
         T.read_book(tmp_path / "missing.txt")

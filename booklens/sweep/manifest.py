@@ -419,7 +419,9 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
                 raise BooklensError(f"{manifest}: books: {entry!r} matches no .txt or .epub file (relative to {base})")
             found.extend(matches)
         else:
-            raise BooklensError(f"{manifest}: book not found: {target}")
+            from booklens.records import not_found
+
+            raise BooklensError(f"{manifest}: {not_found('book', target)}")
     books: list[Book] = []
     by_key: dict[str, Path] = {}
     for p in found:
