@@ -15,9 +15,9 @@ The programs are the zero-shot ones (`--zero-shot` on the commands) unless `--ju
 asks for booklens's default few-shot judge, whose demos (32 labelled sentences for per-sentence
 judging, 2 summaries for batched judging) are part of every prompt.
 
-Five summaries repeat a sentence word for word with different human labels; the responder tells
-the copies apart as the model does: by the occurrence the per-sentence prompt names, and by the
-number of a batched sentence.
+Four of these summaries repeat a sentence word for word, two of them with different human labels
+on the copies; the responder tells the copies apart as the model does: by the occurrence the
+per-sentence prompt names, and by the number of a batched sentence.
 
     python benchmarks/bench_coherence_batching.py [--limit N] [--judge zero-shot|default]
                                                   [--data ../shared/data/booookscore]

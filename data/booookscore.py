@@ -5,11 +5,13 @@ Files (the BooookScore release, MIT; see `../shared/README.md`):
 - human: `summary-gpt4-4096-{inc,hier}.json`, book -> {"summary", "singles", "relations"}.
   A single is a highlighted span (any length, possibly several consecutive sentences)
   with questions and error labels; a relation links two spans that share one confusion.
-  Spans are given as text: each is located at its first occurrence in the summary and
-  mapped to the sentences it overlaps. A sentence is confusing when any span (of a single
-  or of a relation) touches it. The BooookScore of a human-annotated summary follows the
-  paper's footnote 12: a span over consecutive sentences, and a relation, each count as
-  one confusing sentence, i.e. 1 - (singles + relations) / sentences.
+  Spans are given as text: each is located at its first occurrence in the summary (a
+  relation's second span, and a duplication single over repeated text, at a later copy: see
+  `_place_relation_b` and `_place_duplication_single`) and mapped to the sentences it
+  overlaps. A sentence is confusing when any span (of a single or of a relation) touches it.
+  The BooookScore of a human-annotated summary follows the paper's footnote 12: a span over
+  consecutive sentences, and a relation, each count as one confusing sentence, i.e.
+  1 - (singles + relations) / sentences.
 - GPT-4: `<config>.json`, book -> null | {sentence: {"questions", "types"}} listing only
   the confusing sentences, with `<config>-cleaned.json`, book -> summary. A summary absent
   from the annotation file (or null) has no confusing sentence.
@@ -64,8 +66,8 @@ def default_data_dir() -> Path:
 
 
 class HumanSpan(BaseModel):
-    """A highlighted span of the summary; `start`/`end` are offsets of its first occurrence
-    (None when it could not be found) and `sentences` the indices of the sentences it touches."""
+    """A highlighted span of the summary; `start`/`end` are offsets of the place it was put (None when
+    it could not be found) and `sentences` the indices of the sentences it touches."""
 
     id: str = ""
     span: str
@@ -176,13 +178,49 @@ def _find_loose(text: str, needle: str, start: int = 0) -> Optional[tuple[int, i
 
 
 def _locate(text: str, span: str) -> Optional[tuple[int, int]]:
+    """The first place of `span` in `text` (see `_occurrences`), or None."""
+    places = _occurrences(text, span)
+    return places[0] if places else None
+
+
+def _occurrences(text: str, span: str) -> list[tuple[int, int]]:
+    """Every place of `span` in `text`, in order and not overlapping: exact matches, else matches
+    ignoring whitespace, else also ignoring case."""
+    places = []
     start = text.find(span)
-    if start >= 0:
-        return start, start + len(span)
-    found = _find_loose(text, span)
-    if found is None:
-        found = _find_loose(text.lower(), span.lower())
-    return found
+    while start >= 0 and span:
+        places.append((start, start + len(span)))
+        start = text.find(span, start + len(span))
+    if places:
+        return places
+    words = span.split()
+    if not words:
+        return []
+    pattern = r"\s+".join(re.escape(w) for w in words)
+    for flags in (0, re.IGNORECASE):
+        places = [(m.start(), m.end()) for m in re.finditer(pattern, text, flags)]
+        if places:
+            return places
+    return []
+
+
+def _place_relation_b(places_b: list[tuple[int, int]], a: tuple[int, int]) -> tuple[int, int]:
+    """Where span b of a relation goes: its first place, unless that lands on span a. The two spans of a
+    relation are two highlights; the files give them as text only, so a passage linked to its copy reads
+    as one text twice and would put both on the first copy, counting the copy a reader trips over
+    clean. Then b takes the next place of its text after a, when the text is said again."""
+    first = places_b[0]
+    if first[0] < a[1] and a[0] < first[1]:
+        return next((p for p in places_b if p[0] >= a[1]), first)
+    return first
+
+
+def _place_duplication_single(places: list[tuple[int, int]], k: int) -> tuple[int, int]:
+    """Where the k-th (from 0) single labelled duplication over one repeated text goes. Its question is
+    why the passage is said again, a confusion of the later copy: the second place, the next single of
+    that text the third, and so on; once the later copies run out, the first (an annotator who marked
+    every copy of a twice-said passage gave two singles)."""
+    return places[(k + 1) % len(places)]
 
 
 def _covered(offsets: list[tuple[int, int]], start: int, end: int) -> list[int]:
@@ -269,14 +307,26 @@ def parse_human_annotations(data: Any, what: str = "annotation file") -> dict[st
         offsets = sentence_offsets(summary, sentences)
         unlocated = 0
 
-        def make_span(span_text: Any, sid: str, questions: str, labels: list[str], w: str) -> HumanSpan:
+        duplication_singles: dict[str, int] = {}  # text -> singles labelled duplication placed so far
+
+        def make_span(span_text: Any, sid: str, questions: str, labels: list[str], w: str, *,
+                      single: bool = False, a: Optional[HumanSpan] = None) -> HumanSpan:
+            """A single's span (`single`), a relation's span a, or its span b (given its span `a`)."""
             nonlocal unlocated
             if not isinstance(span_text, str) or not span_text.strip():
                 raise BooklensError(f"{w}: the span must be a non-empty string")
-            found = _locate(summary, span_text)
-            if found is None:
+            places = _occurrences(summary, span_text)
+            if not places:
                 unlocated += 1
                 return HumanSpan(id=sid, span=span_text, questions=questions, labels=labels)
+            found = places[0]
+            if a is not None and a.start is not None and a.end is not None:
+                found = _place_relation_b(places, (a.start, a.end))
+            elif single and "duplication" in labels and len(places) > 1:
+                key = " ".join(span_text.split())
+                k = duplication_singles.get(key, 0)
+                duplication_singles[key] = k + 1
+                found = _place_duplication_single(places, k)
             return HumanSpan(id=sid, span=span_text, questions=questions, labels=labels, start=found[0],
                              end=found[1], sentences=_covered(offsets, *found))
 
@@ -286,7 +336,7 @@ def parse_human_annotations(data: Any, what: str = "annotation file") -> dict[st
             if not isinstance(s, Mapping) or "span" not in s:
                 raise BooklensError(f"{w}: expected an object with 'span', 'questions' and 'labels'")
             singles.append(make_span(s["span"], str(s.get("id", "")), _text(s.get("questions"), f"{w} questions"),
-                                     _labels(s.get("labels"), w), w))
+                                     _labels(s.get("labels"), w), w, single=True))
         relations = []
         for k, r in enumerate(relations_raw):
             w = f"{where}, relation {k}"
@@ -295,10 +345,10 @@ def parse_human_annotations(data: Any, what: str = "annotation file") -> dict[st
                                     "and 'shared_labels'")
             labels = _labels(r.get("shared_labels"), w)
             questions = _text(r.get("shared_questions"), f"{w} shared_questions")
+            a = make_span(r["span_a"], str(r.get("id_a", "")), questions, labels, w)
             relations.append(HumanRelation(
-                id_a=str(r.get("id_a", "")), id_b=str(r.get("id_b", "")),
-                a=make_span(r["span_a"], str(r.get("id_a", "")), questions, labels, w),
-                b=make_span(r["span_b"], str(r.get("id_b", "")), questions, labels, w),
+                id_a=str(r.get("id_a", "")), id_b=str(r.get("id_b", "")), a=a,
+                b=make_span(r["span_b"], str(r.get("id_b", "")), questions, labels, w, a=a),
                 questions=questions, labels=labels,
                 same=r.get("same") if isinstance(r.get("same"), bool) else None,
             ))

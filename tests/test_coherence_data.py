@@ -12,6 +12,7 @@ import pytest
 
 from booklens.data import booookscore as bs
 from booklens.errors import BooklensError
+from booklens.judges import COHERENCE_REFERENCE_KAPPA
 from booklens.metrics.booookscore import build_set
 from booklens.records import read_json_file
 
@@ -54,9 +55,9 @@ def test_human_scores_follow_footnote_12(human_sets):
     hier = build_set(human_sets["gpt4-4096-hier"])
     assert 100 * inc.system_score == pytest.approx(bs.PAPER_HUMAN["gpt4-4096-inc"], abs=0.1)
     assert 100 * hier.system_score == pytest.approx(bs.PAPER_HUMAN["gpt4-4096-hier"], abs=0.1)
-    # counting every sentence a span touches instead is stricter
-    assert 100 * inc.system_score_sentences == pytest.approx(79.43, abs=0.05)
-    assert 100 * hier.system_score_sentences == pytest.approx(86.53, abs=0.05)
+    # counting every sentence a span touches instead is stricter (both copies of a repeated passage count)
+    assert 100 * inc.system_score_sentences == pytest.approx(79.01, abs=0.05)
+    assert 100 * hier.system_score_sentences == pytest.approx(86.40, abs=0.05)
     assert inc.n_sentences == 4660 and hier.n_sentences == 3396
     # annotations: 840 (inc) and 353 (hier), as in Section 3
     assert sum(r.n_annotations for r in human_sets["gpt4-4096-inc"].values()) == 840
@@ -79,6 +80,51 @@ def test_table1_error_rates_per_sentence(human_sets):
 def test_every_human_span_is_located(human_sets):
     for results in human_sets.values():
         assert all(not r.notes for r in results.values())
+
+
+def test_repeated_passages_are_marked_on_their_copies():
+    """The human files give spans as text. A relation linking a passage to its copy (the same text twice),
+    or a b span that would land on span a, goes to the next place after a; a single labelled
+    duplication over a repeated text goes to a later copy. Every other span stays on the first place of
+    its text, as `_locate` finds it."""
+    counts = {}
+    for config in bs.HUMAN_CONFIGS:
+        raw = read_json_file(DATA / "human" / f"summary-{config}.json", "file")
+        moved_b = same_text = same_text_repeated = moved_singles = 0
+        newly = cleared = confusing = 0
+        for book, a in bs.load_human_annotations(DATA / "human" / f"summary-{config}.json").items():
+            offsets = bs.sentence_offsets(a.summary, a.sentences)
+
+            def first(span):
+                found = bs._locate(a.summary, span.span)
+                return bs._covered(offsets, *found)
+
+            before: set[int] = set()
+            for single, given in zip(a.singles, raw[book]["singles"]):
+                before.update(first(single))
+                if single.sentences != first(single):
+                    assert "duplication" in single.labels and a.summary.count(given["span"]) > 1
+                    moved_singles += 1
+            for r, given in zip(a.relations, raw[book]["relations"]):
+                assert r.a.sentences == first(r.a)
+                before.update(first(r.a) + first(r.b))
+                same_text += given["span_a"] == given["span_b"]
+                same_text_repeated += given["span_a"] == given["span_b"] and a.summary.count(given["span_a"]) > 1
+                if (r.b.start, r.b.end) != bs._locate(a.summary, r.b.span):
+                    assert r.b.start >= r.a.end and bs._locate(a.summary, r.b.span)[0] < r.a.end
+                    moved_b += 1
+            after = {s.index for s in a.sentence_annotations() if s.confusing}
+            newly += len(after - before)
+            cleared += len(before - after)
+            confusing += len(after)
+        counts[config] = (same_text, same_text_repeated, moved_b, moved_singles, newly, cleared, confusing)
+    # inc: 17 of 177 relations give one text twice, 16 of them a text said more than once; with the 10
+    # whose b would land on a and is said again, 26 b spans move. Three duplication singles move (two in
+    # camp-zero, the first of central-places' two identical singles; the second stays on the first copy).
+    # 22 sentences become confusing; one becomes clean: camp-zero's first copy of "With the revelation of
+    # White Alice ...", whose single asks why it is mentioned "here again".
+    assert counts["gpt4-4096-inc"] == (17, 16, 26, 3, 22, 1, 984)
+    assert counts["gpt4-4096-hier"] == (4, 4, 5, 0, 4, 0, 453)
 
 
 def test_examples_split_by_book(human_sets):
@@ -126,8 +172,10 @@ def test_gpt4_against_humans_on_the_same_summaries(human_sets):
     assert report["books"] == 88 and report["only_in_b"] == 12
     c = report["confusing"]
     assert c["precision"] == pytest.approx(0.348, abs=0.002)
-    assert c["recall"] == pytest.approx(0.265, abs=0.002)
-    assert c["kappa"] == pytest.approx(0.141, abs=0.002)
+    assert c["recall"] == pytest.approx(0.259, abs=0.002)
+    assert c["kappa"] == pytest.approx(0.134, abs=0.002)
+    # the bar a judge's calibration is held to
+    assert round(c["kappa"], 2) == COHERENCE_REFERENCE_KAPPA
 
 
 @pytest.mark.parametrize("data, problem", [

@@ -220,6 +220,63 @@ def test_sentence_annotations_bad_shapes(data, summaries, pattern):
         parse_sentence_annotations(data, summaries)
 
 
+REPEATING = ("Mara keeps the lamp. Zed rows in from the old harbour. Mara keeps the lamp. The storm ends. "
+             "Mara keeps the lamp. Zed rows in from the old harbour. The harbour freezes.")
+
+
+def _flagged(human):
+    return [s.index for s in human.sentence_annotations() if s.confusing]
+
+
+def test_a_relation_linking_a_passage_to_its_copy_marks_both_copies():
+    """The files give spans as text, without offsets. An annotator who links a repeated passage to its
+    copy gives the same text twice; both spans on the first occurrence left the copy a reader trips
+    over counted clean. Span b goes to the next occurrence after span a."""
+    relation = {"span_a": "Mara keeps the lamp.", "span_b": "Mara keeps the lamp.",
+                "shared_questions": "Why is this said again?", "shared_labels": ["duplication"]}
+    human = parse_human_annotations({"b": {"summary": REPEATING, "singles": [], "relations": [relation]}})["b"]
+    r = human.relations[0]
+    assert (r.a.sentences, r.b.sentences) == ([0], [2])  # the third copy stays clean
+    assert r.b.start == REPEATING.index("Mara keeps the lamp.", 1)
+    marked = human.sentence_annotations()
+    assert _flagged(human) == [0, 2]
+    assert marked[2].types == ["duplication"] and marked[2].questions == ["Why is this said again?"]
+    assert human.to_result().score == pytest.approx(1 - 1 / 7)  # footnote 12: still one confusion
+
+    # b nested in a lands inside a as well: it goes past a to the next place it is said
+    nested = {**relation, "span_a": "rows in from the old harbour", "span_b": "old harbour"}
+    # the same text said once, or two spans in different places, stay where they are
+    once = {**relation, "span_a": "The storm ends.", "span_b": "The storm ends."}
+    apart = {**relation, "span_a": "The harbour freezes.", "span_b": "Zed rows in"}
+    # whitespace the summary does not have: the loose search finds both copies
+    loose = {**relation, "span_a": "Mara  keeps\nthe lamp.", "span_b": "Mara keeps the\tlamp."}
+    human = parse_human_annotations({"b": {"summary": REPEATING, "singles": [],
+                                           "relations": [nested, once, apart, loose]}})["b"]
+    assert [(r.a.sentences, r.b.sentences) for r in human.relations] == [
+        ([1], [5]), ([3], [3]), ([6], [1]), ([0], [2])]
+    assert human.unlocated == 0
+
+
+def test_a_duplication_single_over_repeated_text_marks_a_later_copy():
+    """A single labelled duplication asks why a passage is said again: the copy is where that
+    confusion is, not the first mention. Several such singles of one text take the later copies in
+    order, then the first. Other singles (an entity named again and again) stay on the first mention."""
+    def single(span, labels=("duplication",)):
+        return {"span": span, "questions": "Why again?", "labels": list(labels)}
+
+    entry = {"summary": REPEATING, "relations": [], "singles": [
+        single("Zed rows in from the old harbour."),
+        single("Mara keeps the lamp."), single("Mara keeps the lamp."), single("Mara keeps the lamp."),
+        single("Zed", ["entity omission"]),
+        single("The storm ends."),  # said once
+        single("Zed  rows in from\nthe old harbour."),  # loose, the second single of this text
+    ]}
+    human = parse_human_annotations({"b": entry})["b"]
+    assert [s.sentences for s in human.singles] == [[5], [2], [4], [0], [1], [3], [1]]
+    assert human.unlocated == 0
+    assert human.sentence_annotations()[5].types == ["duplication"]
+
+
 @pytest.mark.parametrize("data, pattern", [
     ({"b": {"summary": "", "singles": [], "relations": []}}, "non-empty string"),
     ({"b": {"summary": "A b.", "singles": {}, "relations": []}}, "must be lists"),
