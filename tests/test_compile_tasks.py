@@ -29,13 +29,16 @@ def taught(call) -> bool:
 # coherence
 
 
-def human_annotations(path):
-    """Ten summaries of four sentences; the third names a stranger nobody introduces."""
+def human_annotations(path, repeat_opening: bool = False):
+    """Ten summaries of four sentences; the third names a stranger nobody introduces. With
+    `repeat_opening`, each ends by saying its first sentence again (five sentences)."""
     data = {}
     for b in range(10):
+        opening = f"Mara runs the mill in the valley town {b}."
         odd = f"A mysterious figure named Zed{b} arrives at the mill."
-        summary = (f"Mara runs the mill in the valley town {b}. Her brother Tom keeps its books. {odd} "
-                   f"Mara and Tom sell the mill at the end of the year.")
+        summary = (f"{opening} Her brother Tom keeps its books. {odd} Mara and Tom sell the mill. {opening}"
+                   if repeat_opening else
+                   f"{opening} Her brother Tom keeps its books. {odd} Mara and Tom sell the mill at the end of the year.")
         data[f"book-{b}.epub"] = {"summary": summary, "relations": [],
                                   "singles": [{"span": odd, "questions": f"Who is Zed{b}?",
                                                "labels": ["entity omission"]}]}
@@ -319,21 +322,6 @@ def test_the_recorded_data_is_the_files_the_task_reads_however_they_are_named(tm
 # coherence: a sentence the summary says twice
 
 
-def annotations_with_a_repeated_sentence(path):
-    """Ten summaries of five sentences that end by saying their first sentence again; the third
-    names a stranger nobody introduces."""
-    data = {}
-    for b in range(10):
-        opening = f"Mara runs the mill in the valley town {b}."
-        odd = f"A mysterious figure named Zed{b} arrives at the mill."
-        summary = f"{opening} Her brother Tom keeps its books. {odd} Mara and Tom sell the mill. {opening}"
-        data[f"book-{b}.epub"] = {"summary": summary, "relations": [],
-                                  "singles": [{"span": odd, "questions": f"Who is Zed{b}?",
-                                               "labels": ["entity omission"]}]}
-    path.write_text(json.dumps(data))
-    return path
-
-
 def test_compile_and_evaluate_ask_each_copy_of_a_repeated_sentence_as_score_does(tmp_path):
     """`score` names which occurrence of a repeated sentence it judges; the examples compile and
     evaluate run held the sentence alone, so both copies were asked one prompt that no run of the
@@ -343,7 +331,7 @@ def test_compile_and_evaluate_ask_each_copy_of_a_repeated_sentence_as_score_does
     from booklens.programs.coherence import build_scorer
 
     task = get_task("coherence")
-    splits = load_task_splits(task, annotations_with_a_repeated_sentence(tmp_path / "human.json"), seed=0,
+    splits = load_task_splits(task, human_annotations(tmp_path / "human.json", repeat_opening=True), seed=0,
                               sizes={"train": 0, "dev": 0, "test": 0})
     book = splits.test[0].book
     examples = [e for e in splits.test if e.book == book]
@@ -373,7 +361,7 @@ def test_compiled_demos_of_a_repeated_sentence_show_what_score_asks(tmp_path):
     from booklens.programs.coherence import build_scorer
 
     task = get_task("coherence")
-    splits = load_task_splits(task, annotations_with_a_repeated_sentence(tmp_path / "human.json"), seed=0,
+    splits = load_task_splits(task, human_annotations(tmp_path / "human.json", repeat_opening=True), seed=0,
                               sizes={"train": 0, "dev": 0, "test": 0})
     configure(ScriptedLM(detector))
     compiled = compile_program(task, splits.train, splits.dev, optimizer="labeled",
