@@ -803,6 +803,8 @@ class IncrementalSummarizer(_BookSummarizer):
         return max(self.max_summary_tokens, (self.usable_window - overhead) // 2)
 
     def forward(self, book: str) -> dspy.Prediction:
+        from booklens.text import count_tokens
+
         self.check_budgets()
         chunks = self._chunks(book)
         g = self.max_summary_tokens
@@ -824,10 +826,16 @@ class IncrementalSummarizer(_BookSummarizer):
             out = self._generate(self.update, "summary", int(g * UPDATE_ALLOWANCE), where=f"update {i}",
                                  trim=False, running_summary=current.text, excerpt=chunk.text.strip(),
                                  word_limit=words)
-            updated = SummaryNode(id=f"u{i}", level=i + 1, kind="update", text=out.text, tokens=out.tokens,
+            text, tokens = out.text, out.tokens
+            if out.cut_off and tokens <= g:
+                # No compression follows: this is the running summary (at the last chunk, the book's),
+                # so the half sentence the cap or the repetition guard left goes, as from any other summary.
+                text = without_unfinished_sentence(text)
+                tokens = count_tokens(text)
+            updated = SummaryNode(id=f"u{i}", level=i + 1, kind="update", text=text, tokens=tokens,
                                   budget=int(g * UPDATE_ALLOWANCE), children=[current.id, f"c{i}"],
                                   chunks=list(range(i + 1)), attempts=out.attempts, over_budget=out.over_budget,
-                                  cut_off=out.cut_off)
+                                  truncated=text != out.text, cut_off=out.cut_off)
             nodes.append(updated)
             current = updated
             if updated.tokens > g:

@@ -723,3 +723,29 @@ def test_an_update_the_cap_cut_stands_in_for_a_compression_without_its_unfinishe
     assert compressions and all(n.fallback and n.truncated for n in compressions)
     for node, chunk in zip(compressions, result.chunks[1:]):
         assert node.text.endswith(newest_event(chunk.text))
+
+
+def test_an_update_the_cap_cut_within_budget_loses_its_unfinished_sentence():
+    """An update within G_n is not compressed: it goes on as the running summary (the book's summary
+    at the last chunk), so a half sentence the cap (or the repetition guard) left must go, as it
+    does from every other summary the cap cut."""
+    book = synthetic_book(6_000)
+
+    def respond(call):
+        if "running_summary" in call.inputs:
+            return {"summary": summary_of(60) + " " + newest_event(call.inputs["excerpt"]) + " Then Mara rowed"}
+        return {"summary": summary_of(60)}
+
+    lm = ScriptedLM(respond)
+    lm.backend.finish_reason = "length"
+    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=300, max_regenerations=0)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    updates = [n for n in result.nodes if n.kind == "update"]
+    assert len(updates) == len(result.chunks) - 1 >= 2 and "compress" not in [n.kind for n in result.nodes]
+    for node, chunk in zip(updates, result.chunks[1:]):
+        assert node.cut_off and node.truncated and node.text.endswith(newest_event(chunk.text))
+        assert node.tokens == count_tokens(node.text)
+    calls = [c for c in lm.backend.calls if "running_summary" in c.inputs]
+    assert calls[1].inputs["running_summary"] == updates[0].text
+    assert result.summary.endswith(newest_event(result.chunks[-1].text))
