@@ -608,12 +608,18 @@ def _is_prose(block: str) -> bool:
 _SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]_*]*\s*$")
 
 
+def ends_sentence(text: str) -> bool:
+    """Whether `text` ends as a sentence does: a full stop, "!", "?" or an ellipsis, perhaps inside
+    closing quotes, brackets or markdown emphasis ("‘Go home.’", "*over.*")."""
+    return bool(_SENTENCE_END.search(text))
+
+
 def _is_text(block: str) -> bool:
     """Running text or a line of it ("“Yes.”"), as opposed to titles, headings and lists."""
     letters = [c for c in block if c.isalpha()]
     if len(letters) < 2 or sum(1 for c in letters if c.islower()) < 0.5 * len(letters):
         return False
-    return _is_prose(block) or bool(_SENTENCE_END.search(block))
+    return _is_prose(block) or ends_sentence(block)
 
 
 def _is_short(block: str, max_lines: int = 3, max_len: int = 80) -> bool:

@@ -109,16 +109,13 @@ def trim_to_budget(text: str, budget: int) -> str:
     return text[:kept_end].strip()
 
 
-_SENTENCE_END = (".", "!", "?", ".\"", "!\"", "?\"", ".'", "!'", "?'", ".\u201d", "!\u201d", "?\u201d", ".)", "!)", "?)")
-
-
 def without_unfinished_sentence(text: str) -> str:
     """`text` without a last sentence that has no closing punctuation (kept when it is the only one)."""
-    from booklens.text import sentence_spans
+    from booklens.text import ends_sentence, sentence_spans
 
     text = text.strip()
     spans = sentence_spans(text)
-    if len(spans) < 2 or text.endswith(_SENTENCE_END):
+    if len(spans) < 2 or ends_sentence(text):
         return text
     return text[:spans[-1][0]].strip()
 

@@ -439,6 +439,17 @@ def test_a_finished_answer_and_a_lone_fragment_are_kept_whole():
     assert without_unfinished_sentence("She climbs the") == "She climbs the"
 
 
+@pytest.mark.parametrize("last", ["\u2018Go home.\u2019", "She waits\u2026", "It is *over.*", "(She rows.)",
+                                  "\u201cStop!\u201d"])
+def test_a_last_sentence_closed_by_any_quote_or_mark_counts_as_finished(last):
+    """Books and models close sentences with curly single quotes, ellipses and markdown emphasis too:
+    a finished last sentence the cap happened to stop after must stay."""
+    from booklens.programs.summarizer import without_unfinished_sentence
+
+    text = "Mara finds the lamp dark. " + last
+    assert without_unfinished_sentence(text) == text
+
+
 def test_the_embedded_model_asks_for_a_tight_cap_and_no_regenerations():
     from booklens.lm import BooklensLM, LocalBackend
     from booklens.vocabulary import DEFAULT_GENERATION_ALLOWANCE, DEFAULT_GENERATION_SLACK, DEFAULT_MAX_REGENERATIONS
