@@ -329,7 +329,8 @@ class SummaryNode(BaseModel):
     truncated: bool = Field(default=False, description="trimmed to whole sentences within the budget")
     cut_off: bool = Field(default=False, description="the model's answer stopped at the token cap")
     fallback: bool = Field(default=False, description="no answer had words in it, so booklens kept its input: "
-                                                      "a compression keeps the update trimmed to the budget, "
+                                                      "a compression keeps its input (the update, or the compression "
+                                                      "it compresses again) trimmed to the room it has, "
                                                       "artifact removal keeps the summary as it was (which it "
                                                       "also does when its rewrite was not a cleanup: see "
                                                       "dropped_rewrite_tokens)")

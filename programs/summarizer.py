@@ -161,6 +161,7 @@ class _Generated:
     cut_off: bool = False  # the model's answer stopped at the token cap
     fallback: bool = False  # no answer had words: the given fallback text stands in
     filtered: bool = False  # the provider's content filter stopped this answer (or, with fallback, the answers)
+    whole: str | None = None  # an answer cut to `keep` tokens: what it was before the cut
 
 
 class _BookSummarizer(Module):
@@ -335,7 +336,7 @@ class _BookSummarizer(Module):
             # Keep whole sentences up to the budget (or `keep`) rather than fail the whole book.
             text = trim_to_budget(best.text, keep)
             tokens = count_tokens(text)
-            best = _Generated(text, tokens, tried, tokens > budget, True, best.cut_off)
+            best = _Generated(text, tokens, tried, tokens > budget, True, best.cut_off, whole=best.text)
         best.attempts = tried
         return best
 
@@ -849,6 +850,21 @@ class IncrementalSummarizer(_BookSummarizer):
                                       attempts=comp.attempts, over_budget=comp.over_budget,
                                       truncated=comp.truncated or (comp.fallback and stand_in != updated.text),
                                       cut_off=comp.cut_off, fallback=comp.fallback, filtered=comp.filtered)
+                if comp.whole is not None:
+                    # Even the shortest compression is longer than the room, and a cut would drop its end, the
+                    # newest chunk: it is compressed in turn (a shorter input is condensed shorter), and only
+                    # what that still leaves over the room is cut; the cut compression stands in for no answer.
+                    whole = comp.whole
+                    nodes.append(current.model_copy(update={"text": whole, "tokens": count_tokens(whole),
+                                                            "over_budget": True, "truncated": False}))
+                    again = self._generate(self.compress, "condensed", g, temperature=1.0,
+                                           where=f"compression {i} again", keep=room, fallback=comp.text,
+                                           summary=whole, current_words=len(whole.split()), word_limit=words)
+                    current = SummaryNode(id=f"u{i}.compressed.again", level=i + 1, kind="compress", text=again.text,
+                                          tokens=again.tokens, budget=g, children=[current.id],
+                                          chunks=updated.chunks, attempts=again.attempts,
+                                          over_budget=again.over_budget, truncated=again.truncated or again.fallback,
+                                          cut_off=again.cut_off, fallback=again.fallback, filtered=again.filtered)
                 nodes.append(current)
             steps(1)
         steps(0, close=True)

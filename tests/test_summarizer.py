@@ -760,3 +760,65 @@ def test_an_update_the_cap_cut_within_budget_loses_its_unfinished_sentence():
     calls = [c for c in lm.backend.calls if "running_summary" in c.inputs]
     assert calls[1].inputs["running_summary"] == updates[0].text
     assert result.summary.endswith(newest_event(result.chunks[-1].text))
+
+
+def tight_inc_run(second_answer):
+    """An incremental run in a window whose running-summary room is little over G_n, where every
+    compression of an update runs past that room and ends with the newest chunk; a compression of
+    such a compression answers `second_answer(summary)`."""
+    book = synthetic_book(3_000)
+    g = 200
+    long_compressions = set()
+
+    def respond(call):
+        if "condensed" in call.output_fields:
+            summary = call.inputs["summary"]
+            if summary in long_compressions:
+                return {"condensed": second_answer(summary)}
+            newest = summary.rsplit(". ", 1)[-1]
+            answer = summary_of(700) + " " + newest  # far past the room, the newest chunk at its end
+            long_compressions.add(answer)
+            return {"condensed": answer}
+        if "running_summary" in call.inputs:
+            return {"summary": summary_of(250) + " " + newest_event(call.inputs["excerpt"])}
+        return {"summary": summary_of(100)}
+
+    lm = ScriptedLM(respond)
+    program = IncrementalSummarizer(chunk_size=512, context_window=2048, max_summary_tokens=g, max_regenerations=0,
+                                    remove_artifacts=False)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+        rooms = program.running_room(), program.final_room()
+    assert all(count_tokens(a) > max(rooms) for a in long_compressions)
+    return result, lm, rooms
+
+
+def test_a_compression_longer_than_the_room_is_compressed_again_before_anything_is_cut():
+    """Cutting a compression to its leading sentences drops its end, the newest chunk's events (at the
+    last chunk, the book's ending): a compression of the shortest answer comes first, and only what
+    that still leaves over the room is cut."""
+    result, lm, rooms = tight_inc_run(lambda summary: summary_of(100) + " " + summary.rsplit(". ", 1)[-1])
+    updates = [n for n in result.nodes if n.kind == "update"]
+    assert len(updates) == len(result.chunks) - 1 >= 3
+    for update, chunk in zip(updates, result.chunks[1:]):
+        first, again = [n for n in result.nodes if n.kind == "compress" and n.chunks == update.chunks]
+        assert first.children == [update.id] and again.children == [first.id]
+        assert first.over_budget and not first.truncated and first.tokens > max(rooms)
+        assert again.text.endswith(newest_event(chunk.text))
+        assert not again.truncated and not again.over_budget and not again.fallback
+    calls = [c for c in lm.backend.calls if "running_summary" in c.inputs]
+    compressed_again = [n for n in result.nodes if n.id.endswith("again")]
+    assert [c.inputs["running_summary"] for c in calls[1:]] == [n.text for n in compressed_again[:-1]]
+    assert result.summary.endswith(newest_event(result.chunks[-1].text))
+
+
+@pytest.mark.parametrize("second", ["long", "wordless"])
+def test_a_compression_still_too_long_after_compressing_it_again_is_cut_within_the_room(second):
+    answers = {"long": lambda summary: summary, "wordless": lambda summary: "1064"}
+    result, lm, (running_room, final_room) = tight_inc_run(answers[second])
+    again = [n for n in result.nodes if n.id.endswith("again")]
+    assert len(again) == len(result.chunks) - 1
+    for node in again:
+        room = final_room if node is again[-1] else running_room
+        assert node.truncated and node.tokens <= room and node.fallback == (second == "wordless")
+    assert result.summary == again[-1].text
