@@ -76,7 +76,7 @@ UPDATE_ALLOWANCE = 1.5
 CLEANUP_MIN_WORDS_KEPT = 0.5
 
 
-def group_by_budget(sizes: list[int], budget: int, *, min_group: int = 1) -> list[list[int]]:
+def group_by_budget(sizes: list[int], budget: int) -> list[list[int]]:
     """Consecutive groups of item indices whose sizes sum to at most `budget` (greedy)."""
     groups: list[list[int]] = []
     current: list[int] = []
@@ -89,9 +89,6 @@ def group_by_budget(sizes: list[int], budget: int, *, min_group: int = 1) -> lis
         used += size
     if current:
         groups.append(current)
-    if min_group > 1 and any(len(g) < min_group for g in groups[:-1]):
-        raise BooklensError("the context window cannot hold two summaries at once; raise --context-window "
-                            "or lower --max-summary-tokens")
     return groups
 
 

@@ -2,7 +2,7 @@
 what that costs where LiteLLM knows the model's prices. No LM is called and no model is loaded.
 
 The summarizer's calls come from its own planning code run on each book's real chunks: the
-level-1 groups (`group_by_budget`), each merge level (`plan_level`), and the budget checks, so
+level-1 groups (`group_by_budget`), each merge level (the merge tree's greedy grouping, mirrored here), and the budget checks, so
 a configuration the summarizer would refuse is refused here too. The judge's calls are sized for
 the judge's LM: with `evidence: book` each verification holds what the verifier's own budget on
 that LM's context window holds (`ClaimVerifier.evidence_budget`), the whole book at most. What
