@@ -1,17 +1,18 @@
 """`booklens sweep --dry-run`: the cells, and per system the LM calls and tokens it will take and
 what that costs where LiteLLM knows the model's prices. No LM is called and no model is loaded.
 
-The summarizer's calls come from its own planning code run on each book's real chunks: the
-level-1 groups (`group_by_budget`), each merge level (the merge tree's greedy grouping, mirrored here), and the budget checks, so
-a configuration the summarizer would refuse is refused here too. The judge's calls are sized for
-the judge's LM: with `evidence: book` each verification holds what the verifier's own budget on
-that LM's context window holds (`ClaimVerifier.evidence_budget`), the whole book at most. What
-cannot be known before the model writes is assumed, and said: every summary fills its token
-budget unless what it summarizes is shorter (then it is as long as that: a short book's summary
-is no longer than the book), incremental updating compresses every update over its budget (upper
-bounds on calls), a summary sentence is about `TOKENS_PER_SENTENCE` tokens and yields one claim,
-and no answer needs a retry. A cell whose run directory holds steps a run reuses (a judge setting
-changed) is estimated for the other steps only, judging the summary and claims on disk.
+The summarizer's calls come from its own planning code run on each book's real chunks: the level-1
+groups (`group_by_budget`), each merge level (the merge tree's greedy grouping, mirrored here),
+and the budget checks, so a configuration the summarizer would refuse is refused here too. The
+judge's calls are sized for the judge's LM: with `evidence: book` each verification holds what the
+verifier's own budget on that LM's context window holds (`ClaimVerifier.evidence_budget`), the
+whole book at most. What cannot be known before the model writes is assumed, and said: every
+summary fills its token budget unless what it summarizes is shorter (then it is as long as that: a
+short book's summary is no longer than the book), incremental updating compresses every update
+over its budget (upper bounds on calls), a summary sentence is about `TOKENS_PER_SENTENCE` tokens
+and yields one claim, and no answer needs a retry. A cell whose run directory holds steps a run
+reuses (a judge setting changed) is estimated for the other steps only, judging the summary and
+claims on disk.
 """
 
 from __future__ import annotations
