@@ -19,6 +19,15 @@ from booklens.records import read_json_file
 MIN_ARTICLES = 2
 
 
+def _id_text(value: Any) -> Any:
+    """An event or article id as text (a number is its digits); a blank one names nothing, and an
+    output, a summaries file or a judgment would be matched to it by that blank."""
+    value = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
 class Article(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -31,7 +40,7 @@ class Article(BaseModel):
     @field_validator("aid", mode="before")
     @classmethod
     def _aid_text(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, int) else value
+        return _id_text(value)
 
     @field_validator("content")
     @classmethod
@@ -140,7 +149,7 @@ class Event(BaseModel):
     @field_validator("eid", mode="before")
     @classmethod
     def _eid_text(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, int) else value
+        return _id_text(value)
 
     def article(self, aid: str) -> Optional[Article]:
         return next((a for a in self.articles if a.aid == aid), None)

@@ -92,6 +92,12 @@ def test_fixture_event_loads(event):
     ([{**small_event(), "question_answers": [{"question": "q", "answer_groups": [[]]}]}], "needs answer groups"),
     # no answer_groups at all is no answers either: a judge would rate coverage of a bare question
     ([{**small_event(), "question_answers": [{"question": "q"}]}], "needs answer groups"),
+    # a blank id names nothing: the output heads the event '==  (direct) ==', and a summaries file
+    # or a faithfulness judgment is matched to it by that blank
+    ([{**small_event(), "eid": "  "}], "eid: must not be blank"),
+    ([{**small_event(), "eid": ""}], "eid: must not be blank"),
+    ([{**small_event(), "articles": [{**a, "aid": " " * i} for i, a in enumerate(small_event()["articles"], 1)],
+       "question_answers": []}], "articles.0.aid: must not be blank"),
 ])
 def test_bad_events(payload, needle):
     with pytest.raises(BooklensError) as err:
