@@ -8,6 +8,7 @@ of clusters of equivalent answers ({aid, answer}) taken from different articles.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,6 +18,15 @@ from booklens.errors import BooklensError, validation_problem
 from booklens.records import read_json_file
 
 MIN_ARTICLES = 2
+
+# Anything but letters and digits, of any script: an ASCII-only class would erase Cyrillic or
+# Chinese wording entirely and make every such answer (or question) the same.
+_NOT_WORD = re.compile(r"[\W_]+")
+
+
+def wording_key(text: str) -> str:
+    """What two questions or answers share when they are the same wording up to case and punctuation."""
+    return _NOT_WORD.sub(" ", text.casefold()).strip()
 
 
 def _id_text(value: Any) -> Any:
@@ -184,7 +194,11 @@ def parse_events(payload: Any, source: str = "events") -> list[Event]:
         aids = [a.aid for a in event.articles]
         if len(set(aids)) != len(aids):
             raise BooklensError(f"{where}: article ids (aid) are not unique")
+        asked: set[str] = set()
         for qa in event.question_answers:
+            if wording_key(qa.question) in asked:  # rated twice, it would weigh double in the coverage score
+                raise BooklensError(f"{where}: question_answers: the question {qa.question!r} is given twice")
+            asked.add(wording_key(qa.question))
             for group in qa.answer_groups:
                 for ans in group:
                     if ans.aid not in aids:

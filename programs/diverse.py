@@ -20,12 +20,11 @@ is re-asked and, if it stays outside, recorded as a failure.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Optional, Sequence
 
 import dspy
 
-from booklens.data.diversesumm import require_question_answers, split_article_text
+from booklens.data.diversesumm import require_question_answers, split_article_text, wording_key
 from booklens.errors import BooklensError, first_line
 from booklens.lm import ContextWindowExceeded, filter_stopped, last_stop, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
@@ -230,15 +229,6 @@ def _nonempty(field: str):
 # QA references
 
 
-# Anything but letters and digits, of any script: an ASCII-only class would erase Cyrillic or
-# Chinese wording entirely and make every such answer (or question) the same.
-_NORM = re.compile(r"[\W_]+")
-
-
-def _norm(text: str) -> str:
-    return _NORM.sub(" ", text.casefold()).strip()
-
-
 def _numbered(answers: Sequence[tuple[str, str]]) -> list[str]:
     return [f"[{n}] ({aid}) {text}" for n, (aid, text) in enumerate(answers, 1)]
 
@@ -254,7 +244,7 @@ def exact_groups(answers: Sequence[tuple[str, str]]) -> list[list[int]]:
     """Answers grouped when they are the same text up to case and punctuation (0-based indices)."""
     groups: dict[str, list[int]] = {}
     for i, (_, text) in enumerate(answers):
-        groups.setdefault(_norm(text), []).append(i)
+        groups.setdefault(wording_key(text), []).append(i)
     return list(groups.values())
 
 
@@ -311,7 +301,7 @@ class ReferenceBuilder(Module):
         questions: list[str] = []
         for q in got.prediction.questions:
             q = str(q).strip()
-            if q and _norm(q) not in {_norm(x) for x in questions}:
+            if q and wording_key(q) not in {wording_key(x) for x in questions}:
                 questions.append(q)
         questions = questions[: self.num_questions]
         failed: dict[str, list[str]] = {q: [] for q in questions}

@@ -98,6 +98,12 @@ def test_fixture_event_loads(event):
     ([{**small_event(), "eid": ""}], "eid: must not be blank"),
     ([{**small_event(), "articles": [{**a, "aid": " " * i} for i, a in enumerate(small_event()["articles"], 1)],
        "question_answers": []}], "articles.0.aid: must not be blank"),
+    # a reference question given twice is rated twice: binary coverage weighs it double
+    ([{**small_event(), "question_answers": small_event()["question_answers"] * 2}],
+     "question_answers: the question 'What is the toll?' is given twice"),
+    ([{**small_event(), "question_answers": [*small_event()["question_answers"],
+                                             {**small_event()["question_answers"][0], "question": "what is the TOLL"}]}],
+     "question_answers: the question 'what is the TOLL' is given twice"),
 ])
 def test_bad_events(payload, needle):
     with pytest.raises(BooklensError) as err:
