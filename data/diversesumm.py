@@ -227,6 +227,11 @@ def load_summaries(path: str | Path, events: Optional[list[Event]] = None,
 
 def parse_summaries(payload: Any, source: str = "summaries") -> dict[str, str]:
     """Summaries per event id from {eid: summary}, [{eid, summary}, ...] or a `booklens diverse` result."""
+    kind = payload.get("kind") if isinstance(payload, dict) else None
+    if isinstance(kind, str) and kind.startswith("booklens.") and kind != "booklens.diverse":
+        # another command's record: its fields are no event ids, and its rows carry no summary
+        raise BooklensError(f"{source} is a {kind} record, not summaries: give {{eid: summary}}, "
+                            "[{eid, summary}, ...] or a `booklens diverse` result")
     if isinstance(payload, dict) and isinstance(payload.get("events"), list):
         payload = payload["events"]
     out: dict[str, str] = {}

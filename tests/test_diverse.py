@@ -129,6 +129,19 @@ def test_summaries_formats():
         parse_summaries([{"eid": "e1", "summary": "first"}, {"eid": "e1", "summary": "second"}])
 
 
+@pytest.mark.parametrize("record", [
+    {"kind": "booklens.qa", "book": "b.txt", "book_tokens": 4990, "predictions": []},
+    {"kind": "booklens.judge", "protocol": "likert", "events": [{"eid": "e1", "score": 7}]},
+], ids=["qa", "judge"])
+def test_another_commands_record_given_as_summaries_is_named_as_such(record):
+    """A `qa` record was read as {eid: summary}, its fields as events, and refused for 'the summary
+    of event 'book_tokens' is not text', as if the file were summaries with one wrong value."""
+    with pytest.raises(BooklensError) as err:
+        parse_summaries(record, source="r.json")
+    assert str(err.value) == (f"r.json is a {record['kind']} record, not summaries: give {{eid: summary}}, "
+                              "[{eid, summary}, ...] or a `booklens diverse` result")
+
+
 # ---------------------------------------------------------------------------
 # summarizer
 
