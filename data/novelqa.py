@@ -47,8 +47,8 @@ Complexity = Literal["mh", "sh", "dtl"]
 
 
 def _option_text(value: Any) -> Any:
-    """An option as written: a number ("A": 1862, a year or a count) is its text; other values are
-    left to be refused."""
+    """An option or a reference answer as written: a number ("A": 1862, a year or a count) is its
+    text; other values are left to be refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return value
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
@@ -116,6 +116,11 @@ class NovelQAQuestion(BaseModel):
             raise ValueError(f"options are {OPTION_LETTERS[0]}-{OPTION_LETTERS[-1]} (NovelQA's four choices), "
                              f"got {', '.join(beyond)}")
         return out
+
+    @field_validator("answer", mode="before")
+    @classmethod
+    def _answer_number(cls, value: Any) -> Any:
+        return _option_text(value)  # "Answer": 7, the count a times question asks for
 
     @field_validator("answer")
     @classmethod

@@ -262,6 +262,18 @@ def test_options_written_as_numbers_are_their_text():
             parse_questions([{**QUESTION, "Options": bad, "Gold": "B"}])
 
 
+def test_a_reference_answer_written_as_a_number_is_its_text():
+    """"Answer": 7 (a count, as the times questions ask for) is the answer "7", as an option
+    written as a number is its text: it refused the whole file, in the mc setting too, where the
+    answer is not even read."""
+    counted, year = parse_questions([{**QUESTION, "QID": "T-7", "Answer": 7},
+                                     {**QUESTION, "QID": "T-8", "Answer": 1862.0}])
+    assert (counted.answer, year.answer) == ("7", "1862")
+    for bad in (True, [7]):
+        with pytest.raises(BooklensError, match="Answer: "):
+            parse_questions([{**QUESTION, "Answer": bad}])
+
+
 def test_letters_outside_the_options_are_reasked_then_recorded_as_failures():
     three = {**QUESTION, "Options": {"A": "x", "B": "The Marigold", "C": "y"}}
     q = parse_questions([three])
