@@ -232,10 +232,14 @@ def check_setting(questions: list[NovelQAQuestion], setting: str, source: str = 
         raise BooklensError(f"unknown setting {setting!r}: use mc (multiple choice) or gen (generative)")
     if setting == "mc":
         for q in questions:
-            if not q.options or len(q.options) < 2:
+            if not q.options:
                 raise BooklensError(
                     f"{source}: question {q.qid} has no Options; the multiple-choice setting (--setting mc) needs "
                     "them (use --setting gen for free-text answers)")
+            if len(q.options) < 2:
+                raise BooklensError(
+                    f"{source}: question {q.qid} has one option ({next(iter(q.options))}); the multiple-choice "
+                    "setting (--setting mc) needs two or more (use --setting gen for free-text answers)")
 
 
 def check_evidence_recall(mode: str) -> None:

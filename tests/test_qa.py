@@ -118,6 +118,14 @@ def test_mc_needs_options_gen_does_not():
     check_setting(qs, "gen")
 
 
+def test_a_question_with_a_single_option_is_not_said_to_have_none():
+    qs = parse_questions([{**QUESTION, "Options": {"A": "The Marigold"}, "Gold": "A"}])
+    with pytest.raises(BooklensError) as err:
+        check_setting(qs, "mc", source="q.json")
+    assert str(err.value) == ("q.json: question T-1 has one option (A); the multiple-choice setting (--setting mc) "
+                              "needs two or more (use --setting gen for free-text answers)")
+
+
 # ---------------------------------------------------------------------------
 # routing by context size
 
