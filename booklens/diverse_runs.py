@@ -8,6 +8,7 @@ arithmetic in `booklens.metrics.bias`.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -52,12 +53,25 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
     events = load_events(events_path)
     from booklens.programs.diverse import summarize_events
 
+    protocols = FAITHFULNESS_CHOICES[faithfulness]
+    # The settings as the run takes them, defaults included (summarize_events' own), for the record.
+    given = inspect.signature(summarize_events).bind(events, faithfulness=protocols, **options)
+    given.apply_defaults()
+    used = given.arguments
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
     check_given_window(options.get("context_window"), model)
     with Measured(model) as measured:
-        results = summarize_events(events, faithfulness=FAITHFULNESS_CHOICES[faithfulness], **options)
+        results = summarize_events(events, faithfulness=protocols, **options)
+    generated = bool(used["generate_questions"])
+    # The settings that shape the figures (null where they do not apply), so that two records made
+    # with different ones do not read alike.
     return {"kind": "booklens.diverse", "events_file": str(events_path), "lm": lm_label(model),
-            "method": options.get("method", "auto"), "events": results, "usage": measured.usage,
+            "method": used["method"], "sentences": used["sentences"] if used["method"] != "direct" else None,
+            "generate_questions": used["generate_questions"],
+            "answer_clustering": used["clustering"] if generated else None,
+            "diversity_filter": used["diversity_filter"] if generated else None, "judge": used["judge"],
+            "faithfulness": list(protocols) if used["judge"] else [], "max_articles": used["max_articles"],
+            "context_window": used["context_window"], "events": results, "usage": measured.usage,
             "seconds": measured.seconds}
 
 
@@ -99,7 +113,10 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
             wins = {w: sum(1 for p in pairs if p["winner"] == w) for w in ("1", "2", "tie")}
             rows.append({"eid": e.eid, "cases": pairs, "wins_1": wins["1"], "wins_2": wins["2"], "ties": wins["tie"],
                          "failed": sum(1 for p in pairs if p["winner"] is None)})
-    return {"kind": "booklens.judge", "protocol": protocol, "criterion": criterion, "lm": lm_label(model),
+    # the files in the order the results name them: wins_1 counts the first summaries file's wins
+    return {"kind": "booklens.judge", "events_file": str(events_path),
+            "summaries": [str(p) for p in (summaries_path, other_path) if p is not None], "protocol": protocol,
+            "criterion": criterion, "max_articles": max_articles, "per_qa": per_qa, "lm": lm_label(model),
             "events": rows, "usage": measured.usage, "seconds": measured.seconds}
 
 
@@ -129,8 +146,9 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
             pairs = judge_pairs(PairwiseJudge(crit), cases, concurrency)
             out[crit] = {"result": position_bias([(p["first_order"], p["second_order"]) for p in pairs]),
                          "cases": pairs}
-    return {"kind": "booklens.bias.position", "lm": lm_label(model), **out, "usage": measured.usage,
-            "seconds": measured.seconds}
+    return {"kind": "booklens.bias.position", "events_file": str(events_path),
+            "summaries": [str(summaries_1), str(summaries_2)], "criterion": criterion, "max_articles": max_articles,
+            "per_qa": per_qa, "lm": lm_label(model), **out, "usage": measured.usage, "seconds": measured.seconds}
 
 
 def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str = "both",
@@ -184,5 +202,6 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
                     result = verbosity_pairwise([(p["first_order"], p["second_order"]) for p in pairs])
                     out[f"{crit}_pairwise"] = {"result": result, "cases": pairs}
                 table.append((crit, proto, result))
-    return {"kind": "booklens.bias.verbosity", "lm": lm_label(model), **out, "table": table, "usage": measured.usage,
-            "seconds": measured.seconds}
+    return {"kind": "booklens.bias.verbosity", "events_file": str(events_path), "summaries": [str(summaries)],
+            "criterion": criterion, "protocols": list(protocols), "max_articles": max_articles, "per_qa": per_qa,
+            "lm": lm_label(model), **out, "table": table, "usage": measured.usage, "seconds": measured.seconds}

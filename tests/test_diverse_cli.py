@@ -298,3 +298,55 @@ def test_diverse_says_why_an_event_without_references_has_no_coverage(tmp_path, 
     assert "coverage_binary" not in row["scores"] and "faithfulness_likert" in row["scores"]
     assert row["coverage_not_judged"].startswith("no reference question_answers")
     assert "coverage: not judged (no reference question_answers" in r.output
+
+
+def test_the_records_say_what_was_judged_and_how(tmp_path):
+    """`judge` printed 's1.json wins 0, s2.json wins 3' while its record said only wins_1 and wins_2,
+    with no word of which file was 1; no record of `diverse`, `judge` or `bias` held the settings
+    that shape its figures (sentences per article, the faithfulness protocols, --max-articles,
+    --per-qa), so two records made with different settings read alike."""
+    from booklens.data.diversesumm import load_events
+    from booklens.diverse_runs import position_bias_study, run_diverse, verbosity_bias_study
+    from booklens.testing import ScriptedLM
+
+    def answer(call):
+        if call.wants("verdict"):
+            return {"explanation": "B reads better", "verdict": "B"}
+        if call.wants("rating"):
+            return {"explanation": "fine", "rating": 1}
+        if call.wants("picks"):
+            return {"picks": [1, 2]}
+        return {"summary": "Sources disagree about the closure."}
+
+    lm = ScriptedLM(answer, cache_dir=tmp_path / "cache")
+    eid = load_events(FIXTURE)[0].eid
+    first, second = tmp_path / "s1.json", tmp_path / "s2.json"
+    first.write_text(json.dumps({eid: "The bridge closed for repairs."}))
+    second.write_text(json.dumps({eid: "Sources disagree about why the bridge closed."}))
+
+    diverse = run_diverse(FIXTURE, method="extract", sentences=2, faithfulness="both", max_articles=3, lm=lm)
+    settings = ("method", "sentences", "generate_questions", "answer_clustering", "diversity_filter", "judge",
+                "faithfulness", "max_articles", "context_window")
+    assert {key: diverse[key] for key in settings} == {
+        "method": "extract", "sentences": 2, "generate_questions": 0, "answer_clustering": None,
+        "diversity_filter": None, "judge": True, "faithfulness": ["binary", "likert"], "max_articles": 3,
+        "context_window": None}
+    direct = run_diverse(FIXTURE, method="direct", judge=False, lm=lm)  # the default protocol, but no judging
+    assert (direct["sentences"], direct["faithfulness"], direct["judge"]) == (None, [], False)
+
+    judged = judge_summaries(FIXTURE, first, second, protocol="pairwise", criterion="faithfulness", max_articles=2,
+                             lm=lm)
+    assert (judged["events_file"], judged["summaries"]) == (str(FIXTURE), [str(first), str(second)])
+    assert (judged["max_articles"], judged["per_qa"]) == (2, False)
+    assert judged["events"][0]["wins_2"] == 0 and judged["events"][0]["ties"] == 2  # B both ways: no winner
+    rated = judge_summaries(FIXTURE, first, protocol="likert", lm=lm)
+    assert (rated["summaries"], rated["max_articles"], rated["per_qa"]) == ([str(first)], None, False)
+
+    position = position_bias_study(FIXTURE, first, second, criterion="coverage", per_qa=True, lm=lm)
+    assert (position["events_file"], position["summaries"], position["criterion"], position["per_qa"],
+            position["max_articles"]) == (str(FIXTURE), [str(first), str(second)], "coverage", True, None)
+    verbosity = verbosity_bias_study(FIXTURE, first, criterion="faithfulness", protocols=["single"], max_articles=1,
+                                     lm=lm)
+    assert (verbosity["events_file"], verbosity["summaries"], verbosity["criterion"], verbosity["protocols"],
+            verbosity["max_articles"], verbosity["per_qa"]) == (str(FIXTURE), [str(first)], "faithfulness",
+                                                                ["single"], 1, False)
