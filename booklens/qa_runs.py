@@ -121,9 +121,10 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
                      quote_evidence=quote_evidence, rank_mode=rank_mode, index_cache_dir=index_dir(cache_dir))
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
     check_given_window(context_window, model)
+    title = title or title_from_path(book)
     with Measured(model) as measured:
-        records = answer_questions(program, text, qs, concurrency=concurrency,
-                                   book_title=title or title_from_path(book), evidence_recall=evidence_recall)
+        records = answer_questions(program, text, qs, concurrency=concurrency, book_title=title,
+                                   evidence_recall=evidence_recall)
     modes: dict[str, int] = {}
     for r in records:
         modes[r.context_mode] = modes.get(r.context_mode, 0) + 1
@@ -134,6 +135,10 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
         "k": k if evidence in BOOK_MODES else None,
         "passage_tokens": passage_tokens if evidence in BOOK_MODES else None,
         "rank_mode": rank_mode if evidence == "book" else None,
+        # the window given (null: the model's own), which decides whole book or retrieval; the title the
+        # closed-book and judge prompts name
+        "context_window": context_window, "title": title, "limit": limit, "position_threshold": position_threshold,
+        "quote_evidence": program.quote_evidence,
         "evidence_recall": evidence_recall if program.quote_evidence else None, "lm": lm_label(model),
         "report": qa_report(records, threshold=position_threshold), "predictions": [r.model_dump() for r in records],
         "usage": measured.usage, "seconds": measured.seconds,

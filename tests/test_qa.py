@@ -624,6 +624,23 @@ def test_run_book_qa_reports_the_llm_scored_evidence_recall(tmp_path):
         run_book_qa(book, questions, lm=lm)
 
 
+def test_the_qa_record_holds_the_settings_behind_its_figures(tmp_path):
+    """The record named the evidence mode and k, but not the window that decides whole book or
+    retrieval, the title the closed-book and judge prompts name, --limit or the position split."""
+    book = tmp_path / "the_lamp.txt"
+    book.write_text(make_book(20), encoding="utf-8")
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([QUESTION, {**QUESTION, "QID": "T-2"}]))
+    lm = ScriptedLM(lambda call: {"answer": "B"})
+    result = run_book_qa(book, questions, evidence="none", title="Lamp", limit=1, position_threshold=500,
+                         context_window=2048, lm=lm, cache_dir=tmp_path / "cache")
+    assert {key: result[key] for key in ("context_window", "title", "limit", "position_threshold",
+                                         "quote_evidence")} == {
+        "context_window": 2048, "title": "Lamp", "limit": 1, "position_threshold": 500, "quote_evidence": False}
+    default = run_book_qa(book, questions, lm=lm, cache_dir=tmp_path / "cache")
+    assert (default["context_window"], default["title"], default["limit"]) == (None, "The Lamp", None)
+
+
 # ---------------------------------------------------------------------------
 # metrics
 
