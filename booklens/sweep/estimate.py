@@ -10,7 +10,8 @@ whole book at most. What cannot be known before the model writes is assumed, and
 summary fills its token budget unless what it summarizes is shorter (then it is as long as that: a
 short book's summary is no longer than the book), incremental updating compresses every update
 over its budget (upper bounds on calls), a summary sentence is about `TOKENS_PER_SENTENCE` tokens
-and yields one claim, and no answer needs a retry. A cell whose run directory holds steps a run
+and yields one claim, and no answer needs a retry (nor a compression a second one: a compression
+longer than the next call's room is compressed again). A cell whose run directory holds steps a run
 reuses (a judge setting changed) is estimated for the other steps only, judging the summary and
 claims on disk.
 """
@@ -349,5 +350,6 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
 
 ASSUMPTIONS = (f"Estimates: every summary fills its token budget (or, when what it summarizes is shorter, is as "
                f"long as that) and incremental updating compresses every update over the budget (upper bounds), "
-               f"a summary sentence is about {TOKENS_PER_SENTENCE} tokens with one claim, no answer is retried; "
+               f"a summary sentence is about {TOKENS_PER_SENTENCE} tokens with one claim, no answer is retried "
+               "(nor compressed again); "
                "calls answered from the cache cost nothing.")
