@@ -26,6 +26,7 @@ compile as every DSPy program does; only their rendering is grouped.
 from __future__ import annotations
 
 import copy
+import functools
 from types import MethodType
 from typing import Any, Sequence
 
@@ -217,18 +218,44 @@ def _instructions_and_demos_tokens(predictor: dspy.Predict, demos: Sequence[Any]
     return _PROMPT_TOKENS[key]
 
 
-def fitting_demos(predictor: dspy.Predict, summary: str, *, judged_tokens: int, answer_tokens: int
-                  ) -> list[Any] | None:
-    """None when the predictor's demos, the summary and the answer fit the LM's context window (or the
-    window is unknown); else the demos that do: whole summaries' demos are dropped from the end. A summary
-    longer than the default demos leave room for is then judged with fewer demos, not refused."""
+def judged_room(summary: str, batch_size: int = 1, targets: Sequence[str] = ()) -> int:
+    """cl100k tokens kept free for what one call of `summary` judges when its demos are fitted to the
+    window: the summary's longest sentence as the prompt shows it (per-sentence: its occurrence target;
+    batched: times `batch_size`). The room depends on the summary alone, so every call of it keeps the
+    same demos (and shares its prompt prefix) whichever sentence it asks, whether the summary is judged
+    whole (`score`, `calibrate`) or one annotated sentence at a time (`compile`, `evaluate`): these
+    measure the prompts `score` sends. `targets`, what this call asks, count too, should a caller pass
+    sentences that are not the summary's own."""
+    from booklens.text import count_tokens
+
+    longest = max([_longest_sentence_tokens(summary, batch_size == 1), *(count_tokens(s) for s in targets)])
+    return longest * batch_size
+
+
+@functools.lru_cache(maxsize=64)
+def _longest_sentence_tokens(summary: str, per_sentence: bool) -> int:
+    # Cached: compile and evaluate ask about one sentence of the same summary many times over.
+    from booklens.text import count_tokens, split_sentences
+
+    sentences = split_sentences(summary)
+    asked = occurrence_targets(sentences) if per_sentence else sentences
+    return max((count_tokens(s) for s in asked), default=0)
+
+
+def fitting_demos(predictor: dspy.Predict, summary: str, *, batch_size: int, answer_tokens: int,
+                  targets: Sequence[str] = ()) -> list[Any] | None:
+    """None when the predictor's demos, the summary, the room `judged_room` keeps for the judged
+    sentence(s) and the answer fit the LM's context window (or the window is unknown); else the demos
+    that do: whole summaries' demos are dropped from the end. A summary longer than the default demos
+    leave room for is then judged with fewer demos, not refused."""
     from booklens.text import count_tokens
 
     window = getattr(dspy.settings.lm, "context_window", None)
     demos = list(predictor.demos)
     if not window or not demos:
         return None
-    fixed = count_tokens(summary) + judged_tokens + 120  # 120: field headers and the closing output reminder
+    # 120: field headers and the closing output reminder
+    fixed = count_tokens(summary) + judged_room(summary, batch_size, targets) + 120
 
     def fits(shown: list[Any]) -> bool:
         total = (_instructions_and_demos_tokens(predictor, shown) + fixed) * MODEL_TOKENS_PER_CL100K + answer_tokens
@@ -288,8 +315,6 @@ class CoherenceScorer(Module):
 
             raise BooklensError(f"{counted(len(targets), 'prompt target')} for {counted(len(sentences), 'sentence')}: "
                                 "give one per sentence")
-        from booklens.text import count_tokens
-
         per_sentence = self.batch_size == 1
         predictor = self.detect if per_sentence else self.detect_batch
         if not per_sentence:
@@ -297,8 +322,7 @@ class CoherenceScorer(Module):
         elif targets is None:
             targets = occurrence_targets(sentences)
         targets = list(targets)
-        longest = max((count_tokens(s) for s in targets), default=0)
-        demos = fitting_demos(predictor, summary, judged_tokens=longest * (1 if per_sentence else self.batch_size),
+        demos = fitting_demos(predictor, summary, batch_size=self.batch_size, targets=targets,
                               answer_tokens=self._budget(self.batch_size).get("max_tokens", 0))
         override = {} if demos is None else {"demos": demos}
         if per_sentence:

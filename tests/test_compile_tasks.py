@@ -400,3 +400,68 @@ def test_the_released_summaries_with_a_repeated_sentence_are_asked_as_score_asks
         plain = split_sentences(mine[0].summary)
         assert len(mine) == len(asked) == len(plain)
         assert all(e.sentence == asked[e.index] and e.sentences == [plain[e.index]] for e in mine)
+
+
+# ---------------------------------------------------------------------------
+# coherence: demos trimmed to a small context window
+
+
+def uneven_annotations(path):
+    """Ten summaries whose second sentence is far longer than the others."""
+    counts = ("two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
+    data = {}
+    for b in range(10):
+        long = (f"Mara {b} remembers the winter of the flood, when " +
+                ", ".join(f"her father carried {n} sacks of wet grain up to the loft" for n in counts) + ".")
+        odd = f"A mysterious figure named Zed{b} arrives at the mill."
+        summary = f"Mara runs the mill in the valley town {b}. {long} {odd} Mara and Tom sell the mill."
+        data[f"book-{b}.epub"] = {"summary": summary, "relations": [],
+                                  "singles": [{"span": odd, "questions": f"Who is Zed{b}?",
+                                               "labels": ["entity omission"]}]}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def shown_demos(messages) -> int:
+    return (len(messages) - 2) // 2  # system message, a user and an assistant turn per demo, the asked turn
+
+
+def test_evaluate_keeps_the_demos_score_keeps_for_a_short_sentence_in_a_small_window(tmp_path):
+    """Where the judge's window cannot hold every demo next to a summary, `score` sizes the room for
+    the judged sentence by the summary's longest sentence, so every call of the summary keeps the same
+    demos. The examples compile and evaluate run hold one sentence each: a short one must keep the
+    demos `score` keeps for it, in the very prompt `score` sends, not more."""
+    from booklens.judges import load_judge
+    from booklens.programs.coherence import MODEL_TOKENS_PER_CL100K as RATIO
+    from booklens.programs.coherence import _instructions_and_demos_tokens, occurrence_targets
+    from booklens.text import count_tokens, split_sentences
+
+    task = get_task("coherence")
+    splits = load_task_splits(task, uneven_annotations(tmp_path / "human.json"), seed=0,
+                              sizes={"train": 0, "dev": 0, "test": 0})
+    book = splits.test[0].book
+    examples = [e for e in splits.test if e.book == book]
+    summary = examples[0].summary
+    targets = occurrence_targets(split_sentences(summary))
+    short, long = min(targets, key=count_tokens), max(targets, key=count_tokens)
+    assert count_tokens(long) > count_tokens(short) + 100
+    program = load_judge("coherence", batch_size=1, concurrency=1)
+    demos = program.detect.demos
+    # A window that holds every demo beside the short sentence but not beside the long one.
+    base = _instructions_and_demos_tokens(program.detect, demos) + count_tokens(summary) + 120
+    answer = program._budget(1)["max_tokens"]
+    window = int((base + count_tokens(long)) * RATIO + answer) - 1
+    assert (base + count_tokens(short)) * RATIO + answer < window
+
+    lm = configure(ScriptedLM(detector, context_window=window))
+    scored = load_judge("coherence", batch_size=1, concurrency=1)(summary=summary)
+    by_score = {c.inputs["sentence"]: c.messages for c in lm.backend.calls}
+    assert 0 < scored.demos_shown < len(demos)
+    assert {shown_demos(m) for m in by_score.values()} == {scored.demos_shown}
+
+    for example in examples:
+        lm = configure(ScriptedLM(detector, context_window=window))
+        result = evaluate_program(load_judge("coherence", batch_size=1, concurrency=1), [example], task.metric,
+                                  threads=1, keep_predictions=True)
+        assert result.predictions[0].demos_shown == scored.demos_shown, example.index
+        assert [c.messages for c in lm.backend.calls] == [by_score[example.sentence]]
