@@ -8,7 +8,8 @@ numbering is off: see `_judge_batch`). A sentence whose answer is missing,
 duplicated with a different content, or invalid (an unknown error type, a
 "confusion" without a question or a type, a "no confusion" with error types; stray
 questions next to "no confusion" are dropped) is asked again, alone with the other
-unanswered sentences of its batch, with a fresh sample. After `tries` rounds it is
+unanswered sentences of its batch, with a fresh sample (after a reply cut off at the
+token limit: with twice the answer budget, as every call re-asks). After `tries` rounds it is
 recorded as a parse failure (`status="failed"`, `confusing=None`): never retried
 forever, never silently "no confusion". Sentences (or batches) of a summary run
 concurrently.
@@ -33,7 +34,7 @@ from typing import Any, Sequence
 import dspy
 
 from booklens.errors import BooklensError, LMError, first_line
-from booklens.lm import (UNFINISHED, filter_stopped, forget_answers, fresh_try, hearing_calls, last_stop,
+from booklens.lm import (ContextWindowExceeded, Reasks, filter_stopped, forget_answers, hearing_calls,
                          predict_with_retries)
 from booklens.parallel import chunked, parallel_map
 from booklens.programs.base import Module, Predict
@@ -383,12 +384,13 @@ class CoherenceScorer(Module):
         attempts = {i: 0 for i in indices}
         pending = list(indices)
         unused: list = []  # answers from which no sentence was taken
+        # Tries as every other call makes them: a reply cut off at the token limit is asked again with
+        # twice the budget, any other rejected one as a fresh sample.
+        reasks = Reasks(self.detect_batch, self._budget(len(pending)))
         for attempt in range(self.tries):
             if not pending:
                 break
-            config: dict[str, Any] = self._budget(len(pending))
-            if attempt:
-                config.update({**fresh_try(attempt, getattr(self.detect_batch, "lm", None)), "temperature": 0.7})
+            config = reasks.config(attempt, self._budget(len(pending)))
             for i in pending:
                 attempts[i] += 1
             try:
@@ -396,72 +398,82 @@ class CoherenceScorer(Module):
                     prediction = self.detect_batch(summary=summary, sentences=number_sentences(sentences, pending),
                                                    config=config, **override)
                 answers = list(prediction.answers or [])
+            except ContextWindowExceeded:
+                if not reasks.grown:
+                    raise
+                for i in pending:
+                    errors[i] = (f"{errors.get(i, 'no valid answer')}; a larger answer budget ({reasks.budget} "
+                                 "tokens) does not fit the context window")
+                break
             except LMError:
                 raise
             except Exception as exc:  # the whole answer did not parse: every pending sentence is re-asked
-                complaint = f"unparseable answer: {first_line(exc, limit=200)}"
-                if last_stop() == "content_filter":
-                    complaint = f"the answer was {UNFINISHED['content_filter']}: {complaint}"
-                for i in pending:
-                    errors[i] = complaint
-                unused.extend(heard)
-                continue
-            unfinished = filter_stopped("verdicts")
-            if unfinished:
-                # What the filter withheld may be any sentence's verdict, questions or kinds: no answer of
-                # the reply is taken, as no filtered verdict is in per-sentence mode.
-                for i in pending:
-                    errors[i] = f"the answer was {UNFINISHED['content_filter']}: {unfinished}"
-                unused.extend(heard)
-                continue
-            # A number that was not asked (0 for sentence 1, one past the last, or an extra one beside
-            # all the asked ones) shows the reply numbers its answers its own way: which answer belongs
-            # to which sentence is then a guess, and a wrong guess gives a sentence its neighbour's
-            # verdict silently. No answer of such a reply is taken; the pending sentences are asked
-            # again. An unreadable number (None) says nothing of the numbering: that answer alone is lost.
-            wanted = set(pending)
-            numbers = [a.number for a in answers if isinstance(getattr(a, "number", None), int)]
-            stray = sorted({n for n in numbers if n - 1 not in wanted})
-            if stray:
-                shown = ", ".join(str(n) for n in stray)
-                for i in pending:
-                    errors[i] = (f"the reply numbered answers {shown}, which were not asked: its numbering "
-                                 f"cannot be trusted, so none of its answers was taken")
-                unused.extend(heard)
-                continue
-            got: dict[int, Any] = {}
-            conflicting: set[int] = set()
-            for answer in answers:
-                number = getattr(answer, "number", None)
-                if not isinstance(number, int):
-                    continue  # no readable number: an answer for no sentence
-                index = number - 1
-                if index in got:
-                    previous = got[index]
-                    if (previous.verdict, set(previous.error_types)) != (answer.verdict, set(answer.error_types)):
-                        conflicting.add(index)  # the same verdict and kinds, in any order, are one answer
-                    continue
-                got[index] = answer
-            for i in pending:
-                if i in conflicting:
-                    errors[i] = f"two different answers for sentence {i + 1}"
-                elif i not in got:
-                    errors[i] = f"no answer for sentence {i + 1}"
+                failed = {i: f"unparseable answer: {first_line(exc, limit=200)}" for i in pending}
+            else:
+                unfinished = filter_stopped("verdicts")
+                if unfinished:
+                    # What the filter withheld may be any sentence's verdict, questions or kinds: no answer
+                    # of the reply is taken, as no filtered verdict is in per-sentence mode.
+                    failed = {i: unfinished for i in pending}
                 else:
-                    a = got[i]
-                    complaint = check_answer(a.verdict, a.questions, a.error_types)
-                    if complaint:
-                        errors[i] = f"sentence {i + 1}: {complaint}"
-                    else:
-                        done[i] = _annotation(i, sentences[i], a.verdict, a.questions, a.error_types, attempts[i])
+                    settled, failed = self._read_reply(answers, pending, sentences, attempts)
+                    done.update(settled)
             if not any(i in done for i in pending):
                 unused.extend(heard)
+            if failed:
+                why = reasks.rejected()  # why the reply was unfinished, and the next try set up for it
+                errors.update({i: why + complaint for i, complaint in failed.items()})
             pending = [i for i in pending if i not in done]
         if pending:
             forget_answers(unused)  # a rerun asks again for the sentences no answer settled
         for i in pending:
             done[i] = _failure(i, sentences[i], errors.get(i, "no valid answer"), attempts[i])
         return [done[i] for i in indices]
+
+    @staticmethod
+    def _read_reply(answers: list, pending: list[int], sentences: Sequence[str], attempts: dict[int, int]
+                    ) -> tuple[dict[int, SentenceAnnotation], dict[int, str]]:
+        """The pending sentences a parsed batched reply settles, and the complaint about each other one."""
+        # A number that was not asked (0 for sentence 1, one past the last, or an extra one beside
+        # all the asked ones) shows the reply numbers its answers its own way: which answer belongs
+        # to which sentence is then a guess, and a wrong guess gives a sentence its neighbour's
+        # verdict silently. No answer of such a reply is taken; the pending sentences are asked
+        # again. An unreadable number (None) says nothing of the numbering: that answer alone is lost.
+        wanted = set(pending)
+        numbers = [a.number for a in answers if isinstance(getattr(a, "number", None), int)]
+        stray = sorted({n for n in numbers if n - 1 not in wanted})
+        if stray:
+            shown = ", ".join(str(n) for n in stray)
+            return {}, {i: (f"the reply numbered answers {shown}, which were not asked: its numbering "
+                            f"cannot be trusted, so none of its answers was taken") for i in pending}
+        got: dict[int, Any] = {}
+        conflicting: set[int] = set()
+        for answer in answers:
+            number = getattr(answer, "number", None)
+            if not isinstance(number, int):
+                continue  # no readable number: an answer for no sentence
+            index = number - 1
+            if index in got:
+                previous = got[index]
+                if (previous.verdict, set(previous.error_types)) != (answer.verdict, set(answer.error_types)):
+                    conflicting.add(index)  # the same verdict and kinds, in any order, are one answer
+                continue
+            got[index] = answer
+        settled: dict[int, SentenceAnnotation] = {}
+        failed: dict[int, str] = {}
+        for i in pending:
+            if i in conflicting:
+                failed[i] = f"two different answers for sentence {i + 1}"
+            elif i not in got:
+                failed[i] = f"no answer for sentence {i + 1}"
+            else:
+                a = got[i]
+                complaint = check_answer(a.verdict, a.questions, a.error_types)
+                if complaint:
+                    failed[i] = f"sentence {i + 1}: {complaint}"
+                else:
+                    settled[i] = _annotation(i, sentences[i], a.verdict, a.questions, a.error_types, attempts[i])
+        return settled, failed
 
 
 def build_scorer(batch_size: int = 1, concurrency: int = 4, tries: int = DEFAULT_TRIES,

@@ -628,3 +628,62 @@ def test_sentences_taken_out_of_their_summary_are_asked_with_the_targets_given()
         assert seen == [target] and [a.sentence for a in prediction.annotations] == [repeated]
         with pytest.raises(BooklensError, match=r"^2 prompt targets for 1 sentence: give one per sentence$"):
             scorer(summary=SUMMARY, sentences=[repeated], targets=[target, target])
+
+
+def cut_until(tokens: int):
+    """A scripted LM whose answers are cut off at the token limit while it is below `tokens`."""
+    def responder(call):
+        whole = {"answers": [{"number": n, **answer_for(SENTENCES[n - 1])} for n in batch_numbers(call)]}
+        if call.request["max_tokens"] < tokens:
+            lm.backend.finish_reason = "length"
+            return json.dumps(whole)[:40]
+        lm.backend.finish_reason = "stop"
+        return whole
+
+    lm = ScriptedLM(responder)
+    return lm
+
+
+def test_batched_an_answer_cut_off_at_the_token_limit_is_re_asked_with_a_larger_budget():
+    """As every other answer is (README, "an answer cut off at the token limit"): the model was on its
+    way and needs room, so the re-ask doubles the budget at the same temperature, up to 4x."""
+    first = CoherenceScorer(batch_size=5)._budget(5)["max_tokens"]
+    lm = cut_until(first * 4)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        prediction = CoherenceScorer(batch_size=5, tries=3)(summary=SUMMARY, sentences=SENTENCES)
+    calls = lm.backend.calls
+    assert [c.request["max_tokens"] for c in calls] == [first, first * 2, first * 4]
+    assert [c.request["temperature"] for c in calls] == [calls[0].request["temperature"]] * 3
+    assert prediction.n_failed == 0 and [a.attempts for a in prediction.annotations] == [3] * 5
+    assert [a.confusing for a in prediction.annotations] == [False, True, False, False, False]
+
+
+def test_batched_an_answer_always_cut_off_fails_saying_so():
+    first = CoherenceScorer(batch_size=5)._budget(5)["max_tokens"]
+    lm = cut_until(10 ** 6)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        prediction = CoherenceScorer(batch_size=5, tries=4)(summary=SUMMARY, sentences=SENTENCES)
+    assert [c.request["max_tokens"] for c in lm.backend.calls] == [first, first * 2, first * 4, first * 4]
+    assert prediction.n_failed == 5
+    assert all(a.error.startswith(f"the answer was cut off at the token limit ({first * 4} tokens): ")
+               for a in prediction.annotations)
+
+
+def test_batched_a_larger_budget_that_does_not_fit_the_window_ends_the_tries_not_the_run():
+    from booklens.lm import ContextWindowExceeded
+
+    first = CoherenceScorer(batch_size=5)._budget(5)["max_tokens"]
+
+    def responder(call):
+        if call.request["max_tokens"] > first:
+            raise ContextWindowExceeded("the prompt and its answer budget do not fit the context window")
+        lm.backend.finish_reason = "length"
+        return '{"answers": [{"number": 1, "verd'
+
+    lm = ScriptedLM(responder)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        prediction = CoherenceScorer(batch_size=5, tries=3)(summary=SUMMARY, sentences=SENTENCES)
+    assert len(lm.backend.calls) == 2 and prediction.n_failed == 5
+    assert all(a.error.startswith(f"the answer was cut off at the token limit ({first} tokens): ") and
+               a.error.endswith(f"; a larger answer budget ({first * 2} tokens) does not fit the context window")
+               for a in prediction.annotations)

@@ -26,7 +26,7 @@ _EXPORTS = {
     "adapter": ("BooklensAdapter", "plain_output_field"),
     "model": ("BooklensLM", "last_finish_reason", "last_stop", "UNFINISHED", "filter_stopped", "make_lm",
               "make_backend", "lm_context_window",
-              "local_backend", "configure", "current_lm", "Attempted", "predict_with_retries", "fresh_try",
+              "local_backend", "configure", "current_lm", "Attempted", "predict_with_retries", "Reasks", "fresh_try",
               "hearing_calls", "forget_answers",
               "resolve_structured", "make_limiter", "rate_limits"),
     "pool": ("LMPool", "FixedLMPool", "named_server"),

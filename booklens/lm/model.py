@@ -445,6 +445,60 @@ REASK_GROWTH_CAP = 4
 REASK_TOKEN_CAP = 8192
 
 
+class Reasks:
+    """How the tries of one call are asked: try 0 with `config`, each later one as a fresh sample at
+    temperature 0.7, except after an answer cut off at the token limit, which is asked again with twice
+    the answer budget at the same temperature (the model was on its way and needs room, not another
+    answer). `rejected` says why a rejected answer was left unfinished and sets up the next try.
+    Shared by `predict_with_retries` and the programs that run their own tries (batched coherence)."""
+
+    def __init__(self, predictor: Any, config: dict[str, Any] | None):
+        self.lm = getattr(predictor, "lm", None)
+        self.first = _answer_budget(predictor, config)
+        self.budget = self.first
+        self.cap = max(self.first, min(self.first * REASK_GROWTH_CAP, REASK_TOKEN_CAP))
+        self.cut_off = False
+        self.sent = self.first
+
+    @property
+    def grown(self) -> bool:
+        return self.budget != self.first
+
+    def config(self, attempt: int, config: dict[str, Any] | None) -> dict[str, Any]:
+        """The config of try `attempt` (0, 1, ...); it also forgets how the thread's last answer ended,
+        so `rejected` reads this try's ending only."""
+        call_config = dict(config or {})
+        if attempt:
+            call_config.update(fresh_try(attempt, self.lm))
+            if not self.cut_off:
+                call_config.setdefault("temperature", 0.7)
+        if self.grown:
+            call_config["max_tokens"] = self.budget
+        self.sent = int(call_config.get("max_tokens") or self.first)
+        _last_finish_reason.set("stop")
+        _last_answer_room.set(None)
+        return call_config
+
+    def rejected(self) -> str:
+        """After the answer of the try just made was rejected: what its complaint is prefixed with
+        (why the answer was left unfinished, "" when the model finished it); the next try is set up."""
+        stop = last_stop()
+        room = _last_answer_room.get()
+        self.cut_off = False
+        if stop == "content_filter":
+            # More room would not get past the filter: the next try is a fresh sample.
+            return f"the answer was {UNFINISHED[stop]}: "
+        if stop == "length" and room is not None:
+            # The context window ended the answer, not its budget: more budget would bring the same
+            # answer back, so the next try is a fresh sample, which may be shorter.
+            return f"the answer was cut off where the context window ends ({room} tokens left after the prompt): "
+        if stop == "length":
+            self.cut_off = True
+            self.budget = min(self.cap, self.sent * 2)
+            return f"the answer was cut off at the token limit ({self.sent} tokens): "
+        return ""
+
+
 def predict_with_retries(
     predictor: Callable[..., Any],
     *,
@@ -467,30 +521,19 @@ def predict_with_retries(
         # Not a failure of the model's answers to record and re-ask: there is no model.
         raise BooklensError(NO_LM)
     last_error = "no attempt made"
-    budget = _answer_budget(predictor, config)
-    first_budget = budget
-    cap = max(first_budget, min(first_budget * REASK_GROWTH_CAP, REASK_TOKEN_CAP))
-    cut_off = False
+    reasks = Reasks(predictor, config)
     rejected: list[tuple[CallCache, str]] = []
     for attempt in range(tries):
-        call_config = dict(config or {})
-        if attempt:
-            call_config.update(fresh_try(attempt, getattr(predictor, "lm", None)))
-            if not cut_off:
-                call_config.setdefault("temperature", 0.7)
-        if budget != first_budget:
-            call_config["max_tokens"] = budget
-        _last_finish_reason.set("stop")
-        _last_answer_room.set(None)
+        call_config = reasks.config(attempt, config)
         with hearing_calls() as heard:
             try:
                 prediction = predictor(**inputs, config=call_config)
             except ContextWindowExceeded:
-                if budget == first_budget:
+                if not reasks.grown:
                     raise
                 forget_answers(rejected)
-                return Attempted(error=f"{last_error}; a larger answer budget ({budget} tokens) does not fit the "
-                                       "context window", attempts=attempt + 1)
+                return Attempted(error=f"{last_error}; a larger answer budget ({reasks.budget} tokens) does not fit "
+                                       "the context window", attempts=attempt + 1)
             except (LMError, MemoryError):  # the backend's failure or the machine's, not the answer's
                 raise
             except Exception as exc:  # DSPy raises several parse error types
@@ -501,23 +544,7 @@ def predict_with_retries(
                     return Attempted(prediction=prediction, attempts=attempt + 1)
                 _forget_trace(prediction)
         rejected.extend(heard)
-        stop = last_stop()
-        cut_off = stop == "length"
-        room = _last_answer_room.get()
-        if stop == "content_filter":
-            # More room would not get past the filter: the next try is a fresh sample.
-            last_error = f"the answer was {UNFINISHED[stop]}: {complaint}"
-        elif cut_off and room is not None:
-            # The context window ended the answer, not its budget: more budget would bring the same
-            # answer back, so the next try is a fresh sample, which may be shorter.
-            last_error = (f"the answer was cut off where the context window ends ({room} tokens left after the "
-                          f"prompt): {complaint}")
-            cut_off = False
-        elif cut_off:
-            last_error = f"the answer was cut off at the token limit ({budget} tokens): {complaint}"
-            budget = min(cap, budget * 2)
-        else:
-            last_error = complaint
+        last_error = reasks.rejected() + complaint
     forget_answers(rejected)
     return Attempted(error=last_error, attempts=tries)
 
