@@ -31,7 +31,7 @@ import json
 import random
 import shlex
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from booklens.errors import BooklensError
 from booklens.lm.embedded import LOCAL_CONTEXT_WINDOW
@@ -45,15 +45,12 @@ JUDGES = tuple(DEFAULT_FILES)
 CALIBRATION_FILE = "calibration.json"
 DEFAULT_SEED = 0
 
-# Prompt budget of the default coherence judge on the embedded model (8,192-token window). Counts
-# are cl100k tokens; SmolLM2's tokenizer gives 1.06 tokens per cl100k token on this text
-# (benchmarks/bench_embedded_model.py), so 1.10 leaves a margin.
+# Prompt budget of the default coherence judge on the embedded model (8,192-token window), in cl100k
+# tokens, counted by the rule every call fits its demos by (`programs/coherence.py`: demo_token_limit).
 EMBEDDED_WINDOW = LOCAL_CONTEXT_WINDOW
-MODEL_TOKENS_PER_CL100K = 1.10
 JUDGED_SUMMARY_TOKENS = 1300  # room for the summary being judged: booklens summaries default to 900
 TARGET_SENTENCE_TOKENS = 80
 ANSWER_TOKENS = 256  # 64 + 192 per sentence: programs/coherence.py
-PER_MESSAGE_TOKENS = 6  # chat-template markers around each message
 COHERENCE_DEMO_SUMMARIES = ("summary-gpt4-4096-inc.json", "summary-gpt4-4096-hier.json")  # one demo from each
 COHERENCE_MIN_LABELS = 4  # a demo summary has at least this many confusing and clean sentences
 COHERENCE_MAX_CONFUSING = 10  # confusing sentences labelled per demo summary, at most (as many clean ones)
@@ -541,27 +538,20 @@ def _file_entry(path: Path) -> dict[str, str]:
     return {"name": path.name, "sha256": sha256_of(path)}
 
 
-def _render_tokens(messages: Iterable[dict[str, Any]]) -> int:
-    from booklens.text import count_tokens
-
-    return sum(count_tokens(str(m.get("content", ""))) + PER_MESSAGE_TOKENS for m in messages)
-
-
 def coherence_demo_limit() -> int:
     """cl100k tokens the instructions and demos of the default coherence program may take, so that a
     judged summary of `JUDGED_SUMMARY_TOKENS`, its sentence and the answer still fit the embedded window."""
-    room = (EMBEDDED_WINDOW - ANSWER_TOKENS) / MODEL_TOKENS_PER_CL100K
-    return int(room - JUDGED_SUMMARY_TOKENS - TARGET_SENTENCE_TOKENS - 120)  # 120: the closing output reminder
+    from booklens.programs.coherence import demo_token_limit
+
+    return demo_token_limit(EMBEDDED_WINDOW, summary_tokens=JUDGED_SUMMARY_TOKENS,
+                            judged_tokens=TARGET_SENTENCE_TOKENS, answer_tokens=ANSWER_TOKENS)
 
 
 def coherence_prompt_tokens(program: Any) -> int:
     """cl100k tokens of the per-sentence prompt's shared part: system message and demos."""
-    from booklens.lm.adapter import BooklensAdapter
-    from booklens.programs.coherence import shared_summary_adapter
+    from booklens.programs.coherence import instructions_and_demos_tokens
 
-    adapter = shared_summary_adapter(BooklensAdapter())
-    messages = adapter.format(program.detect.signature, program.detect.demos, {"summary": "", "sentence": ""})
-    return _render_tokens(messages[:-1])
+    return instructions_and_demos_tokens(program.detect, program.detect.demos)
 
 
 def _sentence_demo(annotation: Any, index: int, label: Any) -> dict[str, Any]:

@@ -195,10 +195,12 @@ class SharedSummaryPredict(Predict):
 
 # Tokens of the model per cl100k token, with a margin (SmolLM2 measures 1.06 on this text).
 MODEL_TOKENS_PER_CL100K = 1.10
+PER_MESSAGE_TOKENS = 6  # chat-template markers around each message
+PROMPT_FRAME_TOKENS = 120  # the asked turn's field headers and the closing output reminder
 _PROMPT_TOKENS: dict[tuple, int] = {}
 
 
-def _instructions_and_demos_tokens(predictor: dspy.Predict, demos: Sequence[Any]) -> int:
+def instructions_and_demos_tokens(predictor: dspy.Predict, demos: Sequence[Any]) -> int:
     """cl100k tokens of the system message and the demo turns, as the predictor renders them."""
     from booklens.lm.adapter import BooklensAdapter
     from booklens.text import count_tokens
@@ -215,8 +217,16 @@ def _instructions_and_demos_tokens(predictor: dspy.Predict, demos: Sequence[Any]
             adapter = shared_summary_adapter(adapter)
         inputs = {name: "" for name in predictor.signature.input_fields}
         messages = adapter.format(predictor.signature, list(demos), inputs)[:-1]
-        _PROMPT_TOKENS[key] = sum(count_tokens(str(m.get("content", ""))) + 6 for m in messages)
+        _PROMPT_TOKENS[key] = sum(count_tokens(str(m.get("content", ""))) + PER_MESSAGE_TOKENS for m in messages)
     return _PROMPT_TOKENS[key]
+
+
+def demo_token_limit(window: int, *, summary_tokens: int, judged_tokens: int, answer_tokens: int) -> int:
+    """cl100k tokens the instructions and demos may take in a `window`-token context beside a summary of
+    `summary_tokens`, `judged_tokens` of judged sentence(s) and the answer budget: the one rule by which
+    every call fits its demos (`fitting_demos`) and `judges build` sizes the default demo set."""
+    return int((window - answer_tokens) / MODEL_TOKENS_PER_CL100K - summary_tokens - judged_tokens
+               - PROMPT_FRAME_TOKENS)
 
 
 def judged_room(summary: str, batch_size: int = 1, targets: Sequence[str] = ()) -> int:
@@ -255,12 +265,11 @@ def fitting_demos(predictor: dspy.Predict, summary: str, *, batch_size: int, ans
     demos = list(predictor.demos)
     if not window or not demos:
         return None
-    # 120: field headers and the closing output reminder
-    fixed = count_tokens(summary) + judged_room(summary, batch_size, targets) + 120
+    limit = demo_token_limit(window, summary_tokens=count_tokens(summary),
+                             judged_tokens=judged_room(summary, batch_size, targets), answer_tokens=answer_tokens)
 
     def fits(shown: list[Any]) -> bool:
-        total = (_instructions_and_demos_tokens(predictor, shown) + fixed) * MODEL_TOKENS_PER_CL100K + answer_tokens
-        return total <= window
+        return instructions_and_demos_tokens(predictor, shown) <= limit
 
     if fits(demos):
         return None

@@ -433,7 +433,7 @@ def test_evaluate_keeps_the_demos_score_keeps_for_a_short_sentence_in_a_small_wi
     demos `score` keeps for it, in the very prompt `score` sends, not more."""
     from booklens.judges import load_judge
     from booklens.programs.coherence import MODEL_TOKENS_PER_CL100K as RATIO
-    from booklens.programs.coherence import _instructions_and_demos_tokens, occurrence_targets
+    from booklens.programs.coherence import instructions_and_demos_tokens, occurrence_targets
     from booklens.text import count_tokens, split_sentences
 
     task = get_task("coherence")
@@ -448,7 +448,7 @@ def test_evaluate_keeps_the_demos_score_keeps_for_a_short_sentence_in_a_small_wi
     program = load_judge("coherence", batch_size=1, concurrency=1)
     demos = program.detect.demos
     # A window that holds every demo beside the short sentence but not beside the long one.
-    base = _instructions_and_demos_tokens(program.detect, demos) + count_tokens(summary) + 120
+    base = instructions_and_demos_tokens(program.detect, demos) + count_tokens(summary) + 120
     answer = program._budget(1)["max_tokens"]
     window = int((base + count_tokens(long)) * RATIO + answer) - 1
     assert (base + count_tokens(short)) * RATIO + answer < window

@@ -223,6 +223,25 @@ def test_default_coherence_prompt_leaves_room_for_a_summary_in_the_embedded_wind
     assert coherence_demo_limit() + JUDGED_SUMMARY_TOKENS < 8192 / 1.1
 
 
+def test_a_summary_as_long_as_judges_build_leaves_room_for_keeps_every_demo_when_scored():
+    """`judges build` sizes the default demos by the rule each call fits them by: a summary of
+    `JUDGED_SUMMARY_TOKENS` whose sentences are at most `TARGET_SENTENCE_TOKENS` long is judged in
+    the embedded window with every demo."""
+    from booklens.judges import EMBEDDED_WINDOW, JUDGED_SUMMARY_TOKENS, TARGET_SENTENCE_TOKENS, load_judge
+    from booklens.text import count_tokens, split_sentences
+
+    sentence = "Anna walks along the quay of the old harbour town and counts the boats that came in."
+    summary = sentence
+    while count_tokens(summary + " " + sentence) <= JUDGED_SUMMARY_TOKENS:
+        summary += " " + sentence
+    assert count_tokens(summary) > JUDGED_SUMMARY_TOKENS - 40 and count_tokens(sentence) <= TARGET_SENTENCE_TOKENS
+    scorer = load_judge("coherence", concurrency=1)
+    lm = ScriptedLM(clean, context_window=EMBEDDED_WINDOW)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = scorer(summary=summary, sentences=split_sentences(summary)[:2])
+    assert result.demos_dropped == 0 and result.demos_shown == len(scorer.detect.demos)
+
+
 def test_the_default_coherence_prompt_fits_smollm2_tokens(shared_dir):
     """Counted with the embedded model's own tokenizer and chat template, on the longest test-split summary."""
     llama_cpp = pytest.importorskip("llama_cpp")
