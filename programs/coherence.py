@@ -121,6 +121,21 @@ def occurrence_targets(sentences: Sequence[str]) -> list[str]:
     return targets
 
 
+def _sentence_list(value: Any, name: str) -> list[str]:
+    """`value` as a list of sentences, or a one-line error: a string would be judged a character at a
+    time, one call each."""
+    if isinstance(value, str):
+        raise BooklensError(f"{name} must be a list of sentences, not one string")
+    try:
+        items = list(value)
+    except TypeError:
+        raise BooklensError(f"{name} must be a list of sentences, not {type(value).__name__}") from None
+    odd = [type(item).__name__ for item in items if not isinstance(item, str)]
+    if odd:
+        raise BooklensError(f"{name} must be a list of sentences, not a list holding {odd[0]}")
+    return items
+
+
 def number_sentences(sentences: Sequence[str], indices: Sequence[int]) -> str:
     """The batched prompt's sentence list: "number: sentence" lines, numbers 1-based in the summary."""
     return "\n".join(f"{i + 1}: {' '.join(sentences[i].split())}" for i in indices)
@@ -319,7 +334,9 @@ class CoherenceScorer(Module):
             from booklens.text import split_sentences
 
             sentences = split_sentences(summary)
-        sentences = list(sentences)
+        sentences = _sentence_list(sentences, "sentences")
+        if targets is not None:
+            targets = _sentence_list(targets, "targets")
         if targets is not None and len(targets) != len(sentences):
             from booklens.vocabulary import counted
 

@@ -295,6 +295,25 @@ def test_the_coherence_judge_refuses_an_empty_summary_as_the_decomposer_does(sum
     assert lm.backend.calls == []
 
 
+@pytest.mark.parametrize("given, message", [
+    ({"sentences": "Mara finds the key."}, "sentences must be a list of sentences, not one string"),
+    ({"sentences": ["Mara finds the key."], "targets": "Mara finds the key."},
+     "targets must be a list of sentences, not one string"),
+    ({"sentences": ["Mara finds the key.", 7]}, "sentences must be a list of sentences, not a list holding int"),
+    ({"sentences": ["Mara finds the key.", None]}, "not a list holding NoneType"),
+    ({"sentences": 7}, "sentences must be a list of sentences, not int"),
+])
+def test_the_coherence_judge_refuses_sentences_that_are_not_a_list_of_sentences(given, message):
+    """A string given as the sentences was judged one character at a time, a call for each, and
+    scored as if it were a summary of one-letter sentences."""
+    from booklens.judges import load_judge
+
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError, match=message):
+        load_judge("coherence", concurrency=1)(summary=SUMMARY, **given)
+    assert lm.backend.calls == []
+
+
 def test_run_book_qa_counts_only_its_own_calls_when_another_run_shares_the_lm(tmp_path):
     """Usage was the difference of the shared LM's counters before and after the run, so calls
     another thread made on the same LM meanwhile were counted in this run's usage too."""
