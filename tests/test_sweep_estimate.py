@@ -134,3 +134,52 @@ def test_the_estimate_of_a_short_book_is_the_calls_its_run_makes(tmp_path: Path)
         cell = json.loads((tmp_path / "out" / "cells" / name / "short" / "run.json").read_text())
         assert cell["scores"]["sentences"] == 4 and cell["scores"]["claims"] == 4
         assert estimates[name].calls == cell["totals"]["calls"], (name, estimates[name])
+
+
+def budget_filling(call) -> dict:
+    """A scripted model that writes what the estimate assumes: every summary exactly as many tokens as
+    its word limit states (the words-per-token ratio is 1 below), or as the excerpt it summarizes when
+    that is shorter. One sentence of one-token words, so a same-level context cut to its cap keeps
+    exactly the cap."""
+    from booklens.text import count_tokens
+
+    tokens = int(call.inputs["word_limit"])
+    if "excerpt" in call.inputs:
+        tokens = min(tokens, count_tokens(call.inputs["excerpt"]))
+    return {"summary": "The" + " the" * (tokens - 1)}
+
+
+# Windows small beside Poirot Investigates (74K tokens) for trees of three and four levels, with the
+# default level budgets and given ones, and a short story of one merge.
+HIER_PLANS = [
+    ("poirot_investigates", dict(chunk_size=64, context_window=1024, max_summary_tokens=150)),
+    ("poirot_investigates", dict(chunk_size=100, context_window=1024, max_summary_tokens=120)),
+    ("poirot_investigates", dict(chunk_size=64, context_window=1200, level_budgets=[60, 100, 170])),
+    ("poirot_investigates", dict(chunk_size=128, context_window=1500, level_budgets=[90, 200])),
+    ("the_cask_of_amontillado", dict(chunk_size=256, context_window=1024, max_summary_tokens=80)),
+]
+
+
+@pytest.mark.parametrize("merge_context", ["same-level", "lower-level", "none"])
+@pytest.mark.parametrize("book, config", HIER_PLANS)
+def test_the_hierarchical_estimate_plans_the_calls_a_run_makes(books_dir: Path, book, config, merge_context):
+    """With every summary as long as the estimate assumes, the estimate's calls are the run's: as many,
+    writing as many tokens, the book's summary as long."""
+    import dspy
+
+    from booklens.lm import BooklensAdapter
+    from booklens.programs.summarizer import HierarchicalSummarizer
+    from booklens.sweep.estimate import _Overheads, summary_work
+    from booklens.testing import ScriptedLM
+    from booklens.text import chunk_text, read_book
+
+    text = read_book(books_dir / f"{book}.txt")
+    program = HierarchicalSummarizer(merge_context=merge_context, words_per_token=1.0, **config)
+    lm = ScriptedLM(budget_filling)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        work, final = summary_work(program, chunk_text(text, program.chunk_size), _Overheads())
+        result = program(book=text)
+    assert all(n.attempts == 1 and not n.over_budget for n in result.nodes)  # no regeneration: the plan held
+    assert work.calls == len(lm.backend.calls) == len(result.nodes)
+    assert work.completion_tokens == sum(n.tokens for n in result.nodes)
+    assert final == result.nodes[-1].tokens
