@@ -496,15 +496,28 @@ class HierarchicalSummarizer(_BookSummarizer):
                 return groups, budgets
         raise BooklensError("the book needs too deep a merge tree; raise --chunk-size or --context-window")
 
+    @staticmethod
+    def chunk_summary(j: int, group: list[int], budget: int, text: str, tokens: int, **outcome: Any) -> SummaryNode:
+        """The node of the `j`th level-1 summary, of the chunks in `group`."""
+        return SummaryNode(id=f"L1.{j}", level=1, kind="chunk", text=text, tokens=tokens, budget=budget,
+                           children=[f"c{i}" for i in group], chunks=list(group), **outcome)
+
+    @staticmethod
+    def merged_summary(level: int, j: int, context: SummaryNode | None, group: list[SummaryNode], budget: int,
+                       text: str, tokens: int, **outcome: Any) -> SummaryNode:
+        """The node of the `j`th summary of `level`, merging `group` (with `context`, when not None)."""
+        return SummaryNode(id=f"L{level}.{j}", level=level, kind="merge", text=text, tokens=tokens, budget=budget,
+                           children=[n.id for n in group], chunks=[c for n in group for c in n.chunks],
+                           used_context=context is not None, context=context.id if context else None, **outcome)
+
     def summarize_group(self, chunks: list[Chunk], groups: list[list[int]], j: int, budget: int) -> SummaryNode:
         """The level-1 summary of the chunks of `groups[j]`."""
         group = groups[j]
         excerpt = "".join(chunks[i].text for i in group).strip()
         out = self._generate(self.summarize_chunk, "summary", budget, where=f"level 1 summary {j}",
                              excerpt=excerpt, word_limit=self.word_limit(budget))
-        return SummaryNode(id=f"L1.{j}", level=1, kind="chunk", text=out.text, tokens=out.tokens, budget=budget,
-                           children=[f"c{i}" for i in group], chunks=list(group), attempts=out.attempts,
-                           over_budget=out.over_budget, truncated=out.truncated, cut_off=out.cut_off)
+        return self.chunk_summary(j, group, budget, out.text, out.tokens, attempts=out.attempts,
+                                  over_budget=out.over_budget, truncated=out.truncated, cut_off=out.cut_off)
 
     def forward(self, book: str) -> dspy.Prediction:
         _, room_merge, room_context = self.check_budgets()
@@ -520,6 +533,25 @@ class HierarchicalSummarizer(_BookSummarizer):
         return dspy.Prediction(summary=final_text, nodes=nodes, chunks=chunks, levels=root.level,
                                level_budgets=budgets)
 
+    def plan(self, chunks: list[Chunk]) -> tuple[list[PlannedCall], SummaryNode]:
+        """The calls `forward` makes on these chunks, in the order a one-call-at-a-time run makes them,
+        and the book's summary, if every summary is as long as its budget, or as the book text under it
+        when that is shorter (a summary's length is not known before the model writes it), and every
+        same-level context cut to its cap keeps all of it (not the whole sentences within it). The
+        level-1 groups, the budgets and the merge tree are the run's own, so a run whose summaries have
+        those lengths makes exactly these calls, and budgets a run would refuse are refused. No model
+        is called; the summaries have no text."""
+        _, room_merge, room_context = self.check_budgets()
+        if not chunks:
+            raise BooklensError("the book has no text to summarize")
+        groups, budgets = self.plan_budgets(chunks, room_merge)
+        tree = _PlannedTree(self, budgets, room_merge, room_context, chunks)
+        g1 = self.budget(1, budgets)
+        for j, group in enumerate(groups):
+            tree.add_task(1, j, lambda j=j, group=group: tree.summarize_group(j, group, g1))
+        root = tree.run()
+        return tree.calls, root
+
     def context_for(self, lower: list[SummaryNode | None],
                     start: int, upper: list[SummaryNode | None]) -> tuple[bool, SummaryNode | None]:
         """The context of the next merge of a level, whose first input is `lower[start]`:
@@ -532,12 +564,16 @@ class HierarchicalSummarizer(_BookSummarizer):
             return True, None
         return upper[-1] is not None, upper[-1]
 
+    def context_cap(self, room_context: int) -> int:
+        """The most tokens a same-level context keeps: a fifth of the room (as the published code
+        does), so the merge still has room for its inputs."""
+        return room_context // 5
+
     def trimmed_context(self, text: str, room_context: int) -> str:
-        """A same-level context longer than a fifth of the room keeps its leading sentences (as the
-        published code does), so the merge still has room for its inputs."""
+        """A same-level context longer than its cap (`context_cap`), cut to its leading sentences."""
         from booklens.text import count_tokens
 
-        cap = room_context // 5
+        cap = self.context_cap(room_context)
         return trim_to_budget(text, cap) if count_tokens(text) > cap else text
 
     def merge_node(self, level: int, j: int, context: SummaryNode | None, context_text: str | None,
@@ -550,11 +586,8 @@ class HierarchicalSummarizer(_BookSummarizer):
         else:
             out = self._generate(self.merge_with_context, "summary", budget, where=where, context=context_text,
                                  summaries=texts, word_limit=self.word_limit(budget))
-        return SummaryNode(id=f"L{level}.{j}", level=level, kind="merge", text=out.text, tokens=out.tokens,
-                           budget=budget, children=[n.id for n in group], chunks=[c for n in group for c in n.chunks],
-                           used_context=context is not None, context=context.id if context else None,
-                           attempts=out.attempts, over_budget=out.over_budget, truncated=out.truncated,
-                           cut_off=out.cut_off)
+        return self.merged_summary(level, j, context, group, budget, out.text, out.tokens, attempts=out.attempts,
+                                   over_budget=out.over_budget, truncated=out.truncated, cut_off=out.cut_off)
 
 
 class _Level:
@@ -572,7 +605,8 @@ class _MergeTree:
 
     Each step plans every merge whose inputs are known, then runs ready calls (higher levels
     first, then story order) with at most `concurrency` in flight. The grouping rule is the
-    level-by-level one: greedy, consecutive, within the room left by the context."""
+    level-by-level one: greedy, consecutive, within the room left by the context. It is the one
+    rule: `HierarchicalSummarizer.plan` (the sweep's estimate) runs this tree too, without a model."""
 
     def __init__(self, program: HierarchicalSummarizer, budgets: list[int], room_merge: int, room_context: int):
         self.program = program
@@ -684,10 +718,14 @@ class _MergeTree:
         if start == 0 and lower.cursor == len(lower.slots) and lower.complete:
             budget = program.final_budget  # the last merge writes the book's summary
         upper.slots.append(None)
-        self.ready.append((upper.level, j,
-                           lambda: program.merge_node(upper.level, j, context, context_text, group, budget)))
+        self.ready.append((upper.level, j, self._merge_call(upper.level, j, context, context_text, group, budget)))
         self.calls_planned += 1
         return True
+
+    def _merge_call(self, level: int, j: int, context: SummaryNode | None, context_text: str | None,
+                    group: list[SummaryNode], budget: int) -> Callable[[], SummaryNode]:
+        """The call that writes the `j`th summary of `level`."""
+        return lambda: self.program.merge_node(level, j, context, context_text, group, budget)
 
     # -- running -----------------------------------------------------------
 
@@ -703,19 +741,22 @@ class _MergeTree:
         bar = _call_bar()
         try:
             if concurrency == 1:
-                while True:
-                    self.plan()
-                    root = self.root()
-                    if root is not None:
-                        return root
-                    if not self.ready:
-                        raise BooklensError("the merge tree stalled with no call to run")  # a planning bug
-                    level, j, fn = self._next_ready()
-                    self._store(level, j, fn())
-                    bar(self.calls_planned)
+                return self._run_serial(bar)
             return self._run_threads(concurrency, bar)
         finally:
             bar(self.calls_planned, close=True)
+
+    def _run_serial(self, bar: Callable[..., None]) -> SummaryNode:
+        while True:
+            self.plan()
+            root = self.root()
+            if root is not None:
+                return root
+            if not self.ready:
+                raise BooklensError("the merge tree stalled with no call to run")  # a planning bug
+            level, j, fn = self._next_ready()
+            self._store(level, j, fn())
+            bar(self.calls_planned)
 
     def _run_threads(self, concurrency: int, bar: Callable[..., None]) -> SummaryNode:
         import contextvars
@@ -750,6 +791,57 @@ class _MergeTree:
         for lvl in self.levels:
             nodes.extend(n for n in lvl.slots if n is not None and n.level == lvl.level)
         return nodes
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One call of a hierarchical summary as `HierarchicalSummarizer.plan` foresees it."""
+
+    summary: SummaryNode  # what it writes: no text, as many tokens as assumed
+    input_tokens: int  # what it reads: the book text at level 1, the summaries it merges above
+    context_tokens: int | None = None  # its context summary's; None: it has none
+
+
+class _PlannedTree(_MergeTree):
+    """The merge tree run without a model (`HierarchicalSummarizer.plan`): each call it plans writes at
+    once a summary without text, as long as its budget or as the book text under it when shorter,
+    and is recorded."""
+
+    def __init__(self, program: HierarchicalSummarizer, budgets: list[int], room_merge: int, room_context: int,
+                 chunks: list[Chunk]):
+        super().__init__(program, budgets, room_merge, room_context)
+        self.chunks = chunks
+        self.calls: list[PlannedCall] = []
+
+    def _covered(self, indices: list[int]) -> int:
+        return sum(self.chunks[i].tokens for i in indices)
+
+    def summarize_group(self, j: int, group: list[int], budget: int) -> SummaryNode:
+        covered = self._covered(group)
+        node = self.program.chunk_summary(j, group, budget, "", min(budget, covered))
+        self.calls.append(PlannedCall(node, covered))
+        return node
+
+    def _context(self, node: SummaryNode) -> tuple[str, int]:
+        # No text to cut: a same-level context longer than its cap is taken as keeping the cap.
+        tokens = node.tokens
+        if self.program.merge_context == "same-level":
+            tokens = min(tokens, self.program.context_cap(self.room_context))
+        return "", tokens
+
+    def _merge_call(self, level: int, j: int, context: SummaryNode | None, context_text: str | None,
+                    group: list[SummaryNode], budget: int) -> Callable[[], SummaryNode]:
+        def write() -> SummaryNode:
+            node = self.program.merged_summary(level, j, context, group, budget, "",
+                                               min(budget, self._covered([c for n in group for c in n.chunks])))
+            self.calls.append(PlannedCall(node, sum(n.tokens for n in group),
+                                          None if context is None else self._context(context)[1]))
+            return node
+
+        return write
+
+    def run(self) -> SummaryNode:
+        return self._run_serial(lambda planned, close=False: None)  # no model: no progress to show
 
 
 class IncrementalSummarizer(_BookSummarizer):

@@ -163,23 +163,42 @@ HIER_PLANS = [
 @pytest.mark.parametrize("merge_context", ["same-level", "lower-level", "none"])
 @pytest.mark.parametrize("book, config", HIER_PLANS)
 def test_the_hierarchical_estimate_plans_the_calls_a_run_makes(books_dir: Path, book, config, merge_context):
-    """With every summary as long as the estimate assumes, the estimate's calls are the run's: as many,
-    writing as many tokens, the book's summary as long."""
+    """With every summary as long as the estimate assumes, the estimate's calls are the run's: as many
+    at each level, each merging the same summaries with the same context at the same budget, writing
+    as many tokens, and the book's summary as long."""
+    from collections import Counter
+
     import dspy
 
     from booklens.lm import BooklensAdapter
     from booklens.programs.summarizer import HierarchicalSummarizer
     from booklens.sweep.estimate import _Overheads, summary_work
     from booklens.testing import ScriptedLM
-    from booklens.text import chunk_text, read_book
+    from booklens.text import chunk_text, count_tokens, read_book
+
+    def shape(node):
+        return node.id, node.level, node.kind, node.children, node.context, node.budget, node.tokens
 
     text = read_book(books_dir / f"{book}.txt")
     program = HierarchicalSummarizer(merge_context=merge_context, words_per_token=1.0, **config)
     lm = ScriptedLM(budget_filling)
+    chunks = chunk_text(text, program.chunk_size)
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        work, final = summary_work(program, chunk_text(text, program.chunk_size), _Overheads())
+        work, final = summary_work(program, chunks, _Overheads())
+        planned, root = program.plan(chunks)
         result = program(book=text)
     assert all(n.attempts == 1 and not n.over_budget for n in result.nodes)  # no regeneration: the plan held
-    assert work.calls == len(lm.backend.calls) == len(result.nodes)
+    assert work.calls == len(planned) == len(lm.backend.calls) == len(result.nodes)
+    assert Counter(c.summary.level for c in planned) == Counter(n.level for n in result.nodes)
+    assert sorted(shape(c.summary) for c in planned) == sorted(shape(n) for n in result.nodes)
     assert work.completion_tokens == sum(n.tokens for n in result.nodes)
-    assert final == result.nodes[-1].tokens
+    assert final == root.tokens == result.nodes[-1].tokens
+    # In the order of the run's calls (one at a time), each call as the run's prompt has it: its word
+    # limit, the summaries it merges (each begins with the one capital "The") and its context.
+    for plan, call in zip(planned, lm.backend.calls):
+        assert int(call.inputs["word_limit"]) == plan.summary.budget
+        if plan.summary.kind == "chunk":
+            assert "excerpt" in call.inputs
+            continue
+        assert call.inputs["summaries"].count("The") == len(plan.summary.children)
+        assert plan.context_tokens == (count_tokens(call.inputs["context"]) if "context" in call.inputs else None)
