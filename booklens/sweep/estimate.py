@@ -1,19 +1,21 @@
 """`booklens sweep --dry-run`: the cells, and per system the LM calls and tokens it will take and
 what that costs where LiteLLM knows the model's prices. No LM is called and no model is loaded.
 
-The summarizer's calls come from its own planning code run on each book's real chunks: the level-1
-groups (`group_by_budget`), each merge level (the merge tree's greedy grouping, mirrored here),
-and the budget checks, so a configuration the summarizer would refuse is refused here too. The
-judge's calls are sized for the judge's LM: with `evidence: book` each verification holds what the
-verifier's own budget on that LM's context window holds (`ClaimVerifier.evidence_budget`), the
-whole book at most. What cannot be known before the model writes is assumed, and said: every
-summary fills its token budget unless what it summarizes is shorter (then it is as long as that: a
-short book's summary is no longer than the book), incremental updating compresses every update
-over its budget (upper bounds on calls), a summary sentence is about `TOKENS_PER_SENTENCE` tokens
-and yields one claim, and no answer needs a retry (nor a compression a second one: a compression
-longer than the next call's room is compressed again). A cell whose run directory holds steps a run
-reuses (a judge setting changed) is estimated for the other steps only, judging the summary and
-claims on disk.
+A hierarchical summary's calls come from the summarizer's own plan of each book's real chunks
+(`HierarchicalSummarizer.plan`): its budget checks, level-1 groups, level budgets and merge tree,
+run without a model on summaries of the assumed lengths, so a configuration the summarizer would
+refuse is refused here too. Incremental updating is counted here, after the summarizer's budget
+checks: a call per chunk, and a compression after each update over the budget. The judge's calls are
+sized for the judge's LM: with `evidence: book` each verification holds what the verifier's own
+budget on that LM's context window holds (`ClaimVerifier.evidence_budget`), the whole book at most.
+What cannot be known before the model writes is assumed, and said: every summary fills its token
+budget unless what it summarizes is shorter (then it is as long as that: a short book's summary is
+no longer than the book), a same-level merge context cut to its cap keeps all of the cap,
+incremental updating compresses every update over its budget (upper bounds on calls), a summary
+sentence is about `TOKENS_PER_SENTENCE` tokens and yields one claim, and no answer needs a retry
+(nor a compression a second one: a compression longer than the next call's room is compressed
+again). A cell whose run directory holds steps a run reuses (a judge setting changed) is estimated
+for the other steps only, judging the summary and claims on disk.
 """
 
 from __future__ import annotations
@@ -107,51 +109,16 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
     """Calls and tokens to summarize one book's chunks, and the final summary's tokens."""
     work = Work()
     if summarizer.method == "hier":
-        # The merge tree's grouping rule (programs.summarizer._MergeTree) with every summary at its
-        # budget, or as long as the book text under it when that is shorter: greedy consecutive groups
-        # within the room the context leaves.
-        _, room_merge, room_context = summarizer.check_budgets()
-        groups, budgets = summarizer.plan_budgets(chunks, room_merge)
-        g1 = summarizer.budget(1, budgets)
-        head = overheads.of(summarizer.summarize_chunk, excerpt="", word_limit=0)
-        sizes, covered = [], []  # each summary's tokens, and those of the book text under it
-        for group in groups:
-            covered.append(sum(chunks[i].tokens for i in group))
-            sizes.append(min(g1, covered[-1]))
-            work.add(1, head + covered[-1], sizes[-1])
-        merge_head = overheads.of(summarizer.merge, summaries=[], word_limit=0)
-        context_head = overheads.of(summarizer.merge_with_context, context="", summaries=[], word_limit=0)
-        level = 1
-        while len(sizes) > 1:
-            level += 1
-            budget = summarizer.budget(level, budgets)
-            upper: list[int] = []
-            upper_covered: list[int] = []
-            start = 0
-            while start < len(sizes):
-                context = _context_tokens(summarizer.merge_context, sizes, start, upper, room_context)
-                end = _greedy_end(sizes, start, room_merge if context is None else room_context - context)
-                if end - start == 1 and end < len(sizes) and context is not None:
-                    context, end = None, _greedy_end(sizes, start, room_merge)
-                upper_covered.append(sum(covered[start:end]))
-                if end - start == 1:
-                    upper.append(sizes[start])  # a lone summary moves up unchanged
-                else:
-                    written = budget
-                    if start == 0 and end == len(sizes):
-                        written = summarizer.final_budget  # the book's summary: G_n
-                    inputs = sum(sizes[start:end])
-                    written = min(written, upper_covered[-1])
-                    work.add(1, (merge_head if context is None else context_head + context) + inputs, written)
-                    upper.append(written)
-                start = end
-            if len(upper) == len(sizes):  # the summarizer refuses this too, at run time
-                from booklens.errors import BooklensError
-
-                raise BooklensError("summaries are too long to merge within the context window; lower "
-                                    "max_summary_tokens or raise context_window")
-            sizes, covered = upper, upper_covered
-        final = sizes[0]
+        # The summarizer's own plan (its groups, contexts and budgets), each summary at its budget
+        # or as long as the book text under it when that is shorter.
+        calls, root = summarizer.plan(chunks)
+        heads = {"chunk": overheads.of(summarizer.summarize_chunk, excerpt="", word_limit=0),
+                 "merge": overheads.of(summarizer.merge, summaries=[], word_limit=0),
+                 "context": overheads.of(summarizer.merge_with_context, context="", summaries=[], word_limit=0)}
+        for call in calls:
+            kind = "context" if call.context_tokens is not None else call.summary.kind
+            work.add(1, heads[kind] + (call.context_tokens or 0) + call.input_tokens, call.summary.tokens)
+        final = root.tokens
     else:
         summarizer.check_budgets()
         g = summarizer.max_summary_tokens
@@ -172,27 +139,6 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
     if summarizer.remove_artifacts:
         work.add(1, overheads.of(summarizer.clean, summary="") + final, final)
     return work, final
-
-
-def _context_tokens(merge_context: str, lower: list[int], start: int, upper: list[int],
-                    room_context: int) -> Optional[int]:
-    """Tokens of the context a merge starting at `lower[start]` reads (None: no context)."""
-    if merge_context == "none" or (merge_context == "lower-level" and start == 0):
-        return None
-    if merge_context == "lower-level":
-        return lower[start - 1]
-    if not upper:
-        return None
-    return min(upper[-1], room_context // 5)  # a long same-level context keeps its leading sentences
-
-
-def _greedy_end(sizes: list[int], start: int, room: int) -> int:
-    """End of the greedy group from `start`: consecutive summaries while they fit, at least one."""
-    end, used = start, 0
-    while end < len(sizes) and (end == start or used + sizes[end] <= room):
-        used += sizes[end]
-        end += 1
-    return end
 
 
 def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int, judge_window: Optional[int],
