@@ -120,6 +120,8 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
             work.add(1, heads[kind] + (call.context_tokens or 0) + call.input_tokens, call.summary.tokens)
         final = root.tokens
     else:
+        from booklens.programs.summarizer import UPDATE_ALLOWANCE  # loaded already: it built `summarizer`
+
         summarizer.check_budgets()
         g = summarizer.max_summary_tokens
         first = overheads.of(summarizer.summarize_chunk, excerpt="", word_limit=0)
@@ -127,7 +129,7 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
         compress = overheads.of(summarizer.compress, summary="", current_words=0, word_limit=0)
         current = min(g, chunks[0].tokens)
         work.add(1, first + chunks[0].tokens, current)
-        grown = int(g * 1.5)
+        grown = int(g * UPDATE_ALLOWANCE)
         for chunk in chunks[1:]:
             updated = min(grown, current + chunk.tokens)  # no longer than the summary and chunk it updates
             work.add(1, update + current + chunk.tokens, updated)
