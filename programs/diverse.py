@@ -605,9 +605,10 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
                      judge: bool = True,
                      faithfulness: Sequence[str] = ("likert",), max_articles: Optional[int] = None,
                      context_window: Optional[int] = None, concurrency: int = 1) -> list[dict[str, Any]]:
-    """Per event: the diverse summary, optionally generated QA references, and the judges' scores
-    (coverage binary and Likert against the event's references, or the generated ones when the
-    event has none; faithfulness to each article with each of the `faithfulness` protocols)."""
+    """Per event: the diverse summary, QA references generated for an event without its own (with
+    `generate_questions`), and the judges' scores (coverage binary and Likert against the event's
+    references, own or generated, as its `references` says; faithfulness to each article with each
+    of the `faithfulness` protocols)."""
     from booklens.data.diversesumm import QuestionAnswers
     from booklens.lm import usage_step
 
@@ -630,6 +631,9 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
     if max_articles is not None and not faithfulness:
         raise BooklensError("--max-articles limits the articles faithfulness is judged against; --faithfulness "
                             "none judges none")
+    if generate_questions and all(event.question_answers for event in events):
+        raise BooklensError("--generate-questions N builds references only for events without question_answers, "
+                            "and every event has its own")
     summarizer = DiverseSummarizer(method, num_sentences=sentences, context_window=context_window,
                                    concurrency=concurrency)
     refs = (ReferenceBuilder(generate_questions, clustering=clustering, diversity_filter=diversity_filter,
@@ -647,16 +651,22 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
         row.update(summary=pred.summary, method=pred.method, extracts=pred.extracts,
                    extract_errors=pred.extract_errors, extract_notes=pred.extract_notes, error=pred.error,
                    summary_cut_off=pred.cut_off)
-        if refs is not None:
+        # An event's own references are what coverage is judged against: building others for it
+        # would spend many calls on references nothing uses.
+        row["references"] = "own" if event.question_answers else None
+        row["reference_qa_pairs"] = len(event.question_answers)
+        if refs is not None and not event.question_answers:
             with usage_step("reference"):
                 ref = refs(articles=[(a.aid, a.summarizer_text()) for a in event.articles])
             row.update(generated_question_answers=ref.question_answers, generated_questions=ref.questions,
                        reference_screening=ref.screening, reference_error=ref.error)
+            if ref.question_answers:
+                row.update(references="generated", reference_qa_pairs=len(ref.question_answers))
         scores: dict[str, Any] = {}
         judgments: dict[str, Any] = {}
         if judge and pred.summary:
             qa_pairs = event.question_answers
-            if not qa_pairs and refs is not None:
+            if row["references"] == "generated":
                 qa_pairs = [QuestionAnswers.model_validate(q) for q in row["generated_question_answers"]]
             if qa_pairs:
                 for protocol in RATING_SCALES:

@@ -198,7 +198,7 @@ def test_diverse_judge_and_bias_end_to_end(tmp_path, monkeypatch):
     with FakeOpenAIServer(responder=always_b) as server:
         lm = ["--lm", "openai/test-model", "--api-base", server.url]
         r = invoke(["diverse", str(FIXTURE), *lm, "--faithfulness", "both", "--max-articles", "3",
-                    "--generate-questions", "1", "-o", str(out)], tmp_path, monkeypatch)
+                    "-o", str(out)], tmp_path, monkeypatch)
         assert r.exit_code == 0, r.output
         data = json.loads(out.read_text())
         row = data["events"][0]
@@ -206,9 +206,6 @@ def test_diverse_judge_and_bias_end_to_end(tmp_path, monkeypatch):
         assert row["scores"] == {"coverage_binary": 1.0, "coverage_likert": 1.0, "faithfulness_binary": 1.0,
                                  "faithfulness_likert": 1.0}
         assert len(row["judgments"]["coverage_binary"]) == 6 and len(row["judgments"]["faithfulness_likert"]) == 3
-        assert row["generated_question_answers"][0]["question"] == "What caused the crack?"
-        assert row["reference_screening"][0]["kept"] and row["reference_screening"][0]["diverse_clusters"] == 2
-        assert "What caused the crack? (10 articles, " in r.output
         assert "coverage_likert: 1.00" in r.output
 
         r = invoke(["judge", str(FIXTURE), str(out), "--protocol", "likert", "--criterion", "coverage", *lm],
@@ -350,3 +347,57 @@ def test_the_records_say_what_was_judged_and_how(tmp_path):
     assert (verbosity["events_file"], verbosity["summaries"], verbosity["criterion"], verbosity["protocols"],
             verbosity["max_articles"], verbosity["per_qa"]) == (str(FIXTURE), [str(first)], "faithfulness",
                                                                 ["single"], 1, False)
+
+
+def _one_with_and_one_without_references(tmp_path):
+    """The fixture event (its own six QA pairs) and a second event without references whose
+    articles differ, so that none of its prompts is answered from the first's cache."""
+    own = json.loads(FIXTURE.read_text())[0]
+    bare = json.loads(json.dumps(own))
+    bare["eid"] = "ev-0002"
+    bare["question_answers"] = []
+    for article in bare["articles"]:
+        article["content"] = "A later report. " + article["content"]
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([own, bare]))
+    return events
+
+
+def _reference_requests(server):
+    """The requests that build references and read an article's text: question generation (which
+    names how many to write) and answer extraction (one article and one question)."""
+    prompts = [str(body["messages"][-1]["content"]) for body in server.served]
+    return ([p for p in prompts if "[[ ## num_questions ## ]]" in p],
+            [p for p in prompts if "[[ ## article ## ]]" in p and "[[ ## question ## ]]" in p])
+
+
+def test_generated_references_are_built_only_for_events_without_their_own(tmp_path, monkeypatch):
+    """`--generate-questions` built references (questions, an answer per article, clusters, the
+    filter) for an event with its own question_answers too, then judged its coverage against its own
+    ones: the calls were spent on references nothing used, and neither the record nor the output said
+    which references coverage was judged against."""
+    events = _one_with_and_one_without_references(tmp_path)
+    out = tmp_path / "diverse.json"
+    with FakeOpenAIServer(responder=always_b) as server:
+        r = invoke(["diverse", str(events), "--generate-questions", "1", "--max-articles", "2", "--concurrency", "1",
+                    "--lm", "openai/test-model", "--api-base", server.url, "-o", str(out)], tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    generate, extract = _reference_requests(server)
+    # for the event without references only: one question, its answer in each of the ten articles
+    assert len(generate) == 1 and "A later report." in generate[0]
+    assert len(extract) == 10 and all("A later report." in p for p in extract)
+    own, generated = json.loads(out.read_text())["events"]
+    assert own["references"] == "own" and "generated_question_answers" not in own
+    assert len(own["judgments"]["coverage_binary"]) == 6
+    assert generated["references"] == "generated" and generated["reference_qa_pairs"] == 1
+    assert generated["generated_question_answers"][0]["question"] == "What caused the crack?"
+    assert generated["reference_screening"][0]["kept"] and generated["reference_screening"][0]["diverse_clusters"] == 2
+    assert len(generated["judgments"]["coverage_binary"]) == 1
+    assert "references: the event's own (6 questions); none generated" in r.output
+    assert "references: generated questions (1 of 1 kept):\n  - What caused the crack? (10 articles, " in r.output
+
+
+def test_generate_questions_is_refused_when_every_event_has_its_own_references(tmp_path, monkeypatch):
+    with pytest.raises(BooklensError, match="only for events without question_answers, and every event has its own"):
+        invoke(["diverse", str(FIXTURE), "--generate-questions", "2", "--lm", "openai/fake",
+                "--api-base", "http://127.0.0.1:9/v1"], tmp_path, monkeypatch)

@@ -222,8 +222,11 @@ def diverse_command(
         if row["summary"] and row.get("extract_errors"):
             typer.echo(f"(no sentence picked from {len(row['extract_errors'])} of {len(row['extracts'])} articles, "
                        f"shown as '(none)'; first: {row['extract_errors'][0]})")
+        if result["generate_questions"] and row["references"] == "own":
+            typer.echo(f"references: the event's own ({counted(row['reference_qa_pairs'], 'question')}); "
+                       "none generated")
         if row.get("generated_questions") is not None:
-            typer.echo(f"generated questions ({len(row['generated_question_answers'])} of "
+            typer.echo(f"references: generated questions ({len(row['generated_question_answers'])} of "
                        f"{len(row['generated_questions'])} kept):")
             for check in row["reference_screening"]:
                 detail = (f"{check['articles_answering']} articles, {check['clusters']} answer clusters"
