@@ -12,7 +12,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from booklens.data.diversesumm import load_events, load_summaries, require_question_answers
+from booklens.data.diversesumm import coverage_events, load_events, load_summaries, require_question_answers
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
 from booklens.qa_runs import Measured, check_given_window, setup_run_lm
@@ -95,8 +95,9 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
         second = load_summaries(other_path, events, "second summaries file")
     elif other_path is not None:
         raise BooklensError("a second summaries file is only used with --protocol pairwise")
+    not_judged: list[dict[str, str]] = []
     if criterion == "coverage":
-        require_question_answers(events)
+        events, not_judged = coverage_events(events)
     from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
 
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
@@ -117,7 +118,7 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
     return {"kind": "booklens.judge", "events_file": str(events_path),
             "summaries": [str(p) for p in (summaries_path, other_path) if p is not None], "protocol": protocol,
             "criterion": criterion, "max_articles": max_articles, "per_qa": per_qa, "lm": lm_label(model),
-            "events": rows, "usage": measured.usage, "seconds": measured.seconds}
+            "events": rows, "not_judged": not_judged, "usage": measured.usage, "seconds": measured.seconds}
 
 
 def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path, *, criterion: str = "both",

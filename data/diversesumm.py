@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from booklens.errors import BooklensError, validation_problem
 from booklens.records import read_json_file
+from booklens.vocabulary import counted
 
 MIN_ARTICLES = 2
 
@@ -261,11 +262,25 @@ def parse_summaries(payload: Any, source: str = "summaries") -> dict[str, str]:
     return out
 
 
+NO_REFERENCES = "no question_answers to judge coverage against"
+
+
 def require_question_answers(events: list[Event]) -> None:
     """Coverage is judged against the reference QA pairs: every event needs some."""
     for e in events:
         if not e.question_answers:
-            raise BooklensError(f"event {e.eid} has no question_answers to judge coverage against")
+            raise BooklensError(f"event {e.eid} has {NO_REFERENCES}")
+
+
+def coverage_events(events: list[Event]) -> tuple[list[Event], list[dict[str, str]]]:
+    """The events coverage can be judged on (those with reference QA pairs) and the others as
+    {eid, reason}: one event without references does not cost the rest their judgments, as it
+    does not in `diverse`. Refused when no event has any, since nothing would be judged."""
+    judged = [e for e in events if e.question_answers]
+    if not judged:
+        raise BooklensError(f"no event has question_answers to judge coverage against ({counted(len(events), 'event')} "
+                            "given); faithfulness is judged against the articles and needs none")
+    return judged, [{"eid": e.eid, "reason": NO_REFERENCES} for e in events if not e.question_answers]
 
 
 def to_examples(events: list[Event]) -> list:

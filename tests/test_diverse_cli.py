@@ -401,3 +401,45 @@ def test_generate_questions_is_refused_when_every_event_has_its_own_references(t
     with pytest.raises(BooklensError, match="only for events without question_answers, and every event has its own"):
         invoke(["diverse", str(FIXTURE), "--generate-questions", "2", "--lm", "openai/fake",
                 "--api-base", "http://127.0.0.1:9/v1"], tmp_path, monkeypatch)
+
+
+def test_judge_coverage_judges_the_events_with_references_and_says_which_it_skipped(tmp_path, monkeypatch):
+    """`judge --criterion coverage` refused the whole file when one event had no question_answers,
+    while `diverse` judges the others and says why that one has no coverage score: now `judge` does
+    the same, and refuses (before any call) only when no event can be judged."""
+    events = _one_with_and_one_without_references(tmp_path)
+    summaries = tmp_path / "s.json"
+    summaries.write_text(json.dumps({"ev-0001": "The bridge closed for repairs.", "ev-0002": "It reopened."}))
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"ev-0001": "Sources disagree.", "ev-0002": "Sources disagree again."}))
+    out = tmp_path / "judge.json"
+    with FakeOpenAIServer(responder=always_b) as server:
+        lm = ["--lm", "openai/test-model", "--api-base", server.url]
+        r = invoke(["judge", str(events), str(summaries), "--protocol", "likert", *lm, "-o", str(out)],
+                   tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        assert len(server.served) == 1  # one Likert rating, of the event with references
+        record = json.loads(out.read_text())
+        assert [row["eid"] for row in record["events"]] == ["ev-0001"]
+        assert record["not_judged"] == [{"eid": "ev-0002", "reason": "no question_answers to judge coverage against"}]
+        assert "ev-0001: coverage likert = 1.00" in r.output
+        assert "ev-0002: not judged (no question_answers to judge coverage against)" in r.output
+
+        r = invoke(["judge", str(events), str(summaries), str(other), "--protocol", "pairwise", *lm, "-o", str(out)],
+                   tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        assert [row["eid"] for row in json.loads(out.read_text())["events"]] == ["ev-0001"]
+        assert "ev-0002: not judged (no question_answers" in r.output
+
+        # faithfulness needs no references: every event is judged
+        r = invoke(["judge", str(events), str(summaries), "--criterion", "faithfulness", "--max-articles", "1", *lm,
+                    "-o", str(out)], tmp_path, monkeypatch)
+        assert r.exit_code == 0 and len(json.loads(out.read_text())["events"]) == 2
+        assert json.loads(out.read_text())["not_judged"] == []
+
+    bare = json.loads(events.read_text())[1:]
+    bare_events = tmp_path / "bare.json"
+    bare_events.write_text(json.dumps(bare))
+    with pytest.raises(BooklensError, match=r"^no event has question_answers to judge coverage against"):
+        invoke(["judge", str(bare_events), str(summaries), "--lm", "openai/fake", "--api-base",
+                "http://127.0.0.1:9/v1"], tmp_path, monkeypatch)

@@ -286,6 +286,8 @@ def judge_command(
             typer.echo(f"{row['eid']}: {criterion.value} {protocol.value} = {_fmt(row['score'])} "
                        f"(scale {_scale(protocol.value)}, {counted(len(row['judgments']), 'judgment')}"
                        + (f", {row['failed']} failed" if row["failed"] else "") + ")")
+    for skipped in result["not_judged"]:
+        typer.echo(f"{skipped['eid']}: not judged ({skipped['reason']})")
     typer.echo(_usage_line(result), err=True)
     _fail_if_judged_nothing(result)
 
