@@ -12,7 +12,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from booklens.data.diversesumm import coverage_events, load_events, load_summaries, require_question_answers
+from booklens.data.diversesumm import coverage_events, load_events, load_summaries
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
 from booklens.qa_runs import Measured, check_given_window, setup_run_lm
@@ -75,6 +75,16 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
             "seconds": measured.seconds}
 
 
+def _events_per_criterion(events: list[Any], criteria: Sequence[str]) -> tuple[dict[str, list[Any]], list[dict]]:
+    """The events each criterion is judged on (coverage: those with references) and the events
+    coverage skipped, as {eid, reason}."""
+    judged = {crit: list(events) for crit in criteria}
+    not_judged: list[dict[str, str]] = []
+    if "coverage" in criteria:
+        judged["coverage"], not_judged = coverage_events(events)
+    return judged, not_judged
+
+
 def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optional[Path] = None, *,
                     protocol: str = "likert", criterion: str = "coverage", max_articles: Optional[int] = None,
                     per_qa: bool = False, lm: Any = None, api_base: Optional[str] = None,
@@ -133,8 +143,7 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
     events = load_events(events_path)
     s1 = load_summaries(summaries_1, events)
     s2 = load_summaries(summaries_2, events, "second summaries file")
-    if "coverage" in criteria:
-        require_question_answers(events)
+    judged, not_judged = _events_per_criterion(events, criteria)
     from booklens.metrics.bias import position_bias
     from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases
 
@@ -142,14 +151,15 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
     out: dict[str, Any] = {}
     with Measured(model) as measured:
         for crit in criteria:
-            cases = [(f"{e.eid}/{cid}", ref, s1[e.eid], s2[e.eid]) for e in events
+            cases = [(f"{e.eid}/{cid}", ref, s1[e.eid], s2[e.eid]) for e in judged[crit]
                      for cid, ref in pairwise_cases(e, crit, per_qa, max_articles)]
             pairs = judge_pairs(PairwiseJudge(crit), cases, concurrency)
             out[crit] = {"result": position_bias([(p["first_order"], p["second_order"]) for p in pairs]),
                          "cases": pairs}
     return {"kind": "booklens.bias.position", "events_file": str(events_path),
             "summaries": [str(summaries_1), str(summaries_2)], "criterion": criterion, "max_articles": max_articles,
-            "per_qa": per_qa, "lm": lm_label(model), **out, "usage": measured.usage, "seconds": measured.seconds}
+            "per_qa": per_qa, "lm": lm_label(model), **out, "not_judged": not_judged, "usage": measured.usage,
+            "seconds": measured.seconds}
 
 
 def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str = "both",
@@ -168,8 +178,7 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
     _check_case_options(criteria, protocols, per_qa, max_articles, concurrency)
     events = load_events(events_path)
     originals = load_summaries(summaries, events)
-    if "coverage" in criteria:
-        require_question_answers(events)
+    judged, not_judged = _events_per_criterion(events, criteria)
     from booklens.metrics.bias import repeat_summary, verbosity_pairwise, verbosity_single
     from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
 
@@ -183,7 +192,7 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
                 if proto == "single":
                     scores: dict[str, list] = {"original": [], "extended": []}
                     cases = []
-                    for e in events:
+                    for e in judged[crit]:
                         rated = [rate_event(crit, "likert", e, version[e.eid], max_articles=max_articles,
                                             concurrency=concurrency)["judgments"] for version in (originals, extended)]
                         # Each case keeps its two ratings and the error of a missing one, as a pairwise
@@ -197,7 +206,7 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
                     result = verbosity_single(scores["original"], scores["extended"])
                     out[f"{crit}_single"] = {"result": result, **scores, "cases": cases}
                 else:
-                    cases = [(f"{e.eid}/{cid}", ref, originals[e.eid], extended[e.eid]) for e in events
+                    cases = [(f"{e.eid}/{cid}", ref, originals[e.eid], extended[e.eid]) for e in judged[crit]
                              for cid, ref in pairwise_cases(e, crit, per_qa, max_articles)]
                     pairs = judge_pairs(PairwiseJudge(crit), cases, concurrency)
                     result = verbosity_pairwise([(p["first_order"], p["second_order"]) for p in pairs])
@@ -205,4 +214,5 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
                 table.append((crit, proto, result))
     return {"kind": "booklens.bias.verbosity", "events_file": str(events_path), "summaries": [str(summaries)],
             "criterion": criterion, "protocols": list(protocols), "max_articles": max_articles, "per_qa": per_qa,
-            "lm": lm_label(model), **out, "table": table, "usage": measured.usage, "seconds": measured.seconds}
+            "lm": lm_label(model), **out, "table": table, "not_judged": not_judged, "usage": measured.usage,
+            "seconds": measured.seconds}

@@ -443,3 +443,38 @@ def test_judge_coverage_judges_the_events_with_references_and_says_which_it_skip
     with pytest.raises(BooklensError, match=r"^no event has question_answers to judge coverage against"):
         invoke(["judge", str(bare_events), str(summaries), "--lm", "openai/fake", "--api-base",
                 "http://127.0.0.1:9/v1"], tmp_path, monkeypatch)
+
+
+def test_the_bias_studies_judge_coverage_on_the_events_with_references_and_say_which_they_skipped(
+        tmp_path, monkeypatch):
+    """The bias studies refused the whole file for one event without question_answers, even with
+    `--criterion both`, whose faithfulness half needs none: they now judge coverage on the events
+    that have references and name the others, as `judge` and `diverse` do."""
+    events = _one_with_and_one_without_references(tmp_path)
+    summaries = tmp_path / "s.json"
+    summaries.write_text(json.dumps({"ev-0001": "The bridge closed for repairs.", "ev-0002": "It reopened."}))
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"ev-0001": "Sources disagree.", "ev-0002": "Sources disagree again."}))
+    out = tmp_path / "bias.json"
+    with FakeOpenAIServer(responder=always_b) as server:
+        lm = ["--lm", "openai/test-model", "--api-base", server.url]
+        r = invoke(["bias", "position", str(events), str(summaries), str(other), "--max-articles", "1", *lm,
+                    "-o", str(out)], tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        record = json.loads(out.read_text())
+        assert record["coverage"]["result"]["cases"] == 1 and record["faithfulness"]["result"]["cases"] == 2
+        assert record["not_judged"] == [{"eid": "ev-0002", "reason": "no question_answers to judge coverage against"}]
+        assert "ev-0002: coverage not judged (no question_answers to judge coverage against)" in r.output
+
+        r = invoke(["bias", "verbosity", str(events), str(summaries), "--criterion", "coverage", *lm, "-o", str(out)],
+                   tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        record = json.loads(out.read_text())
+        assert [c["case"] for c in record["coverage_single"]["cases"]] == ["ev-0001/all"]
+        assert record["coverage_pairwise"]["result"]["cases"] == 1 and record["not_judged"][0]["eid"] == "ev-0002"
+        assert "ev-0002: coverage not judged" in r.output
+
+        # faithfulness alone needs no references: nothing is skipped
+        r = invoke(["bias", "verbosity", str(events), str(summaries), "--criterion", "faithfulness", "--max-articles",
+                    "1", *lm, "-o", str(out)], tmp_path, monkeypatch)
+        assert r.exit_code == 0 and json.loads(out.read_text())["not_judged"] == []
