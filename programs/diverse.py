@@ -294,8 +294,11 @@ class ReferenceBuilder(Module):
         shown = list(texts)
         while len(shown) > 1 and prompt_tokens(self.generate, articles=shown, num_questions=self.num_questions) > self.budget():
             shown.pop()
-        got = predict_with_retries(self.generate, tries=self.tries, check=_nonempty("questions"), articles=shown,
-                                   num_questions=self.num_questions)
+        try:
+            got = predict_with_retries(self.generate, tries=self.tries, check=_nonempty("questions"), articles=shown,
+                                       num_questions=self.num_questions)
+        except ContextWindowExceeded as exc:  # even the first article is too long: this event gets none
+            return dspy.Prediction(question_answers=[], questions=[], screening=[], error=first_line(exc))
         if not got.ok:
             return dspy.Prediction(question_answers=[], questions=[], screening=[], error=got.error)
         questions: list[str] = []
@@ -353,13 +356,17 @@ class ReferenceBuilder(Module):
         clusters of their own; if it never gives valid numbers, identical wording is grouped."""
         if self.clustering == "exact" or len(answers) < 2:
             return {"groups": exact_groups(answers), "error": None}
-        got = predict_with_retries(
-            self.group, tries=self.tries, question=question, answers=_numbered(answers),
-            check=lambda p: (None if getattr(p, "groups", None) else "no groups")
-            or _numbers_in_range([n for g in p.groups for n in (g or [])], len(answers), "groups")
-            or filter_stopped("groups"))
-        if not got.ok:
-            return {"groups": exact_groups(answers), "error": f"clustering failed ({got.error}); identical answers "
+        try:
+            got = predict_with_retries(
+                self.group, tries=self.tries, question=question, answers=_numbered(answers),
+                check=lambda p: (None if getattr(p, "groups", None) else "no groups")
+                or _numbers_in_range([n for g in p.groups for n in (g or [])], len(answers), "groups")
+                or filter_stopped("groups"))
+            error = None if got.ok else (got.error or "no valid groups")
+        except ContextWindowExceeded as exc:  # too many answers to show at once: grouped by wording
+            error = first_line(exc)
+        if error is not None:
+            return {"groups": exact_groups(answers), "error": f"clustering failed ({error}); identical answers "
                                                                "grouped instead"}
         seen: set[int] = set()
         groups: list[list[int]] = []
@@ -394,8 +401,11 @@ class ReferenceBuilder(Module):
                     or _numbers_in_range(getattr(p, "diverse", None), len(answers), "diverse")
                     or filter_stopped("screening"))
 
-        got = predict_with_retries(self.filter, tries=self.tries, check=check, articles=shown, question=question,
-                                   answers=_numbered(answers))
+        try:
+            got = predict_with_retries(self.filter, tries=self.tries, check=check, articles=shown, question=question,
+                                       answers=_numbered(answers))
+        except ContextWindowExceeded as exc:  # this question's answers are too many to show: it is dropped
+            return {"invalid": [], "diverse": [], "error": first_line(exc)}
         if not got.ok:
             return {"invalid": [], "diverse": [], "error": got.error}
         invalid = sorted({n - 1 for n in got.prediction.invalid or []})

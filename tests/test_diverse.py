@@ -770,3 +770,38 @@ def test_an_event_too_large_for_the_window_gets_an_error_and_the_others_go_on(ev
     assert rows[1]["summary"] is None and "too long to pick sentences from" in rows[1]["error"]
     # The article that cannot fit is never sent (the server would refuse it).
     assert not any("part 1499" in json.dumps(call.inputs) for call in lm.backend.calls)
+
+
+def test_an_event_too_large_to_build_references_for_is_a_reference_error_not_the_end_of_the_run(event):
+    """A server refusing the question-generation prompt (or the filter's) as too long for its window
+    ended the whole `diverse` run, every other event's summary and judgments unwritten: the event
+    gets no generated references (the reason is its reference_error), or the question is dropped or
+    its answers grouped by wording (the screening says why), and the run goes on."""
+    from booklens.lm import ContextWindowExceeded
+
+    too_long = ContextWindowExceeded("the prompt (9100 tokens) does not fit the 8192-token context window")
+    base = reference_responder()
+
+    def responder(call):
+        if call.wants("questions") and "Later report" in call.inputs["articles"]:
+            raise too_long
+        if call.wants("invalid", "diverse") and call.inputs["question"] == "Why did it close?":
+            raise too_long
+        if call.wants("groups") and call.inputs["question"] == "When did it close?":
+            raise too_long
+        if call.wants("summary"):
+            return {"summary": "Sources disagree."}
+        return base(call)
+
+    scripted(responder, window=16384)
+    first = event.model_copy(update={"eid": "e1", "question_answers": []})
+    later = first.model_copy(update={"eid": "e2", "articles": [
+        a.model_copy(update={"content": "Later report. " + a.content}) for a in first.articles]})
+    rows = summarize_events([later, first], generate_questions=3, judge=False)
+    assert rows[0]["summary"] == "Sources disagree." and rows[0]["generated_question_answers"] == []
+    assert rows[0]["reference_error"].startswith("the prompt (9100 tokens) does not fit")
+    why = rows[1]["reference_screening"][0]
+    assert not why["kept"] and why["filter_error"].startswith("the prompt (9100 tokens) does not fit")
+    assert rows[1]["reference_error"] is None
+    when = rows[1]["reference_screening"][2]  # its answers grouped by identical wording instead
+    assert when["clustering_error"].startswith("clustering failed (the prompt (9100 tokens) does not fit")
