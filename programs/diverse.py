@@ -686,10 +686,10 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
                     scores[f"coverage_{protocol}"] = r["score"]
                     judgments[f"coverage_{protocol}"] = r["judgments"]
             else:  # said, so a missing coverage score is not read as a skipped or failed judge
-                row["coverage_not_judged"] = (
-                    "no reference question_answers" + (" and none of the generated questions was kept"
-                                                       if refs is not None else
-                                                       "; --generate-questions N builds them"))
+                row["coverage_not_judged"] = "no reference question_answers" + (
+                    "; --generate-questions N builds them" if refs is None else
+                    f", and no questions were generated ({row['reference_error']})" if row["reference_error"] else
+                    " and none of the generated questions was kept")
             for protocol in faithfulness:
                 with usage_step(f"faithfulness-{protocol}"):
                     r = rate_event("faithfulness", protocol, event, pred.summary, max_articles=max_articles,

@@ -478,3 +478,29 @@ def test_the_bias_studies_judge_coverage_on_the_events_with_references_and_say_w
         r = invoke(["bias", "verbosity", str(events), str(summaries), "--criterion", "faithfulness", "--max-articles",
                     "1", *lm, "-o", str(out)], tmp_path, monkeypatch)
         assert r.exit_code == 0 and json.loads(out.read_text())["not_judged"] == []
+
+
+def test_diverse_says_when_question_generation_failed_rather_than_that_nothing_was_kept(tmp_path, monkeypatch):
+    """When no valid questions came back, the output read 'generated questions (0 of 0 kept):' and
+    'none of the generated questions was kept', with the reason (reference_error) nowhere shown."""
+    event = json.loads(FIXTURE.read_text())[0]
+    event["question_answers"] = []
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([event]))
+
+    def no_questions(body):
+        if "[[ ## num_questions ## ]]" in str(body["messages"][-1]["content"]):
+            return "no idea"
+        return always_b(body)
+
+    out = tmp_path / "diverse.json"
+    with FakeOpenAIServer(responder=no_questions) as server:
+        r = invoke(["diverse", str(events), "--generate-questions", "2", "--max-articles", "2",
+                    "--lm", "openai/test-model", "--api-base", server.url, "-o", str(out)], tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    row = json.loads(out.read_text())["events"][0]
+    assert row["reference_error"] and row["references"] is None
+    assert row["coverage_not_judged"] == f"no reference question_answers, and no questions were generated " \
+                                         f"({row['reference_error']})"
+    assert f"references: none generated ({row['reference_error']})" in r.output
+    assert "0 of 0 kept" not in r.output

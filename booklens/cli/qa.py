@@ -225,7 +225,9 @@ def diverse_command(
         if result["generate_questions"] and row["references"] == "own":
             typer.echo(f"references: the event's own ({counted(row['reference_qa_pairs'], 'question')}); "
                        "none generated")
-        if row.get("generated_questions") is not None:
+        if row.get("reference_error"):
+            typer.echo(f"references: none generated ({row['reference_error']})")
+        elif row.get("generated_questions") is not None:
             typer.echo(f"references: generated questions ({len(row['generated_question_answers'])} of "
                        f"{len(row['generated_questions'])} kept):")
             for check in row["reference_screening"]:
