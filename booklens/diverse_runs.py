@@ -75,13 +75,29 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
             "seconds": measured.seconds}
 
 
-def _events_per_criterion(events: list[Any], criteria: Sequence[str]) -> tuple[dict[str, list[Any]], list[dict]]:
-    """The events each criterion is judged on (coverage: those with references) and the events
-    coverage skipped, as {eid, reason}."""
+def _summarized(events: list[Any], failed: dict[str, str]) -> tuple[list[Any], list[dict[str, str]]]:
+    """The events with a summary in every file given, and the others as {eid, reason}: a `diverse`
+    run that left one event without a summary does not cost the rest their judgments. Refused when
+    no event has one, since nothing would be judged."""
+    kept = [e for e in events if e.eid not in failed]
+    if not kept:
+        raise BooklensError(f"no event has a summary to judge (first: {failed[events[0].eid]})")
+    return kept, [{"eid": e.eid, "reason": failed[e.eid]} for e in events if e.eid in failed]
+
+
+def _events_per_criterion(events: list[Any], criteria: Sequence[str], failed: dict[str, str]
+                          ) -> tuple[dict[str, list[Any]], list[dict[str, str]]]:
+    """The events each criterion is judged on (those with summaries; for coverage, those with
+    references too) and the others as {eid, criterion, reason}, criterion by criterion."""
+    events, no_summary = _summarized(events, failed)
     judged = {crit: list(events) for crit in criteria}
     not_judged: list[dict[str, str]] = []
-    if "coverage" in criteria:
-        judged["coverage"], not_judged = coverage_events(events)
+    for crit in criteria:
+        skipped = list(no_summary)
+        if crit == "coverage":
+            judged[crit], no_references = coverage_events(events)
+            skipped += no_references
+        not_judged += [{**entry, "criterion": crit} for entry in skipped]
     return judged, not_judged
 
 
@@ -97,17 +113,19 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
         raise BooklensError(f"unknown protocol {protocol!r}: use {', '.join(JUDGE_PROTOCOLS)}")
     _check_case_options([criterion], [protocol], per_qa, max_articles, concurrency)
     events = load_events(events_path)
-    first = load_summaries(summaries_path, events)
+    failed: dict[str, str] = {}
+    first = load_summaries(summaries_path, events, failed=failed)
     second = None
     if protocol == "pairwise":
         if other_path is None:
             raise BooklensError("the pairwise protocol needs a second summaries file (OTHER.json)")
-        second = load_summaries(other_path, events, "second summaries file")
+        second = load_summaries(other_path, events, "second summaries file", failed=failed)
     elif other_path is not None:
         raise BooklensError("a second summaries file is only used with --protocol pairwise")
-    not_judged: list[dict[str, str]] = []
+    events, not_judged = _summarized(events, failed)
     if criterion == "coverage":
-        events, not_judged = coverage_events(events)
+        events, no_references = coverage_events(events)
+        not_judged += no_references
     from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
 
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
@@ -141,9 +159,10 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
     criteria = _criteria(criterion)
     _check_case_options(criteria, ["pairwise"], per_qa, max_articles, concurrency)
     events = load_events(events_path)
-    s1 = load_summaries(summaries_1, events)
-    s2 = load_summaries(summaries_2, events, "second summaries file")
-    judged, not_judged = _events_per_criterion(events, criteria)
+    failed: dict[str, str] = {}
+    s1 = load_summaries(summaries_1, events, failed=failed)
+    s2 = load_summaries(summaries_2, events, "second summaries file", failed=failed)
+    judged, not_judged = _events_per_criterion(events, criteria, failed)
     from booklens.metrics.bias import position_bias
     from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases
 
@@ -177,8 +196,9 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
         raise BooklensError(f"unknown verbosity protocol {(unknown or [''])[0]!r}: use single or pairwise")
     _check_case_options(criteria, protocols, per_qa, max_articles, concurrency)
     events = load_events(events_path)
-    originals = load_summaries(summaries, events)
-    judged, not_judged = _events_per_criterion(events, criteria)
+    failed: dict[str, str] = {}
+    originals = load_summaries(summaries, events, failed=failed)
+    judged, not_judged = _events_per_criterion(events, criteria, failed)
     from booklens.metrics.bias import repeat_summary, verbosity_pairwise, verbosity_single
     from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
 

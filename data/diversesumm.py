@@ -215,19 +215,26 @@ def load_events(path: str | Path) -> list[Event]:
     return parse_events(read_json_file(path, "events file"), source=str(path))
 
 
-def load_summaries(path: str | Path, events: Optional[list[Event]] = None,
-                   what: str = "summaries file") -> dict[str, str]:
+def load_summaries(path: str | Path, events: Optional[list[Event]] = None, what: str = "summaries file", *,
+                   failed: Optional[dict[str, str]] = None) -> dict[str, str]:
     """{eid: summary} from a summaries file (see `parse_summaries`); with `events`, every event
-    must have a summary."""
-    summaries = parse_summaries(read_json_file(path, what), source=str(path))
-    missing = [e.eid for e in events or [] if e.eid not in summaries]
+    must have a summary. With `failed`, an event whose summary a `booklens diverse` run recorded as
+    failed is put there (eid: why it has none) rather than refused, and counts as given."""
+    errors: Optional[dict[str, str]] = {} if failed is not None else None
+    summaries = parse_summaries(read_json_file(path, what), source=str(path), failed=errors)
+    for eid, error in (errors or {}).items():
+        failed.setdefault(eid, f"its summary in {path} failed: {error}")  # type: ignore[union-attr]
+    missing = [e.eid for e in events or [] if e.eid not in summaries and e.eid not in (errors or {})]
     if missing:
         raise BooklensError(f"{path}: no summary for event(s) {', '.join(missing)}")
     return summaries
 
 
-def parse_summaries(payload: Any, source: str = "summaries") -> dict[str, str]:
-    """Summaries per event id from {eid: summary}, [{eid, summary}, ...] or a `booklens diverse` result."""
+def parse_summaries(payload: Any, source: str = "summaries", failed: Optional[dict[str, str]] = None
+                    ) -> dict[str, str]:
+    """Summaries per event id from {eid: summary}, [{eid, summary}, ...] or a `booklens diverse` result.
+    A diverse result's event whose summary failed is refused, or with `failed` put there with its
+    error's first line."""
     kind = payload.get("kind") if isinstance(payload, dict) else None
     if isinstance(kind, str) and kind.startswith("booklens.") and kind != "booklens.diverse":
         # another command's record: its fields are no event ids, and its rows carry no summary
@@ -245,16 +252,21 @@ def parse_summaries(payload: Any, source: str = "summaries") -> dict[str, str]:
         for i, item in enumerate(payload):
             if isinstance(item, dict) and "eid" in item and item.get("summary") is None and item.get("error"):
                 # A `booklens diverse` result whose summary failed: say so, not that the shape is wrong.
-                raise BooklensError(f"{source}: event {item['eid']!r} has no summary (it failed: "
-                                    f"{str(item['error']).strip().splitlines()[0][:200]})")
+                error = str(item["error"]).strip().splitlines()[0][:200]
+                if failed is None:
+                    raise BooklensError(f"{source}: event {item['eid']!r} has no summary (it failed: {error})")
+                if str(item["eid"]) in out or str(item["eid"]) in failed:
+                    raise BooklensError(f"{source}: item {i + 1}: duplicate eid {item['eid']!r}")
+                failed[str(item["eid"])] = error
+                continue
             if not isinstance(item, dict) or "eid" not in item or not isinstance(item.get("summary"), str):
                 raise BooklensError(f"{source}: item {i + 1} is not an object with 'eid' and 'summary' text")
-            if str(item["eid"]) in out:  # one of the two would be judged, unseen
+            if str(item["eid"]) in out or str(item["eid"]) in (failed or {}):  # one would be judged, unseen
                 raise BooklensError(f"{source}: item {i + 1}: duplicate eid {item['eid']!r}")
             out[str(item["eid"])] = item["summary"]
     else:
         raise BooklensError(f"{source}: expected {{eid: summary}} or a list of {{eid, summary}} objects")
-    if not out:
+    if not out and not failed:
         raise BooklensError(f"{source}: no summaries")
     for eid, summary in out.items():
         if not summary.strip():

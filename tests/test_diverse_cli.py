@@ -463,7 +463,8 @@ def test_the_bias_studies_judge_coverage_on_the_events_with_references_and_say_w
         assert r.exit_code == 0, r.output
         record = json.loads(out.read_text())
         assert record["coverage"]["result"]["cases"] == 1 and record["faithfulness"]["result"]["cases"] == 2
-        assert record["not_judged"] == [{"eid": "ev-0002", "reason": "no question_answers to judge coverage against"}]
+        assert record["not_judged"] == [{"eid": "ev-0002", "criterion": "coverage",
+                                         "reason": "no question_answers to judge coverage against"}]
         assert "ev-0002: coverage not judged (no question_answers to judge coverage against)" in r.output
 
         r = invoke(["bias", "verbosity", str(events), str(summaries), "--criterion", "coverage", *lm, "-o", str(out)],
@@ -504,3 +505,49 @@ def test_diverse_says_when_question_generation_failed_rather_than_that_nothing_w
                                          f"({row['reference_error']})"
     assert f"references: none generated ({row['reference_error']})" in r.output
     assert "0 of 0 kept" not in r.output
+
+
+def test_judge_and_bias_judge_the_other_events_when_a_diverse_run_left_one_without_a_summary(tmp_path, monkeypatch):
+    """A `diverse` record in which one event got no summary (too large for the window, say) was
+    refused whole by `judge` and `bias`, so one event of many cost the rest their judgments: the
+    others are judged, and the one without a summary is named with the reason it failed."""
+    own = json.loads(FIXTURE.read_text())[0]
+    second = json.loads(json.dumps(own))
+    second["eid"] = "ev-0002"
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([own, second]))
+    failure = "the articles do not fit the context window (8192 tokens) for direct summarization; use --method extract"
+    diverse = tmp_path / "d.json"
+    diverse.write_text(json.dumps({"kind": "booklens.diverse", "events": [
+        {"eid": "ev-0001", "summary": "Sources disagree.", "error": None},
+        {"eid": "ev-0002", "summary": None, "error": failure}]}))
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"ev-0001": "The bridge closed.", "ev-0002": "It reopened."}))
+    reason = f"its summary in {diverse} failed: {failure}"
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=always_b) as server:
+        lm = ["--lm", "openai/test-model", "--api-base", server.url]
+        r = invoke(["judge", str(events), str(diverse), "--protocol", "likert", *lm, "-o", str(out)],
+                   tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        assert len(server.served) == 1
+        record = json.loads(out.read_text())
+        assert [row["eid"] for row in record["events"]] == ["ev-0001"]
+        assert record["not_judged"] == [{"eid": "ev-0002", "reason": reason}]
+        assert f"ev-0002: not judged ({reason})" in r.output
+
+        r = invoke(["bias", "position", str(events), str(other), str(diverse), "--max-articles", "1", *lm,
+                    "-o", str(out)], tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        record = json.loads(out.read_text())
+        assert record["coverage"]["result"]["cases"] == 1 and record["faithfulness"]["result"]["cases"] == 1
+        assert record["not_judged"] == [{"eid": "ev-0002", "criterion": "coverage", "reason": reason},
+                                        {"eid": "ev-0002", "criterion": "faithfulness", "reason": reason}]
+        assert f"ev-0002: faithfulness not judged ({reason})" in r.output
+
+    failed_only = tmp_path / "failed.json"
+    failed_only.write_text(json.dumps({"kind": "booklens.diverse", "events": [
+        {"eid": e, "summary": None, "error": failure} for e in ("ev-0001", "ev-0002")]}))
+    with pytest.raises(BooklensError, match=r"^no event has a summary to judge \(first: its summary in "):
+        invoke(["bias", "verbosity", str(events), str(failed_only), "--lm", "openai/fake", "--api-base",
+                "http://127.0.0.1:9/v1"], tmp_path, monkeypatch)

@@ -301,9 +301,9 @@ bias_app = command_group(help="Biases of the LLM judges: position (pairwise) and
 app.add_typer(bias_app, name="bias")
 
 
-def _echo_coverage_skipped(result: dict[str, Any]) -> None:
+def _echo_not_judged(result: dict[str, Any]) -> None:
     for skipped in result["not_judged"]:
-        typer.echo(f"{skipped['eid']}: coverage not judged ({skipped['reason']})")
+        typer.echo(f"{skipped['eid']}: {skipped['criterion']} not judged ({skipped['reason']})")
 
 
 @bias_app.command("position")
@@ -335,7 +335,7 @@ def bias_position(
     for crit in CRITERIA:
         if crit in result:
             typer.echo(format_position(result[crit]["result"], crit.capitalize()))
-    _echo_coverage_skipped(result)
+    _echo_not_judged(result)
     typer.echo(_usage_line(result), err=True)
     _fail_if_judged_nothing(result)
 
@@ -370,6 +370,6 @@ def bias_verbosity(
     if output is not None:
         write_output(output, result)
     typer.echo(format_verbosity([(c.capitalize(), p.capitalize(), r) for c, p, r in result["table"]]))
-    _echo_coverage_skipped(result)
+    _echo_not_judged(result)
     typer.echo(_usage_line(result), err=True)
     _fail_if_judged_nothing(result)
