@@ -399,8 +399,8 @@ def judged_nothing(record: Any) -> Optional[str]:
 
     Records: a `CoherenceResult` or `CoherenceSet` (sentences), a `FaithfulnessReport` (claims), and
     the results of `judge` (judgments or pairwise cases), `bias` (cases), `qa` (questions) and
-    `diverse`, each of whose protocols is a score of its own, so one that failed throughout measured
-    nothing."""
+    `diverse`; each protocol of `diverse`, and each criterion (and protocol) of `bias`, is a score of
+    its own, so one that failed throughout measured nothing."""
     from booklens.records import CoherenceResult, CoherenceSet, FaithfulnessReport
 
     if isinstance(record, FaithfulnessReport):
@@ -422,11 +422,15 @@ def judged_nothing(record: Any) -> Optional[str]:
         return all_failed("the judge gave no verdict", len(items), failed, [i.get("error") or "" for i in items],
                           counts="pairwise case" if record["protocol"] == "pairwise" else "judgment")
     if kind in ("booklens.bias.position", "booklens.bias.verbosity"):
-        parts = [part for part in record.values() if isinstance(part, Mapping) and "result" in part]
-        items = [item for part in parts for item in part.get("cases", [])]
-        failed = sum(part["result"]["failed"] for part in parts)
-        return all_failed("the judge gave no verdict", failed + sum(part["result"]["cases"] for part in parts),
-                          failed, [i.get("error") or "" for i in items], counts="case")
+        parts = {name: part for name, part in record.items() if isinstance(part, Mapping) and "result" in part}
+        # Each criterion (and protocol) is a figure of its own, as each of `diverse`'s protocols is:
+        # one whose every case failed measured nothing, whatever the others measured.
+        empty = {name: part for name, part in parts.items()
+                 if failed_throughout(part["result"]["failed"] + part["result"]["cases"], part["result"]["failed"])}
+        said = "the judge gave no verdict" + ("" if len(empty) == len(parts) else f" on {', '.join(empty)}")
+        items = [item for part in empty.values() for item in part.get("cases", [])]
+        failed = sum(part["result"]["failed"] for part in empty.values())
+        return all_failed(said, failed, failed, [i.get("error") or "" for i in items], counts="case")
     if kind == "booklens.diverse":
         by_protocol: dict[str, list[Any]] = {}
         for row in record["events"]:

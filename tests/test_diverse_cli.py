@@ -551,3 +551,36 @@ def test_judge_and_bias_judge_the_other_events_when_a_diverse_run_left_one_witho
     with pytest.raises(BooklensError, match=r"^no event has a summary to judge \(first: its summary in "):
         invoke(["bias", "verbosity", str(events), str(failed_only), "--lm", "openai/fake", "--api-base",
                 "http://127.0.0.1:9/v1"], tmp_path, monkeypatch)
+
+
+def test_a_bias_figure_the_judge_gave_no_verdict_on_fails_the_study_as_a_diverse_protocol_does(tmp_path, monkeypatch):
+    """`bias position --criterion both` whose coverage cases all failed (say, references too long for
+    the judge's window) printed a coverage row of '-' and exited 0, because the faithfulness cases
+    had verdicts; `diverse` counts each of its protocols apart, and so does `bias` now: every figure
+    is a measurement of its own, and one that measured nothing is a failure, the record kept."""
+    from booklens.steps import judged_nothing
+
+    summaries = tmp_path / "s.json"
+    summaries.write_text(json.dumps({"ev-0001": "The bridge closed for repairs."}))
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"ev-0001": "Sources disagree about the closure."}))
+
+    def coverage_unanswered(body):
+        if "Question:" in str(body["messages"][-1]["content"]):  # a coverage case: the reference QA pairs
+            return "no idea"
+        return always_b(body)
+
+    out = tmp_path / "pos.json"
+    with FakeOpenAIServer(responder=coverage_unanswered) as server:
+        with pytest.raises(BooklensError, match=r"^the judge gave no verdict on coverage \(1 of 1 case failed\) "
+                                                r"\(first: "):
+            invoke(["bias", "position", str(FIXTURE), str(summaries), str(other), "--max-articles", "2",
+                    "--lm", "openai/test-model", "--api-base", server.url, "-o", str(out)], tmp_path, monkeypatch)
+    record = json.loads(out.read_text())
+    assert record["coverage"]["result"]["failed"] == 1 and record["faithfulness"]["result"]["cases"] == 2
+
+    verbosity = {"kind": "booklens.bias.verbosity",
+                 "coverage_single": {"result": {"failed": 0, "cases": 1}, "cases": [{"error": None}]},
+                 "coverage_pairwise": {"result": {"failed": 1, "cases": 0}, "cases": [{"error": "late"}]}}
+    assert judged_nothing(verbosity) == "the judge gave no verdict on coverage_pairwise (1 of 1 case failed) " \
+                                        "(first: late)"
