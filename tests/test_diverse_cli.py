@@ -584,3 +584,17 @@ def test_a_bias_figure_the_judge_gave_no_verdict_on_fails_the_study_as_a_diverse
                  "coverage_pairwise": {"result": {"failed": 1, "cases": 0}, "cases": [{"error": "late"}]}}
     assert judged_nothing(verbosity) == "the judge gave no verdict on coverage_pairwise (1 of 1 case failed) " \
                                         "(first: late)"
+
+
+def test_judge_pairwise_tells_two_summaries_files_of_the_same_name_apart(tmp_path, monkeypatch):
+    """Two systems' `diverse -o .../diverse.json` records compared pairwise printed 'diverse.json
+    wins 3, diverse.json wins 1': which is which was nowhere on the line."""
+    for system, summary in (("one", "The bridge closed for repairs."), ("two", "Sources disagree.")):
+        (tmp_path / system).mkdir()
+        (tmp_path / system / "diverse.json").write_text(json.dumps({"ev-0001": summary}))
+    first, second = str(tmp_path / "one" / "diverse.json"), str(tmp_path / "two" / "diverse.json")
+    with FakeOpenAIServer(responder=always_b) as server:
+        r = invoke(["judge", str(FIXTURE), first, second, "--protocol", "pairwise", "--lm", "openai/test-model",
+                    "--api-base", server.url], tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert f"{first} wins 0, {second} wins 0, ties 1" in r.output

@@ -279,10 +279,14 @@ def judge_command(
                              concurrency=concurrency)
     if output is not None:
         write_output(output, result)
+    # Two files of one name (two systems' diverse.json, say) are told apart by their paths.
+    names = (summaries.name, other.name) if other is not None else (summaries.name, "")
+    if names[0] == names[1]:
+        names = (str(summaries), str(other))
     for row in result["events"]:
         if protocol == Protocol.pairwise:
             typer.echo(f"{row['eid']}: {criterion.value} pairwise (both orders) over {len(row['cases'])} case(s): "
-                       f"{summaries.name} wins {row['wins_1']}, {other.name} wins {row['wins_2']}, ties {row['ties']}"
+                       f"{names[0]} wins {row['wins_1']}, {names[1]} wins {row['wins_2']}, ties {row['ties']}"
                        + (f", failed {row['failed']}" if row["failed"] else ""))
         else:
             typer.echo(f"{row['eid']}: {criterion.value} {protocol.value} = {_fmt(row['score'])} "
