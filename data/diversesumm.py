@@ -220,11 +220,12 @@ def load_summaries(path: str | Path, events: Optional[list[Event]] = None, what:
     """{eid: summary} from a summaries file (see `parse_summaries`); with `events`, every event
     must have a summary. With `failed`, an event whose summary a `booklens diverse` run recorded as
     failed is put there (eid: why it has none) rather than refused, and counts as given."""
-    errors: Optional[dict[str, str]] = {} if failed is not None else None
-    summaries = parse_summaries(read_json_file(path, what), source=str(path), failed=errors)
-    for eid, error in (errors or {}).items():
-        failed.setdefault(eid, f"its summary in {path} failed: {error}")  # type: ignore[union-attr]
-    missing = [e.eid for e in events or [] if e.eid not in summaries and e.eid not in (errors or {})]
+    errors: dict[str, str] = {}
+    summaries = parse_summaries(read_json_file(path, what), source=str(path),
+                                failed=errors if failed is not None else None)
+    for eid, error in errors.items():
+        failed.setdefault(eid, f"its summary in {path} failed: {error}")  # the first file's reason, if both
+    missing = [e.eid for e in events or [] if e.eid not in summaries and e.eid not in errors]
     if missing:
         raise BooklensError(f"{path}: no summary for event(s) {', '.join(missing)}")
     return summaries
@@ -274,7 +275,8 @@ def parse_summaries(payload: Any, source: str = "summaries", failed: Optional[di
     return out
 
 
-NO_REFERENCES = "no question_answers to judge coverage against"
+REFERENCES = "question_answers to judge coverage against"
+NO_REFERENCES = f"no {REFERENCES}"
 
 
 def require_question_answers(events: list[Event]) -> None:
@@ -290,8 +292,8 @@ def coverage_events(events: list[Event]) -> tuple[list[Event], list[dict[str, st
     does not in `diverse`. Refused when no event has any, since nothing would be judged."""
     judged = [e for e in events if e.question_answers]
     if not judged:
-        raise BooklensError(f"no event has question_answers to judge coverage against ({counted(len(events), 'event')} "
-                            "given); faithfulness is judged against the articles and needs none")
+        raise BooklensError(f"no event has {REFERENCES} ({counted(len(events), 'event')} given); faithfulness is "
+                            "judged against the articles and needs none")
     return judged, [{"eid": e.eid, "reason": NO_REFERENCES} for e in events if not e.question_answers]
 
 
