@@ -178,8 +178,9 @@ def diverse_command(
     sentences: Annotated[int, typer.Option(
         "--sentences", min=1, help="Sentences extracted per article (the seed takes 10).")] = 10,
     generate_questions: Annotated[int, typer.Option(
-        "--generate-questions", min=0, help="Also build QA references as the seed does: N questions, answers "
-                                            "extracted per article, clustered, filtered for diversity.")] = 0,
+        "--generate-questions", min=0, help="Build QA references as the seed does for events without their own "
+                                            "question_answers: N questions, answers extracted per article, "
+                                            "clustered, filtered for diversity.")] = 0,
     answer_clustering: Annotated[Clustering, typer.Option(
         "--answer-clustering", help="Generated references: llm groups equivalent answers (the seed clusters "
                                     "them); exact groups only identical wording.")] = Clustering.llm,
