@@ -438,7 +438,8 @@ def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "g
     Every summary is scored; one without annotations has no confusing sentence. An
     annotated sentence is matched to the summary's sentences exactly, else ignoring
     whitespace; if it covers several of our sentences (a splitter difference) they are all
-    marked; if it is not in the summary at all it is ignored and reported in the notes. When
+    marked. A sentence the summary says more than once is marked at every copy, since the
+    label is keyed by its text. One not in the summary at all is ignored and reported in the notes. When
     not one annotated sentence is in its summary, the summaries are not the annotated ones:
     an error, not a perfect score."""
     from booklens.metrics.booookscore import finish_result
@@ -482,19 +483,22 @@ def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "g
             if not types:
                 continue  # listed without any error type: not a confusion
             annotated += 1
+            # A label keyed by text is the label of every copy of that text: the judge was asked the same
+            # question of each, and marking one copy would count the others as clean sentences.
             if key in exact:
-                indices = exact[key][:1]
+                indices = exact[key]
             elif " ".join(key.split()) in loose:
-                indices = loose[" ".join(key.split())][:1]
+                indices = loose[" ".join(key.split())]
             else:
-                found = _locate(summary, key)
-                if found is None:
+                places = _occurrences(summary, key)
+                if not places:
                     ignored += 1
                     notes.append(f"{book}: an annotated sentence is not in the summary and was ignored: "
                                  f"{key[:80]!r}")
                     continue
-                indices = _covered(offsets, *found)
-                notes.append(f"{book}: an annotated sentence covers {len(indices)} of our sentences: {key[:60]!r}")
+                indices = sorted({i for place in places for i in _covered(offsets, *place)})
+                notes.append(f"{book}: an annotated sentence covers {len(_covered(offsets, *places[0]))} of our "
+                             f"sentences: {key[:60]!r}")
             for i in indices:
                 q0, t0 = marks.get(i, ([], []))
                 marks[i] = (q0 + [q for q in qs if q not in q0], t0 + [t for t in types if t not in t0])

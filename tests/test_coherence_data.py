@@ -45,8 +45,8 @@ def test_table2_chatgpt_difference_is_the_known_one(gpt4_sets):
     # (9 and 21 annotated sentences are not in the cleaned summaries), so the scores differ.
     hier, hier_notes = gpt4_sets["chatgpt-2048-hier"]
     inc, inc_notes = gpt4_sets["chatgpt-2048-inc"]
-    assert 100 * build_set(hier).system_score == pytest.approx(84.86, abs=0.05)
-    assert 100 * build_set(inc).system_score == pytest.approx(69.02, abs=0.05)
+    assert 100 * build_set(hier).system_score == pytest.approx(84.82, abs=0.005)
+    assert 100 * build_set(inc).system_score == pytest.approx(68.89, abs=0.005)
     assert len(hier_notes) == 9 and len(inc_notes) == 21
 
 
@@ -167,7 +167,8 @@ def test_gpt4_against_humans_on_the_same_summaries(human_sets):
     gpt4, notes = bs.parse_validation_study(
         read_json_file(DATA / "human" / "annotations-gpt4-4096-inc.json", "file"), stats=False)
     assert len(gpt4) == 88 and notes == []
-    assert sum(r.n_confusing for r in gpt4.values()) == 669
+    # 672: a flagged sentence said twice in a summary is confusing at both copies (3 such copies)
+    assert sum(r.n_confusing for r in gpt4.values()) == 672
     report = agreement(gpt4, human_sets["gpt4-4096-inc"], name_a="gpt4", name_b="human")
     assert report["books"] == 88 and report["only_in_b"] == 12
     c = report["confusing"]

@@ -209,6 +209,22 @@ def test_sentence_annotations_every_summary_counts():
     assert system.system_score == pytest.approx((5 / 6 + 1) / 2)
 
 
+def test_a_sentence_label_keyed_by_text_marks_every_copy_of_that_text():
+    """Released sentence labels are keyed by the sentence's text, so a sentence the summary says twice
+    has one label for both copies (the judge was asked the same prompt for each). Marking the first
+    copy only counted the other as clean: "Mara keeps the lamp burning." is sentences 3 and 4."""
+    data = {"lighthouse": {"Mara keeps the lamp burning.": {"questions": "Why again?", "types": ["duplication"]}}}
+    results, _ = parse_sentence_annotations(data, {"lighthouse": SUMMARY})
+    result = results["lighthouse"]
+    assert [s.index for s in result.sentences if s.confusing] == [3, 4]
+    assert result.sentences[4].types == ["duplication"]
+    assert result.score == pytest.approx(4 / 6)
+    # the same with whitespace the summary does not have
+    loose = {"lighthouse": {"Mara keeps  the lamp\nburning.": {"questions": "Why again?", "types": ["duplication"]}}}
+    results, _ = parse_sentence_annotations(loose, {"lighthouse": SUMMARY})
+    assert [s.index for s in results["lighthouse"].sentences if s.confusing] == [3, 4]
+
+
 @pytest.mark.parametrize("data, summaries, pattern", [
     ([1, 2], {"b": "x."}, "must be a JSON object"),
     ({"b": {"s.": {"questions": "q", "types": ["nonsense"]}}}, {"b": "s."}, "unknown error type"),
