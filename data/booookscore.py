@@ -483,8 +483,8 @@ def parse_sentence_annotations(data: Any, summaries: Any, *, annotator: str = "g
             if not types:
                 continue  # listed without any error type: not a confusion
             annotated += 1
-            # A label keyed by text is the label of every copy of that text: the judge was asked the same
-            # question of each, and marking one copy would count the others as clean sentences.
+            # A label keyed by text is the label of every copy of that text: marking one copy would count
+            # the others as clean sentences.
             if key in exact:
                 indices = exact[key]
             elif " ".join(key.split()) in loose:
