@@ -443,3 +443,34 @@ def test_the_judge_line_says_the_calibration_had_the_annotators_evidence_when_ve
     assert "agreement with humans on S" in line
     assert line.endswith("; measured with the annotators' evidence quotes, where the verdicts here had none")
     assert json.loads(out.read_text())["judge"]["evidence"] == "none"
+
+
+def test_verify_refuses_the_claims_of_a_report_on_another_book_before_any_call(tmp_path):
+    """A `check` or `verify` report given as the claims file names the digest of the book its claims
+    were made for: verifying them against another book is refused in one line, before any call; the
+    same book (also as a run with `drop_matter` read it) is verified as before."""
+    from booklens.pipeline import sha256_text
+    from booklens.text import read_book
+
+    summary = write(tmp_path / "summary.txt", "The keeper let the lamp go dark, and a ship struck the rocks.")
+    checked = tmp_path / "check.json"
+    other = write(tmp_path / "other.txt", "Maren kept the lighthouse on Carrick Point for twenty years.\n")
+    out = tmp_path / "verify.json"
+    with FakeOpenAIServer(responder=fake_answers) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_here(["check", str(STORY), str(summary), *lm, "-o", str(checked)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        calls = len(server.received)
+        proc = run_here(["verify", "--claims", str(checked), "--book", str(other), *lm, "-o", str(out)], tmp_path)
+        assert_one_line_error(proc, out, f"claims file {checked} holds the claims of another book")
+        assert len(server.received) == calls
+
+        proc = run_here(["verify", "--claims", str(checked), "--book", str(STORY), *lm, "-o", str(out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        # a run's report holds the digest of the text it read, front and back matter dropped or not
+        record = json.loads(checked.read_text())
+        record["book_sha256"] = sha256_text(read_book(STORY, drop_matter=True))
+        assert record["book_sha256"] != sha256_text(read_book(STORY))
+        dropped = write(tmp_path / "dropped.json", record)
+        proc = run_here(["verify", "--claims", str(dropped), "--book", str(STORY), *lm, "-o", str(out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr

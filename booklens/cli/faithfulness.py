@@ -143,7 +143,7 @@ def verify_command(
     binary: BinaryOption = False,
 ) -> None:
     """Verify claims against a book: faithful, unfaithful, partial support or can't verify."""
-    from booklens.inputs import read_claims
+    from booklens.inputs import check_claims_book, read_claims
     from booklens.retrieval import BOOK_MODES, check_evidence_options
     from booklens.steps import verify_claims
     from booklens.text import read_book
@@ -164,6 +164,8 @@ def verify_command(
             raise BooklensError(f"--evidence given needs an 'evidence' list of quotes with every claim "
                                 f"(claim {missing + 1} of {claims} has none)")
     book_text = read_book(book) if book is not None else None
+    if book is not None:
+        check_claims_book(claims, book, book_text)
     programs, _ = _programs([program] if program is not None else [], "verify", ("verification",),
                             zero_shot=zero_shot, binary=binary, evidence=evidence.value)
     setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
