@@ -171,24 +171,39 @@ def _evidence_texts(value: Any, where: str) -> list[str]:
     return out
 
 
-def check_claims_book(path: Path, book: Path, book_text: str) -> None:
-    """A one-line error when the claims file `path` is a booklens faithfulness report (`check`,
-    `verify`, a run's) whose book is not `book`: its claims, and evidence, are about that book, and
-    every verdict against this one would be a paid call that measures nothing. The report holds the
-    digest of the text it read, which a run may have read with front and back matter dropped."""
+def of_other_text(recorded: Any, book: Path, book_text: str) -> bool:
+    """Whether `recorded`, the digest of the book text a booklens record was made from, is of
+    another text than `book`'s: not of `book_text`, nor of the book read with front and back matter
+    dropped (as a run or a summary may have read it). A record without a digest says nothing."""
     from booklens.pipeline import sha256_text
     from booklens.text import read_book
 
-    data = read_json_file(path, "claims file")
-    recorded = data.get("book_sha256") if isinstance(data, Mapping) and data.get("kind") == "booklens.faithfulness" \
-        else None
     if not isinstance(recorded, str) or not recorded:
-        return  # a plain list, or a record made without a book: nothing says which book it is about
-    if recorded in (sha256_text(book_text), sha256_text(read_book(book, drop_matter=True))):
+        return False
+    return recorded not in (sha256_text(book_text), sha256_text(read_book(book, drop_matter=True)))
+
+
+def check_claims_book(path: Path, book: Path, book_text: str) -> None:
+    """A one-line error when the claims file `path` is a booklens faithfulness report (`check`,
+    `verify`, a run's) of another book than `book` (`of_other_text`): its claims, and evidence, are
+    about that book, and every verdict against this one would be a paid call that measures nothing."""
+    data = read_json_file(path, "claims file")
+    if not (isinstance(data, Mapping) and data.get("kind") == "booklens.faithfulness"
+            and of_other_text(data.get("book_sha256"), book, book_text)):
         return
     named = f" ({data['book']})" if isinstance(data.get("book"), str) and data["book"] else ""
     raise BooklensError(f"claims file {path} holds the claims of another book{named}, not of {book}: pass the "
                         "book they were made for")
+
+
+def summary_of_other_text(path: Path, book: Path, book_text: str) -> bool:
+    """Whether the summary file `path` is a `booklens summarize` record of another text than
+    `book`'s (`of_other_text`); a text file or a bare 'summary' string names no book."""
+    if path.suffix.lower() != ".json":
+        return False
+    data = read_json_file(path, "summary file")
+    return isinstance(data, Mapping) and data.get("kind") == "booklens.summary" and \
+        of_other_text(data.get("book_sha256"), book, book_text)
 
 
 def read_claims(path: Path) -> tuple[list[str], Optional[list[Optional[list[str]]]]]:

@@ -474,3 +474,30 @@ def test_verify_refuses_the_claims_of_a_report_on_another_book_before_any_call(t
         dropped = write(tmp_path / "dropped.json", record)
         proc = run_here(["verify", "--claims", str(dropped), "--book", str(STORY), *lm, "-o", str(out)], tmp_path)
         assert proc.returncode == 0, proc.stderr
+
+
+def test_check_warns_when_the_summary_record_is_of_another_text(tmp_path):
+    """A `booklens summarize` record names the digest of the text it summarized: `check` against a
+    book of other text says so in one warning line, as `run --summary` does; against its own book
+    (read with front and back matter dropped or not, as the record says) it says nothing."""
+    from booklens.pipeline import sha256_text
+    from booklens.text import read_book
+
+    text = "The keeper let the lamp go dark, and a ship struck the rocks."
+    record = {"kind": "booklens.summary", "book": str(STORY), "book_sha256": sha256_text(read_book(STORY)),
+              "summary": text}
+    summary = write(tmp_path / "summary.json", record)
+    dropped = write(tmp_path / "dropped.json", {**record, "config": {"drop_matter": True},
+                                                 "book_sha256": sha256_text(read_book(STORY, drop_matter=True))})
+    other = write(tmp_path / "other.txt", "Maren kept the lighthouse on Carrick Point for twenty years.\n")
+    out = tmp_path / "check.json"
+    with FakeOpenAIServer(responder=fake_answers) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        for book, given in ((STORY, summary), (STORY, dropped)):
+            proc = run_here(["check", str(book), str(given), *lm, "-o", str(out)], tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            assert "summarizes a different text" not in proc.stderr
+        proc = run_here(["check", str(other), str(summary), *lm, "-o", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "summarizes a different text" in line]
+    assert warnings == [f"warning: {summary} summarizes a different text than {other} (its book digest differs)"]
