@@ -52,8 +52,14 @@ VERIFY_PROMPT_OVERHEAD = 1000
 # Share of the remaining window evidence may fill: the backend's tokenizer may count more than cl100k_base.
 BUDGET_MARGIN = 0.8
 
-# What annotators write when they have no quote; not evidence.
-_NO_EVIDENCE = re.compile(r"^\s*(n/?a|none\.?|-+|not applicable|no evidence\.?|not true)?\s*$", re.IGNORECASE)
+# What annotators write when they have no quote; not evidence. A note says so in a few words
+# ("no evidence to verify or refute", "Cannot verify", "No quotation."), and all of the field is the note.
+_NO_EVIDENCE = re.compile(
+    r"^\s*(n/?a|none|-+|not applicable|not true|no quotations?"
+    r"|no evidence(?: (?:of|for|to (?:verify|support|refute)(?: or (?:verify|support|refute))?)"
+    r"(?: (?:this|it|the claim))?(?: in the (?:book|text))?)?"
+    r"|(?:can ?not|can'?t|can\u2019t) (?:verify|be verified)(?: or refute)?(?: (?:this|it))?)?\.?\s*$",
+    re.IGNORECASE)
 # A list marker or number before a claim: "-", "1.", "(1)", "[1]", "1:", "Claim 2:", "Claim #4 -".
 _BULLET = re.compile(r"^\s*(?:[-*\u2022]+|\d+[.):]|\(\d+\)|\[\d+\]|claim\s*#?\d+\s*[-.:)\u2013\u2014]?)\s+",
                      re.IGNORECASE)

@@ -439,6 +439,18 @@ def test_clean_helpers():
     assert clean_claims(['"Quoted claim."', "(3) Anna sails home."]) == ["Quoted claim.", "Anna sails home."]
 
 
+def test_an_annotator_note_that_there_is_no_evidence_is_no_quote():
+    """FABLES annotators who found no quote wrote so in the evidence field, in words as well as as
+    'N/A' (these are the release's own): shown to the judge as passage [1], the note would read as the
+    book. A quote from a book that starts the same way is kept."""
+    notes = ["no evidence of this", "no evidence of this in the book", "no evidence to verify this",
+             "no evidence to verify or refute", "no evidence to support or refute", "no evidence to support",
+             "cant verify or refute", "Cannot verify", "No quotation."]
+    assert clean_evidence(notes + ["Maren trimmed the lamp."]) == ["Maren trimmed the lamp."]
+    quotes = ["No evidence of this was found in the cellar, the inspector said.", "Cannot verify it? Then ask her."]
+    assert clean_evidence(quotes) == quotes
+
+
 def test_a_bare_name_or_title_is_not_a_claim():
     # "Daniel Pike" is a claim the embedded model wrote for the sample story; the rest are made up
     raw = ["Maren Holt keeps the light at Saltmarsh Point.", "Daniel Pike", "2. Chapter One", "Anna sails.",
