@@ -157,6 +157,7 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
     from booklens.metrics.bootstrap import confusion_counts, figure
     from booklens.lm.usage import UsageTracker
     from booklens.optimizers.evaluate import metered
+    from booklens.programs.coherence import demos_note
 
     import dspy
 
@@ -167,6 +168,7 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
     failed = sentences = 0
     errors: list[str] = []
     rows = []
+    notes: list[str] = []  # the summaries judged with fewer demos than the program has, as `score` says it
     with dspy.context(lm=lm):
         for n, (source, annotation) in enumerate(items, start=1):
             prediction = program(summary=annotation.summary, sentences=annotation.sentences)
@@ -179,7 +181,11 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
             units.append(confusion_counts([bool(p) for p, _ in pairs], [bool(h) for _, h in pairs]))
             rows.append({"file": source, "book": annotation.book, "sentences": len(human),
                          "judge_confusing": sum(1 for p, _ in pairs if p),
-                         "human_confusing": sum(1 for h in human if h.confusing)})
+                         "human_confusing": sum(1 for h in human if h.confusing),
+                         "demos_left_out": getattr(prediction, "demos_dropped", 0) or 0})
+            note = demos_note(prediction)
+            if note:
+                notes.append(f"{annotation.book!r} ({source}): {note}")
             if progress:
                 progress(f"coherence: {n}/{len(items)} summaries")
     compared = sentences - failed
@@ -197,6 +203,7 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
         "counts": {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "human_confusing": tp + fn, "judge_confusing": tp + fp},
         "figures": figures,
         "summaries": rows,
+        "notes": notes,
         "usage": _usage(meter),
     }
 

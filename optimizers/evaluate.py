@@ -93,6 +93,7 @@ class EvalResult:
     # None: each example is its own.
     units: list[str] | None = None
     unit_name: str = "examples"
+    notes: list[str] = field(default_factory=list)  # what the run said beside its answers (a task's `notes`)
 
     @property
     def n(self) -> int:
@@ -129,7 +130,7 @@ class EvalResult:
         lo, hi = self.ci()
         return {"label": self.label, "n": self.n, "scored": len(self.scored), "metric": _round(self.mean),
                 "ci95": [_round(lo), _round(hi)], "resampled": {"unit": self.unit_name, "n": self.n_units},
-                "failures": self.failures, **self.usage, "seconds": round(self.seconds, 1)}
+                "failures": self.failures, **self.usage, "seconds": round(self.seconds, 1), "notes": list(self.notes)}
 
 
 def _round(x: float) -> float | None:
@@ -169,13 +170,16 @@ def evaluate_program(
     units: Sequence[str] | None = None,
     unit_name: str = "examples",
     failure: Callable[[Any], str | None] | None = None,
+    notes: Callable[[Sequence[dspy.Example], Sequence[Any]], list[str]] | None = None,
 ) -> EvalResult:
     """Run `program` on every example with the configured LM and score it with `metric`. `units`
     (one per example, named `unit_name`) makes the intervals resample whole units: examples that
     share a context (the sentences of one summary) do not count as independent evidence.
     `failure` (a task's) says why a prediction holds no answer: such an example scores what the
     metric gives it (0) and counts as failed, as one where the program raised. An example the
-    metric raises `NoScore` on counts as failed and has no score (None): the mean leaves it out."""
+    metric raises `NoScore` on counts as failed and has no score (None): the mean leaves it out.
+    `notes` (a task's) gives the lines the run has to say beside its figures, from the examples and
+    their predictions (None where the program raised)."""
     from booklens.lm import current_lm
     from booklens.parallel import parallel_map
 
@@ -219,6 +223,7 @@ def evaluate_program(
         examples=examples_fingerprint(examples),
         units=list(units) if units is not None else None,
         unit_name=unit_name if units is not None else "examples",
+        notes=notes(examples, [p for _, _, p in outcomes]) if notes is not None else [],
     )
 
 

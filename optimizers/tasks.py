@@ -61,6 +61,9 @@ class Task:
     # Why the program gave no answer on an example, else None: the judges and the decomposer
     # return their error in the prediction instead of raising (`evaluate_program` counts it).
     failure: Callable[[Any], str | None] | None = None
+    # What a run said of the examples beside its answers, one line each (`evaluate_program(notes=...)`):
+    # the confusion detector's demos left out to fit a summary in the context window.
+    notes: Callable[[Sequence[dspy.Example], Sequence[Any]], list[str]] | None = None
     bootstrap_threshold: float | None = None  # bootstrap keeps a run as a demo when metric >= this
     data_help: str = ""
     # The files `load_splits` reads from a data path (the dataset an artifact records is their
@@ -259,6 +262,7 @@ def _coherence() -> Task:
         load_splits=_coherence_splits,
         metric=_coherence_metric(),
         failure=_coherence_failure,
+        notes=_coherence_notes,
         sizes={"train": 8, "dev": 6, "test": 24},
         stratify="verdict",
         subset_group="summary",
@@ -302,6 +306,20 @@ def _coherence_failure(prediction) -> str | None:
     if annotations[0].status != "ok" or annotations[0].confusing is None:
         return annotations[0].error or "no valid verdict on the sentence"
     return None
+
+
+def _coherence_notes(examples: Sequence[dspy.Example], predictions: Sequence[Any]) -> list[str]:
+    """`score`'s note on the demos the judge left out, once per summary it left them out for (every
+    sentence of a summary keeps the same demos: `judged_room`), named by book and annotation file."""
+    from booklens.programs.coherence import demos_note
+
+    notes: dict[str, str] = {}
+    for example, prediction in zip(examples, predictions):
+        note = demos_note(prediction) if prediction is not None else None
+        if note:
+            source = example.get("source")
+            notes.setdefault(f"{example.get('book')!r}" + (f" ({source})" if source else ""), note)
+    return [f"{name}: {note}" for name, note in notes.items()]
 
 
 def _verification_failure(prediction) -> str | None:

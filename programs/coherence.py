@@ -297,6 +297,17 @@ def fitting_demos(predictor: dspy.Predict, summary: str, *, batch_size: int, ans
     return []
 
 
+def demos_note(prediction: Any) -> str | None:
+    """What to say of a judgment for which `fitting_demos` left demos out (None when it left none):
+    the one wording `score`, `evaluate` and `calibrate` give it, so that a judge shipped few-shot is
+    never shown as such while it judged a summary with fewer demos, or none."""
+    dropped = getattr(prediction, "demos_dropped", 0) or 0
+    if not dropped:
+        return None
+    return (f"{dropped} of the judge's {dropped + prediction.demos_shown} demos were left out: with all of them "
+            "the prompt would not fit the model's context window")
+
+
 class CoherenceScorer(Module):
     """Confusion detection on every sentence of a summary, and its BooookScore (Eq. 1)."""
 

@@ -543,3 +543,59 @@ def test_judges_build_refuses_a_folder_under_a_file_before_reading_any_annotatio
                           tmp_path / "nowhere.json", "-o", out])
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr == f"error: cannot write the judges to {out}: {blocker} is not a folder\n"
+
+
+# ---------------------------------------------------------------------------
+# A window too small for every demo beside a long summary: the judge is then run with fewer demos,
+# and every command that judges says so, not only `score`.
+
+LONG_BOOK = "gamma"  # in the test split with seed 0 (`FIVE_BOOKS`)
+
+
+def long_summary_fixture(folder: Path) -> Path:
+    """`human_fixture`, with 150 more sentences in the summary of LONG_BOOK: beside it, the default
+    coherence judge's demos do not all fit gpt-4's 8K window."""
+    human_fixture(folder)
+    path = folder / "summary-gpt4-4096-inc.json"
+    data = json.loads(path.read_text())
+    data[LONG_BOOK]["summary"] += "".join(f" Anna counts boat number {i} as it comes into the old harbour town "
+                                          "from the grey northern sea." for i in range(150))
+    path.write_text(json.dumps(data))
+    return folder
+
+
+def test_evaluate_says_which_summaries_the_judge_saw_with_fewer_demos(tmp_path):
+    human = long_summary_fixture(tmp_path / "human")
+    out = tmp_path / "eval.json"
+    with FakeOpenAIServer(responder=answer) as server:  # gpt-4: an 8K window LiteLLM knows
+        result = invoke(["evaluate", "coherence", "--data", human, "--program", "default", "--lm", "openai/gpt-4",
+                         "--api-base", server.url, "-o", out], tmp_path)
+        shown = {len(body["messages"]) for body in server.served if LONG_BOOK in body["messages"][-1]["content"]}
+    assert result.exit_code == 0, result.output
+    zero, default = json.loads(out.read_text())["results"]
+    assert zero["label"] == "zero-shot" and zero["notes"] == []
+    (note,) = default["notes"]  # the long summary only; its every sentence kept the same demos
+    assert note.startswith(f"'{LONG_BOOK}' (summary-gpt4-4096-inc.json): ") and "demos were left out" in note
+    from booklens.judges import load_judge
+
+    # beside the zero-shot prompts (a system and a user message), one prompt of fewer demos than the judge's
+    (few_shot,) = shown - {2}
+    assert few_shot < 1 + 2 * len(load_judge("coherence").detect.demos) + 1
+    assert f"note: default few-shot: {note}" in result.output, result.output
+
+
+def test_calibrate_says_which_summaries_the_judge_saw_with_fewer_demos(tmp_path):
+    human = long_summary_fixture(tmp_path / "human")
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", "5",
+                         "--lm", "openai/gpt-4", "--api-base", server.url, "--cache-dir", tmp_path / "cache",
+                         "-o", store], tmp_path)
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(store.read_text())["calibrations"].values()
+    assert entry["data"]["books"] == ["epsilon", LONG_BOOK]
+    (note,) = entry["notes"]
+    assert note.startswith(f"'{LONG_BOOK}' (summary-gpt4-4096-inc.json): ") and "demos were left out" in note
+    rows = {row["book"]: row for row in entry["summaries"]}
+    assert rows["epsilon"]["demos_left_out"] == 0 and rows[LONG_BOOK]["demos_left_out"] > 0
+    assert f"note: {note}" in result.output, result.output

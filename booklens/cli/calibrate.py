@@ -182,6 +182,8 @@ def calibrate_command(
         typer.echo(f"{name}: {describe_calls(tracker.work(), tokens=False)}, {seconds:.0f} s; stored in {store}",
                    err=True)
         typer.echo(judge_line(judge_info(name, prog, model, store={entry["key"]: entry})))
+        for note in entry.get("notes") or []:  # the judge line names the program as shipped
+            typer.echo(f"note: {note}", err=True)
         if name == "binary":
             typer.echo(_table5_lines(entry))
     if failures:

@@ -147,7 +147,7 @@ def compile_command(
             continue
         result = evaluate_program(compiled, examples, spec.metric, threads=threads, label=f"compiled on {split}",
                                   units=spec.units(examples), unit_name=spec.interval_unit_name,
-                                  failure=spec.failure)
+                                  failure=spec.failure, notes=spec.notes)
         results.append(result)
         metrics[split] = _metric_block(result)
     total_seconds = time.perf_counter() - started
@@ -176,6 +176,9 @@ def compile_command(
     if results:
         lines += ["", format_table(results, title=f"{spec.name} ({block['lm']})", metric_name=spec.metric_name)]
     typer.echo("\n".join(lines))
+    for r in results:
+        for note in r.notes:
+            typer.echo(f"note: {r.label}: {note}", err=True)
 
 
 def _default_if_named(path: Path, task: str) -> Path:
@@ -270,9 +273,13 @@ def evaluate_command(
             if note:
                 typer.echo(f"note: {note}", err=True)
     results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label, units=spec.units(examples),
-                                unit_name=spec.interval_unit_name, failure=spec.failure) for label, p in runs]
+                                unit_name=spec.interval_unit_name, failure=spec.failure, notes=spec.notes)
+               for label, p in runs]
     title = f"{spec.name} / {split} (n={len(examples)}, seed {seed})"
     typer.echo(format_table(results, title=title, metric_name=spec.metric_name))
+    for r in results:  # e.g. a judge shown with fewer demos than its label says
+        for note in r.notes:
+            typer.echo(f"note: {r.label}: {note}", err=True)
     if any(r.failures for r in results):
         for r in results:
             if r.errors:
