@@ -12,7 +12,8 @@ import inspect
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from booklens.data.diversesumm import coverage_events, load_events, load_summaries
+from booklens.data.diversesumm import coverage_events, generated_references, load_events, load_summaries, \
+    with_references
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
 from booklens.qa_runs import Measured, check_given_window, setup_run_lm
@@ -85,20 +86,36 @@ def _summarized(events: list[Any], failed: dict[str, str]) -> tuple[list[Any], l
     return kept, [{"eid": e.eid, "reason": failed[e.eid]} for e in events if e.eid in failed]
 
 
-def _events_per_criterion(events: list[Any], criteria: Sequence[str], failed: dict[str, str]
-                          ) -> tuple[dict[str, list[Any]], list[dict[str, str]]]:
+def _generated(events: list[Any], paths: Sequence[Optional[Path]]) -> dict[str, tuple[list[Any], str]]:
+    """{eid: (QA pairs, file)}: the references `diverse` records among the summaries files generated
+    for the events without their own, the first file's where two hold some for one event."""
+    found: dict[str, tuple[list[Any], str]] = {}
+    for path in paths:
+        if path is not None:
+            for eid, pairs in generated_references(path, events).items():
+                found.setdefault(eid, (pairs, str(path)))
+    return found
+
+
+def _events_per_criterion(events: list[Any], criteria: Sequence[str], failed: dict[str, str],
+                          paths: Sequence[Optional[Path]] = ()
+                          ) -> tuple[dict[str, list[Any]], list[dict[str, str]], dict[str, dict[str, Any]]]:
     """The events each criterion is judged on (those with summaries; for coverage, those with
-    references too) and the others as {eid, criterion, reason}, criterion by criterion."""
+    references too, own or generated in a `diverse` record among the summaries files `paths`), the
+    others as {eid, criterion, reason}, criterion by criterion, and {eid: {file, questions}} of the
+    generated references coverage is judged against."""
     events, no_summary = _summarized(events, failed)
     judged = {crit: list(events) for crit in criteria}
     not_judged: list[dict[str, str]] = []
+    generated: dict[str, dict[str, Any]] = {}
     for crit in criteria:
         skipped = list(no_summary)
         if crit == "coverage":
-            judged[crit], no_references = coverage_events(events)
+            covered, generated = with_references(events, _generated(events, paths))
+            judged[crit], no_references = coverage_events(covered)
             skipped += no_references
         not_judged += [{**entry, "criterion": crit} for entry in skipped]
-    return judged, not_judged
+    return judged, not_judged, generated
 
 
 def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optional[Path] = None, *,
@@ -123,7 +140,10 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
     elif other_path is not None:
         raise BooklensError("a second summaries file is only used with --protocol pairwise")
     events, not_judged = _summarized(events, failed)
+    generated: dict[str, dict[str, Any]] = {}
     if criterion == "coverage":
+        # A `diverse` record given as summaries holds the references it built for events without their own.
+        events, generated = with_references(events, _generated(events, [summaries_path, other_path]))
         events, no_references = coverage_events(events)
         not_judged += no_references
     from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
@@ -132,21 +152,24 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
     rows = []
     with Measured(model) as measured:
         for e in events:
+            against = {"references": "generated" if e.eid in generated else "own"} if criterion == "coverage" else {}
             if second is None:
-                rows.append({"eid": e.eid, **rate_event(criterion, protocol, e, first[e.eid],
-                                                        max_articles=max_articles, concurrency=concurrency)})
+                rows.append({"eid": e.eid, **against, **rate_event(criterion, protocol, e, first[e.eid],
+                                                                   max_articles=max_articles,
+                                                                   concurrency=concurrency)})
                 continue
             cases = [(cid, ref, first[e.eid], second[e.eid])
                      for cid, ref in pairwise_cases(e, criterion, per_qa, max_articles)]
             pairs = judge_pairs(PairwiseJudge(criterion), cases, concurrency)
             wins = {w: sum(1 for p in pairs if p["winner"] == w) for w in ("1", "2", "tie")}
-            rows.append({"eid": e.eid, "cases": pairs, "wins_1": wins["1"], "wins_2": wins["2"], "ties": wins["tie"],
-                         "failed": sum(1 for p in pairs if p["winner"] is None)})
+            rows.append({"eid": e.eid, **against, "cases": pairs, "wins_1": wins["1"], "wins_2": wins["2"],
+                         "ties": wins["tie"], "failed": sum(1 for p in pairs if p["winner"] is None)})
     # the files in the order the results name them: wins_1 counts the first summaries file's wins
     return {"kind": "booklens.judge", "events_file": str(events_path),
             "summaries": [str(p) for p in (summaries_path, other_path) if p is not None], "protocol": protocol,
             "criterion": criterion, "max_articles": max_articles, "per_qa": per_qa, "lm": lm_label(model),
-            "events": rows, "not_judged": not_judged, "usage": measured.usage, "seconds": measured.seconds}
+            "events": rows, "not_judged": not_judged, "generated_references": generated, "usage": measured.usage,
+            "seconds": measured.seconds}
 
 
 def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path, *, criterion: str = "both",
@@ -162,7 +185,7 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
     failed: dict[str, str] = {}
     s1 = load_summaries(summaries_1, events, failed=failed)
     s2 = load_summaries(summaries_2, events, "second summaries file", failed=failed)
-    judged, not_judged = _events_per_criterion(events, criteria, failed)
+    judged, not_judged, generated = _events_per_criterion(events, criteria, failed, [summaries_1, summaries_2])
     from booklens.metrics.bias import position_bias
     from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases
 
@@ -177,8 +200,8 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
                          "cases": pairs}
     return {"kind": "booklens.bias.position", "events_file": str(events_path),
             "summaries": [str(summaries_1), str(summaries_2)], "criterion": criterion, "max_articles": max_articles,
-            "per_qa": per_qa, "lm": lm_label(model), **out, "not_judged": not_judged, "usage": measured.usage,
-            "seconds": measured.seconds}
+            "per_qa": per_qa, "lm": lm_label(model), **out, "not_judged": not_judged, "generated_references": generated,
+            "usage": measured.usage, "seconds": measured.seconds}
 
 
 def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str = "both",
@@ -198,7 +221,7 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
     events = load_events(events_path)
     failed: dict[str, str] = {}
     originals = load_summaries(summaries, events, failed=failed)
-    judged, not_judged = _events_per_criterion(events, criteria, failed)
+    judged, not_judged, generated = _events_per_criterion(events, criteria, failed, [summaries])
     from booklens.metrics.bias import repeat_summary, verbosity_pairwise, verbosity_single
     from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
 
@@ -234,5 +257,5 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
                 table.append((crit, proto, result))
     return {"kind": "booklens.bias.verbosity", "events_file": str(events_path), "summaries": [str(summaries)],
             "criterion": criterion, "protocols": list(protocols), "max_articles": max_articles, "per_qa": per_qa,
-            "lm": lm_label(model), **out, "table": table, "not_judged": not_judged, "usage": measured.usage,
-            "seconds": measured.seconds}
+            "lm": lm_label(model), **out, "table": table, "not_judged": not_judged,
+            "generated_references": generated, "usage": measured.usage, "seconds": measured.seconds}

@@ -297,6 +297,53 @@ def coverage_events(events: list[Event]) -> tuple[list[Event], list[dict[str, st
     return judged, [{"eid": e.eid, "reason": NO_REFERENCES} for e in events if not e.question_answers]
 
 
+def generated_references(path: str | Path, events: list[Event], what: str = "summaries file"
+                         ) -> dict[str, list[QuestionAnswers]]:
+    """The QA references a `booklens diverse --generate-questions` record built for its events that
+    had none of their own (`references: generated`), by eid, for the `events` without their own
+    (an event's own references always win, as in `diverse`); {} for summaries given another way.
+    Each is checked as the events file's are: a record made from other events cites other articles."""
+    payload = read_json_file(path, what)
+    if not isinstance(payload, dict) or payload.get("kind") != "booklens.diverse" \
+            or not isinstance(payload.get("events"), list):
+        return {}
+    bare = {e.eid: e for e in events if not e.question_answers}
+    out: dict[str, list[QuestionAnswers]] = {}
+    for row in payload["events"]:
+        if not isinstance(row, dict) or row.get("references") != "generated" or str(row.get("eid")) not in bare:
+            continue
+        event = bare[str(row["eid"])]
+        where = f"{path}: the references generated for event {event.eid!r}"
+        items = row.get("generated_question_answers")
+        if not isinstance(items, list) or not items:
+            raise BooklensError(f"{where} are missing ('generated_question_answers' is not a list of QA pairs)")
+        try:
+            pairs = [QuestionAnswers.model_validate(item) for item in items]
+        except ValidationError as exc:
+            raise BooklensError(f"{where}: {validation_problem(exc)}") from None
+        aids = {a.aid for a in event.articles}
+        unknown = sorted({ans.aid for qa in pairs for group in qa.answer_groups for ans in group} - aids)
+        if unknown:
+            raise BooklensError(f"{where} cite article {unknown[0]!r}, which that event of the events file does not "
+                                "have: was the record made from other events?")
+        out[event.eid] = pairs
+    return out
+
+
+def with_references(events: list[Event], generated: dict[str, tuple[list[QuestionAnswers], str]]
+                    ) -> tuple[list[Event], dict[str, dict[str, Any]]]:
+    """The events, each without its own references given the `generated` ones ({eid: (QA pairs, the
+    file that holds them)}), and for those {eid: {file, questions}}: what coverage is judged against."""
+    out, used = [], {}
+    for e in events:
+        if not e.question_answers and e.eid in generated:
+            pairs, source = generated[e.eid]
+            e = e.model_copy(update={"question_answers": pairs})
+            used[e.eid] = {"file": source, "questions": len(pairs)}
+        out.append(e)
+    return out, used
+
+
 def to_examples(events: list[Event]) -> list:
     """dspy.Examples with the summarizer's input (the articles) and the reference QA pairs."""
     import dspy

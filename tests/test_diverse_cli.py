@@ -598,3 +598,89 @@ def test_judge_pairwise_tells_two_summaries_files_of_the_same_name_apart(tmp_pat
                     "--api-base", server.url], tmp_path, monkeypatch)
     assert r.exit_code == 0, r.output
     assert f"{first} wins 0, {second} wins 0, ties 1" in r.output
+
+
+def test_judge_coverage_uses_the_references_a_diverse_record_generated(tmp_path, monkeypatch):
+    """A `diverse --generate-questions` record holds the references it built for an event without its
+    own; given as summaries, `judge --criterion coverage` skipped that event as having none. It now
+    judges it against them, and its output and record say so."""
+    events = _one_with_and_one_without_references(tmp_path)
+    record_path = tmp_path / "d.json"
+    plain = tmp_path / "o.json"
+    plain.write_text(json.dumps({"ev-0001": "Sources disagree.", "ev-0002": "Sources disagree again."}))
+    out = tmp_path / "judge.json"
+    with FakeOpenAIServer(responder=always_b) as server:
+        lm = ["--lm", "openai/test-model", "--api-base", server.url]
+        r = invoke(["diverse", str(events), "--generate-questions", "1", "--no-judge", *lm, "-o", str(record_path)],
+                   tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        generated = json.loads(record_path.read_text())["events"][1]
+        assert generated["references"] == "generated" and generated["reference_qa_pairs"] == 1
+        served = len(server.served)
+
+        r = invoke(["judge", str(events), str(record_path), "--protocol", "likert", *lm, "-o", str(out)],
+                   tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        asked = server.served[served:]
+        assert len(asked) == 2  # one Likert rating per event: the second against its generated question
+        assert "What caused the crack?" in asked[1]["messages"][-1]["content"]
+        record = json.loads(out.read_text())
+        assert [row["eid"] for row in record["events"]] == ["ev-0001", "ev-0002"] and record["not_judged"] == []
+        assert [row["references"] for row in record["events"]] == ["own", "generated"]
+        assert record["generated_references"] == {"ev-0002": {"file": str(record_path), "questions": 1}}
+        assert f"ev-0002: coverage likert = 1.00 (scale 1-10, 1 judgment; against 1 question {record_path} " \
+               "generated)" in r.output
+
+        # pairwise: the record may be either file
+        served = len(server.served)
+        r = invoke(["judge", str(events), str(plain), str(record_path), "--protocol", "pairwise", *lm,
+                    "-o", str(out)], tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        assert len(server.served) - served == 4  # both events, in both orders
+        record = json.loads(out.read_text())
+        assert [row["eid"] for row in record["events"]] == ["ev-0001", "ev-0002"] and record["not_judged"] == []
+        assert record["generated_references"] == {"ev-0002": {"file": str(record_path), "questions": 1}}
+
+
+def test_the_bias_studies_use_the_references_a_diverse_record_generated(tmp_path, monkeypatch):
+    """As `judge` does: coverage of an event without its own references is judged against those a
+    `diverse` record among the summaries files generated for it, and the record says so."""
+    events = _one_with_and_one_without_references(tmp_path)
+    record_path = tmp_path / "d.json"
+    plain = tmp_path / "o.json"
+    plain.write_text(json.dumps({"ev-0001": "Sources disagree.", "ev-0002": "Sources disagree again."}))
+    out = tmp_path / "bias.json"
+    with FakeOpenAIServer(responder=always_b) as server:
+        lm = ["--lm", "openai/test-model", "--api-base", server.url]
+        r = invoke(["diverse", str(events), "--generate-questions", "1", "--no-judge", *lm, "-o", str(record_path)],
+                   tmp_path, monkeypatch)
+        assert r.exit_code == 0, r.output
+        for args in (["position", str(plain), str(record_path)], ["verbosity", str(record_path)]):
+            served = len(server.served)
+            r = invoke(["bias", args[0], str(events), *args[1:], "--criterion", "coverage", *lm, "-o", str(out)],
+                       tmp_path, monkeypatch)
+            assert r.exit_code == 0, r.output
+            record = json.loads(out.read_text())
+            assert record["not_judged"] == []
+            assert record["generated_references"] == {"ev-0002": {"file": str(record_path), "questions": 1}}
+            assert any("What caused the crack?" in body["messages"][-1]["content"]
+                       for body in server.served[served:])
+            assert f"ev-0002: coverage judged against 1 question {record_path} generated" in r.output
+
+
+def test_references_a_diverse_record_generated_for_other_events_are_refused_in_one_line(tmp_path):
+    events = _one_with_and_one_without_references(tmp_path)
+    record = tmp_path / "d.json"
+    refs = [{"question": "What caused the crack?", "answer_groups": [[{"aid": "a99", "answer": "corrosion"}]]}]
+    record.write_text(json.dumps({"kind": "booklens.diverse", "events": [
+        {"eid": "ev-0001", "summary": "Sources disagree.", "references": "own"},
+        {"eid": "ev-0002", "summary": "Sources disagree again.", "references": "generated",
+         "generated_question_answers": refs}]}))
+    with pytest.raises(BooklensError, match=r"^.*d\.json: the references generated for event 'ev-0002' cite article "
+                                            r"'a99', which that event of the events file does not have"):
+        judge_summaries(events, record, lm="openai/fake", api_base="http://127.0.0.1:9/v1")
+    refs[0]["answer_groups"] = []
+    record.write_text(record.read_text().replace('"answer_groups": [[{"aid": "a99", "answer": "corrosion"}]]',
+                                                 '"answer_groups": []'))
+    with pytest.raises(BooklensError, match="the references generated for event 'ev-0002': .*answer groups"):
+        judge_summaries(events, record, lm="openai/fake", api_base="http://127.0.0.1:9/v1")

@@ -249,6 +249,11 @@ def diverse_command(
 # booklens judge
 
 
+def _generated(refs: dict[str, Any]) -> str:
+    """The references a `diverse` record generated for an event, as `judge` and `bias` name them."""
+    return f"{counted(refs['questions'], 'question')} {refs['file']} generated"
+
+
 @app.command("judge")
 def judge_command(
     events_path: Annotated[Path, typer.Argument(metavar="EVENTS.json", help="DiverseSumm-format events.")],
@@ -285,14 +290,17 @@ def judge_command(
     if names[0] == names[1]:
         names = (str(summaries), str(other))
     for row in result["events"]:
+        refs = result["generated_references"].get(row["eid"])  # coverage of an event without its own
+        against = f"against {_generated(refs)}" if refs else ""
         if protocol == Protocol.pairwise:
             typer.echo(f"{row['eid']}: {criterion.value} pairwise (both orders) over {len(row['cases'])} case(s): "
                        f"{names[0]} wins {row['wins_1']}, {names[1]} wins {row['wins_2']}, ties {row['ties']}"
-                       + (f", failed {row['failed']}" if row["failed"] else ""))
+                       + (f", failed {row['failed']}" if row["failed"] else "") + (f" ({against})" if against else ""))
         else:
             typer.echo(f"{row['eid']}: {criterion.value} {protocol.value} = {_fmt(row['score'])} "
                        f"(scale {_scale(protocol.value)}, {counted(len(row['judgments']), 'judgment')}"
-                       + (f", {row['failed']} failed" if row["failed"] else "") + ")")
+                       + (f", {row['failed']} failed" if row["failed"] else "")
+                       + (f"; {against}" if against else "") + ")")
     for skipped in result["not_judged"]:
         typer.echo(f"{skipped['eid']}: not judged ({skipped['reason']})")
     typer.echo(_usage_line(result), err=True)
@@ -307,6 +315,9 @@ app.add_typer(bias_app, name="bias")
 
 
 def _echo_not_judged(result: dict[str, Any]) -> None:
+    """The events coverage was judged against generated references for, and those a criterion skipped."""
+    for eid, refs in result["generated_references"].items():
+        typer.echo(f"{eid}: coverage judged against {_generated(refs)}")
     for skipped in result["not_judged"]:
         typer.echo(f"{skipped['eid']}: {skipped['criterion']} not judged ({skipped['reason']})")
 
