@@ -291,11 +291,11 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     units: list[tuple[list[str], list[Optional[str]]]] = []
     relabelled = 0
     errors: list[str] = []
+    # Only the summaries with claims of the measured labels are judged: the progress counts those.
+    judged = [(summary, [c for c in summary.claims if c.label in keep]) for summary in summaries]
+    judged = [(summary, claims) for summary, claims in judged if claims]
     with dspy.context(lm=lm):
-        for n, summary in enumerate(summaries, start=1):
-            claims = [c for c in summary.claims if c.label in keep]
-            if not claims:
-                continue
+        for n, (summary, claims) in enumerate(judged, start=1):
             verdicts = checker.verify_claims([c.claim for c in claims], given_evidence=[c.evidence for c in claims])
             g = [FABLES_LABELS[c.label] for c in claims]
             p = [v.label for v in verdicts]
@@ -306,7 +306,7 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
             groups += [summary.summarizer] * len(claims)
             units.append((g, p))
             if progress:
-                progress(f"verification: {n}/{len(summaries)} summaries")
+                progress(f"{'binary' if binary else 'verification'}: {n}/{len(judged)} summaries")
     nothing = _judged_nothing("binary" if binary else "verification", len(gold), "claim",
                               sum(1 for x in pred if x is None), errors)
     if nothing:

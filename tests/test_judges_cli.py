@@ -599,3 +599,17 @@ def test_calibrate_says_which_summaries_the_judge_saw_with_fewer_demos(tmp_path)
     rows = {row["book"]: row for row in entry["summaries"]}
     assert rows["epsilon"]["demos_left_out"] == 0 and rows[LONG_BOOK]["demos_left_out"] > 0
     assert f"note: {note}" in result.output, result.output
+
+
+def test_calibrate_progress_names_the_judge_and_counts_the_summaries_it_judges(tmp_path):
+    """The binary rater's progress read "verification: 1/2 summaries", and stopped there: a summary
+    with no claim of the labels measured was counted in the total but never judged."""
+    fables = fables_fixture(tmp_path / "FABLES.json", ("Pet", "yellowface"))
+    data = json.loads(fables.read_text())
+    for claim in data["FABLES"]["yellowface"]["GPT-4"]["claims"].values():
+        claim["label"] = "PartialSupport"  # nothing the binary rater is measured on
+    fables.write_text(json.dumps(data))
+    entry, output = calibrated(["--judge", "binary", "--fables-data", fables], tmp_path)
+    assert entry["n"]["summaries"] == 1
+    progress = [line for line in output.splitlines() if "/" in line and line.endswith("summaries")]
+    assert progress == ["binary: 1/1 summaries"], output
