@@ -23,7 +23,8 @@ Samples are whole books of the test split, drawn with a fixed seed, so that the 
 calibrates in under an hour on two cores: `COHERENCE_BOOKS` books (both summaries of each) and `VERIFICATION_BOOKS`
 books (every summarizer's claims). Each figure carries its sample size and a 95% bootstrap interval
 over summaries (`booklens.metrics.bootstrap`). The stored entry depends only on the data, the
-program, the LM's answers and the sample, so an unchanged calibration rewrites the same bytes.
+program, the LM's answers and the sample, so an unchanged calibration rewrites the same bytes. A
+summary none of whose sentences the judge gave a verdict on is counted but is no resampling unit.
 """
 
 from __future__ import annotations
@@ -178,7 +179,8 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
             failed += len(human) - len(pairs)
             errors += [p.error for p in prediction.annotations if p.status != "ok" and p.error]
             sentences += len(human)
-            units.append(confusion_counts([bool(p) for p, _ in pairs], [bool(h) for _, h in pairs]))
+            if pairs:  # a summary with no sentence compared is no unit: resampled, it would stand in for one
+                units.append(confusion_counts([bool(p) for p, _ in pairs], [bool(h) for _, h in pairs]))
             rows.append({"file": source, "book": annotation.book, "sentences": len(human),
                          "judge_confusing": sum(1 for p, _ in pairs if p),
                          "human_confusing": sum(1 for h in human if h.confusing),

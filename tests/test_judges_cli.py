@@ -613,3 +613,47 @@ def test_calibrate_progress_names_the_judge_and_counts_the_summaries_it_judges(t
     assert entry["n"]["summaries"] == 1
     progress = [line for line in output.splitlines() if "/" in line and line.endswith("summaries")]
     assert progress == ["binary: 1/1 summaries"], output
+
+
+def test_a_summary_the_judge_failed_on_throughout_is_no_resampling_unit(tmp_path):
+    """The intervals resample summaries; one whose every sentence got no verdict has nothing to
+    compare, yet it was drawn in resamples in place of summaries that had: the intervals came out
+    as if over fewer summaries. They are those of the summaries compared."""
+    from booklens.metrics.bootstrap import confusion_counts, figure
+
+    books = [f"book{i:02d}" for i in range(25)]
+    marks = {}  # book -> (sentences the judge flags: those naming Zed, sentences the humans mark)
+    data = {}
+    for i, name in enumerate(books):
+        zed, marked = {i % 5, (2 * i + 1) % 5}, {(i + 1) % 5, 3 * i % 5}
+        marks[name] = (zed, marked)
+        s = [f"{'Zed' if k in zed else 'Mara'} walks past the {name} mark number {k}." for k in range(5)]
+        data[name] = {"summary": " ".join(s), "relations": [], "singles": [
+            {"id": str(k), "span": s[k], "questions": "Why?", "labels": ["salience"]} for k in sorted(marked)]}
+    human = tmp_path / "human"
+    human.mkdir()
+    (human / "summary-gpt4-4096-inc.json").write_text(json.dumps(data))
+    first = {}
+
+    def failing(body):  # every sentence of the first sampled summary fails
+        sentence = body["messages"][-1]["content"].split("[[ ## sentence ## ]]", 1)[-1]
+        return "not an answer" if first and first["book"] in sentence else answer(body)
+
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=failing) as server:
+        args = ["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", "25", "--lm", "openai/fake",
+                "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o", store]
+        from booklens.calibration import coherence_sample
+
+        sample = sorted({a.book for _, a in coherence_sample(human, books=25)[0]})
+        assert len(sample) >= 4
+        first["book"] = sample[0] + " "
+        result = invoke(args, tmp_path)
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(store.read_text())["calibrations"].values()
+    assert entry["n"]["failed"] == 5 and entry["n"]["summaries"] == len(sample)
+    compared = [confusion_counts([k in marks[b][0] for k in range(5)], [k in marks[b][1] for k in range(5)])
+                for b in sample[1:]]
+    assert len({tuple(c) for c in compared}) > 1
+    for name in ("precision", "recall", "f1", "kappa", "accuracy"):
+        assert entry["figures"][name] == figure(compared, name, n=entry["n"]["compared"], seed=0), name
