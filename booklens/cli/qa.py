@@ -258,7 +258,8 @@ def _generated(refs: dict[str, Any]) -> str:
 def judge_command(
     events_path: Annotated[Path, typer.Argument(metavar="EVENTS.json", help="DiverseSumm-format events.")],
     summaries: Annotated[Path, typer.Argument(metavar="SUMMARIES.json",
-                                              help="{eid: summary}, [{eid, summary}] or a `booklens diverse` result.")],
+                                              help="{eid: summary}, [{eid, summary}] or a `booklens diverse` result "
+                                                   "(coverage uses the references it generated).")],
     other: Annotated[Optional[Path], typer.Argument(metavar="[OTHER.json]",
                                                     help="Second summaries (pairwise protocol).")] = None,
     protocol: Annotated[Protocol, typer.Option("--protocol", help="binary, likert or pairwise (both orders).")]
