@@ -244,22 +244,11 @@ def judge_mode(judge: str, program: Any) -> str:
 def demo_count(judge: str, program: Any) -> int:
     """The labelled examples the program shows in its mode (sentences for per-sentence coherence)."""
     if judge == "coherence":
-        predictor = program.detect if getattr(program, "batch_size", 1) == 1 else program.detect_batch
-        if predictor is program.detect_batch:
-            return sum(len(_as_list(d.get("answers"))) for d in predictor.demos)
-        return len(predictor.demos)
+        from booklens.programs.coherence import labelled_sentences
+
+        batched = getattr(program, "batch_size", 1) > 1
+        return labelled_sentences((program.detect_batch if batched else program.detect).demos, batched=batched)
     return len(program.verify.demos)
-
-
-def _as_list(value: Any) -> list:
-    """A batched demo's stored answers: a list, or the JSON text of one. Not the lenient reading of a
-    model's answer in `booklens.signatures.coherence`, where a lone string is one item."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return []
-    return list(value or [])
 
 
 # ---------------------------------------------------------------------------

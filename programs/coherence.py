@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from types import MethodType
 from typing import Any, Sequence
 
@@ -297,6 +298,24 @@ def fitting_demos(predictor: dspy.Predict, summary: str, *, batch_size: int, ans
     return []
 
 
+def labelled_sentences(demos: Sequence[Any], *, batched: bool) -> int:
+    """The labelled sentences `demos` show, the unit a judge's demos are counted in everywhere: one
+    per per-sentence demo; a batched demo's stored answers (a list, or the JSON text of one; not
+    the lenient reading of a model's answer, where a lone string is one item)."""
+    if not batched:
+        return len(demos)
+    total = 0
+    for demo in demos:
+        answers = demo.get("answers")
+        if isinstance(answers, str):
+            try:
+                answers = json.loads(answers)
+            except ValueError:
+                answers = []
+        total += len(list(answers or []))
+    return total
+
+
 def demos_note(prediction: Any) -> str | None:
     """What to say of a judgment for which `fitting_demos` left demos out (None when it left none):
     the one wording `score`, `evaluate` and `calibrate` give it, so that a judge shipped few-shot is
@@ -379,14 +398,15 @@ class CoherenceScorer(Module):
                 desc="sentence batches",
             )
             annotations = [a for batch in per_batch for a in batch]
-        shown = len(predictor.demos if demos is None else demos)
+        # Counted in labelled sentences, as the judge line counts the demos (`booklens.judges.demo_count`).
+        shown = labelled_sentences(predictor.demos if demos is None else demos, batched=not per_sentence)
         return dspy.Prediction(
             annotations=annotations,
             score=booookscore(annotations),
             n_failed=sum(1 for a in annotations if a.status == "failed"),
             sentences=sentences,
             demos_shown=shown,
-            demos_dropped=len(predictor.demos) - shown,
+            demos_dropped=labelled_sentences(predictor.demos, batched=not per_sentence) - shown,
         )
 
     def _budget(self, n_sentences: int) -> dict[str, Any]:

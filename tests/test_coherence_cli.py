@@ -537,3 +537,22 @@ def test_a_judge_that_left_demos_out_says_so_on_the_console(tmp_path):
     assert "demos were left out" in note
     assert f"note: 'long': {note}" in result.stderr, result.stderr
     assert "'short'" not in result.stderr
+
+
+def test_a_batched_judge_counts_the_demos_it_left_out_as_its_judge_line_counts_them(tmp_path):
+    """The batched judge's line counts its demos in labelled sentences (32); its note counted demo
+    summaries ("1 of the judge's 2 demos were left out"), as if the two spoke of other judges."""
+    from booklens.testing import FakeOpenAIServer, PipelineResponder
+
+    sentence = "Anna walks along the quay of the old harbour town and counts the boats that came in."
+    summaries = write(tmp_path / "map.json", {"long": " ".join([sentence] * 150)})
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        result = run_command(["score", summaries, "--batch-size", "3", "--lm", "openai/gpt-4", "--api-base",
+                              server.url, "--cache-dir", tmp_path / "cache", "-o", out])
+    assert result.returncode == 0, result.stderr
+    record = json.loads(out.read_text())
+    demos = record["judge"]["demos"]
+    assert f"batched, {demos} demos" in result.stderr
+    (note,) = record["results"]["long"]["notes"]
+    assert f" of the judge's {demos} demos were left out" in note, note
