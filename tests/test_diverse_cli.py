@@ -403,15 +403,21 @@ def test_generate_questions_is_refused_when_every_event_has_its_own_references(t
                 "--api-base", "http://127.0.0.1:9/v1"], tmp_path, monkeypatch)
 
 
+def _summaries_of_both(tmp_path):
+    """Two summaries files of both events of `_one_with_and_one_without_references`."""
+    summaries = tmp_path / "s.json"
+    summaries.write_text(json.dumps({"ev-0001": "The bridge closed for repairs.", "ev-0002": "It reopened."}))
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"ev-0001": "Sources disagree.", "ev-0002": "Sources disagree again."}))
+    return summaries, other
+
+
 def test_judge_coverage_judges_the_events_with_references_and_says_which_it_skipped(tmp_path, monkeypatch):
     """`judge --criterion coverage` refused the whole file when one event had no question_answers,
     while `diverse` judges the others and says why that one has no coverage score: now `judge` does
     the same, and refuses (before any call) only when no event can be judged."""
     events = _one_with_and_one_without_references(tmp_path)
-    summaries = tmp_path / "s.json"
-    summaries.write_text(json.dumps({"ev-0001": "The bridge closed for repairs.", "ev-0002": "It reopened."}))
-    other = tmp_path / "o.json"
-    other.write_text(json.dumps({"ev-0001": "Sources disagree.", "ev-0002": "Sources disagree again."}))
+    summaries, other = _summaries_of_both(tmp_path)
     out = tmp_path / "judge.json"
     with FakeOpenAIServer(responder=always_b) as server:
         lm = ["--lm", "openai/test-model", "--api-base", server.url]
@@ -451,10 +457,7 @@ def test_the_bias_studies_judge_coverage_on_the_events_with_references_and_say_w
     `--criterion both`, whose faithfulness half needs none: they now judge coverage on the events
     that have references and name the others, as `judge` and `diverse` do."""
     events = _one_with_and_one_without_references(tmp_path)
-    summaries = tmp_path / "s.json"
-    summaries.write_text(json.dumps({"ev-0001": "The bridge closed for repairs.", "ev-0002": "It reopened."}))
-    other = tmp_path / "o.json"
-    other.write_text(json.dumps({"ev-0001": "Sources disagree.", "ev-0002": "Sources disagree again."}))
+    summaries, other = _summaries_of_both(tmp_path)
     out = tmp_path / "bias.json"
     with FakeOpenAIServer(responder=always_b) as server:
         lm = ["--lm", "openai/test-model", "--api-base", server.url]
@@ -600,20 +603,26 @@ def test_judge_pairwise_tells_two_summaries_files_of_the_same_name_apart(tmp_pat
     assert f"{first} wins 0, {second} wins 0, ties 1" in r.output
 
 
+def _a_record_with_generated_references(tmp_path, monkeypatch, lm):
+    """Events (one with references, one without), the `diverse --generate-questions 1` record of
+    them and a plain summaries file of both."""
+    events = _one_with_and_one_without_references(tmp_path)
+    record_path = tmp_path / "d.json"
+    _, plain = _summaries_of_both(tmp_path)
+    r = invoke(["diverse", str(events), "--generate-questions", "1", "--no-judge", *lm, "-o", str(record_path)],
+               tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    return events, record_path, plain
+
+
 def test_judge_coverage_uses_the_references_a_diverse_record_generated(tmp_path, monkeypatch):
     """A `diverse --generate-questions` record holds the references it built for an event without its
     own; given as summaries, `judge --criterion coverage` skipped that event as having none. It now
     judges it against them, and its output and record say so."""
-    events = _one_with_and_one_without_references(tmp_path)
-    record_path = tmp_path / "d.json"
-    plain = tmp_path / "o.json"
-    plain.write_text(json.dumps({"ev-0001": "Sources disagree.", "ev-0002": "Sources disagree again."}))
     out = tmp_path / "judge.json"
     with FakeOpenAIServer(responder=always_b) as server:
         lm = ["--lm", "openai/test-model", "--api-base", server.url]
-        r = invoke(["diverse", str(events), "--generate-questions", "1", "--no-judge", *lm, "-o", str(record_path)],
-                   tmp_path, monkeypatch)
-        assert r.exit_code == 0, r.output
+        events, record_path, plain = _a_record_with_generated_references(tmp_path, monkeypatch, lm)
         generated = json.loads(record_path.read_text())["events"][1]
         assert generated["references"] == "generated" and generated["reference_qa_pairs"] == 1
         served = len(server.served)
@@ -645,16 +654,10 @@ def test_judge_coverage_uses_the_references_a_diverse_record_generated(tmp_path,
 def test_the_bias_studies_use_the_references_a_diverse_record_generated(tmp_path, monkeypatch):
     """As `judge` does: coverage of an event without its own references is judged against those a
     `diverse` record among the summaries files generated for it, and the record says so."""
-    events = _one_with_and_one_without_references(tmp_path)
-    record_path = tmp_path / "d.json"
-    plain = tmp_path / "o.json"
-    plain.write_text(json.dumps({"ev-0001": "Sources disagree.", "ev-0002": "Sources disagree again."}))
     out = tmp_path / "bias.json"
     with FakeOpenAIServer(responder=always_b) as server:
         lm = ["--lm", "openai/test-model", "--api-base", server.url]
-        r = invoke(["diverse", str(events), "--generate-questions", "1", "--no-judge", *lm, "-o", str(record_path)],
-                   tmp_path, monkeypatch)
-        assert r.exit_code == 0, r.output
+        events, record_path, plain = _a_record_with_generated_references(tmp_path, monkeypatch, lm)
         for args in (["position", str(plain), str(record_path)], ["verbosity", str(record_path)]):
             served = len(server.served)
             r = invoke(["bias", args[0], str(events), *args[1:], "--criterion", "coverage", *lm, "-o", str(out)],
