@@ -241,6 +241,9 @@ def test_verify_binary_and_check_record_their_judge(tmp_path):
     assert [c["label"] for c in report["claims"]] == ["faithful", "unfaithful"]
     assert "partial support" not in schema
     assert "judge: default few-shot verification program (binary, 6 demos" in result.output
+    # the binary rater's line names only the labels it gives
+    assert "2 claims: 50.0% faithful, 50.0% unfaithful;" in result.output
+    assert "partial support" not in result.output and "can't verify" not in result.output
 
     summary = tmp_path / "summary.txt"
     summary.write_text(SUMMARY)

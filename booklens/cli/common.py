@@ -204,14 +204,16 @@ ZeroShotOption = Annotated[bool, typer.Option(
                         "(for the judges no --program artifact is given for).")]
 
 
-def label_shares(percentages: dict[str, float] | None, unverified: int = 0) -> str:
+def label_shares(percentages: dict[str, float] | None, unverified: int = 0, label_set: str = "four-way") -> str:
     """The share of each claim label among the verified claims, as commands print it, and how many
-    claims were left out of the shares; 'none verified' when no claim was."""
-    from booklens.vocabulary import CLAIM_LABELS
+    claims were left out of the shares; 'none verified' when no claim was. A binary judge's line names
+    only the two labels it can give."""
+    from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS
 
     if not percentages:
         return "none verified"
-    shares = ", ".join(f"{percentages.get(label, 0.0):.1f}% {label}" for label in CLAIM_LABELS)
+    labels = BINARY_LABELS if label_set == "binary" else CLAIM_LABELS
+    shares = ", ".join(f"{percentages.get(label, 0.0):.1f}% {label}" for label in labels)
     return shares + (f" ({unverified} not verified, left out of the shares)" if unverified else "")
 
 

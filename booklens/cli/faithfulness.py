@@ -75,7 +75,7 @@ def _report_line(report) -> None:
     from booklens.lm.usage import describe_calls
     from booklens.steps import judged_nothing
 
-    shares = label_shares(report.label_percentages, report.failures)
+    shares = label_shares(report.label_percentages, report.failures, report.label_set)
     typer.echo(f"{counted(len(report.claims), 'claim')}: {shares}; "
                f"{describe_calls(report.usage, tokens=False)}", err=True)
     echo_judge(report.judge)
