@@ -178,9 +178,15 @@ def of_other_text(recorded: Any, book: Path, book_text: str) -> bool:
     from booklens.pipeline import sha256_text
     from booklens.text import read_book
 
-    if not isinstance(recorded, str) or not recorded:
+    if not isinstance(recorded, str) or not recorded or recorded == sha256_text(book_text):
         return False
-    return recorded not in (sha256_text(book_text), sha256_text(read_book(book, drop_matter=True)))
+    return recorded != sha256_text(read_book(book, drop_matter=True))  # read again only when it may matter
+
+
+def other_text_warning(summary: Any, book: Any) -> str:
+    """The warning for a summary record of another text than its book (`run --summary`, `check`):
+    another edition of the book may be what the user means, so it is said and the command goes on."""
+    return f"warning: {summary} summarizes a different text than {book} (its book digest differs)"
 
 
 def check_claims_book(path: Path, book: Path, book_text: str) -> None:

@@ -881,8 +881,9 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         def given_summary_record():
             if given_record is not None:
                 if given_record.book_sha256 != book_sha:
-                    notify(f"warning: {system.summary_file} summarizes a different text than {book} "
-                           "(its book digest differs)")
+                    from booklens.inputs import other_text_warning
+
+                    notify(other_text_warning(system.summary_file, book))
                 return given_record
             return GivenSummary(file=given_source(system), book=str(book), book_sha256=book_sha, summary=given_text)
 

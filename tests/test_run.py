@@ -707,3 +707,22 @@ def test_an_evidence_index_that_cannot_be_built_is_an_error_before_the_summary(s
     proc = cli(args)
     assert_one_line_error(proc, pattern)
     assert server.served[before:] == [] and not out.exists()
+
+
+def test_a_given_summary_record_of_another_text_is_named_in_a_warning(server, tmp_path):
+    """`run --summary` with a `booklens summarize` record of another text than the book says so in
+    one line, in the words `check` uses (`booklens.inputs.other_text_warning`), and goes on."""
+    other = tmp_path / "other.txt"
+    other.write_text(STORY.read_text(encoding="utf-8") + "\nThe keeper wrote one more line.\n", encoding="utf-8")
+    record = tmp_path / "summary.json"
+    made = cli([sys.executable, "-m", "booklens", "summarize", str(other), "--chunk-size", "512",
+                "--context-window", "2048", "--max-summary-tokens", "200", "--lm", "openai/fake-model",
+                "--api-base", server.url, "--cache-dir", str(tmp_path / "cache"), "-o", str(record)])
+    assert made.returncode == 0, made.stderr
+    args = run_args(server, tmp_path / "run", tmp_path / "cache")
+    for option in ("--chunk-size", "--context-window", "--max-summary-tokens"):
+        del args[args.index(option):args.index(option) + 2]
+    proc = cli([*args, "--summary", str(record)])
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "summarizes a different text" in line]
+    assert warnings == [f"warning: {record} summarizes a different text than {STORY} (its book digest differs)"]

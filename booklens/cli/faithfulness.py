@@ -200,7 +200,7 @@ def check_command(
     binary: BinaryOption = False,
 ) -> None:
     """Check a summary against its book: claims, evidence, a verdict per claim, % of each label."""
-    from booklens.inputs import read_summary_text, summary_of_other_text
+    from booklens.inputs import other_text_warning, read_summary_text, summary_of_other_text
     from booklens.retrieval import check_evidence_options
     from booklens.steps import verify_claims
     from booklens.text import read_book
@@ -209,8 +209,7 @@ def check_command(
     book_text = read_book(book)
     summary_text = read_summary_text(summary)
     if summary_of_other_text(summary, book, book_text):
-        # as `run --summary` says it: another edition of the book may be what the user means
-        typer.echo(f"warning: {summary} summarizes a different text than {book} (its book digest differs)", err=True)
+        typer.echo(other_text_warning(summary, book), err=True)
     programs, artifacts = _programs(program, "check", ("decomposition", "verification"), zero_shot=zero_shot,
                                     binary=binary, evidence=evidence.value)
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
