@@ -50,7 +50,6 @@ DEFAULT_SEED = 0
 EMBEDDED_WINDOW = LOCAL_CONTEXT_WINDOW
 JUDGED_SUMMARY_TOKENS = 1300  # room for the summary being judged: booklens summaries default to 900
 TARGET_SENTENCE_TOKENS = 80
-ANSWER_TOKENS = 256  # 64 + 192 per sentence: programs/coherence.py
 COHERENCE_DEMO_SUMMARIES = ("summary-gpt4-4096-inc.json", "summary-gpt4-4096-hier.json")  # one demo from each
 COHERENCE_MIN_LABELS = 4  # a demo summary has at least this many confusing and clean sentences
 COHERENCE_MAX_CONFUSING = 10  # confusing sentences labelled per demo summary, at most (as many clean ones)
@@ -530,10 +529,10 @@ def _file_entry(path: Path) -> dict[str, str]:
 def coherence_demo_limit() -> int:
     """cl100k tokens the instructions and demos of the default coherence program may take, so that a
     judged summary of `JUDGED_SUMMARY_TOKENS`, its sentence and the answer still fit the embedded window."""
-    from booklens.programs.coherence import demo_token_limit
+    from booklens.programs.coherence import answer_budget, demo_token_limit
 
     return demo_token_limit(EMBEDDED_WINDOW, summary_tokens=JUDGED_SUMMARY_TOKENS,
-                            judged_tokens=TARGET_SENTENCE_TOKENS, answer_tokens=ANSWER_TOKENS)
+                            judged_tokens=TARGET_SENTENCE_TOKENS, answer_tokens=answer_budget(1))
 
 
 def coherence_prompt_tokens(program: Any) -> int:

@@ -298,6 +298,11 @@ def fitting_demos(predictor: dspy.Predict, summary: str, *, batch_size: int, ans
     return []
 
 
+def answer_budget(n_sentences: int, tokens_per_sentence: int = DEFAULT_TOKENS_PER_SENTENCE) -> int:
+    """The answer tokens a call judging `n_sentences` may write: 64, and `tokens_per_sentence` each."""
+    return 64 + tokens_per_sentence * n_sentences
+
+
 def labelled_sentences(demos: Sequence[Any], *, batched: bool) -> int:
     """The labelled sentences `demos` show, the unit a judge's demos are counted in everywhere: one
     per per-sentence demo; a batched demo's stored answers (a list, or the JSON text of one; not
@@ -412,7 +417,7 @@ class CoherenceScorer(Module):
     def _budget(self, n_sentences: int) -> dict[str, Any]:
         if self.tokens_per_sentence is None:
             return {}
-        return {"max_tokens": 64 + self.tokens_per_sentence * n_sentences}
+        return {"max_tokens": answer_budget(n_sentences, self.tokens_per_sentence)}
 
     # -- per-sentence mode -------------------------------------------------
 
