@@ -97,6 +97,16 @@ def _generated(events: list[Any], paths: Sequence[Optional[Path]]) -> dict[str, 
     return found
 
 
+def _coverage_events(events: list[Any], paths: Sequence[Optional[Path]]
+                     ) -> tuple[list[Any], list[dict[str, str]], dict[str, dict[str, Any]]]:
+    """The events coverage is judged on (with references of their own, or generated for them in a
+    `diverse` record among the summaries files `paths`), the others as {eid, reason}, and
+    {eid: {file, questions}} of the generated references used."""
+    covered, generated = with_references(events, _generated(events, paths))
+    judged, no_references = coverage_events(covered)
+    return judged, no_references, generated
+
+
 def _events_per_criterion(events: list[Any], criteria: Sequence[str], failed: dict[str, str],
                           paths: Sequence[Optional[Path]] = ()
                           ) -> tuple[dict[str, list[Any]], list[dict[str, str]], dict[str, dict[str, Any]]]:
@@ -111,8 +121,7 @@ def _events_per_criterion(events: list[Any], criteria: Sequence[str], failed: di
     for crit in criteria:
         skipped = list(no_summary)
         if crit == "coverage":
-            covered, generated = with_references(events, _generated(events, paths))
-            judged[crit], no_references = coverage_events(covered)
+            judged[crit], no_references, generated = _coverage_events(events, paths)
             skipped += no_references
         not_judged += [{**entry, "criterion": crit} for entry in skipped]
     return judged, not_judged, generated
@@ -143,8 +152,7 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
     generated: dict[str, dict[str, Any]] = {}
     if criterion == "coverage":
         # A `diverse` record given as summaries holds the references it built for events without their own.
-        events, generated = with_references(events, _generated(events, [summaries_path, other_path]))
-        events, no_references = coverage_events(events)
+        events, no_references, generated = _coverage_events(events, [summaries_path, other_path])
         not_judged += no_references
     from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
 
