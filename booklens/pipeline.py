@@ -779,12 +779,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     check_at_least("--concurrency", concurrency)
     check_configs(system, judge)
     check_summarizer(system)
-    previous = previous_run(output, notify)
-    if output.is_dir():  # a killed run may have left half-written records behind
-        from booklens.records import remove_partial_writes
-        from booklens.reports import RUN_FILE, STEP_FILES, TIMINGS_FILE
-
-        remove_partial_writes(output, [RUN_FILE, TIMINGS_FILE, REPORT_FILE, *STEP_FILES.values()])
+    previous_run(output, notify)  # a directory no run may write is refused before any model loads
     programs = load_judge_programs(judge, concurrency=concurrency)
     given_record, given_text = given_summary(system) if system.given else (None, None)
     if lms is None:
@@ -851,112 +846,123 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         evidence_index = book_index(book_text, cache_dir=lms.cache_dir, passage_tokens=judge.passage_tokens,
                                     mode=judge.evidence, budget_tokens=budget if judge.evidence == "book" else None)
     make_output_dir(output, "run")
-    runner = _Runner(output, previous, base, wanted, notify)
-    if previous is None:
-        # run.json first: a run killed after its first step record, but before run.json, would
-        # leave a directory no rerun could claim as a booklens run.
-        runner.save_progress()
-    if book_error is not None:
-        runner.fail("summary", book_error)
-        for step in wanted[1:]:
-            runner.fail(step, "needs summary")
-        run = runner.record(scores=run_scores(None, None, None))
+    from booklens.records import directory_lock, remove_partial_writes
+    from booklens.reports import RUN_FILE, STEP_FILES, TIMINGS_FILE
+
+    # Two runs into one directory at once would each write their records and run.json: the directory
+    # could list one run's configuration beside the other's record. What an earlier run left is read
+    # only under the lock.
+    with directory_lock(output, f"another booklens run is writing {output}: wait for it to end (or stop it), "
+                                "then rerun to resume"):
+        # a killed run may have left half-written records behind
+        remove_partial_writes(output, [RUN_FILE, TIMINGS_FILE, REPORT_FILE, *STEP_FILES.values()])
+        previous = previous_run(output)
+        runner = _Runner(output, previous, base, wanted, notify)
+        if previous is None:
+            # run.json first: a run killed after its first step record, but before run.json, would
+            # leave a directory no rerun could claim as a booklens run.
+            runner.save_progress()
+        if book_error is not None:
+            runner.fail("summary", book_error)
+            for step in wanted[1:]:
+                runner.fail(step, "needs summary")
+            run = runner.record(scores=run_scores(None, None, None))
+            runner.remove_unrecorded()
+            write_text_atomic(output / REPORT_FILE, render_report(RunData(path=output, run=run)))
+            runner.save_progress(run=run)
+            runner.save_timings(total_seconds=time.perf_counter() - started)
+            return run
+
+        def with_lm(lm, fn):
+            def call():
+                with dspy.context(lm=lm, adapter=BooklensAdapter()):
+                    return fn()
+            return call
+
+        # 1. the summary
+        summary_inputs, legacy = summary_step_inputs(system, book, book_sha, summary_model, (given_record, given_text))
+        if system.given:
+            from booklens.records import GivenSummary
+
+            def given_summary_record():
+                if given_record is not None:
+                    if given_record.book_sha256 != book_sha:
+                        from booklens.inputs import other_text_warning
+
+                        notify(other_text_warning(system.summary_file, book))
+                    return given_record
+                return GivenSummary(file=given_source(system), book=str(book), book_sha256=book_sha, summary=given_text)
+
+            summary = runner.run_step("summary", summary_inputs, given_summary_record, normalize=False, legacy=legacy)
+        else:
+            from booklens.steps import summarize_book
+
+            summary = runner.run_step("summary", summary_inputs, with_lm(summary_lm, lambda: summarize_book(
+                book, method=system.method, chunk_size=system.chunk_size, context_window=system.context_window,
+                max_summary_tokens=system.max_summary_tokens, max_regenerations=system.max_regenerations,
+                remove_artifacts=system.remove_artifacts, drop_matter=system.drop_matter, concurrency=concurrency,
+                program_path=system.program, text=book_text, level_budgets=system.level_budgets,
+                merge_context=system.merge_context, words_per_token=system.words_per_token)), legacy=legacy)
+        summary_sha = runner.steps["summary"].sha256 if summary is not None else None
+        summary_text = summary.summary if summary is not None else None
+
+        # 2. coherence
+        def judge_coherence():
+            if "coherence" not in wanted:
+                return None
+            from booklens.steps import require_verdicts, score_summaries
+
+            def score():
+                results = score_summaries({book.name: summary_text}, batch_size=judge.batch_size,
+                                          concurrency=concurrency, book_texts={book.name: book_text},
+                                          scorer=programs.get("coherence"))
+                return require_verdicts(results[book.name])
+
+            coherence_inputs = judge_step_inputs("coherence", judge, judge_model, book_sha, summary_sha, programs)
+            return runner.run_step("coherence", coherence_inputs, with_lm(judge_lm, score))
+
+        # 3. claims, 4. verification
+        def judge_faithfulness():
+            if "claims" not in wanted:
+                return None, None
+            from booklens.steps import decompose_summary, require_verdicts, verify_claims
+
+            def decompose():
+                claim_set = decompose_summary(summary_text, decomposer=programs.get("decomposition"))
+                if claim_set.error:
+                    raise BooklensError(f"could not split the summary into claims ({claim_set.attempts} tries): "
+                                        f"{claim_set.error}")
+                return claim_set
+
+            claims_inputs = judge_step_inputs("claims", judge, judge_model, book_sha, summary_sha, programs)
+            claims = runner.run_step("claims", claims_inputs, with_lm(judge_lm, decompose))
+
+            def verify():
+                chosen = list(claims.claims)[: judge.max_claims] if judge.max_claims else list(claims.claims)
+                return require_verdicts(verify_claims(
+                    claims=chosen, book_text=book_text, book=book, summary=claims.summary, mode=judge.evidence,
+                    k=judge.k, budget_tokens=judge.budget_tokens, passage_tokens=judge.passage_tokens,
+                    concurrency=concurrency, cache_dir=lms.cache_dir, programs=programs, index=evidence_index))
+
+            claims_sha = runner.steps["claims"].sha256 if claims is not None else None
+            verify_inputs = judge_step_inputs("faithfulness", judge, judge_model, book_sha, claims_sha, programs)
+            faithfulness = runner.run_step("faithfulness", verify_inputs, with_lm(judge_lm, verify))
+            return claims, faithfulness
+
+        # Coherence needs only the summary: it is judged while the claims are split and verified.
+        from booklens.parallel import parallel_map
+
+        coherence, (claims, faithfulness) = parallel_map(lambda judge_step: judge_step(),
+                                                         [judge_coherence, judge_faithfulness], concurrency=2)
+
+        run = runner.record(scores=run_scores(summary_text, coherence, faithfulness))
         runner.remove_unrecorded()
-        write_text_atomic(output / REPORT_FILE, render_report(RunData(path=output, run=run)))
+        data = RunData(path=output, run=run, summary=summary, coherence=coherence, claims=claims,
+                       faithfulness=faithfulness)
+        write_text_atomic(output / REPORT_FILE, render_report(data))
         runner.save_progress(run=run)
         runner.save_timings(total_seconds=time.perf_counter() - started)
         return run
-
-    def with_lm(lm, fn):
-        def call():
-            with dspy.context(lm=lm, adapter=BooklensAdapter()):
-                return fn()
-        return call
-
-    # 1. the summary
-    summary_inputs, legacy = summary_step_inputs(system, book, book_sha, summary_model, (given_record, given_text))
-    if system.given:
-        from booklens.records import GivenSummary
-
-        def given_summary_record():
-            if given_record is not None:
-                if given_record.book_sha256 != book_sha:
-                    from booklens.inputs import other_text_warning
-
-                    notify(other_text_warning(system.summary_file, book))
-                return given_record
-            return GivenSummary(file=given_source(system), book=str(book), book_sha256=book_sha, summary=given_text)
-
-        summary = runner.run_step("summary", summary_inputs, given_summary_record, normalize=False, legacy=legacy)
-    else:
-        from booklens.steps import summarize_book
-
-        summary = runner.run_step("summary", summary_inputs, with_lm(summary_lm, lambda: summarize_book(
-            book, method=system.method, chunk_size=system.chunk_size, context_window=system.context_window,
-            max_summary_tokens=system.max_summary_tokens, max_regenerations=system.max_regenerations,
-            remove_artifacts=system.remove_artifacts, drop_matter=system.drop_matter, concurrency=concurrency,
-            program_path=system.program, text=book_text, level_budgets=system.level_budgets,
-            merge_context=system.merge_context, words_per_token=system.words_per_token)), legacy=legacy)
-    summary_sha = runner.steps["summary"].sha256 if summary is not None else None
-    summary_text = summary.summary if summary is not None else None
-
-    # 2. coherence
-    def judge_coherence():
-        if "coherence" not in wanted:
-            return None
-        from booklens.steps import require_verdicts, score_summaries
-
-        def score():
-            results = score_summaries({book.name: summary_text}, batch_size=judge.batch_size,
-                                      concurrency=concurrency, book_texts={book.name: book_text},
-                                      scorer=programs.get("coherence"))
-            return require_verdicts(results[book.name])
-
-        coherence_inputs = judge_step_inputs("coherence", judge, judge_model, book_sha, summary_sha, programs)
-        return runner.run_step("coherence", coherence_inputs, with_lm(judge_lm, score))
-
-    # 3. claims, 4. verification
-    def judge_faithfulness():
-        if "claims" not in wanted:
-            return None, None
-        from booklens.steps import decompose_summary, require_verdicts, verify_claims
-
-        def decompose():
-            claim_set = decompose_summary(summary_text, decomposer=programs.get("decomposition"))
-            if claim_set.error:
-                raise BooklensError(f"could not split the summary into claims ({claim_set.attempts} tries): "
-                                    f"{claim_set.error}")
-            return claim_set
-
-        claims_inputs = judge_step_inputs("claims", judge, judge_model, book_sha, summary_sha, programs)
-        claims = runner.run_step("claims", claims_inputs, with_lm(judge_lm, decompose))
-
-        def verify():
-            chosen = list(claims.claims)[: judge.max_claims] if judge.max_claims else list(claims.claims)
-            return require_verdicts(verify_claims(
-                claims=chosen, book_text=book_text, book=book, summary=claims.summary, mode=judge.evidence,
-                k=judge.k, budget_tokens=judge.budget_tokens, passage_tokens=judge.passage_tokens,
-                concurrency=concurrency, cache_dir=lms.cache_dir, programs=programs, index=evidence_index))
-
-        claims_sha = runner.steps["claims"].sha256 if claims is not None else None
-        verify_inputs = judge_step_inputs("faithfulness", judge, judge_model, book_sha, claims_sha, programs)
-        faithfulness = runner.run_step("faithfulness", verify_inputs, with_lm(judge_lm, verify))
-        return claims, faithfulness
-
-    # Coherence needs only the summary: it is judged while the claims are split and verified.
-    from booklens.parallel import parallel_map
-
-    coherence, (claims, faithfulness) = parallel_map(lambda judge_step: judge_step(),
-                                                     [judge_coherence, judge_faithfulness], concurrency=2)
-
-    run = runner.record(scores=run_scores(summary_text, coherence, faithfulness))
-    runner.remove_unrecorded()
-    data = RunData(path=output, run=run, summary=summary, coherence=coherence, claims=claims,
-                   faithfulness=faithfulness)
-    write_text_atomic(output / REPORT_FILE, render_report(data))
-    runner.save_progress(run=run)
-    runner.save_timings(total_seconds=time.perf_counter() - started)
-    return run
 
 
 def _claim_shares(faithfulness) -> dict[str, float]:

@@ -9,7 +9,7 @@ import re
 import stat
 from glob import escape as glob_escape
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Optional, get_args
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional, get_args
 
 from pydantic import BaseModel, Field
 
@@ -138,6 +138,33 @@ def save_json(path: str | Path, payload: Any) -> None:
         write_atomically(path, write)
     except OSError as exc:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def directory_lock(folder: str | Path, busy: str) -> Iterator[None]:
+    """Held while a command writes the existing directory `folder`: a second command into it at once
+    is the one-line error `busy`. The lock is taken on the directory itself, so nothing is left in
+    it; where the platform or the file system takes no such lock, the command goes on without one."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows)
+        fcntl = None
+    handle = None
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            handle = os.open(folder, os.O_RDONLY)
+    try:
+        if handle is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the handle closes
+            except BlockingIOError:
+                raise BooklensError(busy) from None
+            except OSError:  # a file system without locks
+                pass
+        yield
+    finally:
+        if handle is not None:
+            os.close(handle)
 
 
 def remove_partial_writes(folder: str | Path, names: Iterable[str]) -> int:

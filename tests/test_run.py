@@ -726,3 +726,41 @@ def test_a_given_summary_record_of_another_text_is_named_in_a_warning(server, tm
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if "summarizes a different text" in line]
     assert warnings == [f"warning: {record} summarizes a different text than {STORY} (its book digest differs)"]
+
+
+def test_a_second_run_into_a_directory_another_run_is_writing_is_refused(tmp_path):
+    """Two runs into one directory at once would each write their own records and run.json, and the
+    directory could end up listing one run's configuration beside the other's record (a coherence.json
+    judged in batches under a run.json that says one sentence per call). The second is one line and
+    makes no LM call; the first ends as if alone."""
+    import hashlib
+    import threading
+
+    responder = Responder()
+    gate, held = threading.Event(), threading.Event()
+
+    def answer(body):
+        if kind_of(body) == "verify" and not held.is_set():
+            held.set()
+            gate.wait(120)  # the first run waits here, mid-verification, until the second has been tried
+        return responder(body)
+
+    with FakeOpenAIServer(responder=answer) as srv:
+        out = tmp_path / "run"
+        first = subprocess.Popen(run_args(srv, out, tmp_path / "cache-1"), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            assert held.wait(240), "the first run never reached verification"
+            before = len(srv.served)
+            second = cli(run_args(srv, out, tmp_path / "cache-2") + ["--batch-size", "2"])
+            calls = len(srv.served) - before
+        finally:
+            gate.set()
+            _, first_err = first.communicate(timeout=240)
+    assert second.returncode == 2 and calls == 0
+    assert_one_line_error(second, f"another booklens run is writing {out}: ")
+    assert first.returncode == 0, first_err
+    run = json.loads((out / "run.json").read_text())
+    assert run["complete"] is True and run["config"]["batch_size"] == 1
+    for step in run["steps"].values():
+        assert hashlib.sha256((out / step["file"]).read_bytes()).hexdigest() == step["sha256"]
