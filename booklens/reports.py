@@ -742,7 +742,15 @@ def _claims_section(data: RunData) -> str:
         return (f'<p>The summary could not be split into claims ({_plural(claim_set.attempts, "try", "tries")}): '
                 f'{h(claim_set.error)}</p>')
     if f is None:
-        return '<p class="note">The claims were not verified in this run.</p>'
+        note = "The claims were not verified in this run."
+        if claim_set is None or not claim_set.claims:
+            return f'<p class="note">{h(note)}</p>'
+        # The claims were split (their calls made) though verification failed or has not run: shown
+        # unlabelled rather than missing from the page.
+        items = "".join(f'<li class="claim" id="claim{i}"><h3><span class="num">Claim {i}</span>{h(claim)}</h3></li>'
+                        for i, claim in enumerate(claim_set.claims, start=1))
+        note += f" The summary's {_plural(len(claim_set.claims), 'claim')}:"
+        return f'<p class="note">{h(note)}</p>\n<ol class="claims">{items}</ol>'
     if not f.claims:
         return '<p>No claims to verify.</p>'
     chunks = getattr(data.summary, "chunks", []) or []

@@ -279,6 +279,21 @@ def test_an_unfinished_run_still_renders(hier_run, tmp_path):
     assert "This run is not finished" in page and "The claims were not verified in this run" in page
 
 
+def test_claims_whose_verification_failed_are_still_listed(tmp_path):
+    """The claims were split (and paid for) but not one could be verified: the page lists them under
+    the notice of the failed step, instead of an empty claims section."""
+    claims = ["Maren Holt binds books for a living.", "Tobias Wren & the <lamp> went dark."]
+    lm = scripted(STORY_SUMMARY, claims=claims, failing_claim=" ")  # no verdict for any claim
+    out = execute(tmp_path, lm, chunk_size=512, context_window=2048, max_summary_tokens=200, k=3)
+    run = json.loads((out / "run.json").read_text())
+    assert list(run["failures"]) == ["faithfulness"] and "claims" in run["steps"]
+    dom = Dom((out / "report.html").read_text())
+    section = Dom.text(dom.by_id("claims"))
+    assert "The claims were not verified in this run" in section
+    assert [Dom.text(e) for e in dom.find("li", cls="claim")] == [f"Claim {i}{c}" for i, c in enumerate(claims, 1)]
+    assert "Some steps failed" in (out / "report.html").read_text()
+
+
 def test_a_cut_off_verdict_says_its_passages_are_unknown(hier_run, tmp_path):
     from booklens.reports import load_run, render_report
 
