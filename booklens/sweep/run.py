@@ -6,7 +6,8 @@
     DIR/cells.jsonl     one flat line per cell: status, error, scores, LM work
     DIR/results.json    per system and per pair of systems, with bootstrap intervals over books
     DIR/report.html     the sweep's page, linking to each cell's report.html
-    DIR/.sweep.lock     locked while a sweep writes DIR: a second one at once is refused
+
+A sweep holds a lock on DIR while it writes it: a second one into DIR at once is refused.
 
 Everything a user can get wrong is checked before anything is written or any model loads. A
 rerun resumes: each cell's pipeline reuses the steps whose inputs are unchanged (their digests in
@@ -29,9 +30,6 @@ from booklens.sweep import ENGINES, PLAN_FILE
 from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
 from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine, temporary_log
 from booklens.sweep.manifest import Sweep, load_manifest
-
-# Held by the sweep writing the directory (`sweep_lock`); hidden, so the directory still reads as empty.
-LOCK_FILE = ".sweep.lock"
 
 
 @dataclass
@@ -274,31 +272,15 @@ def artifact_notes(sweep: Sweep) -> list[str]:
 
 @contextmanager
 def sweep_lock(output: Path) -> Iterator[None]:
-    """Held while a sweep writes `output`. Two sweeps into one directory at once (the same command
-    started twice) would each make every LM call (each call still in flight for the other, so the
-    cache answers neither) and write the same cells: the second is a one-line error. Where the
-    platform or the file system takes no lock, the sweep goes on without one."""
-    try:
-        import fcntl
-    except ImportError:
-        fcntl = None
-    try:
-        handle = open(output / LOCK_FILE, "a") if fcntl is not None else None
-    except OSError:
-        handle = None
-    try:
-        if handle is not None:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the handle closes
-            except BlockingIOError:
-                raise BooklensError(f"another booklens sweep is writing {output}: wait for it to end (or stop "
-                                    "it), then rerun to resume") from None
-            except OSError:  # a file system without locks
-                pass
+    """Held while a sweep writes `output` (`booklens.records.directory_lock`). Two sweeps into one
+    directory at once (the same command started twice) would each make every LM call (each call still
+    in flight for the other, so the cache answers neither) and write the same cells: the second is a
+    one-line error."""
+    from booklens.records import directory_lock
+
+    with directory_lock(output, f"another booklens sweep is writing {output}: wait for it to end (or stop it), "
+                                "then rerun to resume"):
         yield
-    finally:
-        if handle is not None:
-            handle.close()
 
 
 def remove_sweep_partial_writes(output: Path) -> int:
