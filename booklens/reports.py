@@ -79,6 +79,8 @@ class RunData:
     coherence: Optional[CoherenceResult] = None
     claims: Optional[ClaimSet] = None
     faithfulness: Optional[FaithfulnessReport] = None
+    # Step records whose bytes are not those run.json lists (replaced or edited since the run wrote them).
+    changed: tuple[str, ...] = ()
 
 
 def check_format(data: Any, path: Path, what: str, kind: str) -> None:
@@ -139,8 +141,14 @@ def load_run(run_dir: str | Path) -> RunData:
         raise BooklensError(f"{run_dir} holds no summary yet: the run stopped before its first step finished; "
                             "rerun `booklens run` to complete it")
     records = {step: read_step_record(run_dir, step) for step in STEP_FILES if step in run.steps}
+    from booklens.pipeline import sha256_file
+
+    # A record replaced after run.json listed it (another run, a kill between the two writes, an edit)
+    # is shown as it is, but not passed off as the result run.json describes.
+    changed = tuple(STEP_FILES[step] for step, entry in run.steps.items()
+                    if step in STEP_FILES and sha256_file(run_dir / STEP_FILES[step]) != entry.sha256)
     return RunData(path=run_dir, run=run, summary=records.get("summary"), coherence=records.get("coherence"),
-                   claims=records.get("claims"), faithfulness=records.get("faithfulness"))
+                   claims=records.get("claims"), faithfulness=records.get("faithfulness"), changed=changed)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -172,6 +180,8 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, *,
         # Either kind of directory would do here, so name the record of each.
         raise BooklensError(f"{folder} is not a booklens run or sweep directory (it has no {RUN_FILE} or {PLAN_FILE})")
     data = load_run(run_dir)
+    if data.changed and notify is not None:
+        notify(changed_records_text(data.changed))
     target = Path(output) if output is not None else Path(run_dir) / REPORT_FILE
     for name in (RUN_FILE, *STEP_FILES.values(), TIMINGS_FILE):
         # The page must not replace a record it is built from: the run directory would be broken.
@@ -406,6 +416,8 @@ def render_report(data: RunData) -> str:
                       'steps are empty. Rerun the same <code>booklens run</code> command to complete it.</p>')
     else:
         incomplete = ""
+    if data.changed:
+        incomplete += f'<div class="note failed" role="alert">{h(changed_records_text(data.changed))}</div>'
     from booklens import __version__
 
     return f"""{page_head(f"booklens report: {book}")}
@@ -427,6 +439,15 @@ DIR</code> rebuilds it. The page loads nothing and runs no script.</p>
 </body>
 </html>
 """
+
+
+def changed_records_text(files: Sequence[str]) -> str:
+    """What the page and `booklens report` say of step records that are not the ones run.json lists."""
+    one = len(files) == 1
+    return (f"{', '.join(files)} {'is not the record' if one else 'are not the records'} run.json lists "
+            f"(replaced or edited since the run wrote {'it' if one else 'them'}): shown as found, though the run's "
+            f"settings and figures describe another result; rerunning the run's command writes "
+            f"{'it' if one else 'them'} again")
 
 
 def _method_text(summary: Optional[Union[Summary, GivenSummary]]) -> str:

@@ -294,6 +294,26 @@ def test_claims_whose_verification_failed_are_still_listed(tmp_path):
     assert "Some steps failed" in (out / "report.html").read_text()
 
 
+def test_a_record_that_is_not_the_one_run_json_lists_is_said_on_the_page_and_by_the_command(hier_run, tmp_path):
+    """A step record replaced after the run wrote it (by another run, a kill between the record and
+    run.json, a hand edit) sits beside a run.json that describes another result: the page still shows
+    it, but says so, and so does `booklens report`."""
+    changed = _copy(hier_run, tmp_path)
+    record = json.loads((changed / "coherence.json").read_text())
+    record["batch_size"] = 4  # as a run with other settings would have written it
+    (changed / "coherence.json").write_text(json.dumps(record))
+    result = run_command(["report", changed])
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "coherence.json" in notes[0] and "run.json" in notes[0], result.stderr
+    alert = [Dom.text(e) for e in Dom((changed / "report.html").read_text()).find("div", role="alert")]
+    assert len(alert) == 1 and "coherence.json" in alert[0], alert
+    # the records as the run wrote them: no note, no alert
+    intact = run_command(["report", _copy(hier_run, tmp_path / "intact")])
+    assert intact.returncode == 0 and "note:" not in intact.stderr, intact.stderr
+    assert "coherence.json" not in (hier_run / "report.html").read_text()
+
+
 def test_a_cut_off_verdict_says_its_passages_are_unknown(hier_run, tmp_path):
     from booklens.reports import load_run, render_report
 
