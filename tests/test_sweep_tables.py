@@ -369,3 +369,28 @@ def test_dashes_in_a_name_stay_hyphens_in_latex(name, escaped):
     assert latex_escape(name) == escaped
     data = three_systems((name, "b", "c"))
     assert f"\n{escaped} & " in render_table(data, "latex")
+
+
+def test_books_no_system_completed_are_said_to_be_left_out(tmp_path):
+    """A book whose cells failed in every system is in no row and no one's `missing_books`: the tables
+    would read as a sweep of the books they count. Every text format says how many books are left out."""
+    outcomes = [outcome_of_run(s, b, run(0.8, 50.0)) for s in ("a", "b") for b in ("b1", "b2")]
+    outcomes += [outcome_of_run("a", "b3", failed_run(2)), CellOutcome("b", "b3", "not run"),
+                 outcome_of_run("a", "b4", failed_run(1)), outcome_of_run("b", "b4", failed_run(1))]
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.json").write_text("{}")
+    data = write_aggregate(out, ["a", "b"], ["b1", "b2", "b3", "b4"], outcomes)
+    line = ("2 of the 4 books have no completed cell (their cells failed or did not run): every system's figures "
+            "leave them out (cells.jsonl says why)")
+    assert render_table(data, "markdown").endswith(f" points.\n\nNote: {line}\n")
+    assert render_table(data, "latex").endswith(f"\\end{{tabular}}\n\n% note: {line}\n")
+    for fmt in ("markdown", "csv"):
+        proc = run_command(["report", out, "--table", fmt])
+        assert proc.returncode == 0 and proc.stderr == f"note: {line}\n", proc.stderr
+    # one such book is said in the singular; a sweep whose every book has a completed cell says nothing
+    one = results(["a", "b"], ["b1", "b3"], [cell_row(o) for o in outcomes if o.book in ("b1", "b3")])
+    assert "Note: 1 of the 2 books has no completed cell (its cells failed or did not run): every system's " \
+           "figures leave it out (cells.jsonl says why)\n" in render_table(one, "markdown")
+    full = results(["a", "b"], ["b1", "b2"], [cell_row(o) for o in outcomes if o.book in ("b1", "b2")])
+    assert "Note" not in render_table(full, "markdown") and "note" not in render_table(full, "latex")

@@ -170,6 +170,21 @@ def different_books_line(systems: dict[str, Any]) -> Optional[str]:
             "differences over the books both completed (results.json's pairs, report.html)")
 
 
+def books_left_out_line(results: dict[str, Any]) -> Optional[str]:
+    """One line on the books no system completed, else None. They are in no system's `missing_books`
+    (no other system completed them), so without it a table reads as a sweep of the books it counts.
+    Every system lacks them, so each system's count of books it lacks but no other completed is theirs."""
+    total = len(results.get("books") or [])
+    left = max((total - s["books"] - len(s.get("missing_books") or []) for s in results["systems"].values()),
+               default=0)
+    if left <= 0:
+        return None
+    one = left == 1
+    return (f"{left} of the {counted(total, 'book')} {'has' if one else 'have'} no completed cell "
+            f"({'its' if one else 'their'} cells failed or did not run): every system's figures leave "
+            f"{'it' if one else 'them'} out (cells.jsonl says why)")
+
+
 def _unjudged_note(systems: dict[str, Any]) -> str:
     """Where the judges gave no valid verdict, by system: left out of the figures, but said."""
     parts = []

@@ -79,12 +79,13 @@ def _judge_lines(results: dict[str, Any]) -> list[str]:
             for line in judge_line(JudgeInfo.model_validate(info)).splitlines()]
 
 
-def _different_books(results: dict[str, Any]) -> Optional[str]:
-    """The line the sweep printed when its systems' figures are over different books: a table pasted
-    without it would read as a like-for-like comparison."""
-    from booklens.sweep.report import different_books_line
+def _notes(results: dict[str, Any]) -> list[str]:
+    """The lines on which books the figures leave out: when the systems' figures are over different
+    books (the line the sweep printed; a table pasted without it would read as a like-for-like
+    comparison) and when no system completed some books (a table would read as the whole corpus's)."""
+    from booklens.sweep.report import books_left_out_line, different_books_line
 
-    return different_books_line(results["systems"])
+    return [line for line in (different_books_line(results["systems"]), books_left_out_line(results)) if line]
 
 
 def _markdown(results: dict[str, Any]) -> str:
@@ -95,8 +96,7 @@ def _markdown(results: dict[str, Any]) -> str:
         score, faithful = (_difference(p[key], scale, lambda v: f"**{v}**") for key, scale in PAIR_FIGURES)
         lines += ["", f"Paired difference {p['b']} - {p['a']} over {counted(p['books'], 'book')}: "
                       f"BooookScore {score}, faithful {faithful} points."]
-    note = _different_books(results)
-    if note:
+    for note in _notes(results):
         lines += ["", f"Note: {note}"]
     judges = _judge_lines(results)
     if judges:
@@ -124,8 +124,7 @@ def _latex(results: dict[str, Any]) -> str:
                      for p in pairs]
         tables.append(_tabular(pair_header, pair_rows))
     # comments: LaTeX prints none of it, the one who pastes the table reads it
-    note = _different_books(results)
-    comments = ([f"note: {note}"] if note else []) + _judge_lines(results)
+    comments = [f"note: {note}" for note in _notes(results)] + _judge_lines(results)
     if comments:
         tables.append("".join(f"% {line}\n" for line in comments))
     return "\n".join(tables)
@@ -210,14 +209,12 @@ def render_table(results: dict[str, Any], fmt: str) -> str:
 def sweep_table(sweep_dir: str | Path, fmt: str, *, notify: Optional[Callable[[str], None]] = None) -> str:
     """The tables of the sweep directory `sweep_dir` as `fmt` text, from its results.json; one-line
     `BooklensError`s for a directory that is no finished sweep's. Writes nothing. `notify` gets the
-    line the sweep printed when the systems' figures are over different books."""
+    lines on the books the figures leave out (`_notes`)."""
     from booklens.errors import BooklensError
     from booklens.records import read_json_file
     from booklens.reports import RUN_FILE
     from booklens.sweep import PLAN_FILE
     from booklens.sweep.aggregate import RESULTS_FILE
-    from booklens.sweep.report import different_books_line
-
     folder = Path(sweep_dir)
     if not (folder / PLAN_FILE).is_file():
         if (folder / RUN_FILE).exists():
@@ -232,10 +229,10 @@ def sweep_table(sweep_dir: str | Path, fmt: str, *, notify: Optional[Callable[[s
     results = read_json_file(folder / RESULTS_FILE, "sweep results")
     try:
         text = render_table(results, fmt)
-        note = different_books_line(results["systems"])
+        notes = _notes(results)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):  # a field of another type than written
         raise BooklensError(f"{folder / RESULTS_FILE} holds figures this booklens cannot read; rerun the sweep to "
                             "write them again") from None
-    if note and notify is not None:
+    for note in notes if notify is not None else ():
         notify(note)
     return text
