@@ -394,3 +394,26 @@ def test_books_no_system_completed_are_said_to_be_left_out(tmp_path):
            "figures leave it out (cells.jsonl says why)\n" in render_table(one, "markdown")
     full = results(["a", "b"], ["b1", "b2"], [cell_row(o) for o in outcomes if o.book in ("b1", "b2")])
     assert "Note" not in render_table(full, "markdown") and "note" not in render_table(full, "latex")
+
+
+def test_sentences_and_claims_the_judges_left_unjudged_are_said_with_the_tables(tmp_path):
+    """A sentence or claim the judge gave no valid verdict on is left out of its cell's scores (the
+    sweep's line and page say so): a table for a paper, whose figures may be 100 only because the
+    unjudged sentence was the confusing one, says so too, in every format."""
+    unsure = run(1.0, 100.0)
+    unsure["scores"].update(failed_sentences=2, failed_claims=1)
+    once = run(1.0, 100.0)
+    once["scores"].update(failed_sentences=0, failed_claims=1)
+    outcomes = [outcome_of_run("a", "b1", unsure), outcome_of_run("a", "b2", run(0.9, 100.0)),
+                outcome_of_run("b", "b1", once), outcome_of_run("b", "b2", run(0.8, 50.0))]
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.json").write_text("{}")
+    data = write_aggregate(out, ["a", "b"], ["b1", "b2"], outcomes)
+    line = ("the judges gave no valid verdict on some sentences or claims of completed cells, which are left out of "
+            "the scores: a: 2 sentences and 1 claim; b: 1 claim")
+    assert render_table(data, "markdown").endswith(f" points.\n\nNote: {line}\n")
+    assert render_table(data, "latex").endswith(f"\\end{{tabular}}\n\n% note: {line}\n")
+    for fmt in ("markdown", "csv"):
+        proc = run_command(["report", out, "--table", fmt])
+        assert proc.returncode == 0 and proc.stderr == f"note: {line}\n", proc.stderr

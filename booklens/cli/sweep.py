@@ -27,13 +27,6 @@ from booklens.sweep import ENGINES
 Engine = choices("Engine", ENGINES)
 
 
-def unjudged(system: dict) -> str:
-    """What the judges of a system's completed cells could not judge (left out of its scores)."""
-    parts = [f"{n} {what}{'' if n == 1 else 's'}" for n, what in (
-        (system.get("failed_sentences") or 0, "sentence"), (system.get("failed_claims") or 0, "claim")) if n]
-    return f" ({' and '.join(parts)} not judged, left out)" if parts else ""
-
-
 @app.command("sweep")
 def sweep_command(
     manifest: Annotated[Path, typer.Argument(help="The sweep manifest (YAML): books, systems, judge.")],
@@ -71,7 +64,7 @@ def sweep_command(
                  if value != defaults[name].default]
         if given:
             raise BooklensError(f"--dry-run runs no cell and calls no LM: {', '.join(given)} would not apply")
-    from booklens.sweep.report import different_books_line
+    from booklens.sweep.report import different_books_line, unjudged_counts
     from booklens.sweep.run import dry_run as plan_text, run_sweep
 
     if dry_run:
@@ -83,11 +76,12 @@ def sweep_command(
     for name, s in outcome.results["systems"].items():
         score = s["booookscore"]["mean"]
         faithful = s["claims"].get("faithful")
+        unjudged = unjudged_counts(s)
         typer.echo(f"{name}: {s['books']} book{'' if s['books'] == 1 else 's'}"
                    + (f", {s['failed']} failed" if s["failed"] else "")
                    + f"; BooookScore {'-' if score is None else f'{100 * score:.1f}'}"
                    + f"; {'-' if faithful is None else f'{faithful:.1f}%'} faithful"
-                   + unjudged(s), err=True)
+                   + (f" ({unjudged} not judged, left out)" if unjudged else ""), err=True)
     lacking = different_books_line(outcome.results["systems"])
     if lacking:
         typer.echo(f"note: {lacking}", err=True)

@@ -185,18 +185,28 @@ def books_left_out_line(results: dict[str, Any]) -> Optional[str]:
             f"{'it' if one else 'them'} out (cells.jsonl says why)")
 
 
+def unjudged_counts(system: dict[str, Any]) -> Optional[str]:
+    """What the judges of a system's completed cells gave no valid verdict on, left out of its scores
+    ('2 sentences and 1 claim'), or None."""
+    parts = [counted(n, what, f"{n:,}") for n, what in (
+        (system.get("failed_sentences") or 0, "sentence"), (system.get("failed_claims") or 0, "claim")) if n]
+    return " and ".join(parts) or None
+
+
+def unjudged_line(systems: dict[str, Any], name: Callable[[str], str] = str) -> Optional[str]:
+    """The systems whose judges left sentences or claims unjudged, as one line (None when none did);
+    `name` writes a system's name (escaped, on the page)."""
+    parts = [f"{name(system)}: {counts}" for system, s in systems.items() if (counts := unjudged_counts(s))]
+    if not parts:
+        return None
+    return ("the judges gave no valid verdict on some sentences or claims of completed cells, which are left out "
+            "of the scores: " + "; ".join(parts))
+
+
 def _unjudged_note(systems: dict[str, Any]) -> str:
     """Where the judges gave no valid verdict, by system: left out of the figures, but said."""
-    parts = []
-    for name, s in systems.items():
-        counts = [f"{n:,} {what}{'' if n == 1 else 's'}" for n, what in (
-            (s.get("failed_sentences") or 0, "sentence"), (s.get("failed_claims") or 0, "claim")) if n]
-        if counts:
-            parts.append(f"{h(name)}: {' and '.join(counts)}")
-    if not parts:
-        return ""
-    return (" The judges gave no valid verdict on some sentences or claims of completed cells, which are left "
-            "out of the scores: " + "; ".join(parts) + ".")
+    line = unjudged_line(systems, h)
+    return f" {line[0].upper()}{line[1:]}." if line else ""
 
 
 def _chart_section(results: dict[str, Any]) -> str:

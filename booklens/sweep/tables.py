@@ -80,12 +80,14 @@ def _judge_lines(results: dict[str, Any]) -> list[str]:
 
 
 def _notes(results: dict[str, Any]) -> list[str]:
-    """The lines on which books the figures leave out: when the systems' figures are over different
-    books (the line the sweep printed; a table pasted without it would read as a like-for-like
-    comparison) and when no system completed some books (a table would read as the whole corpus's)."""
-    from booklens.sweep.report import books_left_out_line, different_books_line
+    """The lines on what the figures leave out: when the systems' figures are over different books
+    (the line the sweep printed; a table pasted without it would read as a like-for-like comparison),
+    when no system completed some books (a table would read as the whole corpus's) and the sentences
+    and claims the judges left unjudged (a score may be high only because they are left out)."""
+    from booklens.sweep.report import books_left_out_line, different_books_line, unjudged_line
 
-    return [line for line in (different_books_line(results["systems"]), books_left_out_line(results)) if line]
+    return [line for line in (different_books_line(results["systems"]), books_left_out_line(results),
+                              unjudged_line(results["systems"])) if line]
 
 
 def _markdown(results: dict[str, Any]) -> str:
