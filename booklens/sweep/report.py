@@ -174,9 +174,11 @@ def books_left_out_line(results: dict[str, Any]) -> Optional[str]:
     """One line on the books no system completed, else None. They are in no system's `missing_books`
     (no other system completed them), so without it a table reads as a sweep of the books it counts.
     Every system lacks them, so each system's count of books it lacks but no other completed is theirs."""
+    systems = results["systems"].values()
+    if any("missing_books" not in s for s in systems):  # written before booklens named them: cannot tell
+        return None
     total = len(results.get("books") or [])
-    left = max((total - s["books"] - len(s.get("missing_books") or []) for s in results["systems"].values()),
-               default=0)
+    left = max((total - s["books"] - len(s["missing_books"]) for s in systems), default=0)
     if left <= 0:
         return None
     one = left == 1
