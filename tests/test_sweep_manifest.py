@@ -130,7 +130,12 @@ BAD = {
     "a key twice in a flow mapping": ("books: corpus\nsystems: [{name: a}]\njudge: {k: 3, steps: [coherence], k: 5}\n",
                                       "(line 3, column 35: duplicate key 'k', first given on line 3"),
     # A book's key names its cell directory cells/<system>/<key>: '.' and '..' would not be its own.
-    "book key '..'": ("books: dots\nsystems: [{name: a}]\n", "has the key '..', which cannot name a cell directory"),
+    "book key '..'": ("books: [dots/...txt]\nsystems: [{name: a}]\n",
+                      "has the key '..', which cannot name a cell directory"),
+    # hidden files are not taken from a folder, as a glob of it takes none
+    "a folder of hidden books": ("books: dots\nsystems: [{name: a}]\n",
+                                 "holds no .txt or .epub file but hidden ones (...txt), which are books only when "
+                                 "named"),
     "book key '.'": ("books: [dot/..txt]\nsystems: [{name: a}]\n", "has the key '.', which cannot name a cell"),
     "zero_shot beside a program for every judge": (
         "books: corpus\nsystems: [{name: a}]\njudge: {steps: [coherence], zero_shot: true, programs: {coherence: "
@@ -223,6 +228,23 @@ def test_book_paths_with_glob_characters(tmp_path: Path):
     manifest = write(draft / "sweep.yaml", 'books: ["*.txt"]\nsystems: [{name: a}]\n')
     sweep = load_manifest(manifest, lm="openai/x", api_base="http://x/v1")
     assert [(b.key, b.path) for b in sweep.books] == [("one", draft / "one.txt"), ("two", draft / "two.txt")]
+
+
+def test_a_folder_takes_the_books_a_glob_of_it_takes_and_no_hidden_file(corpus: Path):
+    """A folder copied from a Mac holds `._alpha.txt` (its metadata, not text), and a tool may leave a
+    hidden `.draft.txt`: `books: corpus` took them as books (the first failing its cells, the draft
+    counted in every mean) where `corpus/*.txt` skips them, as a shell does. A hidden file is a book
+    only when named."""
+    (corpus / "corpus" / "._alpha.txt").write_bytes(b"\x00\x05\x16\x07Mac OS X metadata")
+    write(corpus / "corpus" / ".draft.txt", "An unfinished note.\n")
+    keys = {}
+    for entry in ("corpus", "'corpus/*.txt'", "'corpus/**/*.txt'"):
+        manifest = write(corpus / "m.yaml", f"books: {entry}\nsystems: [{{name: a}}]\n")
+        keys[entry] = [b.key for b in load_manifest(manifest, lm="openai/x", api_base="http://x/v1").books]
+    assert keys == {entry: ["alpha", "beta"] for entry in keys}
+    manifest = write(corpus / "m.yaml", "books: [corpus, corpus/.draft.txt]\nsystems: [{name: a}]\n")
+    assert [b.key for b in load_manifest(manifest, lm="openai/x", api_base="http://x/v1").books] == [
+        "alpha", "beta", ".draft"]
 
 
 def test_a_bad_cache_dir_is_one_line_with_nothing_written(corpus: Path):

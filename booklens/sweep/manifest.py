@@ -405,9 +405,12 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
         # A path that exists is the file or folder it names, even when its name holds glob
         # characters (`Story [vol 1].txt`): only an entry that names nothing is a pattern.
         if target.is_dir():
-            matches = sorted(p for p in target.iterdir() if p.is_file() and p.suffix.lower() in BOOK_SUFFIXES)
+            # As a glob of the folder: no hidden file (a Mac's `._name.txt` metadata, a tool's draft).
+            files = sorted(p for p in target.iterdir() if p.is_file() and p.suffix.lower() in BOOK_SUFFIXES)
+            matches = [p for p in files if not p.name.startswith(".")]
             if not matches:
-                raise BooklensError(f"{manifest}: books: the folder {target} holds no .txt or .epub file")
+                hidden = f" but hidden ones ({files[0].name}), which are books only when named" if files else ""
+                raise BooklensError(f"{manifest}: books: the folder {target} holds no .txt or .epub file{hidden}")
             found.extend(matches)
         elif target.exists():
             found.append(target)
