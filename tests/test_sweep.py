@@ -850,6 +850,40 @@ def test_a_cell_whose_server_or_book_changed_is_new_wherever_the_server_was_give
     assert len(server.served) > before
 
 
+def test_the_same_server_written_with_a_trailing_slash_is_the_same_server(server, tmp_path, monkeypatch):
+    """`http://host:8000/v1/` is the server `http://host:8000/v1` names (as the scheme in capitals is):
+    a rerun given it that way took it for another server, recomputed every cell and made every LM
+    call again, none answered from the cache."""
+    import io
+
+    from booklens.sweep.run import run_sweep
+
+    manifest = small_corpus(tmp_path / "corpus")
+    out, cache = tmp_path / "sweep", tmp_path / "cache"
+    monkeypatch.delenv("BOOKLENS_API_BASE", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+
+    def sweep(api_base):
+        return run_sweep(manifest, out, lm="openai/fake-model", api_base=api_base, cache_dir=cache,
+                         stream=io.StringIO(), progress_interval=60)
+
+    first = sweep(server.url)
+    made = len(server.served)
+    for written in (server.url + "/", server.url + "//", server.url.replace("http://", "HTTP://")):
+        again = sweep(written)
+        assert len(server.served) == made, written
+        assert set(reused_cells(out).values()) == {True}, written
+        assert again.results == first.results
+    # in a manifest, and in the variable that names the server, alike
+    manifest.write_text(manifest.read_text() + f"api_base: {server.url}/\n")
+    assert sweep(None).results == first.results and len(server.served) == made
+    assert set(reused_cells(out).values()) == {True}
+    manifest.write_text(manifest.read_text().replace(f"api_base: {server.url}/\n", ""))
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url + "/")
+    assert sweep(None).results == first.results and len(server.served) == made
+    assert set(reused_cells(out).values()) == {True}
+
+
 def test_a_changed_server_book_or_summaries_file_drops_the_old_aggregate_before_its_cells_run(
         server, tmp_path, monkeypatch):
     """sweep.json is what says whether a directory's results.json, cells.jsonl and report.html belong to

@@ -87,10 +87,12 @@ _learned_lock = threading.Lock()
 
 
 def check_api_base(api_base: str | None, what: str = "--api-base") -> str | None:
-    """`api_base` stripped (None when not given), or a one-line `LMError` naming the setting
-    (`what`) when it is not an http:// or https:// URL with a host. Without a scheme LiteLLM
-    does not fail: its client retries connection errors for about 40 s before saying so."""
-    from urllib.parse import urlsplit
+    """`api_base` stripped, its scheme in small letters and without a trailing `/` (None when not
+    given), or a one-line `LMError` naming the setting (`what`) when it is not an http:// or https://
+    URL with a host. Without a scheme LiteLLM does not fail: its client retries connection errors
+    for about 40 s before saying so. One server is one URL: the calls' cache keys and the run
+    records' digests hold it, so `.../v1/` after `.../v1` must not redo every call."""
+    from urllib.parse import urlsplit, urlunsplit
 
     if api_base is None or not api_base.strip():
         return None
@@ -104,7 +106,8 @@ def check_api_base(api_base: str | None, what: str = "--api-base") -> str | None
     if not valid:
         shown = url[: len(url) - len(_query_of(url))] + ("?..." if _query_of(url) else "")  # a query may hold a key
         raise LMError(f"{what} needs an http:// or https:// URL such as http://127.0.0.1:8000/v1 (got {shown!r})")
-    return url
+    # (the host's case is left: lowering it would lower a password written before it too)
+    return urlunsplit((parts.scheme.lower(), parts.netloc, parts.path.rstrip("/"), parts.query, parts.fragment))
 
 
 def public_url(url: str) -> str:
