@@ -171,9 +171,9 @@ def different_books_line(systems: dict[str, Any]) -> Optional[str]:
 
 
 def books_left_out_line(results: dict[str, Any]) -> Optional[str]:
-    """One line on the books no system completed, else None. They are in no system's `missing_books`
-    (no other system completed them), so without it a table reads as a sweep of the books it counts.
-    Every system lacks them, so each system's count of books it lacks but no other completed is theirs."""
+    """One line on the books no system completed, else None: without it, a table reads as a sweep of
+    the books it counts. A system's `missing_books` names only books another system completed, so the
+    books a system lacks beyond those are these, the same for every system."""
     systems = results["systems"].values()
     if any("missing_books" not in s for s in systems):  # written before booklens named them: cannot tell
         return None

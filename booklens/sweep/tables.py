@@ -211,12 +211,13 @@ def render_table(results: dict[str, Any], fmt: str) -> str:
 def sweep_table(sweep_dir: str | Path, fmt: str, *, notify: Optional[Callable[[str], None]] = None) -> str:
     """The tables of the sweep directory `sweep_dir` as `fmt` text, from its results.json; one-line
     `BooklensError`s for a directory that is no finished sweep's. Writes nothing. `notify` gets the
-    lines on the books the figures leave out (`_notes`)."""
+    lines on what the figures leave out (`_notes`)."""
     from booklens.errors import BooklensError
     from booklens.records import read_json_file
     from booklens.reports import RUN_FILE
     from booklens.sweep import PLAN_FILE
     from booklens.sweep.aggregate import RESULTS_FILE
+
     folder = Path(sweep_dir)
     if not (folder / PLAN_FILE).is_file():
         if (folder / RUN_FILE).exists():
@@ -235,6 +236,7 @@ def sweep_table(sweep_dir: str | Path, fmt: str, *, notify: Optional[Callable[[s
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):  # a field of another type than written
         raise BooklensError(f"{folder / RESULTS_FILE} holds figures this booklens cannot read; rerun the sweep to "
                             "write them again") from None
-    for note in notes if notify is not None else ():
-        notify(note)
+    for note in notes:
+        if notify is not None:
+            notify(note)
     return text
