@@ -558,6 +558,21 @@ def test_an_empty_ray_address_is_refused_before_anything_is_written(corpus: Path
     assert not out.exists() and not (corpus / "cache").exists()
 
 
+@pytest.mark.parametrize("address", ["http://127.0.0.1:8265", " HTTPS://head.example:8265/ "])
+def test_a_dashboards_http_address_is_refused_before_ray_starts(corpus: Path, address: str):
+    """`ray job submit --address` takes the dashboard's http:// URL; given to --ray-address, Ray's own
+    message was cut to its first line ('... To fix this, either:') after Ray was imported."""
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
+    out = corpus / "sweep"
+    code, err = run_cli(["sweep", str(manifest), "-o", str(out), "--lm", "openai/x", "--api-base",
+                         "http://127.0.0.1:9/v1", "--cache-dir", str(corpus / "cache"), "--engine", "ray",
+                         "--ray-address", address])
+    assert code == 2 and err.count("\n") == 1, err
+    assert err == (f"error: --ray-address {address.strip()} is an http:// URL, a Ray dashboard's (what `ray job "
+                   "submit --address` takes): name the cluster itself (auto, HEAD:6379 or ray://HEAD:10001)\n")
+    assert not out.exists() and not (corpus / "cache").exists()
+
+
 @pytest.mark.parametrize("options, named", [
     (["--concurrency", "8"], "--concurrency"),
     (["--engine", "ray"], "--engine"),
