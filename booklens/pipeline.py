@@ -124,6 +124,12 @@ class JudgeConfig(BaseModel):
     lm: Optional[str] = None
     api_base: Optional[str] = None
 
+    def retrieval_given(self) -> dict[str, Optional[int]]:
+        """`k` and `passage_tokens` as given, None where left to the default: a default given out loud
+        is refused like any value where the evidence mode does not use it (`check_evidence_options`)."""
+        return {name: getattr(self, name) if name in self.model_fields_set else None
+                for name in ("k", "passage_tokens")}
+
     def run_steps(self) -> list[str]:
         return [step for judge_step, steps in JUDGE_STEPS.items() if judge_step in self.steps for step in steps]
 
@@ -210,8 +216,8 @@ def check_configs(system: SystemConfig, judge: JudgeConfig, *, as_keys: bool = T
     from booklens.retrieval import check_evidence_options
 
     if "faithfulness" in judge.steps:
-        check_evidence_options(judge.evidence, k=judge.k, budget_tokens=judge.budget_tokens,
-                               passage_tokens=judge.passage_tokens, as_keys=as_keys)
+        check_evidence_options(judge.evidence, budget_tokens=judge.budget_tokens, as_keys=as_keys,
+                               **judge.retrieval_given())
     unknown = sorted(set(judge.programs) - set(JUDGE_TASKS))
     if unknown:
         raise BooklensError(f"the judge takes programs for {', '.join(JUDGE_TASKS)}, not {', '.join(unknown)}")
@@ -941,8 +947,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                 chosen = list(claims.claims)[: judge.max_claims] if judge.max_claims else list(claims.claims)
                 return require_verdicts(verify_claims(
                     claims=chosen, book_text=book_text, book=book, summary=claims.summary, mode=judge.evidence,
-                    k=judge.k, budget_tokens=judge.budget_tokens, passage_tokens=judge.passage_tokens,
-                    concurrency=concurrency, cache_dir=lms.cache_dir, programs=programs, index=evidence_index))
+                    budget_tokens=judge.budget_tokens, concurrency=concurrency, cache_dir=lms.cache_dir,
+                    programs=programs, index=evidence_index, **judge.retrieval_given()))
 
             claims_sha = runner.steps["claims"].sha256 if claims is not None else None
             verify_inputs = judge_step_inputs("faithfulness", judge, judge_model, book_sha, claims_sha, programs)

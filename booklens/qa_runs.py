@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, QA_BOOK_RANK_MODE
+from booklens.retrieval import QA_BOOK_RANK_MODE
 
 
 def title_from_path(path: Path) -> str:
@@ -75,8 +75,8 @@ def check_given_window(context_window: Optional[int], model: Any) -> None:
         check_context_window(context_window, getattr(model, "context_window", None))
 
 
-def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: int = DEFAULT_K,
-                passage_tokens: int = DEFAULT_PASSAGE_TOKENS, rank_mode: str = QA_BOOK_RANK_MODE,
+def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: Optional[int] = None,
+                passage_tokens: Optional[int] = None, rank_mode: Optional[str] = None,
                 quote_evidence: bool = False,
                 evidence_recall: Optional[str] = None, title: Optional[str] = None, limit: Optional[int] = None,
                 position_threshold: int = 100_000, context_window: Optional[int] = None, lm: Any = None,
@@ -86,11 +86,13 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     (kind `booklens.qa`): the report (`booklens.metrics.qa.qa_report`), every prediction, how
     many questions read the whole book, retrieved passages or nothing, LM usage and time.
 
-    `lm` is an `--lm` string (None: the default) or an LM object such as `ScriptedLM`."""
+    `lm` is an `--lm` string (None: the default) or an LM object such as `ScriptedLM`. `k`,
+    `passage_tokens` and `rank_mode` are refused where the evidence mode does not use them; not given
+    (None), they are the defaults."""
     from booklens.data.novelqa import check_evidence_recall, check_setting, load_questions
     from booklens.inputs import as_path
     from booklens.parallel import check_at_least
-    from booklens.retrieval import BOOK_MODES, check_evidence_options, index_dir
+    from booklens.retrieval import BOOK_MODES, check_evidence_options, index_dir, retrieval_settings
     from booklens.text import count_tokens, read_book
 
     book, questions = as_path(book, "the book"), as_path(questions, "the question file")
@@ -102,6 +104,8 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
                             f"title: {title_from_path(book)!r})")
     check_evidence_options(evidence, k=k, passage_tokens=passage_tokens, rank_mode=rank_mode, book_takes_k=True,
                            given_cuts_passages=False)
+    k, passage_tokens = retrieval_settings(k, passage_tokens)
+    rank_mode = rank_mode or QA_BOOK_RANK_MODE
     if quote_evidence and evidence == "none":
         raise BooklensError("--quote-evidence asks for quotes from the context, and --evidence none gives none")
     if evidence_recall is not None and not quote_evidence:

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
 from booklens.lm.usage import usage_scope, usage_step
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS
+from booklens.retrieval import DEFAULT_PASSAGE_TOKENS
 from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, counted
 
 
@@ -312,8 +312,8 @@ def check_claims(claims: Any) -> None:
 
 def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Optional[Path] = None,
                   summary: Optional[str] = None, given: Optional[Sequence[Optional[Sequence[str]]]] = None,
-                  mode: str = "bm25", k: int = DEFAULT_K, budget_tokens: Optional[int] = None,
-                  passage_tokens: int = DEFAULT_PASSAGE_TOKENS,
+                  mode: str = "bm25", k: Optional[int] = None, budget_tokens: Optional[int] = None,
+                  passage_tokens: Optional[int] = None,
                   concurrency: int = 4, cache_dir: Optional[Path] = None, decompose: bool = False,
                   programs: Optional[Mapping[str, Any]] = None, as_keys: bool = True, index: Any = None):
     """Gather evidence for each claim (decomposing `summary` first when `decompose`) and verify it
@@ -322,16 +322,18 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     No claims given (and none to decompose) give an empty report without an index; a summary to
     decompose has its book indexed first, so an index that cannot be built fails before the paid
     decomposition (even when it then yields no claim). `index` is the book's index when the caller
-    built it already (`book_index`, with the same settings). Errors name the settings as manifests write
+    built it already (`book_index`, with the same settings). `k` and `passage_tokens` are refused where
+    the mode does not use them; not given (None), they are the defaults. Errors name the settings as manifests write
     them (`k`), or as the command line spells them (`--k`) when not `as_keys`."""
     from booklens.judges import judge_info, judge_name, load_judge
     from booklens.lm import current_lm
     from booklens.programs.faithfulness import build_checker, label_summary
     from booklens.records import FaithfulnessReport
-    from booklens.retrieval import BOOK_MODES, PASSAGE_MODES, check_evidence_options
+    from booklens.retrieval import BOOK_MODES, PASSAGE_MODES, check_evidence_options, retrieval_settings
 
     check_evidence_options(mode, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
                            has_book=book_text is not None, as_keys=as_keys)
+    k, passage_tokens = retrieval_settings(k, passage_tokens)
     if mode in BOOK_MODES and book_text is None:
         raise BooklensError(f"evidence mode '{mode}' needs the book")
     if not decompose:

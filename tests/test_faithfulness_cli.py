@@ -98,6 +98,14 @@ def test_evidence_mode_that_needs_a_book_without_one(tmp_path, cli, mode):
     ("verify", ["--evidence", "given", "--passage-tokens", "100"],
      "--passage-tokens sizes the passages cut from the book; evidence given without the book cuts none"),
     ("check", ["--evidence", "dense", "--budget-tokens", "500"], "--budget-tokens bounds the evidence"),
+    # given out loud, the default value is refused too: it would be recorded null all the same
+    ("verify", ["--evidence", "none", "--k", "5"], "--k is how many passages"),
+    ("verify", ["--evidence", "given", "--k", "5"], "evidence given retrieves none"),
+    ("verify", ["--evidence", "none", "--passage-tokens", "256"], "--passage-tokens sizes the passages"),
+    ("verify", ["--evidence", "given", "--passage-tokens", "256"], "evidence given without the book cuts none"),
+    ("check", ["--evidence", "none", "--k", "5"], "evidence none retrieves none"),
+    ("check", ["--evidence", "book", "--k", "5"], "evidence book retrieves none"),
+    ("check", ["--evidence", "none", "--passage-tokens", "256"], "evidence none cuts none"),
 ])
 def test_retrieval_settings_the_evidence_mode_never_uses_are_refused(tmp_path, cli, command, args, message):
     """Recorded as null and never applied before: each is one line, before the book is read."""

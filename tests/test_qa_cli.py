@@ -72,6 +72,10 @@ def test_options_missing_in_mc_mode(tmp_path, book):
     ("none", ["--rank-mode", "dense"], "--rank-mode ranks the passages --evidence book grows its windows around; "
                                        "evidence none ranks none"),
     ("bm25", ["--rank-mode", "dense"], "evidence bm25 ranks by its own name"),
+    # the defaults given out loud are refused as well
+    ("none", ["--k", "5"], "evidence none retrieves none"),
+    ("given", ["--passage-tokens", "256"], "evidence given cuts none"),
+    ("bm25", ["--rank-mode", "bm25"], "evidence bm25 ranks by its own name"),
 ])
 def test_retrieval_options_the_evidence_mode_never_uses_are_refused(tmp_path, book, evidence, options, needle):
     q = write(tmp_path, "q.json", [QUESTION])

@@ -244,6 +244,19 @@ def test_unknown_search_mode_is_an_error():
 QA_OPTIONS = dict(book_takes_k=True, given_cuts_passages=False)
 
 
+@pytest.mark.parametrize("mode, options", [
+    ("none", dict(k=5)), ("given", dict(k=5)), ("none", dict(passage_tokens=256)),
+    ("given", dict(passage_tokens=256, has_book=False)), ("bm25", dict(rank_mode="bm25", **QA_OPTIONS)),
+])
+def test_a_setting_given_is_refused_for_a_mode_that_never_uses_it_even_at_its_default(mode, options):
+    """None is what says a setting was not given: the default value given out loud is refused like any
+    other, as the record would show it null all the same."""
+    from booklens.retrieval import check_evidence_options
+
+    with pytest.raises(BooklensError):
+        check_evidence_options(mode, **options)
+
+
 @pytest.mark.parametrize("mode, options, message", [
     ("none", dict(k=3), "--k is how many passages bm25/dense/hybrid retrieve; evidence none retrieves none"),
     ("book", dict(k=3), "--k is how many passages bm25/dense/hybrid retrieve; evidence book retrieves none"),
@@ -275,7 +288,7 @@ def test_one_checker_refuses_settings_the_evidence_mode_never_uses(mode, options
     ("book", dict(budget_tokens=500, passage_tokens=64)),
     ("book", dict(k=3, rank_mode="dense", **QA_OPTIONS)),
     ("hybrid", dict(k=3, passage_tokens=64, **QA_OPTIONS)),
-    ("given", dict(rank_mode="bm25", **QA_OPTIONS)),
+    ("given", dict(**QA_OPTIONS)),
 ])
 def test_one_checker_takes_the_settings_the_evidence_mode_uses(mode, options):
     from booklens.retrieval import check_evidence_options

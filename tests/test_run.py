@@ -635,6 +635,9 @@ def test_run_refuses_options_that_would_be_ignored_before_anything_is_written(tm
     assert_one_line_error(proc, "names a server, but the LM is the embedded model")
     proc = cli([*base, "--evidence", "none", "--k", "3"])
     assert_one_line_error(proc, "--k is how many passages bm25/dense/hybrid retrieve; evidence none retrieves none")
+    for option in (["--k", "5"], ["--passage-tokens", "256"]):  # the defaults, given out loud
+        proc = cli([*base, "--evidence", "none", *option])
+        assert_one_line_error(proc, f"{option[0]} ")
     proc = cli([*base, "--lm", "local", "--rpm", "5"])
     assert_one_line_error(proc, "--rpm is for models behind a server or provider; the embedded model (local) always "
                                 "decodes under the output schema and has no rate limits")

@@ -680,3 +680,21 @@ def test_a_sweep_whose_judge_evidence_cannot_fit_is_one_line_with_nothing_writte
     lines = [line for line in err.splitlines() if line.strip()]
     assert code != 0 and len(lines) == 1 and "judge: k 10 passages" in lines[0], err
     assert not out.exists()
+
+
+def test_a_retrieval_setting_given_for_a_mode_that_never_uses_it_is_refused_even_at_its_default(corpus: Path,
+                                                                                                tmp_path: Path):
+    """`k: 5` (the default) with `evidence: none` would be recorded null: refused like any other value.
+    Left out, each cell's run (which checks its judge again) takes the defaults without a word."""
+    from booklens.pipeline import JudgeConfig, check_configs
+    from booklens.sweep.run import plan_tasks
+
+    given = load_manifest(write(corpus / "k.yaml", "books: corpus\nsystems: [{name: a}]\n"
+                                                   "judge: {evidence: none, k: 5}\n"))
+    with pytest.raises(BooklensError, match=r"k.yaml: k is how many passages .* evidence none retrieves none"):
+        plan_tasks(given, tmp_path / "out")
+    plain = load_manifest(write(corpus / "none.yaml", "books: corpus\nsystems: [{name: a}]\njudge: {evidence: none}\n"))
+    for task in plan_tasks(plain, tmp_path / "out"):
+        judge = JudgeConfig.model_validate(task.judge_config)
+        check_configs(plain.system_config(task.system, task.book), judge)
+        assert judge.k == 5 and judge.retrieval_given() == {"k": None, "passage_tokens": None}

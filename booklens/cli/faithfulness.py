@@ -43,7 +43,9 @@ EvidenceMode = evidence_enum("EvidenceMode")
 EvidenceOption = Annotated[EvidenceMode, typer.Option("--evidence", help="Evidence per claim: " + EvidenceMode.help)]
 # `check` makes its claims, so no claim comes with quotes of its own.
 CheckEvidence = evidence_enum("CheckEvidence", exclude=("given",))
-KOption = Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per claim (bm25/dense/hybrid).")]
+# k and passage size: None until given, so that one given where the mode never uses it is refused
+KOption = Annotated[Optional[int], typer.Option(
+    "--k", min=1, help=f"Passages retrieved per claim (bm25/dense/hybrid; default {DEFAULT_K}).")]
 BudgetOption = Annotated[Optional[int], typer.Option(
     "--budget-tokens", min=MIN_BUDGET_TOKENS,
     help="Evidence tokens per claim for 'book' and 'given' (default: what the model's context window holds).")]
@@ -51,8 +53,9 @@ BudgetOption = Annotated[Optional[int], typer.Option(
 CheckBudgetOption = Annotated[Optional[int], typer.Option(
     "--budget-tokens", min=MIN_BUDGET_TOKENS,
     help="Evidence tokens per claim for 'book' (default: what the model's context window holds).")]
-PassageTokensOption = Annotated[int, typer.Option("--passage-tokens", min=MIN_PASSAGE_TOKENS,
-                                                  help="Maximum tokens per passage.")]
+PassageTokensOption = Annotated[Optional[int], typer.Option(
+    "--passage-tokens", min=MIN_PASSAGE_TOKENS,
+    help=f"Maximum tokens per passage (modes that read the book; default {DEFAULT_PASSAGE_TOKENS}).")]
 BinaryOption = Annotated[bool, typer.Option(
     "--binary", help="The binary rater of FABLES Table 5: faithful or unfaithful only (its F1 compares with the "
                      "paper's).")]
@@ -127,9 +130,9 @@ def verify_command(
     book: Annotated[Optional[Path], typer.Option("--book", help="The book (.txt or .epub); needed by "
                                                                 "bm25/dense/hybrid/book evidence.")] = None,
     evidence: EvidenceOption = EvidenceMode.bm25,
-    k: KOption = DEFAULT_K,
+    k: KOption = None,
     budget_tokens: BudgetOption = None,
-    passage_tokens: PassageTokensOption = DEFAULT_PASSAGE_TOKENS,
+    passage_tokens: PassageTokensOption = None,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,
@@ -183,9 +186,9 @@ def check_command(
     summary: Annotated[Path, typer.Argument(help="Its summary: a text file or JSON with a 'summary' string.")],
     evidence: Annotated[CheckEvidence, typer.Option("--evidence", help="Evidence per claim: " + CheckEvidence.help)]
     = CheckEvidence.bm25,
-    k: KOption = DEFAULT_K,
+    k: KOption = None,
     budget_tokens: CheckBudgetOption = None,
-    passage_tokens: PassageTokensOption = DEFAULT_PASSAGE_TOKENS,
+    passage_tokens: PassageTokensOption = None,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,

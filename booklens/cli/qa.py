@@ -119,11 +119,15 @@ def qa_command(
     setting: Annotated[Setting, typer.Option("--setting", help="mc: choose an option; gen: free-text answer "
                                                                "graded by an LM judge.")] = "mc",
     evidence: Annotated[Evidence, typer.Option("--evidence", help=EVIDENCE_HELP)] = "book",
-    k: Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per question.")] = DEFAULT_K,
-    passage_tokens: Annotated[int, typer.Option("--passage-tokens", min=MIN_PASSAGE_TOKENS,
-                                                help="Tokens per passage.")] = DEFAULT_PASSAGE_TOKENS,
-    rank_mode: Annotated[RankMode, typer.Option(
-        "--rank-mode", help="Ranking used to pick stretches when --evidence book does not fit.")] = QA_BOOK_RANK_MODE,
+    # None until given: one given where the evidence mode never uses it is refused, whatever its value
+    k: Annotated[Optional[int], typer.Option(
+        "--k", min=1, help=f"Passages retrieved per question (bm25/dense/hybrid/book; default {DEFAULT_K}).")] = None,
+    passage_tokens: Annotated[Optional[int], typer.Option(
+        "--passage-tokens", min=MIN_PASSAGE_TOKENS,
+        help=f"Tokens per passage (bm25/dense/hybrid/book; default {DEFAULT_PASSAGE_TOKENS}).")] = None,
+    rank_mode: Annotated[Optional[RankMode], typer.Option(
+        "--rank-mode", help=f"Ranking used to pick stretches when --evidence book does not fit (default "
+                            f"{QA_BOOK_RANK_MODE}).")] = None,
     quote_evidence: Annotated[bool, typer.Option(
         "--quote-evidence/--no-quote-evidence", help="Also ask for supporting quotes (evidence recall).")] = False,
     evidence_recall: Annotated[Optional[EvidenceRecall], typer.Option(
@@ -149,7 +153,8 @@ def qa_command(
     from booklens.qa_runs import run_book_qa
 
     result = run_book_qa(book, questions, setting=setting.value, evidence=evidence.value, k=k,
-                         passage_tokens=passage_tokens, rank_mode=rank_mode.value, quote_evidence=quote_evidence,
+                         passage_tokens=passage_tokens, rank_mode=getattr(rank_mode, "value", None),
+                         quote_evidence=quote_evidence,
                          evidence_recall=getattr(evidence_recall, "value", None), title=title, limit=limit,
                          position_threshold=position_threshold, context_window=context_window, lm=lm,
                          api_base=api_base,

@@ -100,12 +100,14 @@ def run_command(
                                                                         "(1 = the paper's setting).")] = 1,
     evidence: Annotated[RunEvidence, typer.Option(
         "--evidence", help="Evidence per claim: " + RunEvidence.help)] = RunEvidence.bm25,
-    k: Annotated[int, typer.Option("--k", min=1, help="Passages retrieved per claim.")] = DEFAULT_K,
+    k: Annotated[Optional[int], typer.Option(
+        "--k", min=1, help=f"Passages retrieved per claim (bm25/dense/hybrid; default {DEFAULT_K}).")] = None,
     budget_tokens: Annotated[Optional[int], typer.Option(
         "--budget-tokens", min=MIN_BUDGET_TOKENS,
         help="Evidence tokens per claim with --evidence book (default: what the context window holds).")] = None,
-    passage_tokens: Annotated[int, typer.Option("--passage-tokens", min=MIN_PASSAGE_TOKENS,
-                                                help="Maximum tokens per passage.")] = DEFAULT_PASSAGE_TOKENS,
+    passage_tokens: Annotated[Optional[int], typer.Option(
+        "--passage-tokens", min=MIN_PASSAGE_TOKENS,
+        help=f"Maximum tokens per passage (modes that read the book; default {DEFAULT_PASSAGE_TOKENS}).")] = None,
     max_claims: Annotated[Optional[int], typer.Option(
         "--max-claims", min=1, help="Verify only the first N claims (a quick, cheap run).")] = None,
     program: Annotated[Optional[list[Path]], typer.Option(
@@ -138,8 +140,10 @@ def run_command(
                           level_budgets=level_budget, merge_context=merge_context, words_per_token=words_per_token,
                           remove_artifacts=remove_artifacts, drop_matter=drop_matter,
                           program=programs.pop("summarize", None), summary_file=summary, lm=lm, api_base=api_base)
-    judge = JudgeConfig(evidence=evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
-                        max_claims=max_claims, batch_size=batch_size, programs=programs, zero_shot=zero_shot)
+    # k and passage_tokens only when given, so that the config tells them from its defaults
+    retrieval = {name: value for name, value in (("k", k), ("passage_tokens", passage_tokens)) if value is not None}
+    judge = JudgeConfig(evidence=evidence.value, budget_tokens=budget_tokens, **retrieval, max_claims=max_claims,
+                        batch_size=batch_size, programs=programs, zero_shot=zero_shot)
     if summary is not None and system.program is not None:
         raise BooklensError("--summary gives the summary: a compiled summarizer (--program) would not run")
     check_configs(system, judge, as_keys=False)

@@ -57,16 +57,22 @@ EVIDENCE_HELP = {
 }
 
 
-def check_evidence_options(mode: str, *, k: int = DEFAULT_K, budget_tokens: int | None = None,
-                           passage_tokens: int = DEFAULT_PASSAGE_TOKENS, rank_mode: str | None = None,
+def retrieval_settings(k: int | None = None, passage_tokens: int | None = None) -> tuple[int, int]:
+    """The k and passage size a run uses: those given, else the defaults. Options and arguments hold
+    None until given, so that `check_evidence_options` can tell a default given out loud from none."""
+    return (DEFAULT_K if k is None else k, DEFAULT_PASSAGE_TOKENS if passage_tokens is None else passage_tokens)
+
+
+def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: int | None = None,
+                           passage_tokens: int | None = None, rank_mode: str | None = None,
                            book_takes_k: bool = False, given_cuts_passages: bool = True,
                            has_book: bool = True, as_keys: bool = False) -> None:
     """A one-line `BooklensError` for a retrieval setting the evidence mode never uses, which the
-    record would otherwise list as if it had applied (a default counts as not given).
+    record would otherwise list as if it had applied. None is a setting not given; any value given is
+    refused where it does not apply, the default value too (the record has it null all the same).
 
     What differs for `qa`: its `book` mode takes `k` too (`book_takes_k`: the passages its windows
-    grow around) ranked by `rank_mode` (None: the command has no such setting, else compared with
-    qa's default), and its `given` evidence is NovelQA's, cut from no passage
+    grow around) ranked by `rank_mode`, and its `given` evidence is NovelQA's, cut from no passage
     (`given_cuts_passages=False`). Given quotes are placed in the book's passages only when there is
     a book (`has_book`). `as_keys`: name the settings as manifests write them."""
     from booklens.errors import BooklensError
@@ -75,20 +81,20 @@ def check_evidence_options(mode: str, *, k: int = DEFAULT_K, budget_tokens: int 
         return option.lstrip("-").replace("-", "_") if as_keys else option
 
     k_modes = BOOK_MODES if book_takes_k else PASSAGE_MODES
-    if k != DEFAULT_K and mode not in k_modes:
+    if k is not None and mode not in k_modes:
         raise BooklensError(f"{name('--k')} is how many passages {'/'.join(k_modes)} "
                             f"{'start from' if book_takes_k else 'retrieve'}; evidence {mode} retrieves none")
     if budget_tokens is not None and mode not in ("book", "given"):
         raise BooklensError(f"{name('--budget-tokens')} bounds the evidence of the book and given modes; "
                             f"evidence {mode} would not apply it")
     cut_modes = BOOK_MODES + (("given",) if given_cuts_passages else ())
-    if passage_tokens != DEFAULT_PASSAGE_TOKENS and mode not in cut_modes:
+    if passage_tokens is not None and mode not in cut_modes:
         raise BooklensError(f"{name('--passage-tokens')} sizes the passages cut from the book; evidence {mode} "
                             "cuts none")
-    if passage_tokens != DEFAULT_PASSAGE_TOKENS and mode == "given" and not has_book:
+    if passage_tokens is not None and mode == "given" and not has_book:
         raise BooklensError(f"{name('--passage-tokens')} sizes the passages cut from the book; evidence given "
                             "without the book cuts none")
-    if rank_mode is not None and rank_mode != QA_BOOK_RANK_MODE and mode != "book":
+    if rank_mode is not None and mode != "book":
         raise BooklensError(f"{name('--rank-mode')} ranks the passages --evidence book grows its windows around; "
                             f"evidence {mode} " + ("ranks by its own name" if mode in SEARCH_MODES else "ranks none"))
 

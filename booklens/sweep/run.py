@@ -65,7 +65,8 @@ def plan_tasks(sweep: Sweep, output: Path, concurrency: int = 4) -> list[CellTas
         judge_config = sweep.judge_config()
     except ValidationError as exc:
         raise BooklensError(f"{sweep.manifest}: judge: {exc.errors()[0].get('msg', 'invalid')}") from None
-    judge = judge_config.model_dump(mode="json")
+    # only what the manifest gives: the cell's run tells a setting given from one left to its default
+    judge = judge_config.model_dump(mode="json", exclude_unset=True)
     tasks = []
     for cell in sweep.cells:
         book = sweep.book(cell.book)
