@@ -665,7 +665,10 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
         # would spend many calls on references nothing uses.
         row["references"] = "own" if event.question_answers else None
         row["reference_qa_pairs"] = len(event.question_answers)
-        if refs is not None and not event.question_answers:
+        if refs is not None and not event.question_answers and not pred.summary:
+            # references only serve to judge this event's summary: none, so no calls for them
+            row["references_skipped"] = "the event has no summary to judge against them"
+        elif refs is not None and not event.question_answers:
             with usage_step("reference"):
                 ref = refs(articles=[(a.aid, a.summarizer_text()) for a in event.articles])
             row.update(generated_question_answers=ref.question_answers, generated_questions=ref.questions,

@@ -805,3 +805,38 @@ def test_an_event_too_large_to_build_references_for_is_a_reference_error_not_the
     assert rows[1]["reference_error"] is None
     when = rows[1]["reference_screening"][2]  # its answers grouped by identical wording instead
     assert when["clustering_error"].startswith("clustering failed (the prompt (9100 tokens) does not fit")
+
+
+@pytest.mark.parametrize("judge", [True, False], ids=["judged", "not-judged"])
+def test_an_event_whose_summary_failed_costs_no_reference_calls(event, judge):
+    """References are built to judge a summary's coverage against: an event whose summary failed has
+    none to judge, so no questions are generated for it (the record says why), and the other events
+    still get theirs."""
+    from booklens.lm import ContextWindowExceeded
+
+    base = reference_responder()
+    seen = []
+
+    def responder(call):
+        seen.append(call)
+        if call.wants("summary"):
+            if "Later report" in json.dumps(call.inputs):
+                raise ContextWindowExceeded("the prompt (9100 tokens) does not fit the 8192-token context window")
+            return {"summary": "Sources disagree."}
+        if call.wants("rating"):
+            return {"rating": 5, "explanation": "fine"}
+        return base(call)
+
+    scripted(responder, window=16384)
+    first = event.model_copy(update={"eid": "e1", "question_answers": []})
+    later = first.model_copy(update={"eid": "e2", "articles": [
+        a.model_copy(update={"content": "Later report. " + a.content}) for a in first.articles]})
+    rows = summarize_events([later, first], method="direct", generate_questions=3, judge=judge,
+                            faithfulness=("likert",) if judge else ())
+    assert rows[0]["summary"] is None and rows[0]["references"] is None
+    assert rows[0]["references_skipped"] == "the event has no summary to judge against them"
+    assert "generated_questions" not in rows[0]
+    asked = [json.dumps(call.inputs) for call in seen if call.wants("questions")]
+    assert len(asked) == 1 and "Later report" not in asked[0]  # the other event's only
+    assert rows[1]["summary"] == "Sources disagree." and rows[1]["references"] == "generated"
+    assert "references_skipped" not in rows[1]

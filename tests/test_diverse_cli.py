@@ -687,3 +687,27 @@ def test_references_a_diverse_record_generated_for_other_events_are_refused_in_o
                                                  '"answer_groups": []'))
     with pytest.raises(BooklensError, match="the references generated for event 'ev-0002': .*answer groups"):
         judge_summaries(events, record, lm="openai/fake", api_base="http://127.0.0.1:9/v1")
+
+
+def test_diverse_builds_no_references_for_an_event_whose_summary_failed_and_says_so(tmp_path, monkeypatch):
+    """An event whose summary failed has nothing for references to judge: the questions were built
+    for it all the same, calls spent on nothing. Now none are, and the output says why."""
+    big = json.loads(FIXTURE.read_text())[0]
+    big["question_answers"] = []
+    for article in big["articles"]:  # too large for direct summarization in 4,096 tokens
+        article["content"] = "\n\n".join([article["content"]] * 4)
+    small = {"eid": "ev-small", "question_answers": [],
+             "articles": [{"aid": f"a{i}", "title": f"T{i}", "url": "", "domain": "x.org",
+                           "content": f"Article {i} says the toll is {i} dollars."} for i in range(2)]}
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([big, small]))
+    out = tmp_path / "diverse.json"
+    with FakeOpenAIServer(responder=always_b) as server:
+        r = invoke(["diverse", str(events), "--method", "direct", "--context-window", "4096", "--generate-questions",
+                    "2", "--lm", "openai/test-model", "--api-base", server.url, "-o", str(out)], tmp_path, monkeypatch)
+        asked = [body for body in server.served if "[[ ## num_questions ## ]]" in str(body["messages"][-1]["content"])]
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())["events"]
+    assert rows[0]["summary"] is None and rows[0]["references"] is None
+    assert len(asked) == 1 and "ev-small" not in str(asked) and "toll is 1 dollars" in str(asked[0])
+    assert "references: none generated (the event has no summary to judge against them)" in r.output

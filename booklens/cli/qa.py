@@ -231,6 +231,8 @@ def diverse_command(
         if result["generate_questions"] and row["references"] == "own":
             typer.echo(f"references: the event's own ({counted(row['reference_qa_pairs'], 'question')}); "
                        "none generated")
+        if row.get("references_skipped"):
+            typer.echo(f"references: none generated ({row['references_skipped']})")
         if row.get("reference_error"):
             typer.echo(f"references: none generated ({row['reference_error']})")
         elif row.get("generated_questions") is not None:
