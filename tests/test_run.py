@@ -767,3 +767,59 @@ def test_a_second_run_into_a_directory_another_run_is_writing_is_refused(tmp_pat
     assert run["complete"] is True and run["config"]["batch_size"] == 1
     for step in run["steps"].values():
         assert hashlib.sha256((out / step["file"]).read_bytes()).hexdigest() == step["sha256"]
+
+
+def resumable_copy(reference, tmp_path: Path) -> Path:
+    """The reference run without its last step and report: a rerun reuses the others, saying so on
+    stderr as it goes, and makes the rest."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference["dir"], out)
+    for name in ("faithfulness.json", "report.html"):
+        (out / name).unlink()
+    return out
+
+
+def test_a_run_whose_stderr_reader_went_away_goes_on_and_writes_every_record(server, reference, tmp_path):
+    """A progress line to a stderr nobody reads any more (`booklens run ... 2>&1 | head -1`) raised
+    BrokenPipeError, which ended the run before its last step: now the lines are dropped and the run
+    writes everything."""
+    import contextlib
+    import io
+
+    from booklens.cli import main
+
+    class Gone(io.TextIOBase):
+        writes = 0
+
+        def write(self, text):
+            Gone.writes += 1
+            raise BrokenPipeError(32, "Broken pipe")
+
+    out = resumable_copy(reference, tmp_path)
+    args = run_args(server, out, reference["cache"])[3:]
+    saved = sys.argv
+    sys.argv = ["booklens", *args]
+    try:
+        with contextlib.redirect_stderr(Gone()), pytest.raises(SystemExit) as ended:
+            main()
+    finally:
+        sys.argv = saved
+    assert ended.value.code in (0, None)
+    assert Gone.writes == 1  # the first line found the reader gone; nothing was tried after it
+    assert {p.name for p in out.iterdir()} >= RUN_FILES
+    assert (out / "faithfulness.json").read_bytes() == (reference["dir"] / "faithfulness.json").read_bytes()
+
+
+def test_a_run_whose_stderr_pipe_is_closed_goes_on_and_writes_every_record(server, reference, tmp_path):
+    """The same through a real pipe closed by its reader before the first line."""
+    out = resumable_copy(reference, tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("BOOKLENS_LM", "BOOKLENS_API_BASE")}
+    proc = subprocess.Popen(run_args(server, out, reference["cache"]), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stderr.close()  # the reader goes away at once: every write to stderr finds the pipe closed
+    stdout, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    assert {p.name for p in out.iterdir()} >= RUN_FILES
+    assert (out / "faithfulness.json").read_bytes() == (reference["dir"] / "faithfulness.json").read_bytes()

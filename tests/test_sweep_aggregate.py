@@ -413,3 +413,20 @@ def test_a_cells_claim_shares_reach_the_sweep_unrounded():
     # a record written before label counts were kept still gives its shares
     legacy = FaithfulnessReport(evidence_mode="book", label_percentages={"faithful": 50.0, "unfaithful": 50.0})
     assert run_scores(None, None, legacy)["claim_labels"] == {"faithful": 50.0, "unfaithful": 50.0}
+
+
+def test_the_sweep_display_outlives_a_stream_nobody_reads():
+    """The display writes to a stream of its own beside Ray (a copy of stderr): its reader gone, a
+    failed cell's line or the last line raised BrokenPipeError and ended the sweep. They are dropped."""
+    class Gone(io.TextIOBase):
+        writes = 0
+
+        def write(self, text):
+            Gone.writes += 1
+            raise BrokenPipeError(32, "Broken pipe")
+
+    progress = SweepProgress(2, lambda: {"calls": 3}, stream=Gone(), tty=False, interval=3600, clock=Clock())
+    progress.cell_done("s/b1", failed="summary: no usable summary")
+    progress.cell_done("s/b2")
+    progress.close()
+    assert progress.done == 2 and Gone.writes == 1

@@ -64,12 +64,18 @@ def _command_of(ctx) -> str:
 def main() -> None:
     """Entry point: user errors end in one line on stderr and a non-zero exit code."""
     from booklens.collector import collect_less_often, freeze_what_is_loaded
+    from booklens.streams import tolerant
 
     # The imports of a command (DSPy, LiteLLM, torch) are most of what it allocates: see booklens.collector.
     collect_less_often()
+    # Progress, warnings and notes must not stop a command when nobody reads them any more: every
+    # writer (typer.echo(err=True), print, tqdm) looks up sys.stderr when it writes, so this covers all.
+    stderr = sys.stderr
+    sys.stderr = tolerant(stderr)
     try:
         _run_command()
     finally:
+        sys.stderr = stderr
         # At exit the interpreter would walk all of them once more (about 1 s on 2 cores) only to
         # free memory the OS reclaims anyway. Calls are committed to the cache as they finish and
         # outputs are written before this point.

@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Optional, TextIO
 
 from booklens.lm.usage import cost_text, known_cost, snapshot_cost, total_work
+from booklens.streams import tolerant
 from booklens.vocabulary import counted
 
 Usage = Callable[[], dict[str, Any]]
@@ -48,7 +49,8 @@ class SweepProgress:
                  interval: Optional[float] = None, clock: Callable[[], float] = time.monotonic):
         self.total = total
         self.usage = usage
-        self.stream = stream if stream is not None else sys.stderr
+        # the display's own stream (a copy of stderr beside Ray) must outlive its reader as stderr does
+        self.stream = tolerant(stream if stream is not None else sys.stderr)
         self.tty = self.stream.isatty() if tty is None else tty
         self.interval = interval if interval is not None else (0.5 if self.tty else 30.0)
         self.clock = clock
