@@ -742,14 +742,15 @@ def build_defaults(human_dir: str | Path, fables_path: str | Path, output: str |
     import tempfile
 
     from booklens.optimizers.artifacts import save_program
-    from booklens.records import nearest_existing_folder, write_atomically
+    from booklens.records import nearest_existing_folder, present, write_atomically
 
     output = Path(output)
     # Checked first: building reads every annotation.
-    if output.exists() and not output.is_dir():
+    exists = present(output)
+    if exists and not output.is_dir():
         raise BooklensError(f"{output} is a file: the default judges are written to a folder "
                             f"({', '.join(DEFAULT_FILES.values())})")
-    if not output.exists() and not nearest_existing_folder(output).is_dir():
+    if not exists and not nearest_existing_folder(output).is_dir():
         raise BooklensError(f"cannot write the judges to {output}: {nearest_existing_folder(output)} is not a folder")
     built = {
         "coherence": build_coherence_default(human_dir, seed=seed),

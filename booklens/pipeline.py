@@ -276,7 +276,9 @@ def owned_output_dir(output: Path, marker: str, what: str) -> bool:
     """Whether `output` is a directory booklens wrote (it holds `marker`, so it is resumed). A missing
     or empty directory is fine (False); anything else is a one-line error, so nothing of the user's
     is overwritten. `what` names the directory in the message ("run", "sweep")."""
-    if not output.exists():
+    from booklens.records import present
+
+    if not present(output):
         # A file where a folder of the path should be: the directory could never be made (refused
         # here, so that a dry run, which makes nothing, says so too).
         import errno

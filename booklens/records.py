@@ -105,11 +105,32 @@ def _create_temporary(path: Path, mode: int) -> str:
             continue
 
 
+def path_refused(path: str | Path, exc: OSError) -> BooklensError:
+    """The one-line error for a path the system refuses to look at: a symbolic link loop, a name
+    too long, a folder on the way that may not be searched."""
+    return BooklensError(f"cannot use {os.fsdecode(path)}: {exc.strerror or os.strerror(exc.errno)}")
+
+
+def present(path: str | Path) -> bool:
+    """Whether anything is at a path a user gave: False only when nothing is, and `path_refused`
+    when the system refuses to look. Path.exists() answers False for a symbolic link loop too,
+    which was then reported as a missing file, or passed an output check and failed the write."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except ValueError:  # a NUL in the name: no file can have it
+        return False
+    except OSError as exc:
+        raise path_refused(path, exc) from None
+    return True
+
+
 def nearest_existing_folder(path: str | Path) -> Path:
     """The nearest folder above `path` that exists (it may be a file, where a folder should be):
     where writing `path` would make its missing folders from."""
     folder = Path(path).absolute().parent
-    while not folder.exists() and folder != folder.parent:
+    while not present(folder) and folder != folder.parent:
         folder = folder.parent
     return folder
 
@@ -209,7 +230,7 @@ def read_file_bytes(path: str | Path, what: str) -> bytes:
     """The bytes of a file a user gave, or a one-line `BooklensError` that names it as `what`.
     Every reader of a user's file starts here, books and data files alike."""
     path = Path(path)
-    if not path.exists():
+    if not present(path):
         raise not_found(what, path)
     if path.is_dir():
         raise BooklensError(f"{what} is a directory, not a file: {path}")

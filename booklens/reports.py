@@ -127,8 +127,10 @@ def read_step_record(run_dir: Path, step: str) -> Any:
 
 def load_run(run_dir: str | Path) -> RunData:
     """Read and check a run directory; one-line `BooklensError`s for anything unreadable."""
+    from booklens.records import present
+
     run_dir = Path(run_dir)
-    if not run_dir.exists():
+    if not present(run_dir):
         raise BooklensError(f"run directory not found: {run_dir}")
     if not run_dir.is_dir():
         raise BooklensError(f"not a directory: {run_dir} (give the directory `booklens run -o` wrote)")

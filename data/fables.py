@@ -165,8 +165,10 @@ def _read_bytes(path: Path) -> Any:
 def load_fables(path: str | Path | None = None) -> list[FablesSummary]:
     """FABLES summaries from a .json (or the release's .json.zip, or the folder of FABLES.json);
     `default_fables_path()` when `path` is None."""
+    from booklens.records import present
+
     path = fables_file(Path(path)) if path is not None else default_fables_path()
-    if not path.exists():
+    if not present(path):
         raise BooklensError(f"FABLES data not found: {path}")
     return parse_fables(_read_bytes(path), str(path))
 

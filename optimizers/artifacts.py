@@ -87,8 +87,10 @@ def read_artifact(path: str | Path) -> dict[str, Any]:
     """Read and validate an artifact file; one-line `BooklensError`s for every way it can be wrong."""
     from booklens.records import parse_json
 
+    from booklens.records import present
+
     path = Path(path)
-    if not path.exists():
+    if not present(path):
         raise BooklensError(f"program artifact not found: {path}")
     if path.is_dir():
         raise BooklensError(f"program artifact is a directory, not a file: {path}")

@@ -179,8 +179,10 @@ def _hashable(value: Any) -> Any:
 def load_task_splits(task: Task, data: str | Path, *, seed: int = 0, sizes: dict[str, int | None] | None = None
                      ) -> Splits:
     """The task's examples split by book, each split cut to its subset size."""
+    from booklens.records import present
+
     path = Path(data)
-    if not path.exists():
+    if not present(path):
         raise BooklensError(f"data not found: {path}" + (f" ({task.data_help})" if task.data_help else ""))
     full = task.load_splits(path, seed)
     wanted = {**task.sizes, **{k: v for k, v in (sizes or {}).items() if v is not None}}

@@ -381,3 +381,58 @@ def test_a_book_whose_file_name_is_not_utf8_is_summarized_and_named_in_the_recor
     assert json.loads(printed.stdout.decode("utf-8")) == json.loads(out.read_text(encoding="utf-8")) | {
         "timings": json.loads(printed.stdout.decode("utf-8"))["timings"],
         "usage": json.loads(printed.stdout.decode("utf-8"))["usage"]}
+
+
+LM = ["--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"]
+PATH_COMMANDS = {  # each command's path arguments, one at a time: `bad` where the others are good
+    "summarize-book": lambda d, bad: ["summarize", bad, *LM, "-o", d / "out.json"],
+    "summarize-output": lambda d, bad: ["summarize", STORY, *LM, "-o", bad],
+    "summarize-output-folder": lambda d, bad: ["summarize", STORY, *LM, "-o", bad / "out.json"],
+    "score-summary": lambda d, bad: ["score", bad, *LM],
+    "claims-summary": lambda d, bad: ["claims", bad, *LM],
+    "verify-claims": lambda d, bad: ["verify", "--claims", bad, "--book", STORY, *LM],
+    "verify-book": lambda d, bad: ["verify", "--claims", _write(d / "c.json", b'["Anna sails."]'), "--book", bad, *LM],
+    "check-book": lambda d, bad: ["check", bad, _write(d / "s.txt", b"Anna sails."), *LM],
+    "check-summary": lambda d, bad: ["check", STORY, bad, *LM],
+    "run-book": lambda d, bad: ["run", bad, *LM, "-o", d / "run"],
+    "run-summary": lambda d, bad: ["run", STORY, "--summary", bad, *LM, "-o", d / "run"],
+    "run-output": lambda d, bad: ["run", STORY, *LM, "-o", bad],
+    "run-output-folder": lambda d, bad: ["run", STORY, *LM, "-o", bad / "run"],
+    "qa-book": lambda d, bad: ["qa", bad, "--questions", _write(d / "q.json", json.dumps([QUESTION]).encode()), *LM],
+    "qa-questions": lambda d, bad: ["qa", STORY, "--questions", bad, *LM],
+    "diverse-events": lambda d, bad: ["diverse", bad, *LM],
+    "judge-events": lambda d, bad: ["judge", bad, _write(d / "s.json", b'{"e1": "x"}'), *LM],
+    "sweep-manifest": lambda d, bad: ["sweep", bad, "-o", d / "sweep", "--dry-run"],
+    "sweep-output": lambda d, bad: ["sweep", REPO / "examples" / "sweep.yaml", "-o", bad, "--dry-run"],
+    "report": lambda d, bad: ["report", bad],
+    "judges-build-output": lambda d, bad: ["judges", "build", "-o", bad],
+    "fables-data": lambda d, bad: ["data", "stats", "fables", "--data", bad],
+    "program": lambda d, bad: ["verify", "--claims", _write(d / "c.json", b'["Anna sails."]'), "--book", STORY,
+                                "--program", bad, *LM],
+}
+QUESTION = {"QID": "T-1", "Question": "Which?", "Options": {"A": "a", "B": "b", "C": "c", "D": "d"}, "Answer": "a",
+            "Gold": "A", "Evidences": [], "Aspect": "plot", "Complexity": "sh"}
+
+
+@pytest.mark.parametrize("command", list(PATH_COMMANDS))
+def test_a_symbolic_link_loop_is_named_as_one_not_as_a_missing_file(tmp_path, command):
+    """A link that leads back to itself was reported 'not found' (Path.exists() says no), and as an
+    output it passed the checks and failed only when the result was written, after every LM call."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    proc = run_cli(PATH_COMMANDS[command](tmp_path, loop), tmp_path)
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{loop}" in line and "Too many levels of symbolic links" in line and "not found" not in line, line
+    assert loop.is_symlink()
+
+
+@pytest.mark.parametrize("command", [c for c in PATH_COMMANDS if "output" not in c and c != "report"])
+def test_a_folder_given_where_a_file_is_read_is_one_line(tmp_path, command):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "inside.txt").write_text("Anna sails.")
+    proc = run_cli(PATH_COMMANDS[command](tmp_path, folder), tmp_path)
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"{folder}" in line and ("is a directory" in line or "holds no" in line or "FABLES" in line), line

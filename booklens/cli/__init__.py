@@ -148,7 +148,9 @@ _PATH_ERRNOS = {errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.ELOOP}
 def _path_refused(exc: BaseException) -> str:
     """The one-line error for an OSError about a path the system refuses (`_PATH_ERRNOS`), else ''."""
     if isinstance(exc, OSError) and exc.errno in _PATH_ERRNOS and exc.filename is not None:
-        return f"cannot use {os.fsdecode(exc.filename)}: {exc.strerror or os.strerror(exc.errno)}"
+        from booklens.records import path_refused
+
+        return str(path_refused(exc.filename, exc))
     return ""
 
 

@@ -118,7 +118,9 @@ def calibrate_command(
 
     if program is not None and zero_shot:
         raise BooklensError("give either --program or --zero-shot, not both")
-    if program is not None and not program.is_file():  # before DSPy loads
+    from booklens.records import present
+
+    if program is not None and not (present(program) and program.is_file()):  # before DSPy loads
         raise BooklensError(f"program artifact not found: {program}")
     if program is not None:
         judges = [_judge_of_artifact(program)]

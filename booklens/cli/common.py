@@ -78,16 +78,16 @@ def check_output_file(path: Path) -> None:
     nearest existing folder is a folder it may write in (the missing ones are made). Commands
     check it while parsing their options, so a bad -o fails before any model loads, not after
     the last LM call."""
+    from booklens.records import nearest_existing_folder, present
+
     try:
-        is_dir = path.is_dir()
-    except OSError as exc:  # a name the file system refuses (too long, ...)
+        is_dir = present(path) and path.is_dir()  # present: a link loop, a name too long, ... is one line
+    except OSError as exc:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
     if is_dir:
         raise BooklensError(f"-o {path} is a directory: give the path of the file to write")
     if not path.name.strip():  # `-o " "`: a file no listing shows, from a variable holding blanks
         raise BooklensError(f"-o {str(path)!r} has no file name, only blanks: give the path of the file to write")
-    from booklens.records import nearest_existing_folder
-
     folder = nearest_existing_folder(path)
     if not folder.is_dir():
         raise BooklensError(f"cannot write {path}: {folder} is not a directory")

@@ -219,7 +219,9 @@ def evaluate_command(
                                                    help="Also write the results as JSON.")] = None,
 ) -> None:
     """Run zero-shot and compiled programs on a split, side by side: metric with a bootstrap 95% CI, LM calls, tokens."""
-    if not Path(data).exists():  # before DSPy loads: a typo costs no start-up time
+    from booklens.records import present
+
+    if not present(data):  # before DSPy loads: a typo costs no start-up time
         raise BooklensError(f"data not found: {data}")
     from booklens.optimizers.artifacts import check_task, compiled_split_size, held_out_notes, load_program
     from booklens.optimizers.evaluate import evaluate_program, format_table

@@ -422,8 +422,12 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
                 raise BooklensError(f"{manifest}: books: {entry!r} matches no .txt or .epub file (relative to {base})")
             found.extend(matches)
         else:
-            from booklens.records import not_found
+            from booklens.records import not_found, present
 
+            try:
+                present(target)  # a link loop is named as one, not as a missing book
+            except BooklensError as exc:
+                raise BooklensError(f"{manifest}: {exc}") from None
             raise BooklensError(f"{manifest}: {not_found('book', target)}")
     books: list[Book] = []
     by_key: dict[str, Path] = {}
@@ -504,7 +508,9 @@ def _read_summaries(path: Path, books: list[Book], where: str) -> dict[str, str]
 
 
 def _check_program(path: Path, task: str, where: str) -> None:
-    if not path.is_file():
+    from booklens.records import present
+
+    if not present(path) or not path.is_file():
         raise BooklensError(f"{where}: program artifact not found: {path}")
     from booklens.optimizers.artifacts import check_task
 
