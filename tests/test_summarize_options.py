@@ -160,10 +160,14 @@ def test_every_command_defaults_to_the_settings_the_library_runs_without_them():
             for name in ("chunk_size", "max_summary_tokens"):
                 assert option(command, name).default == system[name].default == getattr(summarizer, name), name
             assert option(command, name).min == floor(system[name]), (command, name)
+    from booklens.retrieval import retrieval_settings
+
     qa = inspect.signature(BookQA.__init__).parameters
+    # k and the passage size are None until given (so that one given where the mode never uses it is
+    # refused, its default value too), then the defaults of one place
+    assert retrieval_settings() == (judge["k"].default, judge["passage_tokens"].default)
     for command in ("run", "verify", "check", "qa"):
-        assert option(command, "k").default == judge["k"].default, command
-        assert option(command, "passage_tokens").default == judge["passage_tokens"].default, command
+        assert option(command, "k").default is None and option(command, "passage_tokens").default is None, command
         assert option(command, "passage_tokens").min == floor(judge["passage_tokens"]), command
         if command != "qa":
             assert option(command, "budget_tokens").min == floor(judge["budget_tokens"]), command
