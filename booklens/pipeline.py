@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from booklens.errors import BooklensError, first_line
 from booklens.parallel import raise_if_stopped
@@ -56,7 +56,9 @@ from booklens.vocabulary import (
     MIN_WORDS_PER_TOKEN,
     MergeContextName,
     SummaryMethod,
+    check_retries,
     counted,
+    retry_range,
 )
 
 STEPS = ("summary", "coherence", "claims", "faithfulness")
@@ -74,6 +76,17 @@ JUDGE_TASKS = ("coherence", "decomposition", "verification")
 GIVEN_SUMMARY_LM = "unknown (given summary)"
 
 
+def _regenerations_in_range(value: int) -> int:
+    """The commands' rule for --max-regenerations (`check_retries`), in a config's or manifest's terms."""
+    from pydantic_core import PydanticCustomError
+
+    try:
+        check_retries("--max-regenerations", value)
+    except BooklensError:
+        raise PydanticCustomError("retry_range", f"must be {retry_range('--max-regenerations')}") from None
+    return value
+
+
 class SystemConfig(BaseModel):
     """How the summary of a book is made, or which existing summary is judged."""
 
@@ -84,7 +97,8 @@ class SystemConfig(BaseModel):
     chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, ge=MIN_CHUNK_SIZE)
     context_window: Optional[int] = Field(default=None, ge=MIN_CONTEXT_WINDOW)
     max_summary_tokens: int = Field(default=DEFAULT_SUMMARY_TOKENS, ge=MIN_SUMMARY_TOKENS)
-    max_regenerations: Optional[int] = Field(default=None, ge=0)  # None: the model's (booklens.steps)
+    # None: the model's (booklens.steps); an Annotated check, which a manifest's spec of these fields keeps
+    max_regenerations: Optional[Annotated[int, AfterValidator(_regenerations_in_range)]] = None
     level_budgets: Optional[list[Annotated[int, Field(ge=MIN_SUMMARY_TOKENS)]]] = Field(default=None, min_length=1)
     merge_context: Optional[MergeContextName] = None  # None: the paper's, for hier (booklens.steps)
     words_per_token: float = Field(default=DEFAULT_WORDS_PER_TOKEN, ge=MIN_WORDS_PER_TOKEN, le=MAX_WORDS_PER_TOKEN,

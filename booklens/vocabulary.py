@@ -46,6 +46,27 @@ MIN_SUMMARY_TOKENS = 16
 # The range of words a prompt may ask for per token of budget.
 MIN_WORDS_PER_TOKEN = 0.1
 MAX_WORDS_PER_TOKEN = 2.0
+# The retry counts a user sets, (least, most): asks per item before it counts as failed, and
+# regenerations of a summary over its budget. Ten is plenty for a flaky model; above it a slip (a
+# string of zeros) would pay for one failing call over and over.
+RETRY_RANGES = {"--tries": (1, 10), "--max-regenerations": (0, 10)}
+DEFAULT_TRIES = 3  # the coherence judge's asks per sentence (`score --tries`)
+
+
+def retry_range(option: str) -> str:
+    """'from 1 to 10': the range of a retry count, as its help and its errors say it."""
+    low, high = RETRY_RANGES[option]
+    return f"from {low} to {high}"
+
+
+def check_retries(option: str, value: object) -> None:
+    """The one rule for a retry count (`RETRY_RANGES`), for the commands' parsers, the programs and
+    the run configs: a whole number within its range, else a one-line error naming the range."""
+    from booklens.errors import BooklensError
+
+    low, high = RETRY_RANGES[option]
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BooklensError(f"{option} must be {retry_range(option)} (got {value!r})")
 
 
 def check_words_per_token(value: float) -> None:

@@ -41,8 +41,8 @@ from booklens.parallel import chunked, parallel_map
 from booklens.programs.base import Module, Predict
 from booklens.records import COHERENCE_ERROR_TYPES, SentenceAnnotation
 from booklens.signatures.coherence import CONFUSION, NO_CONFUSION, DetectConfusion, DetectConfusionBatch
+from booklens.vocabulary import DEFAULT_TRIES, check_retries
 
-DEFAULT_TRIES = 3
 # Completion budget per judged sentence: a verdict, a few questions and types fit easily; the
 # bound stops a small model that keeps adding questions from generating for a minute.
 DEFAULT_TOKENS_PER_SENTENCE = 192
@@ -341,7 +341,7 @@ class CoherenceScorer(Module):
         from booklens.parallel import check_at_least
 
         check_at_least("--batch-size", batch_size)
-        check_at_least("--tries", tries)
+        check_retries("--tries", tries)
         check_at_least("--concurrency", concurrency)
         self.batch_size = batch_size
         self.concurrency = concurrency

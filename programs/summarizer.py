@@ -43,6 +43,7 @@ from booklens.vocabulary import (
     MIN_CHUNK_SIZE,
     MIN_CONTEXT_WINDOW,
     MIN_SUMMARY_TOKENS,
+    check_retries,
     check_words_per_token,
 )
 from booklens.signatures.summarize import (
@@ -193,7 +194,7 @@ class _BookSummarizer(Module):
         from booklens.parallel import check_at_least
 
         check_at_least("--concurrency", concurrency)
-        check_at_least("--max-regenerations", max_regenerations, 0)
+        check_retries("--max-regenerations", max_regenerations)
         check_words_per_token(words_per_token)
         self.chunk_size = chunk_size
         self.context_window = context_window

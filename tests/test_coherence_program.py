@@ -272,7 +272,7 @@ def test_invalid_construction():
 
     with pytest.raises(BooklensError, match="--batch-size must be at least 1"):
         CoherenceScorer(batch_size=0)
-    with pytest.raises(BooklensError, match="--tries must be at least 1"):
+    with pytest.raises(BooklensError, match=r"--tries must be from 1 to 10 \(got 0\)"):
         CoherenceScorer(tries=0)
     scorer = build_scorer(batch_size=10)
     assert scorer.mode == "batched" and scorer.batch_size == 10

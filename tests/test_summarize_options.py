@@ -183,3 +183,54 @@ def test_words_per_token_that_is_no_number_is_named_so(tmp_path, command):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "finite number" in proc.stderr and "less than" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command, option, value, allowed", [
+    ("summarize", "--max-regenerations", "-1", "0 to 10"),
+    ("summarize", "--max-regenerations", "11", "0 to 10"),
+    ("summarize", "--max-regenerations", "1000000000", "0 to 10"),
+    ("run", "--max-regenerations", "1000000000", "0 to 10"),
+    ("score", "--tries", "0", "1 to 10"),
+    ("score", "--tries", "-3", "1 to 10"),
+    ("score", "--tries", "1000000000", "1 to 10"),
+])
+def test_a_retry_count_out_of_its_range_is_one_line_naming_the_range(tmp_path, command, option, value, allowed):
+    """10**9 tries (a stray string of zeros) was taken, and would pay for one failing call again and
+    again; 0 and negative counts were refused without the range."""
+    from booklens.testing import run_command
+
+    out = tmp_path / "out"
+    proc = run_command([command, str(STORY), option, value, "--lm", "openai/fake", "--api-base",
+                        "http://127.0.0.1:9/v1", "-o", str(out)])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0] == f"error: {option} must be from {allowed} (got {value})", lines[0]
+    assert not out.exists()
+
+
+def test_retry_counts_have_one_range_for_the_commands_the_library_and_manifests():
+    import typer.main
+
+    from booklens.cli import app
+    from booklens.errors import BooklensError
+    from booklens.pipeline import SystemConfig
+    from booklens.programs.coherence import build_scorer
+    from booklens.programs.summarizer import make_summarizer
+    from booklens.vocabulary import RETRY_RANGES
+
+    assert RETRY_RANGES == {"--tries": (1, 10), "--max-regenerations": (0, 10)}
+    commands = typer.main.get_command(app).commands
+    for command, name, option in (("score", "tries", "--tries"), ("summarize", "max_regenerations", "--max-regenerations"),
+                                  ("run", "max_regenerations", "--max-regenerations")):
+        help_text = next(p for p in commands[command].params if p.name == name).help
+        low, high = RETRY_RANGES[option]
+        assert f"{low} to {high}" in help_text, (command, help_text)
+    for low_high in ((0, 10), (10, 10)):
+        make_summarizer("hier", max_regenerations=low_high[0])
+    with pytest.raises(BooklensError, match=r"^--max-regenerations must be from 0 to 10 \(got 11\)$"):
+        make_summarizer("hier", max_regenerations=11)
+    with pytest.raises(BooklensError, match=r"^--tries must be from 1 to 10 \(got 11\)$"):
+        build_scorer(tries=11)
+    assert SystemConfig(max_regenerations=10).max_regenerations == 10
+    with pytest.raises(ValueError, match=r"max_regenerations\n  must be from 0 to 10 .*input_value=1000000000"):
+        SystemConfig(max_regenerations=10**9)

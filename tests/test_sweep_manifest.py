@@ -698,3 +698,10 @@ def test_a_retrieval_setting_given_for_a_mode_that_never_uses_it_is_refused_even
         judge = JudgeConfig.model_validate(task.judge_config)
         check_configs(plain.system_config(task.system, task.book), judge)
         assert judge.k == 5 and judge.retrieval_given() == {"k": None, "passage_tokens": None}
+
+
+def test_a_retry_count_out_of_its_range_in_a_manifest_is_one_line_naming_the_range(corpus: Path):
+    for value in (-1, 11, 10**9):
+        manifest = write(corpus / "r.yaml", f"books: corpus\nsystems: [{{name: a, max_regenerations: {value}}}]\n")
+        with pytest.raises(BooklensError, match=rf"system 'a': max_regenerations: must be from 0 to 10 \(got {value}\)"):
+            load_manifest(manifest)

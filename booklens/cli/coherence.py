@@ -36,11 +36,12 @@ from booklens.cli.common import (
     check_not_an_input,
     echo_judge,
     read_json_file,
+    retry_count,
     setup_lm,
     write_output,
 )
 from booklens.errors import BooklensError
-from booklens.vocabulary import counted
+from booklens.vocabulary import DEFAULT_TRIES, counted, retry_range
 
 
 def _select(names: list[str], split: Optional[SplitName], limit: Optional[int]) -> list[str]:
@@ -97,7 +98,9 @@ def score(
     split: Annotated[Optional[SplitName], typer.Option(
         "--split", help="Only the books of this split (by book, fixed seed) of a JSON map of summaries.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Only the first N books (sorted).")] = None,
-    tries: Annotated[int, typer.Option("--tries", min=1, help="Asks per sentence before a parse failure.")] = 3,
+    tries: Annotated[int, typer.Option("--tries", parser=retry_count("--tries"),
+                                       help=f"Asks per sentence before a parse failure, {retry_range('--tries')}.")
+                     ] = DEFAULT_TRIES,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,

@@ -73,6 +73,22 @@ ProgramOption = Annotated[
 ]
 
 
+def retry_count(option: str) -> Callable[[str], int]:
+    """The parser of a retry count option (`--tries`, `--max-regenerations`): a whole number in the
+    range `booklens.vocabulary.check_retries` allows, as the library checks it again."""
+    from booklens.vocabulary import check_retries
+
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            raise BooklensError(f"{option} must be a whole number (got {text!r})") from None
+        check_retries(option, number)
+        return number
+
+    return parse
+
+
 def check_output_file(path: Path) -> None:
     """A one-line error unless a command can write the file `path`: not a directory, and its
     nearest existing folder is a folder it may write in (the missing ones are made). Commands

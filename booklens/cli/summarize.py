@@ -19,6 +19,7 @@ from booklens.cli.common import (
     TpmOption,
     choices,
     echo_artifact_note,
+    retry_count,
     setup_lm,
     write_output,
 )
@@ -26,6 +27,7 @@ from booklens.errors import BooklensError
 from booklens.vocabulary import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_MAX_REGENERATIONS,
     DEFAULT_SUMMARY_TOKENS,
     DEFAULT_WORDS_PER_TOKEN,
     MAX_WORDS_PER_TOKEN,
@@ -36,6 +38,7 @@ from booklens.vocabulary import (
     MIN_WORDS_PER_TOKEN,
     SUMMARY_METHODS,
     check_words_per_token,
+    retry_range,
 )
 
 
@@ -76,9 +79,10 @@ WordsPerTokenOption = Annotated[float, typer.Option(
     help=f"Words a prompt asks for per token of budget, {MIN_WORDS_PER_TOKEN} to {MAX_WORDS_PER_TOKEN} "
          f"(the published code's {DEFAULT_WORDS_PER_TOKEN}).")]
 MaxRegenerationsOption = Annotated[Optional[int], typer.Option(
-    "--max-regenerations", min=0,
-    help="Retries for a summary over budget or cut off (default 2; 0 on the embedded model, whose "
-         "answers the cap cuts are trimmed to whole sentences instead).")]
+    "--max-regenerations", parser=retry_count("--max-regenerations"),
+    help=f"Retries for a summary over budget or cut off, {retry_range('--max-regenerations')} (default "
+         f"{DEFAULT_MAX_REGENERATIONS}; 0 on the embedded model, whose answers the cap cuts are trimmed to whole "
+         "sentences instead).")]
 RemoveArtifactsOption = Annotated[bool, typer.Option(
     "--remove-artifacts/--keep-artifacts",
     help="A last pass removing 'in this segment'-style phrases (the paper's post-processing).")]
