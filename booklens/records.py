@@ -105,13 +105,14 @@ def _create_temporary(path: Path, mode: int) -> str:
             continue
 
 
-def path_refused(path: str | Path, exc: OSError) -> BooklensError:
+def path_refused(path: str | Path, exc: OSError, doing: str = "use") -> BooklensError:
     """The one-line error for a path the system refuses to look at: a symbolic link loop, a name
-    too long, a folder on the way that may not be searched."""
-    return BooklensError(f"cannot use {os.fsdecode(path)}: {exc.strerror or os.strerror(exc.errno)}")
+    too long, a folder on the way that may not be searched. `doing`: what the command would do
+    with it ("use", "write")."""
+    return BooklensError(f"cannot {doing} {os.fsdecode(path)}: {exc.strerror or os.strerror(exc.errno)}")
 
 
-def present(path: str | Path) -> bool:
+def present(path: str | Path, doing: str = "use") -> bool:
     """Whether anything is at a path a user gave: False only when nothing is, and `path_refused`
     when the system refuses to look. Path.exists() answers False for a symbolic link loop too,
     which was then reported as a missing file, or passed an output check and failed the write."""
@@ -122,7 +123,7 @@ def present(path: str | Path) -> bool:
     except ValueError:  # a NUL in the name: no file can have it
         return False
     except OSError as exc:
-        raise path_refused(path, exc) from None
+        raise path_refused(path, exc, doing) from None
     return True
 
 

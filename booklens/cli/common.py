@@ -97,7 +97,8 @@ def check_output_file(path: Path) -> None:
     from booklens.records import nearest_existing_folder, present
 
     try:
-        is_dir = present(path) and path.is_dir()  # present: a link loop, a name too long, ... is one line
+        # present: a link loop or a name too long is 'cannot write PATH: why', not a missing file
+        is_dir = present(path, "write") and path.is_dir()
     except OSError as exc:
         raise BooklensError(f"cannot write {path}: {exc.strerror or exc}") from None
     if is_dir:
