@@ -143,6 +143,29 @@ def test_the_dialect_is_not_part_of_the_cache_key(tmp_path):
     assert lm.usage.snapshot()["cached_calls"] == 1 and lm.usage.snapshot()["calls"] == 0
 
 
+def test_json_mode_and_free_text_of_the_same_messages_are_cached_apart(tmp_path):
+    """A call in JSON mode without a schema (an open-ended mapping's output, or a library caller's
+    `response_format={"type": "json_object"}`) keyed the cache as free text of the same messages does:
+    the free-text answer came back for it, and JSON mode was never sent. OpenAI's `{"type": "text"}`,
+    which asks for free text, went out as JSON mode."""
+    ask = [{"role": "user", "content": "Describe the keeper."}]
+
+    def respond(body):
+        return '{"keeper": "Mara"}' if body.get("response_format") else "Mara keeps the light."
+
+    with FakeOpenAIServer(responder=respond) as server:
+        lm = BooklensLM(backend_for(server), cache=CallCache(tmp_path / "calls.sqlite"))
+        assert lm(messages=ask) == ["Mara keeps the light."]
+        assert lm(messages=ask, response_format={"type": "json_object"}) == ['{"keeper": "Mara"}']
+        assert lm(messages=ask, response_format={"type": "text"}) == ["Mara keeps the light."]
+        assert formats(server) == [None, {"type": "json_object"}]
+        # Identical calls, by a new LM over the same cache (a rerun), send nothing.
+        again = BooklensLM(backend_for(server), cache=CallCache(tmp_path / "calls.sqlite"))
+        assert again(messages=ask, response_format={"type": "json_object"}) == ['{"keeper": "Mara"}']
+        assert again(messages=ask) == ["Mara keeps the light."]
+    assert len(server.received) == 2 and again.usage.snapshot()["cached_calls"] == 2
+
+
 def test_structured_mode_and_limits_are_checked_where_the_lm_is_made(tmp_path, monkeypatch):
     monkeypatch.setenv("BOOKLENS_STRUCTURED", "grammar")
     with pytest.raises(LMError, match="unknown structured-output mode 'grammar'"):

@@ -153,6 +153,8 @@ class BooklensLM(dspy.BaseLM):
             messages = [{"role": "user", "content": prompt}]
         messages = _sendable(messages)
         response_format = merged.get("response_format")
+        if isinstance(response_format, dict) and response_format.get("type") == "text":
+            response_format = None  # OpenAI's way of asking for free text: no format at all
         schema = None
         if isinstance(response_format, type):
             schema = response_format.model_json_schema()
@@ -167,6 +169,9 @@ class BooklensLM(dspy.BaseLM):
             "schema": schema,
             "attempt": int(merged.get("booklens_attempt") or 0),
         }
+        if response_format is not None and schema is None:
+            # JSON mode without a schema (an open-ended mapping) answers other than free text does.
+            request["json_mode"] = True
         if merged.get("booklens_plain_output"):
             request["plain_output"] = merged["booklens_plain_output"]
         if merged.get("rollout_id") is not None:
