@@ -166,6 +166,32 @@ def test_json_mode_and_free_text_of_the_same_messages_are_cached_apart(tmp_path)
     assert len(server.received) == 2 and again.usage.snapshot()["cached_calls"] == 2
 
 
+def test_sampling_settings_a_caller_gives_reach_the_server_and_key_the_cache(tmp_path):
+    """`stop`, `top_p` and the penalties given to a booklens LM (a library caller's config, as DSPy's own
+    LM sends them) were neither sent nor in the cache key: the call was answered as if they had not
+    been given, from the cache entry of the call without them."""
+    ask = [{"role": "user", "content": "Name the keeper, then the ship."}]
+
+    def respond(body):
+        return "Mara" if body.get("stop") else "Mara\nThe Pellmark"
+
+    with FakeOpenAIServer(responder=respond) as server:
+        lm = BooklensLM(backend_for(server), cache=CallCache(tmp_path / "calls.sqlite"))
+        assert lm(messages=ask) == ["Mara\nThe Pellmark"]
+        assert lm(messages=ask, stop=["\n"]) == ["Mara"]
+        lm(messages=ask, top_p=0.5, presence_penalty=0.25, frequency_penalty=0.5)
+        assert [{k: r.body.get(k) for k in ("stop", "top_p", "presence_penalty", "frequency_penalty")}
+                for r in server.received] == [
+            {"stop": None, "top_p": None, "presence_penalty": None, "frequency_penalty": None},
+            {"stop": ["\n"], "top_p": None, "presence_penalty": None, "frequency_penalty": None},
+            {"stop": None, "top_p": 0.5, "presence_penalty": 0.25, "frequency_penalty": 0.5}]
+        # The same calls again (a rerun) are answered from the cache.
+        again = BooklensLM(backend_for(server), cache=CallCache(tmp_path / "calls.sqlite"))
+        assert again(messages=ask, stop=["\n"]) == ["Mara"]
+        again(messages=ask, top_p=0.5, presence_penalty=0.25, frequency_penalty=0.5)
+    assert len(server.received) == 3 and again.usage.snapshot()["cached_calls"] == 2
+
+
 def test_structured_mode_and_limits_are_checked_where_the_lm_is_made(tmp_path, monkeypatch):
     monkeypatch.setenv("BOOKLENS_STRUCTURED", "grammar")
     with pytest.raises(LMError, match="unknown structured-output mode 'grammar'"):

@@ -532,3 +532,35 @@ def test_a_json_mode_request_without_a_schema_decodes_under_a_json_grammar_and_i
     (json_format, json_grammar, json_guard), (plain_format, plain_grammar, plain_guard) = seen
     assert json_format == {"type": "json_object"} and json_guard is None
     assert plain_format is None and plain_grammar is None and plain_guard is not None
+
+
+def test_the_embedded_model_is_given_the_sampling_settings_a_caller_gives(monkeypatch, tmp_path):
+    """`stop`, `top_p` and the penalties given to a booklens LM never reached llama.cpp: the answer was
+    the one without them, and cached as theirs."""
+    from types import SimpleNamespace
+
+    import booklens.lm.embedded as embedded
+    from booklens.lm import BooklensLM, CallCache
+    from booklens.lm.embedded import LocalBackend
+
+    class Recording(ScriptedLlama):
+        def __init__(self):
+            super().__init__()
+            self.release.set()
+            self.settings: list[dict] = []
+
+        def create_chat_completion(self, messages, **kwargs):
+            self.settings.append({k: kwargs.get(k) for k in ("stop", "top_p", "presence_penalty", "frequency_penalty")})
+            return super().create_chat_completion(messages, **kwargs)
+
+    zero = SimpleNamespace(n_p_eval=0, t_p_eval_ms=0.0, t_eval_ms=0.0)
+    monkeypatch.setattr(embedded, "_perf", lambda llm: zero)
+    backend = LocalBackend()
+    backend._llm = llama = Recording()
+    lm = BooklensLM(backend, cache=CallCache(tmp_path / "calls.sqlite"))
+    ask = [{"role": "user", "content": "Name the keeper."}]
+    lm(messages=ask)
+    lm(messages=ask, stop=["\n"], top_p=0.5, presence_penalty=0.25, frequency_penalty=0.5)
+    assert llama.settings == [
+        {"stop": None, "top_p": None, "presence_penalty": None, "frequency_penalty": None},
+        {"stop": ["\n"], "top_p": 0.5, "presence_penalty": 0.25, "frequency_penalty": 0.5}]

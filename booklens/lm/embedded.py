@@ -542,6 +542,7 @@ class LocalBackend:
             seed=self.seed + sample_seed(request),
             repeat_penalty=1.1,
         )
+        kwargs.update(request.get("sampling") or {})  # a caller's stop, top_p, ... (`SAMPLING_SETTINGS`)
         structured = bool(request.get("schema"))
         if structured:
             kwargs["grammar"] = self._grammar(request["schema"])

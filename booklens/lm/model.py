@@ -87,6 +87,11 @@ def forget_answers(heard: list[tuple[CallCache, str]]) -> None:
         cache.forget(keys)
 
 
+# Sampling settings a caller may give besides temperature and max_tokens (as DSPy's own LM passes
+# them on): each changes the answer, so each goes to the backend and into the cache key.
+SAMPLING_SETTINGS = ("stop", "top_p", "presence_penalty", "frequency_penalty")
+
+
 class BooklensLM(dspy.BaseLM):
     """A DSPy LM over one backend, with the disk cache and usage accounting."""
 
@@ -169,6 +174,9 @@ class BooklensLM(dspy.BaseLM):
             "schema": schema,
             "attempt": int(merged.get("booklens_attempt") or 0),
         }
+        sampling = {name: merged[name] for name in SAMPLING_SETTINGS if merged.get(name) is not None}
+        if sampling:  # only when given, so the keys of calls without them stay as they were
+            request["sampling"] = sampling
         if response_format is not None and schema is None:
             # JSON mode without a schema (an open-ended mapping) answers other than free text does.
             request["json_mode"] = True

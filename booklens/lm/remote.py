@@ -365,6 +365,7 @@ class LiteLLMBackend:
             default_temperature_only = self.model in self._learned.get("default_temperature_only", ())
         if not default_temperature_only:
             kwargs["temperature"] = request.get("temperature")
+        kwargs.update(request.get("sampling") or {})  # a caller's stop, top_p, ... (`SAMPLING_SETTINGS`)
         if self.takes_seed:
             kwargs["seed"] = sample_seed(request)
         if self.api_base:
