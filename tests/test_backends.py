@@ -540,6 +540,26 @@ def test_a_page_instead_of_a_completion_from_a_server_that_never_answered_is_one
     assert len(sleep.delays) == 2
 
 
+@pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model"])
+@pytest.mark.parametrize("body", ["<html><body>Bad gateway</body></html>", '{"id": "x", "choices": [{"index": 0, "mes'],
+                         ids=["page", "cut-json"])
+def test_a_body_that_is_no_completion_after_an_answer_is_retried_on_every_route(model, body):
+    """After the server has answered, a body that is no chat completion (a proxy's page, JSON cut off
+    in transit) is a glitch and retried. On the hosted_vllm/ route it stopped the run at once
+    ('failed: APIError: Unable to get json response ...'), where the openai/ route retried it."""
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=failing_first(1, '{"label": "good"}', then=Reply(raw=body))) as server:
+        backend = backend_for(server, model=model, sleep=sleep, retries=2)
+        classify(backend, text="first")
+        server.responder = failing_first(1, Reply(raw=body))
+        assert classify(backend, text="second")[0].label == "good"
+        assert len(sleep.delays) == 1
+        server.responder = lambda request: Reply(raw=body)
+        with pytest.raises(LMError, match="kept failing after 3 tries"):
+            classify(backend, text="third")
+    assert len(sleep.delays) == 3
+
+
 NO_CHOICES = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "fake-model", "choices": [],
                          "usage": {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}})
 

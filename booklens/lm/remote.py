@@ -573,6 +573,9 @@ class LiteLLMBackend:
         transient = isinstance(exc, (litellm.RateLimitError, litellm.Timeout, litellm.APIConnectionError,
                                      litellm.InternalServerError, litellm.ServiceUnavailableError,
                                      litellm.BadGatewayError)) or status in TRANSIENT_STATUS or _unreachable(exc)
+        # A body that is no chat completion, from a server that has answered (a proxy's glitch, JSON cut
+        # off in transit): some routes (hosted_vllm/) report it with the 200 it came with.
+        transient = transient or (in_body is None and _not_a_completion(exc))
         if not transient:
             if in_body is not None:
                 # An error object where the chat completion should be (in an HTTP 200): the server's words
