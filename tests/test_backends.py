@@ -587,6 +587,27 @@ def test_a_response_without_choices_is_retried_as_a_glitch_once_the_server_has_a
     assert len(sleep.delays) == 3
 
 
+@pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model"])
+def test_a_response_whose_choices_are_null_is_one_without_choices(model):
+    """`"choices": null` is a response without choices too. On the hosted_vllm/ route it was retried
+    for half a minute from a server that never answered, and the openai/ route named it in LiteLLM's
+    words; both now say what a response with an empty list of choices gets."""
+    null = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "fake-model", "choices": None})
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=lambda body: Reply(raw=null, raw_type="application/json")) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, model=model, sleep=sleep))
+    assert str(caught.value) == f"'{model}' at {server.url} answered without a completion (no choices in its response)"
+    assert len(server.received) == 1 and sleep.delays == []
+    with FakeOpenAIServer(responder=failing_first(1, '{"label": "good"}', then=Reply(raw=null))) as server:
+        backend = backend_for(server, model=model, sleep=sleep, retries=2)
+        classify(backend, text="first")
+        with pytest.raises(LMError, match=r"kept answering without a completion \(no choices in its response\) "
+                                          r"after 3 tries$"):
+            classify(backend, text="second")
+    assert len(sleep.delays) == 2
+
+
 @pytest.mark.parametrize("said, expected", [
     # llama.cpp's C++ server (its message has carried the figures since 2025)
     ("request (5012 tokens) exceeds the available context size (4096 tokens), try increasing it",

@@ -545,6 +545,9 @@ class LiteLLMBackend:
             return failures
         if isinstance(exc, litellm.NotFoundError) or status == 404:
             raise LMError(self._redact(self._not_found(exc))) from None
+        if _NULL_CHOICES in text:
+            # `"choices": null`, which LiteLLM refuses to read: a response without choices, as an empty list is.
+            return self._without_choices(failures)
         with _learned_lock:
             answered = self._learned.get("answered", False)
         if _unreachable(exc) and not answered:
@@ -670,6 +673,9 @@ def server_text(exc: BaseException, limit: int = 300) -> str:
     lines = _server_words(_said(exc)).splitlines()
     return lines[0][:limit] if lines else type(exc).__name__
 
+
+# LiteLLM's words for a response whose `choices` is no list (`null`), on every route.
+_NULL_CHOICES = "returned 'choices' that is not a list"
 
 # LiteLLM's words for an error object in a 200 whose message it does not read (a string, say).
 _UNREAD_ERROR = "Error in response object"
