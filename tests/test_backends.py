@@ -560,6 +560,29 @@ def test_a_body_that_is_no_completion_after_an_answer_is_retried_on_every_route(
     assert len(sleep.delays) == 3
 
 
+def test_a_body_that_is_not_json_is_named_without_python_reprs():
+    """The openai/ route's line for a body that is not JSON ended in LiteLLM's reprs of the client's
+    objects ('Received response - <APIResponse [200 OK] type=<class ...>>, Type of response - <class
+    ...>'), which say nothing to a user; the parser's words are kept."""
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=lambda body: Reply(raw="{not json", raw_type="application/json")) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, sleep=sleep))
+    message = str(caught.value)
+    assert message.startswith(f"{server.url} answered, but not with an OpenAI-compatible chat completion (")
+    assert "Expecting property name enclosed in double quotes" in message
+    assert "<class" not in message and "APIResponse" not in message and "Type of response" not in message
+    with FakeOpenAIServer(responder=failing_first(1, '{"label": "good"}',
+                                                  then=Reply(raw="{not json", raw_type="application/json"))) as server:
+        backend = backend_for(server, sleep=sleep, retries=1)
+        classify(backend, text="first")
+        with pytest.raises(LMError) as caught:
+            classify(backend, text="second")
+    message = str(caught.value)
+    assert "kept failing after 2 tries" in message and "Expecting property name" in message
+    assert "<class" not in message and "APIResponse" not in message and "\n" not in message
+
+
 NO_CHOICES = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "fake-model", "choices": [],
                          "usage": {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}})
 

@@ -706,7 +706,7 @@ def _server_words(text: str) -> str:
     import ast
     import json
 
-    text = _without_class_names(text)
+    text = _RESPONSE_REPRS.sub("", _without_class_names(text))
     body = _ERROR_CODE.sub("", text, count=1).strip()
     if not body.startswith("{"):
         return text
@@ -723,6 +723,11 @@ def _server_words(text: str) -> str:
         parsed = next((parsed[k] for k in ("error", "message", "detail") if parsed.get(k)), None)
     return parsed.strip() if isinstance(parsed, str) and parsed.strip() else text
 
+
+# What LiteLLM's openai/ route adds after the parser's words for a body that is not JSON: reprs of the
+# client's objects ("Received response - <APIResponse [200 OK] type=<class ...>>, Type of response - ...").
+_RESPONSE_REPRS = re.compile(r",?\s*Received response - <APIResponse\b.*?(?:, Type of response - <class '[^']*'>|$)",
+                             re.DOTALL)
 
 # The OpenAI SDK's start of a message whose body it could not read as OpenAI's error object.
 _ERROR_CODE = re.compile(r"^Error code: \d+ - ")
