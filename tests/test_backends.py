@@ -518,6 +518,19 @@ def test_error_lines_carry_the_servers_words_without_litellms_class_names():
                                  "ServiceUnavailableError: overloaded")
 
 
+def test_error_lines_on_the_anthropic_route_carry_the_servers_words_without_litellms_advice():
+    """On the anthropic/ route the line after the last try held Anthropic's error body as JSON and
+    LiteLLM's advice to programmers ('. Handle with `litellm.ServiceUnavailableError`.')."""
+    claude = "anthropic/claude-haiku-4-5"
+    for reply, said in ((Reply(status=503, error="overloaded"), "ServiceUnavailableError: overloaded"),
+                        (Reply(drop=True), "InternalServerError: Server disconnected without sending a response.")):
+        with FakeOpenAIServer(responder=lambda body: reply) as server:
+            backend = LiteLLMBackend(claude, api_base=server.url[: -len("/v1")], sleep=Recorder(), retries=1)
+            with pytest.raises(LMError) as caught:
+                classify(backend)
+        assert str(caught.value) == f"'{claude}' at {server.url[: -len('/v1')]} kept failing after 2 tries: {said}"
+
+
 def test_a_page_instead_of_a_completion_from_a_server_that_never_answered_is_one_line_at_once():
     """A URL where another service lives (a web page, a health check) answers 200 with no chat
     completion: retrying would only repeat it for half a minute. Once the server has answered, the

@@ -706,7 +706,7 @@ def _server_words(text: str) -> str:
     import ast
     import json
 
-    text = _RESPONSE_REPRS.sub("", _without_class_names(text))
+    text = _LITELLM_ADVICE.sub("", _RESPONSE_REPRS.sub("", _without_class_names(text)))
     body = _ERROR_CODE.sub("", text, count=1).strip()
     if not body.startswith("{"):
         return text
@@ -728,6 +728,9 @@ def _server_words(text: str) -> str:
 # client's objects ("Received response - <APIResponse [200 OK] type=<class ...>>, Type of response - ...").
 _RESPONSE_REPRS = re.compile(r",?\s*Received response - <APIResponse\b.*?(?:, Type of response - <class '[^']*'>|$)",
                              re.DOTALL)
+
+# LiteLLM's advice to programmers at the end of some routes' errors ("... Handle with `litellm.InternalServerError`.").
+_LITELLM_ADVICE = re.compile(r"\.?\s*Handle with `litellm\.\w+`\.?\s*$")
 
 # The OpenAI SDK's start of a message whose body it could not read as OpenAI's error object.
 _ERROR_CODE = re.compile(r"^Error code: \d+ - ")
