@@ -236,6 +236,24 @@ def test_usage_is_counted_per_step():
     assert snap["prompt_tokens"] > 0
 
 
+def test_dspy_usage_tracking_counts_the_calls_made_and_not_those_the_cache_answered(tmp_path):
+    """`dspy.track_usage()` (and `Prediction.get_lm_usage()`) saw nothing of a booklens LM's calls: DSPy
+    counts usage in its own LM class only. Calls sent count, as DSPy's LM counts them; calls the
+    cache answered cost nothing now and do not, as DSPy leaves out its own cache hits."""
+    lm = ScriptedLM(lambda call: {"label": "good"}, cache_dir=tmp_path)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), dspy.track_usage() as tracked:
+        dspy.Predict(Classify)(text="one")
+        dspy.Predict(Classify)(text="one")  # the cache answers
+        dspy.Predict(Classify, n=2)(text="two")  # its first sample fresh, the second too
+    spent = lm.usage.snapshot()
+    assert spent["calls"] == 3 and spent["cached_calls"] == 1
+    totals = tracked.get_total_tokens()[lm.model]
+    assert totals["prompt_tokens"] == spent["prompt_tokens"] > 0
+    assert totals["completion_tokens"] == spent["completion_tokens"] > 0
+    assert totals["total_tokens"] == spent["prompt_tokens"] + spent["completion_tokens"]
+    assert len(tracked.usage_data[lm.model]) == 2  # one entry per LM request DSPy made
+
+
 def test_out_of_set_label_is_re_asked_then_recorded_as_a_failure():
     lm = ScriptedLM(lambda call: {"label": "excellent"})
     with dspy.context(lm=lm, adapter=BooklensAdapter()):

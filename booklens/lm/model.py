@@ -193,6 +193,11 @@ class BooklensLM(dspy.BaseLM):
         first = answers[0][0]
         _last_finish_reason.set(first.finish_reason)
         _last_answer_room.set(first.answer_room)
+        sent = [completion for completion, reused in answers if not reused]
+        if sent and dspy.settings.usage_tracker is not None:
+            # DSPy's own usage tracking (`dspy.track_usage`) is fed by its LM class only; what the
+            # cache answered costs nothing now and is left out, as DSPy leaves out its own cache hits.
+            dspy.settings.usage_tracker.add_usage(self.model, _usage(sent))
         return _openai_shaped(self.backend.name, [completion for completion, _ in answers],
                               all(reused for _, reused in answers))
 
@@ -266,13 +271,17 @@ def _completion(value: dict[str, Any]) -> Completion:
 def _openai_shaped(model: str, completions: list[Completion], cache_hit: bool) -> SimpleNamespace:
     choices = [SimpleNamespace(message=SimpleNamespace(content=c.text, tool_calls=None, provider_specific_fields={}),
                                finish_reason=c.finish_reason, logprobs=None) for c in completions]
-    prompt = sum(c.prompt_tokens for c in completions)
-    answer = sum(c.completion_tokens for c in completions)
-    usage = {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer}
     costs = [c.cost for c in completions]
     cost = None if None in costs else sum(costs)
-    return SimpleNamespace(choices=choices, usage=usage, model=model, cache_hit=cache_hit,
+    return SimpleNamespace(choices=choices, usage=_usage(completions), model=model, cache_hit=cache_hit,
                            _hidden_params={"response_cost": cost})
+
+
+def _usage(completions: list[Completion]) -> dict[str, int]:
+    """The tokens of `completions` in OpenAI's usage shape."""
+    prompt = sum(c.prompt_tokens for c in completions)
+    answer = sum(c.completion_tokens for c in completions)
+    return {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer}
 
 
 # ---------------------------------------------------------------------------
