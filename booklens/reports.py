@@ -125,6 +125,20 @@ def read_step_record(run_dir: Path, step: str) -> Any:
     return _validate(model, data, path, f"{step} record")
 
 
+def run_inputs(run_dir: str | Path) -> list[Path]:
+    """The files the run of `run_dir` read, as its run.json names them: the book, a given summary's
+    file, compiled programs (none when run.json does not read, which `load_run` reports)."""
+    try:
+        run = read_run_record(Path(run_dir) / RUN_FILE)
+    except (BooklensError, OSError):
+        return []
+    files = [run.book, run.config.get("summary_file")]
+    programs = run.config.get("programs")
+    if isinstance(programs, dict):
+        files += [entry.get("file") for entry in programs.values() if isinstance(entry, dict)]
+    return [Path(f) for f in files if isinstance(f, str) and f]
+
+
 def load_run(run_dir: str | Path) -> RunData:
     """Read and check a run directory; one-line `BooklensError`s for anything unreadable."""
     from booklens.records import present

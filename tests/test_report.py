@@ -744,6 +744,32 @@ def test_the_report_never_replaces_a_record_of_its_run(hier_run, tmp_path, name)
     assert (target / "report.html").read_bytes() == before["report.html"]
 
 
+def test_the_report_is_not_written_over_the_book_its_run_read(hier_run, tmp_path):
+    """`report RUN -o BOOK` is refused as `summarize BOOK -o BOOK` is: one line, the book untouched,
+    whichever spelling of it -o gives."""
+    target = _copy(hier_run, tmp_path)
+    book = tmp_path / "books" / "story.txt"
+    book.parent.mkdir()
+    shutil.copyfile(STORY, book)
+    _edit(target / "run.json", book=str(book))
+    for spelling in (book, tmp_path / "books" / "." / "story.txt"):
+        result = run_command(["report", target, "-o", spelling])
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("error: ") and result.stderr.strip().count("\n") == 0, result.stderr
+        assert "is also an input" in result.stderr and str(book) in result.stderr, result.stderr
+        assert book.read_bytes() == STORY.read_bytes()
+    # so is a given summary's file, which the run read too
+    given = tmp_path / "books" / "summary.txt"
+    given.write_text(STORY_SUMMARY)
+    config = json.loads((target / "run.json").read_text())["config"]
+    _edit(target / "run.json", config={**config, "summary_file": str(given)})
+    result = run_command(["report", target, "-o", given])
+    assert result.returncode == 2 and "is also an input" in result.stderr, result.stderr
+    assert given.read_text() == STORY_SUMMARY
+    # any other file is written as before
+    assert run_command(["report", target, "-o", tmp_path / "page.html"]).returncode == 0
+
+
 def test_the_report_is_not_written_over_a_step_record_the_run_has_not_made_yet(hier_run, tmp_path):
     from booklens.reports import write_report
 

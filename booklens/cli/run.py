@@ -25,6 +25,7 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     ZeroShotOption,
+    check_not_an_input,
     choices,
     echo_artifact_note,
     echo_judge,
@@ -189,8 +190,9 @@ def report_command(
             typer.echo(f"note: {note}", err=True)
         typer.echo(text, nl=False)
         return
-    from booklens.reports import write_report
+    from booklens.reports import run_inputs, write_report
 
+    check_not_an_input(output, run_inputs(run_dir))  # the book a run read is no place for its page
     notes: list[str] = []
     target = write_report(run_dir, output, notify=notes.append)
     typer.echo(f"wrote {target}", err=True)
