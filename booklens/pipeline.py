@@ -474,6 +474,14 @@ def summary_step_inputs(system: SystemConfig, book: Path, book_sha: Optional[str
     return inputs, {**inputs, "book": str(book)}
 
 
+def judged_with(model: dict[str, Any], structured: Optional[str]) -> dict[str, Any]:
+    """The judge's model as its steps' digests name it ({"lm", "api_base"}): with the structured-output
+    mode its answers were asked in (`booklens.lm.structured_mode`) when that is not the default `auto`,
+    so a run directory judged before the mode was digested (under `auto`, or the embedded model's
+    None) still resumes. The summary's digest leaves the mode out: it is asked in plain text."""
+    return {**model, "structured": structured} if structured not in (None, "auto") else model
+
+
 def judge_step_inputs(name: str, judge: JudgeConfig, judge_model: dict[str, Any], book_sha: Optional[str],
                       needed_sha: Optional[str], programs: dict[str, Any]) -> dict[str, Any]:
     """The digested inputs of the judge step `name`; `needed_sha`: the record digest of the step it
@@ -706,11 +714,12 @@ class _Runner:
 
 
 def _config_record(system: SystemConfig, judge: JudgeConfig, summary_label: str, judge_label: str,
-                   concurrency: int, api_base: Optional[str] = None, judge_api_base: Optional[str] = None
-                   ) -> dict[str, Any]:
+                   concurrency: int, api_base: Optional[str] = None, judge_api_base: Optional[str] = None,
+                   judge_structured: Optional[str] = None) -> dict[str, Any]:
     """The configuration written to run.json (no cache directory: it does not change results). `api_base`
     and `judge_api_base` are the servers the LMs were reached at (a sweep's or a pool's default when the
-    configs name none)."""
+    configs name none); `judge_structured` the structured-output mode of the judge's LM (None for the
+    embedded model)."""
     from booklens.retrieval import PASSAGE_MODES
 
     made = not system.given
@@ -749,6 +758,7 @@ def _config_record(system: SystemConfig, judge: JudgeConfig, summary_label: str,
         "api_base": public_api_base(api_base or system.api_base) if made else None,
         "judge_lm": judge_label,
         "judge_api_base": public_api_base(judge_api_base or judge.api_base),
+        "structured": judge_structured,
         "concurrency": concurrency,
     }
 
@@ -814,7 +824,11 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     judge_lm = lms.get(judge.lm, judge.api_base)
     summary_label, judge_label = lm_label(summary_lm), lm_label(judge_lm)
     summary_model = {"lm": summary_label, "api_base": public_api_base(lms.resolve(system.lm, system.api_base)[1])}
-    judge_model = {"lm": judge_label, "api_base": public_api_base(lms.resolve(judge.lm, judge.api_base)[1])}
+    from booklens.lm import structured_of
+
+    judge_structured = structured_of(judge_lm)
+    judge_model = judged_with({"lm": judge_label,
+                               "api_base": public_api_base(lms.resolve(judge.lm, judge.api_base)[1])}, judge_structured)
     # The model that wrote the summary: a given one's own record says (a `summarize` output), or
     # nothing does; it is never the judge's LM, which only read it.
     made_by = summary_label
@@ -838,7 +852,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         "book_tokens": count_tokens(book_text) if book_text is not None else None,  # unread: unknown, not 0
         "summary_source": "given" if system.given else "summarize", "lm": made_by, "judge_lm": judge_label,
         "config": _config_record(system, judge, made_by, judge_label, concurrency, summary_model["api_base"],
-                                 judge_model["api_base"]),
+                                 judge_model["api_base"], judge_structured),
         "versions": package_versions(),
         "judges": judges,
     }

@@ -444,6 +444,30 @@ def test_a_given_summary_and_its_book_moved_elsewhere_resume_without_an_lm_call(
     assert again.stderr.count("(inputs unchanged)") == 4
 
 
+def test_structured_output_mode_is_recorded_and_toggling_it_judges_again_but_keeps_the_summary(server, reference,
+                                                                                              tmp_path):
+    """`--structured` sets how the judges' structured answers are asked for (the summary is plain
+    text): run.json records it, and a rerun with another mode judges again instead of reusing
+    records made the other way. The call cache takes the mode for transport, so every call of
+    that rerun comes from it. Back to the default, the directory is the one an untoggled run wrote."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reference["dir"], out)
+    assert json.loads((out / "run.json").read_text())["config"]["structured"] == "auto"
+    before = len(server.served)
+    off = cli([*run_args(server, out, reference["cache"]), "--structured", "off"])
+    assert off.returncode == 0, off.stderr
+    assert len(server.served) == before
+    assert "summary: reused" in off.stderr and off.stderr.count("(inputs unchanged)") == 1, off.stderr
+    assert json.loads((out / "run.json").read_text())["config"]["structured"] == "off"
+    again = cli([*run_args(server, out, reference["cache"]), "--structured", "off"])
+    assert again.returncode == 0 and again.stderr.count("(inputs unchanged)") == 4, again.stderr
+    back = cli(run_args(server, out, reference["cache"]))
+    assert back.returncode == 0 and back.stderr.count("(inputs unchanged)") == 1, back.stderr
+    assert contents(out) == contents(reference["dir"])
+
+
 def test_one_rule_says_when_a_record_of_any_command_judged_nothing():
     """Every command's record (a run step's, `judge`'s, `bias`'s, `diverse`'s, `qa`'s) is read by the
     same rule: nothing measured only when every item failed, and none when there was no item."""

@@ -1621,3 +1621,29 @@ def run_sweep_for_test(manifest, out, url, cache):
     from booklens.sweep.run import run_sweep
 
     return run_sweep(manifest, out, lm="openai/fake-model", api_base=url, cache_dir=cache, progress_interval=60)
+
+
+def test_a_stopped_sweep_judged_in_another_structured_mode_keeps_its_cells_on_its_page(tmp_path):
+    """--structured is in the judge steps' digests, but it is the command's, not the plan's: the
+    report of a sweep run with `--structured off` and stopped before its aggregate matches each cell
+    by the mode the cell records, and leaves none out as from an earlier plan."""
+    from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
+    from booklens.sweep.run import run_sweep
+
+    for key in ("a", "b"):
+        (tmp_path / f"{key}.txt").write_text(f"Mara kept the light on island {key}. " * 30, encoding="utf-8")
+    (tmp_path / "given.json").write_text(json.dumps({k: f"Mara kept the light on island {k}." for k in "ab"}))
+    (tmp_path / "sweep.yaml").write_text("books: [a.txt, b.txt]\nsystems: [{name: given, summaries: given.json}]"
+                                         "\njudge: {evidence: bm25, k: 2}\n", encoding="utf-8")
+    out = tmp_path / "out"
+    with FakeOpenAIServer(responder=PipelineResponder()) as srv:
+        outcome = run_sweep(tmp_path / "sweep.yaml", out, lm="openai/fake-model", api_base=srv.url,
+                            cache_dir=tmp_path / "cache", progress_interval=60, structured="off")
+    assert [o.status for o in outcome.outcomes] == ["complete"] * 2
+    assert {read_json(c / "run.json")["config"]["structured"] for c in (out / "cells" / "given").iterdir()} == {"off"}
+    for name in (RESULTS_FILE, CELLS_FILE, "report.html"):  # stopped before its aggregate
+        (out / name).unlink()
+    proc = run_command(["report", out])
+    assert proc.returncode == 0 and proc.stderr.strip().splitlines()[1:] == [], proc.stderr
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert 'href="cells/given/a/report.html"' in page and 'href="cells/given/b/report.html"' in page

@@ -28,7 +28,7 @@ _EXPORTS = {
               "make_backend", "lm_context_window",
               "local_backend", "configure", "current_lm", "Attempted", "predict_with_retries", "Reasks", "fresh_try",
               "hearing_calls", "forget_answers",
-              "resolve_structured", "make_limiter", "rate_limits"),
+              "resolve_structured", "structured_mode", "structured_of", "make_limiter", "rate_limits"),
     "pool": ("LMPool", "FixedLMPool", "named_server"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

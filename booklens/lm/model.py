@@ -375,6 +375,19 @@ def resolve_structured(structured: str | None) -> str:
     return mode
 
 
+def structured_mode(name: str, structured: str | None = None) -> str | None:
+    """The structured-output mode the model `name` would be sent output schemas in, without building
+    its backend: `structured`, else BOOKLENS_STRUCTURED, else 'auto'; None for the embedded model, which
+    decodes under the schema whatever is set. `structured_of` reads it off a built LM."""
+    return None if name == LOCAL_LM else resolve_structured(structured)
+
+
+def structured_of(lm: Any) -> str | None:
+    """The structured-output mode `lm` sends output schemas in (as `structured_mode` gives it); None
+    for a backend that takes none (the embedded model, a scripted LM)."""
+    return getattr(getattr(lm, "backend", None), "structured", None)
+
+
 def rate_limits(rpm: int | None = None, tpm: int | None = None) -> dict[str, int]:
     """{'rpm': N, 'tpm': N} from the options, else BOOKLENS_RPM / BOOKLENS_TPM (checked); the
     limits not set are left out."""

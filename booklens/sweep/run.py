@@ -411,22 +411,35 @@ def _without_credentials(section: dict[str, Any]) -> dict[str, Any]:
     return section
 
 
-def reusable_cell_steps(sweep: Sweep, tasks: list[CellTask],
-                        programs: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+def reusable_cell_steps(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any],
+                        structured: Optional[str] = None, *,
+                        recorded_structured: bool = False) -> dict[tuple[str, str], set[str]]:
     """Per (system, book) cell with a run directory, the steps a run would reuse from it without an
     LM call, decided by the pipeline's own rule (`reusable_steps`, the digests its steps are matched
     by); cells that would reuse nothing are left out. `programs`: the judge programs the cells load
-    (`load_judge_programs`)."""
+    (`load_judge_programs`); `structured`: the run's --structured (else BOOKLENS_STRUCTURED), or with
+    `recorded_structured` the mode each cell's run.json records (a plan does not fix it)."""
     from booklens.lm.embedded import lm_name_label
+    from booklens.lm.model import structured_mode
     from booklens.lm.pool import resolve_model
-    from booklens.pipeline import JudgeConfig, SystemConfig, public_api_base, reusable_steps
-    from booklens.reports import RUN_FILE
+    from booklens.pipeline import JudgeConfig, SystemConfig, judged_with, public_api_base, reusable_steps
+    from booklens.reports import RUN_FILE, read_run_record
     from booklens.text import read_book
 
     def model(lm: Optional[str], api_base: Optional[str]) -> dict[str, Any]:
         # As the cells' pool names it (`run_book`: its label and public server), without building it.
         name, server = resolve_model(sweep.lm, sweep.api_base, lm, api_base)
         return {"lm": lm_name_label(name), "api_base": public_api_base(server)}
+
+    def judge_model(judge: Any, output: Path) -> dict[str, Any]:
+        if recorded_structured:
+            try:
+                mode = read_run_record(output / RUN_FILE).config.get("structured")
+            except BooklensError:
+                mode = None
+        else:
+            mode = structured_mode(resolve_model(sweep.lm, sweep.api_base, judge.lm, judge.api_base)[0], structured)
+        return judged_with(model(judge.lm, judge.api_base), mode)
 
     texts: dict[tuple[str, bool], Optional[str]] = {}
     reusable: dict[tuple[str, str], set[str]] = {}
@@ -445,7 +458,7 @@ def reusable_cell_steps(sweep: Sweep, tasks: list[CellTask],
             continue
         reused = reusable_steps(Path(task.book_path), Path(task.output), system, judge,
                                 summary_model=model(system.lm, system.api_base),
-                                judge_model=model(judge.lm, judge.api_base), programs=programs,
+                                judge_model=judge_model(judge, Path(task.output)), programs=programs,
                                 book_text=texts[key])
         if reused:
             reusable[(task.system, task.book)] = set(reused)
@@ -453,13 +466,15 @@ def reusable_cell_steps(sweep: Sweep, tasks: list[CellTask],
 
 
 def complete_cells(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any],
-                   reusable: Optional[dict[tuple[str, str], set[str]]] = None) -> set[tuple[str, str]]:
+                   reusable: Optional[dict[tuple[str, str], set[str]]] = None,
+                   **structured: Any) -> set[tuple[str, str]]:
     """The (system, book) cells whose run directory a run would reuse whole, every step as it is on
-    disk without an LM call (`reusable_cell_steps`, or `reusable` when already found)."""
+    disk without an LM call (`reusable_cell_steps`, given `structured` or `recorded_structured`, or
+    `reusable` when already found)."""
     from booklens.pipeline import JudgeConfig
 
     if reusable is None:
-        reusable = reusable_cell_steps(sweep, tasks, programs)
+        reusable = reusable_cell_steps(sweep, tasks, programs, **structured)
     return {(task.system, task.book) for task in tasks
             if reusable.get((task.system, task.book)) == set(JudgeConfig.model_validate(task.judge_config)
                                                                  .wanted_steps())}
@@ -489,7 +504,8 @@ def cells_of_plan(sweep_dir: Path, plan: dict[str, Any]) -> Optional[set[tuple[s
 
             with dspy.context(adapter=BooklensAdapter()):
                 programs = load_judge_programs(sweep.judge_config())
-            return complete_cells(sweep, tasks, programs)
+            # --structured is the command's, not the plan's: each cell is matched by its own
+            return complete_cells(sweep, tasks, programs, recorded_structured=True)
         except (BooklensError, OSError, KeyError, TypeError, ValueError):
             continue
     return None
@@ -507,7 +523,8 @@ def reuse_complete_cells(sweep: Sweep, tasks: list[CellTask], outcomes: list[Cel
         return outcomes
     from booklens.pipeline import load_judge_programs
 
-    complete = complete_cells(sweep, skipped, load_judge_programs(sweep.judge_config()))
+    complete = complete_cells(sweep, skipped, load_judge_programs(sweep.judge_config()),
+                              structured=settings.structured)
     if not complete:
         return outcomes
     pool = pool if pool is not None else settings.make_pool()
