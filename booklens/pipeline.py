@@ -975,10 +975,12 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
             def verify():
                 chosen = list(claims.claims)[: judge.max_claims] if judge.max_claims else list(claims.claims)
+                # The record names the book by file name, as coherence.json does: run.json holds where it
+                # is, and a reused record must not name a folder the book has since left.
                 return require_verdicts(verify_claims(
-                    claims=chosen, book_text=book_text, book=book, summary=claims.summary, mode=judge.evidence,
-                    budget_tokens=judge.budget_tokens, concurrency=concurrency, cache_dir=lms.cache_dir,
-                    programs=programs, index=evidence_index, **judge.retrieval_given()))
+                    claims=chosen, book_text=book_text, book=Path(book.name), summary=claims.summary,
+                    mode=judge.evidence, budget_tokens=judge.budget_tokens, concurrency=concurrency,
+                    cache_dir=lms.cache_dir, programs=programs, index=evidence_index, **judge.retrieval_given()))
 
             claims_sha = runner.steps["claims"].sha256 if claims is not None else None
             verify_inputs = judge_step_inputs("faithfulness", judge, judge_model, book_sha, claims_sha, programs)

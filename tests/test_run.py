@@ -468,6 +468,35 @@ def test_structured_output_mode_is_recorded_and_toggling_it_judges_again_but_kee
     assert contents(out) == contents(reference["dir"])
 
 
+def test_run_json_names_where_the_book_is_and_the_judges_records_name_it_by_file_name(server, tmp_path):
+    """run.json is the one record of where the run's book is: after the book moves, a rerun reuses
+    every step and run.json names the new path. The judges' records name the book by its file name,
+    which a move keeps (faithfulness.json named the full path, stale once the book moved, while
+    coherence.json named the file); summary.json, a `summarize` record, names the file it summarized."""
+    import shutil
+
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    shutil.copy(STORY, here / "story.txt")
+    out = tmp_path / "run"
+
+    def run(folder: Path, cache: str):
+        args = run_args(server, out, tmp_path / cache)
+        args[args.index(str(STORY))] = str(folder / "story.txt")
+        return cli(args)
+
+    assert run(here, "cache").returncode == 0
+    shutil.move(here, there)
+    before = len(server.served)
+    again = run(there, "another-cache")
+    assert again.returncode == 0 and again.stderr.count("(inputs unchanged)") == 4, again.stderr
+    assert len(server.served) == before
+    records = {name: json.loads((out / name).read_text()) for name in ("run.json", *STEP_FILES)}
+    assert records["run.json"]["book"] == str(there / "story.txt")
+    assert records["coherence.json"]["book"] == records["faithfulness.json"]["book"] == "story.txt"
+    assert records["summary.json"]["book"] == str(here / "story.txt")
+
+
 def test_one_rule_says_when_a_record_of_any_command_judged_nothing():
     """Every command's record (a run step's, `judge`'s, `bias`'s, `diverse`'s, `qa`'s) is read by the
     same rule: nothing measured only when every item failed, and none when there was no item."""
