@@ -440,6 +440,25 @@ def pipeline_step(body: dict[str, Any]) -> str:
     return "other"
 
 
+_OUTPUT_NAMED = re.compile(r"You answer with the `(\w+)`|Your output fields are:\n1\. `(\w+)`")
+
+
+def requested_output(body: dict[str, Any]) -> str | None:
+    """The (first) output field a chat request asks for, as its system message names it: which
+    signature it serves, whether the answer is plain text or JSON."""
+    messages = body.get("messages") or [{}]
+    found = _OUTPUT_NAMED.search(str(messages[0].get("content", "")))
+    return (found.group(1) or found.group(2)) if found else None
+
+
+def is_cleanup(body: dict[str, Any]) -> bool:
+    """Whether a chat request is the artifact-removal pass: its prompt asks for plain text as a
+    summary's does, so its signature's output field is what tells them apart."""
+    from booklens.signatures.summarize import RemoveArtifacts
+
+    return requested_output(body) in RemoveArtifacts.output_fields
+
+
 _NAME = re.compile(r"\b[A-Z][a-z]{3,}\b")
 _COMMON = {"This", "That", "There", "They", "Then", "When", "What", "With", "Your", "From", "Have", "Here",
            "Well", "Very", "Some", "Such", "Will", "Would", "Could", "Should", "Their", "These", "Those", "Respond",
@@ -487,6 +506,8 @@ class PipelineResponder:
         step = pipeline_step(body)
         last = str(body["messages"][-1]["content"])
         if step == "summarize":
+            if is_cleanup(body):  # nothing in a summary is an artifact: it comes back as it was
+                return parse_fields(last).get("summary", "")
             return self.summary(last)
         if step == "coherence":
             fields = parse_fields(last)
@@ -509,7 +530,7 @@ class PipelineResponder:
                                "refuting_passages": [1] if label == "unfaithful" else [],
                                "reason": f"Passage 1 {'contradicts' if label == 'unfaithful' else 'supports'} it."})
         text = self.summary(last)
-        # the artifact-removal pass gives the summary back as it was: nothing in it is an artifact
+        # asked for JSON (another adapter): the artifact-removal pass gives the summary back too
         cleaned = parse_fields(last).get("summary") or text
         return json.dumps({"summary": text, "condensed": text, "cleaned": cleaned})
 

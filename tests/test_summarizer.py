@@ -822,3 +822,33 @@ def test_a_compression_still_too_long_after_compressing_it_again_is_cut_within_t
         room = final_room if node is again[-1] else running_room
         assert node.truncated and node.tokens <= room and node.fallback == (second == "wordless")
     assert result.summary == again[-1].text
+
+
+@pytest.mark.parametrize("day", range(6))
+def test_the_pipeline_responder_gives_the_summary_back_unchanged_when_asked_to_clean_it(day):
+    """The scripted answers whole-pipeline tests use: the artifact-removal pass gives the summary back
+    as it was, in one call. It took the cleaning prompt (which asks for plain text, as a summary's
+    does) for a request to summarize, and wrote a fresh summary: the book's summary was another
+    one than the last merge's, and one longer than it was refused, re-asked and then dropped."""
+    from booklens.testing import PipelineResponder, pipeline_step
+
+    responder = PipelineResponder()
+    steps = []
+
+    def respond(call):
+        steps.append(pipeline_step({"messages": call.messages}))
+        return responder({"messages": call.messages})
+
+    lm = ScriptedLM(respond)
+    book = " ".join(f"Mara walked to the mill on day {n + day} and met Tom there." for n in range(200))
+    program = HierarchicalSummarizer(chunk_size=256, context_window=2048, max_summary_tokens=128,
+                                     remove_artifacts=True, max_regenerations=2)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=book)
+    clean, final = result.nodes[-1], result.nodes[-2]
+    assert clean.kind == "clean" and final.kind == "merge"
+    assert result.summary == clean.text == final.text
+    assert clean.attempts == 1 and not clean.fallback
+    # the cleaning call is one more call of the summary step, as run.json counts it
+    assert steps == ["summarize"] * len(lm.backend.calls)
+    assert len(lm.backend.calls) == 1 + sum(1 for n in result.nodes if n.kind in ("chunk", "merge"))
