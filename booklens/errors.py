@@ -23,6 +23,16 @@ def validation_problem(exc: Exception) -> str:
     return f"{where}: {message}" if where else message
 
 
+def setting_name(option: str, as_keys: bool | str = False) -> str:
+    """How an error names a setting the command line spells `option` (`--passage-tokens`): as that
+    option; with `as_keys=True` by its key (`passage_tokens`, a library keyword); with `as_keys` the
+    name of the manifest section that holds it ("judge"), by its path there (`judge.passage_tokens`)."""
+    if not as_keys:
+        return option
+    key = option.lstrip("-").replace("-", "_")
+    return f"{as_keys}.{key}" if isinstance(as_keys, str) else key
+
+
 class LMError(BooklensError):
     """A permanent backend failure: bad key, unknown model, prompt larger than the context."""
 

@@ -33,7 +33,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, setting_name
 from booklens.lm.embedded import LOCAL_CONTEXT_WINDOW
 from booklens.vocabulary import CANT_VERIFY, counted
 
@@ -140,13 +140,13 @@ def _check_demos_in_use(scorer: Any, path: Path) -> None:
 
 
 def check_zero_shot(artifacts: Mapping[str, Any], tasks: Sequence[str], zero_shot: bool, *,
-                    as_keys: bool = False) -> None:
+                    as_keys: bool | str = False) -> None:
     """Zero-shot judging beside an artifact for every judge among `tasks` would apply to none of them:
-    refused, as `load_judge` refuses an artifact and zero-shot for one judge."""
+    refused, as `load_judge` refuses an artifact and zero-shot for one judge. `as_keys`: see `setting_name`."""
     judged = [task for task in tasks if task in ("coherence", "verification")]
     if zero_shot and judged and all(task in artifacts for task in judged):
-        raise BooklensError("give either programs or zero_shot, not both" if as_keys
-                            else "give either --program or --zero-shot, not both")
+        programs = setting_name("--programs", as_keys) if as_keys else "--program"  # one option, many keys
+        raise BooklensError(f"give either {programs} or {setting_name('--zero-shot', as_keys)}, not both")
 
 
 def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[str] = ("coherence", "verification"),

@@ -219,9 +219,9 @@ def summarizer_option(field: str) -> str:
         field, "--" + field.replace("_", "-"))
 
 
-def check_configs(system: SystemConfig, judge: JudgeConfig, *, as_keys: bool = True) -> None:
+def check_configs(system: SystemConfig, judge: JudgeConfig, *, as_keys: bool | str = True) -> None:
     """Configuration errors a user can make, found before any model loads. `as_keys`: name the settings
-    as manifests write them; else as `run`'s options."""
+    by their keys (a str: the judge's by their path under that manifest section); else as `run`'s options."""
     from booklens.retrieval import EVIDENCE_MODES
 
     if judge.evidence not in EVIDENCE_MODES or judge.evidence == "given":
@@ -238,6 +238,7 @@ def check_configs(system: SystemConfig, judge: JudgeConfig, *, as_keys: bool = T
     from booklens.judges import check_zero_shot
 
     check_zero_shot(judge.programs, judge_tasks(judge), judge.zero_shot, as_keys=as_keys)
+    as_keys = bool(as_keys)  # a system's settings: a manifest names the system before them
     if system.given and system.program is not None:
         raise BooklensError("a given summary is judged as it is: a compiled summarizer would not run")
     if system.given:

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import dspy
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, setting_name
 from booklens.lm import UNFINISHED, filter_stopped, last_stop, predict_with_retries, usage_step
 from booklens.parallel import parallel_map
 from booklens.programs.base import Module, Predict
@@ -132,7 +132,7 @@ def evidence_budget(context_window: int | None, max_tokens: int = VERIFY_MAX_TOK
 
 
 def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *, k: int, passage_tokens: int,
-                        book_text: str | None = None, as_keys: bool = False) -> None:
+                        book_text: str | None = None, as_keys: bool | str = False) -> None:
     """A one-line `BooklensError` when the top `k` passages of up to `passage_tokens` tokens cannot fit
     one verification prompt of `verifier` in a `context_window`-token window, even with nothing else
     in it than the answer budget and the demos: every call would fail with the server's "prompt does
@@ -150,7 +150,7 @@ def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *
         shown = min(shown, count_tokens(book_text))  # counted only here: a whole book takes a moment
         if shown <= room:
             return
-    k_name, size_name = ("k", "passage_tokens") if as_keys else ("--k", "--passage-tokens")
+    k_name, size_name = setting_name("--k", as_keys), setting_name("--passage-tokens", as_keys)
     raise BooklensError(f"{k_name} {k} passages of up to {size_name} {passage_tokens} tokens: {shown} tokens of "
                         f"evidence per claim, more than the {max(room, 0)} that fit beside the judge's answer and "
                         f"demos in its {context_window}-token context window; lower {k_name} or {size_name}")
@@ -158,7 +158,7 @@ def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *
 
 def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, budget_tokens: int | None,
                       book_text: str | None = None, given: Sequence[Sequence[str] | None] | None = None,
-                      as_keys: bool = False) -> None:
+                      as_keys: bool | str = False) -> None:
     """`check_evidence_fits` for the budget of the `book` and `given` modes: a one-line `BooklensError`
     when an explicit `budget_tokens` cannot fit one verification prompt. The whole book (`book_text`)
     is the most any budget brings; in the `given` mode each claim's own quotes (`given`, one list per
@@ -186,7 +186,7 @@ def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, 
         shown = min(shown, count_tokens(book_text))
         if shown <= room:
             return
-    name = "budget_tokens" if as_keys else "--budget-tokens"
+    name = setting_name("--budget-tokens", as_keys)
     raise BooklensError(f"{name} {budget_tokens}: {whose or f'{shown} tokens of evidence per claim'}, more than the "
                         f"{max(room, 0)} that fit beside the judge's answer and demos in its {context_window}-token "
                         f"context window; lower {name} or leave it out (the default is what the window holds)")

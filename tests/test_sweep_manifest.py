@@ -84,6 +84,15 @@ BAD = {
     "bad type": ("books: corpus\nsystems: [{name: a, chunk_size: 2k}]\n", "chunk_size: Input should be a valid integer"),
     "given evidence": ("books: corpus\nsystems: [{name: a}]\njudge: {evidence: given}\n",
                        "unknown evidence mode 'given' for a book run"),
+    # a judge setting is named by its path in the manifest, as every other judge error names it
+    "k with no retrieval": ("books: corpus\nsystems: [{name: a}]\njudge: {evidence: none, k: 3}\n",
+                            "m.yaml: judge.k is how many passages bm25/dense/hybrid retrieve; evidence none "
+                            "retrieves none"),
+    "a budget the mode does not take": ("books: corpus\nsystems: [{name: a}]\njudge: {evidence: bm25, "
+                                        "budget_tokens: 500}\n",
+                                        "m.yaml: judge.budget_tokens bounds the evidence of the book and given modes"),
+    "passages no mode cuts": ("books: corpus\nsystems: [{name: a}]\njudge: {evidence: none, passage_tokens: 64}\n",
+                              "m.yaml: judge.passage_tokens sizes the passages cut from the book; evidence none"),
     "a summary without words": ("books: [corpus/alpha.txt]\nsystems: [{name: r, summaries: dots.json}]\n",
                                 "dots.json: the summary for the book 'alpha' has no words"),
     "summarizer keys on a summaries system": ("books: corpus\nsystems: [{name: r, summaries: released.json, "
@@ -140,7 +149,7 @@ BAD = {
     "zero_shot beside a program for every judge": (
         "books: corpus\nsystems: [{name: a}]\njudge: {steps: [coherence], zero_shot: true, programs: {coherence: "
         + str(Path(__file__).resolve().parents[1] / "booklens" / "defaults" / "coherence.json") + "}}\n",
-        "give either programs or zero_shot, not both"),
+        "m.yaml: give either judge.programs or judge.zero_shot, not both"),
     "an alias inside itself": ("books: &a [*a]\nsystems: [{name: a}]\n",
                                "m.yaml: a YAML alias refers to the list or mapping that holds it"),
     "a system inside its own setting": ("books: corpus\nsystems: &s [{name: a, chunk_size: *s}]\n",
@@ -658,16 +667,17 @@ def test_judge_evidence_that_cannot_fit_the_window_is_refused_before_any_cell(co
     short = load_manifest(write(corpus / "short.yaml", too_much))
     check_judge_evidence(short)  # every book is shorter than that: all of it is what any k shows
     write(corpus / "corpus" / "long.txt", "The long voyage went on. " * 2000)
-    with pytest.raises(BooklensError, match=r"long.yaml: judge: k 10 passages of up to passage_tokens 1024 tokens: "
-                       r"10240 tokens .* lower k or passage_tokens \(the book 'long' and any as long\)"):
+    with pytest.raises(BooklensError, match=r"long.yaml: judge.k 10 passages of up to judge.passage_tokens 1024 "
+                       r"tokens: 10240 tokens .* lower judge.k or judge.passage_tokens \(the book 'long' and any as "
+                       r"long\)"):
         check_judge_evidence(load_manifest(write(corpus / "long.yaml", too_much)))
     check_judge_evidence(load_manifest(write(corpus / "fits.yaml", too_much.replace("k: 10", "k: 5"))))
     no_search = too_much.replace("k: 10,", "evidence: none, k: 10,")
     check_judge_evidence(load_manifest(write(corpus / "none.yaml", no_search)))
     # the `book` mode's budget, likewise
     budget = "books: corpus\nsystems: [{name: a}]\njudge: {evidence: book, budget_tokens: 9000}\n"
-    with pytest.raises(BooklensError, match=r"book.yaml: judge: budget_tokens 9000: 9000 tokens of evidence per claim"
-                       r".*\(the book 'long' and any as long\)"):
+    with pytest.raises(BooklensError, match=r"book.yaml: judge.budget_tokens 9000: 9000 tokens of evidence per "
+                       r"claim.*lower judge.budget_tokens or leave it out .*\(the book 'long' and any as long\)"):
         check_judge_evidence(load_manifest(write(corpus / "book.yaml", budget)))
     check_judge_evidence(load_manifest(write(corpus / "book-fits.yaml", budget.replace("9000", "4000"))))
 
@@ -678,7 +688,7 @@ def test_a_sweep_whose_judge_evidence_cannot_fit_is_one_line_with_nothing_writte
     out = corpus / "sweep"
     code, err = run_cli(["sweep", str(manifest), "-o", str(out)])
     lines = [line for line in err.splitlines() if line.strip()]
-    assert code != 0 and len(lines) == 1 and "judge: k 10 passages" in lines[0], err
+    assert code != 0 and len(lines) == 1 and "m.yaml: judge.k 10 passages of up to judge.passage_tokens" in lines[0], err
     assert not out.exists()
 
 

@@ -66,7 +66,7 @@ def retrieval_settings(k: int | None = None, passage_tokens: int | None = None) 
 def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: int | None = None,
                            passage_tokens: int | None = None, rank_mode: str | None = None,
                            book_takes_k: bool = False, given_cuts_passages: bool = True,
-                           has_book: bool = True, as_keys: bool = False) -> None:
+                           has_book: bool = True, as_keys: bool | str = False) -> None:
     """A one-line `BooklensError` for a retrieval setting the evidence mode never uses, which the
     record would otherwise list as if it had applied. None is a setting not given; any value given is
     refused where it does not apply, the default value too (the record has it null all the same).
@@ -74,11 +74,11 @@ def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: in
     What differs for `qa`: its `book` mode takes `k` too (`book_takes_k`: the passages its windows
     grow around) ranked by `rank_mode`, and its `given` evidence is NovelQA's, cut from no passage
     (`given_cuts_passages=False`). Given quotes are placed in the book's passages only when there is
-    a book (`has_book`). `as_keys`: name the settings as manifests write them."""
-    from booklens.errors import BooklensError
+    a book (`has_book`). `as_keys`: name the settings by their keys (see `setting_name`)."""
+    from booklens.errors import BooklensError, setting_name
 
     def name(option: str) -> str:
-        return option.lstrip("-").replace("-", "_") if as_keys else option
+        return setting_name(option, as_keys)
 
     k_modes = BOOK_MODES if book_takes_k else PASSAGE_MODES
     if k is not None and mode not in k_modes:

@@ -33,7 +33,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, setting_name
 from booklens.pipeline import JUDGE_TASKS
 from booklens.records import read_json_file, read_text_file
 
@@ -42,6 +42,14 @@ BOOK_SUFFIXES = (".txt", ".epub")
 SYSTEM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+=-]*$")
 # Keys a `summaries:` system may have besides its name: it makes no summary, so no summarizer settings.
 SUMMARIES_SYSTEM_KEYS = {"name", "summaries", "drop_matter"}
+# The section that holds the judge's settings: errors name each by its path under it (`judge.k`),
+# those the pipeline's own checks find too (`as_keys=JUDGE_KEYS`).
+JUDGE_KEYS = "judge"
+
+
+def judge_key(key: str) -> str:
+    """A judge setting as the manifest's errors name it: `judge.k`."""
+    return setting_name(key, JUDGE_KEYS)
 
 
 class _Strict(BaseModel):
@@ -220,7 +228,7 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
 def _check_lms(spec: ManifestSpec, manifest: Path) -> None:
     """An empty `lm` is a mistake (an unset template variable, say), as an empty `--lm` is: refused,
     not taken for the sweep's default or the embedded model."""
-    where = [(f"{manifest}: lm", spec.lm), (f"{manifest}: judge.lm", spec.judge.lm)]
+    where = [(f"{manifest}: lm", spec.lm), (f"{manifest}: {judge_key('lm')}", spec.judge.lm)]
     where += [(f"{manifest}: system {s.name!r}: lm", s.lm) for s in spec.systems]
     for what, value in where:
         if value is not None and not value.strip():
@@ -240,7 +248,7 @@ def _check_servers(spec: ManifestSpec, manifest: Path, override: Optional[str],
     from booklens.lm.remote import check_api_base
 
     override = check_api_base(override)
-    where = [(f"{manifest}: api_base", spec), (f"{manifest}: judge.api_base", spec.judge)]
+    where = [(f"{manifest}: api_base", spec), (f"{manifest}: {judge_key('api_base')}", spec.judge)]
     where += [(f"{manifest}: system {s.name!r}: api_base", s) for s in spec.systems]
     for what, section in where:
         section.api_base = check_api_base(section.api_base, what)
@@ -524,9 +532,9 @@ def _check_judge(judge: JudgeSpec, base: Path, manifest: Path) -> None:
     """Steps and compiled programs; the rest (the evidence mode) is checked by the pipeline's own
     `check_configs` when the cells are planned."""
     if judge.steps is not None and len(set(judge.steps)) != len(judge.steps):
-        raise BooklensError(f"{manifest}: judge.steps lists a step twice")
+        raise BooklensError(f"{manifest}: {judge_key('steps')} lists a step twice")
     if judge.steps is not None and not judge.steps:
-        raise BooklensError(f"{manifest}: judge.steps is empty: a sweep with no judgment compares nothing "
+        raise BooklensError(f"{manifest}: {judge_key('steps')} is empty: a sweep with no judgment compares nothing "
                             "(list coherence, faithfulness or both)")
     steps = judge.steps if judge.steps is not None else ["coherence", "faithfulness"]
     # Settings of a step the judge does not take would be recorded in every run.json, never applied.
@@ -534,12 +542,12 @@ def _check_judge(judge: JudgeSpec, base: Path, manifest: Path) -> None:
                            ("coherence", ("batch_size",))):
         unused = [name for name in settings if getattr(judge, name) is not None]
         if step not in steps and unused:
-            raise BooklensError(f"{manifest}: judge.{', judge.'.join(unused)} would not apply: judge.steps has no "
-                                f"{step}")
+            raise BooklensError(f"{manifest}: {', '.join(map(judge_key, unused))} would not apply: "
+                                f"{judge_key('steps')} has no {step}")
     for task, value in (judge.programs or {}).items():
         if task not in JUDGE_TASKS:
-            raise BooklensError(f"{manifest}: judge.programs: unknown task {task!r}; use "
+            raise BooklensError(f"{manifest}: {judge_key('programs')}: unknown task {task!r}; use "
                                 f"{', '.join(JUDGE_TASKS)}")
         program = _relative(base, value)
-        _check_program(program, task, f"{manifest}: judge.programs.{task}")
+        _check_program(program, task, f"{manifest}: {judge_key('programs')}.{task}")
         judge.programs[task] = str(program)

@@ -29,7 +29,7 @@ from booklens.errors import BooklensError
 from booklens.sweep import ENGINES, PLAN_FILE
 from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
 from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine, temporary_log
-from booklens.sweep.manifest import Sweep, load_manifest
+from booklens.sweep.manifest import JUDGE_KEYS, Sweep, load_manifest
 
 
 @dataclass
@@ -72,7 +72,7 @@ def plan_tasks(sweep: Sweep, output: Path, concurrency: int = 4) -> list[CellTas
         book = sweep.book(cell.book)
         config = sweep.system_config(cell.system, cell.book)
         try:
-            check_configs(config, judge_config)
+            check_configs(config, judge_config, as_keys=JUDGE_KEYS)
         except BooklensError as exc:
             raise BooklensError(f"{sweep.manifest}: {exc}") from None
         tasks.append(CellTask(system=cell.system, book=cell.book, book_path=str(book.path), sweep_dir=str(output),
@@ -184,10 +184,11 @@ def check_judge_evidence(sweep: Sweep) -> None:
 
     def check(text: Optional[str]) -> None:
         if judge.evidence == "book":
-            check_budget_fits(verifier, window, budget_tokens=judge.budget_tokens, book_text=text, as_keys=True)
+            check_budget_fits(verifier, window, budget_tokens=judge.budget_tokens, book_text=text,
+                              as_keys=JUDGE_KEYS)
         else:
             check_evidence_fits(verifier, window, k=judge.k, passage_tokens=judge.passage_tokens, book_text=text,
-                                as_keys=True)
+                                as_keys=JUDGE_KEYS)
 
     try:
         check(None)
@@ -202,7 +203,7 @@ def check_judge_evidence(sweep: Sweep) -> None:
         try:
             check(text)
         except BooklensError as exc:
-            raise BooklensError(f"{sweep.manifest}: judge: {exc} (the book {book.key!r} and any as long)") from None
+            raise BooklensError(f"{sweep.manifest}: {exc} (the book {book.key!r} and any as long)") from None
 
 
 def check_judge_index(sweep: Sweep, cache_dir: Optional[str]) -> None:
