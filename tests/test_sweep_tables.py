@@ -422,3 +422,36 @@ def test_sentences_and_claims_the_judges_left_unjudged_are_said_with_the_tables(
     for fmt in ("markdown", "csv"):
         proc = run_command(["report", out, "--table", fmt])
         assert proc.returncode == 0 and proc.stderr == f"note: {line}\n", proc.stderr
+
+
+def test_names_and_book_keys_are_plain_text_in_markdown():
+    """A system name or book key with markdown's markup characters (`*`, `_`, backticks, `<`, `|`,
+    brackets) rendered as emphasis, code, a tag or a link where the markdown was pasted, or (`|`)
+    split a table row: each is escaped, in the rows, the pairs' lines and the notes alike."""
+    names = ("*bold*", "hier_512_x", "`c` <b> [l](u) | ~~s~~ &amp;")
+    unsure = run(1.0, 100.0)
+    unsure["scores"].update(failed_sentences=0, failed_claims=1)  # said in a note, by system name
+    outcomes = [outcome_of_run(names[0], "key_*1*", run(0.8, 50.0)), outcome_of_run(names[0], "b2", run(0.6, 75.0)),
+                outcome_of_run(names[1], "key_*1*", failed_run(2)), outcome_of_run(names[1], "b2", run(0.9, 100.0)),
+                outcome_of_run(names[2], "key_*1*", unsure), outcome_of_run(names[2], "b2", run(0.5, 0.0))]
+    data = results(list(names), ["key_*1*", "b2"], [cell_row(o) for o in outcomes])
+    text = render_table(data, "markdown")
+    escaped = {names[0]: "\\*bold\\*", names[1]: "hier\\_512\\_x",
+               names[2]: "\\`c\\` \\<b\\> \\[l\\](u) \\| \\~\\~s\\~\\~ \\&amp;"}
+    lines = text.splitlines()
+    for line, name in zip(lines[2:5], names):
+        assert line.startswith(f"| {escaped[name]} | ") and line.count(" | ") == 9, line
+    assert f"Paired difference {escaped[names[1]]} - {escaped[names[0]]} over 1 book: " in text
+    assert f"Paired difference {escaped[names[2]]} - {escaped[names[1]]} over 1 book: " in text
+    assert f"({escaped[names[1]]} lacks key\\_\\*1\\*)" in text  # the note on rows over different books
+    assert f"scores: {escaped[names[2]]}: " in text  # the note on what the judges left unjudged
+    # no name or key is left as it was anywhere in the markdown
+    assert not any(name in text for name in (*names, "key_*1*"))
+
+
+def test_angle_brackets_and_bars_in_a_name_print_as_themselves_in_latex():
+    """LaTeX's default font encoding prints `<`, `>` and `|` in text as ¡, ¿ and an em dash: a system
+    named a<b|c came out as a¡b—c in the paper."""
+    assert latex_escape("a<b>|c") == "a\\textless{}b\\textgreater{}\\textbar{}c"
+    data = three_systems(("a<b>|c", "b", "c"))
+    assert "\na\\textless{}b\\textgreater{}\\textbar{}c & 2 & " in render_table(data, "latex")

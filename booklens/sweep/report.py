@@ -160,10 +160,11 @@ def _different_books_note(systems: dict[str, Any]) -> str:
             "both completed.</p>\n")
 
 
-def different_books_line(systems: dict[str, Any]) -> Optional[str]:
+def different_books_line(systems: dict[str, Any], name: Callable[[str], str] = str) -> Optional[str]:
     """The page's note on rows over different books as one line of the command's (None when every
-    system completed the same books)."""
-    lacking = [f"{name} lacks {', '.join(s['missing_books'])}" for name, s in systems.items() if s.get("missing_books")]
+    system completed the same books); `name` writes a system's name or a book's key (escaped, in a table)."""
+    lacking = [f"{name(system)} lacks {', '.join(map(name, s['missing_books']))}"
+               for system, s in systems.items() if s.get("missing_books")]
     if not lacking:
         return None
     return (f"the systems' figures are over different books ({'; '.join(lacking)}): compare them by the paired "

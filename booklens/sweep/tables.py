@@ -2,7 +2,7 @@
 made from `results.json` alone:
 
 - `markdown`: the systems' table (the columns of README's sweep table) and a line per pair of
-  systems with the paired differences;
+  systems with the paired differences (names and book keys escaped);
 - `latex`: the same two tables as booktabs `tabular`s (names escaped, `\\%` for percents);
 - `csv`: one row per system with the raw figures of results.json, an interval as `_lo`/`_hi` columns;
 - `csv-pairs`: one row per pair of systems, the same way.
@@ -31,7 +31,10 @@ NO_INTERVAL = "[-, -]"
 # The pairs' figures, each with its scale in the text tables (BooookScore x100, faithful in points).
 PAIR_FIGURES = (("booookscore", 100), ("faithful", 1))
 _LATEX = {"\\": "\\textbackslash{}", "{": "\\{", "}": "\\}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#",
-          "$": "\\$", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}"}
+          "$": "\\$", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}",
+          # the default font encoding prints these three as the glyphs of other characters (¡, ¿, —)
+          "<": "\\textless{}", ">": "\\textgreater{}", "|": "\\textbar{}"}
+_MARKDOWN = re.compile(r"[\\`*_\[\]<>|~&]")
 
 
 def latex_escape(text: str) -> str:
@@ -42,8 +45,10 @@ def latex_escape(text: str) -> str:
     return "{}" + escaped if escaped.startswith("[") else escaped
 
 
-def _markdown_escape(text: str) -> str:
-    return text.replace("|", "\\|")
+def markdown_escape(text: str) -> str:
+    """A name or book key as markdown prints it: every character markdown may read as markup
+    (emphasis, code, a tag, a link, an entity, or `|`, which would split a table row) backslashed."""
+    return _MARKDOWN.sub(r"\\\g<0>", text)
 
 
 def _system_row(name: str, system: dict[str, Any]) -> list[str]:
@@ -79,26 +84,27 @@ def _judge_lines(results: dict[str, Any]) -> list[str]:
             for line in judge_line(JudgeInfo.model_validate(info)).splitlines()]
 
 
-def _notes(results: dict[str, Any]) -> list[str]:
+def _notes(results: dict[str, Any], name: Callable[[str], str] = str) -> list[str]:
     """The lines on what the figures leave out: when the systems' figures are over different books
     (the line the sweep printed; a table pasted without it would read as a like-for-like comparison),
     when no system completed some books (a table would read as the whole corpus's) and the sentences
-    and claims the judges left unjudged (a score may be high only because they are left out)."""
+    and claims the judges left unjudged (a score may be high only because they are left out). `name`
+    writes a system's name or a book's key."""
     from booklens.sweep.report import books_left_out_line, different_books_line, unjudged_line
 
-    return [line for line in (different_books_line(results["systems"]), books_left_out_line(results),
-                              unjudged_line(results["systems"])) if line]
+    return [line for line in (different_books_line(results["systems"], name), books_left_out_line(results),
+                              unjudged_line(results["systems"], name)) if line]
 
 
 def _markdown(results: dict[str, Any]) -> str:
     rows = [HEADER, ["---"] * len(HEADER)]
-    rows += [[_markdown_escape(cell) for cell in _system_row(name, s)] for name, s in results["systems"].items()]
+    rows += [_system_row(markdown_escape(name), s) for name, s in results["systems"].items()]
     lines = ["| " + " | ".join(row) + " |" for row in rows]
     for p in results.get("pairs") or []:
         score, faithful = (_difference(p[key], scale, lambda v: f"**{v}**") for key, scale in PAIR_FIGURES)
-        lines += ["", f"Paired difference {p['b']} - {p['a']} over {counted(p['books'], 'book')}: "
+        lines += ["", f"Paired difference {markdown_escape(p['b'])} - {markdown_escape(p['a'])} over {counted(p['books'], 'book')}: "
                       f"BooookScore {score}, faithful {faithful} points."]
-    for note in _notes(results):
+    for note in _notes(results, markdown_escape):
         lines += ["", f"Note: {note}"]
     judges = _judge_lines(results)
     if judges:
