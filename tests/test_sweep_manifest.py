@@ -701,7 +701,7 @@ def test_a_retrieval_setting_given_for_a_mode_that_never_uses_it_is_refused_even
 
     given = load_manifest(write(corpus / "k.yaml", "books: corpus\nsystems: [{name: a}]\n"
                                                    "judge: {evidence: none, k: 5}\n"))
-    with pytest.raises(BooklensError, match=r"k.yaml: k is how many passages .* evidence none retrieves none"):
+    with pytest.raises(BooklensError, match=r"k.yaml: judge.k is how many passages .* evidence none retrieves none"):
         plan_tasks(given, tmp_path / "out")
     plain = load_manifest(write(corpus / "none.yaml", "books: corpus\nsystems: [{name: a}]\njudge: {evidence: none}\n"))
     for task in plan_tasks(plain, tmp_path / "out"):
