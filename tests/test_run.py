@@ -172,6 +172,10 @@ def test_rerun_reuses_everything_and_rewrites_the_directory_identically(server, 
     assert contents(reference["dir"]) == before_contents
     timings = json.loads((reference["dir"] / "timings.json").read_text())
     assert all(t["reused"] for t in timings["steps"].values())
+    # The run's figures are its whole work, as when first made; the line says none was sent now.
+    calls = json.loads((reference["dir"] / "run.json").read_text())["totals"]["calls"]
+    assert f"{calls} LM calls (0 sent now, the rest reused from earlier runs or the cache)" in proc.stderr
+    assert f"{calls} LM calls (" not in reference["stderr"]  # a first run sent them all: nothing to add
 
 
 def test_prompt_tokens_the_provider_cached_are_counted_per_step_and_the_same_after_a_rerun(tmp_path):

@@ -63,8 +63,10 @@ RunEvidence = evidence_enum("RunEvidence", exclude=("given",))
 TableFormat = choices("TableFormat", TABLE_FORMATS)
 
 
-def score_line(run) -> str:
-    """One line of a run's scores and LM work, as `run` and `sweep` print it."""
+def score_line(run, sent_now: int | None = None) -> str:
+    """One line of a run's scores and LM work, as `run` prints it. The work is the run's
+    whole work, as when first made; `sent_now`, the calls this command sent to a model, is said
+    beside it when fewer, so that a resumed run does not read as spending it all again."""
     s = run.scores
     labels = s.get("claim_labels") or {}
     score = s.get("booookscore")
@@ -74,7 +76,10 @@ def score_line(run) -> str:
     if s.get("claims"):
         parts.append(f"{counted(s['claims'], 'claim')}: {label_shares(labels, s.get('failed_claims') or 0)}")
     t = run.totals
-    parts.append(f"{t['calls']} LM calls, {t['prompt_tokens']} prompt + {t['completion_tokens']} completion tokens"
+    calls = counted(t["calls"], "LM call")
+    if sent_now is not None and sent_now < t["calls"]:
+        calls += f" ({sent_now} sent now, the rest reused from earlier runs or the cache)"
+    parts.append(f"{calls}, {t['prompt_tokens']} prompt + {t['completion_tokens']} completion tokens"
                  + (f", ${t['cost_usd']:.4f}" if t.get("cost_usd") is not None else ""))
     return "; ".join(parts)
 
@@ -155,7 +160,7 @@ def run_command(
     previous_run(output)
     lms = LMPool(lm, api_base, cache_dir=cache_dir, concurrency=concurrency, **lm_options(structured, rpm, tpm))
     run = run_book(book, output, system, judge, lms=lms, concurrency=concurrency, book_text=book_text)
-    typer.echo(score_line(run), err=True)
+    typer.echo(score_line(run, sent_now=lms.usage.total.calls), err=True)
     for info in run.judges.values():
         echo_judge(info)
     echo_artifact_note(system.program, run.lm)
