@@ -531,6 +531,21 @@ def test_error_lines_on_the_anthropic_route_carry_the_servers_words_without_lite
         assert str(caught.value) == f"'{claude}' at {server.url[: -len('/v1')]} kept failing after 2 tries: {said}"
 
 
+@pytest.mark.parametrize("model", ["anthropic/claude-haiku-4-5", "ollama/llama3"])
+def test_a_setting_the_provider_does_not_take_is_named_without_litellms_drop_params_advice(model):
+    """LiteLLM refuses `presence_penalty` for these providers before sending anything, and its message
+    ended with advice to set `litellm.drop_params=True`, which no booklens option reaches."""
+    with FakeOpenAIServer(responder=lambda body: "x") as server:
+        base = server.url[: -len("/v1")]
+        lm = BooklensLM(LiteLLMBackend(model, api_base=base, sleep=Recorder(), retries=0))
+        with pytest.raises(LMError) as caught:
+            lm(messages=[{"role": "user", "content": "hi"}], presence_penalty=0.25)
+    provider, name = model.split("/", 1)
+    assert str(caught.value) == (f"'{model}' at {base} rejected the request: {provider} does not support "
+                                 f"parameters: ['presence_penalty'], for model={name}")
+    assert server.received == []
+
+
 def test_a_page_instead_of_a_completion_from_a_server_that_never_answered_is_one_line_at_once():
     """A URL where another service lives (a web page, a health check) answers 200 with no chat
     completion: retrying would only repeat it for half a minute. Once the server has answered, the

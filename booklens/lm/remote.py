@@ -707,6 +707,7 @@ def _server_words(text: str) -> str:
     import json
 
     text = _LITELLM_ADVICE.sub("", _RESPONSE_REPRS.sub("", _without_class_names(text)))
+    text = _DROP_PARAMS_ADVICE.sub("", text)
     body = _ERROR_CODE.sub("", text, count=1).strip()
     if not body.startswith("{"):
         return text
@@ -731,6 +732,10 @@ _RESPONSE_REPRS = re.compile(r",?\s*Received response - <APIResponse\b.*?(?:, Ty
 
 # LiteLLM's advice to programmers at the end of some routes' errors ("... Handle with `litellm.InternalServerError`.").
 _LITELLM_ADVICE = re.compile(r"\.?\s*Handle with `litellm\.\w+`\.?\s*$")
+
+# LiteLLM's advice after naming a setting a provider does not take ("... for model=x. To drop these, set
+# `litellm.drop_params=True` or for proxy: ...", over several lines): no booklens option reaches it.
+_DROP_PARAMS_ADVICE = re.compile(r"\.?\s*To drop [^\n]*?, set `(?:litellm\.)?drop_params=True`.*\Z", re.DOTALL)
 
 # The OpenAI SDK's start of a message whose body it could not read as OpenAI's error object.
 _ERROR_CODE = re.compile(r"^Error code: \d+ - ")
