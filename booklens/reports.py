@@ -204,6 +204,9 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, *,
         if same_file(target, Path(run_dir) / name):
             raise BooklensError(f"cannot write the report to {target}: it is the run's {name}, which the page is "
                                 f"built from; write it elsewhere (by default {Path(run_dir) / REPORT_FILE})")
+    if output is not None and holds_the_book(target, data.run):
+        raise BooklensError(f"cannot write the report to {target}: it holds the book this run read "
+                            f"({data.run.book}); choose another output file")
     try:
         page = render_report(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field of another type than written
@@ -211,6 +214,22 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, *,
                             "the run to write them again") from None
     write_text_atomic(target, page)
     return target
+
+
+def holds_the_book(path: Path, run: RunRecord) -> bool:
+    """Whether the existing file `path` is the run's book, read as `run` read it. run.json names the
+    book as `run` was given it, often relative to a folder this process may not be in, so the text's
+    digest it records is what tells the book wherever it lies."""
+    from booklens.pipeline import sha256_text
+    from booklens.text import read_book
+
+    if not run.book_sha256 or not path.is_file():
+        return False
+    try:
+        text = read_book(path, drop_matter=bool(run.config.get("drop_matter")))
+    except (BooklensError, OSError, ValueError):  # not a book at all: not this one either
+        return False
+    return sha256_text(text) == run.book_sha256
 
 
 def same_file(a: Path, b: Path) -> bool:

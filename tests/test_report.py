@@ -770,6 +770,31 @@ def test_the_report_is_not_written_over_the_book_its_run_read(hier_run, tmp_path
     assert run_command(["report", target, "-o", tmp_path / "page.html"]).returncode == 0
 
 
+def test_the_report_is_not_written_over_the_book_from_another_folder_than_the_runs(hier_run, tmp_path,
+                                                                                    monkeypatch):
+    """run.json names the book as `run` was given it: a relative path, resolved against the folder
+    `report` runs in, missed the book when that was not the folder `run` ran in. The book's digest,
+    which run.json records, tells it wherever it lies."""
+    target = _copy(hier_run, tmp_path)
+    book = tmp_path / "books" / "story.txt"
+    book.parent.mkdir()
+    shutil.copyfile(STORY, book)
+    _edit(target / "run.json", book="books/story.txt")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for spelling in (book, Path("..") / "books" / "story.txt"):
+        result = run_command(["report", target, "-o", spelling])
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("error: ") and result.stderr.strip().count("\n") == 0, result.stderr
+        assert "holds the book" in result.stderr and "books/story.txt" in result.stderr, result.stderr
+        assert book.read_bytes() == STORY.read_bytes()
+    # another text, or a page written before, is written over as ever
+    (tmp_path / "other.txt").write_text("Another story altogether.\n")
+    assert run_command(["report", target, "-o", tmp_path / "other.txt"]).returncode == 0
+    assert run_command(["report", target, "-o", tmp_path / "other.txt"]).returncode == 0
+
+
 def test_the_report_is_not_written_over_a_step_record_the_run_has_not_made_yet(hier_run, tmp_path):
     from booklens.reports import write_report
 
