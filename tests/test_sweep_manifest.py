@@ -4,6 +4,7 @@ line on stderr, a non-zero exit code, and nothing written (checked before any LM
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -715,3 +716,23 @@ def test_a_retry_count_out_of_its_range_in_a_manifest_is_one_line_naming_the_ran
         manifest = write(corpus / "r.yaml", f"books: corpus\nsystems: [{{name: a, max_regenerations: {value}}}]\n")
         with pytest.raises(BooklensError, match=rf"system 'a': max_regenerations: must be from 0 to 10 \(got {value}\)"):
             load_manifest(manifest)
+
+
+def test_a_setting_left_empty_is_named_as_the_manifest_names_it(corpus: Path):
+    """`k:` with no value (YAML's null) passed the manifest's sections, whose every key may be left
+    out, and failed where the cells were planned: 'judge: Input should be a valid integer' for the
+    judge, a traceback for a system."""
+    for section, named in (("judge: {k: null}", "judge.k"), ("judge: {evidence: ~}", "judge.evidence"),
+                           ("judge: {steps: }", "judge.steps")):
+        manifest = write(corpus / "m.yaml", f"books: corpus\nsystems: [{{name: a}}]\n{section}\n")
+        with pytest.raises(BooklensError, match=rf"m.yaml: {re.escape(named)}: null is no value here; give one, "
+                                                r"or leave the key out for its default$"):
+            load_manifest(manifest)
+    manifest = write(corpus / "s.yaml", "books: corpus\nsystems: [{name: a, chunk_size: null}]\n")
+    code, err = run_cli(["sweep", str(manifest), "-o", str(corpus / "out"), "--dry-run"])
+    assert code != 0 and err.strip().count("\n") == 0, err
+    assert "s.yaml: system 'a': chunk_size: null is no value here" in err, err
+    # a setting whose own value may be none takes null as that
+    fine = write(corpus / "f.yaml", "books: corpus\nsystems: [{name: a, program: null}]\n"
+                                    "judge: {budget_tokens: null, max_claims: null, programs: null}\n")
+    load_manifest(fine).judge_config()

@@ -92,6 +92,11 @@ def _sections() -> tuple[type[BaseModel], type[BaseModel]]:
 
 SystemSpec, JudgeSpec = _sections()
 
+# Keys the `Sweep` reads itself, not handed to the pipeline's configs as given (a path as text, null
+# as none): `system_config`, `judge_config`.
+SYSTEM_READ_APART = ("name", "summaries", "program")
+JUDGE_READ_APART = ("programs",)
+
 
 class ManifestSpec(_Strict):
     lm: Optional[str] = None
@@ -151,7 +156,7 @@ class Sweep:
         from booklens.pipeline import SystemConfig
 
         spec = self.system(name)
-        given = spec.model_dump(exclude_unset=True, exclude={"name", "summaries", "program"})
+        given = spec.model_dump(exclude_unset=True, exclude=set(SYSTEM_READ_APART))
         if spec.summaries is not None:
             return SystemConfig(name=name, summary_text=self.summaries[name][book_key], **given)
         if spec.program is not None:
@@ -162,7 +167,7 @@ class Sweep:
         """The pipeline's `JudgeConfig` every cell shares."""
         from booklens.pipeline import JudgeConfig
 
-        given = self.judge.model_dump(exclude_unset=True, exclude={"programs"})
+        given = self.judge.model_dump(exclude_unset=True, exclude=set(JUDGE_READ_APART))
         if self.judge.programs:
             given["programs"] = {task: Path(p) for task, p in self.judge.programs.items()}
         return JudgeConfig(**given)
@@ -180,6 +185,7 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
         spec = ManifestSpec.model_validate(data)
     except ValidationError as exc:
         raise BooklensError(f"{path}: {_explain(exc, data)}") from None
+    _check_nulls(spec, path, data)
     base = path.absolute().parent  # absolute: cells may run in other processes and on other nodes
     books = _resolve_books(path, base, [spec.books] if isinstance(spec.books, str) else spec.books)
     systems = spec.systems
@@ -223,6 +229,28 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
     api_base = _check_servers(spec, path, api_base, lm)
     return Sweep(manifest=path, books=books, systems=systems, judge=judge, lm=lm or spec.lm,
                  api_base=api_base or spec.api_base, summaries=summaries)
+
+
+def _check_nulls(spec: ManifestSpec, manifest: Path, data: Any) -> None:
+    """A key given with no value (YAML's null) passes the sections, where every key may be left out,
+    but is no value for a pipeline setting that takes none (`chunk_size`, `judge.k`): named here, as
+    any other bad value is, before the pipeline's configs are built from the sections."""
+    from pydantic import TypeAdapter
+
+    from booklens.pipeline import JudgeConfig, SystemConfig
+
+    sections: list[tuple[list[Any], type[BaseModel], BaseModel, tuple[str, ...]]] = [
+        (["systems", i], SystemConfig, system, SYSTEM_READ_APART) for i, system in enumerate(spec.systems)]
+    sections.append((["judge"], JudgeConfig, spec.judge, JUDGE_READ_APART))
+    for loc, config, section, apart in sections:
+        for key in sorted(section.model_fields_set - set(apart)):
+            if getattr(section, key) is not None:
+                continue
+            try:
+                TypeAdapter(config.model_fields[key].annotation).validate_python(None)
+            except ValidationError:
+                raise BooklensError(f"{manifest}: {_where([*loc, key], data)}null is no value here; give one, "
+                                    "or leave the key out for its default") from None
 
 
 def _check_lms(spec: ManifestSpec, manifest: Path) -> None:

@@ -57,14 +57,10 @@ def check_output(output: Path) -> None:
 
 def plan_tasks(sweep: Sweep, output: Path, concurrency: int = 4) -> list[CellTask]:
     """One task per cell, its configuration checked by the pipeline's own rules."""
-    from pydantic import ValidationError
-
     from booklens.pipeline import check_configs
 
-    try:
-        judge_config = sweep.judge_config()
-    except ValidationError as exc:
-        raise BooklensError(f"{sweep.manifest}: judge: {exc.errors()[0].get('msg', 'invalid')}") from None
+    # Cannot fail: `load_manifest` checked each judge value against the pipeline's fields (null too).
+    judge_config = sweep.judge_config()
     # only what the manifest gives: the cell's run tells a setting given from one left to its default
     judge = judge_config.model_dump(mode="json", exclude_unset=True)
     tasks = []
