@@ -14,7 +14,8 @@ What goes on the wire besides the messages:
 - `num_ctx` for Ollama's own API (`ollama/`, `ollama_chat/`), which otherwise cuts a prompt longer
   than its small default window from the front without an error (`ollama_window`).
 - Cache-control markers on the shared prefix (system message and the message before the last)
-  for providers with explicit prompt caching, through LiteLLM's `cache_control_injection_points`.
+  for Claude models on the routes with explicit prompt caching that LiteLLM's model table lists as
+  taking it, through LiteLLM's `cache_control_injection_points`.
 
 Faults: rate limits, overload, timeouts and dropped connections are retried with bounded
 exponential backoff and jitter (a `Retry-After` header sets the delay), then stop with one line;
