@@ -1195,6 +1195,34 @@ def test_dry_run_counts_the_cells_complete_on_disk_apart_and_estimates_only_the_
                                  "inc/a": False, "inc/b": False}
 
 
+def test_dry_run_takes_structured_as_the_run_does(server, tmp_path):
+    """A sweep made with `--structured off` judged its cells in that mode, which their digests record;
+    `--dry-run` took no --structured (only BOOKLENS_STRUCTURED), so it counted the judge steps of
+    every finished cell as work to make again. Given the flag, it reuses them as the run would."""
+    import io
+
+    from booklens.sweep.run import dry_run, run_sweep
+    from booklens.testing import run_command
+
+    manifest = small_corpus(tmp_path / "corpus")
+    out = tmp_path / "sweep"
+    run_sweep(manifest, out, lm="openai/fake-model", api_base=server.url, cache_dir=tmp_path / "cache",
+              structured="off", stream=io.StringIO(), progress_interval=60)
+    other_mode = dry_run(manifest, out, lm="openai/fake-model", api_base=server.url)
+    assert int(dry_run_table(other_mode)["total"][2]) > 0, other_mode  # judged again in the default mode
+    same_mode = dry_run(manifest, out, lm="openai/fake-model", api_base=server.url, structured="off")
+    assert "4 complete on disk" in same_mode.splitlines()[0], same_mode
+    assert dry_run_table(same_mode)["total"][1:3] == ["0", "0"]
+    result = run_command(["sweep", manifest, "-o", out, "--lm", "openai/fake-model", "--api-base", server.url,
+                          "--structured", "off", "--dry-run"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == same_mode + "\n"
+    before = len(server.served)
+    run_sweep(manifest, out, lm="openai/fake-model", api_base=server.url, cache_dir=tmp_path / "other-cache",
+              structured="off", stream=io.StringIO(), progress_interval=60)
+    assert len(server.served) == before
+
+
 class ExtraClaim(PipelineResponder):
     """Claims as PipelineResponder splits them, and one more: more claims than sentences."""
 

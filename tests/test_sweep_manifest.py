@@ -589,7 +589,6 @@ def test_a_dashboards_http_address_is_refused_before_ray_starts(corpus: Path, ad
     (["--ray-address", "auto"], "--ray-address"),
     (["--cache-dir", "cache"], "--cache-dir"),
     (["--fail-fast"], "--fail-fast"),
-    (["--structured", "json"], "--structured"),
     (["--rpm", "60"], "--rpm"),
     (["--tpm", "1000"], "--tpm"),
     (["--fail-fast", "--concurrency", "2", "--rpm", "60"], "--rpm, --concurrency, --fail-fast"),

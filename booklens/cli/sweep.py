@@ -56,8 +56,8 @@ def sweep_command(
     if dry_run:
         # The dry run reads the manifest, the books and -o, prices the LMs --lm names and checks the
         # server --api-base names as the run would; the options of running the cells (how, how fast,
-        # with which cache) would do nothing.
-        run_settings = {"engine": engine, "ray_address": ray_address, "structured": structured, "rpm": rpm,
+        # with which cache) would do nothing. --structured decides which judge steps on disk are reused.
+        run_settings = {"engine": engine, "ray_address": ray_address, "rpm": rpm,
                         "tpm": tpm, "concurrency": concurrency, "cache_dir": cache_dir, "fail_fast": fail_fast}
         defaults = inspect.signature(sweep_command).parameters
         given = ["--" + name.replace("_", "-") for name, value in run_settings.items()
@@ -68,7 +68,8 @@ def sweep_command(
     from booklens.sweep.run import dry_run as plan_text, run_sweep
 
     if dry_run:
-        typer.echo(plan_text(manifest, output, lm=lm, api_base=api_base))
+        typer.echo(plan_text(manifest, output, lm=lm, api_base=api_base,
+                             structured=lm_options(structured)["structured"]))
         return
     outcome = run_sweep(manifest, output, engine=engine.value, ray_address=ray_address, lm=lm, api_base=api_base,
                         concurrency=concurrency, cache_dir=cache_dir, fail_fast=fail_fast,

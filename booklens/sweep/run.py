@@ -120,19 +120,20 @@ def check_defaults_taken(sweep: Sweep, lm: Optional[str], api_base: Optional[str
                             "embedded model")
 
 
-def check_models(sweep: Sweep, *, keys: bool = True) -> None:
+def check_models(sweep: Sweep, *, keys: bool = True, **server_options: Any) -> None:
     """Every LM the sweep names is a model LiteLLM knows, with its key in the environment (no call).
     Without `keys` (the dry run, which calls none): the names only, and the embedded model is not
-    looked for, though the settings its run would read from the environment are checked."""
+    looked for, though the settings its run would read (`server_options`: structured, rpm, tpm, else
+    the environment's) are checked."""
     from booklens.lm import LOCAL_LM, make_backend, resolve_lm_name
     from booklens.lm.model import backend_settings
 
     names = sweep_lms(sweep)
     for lm, api_base in sorted(names, key=lambda x: (str(x[0]), str(x[1]))):
         if keys or resolve_lm_name(lm) != LOCAL_LM:
-            make_backend(lm, api_base=api_base, check_keys=keys)
+            make_backend(lm, api_base=api_base, check_keys=keys, **server_options)
         else:
-            backend_settings(lm, api_base=api_base)
+            backend_settings(lm, api_base=api_base, **server_options)
 
 
 def check_summarizers(sweep: Sweep) -> None:
@@ -246,7 +247,7 @@ def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base:
     tasks = plan_tasks(sweep, output, concurrency)  # the pipeline's own config models validate every value
     check_summarizers(sweep)
     check_judge_evidence(sweep)
-    check_models(sweep, keys=check_keys)
+    check_models(sweep, keys=check_keys, **(server_options or {}))
     return sweep, tasks
 
 
@@ -667,17 +668,19 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
 
 
 def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = None,
-            api_base: Optional[str] = None) -> str:
+            api_base: Optional[str] = None, structured: Optional[str] = None) -> str:
     """The text `--dry-run` prints: the cells (those complete on disk, which a run reuses without a
     call, marked: `complete_cells`) and the estimated work of the others per system. Writes nothing, calls
     no LM and opens no cache, so it takes none of the options of running cells (engine, concurrency,
-    cache, --structured, --rpm, --tpm, --fail-fast)."""
+    cache, --rpm, --tpm, --fail-fast). `structured` is the run's --structured: the judge steps on disk
+    are matched by the mode they were judged in, so it decides which the run would reuse."""
     from booklens.lm.usage import cost_text, known_cost
     from booklens.sweep.estimate import ASSUMPTIONS, estimate_sweep
     from booklens.vocabulary import counted
 
     output = Path(output)
-    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, check_keys=False)
+    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, check_keys=False,
+                           server_options={"structured": structured})
     import dspy
 
     from booklens.lm import BooklensAdapter
@@ -685,7 +688,7 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
 
     with dspy.context(adapter=BooklensAdapter()):
         programs = load_judge_programs(sweep.judge_config())
-    reusable = reusable_cell_steps(sweep, tasks, programs)
+    reusable = reusable_cell_steps(sweep, tasks, programs, structured)
     complete = complete_cells(sweep, tasks, programs, reusable)
     estimates = estimate_sweep(sweep, reused=reusable, output=output, programs=programs)
     lines = [f"{counted(len(tasks), 'cell')}: {counted(len(sweep.systems), 'system')} \u00d7 "
