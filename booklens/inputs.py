@@ -32,6 +32,16 @@ def wordless(text: str) -> Optional[str]:
     return None
 
 
+def summary_text(summary: Any) -> str:
+    """The summary a program was handed, or the one-line error: a list of sentences passed as the
+    summary would otherwise be judged as if it were text, or fail deep inside the program."""
+    if summary is None or (isinstance(summary, str) and not summary.strip()):
+        raise BooklensError("the summary is empty")
+    if not isinstance(summary, str):
+        raise BooklensError(f"the summary must be text, not {type(summary).__name__}")
+    return summary
+
+
 def summary_map(data: Any, what: str) -> dict[str, str]:
     """book -> summary text from a JSON map whose values are strings or objects with a "summary"."""
     if not isinstance(data, Mapping) or not data:

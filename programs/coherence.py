@@ -361,10 +361,10 @@ class CoherenceScorer(Module):
         out of their summary (compile's examples, one annotated sentence each) pass the target they
         have in the whole summary, so they are asked as a run of that summary asks them. The batched
         prompt numbers its sentences instead and does not use it."""
+        from booklens.inputs import summary_text
         from booklens.metrics.booookscore import booookscore
 
-        if not isinstance(summary, str) or not summary.strip():
-            raise BooklensError("the summary is empty")  # as the claim decomposer says: no score to give
+        summary = summary_text(summary)  # as the claim decomposer checks it: no score to give
         if sentences is None:
             from booklens.text import split_sentences
 

@@ -347,8 +347,9 @@ class ClaimDecomposer(Module):
         self.max_tokens = max_tokens
 
     def forward(self, summary: str) -> dspy.Prediction:
-        if not summary or not summary.strip():
-            raise BooklensError("the summary is empty")
+        from booklens.inputs import summary_text
+
+        summary = summary_text(summary)
 
         def check(prediction) -> str | None:
             stop = last_stop()

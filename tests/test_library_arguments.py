@@ -380,3 +380,18 @@ def test_run_book_refuses_a_book_budget_that_cannot_fit_the_judge_window(tmp_pat
         run_book(path, tmp_path / "run", SystemConfig(**SMALL), JudgeConfig(evidence="book", budget_tokens=3000),
                  lms=FixedLMPool(lm))
     assert lm.backend.calls == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("summary, kind", [([SUMMARY], "list"), (7, "int"), ({"a": SUMMARY}, "dict")])
+@pytest.mark.parametrize("program", ["coherence judge", "claim decomposer"])
+def test_the_summary_programs_name_a_summary_that_is_not_text(program, summary, kind):
+    """A list of sentences handed as README's `summary=` was 'the summary is empty' to the coherence
+    judge (it is not empty) and an AttributeError ('list' has no 'strip') to the decomposer."""
+    from booklens.judges import load_judge
+    from booklens.programs.faithfulness import ClaimDecomposer
+
+    run = load_judge("coherence", concurrency=1) if program == "coherence judge" else ClaimDecomposer()
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError, match=f"^the summary must be text, not {kind}$"):
+        run(summary=summary)
+    assert lm.backend.calls == []
