@@ -12,6 +12,12 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     return lines[0][:limit] if lines else type(exc).__name__
 
 
+def kind_of(value: object) -> str:
+    """How an error names a value of the wrong kind: a string by itself (a model or method name
+    handed where an object goes is the usual slip), anything else by its type."""
+    return f"the string {value!r}" if isinstance(value, str) else type(value).__name__
+
+
 def validation_problem(exc: Exception) -> str:
     """The first problem of a pydantic `ValidationError` as a short phrase: `missing field 'x'`,
     or `field.path: message`."""

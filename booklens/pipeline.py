@@ -40,7 +40,7 @@ from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from booklens.errors import BooklensError, first_line
+from booklens.errors import BooklensError, first_line, kind_of
 from booklens.parallel import raise_if_stopped
 from booklens.retrieval import (BOOK_MODES, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS,
                                 SEARCH_MODES)
@@ -217,6 +217,16 @@ def summarizer_option(field: str) -> str:
     """How `run` spells the option that sets a summarizer field away from its default."""
     return {"level_budgets": "--level-budget", "remove_artifacts": "--keep-artifacts"}.get(
         field, "--" + field.replace("_", "-"))
+
+
+def check_run_objects(system: Any, judge: Any, lms: Any) -> None:
+    """A library caller's objects of the wrong kind, named before the pipeline trips on them."""
+    for name, value, kind in (("system", system, SystemConfig), ("judge", judge, JudgeConfig)):
+        if not isinstance(value, kind):
+            raise BooklensError(f"{name} must be a booklens.pipeline.{kind.__name__}, not {kind_of(value)}")
+    if lms is not None and not (callable(getattr(lms, "get", None)) and callable(getattr(lms, "resolve", None))):
+        build = f"LMPool({lms!r})" if isinstance(lms, str) else "booklens.lm.FixedLMPool(lm) to run an LM of your own"
+        raise BooklensError(f"lms must be a booklens.lm.LMPool, not {kind_of(lms)}: build one with {build}")
 
 
 def check_configs(system: SystemConfig, judge: JudgeConfig, *, as_keys: bool | str = True) -> None:
@@ -807,6 +817,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     from booklens.inputs import as_path
 
     book, output = as_path(book, "the book"), as_path(output, "the run directory")
+    check_run_objects(system, judge, lms)
     from booklens.parallel import check_at_least
 
     check_at_least("--concurrency", concurrency)

@@ -395,3 +395,26 @@ def test_the_summary_programs_name_a_summary_that_is_not_text(program, summary, 
     with dspy.context(lm=lm), pytest.raises(BooklensError, match=f"^the summary must be text, not {kind}$"):
         run(summary=summary)
     assert lm.backend.calls == []
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"system": "hier"}, r"^system must be a booklens\.pipeline\.SystemConfig, not the string 'hier'"),
+    ({"judge": {"evidence": "bm25"}}, r"^judge must be a booklens\.pipeline\.JudgeConfig, not dict"),
+    ({"lms": "openai/gpt-4o-mini"},
+     r"^lms must be a booklens\.lm\.LMPool, not the string 'openai/gpt-4o-mini': "
+     r"build one with LMPool\('openai/gpt-4o-mini'\)"),
+    ({"lms": "scripted LM"}, r"^lms must be a booklens\.lm\.LMPool, not BooklensLM: .*FixedLMPool\(lm\)"),
+])
+def test_run_book_names_a_configuration_or_pool_of_the_wrong_kind(tmp_path, book, given, message):
+    """A model name given as `lms`, or a method name as the system, was an AttributeError from inside
+    the pipeline ('str' object has no attribute 'get' / 'given')."""
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import run_book
+
+    lm = pipeline_lm()
+    options = {"lms": FixedLMPool(lm), **given}
+    if options["lms"] == "scripted LM":  # an LM where the pool goes
+        options["lms"] = lm
+    with pytest.raises(BooklensError, match=message):
+        run_book(book, tmp_path / "run", **options)
+    assert lm.backend.calls == [] and not (tmp_path / "run").exists()

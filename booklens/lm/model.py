@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import dspy
 
-from booklens.errors import BooklensError, LMError, first_line
+from booklens.errors import BooklensError, LMError, first_line, kind_of
 from booklens.lm.adapter import BooklensAdapter
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 from booklens.lm.cache import CACHE_FILE, CallCache, cache_folder
@@ -422,8 +422,7 @@ def make_limiter(rpm: int | None = None, tpm: int | None = None) -> Any:
 def require_lm(lm: Any, taker: str = "configure") -> Any:
     """`lm` when it is a DSPy LM, else a one-line error that says how to build one."""
     if not isinstance(lm, dspy.BaseLM):
-        what = f"the string {lm!r}" if isinstance(lm, str) else type(lm).__name__
-        raise BooklensError(f"{taker} takes an LM, not {what}: build one with booklens.lm.make_lm(...) "
+        raise BooklensError(f"{taker} takes an LM, not {kind_of(lm)}: build one with booklens.lm.make_lm(...) "
                             "(or dspy.LM(...))")
     return lm
 
