@@ -418,3 +418,23 @@ def test_run_book_names_a_configuration_or_pool_of_the_wrong_kind(tmp_path, book
     with pytest.raises(BooklensError, match=message):
         run_book(book, tmp_path / "run", **options)
     assert lm.backend.calls == [] and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: __import__("booklens.lm").lm.LMPool("openai/gpt-4o-mini", concurrency=0),
+     r"^concurrency must be at least 1 \(got 0\)$"),   # was run with 1 call in flight, as if asked
+    (lambda: __import__("booklens.lm").lm.LMPool("openai/gpt-4o-mini", concurrency="8"),
+     r"^concurrency must be at least 1 \(got '8'\)$"),  # was taken; "many" was int()'s ValueError
+    (lambda: __import__("booklens.lm").lm.LMPool(5), r"^lm must be a model string .*, not int$"),
+    (lambda: __import__("booklens.lm").lm.make_lm(["openai/gpt-4o-mini"]), r"^lm must be a model string .*, not list$"),
+    (lambda: __import__("booklens.lm").lm.make_lm("openai/gpt-4o-mini", api_base=8000),
+     r"^api_base must be a server URL .*, not int$"),
+    (lambda: __import__("booklens.lm").lm.LMPool("openai/gpt-4o-mini", api_base=8000),
+     r"^api_base must be a server URL .*, not int$"),
+])
+def test_lms_refuse_a_model_server_or_concurrency_of_the_wrong_kind(tmp_path, monkeypatch, build, message):
+    """Each was an AttributeError ('int' object has no attribute 'strip') when the LM was made, or a
+    concurrency quietly changed to 1."""
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path))
+    with pytest.raises(BooklensError, match=message):
+        build()

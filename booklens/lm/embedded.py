@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from booklens.errors import LMError
+from booklens.errors import BooklensError, LMError, kind_of
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, sample_seed
 from booklens.parallel import raise_if_stopped
 
@@ -68,6 +68,14 @@ GENERATION_VERSION = 2
 # earlier than under a cap of G + 64 (Pride and Prejudice: some level-1 summaries came out shorter).
 # An answer without a word is still asked again (`programs.summarizer.WORDLESS_TRIES`).
 LOCAL_SUMMARY_SETTINGS = {"max_regenerations": 0, "generation_slack": 1.06, "generation_allowance": 8}
+
+
+def check_lm_strings(lm: object, api_base: object = None) -> None:
+    """A library caller's model or server of the wrong kind, named before it is used as a string."""
+    if lm is not None and not isinstance(lm, str):
+        raise BooklensError(f"lm must be a model string such as 'openai/gpt-4o-mini' or 'local', not {kind_of(lm)}")
+    if api_base is not None and not isinstance(api_base, str):
+        raise BooklensError(f"api_base must be a server URL such as 'http://host:8000/v1', not {kind_of(api_base)}")
 
 
 def resolve_lm_name(lm: str | None) -> str:

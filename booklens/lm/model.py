@@ -19,7 +19,7 @@ from booklens.errors import BooklensError, LMError, first_line, kind_of
 from booklens.lm.adapter import BooklensAdapter
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
 from booklens.lm.cache import CACHE_FILE, CallCache, cache_folder
-from booklens.lm.embedded import LOCAL_LM, LocalBackend, missing_model_error, resolve_lm_name
+from booklens.lm.embedded import LOCAL_LM, LocalBackend, check_lm_strings, missing_model_error, resolve_lm_name
 from booklens.lm.remote import (STRUCTURED_MODES, LiteLLMBackend, model_context_window, resolve_api_base,
                                  resolve_server)
 from booklens.lm.usage import UsageTracker
@@ -317,6 +317,7 @@ def backend_settings(lm: str | None = None, *, api_base: str | None = None, stru
     BOOKLENS_* variables, with the rate limits: each checked (one line for a bad value), whatever the
     model, and without building a backend, so a plan (`sweep --dry-run`) refuses what a run would
     without loading the embedded model."""
+    check_lm_strings(lm, api_base)
     name = resolve_lm_name(lm)
     mode = resolve_structured(structured)
     api_base = resolve_api_base(api_base)  # a malformed server URL is an error even for the embedded model

@@ -46,11 +46,14 @@ class LMPool:
                  cache_dir: Path | str | None = None, concurrency: int = 4, use_cache: bool = True,
                  structured: str | None = None, rpm: int | None = None, tpm: int | None = None,
                  call_limit: Any = None, limiter_for: Any = None):
-        from booklens.lm.embedded import resolve_lm_name
+        from booklens.lm.embedded import check_lm_strings, resolve_lm_name
+        from booklens.parallel import check_at_least
 
+        check_lm_strings(default_lm, api_base)
+        check_at_least("concurrency", concurrency)
         self.default_lm = resolve_lm_name(default_lm)
         self.api_base = api_base
-        self.concurrency = max(1, int(concurrency))
+        self.concurrency = concurrency
         self.cache_dir = cache_folder(cache_dir)
         self.cache = CallCache(self.cache_dir / CACHE_FILE) if use_cache else None
         self.usage = UsageTracker()
