@@ -438,3 +438,28 @@ def test_lms_refuse_a_model_server_or_concurrency_of_the_wrong_kind(tmp_path, mo
     monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path))
     with pytest.raises(BooklensError, match=message):
         build()
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda run, dry, table: dry(None, "sweep"), r"^the manifest must be a path, not None$"),
+    (lambda run, dry, table: dry("corpus.yaml", None), r"^the sweep directory must be a path, not None$"),
+    (lambda run, dry, table: run(None, "sweep", lm="openai/fake"), r"^the manifest must be a path, not None$"),
+    (lambda run, dry, table: run("corpus.yaml", None, lm="openai/fake"), r"^the sweep directory must be a path"),
+    (lambda run, dry, table: dry("corpus.yaml", "sweep", lm=5), r"^lm must be a model string .*, not int$"),
+    (lambda run, dry, table: run("corpus.yaml", "sweep", lm="openai/fake", api_base=8000),
+     r"^api_base must be a server URL .*, not int$"),
+    (lambda run, dry, table: table(None, "latex"), r"^the sweep directory must be a path, not None$"),
+])
+def test_sweeps_name_a_manifest_directory_or_model_of_the_wrong_kind(tmp_path, monkeypatch, call, message):
+    """Each was a TypeError from pathlib ('expected str, bytes or os.PathLike object, not NoneType')
+    or an AttributeError ('int' object has no attribute 'strip')."""
+    from booklens.sweep.run import dry_run, run_sweep
+    from booklens.sweep.tables import sweep_table
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "c"))
+    (tmp_path / "book.txt").write_text(BOOK_TEXT)
+    (tmp_path / "corpus.yaml").write_text("books: [book.txt]\nsystems:\n  - {name: h, method: hier}\n")
+    with pytest.raises(BooklensError, match=message):
+        call(run_sweep, dry_run, sweep_table)
+    assert not (tmp_path / "sweep").exists()

@@ -234,12 +234,22 @@ def manifest_terms(message: str) -> str:
     return re.sub(r"--([a-z][a-z-]*)", key, message)
 
 
+def sweep_paths(manifest: Any, output: Any) -> tuple[Path, Path]:
+    """The manifest and sweep directory a library caller handed over, as paths (a one-line error else)."""
+    from booklens.inputs import as_path
+
+    return as_path(manifest, "the manifest"), as_path(output, "the sweep directory")
+
+
 def prepare(manifest: Path, output: Path, *, lm: Optional[str] = None, api_base: Optional[str] = None,
             concurrency: int = 4, check_keys: bool = True,
             server_options: Optional[dict[str, Any]] = None) -> tuple[Sweep, list[CellTask]]:
     """The checked sweep and its cells; raises a one-line `BooklensError` before anything is written.
     `server_options`: the backend options given (structured, rpm, tpm); without `check_keys` (the dry
     run) the LMs' names are checked, not their keys."""
+    from booklens.lm.embedded import check_lm_strings
+
+    check_lm_strings(lm, api_base)
     sweep = load_manifest(manifest, lm=lm, api_base=api_base)
     check_server_option(sweep, api_base, **(server_options or {}))
     check_defaults_taken(sweep, lm, api_base)
@@ -565,6 +575,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
 
     from booklens.parallel import check_at_least
 
+    manifest, output = sweep_paths(manifest, output)
     if engine not in ENGINES:
         raise BooklensError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
     check_at_least("--concurrency", concurrency)  # else every cell would fail on it (run_book checks it too)
@@ -582,8 +593,8 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
 
         if importlib.util.find_spec("ray") is None:
             raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'")
-    output = Path(output).absolute()  # cells may run in other processes, on other nodes
-    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, concurrency=concurrency,
+    output = output.absolute()  # cells may run in other processes, on other nodes
+    sweep, tasks = prepare(manifest, output, lm=lm, api_base=api_base, concurrency=concurrency,
                            server_options={"structured": structured, "rpm": rpm, "tpm": tpm})
     settings = PoolSettings(sweep.lm, sweep.api_base, str(cache_folder(cache_dir).absolute()) if cache_dir else None,
                             concurrency, structured=structured, rpm=rpm, tpm=tpm)
@@ -678,8 +689,8 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     from booklens.sweep.estimate import ASSUMPTIONS, estimate_sweep
     from booklens.vocabulary import counted
 
-    output = Path(output)
-    sweep, tasks = prepare(Path(manifest), output, lm=lm, api_base=api_base, check_keys=False,
+    manifest, output = sweep_paths(manifest, output)
+    sweep, tasks = prepare(manifest, output, lm=lm, api_base=api_base, check_keys=False,
                            server_options={"structured": structured})
     import dspy
 

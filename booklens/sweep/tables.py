@@ -224,7 +224,9 @@ def sweep_table(sweep_dir: str | Path, fmt: str, *, notify: Optional[Callable[[s
     from booklens.sweep import PLAN_FILE
     from booklens.sweep.aggregate import RESULTS_FILE
 
-    folder = Path(sweep_dir)
+    from booklens.inputs import as_path
+
+    folder = as_path(sweep_dir, "the sweep directory")
     if not (folder / PLAN_FILE).is_file():
         if (folder / RUN_FILE).exists():
             raise BooklensError(f"{folder} is a run directory (one book): --table prints the comparison of a sweep "
