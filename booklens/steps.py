@@ -334,6 +334,9 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     check_evidence_options(mode, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
                            has_book=book_text is not None, as_keys=as_keys)
     k, passage_tokens = retrieval_settings(k, passage_tokens)
+    if book_text is not None and not isinstance(book_text, str):
+        hint = ": read the book with booklens.text.read_book(path)" if isinstance(book_text, Path) else ""
+        raise BooklensError(f"the book text must be text, not {type(book_text).__name__}{hint}")
     if mode in BOOK_MODES and book_text is None:
         raise BooklensError(f"evidence mode '{mode}' needs the book")
     if not decompose:

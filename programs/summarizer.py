@@ -189,8 +189,9 @@ class _BookSummarizer(Module):
                                      ("--context-window", context_window, MIN_CONTEXT_WINDOW),
                                      ("--max-summary-tokens", max_summary_tokens, MIN_SUMMARY_TOKENS),
                                      *(("--level-budget", b, MIN_SUMMARY_TOKENS) for b in level_budgets or [])):
-            if value < least:
-                raise BooklensError(f"{option} must be at least {least} tokens (got {value})")
+            # A str, float or None from a caller's own config would fail further on, in arithmetic.
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise BooklensError(f"{option} must be at least {least} tokens (got {value!r})")
         from booklens.parallel import check_at_least
 
         check_at_least("--concurrency", concurrency)

@@ -463,3 +463,28 @@ def test_sweeps_name_a_manifest_directory_or_model_of_the_wrong_kind(tmp_path, m
     with pytest.raises(BooklensError, match=message):
         call(run_sweep, dry_run, sweep_table)
     assert not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"chunk_size": "512"}, r"^--chunk-size must be at least 64 tokens \(got '512'\)$"),  # a TypeError ('<' between str and int)
+    ({"max_summary_tokens": None}, r"^--max-summary-tokens must be at least 16 tokens \(got None\)$"),
+    ({"context_window": 4096.5}, r"^--context-window must be at least \d+ tokens \(got 4096\.5\)$"),
+])
+def test_make_summarizer_names_a_token_count_that_is_not_a_whole_number(options, message):
+    from booklens.programs.summarizer import make_summarizer
+
+    with pytest.raises(BooklensError, match=message):
+        make_summarizer("hier", **options)
+
+
+@pytest.mark.parametrize("book_text, message", [
+    (123, r"^the book text must be text, not int$"),  # an AttributeError ('int' has no 'strip')
+    (Path("book.txt"), r"^the book text must be text, not PosixPath: read the book with booklens\.text\.read_book"),
+])
+def test_verify_claims_names_a_book_text_that_is_not_text(tmp_path, book_text, message):
+    from booklens.steps import verify_claims
+
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError, match=message):
+        verify_claims(claims=["Mara finds the key."], book_text=book_text, cache_dir=tmp_path / "c")
+    assert lm.backend.calls == []
