@@ -263,6 +263,23 @@ def check_dev_set(optimizer: str, devset: Sequence[Any], empty: str = "the dev s
         raise BooklensError(f"optimizer '{optimizer}' chooses among candidates on a dev set, and {empty}")
 
 
+def fit_train_set(optimizer: str, budget: Budget, trainset: Sequence[Any], *, asked: bool,
+                  what: str = "the training set") -> Budget:
+    """The budget `optimizer` can spend on `trainset`, where every demo comes from: an empty set is
+    refused (`what` says whose), and so is asking (`asked`) for more demos than it holds, which would
+    be recorded and never spent; a default above its size is cut to it, so the record says what was spent."""
+    import dataclasses
+
+    if not trainset:
+        raise BooklensError(f"{what} is empty")
+    if "demos" not in OPTIMIZER_BUDGET[optimizer] or budget.demos <= len(trainset):
+        return budget
+    if asked:
+        raise BooklensError(f"--demos {budget.demos} asks for more demos than the {len(trainset)} examples of {what} "
+                            f"it picks them from: give at most {len(trainset)}, or a larger --train-size")
+    return dataclasses.replace(budget, demos=len(trainset))
+
+
 def compile_program(
     task: Any,
     trainset: Sequence[dspy.Example],
@@ -286,12 +303,12 @@ def compile_program(
 
     spec = get_task(task) if isinstance(task, str) else task
     name = check_optimizer(optimizer)
+    asked = budget is not None
     budget = budget or spec.default_budget()
     budget.check_for(name)
     trainset = seeded_order(trainset, seed)
     devset = list(devset or [])
-    if not trainset:
-        raise BooklensError("the training set is empty")
+    budget = fit_train_set(name, budget, trainset, asked=asked)
     check_dev_set(name, devset)
     student = program if program is not None else spec.build_program()
     base_metric = metric or spec.metric

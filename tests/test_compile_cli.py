@@ -584,6 +584,31 @@ def test_demos_0_with_an_optimizer_that_only_picks_demos_is_a_one_line_error(tmp
         assert_one_line_error(proc, f"--demos 0 leaves the {optimizer} optimizer nothing to choose", output=out)
 
 
+def test_more_demos_than_the_training_split_holds_is_a_one_line_error_before_any_call(tmp_path):
+    """Demos come from the training split: asking for more than it holds would record a budget the
+    artifact does not have (--demos 100000 in its metadata, 16 demos in its predictors)."""
+    data = tiny_fables(tmp_path / "fables.json")  # 16 training claims
+    out = tmp_path / "a.json"
+    with FakeOpenAIServer(responder=fake_verifier) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        for optimizer in ("labeled", "bootstrap", "random-search", "mipro"):
+            proc = run_cli(["compile", "verification", "--data", data, "--optimizer", optimizer, "--demos", "100000",
+                            "-o", out, *lm], tmp_path)
+            assert_one_line_error(proc, "--demos 100000", "16 examples", "--train-size", output=out)
+        assert server.received == []
+        # As many demos as there are training examples is a budget it can spend.
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "--demos", "16",
+                        "--no-test", "-o", out, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert len(json.loads(out.read_text())["verify"]["demos"]) == 16
+        # A default above what the split holds is no request: it spends what there is, and records that.
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "--train-size", "2",
+                        "--no-test", "-o", out, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        state = json.loads(out.read_text())
+        assert len(state["verify"]["demos"]) == 2 and state["metadata"]["booklens"]["budget"]["demos"] == 2
+
+
 def test_a_coherence_program_compiled_to_new_instructions_is_not_run_batched(tmp_path):
     """MIPROv2 and GEPA compile instructions, not only demos, and compile runs the per-sentence
     predictor only: with --batch-size above 1 the batched one would judge with nothing compile chose

@@ -97,7 +97,8 @@ def compile_command(
 ) -> None:
     """Compile a task's program on the training split with a DSPy optimizer; write the artifact."""
     from booklens.optimizers.artifacts import save_program
-    from booklens.optimizers.compile import check_budget_options, check_dev_set, check_optimizer, compile_program
+    from booklens.optimizers.compile import (check_budget_options, check_dev_set, check_optimizer, compile_program,
+                                            fit_train_set)
     from booklens.lm.usage import UsageTracker
     from booklens.optimizers.evaluate import evaluate_program, format_table
     from booklens.optimizers.tasks import get_task, load_task_splits
@@ -115,8 +116,7 @@ def compile_command(
     splits = load_task_splits(spec, data, seed=seed, sizes=_sizes(train_size, dev_size, test_size))
     if not evaluate_test:
         splits = splits.dropping("test")
-    if not splits.train:
-        raise BooklensError(f"the training split of {data} is empty")
+    budget = fit_train_set(name, budget, splits.train, asked=demos is not None, what=f"the training split of {data}")
     shares = "/".join(f"{100 * f:g}" for f in DEFAULT_FRACTIONS.values())
     check_dev_set(name, splits.dev, f"the dev split of {data} is empty (the data is split by book, {shares} %: more "
                                     "books fill it)")
