@@ -100,6 +100,9 @@ class Budget:
                                 "as it is")
         if optimizer == "mipro" and (self.candidates < 1 or self.trials < 1):
             raise BooklensError("mipro needs --candidates and --trials of at least 1")
+        if optimizer == "gepa" and self.trials == 0:
+            raise BooklensError("--trials 0 leaves the gepa optimizer nothing to do (its trials are its reflective "
+                                "proposals): the artifact would be the zero-shot program, which evaluate runs as it is")
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -641,6 +641,16 @@ def test_mipro_without_candidates_or_trials_is_refused_before_the_lm_starts(tmp_
         assert_one_line_error(proc, "mipro needs --candidates and --trials of at least 1", output=out)
 
 
+def test_gepa_without_trials_is_refused_before_the_lm_starts(tmp_path):
+    """GEPA's only work is its reflective proposals: with --trials 0 it scores the dev split and
+    returns the program it was given, an artifact that is the zero-shot program."""
+    data = tiny_fables(tmp_path / "fables.json")
+    out = tmp_path / "a.json"
+    proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "gepa", "--trials", "0", "-o", out,
+                    "--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+    assert_one_line_error(proc, "--trials 0 leaves the gepa optimizer nothing to do", output=out)
+
+
 def test_an_artifact_recording_its_folders_digest_is_still_on_the_same_data(tmp_path):
     """Artifacts compiled before the digest named the files a task reads recorded the digest of the
     whole folder given: evaluate on that folder still takes it as the same data."""
