@@ -258,12 +258,17 @@ def seeded_order(examples: Sequence[dspy.Example], seed: int) -> list[dspy.Examp
     return order
 
 
-def check_dev_set(optimizer: str, devset: Sequence[Any], empty: str = "the dev set is empty") -> None:
-    """The optimizers that choose among candidates on a dev set refuse an empty one (`empty` says whose)."""
+def check_dev_set(optimizer: str, devset: Sequence[Any], empty: str = "the dev set is empty",
+                  budget: Budget | None = None) -> None:
+    """The optimizers that choose among candidates on a dev set refuse an empty one (`empty` says whose),
+    and mipro a minibatch larger than it (the trials would be scored on the whole set, not as recorded)."""
     from booklens.optimizers.artifacts import DEV_CHOOSERS
 
     if optimizer in DEV_CHOOSERS and not devset:
         raise BooklensError(f"optimizer '{optimizer}' chooses among candidates on a dev set, and {empty}")
+    if optimizer == "mipro" and budget is not None and budget.minibatch_size > len(devset):
+        raise BooklensError(f"--minibatch-size {budget.minibatch_size} is more than the {len(devset)} examples of the "
+                            f"dev set: give at most {len(devset)}, or 0 for all of them")
 
 
 def fit_train_set(optimizer: str, budget: Budget, trainset: Sequence[Any], *, asked: bool,
@@ -312,7 +317,7 @@ def compile_program(
     trainset = seeded_order(trainset, seed)
     devset = list(devset or [])
     budget = fit_train_set(name, budget, trainset, asked=asked)
-    check_dev_set(name, devset)
+    check_dev_set(name, devset, budget=budget)
     student = program if program is not None else spec.build_program()
     base_metric = metric or spec.metric
     scoring = Scoring()

@@ -641,6 +641,16 @@ def test_mipro_without_candidates_or_trials_is_refused_before_the_lm_starts(tmp_
         assert_one_line_error(proc, "mipro needs --candidates and --trials of at least 1", output=out)
 
 
+def test_a_mipro_minibatch_larger_than_the_dev_split_is_refused_before_the_lm_starts(tmp_path):
+    """A minibatch as large as the dev split is the whole of it: a larger one would be recorded in the
+    artifact's budget while every trial was scored on the whole dev split."""
+    data = tiny_fables(tmp_path / "fables.json")  # 8 dev claims
+    out = tmp_path / "a.json"
+    proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "mipro", "--minibatch-size", "9",
+                    "-o", out, "--lm", "openai/fake-model", "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+    assert_one_line_error(proc, "--minibatch-size 9", "8 examples", output=out)
+
+
 def test_gepa_without_trials_is_refused_before_the_lm_starts(tmp_path):
     """GEPA's only work is its reflective proposals: with --trials 0 it scores the dev split and
     returns the program it was given, an artifact that is the zero-shot program."""

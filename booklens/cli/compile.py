@@ -119,7 +119,7 @@ def compile_command(
     budget = fit_train_set(name, budget, splits.train, asked=demos is not None, what=f"the training split of {data}")
     shares = "/".join(f"{100 * f:g}" for f in DEFAULT_FRACTIONS.values())
     check_dev_set(name, splits.dev, f"the dev split of {data} is empty (the data is split by book, {shares} %: more "
-                                    "books fill it)")
+                                    "books fill it)", budget=budget)
     empty = [name for name in ("dev", "test") if not splits.get(name) and (name == "dev" or evaluate_test)]
     if empty:
         # Not an error: labeled and bootstrap need no dev split (the optimizers that choose on it
