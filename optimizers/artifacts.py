@@ -155,6 +155,13 @@ def _check_block(path: str | Path, block: dict[str, Any]) -> None:
     for key in ("label_set", "method"):
         if config.get(key) is not None and not isinstance(config[key], str):
             raise _invalid(path, f"its program_config.{key} is {_json_type(config[key])}, not a string")
+    seed = block.get("seed")
+    if seed is not None:  # evaluate splits the data with it: only a seed --seed could give
+        from booklens.data.splits import SEED_RANGE
+
+        if not isinstance(seed, int) or isinstance(seed, bool) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+            shown = seed if isinstance(seed, int) and not isinstance(seed, bool) else _json_type(seed)
+            raise _invalid(path, f"its seed is {shown}, not one from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
     dataset = block.get("dataset") or {}
     for key in ("path", "sha256"):
         if dataset.get(key) is not None and not isinstance(dataset[key], str):

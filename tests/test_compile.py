@@ -315,6 +315,11 @@ def test_a_demo_label_in_another_case_still_loads(artifact):
     ("predictors", [1, "classify"], "its predictor list holds 1, which is not a predictor name"),
     ("fields", {"classify": 5}, "the fields of predictor classify are a number, not a list of names"),
     ("dataset", "FABLES", "its dataset is a string, not an object"),
+    # evaluate splits the data with an artifact's seed: one no --seed could give is no seed
+    ("seed", -5, "its seed is -5, not one from 0 to 4294967295"),
+    ("seed", 2**64, f"its seed is {2**64}, not one from 0 to 4294967295"),
+    ("seed", True, "its seed is true, not one from 0 to 4294967295"),
+    ("seed", "0", "its seed is a string, not one from 0 to 4294967295"),
 ])
 def test_malformed_metadata_is_refused_where_the_artifact_is_read(artifact, key, value, needle):
     state = json.loads(artifact.read_text())
