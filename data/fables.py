@@ -165,17 +165,23 @@ def _read_bytes(path: Path) -> Any:
 def load_fables(path: str | Path | None = None) -> list[FablesSummary]:
     """FABLES summaries from a .json (or the release's .json.zip, or the folder of FABLES.json);
     `default_fables_path()` when `path` is None."""
-    from booklens.records import present
-
-    path = fables_file(Path(path)) if path is not None else default_fables_path()
-    if not present(path):
-        raise BooklensError(f"FABLES data not found: {path}")
+    path = found_fables_file(Path(path)) if path is not None else default_fables_path()
     return parse_fables(_read_bytes(path), str(path))
 
 
 def fables_file(path: Path) -> Path:
     """The FABLES release a data path names: the file itself, or FABLES.json in the release's folder."""
     return path / "FABLES.json" if path.is_dir() else path
+
+
+def found_fables_file(path: Path) -> Path:
+    """`fables_file`, refused in one line when it is not there (a folder without FABLES.json)."""
+    from booklens.records import present
+
+    file = fables_file(path)
+    if not present(file):
+        raise BooklensError(f"FABLES data not found: {file}")
+    return file
 
 
 def default_fables_path() -> Path:

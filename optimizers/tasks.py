@@ -411,9 +411,9 @@ VERIFICATION_LABELS = ("Yes", "No")  # faithful / unfaithful, the claims the see
 
 
 def _fables_file(path: Path) -> list[Path]:
-    from booklens.data.fables import fables_file
+    from booklens.data.fables import found_fables_file
 
-    return [fables_file(path)]
+    return [found_fables_file(path)]
 
 
 def _fables_summary_splits(path: Path, seed: int) -> dict[str, list]:

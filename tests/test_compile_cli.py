@@ -651,6 +651,20 @@ def test_a_mipro_minibatch_larger_than_the_dev_split_is_refused_before_the_lm_st
     assert_one_line_error(proc, "--minibatch-size 9", "8 examples", output=out)
 
 
+@pytest.mark.parametrize("command", ["compile", "evaluate"])
+@pytest.mark.parametrize("task", ["verification", "decomposition"])
+def test_a_folder_without_fables_json_is_a_one_line_error(command, task, tmp_path):
+    """A folder names the FABLES release by its FABLES.json: evaluate digests the data before it
+    reads it, and a folder without one must not end in an internal error there."""
+    folder = tmp_path / "fables"
+    folder.mkdir()
+    out = tmp_path / "a.json"
+    extra = ["--optimizer", "labeled", "-o", out] if command == "compile" else []
+    proc = run_cli([command, task, "--data", folder, *extra, "--lm", "openai/fake-model",
+                    "--api-base", "http://127.0.0.1:9/v1"], tmp_path)
+    assert_one_line_error(proc, f"FABLES data not found: {folder / 'FABLES.json'}")
+
+
 def test_gepa_without_trials_is_refused_before_the_lm_starts(tmp_path):
     """GEPA's only work is its reflective proposals: with --trials 0 it scores the dev split and
     returns the program it was given, an artifact that is the zero-shot program."""
