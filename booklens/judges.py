@@ -733,6 +733,20 @@ def _fractions() -> dict[str, float]:
     return dict(DEFAULT_FRACTIONS)
 
 
+def check_judges_folder(output: str | Path) -> None:
+    """A one-line error unless the default judges can be written to the folder `output`: checked
+    before any annotation is read or looked up (`judges build`, `build_defaults`)."""
+    from booklens.records import nearest_existing_folder, present
+
+    output = Path(output)
+    exists = present(output)
+    if exists and not output.is_dir():
+        raise BooklensError(f"{output} is a file: the default judges are written to a folder "
+                            f"({', '.join(DEFAULT_FILES.values())})")
+    if not exists and not nearest_existing_folder(output).is_dir():
+        raise BooklensError(f"cannot write the judges to {output}: {nearest_existing_folder(output)} is not a folder")
+
+
 def build_defaults(human_dir: str | Path, fables_path: str | Path, output: str | Path = DEFAULTS_DIR,
                    *, seed: int = DEFAULT_SEED, unchanged_only: bool = False) -> dict[str, Path]:
     """Write the three default programs to `output`; returns judge -> path. With `unchanged_only`,
@@ -742,16 +756,10 @@ def build_defaults(human_dir: str | Path, fables_path: str | Path, output: str |
     import tempfile
 
     from booklens.optimizers.artifacts import save_program
-    from booklens.records import nearest_existing_folder, present, write_atomically
+    from booklens.records import write_atomically
 
     output = Path(output)
-    # Checked first: building reads every annotation.
-    exists = present(output)
-    if exists and not output.is_dir():
-        raise BooklensError(f"{output} is a file: the default judges are written to a folder "
-                            f"({', '.join(DEFAULT_FILES.values())})")
-    if not exists and not nearest_existing_folder(output).is_dir():
-        raise BooklensError(f"cannot write the judges to {output}: {nearest_existing_folder(output)} is not a folder")
+    check_judges_folder(output)  # first: building reads every annotation
     built = {
         "coherence": build_coherence_default(human_dir, seed=seed),
         "verification": build_verification_default(fables_path, seed=seed),

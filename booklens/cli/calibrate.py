@@ -254,8 +254,9 @@ def judges_build_command(
              "booklens/defaults, the shipped programs, rewritten only when they come out the same).")] = None,
 ) -> None:
     """Rebuild the default few-shot programs from the human annotations (no LM; the same files every time)."""
-    from booklens.judges import DEFAULTS_DIR, build_defaults
+    from booklens.judges import DEFAULTS_DIR, build_defaults, check_judges_folder
 
+    check_judges_folder(output or DEFAULTS_DIR)  # before the data paths are looked up
     # Without -o the shipped judges are only rewritten as they are: other annotations are refused.
     written = build_defaults(_human_dir(coherence_data), _fables_path(fables_data), output or DEFAULTS_DIR,
                              unchanged_only=output is None)
