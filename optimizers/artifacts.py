@@ -85,9 +85,7 @@ def save_program(program: dspy.Module, path: str | Path, *, task: str, **metadat
 
 def read_artifact(path: str | Path) -> dict[str, Any]:
     """Read and validate an artifact file; one-line `BooklensError`s for every way it can be wrong."""
-    from booklens.records import parse_json
-
-    from booklens.records import present
+    from booklens.records import parse_json, present
 
     path = Path(path)
     if not present(path):

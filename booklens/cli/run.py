@@ -197,7 +197,8 @@ def report_command(
         return
     from booklens.reports import run_inputs, write_report
 
-    check_not_an_input(output, run_inputs(run_dir))  # the book a run read is no place for its page
+    # the files the run read (its book, given summary, programs) by path; write_report also tells the book by its text
+    check_not_an_input(output, run_inputs(run_dir))
     notes: list[str] = []
     target = write_report(run_dir, output, notify=notes.append)
     typer.echo(f"wrote {target}", err=True)
