@@ -207,6 +207,10 @@ def write_report(run_dir: str | Path, output: str | Path | None = None, *,
     if output is not None and holds_the_book(target, data.run):
         raise BooklensError(f"cannot write the report to {target}: it holds the book this run read "
                             f"({data.run.book}); choose another output file")
+    if output is not None and holds_the_given_summary(target, data):
+        source = data.run.config.get("summary_file") or getattr(data.summary, "file", None)  # or a sweep's summaries
+        raise BooklensError(f"cannot write the report to {target}: it holds the summary this run judged "
+                            f"({source}); choose another output file")
     try:
         page = render_report(data)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field of another type than written
@@ -230,6 +234,23 @@ def holds_the_book(path: Path, run: RunRecord) -> bool:
     except (BooklensError, OSError, ValueError):  # not a book at all: not this one either
         return False
     return sha256_text(text) == run.book_sha256
+
+
+def holds_the_given_summary(path: Path, data: RunData) -> bool:
+    """Whether the existing file `path` is the summary file a `run --summary` run judged. As with the
+    book, run.json names that file as `run` was given it; the summary record the run kept tells it
+    wherever it lies, read as `run` read it."""
+    from booklens.inputs import read_given_summary
+
+    kept = data.summary
+    if data.run.summary_source != "given" or kept is None or not path.is_file():
+        return False
+    try:
+        given = read_given_summary(path)
+    except (BooklensError, OSError, ValueError):  # not a summary at all: not this one either
+        return False
+    # a text is kept in a record of its own; a `booklens summarize` record is kept as it was given
+    return given == kept.summary if isinstance(given, str) else given == kept
 
 
 def same_file(a: Path, b: Path) -> bool:

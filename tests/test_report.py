@@ -145,14 +145,15 @@ def scripted(summary: str, *, questions=None, claims=None, reason="Passage 1 say
     return ScriptedLM(respond)
 
 
-SYSTEM_OPTIONS = {"method", "chunk_size", "context_window", "max_summary_tokens", "summary_file"}
+SYSTEM_OPTIONS = {"method", "chunk_size", "context_window", "max_summary_tokens", "summary_file", "summary_text"}
 
 
 def execute(tmp_path: Path, lm, *, book: Path = STORY, out: str = "run", **options):
     from booklens.lm import FixedLMPool
     from booklens.pipeline import JudgeConfig, SystemConfig, run_book
 
-    made = {} if "summary_file" in options else {"remove_artifacts": False}  # a given summary is judged as it is
+    given = {"summary_file", "summary_text"} & options.keys()
+    made = {} if given else {"remove_artifacts": False}  # a given summary is judged as it is
     system = SystemConfig(**made, **{k: v for k, v in options.items() if k in SYSTEM_OPTIONS})
     judge = JudgeConfig(**{k: v for k, v in options.items() if k not in SYSTEM_OPTIONS})
     output = tmp_path / out
@@ -793,6 +794,43 @@ def test_the_report_is_not_written_over_the_book_from_another_folder_than_the_ru
     (tmp_path / "other.txt").write_text("Another story altogether.\n")
     assert run_command(["report", target, "-o", tmp_path / "other.txt"]).returncode == 0
     assert run_command(["report", target, "-o", tmp_path / "other.txt"]).returncode == 0
+
+
+def test_the_report_is_not_written_over_a_given_summary_from_another_folder_than_the_runs(hier_run, tmp_path,
+                                                                                         monkeypatch):
+    """run.json names a given summary's file as `run --summary` was given it, often relative to the
+    folder `run` ran in: `report -o` from another folder missed it by path. The summary the run judged
+    tells the file wherever it lies, a text file or a `booklens summarize` record alike."""
+    given = tmp_path / "given"
+    given.mkdir()
+    (given / "summary.txt").write_text(STORY_SUMMARY + "\n", encoding="utf-8")
+    shutil.copyfile(hier_run / "summary.json", given / "record.json")
+    monkeypatch.chdir(tmp_path)
+    runs = {name: execute(tmp_path, scripted("unused", claims=["Maren Holt is a bookbinder."]), out=f"run-{name}",
+                          summary_file=Path("given") / name, evidence="none")
+            for name in ("summary.txt", "record.json")}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for name, run_dir in runs.items():
+        assert json.loads((run_dir / "run.json").read_text())["config"]["summary_file"] == f"given/{name}"
+        before = (given / name).read_bytes()
+        for spelling in (given / name, Path("..") / "given" / name):
+            result = run_command(["report", run_dir, "-o", spelling])
+            assert result.returncode == 2, result.stderr
+            assert result.stderr.startswith("error: ") and result.stderr.strip().count("\n") == 0, result.stderr
+            assert "holds the summary" in result.stderr and f"given/{name}" in result.stderr, result.stderr
+            assert (given / name).read_bytes() == before
+    # a summary a sweep's cell was handed as text is told alike, named as its record names it
+    as_text = execute(tmp_path, scripted("unused", claims=["Maren Holt is a bookbinder."]), out="run-text",
+                      summary_text=STORY_SUMMARY, evidence="none")
+    result = run_command(["report", as_text, "-o", given / "summary.txt"])
+    assert result.returncode == 2 and "holds the summary this run judged (summaries of run)" in result.stderr, \
+        result.stderr
+    # another summary, or a page written before, is written over as ever
+    (tmp_path / "other.txt").write_text("Another summary altogether.\n")
+    for _ in range(2):
+        assert run_command(["report", runs["summary.txt"], "-o", tmp_path / "other.txt"]).returncode == 0
 
 
 def test_the_report_is_not_written_over_a_step_record_the_run_has_not_made_yet(hier_run, tmp_path):

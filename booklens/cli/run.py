@@ -197,7 +197,8 @@ def report_command(
         return
     from booklens.reports import run_inputs, write_report
 
-    # the files the run read (its book, given summary, programs) by path; write_report also tells the book by its text
+    # the files the run read (its book, given summary, programs) by path; write_report also tells the book and
+    # a given summary by their texts, wherever run.json's relative paths point
     check_not_an_input(output, run_inputs(run_dir))
     notes: list[str] = []
     target = write_report(run_dir, output, notify=notes.append)
