@@ -367,6 +367,43 @@ def test_one_book_under_two_keys_is_refused(corpus: Path):
     assert [b.key for b in load_manifest(manifest, lm="openai/x", api_base="http://x/v1").books] == ["alpha", "beta"]
 
 
+def test_one_text_in_two_files_of_other_bytes_is_refused(corpus: Path):
+    """The same book as a copy saved with other line endings and blank edges, or as .txt and .epub,
+    is one text as a run reads it (and digests it): it would count twice in every mean and interval.
+    Refused in one line naming both files, by the sweep and its dry run alike."""
+    from ebooklib import epub
+
+    alpha = (corpus / "corpus" / "alpha.txt").read_text()
+    (corpus / "crlf").mkdir()
+    (corpus / "crlf" / "alpha-dos.txt").write_bytes(("\r\n\r\n" + alpha.replace("\n", "\r\n") + "\r\n").encode())
+    book = epub.EpubBook()
+    book.set_identifier("alpha")
+    book.set_title("Alpha")
+    book.set_language("en")
+    chapter = epub.EpubHtml(title="One", file_name="one.xhtml", lang="en")
+    chapter.content = f"<html><body><p>{alpha.strip()}</p></body></html>"
+    book.add_item(chapter)
+    book.add_item(epub.EpubNcx())
+    book.add_item(epub.EpubNav())
+    book.spine = [chapter]
+    (corpus / "ebooks").mkdir()
+    epub.write_epub(str(corpus / "ebooks" / "alpha-ebook.epub"), book)
+    for entry, twin in (("crlf", corpus / "crlf" / "alpha-dos.txt"),
+                        ("ebooks", corpus / "ebooks" / "alpha-ebook.epub")):
+        manifest = write(corpus / "m.yaml", f"books: [corpus, {entry}]\nsystems: [{{name: a}}]\n")
+        for dry in ([], ["--dry-run"]):
+            code, err = run_cli(["sweep", str(manifest), "-o", str(corpus / "sweep"), "--lm", "openai/x",
+                                 "--api-base", "http://127.0.0.1:9/v1", *dry])
+            assert code == 2 and err.count("\n") == 1, err
+            assert f"{corpus / 'corpus' / 'alpha.txt'} and {twin} are the same text under two keys" in err, err
+            assert not (corpus / "sweep").exists()
+    # a book that shares only its start with another is its own
+    write(corpus / "longer" / "alpha-longer.txt", alpha + "And he sailed again.\n")
+    manifest = write(corpus / "m.yaml", "books: [corpus, longer]\nsystems: [{name: a}]\n")
+    assert [b.key for b in load_manifest(manifest, lm="openai/x", api_base="http://x/v1").books] == \
+        ["alpha", "beta", "alpha-longer"]
+
+
 def test_an_empty_lm_is_refused_as_an_empty_lm_option_is(corpus: Path):
     for section, where in (("lm: ''\n", "lm"), ("judge: {lm: ' '}\n", "judge.lm")):
         manifest = write(corpus / "m.yaml", f"{section}books: corpus\nsystems: [{{name: a}}]\n")

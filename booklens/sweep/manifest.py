@@ -29,7 +29,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -223,6 +223,7 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
             program = _relative(base, system.program)
             _check_program(program, "summarize", where)
             system.program = str(program)
+    _refuse_repeated_books(path, books, (bool(system.drop_matter) for system in systems))
     judge = spec.judge
     _check_judge(judge, base, path)
     _check_lms(spec, path)
@@ -491,7 +492,6 @@ def _resolve_books(manifest: Path, base: Path, entries: list[str]) -> list[Book]
                                 "cells would be one directory, so rename one")
         by_key[key] = p
         books.append(Book(key, p))
-    _refuse_repeated_books(manifest, books)
     return books
 
 
@@ -502,29 +502,27 @@ def _folded(key: str) -> str:
     return unicodedata.normalize("NFC", key).casefold()
 
 
-def _refuse_repeated_books(manifest: Path, books: list[Book]) -> None:
-    """One book under two keys (a link, or a copy under another name) would count twice in every mean
-    and interval over books: refused. Only files of equal size are read, to compare their bytes."""
-    import hashlib
+def _refuse_repeated_books(manifest: Path, books: list[Book], drop_matter: Iterable[bool] = (False,)) -> None:
+    """One book under two keys (a link, a copy under another name or with other line endings, the
+    same book as .txt and .epub) would count twice in every mean and interval over books: refused.
+    Books are compared by their texts as a run reads and digests them, once for each `drop_matter`
+    setting the systems read them with; a book that cannot be read is left to fail in its cells."""
+    from booklens.pipeline import sha256_text
+    from booklens.text import read_book
 
-    by_size: dict[int, list[Book]] = {}
-    for book in books:
-        try:
-            by_size.setdefault(book.path.stat().st_size, []).append(book)
-        except OSError:  # unreadable: its own cells fail when the sweep runs
-            continue
-    for same_size in by_size.values():
+    for dropped in dict.fromkeys(drop_matter):
         seen: dict[str, Book] = {}
-        for book in same_size if len(same_size) > 1 else ():
+        for book in books:
             try:
-                fingerprint = hashlib.sha256(book.path.read_bytes()).hexdigest()
-            except OSError:
+                fingerprint = sha256_text(read_book(book.path, drop_matter=dropped))
+            except (BooklensError, OSError):
                 continue
             first = seen.setdefault(fingerprint, book)
             if first is not book:
-                how = ("the same file" if first.path.resolve() == book.path.resolve() else "the same text")
+                how = "the same file" if first.path.resolve() == book.path.resolve() else "the same text"
+                once = " once their front and back matter are dropped" if dropped else ""
                 raise BooklensError(f"{manifest}: books: {first.path} and {book.path} are {how} under two keys "
-                                    f"({first.key!r} and {book.key!r}), so it would count twice; list it once")
+                                    f"({first.key!r} and {book.key!r}){once}, so it would count twice; list it once")
 
 
 def _read_summaries(path: Path, books: list[Book], where: str) -> dict[str, str]:
