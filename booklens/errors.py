@@ -39,6 +39,11 @@ def setting_name(option: str, as_keys: bool | str = False) -> str:
     return f"{as_keys}.{key}" if isinstance(as_keys, str) else key
 
 
+class ConfigError(BooklensError, ValueError):
+    """A library config record (`booklens.pipeline.SystemConfig`, `JudgeConfig`) built with a bad
+    value: one line naming the field, and still the ValueError pydantic's error was."""
+
+
 class LMError(BooklensError):
     """A permanent backend failure: bad key, unknown model, prompt larger than the context."""
 

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from booklens.errors import BooklensError, first_line, kind_of
 from booklens.parallel import raise_if_stopped
@@ -87,7 +87,26 @@ def _regenerations_in_range(value: int) -> int:
     return value
 
 
-class SystemConfig(BaseModel):
+class _Config(BaseModel):
+    """A config record a library caller builds: a bad value is one line naming the field (pydantic's
+    own error spreads it over four). Records read back with `model_validate` keep pydantic's error,
+    which their readers word themselves."""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            from booklens.errors import ConfigError, validation_problem
+
+            problem = exc.errors()[0]
+            given = problem.get("input")
+            # the value, as a command's range errors show it; not for a missing or unknown key (its value is no reason)
+            got = (f" (got {given!r})" if problem.get("type") not in ("missing", "extra_forbidden")
+                   and isinstance(given, (int, float, str)) else "")
+            raise ConfigError(f"{type(self).__name__}: {validation_problem(exc)}{got}") from None
+
+
+class SystemConfig(_Config):
     """How the summary of a book is made, or which existing summary is judged."""
 
     model_config = ConfigDict(extra="forbid")
@@ -121,7 +140,7 @@ SUMMARIZER_FIELDS = ("method", "chunk_size", "context_window", "max_summary_toke
                      "level_budgets", "merge_context", "words_per_token", "remove_artifacts")
 
 
-class JudgeConfig(BaseModel):
+class JudgeConfig(_Config):
     """Which judgments are made of the summary, with which evidence, programs and LM."""
 
     model_config = ConfigDict(extra="forbid")

@@ -488,3 +488,24 @@ def test_verify_claims_names_a_book_text_that_is_not_text(tmp_path, book_text, m
     with dspy.context(lm=lm), pytest.raises(BooklensError, match=message):
         verify_claims(claims=["Mara finds the key."], book_text=book_text, cache_dir=tmp_path / "c")
     assert lm.backend.calls == []
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda c: c.SystemConfig(chunk_size=-3), "SystemConfig: chunk_size: Input should be greater than or equal to 64"),
+    (lambda c: c.SystemConfig(max_regenerations=10**9), "SystemConfig: max_regenerations: must be from 0 to 10"),
+    (lambda c: c.SystemConfig(chunk_sise=512), "SystemConfig: chunk_sise: Extra inputs are not permitted"),
+    (lambda c: c.SystemConfig(level_budgets=[1, 2]),
+     "SystemConfig: level_budgets.0: Input should be greater than or equal to 16"),
+    (lambda c: c.JudgeConfig(k="x"), "JudgeConfig: k: Input should be a valid integer"),
+    (lambda c: c.JudgeConfig(steps=["coherance"]), "JudgeConfig: steps.0: Input should be 'coherence' or"),
+])
+def test_a_config_record_given_a_bad_value_is_one_line_naming_the_field(build, message):
+    """pydantic words a bad value over four lines (a count, the field, the problem with its input,
+    a link); the configs a library caller builds say it in one, as a command would, and stay the
+    ValueError they were."""
+    import booklens.pipeline as configs
+
+    with pytest.raises(ValueError) as caught:
+        build(configs)
+    assert isinstance(caught.value, BooklensError)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value), str(caught.value)
