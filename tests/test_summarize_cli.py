@@ -246,6 +246,61 @@ def test_an_empty_output_file_is_refused_as_empty(tmp_path, command, monkeypatch
     assert list(work.iterdir()) == []
 
 
+def _path_options(names: set[str]):
+    """(command path, option) for every option of the CLI spelled as one of `names`."""
+    import typer
+
+    from booklens.cli import app
+
+    def walk(command, path):
+        for sub_name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*path, sub_name])
+        for param in command.params:
+            if set(param.opts) & names:
+                yield " ".join(path), param
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+EMPTY_INPUT_OPTIONS = {"--program", "--data", "--coherence-data", "--fables-data"}
+
+
+def test_every_empty_program_or_data_option_is_refused_as_empty_options_are():
+    """`--program "$ART"` or `--data "$DIR"` with the variable unset read the current folder ('program
+    artifact is a directory, not a file: .', 'no BooookScore human annotation files (summary-*.json)
+    in .'); they are refused as `-o ""` is: the option is empty, name what it reads."""
+    from booklens.errors import BooklensError
+
+    found = _path_options(EMPTY_INPUT_OPTIONS)
+    assert {option for _, param in found for option in param.opts} >= {"--program", "--data"}
+    assert len(found) >= 10, [(command, param.opts) for command, param in found]
+    for command, param in found:
+        option = next(o for o in param.opts if o.startswith("--"))
+        parse = param.type_descriptor.parameter_info.parser  # the value's parser, as the option was declared
+        assert parse is not None, (command, option)
+        with pytest.raises(BooklensError) as caught:
+            parse("")
+        assert str(caught.value).startswith(f"{option} is empty: name the "), (command, str(caught.value))
+
+
+@pytest.mark.parametrize("args, option", [
+    (["summarize", STORY, "--program", ""], "--program"),
+    (["run", STORY, "-o", "run", "--program", ""], "--program"),
+    (["evaluate", "coherence", "--data", ""], "--data"),
+    (["data", "stats", "fables", "--data", ""], "--data"),
+], ids=["summarize", "run", "evaluate", "data-stats-fables"])
+def test_an_empty_program_or_data_option_is_one_line_naming_it(tmp_path, args, option, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    proc = run_cli([*args, "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"]
+                   if args[0] in ("summarize", "run") else args, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {option} is empty: name the "), proc.stderr
+    assert list(work.iterdir()) == []
+
+
 @pytest.mark.parametrize("name", ["", " "])
 @pytest.mark.parametrize("command", [["run", STORY], ["sweep", REPO / "examples" / "sweep.yaml"],
                                      ["judges", "build"]], ids=["run", "sweep", "judges-build"])

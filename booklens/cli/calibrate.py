@@ -28,6 +28,7 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     command_group,
+    named_path,
     output_file,
     output_path,
     output_folder,
@@ -41,11 +42,13 @@ judges_app = command_group(help="The default judges: show them, or rebuild them 
 app.add_typer(judges_app, name="judges")
 
 CoherenceDataOption = Annotated[Optional[Path], typer.Option(
-    "--coherence-data", help="BooookScore human annotations: the folder with summary-gpt4-4096-{inc,hier}.json "
-                             "(default: ../shared/data/booookscore/human or $BOOKLENS_BOOOOKSCORE_DIR/human).")]
+    "--coherence-data", parser=named_path("--coherence-data", "folder of BooookScore annotations to read"),
+    metavar="<path>", help="BooookScore human annotations: the folder with summary-gpt4-4096-{inc,hier}.json "
+                           "(default: ../shared/data/booookscore/human or $BOOKLENS_BOOOOKSCORE_DIR/human).")]
 FablesDataOption = Annotated[Optional[Path], typer.Option(
-    "--fables-data", help="FABLES.json or its folder (default: ../shared/data/fables/FABLES.json if present, else "
-                          "the public release, downloaded once).")]
+    "--fables-data", parser=named_path("--fables-data", "FABLES file or folder to read"), metavar="<path>",
+    help="FABLES.json or its folder (default: ../shared/data/fables/FABLES.json if present, else "
+         "the public release, downloaded once).")]
 ZeroShotOption = Annotated[bool, typer.Option("--zero-shot", help="The zero-shot program instead of the default "
                                                                   "few-shot one.")]
 

@@ -68,8 +68,27 @@ CacheDirOption = Annotated[
     Optional[Path], typer.Option("--cache-dir", parser=cache_dir_option, metavar="<path>",
                                  help="Where completed LM calls are cached (BOOKLENS_CACHE_DIR).")
 ]
+
+
+def named_path(option: str, what: str, *, blank_is_empty: bool = True) -> Callable[[str], Path]:
+    """The parser of a path option: an empty value (`-o "$OUT"` with OUT unset, say) is refused as
+    'OPTION is empty: name the WHAT', not read as the current folder, which would be written into or
+    read as the data ('-o . is a directory', 'program artifact is a directory, not a file: .'). With
+    `blank_is_empty` a value of blanks only is refused alike."""
+
+    def parse(value: str) -> Path:
+        if not (value.strip() if blank_is_empty else value):
+            raise BooklensError(f"{option} is empty: name the {what}")
+        return Path(value)
+
+    return parse
+
+
+program_path = named_path("--program", "compiled program artifact (JSON) to load")
+data_path = named_path("--data", "data file or folder to read")
 ProgramOption = Annotated[
-    Optional[Path], typer.Option("--program", help="A compiled program artifact (JSON) from `booklens compile`.")
+    Optional[Path], typer.Option("--program", parser=program_path, metavar="<path>",
+                                 help="A compiled program artifact (JSON) from `booklens compile`.")
 ]
 
 
@@ -132,20 +151,10 @@ def output_file(path: Optional[Path]) -> Optional[Path]:
     return path
 
 
-def output_path(value: str) -> Path:
-    """The parser of an -o FILE option (its callback, `output_file`, checks the path): an empty value
-    is refused as empty, not read as the current folder ('-o . is a directory')."""
-    if not value:
-        raise BooklensError("-o is empty: name the file to write")
-    return Path(value)
-
-
-def output_folder(value: str) -> Path:
-    """The parser of an -o FOLDER option (`run`, `sweep`, `judges build`): an empty or blank value is
-    refused, not taken for the current folder (`-o "$DIR"` with DIR unset, say)."""
-    if not value.strip():
-        raise BooklensError("-o is empty: name the folder to write")
-    return Path(value)
+# an -o FILE option (its callback, `output_file`, checks the path; a blank name is told apart there)
+output_path = named_path("-o", "file to write", blank_is_empty=False)
+# an -o FOLDER option (`run`, `sweep`, `judges build`)
+output_folder = named_path("-o", "folder to write")
 
 
 def _paths(value: Any) -> Iterable[Path]:

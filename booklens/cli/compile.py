@@ -25,8 +25,10 @@ from booklens.cli.common import (
     SplitName,
     StructuredOption,
     TpmOption,
+    data_path,
     output_file,
     output_path,
+    program_path,
     seed_option,
     setup_lm,
     write_output,
@@ -38,8 +40,9 @@ from booklens.lm.base import lm_label
 TaskArgument = Annotated[str, typer.Argument(
     help="coherence (confusion detection), verification, decomposition (claims) or summarize.")]
 DataOption = Annotated[Path, typer.Option(
-    "--data", help="Annotations: BooookScore human annotation file or folder (coherence), FABLES.json "
-                   "(verification, decomposition), a folder of books (summarize).")]
+    "--data", parser=data_path, metavar="<path>",
+    help="Annotations: BooookScore human annotation file or folder (coherence), FABLES.json (verification, "
+         "decomposition), a folder of books (summarize).")]
 
 
 SeedOption = Annotated[Optional[int], seed_option("Seed of the book split, the subsets and the optimizer "
@@ -197,8 +200,9 @@ def evaluate_command(
     task: TaskArgument,
     data: DataOption,
     program: Annotated[Optional[list[Path]], typer.Option(
-        "--program", help="A compiled artifact ('default': the few-shot program booklens ships); repeat to "
-                          "compare several. The zero-shot program is the first column unless --no-zero-shot.")]
+        "--program", parser=program_path, metavar="<path>",
+        help="A compiled artifact ('default': the few-shot program booklens ships); repeat to "
+             "compare several. The zero-shot program is the first column unless --no-zero-shot.")]
     = None,
     split: Annotated[SplitName, typer.Option("--split", help="Which split of the data, by book.")] = SplitName.test,
     size: Annotated[Optional[int], typer.Option(

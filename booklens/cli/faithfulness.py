@@ -25,10 +25,12 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     ZeroShotOption,
+    data_path,
     echo_artifact_note,
     echo_judge,
     evidence_enum,
     label_shares,
+    program_path,
     setup_lm,
     write_output,
 )
@@ -198,7 +200,8 @@ def check_command(
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
     program: Annotated[Optional[list[Path]], typer.Option(
-        "--program", help="Compiled decomposition and/or verification artifacts (JSON); repeat for both.")] = None,
+        "--program", parser=program_path, metavar="<path>",
+        help="Compiled decomposition and/or verification artifacts (JSON); repeat for both.")] = None,
     zero_shot: ZeroShotOption = False,
     binary: BinaryOption = False,
 ) -> None:
@@ -227,8 +230,9 @@ def check_command(
 @stats_app.command("fables")
 def fables_stats_command(
     data: Annotated[Optional[Path], typer.Option(
-        "--data", help="FABLES.json, its folder, or the release's .json.zip; default: ../shared/data/fables/FABLES.json if "
-                       "present, else the public release, downloaded once.")] = None,
+        "--data", parser=data_path, metavar="<path>",
+        help="FABLES.json, its folder, or the release's .json.zip; default: ../shared/data/fables/FABLES.json if "
+             "present, else the public release, downloaded once.")] = None,
     output: OutputOption = None,
 ) -> None:
     """Label distribution and claims per summary by summarizer (the seed's Table 2)."""

@@ -35,6 +35,7 @@ from booklens.cli.common import (
     output_file,
     output_path,
     output_folder,
+    program_path,
 )
 from booklens.cli.summarize import (
     ChunkSizeOption,
@@ -117,8 +118,8 @@ def run_command(
     max_claims: Annotated[Optional[int], typer.Option(
         "--max-claims", min=1, help="Verify only the first N claims (a quick, cheap run).")] = None,
     program: Annotated[Optional[list[Path]], typer.Option(
-        "--program", help="A compiled program (summarize, coherence, decomposition or verification); repeat "
-                          "for several.")] = None,
+        "--program", parser=program_path, metavar="<path>",
+        help="A compiled program (summarize, coherence, decomposition or verification); repeat for several.")] = None,
     zero_shot: ZeroShotOption = False,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,

@@ -19,6 +19,7 @@ from booklens.cli.common import (
     TpmOption,
     choices,
     echo_artifact_note,
+    program_path,
     retry_count,
     setup_lm,
     write_output,
@@ -110,7 +111,8 @@ def summarize(
     tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
     cache_dir: CacheDirOption = None,
-    program: Annotated[Optional[Path], typer.Option("--program", help="Compiled summarizer artifact (JSON).")] = None,
+    program: Annotated[Optional[Path], typer.Option(
+        "--program", parser=program_path, metavar="<path>", help="Compiled summarizer artifact (JSON).")] = None,
     output: OutputOption = None,
 ) -> None:
     """Summarize a book by hierarchical merging or incremental updating."""
