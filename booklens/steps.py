@@ -1,5 +1,6 @@
 """The steps of booklens as library functions: each runs one program with the LM DSPy is set up
-with (`dspy.configure` or `dspy.context`) and returns the record the CLI writes.
+with (`dspy.configure` or `dspy.context`) and returns the record the CLI writes. Their calls use the
+adapter set up there too, else booklens's (`adapter_unless_configured`).
 
     summarize_book     book -> `Summary` (hierarchical merging or incremental updating)
     score_summaries    summaries -> `CoherenceResult` each (BooookScore)
@@ -13,16 +14,31 @@ are counted in a usage scope, so they are exact even when other work shares the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
 from booklens.lm.usage import usage_scope, usage_step
 from booklens.retrieval import DEFAULT_PASSAGE_TOKENS
 from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, counted
+
+
+def _in_booklens_format(step: Callable[..., Any]) -> Callable[..., Any]:
+    """A step whose calls use booklens's adapter when the caller configured none (README's snippet
+    sets it by hand; a caller who forgot paid for each call twice), the caller's adapter otherwise."""
+
+    @functools.wraps(step)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from booklens.lm.adapter import adapter_unless_configured
+
+        with adapter_unless_configured():
+            return step(*args, **kwargs)
+
+    return run
 
 
 def _usage(tracker) -> dict[str, Any]:
@@ -121,6 +137,7 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZ
     return program
 
 
+@_in_booklens_format
 def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZE,
                    context_window: Optional[int] = None, max_summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
                    level_budgets: Optional[list[int]] = None, max_regenerations: Optional[int] = None,
@@ -182,6 +199,7 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = D
 # Coherence
 
 
+@_in_booklens_format
 def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concurrency: int = 4, tries: int = 3,
                     book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None) -> dict[str, Any]:
     """Score summaries with the configured LM; name -> `CoherenceResult`, each with its judge. The
@@ -265,6 +283,7 @@ def judge_notes(record: Any) -> list[str]:
 # Faithfulness
 
 
+@_in_booklens_format
 def decompose_summary(summary: str, *, decomposer: Any = None):
     """The summary's atomic claims as a `ClaimSet`; when no valid list came back after the
     decomposer's tries, the set is empty and `error` says why (the caller decides if that is fatal)."""
@@ -310,6 +329,7 @@ def check_claims(claims: Any) -> None:
                                 f"claim {n} is {type(claim).__name__}, not text")
 
 
+@_in_booklens_format
 def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Optional[Path] = None,
                   summary: Optional[str] = None, given: Optional[Sequence[Optional[Sequence[str]]]] = None,
                   mode: str = "bm25", k: Optional[int] = None, budget_tokens: Optional[int] = None,

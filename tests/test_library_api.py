@@ -94,3 +94,42 @@ def test_a_program_given_its_own_plain_lm_gets_dspys_fresh_sample_not_booklens_k
     assert got.ok and got.attempts == 2 and len(bodies) == 2
     assert _booklens_keys(bodies) == [] and bodies[1].get("temperature") == 0.7
 
+
+
+def _steps_on_a_plain_lm(tmp_path, **adapter) -> list[str]:
+    """The steps (`booklens.steps`) on a plain `dspy.LM`, under `adapter` when given, else under none
+    configured: the step of each request the server was sent."""
+    from booklens.steps import decompose_summary, score_summaries, summarize_book, verify_claims
+
+    tmp_path.mkdir()
+    book = tmp_path / "book.txt"
+    book.write_text(" ".join(f"Mara walked to the mill on day {n} and met Tom there." for n in range(200)))
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        with dspy.context(lm=_plain_lm(server), adapter=adapter.get("adapter")):  # None: as if none were set
+            summary = summarize_book(book, chunk_size=256, context_window=2048, max_summary_tokens=128,
+                                     max_regenerations=0, concurrency=1)
+            claims = decompose_summary(SUMMARY)
+            scored = score_summaries({"story": SUMMARY}, concurrency=1)
+            report = verify_claims(claims=claims.claims, book_text=None, mode="none", concurrency=1)
+        bodies = list(server.served)
+    assert summary.summary and len(claims.claims) == 3
+    assert all(s.status == "ok" for s in scored["story"].sentences) and len(report.claims) == 3
+    return [pipeline_step(b) for b in bodies]
+
+
+def test_the_steps_ask_in_booklens_format_when_no_adapter_is_configured(tmp_path):
+    """Under DSPy's default adapter a model answering in JSON had each call made twice (the chat
+    format's parse fails, then DSPy asks again for JSON). With no adapter configured the steps use
+    booklens's for their calls, one per item, as the commands make them; an adapter the caller
+    configured is theirs to keep, and the global settings are left as they were."""
+    from booklens.lm import BooklensAdapter
+
+    configured = dspy.settings.adapter
+    steps = _steps_on_a_plain_lm(tmp_path / "none")
+    assert dspy.settings.adapter is configured
+    assert steps.count("claims") == 1 and steps.count("coherence") == 3 and steps.count("verify") == 3
+    # the same calls as under booklens's adapter set by hand, the summary's included
+    assert steps == _steps_on_a_plain_lm(tmp_path / "booklens", adapter=BooklensAdapter())
+    # a configured adapter is used as it is: DSPy's chat format, its JSON fallback making each call twice
+    chat = _steps_on_a_plain_lm(tmp_path / "chat", adapter=dspy.ChatAdapter())
+    assert chat.count("claims") == 2 and chat.count("coherence") == 6

@@ -23,7 +23,7 @@ _EXPORTS = {
                  "local_model_path", "resolve_lm_name", "lm_name_label", "refuse_server_options_for_embedded"),
     "remote": ("LiteLLMBackend", "STRUCTURED_MODES", "check_api_base", "resolve_api_base"),
     "ratelimit": ("RateLimiter",),
-    "adapter": ("BooklensAdapter", "plain_output_field"),
+    "adapter": ("BooklensAdapter", "plain_output_field", "adapter_unless_configured"),
     "model": ("BooklensLM", "last_finish_reason", "last_stop", "UNFINISHED", "filter_stopped", "make_lm",
               "make_backend", "lm_context_window",
               "local_backend", "configure", "current_lm", "Attempted", "predict_with_retries", "Reasks", "fresh_try",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
 
 from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.adapters.json_adapter import JSONAdapter, _get_structured_outputs_response_format
@@ -257,3 +258,17 @@ class BooklensAdapter(JSONAdapter):
             return super().parse(signature, lenient_answer(signature, completion))
         return {plain: plain_answer(completion, plain, signature.input_fields)}
 
+
+@contextmanager
+def adapter_unless_configured() -> Iterator[None]:
+    """booklens's adapter for the DSPy calls made inside, when the caller configured none (DSPy's
+    default would ask in its chat format, and a model that answers in JSON fails its parse and is
+    asked again: every call made twice). An adapter the caller set (`dspy.configure`, `dspy.context`)
+    is used as it is. Only this thread's context changes, for the block (and the work it hands on)."""
+    import dspy
+
+    if dspy.settings.adapter is not None:
+        yield
+        return
+    with dspy.context(adapter=BooklensAdapter()):
+        yield
