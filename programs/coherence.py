@@ -321,6 +321,23 @@ def labelled_sentences(demos: Sequence[Any], *, batched: bool) -> int:
     return total
 
 
+def own_demo_sentences(demos: Sequence[Any], summary: str, *, batched: bool) -> int:
+    """The labelled sentences `demos` show of `summary` itself (spacing aside): a summary judged with
+    its own labels in the prompt gets them back, whatever the judge makes of it."""
+    key = " ".join(summary.split())
+    own = [d for d in demos if isinstance(d.get("summary"), str) and " ".join(d["summary"].split()) == key]
+    return labelled_sentences(own, batched=batched)
+
+
+def own_demos_note(prediction: Any) -> str | None:
+    """What to say of a judgment whose summary is one of the demos it was shown (None when it is not)."""
+    own = getattr(prediction, "own_demos", 0) or 0
+    if not own:
+        return None
+    return (f"this summary is one of the judge's demos, with {own} of its sentences labelled: its verdicts on "
+            "them repeat those labels, not the judge's reading")
+
+
 def demos_note(prediction: Any) -> str | None:
     """What to say of a judgment for which `fitting_demos` left demos out (None when it left none):
     the one wording `score`, `evaluate` and `calibrate` give it, so that a judge shipped few-shot is
@@ -404,7 +421,8 @@ class CoherenceScorer(Module):
             )
             annotations = [a for batch in per_batch for a in batch]
         # Counted in labelled sentences, as the judge line counts the demos (`booklens.judges.demo_count`).
-        shown = labelled_sentences(predictor.demos if demos is None else demos, batched=not per_sentence)
+        shown_demos = predictor.demos if demos is None else demos
+        shown = labelled_sentences(shown_demos, batched=not per_sentence)
         return dspy.Prediction(
             annotations=annotations,
             score=booookscore(annotations),
@@ -412,6 +430,7 @@ class CoherenceScorer(Module):
             sentences=sentences,
             demos_shown=shown,
             demos_dropped=labelled_sentences(predictor.demos, batched=not per_sentence) - shown,
+            own_demos=own_demo_sentences(shown_demos, summary, batched=not per_sentence),
         )
 
     def _budget(self, n_sentences: int) -> dict[str, Any]:

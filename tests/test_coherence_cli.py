@@ -556,3 +556,26 @@ def test_a_batched_judge_counts_the_demos_it_left_out_as_its_judge_line_counts_t
     assert f"batched, {demos} demos" in result.stderr
     (note,) = record["results"]["long"]["notes"]
     assert f" of the judge's {demos} demos were left out" in note, note
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"BooookScore data not found at {DATA}")
+def test_scoring_a_summary_the_shipped_judge_shows_as_a_demo_says_so(tmp_path):
+    """The human-annotated file README scores holds the default judge's demo summaries (training
+    split): scored, such a summary is judged with its own labels in the prompt, and the console says
+    so for that summary alone."""
+    from booklens.judges import load_judge
+    from booklens.testing import FakeOpenAIServer
+
+    human = json.loads((DATA / "human" / "summary-gpt4-4096-inc.json").read_text())
+    demo_summaries = {" ".join(d["summary"].split()) for d in load_judge("coherence").detect.demos}
+    own = next(name for name, entry in human.items() if " ".join(entry["summary"].split()) in demo_summaries)
+    other = next(name for name, entry in human.items() if " ".join(entry["summary"].split()) not in demo_summaries)
+    summaries = write(tmp_path / "two.json", {own: human[own], other: human[other]})
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=fake_coherence_answer) as server:
+        result = invoke(["score", summaries, "--lm", "openai/fake", "--api-base", server.url, "-o", out], tmp_path)
+    assert result.exit_code == 0, result.output
+    (note,) = json.loads(out.read_text())["results"][own]["notes"]
+    assert note.startswith("this summary is one of the judge's demos, with 16 of its sentences labelled")
+    assert f"note: {own!r}: {note}" in result.output
+    assert repr(other) not in result.output

@@ -687,3 +687,31 @@ def test_batched_a_larger_budget_that_does_not_fit_the_window_ends_the_tries_not
     assert all(a.error.startswith(f"the answer was cut off at the token limit ({first} tokens): ") and
                a.error.endswith(f"; a larger answer budget ({first * 2} tokens) does not fit the context window")
                for a in prediction.annotations)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_summary_that_is_one_of_the_judges_demos_is_noted(batch_size):
+    """A summary the judge holds among its demos is judged with its own labels in the prompt (the
+    human file `score` reads has the default judge's two demo summaries in it): its verdicts repeat
+    the labels, so its record says so; another summary gets no such note."""
+    from booklens.steps import score_summaries
+
+    scorer = CoherenceScorer(batch_size=batch_size)
+    if batch_size == 1:
+        scorer.detect.demos = [dspy.Example(summary=" ".join(SUMMARY.split(" ")), sentence=s, **answer_for(s))
+                               for s in SENTENCES[:2]]
+    else:
+        answers = [{"number": n, **answer_for(s)} for n, s in enumerate(SENTENCES[:2], 1)]
+        scorer.detect_batch.demos = [dspy.Example(summary=SUMMARY.replace(". ", ".\n"), sentences="",
+                                                  answers=answers)]
+
+    def responder(call):
+        if batch_size == 1:
+            return answer_for(call.inputs["sentence"])
+        return {"answers": [{"number": n, **NO} for n in batch_numbers(call)]}
+
+    with dspy.context(lm=ScriptedLM(responder), adapter=BooklensAdapter()):
+        results = score_summaries({"own": SUMMARY, "other": "Anna walks."}, scorer=scorer)
+    assert results["own"].notes == ["this summary is one of the judge's demos, with 2 of its sentences labelled: "
+                                    "its verdicts on them repeat those labels, not the judge's reading"]
+    assert results["other"].notes == []
