@@ -325,7 +325,8 @@ def own_demo_sentences(demos: Sequence[Any], summary: str, *, batched: bool) -> 
     """The labelled sentences `demos` show of `summary` itself (spacing aside): a summary judged with
     its own labels in the prompt gets them back, whatever the judge makes of it."""
     key = " ".join(summary.split())
-    own = [d for d in demos if isinstance(d.get("summary"), str) and " ".join(d["summary"].split()) == key]
+    summaries = [d.get(SHARED_FIELD) if hasattr(d, "get") else None for d in demos]
+    own = [d for d, text in zip(demos, summaries) if isinstance(text, str) and " ".join(text.split()) == key]
     return labelled_sentences(own, batched=batched)
 
 
