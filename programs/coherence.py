@@ -39,8 +39,9 @@ from booklens.lm import (ContextWindowExceeded, Reasks, filter_stopped, forget_a
                          predict_with_retries)
 from booklens.parallel import chunked, parallel_map
 from booklens.programs.base import Module, Predict
-from booklens.records import COHERENCE_ERROR_TYPES, SentenceAnnotation
-from booklens.signatures.coherence import CONFUSION, NO_CONFUSION, DetectConfusion, DetectConfusionBatch
+from booklens.records import SentenceAnnotation
+from booklens.signatures.coherence import (CONFUSION, NO_CONFUSION, DetectConfusion, DetectConfusionBatch,
+                                           unknown_kinds)
 from booklens.vocabulary import DEFAULT_TRIES, check_retries
 
 # Completion budget per judged sentence: a verdict, a few questions and types fit easily; the
@@ -69,9 +70,9 @@ def check_answer(verdict: Any, questions: Any, error_types: Any) -> str | None:
     if verdict not in (NO_CONFUSION, CONFUSION):
         return f"verdict {verdict!r} is neither 'confusion' nor 'no confusion'"
     types = list(error_types or [])
-    unknown = [t for t in types if t not in COHERENCE_ERROR_TYPES]
+    unknown = unknown_kinds(types)
     if unknown:
-        return f"unknown error type(s) {', '.join(repr(t) for t in unknown)}"
+        return unknown
     questions = _clean_questions(questions)
     if verdict == CONFUSION:
         if not types:

@@ -56,10 +56,27 @@ def _named_list(value: Any) -> list[str]:
             if v is not None and not (isinstance(v, str) and _no_kind(v) in _NO_KINDS)]
 
 
+def unknown_kinds(kinds: list[Any]) -> str | None:
+    """The complaint about the kinds of an answer that are none of the eight, or None: one wording
+    for both modes' records."""
+    unknown = [k for k in kinds if k not in COHERENCE_ERROR_TYPES]
+    return f"unknown error type(s) {', '.join(repr(k) for k in unknown)}" if unknown else None
+
+
+def _known_kinds(value: Any) -> list[str]:
+    """Kinds read as `_named_list` reads them; an unknown one refuses the answer naming it (left to
+    the field's type, the refusal named only the type: "1 validation error for list[literal[...]]")."""
+    kinds = _named_list(value)
+    complaint = unknown_kinds(kinds)
+    if complaint:
+        raise ValueError(complaint)
+    return kinds
+
+
 # The prompt and the JSON schema show the plain list types; only the answer is read leniently
 # (`booklens.lm.adapter` applies a field's `BeforeValidator` when it reads an answer).
 Questions = Annotated[list[str], BeforeValidator(_text_list)]
-ErrorTypes = Annotated[list[CoherenceErrorType], BeforeValidator(_named_list)]
+ErrorTypes = Annotated[list[CoherenceErrorType], BeforeValidator(_known_kinds)]
 VerdictAnswer = Annotated[Verdict, BeforeValidator(_verdict)]
 
 GUIDE = """\

@@ -715,3 +715,19 @@ def test_a_summary_that_is_one_of_the_judges_demos_is_noted(batch_size):
     assert results["own"].notes == ["this summary is one of the judge's demos, with 2 of its sentences labelled: "
                                     "its verdicts on them repeat those labels, not the judge's reading"]
     assert results["other"].notes == []
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_an_unknown_kind_is_named_in_the_recorded_error_in_both_modes(batch_size):
+    """The per-sentence record said only "1 validation error for list[literal[...]]", naming no kind,
+    where the batched one names it: a user finding out why a model's answers were refused reads which
+    kind it wrote in either mode."""
+    def one(sentence, attempt):
+        if "Zed" in sentence:
+            return {"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": ["entity omission", "plot hole"]}
+        return answer_for(sentence)
+
+    prediction, _ = run_in_mode(one, batch_size)
+    failed = prediction.annotations[1]
+    assert failed.status == "failed" and failed.attempts == 3
+    assert "unknown error type(s) 'plot hole'" in failed.error, failed.error
