@@ -208,7 +208,7 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
     from booklens.judges import judge_info, load_judge
     from booklens.lm import current_lm
     from booklens.metrics.booookscore import finish_result
-    from booklens.programs.coherence import demos_note, other_stops_note, own_demos_note
+    from booklens.programs.coherence import demos_note, own_demos_note, split_notes
     from booklens.records import CoherenceResult
     from booklens.text import split_sentences
 
@@ -235,8 +235,8 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
         with usage_scope() as tracker, usage_step("coherence"):
             prediction = scorer(summary=text, sentences=sentences)
         seconds = time.perf_counter() - started
-        notes = [note for note in [demos_note(prediction), own_demos_note(prediction), other_stops_note(sentences)]
-                 if note]
+        notes = [note for note in [demos_note(prediction), own_demos_note(prediction)] if note]
+        notes += split_notes(sentences)
         result = CoherenceResult(
             book=name, summary=text, annotator="program", sentences=prediction.annotations,
             mode=scorer.mode, batch_size=scorer.batch_size, judge=judge, notes=notes, lm=lm_label(lm),

@@ -327,18 +327,44 @@ def labelled_sentences(demos: Sequence[Any], *, batched: bool) -> int:
 _OTHER_STOPS = re.compile(r"([。！？｡।॥۔؟])[\s\"'”’」』）)]*(?=\w)")
 
 
-def other_stops_note(sentences: Sequence[str]) -> str | None:
-    """What to say of sentences that run on past another script's full stop (None when none does): a
-    Chinese summary is one sentence to Punkt, so its score can only be 0 or 100. The split stays
-    NLTK's, which the released annotations and the paper's figures rest on."""
+# A line that starts a list item: a bullet, or a number with its dot or parenthesis.
+_LIST_ITEM = re.compile(r"^[ \t]*(?:[-*+•]|\d+[.)])[ \t]+\S", re.MULTILINE)
+
+
+# A sentence that is, or ends in, a number alone: Punkt ends a sentence after a list item's "1." (and
+# after "No. 1." in "Chopin's Ballade No. 1.", the number then a sentence of its own).
+_LIST_NUMBER = re.compile(r"(?:^|\n)[ \t]*(\d+[.)])\s*$")
+
+
+def split_notes(sentences: Sequence[str]) -> list[str]:
+    """What to say of sentences Punkt's split leaves other than a reader would (none for ordinary
+    prose): ones that run on past another script's full stop (a Chinese summary is one sentence, so
+    its score can only be 0 or 100) or over list items with no . ? ! between them, and numbers
+    alone ("1." of a numbered list) judged as sentences. The split stays NLTK's, which the released annotations and the
+    paper's figures rest on."""
+    def said(held: list[str], singular: str, plural: str, judged: str = "judged whole") -> str:
+        one = len(held) == 1
+        return (f"{len(held)} of the summary's {len(sentences)} sentences {singular if one else plural}, and "
+                f"{'was' if one else 'were'} {judged}")
+
+    notes = []
     held = [s for s in sentences if _OTHER_STOPS.search(s)]
-    if not held:
-        return None
-    marks = ", ".join(repr(m) for m in dict.fromkeys(m.group(1) for s in held for m in _OTHER_STOPS.finditer(s)))
-    one = len(held) == 1
-    return (f"NLTK's Punkt splits sentences at . ? ! only: {len(held)} of the summary's {len(sentences)} sentences "
-            f"{'holds' if one else 'hold'} another full stop inside ({marks}), and {'was' if one else 'were'} "
-            "judged whole")
+    if held:
+        marks = ", ".join(repr(m) for m in dict.fromkeys(m.group(1) for s in held for m in _OTHER_STOPS.finditer(s)))
+        notes.append("NLTK's Punkt splits sentences at . ? ! only: " + said(
+            held, f"holds another full stop inside ({marks})", f"hold another full stop inside ({marks})"))
+    listed = [s for s in sentences if len(_LIST_ITEM.findall(s)) > 1]
+    if listed:
+        notes.append("NLTK's Punkt does not split sentences at line breaks: " + said(
+            listed, "runs over several list items with no . ? ! between them",
+            "run over several list items with no . ? ! between them"))
+    numbered = [s for s in sentences if _LIST_NUMBER.search(s)]
+    if numbered:
+        first = _LIST_NUMBER.search(numbered[0]).group(1)
+        notes.append("NLTK's Punkt ends sentences after a number and its stop: " + said(
+            numbered, f"is or ends in a number alone ({first!r})", f"are or end in a number alone ({first!r})",
+            "judged as sentences" if len(numbered) > 1 else "judged as a sentence"))
+    return notes
 
 
 def own_demo_sentences(demos: Sequence[Any], summary: str, *, batched: bool) -> int:

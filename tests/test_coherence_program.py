@@ -746,3 +746,40 @@ def test_a_summary_whose_full_stops_punkt_does_not_split_at_is_noted():
     assert results["zh"].notes == ["NLTK's Punkt splits sentences at . ? ! only: 1 of the summary's 1 sentences "
                                    "holds another full stop inside ('。'), and was judged whole"]
     assert results["en"].notes == [] and results["end"].notes == []
+
+
+def test_list_items_without_a_full_stop_between_them_are_noted():
+    """A bulleted summary whose items end in no . ? ! is one sentence to Punkt (it does not split at
+    line breaks), judged whole; the record says so. Items that end in a full stop are sentences of
+    their own, and prose hard-wrapped over lines is no list."""
+    from booklens.steps import score_summaries
+
+    with dspy.context(lm=ScriptedLM(lambda call: NO), adapter=BooklensAdapter()):
+        results = score_summaries({
+            "bare": "- Mara keeps the lighthouse\n- Zed appears at the door\n* The lamp stays lit",
+            "stops": "- Mara keeps the lighthouse.\n- Zed appears at the door.\n- The lamp stays lit.",
+            "wrapped": "Mara keeps the lighthouse on Gull Rock\nwith her father - and Zed\n- who is new - comes.",
+        }, scorer=CoherenceScorer())
+    assert results["bare"].n_sentences == 1
+    assert results["bare"].notes == ["NLTK's Punkt does not split sentences at line breaks: 1 of the summary's "
+                                     "1 sentences runs over several list items with no . ? ! between them, and "
+                                     "was judged whole"]
+    assert results["stops"].n_sentences == 3 and results["stops"].notes == []
+    assert results["wrapped"].notes == []
+
+
+def test_list_numbers_that_punkt_makes_sentences_of_are_noted():
+    """Punkt ends a sentence after an item's number ("1."), which is then judged as a sentence of its
+    own (or ends the item before it): the record says how many. A year ending a sentence is no such
+    number."""
+    from booklens.steps import score_summaries
+
+    with dspy.context(lm=ScriptedLM(lambda call: NO), adapter=BooklensAdapter()):
+        results = score_summaries({"numbered": "1. Mara keeps the lighthouse. 2. Zed appears at the door.",
+                                   "dated": "Mara keeps the lighthouse until 1917. Zed comes in 1918."},
+                                  scorer=CoherenceScorer())
+    assert results["numbered"].sentences[0].sentence == "1."
+    assert results["numbered"].notes == ["NLTK's Punkt ends sentences after a number and its stop: 2 of the "
+                                         "summary's 4 sentences are or end in a number alone ('1.'), and were "
+                                         "judged as sentences"]
+    assert results["dated"].notes == []
