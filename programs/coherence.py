@@ -340,8 +340,8 @@ def split_notes(sentences: Sequence[str]) -> list[str]:
     """What to say of sentences Punkt's split leaves other than a reader would (none for ordinary
     prose): ones that run on past another script's full stop (a Chinese summary is one sentence, so
     its score can only be 0 or 100) or over list items with no . ? ! between them, and numbers
-    alone ("1." of a numbered list) judged as sentences. The split stays NLTK's, which the released annotations and the
-    paper's figures rest on."""
+    alone ("1." of a numbered list) judged as sentences. The split stays NLTK's, which the released
+    annotations and the paper's figures rest on."""
     def said(held: list[str], singular: str, plural: str, judged: str = "judged whole") -> str:
         one = len(held) == 1
         return (f"{len(held)} of the summary's {len(sentences)} sentences {singular if one else plural}, and "

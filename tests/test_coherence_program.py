@@ -724,7 +724,8 @@ def test_an_unknown_kind_is_named_in_the_recorded_error_in_both_modes(batch_size
     kind it wrote in either mode."""
     def one(sentence, attempt):
         if "Zed" in sentence:
-            return {"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": ["entity omission", "plot hole"]}
+            return {"verdict": "confusion", "questions": ["Who is Zed?"],
+                    "error_types": ["entity omission", "plot hole"]}
         return answer_for(sentence)
 
     prediction, _ = run_in_mode(one, batch_size)
