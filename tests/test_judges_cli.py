@@ -504,6 +504,26 @@ def test_judges_build_without_o_never_changes_the_shipped_judges(tmp_path, share
     assert (shipped / "coherence.json").read_bytes() == before["coherence.json"]
 
 
+def test_judges_build_refuses_an_output_folder_whose_judge_file_is_its_input(tmp_path, shared_dir):
+    """FABLES kept as verification.json in the -o folder was read, then replaced by the judge built
+    from it: refused in one line before anything is built or written. (The coherence annotations
+    are read from summary-*.json files, never under a judge's file name.)"""
+    import shutil
+
+    out = tmp_path / "judges"
+    out.mkdir()
+    fables = out / "verification.json"
+    shutil.copy(shared_dir / "data" / "fables" / "FABLES.json", fables)
+    before = fables.read_bytes()
+    result = run_command(["judges", "build", "--coherence-data", shared_dir / "data" / "booookscore" / "human",
+                          "--fables-data", fables, "-o", out])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "verification.json" in result.stderr and "input" in result.stderr
+    assert fables.read_bytes() == before
+    assert [p.name for p in out.iterdir()] == ["verification.json"]  # nothing else written either
+
+
 @pytest.mark.parametrize("first, bad", [(first, bad) for first in ("coherence", "verification")
                                         for bad in ("missing", "empty", "not-json")]
                          + [("coherence", "no-labelled-claim")])

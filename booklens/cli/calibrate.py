@@ -22,6 +22,7 @@ from booklens.cli import app
 from booklens.cli.common import (
     ApiBaseOption,
     CacheDirOption,
+    check_not_an_input,
     LMOption,
     ProgramOption,
     RpmOption,
@@ -257,11 +258,16 @@ def judges_build_command(
              "booklens/defaults, the shipped programs, rewritten only when they come out the same).")] = None,
 ) -> None:
     """Rebuild the default few-shot programs from the human annotations (no LM; the same files every time)."""
-    from booklens.judges import DEFAULTS_DIR, build_defaults, check_judges_folder
+    from booklens.judges import DEFAULT_FILES, DEFAULTS_DIR, build_defaults, check_judges_folder
 
-    check_judges_folder(output or DEFAULTS_DIR)  # before the data paths are looked up
+    folder = output or DEFAULTS_DIR
+    check_judges_folder(folder)  # before the data paths are looked up
+    human, fables = _human_dir(coherence_data), _fables_path(fables_data)
+    # The folder may hold the annotations under a judge's file name (FABLES kept as verification.json):
+    # the judge built from them would replace them.
+    for name in DEFAULT_FILES.values():
+        check_not_an_input(folder / name, [human, fables], shown=f"{folder} (its {name})")
     # Without -o the shipped judges are only rewritten as they are: other annotations are refused.
-    written = build_defaults(_human_dir(coherence_data), _fables_path(fables_data), output or DEFAULTS_DIR,
-                             unchanged_only=output is None)
+    written = build_defaults(human, fables, folder, unchanged_only=output is None)
     for judge, path in written.items():
         typer.echo(f"wrote {path}", err=True)

@@ -165,14 +165,16 @@ def _paths(value: Any) -> Iterable[Path]:
             yield from _paths(item)
 
 
-def check_not_an_input(output: Any, inputs: Iterable[Any], cache_dir: Any = None) -> None:
+def check_not_an_input(output: Any, inputs: Iterable[Any], cache_dir: Any = None, *,
+                       shown: Optional[str] = None) -> None:
     """A one-line error when the existing file `output` is one of `inputs` (paths, or lists of
     them), a file in an input folder that booklens did not write (the folder's data), or a file of
     the LM cache (`cache_dir`, else the default): the result would replace what the command reads,
     or the calls already made. Compared as files on disk, so another spelling of the path or a
-    link to it counts too."""
+    link to it counts too. `shown`: how the error names the output, when -o named a folder."""
     if not isinstance(output, Path) or not output.is_file():
         return
+    named = output if shown is None else shown
     for path in _paths(list(inputs)):
         try:
             same = path.exists() and os.path.samefile(path, output)
@@ -180,13 +182,13 @@ def check_not_an_input(output: Any, inputs: Iterable[Any], cache_dir: Any = None
         except OSError:
             continue
         if same:
-            raise BooklensError(f"-o {output} is also an input of this command ({path}): writing the result "
+            raise BooklensError(f"-o {named} is also an input of this command ({path}): writing the result "
                                 "there would overwrite it; choose another output file")
         if inside:
             from booklens.records import written_by_booklens
 
             if not written_by_booklens(output):
-                raise BooklensError(f"-o {output} is a file of the input folder {path}: writing the result there "
+                raise BooklensError(f"-o {named} is a file of the input folder {path}: writing the result there "
                                     "would overwrite it; choose an output file outside that folder")
     from booklens.lm.cache import CACHE_FILE, cache_folder
     from booklens.retrieval import index_dir
@@ -199,7 +201,7 @@ def check_not_an_input(output: Any, inputs: Iterable[Any], cache_dir: Any = None
     except OSError:
         hit = False
     if hit:
-        raise BooklensError(f"-o {output} is a file of the LM cache in {cache}: writing the result there would "
+        raise BooklensError(f"-o {named} is a file of the LM cache in {cache}: writing the result there would "
                             "lose the calls and indexes it keeps; choose another output file")
 
 
