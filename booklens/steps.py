@@ -384,6 +384,9 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
 
         check_budget_fits(verifier, getattr(lm, "context_window", None), budget_tokens=budget_tokens,
                           book_text=book_text, given=given if mode == "given" else None, as_keys=as_keys)
+    # The judge (with its stored calibration) is read before any call, as `score_summaries` does: a
+    # store that cannot be read then fails the command before the claims are judged, not after.
+    judge = judge_info(judge_name("verification", verifier), verifier, lm, evidence=mode)
     started = time.perf_counter()
     index_seconds = 0.0
     if index is None and book_text is not None and mode != "none" and (decompose or claims):
@@ -408,8 +411,7 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
         passage_tokens=passage_tokens if index is not None else None,
         claims=verdicts, label_counts=counts, label_percentages=percentages, failures=failures,
         label_set=verifier.label_set,
-        judge=judge_info(judge_name("verification", verifier), verifier, lm, evidence=mode),
-        lm=lm_label(lm), usage=_usage(tracker),
+        judge=judge, lm=lm_label(lm), usage=_usage(tracker),
         timings={"index_seconds": round(index_seconds, 3), "verify_seconds": round(run_seconds, 3),
                  "total_seconds": round(time.perf_counter() - started, 3)},
     )

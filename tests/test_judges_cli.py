@@ -436,6 +436,33 @@ def test_a_malformed_calibration_entry_is_one_line_naming_the_store(tmp_path):
     assert run_command(["judges", "--cache-dir", cache]).returncode == 0
 
 
+@pytest.mark.parametrize("command", ["score", "verify", "check"])
+def test_a_malformed_calibration_store_is_refused_before_any_call(tmp_path, command):
+    """Every judgment's record carries its judge's calibration, read from the store beside the LM
+    cache: a malformed store stopped `verify` and `check` only after every claim was judged, with no
+    record written. Like `score`, they refuse it before the first call."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    store = cache / "calibration.json"
+    store.write_text(json.dumps({"kind": "booklens.calibrations", "calibrations": {"x": {"figures": 3}}}))
+    book = tmp_path / "book.txt"
+    book.write_text("Mara keeps the lighthouse on Gull Rock. Zed appears at the door one winter night.")
+    summary = tmp_path / "summary.txt"
+    summary.write_text(SUMMARY)
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Mara keeps the lighthouse.", "Zed appears at the door."]))
+    args = {"score": [summary], "verify": ["--book", book, "--claims", claims],
+            "check": [book, summary]}[command]
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        proc = run_command([command, *args, "--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache,
+                            "-o", out])
+        assert server.served == []
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: calibration store {store}: the entry 'x' is malformed")
+    assert not out.exists()
+
+
 def test_judges_shows_the_batched_coherence_judge_that_calibrate_stored(tmp_path):
     """`calibrate --batch-size 3` stores the batched judge's figures apart from the per-sentence one's;
     `judges --batch-size 3` shows that judge with them, as `score --batch-size 3` would judge."""
