@@ -547,6 +547,7 @@ def test_judges_build_refuses_an_output_folder_whose_judge_file_is_its_input(tmp
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
     assert "verification.json" in result.stderr and "input" in result.stderr
+    assert result.stderr.rstrip().endswith("choose another -o folder")  # -o names a folder here, not a file
     assert fables.read_bytes() == before
     assert [p.name for p in out.iterdir()] == ["verification.json"]  # nothing else written either
 

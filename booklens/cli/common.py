@@ -174,7 +174,8 @@ def check_not_an_input(output: Any, inputs: Iterable[Any], cache_dir: Any = None
     link to it counts too. `shown`: how the error names the output, when -o named a folder."""
     if not isinstance(output, Path) or not output.is_file():
         return
-    named = output if shown is None else shown
+    named, other, outside = ((output, "another output file", "an output file outside that folder") if shown is None
+                             else (shown, "another -o folder", "an -o folder outside it"))
     for path in _paths(list(inputs)):
         try:
             same = path.exists() and os.path.samefile(path, output)
@@ -183,13 +184,13 @@ def check_not_an_input(output: Any, inputs: Iterable[Any], cache_dir: Any = None
             continue
         if same:
             raise BooklensError(f"-o {named} is also an input of this command ({path}): writing the result "
-                                "there would overwrite it; choose another output file")
+                                f"there would overwrite it; choose {other}")
         if inside:
             from booklens.records import written_by_booklens
 
             if not written_by_booklens(output):
                 raise BooklensError(f"-o {named} is a file of the input folder {path}: writing the result there "
-                                    "would overwrite it; choose an output file outside that folder")
+                                    f"would overwrite it; choose {outside}")
     from booklens.lm.cache import CACHE_FILE, cache_folder
     from booklens.retrieval import index_dir
 
@@ -202,7 +203,7 @@ def check_not_an_input(output: Any, inputs: Iterable[Any], cache_dir: Any = None
         hit = False
     if hit:
         raise BooklensError(f"-o {named} is a file of the LM cache in {cache}: writing the result there would "
-                            "lose the calls and indexes it keeps; choose another output file")
+                            f"lose the calls and indexes it keeps; choose {other}")
 
 
 def refuse_outputs_over_inputs(app: typer.Typer) -> None:
