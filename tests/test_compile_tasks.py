@@ -392,6 +392,8 @@ def test_the_released_summaries_with_a_repeated_sentence_are_asked_as_score_asks
     copies = [e for e in examples if e.sentence != e.sentences[0]]
     repeating = {(e.source, e.book) for e in copies}
     assert len(copies) == 15 and len(repeating) == 5
+    # as README counts them: 4 incremental summaries and 1 hierarchical one
+    assert sorted(source for source, _ in repeating).count("summary-gpt4-4096-inc.json") == 4
     for source, book in sorted(repeating):
         mine = [e for e in examples if (e.source, e.book) == (source, book)]
         lm = configure(ScriptedLM(detector))
