@@ -229,14 +229,15 @@ class _BookSummarizer(Module):
         """The most tokens one generation for a `budget`-token summary may write."""
         return int(budget * self.generation_slack) + self.generation_allowance
 
-    def call_cap(self, budget: int, predictor: dspy.Predict, inputs: dict[str, Any]) -> int:
-        """The token cap of one call: `token_cap`, less what the window lacks after the call's prompt.
+    def call_cap(self, budget: int, predictor: dspy.Predict, inputs: dict[str, Any], grow: int = 1) -> int:
+        """The token cap of one call: `token_cap` (times `grow`), less what the window lacks after the
+        call's prompt.
 
         The budget checks leave room in the window for a summary of `budget` tokens, not for the cap's
         slack above it, and a server refuses a request whose prompt and max_tokens exceed its window.
         The prompt is counted with the margin the budgets keep for the backend's own tokenizer; the
         cap never drops below the budget, which the checks make room for."""
-        cap = self.token_cap(budget)
+        cap = self.token_cap(budget) * grow
         left = self.context_window - math.ceil(prompt_tokens(predictor, **inputs) / BUDGET_MARGIN)
         return min(cap, max(left, budget))
 
@@ -283,6 +284,10 @@ class _BookSummarizer(Module):
         wordless: list = []  # the calls of answers without a word
         unread: list[str] = []  # why each try whose answers did not parse failed
         filtered = 0  # the tries whose answer the provider's content filter stopped
+        # An answer the cap stopped before it had any text: a model that reasons before it answers may
+        # have spent the cap on reasoning, and under the same cap does so again. Each such answer
+        # doubles the next try's cap, as far as the window has room.
+        grow, capped_empty, cap = 1, 0, 0
         for regeneration in range(self._tries(fallback)):
             if regeneration > self.max_regenerations and best is not None and good(best):
                 break  # the tries past --max-regenerations are only for a summary with no word yet
@@ -290,11 +295,12 @@ class _BookSummarizer(Module):
             asked = dict(inputs)
             if regeneration and self.shrink_on_regeneration and "word_limit" in asked:
                 asked["word_limit"] = max(1, int(asked["word_limit"] * (1 - REGENERATION_SHRINK * regeneration)))
+            cap = self.call_cap(budget, predictor, asked, grow)
             with hearing_calls() as heard:
                 result = predict_with_retries(
                     predictor,
                     config={
-                        "max_tokens": self.call_cap(budget, predictor, asked),
+                        "max_tokens": cap,
                         "temperature": temperature if regeneration == 0 else max(temperature, 0.7),
                         **fresh_try(100 * regeneration, getattr(predictor, "lm", None)),
                     },
@@ -309,6 +315,8 @@ class _BookSummarizer(Module):
             candidate = _Generated(text, tokens, regeneration + 1, tokens > budget, False, stop == "length",
                                    filtered=stop == "content_filter")
             filtered += candidate.filtered
+            if not text and candidate.cut_off:
+                grow, capped_empty = grow * 2, capped_empty + 1
             if not good(candidate):
                 wordless.extend(heard)
             # (of answers that are no summary, one the filter did not stop says more of why in an error)
@@ -324,7 +332,7 @@ class _BookSummarizer(Module):
                               filtered=filtered == tried)
         if best is None or not good(best):
             forget_answers(wordless)  # not kept: a rerun asks again
-            raise BooklensError(self._no_summary(where, best, unread, filtered))
+            raise BooklensError(self._no_summary(where, best, unread, filtered, cap if capped_empty == tried else 0))
         if best.cut_off and trim:
             # The cap stopped the answer mid-sentence: a dangling half sentence would read as confusing.
             text = without_unfinished_sentence(best.text)
@@ -343,10 +351,12 @@ class _BookSummarizer(Module):
         """How many tries a summary gets when none of its answers has a word."""
         return self.max_regenerations + 1 if fallback is not None else max(self.max_regenerations + 1, WORDLESS_TRIES)
 
-    def _no_summary(self, where: str, best: _Generated | None, unread: Sequence[str] = (), filtered: int = 0) -> str:
+    def _no_summary(self, where: str, best: _Generated | None, unread: Sequence[str] = (), filtered: int = 0,
+                    capped: int = 0) -> str:
         """The error when no try gave a summary with words: what the tries got instead (answers
-        without a word, refusals, empty ones, `filtered` stopped by the provider's content filter,
-        or, `unread`, the errors of those that did not parse). Those
+        without a word, refusals, empty ones (`capped`: every one cut off at the token cap, the last
+        at that many tokens), `filtered` stopped by the provider's content filter, or, `unread`, the
+        errors of those that did not parse). Those
         answers are not kept in the cache (empty ones never are), so a plain rerun asks again; more
         regenerations or another model are what change the odds."""
         tries = self._tries(None)
@@ -366,6 +376,9 @@ class _BookSummarizer(Module):
             got = f"no answer could be read ({why})"
         elif unread:
             got = f"{len(unread)} answers could not be read ({why}) and the others were empty"
+        elif capped:
+            got = (f"only empty answers, each cut off at its token cap (the last at {capped} tokens): a model that "
+                   "reasons before it answers may spend the whole cap on reasoning")
         else:
             got = "only empty answers"
         if 0 < filtered < tries and not (best is not None and best.filtered):

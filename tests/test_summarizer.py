@@ -852,3 +852,42 @@ def test_the_pipeline_responder_gives_the_summary_back_unchanged_when_asked_to_c
     # the cleaning call is one more call of the summary step, as run.json counts it
     assert steps == ["summarize"] * len(lm.backend.calls)
     assert len(lm.backend.calls) == 1 + sum(1 for n in result.nodes if n.kind in ("chunk", "merge"))
+
+
+def test_an_empty_answer_the_cap_cut_off_is_asked_again_with_twice_the_cap():
+    """A model that reasons before it answers (OpenAI's gpt-5 and o-series) may spend the whole
+    max_tokens on reasoning and return no text, stopped at the cap. Asked again under the same cap it
+    did the same, and the run ended in 'only empty answers' however many regenerations it had."""
+    thinking = 500  # the tokens this model reasons before it writes a word
+
+    def respond(call):
+        room = int(call.request["max_tokens"]) > thinking
+        lm.backend.finish_reason = "stop" if room else "length"
+        return {"summary": "Mara finds the lamp dark." if room else ""}
+
+    lm = ScriptedLM(respond)
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=2)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        result = program(book=synthetic_book(3_000))
+    cap = program.token_cap(200)
+    assert [c.request["max_tokens"] for c in lm.backend.calls] == [cap, 2 * cap]
+    assert result.summary == "Mara finds the lamp dark."
+
+
+def test_empty_answers_the_cap_cut_off_grow_only_as_far_as_the_window_and_say_so():
+    lm = ScriptedLM(lambda call: "")
+    lm.backend.finish_reason = "length"
+    program = HierarchicalSummarizer(chunk_size=2048, context_window=4096, max_summary_tokens=200,
+                                     max_regenerations=3)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(BooklensError) as excinfo:
+        program(book=synthetic_book(1_800))
+    caps = [c.request["max_tokens"] for c in lm.backend.calls]
+    cap = program.token_cap(200)
+    assert caps[:3] == [cap, 2 * cap, 4 * cap] and cap * 4 < caps[3] < cap * 8, caps
+    sizes = [sum(count_tokens(m["content"]) + 4 for m in c.messages) + c.request["max_tokens"]
+             for c in lm.backend.calls]
+    assert max(sizes) <= program.context_window, sizes
+    assert (f"in 4 tries (only empty answers, each cut off at its token cap (the last at {caps[3]} tokens): "
+            "a model that reasons before it answers may spend the whole cap on reasoning, not kept"
+            in str(excinfo.value)), str(excinfo.value)
