@@ -854,18 +854,23 @@ def test_the_pipeline_responder_gives_the_summary_back_unchanged_when_asked_to_c
     assert len(lm.backend.calls) == 1 + sum(1 for n in result.nodes if n.kind in ("chunk", "merge"))
 
 
-def test_an_empty_answer_the_cap_cut_off_is_asked_again_with_twice_the_cap():
-    """A model that reasons before it answers (OpenAI's gpt-5 and o-series) may spend the whole
-    max_tokens on reasoning and return no text, stopped at the cap. Asked again under the same cap it
-    did the same, and the run ended in 'only empty answers' however many regenerations it had."""
-    thinking = 500  # the tokens this model reasons before it writes a word
-
+def reasoning_lm(thinking: int, cache_dir=None):
+    """A model that reasons `thinking` tokens before it writes (OpenAI's gpt-5 and o-series): under a
+    smaller max_tokens it returns no text, stopped at the cap."""
     def respond(call):
         room = int(call.request["max_tokens"]) > thinking
         lm.backend.finish_reason = "stop" if room else "length"
-        return {"summary": "Mara finds the lamp dark." if room else ""}
+        return {call.output_fields[0]: "Mara finds the lamp dark." if room else ""}
 
-    lm = ScriptedLM(respond)
+    lm = ScriptedLM(respond, cache_dir=cache_dir)
+    return lm
+
+
+def test_an_empty_answer_the_cap_cut_off_is_asked_again_with_twice_the_cap():
+    """A model that reasons before it answers may spend the whole max_tokens on reasoning and return
+    no text, stopped at the cap. Asked again under the same cap it did the same, and the run ended in
+    'only empty answers' however many regenerations it had."""
+    lm = reasoning_lm(500)
     program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
                                      max_regenerations=2)
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
@@ -875,8 +880,8 @@ def test_an_empty_answer_the_cap_cut_off_is_asked_again_with_twice_the_cap():
     assert result.summary == "Mara finds the lamp dark."
 
 
-def test_empty_answers_the_cap_cut_off_grow_only_as_far_as_the_window_and_say_so():
-    lm = ScriptedLM(lambda call: "")
+def test_empty_answers_the_cap_cut_off_grow_only_as_far_as_the_window_and_say_so(tmp_path):
+    lm = ScriptedLM(lambda call: "", cache_dir=tmp_path)
     lm.backend.finish_reason = "length"
     program = HierarchicalSummarizer(chunk_size=2048, context_window=4096, max_summary_tokens=200,
                                      max_regenerations=3)
@@ -891,3 +896,21 @@ def test_empty_answers_the_cap_cut_off_grow_only_as_far_as_the_window_and_say_so
     assert (f"in 4 tries (only empty answers, each cut off at its token cap (the last at {caps[3]} tokens): "
             "a model that reasons before it answers may spend the whole cap on reasoning, not kept"
             in str(excinfo.value)), str(excinfo.value)
+    assert len(lm.call_cache) == 0  # as the error says: a rerun asks again
+
+
+def test_a_rerun_makes_no_call_when_the_cap_stopped_first_answers_empty(tmp_path):
+    """An empty answer is not kept, as a provider's glitch; one the cap stopped is no glitch, and
+    unkept, every rerun of a reasoning model's summary asked each first try again, to the same end."""
+    book = synthetic_book(3_000)
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     remove_artifacts=True)
+    first = reasoning_lm(500, tmp_path)
+    with dspy.context(lm=first, adapter=BooklensAdapter()):
+        summary = program(book=book).summary
+    # The summary's answer empty under its cap (364 tokens), then written under twice that; the cleanup's
+    # empty under each of its three caps (88, 176 and 352 tokens), so the summary stands as it was.
+    assert [c.request["max_tokens"] for c in first.backend.calls] == [364, 728, 88, 176, 352]
+    again = ScriptedLM(lambda call: pytest.fail("a finished call was made again"), cache_dir=tmp_path)
+    with dspy.context(lm=again, adapter=BooklensAdapter()):
+        assert program(book=book).summary == summary == "Mara finds the lamp dark."

@@ -259,8 +259,11 @@ def _sendable(value: Any) -> Any:
 
 def _worth_keeping(value: dict[str, Any]) -> bool:
     """An empty answer is not kept: from a provider it is usually a glitch (an overloaded server, a
-    filter), and a cached one would be replayed by every rerun, which could then never recover."""
-    return bool(str(value.get("text") or "").strip())
+    filter), and a cached one would be replayed by every rerun, which could then never recover. One
+    the token cap stopped is no glitch (a model that reasons first spent the cap on reasoning, and
+    does so again): kept, so a rerun takes the path the run took, to a larger cap, at no cost. An
+    answer rejected in every try leaves the cache all the same (`forget_answers`)."""
+    return bool(str(value.get("text") or "").strip()) or value.get("finish_reason") == "length"
 
 
 def _completion(value: dict[str, Any]) -> Completion:
