@@ -64,6 +64,8 @@ LEVEL_BUDGET_RATIO = 0.65
 # A regeneration asks for this much less per try (90%, then 80% of the word limit), as the
 # published code does, so a summary that ran long has a better chance to fit.
 REGENERATION_SHRINK = 0.1
+# Regenerations past this many ask for as few words as this many did: a tenth of the first limit.
+MAX_SHRINKS = 9
 # A summary with no fallback whose every answer so far has no word gets at least this many tries,
 # whatever --max-regenerations says: such an answer cannot stand in as a summary, and the embedded
 # model, which trims instead of regenerating, answered a level-1 call of Pride and Prejudice with
@@ -294,7 +296,10 @@ class _BookSummarizer(Module):
             tried += 1
             asked = dict(inputs)
             if regeneration and self.shrink_on_regeneration and "word_limit" in asked:
-                asked["word_limit"] = max(1, int(asked["word_limit"] * (1 - REGENERATION_SHRINK * regeneration)))
+                # The tenth regeneration, the most the option allows, asks as the ninth did (a tenth of the
+                # first limit), not for none of it.
+                shrink = REGENERATION_SHRINK * min(regeneration, MAX_SHRINKS)
+                asked["word_limit"] = max(1, int(asked["word_limit"] * (1 - shrink)))
             cap = self.call_cap(budget, predictor, asked, grow)
             with hearing_calls() as heard:
                 result = predict_with_retries(

@@ -914,3 +914,18 @@ def test_a_rerun_makes_no_call_when_the_cap_stopped_first_answers_empty(tmp_path
     again = ScriptedLM(lambda call: pytest.fail("a finished call was made again"), cache_dir=tmp_path)
     with dspy.context(lm=again, adapter=BooklensAdapter()):
         assert program(book=book).summary == summary == "Mara finds the lamp dark."
+
+
+def test_the_last_regeneration_the_option_allows_still_asks_for_a_summary():
+    """Each regeneration asks for 10% fewer words than the first try, so the tenth, the most
+    --max-regenerations allows, asked for a summary of 1 word (130 * 0, floored at 1). It asks as
+    the ninth did, for a tenth of the first limit."""
+    lm = ScriptedLM(lambda call: {"summary": summary_of(2000)})  # far over budget, every time
+    program = HierarchicalSummarizer(chunk_size=4096, context_window=8192, max_summary_tokens=200,
+                                     max_regenerations=10)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        program(book=synthetic_book(3_000))
+    limits = [int(c.inputs["word_limit"]) for c in lm.backend.calls]
+    assert len(limits) == 11 and limits[0] == 130
+    assert limits[1:4] == [117, 104, 91]  # as before: 10% of the first fewer each time
+    assert limits == sorted(limits, reverse=True) and limits[-1] == limits[-2] == 12, limits
