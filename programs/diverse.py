@@ -69,7 +69,12 @@ def _window(context_window: Optional[int]) -> int:
 
 class EventTooLarge(BooklensError):
     """An event whose articles, or whose extracts, do not fit the context window: that event gets
-    no summary (the reason is its error); the other events go on."""
+    no summary (the reason is its error); the other events go on. `method` is the one that failed
+    (direct or extract), which `auto` alone does not say."""
+
+    def __init__(self, message: str, method: Optional[str] = None):
+        super().__init__(message)
+        self.method = method
 
 
 def article_texts(event: Any) -> list[str]:
@@ -118,7 +123,7 @@ class DiverseSummarizer(Module):
             method = "direct" if self.fits_directly(articles) else "extract"
         elif method == "direct" and not self.fits_directly(articles):
             raise EventTooLarge(f"the articles do not fit the context window ({_window(self.context_window)} tokens) "
-                                "for direct summarization; use --method extract")
+                                "for direct summarization; use --method extract", method="direct")
         if method == "direct":
             attempt = predict_with_retries(self.summarize, tries=self.tries, check=_nonempty("summary"),
                                            articles=articles)
@@ -139,7 +144,7 @@ class DiverseSummarizer(Module):
             extracts.append(head + "\n" + "\n".join(f"- {s}" for s in sentences) if sentences else head + "\n- (none)")
         if prompt_tokens(self.summarize_extracts, extracts=extracts) > self.budget():
             raise EventTooLarge(f"the extracted sentences do not fit the context window "
-                                f"({_window(self.context_window)} tokens); lower --sentences")
+                                f"({_window(self.context_window)} tokens); lower --sentences", method="extract")
         attempt = predict_with_retries(self.summarize_extracts, tries=self.tries, check=_nonempty("summary"),
                                        extracts=extracts)
         return self._summary(attempt, "extract", extracts, failures, notes)
@@ -176,7 +181,8 @@ class DiverseSummarizer(Module):
                                        num_sentences=self.num_sentences)
                 raise EventTooLarge(f"an article ({title.strip()[:80]!r}) is too long to pick sentences from: the "
                                     f"prompt with its first sentence is {tokens} tokens, the context window "
-                                    f"({_window(self.context_window)} tokens) leaves {self.budget()}")
+                                    f"({_window(self.context_window)} tokens) leaves {self.budget()}",
+                                    method="extract")
             note = (f"{title}: picked from the first {shown} of {len(sentences)} sentences (the rest do not fit the "
                     f"context window)")
             sentences, numbered = sentences[:shown], numbered[:shown]
@@ -656,7 +662,8 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
             with usage_step("summarize"):
                 pred = summarizer(articles=article_texts(event))
         except (EventTooLarge, ContextWindowExceeded) as exc:  # this event's size, not the run's setup
-            pred = dspy.Prediction(summary=None, method=method, extracts=[], extract_errors=[], extract_notes=[],
+            pred = dspy.Prediction(summary=None, method=getattr(exc, "method", None) or method, extracts=[],
+                                   extract_errors=[], extract_notes=[],
                                    error=first_line(exc), cut_off=False)
         row.update(summary=pred.summary, method=pred.method, extracts=pred.extracts,
                    extract_errors=pred.extract_errors, extract_notes=pred.extract_notes, error=pred.error,

@@ -840,3 +840,20 @@ def test_an_event_whose_summary_failed_costs_no_reference_calls(event, judge):
     assert len(asked) == 1 and "Later report" not in asked[0]  # the other event's only
     assert rows[1]["summary"] == "Sources disagree." and rows[1]["references"] == "generated"
     assert "references_skipped" not in rows[1]
+
+
+def test_an_event_too_large_under_auto_is_recorded_with_the_method_that_failed(event):
+    """`--method auto` turned to extract-then-summarize for an event too long to read whole; when that
+    failed too, the row (and the command's heading) said `auto`, as if no method had been chosen."""
+    def responder(call):
+        if call.wants("picks"):
+            return {"picks": [1, 2]}
+        return {"summary": "Sources disagree on the toll."}
+
+    scripted(responder, window=4096)
+    long_event = event.model_dump()
+    long_event["articles"][0]["content"] = ("It began " + " ".join(f"with part {i} of a long feature about the bridge"
+                                                                 for i in range(1500)) + ". It ended. Nobody knew why.")
+    rows = summarize_events([parse_events([long_event])[0]], method="auto", sentences=2, judge=False)
+    assert rows[0]["summary"] is None and "too long to pick sentences from" in rows[0]["error"]
+    assert rows[0]["method"] == "extract"
