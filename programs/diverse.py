@@ -124,6 +124,12 @@ class DiverseSummarizer(Module):
         elif method == "direct" and not self.fits_directly(articles):
             raise EventTooLarge(f"the articles do not fit the context window ({_window(self.context_window)} tokens) "
                                 "for direct summarization; use --method extract", method="direct")
+        try:
+            return self._run(method, articles, headings)
+        except ContextWindowExceeded as exc:  # the server's window is smaller than counted: this event's size
+            raise EventTooLarge(first_line(exc), method=method) from exc
+
+    def _run(self, method: str, articles: list[str], headings: list[str]) -> dspy.Prediction:
         if method == "direct":
             attempt = predict_with_retries(self.summarize, tries=self.tries, check=_nonempty("summary"),
                                            articles=articles)

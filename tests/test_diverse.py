@@ -857,3 +857,19 @@ def test_an_event_too_large_under_auto_is_recorded_with_the_method_that_failed(e
     rows = summarize_events([parse_events([long_event])[0]], method="auto", sentences=2, judge=False)
     assert rows[0]["summary"] is None and "too long to pick sentences from" in rows[0]["error"]
     assert rows[0]["method"] == "extract"
+
+
+def test_a_summary_prompt_the_server_refuses_as_too_long_under_auto_is_recorded_as_direct(event):
+    """The articles counted as fitting, so auto went direct, but the server's window was smaller: the
+    event fails alone, and its row names the method that was tried."""
+    from booklens.lm import ContextWindowExceeded
+
+    def responder(call):
+        if call.wants("summary"):
+            raise ContextWindowExceeded("the prompt (9100 tokens) does not fit the 8192-token context window")
+        return {"explanation": "fine", "rating": 1}
+
+    scripted(responder)
+    rows = summarize_events([event], method="auto", judge=False)
+    assert rows[0]["summary"] is None and "does not fit the 8192-token context window" in rows[0]["error"]
+    assert rows[0]["method"] == "direct"
