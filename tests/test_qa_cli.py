@@ -232,3 +232,16 @@ def test_path_and_argument_errors_load_no_model_library(tmp_path):
     assert len(errors) == len(commands) and all(e.startswith("error:") for e in errors), result.stdout + result.stderr
     assert "question file not found" in errors[1] and "everything" in errors[2]
     assert loaded == []
+
+
+def test_the_help_says_what_the_title_and_the_llm_evidence_recall_cost_and_reach():
+    """--title said it named the book in closed-book prompts only, though the gen and evidence judges
+    name it too; --evidence-recall llm said one call per question, though a question without quotes
+    scores 0 without one."""
+    import typer
+
+    from booklens.cli import app
+
+    params = {p.name: p.help for p in typer.main.get_command(app).commands["qa"].params}
+    assert "judge prompts" in params["title"]
+    assert "one call per question that quoted any, no quotes scoring 0" in params["evidence_recall"]

@@ -132,9 +132,11 @@ def qa_command(
         "--quote-evidence/--no-quote-evidence", help="Also ask for supporting quotes (evidence recall).")] = False,
     evidence_recall: Annotated[Optional[EvidenceRecall], typer.Option(
         "--evidence-recall", help="How --quote-evidence quotes are scored: llm (the default; the seed's judge: "
-                                  "correctness, relevance, sufficiency, 0-100; one call per question) or overlap "
-                                  "(word overlap with the gold quotes only, no LM call).")] = None,
-    title: Annotated[Optional[str], typer.Option("--title", help="Book title for closed-book prompts.")] = None,
+                                  "correctness, relevance, sufficiency, 0-100; one call per question that quoted "
+                                  "any, no quotes scoring 0) or overlap (word overlap with the gold quotes only, "
+                                  "no LM call).")] = None,
+    title: Annotated[Optional[str], typer.Option(
+        "--title", help="Book title the closed-book and judge prompts name (default: from the file name).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Answer only the first N questions.")] = None,
     position_threshold: Annotated[int, typer.Option(
         "--position-threshold", min=1, help="Token index splitting pre/post accuracy (seed: 100K).")] = 100_000,
