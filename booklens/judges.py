@@ -63,11 +63,11 @@ DEMO_REASON_TOKENS = 60
 DEMO_CLAIM_WORDS = 8  # a demo claim is a whole statement, not a fragment of one
 
 # Reference judges of the papers, the bar below which a judge's agreement counts as low:
-# GPT-4's released BooookScore labels against the humans (measured by booklens: kappa 0.13 on the
-# incremental GPT-4 4096 summaries) and FABLES' GPT-4-Turbo rater with human evidence (Table 5,
-# unfaithful F1 0.259 overall).
-COHERENCE_REFERENCE_KAPPA = 0.13
-VERIFICATION_REFERENCE_UNFAITHFUL_F1 = 0.259
+# GPT-4's released BooookScore labels against the humans, as `booklens agree` measures them on the
+# 88 incremental GPT-4 4096 summaries both annotated (kept to four decimals: a rounder bar would let
+# a judge just below GPT-4 pass), and FABLES' GPT-4-Turbo rater with human evidence (Table 5's
+# overall unfaithful F1, read from `SEED_TABLE5_HUMAN_EVIDENCE` by `verification_reference`).
+COHERENCE_REFERENCE_KAPPA = 0.1346
 
 
 # ---------------------------------------------------------------------------
@@ -307,6 +307,23 @@ def artifact_note(path: Optional[Path], lm: str) -> Optional[str]:
     return other_lm_note(str(path), compiled_with(artifact_metadata(path)), lm)
 
 
+def verification_reference() -> float:
+    """FABLES' GPT-4-Turbo unfaithful F1 over all of Table 5 (human evidence): the verifiers' bar."""
+    from booklens.metrics.fables import SEED_TABLE5_HUMAN_EVIDENCE  # numpy: loaded only when a judge is shown
+
+    return SEED_TABLE5_HUMAN_EVIDENCE["Overall"][1]
+
+
+def _apart(value: float, reference: float) -> tuple[str, str]:
+    """A figure and its reference with the fewest decimals (from two) that tell them apart, so that a
+    judge just below the bar does not read as reaching it."""
+    for digits in (2, 3):
+        shown, bar = f"{value:.{digits}f}", f"{reference:.{digits}f}"
+        if shown != bar:
+            return shown, bar
+    return f"{value:.4f}", f"{reference:.4f}"
+
+
 def judge_warning(info: Any, batch_size: int = 1) -> Optional[str]:
     """A warning naming the figure when the judge has no calibration or agrees with humans less than
     the papers' reference judge does; None otherwise. `batch_size`: a batched coherence judge's, for
@@ -330,10 +347,10 @@ def judge_warning(info: Any, batch_size: int = 1) -> Optional[str]:
         kappa = (figures.get("kappa") or {}).get("value")
         counts = calibration.get("counts") or {}
         if kappa is None or kappa < COHERENCE_REFERENCE_KAPPA:
-            shown = "undefined" if kappa is None else f"{kappa:.2f}"
+            shown, bar = _apart(0.0 if kappa is None else kappa, COHERENCE_REFERENCE_KAPPA)
             return (f"low agreement: this judge found {counts.get('tp', 0)} of {counts.get('human_confusing', 0)} "
                     f"sentences humans marked confusing on {calibration.get('sample_name', 'BooookScore')}; "
-                    f"kappa {shown}, where GPT-4's released labels reach {COHERENCE_REFERENCE_KAPPA:.2f}")
+                    f"kappa {'undefined' if kappa is None else shown}, where GPT-4's released labels reach {bar}")
         return None
     # The reference is scored on the claims humans labelled faithful or unfaithful (Table 5): a
     # four-way judge is held to its figure on those claims, not on the partly supported ones too.
@@ -344,12 +361,13 @@ def judge_warning(info: Any, batch_size: int = 1) -> Optional[str]:
     else:
         f1, claims = ((figures.get("f1") or {}).get("unfaithful") or {}).get("value"), ""
     counts = calibration.get("counts") or {}
-    if f1 is None or f1 < VERIFICATION_REFERENCE_UNFAITHFUL_F1:
-        shown = "undefined" if f1 is None else f"{f1:.2f}"
+    reference = verification_reference()
+    if f1 is None or f1 < reference:
+        shown, bar = _apart(0.0 if f1 is None else f1, reference)
         return (f"low agreement: this judge found {counts.get('unfaithful_found', 0)} of "
                 f"{counts.get('unfaithful', 0)} unfaithful claims on {calibration.get('sample_name', 'FABLES')}; "
-                f"unfaithful F1 {shown}{claims}, where FABLES' GPT-4-Turbo rater reaches "
-                f"{VERIFICATION_REFERENCE_UNFAITHFUL_F1:.2f}")
+                f"unfaithful F1 {'undefined' if f1 is None else shown}{claims}, where FABLES' GPT-4-Turbo rater "
+                f"reaches {bar}")
     return None
 
 

@@ -175,8 +175,9 @@ def test_gpt4_against_humans_on_the_same_summaries(human_sets):
     assert c["precision"] == pytest.approx(0.348, abs=0.002)
     assert c["recall"] == pytest.approx(0.259, abs=0.002)
     assert c["kappa"] == pytest.approx(0.134, abs=0.002)
-    # the bar a judge's calibration is held to
-    assert round(c["kappa"], 2) == COHERENCE_REFERENCE_KAPPA
+    # the bar a judge's calibration is held to is this figure, as stored (four decimals), not a
+    # rounder one: a judge between the two would be below GPT-4 and not told so
+    assert round(c["kappa"], 4) == COHERENCE_REFERENCE_KAPPA
 
 
 @pytest.mark.parametrize("data, problem", [

@@ -419,6 +419,29 @@ def test_a_four_way_judge_is_held_to_the_reference_on_the_claims_the_reference_w
     # The binary rater is scored on those claims only: its own figure is the comparable one.
     assert judge_warning(info(1.0, 0.1, mode="binary")) is None
 
+def test_a_judge_just_below_a_reference_is_warned_and_the_two_figures_read_apart():
+    """The references are the measured figures (GPT-4's kappa 0.1346, FABLES' 0.259): a judge between
+    them and their two-decimal roundings is below them, and the warning shows enough digits to tell."""
+    from booklens.judges import COHERENCE_REFERENCE_KAPPA, judge_warning
+    from booklens.records import JudgeInfo
+
+    coherence = JudgeInfo(task="coherence", mode="per-sentence", program="default", program_sha256="0" * 64,
+                          demos=4, lm="openai/x",
+                          calibration={"sample_name": "S", "counts": {"tp": 3, "human_confusing": 9},
+                                       "figures": {"kappa": {"value": 0.132}}})
+    assert judge_warning(coherence) == (
+        "low agreement: this judge found 3 of 9 sentences humans marked confusing on S; kappa 0.132, where "
+        "GPT-4's released labels reach 0.135")
+    coherence.calibration["figures"]["kappa"]["value"] = COHERENCE_REFERENCE_KAPPA
+    assert judge_warning(coherence) is None
+    coherence.calibration["figures"]["kappa"]["value"] = 0.04  # far below: two decimals say it
+    assert judge_warning(coherence).endswith("kappa 0.04, where GPT-4's released labels reach 0.13")
+    verifier = JudgeInfo(task="verification", mode="binary", program="default", program_sha256="0" * 64, demos=6,
+                         lm="openai/x", calibration={"sample_name": "S", "counts": {"unfaithful": 2},
+                                                     "figures": {"f1": {"unfaithful": {"value": 0.257}}}})
+    assert judge_warning(verifier).endswith("unfaithful F1 0.257, where FABLES' GPT-4-Turbo rater reaches 0.259")
+
+
 def prose(call):
     return "Sorry, I cannot help with that."
 
