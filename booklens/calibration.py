@@ -102,8 +102,14 @@ def _empty_sample(judge: str, source: str | Path, what: str, table5: bool = Fals
                          "nothing stored")
 
 
-def _sample_books(books: list[str], count: Optional[int], seed: int) -> list[str]:
-    """`count` books drawn with the seed (all of them when `count` is None or larger), sorted."""
+def _sample_books(books: list[str], count: Optional[int], seed: int, *, asked: bool = False,
+                  split: str = "the test split") -> list[str]:
+    """`count` books drawn with the seed (all of them when `count` is None or larger), sorted. A count
+    the user `asked` for above the books of `split` is refused, as `compile --demos` above the training
+    set is: the sample would be smaller than the one asked for, said nowhere but in its name."""
+    if asked and count is not None and count > len(books):
+        raise BooklensError(f"--books {count} asks for more books than the {len(books)} of {split} it draws "
+                            f"them from: give at most {len(books)}")
     ordered = sorted(books)
     random.Random(seed).shuffle(ordered)
     return sorted(ordered if count is None else ordered[:count])
@@ -120,15 +126,17 @@ def _usage(meter: Any) -> dict[str, int]:
 
 
 def coherence_sample(human_dir: str | Path, *, books: Optional[int] = COHERENCE_BOOKS, seed: int = SEED,
-                     split_seed: Optional[int] = None) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+                     split_seed: Optional[int] = None, asked: bool = False
+                     ) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
     """The human-annotated summaries of `books` books drawn with `seed` from the test split of the
-    books split with `split_seed` (default: `seed`)."""
+    books split with `split_seed` (default: `seed`). `asked`: see `_sample_books`."""
     from booklens.data.booookscore import human_annotation_files, load_human_summaries, split_human_summaries
     from booklens.judges import _file_entry
 
     split_seed = seed if split_seed is None else split_seed
     test = split_human_summaries(load_human_summaries(human_dir), seed=split_seed)["test"]
-    chosen = _sample_books(list({a.book for _, a in test}), books, seed)
+    chosen = _sample_books(list({a.book for _, a in test}), books, seed, asked=asked,
+                           split=f"BooookScore's test split (split with seed {split_seed})")
     items = [(source, a) for source, a in test if a.book in chosen]
     items.sort(key=lambda item: (item[1].book, item[0]))
     info = {"files": [_file_entry(f) for f in human_annotation_files(human_dir)], "split": "test", "seed": seed,
@@ -139,9 +147,10 @@ def coherence_sample(human_dir: str | Path, *, books: Optional[int] = COHERENCE_
 
 
 def _coherence_items(program: Any, *, human_dir: str | Path, books: Optional[int], seed: int,
-                     split_seed: Optional[int]) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
-    """The coherence sample, or the refusals to measure on it (no annotated sentence, demos in it)."""
-    items, info = coherence_sample(human_dir, books=books, seed=seed, split_seed=split_seed)
+                     split_seed: Optional[int], asked: bool = False) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """The coherence sample, or the refusals to measure on it (more books asked for than there are,
+    no annotated sentence, demos in it)."""
+    items, info = coherence_sample(human_dir, books=books, seed=seed, split_seed=split_seed, asked=asked)
     if not any(a.sentence_annotations() for _, a in items):
         raise _empty_sample("coherence", human_dir, "annotated sentence")
     shown = _demo_values(program, "summary")
@@ -151,7 +160,7 @@ def _coherence_items(program: Any, *, human_dir: str | Path, books: Optional[int
 
 
 def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[int] = COHERENCE_BOOKS,
-                        seed: int = SEED, split_seed: Optional[int] = None,
+                        seed: int = SEED, split_seed: Optional[int] = None, asked: bool = False,
                         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the confusion detector on the sample; figures against the human spans."""
     from booklens.lm import current_lm
@@ -162,7 +171,8 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
 
     import dspy
 
-    items, info = _coherence_items(program, human_dir=human_dir, books=books, seed=seed, split_seed=split_seed)
+    items, info = _coherence_items(program, human_dir=human_dir, books=books, seed=seed, split_seed=split_seed,
+                                   asked=asked)
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
     units: list[list[int]] = []
@@ -215,10 +225,10 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
 
 
 def verification_sample(fables_path: str | Path, *, books: Optional[int] = VERIFICATION_BOOKS,
-                        table5: bool = False, seed: int = SEED, split_seed: Optional[int] = None
-                        ) -> tuple[list[Any], dict[str, Any]]:
+                        table5: bool = False, seed: int = SEED, split_seed: Optional[int] = None,
+                        asked: bool = False) -> tuple[list[Any], dict[str, Any]]:
     """FABLES summaries to verify: `books` books drawn with `seed` from the test split of the books
-    split with `split_seed` (default: `seed`), or Table 5's books."""
+    split with `split_seed` (default: `seed`), or Table 5's books. `asked`: see `_sample_books`."""
     from booklens.data.fables import TABLE5_BOOKS, load_fables, split_summaries
     from booklens.judges import _file_entry
 
@@ -233,7 +243,8 @@ def verification_sample(fables_path: str | Path, *, books: Optional[int] = VERIF
     else:
         split_seed = seed if split_seed is None else split_seed
         test = split_summaries(summaries, seed=split_seed)["test"]
-        chosen = _sample_books(list({s.book for s in test}), books, seed)
+        chosen = _sample_books(list({s.book for s in test}), books, seed, asked=asked,
+                               split=f"FABLES' test split (split with seed {split_seed})")
         pool = [s for s in test if s.book in chosen]
         selection = (f"{len(chosen)} of the {len({s.book for s in test})} test-split books (split with seed "
                      f"{split_seed}), drawn with seed {seed}; every summarizer's claims of each")
@@ -244,7 +255,8 @@ def verification_sample(fables_path: str | Path, *, books: Optional[int] = VERIF
 
 
 def _verification_items(program: Any, *, fables_path: str | Path, books: Optional[int], table5: bool, seed: int,
-                        split_seed: Optional[int]) -> tuple[list[Any], dict[str, Any], tuple[str, ...]]:
+                        split_seed: Optional[int], asked: bool = False
+                        ) -> tuple[list[Any], dict[str, Any], tuple[str, ...]]:
     """The verification sample and the labels measured on it, or the refusals to measure on it (no
     labelled claim, demos in it)."""
     from booklens.signatures.faithfulness import FABLES_LABELS
@@ -252,7 +264,7 @@ def _verification_items(program: Any, *, fables_path: str | Path, books: Optiona
     binary = getattr(program, "label_set", "four-way") == "binary"
     keep = ("Yes", "No") if binary or table5 else tuple(FABLES_LABELS)
     summaries, info = verification_sample(fables_path, books=books, table5=table5 or binary and books is None,
-                                          seed=seed, split_seed=split_seed)
+                                          seed=seed, split_seed=split_seed, asked=asked)
     shown = _demo_values(program, "claim")
     claims_in_sample = [c.claim for s in summaries for c in s.claims if c.label in keep]
     if not claims_in_sample:
@@ -265,7 +277,7 @@ def _verification_items(program: Any, *, fables_path: str | Path, books: Optiona
 
 def calibrate_verification(program: Any, *, fables_path: str | Path, books: Optional[int] = VERIFICATION_BOOKS,
                            table5: bool = False, seed: int = SEED, split_seed: Optional[int] = None,
-                           concurrency: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                           asked: bool = False, concurrency: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the verifier with the annotators' evidence on the sample; figures against the human labels.
 
     The binary rater (and `table5=True`) is scored on the claims humans labelled faithful or
@@ -282,7 +294,7 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
 
     binary = getattr(program, "label_set", "four-way") == "binary"
     summaries, info, keep = _verification_items(program, fables_path=fables_path, books=books, table5=table5,
-                                                seed=seed, split_seed=split_seed)
+                                                seed=seed, split_seed=split_seed, asked=asked)
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
     checker = FaithfulnessChecker(verifier=program, evidence_mode=VERIFICATION_EVIDENCE,
@@ -377,12 +389,13 @@ def _sample_of(judge: str, program: Any, *, human_dir: str | Path | None, fables
         if human_dir is None:
             raise BooklensError("coherence calibration needs the BooookScore human annotations (--coherence-data)")
         return {"human_dir": human_dir, "seed": seed, "split_seed": split_seed,
-                "books": COHERENCE_BOOKS if books is None else books}
+                "books": COHERENCE_BOOKS if books is None else books, "asked": books is not None}
     if fables_path is None:
         raise BooklensError("verification calibration needs FABLES (--fables-data)")
     table5 = judge == "binary"
     return {"fables_path": fables_path, "seed": seed, "split_seed": split_seed, "table5": table5,
-            "books": None if table5 else (VERIFICATION_BOOKS if books is None else books)}
+            "books": None if table5 else (VERIFICATION_BOOKS if books is None else books),
+            "asked": books is not None and not table5}
 
 
 def check_sample(judge: str, program: Any, *, human_dir: str | Path | None = None,

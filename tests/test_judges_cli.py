@@ -355,7 +355,7 @@ def calibrated(args, tmp_path):
 
 def test_coherence_calibration_figures_match_a_hand_computation(tmp_path):
     entry, output = calibrated(["--judge", "coherence", "--coherence-data", human_fixture(tmp_path / "human"),
-                                "--books", "5"], tmp_path)
+                                "--books", "2"], tmp_path)
     assert entry["data"]["books"] == ["epsilon", "gamma"]  # the test split: no book the demos came from
     # per summary tp 1 (Zed waves), fp 1 (Zed shouts), fn 1 (the tide), tn 2; two summaries
     assert entry["counts"] == {"tp": 2, "fp": 2, "fn": 2, "tn": 4, "human_confusing": 4, "judge_confusing": 4}
@@ -382,6 +382,24 @@ def test_verification_calibration_figures_match_a_hand_computation(tmp_path):
     assert t5["n"] == 6 and (t5["f1_faithful"], t5["f1_unfaithful"], t5["accuracy"]) == pytest.approx((2 / 3,) * 3,
                                                                                                        abs=1e-4)
     assert "F1 faithful 0.50" in output and "F1 unfaithful 0.50" in output and "accuracy 0.40" in output
+
+
+@pytest.mark.parametrize("judge", ["coherence", "verification"])
+def test_calibrate_refuses_more_books_than_the_test_split_holds_before_any_call(tmp_path, judge):
+    """`--books 3` on a test split of two books measured the two and said so only in passing."""
+    data = (["--coherence-data", human_fixture(tmp_path / "human")] if judge == "coherence"
+            else ["--fables-data", fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)])
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["calibrate", "--judge", judge, *data, "--books", "3", "--lm", "openai/fake",
+                         "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o", store], tmp_path)
+        served = len(server.served)
+    from booklens.errors import BooklensError
+
+    assert isinstance(result.exception, BooklensError) and served == 0 and not store.exists()
+    split = "BooookScore's" if judge == "coherence" else "FABLES'"
+    assert str(result.exception) == (f"--books 3 asks for more books than the 2 of {split} test split (split with "
+                                     "seed 0) it draws them from: give at most 2")
 
 
 def test_binary_calibration_on_the_table5_books_a_file_holds(tmp_path):
@@ -471,7 +489,7 @@ def test_judges_shows_the_batched_coherence_judge_that_calibrate_stored(tmp_path
     cache = tmp_path / "cache"
     with FakeOpenAIServer(responder=PipelineResponder()) as server:
         lm = ["--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache]
-        result = invoke(["calibrate", "--judge", "coherence", "--batch-size", "3", "--books", "5",
+        result = invoke(["calibrate", "--judge", "coherence", "--batch-size", "3", "--books", "2",
                          "--coherence-data", human_fixture(tmp_path / "human"), *lm], tmp_path)
         assert result.exit_code == 0, result.output
     shown = invoke(["judges", "--batch-size", "3", *lm], tmp_path)
@@ -639,7 +657,7 @@ def test_calibrate_says_which_summaries_the_judge_saw_with_fewer_demos(tmp_path)
     human = long_summary_fixture(tmp_path / "human")
     store = tmp_path / "store.json"
     with FakeOpenAIServer(responder=answer) as server:
-        result = invoke(["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", "5",
+        result = invoke(["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", "2",
                          "--lm", "openai/gpt-4", "--api-base", server.url, "--cache-dir", tmp_path / "cache",
                          "-o", store], tmp_path)
     assert result.exit_code == 0, result.output
@@ -691,12 +709,12 @@ def test_a_summary_the_judge_failed_on_throughout_is_no_resampling_unit(tmp_path
         return "not an answer" if first and first["book"] in sentence else answer(body)
 
     store = tmp_path / "store.json"
-    with FakeOpenAIServer(responder=failing) as server:
-        args = ["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", "25", "--lm", "openai/fake",
-                "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o", store]
-        from booklens.calibration import coherence_sample
+    from booklens.calibration import coherence_sample
 
-        sample = sorted({a.book for _, a in coherence_sample(human, books=25)[0]})
+    sample = sorted({a.book for _, a in coherence_sample(human, books=None)[0]})  # the whole test split
+    with FakeOpenAIServer(responder=failing) as server:
+        args = ["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", str(len(sample)),
+                "--lm", "openai/fake", "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o", store]
         assert len(sample) >= 4
         first["book"] = sample[0] + " "
         result = invoke(args, tmp_path)
