@@ -527,11 +527,29 @@ def write_store(path: Path, entries: dict[str, Any]) -> None:
                      "calibrations": {k: entries[k] for k in sorted(entries)}})
 
 
-def store_calibration(entry: dict[str, Any], path: Path) -> None:
-    """Add (or replace) one calibration in the store file at `path`."""
+def sample_size(entry: dict[str, Any]) -> tuple[int, str]:
+    """How many items a calibration measured the judge on, and what they are: sentences for
+    coherence, claims for the verifiers (what its figures and their intervals rest on)."""
+    n = entry.get("n") or {}
+    if entry.get("judge") == "coherence" or "sentences" in n:
+        return n.get("sentences") or 0, "sentence"
+    return n.get("claims") or 0, "claim"
+
+
+def store_calibration(entry: dict[str, Any], path: Path, *, replace: bool = False) -> Optional[str]:
+    """Add one calibration to the store file at `path`, replacing the one of the same key unless that
+    one was measured on more items (a quick check after a long calibration would otherwise erase it
+    unnoticed): then nothing is written, and the reason is returned. `replace` stores it anyway."""
     entries = read_store(path)
+    stored = entries.get(entry["key"])
+    if not replace and isinstance(stored, dict):
+        (new, what), (old, _) = sample_size(entry), sample_size(stored)
+        if new < old:
+            return (f"its {counted(new, what)} are fewer than the {old} of the calibration {path} holds for this "
+                    "judge and LM (give --replace to store it instead)")
     entries[entry["key"]] = entry
     write_store(path, entries)
+    return None
 
 
 # ---------------------------------------------------------------------------

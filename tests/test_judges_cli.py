@@ -402,6 +402,39 @@ def test_calibrate_refuses_more_books_than_the_test_split_holds_before_any_call(
                                      "seed 0) it draws them from: give at most 2")
 
 
+def test_a_smaller_calibration_does_not_replace_a_larger_one_unless_asked(tmp_path):
+    """The store holds one calibration per judge, LM and program: `--books 1` after `--books 2`
+    replaced the larger measurement without a word. It is kept; --replace stores the smaller one."""
+    human = human_fixture(tmp_path / "human")
+    store = tmp_path / "store.json"
+
+    def entries():
+        return json.loads(store.read_text())["calibrations"]
+
+    with FakeOpenAIServer(responder=answer) as server:
+        def calibrate(*args):
+            return invoke(["calibrate", "--judge", "coherence", "--coherence-data", human, *args, "--lm",
+                           "openai/fake", "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o", store],
+                          tmp_path)
+
+        assert calibrate("--books", "2").exit_code == 0
+        (larger,) = entries().values()
+        assert larger["n"]["sentences"] == 10
+        smaller = calibrate("--books", "1")
+        assert smaller.exit_code == 0, smaller.output
+        assert entries() == {larger["key"]: larger}
+        (line,) = [line for line in smaller.output.splitlines() if "LM calls" in line]
+        assert line.endswith(f"; not stored: its 5 sentences are fewer than the 10 of the calibration {store} holds "
+                             "for this judge and LM (give --replace to store it instead)"), line
+        # what was measured is still shown
+        assert "agreement with humans on BooookScore's test split (1 summary of 1 book)" in smaller.output
+        forced = calibrate("--books", "1", "--replace")
+        assert forced.exit_code == 0, forced.output
+        assert entries()[larger["key"]]["n"]["sentences"] == 5 and f"stored in {store}" in forced.output
+        assert calibrate("--books", "2").exit_code == 0  # a larger sample replaces a smaller one
+        assert entries() == {larger["key"]: larger}
+
+
 def test_binary_calibration_on_the_table5_books_a_file_holds(tmp_path):
     fables = fables_fixture(tmp_path / "FABLES.json", ("Pet", "yellowface", "alpha"))
     entry, output = calibrated(["--judge", "binary", "--fables-data", fables], tmp_path)

@@ -6,7 +6,8 @@
 
 `calibrate` runs a judge on the human-annotated test splits (see `booklens.calibration`) and stores
 its agreement, keyed by LM and program, in the user's cache (`<cache>/calibration.json`; `-o` names
-another store, such as the one booklens ships).
+another store, such as the one booklens ships), unless the store holds one measured on a larger
+sample (`--replace` stores it anyway).
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ def calibrate_command(
     output: Annotated[Optional[Path], typer.Option(
         "-o", "--output", parser=output_path, callback=output_file,
         help="The calibration store to add to (default: <cache>/calibration.json).")] = None,
+    replace: Annotated[bool, typer.Option(
+        "--replace", help="Store the calibration even when the store holds one of the same judge, LM and "
+                          "program measured on more sentences or claims (kept otherwise).")] = False,
 ) -> None:
     """Measure how well a judge agrees with human annotators on the test splits; store the figures."""
     from booklens.judges import JUDGES, judge_line, judge_info, read_store, store_calibration, user_store_path
@@ -184,9 +188,9 @@ def calibrate_command(
                 failures.append(str(exc))
                 continue
         seconds = time.perf_counter() - started
-        store_calibration(entry, store)
-        typer.echo(f"{name}: {describe_calls(tracker.work(), tokens=False)}, {seconds:.0f} s; stored in {store}",
-                   err=True)
+        kept = store_calibration(entry, store, replace=replace)
+        typer.echo(f"{name}: {describe_calls(tracker.work(), tokens=False)}, {seconds:.0f} s; "
+                   + (f"not stored: {kept}" if kept else f"stored in {store}"), err=True)
         typer.echo(judge_line(judge_info(name, prog, model, store={entry["key"]: entry})))
         for note in entry.get("notes") or []:  # the judge line names the program as shipped
             typer.echo(f"note: {note}", err=True)
