@@ -339,9 +339,8 @@ def judge_warning(info: Any, batch_size: int = 1) -> Optional[str]:
                 how += " --judge coherence"
             how += f" --batch-size {batch_size}"
         server = f" --api-base {shlex.quote(info.api_base)}" if info.api_base else ""
-        at = f" at {info.api_base}" if info.api_base else ""
         return (f"no calibration: this judge's agreement with human annotators was never measured for "
-                f"{info.lm}{at} with this program (booklens calibrate --lm {lm}{server}{how})")
+                f"{judge_lm(info)} with this program (booklens calibrate --lm {lm}{server}{how})")
     figures = calibration.get("figures") or {}
     if info.task == "coherence":
         kappa = (figures.get("kappa") or {}).get("value")
@@ -406,11 +405,17 @@ def evidence_note(info: Any) -> Optional[str]:
     return f"measured with the annotators' evidence quotes, where the verdicts here had {had}"
 
 
+def judge_lm(info: Any) -> str:
+    """The LM a judge ran on, with the server it was reached at when one was given (a self-hosted
+    server answers to any model name): the judge line, its warning and the report's card say it so."""
+    return f"{info.lm} at {info.api_base}" if info.api_base else info.lm
+
+
 def judge_line(info: Any) -> str:
     """One line for the terminal: who judged and how well it agrees with humans."""
     name = {"default": "default few-shot", "zero-shot": "zero-shot"}.get(info.program, info.program)
     head = (f"judge: {name} {info.task} program ({info.mode}, {info.demos} demos, "
-            f"{info.program_sha256[:12]}) on {info.lm}{' at ' + info.api_base if info.api_base else ''}")
+            f"{info.program_sha256[:12]}) on {judge_lm(info)}")
     c = info.calibration
     if c:
         figures = c.get("figures") or {}

@@ -423,6 +423,18 @@ def test_the_judge_card_says_how_many_calibration_items_got_no_verdict_as_the_ju
     assert "no valid verdict" not in judge_line(_verification_judge()) + _card_text(_verification_judge())
 
 
+def test_the_judge_card_names_the_server_as_the_judge_line_does():
+    """A self-hosted server answers to any model name: the line said "on openai/x at URL", the card
+    only "on openai/x"."""
+    from booklens.judges import judge_line
+
+    info = _verification_judge()
+    info.api_base = "http://127.0.0.1:8080/v1"
+    where = "on openai/x at http://127.0.0.1:8080/v1"
+    assert where in judge_line(info) and where in _card_text(info)
+    assert " at " not in _card_text(_verification_judge()).split("; ")[0]
+
+
 def test_the_judge_line_and_card_say_the_calibration_had_the_annotators_evidence_when_the_run_did_not():
     from booklens.judges import judge_line
 
