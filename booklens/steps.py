@@ -227,6 +227,11 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
             raise BooklensError(f"the summary {name!r} has no sentence")
     lm = current_lm()
     scorer = scorer or load_judge("coherence", batch_size=batch_size, concurrency=concurrency, tries=tries)
+    misfit = getattr(scorer, "misfit", None)  # a caller's own scorer may not say
+    for name, text in summaries.items():  # before the first call: earlier summaries would be judged in vain
+        reason = misfit(text, getattr(lm, "context_window", None)) if misfit else None
+        if reason:
+            raise BooklensError(f"the summary {name!r} {reason}")
     judge = judge_info("coherence", scorer, lm)
     results = {}
     for name, text in summaries.items():

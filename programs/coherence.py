@@ -271,6 +271,15 @@ def _longest_sentence_tokens(summary: str, per_sentence: bool) -> int:
     return max((count_tokens(s) for s in asked), default=0)
 
 
+def demo_room(window: int, summary: str, *, batch_size: int, answer_tokens: int, targets: Sequence[str] = ()) -> int:
+    """cl100k tokens left for the instructions and demos of a call judging `summary` in a `window`-token
+    context (`demo_token_limit` with the summary's own sizes)."""
+    from booklens.text import count_tokens
+
+    return demo_token_limit(window, summary_tokens=count_tokens(summary),
+                            judged_tokens=judged_room(summary, batch_size, targets), answer_tokens=answer_tokens)
+
+
 def fitting_demos(predictor: dspy.Predict, summary: str, *, batch_size: int, answer_tokens: int,
                   targets: Sequence[str] = ()) -> list[Any] | None:
     """None when the predictor's demos, the summary, the room `judged_room` keeps for the judged
@@ -283,8 +292,7 @@ def fitting_demos(predictor: dspy.Predict, summary: str, *, batch_size: int, ans
     demos = list(predictor.demos)
     if not window or not demos:
         return None
-    limit = demo_token_limit(window, summary_tokens=count_tokens(summary),
-                             judged_tokens=judged_room(summary, batch_size, targets), answer_tokens=answer_tokens)
+    limit = demo_room(window, summary, batch_size=batch_size, answer_tokens=answer_tokens, targets=targets)
 
     def fits(shown: list[Any]) -> bool:
         return instructions_and_demos_tokens(predictor, shown) <= limit
@@ -479,6 +487,22 @@ class CoherenceScorer(Module):
             demos_dropped=labelled_sentences(predictor.demos, batched=not per_sentence) - shown,
             own_demos=own_demo_sentences(shown_demos, summary, batched=not per_sentence),
         )
+
+    def misfit(self, summary: str, window: int | None) -> str | None:
+        """Why `summary` cannot be judged in a `window`-token context even with every demo left out,
+        by the rule its calls fit their demos by (`fitting_demos`); None when it can, or when the
+        window is unknown. Checked before the first call, so that no summary is judged in vain."""
+        if not window:
+            return None
+        from booklens.text import count_tokens
+
+        predictor = self.detect if self.batch_size == 1 else self.detect_batch
+        room = demo_room(window, summary, batch_size=self.batch_size,
+                         answer_tokens=self._budget(self.batch_size).get("max_tokens", 0))
+        if instructions_and_demos_tokens(predictor, []) <= room:
+            return None
+        return (f"({count_tokens(summary):,} tokens) does not fit the model's {window:,}-token context window even "
+                "with none of the judge's demos: shorten it, or judge it with a model of a larger window")
 
     def _budget(self, n_sentences: int) -> dict[str, Any]:
         if self.tokens_per_sentence is None:

@@ -646,6 +646,28 @@ def test_a_summary_too_long_for_the_window_is_judged_with_fewer_demos():
     assert result.demos_shown == len(scorer.detect.demos) and result.demos_dropped == 0
 
 
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_summary_too_long_for_the_window_even_without_demos_is_refused_before_any_call(batch_size):
+    """With no demo left it still did not fit: `score` judged the summaries before it, then the first
+    call of this one failed. The refusal comes first and names the summary and the window."""
+    from booklens.steps import score_summaries
+
+    sentence = "Anna walks along the quay of the old harbour town and counts the boats that came in."
+    summaries = {"short": "Anna walks. Zed waits.", "long": " ".join([sentence] * 500)}  # about 9,000 tokens
+    lm = ScriptedLM(clean)
+    with dspy.context(lm=lm):
+        with pytest.raises(BooklensError) as excinfo:
+            score_summaries(summaries, batch_size=batch_size, concurrency=1)
+    assert lm.backend.calls == []
+    message = str(excinfo.value)
+    assert "\n" not in message and message.startswith("the summary 'long' (") and "8,192-token" in message, message
+    assert "even with none of the judge's demos" in message
+    # a summary that fits once demos are left out is still judged
+    with dspy.context(lm=lm):
+        score_summaries({"long": " ".join([sentence] * 150)}, batch_size=batch_size, concurrency=1)
+    assert lm.backend.calls
+
+
 def test_building_the_default_judges_into_a_file_is_a_one_line_error(tmp_path):
     from booklens.errors import BooklensError
     from booklens.judges import build_defaults
