@@ -261,7 +261,10 @@ def read_json_file(path: str | Path, what: str) -> Any:
 def parse_json(text: str, path: str | Path, what: str) -> Any:
     """The JSON `text` of the file `path` (a user's `what`), or a one-line `BooklensError`: not JSON,
     nested too deeply, or a key given twice in one object, of which JSON would keep the last value
-    and drop the other unseen (a question, a book's summary, a claim)."""
+    and drop the other unseen (a question, a book's summary, a claim), or blank: JSON's own message
+    for that ("line 2: Expecting value" for a lone newline) does not say the file holds nothing."""
+    if not text.strip():
+        raise BooklensError(f"{what} is empty ({path})")
     try:
         return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:

@@ -157,8 +157,6 @@ def _read_bytes(path: Path) -> Any:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise BooklensError(f"{path} is not UTF-8 JSON") from None
-    if not text.strip():
-        raise BooklensError(f"{path} is empty")
     return parse_json(text, path, "FABLES data")
 
 

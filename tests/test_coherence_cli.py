@@ -579,3 +579,18 @@ def test_scoring_a_summary_the_shipped_judge_shows_as_a_demo_says_so(tmp_path):
     assert note.startswith("this summary is one of the judge's demos, with 16 of its sentences labelled")
     assert f"note: {own!r}: {note}" in result.output
     assert repr(other) not in result.output
+
+
+@pytest.mark.parametrize("content", ["", "\n", " \r\n\t"])
+def test_an_empty_json_input_is_empty_for_agree_as_for_fables_data(tmp_path, content):
+    """A file of nothing but a newline was "not valid JSON (line 2: Expecting value)" for `agree` and
+    "is empty" for FABLES data: one reader, one wording."""
+    from booklens.data.fables import load_fables
+
+    empty = write(tmp_path / "a.json", content)
+    result = invoke(["agree", empty, write(tmp_path / "b.json", HUMAN)], tmp_path)
+    assert isinstance(result.exception, BooklensError)
+    assert str(result.exception) == f"annotation set A is empty ({empty})"
+    with pytest.raises(BooklensError) as caught:
+        load_fables(write(tmp_path / "FABLES.json", content))
+    assert str(caught.value) == f"FABLES data is empty ({tmp_path / 'FABLES.json'})"
