@@ -621,24 +621,27 @@ def test_the_concurrency_help_says_ray_workers_share_one_limit():
 
 def test_a_ray_worker_sets_up_its_collector_as_a_command_does(tmp_path):
     """A worker imports DSPy and LiteLLM on its first cell: with the collector raised, as in a command,
-    and what they loaded frozen afterwards, so the worker's later collections do not walk it."""
-    import gc
-
+    and what they loaded frozen afterwards, so the worker's later collections do not walk it. In a fresh
+    interpreter, as a worker is: in this one DSPy is loaded already, and the freeze used to come before
+    the setup had imported it (the first cell imported it later, unfrozen)."""
+    script = f"""
+import gc, json, sys
+from booklens.sweep.engines import CellWorker, PoolSettings
+worker = CellWorker()
+worker._setup(PoolSettings(lm="openai/fake-model", api_base="http://127.0.0.1:9/v1",
+                           cache_dir={str(tmp_path / "cache")!r}, concurrency=2), board="")
+import dspy, litellm
+tracked = {{id(o) for o in gc.get_objects()}}  # the frozen objects are out of the collector's lists
+print(json.dumps({{"threshold": gc.get_threshold()[0], "pool": worker.pool is not None,
+                  "dspy_frozen": id(dspy.Predict) not in tracked,
+                  "litellm_frozen": id(litellm.completion) not in tracked}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
     from booklens.collector import GC_THRESHOLD
-    from booklens.sweep.engines import CellWorker, PoolSettings
 
-    saved = gc.get_threshold()
-    assert gc.get_freeze_count() == 0
-    try:
-        worker = CellWorker()
-        worker._setup(PoolSettings(lm="openai/fake-model", api_base="http://127.0.0.1:9/v1",
-                                   cache_dir=str(tmp_path / "cache"), concurrency=2), board="")
-        assert worker.pool is not None
-        assert gc.get_threshold()[0] == GC_THRESHOLD > 700  # Python's default
-        assert gc.get_freeze_count() > 10_000
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*saved)
+    state = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert state == {"threshold": GC_THRESHOLD, "pool": True, "dspy_frozen": True, "litellm_frozen": True}, state
 
 
 def test_ray_fail_fast_lets_running_cells_finish_as_the_local_engine_does(local_ray, tmp_path):

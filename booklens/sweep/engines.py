@@ -224,6 +224,10 @@ class CellWorker:
                 from booklens.collector import collect_less_often, freeze_what_is_loaded
 
                 collect_less_often()  # as a command does: the worker is about to import DSPy and LiteLLM
+                # The LM layer (DSPy, LiteLLM) now, so the freeze below covers it: the pool imports
+                # it only at its first LM, in the first cell, after the freeze.
+                import booklens.lm.model  # noqa: F401
+
                 self.settings = settings
                 self.pool = settings.make_pool()
                 freeze_what_is_loaded()
