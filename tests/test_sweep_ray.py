@@ -152,3 +152,25 @@ def test_ray_address_in_the_environment_is_the_cluster_joined(tmp_path):
     assert proc.stderr.count("\n") == 1 and f"cannot reach the Ray cluster at {address} (RAY_ADDRESS)" in proc.stderr, \
         proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_ray_that_fails_to_import_is_one_line_before_anything_is_written(tmp_path):
+    """Ray installed but broken (a shared library of another system, a protobuf of another version):
+    the import error came out again as an internal error when the engine was closed, and an import
+    failing with anything but ImportError was one from the start."""
+    manifest = small_sweep(tmp_path)
+    package = tmp_path / "site" / "ray"
+    package.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tmp_path / "site"), env.get("PYTHONPATH")) if p)
+    for error, reason in (("ImportError", "libfoo.so.6: version FOO_3.4 not found (required by _raylet.so)"),
+                          ("TypeError", "Descriptors cannot be created directly.")):
+        (package / "__init__.py").write_text(f"raise {error}({reason!r} + '\\nmore lines')\n", encoding="utf-8")
+        args = ["sweep", str(manifest), "-o", str(tmp_path / "out"), "--lm", "openai/fake-model", "--api-base",
+                f"http://127.0.0.1:{free_port()}/v1", "--cache-dir", str(tmp_path / "cache"), "--engine", "ray"]
+        proc = subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True, timeout=120,
+                              env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and reason in proc.stderr and "internal error" not in proc.stderr, \
+            proc.stderr
+        assert not (tmp_path / "out").exists()

@@ -491,8 +491,12 @@ class RayEngine:
     def start(self) -> None:
         try:
             import ray
-        except ImportError:
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray":  # installed, but something it needs is missing
+                raise BooklensError(f"the ray engine cannot import Ray: {_one_line(exc)}") from None
             raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'") from None
+        except Exception as exc:  # a broken install (a library or a protobuf of another version)
+            raise BooklensError(f"the ray engine cannot import Ray: {_one_line(exc)}") from None
         import logging
 
         # Without --ray-address, RAY_ADDRESS names the cluster, as it does for Ray itself (`ray job
@@ -623,6 +627,8 @@ class RayEngine:
                 pass
 
     def close(self) -> None:
+        if self.board is None and not self._started_ray:  # nothing to stop (Ray may not even import)
+            return
         import ray
 
         with self._quiet():
