@@ -174,3 +174,24 @@ def test_a_ray_that_fails_to_import_is_one_line_before_anything_is_written(tmp_p
         assert proc.stderr.count("\n") == 1 and reason in proc.stderr and "internal error" not in proc.stderr, \
             proc.stderr
         assert not (tmp_path / "out").exists()
+
+
+def test_the_cluster_ray_start_recorded_on_this_machine_is_joined(tmp_path):
+    """Without --ray-address or RAY_ADDRESS, Ray joins the cluster `ray start` recorded on the machine (a
+    cluster's head node, say) rather than start one: the sweep used to fail there with "cannot start a
+    local Ray: When connecting to an existing cluster, num_cpus and num_gpus must not be provided". Here
+    the record names an address nothing answers at (a cluster since stopped): one line that names it."""
+    manifest = small_sweep(tmp_path)
+    address = f"127.0.0.1:{free_port()}"
+    temp = tmp_path / "tmp"  # Ray's own folder, `ray start`'s record in it: RAY_TMPDIR/ray/ray_current_cluster
+    (temp / "ray").mkdir(parents=True)
+    (temp / "ray" / "ray_current_cluster").write_text(address + "\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    args = ["sweep", str(manifest), "-o", str(tmp_path / "out"), "--lm", "openai/fake-model", "--api-base",
+            f"http://127.0.0.1:{free_port()}/v1", "--cache-dir", str(tmp_path / "cache"), "--engine", "ray"]
+    proc = subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True, timeout=90,
+                          env={**env, "RAY_TMPDIR": str(temp)})
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and f"cannot reach the Ray cluster at {address}" in proc.stderr \
+        and "ray start" in proc.stderr and "--ray-address local" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()

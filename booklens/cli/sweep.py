@@ -37,7 +37,8 @@ def sweep_command(
     = Engine.local,
     ray_address: Annotated[Optional[str], typer.Option(
         "--ray-address", help="Join this Ray cluster (e.g. ray://head:10001 or auto); without it, the one "
-                              "RAY_ADDRESS names, else a local Ray starts.")] = None,
+                              "RAY_ADDRESS names, else the one `ray start` ran for on this machine, "
+                              "else a local Ray starts (as with `local`).")] = None,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,

@@ -458,6 +458,17 @@ def check_reachable(address: str, timeout: float = 5.0, *, name: Optional[str] =
                         "`ray start --head` starts it)")
 
 
+def cluster_started_here() -> Optional[str]:
+    """The address of the cluster `ray start` last started or joined on this machine (Ray's record in
+    its temporary folder), which `ray.init` joins when given no address; None without one."""
+    try:
+        from ray._private.utils import read_ray_address
+
+        return (read_ray_address() or "").strip() or None
+    except Exception:  # another Ray's layout: as before, ray.init finds it
+        return None
+
+
 def temporary_log() -> Path:
     """A file for Ray's messages while the sweep directory is not made yet (`RayEngine.move_log`)."""
     import tempfile
@@ -503,6 +514,12 @@ class RayEngine:
         # submit` sets it for the job's command); ray.init would otherwise join it and refuse num_cpus.
         address = self.address or os.environ.get("RAY_ADDRESS", "").strip() or None
         where = address if self.address or not address else f"{address} (RAY_ADDRESS)"
+        if address is None and not ray.is_initialized():
+            # Then the cluster `ray start` recorded on this machine (a head node's), which ray.init
+            # joins too, refusing num_cpus: a local Ray starts only where there is none.
+            address = cluster_started_here()
+            where = address and (f"{address} (recorded by `ray start` on this machine; --ray-address local "
+                                 "starts a Ray of the sweep's own)")
         if address and not ray.is_initialized():
             check_reachable(address, name=where)
         # Ray Data's import (pyarrow and friends, 1.5 s) runs while ray.init waits for the node's

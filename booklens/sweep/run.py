@@ -581,7 +581,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     check_at_least("--concurrency", concurrency)  # else every cell would fail on it (run_book checks it too)
     if ray_address is not None and not ray_address.strip():  # `--ray-address "$HEAD"` with HEAD unset, say
         raise BooklensError("--ray-address is empty: name the cluster (auto, ray://HEAD:10001) or leave the option "
-                            "out (RAY_ADDRESS, else a local Ray)")
+                            "out (RAY_ADDRESS, else the cluster `ray start` ran for here, else a local Ray)")
     if ray_address and ray_address.strip().lower().startswith(("http://", "https://")):
         # Ray refuses it only once started, in a message of several lines
         raise BooklensError(f"--ray-address {ray_address.strip()} is an http:// URL, a Ray dashboard's (what `ray job "
