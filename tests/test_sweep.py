@@ -672,6 +672,31 @@ def test_ray_fail_fast_lets_running_cells_finish_as_the_local_engine_does(local_
     assert read_json(tmp_path / "out" / "results.json")["systems"]["hier"]["books"] == 1
 
 
+def test_a_ray_worker_that_cannot_start_fails_its_cells_in_one_line(local_ray, tmp_path, monkeypatch):
+    """A worker whose setup fails (here its node cannot make the --cache-dir folder; the driver's own
+    check is skipped, as on another node it would pass) records its cells as failed with the reason, and
+    the sweep writes its aggregate. The exception used to abort the whole sweep with Ray's header line
+    ("the Ray engine failed: ray::MapWorker(MapBatches(CellWorker)).submit() (pid=...)") and no reason."""
+    import booklens.sweep.run as sweep_run
+
+    (tmp_path / "story.txt").write_text("Mara kept the light through the winter. " * 60, encoding="utf-8")
+    (tmp_path / "sweep.yaml").write_text(
+        "books: [story.txt]\n"
+        "systems: [{name: hier, method: hier, chunk_size: 1024, max_summary_tokens: 200}]\n"
+        "judge: {steps: [coherence]}\n", encoding="utf-8")
+    (tmp_path / "a-file").write_text("not a folder", encoding="utf-8")
+    monkeypatch.setattr(sweep_run, "check_cache", lambda settings: None)
+    with FakeOpenAIServer(responder=PipelineResponder()) as srv:
+        outcome = sweep_run.run_sweep(
+            tmp_path / "sweep.yaml", tmp_path / "out", engine="ray", lm="openai/fake-model", api_base=srv.url,
+            concurrency=2, cache_dir=tmp_path / "a-file" / "cache", progress_interval=60)
+        assert not srv.received
+    [cell] = outcome.outcomes
+    assert cell.status == "failed" and "\n" not in cell.error and "\x1b" not in cell.error, cell.error
+    assert cell.error.startswith("worker ") and "LM cache directory" in cell.error, cell.error
+    assert read_json(tmp_path / "out" / "results.json")["systems"]["hier"]["failed"] == 1
+
+
 def test_a_ray_worker_whose_sweep_is_gone_saves_no_judgment_of_the_calls_it_could_not_make(local_ray, tmp_path):
     """When the driver stops (Ctrl-C), its board of call slots goes first. A worker still running a cell
     must then save nothing, as an interrupted local sweep's cell does: those calls used to fail as

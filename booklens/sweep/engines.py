@@ -265,12 +265,20 @@ class CellWorker:
             return False
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        settings = PoolSettings(**json.loads(str(batch["settings"][0])))
-        self._setup(settings, str(batch["board"][0]))
+        board = str(batch["board"][0])
+        cannot_start = None
+        try:
+            self._setup(PoolSettings(**json.loads(str(batch["settings"][0]))), board)
+        except Exception as exc:  # (its node's cache folder, say) raised, it would abort the whole sweep
+            reason = _one_line(exc) if isinstance(exc, BooklensError) else \
+                f"internal error: {type(exc).__name__}: {_one_line(exc)}"
+            cannot_start = f"worker {self.worker_id} could not start: {reason}"
         outcomes = []
         for text in batch["task"]:
             task = CellTask.from_json(str(text))
-            if self._stopped(str(batch["board"][0])):  # --fail-fast: another cell failed, start no new one
+            if cannot_start:  # the next cell tries the setup again
+                outcome = CellOutcome(task.system, task.book, "failed", cannot_start)
+            elif self._stopped(board):  # --fail-fast: another cell failed, start no new one
                 outcome = not_run(task)
             elif not Path(task.sweep_dir).is_dir():
                 outcome = CellOutcome(task.system, task.book, "failed",
@@ -282,8 +290,7 @@ class CellWorker:
                 except Stopped:  # the driver was interrupted (or its board is gone): nothing saved
                     outcome = not_run(task)
             outcomes.append(json.dumps(asdict(outcome)))
-        board = str(batch["board"][0])
-        if board:  # before the row reaches the driver: its display's last line is exact
+        if board and self.pool is not None:  # before the row reaches the driver: its display's last line is exact
             self._send_usage(board)
         return {"outcome": outcomes}
 
