@@ -549,7 +549,7 @@ def test_ray_workers_share_the_sweeps_call_slots(local_ray, tmp_path):
     assert big["most"] > 2, "a fixed share would give each of the two workers 2 slots"
 
 
-def test_ray_workers_count_the_rate_limits_together(local_ray):
+def test_ray_workers_count_the_rate_limits_together(local_ray, monkeypatch):
     """--rpm/--tpm are counted by the sweep's board for every worker: requests from two worker
     processes land in one limiter per LM (a split limit floored each worker at 1 a minute, so
     `--rpm 1` on two workers sent 2 a minute)."""
@@ -601,6 +601,14 @@ def test_ray_workers_count_the_rate_limits_together(local_ray):
                             slots_actor=name, shared_rate_limits=True).make_pool()
         limiter = pool.get().backend.limiter
         assert isinstance(limiter, SharedRateLimit) and limiter.key == "openai/x@http://127.0.0.1:9/v1"
+        # The sweep's limits are the driver's (options or environment): a sweep without any has its
+        # workers send unpaced, whatever their own machines' BOOKLENS_RPM says (each worker used to
+        # pace itself by it, so the cluster sent that rate times the workers).
+        monkeypatch.setenv("BOOKLENS_RPM", "5")
+        pool = PoolSettings(lm="openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=None, concurrency=2,
+                            slots_actor=name, shared_rate_limits=False).make_pool()
+        limiter = pool.get().backend.limiter
+        assert limiter is None or not limiter.active, limiter.rpm
     finally:
         local_ray.kill(board)
         local_ray.kill(gate)

@@ -95,6 +95,13 @@ class PoolSettings:
 
             def limiter_for(key: str) -> "SharedRateLimit":
                 return SharedRateLimit(actor, key)
+        elif self.slots_actor:
+            # A Ray worker of a sweep the driver set no limits for: none either from the worker's
+            # own environment (its BOOKLENS_RPM would pace each worker apart, not the cluster).
+            def limiter_for(key: str) -> Any:
+                from booklens.lm.ratelimit import RateLimiter
+
+                return RateLimiter()
 
         return LMPool(self.lm, self.api_base, cache_dir=self.cache_dir, concurrency=self.concurrency,
                       structured=self.structured, rpm=self.rpm, tpm=self.tpm, call_limit=call_limit,
