@@ -705,6 +705,51 @@ def test_a_ray_worker_that_cannot_start_fails_its_cells_in_one_line(local_ray, t
     assert read_json(tmp_path / "out" / "results.json")["systems"]["hier"]["failed"] == 1
 
 
+def test_a_ray_worker_that_dies_mid_call_gives_its_call_slots_back(local_ray, tmp_path, monkeypatch):
+    """A worker killed while it holds a call slot (the OOM killer, a crash) never releases it; Ray runs the
+    cell again on a new worker, which waited for that slot for ever: under --concurrency 1 the sweep hung
+    after one death. The board takes back the slots of a worker that has gone silent."""
+    import threading
+
+    import booklens.sweep.engines as engines
+    from booklens.sweep.run import run_sweep
+
+    monkeypatch.setattr(engines, "SLOT_LEASE_SECONDS", 4.0, raising=False)  # (a second or two of silence is normal)
+    (tmp_path / "story.txt").write_text("Mara kept the light through the winter. " * 60, encoding="utf-8")
+    (tmp_path / "sweep.yaml").write_text(
+        "books: [story.txt]\n"
+        "systems: [{name: hier, method: hier, chunk_size: 1024, max_summary_tokens: 200}]\n"
+        "judge: {steps: [coherence]}\n", encoding="utf-8")
+    answer = PipelineResponder()
+    killed = []
+
+    def respond(body):
+        if not killed:  # the worker asking: the one CellWorker process of this test's Ray
+            rows = [line.split(None, 2) for line in subprocess.run(
+                ["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()]
+            ours = {os.getpid()}
+            for _ in range(8):
+                ours |= {int(r[0]) for r in rows if len(r) == 3 and int(r[1]) in ours}
+            killed.extend(int(r[0]) for r in rows if len(r) == 3 and int(r[0]) in ours and "CellWorker" in r[2])
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+        return answer(body)
+
+    result = {}
+    with FakeOpenAIServer(responder=respond) as srv:
+        def sweep():
+            result["outcome"] = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", engine="ray",
+                                          lm="openai/fake-model", api_base=srv.url, concurrency=1,
+                                          cache_dir=tmp_path / "cache", progress_interval=60)
+
+        thread = threading.Thread(target=sweep, daemon=True)
+        thread.start()
+        thread.join(timeout=150)
+        assert not thread.is_alive(), "the sweep still waited for the dead worker's call slot after 150 s"
+    assert len(killed) == 1, killed
+    assert [o.status for o in result["outcome"].outcomes] == ["complete"]
+
+
 def test_a_ray_worker_whose_sweep_is_gone_saves_no_judgment_of_the_calls_it_could_not_make(local_ray, tmp_path):
     """When the driver stops (Ctrl-C), its board of call slots goes first. A worker still running a cell
     must then save nothing, as an interrupted local sweep's cell does: those calls used to fail as

@@ -41,6 +41,16 @@ from booklens.sweep.aggregate import CellOutcome, outcome_of_run
 
 Done = Callable[[CellOutcome], None]
 
+# Seconds a Ray worker holding call slots may go without a sign of life (it reports its usage every
+# second) before the board takes its slots back: a worker that died mid-call (out of memory, a
+# crash) never releases them, and Ray runs its cells again on a new worker, which would wait for them.
+SLOT_LEASE_SECONDS = 60.0
+
+
+def process_id() -> str:
+    """This process as the sweep's board knows it: a Ray worker's usage and call slots are its."""
+    return f"{os.uname().nodename}:{os.getpid()}"
+
 
 @dataclass
 class CellTask:
@@ -222,7 +232,7 @@ class CellWorker:
         self.pool = None
         self.settings: Optional[PoolSettings] = None
         self.lock = threading.Lock()
-        self.worker_id = f"{os.uname().nodename}:{os.getpid()}"
+        self.worker_id = process_id()
 
     def _setup(self, settings: PoolSettings, board: str) -> None:
         with self.lock:
@@ -312,11 +322,16 @@ def _sweep_board_class():
         each worker's latest LM usage for the driver's progress display. One actor, because each
         actor is a Python process of its own, started while the workers start."""
 
-        def __init__(self, slots: int, rate_limits: Optional[dict[str, int]] = None):
+        def __init__(self, slots: int, rate_limits: Optional[dict[str, int]] = None,
+                     lease: float = SLOT_LEASE_SECONDS):
             import asyncio
             from concurrent.futures import ThreadPoolExecutor
 
             self.slots = asyncio.Semaphore(slots)
+            self.held: dict[str, int] = {}  # call slots each worker holds
+            self.seen: dict[str, float] = {}  # when each worker last gave a sign of life
+            self.lease = lease
+            self.reaper = None
             self.latest: dict[str, dict[str, Any]] = {}
             self.stop = False  # --fail-fast after a failure: workers start no new cell
             self.interrupted = False  # Ctrl-C: no new call either; the calls in flight end
@@ -336,18 +351,47 @@ def _sweep_board_class():
         async def interrupt(self) -> None:
             self.stop = self.interrupted = True
 
-        async def acquire(self) -> bool:
-            """Take a call slot; False once the sweep is interrupted (the call is not made)."""
+        def _alive(self, worker: str) -> None:
+            import time
+
+            self.seen[worker] = time.monotonic()
+
+        async def acquire(self, worker: str = "") -> bool:
+            """Take a call slot for `worker`; False once the sweep is interrupted (the call is not made)."""
+            import asyncio
+
             if self.interrupted:
                 return False
+            if self.reaper is None:
+                self.reaper = asyncio.get_running_loop().create_task(self._reap())
+            self._alive(worker)
             await self.slots.acquire()
             if self.interrupted:
                 self.slots.release()
                 return False
+            self.held[worker] = self.held.get(worker, 0) + 1
+            self._alive(worker)
             return True
 
-        async def release(self) -> None:
-            self.slots.release()
+        async def release(self, worker: str = "") -> None:
+            if self.held.get(worker, 0) > 0:  # else the board took them back already
+                self.held[worker] -= 1
+                self.slots.release()
+            self._alive(worker)
+
+        async def _reap(self) -> None:
+            """Give back the slots of each worker silent for longer than the lease (it died mid-call)."""
+            import asyncio
+            import time
+
+            while True:
+                await asyncio.sleep(min(5.0, self.lease / 2))
+                now = time.monotonic()
+                for worker, count in list(self.held.items()):
+                    if count and now - self.seen.get(worker, now) > self.lease:
+                        self.held[worker] = 0
+                        for _ in range(count):
+                            self.slots.release()
 
         async def pace(self, key: str, tokens: int) -> None:
             """Return when a request of `tokens` tokens to the LM `key` fits the sweep's limits."""
@@ -367,6 +411,7 @@ def _sweep_board_class():
 
         async def report(self, worker: str, snapshot: dict[str, Any]) -> None:
             self.latest[worker] = snapshot
+            self._alive(worker)
 
         async def totals(self) -> dict[str, Any]:
             total: dict[str, Any] = {}
@@ -391,12 +436,13 @@ class SharedSlots:
         import ray
 
         self.actor = ray.get_actor(actor_name)
+        self.holder = process_id()
 
     def __enter__(self) -> "SharedSlots":
         import ray
 
         try:
-            granted = ray.get(self.actor.acquire.remote())
+            granted = ray.get(self.actor.acquire.remote(self.holder))
         except ray.exceptions.RayError:
             raise Stopped() from None
         if granted is False:  # the driver was interrupted: no new call
@@ -407,7 +453,7 @@ class SharedSlots:
         import ray
 
         try:
-            ray.get(self.actor.release.remote())
+            ray.get(self.actor.release.remote(self.holder))
         except ray.exceptions.RayError:  # the board is gone: the answer still counts (and is cached)
             pass
 
@@ -561,7 +607,7 @@ class RayEngine:
                 # The limits (from the options or BOOKLENS_RPM / BOOKLENS_TPM here) are the board's.
                 self.rate_limits = rate_limits(self.settings.rpm, self.settings.tpm)
                 self.board = _sweep_board_class().options(name=self.board_name).remote(
-                    self.settings.concurrency, self.rate_limits)
+                    self.settings.concurrency, self.rate_limits, SLOT_LEASE_SECONDS)
         finally:
             # Also after a failure: a command exiting while the import is half done hangs at exit.
             data_import.join()
