@@ -750,6 +750,50 @@ def test_a_ray_worker_that_dies_mid_call_gives_its_call_slots_back(local_ray, tm
     assert [o.status for o in result["outcome"].outcomes] == ["complete"]
 
 
+def test_a_cell_that_kills_its_ray_worker_each_time_fails_after_a_few_tries(local_ray, tmp_path, monkeypatch):
+    """Ray Data runs the task of a worker that died again on a new worker, by default without end: a cell
+    that kills its worker each time (a book the machine runs out of memory on) kept the sweep running for
+    ever. It is tried `CELL_RETRIES` more times, then failed with the reason, and the sweep ends."""
+    import threading
+
+    import booklens.sweep.engines as engines
+    from booklens.sweep.run import run_sweep
+
+    monkeypatch.setattr(engines, "SLOT_LEASE_SECONDS", 4.0, raising=False)
+    (tmp_path / "story.txt").write_text("Mara kept the light through the winter. " * 60, encoding="utf-8")
+    (tmp_path / "sweep.yaml").write_text(
+        "books: [story.txt]\n"
+        "systems: [{name: hier, method: hier, chunk_size: 1024, max_summary_tokens: 200}]\n"
+        "judge: {steps: [coherence]}\n", encoding="utf-8")
+    killed = []
+
+    def respond(body):  # every request kills the worker asking (the one CellWorker process of this test's Ray)
+        rows = [line.split(None, 2) for line in subprocess.run(
+            ["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()]
+        ours = {os.getpid()}
+        for _ in range(8):
+            ours |= {int(r[0]) for r in rows if len(r) == 3 and int(r[1]) in ours}
+        for pid in [int(r[0]) for r in rows if len(r) == 3 and int(r[0]) in ours and "CellWorker" in r[2]]:
+            killed.append(pid)
+            os.kill(pid, signal.SIGKILL)
+        return "unused"
+
+    result = {}
+    with FakeOpenAIServer(responder=respond) as srv:
+        def sweep():
+            result["outcome"] = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", engine="ray",
+                                          lm="openai/fake-model", api_base=srv.url, concurrency=1,
+                                          cache_dir=tmp_path / "cache", progress_interval=60)
+
+        thread = threading.Thread(target=sweep, daemon=True)
+        thread.start()
+        thread.join(timeout=150)
+        assert not thread.is_alive(), f"the sweep still ran the cell after 150 s and {len(killed)} deaths"
+    [cell] = result["outcome"].outcomes
+    assert len(killed) == 1 + getattr(engines, "CELL_RETRIES", -1), killed  # then no call: failed
+    assert cell.status == "failed" and "worker died" in cell.error and "\n" not in cell.error, cell
+
+
 def test_a_ray_worker_whose_sweep_is_gone_saves_no_judgment_of_the_calls_it_could_not_make(local_ray, tmp_path):
     """When the driver stops (Ctrl-C), its board of call slots goes first. A worker still running a cell
     must then save nothing, as an interrupted local sweep's cell does: those calls used to fail as

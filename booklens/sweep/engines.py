@@ -45,6 +45,8 @@ Done = Callable[[CellOutcome], None]
 # second) before the board takes its slots back: a worker that died mid-call (out of memory, a
 # crash) never releases them, and Ray runs its cells again on a new worker, which would wait for them.
 SLOT_LEASE_SECONDS = 60.0
+# Times the Ray engine runs a cell again after its worker died running it (Ray Data would without end).
+CELL_RETRIES = 2
 
 
 def process_id() -> str:
@@ -281,6 +283,18 @@ class CellWorker:
         except Exception:  # no board to ask: the driver is gone or going; run as asked
             return False
 
+    def _attempt(self, board: str, cell: str) -> int:
+        """How many times the sweep has started `cell` (this time included): more than once only when
+        Ray ran its task again because the worker running it died."""
+        if not board:
+            return 1
+        import ray
+
+        try:
+            return int(ray.get(ray.get_actor(board).attempt.remote(cell), timeout=10))
+        except Exception:  # no board to ask: run as asked
+            return 1
+
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         board = str(batch["board"][0])
         cannot_start = None
@@ -297,6 +311,11 @@ class CellWorker:
                 outcome = CellOutcome(task.system, task.book, "failed", cannot_start)
             elif self._stopped(board):  # --fail-fast: another cell failed, start no new one
                 outcome = not_run(task)
+            elif self._attempt(board, task.name) > CELL_RETRIES + 1:
+                # Ray ran it again after its worker died, each time (out of memory, say): enough
+                outcome = CellOutcome(task.system, task.book, "failed",
+                                      f"its Ray worker died running it, {CELL_RETRIES + 1} times (out of memory "
+                                      "or a crash? the workers' logs are in Ray's session folder on their node)")
             elif not Path(task.sweep_dir).is_dir():
                 outcome = CellOutcome(task.system, task.book, "failed",
                                       f"the sweep directory {task.sweep_dir} is not visible on worker "
@@ -332,6 +351,7 @@ def _sweep_board_class():
             self.seen: dict[str, float] = {}  # when each worker last gave a sign of life
             self.lease = lease
             self.reaper = None
+            self.attempts: dict[str, int] = {}  # starts of each cell (more than one: its worker died)
             self.latest: dict[str, dict[str, Any]] = {}
             self.stop = False  # --fail-fast after a failure: workers start no new cell
             self.interrupted = False  # Ctrl-C: no new call either; the calls in flight end
@@ -344,6 +364,11 @@ def _sweep_board_class():
 
         async def halt(self) -> None:
             self.stop = True
+
+        async def attempt(self, cell: str) -> int:
+            """Count a start of `cell`; the number of starts so far."""
+            self.attempts[cell] = self.attempts.get(cell, 0) + 1
+            return self.attempts[cell]
 
         async def stopped(self) -> bool:
             return self.stop
