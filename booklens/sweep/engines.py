@@ -19,7 +19,9 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
   themselves, so the sweep directory must be on a path every node sees (the call cache stays on
   each node's own disk: SQLite's WAL mode does not work on network file systems); the
   cell's run record comes back to the driver in the dataset's rows, and the driver writes the
-  aggregate.
+  aggregate. A worker that dies (out of memory, a crash) is replaced by Ray, which runs its cells
+  again: the board takes back its call slots once it has been silent for `SLOT_LEASE_SECONDS`, and
+  fails a cell started more than `CELL_RETRIES` + 1 times.
 """
 
 from __future__ import annotations
