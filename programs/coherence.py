@@ -331,8 +331,9 @@ def labelled_sentences(demos: Sequence[Any], *, batched: bool) -> int:
     return total
 
 
-# Full stops of other scripts, at which Punkt (English: . ? ! only) ends no sentence, when text follows.
-_OTHER_STOPS = re.compile(r"([。！？｡।॥۔؟])[\s\"'”’」』）)]*(?=\w)")
+# Full stops of other scripts, at which the split (Punkt's . ? !, and Chinese and Japanese stops)
+# ends no sentence, when text follows.
+_OTHER_STOPS = re.compile(r"([।॥۔؟])[\s\"'”’)]*(?=\w)")
 
 
 # A line that starts a list item: a bullet, or a number with its dot or parenthesis.
@@ -345,11 +346,11 @@ _LIST_NUMBER = re.compile(r"(?:^|\n)[ \t]*(\d+[.)])\s*$")
 
 
 def split_notes(sentences: Sequence[str]) -> list[str]:
-    """What to say of sentences Punkt's split leaves other than a reader would (none for ordinary
-    prose): ones that run on past another script's full stop (a Chinese summary is one sentence, so
+    """What to say of sentences the split leaves other than a reader would (none for ordinary
+    prose): ones that run on past another script's full stop (a Hindi summary is one sentence, so
     its score can only be 0 or 100) or over list items with no . ? ! between them, and numbers
-    alone ("1." of a numbered list) judged as sentences. The split stays NLTK's, which the released
-    annotations and the paper's figures rest on."""
+    alone ("1." of a numbered list) judged as sentences. Apart from Chinese and Japanese stops the
+    split stays NLTK's, which the released annotations and the paper's figures rest on."""
     def said(held: list[str], singular: str, plural: str, judged: str = "judged whole") -> str:
         one = len(held) == 1
         return (f"{len(held)} of the summary's {len(sentences)} sentences {singular if one else plural}, and "
@@ -359,7 +360,7 @@ def split_notes(sentences: Sequence[str]) -> list[str]:
     held = [s for s in sentences if _OTHER_STOPS.search(s)]
     if held:
         marks = ", ".join(repr(m) for m in dict.fromkeys(m.group(1) for s in held for m in _OTHER_STOPS.finditer(s)))
-        notes.append("NLTK's Punkt splits sentences at . ? ! only: " + said(
+        notes.append("sentences are split at . ? ! and 。 ！ ？ ． only: " + said(
             held, f"holds another full stop inside ({marks})", f"hold another full stop inside ({marks})"))
     listed = [s for s in sentences if len(_LIST_ITEM.findall(s)) > 1]
     if listed:

@@ -735,17 +735,20 @@ def test_an_unknown_kind_is_named_in_the_recorded_error_in_both_modes(batch_size
 
 
 def test_a_summary_whose_full_stops_punkt_does_not_split_at_is_noted():
-    """Punkt splits at . ? ! alone: a Chinese summary is one sentence, so its score can only be 0 or
-    100, and nothing said so. The split stays NLTK's (the released annotations rest on it); the
-    record says how many of its sentences run on past such a stop."""
+    """Sentences end at . ? ! and at Chinese and Japanese stops: a Chinese summary is judged in its
+    sentences, with nothing to note. A Hindi one, whose danda ends no sentence here, is one
+    sentence, so its score can only be 0 or 100; the record says how many run on past such a stop."""
     from booklens.steps import score_summaries
 
     with dspy.context(lm=ScriptedLM(lambda call: NO), adapter=BooklensAdapter()):
         results = score_summaries({"zh": "玛拉看守灯塔。泽德出现在门口。灯一直亮着。", "en": SUMMARY,
-                                   "end": "Mara keeps the light. 玛拉看守灯塔。"}, scorer=CoherenceScorer())
-    assert results["zh"].n_sentences == 1
-    assert results["zh"].notes == ["NLTK's Punkt splits sentences at . ? ! only: 1 of the summary's 1 sentences "
-                                   "holds another full stop inside ('。'), and was judged whole"]
+                                   "hi": "मारा दीपस्तंभ की रखवाली करती है। ज़ेड दरवाज़े पर आता है।",
+                                   "end": "Mara keeps the light. मारा दीपस्तंभ की रखवाली करती है।"},
+                                  scorer=CoherenceScorer())
+    assert results["zh"].n_sentences == 3 and results["zh"].notes == []
+    assert results["hi"].n_sentences == 1
+    assert results["hi"].notes == ["sentences are split at . ? ! and 。 ！ ？ ． only: 1 of the summary's 1 "
+                                   "sentences holds another full stop inside ('।'), and was judged whole"]
     assert results["en"].notes == [] and results["end"].notes == []
 
 

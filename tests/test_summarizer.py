@@ -929,3 +929,15 @@ def test_the_last_regeneration_the_option_allows_still_asks_for_a_summary():
     assert len(limits) == 11 and limits[0] == 130
     assert limits[1:4] == [117, 104, 91]  # as before: 10% of the first fewer each time
     assert limits == sorted(limits, reverse=True) and limits[-1] == limits[-2] == 12, limits
+
+
+def test_a_chinese_summary_is_trimmed_and_cut_at_its_full_stops():
+    """Budget trimming keeps whole sentences, and a cut answer loses its unfinished last one: in
+    Chinese too, where sentences end at 。 rather than at . ? !"""
+    from booklens.programs.summarizer import trim_to_budget, without_unfinished_sentence
+
+    summary = "玛拉看守灯塔。泽德出现在门口。灯一直亮着，直到天亮。"
+    budget = count_tokens("玛拉看守灯塔。泽德出现在门口。") + 2
+    assert trim_to_budget(summary, budget) == "玛拉看守灯塔。泽德出现在门口。"
+    assert without_unfinished_sentence("玛拉看守灯塔。泽德出现在门口。灯一直亮") == "玛拉看守灯塔。泽德出现在门口。"
+    assert without_unfinished_sentence(summary) == summary

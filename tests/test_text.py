@@ -866,6 +866,75 @@ def test_sentence_spans_on_summaries_and_a_book(shared_dir, books_dir):
         assert [text[s:e].strip() for s, e in spans] == [x.strip() for x in sentences]
 
 
+# Chinese and Japanese full stops end sentences too (Punkt's English model knows . ? ! only).
+CJK = [
+    ("玛拉看守灯塔。泽德出现在门口！灯还亮着吗？是的．",
+     ["玛拉看守灯塔。", "泽德出现在门口！", "灯还亮着吗？", "是的．"]),
+    # A closing quote or bracket right after the stop stays with its sentence; runs of stops are one end.
+    ("「行こう。」と彼は言った。『本当？！』彼女は笑った。", ["「行こう。」", "と彼は言った。", "『本当？！』", "彼女は笑った。"]),
+    ("他说：“走吧。”然后走了。 (Mara left.) She slept.", ["他说：“走吧。”", "然后走了。", "(Mara left.)", "She slept."]),
+    # Whitespace between such sentences goes, as Punkt drops it between its own.
+    ("第一句。\n\n第二句。  ", ["第一句。", "第二句。"]),
+    # A fullwidth point between digits is a decimal point.
+    ("价格是３．５元。很便宜。", ["价格是３．５元。", "很便宜。"]),
+]
+
+
+@pytest.mark.parametrize("text, expected", CJK)
+def test_chinese_and_japanese_full_stops_end_sentences(text, expected):
+    assert T.split_sentences(text) == expected
+    spans = T.sentence_spans(text)
+    assert_tiles(text, spans)
+    assert [text[s:e].strip() for s, e in spans] == expected
+
+
+def test_a_sentence_ending_in_a_chinese_full_stop_is_finished():
+    assert T.ends_sentence("泽德出现在门口。") and T.ends_sentence("「行こう。」") and T.ends_sentence("真的？！”")
+    assert not T.ends_sentence("泽德出现在门")
+
+
+def test_chinese_text_is_chunked_at_its_full_stops():
+    """Chunks end on sentence ends: at 。, not wherever a run of hundreds of such sentences is cut."""
+    text = "".join(f"第{i}天，玛拉在灯塔上看守着灯光，海浪拍打着岩石。" for i in range(300))
+    chunks = T.chunk_text(text, 200)
+    check_chunks(text, chunks, 200)
+    assert len(chunks) > 5 and not any(c.split_sentence for c in chunks)
+    assert all(c.text.endswith("。") for c in chunks)
+
+
+# Sentences and chunks of the real books as they were split before Chinese and Japanese full stops
+# ended sentences: text without those stops must split exactly as before, since LM call caches are
+# keyed on the prompts its chunks go into.
+BOOK_SPLITS = {
+    "little_men.txt": "7ba9f5017d6d2e7a47aacc5814036262",
+    "poirot_investigates.txt": "57a6b32614bb5938cff017069af0605e",
+    "pride_and_prejudice.txt": "30e648ce223ee20f8555124629034f8e",
+    "sense_and_sensibility.txt": "beb5132f1642d7669fe32241d36d6d57",
+    "the_cask_of_amontillado.txt": "fbf600491c4c72117363a7a4cd654907",
+    "the_man_in_the_brown_suit.txt": "24e6f0f2bb212c22b75e9b16d5b8137f",
+}
+
+
+def split_digest(text: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for s in T.split_sentences(text):
+        h.update(s.encode("utf-8", "surrogatepass") + b"\0")
+    h.update(repr(T.sentence_spans(text)).encode())
+    for size in (500, 2048):
+        h.update(repr([(c.start, c.end, c.tokens, c.split_sentence) for c in T.chunk_text(text, size)]).encode())
+    return h.hexdigest()[:32]
+
+
+def test_books_split_and_chunk_as_before(books_dir):
+    present = {name: books_dir / name for name in BOOK_SPLITS if (books_dir / name).is_file()}
+    if len(present) < 3:
+        pytest.skip(f"fewer than three of the reference books are in {books_dir}")
+    assert {name: split_digest(T.read_book(path)) for name, path in present.items()} == \
+        {name: BOOK_SPLITS[name] for name in present}
+
+
 # ---------------------------------------------------------------------------
 # Chunks
 
