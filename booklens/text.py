@@ -740,7 +740,7 @@ def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: 
 
     ``strip_boilerplate`` removes a Project Gutenberg header, credits and license;
     ``drop_matter`` also removes front and back matter (contents, dedication,
-    preface, "about the author", ...). A book with no text left is a BooklensError.
+    preface, "about the author", ...). A book with no letter or digit (left) is a BooklensError.
     """
     from booklens.inputs import as_path
 
@@ -753,14 +753,16 @@ def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: 
     else:
         text = _decode_text(data, str(p))
     text = _normalize_newlines(text)
-    if not text.strip():
-        raise BooklensError(f"{p} contains no text")
+    # Whitespace, punctuation or symbols alone would leave no chunk to summarize and no passage to
+    # index: say so here, naming the file, for every command that reads a book.
+    if not has_words(text):
+        raise BooklensError(f"{p} contains no text: not a letter or digit")
     if strip_boilerplate:
         text = strip_gutenberg(text)
     if drop_matter:
         text = drop_front_back_matter(text)
     text = _strip_blank_edges(text)
-    if not text:
+    if not has_words(text):
         removed = " and ".join(part for part, done in (("the Project Gutenberg header and license", strip_boilerplate),
                                                      ("front/back matter", drop_matter)) if done)
         raise BooklensError(f"{p} has no text left after removing {removed}")

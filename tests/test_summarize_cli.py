@@ -491,3 +491,21 @@ def test_a_folder_given_where_a_file_is_read_is_one_line(tmp_path, command):
     line = one_line_error(proc)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"{folder}" in line and ("is a directory" in line or "holds no" in line or "FABLES" in line), line
+
+
+def test_a_book_of_only_punctuation_is_named_as_an_empty_one_is(tmp_path):
+    """A book of punctuation and symbols alone gave 'the book has no text to summarize' (or to
+    index) without naming the file; it is refused as a book of whitespace is, naming it."""
+    summary = _write(tmp_path / "summary.txt", b"Mara keeps the lighthouse.")
+    claims = _write(tmp_path / "claims.json", b'["Mara keeps the lighthouse."]')
+    for name, data in (("blank.txt", b"  \n\n\t\n"), ("symbols.txt", b"* * *\n\n--- ... ---\n\n!!! ???\n")):
+        book = _write(tmp_path / name, data)
+        out = tmp_path / "out.json"
+        for args in (["summarize", str(book), "-o", str(out)],
+                     ["run", str(book), "-o", str(tmp_path / "run")],
+                     ["run", str(book), "--summary", str(summary), "-o", str(tmp_path / "run")],
+                     ["check", str(book), str(summary), "-o", str(out)],
+                     ["verify", "--book", str(book), "--claims", str(claims), "--evidence", "bm25", "-o", str(out)]):
+            proc = run_cli(args, tmp_path)
+            assert_one_line_error(proc, out, f"error: {book} contains no text")
+            assert not (tmp_path / "run").exists()
