@@ -61,8 +61,9 @@ BUDGET_MARGIN = 0.85
 # Without given level budgets, each level below the top gets this share of the budget of the
 # level above (G_l = G_n * 0.65^(L - l)), as the published BooookScore code does.
 LEVEL_BUDGET_RATIO = 0.65
-# A regeneration asks for this much less per try (90%, then 80% of the word limit), as the
-# published code does, so a summary that ran long has a better chance to fit.
+# A regeneration asks for this much less of the first word limit per try (90%, then 80% of it), so
+# a summary that ran long has a better chance to fit. The published code instead keeps the limit on
+# its first retry and compounds the cut after (90%, 72%, 50% ...); changing this would change prompts.
 REGENERATION_SHRINK = 0.1
 # Regenerations past this many ask for as few words as this many did: a tenth of the first limit.
 MAX_SHRINKS = 9
