@@ -247,6 +247,10 @@ def check_evidence_recall(mode: str) -> None:
         raise BooklensError(f"unknown evidence recall {mode!r}: use {' or '.join(EVIDENCE_RECALL_MODES)}")
 
 
+# The question file's field each setting scores against.
+REFERENCE_FIELD = {"mc": "Gold", "gen": "Answer"}
+
+
 def gold_for(q: NovelQAQuestion, setting: str) -> Optional[str]:
     """What a prediction is scored against: the letter (mc) or the reference answer (gen)."""
     return q.gold if setting == "mc" else q.answer

@@ -145,6 +145,17 @@ def accuracy(records: Sequence[Any]) -> dict[str, Any]:
     return cell
 
 
+def no_reference_note(records: Sequence[Any], setting: str) -> Optional[str]:
+    """Why there is no accuracy when no question came with a reference to score against (the
+    answers are still recorded), else None."""
+    from booklens.data.novelqa import REFERENCE_FIELD
+
+    if not records or any(_get(r, "gold") is not None for r in records):
+        return None
+    return (f"no question has a reference answer ({REFERENCE_FIELD[setting]}) to score against, so no accuracy "
+            "is given")
+
+
 def accuracy_by_type(records: Sequence[Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """{complexity|'avg': {aspect|'avg': {n, correct, accuracy}}}: the seed's Table 3 layout."""
     table: dict[str, dict[str, dict[str, Any]]] = {}

@@ -245,3 +245,24 @@ def test_the_help_says_what_the_title_and_the_llm_evidence_recall_cost_and_reach
     params = {p.name: p.help for p in typer.main.get_command(app).commands["qa"].params}
     assert "judge prompts" in params["title"]
     assert "one call per question that quoted any, no quotes scoring 0" in params["evidence_recall"]
+
+
+def test_questions_without_a_reference_are_answered_and_say_why_there_is_no_accuracy(tmp_path, book, monkeypatch):
+    """Questions with no Answer (gen) or no Gold (mc) were answered and the command exited 0 with an
+    accuracy over nothing, saying nothing of why: one note says so; a run with some reference has none."""
+    bare = {k: v for k, v in QUESTION.items() if k not in ("Answer", "Gold")}
+    q = write(tmp_path, "q.json", [bare, {**bare, "QID": "T-2", "Question": "Which ship is late?"}])
+    for setting, field in (("gen", "Answer"), ("mc", "Gold")):
+        with FakeOpenAIServer(responder=answer_everything) as server:
+            result = invoke(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base",
+                             server.url, "--setting", setting, "--evidence", "none"], tmp_path, monkeypatch)
+        assert result.exit_code == 0, result.output
+        notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+        assert notes == [f"note: no question has a reference answer ({field}) to score against, so no accuracy "
+                         "is given"], result.stderr
+    some = write(tmp_path, "some.json", [bare, {**QUESTION, "QID": "T-2"}])
+    with FakeOpenAIServer(responder=answer_everything) as server:
+        result = invoke(["qa", str(book), "--questions", str(some), "--lm", "openai/test-model", "--api-base",
+                         server.url, "--setting", "gen", "--evidence", "none"], tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert "note: " not in result.stderr
