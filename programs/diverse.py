@@ -20,6 +20,7 @@ is re-asked and, if it stays outside, recorded as a failure.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
 
 import dspy
@@ -434,7 +435,7 @@ class ReferenceBuilder(Module):
         groups = [[i for i in g if i not in invalid] for g in clusters["groups"]]
         groups = [g for g in groups if g]
         answering = {answers[i][0] for g in groups for i in g}
-        needed = max(1, self.min_answer_share * n_articles)
+        needed = articles_needed(self.min_answer_share, n_articles)
         record: dict[str, Any] = {
             "question": question, "answers": len(answers), "invalid_answers": len(invalid), "clusters": len(groups),
             "articles_answering": len(answering), "clustering_error": clusters["error"],
@@ -449,7 +450,7 @@ class ReferenceBuilder(Module):
             if verdict["error"]:
                 reason = f"the diversity filter gave no valid verdict ({verdict['error']})"
         if reason is None and len(answering) < needed:
-            reason = f"answered by {len(answering)} of {n_articles} articles (needs {needed:g})"
+            reason = f"answered by {len(answering)} of {n_articles} articles (needs at least {needed})"
             if failed:
                 reason += f"; {counted(len(failed), 'article')} gave no valid answer"
         if reason is None and verdict is not None and record["diverse_clusters"] < 2:
@@ -460,6 +461,12 @@ class ReferenceBuilder(Module):
             return None, record
         answer_groups = [[{"aid": answers[i][0], "answer": answers[i][1]} for i in g] for g in groups]
         return {"question": question, "answer_groups": answer_groups}, record
+
+
+def articles_needed(share: float, n_articles: int) -> int:
+    """The fewest articles that must answer a kept question: `share` of them (at least one), rounded
+    up, since a count of articles reaches a fraction only at the next whole number."""
+    return math.ceil(max(1, share * n_articles))
 
 
 # ---------------------------------------------------------------------------

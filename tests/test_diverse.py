@@ -610,7 +610,8 @@ def test_articles_whose_answers_never_parsed_are_counted_apart_from_articles_wit
     why = ref.screening[0]
     assert why["articles_answering"] == 1 and why["extraction_failures"] == 2 and not why["kept"]
     assert why["extraction_error"].startswith("a01: ")
-    assert why["reason"] == "answered by 1 of 3 articles (needs 1.5); 2 articles gave no valid answer"
+    # Half of 3 articles is 1.5: the rule keeps a question 2 articles answer, so it says 2.
+    assert why["reason"] == "answered by 1 of 3 articles (needs at least 2); 2 articles gave no valid answer"
 
     # an article too long for the window is such an article too, not the end of the run
     from booklens.lm import ContextWindowExceeded
@@ -873,3 +874,17 @@ def test_a_summary_prompt_the_server_refuses_as_too_long_under_auto_is_recorded_
     rows = summarize_events([event], method="auto", judge=False)
     assert rows[0]["summary"] is None and "does not fit the 8192-token context window" in rows[0]["error"]
     assert rows[0]["method"] == "direct"
+
+
+def test_the_articles_a_kept_question_needs_are_whole_and_keep_the_same_questions():
+    """The share of the articles a question needs (30% by default) was said as a fraction ("needs
+    1.5"); it is the whole number of articles the rule asks for, and keeps exactly what it kept."""
+    from booklens.programs.diverse import articles_needed
+
+    for share in (0.3, 0.5, 0.25, 0.1, 1 / 3):
+        for n in range(1, 61):
+            needed = articles_needed(share, n)
+            assert isinstance(needed, int)
+            for answering in range(n + 1):
+                assert (answering < needed) == (answering < max(1, share * n)), (share, n, answering)
+    assert [articles_needed(0.3, n) for n in (3, 5, 7, 10)] == [1, 2, 3, 3]
