@@ -543,15 +543,21 @@ def sample_size(entry: dict[str, Any]) -> tuple[int, str]:
 
 def store_calibration(entry: dict[str, Any], path: Path, *, replace: bool = False) -> Optional[str]:
     """Add one calibration to the store file at `path`, replacing the one of the same key unless that
-    one was measured on more items (a quick check after a long calibration would otherwise erase it
-    unnoticed): then nothing is written, and the reason is returned. `replace` stores it anyway."""
+    one, or the one booklens ships for the key, was measured on more items (a quick check after a long
+    calibration would otherwise erase it unnoticed, and a user store's entry hides the shipped one at
+    lookup): then nothing is written, and the reason is returned. `replace` stores it anyway."""
     entries = read_store(path)
-    stored = entries.get(entry["key"])
-    if not replace and isinstance(stored, dict):
-        (new, what), (old, _) = sample_size(entry), sample_size(stored)
+    if not replace:
+        shipped_path = DEFAULTS_DIR / CALIBRATION_FILE
+        held = [(entries.get(entry["key"]), f"the calibration {path} holds for this judge and LM")]
+        if path.resolve() != shipped_path.resolve():
+            held.append((read_store(shipped_path).get(entry["key"]), f"the calibration booklens ships "
+                         f"({shipped_path}) for this judge and LM, which it would hide"))
+        new, what = sample_size(entry)
+        sizes = [(sample_size(stored)[0], where) for stored, where in held if isinstance(stored, dict)]
+        old, where = max(sizes, key=lambda size: size[0], default=(0, ""))  # the store's own first on a tie
         if new < old:
-            return (f"its {counted(new, what)} are fewer than the {old} of the calibration {path} holds for this "
-                    "judge and LM (give --replace to store it instead)")
+            return f"its {counted(new, what)} are fewer than the {old} of {where} (give --replace to store it instead)"
     entries[entry["key"]] = entry
     write_store(path, entries)
     return None

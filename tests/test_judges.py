@@ -722,3 +722,24 @@ def test_a_default_demo_of_a_repeated_sentence_shows_what_score_asks(tmp_path):
         _, lm = run_with(clean, lambda: build_scorer(batch_size=1, concurrency=1)(summary=summary))
         asked = [c.inputs["sentence"] for c in lm.backend.calls]
         assert [d["sentence"] for d in demos if d["summary"] == summary] == asked  # every sentence, in order
+
+
+def test_a_smaller_calibration_does_not_hide_the_larger_one_booklens_ships(tmp_path):
+    """The user's store wins over the shipped one at lookup: a quick calibration of the default judge
+    stored in an empty user store hid the shipped larger one of the same judge, LM and program."""
+    from booklens.judges import (CALIBRATION_FILE, DEFAULTS_DIR, load_store, read_store, store_calibration,
+                                 user_store_path)
+
+    shipped = read_store(DEFAULTS_DIR / CALIBRATION_FILE)
+    key, large = next((k, e) for k, e in shipped.items() if e.get("judge") == "coherence")
+    small = {**large, "n": {**large["n"], "sentences": 40}}
+    store = user_store_path(tmp_path)
+    kept = store_calibration(small, store)
+    assert kept == (f"its 40 sentences are fewer than the {large['n']['sentences']} of the calibration booklens "
+                    f"ships ({DEFAULTS_DIR / CALIBRATION_FILE}) for this judge and LM, which it would hide (give "
+                    "--replace to store it instead)")
+    assert not store.exists() and load_store(tmp_path)[key] == large
+    # one the size of the shipped one or larger is stored, as --replace stores a smaller one
+    assert store_calibration({**large, "usage": {"calls": 1}}, store) is None
+    assert store_calibration(small, store, replace=True) is None
+    assert load_store(tmp_path)[key] == small

@@ -6,8 +6,8 @@
 
 `calibrate` runs a judge on the human-annotated test splits (see `booklens.calibration`) and stores
 its agreement, keyed by LM and program, in the user's cache (`<cache>/calibration.json`; `-o` names
-another store, such as the one booklens ships), unless the store holds one measured on a larger
-sample (`--replace` stores it anyway).
+another store, such as the one booklens ships), unless that store, or the one booklens ships, holds
+one measured on a larger sample (`--replace` stores it anyway).
 """
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ def calibrate_command(
         "-o", "--output", parser=output_path, callback=output_file,
         help="The calibration store to add to (default: <cache>/calibration.json).")] = None,
     replace: Annotated[bool, typer.Option(
-        "--replace", help="Store the calibration even when the store holds one of the same judge, LM and "
-                          "program measured on more sentences or claims (kept otherwise).")] = False,
+        "--replace", help="Store the calibration even when the store, or the one booklens ships, holds one of "
+                          "the same judge, LM and program measured on more sentences or claims (kept "
+                          "otherwise).")] = False,
 ) -> None:
     """Measure how well a judge agrees with human annotators on the test splits; store the figures."""
     from booklens.judges import JUDGES, judge_line, judge_info, read_store, store_calibration, user_store_path
