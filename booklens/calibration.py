@@ -147,15 +147,19 @@ def coherence_sample(human_dir: str | Path, *, books: Optional[int] = COHERENCE_
 
 
 def _coherence_items(program: Any, *, human_dir: str | Path, books: Optional[int], seed: int,
-                     split_seed: Optional[int], asked: bool = False) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+                     split_seed: Optional[int], asked: bool = False, window: Optional[int] = None
+                     ) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
     """The coherence sample, or the refusals to measure on it (more books asked for than there are,
-    no annotated sentence, demos in it)."""
+    no annotated sentence, demos in it, a summary that does not fit a known `window` even with no demo)."""
+    from booklens.programs.coherence import refuse_misfits
+
     items, info = coherence_sample(human_dir, books=books, seed=seed, split_seed=split_seed, asked=asked)
     if not any(a.sentence_annotations() for _, a in items):
         raise _empty_sample("coherence", human_dir, "annotated sentence")
     shown = _demo_values(program, "summary")
     _refuse_demos("coherence", sum(1 for _, a in items if " ".join(a.summary.split()) in shown), len(items),
                   "summaries")
+    refuse_misfits(program, ((f"{a.book!r} of {source}", a.summary) for source, a in items), window)
     return items, info
 
 
@@ -172,7 +176,7 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
     import dspy
 
     items, info = _coherence_items(program, human_dir=human_dir, books=books, seed=seed, split_seed=split_seed,
-                                   asked=asked)
+                                   asked=asked, window=getattr(current_lm(), "context_window", None))
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
     units: list[list[int]] = []
@@ -399,13 +403,15 @@ def _sample_of(judge: str, program: Any, *, human_dir: str | Path | None, fables
 
 
 def check_sample(judge: str, program: Any, *, human_dir: str | Path | None = None,
-                 fables_path: str | Path | None = None, books: Optional[int] = None, seed: int = SEED) -> None:
+                 fables_path: str | Path | None = None, books: Optional[int] = None, seed: int = SEED,
+                 window: Optional[int] = None) -> None:
     """Read the data `calibrate` would measure `judge` on and make every refusal it would make before
-    its first LM call (unreadable data, an empty sample, the program's demos in it), calling no LM:
-    a command that calibrates several judges fails before the first one's calls, not after them."""
+    its first LM call (unreadable data, an empty sample, the program's demos in it, a summary too long
+    for the LM's `window` when it is known), calling no LM: a command that calibrates several judges
+    fails before the first one's calls, not after them."""
     sample = _sample_of(judge, program, human_dir=human_dir, fables_path=fables_path, books=books, seed=seed)
     if judge == "coherence":
-        _coherence_items(program, **sample)
+        _coherence_items(program, **sample, window=window)
     else:
         _verification_items(program, **sample)
 

@@ -208,7 +208,7 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
     from booklens.judges import judge_info, load_judge
     from booklens.lm import current_lm
     from booklens.metrics.booookscore import finish_result
-    from booklens.programs.coherence import demos_note, own_demos_note, split_notes
+    from booklens.programs.coherence import demos_note, own_demos_note, refuse_misfits, split_notes
     from booklens.records import CoherenceResult
     from booklens.text import split_sentences
 
@@ -227,11 +227,8 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
             raise BooklensError(f"the summary {name!r} has no sentence")
     lm = current_lm()
     scorer = scorer or load_judge("coherence", batch_size=batch_size, concurrency=concurrency, tries=tries)
-    misfit = getattr(scorer, "misfit", None)  # a caller's own scorer may not say
-    for name, text in summaries.items():  # before the first call: earlier summaries would be judged in vain
-        reason = misfit(text, getattr(lm, "context_window", None)) if misfit else None
-        if reason:
-            raise BooklensError(f"the summary {name!r} {reason}")
+    refuse_misfits(scorer, ((repr(name), text) for name, text in summaries.items()),
+                   getattr(lm, "context_window", None))
     judge = judge_info("coherence", scorer, lm)
     results = {}
     for name, text in summaries.items():

@@ -405,6 +405,19 @@ def demos_note(prediction: Any) -> str | None:
             "the prompt would not fit the model's context window")
 
 
+def refuse_misfits(scorer: Any, summaries: Any, window: int | None) -> None:
+    """Refuse, before the first call, the first of `summaries` ((name as shown, text) pairs) that
+    `scorer` cannot judge in a `window`-token context even with no demo (`CoherenceScorer.misfit`),
+    so that the summaries before it are not judged in vain. A caller's own scorer may not say."""
+    misfit = getattr(scorer, "misfit", None)
+    if misfit is None or not window:
+        return
+    for name, text in summaries:
+        reason = misfit(text, window)
+        if reason:
+            raise BooklensError(f"the summary {name} {reason}")
+
+
 class CoherenceScorer(Module):
     """Confusion detection on every sentence of a summary, and its BooookScore (Eq. 1)."""
 

@@ -743,3 +743,42 @@ def test_a_smaller_calibration_does_not_hide_the_larger_one_booklens_ships(tmp_p
     assert store_calibration({**large, "usage": {"calls": 1}}, store) is None
     assert store_calibration(small, store, replace=True) is None
     assert load_store(tmp_path)[key] == small
+
+
+def long_human_fixture(folder: Path) -> Path:
+    """Five annotated summaries (split with seed 0: test = gamma, epsilon); gamma's is too long for an
+    8,192-token window even with none of the judge's demos."""
+    filler = "Anna walks along the quay of the old harbour town and counts the boats that came in."
+    data = {}
+    for name in ("alpha", "beta", "gamma", "delta", "epsilon"):
+        s = [f"Mara walks to the {name} shore.", f"Zed waves from the {name} boat."]
+        s += [filler] * (500 if name == "gamma" else 1)
+        data[name] = {"summary": " ".join(s), "relations": [], "singles": [
+            {"id": "1", "span": s[1], "questions": "Who is Zed?", "labels": ["entity omission"]}]}
+    folder.mkdir()
+    (folder / "summary-gpt4-4096-inc.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_calibration_refuses_a_summary_too_long_for_the_window_before_any_call(tmp_path):
+    """`score` refuses a summary that fits the window with no demo at all before its first call;
+    `calibrate` judged the sample's summaries before it, then failed at its first call."""
+    from booklens.calibration import calibrate, check_sample
+    from booklens.judges import load_judge
+
+    human = long_human_fixture(tmp_path / "human")
+    program = load_judge("coherence", concurrency=1)
+    expected = "the summary 'gamma' of summary-gpt4-4096-inc.json ("
+    lm = ScriptedLM(clean)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        with pytest.raises(BooklensError) as excinfo:
+            calibrate("coherence", program, lm, human_dir=human)
+    assert lm.backend.calls == []
+    message = str(excinfo.value)
+    assert message.startswith(expected) and "8,192-token context window even with none of the judge's demos" \
+        in message and "\n" not in message, message
+    # the check made before any LM is set up says the same where the window is known, nothing where it is not
+    with pytest.raises(BooklensError) as excinfo:
+        check_sample("coherence", program, human_dir=human, window=8192)
+    assert str(excinfo.value) == message
+    check_sample("coherence", program, human_dir=human)

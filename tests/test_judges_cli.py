@@ -759,3 +759,24 @@ def test_a_summary_the_judge_failed_on_throughout_is_no_resampling_unit(tmp_path
     assert len({tuple(c) for c in compared}) > 1
     for name in ("precision", "recall", "f1", "kappa", "accuracy"):
         assert entry["figures"][name] == figure(compared, name, n=entry["n"]["compared"], seed=0), name
+
+
+def test_calibrate_refuses_a_summary_too_long_for_the_window_before_any_judge_calls(tmp_path):
+    """A coherence sample summary that does not fit the model's window even with no demo was found at
+    its own call: after the verifier's calls and the summaries judged before it."""
+    from test_judges import long_human_fixture
+
+    human = long_human_fixture(tmp_path / "human")
+    fables = fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=answer) as server:  # a model name whose 8,192-token window LiteLLM knows
+        result = invoke(["calibrate", "--judge", "verification", "--judge", "coherence", "--coherence-data", human,
+                         "--fables-data", fables, "--lm", "openai/gpt-4", "--api-base", server.url,
+                         "--cache-dir", tmp_path / "cache", "-o", store], tmp_path)
+        served = len(server.served)
+    from booklens.errors import BooklensError
+
+    assert isinstance(result.exception, BooklensError) and served == 0 and not store.exists()
+    message = str(result.exception)
+    assert message.startswith("the summary 'gamma' of summary-gpt4-4096-inc.json (") and "\n" not in message
+    assert "does not fit the model's 8,192-token context window even with none of the judge's demos" in message

@@ -163,11 +163,12 @@ def calibrate_command(
     programs = {j: load_judge(j, program, zero_shot=zero_shot, **({"batch_size": batch_size} if j == "coherence"
                                                                   else {})) for j in judges}
     from booklens.calibration import check_sample
+    from booklens.lm import LOCAL_LM, lm_context_window, resolve_lm_name
 
     # Every judge's data is read now: a second judge's bad data fails before the first judge's calls.
+    window = lm_context_window(lm)  # known without building the LM: no model loads for a refusal
     for name, prog in programs.items():
-        check_sample(name, prog, human_dir=human_dir, fables_path=fables, books=books, seed=seed)
-    from booklens.lm import LOCAL_LM, resolve_lm_name
+        check_sample(name, prog, human_dir=human_dir, fables_path=fables, books=books, seed=seed, window=window)
 
     calls_at_once = concurrency or (1 if resolve_lm_name(lm) == LOCAL_LM else 4)
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
