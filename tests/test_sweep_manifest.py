@@ -605,6 +605,34 @@ def test_an_empty_ray_address_is_refused_before_anything_is_written(corpus: Path
     assert not out.exists() and not (corpus / "cache").exists()
 
 
+def test_a_ray_address_with_spaces_around_it_is_the_address(corpus: Path, monkeypatch):
+    """`--ray-address " auto"` (from a shell variable, say) went to Ray as it was, which refused it
+    as an invalid address; spaces around it are dropped, as around --api-base and --lm."""
+    import booklens.sweep.run as run
+
+    given = []
+
+    class Engine:  # stands in for Ray: what matters is the address it is asked to join
+        log_path = corpus / "ray.log"
+
+        def __init__(self, settings, *, address=None, num_cpus=None, log_path=None):
+            given.append(address)
+
+        def start(self):
+            raise BooklensError("no Ray in this test")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(run, "RayEngine", Engine)
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
+    code, err = run_cli(["sweep", str(manifest), "-o", str(corpus / "sweep"), "--lm", "openai/x", "--api-base",
+                         "http://127.0.0.1:9/v1", "--cache-dir", str(corpus / "cache"), "--engine", "ray",
+                         "--ray-address", " auto\t"])
+    assert (code, err) == (2, "error: no Ray in this test\n")
+    assert given == ["auto"]
+
+
 @pytest.mark.parametrize("address", ["http://127.0.0.1:8265", " HTTPS://head.example:8265/ "])
 def test_a_dashboards_http_address_is_refused_before_ray_starts(corpus: Path, address: str):
     """`ray job submit --address` takes the dashboard's http:// URL; given to --ray-address, Ray's own

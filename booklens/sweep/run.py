@@ -579,12 +579,14 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     if engine not in ENGINES:
         raise BooklensError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
     check_at_least("--concurrency", concurrency)  # else every cell would fail on it (run_book checks it too)
-    if ray_address is not None and not ray_address.strip():  # `--ray-address "$HEAD"` with HEAD unset, say
+    if ray_address is not None:  # spaces around it (from a shell variable) dropped, as around --api-base
+        ray_address = ray_address.strip()
+    if ray_address == "":  # `--ray-address "$HEAD"` with HEAD unset, say
         raise BooklensError("--ray-address is empty: name the cluster (auto, ray://HEAD:10001) or leave the option "
                             "out (RAY_ADDRESS, else the cluster `ray start` ran for here, else a local Ray)")
-    if ray_address and ray_address.strip().lower().startswith(("http://", "https://")):
+    if ray_address and ray_address.lower().startswith(("http://", "https://")):
         # Ray refuses it only once started, in a message of several lines
-        raise BooklensError(f"--ray-address {ray_address.strip()} is an http:// URL, a Ray dashboard's (what `ray job "
+        raise BooklensError(f"--ray-address {ray_address} is an http:// URL, a Ray dashboard's (what `ray job "
                             "submit --address` takes): name the cluster itself (auto, HEAD:6379 or ray://HEAD:10001)")
     if ray_address and engine != "ray":
         raise BooklensError("--ray-address needs --engine ray")
