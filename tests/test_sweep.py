@@ -614,6 +614,29 @@ def test_ray_workers_count_the_rate_limits_together(local_ray, monkeypatch):
         local_ray.kill(gate)
 
 
+@pytest.mark.parametrize("shared_rate_limits", [True, False])
+def test_a_ray_workers_own_rate_limit_variables_are_not_read(shared_rate_limits, monkeypatch, tmp_path):
+    """The driver's limits (options or its environment) are the only ones of a Ray sweep; a worker
+    whose node set BOOKLENS_RPM/TPM to a value that is not a number failed each of its cells on it."""
+    import booklens.sweep.engines as engines
+
+    class Slots:  # the board's call slots, which need a running Ray; not what this test is about
+        def __init__(self, actor_name):
+            pass
+
+    monkeypatch.setattr(engines, "SharedSlots", Slots)
+    monkeypatch.setenv("BOOKLENS_RPM", "fast")
+    monkeypatch.setenv("BOOKLENS_TPM", "0")
+    pool = engines.PoolSettings(lm="openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=str(tmp_path),
+                                concurrency=2, slots_actor="board",
+                                shared_rate_limits=shared_rate_limits).make_pool()
+    limiter = pool.get().backend.limiter
+    if shared_rate_limits:
+        assert isinstance(limiter, engines.SharedRateLimit)
+    else:
+        assert not limiter.active
+
+
 def test_the_concurrency_help_says_ray_workers_share_one_limit():
     """The ray engine's workers take their calls from one set of slots (the test above); the option's
     help says so rather than that the limit is split over the workers."""

@@ -315,24 +315,28 @@ def lm_context_window(lm: str | None = None) -> int | None:
 
 
 def backend_settings(lm: str | None = None, *, api_base: str | None = None, structured: str | None = None,
-                     rpm: int | None = None, tpm: int | None = None) -> tuple[str, str, str | None]:
+                     rpm: int | None = None, tpm: int | None = None,
+                     limited: bool = True) -> tuple[str, str, str | None]:
     """(model name, structured mode, server URL) from a `--lm` string and its options, else their
-    BOOKLENS_* variables, with the rate limits: each checked (one line for a bad value), whatever the
-    model, and without building a backend, so a plan (`sweep --dry-run`) refuses what a run would
-    without loading the embedded model."""
+    BOOKLENS_* variables, with the rate limits unless not `limited` (a limiter made elsewhere paces
+    the calls): each checked (one line for a bad value), whatever the model, and without building a
+    backend, so a plan (`sweep --dry-run`) refuses what a run would without loading the embedded model."""
     check_lm_strings(lm, api_base)
     name = resolve_lm_name(lm)
     mode = resolve_structured(structured)
     api_base = resolve_api_base(api_base)  # a malformed server URL is an error even for the embedded model
-    rate_limits(rpm, tpm)
+    if limited:
+        rate_limits(rpm, tpm)
     return name, mode, api_base
 
 
 def make_backend(lm: str | None = None, *, api_base: str | None = None, structured: str | None = None,
                  rpm: int | None = None, tpm: int | None = None, limiter: Any = None, check_keys: bool = True) -> Any:
     """The backend a `--lm` string names, checked (unknown model, missing key unless not `check_keys`,
-    bad structured mode, limits or server URL) before any call."""
-    name, mode, api_base = backend_settings(lm, api_base=api_base, structured=structured, rpm=rpm, tpm=tpm)
+    bad structured mode, limits or server URL) before any call. A given `limiter` replaces the limits:
+    `rpm`, `tpm` and BOOKLENS_RPM/TPM are not read (a Ray worker's come from the sweep's driver)."""
+    name, mode, api_base = backend_settings(lm, api_base=api_base, structured=structured, rpm=rpm, tpm=tpm,
+                                            limited=limiter is None)
     if limiter is None:
         limiter = make_limiter(rpm, tpm)
     if name == LOCAL_LM:
