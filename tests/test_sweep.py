@@ -1145,6 +1145,40 @@ def test_the_progress_line_counts_the_work_of_reused_steps_apart_and_once(server
                         rf"from earlier runs \| {shown(tokens)} tokens \| \d+s", line), line
 
 
+def test_a_cell_run_again_after_its_worker_died_counts_its_calls_once(server, tmp_path, monkeypatch):
+    """A Ray worker that dies after finishing a cell has its usage kept by the sweep's board; Ray runs
+    the cell again, which reuses every step the dead worker wrote. Those steps were counted again as
+    "reused from earlier runs" (`10 LM calls + 10 reused` for 10 calls made) and the cell as reused:
+    only the work of runs before this sweep counts apart. (Modelled on the local engine: each cell
+    runs twice, the first outcome lost as a dead worker's is.)"""
+    import io
+    import re
+
+    import booklens.sweep.engines as engines
+    from booklens.sweep.progress import _count as shown
+    from booklens.sweep.run import run_sweep
+
+    monkeypatch.delenv("BOOKLENS_API_BASE", raising=False)
+    manifest = small_corpus(tmp_path / "corpus")
+    run_once = engines.run_cell
+
+    def run_twice(task, pool):
+        run_once(task, pool)  # its worker dies before the driver hears of it
+        return run_once(task, pool)
+
+    monkeypatch.setattr(engines, "run_cell", run_twice)
+    stream = io.StringIO()
+    start = len(server.served)
+    outcome = run_sweep(manifest, tmp_path / "sweep", lm="openai/fake-model", api_base=server.url,
+                        cache_dir=tmp_path / "cache", stream=stream, tty=False, progress_interval=3600)
+    usage = [s["usage"] for s in outcome.results["systems"].values()]
+    calls = sum(u["calls"] for u in usage)
+    tokens = sum(u["prompt_tokens"] + u["completion_tokens"] for u in usage)
+    assert calls == len(server.served) - start
+    line = stream.getvalue().strip().splitlines()[-1]
+    assert re.fullmatch(rf"sweep: 4/4 cells \| {calls} LM calls \| {shown(tokens)} tokens \| \d+s", line), line
+
+
 def test_a_second_sweep_into_a_directory_a_sweep_is_writing_is_refused(tmp_path):
     """Two sweeps into one directory at once (the same command started twice) each made every LM call
     of every cell, the cache answering neither (each call was still in flight for the other), and

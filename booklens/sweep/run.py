@@ -544,18 +544,39 @@ def reuse_complete_cells(sweep: Sweep, tasks: list[CellTask], outcomes: list[Cel
     return outcomes
 
 
-def reused_work(outcome: CellOutcome, output: Path) -> tuple[bool, dict[str, Any]]:
-    """What of a finished cell was already on disk: whether every step was (it did no work in this
-    invocation), and the LM work of the steps this invocation reused (run.json's figures, made by an
-    earlier run; the engine's usage counts the rest, so nothing counts twice)."""
+def steps_on_disk(output: Path, tasks: list[CellTask]) -> dict[tuple[str, str], dict[str, tuple[str, str]]]:
+    """Per cell, the steps its run.json records before the sweep runs it (each by its inputs' and its
+    record's digests): what a step the cell reuses must be to count as an earlier run's work."""
+    import json
+
+    found: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+    for task in tasks:
+        try:
+            steps = json.loads((Path(task.output) / "run.json").read_text(encoding="utf-8"))["steps"]
+            found[(task.system, task.book)] = {name: (step["inputs_sha256"], step["sha256"])
+                                               for name, step in steps.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return found
+
+
+def reused_work(outcome: CellOutcome, output: Path,
+                before: dict[tuple[str, str], dict[str, tuple[str, str]]]) -> tuple[bool, dict[str, Any]]:
+    """What of a finished cell was made by runs before this sweep (`before`: `steps_on_disk` when
+    it started): whether every step was (it did no work in this invocation), and the LM work of the
+    steps it reused from them (run.json's figures). The engine's usage counts everything done in this
+    invocation, even by a Ray worker that died after writing a step its cell's rerun reused, so
+    nothing counts twice."""
     import json
 
     from booklens.lm.usage import total_work
 
     steps = (outcome.run or {}).get("steps") or {}
+    earlier = before.get((outcome.system, outcome.book), {})
     try:
         timings = json.loads((cell_dir(output, outcome.system, outcome.book) / "timings.json").read_text())["steps"]
-        reused = [name for name in steps if timings[name].get("reused")]
+        reused = [name for name, step in steps.items() if timings[name].get("reused")
+                  and earlier.get(name) == (step.get("inputs_sha256"), step.get("sha256"))]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         reused = []
     everything = bool(steps) and len(reused) == len(steps) and not (outcome.run or {}).get("failures")
@@ -638,12 +659,13 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
             # After sweep.json, which marks the directory as a sweep's: stopped before it (while the books
             # are read for their digests), the directory holds nothing a rerun refuses.
             make_output_dir(output / CELLS_DIR, "sweep")
+            before = steps_on_disk(output, tasks)
             progress = SweepProgress(len(tasks), runner.usage, stream=stream, tty=tty, interval=progress_interval)
             try:
                 progress.start()
 
                 def done(outcome: CellOutcome) -> None:
-                    reused, earlier = reused_work(outcome, output)
+                    reused, earlier = reused_work(outcome, output, before)
                     failed = outcome.error if outcome.status == "failed" else None
                     progress.cell_done(f"{outcome.system}/{outcome.book}", failed=failed, reused=reused,
                                        earlier=earlier)
