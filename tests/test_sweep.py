@@ -637,6 +637,34 @@ def test_a_ray_workers_own_rate_limit_variables_are_not_read(shared_rate_limits,
         assert not limiter.active
 
 
+@pytest.mark.parametrize("driver", [{"BOOKLENS_TIMEOUT": "7", "BOOKLENS_STRUCTURED": "json"}, {}])
+def test_a_ray_worker_takes_the_drivers_backend_environment_not_its_own(driver, monkeypatch, tmp_path):
+    """BOOKLENS_STRUCTURED and BOOKLENS_TIMEOUT are the driver's on every worker, set or not, as its
+    options are: a worker read its own node's, so the driver's never reached another node, and a
+    worker's invalid value failed each of its cells."""
+    import dataclasses
+
+    import booklens.sweep.engines as engines
+
+    class Slots:  # the board's call slots, which need a running Ray; not what this test is about
+        def __init__(self, actor_name):
+            pass
+
+    monkeypatch.setattr(engines, "SharedSlots", Slots)
+    for name in ("BOOKLENS_TIMEOUT", "BOOKLENS_STRUCTURED"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in driver.items():
+        monkeypatch.setenv(name, f" {value} ")
+    settings = dataclasses.replace(
+        engines.PoolSettings(lm="openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=str(tmp_path), concurrency=2),
+        slots_actor="board", environment=engines.driver_environment())
+    settings = engines.PoolSettings(**json.loads(json.dumps(dataclasses.asdict(settings))))  # as a row carries it
+    monkeypatch.setenv("BOOKLENS_TIMEOUT", "soon")  # the worker's node's own
+    monkeypatch.setenv("BOOKLENS_STRUCTURED", "schema")
+    backend = settings.make_pool().get().backend
+    assert (backend.timeout, backend.structured) == ((7.0, "json") if driver else (600.0, "auto"))
+
+
 def test_the_concurrency_help_says_ray_workers_share_one_limit():
     """The ray engine's workers take their calls from one set of slots (the test above); the option's
     help says so rather than that the limit is split over the workers."""

@@ -49,6 +49,14 @@ Done = Callable[[CellOutcome], None]
 SLOT_LEASE_SECONDS = 60.0
 # Times the Ray engine runs a cell again after its worker died running it (Ray Data would without end).
 CELL_RETRIES = 2
+# Backend settings read from the environment: a Ray worker takes the driver's values (set or not), as
+# it takes the driver's options; its own node's would make its cells differ from the others'.
+DRIVER_ENVIRONMENT = ("BOOKLENS_STRUCTURED", "BOOKLENS_TIMEOUT")
+
+
+def driver_environment() -> dict[str, str]:
+    """This process's values of the `DRIVER_ENVIRONMENT` variables it sets (not blank)."""
+    return {name: os.environ[name].strip() for name in DRIVER_ENVIRONMENT if os.environ.get(name, "").strip()}
 
 
 def process_id() -> str:
@@ -98,10 +106,18 @@ class PoolSettings:
     slots_actor: Optional[str] = None
     # Whether that actor also counts the rate limits (then rpm and tpm are its, not the pool's).
     shared_rate_limits: bool = False
+    # A Ray worker's: the driver's `DRIVER_ENVIRONMENT` values, which replace the worker's own.
+    environment: Optional[dict[str, str]] = None
 
     def make_pool(self):
         from booklens.lm.pool import LMPool
 
+        if self.environment is not None:  # a Ray worker, a process of the sweep's own
+            for name in DRIVER_ENVIRONMENT:
+                if name in self.environment:
+                    os.environ[name] = self.environment[name]
+                else:
+                    os.environ.pop(name, None)
         call_limit = SharedSlots(self.slots_actor) if self.slots_actor else None
         limiter_for = None
         if self.slots_actor and self.shared_rate_limits:
@@ -685,7 +701,7 @@ class RayEngine:
 
         # The board counts the rate limits for every worker; a worker's own would count only its calls.
         settings = replace(self.settings, rpm=None, tpm=None, slots_actor=self.board_name,
-                           shared_rate_limits=bool(self.rate_limits))
+                           shared_rate_limits=bool(self.rate_limits), environment=driver_environment())
         cells_at_once = max(1, min(self.settings.concurrency, math.ceil(len(tasks) / workers)))
         rows = [{"task": t.to_json(), "settings": json.dumps(asdict(settings)), "board": self.board_name or ""}
                 for t in tasks]
