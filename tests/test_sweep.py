@@ -756,36 +756,35 @@ def test_a_ray_worker_that_cannot_start_fails_its_cells_in_one_line(local_ray, t
     assert read_json(tmp_path / "out" / "results.json")["systems"]["hier"]["failed"] == 1
 
 
-def test_a_ray_worker_that_dies_mid_call_gives_its_call_slots_back(local_ray, tmp_path, monkeypatch):
-    """A worker killed while it holds a call slot (the OOM killer, a crash) never releases it; Ray runs the
-    cell again on a new worker, which waited for that slot for ever: under --concurrency 1 the sweep hung
-    after one death. The board takes back the slots of a worker that has gone silent."""
+def _kill_our_cell_workers() -> list[int]:
+    """SIGKILL the CellWorker processes descended from this test process (its Ray's), as the OOM
+    killer would; their pids."""
+    rows = [line.split(None, 2) for line in subprocess.run(
+        ["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()]
+    ours = {os.getpid()}
+    for _ in range(8):
+        ours |= {int(r[0]) for r in rows if len(r) == 3 and int(r[1]) in ours}
+    pids = [int(r[0]) for r in rows if len(r) == 3 and int(r[0]) in ours and "CellWorker" in r[2]]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+def _ray_sweep_of_one_cell_whose_workers_die(tmp_path, monkeypatch, respond):
+    """A one-cell Ray sweep at --concurrency 1 against a server answering by `respond` (which kills
+    workers), with the board's lease cut to 4 s (a second or two of silence is normal); its outcome,
+    or None when it had not ended after 150 s."""
     import threading
 
     import booklens.sweep.engines as engines
     from booklens.sweep.run import run_sweep
 
-    monkeypatch.setattr(engines, "SLOT_LEASE_SECONDS", 4.0, raising=False)  # (a second or two of silence is normal)
+    monkeypatch.setattr(engines, "SLOT_LEASE_SECONDS", 4.0)
     (tmp_path / "story.txt").write_text("Mara kept the light through the winter. " * 60, encoding="utf-8")
     (tmp_path / "sweep.yaml").write_text(
         "books: [story.txt]\n"
         "systems: [{name: hier, method: hier, chunk_size: 1024, max_summary_tokens: 200}]\n"
         "judge: {steps: [coherence]}\n", encoding="utf-8")
-    answer = PipelineResponder()
-    killed = []
-
-    def respond(body):
-        if not killed:  # the worker asking: the one CellWorker process of this test's Ray
-            rows = [line.split(None, 2) for line in subprocess.run(
-                ["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()]
-            ours = {os.getpid()}
-            for _ in range(8):
-                ours |= {int(r[0]) for r in rows if len(r) == 3 and int(r[1]) in ours}
-            killed.extend(int(r[0]) for r in rows if len(r) == 3 and int(r[0]) in ours and "CellWorker" in r[2])
-            for pid in killed:
-                os.kill(pid, signal.SIGKILL)
-        return answer(body)
-
     result = {}
     with FakeOpenAIServer(responder=respond) as srv:
         def sweep():
@@ -796,52 +795,43 @@ def test_a_ray_worker_that_dies_mid_call_gives_its_call_slots_back(local_ray, tm
         thread = threading.Thread(target=sweep, daemon=True)
         thread.start()
         thread.join(timeout=150)
-        assert not thread.is_alive(), "the sweep still waited for the dead worker's call slot after 150 s"
+    return result.get("outcome")
+
+
+def test_a_ray_worker_that_dies_mid_call_gives_its_call_slots_back(local_ray, tmp_path, monkeypatch):
+    """A worker killed while it holds a call slot (the OOM killer, a crash) never releases it; Ray runs the
+    cell again on a new worker, which waited for that slot for ever: under --concurrency 1 the sweep hung
+    after one death. The board takes back the slots of a worker that has gone silent."""
+    answer = PipelineResponder()
+    killed = []
+
+    def respond(body):
+        if not killed:  # the first request's worker only
+            killed.extend(_kill_our_cell_workers())
+        return answer(body)
+
+    outcome = _ray_sweep_of_one_cell_whose_workers_die(tmp_path, monkeypatch, respond)
+    assert outcome is not None, "the sweep still waited for the dead worker's call slot after 150 s"
     assert len(killed) == 1, killed
-    assert [o.status for o in result["outcome"].outcomes] == ["complete"]
+    assert [o.status for o in outcome.outcomes] == ["complete"]
 
 
 def test_a_cell_that_kills_its_ray_worker_each_time_fails_after_a_few_tries(local_ray, tmp_path, monkeypatch):
     """Ray Data runs the task of a worker that died again on a new worker, by default without end: a cell
     that kills its worker each time (a book the machine runs out of memory on) kept the sweep running for
     ever. It is tried `CELL_RETRIES` more times, then failed with the reason, and the sweep ends."""
-    import threading
-
     import booklens.sweep.engines as engines
-    from booklens.sweep.run import run_sweep
 
-    monkeypatch.setattr(engines, "SLOT_LEASE_SECONDS", 4.0, raising=False)
-    (tmp_path / "story.txt").write_text("Mara kept the light through the winter. " * 60, encoding="utf-8")
-    (tmp_path / "sweep.yaml").write_text(
-        "books: [story.txt]\n"
-        "systems: [{name: hier, method: hier, chunk_size: 1024, max_summary_tokens: 200}]\n"
-        "judge: {steps: [coherence]}\n", encoding="utf-8")
     killed = []
 
-    def respond(body):  # every request kills the worker asking (the one CellWorker process of this test's Ray)
-        rows = [line.split(None, 2) for line in subprocess.run(
-            ["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()]
-        ours = {os.getpid()}
-        for _ in range(8):
-            ours |= {int(r[0]) for r in rows if len(r) == 3 and int(r[1]) in ours}
-        for pid in [int(r[0]) for r in rows if len(r) == 3 and int(r[0]) in ours and "CellWorker" in r[2]]:
-            killed.append(pid)
-            os.kill(pid, signal.SIGKILL)
+    def respond(body):  # every request kills the worker asking
+        killed.extend(_kill_our_cell_workers())
         return "unused"
 
-    result = {}
-    with FakeOpenAIServer(responder=respond) as srv:
-        def sweep():
-            result["outcome"] = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", engine="ray",
-                                          lm="openai/fake-model", api_base=srv.url, concurrency=1,
-                                          cache_dir=tmp_path / "cache", progress_interval=60)
-
-        thread = threading.Thread(target=sweep, daemon=True)
-        thread.start()
-        thread.join(timeout=150)
-        assert not thread.is_alive(), f"the sweep still ran the cell after 150 s and {len(killed)} deaths"
-    [cell] = result["outcome"].outcomes
-    assert len(killed) == 1 + getattr(engines, "CELL_RETRIES", -1), killed  # then no call: failed
+    outcome = _ray_sweep_of_one_cell_whose_workers_die(tmp_path, monkeypatch, respond)
+    assert outcome is not None, f"the sweep still ran the cell after 150 s and {len(killed)} deaths"
+    [cell] = outcome.outcomes
+    assert len(killed) == 1 + engines.CELL_RETRIES, killed  # then no call: failed
     assert cell.status == "failed" and "worker died" in cell.error and "\n" not in cell.error, cell
 
 
