@@ -271,7 +271,10 @@ class FakeOpenAIServer:
         self._httpd = Server(("127.0.0.1", 0), Handler)
         self.port = self._httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/v1"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's current poll to end: at the default 0.5 s every server a
+        # test starts cost it half a second on leaving
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                                        daemon=True)
 
     def __enter__(self) -> "FakeOpenAIServer":
         self._thread.start()

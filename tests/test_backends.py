@@ -1443,7 +1443,8 @@ class FakeOllama:
         answer = answer
         self._httpd = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02},
+                                        daemon=True)
 
     def __enter__(self) -> "FakeOllama":
         self._thread.start()
