@@ -281,7 +281,8 @@ def _verification_items(program: Any, *, fables_path: str | Path, books: Optiona
 
 def calibrate_verification(program: Any, *, fables_path: str | Path, books: Optional[int] = VERIFICATION_BOOKS,
                            table5: bool = False, seed: int = SEED, split_seed: Optional[int] = None,
-                           asked: bool = False, concurrency: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                           asked: bool = False, concurrency: int = 1,
+                           progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the verifier with the annotators' evidence on the sample; figures against the human labels.
 
     The binary rater (and `table5=True`) is scored on the claims humans labelled faithful or
