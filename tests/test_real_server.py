@@ -17,6 +17,8 @@ from typing import Literal
 import dspy
 import pytest
 
+from booklens.errors import BooklensError
+
 pytestmark = pytest.mark.real_server
 
 STORY = """The Lamp at Pellmark
@@ -52,8 +54,10 @@ def inputs(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def booklens(args: list[str], folder: Path, server, monkeypatch) -> dict:
-    """Run a command in-process against the server; return the JSON it wrote."""
+def booklens(args: list[str], folder: Path, server, monkeypatch, *, judged_nothing_ok: bool = False) -> dict:
+    """Run a command in-process against the server; return the JSON it wrote. With
+    `judged_nothing_ok`, a scoring command may also stop because the judge gave no valid verdict on
+    any sentence (it writes its record first): what the 135M model answers differs with the CPU."""
     from typer.testing import CliRunner
 
     from booklens.cli import app
@@ -61,9 +65,14 @@ def booklens(args: list[str], folder: Path, server, monkeypatch) -> dict:
     monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(folder / "cache"))
     monkeypatch.chdir(folder)
     out = folder / "out.json"
-    result = CliRunner().invoke(app, [*args, "--lm", server.lm, "--api-base", server.url, "-o", str(out)],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
+    try:
+        result = CliRunner().invoke(app, [*args, "--lm", server.lm, "--api-base", server.url, "-o", str(out)],
+                                    catch_exceptions=False)
+    except BooklensError as error:
+        if not (judged_nothing_ok and str(error).startswith("the judge gave no valid verdict")):
+            raise
+    else:
+        assert result.exit_code == 0, result.output
     return json.loads(out.read_text(encoding="utf-8"))
 
 
@@ -85,13 +94,15 @@ def test_score_per_sentence(inputs, llama_server, monkeypatch):
 
 
 def test_score_batched(inputs, llama_server, monkeypatch):
-    data = booklens(["score", "summary.txt", "--zero-shot", "--batch-size", "3", "--tries", "1"], inputs, llama_server, monkeypatch)
+    data = booklens(["score", "summary.txt", "--zero-shot", "--batch-size", "3", "--tries", "1"], inputs, llama_server,
+                    monkeypatch, judged_nothing_ok=True)
     assert data["n_sentences"] == 3
     assert data["usage"]["calls"] == 1  # the three sentences go to the server in one call
     # The answer parses under the schema. What the 135M model says differs with the CPU llama.cpp was
     # built for: it may leave a sentence of the batch unanswered (the schema does not fix the number
     # of answers) or break a rule the program checks (a confusion with no error type). Either is
-    # recorded against its sentence, not guessed, and counted as a failure.
+    # recorded against its sentence, not guessed, and counted as a failure; when every sentence fails
+    # so, the command stops after writing the record.
     errors = [s["error"] for s in data["sentences"] if s["status"] != "ok"]
     assert not any("unparseable" in e or "cut off" in e for e in errors), errors
     assert all(s["status"] == "ok" or s["error"] for s in data["sentences"])
