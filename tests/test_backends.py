@@ -1061,6 +1061,48 @@ def test_requests_per_minute_are_shared_by_all_threads():
     assert len(server.served) == 3
 
 
+def test_the_limits_hold_for_every_model_one_server_is_sent(tmp_path):
+    """--rpm caps the requests a server is sent. The limiters were per model and server, so two models
+    on one server (a sweep's systems and judge on one vLLM or Ollama) were sent twice --rpm a minute."""
+    from booklens.lm.pool import LMPool, rate_limit_key
+
+    clock = FakeClock()
+
+    made: list[str] = []
+
+    def limiter_for(key):  # a limiter of its own for every call: the pool must ask once per server
+        made.append(key)
+        return RateLimiter(rpm=2, clock=clock, sleep=clock.sleep)
+
+    arrivals: dict[str, list[float]] = {"one": [], "other": []}
+
+    def at(name):
+        def respond(body):
+            arrivals[name].append(clock())
+            return '{"label": "good"}'
+        return respond
+
+    with FakeOpenAIServer(responder=at("one")) as one, FakeOpenAIServer(responder=at("other")) as other:
+        pool = LMPool("openai/a", one.url, cache_dir=tmp_path, use_cache=False, limiter_for=limiter_for)
+        lms = [pool.get(), pool.get("hosted_vllm/b"), pool.get("openai/c"), pool.get("openai/a", other.url)]
+        for i in range(2):
+            for lm in lms:
+                with dspy.context(lm=lm, adapter=BooklensAdapter()):
+                    dspy.Predict(Classify)(text=f"text {i}")
+        # the pool's own limiters (from rpm) are one per server too
+        own = LMPool("openai/a", one.url, cache_dir=tmp_path, use_cache=False, rpm=5)
+        limiters = [own.get().backend.limiter, own.get("openai/c").backend.limiter,
+                    own.get("openai/a", other.url).backend.limiter]
+    assert len(arrivals["one"]) == 6 and len(arrivals["other"]) == 2
+    assert most_in_any_minute(arrivals["one"]) == 2
+    assert arrivals["one"][:2] == [0.0, 0.0] and arrivals["one"][2] >= 62
+    assert made == [one.url, other.url]  # another server's limit is its own
+    # without a server, the provider's own endpoint is the server, whatever its model
+    assert rate_limit_key("openai/gpt-4o-mini", None) == rate_limit_key("gpt-4o", None) == "openai/"
+    assert rate_limit_key("anthropic/claude-haiku-4-5", None) == "anthropic/"
+    assert limiters[0] is limiters[1] and limiters[0] is not limiters[2] and limiters[0].rpm == 5
+
+
 def test_tokens_per_minute_count_the_prompt_and_the_answer_budget():
     clock = FakeClock()
     limiter = RateLimiter(tpm=5000, clock=clock, sleep=clock.sleep)

@@ -279,13 +279,14 @@ StructuredOption = Annotated[
 ]
 RpmOption = Annotated[
     Optional[int],
-    typer.Option("--rpm", min=1, help="At most this many requests per minute to a LiteLLM backend, over all threads; "
+    typer.Option("--rpm", min=1, help="At most this many requests per minute to one server (every model asked there), "
+                                      "over all threads; "
                                       "also BOOKLENS_RPM."),
 ]
 TpmOption = Annotated[
     Optional[int],
-    typer.Option("--tpm", min=1, help="At most this many tokens (prompt + answer budget) per minute to a LiteLLM "
-                                      "backend, over all threads; also BOOKLENS_TPM."),
+    typer.Option("--tpm", min=1, help="At most this many tokens (prompt + answer budget) per minute to one server "
+                                      "(every model asked there), over all threads; also BOOKLENS_TPM."),
 ]
 
 

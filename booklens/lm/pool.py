@@ -41,6 +41,26 @@ def resolve_model(default_lm: str | None, default_api_base: str | None, lm: str 
     return name, named_server(name, api_base if api_base and api_base.strip() else default_api_base)
 
 
+def rate_limit_key(name: str, server: str | None) -> str:
+    """What one `--rpm`/`--tpm` limit counts the requests of: the server they go to, whatever the
+    model (`server`, the URL as `named_server` gives it), or the provider's own endpoint when none
+    is named (`openai/`, `anthropic/`, ...). A server's capacity, or a proxy's limit, is no larger
+    for being asked for two models."""
+    if server:
+        return server
+    if name == LOCAL_LM:
+        return name  # (it takes no limits)
+    provider = name.split("/", 1)[0] if "/" in name else ""
+    if not provider:
+        try:
+            import litellm
+
+            provider = litellm.get_llm_provider(name)[1]  # 'gpt-4o-mini' is OpenAI's
+        except Exception:
+            provider = name
+    return f"{provider}/"
+
+
 class LMPool:
     def __init__(self, default_lm: str | None = None, api_base: str | None = None, *,
                  cache_dir: Path | str | None = None, concurrency: int = 4, use_cache: bool = True,
@@ -61,11 +81,12 @@ class LMPool:
         # semaphore: a Ray worker's pool takes its slots from the whole sweep's (`sweep.engines`).
         self.call_limit = call_limit if call_limit is not None else threading.BoundedSemaphore(self.concurrency)
         self._lms: dict[tuple[str, str | None], Any] = {}
-        # Backend options of every LM the pool makes (`make_lm`): each LM gets its own rate limiter,
-        # shared by all the threads that use it; `limiter_for(key)` gives it one shared wider (a
-        # Ray sweep's limiters are counted for all its workers, `sweep.engines`).
+        # Backend options of every LM the pool makes (`make_lm`). The rate limits hold per server: the
+        # LMs of one server share one limiter (`rate_limit_key`), made by `limiter_for(key)` when given
+        # (a Ray sweep's limiters are counted for all its workers, `sweep.engines`).
         self.lm_options = {"structured": structured, "rpm": rpm, "tpm": tpm}
         self.limiter_for = limiter_for
+        self._limiters: dict[str, Any] = {}
         self._lock = threading.Lock()
 
     def resolve(self, lm: str | None = None, api_base: str | None = None) -> tuple[str, str | None]:
@@ -80,12 +101,23 @@ class LMPool:
         key = self.resolve(lm, api_base)
         with self._lock:
             if key not in self._lms:
-                options = dict(self.lm_options)
-                if self.limiter_for is not None:
-                    options["limiter"] = self.limiter_for(f"{key[0]}@{key[1] or ''}")
                 self._lms[key] = make_lm(key[0], api_base=key[1], cache=self.cache, usage=self.usage,
-                                         call_limit=self.call_limit, use_cache=self.cache is not None, **options)
+                                         call_limit=self.call_limit, use_cache=self.cache is not None,
+                                         limiter=self._limiter(*key), **self.lm_options)
             return self._lms[key]
+
+    def _limiter(self, name: str, server: str | None) -> Any:
+        """The rate limiter of the server `name` is reached at, made on first use (None: no limits)."""
+        from booklens.lm.model import backend_settings, make_limiter
+
+        where = rate_limit_key(name, server)
+        if where not in self._limiters:
+            if self.limiter_for is not None:
+                self._limiters[where] = self.limiter_for(where)
+            else:
+                backend_settings(name, api_base=server, **self.lm_options)  # a bad setting refused in its turn
+                self._limiters[where] = make_limiter(self.lm_options["rpm"], self.lm_options["tpm"])
+        return self._limiters[where]
 
 
 class FixedLMPool:

@@ -12,8 +12,8 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
   loads once per worker) and runs several cells at once on threads. `--concurrency` bounds the
   calls in flight of the whole cluster: a `SweepBoard` actor holds the slots and every call of
   every worker takes one, so a worker whose cells are done leaves its share to the others; the
-  board also counts `--rpm`/`--tpm` for all the workers (one limiter per LM, whatever the number
-  of workers); after a failure under `--fail-fast` the board
+  board also counts `--rpm`/`--tpm` for all the workers (one limiter per server, whatever the number
+  of workers or of models asked there); after a failure under `--fail-fast` the board
   tells the workers to start no new cell, and after Ctrl-C no new cell or LM call (the calls in
   flight end and are cached before Ray stops). Workers write each cell's run directory
   themselves, so the sweep directory must be on a path every node sees (the call cache stays on
