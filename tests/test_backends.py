@@ -381,6 +381,22 @@ def test_nothing_listening_is_one_line_at_once():
     assert sleep.delays == []  # no backoff: nothing will start listening because we wait
 
 
+def test_a_server_at_an_ipv6_address_is_named_with_its_brackets():
+    """Records and error lines name the server without user, password or query; an IPv6 host lost its
+    brackets there ('http://::1:9/v1', which is no URL and cannot be told from a port)."""
+    from booklens.lm.base import lm_server
+    from booklens.lm.remote import public_url
+
+    assert public_url("http://user:key@[::1]:8000/v1?token=x") == "http://[::1]:8000/v1"
+    assert public_url("http://[fe80::1]/v1") == "http://[fe80::1]/v1"
+    assert public_url("http://user:key@127.0.0.1:8000/v1") == "http://127.0.0.1:8000/v1"
+    backend = LiteLLMBackend("openai/fake-model", api_base="http://[::1]:9/v1", sleep=Recorder())
+    assert lm_server(BooklensLM(backend)) == "http://[::1]:9/v1"
+    with pytest.raises(LMError) as caught:
+        classify(backend)
+    assert str(caught.value).startswith("cannot connect to http://[::1]:9/v1: ")
+
+
 def test_a_server_that_answered_and_then_went_away_is_retried_as_a_restart():
     sleep = Recorder()
     server = FakeOpenAIServer(responder=lambda body: '{"label": "good"}')

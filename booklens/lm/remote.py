@@ -119,6 +119,8 @@ def public_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"  # an IPv6 address, which urlsplit gives without its brackets
         if parts.port:
             host = f"{host}:{parts.port}"
         return urlunsplit((parts.scheme, host, parts.path, "", ""))
