@@ -477,14 +477,36 @@ def test_an_ollama_route_at_a_v1_url_is_refused_before_any_call(tmp_path, provid
 
 
 @pytest.mark.parametrize("status", [401, 403])
-def test_a_refused_key_is_an_authentication_failure(status):
+def test_a_refused_key_is_an_authentication_failure(status, monkeypatch):
     """LiteLLM turns an OpenAI-compatible server's 403 into a plain APIError; both statuses are the
     README's one line, at once."""
+    monkeypatch.setenv("BOOKLENS_API_KEY", "sk-wrong-0123456789")
     with FakeOpenAIServer(responder=lambda body: Reply(status=status, error="forbidden")) as server:
         with pytest.raises(LMError) as caught:
             classify(backend_for(server))
     assert str(caught.value) == (f"authentication failed for 'openai/fake-model' at {server.url}: "
-                                 "check its API key in the environment")
+                                 "check the API key in BOOKLENS_API_KEY")
+    assert len(server.received) == 1
+
+
+@pytest.mark.parametrize("model, variable, advice", [
+    ("openai/fake-model", None, "no API key was sent: set BOOKLENS_API_KEY (or OPENAI_API_KEY) in the environment"),
+    ("hosted_vllm/fake-model", None,
+     "no API key was sent: set BOOKLENS_API_KEY (or HOSTED_VLLM_API_KEY) in the environment"),
+    ("openai/fake-model", "BOOKLENS_API_KEY", "check the API key in BOOKLENS_API_KEY"),
+    ("openai/fake-model", "OPENAI_API_KEY", "check the API key in OPENAI_API_KEY"),
+])
+def test_a_server_refusing_the_key_is_told_which_variable_it_came_from(monkeypatch, model, variable, advice):
+    """A server started with a key (vLLM's --api-key, llama.cpp's) refuses requests without it. The line
+    said to check the key in the environment when none was there to check: booklens sent a placeholder."""
+    for name in ("BOOKLENS_API_KEY", "OPENAI_API_KEY", "HOSTED_VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    if variable:
+        monkeypatch.setenv(variable, "sk-wrong-0123456789")
+    with FakeOpenAIServer(responder=lambda body: Reply(status=401, error="Unauthorized")) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, model=model))
+    assert str(caught.value) == f"authentication failed for '{model}' at {server.url}: {advice}"
     assert len(server.received) == 1
 
 

@@ -374,7 +374,7 @@ class LiteLLMBackend:
         if self.api_base:
             kwargs["api_base"] = self.api_base
             # Self-hosted OpenAI-compatible servers usually take any key; the client insists on one.
-            kwargs["api_key"] = os.environ.get("BOOKLENS_API_KEY") or _provider_key(self.model) or "none"
+            kwargs["api_key"] = self._server_key()[1] or "none"
         response_format = self.response_format(request, dialect) if dialect else None
         if response_format is not None:
             kwargs["response_format"] = response_format
@@ -513,7 +513,7 @@ class LiteLLMBackend:
             raise ContextWindowExceeded(self._redact(context_window_message(self.model, text))) from None
         if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or status in (401, 403):
             # (LiteLLM turns some providers' 403 into a plain APIError.)
-            raise LMError(f"authentication failed for {where}: check its API key in the environment") from None
+            raise LMError(f"authentication failed for {where}: {self._key_advice()}") from None
         if any(type(cause) is openai.OpenAIError for cause in _causes(exc)):
             # The client's own refusal before sending anything (no key at all, say), which LiteLLM
             # reports as a server's 500: no retry can change it.
@@ -606,6 +606,25 @@ class LiteLLMBackend:
                           "rerun later to resume from the cache") from None
         self.sleep(wait)
         return failures
+
+    def _server_key(self) -> tuple[str, str | None]:
+        """(variable, key) of the key sent to an `api_base` server: BOOKLENS_API_KEY, else the provider's
+        own variable (OPENAI_API_KEY, HOSTED_VLLM_API_KEY, ...); the key is None when neither is set."""
+        provider_variable = f"{self.model.split('/', 1)[0].upper()}_API_KEY"
+        for variable in ("BOOKLENS_API_KEY", provider_variable):
+            if os.environ.get(variable):
+                return variable, os.environ[variable]
+        return provider_variable, None
+
+    def _key_advice(self) -> str:
+        """What to do when the server refused the key (401, 403)."""
+        if not self.api_base:
+            return "check its API key in the environment"
+        variable, key = self._server_key()
+        if key is None:
+            # A placeholder went (the client insists on a key): the server wants a real one.
+            return f"no API key was sent: set BOOKLENS_API_KEY (or {variable}) in the environment"
+        return f"check the API key in {variable}"
 
     def _check_api_base(self) -> str:
         """The advice for a URL where no API of the model's provider answers."""
@@ -758,11 +777,6 @@ _LITELLM_PREFIX = re.compile(r"^(?:litellm\.)?[A-Za-z_]*(?:Error|Exception|Timeo
 def _learned_about(provider: str, server: str) -> dict[str, Any]:
     with _learned_lock:
         return _learned.setdefault((provider, server), {})
-
-
-def _provider_key(model: str) -> str | None:
-    provider = model.split("/", 1)[0].upper()
-    return os.environ.get(f"{provider}_API_KEY")
 
 
 def _status(exc: Exception) -> str:
