@@ -824,6 +824,25 @@ def test_an_answer_whose_content_is_null_is_re_asked_and_not_kept(tmp_path):
     assert not got.ok and got.error == "unparseable answer: the answer is empty" and len(server.received) == 3
 
 
+@pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model"])
+def test_reasoning_whose_opening_tag_was_in_the_prompt_is_not_taken_for_the_answer(model):
+    """DeepSeek-R1's distills and QwQ have their chat template open the reasoning (`<think>` ends the
+    prompt), so a server that does not split it off (vLLM without --reasoning-parser) answers
+    'reasoning</think>answer'. LiteLLM drops only a block that opens in the answer: the reasoning
+    was kept as the start of a summary (or of any prose answer)."""
+    reasoning = "Okay, the user wants a summary. The keeper... wait, the fuel.\n</think>\n\n"
+    answers = {"plain": reasoning + "The keeper gave away the fuel.", "json": reasoning + '{"label": "bad"}',
+               "whole": "<think>\nLet me see.\n</think>\n\nThe lamp went dark."}
+    with FakeOpenAIServer(responder=lambda body: answers[body["messages"][-1]["content"]]) as server:
+        lm = BooklensLM(backend_for(server, model=model))
+        assert lm(messages=[{"role": "user", "content": "plain"}]) == ["The keeper gave away the fuel."]
+        assert lm(messages=[{"role": "user", "content": "whole"}])[0].strip() == "The lamp went dark."  # LiteLLM's
+        with FakeOpenAIServer(responder=lambda body: answers["json"]) as json_server:
+            with dspy.context(lm=BooklensLM(backend_for(json_server, model=model)), adapter=BooklensAdapter()):
+                got = predict_with_retries(dspy.Predict(Classify), text="x")
+    assert got.ok and got.prediction.label == "bad" and got.attempts == 1
+
+
 def test_running_out_of_memory_is_not_taken_for_an_unreadable_answer():
     """A MemoryError inside a call is the machine's, not the answer's: it ends the call where it
     happened instead of being recorded as 'unparseable answer: MemoryError' and asked twice more."""

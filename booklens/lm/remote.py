@@ -465,7 +465,7 @@ class LiteLLMBackend:
             where = f"'{self.model}'" + (f" at {self.server}" if self.api_base else "")
             raise LMError(f"{where} answered without a completion (no choices in its response)")
         choice = response.choices[0]
-        text = choice.message.content or ""
+        text = _without_opened_reasoning(choice.message.content or "")
         usage = getattr(response, "usage", None)
         details = getattr(usage, "prompt_tokens_details", None)
         prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
@@ -777,6 +777,16 @@ _LITELLM_PREFIX = re.compile(r"^(?:litellm\.)?[A-Za-z_]*(?:Error|Exception|Timeo
 def _learned_about(provider: str, server: str) -> dict[str, Any]:
     with _learned_lock:
         return _learned.setdefault((provider, server), {})
+
+
+def _without_opened_reasoning(text: str) -> str:
+    """`text` without the reasoning before a `</think>` that has no `<think>` before it: the chat
+    templates of DeepSeek-R1's distills and QwQ end the prompt with `<think>`, so a server that does
+    not split the reasoning off (vLLM without --reasoning-parser) sends 'reasoning</think>answer'.
+    (LiteLLM already drops a block that opens in the answer.) The reasoning is no part of the answer:
+    kept, it began every summary."""
+    reasoning, tag, answer = text.partition("</think>")
+    return answer.lstrip() if tag and "<think>" not in reasoning else text
 
 
 def _status(exc: Exception) -> str:
