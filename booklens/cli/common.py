@@ -280,8 +280,7 @@ StructuredOption = Annotated[
 RpmOption = Annotated[
     Optional[int],
     typer.Option("--rpm", min=1, help="At most this many requests per minute to one server (every model asked there), "
-                                      "over all threads; "
-                                      "also BOOKLENS_RPM."),
+                                      "over all threads; also BOOKLENS_RPM."),
 ]
 TpmOption = Annotated[
     Optional[int],
