@@ -346,6 +346,24 @@ def owned_output_dir(output: Path, marker: str, what: str) -> bool:
     return False
 
 
+def check_cache_outside(output: Path, cache_dir: Any) -> None:
+    """A one-line error when the LM cache folder (`cache_dir`, as `cache_folder` resolves it) is the run
+    directory `output` or a visible folder in it: a run directory holds only a run's records
+    (`owned_output_dir`), so the cache, made first, would have it refused as 'not empty', this time
+    and on every rerun. Checked before the cache folder is made; hidden entries are not looked at."""
+    from booklens.lm.cache import cache_folder
+
+    cache = cache_folder(cache_dir)
+    try:
+        within = os.path.relpath(os.path.realpath(cache), os.path.realpath(output))
+    except ValueError:  # on another drive
+        return
+    if within != "." and Path(within).parts[0].startswith("."):  # outside ("..") or hidden
+        return
+    raise BooklensError(f"the LM cache folder {cache} is inside the run directory {output}, which holds only "
+                        "the run's records: choose a --cache-dir outside it")
+
+
 def make_output_dir(output: Path, what: str) -> None:
     """Create the `what` ("run", "sweep") directory `output`, or a one-line error (a file in the way,
     no permission)."""
@@ -842,6 +860,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     check_at_least("--concurrency", concurrency)
     check_configs(system, judge)
     check_summarizer(system)
+    check_cache_outside(output, getattr(lms, "cache_dir", None))
     previous_run(output, notify)  # a directory no run may write is refused before any model loads
     programs = load_judge_programs(judge, concurrency=concurrency)
     given_record, given_text = given_summary(system) if system.given else (None, None)

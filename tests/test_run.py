@@ -880,3 +880,31 @@ def test_a_run_whose_stderr_pipe_is_closed_goes_on_and_writes_every_record(serve
     assert proc.returncode == 0
     assert {p.name for p in out.iterdir()} >= RUN_FILES
     assert (out / "faithfulness.json").read_bytes() == (reference["dir"] / "faithfulness.json").read_bytes()
+
+
+def test_a_cache_folder_inside_the_run_directory_is_a_one_line_error_before_anything_is_made(server, tmp_path):
+    """The run directory holds only a run's records: a cache folder made in it would refuse this run and
+    every rerun into the directory as 'not empty'. Said at once, and neither folder is made."""
+    out = tmp_path / "run"
+    proc = cli(run_args(server, out, out / "cache"))
+    assert_one_line_error(proc, f"the LM cache folder {out / 'cache'} is inside the run directory {out}")
+    assert proc.returncode == 2 and not out.exists()
+
+
+def test_run_book_refuses_a_cache_folder_inside_the_run_directory_but_takes_a_hidden_one(tmp_path):
+    from booklens.errors import BooklensError
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import JudgeConfig, SystemConfig, run_book
+    from booklens.testing import PipelineResponder, ScriptedLM
+
+    respond = PipelineResponder()
+    lm = ScriptedLM(lambda call: respond({"messages": call.messages}))
+    system, judge = SystemConfig(chunk_size=512, context_window=2048, max_summary_tokens=200), JudgeConfig(k=3)
+    out = tmp_path / "run"
+    for cache in (out, out / "calls"):
+        with pytest.raises(BooklensError, match="is inside the run directory"):
+            run_book(STORY, out, system, judge, lms=FixedLMPool(lm, cache_dir=cache), notify=lambda m: None)
+        assert not out.exists()
+    # hidden entries are no part of the run's records: a cache there is the run's own business
+    run = run_book(STORY, out, system, judge, lms=FixedLMPool(lm, cache_dir=out / ".cache"), notify=lambda m: None)
+    assert run.complete and (out / ".cache").is_dir()

@@ -132,7 +132,8 @@ def run_command(
     """Summarize a book, score coherence, verify claims; write a run directory and report.html."""
     from booklens.lm import LMPool, refuse_server_options_for_embedded
     from booklens.inputs import read_given_summary
-    from booklens.pipeline import JudgeConfig, SystemConfig, check_configs, previous_run, route_programs, run_book
+    from booklens.pipeline import (JudgeConfig, SystemConfig, check_cache_outside, check_configs, previous_run,
+                                   route_programs, run_book)
     from booklens.reports import REPORT_FILE
     from booklens.steps import check_method_options
     from booklens.text import read_book
@@ -159,6 +160,7 @@ def run_command(
     if summary is not None:
         read_given_summary(summary)
     previous_run(output)
+    check_cache_outside(output, cache_dir)  # before the pool makes the cache folder
     lms = LMPool(lm, api_base, cache_dir=cache_dir, concurrency=concurrency, **lm_options(structured, rpm, tpm))
     run = run_book(book, output, system, judge, lms=lms, concurrency=concurrency, book_text=book_text)
     typer.echo(score_line(run, sent_now=lms.usage.total.calls), err=True)
