@@ -42,7 +42,7 @@ from booklens.records import (
     read_json_file,
     write_atomically,
 )
-from booklens.vocabulary import CLAIM_LABELS
+from booklens.vocabulary import labels_of
 
 RUN_FILE = "run.json"
 REPORT_FILE = "report.html"
@@ -546,7 +546,7 @@ def _scores_section(data: RunData) -> str:
     if f is not None and f.claims:
         total = len(f.claims)
         verified = total - f.failures
-        for label in CLAIM_LABELS:
+        for label in labels_of(f.label_set):  # a binary rater's two, not two more it never gives
             n = f.label_counts.get(label, 0)
             cards.append(_card(_label_class(label), label.capitalize(),
                                _pct(f.label_percentages.get(label)) if verified else "-",

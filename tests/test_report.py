@@ -1041,6 +1041,22 @@ def test_compiled_programs_are_routed_by_task_and_recorded(tmp_path):
     assert verify_prompts and all("The lamp was lit." in json.dumps(c.messages) for c in verify_prompts)
 
 
+def test_a_binary_judges_run_shows_its_two_labels_on_the_cards_and_the_score_line(tmp_path):
+    """The faithful/unfaithful rater gives no other label: the page and `run`'s score line name its two, as
+    `booklens faithfulness` does, not two more at 0.0% that it could never have given."""
+    from booklens.cli.run import score_line
+    from booklens.judges import default_path
+    from booklens.reports import load_run
+
+    out = execute(tmp_path, scripted(STORY_SUMMARY), programs={"verification": default_path("binary")},
+                  chunk_size=512, context_window=2048, max_summary_tokens=200, k=3)
+    dom = Dom((out / "report.html").read_text())
+    cards = [Dom.text(card) for card in dom.find("li", cls="card") if "judge" not in card["attrs"]["class"].split()]
+    assert cards == ["BooookScore80.04 of 5 judged sentences without confusion",
+                     "Faithful50.0%1 of 2 verified claims", "Unfaithful50.0%1 of 2 verified claims"]
+    assert "; 2 claims: 50.0% faithful, 50.0% unfaithful; " in score_line(load_run(out).run)
+
+
 def test_a_new_run_directory_holds_run_json_before_its_first_step(tmp_path):
     """A run killed after its first step record would otherwise leave a directory that no rerun
     can claim as a booklens run (not empty, no run.json)."""

@@ -237,12 +237,11 @@ def label_shares(percentages: dict[str, float] | None, unverified: int = 0, labe
     """The share of each claim label among the verified claims, as commands print it, and how many
     claims were left out of the shares; 'none verified' when no claim was. A binary judge's line names
     only the two labels it can give."""
-    from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS
+    from booklens.vocabulary import labels_of
 
     if not percentages:
         return "none verified"
-    labels = BINARY_LABELS if label_set == "binary" else CLAIM_LABELS
-    shares = ", ".join(f"{percentages.get(label, 0.0):.1f}% {label}" for label in labels)
+    shares = ", ".join(f"{percentages.get(label, 0.0):.1f}% {label}" for label in labels_of(label_set))
     return shares + (f" ({unverified} not verified, left out of the shares)" if unverified else "")
 
 

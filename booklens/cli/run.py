@@ -75,7 +75,9 @@ def score_line(run, sent_now: int | None = None) -> str:
     if s.get("failed_sentences"):
         parts[0] += f" ({counted(s['failed_sentences'], 'sentence')} not judged, left out of the score)"
     if s.get("claims"):
-        parts.append(f"{counted(s['claims'], 'claim')}: {label_shares(labels, s.get('failed_claims') or 0)}")
+        verifier = run.judges.get("verification")  # its mode is its label set
+        shares = label_shares(labels, s.get("failed_claims") or 0, getattr(verifier, "mode", "four-way"))
+        parts.append(f"{counted(s['claims'], 'claim')}: {shares}")
     t = run.totals
     calls = counted(t["calls"], "LM call")
     if sent_now is not None and sent_now < t["calls"]:
