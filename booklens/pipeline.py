@@ -360,8 +360,9 @@ def check_cache_outside(output: Path, cache_dir: Any) -> None:
         return
     if within != "." and Path(within).parts[0].startswith("."):  # outside ("..") or hidden
         return
-    raise BooklensError(f"the LM cache folder {cache} is inside the run directory {output}, which holds only "
-                        "the run's records: choose a --cache-dir outside it")
+    where = "is" if within == "." else "is inside"
+    raise BooklensError(f"the LM cache folder {cache} {where} the run directory {output}, which holds only the "
+                        "run's records: choose a --cache-dir outside it")
 
 
 def make_output_dir(output: Path, what: str) -> None:
