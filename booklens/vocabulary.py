@@ -97,6 +97,8 @@ BINARY_LABELS: tuple[str, ...] = get_args(BinaryLabel)
 def labels_of(label_set: str | None) -> tuple[str, ...]:
     """The labels a verifier of `label_set` ("four-way", "binary") gives, as figures of its claims name them."""
     return BINARY_LABELS if label_set == "binary" else CLAIM_LABELS
+
+
 # Where the evidence a claim is checked against came from: given quotes, or a passage of the book
 # found by one of `booklens.retrieval.BOOK_MODES`.
 EvidenceSource = Literal["given", "bm25", "dense", "hybrid", "book"]
