@@ -841,7 +841,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     made with the default cache when not given); `book_text` spares a second read of the book.
 
     A book that cannot be read, or a step that fails, is recorded in run.json and does not raise;
-    a bad configuration or run directory raises `BooklensError` before anything is written."""
+    a bad configuration or run directory raises `BooklensError` before anything is written, and so
+    does a book that cannot be read where an earlier run recorded steps (left as they are)."""
     import dspy
 
     from booklens.lm import BooklensAdapter, LMPool, lm_label
@@ -950,6 +951,10 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
             # leave a directory no rerun could claim as a booklens run.
             runner.save_progress()
         if book_error is not None:
+            if previous is not None and previous.steps:
+                # a book moved or damaged since: an earlier run's results are not replaced by a record of
+                # nothing (a new directory, or one of failures only, records the failure, as a sweep's cell)
+                raise BooklensError(f"{book_error}; the run in {output} is left as it was")
             runner.fail("summary", book_error)
             for step in wanted[1:]:
                 runner.fail(step, "needs summary")

@@ -910,3 +910,30 @@ def test_run_book_refuses_a_cache_folder_inside_the_run_directory_but_takes_a_hi
     # hidden entries are no part of the run's records: a cache there is the run's own business
     run = run_book(STORY, out, system, judge, lms=FixedLMPool(lm, cache_dir=out / ".cache"), notify=lambda m: None)
     assert run.complete and (out / ".cache").is_dir()
+
+
+def test_run_book_leaves_an_earlier_run_as_it_was_when_the_book_cannot_be_read(tmp_path):
+    """A book moved or made unreadable after a run must not turn its finished records into a record of
+    nothing: one line, and every file of the run is left as it was (a new directory still records the
+    failure, as a sweep's cell does)."""
+    import shutil
+
+    from booklens.errors import BooklensError
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import JudgeConfig, SystemConfig, run_book
+    from booklens.testing import PipelineResponder, ScriptedLM
+
+    respond = PipelineResponder()
+    lm = ScriptedLM(lambda call: respond({"messages": call.messages}))
+    system, judge = SystemConfig(chunk_size=512, context_window=2048, max_summary_tokens=200), JudgeConfig(k=3)
+    book, out = tmp_path / "story.txt", tmp_path / "run"
+    shutil.copyfile(STORY, book)
+    lms = FixedLMPool(lm, cache_dir=tmp_path / "cache")
+    assert run_book(book, out, system, judge, lms=lms, notify=lambda m: None).complete
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    book.write_bytes(b"\x00\x01binary\xff" * 1000)
+    with pytest.raises(BooklensError, match=re.escape(f"; the run in {out} is left as it was")):
+        run_book(book, out, system, judge, lms=lms, notify=lambda m: None)
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    fresh = run_book(book, tmp_path / "fresh", system, judge, lms=lms, notify=lambda m: None)
+    assert not fresh.complete and set(fresh.failures) == {"summary", "coherence", "claims", "faithfulness"}
