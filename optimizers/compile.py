@@ -333,6 +333,8 @@ def compile_program(
     except ImportError:  # pragma: no cover
         pass
 
+    # Before the first call, as `score` does: not a summary found too long mid-compile.
+    spec.refuse_misfits(student, [*trainset, *devset], getattr(lm, "context_window", None))
     with dspy.context(lm=lm), _quiet(verbose):
         _smoke(student, trainset[0])
         try:

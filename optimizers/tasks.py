@@ -74,6 +74,19 @@ class Task:
     # Budget defaults of this task where they differ from `Budget`'s (a task with long prompts
     # needs a smaller one to compile in minutes on the embedded model).
     budget: dict[str, int] = field(default_factory=dict)
+    # The long texts the examples' prompts carry, one (name as a refusal shows it, text) pair per
+    # text, which `refuse_misfits` checks against the model's window; None: nothing to check.
+    contexts: Callable[[Sequence[dspy.Example]], list[tuple[str, str]]] | None = None
+
+    def refuse_misfits(self, program: dspy.Module, examples: Sequence[dspy.Example], window: int | None) -> None:
+        """Refuse, before the first call, a text of `examples` that `program` cannot judge in a
+        `window`-token context even with no demo, as `score` does
+        (`booklens.programs.coherence.refuse_misfits`): not after judging the ones before it."""
+        if self.contexts is None:
+            return
+        from booklens.programs.coherence import refuse_misfits
+
+        refuse_misfits(program, self.contexts(examples), window)
 
     def units(self, examples: Sequence[dspy.Example]) -> list[str] | None:
         """The interval unit of each example (`evaluate_program(units=...)`), or None."""
@@ -280,7 +293,17 @@ def _coherence() -> Task:
         data_help=COHERENCE_DATA,
         data_files=_annotation_files,
         program_config={"batch_size": 1},
+        contexts=_coherence_summaries,
     )
+
+
+def _coherence_summaries(examples: Sequence[dspy.Example]) -> list[tuple[str, str]]:
+    """Each summary the examples' sentences come from, once, named by book and annotation file."""
+    named: dict[str, str] = {}
+    for e in examples:
+        source = e.get("source")
+        named.setdefault(f"{e.get('book')!r}" + (f" of {source}" if source else ""), e.get("summary"))
+    return list(named.items())
 
 
 def _coherence_metric() -> Callable[..., float]:

@@ -775,3 +775,31 @@ def test_evaluate_refuses_the_binary_rater_saying_how_to_measure_it(tmp_path):
         proc = run_cli(["evaluate", "verification", "--data", data, "--program", artifact, "-o", out, *lm], tmp_path)
         assert_one_line_error(proc, f"{artifact} is the binary (faithful / unfaithful) rater; evaluate runs the "
                                     "four-way verifiers compile makes", f"measure it with `{hint}`", output=out)
+
+
+def coherence_answer(body):
+    """Confusion on the sentences naming Zed, none on the others."""
+    user = body["messages"][-1]["content"]
+    sentence = user.split("[[ ## sentence ## ]]", 1)[-1].strip().split("\n\n")[0]
+    if "Zed" in sentence:
+        return json.dumps({"verdict": "confusion", "questions": ["Who is Zed?"], "error_types": ["entity omission"]})
+    return json.dumps({"verdict": "no confusion", "questions": [], "error_types": []})
+
+
+@pytest.mark.parametrize("command", ["compile", "evaluate"])
+def test_a_summary_too_long_for_the_window_is_refused_before_any_call(command, tmp_path):
+    """As score and calibrate do: a test-split summary that does not fit the model's window even with
+    no demo was found at its own call, after the compile and the summaries judged before it."""
+    from test_judges import long_human_fixture
+
+    human = long_human_fixture(tmp_path / "human")  # split with seed 0: gamma, the long one, is in test
+    artifact = tmp_path / "coherence.json"
+    args = (["compile", "coherence", "--data", human, "--optimizer", "labeled", "--demos", "1", "-o", artifact]
+            if command == "compile" else ["evaluate", "coherence", "--data", human, "--split", "test"])
+    with FakeOpenAIServer(responder=coherence_answer) as server:  # a model whose 8,192-token window LiteLLM knows
+        proc = run_cli([*args, "--lm", "openai/gpt-4", "--api-base", server.url], tmp_path)
+        served = len(server.served)
+    assert_one_line_error(proc, "error: the summary 'gamma' of summary-gpt4-4096-inc.json (",
+                          "does not fit the model's 8,192-token context window even with none of the judge's demos",
+                          output=artifact)
+    assert served == 0

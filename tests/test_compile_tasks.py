@@ -467,3 +467,21 @@ def test_evaluate_keeps_the_demos_score_keeps_for_a_short_sentence_in_a_small_wi
                                   threads=1, keep_predictions=True)
         assert result.predictions[0].demos_shown == scored.demos_shown, example.index
         assert [c.messages for c in lm.backend.calls] == [by_score[example.sentence]]
+
+
+def test_compile_program_refuses_a_summary_too_long_for_the_window_before_any_call(tmp_path):
+    """A training summary that does not fit the window even with no demo is refused up front, as
+    `score` refuses one, not found at its own call in the middle of bootstrapping."""
+    task = get_task("coherence")
+    splits = load_task_splits(task, human_annotations(tmp_path / "human.json"), seed=0)
+    long = next(e for e in splits.train)
+    filler = " Anna counts the boats that came into the harbour of the old town that morning." * 600
+    train = [e.copy(summary=e.summary + filler) if e.book == long.book else e for e in splits.train]
+    lm = ScriptedLM(detector)
+    configure(lm)
+    with pytest.raises(BooklensError) as excinfo:
+        compile_program(task, train, splits.dev, optimizer="bootstrap", budget=BUDGET)
+    assert lm.backend.calls == []
+    message = str(excinfo.value)
+    assert message.startswith(f"the summary {long.book!r} of human.json (") and "\n" not in message
+    assert "does not fit the model's 8,192-token context window even with none of the judge's demos" in message

@@ -131,6 +131,9 @@ def compile_command(
                    f"{'are' if len(empty) > 1 else 'is'} empty: nothing will score the compiled program there "
                    f"(the data is split by book, {shares} %: more books fill them)", err=True)
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    # Every split the command runs on, before the first call: not the test split after the compile.
+    spec.refuse_misfits(spec.build_program(), [*splits.train, *splits.dev, *splits.test],
+                        getattr(model, "context_window", None))
 
     typer.echo(f"compiling {spec.name} with {name}: {len(splits.train)} train / {len(splits.dev)} dev / "
                f"{len(splits.test)} test examples, budget {budget.spent_by(name)}", err=True)
@@ -278,6 +281,8 @@ def evaluate_command(
         for note in [*notes, other_lm_note(str(path), compiled_with(b), lm_label(model))]:
             if note:
                 typer.echo(f"note: {note}", err=True)
+    for _, p in runs:  # each program's own instructions count: mipro and gepa rewrite them
+        spec.refuse_misfits(p, examples, getattr(model, "context_window", None))
     results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label, units=spec.units(examples),
                                 unit_name=spec.interval_unit_name, failure=spec.failure, notes=spec.notes)
                for label, p in runs]
