@@ -32,7 +32,7 @@ import dspy
 
 from booklens.errors import BooklensError, LMError, first_line
 from booklens.lm.usage import UsageTracker
-from booklens.optimizers.evaluate import NoScore, metered, score_of
+from booklens.optimizers.evaluate import BackendFailed, NoScore, metered, score_of
 
 OPTIMIZERS: dict[str, str] = {
     "labeled": "LabeledFewShot: annotated examples as demos",
@@ -323,7 +323,11 @@ def compile_program(
     scoring = Scoring()
     dspy_metric = as_metric(base_metric, scoring)
     max_errors = budget.max_errors or (len(trainset) + len(devset) + 1) * max(1, budget.max_rounds)
-    lm = metered(current_lm(), meter)
+    # DSPy's optimizers take a failed run for a bad example and go on; a backend failure (after its
+    # retries) would leave a program chosen on the runs before it. It stops the compile instead, as it
+    # stops an evaluation, and a rerun finds the calls made so far in the cache.
+    halt: list[LMError] = []
+    lm = metered(current_lm(), meter, halt=halt)
 
     random.seed(seed)
     try:
@@ -340,14 +344,24 @@ def compile_program(
         try:
             compiled = _run(name, student, trainset, devset, budget, seed, dspy_metric, base_metric, spec,
                             max_errors, lm, scoring)
-        except (BooklensError, KeyboardInterrupt):
+        except BackendFailed:
+            raise halt[0] from None
+        except KeyboardInterrupt:
+            raise
+        except BooklensError:
+            if halt:
+                raise halt[0] from None
             raise
         except Exception as exc:
+            if halt:
+                raise halt[0] from None
             # DSPy wraps program failures (including backend errors) in its own exceptions.
             cause = _root_cause(exc)
             if isinstance(cause, BooklensError):
                 raise cause from None
             raise BooklensError(f"optimizer '{name}' failed: {type(cause).__name__}: {first_line(cause)}") from None
+    if halt:
+        raise halt[0]
     scoring.check(name)
     return _strip(compiled)
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import dspy
 
 from booklens.errors import BooklensError, LMError, first_line
-from booklens.lm import BooklensLM
+from booklens.lm import BooklensLM, ContextWindowExceeded
 from booklens.lm.usage import UsageTracker
 from booklens.vocabulary import counted, singular
 from booklens.metrics.bootstrap import bootstrap_mean as bootstrap_ci, paired_bootstrap_ci  # noqa: F401 - part of this module's API
@@ -40,9 +40,11 @@ class NoScore(BooklensError):
 # Metering and rollout-aware LM wrapper
 
 
-def metered(lm: Any, meter: UsageTracker | None = None) -> Any:
+def metered(lm: Any, meter: UsageTracker | None = None, *, halt: list[LMError] | None = None) -> Any:
     """A view of a booklens LM (same backend, cache and usage counters) that also counts its calls
-    in `meter`, and turns DSPy's `rollout_id` into a fresh sample.
+    in `meter`, and turns DSPy's `rollout_id` into a fresh sample. With `halt` (a list, shared by the
+    view's copies), the first backend failure is kept there and every later call raises
+    `BackendFailed` without going out.
 
     The meter travels with the LM object, so it also counts calls that an optimizer makes in
     threads of its own, where the usage scopes of this context do not reach.
@@ -54,11 +56,19 @@ def metered(lm: Any, meter: UsageTracker | None = None) -> Any:
         return lm
     view = lm.view(_MeteredLM)
     view.meter = meter if meter is not None else UsageTracker()
+    view.halt = halt
     return view
+
+
+class BackendFailed(BaseException):
+    """A call after the backend failed (`metered(halt=...)`): a BaseException, so that no optimizer
+    takes it for one bad example (DSPy's and GEPA's loops catch Exception, and GEPA would go on
+    asking) and it ends the work at once; the caller raises the failure itself (`halt[0]`)."""
 
 
 class _MeteredLM(BooklensLM):
     meter: UsageTracker
+    halt: list[LMError] | None = None
 
     def _count(self, completion: Any, *, cached: bool) -> dict[str, Any]:
         counts = super()._count(completion, cached=cached)
@@ -71,8 +81,16 @@ class _MeteredLM(BooklensLM):
         if rollout is not None and not merged.get("booklens_attempt"):
             # A distinct, reproducible sample per rollout (the embedded model's seed adds the attempt).
             kwargs["booklens_attempt"] = 1 + int(rollout) % (2**30)
-        response = super().forward(prompt=prompt, messages=messages, **kwargs)
-        return response
+        if self.halt:  # the backend already failed: no call goes out after it
+            raise BackendFailed(self.halt[0])
+        try:
+            return super().forward(prompt=prompt, messages=messages, **kwargs)
+        except ContextWindowExceeded:
+            raise  # one prompt's size, which a program may handle (`predict_with_retries`), not the backend's state
+        except LMError as exc:
+            if self.halt is not None:
+                self.halt.append(exc)
+            raise
 
 
 # ---------------------------------------------------------------------------

@@ -629,3 +629,33 @@ def test_rejected_answers_never_become_demos(splits):
     demos = compiled.shout.demos
     assert len(demos) == 4 and all(d.get("augmented") for d in demos)
     assert all(d["loud"].isupper() for d in demos), [d["loud"] for d in demos]
+
+
+@pytest.mark.parametrize("optimizer", ["bootstrap", "random-search", "mipro", "gepa"])
+def test_a_backend_that_fails_mid_compile_stops_it_and_a_rerun_asks_only_the_missing_calls(optimizer, splits,
+                                                                                          tmp_path):
+    """DSPy's optimizers take a failed run for a bad example and go on: a backend lost halfway made a
+    program chosen on the runs before it. The compile stops instead, as evaluate does, and the rerun
+    over the same cache asks exactly the calls it did not get and makes the same program."""
+    import threading
+
+    from booklens.errors import LMError
+
+    train, dev = splits
+    full, lm = compile_toy(optimizer, train, dev, cache_dir=tmp_path / "full")
+    total = len(lm.backend.calls)
+    answered, lock = [0], threading.Lock()
+
+    def failing(call):
+        with lock:
+            if answered[0] >= total // 2:
+                raise LMError("the server went away")
+            answered[0] += 1
+        return responder(call)
+
+    configure(ScriptedLM(failing, cache_dir=tmp_path / "cut"))
+    with pytest.raises(LMError, match="the server went away"):
+        compile_program(TOY, train, dev, optimizer=optimizer, budget=BUDGET, seed=0)
+    again, lm = compile_toy(optimizer, train, dev, cache_dir=tmp_path / "cut")
+    assert len(lm.backend.calls) == total - answered[0] == total - total // 2
+    assert again.dump_state() == full.dump_state()
