@@ -241,25 +241,32 @@ def load_program(program: dspy.Module, path: str | Path, task: str) -> dspy.Modu
 
 
 def _demo_problem(signature: Any, demos: list[Any]) -> str | None:
-    """A demo whose closed-set output (a label, a verdict, an option letter) is none of the values
-    the field allows: the model would be shown an example of an answer it must not give."""
+    """A demo whose closed-set output (a label, a verdict, an option letter, or an item of a list of
+    them: the kinds of confusion) is none of the values the field allows: the model would be shown
+    an example of an answer it must not give."""
     from typing import Annotated, Literal, get_args, get_origin
 
     from booklens.signatures.answers import choice_reader
 
+    def bare(kind: Any) -> Any:
+        return get_args(kind)[0] if get_origin(kind) is Annotated else kind
+
     for field_name, field in signature.output_fields.items():
-        kind = field.annotation
-        if get_origin(kind) is Annotated:
-            kind = get_args(kind)[0]
+        kind = bare(field.annotation)
+        listed = get_origin(kind) is list and bool(get_args(kind))
+        if listed:
+            kind = bare(get_args(kind)[0])
         if get_origin(kind) is not Literal:
             continue
         allowed = get_args(kind)
         read = choice_reader(tuple(str(v) for v in allowed))
         for i, demo in enumerate(demos, start=1):
             value = demo.get(field_name) if hasattr(demo, "get") else None
-            if value is not None and value not in allowed and read(str(value)) not in allowed:
-                return (f"demo {i} answers {field_name} {value!r}, which is none of "
-                        f"{', '.join(repr(v) for v in allowed)}")
+            values = value if listed and isinstance(value, list) else [value]
+            for item in values:
+                if item is not None and item not in allowed and read(str(item)) not in allowed:
+                    return (f"demo {i} answers {field_name} {item!r}, which is none of "
+                            f"{', '.join(repr(v) for v in allowed)}")
     return None
 
 

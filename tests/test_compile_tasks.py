@@ -485,3 +485,28 @@ def test_compile_program_refuses_a_summary_too_long_for_the_window_before_any_ca
     message = str(excinfo.value)
     assert message.startswith(f"the summary {long.book!r} of human.json (") and "\n" not in message
     assert "does not fit the model's 8,192-token context window even with none of the judge's demos" in message
+
+
+def test_a_coherence_demo_with_an_unknown_error_type_is_refused_in_one_line(tmp_path):
+    """A hand-edited demo naming a kind of confusion that is none of the eight would show the model an
+    answer its own reply is refused for; as a demo's unknown verdict or label is, it is refused."""
+    task = get_task("coherence")
+    splits = load_task_splits(task, human_annotations(tmp_path / "human.json"), seed=0)
+    confusing = next(e for e in splits.train if e.verdict == "confusion")
+    program = task.build_program()
+    program.detect.demos = [dspy.Example(summary=confusing.summary, sentence=confusing.sentence, verdict="confusion",
+                                         questions=["Who is Zed?"], error_types=["entity omission"])]
+    artifact = tmp_path / "coherence.json"
+    save_program(program, artifact, task="coherence", program_config=task.program_config)
+    state = json.loads(artifact.read_text())
+    state["detect"]["demos"][0]["error_types"] = ["Entity omission"]  # read as a reply is: no damage
+    artifact.write_text(json.dumps(state))
+    load_program(task.build_program(), artifact, task="coherence")
+    state["detect"]["demos"][0]["error_types"] = ["entity omission", "entity omision"]
+    artifact.write_text(json.dumps(state))
+    with pytest.raises(BooklensError) as excinfo:
+        load_program(task.build_program(), artifact, task="coherence")
+    message = str(excinfo.value)
+    assert message.startswith(f"program artifact {artifact} is corrupted: predictor detect: demo 1 answers "
+                              "error_types 'entity omision', which is none of 'entity omission', ")
+    assert "\n" not in message
