@@ -792,10 +792,18 @@ def test_a_summary_too_long_for_the_window_is_refused_before_any_call(command, t
     no demo was found at its own call, after the compile and the summaries judged before it."""
     from test_judges import long_human_fixture
 
+    from booklens.optimizers.artifacts import save_program
+    from booklens.optimizers.tasks import get_task
+
     human = long_human_fixture(tmp_path / "human")  # split with seed 0: gamma, the long one, is in test
     artifact = tmp_path / "coherence.json"
+    # an artifact compiled elsewhere, whose notes (other data, another LM) are not printed before the refusal
+    other = tmp_path / "other.json"
+    save_program(get_task("coherence").build_program(), other, task="coherence", optimizer="bootstrap",
+                 lm="openai/gpt-4o", dataset={"path": "elsewhere", "sha256": "0" * 64})
     args = (["compile", "coherence", "--data", human, "--optimizer", "labeled", "--demos", "1", "-o", artifact]
-            if command == "compile" else ["evaluate", "coherence", "--data", human, "--split", "test"])
+            if command == "compile" else
+            ["evaluate", "coherence", "--data", human, "--split", "test", "--program", other])
     with FakeOpenAIServer(responder=coherence_answer) as server:  # a model whose 8,192-token window LiteLLM knows
         proc = run_cli([*args, "--lm", "openai/gpt-4", "--api-base", server.url], tmp_path)
         served = len(server.served)

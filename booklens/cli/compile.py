@@ -264,6 +264,7 @@ def evaluate_command(
     if zero_shot:
         runs.append(("zero-shot", spec.build_program()))
     labels_seen: set[str] = set()
+    said: list[str] = []
     from booklens.judges import DEFAULTS_DIR, compiled_with, other_lm_note
 
     for path, b in zip(programs, blocks):
@@ -278,11 +279,11 @@ def evaluate_command(
         recorded = (b.get("dataset") or {}).get("sha256")
         notes = held_out_notes(str(path), b, loaded, examples, digest=recorded if recorded in same_data else digest,
                                seed=seed, split=split)
-        for note in [*notes, other_lm_note(str(path), compiled_with(b), lm_label(model))]:
-            if note:
-                typer.echo(f"note: {note}", err=True)
+        said += [note for note in [*notes, other_lm_note(str(path), compiled_with(b), lm_label(model))] if note]
     for _, p in runs:  # each program's own instructions count: mipro and gepa rewrite them
         spec.refuse_misfits(p, examples, getattr(model, "context_window", None))
+    for note in said:  # after the refusals: an error is the one line a refused command prints
+        typer.echo(f"note: {note}", err=True)
     results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label, units=spec.units(examples),
                                 unit_name=spec.interval_unit_name, failure=spec.failure, notes=spec.notes)
                for label, p in runs]
