@@ -19,14 +19,32 @@ def kind_of(value: object) -> str:
 
 
 def validation_problem(exc: Exception) -> str:
-    """The first problem of a pydantic `ValidationError` as a short phrase: `missing field 'x'`,
-    or `field.path: message`."""
-    problem = exc.errors()[0]
-    where = ".".join(str(p) for p in problem.get("loc", ()) if p != "__root__")
-    if problem.get("type") == "missing":
-        return f"missing field {where!r}"
-    message = problem.get("msg", "invalid").removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
+    """The problems of a pydantic `ValidationError` as one line: the first as a short phrase
+    (`missing field 'x'`, or `field.path: message (got value)`), then where the others are
+    (`(and 2 more problems: lm, method)`), so fixing one does not only reveal the next."""
+    problems = exc.errors()
+    first = problems[0]
+    where = _problem_place(first)
+    if first.get("type") == "missing":
+        text = f"missing field {where!r}"
+    else:
+        message = first.get("msg", "invalid").removeprefix("Value error, ")
+        text = f"{where}: {message}" if where else message
+        given = first.get("input")
+        # the value, as a command's range errors show it; not for an unknown key (its value is no reason)
+        if first.get("type") != "extra_forbidden" and isinstance(given, (int, float, str)):
+            shown = repr(given)
+            text += f" (got {shown if len(shown) <= 60 else shown[:57] + '...'})"  # a JSON text is input too
+    if len(problems) > 1:
+        from booklens.vocabulary import counted
+
+        places = ", ".join(dict.fromkeys(_problem_place(p) or "the record" for p in problems[1:]))
+        text += f" (and {counted(len(problems) - 1, 'more problem')}: {places})"
+    return text
+
+
+def _problem_place(problem: dict) -> str:
+    return ".".join(str(p) for p in problem.get("loc", ()) if p != "__root__")
 
 
 def setting_name(option: str, as_keys: bool | str = False) -> str:

@@ -88,22 +88,39 @@ def _regenerations_in_range(value: int) -> int:
 
 
 class _Config(BaseModel):
-    """A config record a library caller builds: a bad value is one line naming the field (pydantic's
-    own error spreads it over four). Records read back with `model_validate` keep pydantic's error,
-    which their readers word themselves."""
+    """A config record a library caller builds or reads back (`model_validate`, as a sweep's cell
+    task is): a bad value is one line naming the field (pydantic's own error spreads it over four)."""
 
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            from booklens.errors import ConfigError, validation_problem
+            raise self._config_error(exc) from None
 
-            problem = exc.errors()[0]
-            given = problem.get("input")
-            # the value, as a command's range errors show it; not for a missing or unknown key (its value is no reason)
-            got = (f" (got {given!r})" if problem.get("type") not in ("missing", "extra_forbidden")
-                   and isinstance(given, (int, float, str)) else "")
-            raise ConfigError(f"{type(self).__name__}: {validation_problem(exc)}{got}") from None
+    @classmethod
+    def _config_error(cls, exc: ValidationError) -> Exception:
+        from booklens.errors import ConfigError, validation_problem
+
+        problems = exc.errors()
+        # `model_validate` runs `__init__` above: its one-line error comes back wrapped as a value error
+        inner = problems[0].get("ctx", {}).get("error") if len(problems) == 1 else None
+        if isinstance(inner, ConfigError):
+            return inner
+        return ConfigError(f"{cls.__name__}: {validation_problem(exc)}")
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().model_validate(obj, *args, **kwargs)
+        except ValidationError as exc:
+            raise cls._config_error(exc) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().model_validate_json(json_data, *args, **kwargs)
+        except ValidationError as exc:
+            raise cls._config_error(exc) from None
 
 
 class SystemConfig(_Config):

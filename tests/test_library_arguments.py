@@ -3,6 +3,7 @@ handed themselves, with the one-line `BooklensError` a command would print."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -509,3 +510,42 @@ def test_a_config_record_given_a_bad_value_is_one_line_naming_the_field(build, m
         build(configs)
     assert isinstance(caught.value, BooklensError)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda c: c.SystemConfig.model_validate({"chunk_size": 3}),
+     r"^SystemConfig: chunk_size: Input should be greater than or equal to 64 \(got 3\)$"),
+    (lambda c: c.JudgeConfig.model_validate({"k": "x"}), r"^JudgeConfig: k: Input should be a valid integer"),
+    (lambda c: c.SystemConfig.model_validate_json('{"method": "hierr"}'), r"^SystemConfig: method: Input should be"),
+    (lambda c: c.SystemConfig.model_validate("hier"),
+     r"^SystemConfig: Input should be a valid dictionary or instance of SystemConfig \(got 'hier'\)$"),
+])
+def test_a_config_record_read_with_model_validate_is_one_line_too(build, message):
+    """A config read back from JSON (a sweep's cell task, a caller's saved settings) fails as one
+    built by hand does: pydantic would wrap the one-line error in its own four lines."""
+    import booklens.pipeline as configs
+
+    with pytest.raises(ValueError) as caught:
+        build(configs)
+    assert isinstance(caught.value, BooklensError), repr(caught.value)
+    assert re.search(message, str(caught.value)) and "\n" not in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda c: c.SystemConfig(level_budgets=[1, 2]),
+     "SystemConfig: level_budgets.0: Input should be greater than or equal to 16 (got 1) (and 1 more problem: "
+     "level_budgets.1)"),
+    (lambda c: c.SystemConfig.model_validate({"chunk_size": "x", "lm": 3, "methd": "inc"}),
+     "SystemConfig: chunk_size: Input should be a valid integer, unable to parse string as an integer (got 'x') "
+     "(and 2 more problems: lm, methd)"),
+    (lambda c: c.JudgeConfig(k=0, batch_size=0), "JudgeConfig: k: Input should be greater than or equal to 1 (got 0) "
+     "(and 1 more problem: batch_size)"),
+])
+def test_a_config_record_with_several_bad_values_names_them_all_in_one_line(build, message):
+    """The first problem in full, then where the others are: a caller fixing one does not meet the next
+    only on the following try."""
+    import booklens.pipeline as configs
+
+    with pytest.raises(BooklensError) as caught:
+        build(configs)
+    assert str(caught.value) == message
