@@ -455,3 +455,27 @@ def test_angle_brackets_and_bars_in_a_name_print_as_themselves_in_latex():
     assert latex_escape("a<b>|c") == "a\\textless{}b\\textgreater{}\\textbar{}c"
     data = three_systems(("a<b>|c", "b", "c"))
     assert "\na\\textless{}b\\textgreater{}\\textbar{}c & 2 & " in render_table(data, "latex")
+
+
+def test_a_difference_over_fewer_books_than_the_pair_shares_says_how_many():
+    """Both systems completed three books, but every claim of b's b3 went unverified: the faithful
+    difference is over two books, and the tables and the page must not call it one over three."""
+    from booklens.sweep.report import render_sweep_report
+
+    unverified = run(0.5, 0.0)
+    unverified["scores"].update({"claims": 4, "failed_claims": 4})
+    outcomes = [outcome_of_run("a", k, run(0.6, 50.0)) for k in ("b1", "b2", "b3")]
+    outcomes += [outcome_of_run("b", "b1", run(0.7, 60.0)), outcome_of_run("b", "b2", run(0.8, 80.0)),
+                 outcome_of_run("b", "b3", unverified)]
+    rows = [cell_row(o) for o in outcomes]
+    data = results(["a", "b"], ["b1", "b2", "b3"], rows)
+    (pair,) = data["pairs"]
+    assert (pair["books"], pair["booookscore"]["books"], pair["faithful"]["books"]) == (3, 3, 2)
+    assert pair["faithful"]["diff"] == pytest.approx(20.0)
+    markdown = render_table(data, "markdown")
+    assert (f"Paired difference b - a over 3 books: BooookScore +6.7 {pct(pair['booookscore']['ci95'], 100, '+')}, "
+            f"faithful +20.0 {pct(pair['faithful']['ci95'], 1, '+')} points (over 2 books).") in markdown
+    latex = render_table(data, "latex")
+    assert f"+20.0 {pct(pair['faithful']['ci95'], 1, '+')} (over 2 books) \\\\" in latex
+    page = render_sweep_report(data, rows, title="t")
+    assert "(over 2 books)" in page and page.count("(over ") == 1

@@ -73,6 +73,16 @@ def is_marked(difference: dict[str, Any]) -> bool:
     return bool(ci) and (ci[0] > 0 or ci[1] < 0) and difference.get("books", 0) >= MIN_BOOKS_MARKED
 
 
+def fewer_books_text(difference: Optional[dict[str, Any]], shared: int) -> str:
+    """' (over 2 books)' when a paired difference is over fewer books than the pair completed (a
+    completed cell with no figure of its own: every claim left unverified, say); else ''."""
+    if not difference or difference.get("books", shared) == shared:
+        return ""
+    from booklens.vocabulary import counted
+
+    return f" (over {counted(difference['books'], 'book')})"
+
+
 def system_cells(system: dict[str, Any]) -> dict[str, Optional[str]]:
     """One system of results.json as the text of its table row, by figure: `books`, `failed`,
     `booookscore` (x100) and `booookscore_ci`, each claim label's share (%) and `faithful_ci`,
@@ -269,15 +279,16 @@ def _pairs_section(results: dict[str, Any]) -> str:
     if not pairs:
         return '<p class="note">One system: nothing to compare.</p>'
 
-    def cell(d: Optional[dict[str, Any]], scale: float) -> str:
+    def cell(d: Optional[dict[str, Any]], scale: float, shared: int) -> str:
         if not d:
             return '<td class="num">-</td>'
         value = figure_text(d["diff"], scale, signed=True)
         return (f'<td class="num"><span class="{"sig" if is_marked(d) else ""}">{value}</span> '
-                f'{_ci_span(interval_text(d["ci95"], scale, signed=True))}</td>')
+                f'{_ci_span(interval_text(d["ci95"], scale, signed=True))}{fewer_books_text(d, shared)}</td>')
 
     rows = "".join(f'<tr><th scope="row">{h(p["b"])} \u2212 {h(p["a"])}</th><td class="num">{p["books"]}</td>'
-                   f'{cell(p["booookscore"], 100)}{cell(p["faithful"], 1)}</tr>' for p in pairs)
+                   f'{cell(p["booookscore"], 100, p["books"])}{cell(p["faithful"], 1, p["books"])}</tr>'
+                   for p in pairs)
     note = ("<p class=\"note\">Paired over the books both systems completed: the mean difference (second system "
             "minus first) and its 95% bootstrap interval (none over one book). A <span class=\"sig\">bold</span> "
             f"difference has an interval that excludes 0 over at least {MIN_BOOKS_MARKED} books: over fewer, "

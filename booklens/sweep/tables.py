@@ -100,10 +100,14 @@ def _markdown(results: dict[str, Any]) -> str:
     rows = [HEADER, ["---"] * len(HEADER)]
     rows += [_system_row(markdown_escape(name), s) for name, s in results["systems"].items()]
     lines = ["| " + " | ".join(row) + " |" for row in rows]
+    from booklens.sweep.report import fewer_books_text
+
     for p in results.get("pairs") or []:
         score, faithful = (_difference(p[key], scale, lambda v: f"**{v}**") for key, scale in PAIR_FIGURES)
+        # a figure over fewer books than the pair completed says so (`fewer_books_text`)
+        score_over, faithful_over = (fewer_books_text(p[key], p["books"]) for key, _ in PAIR_FIGURES)
         lines += ["", f"Paired difference {markdown_escape(p['b'])} - {markdown_escape(p['a'])} over {counted(p['books'], 'book')}: "
-                      f"BooookScore {score}, faithful {faithful} points."]
+                      f"BooookScore {score}{score_over}, faithful {faithful} points{faithful_over}."]
     for note in _notes(results, markdown_escape):
         lines += ["", f"Note: {note}"]
     judges = _judge_lines(results)
@@ -125,10 +129,13 @@ def _latex(results: dict[str, Any]) -> str:
     tables = [_tabular(header, rows)]
     pairs = results.get("pairs") or []
     if pairs:
+        from booklens.sweep.report import fewer_books_text
+
         # The titles' $\Delta$ is markup: only their percent sign is escaped.
         pair_header = tuple(title.replace("%", "\\%") for title in PAIR_HEADER)
         pair_rows = [[latex_escape(f"{p['b']} - {p['a']}"), latex_escape(str(p["books"])),
-                      *(_difference(p[key], scale, lambda v: f"\\textbf{{{v}}}") for key, scale in PAIR_FIGURES)]
+                      *(_difference(p[key], scale, lambda v: f"\\textbf{{{v}}}") + fewer_books_text(p[key], p["books"])
+                        for key, scale in PAIR_FIGURES)]
                      for p in pairs]
         tables.append(_tabular(pair_header, pair_rows))
     # comments: LaTeX prints none of it, the one who pastes the table reads it
