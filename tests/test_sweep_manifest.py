@@ -800,3 +800,22 @@ def test_a_setting_left_empty_is_named_as_the_manifest_names_it(corpus: Path):
     fine = write(corpus / "f.yaml", "books: corpus\nsystems: [{name: a, program: null}]\n"
                                     "judge: {budget_tokens: null, max_claims: null, programs: null}\n")
     load_manifest(fine).judge_config()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("books: corpus\nsystems: [{name: a, chunk_size: 10, method: bogus, lm: 3}]\njudge: {k: 0}\n",
+     "m.yaml: system 'a': method: \"bogus\" is not one of 'hier' or 'inc' (and 3 more problems: system 'a': "
+     "chunk_size, system 'a': lm, judge.k)"),
+    ("books: 3\nsystems: [{name: a, chunk_size: 10}]\n",
+     "m.yaml: books: give a path, a folder or a glob, or a list of them (got 3) (and 1 more problem: "
+     "system 'a': chunk_size)"),
+    # the required key a misspelt one leaves missing is the same problem, not another
+    ("books: corpus\nsystem: [{name: a}]\n", "m.yaml: unknown key 'system' (did you mean 'systems'?); known keys: "
+     "lm, api_base, books, systems, judge"),
+])
+def test_a_manifest_with_several_bad_values_names_each_in_one_line(corpus: Path, text: str, message: str):
+    """The first problem in full, then where the others are: fixing one does not only reveal the next."""
+    manifest = write(corpus / "m.yaml", text)
+    with pytest.raises(BooklensError) as caught:
+        load_manifest(manifest)
+    assert str(caught.value) == f"{manifest.parent}/{message}"

@@ -362,10 +362,32 @@ def _unique_keys_loader() -> type:
 
 
 def _explain(exc: ValidationError, data: Any) -> str:
-    """The first validation error as 'where: what' in the manifest's own terms."""
+    """The first validation error as 'where: what' in the manifest's own terms, then where the
+    others are (`(and 2 more problems: system 'a': lm, judge.k)`)."""
     errors = exc.errors()
     # An unknown key first: a misspelt key is also the reason a required one is "missing".
     err = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0])
+    unknown = err.get("type") == "extra_forbidden"
+    others = [e for e in errors if e is not err and not (unknown and e.get("type") == "missing")]
+    # `books` is a string or a list: pydantic reports each branch, one place here
+    places = dict.fromkeys(_place(e, data) for e in others)
+    places.pop(_place(err, data), None)
+    if not places:
+        return _explain_one(err, data)
+    from booklens.vocabulary import counted
+
+    return f"{_explain_one(err, data)} (and {counted(len(places), 'more problem')}: {', '.join(places)})"
+
+
+def _place(err: Any, data: Any) -> str:
+    """Where one validation error is, as the manifest names it (`system 'a': lm`, `judge.k`, `books`)."""
+    loc = list(err.get("loc", ()))
+    if loc and loc[0] == "books":
+        return "books"
+    return _where(loc, data).removesuffix(": ") or "the manifest"
+
+
+def _explain_one(err: Any, data: Any) -> str:
     loc = list(err.get("loc", ()))
     kind = err.get("type", "")
     # `books` is a string or a list: pydantic reports both branches; name the field once.
