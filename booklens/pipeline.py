@@ -589,20 +589,22 @@ def given_summary(system: SystemConfig) -> tuple[Any, Optional[str]]:
 
 def reusable_steps(book: Path, output: Path, system: SystemConfig, judge: JudgeConfig, *,
                    summary_model: dict[str, Any], judge_model: dict[str, Any], programs: dict[str, Any],
-                   book_text: Optional[str] = None) -> list[str]:
+                   book_text: Optional[str] = None, book_sha: Optional[str] = None) -> list[str]:
     """The steps `run_book` would reuse from the run directory `output` without an LM call, in the
     order it runs them (a step whose needed step would be made again is not reused). The models are
-    {"lm", "api_base"} as run.json's config names them, `programs` the loaded judge programs. Nothing
-    is written; a directory or book that cannot be read reuses nothing."""
+    {"lm", "api_base"} as run.json's config names them, `programs` the loaded judge programs; the
+    book is read unless its text or the digest of it (`sha256_text`) is given. Nothing is written;
+    a directory or book that cannot be read reuses nothing."""
     from booklens.reports import RUN_FILE, read_run_record
     from booklens.text import read_book
 
     steps: dict[str, Any] = {}
     try:  # (a program or summary file that cannot be read fails the run: nothing of it is reused)
         previous = read_run_record(output / RUN_FILE)
-        if book_text is None:
-            book_text = read_book(book, drop_matter=system.drop_matter)
-        book_sha = sha256_text(book_text)
+        if book_sha is None:
+            if book_text is None:
+                book_text = read_book(book, drop_matter=system.drop_matter)
+            book_sha = sha256_text(book_text)
         given = given_summary(system) if system.given else (None, None)
         inputs, legacy = summary_step_inputs(system, book, book_sha, summary_model, given)
         steps["summary"], _, _ = reusable_step(output, previous, "summary", inputs, legacy)

@@ -202,3 +202,37 @@ def test_the_hierarchical_estimate_plans_the_calls_a_run_makes(books_dir: Path, 
             continue
         assert call.inputs["summaries"].count("The") == len(plan.summary.children)
         assert plan.context_tokens == (count_tokens(call.inputs["context"]) if "context" in call.inputs else None)
+
+
+def test_a_dry_run_reads_each_book_once_besides_the_estimate(tmp_path: Path, monkeypatch):
+    """The manifest reads every book to refuse one under two keys; what it found (the text's digest,
+    or why it cannot be read) serves the dry run's warnings and the check of the steps on disk, which
+    read each book again. Only the estimate, which counts the text's tokens, reads it once more."""
+    from collections import Counter
+
+    import booklens.text
+    from booklens.sweep.run import dry_run
+
+    (tmp_path / "alpha.txt").write_text("Alpha went to sea. He came back.\n", encoding="utf-8")
+    (tmp_path / "beta.txt").write_text("Beta stayed home. She read.\n", encoding="utf-8")
+    (tmp_path / "empty.txt").write_text("  \n", encoding="utf-8")
+    (tmp_path / "given.json").write_text(json.dumps({"alpha": "A sails.", "beta": "B reads.", "empty": "E."}),
+                                         encoding="utf-8")
+    (tmp_path / "m.yaml").write_text("books: ['*.txt']\nsystems:\n  - {name: hier, chunk_size: 512}\n"
+                                     "  - {name: given, summaries: given.json}\n", encoding="utf-8")
+    # a cell with a run record on disk: its steps are checked for reuse against the book's digest
+    (tmp_path / "out" / "cells" / "given" / "alpha").mkdir(parents=True)
+    (tmp_path / "out" / "cells" / "given" / "alpha" / "run.json").write_text("{}", encoding="utf-8")
+    (tmp_path / "out" / "sweep.json").write_text("{}", encoding="utf-8")
+    reads: Counter = Counter()
+    read_book = booklens.text.read_book
+
+    def counting(path, *args, **kwargs):
+        reads[Path(path).stem] += 1
+        return read_book(path, *args, **kwargs)
+
+    monkeypatch.setattr(booklens.text, "read_book", counting)
+    text = dry_run(tmp_path / "m.yaml", tmp_path / "out", lm="openai/gpt-4o-mini")
+    assert "warning: book 'empty' cannot be read" in text and "its 2 cells will fail" in text
+    # the empty book: read by the manifest only (the estimate skips a book the manifest could not read)
+    assert reads == {"alpha": 2, "beta": 2, "empty": 1}, reads

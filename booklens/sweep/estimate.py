@@ -239,6 +239,9 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
     def book_text(key: str, drop_matter: bool) -> Optional[tuple[str, int]]:
         """The book's text and its tokens; None when it cannot be read (its cells fail, making no call)."""
         if (key, drop_matter) not in texts:
+            if sweep.book_read(key, drop_matter)[0] is None:  # as the manifest found it: not read again
+                texts[(key, drop_matter)] = None
+                return None
             try:
                 text = read_book(sweep.book(key).path, drop_matter=drop_matter)
                 texts[(key, drop_matter)] = (text, count_tokens(text))

@@ -14,9 +14,9 @@ judge: {steps: [coherence, faithfulness], evidence: bm25}
 A book's key is its file name without the extension. Everything a user can get wrong (a key
 that does not exist or is given twice, a missing book, one book under two keys, two systems with one
 name, a summaries file without one of the books, a bad value) is a one-line `BooklensError` raised here,
-before anything is written and before any model loads. Book files are only located here, not parsed
-(files of equal size are compared byte for byte): a book that cannot be read fails its own cells when
-the sweep runs.
+before anything is written and before any model loads. Each book is read here once (for each
+`drop_matter` setting) to compare the texts; the sweep keeps their digests, or why one cannot be read
+(`Sweep.book_reads`): a book that cannot be read fails its own cells when the sweep runs.
 """
 
 from __future__ import annotations
@@ -140,6 +140,9 @@ class Sweep:
     api_base: Optional[str] = None
     # summaries: system name -> {book key: summary text}
     summaries: dict[str, dict[str, str]] = field(default_factory=dict)
+    # (book key, drop_matter) -> (digest of the text as a run reads it, or why it cannot be read), as
+    # loading found them: what the sweep needs of a book before its cells run, without reading it again
+    book_reads: dict[tuple[str, bool], tuple[Optional[str], Optional[str]]] = field(default_factory=dict)
 
     @property
     def cells(self) -> list[Cell]:
@@ -150,6 +153,13 @@ class Sweep:
 
     def system(self, name: str) -> SystemSpec:
         return next(s for s in self.systems if s.name == name)
+
+    def book_read(self, key: str, drop_matter: bool = False) -> tuple[Optional[str], Optional[str]]:
+        """(sha256 of the book's text as a run reads it with `drop_matter`, None) or (None, the first
+        line of why it cannot be read); read here only when loading did not (`book_reads`)."""
+        if (key, drop_matter) not in self.book_reads:
+            self.book_reads[(key, drop_matter)] = _read_book(self.book(key).path, drop_matter)
+        return self.book_reads[(key, drop_matter)]
 
     def system_config(self, name: str, book_key: str):
         """The pipeline's `SystemConfig` of one cell."""
@@ -223,13 +233,13 @@ def load_manifest(path: str | Path, *, lm: Optional[str] = None, api_base: Optio
             program = _relative(base, system.program)
             _check_program(program, "summarize", where)
             system.program = str(program)
-    _refuse_repeated_books(path, books, (bool(system.drop_matter) for system in systems))
+    book_reads = _refuse_repeated_books(path, books, (bool(system.drop_matter) for system in systems))
     judge = spec.judge
     _check_judge(judge, base, path)
     _check_lms(spec, path)
     api_base = _check_servers(spec, path, api_base, lm)
     return Sweep(manifest=path, books=books, systems=systems, judge=judge, lm=lm or spec.lm,
-                 api_base=api_base or spec.api_base, summaries=summaries)
+                 api_base=api_base or spec.api_base, summaries=summaries, book_reads=book_reads)
 
 
 def _check_nulls(spec: ManifestSpec, manifest: Path, data: Any) -> None:
@@ -524,20 +534,31 @@ def _folded(key: str) -> str:
     return unicodedata.normalize("NFC", key).casefold()
 
 
-def _refuse_repeated_books(manifest: Path, books: list[Book], drop_matter: Iterable[bool] = (False,)) -> None:
-    """One book under two keys (a link, a copy under another name or with other line endings, the
-    same book as .txt and .epub) would count twice in every mean and interval over books: refused.
-    Books are compared by their texts as a run reads and digests them, once for each `drop_matter`
-    setting the systems read them with; a book that cannot be read is left to fail in its cells."""
+def _read_book(path: Path, drop_matter: bool) -> tuple[Optional[str], Optional[str]]:
+    """(digest of the text, None), or (None, why it cannot be read): see `Sweep.book_read`."""
+    from booklens.errors import first_line
     from booklens.pipeline import sha256_text
     from booklens.text import read_book
 
+    try:
+        return sha256_text(read_book(path, drop_matter=drop_matter)), None
+    except (BooklensError, OSError) as exc:
+        return None, first_line(exc)
+
+
+def _refuse_repeated_books(manifest: Path, books: list[Book], drop_matter: Iterable[bool] = (False,)
+                           ) -> dict[tuple[str, bool], tuple[Optional[str], Optional[str]]]:
+    """One book under two keys (a link, a copy under another name or with other line endings, the
+    same book as .txt and .epub) would count twice in every mean and interval over books: refused.
+    Books are compared by their texts as a run reads and digests them, once for each `drop_matter`
+    setting the systems read them with; a book that cannot be read is left to fail in its cells.
+    Returns what each read gave (`Sweep.book_reads`)."""
+    reads: dict[tuple[str, bool], tuple[Optional[str], Optional[str]]] = {}
     for dropped in dict.fromkeys(drop_matter):
         seen: dict[str, Book] = {}
         for book in books:
-            try:
-                fingerprint = sha256_text(read_book(book.path, drop_matter=dropped))
-            except (BooklensError, OSError):
+            fingerprint, _ = reads[(book.key, dropped)] = _read_book(book.path, dropped)
+            if fingerprint is None:
                 continue
             first = seen.setdefault(fingerprint, book)
             if first is not book:
@@ -545,6 +566,7 @@ def _refuse_repeated_books(manifest: Path, books: list[Book], drop_matter: Itera
                 once = " once their front and back matter are dropped" if dropped else ""
                 raise BooklensError(f"{manifest}: books: {first.path} and {book.path} are {how} under two keys "
                                     f"({first.key!r} and {book.key!r}){once}, so it would count twice; list it once")
+    return reads
 
 
 def _read_summaries(path: Path, books: list[Book], where: str) -> dict[str, str]:

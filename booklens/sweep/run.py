@@ -432,7 +432,6 @@ def reusable_cell_steps(sweep: Sweep, tasks: list[CellTask], programs: dict[str,
     from booklens.lm.pool import resolve_model
     from booklens.pipeline import JudgeConfig, SystemConfig, judged_with, public_api_base, reusable_steps
     from booklens.reports import RUN_FILE, read_run_record
-    from booklens.text import read_book
 
     def model(lm: Optional[str], api_base: Optional[str]) -> dict[str, Any]:
         # As the cells' pool names it (`run_book`: its label and public server), without building it.
@@ -449,25 +448,19 @@ def reusable_cell_steps(sweep: Sweep, tasks: list[CellTask], programs: dict[str,
             mode = structured_mode(resolve_model(sweep.lm, sweep.api_base, judge.lm, judge.api_base)[0], structured)
         return judged_with(model(judge.lm, judge.api_base), mode)
 
-    texts: dict[tuple[str, bool], Optional[str]] = {}
     reusable: dict[tuple[str, str], set[str]] = {}
     for task in tasks:
         system = SystemConfig.model_validate(task.system_config)
         judge = JudgeConfig.model_validate(task.judge_config)
         if not (Path(task.output) / RUN_FILE).is_file():
             continue
-        key = (task.book_path, system.drop_matter)
-        if key not in texts:
-            try:
-                texts[key] = read_book(Path(task.book_path), drop_matter=system.drop_matter)
-            except BooklensError:  # its cells fail (and make no call); none is complete
-                texts[key] = None
-        if texts[key] is None:
+        digest, _ = sweep.book_read(task.book, system.drop_matter)
+        if digest is None:  # its cells fail (and make no call); none is complete
             continue
         reused = reusable_steps(Path(task.book_path), Path(task.output), system, judge,
                                 summary_model=model(system.lm, system.api_base),
                                 judge_model=judge_model(judge, Path(task.output)), programs=programs,
-                                book_text=texts[key])
+                                book_sha=digest)
         if reused:
             reusable[(task.system, task.book)] = set(reused)
     return reusable
@@ -768,21 +761,12 @@ def unreadable_books(sweep: Sweep) -> list[str]:
     """A warning for each book that cannot be read (empty, binary, not UTF-8, a broken EPUB): no manifest
     error, since the sweep's other cells run, but its cells will fail, and the estimate counts none of
     their calls."""
-    from booklens.text import read_book
-
     warnings = []
     for book in sweep.books:
-        reasons: dict[bool, Optional[str]] = {}  # by drop_matter, the one setting that changes what is read
-        for spec in sweep.systems:
-            drop_matter = sweep.system_config(spec.name, book.key).drop_matter
-            if drop_matter not in reasons:
-                try:
-                    read_book(Path(book.path), drop_matter=drop_matter)
-                    reasons[drop_matter] = None
-                except BooklensError as exc:
-                    reasons[drop_matter] = str(exc).splitlines()[0]
-        failing = [reason for reason in (reasons[sweep.system_config(spec.name, book.key).drop_matter]
-                                         for spec in sweep.systems) if reason is not None]
+        # by drop_matter, the one setting that changes what is read
+        failing = [reason for reason in (sweep.book_read(book.key, sweep.system_config(spec.name, book.key)
+                                                         .drop_matter)[1] for spec in sweep.systems)
+                   if reason is not None]
         if failing:
             from booklens.vocabulary import counted
 
