@@ -122,7 +122,7 @@ def test_each_cell_is_a_run_directory_and_the_aggregate_is_computed_from_them(re
         assert s["usage"]["cost_usd"] is None  # the fake model has no price
     # The given summaries have no sentence about hiding: coherent, and every claim faithful.
     released = results["systems"]["released"]
-    assert released["booookscore"] == {"mean": 1.0, "ci95": [1.0, 1.0]}
+    assert released["booookscore"] == {"mean": 1.0, "ci95": [1.0, 1.0], "books": 2}
     assert released["claims"]["faithful"] == 100.0
     assert released["usage"]["calls"] == 2 * (2 + 1 + 2)  # per book: 2 sentences, 1 decomposition, 2 claims
     # Paired differences, second minus first, over the shared books.

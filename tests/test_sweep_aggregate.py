@@ -67,7 +67,7 @@ def test_failed_cells_are_counted_apart_and_their_work_still_counts(outcomes):
                           "provider_cached_tokens": 100}
     assert [cell_row(o)["provider_cached_tokens"] for o in outcomes[:3]] == [40, 60, None]
     assert b["usage"]["cost_usd"] is None  # no price known for any of its cells
-    assert c["booookscore"] == {"mean": None, "ci95": None} and c["usage"]["calls"] == 0
+    assert c["booookscore"] == {"mean": None, "ci95": None, "books": 0} and c["usage"]["calls"] == 0
     # Pairs are over the books both systems completed: b3 failed under a, so a-b uses b1 and b2.
     ab, ac, bc = data["pairs"]
     assert (ab["a"], ab["b"], ab["books"]) == ("a", "b", 2)
@@ -89,7 +89,7 @@ def test_one_book_gets_a_mean_but_no_interval_and_no_significant_difference():
             cell_row(outcome_of_run("b", "b2", run(1.0, 70.0, 10)))]
     data = results(["a", "b"], ["b1", "b2"], rows)
     a, b = data["systems"]["a"], data["systems"]["b"]
-    assert a["booookscore"] == {"mean": 0.8, "ci95": None} and a["claims_ci95"]["faithful"] is None
+    assert a["booookscore"] == {"mean": 0.8, "ci95": None, "books": 1} and a["claims_ci95"]["faithful"] is None
     assert b["booookscore"]["ci95"] is not None  # two books
     (pair,) = data["pairs"]
     assert pair["books"] == 1 and pair["booookscore"]["diff"] == pytest.approx(0.1)

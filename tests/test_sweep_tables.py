@@ -478,4 +478,32 @@ def test_a_difference_over_fewer_books_than_the_pair_shares_says_how_many():
     latex = render_table(data, "latex")
     assert f"+20.0 {pct(pair['faithful']['ci95'], 1, '+')} (over 2 books) \\\\" in latex
     page = render_sweep_report(data, rows, title="t")
-    assert "(over 2 books)" in page and page.count("(over ") == 1
+    assert "(over 2 books)" in page
+
+
+def test_a_systems_figure_over_fewer_books_than_it_completed_says_how_many():
+    """b completed three books but every claim of b3 went unverified: its % faithful is a mean over
+    two books, which its row (three books) must say, in results.json, the tables and the page."""
+    from booklens.sweep.report import render_sweep_report
+
+    unverified = run(0.5, 0.0)
+    unverified["scores"].update({"claims": 4, "failed_claims": 4})
+    outcomes = [outcome_of_run("a", k, run(0.6, 50.0)) for k in ("b1", "b2", "b3")]
+    outcomes += [outcome_of_run("b", "b1", run(0.7, 60.0)), outcome_of_run("b", "b2", run(0.8, 80.0)),
+                 outcome_of_run("b", "b3", unverified)]
+    rows = [cell_row(o) for o in outcomes]
+    data = results(["a", "b"], ["b1", "b2", "b3"], rows)
+    a, b = data["systems"]["a"], data["systems"]["b"]
+    assert (a["books"], a["booookscore"]["books"], a["claims_books"]) == (3, 3, 3)
+    assert (b["books"], b["booookscore"]["books"], b["claims_books"]) == (3, 3, 2)
+    assert b["claims"]["faithful"] == pytest.approx(70.0)
+    markdown = render_table(data, "markdown")
+    assert f"| b | 3 | 66.7 {pct(b['booookscore']['ci95'], 100)} | 70.0% {pct(b['claims_ci95']['faithful'])} " \
+           "(over 2 books) | 30.0% |" in markdown
+    assert f"| a | 3 | 60.0 {pct(a['booookscore']['ci95'], 100)} | 50.0% {pct(a['claims_ci95']['faithful'])} " \
+           "| 50.0% |" in markdown  # every figure over its 3 books
+    page = render_sweep_report(data, rows, title="t")
+    assert page.count("(over 2 books)") == 2  # b's row, and the pair's faithful difference
+    # results.json of an earlier booklens (no per-figure counts) still renders, with no count
+    del b["claims_books"], b["booookscore"]["books"]
+    assert "(over" not in render_table(data, "markdown").split("Paired")[0]

@@ -136,9 +136,12 @@ def system_results(rows: Sequence[dict[str, Any]], missing: Sequence[str] = ()) 
         "books": len(complete),
         "failed": sum(1 for r in rows if r["status"] == "failed"),
         "missing_books": list(missing),
-        "booookscore": {"mean": _mean(scores), "ci95": _ci(scores)},
+        # `books` of a figure: fewer than the system's when a completed cell has none (no sentence or
+        # claim judged), which the row then says
+        "booookscore": {"mean": _mean(scores), "ci95": _ci(scores), "books": len(scores)},
         "claims": claims,
         "claims_ci95": {label: _ci(_present(complete, column)) for label, column in LABEL_COLUMNS.items()},
+        "claims_books": len(_present(complete, LABEL_COLUMNS["faithful"])),
         # What the judges could not judge in the completed cells, left out of the scores above.
         "failed_sentences": int(sum(_present(complete, "failed_sentences"))),
         "failed_claims": int(sum(_present(complete, "failed_claims"))),

@@ -86,17 +86,25 @@ def fewer_books_text(difference: Optional[dict[str, Any]], shared: int) -> str:
 def system_cells(system: dict[str, Any]) -> dict[str, Optional[str]]:
     """One system of results.json as the text of its table row, by figure: `books`, `failed`,
     `booookscore` (x100) and `booookscore_ci`, each claim label's share (%) and `faithful_ci`,
-    `summary_tokens`, `repeated_trigrams` (with its %), `calls`, `prompt_tokens`, `tokens` (prompt and
-    completion), `cost`. A figure not known is '-'; an interval not known is None."""
+    `booookscore_over` and `faithful_over` (' (over 2 books)' when that figure is over fewer books
+    than the system completed, else ''), `summary_tokens`, `repeated_trigrams` (with its %), `calls`,
+    `prompt_tokens`, `tokens` (prompt and completion), `cost`. A figure not known is '-'; an interval
+    not known is None."""
     b, c, u = system["booookscore"], system["claims"], system["usage"]
     trigrams = system["repeated_trigrams"]
+
+    def over(books: Optional[int]) -> str:  # None: results.json of a booklens that did not count them
+        return fewer_books_text({"books": books}, system["books"]) if books and books != system["books"] else ""
+
     return {
         "books": str(system["books"]),
         "failed": str(system["failed"]),
         "booookscore": figure_text(b["mean"], 100),
         "booookscore_ci": interval_text(b["ci95"], 100),
+        "booookscore_over": over(b.get("books")),
         **{label: figure_text(c.get(label)) for label in CLAIM_LABELS},
         "faithful_ci": interval_text((system.get("claims_ci95") or {}).get("faithful")),
+        "faithful_over": over(system.get("claims_books")),
         "summary_tokens": figure_text(system["summary_tokens"], digits=0),
         "repeated_trigrams": figure_text(trigrams) + ("%" if trigrams is not None else ""),
         "calls": count_text(u["calls"]),
@@ -135,8 +143,8 @@ def _table_section(results: dict[str, Any]) -> str:
         t = system_cells(s)
         rows.append(
             f'<tr><th scope="row">{h(name)}</th><td class="num">{t["books"]}</td><td class="num">{t["failed"]}</td>'
-            f'<td class="num">{t["booookscore"]} {_ci_span(t["booookscore_ci"])}</td>'
-            f'<td class="num">{t["faithful"]} {_ci_span(t["faithful_ci"])}</td>'
+            f'<td class="num">{t["booookscore"]} {_ci_span(t["booookscore_ci"])}{t["booookscore_over"]}</td>'
+            f'<td class="num">{t["faithful"]} {_ci_span(t["faithful_ci"])}{t["faithful_over"]}</td>'
             f'<td class="num">{t["unfaithful"]}</td><td class="num">{t["partial support"]}</td>'
             f'<td class="num">{t[CANT_VERIFY]}</td>'
             f'<td class="num">{t["summary_tokens"]}</td>'

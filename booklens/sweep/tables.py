@@ -57,10 +57,10 @@ def _system_row(name: str, system: dict[str, Any]) -> list[str]:
     cells = system_cells(system)
     score = cells["booookscore"]
     if score != "-":
-        score = f"{score} {cells['booookscore_ci'] or NO_INTERVAL}"
+        score = f"{score} {cells['booookscore_ci'] or NO_INTERVAL}{cells['booookscore_over']}"
     shares = [cells[label] + ("%" if cells[label] != "-" else "") for label in CLAIM_LABELS]
     if shares[0] != "-":
-        shares[0] = f"{shares[0]} {cells['faithful_ci'] or NO_INTERVAL}"
+        shares[0] = f"{shares[0]} {cells['faithful_ci'] or NO_INTERVAL}{cells['faithful_over']}"
     return [name, cells["books"], score, *shares, cells["summary_tokens"], cells["calls"], cells["prompt_tokens"]]
 
 
