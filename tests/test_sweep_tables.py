@@ -507,3 +507,15 @@ def test_a_systems_figure_over_fewer_books_than_it_completed_says_how_many():
     # results.json of an earlier booklens (no per-figure counts) still renders, with no count
     del b["claims_books"], b["booookscore"]["books"]
     assert "(over" not in render_table(data, "markdown").split("Paired")[0]
+
+
+def test_the_commands_line_for_a_system_says_a_score_over_fewer_books_than_it_completed():
+    unverified = run(0.5, 0.0)
+    unverified["scores"].update({"claims": 4, "failed_claims": 4})
+    outcomes = [outcome_of_run("b", "b1", run(0.7, 60.0)), outcome_of_run("b", "b2", run(0.8, 80.0)),
+                outcome_of_run("b", "b3", unverified), outcome_of_run("b", "b4", failed_run(1))]
+    data = results(["b"], ["b1", "b2", "b3", "b4"], [cell_row(o) for o in outcomes])
+    from booklens.sweep.report import system_line
+
+    assert system_line("b", data["systems"]["b"]) == ("b: 3 books, 1 failed; BooookScore 66.7; 70.0% faithful (over 2 "
+                                                      "books) (4 claims not judged, left out)")

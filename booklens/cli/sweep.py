@@ -65,7 +65,7 @@ def sweep_command(
                  if value != defaults[name].default]
         if given:
             raise BooklensError(f"--dry-run runs no cell and calls no LM: {', '.join(given)} would not apply")
-    from booklens.sweep.report import different_books_line, unjudged_counts
+    from booklens.sweep.report import different_books_line, system_line
     from booklens.sweep.run import dry_run as plan_text, run_sweep
 
     if dry_run:
@@ -76,14 +76,7 @@ def sweep_command(
                         concurrency=concurrency, cache_dir=cache_dir, fail_fast=fail_fast,
                         **lm_options(structured, rpm, tpm))
     for name, s in outcome.results["systems"].items():
-        score = s["booookscore"]["mean"]
-        faithful = s["claims"].get("faithful")
-        unjudged = unjudged_counts(s)
-        typer.echo(f"{name}: {s['books']} book{'' if s['books'] == 1 else 's'}"
-                   + (f", {s['failed']} failed" if s["failed"] else "")
-                   + f"; BooookScore {'-' if score is None else f'{100 * score:.1f}'}"
-                   + f"; {'-' if faithful is None else f'{faithful:.1f}%'} faithful"
-                   + (f" ({unjudged} not judged, left out)" if unjudged else ""), err=True)
+        typer.echo(system_line(name, s), err=True)
     lacking = different_books_line(outcome.results["systems"])
     if lacking:
         typer.echo(f"note: {lacking}", err=True)

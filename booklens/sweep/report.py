@@ -214,6 +214,19 @@ def unjudged_counts(system: dict[str, Any]) -> Optional[str]:
     return " and ".join(parts) or None
 
 
+def system_line(name: str, system: dict[str, Any]) -> str:
+    """The line `booklens sweep` prints for one system of results.json: its books, failed cells,
+    BooookScore and % faithful, each over fewer books than it completed saying so, and what its
+    judges could not judge."""
+    cells = system_cells(system)
+    score, faithful = cells["booookscore"], cells["faithful"]
+    unjudged = unjudged_counts(system)
+    return (f"{name}: {counted(system['books'], 'book')}" + (f", {system['failed']} failed" if system["failed"] else "")
+            + f"; BooookScore {score}{cells['booookscore_over']}"
+            + f"; {faithful + '%' if faithful != '-' else '-'} faithful{cells['faithful_over']}"
+            + (f" ({unjudged} not judged, left out)" if unjudged else ""))
+
+
 def unjudged_line(systems: dict[str, Any], name: Callable[[str], str] = str) -> Optional[str]:
     """The systems whose judges left sentences or claims unjudged, as one line (None when none did);
     `name` writes a system's name (escaped, on the page)."""
