@@ -423,6 +423,51 @@ def test_an_index_file_of_the_wrong_shape_is_rebuilt(tmp_path, monkeypatch, name
     assert [p.index for p, _ in again.search("the keeper and the lamp", "hybrid")] == expected
 
 
+def _shift_second_passage(folder):
+    rows = json.loads((folder / "passages.json").read_text())
+    rows[1]["start"] += 5
+    (folder / "passages.json").write_text(json.dumps(rows))
+
+
+def _drop_a_document_length(folder):
+    state = json.loads((folder / "bm25.json").read_text())
+    state["doc_len"].pop()
+    (folder / "bm25.json").write_text(json.dumps(state))
+
+
+def _point_a_window_at_no_passage(folder):
+    owners = np.load(folder / "dense_owners.npy")
+    owners[0] = -1
+    np.save(folder / "dense_owners.npy", owners)
+
+
+def _embeddings_of_another_size(folder):
+    import faiss
+
+    other = faiss.IndexFlatIP(8)
+    other.add(np.ones((len(np.load(folder / "dense_owners.npy")), 8), dtype="float32"))
+    faiss.write_index(other, str(folder / "dense.faiss"))
+
+
+@pytest.mark.parametrize("edit", [_shift_second_passage, _drop_a_document_length, _point_a_window_at_no_passage,
+                                  _embeddings_of_another_size])
+def test_an_index_file_edited_since_it_was_saved_is_rebuilt(tmp_path, monkeypatch, edit):
+    """Files that parse but are not what was saved (edited by hand, copied from elsewhere) are
+    rebuilt, not read as the index: passages with wrong offsets, a BM25 state whose lists
+    disagree, a window of no passage or vectors of another size."""
+    monkeypatch.setattr(retrieval, "embed", fake_embed)
+    text = story_text()
+    first = BookIndex.build(text, cache_dir=tmp_path, passage_tokens=64)
+    first.ensure_dense()
+    query = "the keeper and the lamp"
+    expected = [(p, round(s, 9)) for p, s in first.search(query, "hybrid")]
+    edit(next(tmp_path.iterdir()))
+    again = BookIndex.build(text, cache_dir=tmp_path, passage_tokens=64)
+    assert again.passages == first.passages
+    assert [(p, round(s, 9)) for p, s in again.search(query, "hybrid")] == expected
+    assert BookIndex.build(text, cache_dir=tmp_path, passage_tokens=64).loaded_from_cache
+
+
 def unwritable_cache_message(message: str, path: Path) -> None:
     assert "\n" not in message
     assert message.startswith(f"cannot write the index cache at {path}: "), message

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import io
 import json
 import os
 import re
@@ -389,6 +390,26 @@ def _remove_leftovers(path: Path) -> None:
                 leftover.unlink()
 
 
+# The files of each part of an index, whose sha256 its description (meta.json, dense.json) records
+# when saved: a file edited or replaced since then is not read as the index, which is built again.
+_INDEX_FILES = ("passages.json", "bm25.json")
+_DENSE_FILES = ("dense.faiss", "dense_owners.npy")
+
+
+def _digests(path: Path, names: tuple[str, ...]) -> dict[str, str]:
+    return {name: hashlib.sha256((path / name).read_bytes()).hexdigest() for name in names}
+
+
+def _read_saved(path: Path, digests: Any, names: tuple[str, ...]) -> dict[str, bytes] | None:
+    """The bytes of each of the files `names` in `path`, or None when one differs from its digest."""
+    if not isinstance(digests, dict):
+        return None
+    files = {name: (path / name).read_bytes() for name in names}
+    if any(hashlib.sha256(data).hexdigest() != digests.get(name) for name, data in files.items()):
+        return None
+    return files
+
+
 def index_key(text_sha256: str, passage_tokens: int) -> str:
     """The cache key of an index: the book's hash plus every setting that changes the files."""
     settings = f"{text_sha256}|passages={passage_tokens}|tokenizer={TOKENIZER_ID}|v={INDEX_VERSION}"
@@ -454,8 +475,8 @@ class BookIndex:
             _write_json(path / "passages.json",
                         [{"index": p.index, "start": p.start, "end": p.end, "tokens": p.tokens} for p in self.passages])
             _write_json(path / "bm25.json", _bm25_state(self._bm25))
-            # meta.json last: its presence marks a complete index
-            _write_json(path / "meta.json", self._meta())
+            # meta.json last: its presence marks a complete index, and its digests the files it was saved with
+            _write_json(path / "meta.json", {**self._meta(), "files": _digests(path, _INDEX_FILES)})
         except OSError as exc:
             raise _unwritable(path, exc) from None
 
@@ -471,10 +492,13 @@ class BookIndex:
                 sha, passage_tokens, TOKENIZER_ID, INDEX_VERSION
             ):
                 return None
-            rows = json.loads((path / "passages.json").read_text(encoding="utf-8"))
+            files = _read_saved(path, meta.get("files"), _INDEX_FILES)
+            if files is None:
+                return None  # changed since it was saved (by hand, or half of another build)
+            rows = json.loads(files["passages.json"])
             passages = [Passage(index=r["index"], start=r["start"], end=r["end"], tokens=r["tokens"],
                                 text=text[r["start"]:r["end"]]) for r in rows]
-            bm25 = _bm25_from_state(json.loads((path / "bm25.json").read_text(encoding="utf-8")))
+            bm25 = _bm25_from_state(json.loads(files["bm25.json"]))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None  # missing or damaged: rebuild
         if len(passages) != meta.get("passages") or bm25.corpus_size != len(passages):
@@ -521,8 +545,11 @@ class BookIndex:
                 EMBEDDING_MODEL, len(self.passages), DENSE_WINDOW_TOKENS
             ):
                 return None
-            index = faiss.read_index(str(self.cache_path / "dense.faiss"))
-            owners = np.load(self.cache_path / "dense_owners.npy", allow_pickle=False)
+            files = _read_saved(self.cache_path, meta.get("files"), _DENSE_FILES)
+            if files is None:
+                return None  # changed since it was saved
+            index = faiss.deserialize_index(np.frombuffer(files["dense.faiss"], dtype="uint8"))
+            owners = np.load(io.BytesIO(files["dense_owners.npy"]), allow_pickle=False)
         except (OSError, ValueError, RuntimeError, EOFError, AttributeError):
             return None  # missing or damaged: rebuild
         if index.ntotal != len(owners) or (len(owners) and int(owners.max()) >= len(self.passages)):
@@ -564,7 +591,8 @@ class BookIndex:
                 write_atomically(self.cache_path / "dense_owners.npy", save_owners)
                 _write_json(self.cache_path / "dense.json",
                             {"model": EMBEDDING_MODEL, "passages": len(self.passages), "windows": len(texts),
-                             "window_tokens": DENSE_WINDOW_TOKENS, "dim": int(vectors.shape[1])})
+                             "window_tokens": DENSE_WINDOW_TOKENS, "dim": int(vectors.shape[1]),
+                             "files": _digests(self.cache_path, _DENSE_FILES)})
             except OSError as exc:
                 raise _unwritable(self.cache_path, exc) from None
         return index, owners
