@@ -379,6 +379,18 @@ def test_decomposer_cleans_the_claims():
     assert lm.backend.calls[0].inputs["summary"] == "Anna sails home."
 
 
+def test_a_finished_answer_cut_inside_a_string_is_asked_again():
+    """A list of claims that stops mid-claim although the model said it had finished: its last claim
+    is a fragment ("Ben st"), not a claim to verify. So is a verdict whose reason stops mid-word."""
+    answers = iter(['{"claims": ["Anna sails home.", "Ben st', {"claims": ["Anna sails home.", "Ben stays behind."]}])
+    pred, lm = run_with(lambda call: next(answers), lambda: build_decomposer()(summary="Anna sails; Ben stays."))
+    assert pred.claims == ["Anna sails home.", "Ben stays behind."] and pred.attempts == 2 and pred.error is None
+    verdicts = iter(['{"label": "faithful", "supporting_passages": [1], "refuting_passages": [], "reason": "Passage 1 sa',
+                     verdict("unfaithful", reason="Passage 1 says she stays.")])
+    pred, lm = run_with(lambda call: next(verdicts), lambda: build_verifier()(claim="Anna sails.", passages=["Anna stays."]))
+    assert (pred.label, pred.reason, pred.attempts) == ("unfaithful", "Passage 1 says she stays.", 2)
+
+
 def test_decomposer_answer_budget_follows_the_summary_length():
     short = "Anna sails home."
     _, lm = run_with(lambda call: {"claims": [short]}, lambda: build_decomposer(max_tokens=1024)(summary=short))

@@ -133,6 +133,33 @@ def per_call_input(signature: Any) -> str | None:
     return None
 
 
+def ends_inside_string(completion: str) -> bool:
+    """Whether the JSON object the answer opens is still inside a string where the answer ends, as
+    in `{"claims": ["Anna sails.", "Bob ru`: its last value was cut off mid-word. DSPy's reader would
+    close the string and keep the fragment as a value (a claim "Bob ru")."""
+    start = completion.find("{")
+    if start < 0:
+        return False
+    depth, in_string, escaped = 0, False, False
+    for ch in completion[start:]:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return False  # the object closed: what follows is not its value
+    return in_string
+
+
 def lenient_answer(signature: Any, completion: str) -> str:
     """The JSON answer with the `BeforeValidator`s of the signature's output fields applied (a field
     missing from the answer is given to them as None). DSPy reads each field by its bare type, without
@@ -255,6 +282,15 @@ class BooklensAdapter(JSONAdapter):
     def parse(self, signature, completion):
         plain = plain_output_field(signature)
         if plain is None:
+            from booklens.lm.model import last_stop
+
+            # A finished answer cut inside a string is broken, not short: asked again. One the token
+            # limit cut off is left to the program's check (a verdict keeps a label that parsed).
+            if last_stop() != "length" and ends_inside_string(completion):
+                from dspy.utils.exceptions import AdapterParseError
+
+                raise AdapterParseError(type(self).__name__, signature, completion,
+                                        message="the answer ends inside a JSON string (its last value is cut off)")
             return super().parse(signature, lenient_answer(signature, completion))
         return {plain: plain_answer(completion, plain, signature.input_fields)}
 
