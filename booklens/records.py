@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Optional, get_arg
 from pydantic import BaseModel, Field
 
 from booklens.errors import BooklensError
-from booklens.vocabulary import DEFAULT_MAX_REGENERATIONS, ClaimLabel, EvidenceSource, MergeContextName, SummaryMethod
+from booklens.vocabulary import (DEFAULT_MAX_REGENERATIONS, ClaimLabel, EvidenceSource, FablesLabel, MergeContextName,
+                                 SummaryMethod)
 
 FORMAT_VERSION = 1
 PARTIAL_WRITE_SUFFIX = ".tmp"  # atomic writes go to a hidden `.NAME.XXXX.tmp`, then replace NAME
@@ -470,7 +471,7 @@ class ClaimVerdict(BaseModel):
     index: int
     claim: str
     label: Optional[ClaimLabel] = None
-    fables_label: Optional[Literal["Yes", "No", "PartialSupport", "Inapplicable"]] = None
+    fables_label: Optional[FablesLabel] = None
     model_label: Optional[ClaimLabel] = Field(
         default=None, description="the model's own label when the verdict differs from it (see `relabelled`)")
     relabelled: Optional[str] = Field(default=None, description="why the verdict is not the model's label")

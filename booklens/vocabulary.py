@@ -85,10 +85,13 @@ def check_words_per_token(value: float) -> None:
 # ---------------------------------------------------------------------------
 # Claim verification (FABLES)
 
-# The four judgments of FABLES, in our words (`signatures.faithfulness.FABLES_LABELS` maps the
-# dataset's names onto them), and the two of its binary rater (Table 5).
+# The four judgments of FABLES, in our words, and the two of its binary rater (Table 5).
 ClaimLabel = Literal["faithful", "unfaithful", "partial support", "can't verify"]
 CLAIM_LABELS: tuple[str, ...] = get_args(ClaimLabel)
+# The same four as the dataset names them, in the same order (`signatures.faithfulness.FABLES_LABELS`
+# pairs them up).
+FablesLabel = Literal["Yes", "No", "PartialSupport", "Inapplicable"]
+FABLES_LABEL_NAMES: tuple[str, ...] = get_args(FablesLabel)
 CANT_VERIFY: str = CLAIM_LABELS[3]  # the verdict when the evidence does not settle the claim
 BinaryLabel = Literal["faithful", "unfaithful"]
 BINARY_LABELS: tuple[str, ...] = get_args(BinaryLabel)

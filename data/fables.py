@@ -21,16 +21,15 @@ import urllib.request
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Literal, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from pydantic import BaseModel, Field
 
 from booklens.data.splits import DEFAULT_FRACTIONS, DEFAULT_SEED, split_by_book
 from booklens.errors import BooklensError
+from booklens.vocabulary import FABLES_LABEL_NAMES, FablesLabel
 
 FABLES_URL = "https://github.com/mungg/FABLES/raw/main/data/FABLES.json.zip"
-FablesLabel = Literal["Yes", "No", "PartialSupport", "Inapplicable"]
-FABLES_LABEL_NAMES: tuple[str, ...] = ("Yes", "No", "PartialSupport", "Inapplicable")
 # The order of the seed's Table 2.
 SUMMARIZERS = ("GPT-3.5-TURBO", "MIXTRAL", "GPT-4", "GPT-4-TURBO", "CLAUDE-3-OPUS")
 # The seven books of the seed's Table 5 (its §G.3), as the release names them. Their faithful and

@@ -13,7 +13,7 @@ import dspy
 from pydantic import BeforeValidator
 
 from booklens.signatures.answers import lenient_numbers, verdict_reader
-from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, BinaryLabel, ClaimLabel
+from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, FABLES_LABEL_NAMES, BinaryLabel, ClaimLabel
 
 # A label as a model writes it without the schema: also after a label name or in a phrase ("Label:
 # Unfaithful", "The claim is unfaithful"), or in other words for the same judgment ("Partially
@@ -37,7 +37,7 @@ BinaryLabelAnswer = Annotated[BinaryLabel, BeforeValidator(verdict_reader(BINARY
 PassageNumbers = lenient_numbers()
 
 # The dataset's names of the four judgments, onto booklens' (`booklens.vocabulary.CLAIM_LABELS`).
-FABLES_LABELS = {"Yes": "faithful", "No": "unfaithful", "PartialSupport": "partial support", "Inapplicable": "can't verify"}
+FABLES_LABELS = dict(zip(FABLES_LABEL_NAMES, CLAIM_LABELS))
 LABEL_TO_FABLES = {v: k for k, v in FABLES_LABELS.items()}
 
 

@@ -343,3 +343,20 @@ def test_the_fables_folder_is_read_as_the_release_in_it_as_compile_reads_it(tmp_
     (tmp_path / "empty").mkdir()
     with pytest.raises(BooklensError, match="FABLES data not found: .*empty/FABLES.json"):
         load_fables(tmp_path / "empty")
+
+
+def test_the_fables_label_names_have_one_source():
+    """The dataset's four label names are written once: the loader, the records and the mapping onto
+    booklens' labels read them from `booklens.vocabulary`, pairing them with its labels in order."""
+    from typing import get_args
+
+    from booklens.data import fables
+    from booklens.records import ClaimVerdict
+    from booklens.signatures.faithfulness import FABLES_LABELS, LABEL_TO_FABLES
+    from booklens.vocabulary import CLAIM_LABELS, FABLES_LABEL_NAMES
+
+    assert fables.FABLES_LABEL_NAMES is FABLES_LABEL_NAMES
+    assert get_args(get_args(ClaimVerdict.model_fields["fables_label"].annotation)[0]) == FABLES_LABEL_NAMES
+    assert list(FABLES_LABELS.items()) == list(zip(FABLES_LABEL_NAMES, CLAIM_LABELS))
+    assert LABEL_TO_FABLES == {"faithful": "Yes", "unfaithful": "No", "partial support": "PartialSupport",
+                               "can't verify": "Inapplicable"}
