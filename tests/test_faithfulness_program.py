@@ -389,6 +389,12 @@ def test_a_finished_answer_cut_inside_a_string_is_asked_again():
                      verdict("unfaithful", reason="Passage 1 says she stays.")])
     pred, lm = run_with(lambda call: next(verdicts), lambda: build_verifier()(claim="Anna sails.", passages=["Anna stays."]))
     assert (pred.label, pred.reason, pred.attempts) == ("unfaithful", "Passage 1 says she stays.", 2)
+    # what is not cut off: a closed object (an odd stray quote in a value too) or an escaped quote
+    from booklens.lm.adapter import ends_inside_string
+
+    assert not any(map(ends_inside_string, ['{"claims": ["A", "B"]}', '{"reason": "He is "the keeper."}\n```',
+                                            '{"reason": "a \\" b"} and "more', 'no JSON "at all']))
+    assert ends_inside_string('{"reason": "a \\" b')
 
 
 def test_decomposer_answer_budget_follows_the_summary_length():

@@ -136,9 +136,10 @@ def per_call_input(signature: Any) -> str | None:
 def ends_inside_string(completion: str) -> bool:
     """Whether the JSON object the answer opens is still inside a string where the answer ends, as
     in `{"claims": ["Anna sails.", "Bob ru`: its last value was cut off mid-word. DSPy's reader would
-    close the string and keep the fragment as a value (a claim "Bob ru")."""
+    close the string and keep the fragment as a value (a claim "Bob ru"). An answer that ends as an
+    object or list does is not cut off: a stray quote inside a value only miscounts its strings."""
     start = completion.find("{")
-    if start < 0:
+    if start < 0 or completion.rstrip().rstrip("`").rstrip().endswith(("}", "]")):
         return False
     depth, in_string, escaped = 0, False, False
     for ch in completion[start:]:
