@@ -12,6 +12,12 @@ from booklens.records import read_json_file
 from booklens.text import has_words
 
 
+def claim_key(claim: str) -> str:
+    """What makes two claims one: the same words, whatever their case, spacing or closing stop
+    ("Anna sails." repeats "anna  sails")."""
+    return " ".join(claim.lower().rstrip(".!;").split())
+
+
 def as_path(value: Any, what: str) -> Path:
     """A path a library caller handed over (a `Path` or a string), or a one-line error naming `what`."""
     if isinstance(value, str) and value.strip():
@@ -237,6 +243,7 @@ def read_claims(path: Path) -> tuple[list[str], Optional[list[Optional[list[str]
         raise BooklensError(f"claims file {path} has no claims")
     claims: list[str] = []
     evidence: list[Optional[list[str]]] = []
+    first: dict[str, int] = {}  # claim key -> the number of its first occurrence
     for n, item in enumerate(items, 1):  # counted from 1, as the library's checks of claims count them
         where = f"claims file {path}, claim {n}"
         if isinstance(item, str):
@@ -249,4 +256,8 @@ def read_claims(path: Path) -> tuple[list[str], Optional[list[Optional[list[str]
             raise BooklensError(f"claims file {path}: {shape} (claim {n} is {type(item).__name__})")
         if wordless(claims[-1]):  # a claim with nothing in it to be false would be judged faithful
             raise BooklensError(f"{where} {wordless(claims[-1])}")
+        # verified twice, it would count twice in the label shares
+        seen = first.setdefault(claim_key(claims[-1]), n)
+        if seen != n:
+            raise BooklensError(f"{where} repeats claim {seen}: each claim counts once in the shares, so remove it")
     return claims, (evidence if any(e is not None for e in evidence) else None)

@@ -109,6 +109,7 @@ def clean_claims(raw: Sequence[Any]) -> list[str]:
     dropped from a list that has claims. A list of nothing but fragments is kept as it is. A small
     model writes such lists for a few summaries on every try, and a run with something to verify
     beats one that stops at this step."""
+    from booklens.inputs import claim_key
     from booklens.text import has_words
 
     claims: list[str] = []
@@ -116,7 +117,7 @@ def clean_claims(raw: Sequence[Any]) -> list[str]:
     for item in raw or []:
         # a number may sit inside the quotes ('"1. Anna sails."') as well as before them
         text = _BULLET.sub("", _unwrap(_BULLET.sub("", str(item)).strip())).strip()
-        key = " ".join(text.lower().rstrip(".!;").split())  # "Anna sails." repeats "Anna sails"
+        key = claim_key(text)
         if has_words(text) and key not in seen:
             seen.add(key)
             claims.append(text)

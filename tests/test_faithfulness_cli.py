@@ -64,8 +64,9 @@ def write(path: Path, content) -> Path:
     (["Anna sails.", "\u2014 \u2026"], "claim 2 has no words"),
     ([{"claim": "Anna sails.", "evidence": "a quote"}], "'evidence' must be a list"),
     ("{not json", "not valid JSON"),
+    (["Anna sails.", "Ben stays.", {"claim": "anna  sails"}], "claim 3 repeats claim 1"),
 ], ids=["claims-not-list", "no-claims-key", "object-without-claim", "numbers", "empty-list", "blank-claim",
-        "wordless-claim", "evidence-not-list", "invalid-json"])
+        "wordless-claim", "evidence-not-list", "invalid-json", "repeated-claim"])
 def test_claims_file_of_the_wrong_shape(tmp_path, cli, content, pattern):
     claims = write(tmp_path / "claims.json", content)
     out = tmp_path / "out.json"
