@@ -182,7 +182,7 @@ def test_gpt4_against_humans_on_the_same_summaries(human_sets):
 
 @pytest.mark.parametrize("data, problem", [
     ({"kind": "booklens.coherence_set", "results": {"a": {"summary": 3}}},
-     "coherence set: results.a.summary: Input should be a valid string"),
+     "coherence set: results.a.summary: Input should be a valid string (got 3)"),
     ({"kind": "booklens.coherence", "n_sentences": 2}, "coherence result: missing field 'summary'"),
 ])
 def test_an_invalid_score_file_is_one_line_naming_its_first_problem(data, problem):

@@ -438,7 +438,7 @@ def test_counts_in_the_printed_lines_agree_in_number():
     assert describe_calls({"calls": 2, "cached_calls": 0}, tokens=False) == "2 LM calls (0 from cache)"
     run = SimpleNamespace(scores={"booookscore": 1.0, "claims": 1, "claim_labels": {"faithful": 100.0},
                                   "failed_sentences": 1},
-                          totals={"calls": 3, "prompt_tokens": 10, "completion_tokens": 2})
+                          totals={"calls": 3, "prompt_tokens": 10, "completion_tokens": 2}, judges={})
     line = score_line(run)
     assert "(1 sentence not judged" in line and "; 1 claim: 100.0% faithful" in line
 
