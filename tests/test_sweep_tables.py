@@ -457,18 +457,23 @@ def test_angle_brackets_and_bars_in_a_name_print_as_themselves_in_latex():
     assert "\na\\textless{}b\\textgreater{}\\textbar{}c & 2 & " in render_table(data, "latex")
 
 
-def test_a_difference_over_fewer_books_than_the_pair_shares_says_how_many():
-    """Both systems completed three books, but every claim of b's b3 went unverified: the faithful
-    difference is over two books, and the tables and the page must not call it one over three."""
-    from booklens.sweep.report import render_sweep_report
-
+def b3_unverified() -> tuple[list, dict]:
+    """Cell rows and results of a and b over b1-b3, where every claim of b's b3 went unverified."""
     unverified = run(0.5, 0.0)
     unverified["scores"].update({"claims": 4, "failed_claims": 4})
     outcomes = [outcome_of_run("a", k, run(0.6, 50.0)) for k in ("b1", "b2", "b3")]
     outcomes += [outcome_of_run("b", "b1", run(0.7, 60.0)), outcome_of_run("b", "b2", run(0.8, 80.0)),
                  outcome_of_run("b", "b3", unverified)]
     rows = [cell_row(o) for o in outcomes]
-    data = results(["a", "b"], ["b1", "b2", "b3"], rows)
+    return rows, results(["a", "b"], ["b1", "b2", "b3"], rows)
+
+
+def test_a_difference_over_fewer_books_than_the_pair_shares_says_how_many():
+    """Both systems completed three books, but every claim of b's b3 went unverified: the faithful
+    difference is over two books, and the tables and the page must not call it one over three."""
+    from booklens.sweep.report import render_sweep_report
+
+    rows, data = b3_unverified()
     (pair,) = data["pairs"]
     assert (pair["books"], pair["booookscore"]["books"], pair["faithful"]["books"]) == (3, 3, 2)
     assert pair["faithful"]["diff"] == pytest.approx(20.0)
@@ -486,13 +491,7 @@ def test_a_systems_figure_over_fewer_books_than_it_completed_says_how_many():
     two books, which its row (three books) must say, in results.json, the tables and the page."""
     from booklens.sweep.report import render_sweep_report
 
-    unverified = run(0.5, 0.0)
-    unverified["scores"].update({"claims": 4, "failed_claims": 4})
-    outcomes = [outcome_of_run("a", k, run(0.6, 50.0)) for k in ("b1", "b2", "b3")]
-    outcomes += [outcome_of_run("b", "b1", run(0.7, 60.0)), outcome_of_run("b", "b2", run(0.8, 80.0)),
-                 outcome_of_run("b", "b3", unverified)]
-    rows = [cell_row(o) for o in outcomes]
-    data = results(["a", "b"], ["b1", "b2", "b3"], rows)
+    rows, data = b3_unverified()
     a, b = data["systems"]["a"], data["systems"]["b"]
     assert (a["books"], a["booookscore"]["books"], a["claims_books"]) == (3, 3, 3)
     assert (b["books"], b["booookscore"]["books"], b["claims_books"]) == (3, 3, 2)
