@@ -811,3 +811,40 @@ def test_a_summary_too_long_for_the_window_is_refused_before_any_call(command, t
                           "does not fit the model's 8,192-token context window even with none of the judge's demos",
                           output=artifact)
     assert served == 0
+
+
+def test_a_compiled_program_whose_instructions_leave_a_summary_no_room_is_written_but_not_scored(tmp_path,
+                                                                                                  monkeypatch):
+    """mipro and gepa write instructions of their own: long ones can leave a dev or test summary no
+    room in the window, which the check before the compile (on the uncompiled program) cannot see.
+    The artifact is still written; the splits are not scored, with a note, instead of sending
+    prompts the window cannot hold."""
+    from test_judges import long_human_fixture
+
+    import booklens.optimizers.compile as compile_module
+
+    human = long_human_fixture(tmp_path / "human")
+    data = json.loads((human / "summary-gpt4-4096-inc.json").read_text())
+    data["gamma"]["summary"] = " ".join(data["gamma"]["summary"].split(". ")[:3])  # every summary fits
+    (human / "summary-gpt4-4096-inc.json").write_text(json.dumps(data))
+    compile_program = compile_module.compile_program
+
+    def wordy(*args, **kwargs):
+        program = compile_program(*args, **kwargs)
+        for _, predictor in program.named_predictors():
+            predictor.signature = predictor.signature.with_instructions("Read every sentence slowly. " * 2000)
+        return program
+
+    monkeypatch.setattr(compile_module, "compile_program", wordy)
+    artifact = tmp_path / "coherence.json"
+    with FakeOpenAIServer(responder=coherence_answer) as server:  # a model whose 8,192-token window LiteLLM knows
+        proc = run_cli(["compile", "coherence", "--data", human, "--optimizer", "labeled", "--demos", "1",
+                        "-o", artifact, "--lm", "openai/gpt-4", "--api-base", server.url], tmp_path)
+        served = len(server.served)
+    assert proc.returncode == 0, proc.stderr
+    assert served == 1  # the compile's one trial call (labeled makes no other); no scoring call was sent
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("note: the compiled program is not scored")]
+    assert [n.split(":")[1].split()[-1] for n in notes] == ["dev", "test"], proc.stderr
+    assert "does not fit the model's 8,192-token context window" in notes[0]
+    block = json.loads(artifact.read_text())
+    assert not block.get("metrics")

@@ -151,6 +151,13 @@ def compile_command(
         examples = splits.get(split)
         if not examples or (split == "test" and not evaluate_test):
             continue
+        try:
+            # mipro and gepa write instructions of their own, which may leave a summary no room: the
+            # artifact is still written, only that split is not scored
+            spec.refuse_misfits(compiled, examples, getattr(model, "context_window", None))
+        except BooklensError as exc:
+            typer.echo(f"note: the compiled program is not scored on {split}: with its instructions, {exc}", err=True)
+            continue
         result = evaluate_program(compiled, examples, spec.metric, threads=threads, label=f"compiled on {split}",
                                   units=spec.units(examples), unit_name=spec.interval_unit_name,
                                   failure=spec.failure, notes=spec.notes)
