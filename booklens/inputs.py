@@ -18,13 +18,17 @@ def claim_key(claim: str) -> str:
     return " ".join(claim.lower().rstrip(".!;").split())
 
 
-def as_path(value: Any, what: str) -> Path:
-    """A path a library caller handed over (a `Path` or a string), or a one-line error naming `what`."""
+def as_path(value: Any, what: str, hint: Optional[str] = None) -> Path:
+    """A path a library caller handed over (a `Path` or a string), or a one-line error naming `what`
+    (and `hint`, in brackets, for the slip it is likely to be)."""
     if isinstance(value, str) and value.strip():
         return Path(value)
     if isinstance(value, Path):
         return value
-    raise BooklensError(f"{what} must be a path, not {value!r}")
+    shown = repr(value)
+    if len(shown) > 60:  # a whole list or record handed over: its kind says enough
+        shown = f"a {type(value).__name__}"
+    raise BooklensError(f"{what} must be a path, not {shown}" + (f" ({hint})" if hint else ""))
 
 
 def wordless(text: str) -> Optional[str]:

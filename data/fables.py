@@ -162,6 +162,10 @@ def _read_bytes(path: Path) -> Any:
 def load_fables(path: str | Path | None = None) -> list[FablesSummary]:
     """FABLES summaries from a .json (or the release's .json.zip, or the folder of FABLES.json);
     `default_fables_path()` when `path` is None."""
+    if path is not None and not isinstance(path, (str, Path)):
+        from booklens.inputs import as_path
+
+        as_path(path, "the FABLES data", hint="split_summaries splits loaded summaries")
     path = found_fables_file(Path(path)) if path is not None else default_fables_path()
     return parse_fables(_read_bytes(path), str(path))
 

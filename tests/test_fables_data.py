@@ -360,3 +360,16 @@ def test_the_fables_label_names_have_one_source():
     assert list(FABLES_LABELS.items()) == list(zip(FABLES_LABEL_NAMES, CLAIM_LABELS))
     assert LABEL_TO_FABLES == {"faithful": "Yes", "unfaithful": "No", "partial support": "PartialSupport",
                                "can't verify": "Inapplicable"}
+
+
+def test_load_fables_given_summaries_instead_of_a_path_is_one_line(tmp_path):
+    """A library caller who hands the loaded summaries back (`fables_splits(summaries)`) is told in one
+    short line, not a TypeError, nor a line holding the whole list."""
+    from booklens.data.fables import fables_splits, load_fables
+
+    summaries = [object()] * 100
+    for call in (lambda: load_fables(summaries), lambda: fables_splits(summaries)):
+        with pytest.raises(BooklensError) as excinfo:
+            call()
+        assert str(excinfo.value) == ("the FABLES data must be a path, not a list (split_summaries splits loaded "
+                                      "summaries)")
