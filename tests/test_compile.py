@@ -282,6 +282,8 @@ def _edit_demo(text: str, **values) -> str:
      "not a booklens program artifact"),
     (lambda text: text.replace(f'"format_version": {ARTIFACT_FORMAT_VERSION}', '"format_version": 99'),
      "newer booklens"),
+    (lambda text: text.replace(f'"format_version": {ARTIFACT_FORMAT_VERSION}', '"format_version": 0'),
+     "its format version 0 is none booklens wrote"),
     (lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "classify"}), "no state for classify"),
     (lambda text: text.replace('"demos": [', '"demos": 7, "x": ['), "corrupted"),
     (lambda text: text.replace('"demos": [', '"demos": ["not a demo", ', 1), "no list of demo objects"),
