@@ -111,7 +111,8 @@ def read_artifact(path: str | Path) -> dict[str, Any]:
     if not isinstance(version, int) or isinstance(version, bool):
         raise BooklensError(f"program artifact {path} is corrupted: its format version is missing")
     if version < 1:  # versions count from 1
-        raise BooklensError(f"program artifact {path} is corrupted: its format version {version} is none booklens wrote")
+        raise BooklensError(f"program artifact {path} is corrupted: its format version {version} is none "
+                            "booklens wrote")
     if version > ARTIFACT_FORMAT_VERSION:
         raise BooklensError(f"{path} was written by a newer booklens (artifact format {version}; this version "
                             f"reads up to {ARTIFACT_FORMAT_VERSION}); upgrade booklens or recompile")
