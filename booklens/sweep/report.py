@@ -94,7 +94,7 @@ def system_cells(system: dict[str, Any]) -> dict[str, Optional[str]]:
     trigrams = system["repeated_trigrams"]
 
     def over(books: Optional[int]) -> str:  # None: results.json of a booklens that did not count them
-        return fewer_books_text({"books": books}, system["books"]) if books and books != system["books"] else ""
+        return fewer_books_text({"books": books}, system["books"]) if books else ""
 
     return {
         "books": str(system["books"]),
