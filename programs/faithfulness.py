@@ -60,8 +60,11 @@ _NO_EVIDENCE = re.compile(
     r"(?: (?:this|it|the claim))?(?: in the (?:book|text))?)?"
     r"|(?:can ?not|can'?t|can\u2019t) (?:verify|be verified)(?: or refute)?(?: (?:this|it))?)?\.?\s*$",
     re.IGNORECASE)
-# A list marker or number before a claim: "-", "1.", "(1)", "[1]", "1:", "Claim 2:", "Claim #4 -".
-_BULLET = re.compile(r"^\s*(?:[-*\u2022]+|\d+[.):]|\(\d+\)|\[\d+\]|claim\s*#?\d+\s*[-.:)\u2013\u2014]?)\s+",
+# A list marker or number before a claim: "-", "1.", "(1)", "[1]", "1:", "Claim 2:", "Claim #4 -". A
+# number may be bold ("**1.**") or touch the claim's first letter ("1.Anna"); one touching a digit
+# ("1.5 million", "10:30") is the claim's own.
+_BULLET = re.compile(r"^\s*(?:(?:\*\*|__)?\d+[.):](?:\*\*|__)?(?:\s+|(?=[^\W\d_]))"
+                     r"|(?:[-*\u2022]+|\(\d+\)|\[\d+\]|claim\s*#?\d+\s*[-.:)\u2013\u2014]?)\s+)",
                      re.IGNORECASE)
 
 

@@ -533,6 +533,17 @@ def test_numbered_claims_lose_their_numbers():
         "1984 is the year Winston starts his diary.", "3 ships sink in the storm."]
 
 
+def test_numbers_without_a_space_or_in_bold_are_markers_too():
+    """"1.Anna sails" and "**1.** Anna sails" kept their numbers, and a repeat numbered so was verified
+    twice. A number that is part of the claim ("1.5 million", "10:30 train") stays."""
+    raw = ["1.Anna sails home.", "**2.** Ben waits at the dock.", "__3)__ Maren keeps the light.",
+           "4)Jonah hides a letter.", "Anna sails home."]
+    assert clean_claims(raw) == ["Anna sails home.", "Ben waits at the dock.", "Maren keeps the light.",
+                                 "Jonah hides a letter."]
+    kept = ["1.5 million people read the letter.", "10:30 trains leave the harbour daily.", "*Anna* sails home."]
+    assert clean_claims(kept) == kept
+
+
 @pytest.mark.parametrize("given", [[["Anna sailed."], []], [["Anna sailed."], ["N/A", " "]], [["Anna sailed."], None]],
                          ids=["empty-list", "placeholders", "none"])
 def test_the_library_step_refuses_given_mode_with_a_claim_without_quotes(given):
