@@ -395,7 +395,7 @@ class _BookSummarizer(Module):
     def _finish(self, final: SummaryNode, nodes: list[SummaryNode]) -> str:
         if not self.remove_artifacts:
             return final.text
-        budget = max(final.tokens, 16)
+        budget = final.tokens  # removing phrases never lengthens a summary, however short
         cleaned = self._generate(self.clean, "cleaned", budget, temperature=0.0, trim=False,
                                  where="artifact removal", fallback=final.text, summary=final.text)
         dropped = None

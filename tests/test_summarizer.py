@@ -191,7 +191,7 @@ def test_artifact_removal_pass_cleans_the_final_summary():
         result = program(book=book)
     assert result.summary == "Mara finds the lamp dark."
     assert result.nodes[-1].kind == "clean"
-    assert result.nodes[-1].budget == max(result.nodes[-2].tokens, 16) and not result.nodes[-1].truncated
+    assert result.nodes[-1].budget == result.nodes[-2].tokens and not result.nodes[-1].truncated
 
 
 def summarize_with_cleanup(summary: str, clean) -> dspy.Prediction:
@@ -216,7 +216,7 @@ def test_a_cleanup_longer_than_the_summary_is_dropped_and_the_summary_kept():
     result = summarize_with_cleanup(summary, lambda text: text.replace("Mara", "Mara Vell") + longer)
     assert result.summary == summary
     clean = result.nodes[-1]
-    assert clean.kind == "clean" and clean.budget == max(result.nodes[-2].tokens, 16)
+    assert clean.kind == "clean" and clean.budget == result.nodes[-2].tokens
     assert clean.fallback and clean.text == summary and not clean.truncated and not clean.over_budget
     assert clean.dropped_rewrite_tokens == count_tokens(summary.replace("Mara", "Mara Vell") + longer) > clean.budget
     # a rewrite no longer than the summary is taken
@@ -909,8 +909,8 @@ def test_a_rerun_makes_no_call_when_the_cap_stopped_first_answers_empty(tmp_path
     with dspy.context(lm=first, adapter=BooklensAdapter()):
         summary = program(book=book).summary
     # The summary's answer empty under its cap (364 tokens), then written under twice that; the cleanup's
-    # empty under each of its three caps (88, 176 and 352 tokens), so the summary stands as it was.
-    assert [c.request["max_tokens"] for c in first.backend.calls] == [364, 728, 88, 176, 352]
+    # empty under each of its three caps (74, 148 and 296 tokens), so the summary stands as it was.
+    assert [c.request["max_tokens"] for c in first.backend.calls] == [364, 728, 74, 148, 296]
     again = ScriptedLM(lambda call: pytest.fail("a finished call was made again"), cache_dir=tmp_path)
     with dspy.context(lm=again, adapter=BooklensAdapter()):
         assert program(book=book).summary == summary == "Mara finds the lamp dark."
@@ -941,3 +941,16 @@ def test_a_chinese_summary_is_trimmed_and_cut_at_its_full_stops():
     assert trim_to_budget(summary, budget) == "玛拉看守灯塔。泽德出现在门口。"
     assert without_unfinished_sentence("玛拉看守灯塔。泽德出现在门口。灯一直亮") == "玛拉看守灯塔。泽德出现在门口。"
     assert without_unfinished_sentence(summary) == summary
+
+
+def test_a_cleanup_longer_than_a_short_summary_is_dropped_too():
+    """A summary under 16 tokens: its cleanup's budget is its own length, not the least a summary
+    budget may be, so a rewrite that adds words is dropped here as it is after a longer summary."""
+    summary = "Mara finds the lamp dark. She lights it."
+    longer = "Mara Vell finds the old lamp dark. She lights it."
+    assert count_tokens(summary) < count_tokens(longer) <= 16
+    result = summarize_with_cleanup(summary, lambda text: longer)
+    clean = result.nodes[-1]
+    assert result.summary == summary
+    assert clean.budget == count_tokens(summary) and clean.fallback
+    assert clean.dropped_rewrite_tokens == count_tokens(longer)
