@@ -480,7 +480,8 @@ class HierarchicalSummarizer(_BookSummarizer):
         """The level-1 groups of chunks and the budget G_l of every level.
 
         Given level budgets are used as they are, except that the book's summary gets the last one
-        even when the book fits one level-1 call beside the first. Otherwise, as in the published
+        even when the book fits one level-1 call beside the first (a book of one chunk that does not fit
+        beside the last gets the most of it the window leaves beside the chunk). Otherwise, as in the published
         BooookScore code, the tree's depth L is estimated and G_l = G_n * 0.65^(L - l): the smallest
         L for which a tree of summaries at those budgets reaches one summary in L levels (level 1
         grouping as many chunks as fit beside a G_1 summary). Levels beyond the estimate get G_n, and
@@ -492,12 +493,15 @@ class HierarchicalSummarizer(_BookSummarizer):
             groups = group_by_budget(sizes, self.room_for_chunks(budgets[0]))
             if len(groups) == 1 and budgets[0] != self.final_budget:
                 # That one call would write the book's summary, which gets G_n however few levels the
-                # book needs: beside G_n the book fits one call, or level 1 splits it for a merge to write
-                # (a book of one chunk too long to sit beside G_n keeps G_1: it cannot be split).
+                # book needs: beside G_n the book fits one call, or level 1 splits it for a merge to write.
+                # A book of one chunk too long to sit beside G_n cannot be split: its one call gets as much
+                # of G_n as the window leaves beside the chunk (at least G_1, beside which it fits).
                 if sum(sizes) <= self.room_for_chunks(self.final_budget):
                     budgets = [self.final_budget]
                 elif len(sizes) > 1:
                     groups = group_by_budget(sizes, self.room_for_chunks(self.final_budget))
+                else:
+                    budgets = [max(budgets[0], min(self.final_budget, self.room_for_chunks(0) - sizes[0]))]
             return groups, budgets
         g = self.max_summary_tokens
         for levels in range(1, 32):

@@ -238,3 +238,25 @@ def test_a_book_that_fits_one_level_1_call_beside_g1_but_not_g_n_gets_g_n_with_t
     level1 = [n for n in result.nodes if n.level == 1]
     assert len(level1) == 2 and all(n.budget == 585 for n in level1)
     assert all(sum(result.chunks[i].tokens for i in n.chunks) <= program.room_for_chunks(585) for n in level1)
+
+
+def test_a_book_of_one_chunk_too_long_to_sit_beside_g_n_gets_all_the_room_the_window_leaves():
+    """With given level budgets, a book of one chunk that fits beside G_1 but not beside G_n cannot
+    be split for a merge to write its summary at G_n: it is summarized in one call, which got G_1
+    (100 tokens where G_n is 800). It gets the most of G_n the window leaves beside the chunk."""
+    from booklens.text import chunk_text
+
+    book = synthetic_book(2_700)
+    lm = ScriptedLM(answer_for)
+    program = HierarchicalSummarizer(chunk_size=3000, context_window=4096, level_budgets=[100, 800],
+                                     max_summary_tokens=800)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        (chunk,) = chunk_text(book, 3000)
+        assert program.room_for_chunks(800) < chunk.tokens <= program.room_for_chunks(100)
+        room = program.room_for_chunks(0) - chunk.tokens  # the largest budget beside the chunk
+        result = program(book=book)
+    assert 100 < room < 800
+    (node,) = result.nodes
+    assert len(lm.backend.calls) == 1 and node.budget == room
+    assert int(lm.backend.calls[0].inputs["word_limit"]) == int(room * 0.65)
+    assert sum(count_tokens(m["content"]) + 4 for m in lm.backend.calls[0].messages) + room <= program.usable_window
