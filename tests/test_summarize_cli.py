@@ -509,3 +509,42 @@ def test_a_book_of_only_punctuation_is_named_as_an_empty_one_is(tmp_path):
             proc = run_cli(args, tmp_path)
             assert_one_line_error(proc, out, f"error: {book} contains no text")
             assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("method, concurrency", [("hier", 1), ("hier", 3), ("inc", 1)])
+def test_a_backend_that_rejects_a_call_stops_the_run_and_a_rerun_asks_only_the_missing_calls(tmp_path, method,
+                                                                                           concurrency):
+    """Call 5 rejected (HTTP 400): one line, and every answer that came back before (or alongside, with
+    calls in flight) stays in the cache, so the rerun makes exactly the calls an uninterrupted run makes
+    less those, and writes the same summary."""
+    import threading
+
+    from booklens.testing import Reply
+
+    responder, lock, count, failing = PipelineResponder(), threading.Lock(), [0], [5]
+
+    def respond(body):
+        with lock:
+            count[0] += 1
+            rejected = count[0] in failing
+        return Reply(status=400, error="request rejected") if rejected else responder(body)
+
+    with FakeOpenAIServer(responder=respond) as server:
+        def summarize(cache: str, out: Path):
+            env = {**cli_env(tmp_path), "BOOKLENS_CACHE_DIR": str(tmp_path / cache)}
+            return run_command(["summarize", str(STORY), "--method", method, "--chunk-size", "256",
+                                "--context-window", "1024", "--max-summary-tokens", "100", "--concurrency",
+                                concurrency, "--lm", "openai/fake", "--api-base", server.url, "-o", out], env=env)
+
+        stopped = summarize("cache", tmp_path / "summary.json")
+        assert_one_line_error(stopped, tmp_path / "summary.json", "rejected the request: request rejected")
+        answered = len(server.served)
+        failing.clear()
+        resumed = summarize("cache", tmp_path / "summary.json")
+        rerun_calls = len(server.served) - answered
+        whole = summarize("fresh", tmp_path / "whole.json")
+        whole_calls = len(server.served) - answered - rerun_calls
+    assert resumed.returncode == whole.returncode == 0, resumed.stderr + whole.stderr
+    assert answered >= 4 and rerun_calls == whole_calls - answered > 0
+    record, reference = (json.loads((tmp_path / name).read_text()) for name in ("summary.json", "whole.json"))
+    assert record["summary"] == reference["summary"] and record["usage"]["cached_calls"] == answered
