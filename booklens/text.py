@@ -111,8 +111,10 @@ def _decode_text(data: bytes, where: str) -> str:
     return text
 
 
-# Project Gutenberg's header line naming the file's encoding ("Character set encoding: ISO-8859-1").
-_DECLARED_ENCODING = re.compile(rb"^[ \t]*Character set encoding:[ \t]*([^\r\n]*?)[ \t]*\r?$", re.I | re.M)
+# Project Gutenberg's header line naming the file's encoding ("Character set encoding: ISO-8859-1"),
+# its lines ended by any newline: a classic Mac file (MacRoman) ends them with a bare carriage return.
+_DECLARED_ENCODING = re.compile(
+    rb"(?:^|(?<=\r))[ \t]*Character set encoding:[ \t]*([^\r\n]*?)[ \t]*(?=[\r\n]|\Z)", re.I | re.M)
 # The 8-bit encodings its older files declare, by their names with spaces, dashes and underscores
 # dropped. A Latin-1 label is read as Windows-1252, as browsers read it: such files often hold
 # Windows-1252 quotes and dashes in the bytes Latin-1 leaves to control characters. So is an

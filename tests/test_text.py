@@ -100,6 +100,18 @@ def test_a_gutenberg_file_is_read_in_the_encoding_its_header_declares(tmp_path, 
         T.read_book(path)
 
 
+@pytest.mark.parametrize("newline", ["\r", "\r\n"])
+@pytest.mark.parametrize("declared, codec", [("MacRoman", "mac-roman"), ("ISO-8859-1", "cp1252")])
+def test_the_declared_encoding_is_found_whatever_the_newlines(tmp_path, newline, declared, codec):
+    """A classic Mac file ends its lines with a bare carriage return, as MacRoman ones of Project
+    Gutenberg's do: its header line was not found, and the file was refused as not UTF-8."""
+    lines = ["The Project Gutenberg EBook of The Lamp", "", f"Character set encoding: {declared}", "",
+             "*** START OF THIS PROJECT GUTENBERG EBOOK THE LAMP ***", "", "The caf\u00e9 was closed.",
+             "She walked home.", ""]
+    path = write(tmp_path, "lamp.txt", newline.join(lines).encode(codec))
+    assert T.read_book(path) == "The caf\u00e9 was closed.\nShe walked home."
+
+
 def test_undecodable_offset_counts_the_byte_order_mark(tmp_path):
     path = write(tmp_path, "bom.txt", b"\xef\xbb\xbfcaf\xe9")
     with pytest.raises(BooklensError) as excinfo:
