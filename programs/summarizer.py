@@ -480,9 +480,9 @@ class HierarchicalSummarizer(_BookSummarizer):
         """The level-1 groups of chunks and the budget G_l of every level.
 
         Given level budgets are used as they are, except that the book's summary gets the last one
-        even when the book fits one level-1 call beside the first (a book of one chunk that does not fit
-        beside the last gets the most of it the window leaves beside the chunk). Otherwise, as in the published
-        BooookScore code, the tree's depth L is estimated and G_l = G_n * 0.65^(L - l): the smallest
+        even when the book fits one level-1 call beside the first (a book of one chunk that does not
+        fit beside the last gets the most of it the window leaves beside the chunk). Otherwise, as in
+        the published BooookScore code, the tree's depth L is estimated and G_l = G_n * 0.65^(L - l): the smallest
         L for which a tree of summaries at those budgets reaches one summary in L levels (level 1
         grouping as many chunks as fit beside a G_1 summary). Levels beyond the estimate get G_n, and
         so does the book's summary: a book that fits one level-1 call beside G_1 but not beside G_n is
