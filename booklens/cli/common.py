@@ -42,6 +42,10 @@ def named_lm(value: Optional[str]) -> Optional[str]:
     return value
 
 
+# Every format `booklens.text.read_book` reads; README's Summarize section says how each is read.
+BookArgument = Annotated[Path, typer.Argument(
+    help="The book: .txt (UTF-8, UTF-16/32 with a BOM, or the 8-bit encoding a Project Gutenberg header "
+         "declares), .epub, or an HTML page (.html, .htm, .xhtml).")]
 LMOption = Annotated[
     Optional[str],
     typer.Option("--lm", callback=named_lm,

@@ -21,6 +21,7 @@ import typer
 from booklens.cli import app
 from booklens.cli.common import (
     ApiBaseOption,
+    BookArgument,
     CacheDirOption,
     ConcurrencyOption,
     LMOption,
@@ -114,7 +115,7 @@ def _scale(protocol: str) -> str:
 
 @app.command("qa")
 def qa_command(
-    book: Annotated[Path, typer.Argument(help="The book: .txt (UTF-8) or .epub.")],
+    book: BookArgument,
     questions: Annotated[Path, typer.Option("--questions", help="NovelQA-format question file (JSON list).")],
     setting: Annotated[Setting, typer.Option("--setting", help="mc: choose an option; gen: free-text answer "
                                                                "graded by an LM judge.")] = "mc",

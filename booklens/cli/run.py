@@ -18,6 +18,7 @@ import typer
 from booklens.cli import app
 from booklens.cli.common import (
     ApiBaseOption,
+    BookArgument,
     CacheDirOption,
     ConcurrencyOption,
     LMOption,
@@ -89,7 +90,7 @@ def score_line(run, sent_now: int | None = None) -> str:
 
 @app.command("run")
 def run_command(
-    book: Annotated[Path, typer.Argument(help="The book: .txt (UTF-8) or .epub.")],
+    book: BookArgument,
     output: Annotated[Path, typer.Option("-o", "--output", parser=output_folder, metavar="<path>",
                                          help="The run directory to write (or resume).")],
     summary: Annotated[Optional[Path], typer.Option(

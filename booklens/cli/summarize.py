@@ -10,6 +10,7 @@ import typer
 from booklens.cli import app
 from booklens.cli.common import (
     ApiBaseOption,
+    BookArgument,
     CacheDirOption,
     ConcurrencyOption,
     LMOption,
@@ -93,7 +94,7 @@ DropMatterOption = Annotated[bool, typer.Option("--drop-matter/--keep-matter",
 
 @app.command()
 def summarize(
-    book: Annotated[Path, typer.Argument(help="The book: .txt (UTF-8) or .epub.")],
+    book: BookArgument,
     method: MethodOption = Method.hier,
     chunk_size: ChunkSizeOption = DEFAULT_CHUNK_SIZE,
     context_window: ContextWindowOption = None,
