@@ -129,8 +129,8 @@ def claims_command(
 def verify_command(
     claims: Annotated[Path, typer.Option("--claims", help="Claims JSON: a list of strings or of "
                                                           "{claim, evidence}, or the output of `booklens claims`.")],
-    book: Annotated[Optional[Path], typer.Option("--book", help="The book (.txt or .epub); needed by "
-                                                                "bm25/dense/hybrid/book evidence.")] = None,
+    book: Annotated[Optional[Path], typer.Option("--book", help="The book (.txt, .epub or .html: as `summarize` reads "
+                                                                "it); needed by bm25/dense/hybrid/book evidence.")] = None,
     evidence: EvidenceOption = EvidenceMode.bm25,
     k: KOption = None,
     budget_tokens: BudgetOption = None,
