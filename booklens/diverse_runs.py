@@ -20,6 +20,14 @@ from booklens.qa_runs import Measured, check_given_window, setup_run_lm
 from booklens.vocabulary import CRITERIA, FAITHFULNESS_CHOICES, JUDGE_PROTOCOLS, VERBOSITY_PROTOCOLS
 
 
+def _path(value: Any, what: str, hint: Optional[str] = None) -> Path:
+    """A file a library caller named (a `Path` or a string), or one line naming `what`: the loaded
+    events or summaries handed over in its place would fail deep inside as a TypeError."""
+    from booklens.inputs import as_path
+
+    return as_path(value, what, hint if isinstance(value, list) else None)
+
+
 def _criteria(criterion: str) -> list[str]:
     if criterion == "both":
         return list(CRITERIA)
@@ -51,14 +59,15 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
     `options` are those of `booklens.programs.diverse.summarize_events`."""
     if faithfulness not in FAITHFULNESS_CHOICES:
         raise BooklensError(f"unknown faithfulness choice {faithfulness!r}: use {', '.join(FAITHFULNESS_CHOICES)}")
-    events = load_events(events_path)
-    from booklens.programs.diverse import summarize_events
+    events = load_events(_path(events_path, "the events file", "summarize_events takes loaded events"))
+    from booklens.programs.diverse import check_event_options, summarize_events
 
     protocols = FAITHFULNESS_CHOICES[faithfulness]
     # The settings as the run takes them, defaults included (summarize_events' own), for the record.
     given = inspect.signature(summarize_events).bind(events, faithfulness=protocols, **options)
     given.apply_defaults()
     used = given.arguments
+    check_event_options(**used)  # before the LM is set up: a wrong setting costs no model load
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
     check_given_window(options.get("context_window"), model)
     with Measured(model) as measured:
@@ -138,6 +147,9 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
     if protocol not in JUDGE_PROTOCOLS:
         raise BooklensError(f"unknown protocol {protocol!r}: use {', '.join(JUDGE_PROTOCOLS)}")
     _check_case_options([criterion], [protocol], per_qa, max_articles, concurrency)
+    events_path, summaries_path = _path(events_path, "the events file"), _path(summaries_path, "the summaries file")
+    if other_path is not None:
+        other_path = _path(other_path, "the second summaries file")
     events = load_events(events_path)
     failed: dict[str, str] = {}
     first = load_summaries(summaries_path, events, failed=failed)
@@ -189,6 +201,8 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
     Kind `booklens.bias.position`, with {criterion: {result, cases}} per criterion."""
     criteria = _criteria(criterion)
     _check_case_options(criteria, ["pairwise"], per_qa, max_articles, concurrency)
+    events_path, summaries_1 = _path(events_path, "the events file"), _path(summaries_1, "the summaries file")
+    summaries_2 = _path(summaries_2, "the second summaries file")
     events = load_events(events_path)
     failed: dict[str, str] = {}
     s1 = load_summaries(summaries_1, events, failed=failed)
@@ -222,10 +236,15 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
     `booklens.bias.verbosity`, with {criterion_protocol: {result, cases, ...}} and `table` rows
     (criterion, protocol, result) in the seed's layout."""
     criteria = _criteria(criterion)
+    if not isinstance(protocols, (list, tuple)):
+        shown = "one string" if isinstance(protocols, str) else type(protocols).__name__
+        raise BooklensError(f"protocols must be a list of verbosity protocols ({', '.join(VERBOSITY_PROTOCOLS)}), "
+                            f"not {shown}")
     unknown = [p for p in protocols if p not in VERBOSITY_PROTOCOLS]
     if unknown or not protocols:
         raise BooklensError(f"unknown verbosity protocol {(unknown or [''])[0]!r}: use single or pairwise")
     _check_case_options(criteria, protocols, per_qa, max_articles, concurrency)
+    events_path, summaries = _path(events_path, "the events file"), _path(summaries, "the summaries file")
     events = load_events(events_path)
     failed: dict[str, str] = {}
     originals = load_summaries(summaries, events, failed=failed)

@@ -58,6 +58,8 @@ from booklens.vocabulary import (
 
 BUDGET_MARGIN = 0.8
 SUMMARY_RESERVE = 1024
+# The smallest --context-window the commands take.
+MIN_CONTEXT_WINDOW = 256
 # Sentences the extract-then-summarize method takes from each article (the seed's Figure 14 asks for 10).
 EXTRACT_SENTENCES = 10
 
@@ -629,24 +631,30 @@ def rate_event(criterion: str, protocol: str, event: Any, summary: str, *, max_a
     return {"score": r.score, "judgments": r.details, "failed": r.failed}
 
 
-def summarize_events(events: list[Any], *, method: str = "auto", sentences: int = EXTRACT_SENTENCES,
-                     generate_questions: int = 0, clustering: str = "llm", diversity_filter: bool = True,
-                     judge: bool = True,
-                     faithfulness: Sequence[str] = ("likert",), max_articles: Optional[int] = None,
-                     context_window: Optional[int] = None, concurrency: int = 1) -> list[dict[str, Any]]:
-    """Per event: the diverse summary, QA references generated for an event without its own (with
-    `generate_questions`), and the judges' scores (coverage binary and Likert against the event's
-    references, own or generated, as its `references` says; faithfulness to each article with each
-    of the `faithfulness` protocols)."""
-    from booklens.data.diversesumm import QuestionAnswers
-    from booklens.lm import usage_step
+def check_flag(name: str, value: Any) -> None:
+    """A yes-or-no setting a library caller handed over: True or False, or one line (a string such
+    as 'no' would otherwise be taken as true)."""
+    if not isinstance(value, bool):
+        raise BooklensError(f"{name} must be True or False, not {value!r}")
 
+
+def check_event_options(events: list[Any], *, method: str, sentences: int, generate_questions: int,
+                        clustering: str, diversity_filter: bool, judge: bool, faithfulness: Sequence[str],
+                        max_articles: Optional[int], context_window: Optional[int], concurrency: int) -> None:
+    """The settings of `summarize_events`, checked before any call (and before `run_diverse` sets
+    up its LM): a count of the wrong type or out of the commands' bounds, and a setting that would
+    do nothing, are one line."""
     from booklens.parallel import check_at_least
 
+    check_at_least("--sentences", sentences)
     check_at_least("--generate-questions", generate_questions, 0)
     check_at_least("--concurrency", concurrency)
     if max_articles is not None:
         check_at_least("--max-articles", max_articles)
+    if context_window is not None:
+        check_at_least("--context-window", context_window, MIN_CONTEXT_WINDOW)
+    check_flag("judge", judge)
+    check_flag("diversity_filter", diversity_filter)
     # Settings that would do nothing: refused, not recorded as if they had applied.
     if method == "direct" and sentences != EXTRACT_SENTENCES:
         raise BooklensError("--sentences sets what --method extract takes from each article; --method direct "
@@ -663,6 +671,24 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
     if generate_questions and all(event.question_answers for event in events):
         raise BooklensError("--generate-questions N builds references only for events without question_answers, "
                             "and every event has its own")
+
+
+def summarize_events(events: list[Any], *, method: str = "auto", sentences: int = EXTRACT_SENTENCES,
+                     generate_questions: int = 0, clustering: str = "llm", diversity_filter: bool = True,
+                     judge: bool = True,
+                     faithfulness: Sequence[str] = ("likert",), max_articles: Optional[int] = None,
+                     context_window: Optional[int] = None, concurrency: int = 1) -> list[dict[str, Any]]:
+    """Per event: the diverse summary, QA references generated for an event without its own (with
+    `generate_questions`), and the judges' scores (coverage binary and Likert against the event's
+    references, own or generated, as its `references` says; faithfulness to each article with each
+    of the `faithfulness` protocols)."""
+    from booklens.data.diversesumm import QuestionAnswers
+    from booklens.lm import usage_step
+
+    check_event_options(events, method=method, sentences=sentences, generate_questions=generate_questions,
+                        clustering=clustering, diversity_filter=diversity_filter, judge=judge,
+                        faithfulness=faithfulness, max_articles=max_articles, context_window=context_window,
+                        concurrency=concurrency)
     summarizer = DiverseSummarizer(method, num_sentences=sentences, context_window=context_window,
                                    concurrency=concurrency)
     refs = (ReferenceBuilder(generate_questions, clustering=clustering, diversity_filter=diversity_filter,

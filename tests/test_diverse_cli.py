@@ -711,3 +711,39 @@ def test_diverse_builds_no_references_for_an_event_whose_summary_failed_and_says
     assert rows[0]["summary"] is None and rows[0]["references"] is None
     assert len(asked) == 1 and "ev-small" not in str(asked) and "toll is 1 dollars" in str(asked[0])
     assert "references: none generated (the event has no summary to judge against them)" in r.output
+
+
+@pytest.mark.parametrize("run, args, options, message", [
+    ("run_diverse", ["EVENTS_LIST"], {}, "the events file must be a path, not a list (summarize_events takes loaded "
+                                         "events)"),
+    ("run_diverse", [5], {}, "the events file must be a path, not 5"),
+    ("run_diverse", ["EVENTS"], {"sentences": "3"}, "--sentences must be at least 1 (got '3')"),
+    ("run_diverse", ["EVENTS"], {"sentences": 2.5, "method": "extract"}, "--sentences must be at least 1 (got 2.5)"),
+    ("run_diverse", ["EVENTS"], {"context_window": "8192"}, "--context-window must be at least 256 (got '8192')"),
+    ("run_diverse", ["EVENTS"], {"judge": "no"}, "judge must be True or False, not 'no'"),
+    ("run_diverse", ["EVENTS"], {"diversity_filter": None}, "diversity_filter must be True or False, not None"),
+    ("judge_summaries", ["EVENTS", {"ev-0001": "A summary."}], {},
+     "the summaries file must be a path, not {'ev-0001': 'A summary.'}"),
+    ("judge_summaries", ["EVENTS_LIST", "SUMMARIES"], {}, "the events file must be a path, not a list"),
+    ("judge_summaries", ["EVENTS", "SUMMARIES", ["x"]], {"protocol": "pairwise"},
+     "the second summaries file must be a path, not ['x']"),
+    ("position_bias_study", ["EVENTS", "SUMMARIES", 3], {}, "the second summaries file must be a path, not 3"),
+    ("verbosity_bias_study", ["EVENTS", None], {}, "the summaries file must be a path, not None"),
+    ("verbosity_bias_study", ["EVENTS", "SUMMARIES"], {"protocols": "single"},
+     "protocols must be a list of verbosity protocols (single, pairwise), not one string"),
+    ("verbosity_bias_study", ["EVENTS", "SUMMARIES"], {"protocols": None},
+     "protocols must be a list of verbosity protocols (single, pairwise), not NoneType"),
+])
+def test_the_library_runs_refuse_wrong_types_in_one_line_before_any_call(run, args, options, message, tmp_path):
+    """What README names as the library's entry points, given a value of the wrong type (the loaded
+    events instead of their file, a count as text, one protocol as a string): one line naming it, before
+    any call, not a TypeError from deep inside or a run with the value misread ('no' taken as true)."""
+    import booklens.diverse_runs as runs
+
+    summaries = tmp_path / "s.json"
+    summaries.write_text(json.dumps({"ev-0001": "A summary."}))
+    given = {"EVENTS": FIXTURE, "EVENTS_LIST": json.loads(FIXTURE.read_text()), "SUMMARIES": summaries}
+    args = [given.get(a, a) if isinstance(a, str) else a for a in args]
+    with pytest.raises(BooklensError) as caught:
+        getattr(runs, run)(*args, **options, lm="openai/fake", api_base="http://127.0.0.1:9/v1")
+    assert str(caught.value) == message
