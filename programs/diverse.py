@@ -21,12 +21,20 @@ is re-asked and, if it stays outside, recorded as a failure.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import dspy
 
-from booklens.data.diversesumm import require_question_answers, split_article_text, wording_key
-from booklens.errors import BooklensError, first_line
+from booklens.data.diversesumm import (
+    Article,
+    Event,
+    QuestionAnswers,
+    parse_events,
+    require_question_answers,
+    split_article_text,
+    wording_key,
+)
+from booklens.errors import BooklensError, first_line, validation_problem
 from booklens.lm import ContextWindowExceeded, filter_stopped, last_stop, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
@@ -64,10 +72,66 @@ MIN_CONTEXT_WINDOW = 256
 EXTRACT_SENTENCES = 10
 
 
+def _check_window(context_window: Any) -> None:
+    from booklens.parallel import check_at_least
+
+    if context_window is not None:
+        check_at_least("--context-window", context_window, MIN_CONTEXT_WINDOW)
+
+
 def _window(context_window: Optional[int]) -> int:
     if context_window:
         return context_window
     return getattr(dspy.settings.lm, "context_window", None) or DEFAULT_CONTEXT_WINDOW
+
+
+def _listed(value: Any, name: str, what: str, kinds: tuple[type, ...]) -> list[Any]:
+    """`value` as a list whose items are all of `kinds`, or one line naming `name` and `what` it takes
+    (a string would be read a character at a time, a path or a number fail deep inside)."""
+    if isinstance(value, str):
+        raise BooklensError(f"{name} must be {what}, not one string")
+    if isinstance(value, (dict, bytes)) or not isinstance(value, Iterable):
+        raise BooklensError(f"{name} must be {what}, not {type(value).__name__}")
+    items = list(value)
+    odd = [type(item).__name__ for item in items if not isinstance(item, kinds)]
+    if odd:
+        raise BooklensError(f"{name} must be {what}, not a list holding {odd[0]}")
+    return items
+
+
+def _validated(items: list[Any], model: Any, name: str) -> list[Any]:
+    """The dicts among `items` validated as `model` (as the DiverseSumm file holds them), in one line
+    when one is not."""
+    from pydantic import ValidationError
+
+    out = []
+    for n, item in enumerate(items, 1):
+        try:
+            out.append(model.model_validate(item) if isinstance(item, dict) else item)
+        except ValidationError as exc:
+            raise BooklensError(f"{name}: item {n}: {validation_problem(exc)}") from None
+    return out
+
+
+def qa_pair_list(value: Any) -> list[QuestionAnswers]:
+    """Reference QA pairs as the judges take them: `QuestionAnswers`, or dicts in the DiverseSumm format."""
+    what = "a list of reference QA pairs ({question, answer_groups})"
+    return _validated(_listed(value, "qa_pairs", what, (QuestionAnswers, dict)), QuestionAnswers, "qa_pairs")
+
+
+def article_list(value: Any) -> list[Article]:
+    """Articles as the faithfulness judge takes them: `Article`, or dicts in the DiverseSumm format."""
+    what = "a list of articles ({aid, content, ...})"
+    return _validated(_listed(value, "articles", what, (Article, dict)), Article, "articles")
+
+
+def event_list(value: Any) -> list[Event]:
+    """Events as `summarize_events` takes them: `Event`s (`load_events`), or dicts validated as a
+    DiverseSumm file's are."""
+    items = _listed(value, "events", "a list of events (load_events(path))", (Event, dict))
+    if any(isinstance(item, dict) for item in items):
+        return parse_events([e.model_dump() if isinstance(e, Event) else e for e in items], "events")
+    return items
 
 
 class EventTooLarge(BooklensError):
@@ -94,8 +158,9 @@ class DiverseSummarizer(Module):
         super().__init__()
         if method not in DIVERSE_METHODS:
             raise BooklensError(f"unknown method {method!r}: use one of {', '.join(DIVERSE_METHODS)}")
-        if num_sentences < 1:
-            raise BooklensError("the number of sentences per article must be at least 1")
+        if isinstance(num_sentences, bool) or not isinstance(num_sentences, int) or num_sentences < 1:
+            raise BooklensError(f"the number of sentences per article must be at least 1 (got {num_sentences!r})")
+        _check_window(context_window)
         self.method = method
         self.num_sentences = num_sentences
         self.context_window = context_window
@@ -117,7 +182,10 @@ class DiverseSummarizer(Module):
 
     def forward(self, articles: list[str]) -> dspy.Prediction:
         """`articles`: each a heading line ('[aid] title (domain)', or '[aid]'), then its content, as
-        `article_texts` writes them."""
+        `article_texts` writes them; or the articles (`Article`, or dicts as the events file holds them)."""
+        what = "article texts (article_texts(event)) or articles"
+        articles = [a.summarizer_text() if isinstance(a, Article) else a
+                    for a in _validated(_listed(articles, "articles", what, (str, Article, dict)), Article, "articles")]
         if len(articles) < 2:
             raise BooklensError("diverse summarization needs at least two articles")
         headings = [split_article_text(text, n)[0] for n, text in enumerate(articles, 1)]
@@ -284,8 +352,12 @@ class ReferenceBuilder(Module):
                  diversity_filter: bool = True, context_window: Optional[int] = None, concurrency: int = 1,
                  tries: int = 3):
         super().__init__()
+        from booklens.parallel import check_at_least
+
         if clustering not in ANSWER_CLUSTERINGS:
             raise BooklensError(f"unknown answer clustering {clustering!r}: use {' or '.join(ANSWER_CLUSTERINGS)}")
+        check_at_least("--generate-questions", num_questions)
+        _check_window(context_window)
         self.num_questions = num_questions
         self.min_answer_share = min_answer_share
         self.clustering = clustering
@@ -304,6 +376,9 @@ class ReferenceBuilder(Module):
     def forward(self, articles: list[tuple[str, str]]) -> dspy.Prediction:
         """`articles`: (aid, text) pairs. Returns `question_answers` in the DiverseSumm format, the
         generated `questions`, and per question the `screening` that kept or dropped it."""
+        articles = _listed(articles, "articles", "(aid, text) pairs", (tuple, list))
+        if any(len(pair) != 2 or not all(isinstance(x, str) for x in pair) for pair in articles):
+            raise BooklensError("articles must be (aid, text) pairs, both text")
         texts = [t for _, t in articles]
         # Questions are asked over as many articles as fit (the seed uses a few representative ones).
         shown = list(texts)
@@ -516,6 +591,9 @@ class CoverageJudge(Module):
         self.rate = RatingJudge(JudgeCoverageOfQA if protocol == "binary" else JudgeCoverageOfAllQAs, protocol, tries)
 
     def forward(self, summary: str, qa_pairs: Sequence[Any]) -> dspy.Prediction:
+        from booklens.inputs import summary_text
+
+        summary, qa_pairs = summary_text(summary), qa_pair_list(qa_pairs)
         if not qa_pairs:
             raise BooklensError("coverage needs reference question_answers")
         if self.protocol == "likert":
@@ -542,6 +620,9 @@ class FaithfulnessJudge(Module):
         self.rate = RatingJudge(sig, protocol, tries)
 
     def forward(self, summary: str, articles: Sequence[Any]) -> dspy.Prediction:
+        from booklens.inputs import summary_text
+
+        summary, articles = summary_text(summary), article_list(articles)
         results = parallel_map(lambda a: self.rate(summary=summary, article=a.as_text()), list(articles),
                                concurrency=self.concurrency, desc="faithfulness")
         items = [_item(r, a.aid) for r, a in zip(results, articles)]
@@ -572,6 +653,9 @@ class PairwiseJudge(Module):
         return got.prediction.verdict, str(got.prediction.explanation), None
 
     def forward(self, reference: str, summary_1: str, summary_2: str) -> dspy.Prediction:
+        from booklens.inputs import summary_text
+
+        summary_1, summary_2 = summary_text(summary_1), summary_text(summary_2)
         v1, why1, err1 = self.one_order(reference, summary_1, summary_2)
         v2, why2, err2 = self.one_order(reference, summary_2, summary_1)
         winner = aggregate_both_orders(v1, v2) if v1 and v2 else None
@@ -622,6 +706,8 @@ def _articles(event: Any, max_articles: Optional[int]) -> list[Any]:
 def rate_event(criterion: str, protocol: str, event: Any, summary: str, *, max_articles: Optional[int] = None,
                concurrency: int = 1, qa_pairs: Optional[Sequence[Any]] = None) -> dict[str, Any]:
     """One single-answer judgment of a summary: {score, judgments, failed}."""
+    if criterion not in CRITERIA:  # anything else was judged as faithfulness
+        raise BooklensError(f"unknown criterion {criterion!r}: use {' or '.join(CRITERIA)}")
     if criterion == "coverage":
         r = CoverageJudge(protocol, concurrency=concurrency)(summary=summary,
                                                              qa_pairs=qa_pairs or event.question_answers)
@@ -655,6 +741,10 @@ def check_event_options(events: list[Any], *, method: str, sentences: int, gener
         check_at_least("--context-window", context_window, MIN_CONTEXT_WINDOW)
     check_flag("judge", judge)
     check_flag("diversity_filter", diversity_filter)
+    what = f"a list of protocols ({', '.join(RATING_SCALES)})"
+    for protocol in _listed(faithfulness, "faithfulness", what, (str,)):
+        if protocol not in RATING_SCALES:
+            raise BooklensError(f"unknown faithfulness protocol {protocol!r}: use {' or '.join(RATING_SCALES)}")
     # Settings that would do nothing: refused, not recorded as if they had applied.
     if method == "direct" and sentences != EXTRACT_SENTENCES:
         raise BooklensError("--sentences sets what --method extract takes from each article; --method direct "
@@ -682,9 +772,9 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
     `generate_questions`), and the judges' scores (coverage binary and Likert against the event's
     references, own or generated, as its `references` says; faithfulness to each article with each
     of the `faithfulness` protocols)."""
-    from booklens.data.diversesumm import QuestionAnswers
     from booklens.lm import usage_step
 
+    events = event_list(events)
     check_event_options(events, method=method, sentences=sentences, generate_questions=generate_questions,
                         clustering=clustering, diversity_filter=diversity_filter, judge=judge,
                         faithfulness=faithfulness, max_articles=max_articles, context_window=context_window,

@@ -30,6 +30,7 @@ from booklens.programs.diverse import (
     exact_groups,
     judge_pairs,
     pairwise_cases,
+    rate_event,
     summarize_events,
 )
 from booklens.signatures import diverse as signatures
@@ -888,3 +889,68 @@ def test_the_articles_a_kept_question_needs_are_whole_and_keep_the_same_question
             for answering in range(n + 1):
                 assert (answering < needed) == (answering < max(1, share * n)), (share, n, answering)
     assert [articles_needed(0.3, n) for n in (3, 5, 7, 10)] == [1, 2, 3, 3]
+
+
+# ---------------------------------------------------------------------------
+# the programs called from Python with inputs of the wrong type
+
+
+def _rated(call):
+    return {"explanation": "e", "rating": 1, "verdict": "A", "summary": "Sources differ.", "picks": [1]}
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda e: CoverageJudge("binary")(summary=None, qa_pairs=e.question_answers), "the summary is empty"),
+    (lambda e: CoverageJudge("likert")(summary=["One.", "Two."], qa_pairs=e.question_answers),
+     "the summary must be text, not list"),
+    (lambda e: FaithfulnessJudge("likert")(summary=None, articles=e.articles), "the summary is empty"),
+    (lambda e: PairwiseJudge("coverage")(reference=e.qa_text(), summary_1=None, summary_2="Two."),
+     "the summary is empty"),
+    (lambda e: CoverageJudge("binary")(summary="S.", qa_pairs="What caused it?"),
+     "qa_pairs must be a list of reference QA pairs ({question, answer_groups}), not one string"),
+    (lambda e: CoverageJudge("binary")(summary="S.", qa_pairs=["What caused it?"]),
+     "qa_pairs must be a list of reference QA pairs ({question, answer_groups}), not a list holding str"),
+    (lambda e: FaithfulnessJudge("likert")(summary="S.", articles=["one article", "another"]),
+     "articles must be a list of articles ({aid, content, ...}), not a list holding str"),
+    (lambda e: rate_event("faithfullness", "likert", e, "S."), "unknown criterion 'faithfullness': use coverage or "
+                                                               "faithfulness"),
+    (lambda e: DiverseSummarizer("extract", num_sentences="3"), "the number of sentences per article must be at "
+                                                                "least 1 (got '3')"),
+    (lambda e: DiverseSummarizer(context_window="8192"), "--context-window must be at least 256 (got '8192')"),
+    (lambda e: DiverseSummarizer()(articles=[1, 2]),
+     "articles must be article texts (article_texts(event)) or articles, not a list holding int"),
+    (lambda e: ReferenceBuilder("2"), "--generate-questions must be at least 1 (got '2')"),
+    (lambda e: ReferenceBuilder(2)(articles=article_texts(e)),
+     "articles must be (aid, text) pairs, not a list holding str"),
+    (lambda e: summarize_events(FIXTURE, judge=False), "events must be a list of events (load_events(path)), "
+                                                       "not PosixPath"),
+    (lambda e: summarize_events([e], faithfulness="likert"),
+     "faithfulness must be a list of protocols (binary, likert), not one string"),
+])
+def test_the_programs_refuse_inputs_of_the_wrong_type_in_one_line_before_any_call(event, call, message):
+    """Called from Python with a value of the wrong type, a program said so in an AttributeError or a
+    TypeError from deep inside, or judged it: a summary of None as the text 'None', a misspelt
+    criterion as faithfulness. Now one line names what it takes, and no call is made."""
+    lm = scripted(_rated)
+    with pytest.raises(BooklensError) as caught:
+        call(event)
+    assert str(caught.value) == message
+    assert lm.backend.calls == []
+
+
+def test_the_programs_take_articles_and_references_as_objects_or_as_the_files_write_them(event):
+    """The judges and the summarizer take what `load_events` gives (Article, QuestionAnswers) and what
+    the DiverseSumm file holds (dicts, as `to_examples` passes references on), with the same prompts."""
+    lm = scripted(_rated)
+    as_objects = CoverageJudge("binary")(summary="S.", qa_pairs=event.question_answers)
+    as_dicts = CoverageJudge("binary")(summary="S.", qa_pairs=[qa.model_dump() for qa in event.question_answers])
+    assert as_dicts.score == as_objects.score == 1.0 and len(as_dicts.details) == 6
+    assert [c.inputs for c in lm.backend.calls[6:]] == [c.inputs for c in lm.backend.calls[:6]]
+    calls = len(lm.backend.calls)
+    FaithfulnessJudge("binary")(summary="S.", articles=event.articles[:2])
+    FaithfulnessJudge("binary")(summary="S.", articles=[a.model_dump() for a in event.articles[:2]])
+    assert [c.inputs for c in lm.backend.calls[calls + 2:]] == [c.inputs for c in lm.backend.calls[calls:calls + 2]]
+    calls = len(lm.backend.calls)
+    DiverseSummarizer("direct")(articles=article_texts(event))
+    DiverseSummarizer("direct")(articles=event.articles)
+    assert lm.backend.calls[calls + 1].inputs == lm.backend.calls[calls].inputs
