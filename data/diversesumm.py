@@ -269,9 +269,12 @@ def parse_summaries(payload: Any, source: str = "summaries", failed: Optional[di
         raise BooklensError(f"{source}: expected {{eid: summary}} or a list of {{eid, summary}} objects")
     if not out and not failed:
         raise BooklensError(f"{source}: no summaries")
+    from booklens.inputs import wordless
+
     for eid, summary in out.items():
-        if not summary.strip():
-            raise BooklensError(f"{source}: the summary of event {eid!r} is empty")
+        # Judged, a summary of punctuation alone would be faithful to every article: nothing in it is false.
+        if wordless(summary):
+            raise BooklensError(f"{source}: the summary of event {eid!r} {wordless(summary)}")
     return out
 
 

@@ -54,7 +54,7 @@ from booklens.signatures.diverse import (
     SummarizeDiverse,
     SummarizeExtractedSentences,
 )
-from booklens.text import split_sentences
+from booklens.text import has_words, split_sentences
 from booklens.vocabulary import (
     ANSWER_CLUSTERINGS,
     CRITERIA,
@@ -302,6 +302,8 @@ def _nonempty(field: str):
         value = getattr(pred, field, None)
         if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
             return f"empty {field}"
+        if isinstance(value, str) and not has_words(value):  # '...': judged, it would be faithful to every article
+            return f"the {field} has no words"
         # What the filter withheld may be most of the answer: not kept as if finished.
         return filter_stopped(field)
 

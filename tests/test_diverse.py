@@ -954,3 +954,29 @@ def test_the_programs_take_articles_and_references_as_objects_or_as_the_files_wr
     DiverseSummarizer("direct")(articles=article_texts(event))
     DiverseSummarizer("direct")(articles=event.articles)
     assert lm.backend.calls[calls + 1].inputs == lm.backend.calls[calls].inputs
+
+
+# ---------------------------------------------------------------------------
+# summaries without a word
+
+
+@pytest.mark.parametrize("summary", ["...", "\u200b\u200b", " — * — "])
+def test_a_summaries_file_whose_summary_has_no_word_is_refused(summary):
+    """A summary of punctuation or invisible characters was judged: with nothing in it to contradict
+    an article, the faithfulness judges rated it faithful. The other commands refuse such a summary."""
+    with pytest.raises(BooklensError) as caught:
+        parse_summaries({"e1": "Sources differ on the toll.", "e2": summary})
+    assert str(caught.value) == ("summaries: the summary of event 'e2' has no words (only punctuation, symbols or "
+                                 "invisible characters)")
+
+
+def test_a_generated_summary_without_a_word_is_asked_again_and_never_kept(event):
+    """The summarizer kept '...' as the event's summary, and `diverse` judged it (faithful to every
+    article). It is re-asked as an empty one is; one that never has a word is no summary."""
+    answers = iter(["...", "Sources differ on the toll."])
+    lm = scripted(lambda call: {"summary": next(answers)})
+    pred = DiverseSummarizer("direct")(articles=article_texts(event)[:3])
+    assert pred.summary == "Sources differ on the toll." and pred.attempts == 2 and len(lm.backend.calls) == 2
+    lm = scripted(lambda call: {"summary": "\u200b…"})
+    pred = DiverseSummarizer("direct")(articles=article_texts(event)[:3])
+    assert pred.summary is None and len(lm.backend.calls) == 3 and "no words" in pred.error
