@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from booklens.errors import BooklensError, validation_problem
 from booklens.records import read_json_file
+from booklens.text import has_words
 from booklens.vocabulary import counted
 
 MIN_ARTICLES = 2
@@ -58,6 +59,8 @@ class Article(BaseModel):
     def _not_blank(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("article content is empty")
+        if not has_words(value):  # nothing to summarize or to judge a summary against
+            raise ValueError("article content has no words (only punctuation, symbols or invisible characters)")
         return value
 
     def heading(self) -> str:
@@ -109,6 +112,8 @@ class Answer(BaseModel):
     def _answer_not_blank(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("an answer is empty")
+        if not has_words(value):  # a judge asked whether a summary covers '...' is asked nothing
+            raise ValueError("an answer has no words")
         return value
 
 
@@ -193,8 +198,9 @@ def parse_events(payload: Any, source: str = "events") -> list[Event]:
             raise BooklensError(
                 f"{where} has {len(event.articles)} article(s); diverse summarization needs at least {MIN_ARTICLES}")
         aids = [a.aid for a in event.articles]
-        if len(set(aids)) != len(aids):
-            raise BooklensError(f"{where}: article ids (aid) are not unique")
+        twice = next((aid for n, aid in enumerate(aids) if aid in aids[:n]), None)
+        if twice is not None:
+            raise BooklensError(f"{where}: article ids (aid) are not unique: article id {twice!r} is given twice")
         asked: set[str] = set()
         for qa in event.question_answers:
             if wording_key(qa.question) in asked:  # rated twice, it would weigh double in the coverage score
