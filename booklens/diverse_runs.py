@@ -28,6 +28,16 @@ def _path(value: Any, what: str, hint: Optional[str] = None) -> Path:
     return as_path(value, what, hint if isinstance(value, list) else None)
 
 
+def overall_rating(judgments_per_event: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """One protocol's figure over every event: the mean of every valid rating (per reference QA pair,
+    per article, as the seed averages its scores; not the mean of the events' means, which weighs an
+    event of one question as much as one of ten), with the judgments, failed ones and events it counts."""
+    ratings = [j["rating"] for judgments in judgments_per_event for j in judgments]
+    valid = [r for r in ratings if r is not None]
+    return {"score": round(sum(valid) / len(valid), 4) if valid else None, "judgments": len(ratings),
+            "failed": len(ratings) - len(valid), "events": len(judgments_per_event)}
+
+
 def _criteria(criterion: str) -> list[str]:
     if criterion == "both":
         return list(CRITERIA)
@@ -73,6 +83,9 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
     with Measured(model) as measured:
         results = summarize_events(events, faithfulness=protocols, **options)
     generated = bool(used["generate_questions"])
+    names = list(dict.fromkeys(name for row in results for name in row["judgments"]))
+    overall = {name: overall_rating([row["judgments"][name] for row in results if name in row["judgments"]])
+               for name in names}
     # The settings that shape the figures (null where they do not apply), so that two records made
     # with different ones do not read alike.
     return {"kind": "booklens.diverse", "events_file": str(events_path), "lm": lm_label(model),
@@ -81,7 +94,7 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
             "answer_clustering": used["clustering"] if generated else None,
             "diversity_filter": used["diversity_filter"] if generated else None, "judge": used["judge"],
             "faithfulness": list(protocols) if used["judge"] else [], "max_articles": used["max_articles"],
-            "context_window": used["context_window"], "events": results, "usage": measured.usage,
+            "context_window": used["context_window"], "events": results, "overall": overall, "usage": measured.usage,
             "seconds": measured.seconds}
 
 
@@ -184,11 +197,17 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
             wins = {w: sum(1 for p in pairs if p["winner"] == w) for w in ("1", "2", "tie")}
             rows.append({"eid": e.eid, **against, "cases": pairs, "wins_1": wins["1"], "wins_2": wins["2"],
                          "ties": wins["tie"], "failed": sum(1 for p in pairs if p["winner"] is None)})
+    if second is None:
+        overall = overall_rating([row["judgments"] for row in rows])
+    else:  # every case of every event, as the bias studies count them
+        overall = {"cases": sum(len(row["cases"]) for row in rows),
+                   **{key: sum(row[key] for row in rows) for key in ("wins_1", "wins_2", "ties", "failed")},
+                   "events": len(rows)}
     # the files in the order the results name them: wins_1 counts the first summaries file's wins
     return {"kind": "booklens.judge", "events_file": str(events_path),
             "summaries": [str(p) for p in (summaries_path, other_path) if p is not None], "protocol": protocol,
             "criterion": criterion, "max_articles": max_articles, "per_qa": per_qa, "lm": lm_label(model),
-            "events": rows, "not_judged": not_judged, "generated_references": generated, "usage": measured.usage,
+            "events": rows, "overall": overall, "not_judged": not_judged, "generated_references": generated, "usage": measured.usage,
             "seconds": measured.seconds}
 
 

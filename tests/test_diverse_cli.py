@@ -747,3 +747,78 @@ def test_the_library_runs_refuse_wrong_types_in_one_line_before_any_call(run, ar
     with pytest.raises(BooklensError) as caught:
         getattr(runs, run)(*args, **options, lm="openai/fake", api_base="http://127.0.0.1:9/v1")
     assert str(caught.value) == message
+
+
+def _two_events(tmp_path):
+    """Two events, one with three reference questions and one with one, and two systems' summaries."""
+    def event(eid, questions):
+        return {"eid": eid, "articles": [{"aid": f"a{i}", "title": f"T{i}", "content": f"Article {i} of {eid} says the "
+                                                                                      f"toll is {i} dollars."}
+                                         for i in range(2)],
+                "question_answers": [{"question": q, "answer_groups": [[{"aid": "a0", "answer": "one"}],
+                                                                      [{"aid": "a1", "answer": "two"}]]}
+                                     for q in questions]}
+
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([event("e1", ["Q1 why?", "Q2 how much?", "Q3 when?"]), event("e2", ["Q4 who?"])]))
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(json.dumps({"e1": "ONE says e1 differs.", "e2": "ONE says e2 differs."}))
+    second.write_text(json.dumps({"e1": "TWO says e1 differs.", "e2": "TWO says e2 differs."}))
+    return events, first, second
+
+
+def covers_q1_and_q3(body):
+    """Binary coverage: Q1 and Q3 covered, Q2 and Q4 not; pairwise: the summary shown second wins,
+    except on e1, where ONE wins in both orders."""
+    text = body["messages"][-1]["content"]
+    if "summary_a" in text:
+        one_first = text.index("ONE") < text.index("TWO")
+        verdict = ("A" if one_first else "B") if "e1 differs" in text else "B"
+        return json.dumps({"explanation": "e", "verdict": verdict})
+    return json.dumps({"explanation": "e", "rating": 1 if ("Q1" in text or "Q3" in text) else 0})
+
+
+def test_judge_gives_the_figure_over_all_events_averaged_per_judgment(tmp_path, monkeypatch):
+    """`judge` gave each event's score and no figure for the system: averaging the events' scores
+    (0.67 and 0.00 here: 0.33) is not the seed's coverage, which averages over every reference QA pair
+    (2 of 4 covered: 0.50). The record's `overall` and the last line give that figure; pairwise, the
+    wins and ties over every case."""
+    events, first, second = _two_events(tmp_path)
+    out = tmp_path / "judge.json"
+    with FakeOpenAIServer(responder=covers_q1_and_q3) as server:
+        lm = ["--lm", "openai/test-model", "--api-base", server.url, "--concurrency", "1"]
+        r = invoke(["judge", str(events), str(first), "--protocol", "binary", *lm, "-o", str(out)], tmp_path,
+                   monkeypatch)
+        record = json.loads(out.read_text())
+        assert [row["score"] for row in record["events"]] == [0.6667, 0.0]
+        assert record["overall"] == {"score": 0.5, "judgments": 4, "failed": 0, "events": 2}
+        assert "overall: coverage binary = 0.50 (scale 0-1, 4 judgments over 2 events)" in r.output.splitlines()
+        r = invoke(["judge", str(events), str(first), str(second), "--protocol", "pairwise", *lm, "-o", str(out)],
+                   tmp_path, monkeypatch)
+    record = json.loads(out.read_text())
+    assert record["overall"] == {"cases": 2, "wins_1": 1, "wins_2": 0, "ties": 1, "failed": 0, "events": 2}
+    assert ("overall: coverage pairwise (both orders) over 2 cases in 2 events: first.json wins 1, second.json wins 0, "
+            "ties 1") in r.output.splitlines()
+
+
+def test_diverse_gives_each_figure_over_all_events_averaged_per_judgment(tmp_path, monkeypatch):
+    events, _, _ = _two_events(tmp_path)
+    out = tmp_path / "diverse.json"
+
+    def answers(body):
+        if not body.get("response_format"):  # the summary, in plain text
+            return "Sources differ on the toll."
+        text = body["messages"][-1]["content"]
+        if "questions_and_answers" in text:
+            return json.dumps({"explanation": "e", "rating": 8 if "Q1" in text else 2})
+        return covers_q1_and_q3(body)
+
+    with FakeOpenAIServer(responder=answers) as server:
+        r = invoke(["diverse", str(events), "--faithfulness", "none", "--lm", "openai/test-model", "--api-base",
+                    server.url, "--concurrency", "1", "-o", str(out)], tmp_path, monkeypatch)
+    assert r.exit_code == 0, r.output
+    overall = json.loads(out.read_text())["overall"]
+    assert overall == {"coverage_binary": {"score": 0.5, "judgments": 4, "failed": 0, "events": 2},
+                       "coverage_likert": {"score": 5.0, "judgments": 2, "failed": 0, "events": 2}}
+    assert "overall (2 events): coverage_binary: 0.50 (scale 0-1, 4 judgments)" in r.output
+    assert "overall (2 events): coverage_likert: 5.00 (scale 1-10, 2 judgments)" in r.output

@@ -104,6 +104,13 @@ def _rating_line(name: str, score: Optional[float], judgments: list, scale: str)
             + (f", {failed} failed" if failed else "") + ")")
 
 
+def _overall_line(name: str, overall: dict[str, Any]) -> str:
+    """A `diverse` figure over every event, as `_rating_line` writes one event's."""
+    return (f"{name}: {_fmt(overall['score'])} (scale {_scale(name.rsplit('_', 1)[1])}, "
+            f"{counted(overall['judgments'], 'judgment')}" + (f", {overall['failed']} failed" if overall["failed"] else "")
+            + ")")
+
+
 def _scale(protocol: str) -> str:
     low, high = RATING_SCALES[protocol]
     return f"{low}-{high}"
@@ -252,6 +259,10 @@ def diverse_command(
             typer.echo(f"coverage: not judged ({row['coverage_not_judged']})")
         for name, value in row["scores"].items():
             typer.echo(_rating_line(name, value, row["judgments"][name], _scale(name.rsplit("_", 1)[1])))
+    if len(result["events"]) > 1:  # one event's figures are its own, printed above
+        events = counted(len(result["events"]), "event")
+        for name, overall in result["overall"].items():
+            typer.echo(f"overall ({events}): {_overall_line(name, overall)}")
     typer.echo(_usage_line(result), err=True)
     if not any(row["summary"] for row in result["events"]):  # written above: the record keeps every reason
         raise BooklensError(f"no event got a summary (first: {result['events'][0]['error']})")
@@ -317,6 +328,15 @@ def judge_command(
                        + (f"; {against}" if against else "") + ")")
     for skipped in result["not_judged"]:
         typer.echo(f"{skipped['eid']}: not judged ({skipped['reason']})")
+    overall, events = result["overall"], counted(result["overall"]["events"], "event")
+    if protocol == Protocol.pairwise:
+        typer.echo(f"overall: {criterion.value} pairwise (both orders) over {counted(overall['cases'], 'case')} in "
+                   f"{events}: {names[0]} wins {overall['wins_1']}, {names[1]} wins {overall['wins_2']}, ties "
+                   f"{overall['ties']}" + (f", failed {overall['failed']}" if overall["failed"] else ""))
+    else:
+        typer.echo(f"overall: {criterion.value} {protocol.value} = {_fmt(overall['score'])} (scale "
+                   f"{_scale(protocol.value)}, {counted(overall['judgments'], 'judgment')} over {events}"
+                   + (f", {overall['failed']} failed" if overall["failed"] else "") + ")")
     typer.echo(_usage_line(result), err=True)
     _fail_if_judged_nothing(result)
 
