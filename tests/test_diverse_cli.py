@@ -802,7 +802,10 @@ def test_judge_gives_the_figure_over_all_events_averaged_per_judgment(tmp_path, 
 
 
 def test_diverse_gives_each_figure_over_all_events_averaged_per_judgment(tmp_path, monkeypatch):
+    """As `judge` does, per protocol; an event without references counts in no coverage figure."""
     events, _, _ = _two_events(tmp_path)
+    given = json.loads(events.read_text())
+    events.write_text(json.dumps([*given, {**given[1], "eid": "e3", "question_answers": []}]))
     out = tmp_path / "diverse.json"
 
     def answers(body):
@@ -820,5 +823,5 @@ def test_diverse_gives_each_figure_over_all_events_averaged_per_judgment(tmp_pat
     overall = json.loads(out.read_text())["overall"]
     assert overall == {"coverage_binary": {"score": 0.5, "judgments": 4, "failed": 0, "events": 2},
                        "coverage_likert": {"score": 5.0, "judgments": 2, "failed": 0, "events": 2}}
-    assert "overall (2 events): coverage_binary: 0.50 (scale 0-1, 4 judgments)" in r.output
-    assert "overall (2 events): coverage_likert: 5.00 (scale 1-10, 2 judgments)" in r.output
+    assert "overall: coverage_binary: 0.50 (scale 0-1, 4 judgments over 2 events)" in r.output.splitlines()
+    assert "overall: coverage_likert: 5.00 (scale 1-10, 2 judgments over 2 events)" in r.output.splitlines()

@@ -107,8 +107,8 @@ def _rating_line(name: str, score: Optional[float], judgments: list, scale: str)
 def _overall_line(name: str, overall: dict[str, Any]) -> str:
     """A `diverse` figure over every event, as `_rating_line` writes one event's."""
     return (f"{name}: {_fmt(overall['score'])} (scale {_scale(name.rsplit('_', 1)[1])}, "
-            f"{counted(overall['judgments'], 'judgment')}" + (f", {overall['failed']} failed" if overall["failed"] else "")
-            + ")")
+            f"{counted(overall['judgments'], 'judgment')} over {counted(overall['events'], 'event')}"
+            + (f", {overall['failed']} failed" if overall["failed"] else "") + ")")
 
 
 def _scale(protocol: str) -> str:
@@ -260,9 +260,8 @@ def diverse_command(
         for name, value in row["scores"].items():
             typer.echo(_rating_line(name, value, row["judgments"][name], _scale(name.rsplit("_", 1)[1])))
     if len(result["events"]) > 1:  # one event's figures are its own, printed above
-        events = counted(len(result["events"]), "event")
         for name, overall in result["overall"].items():
-            typer.echo(f"overall ({events}): {_overall_line(name, overall)}")
+            typer.echo(f"overall: {_overall_line(name, overall)}")
     typer.echo(_usage_line(result), err=True)
     if not any(row["summary"] for row in result["events"]):  # written above: the record keeps every reason
         raise BooklensError(f"no event got a summary (first: {result['events'][0]['error']})")
