@@ -988,3 +988,47 @@ def test_a_generated_summary_without_a_word_is_asked_again_and_never_kept(event)
     lm = scripted(lambda call: {"summary": "\u200b…"})
     pred = DiverseSummarizer("direct")(articles=article_texts(event)[:3])
     assert pred.summary is None and len(lm.backend.calls) == 3 and "no words" in pred.error
+
+
+# ---------------------------------------------------------------------------
+# resuming
+
+
+def test_a_run_a_backend_failure_stopped_resumes_with_exactly_the_calls_it_lacks(tmp_path):
+    """Stopped by the backend after 20 of its calls (summaries, sentence picks, references, judges),
+    a `diverse` run rerun on the same cache asks for the others only, and writes what an
+    uninterrupted run writes."""
+    from booklens.diverse_runs import run_diverse
+    from booklens.errors import LMError
+
+    given = json.loads(FIXTURE.read_text())[0]
+    other = {**given, "eid": "ev-0002", "question_answers": [],
+             "articles": [{**a, "content": "Update. " + a["content"]} for a in given["articles"]]}
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([given, other]))
+
+    def run(cache, fail_after=None):
+        calls = []
+
+        def responder(call):
+            calls.append(call)
+            if fail_after is not None and len(calls) > fail_after:
+                raise LMError("the server went away")
+            likert = "questions_and_answers" in call.inputs or "1 to 10" in call.system
+            answer = {"summary": "Sources differ on the cause.", "explanation": "e", "rating": 7 if likert else 1,
+                      "picks": [1, 2, 3], "questions": ["What caused the crack?", "How long will it last?"],
+                      "answers": ["corrosion"], "groups": [[1, 2]], "invalid": [], "diverse": [1, 2]}
+            return {name: answer[name] for name in call.output_fields}
+
+        lm = ScriptedLM(responder, cache_dir=cache)
+        return run_diverse(events, lm=lm, method="extract", generate_questions=2, faithfulness="both",
+                           concurrency=1), calls
+
+    whole, calls = run(tmp_path / "whole")
+    total = len(calls)
+    with pytest.raises(LMError, match="the server went away"):
+        run(tmp_path / "stopped", fail_after=20)
+    resumed, calls = run(tmp_path / "stopped")
+    assert total == 93 and len(calls) == total - 20
+    assert resumed["usage"]["calls"] == total and resumed["usage"]["cached_calls"] == 20
+    assert resumed["events"] == whole["events"]
