@@ -67,7 +67,7 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
     """The `booklens diverse` run (kind `booklens.diverse`): `summarize_events` over an events
     file, with LM usage and time. `faithfulness` is one of FAITHFULNESS_CHOICES; the other
     `options` are those of `booklens.programs.diverse.summarize_events`."""
-    if faithfulness not in FAITHFULNESS_CHOICES:
+    if not isinstance(faithfulness, str) or faithfulness not in FAITHFULNESS_CHOICES:  # a list is no key
         raise BooklensError(f"unknown faithfulness choice {faithfulness!r}: use {', '.join(FAITHFULNESS_CHOICES)}")
     events = load_events(_path(events_path, "the events file", "summarize_events takes loaded events"))
     from booklens.programs.diverse import check_event_options, summarize_events
@@ -207,8 +207,8 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
     return {"kind": "booklens.judge", "events_file": str(events_path),
             "summaries": [str(p) for p in (summaries_path, other_path) if p is not None], "protocol": protocol,
             "criterion": criterion, "max_articles": max_articles, "per_qa": per_qa, "lm": lm_label(model),
-            "events": rows, "overall": overall, "not_judged": not_judged, "generated_references": generated, "usage": measured.usage,
-            "seconds": measured.seconds}
+            "events": rows, "overall": overall, "not_judged": not_judged, "generated_references": generated,
+            "usage": measured.usage, "seconds": measured.seconds}
 
 
 def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path, *, criterion: str = "both",

@@ -109,7 +109,8 @@ def test_fixture_event_loads(event):
     ([{**small_event(3), "articles": [{**a, "aid": "a1" if i else a["aid"]} for i, a in enumerate(
         small_event(3)["articles"])]}], "article id 'a1' is given twice"),
     # an article or an answer of punctuation alone says nothing to summarize or to cover
-    ([{**small_event(), "articles": [small_event()["articles"][0], {**small_event()["articles"][1], "content": "* * *"}]}],
+    ([{**small_event(), "articles": [small_event()["articles"][0],
+                                     {**small_event()["articles"][1], "content": "* * *"}]}],
      "articles.1.content: article content has no words (only punctuation, symbols or invisible characters)"),
     ([{**small_event(), "question_answers": [{"question": "q", "answer_groups": [[{"aid": "a0", "answer": "..."}]]}]}],
      "an answer has no words"),

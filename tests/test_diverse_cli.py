@@ -722,6 +722,8 @@ def test_diverse_builds_no_references_for_an_event_whose_summary_failed_and_says
     ("run_diverse", ["EVENTS"], {"context_window": "8192"}, "--context-window must be at least 256 (got '8192')"),
     ("run_diverse", ["EVENTS"], {"judge": "no"}, "judge must be True or False, not 'no'"),
     ("run_diverse", ["EVENTS"], {"diversity_filter": None}, "diversity_filter must be True or False, not None"),
+    ("run_diverse", ["EVENTS"], {"faithfulness": ["likert"]},
+     "unknown faithfulness choice ['likert']: use binary, likert, both, none"),
     ("judge_summaries", ["EVENTS", {"ev-0001": "A summary."}], {},
      "the summaries file must be a path, not {'ev-0001': 'A summary.'}"),
     ("judge_summaries", ["EVENTS_LIST", "SUMMARIES"], {}, "the events file must be a path, not a list"),
