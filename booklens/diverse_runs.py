@@ -259,9 +259,11 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
         shown = "one string" if isinstance(protocols, str) else type(protocols).__name__
         raise BooklensError(f"protocols must be a list of verbosity protocols ({', '.join(VERBOSITY_PROTOCOLS)}), "
                             f"not {shown}")
+    if not protocols:
+        raise BooklensError(f"protocols is empty: give {', '.join(VERBOSITY_PROTOCOLS)} or both")
     unknown = [p for p in protocols if p not in VERBOSITY_PROTOCOLS]
-    if unknown or not protocols:
-        raise BooklensError(f"unknown verbosity protocol {(unknown or [''])[0]!r}: use single or pairwise")
+    if unknown:
+        raise BooklensError(f"unknown verbosity protocol {unknown[0]!r}: use single or pairwise")
     _check_case_options(criteria, protocols, per_qa, max_articles, concurrency)
     events_path, summaries = _path(events_path, "the events file"), _path(summaries, "the summaries file")
     events = load_events(events_path)

@@ -735,6 +735,8 @@ def test_diverse_builds_no_references_for_an_event_whose_summary_failed_and_says
      "protocols must be a list of verbosity protocols (single, pairwise), not one string"),
     ("verbosity_bias_study", ["EVENTS", "SUMMARIES"], {"protocols": None},
      "protocols must be a list of verbosity protocols (single, pairwise), not NoneType"),
+    ("verbosity_bias_study", ["EVENTS", "SUMMARIES"], {"protocols": []},
+     "protocols is empty: give single, pairwise or both"),
 ])
 def test_the_library_runs_refuse_wrong_types_in_one_line_before_any_call(run, args, options, message, tmp_path):
     """What README names as the library's entry points, given a value of the wrong type (the loaded
