@@ -148,16 +148,36 @@ class BookQA(Module):
         lm = dspy.settings.lm
         return getattr(lm, "context_window", None) or DEFAULT_CONTEXT_WINDOW
 
-    def context_budget(self, question: str, options: Optional[str]) -> int:
-        """Tokens left for the book or passages once the prompt and the answer are counted."""
-        inputs: dict[str, Any] = {"context": "", "question": question}
+    def context_budget(self, question: str, options: Optional[str], book_title: str = "") -> int:
+        """Tokens left for the book or passages once the prompt and the answer are counted. A one-line
+        error when none are left (closed-book, with evidence none: when the question's prompt alone
+        does not fit)."""
+        closed_book = self.evidence == "none"
+        if closed_book:
+            predictor = self.answer_closed_book
+            inputs: dict[str, Any] = {"book_title": book_title or "(untitled)", "question": question}
+        else:
+            predictor, inputs = self.answer, {"context": "", "question": question}
         if self.setting == "mc":
             inputs["options"] = options or ""
         reserve = ANSWER_RESERVE[self.setting] + (EVIDENCE_RESERVE if self.quote_evidence else 0)
-        budget = int(self.window() * BUDGET_MARGIN) - prompt_tokens(self.answer, **inputs) - reserve
-        if budget <= 0:
-            raise BooklensError(f"the context window ({self.window()} tokens) cannot hold the question prompt")
+        prompt = prompt_tokens(predictor, **inputs)
+        budget = int(self.window() * BUDGET_MARGIN) - prompt - reserve
+        if budget < 0 or budget == 0 and not closed_book:
+            raise BooklensError(f"the context window ({self.window()} tokens) cannot hold the question prompt "
+                                f"({prompt} tokens" + (" with its options" if self.setting == "mc" else "")
+                                + ("" if closed_book else ", before any of the book") + ")")
         return budget
+
+    def check_fits(self, questions: Sequence[Any], book_title: str = "") -> None:
+        """Refuse, before any call, a question (a NovelQA record) whose prompt leaves no room in the
+        window: one line naming it. Found by its own call, it stopped the run after the questions
+        asked before it (and closed-book, its prompt went to the model whole)."""
+        for q in questions:
+            try:
+                self.context_budget(q.question, q.options_text() if self.setting == "mc" else None, book_title)
+            except BooklensError as exc:
+                raise BooklensError(f"question {q.qid}: {exc}") from None
 
     def prepare(self, book: str) -> None:
         """Build what the questions about `book` will search (its index, and its embeddings where
@@ -176,15 +196,15 @@ class BookQA(Module):
             index.ensure_dense()
 
     def select_context(self, book: str, question: str, options: Optional[str] = None,
-                       gold_evidence: Optional[Sequence[str]] = None) -> dict[str, Any]:
+                       gold_evidence: Optional[Sequence[str]] = None, book_title: str = "") -> dict[str, Any]:
         """What the model reads: {mode, text, passages [(index, start, end)], tokens}."""
         from booklens.metrics.qa import shown_shares
         from booklens.retrieval.index import cut_passage
         from booklens.text import count_tokens, truncate_to_tokens
 
+        budget = self.context_budget(question, options, book_title)
         if self.evidence == "none":
             return {"mode": "closed-book", "text": "", "passages": [], "tokens": 0}
-        budget = self.context_budget(question, options)
         if self.evidence == "given":
             quotes = [e.strip() for e in (gold_evidence or []) if e and e.strip()]
             text = "\n\n".join(quotes)
@@ -228,7 +248,7 @@ class BookQA(Module):
                 gold_evidence: Optional[Sequence[str]] = None, book_title: str = "") -> dspy.Prediction:
         if self.setting == "mc" and not (options and options.strip()):
             raise BooklensError("the multiple-choice setting needs the options of the question")
-        context = self.select_context(book, question, options, gold_evidence)
+        context = self.select_context(book, question, options, gold_evidence, book_title)
         if context["mode"] == "closed-book":
             predictor = self.answer_closed_book
             inputs: dict[str, Any] = {"book_title": book_title or "(untitled)", "question": question}
@@ -398,6 +418,7 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
     # so a backend that reuses the prompt prefix (the book) keeps it between questions.
     by_qid = {q.qid: q for q in questions}
     if questions:
+        program.check_fits(questions, book_title)
         program.prepare(book)
     records = parallel_map(run, list(questions), concurrency=concurrency, desc=desc)
     to_judge = [r for r in records if setting == "gen" and r.gold is not None and r.prediction is not None]

@@ -213,6 +213,21 @@ def test_context_budget_respects_the_window():
     assert count_tokens(seen[-1]) < 3000 * 0.8
 
 
+@pytest.mark.parametrize("evidence", ["none", "given", "bm25", "book"])
+def test_a_question_whose_prompt_cannot_fit_the_window_is_refused_by_name_before_any_call(evidence):
+    """One question whose options alone outgrow the window stopped the run after the questions before
+    it had been asked, with a line naming no question; closed-book, its prompt went to the model whole."""
+    long = {**QUESTION, "QID": "T-2", "Options": {**QUESTION["Options"], "A": "the heron and the gull " * 2000}}
+    questions = parse_questions([QUESTION, long, {**QUESTION, "QID": "T-3"}])
+    lm = scripted(lambda call: {"answer": "B"})
+    with pytest.raises(BooklensError, match=r"^question T-2: the context window \(8192 tokens\) cannot hold the "
+                                            r"question prompt \(\d+ tokens with its options"):
+        answer_questions(BookQA("mc", evidence), make_book(), questions, concurrency=1)
+    assert len(lm.backend.calls) == 0
+    # a prompt that fits, closed-book, is asked as before
+    assert answer_questions(BookQA("mc", evidence), make_book(), questions[:1])[0].correct is True
+
+
 def test_closed_book_and_given_evidence():
     book = make_book()
     q = parse_questions([QUESTION])
