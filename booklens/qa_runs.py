@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, kind_of
 from booklens.lm.base import lm_label
 from booklens.retrieval import QA_BOOK_RANK_MODE
 
@@ -92,13 +92,27 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     from booklens.data.novelqa import check_evidence_recall, check_setting, load_questions
     from booklens.inputs import as_path
     from booklens.parallel import check_at_least
-    from booklens.retrieval import BOOK_MODES, check_evidence_options, index_dir, retrieval_settings
+    from booklens.retrieval import (BOOK_MODES, MIN_PASSAGE_TOKENS, check_evidence_options, index_dir,
+                                    retrieval_settings)
     from booklens.text import count_tokens, read_book
+    from booklens.vocabulary import MIN_QA_CONTEXT_WINDOW
 
     book, questions = as_path(book, "the book"), as_path(questions, "the question file")
-    if limit is not None:
-        check_at_least("--limit", limit)
+    # The bounds the command's options have, for a library caller who skips them.
+    for option, value, least in (("--limit", limit, 1), ("--k", k, 1),
+                                 ("--passage-tokens", passage_tokens, MIN_PASSAGE_TOKENS),
+                                 ("--context-window", context_window, MIN_QA_CONTEXT_WINDOW)):
+        if value is not None:
+            check_at_least(option, value, least)
+    check_at_least("--position-threshold", position_threshold)
     check_at_least("--concurrency", concurrency)
+    if title is not None and not isinstance(title, str):
+        raise BooklensError(f"title must be text, not {type(title).__name__}")
+    if not isinstance(quote_evidence, bool):  # "no" would read as True
+        raise BooklensError(f"quote_evidence must be True or False, not {kind_of(quote_evidence)}")
+    if lm_options is not None and not isinstance(lm_options, Mapping):
+        raise BooklensError(f"lm_options must be a mapping of backend options (structured, rpm, tpm), not "
+                            f"{kind_of(lm_options)}")
     if title is not None and not title.strip():  # `--title "$TITLE"` with TITLE unset, say
         raise BooklensError("--title is empty: name the book, or leave the option out (the file name gives the "
                             f"title: {title_from_path(book)!r})")

@@ -43,6 +43,8 @@ DEFAULT_GENERATION_ALLOWANCE = 64
 MIN_CHUNK_SIZE = 64
 MIN_CONTEXT_WINDOW = 512
 MIN_SUMMARY_TOKENS = 16
+# The smallest window `qa` and `diverse` take (--context-window), the library calls too.
+MIN_QA_CONTEXT_WINDOW = 256
 # The range of words a prompt may ask for per token of budget.
 MIN_WORDS_PER_TOKEN = 0.1
 MAX_WORDS_PER_TOKEN = 2.0

@@ -172,6 +172,39 @@ def test_run_book_qa_takes_paths_as_strings_and_refuses_a_limit_below_one(tmp_pa
     assert len(lm.backend.calls) == 2
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"evidence": "bm25", "k": "5"}, r"^--k must be at least 1 \(got '5'\)$"),               # a TypeError
+    ({"evidence": "bm25", "k": 2.5}, r"^--k must be at least 1 \(got 2\.5\)$"),              # 2.5 passages asked
+    ({"evidence": "bm25", "passage_tokens": "64"}, r"^--passage-tokens must be at least 32 "),  # a TypeError
+    ({"evidence": "bm25", "passage_tokens": 10}, r"^--passage-tokens must be at least 32 \(got 10\)$"),
+    ({"position_threshold": 0}, r"^--position-threshold must be at least 1 \(got 0\)$"),     # 'pre-0', 'post-0'
+    ({"position_threshold": "100000"}, r"^--position-threshold must be at least 1 "),        # a TypeError
+    ({"context_window": 0}, r"^--context-window must be at least 256 \(got 0\)$"),          # recorded, unused
+    ({"context_window": "8192"}, r"^--context-window must be at least 256 "),                # a TypeError
+    ({"title": 5}, r"^title must be text, not int$"),                                      # an AttributeError
+    ({"quote_evidence": "no"}, r"^quote_evidence must be True or False, not the string 'no'$"),  # read as True
+    ({"lm_options": [("rpm", 10)]}, r"^lm_options must be a mapping of backend options"),   # a TypeError
+])
+def test_run_book_qa_refuses_settings_of_the_wrong_kind_in_one_line_before_any_call(tmp_path, options, message):
+    """Settings the command line bounds (--k, --passage-tokens, --position-threshold, --context-window)
+    or types reached `run_book_qa` unchecked: a TypeError or AttributeError, or a run with a setting no
+    command takes (position 0, a window of 0 recorded as given but not applied)."""
+    import json
+
+    from booklens.qa_runs import run_book_qa
+
+    book = tmp_path / "the_lamp.txt"
+    book.write_text(BOOK_TEXT)
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([{"QID": "T-1", "Question": "Where does Mara walk?", "Aspect": "plot",
+                                      "Complexity": "sh", "Options": {"A": "To the sea", "B": "To the mill"},
+                                      "Gold": "B"}]))
+    lm = ScriptedLM(lambda call: {"answer": "B"})
+    with pytest.raises(BooklensError, match=message):
+        run_book_qa(book, questions, lm=lm, cache_dir=tmp_path / "c", **options)
+    assert len(lm.backend.calls) == 0
+
+
 @pytest.mark.parametrize("text", ["... ...", "\u2026", "  "])
 def test_a_summary_without_words_is_refused_not_scored_perfect(tmp_path, book, text):
     """A summary of nothing but punctuation scored BooookScore 1.0 and 100% faithful (nothing in it

@@ -45,6 +45,7 @@ from booklens.vocabulary import (
     EVIDENCE_RECALL_MODES,
     FAITHFULNESS_CHOICES,
     JUDGE_PROTOCOLS,
+    MIN_QA_CONTEXT_WINDOW,
     QA_SETTINGS,
     RATING_SCALES,
     VERBOSITY_PROTOCOLS,
@@ -70,7 +71,7 @@ EVIDENCE_HELP = (Evidence.help + " With 'book', a book longer than the window is
                  "best, which is retrieval; the printed modes say which happened.")
 
 ContextWindowOption = Annotated[Optional[int], typer.Option(
-    "--context-window", min=256,
+    "--context-window", min=MIN_QA_CONTEXT_WINDOW,
     help=f"Tokens the model reads at once (default: the model's window, else {DEFAULT_CONTEXT_WINDOW}).")]
 MaxArticlesOption = Annotated[Optional[int], typer.Option(
     "--max-articles", min=1, help="Judge faithfulness against only the first N articles of each event.")]
