@@ -46,6 +46,19 @@ Aspect = Literal["character", "meaning", "plot", "relation", "setting", "span", 
 Complexity = Literal["mh", "sh", "dtl"]
 
 
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value from the file as an error line quotes it: its repr, cut to `limit` characters (a whole
+    passage pasted where a letter goes would make the one line pages long)."""
+    shown = repr(value)
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """A question's QID as an error line names it (unquoted), cut as `_shown` cuts a value."""
+    text = str(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _option_text(value: Any) -> Any:
     """An option or a reference answer as written: a number ("A": 1862, a year or a count) is its
     text; other values are left to be refused."""
@@ -98,9 +111,9 @@ class NovelQAQuestion(BaseModel):
             for key, text in value.items():
                 letter = str(key).strip().upper()
                 if len(letter) != 1 or not letter.isalpha():
-                    raise ValueError(f"option keys must be letters such as A-D, got {key!r}")
+                    raise ValueError(f"option keys must be letters such as A-D, got {_shown(key)}")
                 if letter in keys:  # keeping one of the two would drop an option unseen
-                    raise ValueError(f"option keys {keys[letter]!r} and {key!r} are the same letter {letter}")
+                    raise ValueError(f"option keys {_shown(keys[letter])} and {_shown(key)} are the same letter {letter}")
                 text = _option_text(text)
                 if not isinstance(text, str):
                     raise ValueError(f"option {key} must be text")
@@ -173,7 +186,7 @@ class NovelQAQuestion(BaseModel):
                      else ", ".join(map(str, indices)))
             raise ValueError(f"{value} is not the index of an option ({valid})")
         if options is not None and gold not in options:
-            raise ValueError(f"{value!r} is not one of the options {', '.join(options)}")
+            raise ValueError(f"{_shown(value)} is not one of the options {', '.join(options)}")
         return gold
 
     def options_text(self) -> str:
@@ -189,7 +202,7 @@ def parse_questions(payload: Any, source: str = "questions") -> list[NovelQAQues
             for key, value in payload.items():
                 # the key names the question; an entry naming another would be matched to the wrong one
                 if "QID" in value and str(value["QID"]).strip() != str(key).strip():
-                    raise BooklensError(f"{source}: question {key} carries another QID, {value['QID']!r}: "
+                    raise BooklensError(f"{source}: question {_short(key)} carries another QID, {_shown(value['QID'])}: "
                                         "give each question one QID")
             payload = [{"QID": k, **v} for k, v in payload.items()]
         else:
@@ -205,13 +218,13 @@ def parse_questions(payload: Any, source: str = "questions") -> list[NovelQAQues
         if not isinstance(item, dict):
             raise BooklensError(f"{where} is {type(item).__name__}, not an object with QID, Question, Aspect, ...")
         if "QID" in item:
-            where += f" ({item['QID']})"
+            where += f" ({_short(item['QID'])})"
         try:
             q = NovelQAQuestion.model_validate(item)
         except ValidationError as exc:
             raise BooklensError(f"{where}: {_first_problem(exc)}") from None
         if q.qid in seen:
-            raise BooklensError(f"{where}: duplicate QID {q.qid}")
+            raise BooklensError(f"{where}: duplicate QID {_short(q.qid)}")
         seen.add(q.qid)
         questions.append(q)
     return questions
@@ -234,11 +247,11 @@ def check_setting(questions: list[NovelQAQuestion], setting: str, source: str = 
         for q in questions:
             if not q.options:
                 raise BooklensError(
-                    f"{source}: question {q.qid} has no Options; the multiple-choice setting (--setting mc) needs "
+                    f"{source}: question {_short(q.qid)} has no Options; the multiple-choice setting (--setting mc) needs "
                     "them (use --setting gen for free-text answers)")
             if len(q.options) < 2:
                 raise BooklensError(
-                    f"{source}: question {q.qid} has one option ({next(iter(q.options))}); the multiple-choice "
+                    f"{source}: question {_short(q.qid)} has one option ({next(iter(q.options))}); the multiple-choice "
                     "setting (--setting mc) needs two or more (use --setting gen for free-text answers)")
 
 
@@ -305,5 +318,5 @@ def _first_problem(exc: ValidationError) -> str:
     loc = ".".join(str(p) for p in err.get("loc", ()))
     if err.get("type") == "literal_error" and loc in ("Aspect", "Complexity"):
         allowed = ", ".join(ASPECTS if loc == "Aspect" else COMPLEXITIES)
-        return f"{loc} must be one of {allowed} (got {err.get('input')!r})"
+        return f"{loc} must be one of {allowed} (got {_shown(err.get('input'))})"
     return validation_problem(exc)

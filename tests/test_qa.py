@@ -264,6 +264,18 @@ def test_given_evidence_cut_to_fit_counts_only_what_was_shown():
     assert whole.gold_evidence_in_context == 1.0
 
 
+@pytest.mark.parametrize("field, value", [("Gold", "x" * 5000), ("Aspect", "x" * 5000),
+                                          ("Options", {"A" * 5000: "x", "B": "y"}), ("QID", "q" * 5000)])
+def test_a_long_value_in_the_question_file_is_quoted_short_in_its_error_line(field, value):
+    """A passage pasted where a letter goes was quoted whole: an error line of 5,000 characters."""
+    payload = [{**QUESTION, field: value}]
+    if field == "QID":  # a long QID is fine; its question's own error names it
+        payload = [{**QUESTION, "QID": value, "Gold": "E"}, {**QUESTION, "QID": value}]
+    with pytest.raises(BooklensError) as caught:
+        parse_questions(payload, source="q.json")
+    assert len(str(caught.value)) < 300, str(caught.value)
+
+
 def test_a_question_keyed_by_one_qid_carrying_another_is_refused():
     """{"Q1": {"QID": "Q2", ...}}: which one is meant is a guess (the entry's won, silently)."""
     entry = {k: v for k, v in QUESTION.items() if k != "QID"}
