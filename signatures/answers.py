@@ -6,6 +6,7 @@ when it reads an answer; the prompt and the JSON schema still show the values as
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Annotated, Any, Callable, Literal, Mapping
 
 from pydantic import BeforeValidator
@@ -22,7 +23,10 @@ def _plain_quotes(text: str) -> str:
 
 
 def _key(text: str) -> str:
-    return " ".join(_plain_quotes(text).strip(_EDGES).lower().split())
+    """How two values are compared: whatever their case, spacing, wrapping and quotation marks, and
+    in NFKC form (an accent composed or combining, a full-width letter as its plain one)."""
+    text = unicodedata.normalize("NFKC", _plain_quotes(text))
+    return " ".join(text.strip(_EDGES).lower().split())
 
 
 def choice_reader(values: tuple[str, ...]) -> Callable[[Any], Any]:

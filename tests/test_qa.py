@@ -375,6 +375,21 @@ def test_an_answer_written_as_one_options_text_is_read_as_its_letter(written, ev
     assert len(lm.backend.calls) == 1
 
 
+@pytest.mark.parametrize("option, written", [
+    ("E\u0301lodie Ferrand", "\u00c9lodie Ferrand"),   # the file's accent a combining mark, the model's one letter
+    ("\u00c9lodie Ferrand", "E\u0301lodie Ferrand"),   # and the other way round
+    ("The Marigold", "\uff22"),                         # a full-width B, as models write it among CJK text
+])
+def test_an_answer_is_read_whatever_the_composing_of_its_letters(option, written):
+    """The same text composed another way (NFC against NFD) or in full-width letters was no option's
+    text and no letter: re-asked, then counted wrong after three calls."""
+    q = parse_questions([{**QUESTION, "Options": {**QUESTION["Options"], "B": option}}])
+    lm = scripted(lambda call: {"answer": written})
+    rec = answer_questions(BookQA("mc", "none"), make_book(20), q)[0]
+    assert (rec.prediction, rec.correct, rec.attempts) == ("B", True, 1)
+    assert len(lm.backend.calls) == 1
+
+
 def test_an_options_text_that_starts_like_a_letter_of_no_option_is_read_as_its_letter():
     """"J. Smith" starts as a letter would, but J is no option: it is the text of option C."""
     q = parse_questions([{**QUESTION, "Options": {"A": "The Heron", "B": "The Marigold", "C": "J. Smith",
