@@ -301,6 +301,7 @@ class QAPrediction(BaseModel):
     context_tokens: int = 0
     gold_evidence_start_token: Optional[int] = Field(
         default=None, description="token index where the first located gold evidence quote starts")
+    gold_evidence_quotes: int = Field(default=0, description="the question's gold evidence entries (Evidences)")
     gold_evidence_located: int = 0
     gold_evidence_in_context: Optional[float] = Field(
         default=None, description="share of located gold evidence quotes that the context contained")

@@ -156,6 +156,17 @@ def no_reference_note(records: Sequence[Any], setting: str) -> Optional[str]:
             "is given")
 
 
+def unlocated_evidence_note(records: Sequence[Any], book_name: str) -> Optional[str]:
+    """A question for the user when the questions come with gold evidence and not one entry of it
+    occurs in the book (the question file of another book, say), else None. Every question is then
+    'unlocated' and the accuracy is over answers to questions about something else."""
+    quotes = sum(_get(r, "gold_evidence_quotes") or 0 for r in records)
+    if not quotes or any(_get(r, "gold_evidence_located") for r in records):
+        return None
+    return (f"none of the questions' {quotes} gold evidence {'quote' if quotes == 1 else 'quotes'} occurs in "
+            f"{book_name}: are the questions about this book?")
+
+
 def accuracy_by_type(records: Sequence[Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """{complexity|'avg': {aspect|'avg': {n, correct, accuracy}}}: the seed's Table 3 layout."""
     table: dict[str, dict[str, dict[str, Any]]] = {}

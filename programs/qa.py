@@ -403,6 +403,7 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
                       if pred.context_mode == "retrieval"],
             context_tokens=pred.context_tokens,
             gold_evidence_start_token=min((s.start_token for s in located), default=None),
+            gold_evidence_quotes=sum(1 for e in q.evidences if e.strip()),
             gold_evidence_located=len(located), gold_evidence_in_context=in_context,
             quote_recall=quote_recall(located, pred.evidence, locator) if program.quote_evidence and located
             else None,

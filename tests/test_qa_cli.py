@@ -266,3 +266,24 @@ def test_questions_without_a_reference_are_answered_and_say_why_there_is_no_accu
                          server.url, "--setting", "gen", "--evidence", "none"], tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     assert "note: " not in result.stderr
+
+
+def test_questions_whose_evidence_occurs_nowhere_in_the_book_are_noted(tmp_path, book, monkeypatch):
+    """The question file of another book ran to an accuracy with every question 'unlocated' and no
+    word of why: a note says none of the gold evidence occurs in the book. One located quote is enough
+    to say nothing."""
+    elsewhere = {**QUESTION, "Evidences": ["the brig Osprey left Dunmore at dawn", "Dunmore harbour froze"]}
+    q = write(tmp_path, "q.json", [elsewhere, {**elsewhere, "QID": "T-2", "Evidences": []}])
+    with FakeOpenAIServer(responder=answer_everything) as server:
+        result = invoke(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base",
+                         server.url, "--evidence", "none"], tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: none of the questions' 2 gold evidence quotes occurs in book.txt: are the questions "
+                     "about this book?"], result.stderr
+    some = write(tmp_path, "some.json", [elsewhere, {**QUESTION, "QID": "T-2"}])
+    with FakeOpenAIServer(responder=answer_everything) as server:
+        result = invoke(["qa", str(book), "--questions", str(some), "--lm", "openai/test-model", "--api-base",
+                         server.url, "--evidence", "none"], tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert "note: " not in result.stderr

@@ -160,7 +160,7 @@ def qa_command(
     output: OutputOption = None,
 ) -> None:
     """Answer NovelQA-format questions about a book and print accuracy by question type and evidence position."""
-    from booklens.metrics.qa import format_report, no_reference_note
+    from booklens.metrics.qa import format_report, no_reference_note, unlocated_evidence_note
     from booklens.qa_runs import run_book_qa
 
     result = run_book_qa(book, questions, setting=setting.value, evidence=evidence.value, k=k,
@@ -179,9 +179,10 @@ def qa_command(
     typer.echo(format_report(result["report"]))
     typer.echo(_usage_line(result), err=True)
     _fail_if_judged_nothing(result)
-    note = no_reference_note(result["predictions"], result["setting"])
-    if note:
-        typer.echo(f"note: {note}", err=True)
+    for note in (no_reference_note(result["predictions"], result["setting"]),
+                 unlocated_evidence_note(result["predictions"], book.name)):
+        if note:
+            typer.echo(f"note: {note}", err=True)
 
 
 # ---------------------------------------------------------------------------
