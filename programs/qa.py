@@ -33,8 +33,8 @@ from typing import Any, Optional, Sequence
 
 import dspy
 
-from booklens.errors import BooklensError
-from booklens.lm import filter_stopped, predict_with_retries
+from booklens.errors import BooklensError, first_line
+from booklens.lm import ContextWindowExceeded, filter_stopped, predict_with_retries
 from booklens.programs.base import Module, Predict, prompt_tokens
 from booklens.signatures.qa import (
     AnswerMultipleChoice,
@@ -305,10 +305,13 @@ class AnswerJudge(Module):
 
     def forward(self, question: str, correct_answer: str, student_answer: str,
                 evidence: Optional[Sequence[str]] = None, book_title: str = "") -> dspy.Prediction:
-        attempt = predict_with_retries(self.judge, tries=self.tries, check=lambda p: filter_stopped("verdict"),
-                                       book_title=book_title or "(untitled)",
-                                       question=question, correct_answer=correct_answer,
-                                       supporting_evidence=list(evidence or []), student_answer=student_answer)
+        try:
+            attempt = predict_with_retries(self.judge, tries=self.tries, check=lambda p: filter_stopped("verdict"),
+                                           book_title=book_title or "(untitled)",
+                                           question=question, correct_answer=correct_answer,
+                                           supporting_evidence=list(evidence or []), student_answer=student_answer)
+        except ContextWindowExceeded as exc:  # this question's evidence is too long: its verdict fails
+            return dspy.Prediction(correct=None, reason=None, error=first_line(exc), attempts=1)
         if not attempt.ok:
             return dspy.Prediction(correct=None, reason=None, error=attempt.error, attempts=attempt.attempts)
         p = attempt.prediction
@@ -339,10 +342,13 @@ class EvidenceJudge(Module):
         quotes = [q for q in student_evidence if q and q.strip()]
         if not quotes:
             return dspy.Prediction(scores={name: 0 for name in EVIDENCE_CRITERIA}, mean=0.0, error=None, attempts=0)
-        got = predict_with_retries(self.score, tries=self.tries, check=self.check,
-                                   book_title=book_title or "(untitled)", question=question,
-                                   correct_answer=correct_answer, correct_evidence=list(correct_evidence),
-                                   student_answer=student_answer or "(no answer)", student_evidence=quotes)
+        try:
+            got = predict_with_retries(self.score, tries=self.tries, check=self.check,
+                                       book_title=book_title or "(untitled)", question=question,
+                                       correct_answer=correct_answer, correct_evidence=list(correct_evidence),
+                                       student_answer=student_answer or "(no answer)", student_evidence=quotes)
+        except ContextWindowExceeded as exc:  # the evidence is too long to show: this question's scores fail
+            return dspy.Prediction(scores=None, mean=None, error=first_line(exc), attempts=1)
         if not got.ok:
             return dspy.Prediction(scores=None, mean=None, error=got.error, attempts=got.attempts)
         scores = {name: getattr(got.prediction, name) for name in EVIDENCE_CRITERIA}

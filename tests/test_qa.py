@@ -499,6 +499,34 @@ def test_an_option_written_over_several_lines_is_shown_on_one():
     assert lm.backend.calls[0].inputs["options"] == q.options_text()
 
 
+@pytest.mark.parametrize("quote", [False, True])
+def test_a_judge_prompt_too_long_for_the_window_costs_its_question_only(quote):
+    """Gold evidence too long for the judges' window (the answer's `given` context cuts it, bm25 does not
+    show it) stopped the whole run at the first verdict, every answer's result lost, and so again on
+    every rerun: that verdict (or evidence score) fails, recorded, and the others are given."""
+    from booklens.lm.base import ContextWindowExceeded
+
+    long = {**QUESTION, "QID": "T-2", "Evidences": [QUESTION["Evidences"][0] + ". " + "The tide came in. " * 3000]}
+    questions = parse_questions([QUESTION, long, {**QUESTION, "QID": "T-3", "Question": "Which ship sails?"}])
+
+    def answer(call):
+        if sum(len(m["content"]) for m in call.messages) > 8192 * 3:
+            raise ContextWindowExceeded("the prompt (30000 tokens) does not fit the 8192-token context window")
+        if call.wants("verdict"):
+            return {"reason": "same ship", "verdict": "correct"}
+        if call.wants("correctness"):
+            return {"correctness": 80, "relevance": 90, "sufficiency": 70}
+        return {"answer": "The Marigold", "evidence": ["Captain Orrin Vell sailed the lighthouse tender Marigold"]}
+
+    scripted(answer)
+    records = answer_questions(BookQA("gen", "bm25", quote_evidence=quote), make_book(), questions)
+    assert [r.correct for r in records] == [True, None, True]
+    assert records[1].error == "judge: the prompt (30000 tokens) does not fit the 8192-token context window"
+    if quote:
+        assert [r.evidence_score for r in records] == [80.0, None, 80.0]
+        assert records[1].evidence_error == "the prompt (30000 tokens) does not fit the 8192-token context window"
+
+
 def test_generative_answers_are_judged():
     book = make_book(20)
     q = parse_questions([QUESTION])
