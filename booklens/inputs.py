@@ -21,6 +21,9 @@ def claim_key(claim: str) -> str:
 def as_path(value: Any, what: str, hint: Optional[str] = None) -> Path:
     """A path a library caller handed over (a `Path` or a string), or a one-line error naming `what`
     (and `hint`, in brackets, for the slip it is likely to be)."""
+    if isinstance(value, str) and ("\n" in value or "\r" in value):  # a text handed over where its file goes
+        raise BooklensError(f"{what} must be a path, not text (a string of {len(value)} characters over "
+                            f"{len(value.splitlines())} lines)" + (f" ({hint})" if hint else ""))
     if isinstance(value, str) and value.strip():
         return Path(value)
     if isinstance(value, Path):

@@ -110,7 +110,10 @@ def path_refused(path: str | Path, exc: OSError, doing: str = "use") -> Booklens
     """The one-line error for a path the system refuses to look at: a symbolic link loop, a name
     too long, a folder on the way that may not be searched. `doing`: what the command would do
     with it ("use", "write")."""
-    return BooklensError(f"cannot {doing} {os.fsdecode(path)}: {exc.strerror or os.strerror(exc.errno)}")
+    shown = os.fsdecode(path)
+    if len(shown) > 1000:  # no path a user typed, but a text handed over as one: its start says which
+        shown = f"{shown[:60]}... (a name of {len(shown)} characters)"
+    return BooklensError(f"cannot {doing} {shown}: {exc.strerror or os.strerror(exc.errno)}")
 
 
 def present(path: str | Path, doing: str = "use") -> bool:

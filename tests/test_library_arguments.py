@@ -205,6 +205,26 @@ def test_run_book_qa_refuses_settings_of_the_wrong_kind_in_one_line_before_any_c
     assert len(lm.backend.calls) == 0
 
 
+@pytest.mark.parametrize("text", [BOOK_TEXT.replace(". ", ".\n", 3)[:200], BOOK_TEXT],
+                         ids=["lines", "one-long-line"])
+def test_a_book_handed_over_as_its_text_is_refused_in_one_short_line(tmp_path, text):
+    """`run_book_qa(book_text, ...)`: text with line breaks was taken for a path, and the error quoted it
+    whole, over as many lines as it has; a long line of text, 11,000 characters long, was quoted whole."""
+    import json
+
+    from booklens.qa_runs import run_book_qa
+
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([{"QID": "T-1", "Question": "Where does Mara walk?", "Aspect": "plot",
+                                      "Complexity": "sh", "Options": {"A": "To the sea", "B": "To the mill"}}]))
+    lm = ScriptedLM(lambda call: {"answer": "B"})
+    with pytest.raises(BooklensError) as caught:
+        run_book_qa(text, questions, lm=lm, cache_dir=tmp_path / "c")
+    message = str(caught.value)
+    assert len(message.splitlines()) == 1 and len(message) < 200, message
+    assert len(lm.backend.calls) == 0
+
+
 @pytest.mark.parametrize("text", ["... ...", "\u2026", "  "])
 def test_a_summary_without_words_is_refused_not_scored_perfect(tmp_path, book, text):
     """A summary of nothing but punctuation scored BooookScore 1.0 and 100% faithful (nothing in it
