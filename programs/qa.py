@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 
 import dspy
 
-from booklens.errors import BooklensError, first_line
+from booklens.errors import BooklensError, first_line, kind_of
 from booklens.lm import ContextWindowExceeded, filter_stopped, predict_with_retries
 from booklens.programs.base import Module, Predict, prompt_tokens
 from booklens.signatures.qa import (
@@ -94,6 +94,38 @@ class _BookCache:
             return self._indexes[key]
 
 
+def _count(value: Any, name: str) -> Any:
+    """A count a program is built with (k, a window), or a one-line error naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        shown = repr(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else kind_of(value)
+        raise BooklensError(f"{name} must be a whole number of at least 1, not {shown}")
+    return value
+
+
+def _text(value: Any, name: str, hint: str = "") -> str:
+    """A text input of a program (the question, an answer), or a one-line error naming it: None or a
+    number would be asked about as the words 'None' or '7'."""
+    if not isinstance(value, str):
+        raise BooklensError(f"{name} must be text, not {type(value).__name__}{hint}")
+    return value
+
+
+def _quotes(value: Any, name: str) -> list[str]:
+    """Quotes as the programs take them, a list of texts: one text alone is one quote (as the question
+    files' `Evidences` are read), None is none. A text iterated as a list would be its characters."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        wrong = [v for v in value if not isinstance(v, str)]
+        if not wrong:
+            return list(value)
+        raise BooklensError(f"{name} must be a list of quotes (text), not {type(value).__name__} holding "
+                            f"{type(wrong[0]).__name__}")
+    raise BooklensError(f"{name} must be a list of quotes (text), not {type(value).__name__}")
+
+
 def join_passages(passages: Sequence[Any]) -> str:
     """Passages in book order; a gap between non-adjacent passages is marked with '[...]'."""
     parts: list[str] = []
@@ -123,8 +155,11 @@ class BookQA(Module):
             raise BooklensError(f"unknown evidence mode {evidence!r}: use one of {', '.join(EVIDENCE_MODES)}")
         if rank_mode not in SEARCH_MODES:
             raise BooklensError(f"unknown ranking mode {rank_mode!r}: use one of {', '.join(SEARCH_MODES)}")
-        if k < 1:
-            raise BooklensError("k must be at least 1")
+        _count(k, "k")
+        _count(passage_tokens, "passage_tokens")
+        _count(tries, "tries")
+        if context_window is not None:
+            _count(context_window, "context_window")
         self.setting = setting
         self.evidence = evidence
         self.k = k
@@ -246,6 +281,15 @@ class BookQA(Module):
 
     def forward(self, book: str, question: str, options: Optional[str] = None,
                 gold_evidence: Optional[Sequence[str]] = None, book_title: str = "") -> dspy.Prediction:
+        if not isinstance(book, str):
+            raise BooklensError(f"book must be the book's text, not {type(book).__name__} (booklens.text.read_book "
+                                "reads a file)")
+        question = _text(question, "question")
+        if options is not None:
+            _text(options, "options", ": one 'LETTER. text' line per option (NovelQAQuestion.options_text writes "
+                                      "them)")
+        gold_evidence = _quotes(gold_evidence, "gold_evidence")
+        book_title = _text(book_title or "", "book_title")
         if self.setting == "mc" and not (options and options.strip()):
             raise BooklensError("the multiple-choice setting needs the options of the question")
         context = self.select_context(book, question, options, gold_evidence, book_title)
@@ -305,6 +349,10 @@ class AnswerJudge(Module):
 
     def forward(self, question: str, correct_answer: str, student_answer: str,
                 evidence: Optional[Sequence[str]] = None, book_title: str = "") -> dspy.Prediction:
+        for name, value in (("question", question), ("correct_answer", correct_answer),
+                            ("student_answer", student_answer), ("book_title", book_title or "")):
+            _text(value, name)
+        evidence = _quotes(evidence, "evidence")
         try:
             attempt = predict_with_retries(self.judge, tries=self.tries, check=lambda p: filter_stopped("verdict"),
                                            book_title=book_title or "(untitled)",
@@ -339,7 +387,11 @@ class EvidenceJudge(Module):
 
     def forward(self, question: str, correct_answer: str, correct_evidence: Sequence[str], student_answer: str,
                 student_evidence: Sequence[str], book_title: str = "") -> dspy.Prediction:
-        quotes = [q for q in student_evidence if q and q.strip()]
+        for name, value in (("question", question), ("correct_answer", correct_answer),
+                            ("student_answer", student_answer or ""), ("book_title", book_title or "")):
+            _text(value, name)
+        correct_evidence = _quotes(correct_evidence, "correct_evidence")
+        quotes = [q for q in _quotes(student_evidence, "student_evidence") if q.strip()]
         if not quotes:
             return dspy.Prediction(scores={name: 0 for name in EVIDENCE_CRITERIA}, mean=0.0, error=None, attempts=0)
         try:

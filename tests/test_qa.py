@@ -527,6 +527,56 @@ def test_a_judge_prompt_too_long_for_the_window_costs_its_question_only(quote):
         assert records[1].evidence_error == "the prompt (30000 tokens) does not fit the 8192-token context window"
 
 
+def test_evidence_handed_to_the_programs_as_one_string_is_one_quote():
+    """A quote given as a string, not a list of them, was read character by character: `given` showed
+    the model 'C', 'a', 'p', ... a paragraph each, and the judges were handed a list of letters."""
+    import json as _json
+
+    quote = QUESTION["Evidences"][0]
+    seen = []
+    scripted(lambda call: seen.append(call.inputs) or (
+        {"reason": "same", "verdict": "correct"} if call.wants("verdict")
+        else {"correctness": 90, "relevance": 90, "sufficiency": 90} if call.wants("correctness")
+        else {"answer": "B"}))
+    pred = BookQA("mc", "given")(book=make_book(20), question=QUESTION["Question"],
+                                 options="A. The Heron\nB. The Marigold", gold_evidence=quote)
+    assert pred.context_mode == "given" and seen[-1]["context"] == quote
+    AnswerJudge()(question="Which ship?", correct_answer="The Marigold", student_answer="the Marigold",
+                  evidence=quote)
+    assert _json.loads(seen[-1]["supporting_evidence"]) == [quote]
+    scored = EvidenceJudge()(question="Which ship?", correct_answer="The Marigold", correct_evidence=quote,
+                             student_answer="the Marigold", student_evidence=quote)
+    assert _json.loads(seen[-1]["correct_evidence"]) == [quote]
+    assert _json.loads(seen[-1]["student_evidence"]) == [quote] and scored.mean == 90.0
+    assert len(seen) == 3
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: BookQA("mc", "bm25", k="5"), r"^k must be a whole number of at least 1, not the string '5'$"),
+    (lambda: BookQA("mc", "book", context_window="8192"),
+     r"^context_window must be a whole number of at least 1, not the string '8192'$"),
+    (lambda: BookQA("mc", "none")(book=Path("book.txt"), question="Which ship?", options="A. x\nB. y"),
+     r"^book must be the book's text, not PosixPath \(booklens\.text\.read_book reads a file\)$"),
+    (lambda: BookQA("mc", "none")(book="text", question=None, options="A. x\nB. y"),
+     r"^question must be text, not NoneType$"),
+    (lambda: BookQA("mc", "none")(book="text", question="Which ship?", options={"A": "x", "B": "y"}),
+     r"^options must be text, not dict: one 'LETTER\. text' line per option"),
+    (lambda: BookQA("mc", "given")(book="text", question="Which ship?", options="A. x\nB. y", gold_evidence=[1]),
+     r"^gold_evidence must be a list of quotes \(text\), not list holding int$"),
+    (lambda: AnswerJudge()(question="Which ship?", correct_answer=None, student_answer="x"),
+     r"^correct_answer must be text, not NoneType$"),
+    (lambda: EvidenceJudge()(question="Which ship?", correct_answer="x", correct_evidence=5, student_answer="x",
+                             student_evidence=["y"]), r"^correct_evidence must be a list of quotes \(text\), not int$"),
+])
+def test_the_programs_refuse_inputs_of_the_wrong_kind_in_one_line(call, message):
+    """A Path for the book, a dict of options or a non-numeric k stopped in an AttributeError or TypeError
+    deep in the program; a question of None was asked as the text 'None'."""
+    lm = scripted(lambda call: {"answer": "B"})
+    with pytest.raises(BooklensError, match=message):
+        call()
+    assert len(lm.backend.calls) == 0
+
+
 def test_generative_answers_are_judged():
     book = make_book(20)
     q = parse_questions([QUESTION])
