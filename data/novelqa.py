@@ -91,10 +91,13 @@ class NovelQAQuestion(BaseModel):
     @field_validator("qid", mode="before")
     @classmethod
     def _qid_text(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # `true` is an int to Python, and no name of a question
+            raise ValueError(f"must be text or a number, not {str(value).lower()}")
         value = str(value) if isinstance(value, int) else value
         if isinstance(value, str) and not value.strip():  # a prediction could not be matched to its question
             raise ValueError("must not be blank")
-        return value
+        # "T-1 " is "T-1": one QID, whatever spaces a spreadsheet left around it
+        return value.strip() if isinstance(value, str) else value
 
     @field_validator("options", mode="before")
     @classmethod

@@ -83,6 +83,9 @@ def test_team_question_files_load_and_cover_the_types():
     ([{**QUESTION, "Complexity": "hard"}], "Complexity must be one of"),
     ([{**QUESTION, "Gold": "E"}], "not one of the options"),
     ([QUESTION, QUESTION], "duplicate QID"),
+    # the same QID with a space after it: two answers under one QID, once its spaces are read past
+    ([QUESTION, {**QUESTION, "QID": "T-1 "}], "question 2 (T-1 ): duplicate QID T-1"),
+    ([{**QUESTION, "QID": True}], "QID: must be text or a number, not true"),
     ([{**QUESTION, "Question": "   "}], "Question: must not be blank"),
     ([{**QUESTION, "Gold": True}], "Gold: true is not an option letter"),  # not read as index 1 (B)
     ([{**QUESTION, "Options": {"a": "x", "A": "y", "B": "z"}}], "option keys 'a' and 'A' are the same letter A"),
