@@ -836,3 +836,38 @@ def test_option_letters_are_not_search_terms():
     answer_questions(program, book, parse_questions([QUESTION]))
     assert "Marigold" in seen[-1]
     assert "crate b" not in seen[-1]
+
+
+@pytest.mark.parametrize("setting", ["mc", "gen"])
+def test_a_run_stopped_by_the_backend_at_one_question_resumes_with_only_the_calls_it_lacks(tmp_path, setting):
+    """The backend fails at the fourth of six questions: the rerun asks that question and the two after it
+    (and, in gen, the six verdicts), not the three answered before the failure."""
+    from booklens.errors import LMError
+
+    book = tmp_path / "the_lamp.txt"
+    book.write_text(make_book(20), encoding="utf-8")
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([{**QUESTION, "QID": f"T-{i}", "Question": f"Question {i}: which ship?"}
+                                     for i in range(1, 7)]), encoding="utf-8")
+
+    def answer(call):
+        if call.wants("verdict"):
+            return {"reason": "same ship", "verdict": "correct"}
+        return {"answer": "B" if setting == "mc" else "The Marigold"}
+
+    def failing(call):
+        if call.inputs.get("question", "").startswith("Question 4"):
+            raise LMError("the server went away")
+        return answer(call)
+
+    first = ScriptedLM(failing, cache_dir=tmp_path / "cache")
+    with pytest.raises(BooklensError, match="the server went away"):
+        run_book_qa(book, questions, setting=setting, lm=first, cache_dir=tmp_path / "cache", concurrency=1)
+    assert len(first.backend.calls) == 4
+    second = ScriptedLM(answer, cache_dir=tmp_path / "cache")
+    result = run_book_qa(book, questions, setting=setting, lm=second, cache_dir=tmp_path / "cache", concurrency=1)
+    asked = [(call.inputs["question"][:10], "verdict" in call.output_fields) for call in second.backend.calls]
+    answers = [(f"Question {i}", False) for i in (4, 5, 6)]
+    verdicts = [(f"Question {i}", True) for i in range(1, 7)] if setting == "gen" else []
+    assert asked == answers + verdicts
+    assert result["report"]["overall"]["correct"] == 6
