@@ -302,6 +302,8 @@ class QAPrediction(BaseModel):
     quoted_evidence: list[str] = Field(default_factory=list)
     passages: list[dict[str, int]] = Field(default_factory=list, description="index, start, end of passages shown")
     context_tokens: int = 0
+    passages_dropped: int = Field(
+        default=0, description="retrieved passages (of the top k) left out so that the others fit the window")
     gold_evidence_start_token: Optional[int] = Field(
         default=None, description="token index where the first located gold evidence quote starts")
     gold_evidence_quotes: int = Field(default=0, description="the question's gold evidence entries (Evidences)")

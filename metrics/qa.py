@@ -167,6 +167,18 @@ def unlocated_evidence_note(records: Sequence[Any], book_name: str) -> Optional[
             f"{book_name}: are the questions about this book?")
 
 
+def fewer_passages_note(records: Sequence[Any], k: Optional[int]) -> Optional[str]:
+    """What a run's k does not say, when some questions were shown fewer of their top k passages than k
+    (the lowest-ranked left out so that the others fit the window), else None."""
+    short = [r for r in records if _get(r, "passages_dropped") or 0]
+    if not short or k is None:
+        return None
+    counts = sorted(len(_get(r, "passages")) for r in short)
+    shown = str(counts[0]) if counts[0] == counts[-1] else f"{counts[0]} to {counts[-1]}"
+    return (f"{len(short)} of {len(records)} questions were shown fewer than the k = {k} passages ({shown}: as many "
+            "as fit the context window); lower --k or --passage-tokens to show all k")
+
+
 def accuracy_by_type(records: Sequence[Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """{complexity|'avg': {aspect|'avg': {n, correct, accuracy}}}: the seed's Table 3 layout."""
     table: dict[str, dict[str, dict[str, Any]]] = {}

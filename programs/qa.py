@@ -249,6 +249,7 @@ class BookQA(Module):
                 text = truncate_to_tokens(text, budget)
             return {"mode": "given", "text": text, "passages": [], "tokens": count_tokens(text),
                     "shown": shown_shares(quotes, len(text))}
+        dropped = 0  # of the top k, left out so that the others fit (the search modes)
         if self.evidence == "book":
             book_tokens = self.books.tokens(book)
             if book_tokens <= budget:
@@ -265,9 +266,10 @@ class BookQA(Module):
                 # the best passage alone is larger than the budget: read as much of it as fits
                 piece = cut_passage(hits[0][0], budget)
                 passages = [piece] if piece is not None else []
+            dropped = len(hits) - len(passages)
         text = join_passages(passages)
         return {"mode": "retrieval", "text": text, "passages": [(p.index, p.start, p.end) for p in passages],
-                "tokens": sum(p.tokens for p in passages)}
+                "tokens": sum(p.tokens for p in passages), "dropped": dropped}
 
     def _query(self, question: str, options: Optional[str]) -> str:
         if self.setting == "mc" and options:
@@ -315,7 +317,8 @@ class BookQA(Module):
             quotes = [str(q) for q in (getattr(pred, "evidence", None) or []) if str(q).strip()]
         return dspy.Prediction(answer=answer, evidence=quotes, error=attempt.error, attempts=attempt.attempts,
                                context_mode=context["mode"], passages=context["passages"],
-                               context_tokens=context["tokens"], evidence_shown=context.get("shown"))
+                               context_tokens=context["tokens"], evidence_shown=context.get("shown"),
+                               passages_dropped=context.get("dropped", 0))
 
     def _checker(self, letters: list[str]):
         def check(pred: Any) -> Optional[str]:
@@ -459,7 +462,7 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
             error=pred.error, quoted_evidence=pred.evidence,
             passages=[{"index": i, "start": s, "end": e} for i, s, e in pred.passages
                       if pred.context_mode == "retrieval"],
-            context_tokens=pred.context_tokens,
+            context_tokens=pred.context_tokens, passages_dropped=getattr(pred, "passages_dropped", None) or 0,
             gold_evidence_start_token=min((s.start_token for s in located), default=None),
             gold_evidence_quotes=sum(1 for e in q.evidences if e.strip()),
             gold_evidence_located=len(located), gold_evidence_in_context=in_context,

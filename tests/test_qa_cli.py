@@ -287,3 +287,31 @@ def test_questions_whose_evidence_occurs_nowhere_in_the_book_are_noted(tmp_path,
                          server.url, "--evidence", "none"], tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     assert "note: " not in result.stderr
+
+
+def test_questions_shown_fewer_passages_than_k_are_noted(tmp_path, monkeypatch):
+    """bm25 drops its lowest-ranked passages until the rest fit the window: with --k 4 passages of 512
+    tokens and a 2048-token window every question saw fewer than the four the record's k says, and
+    nothing said so. Passages that fit, all k of them, say nothing."""
+    book = tmp_path / "book.txt"
+    book.write_text("".join(f"On day {n} the keeper of the Pellmark light counted {n} barrels of oil. "
+                            for n in range(600)), encoding="utf-8")
+    counting = {**QUESTION, "Question": "How many barrels did the keeper count?", "Evidences": []}
+    q = write(tmp_path, "q.json", [counting, {**counting, "QID": "T-2", "Question": "What did the keeper count?"}])
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=answer_everything) as server:
+        result = invoke(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base",
+                         server.url, "--evidence", "bm25", "--k", "4", "--passage-tokens", "512",
+                         "--context-window", "2048", "-o", str(out)], tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    shown = [len(p["passages"]) for p in json.loads(out.read_text())["predictions"]]
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert shown == [2, 2]  # 512-token passages beside the prompt in 80% of the window
+    assert notes == ["note: 2 of 2 questions were shown fewer than the k = 4 passages (2: as many as fit the context "
+                     "window); lower --k or --passage-tokens to show all k"], result.stderr
+    with FakeOpenAIServer(responder=answer_everything) as server:
+        result = invoke(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base",
+                         server.url, "--evidence", "bm25", "--k", "2", "--passage-tokens", "128",
+                         "--context-window", "2048"], tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert "note: " not in result.stderr

@@ -160,7 +160,7 @@ def qa_command(
     output: OutputOption = None,
 ) -> None:
     """Answer NovelQA-format questions about a book and print accuracy by question type and evidence position."""
-    from booklens.metrics.qa import format_report, no_reference_note, unlocated_evidence_note
+    from booklens.metrics.qa import fewer_passages_note, format_report, no_reference_note, unlocated_evidence_note
     from booklens.qa_runs import run_book_qa
 
     result = run_book_qa(book, questions, setting=setting.value, evidence=evidence.value, k=k,
@@ -180,7 +180,8 @@ def qa_command(
     typer.echo(_usage_line(result), err=True)
     _fail_if_judged_nothing(result)
     for note in (no_reference_note(result["predictions"], result["setting"]),
-                 unlocated_evidence_note(result["predictions"], book.name)):
+                 unlocated_evidence_note(result["predictions"], book.name),
+                 fewer_passages_note(result["predictions"], result["k"])):
         if note:
             typer.echo(f"note: {note}", err=True)
 
