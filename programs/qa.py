@@ -197,11 +197,13 @@ class BookQA(Module):
             inputs["options"] = options or ""
         reserve = ANSWER_RESERVE[self.setting] + (EVIDENCE_RESERVE if self.quote_evidence else 0)
         prompt = prompt_tokens(predictor, **inputs)
-        budget = int(self.window() * BUDGET_MARGIN) - prompt - reserve
+        room = int(self.window() * BUDGET_MARGIN)
+        budget = room - prompt - reserve
         if budget < 0 or budget == 0 and not closed_book:
-            raise BooklensError(f"the context window ({self.window()} tokens) cannot hold the question prompt "
-                                f"({prompt} tokens" + (" with its options" if self.setting == "mc" else "")
-                                + ("" if closed_book else ", before any of the book") + ")")
+            raise BooklensError(f"the prompt ({prompt} tokens" + (" with its options" if self.setting == "mc" else "")
+                                + f") and its answer ({reserve}) "
+                                + ("do not fit" if closed_book else "leave no room for the book in")
+                                + f" the {room} tokens of the {self.window()}-token context window a prompt may fill")
         return budget
 
     def check_fits(self, questions: Sequence[Any], book_title: str = "") -> None:

@@ -223,8 +223,10 @@ def test_a_question_whose_prompt_cannot_fit_the_window_is_refused_by_name_before
     long = {**QUESTION, "QID": "T-2", "Options": {**QUESTION["Options"], "A": "the heron and the gull " * 2000}}
     questions = parse_questions([QUESTION, long, {**QUESTION, "QID": "T-3"}])
     lm = scripted(lambda call: {"answer": "B"})
-    with pytest.raises(BooklensError, match=r"^question T-2: the context window \(8192 tokens\) cannot hold the "
-                                            r"question prompt \(\d+ tokens with its options"):
+    fits = "do not fit" if evidence == "none" else "leave no room for the book in"
+    with pytest.raises(BooklensError, match=rf"^question T-2: the prompt \(\d+ tokens with its options\) and its "
+                                            rf"answer \(48\) {fits} the 6553 tokens of the 8192-token context window "
+                                            r"a prompt may fill$"):
         answer_questions(BookQA("mc", evidence), make_book(), questions, concurrency=1)
     assert len(lm.backend.calls) == 0
     # a prompt that fits, closed-book, is asked as before
