@@ -273,7 +273,8 @@ def gold_for(q: NovelQAQuestion, setting: str) -> Optional[str]:
 
 
 def to_examples(questions: list[NovelQAQuestion], book: str, setting: str = "mc") -> list:
-    """dspy.Examples with the inputs of `BookQA` (book, question, options) and the gold label."""
+    """dspy.Examples with the inputs of `BookQA` (book, question, options, and the gold evidence its
+    `given` mode reads) and the gold label."""
     import dspy
 
     examples = []
@@ -281,7 +282,7 @@ def to_examples(questions: list[NovelQAQuestion], book: str, setting: str = "mc"
         ex = dspy.Example(book=book, question=q.question, options=q.options_text() if setting == "mc" else None,
                           gold=gold_for(q, setting), gold_evidence=q.evidences, qid=q.qid,
                           aspect=q.aspect, complexity=q.complexity)
-        examples.append(ex.with_inputs("book", "question", "options"))
+        examples.append(ex.with_inputs("book", "question", "options", "gold_evidence"))
     return examples
 
 

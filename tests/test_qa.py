@@ -873,3 +873,16 @@ def test_a_run_stopped_by_the_backend_at_one_question_resumes_with_only_the_call
     verdicts = [(f"Question {i}", True) for i in range(1, 7)] if setting == "gen" else []
     assert asked == answers + verdicts
     assert result["report"]["overall"]["correct"] == 6
+
+
+def test_examples_carry_the_gold_evidence_the_given_mode_reads():
+    """`to_examples` left the gold evidence out of the inputs: a `given`-mode BookQA run on the examples
+    asked every question closed-book, as if none had evidence."""
+    from booklens.data.novelqa import to_examples
+
+    seen = []
+    scripted(lambda call: seen.append(call.inputs) or {"answer": "B"})
+    example = to_examples(parse_questions([QUESTION]), make_book(20))[0]
+    pred = BookQA("mc", "given")(**example.inputs())
+    assert pred.context_mode == "given" and seen[-1]["context"] == QUESTION["Evidences"][0]
+    assert (pred.answer, example.gold) == ("B", "B")
