@@ -7,11 +7,15 @@ sample (DSPy's `rollout_id`, which DSPy keeps out of the request)."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import booklens  # noqa: F401 - offline settings before dspy imports litellm
 import dspy
 
 from booklens.testing import FakeOpenAIServer, PipelineResponder, pipeline_step
+
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 SUMMARY = ("Mara finds the key under the stairs. Tom hides the letter from Mara. "
            "Mara reads the letter at dawn.")
@@ -133,3 +137,58 @@ def test_the_steps_ask_in_booklens_format_when_no_adapter_is_configured(tmp_path
     # a configured adapter is used as it is: DSPy's chat format, its JSON fallback making each call twice
     chat = _steps_on_a_plain_lm(tmp_path / "chat", adapter=dspy.ChatAdapter())
     assert chat.count("claims") == 2 and chat.count("coherence") == 6
+
+
+def _readme_python_example() -> str:
+    """The code block of README's "Use it from Python"."""
+    section = README.read_text(encoding="utf-8").split("\n## Use it from Python\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 1, "README's Python section holds one code block"
+    return blocks[0]
+
+
+def test_readmes_python_example_runs_as_written_against_a_loopback_server(tmp_path, monkeypatch, capsys):
+    """README's Python example, run as it stands but for two things: the model answers from a
+    loopback server (its URL given to the `dspy.LM`, which keeps nothing in DSPy's disk cache, and
+    to booklens's LMs as `BOOKLENS_API_BASE`), and the run's evidence is bm25 (hybrid loads a
+    sentence-embedding model, seconds of work, for the same code path). Every name it imports and
+    every attribute it reads must exist, and every call reaches the server."""
+    code = _readme_python_example()
+    adapted = code.replace('dspy.LM("openai/gpt-4o-mini")', 'dspy.LM("openai/gpt-4o-mini", api_base=API_BASE, cache=False)')
+    adapted = adapted.replace('evidence="hybrid"', 'evidence="bm25"')
+    assert adapted.count("api_base=API_BASE") == 1 and adapted.count('evidence="bm25"') == 1
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "summary.txt").write_text(SUMMARY)
+    (tmp_path / "book.txt").write_text((README.parent / "examples" / "sample_story.txt").read_text(encoding="utf-8"))
+    (tmp_path / "corpus.yaml").write_text(
+        "books: [book.txt]\n"
+        "systems:\n"
+        "  - {name: hier-512, method: hier, chunk_size: 512, context_window: 2048, max_summary_tokens: 200}\n"
+        "  - {name: inc-512, method: inc, chunk_size: 512, context_window: 2048, max_summary_tokens: 200}\n"
+        "judge: {steps: [coherence, faithfulness], evidence: bm25, max_claims: 8}\n")
+    monkeypatch.setenv("OPENAI_API_KEY", "not-a-key")
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
+    saved = {"lm": dspy.settings.lm, "adapter": dspy.settings.adapter}
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        monkeypatch.setenv("BOOKLENS_API_BASE", server.url)
+        names = {"API_BASE": server.url}
+        try:
+            exec(compile(adapted, "README.md (Use it from Python)", "exec"), names)
+        finally:
+            dspy.configure(**saved)
+        steps = [pipeline_step(body) for body in server.served]
+    printed = capsys.readouterr().out.splitlines()
+
+    # "Tom hides the letter" is the one sentence the responder finds confusing, and the one claim it
+    # calls unfaithful
+    assert names["scored"].score == 2 / 3
+    assert [a.sentence for a in names["scored"].annotations if a.confusing] == ["Tom hides the letter from Mara."]
+    assert printed[1] == repr(["Mara finds the key under the stairs.", "Tom hides the letter from Mara.",
+                               "Mara reads the letter at dawn."])
+    assert names["run"].failures == {} and (tmp_path / "runs" / "book" / "report.html").is_file()
+    assert names["done"].failed == [] and len(names["done"].results["pairs"]) == 1
+    assert sum(line.startswith("\\begin{tabular}") for line in printed) == 2  # the systems and the pair
+    # the example's own decomposer, the run's and the sweep's two cells'; 3 + 3 sentences for the judge
+    # called directly and the run's, 3 for each cell
+    assert steps.count("claims") == 1 + 1 + 2 and steps.count("coherence") == 3 + 3 + 2 * 3
