@@ -602,3 +602,20 @@ def test_a_config_record_with_several_bad_values_names_them_all_in_one_line(buil
     with pytest.raises(BooklensError) as caught:
         build(configs)
     assert str(caught.value) == message
+
+
+def test_readmes_config_error_example_is_what_a_config_with_those_problems_says():
+    """README quotes a config's first problem and, after it, the places of the others. It named
+    `lm, method` after `chunk_size`, which no config can say: `method` comes before `chunk_size`, so
+    a bad method is always the problem named first."""
+    import booklens.pipeline as configs
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").replace("\n", " ")
+    quoted = re.search(r"as a command would \(`(SystemConfig: chunk_size: [^`]+)`, then `(\(and [^`]+\))`", readme)
+    assert quoted, "README quotes a config error and the others it names"
+    first, others = quoted.groups()
+    places = re.fullmatch(r"\(and 2 more problems: (\w+), (\w+)\)", others).groups()
+    bad = {"chunk_size": 10, "method": "x", "lm": 5, "max_summary_tokens": 1, "api_base": 5}
+    with pytest.raises(BooklensError) as caught:
+        configs.SystemConfig(chunk_size=10, **{place: bad[place] for place in places})
+    assert str(caught.value) == f"{first} {others}"
