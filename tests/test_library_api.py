@@ -154,7 +154,8 @@ def test_readmes_python_example_runs_as_written_against_a_loopback_server(tmp_pa
     sentence-embedding model, seconds of work, for the same code path). Every name it imports and
     every attribute it reads must exist, and every call reaches the server."""
     code = _readme_python_example()
-    adapted = code.replace('dspy.LM("openai/gpt-4o-mini")', 'dspy.LM("openai/gpt-4o-mini", api_base=API_BASE, cache=False)')
+    adapted = code.replace('dspy.LM("openai/gpt-4o-mini")',
+                           'dspy.LM("openai/gpt-4o-mini", api_base=API_BASE, cache=False)')
     adapted = adapted.replace('evidence="hybrid"', 'evidence="bm25"')
     assert adapted.count("api_base=API_BASE") == 1 and adapted.count('evidence="bm25"') == 1
 
