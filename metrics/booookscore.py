@@ -69,12 +69,19 @@ def type_counts(sentences: Iterable[SentenceAnnotation]) -> dict[str, int]:
 # ---------------------------------------------------------------------------
 # Table 2's other columns
 
-_WORD = re.compile(r"\w+(?:['’]\w+)?|[^\w\s]")
+_WORD = re.compile(r"\w+(?:'\w+)?|[^\w\s]")
+# Typography that differs between a book and a summary of it without changing a word: curly and
+# straight quotes and apostrophes, an em dash and the double hyphen plain-text books write for it.
+_PLAIN_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201b": "'", "\u2032": "'",
+                               "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"', "\u2033": '"'})
+_DASH = re.compile(r"-{2,}|\u2014|\u2015")
 
 
 def words(text: str) -> list[str]:
-    """Word and punctuation tokens, case kept, for trigram statistics."""
-    return _WORD.findall(text)
+    """Word and punctuation tokens, case kept, for trigram statistics. Quotes and apostrophes are
+    read as straight ones and an em dash as "--" writes it, so that a passage the summary copies
+    from the book in another typography counts as copied."""
+    return _WORD.findall(_DASH.sub("\u2014", text.translate(_PLAIN_QUOTES)))
 
 
 def trigrams(text: str) -> list[tuple[str, str, str]]:

@@ -17,6 +17,7 @@ from booklens.metrics.booookscore import (
     novel_trigram_pct,
     repeated_trigram_pct,
     system_score,
+    trigrams,
 )
 from booklens.records import SentenceAnnotation
 
@@ -357,3 +358,16 @@ def test_split_by_book_is_deterministic_and_disjoint():
     assert set(books_in_split([f"b{i}" for i in range(10)], "test", seed=3)) == books[2]
     with pytest.raises(ValueError):
         split_by_book(items, "book", fractions=[0.5, 0.2])
+
+
+def test_novel_trigrams_do_not_count_a_quote_or_dash_style_as_new_words():
+    # The book's typography (curly quotes, Gutenberg's "--") and the summary's (straight quotes, an em
+    # dash) differ in style only: a passage copied from the book is no novel wording.
+    book = "\u201cYou do not depend on her,\u201d said Mrs. Bennet\u2019s sister--not unkindly--and left."
+    copied = "\"You do not depend on her,\" said Mrs. Bennet's sister \u2014 not unkindly \u2014 and left."
+    assert novel_trigram_pct(copied, book) == 0.0
+    assert novel_trigram_pct(book, copied) == 0.0
+    # Words still count as written: a changed word makes its three trigrams novel.
+    changed = "\"You do not depend on him,\" said Mrs. Bennet's sister \u2014 not unkindly \u2014 and left."
+    assert novel_trigram_pct(changed, book) == pytest.approx(100 * 3 / len(trigrams(changed)))
+    assert repeated_trigram_pct("Ann\u2019s cat \u2014 Ann's cat --") == pytest.approx(100 * 1 / 4)
