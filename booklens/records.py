@@ -589,6 +589,9 @@ class CoherenceSet(BaseModel):
     annotator: str = "program"
     system_score: Optional[float] = None
     system_score_sentences: Optional[float] = None
+    system_score_ci95: Optional[list[float]] = Field(default=None, description="95% percentile bootstrap interval "
+                                                                                "of system_score over the scored "
+                                                                                "summaries; none for fewer than two")
     n_summaries: int = 0
     n_scored_summaries: Optional[int] = Field(default=None, description="summaries with a score: the system score "
                                                                         "is their mean (a summary none of whose "

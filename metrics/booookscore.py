@@ -51,6 +51,21 @@ def system_score(scores: Iterable[Optional[float]]) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
+def system_score_interval(scores: Iterable[Optional[float]]) -> Optional[list[float]]:
+    """The 95% bootstrap interval of the system score, resampling summaries (the scores sorted, so
+    the same summaries give the same interval in any order, as a sweep's over its books); None
+    when fewer than two summaries have a score."""
+    values = sorted(s for s in scores if s is not None)
+    if len(values) < 2:
+        return None
+    import math
+
+    from booklens.metrics.bootstrap import bootstrap_mean  # NumPy: only once there is something to resample
+
+    lo, hi = bootstrap_mean(values)
+    return None if math.isnan(lo) else [lo, hi]
+
+
 def error_type_rates(type_lists: Iterable[Sequence[str]], n_sentences: int) -> dict[str, float]:
     """Percent occurrences of each error type per sentence: one count per error type named in
     each annotation (a sentence's answer, or a human span or relation), over `n_sentences`: the
@@ -155,6 +170,7 @@ def build_set(results: Mapping[str, CoherenceResult], *, annotator: Optional[str
     return CoherenceSet(
         annotator=annotator or next((r.annotator for r in results.values()), "program"),
         system_score=system_score(r.score for r in results.values()),
+        system_score_ci95=system_score_interval(r.score for r in results.values()),
         system_score_sentences=system_score(r.score_sentences for r in results.values()),
         n_summaries=len(results),
         n_scored_summaries=sum(1 for r in results.values() if r.score is not None),

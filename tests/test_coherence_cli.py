@@ -165,7 +165,7 @@ def test_score_from_annotations_and_agree(tmp_path):
     assert result.exit_code == 0, result.output
     gpt = json.loads(out2.read_text())
     assert gpt["n_summaries"] == 2 and gpt["system_score"] == pytest.approx((2 / 3 + 1) / 2)
-    assert "BooookScore 83.3 over 2 summaries" in result.output
+    assert "BooookScore 83.3 [66.7, 100.0] over 2 summaries" in result.output  # 95% interval over summaries
     result = invoke(["score", "--annotations", tmp_path / "g.json", "--summaries", tmp_path / "s.json",
                      "--split", "test", "-o", tmp_path / "test.json"], tmp_path)
     assert result.exit_code == 0, result.output

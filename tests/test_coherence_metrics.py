@@ -14,12 +14,13 @@ from booklens.metrics.booookscore import (
     booookscore,
     build_set,
     error_type_rates,
+    finish_result,
     novel_trigram_pct,
     repeated_trigram_pct,
     system_score,
     trigrams,
 )
-from booklens.records import SentenceAnnotation
+from booklens.records import CoherenceResult, SentenceAnnotation
 
 SUMMARY = ("Mara keeps the lighthouse with her father. Zed appears at the door. "
            "Her father gets sick. Mara keeps the lamp burning. Mara keeps the lamp burning. "
@@ -371,3 +372,20 @@ def test_novel_trigrams_do_not_count_a_quote_or_dash_style_as_new_words():
     changed = "\"You do not depend on him,\" said Mrs. Bennet's sister \u2014 not unkindly \u2014 and left."
     assert novel_trigram_pct(changed, book) == pytest.approx(100 * 3 / len(trigrams(changed)))
     assert repeated_trigram_pct("Ann\u2019s cat \u2014 Ann's cat --") == pytest.approx(100 * 1 / 4)
+
+
+def test_a_set_of_summaries_carries_the_bootstrap_interval_of_its_mean_over_summaries():
+    def result(flags):
+        sentences = [SentenceAnnotation(index=i, sentence=f"s{i}", confusing=f) for i, f in enumerate(flags)]
+        return finish_result(CoherenceResult(summary="x", sentences=sentences), stats=False)
+
+    # Two summaries scoring 50 and 100: a resample holds one twice or both, so the mean's 95%
+    # interval runs from 50 to 100.
+    two = build_set({"a": result([True, False]), "b": result([False, False])})
+    assert two.system_score == pytest.approx(0.75)
+    assert two.system_score_ci95 == pytest.approx([0.5, 1.0])
+    # One summary, or none scored, gives no interval (each resample repeats it).
+    assert build_set({"a": result([True, False])}).system_score_ci95 is None
+    unjudged = SentenceAnnotation(index=0, sentence="s", confusing=None, status="failed", error="x")
+    none_scored = finish_result(CoherenceResult(summary="x", sentences=[unjudged]), stats=False)
+    assert build_set({"a": result([True, False]), "b": none_scored}).system_score_ci95 is None

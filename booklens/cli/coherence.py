@@ -67,7 +67,10 @@ def _report_line(record: Any) -> str:
         scored = record.n_scored_summaries
         over = (f"{record.n_summaries}" if scored is None or scored == record.n_summaries
                 else f"{scored} of {record.n_summaries}")  # the mean leaves out a summary with no score
-        text = (f"BooookScore {_pct(record.system_score)} over {over} summar{'y' if over == '1' else 'ies'} "
+        ci = record.system_score_ci95
+        interval = f" [{_pct(ci[0])}, {_pct(ci[1])}]" if ci else ""  # 95%, resampling summaries
+        text = (f"BooookScore {_pct(record.system_score)}{interval} over {over} "
+                f"summar{'y' if over == '1' else 'ies'} "
                 f"({counted(record.n_sentences, 'sentence')}, {record.n_confusing} confusing"
                 + (f"; {record.n_failed} not judged, left out of the score)" if record.n_failed else ")"))
         if record.system_score_sentences is not None and record.system_score_sentences != record.system_score:
