@@ -84,7 +84,10 @@ def type_counts(sentences: Iterable[SentenceAnnotation]) -> dict[str, int]:
 # ---------------------------------------------------------------------------
 # Table 2's other columns
 
-_WORD = re.compile(r"\w+(?:'\w+)?|[^\w\s]")
+# Chinese and Japanese write words without spaces between them: each Han or kana character is a
+# token of its own (as a \w run, a whole clause would be one "word").
+_CJK = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
+_WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+(?:'[^\W{_CJK}]+)?|[^\w\s]")
 # Typography that differs between a book and a summary of it without changing a word: curly and
 # straight quotes and apostrophes, an em dash and the double hyphen plain-text books write for it.
 _PLAIN_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201b": "'", "\u2032": "'",
@@ -93,7 +96,8 @@ _DASH = re.compile(r"-{2,}|\u2014|\u2015")
 
 
 def words(text: str) -> list[str]:
-    """Word and punctuation tokens, case kept, for trigram statistics. Quotes and apostrophes are
+    """Word and punctuation tokens (and Chinese and Japanese characters), case kept, for trigram
+    statistics. Quotes and apostrophes are
     read as straight ones and an em dash as "--" writes it, so that a passage the summary copies
     from the book in another typography counts as copied."""
     return _WORD.findall(_DASH.sub("\u2014", text.translate(_PLAIN_QUOTES)))

@@ -389,3 +389,14 @@ def test_a_set_of_summaries_carries_the_bootstrap_interval_of_its_mean_over_summ
     unjudged = SentenceAnnotation(index=0, sentence="s", confusing=None, status="failed", error="x")
     none_scored = finish_result(CoherenceResult(summary="x", sentences=[unjudged]), stats=False)
     assert build_set({"a": result([True, False]), "b": none_scored}).system_score_ci95 is None
+
+
+def test_trigrams_of_chinese_and_japanese_text_are_taken_over_characters():
+    # No spaces separate their words: read as \w runs, a clause was one "word", and a summary
+    # that reuses half of a book's clause shared no trigram with it.
+    book = "玛拉和父亲住在灯塔里。冬天的一个夜晚，泽德来到门口。"
+    assert trigrams("泽德来到") == [("泽", "德", "来"), ("德", "来", "到")]
+    assert novel_trigram_pct("泽德来到门口。", book) == 0.0
+    assert novel_trigram_pct("泽德来到灯塔。", book) == pytest.approx(100 * 3 / 5)
+    assert repeated_trigram_pct("灯塔灯塔灯塔") == pytest.approx(100 * 2 / 4)
+    assert trigrams("Zoë sees 灯塔 now") == [("Zoë", "sees", "灯"), ("sees", "灯", "塔"), ("灯", "塔", "now")]
