@@ -100,6 +100,12 @@ def load_summaries(path: Path, elsewhere: Optional[Path] = None
             config = data.get("config") if isinstance(data.get("config"), Mapping) else {}
             recorded = recorded_book(book, path, data.get("book_sha256"), bool(config.get("drop_matter")), elsewhere)
             return {name: text}, recorded, False
+        if isinstance(data, Mapping) and "summary" in data and not isinstance(data["summary"], (str, Mapping)):
+            # One summary whose text is missing, not a map with a book called "summary"; a map's
+            # entry is a string or an object.
+            got = {type(None): "null", bool: "true or false", int: "a number", float: "a number",
+                   list: "a list"}.get(type(data["summary"]), type(data["summary"]).__name__)
+            raise BooklensError(f"summary file {path}: its 'summary' must be a string, not {got}")
         if isinstance(kind, str) and kind.startswith("booklens."):
             raise BooklensError(f"summary file {path} is a {kind} record, not a summary: give a `booklens summarize` "
                                 "output, a text file or a JSON map of book -> summary")

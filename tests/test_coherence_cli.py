@@ -120,10 +120,16 @@ def invoke(args, tmp_path):
     (lambda d: ["score", write(d / "deep.json", "[" * 100_000 + "]" * 100_000)], "nested too deeply"),
     (lambda d: ["score", write(d / "m.json", '{"a": "One. Two.",\n "a": "Three."}')],
      "summary file is malformed: the key 'a' appears twice in one object"),
+    # One summary whose text is not a string, not a book called "summary" (the message said so)
+    (lambda d: ["score", write(d / "n.json", {"summary": None, "book": "x.txt"})],
+     "n.json: its 'summary' must be a string, not null"),
+    (lambda d: ["score", write(d / "l.json", {"summary": ["One.", "Two."]})],
+     "l.json: its 'summary' must be a string, not a list"),
 ], ids=["empty-in-map", "list", "bad-json", "empty-summarize-output", "annot-strings", "annot-singles",
         "annot-unknown-label", "no-summaries", "human-book-only-in-annotations", "annot-missing", "both-inputs",
         "nothing", "book-with-map", "agree-disjoint", "agree-different-summary", "agree-needs-summaries",
-        "empty-summary-object", "another-record", "nested-too-deeply", "key-twice"])
+        "empty-summary-object", "another-record", "nested-too-deeply", "key-twice", "summary-null",
+        "summary-list"])
 def test_bad_input_is_a_user_error(tmp_path, setup, pattern):
     out = tmp_path / "out.json"
     args = setup(tmp_path)
