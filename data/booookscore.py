@@ -104,9 +104,16 @@ class HumanSummaryAnnotation(BaseModel):
     relations: list[HumanRelation] = Field(default_factory=list)
     unlocated: int = Field(default=0, description="spans that were not found in the summary")
 
+    def placed(self) -> tuple[list[HumanSpan], list[HumanRelation]]:
+        """The singles found in the summary, and the relations with a span found in it: a span in no
+        sentence is ignored, as the notes say (it counts in no figure, the footnote's count too)."""
+        return ([s for s in self.singles if s.start is not None],
+                [r for r in self.relations if r.a.start is not None or r.b.start is not None])
+
     @property
     def n_annotations(self) -> int:
-        return len(self.singles) + len(self.relations)
+        singles, relations = self.placed()
+        return len(singles) + len(relations)
 
     def sentence_annotations(self) -> list[SentenceAnnotation]:
         """Per sentence: confusing when any span touches it; the questions and labels of those spans."""
@@ -138,7 +145,7 @@ class HumanSummaryAnnotation(BaseModel):
             annotator="human",
             score_method="annotations",
             n_annotations=self.n_annotations,
-            annotation_types=[list(s.labels) for s in self.singles] + [list(r.labels) for r in self.relations],
+            annotation_types=[list(s.labels) for s in self.placed()[0]] + [list(r.labels) for r in self.placed()[1]],
             sentences=self.sentence_annotations(),
             notes=[f"{self.unlocated} span(s) not found in the summary"] if self.unlocated else [],
         )
@@ -419,7 +426,7 @@ class MatchNotes(list):
 
 def human_match_notes(annotations: Mapping[str, HumanSummaryAnnotation]) -> MatchNotes:
     """The spans of human annotations that were not found in their summaries: they mark no sentence,
-    so the figures count those sentences as clean."""
+    and an annotation none of whose spans was found is left out of the footnote's count."""
     notes: list[str] = []
     spans = 0
     for book, a in annotations.items():

@@ -5,7 +5,13 @@ from __future__ import annotations
 import booklens  # noqa: F401
 import pytest
 
-from booklens.data.booookscore import parse_human_annotations, parse_sentence_annotations, results_from_json
+from booklens.data.booookscore import (
+    human_match_notes,
+    human_results,
+    parse_human_annotations,
+    parse_sentence_annotations,
+    results_from_json,
+)
 from booklens.data.splits import books_in_split, split_by_book
 from booklens.errors import BooklensError
 from booklens.metrics.agreement import agreement, binary_agreement, cohen_kappa, confusion_match, format_agreement
@@ -400,3 +406,20 @@ def test_trigrams_of_chinese_and_japanese_text_are_taken_over_characters():
     assert novel_trigram_pct("泽德来到灯塔。", book) == pytest.approx(100 * 3 / 5)
     assert repeated_trigram_pct("灯塔灯塔灯塔") == pytest.approx(100 * 2 / 4)
     assert trigrams("Zoë sees 灯塔 now") == [("Zoë", "sees", "灯"), ("sees", "灯", "塔"), ("灯", "塔", "now")]
+
+
+def test_a_span_not_in_its_summary_is_left_out_of_every_figure_as_its_note_says():
+    summary = "Mara keeps the lamp. Zed comes. The ship lands. The end comes."
+    data = {"b": {"summary": summary, "singles": [
+        {"span": "Zed", "questions": "Who is Zed?", "labels": ["entity omission"]},
+        {"span": "Bob", "questions": "Who is Bob?", "labels": ["salience"]}],  # in no sentence
+        "relations": [
+            {"span_a": "Kim", "span_b": "Lee", "shared_questions": "q", "shared_labels": ["inconsistency"]},
+            {"span_a": "The ship lands", "span_b": "Ann", "shared_questions": "q", "shared_labels": ["discontinuity"]}]}}
+    human = parse_human_annotations(data)
+    result = human_results(human)["b"]
+    # Placed: the single on "Zed" and the relation with one span found; 2 of 4 sentences.
+    assert result.n_annotations == 2
+    assert result.score == pytest.approx(1 - 2 / 4)
+    assert result.annotation_types == [["entity omission"], ["discontinuity"]]
+    assert human_match_notes(human).ignored == 4  # Bob, Kim, Lee, Ann
