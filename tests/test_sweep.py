@@ -549,6 +549,22 @@ def test_ray_workers_share_the_sweeps_call_slots(local_ray, tmp_path):
     assert big["most"] > 2, "a fixed share would give each of the two workers 2 slots"
 
 
+def test_the_ray_board_keeps_a_workers_latest_usage_whatever_order_its_reports_arrive_in(local_ray):
+    """A worker reports its usage from its once-a-second thread and after each cell, and Ray keeps no
+    order between those reports: one taken earlier that arrived last replaced the later one, and the
+    sweep's display counted fewer calls than were made."""
+    from booklens.sweep.engines import _sweep_board_class
+
+    board = _sweep_board_class().remote(2)
+    later = {"calls": 7, "cached_calls": 2, "prompt_tokens": 900}
+    earlier = {"calls": 5, "cached_calls": 1, "prompt_tokens": 600}
+    other = {"calls": 1, "cached_calls": 0, "prompt_tokens": 50}
+    for worker, snapshot in (("a", later), ("a", earlier), ("b", other)):
+        local_ray.get(board.report.remote(worker, snapshot))
+    assert local_ray.get(board.totals.remote()) == {"calls": 8, "cached_calls": 2, "prompt_tokens": 950}
+    local_ray.kill(board)
+
+
 def test_ray_workers_count_the_rate_limits_together(local_ray, monkeypatch):
     """--rpm/--tpm are counted by the sweep's board for every worker: requests from two worker
     processes land in one limiter per server (a split limit floored each worker at 1 a minute, so

@@ -349,6 +349,12 @@ class CellWorker:
         return {"outcome": outcomes}
 
 
+def _calls_counted(snapshot: dict[str, Any]) -> int:
+    """The calls a usage snapshot counts, fresh and cached: they only grow, and every other figure
+    grows with them (a call's counts are added at once), so the snapshot with more is the later."""
+    return int(snapshot.get("calls") or 0) + int(snapshot.get("cached_calls") or 0)
+
+
 def _sweep_board_class():
     import ray
 
@@ -453,7 +459,12 @@ def _sweep_board_class():
             return dict(self.paced_requests)
 
         async def report(self, worker: str, snapshot: dict[str, Any]) -> None:
-            self.latest[worker] = snapshot
+            """Keep `worker`'s usage `snapshot` unless the board holds a later one. A worker sends from
+            several threads (its once-a-second reporter, each finished cell), and Ray keeps no order
+            between them: an earlier snapshot that arrives last would lower the display's counts."""
+            held = self.latest.get(worker)
+            if held is None or _calls_counted(snapshot) >= _calls_counted(held):
+                self.latest[worker] = snapshot
             self._alive(worker)
 
         async def totals(self) -> dict[str, Any]:
