@@ -397,15 +397,20 @@ def test_a_server_at_an_ipv6_address_is_named_with_its_brackets():
     assert str(caught.value).startswith("cannot connect to http://[::1]:9/v1: ")
 
 
-def test_a_server_that_answered_and_then_went_away_is_retried_as_a_restart():
+def test_a_server_that_answered_and_then_went_away_is_retried_as_a_restart(tmp_path):
+    """After the retries, the line says the connection was refused: it said
+    "InternalServerError: Connection error.", LiteLLM's name for it, as if the server had failed."""
     sleep = Recorder()
     server = FakeOpenAIServer(responder=lambda body: '{"label": "good"}')
     with server:
         backend = backend_for(server, sleep=sleep)
-        classify(backend, text="first")
-    with pytest.raises(LMError, match="kept failing after 6 tries"):
-        classify(backend, text="second")
+        classify(backend, text="first", cache_dir=tmp_path)
+    with pytest.raises(LMError) as caught:
+        classify(backend, text="second", cache_dir=tmp_path)
     assert len(sleep.delays) == 5
+    assert str(caught.value) == (f"'openai/fake-model' at {server.url} kept failing after 6 tries: connection refused "
+                                 "(has the server stopped? the completed calls are cached: rerun once it is back)")
+    assert len(CallCache(tmp_path / "calls.sqlite")) == 1  # the first call's answer is kept
 
 
 def test_a_wrong_path_says_to_check_the_api_base():

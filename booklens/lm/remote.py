@@ -593,6 +593,12 @@ class LiteLLMBackend:
             raise LMError(self._redact(f"{where} failed: {type(exc).__name__}: {server_text(exc)}")) from None
         failures += 1
         if failures > self.retries:
+            if _unreachable(exc):
+                # A server that answered before and now refuses every connection has stopped (LiteLLM
+                # calls that an InternalServerError, "Connection error.").
+                raise LMError(self._redact(f"{where} kept failing after {failures} tries: {_unreachable(exc)} (has "
+                                           "the server stopped? the completed calls are cached: rerun once it is "
+                                           "back)")) from None
             waited = (f" (each request waited {self.timeout:g} s; BOOKLENS_TIMEOUT sets how long)"
                       if isinstance(exc, litellm.Timeout) else "")
             raise LMError(self._redact(
