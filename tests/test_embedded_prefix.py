@@ -179,12 +179,29 @@ def test_the_embedded_model_asks_for_no_more_threads_than_openmp_allows(monkeypa
     monkeypatch.setenv("OMP_THREAD_LIMIT", "1")
     assert default_threads() == 1 and LocalBackend().n_threads == 1
     monkeypatch.delenv("OMP_THREAD_LIMIT")
-    assert default_threads() == max(1, os.cpu_count() or 1)
+    assert default_threads() == len(os.sched_getaffinity(0))
     assert LocalBackend(n_threads=3).n_threads == 3
     # prompts are evaluated with the same threads as tokens are generated (llama-cpp-python's own
     # default for prompts is every core)
     params = LocalBackend(n_threads=1)._model().context_params
     assert (params.n_threads, params.n_threads_batch) == (1, 1)
+
+
+def test_the_embedded_model_asks_for_no_more_threads_than_the_cores_the_process_may_run_on(monkeypatch):
+    """A process pinned to fewer cores than the machine has (taskset, docker --cpuset-cpus, a batch
+    scheduler) ran the model on one thread per core of the machine: 8 threads on 1 core."""
+    import os
+
+    from booklens.lm.embedded import default_threads
+
+    monkeypatch.delenv("OMP_THREAD_LIMIT", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert default_threads() == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 5})
+    assert default_threads() == 4
+    monkeypatch.setenv("OMP_THREAD_LIMIT", "2")
+    assert default_threads() == 2
 
 
 def test_the_embedded_weights_are_unpacked_once_into_the_cache(tmp_path, capsys):

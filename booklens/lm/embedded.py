@@ -117,10 +117,17 @@ def refuse_server_options_for_embedded(lm: str | None, api_base: str | None = No
 
 
 def default_threads() -> int:
-    """The machine's cores, or fewer when OpenMP is capped: ggml builds with OpenMP, and asking it for
-    more threads than OMP_THREAD_LIMIT allows leaves every operation waiting at its barrier for threads
-    that never come (measured: half the prompt speed at 2 threads under a limit of 1)."""
-    threads = max(1, os.cpu_count() or 1)
+    """The cores this process may run on, or fewer when OpenMP is capped: ggml builds with OpenMP, and
+    asking it for more threads than OMP_THREAD_LIMIT allows leaves every operation waiting at its
+    barrier for threads that never come (measured: half the prompt speed at 2 threads under a limit
+    of 1). The cores are those the process is pinned to (`taskset`, `docker --cpuset-cpus`, a batch
+    scheduler's allocation), not every core of the machine: more threads than cores wait at the
+    same barriers."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    threads = max(1, cores)
     limit = os.environ.get("OMP_THREAD_LIMIT", "").strip()
     if limit.isdigit() and int(limit) > 0:
         threads = min(threads, int(limit))
