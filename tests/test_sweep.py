@@ -549,6 +549,37 @@ def test_ray_workers_share_the_sweeps_call_slots(local_ray, tmp_path):
     assert big["most"] > 2, "a fixed share would give each of the two workers 2 slots"
 
 
+def test_the_reachability_check_tells_a_ray_cluster_from_another_service(local_ray, monkeypatch):
+    """Ray's GCS passes (it speaks gRPC, so answers the HTTP/2 preface with its SETTINGS frame); a web server
+    is refused in one line; a service that says nothing, and any service under RAY_USE_TLS, is left to Ray."""
+    import http.server
+    import socket
+    import threading
+
+    from booklens.errors import BooklensError
+    from booklens.sweep.engines import check_reachable
+
+    monkeypatch.delenv("RAY_USE_TLS", raising=False)
+    gcs = local_ray.get_runtime_context().gcs_address
+    check_reachable(gcs)
+    check_reachable("127.0.0.1:" + gcs.rpartition(":")[2])
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the kernel's backlog), never writes
+    try:
+        with pytest.raises(BooklensError, match=r"^cannot reach the Ray cluster at 127\.0\.0\.1:\d+: something "
+                                                r"listens there, but not Ray \("):
+            check_reachable(f"127.0.0.1:{web.server_address[1]}")
+        with pytest.raises(BooklensError, match="something listens there, but not Ray"):
+            check_reachable(f"ray://127.0.0.1:{web.server_address[1]}")
+        check_reachable(f"127.0.0.1:{silent.getsockname()[1]}", timeout=0.5)
+        monkeypatch.setenv("RAY_USE_TLS", "1")
+        check_reachable(f"127.0.0.1:{web.server_address[1]}")
+    finally:
+        web.shutdown()
+        silent.close()
+
+
 def test_the_ray_board_keeps_a_workers_latest_usage_whatever_order_its_reports_arrive_in(local_ray):
     """A worker reports its usage from its once-a-second thread and after each cell, and Ray keeps no
     order between those reports: one taken earlier that arrived last replaced the later one, and the

@@ -48,6 +48,31 @@ def test_a_ray_address_nothing_listens_at_is_one_line_before_anything_is_written
     assert not (tmp_path / "out").exists()
 
 
+def test_a_ray_address_where_another_service_listens_is_one_line_before_anything_is_written(tmp_path):
+    """A port where something other than Ray listens (a web server, the wrong port of the head): Ray asks
+    it for the cluster 20 times over, half a minute each, and the command waited silently for minutes."""
+    import http.server
+    import threading
+
+    manifest = small_sweep(tmp_path)
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{web.server_address[1]}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_USE_TLS")}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "booklens",
+                               *ray_sweep_args(manifest, tmp_path / "out", tmp_path / "cache", address)],
+                              capture_output=True, text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the sweep still waited for a Ray cluster at {address} after 120 s")
+    finally:
+        web.shutdown()
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and f"cannot reach the Ray cluster at {address}: something listens there, " \
+        "but not Ray" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_malformed_ray_address_is_one_line_before_anything_is_written(tmp_path):
     """Each address in a process of its own, so the command runs twice: after such an error it
     sometimes hung at exit (Ray Data's import, started beside Ray's, was left half done). Both forms

@@ -559,7 +559,7 @@ def check_reachable(address: str, timeout: float = 5.0, *, name: Optional[str] =
     if not sep or not host or not port.isdigit():
         return
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        connection = socket.create_connection((host, int(port)), timeout=timeout)
     except socket.gaierror:
         reason = f"unknown host {host}"
     except socket.timeout:
@@ -567,9 +567,48 @@ def check_reachable(address: str, timeout: float = 5.0, *, name: Optional[str] =
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
     else:
-        return
+        with connection:
+            if _tls_for_ray() or _speaks_grpc(connection, timeout) is not False:
+                return
+        # Ray would ask this service for the cluster 20 times over, half a minute each, without a word.
+        raise BooklensError(f"cannot reach the Ray cluster at {name or address}: something listens there, but not "
+                            "Ray (a Ray head's address is HEAD:6379, or ray://HEAD:10001 for its client server; "
+                            "`ray start --head` prints it)")
     raise BooklensError(f"cannot reach the Ray cluster at {name or address}: {reason} (is Ray running there? "
                         "`ray start --head` starts it)")
+
+
+# The HTTP/2 client's connection preface, then its own (empty) SETTINGS frame.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_HTTP2_SETTINGS = 4  # the type of the frame an HTTP/2 server sends first
+
+
+def _speaks_grpc(connection: Any, timeout: float) -> Optional[bool]:
+    """Whether the server at the other end of `connection` speaks gRPC, as Ray's GCS and its client
+    server do: it answers the HTTP/2 preface with a SETTINGS frame. False when it answers anything
+    else (an HTTP/1 server's page, a database's greeting) or hangs up; None when it says nothing
+    within `timeout` (left to Ray, which may know better)."""
+    import socket
+
+    received = b""
+    try:
+        connection.settimeout(timeout)
+        connection.sendall(_HTTP2_PREFACE)
+        while len(received) < 9:  # a frame's header: length (3 bytes), type, flags, stream (4)
+            chunk = connection.recv(9 - len(received))
+            if not chunk:
+                return False
+            received += chunk
+    except socket.timeout:
+        return None if not received else False
+    except OSError:
+        return False
+    return received[3] == _HTTP2_SETTINGS
+
+
+def _tls_for_ray() -> bool:
+    """Whether Ray talks to its cluster over TLS (RAY_USE_TLS): then a plain HTTP/2 preface proves nothing."""
+    return os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true")
 
 
 def cluster_started_here() -> Optional[str]:
