@@ -208,8 +208,9 @@ def test_one_system_has_no_pairs():
 def test_the_readmes_embedded_model_table_is_what_the_export_prints_for_those_figures():
     """README's table and its paired line come out of `--table markdown` for a sweep with its figures."""
     rows = []
-    for system, tokens, calls, prompts in (("hier-512", (140, 148), (14, 14), (45_600, 45_601)),
-                                           ("inc-512", (150, 154), (23, 24), (56_760, 56_761))):
+    # the cells' figures of that run (cells.jsonl): summary tokens, LM calls and prompt tokens per book
+    for system, tokens, calls, prompts in (("hier-512", (64, 31), (10, 9), (21_423, 15_985)),
+                                           ("inc-512", (156, 128), (24, 28), (79_931, 59_493))):
         for book, t, c, p in zip(("the_cask_of_amontillado", "sample_story"), tokens, calls, prompts):
             rows.append(cell_row(outcome_of_run(system, book, run(1.0, 100.0, c, p, t))))
     data = results(["hier-512", "inc-512"], ["the_cask_of_amontillado", "sample_story"], rows)
