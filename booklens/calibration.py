@@ -17,7 +17,8 @@ A judge that gave no valid verdict on any sentence or claim of the sample has me
 The test split is the one the program was compiled on: the books are split with the seed in the
 artifact's metadata (`split_seed_of`; 0 for the default and zero-shot judges), so no book the program
 learned its demos from is measured, whatever seed draws the sample. A sample item that is one of the
-program's demos (an artifact compiled on other data) is refused (`DemosInSample`).
+program's demos (an artifact compiled on other data) is refused (`DemosInSample`), and so is a sample
+whose human labels are all of one kind (`_one_kind`): kappa and the unfaithful F1 need both.
 
 Samples are whole books of the test split, drawn with a fixed seed, so that the embedded model
 calibrates in under an hour on two cores: `COHERENCE_BOOKS` books (both summaries of each) and `VERIFICATION_BOOKS`
@@ -102,6 +103,24 @@ def _empty_sample(judge: str, source: str | Path, what: str, table5: bool = Fals
                          "nothing stored")
 
 
+def _one_kind(judge: str, source: str | Path, labels: list[bool], items: str, verb: str, kind: str,
+              figures: str, table5: bool = False) -> Optional[BooklensError]:
+    """The refusal of a sample whose human `labels` (True: the `kind` the judge must find) are all alike:
+    the `figures` named (the low-agreement warning reads one of them) are then 0 or undefined whatever
+    the judge says, and such an entry would stand beside every later score as the judge's agreement.
+    None when the sample holds both kinds."""
+    found = sum(labels)
+    if 0 < found < len(labels):
+        return None
+    share = f"none of the {len(labels)}" if found == 0 else f"all {len(labels)}"
+    where = ("give FABLES data whose Table 5 books hold both" if table5
+             else "draw another sample with --books or --seed, or give other annotations")
+    what = (f"the humans {verb} {share} {items} of the sample drawn from {source} {kind}" if labels
+            else f"the sample drawn from {source} holds no {items}")
+    return BooklensError(f"{judge} calibration: {what}: {figures} to tell one judge from another; {where}; "
+                         "nothing stored")
+
+
 def _sample_books(books: list[str], count: Optional[int], seed: int, *, asked: bool = False,
                   split: str = "the test split") -> list[str]:
     """`count` books drawn with the seed (all of them when `count` is None or larger), sorted. A count
@@ -156,6 +175,11 @@ def _coherence_items(program: Any, *, human_dir: str | Path, books: Optional[int
     items, info = coherence_sample(human_dir, books=books, seed=seed, split_seed=split_seed, asked=asked)
     if not any(a.sentence_annotations() for _, a in items):
         raise _empty_sample("coherence", human_dir, "annotated sentence")
+    alike = _one_kind("coherence", human_dir, [s.confusing for _, a in items for s in a.sentence_annotations()],
+                      "sentences", "marked", "confusing",
+                      'kappa and the "confusing" F1 need both confusing and clean sentences')
+    if alike:
+        raise alike
     shown = _demo_values(program, "summary")
     _refuse_demos("coherence", sum(1 for _, a in items if " ".join(a.summary.split()) in shown), len(items),
                   "summaries")
@@ -274,6 +298,13 @@ def _verification_items(program: Any, *, fables_path: str | Path, books: Optiona
     if not claims_in_sample:
         raise _empty_sample("binary" if binary else "verification", fables_path, "labelled claim",
                             table5=info["split"] == "table5")
+    # The bar a verifier is held to is its unfaithful F1 on the claims humans labelled faithful or unfaithful.
+    alike = _one_kind("binary" if binary else "verification", fables_path,
+                      [c.label == "No" for s in summaries for c in s.claims if c.label in ("Yes", "No")],
+                      "faithful or unfaithful claims", "labelled", "unfaithful",
+                      "the unfaithful F1 needs both faithful and unfaithful claims", table5=info["split"] == "table5")
+    if alike:
+        raise alike
     _refuse_demos("binary" if binary else "verification",
                   sum(1 for c in claims_in_sample if " ".join(c.split()) in shown), len(claims_in_sample), "claims")
     return summaries, info, keep

@@ -200,11 +200,14 @@ def test_calibrate_refuses_options_no_chosen_judge_uses(tmp_path):
 
 def test_calibrate_stores_nothing_for_a_judge_that_never_answered(tmp_path, shared_dir):
     human = shared_dir / "data" / "booookscore" / "human"
-    # FABLES with two claims per summary keeps the test quick; the sample's books are the same
+    # FABLES with two claims per summary, and its first unfaithful one (a sample needs both kinds), keeps
+    # the test quick; the sample's books are the same
     fables = json.loads((shared_dir / "data" / "fables" / "FABLES.json").read_text())
     for systems in fables["FABLES"].values():
         for summary in systems.values():
-            summary["claims"] = dict(list(summary["claims"].items())[:2])
+            claims = list(summary["claims"].items())
+            unfaithful = [item for item in claims[2:] if item[1]["label"] == "No"][:1]
+            summary["claims"] = dict(claims[:2] + unfaithful)
     small = tmp_path / "FABLES.json"
     small.write_text(json.dumps(fables))
 
@@ -780,3 +783,49 @@ def test_calibrate_refuses_a_summary_too_long_for_the_window_before_any_judge_ca
     message = str(result.exception)
     assert message.startswith("the summary 'gamma' of summary-gpt4-4096-inc.json (") and "\n" not in message
     assert "does not fit the model's 8,192-token context window even with none of the judge's demos" in message
+
+
+@pytest.mark.parametrize("judge, kind", [("coherence", "none"), ("coherence", "all"), ("verification", "none"),
+                                         ("verification", "all"), ("binary", "none")])
+def test_a_sample_whose_human_labels_are_all_of_one_kind_is_refused_before_any_call(tmp_path, judge, kind):
+    """Humans who marked no sentence of the sample confusing (or every one) leave kappa 0 or undefined
+    whatever the judge says, and the unfaithful F1 is 0 or undefined on a sample with no unfaithful
+    claim: such a calibration was stored ("this judge found 0 of 0 sentences humans marked confusing")
+    and shown beside every later score as the judge's agreement."""
+    from booklens.errors import BooklensError
+
+    if judge == "coherence":
+        human = human_fixture(tmp_path / "human")
+        data = json.loads((human / "summary-gpt4-4096-inc.json").read_text())
+        for entry in data.values():
+            sentences = entry["summary"].split(". ")
+            entry["singles"] = ([] if kind == "none" else
+                                [{"id": "1", "span": entry["summary"], "questions": "Why?", "labels": ["salience"]}])
+            assert len(sentences) == 5
+        (human / "summary-gpt4-4096-inc.json").write_text(json.dumps(data))
+        args = ["--coherence-data", human, "--books", "2"]
+        expected = ("coherence calibration: the humans marked "
+                    + ("none of the 10 sentences" if kind == "none" else "all 10 sentences")
+                    + f" of the sample drawn from {human} confusing")
+    else:
+        books = FIVE_BOOKS if judge == "verification" else ("Pet", "yellowface")
+        fables = fables_fixture(tmp_path / "FABLES.json", books)
+        data = json.loads(fables.read_text())
+        for summaries in data["FABLES"].values():
+            for claim in summaries["GPT-4"]["claims"].values():
+                if claim["label"] in ("Yes", "No"):
+                    claim["label"] = "Yes" if kind == "none" else "No"
+        fables.write_text(json.dumps(data))
+        args = ["--fables-data", fables] + (["--books", "2"] if judge == "verification" else [])
+        expected = (f"{judge} calibration: the humans labelled "
+                    + ("none of the 6 faithful or unfaithful claims" if kind == "none" else "all 6 faithful or "
+                       "unfaithful claims") + f" of the sample drawn from {fables} unfaithful")
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        result = invoke(["calibrate", "--judge", judge, *args, "--lm", "openai/fake", "--api-base", server.url,
+                         "--cache-dir", tmp_path / "cache", "-o", store], tmp_path)
+        served = len(server.served)
+    assert isinstance(result.exception, BooklensError), result.output
+    assert served == 0 and not store.exists()
+    message = str(result.exception)
+    assert message.startswith(expected) and message.endswith("; nothing stored") and "\n" not in message, message
