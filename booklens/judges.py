@@ -506,6 +506,13 @@ def _entry_problem(entry: Any) -> Optional[str]:
     for part in ("counts", "n", "table5"):
         if part in entry and not isinstance(entry[part], dict):
             return f"'{part}' is not an object"
+    # The sizes `store_calibration` compares and the counts the judge lines print; counts' "predicted"
+    # holds one count per label.
+    for part in ("n", "counts"):
+        for name, value in (entry.get(part) or {}).items():
+            for label, count in (value.items() if name == "predicted" and isinstance(value, dict) else [(name, value)]):
+                if count is not None and not _is_number(count):
+                    return f"{part} {label!r} is not a number"
     f1 = (entry.get("table5") or {}).get("f1_unfaithful")
     if f1 is not None and not _is_number(f1):
         return "the Table 5 unfaithful F1 is not a number"

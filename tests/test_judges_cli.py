@@ -490,6 +490,30 @@ def test_a_malformed_calibration_entry_is_one_line_naming_the_store(tmp_path):
     assert run_command(["judges", "--cache-dir", cache]).returncode == 0
 
 
+@pytest.mark.parametrize("part, value", [("n", {"sentences": "many"}), ("n", {"sentences": [10]}),
+                                         ("counts", {"tp": {"found": 2}})])
+def test_a_stored_sample_size_or_count_that_is_no_number_is_refused_before_any_call(tmp_path, part, value):
+    """`calibrate` compares the new calibration's size with the stored one's: a stored size that is no
+    number ended the command in "internal error: TypeError: '<' not supported between instances of
+    'int' and 'str'", after every judgment; the judge lines print the counts."""
+    human = human_fixture(tmp_path / "human")
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        args = ["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", "1", "--lm", "openai/fake",
+                "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o", store]
+        assert run_command(args).returncode == 0
+        data = json.loads(store.read_text())
+        (key, entry), = data["calibrations"].items()
+        entry[part] = {**entry[part], **value}
+        store.write_text(json.dumps(data))
+        before, served = store.read_bytes(), len(server.served)
+        proc = run_command(args)
+        assert len(server.served) == served
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: calibration store {store}: the entry {key!r} is malformed ("), proc.stderr
+    assert store.read_bytes() == before
+
+
 @pytest.mark.parametrize("command", ["score", "verify", "check"])
 def test_a_malformed_calibration_store_is_refused_before_any_call(tmp_path, command):
     """Every judgment's record carries its judge's calibration, read from the store beside the LM
