@@ -853,3 +853,13 @@ def test_a_sample_whose_human_labels_are_all_of_one_kind_is_refused_before_any_c
     assert served == 0 and not store.exists()
     message = str(result.exception)
     assert message.startswith(expected) and message.endswith("; nothing stored") and "\n" not in message, message
+
+
+def test_calibrate_names_a_program_that_is_a_folder_or_no_file_as_score_does(tmp_path):
+    """`calibrate --program` said "not found" of a folder that is there, and of /dev/null."""
+    args = ["--cache-dir", tmp_path / "cache", "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"]
+    for program, message in ((tmp_path, f"program artifact is a directory, not a file: {tmp_path}"),
+                             (Path(os.devnull), f"program artifact is empty ({os.devnull})"),
+                             (tmp_path / "nowhere.json", f"program artifact not found: {tmp_path / 'nowhere.json'}")):
+        proc = run_command(["calibrate", "--program", program, *args])
+        assert proc.returncode == 2 and proc.stderr == f"error: {message}\n", proc.stderr

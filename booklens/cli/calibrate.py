@@ -129,8 +129,11 @@ def calibrate_command(
         raise BooklensError("give either --program or --zero-shot, not both")
     from booklens.records import present
 
-    if program is not None and not (present(program) and program.is_file()):  # before DSPy loads
+    # before DSPy loads, in the words `read_artifact` (which loads it) has for these
+    if program is not None and not present(program):
         raise BooklensError(f"program artifact not found: {program}")
+    if program is not None and program.is_dir():
+        raise BooklensError(f"program artifact is a directory, not a file: {program}")
     if program is not None:
         judges = [_judge_of_artifact(program)]
         if judge and judges != list(dict.fromkeys(judge)):
