@@ -95,10 +95,15 @@ def _judged_nothing(judge: str, items: int, what: str, failed: int, errors: list
     return JudgedNothing(f"{reason}; nothing stored") if reason else None
 
 
-def _empty_sample(judge: str, source: str | Path, what: str, table5: bool = False) -> BooklensError:
-    """A sample with nothing to compare: an entry of no figures would replace a measured one."""
-    why = ("none of the seven books of FABLES' Table 5 is in it with faithful or unfaithful claims" if table5
-           else "its test split is empty: give the whole data set")
+def _empty_sample(judge: str, source: str | Path, what: str, table5: bool = False, books: int = 0) -> BooklensError:
+    """A sample with nothing to compare: an entry of no figures would replace a measured one. `books`:
+    how many test-split books were drawn (none when the test split is empty)."""
+    if table5:
+        why = "none of the seven books of FABLES' Table 5 is in it with faithful or unfaithful claims"
+    elif books:
+        why = f"the summaries of the {counted(books, 'book')} it drew from the test split have no claim with a label"
+    else:
+        why = "its test split is empty: give the whole data set"
     return BooklensError(f"{judge} calibration: the sample drawn from {source} holds no {what} ({why}); "
                          "nothing stored")
 
@@ -297,7 +302,7 @@ def _verification_items(program: Any, *, fables_path: str | Path, books: Optiona
     claims_in_sample = [c.claim for s in summaries for c in s.claims if c.label in keep]
     if not claims_in_sample:
         raise _empty_sample("binary" if binary else "verification", fables_path, "labelled claim",
-                            table5=info["split"] == "table5")
+                            table5=info["split"] == "table5", books=len(info["books"]))
     # The bar a verifier is held to is its unfaithful F1 on the claims humans labelled faithful or unfaithful.
     alike = _one_kind("binary" if binary else "verification", fables_path,
                       [c.label == "No" for s in summaries for c in s.claims if c.label in ("Yes", "No")],

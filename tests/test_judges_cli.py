@@ -863,3 +863,21 @@ def test_calibrate_names_a_program_that_is_a_folder_or_no_file_as_score_does(tmp
                              (tmp_path / "nowhere.json", f"program artifact not found: {tmp_path / 'nowhere.json'}")):
         proc = run_command(["calibrate", "--program", program, *args])
         assert proc.returncode == 2 and proc.stderr == f"error: {message}\n", proc.stderr
+
+
+def test_a_test_split_whose_books_hold_no_claim_is_not_called_empty(tmp_path):
+    """The refusal said "its test split is empty: give the whole data set" of a test split of two books
+    whose summaries hold no claim: the data set was whole, and the advice pointed nowhere."""
+    from booklens.errors import BooklensError
+
+    fables = fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)
+    data = json.loads(fables.read_text())
+    for summaries in data["FABLES"].values():
+        summaries["GPT-4"]["claims"] = {}
+    fables.write_text(json.dumps(data))
+    result = invoke(["calibrate", "--judge", "verification", "--fables-data", fables, "--books", "2", "--lm",
+                     "openai/fake", "--api-base", "http://127.0.0.1:9/v1", "-o", tmp_path / "store.json"], tmp_path)
+    assert isinstance(result.exception, BooklensError), result.output
+    assert str(result.exception) == (f"verification calibration: the sample drawn from {fables} holds no labelled "
+                                     "claim (the summaries of the 2 books it drew from the test split have no claim "
+                                     "with a label); nothing stored")
