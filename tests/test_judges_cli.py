@@ -881,3 +881,16 @@ def test_a_test_split_whose_books_hold_no_claim_is_not_called_empty(tmp_path):
     assert str(result.exception) == (f"verification calibration: the sample drawn from {fables} holds no labelled "
                                      "claim (the summaries of the 2 books it drew from the test split have no claim "
                                      "with a label); nothing stored")
+
+
+@pytest.mark.parametrize("lm, message", [
+    ("nosuchprovider/xyz", "unknown model 'nosuchprovider/xyz': use 'local' or a LiteLLM model string such as "
+                           "openai/gpt-4o-mini"),
+    ("local/whatever", "unknown model 'local/whatever': use 'local' or a LiteLLM model string such as "
+                       "openai/gpt-4o-mini"),
+])
+def test_judges_refuses_a_model_no_command_could_run_as_score_does(tmp_path, lm, message):
+    """`judges --lm` with a model string `score` and `calibrate` refuse listed every judge as never
+    measured for it, with a `booklens calibrate --lm ...` hint that would then fail."""
+    proc = run_command(["judges", "--lm", lm, "--cache-dir", tmp_path / "cache"])
+    assert proc.returncode == 2 and proc.stderr == f"error: {message}\n" and proc.stdout == "", proc.stderr

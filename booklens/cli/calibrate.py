@@ -249,6 +249,10 @@ def judges_command(
     from booklens.lm.remote import resolve_server
 
     refuse_server_options_for_embedded(lm, api_base)
+    if resolve_lm_name(lm) != LOCAL_LM:  # a model string `score` or `calibrate` would refuse (no key needed here)
+        from booklens.lm import make_backend
+
+        make_backend(lm, api_base=api_base, check_keys=False)
     server = None if resolve_lm_name(lm) == LOCAL_LM else resolve_server(resolve_lm_name(lm), api_base)
     label = lm_name_label(lm)
     store = load_store(cache_dir)
