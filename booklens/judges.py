@@ -541,10 +541,13 @@ def write_store(path: Path, entries: dict[str, Any]) -> None:
 
 def sample_size(entry: dict[str, Any]) -> tuple[int, str]:
     """How many items a calibration measured the judge on, and what they are: sentences for
-    coherence, claims for the verifiers (what its figures and their intervals rest on)."""
+    coherence, claims for the verifiers (what its figures and their intervals rest on: the sentences
+    compared, since those the judge gave no verdict on are left out; every claim, since a failed
+    verification counts as wrong)."""
     n = entry.get("n") or {}
     if entry.get("judge") == "coherence" or "sentences" in n:
-        return n.get("sentences") or 0, "sentence"
+        compared = n.get("compared")
+        return (compared if compared is not None else n.get("sentences") or 0), "sentence"
     return n.get("claims") or 0, "claim"
 
 

@@ -732,7 +732,7 @@ def test_a_smaller_calibration_does_not_hide_the_larger_one_booklens_ships(tmp_p
 
     shipped = read_store(DEFAULTS_DIR / CALIBRATION_FILE)
     key, large = next((k, e) for k, e in shipped.items() if e.get("judge") == "coherence")
-    small = {**large, "n": {**large["n"], "sentences": 40}}
+    small = {**large, "n": {**large["n"], "sentences": 40, "compared": 40, "failed": 0}}
     store = user_store_path(tmp_path)
     kept = store_calibration(small, store)
     assert kept == (f"its 40 sentences are fewer than the {large['n']['sentences']} of the calibration booklens "

@@ -894,3 +894,25 @@ def test_judges_refuses_a_model_no_command_could_run_as_score_does(tmp_path, lm,
     measured for it, with a `booklens calibrate --lm ...` hint that would then fail."""
     proc = run_command(["judges", "--lm", lm, "--cache-dir", tmp_path / "cache"])
     assert proc.returncode == 2 and proc.stderr == f"error: {message}\n" and proc.stdout == "", proc.stderr
+
+
+def test_a_coherence_calibration_is_sized_by_the_sentences_its_figures_rest_on(tmp_path):
+    """The store keeps the larger of two calibrations of a judge. A coherence calibration leaves the
+    sentences the judge gave no verdict on out of its figures, yet its size counted them: one that
+    compared 2 of 20 sentences kept out one that compared all of 10 ("its 10 sentences are fewer
+    than the 20 of ...")."""
+    human = human_fixture(tmp_path / "human")
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=answer) as server:
+        args = ["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", "2", "--lm", "openai/fake",
+                "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o", store]
+        assert run_command(args).returncode == 0
+        data = json.loads(store.read_text())
+        (key, entry), = data["calibrations"].items()
+        assert entry["n"] == {"summaries": 2, "sentences": 10, "compared": 10, "failed": 0}
+        entry["n"] = {"summaries": 4, "sentences": 20, "compared": 2, "failed": 18}  # a judge that mostly failed
+        store.write_text(json.dumps(data))
+        proc = run_command(args)
+    assert proc.returncode == 0, proc.stderr
+    assert f"stored in {store}" in proc.stderr, proc.stderr
+    assert json.loads(store.read_text())["calibrations"][key]["n"]["compared"] == 10
