@@ -916,3 +916,44 @@ def test_a_coherence_calibration_is_sized_by_the_sentences_its_figures_rest_on(t
     assert proc.returncode == 0, proc.stderr
     assert f"stored in {store}" in proc.stderr, proc.stderr
     assert json.loads(store.read_text())["calibrations"][key]["n"]["compared"] == 10
+
+
+def test_a_calibration_stopped_by_a_server_error_resumes_with_only_the_calls_it_lacks(tmp_path):
+    """The server fails for good after 13 answers, with four calls in flight: the coherence calibration
+    (10 sentences) is stored, the verifier's is not, and the rerun asks for exactly the 7 calls of
+    the 20 (10 sentences, 10 claims) no answer was kept for."""
+    import threading
+
+    human = human_fixture(tmp_path / "human")
+    fables = fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)
+    data = json.loads(fables.read_text())
+    for book, summaries in data["FABLES"].items():  # claims of their own in each book: no answer is shared
+        for claim in summaries["GPT-4"]["claims"].values():
+            claim["claim"] = claim["claim"].rstrip(".") + f" near {book}."
+    fables.write_text(json.dumps(data))
+    lock, asked, broken = threading.Lock(), [0], [True]
+
+    def failing_after_13(body):
+        with lock:
+            asked[0] += 1
+            if broken[0] and asked[0] > 13:
+                return (400, "the server gave up")
+        return answer(body)
+
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=failing_after_13) as server:
+        args = ["calibrate", "--coherence-data", human, "--fables-data", fables, "--books", "2", "--concurrency",
+                "4", "--lm", "openai/fake", "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o", store]
+        first = run_command(args)
+        answered = len(server.served)
+        stored = [entry["judge"] for entry in json.loads(store.read_text())["calibrations"].values()]
+        broken[0] = False
+        again = run_command(args)
+        asked_again = len(server.served) - answered
+    assert first.returncode == 2 and first.stderr.strip().splitlines()[-1].endswith("the server gave up")
+    assert answered == 13 and asked_again == 7 and stored == ["coherence"], (answered, asked_again, stored)
+    assert again.returncode == 0, again.stderr
+    entries = json.loads(store.read_text())["calibrations"].values()
+    assert sorted(entry["judge"] for entry in entries) == ["coherence", "verification"]
+    assert "coherence: 10 LM calls (10 from cache)" in again.stderr
+    assert "verification: 10 LM calls (3 from cache)" in again.stderr
