@@ -297,15 +297,22 @@ def parse_human_annotations(data: Any, what: str = "annotation file") -> dict[st
         where = f"{what}, book {book!r}"
         if not isinstance(entry, Mapping):
             raise BooklensError(f"{where}: expected an object with 'summary', 'singles' and 'relations'")
-        summary = entry.get("summary")
-        if not isinstance(summary, str) or not summary.strip():
-            raise BooklensError(f"{where}: 'summary' must be a non-empty string")
         if "singles" not in entry and "relations" not in entry:
             # Read as human annotations, an entry without either list would be a summary in which the
             # humans found nothing: every sentence a clean label (the precision-study file has this shape).
-            also = (" (this is the shape of the precision-study file annotations-gpt4-4096-inc.json, not of the "
-                    "human span annotations summary-gpt4-4096-{inc,hier}.json)" if "annotations" in entry else "")
+            if "annotations" in entry:
+                also = (" (this is the shape of the precision-study file annotations-gpt4-4096-inc.json, not of "
+                        "the human span annotations summary-gpt4-4096-{inc,hier}.json)")
+            elif "summary" not in entry and is_sentence_format({book: entry}):
+                also = (" (this is the shape of sentence annotations, book -> {sentence: {questions, types}}, "
+                        "such as GPT-4's released labels, not of the human span annotations "
+                        "summary-gpt4-4096-{inc,hier}.json)")
+            else:
+                also = ""
             raise BooklensError(f"{where}: no 'singles' or 'relations': not human span annotations{also}")
+        summary = entry.get("summary")
+        if not isinstance(summary, str) or not summary.strip():
+            raise BooklensError(f"{where}: 'summary' must be a non-empty string")
         singles_raw = entry.get("singles", [])
         relations_raw = entry.get("relations", [])
         if not isinstance(singles_raw, list) or not isinstance(relations_raw, list):

@@ -957,3 +957,18 @@ def test_a_calibration_stopped_by_a_server_error_resumes_with_only_the_calls_it_
     assert sorted(entry["judge"] for entry in entries) == ["coherence", "verification"]
     assert "coherence: 10 LM calls (10 from cache)" in again.stderr
     assert "verification: 10 LM calls (3 from cache)" in again.stderr
+
+
+def test_calibrate_names_sentence_annotations_given_as_the_human_spans(tmp_path):
+    """GPT-4's released labels (book -> {sentence: {questions, types}}) given as --coherence-data were
+    refused with "'summary' must be a non-empty string", as if one field of the right file were wrong."""
+    human = tmp_path / "human"
+    human.mkdir()
+    labels = {"alpha": {"Zed waves from the boat.": {"questions": "Who is Zed?", "types": ["entity omission"]}}}
+    (human / "summary-gpt4-2048-inc.json").write_text(json.dumps(labels))
+    proc = run_command(["calibrate", "--judge", "coherence", "--coherence-data", human, "--lm", "openai/fake",
+                        "--api-base", "http://127.0.0.1:9/v1", "--cache-dir", tmp_path / "cache"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: annotation file {human / 'summary-gpt4-2048-inc.json'}, book 'alpha': no "
+                                  "'singles' or 'relations': not human span annotations (this is the shape of "
+                                  "sentence annotations, book -> {sentence: {questions, types}}"), proc.stderr
