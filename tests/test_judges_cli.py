@@ -821,11 +821,9 @@ def test_a_sample_whose_human_labels_are_all_of_one_kind_is_refused_before_any_c
     if judge == "coherence":
         human = human_fixture(tmp_path / "human")
         data = json.loads((human / "summary-gpt4-4096-inc.json").read_text())
-        for entry in data.values():
-            sentences = entry["summary"].split(". ")
+        for entry in data.values():  # no span, or one over the whole summary (its five sentences)
             entry["singles"] = ([] if kind == "none" else
                                 [{"id": "1", "span": entry["summary"], "questions": "Why?", "labels": ["salience"]}])
-            assert len(sentences) == 5
         (human / "summary-gpt4-4096-inc.json").write_text(json.dumps(data))
         args = ["--coherence-data", human, "--books", "2"]
         expected = ("coherence calibration: the humans marked "
