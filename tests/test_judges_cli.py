@@ -490,20 +490,27 @@ def test_a_malformed_calibration_entry_is_one_line_naming_the_store(tmp_path):
     assert run_command(["judges", "--cache-dir", cache]).returncode == 0
 
 
+def _calibrated_coherence(tmp_path, server, books: int):
+    """A coherence calibration of `books` fixture books stored in tmp_path/store.json: the command's
+    arguments, the store's data, and its one entry's key and value (to edit and write back)."""
+    args = ["calibrate", "--judge", "coherence", "--coherence-data", human_fixture(tmp_path / "human"), "--books",
+            str(books), "--lm", "openai/fake", "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o",
+            tmp_path / "store.json"]
+    assert run_command(args).returncode == 0
+    data = json.loads((tmp_path / "store.json").read_text())
+    (key, entry), = data["calibrations"].items()
+    return args, data, key, entry
+
+
 @pytest.mark.parametrize("part, value", [("n", {"sentences": "many"}), ("n", {"sentences": [10]}),
                                          ("counts", {"tp": {"found": 2}})])
 def test_a_stored_sample_size_or_count_that_is_no_number_is_refused_before_any_call(tmp_path, part, value):
     """`calibrate` compares the new calibration's size with the stored one's: a stored size that is no
     number ended the command in "internal error: TypeError: '<' not supported between instances of
     'int' and 'str'", after every judgment; the judge lines print the counts."""
-    human = human_fixture(tmp_path / "human")
     store = tmp_path / "store.json"
     with FakeOpenAIServer(responder=answer) as server:
-        args = ["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", "1", "--lm", "openai/fake",
-                "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o", store]
-        assert run_command(args).returncode == 0
-        data = json.loads(store.read_text())
-        (key, entry), = data["calibrations"].items()
+        args, data, key, entry = _calibrated_coherence(tmp_path, server, books=1)
         entry[part] = {**entry[part], **value}
         store.write_text(json.dumps(data))
         before, served = store.read_bytes(), len(server.served)
@@ -899,14 +906,9 @@ def test_a_coherence_calibration_is_sized_by_the_sentences_its_figures_rest_on(t
     sentences the judge gave no verdict on out of its figures, yet its size counted them: one that
     compared 2 of 20 sentences kept out one that compared all of 10 ("its 10 sentences are fewer
     than the 20 of ...")."""
-    human = human_fixture(tmp_path / "human")
     store = tmp_path / "store.json"
     with FakeOpenAIServer(responder=answer) as server:
-        args = ["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", "2", "--lm", "openai/fake",
-                "--api-base", server.url, "--cache-dir", tmp_path / "cache", "-o", store]
-        assert run_command(args).returncode == 0
-        data = json.loads(store.read_text())
-        (key, entry), = data["calibrations"].items()
+        args, data, key, entry = _calibrated_coherence(tmp_path, server, books=2)
         assert entry["n"] == {"summaries": 2, "sentences": 10, "compared": 10, "failed": 0}
         entry["n"] = {"summaries": 4, "sentences": 20, "compared": 2, "failed": 18}  # a judge that mostly failed
         store.write_text(json.dumps(data))
