@@ -60,23 +60,23 @@ from booklens.vocabulary import (
     CRITERIA,
     DEFAULT_CONTEXT_WINDOW,
     DIVERSE_METHODS,
+    MIN_QA_CONTEXT_WINDOW,
     RATING_SCALES,
     counted,
 )
 
 BUDGET_MARGIN = 0.8
 SUMMARY_RESERVE = 1024
-# The smallest --context-window the commands take.
-MIN_CONTEXT_WINDOW = 256
 # Sentences the extract-then-summarize method takes from each article (the seed's Figure 14 asks for 10).
 EXTRACT_SENTENCES = 10
 
 
 def _check_window(context_window: Any) -> None:
+    """The `diverse` command's floor on --context-window, for a library caller who skips it."""
     from booklens.parallel import check_at_least
 
     if context_window is not None:
-        check_at_least("--context-window", context_window, MIN_CONTEXT_WINDOW)
+        check_at_least("--context-window", context_window, MIN_QA_CONTEXT_WINDOW)
 
 
 def _window(context_window: Optional[int]) -> int:
@@ -739,8 +739,7 @@ def check_event_options(events: list[Any], *, method: str, sentences: int, gener
     check_at_least("--concurrency", concurrency)
     if max_articles is not None:
         check_at_least("--max-articles", max_articles)
-    if context_window is not None:
-        check_at_least("--context-window", context_window, MIN_CONTEXT_WINDOW)
+    _check_window(context_window)
     check_flag("judge", judge)
     check_flag("diversity_filter", diversity_filter)
     what = f"a list of protocols ({', '.join(RATING_SCALES)})"
