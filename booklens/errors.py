@@ -12,6 +12,12 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     return lines[0][:limit] if lines else type(exc).__name__
 
 
+def clipped(text: str, limit: int = 60) -> str:
+    """`text` as an error line quotes a value from a file: cut to `limit` characters, "..." marking
+    the cut (a passage pasted where a name goes would make the one line pages long)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def kind_of(value: object) -> str:
     """How an error names a value of the wrong kind: a string by itself (a model or method name
     handed where an object goes is the usual slip), anything else by its type."""

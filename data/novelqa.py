@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from booklens.errors import BooklensError, validation_problem
+from booklens.errors import BooklensError, clipped, validation_problem
 from booklens.records import read_json_file
 from booklens.vocabulary import EVIDENCE_RECALL_MODES, QA_SETTINGS
 
@@ -46,17 +46,14 @@ Aspect = Literal["character", "meaning", "plot", "relation", "setting", "span", 
 Complexity = Literal["mh", "sh", "dtl"]
 
 
-def _shown(value: Any, limit: int = 60) -> str:
-    """A value from the file as an error line quotes it: its repr, cut to `limit` characters (a whole
-    passage pasted where a letter goes would make the one line pages long)."""
-    shown = repr(value)
-    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
+def _shown(value: Any) -> str:
+    """A value from the file as an error line quotes it: its repr, `clipped`."""
+    return clipped(repr(value))
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    """A question's QID as an error line names it (unquoted), cut as `_shown` cuts a value."""
-    text = str(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+def _short(value: Any) -> str:
+    """A question's QID as an error line names it (unquoted), `clipped`."""
+    return clipped(str(value))
 
 
 def _option_text(value: Any) -> Any:

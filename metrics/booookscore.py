@@ -97,9 +97,8 @@ _DASH = re.compile(r"-{2,}|\u2014|\u2015")
 
 def words(text: str) -> list[str]:
     """Word and punctuation tokens (and Chinese and Japanese characters), case kept, for trigram
-    statistics. Quotes and apostrophes are
-    read as straight ones and an em dash as "--" writes it, so that a passage the summary copies
-    from the book in another typography counts as copied."""
+    statistics. Quotes and apostrophes are read as straight ones and "--" as an em dash, so that a
+    passage the summary copies from the book in another typography counts as copied."""
     return _WORD.findall(_DASH.sub("\u2014", text.translate(_PLAIN_QUOTES)))
 
 

@@ -33,7 +33,7 @@ from typing import Any, Iterable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from booklens.errors import BooklensError, setting_name
+from booklens.errors import BooklensError, clipped, setting_name
 from booklens.pipeline import JUDGE_TASKS
 from booklens.records import read_json_file, read_text_file
 
@@ -447,8 +447,7 @@ def _where(loc: list[Any], data: Any) -> str:
 
 
 def _shown(value: Any) -> str:
-    text = json.dumps(value, default=str, ensure_ascii=False)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return clipped(json.dumps(value, default=str, ensure_ascii=False))
 
 
 def _relative(base: Path, value: str) -> Path:
