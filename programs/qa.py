@@ -94,14 +94,6 @@ class _BookCache:
             return self._indexes[key]
 
 
-def _count(value: Any, name: str) -> Any:
-    """A count a program is built with (k, a window), or a one-line error naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        shown = repr(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else kind_of(value)
-        raise BooklensError(f"{name} must be a whole number of at least 1, not {shown}")
-    return value
-
-
 def _text(value: Any, name: str, hint: str = "") -> str:
     """A text input of a program (the question, an answer), or a one-line error naming it: None or a
     number would be asked about as the words 'None' or '7'."""
@@ -155,11 +147,13 @@ class BookQA(Module):
             raise BooklensError(f"unknown evidence mode {evidence!r}: use one of {', '.join(EVIDENCE_MODES)}")
         if rank_mode not in SEARCH_MODES:
             raise BooklensError(f"unknown ranking mode {rank_mode!r}: use one of {', '.join(SEARCH_MODES)}")
-        _count(k, "k")
-        _count(passage_tokens, "passage_tokens")
-        _count(tries, "tries")
+        from booklens.parallel import check_at_least
+
+        check_at_least("k", k)
+        check_at_least("passage_tokens", passage_tokens)
+        check_at_least("tries", tries)
         if context_window is not None:
-            _count(context_window, "context_window")
+            check_at_least("context_window", context_window)
         self.setting = setting
         self.evidence = evidence
         self.k = k

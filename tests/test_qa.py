@@ -557,9 +557,9 @@ def test_evidence_handed_to_the_programs_as_one_string_is_one_quote():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: BookQA("mc", "bm25", k="5"), r"^k must be a whole number of at least 1, not the string '5'$"),
+    (lambda: BookQA("mc", "bm25", k="5"), r"^k must be at least 1 \(got '5'\)$"),
     (lambda: BookQA("mc", "book", context_window="8192"),
-     r"^context_window must be a whole number of at least 1, not the string '8192'$"),
+     r"^context_window must be at least 1 \(got '8192'\)$"),
     (lambda: BookQA("mc", "none")(book=Path("book.txt"), question="Which ship?", options="A. x\nB. y"),
      r"^book must be the book's text, not PosixPath \(booklens\.text\.read_book reads a file\)$"),
     (lambda: BookQA("mc", "none")(book="text", question=None, options="A. x\nB. y"),
