@@ -555,7 +555,18 @@ def store_calibration(entry: dict[str, Any], path: Path, *, replace: bool = Fals
     """Add one calibration to the store file at `path`, replacing the one of the same key unless that
     one, or the one booklens ships for the key, was measured on more items (a quick check after a long
     calibration would otherwise erase it unnoticed, and a user store's entry hides the shipped one at
-    lookup): then nothing is written, and the reason is returned. `replace` stores it anyway."""
+    lookup): then nothing is written, and the reason is returned. `replace` stores it anyway.
+    Two calibrations stored at once (two commands on one cache) both stay: the store is read and
+    written under a lock, so the second adds its entry to what the first wrote."""
+    from booklens.records import file_lock
+
+    if path.parent.is_dir():
+        with file_lock(path.parent / f".{path.name}.lock"):
+            return _store_calibration(entry, path, replace=replace)
+    return _store_calibration(entry, path, replace=replace)
+
+
+def _store_calibration(entry: dict[str, Any], path: Path, *, replace: bool) -> Optional[str]:
     entries = read_store(path)
     if not replace:
         shipped_path = DEFAULTS_DIR / CALIBRATION_FILE

@@ -193,6 +193,29 @@ def directory_lock(folder: str | Path, busy: str) -> Iterator[None]:
             os.close(handle)
 
 
+@contextlib.contextmanager
+def file_lock(lock_file: str | Path) -> Iterator[bool]:
+    """Held while a process reads and rewrites files that other processes (or threads) may rewrite
+    too: a second holder waits until the first lets go. The lock is taken on the empty file
+    `lock_file`, made if missing. Yields whether it was taken: where the file cannot be made (a
+    read-only folder) or the platform or file system takes no lock, the caller goes on without one."""
+    handle = None
+    try:
+        import fcntl
+
+        handle = open(lock_file, "a")
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes
+    except (OSError, ImportError):  # ImportError: no flock (Windows)
+        if handle is not None:
+            handle.close()
+            handle = None
+    try:
+        yield handle is not None
+    finally:
+        if handle is not None:
+            handle.close()
+
+
 def remove_partial_writes(folder: str | Path, names: Iterable[str]) -> int:
     """Delete what atomic writes of the files `names` into `folder` left when their process was
     killed mid-write (a hidden `.NAME.XXXX.tmp` each); returns how many."""

@@ -782,3 +782,32 @@ def test_calibration_refuses_a_summary_too_long_for_the_window_before_any_call(t
         check_sample("coherence", program, human_dir=human, window=8192)
     assert str(excinfo.value) == message
     check_sample("coherence", program, human_dir=human)
+
+
+def test_two_calibrations_stored_at_once_both_stay(tmp_path, monkeypatch):
+    """Two `calibrate` commands ending at once on one store: each read the store, added its entry and
+    wrote the file, so the one that wrote second dropped the other's entry. The second now waits for
+    the first to finish writing (here a thread whose store call starts while the first holds the
+    store between reading and writing) and then adds its entry to what is there."""
+    import threading
+
+    import booklens.judges as judges
+
+    shipped = judges.read_store(judges.DEFAULTS_DIR / judges.CALIBRATION_FILE)
+    base = next(e for e in shipped.values() if e.get("judge") == "coherence")
+    first, second = ({**base, "key": f"coherence|{name}|fingerprint"} for name in ("lm-a", "lm-b"))
+    store = judges.user_store_path(tmp_path)
+    read = judges.read_store
+    other = threading.Thread(target=judges.store_calibration, args=(second, store))
+
+    def read_then_let_the_other_in(path):
+        entries = read(path)
+        if path == store and not other.is_alive() and other.ident is None:
+            other.start()
+            other.join(timeout=3)  # without the store's lock it reads, writes and ends meanwhile
+        return entries
+
+    monkeypatch.setattr(judges, "read_store", read_then_let_the_other_in)
+    assert judges.store_calibration(first, store) is None
+    other.join()
+    assert sorted(read(store)) == [first["key"], second["key"]]

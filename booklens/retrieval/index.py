@@ -26,6 +26,7 @@ the settings. The dense part is built only when a query first needs it.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import io
 import json
@@ -41,7 +42,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from booklens.errors import BooklensError
-from booklens.records import write_atomically
+from booklens.records import file_lock, write_atomically
 from booklens.retrieval import (BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, DENSE_MODES, IN_WORD_MARKS,
                                 SEARCH_MODES, words)
 
@@ -356,32 +357,18 @@ def _building(path: Path):
     with _BUILD_LOCKS_GUARD:
         lock = _BUILD_LOCKS.setdefault(str(path), threading.Lock())
     with lock:
-        handle = None
-        try:
+        with contextlib.suppress(OSError):  # a folder that cannot be made fails where it is written
             path.mkdir(parents=True, exist_ok=True)
-            handle = open(path / "dense.lock", "a")
-            import fcntl
-
-            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes
-        except (OSError, ImportError):
-            if handle is not None:
-                handle.close()
-                handle = None
-        if handle is not None:  # without the lock, a leftover may be another process's write in progress
-            _remove_leftovers(path)
-        try:
+        with file_lock(path / "dense.lock") as held:
+            if held:  # without the lock, a leftover may be another process's write in progress
+                _remove_leftovers(path)
             yield
-        finally:
-            if handle is not None:
-                handle.close()
 
 
 def _remove_leftovers(path: Path) -> None:
     """Delete the temporary files a killed build left in the index folder `path`: the hidden
     `.NAME.XXXX.tmp` of an atomic write (of whichever index file: the folder is booklens's own) and
     a write check's file."""
-    import contextlib
-
     from booklens.records import PARTIAL_WRITE_SUFFIX
 
     for pattern in (f".*{PARTIAL_WRITE_SUFFIX}", f"{_WRITE_CHECK_PREFIX}*"):
