@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import dspy
 
@@ -411,7 +411,7 @@ class EvidenceJudge(Module):
 # Running a question set
 
 
-def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, judge: Optional[AnswerJudge] = None,
+def answer_questions(program: BookQA, book: str, questions: Iterable[Any], *, judge: Optional[AnswerJudge] = None,
                      concurrency: int = 1, book_title: str = "", desc: str = "questions",
                      evidence_recall: str = "llm", evidence_judge: Optional[EvidenceJudge] = None) -> list[Any]:
     """Answer and score NovelQA questions about `book`; returns `QAPrediction` records in order.
@@ -424,6 +424,7 @@ def answer_questions(program: BookQA, book: str, questions: Sequence[Any], *, ju
     from booklens.parallel import parallel_map
     from booklens.retrieval import QuoteLocator
 
+    questions = list(questions)  # read twice below (gold evidence, then the calls): a generator too
     setting = program.setting
     check_evidence_recall(evidence_recall)
     if setting == "gen" and judge is None:

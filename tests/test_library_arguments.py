@@ -86,6 +86,30 @@ def test_steps_refuse_counts_the_commands_refuse(tmp_path, book, call, message):
     assert lm.backend.calls == []
 
 
+def _question_file(tmp_path: Path) -> Path:
+    path = tmp_path / "q.json"
+    path.write_text('[{"QID": "T-1", "Question": "Where does Mara walk?", "Options": {"A": "To the sea", '
+                    '"B": "To the mill"}, "Answer": "To the mill", "Gold": "B", "Evidences": [], '
+                    '"Aspect": "plot", "Complexity": "sh"}]')
+    return path
+
+
+@pytest.mark.parametrize("call", [
+    lambda book, tmp: __import__("booklens.lm").lm.FixedLMPool(pipeline_lm(), cache_dir=5),
+    lambda book, tmp: __import__("booklens.steps").steps.verify_claims(claims=["Mara finds the key."],
+                                                                       book_text=BOOK_TEXT, cache_dir=5),
+    lambda book, tmp: __import__("booklens.qa_runs").qa_runs.run_book_qa(book, _question_file(tmp),
+                                                                         lm=pipeline_lm(), cache_dir=5),
+    lambda book, tmp: __import__("booklens.judges").judges.load_store(cache_dir=["c"]),
+])
+def test_a_cache_dir_that_is_no_path_is_named(tmp_path, book, call):
+    """`cache_dir=5` had been a TypeError from pathlib deep inside the entry point."""
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError, match=r"^cache_dir must be a path, not (5|\['c'\])$"):
+        call(book, tmp_path)
+    assert lm.backend.calls == []
+
+
 def test_run_book_refuses_concurrency_below_one(tmp_path, book):
     from booklens.lm import FixedLMPool
     from booklens.pipeline import SystemConfig, run_book

@@ -162,6 +162,17 @@ def test_whole_book_when_it_fits_retrieval_when_it_does_not():
     assert "Marigold" in seen[-1]
 
 
+def test_questions_may_come_from_a_generator():
+    """A notebook's `(q for q in questions if ...)` was read once to locate the gold evidence and
+    found empty when the questions were asked: no answer, no error."""
+    asked = []
+    scripted(lambda call: asked.append(call.inputs["question"]) or {"answer": "B"}, window=32768)
+    questions = parse_questions([{**QUESTION, "QID": f"G-{n}"} for n in range(3)])
+    records = answer_questions(BookQA("mc", "book"), make_book(), (q for q in questions))
+    assert [r.qid for r in records] == ["G-0", "G-1", "G-2"] and len(asked) == 3
+    assert all(r.correct for r in records)
+
+
 @pytest.mark.parametrize("evidence, rank_mode, window", [("dense", "bm25", 8192), ("hybrid", "bm25", 8192),
                                                          ("book", "hybrid", 2048)])
 def test_the_book_is_embedded_before_the_questions_are_shared_out(monkeypatch, evidence, rank_mode, window):

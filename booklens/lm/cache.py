@@ -38,9 +38,11 @@ def cache_folder(cache_dir: str | Path | None = None) -> Path:
     """The cache directory a `--cache-dir` value (or a library caller's `cache_dir`) names, `~`
     expanded, else `default_cache_dir()`. Every command and library entry point resolves it here,
     so the calls, indexes and calibrations of one run all land in one folder."""
-    if cache_dir is None or not str(cache_dir).strip():
+    if cache_dir is None or (isinstance(cache_dir, str) and not cache_dir.strip()):
         return default_cache_dir()
-    return Path(cache_dir).expanduser()
+    from booklens.inputs import as_path
+
+    return as_path(cache_dir, "cache_dir").expanduser()
 
 
 # How long opening the cache waits for another process that holds it (its busy timeout).
