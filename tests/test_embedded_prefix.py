@@ -204,6 +204,66 @@ def test_the_embedded_model_asks_for_no_more_threads_than_the_cores_the_process_
     assert default_threads() == 2
 
 
+def _cgroups(tmp_path, mounts: list[str], groups: list[str], files: dict[str, str]):
+    """A /proc/self/mountinfo and /proc/self/cgroup naming folders under `tmp_path`, with `files`
+    (path under tmp_path -> text) in them."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "mountinfo").write_text("".join(line.format(root=tmp_path) + "\n" for line in mounts))
+    (tmp_path / "cgroup").write_text("".join(line + "\n" for line in groups))
+    return {"mountinfo": tmp_path / "mountinfo", "membership": tmp_path / "cgroup"}
+
+
+V2_MOUNT = "30 24 0:26 / {root}/cg rw,nosuid - cgroup2 cgroup2 rw"
+V1_MOUNT = "35 25 0:31 {inside} {root}/cpu rw,nosuid shared:15 - cgroup cgroup rw,cpu,cpuacct"
+
+
+@pytest.mark.parametrize("mounts, groups, files, quota", [
+    # docker --cpus 1.5 with cgroup v2 (the container's own group is the mount's root)
+    ([V2_MOUNT], ["0::/"], {"cg/cpu.max": "150000 100000\n"}, 1.5),
+    ([V2_MOUNT], ["0::/"], {"cg/cpu.max": "max 100000\n"}, None),  # no quota
+    # a parent's quota binds its children: the lower of the two
+    ([V2_MOUNT], ["0::/jobs/one"], {"cg/cpu.max": "max 100000", "cg/jobs/cpu.max": "100000 100000",
+                                    "cg/jobs/one/cpu.max": "300000 100000"}, 1.0),
+    # cgroup v1, a container without its own cgroup namespace: its group is the mount's root
+    ([V1_MOUNT.replace("{inside}", "/docker/abc")], ["4:cpu,cpuacct:/docker/abc", "0::/"],
+     {"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2.0),
+    ([V1_MOUNT.replace("{inside}", "/")], ["4:cpu,cpuacct:/"],
+     {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ([V2_MOUNT], ["0::/"], {"cg/cpu.max": "a lot\n"}, None),  # unreadable: no quota assumed
+    ([V2_MOUNT], ["0::/"], {}, None),  # no cpu controller in the group
+    ([], [], {}, None),
+])
+def test_a_container_cpu_quota_is_read_from_the_process_cgroup(tmp_path, mounts, groups, files, quota):
+    from booklens.lm.embedded import cgroup_cpu_quota
+
+    assert cgroup_cpu_quota(**_cgroups(tmp_path, mounts, groups, files)) == quota
+
+
+def test_the_embedded_model_asks_for_no_more_threads_than_a_cpu_quota_or_ray_gives_it(tmp_path, monkeypatch):
+    """`docker run --cpus 2` on a 16-core host ran the model on 16 threads in 2 CPUs' worth of time,
+    and each worker of a Ray sweep on every core of its node (Ray tells a worker its CPUs in
+    OMP_NUM_THREADS)."""
+    import os
+
+    import booklens.lm.embedded as embedded
+
+    monkeypatch.delenv("OMP_THREAD_LIMIT", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    quota = {"value": 1.5}
+    monkeypatch.setattr(embedded, "cgroup_cpu_quota", lambda: quota["value"])
+    assert embedded.default_threads() == 2  # 1.5 CPUs' time: two threads share it
+    quota["value"] = None
+    assert embedded.default_threads() == 16
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert embedded.default_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "4,2")  # per nesting level: the outer one
+    assert embedded.default_threads() == 4
+    assert embedded.LocalBackend(n_threads=8).n_threads == 8  # a caller's own count still wins
+
+
 def test_the_embedded_weights_are_unpacked_once_into_the_cache(tmp_path, capsys):
     import llama_cpp
 

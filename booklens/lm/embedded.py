@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import threading
 import time
@@ -117,21 +118,101 @@ def refuse_server_options_for_embedded(lm: str | None, api_base: str | None = No
 
 
 def default_threads() -> int:
-    """The cores this process may run on, or fewer when OpenMP is capped: ggml builds with OpenMP, and
-    asking it for more threads than OMP_THREAD_LIMIT allows leaves every operation waiting at its
-    barrier for threads that never come (measured: half the prompt speed at 2 threads under a limit
-    of 1). The cores are those the process is pinned to (`taskset`, `docker --cpuset-cpus`, a batch
-    scheduler's allocation), not every core of the machine: more threads than cores wait at the
-    same barriers."""
+    """The CPUs this process may use, as llama.cpp threads. ggml builds with OpenMP, whose threads
+    meet at a barrier after every operation, so one more thread than there are CPUs waits there for
+    one that is not running (measured: half the prompt speed at 2 threads under OMP_THREAD_LIMIT=1).
+    The fewest of:
+    - the cores the process is pinned to (`taskset`, `docker --cpuset-cpus`, a batch scheduler's
+      allocation), not every core of the machine;
+    - a CPU quota of its cgroup (`docker --cpus 1.5`, a Kubernetes CPU limit), rounded up: the
+      threads share the quota's time evenly;
+    - OMP_NUM_THREADS (the outer level), which Ray sets to the CPUs it gave a worker, and
+      OMP_THREAD_LIMIT."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
         cores = os.cpu_count() or 1
     threads = max(1, cores)
-    limit = os.environ.get("OMP_THREAD_LIMIT", "").strip()
-    if limit.isdigit() and int(limit) > 0:
-        threads = min(threads, int(limit))
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        threads = min(threads, max(1, math.ceil(quota)))
+    for variable in ("OMP_NUM_THREADS", "OMP_THREAD_LIMIT"):
+        limit = os.environ.get(variable, "").split(",")[0].strip()
+        if limit.isdigit() and int(limit) > 0:
+            threads = min(threads, int(limit))
     return threads
+
+
+def cgroup_cpu_quota(mountinfo: str | Path = "/proc/self/mountinfo",
+                     membership: str | Path = "/proc/self/cgroup") -> float | None:
+    """CPUs' worth of time the cgroups of this process allow it (the lowest quota of its group and
+    the groups above it, cgroup v2 `cpu.max` or v1 `cpu.cfs_quota_us`/`cpu.cfs_period_us`), or None
+    when there is no quota or it cannot be read."""
+    try:
+        mounts = Path(mountinfo).read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = Path(membership).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    groups: dict[str, str] = {}  # "v2" / "v1" -> the process's group path
+    for line in lines:
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            groups["v2"] = parts[2]
+        elif "cpu" in parts[1].split(","):
+            groups["v1"] = parts[2]
+    quotas = []
+    for line in mounts:
+        fields = line.split()
+        if "-" not in fields[5:]:
+            continue
+        dash = fields.index("-", 5)
+        kind = fields[dash + 1] if len(fields) > dash + 1 else ""
+        options = fields[dash + 3].split(",") if len(fields) > dash + 3 else []
+        version = "v2" if kind == "cgroup2" else "v1" if kind == "cgroup" and "cpu" in options else None
+        if version is None or version not in groups:
+            continue
+        for folder in _group_folders(_unescape(fields[4]), _unescape(fields[3]), groups[version]):
+            quota = _folder_quota(folder, version)
+            if quota is not None:
+                quotas.append(quota)
+    return min(quotas, default=None)
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo path, whose spaces and other specials are written as octal escapes (\\040)."""
+    import re
+
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _group_folders(mount_point: str, mount_root: str, group: str) -> list[Path]:
+    """The folders of `group` and of the groups above it in a cgroup mount whose root is the group
+    `mount_root` (a container's own group, seen from inside, is the mount's root)."""
+    top = Path(mount_point)
+    inside = group[len(mount_root):] if group.startswith(mount_root) else ""
+    folder = top / inside.strip("/") if inside.strip("/") else top
+    while not folder.is_dir() and folder != top:  # a group path seen from outside a namespace
+        folder = folder.parent
+    chain = [folder]
+    while chain[-1] != top and top in chain[-1].parents:
+        chain.append(chain[-1].parent)
+    return chain
+
+
+def _folder_quota(folder: Path, version: str) -> float | None:
+    """The quota one cgroup folder sets, in CPUs, or None (no quota, no such file, unreadable)."""
+    try:
+        if version == "v2":
+            quota, period = (folder / "cpu.max").read_text().split()[:2]
+        else:
+            quota = (folder / "cpu.cfs_quota_us").read_text().strip()
+            period = (folder / "cpu.cfs_period_us").read_text().strip()
+        quota_us, period_us = int(quota), int(period)
+    except (OSError, ValueError):  # "max", -1's absence, a missing or garbled file
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 def shared_prefix(a: str, b: str) -> int:
