@@ -159,7 +159,14 @@ def test_each_cell_is_a_run_directory_and_the_aggregate_is_computed_from_them(re
     assert all(j["calibration"] is None for j in judges.values())
     assert page.count('class="card judge warn"') == 2 and "no calibration" in page
     stderr = reference["stderr"]
-    assert "sweep: 6/6 cells" in stderr and "released: 2 books; BooookScore 100.0; 100.0% faithful" in stderr
+    assert "sweep: 6/6 cells" in stderr
+    assert "released: 2 books; BooookScore 100.0 [100.0, 100.0]; 100.0% faithful [100.0, 100.0]" in stderr
+    # the comparison itself, as `sweep tables` writes it: one line per pair of systems
+    from booklens.sweep.tables import pair_line
+
+    assert [line for line in stderr.splitlines() if line.startswith("Paired difference")] == [
+        pair_line(p) for p in results["pairs"]]
+    assert "Paired difference inc - hier over 2 books: BooookScore " in stderr
     assert stderr.count("judge: default few-shot") == 2
 
 

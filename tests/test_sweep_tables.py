@@ -517,5 +517,10 @@ def test_the_commands_line_for_a_system_says_a_score_over_fewer_books_than_it_co
     data = results(["b"], ["b1", "b2", "b3", "b4"], [cell_row(o) for o in outcomes])
     from booklens.sweep.report import system_line
 
-    assert system_line("b", data["systems"]["b"]) == ("b: 3 books, 1 failed; BooookScore 66.7; 70.0% faithful (over 2 "
-                                                      "books) (4 claims not judged, left out)")
+    b = data["systems"]["b"]
+    assert system_line("b", b) == (f"b: 3 books, 1 failed; BooookScore 66.7 {pct(b['booookscore']['ci95'], 100)}; "
+                                   f"70.0% faithful {pct(b['claims_ci95']['faithful'], 1)} (over 2 books) "
+                                   "(4 claims not judged, left out)")
+    # over one book there is no interval, and none is shown
+    one = results(["b"], ["b1"], [cell_row(outcomes[0])])["systems"]["b"]
+    assert system_line("b", one) == "b: 1 book; BooookScore 70.0; 60.0% faithful"

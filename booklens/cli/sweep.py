@@ -66,6 +66,7 @@ def sweep_command(
         if given:
             raise BooklensError(f"--dry-run runs no cell and calls no LM: {', '.join(given)} would not apply")
     from booklens.sweep.report import different_books_line, system_line
+    from booklens.sweep.tables import pair_line
     from booklens.sweep.run import dry_run as plan_text, run_sweep
 
     if dry_run:
@@ -77,6 +78,8 @@ def sweep_command(
                         **lm_options(structured, rpm, tpm))
     for name, s in outcome.results["systems"].items():
         typer.echo(system_line(name, s), err=True)
+    for pair in outcome.results.get("pairs") or []:
+        typer.echo(pair_line(pair), err=True)
     lacking = different_books_line(outcome.results["systems"])
     if lacking:
         typer.echo(f"note: {lacking}", err=True)

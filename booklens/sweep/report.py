@@ -216,14 +216,18 @@ def unjudged_counts(system: dict[str, Any]) -> Optional[str]:
 
 def system_line(name: str, system: dict[str, Any]) -> str:
     """The line `booklens sweep` prints for one system of results.json: its books, failed cells,
-    BooookScore and % faithful, each over fewer books than it completed saying so, and what its
-    judges could not judge."""
+    BooookScore and % faithful with their 95% intervals over books, each over fewer books than it
+    completed saying so, and what its judges could not judge."""
     cells = system_cells(system)
     score, faithful = cells["booookscore"], cells["faithful"]
     unjudged = unjudged_counts(system)
+
+    def ci(text: Optional[str]) -> str:  # none over one book
+        return f" {text}" if text else ""
+
     return (f"{name}: {counted(system['books'], 'book')}" + (f", {system['failed']} failed" if system["failed"] else "")
-            + f"; BooookScore {score}{cells['booookscore_over']}"
-            + f"; {faithful + '%' if faithful != '-' else '-'} faithful{cells['faithful_over']}"
+            + f"; BooookScore {score}{ci(cells['booookscore_ci'])}{cells['booookscore_over']}"
+            + f"; {faithful + '%' if faithful != '-' else '-'} faithful{ci(cells['faithful_ci'])}{cells['faithful_over']}"
             + (f" ({unjudged} not judged, left out)" if unjudged else ""))
 
 

@@ -74,6 +74,20 @@ def _difference(d: Optional[dict[str, Any]], scale: float, bold: Callable[[str],
     return f"{bold(value) if is_marked(d) else value} {interval_text(d.get('ci95'), scale, signed=True) or NO_INTERVAL}"
 
 
+def pair_line(pair: dict[str, Any], name: Callable[[str], str] = str,
+              bold: Callable[[str], str] = lambda value: value) -> str:
+    """One pair of results.json's `pairs` as a sentence: the paired differences (second system minus
+    first) with their intervals, a figure over fewer books than the pair completed saying so. `name`
+    writes a system's name and `bold` a difference the page marks (markdown's `**`; the terminal
+    leaves both as they are)."""
+    from booklens.sweep.report import fewer_books_text
+
+    score, faithful = (_difference(pair[key], scale, bold) for key, scale in PAIR_FIGURES)
+    score_over, faithful_over = (fewer_books_text(pair[key], pair["books"]) for key, _ in PAIR_FIGURES)
+    return (f"Paired difference {name(pair['b'])} - {name(pair['a'])} over {counted(pair['books'], 'book')}: "
+            f"BooookScore {score}{score_over}, faithful {faithful} points{faithful_over}.")
+
+
 def _judge_lines(results: dict[str, Any]) -> list[str]:
     """The lines the sweep printed for its judges: each one's program, LM and agreement with human
     annotators, and its warning, so a table of their scores travels with how far to trust them."""
@@ -100,14 +114,8 @@ def _markdown(results: dict[str, Any]) -> str:
     rows = [HEADER, ["---"] * len(HEADER)]
     rows += [_system_row(markdown_escape(name), s) for name, s in results["systems"].items()]
     lines = ["| " + " | ".join(row) + " |" for row in rows]
-    from booklens.sweep.report import fewer_books_text
-
     for p in results.get("pairs") or []:
-        score, faithful = (_difference(p[key], scale, lambda v: f"**{v}**") for key, scale in PAIR_FIGURES)
-        # a figure over fewer books than the pair completed says so (`fewer_books_text`)
-        score_over, faithful_over = (fewer_books_text(p[key], p["books"]) for key, _ in PAIR_FIGURES)
-        lines += ["", f"Paired difference {markdown_escape(p['b'])} - {markdown_escape(p['a'])} over {counted(p['books'], 'book')}: "
-                      f"BooookScore {score}{score_over}, faithful {faithful} points{faithful_over}."]
+        lines += ["", pair_line(p, markdown_escape, lambda v: f"**{v}**")]
     for note in _notes(results, markdown_escape):
         lines += ["", f"Note: {note}"]
     judges = _judge_lines(results)
