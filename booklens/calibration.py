@@ -155,8 +155,11 @@ def coherence_sample(human_dir: str | Path, *, books: Optional[int] = COHERENCE_
     """The human-annotated summaries of `books` books drawn with `seed` from the test split of the
     books split with `split_seed` (default: `seed`). `asked`: see `_sample_books`."""
     from booklens.data.booookscore import human_annotation_files, load_human_summaries, split_human_summaries
+    from booklens.inputs import as_path
     from booklens.judges import _file_entry
 
+    human_dir = as_path(human_dir, "human_dir", "the folder of BooookScore's human annotations")
+    _check_books(books)
     split_seed = seed if split_seed is None else split_seed
     test = split_human_summaries(load_human_summaries(human_dir), seed=split_seed)["test"]
     chosen = _sample_books(list({a.book for _, a in test}), books, seed, asked=asked,
@@ -263,8 +266,11 @@ def verification_sample(fables_path: str | Path, *, books: Optional[int] = VERIF
     """FABLES summaries to verify: `books` books drawn with `seed` from the test split of the books
     split with `split_seed` (default: `seed`), or Table 5's books. `asked`: see `_sample_books`."""
     from booklens.data.fables import TABLE5_BOOKS, load_fables, split_summaries
+    from booklens.inputs import as_path
     from booklens.judges import _file_entry
 
+    fables_path = as_path(fables_path, "fables_path", "the FABLES annotations file")
+    _check_books(books)
     summaries = load_fables(fables_path)
     if table5:
         present = {s.book for s in summaries}
@@ -414,25 +420,34 @@ def _table5_name(present: int) -> str:
 # One call for the command
 
 
+def _check_books(books: Optional[int]) -> None:
+    """`--books` as the commands bound it; None is every book (or the default sample)."""
+    from booklens.parallel import check_at_least
+
+    if books is not None:
+        check_at_least("--books", books)
+
+
 def _sample_of(judge: str, program: Any, *, human_dir: str | Path | None, fables_path: str | Path | None,
                books: Optional[int], seed: int) -> dict[str, Any]:
     """What `calibrate` samples `judge` from: the keyword arguments of its calibrate_* function."""
+    from booklens.inputs import as_path
     from booklens.judges import JUDGES
-    from booklens.parallel import check_at_least
 
     if judge not in JUDGES:
         raise BooklensError(f"unknown judge {judge!r}: use {', '.join(JUDGES)}")
-    if books is not None:
-        check_at_least("--books", books)
+    _check_books(books)
     split_seed = split_seed_of(program)
     split_seed = SEED if split_seed is None else split_seed
     if judge == "coherence":
         if human_dir is None:
             raise BooklensError("coherence calibration needs the BooookScore human annotations (--coherence-data)")
+        human_dir = as_path(human_dir, "human_dir", "the folder of BooookScore's human annotations")
         return {"human_dir": human_dir, "seed": seed, "split_seed": split_seed,
                 "books": COHERENCE_BOOKS if books is None else books, "asked": books is not None}
     if fables_path is None:
         raise BooklensError("verification calibration needs FABLES (--fables-data)")
+    fables_path = as_path(fables_path, "fables_path", "the FABLES annotations file")
     table5 = judge == "binary"
     return {"fables_path": fables_path, "seed": seed, "split_seed": split_seed, "table5": table5,
             "books": None if table5 else (VERIFICATION_BOOKS if books is None else books),

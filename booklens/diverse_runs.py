@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from booklens.data.diversesumm import coverage_events, generated_references, load_events, load_summaries, \
     with_references
@@ -255,7 +255,9 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
     `booklens.bias.verbosity`, with {criterion_protocol: {result, cases, ...}} and `table` rows
     (criterion, protocol, result) in the seed's layout."""
     criteria = _criteria(criterion)
-    if not isinstance(protocols, (list, tuple)):
+    if isinstance(protocols, Iterable) and not isinstance(protocols, (str, bytes, Mapping)):
+        protocols = list(protocols)  # a generator or set of them, as a list is
+    if not isinstance(protocols, list):
         shown = "one string" if isinstance(protocols, str) else type(protocols).__name__
         raise BooklensError(f"protocols must be a list of verbosity protocols ({', '.join(VERBOSITY_PROTOCOLS)}), "
                             f"not {shown}")

@@ -24,6 +24,13 @@ def kind_of(value: object) -> str:
     return f"the string {value!r}" if isinstance(value, str) else type(value).__name__
 
 
+def check_flag(name: str, value: object) -> None:
+    """A yes-or-no setting a library caller handed over: True or False, or one line (a string such
+    as 'no' would otherwise be taken as true)."""
+    if not isinstance(value, bool):
+        raise BooklensError(f"{name} must be True or False, not {value!r}")
+
+
 def validation_problem(exc: Exception) -> str:
     """The problems of a pydantic `ValidationError` as one line: the first as a short phrase
     (`missing field 'x'`, or `field.path: message (got value)`), then where the others are

@@ -34,6 +34,15 @@ def as_path(value: Any, what: str, hint: Optional[str] = None) -> Path:
     raise BooklensError(f"{what} must be a path, not {shown}" + (f" ({hint})" if hint else ""))
 
 
+def book_text(value: Any, what: str = "the book text") -> str:
+    """A book's text a library caller handed over, or a one-line error: a path there (the usual
+    slip: the file rather than its text) would be indexed or summarized as a short string."""
+    if isinstance(value, str):
+        return value
+    hint = ": read the book with booklens.text.read_book(path)" if isinstance(value, Path) else ""
+    raise BooklensError(f"{what} must be text, not {type(value).__name__}{hint}")
+
+
 def wordless(text: str) -> Optional[str]:
     """Why `text` is no summary to judge, or None: empty, or without a single letter or digit
     ('...', zero-width spaces). Judged, such a summary would score 100 and all faithful, having

@@ -33,7 +33,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from booklens.errors import BooklensError, setting_name
+from booklens.errors import BooklensError, kind_of, setting_name
 from booklens.lm.embedded import LOCAL_CONTEXT_WINDOW
 from booklens.vocabulary import CANT_VERIFY, counted
 
@@ -99,6 +99,7 @@ def load_judge(judge: str, program: str | Path | None = None, *, zero_shot: bool
     """The program a command judges with: the artifact `program` when given, the zero-shot program
     with `zero_shot`, else the default few-shot program shipped with booklens. `kwargs` configure
     the program (batch size, concurrency, tries). The program remembers which it is (`judge_info`)."""
+    from booklens.inputs import as_path
     from booklens.optimizers.artifacts import load_program
 
     if program is not None and zero_shot:
@@ -107,7 +108,8 @@ def load_judge(judge: str, program: str | Path | None = None, *, zero_shot: bool
     if zero_shot:
         target._booklens_judge = "zero-shot"  # noqa: SLF001
         return target
-    path = Path(program) if program is not None else default_path(judge)
+    path = as_path(program, "program", "a compiled program artifact (JSON)") if program is not None \
+        else default_path(judge)
     if program is None and not path.exists():
         raise BooklensError(f"the default {judge} program is missing from this installation ({path}); "
                             "reinstall booklens or pass --zero-shot")
@@ -157,9 +159,20 @@ def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[
     claim decomposer is the artifact given or the zero-shot one. `binary` asks for the faithful /
     unfaithful rater (an artifact's own label set decides when one is given). `evidence`: the mode
     the verifier will run with, for `check_closed_book`."""
+    from booklens.inputs import as_path
     from booklens.optimizers.artifacts import artifact_metadata, load_program
+    from booklens.pipeline import JUDGE_TASKS
 
-    artifacts = dict(artifacts or {})
+    if artifacts is not None and not isinstance(artifacts, Mapping):
+        raise BooklensError(f"artifacts must be a mapping of tasks to program files ({{'coherence': path}}), "
+                            f"not {kind_of(artifacts)}")
+    artifacts = {task: path if path is None else as_path(path, f"the {task} program")
+                 for task, path in (artifacts or {}).items()}
+    if isinstance(tasks, str):  # 'coherence' would be read as 'coherence' in 'coherence'
+        tasks = (tasks,)
+    unknown = [task for task in tasks if task not in JUDGE_TASKS]
+    if unknown:
+        raise BooklensError(f"unknown judge task {unknown[0]!r} in tasks: use {', '.join(JUDGE_TASKS)}")
     check_zero_shot(artifacts, tasks, zero_shot)
     programs: dict[str, Any] = {}
     if "coherence" in tasks:
@@ -641,8 +654,10 @@ def build_coherence_default(human_dir: str | Path, *, seed: int = DEFAULT_SEED) 
 
     from booklens.data.booookscore import human_annotation_files, load_human_summaries, split_human_summaries
     from booklens.programs.coherence import build_scorer, number_sentences
+    from booklens.inputs import as_path
     from booklens.text import count_tokens
 
+    human_dir = as_path(human_dir, "human_dir", "the folder of BooookScore's human annotations")
     files = human_annotation_files(human_dir)
     missing = [name for name in COHERENCE_DEMO_SUMMARIES if name not in {f.name for f in files}]
     if missing:
@@ -741,9 +756,11 @@ def build_verification_default(fables_path: str | Path, *, binary: bool = False,
     each label are shuffled with the seed and taken in turn, in the label order of
     `VERIFICATION_DEMOS` (binary: `BINARY_DEMOS`)."""
     from booklens.data.fables import verification_demo
+    from booklens.inputs import as_path
     from booklens.optimizers.compile import usable_demos
     from booklens.signatures.faithfulness import FABLES_LABELS
 
+    fables_path = as_path(fables_path, "fables_path", "the FABLES annotations file")
     pool, info = _verification_pool(fables_path, seed)
     by_label: dict[str, list[Any]] = {}
     for claim in sorted(pool, key=lambda c: c.id):
@@ -804,9 +821,10 @@ def _fractions() -> dict[str, float]:
 def check_judges_folder(output: str | Path) -> None:
     """A one-line error unless the default judges can be written to the folder `output`: checked
     before any annotation is read or looked up (`judges build`, `build_defaults`)."""
+    from booklens.inputs import as_path
     from booklens.records import nearest_existing_folder, present
 
-    output = Path(output)
+    output = as_path(output, "output", "the folder to write the default judges to")
     exists = present(output)
     if exists and not output.is_dir():
         raise BooklensError(f"{output} is a file: the default judges are written to a folder "
@@ -823,11 +841,14 @@ def build_defaults(human_dir: str | Path, fables_path: str | Path, output: str |
     they are)."""
     import tempfile
 
+    from booklens.inputs import as_path
     from booklens.optimizers.artifacts import save_program
     from booklens.records import write_atomically
 
-    output = Path(output)
+    output = as_path(output, "output", "the folder to write the default judges to")
     check_judges_folder(output)  # first: building reads every annotation
+    human_dir = as_path(human_dir, "human_dir", "the folder of BooookScore's human annotations")
+    fables_path = as_path(fables_path, "fables_path", "the FABLES annotations file")
     built = {
         "coherence": build_coherence_default(human_dir, seed=seed),
         "verification": build_verification_default(fables_path, seed=seed),

@@ -875,6 +875,10 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
     from booklens.inputs import as_path
 
     book, output = as_path(book, "the book"), as_path(output, "the run directory")
+    if book_text is not None:
+        from booklens.inputs import book_text as checked_text
+
+        book_text = checked_text(book_text)
     check_run_objects(system, judge, lms)
     from booklens.parallel import check_at_least
 

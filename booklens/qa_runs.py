@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from booklens.errors import BooklensError, kind_of
+from booklens.errors import BooklensError, check_flag, kind_of
 from booklens.lm.base import lm_label
 from booklens.retrieval import QA_BOOK_RANK_MODE
 
@@ -31,8 +31,10 @@ def setup_run_lm(lm: Any = None, api_base: Optional[str] = None, cache_dir: Any 
     if lm is None or isinstance(lm, str):
         refuse_server_options_for_embedded(lm, api_base, **options)
         return make_lm(lm, api_base=api_base, cache_dir=cache_dir, **options)
+    from booklens.lm.cache import cache_folder
     from booklens.lm.model import require_lm
 
+    cache_folder(cache_dir)  # an LM object keeps its own cache, but a cache_dir that is no path is still a slip
     return require_lm(lm, "lm")
 
 
@@ -108,8 +110,7 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     check_at_least("--concurrency", concurrency)
     if title is not None and not isinstance(title, str):
         raise BooklensError(f"title must be text, not {type(title).__name__}")
-    if not isinstance(quote_evidence, bool):  # "no" would read as True
-        raise BooklensError(f"quote_evidence must be True or False, not {kind_of(quote_evidence)}")
+    check_flag("quote_evidence", quote_evidence)  # "no" would read as True
     if lm_options is not None and not isinstance(lm_options, Mapping):
         raise BooklensError(f"lm_options must be a mapping of backend options (structured, rpm, tpm), not "
                             f"{kind_of(lm_options)}")

@@ -18,9 +18,9 @@ import functools
 import hashlib
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, check_flag, kind_of
 from booklens.lm.base import lm_label
 from booklens.lm.usage import usage_scope, usage_step
 from booklens.retrieval import DEFAULT_PASSAGE_TOKENS
@@ -48,6 +48,13 @@ def _usage(tracker) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------
 # Summarize
+
+
+def _check_program(name: str, program: Any, what: str) -> None:
+    """A program handed over in place of the default (None): something to call, or one line naming
+    it (a judge's name given where its program goes failed deep inside, after the setup)."""
+    if program is not None and not callable(program):
+        raise BooklensError(f"{name} must be {what}, not {kind_of(program)}")
 
 
 def summary_settings(max_regenerations: Optional[int] = None) -> dict[str, Any]:
@@ -96,6 +103,17 @@ def check_method_options(method: str, level_budgets: Optional[list[int]] = None,
                             "makes no merges")
 
 
+def budget_list(level_budgets: Any) -> Optional[list[int]]:
+    """`level_budgets` as a list (any iterable of budgets: a tuple, a generator), or a one-line error:
+    a string's last character would be taken for the final summary's budget."""
+    if level_budgets is None:
+        return None
+    if isinstance(level_budgets, (str, bytes, Mapping)) or not isinstance(level_budgets, Iterable):
+        raise BooklensError(f"level_budgets must be a list of token budgets, one per level, not "
+                            f"{kind_of(level_budgets)}")
+    return list(level_budgets)
+
+
 def check_context_window(context_window: Optional[int], model_window: Optional[int]) -> None:
     """A one-line error when the summarizer's window (`context_window`; None is the default) is
     larger than the model's (`model_window`; None is unknown, and not checked). It says which of
@@ -117,8 +135,13 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZ
     """The summarizer program `summarize_book` runs, compiled program loaded (a sweep's `--dry-run`
     plans its calls with the same object). `merge_context` and `words_per_token` default to the
     paper's (see `programs.summarizer`); `max_regenerations` to the configured model's (`summary_settings`)."""
+    from booklens.inputs import as_path
     from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN, make_summarizer
 
+    if program_path is not None:  # before the program is built: a wrong one costs nothing
+        program_path = as_path(program_path, "program_path", "a compiled summarizer artifact (JSON)")
+    check_flag("remove_artifacts", remove_artifacts)
+    level_budgets = budget_list(level_budgets)
     check_method_options(method, level_budgets, merge_context, max_summary_tokens=max_summary_tokens)
     if level_budgets and method == "hier":
         max_summary_tokens = level_budgets[-1]  # G_n: the last level budget is the final summary's
@@ -152,9 +175,15 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = D
     from booklens.records import Summary, SummaryConfig
     from booklens.text import count_tokens, read_book
 
+    from booklens.inputs import book_text
+
+    check_flag("drop_matter", drop_matter)
+    level_budgets = budget_list(level_budgets)  # a generator is read again below, for the record
     started = time.perf_counter()
     if text is None:
         text = read_book(book_path, drop_matter=drop_matter)
+    else:
+        text = book_text(text, "text")
     read_seconds = time.perf_counter() - started
     lm = current_lm()
     words_per_token = DEFAULT_WORDS_PER_TOKEN if words_per_token is None else words_per_token
@@ -214,8 +243,18 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
 
     if not isinstance(summaries, Mapping):
         raise BooklensError(f"summaries must be a mapping of names to summaries, not {type(summaries).__name__}")
+    _check_program("scorer", scorer, "a coherence judge: booklens.judges.load_judge('coherence')")
+    if book_texts is not None and not isinstance(book_texts, Mapping):
+        raise BooklensError(f"book_texts must be a mapping of the summaries' names to their books' texts, "
+                            f"not {type(book_texts).__name__}")
     split = {}
     for name, text in summaries.items():  # every summary checked before the first call
+        if not isinstance(name, str):  # the name each result is recorded under
+            raise BooklensError(f"summaries must be named by text, not {type(name).__name__} ({name!r})")
+        if book_texts is not None and book_texts.get(name) is not None:
+            from booklens.inputs import book_text
+
+            book_text(book_texts[name], f"the book text of {name!r}")
         if text is None:
             raise BooklensError(f"the summary {name!r} is empty")
         if not isinstance(text, str):
@@ -255,6 +294,7 @@ def score_coherence(summaries: Mapping[str, str], *, as_set: bool, batch_size: i
     from booklens.lm import current_lm
     from booklens.metrics.booookscore import build_set
 
+    check_flag("as_set", as_set)
     if isinstance(summaries, Mapping) and not summaries:
         raise BooklensError("no summaries to score")
     started = time.perf_counter()
@@ -297,6 +337,7 @@ def decompose_summary(summary: str, *, decomposer: Any = None):
 
     if not isinstance(summary, str):
         raise BooklensError(f"the summary must be text, not {type(summary).__name__}")
+    _check_program("decomposer", decomposer, "a claim decomposer: booklens.programs.faithfulness.ClaimDecomposer()")
     if wordless(summary):  # its claims would all be 'faithful': nothing to be false
         raise BooklensError(f"the summary {wordless(summary)}")
     lm = current_lm()
@@ -310,26 +351,44 @@ def book_index(book_text: str, *, cache_dir: Optional[Path] = None, passage_toke
                mode: Optional[str] = None, budget_tokens: Optional[int] = None):
     """The book's passage index (built once per book and settings, then loaded from the cache);
     the dense part too when `mode` needs it (`book` mode: unless the book fits `budget_tokens`)."""
+    from booklens.inputs import book_text as checked_text
     from booklens.retrieval import BookIndex, index_dir
 
-    index = BookIndex.build(book_text, cache_dir=index_dir(cache_dir), passage_tokens=passage_tokens)
+    index = BookIndex.build(checked_text(book_text), cache_dir=index_dir(cache_dir), passage_tokens=passage_tokens)
     if mode is not None and index.needs_dense(mode, budget_tokens):
         index.ensure_dense()
     return index
 
 
-def check_claims(claims: Any) -> None:
-    """A one-line error unless `claims` is a list of claims, none of them empty or without a word (a
-    string would be verified character by character, an empty claim judged like any other)."""
-    if isinstance(claims, (str, bytes)) or not isinstance(claims, Sequence):
+def check_claims(claims: Any) -> list[str]:
+    """`claims` as a list (any iterable of claims: a generator too), or a one-line error unless none
+    of them is empty or without a word (a string would be verified character by character, an empty
+    claim judged like any other)."""
+    if isinstance(claims, (str, bytes, Mapping)) or not isinstance(claims, Iterable):
         raise BooklensError(f"claims must be a list of claims, not {type(claims).__name__}")
     from booklens.inputs import wordless
 
+    claims = list(claims)
     for n, claim in enumerate(claims, 1):
         if not isinstance(claim, str) or wordless(claim):
             raise BooklensError(f"claim {n} {wordless(claim)}" if isinstance(claim, str) else
                                 f"claim {n} is empty" if claim is None else
                                 f"claim {n} is {type(claim).__name__}, not text")
+    return claims
+
+
+def _given_quotes(given: Any) -> list[Optional[list[str]]]:
+    """`verify_claims`' `given` as a list of each claim's quotes (None: none given), or a one-line
+    error: a string where a claim's quotes go would be shown to the judge one character at a time."""
+    if isinstance(given, (str, bytes, Mapping)) or not isinstance(given, Iterable):
+        raise BooklensError(f"given must be a list of quote lists, one per claim, not {type(given).__name__}")
+    quotes = []
+    for n, item in enumerate(given, 1):
+        if item is not None and (isinstance(item, (str, bytes, Mapping)) or not isinstance(item, Iterable)):
+            raise BooklensError(f"given: the quotes of claim {n} must be a list of quotes, not "
+                                f"{'one string' if isinstance(item, str) else type(item).__name__}")
+        quotes.append(None if item is None else list(item))
+    return quotes
 
 
 @_in_booklens_format
@@ -357,13 +416,23 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     check_evidence_options(mode, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
                            has_book=book_text is not None, as_keys=as_keys)
     k, passage_tokens = retrieval_settings(k, passage_tokens)
-    if book_text is not None and not isinstance(book_text, str):
-        hint = ": read the book with booklens.text.read_book(path)" if isinstance(book_text, Path) else ""
-        raise BooklensError(f"the book text must be text, not {type(book_text).__name__}{hint}")
+    if book_text is not None:
+        from booklens.inputs import book_text as checked_text
+
+        book_text = checked_text(book_text)
     if mode in BOOK_MODES and book_text is None:
         raise BooklensError(f"evidence mode '{mode}' needs the book")
+    if book is not None:  # recorded as the report's book
+        from booklens.inputs import as_path
+
+        book = as_path(book, "book")
+    if given is not None:
+        given = _given_quotes(given)
+    if programs is not None and not isinstance(programs, Mapping):
+        raise BooklensError(f"programs must be a mapping of tasks to programs (booklens.judges.judge_programs), "
+                            f"not {kind_of(programs)}")
     if not decompose:
-        check_claims(claims)
+        claims = check_claims(claims)
         if mode == "given" and given is not None and len(given) == len(claims):
             from booklens.programs.faithfulness import first_without_quotes
 

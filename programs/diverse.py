@@ -34,7 +34,7 @@ from booklens.data.diversesumm import (
     split_article_text,
     wording_key,
 )
-from booklens.errors import BooklensError, first_line, validation_problem
+from booklens.errors import BooklensError, check_flag, first_line, validation_problem
 from booklens.lm import ContextWindowExceeded, filter_stopped, last_stop, predict_with_retries
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
@@ -717,13 +717,6 @@ def rate_event(criterion: str, protocol: str, event: Any, summary: str, *, max_a
         r = FaithfulnessJudge(protocol, concurrency=concurrency)(summary=summary,
                                                                  articles=_articles(event, max_articles))
     return {"score": r.score, "judgments": r.details, "failed": r.failed}
-
-
-def check_flag(name: str, value: Any) -> None:
-    """A yes-or-no setting a library caller handed over: True or False, or one line (a string such
-    as 'no' would otherwise be taken as true)."""
-    if not isinstance(value, bool):
-        raise BooklensError(f"{name} must be True or False, not {value!r}")
 
 
 def check_event_options(events: list[Any], *, method: str, sentences: int, generate_questions: int,

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from typing import Any, Iterable, Optional, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import dspy
 
@@ -411,6 +412,25 @@ class EvidenceJudge(Module):
 # Running a question set
 
 
+def _question_list(questions: Any) -> list[Any]:
+    """The questions `answer_questions` was handed, as a list (any iterable of them: a generator
+    too), or a one-line error: a file's path, one question, or records not yet parsed."""
+    from booklens.data.novelqa import NovelQAQuestion
+
+    hint = "read a question file with booklens.data.novelqa.load_questions(path)"
+    if isinstance(questions, NovelQAQuestion):
+        raise BooklensError("questions must be a list of NovelQA questions, not one question: put it in a list")
+    if isinstance(questions, (str, bytes, Path, Mapping)) or not isinstance(questions, Iterable):
+        shown = "a path" if isinstance(questions, Path) else type(questions).__name__
+        raise BooklensError(f"questions must be a list of NovelQA questions, not {shown}: {hint}")
+    questions = list(questions)
+    for n, question in enumerate(questions, 1):
+        if not isinstance(question, NovelQAQuestion):
+            raise BooklensError(f"question {n} is {type(question).__name__}, not a NovelQA question: {hint} "
+                                "(or booklens.data.novelqa.parse_questions(records))")
+    return questions
+
+
 def answer_questions(program: BookQA, book: str, questions: Iterable[Any], *, judge: Optional[AnswerJudge] = None,
                      concurrency: int = 1, book_title: str = "", desc: str = "questions",
                      evidence_recall: str = "llm", evidence_judge: Optional[EvidenceJudge] = None) -> list[Any]:
@@ -424,7 +444,21 @@ def answer_questions(program: BookQA, book: str, questions: Iterable[Any], *, ju
     from booklens.parallel import parallel_map
     from booklens.retrieval import QuoteLocator
 
-    questions = list(questions)  # read twice below (gold evidence, then the calls): a generator too
+    from booklens.inputs import book_text, wordless
+    from booklens.parallel import check_at_least
+
+    # Everything handed over is checked before the book is indexed or any question asked.
+    if not isinstance(program, BookQA):
+        raise BooklensError(f"program must be a BookQA, not {kind_of(program)}: "
+                            "build one with BookQA(setting, evidence)")
+    book = book_text(book)
+    if wordless(book):  # every answer would be a guess, every score the chance level
+        raise BooklensError(f"the book text {wordless(book)}")
+    for name, given, kind in (("judge", judge, AnswerJudge), ("evidence_judge", evidence_judge, EvidenceJudge)):
+        if given is not None and not isinstance(given, kind):
+            raise BooklensError(f"{name} must be an {kind.__name__}, not {kind_of(given)}")
+    questions = _question_list(questions)  # read twice below (gold evidence, then the calls): a generator too
+    check_at_least("concurrency", concurrency)
     setting = program.setting
     check_evidence_recall(evidence_recall)
     if setting == "gen" and judge is None:

@@ -206,7 +206,7 @@ def test_run_book_qa_takes_paths_as_strings_and_refuses_a_limit_below_one(tmp_pa
     ({"context_window": 0}, r"^--context-window must be at least 256 \(got 0\)$"),          # recorded, unused
     ({"context_window": "8192"}, r"^--context-window must be at least 256 "),                # a TypeError
     ({"title": 5}, r"^title must be text, not int$"),                                      # an AttributeError
-    ({"quote_evidence": "no"}, r"^quote_evidence must be True or False, not the string 'no'$"),  # read as True
+    ({"quote_evidence": "no"}, r"^quote_evidence must be True or False, not 'no'$"),  # read as True
     ({"lm_options": [("rpm", 10)]}, r"^lm_options must be a mapping of backend options"),   # a TypeError
 ])
 def test_run_book_qa_refuses_settings_of_the_wrong_kind_in_one_line_before_any_call(tmp_path, options, message):
@@ -643,3 +643,183 @@ def test_readmes_config_error_example_is_what_a_config_with_those_problems_says(
     with pytest.raises(BooklensError) as caught:
         configs.SystemConfig(chunk_size=10, **{place: bad[place] for place in places})
     assert str(caught.value) == f"{first} {others}"
+
+
+def _qa_question():
+    from booklens.data.novelqa import parse_questions
+
+    return parse_questions([{"QID": "T-1", "Question": "Where does Mara walk?", "Aspect": "plot", "Complexity": "sh",
+                             "Options": {"A": "To the sea", "B": "To the mill"}, "Answer": "To the mill",
+                             "Gold": "B", "Evidences": []}])
+
+
+def _answer(**given):
+    from programs.qa import BookQA, answer_questions
+
+    arguments = {"program": BookQA("mc", "book"), "book": BOOK_TEXT, "questions": _qa_question(), **given}
+    return answer_questions(arguments.pop("program"), arguments.pop("book"), arguments.pop("questions"), **arguments)
+
+
+def _module(name):
+    import importlib
+
+    return importlib.import_module(name)
+
+
+# (call, the message's start: it names the argument). Each was a TypeError, AttributeError or
+# ValueError from deep inside, or (where noted) a run that asked the LM about nothing.
+WRONG_ARGUMENTS = {
+    "answer_questions-program-none": (lambda tmp: _answer(program=None), r"^program must be a BookQA, not NoneType"),
+    "answer_questions-program-name": (lambda tmp: _answer(program="mc"), r"^program must be a BookQA, not the string"),
+    "answer_questions-book-path": (lambda tmp: _answer(book=tmp / "book.txt"),
+                                   r"^the book text must be text, not PosixPath: read the book with"),
+    "answer_questions-book-empty": (lambda tmp: _answer(book=""), r"^the book text is empty$"),  # asked, guessed
+    "answer_questions-book-no-words": (lambda tmp: _answer(book="... \u2026"), r"^the book text has no words"),
+    "answer_questions-questions-none": (lambda tmp: _answer(questions=None),
+                                        r"^questions must be a list of NovelQA questions, not NoneType: read a"),
+    "answer_questions-questions-file": (
+        lambda tmp: _answer(questions=tmp / "q.json"),
+        r"^questions must be a list of NovelQA questions, not a path: .*load_questions\(path\)"),
+    "answer_questions-one-question": (lambda tmp: _answer(questions=_qa_question()[0]),
+                                      r"^questions must be a list of NovelQA questions, not one question"),
+    "answer_questions-records": (lambda tmp: _answer(questions=[{"QID": "T-1"}]),
+                                 r"^question 1 is dict, not a NovelQA question: .*parse_questions"),
+    "answer_questions-concurrency-zero": (lambda tmp: _answer(concurrency=0),  # ran on one thread
+                                          r"^concurrency must be at least 1 \(got 0\)$"),
+    "summarize_book-text-path": (lambda tmp: _module("booklens.steps").summarize_book(
+        tmp / "book.txt", text=tmp / "book.txt", **SMALL), r"^text must be text, not PosixPath: read the book"),
+    "summarize_book-program-int": (lambda tmp: _module("booklens.steps").summarize_book(
+        tmp / "book.txt", program_path=5, **SMALL), r"^program_path must be a path, not 5"),
+    "book_index-path": (lambda tmp: _module("booklens.steps").book_index(tmp / "book.txt", cache_dir=tmp / "c"),
+                        r"^the book text must be text, not PosixPath"),
+    "score_summaries-book-texts-str": (lambda tmp: _module("booklens.steps").score_summaries(
+        {"a": SUMMARY}, book_texts=BOOK_TEXT), r"^book_texts must be a mapping of the summaries' names"),
+    "score_summaries-book-text-path": (lambda tmp: _module("booklens.steps").score_summaries(
+        {"a": SUMMARY}, book_texts={"a": tmp / "book.txt"}), r"^the book text of 'a' must be text, not PosixPath"),
+    "score_summaries-name-int": (lambda tmp: _module("booklens.steps").score_summaries({5: SUMMARY}),
+                                 r"^summaries must be named by text, not int \(5\)$"),  # pydantic's, after 3 calls
+    "verify_claims-given-str": (lambda tmp: _module("booklens.steps").verify_claims(
+        claims=["Mara finds the key."], book_text=None, mode="given", given="Mara found it.", cache_dir=tmp / "c"),
+        r"^given must be a list of quote lists, one per claim, not str$"),  # judged on quotes 'M', 'a', ...
+    "verify_claims-given-quotes-str": (lambda tmp: _module("booklens.steps").verify_claims(
+        claims=["Mara finds the key."], book_text=None, mode="given", given=["Mara found it."], cache_dir=tmp / "c"),
+        r"^given: the quotes of claim 1 must be a list of quotes, not one string$"),
+    "verify_claims-book-int": (lambda tmp: _module("booklens.steps").verify_claims(
+        claims=["Mara finds the key."], book_text=BOOK_TEXT, book=5, cache_dir=tmp / "c"),
+        r"^book must be a path, not 5$"),  # recorded as the report's book '5'
+    "run_book-book-text-path": (lambda tmp: _module("booklens.pipeline").run_book(
+        tmp / "book.txt", tmp / "run", _module("booklens.pipeline").SystemConfig(**SMALL),
+        lms=_module("booklens.lm").FixedLMPool(pipeline_lm()), book_text=tmp / "book.txt"),
+        r"^the book text must be text, not PosixPath"),
+    "run_diverse-cache-dir-int": (lambda tmp: _module("booklens.diverse_runs").run_diverse(
+        Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json",
+        lm=dspy.settings.lm, cache_dir=5), r"^cache_dir must be a path, not 5$"),  # ignored, with an LM object
+    "run_sweep-cache-dir-int": (lambda tmp: _module("booklens.sweep.run").run_sweep(
+        tmp / "corpus.yaml", tmp / "sweep", lm="openai/fake", cache_dir=5), r"^cache_dir must be a path, not 5$"),
+    "run_sweep-ray-cpus-zero": (lambda tmp: _module("booklens.sweep.run").run_sweep(
+        tmp / "corpus.yaml", tmp / "sweep", lm="openai/fake", engine="ray", ray_cpus=0),
+        r"^ray_cpus must be at least 1 \(got 0\)$"),  # a local Ray on every core, as if not given
+    "run_sweep-fail-fast-str": (lambda tmp: _module("booklens.sweep.run").run_sweep(
+        tmp / "corpus.yaml", tmp / "sweep", lm="openai/fake", fail_fast="no"),
+        r"^fail_fast must be True or False, not 'no'$"),  # read as True
+    "summarize_book-flag-str": (lambda tmp: _module("booklens.steps").summarize_book(
+        tmp / "book.txt", remove_artifacts="no", **SMALL), r"^remove_artifacts must be True or False, not 'no'$"),
+    "summarize_book-drop-matter-str": (lambda tmp: _module("booklens.steps").summarize_book(
+        tmp / "book.txt", drop_matter="no", **SMALL), r"^drop_matter must be True or False, not 'no'$"),
+    "summarize_book-budgets-str": (lambda tmp: _module("booklens.steps").summarize_book(
+        tmp / "book.txt", level_budgets="512", **SMALL),  # its last character taken for the final budget
+        r"^level_budgets must be a list of token budgets, one per level, not the string '512'$"),
+    "score_coherence-as-set-str": (lambda tmp: _module("booklens.steps").score_coherence(
+        {"a": SUMMARY}, as_set="no"), r"^as_set must be True or False, not 'no'$"),  # a set, after the calls
+    "score_summaries-scorer-name": (lambda tmp: _module("booklens.steps").score_summaries(
+        {"a": SUMMARY}, scorer="coherence"),  # 'cannot save the compiled program as JSON'
+        r"^scorer must be a coherence judge: .*, not the string 'coherence'$"),
+    "decompose_summary-decomposer-name": (lambda tmp: _module("booklens.steps").decompose_summary(
+        SUMMARY, decomposer="zero-shot"), r"^decomposer must be a claim decomposer: .*, not the string"),
+    "verify_claims-programs-str": (lambda tmp: _module("booklens.steps").verify_claims(
+        claims=["Mara finds the key."], book_text=BOOK_TEXT, programs="judge.json", cache_dir=tmp / "c"),
+        r"^programs must be a mapping of tasks to programs"),
+    "answer_questions-judge-name": (lambda tmp: _answer(judge="llm"),
+                                    r"^judge must be an AnswerJudge, not the string 'llm'$"),
+    "judge_programs-unknown-task": (lambda tmp: _module("booklens.judges").judge_programs(tasks=["coherance"]),
+                                    r"^unknown judge task 'coherance' in tasks: use coherence, decomposition"),
+    "load_judge-program-int": (lambda tmp: _module("booklens.judges").load_judge("coherence", 5),
+                               r"^program must be a path, not 5"),
+    "judge_programs-artifacts-path": (lambda tmp: _module("booklens.judges").judge_programs("judge.json"),
+                                      r"^artifacts must be a mapping of tasks to program files"),
+    "judge_programs-artifact-int": (lambda tmp: _module("booklens.judges").judge_programs({"coherence": 5}),
+                                    r"^the coherence program must be a path, not 5$"),
+    "build_defaults-human-dir-none": (lambda tmp: _module("booklens.judges").build_defaults(
+        None, tmp / "fables.jsonl", tmp / "judges"), r"^human_dir must be a path, not None"),
+    "build_coherence_default-int": (lambda tmp: _module("booklens.judges").build_coherence_default(5),
+                                    r"^human_dir must be a path, not 5"),
+    "build_verification_default-none": (lambda tmp: _module("booklens.judges").build_verification_default(None),
+                                        r"^fables_path must be a path, not None"),
+    "calibrate-human-dir-int": (lambda tmp: _module("booklens.calibration").calibrate(
+        "coherence", None, dspy.settings.lm, human_dir=5), r"^human_dir must be a path, not 5"),
+    "coherence_sample-int": (lambda tmp: _module("booklens.calibration").coherence_sample(5),
+                             r"^human_dir must be a path, not 5"),
+    "coherence_sample-books-negative": (lambda tmp: _module("booklens.calibration").coherence_sample(tmp, books=-1),
+                                        r"^--books must be at least 1 \(got -1\)$"),  # was 'no annotation files'
+    "verification_sample-none": (lambda tmp: _module("booklens.calibration").verification_sample(None),
+                                 r"^fables_path must be a path, not None"),
+    "calibrate_verification-none": (lambda tmp: _module("booklens.calibration").calibrate_verification(
+        None, fables_path=None), r"^fables_path must be a path, not None"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_ARGUMENTS))
+def test_library_entry_points_name_an_argument_of_the_wrong_kind_before_any_call(tmp_path, monkeypatch, case):
+    """Each entry point a notebook calls, handed a value of the wrong kind (None, a path where text
+    goes or text where a path goes, one item where a list goes, a count below one): one
+    `BooklensError` line naming the argument, and no LM call made."""
+    call, message = WRONG_ARGUMENTS[case]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "c"))
+    (tmp_path / "book.txt").write_text(BOOK_TEXT)
+    (tmp_path / "q.json").write_text("[]")
+    (tmp_path / "corpus.yaml").write_text("books: [book.txt]\nsystems:\n  - {name: h, method: hier}\n")
+    lm = ScriptedLM(lambda call: {"answer": "B"}) if case.startswith("answer_questions") else pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError) as caught:
+        call(tmp_path)
+    assert re.search(message, str(caught.value)) and "\n" not in str(caught.value), str(caught.value)
+    assert lm.backend.calls == []
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_verify_claims_takes_claims_and_quotes_from_any_iterable(tmp_path):
+    """A generator of claims was refused as 'not a list'; a generator of quote lists was read once to
+    check it and found empty when the claims were judged."""
+    from booklens.steps import verify_claims
+
+    lm = pipeline_lm()
+    claims = ["Mara finds the key.", "Tom hides the letter."]
+    with dspy.context(lm=lm):
+        report = verify_claims(claims=(c for c in claims), book_text=None, mode="given",
+                               given=(quotes for quotes in (("Mara found the key.",), ["Tom hid it."])),
+                               cache_dir=tmp_path / "c")
+    assert [verdict.claim for verdict in report.claims] == claims
+    assert len(lm.backend.calls) == 2
+
+
+def test_level_budgets_and_verbosity_protocols_may_come_from_any_iterable(tmp_path, book):
+    """A tuple or generator of level budgets was a TypeError ('generator' is not subscriptable) and a
+    generator of verbosity protocols was refused as 'not a list'; both are read as the list would be."""
+    import json
+
+    from booklens.data.diversesumm import load_events
+    from booklens.diverse_runs import verbosity_bias_study
+    from booklens.steps import summarize_book
+
+    with dspy.context(lm=pipeline_lm()):
+        summary = summarize_book(book, level_budgets=(budget for budget in (128, 128)),
+                                 **{**SMALL, "max_summary_tokens": 128})
+    assert summary.config.level_budgets == [128, 128]
+
+    events = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
+    summaries = tmp_path / "s.json"
+    summaries.write_text(json.dumps({load_events(events)[0].eid: "The bridge closed for repairs."}))
+    lm = ScriptedLM(lambda call: {"explanation": "fine", "rating": 1})
+    study = verbosity_bias_study(events, summaries, criterion="faithfulness", protocols=(p for p in ["single"]),
+                                 max_articles=1, lm=lm, cache_dir=tmp_path / "c")
+    assert study["protocols"] == ["single"] and len(lm.backend.calls) == 2

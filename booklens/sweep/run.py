@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, TextIO
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, check_flag
 from booklens.sweep import ENGINES, PLAN_FILE
 from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
 from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine, temporary_log
@@ -593,6 +593,12 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     if engine not in ENGINES:
         raise BooklensError(f"unknown engine {engine!r}: use {' or '.join(ENGINES)}")
     check_at_least("--concurrency", concurrency)  # else every cell would fail on it (run_book checks it too)
+    cache_folder(cache_dir)  # a cache_dir that is no path: named before the manifest's models are checked
+    check_flag("fail_fast", fail_fast)  # "no" would read as True
+    if ray_cpus is not None:  # 0 would start a local Ray with every core, as None does
+        check_at_least("ray_cpus", ray_cpus)
+        if engine != "ray":
+            raise BooklensError("ray_cpus needs engine 'ray'")
     if ray_address is not None:  # spaces around it (from a shell variable) dropped, as around --api-base
         ray_address = ray_address.strip()
     if ray_address == "":  # `--ray-address "$HEAD"` with HEAD unset, say
