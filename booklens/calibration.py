@@ -207,6 +207,7 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
 
     import dspy
 
+    _check_program("coherence", program)
     items, info = _coherence_items(program, human_dir=human_dir, books=books, seed=seed, split_seed=split_seed,
                                    asked=asked, window=getattr(current_lm(), "context_window", None))
     meter = UsageTracker()
@@ -339,6 +340,7 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     from booklens.programs.faithfulness import FaithfulnessChecker
     from booklens.signatures.faithfulness import FABLES_LABELS
 
+    _check_program("binary" if table5 else "verification", program)
     binary = getattr(program, "label_set", "four-way") == "binary"
     summaries, info, keep = _verification_items(program, fables_path=fables_path, books=books, table5=table5,
                                                 seed=seed, split_seed=split_seed, asked=asked)
@@ -420,6 +422,16 @@ def _table5_name(present: int) -> str:
 # One call for the command
 
 
+def _check_program(judge: str, program: Any) -> None:
+    """The judge's program to measure, or one line naming it: a judge's name or None handed over
+    in its place failed deep inside, after the annotations were read."""
+    if not callable(program) or not hasattr(program, "named_predictors"):
+        from booklens.errors import kind_of
+
+        raise BooklensError(f"program must be a judge program (booklens.judges.load_judge({judge!r})), "
+                            f"not {kind_of(program)}")
+
+
 def _check_books(books: Optional[int]) -> None:
     """`--books` as the commands bound it; None is every book (or the default sample)."""
     from booklens.parallel import check_at_least
@@ -437,6 +449,7 @@ def _sample_of(judge: str, program: Any, *, human_dir: str | Path | None, fables
     if judge not in JUDGES:
         raise BooklensError(f"unknown judge {judge!r}: use {', '.join(JUDGES)}")
     _check_books(books)
+    _check_program(judge, program)
     split_seed = split_seed_of(program)
     split_seed = SEED if split_seed is None else split_seed
     if judge == "coherence":
@@ -478,7 +491,10 @@ def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None
     from booklens.judges import calibration_key, demo_count, judge_mode, program_fingerprint
     from booklens.parallel import check_at_least
 
+    from booklens.lm.model import require_lm
+
     check_at_least("--concurrency", concurrency)
+    require_lm(lm, "lm")  # the calibration is stored under its name: a string would name a model never asked
     sample = _sample_of(judge, program, human_dir=human_dir, fables_path=fables_path, books=books, seed=seed)
     if judge == "coherence":
         body = calibrate_coherence(program, **sample, progress=progress)

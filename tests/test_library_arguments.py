@@ -756,7 +756,17 @@ WRONG_ARGUMENTS = {
     "build_verification_default-none": (lambda tmp: _module("booklens.judges").build_verification_default(None),
                                         r"^fables_path must be a path, not None"),
     "calibrate-human-dir-int": (lambda tmp: _module("booklens.calibration").calibrate(
-        "coherence", None, dspy.settings.lm, human_dir=5), r"^human_dir must be a path, not 5"),
+        "coherence", _module("booklens.judges").load_judge("coherence"), dspy.settings.lm, human_dir=5),
+        r"^human_dir must be a path, not 5"),
+    "calibrate-program-none": (lambda tmp: _module("booklens.calibration").calibrate(
+        "coherence", None, dspy.settings.lm, human_dir=tmp),
+        r"^program must be a judge program \(booklens\.judges\.load_judge\('coherence'\)\), not NoneType$"),
+    "calibrate-program-name": (lambda tmp: _module("booklens.calibration").calibrate(
+        "verification", "verification", dspy.settings.lm, fables_path=tmp / "FABLES.json"),
+        r"^program must be a judge program .*, not the string 'verification'$"),
+    "calibrate-lm-name": (lambda tmp: _module("booklens.calibration").calibrate(
+        "coherence", _module("booklens.judges").load_judge("coherence"), "openai/gpt-4o-mini", human_dir=tmp),
+        r"^lm takes an LM, not the string 'openai/gpt-4o-mini'"),  # stored as this model's, measured with another
     "coherence_sample-int": (lambda tmp: _module("booklens.calibration").coherence_sample(5),
                              r"^human_dir must be a path, not 5"),
     "coherence_sample-books-negative": (lambda tmp: _module("booklens.calibration").coherence_sample(tmp, books=-1),
@@ -764,7 +774,8 @@ WRONG_ARGUMENTS = {
     "verification_sample-none": (lambda tmp: _module("booklens.calibration").verification_sample(None),
                                  r"^fables_path must be a path, not None"),
     "calibrate_verification-none": (lambda tmp: _module("booklens.calibration").calibrate_verification(
-        None, fables_path=None), r"^fables_path must be a path, not None"),
+        _module("booklens.judges").load_judge("verification"), fables_path=None),
+        r"^fables_path must be a path, not None"),
 }
 
 
