@@ -743,6 +743,8 @@ WRONG_ARGUMENTS = {
                                     r"^judge must be an AnswerJudge, not the string 'llm'$"),
     "judge_programs-unknown-task": (lambda tmp: _module("booklens.judges").judge_programs(tasks=["coherance"]),
                                     r"^unknown judge task 'coherance' in tasks: use coherence, decomposition"),
+    "sweep_table-format": (lambda tmp: _module("booklens.sweep.tables").sweep_table(tmp, "md"),
+                           r"^unknown table format 'md': use markdown, latex, csv, csv-pairs$"),
     "load_judge-program-int": (lambda tmp: _module("booklens.judges").load_judge("coherence", 5),
                                r"^program must be a path, not 5"),
     "judge_programs-artifacts-path": (lambda tmp: _module("booklens.judges").judge_programs("judge.json"),

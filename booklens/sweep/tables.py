@@ -242,6 +242,8 @@ def sweep_table(sweep_dir: str | Path, fmt: str, *, notify: Optional[Callable[[s
     from booklens.inputs import as_path
 
     folder = as_path(sweep_dir, "the sweep directory")
+    if not isinstance(fmt, str) or fmt not in TABLE_FORMATS:  # else a ValueError once the results are read
+        raise BooklensError(f"unknown table format {fmt!r}: use {', '.join(TABLE_FORMATS)}")
     if not (folder / PLAN_FILE).is_file():
         if (folder / RUN_FILE).exists():
             raise BooklensError(f"{folder} is a run directory (one book): --table prints the comparison of a sweep "
