@@ -880,6 +880,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
         book_text = checked_text(book_text)
     check_run_objects(system, judge, lms)
+    if not callable(notify):  # called with each line on the steps' progress: after the first step's calls
+        raise BooklensError(f"notify must be a function that takes a line of text (print), not {kind_of(notify)}")
     from booklens.parallel import check_at_least
 
     check_at_least("--concurrency", concurrency)

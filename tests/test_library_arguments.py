@@ -745,6 +745,22 @@ WRONG_ARGUMENTS = {
                                     r"^unknown judge task 'coherance' in tasks: use coherence, decomposition"),
     "sweep_table-format": (lambda tmp: _module("booklens.sweep.tables").sweep_table(tmp, "md"),
                            r"^unknown table format 'md': use markdown, latex, csv, csv-pairs$"),
+    "run_book-notify-str": (lambda tmp: _module("booklens.pipeline").run_book(
+        tmp / "book.txt", tmp / "run", _module("booklens.pipeline").SystemConfig(**SMALL),
+        lms=_module("booklens.lm").FixedLMPool(dspy.settings.lm), notify="print"),  # after the summary's calls
+        r"^notify must be a function that takes a line of text \(print\), not the string 'print'$"),
+    "FixedLMPool-model-name": (lambda tmp: _module("booklens.lm").FixedLMPool("openai/gpt-4o-mini"),
+                               r"^FixedLMPool takes an LM, not the string 'openai/gpt-4o-mini'"),  # failed at the call
+    "run_sweep-progress-interval": (lambda tmp: _module("booklens.sweep.run").run_sweep(
+        tmp / "corpus.yaml", tmp / "sweep", lm="openai/fake", progress_interval=0),  # redrawn without a pause
+        r"^progress_interval must be a number of seconds above 0 \(got 0\)$"),
+    "run_sweep-stream-str": (lambda tmp: _module("booklens.sweep.run").run_sweep(
+        tmp / "corpus.yaml", tmp / "sweep", lm="openai/fake", stream="stderr"),
+        r"^stream must be a text stream such as sys\.stderr, not the string 'stderr'$"),
+    "rebuild_sweep_report-int": (lambda tmp: _module("booklens.sweep.report").rebuild_sweep_report(5),
+                                 r"^the sweep directory must be a path, not 5$"),
+    "rebuild_sweep_report-output-int": (lambda tmp: _module("booklens.sweep.report").rebuild_sweep_report(tmp, 5),
+                                        r"^output must be a path, not 5"),
     "load_judge-program-int": (lambda tmp: _module("booklens.judges").load_judge("coherence", 5),
                                r"^program must be a path, not 5"),
     "judge_programs-artifacts-path": (lambda tmp: _module("booklens.judges").judge_programs("judge.json"),

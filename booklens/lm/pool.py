@@ -125,7 +125,9 @@ class FixedLMPool:
     `dspy`-compatible LM (tests with a scripted LM, programs embedding booklens)."""
 
     def __init__(self, lm: Any, *, cache_dir: Path | str | None = None):
-        self.lm = lm
+        from booklens.lm.model import require_lm
+
+        self.lm = require_lm(lm, "FixedLMPool")  # a model's name goes to LMPool(name)
         self.cache_dir = cache_folder(cache_dir)
         self.usage = getattr(lm, "usage", None)
 

@@ -526,7 +526,11 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
     from booklens.sweep.aggregate import CELLS_FILE, RESULTS_FILE
     from booklens.sweep import PLAN_FILE
 
-    sweep_dir = Path(sweep_dir)
+    from booklens.inputs import as_path
+
+    sweep_dir = as_path(sweep_dir, "the sweep directory")
+    if output is not None:
+        as_path(output, "output", "the report file to write")
     plan = read_json_file(sweep_dir / PLAN_FILE, "sweep plan")
     stopped = not (sweep_dir / RESULTS_FILE).exists() and not (sweep_dir / CELLS_FILE).exists()
     earlier: Optional[int] = 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, TextIO
 
-from booklens.errors import BooklensError, check_flag
+from booklens.errors import BooklensError, check_flag, kind_of
 from booklens.sweep import ENGINES, PLAN_FILE
 from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
 from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine, temporary_log
@@ -595,6 +595,12 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     check_at_least("--concurrency", concurrency)  # else every cell would fail on it (run_book checks it too)
     cache_folder(cache_dir)  # a cache_dir that is no path: named before the manifest's models are checked
     check_flag("fail_fast", fail_fast)  # "no" would read as True
+    if progress_interval is not None and (isinstance(progress_interval, bool)
+                                          or not isinstance(progress_interval, (int, float)) or progress_interval <= 0):
+        # 0 or less redrew the progress line without a pause for the whole sweep
+        raise BooklensError(f"progress_interval must be a number of seconds above 0 (got {progress_interval!r})")
+    if stream is not None and not callable(getattr(stream, "write", None)):
+        raise BooklensError(f"stream must be a text stream such as sys.stderr, not {kind_of(stream)}")
     if ray_cpus is not None:  # 0 would start a local Ray with every core, as None does
         check_at_least("ray_cpus", ray_cpus)
         if engine != "ray":
