@@ -172,10 +172,9 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = D
     `merge_context` and `words_per_token` default to the paper's (see `programs.summarizer`)."""
     from booklens.lm import current_lm
     from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN
+    from booklens.inputs import book_text
     from booklens.records import Summary, SummaryConfig
     from booklens.text import count_tokens, read_book
-
-    from booklens.inputs import book_text
 
     check_flag("drop_matter", drop_matter)
     level_budgets = budget_list(level_budgets)  # a generator is read again below, for the record
