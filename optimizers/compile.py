@@ -29,8 +29,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import dspy
+from dspy.utils.callback import ACTIVE_CALL_ID, BaseCallback
 
 from booklens.errors import BooklensError, LMError, first_line
+from booklens.lm.base import ContextWindowExceeded
 from booklens.lm.usage import UsageTracker
 from booklens.optimizers.evaluate import BackendFailed, NoScore, metered, score_of
 
@@ -339,7 +341,8 @@ def compile_program(
 
     # Before the first call, as `score` does: not a summary found too long mid-compile.
     spec.refuse_misfits(student, [*trainset, *devset], getattr(lm, "context_window", None))
-    with dspy.context(lm=lm), _quiet(verbose):
+    callbacks = [*(dspy.settings.get("callbacks") or []), _HaltOnOversizePrompt(halt)]
+    with dspy.context(lm=lm, callbacks=callbacks), _quiet(verbose):
         _smoke(student, trainset[0])
         try:
             compiled = _run(name, student, trainset, devset, budget, seed, dspy_metric, base_metric, spec,
@@ -364,6 +367,20 @@ def compile_program(
         raise halt[0]
     scoring.check(name)
     return _strip(compiled)
+
+
+class _HaltOnOversizePrompt(BaseCallback):
+    """A prompt too large for the context window that leaves a whole program run (no step of the
+    program handled it; `evaluate_program` stops on it) goes into `halt`: the run's setup, not one
+    bad example for the optimizer to count as failed. The metered LM then lets no call out."""
+
+    def __init__(self, halt: list) -> None:
+        self.halt = halt
+
+    def on_module_end(self, call_id: str, outputs: Any, exception: Exception | None = None) -> None:
+        # DSPy has already restored the caller's call id: none means the outermost module ended.
+        if isinstance(exception, ContextWindowExceeded) and ACTIVE_CALL_ID.get() is None and not self.halt:
+            self.halt.append(exception)
 
 
 def _smoke(program: dspy.Module, example: dspy.Example) -> None:

@@ -661,3 +661,68 @@ def test_a_backend_that_fails_mid_compile_stops_it_and_a_rerun_asks_only_the_mis
     again, lm = compile_toy(optimizer, train, dev, cache_dir=tmp_path / "cut")
     assert len(lm.backend.calls) == total - answered[0] == total - total // 2
     assert again.dump_state() == full.dump_state()
+
+
+@pytest.mark.parametrize("optimizer", ["bootstrap", "random-search", "mipro", "gepa"])
+def test_a_prompt_too_large_mid_compile_stops_it_and_a_rerun_asks_only_the_missing_calls(optimizer, splits,
+                                                                                        tmp_path):
+    """A context-window error that leaves the program (no step of it handles it) is the run's setup,
+    not one bad example: the optimizer would count it as a failed run and go on choosing. The compile
+    stops with the error's own line, as evaluate does, and the calls made before it stay cached."""
+    import threading
+
+    from booklens.lm import ContextWindowExceeded
+
+    train, dev = splits
+    full, lm = compile_toy(optimizer, train, dev, cache_dir=tmp_path / "full")
+    total = len(lm.backend.calls)
+    answered, lock = [0], threading.Lock()
+
+    def too_large(call):
+        with lock:
+            if answered[0] >= total // 2:
+                raise ContextWindowExceeded("the prompt (9000 tokens) does not fit the 8192-token context window "
+                                            "of 'scripted'")
+            answered[0] += 1
+        return responder(call)
+
+    configure(ScriptedLM(too_large, cache_dir=tmp_path / "cut"))
+    with pytest.raises(ContextWindowExceeded, match="9000 tokens"):
+        compile_program(TOY, train, dev, optimizer=optimizer, budget=BUDGET, seed=0)
+    again, lm = compile_toy(optimizer, train, dev, cache_dir=tmp_path / "cut")
+    assert len(lm.backend.calls) == total - answered[0] == total - total // 2
+    assert again.dump_state() == full.dump_state()
+
+
+class FallbackProgram(dspy.Module):
+    """Handles a prompt too large itself (as the QA and DiverseSumm steps do): that example fails alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.classify = dspy.Predict(Mood)
+
+    def forward(self, text):
+        from booklens.lm import ContextWindowExceeded
+
+        try:
+            return self.classify(text=text)
+        except ContextWindowExceeded:
+            return dspy.Prediction(label=None)
+
+
+def test_a_prompt_too_large_that_the_program_handles_does_not_stop_the_compile(splits):
+    from booklens.lm import ContextWindowExceeded
+
+    train, dev = splits
+
+    def long_sad_texts(call):
+        if call.output_fields == ["label"] and "number 3" in call.inputs.get("text", ""):
+            raise ContextWindowExceeded("the prompt does not fit the context window of 'scripted'")
+        return responder(call)
+
+    configure(ScriptedLM(long_sad_texts))
+    task = Task(name="toy-fallback", description="", metric_name="accuracy", build_program=FallbackProgram,
+                load_splits=lambda p, s: {}, metric=accuracy)
+    compiled = compile_program(task, train, dev, optimizer="bootstrap", budget=Budget(demos=4))
+    demos = compiled.classify.demos
+    assert len(demos) == 4 and not any("number 3" in d["text"] for d in demos)
