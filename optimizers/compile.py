@@ -217,6 +217,26 @@ def _quiet(verbose: bool):
 
 
 @contextlib.contextmanager
+def _unlogged_after(halt: list):
+    """Once a failure stops the compile (`halt`), the optimizer packages log no more: DSPy logs the
+    failed run with its whole example (a book on real data) before the one-line error says why."""
+
+    class AfterHalt(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not halt
+
+    stop = AfterHalt()
+    handlers = {h for n in (*_OPTIMIZER_PACKAGES, "") for h in logging.getLogger(n).handlers}
+    for handler in handlers:
+        handler.addFilter(stop)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(stop)
+
+
+@contextlib.contextmanager
 def _no_progress_bars():
     """The optimizer packages' tqdm bars disabled while compiling. They write to stderr, which
     also carries booklens' own messages, so the bars are switched off where those packages look
@@ -342,7 +362,7 @@ def compile_program(
     # Before the first call, as `score` does: not a summary found too long mid-compile.
     spec.refuse_misfits(student, [*trainset, *devset], getattr(lm, "context_window", None))
     callbacks = [*(dspy.settings.get("callbacks") or []), _HaltOnOversizePrompt(halt)]
-    with dspy.context(lm=lm, callbacks=callbacks), _quiet(verbose):
+    with dspy.context(lm=lm, callbacks=callbacks), _quiet(verbose), _unlogged_after(halt):
         _smoke(student, trainset[0])
         try:
             compiled = _run(name, student, trainset, devset, budget, seed, dspy_metric, base_metric, spec,

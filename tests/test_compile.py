@@ -726,3 +726,27 @@ def test_a_prompt_too_large_that_the_program_handles_does_not_stop_the_compile(s
     compiled = compile_program(task, train, dev, optimizer="bootstrap", budget=Budget(demos=4))
     demos = compiled.classify.demos
     assert len(demos) == 4 and not any("number 3" in d["text"] for d in demos)
+
+
+@pytest.mark.parametrize("failure", ["backend", "context window"])
+def test_the_failure_that_stops_a_compile_is_not_logged_with_the_example_first(failure, splits, capfd):
+    """The one line the command prints is the error; DSPy's log of the failed run (the whole example, a
+    book on real data) does not come before it."""
+    from booklens.errors import LMError
+    from booklens.lm import ContextWindowExceeded
+
+    train, dev = splits
+    error = LMError("the server went away") if failure == "backend" else ContextWindowExceeded("too large")
+    calls = [0]
+
+    def fails_after_the_first(call):
+        calls[0] += 1
+        if calls[0] > 1:
+            raise error
+        return responder(call)
+
+    configure(ScriptedLM(fails_after_the_first))
+    with pytest.raises(LMError):
+        compile_program(TOY, train, dev, optimizer="bootstrap", budget=Budget(demos=2, threads=1))
+    err = capfd.readouterr().err
+    assert "number 0" not in err and "Failed to run" not in err, err
