@@ -848,3 +848,40 @@ def test_a_compiled_program_whose_instructions_leave_a_summary_no_room_is_writte
     assert "does not fit the model's 8,192-token context window" in notes[0]
     block = json.loads(artifact.read_text())
     assert not block.get("metrics")
+
+
+def test_a_prompt_too_large_mid_compile_is_one_line_and_the_rerun_asks_only_the_rest(tmp_path):
+    """The context window's error that stops the optimizer is the command's one line (the server's
+    figures in it), no artifact is written, and the same command, once the prompts fit, asks only the
+    calls the first run did not get."""
+    from booklens.testing import Reply
+
+    data = tiny_fables(tmp_path / "fables.json")
+    artifact = tmp_path / "verify.json"
+    answered, window = [], [True]
+
+    def small_window(body):
+        if window[0] and len(answered) >= 2:
+            return Reply(status=400, error="This model's maximum context length is 8192 tokens. However, your "
+                                           "messages resulted in 9000 tokens.", error_code="context_length_exceeded")
+        answered.append(body)
+        return fake_verifier(body)
+
+    args = ["compile", "verification", "--data", data, "--optimizer", "bootstrap", "--demos", "2",
+            "--threads", "1", "--no-test", "-o", artifact]
+    with FakeOpenAIServer(responder=small_window) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_cli([*args, *lm], tmp_path)
+        assert proc.returncode != 0 and not artifact.exists()
+        lines = proc.stderr.strip().splitlines()  # what the command starts, then the error alone
+        assert len(lines) == 2 and lines[0].startswith("compiling verification"), proc.stderr
+        assert lines[1].startswith("error: ") and "9000" in lines[1] and "8192" in lines[1]
+        assert len(answered) == 2  # the first run and one of the optimizer's: no other went out
+        window[0] = False
+        proc = run_cli([*args, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        rerun = len(answered) - 2
+        proc = run_cli([*args, *lm], tmp_path / "fresh")
+        assert proc.returncode == 0, proc.stderr
+        fresh = len(answered) - 2 - rerun  # a cache of its own: every call the compile makes
+        assert rerun == fresh - 2 > 0
