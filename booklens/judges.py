@@ -26,6 +26,7 @@ other calibrations go to the user's cache directory (`<cache>/calibration.json`)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -570,9 +571,13 @@ def store_calibration(entry: dict[str, Any], path: Path, *, replace: bool = Fals
     calibration would otherwise erase it unnoticed, and a user store's entry hides the shipped one at
     lookup): then nothing is written, and the reason is returned. `replace` stores it anyway.
     Two calibrations stored at once (two commands on one cache) both stay: the store is read and
-    written under a lock, so the second adds its entry to what the first wrote."""
+    written under a lock, so the second adds its entry to what the first wrote. The lock file goes
+    beside the store, whose folder is made first (two commands into a new folder lock too); where
+    the folder cannot be made or takes no lock, the store is written without one."""
     from booklens.records import file_lock
 
+    with contextlib.suppress(OSError):  # a folder that cannot be made fails where the store is written
+        path.parent.mkdir(parents=True, exist_ok=True)
     if path.parent.is_dir():
         with file_lock(path.parent / f".{path.name}.lock"):
             return _store_calibration(entry, path, replace=replace)

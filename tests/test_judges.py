@@ -784,11 +784,13 @@ def test_calibration_refuses_a_summary_too_long_for_the_window_before_any_call(t
     check_sample("coherence", program, human_dir=human)
 
 
-def test_two_calibrations_stored_at_once_both_stay(tmp_path, monkeypatch):
+@pytest.mark.parametrize("new_folder", [False, True])
+def test_two_calibrations_stored_at_once_both_stay(tmp_path, monkeypatch, new_folder):
     """Two `calibrate` commands ending at once on one store: each read the store, added its entry and
     wrote the file, so the one that wrote second dropped the other's entry. The second now waits for
     the first to finish writing (here a thread whose store call starts while the first holds the
-    store between reading and writing) and then adds its entry to what is there."""
+    store between reading and writing) and then adds its entry to what is there. A store in a folder
+    not made yet (`calibrate -o results/calibrations.json`) was written without the lock."""
     import threading
 
     import booklens.judges as judges
@@ -796,7 +798,7 @@ def test_two_calibrations_stored_at_once_both_stay(tmp_path, monkeypatch):
     shipped = judges.read_store(judges.DEFAULTS_DIR / judges.CALIBRATION_FILE)
     base = next(e for e in shipped.values() if e.get("judge") == "coherence")
     first, second = ({**base, "key": f"coherence|{name}|fingerprint"} for name in ("lm-a", "lm-b"))
-    store = judges.user_store_path(tmp_path)
+    store = tmp_path / "results" / judges.CALIBRATION_FILE if new_folder else judges.user_store_path(tmp_path)
     read = judges.read_store
     other = threading.Thread(target=judges.store_calibration, args=(second, store))
 
