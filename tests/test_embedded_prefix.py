@@ -280,7 +280,7 @@ def test_the_embedded_weights_are_unpacked_once_into_the_cache(tmp_path, capsys)
     written = (tmp_path / "models").stat().st_mtime_ns, list((tmp_path / "models").iterdir())
     assert stored_weights(shipped, "f16", tmp_path / "models") == unpacked  # reused, not written again
     assert ((tmp_path / "models").stat().st_mtime_ns, list((tmp_path / "models").iterdir())) == written
-    assert len(written[1]) == 1  # no partial file left behind
+    assert [p.name for p in written[1] if not p.name.endswith(".lock")] == [Path(unpacked).name]  # no partial file
     # a folder that cannot be written: the shipped file, with a warning
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -641,3 +641,40 @@ def test_the_embedded_model_is_given_the_sampling_settings_a_caller_gives(monkey
     assert llama.settings == [
         {"stop": None, "top_p": None, "presence_penalty": None, "frequency_penalty": None},
         {"stop": ["\n"], "top_p": 0.5, "presence_penalty": 0.25, "frequency_penalty": 0.5}]
+
+
+def test_two_loads_at_once_convert_the_weights_once(tmp_path, monkeypatch):
+    """Two commands loading the embedded model at once on one cache: each saw no copy of the weights
+    and converted the model. The second now waits for the first's copy (here a thread whose load
+    starts while the first converts, with llama.cpp's quantizer stood in for) and uses it."""
+    import ctypes
+    import sys
+    import types
+
+    from booklens.lm.embedded import stored_weights
+
+    class Params(ctypes.Structure):
+        _fields_ = [("ftype", ctypes.c_int), ("allow_requantize", ctypes.c_bool),
+                    ("token_embedding_type", ctypes.c_int), ("nthread", ctypes.c_int)]
+
+    shipped = tmp_path / "model.gguf"
+    shipped.write_bytes(b"GGUF shipped")
+    folder = tmp_path / "cache" / "models"
+    converted: list[str] = []
+    other = threading.Thread(target=stored_weights, args=(str(shipped), "f16", folder))
+
+    def quantize(source: bytes, target: bytes, params) -> int:
+        converted.append(target.decode())
+        Path(target.decode()).write_bytes(b"GGUF f16")
+        if other.ident is None:
+            other.start()
+            other.join(timeout=3)  # without a lock it converts too, and ends meanwhile
+        return 0
+
+    stub = types.SimpleNamespace(llama_model_quantize_default_params=Params, llama_model_quantize=quantize)
+    monkeypatch.setitem(sys.modules, "llama_cpp", stub)
+    copy = stored_weights(str(shipped), "f16", folder)
+    other.join()
+    assert len(converted) == 1
+    assert Path(copy).read_bytes() == b"GGUF f16" and Path(copy).parent == folder
+    assert sorted(p.name for p in folder.iterdir() if p.suffix == ".gguf") == [Path(copy).name]

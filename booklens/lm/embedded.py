@@ -789,7 +789,7 @@ def stored_weights(model_path: str, weights: str, folder: Path | None = None) ->
 
     import llama_cpp
 
-    from booklens.records import write_atomically
+    from booklens.records import file_lock, write_atomically
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
@@ -805,7 +805,13 @@ def stored_weights(model_path: str, weights: str, folder: Path | None = None) ->
             raise OSError(f"llama.cpp's quantizer returned {failed}")
 
     try:
-        write_atomically(target, quantize, shared=True)  # whole or absent, whoever else converts at the same time
+        # Two commands loading the model at once: the second waits for the first's copy and uses it, instead
+        # of converting it again. A folder that takes no lock file is written without one.
+        with suppress(OSError):  # a folder that cannot be made fails at the write below
+            folder.mkdir(parents=True, exist_ok=True)
+        with file_lock(folder / f".{target.name}.lock"):
+            if not target.exists():
+                write_atomically(target, quantize, shared=True)  # whole or absent, whoever else reads it
     except OSError as exc:
         print(f"warning: running the embedded model from its shipped {source.name} (slower): could not write "
               f"{weights} weights to {folder}: {exc}", file=sys.stderr)
