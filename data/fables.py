@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import statistics
+import tempfile
 import urllib.error
 import urllib.request
 import zipfile
@@ -212,10 +214,14 @@ def download_fables(target_dir: str | Path | None = None, url: str = FABLES_URL,
         reason = getattr(exc, "reason", exc)
         raise BooklensError(f"cannot download FABLES from {url} ({reason}); offline? pass --data PATH "
                             "to a local FABLES.json") from None
-    tmp = target / ".FABLES.download"
+    tmp = None
     try:
         target.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(payload)
+        # A name of its own: another command downloading into the same cache at once removes only its file.
+        handle, name = tempfile.mkstemp(dir=target, prefix=".FABLES.", suffix=".download")
+        tmp = Path(name)
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(payload)
         data = _read_bytes(tmp)
         parse_fables(data, url)  # only a file that loads is kept
         from booklens.records import save_json
@@ -225,8 +231,9 @@ def download_fables(target_dir: str | Path | None = None, url: str = FABLES_URL,
         raise BooklensError(f"cannot store FABLES in {target}: {exc.strerror or exc}") from None
     finally:
         # The raw bytes are only a step towards FABLES.json; a download that did not load leaves none.
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
     return path
 
 

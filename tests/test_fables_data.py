@@ -195,6 +195,33 @@ def test_download_that_does_not_load_leaves_nothing_behind(tmp_path):
     assert sorted(p.name for p in store.iterdir()) == []
 
 
+def test_two_downloads_at_once_both_load(tmp_path, monkeypatch):
+    """Two commands downloading FABLES into one cache at once wrote the same temporary file: the one
+    that finished first removed it under the other, which then failed. Here the second download runs
+    while the first holds its bytes unread."""
+    import booklens.data.fables as fables
+
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "FABLES.json").write_text(json.dumps(TINY), encoding="utf-8")
+    url = (served / "FABLES.json").as_uri()
+    store = tmp_path / "store"
+    read = fables._read_bytes
+    others: list[Path] = []
+    started = []
+
+    def read_after_another_download(path):
+        if not started:
+            started.append(path)
+            others.append(download_fables(store, url=url))
+        return read(path)
+
+    monkeypatch.setattr(fables, "_read_bytes", read_after_another_download)
+    assert download_fables(store, url=url) == others[0] == store / "FABLES.json"
+    assert len(load_fables(store / "FABLES.json")) == len(load_fables(served / "FABLES.json"))
+    assert sorted(p.name for p in store.iterdir()) == ["FABLES.json"]
+
+
 def test_real_release_loads_and_splits_by_book(fables_path):
     summaries = load_fables(fables_path)
     assert len(summaries) == 100 and sum(len(s.claims) for s in summaries) == 2446
