@@ -1247,11 +1247,29 @@ def test_provider_cached_prompt_tokens_are_reported_and_priced_at_the_cached_rat
         _, lm = classify(backend_for(server, model="openai/gpt-4o-mini"))
     usage = lm.usage.snapshot()
     assert usage["provider_cached_tokens"] == 800 and usage["prompt_tokens"] == 1000
+    # Priced as OpenAI's own endpoint would bill it (a loopback server under its name has no price).
+    response = litellm.ModelResponse(model="gpt-4o-mini", usage={
+        "prompt_tokens": 1000, "completion_tokens": 10, "total_tokens": 1010,
+        "prompt_tokens_details": {"cached_tokens": 800}},
+        choices=[{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}])
+    usage = dict(usage, cost_usd=LiteLLMBackend("openai/gpt-4o-mini")._completion(response).cost)
     price = litellm.model_cost["gpt-4o-mini"]
     expected = (200 * price["input_cost_per_token"] + 800 * price["cache_read_input_token_cost"]
                 + 10 * price["output_cost_per_token"])
     assert usage["cost_usd"] == pytest.approx(expected, rel=1e-6)
     assert usage["cost_usd"] < 1000 * price["input_cost_per_token"] + 10 * price["output_cost_per_token"]
+
+
+def test_a_model_served_elsewhere_under_a_listed_name_has_no_price():
+    """vLLM serving a model as 'openai/gpt-4o' at --api-base was priced at OpenAI's list price: the
+    cost of a self-hosted run is unknown, not the list price; the provider's own endpoint stays priced."""
+    reply = Reply(content='{"label": "good"}', prompt_tokens=1000, completion_tokens=10)
+    with FakeOpenAIServer(responder=lambda body: reply) as server:
+        _, lm = classify(backend_for(server, model="openai/gpt-4o"))
+    usage = lm.usage.snapshot()
+    assert usage["calls"] == 1 and usage["prompt_tokens"] == 1000
+    assert usage["cost_usd"] is None and usage["unpriced_calls"] == 1
+    assert LiteLLMBackend("openai/gpt-4o").list_priced and not backend_for(server, model="openai/gpt-4o").list_priced
 
 
 def test_a_server_that_sends_no_usage_has_its_tokens_counted_and_no_price(tmp_path):

@@ -248,6 +248,13 @@ class LiteLLMBackend:
         return self.model
 
     @property
+    def list_priced(self) -> bool:
+        """Whether LiteLLM's price list states what a call costs: for the provider's own endpoint, or
+        a self-hosted provider (priced at $0 or not at all). A model served elsewhere under a listed
+        name (vLLM serving 'openai/gpt-4o' at --api-base) is not billed at that list price: unknown."""
+        return not self.api_base or self.provider in SELF_HOSTED_PROVIDERS
+
+    @property
     def server(self) -> str | None:
         """The server as messages name it: `api_base` without user, password or query (either may hold
         a key)."""
@@ -475,7 +482,7 @@ class LiteLLMBackend:
         # cost is unknown (what the server would bill is not known).
         counted = prompt_tokens > 0 and (completion_tokens > 0 or not text)
         cost = None
-        if counted:
+        if counted and self.list_priced:
             try:
                 cost = float(litellm.completion_cost(completion_response=response))
             except Exception:
