@@ -678,3 +678,24 @@ def test_two_loads_at_once_convert_the_weights_once(tmp_path, monkeypatch):
     assert len(converted) == 1
     assert Path(copy).read_bytes() == b"GGUF f16" and Path(copy).parent == folder
     assert sorted(p.name for p in folder.iterdir() if p.suffix == ".gguf") == [Path(copy).name]
+
+
+def test_a_ray_worker_uses_the_cpus_ray_assigned_it(monkeypatch):
+    """A Ray worker whose driver set OMP_NUM_THREADS inherits that value, not its CPUs: the
+    assignment in its runtime context bounds the threads."""
+    from booklens.lm import embedded
+
+    class Context:
+        def __init__(self, resources):
+            self.resources = resources
+
+        def get_assigned_resources(self):
+            return self.resources
+
+    assert embedded.ray_assigned_cpus(Context({"CPU": 1.0})) == 1.0
+    assert embedded.ray_assigned_cpus(Context({})) is None
+    monkeypatch.setattr(embedded, "cgroup_cpu_quota", lambda: None)
+    monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    monkeypatch.setattr(embedded, "ray_assigned_cpus", lambda: 1.5)
+    assert embedded.default_threads() == 2

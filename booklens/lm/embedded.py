@@ -140,7 +140,30 @@ def default_threads() -> int:
         limit = os.environ.get(variable, "").split(",")[0].strip()
         if limit.isdigit() and int(limit) > 0:
             threads = min(threads, int(limit))
+    assigned = ray_assigned_cpus()
+    if assigned is not None:
+        threads = min(threads, max(1, math.ceil(assigned)))
     return threads
+
+
+def ray_assigned_cpus(context=None) -> float | None:
+    """The CPUs Ray gave this worker, or None outside a Ray worker (Ray is only consulted when
+    something already imported it). It covers a worker whose driver set OMP_NUM_THREADS, which
+    Ray then passes on as it is instead of the worker's CPUs."""
+    if context is None:
+        import sys
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            return None
+        try:
+            context = ray.get_runtime_context()
+        except Exception:  # noqa: BLE001 - no context: not a worker
+            return None
+    try:
+        cpus = (context.get_assigned_resources() or {}).get("CPU")
+    except Exception:  # noqa: BLE001 - the driver has no assignment
+        return None
+    return float(cpus) if cpus else None
 
 
 def cgroup_cpu_quota(mountinfo: str | Path = "/proc/self/mountinfo",
