@@ -236,3 +236,23 @@ def test_a_dry_run_reads_each_book_once_besides_the_estimate(tmp_path: Path, mon
     assert "warning: book 'empty' cannot be read" in text and "its 2 cells will fail" in text
     # the empty book: read by the manifest only (the estimate skips a book the manifest could not read)
     assert reads == {"alpha": 2, "beta": 2, "empty": 1}, reads
+
+
+def test_a_listed_model_at_a_server_of_ones_own_is_estimated_at_no_list_price(books_dir: Path, tmp_path: Path):
+    """A run prices `openai/gpt-4o-mini` served at an --api-base (vLLM under that name) as unknown;
+    the dry run's estimate priced the same calls at OpenAI's list price."""
+    story = "the_cask_of_amontillado"
+    (tmp_path / "given.json").write_text(json.dumps({story: "Montresor walls Fortunato up in the vaults."}),
+                                         encoding="utf-8")
+    manifest = tmp_path / "sweep.yaml"
+    judge = "judge: {steps: [faithfulness], evidence: bm25, max_claims: 1, lm: openai/gpt-4o-mini%s}\n"
+    body = f"books: [{books_dir / (story + '.txt')}]\nsystems: [{{name: given, summaries: given.json}}]\n"
+    manifest.write_text(body + judge % "", encoding="utf-8")
+    listed = estimate_sweep(load_manifest(manifest))[0]
+    assert listed.judge.calls == 2 and listed.cost_usd is not None and listed.cost_usd > 0
+    manifest.write_text(body + judge % ", api_base: 'http://127.0.0.1:8000/v1'", encoding="utf-8")
+    served = estimate_sweep(load_manifest(manifest))[0]
+    assert served.judge.calls == 2 and served.cost_usd is None
+    # the command's --api-base is the default server of every step too
+    manifest.write_text(body + judge % "", encoding="utf-8")
+    assert estimate_sweep(load_manifest(manifest, api_base="http://127.0.0.1:8000/v1"))[0].cost_usd is None

@@ -203,6 +203,15 @@ def model_context_window(model: str) -> int | None:
         return None
 
 
+def list_priced(provider: str, server: str | None) -> bool:
+    """Whether LiteLLM's price list states what a call costs: at the provider's own endpoint (no
+    server named), or for a self-hosted provider (listed at $0 or not at all). A model served
+    elsewhere under a listed name (vLLM serving 'openai/gpt-4o' at --api-base) is not billed at that
+    list price: its cost is unknown. The one rule for runs' usage and the sweep's estimates;
+    `provider` is LiteLLM's (a model string's prefix names it)."""
+    return not server or provider in SELF_HOSTED_PROVIDERS
+
+
 class LiteLLMBackend:
     """Any LiteLLM model string; `api_base` points it at an OpenAI-compatible server.
 
@@ -249,10 +258,8 @@ class LiteLLMBackend:
 
     @property
     def list_priced(self) -> bool:
-        """Whether LiteLLM's price list states what a call costs: for the provider's own endpoint, or
-        a self-hosted provider (priced at $0 or not at all). A model served elsewhere under a listed
-        name (vLLM serving 'openai/gpt-4o' at --api-base) is not billed at that list price: unknown."""
-        return not self.api_base or self.provider in SELF_HOSTED_PROVIDERS
+        """Whether LiteLLM's price list states what a call costs (`list_priced`)."""
+        return list_priced(self.provider, self.api_base)
 
     @property
     def server(self) -> str | None:

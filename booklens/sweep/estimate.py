@@ -73,12 +73,16 @@ class SystemEstimate:
         return self.summarize.completion_tokens + self.judge.completion_tokens
 
 
-def price(lm: str, prompt_tokens: int, completion_tokens: int) -> Optional[float]:
-    """USD for this much work where LiteLLM knows the model's prices; 0 for the embedded model."""
+def price(lm: str, prompt_tokens: int, completion_tokens: int, server: Optional[str] = None) -> Optional[float]:
+    """USD for this much work where LiteLLM knows the model's prices and they apply at `server` (the
+    runs' rule, `booklens.lm.remote.list_priced`); 0 for the embedded model."""
     from booklens.lm import LOCAL_LM
+    from booklens.lm.remote import list_priced
 
     if lm == LOCAL_LM:
         return 0.0
+    if not list_priced(lm.split("/", 1)[0] if "/" in lm else "", server):
+        return None
     try:
         import litellm
 
@@ -228,7 +232,8 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
     import dspy
 
     from booklens.errors import BooklensError
-    from booklens.lm import BooklensAdapter, lm_context_window, resolve_lm_name
+    from booklens.lm import BooklensAdapter, lm_context_window
+    from booklens.lm.pool import resolve_model
     from booklens.pipeline import build_summarizer
     from booklens.text import chunk_text, count_tokens, read_book, split_sentences
 
@@ -252,13 +257,14 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
     estimates = []
     with dspy.context(adapter=BooklensAdapter()):
         programs = programs if programs is not None else _judge_programs(judge)
-        judge_lm = resolve_lm_name(judge.lm or sweep.lm)
+        judge_lm, judge_server = resolve_model(sweep.lm, sweep.api_base, judge.lm, judge.api_base)
         judge_window = lm_context_window(judge_lm)  # the judge's calls run on its LM, not the summarizer's
         for spec in sweep.systems:
             first = sweep.system_config(spec.name, sweep.books[0].key)
             given = spec.summaries is not None
+            summarize_lm, summarize_server = resolve_model(sweep.lm, sweep.api_base, first.lm, first.api_base)
             est = SystemEstimate(spec.name, len(sweep.books), judge_lm=judge_lm,
-                                 summarize_lm=None if given else resolve_lm_name(first.lm or sweep.lm))
+                                 summarize_lm=None if given else summarize_lm)
             summarizer = None
             if not given:
                 try:
@@ -290,10 +296,11 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
                 claims = _claims_on_disk(output, spec.name, book.key) if "claims" in done else None
                 w = judge_work(judge, tokens, sentences, book_tokens, judge_window, overheads, programs, done, claims)
                 est.judge.add(w.calls, w.prompt_tokens, w.completion_tokens)
-            parts = [(est.judge.calls, price(judge_lm, est.judge.prompt_tokens, est.judge.completion_tokens))]
+            parts = [(est.judge.calls, price(judge_lm, est.judge.prompt_tokens, est.judge.completion_tokens,
+                                             judge_server))]
             if est.summarize_lm is not None:
                 parts.append((est.summarize.calls, price(est.summarize_lm, est.summarize.prompt_tokens,
-                                                         est.summarize.completion_tokens)))
+                                                         est.summarize.completion_tokens, summarize_server)))
             est.cost_usd = known_cost(parts)  # the records' rule: unknown unless every call is priced
             estimates.append(est)
     return estimates
