@@ -696,6 +696,7 @@ def test_a_ray_worker_uses_the_cpus_ray_assigned_it(monkeypatch):
     assert embedded.ray_assigned_cpus(Context({})) is None
     monkeypatch.setattr(embedded, "cgroup_cpu_quota", lambda: None)
     monkeypatch.setattr(embedded.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv("OMP_THREAD_LIMIT", raising=False)  # set for each worker of a parallel test run
     monkeypatch.setenv("OMP_NUM_THREADS", "8")
     monkeypatch.setattr(embedded, "ray_assigned_cpus", lambda: 1.5)
     assert embedded.default_threads() == 2
