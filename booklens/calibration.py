@@ -489,9 +489,8 @@ def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None
     `seed` draws the sample of test-split books; the split itself is the one the program was compiled
     on (`split_seed_of`, else `SEED`), so the sample never holds a book the program learned from."""
     from booklens.judges import calibration_key, demo_count, judge_mode, program_fingerprint
-    from booklens.parallel import check_at_least
-
     from booklens.lm.model import require_lm
+    from booklens.parallel import check_at_least
 
     check_at_least("--concurrency", concurrency)
     require_lm(lm, "lm")  # the calibration is stored under its name: a string would name a model never asked

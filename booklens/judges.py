@@ -658,8 +658,8 @@ def build_coherence_default(human_dir: str | Path, *, seed: int = DEFAULT_SEED) 
     import dspy
 
     from booklens.data.booookscore import human_annotation_files, load_human_summaries, split_human_summaries
-    from booklens.programs.coherence import build_scorer, number_sentences
     from booklens.inputs import as_path
+    from booklens.programs.coherence import build_scorer, number_sentences
     from booklens.text import count_tokens
 
     human_dir = as_path(human_dir, "human_dir", "the folder of BooookScore's human annotations")

@@ -439,13 +439,11 @@ def answer_questions(program: BookQA, book: str, questions: Iterable[Any], *, ju
     When the program quotes evidence, the quotes are scored by word overlap with the located
     gold quotes (free) and, with `evidence_recall="llm"` (the seed's method), by an LLM judge."""
     from booklens.data.novelqa import QAPrediction, check_evidence_recall, gold_for
+    from booklens.inputs import book_text, wordless
     from booklens.lm import usage_step
     from booklens.metrics.qa import locate_evidence, quote_recall, share_in_context, share_shown, token_positions
-    from booklens.parallel import parallel_map
+    from booklens.parallel import check_at_least, parallel_map
     from booklens.retrieval import QuoteLocator
-
-    from booklens.inputs import book_text, wordless
-    from booklens.parallel import check_at_least
 
     # Everything handed over is checked before the book is indexed or any question asked.
     if not isinstance(program, BookQA):
