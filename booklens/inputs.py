@@ -36,8 +36,11 @@ def as_path(value: Any, what: str, hint: Optional[str] = None) -> Path:
 
 def book_text(value: Any, what: str = "the book text") -> str:
     """A book's text a library caller handed over, or a one-line error: a path there (the usual
-    slip: the file rather than its text) would be indexed or summarized as a short string."""
+    slip: the file rather than its text) would be indexed or summarized as a short string, and a
+    text without words would leave nothing to summarize, retrieve or check a claim against."""
     if isinstance(value, str):
+        if wordless(value):
+            raise BooklensError(f"{what} {wordless(value)}")
         return value
     hint = ": read the book with booklens.text.read_book(path)" if isinstance(value, Path) else ""
     raise BooklensError(f"{what} must be text, not {type(value).__name__}{hint}")

@@ -445,7 +445,7 @@ class SummaryConfig(BaseModel):
 class Summary(BaseModel):
     format_version: int = FORMAT_VERSION
     kind: Literal["booklens.summary"] = "booklens.summary"
-    book: str
+    book: Optional[str] = Field(None, description="the book's path; None when its text was handed over")
     book_sha256: str
     book_tokens: int
     summary: str

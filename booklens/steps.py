@@ -161,14 +161,15 @@ def book_summarizer(*, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZ
 
 
 @_in_booklens_format
-def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZE,
+def summarize_book(book_path: Optional[Path] = None, *, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZE,
                    context_window: Optional[int] = None, max_summary_tokens: int = DEFAULT_SUMMARY_TOKENS,
                    level_budgets: Optional[list[int]] = None, max_regenerations: Optional[int] = None,
                    remove_artifacts: bool = True, drop_matter: bool = False, concurrency: int = 4,
                    program_path: Optional[Path] = None, text: Optional[str] = None,
                    merge_context: Optional[str] = None, words_per_token: Optional[float] = None):
     """Read, chunk and summarize a book with the configured LM; returns a `Summary` record.
-    `text` is the book already read (with the same `drop_matter`), to spare a second read.
+    `text` is the book already read (with the same `drop_matter`), to spare a second read; without
+    `book_path` too, the record names no book.
     `merge_context` and `words_per_token` default to the paper's (see `programs.summarizer`)."""
     from booklens.lm import current_lm
     from booklens.programs.summarizer import DEFAULT_MERGE_CONTEXT, DEFAULT_WORDS_PER_TOKEN
@@ -182,7 +183,7 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = D
     if text is None:
         text = read_book(book_path, drop_matter=drop_matter)
     else:
-        text = book_text(text, "text")
+        text = book_text(text)
     read_seconds = time.perf_counter() - started
     lm = current_lm()
     words_per_token = DEFAULT_WORDS_PER_TOKEN if words_per_token is None else words_per_token
@@ -207,7 +208,7 @@ def summarize_book(book_path: Path, *, method: str = "hier", chunk_size: int = D
         result = program(book=text)
     summarize_seconds = time.perf_counter() - t0
     return Summary(
-        book=str(book_path),
+        book=None if book_path is None else str(book_path),
         book_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         book_tokens=count_tokens(text),
         summary=result.summary,

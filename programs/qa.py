@@ -439,7 +439,7 @@ def answer_questions(program: BookQA, book: str, questions: Iterable[Any], *, ju
     When the program quotes evidence, the quotes are scored by word overlap with the located
     gold quotes (free) and, with `evidence_recall="llm"` (the seed's method), by an LLM judge."""
     from booklens.data.novelqa import QAPrediction, check_evidence_recall, gold_for
-    from booklens.inputs import book_text, wordless
+    from booklens.inputs import book_text
     from booklens.lm import usage_step
     from booklens.metrics.qa import locate_evidence, quote_recall, share_in_context, share_shown, token_positions
     from booklens.parallel import check_at_least, parallel_map
@@ -449,9 +449,7 @@ def answer_questions(program: BookQA, book: str, questions: Iterable[Any], *, ju
     if not isinstance(program, BookQA):
         raise BooklensError(f"program must be a BookQA, not {kind_of(program)}: "
                             "build one with BookQA(setting, evidence)")
-    book = book_text(book)
-    if wordless(book):  # every answer would be a guess, every score the chance level
-        raise BooklensError(f"the book text {wordless(book)}")
+    book = book_text(book)  # without words, every answer would be a guess, every score the chance level
     for name, given, kind in (("judge", judge, AnswerJudge), ("evidence_judge", evidence_judge, EvidenceJudge)):
         if given is not None and not isinstance(given, kind):
             raise BooklensError(f"{name} must be an {kind.__name__}, not {kind_of(given)}")

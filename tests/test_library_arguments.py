@@ -687,7 +687,7 @@ WRONG_ARGUMENTS = {
     "answer_questions-concurrency-zero": (lambda tmp: _answer(concurrency=0),  # ran on one thread
                                           r"^concurrency must be at least 1 \(got 0\)$"),
     "summarize_book-text-path": (lambda tmp: _module("booklens.steps").summarize_book(
-        tmp / "book.txt", text=tmp / "book.txt", **SMALL), r"^text must be text, not PosixPath: read the book"),
+        tmp / "book.txt", text=tmp / "book.txt", **SMALL), r"^the book text must be text, not PosixPath: read the book"),
     "summarize_book-program-int": (lambda tmp: _module("booklens.steps").summarize_book(
         tmp / "book.txt", program_path=5, **SMALL), r"^program_path must be a path, not 5"),
     "book_index-path": (lambda tmp: _module("booklens.steps").book_index(tmp / "book.txt", cache_dir=tmp / "c"),
@@ -852,3 +852,28 @@ def test_level_budgets_and_verbosity_protocols_may_come_from_any_iterable(tmp_pa
     study = verbosity_bias_study(events, summaries, criterion="faithfulness", protocols=(p for p in ["single"]),
                                  max_articles=1, lm=lm, cache_dir=tmp_path / "c")
     assert study["protocols"] == ["single"] and len(lm.backend.calls) == 2
+
+
+def test_summarize_book_from_text_alone_records_no_book_path_and_refuses_wordless_text():
+    """`summarize_book(None, text=...)` recorded its book as the path "None"; a text of punctuation
+    alone was chunked and sent to the model."""
+    from booklens.steps import summarize_book
+
+    lm = pipeline_lm()
+    with dspy.context(lm=lm):
+        with pytest.raises(BooklensError, match="the book text has no words"):
+            summarize_book(text="... --- ...", **SMALL)
+        assert lm.backend.calls == []
+        record = summarize_book(text=BOOK_TEXT, **SMALL)
+    assert record.book is None
+    assert record.summary and len(lm.backend.calls) >= 1
+
+
+def test_score_summaries_refuses_a_book_text_without_words():
+    """`book_texts={"a": ""}` was taken as the book: every trigram of the summary counted as novel."""
+    from booklens.steps import score_summaries
+
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError, match="the book text of 'a' is empty"):
+        score_summaries({"a": SUMMARY}, book_texts={"a": ""})
+    assert lm.backend.calls == []
