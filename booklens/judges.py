@@ -576,6 +576,10 @@ def store_calibration(entry: dict[str, Any], path: Path, *, replace: bool = Fals
     the folder cannot be made or takes no lock, the store is written without one."""
     from booklens.records import file_lock
 
+    if not replace and not path.parent.exists():  # declined for the shipped entry: no folder left behind
+        reason = _declined(entry, {}, path)
+        if reason:
+            return reason
     with contextlib.suppress(OSError):  # a folder that cannot be made fails where the store is written
         path.parent.mkdir(parents=True, exist_ok=True)
     if path.parent.is_dir():
@@ -586,19 +590,26 @@ def store_calibration(entry: dict[str, Any], path: Path, *, replace: bool = Fals
 
 def _store_calibration(entry: dict[str, Any], path: Path, *, replace: bool) -> Optional[str]:
     entries = read_store(path)
-    if not replace:
-        shipped_path = DEFAULTS_DIR / CALIBRATION_FILE
-        held = [(entries.get(entry["key"]), f"the calibration {path} holds for this judge and LM")]
-        if path.resolve() != shipped_path.resolve():
-            held.append((read_store(shipped_path).get(entry["key"]), f"the calibration booklens ships "
-                         f"({shipped_path}) for this judge and LM, which it would hide"))
-        new, what = sample_size(entry)
-        sizes = [(sample_size(stored)[0], where) for stored, where in held if isinstance(stored, dict)]
-        old, where = max(sizes, key=lambda size: size[0], default=(0, ""))  # the store's own first on a tie
-        if new < old:
-            return f"its {counted(new, what)} are fewer than the {old} of {where} (give --replace to store it instead)"
+    reason = None if replace else _declined(entry, entries, path)
+    if reason:
+        return reason
     entries[entry["key"]] = entry
     write_store(path, entries)
+    return None
+
+
+def _declined(entry: dict[str, Any], entries: dict[str, Any], path: Path) -> Optional[str]:
+    """Why `entry` is not stored in the store at `path` holding `entries` (see `store_calibration`), or None."""
+    shipped_path = DEFAULTS_DIR / CALIBRATION_FILE
+    held = [(entries.get(entry["key"]), f"the calibration {path} holds for this judge and LM")]
+    if path.resolve() != shipped_path.resolve():
+        held.append((read_store(shipped_path).get(entry["key"]), f"the calibration booklens ships "
+                     f"({shipped_path}) for this judge and LM, which it would hide"))
+    new, what = sample_size(entry)
+    sizes = [(sample_size(stored)[0], where) for stored, where in held if isinstance(stored, dict)]
+    old, where = max(sizes, key=lambda size: size[0], default=(0, ""))  # the store's own first on a tie
+    if new < old:
+        return f"its {counted(new, what)} are fewer than the {old} of {where} (give --replace to store it instead)"
     return None
 
 

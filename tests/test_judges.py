@@ -739,6 +739,9 @@ def test_a_smaller_calibration_does_not_hide_the_larger_one_booklens_ships(tmp_p
                     f"ships ({DEFAULTS_DIR / CALIBRATION_FILE}) for this judge and LM, which it would hide (give "
                     "--replace to store it instead)")
     assert not store.exists() and load_store(tmp_path)[key] == large
+    # declined for a store in a folder not made yet, it leaves no folder behind (it had left one with its lock file)
+    assert store_calibration(small, tmp_path / "results" / "calibration.json") == kept
+    assert not (tmp_path / "results").exists()
     # one the size of the shipped one or larger is stored, as --replace stores a smaller one
     assert store_calibration({**large, "usage": {"calls": 1}}, store) is None
     assert store_calibration(small, store, replace=True) is None
