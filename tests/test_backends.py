@@ -1272,6 +1272,20 @@ def test_a_model_served_elsewhere_under_a_listed_name_has_no_price():
     assert LiteLLMBackend("openai/gpt-4o").list_priced and not backend_for(server, model="openai/gpt-4o").list_priced
 
 
+@pytest.mark.parametrize("model, api_base, priced", [
+    ("openai/gpt-4o", "https://api.openai.com/v1", True),    # OpenAI's own URL spelled out: its list price
+    ("openai/gpt-4o", "https://API.OpenAI.com/v1/", True),
+    ("anthropic/claude-3-5-haiku-20241022", "https://api.anthropic.com", True),
+    ("openai/gpt-4o", "https://api.openai.com.example.net/v1", False),  # another host whose name starts so
+    ("openai/gpt-4o", "https://gateway.example.com/v1", False),
+    ("anthropic/claude-3-5-haiku-20241022", "https://api.openai.com/v1", False),  # not the provider's own host
+    ("hosted_vllm/qwen", "http://10.0.0.5:8000/v1", True),
+])
+def test_the_providers_own_url_given_as_api_base_keeps_its_list_price(model, api_base, priced):
+    """OpenAI's own URL given as --api-base (as a config may spell it out) made a run's cost unknown."""
+    assert LiteLLMBackend(model, api_base=api_base).list_priced is priced
+
+
 def test_a_server_that_sends_no_usage_has_its_tokens_counted_and_no_price(tmp_path):
     """Usage left out of the answer (some proxies and small servers) was recorded as 0 prompt and 0
     completion tokens, as if known: the tokens are counted with LiteLLM's tokenizer, and the cost is

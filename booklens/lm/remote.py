@@ -203,13 +203,31 @@ def model_context_window(model: str) -> int | None:
         return None
 
 
+# The hosts of providers' own APIs: a server named there (a config that spells out OpenAI's URL) is
+# billed at the list price, as the default endpoint is.
+PROVIDER_HOSTS = {
+    "openai": "api.openai.com", "text-completion-openai": "api.openai.com", "anthropic": "api.anthropic.com",
+    "gemini": "generativelanguage.googleapis.com", "mistral": "api.mistral.ai", "groq": "api.groq.com",
+    "deepseek": "api.deepseek.com", "together_ai": "api.together.xyz", "fireworks_ai": "api.fireworks.ai",
+    "xai": "api.x.ai",
+}
+
+
 def list_priced(provider: str, server: str | None) -> bool:
     """Whether LiteLLM's price list states what a call costs: at the provider's own endpoint (no
-    server named), or for a self-hosted provider (listed at $0 or not at all). A model served
-    elsewhere under a listed name (vLLM serving 'openai/gpt-4o' at --api-base) is not billed at that
-    list price: its cost is unknown. The one rule for runs' usage and the sweep's estimates;
-    `provider` is LiteLLM's (a model string's prefix names it)."""
-    return not server or provider in SELF_HOSTED_PROVIDERS
+    server named, or its own host named), or for a self-hosted provider (listed at $0 or not at
+    all). A model served elsewhere under a listed name (vLLM serving 'openai/gpt-4o' at --api-base)
+    is not billed at that list price: its cost is unknown. The one rule for runs' usage and the
+    sweep's estimates; `provider` is LiteLLM's (a model string's prefix names it)."""
+    if not server or provider in SELF_HOSTED_PROVIDERS:
+        return True
+    from urllib.parse import urlsplit
+
+    try:
+        host = (urlsplit(server).hostname or "").lower()
+    except ValueError:
+        return False
+    return provider in PROVIDER_HOSTS and host == PROVIDER_HOSTS[provider]
 
 
 class LiteLLMBackend:
