@@ -20,11 +20,12 @@ import copy
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import dspy
 
 from booklens.errors import BooklensError, first_line
+from booklens.vocabulary import counted
 
 ARTIFACT_KIND = "booklens.program"
 ARTIFACT_FORMAT_VERSION = 1
@@ -317,10 +318,13 @@ DEV_CHOOSERS = ("random-search", "mipro", "gepa")
 
 
 def held_out_notes(label: str, block: dict[str, Any], program: dspy.Module, examples: list[dspy.Example], *,
-                   digest: str, seed: int, split: str) -> list[str]:
+                   digest: str, seed: int, split: str,
+                   overlap: Optional[Callable[[bool], tuple[int, int]]] = None) -> list[str]:
     """Why an artifact's figures on `examples` (the `split` of the data with sha256 `digest`, split
     with `seed`) may not be held out: other data, another seed, the split it was compiled on, and
-    how many of the examples are its own demos."""
+    how many of the examples are its own demos. `overlap(dev_too)` counts the examples (and their
+    books) from books the artifact learned from, drawn with its own seed; without it, another seed
+    is a note that the split may hold them."""
     notes = []
     dataset = block.get("dataset") or {}
     compiled_seed = block.get("seed")
@@ -328,8 +332,15 @@ def held_out_notes(label: str, block: dict[str, Any], program: dspy.Module, exam
         notes.append(f"{label} was compiled on other data ({dataset.get('path')}); its splits may overlap "
                      "this data's")
     elif isinstance(compiled_seed, int) and compiled_seed != seed:
-        notes.append(f"{label} was compiled with seed {compiled_seed}; with seed {seed} the {split} split may "
-                     f"hold books it was compiled on (use --seed {compiled_seed})")
+        if overlap is None:
+            notes.append(f"{label} was compiled with seed {compiled_seed}; with seed {seed} the {split} split may "
+                         f"hold books it was compiled on (use --seed {compiled_seed})")
+        else:
+            n, books = overlap(block.get("optimizer") in DEV_CHOOSERS)
+            if n:
+                notes.append(f"{label} was compiled with seed {compiled_seed}; with seed {seed}, {n} of the "
+                             f"{len(examples)} {split} examples are from {counted(books, 'book')} it was compiled "
+                             f"on (use --seed {compiled_seed})")
     elif split == "train" or (split == "dev" and block.get("optimizer") in DEV_CHOOSERS):
         notes.append(f"{label} was compiled on this {split} split: its figures on it are not held out")
     shared = demos_among(program, examples)

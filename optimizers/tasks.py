@@ -216,6 +216,26 @@ def load_task_splits(task: Task, data: str | Path, *, seed: int = 0, sizes: dict
     return Splits(picked["train"], picked["dev"], picked["test"], info)
 
 
+def learned_groups(task: Task, data: str | Path, block: dict[str, Any], dev_too: bool) -> set[Any] | None:
+    """The groups (`task.group`: books) of the examples an artifact learned from, drawn again as
+    compile drew them from this data: its train split (and dev, where its optimizer chose on it),
+    with its recorded seed and sizes. None when the artifact records no seed."""
+    seed = block.get("seed")
+    if not isinstance(seed, int):
+        return None
+    recorded = (block.get("split") or {}).get("sizes") if isinstance(block.get("split"), dict) else None
+    sizes = {name: n for name, n in (recorded or {}).items() if name in SPLITS and isinstance(n, int) and n > 0}
+    splits = load_task_splits(task, data, seed=seed, sizes=sizes)
+    learned = list(splits.train) + (list(splits.dev) if dev_too else [])
+    return {_hashable(e.get(task.group)) for e in learned}
+
+
+def split_groups(task: Task, examples: list[Any], among: set[Any]) -> tuple[int, int]:
+    """(examples, distinct groups) of `examples` whose group is in `among`."""
+    hits = [_hashable(e.get(task.group)) for e in examples if _hashable(e.get(task.group)) in among]
+    return len(hits), len(set(hits))
+
+
 def data_files(task: Task, data: str | Path) -> list[Path]:
     """The files the task reads from a data path (FABLES.json, whether named itself or by its folder)."""
     path = Path(data)

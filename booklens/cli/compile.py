@@ -239,7 +239,8 @@ def evaluate_command(
         raise BooklensError(f"data not found: {data}")
     from booklens.optimizers.artifacts import check_task, compiled_split_size, held_out_notes, load_program
     from booklens.optimizers.evaluate import evaluate_program, format_table
-    from booklens.optimizers.tasks import data_digest, get_task, load_task_splits, same_data_digests
+    from booklens.optimizers.tasks import (data_digest, get_task, learned_groups, load_task_splits, same_data_digests,
+                                           split_groups)
 
     split = SplitName(split).value
     if size is not None and size < 0:
@@ -284,8 +285,12 @@ def evaluate_command(
         # A note, not a refusal: evaluating an artifact on what it learned from is a fair check of
         # fit, as long as the figures are not read as held out.
         recorded = (b.get("dataset") or {}).get("sha256")
+
+        def overlap(dev_too: bool, block=b) -> tuple[int, int]:  # drawn again only when the seeds differ
+            return split_groups(spec, examples, learned_groups(spec, data, block, dev_too) or set())
+
         notes = held_out_notes(str(path), b, loaded, examples, digest=recorded if recorded in same_data else digest,
-                               seed=seed, split=split)
+                               seed=seed, split=split, overlap=overlap if recorded in same_data else None)
         said += [note for note in [*notes, other_lm_note(str(path), compiled_with(b), lm_label(model))] if note]
     for _, p in runs:  # each program's own instructions count: mipro and gepa rewrite them
         spec.refuse_misfits(p, examples, getattr(model, "context_window", None))
