@@ -109,6 +109,15 @@ class Budget:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    def with_error_limit(self, examples: int) -> "Budget":
+        """This budget with the failed-run limit it applies over `examples` (train and dev) spelled
+        out: 0 stands for one more than every run the optimizer may make, and a record would show 0."""
+        import dataclasses
+
+        if self.max_errors:
+            return self
+        return dataclasses.replace(self, max_errors=(examples + 1) * max(1, self.max_rounds))
+
     def spent_by(self, optimizer: str) -> dict[str, int]:
         """The fields `optimizer` spends (`OPTIMIZER_BUDGET`), in this class's order: what an
         artifact records, since the others did nothing."""
@@ -344,7 +353,7 @@ def compile_program(
     base_metric = metric or spec.metric
     scoring = Scoring()
     dspy_metric = as_metric(base_metric, scoring)
-    max_errors = budget.max_errors or (len(trainset) + len(devset) + 1) * max(1, budget.max_rounds)
+    max_errors = budget.with_error_limit(len(trainset) + len(devset)).max_errors
     # DSPy's optimizers take a failed run for a bad example and go on; a backend failure (after its
     # retries) would leave a program chosen on the runs before it. It stops the compile instead, as it
     # stops an evaluation, and a rerun finds the calls made so far in the cache.

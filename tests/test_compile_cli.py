@@ -140,20 +140,24 @@ def test_test_size_with_no_test_is_a_one_line_error(tmp_path):
 
 
 def test_the_artifact_records_only_the_budget_its_optimizer_spent(tmp_path):
-    """The same budget table that refuses an unspent option says what is recorded."""
+    """The same budget table that refuses an unspent option says what is recorded, with the failed-run
+    limit the optimizer applied (it was recorded as 0, which no option sets)."""
     data = tiny_fables(tmp_path / "fables.json")
     out = tmp_path / "a.json"
     with FakeOpenAIServer(responder=fake_verifier) as server:
         lm = ["--lm", "openai/fake-model", "--api-base", server.url]
         for optimizer, extra, budget in (
                 ("labeled", ["--demos", "2"], {"demos": 2, "threads": 2}),
-                ("bootstrap", ["--max-rounds", "2"], {"demos": 3, "threads": 2, "max_rounds": 2, "max_errors": 0}),
+                ("bootstrap", ["--max-rounds", "2"], {"demos": 3, "threads": 2, "max_rounds": 2, "max_errors": None}),
                 ("random-search", ["--candidates", "1"],
-                 {"demos": 3, "candidates": 1, "threads": 2, "max_rounds": 1, "max_errors": 0})):
+                 {"demos": 3, "candidates": 1, "threads": 2, "max_rounds": 1, "max_errors": None})):
             proc = run_cli(["compile", "verification", "--data", data, "--optimizer", optimizer, *extra, "--no-test",
                             "-o", out, *lm], tmp_path)
             assert proc.returncode == 0, proc.stderr
             meta = json.loads(out.read_text())["metadata"]["booklens"]
+            if "max_errors" in budget:  # one more than the runs it may make: (train + dev + 1) x rounds
+                sizes = meta["split"]["sizes"]
+                budget = {**budget, "max_errors": (sizes["train"] + sizes["dev"] + 1) * budget["max_rounds"]}
             assert meta["budget"] == budget, optimizer
             assert f", budget {budget}" in proc.stderr.splitlines()[0]
             assert "test" not in meta["metrics"]

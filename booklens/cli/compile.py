@@ -123,6 +123,7 @@ def compile_command(
     shares = "/".join(f"{100 * f:g}" for f in DEFAULT_FRACTIONS.values())
     check_dev_set(name, splits.dev, f"the dev split of {data} is empty (the data is split by book, {shares} %: more "
                                     "books fill it)", budget=budget)
+    budget = budget.with_error_limit(len(splits.train) + len(splits.dev))  # the limit applied, as recorded
     empty = [name for name in ("dev", "test") if not splits.get(name) and (name == "dev" or evaluate_test)]
     if empty:
         # Not an error: labeled and bootstrap need no dev split (the optimizers that choose on it
