@@ -633,6 +633,37 @@ def test_a_ray_address_with_spaces_around_it_is_the_address(corpus: Path, monkey
     assert given == ["auto"]
 
 
+def test_a_ray_sweep_refused_by_the_lock_leaves_the_running_sweeps_log_alone(corpus: Path, monkeypatch):
+    """A second Ray sweep into a directory another sweep holds moved its start-up messages into that
+    directory's ray.log (and went on writing Ray's messages there while it stopped) before finding the
+    lock taken: the running sweep's log took the refused one's lines."""
+    import booklens.sweep.run as run
+    from booklens.records import directory_lock
+    from booklens.sweep.engines import RayEngine
+
+    logs = []
+
+    class Engine(RayEngine):  # Ray's start and stop stand in; its log is moved as a real one's is
+        def start(self):
+            logs.append(self.log_path)
+            self.log_path.write_text("the refused sweep's Ray\n")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(run, "RayEngine", Engine)
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
+    out = corpus / "sweep"
+    write(out / "sweep.json", "{}")
+    write(out / "ray.log", "the running sweep's Ray\n")
+    with directory_lock(out, "held"), pytest.raises(BooklensError, match="another booklens sweep"):
+        run.run_sweep(manifest, out, engine="ray", lm="openai/x", api_base="http://127.0.0.1:9/v1",
+                      cache_dir=corpus / "cache")
+    assert (out / "ray.log").read_text() == "the running sweep's Ray\n"
+    assert sorted(p.name for p in out.iterdir()) == ["ray.log", "sweep.json"]
+    assert len(logs) == 1 and not logs[0].exists()  # the temporary log is removed
+
+
 @pytest.mark.parametrize("address", ["http://127.0.0.1:8265", " HTTPS://head.example:8265/ "])
 def test_a_dashboards_http_address_is_refused_before_ray_starts(corpus: Path, address: str):
     """`ray job submit --address` takes the dashboard's http:// URL; given to --ray-address, Ray's own

@@ -656,9 +656,9 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
         from booklens.pipeline import make_output_dir
 
         make_output_dir(output, "sweep")
-        if engine == "ray":
-            runner.move_log(output / "ray.log")
         with sweep_lock(output):  # before anything of an earlier sweep is removed or rewritten
+            if engine == "ray":  # held first: a refused sweep writes nothing into the running one's log
+                runner.move_log(output / "ray.log")
             remove_sweep_partial_writes(output)  # a killed sweep may have left half-written files behind
             write_plan(sweep, output)  # a changed plan drops the aggregate of the previous one (see write_plan)
             # After sweep.json, which marks the directory as a sweep's: stopped before it (while the books
