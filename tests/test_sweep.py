@@ -5,6 +5,7 @@ engine giving the local engine's figures with the same number of LM calls."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -1070,6 +1071,50 @@ def test_a_cell_whose_server_or_book_changed_is_new_wherever_the_server_was_give
     assert [o.status for o in changed.outcomes] == ["complete"] * 4
     assert reused_cells(out) == {"given/a": False, "given/b": True, "hier/a": False, "hier/b": True}
     assert len(server.served) > before
+
+
+def test_a_book_changed_while_the_sweep_runs_fails_the_cells_that_read_the_new_text(server, tmp_path, monkeypatch):
+    """Each cell reads its book when it starts. A book edited (or replaced) while the sweep ran was read
+    as it was by the cells before and as it became by the cells after, and the aggregate compared the
+    systems over two texts of one book without a word. The cells that read other text than the sweep's
+    plan recorded fail and say so; the rerun, planned on the new text, redoes the others."""
+    import booklens.pipeline as pipeline
+
+    manifest = small_corpus(tmp_path / "corpus")
+    out, cache = tmp_path / "sweep", tmp_path / "cache"
+    book = manifest.parent / "a.txt"
+    run_book = pipeline.run_book
+    order = []
+
+    def edit_after_first_cell_of_a(path, output, *args, **kwargs):
+        run = run_book(path, output, *args, **kwargs)
+        order.append(Path(output).relative_to(out / "cells").as_posix())
+        if order[-1].endswith("/a") and len([o for o in order if o.endswith("/a")]) == 1:
+            book.write_text(book.read_text(encoding="utf-8").replace("Mara", "Ines"), encoding="utf-8")
+        return run
+
+    monkeypatch.setattr(pipeline, "run_book", edit_after_first_cell_of_a)
+    from booklens.sweep.run import run_sweep
+
+    first = run_sweep(manifest, out, lm="openai/fake-model", api_base=server.url, cache_dir=cache, concurrency=1,
+                      stream=io.StringIO(), progress_interval=60)
+    assert order == ["hier/b", "given/b", "hier/a", "given/a"]  # one cell at a time, the longer book first
+    statuses = {f"{o.system}/{o.book}": o.status for o in first.outcomes}
+    assert statuses == {"hier/a": "complete", "hier/b": "complete", "given/a": "failed", "given/b": "complete"}
+    error = next(o.error for o in first.outcomes if o.status == "failed")
+    assert error == (f"the book {book} is not the text the sweep started with (edited while it ran, or another "
+                     "copy where this cell ran): rerun to redo its cells on the text it has now")
+    given = first.results["systems"]["given"]
+    assert given["books"] == 1  # its other text is in no figure, but the LM work it took is counted
+    assert given["usage"]["calls"] == sum(read_json(out / "cells" / "given" / b / "run.json")["totals"]["calls"]
+                                          for b in ("a", "b")) > 0
+
+    monkeypatch.setattr(pipeline, "run_book", run_book)
+    again = run_sweep(manifest, out, lm="openai/fake-model", api_base=server.url, cache_dir=cache,
+                      stream=io.StringIO(), progress_interval=60)
+    assert [o.status for o in again.outcomes] == ["complete"] * 4
+    # the cell that read the old text is redone; the one that read the new text is reused as it is
+    assert reused_cells(out) == {"given/a": True, "given/b": True, "hier/a": False, "hier/b": True}
 
 
 def test_the_same_server_written_with_a_trailing_slash_is_the_same_server(server, tmp_path, monkeypatch):

@@ -78,6 +78,8 @@ class CellTask:
     # Independent LM calls of the cell started at once (the sweep's --concurrency; the process's
     # pool bounds how many are in flight, so the records are the same whatever the engine).
     concurrency: int = 4
+    # The digest of the book's text when the sweep was planned (`Sweep.book_read`); None: unreadable then.
+    book_sha256: Optional[str] = None
 
     @property
     def name(self) -> str:
@@ -151,7 +153,14 @@ def run_cell(task: CellTask, pool: Any) -> CellOutcome:
         run = run_book(Path(task.book_path), Path(task.output), SystemConfig.model_validate(task.system_config),
                        JudgeConfig.model_validate(task.judge_config), lms=pool, concurrency=task.concurrency,
                        notify=_quiet)
-        return outcome_of_run(task.system, task.book, run.model_dump(mode="json"))
+        record = run.model_dump(mode="json")
+        if task.book_sha256 and run.book_sha256 and run.book_sha256 != task.book_sha256:
+            # Edited while the sweep ran (or another copy on a Ray worker's node): the systems would be
+            # compared over two versions of one book. The run directory stays, for the rerun to reuse.
+            return CellOutcome(task.system, task.book, "failed", f"the book {task.book_path} is not the text the "
+                               "sweep started with (edited while it ran, or another copy where this cell ran): "
+                               "rerun to redo its cells on the text it has now", record)  # its LM work counts
+        return outcome_of_run(task.system, task.book, record)
     except BooklensError as exc:
         return CellOutcome(task.system, task.book, "failed", _one_line(exc))
     except Exception as exc:  # a bug must not take the other cells down with it; it is recorded

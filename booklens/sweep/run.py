@@ -74,7 +74,7 @@ def plan_tasks(sweep: Sweep, output: Path, concurrency: int = 4) -> list[CellTas
         tasks.append(CellTask(system=cell.system, book=cell.book, book_path=str(book.path), sweep_dir=str(output),
                               output=str(cell_dir(output, cell.system, cell.book)),
                               system_config=config.model_dump(mode="json"), judge_config=judge,
-                              concurrency=concurrency))
+                              concurrency=concurrency, book_sha256=sweep.book_read(cell.book, config.drop_matter)[0]))
     return tasks
 
 
