@@ -1976,3 +1976,17 @@ def test_a_stopped_sweep_judged_in_another_structured_mode_keeps_its_cells_on_it
     assert proc.returncode == 0 and proc.stderr.strip().splitlines()[1:] == [], proc.stderr
     page = (out / "report.html").read_text(encoding="utf-8")
     assert 'href="cells/given/a/report.html"' in page and 'href="cells/given/b/report.html"' in page
+
+
+def test_report_of_a_sweep_whose_interval_has_one_bound_is_one_line(small_sweep):
+    """A results.json edited by hand (or by another tool) to an interval of one number made `booklens
+    report` end in an internal IndexError; --table named the file as unreadable. The page says so too."""
+    out = small_sweep
+    results = read_json(out / "results.json")
+    results["systems"]["given"]["booookscore"]["ci95"] = [0.5]
+    (out / "results.json").write_text(json.dumps(results), encoding="utf-8")
+    page = (out / "report.html").read_bytes()
+    proc = run_command(["report", out])
+    assert (proc.returncode, proc.stderr) == (2, f"error: {out} holds records this booklens cannot read (results.json "
+                                                 "or cells.jsonl); rerun the sweep to write them again\n")
+    assert (out / "report.html").read_bytes() == page

@@ -567,7 +567,7 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
             unmatched = ("the cells on disk cannot be matched to the plan in sweep.json (its manifest is gone, or no "
                          "longer gives that plan): the page shows every complete cell, whichever plan made it")
             note = f"{note}; {unmatched}" if note else unmatched
-    except (KeyError, TypeError, ValueError, AttributeError):  # a field of another type than written
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):  # a field of another type or length
         raise BooklensError(f"{sweep_dir} holds records this booklens cannot read (results.json or cells.jsonl); "
                             "rerun the sweep to write them again") from None
     if note and notify is not None:
