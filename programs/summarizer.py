@@ -915,7 +915,7 @@ class IncrementalSummarizer(_BookSummarizer):
         return max(self.max_summary_tokens, (self.usable_window - overhead) // 2)
 
     def forward(self, book: str) -> dspy.Prediction:
-        from booklens.text import count_tokens
+        from booklens.text import count_tokens, count_words
 
         self.check_budgets()
         chunks = self._chunks(book)
@@ -958,7 +958,7 @@ class IncrementalSummarizer(_BookSummarizer):
                 stand_in = without_unfinished_sentence(updated.text) if updated.cut_off else updated.text
                 comp = self._generate(self.compress, "condensed", g, temperature=1.0, where=f"compression {i}",
                                       keep=room, fallback=stand_in, summary=updated.text,
-                                      current_words=len(updated.text.split()), word_limit=words)
+                                      current_words=count_words(updated.text, self.words_per_token), word_limit=words)
                 current = SummaryNode(id=f"u{i}.compressed", level=i + 1, kind="compress", text=comp.text,
                                       tokens=comp.tokens, budget=g, children=[updated.id], chunks=updated.chunks,
                                       attempts=comp.attempts, over_budget=comp.over_budget,
@@ -973,7 +973,8 @@ class IncrementalSummarizer(_BookSummarizer):
                                                             "over_budget": True, "truncated": False}))
                     again = self._generate(self.compress, "condensed", g, temperature=1.0,
                                            where=f"compression {i} again", keep=room, fallback=comp.text,
-                                           summary=whole, current_words=len(whole.split()), word_limit=words)
+                                           summary=whole, current_words=count_words(whole, self.words_per_token),
+                                           word_limit=words)
                     current = SummaryNode(id=f"u{i}.compressed.again", level=i + 1, kind="compress", text=again.text,
                                           tokens=again.tokens, budget=g, children=[current.id],
                                           chunks=updated.chunks, attempts=again.attempts,

@@ -954,3 +954,31 @@ def test_a_cleanup_longer_than_a_short_summary_is_dropped_too():
     assert result.summary == summary
     assert clean.budget == count_tokens(summary) and clean.fallback
     assert clean.dropped_rewrite_tokens == count_tokens(longer)
+
+
+def test_incremental_counts_the_words_of_a_summary_in_a_script_without_spaces():
+    """A Chinese summary has no spaces: the compression prompt said it had 1 word and asked for it
+    to be cut to a few hundred. Unsegmented text counts as its tokens times words-per-token, the
+    rate the word limit comes from, so the prompt asks to cut it by the share it is over."""
+    from booklens.text import count_tokens, count_words
+
+    sentence = "玛拉走到磨坊，在那里遇见了汤姆，他们一起谈论了灯塔的故事。"
+    book = "\n\n".join(sentence * 8 for _ in range(120))
+    long_summary = sentence * 30  # over G_n = 300 tokens
+
+    def respond(call):
+        if "condensed" in call.output_fields:
+            return {"condensed": sentence * 3}
+        return {"summary": long_summary if "running_summary" in call.inputs else sentence * 3}
+
+    lm = ScriptedLM(respond)
+    program = IncrementalSummarizer(chunk_size=2048, context_window=8192, max_summary_tokens=300)
+    with dspy.context(lm=lm, adapter=BooklensAdapter()):
+        program(book=book)
+    compress_calls = [c for c in lm.backend.calls if "condensed" in c.output_fields]
+    assert compress_calls
+    expected = int(count_tokens(long_summary) * program.words_per_token)
+    assert {int(c.inputs["current_words"]) for c in compress_calls} == {expected}
+    assert expected > int(compress_calls[0].inputs["word_limit"])
+    # text with spaces is counted by them, as the paper's prompts count words
+    assert count_words("Mara walks to the mill.", 0.75) == 5

@@ -133,5 +133,7 @@ def summarize(
     write_output(output, record)
     if output is not None:
         from booklens.lm.usage import describe_calls
+        from booklens.text import count_words
 
-        typer.echo(f"{len(record.summary.split())} words; {describe_calls(record.usage)}", err=True)
+        words = count_words(record.summary, record.config.words_per_token or 0.75)  # set by every new record
+        typer.echo(f"{words} words; {describe_calls(record.usage)}", err=True)
