@@ -58,6 +58,29 @@ def test_passages_are_exact_spans_within_the_token_limit():
     assert not text[:passages[0].start].strip() and not text[passages[-1].end:].strip()
 
 
+def test_a_passage_trimmed_of_its_indent_keeps_to_the_limit_and_counts_its_own_tokens():
+    """Long sentences over indented lines (as Project Gutenberg prints them) are cut at whitespace; a
+    piece that starts with the indent loses it when trimmed, and a word without the space before it
+    can take more tokens (' acquaintance' is one, 'acquaintance' four). The passage shown is the
+    trimmed text: its count, and the limit, are of that text."""
+    import random
+
+    from booklens.text import count_tokens
+
+    vocab = ("the keeper acquaintance lamp interruption rocks flattering she said of his relationship to young "
+             "ladies who introduced").split()
+    over, miscounted = 0, 0
+    for seed in range(40):
+        pick = random.Random(seed)
+        lines = [" ".join(pick.choice(vocab) for _ in range(pick.randint(6, 11))) for _ in range(12)]
+        text = "\n      ".join(lines) + "."
+        for p in make_passages(text, max_tokens=32):
+            assert text[p.start:p.end] == p.text == p.text.strip()
+            over += count_tokens(p.text) > 32
+            miscounted += p.tokens != count_tokens(p.text)
+    assert (over, miscounted) == (0, 0)
+
+
 def test_no_passage_is_without_words():
     """A stretch with no word longer than a passage (blank lines, a row of asterisks) gives no
     passage: BM25 and the embeddings would index nothing, and evidence would show nothing."""

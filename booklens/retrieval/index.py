@@ -54,7 +54,7 @@ RRF_K = 60
 # `book_context` cuts the passage that does not fit whole only if this many tokens are left.
 MIN_PIECE_TOKENS = 32
 # Bump when passages, tokenization or index files change so old caches are not reused.
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: passages counted (and limited) as trimmed
 
 
 class Passage(BaseModel):
@@ -68,18 +68,30 @@ class Passage(BaseModel):
 
 
 def make_passages(text: str, max_tokens: int = 256) -> list[Passage]:
-    """Cut `text` into passages of at most `max_tokens` tokens ending on sentence boundaries."""
-    from booklens.text import chunk_text
+    """Cut `text` into passages of at most `max_tokens` tokens ending on sentence boundaries; each
+    passage's `tokens` is the count of its own (trimmed) text."""
+    from booklens.text import chunk_text, count_tokens
 
     if max_tokens < 8:
         raise BooklensError(f"passages need at least 8 tokens (got {max_tokens})")
     passages: list[Passage] = []
-    for chunk in chunk_text(text, max_tokens):  # every chunk has a word (so no passage is blank)
-        segment = text[chunk.start:chunk.end]
-        stripped = segment.strip()
-        start = chunk.start + (len(segment) - len(segment.lstrip()))
-        end = start + len(stripped)
-        passages.append(Passage(index=len(passages), start=start, end=end, tokens=chunk.tokens, text=stripped))
+
+    def cut(offset: int, span: str) -> None:
+        for chunk in chunk_text(span, max_tokens):  # every chunk has a word (so no passage is blank)
+            segment = span[chunk.start:chunk.end]
+            stripped = segment.strip()
+            start = offset + chunk.start + (len(segment) - len(segment.lstrip()))
+            # The chunk's count includes its surrounding whitespace, which merges into the tokens of the
+            # words next to it: trimmed, a word can take more tokens ('acquaintance' is four, with the
+            # space before it one). The passage is counted as shown, and cut again if that is too many.
+            tokens = count_tokens(stripped)
+            if tokens > max_tokens:
+                cut(start, stripped)
+            else:
+                passages.append(Passage(index=len(passages), start=start, end=start + len(stripped), tokens=tokens,
+                                        text=stripped))
+
+    cut(0, text)
     return passages
 
 
