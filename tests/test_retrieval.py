@@ -373,6 +373,29 @@ def test_book_context_cuts_a_left_neighbour_at_its_end_and_skips_scraps():
     assert index.book_context("anything", seed.tokens + 10) == [seed]
 
 
+def test_a_passage_cut_to_the_budget_ends_between_words():
+    """A cut at a token boundary can fall inside a word of several tokens ('Wick|ham'): the judge
+    would read 'Wick'. The piece stops at the last whole word instead (starts at the first, for the
+    end of a passage), still within the budget."""
+    from booklens.retrieval.index import cut_passage
+    from booklens.text import count_tokens
+
+    text = ("Wickham's expostulations about Hertfordshire drew commendations from Lydia, "
+            "and the perpetual commendations of Miss Bingley unsettled Elizabeth entirely.")
+    passage = Passage(index=0, start=0, end=len(text), tokens=count_tokens(text), text=text)
+    split_words = 0
+    for tokens in range(3, passage.tokens):
+        for keep_end in (False, True):
+            piece = cut_passage(passage, tokens, keep_end=keep_end)
+            assert piece is not None and text[piece.start:piece.end] == piece.text
+            assert count_tokens(piece.text) == piece.tokens <= tokens
+            before = text[piece.start - 1] if piece.start > 0 else " "
+            after = text[piece.end] if piece.end < len(text) else " "
+            split_words += before.isalnum() and piece.text[0].isalnum()
+            split_words += after.isalnum() and piece.text[-1].isalnum()
+    assert split_words == 0
+
+
 def test_an_empty_book_cannot_be_indexed():
     with pytest.raises(BooklensError, match="no text"):
         BookIndex.build("   \n\n  ")
