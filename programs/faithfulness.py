@@ -529,6 +529,7 @@ class FaithfulnessChecker(Module):
                          score=round(score, 6)) for n, (p, score) in enumerate(hits, start=1)]
 
     def _given(self, quotes: Sequence[str], index: BookIndex | None) -> list[Evidence]:
+        from booklens.retrieval.index import trim_split_word
         from booklens.text import count_tokens, truncate_to_tokens
 
         budget = self.resolved_budget()
@@ -540,7 +541,8 @@ class FaithfulnessChecker(Module):
                 room = budget - used
                 if room < 32:
                     break
-                quote, tokens = truncate_to_tokens(quote, room), room
+                quote = trim_split_word(quote, truncate_to_tokens(quote, room)).rstrip()
+                tokens = count_tokens(quote)
             used += tokens
             item = Evidence(number=len(evidence) + 1, text=quote, source="given")
             if index is not None:

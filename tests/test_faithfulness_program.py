@@ -363,6 +363,21 @@ def test_given_evidence_is_cut_to_the_budget():
     assert len(ev) == 1 and count_tokens(ev[0].text) <= 100
 
 
+def test_given_evidence_cut_to_the_budget_ends_on_a_whole_word():
+    """A cut at a token boundary can fall inside a word ('unsett|led'): the judge would read a
+    fragment. The quote shown ends at its last whole word, within the budget."""
+    from booklens.text import count_tokens
+
+    quote = ("Wickham's expostulations about Hertfordshire drew commendations from Lydia, and the perpetual "
+             "commendations of Miss Bingley unsettled Elizabeth entirely. ") * 6
+    split = 0
+    for budget in range(64, 160):
+        (shown,) = build_checker(evidence_mode="given", budget_tokens=budget)._given([quote], None)
+        assert quote.startswith(shown.text) and count_tokens(shown.text) <= budget
+        split += shown.text[-1].isalnum() and quote[len(shown.text)].isalnum()
+    assert split == 0
+
+
 def test_evidence_budget_leaves_room_for_the_prompt():
     assert evidence_budget(8192) < 8192 - 400 - 1000
     assert evidence_budget(128000) > 90000

@@ -742,7 +742,7 @@ def cut_passage(passage: Passage, tokens: int, *, keep_end: bool = False) -> Pas
     for n in range(min(tokens, len(ids)), 0, -1):
         # bytes of a character split by the cut are dropped, so the piece is a prefix/suffix of the text
         piece = enc.decode_bytes(ids[-n:] if keep_end else ids[:n]).decode("utf-8", errors="ignore")
-        piece = _whole_words(text, piece, keep_end=keep_end)
+        piece = trim_split_word(text, piece, keep_end=keep_end)
         stripped = piece.strip()
         if not stripped:
             return None
@@ -764,7 +764,7 @@ def _splits_word(left: str, right: str) -> bool:
             and not _UNSPACED_CHAR.match(right))
 
 
-def _whole_words(text: str, piece: str, *, keep_end: bool) -> str:
+def trim_split_word(text: str, piece: str, *, keep_end: bool = False) -> str:
     """`piece`, a start of `text` (an end, with `keep_end`), without the part of a word its cut split
     ('Wick' of 'Wickham': a token boundary, not a word's), unless that word is all it holds."""
     if keep_end:
