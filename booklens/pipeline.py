@@ -276,7 +276,7 @@ def check_configs(system: SystemConfig, judge: JudgeConfig, *, as_keys: bool | s
     from booklens.retrieval import check_evidence_options
 
     if "faithfulness" in judge.steps:
-        check_evidence_options(judge.evidence, budget_tokens=judge.budget_tokens, as_keys=as_keys,
+        check_evidence_options(judge.evidence, budget_tokens=judge.budget_tokens, has_given=False, as_keys=as_keys,
                                **judge.retrieval_given())
     unknown = sorted(set(judge.programs) - set(JUDGE_TASKS))
     if unknown:

@@ -98,7 +98,9 @@ def test_evidence_mode_that_needs_a_book_without_one(tmp_path, cli, mode):
     ("verify", ["--evidence", "none", "--book", STORY], "--evidence none reads nothing from the book"),
     ("verify", ["--evidence", "given", "--passage-tokens", "100"],
      "--passage-tokens sizes the passages cut from the book; evidence given without the book cuts none"),
-    ("check", ["--evidence", "dense", "--budget-tokens", "500"], "--budget-tokens bounds the evidence"),
+    # `check` has no given mode to name
+    ("check", ["--evidence", "dense", "--budget-tokens", "500"],
+     "--budget-tokens bounds the evidence of the book mode; evidence dense would not apply it"),
     # given out loud, the default value is refused too: it would be recorded null all the same
     ("verify", ["--evidence", "none", "--k", "5"], "--k is how many passages"),
     ("verify", ["--evidence", "given", "--k", "5"], "evidence given retrieves none"),

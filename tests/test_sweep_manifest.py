@@ -91,7 +91,8 @@ BAD = {
                             "retrieves none"),
     "a budget the mode does not take": ("books: corpus\nsystems: [{name: a}]\njudge: {evidence: bm25, "
                                         "budget_tokens: 500}\n",
-                                        "m.yaml: judge.budget_tokens bounds the evidence of the book and given modes"),
+                                        "m.yaml: judge.budget_tokens bounds the evidence of the book mode; "
+                                        "evidence bm25 would not apply it"),
     "passages no mode cuts": ("books: corpus\nsystems: [{name: a}]\njudge: {evidence: none, passage_tokens: 64}\n",
                               "m.yaml: judge.passage_tokens sizes the passages cut from the book; evidence none"),
     "a summary without words": ("books: [corpus/alpha.txt]\nsystems: [{name: r, summaries: dots.json}]\n",

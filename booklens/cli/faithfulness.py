@@ -211,7 +211,8 @@ def check_command(
     from booklens.steps import verify_claims
     from booklens.text import read_book
 
-    check_evidence_options(evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens)
+    check_evidence_options(evidence.value, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
+                           has_given=False)
     book_text = read_book(book)
     summary_text = read_summary_text(summary)
     if summary_of_other_text(summary, book, book_text):

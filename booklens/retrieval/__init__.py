@@ -66,7 +66,7 @@ def retrieval_settings(k: int | None = None, passage_tokens: int | None = None) 
 def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: int | None = None,
                            passage_tokens: int | None = None, rank_mode: str | None = None,
                            book_takes_k: bool = False, given_cuts_passages: bool = True,
-                           has_book: bool = True, as_keys: bool | str = False) -> None:
+                           has_book: bool = True, has_given: bool = True, as_keys: bool | str = False) -> None:
     """A one-line `BooklensError` for a retrieval setting the evidence mode never uses, which the
     record would otherwise list as if it had applied. None is a setting not given; any value given is
     refused where it does not apply, the default value too (the record has it null all the same).
@@ -74,7 +74,9 @@ def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: in
     What differs for `qa`: its `book` mode takes `k` too (`book_takes_k`: the passages its windows
     grow around) ranked by `rank_mode`, and its `given` evidence is NovelQA's, cut from no passage
     (`given_cuts_passages=False`). Given quotes are placed in the book's passages only when there is
-    a book (`has_book`). `as_keys`: name the settings by their keys (see `setting_name`)."""
+    a book (`has_book`). `has_given`: whether the command offers the given mode at all (`check` and
+    book runs do not: the error names only the modes it has). `as_keys`: name the settings by their
+    keys (see `setting_name`)."""
     from booklens.errors import BooklensError, setting_name
 
     def name(option: str) -> str:
@@ -85,8 +87,9 @@ def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: in
         raise BooklensError(f"{name('--k')} is how many passages {'/'.join(k_modes)} "
                             f"{'start from' if book_takes_k else 'retrieve'}; evidence {mode} retrieves none")
     if budget_tokens is not None and mode not in ("book", "given"):
-        raise BooklensError(f"{name('--budget-tokens')} bounds the evidence of the book and given modes; "
-                            f"evidence {mode} would not apply it")
+        modes = "book and given modes" if has_given else "book mode"
+        raise BooklensError(f"{name('--budget-tokens')} bounds the evidence of the {modes}; evidence {mode} would "
+                            "not apply it")
     cut_modes = BOOK_MODES + (("given",) if given_cuts_passages else ())
     if passage_tokens is not None and mode not in cut_modes:
         raise BooklensError(f"{name('--passage-tokens')} sizes the passages cut from the book; evidence {mode} "
