@@ -897,3 +897,20 @@ def test_examples_carry_the_gold_evidence_the_given_mode_reads():
     pred = BookQA("mc", "given")(**example.inputs())
     assert pred.context_mode == "given" and seen[-1]["context"] == QUESTION["Evidences"][0]
     assert (pred.answer, example.gold) == ("B", "B")
+
+
+def test_given_evidence_cut_to_the_budget_ends_on_a_whole_word(monkeypatch):
+    """A cut at a token boundary can fall inside a word ('unsett|led'): the model read a fragment.
+    The evidence shown ends at its last whole word, within the budget, and counts its own tokens."""
+    from booklens.text import count_tokens
+
+    quote = ("Wickham's expostulations about Hertfordshire drew commendations from Lydia, and the perpetual "
+             "commendations of Miss Bingley unsettled Elizabeth entirely. ") * 6
+    program = BookQA("mc", "given")
+    split = 0
+    for budget in range(64, 160):
+        monkeypatch.setattr(program, "context_budget", lambda *args, budget=budget, **kwargs: budget)
+        shown = program.select_context("", "Who is unsettled?", "A. Jane\nB. Elizabeth", gold_evidence=[quote])
+        assert quote.startswith(shown["text"]) and shown["tokens"] == count_tokens(shown["text"]) <= budget
+        split += shown["text"][-1].isalnum() and quote[len(shown["text"])].isalnum()
+    assert split == 0
