@@ -265,13 +265,21 @@ class QuoteLocator:
     the original text."""
 
     def __init__(self, text: str):
-        self.text = text
-        self.collapsed, self.offsets = collapse_whitespace(text)
-        self._folded: tuple[str, list[int], list[int]] | None = None  # made at the first fallback
+        from array import array
 
-    def _folding(self) -> tuple[str, list[int], list[int]]:
+        self.text = text
+        # Offsets as 8-byte machine integers, not a list of int objects (about 36 bytes each): a
+        # book's index keeps its locator, and a QA or sweep process keeps the indexes of many books.
+        collapsed, offsets = collapse_whitespace(text)
+        self.collapsed, self.offsets = collapsed, array("q", offsets)
+        self._folded: tuple[str, Any, Any] | None = None  # made at the first fallback
+
+    def _folding(self) -> tuple[str, Any, Any]:
+        from array import array
+
         if self._folded is None:
-            self._folded = fold_marks(self.collapsed)
+            folded, starts, ends = fold_marks(self.collapsed)
+            self._folded = folded, array("q", starts), array("q", ends)
         return self._folded
 
     def locate(self, quote: str, start: int = 0) -> tuple[int, int] | None:
