@@ -226,15 +226,23 @@ def _quiet(verbose: bool):
 
 
 @contextlib.contextmanager
-def _unlogged_after(halt: list):
-    """Once a failure stops the compile (`halt`), the optimizer packages log no more: DSPy logs the
-    failed run with its whole example (a book on real data) before the one-line error says why."""
+def _logged_briefly(halt: list):
+    """DSPy logs a failed run with its whole example (a book or a summary on real data, over many
+    lines): such a record says only the error, in one line, as the run goes on. Once a failure
+    stops the compile (`halt`), the optimizer packages log no more, before the one-line error."""
+    from booklens.errors import first_line
 
-    class AfterHalt(logging.Filter):
+    class Brief(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
-            return not halt
+            if halt:
+                return False
+            failure = sys.exc_info()[1]  # logged from the handler of the run's exception
+            if failure is not None and record.levelno >= logging.ERROR and record.name.split(".")[0] in _OPTIMIZER_PACKAGES:
+                record.msg, record.args = f"a program run failed on one example: {first_line(failure)}", ()
+                record.exc_info = record.exc_text = None
+            return True
 
-    stop = AfterHalt()
+    stop = Brief()
     handlers = {h for n in (*_OPTIMIZER_PACKAGES, "") for h in logging.getLogger(n).handlers}
     for handler in handlers:
         handler.addFilter(stop)
@@ -371,7 +379,7 @@ def compile_program(
     # Before the first call, as `score` does: not a summary found too long mid-compile.
     spec.refuse_misfits(student, [*trainset, *devset], getattr(lm, "context_window", None))
     callbacks = [*(dspy.settings.get("callbacks") or []), _HaltOnOversizePrompt(halt)]
-    with dspy.context(lm=lm, callbacks=callbacks), _quiet(verbose), _unlogged_after(halt):
+    with dspy.context(lm=lm, callbacks=callbacks), _quiet(verbose), _logged_briefly(halt):
         _smoke(student, trainset[0])
         try:
             compiled = _run(name, student, trainset, devset, budget, seed, dspy_metric, base_metric, spec,

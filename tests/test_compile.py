@@ -730,3 +730,32 @@ def test_the_failure_that_stops_a_compile_is_not_logged_with_the_example_first(f
         compile_program(TOY, train, dev, optimizer="bootstrap", budget=Budget(demos=2, threads=1))
     err = capfd.readouterr().err
     assert "number 0" not in err and "Failed to run" not in err, err
+
+
+class RaisingProgram(dspy.Module):
+    """A program whose own code fails on the examples numbered 0, 4 and 8: one bad example each time."""
+
+    def __init__(self):
+        super().__init__()
+        self.classify = dspy.Predict(Mood)
+
+    def forward(self, text):
+        if int(text.rsplit(" ", 1)[1]) % 4 == 0:
+            raise ValueError("the answer held no label")
+        return self.classify(text=text)
+
+
+@pytest.mark.parametrize("optimizer", ["bootstrap", "random-search"])
+def test_a_run_failing_on_one_example_is_logged_in_one_line_without_the_example(optimizer, splits, capfd):
+    """DSPy logs a failed run with its whole example (a book or a summary on real data), over many
+    lines; the compile goes on, and the log says which error in one line."""
+    train, dev = splits
+    configure(ScriptedLM(responder))
+    task = Task(name="toy-raising", description="", metric_name="accuracy", build_program=RaisingProgram,
+                load_splits=lambda p, s: {}, metric=accuracy)
+    compile_program(task, train, dev, optimizer=optimizer, budget=Budget(demos=2, candidates=1, threads=1))
+    err = capfd.readouterr().err
+    failed = [line for line in err.splitlines() if "the answer held no label" in line]
+    assert failed and all(line.endswith("a program run failed on one example: the answer held no label")
+                          for line in failed), err
+    assert "day, number" not in err and "Failed to run" not in err and "Error for" not in err, err
