@@ -555,6 +555,8 @@ def _scores_section(data: RunData) -> str:
             cards.append(_card("fail", "Not verified", f"{f.failures:,}",
                                f"of {_plural(total, 'claim')}: no valid label, left out of the shares"))
     if not cards:
+        if not data.run.config.get("judge_steps", True):  # [] : an older run.json without the key had steps
+            return '<p class="note">This run judged nothing: it was made without judging steps.</p>'
         return '<p class="note">No scores yet.</p>'
     text = ('<p class="note">BooookScore is the share of summary sentences a reader would not find confusing '
             '(higher is better). The claim shares are of the claims the judge verified against the book.</p>')

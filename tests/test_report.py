@@ -1122,3 +1122,21 @@ def test_a_long_unbroken_word_wraps_inside_the_page_in_chromium(tmp_path):
     proc = chromium(tmp_path / "probe.html", tmp_path / "profile-wide", "--window-size=800,1200", "--dump-dom")
     scroll, client = map(int, re.search(r'data-widths="(\d+) (\d+)"', proc.stdout).groups())
     assert scroll <= client, (scroll, client)
+
+
+def test_a_run_without_judging_steps_says_it_judged_nothing_not_that_scores_are_to_come(hier_run, tmp_path):
+    """A run made with no judging step (`JudgeConfig(steps=[])`, a manifest's `steps: []`) said
+    "No scores yet.", as an unfinished run does: nothing will score it."""
+    from booklens.reports import load_run, render_report
+
+    summary_only = tmp_path / "summary-only"
+    shutil.copytree(hier_run, summary_only)
+    run = json.loads((summary_only / "run.json").read_text())
+    run["config"]["judge_steps"] = []
+    run["steps"] = {"summary": run["steps"]["summary"]}
+    (summary_only / "run.json").write_text(json.dumps(run))
+    for name in ("coherence.json", "claims.json", "faithfulness.json"):
+        (summary_only / name).unlink()
+    page = render_report(load_run(summary_only))
+    assert "No scores yet" not in page and "not finished" not in page
+    assert page.count("This run judged nothing: it was made without judging steps.") == 1
