@@ -33,6 +33,7 @@ from typing import Optional
 
 from booklens.errors import BooklensError
 from booklens.records import Chunk, read_file_bytes
+from booklens.vocabulary import UNSPACED_SCRIPTS
 
 __all__ = [
     "read_text_file",
@@ -62,8 +63,7 @@ def has_words(text: str) -> bool:
     return any(ch.isalnum() for ch in text)
 
 
-# Scripts written without spaces between words: Han, Hiragana, Katakana, Thai, Lao, Myanmar, Khmer.
-_UNSPACED = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff]")
+_UNSPACED = re.compile(f"[{UNSPACED_SCRIPTS}]")
 
 
 def count_words(text: str, words_per_token: float) -> int:

@@ -25,6 +25,13 @@ DEFAULT_SUMMARY_TOKENS = 900
 DEFAULT_CONTEXT_WINDOW = 8192
 # Words asked for per token of budget: the published BooookScore code uses 0.65.
 DEFAULT_WORDS_PER_TOKEN = 0.65
+
+# Scripts written without spaces between words. In Chinese and Japanese (Han, kana) each character
+# counts as a word when texts are matched or counted word by word (a run of them is a whole clause);
+# Thai, Lao, Myanmar and Khmer are unspaced too, but their characters are letters, not words.
+CHARACTER_WORD_SCRIPTS = ("\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+                          "\U00020000-\U0003134f")
+UNSPACED_SCRIPTS = CHARACTER_WORD_SCRIPTS + "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff"
 # What a hierarchical merge that is not the first of its level sees as context.
 MergeContextName = Literal["same-level", "lower-level", "none"]
 MERGE_CONTEXTS: tuple[str, ...] = get_args(MergeContextName)

@@ -19,6 +19,7 @@ from collections import Counter
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from booklens.records import COHERENCE_ERROR_TYPES, CoherenceResult, CoherenceSet, SentenceAnnotation
+from booklens.vocabulary import CHARACTER_WORD_SCRIPTS
 
 
 def _flag(item: Any) -> Optional[bool]:
@@ -86,7 +87,7 @@ def type_counts(sentences: Iterable[SentenceAnnotation]) -> dict[str, int]:
 
 # Chinese and Japanese write words without spaces between them: each Han or kana character is a
 # token of its own (as a \w run, a whole clause would be one "word").
-_CJK = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
+_CJK = CHARACTER_WORD_SCRIPTS
 _WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+(?:'[^\W{_CJK}]+)?|[^\w\s]")
 # Typography that differs between a book and a summary of it without changing a word: curly and
 # straight quotes and apostrophes, an em dash and the double hyphen plain-text books write for it.

@@ -24,6 +24,8 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
+from booklens.vocabulary import CHARACTER_WORD_SCRIPTS
+
 EVIDENCE_MODES = ("none", "given", "bm25", "dense", "hybrid", "book")
 # Modes that read the book itself (the others work from the claim alone or evidence that comes with it).
 BOOK_MODES = ("bm25", "dense", "hybrid", "book")
@@ -105,7 +107,7 @@ def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: in
 # What counts as a word when texts are matched word for word (BM25 terms, quote overlap). Scripts
 # written without spaces between words (Han, kana): each character is a word, as a run of them is
 # a whole clause. Every other script: runs of letters and digits, accented ones included.
-_UNSPACED = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_UNSPACED = CHARACTER_WORD_SCRIPTS
 _WORD = re.compile(rf"[{_UNSPACED}]|[^\W_{_UNSPACED}]+")
 # Invisible marks that sit inside a word without ending it: the soft hyphen (where a line may break,
 # common in EPUBs), the word joiner and the zero-width no-break space. Matching drops them.
