@@ -33,7 +33,7 @@ from typing import Optional
 
 from booklens.errors import BooklensError
 from booklens.records import Chunk, read_file_bytes
-from booklens.vocabulary import UNSPACED_SCRIPTS
+from booklens.vocabulary import CHARACTER_WORD_SCRIPTS, UNSPACED_SCRIPTS
 
 __all__ = [
     "read_text_file",
@@ -830,6 +830,39 @@ def truncate_to_tokens(text: str, n: int) -> str:
             return text[:end]
         k -= 1  # re-encoding the cut prefix merged differently: give up one more token
     return ""
+
+
+_CHARACTER_WORD = re.compile(f"[{CHARACTER_WORD_SCRIPTS}]")
+
+
+def _splits_word(left: str, right: str) -> bool:
+    """Whether a cut between the characters `left` and `right` falls inside a word. Between two
+    Chinese or Japanese characters it does not: each is a word (`CHARACTER_WORD_SCRIPTS`)."""
+    return (left.isalnum() and right.isalnum() and not _CHARACTER_WORD.match(left)
+            and not _CHARACTER_WORD.match(right))
+
+
+def trim_split_word(text: str, piece: str, *, keep_end: bool = False) -> str:
+    """`piece`, a start of `text` (an end, with `keep_end`), without the part of a word its cut split
+    ('Wick' of 'Wickham': a token boundary, not a word's), unless that word is all it holds."""
+    if keep_end:
+        at = len(text) - len(piece)
+        if 0 < at < len(text) and _splits_word(text[at - 1], piece[0]):
+            space = re.search(r"\s", piece)
+            if space:
+                return piece[space.start():]
+    elif 0 < len(piece) < len(text) and _splits_word(piece[-1], text[len(piece)]):
+        space = re.search(r"\s\S*\Z", piece)  # the last space
+        if space:
+            return piece[:space.start()]
+    return piece
+
+
+def truncate_to_words(text: str, n: int) -> str:
+    """The longest prefix of ``text`` within ``n`` tokens that ends at a whole word (a cut at a token
+    boundary can fall inside one: 'unsett|led'), without trailing space; a word longer than the
+    budget is cut all the same."""
+    return trim_split_word(text, truncate_to_tokens(text, n)).rstrip()
 
 
 # ---------------------------------------------------------------------------

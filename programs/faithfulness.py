@@ -529,8 +529,7 @@ class FaithfulnessChecker(Module):
                          score=round(score, 6)) for n, (p, score) in enumerate(hits, start=1)]
 
     def _given(self, quotes: Sequence[str], index: BookIndex | None) -> list[Evidence]:
-        from booklens.retrieval.index import trim_split_word
-        from booklens.text import count_tokens, truncate_to_tokens
+        from booklens.text import count_tokens, truncate_to_words
 
         budget = self.resolved_budget()
         evidence: list[Evidence] = []
@@ -541,7 +540,7 @@ class FaithfulnessChecker(Module):
                 room = budget - used
                 if room < 32:
                     break
-                quote = trim_split_word(quote, truncate_to_tokens(quote, room)).rstrip()
+                quote = truncate_to_words(quote, room)
                 tokens = count_tokens(quote)
             used += tokens
             item = Evidence(number=len(evidence) + 1, text=quote, source="given")

@@ -231,8 +231,8 @@ class BookQA(Module):
                        gold_evidence: Optional[Sequence[str]] = None, book_title: str = "") -> dict[str, Any]:
         """What the model reads: {mode, text, passages [(index, start, end)], tokens}."""
         from booklens.metrics.qa import shown_shares
-        from booklens.retrieval.index import cut_passage, trim_split_word
-        from booklens.text import count_tokens, truncate_to_tokens
+        from booklens.retrieval.index import cut_passage
+        from booklens.text import count_tokens, truncate_to_words
 
         budget = self.context_budget(question, options, book_title)
         if self.evidence == "none":
@@ -243,7 +243,7 @@ class BookQA(Module):
             if not text:  # a question without annotated evidence: asked, and counted, closed-book
                 return {"mode": "closed-book", "text": "", "passages": [], "tokens": 0}
             if count_tokens(text) > budget:  # cut at its last whole word: not a fragment of one
-                text = trim_split_word(text, truncate_to_tokens(text, budget)).rstrip()
+                text = truncate_to_words(text, budget)
             return {"mode": "given", "text": text, "passages": [], "tokens": count_tokens(text),
                     "shown": shown_shares(quotes, len(text))}
         dropped = 0  # of the top k, left out so that the others fit (the search modes)

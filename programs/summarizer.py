@@ -98,15 +98,15 @@ def group_by_budget(sizes: list[int], budget: int) -> list[list[int]]:
 
 def trim_to_budget(text: str, budget: int) -> str:
     """The longest run of whole leading sentences within `budget` tokens (at least one cut sentence)."""
-    from booklens.text import count_tokens, sentence_spans, truncate_to_tokens
+    from booklens.text import count_tokens, sentence_spans, truncate_to_words
 
     kept_end = 0
     for _, end in sentence_spans(text):
         if count_tokens(text[:end]) > budget:
             break
         kept_end = end
-    if kept_end == 0:
-        return truncate_to_tokens(text, budget).strip()
+    if kept_end == 0:  # the first sentence alone is over: cut at its last whole word within the budget
+        return truncate_to_words(text, budget).strip()
     return text[:kept_end].strip()
 
 

@@ -982,3 +982,18 @@ def test_incremental_counts_the_words_of_a_summary_in_a_script_without_spaces():
     assert expected > int(compress_calls[0].inputs["word_limit"])
     # text with spaces is counted by them, as the paper's prompts count words
     assert count_words("Mara walks to the mill.", 0.75) == 5
+
+
+def test_a_first_sentence_over_the_budget_is_cut_at_a_whole_word():
+    """With no whole sentence within the budget, the cut fell at a token boundary, often inside a
+    word ('commend|ations'): it ends at the last whole word."""
+    from booklens.programs.summarizer import trim_to_budget
+
+    sentence = ("Wickham's expostulations about Hertfordshire drew commendations from Lydia, and the perpetual "
+                "commendations of Miss Bingley unsettled Elizabeth entirely, " * 8) + "and then she left."
+    split = 0
+    for budget in range(20, 90):
+        cut = trim_to_budget(sentence, budget)
+        assert sentence.startswith(cut) and count_tokens(cut) <= budget
+        split += cut[-1].isalnum() and sentence[len(cut)].isalnum()
+    assert split == 0

@@ -43,7 +43,8 @@ from pydantic import BaseModel
 
 from booklens.errors import BooklensError
 from booklens.records import file_lock, write_atomically
-from booklens.retrieval import (_UNSPACED, BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, DENSE_MODES,
+from booklens.text import trim_split_word
+from booklens.retrieval import (BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, DENSE_MODES,
                                 IN_WORD_MARKS, SEARCH_MODES, words)
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
@@ -760,32 +761,6 @@ def cut_passage(passage: Passage, tokens: int, *, keep_end: bool = False) -> Pas
             return Passage(index=passage.index, start=start, end=start + len(stripped),
                            tokens=count_tokens(stripped), text=stripped)
     return None
-
-
-_UNSPACED_CHAR = re.compile(f"[{_UNSPACED}]")
-
-
-def _splits_word(left: str, right: str) -> bool:
-    """Whether a cut between the characters `left` and `right` falls inside a word. Between two
-    characters of a script written without spaces it does not: each is a word (see `words`)."""
-    return (left.isalnum() and right.isalnum() and not _UNSPACED_CHAR.match(left)
-            and not _UNSPACED_CHAR.match(right))
-
-
-def trim_split_word(text: str, piece: str, *, keep_end: bool = False) -> str:
-    """`piece`, a start of `text` (an end, with `keep_end`), without the part of a word its cut split
-    ('Wick' of 'Wickham': a token boundary, not a word's), unless that word is all it holds."""
-    if keep_end:
-        at = len(text) - len(piece)
-        if 0 < at < len(text) and _splits_word(text[at - 1], piece[0]):
-            space = re.search(r"\s", piece)
-            if space:
-                return piece[space.start():]
-    elif 0 < len(piece) < len(text) and _splits_word(piece[-1], text[len(piece)]):
-        space = re.search(r"\s\S*\Z", piece)  # the last space
-        if space:
-            return piece[:space.start()]
-    return piece
 
 
 def _new_bm25(corpus: list[list[str]]):
