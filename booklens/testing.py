@@ -592,6 +592,9 @@ def run_command(args: list[Any], *, env: dict[str, str] | None = None) -> subpro
         os.environ.update(saved_env)
         # main() tunes the collector for a process that ends with the command; this one goes on,
         # and what the command left in reference cycles (its LMs, caches, programs) must be freed.
+        from booklens.collector import stop_deferring
+
+        stop_deferring()
         gc.unfreeze()
         gc.set_threshold(*saved_gc)
     if code is None:

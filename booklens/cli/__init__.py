@@ -63,11 +63,11 @@ def _command_of(ctx) -> str:
 
 def main() -> None:
     """Entry point: user errors end in one line on stderr and a non-zero exit code."""
-    from booklens.collector import collect_less_often, freeze_what_is_loaded
+    from booklens.collector import defer_collection, freeze_what_is_loaded
     from booklens.streams import tolerant
 
     # The imports of a command (DSPy, LiteLLM, torch) are most of what it allocates: see booklens.collector.
-    collect_less_often()
+    defer_collection()
     # Progress, warnings and notes must not stop a command when nobody reads them any more: every
     # writer (typer.echo(err=True), print, tqdm) looks up sys.stderr when it writes, so this covers all.
     stderr = sys.stderr

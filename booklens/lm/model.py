@@ -609,3 +609,12 @@ def _forget_trace(prediction: Any) -> None:
         if trace[i][2] is prediction:
             del trace[i]
             return
+
+
+def _loaded() -> None:
+    from booklens.collector import lm_layer_loaded
+
+    lm_layer_loaded()  # a command's collector, deferred while DSPy and LiteLLM loaded (booklens.collector)
+
+
+_loaded()

@@ -267,9 +267,9 @@ class CellWorker:
         with self.lock:
             if self.pool is None:
                 import booklens  # noqa: F401 - offline defaults before dspy and litellm load
-                from booklens.collector import collect_less_often, freeze_what_is_loaded
+                from booklens.collector import defer_collection, freeze_what_is_loaded
 
-                collect_less_often()  # as a command does: the worker is about to import DSPy and LiteLLM
+                defer_collection()  # as a command does: the worker is about to import DSPy and LiteLLM
                 # The LM layer (DSPy, LiteLLM) now, so the freeze below covers it: the pool imports
                 # it only at its first LM, in the first cell, after the freeze.
                 import booklens.lm.model  # noqa: F401
