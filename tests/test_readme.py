@@ -91,34 +91,49 @@ def _root():
     return get_command(app)
 
 
-def _option_names(command) -> dict[str, bool]:
-    """Every name of every option of `command` -> whether it takes a value."""
-    names = {"--help": False}
+def _options(command, name: str) -> dict[str, tuple | None]:
+    """Every name of every option of `command` -> None for a flag, else the values its --help
+    lists (`--method <hier|inc>`: ("hier", "inc")), or () for a value of any kind."""
+    ctx = command.context_class(command, info_name=name)
+    options: dict[str, tuple | None] = {"--help": None}
     for param in command.params:
         if param.param_type_name != "option":
             continue
-        for name in (*param.opts, *param.secondary_opts):
-            names[name] = not (param.is_flag or param.count)
-    return names
+        listed = re.search(r"<([^<>|]+(?:\|[^<>|]+)+)>", (param.get_help_record(ctx) or ("",))[0])
+        for opt in (*param.opts, *param.secondary_opts):
+            options[opt] = None if param.is_flag or param.count else (
+                tuple(listed.group(1).split("|")) if listed else ())
+    return options
+
+
+def _placeholder(value: str) -> bool:
+    """A value README writes for the reader to fill in: N, X, THAT_MODEL, $H."""
+    return value.startswith("$") or not re.search(r"[a-z]", value)
 
 
 def problems(words: list[str], *, whole: bool = True, root=None) -> list[str]:
     """What is wrong with `booklens WORDS`: an unknown command or option and, for a `whole` line,
-    more or fewer arguments than the command takes. Option values are not checked (README writes
-    placeholders such as X and N). A command named alone (`booklens run` in prose), a line that
+    a value the option does not list, and, for a `whole` line, more or fewer arguments than the
+    command takes (`hier|inc` is either value; a placeholder such as X or N is any). A command named alone (`booklens run` in prose), a line that
     asks for help or one cut short with `...` is not held to the command's arguments."""
     command, path, wrong = root or _root(), ["booklens"], []
     whole = whole and "..." not in words and "--help" not in words
     words, arguments = [w for w in words if w != "..."], []
     while words:
         word = words.pop(0)
-        options = _option_names(command)
+        options = _options(command, path[-1])
         if word.startswith("-") and word != "-":
-            name, _, value = word.partition("=")
+            name, given, value = word.partition("=")
             if name not in options:
                 wrong.append(f"{' '.join(path)} has no option {name}")
-            elif options[name] and not value and words:
-                words.pop(0)  # its value
+                continue
+            if options[name] is None or not (given or words):
+                continue
+            value = value if given else words.pop(0)
+            listed = options[name]
+            if listed and not _placeholder(value):
+                wrong += [f"{' '.join(path)} {name} takes no value {v!r}" for v in value.split("|")
+                          if v not in listed]
         elif hasattr(command, "commands"):
             if word not in command.commands:
                 return wrong + [f"{' '.join(path)} has no command {word!r}"]
@@ -166,6 +181,10 @@ def test_readme_command_line_is_one_the_command_takes(line, words, whole):
     (["data", "stats", "--help"], []),
     (["judges", "--lm", "local", "--bogus"], ["booklens judges has no option --bogus"]),
     (["report", "runs/x", "--table=latex"], []),
+    (["report", "runs/x", "--table=html"], ["booklens report --table takes no value 'html'"]),
+    (["summarize", "b.txt", "--method", "hier|flat"], ["booklens summarize --method takes no value 'flat'"]),
+    (["run", "b.txt", "--evidence", "given"], ["booklens run --evidence takes no value 'given'"]),
+    (["judge", "e.json", "s.json", "--protocol", "X", "--lm", "openai/gpt-4o-mini"], []),
     (["summarize", "b.txt", "--keep-artifacts", "-o", "s.json"], []),
 ])
 def test_a_wrong_line_is_named(words, wrong):
