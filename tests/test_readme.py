@@ -112,24 +112,26 @@ def _placeholder(value: str) -> bool:
 
 
 def problems(words: list[str], *, whole: bool = True, root=None) -> list[str]:
-    """What is wrong with `booklens WORDS`: an unknown command or option and, for a `whole` line,
-    a value the option does not list, and, for a `whole` line, more or fewer arguments than the
-    command takes (`hier|inc` is either value; a placeholder such as X or N is any). A command named alone (`booklens run` in prose), a line that
-    asks for help or one cut short with `...` is not held to the command's arguments."""
+    """What is wrong with `booklens WORDS`: an unknown command or option, a value the option does
+    not list (`hier|inc` is either value; a placeholder such as X or N is any) and, for a `whole`
+    line, a required option left out or more or fewer arguments than the command takes. A command
+    named alone (`booklens run` in prose), a line that asks for help or one cut short with `...` is
+    not held to the command's arguments."""
     command, path, wrong = root or _root(), ["booklens"], []
     whole = whole and "..." not in words and "--help" not in words
-    words, arguments = [w for w in words if w != "..."], []
+    words, arguments, given = [w for w in words if w != "..."], [], set()
     while words:
         word = words.pop(0)
         options = _options(command, path[-1])
         if word.startswith("-") and word != "-":
-            name, given, value = word.partition("=")
+            name, equals, value = word.partition("=")
             if name not in options:
                 wrong.append(f"{' '.join(path)} has no option {name}")
                 continue
-            if options[name] is None or not (given or words):
+            given.add(name)
+            if options[name] is None or not (equals or words):
                 continue
-            value = value if given else words.pop(0)
+            value = value if equals else words.pop(0)
             listed = options[name]
             if listed and not _placeholder(value):
                 wrong += [f"{' '.join(path)} {name} takes no value {v!r}" for v in value.split("|")
@@ -152,6 +154,9 @@ def problems(words: list[str], *, whole: bool = True, root=None) -> list[str]:
     if whole and (len(arguments) < least or (most is not None and len(arguments) > most)):
         wrong.append(f"{' '.join(path)} takes {least}" + ("" if most == least else f" to {most}")
                      + f" arguments, not {len(arguments)}: {arguments}")
+    if whole:
+        wrong += [f"{' '.join(path)} needs {p.opts[-1]}" for p in command.params
+                  if p.param_type_name == "option" and p.required and not given & {*p.opts}]
     return wrong
 
 
@@ -178,12 +183,14 @@ def test_readme_command_line_is_one_the_command_takes(line, words, whole):
     (["check", "book.txt", "summary.json", "extra"],
      ["booklens check takes 2 arguments, not 3: ['book.txt', 'summary.json', 'extra']"]),
     (["check"], []),
+    (["run", "book.txt"], ["booklens run needs --output"]),
+    (["compile", "coherence", "--data=h", "-o", "c.json"], ["booklens compile needs --optimizer"]),
     (["data", "stats", "--help"], []),
     (["judges", "--lm", "local", "--bogus"], ["booklens judges has no option --bogus"]),
     (["report", "runs/x", "--table=latex"], []),
     (["report", "runs/x", "--table=html"], ["booklens report --table takes no value 'html'"]),
     (["summarize", "b.txt", "--method", "hier|flat"], ["booklens summarize --method takes no value 'flat'"]),
-    (["run", "b.txt", "--evidence", "given"], ["booklens run --evidence takes no value 'given'"]),
+    (["run", "b.txt", "-o", "r", "--evidence", "given"], ["booklens run --evidence takes no value 'given'"]),
     (["judge", "e.json", "s.json", "--protocol", "X", "--lm", "openai/gpt-4o-mini"], []),
     (["summarize", "b.txt", "--keep-artifacts", "-o", "s.json"], []),
 ])
