@@ -4,6 +4,7 @@ breaks this test, not a reader's first try."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from pathlib import Path
@@ -83,6 +84,7 @@ def readme_command_lines() -> list[tuple[str, list[str], bool]]:
     return found
 
 
+@functools.cache  # the command tree is built once, not per README line
 def _root():
     from typer.main import get_command
 
