@@ -237,7 +237,8 @@ def _logged_briefly(halt: list):
             if halt:
                 return False
             failure = sys.exc_info()[1]  # logged from the handler of the run's exception
-            if failure is not None and record.levelno >= logging.ERROR and record.name.split(".")[0] in _OPTIMIZER_PACKAGES:
+            ours = record.name.split(".")[0] in _OPTIMIZER_PACKAGES
+            if failure is not None and ours and record.levelno >= logging.ERROR:
                 record.msg, record.args = f"a program run failed on one example: {first_line(failure)}", ()
                 record.exc_info = record.exc_text = None
             return True
