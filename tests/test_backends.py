@@ -1879,3 +1879,43 @@ def test_an_ollama_500_that_a_retry_may_mend_is_still_retried(said):
         with pytest.raises(LMError, match="kept failing after"):
             classify(backend)
     assert len(server.received) == backend.retries + 1 and len(sleep.delays) == backend.retries
+
+
+@pytest.fixture
+def silent_server():
+    """A host that drops connection requests, as a firewall or a powered-off machine behind a router
+    does: a listening socket whose one-place queue is already taken, so a new SYN gets no answer."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    held = socket.create_connection(server.getsockname())  # fills the queue; never accepted
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/v1"
+    held.close()
+    server.close()
+
+
+@pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model"])
+def test_a_server_that_never_answers_a_connection_fails_in_one_try(silent_server, monkeypatch, model):
+    """A request to a host that drops packets waited the whole request timeout (600 s by default) and
+    was tried six times: an hour before the error. The connection is tried once, for
+    BOOKLENS_CONNECT_TIMEOUT, before the first request, and no request is retried."""
+    monkeypatch.setenv("BOOKLENS_CONNECT_TIMEOUT", "0.3")
+    sleep = Recorder()
+    backend = LiteLLMBackend(model, api_base=silent_server, timeout=0.6, sleep=sleep)
+    with pytest.raises(LMError) as caught:
+        backend.complete({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
+    assert str(caught.value) == (f"'{model}' at {silent_server} does not answer: no connection to 127.0.0.1:"
+                                 f"{silent_server.split(':')[2].split('/')[0]} within 0.3 s (is the server up, and "
+                                 "its port open to this machine? BOOKLENS_CONNECT_TIMEOUT sets how long)")
+    assert sleep.delays == []  # no retry
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_connect_timeout_that_is_no_number_of_seconds_is_one_line(monkeypatch, value):
+    from booklens.lm.remote import connect_timeout
+
+    monkeypatch.setenv("BOOKLENS_CONNECT_TIMEOUT", value)
+    with pytest.raises(LMError, match=f"^BOOKLENS_CONNECT_TIMEOUT must be a number of seconds above 0, not '{value}'$"):
+        connect_timeout()

@@ -63,6 +63,27 @@ DEFAULT_TIMEOUT = 600.0
 MAX_TIMEOUT = 1e9
 
 
+# How long a connection to an --api-base server may take to open before the server counts as not
+# answering: a host that drops packets (down, or a firewall) would otherwise cost a whole request
+# timeout per try. BOOKLENS_CONNECT_TIMEOUT sets it.
+DEFAULT_CONNECT_TIMEOUT = 30.0
+
+
+def connect_timeout() -> float:
+    """BOOKLENS_CONNECT_TIMEOUT, else DEFAULT_CONNECT_TIMEOUT; a one-line `LMError` for a value that
+    is not a number of seconds above 0."""
+    raw = os.environ.get("BOOKLENS_CONNECT_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_CONNECT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_TIMEOUT:
+        raise LMError(f"BOOKLENS_CONNECT_TIMEOUT must be a number of seconds above 0, not '{raw}'")
+    return value
+
+
 def request_timeout(seconds: float | None = None) -> float:
     """`seconds`, else BOOKLENS_TIMEOUT, else DEFAULT_TIMEOUT; a one-line `LMError` for a value
     that is not a number of seconds above 0, or is above MAX_TIMEOUT."""
@@ -444,6 +465,8 @@ class LiteLLMBackend:
         import litellm
 
         structured = request.get("response_format") is not None or request.get("schema") is not None
+        if self.api_base:
+            self._check_connects()
         failures = 0
         while True:
             raise_if_stopped()  # a call that waited for its turn does not start after Ctrl-C
@@ -467,6 +490,38 @@ class LiteLLMBackend:
             with _learned_lock:
                 self._learned["answered"] = True
             return self._completion(response, kwargs["messages"])
+
+    def _check_connects(self) -> None:
+        """Before the first request to the `api_base` server (once per server and process): a TCP
+        connection to it opens within `connect_timeout()`, or a one-line `LMError`, not a request
+        timeout per try. A refused connection or an unknown host is left to the request, which names
+        it; behind a proxy (HTTP(S)_PROXY) nothing is checked: the proxy makes the connection."""
+        import socket
+        from urllib.parse import urlsplit
+        from urllib.request import getproxies, proxy_bypass
+
+        with _learned_lock:
+            if self._learned.get("connects"):
+                return
+        try:
+            parts = urlsplit(self.api_base)
+            host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return  # a malformed URL: the request says what is wrong with it
+        if not host or (parts.scheme in getproxies() and not proxy_bypass(host)):
+            return
+        wait = min(connect_timeout(), self.timeout)
+        try:
+            socket.create_connection((host, port), timeout=wait).close()
+        except TimeoutError:  # socket.timeout is TimeoutError from Python 3.10 on
+            shown = f"[{host}]" if ":" in host else host
+            raise LMError(f"'{self.model}' at {self.server} does not answer: no connection to {shown}:{port} within "
+                          f"{wait:g} s (is the server up, and its port open to this machine? BOOKLENS_CONNECT_TIMEOUT "
+                          "sets how long)") from None
+        except OSError:
+            return
+        with _learned_lock:
+            self._learned["connects"] = True
 
     def _without_choices(self, failures: int) -> int:
         """A response with no completion in it (a proxy that lost its upstream's answer): from a server

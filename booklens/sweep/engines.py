@@ -51,7 +51,7 @@ SLOT_LEASE_SECONDS = 60.0
 CELL_RETRIES = 2
 # Backend settings read from the environment: a Ray worker takes the driver's values (set or not), as
 # it takes the driver's options; its own node's would make its cells differ from the others'.
-DRIVER_ENVIRONMENT = ("BOOKLENS_STRUCTURED", "BOOKLENS_TIMEOUT")
+DRIVER_ENVIRONMENT = ("BOOKLENS_STRUCTURED", "BOOKLENS_TIMEOUT", "BOOKLENS_CONNECT_TIMEOUT")
 
 
 def driver_environment() -> dict[str, str]:
