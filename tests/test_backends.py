@@ -1919,3 +1919,14 @@ def test_a_connect_timeout_that_is_no_number_of_seconds_is_one_line(monkeypatch,
     monkeypatch.setenv("BOOKLENS_CONNECT_TIMEOUT", value)
     with pytest.raises(LMError, match=f"^BOOKLENS_CONNECT_TIMEOUT must be a number of seconds above 0, not '{value}'$"):
         connect_timeout()
+
+
+def test_behind_a_proxy_the_connection_is_left_to_the_proxy(silent_server, monkeypatch):
+    """Through HTTP(S)_PROXY the client connects to the proxy, not to the server: no check of its own."""
+    from booklens.lm.remote import _learned_about
+
+    monkeypatch.setenv("BOOKLENS_CONNECT_TIMEOUT", "0.3")
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    backend = LiteLLMBackend("openai/fake-model", api_base=silent_server, sleep=Recorder())
+    backend._check_connects()  # no LMError: the server's own port is not tried
+    assert "connects" not in _learned_about(backend.provider, silent_server)

@@ -508,7 +508,8 @@ class LiteLLMBackend:
             host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError:
             return  # a malformed URL: the request says what is wrong with it
-        if not host or (parts.scheme in getproxies() and not proxy_bypass(host)):
+        proxies = getproxies()
+        if not host or ((parts.scheme in proxies or "all" in proxies) and not proxy_bypass(host)):
             return
         wait = min(connect_timeout(), self.timeout)
         try:
