@@ -77,6 +77,22 @@ def check_given_window(context_window: Optional[int], model: Any) -> None:
         check_context_window(context_window, getattr(model, "context_window", None))
 
 
+def _check_title_is_named(setting: str, evidence: str, quote_evidence: bool, evidence_recall: str,
+                          questions: list[Any]) -> None:
+    """A `--title` no prompt of the run names is refused: only the closed-book prompts and the judges (gen
+    answers, LLM-scored evidence) name the book, and the record would hold a title that changed nothing."""
+    closed_book = evidence == "none" or evidence == "given" and any(
+        not any(e.strip() for e in q.evidences) for q in questions)  # asked closed book without evidence
+    if setting == "gen" or closed_book or quote_evidence and evidence_recall == "llm":
+        return
+    shown = "its gold evidence" if evidence == "given" else "the book or passages of it"
+    why = ["--setting mc: no answer judge", f"--evidence {evidence}: every question is shown {shown}"]
+    if quote_evidence:
+        why.append("--evidence-recall overlap: the quotes are scored without a judge")
+    raise BooklensError(f"--title names the book in the closed-book and judge prompts, and this run has neither "
+                        f"({'; '.join(why)}): leave it out")
+
+
 def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: Optional[int] = None,
                 passage_tokens: Optional[int] = None, rank_mode: Optional[str] = None,
                 quote_evidence: bool = False,
@@ -131,6 +147,8 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     check_setting(qs, setting, source=str(questions))
     if limit is not None:
         qs = qs[:limit]
+    if title is not None:
+        _check_title_is_named(setting, evidence, quote_evidence, evidence_recall, qs)
     text = read_book(book)
 
     from booklens.metrics.qa import qa_report

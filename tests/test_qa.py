@@ -730,6 +730,53 @@ def test_evidence_recall_options_with_nothing_to_score_are_refused(tmp_path):
         run_book_qa(tmp_path / "book.txt", questions, evidence_recall="overlap")
 
 
+@pytest.mark.parametrize("setting, evidence, options, says", [
+    ("mc", "book", {}, "--evidence book: every question is shown the book or passages of it"),
+    ("mc", "bm25", {}, "--evidence bm25: every question is shown the book or passages of it"),
+    ("mc", "given", {}, "--evidence given: every question is shown its gold evidence"),
+    ("mc", "book", {"quote_evidence": True, "evidence_recall": "overlap"},
+     "--evidence-recall overlap: the quotes are scored without a judge"),
+])
+def test_a_title_no_prompt_names_is_refused_before_any_call(tmp_path, setting, evidence, options, says):
+    """Only the closed-book prompts and the judges (gen answers, LLM-scored evidence) name the book: in
+    multiple choice over the book, `--title` was taken, recorded as the run's title, and changed no prompt."""
+    book = tmp_path / "the_lamp.txt"
+    book.write_text(make_book(20), encoding="utf-8")
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([QUESTION]))
+    lm = ScriptedLM(lambda call: {"answer": "B"})
+    with pytest.raises(BooklensError, match="--title names the book in the closed-book and judge prompts") as err:
+        run_book_qa(book, questions, setting=setting, evidence=evidence, title="The Lamp", lm=lm, **options)
+    assert says in str(err.value)
+    assert lm.backend.calls == []
+
+
+@pytest.mark.parametrize("setting, evidence, options, evidences", [
+    ("gen", "book", {}, ["the Marigold"]),  # the answer judge
+    ("mc", "none", {}, ["the Marigold"]),  # closed book
+    ("mc", "given", {}, []),  # a question without gold evidence is asked closed book
+    ("mc", "book", {"quote_evidence": True}, ["the Marigold"]),  # the evidence judge
+])
+def test_a_title_a_prompt_names_is_taken(tmp_path, setting, evidence, options, evidences):
+    book = tmp_path / "the_lamp.txt"
+    book.write_text(make_book(20), encoding="utf-8")
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([{**QUESTION, "Evidences": evidences}]))
+
+    def answer(call):
+        if call.wants("verdict"):
+            return {"reason": "same ship", "verdict": "correct"}
+        if call.wants("correctness"):
+            return {"correctness": 50, "relevance": 50, "sufficiency": 50}
+        return {"answer": "B" if setting == "mc" else "The Marigold", "evidence": ["the Marigold"]}
+
+    lm = ScriptedLM(answer)
+    result = run_book_qa(book, questions, setting=setting, evidence=evidence, title="Zanzibar Tales", lm=lm,
+                         **options)
+    assert result["title"] == "Zanzibar Tales"
+    assert sum("Zanzibar Tales" in json.dumps(call.messages) for call in lm.backend.calls) == 1
+
+
 def test_run_book_qa_reports_the_llm_scored_evidence_recall(tmp_path):
     book = tmp_path / "the_lamp.txt"
     book.write_text(make_book(20), encoding="utf-8")

@@ -145,7 +145,8 @@ def qa_command(
                                   "any, no quotes scoring 0) or overlap (word overlap with the gold quotes only, "
                                   "no LM call).")] = None,
     title: Annotated[Optional[str], typer.Option(
-        "--title", help="Book title the closed-book and judge prompts name (default: from the file name).")] = None,
+        "--title", help="Book title the closed-book and judge prompts name (default: from the file name); refused "
+                        "where the run has neither.")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", min=1, help="Answer only the first N questions.")] = None,
     position_threshold: Annotated[int, typer.Option(
         "--position-threshold", min=1, help="Token index splitting pre/post accuracy (seed: 100K).")] = 100_000,
