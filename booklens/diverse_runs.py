@@ -62,22 +62,24 @@ def _check_case_options(criteria: Sequence[str], protocols: Sequence[str], per_q
                             "against the QA pairs")
 
 
-def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = None, api_base: Optional[str] = None,
+def run_diverse(events_path: Path, *, faithfulness: Optional[str] = None, lm: Any = None, api_base: Optional[str] = None,
                 lm_options: Optional[dict[str, Any]] = None, cache_dir: Any = None, **options: Any) -> dict[str, Any]:
     """The `booklens diverse` run (kind `booklens.diverse`): `summarize_events` over an events
-    file, with LM usage and time. `faithfulness` is one of FAITHFULNESS_CHOICES; the other
-    `options` are those of `booklens.programs.diverse.summarize_events`."""
-    if not isinstance(faithfulness, str) or faithfulness not in FAITHFULNESS_CHOICES:  # a list is no key
+    file, with LM usage and time. `faithfulness` is one of FAITHFULNESS_CHOICES (None: not given, likert);
+    the other `options` are those of `booklens.programs.diverse.summarize_events`."""
+    if faithfulness is not None and (not isinstance(faithfulness, str)
+                                     or faithfulness not in FAITHFULNESS_CHOICES):  # a list is no key
         raise BooklensError(f"unknown faithfulness choice {faithfulness!r}: use {', '.join(FAITHFULNESS_CHOICES)}")
     events = load_events(_path(events_path, "the events file", "summarize_events takes loaded events"))
-    from booklens.programs.diverse import check_event_options, summarize_events
+    from booklens.programs.diverse import check_event_options, event_settings, summarize_events
 
-    protocols = FAITHFULNESS_CHOICES[faithfulness]
+    protocols = FAITHFULNESS_CHOICES[faithfulness] if faithfulness is not None else None
     # The settings as the run takes them, defaults included (summarize_events' own), for the record.
     given = inspect.signature(summarize_events).bind(events, faithfulness=protocols, **options)
     given.apply_defaults()
     used = given.arguments
     check_event_options(**used)  # before the LM is set up: a wrong setting costs no model load
+    used = event_settings(**used)  # those not given at their defaults, as the run takes them
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
     check_given_window(options.get("context_window"), model)
     with Measured(model) as measured:
@@ -93,7 +95,7 @@ def run_diverse(events_path: Path, *, faithfulness: str = "likert", lm: Any = No
             "generate_questions": used["generate_questions"],
             "answer_clustering": used["clustering"] if generated else None,
             "diversity_filter": used["diversity_filter"] if generated else None, "judge": used["judge"],
-            "faithfulness": list(protocols) if used["judge"] else [], "max_articles": used["max_articles"],
+            "faithfulness": list(used["faithfulness"]) if used["judge"] else [], "max_articles": used["max_articles"],
             "context_window": used["context_window"], "events": results, "overall": overall, "usage": measured.usage,
             "seconds": measured.seconds}
 

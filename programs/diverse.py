@@ -719,37 +719,46 @@ def rate_event(criterion: str, protocol: str, event: Any, summary: str, *, max_a
     return {"score": r.score, "judgments": r.details, "failed": r.failed}
 
 
-def check_event_options(events: list[Any], *, method: str, sentences: int, generate_questions: int,
-                        clustering: str, diversity_filter: bool, judge: bool, faithfulness: Sequence[str],
-                        max_articles: Optional[int], context_window: Optional[int], concurrency: int) -> None:
+# What `summarize_events` takes for a setting not given (None). A setting given where it does
+# nothing is refused, its default value too: the record would list it as if it had applied.
+EVENT_DEFAULTS: dict[str, Any] = {"sentences": EXTRACT_SENTENCES, "clustering": "llm", "diversity_filter": True,
+                                  "faithfulness": ("likert",)}
+
+
+def check_event_options(events: list[Any], *, method: str, sentences: Optional[int], generate_questions: int,
+                        clustering: Optional[str], diversity_filter: Optional[bool], judge: bool,
+                        faithfulness: Optional[Sequence[str]], max_articles: Optional[int],
+                        context_window: Optional[int], concurrency: int) -> None:
     """The settings of `summarize_events`, checked before any call (and before `run_diverse` sets
-    up its LM): a count of the wrong type or out of the commands' bounds, and a setting that would
-    do nothing, are one line."""
+    up its LM): a count of the wrong type or out of the commands' bounds, and a setting given that
+    would do nothing, are one line. None is a setting not given (`EVENT_DEFAULTS`)."""
     from booklens.parallel import check_at_least
 
-    check_at_least("--sentences", sentences)
+    if sentences is not None:
+        check_at_least("--sentences", sentences)
     check_at_least("--generate-questions", generate_questions, 0)
     check_at_least("--concurrency", concurrency)
     if max_articles is not None:
         check_at_least("--max-articles", max_articles)
     _check_window(context_window)
     check_flag("judge", judge)
-    check_flag("diversity_filter", diversity_filter)
+    if diversity_filter is not None:
+        check_flag("diversity_filter", diversity_filter)
     what = f"a list of protocols ({', '.join(RATING_SCALES)})"
-    for protocol in _listed(faithfulness, "faithfulness", what, (str,)):
+    for protocol in _listed(faithfulness, "faithfulness", what, (str,)) if faithfulness is not None else []:
         if protocol not in RATING_SCALES:
             raise BooklensError(f"unknown faithfulness protocol {protocol!r}: use {' or '.join(RATING_SCALES)}")
     # Settings that would do nothing: refused, not recorded as if they had applied.
-    if method == "direct" and sentences != EXTRACT_SENTENCES:
+    if method == "direct" and sentences is not None:
         raise BooklensError("--sentences sets what --method extract takes from each article; --method direct "
                             "reads the articles whole")
-    if not generate_questions and (clustering != "llm" or not diversity_filter):
-        raise BooklensError("--answer-clustering and --no-diversity-filter shape generated references: add "
-                            "--generate-questions N")
-    if not judge and (max_articles is not None or tuple(faithfulness) not in (("likert",), ())):
+    if not generate_questions and (clustering is not None or diversity_filter is not None):
+        raise BooklensError("--answer-clustering and --diversity-filter/--no-diversity-filter shape generated "
+                            "references: add --generate-questions N")
+    if not judge and (max_articles is not None or faithfulness):
         raise BooklensError("--faithfulness and --max-articles set how summaries are judged, and --no-judge "
                             "judges none")
-    if max_articles is not None and not faithfulness:
+    if max_articles is not None and faithfulness is not None and not faithfulness:
         raise BooklensError("--max-articles limits the articles faithfulness is judged against; --faithfulness "
                             "none judges none")
     if generate_questions and all(event.question_answers for event in events):
@@ -757,15 +766,23 @@ def check_event_options(events: list[Any], *, method: str, sentences: int, gener
                             "and every event has its own")
 
 
-def summarize_events(events: list[Any], *, method: str = "auto", sentences: int = EXTRACT_SENTENCES,
-                     generate_questions: int = 0, clustering: str = "llm", diversity_filter: bool = True,
-                     judge: bool = True,
-                     faithfulness: Sequence[str] = ("likert",), max_articles: Optional[int] = None,
+def event_settings(**given: Any) -> dict[str, Any]:
+    """`summarize_events`' settings with those not given (None) at their defaults."""
+    return {name: EVENT_DEFAULTS[name] if name in EVENT_DEFAULTS and value is None else value
+            for name, value in given.items()}
+
+
+def summarize_events(events: list[Any], *, method: str = "auto", sentences: Optional[int] = None,
+                     generate_questions: int = 0, clustering: Optional[str] = None,
+                     diversity_filter: Optional[bool] = None, judge: bool = True,
+                     faithfulness: Optional[Sequence[str]] = None, max_articles: Optional[int] = None,
                      context_window: Optional[int] = None, concurrency: int = 1) -> list[dict[str, Any]]:
     """Per event: the diverse summary, QA references generated for an event without its own (with
     `generate_questions`), and the judges' scores (coverage binary and Likert against the event's
     references, own or generated, as its `references` says; faithfulness to each article with each
-    of the `faithfulness` protocols)."""
+    of the `faithfulness` protocols). A setting left None takes its default (`EVENT_DEFAULTS`: 10
+    sentences, llm clustering, the diversity filter, likert faithfulness); one given where it does
+    nothing is refused."""
     from booklens.lm import usage_step
 
     events = event_list(events)
@@ -773,6 +790,10 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: int 
                         clustering=clustering, diversity_filter=diversity_filter, judge=judge,
                         faithfulness=faithfulness, max_articles=max_articles, context_window=context_window,
                         concurrency=concurrency)
+    chosen = event_settings(sentences=sentences, clustering=clustering, diversity_filter=diversity_filter,
+                            faithfulness=faithfulness)
+    sentences, clustering, diversity_filter = chosen["sentences"], chosen["clustering"], chosen["diversity_filter"]
+    faithfulness = chosen["faithfulness"]
     summarizer = DiverseSummarizer(method, num_sentences=sentences, context_window=context_window,
                                    concurrency=concurrency)
     refs = (ReferenceBuilder(generate_questions, clustering=clustering, diversity_filter=diversity_filter,

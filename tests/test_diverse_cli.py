@@ -84,6 +84,11 @@ def test_judge_input_checks(tmp_path, monkeypatch):
     (["--faithfulness", "none", "--max-articles", "2"],
      "--max-articles limits the articles faithfulness is judged against; --faithfulness none judges none"),
     (["--context-window", "1024"], "the context window (1024 tokens) leaves no room for the articles"),
+    # the defaults given out loud are refused as well (as qa's retrieval settings are): the record has them null
+    (["--method", "direct", "--sentences", "10"], "--sentences sets what --method extract takes"),
+    (["--answer-clustering", "llm"], "shape generated references: add --generate-questions N"),
+    (["--diversity-filter"], "shape generated references: add --generate-questions N"),
+    (["--no-judge", "--faithfulness", "likert"], "--no-judge judges none"),
 ])
 def test_diverse_refuses_settings_that_would_do_nothing_before_any_call(args, message, tmp_path, monkeypatch):
     with pytest.raises(BooklensError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -721,7 +726,7 @@ def test_diverse_builds_no_references_for_an_event_whose_summary_failed_and_says
     ("run_diverse", ["EVENTS"], {"sentences": 2.5, "method": "extract"}, "--sentences must be at least 1 (got 2.5)"),
     ("run_diverse", ["EVENTS"], {"context_window": "8192"}, "--context-window must be at least 256 (got '8192')"),
     ("run_diverse", ["EVENTS"], {"judge": "no"}, "judge must be True or False, not 'no'"),
-    ("run_diverse", ["EVENTS"], {"diversity_filter": None}, "diversity_filter must be True or False, not None"),
+    ("run_diverse", ["EVENTS"], {"diversity_filter": "no"}, "diversity_filter must be True or False, not 'no'"),
     ("run_diverse", ["EVENTS"], {"faithfulness": ["likert"]},
      "unknown faithfulness choice ['likert']: use binary, likert, both, none"),
     ("judge_summaries", ["EVENTS", {"ev-0001": "A summary."}], {},

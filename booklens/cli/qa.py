@@ -197,22 +197,24 @@ def diverse_command(
     method: Annotated[Method, typer.Option(
         "--method", help="direct: all articles at once; extract: key sentences per article, then summarize; "
                          "auto: direct when the articles fit the window.")] = Method.auto,
-    sentences: Annotated[int, typer.Option(
-        "--sentences", min=1, help="Sentences extracted per article (the seed takes 10).")] = 10,
+    # None until given: one given where it does nothing is refused, whatever its value
+    sentences: Annotated[Optional[int], typer.Option(
+        "--sentences", min=1, help="Sentences extracted per article (default 10, as the seed takes; extract and "
+                                   "auto).")] = None,
     generate_questions: Annotated[int, typer.Option(
         "--generate-questions", min=0, help="Build QA references as the seed does for events without their own "
                                             "question_answers: N questions, answers extracted per article, "
                                             "clustered, filtered for diversity.")] = 0,
-    answer_clustering: Annotated[Clustering, typer.Option(
+    answer_clustering: Annotated[Optional[Clustering], typer.Option(
         "--answer-clustering", help="Generated references: llm groups equivalent answers (the seed clusters "
-                                    "them); exact groups only identical wording.")] = Clustering.llm,
-    diversity_filter: Annotated[bool, typer.Option(
+                                    "them, the default); exact groups only identical wording.")] = None,
+    diversity_filter: Annotated[Optional[bool], typer.Option(
         "--diversity-filter/--no-diversity-filter",
         help="Generated references: drop invalid answers and keep only questions answered by >= 30% of the "
-             "articles with diverse answers (the seed's post-processing).")] = True,
+             "articles with diverse answers (the seed's post-processing; on unless told).")] = None,
     judge: Annotated[bool, typer.Option("--judge/--no-judge", help="Judge coverage and faithfulness.")] = True,
-    faithfulness: Annotated[FaithfulnessProtocols, typer.Option(
-        "--faithfulness", help="Faithfulness protocol(s) per article.")] = "likert",
+    faithfulness: Annotated[Optional[FaithfulnessProtocols], typer.Option(
+        "--faithfulness", help="Faithfulness protocol(s) per article (default likert).")] = None,
     max_articles: MaxArticlesOption = None,
     context_window: ContextWindowOption = None,
     lm: LMOption = None,
@@ -228,8 +230,8 @@ def diverse_command(
     from booklens.diverse_runs import run_diverse
 
     result = run_diverse(events_path, method=method.value, sentences=sentences, generate_questions=generate_questions,
-                         clustering=answer_clustering.value, diversity_filter=diversity_filter, judge=judge,
-                         faithfulness=faithfulness.value, max_articles=max_articles, context_window=context_window,
+                         clustering=getattr(answer_clustering, "value", None), diversity_filter=diversity_filter,
+                         judge=judge, faithfulness=getattr(faithfulness, "value", None), max_articles=max_articles, context_window=context_window,
                          concurrency=concurrency, lm=lm, api_base=api_base,
                          lm_options=lm_options(structured, rpm, tpm), cache_dir=cache_dir)
     if output is not None:
