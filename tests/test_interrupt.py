@@ -166,3 +166,56 @@ def test_a_second_ctrl_c_quits_without_waiting_for_the_calls_in_flight(tmp_path)
     assert exited_while_held
     assert stderr.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
+
+
+def test_ctrl_c_in_the_middle_of_a_qa_run_leaves_only_the_unasked_questions_to_the_rerun(tmp_path):
+    """Six questions, two asked side by side: Ctrl-C once the fourth is in flight. The questions in
+    flight end and are cached; the rerun asks only the questions no call had reached."""
+    import json
+
+    book = tmp_path / "book.txt"
+    book.write_text("The keeper waited every Thursday. " * 40 + "\n\nOnly the tender Marigold sails to Pellmark.\n\n"
+                    + "The fog lifted in the afternoon. " * 40, encoding="utf-8")
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([{
+        "QID": f"T-{i}", "Question": f"Question {i}: which ship sails to Pellmark?",
+        "Options": {"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": "The Lantern"}, "Gold": "B",
+        "Aspect": "plot", "Complexity": "sh"} for i in range(1, 7)]), encoding="utf-8")
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    gate, first_run = threading.Event(), threading.Event()
+    first_run.set()
+
+    def respond(body):
+        if first_run.is_set() and len(server.received) >= 4:
+            gate.wait(120)  # from the fourth question on, held until the command has taken the Ctrl-C
+        return json.dumps({"answer": "B"})
+
+    with FakeOpenAIServer(responder=respond) as server:
+        args = ["qa", book, "--questions", questions, "--concurrency", "2", "--lm", "openai/fake",
+                "--api-base", server.url]
+        proc = subprocess.Popen(terminal_command(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
+            while len(server.received) < 4 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(server.received) >= 4, "the command did not reach the fourth question"
+            proc.send_signal(signal.SIGINT)
+            seen = _wait_for_line(proc.stderr, "stopping:")
+            gate.set()
+            _, rest = proc.communicate(timeout=60)
+        finally:
+            gate.set()
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130, "".join(seen) + rest
+        assert rest.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
+        asked = len(server.received)
+        assert asked in (4, 5)  # the fourth, and the fifth if the other worker had taken it
+        first_run.clear()
+        again = run_command(args, env=env)
+        assert again.returncode == 0, again.stderr
+        new = len(server.received) - asked
+        assert new == 6 - asked  # only the questions no call had reached
+        assert f"6 LM calls ({asked} from cache)" in again.stderr
+        assert "Accuracy: 100.0 (6) of 6 scored questions" in again.stdout
