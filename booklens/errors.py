@@ -47,7 +47,10 @@ def validation_problem(exc: Exception) -> str:
         # the value, as a command's range errors show it; not for an unknown key (its value is no reason)
         if first.get("type") != "extra_forbidden" and isinstance(given, (int, float, str)):
             shown = repr(given)
-            text += f" (got {shown if len(shown) <= 60 else shown[:57] + '...'})"  # a JSON text is input too
+            # a message that quotes the value already ("'E' is not one of the options") says it once
+            quoted = message.startswith(f"{shown} ") or isinstance(given, str) and shown in message
+            if not quoted:
+                text += f" (got {shown if len(shown) <= 60 else shown[:57] + '...'})"  # a JSON text is input too
     if len(problems) > 1:
         from booklens.vocabulary import counted
 

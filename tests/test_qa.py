@@ -107,6 +107,17 @@ def test_wrong_shapes_are_one_line_errors(payload, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("gold, line", [
+    ("E", "q.json: question 1 (T-1): Gold: 'E' is not one of the options A, B, C, D"),
+    (7, "q.json: question 1 (T-1): Gold: 7 is not the index of an option (0 to 3)"),
+])
+def test_a_gold_the_options_lack_is_quoted_once(gold, line):
+    """The error line quoted the file's value, then again as '(got 'E')'."""
+    with pytest.raises(BooklensError) as err:
+        parse_questions([{**QUESTION, "Gold": gold}], source="q.json")
+    assert str(err.value) == line
+
+
 def test_variants_are_normalized():
     q = parse_questions([{**QUESTION, "Options": ["w", "x", "y", "z"], "Aspect": "chara", "Complexity": "detail",
                           "Evidences": "one quote", "Gold": 1}])[0]
