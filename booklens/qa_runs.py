@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from booklens.errors import BooklensError, check_flag, kind_of
-from booklens.lm.base import lm_label
+from booklens.lm.base import ContextWindowExceeded, lm_label, planned_window_advice
 from booklens.retrieval import QA_BOOK_RANK_MODE
 
 
@@ -160,8 +160,14 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
     check_given_window(context_window, model)
     title = title or title_from_path(book)
     with Measured(model) as measured:
-        records = answer_questions(program, text, qs, concurrency=concurrency, book_title=title,
-                                   evidence_recall=evidence_recall)
+        try:
+            records = answer_questions(program, text, qs, concurrency=concurrency, book_title=title,
+                                       evidence_recall=evidence_recall)
+        except ContextWindowExceeded as exc:
+            from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW
+
+            planned = context_window or getattr(model, "context_window", None) or DEFAULT_CONTEXT_WINDOW
+            raise planned_window_advice(exc, planned, "qa") from None
     modes: dict[str, int] = {}
     for r in records:
         modes[r.context_mode] = modes.get(r.context_mode, 0) + 1

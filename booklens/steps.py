@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from booklens.errors import BooklensError, check_flag, kind_of
-from booklens.lm.base import lm_label
+from booklens.lm.base import ContextWindowExceeded, lm_label, planned_window_advice
 from booklens.lm.usage import usage_scope, usage_step
 from booklens.retrieval import DEFAULT_PASSAGE_TOKENS
 from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, counted
@@ -205,7 +205,10 @@ def summarize_book(book_path: Optional[Path] = None, *, method: str = "hier", ch
                            words_per_token=words_per_token)
     t0 = time.perf_counter()
     with usage_scope() as tracker, usage_step("summarize"):
-        result = program(book=text)
+        try:
+            result = program(book=text)
+        except ContextWindowExceeded as exc:
+            raise planned_window_advice(exc, window, "the summarizer") from None
     summarize_seconds = time.perf_counter() - t0
     return Summary(
         book=None if book_path is None else str(book_path),

@@ -315,3 +315,20 @@ def test_questions_shown_fewer_passages_than_k_are_noted(tmp_path, monkeypatch):
                          "--context-window", "2048"], tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     assert "note: " not in result.stderr
+
+
+def test_a_server_window_smaller_than_the_one_planned_for_names_context_window(tmp_path, book):
+    """A self-hosted server's window is unknown, so qa plans for 8192 tokens and reads this book whole; a
+    server started with a smaller one (llama.cpp's -c 512) refuses it: the line names the option to set."""
+    from booklens.testing import Reply, run_command
+
+    said = ("This model's maximum context length is 512 tokens. However, you requested 1400 tokens (1300 in the "
+            "messages, 100 in the completion). Please reduce the length of the messages or completion.")
+    q = write(tmp_path, "q.json", [QUESTION])
+    out = tmp_path / "qa.json"
+    with FakeOpenAIServer(responder=lambda body: Reply(status=400, error=said)) as server:
+        result = run_command(["qa", book, "--questions", q, "--lm", "openai/fake", "--api-base", server.url,
+                              "-o", out], env={**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")})
+    assert_one_line_error(result, "do not fit the 512-token context window of 'openai/fake': qa plans for a "
+                                  "8192-token window; set --context-window to 512 or less")
+    assert not out.exists()

@@ -548,3 +548,31 @@ def test_a_backend_that_rejects_a_call_stops_the_run_and_a_rerun_asks_only_the_m
     assert answered >= 4 and rerun_calls == whole_calls - answered > 0
     record, reference = (json.loads((tmp_path / name).read_text()) for name in ("summary.json", "whole.json"))
     assert record["summary"] == reference["summary"] and record["usage"]["cached_calls"] == answered
+
+
+def llama_cpp_overflow(window: int):
+    """A responder that answers as llama-cpp-python's server started with `-c WINDOW` does to every
+    request: its 400, in its words (the prompt counted as a quarter of its characters)."""
+    from booklens.testing import Reply
+
+    def respond(body):
+        prompt = sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4
+        wanted = body.get("max_tokens") or 0
+        return Reply(status=400, error=f"This model's maximum context length is {window} tokens. However, you "
+                                       f"requested {prompt + wanted} tokens ({prompt} in the messages, {wanted} in "
+                                       "the completion). Please reduce the length of the messages or completion.")
+    return respond
+
+
+def test_a_server_window_smaller_than_the_one_planned_for_names_context_window(tmp_path):
+    """A self-hosted server's window is unknown, so the summarizer plans for 8192 tokens; a server
+    started with a smaller one (llama.cpp's -c 2048) refuses the prompts: the line says which option
+    plans for the server's window, not only to use smaller inputs."""
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=llama_cpp_overflow(2048)) as server:
+        proc = run_cli(["summarize", str(STORY), "--lm", "openai/fake", "--api-base", server.url, "-o", str(out)],
+                       tmp_path)
+    line = one_line_error(proc)
+    assert line.endswith("do not fit the 2048-token context window of 'openai/fake': the summarizer plans for a "
+                         "8192-token window; set --context-window to 2048 or less"), line
+    assert not out.exists()

@@ -35,7 +35,29 @@ def lm_server(lm: Any) -> str | None:
 
 
 class ContextWindowExceeded(LMError):
-    """The prompt and the answer budget do not fit the model's context window."""
+    """The prompt and the answer budget do not fit the model's context window; `window` is that
+    window in tokens when the server's words gave it."""
+
+    def __init__(self, message: str, window: int | None = None):
+        super().__init__(message)
+        self.window = window
+
+
+# The end of a context overflow's line (`booklens.lm.remote.context_window_message`) where nothing
+# more is known of what to change: which input is too large differs by command.
+CONTEXT_ADVICE = "use smaller inputs, or a model or server with a larger context"
+
+
+def planned_window_advice(exc: ContextWindowExceeded, planned: int, what: str,
+                          option: str = "--context-window") -> ContextWindowExceeded:
+    """`exc`, told which option to set when the server's window is smaller than the `planned` one
+    `what` (a program) sized its prompts for: a self-hosted server's window is unknown until it
+    refuses a prompt, and the default plans for more than many are started with."""
+    if not exc.window or exc.window >= planned:
+        return exc
+    fact = str(exc).removesuffix(f": {CONTEXT_ADVICE}")
+    return ContextWindowExceeded(f"{fact}: {what} plans for a {planned}-token window; set {option} to {exc.window} "
+                                 "or less", window=exc.window)
 
 
 @dataclass

@@ -695,9 +695,10 @@ class LocalBackend:
                 if "context window" in str(exc) or "exceed" in str(exc):
                     # llama-cpp-python: "Requested tokens (P) exceed context window of N". The advice is
                     # the servers' (booklens.lm.remote): the input to make smaller differs by command.
-                    from booklens.lm.remote import context_window_message
+                    from booklens.lm.remote import context_window_message, context_window_of
 
-                    raise ContextWindowExceeded(context_window_message(LOCAL_LABEL, str(exc))) from None
+                    raise ContextWindowExceeded(context_window_message(LOCAL_LABEL, str(exc)),
+                                                window=context_window_of(str(exc))) from None
                 raise
             finally:
                 if self._generate is not None:

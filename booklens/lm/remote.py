@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from booklens.errors import LMError
-from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, sample_seed
+from booklens.lm.base import CONTEXT_ADVICE, DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, sample_seed
 from booklens.parallel import pause, raise_if_stopped
 
 log = logging.getLogger("booklens.lm")
@@ -598,7 +598,8 @@ class LiteLLMBackend:
         where = f"'{self.model}'" + (f" at {self.server}" if self.api_base else "")
 
         if isinstance(exc, litellm.ContextWindowExceededError) or _mentions_context_limit(text):
-            raise ContextWindowExceeded(self._redact(context_window_message(self.model, text))) from None
+            raise ContextWindowExceeded(self._redact(context_window_message(self.model, text)),
+                                        window=context_window_of(text)) from None
         if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or status in (401, 403):
             # (LiteLLM turns some providers' 403 into a plain APIError.)
             raise LMError(f"authentication failed for {where}: {self._key_advice()}") from None
@@ -1077,16 +1078,22 @@ def _number(match: re.Match | None) -> int | None:
     return next((int(g) for g in match.groups() if g is not None), None) if match else None
 
 
+def context_window_of(server_text: str) -> int | None:
+    """The context window a server's overflow error names, in tokens (None when it names none)."""
+    return _number(_CONTEXT.search(server_text))
+
+
 def context_window_message(model: str, server_text: str) -> str:
     """One line from a server's context-overflow error, with the figures it gave."""
-    window = _number(_CONTEXT.search(server_text))
+    window = context_window_of(server_text)
     requested = _REQUESTED.search(server_text)
     prompt = _number(_PROMPT.search(server_text))
     budget = _number(_TOO_LARGE.search(server_text))
     if requested:
         prompt, budget = int(requested.group(1)), int(requested.group(2))
-    # Neutral advice: which input is too large, and the option that makes it smaller, differ by command.
-    advice = "use smaller inputs, or a model or server with a larger context"
+    # Neutral advice: which input is too large, and the option that makes it smaller, differ by command
+    # (`planned_window_advice` names one where a program knows it).
+    advice = CONTEXT_ADVICE
     if window and prompt is not None and budget is not None:
         return (f"the prompt ({prompt} tokens) and its answer budget ({budget} tokens) do not fit the "
                 f"{window}-token context window of '{model}': {advice}")
