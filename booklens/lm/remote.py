@@ -688,10 +688,14 @@ class LiteLLMBackend:
                 raise LMError(self._redact(f"{where} kept failing after {failures} tries: {_unreachable(exc)} (has "
                                            "the server stopped? the completed calls are cached: rerun once it is "
                                            "back)")) from None
-            waited = (f" (each request waited {self.timeout:g} s; BOOKLENS_TIMEOUT sets how long)"
-                      if isinstance(exc, litellm.Timeout) else "")
+            if isinstance(exc, litellm.Timeout):
+                # (LiteLLM's words say it twice: "Request timed out. Error_str: Request timed out.") A server
+                # works on as many requests at once as it has slots and queues the rest, and the wait counts.
+                raise LMError(f"{where} kept failing after {failures} tries: no answer within {self.timeout:g} s "
+                              "(BOOKLENS_TIMEOUT sets how long; the time a request waits in the queue of a server "
+                              "with fewer parallel slots than --concurrency counts)") from None
             raise LMError(self._redact(
-                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {server_text(exc)}{waited}"
+                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {server_text(exc)}"
             )) from None
         wait = retry_after(exc)
         if wait is None:
