@@ -1933,3 +1933,21 @@ def test_behind_a_proxy_the_connection_is_left_to_the_proxy(silent_server, monke
     backend = LiteLLMBackend("openai/fake-model", api_base=silent_server, sleep=Recorder())
     backend._check_connects()  # no LMError: the server's own port is not tried
     assert "connects" not in _learned_about(backend.provider, silent_server)
+
+
+@pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model"])
+def test_a_server_still_loading_its_model_says_to_rerun_once_it_has(model):
+    """llama.cpp's server answers 503 "Loading model" until its weights are in memory, which can take
+    longer than the retries wait: the line said only that it kept failing."""
+    sleep = Recorder()
+    with FakeOpenAIServer(responder=lambda body: Reply(status=503, raw='{"error": {"code": 503, "message": '
+                                                       '"Loading model", "type": "unavailable_error"}}',
+                                                       raw_type="application/json")) as server:
+        backend = LiteLLMBackend(model, api_base=server.url, sleep=sleep)
+        with pytest.raises(LMError) as caught:
+            backend.complete({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
+    message = str(caught.value)
+    assert len(server.received) == 6 and len(sleep.delays) == 5
+    assert message.endswith("(the server is still loading its model: rerun once it has; the completed calls are "
+                            "cached)"), message
+    assert "\n" not in message

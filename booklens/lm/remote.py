@@ -694,8 +694,13 @@ class LiteLLMBackend:
                 raise LMError(f"{where} kept failing after {failures} tries: no answer within {self.timeout:g} s "
                               "(BOOKLENS_TIMEOUT sets how long; the time a request waits in the queue of a server "
                               "with fewer parallel slots than --concurrency counts)") from None
+            said = server_text(exc)
+            # llama.cpp's server answers 503 "Loading model" until its weights are in memory, which a
+            # large model on a slow disk may take longer than the retries wait.
+            loading = (" (the server is still loading its model: rerun once it has; the completed calls are cached)"
+                       if re.search(r"\bloading model\b", said, re.IGNORECASE) else "")
             raise LMError(self._redact(
-                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {server_text(exc)}"
+                f"{where} kept failing after {failures} tries: {type(exc).__name__}: {said}{loading}"
             )) from None
         wait = retry_after(exc)
         if wait is None:
