@@ -331,11 +331,13 @@ def verification_reference() -> float:
 def _apart(value: float, reference: float) -> tuple[str, str]:
     """A figure and its reference with the fewest decimals (from two) that tell them apart, so that a
     judge just below the bar does not read as reaching it."""
-    for digits in (2, 3):
+    # Unrounded figures (a Table 5 F1 such as 36/139) can match the bar to four decimals and more:
+    # add decimals until the two differ, never printing a figure below the bar as the bar itself.
+    for digits in range(2, 10):
         shown, bar = f"{value:.{digits}f}", f"{reference:.{digits}f}"
         if shown != bar:
             return shown, bar
-    return f"{value:.4f}", f"{reference:.4f}"
+    return f"{value:.10f}", f"{reference:.10f}"
 
 
 def judge_warning(info: Any, batch_size: int = 1) -> Optional[str]:

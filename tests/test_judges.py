@@ -816,3 +816,18 @@ def test_two_calibrations_stored_at_once_both_stay(tmp_path, monkeypatch, new_fo
     assert judges.store_calibration(first, store) is None
     other.join()
     assert sorted(read(store)) == [first["key"], second["key"]]
+
+
+def test_a_judge_a_hair_below_a_reference_is_never_shown_at_the_reference():
+    """An unfaithful F1 of 36/139 (0.25899...) is below FABLES' 0.259 but reads 0.2590 at four
+    decimals: the warning showed "F1 0.2590, where FABLES' GPT-4-Turbo rater reaches 0.2590"."""
+    from booklens.judges import judge_warning
+    from booklens.records import JudgeInfo
+
+    verifier = JudgeInfo(task="verification", mode="four-way", program="default", program_sha256="0" * 64, demos=6,
+                         lm="openai/x", calibration={"sample_name": "S", "counts": {"unfaithful": 20},
+                                                     "table5": {"n": 139, "f1_unfaithful": 36 / 139},
+                                                     "figures": {}})
+    assert judge_warning(verifier).endswith(
+        "unfaithful F1 0.25899 on the 139 claims humans labelled faithful or unfaithful, where FABLES' "
+        "GPT-4-Turbo rater reaches 0.25900")
