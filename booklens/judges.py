@@ -269,24 +269,20 @@ def demo_count(judge: str, program: Any) -> int:
 
 
 def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, Any]] = None,
-               server: Optional[str] = None, evidence: Optional[str] = None,
-               cache_dir: str | Path | None = None) -> Any:
+               server: Optional[str] = None, evidence: Optional[str] = None) -> Any:
     """`JudgeInfo` for a (program, LM) pair, with its stored calibration and warning. The store is the
     shipped one plus the user's next to the LM's call cache, unless `store` is given. `server`: the
     LM's server URL when `lm` is only a name (an LM object says its own). `evidence`: the evidence
-    mode a verifier's verdicts are made with (None where no verdicts are made). `cache_dir`: the cache
-    the calibrations were looked up in when `lm` is only a name (an LM object's call cache says it)."""
+    mode a verifier's verdicts are made with (None where no verdicts are made)."""
     from booklens.lm.base import lm_label, lm_server
     from booklens.lm.remote import public_url
     from booklens.records import JudgeInfo
 
     lm_name = lm_label(lm)
     server = public_url(server) if server else lm_server(lm)
-    call_cache = getattr(getattr(lm, "call_cache", None), "path", None)
-    if call_cache is not None:
-        cache_dir = Path(call_cache).parent
     if store is None:
-        store = load_store(cache_dir)
+        call_cache = getattr(getattr(lm, "call_cache", None), "path", None)
+        store = load_store(Path(call_cache).parent if call_cache is not None else None)
     fingerprint = program_fingerprint(program)
     mode = judge_mode(judge, program)
     entry = find_calibration(judge, mode, lm_name, fingerprint, server=server, store=store)
@@ -294,7 +290,7 @@ def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, A
                      program_sha256=fingerprint, demos=demo_count(judge, program), lm=lm_name, api_base=server,
                      compiled_with=compiled_with(getattr(program, "_booklens_artifact", None)), calibration=entry,
                      evidence=evidence if judge != "coherence" else None)
-    info.warning = judge_warning(info, batch_size=getattr(program, "batch_size", 1), cache_dir=cache_dir)
+    info.warning = judge_warning(info, batch_size=getattr(program, "batch_size", 1))
     return info
 
 
@@ -344,11 +340,10 @@ def _apart(value: float, reference: float) -> tuple[str, str]:
     return f"{value:.10f}", f"{reference:.10f}"
 
 
-def judge_warning(info: Any, batch_size: int = 1, cache_dir: str | Path | None = None) -> Optional[str]:
+def judge_warning(info: Any, batch_size: int = 1) -> Optional[str]:
     """A warning naming the figure when the judge has no calibration or agrees with humans less than
     the papers' reference judge does; None otherwise. `batch_size`: a batched coherence judge's, for
-    the command that calibrates it; `cache_dir`: the cache the calibration was looked for in, which that
-    command must then store it in."""
+    the command that calibrates it."""
     calibration = info.calibration
     if not calibration:
         lm = "local" if info.lm.startswith("local/") else info.lm
@@ -360,11 +355,6 @@ def judge_warning(info: Any, batch_size: int = 1, cache_dir: str | Path | None =
                 how += " --judge coherence"
             how += f" --batch-size {batch_size}"
         server = f" --api-base {shlex.quote(info.api_base)}" if info.api_base else ""
-        from booklens.lm.cache import cache_folder
-
-        folder = cache_folder(cache_dir)
-        if folder != cache_folder(None):  # calibrate stores in the default cache unless told
-            how += f" --cache-dir {shlex.quote(str(folder))}"
         return (f"no calibration: this judge's agreement with human annotators was never measured for "
                 f"{judge_lm(info)} with this program (booklens calibrate --lm {lm}{server}{how})")
     figures = calibration.get("figures") or {}

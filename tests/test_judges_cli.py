@@ -972,17 +972,3 @@ def test_calibrate_names_sentence_annotations_given_as_the_human_spans(tmp_path)
     assert proc.stderr.startswith(f"error: annotation file {human / 'summary-gpt4-2048-inc.json'}, book 'alpha': no "
                                   "'singles' or 'relations': not human span annotations (this is the shape of "
                                   "sentence annotations, book -> {sentence: {questions, types}}"), proc.stderr
-
-
-def test_the_no_calibration_warning_names_the_cache_its_calibration_would_have_to_land_in(tmp_path):
-    """With --cache-dir elsewhere than the default, the advised `booklens calibrate --lm X` stored its
-    figures in the default cache, where the next `--cache-dir` run never looked: still no calibration."""
-    elsewhere = tmp_path / "my cache"
-    result = invoke(["judges", "--lm", "openai/fake", "--cache-dir", elsewhere], tmp_path)
-    assert result.exit_code == 0, result.output
-    warnings = [line for line in result.output.splitlines() if line.startswith("warning: no calibration")]
-    assert len(warnings) == 3
-    assert warnings[0].endswith(f"(booklens calibrate --lm openai/fake --cache-dir '{elsewhere}')")
-    default = invoke(["judges", "--lm", "openai/fake", "--cache-dir", tmp_path / "cache"], tmp_path)
-    assert [line for line in default.output.splitlines() if line.startswith("warning:")][0].endswith(
-        "(booklens calibrate --lm openai/fake)")  # the cache calibrate uses anyway: nothing to add
