@@ -248,7 +248,11 @@ def test_killed_during_verification_resumes_and_ends_equal_to_an_uninterrupted_r
     assert partial["complete"] is False
     assert list(partial["steps"]) == (["summary", "coherence", "claims"] if coherence_done else ["summary", "claims"])
 
-    time.sleep(0.8)  # let the killed client's last request finish on the server
+    # The killed client's requests in flight are still answered, and counted as served: wait for them.
+    deadline = time.time() + 60
+    while server.in_flight and time.time() < deadline:
+        time.sleep(0.01)
+    assert server.in_flight == 0
     resume_from = len(server.served)
     rerun = cli(args)
     assert rerun.returncode == 0, rerun.stderr

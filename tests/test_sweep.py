@@ -266,10 +266,16 @@ def test_a_sweep_killed_mid_way_resumes_without_repeating_a_finished_call(server
         assert proc.poll() is None and first, "the sweep ended before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        # The killed process's request in flight is still answered, and counted as served, after its
+        # client is gone: wait for it, so that neither the rerun nor the next test counts it as theirs.
+        deadline = time.time() + 60
+        while server.in_flight and time.time() < deadline:
+            time.sleep(0.01)
     finally:
         server.latency = 0.0
         if proc.poll() is None:
             proc.kill()
+    assert server.in_flight == 0
     assert not (out / "results.json").exists()
     finished = [p.parent.name for p in (out / "cells").glob("*/*/report.html")]
     assert len(finished) == 1, "one cell had finished before the kill, the other had not"
