@@ -32,6 +32,7 @@ DEFAULT_WORDS_PER_TOKEN = 0.65
 CHARACTER_WORD_SCRIPTS = ("\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
                           "\U00020000-\U0003134f")
 UNSPACED_SCRIPTS = CHARACTER_WORD_SCRIPTS + "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff"
+
 # What a hierarchical merge that is not the first of its level sees as context.
 MergeContextName = Literal["same-level", "lower-level", "none"]
 MERGE_CONTEXTS: tuple[str, ...] = get_args(MergeContextName)

@@ -232,7 +232,7 @@ def learned_groups(task: Task, data: str | Path, block: dict[str, Any], dev_too:
 
 def split_groups(task: Task, examples: list[Any], among: set[Any]) -> tuple[int, int]:
     """(examples, distinct groups) of `examples` whose group is in `among`."""
-    hits = [_hashable(e.get(task.group)) for e in examples if _hashable(e.get(task.group)) in among]
+    hits = [group for group in (_hashable(e.get(task.group)) for e in examples) if group in among]
     return len(hits), len(set(hits))
 
 

@@ -231,8 +231,8 @@ def diverse_command(
 
     result = run_diverse(events_path, method=method.value, sentences=sentences, generate_questions=generate_questions,
                          clustering=getattr(answer_clustering, "value", None), diversity_filter=diversity_filter,
-                         judge=judge, faithfulness=getattr(faithfulness, "value", None), max_articles=max_articles, context_window=context_window,
-                         concurrency=concurrency, lm=lm, api_base=api_base,
+                         judge=judge, faithfulness=getattr(faithfulness, "value", None), max_articles=max_articles,
+                         context_window=context_window, concurrency=concurrency, lm=lm, api_base=api_base,
                          lm_options=lm_options(structured, rpm, tpm), cache_dir=cache_dir)
     if output is not None:
         write_output(output, result)

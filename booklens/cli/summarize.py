@@ -135,5 +135,5 @@ def summarize(
         from booklens.lm.usage import describe_calls
         from booklens.text import count_words
 
-        words = count_words(record.summary, record.config.words_per_token or 0.75)  # None: a record from before the option
+        words = count_words(record.summary, record.config.words_per_token)  # the record summarize_book just made
         typer.echo(f"{words} words; {describe_calls(record.usage)}", err=True)

@@ -43,9 +43,9 @@ from pydantic import BaseModel
 
 from booklens.errors import BooklensError
 from booklens.records import file_lock, write_atomically
-from booklens.text import trim_split_word
 from booklens.retrieval import (BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, DENSE_MODES,
                                 IN_WORD_MARKS, SEARCH_MODES, words)
+from booklens.text import trim_split_word
 
 EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 # Passages are embedded in windows of this many tokens and scored by their best window: a
@@ -55,7 +55,7 @@ RRF_K = 60
 # `book_context` cuts the passage that does not fit whole only if this many tokens are left.
 MIN_PIECE_TOKENS = 32
 # Bump when passages, tokenization or index files change so old caches are not reused.
-INDEX_VERSION = 2  # 2: passages counted (and limited) as trimmed
+INDEX_VERSION = 2  # 2: passages counted (and limited) as trimmed; more Han and kana ranges as one-character words
 
 
 class Passage(BaseModel):
