@@ -17,11 +17,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from booklens.errors import BooklensError, check_flag, kind_of
-from booklens.lm.base import ContextWindowExceeded, lm_label, planned_window_advice
+from booklens.lm.base import ContextWindowExceeded, lm_label, planned_window_advice, refuse_larger_window
 from booklens.lm.usage import usage_scope, usage_step
 from booklens.retrieval import DEFAULT_PASSAGE_TOKENS
 from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, counted
@@ -119,11 +120,22 @@ def check_context_window(context_window: Optional[int], model_window: Optional[i
     larger than the model's (`model_window`; None is unknown, and not checked). It says which of
     the two it was, so a user who never gave --context-window is not told about that option's value."""
     window = DEFAULT_CONTEXT_WINDOW if context_window is None else context_window
-    if not model_window or window <= model_window:
-        return
     which = f"the default context window {window}" if context_window is None else f"--context-window {window}"
-    raise BooklensError(f"{which} is larger than this model's {model_window}: set --context-window to "
-                        f"{model_window} or less")
+    refuse_larger_window(which, window, model_window)
+
+
+@contextmanager
+def judge_window_advice(lm: Any, option: Optional[str]):
+    """A prompt a server refused as too long, told to set `option` (None: left as it is) when the
+    server's window is smaller than the one the judge planned for: `lm`'s, else the default, which a
+    server that does not say its window (llama-cpp-python's) is planned with."""
+    try:
+        yield
+    except ContextWindowExceeded as exc:
+        if option is None:
+            raise
+        planned = getattr(lm, "context_window", None) or DEFAULT_CONTEXT_WINDOW
+        raise planned_window_advice(exc, planned, "the judge", option) from None
 
 
 def book_summarizer(*, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -233,9 +245,12 @@ def summarize_book(book_path: Optional[Path] = None, *, method: str = "hier", ch
 
 @_in_booklens_format
 def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concurrency: int = 4, tries: int = 3,
-                    book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None) -> dict[str, Any]:
+                    book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None,
+                    window_option: Optional[str] = None) -> dict[str, Any]:
     """Score summaries with the configured LM; name -> `CoherenceResult`, each with its judge. The
-    judge is `scorer`, else the default few-shot confusion detector (`booklens.judges`)."""
+    judge is `scorer`, else the default few-shot confusion detector (`booklens.judges`).
+    `window_option` names the setting of the window the judge plans for (a command's
+    `--context-window`), which a server's refusal of a prompt then advises."""
     from booklens.inputs import wordless
     from booklens.judges import judge_info, load_judge
     from booklens.lm import current_lm
@@ -276,7 +291,7 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
     for name, text in summaries.items():
         sentences = split[name]
         started = time.perf_counter()
-        with usage_scope() as tracker, usage_step("coherence"):
+        with usage_scope() as tracker, usage_step("coherence"), judge_window_advice(lm, window_option):
             prediction = scorer(summary=text, sentences=sentences)
         seconds = time.perf_counter() - started
         notes = [note for note in [demos_note(prediction), own_demos_note(prediction)] if note]
@@ -291,7 +306,8 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
 
 
 def score_coherence(summaries: Mapping[str, str], *, as_set: bool, batch_size: int = 1, concurrency: int = 4,
-                    tries: int = 3, book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None):
+                    tries: int = 3, book_texts: Optional[Mapping[str, str]] = None, scorer: Any = None,
+                    window_option: Optional[str] = None):
     """`score_summaries` for a command: one `CoherenceResult`, or (`as_set`) a `CoherenceSet` of all
     the summaries with the system score and the usage of the whole set."""
     from booklens.lm import current_lm
@@ -303,7 +319,7 @@ def score_coherence(summaries: Mapping[str, str], *, as_set: bool, batch_size: i
     started = time.perf_counter()
     with usage_scope() as tracker:
         results = score_summaries(summaries, batch_size=batch_size, concurrency=concurrency, tries=tries,
-                                  book_texts=book_texts, scorer=scorer)
+                                  book_texts=book_texts, scorer=scorer, window_option=window_option)
     if not as_set:
         return next(iter(results.values()))
     record = build_set(results, annotator="program")
@@ -400,7 +416,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
                   mode: str = "bm25", k: Optional[int] = None, budget_tokens: Optional[int] = None,
                   passage_tokens: Optional[int] = None,
                   concurrency: int = 4, cache_dir: Optional[Path] = None, decompose: bool = False,
-                  programs: Optional[Mapping[str, Any]] = None, as_keys: bool = True, index: Any = None):
+                  programs: Optional[Mapping[str, Any]] = None, as_keys: bool = True, index: Any = None,
+                  window_option: Optional[str] = None):
     """Gather evidence for each claim (decomposing `summary` first when `decompose`) and verify it
     with the configured LM; a `FaithfulnessReport` with its judge. `programs` holds the decomposer and
     verifier to use by task; the verifier defaults to the few-shot one booklens ships (`booklens.judges`).
@@ -409,7 +426,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     decomposition (even when it then yields no claim). `index` is the book's index when the caller
     built it already (`book_index`, with the same settings). `k` and `passage_tokens` are refused where
     the mode does not use them; not given (None), they are the defaults. Errors name the settings as manifests write
-    them (`k`), or as the command line spells them (`--k`) when not `as_keys`."""
+    them (`k`), or as the command line spells them (`--k`) when not `as_keys`. `window_option` is as
+    `score_summaries` takes it."""
     from booklens.judges import judge_info, judge_name, load_judge
     from booklens.lm import current_lm
     from booklens.programs.faithfulness import build_checker, label_summary
@@ -473,7 +491,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
         claims = checker.claims_of(summary) if decompose else list(claims)
         t0 = time.perf_counter()
         given_lists = [list(g or []) for g in given] if given is not None else None
-        verdicts = checker.verify_claims(claims, index=index, given_evidence=given_lists) if claims else []
+        with judge_window_advice(lm, window_option):  # the decomposer's prompt is not sized by a window
+            verdicts = checker.verify_claims(claims, index=index, given_evidence=given_lists) if claims else []
         run_seconds = time.perf_counter() - t0
     counts, percentages, failures = label_summary(verdicts)
     return FaithfulnessReport(

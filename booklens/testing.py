@@ -153,9 +153,12 @@ class FakeOpenAIServer:
 
     The responder returns the answer text, `(status, message)` for an HTTP error, or a `Reply`.
     `received` lists every request (path, headers, body) in arrival order; `served` lists the
-    bodies that were answered completely (status 200), in order."""
+    bodies that were answered completely (status 200), in order. A GET is answered from `pages`
+    (path -> JSON), else with a one-model list at `/v1/models` and a 404 elsewhere; `fetched` lists
+    the GETs' paths."""
 
-    def __init__(self, latency: float = 0.0, responder: Callable[[dict[str, Any]], Any] = default_fake_answer):
+    def __init__(self, latency: float = 0.0, responder: Callable[[dict[str, Any]], Any] = default_fake_answer,
+                 pages: dict[str, Any] | None = None):
         import http.server
         import socketserver
 
@@ -163,6 +166,8 @@ class FakeOpenAIServer:
         self.responder = responder
         self.served: list[dict[str, Any]] = []
         self.received: list[ReceivedRequest] = []
+        self.pages = {"/v1/models": {"object": "list", "data": [{"id": "fake", "object": "model"}]}, **(pages or {})}
+        self.fetched: list[str] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self._closing = threading.Event()
@@ -184,7 +189,12 @@ class FakeOpenAIServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server API
-                self._send(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+                with lock:
+                    server.fetched.append(self.path)
+                if self.path in server.pages:
+                    self._send(200, server.pages[self.path])
+                else:
+                    self._send(404, {"detail": "Not Found"})
 
             def do_POST(self) -> None:  # noqa: N802 - http.server API
                 length = int(self.headers.get("Content-Length") or 0)

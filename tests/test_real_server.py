@@ -180,3 +180,24 @@ def test_a_prompt_larger_than_the_servers_context_is_one_line_with_its_figures(l
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: the prompt (")
     assert "do not fit the 4096-token context window of 'openai/smol'" in lines[0]
+
+
+def test_evidence_planned_for_a_larger_window_names_the_option_and_a_given_one_fits(llama_server, inputs,
+                                                                                     monkeypatch):
+    """llama-cpp-python's server states no window, so given quotes are cut for the default 8192 tokens
+    and the 4096-token server refuses them: the line names the judges' --context-window, and with it
+    the same claim is judged."""
+    quotes = " ".join(["Mara rationed the oil and burned the lamp only in the darkest hours."] * 500)
+    (inputs / "claims.json").write_text(json.dumps([{"claim": "Mara rationed the oil.", "evidence": [quotes]}]),
+                                        encoding="utf-8")
+    args = ["verify", "--claims", "claims.json", "--evidence", "given", "--zero-shot"]
+    environ = {**os.environ, "BOOKLENS_CACHE_DIR": str(inputs / "cache")}
+    environ.pop("BOOKLENS_DEBUG", None)
+    result = subprocess.run([sys.executable, "-m", "booklens", *args, "--lm", llama_server.lm, "--api-base",
+                             llama_server.url], capture_output=True, text=True, env=environ, cwd=inputs, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert lines[0].endswith("context window of 'openai/smol': the judge plans for a 8192-token window; set "
+                             "--context-window to 4096 or less"), lines[0]
+    data = booklens([*args, "--context-window", "1024"], inputs, llama_server, monkeypatch)
+    assert data["budget_tokens"] < 1024 and len(data["claims"]) == 1 and not data["failures"]

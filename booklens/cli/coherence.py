@@ -21,9 +21,11 @@ import typer
 
 from booklens.cli import app
 from booklens.cli.common import (
+    JUDGE_WINDOW_OPTION,
     ApiBaseOption,
     CacheDirOption,
     ConcurrencyOption,
+    JudgeWindowOption,
     LMOption,
     OutputOption,
     ProgramOption,
@@ -110,6 +112,7 @@ def score(
     rpm: RpmOption = None,
     tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
+    context_window: JudgeWindowOption = None,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
     program: ProgramOption = None,
@@ -122,7 +125,8 @@ def score(
         # Annotations are scored as they are: an option of the LM judge would do nothing.
         judge_settings = {"book": book, "batch_size": batch_size, "tries": tries, "lm": lm, "api_base": api_base,
                           "structured": structured, "rpm": rpm, "tpm": tpm, "concurrency": concurrency,
-                          "cache_dir": cache_dir, "program": program, "zero_shot": zero_shot}
+                          "context_window": context_window, "cache_dir": cache_dir, "program": program,
+                          "zero_shot": zero_shot}
         defaults = inspect.signature(score).parameters
         judge_options = {"--" + name.replace("_", "-"): value != defaults[name].default
                          for name, value in judge_settings.items()}
@@ -165,9 +169,9 @@ def score(
                         tries=tries)
     from booklens.steps import judge_notes, judged_nothing, score_coherence
 
-    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm, context_window=context_window)
     record = score_coherence(texts, as_set=is_map, batch_size=batch_size, concurrency=concurrency, tries=tries,
-                             book_texts=book_texts, scorer=scorer)
+                             book_texts=book_texts, scorer=scorer, window_option=JUDGE_WINDOW_OPTION)
     write_output(output, record)
     from booklens.lm.usage import describe_calls
 

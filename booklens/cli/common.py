@@ -14,6 +14,7 @@ import typer
 from booklens.data.splits import SEED_RANGE, SPLITS
 from booklens.errors import BooklensError
 from booklens.lm.remote import STRUCTURED_MODES
+from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW, MIN_CONTEXT_WINDOW
 
 
 def command_group(**settings: Any) -> typer.Typer:
@@ -55,6 +56,12 @@ ApiBaseOption = Annotated[
     Optional[str], typer.Option("--api-base", help="Base URL of an OpenAI-compatible server (vLLM, llama.cpp, Ollama).")
 ]
 ConcurrencyOption = Annotated[int, typer.Option("--concurrency", min=1, help="Independent LM calls run at once.")]
+# The option that names the window a judge's prompts are planned for (`window_option` of the steps).
+JUDGE_WINDOW_OPTION = "--context-window"
+JudgeWindowOption = Annotated[Optional[int], typer.Option(
+    JUDGE_WINDOW_OPTION, min=MIN_CONTEXT_WINDOW,
+    help=f"Tokens the model reads at once, which the judge's prompts are sized for (default: what LiteLLM or "
+         f"the --api-base server states, else {DEFAULT_CONTEXT_WINDOW}; llama-cpp-python's server states none).")]
 
 
 def cache_dir_option(value: str) -> Path:
@@ -321,12 +328,15 @@ def check_lm_options(lm: str | None, api_base: str | None = None, *, structured:
 
 
 def setup_lm(lm: str | None, api_base: str | None = None, cache_dir: Path | None = None, *,
-             structured: Structured | str | None = None, rpm: int | None = None, tpm: int | None = None):
-    """Build the LM a command names and make it the LM of every DSPy program in this process."""
+             structured: Structured | str | None = None, rpm: int | None = None, tpm: int | None = None,
+             context_window: int | None = None):
+    """Build the LM a command names and make it the LM of every DSPy program in this process
+    (`context_window`: the judge's `--context-window`, as `make_lm` takes it)."""
     check_lm_options(lm, api_base, structured=structured, rpm=rpm, tpm=tpm)
     from booklens.lm import configure, make_lm
 
-    return configure(make_lm(lm, api_base=api_base, cache_dir=cache_dir, **lm_options(structured, rpm, tpm)))
+    return configure(make_lm(lm, api_base=api_base, cache_dir=cache_dir, context_window=context_window,
+                             **lm_options(structured, rpm, tpm)))
 
 
 def write_output(path: Path | None, payload: Any) -> None:

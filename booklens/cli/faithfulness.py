@@ -15,9 +15,11 @@ import typer
 
 from booklens.cli import app
 from booklens.cli.common import (
+    JUDGE_WINDOW_OPTION,
     ApiBaseOption,
     CacheDirOption,
     ConcurrencyOption,
+    JudgeWindowOption,
     LMOption,
     OutputOption,
     ProgramOption,
@@ -141,6 +143,7 @@ def verify_command(
     rpm: RpmOption = None,
     tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
+    context_window: JudgeWindowOption = None,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
     program: ProgramOption = None,
@@ -173,11 +176,11 @@ def verify_command(
         check_claims_book(claims, book, book_text)
     programs, _ = _programs([program] if program is not None else [], "verify", ("verification",),
                             zero_shot=zero_shot, binary=binary, evidence=evidence.value)
-    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm, context_window=context_window)
     report = verify_claims(claims=claim_list, given=given if evidence is EvidenceMode.given else None,
                            book=book, book_text=book_text, mode=evidence.value, k=k, budget_tokens=budget_tokens,
                            passage_tokens=passage_tokens, concurrency=concurrency, cache_dir=cache_dir,
-                           programs=programs, as_keys=False)
+                           programs=programs, as_keys=False, window_option=JUDGE_WINDOW_OPTION)
     write_output(output, report)
     _report_line(report)
 
@@ -197,6 +200,7 @@ def check_command(
     rpm: RpmOption = None,
     tpm: TpmOption = None,
     concurrency: ConcurrencyOption = 4,
+    context_window: JudgeWindowOption = None,
     cache_dir: CacheDirOption = None,
     output: OutputOption = None,
     program: Annotated[Optional[list[Path]], typer.Option(
@@ -219,11 +223,12 @@ def check_command(
         typer.echo(other_text_warning(summary, book), err=True)
     programs, artifacts = _programs(program, "check", ("decomposition", "verification"), zero_shot=zero_shot,
                                     binary=binary, evidence=evidence.value)
-    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm, context_window=context_window)
     echo_artifact_note(artifacts.get("decomposition"), lm_label(model))  # the verifier's is under its judge line
     report = verify_claims(claims=[], book=book, book_text=book_text, summary=summary_text, mode=evidence.value,
                            k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens, concurrency=concurrency,
-                           cache_dir=cache_dir, decompose=True, programs=programs, as_keys=False)
+                           cache_dir=cache_dir, decompose=True, programs=programs, as_keys=False,
+                           window_option=JUDGE_WINDOW_OPTION)
     write_output(output, report)
     _report_line(report)
 

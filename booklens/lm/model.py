@@ -17,7 +17,7 @@ import dspy
 
 from booklens.errors import BooklensError, LMError, first_line, kind_of
 from booklens.lm.adapter import BooklensAdapter
-from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded
+from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, refuse_larger_window
 from booklens.lm.cache import CACHE_FILE, CallCache, cache_folder
 from booklens.lm.embedded import LOCAL_LM, LocalBackend, check_lm_strings, missing_model_error, resolve_lm_name
 from booklens.lm.remote import (STRUCTURED_MODES, LiteLLMBackend, model_context_window, resolve_api_base,
@@ -108,6 +108,7 @@ class BooklensLM(dspy.BaseLM):
         max_tokens: int = DEFAULT_MAX_TOKENS,
         label: str | None = None,
         call_limit: Any = None,
+        context_window: int | None = None,
     ):
         super().__init__(model=backend.name, temperature=temperature, max_tokens=max_tokens, cache=False)
         self.backend = backend
@@ -116,10 +117,15 @@ class BooklensLM(dspy.BaseLM):
         self.label = label or backend.name
         # A semaphore shared by the LMs of a pool: at most that many backend calls in flight.
         self.call_limit = call_limit
+        if context_window is not None:
+            refuse_larger_window(f"--context-window {context_window}", context_window,
+                                 getattr(backend, "context_window", None))
+        # The window prompts are planned for when the model's is unknown or larger than a user wants.
+        self.planned_window = context_window
 
     @property
     def context_window(self) -> int | None:
-        return getattr(self.backend, "context_window", None)
+        return self.planned_window or getattr(self.backend, "context_window", None)
 
     @property
     def summary_settings(self) -> dict[str, Any]:
@@ -360,6 +366,7 @@ def make_lm(
     rpm: int | None = None,
     tpm: int | None = None,
     limiter: Any = None,
+    context_window: int | None = None,
 ) -> BooklensLM:
     """Build the LM for a `--lm` string ('local' or a LiteLLM model) with the disk cache
     (a given `cache`, `usage` tracker and `call_limit` are shared with other LMs).
@@ -367,12 +374,14 @@ def make_lm(
     `structured` (auto|schema|json|off, or BOOKLENS_STRUCTURED) picks how LiteLLM backends are
     sent output schemas; `rpm`/`tpm` (or BOOKLENS_RPM/BOOKLENS_TPM) limit requests and tokens per
     minute over every thread that uses the LM, or pass one `limiter` (a `RateLimiter`) to share
-    between LMs. The embedded model always decodes under the schema and has no rate limits."""
+    between LMs. The embedded model always decodes under the schema and has no rate limits.
+    `context_window` is the window the judges plan their prompts for, when a server does not say
+    its own (llama-cpp-python's) or a smaller one is wanted; larger than the model's is an error."""
     if backend is None:
         backend = make_backend(lm, api_base=api_base, structured=structured, rpm=rpm, tpm=tpm, limiter=limiter)
     if cache is None and use_cache:
         cache = CallCache(cache_folder(cache_dir) / CACHE_FILE)
-    return BooklensLM(backend, cache=cache, usage=usage, call_limit=call_limit)
+    return BooklensLM(backend, cache=cache, usage=usage, call_limit=call_limit, context_window=context_window)
 
 
 def resolve_structured(structured: str | None) -> str:

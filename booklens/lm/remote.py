@@ -106,6 +106,9 @@ def request_timeout(seconds: float | None = None) -> float:
 # What each server was found to accept, by (provider, api_base or model), for this process.
 _learned: dict[tuple[str, str], dict[str, Any]] = {}
 _learned_lock = threading.Lock()
+_window_lock = threading.Lock()
+# The most of a server's answer read when asking for its window: a model list or llama.cpp's props.
+WINDOW_ANSWER_LIMIT = 4_000_000
 
 
 def check_api_base(api_base: str | None, what: str = "--api-base") -> str | None:
@@ -276,7 +279,7 @@ class LiteLLMBackend:
         self.structured = structured
         self.limiter = limiter
         self.sleep = sleep
-        self.context_window = model_context_window(model)
+        self._table_window = model_context_window(model)
         try:
             self.provider = litellm.get_llm_provider(model, api_base=api_base)[1]
         except Exception:
@@ -299,6 +302,42 @@ class LiteLLMBackend:
     def list_priced(self) -> bool:
         """Whether LiteLLM's price list states what a call costs (`list_priced`)."""
         return list_priced(self.provider, self.api_base)
+
+    @property
+    def context_window(self) -> int | None:
+        """Tokens the model reads at once: what a self-hosted server states it serves the model with
+        (asked once per server and model, `server_window`), else LiteLLM's figure, else None. A server
+        started with a small window (llama.cpp's `-c 2048`) is then planned for before its first refusal."""
+        if not self._asks_window():
+            return self._table_window
+        key = f"window of {self.model}"
+        with _learned_lock:
+            if key in self._learned:
+                return self._learned[key] or self._table_window
+        with _window_lock:  # one question per server and model, however many threads plan at once
+            with _learned_lock:
+                asked = key in self._learned
+            if not asked:
+                self._check_connects()  # a server that drops packets is one line, not a wait per question
+                window = server_window(self.api_base, self.model.partition("/")[2] or self.model,
+                                       self._server_key()[1], timeout=min(connect_timeout(), self.timeout))
+                with _learned_lock:
+                    self._learned[key] = window
+        with _learned_lock:
+            return self._learned[key] or self._table_window
+
+    def _asks_window(self) -> bool:
+        """Whether the window is asked of the server: an OpenAI-compatible one someone runs (not a
+        provider's own API, and not Ollama, which is sent the window it should use: `ollama_window`)."""
+        if not self.api_base or self.provider in OLLAMA_PROVIDERS:
+            return False
+        from urllib.parse import urlsplit
+
+        try:
+            host = (urlsplit(self.api_base).hostname or "").lower()
+        except ValueError:
+            return False
+        return host not in PROVIDER_HOSTS.values()
 
     @property
     def server(self) -> str | None:
@@ -876,6 +915,41 @@ def _without_class_names(text: str) -> str:
 
 # 'litellm.BadRequestError: ', 'InternalServerError: ', 'OpenAIException - ', 'Hosted_vllmException - ', ...
 _LITELLM_PREFIX = re.compile(r"^(?:litellm\.)?[A-Za-z_]*(?:Error|Exception|Timeout)(?::| -)\s+")
+
+
+def server_window(server: str, model_id: str, key: str | None, *, timeout: float) -> int | None:
+    """The context window (prompt and answer) an OpenAI-compatible server says it serves `model_id`
+    with: `max_model_len` in its model list (vLLM, SGLang), else the per-slot `n_ctx` of llama.cpp's
+    `/props`; None when it says neither (llama-cpp-python's server, an error, no answer in `timeout`
+    seconds). Only a whole number above 0 counts."""
+    import json
+    import urllib.request
+
+    base = server.rstrip("/")
+
+    def fetched(url: str) -> Any:
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return json.loads(response.read(WINDOW_ANSWER_LIMIT))
+        except Exception:  # no such route, a refusal, a body that is not JSON: the server does not say
+            return None
+
+    def window(value: Any) -> int | None:
+        return value if type(value) is int and value > 0 else None
+
+    listed = fetched(f"{base}/models")
+    entries = listed.get("data") if isinstance(listed, dict) else None
+    if isinstance(entries, list):
+        entries = [entry for entry in entries if isinstance(entry, dict)]
+        # The model asked for, or the one a single-model server serves under whatever name.
+        named = [entry for entry in entries if entry.get("id") == model_id] or (entries if len(entries) == 1 else [])
+        for entry in named:
+            if window(entry.get("max_model_len")):
+                return entry["max_model_len"]
+    props = fetched(f"{base.removesuffix('/v1')}/props")  # llama.cpp serves it beside /v1, not in it
+    settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+    return window(settings.get("n_ctx")) if isinstance(settings, dict) else None
 
 
 def _learned_about(provider: str, server: str) -> dict[str, Any]:

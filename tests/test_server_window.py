@@ -1,0 +1,176 @@
+"""The context window of a self-hosted server: asked of the server where it says it (vLLM's model
+list, llama.cpp's /props), given with the judges' `--context-window` where it does not
+(llama-cpp-python's server), and named in the line a refused prompt gives."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from booklens.lm import LiteLLMBackend, make_lm
+from booklens.testing import FakeOpenAIServer, Reply, run_command
+
+REPO = Path(__file__).resolve().parents[1]
+STORY = REPO / "examples" / "sample_story.txt"
+LLAMA_CPP_PROPS = {"/props": {"default_generation_settings": {"n_ctx": 2048, "params": {}}, "total_slots": 1}}
+# A claim with quotes long enough that the evidence planned for an 8192-token window overflows 2048.
+LONG_QUOTES = [{"claim": "Mara lit the lamp.", "evidence": [" ".join(["The lamp burned over the harbour."] * 700)]}]
+
+
+def backend_for(server: FakeOpenAIServer, model: str = "openai/fake-model") -> LiteLLMBackend:
+    return LiteLLMBackend(model, api_base=server.url)
+
+
+def run_here(args, tmp_path):
+    env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("BOOKLENS_LM", None)
+    return run_command([str(a) for a in args], env=env)
+
+
+def one_line_error(proc) -> str:
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+def overflow_at(window: int):
+    """A server with a `window`-token context, refusing a longer request in llama-cpp-python's words
+    (the prompt counted as a quarter of its characters)."""
+    def respond(body):
+        prompt = sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4
+        wanted = body.get("max_tokens") or 0
+        if prompt + wanted <= window:
+            return Reply(status=500, error="not expected to fit")
+        return Reply(status=400, error=f"Requested tokens ({prompt + wanted}) exceed context window of {window}")
+    return respond
+
+
+def test_a_vllm_server_states_the_window_of_the_model_asked_for():
+    pages = {"/v1/models": {"object": "list", "data": [{"id": "other", "max_model_len": 4096},
+                                                       {"id": "fake-model", "max_model_len": 16384}]}}
+    with FakeOpenAIServer(pages=pages) as server:
+        assert backend_for(server).context_window == 16384
+        assert server.fetched == ["/v1/models"]
+        assert server.received == []  # a question, not a completion
+
+
+def test_a_llama_cpp_server_states_its_per_slot_window_in_props():
+    with FakeOpenAIServer(pages=LLAMA_CPP_PROPS) as server:
+        assert backend_for(server).context_window == 2048
+        assert server.fetched == ["/v1/models", "/props"]  # /props beside /v1, not in it
+
+
+def test_the_window_is_asked_once_per_server_and_model():
+    with FakeOpenAIServer(pages=LLAMA_CPP_PROPS) as server:
+        first, second = backend_for(server), backend_for(server)
+        assert [first.context_window, second.context_window, first.context_window] == [2048, 2048, 2048]
+        assert len(server.fetched) == 2
+        assert backend_for(server, "openai/other-model").context_window == 2048
+        assert len(server.fetched) == 4
+
+
+@pytest.mark.parametrize("n_ctx", [0, -1, "2048", 2048.0, True, None])
+def test_a_window_that_is_not_a_whole_number_above_zero_is_not_taken(n_ctx):
+    with FakeOpenAIServer(pages={"/props": {"default_generation_settings": {"n_ctx": n_ctx}}}) as server:
+        assert backend_for(server).context_window is None
+
+
+def test_a_server_that_states_no_window_leaves_it_unknown():
+    """llama-cpp-python's server lists its models without a window and has no /props."""
+    with FakeOpenAIServer() as server:
+        lm = make_lm("openai/fake", api_base=server.url, use_cache=False)
+        assert lm.context_window is None
+        assert server.fetched == ["/v1/models", "/props"]
+
+
+def test_ollama_is_not_asked_it_is_sent_the_window_to_use():
+    with FakeOpenAIServer(pages=LLAMA_CPP_PROPS) as server:
+        backend = LiteLLMBackend("ollama_chat/fake", api_base=server.url.removesuffix("/v1"))
+        backend.context_window
+        assert server.fetched == []
+
+
+def test_a_given_window_is_what_the_judges_plan_for_and_may_not_exceed_the_models(tmp_path):
+    with FakeOpenAIServer(pages=LLAMA_CPP_PROPS) as server:
+        assert make_lm("openai/fake", api_base=server.url, use_cache=False, context_window=1024).context_window == 1024
+        lm = make_lm("openai/fake", api_base=server.url, use_cache=False, context_window=1024)
+        assert lm.view().context_window == 1024  # a program's copy plans the same
+        with pytest.raises(Exception) as refused:
+            make_lm("openai/fake", api_base=server.url, use_cache=False, context_window=4096)
+        assert str(refused.value) == ("--context-window 4096 is larger than this model's 2048: set --context-window "
+                                      "to 2048 or less")
+
+
+def test_verify_plans_for_the_window_the_server_states(tmp_path):
+    """Five passages of 256 tokens do not fit the 2048 tokens llama.cpp says it has beside the judge's
+    demos: one line naming the settings, before any call."""
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Mara lit the lamp."]))
+    with FakeOpenAIServer(pages=LLAMA_CPP_PROPS) as server:
+        proc = run_here(["verify", "--claims", claims, "--book", STORY, "--evidence", "bm25", "--lm", "openai/fake",
+                         "--api-base", server.url], tmp_path)
+    line = one_line_error(proc)
+    assert line.endswith("in its 2048-token context window; lower --k or --passage-tokens"), line
+    assert server.received == []
+
+
+def test_verify_plans_for_a_given_context_window(tmp_path):
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Mara lit the lamp."]))
+    with FakeOpenAIServer() as server:
+        proc = run_here(["verify", "--claims", claims, "--book", STORY, "--evidence", "bm25", "--lm", "openai/fake",
+                         "--api-base", server.url, "--context-window", "2048"], tmp_path)
+    line = one_line_error(proc)
+    assert line.endswith("in its 2048-token context window; lower --k or --passage-tokens"), line
+    assert server.received == []
+
+
+@pytest.mark.parametrize("command", [
+    lambda claims, summary: ["verify", "--claims", claims, "--evidence", "given"],
+    lambda claims, summary: ["score", summary, "--zero-shot", "--tries", "1"],
+])
+def test_a_refused_prompt_names_the_judges_context_window_option(tmp_path, command):
+    """A server that states no window is planned for with 8192 tokens; when it refuses a prompt as
+    too long for its 2048, the line says which option plans for that."""
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(LONG_QUOTES))
+    summary = tmp_path / "summary.txt"
+    summary.write_text(" ".join(["Mara lit the lamp over the harbour and waited for the boats."] * 180))
+    with FakeOpenAIServer(responder=overflow_at(2048)) as server:
+        proc = run_here([*command(claims, summary), "--lm", "openai/fake", "--api-base", server.url, "--concurrency",
+                         "1"], tmp_path)
+    line = one_line_error(proc)
+    assert line.endswith("fit the 2048-token context window of 'openai/fake': the judge plans for a 8192-token "
+                         "window; set --context-window to 2048 or less"), line
+    assert len(server.received) == 1
+
+
+def test_a_decomposition_too_long_for_the_server_is_not_told_to_set_the_judges_window(tmp_path):
+    """The decomposer sends the whole summary whatever the window: a smaller one would not help."""
+    summary = tmp_path / "summary.txt"
+    summary.write_text(" ".join(["Mara lit the lamp over the harbour and waited for the boats."] * 180))
+    with FakeOpenAIServer(responder=overflow_at(2048)) as server:
+        proc = run_here(["check", STORY, summary, "--evidence", "none", "--lm", "openai/fake", "--api-base",
+                         server.url], tmp_path)
+    line = one_line_error(proc)
+    assert "context-window" not in line and "fit the 2048-token context window" in line, line
+
+
+def test_summarize_refuses_the_default_window_a_server_says_it_does_not_have(tmp_path):
+    with FakeOpenAIServer(pages=LLAMA_CPP_PROPS) as server:
+        proc = run_here(["summarize", STORY, "--lm", "openai/fake", "--api-base", server.url], tmp_path)
+    assert one_line_error(proc) == ("error: the default context window 8192 is larger than this model's 2048: set "
+                                    "--context-window to 2048 or less")
+    assert server.received == []
+
+
+def test_a_context_window_larger_than_the_embedded_models_is_refused(tmp_path):
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Mara lit the lamp."]))
+    proc = run_here(["verify", "--claims", claims, "--evidence", "none", "--context-window", "16384"], tmp_path)
+    assert one_line_error(proc) == ("error: --context-window 16384 is larger than this model's 8192: set "
+                                    "--context-window to 8192 or less")
