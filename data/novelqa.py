@@ -124,6 +124,17 @@ class NovelQAQuestion(BaseModel):
             raise ValueError("Options must be an object {A: ..., B: ...} or a list")
         if not any(text.strip() for text in out.values()):
             raise ValueError("every option is blank")
+        # Options a reader cannot tell apart leave the answer unscorable: a blank one names no
+        # choice, and of two equal texts only one letter is the gold.
+        blank = [letter for letter, text in out.items() if not text.strip()]
+        if blank:
+            raise ValueError(f"option {blank[0]} is blank")
+        first_with: dict[str, str] = {}
+        for letter, text in out.items():
+            same = " ".join(text.split()).casefold()
+            if same in first_with:
+                raise ValueError(f"options {first_with[same]} and {letter} have the same text {_shown(text.strip())}")
+            first_with[same] = letter
         beyond = sorted(set(out) - set(OPTION_LETTERS))
         if beyond:  # the answer field takes these letters only: a right answer E would be refused as unparseable
             raise ValueError(f"options are {OPTION_LETTERS[0]}-{OPTION_LETTERS[-1]} (NovelQA's four choices), "

@@ -107,6 +107,23 @@ def test_wrong_shapes_are_one_line_errors(payload, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("options, problem", [
+    ({"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": ""}, "option D is blank"),
+    ({"A": "The Heron", "B": " \t", "C": "The Swift", "D": "The Lantern"}, "option B is blank"),
+    (["The Heron", "The Marigold", "", "The Lantern"], "option C is blank"),
+    ({"A": "The Heron", "B": "The Marigold", "C": "the  MARIGOLD ", "D": "The Lantern"},
+     "options B and C have the same text 'the  MARIGOLD'"),
+])
+def test_options_a_reader_cannot_tell_apart_are_refused_when_the_file_is_loaded(tmp_path, options, problem):
+    """A blank option or two options with one text (whatever their case and spacing) leave the answer
+    unscorable: the file is refused, naming the file and the question."""
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps([{**QUESTION, "QID": "T-0"}, {**QUESTION, "Options": options}]), encoding="utf-8")
+    with pytest.raises(BooklensError) as err:
+        load_questions(path)
+    assert str(err.value) == f"{path}: question 2 (T-1): Options: {problem}"
+
+
 @pytest.mark.parametrize("gold, line", [
     ("E", "q.json: question 1 (T-1): Gold: 'E' is not one of the options A, B, C, D"),
     (7, "q.json: question 1 (T-1): Gold: 7 is not the index of an option (0 to 3)"),
@@ -452,10 +469,10 @@ def test_an_answer_matching_no_options_text_or_two_is_still_refused(options, wri
 
 @pytest.mark.parametrize("written", ["", "**", "."])
 def test_a_blank_answer_is_not_read_as_a_blank_options_letter(written):
-    """A question may have a blank option (D: ""): an answer with no words is still no answer, not
-    the letter of the option whose text is as blank as it is."""
+    """A blank option (D: "", which the loader refuses but a question built in code may have): an
+    answer with no words is still no answer, not the letter of the option whose text is as blank."""
     options = {"A": "The Heron", "B": "The Marigold", "C": "The Swift", "D": ""}
-    q = parse_questions([{**QUESTION, "Options": options}])
+    q = [parse_questions([QUESTION])[0].model_copy(update={"options": options})]
     lm = scripted(lambda call: {"answer": written})
     rec = answer_questions(BookQA("mc", "book"), make_book(20), q)[0]
     assert (rec.prediction, rec.correct, rec.attempts) == (None, False, 3)

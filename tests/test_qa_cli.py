@@ -66,6 +66,17 @@ def test_options_missing_in_mc_mode(tmp_path, book):
                           "no Options", "--setting gen")
 
 
+@pytest.mark.parametrize("options, problem", [
+    ({**QUESTION["Options"], "C": "  "}, "option C is blank"),
+    ({**QUESTION["Options"], "D": "THE HERON"}, "options A and D have the same text 'THE HERON'"),
+])
+def test_options_that_cannot_be_told_apart_are_refused(tmp_path, book, options, problem):
+    q = write(tmp_path, "q.json", [{**QUESTION, "Options": options}])
+    result = run(["qa", str(book), "--questions", str(q)], tmp_path)
+    assert_one_line_error(result, f"error: {q}: question 1 (T-1): Options: {problem}")
+    assert result.stdout == ""
+
+
 @pytest.mark.parametrize("evidence, options, needle", [
     ("none", ["--k", "3"], "--k is how many passages bm25/dense/hybrid/book start from; evidence none retrieves none"),
     ("given", ["--passage-tokens", "64"], "--passage-tokens sizes the passages cut from the book; evidence given"),
