@@ -122,7 +122,8 @@ class Reply:
       page, `text/html`, unless given): a body no chat completion is, or an error in a server's own shape;
     - otherwise `content` is the answer, with `finish_reason` and usage (`cached_tokens` is
       reported as `prompt_tokens_details.cached_tokens`, or Anthropic's `cache_read_input_tokens`;
-      `usage=False` leaves the usage out, as some servers and proxies do).
+      `usage=False` leaves the usage out, as some servers and proxies do); `reasoning` is sent as
+      the message's `reasoning_content`, as a server that splits a model's thinking off sends it.
     """
 
     content: str | None = ""  # None: `content: null`
@@ -139,6 +140,7 @@ class Reply:
     usage: bool = True
     raw: str | None = None
     raw_type: str = "text/html"
+    reasoning: str | None = None
 
 
 @dataclass
@@ -253,11 +255,13 @@ class FakeOpenAIServer:
                                                  "total_tokens": prompt + completion}
                         if reply.cached_tokens:
                             usage["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+                        message = {"role": "assistant", "content": reply.content}
+                        if reply.reasoning is not None:
+                            message["reasoning_content"] = reply.reasoning
                         payload = {
                             "id": "fake", "object": "chat.completion", "created": 0,
                             "model": body.get("model", "fake"),
-                            "choices": [{"index": 0, "finish_reason": reply.finish_reason,
-                                         "message": {"role": "assistant", "content": reply.content}}],
+                            "choices": [{"index": 0, "finish_reason": reply.finish_reason, "message": message}],
                             "usage": usage,
                         }
                         if not reply.usage:

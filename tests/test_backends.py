@@ -887,6 +887,31 @@ def test_an_answer_always_cut_off_is_recorded_as_failed_after_the_cap():
     assert [r.body["max_tokens"] for r in server.received] == [16, 32, 64, 64]  # 4x the first budget at most
 
 
+@pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model"])
+def test_an_answer_that_is_reasoning_only_says_so_and_keeps_the_reasoning_out(model):
+    """A server that splits a model's thinking off (vLLM's reasoning parser, some providers) sends an
+    answer whose budget went on thinking as empty content with `reasoning_content`: the re-asks grow
+    the budget as for any cut-off answer, and the failure says what came back and what to change,
+    not that the answer is empty."""
+    def thinks_all_along(body):
+        return Reply(content="", reasoning="Let me weigh the label. " * 40, finish_reason="length",
+                     completion_tokens=body["max_tokens"])
+
+    with FakeOpenAIServer(responder=thinks_all_along) as server:
+        with dspy.context(lm=BooklensLM(backend_for(server, model=model)), adapter=BooklensAdapter()):
+            result = predict_with_retries(dspy.Predict(Classify), config={"max_tokens": 16}, text="x")
+    assert [r.body["max_tokens"] for r in server.received] == [16, 32, 64]
+    assert (result.ok, result.attempts) == (False, 3)
+    assert result.error == ("the answer was cut off at the token limit (64 tokens): unparseable answer: the model sent "
+                            "only reasoning (64 tokens), no answer: turn its thinking off or use a non-reasoning model")
+
+    # Reasoning beside an answer is no part of it.
+    with FakeOpenAIServer(responder=lambda body: Reply(content='{"label": "bad"}', reasoning="Hmm, good?")) as server:
+        with dspy.context(lm=BooklensLM(backend_for(server, model=model)), adapter=BooklensAdapter()):
+            result = predict_with_retries(dspy.Predict(Classify), text="x")
+    assert result.ok and result.prediction.label == "bad" and result.attempts == 1
+
+
 class CutByTheWindow:
     """A backend whose context window leaves 42 tokens for the answer, as the embedded model's does
     near its end: it writes that far whatever max_tokens says (`Completion.answer_room`)."""

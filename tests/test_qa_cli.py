@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer
+from booklens.testing import FakeOpenAIServer, Reply
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTION = {
@@ -192,6 +192,25 @@ def test_a_run_where_no_question_got_an_answer_fails_and_keeps_the_result(tmp_pa
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[1] == ("Accuracy: 50.0 (2) of 2 scored questions; 1 without a valid answer "
                                              "or verdict")
+
+
+def test_a_model_that_sends_only_reasoning_is_told_so_in_the_error_line(tmp_path, book):
+    """A reasoning model whose server splits its thinking off spent every answer budget on thinking:
+    the one line says so and what to change, and the result is still written."""
+    q = write(tmp_path, "q.json", [QUESTION])
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=lambda body: Reply(content="", reasoning="The Marigold, or... " * 50,
+                                                       finish_reason="length",
+                                                       completion_tokens=body["max_tokens"])) as server:
+        result = run(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base", server.url,
+                      "--evidence", "none", "-o", str(out)], tmp_path)
+    assert [r.body["max_tokens"] for r in server.received] == [1024, 2048, 4096]
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        "error: no question got a valid answer or verdict (1 of 1 question failed) (first: the answer was cut off at "
+        "the token limit (4096 tokens): unparseable answer: the model sent only reasoning (4096 tokens), no answer: "
+        "turn its thinking off or use a non-reasoning model)"]
+    assert json.loads(out.read_text())["predictions"][0]["prediction"] is None
 
 
 def test_the_result_is_written_even_when_stdout_is_closed(tmp_path, book):

@@ -189,6 +189,17 @@ def lenient_answer(signature: Any, completion: str) -> str:
     return json.dumps(data, ensure_ascii=False)
 
 
+def empty_answer_complaint(reasoning_tokens: int = 0) -> str:
+    """Why an answer without text failed. A model that thinks first may spend the whole answer
+    budget on thinking, which a server that splits it off sends apart: the re-asks grow the budget
+    only so far (and no command sets it), turning the thinking off is what helps."""
+    if not reasoning_tokens:
+        return "the answer is empty"
+    # (short: a command quotes the first failure's first 200 characters, behind its own words)
+    return (f"the model sent only reasoning ({reasoning_tokens} tokens), no answer: turn its thinking off or use "
+            "a non-reasoning model")
+
+
 class BooklensAdapter(JSONAdapter):
     """Inputs as `[[ ## field ## ]]` sections; outputs in one of two forms.
 
@@ -226,8 +237,10 @@ class BooklensAdapter(JSONAdapter):
                 if not str(text or "").strip() and not (isinstance(output, dict) and output.get("tool_calls")):
                     from dspy.utils.exceptions import AdapterParseError
 
+                    from booklens.lm.model import last_reasoning_only
+
                     raise AdapterParseError(type(self).__name__, original_signature, str(text or ""),
-                                            message="the answer is empty")
+                                            message=empty_answer_complaint(last_reasoning_only()))
         return super()._call_postprocess(processed_signature, original_signature, outputs, lm)
 
     def format_field_description(self, signature):

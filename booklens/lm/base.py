@@ -81,6 +81,9 @@ class Completion:
     # The tokens the context window left for the answer, when that was less than max_tokens (the
     # embedded model then writes only as far as the window goes): a larger budget cannot help.
     answer_room: int | None = None
+    # The reasoning tokens of an answer that was reasoning only (empty content, the thinking sent
+    # apart as `reasoning_content`), so its failure can say so; 0 otherwise.
+    reasoning_only_tokens: int = 0
 
 
 def stored_completion(value: Any) -> bool:
@@ -94,7 +97,8 @@ def stored_completion(value: Any) -> bool:
         return isinstance(x, int) and not isinstance(x, bool)
 
     checks = {"finish_reason": lambda x: isinstance(x, str), "prompt_tokens": count, "completion_tokens": count,
-              "provider_cached_tokens": count, "answer_room": lambda x: x is None or count(x),
+              "provider_cached_tokens": count, "reasoning_only_tokens": count,
+              "answer_room": lambda x: x is None or count(x),
               "cost": lambda x: x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))}
     return all(check(value[name]) for name, check in checks.items() if name in value)
 

@@ -59,6 +59,17 @@ def filter_stopped(what: str) -> str | None:
 _last_answer_room: contextvars.ContextVar[int | None] = contextvars.ContextVar("booklens_room", default=None)
 
 
+# The reasoning tokens of the last completion in this thread when it was reasoning only
+# (`Completion.reasoning_only_tokens`), else 0.
+_last_reasoning_only: contextvars.ContextVar[int] = contextvars.ContextVar("booklens_reasoning_only", default=0)
+
+
+def last_reasoning_only() -> int:
+    """The reasoning tokens of the current thread's most recent answer when it held only reasoning
+    and no answer, else 0."""
+    return _last_reasoning_only.get()
+
+
 # The lists collecting the cached calls made in this context (see `hearing_calls`); blocks nest.
 _calls_heard: contextvars.ContextVar[tuple[list[tuple[CallCache, str]], ...]] = contextvars.ContextVar(
     "booklens_calls_heard", default=())
@@ -199,6 +210,7 @@ class BooklensLM(dspy.BaseLM):
         first = answers[0][0]
         _last_finish_reason.set(first.finish_reason)
         _last_answer_room.set(first.answer_room)
+        _last_reasoning_only.set(first.reasoning_only_tokens)
         sent = [completion for completion, reused in answers if not reused]
         if sent and dspy.settings.usage_tracker is not None:
             # DSPy's own usage tracking (`dspy.track_usage`) is fed by its LM class only; what the
@@ -528,6 +540,7 @@ class Reasks:
         self.sent = int(call_config.get("max_tokens") or self.first)
         _last_finish_reason.set("stop")
         _last_answer_room.set(None)
+        _last_reasoning_only.set(0)
         return call_config
 
     def rejected(self) -> str:

@@ -619,6 +619,7 @@ class LiteLLMBackend:
             completion_tokens=completion_tokens,
             cost=cost,
             provider_cached_tokens=int(getattr(details, "cached_tokens", 0) or 0),
+            reasoning_only_tokens=_reasoning_only_tokens(choice.message, text, usage),
         )
 
     # -- faults ----------------------------------------------------------
@@ -955,6 +956,22 @@ def server_window(server: str, model_id: str, key: str | None, *, timeout: float
 def _learned_about(provider: str, server: str) -> dict[str, Any]:
     with _learned_lock:
         return _learned.setdefault((provider, server), {})
+
+
+def _reasoning_only_tokens(message: Any, text: str, usage: Any) -> int:
+    """The reasoning tokens of an answer that holds nothing but reasoning (a server that splits the
+    thinking off sends it as `reasoning_content`, with empty content), else 0. The reasoning itself
+    is never part of the answer."""
+    reasoning = getattr(message, "reasoning_content", None)
+    if text.strip() or not isinstance(reasoning, str) or not reasoning.strip():
+        return 0
+    from booklens.lm.ratelimit import count_tokens
+
+    details = getattr(usage, "completion_tokens_details", None)
+    for reported in (getattr(details, "reasoning_tokens", None), getattr(usage, "completion_tokens", None)):
+        if isinstance(reported, int) and reported > 0:
+            return reported
+    return count_tokens(text=reasoning)
 
 
 def _without_opened_reasoning(text: str) -> str:
