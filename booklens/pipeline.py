@@ -171,6 +171,9 @@ class JudgeConfig(_Config):
     batch_size: int = Field(default=1, ge=1)
     programs: dict[str, Path] = Field(default_factory=dict)
     zero_shot: bool = False  # judges without a compiled program run zero-shot, not the shipped few-shot ones
+    # The window the judges' prompts are planned for (evidence budgets, demos that fit): for a server
+    # that states none (llama-cpp-python's), or a smaller one than the model's; None: the model's.
+    context_window: Optional[int] = Field(default=None, ge=MIN_CONTEXT_WINDOW)
     lm: Optional[str] = None
     api_base: Optional[str] = None
 
@@ -562,14 +565,16 @@ def judge_step_inputs(name: str, judge: JudgeConfig, judge_model: dict[str, Any]
         path = judge.programs.get(task)
         return sha256_file(path) if path is not None else None
 
+    # A window set for the judges changes their prompts; left unset, the inputs are as before it existed.
+    window = {"context_window": judge.context_window} if judge.context_window is not None else {}
     if name == "coherence":
         return {**judge_model, "summary": needed_sha, "book_sha256": book_sha, "batch_size": judge.batch_size,
-                "program": program_sha("coherence")}
+                "program": program_sha("coherence"), **window}
     if name == "claims":
         return {**judge_model, "summary": needed_sha, "program": program_sha("decomposition")}
     return {**judge_model, "claims": needed_sha, "book_sha256": book_sha, "evidence": judge.evidence, "k": judge.k,
             "budget_tokens": judge.budget_tokens, "passage_tokens": judge.passage_tokens,
-            "max_claims": judge.max_claims, "program": program_sha("verification")}
+            "max_claims": judge.max_claims, "program": program_sha("verification"), **window}
 
 
 def given_source(system: SystemConfig) -> str:
@@ -820,6 +825,7 @@ def _config_record(system: SystemConfig, judge: JudgeConfig, summary_label: str,
         "budget_tokens": judge.budget_tokens,
         "passage_tokens": judge.passage_tokens,
         "max_claims": judge.max_claims,
+        "judge_context_window": judge.context_window,
         "programs": {task: program_entry(path) for task, path in sorted(programs.items())},
         "zero_shot": judge.zero_shot,
         "lm": summary_label,
@@ -854,10 +860,11 @@ def _stderr(message: str) -> None:
 
 def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge: JudgeConfig | None = None, *,
              lms: Any = None, concurrency: int = 4, notify: Optional[Callable[[str], None]] = None,
-             book_text: Optional[str] = None):
+             book_text: Optional[str] = None, window_option: str = "context_window"):
     """Run (or resume) every step for one book into the run directory `output`; returns the
     `RunRecord` written to run.json. `lms` is the `booklens.lm.LMPool` the LMs come from (one is
     made with the default cache when not given); `book_text` spares a second read of the book.
+    `window_option` is how errors name `judge.context_window` (`run`'s option, a manifest's key).
 
     A book that cannot be read, or a step that fails, is recorded in run.json and does not raise;
     a bad configuration or run directory raises `BooklensError` before anything is written, and so
@@ -899,6 +906,11 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
         check_context_window(system.context_window, getattr(summary_lm, "context_window", None))
     judge_lm = lms.get(judge.lm, judge.api_base)
+    if judge.context_window is not None:  # a view: the summarizer's LM may be the same object
+        if not hasattr(judge_lm, "planning_for"):
+            raise BooklensError(f"{window_option} sizes the prompts of a booklens LM (booklens.lm.make_lm); "
+                                f"{lm_label(judge_lm)} is not one")
+        judge_lm = judge_lm.planning_for(judge.context_window, window_option)
     summary_label, judge_label = lm_label(summary_lm), lm_label(judge_lm)
     summary_model = {"lm": summary_label, "api_base": public_api_base(lms.resolve(system.lm, system.api_base)[1])}
     from booklens.lm import structured_of
@@ -1032,7 +1044,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
             def score():
                 results = score_summaries({book.name: summary_text}, batch_size=judge.batch_size,
                                           concurrency=concurrency, book_texts={book.name: book_text},
-                                          scorer=programs.get("coherence"))
+                                          scorer=programs.get("coherence"), window_option=window_option)
                 return require_verdicts(results[book.name])
 
             coherence_inputs = judge_step_inputs("coherence", judge, judge_model, book_sha, summary_sha, programs)
@@ -1061,7 +1073,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                 return require_verdicts(verify_claims(
                     claims=chosen, book_text=book_text, book=Path(book.name), summary=claims.summary,
                     mode=judge.evidence, budget_tokens=judge.budget_tokens, concurrency=concurrency,
-                    cache_dir=lms.cache_dir, programs=programs, index=evidence_index, **judge.retrieval_given()))
+                    cache_dir=lms.cache_dir, programs=programs, index=evidence_index, window_option=window_option,
+                    **judge.retrieval_given()))
 
             claims_sha = runner.steps["claims"].sha256 if claims is not None else None
             verify_inputs = judge_step_inputs("faithfulness", judge, judge_model, book_sha, claims_sha, programs)

@@ -120,8 +120,7 @@ def check_context_window(context_window: Optional[int], model_window: Optional[i
     larger than the model's (`model_window`; None is unknown, and not checked). It says which of
     the two it was, so a user who never gave --context-window is not told about that option's value."""
     window = DEFAULT_CONTEXT_WINDOW if context_window is None else context_window
-    which = f"the default context window {window}" if context_window is None else f"--context-window {window}"
-    refuse_larger_window(which, window, model_window)
+    refuse_larger_window(window, model_window, default=context_window is None)
 
 
 @contextmanager

@@ -174,3 +174,57 @@ def test_a_context_window_larger_than_the_embedded_models_is_refused(tmp_path):
     proc = run_here(["verify", "--claims", claims, "--evidence", "none", "--context-window", "16384"], tmp_path)
     assert one_line_error(proc) == ("error: --context-window 16384 is larger than this model's 8192: set "
                                     "--context-window to 8192 or less")
+
+
+def judged_within(window: int):
+    """Plausible answers for every step, for prompts that fit `window` tokens; longer ones refused as
+    llama-cpp-python's server refuses them."""
+    from booklens.testing import PipelineResponder
+
+    answer, refuse = PipelineResponder(), overflow_at(window)
+
+    def respond(body):
+        prompt = sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4
+        return answer(body) if prompt + (body.get("max_tokens") or 0) <= window else refuse(body)
+    return respond
+
+
+def test_runs_judges_plan_for_the_judge_context_window_not_the_summarizers(tmp_path):
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Mara kept the light. The boats came home.", encoding="utf-8")
+    args = ["run", STORY, "--summary", summary, "--evidence", "book", "--lm", "openai/fake", "--concurrency", "1"]
+    with FakeOpenAIServer(responder=judged_within(3072)) as server:
+        failed = run_here([*args, "--api-base", server.url, "-o", tmp_path / "first"], tmp_path)
+        assert failed.returncode != 0
+        last = failed.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: the run is incomplete: coherence (") and last.count(
+            "the judge plans for a 8192-token window; set --judge-context-window to 3072 or less") == 2, last
+        before = len(server.served)
+        proc = run_here([*args, "--api-base", server.url, "-o", tmp_path / "run", "--judge-context-window", "3072"],
+                        tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.served) - before >= 3  # coherence, claims and their verification, each within 3072
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["config"]["judge_context_window"] == 3072 and run["complete"] is True
+
+
+def test_a_sweeps_judge_window_is_a_manifest_key_within_the_models(tmp_path):
+    from booklens.errors import BooklensError
+    from booklens.sweep.run import run_sweep
+
+    (tmp_path / "a.txt").write_text("Mara kept the light on the island. " * 40, encoding="utf-8")
+    (tmp_path / "given.json").write_text(json.dumps({"a": "Mara kept the light. The boats came home."}))
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text("books: [a.txt]\nsystems: [{name: given, summaries: given.json}]\n"
+                        "judge: {evidence: book, context_window: 16384}\n", encoding="utf-8")
+    with pytest.raises(BooklensError) as refused:
+        run_sweep(manifest, tmp_path / "refused", lm="local", cache_dir=tmp_path / "cache", progress_interval=60)
+    assert str(refused.value) == (f"{manifest}: judge.context_window 16384 is larger than this model's 8192: set "
+                                  "judge.context_window to 8192 or less")
+    manifest.write_text(manifest.read_text().replace("16384", "3072"), encoding="utf-8")
+    with FakeOpenAIServer(responder=judged_within(3072)) as server:
+        outcome = run_sweep(manifest, tmp_path / "out", lm="openai/fake", api_base=server.url,
+                            cache_dir=tmp_path / "cache", progress_interval=60)
+    assert [o.status for o in outcome.outcomes] == ["complete"], [o.error for o in outcome.outcomes]
+    run = json.loads((tmp_path / "out" / "cells" / "given" / "a" / "run.json").read_text())
+    assert run["config"]["judge_context_window"] == 3072

@@ -56,12 +56,16 @@ from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOK
 from booklens.sweep import TABLE_FORMATS
 from booklens.vocabulary import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_SUMMARY_TOKENS,
     DEFAULT_WORDS_PER_TOKEN,
+    MIN_CONTEXT_WINDOW,
     counted,
 )
 
 RunEvidence = evidence_enum("RunEvidence", exclude=("given",))
+# The judges' window; --context-window is the summarizer's.
+JUDGE_CONTEXT_WINDOW = "--judge-context-window"
 TableFormat = choices("TableFormat", TABLE_FORMATS)
 
 
@@ -120,6 +124,11 @@ def run_command(
         help=f"Maximum tokens per passage (modes that read the book; default {DEFAULT_PASSAGE_TOKENS}).")] = None,
     max_claims: Annotated[Optional[int], typer.Option(
         "--max-claims", min=1, help="Verify only the first N claims (a quick, cheap run).")] = None,
+    judge_context_window: Annotated[Optional[int], typer.Option(
+        JUDGE_CONTEXT_WINDOW, min=MIN_CONTEXT_WINDOW,
+        help=f"Tokens the judges' prompts are sized for (default: what LiteLLM or the --api-base server states, "
+             f"else {DEFAULT_CONTEXT_WINDOW}; llama-cpp-python's server states none). --context-window sets the "
+             "summarizer's.")] = None,
     program: Annotated[Optional[list[Path]], typer.Option(
         "--program", parser=program_path, metavar="<path>",
         help="A compiled program (summarize, coherence, decomposition or verification); repeat for several.")] = None,
@@ -154,7 +163,8 @@ def run_command(
     # k and passage_tokens only when given, so that the config tells them from its defaults
     retrieval = {name: value for name, value in (("k", k), ("passage_tokens", passage_tokens)) if value is not None}
     judge = JudgeConfig(evidence=evidence.value, budget_tokens=budget_tokens, **retrieval, max_claims=max_claims,
-                        batch_size=batch_size, programs=programs, zero_shot=zero_shot)
+                        batch_size=batch_size, programs=programs, zero_shot=zero_shot,
+                        context_window=judge_context_window)
     if summary is not None and system.program is not None:
         raise BooklensError("--summary gives the summary: a compiled summarizer (--program) would not run")
     check_configs(system, judge, as_keys=False)
@@ -165,7 +175,8 @@ def run_command(
     previous_run(output)
     check_cache_outside(output, cache_dir)  # before the pool makes the cache folder
     lms = LMPool(lm, api_base, cache_dir=cache_dir, concurrency=concurrency, **lm_options(structured, rpm, tpm))
-    run = run_book(book, output, system, judge, lms=lms, concurrency=concurrency, book_text=book_text)
+    run = run_book(book, output, system, judge, lms=lms, concurrency=concurrency, book_text=book_text,
+                   window_option=JUDGE_CONTEXT_WINDOW)
     typer.echo(score_line(run, sent_now=lms.usage.total.calls), err=True)
     for info in run.judges.values():
         echo_judge(info)

@@ -48,13 +48,14 @@ class ContextWindowExceeded(LMError):
 CONTEXT_ADVICE = "use smaller inputs, or a model or server with a larger context"
 
 
-def refuse_larger_window(which: str, window: int, model_window: int | None) -> None:
-    """A one-line error when a window to plan for (`which` names it: `--context-window 16384`) is
-    larger than the model's (`model_window`; None is unknown, and not checked): prompts planned for it
-    would be refused."""
+def refuse_larger_window(window: int, model_window: int | None, option: str = "--context-window", *,
+                         default: bool = False) -> None:
+    """A one-line error when a window to plan for, set by `option` (or its `default`), is larger than
+    the model's (`model_window`; None is unknown, and not checked): prompts planned for it would be
+    refused."""
     if model_window and window > model_window:
-        raise LMError(f"{which} is larger than this model's {model_window}: set --context-window to "
-                      f"{model_window} or less")
+        which = f"the default context window {window}" if default else f"{option} {window}"
+        raise LMError(f"{which} is larger than this model's {model_window}: set {option} to {model_window} or less")
 
 
 def planned_window_advice(exc: ContextWindowExceeded, planned: int, what: str,

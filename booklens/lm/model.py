@@ -129,14 +129,22 @@ class BooklensLM(dspy.BaseLM):
         # A semaphore shared by the LMs of a pool: at most that many backend calls in flight.
         self.call_limit = call_limit
         if context_window is not None:
-            refuse_larger_window(f"--context-window {context_window}", context_window,
-                                 getattr(backend, "context_window", None))
+            refuse_larger_window(context_window, getattr(backend, "context_window", None))
         # The window prompts are planned for when the model's is unknown or larger than a user wants.
         self.planned_window = context_window
 
     @property
     def context_window(self) -> int | None:
         return self.planned_window or getattr(self.backend, "context_window", None)
+
+    def planning_for(self, window: int, option: str = "--context-window") -> "BooklensLM":
+        """This LM (a view sharing its backend, cache and counters) with its prompts planned for a
+        `window`-token context: a judge's window where the server states none (llama-cpp-python's),
+        or a smaller one. Larger than the model's known window is a one-line error naming `option`."""
+        refuse_larger_window(window, getattr(self.backend, "context_window", None), option)
+        planned = self.view()
+        planned.planned_window = window
+        return planned
 
     @property
     def summary_settings(self) -> dict[str, Any]:

@@ -258,7 +258,8 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
     with dspy.context(adapter=BooklensAdapter()):
         programs = programs if programs is not None else _judge_programs(judge)
         judge_lm, judge_server = resolve_model(sweep.lm, sweep.api_base, judge.lm, judge.api_base)
-        judge_window = lm_context_window(judge_lm)  # the judge's calls run on its LM, not the summarizer's
+        # the judge's calls run on its LM, not the summarizer's, planned for the judge's window where one is set
+        judge_window = judge.context_window or lm_context_window(judge_lm)
         for spec in sweep.systems:
             first = sweep.system_config(spec.name, sweep.books[0].key)
             given = spec.summaries is not None

@@ -29,7 +29,7 @@ from booklens.errors import BooklensError, check_flag, kind_of
 from booklens.sweep import ENGINES, PLAN_FILE
 from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
 from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine, temporary_log
-from booklens.sweep.manifest import JUDGE_KEYS, Sweep, load_manifest
+from booklens.sweep.manifest import JUDGE_KEYS, Sweep, judge_key, load_manifest
 
 
 @dataclass
@@ -165,12 +165,19 @@ def check_judge_evidence(sweep: Sweep) -> None:
     settings alone do not fit, and only until one is too long."""
     from booklens.retrieval import SEARCH_MODES
 
+    from booklens.lm import lm_context_window
+    from booklens.lm.base import refuse_larger_window
+
     judge = sweep.judge_config()
+    window = lm_context_window(sweep.judge.lm or sweep.lm)
+    if judge.context_window is not None:  # what the judges plan for (`run_book`), within the model's
+        try:
+            refuse_larger_window(judge.context_window, window, judge_key("context_window"))
+        except BooklensError as exc:
+            raise BooklensError(f"{sweep.manifest}: {exc}") from None
+        window = judge.context_window
     if "faithfulness" not in judge.steps or judge.evidence not in (*SEARCH_MODES, "book"):
         return
-    from booklens.lm import lm_context_window
-
-    window = lm_context_window(sweep.judge.lm or sweep.lm)
     if not window:
         return
     from booklens.pipeline import load_judge_programs
