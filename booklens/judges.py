@@ -340,23 +340,54 @@ def _apart(value: float, reference: float) -> tuple[str, str]:
     return f"{value:.10f}", f"{reference:.10f}"
 
 
+def calibrate_advice(info: Any, batch_size: int = 1, cache_dir: str | Path | None = None) -> str:
+    """The `booklens calibrate` command line that measures the judge `info` describes. `batch_size`:
+    a batched coherence judge's; `cache_dir`: the cache a run looked for calibrations in, named when
+    it is not the default (`cache_option`)."""
+    lm = "local" if info.lm.startswith("local/") else info.lm
+    how = {"default": "", "zero-shot": " --zero-shot"}.get(info.program, f" --program {shlex.quote(info.program)}")
+    if info.mode == "binary" and info.program in ("default", "zero-shot"):
+        how += " --judge binary"
+    if info.mode == "batched":
+        if info.program in ("default", "zero-shot"):
+            how += " --judge coherence"
+        how += f" --batch-size {batch_size}"
+    server = f" --api-base {shlex.quote(info.api_base)}" if info.api_base else ""
+    return f"booklens calibrate --lm {lm}{server}{how}{cache_option(cache_dir)}"
+
+
+def cache_option(cache_dir: str | Path | None) -> str:
+    """' --cache-dir DIR' when `cache_dir` names a cache other than the default, '' otherwise:
+    `calibrate` stores its figures in the default cache unless told, where a run with another
+    --cache-dir never looks for them."""
+    from booklens.lm.cache import cache_folder
+
+    folder = cache_folder(cache_dir).absolute()
+    if folder == cache_folder(None).absolute():
+        return ""
+    return f" --cache-dir {shlex.quote(str(folder))}"
+
+
+def shown_warning(info: Any, cache_dir: str | Path | None = None) -> Optional[str]:
+    """The judge's warning as a command prints it after a run with the cache `cache_dir`: a
+    no-calibration warning's advice then names that cache (`cache_option`). The record keeps the
+    warning without it, since a record must not depend on where the cache is."""
+    warning, option = info.warning, cache_option(cache_dir)
+    # The advice closes the recorded warning (`judge_warning`): the option goes at its end, as
+    # `calibrate_advice` puts it.
+    if option and warning and not info.calibration and warning.endswith(")") and "(booklens calibrate " in warning:
+        return warning[:-1] + option + ")"
+    return warning
+
+
 def judge_warning(info: Any, batch_size: int = 1) -> Optional[str]:
     """A warning naming the figure when the judge has no calibration or agrees with humans less than
     the papers' reference judge does; None otherwise. `batch_size`: a batched coherence judge's, for
     the command that calibrates it."""
     calibration = info.calibration
     if not calibration:
-        lm = "local" if info.lm.startswith("local/") else info.lm
-        how = {"default": "", "zero-shot": " --zero-shot"}.get(info.program, f" --program {shlex.quote(info.program)}")
-        if info.mode == "binary" and info.program in ("default", "zero-shot"):
-            how += " --judge binary"
-        if info.mode == "batched":
-            if info.program in ("default", "zero-shot"):
-                how += " --judge coherence"
-            how += f" --batch-size {batch_size}"
-        server = f" --api-base {shlex.quote(info.api_base)}" if info.api_base else ""
         return (f"no calibration: this judge's agreement with human annotators was never measured for "
-                f"{judge_lm(info)} with this program (booklens calibrate --lm {lm}{server}{how})")
+                f"{judge_lm(info)} with this program ({calibrate_advice(info, batch_size)})")
     figures = calibration.get("figures") or {}
     if info.task == "coherence":
         kappa = (figures.get("kappa") or {}).get("value")
@@ -427,8 +458,9 @@ def judge_lm(info: Any) -> str:
     return f"{info.lm} at {info.api_base}" if info.api_base else info.lm
 
 
-def judge_line(info: Any) -> str:
-    """One line for the terminal: who judged and how well it agrees with humans."""
+def judge_line(info: Any, cache_dir: str | Path | None = None) -> str:
+    """One line for the terminal: who judged and how well it agrees with humans. `cache_dir`: the
+    cache the command used, which the advice of a no-calibration warning names (`shown_warning`)."""
     name = {"default": "default few-shot", "zero-shot": "zero-shot"}.get(info.program, info.program)
     head = (f"judge: {name} {info.task} program ({info.mode}, {info.demos} demos, "
             f"{info.program_sha256[:12]}) on {judge_lm(info)}")
@@ -447,7 +479,8 @@ def judge_line(info: Any) -> str:
         setting = evidence_note(info)
         head += f"; {setting}" if setting else ""
     note = other_lm_note(f"the {info.task} program", info.compiled_with, info.lm)
-    return head + (f"\nnote: {note}" if note else "") + (f"\nwarning: {info.warning}" if info.warning else "")
+    warning = shown_warning(info, cache_dir)
+    return head + (f"\nnote: {note}" if note else "") + (f"\nwarning: {warning}" if warning else "")
 
 
 # ---------------------------------------------------------------------------

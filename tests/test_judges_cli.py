@@ -972,3 +972,35 @@ def test_calibrate_names_sentence_annotations_given_as_the_human_spans(tmp_path)
     assert proc.stderr.startswith(f"error: annotation file {human / 'summary-gpt4-2048-inc.json'}, book 'alpha': no "
                                   "'singles' or 'relations': not human span annotations (this is the shape of "
                                   "sentence annotations, book -> {sentence: {questions, types}}"), proc.stderr
+
+
+def test_the_printed_calibrate_advice_names_the_cache_the_run_used_and_the_record_does_not(tmp_path):
+    """`booklens calibrate` stores its figures in the default cache unless told: after a run with
+    another --cache-dir, the advice it printed stored them where that run never looks. The printed
+    advice names that cache; the judge record keeps the advice without it, the same for any cache
+    (a sweep's results and a resumed run compare records)."""
+    summary = tmp_path / "summary.txt"
+    summary.write_text(SUMMARY)
+    elsewhere = tmp_path / "my cache"
+    printed, records = {}, {}
+    with FakeOpenAIServer(responder=answer) as server:
+        for name, cache in (("default", tmp_path / "cache"), ("elsewhere", elsewhere)):
+            out = tmp_path / f"{name}.json"
+            result = invoke(["score", summary, "--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache,
+                             "-o", out], tmp_path)
+            assert result.exit_code == 0, result.output
+            printed[name] = [line for line in result.output.splitlines() if line.startswith("warning: no calibration")]
+            records[name] = json.loads(out.read_text())["judge"]
+        advice = f"booklens calibrate --lm openai/fake --api-base {server.url}"
+    assert len(printed["default"]) == len(printed["elsewhere"]) == 1
+    assert printed["default"][0].endswith(f"({advice})")
+    assert printed["elsewhere"][0].endswith(f"({advice} --cache-dir '{elsewhere}')")
+    assert records["elsewhere"] == records["default"]
+    assert records["default"]["warning"].endswith(f"({advice})")
+
+    listed = invoke(["judges", "--lm", "openai/fake", "--cache-dir", elsewhere], tmp_path)
+    assert listed.exit_code == 0, listed.output
+    warnings = [line for line in listed.output.splitlines() if line.startswith("warning: no calibration")]
+    assert [line.rsplit("(", 1)[1] for line in warnings] == [
+        f"booklens calibrate --lm openai/fake{how} --cache-dir '{elsewhere}')"
+        for how in ("", "", " --judge binary")]

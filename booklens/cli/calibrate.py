@@ -258,7 +258,7 @@ def judges_command(
     store = load_store(cache_dir)
     for judge in JUDGES:
         program = load_judge(judge, batch_size=batch_size) if judge == "coherence" else load_judge(judge)
-        typer.echo(judge_line(judge_info(judge, program, label, store=store, server=server)))
+        typer.echo(judge_line(judge_info(judge, program, label, store=store, server=server), cache_dir))
 
 
 @judges_app.command("build")

@@ -176,7 +176,7 @@ def score(
     from booklens.lm.usage import describe_calls
 
     typer.echo(f"{_report_line(record)}; {describe_calls(record.usage)}", err=True)
-    echo_judge(record.judge)
+    echo_judge(record.judge, cache_dir)
     for note in judge_notes(record):
         typer.echo(f"note: {note}", err=True)
     reason = judged_nothing(record)  # written above for a look at the errors, but not a score

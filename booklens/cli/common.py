@@ -256,12 +256,13 @@ def label_shares(percentages: dict[str, float] | None, unverified: int = 0, labe
     return shares + (f" ({unverified} not verified, left out of the shares)" if unverified else "")
 
 
-def echo_judge(judge) -> None:
-    """The judge line (who judged, its agreement with humans, any warning) under a score."""
+def echo_judge(judge, cache_dir: Optional[Path] = None) -> None:
+    """The judge line (who judged, its agreement with humans, any warning) under a score; `cache_dir`:
+    the command's --cache-dir, which the advice of a no-calibration warning names."""
     if judge is not None:
         from booklens.judges import judge_line
 
-        typer.echo(judge_line(judge), err=True)
+        typer.echo(judge_line(judge, cache_dir), err=True)
 
 
 def echo_artifact_note(path: Optional[Path], lm: str) -> None:

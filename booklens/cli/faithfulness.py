@@ -76,7 +76,7 @@ def _programs(paths: Optional[list[Path]], command: str, tasks: tuple[str, ...],
     return judge_programs(artifacts, tasks=tasks, zero_shot=zero_shot, binary=binary, evidence=evidence), artifacts
 
 
-def _report_line(report) -> None:
+def _report_line(report, cache_dir: Optional[Path] = None) -> None:
     """The command's summary line, then a one-line error (exit 2, the record already written) when the
     judge verified no claim at all: such a report is not a score."""
     from booklens.lm.usage import describe_calls
@@ -85,7 +85,7 @@ def _report_line(report) -> None:
     shares = label_shares(report.label_percentages, report.failures, report.label_set)
     typer.echo(f"{counted(len(report.claims), 'claim')}: {shares}; "
                f"{describe_calls(report.usage, tokens=False)}", err=True)
-    echo_judge(report.judge)
+    echo_judge(report.judge, cache_dir)
     reason = judged_nothing(report)
     if reason:
         raise BooklensError(reason)
@@ -182,7 +182,7 @@ def verify_command(
                            passage_tokens=passage_tokens, concurrency=concurrency, cache_dir=cache_dir,
                            programs=programs, as_keys=False, window_option=JUDGE_WINDOW_OPTION)
     write_output(output, report)
-    _report_line(report)
+    _report_line(report, cache_dir)
 
 
 @app.command("check")
@@ -230,7 +230,7 @@ def check_command(
                            cache_dir=cache_dir, decompose=True, programs=programs, as_keys=False,
                            window_option=JUDGE_WINDOW_OPTION)
     write_output(output, report)
-    _report_line(report)
+    _report_line(report, cache_dir)
 
 
 @stats_app.command("fables")

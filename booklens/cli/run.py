@@ -179,7 +179,7 @@ def run_command(
                    window_option=JUDGE_CONTEXT_WINDOW)
     typer.echo(score_line(run, sent_now=lms.usage.total.calls), err=True)
     for info in run.judges.values():
-        echo_judge(info)
+        echo_judge(info, cache_dir)
     echo_artifact_note(system.program, run.lm)
     echo_artifact_note(judge.programs.get("decomposition"), run.judge_lm or run.lm)
     typer.echo(f"wrote {output / REPORT_FILE}", err=True)

@@ -88,7 +88,7 @@ def sweep_command(
         from booklens.records import JudgeInfo
 
         for info in outcome.results["judges"].values():
-            typer.echo(judge_line(JudgeInfo.model_validate(info)), err=True)
+            typer.echo(judge_line(JudgeInfo.model_validate(info), cache_dir), err=True)
     for note in outcome.notes:
         typer.echo(f"note: {note}", err=True)
     typer.echo(f"wrote {output / 'results.json'}, {output / 'cells.jsonl'} and {output / 'report.html'}", err=True)
