@@ -22,6 +22,7 @@ from booklens.lm import (
     ContextWindowExceeded,
     LiteLLMBackend,
     RateLimiter,
+    make_backend,
     make_lm,
     predict_with_retries,
 )
@@ -1932,6 +1933,31 @@ def test_a_server_that_never_answers_a_connection_fails_in_one_try(silent_server
     monkeypatch.setenv("BOOKLENS_CONNECT_TIMEOUT", "0.3")
     sleep = Recorder()
     backend = LiteLLMBackend(model, api_base=silent_server, timeout=0.6, sleep=sleep)
+    with pytest.raises(LMError) as caught:
+        backend.complete({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
+    assert str(caught.value) == (f"'{model}' at {silent_server} does not answer: no connection to 127.0.0.1:"
+                                 f"{silent_server.split(':')[2].split('/')[0]} within 0.3 s (is the server up, and "
+                                 "its port open to this machine? BOOKLENS_CONNECT_TIMEOUT sets how long)")
+    assert sleep.delays == []  # no retry
+
+
+@pytest.mark.parametrize(("variable", "model"), [
+    ("OPENAI_BASE_URL", "openai/fake-model"), ("OPENAI_API_BASE", "openai/fake-model"),
+    ("HOSTED_VLLM_API_BASE", "hosted_vllm/fake-model"), ("ANTHROPIC_API_BASE", "anthropic/claude-3-5-haiku-20241022"),
+    ("ANTHROPIC_BASE_URL", "anthropic/claude-3-5-haiku-20241022"),
+])
+def test_a_server_named_only_by_the_environment_that_never_answers_fails_in_one_try(silent_server, monkeypatch,
+                                                                                       variable, model):
+    """LiteLLM finds the server in the provider's variable when no --api-base is given: a dead one
+    named by ANTHROPIC_API_BASE or ANTHROPIC_BASE_URL cost a request timeout per try, unchecked."""
+    for name in ("BOOKLENS_API_BASE", "OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_API_BASE", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, silent_server)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "placeholder")
+    monkeypatch.setenv("BOOKLENS_CONNECT_TIMEOUT", "0.3")
+    monkeypatch.setenv("BOOKLENS_TIMEOUT", "0.6")
+    backend = make_backend(model)
+    backend.sleep = sleep = Recorder()
     with pytest.raises(LMError) as caught:
         backend.complete({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
     assert str(caught.value) == (f"'{model}' at {silent_server} does not answer: no connection to 127.0.0.1:"

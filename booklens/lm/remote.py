@@ -63,9 +63,9 @@ DEFAULT_TIMEOUT = 600.0
 MAX_TIMEOUT = 1e9
 
 
-# How long a connection to an --api-base server may take to open before the server counts as not
-# answering: a host that drops packets (down, or a firewall) would otherwise cost a whole request
-# timeout per try. BOOKLENS_CONNECT_TIMEOUT sets it.
+# How long a connection to the LM's server (--api-base, or the provider's variable: `resolve_server`)
+# may take to open before the server counts as not answering: a host that drops packets (down, or a
+# firewall) would otherwise cost a whole request timeout per try. BOOKLENS_CONNECT_TIMEOUT sets it.
 DEFAULT_CONNECT_TIMEOUT = 30.0
 
 
@@ -183,6 +183,7 @@ def _query_of(url: str) -> str:
 # much the LM's identity as --api-base (the call cache key, records, calibrations, cache_prompt).
 PROVIDER_BASE_VARIABLES = {
     "openai": ("OPENAI_BASE_URL", "OPENAI_API_BASE"),
+    "anthropic": ("ANTHROPIC_API_BASE", "ANTHROPIC_BASE_URL"),  # in LiteLLM's order
     "hosted_vllm": ("HOSTED_VLLM_API_BASE",),
     "ollama": ("OLLAMA_API_BASE",),
     "ollama_chat": ("OLLAMA_API_BASE",),
