@@ -382,6 +382,24 @@ def test_nothing_listening_is_one_line_at_once():
     assert sleep.delays == []  # no backoff: nothing will start listening because we wait
 
 
+@pytest.mark.parametrize(("args", "shown"), [
+    (["--api-base", "http://bob:s3cretpw@gpu-host:8000/v1"], "--api-base http://gpu-host:8000/v1 names a server"),
+    (["--api-base", "http://gpu-host:8000/v1?token=s3cretpw"], "--api-base http://gpu-host:8000/v1?... names a server"),
+    (["--lm", "openai/x", "--api-base", "ftp://bob:s3cretpw@gpu-host:8000/v1"], "(got 'ftp://gpu-host:8000/v1')"),
+    (["--lm", "openai/x", "--api-base", "bob:s3cretpw@gpu-host:8000/v1"], "(got 'gpu-host:8000/v1')"),
+])
+def test_a_refused_server_url_is_named_without_its_password(monkeypatch, args, shown):
+    """The lines refusing a server URL (not an http(s) URL; a server for the embedded model) quoted it
+    as given, password (or key in its query) included."""
+    from booklens.testing import run_command
+
+    for variable in ("BOOKLENS_LM", "BOOKLENS_API_BASE"):
+        monkeypatch.delenv(variable, raising=False)
+    proc = run_command(["judges", *args])
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
+    assert shown in proc.stderr and "s3cretpw" not in proc.stderr, proc.stderr
+
+
 def test_a_server_at_an_ipv6_address_is_named_with_its_brackets():
     """Records and error lines name the server without user, password or query; an IPv6 host lost its
     brackets there ('http://::1:9/v1', which is no URL and cannot be told from a port)."""

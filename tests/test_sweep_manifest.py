@@ -521,6 +521,18 @@ def test_a_server_a_step_on_another_lm_takes_is_kept(corpus: Path, monkeypatch):
     assert load_manifest(manifest).systems[0].api_base == "http://127.0.0.1:9/v1"
 
 
+def test_an_api_base_option_no_step_takes_is_named_without_its_password(corpus: Path):
+    """The line refusing an --api-base that no step takes quoted the URL as given, password included."""
+    servers = write(corpus / "servers.yaml", "books: corpus\nsystems: [{name: a, lm: openai/x, api_base: "
+                                             "'http://127.0.0.1:9/v1'}]\njudge: {lm: openai/y, api_base: "
+                                             "'http://127.0.0.1:8/v1'}\n")
+    code, err = run_cli(["sweep", str(servers), "-o", str(corpus / "sweep"), "--api-base",
+                         "http://bob:s3cretpw@gpu-host:8000/v1", "--dry-run"])
+    assert (code, err) == (2, f"error: --api-base http://gpu-host:8000/v1 would not apply: in {servers} the judge "
+                              "and every system that summarizes name their own api_base or run on the embedded "
+                              "model\n")
+
+
 def test_lm_and_api_base_options_no_step_takes_are_refused(corpus: Path):
     """--lm is the LM of the steps that name none; when the judge and every summarizing system name
     their own, it would be recorded in sweep.json and change nothing: one line, as other options that

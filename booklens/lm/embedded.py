@@ -106,7 +106,9 @@ def refuse_server_options_for_embedded(lm: str | None, api_base: str | None = No
     if resolve_lm_name(lm) != LOCAL_LM:
         return
     if api_base and api_base.strip():
-        raise LMError(f"{api_base_name} {api_base.strip()} names a server, but the LM is the embedded model "
+        from booklens.lm.remote import shown_url
+
+        raise LMError(f"{api_base_name} {shown_url(api_base.strip())} names a server, but the LM is the embedded model "
                       f"({LOCAL_LM}), which runs in this process: to use the server, name its model "
                       f"(e.g. {lm_name} openai/MODEL)")
     given = [option for option, value in (("--structured", getattr(structured, "value", structured)),

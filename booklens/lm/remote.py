@@ -129,10 +129,21 @@ def check_api_base(api_base: str | None, what: str = "--api-base") -> str | None
     except ValueError:
         valid = False
     if not valid:
-        shown = url[: len(url) - len(_query_of(url))] + ("?..." if _query_of(url) else "")  # a query may hold a key
-        raise LMError(f"{what} needs an http:// or https:// URL such as http://127.0.0.1:8000/v1 (got {shown!r})")
+        raise LMError(f"{what} needs an http:// or https:// URL such as http://127.0.0.1:8000/v1 "
+                      f"(got {shown_url(url)!r})")
     # (the host's case is left: lowering it would lower a password written before it too)
     return urlunsplit((parts.scheme.lower(), parts.netloc, parts.path.rstrip("/"), parts.query, parts.fragment))
+
+
+# A URL's user and password ('user:password@'), with or without its scheme, at the start of a string.
+_LEADING_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^/?#]*@")
+
+
+def shown_url(url: str) -> str:
+    """`url` as a message may quote it, whether or not it is a valid URL: without user and password,
+    and its query or fragment as '?...' (either may hold a key)."""
+    query = _query_of(url)
+    return _LEADING_USERINFO.sub(r"\1", url[: len(url) - len(query)]) + ("?..." if query else "")
 
 
 def public_url(url: str) -> str:

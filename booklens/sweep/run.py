@@ -116,7 +116,9 @@ def check_defaults_taken(sweep: Sweep, lm: Optional[str], api_base: Optional[str
         raise BooklensError(f"--lm {lm.strip()} would not apply: {where} lm")
     if api_base and api_base.strip() and not any(
             step.api_base is None and resolve_lm_name(step.lm or sweep.lm) != LOCAL_LM for step in steps):
-        raise BooklensError(f"--api-base {api_base.strip()} would not apply: {where} api_base or run on the "
+        from booklens.lm.remote import shown_url
+
+        raise BooklensError(f"--api-base {shown_url(api_base.strip())} would not apply: {where} api_base or run on the "
                             "embedded model")
 
 
