@@ -400,6 +400,26 @@ def test_a_refused_server_url_is_named_without_its_password(monkeypatch, args, s
     assert shown in proc.stderr and "s3cretpw" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model"])
+@pytest.mark.parametrize("status", [400, 404, 500])
+def test_a_password_in_the_server_url_never_reaches_an_error_line(model, status):
+    """The line that quotes a server's error redacted keys from the environment, but not the
+    password of an --api-base URL, which a server (or proxy) may echo back with the URL it served."""
+    def echo(body):
+        return Reply(status=status, error=f"no route for {secret_url}/chat/completions (user bob:s3cretpw)")
+
+    with FakeOpenAIServer(responder=echo) as server:
+        secret_url = server.url.replace("http://", "http://bob:s3cretpw@")
+        backend = LiteLLMBackend(model, api_base=secret_url, retries=1, sleep=Recorder())
+        with pytest.raises(LMError) as caught:
+            classify(backend)
+    message = str(caught.value)
+    assert "s3cretpw" not in message, message
+    assert f"no route for {server.url}/chat/completions (user [redacted])" in message
+    assert message.startswith(f"model '{model}' was not found at {server.url} " if status == 404
+                              else f"'{model}' at {server.url} ")
+
+
 def test_a_server_at_an_ipv6_address_is_named_with_its_brackets():
     """Records and error lines name the server without user, password or query; an IPv6 host lost its
     brackets there ('http://::1:9/v1', which is no URL and cannot be told from a port)."""

@@ -388,6 +388,32 @@ def test_a_failed_step_is_recorded_and_the_steps_that_do_not_need_it_still_run(s
     assert again.returncode != 0 and rerun_calls == 3
 
 
+def test_a_password_in_the_server_url_stays_out_of_the_run_and_its_lines(tmp_path):
+    """A step failing on a server's error that echoes the URL with its password: the reason goes to
+    stderr, run.json and the report, and the password went with it."""
+    responder = Responder()
+
+    def echo_on_claims(body):
+        if kind_of(body) == "claims":
+            return 400, f"no route for {secret_url}/chat/completions"
+        return responder(body)
+
+    with FakeOpenAIServer(responder=echo_on_claims) as srv:
+        secret_url = srv.url.replace("http://", "http://bob:s3cretpw@")
+        args = run_args(srv, tmp_path / "run", tmp_path / "cache")
+        args[args.index(srv.url)] = secret_url
+        proc = cli(args)
+    assert proc.returncode != 0
+    reason = f"'openai/fake-model' at {srv.url} rejected the request: no route for {srv.url}/chat/completions"
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["failures"]["claims"] == reason
+    assert f"claims: failed: {reason}" in proc.stderr
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "Some steps failed" in page and srv.url in page
+    leaks = [p.name for p in (tmp_path / "run").iterdir() if b"s3cretpw" in p.read_bytes()]
+    assert leaks == [] and "s3cretpw" not in proc.stderr + proc.stdout
+
+
 def test_timings_list_only_the_steps_this_invocation_reached(server, tmp_path):
     """A rerun whose claims step fails leaves verification unrun ("needs claims"): timings.json no
     longer shows the earlier invocation's verification as if it had run now."""

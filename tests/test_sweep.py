@@ -1698,6 +1698,36 @@ def test_the_command_says_when_the_systems_figures_are_over_different_books(tmp_
     assert read_json(tmp_path / "sweep" / "results.json")["systems"]["other"]["missing_books"] == ["b"]
 
 
+def test_a_password_in_the_server_url_stays_out_of_the_sweeps_records_and_lines(tmp_path):
+    """A cell failing on a server's error that echoes the URL with its password: the error goes to
+    stderr, cells.jsonl, the cell's run.json and both reports, and the password went with it."""
+    from booklens.testing import FakeOpenAIServer, PipelineResponder
+
+    manifest = small_corpus(tmp_path / "corpus")
+    manifest.write_text("books: [a.txt, b.txt]\nsystems:\n  - {name: given, summaries: given.json}\n"
+                        "judge: {steps: [coherence]}\n")
+    responder = PipelineResponder()
+
+    def echo_on_tomas(body):
+        if "Tomas" in str(body["messages"][-1]["content"]):
+            return 400, f"no route for {secret_url}/chat/completions"
+        return responder(body)
+
+    out = tmp_path / "sweep"
+    with FakeOpenAIServer(responder=echo_on_tomas) as srv:
+        secret_url = srv.url.replace("http://", "http://bob:s3cretpw@")
+        args = sweep_args(srv, manifest, out, tmp_path / "cache")
+        args[args.index(srv.url)] = secret_url
+        proc = cli(args)
+    assert proc.returncode == 1 and "s3cretpw" not in proc.stderr + proc.stdout
+    rows = {r["book"]: r for r in map(json.loads, (out / "cells.jsonl").read_text().splitlines())}
+    assert rows["b"]["status"] == "failed" and rows["a"]["status"] == "complete"
+    assert rows["b"]["error"].endswith(f"no route for {srv.url}/chat/completions"), rows["b"]["error"]
+    assert srv.url in (out / "report.html").read_text(encoding="utf-8")
+    leaks = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and b"s3cretpw" in p.read_bytes()]
+    assert leaks == []
+
+
 def test_a_sweep_run_through_a_link_to_its_manifest_is_titled_as_report_rebuilds_it(server, tmp_path):
     """sweep.json names the manifest by its resolved path, and `booklens report` titles the page by it;
     the sweep titled it by the name it was given: run through `current.yaml`, a link to

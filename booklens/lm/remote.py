@@ -832,13 +832,42 @@ class LiteLLMBackend:
                          self.server or self.model, dialect, self._learned["dialect"])
 
     def _redact(self, text: str) -> str:
-        """Keys never reach a message, even when a server echoes what it was sent."""
+        """Keys and the server URL's password never reach a message, even when a server echoes what
+        it was sent (the URL it was asked at, say)."""
         # Each value as set and without the spaces or line end around it (a message may quote it without them).
         values = [v for k, v in os.environ.items() if re.search(r"(KEY|TOKEN|SECRET)$", k)]
-        secrets = {s for v in values for s in (v, v.strip()) if len(s) >= 8}
+        secrets = {s for v in values for s in (v, v.strip()) if len(s) >= 8} | _url_credentials(self.api_base)
         for secret in sorted(secrets, key=len, reverse=True):
             text = text.replace(secret, "[redacted]")
-        return text
+        return _USERINFO.sub(r"\1", text)
+
+
+# The user and password of any URL in a text ('scheme://user:password@'), which `_redact` takes out.
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@]*@")
+
+
+def _url_credentials(url: str | None) -> set[str]:
+    """What a server may echo of the user and password in `url`: 'user:password' as written and
+    decoded, its HTTP Basic token (the client sends one for such a URL), and the password alone (a
+    user alone, when there is no password: then it is the key), unless so short that taking it out
+    would garble the message."""
+    import base64
+    from urllib.parse import unquote, urlsplit
+
+    if not url:
+        return set()
+    try:
+        parts = urlsplit(url)
+        user, password = parts.username or "", parts.password
+    except ValueError:
+        return set()
+    if not password:
+        return {user} if len(user) >= 8 else set()
+    found = set()
+    for name, word in {(user, password), (unquote(user), unquote(password))}:
+        pair = f"{name}:{word}"
+        found |= {pair, base64.b64encode(pair.encode()).decode()} | ({word} if len(word) >= 4 else set())
+    return found
 
 
 # ---------------------------------------------------------------------------
