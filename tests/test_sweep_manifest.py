@@ -863,3 +863,104 @@ def test_a_manifest_with_several_bad_values_names_each_in_one_line(corpus: Path,
     with pytest.raises(BooklensError) as caught:
         load_manifest(manifest)
     assert str(caught.value) == f"{manifest.parent}/{message}"
+
+
+# llama.cpp's C++ server started with `-c 2048` states its per-slot window in /props.
+SMALL_SERVER = {"/props": {"default_generation_settings": {"n_ctx": 2048}}}
+
+
+@pytest.mark.parametrize("dry", [False, True])
+@pytest.mark.parametrize("given, which", [("", "the default context window 8192"),
+                                          (", context_window: 4096", "context_window 4096")])
+def test_a_system_window_larger_than_the_servers_is_refused_before_any_cell(corpus: Path, given: str, which: str,
+                                                                            dry: bool):
+    """The window is the one the server states, not LiteLLM's (which knows no self-hosted model):
+    every cell would be refused alike, after the other systems' paid calls."""
+    from booklens.sweep.run import dry_run, run_sweep
+    from booklens.testing import FakeOpenAIServer
+
+    manifest = write(corpus / "m.yaml", f"books: corpus\nsystems: [{{name: a{given}}}]\njudge: {{evidence: none}}\n")
+    out = corpus / "sweep"
+    with FakeOpenAIServer(pages=SMALL_SERVER) as server:
+        with pytest.raises(BooklensError) as refused:
+            if dry:
+                dry_run(manifest, out, lm="openai/fake", api_base=server.url)
+            else:
+                run_sweep(manifest, out, lm="openai/fake", api_base=server.url, cache_dir=corpus / "cache",
+                          progress_interval=60)
+    assert str(refused.value) == (f"{manifest}: system 'a': {which} is larger than this model's 2048: set "
+                                  "context_window to 2048 or less")
+    assert server.received == [] and server.fetched == ["/v1/models", "/props"]  # asked once, no completion
+    assert not out.exists()
+
+
+def test_a_dry_run_with_no_server_up_takes_the_window_as_unknown(corpus: Path):
+    from booklens.sweep.run import dry_run
+    from booklens.testing import free_port
+
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a, context_window: 16384}]\n")
+    text = dry_run(manifest, corpus / "sweep", lm="openai/fake", api_base=f"http://127.0.0.1:{free_port()}/v1")
+    assert text.startswith("2 cells: 1 system \u00d7 2 books"), text
+
+
+def test_judge_settings_that_cannot_fit_the_servers_window_are_refused_before_any_cell(corpus: Path):
+    from booklens.sweep.run import check_judge_evidence
+    from booklens.testing import FakeOpenAIServer
+
+    write(corpus / "corpus" / "long.txt", "The long voyage went on. " * 2000)
+    write(corpus / "given.json", json.dumps({"alpha": "A sails.", "beta": "B reads.", "long": "It goes on."}))
+    text = "books: corpus\nsystems: [{name: given, summaries: given.json}]\njudge: {evidence: bm25, k: 20}\n"
+    with FakeOpenAIServer(pages=SMALL_SERVER) as server:
+        def checked(name: str, manifest: str) -> None:
+            check_judge_evidence(load_manifest(write(corpus / name, manifest), lm="openai/fake", api_base=server.url))
+
+        with pytest.raises(BooklensError, match=r"k.yaml: judge.k 20 passages of up to judge.passage_tokens 256 "
+                           r"tokens: 5120 tokens of evidence per claim, .* in its 2048-token context window; lower "
+                           r"judge.k or judge.passage_tokens \(the book 'long' and any as long\)$"):
+            checked("k.yaml", text)
+        with pytest.raises(BooklensError, match=r"budget.yaml: judge.budget_tokens 4000: .* in its 2048-token context "
+                           r"window; lower judge.budget_tokens"):
+            checked("budget.yaml", text.replace("evidence: bm25, k: 20", "evidence: book, budget_tokens: 4000"))
+        with pytest.raises(BooklensError) as larger:
+            checked("judge-window.yaml", text.replace("k: 20", "k: 1, context_window: 4096"))
+        checked("fits.yaml", text.replace("k: 20", "k: 1"))
+    assert str(larger.value) == (f"{corpus / 'judge-window.yaml'}: judge.context_window 4096 is larger than this "
+                                 "model's 2048: set judge.context_window to 2048 or less")
+    assert server.received == [] and server.fetched == ["/v1/models", "/props"]
+
+
+def test_a_sweeps_cells_reuse_the_window_its_checks_asked_of_the_server(corpus: Path):
+    from booklens.sweep.run import run_sweep
+    from booklens.testing import FakeOpenAIServer, PipelineResponder
+
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a, chunk_size: 512, context_window: 2048, "
+                                        "max_summary_tokens: 100}]\njudge: {steps: [coherence]}\n")
+    with FakeOpenAIServer(responder=PipelineResponder(), pages=SMALL_SERVER) as server:
+        outcome = run_sweep(manifest, corpus / "sweep", lm="openai/fake", api_base=server.url,
+                            cache_dir=corpus / "cache", progress_interval=60)
+    assert [o.status for o in outcome.outcomes] == ["complete", "complete"], [o.error for o in outcome.outcomes]
+    assert server.fetched == ["/v1/models", "/props"]
+
+
+def test_a_dry_run_waits_once_for_a_server_that_does_not_answer(corpus: Path, monkeypatch):
+    """A server whose host drops the packets is not waited for by each system, the judge and the
+    estimate in turn: its window is unknown, as with no server up."""
+    import socket
+
+    from booklens.sweep.run import dry_run
+    from booklens.testing import free_port
+
+    port, tries, connect = free_port(), [], socket.create_connection
+
+    def dropped(address, *args, **kwargs):
+        if address[1] == port:
+            tries.append(address)
+            raise TimeoutError("timed out")
+        return connect(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", dropped)
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}, {name: b, chunk_size: 1024}]\n"
+                                        "judge: {evidence: book}\n")
+    text = dry_run(manifest, corpus / "sweep", lm="openai/fake", api_base=f"http://127.0.0.1:{port}/v1")
+    assert text.startswith("4 cells: 2 systems \u00d7 2 books"), text
+    assert len(tries) == 1

@@ -25,7 +25,7 @@ _EXPORTS = {
     "ratelimit": ("RateLimiter",),
     "adapter": ("BooklensAdapter", "plain_output_field", "adapter_unless_configured"),
     "model": ("BooklensLM", "last_finish_reason", "last_stop", "UNFINISHED", "filter_stopped", "make_lm",
-              "make_backend", "lm_context_window",
+              "make_backend", "lm_context_window", "served_context_window",
               "local_backend", "configure", "current_lm", "Attempted", "predict_with_retries", "Reasks", "fresh_try",
               "hearing_calls", "forget_answers",
               "resolve_structured", "structured_mode", "structured_of", "make_limiter", "rate_limits"),

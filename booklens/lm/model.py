@@ -340,6 +340,35 @@ def lm_context_window(lm: str | None = None) -> int | None:
     return LocalBackend.context_window if name == LOCAL_LM else model_context_window(name)
 
 
+# Servers that did not answer `served_context_window` in this process (the backends' own checks
+# remember only the servers that did).
+_SILENT_SERVERS: set[str] = set()
+
+
+def served_context_window(lm: str | None = None, api_base: str | None = None) -> int | None:
+    """`lm_context_window` at the server `api_base` (else the environment's) names, as the LM a run
+    builds there will have it: what a self-hosted server states (`LiteLLMBackend.context_window`: a
+    GET of its model list or llama.cpp's /props, no completion), asked once per server and process,
+    so the backends built later do not ask again. No model loads and no key is needed. A server
+    that does not answer, or a setting a backend refuses (named where the backend is built and
+    checked), leaves the window as `lm_context_window` has it."""
+    name = resolve_lm_name(lm)
+    if name == LOCAL_LM:
+        return LocalBackend.context_window
+    try:
+        server = resolve_server(name, api_base)
+    except BooklensError:
+        server = None
+    if server and server not in _SILENT_SERVERS:
+        try:
+            return LiteLLMBackend(name, api_base=server).context_window
+        except BooklensError:
+            # no connection within the connect timeout (or a setting the backend's checks name later):
+            # not waited for again by the next question
+            _SILENT_SERVERS.add(server)
+    return model_context_window(name)
+
+
 def backend_settings(lm: str | None = None, *, api_base: str | None = None, structured: str | None = None,
                      rpm: int | None = None, tpm: int | None = None,
                      limited: bool = True) -> tuple[str, str, str | None]:

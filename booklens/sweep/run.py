@@ -140,10 +140,11 @@ def check_models(sweep: Sweep, *, keys: bool = True, **server_options: Any) -> N
 
 def check_summarizers(sweep: Sweep) -> None:
     """The summarizer settings of each system fit its context window (what the summarizer checks first),
-    and that window fits the system's model where its window is known."""
+    and that window fits the system's model where its window is known (`served_context_window`: a
+    self-hosted server's own, as each cell's LM will have it)."""
     import dspy
 
-    from booklens.lm import BooklensAdapter, lm_context_window
+    from booklens.lm import BooklensAdapter, served_context_window
     from booklens.pipeline import build_summarizer
     from booklens.steps import check_context_window
 
@@ -153,7 +154,8 @@ def check_summarizers(sweep: Sweep) -> None:
                 continue
             system = sweep.system_config(spec.name, sweep.books[0].key)
             try:
-                check_context_window(system.context_window, lm_context_window(spec.lm or sweep.lm))
+                check_context_window(system.context_window,
+                                     served_context_window(spec.lm or sweep.lm, spec.api_base or sweep.api_base))
                 build_summarizer(system).check_budgets()
             except BooklensError as exc:
                 raise BooklensError(f"{sweep.manifest}: system {spec.name!r}: {manifest_terms(str(exc))}") from None
@@ -164,14 +166,15 @@ def check_judge_evidence(sweep: Sweep) -> None:
     `book` mode's `budget_tokens`) fits one verification prompt in its model's window, as each cell
     checks before it summarizes: refused here, every such cell would fail alike. A book shorter
     than that much evidence fits whatever the settings ask, so the books are read only when the
-    settings alone do not fit, and only until one is too long."""
+    settings alone do not fit, and only until one is too long. The window is the judge model's as its
+    cells' LM will have it (`served_context_window`: a self-hosted server's own)."""
     from booklens.retrieval import SEARCH_MODES
 
-    from booklens.lm import lm_context_window
+    from booklens.lm import served_context_window
     from booklens.lm.base import refuse_larger_window
 
     judge = sweep.judge_config()
-    window = lm_context_window(sweep.judge.lm or sweep.lm)
+    window = served_context_window(sweep.judge.lm or sweep.lm, sweep.judge.api_base or sweep.api_base)
     if judge.context_window is not None:  # what the judges plan for (`run_book`), within the model's
         try:
             refuse_larger_window(judge.context_window, window, judge_key("context_window"))
@@ -721,8 +724,11 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     """The text `--dry-run` prints: the cells (those complete on disk, which a run reuses without a
     call, marked: `complete_cells`) and the estimated work of the others per system. Writes nothing, calls
     no LM and opens no cache, so it takes none of the options of running cells (engine, concurrency,
-    cache, --rpm, --tpm, --fail-fast). `structured` is the run's --structured: the judge steps on disk
-    are matched by the mode they were judged in, so it decides which the run would reuse."""
+    cache, --rpm, --tpm, --fail-fast). It asks a self-hosted server its window as the run's checks do
+    (`served_context_window`: a GET, no completion), so it refuses what they refuse; with no server
+    up the window is unknown and nothing is refused for it. `structured` is the run's --structured:
+    the judge steps on disk are matched by the mode they were judged in, so it decides which the run
+    would reuse."""
     from booklens.lm.usage import cost_text, known_cost
     from booklens.sweep.estimate import ASSUMPTIONS, estimate_sweep
     from booklens.vocabulary import counted
