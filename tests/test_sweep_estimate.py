@@ -256,3 +256,29 @@ def test_a_listed_model_at_a_server_of_ones_own_is_estimated_at_no_list_price(bo
     # the command's --api-base is the default server of every step too
     manifest.write_text(body + judge % "", encoding="utf-8")
     assert estimate_sweep(load_manifest(manifest, api_base="http://127.0.0.1:8000/v1"))[0].cost_usd is None
+
+
+def test_book_evidence_is_sized_by_the_window_the_judges_server_states(tmp_path: Path):
+    """llama.cpp started with `-c 2048` says so in /props: the verifier's evidence is what 2048 tokens
+    hold, as if the manifest set the judge's window, not what the 8192 of an unknown window hold."""
+    from booklens.testing import FakeOpenAIServer, free_port
+
+    (tmp_path / "long.txt").write_text("The long voyage went on. " * 2000, encoding="utf-8")
+    (tmp_path / "given.json").write_text(json.dumps({"long": "It goes on."}), encoding="utf-8")
+    text = ("books: [long.txt]\nsystems: [{name: given, summaries: given.json}]\n"
+            "judge: {steps: [faithfulness], evidence: book, max_claims: 1%s}\n")
+    (tmp_path / "server.yaml").write_text(text % "", encoding="utf-8")
+    (tmp_path / "set.yaml").write_text(text % ", context_window: 2048", encoding="utf-8")
+    down = f"http://127.0.0.1:{free_port()}/v1"
+
+    def prompt_tokens(manifest: str, server: str) -> int:
+        (e,) = estimate_sweep(load_manifest(tmp_path / manifest, lm="openai/fake", api_base=server))
+        return e.judge.prompt_tokens
+
+    with FakeOpenAIServer(pages={"/props": {"default_generation_settings": {"n_ctx": 2048}}}) as server:
+        stated = prompt_tokens("server.yaml", server.url)
+    assert server.received == [] and server.fetched == ["/v1/models", "/props"]
+    assert stated == prompt_tokens("set.yaml", down)
+    unknown = prompt_tokens("server.yaml", down)  # no server up: the window is unknown
+    judge = load_manifest(tmp_path / "server.yaml").judge_config()
+    assert unknown - stated == book_evidence(8192, judge) - book_evidence(2048, judge) > 0

@@ -1,5 +1,6 @@
 """`booklens sweep --dry-run`: the cells, and per system the LM calls and tokens it will take and
-what that costs where LiteLLM knows the model's prices. No LM is called and no model is loaded.
+what that costs where LiteLLM knows the model's prices. No LM is called and no model is loaded (a
+self-hosted server is asked its context window, a GET as the run's checks make, not a completion).
 
 A hierarchical summary's calls come from the summarizer's own plan of each book's real chunks
 (`HierarchicalSummarizer.plan`): its budget checks, level-1 groups, level budgets and merge tree,
@@ -7,7 +8,8 @@ run without a model on summaries of the assumed lengths, so a configuration the 
 refuse is refused here too. Incremental updating is counted here, after the summarizer's budget
 checks: a call per chunk, and a compression after each update over the budget. The judge's calls are
 sized for the judge's LM: with `evidence: book` each verification holds what the verifier's own
-budget on that LM's context window holds (`ClaimVerifier.evidence_budget`), the whole book at most.
+budget on that LM's context window holds (`ClaimVerifier.evidence_budget`), the whole book at most;
+the window is the judge's `context_window`, else the one its server states, else the model's known one.
 What cannot be known before the model writes is assumed, and said: every summary fills its token
 budget unless what it summarizes is shorter (then it is as long as that: a short book's summary is
 no longer than the book), a same-level merge context cut to its cap keeps all of the cap,
@@ -232,7 +234,7 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
     import dspy
 
     from booklens.errors import BooklensError
-    from booklens.lm import BooklensAdapter, lm_context_window
+    from booklens.lm import BooklensAdapter, served_context_window
     from booklens.lm.pool import resolve_model
     from booklens.pipeline import build_summarizer
     from booklens.text import chunk_text, count_tokens, read_book, split_sentences
@@ -258,8 +260,9 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
     with dspy.context(adapter=BooklensAdapter()):
         programs = programs if programs is not None else _judge_programs(judge)
         judge_lm, judge_server = resolve_model(sweep.lm, sweep.api_base, judge.lm, judge.api_base)
-        # the judge's calls run on its LM, not the summarizer's, planned for the judge's window where one is set
-        judge_window = judge.context_window or lm_context_window(judge_lm)
+        # the judge's calls run on its LM, not the summarizer's, planned for the judge's window where one is set,
+        # else for the window its server states (asked once: the checks before this asked already)
+        judge_window = judge.context_window or served_context_window(judge_lm, judge_server)
         for spec in sweep.systems:
             first = sweep.system_config(spec.name, sweep.books[0].key)
             given = spec.summaries is not None
