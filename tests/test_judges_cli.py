@@ -1004,3 +1004,64 @@ def test_the_printed_calibrate_advice_names_the_cache_the_run_used_and_the_recor
     assert [line.rsplit("(", 1)[1] for line in warnings] == [
         f"booklens calibrate --lm openai/fake{how} --cache-dir '{elsewhere}')"
         for how in ("", "", " --judge binary")]
+
+
+def within_window(window: int):
+    """`answer` for prompts of at most `window` tokens (a quarter of their characters, with the answer
+    budget); a longer one refused in llama-cpp-python's words, as a server started with that n_ctx."""
+    def respond(body):
+        wanted = sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4 + (body.get("max_tokens") or 0)
+        if wanted > window:
+            return (400, f"Requested tokens ({wanted}) exceed context window of {window}")
+        return answer(body)
+    return respond
+
+
+def test_calibrate_plans_the_coherence_judge_for_a_given_context_window(tmp_path):
+    """A server that states no window (llama-cpp-python's) is planned for with 8,192 tokens, in which
+    LONG_BOOK's summary fits; with --context-window 2048 it does not, and is refused before any call."""
+    human = long_summary_fixture(tmp_path / "human")
+    with FakeOpenAIServer(responder=answer) as server:
+        proc = run_command(["calibrate", "--judge", "coherence", "--coherence-data", human, "--books", "2",
+                            "--context-window", "2048", "--lm", "openai/fake", "--api-base", server.url,
+                            "--cache-dir", tmp_path / "cache", "-o", tmp_path / "store.json"])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: the summary '{LONG_BOOK}' of summary-gpt4-4096-inc.json (") and \
+        "does not fit the model's 2,048-token context window even with none of the judge's demos" in lines[0]
+    assert server.received == [] and not (tmp_path / "store.json").exists()
+
+
+def test_calibrate_names_its_context_window_when_a_verification_prompt_is_refused_and_plans_for_it(tmp_path):
+    """The annotators' quotes fill what an 8,192-token window holds: a server with 3,072 refuses the
+    first prompt, and the line says which option plans for its window; with it, every claim is judged."""
+    fables = fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)
+    data = json.loads(fables.read_text())
+    for summaries in data["FABLES"].values():
+        for claim in summaries["GPT-4"]["claims"].values():
+            claim["evidence"] = [" ".join(["Mara walked along the shore, watching the boats come in."] * 400)]
+    fables.write_text(json.dumps(data))
+    store = tmp_path / "store.json"
+    args = ["calibrate", "--judge", "verification", "--fables-data", fables, "--concurrency", "1",
+            "--cache-dir", tmp_path / "cache", "-o", store]
+    with FakeOpenAIServer(responder=within_window(3072)) as server:
+        refused = run_command([*args, "--lm", "openai/fake", "--api-base", server.url])
+        asked = len(server.received)
+        planned = run_command([*args, "--lm", "openai/fake", "--api-base", server.url, "--context-window", "3072"])
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and lines[-1].endswith(
+        "fit the 3072-token context window of 'openai/fake': the judge plans for a 8192-token window; set "
+        "--context-window to 3072 or less"), refused.stderr
+    assert asked == 1 and "Traceback" not in refused.stderr
+    assert planned.returncode == 0, planned.stderr
+    (entry,) = json.loads(store.read_text())["calibrations"].values()
+    assert entry["n"]["claims"] == len(FIXTURE_CLAIMS) and entry["counts"]["failed"] == 0
+
+
+def test_calibrate_refuses_a_context_window_larger_than_the_embedded_models(tmp_path):
+    human = human_fixture(tmp_path / "human")
+    proc = run_command(["calibrate", "--judge", "coherence", "--coherence-data", human, "--context-window", "16384",
+                        "--cache-dir", tmp_path / "cache", "-o", tmp_path / "store.json"])
+    assert proc.returncode == 2 and proc.stderr == ("error: --context-window 16384 is larger than this model's 8192: "
+                                                    "set --context-window to 8192 or less\n"), proc.stderr
+    assert not (tmp_path / "store.json").exists()

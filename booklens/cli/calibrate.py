@@ -21,9 +21,11 @@ import typer
 from booklens.calibration import COHERENCE_BOOKS, VERIFICATION_BOOKS
 from booklens.cli import app
 from booklens.cli.common import (
+    JUDGE_WINDOW_OPTION,
     ApiBaseOption,
     CacheDirOption,
     check_not_an_input,
+    JudgeWindowOption,
     LMOption,
     ProgramOption,
     RpmOption,
@@ -113,6 +115,7 @@ def calibrate_command(
     concurrency: Annotated[Optional[int], typer.Option(
         "--concurrency", min=1, help="LM calls at once (default 1 for the embedded model, whose calls queue "
                                      "anyway and then come out the same on every run; 4 otherwise).")] = None,
+    context_window: JudgeWindowOption = None,
     cache_dir: CacheDirOption = None,
     output: Annotated[Optional[Path], typer.Option(
         "-o", "--output", parser=output_path, callback=output_file,
@@ -168,15 +171,21 @@ def calibrate_command(
     from booklens.calibration import check_sample
     from booklens.lm import LOCAL_LM, lm_context_window, resolve_lm_name
 
+    from booklens.lm.base import refuse_larger_window
+
     # Every judge's data is read now: a second judge's bad data fails before the first judge's calls.
     window = lm_context_window(lm)  # known without building the LM: no model loads for a refusal
+    if context_window is not None:  # the window the judges plan for, as setup_lm will have it
+        refuse_larger_window(context_window, window, JUDGE_WINDOW_OPTION)
+        window = context_window
     for name, prog in programs.items():
         check_sample(name, prog, human_dir=human_dir, fables_path=fables, books=books, seed=seed, window=window)
 
     calls_at_once = concurrency or (1 if resolve_lm_name(lm) == LOCAL_LM else 4)
-    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm, context_window=context_window)
     from booklens.calibration import JudgedNothing, calibrate
     from booklens.lm.usage import describe_calls, usage_scope
+    from booklens.steps import judge_window_advice
 
     failures: list[str] = []
     for name, prog in programs.items():
@@ -185,7 +194,7 @@ def calibrate_command(
         started = time.perf_counter()
         # The stored entry counts calls without telling cached ones apart, so that an unchanged
         # calibration rewrites the same bytes; the line printed here tells them apart.
-        with usage_scope() as tracker:
+        with usage_scope() as tracker, judge_window_advice(model, JUDGE_WINDOW_OPTION):
             try:
                 entry = calibrate(name, prog, model, human_dir=human_dir, fables_path=fables, books=books, seed=seed,
                                   concurrency=calls_at_once, progress=lambda text: typer.echo(text, err=True))
