@@ -898,3 +898,88 @@ def test_a_prompt_too_large_mid_compile_is_one_line_and_the_rerun_asks_only_the_
         assert proc.returncode == 0, proc.stderr
         fresh = len(answered) - 2 - rerun  # a cache of its own: every call the compile makes
         assert rerun == fresh - 2 > 0
+
+
+def mid_length_human_fixture(folder: Path) -> Path:
+    """`long_human_fixture` with gamma's summary (test split, seed 0) cut to fit an 8,192-token window
+    with the judge's demos left out, but not a 2,048-token one."""
+    from test_judges import long_human_fixture
+
+    human = long_human_fixture(folder)
+    path = human / "summary-gpt4-4096-inc.json"
+    data = json.loads(path.read_text())
+    data["gamma"]["summary"] = " ".join(data["gamma"]["summary"].split(". ")[:150])
+    path.write_text(json.dumps(data))
+    return human
+
+
+def coherence_command(command: str, human: Path, tmp_path: Path) -> list:
+    return (["compile", "coherence", "--data", human, "--optimizer", "labeled", "--demos", "1",
+             "-o", tmp_path / "coherence.json"] if command == "compile" else
+            ["evaluate", "coherence", "--data", human, "--split", "test", "--threads", "1"])
+
+
+@pytest.mark.parametrize("command", ["compile", "evaluate"])
+def test_the_coherence_task_plans_for_a_given_context_window(command, tmp_path):
+    """A server that states no window (llama-cpp-python's) is planned for with 8,192 tokens, in which
+    gamma's summary fits; with --context-window 2048 it does not, and is refused before any call."""
+    human = mid_length_human_fixture(tmp_path / "human")
+    with FakeOpenAIServer(responder=coherence_answer) as server:
+        proc = run_cli([*coherence_command(command, human, tmp_path), "--context-window", "2048",
+                        "--lm", "openai/fake", "--api-base", server.url], tmp_path)
+    assert_one_line_error(proc, "error: the summary 'gamma' of summary-gpt4-4096-inc.json (",
+                          "does not fit the model's 2,048-token context window even with none of the judge's demos",
+                          output=tmp_path / "coherence.json")
+    assert server.received == []
+
+
+@pytest.mark.parametrize("command", ["compile", "evaluate"])
+def test_a_coherence_prompt_a_server_refuses_names_the_context_window_option(command, tmp_path):
+    """gamma's summary fits the 8,192 tokens planned for a server that states no window; one started
+    with 3,072 refuses it, and the line says which option plans for that window."""
+    from booklens.testing import Reply
+
+    human = mid_length_human_fixture(tmp_path / "human")
+
+    def within_3072(body):
+        wanted = sum(len(m["content"]) for m in body["messages"]) // 4 + (body.get("max_tokens") or 0)
+        if wanted > 3072:
+            return Reply(status=400, error=f"Requested tokens ({wanted}) exceed context window of 3072")
+        return coherence_answer(body)
+
+    with FakeOpenAIServer(responder=within_3072) as server:
+        proc = run_cli([*coherence_command(command, human, tmp_path), "--lm", "openai/fake", "--api-base",
+                        server.url], tmp_path)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert last.startswith("error: ") and last.endswith(
+        "fit the 3072-token context window of 'openai/fake': the judge plans for a 8192-token window; set "
+        "--context-window to 3072 or less"), proc.stderr
+    assert not (tmp_path / "coherence.json").exists()
+
+
+@pytest.mark.parametrize("command", ["compile", "evaluate"])
+def test_a_context_window_larger_than_the_embedded_models_is_refused(command, tmp_path):
+    from test_judges import long_human_fixture
+
+    human = long_human_fixture(tmp_path / "human")
+    proc = run_cli([*coherence_command(command, human, tmp_path), "--context-window", "16384"], tmp_path)
+    assert_one_line_error(proc, output=tmp_path / "coherence.json")
+    assert proc.stderr == ("error: --context-window 16384 is larger than this model's 8192: set --context-window to "
+                           "8192 or less\n")
+
+
+@pytest.mark.parametrize("command", ["compile", "evaluate"])
+@pytest.mark.parametrize("task, why", [
+    ("verification", "the verification task's prompts are not sized by a window"),
+    ("decomposition", "the decomposition task's prompts are not sized by a window"),
+    ("summarize", "the summarize task's summarizer plans for the 8192-token window its artifact records"),
+])
+def test_context_window_is_refused_for_the_tasks_whose_prompts_it_does_not_size(command, task, why, tmp_path):
+    data = tiny_fables(tmp_path / "fables.json") if task != "summarize" else STORY
+    args = ([command, task, "--data", data, "--context-window", "2048"] +
+            (["--optimizer", "labeled", "-o", tmp_path / "out.json"] if command == "compile" else []))
+    proc = run_cli(args, tmp_path)
+    assert_one_line_error(proc, output=tmp_path / "out.json")
+    assert proc.stderr == (f"error: --context-window is the window the coherence judge's prompts are planned for; "
+                           f"{why}: leave it out\n")

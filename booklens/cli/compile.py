@@ -18,8 +18,10 @@ import typer
 
 from booklens.cli import app
 from booklens.cli.common import (
+    JUDGE_WINDOW_OPTION,
     ApiBaseOption,
     CacheDirOption,
+    JudgeWindowOption,
     LMOption,
     RpmOption,
     SplitName,
@@ -55,6 +57,23 @@ def _sizes(train: int | None, dev: int | None, test: int | None) -> dict[str, in
         if value is not None and value < 0:
             raise BooklensError(f"--{name}-size must be 0 (the whole split) or more (got {value})")
     return {"train": train, "dev": dev, "test": test}
+
+
+def _judge_window(task: str, context_window: int | None) -> str | None:
+    """The option a context overflow names for `task` (`booklens.steps.judge_window_advice`): the
+    coherence judge fits its demos to the window it plans for. The other tasks' prompts are not
+    sized by a window, or (summarize) by the summarizer's, which its artifact records: a
+    --context-window there is refused, not ignored or given a second meaning."""
+    if task == "coherence":
+        return JUDGE_WINDOW_OPTION
+    if context_window is not None:
+        from booklens.optimizers.tasks import SUMMARIZER_DEFAULTS
+
+        why = (f"the summarize task's summarizer plans for the {SUMMARIZER_DEFAULTS['context_window']}-token window "
+               "its artifact records" if task == "summarize" else f"the {task} task's prompts are not sized by a window")
+        raise BooklensError(f"{JUDGE_WINDOW_OPTION} is the window the coherence judge's prompts are planned for; "
+                            f"{why}: leave it out")
+    return None
 
 
 def _metric_block(result) -> dict[str, Any]:
@@ -95,6 +114,7 @@ def compile_command(
     structured: StructuredOption = None,
     rpm: RpmOption = None,
     tpm: TpmOption = None,
+    context_window: JudgeWindowOption = None,
     cache_dir: CacheDirOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show the optimizer's own progress output.")] = False,
 ) -> None:
@@ -105,6 +125,7 @@ def compile_command(
     from booklens.lm.usage import UsageTracker
     from booklens.optimizers.evaluate import evaluate_program, format_table
     from booklens.optimizers.tasks import get_task, load_task_splits
+    from booklens.steps import judge_window_advice
 
     name = check_optimizer(optimizer)
     check_budget_options(name, {"demos": demos, "candidates": candidates, "trials": trials, "max_rounds": max_rounds,
@@ -112,6 +133,7 @@ def compile_command(
     if test_size is not None and not evaluate_test:  # it would be recorded (split.sizes.test) as if it applied
         raise BooklensError("--test-size sizes the test split, and --no-test scores nothing on it")
     spec = get_task(task)
+    window_option = _judge_window(spec.name, context_window)
     budget = spec.default_budget(demos=demos, candidates=candidates, trials=trials, threads=threads,
                                  max_rounds=max_rounds, minibatch_size=minibatch_size)
     budget.check_for(name)
@@ -131,7 +153,7 @@ def compile_command(
         typer.echo(f"note: the {' and '.join(empty)} split{'s' if len(empty) > 1 else ''} of {data} "
                    f"{'are' if len(empty) > 1 else 'is'} empty: nothing will score the compiled program there "
                    f"(the data is split by book, {shares} %: more books fill them)", err=True)
-    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm, context_window=context_window)
     # Every split the command runs on, before the first call: not the test split after the compile.
     spec.refuse_misfits(spec.build_program(), [*splits.train, *splits.dev, *splits.test],
                         getattr(model, "context_window", None))
@@ -140,8 +162,9 @@ def compile_command(
                f"{len(splits.test)} test examples, budget {budget.spent_by(name)}", err=True)
     meter = UsageTracker()
     started = time.perf_counter()
-    compiled = compile_program(spec, splits.train, splits.dev, optimizer=name, budget=budget, seed=seed,
-                               meter=meter, verbose=verbose)
+    with judge_window_advice(model, window_option):
+        compiled = compile_program(spec, splits.train, splits.dev, optimizer=name, budget=budget, seed=seed,
+                                   meter=meter, verbose=verbose)
     compile_seconds = time.perf_counter() - started
     if name == "labeled" and not any(getattr(p, "demos", None) for _, p in compiled.named_predictors()):
         typer.echo(f"note: the training split holds no example the {spec.name} program can show as a demo "
@@ -159,9 +182,10 @@ def compile_command(
         except BooklensError as exc:
             typer.echo(f"note: the compiled program is not scored on {split}: with its instructions, {exc}", err=True)
             continue
-        result = evaluate_program(compiled, examples, spec.metric, threads=threads, label=f"compiled on {split}",
-                                  units=spec.units(examples), unit_name=spec.interval_unit_name,
-                                  failure=spec.failure, notes=spec.notes)
+        with judge_window_advice(model, window_option):
+            result = evaluate_program(compiled, examples, spec.metric, threads=threads, label=f"compiled on {split}",
+                                      units=spec.units(examples), unit_name=spec.interval_unit_name,
+                                      failure=spec.failure, notes=spec.notes)
         results.append(result)
         metrics[split] = _metric_block(result)
     total_seconds = time.perf_counter() - started
@@ -229,6 +253,7 @@ def evaluate_command(
     structured: StructuredOption = None,
     rpm: RpmOption = None,
     tpm: TpmOption = None,
+    context_window: JudgeWindowOption = None,
     cache_dir: CacheDirOption = None,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", parser=output_path, callback=output_file,
                                                    help="Also write the results as JSON.")] = None,
@@ -247,6 +272,7 @@ def evaluate_command(
     if size is not None and size < 0:
         raise BooklensError(f"--size must be 0 (the whole split) or more (got {size})")
     spec = get_task(task)
+    window_option = _judge_window(spec.name, context_window)
     programs = [_default_if_named(p, spec.name) for p in program or []]
     if not programs and not zero_shot:
         raise BooklensError("nothing to evaluate: give --program or drop --no-zero-shot")
@@ -267,7 +293,7 @@ def evaluate_command(
     examples = splits.get(split)
     if not examples:
         raise BooklensError(f"the {split} split of {data} is empty")
-    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm)
+    model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm, context_window=context_window)
 
     runs: list[tuple[str, Any]] = []
     if zero_shot:
@@ -297,9 +323,13 @@ def evaluate_command(
         spec.refuse_misfits(p, examples, getattr(model, "context_window", None))
     for note in said:  # after the refusals: an error is the one line a refused command prints
         typer.echo(f"note: {note}", err=True)
-    results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label, units=spec.units(examples),
-                                unit_name=spec.interval_unit_name, failure=spec.failure, notes=spec.notes)
-               for label, p in runs]
+    from booklens.steps import judge_window_advice
+
+    with judge_window_advice(model, window_option):
+        results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label,
+                                    units=spec.units(examples), unit_name=spec.interval_unit_name,
+                                    failure=spec.failure, notes=spec.notes)
+                   for label, p in runs]
     title = f"{spec.name} / {split} (n={len(examples)}, seed {seed})"
     typer.echo(format_table(results, title=title, metric_name=spec.metric_name))
     for r in results:  # e.g. a judge shown with fewer demos than its label says
