@@ -1065,3 +1065,19 @@ def test_calibrate_refuses_a_context_window_larger_than_the_embedded_models(tmp_
     assert proc.returncode == 2 and proc.stderr == ("error: --context-window 16384 is larger than this model's 8192: "
                                                     "set --context-window to 8192 or less\n"), proc.stderr
     assert not (tmp_path / "store.json").exists()
+
+
+def test_calibrate_takes_a_context_window_within_the_one_the_server_states(tmp_path):
+    """LiteLLM knows 8,192 tokens for gpt-4; a vLLM server serving a model under that name with 16,384
+    states it, and a window within it is planned for, as setup_lm checks it, not refused on LiteLLM's figure."""
+    pages = {"/v1/models": {"object": "list", "data": [{"id": "gpt-4", "max_model_len": 16384}]}}
+    fables = fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)
+    store = tmp_path / "store.json"
+    with FakeOpenAIServer(responder=answer, pages=pages) as server:
+        proc = run_command(["calibrate", "--judge", "verification", "--fables-data", fables, "--context-window",
+                            "12288", "--lm", "openai/gpt-4", "--api-base", server.url, "--cache-dir",
+                            tmp_path / "cache", "-o", store])
+        asked = len(server.served)
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads(store.read_text())["calibrations"].values()
+    assert entry["n"]["claims"] == asked == len(FIXTURE_CLAIMS)

@@ -170,13 +170,13 @@ def calibrate_command(
                                                                   else {})) for j in judges}
     from booklens.calibration import check_sample
     from booklens.lm import LOCAL_LM, lm_context_window, resolve_lm_name
-
     from booklens.lm.base import refuse_larger_window
 
     # Every judge's data is read now: a second judge's bad data fails before the first judge's calls.
     window = lm_context_window(lm)  # known without building the LM: no model loads for a refusal
-    if context_window is not None:  # the window the judges plan for, as setup_lm will have it
-        refuse_larger_window(context_window, window, JUDGE_WINDOW_OPTION)
+    if context_window is not None:  # what the judges plan for; setup_lm checks it against the model's
+        if resolve_lm_name(lm) == LOCAL_LM:  # first, so no summary is refused for a window the model lacks
+            refuse_larger_window(context_window, window, JUDGE_WINDOW_OPTION)
         window = context_window
     for name, prog in programs.items():
         check_sample(name, prog, human_dir=human_dir, fables_path=fables, books=books, seed=seed, window=window)
