@@ -1032,6 +1032,22 @@ def test_calibrate_plans_the_coherence_judge_for_a_given_context_window(tmp_path
     assert server.received == [] and not (tmp_path / "store.json").exists()
 
 
+def test_calibrate_plans_for_the_window_the_server_states_before_any_call(tmp_path):
+    """llama.cpp's /props says 2048 tokens: the coherence data's long summary is refused without the
+    option, by the window the judges' LM will have, before any call of the judge that runs first."""
+    human = long_summary_fixture(tmp_path / "human")
+    fables = fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)
+    pages = {"/props": {"default_generation_settings": {"n_ctx": 2048}}}
+    with FakeOpenAIServer(responder=answer, pages=pages) as server:
+        proc = run_command(["calibrate", "--judge", "verification", "--judge", "coherence", "--fables-data", fables,
+                            "--coherence-data", human, "--books", "2", "--lm", "openai/fake", "--api-base",
+                            server.url, "--cache-dir", tmp_path / "cache", "-o", tmp_path / "store.json"])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "does not fit the model's 2,048-token context window even with none of the judge's demos" in lines[0]
+    assert server.received == [] and server.fetched == ["/v1/models", "/props"]
+
+
 def test_calibrate_names_its_context_window_when_a_verification_prompt_is_refused_and_plans_for_it(tmp_path):
     """The annotators' quotes fill what an 8,192-token window holds: a server with 3,072 refuses the
     first prompt, and the line says which option plans for its window; with it, every claim is judged."""

@@ -24,18 +24,19 @@ from booklens.cli.common import (
     JUDGE_WINDOW_OPTION,
     ApiBaseOption,
     CacheDirOption,
-    check_not_an_input,
     JudgeWindowOption,
     LMOption,
     ProgramOption,
     RpmOption,
     StructuredOption,
     TpmOption,
+    check_lm_options,
+    check_not_an_input,
     command_group,
     named_path,
     output_file,
-    output_path,
     output_folder,
+    output_path,
     seed_option,
     setup_lm,
 )
@@ -169,14 +170,15 @@ def calibrate_command(
     programs = {j: load_judge(j, program, zero_shot=zero_shot, **({"batch_size": batch_size} if j == "coherence"
                                                                   else {})) for j in judges}
     from booklens.calibration import check_sample
-    from booklens.lm import LOCAL_LM, lm_context_window, resolve_lm_name
+    from booklens.lm import LOCAL_LM, resolve_lm_name, served_context_window
     from booklens.lm.base import refuse_larger_window
 
+    check_lm_options(lm, api_base, structured=structured, rpm=rpm, tpm=tpm)
     # Every judge's data is read now: a second judge's bad data fails before the first judge's calls.
-    window = lm_context_window(lm)  # known without building the LM: no model loads for a refusal
-    if context_window is not None:  # what the judges plan for; setup_lm checks it against the model's
-        if resolve_lm_name(lm) == LOCAL_LM:  # first, so no summary is refused for a window the model lacks
-            refuse_larger_window(context_window, window, JUDGE_WINDOW_OPTION)
+    # The window is the one the judges' LM will have (a self-hosted server's own), without loading a model.
+    window = served_context_window(lm, api_base)
+    if context_window is not None:  # what the judges plan for; first, so no summary is refused for a
+        refuse_larger_window(context_window, window, JUDGE_WINDOW_OPTION)  # window the model lacks
         window = context_window
     for name, prog in programs.items():
         check_sample(name, prog, human_dir=human_dir, fables_path=fables, books=books, seed=seed, window=window)
