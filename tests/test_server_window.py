@@ -64,6 +64,13 @@ def test_a_llama_cpp_server_states_its_per_slot_window_in_props():
         assert server.fetched == ["/v1/models", "/props"]  # /props beside /v1, not in it
 
 
+def test_a_text_generation_inference_server_states_its_window_in_info():
+    pages = {"/info": {"model_id": "fake", "max_input_tokens": 3000, "max_total_tokens": 4096}}
+    with FakeOpenAIServer(pages=pages) as server:
+        assert backend_for(server).context_window == 4096  # the prompt and its answer
+        assert server.fetched == ["/v1/models", "/props", "/info"]
+
+
 def test_the_window_is_asked_once_per_server_and_model():
     with FakeOpenAIServer(pages=LLAMA_CPP_PROPS) as server:
         first, second = backend_for(server), backend_for(server)
@@ -80,11 +87,11 @@ def test_a_window_that_is_not_a_whole_number_above_zero_is_not_taken(n_ctx):
 
 
 def test_a_server_that_states_no_window_leaves_it_unknown():
-    """llama-cpp-python's server lists its models without a window and has no /props."""
+    """llama-cpp-python's server lists its models without a window and has no /props or /info."""
     with FakeOpenAIServer() as server:
         lm = make_lm("openai/fake", api_base=server.url, use_cache=False)
         assert lm.context_window is None
-        assert server.fetched == ["/v1/models", "/props"]
+        assert server.fetched == ["/v1/models", "/props", "/info"]
 
 
 def test_ollama_is_not_asked_it_is_sent_the_window_to_use():

@@ -962,8 +962,9 @@ _LITELLM_PREFIX = re.compile(r"^(?:litellm\.)?[A-Za-z_]*(?:Error|Exception|Timeo
 def server_window(server: str, model_id: str, key: str | None, *, timeout: float) -> int | None:
     """The context window (prompt and answer) an OpenAI-compatible server says it serves `model_id`
     with: `max_model_len` in its model list (vLLM, SGLang), else the per-slot `n_ctx` of llama.cpp's
-    `/props`; None when it says neither (llama-cpp-python's server, an error, no answer in `timeout`
-    seconds). Only a whole number above 0 counts."""
+    `/props`, else `max_total_tokens` in Text Generation Inference's `/info`; None when it says none of
+    them (llama-cpp-python's server, an error, no answer in `timeout` seconds). Only a whole number
+    above 0 counts."""
     import json
     import urllib.request
 
@@ -989,9 +990,13 @@ def server_window(server: str, model_id: str, key: str | None, *, timeout: float
         for entry in named:
             if window(entry.get("max_model_len")):
                 return entry["max_model_len"]
-    props = fetched(f"{base.removesuffix('/v1')}/props")  # llama.cpp serves it beside /v1, not in it
+    root = base.removesuffix("/v1")  # llama.cpp and TGI serve these beside /v1, not in it
+    props = fetched(f"{root}/props")
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
-    return window(settings.get("n_ctx")) if isinstance(settings, dict) else None
+    if isinstance(settings, dict) and window(settings.get("n_ctx")):
+        return settings["n_ctx"]
+    info = fetched(f"{root}/info")
+    return window(info.get("max_total_tokens")) if isinstance(info, dict) else None
 
 
 def _learned_about(provider: str, server: str) -> dict[str, Any]:
