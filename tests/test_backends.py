@@ -1963,6 +1963,12 @@ def silent_server():
     server.close()
 
 
+def no_connection_line(model: str, server: str) -> str:
+    port = server.split(":")[2].split("/")[0]
+    return (f"'{model}' at {server} does not answer: no connection to 127.0.0.1:{port} within 0.3 s (is the "
+            "server up, and its port open to this machine? BOOKLENS_CONNECT_TIMEOUT sets how long)")
+
+
 @pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model"])
 def test_a_server_that_never_answers_a_connection_fails_in_one_try(silent_server, monkeypatch, model):
     """A request to a host that drops packets waited the whole request timeout (600 s by default) and
@@ -1973,9 +1979,7 @@ def test_a_server_that_never_answers_a_connection_fails_in_one_try(silent_server
     backend = LiteLLMBackend(model, api_base=silent_server, timeout=0.6, sleep=sleep)
     with pytest.raises(LMError) as caught:
         backend.complete({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
-    assert str(caught.value) == (f"'{model}' at {silent_server} does not answer: no connection to 127.0.0.1:"
-                                 f"{silent_server.split(':')[2].split('/')[0]} within 0.3 s (is the server up, and "
-                                 "its port open to this machine? BOOKLENS_CONNECT_TIMEOUT sets how long)")
+    assert str(caught.value) == no_connection_line(model, silent_server)
     assert sleep.delays == []  # no retry
 
 
@@ -1998,9 +2002,7 @@ def test_a_server_named_only_by_the_environment_that_never_answers_fails_in_one_
     backend.sleep = sleep = Recorder()
     with pytest.raises(LMError) as caught:
         backend.complete({"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})
-    assert str(caught.value) == (f"'{model}' at {silent_server} does not answer: no connection to 127.0.0.1:"
-                                 f"{silent_server.split(':')[2].split('/')[0]} within 0.3 s (is the server up, and "
-                                 "its port open to this machine? BOOKLENS_CONNECT_TIMEOUT sets how long)")
+    assert str(caught.value) == no_connection_line(model, silent_server)
     assert sleep.delays == []  # no retry
 
 
