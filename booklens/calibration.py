@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from booklens.errors import BooklensError
-from booklens.lm.base import lm_label, lm_server
+from booklens.lm.base import lm_label, lm_planned_window, lm_server
 from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, counted
 
 COHERENCE_BOOKS = 2
@@ -501,9 +501,9 @@ def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None
         body = calibrate_verification(program, **sample, concurrency=concurrency, progress=progress)
     mode = judge_mode(judge, program)
     fingerprint = program_fingerprint(program)
-    lm_name, server = lm_label(lm), lm_server(lm)
-    head = {"key": calibration_key(judge, mode, lm_name, fingerprint, server), "judge": judge, "mode": mode,
-            "lm": lm_name, **({"api_base": server} if server else {}),
+    lm_name, server, window = lm_label(lm), lm_server(lm), lm_planned_window(lm)
+    head = {"key": calibration_key(judge, mode, lm_name, fingerprint, server, window), "judge": judge, "mode": mode,
+            "lm": lm_name, **({"api_base": server} if server else {}), **({"context_window": window} if window else {}),
             "program": getattr(program, "_booklens_judge", "program"),
             "program_sha256": fingerprint, "demos": demo_count(judge, program)}
     return {**head, **body}

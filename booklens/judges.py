@@ -274,22 +274,22 @@ def judge_info(judge: str, program: Any, lm: Any, *, store: Optional[dict[str, A
     shipped one plus the user's next to the LM's call cache, unless `store` is given. `server`: the
     LM's server URL when `lm` is only a name (an LM object says its own). `evidence`: the evidence
     mode a verifier's verdicts are made with (None where no verdicts are made)."""
-    from booklens.lm.base import lm_label, lm_server
+    from booklens.lm.base import lm_label, lm_planned_window, lm_server
     from booklens.lm.remote import public_url
     from booklens.records import JudgeInfo
 
-    lm_name = lm_label(lm)
+    lm_name, window = lm_label(lm), lm_planned_window(lm)
     server = public_url(server) if server else lm_server(lm)
     if store is None:
         call_cache = getattr(getattr(lm, "call_cache", None), "path", None)
         store = load_store(Path(call_cache).parent if call_cache is not None else None)
     fingerprint = program_fingerprint(program)
     mode = judge_mode(judge, program)
-    entry = find_calibration(judge, mode, lm_name, fingerprint, server=server, store=store)
+    entry = find_calibration(judge, mode, lm_name, fingerprint, server=server, store=store, window=window)
     info = JudgeInfo(task=task_of(judge), mode=mode, program=getattr(program, "_booklens_judge", "program"),
                      program_sha256=fingerprint, demos=demo_count(judge, program), lm=lm_name, api_base=server,
                      compiled_with=compiled_with(getattr(program, "_booklens_artifact", None)), calibration=entry,
-                     evidence=evidence if judge != "coherence" else None)
+                     evidence=evidence if judge != "coherence" else None, context_window=window)
     info.warning = judge_warning(info, batch_size=getattr(program, "batch_size", 1))
     return info
 
@@ -353,7 +353,8 @@ def calibrate_advice(info: Any, batch_size: int = 1, cache_dir: str | Path | Non
             how += " --judge coherence"
         how += f" --batch-size {batch_size}"
     server = f" --api-base {shlex.quote(info.api_base)}" if info.api_base else ""
-    return f"booklens calibrate --lm {lm}{server}{how}{cache_option(cache_dir)}"
+    window = f" --context-window {info.context_window}" if getattr(info, "context_window", None) else ""
+    return f"booklens calibrate --lm {lm}{server}{how}{window}{cache_option(cache_dir)}"
 
 
 def cache_option(cache_dir: str | Path | None) -> str:
@@ -464,6 +465,8 @@ def judge_line(info: Any, cache_dir: str | Path | None = None) -> str:
     name = {"default": "default few-shot", "zero-shot": "zero-shot"}.get(info.program, info.program)
     head = (f"judge: {name} {info.task} program ({info.mode}, {info.demos} demos, "
             f"{info.program_sha256[:12]}) on {judge_lm(info)}")
+    if getattr(info, "context_window", None):
+        head += f", planned for a {info.context_window}-token window"
     c = info.calibration
     if c:
         figures = c.get("figures") or {}
@@ -487,11 +490,14 @@ def judge_line(info: Any, cache_dir: str | Path | None = None) -> str:
 # Calibration store
 
 
-def calibration_key(judge: str, mode: str, lm: str, fingerprint: str, server: Optional[str] = None) -> str:
+def calibration_key(judge: str, mode: str, lm: str, fingerprint: str, server: Optional[str] = None,
+                    window: Optional[int] = None) -> str:
     """One calibration per judge, mode, LM and program; an LM reached at a server of one's own is
     keyed with the URL too, as the call cache is: the model name alone does not say which model a
-    self-hosted server runs."""
-    return f"{judge}|{mode}|{lm}{'@' + server if server else ''}|{fingerprint}"
+    self-hosted server runs. A window set for the judge (`lm_planned_window`) keys it too: the
+    prompts it plans (demos that fit, evidence budgets) are another judge's."""
+    return f"{judge}|{mode}|{lm}{'@' + server if server else ''}|{fingerprint}" + (
+        f"|window={window}" if window else "")
 
 
 def user_store_path(cache_dir: str | Path | None = None) -> Path:
@@ -574,9 +580,9 @@ def load_store(cache_dir: str | Path | None = None) -> dict[str, Any]:
 
 
 def find_calibration(judge: str, mode: str, lm: str, fingerprint: str, *, server: Optional[str] = None,
-                     store: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
+                     store: Optional[dict[str, Any]] = None, window: Optional[int] = None) -> Optional[dict[str, Any]]:
     entries = store if store is not None else load_store()
-    entry = entries.get(calibration_key(judge, mode, lm, fingerprint, server))
+    entry = entries.get(calibration_key(judge, mode, lm, fingerprint, server, window))
     return dict(entry) if isinstance(entry, dict) else None
 
 

@@ -383,6 +383,9 @@ class JudgeInfo(BaseModel):
     warning: Optional[str] = None
     evidence: Optional[str] = Field(default=None, description="verification: the evidence mode the verdicts were "
                                                               "made with (the calibration's is 'given')")
+    context_window: Optional[int] = Field(default=None, description="the window the judge's prompts were planned "
+                                                                    "for when one was set (its calibration is keyed "
+                                                                    "by it too); None: the model's own")
 
 
 # ---------------------------------------------------------------------------

@@ -1097,3 +1097,31 @@ def test_calibrate_takes_a_context_window_within_the_one_the_server_states(tmp_p
     assert proc.returncode == 0, proc.stderr
     (entry,) = json.loads(store.read_text())["calibrations"].values()
     assert entry["n"]["claims"] == asked == len(FIXTURE_CLAIMS)
+
+
+def test_a_calibration_made_for_a_judges_window_is_the_one_runs_with_that_window_are_told(tmp_path):
+    """A judge planned for a smaller window (fewer demos, less evidence) is measured as a judge of its
+    own: its calibration is keyed by the window, found by a run planned for the same one, and not
+    shown for the model's own window, whose advice names no window; another window's names it."""
+    fables = fables_fixture(tmp_path / "FABLES.json", FIVE_BOOKS)
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Mara walks along the shore."]))
+    cache = tmp_path / "cache"
+    with FakeOpenAIServer(responder=answer) as server:
+        lm = ["--lm", "openai/fake", "--api-base", server.url, "--cache-dir", cache]
+        calibrated = run_command(["calibrate", "--judge", "verification", "--fables-data", fables, "--books", "2",
+                                  "--context-window", "3072", *lm])
+        judged = {window: run_command(["verify", "--claims", claims, "--evidence", "none", *lm,
+                                       *(["--context-window", window] if window else [])])
+                  for window in (None, "3072", "4096")}
+    assert calibrated.returncode == 0, calibrated.stderr
+    (key, entry), = json.loads((cache / "calibration.json").read_text())["calibrations"].items()
+    assert key.endswith("|window=3072") and entry["context_window"] == 3072
+    lines = {window: [line for line in proc.stderr.splitlines() if line.startswith(("judge:", "warning:"))]
+             for window, proc in judged.items()}
+    assert lines["3072"][0].startswith("judge: default few-shot verification program (") and \
+        ", planned for a 3072-token window; agreement with humans on " in lines["3072"][0], lines["3072"]
+    assert not any(line.startswith("warning: no calibration") for line in lines["3072"])
+    assert lines[None][-1].startswith("warning: no calibration") and "--context-window" not in lines[None][-1]
+    assert lines["4096"][-1].startswith("warning: no calibration") and \
+        f" --context-window 4096 --cache-dir {cache})" in lines["4096"][-1], lines["4096"]

@@ -34,6 +34,14 @@ def lm_server(lm: Any) -> str | None:
     return public_url(url)
 
 
+def lm_planned_window(lm: Any) -> int | None:
+    """The window an LM's prompts are planned for when one was set for it (a judge's --context-window:
+    `BooklensLM.planning_for`), else None (the model's own). A judge's calibration is keyed by it: with
+    fewer demos or less evidence, the judge is measured as another."""
+    window = getattr(lm, "planned_window", None)
+    return window if isinstance(window, int) and not isinstance(window, bool) else None
+
+
 class ContextWindowExceeded(LMError):
     """The prompt and the answer budget do not fit the model's context window; `window` is that
     window in tokens when the server's words gave it."""
