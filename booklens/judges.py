@@ -453,6 +453,12 @@ def evidence_note(info: Any) -> Optional[str]:
     return f"measured with the annotators' evidence quotes, where the verdicts here had {had}"
 
 
+def window_note(info: Any) -> Optional[str]:
+    """The window a judge's prompts were planned for, when one was set (its calibration is keyed by it)."""
+    window = getattr(info, "context_window", None)
+    return f"planned for a {window}-token window" if window else None
+
+
 def judge_lm(info: Any) -> str:
     """The LM a judge ran on, with the server it was reached at when one was given (a self-hosted
     server answers to any model name): the judge line, its warning and the report's card say it so."""
@@ -465,8 +471,8 @@ def judge_line(info: Any, cache_dir: str | Path | None = None) -> str:
     name = {"default": "default few-shot", "zero-shot": "zero-shot"}.get(info.program, info.program)
     head = (f"judge: {name} {info.task} program ({info.mode}, {info.demos} demos, "
             f"{info.program_sha256[:12]}) on {judge_lm(info)}")
-    if getattr(info, "context_window", None):
-        head += f", planned for a {info.context_window}-token window"
+    window = window_note(info)
+    head += f", {window}" if window else ""
     c = info.calibration
     if c:
         figures = c.get("figures") or {}

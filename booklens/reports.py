@@ -615,11 +615,13 @@ def page_head(title: str, extra_style: str = "") -> str:
 
 def judge_card(task: str, judge: Any) -> str:
     """A score card naming a judge, its agreement with humans and, when low or unknown, a warning."""
-    from booklens.judges import judge_lm
+    from booklens.judges import judge_lm, window_note
 
     program = {"default": "default few-shot program", "zero-shot": "zero-shot program"}.get(
         judge.program, f"program {judge.program}")
-    detail = [f"{program} ({judge.mode}, {_plural(judge.demos, 'demo')}) on {judge_lm(judge)}"]
+    window = window_note(judge)
+    detail = [f"{program} ({judge.mode}, {_plural(judge.demos, 'demo')}) on {judge_lm(judge)}"
+              + (f", {window}" if window else "")]
     if judge.compiled_with and judge.compiled_with != judge.lm:
         detail.append(f"compiled with {judge.compiled_with}, whose answers chose its demos and instructions")
     c = judge.calibration or {}

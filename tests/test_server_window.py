@@ -213,6 +213,8 @@ def test_runs_judges_plan_for_the_judge_context_window_not_the_summarizers(tmp_p
     assert len(server.served) - before >= 3  # coherence, claims and their verification, each within 3072
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["config"]["judge_context_window"] == 3072 and run["complete"] is True
+    assert {info["context_window"] for info in run["judges"].values()} == {3072}
+    assert (tmp_path / "run" / "report.html").read_text().count("planned for a 3072-token window") == 2
 
 
 def test_a_sweeps_judge_window_is_a_manifest_key_within_the_models(tmp_path):
