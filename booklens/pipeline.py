@@ -860,11 +860,12 @@ def _stderr(message: str) -> None:
 
 def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge: JudgeConfig | None = None, *,
              lms: Any = None, concurrency: int = 4, notify: Optional[Callable[[str], None]] = None,
-             book_text: Optional[str] = None, window_option: str = "context_window"):
+             book_text: Optional[str] = None, window_option: str = "context_window", as_keys: bool | str = True):
     """Run (or resume) every step for one book into the run directory `output`; returns the
     `RunRecord` written to run.json. `lms` is the `booklens.lm.LMPool` the LMs come from (one is
     made with the default cache when not given); `book_text` spares a second read of the book.
-    `window_option` is how errors name `judge.context_window` (`run`'s option, a manifest's key).
+    `window_option` is how errors name `judge.context_window` (`run`'s option, a manifest's key), and
+    `as_keys` how they name the judge's other settings (`booklens.errors.setting_name`).
 
     A book that cannot be read, or a step that fails, is recorded in run.json and does not raise;
     a bad configuration or run directory raises `BooklensError` before anything is written, and so
@@ -950,12 +951,12 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
         # before the summary is written: the verification step comes last, and would fail on every claim
         check_evidence_fits(programs["verification"], getattr(judge_lm, "context_window", None), k=judge.k,
-                            passage_tokens=judge.passage_tokens, book_text=book_text, as_keys=True)
+                            passage_tokens=judge.passage_tokens, book_text=book_text, as_keys=as_keys)
     if "verification" in programs and judge.evidence == "book" and book_text is not None:
         from booklens.programs.faithfulness import check_budget_fits
 
         check_budget_fits(programs["verification"], getattr(judge_lm, "context_window", None),
-                          budget_tokens=judge.budget_tokens, book_text=book_text, as_keys=True)
+                          budget_tokens=judge.budget_tokens, book_text=book_text, as_keys=as_keys)
     evidence_index = None
     if "faithfulness" in wanted and judge.evidence in BOOK_MODES and book_text is not None and "faithfulness" not in \
             reusable_steps(book, output, system, judge, summary_model=summary_model, judge_model=judge_model,
@@ -1074,7 +1075,7 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                     claims=chosen, book_text=book_text, book=Path(book.name), summary=claims.summary,
                     mode=judge.evidence, budget_tokens=judge.budget_tokens, concurrency=concurrency,
                     cache_dir=lms.cache_dir, programs=programs, index=evidence_index, window_option=window_option,
-                    **judge.retrieval_given()))
+                    as_keys=as_keys, **judge.retrieval_given()))
 
             claims_sha = runner.steps["claims"].sha256 if claims is not None else None
             verify_inputs = judge_step_inputs("faithfulness", judge, judge_model, book_sha, claims_sha, programs)

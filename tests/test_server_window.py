@@ -237,3 +237,16 @@ def test_a_sweeps_judge_window_is_a_manifest_key_within_the_models(tmp_path):
     assert [o.status for o in outcome.outcomes] == ["complete"], [o.error for o in outcome.outcomes]
     run = json.loads((tmp_path / "out" / "cells" / "given" / "a" / "run.json").read_text())
     assert run["config"]["judge_context_window"] == 3072
+
+
+def test_runs_evidence_too_large_for_the_judges_window_is_named_by_runs_options(tmp_path):
+    """`run` is a command line: its line names --k and --passage-tokens, not a manifest's keys."""
+    summary = tmp_path / "summary.txt"
+    summary.write_text("Mara kept the light. The boats came home.", encoding="utf-8")
+    with FakeOpenAIServer() as server:
+        proc = run_here(["run", STORY, "--summary", summary, "--lm", "openai/fake", "--api-base", server.url,
+                         "--judge-context-window", "2048", "-o", tmp_path / "run"], tmp_path)
+    line = one_line_error(proc)
+    assert line.startswith("error: --k 5 passages of up to --passage-tokens 256 tokens: 1280 tokens"), line
+    assert line.endswith("in its 2048-token context window; lower --k or --passage-tokens"), line
+    assert server.received == [] and not (tmp_path / "run").exists()

@@ -176,7 +176,7 @@ def run_command(
     check_cache_outside(output, cache_dir)  # before the pool makes the cache folder
     lms = LMPool(lm, api_base, cache_dir=cache_dir, concurrency=concurrency, **lm_options(structured, rpm, tpm))
     run = run_book(book, output, system, judge, lms=lms, concurrency=concurrency, book_text=book_text,
-                   window_option=JUDGE_CONTEXT_WINDOW)
+                   window_option=JUDGE_CONTEXT_WINDOW, as_keys=False)
     typer.echo(score_line(run, sent_now=lms.usage.total.calls), err=True)
     for info in run.judges.values():
         echo_judge(info, cache_dir)

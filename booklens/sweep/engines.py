@@ -149,11 +149,11 @@ def run_cell(task: CellTask, pool: Any) -> CellOutcome:
     """Run (or resume) one cell with the library pipeline; never raises."""
     try:
         from booklens.pipeline import JudgeConfig, SystemConfig, run_book
-        from booklens.sweep.manifest import judge_key
+        from booklens.sweep.manifest import JUDGE_KEYS, judge_key
 
         run = run_book(Path(task.book_path), Path(task.output), SystemConfig.model_validate(task.system_config),
                        JudgeConfig.model_validate(task.judge_config), lms=pool, concurrency=task.concurrency,
-                       notify=_quiet, window_option=judge_key("context_window"))
+                       notify=_quiet, window_option=judge_key("context_window"), as_keys=JUDGE_KEYS)
         record = run.model_dump(mode="json")
         if task.book_sha256 and run.book_sha256 and run.book_sha256 != task.book_sha256:
             # Edited while the sweep ran (or another copy on a Ray worker's node): the systems would be
