@@ -452,25 +452,37 @@ class HierarchicalSummarizer(_BookSummarizer):
         The rooms hold for the largest budget of any level, so any merge may write G_n tokens."""
         g1 = self.budget(1)
         room_chunks = self.room_for_chunks(g1)
-        if room_chunks < self.chunk_size:
-            raise BooklensError(
-                f"a chunk of {self.chunk_size} tokens does not fit the {self.context_window}-token context window "
-                f"with a {g1}-token summary and the prompt; lower --chunk-size or {self.budget_option}, "
-                "or raise --context-window"
-            )
         if self.level_budgets:
             g = max(self.budget(level) for level in range(2, max(3, len(self.level_budgets) + 1)))
         else:
             g = self.max_summary_tokens  # the schedule's top level, and its largest budget
-        room_merge = self.usable_window - g - prompt_tokens(self.merge, summaries=[], word_limit=0)
+        merge_overhead = prompt_tokens(self.merge, summaries=[], word_limit=0)
+        room_merge = self.usable_window - g - merge_overhead
         room_context = self.usable_window - g - prompt_tokens(
             self.merge_with_context, context="", summaries=[], word_limit=0)
-        if room_merge < 2 * max(g1, g) + 32:
+        merges = room_merge >= 2 * max(g1, g) + 32
+        if room_chunks >= self.chunk_size and merges:
+            return room_chunks, room_merge, room_context
+        # The settings that fit, so that one line ends the search: a budget at which two summaries merge
+        # beside a third (the merge's own), and the chunk that fits beside a level-1 summary of it.
+        fit = (self.usable_window - merge_overhead - 32) // 3
+        budgets = f"every {self.budget_option}" if self.level_budgets else self.budget_option
+        changes = [] if merges else [f"{budgets} to {fit} or less"]
+        chunk_room = room_chunks if merges else self.room_for_chunks(min(g1, fit))
+        if self.chunk_size > chunk_room:
+            changes.append(f"--chunk-size to {chunk_room} or less")
+        if fit < MIN_SUMMARY_TOKENS or chunk_room < MIN_CHUNK_SIZE:
+            advice = "raise --context-window"
+        else:
+            advice = f"set {' and '.join(changes)}, or raise --context-window"
+        if room_chunks < self.chunk_size:
             raise BooklensError(
-                f"the {self.context_window}-token context window cannot merge two {max(g1, g)}-token summaries; "
-                f"lower {self.budget_option} or raise --context-window"
+                f"a chunk of {self.chunk_size} tokens does not fit the {self.context_window}-token context window "
+                f"with a {g1}-token summary and the prompt; {advice}"
             )
-        return room_chunks, room_merge, room_context
+        raise BooklensError(
+            f"the {self.context_window}-token context window cannot merge two {max(g1, g)}-token summaries; {advice}"
+        )
 
     def room_for_chunks(self, g1: int) -> int:
         """Tokens of book text a level-1 call holds when its summary may take `g1` tokens."""
@@ -885,10 +897,13 @@ class IncrementalSummarizer(_BookSummarizer):
         overhead = prompt_tokens(self.update, running_summary="", excerpt="", word_limit=0)
         need = self.chunk_size + g + int(g * UPDATE_ALLOWANCE) + overhead
         if need > self.usable_window:
+            room = self.usable_window - (need - self.chunk_size)
+            lower = (f"set --chunk-size to {room} or less" if room >= MIN_CHUNK_SIZE
+                     else "lower --chunk-size or --max-summary-tokens")
             raise BooklensError(
                 f"incremental updating needs {need} tokens per call (chunk {self.chunk_size} + running summary "
-                f"{g} + output + prompt) but the usable context window is {self.usable_window}; lower "
-                "--chunk-size or --max-summary-tokens, or raise --context-window"
+                f"{g} + output + prompt) but the usable context window is {self.usable_window}; {lower}, "
+                "or raise --context-window"
             )
         # An update over its budget is compressed whole, so the compression prompt must hold the
         # longest update the token cap allows.

@@ -250,3 +250,22 @@ def test_runs_evidence_too_large_for_the_judges_window_is_named_by_runs_options(
     assert line.startswith("error: --k 5 passages of up to --passage-tokens 256 tokens: 1280 tokens"), line
     assert line.endswith("in its 2048-token context window; lower --k or --passage-tokens"), line
     assert server.received == [] and not (tmp_path / "run").exists()
+
+
+def test_summarize_in_a_small_window_names_the_settings_that_fit_it(tmp_path):
+    """A 2048-token window holds neither the default chunk nor two default summaries beside a third:
+    one line gives both values, and with them the summary is written."""
+    from booklens.testing import PipelineResponder
+
+    out = tmp_path / "summary.json"
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        args = ["summarize", STORY, "--lm", "openai/fake", "--api-base", server.url, "--context-window", "2048",
+                "-o", out]
+        assert one_line_error(run_here(args, tmp_path)) == (
+            "error: a chunk of 2048 tokens does not fit the 2048-token context window with a 900-token summary and "
+            "the prompt; set --max-summary-tokens to 499 or less and --chunk-size to 1021 or less, or raise "
+            "--context-window")
+        assert server.received == [] and not out.exists()
+        proc = run_here([*args, "--max-summary-tokens", "499", "--chunk-size", "1021"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["summary"]

@@ -309,10 +309,13 @@ def test_a_summary_budget_too_big_for_the_window_names_the_option_that_set_it():
     with dspy.context(adapter=BooklensAdapter()):
         for config, option in (({"level_budgets": [5000]}, "--level-budget"),
                                ({"max_summary_tokens": 5000}, "--max-summary-tokens")):
+            option = f"every {option}" if "level_budgets" in config else option
             with pytest.raises(BooklensError) as excinfo:
                 HierarchicalSummarizer(chunk_size=2048, context_window=8192, **config).check_budgets()
-            assert f"with a 5000-token summary and the prompt; lower --chunk-size or {option}," in str(excinfo.value)
-        with pytest.raises(BooklensError, match="cannot merge two 3000-token summaries; lower --level-budget"):
+            assert str(excinfo.value).endswith(f"with a 5000-token summary and the prompt; set {option} to 2240 or "
+                                               "less, or raise --context-window")
+        with pytest.raises(BooklensError, match="cannot merge two 3000-token summaries; set every --level-budget to "
+                                                "2240 or less, or raise"):
             HierarchicalSummarizer(chunk_size=512, context_window=8192, level_budgets=[300, 3000]).check_budgets()
 
 

@@ -116,8 +116,9 @@ BAD = {
     "missing systems": ("books: corpus\n", "missing key 'systems'"),
     "context too small for the chunks": ("books: corpus\nsystems: [{name: a, chunk_size: 4096, context_window: 2048}]\n",
                                          "m.yaml: system 'a': a chunk of 4096 tokens does not fit the 2048-token "
-                                         "context window with a 900-token summary and the prompt; lower chunk_size "
-                                         "or max_summary_tokens, or raise context_window"),
+                                         "context window with a 900-token summary and the prompt; set "
+                                         "max_summary_tokens to 499 or less and chunk_size to 1021 or less, or "
+                                         "raise context_window"),
     "merge context with incremental updating": (
         "books: corpus\nsystems: [{name: a, method: inc, merge_context: none}]\n",
         "m.yaml: system 'a': merge_context is for method hier; method inc makes no merges"),
