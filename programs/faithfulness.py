@@ -34,7 +34,8 @@ from booklens.lm import UNFINISHED, filter_stopped, last_stop, predict_with_retr
 from booklens.parallel import parallel_map
 from booklens.programs.base import Module, Predict
 from booklens.records import ClaimVerdict, Evidence
-from booklens.retrieval import BOOK_MODES, DEFAULT_K, EVIDENCE_MODES, MIN_BUDGET_TOKENS, BookIndex, format_passages
+from booklens.retrieval import (BOOK_MODES, DEFAULT_K, EVIDENCE_MODES, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS, BookIndex,
+                                format_passages)
 from booklens.signatures.faithfulness import (
     LABEL_TO_FABLES,
     DecomposeSummary,
@@ -51,6 +52,8 @@ VERIFY_MAX_TOKENS = 256
 VERIFY_PROMPT_OVERHEAD = 1000
 # Share of the remaining window evidence may fill: the backend's tokenizer may count more than cl100k_base.
 BUDGET_MARGIN = 0.8
+# Tokens a claim may take in the verification prompt, for the checks made before any claim is known.
+CLAIM_ALLOWANCE = 64
 
 # What annotators write when they have no quote; not evidence. A note says so in a few words
 # ("no evidence to verify or refute", "Cannot verify", "No quotation."), and all of the field is the note.
@@ -135,29 +138,62 @@ def evidence_budget(context_window: int | None, max_tokens: int = VERIFY_MAX_TOK
     return max(256, int((window - max_tokens - VERIFY_PROMPT_OVERHEAD - demo_tokens) * BUDGET_MARGIN))
 
 
+def evidence_room(verifier: "ClaimVerifier", context_window: int, passages: int = 1, margin: float = 1.0) -> int:
+    """Tokens of evidence one verification prompt of `verifier` holds in a `context_window`-token window:
+    what the window leaves beside the answer budget, the prompt's instructions and demos as they are
+    sent (measured, with the headers of `passages` passages) and a claim. The checks refuse only what
+    cannot fit in cl100k_base tokens (`margin` 1); the values they advise keep `BUDGET_MARGIN` of the
+    window for a server's tokenizer that counts more, so that they fit there too."""
+    from booklens.programs.base import prompt_tokens
+
+    fixed = prompt_tokens(verifier.verify, evidence=format_passages([""] * max(passages, 1)), claim="")
+    return int((context_window - verifier.max_tokens) * margin) - fixed - CLAIM_ALLOWANCE
+
+
+def _no_room(verifier: "ClaimVerifier", context_window: int, room: int, least: int, as_keys: bool | str) -> str | None:
+    """The line for a window whose judge prompt leaves less than the `least` evidence any setting asks."""
+    if room >= least:
+        return None
+    demos = len(verifier.verify.demos)
+    zero_shot = f"set {setting_name('--zero-shot', as_keys)}: true" if as_keys else "judge with --zero-shot"
+    fix = (f"{zero_shot} (no demos) or " if demos else "") + "use a model or server with a larger context window"
+    shown = f"instructions and {demos} demos" if demos else "instructions"
+    return (f"the judge's {context_window}-token context window holds no evidence beside its answer and its "
+            f"prompt's {shown}; {fix}")
+
+
 def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *, k: int, passage_tokens: int,
                         book_text: str | None = None, as_keys: bool | str = False) -> None:
     """A one-line `BooklensError` when the top `k` passages of up to `passage_tokens` tokens cannot fit
-    one verification prompt of `verifier` in a `context_window`-token window, even with nothing else
-    in it than the answer budget and the demos: every call would fail with the server's "prompt does
-    not fit", which names neither setting. A book shorter than that is all the evidence any k brings.
-    No window figure (a remote model LiteLLM does not know), no check."""
+    one verification prompt of `verifier` in a `context_window`-token window (`evidence_room`): every
+    call would fail with the server's "prompt does not fit", which names neither setting. A book
+    shorter than that is all the evidence any k brings. No window figure (a remote model LiteLLM does
+    not know), no check."""
     if not context_window:
         return
-    room = context_window - verifier.max_tokens - verifier.demo_tokens()
     shown = k * passage_tokens
-    if shown <= room:
+    if shown <= evidence_room(verifier, context_window, k):
         return
     if book_text is not None:
         from booklens.text import count_tokens
 
         shown = min(shown, count_tokens(book_text))  # counted only here: a whole book takes a moment
-        if shown <= room:
+        if shown <= evidence_room(verifier, context_window, k):
             return
+    room = evidence_room(verifier, context_window, k, BUDGET_MARGIN)
+    no_room = _no_room(verifier, context_window, room, MIN_PASSAGE_TOKENS, as_keys)
+    if no_room:
+        raise BooklensError(no_room)
     k_name, size_name = setting_name("--k", as_keys), setting_name("--passage-tokens", as_keys)
+    # The values that fit, each with the other setting as it is, so that no rerun has to search.
+    fits = [f"{k_name} to {room // passage_tokens} or less"] if room >= passage_tokens else []
+    if room // k >= MIN_PASSAGE_TOKENS:
+        fits.append(f"{size_name} to {room // k} or less")
+    if not fits:
+        fits = [f"{k_name} to 1 and {size_name} to {room} or less"]
     raise BooklensError(f"{k_name} {k} passages of up to {size_name} {passage_tokens} tokens: {shown} tokens of "
-                        f"evidence per claim, more than the {max(room, 0)} that fit beside the judge's answer and "
-                        f"demos in its {context_window}-token context window; lower {k_name} or {size_name}")
+                        f"evidence per claim, more than the {room} that fit beside the judge's answer and "
+                        f"prompt in its {context_window}-token context window; lower {' or '.join(fits)}")
 
 
 def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, budget_tokens: int | None,
@@ -170,7 +206,7 @@ def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, 
     budget (the window's own) or no window figure, no check."""
     if not context_window or budget_tokens is None:
         return
-    room = context_window - verifier.max_tokens - verifier.demo_tokens()
+    room = evidence_room(verifier, context_window)
     shown = budget_tokens
     if shown <= room:
         return
@@ -190,10 +226,15 @@ def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, 
         shown = min(shown, count_tokens(book_text))
         if shown <= room:
             return
+    room = evidence_room(verifier, context_window, margin=BUDGET_MARGIN)
+    no_room = _no_room(verifier, context_window, room, MIN_BUDGET_TOKENS, as_keys)
+    if no_room:
+        raise BooklensError(no_room)
     name = setting_name("--budget-tokens", as_keys)
     raise BooklensError(f"{name} {budget_tokens}: {whose or f'{shown} tokens of evidence per claim'}, more than the "
-                        f"{max(room, 0)} that fit beside the judge's answer and demos in its {context_window}-token "
-                        f"context window; lower {name} or leave it out (the default is what the window holds)")
+                        f"{room} that fit beside the judge's answer and prompt in its {context_window}-token "
+                        f"context window; lower {name} to {room} or less, or leave it out (the default is what "
+                        "the window holds)")
 
 
 # ---------------------------------------------------------------------------

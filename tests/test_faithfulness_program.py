@@ -614,8 +614,8 @@ def test_retrieved_evidence_that_cannot_fit_the_window_is_refused_before_any_cal
     for decompose in (False, True):
         with pytest.raises(BooklensError, match=r"^k 20 passages of up to passage_tokens 256 tokens: 5120 tokens "
                                                 r"of evidence per claim, more than the \d+ that fit beside the "
-                                                r"judge's answer and demos in its 4096-token context window; "
-                                                r"lower k or passage_tokens$"):
+                                                r"judge's answer and prompt in its 4096-token context window; "
+                                                r"lower k to \d+ or less or passage_tokens to \d+ or less$"):
             run_with(responder, lambda: verify_claims(
                 claims=[] if decompose else ["Maren trimmed the lamp."], summary="Maren trimmed the lamp.",
                 decompose=decompose, book_text=LONG_BOOK, mode="bm25", k=20), context_window=4096)
@@ -633,8 +633,8 @@ def test_a_book_budget_that_cannot_fit_the_window_is_refused_before_any_call():
 
     for decompose in (False, True):
         with pytest.raises(BooklensError, match=r"^budget_tokens 6000: 6000 tokens of evidence per claim, more "
-                                                r"than the \d+ that fit beside the judge's answer and demos in its "
-                                                r"4096-token context window; lower budget_tokens or leave it out "
+                                                r"than the \d+ that fit beside the judge's answer and prompt in its "
+                                                r"4096-token context window; lower budget_tokens to \d+ or less, or leave it out "
                                                 r"\(the default is what the window holds\)$"):
             run_with(responder, lambda: verify_claims(
                 claims=[] if decompose else ["Maren trimmed the lamp."], summary="Maren trimmed the lamp.",

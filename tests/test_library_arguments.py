@@ -440,7 +440,8 @@ def test_run_book_refuses_retrieved_evidence_that_cannot_fit_the_judge_window(tm
                              for n in range(500)))
     lm = pipeline_lm(context_window=2048)
     with pytest.raises(BooklensError, match=r"^k 12 passages of up to passage_tokens 256 tokens: 3072 tokens"):
-        run_book(path, tmp_path / "run", SystemConfig(**SMALL), JudgeConfig(k=12), lms=FixedLMPool(lm))
+        # zero-shot: the few-shot judge's demos alone fill 2048 tokens
+        run_book(path, tmp_path / "run", SystemConfig(**SMALL), JudgeConfig(k=12, zero_shot=True), lms=FixedLMPool(lm))
     assert lm.backend.calls == [] and not (tmp_path / "run").exists()
 
 
@@ -455,8 +456,8 @@ def test_run_book_refuses_a_book_budget_that_cannot_fit_the_judge_window(tmp_pat
                              for n in range(500)))
     lm = pipeline_lm(context_window=2048)
     with pytest.raises(BooklensError, match=r"^budget_tokens 3000: 3000 tokens of evidence per claim, more than"):
-        run_book(path, tmp_path / "run", SystemConfig(**SMALL), JudgeConfig(evidence="book", budget_tokens=3000),
-                 lms=FixedLMPool(lm))
+        run_book(path, tmp_path / "run", SystemConfig(**SMALL),
+                 JudgeConfig(evidence="book", budget_tokens=3000, zero_shot=True), lms=FixedLMPool(lm))
     assert lm.backend.calls == [] and not (tmp_path / "run").exists()
 
 

@@ -121,7 +121,9 @@ def test_verify_plans_for_the_window_the_server_states(tmp_path):
         proc = run_here(["verify", "--claims", claims, "--book", STORY, "--evidence", "bm25", "--lm", "openai/fake",
                          "--api-base", server.url], tmp_path)
     line = one_line_error(proc)
-    assert line.endswith("in its 2048-token context window; lower --k or --passage-tokens"), line
+    assert line == ("error: the judge's 2048-token context window holds no evidence beside its answer and its "
+                    "prompt's instructions and 6 demos; judge with --zero-shot (no demos) or use a model or server "
+                    "with a larger context window")
     assert server.received == []
 
 
@@ -132,7 +134,9 @@ def test_verify_plans_for_a_given_context_window(tmp_path):
         proc = run_here(["verify", "--claims", claims, "--book", STORY, "--evidence", "bm25", "--lm", "openai/fake",
                          "--api-base", server.url, "--context-window", "2048"], tmp_path)
     line = one_line_error(proc)
-    assert line.endswith("in its 2048-token context window; lower --k or --passage-tokens"), line
+    assert line == ("error: the judge's 2048-token context window holds no evidence beside its answer and its "
+                    "prompt's instructions and 6 demos; judge with --zero-shot (no demos) or use a model or server "
+                    "with a larger context window")
     assert server.received == []
 
 
@@ -245,10 +249,11 @@ def test_runs_evidence_too_large_for_the_judges_window_is_named_by_runs_options(
     summary.write_text("Mara kept the light. The boats came home.", encoding="utf-8")
     with FakeOpenAIServer() as server:
         proc = run_here(["run", STORY, "--summary", summary, "--lm", "openai/fake", "--api-base", server.url,
-                         "--judge-context-window", "2048", "-o", tmp_path / "run"], tmp_path)
+                         "--judge-context-window", "2048", "--zero-shot", "-o", tmp_path / "run"], tmp_path)
     line = one_line_error(proc)
     assert line.startswith("error: --k 5 passages of up to --passage-tokens 256 tokens: 1280 tokens"), line
-    assert line.endswith("in its 2048-token context window; lower --k or --passage-tokens"), line
+    assert line.endswith("in its 2048-token context window; lower --k to 2 or less or --passage-tokens to 146 or "
+                         "less"), line
     assert server.received == [] and not (tmp_path / "run").exists()
 
 
@@ -269,3 +274,26 @@ def test_summarize_in_a_small_window_names_the_settings_that_fit_it(tmp_path):
         proc = run_here([*args, "--max-summary-tokens", "499", "--chunk-size", "1021"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["summary"]
+
+
+def test_evidence_is_checked_against_the_judges_whole_prompt_not_only_its_demos(tmp_path):
+    """At 2048 tokens the few-shot judge's instructions and demos leave no room for evidence: three
+    passages passed the check (counted beside the demos alone) and the server refused every prompt,
+    a line naming no setting. Now one line before any call names --zero-shot, and the values it
+    gives for --k then fit."""
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Maren bound the book."]))
+    args = ["verify", "--claims", claims, "--book", STORY, "--lm", "openai/fake", "--context-window", "2048"]
+    with FakeOpenAIServer(responder=judged_within(2048)) as server:
+        line = one_line_error(run_here([*args, "--api-base", server.url, "--k", "3"], tmp_path))
+        assert line == ("error: the judge's 2048-token context window holds no evidence beside its answer and its "
+                        "prompt's instructions and 6 demos; judge with --zero-shot (no demos) or use a model or "
+                        "server with a larger context window")
+        line = one_line_error(run_here([*args, "--api-base", server.url, "--zero-shot"], tmp_path))
+        assert line.endswith("more than the 733 that fit beside the judge's answer and prompt in its 2048-token "
+                             "context window; lower --k to 2 or less or --passage-tokens to 146 or less"), line
+        assert server.received == []
+        proc = run_here([*args, "--api-base", server.url, "--zero-shot", "--k", "2", "-o", tmp_path / "v.json"],
+                        tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.served) == 1 and json.loads((tmp_path / "v.json").read_text())["claims"][0]["label"]

@@ -778,8 +778,8 @@ def test_judge_evidence_that_cannot_fit_the_window_is_refused_before_any_cell(co
     check_judge_evidence(short)  # every book is shorter than that: all of it is what any k shows
     write(corpus / "corpus" / "long.txt", "The long voyage went on. " * 2000)
     with pytest.raises(BooklensError, match=r"long.yaml: judge.k 10 passages of up to judge.passage_tokens 1024 "
-                       r"tokens: 10240 tokens .* lower judge.k or judge.passage_tokens \(the book 'long' and any as "
-                       r"long\)"):
+                       r"tokens: 10240 tokens .* lower judge.k to 4 or less or judge.passage_tokens to 470 or less "
+                       r"\(the book 'long' and any as long\)"):
         check_judge_evidence(load_manifest(write(corpus / "long.yaml", too_much)))
     check_judge_evidence(load_manifest(write(corpus / "fits.yaml", too_much.replace("k: 10", "k: 5"))))
     no_search = too_much.replace("k: 10,", "evidence: none, k: 10,")
@@ -787,7 +787,8 @@ def test_judge_evidence_that_cannot_fit_the_window_is_refused_before_any_cell(co
     # the `book` mode's budget, likewise
     budget = "books: corpus\nsystems: [{name: a}]\njudge: {evidence: book, budget_tokens: 9000}\n"
     with pytest.raises(BooklensError, match=r"book.yaml: judge.budget_tokens 9000: 9000 tokens of evidence per "
-                       r"claim.*lower judge.budget_tokens or leave it out .*\(the book 'long' and any as long\)"):
+                       r"claim.*lower judge.budget_tokens to 4737 or less, or leave it out .*\(the book 'long' and any as "
+                       r"long\)"):
         check_judge_evidence(load_manifest(write(corpus / "book.yaml", budget)))
     check_judge_evidence(load_manifest(write(corpus / "book-fits.yaml", budget.replace("9000", "4000"))))
 
@@ -915,16 +916,23 @@ def test_judge_settings_that_cannot_fit_the_servers_window_are_refused_before_an
         def checked(name: str, manifest: str) -> None:
             check_judge_evidence(load_manifest(write(corpus / name, manifest), lm="openai/fake", api_base=server.url))
 
-        with pytest.raises(BooklensError, match=r"k.yaml: judge.k 20 passages of up to judge.passage_tokens 256 "
-                           r"tokens: 5120 tokens of evidence per claim, .* in its 2048-token context window; lower "
-                           r"judge.k or judge.passage_tokens \(the book 'long' and any as long\)$"):
+        # the few-shot judge's instructions and demos fill 2048 tokens; without demos, five passages fit
+        with pytest.raises(BooklensError, match=r"k.yaml: the judge's 2048-token context window holds no evidence "
+                           r"beside its answer and its prompt's instructions and 6 demos; set judge.zero_shot: true "
+                           r"\(no demos\) or use a model or server with a larger context window"):
             checked("k.yaml", text)
+        with pytest.raises(BooklensError, match=r"k0.yaml: judge.k 20 passages of up to judge.passage_tokens 256 "
+                           r"tokens: 5120 tokens of evidence per claim, .* in its 2048-token context window; lower "
+                           r"judge.k to 2 or less or judge.passage_tokens to 33 or less \(the book 'long' and any as "
+                           r"long\)$"):
+            checked("k0.yaml", text.replace("k: 20", "k: 20, zero_shot: true"))
         with pytest.raises(BooklensError, match=r"budget.yaml: judge.budget_tokens 4000: .* in its 2048-token context "
-                           r"window; lower judge.budget_tokens"):
-            checked("budget.yaml", text.replace("evidence: bm25, k: 20", "evidence: book, budget_tokens: 4000"))
+                           r"window; lower judge.budget_tokens to 749 or less"):
+            checked("budget.yaml", text.replace("evidence: bm25, k: 20",
+                                                "evidence: book, budget_tokens: 4000, zero_shot: true"))
         with pytest.raises(BooklensError) as larger:
             checked("judge-window.yaml", text.replace("k: 20", "k: 1, context_window: 4096"))
-        checked("fits.yaml", text.replace("k: 20", "k: 1"))
+        checked("fits.yaml", text.replace("k: 20", "k: 4, zero_shot: true"))
     assert str(larger.value) == (f"{corpus / 'judge-window.yaml'}: judge.context_window 4096 is larger than this "
                                  "model's 2048: set judge.context_window to 2048 or less")
     assert server.received == [] and server.fetched == ["/v1/models", "/props"]
