@@ -210,6 +210,7 @@ def test_runs_judges_plan_for_the_judge_context_window_not_the_summarizers(tmp_p
         last = failed.stderr.strip().splitlines()[-1]
         assert last.startswith("error: the run is incomplete: coherence (") and last.count(
             "the judge plans for a 8192-token window; set --judge-context-window to 3072 or less") == 2, last
+        assert last.endswith("or less); rerun with the setting it names to retry"), last  # not the same command
         before = len(server.served)
         proc = run_here([*args, "--api-base", server.url, "-o", tmp_path / "run", "--judge-context-window", "3072"],
                         tmp_path)

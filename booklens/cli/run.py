@@ -185,7 +185,10 @@ def run_command(
     typer.echo(f"wrote {output / REPORT_FILE}", err=True)
     if run.failures:
         failed = ", ".join(f"{step} ({reason})" for step, reason in run.failures.items())
-        raise BooklensError(f"the run is incomplete: {failed}; rerun the same command to retry")
+        # A step that names a setting to change would fail the same way under the same command.
+        names_setting = any("; set --" in reason for reason in run.failures.values())
+        advice = "rerun with the setting it names to retry" if names_setting else "rerun the same command to retry"
+        raise BooklensError(f"the run is incomplete: {failed}; {advice}")
 
 
 @app.command("report")
