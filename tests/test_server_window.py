@@ -298,3 +298,18 @@ def test_evidence_is_checked_against_the_judges_whole_prompt_not_only_its_demos(
                         tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(server.served) == 1 and json.loads((tmp_path / "v.json").read_text())["claims"][0]["label"]
+
+
+def test_a_sweep_whose_cells_fail_for_a_setting_says_to_rerun_with_it(tmp_path):
+    (tmp_path / "a.txt").write_text("Mara kept the light on the island. " * 40, encoding="utf-8")
+    (tmp_path / "given.json").write_text(json.dumps({"a": "Mara kept the light. The boats came home."}))
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text("books: [a.txt]\nsystems: [{name: given, summaries: given.json}]\n"
+                        "judge: {steps: [coherence]}\n", encoding="utf-8")
+    with FakeOpenAIServer(responder=judged_within(3072)) as server:
+        proc = run_here(["sweep", manifest, "-o", tmp_path / "out", "--lm", "openai/fake", "--api-base", server.url],
+                        tmp_path)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("error: 1 of 1 cells failed"), proc.stderr
+    assert last.endswith("set judge.context_window to 3072 or less); rerun with the setting it names to retry "
+                         "them"), last
