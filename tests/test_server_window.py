@@ -222,15 +222,21 @@ def test_runs_judges_plan_for_the_judge_context_window_not_the_summarizers(tmp_p
     assert (tmp_path / "run" / "report.html").read_text().count("planned for a 3072-token window") == 2
 
 
+def one_book_sweep(folder: Path, judge: str) -> Path:
+    """A manifest of one short book and its given summary, judged as `judge` (YAML) says."""
+    (folder / "a.txt").write_text("Mara kept the light on the island. " * 40, encoding="utf-8")
+    (folder / "given.json").write_text(json.dumps({"a": "Mara kept the light. The boats came home."}))
+    manifest = folder / "sweep.yaml"
+    manifest.write_text(f"books: [a.txt]\nsystems: [{{name: given, summaries: given.json}}]\njudge: {judge}\n",
+                        encoding="utf-8")
+    return manifest
+
+
 def test_a_sweeps_judge_window_is_a_manifest_key_within_the_models(tmp_path):
     from booklens.errors import BooklensError
     from booklens.sweep.run import run_sweep
 
-    (tmp_path / "a.txt").write_text("Mara kept the light on the island. " * 40, encoding="utf-8")
-    (tmp_path / "given.json").write_text(json.dumps({"a": "Mara kept the light. The boats came home."}))
-    manifest = tmp_path / "sweep.yaml"
-    manifest.write_text("books: [a.txt]\nsystems: [{name: given, summaries: given.json}]\n"
-                        "judge: {evidence: book, context_window: 16384}\n", encoding="utf-8")
+    manifest = one_book_sweep(tmp_path, "{evidence: book, context_window: 16384}")
     with pytest.raises(BooklensError) as refused:
         run_sweep(manifest, tmp_path / "refused", lm="local", cache_dir=tmp_path / "cache", progress_interval=60)
     assert str(refused.value) == (f"{manifest}: judge.context_window 16384 is larger than this model's 8192: set "
@@ -301,11 +307,7 @@ def test_evidence_is_checked_against_the_judges_whole_prompt_not_only_its_demos(
 
 
 def test_a_sweep_whose_cells_fail_for_a_setting_says_to_rerun_with_it(tmp_path):
-    (tmp_path / "a.txt").write_text("Mara kept the light on the island. " * 40, encoding="utf-8")
-    (tmp_path / "given.json").write_text(json.dumps({"a": "Mara kept the light. The boats came home."}))
-    manifest = tmp_path / "sweep.yaml"
-    manifest.write_text("books: [a.txt]\nsystems: [{name: given, summaries: given.json}]\n"
-                        "judge: {steps: [coherence]}\n", encoding="utf-8")
+    manifest = one_book_sweep(tmp_path, "{steps: [coherence]}")
     with FakeOpenAIServer(responder=judged_within(3072)) as server:
         proc = run_here(["sweep", manifest, "-o", tmp_path / "out", "--lm", "openai/fake", "--api-base", server.url],
                         tmp_path)
