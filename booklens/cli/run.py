@@ -186,7 +186,9 @@ def run_command(
     if run.failures:
         failed = ", ".join(f"{step} ({reason})" for step, reason in run.failures.items())
         # A step that names a setting to change would fail the same way under the same command.
-        names_setting = any("; set --" in reason for reason in run.failures.values())
+        from booklens.lm.base import advises_setting
+
+        names_setting = any(advises_setting(reason) for reason in run.failures.values())
         advice = "rerun with the setting it names to retry" if names_setting else "rerun the same command to retry"
         raise BooklensError(f"the run is incomplete: {failed}; {advice}")
 

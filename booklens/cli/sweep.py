@@ -96,7 +96,9 @@ def sweep_command(
     if failed:
         more = f"; {len(skipped)} not run (--fail-fast)" if skipped else ""
         # A cell that names a setting to change would fail the same way on a plain rerun.
-        rerun = "rerun with the setting it names" if "; set " in (failed[0].error or "") else "rerun"
+        from booklens.lm.base import advises_setting
+
+        rerun = "rerun with the setting it names" if advises_setting(failed[0].error) else "rerun"
         typer.echo(f"error: {len(failed)} of {len(outcome.outcomes)} cells failed (first: "
                    f"{failed[0].system}/{failed[0].book}: {failed[0].error}){more}; {rerun} to retry them", err=True)
         raise typer.Exit(1)

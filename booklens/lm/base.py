@@ -74,8 +74,18 @@ def planned_window_advice(exc: ContextWindowExceeded, planned: int, what: str,
     if not exc.window or exc.window >= planned:
         return exc
     fact = str(exc).removesuffix(f": {CONTEXT_ADVICE}")
-    return ContextWindowExceeded(f"{fact}: {what} plans for a {planned}-token window; set {option} to {exc.window} "
-                                 "or less", window=exc.window)
+    return ContextWindowExceeded(f"{fact}: {what} plans for a {planned}-token window{SETTING_ADVICE}{option} to "
+                                 f"{exc.window} or less", window=exc.window)
+
+
+# How `planned_window_advice` names the setting to change: a failure that says it fails the same way
+# on a rerun of the same command (`advises_setting`).
+SETTING_ADVICE = "; set "
+
+
+def advises_setting(failure: str | None) -> bool:
+    """Whether a recorded failure names a setting to change before a rerun."""
+    return SETTING_ADVICE in (failure or "")
 
 
 @dataclass

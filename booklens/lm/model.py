@@ -119,7 +119,6 @@ class BooklensLM(dspy.BaseLM):
         max_tokens: int = DEFAULT_MAX_TOKENS,
         label: str | None = None,
         call_limit: Any = None,
-        context_window: int | None = None,
     ):
         super().__init__(model=backend.name, temperature=temperature, max_tokens=max_tokens, cache=False)
         self.backend = backend
@@ -128,10 +127,9 @@ class BooklensLM(dspy.BaseLM):
         self.label = label or backend.name
         # A semaphore shared by the LMs of a pool: at most that many backend calls in flight.
         self.call_limit = call_limit
-        if context_window is not None:
-            refuse_larger_window(context_window, getattr(backend, "context_window", None))
-        # The window prompts are planned for when the model's is unknown or larger than a user wants.
-        self.planned_window = context_window
+        # The window prompts are planned for when the model's is unknown or larger than a user wants
+        # (`planning_for`); None: the model's own.
+        self.planned_window: int | None = None
 
     @property
     def context_window(self) -> int | None:
@@ -430,7 +428,8 @@ def make_lm(
         backend = make_backend(lm, api_base=api_base, structured=structured, rpm=rpm, tpm=tpm, limiter=limiter)
     if cache is None and use_cache:
         cache = CallCache(cache_folder(cache_dir) / CACHE_FILE)
-    return BooklensLM(backend, cache=cache, usage=usage, call_limit=call_limit, context_window=context_window)
+    lm = BooklensLM(backend, cache=cache, usage=usage, call_limit=call_limit)
+    return lm if context_window is None else lm.planning_for(context_window)
 
 
 def resolve_structured(structured: str | None) -> str:

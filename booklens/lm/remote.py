@@ -257,13 +257,17 @@ def list_priced(provider: str, server: str | None) -> bool:
     sweep's estimates; `provider` is LiteLLM's (a model string's prefix names it)."""
     if not server or provider in SELF_HOSTED_PROVIDERS:
         return True
+    return provider in PROVIDER_HOSTS and url_host(server) == PROVIDER_HOSTS[provider]
+
+
+def url_host(url: str) -> str:
+    """The host `url` names, in small letters ('' for none, or a URL that does not parse)."""
     from urllib.parse import urlsplit
 
     try:
-        host = (urlsplit(server).hostname or "").lower()
+        return (urlsplit(url).hostname or "").lower()
     except ValueError:
-        return False
-    return provider in PROVIDER_HOSTS and host == PROVIDER_HOSTS[provider]
+        return ""
 
 
 class LiteLLMBackend:
@@ -343,13 +347,8 @@ class LiteLLMBackend:
         provider's own API, and not Ollama, which is sent the window it should use: `ollama_window`)."""
         if not self.api_base or self.provider in OLLAMA_PROVIDERS:
             return False
-        from urllib.parse import urlsplit
-
-        try:
-            host = (urlsplit(self.api_base).hostname or "").lower()
-        except ValueError:
-            return False
-        return host not in PROVIDER_HOSTS.values()
+        host = url_host(self.api_base)
+        return bool(host) and host not in PROVIDER_HOSTS.values()
 
     @property
     def server(self) -> str | None:
