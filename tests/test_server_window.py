@@ -71,6 +71,58 @@ def test_a_text_generation_inference_server_states_its_window_in_info():
         assert server.fetched == ["/v1/models", "/props", "/info"]
 
 
+def lm_studio(*instances: tuple[str, int], key: str = "google/gemma-4-26b-a4b") -> dict:
+    """LM Studio's native model list (`GET /api/v1/models`, beside /v1): the model `key` with its loaded
+    `instances` (id, context_length) beside another model that is not loaded."""
+    loaded = [{"id": id_, "config": {"context_length": length, "eval_batch_size": 512, "parallel": 4}}
+              for id_, length in instances]
+    return {"/api/v1/models": {"models": [
+        {"type": "llm", "key": key, "loaded_instances": loaded, "max_context_length": 262144},
+        {"type": "llm", "key": "deepseek-r1", "loaded_instances": [], "max_context_length": 131072}]}}
+
+
+def test_lm_studio_states_the_window_its_loaded_instance_has_not_the_models():
+    """LM Studio loads a model with a small default window (4096) whatever the model supports."""
+    with FakeOpenAIServer(pages=lm_studio(("google/gemma-4-26b-a4b", 4096))) as server:
+        assert backend_for(server, "openai/google/gemma-4-26b-a4b").context_window == 4096
+        assert server.fetched == ["/v1/models", "/props", "/info", "/api/v1/models"]  # beside /v1, not in it
+
+
+def test_lm_studio_names_a_loaded_instance_by_its_id_and_the_smallest_window_is_taken():
+    pages = lm_studio(("google/gemma-4-26b-a4b", 8192), ("google/gemma-4-26b-a4b:2", 6144))
+    with FakeOpenAIServer(pages=pages) as server:
+        assert backend_for(server, "openai/google/gemma-4-26b-a4b:2").context_window == 6144
+        assert backend_for(server, "openai/google/gemma-4-26b-a4b").context_window == 6144  # either may serve it
+
+
+def test_lm_studio_matches_the_model_key_when_its_instance_has_another_id():
+    with FakeOpenAIServer(pages=lm_studio(("gemma-instance", 4096))) as server:
+        assert backend_for(server, "openai/google/gemma-4-26b-a4b").context_window == 4096
+        assert backend_for(server, "openai/gemma-instance").context_window == 4096
+
+
+def test_an_lm_studio_model_not_loaded_has_no_known_window():
+    """It is loaded on demand with a default window it does not state; its `max_context_length` is
+    what it could be loaded with, not what it will be."""
+    with FakeOpenAIServer(pages=lm_studio(("google/gemma-4-26b-a4b", 4096))) as server:
+        assert backend_for(server, "openai/deepseek-r1").context_window is None
+        assert backend_for(server, "openai/unlisted").context_window is None
+
+
+@pytest.mark.parametrize("length", [0, -1, "4096", 4096.0, True, None])
+def test_an_lm_studio_window_that_is_not_a_whole_number_above_zero_is_not_taken(length):
+    with FakeOpenAIServer(pages=lm_studio(("google/gemma-4-26b-a4b", length))) as server:
+        assert backend_for(server, "openai/google/gemma-4-26b-a4b").context_window is None
+
+
+def test_a_server_that_states_its_window_in_its_model_list_is_not_asked_lm_studios_route():
+    pages = {"/v1/models": {"object": "list", "data": [{"id": "fake-model", "max_model_len": 16384}]},
+             **lm_studio(("fake-model", 4096), key="fake-model")}
+    with FakeOpenAIServer(pages=pages) as server:
+        assert backend_for(server).context_window == 16384
+        assert server.fetched == ["/v1/models"]
+
+
 def test_the_window_is_asked_once_per_server_and_model():
     with FakeOpenAIServer(pages=LLAMA_CPP_PROPS) as server:
         first, second = backend_for(server), backend_for(server)
@@ -91,7 +143,7 @@ def test_a_server_that_states_no_window_leaves_it_unknown():
     with FakeOpenAIServer() as server:
         lm = make_lm("openai/fake", api_base=server.url, use_cache=False)
         assert lm.context_window is None
-        assert server.fetched == ["/v1/models", "/props", "/info"]
+        assert server.fetched == ["/v1/models", "/props", "/info", "/api/v1/models"]
 
 
 def test_ollama_is_not_asked_it_is_sent_the_window_to_use():
@@ -176,6 +228,15 @@ def test_summarize_refuses_the_default_window_a_server_says_it_does_not_have(tmp
         proc = run_here(["summarize", STORY, "--lm", "openai/fake", "--api-base", server.url], tmp_path)
     assert one_line_error(proc) == ("error: the default context window 8192 is larger than this model's 2048: set "
                                     "--context-window to 2048 or less")
+    assert server.received == []
+
+
+def test_summarize_refuses_the_default_window_lm_studio_loaded_its_model_without(tmp_path):
+    with FakeOpenAIServer(pages=lm_studio(("google/gemma-4-26b-a4b", 4096))) as server:
+        proc = run_here(["summarize", STORY, "--lm", "openai/google/gemma-4-26b-a4b", "--api-base", server.url],
+                        tmp_path)
+    assert one_line_error(proc) == ("error: the default context window 8192 is larger than this model's 4096: set "
+                                    "--context-window to 4096 or less")
     assert server.received == []
 
 

@@ -961,9 +961,10 @@ _LITELLM_PREFIX = re.compile(r"^(?:litellm\.)?[A-Za-z_]*(?:Error|Exception|Timeo
 def server_window(server: str, model_id: str, key: str | None, *, timeout: float) -> int | None:
     """The context window (prompt and answer) an OpenAI-compatible server says it serves `model_id`
     with: `max_model_len` in its model list (vLLM, SGLang), else the per-slot `n_ctx` of llama.cpp's
-    `/props`, else `max_total_tokens` in Text Generation Inference's `/info`; None when it says none of
-    them (llama-cpp-python's server, an error, no answer in `timeout` seconds). Only a whole number
-    above 0 counts."""
+    `/props`, else `max_total_tokens` in Text Generation Inference's `/info`, else the loaded
+    instance's `context_length` in LM Studio's `/api/v1/models` (`lm_studio_window`); None when it says
+    none of them (llama-cpp-python's server, an error, no answer in `timeout` seconds). Only a whole
+    number above 0 counts."""
     import json
     import urllib.request
 
@@ -995,7 +996,31 @@ def server_window(server: str, model_id: str, key: str | None, *, timeout: float
     if isinstance(settings, dict) and window(settings.get("n_ctx")):
         return settings["n_ctx"]
     info = fetched(f"{root}/info")
-    return window(info.get("max_total_tokens")) if isinstance(info, dict) else None
+    if isinstance(info, dict) and window(info.get("max_total_tokens")):
+        return info["max_total_tokens"]
+    return lm_studio_window(fetched(f"{root}/api/v1/models"), model_id)
+
+
+def lm_studio_window(listed: Any, model_id: str) -> int | None:
+    """The window LM Studio's native model list (`GET /api/v1/models`) gives the loaded instances of
+    `model_id` (named by the model's key or an instance's id): the smallest, as a request may reach
+    any of them. Not the model's `max_context_length`: LM Studio loads a model with its own default
+    (often 4096), and loads one on demand with a window it does not state, so then None."""
+    models = listed.get("models") if isinstance(listed, dict) else None
+    windows = []
+    for model in models if isinstance(models, list) else []:
+        instances = model.get("loaded_instances") if isinstance(model, dict) else None
+        if not isinstance(instances, list):
+            continue
+        instances = [instance for instance in instances if isinstance(instance, dict)]
+        if model.get("key") != model_id:
+            instances = [instance for instance in instances if instance.get("id") == model_id]
+        for instance in instances:
+            config = instance.get("config")
+            length = config.get("context_length") if isinstance(config, dict) else None
+            if type(length) is int and length > 0:
+                windows.append(length)
+    return min(windows, default=None)
 
 
 def _learned_about(provider: str, server: str) -> dict[str, Any]:
