@@ -376,3 +376,28 @@ def test_a_sweep_whose_cells_fail_for_a_setting_says_to_rerun_with_it(tmp_path):
     assert proc.returncode == 1 and last.startswith("error: 1 of 1 cells failed"), proc.stderr
     assert last.endswith("set judge.context_window to 3072 or less); rerun with the setting it names to retry "
                          "them"), last
+
+
+def test_a_server_that_accepts_but_never_answers_is_asked_once_not_once_per_route():
+    """A server that holds the connection without a word would cost a full timeout per route asked."""
+    import socket
+
+    from booklens.lm.remote import server_window
+
+    # Never accepted: the kernel completes each connection into the backlog, where it waits unanswered.
+    listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+    held = []
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        assert server_window(url, "fake-model", None, timeout=0.3) is None
+        listener.setblocking(False)
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except BlockingIOError:
+                break
+        assert len(held) == 1
+    finally:
+        for connection in held:
+            connection.close()
+        listener.close()

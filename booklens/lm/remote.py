@@ -963,19 +963,28 @@ def server_window(server: str, model_id: str, key: str | None, *, timeout: float
     with: `max_model_len` in its model list (vLLM, SGLang), else the per-slot `n_ctx` of llama.cpp's
     `/props`, else `max_total_tokens` in Text Generation Inference's `/info`, else the loaded
     instance's `context_length` in LM Studio's `/api/v1/models` (`lm_studio_window`); None when it says
-    none of them (llama-cpp-python's server, an error, no answer in `timeout` seconds). Only a whole
-    number above 0 counts."""
+    none of them (llama-cpp-python's server, an error, no answer in `timeout` seconds: then no other
+    route is asked). Only a whole number above 0 counts."""
     import json
     import urllib.request
 
+    import socket
+    import urllib.error
+
     base = server.rstrip("/")
+    silent = []  # a route that timed out: the server holds requests unanswered, so no route is asked after it
 
     def fetched(url: str) -> Any:
+        if silent:
+            return None
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return json.loads(response.read(WINDOW_ANSWER_LIMIT))
-        except Exception:  # no such route, a refusal, a body that is not JSON: the server does not say
+        except Exception as exc:  # no such route, a refusal, a body that is not JSON: the server does not say
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            if isinstance(reason, (TimeoutError, socket.timeout)):
+                silent.append(url)
             return None
 
     def window(value: Any) -> int | None:
