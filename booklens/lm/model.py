@@ -346,7 +346,7 @@ _SILENT_SERVERS: set[str] = set()
 def served_context_window(lm: str | None = None, api_base: str | None = None) -> int | None:
     """`lm_context_window` at the server `api_base` (else the environment's) names, as the LM a run
     builds there will have it: what a self-hosted server states (`LiteLLMBackend.context_window`: a
-    GET of its model list or llama.cpp's /props, no completion), asked once per server and process,
+    GET of the routes `server_window` reads, no completion), asked once per server and process,
     so the backends built later do not ask again. No model loads and no key is needed. A server
     that does not answer, or a setting a backend refuses (named where the backend is built and
     checked), leaves the window as `lm_context_window` has it."""
