@@ -531,6 +531,9 @@ class FaithfulnessReport(BaseModel):
     budget_tokens: Optional[int] = None
     passage_tokens: Optional[int] = None
     claims: list[ClaimVerdict] = Field(default_factory=list)
+    total_claims: Optional[int] = Field(
+        default=None, description="claims there were when only the first `len(claims)` were verified "
+                                  "(--max-claims); None when all were")
     label_counts: dict[str, int] = Field(default_factory=dict)
     label_percentages: dict[str, float] = Field(default_factory=dict)
     failures: int = 0

@@ -416,7 +416,7 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
                   passage_tokens: Optional[int] = None,
                   concurrency: int = 4, cache_dir: Optional[Path] = None, decompose: bool = False,
                   programs: Optional[Mapping[str, Any]] = None, as_keys: bool = True, index: Any = None,
-                  window_option: Optional[str] = None):
+                  window_option: Optional[str] = None, max_claims: Optional[int] = None):
     """Gather evidence for each claim (decomposing `summary` first when `decompose`) and verify it
     with the configured LM; a `FaithfulnessReport` with its judge. `programs` holds the decomposer and
     verifier to use by task; the verifier defaults to the few-shot one booklens ships (`booklens.judges`).
@@ -426,7 +426,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     built it already (`book_index`, with the same settings). `k` and `passage_tokens` are refused where
     the mode does not use them; not given (None), they are the defaults. Errors name the settings as manifests write
     them (`k`), or as the command line spells them (`--k`) when not `as_keys`. `window_option` is as
-    `score_summaries` takes it."""
+    `score_summaries` takes it. `max_claims` verifies only the first that many claims (given, or
+    decomposed from the whole summary); the report's `total_claims` then says how many there were."""
     from booklens.judges import judge_info, judge_name, load_judge
     from booklens.lm import current_lm
     from booklens.programs.faithfulness import build_checker, label_summary
@@ -435,6 +436,10 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
 
     check_evidence_options(mode, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
                            has_book=book_text is not None, as_keys=as_keys)
+    if max_claims is not None:
+        from booklens.parallel import check_at_least
+
+        check_at_least("max_claims" if as_keys else "--max-claims", max_claims)
     k, passage_tokens = retrieval_settings(k, passage_tokens)
     if book_text is not None:
         from booklens.inputs import book_text as checked_text
@@ -451,8 +456,15 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     if programs is not None and not isinstance(programs, Mapping):
         raise BooklensError(f"programs must be a mapping of tasks to programs (booklens.judges.judge_programs), "
                             f"not {kind_of(programs)}")
+    total_claims = None
     if not decompose:
         claims = check_claims(claims)
+        if max_claims is not None and len(claims) > max_claims:
+            if given is not None and len(given) != len(claims):
+                raise BooklensError(f"{len(claims)} claims but {len(given)} evidence lists")
+            total_claims = len(claims)
+            claims = claims[:max_claims]
+            given = given[:max_claims] if given is not None else None
         if mode == "given" and given is not None and len(given) == len(claims):
             from booklens.programs.faithfulness import first_without_quotes
 
@@ -488,6 +500,10 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
         index_seconds = time.perf_counter() - started
     with usage_scope() as tracker:
         claims = checker.claims_of(summary) if decompose else list(claims)
+        if decompose and max_claims is not None and len(claims) > max_claims:
+            # the whole summary is split, so the claims kept are the ones a full run verifies first
+            total_claims = len(claims)
+            claims = claims[:max_claims]
         t0 = time.perf_counter()
         given_lists = [list(g or []) for g in given] if given is not None else None
         with judge_window_advice(lm, window_option):  # the decomposer's prompt is not sized by a window
@@ -501,8 +517,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
         k=k if mode in PASSAGE_MODES else None,
         budget_tokens=checker.resolved_budget() if mode in ("book", "given") else None,
         passage_tokens=passage_tokens if index is not None else None,
-        claims=verdicts, label_counts=counts, label_percentages=percentages, failures=failures,
-        label_set=verifier.label_set,
+        claims=verdicts, total_claims=total_claims, label_counts=counts, label_percentages=percentages,
+        failures=failures, label_set=verifier.label_set,
         judge=judge, lm=lm_label(lm), usage=_usage(tracker),
         timings={"index_seconds": round(index_seconds, 3), "verify_seconds": round(run_seconds, 3),
                  "total_seconds": round(time.perf_counter() - started, 3)},

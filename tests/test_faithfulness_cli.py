@@ -512,3 +512,53 @@ def test_check_warns_when_the_summary_record_is_of_another_text(tmp_path):
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if "summarizes a different text" in line]
     assert warnings == [f"warning: {summary} summarizes a different text than {other} (its book digest differs)"]
+
+
+FIVE_CLAIMS = ["The keeper let the lamp go dark.", "A ship struck the rocks in a storm.", "Maren kept the lighthouse.",
+               "Jonah hid a letter in the cellar.", "The storm lasted three days."]
+
+
+def five_claims_answers(body):
+    """The decomposer splits any summary into FIVE_CLAIMS; the verifier answers as `fake_answers`."""
+    if "`claims`" in body["messages"][0]["content"]:
+        return json.dumps({"claims": FIVE_CLAIMS})
+    return fake_answers(body)
+
+
+def test_check_and_verify_with_max_claims_verify_only_the_first_claims(tmp_path):
+    """--max-claims 2: check splits the whole summary (one call) and verifies its first 2 claims, verify
+    the first 2 of its file; each report holds 2 verdicts and says how many claims there were."""
+    summary = write(tmp_path / "summary.txt", "The keeper let the lamp go dark, and a ship struck the rocks.")
+    claims = write(tmp_path / "claims.json", FIVE_CLAIMS)
+    check_out, verify_out = tmp_path / "check.json", tmp_path / "verify.json"
+    with FakeOpenAIServer(responder=five_claims_answers) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_here(["check", str(STORY), str(summary), "--max-claims", "2", *lm, "-o", str(check_out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        systems = [body["messages"][0]["content"] for body in server.served]
+        assert sum("`claims`" in s for s in systems) == 1 and len(systems) == 3  # 1 split + 2 verifications
+        assert ("the first 2 of 5 claims (--max-claims): 50.0% faithful, 50.0% unfaithful, 0.0% partial support, "
+                "0.0% can't verify; 3 LM calls (0 from cache)\n") in proc.stderr
+
+        proc = run_here(["verify", "--claims", str(claims), "--book", str(STORY), "--max-claims", "2", *lm,
+                         "-o", str(verify_out)], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert len(server.served) == 3  # the same two claims: answered from the cache
+        assert "the first 2 of 5 claims (--max-claims)" in proc.stderr
+    for out in (check_out, verify_out):
+        report = json.loads(out.read_text())
+        assert [c["claim"] for c in report["claims"]] == FIVE_CLAIMS[:2]
+        assert report["total_claims"] == 5 and [c["label"] for c in report["claims"]] == ["faithful", "unfaithful"]
+
+
+@pytest.mark.parametrize("command", ["check", "verify"])
+def test_max_claims_below_one_is_refused(tmp_path, cli, command):
+    summary = write(tmp_path / "summary.txt", "The keeper let the lamp go dark.")
+    claims = write(tmp_path / "claims.json", FIVE_CLAIMS)
+    args = ([str(STORY), str(summary)] if command == "check" else ["--claims", str(claims), "--book", str(STORY)])
+    out = tmp_path / "out.json"
+    proc = cli([command, *args, "--max-claims", "0", "-o", str(out)])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr == f"error: Invalid value for '--max-claims': Input should be greater than or equal to 1 "\
+                          f"(see booklens {command} --help)\n"
+    assert not out.exists()

@@ -299,6 +299,9 @@ def test_calibrate_refuses_an_unknown_judge_or_books_below_one(tmp_path, judge, 
     (lambda: __import__("booklens.steps").steps.verify_claims(
         claims=["Mara finds the key."], book_text=BOOK_TEXT, mode="book", budget_tokens=0),
      "--budget-tokens must be at least 64"),  # the claim was verified on no evidence at all
+    (lambda: __import__("booklens.steps").steps.verify_claims(
+        claims=["Mara finds the key."], book_text=BOOK_TEXT, mode="none", max_claims=0),
+     "max_claims must be at least 1"),
     (lambda: __import__("programs.faithfulness").faithfulness.build_checker(evidence_mode="given", budget_tokens=-5),
      "--budget-tokens must be at least 64"),
     (lambda: __import__("programs.faithfulness").faithfulness.build_verifier(tries=0), "tries must be at least 1"),
@@ -830,6 +833,21 @@ def test_verify_claims_takes_claims_and_quotes_from_any_iterable(tmp_path):
                                cache_dir=tmp_path / "c")
     assert [verdict.claim for verdict in report.claims] == claims
     assert len(lm.backend.calls) == 2
+
+
+def test_verify_claims_with_max_claims_keeps_each_claims_quotes(tmp_path):
+    """max_claims cuts the quotes with the claims: the verified claim is shown its own quote."""
+    from booklens.steps import verify_claims
+
+    lm = pipeline_lm()
+    claims = ["Mara finds the key.", "Tom hides the letter.", "Mara reads the letter."]
+    with dspy.context(lm=lm):
+        report = verify_claims(claims=claims, book_text=None, mode="given", max_claims=1,
+                               given=[["Mara found the key."], ["Tom hid it."], ["She read it."]],
+                               cache_dir=tmp_path / "c")
+    assert [verdict.claim for verdict in report.claims] == claims[:1] and report.total_claims == 3
+    assert [e.text for e in report.claims[0].evidence] == ["Mara found the key."]
+    assert len(lm.backend.calls) == 1
 
 
 def test_level_budgets_and_verbosity_protocols_may_come_from_any_iterable(tmp_path, book):

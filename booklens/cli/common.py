@@ -56,6 +56,8 @@ ApiBaseOption = Annotated[
     Optional[str], typer.Option("--api-base", help="Base URL of an OpenAI-compatible server (vLLM, llama.cpp, Ollama).")
 ]
 ConcurrencyOption = Annotated[int, typer.Option("--concurrency", min=1, help="Independent LM calls run at once.")]
+MaxClaimsOption = Annotated[Optional[int], typer.Option(
+    "--max-claims", min=1, help="Verify only the first N claims (a quick, cheap run).")]
 # The option that names the window a judge's prompts are planned for (`window_option` of the steps).
 JUDGE_WINDOW_OPTION = "--context-window"
 JudgeWindowOption = Annotated[Optional[int], typer.Option(

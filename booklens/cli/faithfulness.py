@@ -21,6 +21,7 @@ from booklens.cli.common import (
     ConcurrencyOption,
     JudgeWindowOption,
     LMOption,
+    MaxClaimsOption,
     OutputOption,
     ProgramOption,
     RpmOption,
@@ -83,7 +84,10 @@ def _report_line(report, cache_dir: Optional[Path] = None) -> None:
     from booklens.steps import judged_nothing
 
     shares = label_shares(report.label_percentages, report.failures, report.label_set)
-    typer.echo(f"{counted(len(report.claims), 'claim')}: {shares}; "
+    verified = counted(len(report.claims), 'claim')
+    if report.total_claims is not None:  # as a run's report says it
+        verified = f"the first {len(report.claims)} of {counted(report.total_claims, 'claim')} (--max-claims)"
+    typer.echo(f"{verified}: {shares}; "
                f"{describe_calls(report.usage, tokens=False)}", err=True)
     echo_judge(report.judge, cache_dir)
     reason = judged_nothing(report)
@@ -137,6 +141,7 @@ def verify_command(
     k: KOption = None,
     budget_tokens: BudgetOption = None,
     passage_tokens: PassageTokensOption = None,
+    max_claims: MaxClaimsOption = None,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,
@@ -180,7 +185,8 @@ def verify_command(
     report = verify_claims(claims=claim_list, given=given if evidence is EvidenceMode.given else None,
                            book=book, book_text=book_text, mode=evidence.value, k=k, budget_tokens=budget_tokens,
                            passage_tokens=passage_tokens, concurrency=concurrency, cache_dir=cache_dir,
-                           programs=programs, as_keys=False, window_option=JUDGE_WINDOW_OPTION)
+                           programs=programs, as_keys=False, window_option=JUDGE_WINDOW_OPTION,
+                           max_claims=max_claims)
     write_output(output, report)
     _report_line(report, cache_dir)
 
@@ -194,6 +200,7 @@ def check_command(
     k: KOption = None,
     budget_tokens: CheckBudgetOption = None,
     passage_tokens: PassageTokensOption = None,
+    max_claims: MaxClaimsOption = None,
     lm: LMOption = None,
     api_base: ApiBaseOption = None,
     structured: StructuredOption = None,
@@ -228,7 +235,7 @@ def check_command(
     report = verify_claims(claims=[], book=book, book_text=book_text, summary=summary_text, mode=evidence.value,
                            k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens, concurrency=concurrency,
                            cache_dir=cache_dir, decompose=True, programs=programs, as_keys=False,
-                           window_option=JUDGE_WINDOW_OPTION)
+                           window_option=JUDGE_WINDOW_OPTION, max_claims=max_claims)
     write_output(output, report)
     _report_line(report, cache_dir)
 

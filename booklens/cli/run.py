@@ -22,6 +22,7 @@ from booklens.cli.common import (
     CacheDirOption,
     ConcurrencyOption,
     LMOption,
+    MaxClaimsOption,
     RpmOption,
     StructuredOption,
     TpmOption,
@@ -122,8 +123,7 @@ def run_command(
     passage_tokens: Annotated[Optional[int], typer.Option(
         "--passage-tokens", min=MIN_PASSAGE_TOKENS,
         help=f"Maximum tokens per passage (modes that read the book; default {DEFAULT_PASSAGE_TOKENS}).")] = None,
-    max_claims: Annotated[Optional[int], typer.Option(
-        "--max-claims", min=1, help="Verify only the first N claims (a quick, cheap run).")] = None,
+    max_claims: MaxClaimsOption = None,
     judge_context_window: Annotated[Optional[int], typer.Option(
         JUDGE_CONTEXT_WINDOW, min=MIN_CONTEXT_WINDOW,
         help=f"Tokens the judges' prompts are sized for (default: what LiteLLM or the --api-base server states, "
