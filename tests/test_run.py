@@ -705,6 +705,10 @@ def test_run_takes_the_summarizer_settings_summarize_takes(server, tmp_path):
         config = json.loads((out / record).read_text())["config"]
         assert (config["level_budgets"], config["merge_context"], config["words_per_token"]) == ([120, 150, 200],
                                                                                                  "none", 0.5), record
+    # --max-claims 1 verifies the first claim, and the verdicts' record says how many the summary has
+    split, verified = (json.loads((out / name).read_text()) for name in ("claims.json", "faithfulness.json"))
+    assert len(split["claims"]) > 1 and verified["total_claims"] == len(split["claims"])
+    assert [c["claim"] for c in verified["claims"]] == split["claims"][:1]
 
 
 def test_run_refuses_options_that_would_be_ignored_before_anything_is_written(tmp_path):
