@@ -894,27 +894,63 @@ class IncrementalSummarizer(_BookSummarizer):
 
     def check_budgets(self) -> None:
         g = self.max_summary_tokens
-        overhead = prompt_tokens(self.update, running_summary="", excerpt="", word_limit=0)
-        need = self.chunk_size + g + int(g * UPDATE_ALLOWANCE) + overhead
+        update_need, compress_need = self._needs()
+        need = update_need(self.chunk_size, g)
         if need > self.usable_window:
-            room = self.usable_window - (need - self.chunk_size)
-            lower = (f"set --chunk-size to {room} or less" if room >= MIN_CHUNK_SIZE
-                     else "lower --chunk-size or --max-summary-tokens")
             raise BooklensError(
                 f"incremental updating needs {need} tokens per call (chunk {self.chunk_size} + running summary "
-                f"{g} + output + prompt) but the usable context window is {self.usable_window}; {lower}, "
-                "or raise --context-window"
+                f"{g} + output + prompt) but the usable context window is {self.usable_window}; "
+                f"{self._fitting_settings(update_need, compress_need)}"
             )
-        # An update over its budget is compressed whole, so the compression prompt must hold the
-        # longest update the token cap allows.
-        longest_update = self.token_cap(int(g * UPDATE_ALLOWANCE))
-        compress_need = longest_update + self.token_cap(g) + prompt_tokens(
-            self.compress, summary="", current_words=0, word_limit=0)
-        if compress_need > self.usable_window:
+        if compress_need(g) > self.usable_window:
             raise BooklensError(
-                f"compressing an update needs {compress_need} tokens per call but the usable context window is "
+                f"compressing an update needs {compress_need(g)} tokens per call but the usable context window is "
                 f"{self.usable_window}; lower --max-summary-tokens or raise --context-window"
             )
+
+    def _needs(self) -> tuple[Callable[[int, int], int], Callable[[int], int]]:
+        """The tokens an update needs for a chunk and a budget G_n, and a compression for G_n."""
+        update_overhead = prompt_tokens(self.update, running_summary="", excerpt="", word_limit=0)
+        compress_overhead = prompt_tokens(self.compress, summary="", current_words=0, word_limit=0)
+
+        def update_need(chunk: int, g: int) -> int:
+            return chunk + g + int(g * UPDATE_ALLOWANCE) + update_overhead
+
+        def compress_need(g: int) -> int:
+            # An update over its budget is compressed whole, so the compression prompt must hold the
+            # longest update the token cap allows.
+            return self.token_cap(int(g * UPDATE_ALLOWANCE)) + self.token_cap(g) + compress_overhead
+
+        return update_need, compress_need
+
+    def _fitting_settings(self, update_need: Callable[[int, int], int], compress_need: Callable[[int], int]) -> str:
+        """What to change when an update does not fit: the settings named pass both checks, so that one
+        line ends the search. A smaller chunk first, then a smaller G_n beside the chunk, then beside
+        the smallest chunk."""
+        window, g = self.usable_window, self.max_summary_tokens
+        room = window - update_need(0, g)
+        if room >= MIN_CHUNK_SIZE and compress_need(g) <= window:
+            return f"set --chunk-size to {room} or less, or raise --context-window"
+
+        def largest_budget(chunk: int) -> int:
+            # Both needs grow with G_n: the largest G_n below the current one at which both fit, 0 if none.
+            low, high = 0, g
+            while high - low > 1:
+                mid = (low + high) // 2
+                if update_need(chunk, mid) <= window and compress_need(mid) <= window:
+                    low = mid
+                else:
+                    high = mid
+            return low
+
+        budget = largest_budget(self.chunk_size)
+        if budget >= MIN_SUMMARY_TOKENS:
+            return f"set --max-summary-tokens to {budget} or less, or raise --context-window"
+        budget = largest_budget(MIN_CHUNK_SIZE)
+        if budget >= MIN_SUMMARY_TOKENS:
+            return (f"set --max-summary-tokens to {budget} or less and --chunk-size to "
+                    f"{window - update_need(0, budget)} or less, or raise --context-window")
+        return "raise --context-window"
 
     def running_room(self) -> int:
         """The most tokens a running summary may have for the next update's prompt to hold it beside a

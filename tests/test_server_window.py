@@ -344,6 +344,25 @@ def test_summarize_in_a_small_window_names_the_settings_that_fit_it(tmp_path):
     assert json.loads(out.read_text())["summary"]
 
 
+def test_incremental_summarize_in_a_small_window_names_the_settings_that_fit_it(tmp_path):
+    """--method inc in a 2048-token window: no chunk fits beside the default 900-token running summary,
+    and the line names a budget and a chunk size (it named neither); with them the summary is written."""
+    from booklens.testing import PipelineResponder
+
+    out = tmp_path / "summary.json"
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        args = ["summarize", STORY, "--method", "inc", "--lm", "openai/fake", "--api-base", server.url,
+                "--context-window", "2048", "-o", out]
+        assert one_line_error(run_here(args, tmp_path)) == (
+            "error: incremental updating needs 4513 tokens per call (chunk 2048 + running summary 900 + output + "
+            "prompt) but the usable context window is 1740; set --max-summary-tokens to 375 or less and "
+            "--chunk-size to 588 or less, or raise --context-window")
+        assert server.received == [] and not out.exists()
+        proc = run_here([*args, "--max-summary-tokens", "375", "--chunk-size", "588"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["summary"]
+
+
 def test_evidence_is_checked_against_the_judges_whole_prompt_not_only_its_demos(tmp_path):
     """At 2048 tokens the few-shot judge's instructions and demos leave no room for evidence: three
     passages passed the check (counted beside the demos alone) and the server refused every prompt,

@@ -176,6 +176,37 @@ def test_chunk_size_the_window_cannot_hold_is_an_error():
     assert lm.backend.calls == []
 
 
+
+@pytest.mark.parametrize("config, advice", [
+    ({"chunk_size": 6000, "context_window": 8192}, "set --chunk-size to 4498 or less"),
+    # no chunk fits beside the default 900-token summary: the budget at which the smallest chunk fits
+    # is bounded by the compression check, so the chunk beside it may be larger than the smallest
+    ({"context_window": 2048}, "set --max-summary-tokens to 375 or less and --chunk-size to 588 or less"),
+    ({"chunk_size": 2048, "context_window": 8192, "max_summary_tokens": 2000},
+     "set --max-summary-tokens to 1767 or less"),
+    # --chunk-size 525 would fit the update, but a 400-token summary's compression would not fit
+    ({"chunk_size": 1000, "context_window": 2048, "max_summary_tokens": 400},
+     "set --max-summary-tokens to 210 or less"),
+])
+def test_incremental_updating_that_does_not_fit_names_settings_that_do(config, advice):
+    """The line names values (not only which options to lower), and with them both budget checks pass."""
+    import re
+
+    with dspy.context(adapter=BooklensAdapter()):
+        with pytest.raises(BooklensError, match="incremental updating needs") as excinfo:
+            IncrementalSummarizer(**config).check_budgets()
+        assert str(excinfo.value).endswith(f"; {advice}, or raise --context-window")
+        advised = {option.replace("-", "_"): int(value)
+                   for option, value in re.findall(r"--([a-z-]+) to (\d+) or less", advice)}
+        IncrementalSummarizer(**{**config, **advised}).check_budgets()
+
+
+def test_incremental_updating_that_no_settings_fit_says_to_raise_the_window():
+    with dspy.context(adapter=BooklensAdapter()), pytest.raises(BooklensError) as excinfo:
+        IncrementalSummarizer(context_window=512, generation_allowance=300).check_budgets()
+    assert str(excinfo.value).endswith("the usable context window is 435; raise --context-window")
+
+
 def test_artifact_removal_pass_cleans_the_final_summary():
     book = synthetic_book(2_000)
 
