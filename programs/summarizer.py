@@ -903,9 +903,13 @@ class IncrementalSummarizer(_BookSummarizer):
                 f"{self._fitting_settings(update_need, compress_need)}"
             )
         if compress_need(g) > self.usable_window:
+            # the update fits beside this chunk, so it does at any smaller G_n
+            budget = self._largest_budget(self.chunk_size, update_need, compress_need)
+            advice = (f"set --max-summary-tokens to {budget} or less, or raise --context-window"
+                      if budget >= MIN_SUMMARY_TOKENS else "raise --context-window")
             raise BooklensError(
                 f"compressing an update needs {compress_need(g)} tokens per call but the usable context window is "
-                f"{self.usable_window}; lower --max-summary-tokens or raise --context-window"
+                f"{self.usable_window}; {advice}"
             )
 
     def _needs(self) -> tuple[Callable[[int, int], int], Callable[[int], int]]:
@@ -931,26 +935,27 @@ class IncrementalSummarizer(_BookSummarizer):
         room = window - update_need(0, g)
         if room >= MIN_CHUNK_SIZE and compress_need(g) <= window:
             return f"set --chunk-size to {room} or less, or raise --context-window"
-
-        def largest_budget(chunk: int) -> int:
-            # Both needs grow with G_n: the largest G_n below the current one at which both fit, 0 if none.
-            low, high = 0, g
-            while high - low > 1:
-                mid = (low + high) // 2
-                if update_need(chunk, mid) <= window and compress_need(mid) <= window:
-                    low = mid
-                else:
-                    high = mid
-            return low
-
-        budget = largest_budget(self.chunk_size)
+        budget = self._largest_budget(self.chunk_size, update_need, compress_need)
         if budget >= MIN_SUMMARY_TOKENS:
             return f"set --max-summary-tokens to {budget} or less, or raise --context-window"
-        budget = largest_budget(MIN_CHUNK_SIZE)
+        budget = self._largest_budget(MIN_CHUNK_SIZE, update_need, compress_need)
         if budget >= MIN_SUMMARY_TOKENS:
             return (f"set --max-summary-tokens to {budget} or less and --chunk-size to "
                     f"{window - update_need(0, budget)} or less, or raise --context-window")
         return "raise --context-window"
+
+    def _largest_budget(self, chunk: int, update_need: Callable[[int, int], int],
+                        compress_need: Callable[[int], int]) -> int:
+        """The largest G_n below the current one at which an update beside a `chunk`-token chunk and its
+        compression both fit (both needs grow with G_n); 0 if none."""
+        low, high = 0, self.max_summary_tokens
+        while high - low > 1:
+            mid = (low + high) // 2
+            if update_need(chunk, mid) <= self.usable_window and compress_need(mid) <= self.usable_window:
+                low = mid
+            else:
+                high = mid
+        return low
 
     def running_room(self) -> int:
         """The most tokens a running summary may have for the next update's prompt to hold it beside a

@@ -201,6 +201,18 @@ def test_incremental_updating_that_does_not_fit_names_settings_that_do(config, a
         IncrementalSummarizer(**{**config, **advised}).check_budgets()
 
 
+def test_a_compression_that_does_not_fit_names_a_budget_that_does():
+    config = {"chunk_size": 512, "context_window": 2048, "max_summary_tokens": 400}
+    with dspy.context(adapter=BooklensAdapter()):
+        with pytest.raises(BooklensError) as excinfo:
+            IncrementalSummarizer(**config).check_budgets()
+        assert str(excinfo.value).startswith("compressing an update needs 1835 tokens per call")
+        assert str(excinfo.value).endswith("; set --max-summary-tokens to 375 or less, or raise --context-window")
+        IncrementalSummarizer(**{**config, "max_summary_tokens": 375}).check_budgets()
+        with pytest.raises(BooklensError, match="compressing an update needs"):
+            IncrementalSummarizer(**{**config, "max_summary_tokens": 376}).check_budgets()
+
+
 def test_incremental_updating_that_no_settings_fit_says_to_raise_the_window():
     with dspy.context(adapter=BooklensAdapter()), pytest.raises(BooklensError) as excinfo:
         IncrementalSummarizer(context_window=512, generation_allowance=300).check_budgets()
