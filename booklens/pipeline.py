@@ -1071,7 +1071,8 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                 # The record names the book by file name, as coherence.json does: run.json holds where it
                 # is, and a reused record must not name a folder the book has since left.
                 return require_verdicts(verify_claims(
-                    claims=claims.claims, max_claims=judge.max_claims, book_text=book_text, book=Path(book.name), summary=claims.summary,
+                    claims=claims.claims, max_claims=judge.max_claims, book_text=book_text, book=Path(book.name),
+                    summary=claims.summary,
                     mode=judge.evidence, budget_tokens=judge.budget_tokens, concurrency=concurrency,
                     cache_dir=lms.cache_dir, programs=programs, index=evidence_index, window_option=window_option,
                     as_keys=as_keys, **judge.retrieval_given()))
