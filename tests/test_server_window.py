@@ -325,40 +325,27 @@ def test_runs_evidence_too_large_for_the_judges_window_is_named_by_runs_options(
     assert server.received == [] and not (tmp_path / "run").exists()
 
 
-def test_summarize_in_a_small_window_names_the_settings_that_fit_it(tmp_path):
-    """A 2048-token window holds neither the default chunk nor two default summaries beside a third:
-    one line gives both values, and with them the summary is written."""
+@pytest.mark.parametrize("method, refusal, fitting", [
+    # A 2048-token window holds neither the default chunk nor two default summaries beside a third.
+    ("hier", "a chunk of 2048 tokens does not fit the 2048-token context window with a 900-token summary and the "
+             "prompt; set --max-summary-tokens to 499 or less and --chunk-size to 1021 or less, or raise "
+             "--context-window", ("499", "1021")),
+    # No chunk fits beside the default 900-token running summary (the line named no value before).
+    ("inc", "incremental updating needs 4513 tokens per call (chunk 2048 + running summary 900 + output + prompt) "
+            "but the usable context window is 1740; set --max-summary-tokens to 375 or less and --chunk-size to 588 "
+            "or less, or raise --context-window", ("375", "588")),
+])
+def test_summarize_in_a_small_window_names_the_settings_that_fit_it(tmp_path, method, refusal, fitting):
+    """One line gives the values that fit, and with them the summary is written."""
     from booklens.testing import PipelineResponder
 
     out = tmp_path / "summary.json"
     with FakeOpenAIServer(responder=PipelineResponder()) as server:
-        args = ["summarize", STORY, "--lm", "openai/fake", "--api-base", server.url, "--context-window", "2048",
-                "-o", out]
-        assert one_line_error(run_here(args, tmp_path)) == (
-            "error: a chunk of 2048 tokens does not fit the 2048-token context window with a 900-token summary and "
-            "the prompt; set --max-summary-tokens to 499 or less and --chunk-size to 1021 or less, or raise "
-            "--context-window")
-        assert server.received == [] and not out.exists()
-        proc = run_here([*args, "--max-summary-tokens", "499", "--chunk-size", "1021"], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text())["summary"]
-
-
-def test_incremental_summarize_in_a_small_window_names_the_settings_that_fit_it(tmp_path):
-    """--method inc in a 2048-token window: no chunk fits beside the default 900-token running summary,
-    and the line names a budget and a chunk size (it named neither); with them the summary is written."""
-    from booklens.testing import PipelineResponder
-
-    out = tmp_path / "summary.json"
-    with FakeOpenAIServer(responder=PipelineResponder()) as server:
-        args = ["summarize", STORY, "--method", "inc", "--lm", "openai/fake", "--api-base", server.url,
+        args = ["summarize", STORY, "--method", method, "--lm", "openai/fake", "--api-base", server.url,
                 "--context-window", "2048", "-o", out]
-        assert one_line_error(run_here(args, tmp_path)) == (
-            "error: incremental updating needs 4513 tokens per call (chunk 2048 + running summary 900 + output + "
-            "prompt) but the usable context window is 1740; set --max-summary-tokens to 375 or less and "
-            "--chunk-size to 588 or less, or raise --context-window")
+        assert one_line_error(run_here(args, tmp_path)) == f"error: {refusal}"
         assert server.received == [] and not out.exists()
-        proc = run_here([*args, "--max-summary-tokens", "375", "--chunk-size", "588"], tmp_path)
+        proc = run_here([*args, "--max-summary-tokens", fitting[0], "--chunk-size", fitting[1]], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["summary"]
 
