@@ -34,7 +34,8 @@ from booklens.data.splits import SPLITS
 from booklens.errors import BooklensError
 from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS
 
-# The summarizer a compiled summarize program is built on and recorded with: booklens's defaults.
+# The settings of the summarizer a summarize program is built on and recorded with, and their
+# defaults (booklens's, as `summarize` has them): `get_task("summarize", **settings)` takes others.
 SUMMARIZER_DEFAULTS = {"chunk_size": DEFAULT_CHUNK_SIZE, "context_window": DEFAULT_CONTEXT_WINDOW,
                        "max_summary_tokens": DEFAULT_SUMMARY_TOKENS}
 
@@ -77,11 +78,17 @@ class Task:
     # The long texts the examples' prompts carry, one (name as a refusal shows it, text) pair per
     # text, which `refuse_misfits` checks against the model's window; None: nothing to check.
     contexts: Callable[[Sequence[dspy.Example]], list[tuple[str, str]]] | None = None
+    # What a program must fit whatever the examples, checked with the model's window (None: unknown)
+    # before the first call: the summarizer's window and budgets, as `summarize` checks them.
+    fits: Callable[[dspy.Module, int | None], None] | None = None
 
     def refuse_misfits(self, program: dspy.Module, examples: Sequence[dspy.Example], window: int | None) -> None:
-        """Refuse, before the first call, a text of `examples` that `program` cannot judge in a
-        `window`-token context even with no demo, as `score` does
-        (`booklens.programs.coherence.refuse_misfits`): not after judging the ones before it."""
+        """Refuse, before the first call, a program whose settings do not fit a `window`-token
+        context (`fits`), and a text of `examples` that `program` cannot judge in it even with no
+        demo, as `score` does (`booklens.programs.coherence.refuse_misfits`): not after judging the
+        ones before it."""
+        if self.fits is not None:
+            self.fits(program, window)
         if self.contexts is None:
             return
         from booklens.programs.coherence import refuse_misfits
@@ -540,11 +547,24 @@ def _decomposition_splits(path: Path, seed: int) -> dict[str, list[dspy.Example]
 # Summarization, judged by the confusion detector
 
 
-def _summarize() -> Task:
+def _summarize(*, chunk_size: int = DEFAULT_CHUNK_SIZE, context_window: int | None = None,
+               max_summary_tokens: int = DEFAULT_SUMMARY_TOKENS) -> Task:
+    """The task with its summarizer's settings; `context_window` None is the default window, which
+    a model's smaller one refuses with the line `summarize` gives."""
     from booklens.programs.summarizer import make_summarizer
 
+    settings = {"chunk_size": chunk_size, "max_summary_tokens": max_summary_tokens,
+                "context_window": DEFAULT_CONTEXT_WINDOW if context_window is None else context_window}
+
     def build():
-        return make_summarizer("hier", **SUMMARIZER_DEFAULTS)
+        return make_summarizer("hier", **settings)
+
+    def fits(program, model_window: int | None) -> None:
+        from booklens.steps import check_context_window
+
+        check_context_window(context_window, model_window)
+        if hasattr(program, "check_budgets"):  # a program of a caller's own has budgets of its own
+            program.check_budgets()
 
     return Task(
         name="summarize",
@@ -559,7 +579,8 @@ def _summarize() -> Task:
         bootstrap_threshold=0.9,
         data_help="a folder of books (.txt or .epub) or one book",
         data_files=_book_files,
-        program_config={"method": "hier", **SUMMARIZER_DEFAULTS},
+        program_config={"method": "hier", **{key: settings[key] for key in SUMMARIZER_DEFAULTS}},
+        fits=fits,
     )
 
 
@@ -634,15 +655,27 @@ def register_task(task: Task) -> Task:
     return task
 
 
-def get_task(name: str) -> Task:
+def task_settings(name: str) -> tuple[str, ...]:
+    """The settings `get_task` takes for the task `name` (a canonical name): the summarizer's for
+    summarize, none for the others."""
+    return tuple(SUMMARIZER_DEFAULTS) if name == "summarize" else ()
+
+
+def get_task(name: str, **settings: Any) -> Task:
+    """The task `name` (or a command's name for it), built with `settings` where it takes them
+    (`task_settings`); a setting it does not take is one line."""
     from booklens.optimizers.artifacts import canonical_task
 
     key = canonical_task((name or "").strip().lower())
+    if key not in _EXTRA and key not in BUILDERS:
+        raise BooklensError(f"unknown task '{name}': choose one of {', '.join(task_names())}")
+    unknown = [s for s in settings if s not in task_settings(key)]
+    if unknown:
+        raise BooklensError(f"the {key} task takes no {', '.join(unknown)} setting"
+                            f"{'s' if len(unknown) > 1 else ''}")
     if key in _EXTRA:
         return _EXTRA[key]
-    if key not in BUILDERS:
-        raise BooklensError(f"unknown task '{name}': choose one of {', '.join(task_names())}")
     try:
-        return BUILDERS[key]()
+        return BUILDERS[key](**settings)
     except ImportError as exc:
         raise BooklensError(f"task '{key}' is not available in this installation: {exc}") from None

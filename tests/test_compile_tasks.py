@@ -216,6 +216,26 @@ def test_summarize_compiles_with_the_coherence_metric_and_summarize_loads_it(tmp
         build_summary(tmp_path / "books" / "book4.txt", method="inc", program_path=artifact)
 
 
+def test_the_summarize_task_builds_and_records_the_summarizer_settings_given_and_checks_them_first(tmp_path):
+    _, splits = five_book_splits(tmp_path)
+    task = get_task("summarize", chunk_size=512, context_window=2048, max_summary_tokens=300)
+    program = task.build_program()
+    assert (program.chunk_size, program.context_window, program.max_summary_tokens) == (512, 2048, 300)
+    assert task.program_config == {"method": "hier", "chunk_size": 512, "context_window": 2048,
+                                   "max_summary_tokens": 300}
+    lm = configure(ScriptedLM(summarizer, context_window=2048))
+    for settings, line in (({}, "the default context window 8192 is larger than this model's 2048: set "
+                                "--context-window to 2048 or less"),
+                           ({"context_window": 2048}, "set --max-summary-tokens to 499 or less and --chunk-size to "
+                                                      "1021 or less, or raise --context-window")):
+        with pytest.raises(BooklensError) as refused:
+            compile_program(get_task("summarize", **settings), splits.train, splits.dev, optimizer="labeled")
+        assert line in str(refused.value)
+    assert lm.backend.calls == []
+    with pytest.raises(BooklensError, match="^the coherence task takes no chunk_size setting$"):
+        get_task("coherence", chunk_size=512)
+
+
 def test_unknown_task_is_a_user_error():
     assert task_names()[:4] == ["coherence", "verification", "decomposition", "summarize"]
     with pytest.raises(BooklensError, match="unknown task 'poetry'"):
