@@ -124,17 +124,17 @@ def check_context_window(context_window: Optional[int], model_window: Optional[i
 
 
 @contextmanager
-def judge_window_advice(lm: Any, option: Optional[str]):
+def judge_window_advice(lm: Any, option: Optional[str], what: str = "the judge"):
     """A prompt a server refused as too long, told to set `option` (None: left as it is) when the
-    server's window is smaller than the one the judge planned for: `lm`'s, else the default, which a
-    server that does not say its window (llama-cpp-python's) is planned with."""
+    server's window is smaller than the one `what` (the judge) planned for: `lm`'s, else the default,
+    which a server that does not say its window (llama-cpp-python's) is planned with."""
     try:
         yield
     except ContextWindowExceeded as exc:
         if option is None:
             raise
         planned = getattr(lm, "context_window", None) or DEFAULT_CONTEXT_WINDOW
-        raise planned_window_advice(exc, planned, "the judge", option) from None
+        raise planned_window_advice(exc, planned, what, option) from None
 
 
 def book_summarizer(*, method: str = "hier", chunk_size: int = DEFAULT_CHUNK_SIZE,

@@ -970,16 +970,35 @@ def test_a_context_window_larger_than_the_embedded_models_is_refused(command, tm
 
 
 @pytest.mark.parametrize("command", ["compile", "evaluate"])
-@pytest.mark.parametrize("task, why", [
-    ("verification", "the verification task's prompts are not sized by a window"),
-    ("decomposition", "the decomposition task's prompts are not sized by a window"),
-    ("summarize", "the summarize task's summarizer plans for the 8192-token window its artifact records"),
-])
-def test_context_window_is_refused_for_the_tasks_whose_prompts_it_does_not_size(command, task, why, tmp_path):
-    data = tiny_fables(tmp_path / "fables.json") if task != "summarize" else STORY
+@pytest.mark.parametrize("task", ["verification", "decomposition"])
+def test_context_window_is_refused_for_the_tasks_whose_prompts_it_does_not_size(command, task, tmp_path):
+    data = tiny_fables(tmp_path / "fables.json")
     args = ([command, task, "--data", data, "--context-window", "2048"] +
             (["--optimizer", "labeled", "-o", tmp_path / "out.json"] if command == "compile" else []))
     proc = run_cli(args, tmp_path)
     assert_one_line_error(proc, output=tmp_path / "out.json")
-    assert proc.stderr == (f"error: --context-window is the window the coherence judge's prompts are planned for; "
-                           f"{why}: leave it out\n")
+    assert proc.stderr == ("error: --context-window is the window the coherence judge's and the summarize task's "
+                           f"prompts are planned for; the {task} task's prompts are not sized by a window: leave it "
+                           "out\n")
+
+
+@pytest.mark.parametrize("command", ["compile", "evaluate"])
+@pytest.mark.parametrize("task, options, line", [
+    ("coherence", ["--chunk-size", "512"], "--chunk-size sets the summarize task's summarizer; the coherence task "
+                                           "runs none: leave it out"),
+    ("verification", ["--max-summary-tokens", "900", "--chunk-size", "2048"],
+     "--chunk-size and --max-summary-tokens set the summarize task's summarizer; the verification task runs none: "
+     "leave them out"),
+])
+def test_summarizer_options_are_refused_for_the_tasks_that_run_no_summarizer(command, task, options, line, tmp_path):
+    """Even at their default values: given, they would be taken to have shaped the figures."""
+    if task == "verification":
+        data = tiny_fables(tmp_path / "fables.json")
+    else:
+        data = tmp_path / "human"  # refused before it is read
+        data.mkdir()
+    args = ([command, task, "--data", data, *options] +
+            (["--optimizer", "labeled", "-o", tmp_path / "out.json"] if command == "compile" else []))
+    proc = run_cli(args, tmp_path)
+    assert_one_line_error(proc, output=tmp_path / "out.json")
+    assert proc.stderr == f"error: {line}\n"

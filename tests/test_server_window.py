@@ -407,3 +407,59 @@ def test_a_server_that_accepts_but_never_answers_is_asked_once_not_once_per_rout
         for connection in held:
             connection.close()
         listener.close()
+
+
+def three_books(folder: Path) -> Path:
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"story{i}.txt").write_text(STORY.read_text())
+    return folder
+
+
+@pytest.mark.parametrize("command", ["compile", "evaluate"])
+def test_the_summarize_task_plans_for_the_window_and_summarizer_settings_given(tmp_path, command):
+    """As `summarize` does: the default window a 2048-token server does not have is refused before any
+    call, and so are the default chunk and summary budgets in a 2048-token window, naming values that
+    fit; with them every prompt fits 2048 and a compiled artifact records them."""
+    from booklens.testing import PipelineResponder
+
+    books, out = three_books(tmp_path / "books"), tmp_path / "s.json"
+    with FakeOpenAIServer(responder=PipelineResponder(), pages=LLAMA_CPP_PROPS) as server:
+        args = [command, "summarize", "--data", books, "--lm", "openai/fake", "--api-base", server.url, "-o", out,
+                *(["--optimizer", "labeled"] if command == "compile" else [])]
+        assert one_line_error(run_here(args, tmp_path)) == (
+            "error: the default context window 8192 is larger than this model's 2048: set --context-window to 2048 "
+            "or less")
+        assert one_line_error(run_here([*args, "--context-window", "2048"], tmp_path)) == (
+            "error: a chunk of 2048 tokens does not fit the 2048-token context window with a 900-token summary and "
+            "the prompt; set --max-summary-tokens to 499 or less and --chunk-size to 1021 or less, or raise "
+            "--context-window")
+        assert server.received == [] and not out.exists()
+        proc = run_here([*args, "--context-window", "2048", "--chunk-size", "1021", "--max-summary-tokens", "499"],
+                        tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    sent = [sum(len(str(m.get("content", ""))) // 4 for m in r.body["messages"]) + (r.body.get("max_tokens") or 0)
+            for r in server.received]
+    assert len(sent) > 1 and max(sent) <= 2048, sent
+    written = json.loads(out.read_text())
+    if command == "compile":
+        config = written["metadata"]["booklens"]["program_config"]
+        assert (config["context_window"], config["chunk_size"], config["max_summary_tokens"]) == (2048, 1021, 499)
+    else:
+        assert written["results"][0]["n"] == 1
+
+
+@pytest.mark.parametrize("command", ["compile", "evaluate"])
+def test_a_prompt_of_the_summarize_task_a_server_refuses_names_its_context_window_option(tmp_path, command):
+    """A server that states no window: the summarize task plans for 8192 tokens, and the first prompt
+    refused as too long for 2048 says which option sets the window it plans for."""
+    books = three_books(tmp_path / "books")
+    with FakeOpenAIServer(responder=overflow_at(2048)) as server:
+        proc = run_here([command, "summarize", "--data", books, "--lm", "openai/fake", "--api-base", server.url,
+                         *(["--optimizer", "labeled", "-o", tmp_path / "s.json"] if command == "compile" else [])],
+                        tmp_path)
+    line = one_line_error(proc) if command == "evaluate" else proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert line.endswith("fit the 2048-token context window of 'openai/fake': the summarize task plans for a "
+                         "8192-token window; set --context-window to 2048 or less"), line
+    assert len(server.received) == 1

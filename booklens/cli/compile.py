@@ -21,7 +21,6 @@ from booklens.cli.common import (
     JUDGE_WINDOW_OPTION,
     ApiBaseOption,
     CacheDirOption,
-    JudgeWindowOption,
     LMOption,
     RpmOption,
     SplitName,
@@ -35,9 +34,11 @@ from booklens.cli.common import (
     setup_lm,
     write_output,
 )
+from booklens.cli.summarize import ChunkSizeOption, MaxSummaryTokensOption
 from booklens.data.splits import DEFAULT_FRACTIONS
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
+from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, MIN_CONTEXT_WINDOW
 
 TaskArgument = Annotated[str, typer.Argument(
     help="coherence (confusion detection), verification, decomposition (claims) or summarize.")]
@@ -50,6 +51,11 @@ DataOption = Annotated[Path, typer.Option(
 SeedOption = Annotated[Optional[int], seed_option("Seed of the book split, the subsets and the optimizer "
                                                   "(default 0).")]
 ThreadsOption = Annotated[int, typer.Option("--threads", min=1, help="Examples evaluated at once.")]
+TaskWindowOption = Annotated[Optional[int], typer.Option(
+    JUDGE_WINDOW_OPTION, min=MIN_CONTEXT_WINDOW,
+    help=f"coherence: tokens the model reads at once, which the judge's prompts are sized for (default: what "
+         f"LiteLLM or the --api-base server states, else {DEFAULT_CONTEXT_WINDOW}); summarize: the window the "
+         f"summarizer plans for (default {DEFAULT_CONTEXT_WINDOW}) and its judge too.")]
 
 
 def _sizes(train: int | None, dev: int | None, test: int | None) -> dict[str, int | None]:
@@ -59,21 +65,39 @@ def _sizes(train: int | None, dev: int | None, test: int | None) -> dict[str, in
     return {"train": train, "dev": dev, "test": test}
 
 
-def _judge_window(task: str, context_window: int | None) -> str | None:
-    """The option a context overflow names for `task` (`booklens.steps.judge_window_advice`): the
-    coherence judge fits its demos to the window it plans for. The other tasks' prompts are not
-    sized by a window, or (summarize) by the summarizer's, which its artifact records: a
-    --context-window there is refused, not ignored or given a second meaning."""
-    if task == "coherence":
-        return JUDGE_WINDOW_OPTION
-    if context_window is not None:
-        from booklens.optimizers.tasks import SUMMARIZER_DEFAULTS
+# The options that set the summarize task's summarizer, as `summarize` takes them (the window too).
+_SUMMARIZER_OPTIONS = {"chunk_size": "--chunk-size", "max_summary_tokens": "--max-summary-tokens"}
 
-        why = (f"the summarize task's summarizer plans for the {SUMMARIZER_DEFAULTS['context_window']}-token window "
-               "its artifact records" if task == "summarize" else f"the {task} task's prompts are not sized by a window")
-        raise BooklensError(f"{JUDGE_WINDOW_OPTION} is the window the coherence judge's prompts are planned for; "
-                            f"{why}: leave it out")
-    return None
+
+def _task(ctx: typer.Context, task: str, context_window: int | None, chunk_size: int,
+          max_summary_tokens: int) -> tuple[Any, str | None, str]:
+    """The task named, its summarizer (summarize) built with the options, and the option a context
+    overflow names with what planned for the window (`booklens.steps.judge_window_advice`): the
+    coherence judge fits its demos to the window it plans for, and the summarize task's summarizer
+    and judge plan for it. The other tasks' prompts are not sized by a window, nor do they run a
+    summarizer: those options are refused there, not ignored."""
+    from booklens.optimizers.tasks import get_task, task_settings
+
+    spec = get_task(task)
+    # Given on the command line, even at its default value (typer ships a click of its own: its
+    # ParameterSource is told by name)
+    given = [option for name, option in _SUMMARIZER_OPTIONS.items()
+             if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
+    if task_settings(spec.name):
+        spec = get_task(spec.name, chunk_size=chunk_size, context_window=context_window,
+                        max_summary_tokens=max_summary_tokens)
+        return spec, JUDGE_WINDOW_OPTION, "the summarize task"
+    if given:
+        raise BooklensError(f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} the summarize task's "
+                            f"summarizer; the {spec.name} task runs none: leave {'them' if len(given) > 1 else 'it'} "
+                            "out")
+    if spec.name == "coherence":
+        return spec, JUDGE_WINDOW_OPTION, "the judge"
+    if context_window is not None:
+        raise BooklensError(f"{JUDGE_WINDOW_OPTION} is the window the coherence judge's and the summarize task's "
+                            f"prompts are planned for; the {spec.name} task's prompts are not sized by a window: "
+                            "leave it out")
+    return spec, None, "the judge"
 
 
 def _metric_block(result) -> dict[str, Any]:
@@ -83,6 +107,7 @@ def _metric_block(result) -> dict[str, Any]:
 
 @app.command("compile")
 def compile_command(
+    ctx: typer.Context,
     task: TaskArgument,
     data: DataOption,
     optimizer: Annotated[str, typer.Option(
@@ -114,7 +139,9 @@ def compile_command(
     structured: StructuredOption = None,
     rpm: RpmOption = None,
     tpm: TpmOption = None,
-    context_window: JudgeWindowOption = None,
+    context_window: TaskWindowOption = None,
+    chunk_size: ChunkSizeOption = DEFAULT_CHUNK_SIZE,
+    max_summary_tokens: MaxSummaryTokensOption = DEFAULT_SUMMARY_TOKENS,
     cache_dir: CacheDirOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show the optimizer's own progress output.")] = False,
 ) -> None:
@@ -124,7 +151,7 @@ def compile_command(
                                             fit_train_set)
     from booklens.lm.usage import UsageTracker
     from booklens.optimizers.evaluate import evaluate_program, format_table
-    from booklens.optimizers.tasks import get_task, load_task_splits
+    from booklens.optimizers.tasks import load_task_splits
     from booklens.steps import judge_window_advice
 
     name = check_optimizer(optimizer)
@@ -132,8 +159,7 @@ def compile_command(
                                 "minibatch_size": minibatch_size})
     if test_size is not None and not evaluate_test:  # it would be recorded (split.sizes.test) as if it applied
         raise BooklensError("--test-size sizes the test split, and --no-test scores nothing on it")
-    spec = get_task(task)
-    window_option = _judge_window(spec.name, context_window)
+    spec, window_option, planner = _task(ctx, task, context_window, chunk_size, max_summary_tokens)
     budget = spec.default_budget(demos=demos, candidates=candidates, trials=trials, threads=threads,
                                  max_rounds=max_rounds, minibatch_size=minibatch_size)
     budget.check_for(name)
@@ -162,7 +188,7 @@ def compile_command(
                f"{len(splits.test)} test examples, budget {budget.spent_by(name)}", err=True)
     meter = UsageTracker()
     started = time.perf_counter()
-    with judge_window_advice(model, window_option):
+    with judge_window_advice(model, window_option, planner):
         compiled = compile_program(spec, splits.train, splits.dev, optimizer=name, budget=budget, seed=seed,
                                    meter=meter, verbose=verbose)
     compile_seconds = time.perf_counter() - started
@@ -182,7 +208,7 @@ def compile_command(
         except BooklensError as exc:
             typer.echo(f"note: the compiled program is not scored on {split}: with its instructions, {exc}", err=True)
             continue
-        with judge_window_advice(model, window_option):
+        with judge_window_advice(model, window_option, planner):
             result = evaluate_program(compiled, examples, spec.metric, threads=threads, label=f"compiled on {split}",
                                       units=spec.units(examples), unit_name=spec.interval_unit_name,
                                       failure=spec.failure, notes=spec.notes)
@@ -232,6 +258,7 @@ def _default_if_named(path: Path, task: str) -> Path:
 
 @app.command("evaluate")
 def evaluate_command(
+    ctx: typer.Context,
     task: TaskArgument,
     data: DataOption,
     program: Annotated[Optional[list[Path]], typer.Option(
@@ -253,7 +280,9 @@ def evaluate_command(
     structured: StructuredOption = None,
     rpm: RpmOption = None,
     tpm: TpmOption = None,
-    context_window: JudgeWindowOption = None,
+    context_window: TaskWindowOption = None,
+    chunk_size: ChunkSizeOption = DEFAULT_CHUNK_SIZE,
+    max_summary_tokens: MaxSummaryTokensOption = DEFAULT_SUMMARY_TOKENS,
     cache_dir: CacheDirOption = None,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", parser=output_path, callback=output_file,
                                                    help="Also write the results as JSON.")] = None,
@@ -265,14 +294,12 @@ def evaluate_command(
         raise BooklensError(f"data not found: {data}")
     from booklens.optimizers.artifacts import check_task, compiled_split_size, held_out_notes, load_program
     from booklens.optimizers.evaluate import evaluate_program, format_table
-    from booklens.optimizers.tasks import (data_digest, get_task, learned_groups, load_task_splits, same_data_digests,
-                                           split_groups)
+    from booklens.optimizers.tasks import data_digest, learned_groups, load_task_splits, same_data_digests, split_groups
 
     split = SplitName(split).value
     if size is not None and size < 0:
         raise BooklensError(f"--size must be 0 (the whole split) or more (got {size})")
-    spec = get_task(task)
-    window_option = _judge_window(spec.name, context_window)
+    spec, window_option, planner = _task(ctx, task, context_window, chunk_size, max_summary_tokens)
     programs = [_default_if_named(p, spec.name) for p in program or []]
     if not programs and not zero_shot:
         raise BooklensError("nothing to evaluate: give --program or drop --no-zero-shot")
@@ -325,7 +352,7 @@ def evaluate_command(
         typer.echo(f"note: {note}", err=True)
     from booklens.steps import judge_window_advice
 
-    with judge_window_advice(model, window_option):
+    with judge_window_advice(model, window_option, planner):
         results = [evaluate_program(p, examples, spec.metric, threads=threads, label=label,
                                     units=spec.units(examples), unit_name=spec.interval_unit_name,
                                     failure=spec.failure, notes=spec.notes)
