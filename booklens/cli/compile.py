@@ -34,11 +34,11 @@ from booklens.cli.common import (
     setup_lm,
     write_output,
 )
-from booklens.cli.summarize import ChunkSizeOption, MaxSummaryTokensOption
 from booklens.data.splits import DEFAULT_FRACTIONS
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
-from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, MIN_CONTEXT_WINDOW
+from booklens.vocabulary import (DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, MIN_CHUNK_SIZE,
+                                 MIN_CONTEXT_WINDOW, MIN_SUMMARY_TOKENS)
 
 TaskArgument = Annotated[str, typer.Argument(
     help="coherence (confusion detection), verification, decomposition (claims) or summarize.")]
@@ -56,6 +56,14 @@ TaskWindowOption = Annotated[Optional[int], typer.Option(
     help=f"coherence: tokens the model reads at once, which the judge's prompts are sized for (default: what "
          f"LiteLLM or the --api-base server states, else {DEFAULT_CONTEXT_WINDOW}); summarize: the window the "
          f"summarizer plans for (default {DEFAULT_CONTEXT_WINDOW}) and its judge too.")]
+# The summarize task's summarizer, as `summarize` sets it; None until given, so that the other tasks
+# refuse one given even at its default value.
+TaskChunkSizeOption = Annotated[Optional[int], typer.Option(
+    "--chunk-size", min=MIN_CHUNK_SIZE,
+    help=f"summarize: maximum tokens per chunk (cl100k_base; default {DEFAULT_CHUNK_SIZE}).")]
+TaskSummaryTokensOption = Annotated[Optional[int], typer.Option(
+    "--max-summary-tokens", min=MIN_SUMMARY_TOKENS,
+    help=f"summarize: G_n, tokens of a summary (default {DEFAULT_SUMMARY_TOKENS}).")]
 
 
 def _sizes(train: int | None, dev: int | None, test: int | None) -> dict[str, int | None]:
@@ -65,12 +73,8 @@ def _sizes(train: int | None, dev: int | None, test: int | None) -> dict[str, in
     return {"train": train, "dev": dev, "test": test}
 
 
-# The options that set the summarize task's summarizer, as `summarize` takes them (the window too).
-_SUMMARIZER_OPTIONS = {"chunk_size": "--chunk-size", "max_summary_tokens": "--max-summary-tokens"}
-
-
-def _task(ctx: typer.Context, task: str, context_window: int | None, chunk_size: int,
-          max_summary_tokens: int) -> tuple[Any, str | None, str]:
+def _task(task: str, context_window: int | None, chunk_size: int | None,
+          max_summary_tokens: int | None) -> tuple[Any, str | None, str]:
     """The task named, its summarizer (summarize) built with the options, and the option a context
     overflow names with what planned for the window (`booklens.steps.judge_window_advice`): the
     coherence judge fits its demos to the window it plans for, and the summarize task's summarizer
@@ -79,13 +83,11 @@ def _task(ctx: typer.Context, task: str, context_window: int | None, chunk_size:
     from booklens.optimizers.tasks import get_task, task_settings
 
     spec = get_task(task)
-    # Given on the command line, even at its default value (typer ships a click of its own: its
-    # ParameterSource is told by name)
-    given = [option for name, option in _SUMMARIZER_OPTIONS.items()
-             if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
+    given = [option for option, value in (("--chunk-size", chunk_size), ("--max-summary-tokens", max_summary_tokens))
+             if value is not None]
     if task_settings(spec.name):
-        spec = get_task(spec.name, chunk_size=chunk_size, context_window=context_window,
-                        max_summary_tokens=max_summary_tokens)
+        settings = {"chunk_size": chunk_size, "context_window": context_window, "max_summary_tokens": max_summary_tokens}
+        spec = get_task(spec.name, **{name: value for name, value in settings.items() if value is not None})
         return spec, JUDGE_WINDOW_OPTION, "the summarize task"
     if given:
         raise BooklensError(f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} the summarize task's "
@@ -107,7 +109,6 @@ def _metric_block(result) -> dict[str, Any]:
 
 @app.command("compile")
 def compile_command(
-    ctx: typer.Context,
     task: TaskArgument,
     data: DataOption,
     optimizer: Annotated[str, typer.Option(
@@ -140,8 +141,8 @@ def compile_command(
     rpm: RpmOption = None,
     tpm: TpmOption = None,
     context_window: TaskWindowOption = None,
-    chunk_size: ChunkSizeOption = DEFAULT_CHUNK_SIZE,
-    max_summary_tokens: MaxSummaryTokensOption = DEFAULT_SUMMARY_TOKENS,
+    chunk_size: TaskChunkSizeOption = None,
+    max_summary_tokens: TaskSummaryTokensOption = None,
     cache_dir: CacheDirOption = None,
     verbose: Annotated[bool, typer.Option("--verbose", help="Show the optimizer's own progress output.")] = False,
 ) -> None:
@@ -159,7 +160,7 @@ def compile_command(
                                 "minibatch_size": minibatch_size})
     if test_size is not None and not evaluate_test:  # it would be recorded (split.sizes.test) as if it applied
         raise BooklensError("--test-size sizes the test split, and --no-test scores nothing on it")
-    spec, window_option, planner = _task(ctx, task, context_window, chunk_size, max_summary_tokens)
+    spec, window_option, planner = _task(task, context_window, chunk_size, max_summary_tokens)
     budget = spec.default_budget(demos=demos, candidates=candidates, trials=trials, threads=threads,
                                  max_rounds=max_rounds, minibatch_size=minibatch_size)
     budget.check_for(name)
@@ -258,7 +259,6 @@ def _default_if_named(path: Path, task: str) -> Path:
 
 @app.command("evaluate")
 def evaluate_command(
-    ctx: typer.Context,
     task: TaskArgument,
     data: DataOption,
     program: Annotated[Optional[list[Path]], typer.Option(
@@ -281,8 +281,8 @@ def evaluate_command(
     rpm: RpmOption = None,
     tpm: TpmOption = None,
     context_window: TaskWindowOption = None,
-    chunk_size: ChunkSizeOption = DEFAULT_CHUNK_SIZE,
-    max_summary_tokens: MaxSummaryTokensOption = DEFAULT_SUMMARY_TOKENS,
+    chunk_size: TaskChunkSizeOption = None,
+    max_summary_tokens: TaskSummaryTokensOption = None,
     cache_dir: CacheDirOption = None,
     output: Annotated[Optional[Path], typer.Option("-o", "--output", parser=output_path, callback=output_file,
                                                    help="Also write the results as JSON.")] = None,
@@ -299,7 +299,7 @@ def evaluate_command(
     split = SplitName(split).value
     if size is not None and size < 0:
         raise BooklensError(f"--size must be 0 (the whole split) or more (got {size})")
-    spec, window_option, planner = _task(ctx, task, context_window, chunk_size, max_summary_tokens)
+    spec, window_option, planner = _task(task, context_window, chunk_size, max_summary_tokens)
     programs = [_default_if_named(p, spec.name) for p in program or []]
     if not programs and not zero_shot:
         raise BooklensError("nothing to evaluate: give --program or drop --no-zero-shot")
