@@ -511,12 +511,27 @@ class CoherenceScorer(Module):
         from booklens.text import count_tokens
 
         predictor = self.detect if self.batch_size == 1 else self.detect_batch
-        room = demo_room(window, summary, batch_size=self.batch_size,
-                         answer_tokens=self._budget(self.batch_size).get("max_tokens", 0))
-        if instructions_and_demos_tokens(predictor, []) <= room:
+        answer = self._budget(self.batch_size).get("max_tokens", 0)
+        instructions = instructions_and_demos_tokens(predictor, [])
+
+        def fits(text: str, size: int) -> bool:
+            return instructions <= demo_room(size, text, batch_size=self.batch_size, answer_tokens=answer)
+
+        if fits(summary, window):
             return None
+        # The smallest window that takes it: the room grows by one token per MODEL_TOKENS_PER_CL100K
+        # of window, so start from that estimate and settle it by the rule itself.
+        needed = window + int((instructions - demo_room(window, summary, batch_size=self.batch_size,
+                                                        answer_tokens=answer)) * MODEL_TOKENS_PER_CL100K)
+        while not fits(summary, needed):
+            needed += 1
+        while needed > 1 and fits(summary, needed - 1):
+            needed -= 1
+        # Where the instructions and answer alone fill the window, no shorter summary would fit either.
+        shorten = "shorten it, or " if fits("", window) else ""
         return (f"({count_tokens(summary):,} tokens) does not fit the model's {window:,}-token context window even "
-                "with none of the judge's demos: shorten it, or judge it with a model of a larger window")
+                f"with none of the judge's demos: {shorten}judge it with a model of a window of {needed:,} "
+                "tokens or more")
 
     def _budget(self, n_sentences: int) -> dict[str, Any]:
         if self.tokens_per_sentence is None:

@@ -831,3 +831,35 @@ def test_a_judge_a_hair_below_a_reference_is_never_shown_at_the_reference():
     assert judge_warning(verifier).endswith(
         "unfaithful F1 0.25899 on the 139 claims humans labelled faithful or unfaithful, where FABLES' "
         "GPT-4-Turbo rater reaches 0.25900")
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("length, window", [(1, 1024), (80, 2048)])
+def test_a_summary_refused_for_the_window_is_told_the_window_that_judges_it(batch_size, length, window):
+    """The refusal named no size, and told to shorten even a two-sentence summary that no summary
+    could replace: the judge's instructions and answer alone fill a 1,024-token window. It names the
+    smallest window that takes the summary with no demo, and that window judges it."""
+    import re
+
+    from booklens.steps import score_summaries
+
+    sentence = "Anna walks along the quay of the old harbour town and counts the boats that came in."
+    summary = " ".join(["Zed waits."] + [sentence] * length)
+    with dspy.context(lm=ScriptedLM(clean, context_window=window)):
+        with pytest.raises(BooklensError) as excinfo:
+            score_summaries({"s": summary}, batch_size=batch_size, concurrency=1)
+    message = str(excinfo.value)
+    named = re.search(r"a window of ([\d,]+) tokens or more", message)
+    assert named, message
+    assert ("shorten it" in message) == (length > 1), message
+    needed = int(named.group(1).replace(",", ""))
+    with dspy.context(lm=ScriptedLM(clean, context_window=needed - 1)):
+        with pytest.raises(BooklensError):
+            score_summaries({"s": summary}, batch_size=batch_size, concurrency=1)
+    lm = ScriptedLM(clean, context_window=needed)
+    with dspy.context(lm=lm):
+        score_summaries({"s": summary}, batch_size=batch_size, concurrency=1)
+    if batch_size == 1:
+        assert len(lm.backend.calls) == length + 1
+    else:  # `clean` answers as for one sentence: each batch is asked again, and no answer is taken
+        assert lm.backend.calls
