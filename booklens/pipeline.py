@@ -946,6 +946,11 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
         "versions": package_versions(),
         "judges": judges,
     }
+    if "coherence" in programs:
+        from booklens.programs.coherence import check_window_holds_a_summary
+
+        # before the summary is written: no summary would fit the coherence step that reads it
+        check_window_holds_a_summary(programs["coherence"], getattr(judge_lm, "context_window", None))
     if "verification" in programs and judge.evidence in SEARCH_MODES and book_text is not None:
         from booklens.programs.faithfulness import check_evidence_fits
 

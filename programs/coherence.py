@@ -405,6 +405,21 @@ def demos_note(prediction: Any) -> str | None:
             "the prompt would not fit the model's context window")
 
 
+def check_window_holds_a_summary(scorer: Any, window: int | None) -> None:
+    """A one-line error when `scorer`'s instructions and answer alone fill a `window`-token context,
+    so that no summary fits (`CoherenceScorer.least_window` of an empty one): checked where the
+    summaries are still to be written (`run`, a sweep), which `refuse_misfits` would refuse only after
+    the calls that write them. A caller's own scorer may not say."""
+    least_window = getattr(scorer, "least_window", None)
+    if least_window is None or not window:
+        return
+    least = least_window("")
+    if least > window:
+        raise BooklensError(f"the judge's {window}-token context window holds no summary beside its answer and its "
+                            f"prompt's instructions: the coherence judge needs a window of more than {least:,} tokens; "
+                            "use a model or server with a larger context window")
+
+
 def refuse_misfits(scorer: Any, summaries: Any, window: int | None) -> None:
     """Refuse, before the first call, the first of `summaries` ((name as shown, text) pairs) that
     `scorer` cannot judge in a `window`-token context even with no demo (`CoherenceScorer.misfit`),
@@ -510,28 +525,33 @@ class CoherenceScorer(Module):
             return None
         from booklens.text import count_tokens
 
+        needed = self.least_window(summary)
+        if needed <= window:
+            return None
+        # Where the instructions and answer alone fill the window, no shorter summary would fit either.
+        shorten = "shorten it, or " if self.least_window("") <= window else ""
+        return (f"({count_tokens(summary):,} tokens) does not fit the model's {window:,}-token context window even "
+                f"with none of the judge's demos: {shorten}judge it with a model of a window of {needed:,} "
+                "tokens or more")
+
+    def least_window(self, summary: str) -> int:
+        """The smallest context window in which `summary` is judged with none of the demos, by the
+        rule its calls fit their demos by (`fitting_demos`)."""
         predictor = self.detect if self.batch_size == 1 else self.detect_batch
         answer = self._budget(self.batch_size).get("max_tokens", 0)
         instructions = instructions_and_demos_tokens(predictor, [])
 
-        def fits(text: str, size: int) -> bool:
-            return instructions <= demo_room(size, text, batch_size=self.batch_size, answer_tokens=answer)
+        def room(size: int) -> int:
+            return demo_room(size, summary, batch_size=self.batch_size, answer_tokens=answer)
 
-        if fits(summary, window):
-            return None
-        # The smallest window that takes it: the room grows by one token per MODEL_TOKENS_PER_CL100K
-        # of window, so start from that estimate and settle it by the rule itself.
-        needed = window + int((instructions - demo_room(window, summary, batch_size=self.batch_size,
-                                                        answer_tokens=answer)) * MODEL_TOKENS_PER_CL100K)
-        while not fits(summary, needed):
+        # The room grows by one token per MODEL_TOKENS_PER_CL100K of window: start from that estimate
+        # and settle it by the rule itself.
+        needed = max(1, 8192 + int((instructions - room(8192)) * MODEL_TOKENS_PER_CL100K))
+        while room(needed) < instructions:
             needed += 1
-        while needed > 1 and fits(summary, needed - 1):
+        while needed > 1 and room(needed - 1) >= instructions:
             needed -= 1
-        # Where the instructions and answer alone fill the window, no shorter summary would fit either.
-        shorten = "shorten it, or " if fits("", window) else ""
-        return (f"({count_tokens(summary):,} tokens) does not fit the model's {window:,}-token context window even "
-                f"with none of the judge's demos: {shorten}judge it with a model of a window of {needed:,} "
-                "tokens or more")
+        return needed
 
     def _budget(self, n_sentences: int) -> dict[str, Any]:
         if self.tokens_per_sentence is None:

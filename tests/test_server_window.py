@@ -463,3 +463,43 @@ def test_a_prompt_of_the_summarize_task_a_server_refuses_names_its_context_windo
     assert line.endswith("fit the 2048-token context window of 'openai/fake': the summarize task plans for a "
                          "8192-token window; set --context-window to 2048 or less"), line
     assert len(server.received) == 1
+
+
+def test_a_judge_window_that_holds_no_summary_is_refused_before_the_summary_is_written(tmp_path):
+    """At 1200 tokens the coherence judge's instructions and answer leave no room for any summary:
+    `run` summarized the book (paid calls), then failed the coherence step and said to rerun the same
+    command, which fails alike. Now one line before any call names the window the judge needs, and
+    that window is enough for a run."""
+    from booklens.testing import PipelineResponder
+
+    args = ["run", STORY, "-o", tmp_path / "run", "--lm", "openai/fake", "--evidence", "none", "--zero-shot",
+            "--context-window", "2048", "--chunk-size", "512", "--max-summary-tokens", "200"]
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        line = one_line_error(run_here([*args, "--api-base", server.url, "--judge-context-window", "1200"], tmp_path))
+        assert line == ("error: the judge's 1200-token context window holds no summary beside its answer and its "
+                        "prompt's instructions: the coherence judge needs a window of more than 1,262 tokens; use "
+                        "a model or server with a larger context window")
+        assert server.received == [] and not (tmp_path / "run").exists()
+        proc = run_here([*args, "--api-base", server.url, "--judge-context-window", "1500"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_sweeps_judge_window_that_holds_no_summary_is_refused_by_the_dry_run(tmp_path):
+    """--dry-run passed a judge.context_window in which no summary fits the coherence judge's prompt,
+    and the run then failed every cell at its coherence step."""
+    from booklens.errors import BooklensError
+    from booklens.sweep.run import dry_run, run_sweep
+
+    manifest = one_book_sweep(tmp_path, "{steps: [coherence], context_window: 1200}")
+    expected = (f"{manifest}: the judge's 1200-token context window holds no summary beside its answer and its "
+                "prompt's instructions: the coherence judge needs a window of more than 1,262 tokens; use a model "
+                "or server with a larger context window")
+    with FakeOpenAIServer() as server:
+        with pytest.raises(BooklensError) as refused:
+            dry_run(manifest, tmp_path / "out", lm="openai/fake", api_base=server.url)
+        assert str(refused.value) == expected
+        with pytest.raises(BooklensError) as refused:
+            run_sweep(manifest, tmp_path / "out", lm="openai/fake", api_base=server.url, cache_dir=tmp_path / "cache",
+                      progress_interval=60)
+        assert str(refused.value) == expected
+        assert server.received == [] and not (tmp_path / "out").exists()

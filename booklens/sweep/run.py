@@ -167,7 +167,8 @@ def check_judge_evidence(sweep: Sweep) -> None:
     checks before it summarizes: refused here, every such cell would fail alike. A book shorter
     than that much evidence fits whatever the settings ask, so the books are read only when the
     settings alone do not fit, and only until one is too long. The window is the judge model's as its
-    cells' LM will have it (`served_context_window`: a self-hosted server's own)."""
+    cells' LM will have it (`served_context_window`: a self-hosted server's own). The coherence judge's
+    prompt is checked too: a window its instructions and answer fill holds no summary."""
     from booklens.retrieval import SEARCH_MODES
 
     from booklens.lm import served_context_window
@@ -181,15 +182,25 @@ def check_judge_evidence(sweep: Sweep) -> None:
         except BooklensError as exc:
             raise BooklensError(f"{sweep.manifest}: {exc}") from None
         window = judge.context_window
+    from booklens.pipeline import load_judge_programs
+
+    programs = None
+    if "coherence" in judge.steps and window:
+        from booklens.programs.coherence import check_window_holds_a_summary
+
+        programs = load_judge_programs(judge)
+        try:
+            check_window_holds_a_summary(programs["coherence"], window)
+        except BooklensError as exc:
+            raise BooklensError(f"{sweep.manifest}: {exc}") from None
     if "faithfulness" not in judge.steps or judge.evidence not in (*SEARCH_MODES, "book"):
         return
     if not window:
         return
-    from booklens.pipeline import load_judge_programs
     from booklens.programs.faithfulness import check_budget_fits, check_evidence_fits
     from booklens.text import read_book
 
-    verifier = load_judge_programs(judge)["verification"]
+    verifier = (programs or load_judge_programs(judge))["verification"]
 
     def check(text: Optional[str]) -> None:
         if judge.evidence == "book":
