@@ -203,9 +203,13 @@ def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, 
     when an explicit `budget_tokens` cannot fit one verification prompt. The whole book (`book_text`)
     is the most any budget brings; in the `given` mode each claim's own quotes (`given`, one list per
     claim) are, and the error names the first claim whose quotes the budget lets past the window. No
-    budget (the window's own) or no window figure, no check."""
-    if not context_window or budget_tokens is None:
+    budget is the window's own, which has a floor that a small window beside demos may not hold: it
+    is checked too, and named as the default. No window figure, no check."""
+    if not context_window:
         return
+    default = budget_tokens is None
+    if default:
+        budget_tokens = verifier.evidence_budget(context_window)
     room = evidence_room(verifier, context_window)
     shown = budget_tokens
     if shown <= room:
@@ -231,6 +235,12 @@ def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, 
     if no_room:
         raise BooklensError(no_room)
     name = setting_name("--budget-tokens", as_keys)
+    if default:
+        zero_shot = f"set {setting_name('--zero-shot', as_keys)}: true" if as_keys else "judge with --zero-shot"
+        fix = f"set {name} to {room} or less" + (f", or {zero_shot} (no demos)" if verifier.verify.demos else "")
+        raise BooklensError(f"the default evidence budget ({budget_tokens} tokens per claim): "
+                            f"{whose or f'{shown} tokens of evidence per claim'}, more than the {room} that fit beside "
+                            f"the judge's answer and prompt in its {context_window}-token context window; {fix}")
     raise BooklensError(f"{name} {budget_tokens}: {whose or f'{shown} tokens of evidence per claim'}, more than the "
                         f"{room} that fit beside the judge's answer and prompt in its {context_window}-token "
                         f"context window; lower {name} to {room} or less, or leave it out (the default is what "
