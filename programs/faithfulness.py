@@ -198,13 +198,14 @@ def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *
 
 def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, budget_tokens: int | None,
                       book_text: str | None = None, given: Sequence[Sequence[str] | None] | None = None,
-                      as_keys: bool | str = False) -> None:
+                      as_keys: bool | str = False, budget_settable: bool = True) -> None:
     """`check_evidence_fits` for the budget of the `book` and `given` modes: a one-line `BooklensError`
     when an explicit `budget_tokens` cannot fit one verification prompt. The whole book (`book_text`)
     is the most any budget brings; in the `given` mode each claim's own quotes (`given`, one list per
     claim) are, and the error names the first claim whose quotes the budget lets past the window. No
     budget is the window's own, which has a floor that a small window beside demos may not hold: it
-    is checked too, and named as the default. No window figure, no check."""
+    is checked too, and named as the default; where no setting sets the budget (`budget_settable`
+    False: `calibrate`), the line does not name one. No window figure, no check."""
     if not context_window:
         return
     default = budget_tokens is None
@@ -237,7 +238,10 @@ def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, 
     name = setting_name("--budget-tokens", as_keys)
     if default:
         zero_shot = f"set {setting_name('--zero-shot', as_keys)}: true" if as_keys else "judge with --zero-shot"
-        fix = f"set {name} to {room} or less" + (f", or {zero_shot} (no demos)" if verifier.verify.demos else "")
+        fixes = [f"set {name} to {room} or less" if budget_settable else
+                 "use a model or server with a larger context window"]
+        fixes += [f"{zero_shot} (no demos)"] if verifier.verify.demos else []
+        fix = ", or ".join(fixes)
         raise BooklensError(f"the default evidence budget ({budget_tokens} tokens per claim): "
                             f"{whose or f'{shown} tokens of evidence per claim'}, more than the {room} that fit beside "
                             f"the judge's answer and prompt in its {context_window}-token context window; {fix}")
