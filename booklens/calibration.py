@@ -295,11 +295,10 @@ def verification_sample(fables_path: str | Path, *, books: Optional[int] = VERIF
 
 
 def _verification_items(program: Any, *, fables_path: str | Path, books: Optional[int], table5: bool, seed: int,
-                        split_seed: Optional[int], asked: bool = False, window: Optional[int] = None
+                        split_seed: Optional[int], asked: bool = False
                         ) -> tuple[list[Any], dict[str, Any], tuple[str, ...]]:
     """The verification sample and the labels measured on it, or the refusals to measure on it (no
-    labelled claim, demos in it, annotators' evidence that a known `window` cannot hold beside the
-    verifier's prompt)."""
+    labelled claim, demos in it)."""
     from booklens.signatures.faithfulness import FABLES_LABELS
 
     binary = getattr(program, "label_set", "four-way") == "binary"
@@ -320,12 +319,6 @@ def _verification_items(program: Any, *, fables_path: str | Path, books: Optiona
         raise alike
     _refuse_demos("binary" if binary else "verification",
                   sum(1 for c in claims_in_sample if " ".join(c.split()) in shown), len(claims_in_sample), "claims")
-    if window and hasattr(program, "evidence_budget"):  # a caller's own program may not say its prompt's size
-        from booklens.programs.faithfulness import check_budget_fits
-
-        # as `verify --evidence given` checks them: else the server refuses each claim, naming no setting
-        check_budget_fits(program, window, budget_tokens=None, budget_settable=False,
-                          given=[c.evidence for s in summaries for c in s.claims if c.label in keep])
     return summaries, info, keep
 
 
@@ -350,8 +343,7 @@ def calibrate_verification(program: Any, *, fables_path: str | Path, books: Opti
     _check_program("binary" if table5 else "verification", program)
     binary = getattr(program, "label_set", "four-way") == "binary"
     summaries, info, keep = _verification_items(program, fables_path=fables_path, books=books, table5=table5,
-                                                seed=seed, split_seed=split_seed, asked=asked,
-                                                window=getattr(dspy.settings.lm, "context_window", None))
+                                                seed=seed, split_seed=split_seed, asked=asked)
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
     checker = FaithfulnessChecker(verifier=program, evidence_mode=VERIFICATION_EVIDENCE,
@@ -486,7 +478,7 @@ def check_sample(judge: str, program: Any, *, human_dir: str | Path | None = Non
     if judge == "coherence":
         _coherence_items(program, **sample, window=window)
     else:
-        _verification_items(program, **sample, window=window)
+        _verification_items(program, **sample)
 
 
 def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None = None,

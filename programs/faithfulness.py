@@ -198,19 +198,14 @@ def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *
 
 def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, budget_tokens: int | None,
                       book_text: str | None = None, given: Sequence[Sequence[str] | None] | None = None,
-                      as_keys: bool | str = False, budget_settable: bool = True) -> None:
+                      as_keys: bool | str = False) -> None:
     """`check_evidence_fits` for the budget of the `book` and `given` modes: a one-line `BooklensError`
     when an explicit `budget_tokens` cannot fit one verification prompt. The whole book (`book_text`)
     is the most any budget brings; in the `given` mode each claim's own quotes (`given`, one list per
     claim) are, and the error names the first claim whose quotes the budget lets past the window. No
-    budget is the window's own, which has a floor that a small window beside demos may not hold: it
-    is checked too, and named as the default; where no setting sets the budget (`budget_settable`
-    False: `calibrate`), the line does not name one. No window figure, no check."""
-    if not context_window:
+    budget (the window's own) or no window figure, no check."""
+    if not context_window or budget_tokens is None:
         return
-    default = budget_tokens is None
-    if default:
-        budget_tokens = verifier.evidence_budget(context_window)
     room = evidence_room(verifier, context_window)
     shown = budget_tokens
     if shown <= room:
@@ -236,15 +231,6 @@ def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, 
     if no_room:
         raise BooklensError(no_room)
     name = setting_name("--budget-tokens", as_keys)
-    if default:
-        zero_shot = f"set {setting_name('--zero-shot', as_keys)}: true" if as_keys else "judge with --zero-shot"
-        fixes = [f"set {name} to {room} or less" if budget_settable else
-                 "use a model or server with a larger context window"]
-        fixes += [f"{zero_shot} (no demos)"] if verifier.verify.demos else []
-        fix = ", or ".join(fixes)
-        raise BooklensError(f"the default evidence budget ({budget_tokens} tokens per claim): "
-                            f"{whose or f'{shown} tokens of evidence per claim'}, more than the {room} that fit beside "
-                            f"the judge's answer and prompt in its {context_window}-token context window; {fix}")
     raise BooklensError(f"{name} {budget_tokens}: {whose or f'{shown} tokens of evidence per claim'}, more than the "
                         f"{room} that fit beside the judge's answer and prompt in its {context_window}-token "
                         f"context window; lower {name} to {room} or less, or leave it out (the default is what "

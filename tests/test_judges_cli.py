@@ -1125,36 +1125,3 @@ def test_a_calibration_made_for_a_judges_window_is_the_one_runs_with_that_window
     assert lines[None][-1].startswith("warning: no calibration") and "--context-window" not in lines[None][-1]
     assert lines["4096"][-1].startswith("warning: no calibration") and \
         f" --context-window 4096 --cache-dir {cache})" in lines["4096"][-1], lines["4096"]
-
-
-def test_calibrate_checks_the_verifiers_evidence_room_before_any_call(tmp_path):
-    """Beside the few-shot verifier's prompt llama.cpp's 2048 tokens hold no evidence: calibrate sent
-    every claim and the server refused them, in a line that named no setting. Now one line before any
-    call says what to change, and with it the judge is calibrated."""
-    quote = " ".join(["Mara walked along the shore every morning, watching the boats come in from the bay."] * 40)
-    fables = tmp_path / "FABLES.json"
-    fables.write_text(json.dumps({"canary": "x", "FABLES": {book: {"GPT-4": {
-        "summary": "Mara walks. Zed arrives.", "general_comment": "",
-        "claims": {str(i): {"claim": c, "label": label, "evidence": [quote], "reason": ["r"]}
-                   for i, (c, label) in enumerate(FIXTURE_CLAIMS)}}} for book in FIVE_BOOKS}}))
-
-    def within_2048(body):
-        prompt = sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4
-        if prompt + (body.get("max_tokens") or 0) > 2048:
-            return (400, f"Requested tokens ({prompt}) exceed context window of 2048")
-        return answer(body)
-
-    pages = {"/props": {"default_generation_settings": {"n_ctx": 2048}}}
-    args = ["calibrate", "--judge", "verification", "--fables-data", fables, "--books", "2", "--lm", "openai/fake",
-            "--cache-dir", tmp_path / "cache", "-o", tmp_path / "store.json"]
-    with FakeOpenAIServer(responder=within_2048, pages=pages) as server:
-        proc = run_command([*args, "--api-base", server.url])
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and lines == [
-            "error: the judge's 2048-token context window holds no evidence beside its answer and its prompt's "
-            "instructions and 6 demos; judge with --zero-shot (no demos) or use a model or server with a larger "
-            "context window"], proc.stderr
-        assert server.received == [] and not (tmp_path / "store.json").exists()
-        proc = run_command([*args, "--api-base", server.url, "--zero-shot"])
-    assert proc.returncode == 0, proc.stderr
-    assert len(server.served) == len(FIXTURE_CLAIMS)  # the two books' claims are alike: each asked once

@@ -503,33 +503,3 @@ def test_a_sweeps_judge_window_that_holds_no_summary_is_refused_by_the_dry_run(t
                       progress_interval=60)
         assert str(refused.value) == expected
         assert server.received == [] and not (tmp_path / "out").exists()
-
-
-def test_the_default_evidence_budget_is_checked_against_the_window_before_any_call(tmp_path):
-    """Beside the few-shot judge's prompt a 2048-token window holds less than the 256-token floor of
-    the default evidence budget: a claim with long quotes was sent and refused by the server, whose
-    line named no setting ("use smaller inputs"). Now one line before any call says so, as for
-    passages, and the claims are verified as it advises."""
-    claims = tmp_path / "claims.json"
-    claims.write_text(json.dumps([{"claim": "Mara kept the light.", "evidence": ["Mara kept the light."]},
-                                  *LONG_QUOTES]))
-    args = ["verify", "--claims", claims, "--evidence", "given", "--lm", "openai/fake"]
-    with FakeOpenAIServer(responder=judged_within(2048), pages=LLAMA_CPP_PROPS) as server:
-        line = one_line_error(run_here([*args, "--api-base", server.url], tmp_path))
-        assert line == ("error: the judge's 2048-token context window holds no evidence beside its answer and its "
-                        "prompt's instructions and 6 demos; judge with --zero-shot (no demos) or use a model or server "
-                        "with a larger context window")
-        assert server.received == []
-        proc = run_here([*args, "--api-base", server.url, "--zero-shot", "-o", tmp_path / "v.json"], tmp_path)
-        assert proc.returncode == 0, proc.stderr
-        assert len(json.loads((tmp_path / "v.json").read_text())["claims"]) == 2
-        # where some evidence fits, but less than the default's floor, the line names the budget that does
-        args = [*args, "--api-base", server.url, "--zero-shot", "--context-window", "1193"]
-        assert one_line_error(run_here(args, tmp_path)) == (
-            "error: the default evidence budget (256 tokens per claim): claim 2's evidence is 256 tokens, more than "
-            "the 65 that fit beside the judge's answer and prompt in its 1193-token context window; set "
-            "--budget-tokens to 65 or less")
-        sent = len(server.received)
-        proc = run_here([*args, "--budget-tokens", "65", "-o", tmp_path / "v.json"], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert len(server.received) - sent == 1  # claim 1's verdict is the cached one of the run before
