@@ -792,7 +792,12 @@ def test_a_response_whose_choices_are_null_is_one_without_choices(model):
 ])
 def test_context_overflow_in_other_servers_words_is_one_line_with_their_figures(said, expected):
     """The same line whatever the server's words, its error an object or (LM Studio's, TGI's) a string,
-    on either OpenAI-compatible route; at once, never retried."""
+    on either OpenAI-compatible route; never retried, but for a prompt that fits with room for an
+    answer, sent again once with the budget the figures leave."""
+    import re
+
+    figures = re.search(r"prompt \((\d+) tokens\).* the (\d+)-token context window", expected)
+    room = int(figures.group(2)) - int(figures.group(1)) if figures else None
     for reply in (Reply(status=400, error=said),
                   Reply(status=400, raw=json.dumps({"error": said}), raw_type="application/json")):
         for model in ("openai/fake-model", "hosted_vllm/fake-model"):
@@ -801,7 +806,9 @@ def test_context_overflow_in_other_servers_words_is_one_line_with_their_figures(
                     classify(backend_for(server, model=model))
             assert str(caught.value).startswith(expected.replace("openai/fake-model", model)), str(caught.value)
             assert str(caught.value).endswith(": use smaller inputs, or a model or server with a larger context")
-            assert "\n" not in str(caught.value) and len(server.received) == 1
+            sent = [r.body["max_tokens"] for r in server.received]
+            assert "\n" not in str(caught.value)
+            assert sent == ([sent[0], room] if room is not None and 16 <= room < sent[0] else [sent[0]]), sent
 
 
 def test_a_url_with_a_query_is_refused_where_litellm_would_put_the_path_inside_it(tmp_path, monkeypatch):

@@ -503,3 +503,67 @@ def test_a_sweeps_judge_window_that_holds_no_summary_is_refused_by_the_dry_run(t
                       progress_interval=60)
         assert str(refused.value) == expected
         assert server.received == [] and not (tmp_path / "out").exists()
+
+
+def vllm_strict_at(window: int):
+    """A server that, as vLLM and TGI do, refuses a request whose prompt and answer budget together
+    exceed its window, though the prompt alone fits (the prompt counted as a quarter of its characters)."""
+    def respond(body):
+        prompt = sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4
+        wanted = body.get("max_tokens") or 0
+        if prompt >= window:
+            return Reply(status=400, error=f"This model's maximum context length is {window} tokens. However, you "
+                                           f"requested {prompt + wanted} tokens ({prompt} in the messages, "
+                                           f"{wanted} in the completion).")
+        if prompt + wanted > window:
+            return Reply(status=400, error=f"'max_tokens' or 'max_completion_tokens' is too large: {wanted}. This "
+                                           f"model's maximum context length is {window} tokens and your request has "
+                                           f"{prompt} input tokens ({wanted} > {window} - {prompt}).")
+        return "The answer."
+    return respond
+
+
+def test_an_answer_budget_the_window_cannot_hold_beside_the_prompt_is_trimmed_to_what_it_leaves():
+    """A strict server refused a prompt that fits its window because the answer budget did not fit
+    beside it; llama.cpp's servers and the embedded model write as far as the window goes. The request
+    is sent again with the budget the server's figures leave, once."""
+    prompt = "x" * 4 * 700  # 700 tokens by the fake server's count
+    with FakeOpenAIServer(responder=vllm_strict_at(1000)) as server:
+        completion = backend_for(server).complete({"messages": [{"role": "user", "content": prompt}],
+                                                   "max_tokens": 512})
+    assert completion.text == "The answer."
+    assert [r.body["max_tokens"] for r in server.received] == [512, 300]
+
+
+def test_a_prompt_that_leaves_no_room_for_an_answer_is_refused_not_trimmed():
+    prompt = "x" * 4 * 995
+    with FakeOpenAIServer(responder=vllm_strict_at(1000)) as server:
+        with pytest.raises(Exception) as refused:
+            backend_for(server).complete({"messages": [{"role": "user", "content": prompt}], "max_tokens": 512})
+    assert "do not fit the 1000-token context window" in str(refused.value)
+    assert len(server.received) == 1
+
+
+def test_verify_on_a_strict_server_judges_a_claim_whose_answer_budget_the_window_cannot_hold(tmp_path):
+    """The default evidence budget (never under 256 tokens) leaves a 1024-token window too little for
+    the verifier's 256-token answer budget by a strict server's count, though the prompt fits:
+    llama-cpp-python's server judges such a claim, and a vLLM-like one now does too."""
+    from booklens.testing import PipelineResponder
+
+    quotes = " ".join(["Mara rationed the oil and burned the lamp only in the darkest hours."] * 500)
+    (tmp_path / "claims.json").write_text(json.dumps([{"claim": "Mara rationed the oil.", "evidence": [quotes]}]))
+    strict, answer = vllm_strict_at(1024), PipelineResponder()
+
+    def respond(body):
+        refusal = strict(body)
+        return refusal if isinstance(refusal, Reply) else answer(body)
+
+    with FakeOpenAIServer(responder=respond) as server:
+        proc = run_here(["verify", "--claims", tmp_path / "claims.json", "--evidence", "given", "--zero-shot",
+                         "--lm", "openai/fake", "--api-base", server.url, "--context-window", "1024",
+                         "-o", tmp_path / "out.json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    prompt = sum(len(str(m.get("content", ""))) for m in server.received[0].body["messages"]) // 4
+    assert prompt + 256 > 1024 > prompt
+    assert [r.body["max_tokens"] for r in server.received] == [256, 1024 - prompt]
+    assert json.loads((tmp_path / "out.json").read_text())["claims"][0]["label"] == "faithful"

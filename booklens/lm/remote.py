@@ -518,10 +518,13 @@ class LiteLLMBackend:
         if self.api_base:
             self._check_connects()
         failures = 0
+        answer_room = None  # the answer budget a server's overflow figures leave beside the prompt
         while True:
             raise_if_stopped()  # a call that waited for its turn does not start after Ctrl-C
             dialect = self.dialect if structured else None
             kwargs = self._kwargs(request, dialect)
+            if answer_room is not None:
+                kwargs["max_tokens"] = answer_room
             if self.limiter is not None:
                 from booklens.lm.ratelimit import estimate_tokens
 
@@ -530,6 +533,10 @@ class LiteLLMBackend:
             try:
                 response = litellm.completion(**kwargs)
             except Exception as exc:
+                room = None if answer_room is not None else _answer_room(exc, kwargs["max_tokens"])
+                if room is not None:
+                    answer_room = room  # once: the same prompt with the budget the server leaves it
+                    continue
                 failures = self._after_failure(exc, kwargs, dialect, failures)
                 raise_if_stopped()  # after Ctrl-C, a call that failed in flight is not sent again
                 continue
@@ -1255,6 +1262,31 @@ _PROMPT = re.compile(r"messages resulted in (\d+) tokens|prompt (?:is|has) (\d+)
 
 def _number(match: re.Match | None) -> int | None:
     return next((int(g) for g in match.groups() if g is not None), None) if match else None
+
+
+# The least answer budget a request is sent again with when a server refuses its budget beside a
+# prompt that fits: below it, an answer would be cut off before it says anything.
+MIN_ANSWER_ROOM = 16
+
+
+def _answer_room(exc: BaseException, max_tokens: int) -> int | None:
+    """The answer budget to send the same prompt with when a server (vLLM, TGI, OpenAI) refused it
+    because the prompt and `max_tokens` together exceed the window its words name, though the prompt
+    alone leaves at least MIN_ANSWER_ROOM tokens: the window minus the prompt, as the server counts
+    them. llama.cpp's servers and the embedded model take such a request and write as far as the
+    window goes; this makes the strict servers do the same. None for any other failure."""
+    import litellm
+
+    text = _said(exc)
+    if not (isinstance(exc, litellm.ContextWindowExceededError) or _mentions_context_limit(text)):
+        return None
+    window = context_window_of(text)
+    requested = _REQUESTED.search(text)
+    prompt = int(requested.group(1)) if requested else _number(_PROMPT.search(text))
+    if not window or prompt is None:
+        return None
+    room = window - prompt
+    return room if MIN_ANSWER_ROOM <= room < max_tokens else None
 
 
 def context_window_of(server_text: str) -> int | None:
