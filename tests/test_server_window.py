@@ -533,6 +533,8 @@ def test_an_answer_budget_the_window_cannot_hold_beside_the_prompt_is_trimmed_to
                                                    "max_tokens": 512})
     assert completion.text == "The answer."
     assert [r.body["max_tokens"] for r in server.received] == [512, 300]
+    # an answer the window then cuts off is told apart from one its budget did (a larger one cannot help)
+    assert completion.answer_room == 300
 
 
 def test_a_prompt_that_leaves_no_room_for_an_answer_is_refused_not_trimmed():

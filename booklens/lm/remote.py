@@ -546,7 +546,10 @@ class LiteLLMBackend:
                 continue
             with _learned_lock:
                 self._learned["answered"] = True
-            return self._completion(response, kwargs["messages"])
+            completion = self._completion(response, kwargs["messages"])
+            # what the window left: a larger budget cannot help an answer it cut off
+            completion.answer_room = answer_room
+            return completion
 
     def _check_connects(self) -> None:
         """Before the first request to the `api_base` server (once per server and process): a TCP
