@@ -181,9 +181,13 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
         # A `diverse` record given as summaries holds the references it built for events without their own.
         events, no_references, generated = _coverage_events(events, [summaries_path, other_path])
         not_judged += no_references
-    from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
+    from booklens.programs.diverse import PairwiseJudge, check_judgments_fit, judge_pairs, pairwise_cases, rate_event
 
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
+    check_judgments_fit([(f"{criterion} {protocol}", e, criterion, protocol,
+                          (first[e.eid],) if second is None else (first[e.eid], second[e.eid])) for e in events],
+                        getattr(model, "context_window", None), per_qa=per_qa, max_articles=max_articles,
+                        protocol_option=True)
     rows = []
     with Measured(model) as measured:
         for e in events:
@@ -230,9 +234,12 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
     s2 = load_summaries(summaries_2, events, "second summaries file", failed=failed)
     judged, not_judged, generated = _events_per_criterion(events, criteria, failed, [summaries_1, summaries_2])
     from booklens.metrics.bias import position_bias
-    from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases
+    from booklens.programs.diverse import PairwiseJudge, check_judgments_fit, judge_pairs, pairwise_cases
 
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
+    check_judgments_fit([(f"{crit} pairwise", e, crit, "pairwise", (s1[e.eid], s2[e.eid])) for crit in criteria
+                         for e in judged[crit]],
+                        getattr(model, "context_window", None), per_qa=per_qa, max_articles=max_articles)
     out: dict[str, Any] = {}
     with Measured(model) as measured:
         for crit in criteria:
@@ -275,10 +282,16 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
     originals = load_summaries(summaries, events, failed=failed)
     judged, not_judged, generated = _events_per_criterion(events, criteria, failed, [summaries])
     from booklens.metrics.bias import repeat_summary, verbosity_pairwise, verbosity_single
-    from booklens.programs.diverse import PairwiseJudge, judge_pairs, pairwise_cases, rate_event
+    from booklens.programs.diverse import PairwiseJudge, check_judgments_fit, judge_pairs, pairwise_cases, rate_event
 
     extended = {eid: repeat_summary(s) for eid, s in originals.items()}
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
+    # single: each version rated alone on the Likert scale; pairwise: the two versions compared
+    versions = {"single": lambda eid: [("likert", (originals[eid],)), ("likert", (extended[eid],))],
+                "pairwise": lambda eid: [("pairwise", (originals[eid], extended[eid]))]}
+    check_judgments_fit([(f"{crit} {proto}", e, crit, how, shown) for crit in criteria for proto in protocols
+                         for e in judged[crit] for how, shown in versions[proto](e.eid)],
+                        getattr(model, "context_window", None), per_qa=per_qa, max_articles=max_articles)
     out: dict[str, Any] = {}
     table = []
     with Measured(model) as measured:

@@ -719,6 +719,85 @@ def rate_event(criterion: str, protocol: str, event: Any, summary: str, *, max_a
     return {"score": r.score, "judgments": r.details, "failed": r.failed}
 
 
+# Room a judge's answer (a few sentences and a rating or verdict) is given when its prompt is checked
+# against a window. Not the whole answer budget: llama.cpp's servers write as far as the window goes,
+# and the strict ones are asked again with the room it leaves (`booklens.lm.remote`).
+JUDGE_ANSWER_ROOM = 128
+
+_RATED_PROMPTS = {("coverage", "binary"): (JudgeCoverageOfQA, "question_and_answers"),
+                  ("coverage", "likert"): (JudgeCoverageOfAllQAs, "questions_and_answers"),
+                  ("faithfulness", "binary"): (JudgeFaithfulnessBinary, "article"),
+                  ("faithfulness", "likert"): (JudgeFaithfulnessLikert, "article")}
+
+
+def judgment_tokens(criterion: str, protocol: str, reference: str, summaries: Sequence[str]) -> int:
+    """Tokens of the prompt one judgment sends: a rating (`protocol` binary or likert) of
+    `summaries[0]` against `reference`, or a pairwise comparison of the two `summaries` (either order:
+    the same size)."""
+    if protocol == "pairwise":
+        return prompt_tokens(Predict(CompareSummaries), criterion=CRITERION_DESCRIPTIONS[criterion],
+                             reference=reference, summary_a=summaries[0], summary_b=summaries[-1])
+    signature, field = _RATED_PROMPTS[(criterion, protocol)]
+    return prompt_tokens(Predict(signature), summary=summaries[0], **{field: reference})
+
+
+def _references(event: Any, criterion: str, protocol: str, per_qa: bool,
+                max_articles: Optional[int]) -> list[tuple[str, str]]:
+    """(case id, reference text) of each judgment of `event`, as the judges send them: a binary
+    coverage rating is one per QA pair, a Likert one all QA pairs at once."""
+    if criterion == "coverage" and protocol != "pairwise":
+        per_qa = protocol == "binary"
+    return pairwise_cases(event, criterion, per_qa, max_articles)
+
+
+def _shown(case: str) -> str:
+    if case == "qa":
+        return "its reference QA pairs"
+    return f"reference QA pair {case[2:]}" if case.startswith("qa") else f"article [{case}]"
+
+
+def check_judgments_fit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]], window: Optional[int], *,
+                        per_qa: bool = False, max_articles: Optional[int] = None,
+                        protocol_option: bool = False) -> None:
+    """A one-line `BooklensError`, before any call, when no judgment of one of a run's figures fits a
+    `window`-token context beside its answer: the server would refuse every one, and the run would end in a
+    line that names no setting. For coverage of all QA pairs at once it names one QA pair at a time
+    (`--per-qa` for pairwise, `--protocol binary` where `protocol_option`, as `judge` has it) when each
+    pair fits with `BUDGET_MARGIN` to spare (a server's tokenizer may count more). A figure some of
+    whose judgments fit is judged: those that do not fail alone, as a server's refusal makes them.
+    `jobs`: (figure, event, criterion, protocol, summaries) as the run judges them, `figure` named as
+    the run's output names it ('coverage likert'). No window, no check."""
+    if not window:
+        return
+    room = window - JUDGE_ANSWER_ROOM
+    first: dict[str, tuple[Any, str, str, Sequence[str], str, int]] = {}  # figure: its first misfit
+    fitting: set[str] = set()  # figures with a judgment that fits
+    for figure, event, criterion, protocol, summaries in jobs:
+        if figure in fitting:
+            continue
+        for case, reference in _references(event, criterion, protocol, per_qa, max_articles):
+            tokens = judgment_tokens(criterion, protocol, reference, summaries)
+            if tokens <= room:
+                fitting.add(figure)
+                break
+            first.setdefault(figure, (event, criterion, protocol, summaries, case, tokens))
+    refused = [(figure, misfit) for figure, misfit in first.items() if figure not in fitting]
+    if not refused:
+        return
+    figure, (event, criterion, protocol, summaries, case, tokens) = refused[0]
+    fix = ""
+    if case == "qa" and (protocol == "pairwise" or protocol_option):
+        advised = int(room * BUDGET_MARGIN)
+        each = "pairwise" if protocol == "pairwise" else "binary"
+        if all(judgment_tokens(criterion, each, reference, summaries) <= advised
+               for _, reference in pairwise_cases(event, criterion, True)):
+            fix = ("compare on each QA pair with --per-qa, or " if protocol == "pairwise" else
+                   "judge each QA pair alone with --protocol binary, or ")
+    raise BooklensError(f"the {criterion} judge's prompt for event {event.eid} with {_shown(case)} is {tokens} "
+                        f"tokens, more than the {room} the {window}-token context window holds beside its answer, "
+                        f"and no {figure} judgment fits; {fix}use a model or server with a larger context window")
+
+
 # What `summarize_events` takes for a setting not given (None). A setting given where it does
 # nothing is refused, its default value too: the record would list it as if it had applied.
 EVENT_DEFAULTS: dict[str, Any] = {"sentences": EXTRACT_SENTENCES, "clustering": "llm", "diversity_filter": True,

@@ -569,3 +569,70 @@ def test_verify_on_a_strict_server_judges_a_claim_whose_answer_budget_the_window
     assert prompt + 256 > 1024 > prompt
     assert [r.body["max_tokens"] for r in server.received] == [256, 1024 - prompt]
     assert json.loads((tmp_path / "out.json").read_text())["claims"][0]["label"] == "faithful"
+
+
+DIVERSE_EVENTS = REPO / "examples" / "diverse" / "harbor_bridge_closure.json"
+
+
+def judges_within(window: int):
+    """Every output field a DiverseSumm judge asks for (a rating of 1, the verdict B) for a prompt that
+    fits `window` tokens (a quarter of its characters); a longer one refused as llama.cpp refuses it."""
+    def respond(body):
+        prompt = sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4
+        if prompt > window:
+            return Reply(status=400, error=f"Requested tokens ({prompt}) exceed context window of {window}")
+        return json.dumps({"explanation": "because", "rating": 1, "verdict": "B"})
+    return respond
+
+
+def many_questions(tmp_path):
+    """The harbour event with its six QA pairs asked three times over (the question reworded), so
+    that all of them at once overflow a 2048-token window though each alone fits it; and two
+    summaries of it."""
+    event = json.loads(DIVERSE_EVENTS.read_text())[0]
+    event["question_answers"] = [{**qa, "question": f"{qa['question']} (round {r})"} for r in range(3)
+                                 for qa in event["question_answers"]]
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps([event]))
+    summaries = []
+    for name, text in (("one", "The bridge closed after a crack; sources disagree on the cost."),
+                       ("two", "Sources disagree on the cause of the crack and on when the bridge reopens.")):
+        summaries.append(tmp_path / f"{name}.json")
+        summaries[-1].write_text(json.dumps({event["eid"]: text}))
+    return events, summaries
+
+
+@pytest.mark.parametrize("command, fix, fitting", [
+    (lambda e, s: ["judge", e, s[0], "--criterion", "coverage", "--protocol", "likert"],
+     "judge each QA pair alone with --protocol binary", ["--protocol", "binary"]),
+    (lambda e, s: ["bias", "position", e, s[0], s[1], "--criterion", "coverage"],
+     "compare on each QA pair with --per-qa", ["--per-qa"]),
+])
+def test_diverse_judges_refuse_before_any_call_what_no_judgment_fits_and_name_what_does(tmp_path, command, fix,
+                                                                                       fitting):
+    """The QA pairs shown at once do not fit the 2048 tokens llama.cpp says it has: every call was
+    sent and refused, and the run ended in the server's line naming no setting. Now one line, before
+    any call, names what fits, and with it the run finishes."""
+    events, summaries = many_questions(tmp_path)
+    with FakeOpenAIServer(responder=judges_within(2048), pages=LLAMA_CPP_PROPS) as server:
+        args = [*command(events, summaries), "--lm", "openai/fake", "--api-base", server.url, "--concurrency", "1"]
+        line = one_line_error(run_here(args, tmp_path))
+        assert server.received == []
+        what = "coverage likert" if "judge" in args else "coverage pairwise"
+        tokens = 2638 if "judge" in args else 2766
+        assert line == (f"error: the coverage judge's prompt for event ev-0001 with its reference QA pairs is {tokens} "
+                        f"tokens, more than the 1920 the 2048-token context window holds beside its answer, and no "
+                        f"{what} judgment fits; {fix}, or use a model or server with a larger context window")
+        proc = run_here([*args, *fitting], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.received) == (18 if "judge" in args else 36)  # each QA pair (both orders, for pairwise)
+
+
+def test_diverse_judges_judge_in_a_window_that_holds_their_prompts(tmp_path):
+    events, summaries = many_questions(tmp_path)
+    pages = {"/props": {"default_generation_settings": {"n_ctx": 4096}}}
+    with FakeOpenAIServer(responder=judges_within(4096), pages=pages) as server:
+        proc = run_here(["judge", events, summaries[0], "--criterion", "coverage", "--protocol", "likert", "--lm",
+                         "openai/fake", "--api-base", server.url], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.received) == 1
