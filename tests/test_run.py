@@ -711,6 +711,20 @@ def test_run_takes_the_summarizer_settings_summarize_takes(server, tmp_path):
     assert [c["claim"] for c in verified["claims"]] == split["claims"][:1]
 
 
+def test_runs_score_line_says_max_claims_verified_the_first_claims_as_checks_does(server, tmp_path):
+    """--max-claims 3 of the summary's 4 claims: the line said "3 claims", as if the summary had no more;
+    it now says it as `check` does. A run of every claim keeps its count alone."""
+    out = tmp_path / "run"
+    proc = cli([*run_args(server, out, tmp_path / "cache"), "--max-claims", "3"])
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stderr.splitlines() if line.startswith("BooookScore "))
+    assert "; the first 3 of 4 claims (--max-claims): 100.0% faithful, 0.0% unfaithful, 0.0% partial support, " \
+           "0.0% can't verify; " in line, line
+    whole = cli([*run_args(server, tmp_path / "whole", tmp_path / "cache"), "--max-claims", "4"])
+    assert whole.returncode == 0, whole.stderr
+    assert "; 4 claims: 75.0% faithful, 25.0% unfaithful, 0.0% partial support, 0.0% can't verify; " in whole.stderr
+
+
 def test_run_refuses_options_that_would_be_ignored_before_anything_is_written(tmp_path):
     """Summarizer settings beside a given summary, and a server URL beside the embedded model, would
     be ignored without a word: each is one line, and nothing is written."""

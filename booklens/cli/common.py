@@ -258,6 +258,16 @@ def label_shares(percentages: dict[str, float] | None, unverified: int = 0, labe
     return shares + (f" ({unverified} not verified, left out of the shares)" if unverified else "")
 
 
+def claims_verified(verified: int, total: int | None) -> str:
+    """How many claims a command's line says were verified: all of them, or (`total`, a report's
+    `total_claims`) the first of more, which --max-claims left out."""
+    from booklens.vocabulary import counted
+
+    if total is None:
+        return counted(verified, "claim")
+    return f"the first {verified} of {counted(total, 'claim')} (--max-claims)"
+
+
 def echo_judge(judge, cache_dir: Optional[Path] = None) -> None:
     """The judge line (who judged, its agreement with humans, any warning) under a score; `cache_dir`:
     the command's --cache-dir, which the advice of a no-calibration warning names."""

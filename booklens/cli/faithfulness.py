@@ -28,6 +28,7 @@ from booklens.cli.common import (
     StructuredOption,
     TpmOption,
     ZeroShotOption,
+    claims_verified,
     data_path,
     echo_artifact_note,
     echo_judge,
@@ -84,9 +85,7 @@ def _report_line(report, cache_dir: Optional[Path] = None) -> None:
     from booklens.steps import judged_nothing
 
     shares = label_shares(report.label_percentages, report.failures, report.label_set)
-    verified = counted(len(report.claims), 'claim')
-    if report.total_claims is not None:  # as a run's report says it
-        verified = f"the first {len(report.claims)} of {counted(report.total_claims, 'claim')} (--max-claims)"
+    verified = claims_verified(len(report.claims), report.total_claims)
     typer.echo(f"{verified}: {shares}; "
                f"{describe_calls(report.usage, tokens=False)}", err=True)
     echo_judge(report.judge, cache_dir)

@@ -29,6 +29,7 @@ from booklens.cli.common import (
     ZeroShotOption,
     check_not_an_input,
     choices,
+    claims_verified,
     echo_artifact_note,
     echo_judge,
     evidence_enum,
@@ -70,10 +71,11 @@ JUDGE_CONTEXT_WINDOW = "--judge-context-window"
 TableFormat = choices("TableFormat", TABLE_FORMATS)
 
 
-def score_line(run, sent_now: int | None = None) -> str:
+def score_line(run, sent_now: int | None = None, total_claims: int | None = None) -> str:
     """One line of a run's scores and LM work, as `run` prints it. The work is the run's
     whole work, as when first made; `sent_now`, the calls this command sent to a model, is said
-    beside it when fewer, so that a resumed run does not read as spending it all again."""
+    beside it when fewer, so that a resumed run does not read as spending it all again.
+    `total_claims`: the faithfulness record's, the claims there were when --max-claims verified fewer."""
     s = run.scores
     labels = s.get("claim_labels") or {}
     score = s.get("booookscore")
@@ -83,7 +85,7 @@ def score_line(run, sent_now: int | None = None) -> str:
     if s.get("claims"):
         verifier = run.judges.get("verification")  # its mode is its label set
         shares = label_shares(labels, s.get("failed_claims") or 0, getattr(verifier, "mode", "four-way"))
-        parts.append(f"{counted(s['claims'], 'claim')}: {shares}")
+        parts.append(f"{claims_verified(s['claims'], total_claims)}: {shares}")
     t = run.totals
     calls = counted(t["calls"], "LM call")
     if sent_now is not None and sent_now < t["calls"]:
@@ -177,7 +179,12 @@ def run_command(
     lms = LMPool(lm, api_base, cache_dir=cache_dir, concurrency=concurrency, **lm_options(structured, rpm, tpm))
     run = run_book(book, output, system, judge, lms=lms, concurrency=concurrency, book_text=book_text,
                    window_option=JUDGE_CONTEXT_WINDOW, as_keys=False)
-    typer.echo(score_line(run, sent_now=lms.usage.total.calls), err=True)
+    total_claims = None
+    if "faithfulness" in run.steps:  # run.json's scores count the verified claims only
+        from booklens.reports import read_step_record
+
+        total_claims = read_step_record(output, "faithfulness").total_claims
+    typer.echo(score_line(run, sent_now=lms.usage.total.calls, total_claims=total_claims), err=True)
     for info in run.judges.values():
         echo_judge(info, cache_dir)
     echo_artifact_note(system.program, run.lm)
