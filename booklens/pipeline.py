@@ -336,6 +336,45 @@ def check_summarizer(system: SystemConfig) -> None:
         build_summarizer(system).check_budgets()
 
 
+def coherence_misfit(scorer: Any, summary: str, judge_lm: Any, system: SystemConfig, judge: JudgeConfig, *,
+                     window_option: str = "context_window", as_keys: bool | str = True) -> Optional[str]:
+    """Why the coherence judge `scorer` cannot judge `summary` in `judge_lm`'s window even with no demo
+    (`CoherenceScorer.misfit`), said with the settings of this run that would fit it: a larger judge
+    window (`window_option`), where one was set below the model's known window, and a smaller summary
+    budget, which a written summary keeps to; None when it fits. The same command would fail the same
+    way, so the line names them (`booklens.lm.base.SETTING_ADVICE`). `as_keys`: see `check_configs`."""
+    from booklens.lm.base import SETTING_ADVICE
+
+    misfit, window = getattr(scorer, "misfit", None), getattr(judge_lm, "context_window", None)
+    if misfit is None or not window or not hasattr(scorer, "least_window"):  # a caller's own scorer may not say
+        return None
+    needed = scorer.least_window(summary)
+    if needed <= window:
+        return None
+    changes = []
+    if judge.context_window is not None:  # it may not exceed the model's window, where that is known
+        model_window = getattr(getattr(judge_lm, "backend", None), "context_window", None)
+        if not model_window or needed <= model_window:
+            changes.append(f"{window_option} to {needed} or more")
+    if system.given:
+        if changes:
+            changes.append("shorten the summary")
+    elif hasattr(scorer, "summary_room"):
+        room = scorer.summary_room(summary, window)
+        key = "level_budgets" if system.level_budgets else "max_summary_tokens"  # hier's last level is the summary's
+        budget = system.level_budgets[-1] if system.level_budgets else system.max_summary_tokens
+        name = key if as_keys else summarizer_option(key)
+        if isinstance(as_keys, str):  # a sweep's cell: the key is its system's
+            name = f"the system's {name}"
+        if system.level_budgets:
+            name = f"the last of {name}" if as_keys else f"the last {name}"
+        if MIN_SUMMARY_TOKENS <= room < budget:
+            changes.append(f"{name} to {room} or less")
+    if not changes:
+        return misfit(summary, window)
+    return misfit(summary, window, advice=SETTING_ADVICE + ", or ".join(changes))
+
+
 def owned_output_dir(output: Path, marker: str, what: str) -> bool:
     """Whether `output` is a directory booklens wrote (it holds `marker`, so it is resumed). A missing
     or empty directory is fine (False); anything else is a one-line error, so nothing of the user's
@@ -1048,6 +1087,10 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
             from booklens.steps import require_verdicts, score_summaries
 
             def score():
+                reason = coherence_misfit(programs.get("coherence"), summary_text, judge_lm, system, judge,
+                                          window_option=window_option, as_keys=as_keys)
+                if reason:  # before any call, as `score_summaries` refuses it, but in this run's settings
+                    raise BooklensError(f"the summary {book.name!r} {reason}")
                 results = score_summaries({book.name: summary_text}, batch_size=judge.batch_size,
                                           concurrency=concurrency, book_texts={book.name: book_text},
                                           scorer=programs.get("coherence"), window_option=window_option)

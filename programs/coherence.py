@@ -517,10 +517,12 @@ class CoherenceScorer(Module):
             own_demos=own_demo_sentences(shown_demos, summary, batched=not per_sentence),
         )
 
-    def misfit(self, summary: str, window: int | None) -> str | None:
+    def misfit(self, summary: str, window: int | None, advice: str | None = None) -> str | None:
         """Why `summary` cannot be judged in a `window`-token context even with every demo left out,
         by the rule its calls fit their demos by (`fitting_demos`); None when it can, or when the
-        window is unknown. Checked before the first call, so that no summary is judged in vain."""
+        window is unknown. Checked before the first call, so that no summary is judged in vain.
+        `advice` ends the line instead of the model-agnostic one: a caller's settings that would fit it
+        (`booklens.pipeline.coherence_misfit`)."""
         if not window:
             return None
         from booklens.text import count_tokens
@@ -528,18 +530,30 @@ class CoherenceScorer(Module):
         needed = self.least_window(summary)
         if needed <= window:
             return None
-        # Where the instructions and answer alone fill the window, no shorter summary would fit either.
-        shorten = "shorten it, or " if self.least_window("") <= window else ""
+        if advice is None:
+            # Where the instructions and answer alone fill the window, no shorter summary would fit either.
+            shorten = "shorten it, or " if self.least_window("") <= window else ""
+            advice = f": {shorten}judge it with a model of a window of {needed:,} tokens or more"
         return (f"({count_tokens(summary):,} tokens) does not fit the model's {window:,}-token context window even "
-                f"with none of the judge's demos: {shorten}judge it with a model of a window of {needed:,} "
-                "tokens or more")
+                f"with none of the judge's demos{advice}")
+
+    def summary_room(self, summary: str, window: int) -> int:
+        """The most cl100k tokens a summary whose sentences are no longer than `summary`'s may have to
+        be judged in a `window`-token context with none of the demos, by the rule of `least_window`:
+        the summary budget that would have fitted it (below 0 when none would)."""
+        answer, instructions = self._fit_terms()
+        judged = judged_room(summary, self.batch_size)
+        return demo_token_limit(window, summary_tokens=0, judged_tokens=judged, answer_tokens=answer) - instructions
+
+    def _fit_terms(self) -> tuple[int, int]:
+        """The answer budget of a call and the tokens of its instructions without demos."""
+        predictor = self.detect if self.batch_size == 1 else self.detect_batch
+        return self._budget(self.batch_size).get("max_tokens", 0), instructions_and_demos_tokens(predictor, [])
 
     def least_window(self, summary: str) -> int:
         """The smallest context window in which `summary` is judged with none of the demos, by the
         rule its calls fit their demos by (`fitting_demos`)."""
-        predictor = self.detect if self.batch_size == 1 else self.detect_batch
-        answer = self._budget(self.batch_size).get("max_tokens", 0)
-        instructions = instructions_and_demos_tokens(predictor, [])
+        answer, instructions = self._fit_terms()
 
         def room(size: int) -> int:
             return demo_room(size, summary, batch_size=self.batch_size, answer_tokens=answer)

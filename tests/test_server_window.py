@@ -484,6 +484,89 @@ def test_a_judge_window_that_holds_no_summary_is_refused_before_the_summary_is_w
     assert proc.returncode == 0, proc.stderr
 
 
+def coherence_requests(server) -> int:
+    from booklens.testing import pipeline_step
+
+    return sum(1 for request in server.received if pipeline_step(request.body) == "coherence")
+
+
+def test_a_summary_too_long_for_the_judges_window_names_runs_settings_that_fit_it(tmp_path):
+    """At 1300 tokens the coherence judge holds a summary of 21 tokens, and the 37-token one written was
+    refused (before any coherence call) with "judge it with a model of a window of 1,318 tokens or
+    more"; the run then said to rerun the same command, which fails alike. The line now names run's
+    settings with values that fit, and each of them finishes the run."""
+    from booklens.testing import PipelineResponder
+
+    args = ["run", STORY, "--lm", "openai/fake", "--evidence", "none", "--zero-shot", "--context-window", "2048",
+            "--chunk-size", "512", "--max-summary-tokens", "200", "--judge-context-window", "1300"]
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        failed = run_here([*args, "--api-base", server.url, "-o", tmp_path / "run"], tmp_path)
+        assert failed.returncode != 0 and "Traceback" not in failed.stderr
+        assert failed.stderr.strip().splitlines()[-1] == (
+            "error: the run is incomplete: coherence (the summary 'sample_story.txt' (37 tokens) does not fit the "
+            "model's 1,300-token context window even with none of the judge's demos; set --judge-context-window to "
+            "1318 or more, or --max-summary-tokens to 21 or less); rerun with the setting it names to retry")
+        assert coherence_requests(server) == 0
+        wider = run_here([*args, "--api-base", server.url, "-o", tmp_path / "run", "--judge-context-window", "1318"],
+                         tmp_path)
+        assert wider.returncode == 0, wider.stderr
+        assert coherence_requests(server) == 3  # the summary's three sentences
+        shorter = run_here([*args, "--api-base", server.url, "-o", tmp_path / "shorter", "--max-summary-tokens", "21"],
+                           tmp_path)
+    assert shorter.returncode == 0, shorter.stderr
+    assert json.loads((tmp_path / "shorter" / "run.json").read_text())["complete"] is True
+
+
+def test_a_summary_too_long_for_a_sweeps_judge_names_the_manifests_keys(tmp_path):
+    from booklens.sweep.run import run_sweep
+    from booklens.testing import PipelineResponder
+
+    (tmp_path / "story.txt").write_text(STORY.read_text(encoding="utf-8"), encoding="utf-8")
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text("books: [story.txt]\nsystems: [{name: hier, context_window: 2048, chunk_size: 512, "
+                        "max_summary_tokens: 200}]\njudge: {steps: [coherence], zero_shot: true, context_window: "
+                        "1300}\n", encoding="utf-8")
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        outcome = run_sweep(manifest, tmp_path / "out", lm="openai/fake", api_base=server.url,
+                            cache_dir=tmp_path / "cache", progress_interval=60)
+        assert coherence_requests(server) == 0
+    [cell] = outcome.outcomes
+    assert cell.status == "failed" and cell.error == (
+        "coherence: the summary 'story.txt' (37 tokens) does not fit the model's 1,300-token context window even with none of "
+        "the judge's demos; set judge.context_window to 1318 or more, or the system's max_summary_tokens to 21 or "
+        "less")
+
+
+@pytest.mark.parametrize("model_window, system, judge_window, advice", [
+    # the model's own window is smaller than the summary needs: only a shorter summary fits
+    (1310, {}, 1300, "; set --max-summary-tokens to 21 or less"),
+    (None, {"level_budgets": [150, 200]}, 1300,
+     "; set --judge-context-window to 1318 or more, or the last --level-budget to 21 or less"),
+    # a budget of 21 already: the summary went over it, and a smaller one is not what fits
+    (None, {"max_summary_tokens": 21}, 1300, "; set --judge-context-window to 1318 or more"),
+    (None, {"summary_text": "x"}, 1300, "; set --judge-context-window to 1318 or more, or shorten the summary"),
+    # no judge window set, and the summary's budget is no larger than fits: nothing of the run's helps
+    (None, {"max_summary_tokens": 21}, None, ": shorten it, or judge it with a model of a window of 1,318 tokens or "
+                                             "more"),
+])
+def test_the_settings_a_misfit_names_are_those_that_apply(model_window, system, judge_window, advice):
+    from types import SimpleNamespace
+
+    from booklens.judges import judge_programs
+    from booklens.pipeline import JudgeConfig, SystemConfig, coherence_misfit
+
+    summary = ("Maren and November meet on page 949. On page 949, November hides a letter from Maren. By the end "
+               "of page 950, Maren knows what happened.")
+    scorer = judge_programs({}, tasks=("coherence",), zero_shot=True)["coherence"]
+    lm = SimpleNamespace(context_window=1300, backend=SimpleNamespace(context_window=model_window))
+    reason = coherence_misfit(scorer, summary, lm, SystemConfig(**system), JudgeConfig(context_window=judge_window),
+                              window_option="--judge-context-window", as_keys=False)
+    assert reason == ("(37 tokens) does not fit the model's 1,300-token context window even with none of the judge's "
+                      "demos" + advice)
+    assert coherence_misfit(scorer, summary, SimpleNamespace(context_window=1318, backend=lm.backend),
+                            SystemConfig(**system), JudgeConfig(context_window=judge_window)) is None
+
+
 def test_a_sweeps_judge_window_that_holds_no_summary_is_refused_by_the_dry_run(tmp_path):
     """--dry-run passed a judge.context_window in which no summary fits the coherence judge's prompt,
     and the run then failed every cell at its coherence step."""
