@@ -533,7 +533,9 @@ def judged_nothing(record: Any) -> Optional[str]:
     Records: a `CoherenceResult` or `CoherenceSet` (sentences), a `FaithfulnessReport` (claims), and
     the results of `judge` (judgments or pairwise cases), `bias` (cases), `qa` (questions) and
     `diverse`; each protocol of `diverse`, and each criterion (and protocol) of `bias`, is a score of
-    its own, so one that failed throughout measured nothing."""
+    its own, so one that failed throughout measured nothing. A `judge` or `bias` record whose prompts were
+    too long for the window the server's refusals named says so in its optional `window_misfit`, naming
+    the setting that fits; that line is the reason then."""
     from booklens.records import CoherenceResult, CoherenceSet, FaithfulnessReport
 
     if isinstance(record, FaithfulnessReport):
@@ -552,18 +554,17 @@ def judged_nothing(record: Any) -> Optional[str]:
     if kind == "booklens.judge":
         items = [item for row in record["events"] for item in row.get("cases", row.get("judgments", []))]
         failed = sum(row["failed"] for row in record["events"])
-        return all_failed("the judge gave no verdict", len(items), failed, [i.get("error") or "" for i in items],
-                          counts="pairwise case" if record["protocol"] == "pairwise" else "judgment")
+        reason = all_failed("the judge gave no verdict", len(items), failed, [i.get("error") or "" for i in items],
+                            counts="pairwise case" if record["protocol"] == "pairwise" else "judgment")
+        return reason and record.get("window_misfit", reason)
     if kind in ("booklens.bias.position", "booklens.bias.verbosity"):
-        parts = {name: part for name, part in record.items() if isinstance(part, Mapping) and "result" in part}
-        # Each criterion (and protocol) is a figure of its own, as each of `diverse`'s protocols is:
-        # one whose every case failed measured nothing, whatever the others measured.
-        empty = {name: part for name, part in parts.items()
-                 if failed_throughout(part["result"]["failed"] + part["result"]["cases"], part["result"]["failed"])}
+        parts = _bias_figures(record)
+        empty = {name: parts[name] for name in bias_figures_judged_nothing(record)}
         said = "the judge gave no verdict" + ("" if len(empty) == len(parts) else f" on {', '.join(empty)}")
         items = [item for part in empty.values() for item in part.get("cases", [])]
         failed = sum(part["result"]["failed"] for part in empty.values())
-        return all_failed(said, failed, failed, [i.get("error") or "" for i in items], counts="case")
+        reason = all_failed(said, failed, failed, [i.get("error") or "" for i in items], counts="case")
+        return reason and record.get("window_misfit", reason)
     if kind == "booklens.diverse":
         by_protocol: dict[str, list[Any]] = {}
         for row in record["events"]:
@@ -575,6 +576,19 @@ def judged_nothing(record: Any) -> Optional[str]:
         return all_failed(f"the judge gave no verdict on {', '.join(empty)}", len(errors), len(errors), errors,
                           counts="judgment")
     return None
+
+
+def _bias_figures(record: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """{name: {result, cases, ...}} of a `bias` record: each criterion (and protocol) is a figure of
+    its own, as each of `diverse`'s protocols is."""
+    return {name: part for name, part in record.items() if isinstance(part, Mapping) and "result" in part}
+
+
+def bias_figures_judged_nothing(record: Mapping[str, Any]) -> list[str]:
+    """The figures of a `bias` record (`_bias_figures`) whose every case failed: each measured nothing,
+    whatever the others measured."""
+    return [name for name, part in _bias_figures(record).items()
+            if failed_throughout(part["result"]["failed"] + part["result"]["cases"], part["result"]["failed"])]
 
 
 def sentences_judged_nothing(n_sentences: int, n_failed: int, errors: Sequence[str]) -> Optional[str]:

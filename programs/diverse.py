@@ -21,7 +21,9 @@ is re-asked and, if it stays outside, recorded as a failure.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import dspy
 
@@ -551,6 +553,30 @@ def articles_needed(share: float, n_articles: int) -> int:
 # ---------------------------------------------------------------------------
 # Judges
 
+# The windows the judges' refused prompts were refused at, while `refused_windows` collects them.
+_refused: ContextVar[Optional[set[int]]] = ContextVar("refused_windows", default=None)
+
+
+@contextmanager
+def refused_windows() -> Iterator[set[int]]:
+    """The context windows the server named in refusing the judges' prompts within this block. A
+    refused judgment keeps only its error line; a server that does not state its window (llama-cpp-python's)
+    names it only there, and a run that judged nothing needs it to say which of its settings fits."""
+    seen: set[int] = set()
+    token = _refused.set(seen)  # `parallel_map` runs each judgment in a copy of this context: the same set
+    try:
+        yield seen
+    finally:
+        _refused.reset(token)
+
+
+def _refused_judgment(exc: ContextWindowExceeded) -> str:
+    """The error line a judgment the server refused as too long keeps; its window is noted."""
+    seen = _refused.get()
+    if seen is not None and exc.window:
+        seen.add(exc.window)
+    return first_line(exc)
+
 
 class RatingJudge(Module):
     """A single-answer grader: an explanation and an integer rating on a closed scale."""
@@ -574,7 +600,7 @@ class RatingJudge(Module):
         try:
             got = predict_with_retries(self.judge, tries=self.tries, check=self.check, **inputs)
         except ContextWindowExceeded as exc:  # this article (or reference) is too long: one judgment fails
-            return dspy.Prediction(rating=None, explanation=None, error=first_line(exc), attempts=1)
+            return dspy.Prediction(rating=None, explanation=None, error=_refused_judgment(exc), attempts=1)
         if not got.ok:
             return dspy.Prediction(rating=None, explanation=None, error=got.error, attempts=got.attempts)
         return dspy.Prediction(rating=got.prediction.rating, explanation=str(got.prediction.explanation),
@@ -649,7 +675,7 @@ class PairwiseJudge(Module):
                                        criterion=CRITERION_DESCRIPTIONS[self.criterion],
                                        reference=reference, summary_a=first, summary_b=second)
         except ContextWindowExceeded as exc:  # this case is too long: it fails, the others go on
-            return None, None, first_line(exc)
+            return None, None, _refused_judgment(exc)
         if not got.ok:
             return None, None, got.error
         return got.prediction.verdict, str(got.prediction.explanation), None
@@ -760,15 +786,26 @@ def check_judgments_fit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]]
                         per_qa: bool = False, max_articles: Optional[int] = None,
                         protocol_option: bool = False) -> None:
     """A one-line `BooklensError`, before any call, when no judgment of one of a run's figures fits a
-    `window`-token context beside its answer: the server would refuse every one, and the run would end in a
-    line that names no setting. For coverage of all QA pairs at once it names one QA pair at a time
+    `window`-token context beside its answer (`judgments_misfit`): the server would refuse every one, and
+    the run would end in a line that names no setting."""
+    misfit = judgments_misfit(jobs, window, per_qa=per_qa, max_articles=max_articles,
+                              protocol_option=protocol_option)
+    if misfit:
+        raise BooklensError(misfit)
+
+
+def judgments_misfit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]], window: Optional[int], *,
+                     per_qa: bool = False, max_articles: Optional[int] = None,
+                     protocol_option: bool = False) -> Optional[str]:
+    """Why no judgment of one of a run's figures fits a `window`-token context beside its answer, and
+    what does, in one line; None when each figure has one that fits (those that do not fail alone, as a
+    server's refusal makes them). For coverage of all QA pairs at once it names one QA pair at a time
     (`--per-qa` for pairwise, `--protocol binary` where `protocol_option`, as `judge` has it) when each
-    pair fits with `BUDGET_MARGIN` to spare (a server's tokenizer may count more). A figure some of
-    whose judgments fit is judged: those that do not fail alone, as a server's refusal makes them.
+    pair fits with `BUDGET_MARGIN` to spare (a server's tokenizer may count more).
     `jobs`: (figure, event, criterion, protocol, summaries) as the run judges them, `figure` named as
     the run's output names it ('coverage likert'). No window, no check."""
     if not window:
-        return
+        return None
     room = window - JUDGE_ANSWER_ROOM
     first: dict[str, tuple[Any, str, str, Sequence[str], str, int]] = {}  # figure: its first misfit
     fitting: set[str] = set()  # figures with a judgment that fits
@@ -783,7 +820,7 @@ def check_judgments_fit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]]
             first.setdefault(figure, (event, criterion, protocol, summaries, case, tokens))
     refused = [(figure, misfit) for figure, misfit in first.items() if figure not in fitting]
     if not refused:
-        return
+        return None
     figure, (event, criterion, protocol, summaries, case, tokens) = refused[0]
     fix = ""
     if case == "qa" and (protocol == "pairwise" or protocol_option):
@@ -793,9 +830,9 @@ def check_judgments_fit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]]
                for _, reference in pairwise_cases(event, criterion, True)):
             fix = ("compare on each QA pair with --per-qa, or " if protocol == "pairwise" else
                    "judge each QA pair alone with --protocol binary, or ")
-    raise BooklensError(f"the {criterion} judge's prompt for event {event.eid} with {_shown(case)} is {tokens} "
-                        f"tokens, more than the {room} the {window}-token context window holds beside its answer, "
-                        f"and no {figure} judgment fits; {fix}use a model or server with a larger context window")
+    return (f"the {criterion} judge's prompt for event {event.eid} with {_shown(case)} is {tokens} tokens, more "
+            f"than the {room} the {window}-token context window holds beside its answer, and no {figure} judgment "
+            f"fits; {fix}use a model or server with a larger context window")
 
 
 # What `summarize_events` takes for a setting not given (None). A setting given where it does

@@ -719,3 +719,53 @@ def test_diverse_judges_judge_in_a_window_that_holds_their_prompts(tmp_path):
                          "openai/fake", "--api-base", server.url], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(server.received) == 1
+
+
+def answers_within(window: int):
+    """`overflow_at(window)`'s server, stating no window, that answers a request that fits as every
+    DiverseSumm judge asks (a rating of 1, the verdict B)."""
+    refuse = overflow_at(window)
+
+    def respond(body):
+        reply = refuse(body)
+        if reply.status == 400:
+            return reply
+        return json.dumps({"explanation": "because", "rating": 1, "verdict": "B"})
+    return respond
+
+
+@pytest.mark.parametrize("command, tokens, fix, fitting", [
+    (lambda e, s: ["judge", e, s[0], "--criterion", "coverage", "--protocol", "likert"], 2638,
+     "judge each QA pair alone with --protocol binary", ["--protocol", "binary"]),
+    (lambda e, s: ["bias", "position", e, s[0], s[1], "--criterion", "coverage"], 2766,
+     "compare on each QA pair with --per-qa", ["--per-qa"]),
+    (lambda e, s: ["bias", "verbosity", e, s[0], "--criterion", "coverage", "--protocol", "pairwise"], 2776,
+     "compare on each QA pair with --per-qa", ["--per-qa"]),
+])
+def test_diverse_judges_refused_where_no_window_is_stated_end_naming_what_fits(tmp_path, command, tokens, fix,
+                                                                                fitting):
+    """llama-cpp-python's server states no window, so the QA pairs at once are sent and refused in
+    words that name it. The run ended in a line naming no setting; now, the record written, it ends in
+    the line the stated window gives before any call, and with it the run finishes."""
+    events, summaries = many_questions(tmp_path)
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=answers_within(2048)) as server:
+        args = [*command(events, summaries), "--lm", "openai/fake", "--api-base", server.url, "--concurrency", "1",
+                "--output", out]
+        proc = run_here(args, tmp_path)
+        judge = "judge" in args
+        assert len(server.received) == (1 if judge else 2)  # the QA pairs at once (in both orders, for pairwise)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        what = "coverage likert" if judge else "coverage pairwise"
+        line = (f"the coverage judge's prompt for event ev-0001 with its reference QA pairs is {tokens} tokens, more "
+                f"than the 1920 the 2048-token context window holds beside its answer, and no {what} judgment fits; "
+                f"{fix}, or use a model or server with a larger context window")
+        assert proc.stderr.strip().splitlines()[-1] == f"error: {line}"
+        record = json.loads(out.read_text())
+        figure = record["overall"] if judge else record.get("coverage", record.get("coverage_pairwise"))["result"]
+        assert figure["failed"] == 1
+        assert record["window_misfit"] == line
+        proc = run_here([*args, *fitting], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(server.received) == (1 + 18 if judge else 2 + 36)
+    assert "window_misfit" not in json.loads(out.read_text())
