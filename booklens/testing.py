@@ -120,7 +120,9 @@ class Reply:
     - `hold` seconds pass before answering (bounded: the server's shutdown ends the wait);
     - `raw` is sent as it is, with `status` (200 unless given) and `raw_type` as its content type (a
       page, `text/html`, unless given): a body no chat completion is, or an error in a server's own shape;
-    - otherwise `content` is the answer, with `finish_reason` and usage (`cached_tokens` is
+    - otherwise `content` is the answer, with `finish_reason` and usage (an answer cut off with
+      'length' reports its whole budget as completion tokens unless `completion_tokens` is given; fewer
+      is a window that ended it; `cached_tokens` is
       reported as `prompt_tokens_details.cached_tokens`, or Anthropic's `cache_read_input_tokens`;
       `usage=False` leaves the usage out, as some servers and proxies do); `reasoning` is sent as
       the message's `reasoning_content`, as a server that splits a model's thinking off sends it.
@@ -246,8 +248,11 @@ class FakeOpenAIServer:
                     if prompt is None:
                         prompt = sum(len(str(m.get("content", ""))) // 4 for m in body.get("messages", []))
                         prompt += len(str(body.get("system", ""))) // 4
-                    completion = (len(reply.content or "") // 4 if reply.completion_tokens is None
-                                  else reply.completion_tokens)
+                    completion = reply.completion_tokens
+                    if completion is None and reply.finish_reason == "length" and body.get("max_tokens"):
+                        completion = int(body["max_tokens"])  # cut at its budget, as a server reports it
+                    elif completion is None:
+                        completion = len(reply.content or "") // 4
                     if anthropic:
                         payload = _anthropic_message(body, reply, prompt, completion)
                     else:

@@ -2049,3 +2049,20 @@ def test_a_server_still_loading_its_model_says_to_rerun_once_it_has(model):
     assert message.endswith("(the server is still loading its model: rerun once it has; the completed calls are "
                             "cached)"), message
     assert "\n" not in message
+
+
+def test_an_answer_a_lenient_server_cut_at_its_window_is_re_asked_fresh_not_with_a_larger_budget():
+    """llama.cpp's servers state no window and write only as far as it goes: the answer stops with
+    finish reason 'length' after fewer tokens than its budget. A larger budget brings the same answer
+    back, so the re-ask is a fresh sample at the same budget and the error names the window, not a
+    token limit that was never reached."""
+    def window_ends_after_700(body):
+        return Reply(content='{"label": "go', finish_reason="length", completion_tokens=min(700, body["max_tokens"]))
+
+    with FakeOpenAIServer(responder=window_ends_after_700) as server:
+        with dspy.context(lm=BooklensLM(backend_for(server)), adapter=BooklensAdapter()):
+            result = predict_with_retries(dspy.Predict(Classify), config={"max_tokens": 1024}, text="x")
+    assert [r.body["max_tokens"] for r in server.received] == [1024, 1024, 1024]
+    assert (result.ok, result.attempts) == (False, 3)
+    assert result.error.startswith("the answer was cut off where the context window ends (700 tokens left after "
+                                   "the prompt): ")

@@ -548,7 +548,7 @@ class LiteLLMBackend:
                 self._learned["answered"] = True
             completion = self._completion(response, kwargs["messages"])
             # what the window left: a larger budget cannot help an answer it cut off
-            completion.answer_room = answer_room
+            completion.answer_room = answer_room if answer_room is not None else _window_cut(response, kwargs["max_tokens"])
             return completion
 
     def _check_connects(self) -> None:
@@ -1270,6 +1270,18 @@ def _number(match: re.Match | None) -> int | None:
 # The least answer budget a request is sent again with when a server refuses its budget beside a
 # prompt that fits: below it, an answer would be cut off before it says anything.
 MIN_ANSWER_ROOM = 16
+
+
+def _window_cut(response: Any, max_tokens: int | None) -> int | None:
+    """The tokens an answer got when the context window, not its budget, ended it, else None. llama.cpp's
+    servers state no window and write only as far as it goes: the answer stops with finish reason
+    'length' after fewer tokens than `max_tokens`, as the server's own usage reports them (a count made
+    here from the text could be short of the server's and is not read)."""
+    choices = getattr(response, "choices", None) or [None]
+    written = int(getattr(getattr(response, "usage", None), "completion_tokens", 0) or 0)
+    if getattr(choices[0], "finish_reason", None) != "length" or not max_tokens or not 0 < written < max_tokens:
+        return None
+    return written
 
 
 def _answer_room(exc: BaseException, max_tokens: int) -> int | None:
