@@ -548,7 +548,8 @@ class LiteLLMBackend:
                 self._learned["answered"] = True
             completion = self._completion(response, kwargs["messages"])
             # what the window left: a larger budget cannot help an answer it cut off
-            completion.answer_room = answer_room if answer_room is not None else _window_cut(response, kwargs["max_tokens"])
+            completion.answer_room = (answer_room if answer_room is not None
+                                      else _window_cut(response, kwargs["max_tokens"]))
             return completion
 
     def _check_connects(self) -> None:
