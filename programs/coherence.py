@@ -43,7 +43,7 @@ from booklens.programs.base import Module, Predict
 from booklens.records import SentenceAnnotation
 from booklens.signatures.coherence import (CONFUSION, NO_CONFUSION, DetectConfusion, DetectConfusionBatch,
                                            unknown_kinds)
-from booklens.vocabulary import DEFAULT_TRIES, check_retries
+from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW, DEFAULT_TRIES, check_retries
 
 # Completion budget per judged sentence: a verdict, a few questions and types fit easily; the
 # bound stops a small model that keeps adding questions from generating for a minute.
@@ -527,9 +527,10 @@ class CoherenceScorer(Module):
             return None
         from booklens.text import count_tokens
 
+        answer, instructions = self._fit_terms()
+        if instructions <= demo_room(window, summary, batch_size=self.batch_size, answer_tokens=answer):
+            return None  # the usual case, every summary of a run: one count, not the search below
         needed = self.least_window(summary)
-        if needed <= window:
-            return None
         if advice is None:
             # Where the instructions and answer alone fill the window, no shorter summary would fit either.
             shorten = "shorten it, or " if self.least_window("") <= window else ""
@@ -553,14 +554,18 @@ class CoherenceScorer(Module):
     def least_window(self, summary: str) -> int:
         """The smallest context window in which `summary` is judged with none of the demos, by the
         rule its calls fit their demos by (`fitting_demos`)."""
-        answer, instructions = self._fit_terms()
+        from booklens.text import count_tokens
 
-        def room(size: int) -> int:
-            return demo_room(size, summary, batch_size=self.batch_size, answer_tokens=answer)
+        answer, instructions = self._fit_terms()
+        summary_tokens, judged = count_tokens(summary), judged_room(summary, self.batch_size)  # once, not per size
+
+        def room(size: int) -> int:  # `demo_room` of the summary
+            return demo_token_limit(size, summary_tokens=summary_tokens, judged_tokens=judged, answer_tokens=answer)
 
         # The room grows by one token per MODEL_TOKENS_PER_CL100K of window: start from that estimate
         # and settle it by the rule itself.
-        needed = max(1, 8192 + int((instructions - room(8192)) * MODEL_TOKENS_PER_CL100K))
+        start = DEFAULT_CONTEXT_WINDOW
+        needed = max(1, start + int((instructions - room(start)) * MODEL_TOKENS_PER_CL100K))
         while room(needed) < instructions:
             needed += 1
         while needed > 1 and room(needed - 1) >= instructions:
