@@ -977,10 +977,9 @@ def server_window(server: str, model_id: str, key: str | None, *, timeout: float
     none of them (llama-cpp-python's server, an error, no answer in `timeout` seconds: then no other
     route is asked). Only a whole number above 0 counts."""
     import json
-    import urllib.request
-
     import socket
     import urllib.error
+    import urllib.request
 
     base = server.rstrip("/")
     silent = []  # a route that timed out: the server holds requests unanswered, so no route is asked after it
@@ -998,9 +997,6 @@ def server_window(server: str, model_id: str, key: str | None, *, timeout: float
                 silent.append(url)
             return None
 
-    def window(value: Any) -> int | None:
-        return value if type(value) is int and value > 0 else None
-
     listed = fetched(f"{base}/models")
     entries = listed.get("data") if isinstance(listed, dict) else None
     if isinstance(entries, list):
@@ -1008,15 +1004,15 @@ def server_window(server: str, model_id: str, key: str | None, *, timeout: float
         # The model asked for, or the one a single-model server serves under whatever name.
         named = [entry for entry in entries if entry.get("id") == model_id] or (entries if len(entries) == 1 else [])
         for entry in named:
-            if window(entry.get("max_model_len")):
+            if _stated_window(entry.get("max_model_len")):
                 return entry["max_model_len"]
     root = base.removesuffix("/v1")  # llama.cpp and TGI serve these beside /v1, not in it
     props = fetched(f"{root}/props")
     settings = props.get("default_generation_settings") if isinstance(props, dict) else None
-    if isinstance(settings, dict) and window(settings.get("n_ctx")):
+    if isinstance(settings, dict) and _stated_window(settings.get("n_ctx")):
         return settings["n_ctx"]
     info = fetched(f"{root}/info")
-    if isinstance(info, dict) and window(info.get("max_total_tokens")):
+    if isinstance(info, dict) and _stated_window(info.get("max_total_tokens")):
         return info["max_total_tokens"]
     return lm_studio_window(fetched(f"{root}/api/v1/models"), model_id)
 
@@ -1037,10 +1033,15 @@ def lm_studio_window(listed: Any, model_id: str) -> int | None:
             instances = [instance for instance in instances if instance.get("id") == model_id]
         for instance in instances:
             config = instance.get("config")
-            length = config.get("context_length") if isinstance(config, dict) else None
-            if type(length) is int and length > 0:
+            length = _stated_window(config.get("context_length")) if isinstance(config, dict) else None
+            if length:
                 windows.append(length)
     return min(windows, default=None)
+
+
+def _stated_window(value: Any) -> int | None:
+    """A window a server states: only a whole number above 0 counts (not a bool, a float or a string)."""
+    return value if type(value) is int and value > 0 else None
 
 
 def _learned_about(provider: str, server: str) -> dict[str, Any]:
