@@ -1,4 +1,6 @@
 """Errors a user can cause. The CLI prints them as one line and exits non-zero."""
+import os
+import re
 
 
 class BooklensError(Exception):
@@ -10,6 +12,32 @@ def first_line(exc: BaseException, limit: int = 300) -> str:
     errors and the error fields of records; the exception's type when it has no message."""
     lines = str(exc).strip().splitlines()
     return lines[0][:limit] if lines else type(exc).__name__
+
+
+# The user and password of any URL in a text ('scheme://user:password@'), which `redacted` takes out.
+_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@]*@")
+# Environment variables whose value is a secret (OPENAI_API_KEY, HF_TOKEN, AWS_SECRET, ...).
+_SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET)$")
+
+
+def redacted(text: str, secrets: set[str] | frozenset[str] = frozenset()) -> str:
+    """`text` with the keys of the environment, any other `secrets` and the user and password of any
+    URL taken out, for a line that may be printed, recorded or shared. A value shorter than 8
+    characters stays: taking it out would garble the line more than it hides."""
+    # Each value as set and without the spaces or line end around it (a message may quote it without them).
+    values = [v for k, v in os.environ.items() if _SECRET_VARIABLE.search(k)]
+    found = {s for v in values for s in (v, v.strip()) if len(s) >= 8} | set(secrets)
+    for secret in sorted(found, key=len, reverse=True):
+        text = text.replace(secret, "[redacted]")
+    return _USERINFO.sub(r"\1", text)
+
+
+def internal_error(exc: BaseException) -> str:
+    """The one line an unexpected exception (a bug, not the user's input) is printed and recorded as:
+    its type and first line, without secrets (`redacted`): a library underneath may quote the URL or
+    the key it was given."""
+    said = f": {redacted(first_line(exc))}" if str(exc).strip() else ""
+    return f"internal error: {type(exc).__name__}{said}"
 
 
 def clipped(text: str, limit: int = 60) -> str:

@@ -40,7 +40,7 @@ from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from booklens.errors import BooklensError, first_line, kind_of
+from booklens.errors import BooklensError, first_line, internal_error, kind_of
 from booklens.parallel import raise_if_stopped
 from booklens.retrieval import (BOOK_MODES, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS,
                                 SEARCH_MODES)
@@ -729,9 +729,7 @@ class _Runner:
                 raise_if_stopped()
                 if not isinstance(exc, BooklensError) and os.environ.get("BOOKLENS_DEBUG"):
                     raise
-                reason = first_line(exc)
-                if not isinstance(exc, BooklensError):
-                    reason = f"internal error: {type(exc).__name__}: {reason}"
+                reason = first_line(exc) if isinstance(exc, BooklensError) else internal_error(exc)
                 with self._lock:
                     self.failures[name] = reason
                     work = _work_of(tracker)

@@ -131,9 +131,9 @@ def _run_command() -> None:
         if refused:
             print(f"error: {refused}", file=sys.stderr)
             sys.exit(2)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        print(f"error: internal error: {type(exc).__name__}: {first} (BOOKLENS_DEBUG=1 shows the traceback)",
-              file=sys.stderr)
+        from booklens.errors import internal_error
+
+        print(f"error: {internal_error(exc)} (BOOKLENS_DEBUG=1 shows the traceback)", file=sys.stderr)
         sys.exit(1)
 
 

@@ -844,16 +844,9 @@ class LiteLLMBackend:
     def _redact(self, text: str) -> str:
         """Keys and the server URL's password never reach a message, even when a server echoes what
         it was sent (the URL it was asked at, say)."""
-        # Each value as set and without the spaces or line end around it (a message may quote it without them).
-        values = [v for k, v in os.environ.items() if re.search(r"(KEY|TOKEN|SECRET)$", k)]
-        secrets = {s for v in values for s in (v, v.strip()) if len(s) >= 8} | _url_credentials(self.api_base)
-        for secret in sorted(secrets, key=len, reverse=True):
-            text = text.replace(secret, "[redacted]")
-        return _USERINFO.sub(r"\1", text)
+        from booklens.errors import redacted
 
-
-# The user and password of any URL in a text ('scheme://user:password@'), which `_redact` takes out.
-_USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@]*@")
+        return redacted(text, _url_credentials(self.api_base))
 
 
 def _url_credentials(url: str | None) -> set[str]:

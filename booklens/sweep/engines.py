@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, first_line, internal_error
 from booklens.parallel import Stopped, stoppable
 from booklens.sweep.aggregate import CellOutcome, outcome_of_run
 
@@ -140,11 +140,6 @@ class PoolSettings:
                       limiter_for=limiter_for)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
-
-
 def run_cell(task: CellTask, pool: Any) -> CellOutcome:
     """Run (or resume) one cell with the library pipeline; never raises."""
     try:
@@ -163,9 +158,9 @@ def run_cell(task: CellTask, pool: Any) -> CellOutcome:
                                "rerun to redo its cells on the text it has now", record)  # its LM work counts
         return outcome_of_run(task.system, task.book, record)
     except BooklensError as exc:
-        return CellOutcome(task.system, task.book, "failed", _one_line(exc))
+        return CellOutcome(task.system, task.book, "failed", first_line(exc))
     except Exception as exc:  # a bug must not take the other cells down with it; it is recorded
-        return CellOutcome(task.system, task.book, "failed", f"internal error: {type(exc).__name__}: {_one_line(exc)}")
+        return CellOutcome(task.system, task.book, "failed", internal_error(exc))
 
 
 def _quiet(message: str) -> None:
@@ -329,8 +324,7 @@ class CellWorker:
         try:
             self._setup(PoolSettings(**json.loads(str(batch["settings"][0]))), board)
         except Exception as exc:  # (its node's cache folder, say) raised, it would abort the whole sweep
-            reason = _one_line(exc) if isinstance(exc, BooklensError) else \
-                f"internal error: {type(exc).__name__}: {_one_line(exc)}"
+            reason = first_line(exc) if isinstance(exc, BooklensError) else internal_error(exc)
             cannot_start = f"worker {self.worker_id} could not start: {reason}"
         outcomes = []
         for text in batch["task"]:
@@ -667,10 +661,10 @@ class RayEngine:
             import ray
         except ModuleNotFoundError as exc:
             if exc.name != "ray":  # installed, but something it needs is missing
-                raise BooklensError(f"the ray engine cannot import Ray: {_one_line(exc)}") from None
+                raise BooklensError(f"the ray engine cannot import Ray: {first_line(exc)}") from None
             raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'") from None
         except Exception as exc:  # a broken install (a library or a protobuf of another version)
-            raise BooklensError(f"the ray engine cannot import Ray: {_one_line(exc)}") from None
+            raise BooklensError(f"the ray engine cannot import Ray: {first_line(exc)}") from None
         import logging
 
         # Without --ray-address, RAY_ADDRESS names the cluster, as it does for Ray itself (`ray job
@@ -703,7 +697,7 @@ class RayEngine:
                         self._started_ray = True
                     except Exception as exc:
                         what = f"the Ray cluster at {where}" if address else "a local Ray"
-                        raise BooklensError(f"cannot start {what}: {_one_line(exc)}") from None
+                        raise BooklensError(f"cannot start {what}: {first_line(exc)}") from None
                 self.board_name = f"booklens-sweep-{os.getpid()}-{id(self)}"
                 from booklens.lm.model import rate_limits
 
@@ -716,7 +710,7 @@ class RayEngine:
             data_import.join()
         if import_failures:
             raise BooklensError("the ray engine needs Ray Data: pip install 'booklens[ray]', which installs "
-                                f"ray[data] (import ray.data: {_one_line(import_failures[0])})")
+                                f"ray[data] (import ray.data: {first_line(import_failures[0])})")
 
     def move_log(self, path: Path) -> None:
         """From now on Ray's messages go to `path` (the sweep directory's log), after those so far."""
@@ -792,7 +786,7 @@ class RayEngine:
             except Exception as exc:
                 if isinstance(exc, BooklensError):
                     raise
-                raise BooklensError(f"the Ray engine failed: {_one_line(exc)}") from None
+                raise BooklensError(f"the Ray engine failed: {first_line(exc)}") from None
         if interrupted.is_set():  # every cell has ended: the calls that were in flight are cached
             raise KeyboardInterrupt
         return [outcomes.get((t.system, t.book)) or not_run(t) for t in tasks]
