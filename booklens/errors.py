@@ -20,13 +20,23 @@ _USERINFO = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#@]*@")
 _SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET)$")
 
 
-def redacted(text: str, secrets: set[str] | frozenset[str] = frozenset()) -> str:
-    """`text` with the keys of the environment, any other `secrets` and the user and password of any
-    URL taken out, for a line that may be printed, recorded or shared. A value shorter than 8
-    characters stays: taking it out would garble the line more than it hides."""
+# Secrets this process was handed other than in the environment (a server URL's password, kept by
+# the LM backend that was given it), so that a line about a failure elsewhere leaves them out too.
+_KEPT_SECRETS: set[str] = set()
+
+
+def keep_secret(values: set[str]) -> None:
+    """Have `redacted` take `values` out of every line from now on."""
+    _KEPT_SECRETS.update(v for v in values if v)
+
+
+def redacted(text: str) -> str:
+    """`text` without the keys of the environment, the secrets kept with `keep_secret` and the user
+    and password of any URL, for a line that may be printed, recorded or shared. A key shorter than
+    8 characters stays: taking it out would garble the line more than it hides."""
     # Each value as set and without the spaces or line end around it (a message may quote it without them).
     values = [v for k, v in os.environ.items() if _SECRET_VARIABLE.search(k)]
-    found = {s for v in values for s in (v, v.strip()) if len(s) >= 8} | set(secrets)
+    found = {s for v in values for s in (v, v.strip()) if len(s) >= 8} | _KEPT_SECRETS
     for secret in sorted(found, key=len, reverse=True):
         text = text.replace(secret, "[redacted]")
     return _USERINFO.sub(r"\1", text)

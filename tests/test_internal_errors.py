@@ -57,3 +57,13 @@ def test_a_sweep_cell_records_an_internal_error_without_secrets(secret_key, tmp_
     task = CellTask(system="a", book="b", book_path=str(tmp_path / "b.txt"), sweep_dir=str(tmp_path),
                     output=str(tmp_path / "cell"), system_config={}, judge_config={})
     assert run_cell(task, pool=None).error == REDACTED
+
+
+def test_a_server_urls_password_is_kept_out_of_internal_errors_that_quote_it_alone(tmp_path):
+    """The password of an `--api-base` URL, quoted without its URL by some library's exception."""
+    from booklens.errors import internal_error
+    from booklens.lm.remote import LiteLLMBackend
+
+    LiteLLMBackend("openai/any", api_base="http://reader:pw-7f3a9@127.0.0.1:9/v1")
+    assert internal_error(ValueError("basic auth with pw-7f3a9 was refused")) == \
+        "internal error: ValueError: basic auth with [redacted] was refused"

@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from booklens.errors import LMError
+from booklens.errors import LMError, keep_secret
 from booklens.lm.base import CONTEXT_ADVICE, DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, sample_seed
 from booklens.parallel import pause, raise_if_stopped
 
@@ -288,6 +288,7 @@ class LiteLLMBackend:
             raise LMError(f"unknown structured-output mode '{structured}': use one of {', '.join(STRUCTURED_MODES)}")
         self.model = model
         self.api_base = api_base
+        keep_secret(_url_credentials(api_base))  # out of every line, this backend's or not
         self.timeout = request_timeout(timeout)
         self.backoff_base = backoff_base
         self.max_backoff = max_backoff
@@ -846,7 +847,7 @@ class LiteLLMBackend:
         it was sent (the URL it was asked at, say)."""
         from booklens.errors import redacted
 
-        return redacted(text, _url_credentials(self.api_base))
+        return redacted(text)  # the URL's own credentials were kept when the backend was made
 
 
 def _url_credentials(url: str | None) -> set[str]:
