@@ -361,18 +361,44 @@ def coherence_misfit(scorer: Any, summary: str, judge_lm: Any, system: SystemCon
             changes.append("shorten the summary")
     elif hasattr(scorer, "summary_room"):
         room = scorer.summary_room(summary, window)
-        key = "level_budgets" if system.level_budgets else "max_summary_tokens"  # hier's last level is the summary's
-        budget = system.level_budgets[-1] if system.level_budgets else system.max_summary_tokens
-        name = key if as_keys else summarizer_option(key)
-        if isinstance(as_keys, str):  # a sweep's cell: the key is its system's
-            name = f"the system's {name}"
-        if system.level_budgets:
-            name = f"the last of {name}" if as_keys else f"the last {name}"
+        name, budget = summary_budget(system, as_keys)
         if MIN_SUMMARY_TOKENS <= room < budget:
             changes.append(f"{name} to {room} or less")
     if not changes:
         return misfit(summary, window)
     return misfit(summary, window, advice=SETTING_ADVICE + ", or ".join(changes))
+
+
+def summary_budget(system: SystemConfig, as_keys: bool | str = True) -> tuple[str, int]:
+    """The setting that bounds the length of `system`'s summary, as an error names it (`as_keys`: see
+    `check_configs`), and its value: hier's last level budget where levels are set, else
+    max_summary_tokens."""
+    key = "level_budgets" if system.level_budgets else "max_summary_tokens"  # hier's last level is the summary's
+    budget = system.level_budgets[-1] if system.level_budgets else system.max_summary_tokens
+    name = key if as_keys else summarizer_option(key)
+    if isinstance(as_keys, str):  # a sweep's cell: the key is its system's
+        name = f"the system's {name}"
+    if system.level_budgets:
+        name = f"the last of {name}" if as_keys else f"the last {name}"
+    return name, budget
+
+
+def summary_budget_warning(scorer: Any, window: int | None, system: SystemConfig,
+                           as_keys: bool | str = True) -> Optional[str]:
+    """A warning (without its "warning: "), before the summary is written, when `system`'s summary budget allows a summary longer
+    than the coherence judge `scorer` holds in a `window`-token context even with no demo and the
+    shortest sentence (`summary_room` of an empty summary: an upper bound); None when it does not, or
+    when the summary is given. Not an error: a summary may end well within its budget (a short book's)."""
+    summary_room = getattr(scorer, "summary_room", None)
+    if system.given or summary_room is None or not window:
+        return None
+    name, budget = summary_budget(system, as_keys)
+    most = summary_room("", window)
+    if budget <= most:
+        return None
+    return (f"{name} {budget} allows a longer summary than the coherence judge's {window:,}-token context window "
+            f"holds beside its prompt (at most {max(most, 0):,} tokens): a summary that long fails the coherence step "
+            "once it is written, and its error then names the settings that fit")
 
 
 def owned_output_dir(output: Path, marker: str, what: str) -> bool:
@@ -988,6 +1014,12 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
 
         # before the summary is written: no summary would fit the coherence step that reads it
         check_window_holds_a_summary(programs["coherence"], getattr(judge_lm, "context_window", None))
+        budget_warning = summary_budget_warning(programs["coherence"], getattr(judge_lm, "context_window", None),
+                                                system, as_keys)
+        if budget_warning and book_text is not None and "summary" not in reusable_steps(
+                book, output, system, judge, summary_model=summary_model, judge_model=judge_model, programs=programs,
+                book_text=book_text):  # a summary written already is checked as it is, before the coherence calls
+            notify(f"warning: {budget_warning}")
     if "verification" in programs and judge.evidence in SEARCH_MODES and book_text is not None:
         from booklens.programs.faithfulness import check_evidence_fits
 

@@ -517,6 +517,30 @@ def test_a_summary_too_long_for_the_judges_window_names_runs_settings_that_fit_i
     assert json.loads((tmp_path / "shorter" / "run.json").read_text())["complete"] is True
 
 
+def test_a_summary_budget_longer_than_the_judges_window_holds_is_warned_of_before_any_call(tmp_path):
+    """`run`'s check before any call held the judge window against the judge's instructions only, so a
+    window that held no summary as long as --max-summary-tokens said nothing until the summary was
+    written. It warns now (the summary may end within the window: not an error), and says nothing where
+    the budget fits, or on a rerun that reuses the summary written."""
+    from booklens.testing import PipelineResponder
+
+    args = ["run", STORY, "--lm", "openai/fake", "--evidence", "none", "--zero-shot", "--context-window", "2048",
+            "--chunk-size", "512", "--judge-context-window", "1300"]
+    warning = ("warning: --max-summary-tokens 200 allows a longer summary than the coherence judge's 1,300-token "
+               "context window holds beside its prompt (at most 35 tokens): a summary that long fails the coherence "
+               "step once it is written, and its error then names the settings that fit")
+    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+        long_budget = run_here([*args, "--api-base", server.url, "-o", tmp_path / "run", "--max-summary-tokens", "200"],
+                               tmp_path)
+        assert long_budget.stderr.strip().splitlines()[0] == warning
+        rerun = run_here([*args, "--api-base", server.url, "-o", tmp_path / "run", "--max-summary-tokens", "200"],
+                         tmp_path)
+        assert warning not in rerun.stderr and "summary: reused" in rerun.stderr
+        fitting = run_here([*args, "--api-base", server.url, "-o", tmp_path / "fits", "--max-summary-tokens", "35"],
+                           tmp_path)
+    assert "allows a longer summary" not in fitting.stderr
+
+
 def test_a_summary_too_long_for_a_sweeps_judge_names_the_manifests_keys(tmp_path):
     from booklens.sweep.run import run_sweep
     from booklens.testing import PipelineResponder
@@ -586,6 +610,28 @@ def test_a_sweeps_judge_window_that_holds_no_summary_is_refused_by_the_dry_run(t
                       progress_interval=60)
         assert str(refused.value) == expected
         assert server.received == [] and not (tmp_path / "out").exists()
+
+
+def test_a_sweeps_dry_run_warns_of_a_system_whose_summary_budget_the_judges_window_cannot_hold(tmp_path):
+    """Every cell of such a system would fail its coherence step once its summary is written; the dry
+    run (no completion) names the system, and says nothing of one whose budget fits or whose summaries
+    are given."""
+    from booklens.sweep.run import dry_run
+
+    (tmp_path / "a.txt").write_text("Mara kept the light on the island. " * 40, encoding="utf-8")
+    (tmp_path / "given.json").write_text(json.dumps({"a": "Mara kept the light. The boats came home."}))
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text("books: [a.txt]\nsystems: [{name: long, context_window: 2048, chunk_size: 512, "
+                        "max_summary_tokens: 200}, {name: short, context_window: 2048, chunk_size: 512, "
+                        "max_summary_tokens: 35}, {name: given, summaries: given.json}]\n"
+                        "judge: {steps: [coherence], zero_shot: true, context_window: 1300}\n", encoding="utf-8")
+    with FakeOpenAIServer() as server:
+        text = dry_run(manifest, tmp_path / "out", lm="openai/fake", api_base=server.url)
+        assert not any(r.path.endswith("/chat/completions") for r in server.received)
+    assert [line for line in text.splitlines() if "allows a longer summary" in line] == [
+        "warning: system 'long': max_summary_tokens 200 allows a longer summary than the coherence judge's 1,300-token "
+        "context window holds beside its prompt (at most 35 tokens): a summary that long fails the coherence step once "
+        "it is written, and its error then names the settings that fit"]
 
 
 def vllm_strict_at(window: int):

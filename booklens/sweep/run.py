@@ -161,6 +161,44 @@ def check_summarizers(sweep: Sweep) -> None:
                 raise BooklensError(f"{sweep.manifest}: system {spec.name!r}: {manifest_terms(str(exc))}") from None
 
 
+def judge_window(sweep: Sweep) -> Optional[int]:
+    """The window the judges plan for, as each cell's will (`run_book`): the manifest's
+    judge.context_window, within the judge model's own (a one-line error when larger), else the
+    model's (`served_context_window`: a self-hosted server's own); None when unknown."""
+    from booklens.lm import served_context_window
+    from booklens.lm.base import refuse_larger_window
+
+    window = served_context_window(sweep.judge.lm or sweep.lm, sweep.judge.api_base or sweep.api_base)
+    planned = sweep.judge_config().context_window
+    if planned is None:
+        return window
+    try:
+        refuse_larger_window(planned, window, judge_key("context_window"))
+    except BooklensError as exc:
+        raise BooklensError(f"{sweep.manifest}: {exc}") from None
+    return planned
+
+
+def summary_budget_warnings(sweep: Sweep, tasks: list[CellTask], programs: dict[str, Any]) -> list[str]:
+    """A warning for each system whose summary budget allows a summary longer than the coherence judge's
+    window holds (`booklens.pipeline.summary_budget_warning`): its cells would fail the coherence step
+    once their summaries are written, unless those end within the window."""
+    from booklens.pipeline import SystemConfig, summary_budget_warning
+
+    window = judge_window(sweep) if "coherence" in programs else None
+    if not window:
+        return []
+    cells = {t.system: t for t in tasks}  # one cell per system: its cells share its config
+    warnings = []
+    for spec in sweep.systems:
+        task = cells.get(spec.name)
+        warning = task and summary_budget_warning(programs["coherence"], window,
+                                                  SystemConfig.model_validate(task.system_config))
+        if warning:
+            warnings.append(f"warning: system {spec.name!r}: {warning}")
+    return warnings
+
+
 def check_judge_evidence(sweep: Sweep) -> None:
     """The judge's evidence for one claim (`k` passages of up to `passage_tokens` tokens, or the
     `book` mode's `budget_tokens`) fits one verification prompt in its model's window, as each cell
@@ -171,17 +209,8 @@ def check_judge_evidence(sweep: Sweep) -> None:
     prompt is checked too: a window its instructions and answer fill holds no summary."""
     from booklens.retrieval import SEARCH_MODES
 
-    from booklens.lm import served_context_window
-    from booklens.lm.base import refuse_larger_window
-
     judge = sweep.judge_config()
-    window = served_context_window(sweep.judge.lm or sweep.lm, sweep.judge.api_base or sweep.api_base)
-    if judge.context_window is not None:  # what the judges plan for (`run_book`), within the model's
-        try:
-            refuse_larger_window(judge.context_window, window, judge_key("context_window"))
-        except BooklensError as exc:
-            raise BooklensError(f"{sweep.manifest}: {exc}") from None
-        window = judge.context_window
+    window = judge_window(sweep)
     from booklens.pipeline import load_judge_programs
 
     programs = None
@@ -791,6 +820,7 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     lines.append("")
     lines.append(ASSUMPTIONS)
     lines.extend(unreadable_books(sweep))
+    lines.extend(summary_budget_warnings(sweep, tasks, programs))
     lines.extend(f"note: {note}" for note in artifact_notes(sweep))
     return "\n".join(lines)
 
