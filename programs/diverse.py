@@ -38,6 +38,7 @@ from booklens.data.diversesumm import (
 )
 from booklens.errors import BooklensError, check_flag, first_line, validation_problem
 from booklens.lm import ContextWindowExceeded, filter_stopped, last_stop, predict_with_retries
+from booklens.lm.base import planned_window_advice
 from booklens.metrics.bias import aggregate_both_orders
 from booklens.parallel import parallel_map
 from booklens.programs.base import Module, Predict, prompt_tokens
@@ -152,6 +153,12 @@ def article_texts(event: Any) -> list[str]:
     return [a.summarizer_text() for a in event.articles]
 
 
+def extract_text(heading: str, sentences: Sequence[str]) -> str:
+    """An article's extract as the summarizer reads it: its heading line, then a line per sentence
+    ('- (none)' when nothing was picked)."""
+    return heading + "\n" + ("\n".join(f"- {s}" for s in sentences) if sentences else "- (none)")
+
+
 class DiverseSummarizer(Module):
     """Summarize the diverse and conflicting information in several articles about one event."""
 
@@ -200,7 +207,9 @@ class DiverseSummarizer(Module):
         try:
             return self._run(method, articles, headings)
         except ContextWindowExceeded as exc:  # the server's window is smaller than counted: this event's size
-            raise EventTooLarge(first_line(exc), method=method) from exc
+            # A server that states no window (llama-cpp-python's) names it when it refuses: the window to plan for.
+            told = planned_window_advice(exc, _window(self.context_window), "diverse summarization")
+            raise EventTooLarge(first_line(told), method=method) from exc
 
     def _run(self, method: str, articles: list[str], headings: list[str]) -> dspy.Prediction:
         if method == "direct":
@@ -208,6 +217,9 @@ class DiverseSummarizer(Module):
                                            articles=articles)
             return self._summary(attempt, "direct", [])
 
+        # Before the calls that pick the sentences: where no pick of --sentences could fit, none is asked.
+        if not self._extracts_fit(self.bounding_extracts(articles, headings, self.num_sentences, longest=False)):
+            raise EventTooLarge(self._extracts_misfit(articles, headings, picked=False), method="extract")
         per_article = parallel_map(self.pick_sentences, articles, concurrency=self.concurrency, desc="extract")
         # An article nothing valid was picked from is shown as '- (none)'; the record says which.
         failures = [f"{head}: {error}" for head, (_, error, _) in zip(headings, per_article) if error]
@@ -218,15 +230,52 @@ class DiverseSummarizer(Module):
                                    error=f"no sentence was picked from any of the {len(articles)} articles "
                                          f"(first: {failures[0] if failures else 'none picked'})",
                                    attempts=0, cut_off=False)
-        extracts = []
-        for head, (sentences, _, _) in zip(headings, per_article):
-            extracts.append(head + "\n" + "\n".join(f"- {s}" for s in sentences) if sentences else head + "\n- (none)")
-        if prompt_tokens(self.summarize_extracts, extracts=extracts) > self.budget():
-            raise EventTooLarge(f"the extracted sentences do not fit the context window "
-                                f"({_window(self.context_window)} tokens); lower --sentences", method="extract")
+        extracts = [extract_text(head, sentences) for head, (sentences, _, _) in zip(headings, per_article)]
+        if not self._extracts_fit(extracts):
+            raise EventTooLarge(self._extracts_misfit(articles, headings, picked=True), method="extract")
         attempt = predict_with_retries(self.summarize_extracts, tries=self.tries, check=_nonempty("summary"),
                                        extracts=extracts)
         return self._summary(attempt, "extract", extracts, failures, notes)
+
+    def _extracts_fit(self, extracts: list[str]) -> bool:
+        return prompt_tokens(self.summarize_extracts, extracts=extracts) <= self.budget()
+
+    @staticmethod
+    def bounding_extracts(articles: list[str], headings: list[str], n: int, *, longest: bool) -> list[str]:
+        """The longest (or shortest) extracts any pick of `n` sentences per article makes: each article's
+        `n` longest (shortest) sentences, in its order; an article of `n` or fewer, whole."""
+        from booklens.text import count_tokens
+
+        extracts = []
+        for article, head in zip(articles, headings):
+            sentences = [s.strip() for s in split_sentences(split_article_text(article)[1]) if s.strip()]
+            if len(sentences) > n:
+                ranked = sorted(range(len(sentences)), key=lambda i: count_tokens(sentences[i]), reverse=longest)
+                sentences = [sentences[i] for i in sorted(ranked[:n])]
+            extracts.append(extract_text(head, sentences))
+        return extracts
+
+    def _extracts_misfit(self, articles: list[str], headings: list[str], *, picked: bool) -> str:
+        """Why an event's extracts do not fit the summarizer's prompt (`picked`: the sentences picked;
+        else every pick of --sentences), and what does: the most --sentences whose every pick fits, else
+        the window in which every pick of one sentence per article fits beside the room kept for the
+        summary."""
+        window = _window(self.context_window)
+        what = "the extracted sentences do not" if picked else \
+            f"no pick of {self.num_sentences} sentences per article can"
+        fitting = next((n for n in range(self.num_sentences - 1, 0, -1)
+                        if self._extracts_fit(self.bounding_extracts(articles, headings, n, longest=True))), 0)
+        if fitting:
+            return f"{what} fit the context window ({window} tokens); lower --sentences to {fitting}" + \
+                (" or less" if fitting > 1 else "")
+        longest = prompt_tokens(self.summarize_extracts,
+                                extracts=self.bounding_extracts(articles, headings, 1, longest=True))
+        needed = math.ceil((longest + SUMMARY_RESERVE) / BUDGET_MARGIN)
+        while int(needed * BUDGET_MARGIN) - SUMMARY_RESERVE < longest:  # as `budget` rounds
+            needed += 1
+        return (f"{what} fit the context window ({window} tokens) beside the {SUMMARY_RESERVE} tokens kept for the "
+                f"summary, and one sentence from each of the {len(articles)} articles needs a window of {needed:,} "
+                "tokens or more")
 
     @staticmethod
     def _summary(attempt: Any, method: str, extracts: list[str], extract_errors: Sequence[str] = (),

@@ -585,6 +585,63 @@ def test_an_article_no_sentence_was_picked_from_is_recorded_and_none_at_all_is_n
     assert not any(c.wants("summary") for c in lm.backend.calls)
 
 
+def picks_everything(call):
+    return {"picks": list(range(1, 11))} if call.wants("picks") else {"summary": "Sources disagree."}
+
+
+def test_extracts_no_pick_could_fit_are_refused_before_any_pick_naming_the_sentences_that_fit(event):
+    """At 4096 tokens no 10 sentences of each article fit the summarizer's prompt; the picks were asked
+    (one call per article longer than that) and the line then said "lower --sentences", naming no value.
+    Now no pick is asked, and the line names the most sentences every pick of which fits."""
+    lm = scripted(picks_everything, window=4096)
+    row = summarize_events([event], method="extract", sentences=10, judge=False)[0]
+    assert row["summary"] is None and row["error"] == ("no pick of 10 sentences per article can fit the context "
+                                                       "window (4096 tokens); lower --sentences to 5 or less")
+    assert lm.backend.calls == []
+    scripted(picks_everything, window=4096)
+    assert summarize_events([event], method="extract", sentences=5, judge=False)[0]["summary"] == "Sources disagree."
+
+
+def test_picked_sentences_too_long_name_the_sentences_that_fit_and_a_window_too_small_for_one_names_its_own(event):
+    """Picks that could fit but did not (the longest sentences) name a --sentences that fits whatever is
+    picked; where not even one sentence per article fits (the default 1024 tokens kept for the summary
+    fill half of 2048), the line names the window that does, as "lower --sentences" did not."""
+    lm = scripted(picks_everything, window=3072)
+    row = summarize_events([event], method="extract", sentences=4, judge=False)[0]
+    assert row["error"] == ("the extracted sentences do not fit the context window (3072 tokens); lower --sentences "
+                            "to 2 or less")
+    assert sum(1 for c in lm.backend.calls if c.wants("picks")) == 10
+    scripted(picks_everything, window=3072)
+    assert summarize_events([event], method="extract", sentences=2, judge=False)[0]["summary"] == "Sources disagree."
+
+    lm = scripted(picks_everything, window=2048)
+    row = summarize_events([event], method="extract", sentences=10, judge=False)[0]
+    assert row["error"] == ("no pick of 10 sentences per article can fit the context window (2048 tokens) beside the "
+                            "1024 tokens kept for the summary, and one sentence from each of the 10 articles needs a "
+                            "window of 2,350 tokens or more")
+    assert lm.backend.calls == []
+    scripted(picks_everything, window=2350)
+    assert summarize_events([event], method="extract", sentences=1, judge=False)[0]["summary"] == "Sources disagree."
+
+
+def test_a_server_that_states_no_window_and_refuses_the_articles_names_the_window_to_plan_for(event):
+    """llama-cpp-python's server states no window: the articles were planned for 8192 tokens, sent whole,
+    refused naming 2048, and the line said "use smaller inputs", not the --context-window that makes
+    `auto` extract sentences instead."""
+    from booklens.lm import ContextWindowExceeded
+
+    def responder(call):
+        raise ContextWindowExceeded("the prompt (3727 tokens) and its answer budget (1024 tokens) do not fit the "
+                                    "2048-token context window of 'openai/smol': use smaller inputs, or a model or "
+                                    "server with a larger context", window=2048)
+
+    scripted(responder, window=None)
+    row = summarize_events([event], method="auto", judge=False)[0]
+    assert row["method"] == "direct" and row["error"] == (
+        "the prompt (3727 tokens) and its answer budget (1024 tokens) do not fit the 2048-token context window of "
+        "'openai/smol': diverse summarization plans for a 8192-token window; set --context-window to 2048 or less")
+
+
 @pytest.mark.parametrize("written, read", [("corrosion", ["corrosion"]), (None, []), ("", [])])
 def test_extracted_answers_written_as_one_string_or_null_are_read(event, written, read):
     """A lone answer written as a string was lost (the article counted as not answering) after three
