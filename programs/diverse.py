@@ -365,6 +365,20 @@ def _nonempty(field: str):
 # QA references
 
 
+def is_question(text: str) -> bool:
+    """Whether a generated item can be a question: it has a letter. A small model breaks the JSON of
+    its list into items ("2", "]", " ,"), each of which would be answered by every article."""
+    return any(ch.isalpha() for ch in text)
+
+
+def _has_questions(pred: Any) -> Optional[str]:
+    """`_nonempty` for the list of questions, which also needs one item that can be a question."""
+    problem = _nonempty("questions")(pred)
+    if problem is None and not any(is_question(str(q)) for q in pred.questions):
+        return "write the questions as text: no item of the list has a letter"
+    return problem
+
+
 def _numbered(answers: Sequence[tuple[str, str]]) -> list[str]:
     return [f"[{n}] ({aid}) {text}" for n, (aid, text) in enumerate(answers, 1)]
 
@@ -438,7 +452,7 @@ class ReferenceBuilder(Module):
         while len(shown) > 1 and prompt_tokens(self.generate, articles=shown, num_questions=self.num_questions) > self.budget():
             shown.pop()
         try:
-            got = predict_with_retries(self.generate, tries=self.tries, check=_nonempty("questions"), articles=shown,
+            got = predict_with_retries(self.generate, tries=self.tries, check=_has_questions, articles=shown,
                                        num_questions=self.num_questions)
         except ContextWindowExceeded as exc:  # even the first article is too long: this event gets none
             return dspy.Prediction(question_answers=[], questions=[], screening=[], error=first_line(exc))
@@ -447,7 +461,7 @@ class ReferenceBuilder(Module):
         questions: list[str] = []
         for q in got.prediction.questions:
             q = str(q).strip()
-            if q and wording_key(q) not in {wording_key(x) for x in questions}:
+            if is_question(q) and wording_key(q) not in {wording_key(x) for x in questions}:
                 questions.append(q)
         questions = questions[: self.num_questions]
         failed: dict[str, list[str]] = {q: [] for q in questions}

@@ -278,6 +278,25 @@ def test_questions_and_answers_in_any_script_are_told_apart():
     assert ref.questions == ["Почему закрыли мост?", "Кто виноват?"]
 
 
+def test_generated_questions_without_a_letter_are_dropped_and_a_list_of_none_is_asked_again():
+    """SmolLM2 wrote a list whose items were "2", "]\\n[\\n  {" and " ," (JSON it broke into pieces); the
+    first two were taken for questions, each answered by every article in one call, and screened. An
+    item with no letter is no question: dropped, and a list with no question is asked again."""
+    lists = [["2", " ,", "--"], ["Why did it close?", "3.", "Who pays?"]]
+    asked = []
+
+    def responder(call):
+        if call.wants("questions"):
+            asked.append("questions")
+            return {"questions": lists[len(asked) - 1]}
+        return {"answers": []}
+
+    scripted(responder)
+    articles = [(f"a{i}", f"[a{i}] Article {i}.\nThe bridge closed.") for i in range(3)]
+    ref = ReferenceBuilder(num_questions=3, clustering="exact", diversity_filter=False)(articles=articles)
+    assert asked.count("questions") == 2 and ref.questions == ["Why did it close?", "Who pays?"]
+
+
 def test_reference_clustering_failures_fall_back_to_identical_wording(event):
     # numbers outside the answer list: re-asked, then identical answers grouped and the failure recorded
     scripted(reference_responder(groups=lambda call: {"groups": [[0, 99]]}))
