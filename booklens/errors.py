@@ -46,7 +46,8 @@ def internal_error(exc: BaseException) -> str:
     """The one line an unexpected exception (a bug, not the user's input) is printed and recorded as:
     its type and first line, without secrets (`redacted`): a library underneath may quote the URL or
     the key it was given."""
-    said = f": {redacted(first_line(exc))}" if str(exc).strip() else ""
+    lines = redacted(str(exc)).strip().splitlines()  # before the line is cut: a cut secret would not match
+    said = f": {lines[0][:300]}" if lines else ""
     return f"internal error: {type(exc).__name__}{said}"
 
 

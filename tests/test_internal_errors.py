@@ -22,6 +22,8 @@ def test_the_internal_error_line_keeps_no_url_password_or_key(secret_key):
 
     assert internal_error(RuntimeError(FAILURE + "\nsecond line")) == REDACTED
     assert internal_error(KeyError()) == "internal error: KeyError"
+    # redacted before the line is cut at 300 characters, which would leave a part of the secret unmatched
+    assert internal_error(RuntimeError("x" * 280 + " " + KEY)) == f"internal error: RuntimeError: {'x' * 280} [redacted]"
 
 
 def test_a_run_records_a_failed_steps_internal_error_without_secrets(secret_key, tmp_path, monkeypatch):
