@@ -420,6 +420,24 @@ def test_a_password_in_the_server_url_never_reaches_an_error_line(model, status)
                               else f"'{model}' at {server.url} ")
 
 
+@pytest.mark.parametrize("status", [400, 500])
+def test_a_key_a_server_echoes_where_the_line_is_cut_is_redacted_whole(status, monkeypatch):
+    """A server's words are cut at 300 characters, and were redacted after the cut: a key echoed across
+    it left its first characters in the line."""
+    key = "sk-echo-0123456789abcdefghij"
+    monkeypatch.setenv("ECHO_TEST_API_KEY", key)
+
+    def echo(body):
+        return Reply(status=status, error="w" * 285 + " " + key)
+
+    with FakeOpenAIServer(responder=echo) as server:
+        backend = LiteLLMBackend("openai/fake-model", api_base=server.url, retries=1, sleep=Recorder())
+        with pytest.raises(LMError) as caught:
+            classify(backend)
+    message = str(caught.value)
+    assert key[:8] not in message and "w" * 285 + " [redacted]" in message, message
+
+
 def test_a_server_at_an_ipv6_address_is_named_with_its_brackets():
     """Records and error lines name the server without user, password or query; an IPv6 host lost its
     brackets there ('http://::1:9/v1', which is no URL and cannot be told from a port)."""

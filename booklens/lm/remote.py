@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from booklens.errors import LMError, keep_secret
+from booklens.errors import LMError, keep_secret, redacted
 from booklens.lm.base import CONTEXT_ADVICE, DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, sample_seed
 from booklens.parallel import pause, raise_if_stopped
 
@@ -845,8 +845,6 @@ class LiteLLMBackend:
     def _redact(self, text: str) -> str:
         """Keys and the server URL's password never reach a message, even when a server echoes what
         it was sent (the URL it was asked at, say)."""
-        from booklens.errors import redacted
-
         return redacted(text)  # the URL's own credentials were kept when the backend was made
 
 
@@ -881,7 +879,7 @@ def _url_credentials(url: str | None) -> set[str]:
 def server_text(exc: BaseException, limit: int = 300) -> str:
     """What the server (or LiteLLM) said, on one line, without the exception class names LiteLLM puts
     before it ('litellm.BadRequestError: OpenAIException - ...') or the error body around it."""
-    lines = _server_words(_said(exc)).splitlines()
+    lines = redacted(_server_words(_said(exc))).splitlines()  # before the cut: a key cut in two would stay
     return lines[0][:limit] if lines else type(exc).__name__
 
 
@@ -1321,6 +1319,6 @@ def context_window_message(model: str, server_text: str) -> str:
                 f"{window}-token context window of '{model}': {advice}")
     if window and prompt is not None:
         return f"the prompt ({prompt} tokens) does not fit the {window}-token context window of '{model}': {advice}"
-    lines = _server_words(server_text).splitlines()
+    lines = redacted(_server_words(server_text)).splitlines()  # before the cut, as `server_text` does
     detail = f" ({lines[0][:200]})" if lines else ""
     return f"the prompt is larger than the context window of '{model}'{detail}: {advice}"
