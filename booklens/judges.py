@@ -469,7 +469,8 @@ def judge_line(info: Any, cache_dir: str | Path | None = None) -> str:
     """One line for the terminal: who judged and how well it agrees with humans. `cache_dir`: the
     cache the command used, which the advice of a no-calibration warning names (`shown_warning`)."""
     name = {"default": "default few-shot", "zero-shot": "zero-shot"}.get(info.program, info.program)
-    head = (f"judge: {name} {info.task} program ({info.mode}, {info.demos} demos, "
+    demos = f"{info.demos} demos" if info.demos_shown is None else f"{info.demos_shown} of {info.demos} demos"
+    head = (f"judge: {name} {info.task} program ({info.mode}, {demos}, "
             f"{info.program_sha256[:12]}) on {judge_lm(info)}")
     window = window_note(info)
     head += f", {window}" if window else ""
@@ -489,7 +490,8 @@ def judge_line(info: Any, cache_dir: str | Path | None = None) -> str:
         head += f"; {setting}" if setting else ""
     note = other_lm_note(f"the {info.task} program", info.compiled_with, info.lm)
     warning = shown_warning(info, cache_dir)
-    return head + (f"\nnote: {note}" if note else "") + (f"\nwarning: {warning}" if warning else "")
+    notes = "".join(f"\nnote: {line}" for line in (note, info.demos_note) if line)
+    return head + notes + (f"\nwarning: {warning}" if warning else "")
 
 
 # ---------------------------------------------------------------------------

@@ -42,8 +42,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from booklens.errors import BooklensError, first_line, internal_error, kind_of
 from booklens.parallel import raise_if_stopped
-from booklens.retrieval import (BOOK_MODES, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS,
-                                SEARCH_MODES)
+from booklens.retrieval import BOOK_MODES, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
 from booklens.vocabulary import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MERGE_CONTEXT,
@@ -1020,17 +1019,16 @@ def run_book(book: Path, output: Path, system: SystemConfig | None = None, judge
                 book, output, system, judge, summary_model=summary_model, judge_model=judge_model, programs=programs,
                 book_text=book_text):  # a summary written already is checked as it is, before the coherence calls
             notify(f"warning: {budget_warning}")
-    if "verification" in programs and judge.evidence in SEARCH_MODES and book_text is not None:
-        from booklens.programs.faithfulness import check_evidence_fits
+    if "verification" in programs and judge.evidence in BOOK_MODES and book_text is not None:
+        from booklens.programs.faithfulness import fit_demos_to_evidence
 
-        # before the summary is written: the verification step comes last, and would fail on every claim
-        check_evidence_fits(programs["verification"], getattr(judge_lm, "context_window", None), k=judge.k,
-                            passage_tokens=judge.passage_tokens, book_text=book_text, as_keys=as_keys)
-    if "verification" in programs and judge.evidence == "book" and book_text is not None:
-        from booklens.programs.faithfulness import check_budget_fits
-
-        check_budget_fits(programs["verification"], getattr(judge_lm, "context_window", None),
-                          budget_tokens=judge.budget_tokens, book_text=book_text, as_keys=as_keys)
+        # Before the summary is written: the verification step comes last, and would fail on every claim.
+        # That step fits the demos again by the same rule (`verify_claims`); the program stays the
+        # whole one, which the step's inputs and the judge's calibration are keyed by.
+        fit = fit_demos_to_evidence(programs["verification"], getattr(judge_lm, "context_window", None),
+                                    mode=judge.evidence, k=judge.k, passage_tokens=judge.passage_tokens,
+                                    budget_tokens=judge.budget_tokens, book_text=book_text, as_keys=as_keys)
+        judges["verification"].demos_shown, judges["verification"].demos_note = fit.shown, fit.note
     evidence_index = None
     if "faithfulness" in wanted and judge.evidence in BOOK_MODES and book_text is not None and "faithfulness" not in \
             reusable_steps(book, output, system, judge, summary_model=summary_model, judge_model=judge_model,

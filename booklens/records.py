@@ -386,6 +386,10 @@ class JudgeInfo(BaseModel):
     context_window: Optional[int] = Field(default=None, description="the window the judge's prompts were planned "
                                                                     "for when one was set (its calibration is keyed "
                                                                     "by it too); None: the model's own")
+    demos_shown: Optional[int] = Field(default=None, description="verification: the first demos its prompts showed "
+                                                                "when its context window held no more beside the "
+                                                                "evidence asked for; None: all `demos`")
+    demos_note: Optional[str] = Field(default=None, description="the line that says so (with `demos_shown`)")
 
 
 # ---------------------------------------------------------------------------

@@ -624,6 +624,8 @@ def judge_card(task: str, judge: Any) -> str:
               + (f", {window}" if window else "")]
     if judge.compiled_with and judge.compiled_with != judge.lm:
         detail.append(f"compiled with {judge.compiled_with}, whose answers chose its demos and instructions")
+    if getattr(judge, "demos_note", None):
+        detail.append(judge.demos_note)
     c = judge.calibration or {}
     figures = c.get("figures") or {}
     if task == "coherence":

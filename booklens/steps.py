@@ -430,7 +430,7 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     decomposed from the whole summary); the report's `total_claims` then says how many there were."""
     from booklens.judges import judge_info, judge_name, load_judge
     from booklens.lm import current_lm
-    from booklens.programs.faithfulness import build_checker, label_summary
+    from booklens.programs.faithfulness import DemoFit, build_checker, fit_demos_to_evidence, label_summary
     from booklens.records import FaithfulnessReport
     from booklens.retrieval import BOOK_MODES, PASSAGE_MODES, check_evidence_options, retrieval_settings
 
@@ -477,19 +477,17 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     verifier = programs.get("verification") or load_judge("verification")
     checker = build_checker(evidence_mode=mode, k=k, budget_tokens=budget_tokens, concurrency=concurrency,
                             decomposer=programs.get("decomposition"), verifier=verifier)
-    if mode in PASSAGE_MODES and book_text is not None:
-        from booklens.programs.faithfulness import check_evidence_fits
-
-        check_evidence_fits(verifier, getattr(lm, "context_window", None), k=k, passage_tokens=passage_tokens,
-                            book_text=book_text, as_keys=as_keys)
-    if (mode == "book" and book_text is not None) or (mode == "given" and given is not None):
-        from booklens.programs.faithfulness import check_budget_fits
-
-        check_budget_fits(verifier, getattr(lm, "context_window", None), budget_tokens=budget_tokens,
-                          book_text=book_text, given=given if mode == "given" else None, as_keys=as_keys)
+    fit = DemoFit(verifier)
+    if (mode in BOOK_MODES and book_text is not None) or (mode == "given" and given is not None):
+        fit = fit_demos_to_evidence(verifier, getattr(lm, "context_window", None), mode=mode, k=k,
+                                    passage_tokens=passage_tokens, budget_tokens=budget_tokens, book_text=book_text,
+                                    given=given, as_keys=as_keys)
+        checker.verifier = fit.verifier
     # The judge (with its stored calibration) is read before any call, as `score_summaries` does: a
-    # store that cannot be read then fails the command before the claims are judged, not after.
+    # store that cannot be read then fails the command before the claims are judged, not after. It is
+    # the program's, with the demos its window left it.
     judge = judge_info(judge_name("verification", verifier), verifier, lm, evidence=mode)
+    judge.demos_shown, judge.demos_note = fit.shown, fit.note
     started = time.perf_counter()
     index_seconds = 0.0
     if index is None and book_text is not None and mode != "none" and (decompose or claims):

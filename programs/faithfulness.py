@@ -25,7 +25,7 @@ the book carries its character offsets, so a verdict can be traced to the text.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import dspy
 
@@ -150,38 +150,77 @@ def evidence_room(verifier: "ClaimVerifier", context_window: int, passages: int 
     return int((context_window - verifier.max_tokens) * margin) - fixed - CLAIM_ALLOWANCE
 
 
-def _no_room(verifier: "ClaimVerifier", context_window: int, room: int, least: int, as_keys: bool | str) -> str | None:
-    """The line for a window whose judge prompt leaves less than the `least` evidence any setting asks."""
+def _no_room(context_window: int, room: int, least: int) -> str | None:
+    """The line for a window whose judge prompt, without demos, leaves less than the `least` evidence
+    any setting asks."""
     if room >= least:
         return None
-    demos = len(verifier.verify.demos)
-    zero_shot = f"set {setting_name('--zero-shot', as_keys)}: true" if as_keys else "judge with --zero-shot"
-    fix = (f"{zero_shot} (no demos) or " if demos else "") + "use a model or server with a larger context window"
-    shown = f"instructions and {demos} demos" if demos else "instructions"
     return (f"the judge's {context_window}-token context window holds no evidence beside its answer and its "
-            f"prompt's {shown}; {fix}")
+            "prompt's instructions; use a model or server with a larger context window")
 
 
-def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *, k: int, passage_tokens: int,
-                        book_text: str | None = None, as_keys: bool | str = False) -> None:
-    """A one-line `BooklensError` when the top `k` passages of up to `passage_tokens` tokens cannot fit
-    one verification prompt of `verifier` in a `context_window`-token window (`evidence_room`): every
-    call would fail with the server's "prompt does not fit", which names neither setting. A book
-    shorter than that is all the evidence any k brings. No window figure (a remote model LiteLLM does
-    not know), no check."""
+def _showing(verifier: "ClaimVerifier", count: int) -> "ClaimVerifier":
+    """`verifier` itself when `count` is all its demos, else a copy that shows only the first `count`:
+    the caller's verifier may judge other books (or windows) that hold more."""
+    if count == len(verifier.verify.demos):
+        return verifier
+    fitted = verifier.deepcopy()
+    fitted.verify.demos = list(verifier.verify.demos[:count])
+    return fitted
+
+
+def _most_demos(verifier: "ClaimVerifier", context_window: int, need: int, passages: int = 1) -> int | None:
+    """The most of `verifier`'s demos, counted from the first, beside which `need` tokens of evidence
+    fit one verification prompt (`evidence_room`, checked as the refusals check it); None when not even
+    with none. All of them are known not to fit."""
+    trial = verifier.deepcopy()
+    demos = list(verifier.verify.demos)
+    for count in range(len(demos) - 1, -1, -1):
+        trial.verify.demos = demos[:count]
+        if need <= evidence_room(trial, context_window, passages):
+            return count
+    return None
+
+
+class DemoFit(NamedTuple):
+    """The verifier to judge with (`fit_demos_to_evidence`): the one given when all its demos fit,
+    else a copy showing `shown` of them, with the line that says so (`note`)."""
+    verifier: "ClaimVerifier"
+    shown: int | None = None
+    note: str | None = None
+
+
+def _fewer_demos(verifier: "ClaimVerifier", context_window: int, count: int, beside: str) -> DemoFit:
+    return DemoFit(_showing(verifier, count), count,
+                   f"the judge is shown {count} of its {len(verifier.verify.demos)} demos: its {context_window}-token "
+                   f"context window holds no more beside {beside}")
+
+
+def fit_passages(verifier: "ClaimVerifier", context_window: int | None, *, k: int, passage_tokens: int,
+                 book_text: str | None = None, as_keys: bool | str = False) -> DemoFit:
+    """The verifier whose prompt holds the top `k` passages of up to `passage_tokens` tokens in a
+    `context_window`-token window (`evidence_room`): `verifier` when it does with all its demos, else
+    one that shows the longest prefix of them that leaves room (as the coherence judge drops demos).
+    A one-line `BooklensError` when the passages fit beside no demo: every call would fail with the
+    server's "prompt does not fit", which names neither setting; the values it names fit beside none.
+    A book shorter than that is all the evidence any k brings. No window figure (a remote model
+    LiteLLM does not know), no check."""
     if not context_window:
-        return
+        return DemoFit(verifier)
     shown = k * passage_tokens
     if shown <= evidence_room(verifier, context_window, k):
-        return
+        return DemoFit(verifier)
     if book_text is not None:
         from booklens.text import count_tokens
 
         shown = min(shown, count_tokens(book_text))  # counted only here: a whole book takes a moment
         if shown <= evidence_room(verifier, context_window, k):
-            return
-    room = evidence_room(verifier, context_window, k, BUDGET_MARGIN)
-    no_room = _no_room(verifier, context_window, room, MIN_PASSAGE_TOKENS, as_keys)
+            return DemoFit(verifier)
+    count = _most_demos(verifier, context_window, shown, k)
+    if count is not None:
+        return _fewer_demos(verifier, context_window, count, f"{k} passages of up to {passage_tokens} tokens")
+    room = evidence_room(_showing(verifier, 0), context_window, k, BUDGET_MARGIN)
+    no_room = _no_room(context_window, room, MIN_PASSAGE_TOKENS)
     if no_room:
         raise BooklensError(no_room)
     k_name, size_name = setting_name("--k", as_keys), setting_name("--passage-tokens", as_keys)
@@ -196,38 +235,46 @@ def check_evidence_fits(verifier: "ClaimVerifier", context_window: int | None, *
                         f"prompt in its {context_window}-token context window; lower {' or '.join(fits)}")
 
 
-def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, budget_tokens: int | None,
-                      book_text: str | None = None, given: Sequence[Sequence[str] | None] | None = None,
-                      as_keys: bool | str = False) -> None:
-    """`check_evidence_fits` for the budget of the `book` and `given` modes: a one-line `BooklensError`
-    when an explicit `budget_tokens` cannot fit one verification prompt. The whole book (`book_text`)
-    is the most any budget brings; in the `given` mode each claim's own quotes (`given`, one list per
-    claim) are, and the error names the first claim whose quotes the budget lets past the window. No
-    budget (the window's own) or no window figure, no check."""
+def fit_budget(verifier: "ClaimVerifier", context_window: int | None, *, budget_tokens: int | None,
+               book_text: str | None = None, given: Sequence[Sequence[str] | None] | None = None,
+               as_keys: bool | str = False) -> DemoFit:
+    """`fit_passages` for the budget of the `book` and `given` modes: the verifier whose prompt holds an
+    explicit `budget_tokens` of evidence, or a one-line `BooklensError` when it fits beside no demo.
+    The whole book (`book_text`) is the most any budget brings; in the `given` mode each claim's own
+    quotes (`given`, one list per claim) are, and the error names the first claim whose quotes the
+    budget lets past the window. No budget (the window's own, `evidence_budget`) or no window figure,
+    no check."""
     if not context_window or budget_tokens is None:
-        return
+        return DemoFit(verifier)
     room = evidence_room(verifier, context_window)
     shown = budget_tokens
     if shown <= room:
-        return
-    whose = ""
+        return DemoFit(verifier)
+    sizes = None
     if given is not None:
         from booklens.text import count_tokens
 
         # as `FaithfulnessChecker._given` shows them: the cleaned quotes, cut at the budget
         sizes = [min(budget_tokens, sum(count_tokens(q) for q in clean_evidence(quotes))) for quotes in given]
-        first = next((i for i, size in enumerate(sizes) if size > room), None)
-        if first is None:
-            return
-        whose = f"claim {first + 1}'s evidence is {sizes[first]} tokens"
+        shown = max(sizes, default=0)
+        if shown <= room:
+            return DemoFit(verifier)
     elif book_text is not None:
         from booklens.text import count_tokens
 
         shown = min(shown, count_tokens(book_text))
         if shown <= room:
-            return
-    room = evidence_room(verifier, context_window, margin=BUDGET_MARGIN)
-    no_room = _no_room(verifier, context_window, room, MIN_BUDGET_TOKENS, as_keys)
+            return DemoFit(verifier)
+    count = _most_demos(verifier, context_window, shown)
+    if count is not None:
+        return _fewer_demos(verifier, context_window, count, f"up to {shown} tokens of evidence per claim")
+    bare = _showing(verifier, 0)
+    whose = ""
+    if sizes is not None:
+        first = next(i for i, size in enumerate(sizes) if size > evidence_room(bare, context_window))
+        whose = f"claim {first + 1}'s evidence is {sizes[first]} tokens"
+    room = evidence_room(bare, context_window, margin=BUDGET_MARGIN)
+    no_room = _no_room(context_window, room, MIN_BUDGET_TOKENS)
     if no_room:
         raise BooklensError(no_room)
     name = setting_name("--budget-tokens", as_keys)
@@ -235,6 +282,24 @@ def check_budget_fits(verifier: "ClaimVerifier", context_window: int | None, *, 
                         f"{room} that fit beside the judge's answer and prompt in its {context_window}-token "
                         f"context window; lower {name} to {room} or less, or leave it out (the default is what "
                         "the window holds)")
+
+
+def fit_demos_to_evidence(verifier: "ClaimVerifier", context_window: int | None, *, mode: str, k: int,
+                          passage_tokens: int, budget_tokens: int | None = None, book_text: str | None = None,
+                          given: Sequence[Sequence[str] | None] | None = None, as_keys: bool | str = False) -> DemoFit:
+    """The verifier that judges in evidence `mode` with these settings in a `context_window`-token window,
+    checked before any call: `fit_passages` for the passage modes, `fit_budget` for `book` and `given`.
+    Every command and a sweep's driver and cells decide by this rule alone, so the same settings, book
+    and window always show the judge the same demos. `verifier` itself is never changed."""
+    from booklens.retrieval import PASSAGE_MODES
+
+    if mode in PASSAGE_MODES:
+        return fit_passages(verifier, context_window, k=k, passage_tokens=passage_tokens, book_text=book_text,
+                            as_keys=as_keys)
+    if mode in ("book", "given"):
+        return fit_budget(verifier, context_window, budget_tokens=budget_tokens, book_text=book_text,
+                          given=given if mode == "given" else None, as_keys=as_keys)
+    return DemoFit(verifier)
 
 
 # ---------------------------------------------------------------------------

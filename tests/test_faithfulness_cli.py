@@ -351,10 +351,10 @@ def test_verify_one_claim_with_the_embedded_model(tmp_path, books_dir):
 EVIDENCE_TOO_LARGE = {
     # 40 passages of 256 tokens against gpt-4's 8,192-token window
     "k": (["--k", "40"], "--k 40 passages of up to --passage-tokens 256 tokens: 10240 tokens of evidence per claim",
-          "in its 8192-token context window; lower --k to 17 or less or --passage-tokens to 114 or less"),
+          "in its 8192-token context window; lower --k to 21 or less or --passage-tokens to 137 or less"),
     "book budget": (["--evidence", "book", "--budget-tokens", "9000"],
                     "--budget-tokens 9000: 9000 tokens of evidence per claim",
-                    "in its 8192-token context window; lower --budget-tokens to 4737 or less, or leave it out"),
+                    "in its 8192-token context window; lower --budget-tokens to 5664 or less, or leave it out"),
 }
 
 
@@ -425,7 +425,7 @@ def test_given_evidence_that_cannot_fit_the_judge_window_is_one_line_naming_the_
         proc = run_here(["verify", "--claims", str(claims), "--evidence", "given", "--budget-tokens", "9000", *lm,
                          "-o", str(out)], tmp_path)
         assert_one_line_error(proc, out, "--budget-tokens 9000: claim 2's evidence is 9000 tokens, more than the")
-        assert "in its 8192-token context window; lower --budget-tokens to 4737 or less, or leave it out" in proc.stderr
+        assert "in its 8192-token context window; lower --budget-tokens to 5664 or less, or leave it out" in proc.stderr
         assert server.received == []
         short = write(tmp_path / "short.json", [{"claim": "Maren trimmed the lamp.",
                                                  "evidence": ["Maren trimmed the lamp."]}])

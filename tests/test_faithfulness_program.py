@@ -660,3 +660,88 @@ def test_retrieved_evidence_is_checked_only_where_the_window_is_known_and_the_bo
     report, lm = run_with(lambda call: verdict(), lambda: verify_claims(
         claims=["Maren trimmed the lamp."], book_text=short, mode="bm25", k=20), context_window=4096)
     assert report.claims[0].label == "faithful" and len(lm.backend.calls) == 1
+
+
+# ---------------------------------------------------------------------------
+# Demos that fit beside the evidence
+
+
+def demos_sent(call) -> int:
+    """The demos a verification prompt showed: one answer turn each."""
+    return sum(m["role"] == "assistant" for m in call.messages)
+
+
+def test_a_window_that_holds_fewer_demos_beside_the_passages_shows_the_first_that_fit():
+    """Two passages of 256 tokens do not fit a 2048-token window beside the judge's six demos. That
+    was a line advising --zero-shot; now the judge keeps its first four demos, which leave room,
+    and the report records how many it showed and why."""
+    from booklens.steps import verify_claims
+
+    report, lm = run_with(lambda call: verdict(), lambda: verify_claims(
+        claims=["Maren trimmed the lamp."], book_text=LONG_BOOK, mode="bm25", k=2), context_window=2048)
+    assert len(lm.backend.calls) == 1 and demos_sent(lm.backend.calls[0]) == 4
+    assert report.claims[0].label == "faithful"
+    assert (report.judge.demos, report.judge.demos_shown) == (6, 4)
+    assert report.judge.demos_note == ("the judge is shown 4 of its 6 demos: its 2048-token context window holds "
+                                       "no more beside 2 passages of up to 256 tokens")
+
+
+def test_a_book_budget_that_fits_beside_fewer_demos_is_verified_with_them():
+    from booklens.steps import verify_claims
+
+    report, lm = run_with(lambda call: verdict(), lambda: verify_claims(
+        claims=["Maren trimmed the lamp."], book_text=LONG_BOOK, mode="book", budget_tokens=512), context_window=2048)
+    assert len(lm.backend.calls) == 1 and demos_sent(lm.backend.calls[0]) == 4
+    assert report.judge.demos_shown == 4 and report.budget_tokens == 512
+    assert report.judge.demos_note == ("the judge is shown 4 of its 6 demos: its 2048-token context window holds "
+                                       "no more beside up to 512 tokens of evidence per claim")
+
+
+def test_where_all_the_demos_fit_the_prompt_is_the_one_sent_without_a_window_check():
+    """A window that holds every demo beside the evidence changes nothing: the prompt sent (and so
+    its cache key) is the one sent where no window figure is known, and no demo count is recorded."""
+    from booklens.steps import verify_claims
+
+    sent = {}
+    for window in (8192, None):
+        report, lm = run_with(lambda call: verdict(), lambda: verify_claims(
+            claims=["Maren trimmed the lamp."], book_text=LONG_BOOK, mode="bm25", k=2), context_window=window)
+        sent[window] = lm.backend.calls[0].messages
+        assert report.judge.demos_shown is None and report.judge.demos_note is None
+    assert sent[8192] == sent[None] and sum(m["role"] == "assistant" for m in sent[8192]) == 6
+
+
+def test_passages_that_fit_beside_no_demo_name_the_values_that_do_with_none():
+    """Five passages of 256 tokens do not fit a 2048-token window even with no demo: the line names
+    the k and passage size that fit beside none, and a rerun with them is verified (its demos cut
+    to fit), so that one rerun is enough. It no longer advises --zero-shot."""
+    from booklens.steps import verify_claims
+
+    def responder(call):
+        raise AssertionError("the LM was asked")
+
+    with pytest.raises(BooklensError) as refused:
+        run_with(responder, lambda: verify_claims(claims=["Maren trimmed the lamp."], book_text=LONG_BOOK,
+                                                  mode="bm25", k=5, as_keys=False), context_window=2048)
+    assert str(refused.value) == ("--k 5 passages of up to --passage-tokens 256 tokens: 1280 tokens of evidence per "
+                                  "claim, more than the 733 that fit beside the judge's answer and prompt in its "
+                                  "2048-token context window; lower --k to 2 or less or --passage-tokens to 146 or "
+                                  "less")
+    report, lm = run_with(lambda call: verdict(), lambda: verify_claims(
+        claims=["Maren trimmed the lamp."], book_text=LONG_BOOK, mode="bm25", k=2, as_keys=False),
+        context_window=2048)
+    assert len(lm.backend.calls) == 1 and report.judge.demos_shown == 4
+
+
+def test_a_window_that_holds_no_evidence_beside_no_demo_advises_a_larger_one_only():
+    from booklens.steps import verify_claims
+
+    def responder(call):
+        raise AssertionError("the LM was asked")
+
+    for mode, options in (("bm25", {"k": 1}), ("book", {"budget_tokens": 512})):
+        with pytest.raises(BooklensError) as refused:
+            run_with(responder, lambda: verify_claims(claims=["Maren trimmed the lamp."], book_text=LONG_BOOK,
+                                                      mode=mode, as_keys=False, **options), context_window=1024)
+        assert str(refused.value) == ("the judge's 1024-token context window holds no evidence beside its answer and "
+                                      "its prompt's instructions; use a model or server with a larger context window")

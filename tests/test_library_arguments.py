@@ -448,6 +448,33 @@ def test_run_book_refuses_retrieved_evidence_that_cannot_fit_the_judge_window(tm
     assert lm.backend.calls == [] and not (tmp_path / "run").exists()
 
 
+def test_run_book_shows_the_judge_the_demos_its_window_holds_beside_the_passages(tmp_path):
+    """Two passages of 256 tokens fit a 2048-token judge window beside four of the verifier's six
+    demos: the run refused them (advising zero-shot); now every verification shows the first four,
+    the run says so once, and run.json and the verification record both say how many were shown."""
+    import json
+
+    from booklens.lm import FixedLMPool
+    from booklens.pipeline import JudgeConfig, SystemConfig, run_book
+    from booklens.testing import pipeline_step
+
+    path = tmp_path / "long.txt"
+    path.write_text(" ".join(f"Mara walked to the mill on day {n} and met Tom there by the old gate."
+                             for n in range(500)))
+    lm = pipeline_lm(context_window=2048)
+    run = run_book(path, tmp_path / "run", SystemConfig(**SMALL), JudgeConfig(k=2, steps=["faithfulness"]),
+                   lms=FixedLMPool(lm), notify=lambda line: None)
+    note = ("the judge is shown 4 of its 6 demos: its 2048-token context window holds no more beside 2 passages "
+            "of up to 256 tokens")
+    verifications = [call for call in lm.backend.calls if pipeline_step({"messages": call.messages}) == "verify"]
+    assert verifications and {sum(m["role"] == "assistant" for m in call.messages) for call in verifications} == {4}
+    assert not run.failures
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())["judges"]["verification"]
+    assert (recorded["demos"], recorded["demos_shown"], recorded["demos_note"]) == (6, 4, note)
+    report = json.loads((tmp_path / "run" / "faithfulness.json").read_text())
+    assert (report["judge"]["demos_shown"], report["judge"]["demos_note"]) == (4, note)
+
+
 def test_run_book_refuses_a_book_budget_that_cannot_fit_the_judge_window(tmp_path):
     """evidence book with a budget_tokens larger than the judge's window failed at every claim's
     verification, after the summary and the claims; it is refused before any call."""

@@ -164,18 +164,22 @@ def test_a_given_window_is_what_the_judges_plan_for_and_may_not_exceed_the_model
                                       "to 2048 or less")
 
 
+# The default five passages of 256 tokens at 2048 tokens: too many even beside no demo.
+FIVE_PASSAGES_AT_2048 = ("error: --k 5 passages of up to --passage-tokens 256 tokens: 1280 tokens of evidence per claim, "
+                         "more than the 733 that fit beside the judge's answer and prompt in its 2048-token context "
+                         "window; lower --k to 2 or less or --passage-tokens to 146 or less")
+
+
 def test_verify_plans_for_the_window_the_server_states(tmp_path):
-    """Five passages of 256 tokens do not fit the 2048 tokens llama.cpp says it has beside the judge's
-    demos: one line naming the settings, before any call."""
+    """Five passages of 256 tokens do not fit the 2048 tokens llama.cpp says it has, even beside no
+    demo: one line naming the settings, before any call."""
     claims = tmp_path / "claims.json"
     claims.write_text(json.dumps(["Mara lit the lamp."]))
     with FakeOpenAIServer(pages=LLAMA_CPP_PROPS) as server:
         proc = run_here(["verify", "--claims", claims, "--book", STORY, "--evidence", "bm25", "--lm", "openai/fake",
                          "--api-base", server.url], tmp_path)
     line = one_line_error(proc)
-    assert line == ("error: the judge's 2048-token context window holds no evidence beside its answer and its "
-                    "prompt's instructions and 6 demos; judge with --zero-shot (no demos) or use a model or server "
-                    "with a larger context window")
+    assert line == FIVE_PASSAGES_AT_2048
     assert server.received == []
 
 
@@ -186,9 +190,7 @@ def test_verify_plans_for_a_given_context_window(tmp_path):
         proc = run_here(["verify", "--claims", claims, "--book", STORY, "--evidence", "bm25", "--lm", "openai/fake",
                          "--api-base", server.url, "--context-window", "2048"], tmp_path)
     line = one_line_error(proc)
-    assert line == ("error: the judge's 2048-token context window holds no evidence beside its answer and its "
-                    "prompt's instructions and 6 demos; judge with --zero-shot (no demos) or use a model or server "
-                    "with a larger context window")
+    assert line == FIVE_PASSAGES_AT_2048
     assert server.received == []
 
 
@@ -293,6 +295,30 @@ def one_book_sweep(folder: Path, judge: str) -> Path:
     return manifest
 
 
+def test_a_sweeps_cells_show_the_judge_the_demos_their_window_holds_as_run_does(tmp_path):
+    """Two passages of 256 tokens fit a 2048-token judge window beside four of the six demos: the
+    sweep refused them before any cell (advising zero_shot); now its driver lets them through and
+    each cell fits the demos by `run`'s rule, sends four with every verification and records it."""
+    from booklens.testing import pipeline_step
+
+    (tmp_path / "a.txt").write_text("Mara kept the light on the island. " * 200, encoding="utf-8")
+    (tmp_path / "given.json").write_text(json.dumps({"a": "Mara kept the light. The boats came home."}))
+    manifest = tmp_path / "sweep.yaml"
+    manifest.write_text("books: [a.txt]\nsystems: [{name: given, summaries: given.json}]\n"
+                        "judge: {steps: [faithfulness], k: 2, context_window: 2048}\n", encoding="utf-8")
+    with FakeOpenAIServer(responder=judged_within(2048)) as server:
+        proc = run_here(["sweep", manifest, "-o", tmp_path / "out", "--lm", "openai/fake", "--api-base", server.url],
+                        tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    note = ("the judge is shown 4 of its 6 demos: its 2048-token context window holds no more beside 2 passages "
+            "of up to 256 tokens")
+    assert proc.stderr.splitlines().count(f"note: {note}") == 1
+    verifications = [r.body for r in server.received if pipeline_step(r.body) == "verify"]
+    assert verifications and {sum(m["role"] == "assistant" for m in body["messages"]) for body in verifications} == {4}
+    run = json.loads(next((tmp_path / "out").rglob("run.json")).read_text())
+    assert (run["judges"]["verification"]["demos_shown"], run["judges"]["verification"]["demos_note"]) == (4, note)
+
+
 def test_a_sweeps_judge_window_is_a_manifest_key_within_the_models(tmp_path):
     from booklens.errors import BooklensError
     from booklens.sweep.run import run_sweep
@@ -351,26 +377,26 @@ def test_summarize_in_a_small_window_names_the_settings_that_fit_it(tmp_path, me
 
 
 def test_evidence_is_checked_against_the_judges_whole_prompt_not_only_its_demos(tmp_path):
-    """At 2048 tokens the few-shot judge's instructions and demos leave no room for evidence: three
-    passages passed the check (counted beside the demos alone) and the server refused every prompt,
-    a line naming no setting. Now one line before any call names --zero-shot, and the values it
-    gives for --k then fit."""
+    """At 2048 tokens the few-shot judge's instructions and six demos leave no room for three
+    passages: they passed the check (counted beside the demos alone) and the server refused every
+    prompt, a line naming no setting. Then one line advised --zero-shot, and with it the next named
+    --k: two reruns. Now the judge shows the first demos that fit beside the passages and says so,
+    and passages that fit beside no demo get one line whose values the one rerun then fits."""
     claims = tmp_path / "claims.json"
     claims.write_text(json.dumps(["Maren bound the book."]))
     args = ["verify", "--claims", claims, "--book", STORY, "--lm", "openai/fake", "--context-window", "2048"]
     with FakeOpenAIServer(responder=judged_within(2048)) as server:
-        line = one_line_error(run_here([*args, "--api-base", server.url, "--k", "3"], tmp_path))
-        assert line == ("error: the judge's 2048-token context window holds no evidence beside its answer and its "
-                        "prompt's instructions and 6 demos; judge with --zero-shot (no demos) or use a model or "
-                        "server with a larger context window")
-        line = one_line_error(run_here([*args, "--api-base", server.url, "--zero-shot"], tmp_path))
-        assert line.endswith("more than the 733 that fit beside the judge's answer and prompt in its 2048-token "
-                             "context window; lower --k to 2 or less or --passage-tokens to 146 or less"), line
-        assert server.received == []
-        proc = run_here([*args, "--api-base", server.url, "--zero-shot", "--k", "2", "-o", tmp_path / "v.json"],
-                        tmp_path)
+        proc = run_here([*args, "--api-base", server.url, "--k", "3", "-o", tmp_path / "k3.json"], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.splitlines().count("note: the judge is shown 2 of its 6 demos: its 2048-token context "
+                                              "window holds no more beside 3 passages of up to 256 tokens") == 1
+        assert len(server.served) == 1 and json.loads((tmp_path / "k3.json").read_text())["judge"]["demos_shown"] == 2
+        assert one_line_error(run_here([*args, "--api-base", server.url], tmp_path)) == FIVE_PASSAGES_AT_2048
+        assert len(server.received) == 1
+        proc = run_here([*args, "--api-base", server.url, "--k", "2", "-o", tmp_path / "v.json"], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert len(server.served) == 1 and json.loads((tmp_path / "v.json").read_text())["claims"][0]["label"]
+    assert len(server.served) == 2 and json.loads((tmp_path / "v.json").read_text())["claims"][0]["label"]
+    assert sum(m["role"] == "assistant" for m in server.received[-1].body["messages"]) == 4
 
 
 def test_a_sweep_whose_cells_fail_for_a_setting_says_to_rerun_with_it(tmp_path):

@@ -777,8 +777,9 @@ def test_judge_evidence_that_cannot_fit_the_window_is_refused_before_any_cell(co
     short = load_manifest(write(corpus / "short.yaml", too_much))
     check_judge_evidence(short)  # every book is shorter than that: all of it is what any k shows
     write(corpus / "corpus" / "long.txt", "The long voyage went on. " * 2000)
+    # the values named fit beside no demo: a cell shows the judge those of its demos that fit beside them
     with pytest.raises(BooklensError, match=r"long.yaml: judge.k 10 passages of up to judge.passage_tokens 1024 "
-                       r"tokens: 10240 tokens .* lower judge.k to 4 or less or judge.passage_tokens to 470 or less "
+                       r"tokens: 10240 tokens .* lower judge.k to 5 or less or judge.passage_tokens to 562 or less "
                        r"\(the book 'long' and any as long\)"):
         check_judge_evidence(load_manifest(write(corpus / "long.yaml", too_much)))
     check_judge_evidence(load_manifest(write(corpus / "fits.yaml", too_much.replace("k: 10", "k: 5"))))
@@ -787,7 +788,7 @@ def test_judge_evidence_that_cannot_fit_the_window_is_refused_before_any_cell(co
     # the `book` mode's budget, likewise
     budget = "books: corpus\nsystems: [{name: a}]\njudge: {evidence: book, budget_tokens: 9000}\n"
     with pytest.raises(BooklensError, match=r"book.yaml: judge.budget_tokens 9000: 9000 tokens of evidence per "
-                       r"claim.*lower judge.budget_tokens to 4737 or less, or leave it out .*\(the book 'long' and any as "
+                       r"claim.*lower judge.budget_tokens to 5664 or less, or leave it out .*\(the book 'long' and any as "
                        r"long\)"):
         check_judge_evidence(load_manifest(write(corpus / "book.yaml", budget)))
     check_judge_evidence(load_manifest(write(corpus / "book-fits.yaml", budget.replace("9000", "4000"))))
@@ -916,11 +917,14 @@ def test_judge_settings_that_cannot_fit_the_servers_window_are_refused_before_an
         def checked(name: str, manifest: str) -> None:
             check_judge_evidence(load_manifest(write(corpus / name, manifest), lm="openai/fake", api_base=server.url))
 
-        # the few-shot judge's instructions and demos fill 2048 tokens; without demos, five passages fit
-        with pytest.raises(BooklensError, match=r"k.yaml: the judge's 2048-token context window holds no evidence "
-                           r"beside its answer and its prompt's instructions and 6 demos; set judge.zero_shot: true "
-                           r"\(no demos\) or use a model or server with a larger context window"):
+        # twenty passages fit 2048 tokens beside no demo: the values named are those, for the few-shot
+        # judge too (its cells show it the demos that fit beside them)
+        with pytest.raises(BooklensError, match=r"k.yaml: judge.k 20 passages of up to judge.passage_tokens 256 "
+                           r"tokens: 5120 tokens of evidence per claim, .* in its 2048-token context window; lower "
+                           r"judge.k to 2 or less or judge.passage_tokens to 33 or less \(the book 'long' and any as "
+                           r"long\)$"):
             checked("k.yaml", text)
+        checked("fewer-demos.yaml", text.replace("k: 20", "k: 2"))
         with pytest.raises(BooklensError, match=r"k0.yaml: judge.k 20 passages of up to judge.passage_tokens 256 "
                            r"tokens: 5120 tokens of evidence per claim, .* in its 2048-token context window; lower "
                            r"judge.k to 2 or less or judge.passage_tokens to 33 or less \(the book 'long' and any as "

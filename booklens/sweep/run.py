@@ -226,18 +226,16 @@ def check_judge_evidence(sweep: Sweep) -> None:
         return
     if not window:
         return
-    from booklens.programs.faithfulness import check_budget_fits, check_evidence_fits
+    from booklens.programs.faithfulness import fit_demos_to_evidence
     from booklens.text import read_book
 
     verifier = (programs or load_judge_programs(judge))["verification"]
 
     def check(text: Optional[str]) -> None:
-        if judge.evidence == "book":
-            check_budget_fits(verifier, window, budget_tokens=judge.budget_tokens, book_text=text,
-                              as_keys=JUDGE_KEYS)
-        else:
-            check_evidence_fits(verifier, window, k=judge.k, passage_tokens=judge.passage_tokens, book_text=text,
-                                as_keys=JUDGE_KEYS)
+        # Settings that fit beside fewer demos are no error: each cell's run fits them to its book by
+        # the same rule (`run_book`) and records how many its judge showed.
+        fit_demos_to_evidence(verifier, window, mode=judge.evidence, k=judge.k, passage_tokens=judge.passage_tokens,
+                              budget_tokens=judge.budget_tokens, book_text=text, as_keys=JUDGE_KEYS)
 
     try:
         check(None)
