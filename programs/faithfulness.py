@@ -164,7 +164,11 @@ def _showing(verifier: "ClaimVerifier", count: int) -> "ClaimVerifier":
     the caller's verifier may judge other books (or windows) that hold more."""
     if count == len(verifier.verify.demos):
         return verifier
-    fitted = verifier.deepcopy()
+    import copy
+
+    # Only the predictor's demos differ: the rest (its signature, the other predictor) is shared.
+    fitted = copy.copy(verifier)
+    fitted.verify = copy.copy(verifier.verify)
     fitted.verify.demos = list(verifier.verify.demos[:count])
     return fitted
 
@@ -173,11 +177,8 @@ def _most_demos(verifier: "ClaimVerifier", context_window: int, need: int, passa
     """The most of `verifier`'s demos, counted from the first, beside which `need` tokens of evidence
     fit one verification prompt (`evidence_room`, checked as the refusals check it); None when not even
     with none. All of them are known not to fit."""
-    trial = verifier.deepcopy()
-    demos = list(verifier.verify.demos)
-    for count in range(len(demos) - 1, -1, -1):
-        trial.verify.demos = demos[:count]
-        if need <= evidence_room(trial, context_window, passages):
+    for count in range(len(verifier.verify.demos) - 1, -1, -1):
+        if need <= evidence_room(_showing(verifier, count), context_window, passages):
             return count
     return None
 
