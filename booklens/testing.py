@@ -600,6 +600,8 @@ def run_command(args: list[Any], *, env: dict[str, str] | None = None) -> subpro
             os.environ.clear()
             os.environ.update(env)
         sys.argv = argv
+        if "booklens.lm.model" in sys.modules:  # as a new process would: a server may reuse a stopped one's port
+            sys.modules["booklens.lm.model"].forget_servers()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 main()

@@ -806,6 +806,21 @@ def answers_within(window: int):
     return respond
 
 
+def test_each_command_run_in_one_process_learns_its_servers_afresh(tmp_path):
+    """Tests run commands in one process; a server started later may take the port of one that stopped,
+    and a command then planned for the window the old server stated (here 1024: the judge refused its
+    prompt before any call), which a new process never does."""
+    from booklens.lm.remote import _learned_about
+
+    events, summaries = many_questions(tmp_path)
+    with FakeOpenAIServer(responder=answers_within(2048)) as server:
+        _learned_about("openai", server.url)["window of openai/fake"] = 1024  # what a stopped server said
+        run_here(["judge", events, summaries[0], "--criterion", "coverage", "--protocol", "likert", "--lm",
+                  "openai/fake", "--api-base", server.url, "--concurrency", "1", "--output", tmp_path / "out.json"],
+                 tmp_path)
+        assert len(server.received) == 1  # sent, as to a server that states no window
+
+
 @pytest.mark.parametrize("command, tokens, fix, fitting", [
     (lambda e, s: ["judge", e, s[0], "--criterion", "coverage", "--protocol", "likert"], 2638,
      "judge each QA pair alone with --protocol binary", ["--protocol", "binary"]),

@@ -343,6 +343,17 @@ def lm_context_window(lm: str | None = None) -> int | None:
 _SILENT_SERVERS: set[str] = set()
 
 
+def forget_servers() -> None:
+    """Forget what this process learned of servers (their windows, dialects, which answered): a new
+    process's view. For several commands run in one process, where a server started later may take
+    the port of one that stopped (`booklens.testing.run_command`)."""
+    from booklens.lm import remote
+
+    _SILENT_SERVERS.clear()
+    with remote._learned_lock:
+        remote._learned.clear()
+
+
 def served_context_window(lm: str | None = None, api_base: str | None = None) -> int | None:
     """`lm_context_window` at the server `api_base` (else the environment's) names, as the LM a run
     builds there will have it: what a self-hosted server states (`LiteLLMBackend.context_window`: a
