@@ -1476,6 +1476,9 @@ def test_dry_run_counts_the_cells_complete_on_disk_apart_and_estimates_only_the_
     finished = plan()
     assert "4 complete on disk" in finished.splitlines()[0]
     assert dry_run_table(finished)["total"][1:3] == ["0", "0"]  # chunks and calls (no LM columns)
+    # Nothing left to make costs nothing, whatever the model's prices: not "unknown", as if it might cost.
+    assert {name: row[-1] for name, row in dry_run_table(finished).items()} == {
+        "hier": "$0.0000", "given": "$0.0000", "total": "$0.0000"}
     manifest.write_text(manifest.read_text().replace(
         "  - {name: given", "  - {name: inc, method: inc, chunk_size: 256, context_window: 2048, "
                             "max_summary_tokens: 100}\n  - {name: given"))
@@ -1484,6 +1487,8 @@ def test_dry_run_counts_the_cells_complete_on_disk_apart_and_estimates_only_the_
     assert first.startswith("6 cells: 3 systems") and "4 complete on disk" in first, first
     table = dry_run_table(added)
     assert table["hier"][4] == "0" and table["given"][4] == "0" and table["hier"][3] == "0"
+    # the fake model has no price: the system with calls to make, and so the total, cost what is unknown
+    assert [table[name][-1] for name in ("hier", "inc", "total")] == ["$0.0000", "unknown", "unknown"]
     assert int(table["inc"][4]) > 0 and table["total"][2] == table["inc"][4]
     assert "  hier (summarizes): a (complete, reused), b (complete, reused)" in added.splitlines()
     assert "  inc (summarizes): a, b" in added.splitlines()

@@ -305,7 +305,8 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
             if est.summarize_lm is not None:
                 parts.append((est.summarize.calls, price(est.summarize_lm, est.summarize.prompt_tokens,
                                                          est.summarize.completion_tokens, summarize_server)))
-            est.cost_usd = known_cost(parts)  # the records' rule: unknown unless every call is priced
+            # the records' rule: unknown unless every call is priced; no call to make costs nothing
+            est.cost_usd = known_cost(parts) if est.calls else 0.0
             estimates.append(est)
     return estimates
 

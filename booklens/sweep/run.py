@@ -806,7 +806,7 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     for e in estimates:
         rows.append((e.name, e.summarize_lm or "-", e.judge_lm, f"{e.chunks:,}" if e.summarize_lm else "-",
                      f"{e.calls:,}", f"{e.prompt_tokens:,}", f"{e.completion_tokens:,}", cost_text(e.cost_usd)))
-    cost = known_cost((e.calls, e.cost_usd) for e in estimates)
+    cost = known_cost((e.calls, e.cost_usd) for e in estimates) if any(e.calls for e in estimates) else 0.0
     rows.append(("total", "", "", f"{sum(e.chunks for e in estimates):,}", f"{sum(e.calls for e in estimates):,}",
                  f"{sum(e.prompt_tokens for e in estimates):,}", f"{sum(e.completion_tokens for e in estimates):,}",
                  cost_text(cost)))
