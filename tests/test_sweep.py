@@ -381,6 +381,43 @@ def test_an_unreadable_book_fails_its_own_cells_only(server, broken_corpus, tmp_
     assert 'href="cells/hier/%3Cb%3E%26%22broken%22/report.html"' in page
 
 
+def test_a_failed_cells_line_is_not_lost_while_another_thread_silences_stderr(server, broken_corpus, tmp_path,
+                                                                              monkeypatch):
+    """The embedded model loads with llama.cpp's output silenced: llama-cpp-python points file
+    descriptor 2 at /dev/null meanwhile, whichever thread loads it. A cell that failed then (an
+    unreadable book fails at once, while another cell loads the model) lost its `cell ... failed`
+    line, which the sweep's display wrote to descriptor 2. It writes to a copy of it, as beside Ray."""
+    from booklens.sweep.progress import SweepProgress
+    from booklens.sweep.run import run_sweep
+
+    log = tmp_path / "stderr.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    stderr = open(fd, "w", buffering=1)  # a real descriptor, as a process's stderr is
+    cell_done = SweepProgress.cell_done
+
+    def silenced(self, name, **kwargs):  # as llama_cpp's suppress_stdout_stderr does while a model loads
+        saved, null = os.dup(fd), os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        try:
+            cell_done(self, name, **kwargs)
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            os.close(null)
+
+    monkeypatch.setattr(SweepProgress, "cell_done", silenced)
+    with stderr:
+        monkeypatch.setattr(sys, "stderr", stderr)
+        run_sweep(broken_corpus, tmp_path / "sweep", lm="openai/fake-model", api_base=server.url,
+                  cache_dir=tmp_path / "cache", progress_interval=60)
+        monkeypatch.setattr(sys, "stderr", sys.__stderr__)
+    lines = log.read_text().splitlines()
+    reason = f"summary: {broken_corpus.parent / BROKEN}.txt looks like a binary file (it contains NUL bytes), not UTF-8 text"
+    assert sorted(line for line in lines if line.startswith("cell ")) == [
+        f"cell hier/{BROKEN} failed: {reason}", f"cell released/{BROKEN} failed: {reason}"]
+    assert lines[-1].startswith("sweep: 4/4 cells (2 failed)"), lines
+
+
 def test_fail_fast_starts_no_cell_after_the_first_failure(server, broken_corpus, tmp_path):
     out = tmp_path / "sweep"
     start = len(server.served)

@@ -682,10 +682,12 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     runner: Any = None
     stream = stream if stream is not None else sys.stderr
     own_stream = False
-    if engine == "ray":
-        check_cache(settings)
-        check_judge_index(sweep, settings.cache_dir)
-        # Ray writes to file descriptor 2, which the engine points at its log; the display keeps a copy.
+
+    def copy_stderr() -> None:
+        """File descriptor 2 is not the display's alone: Ray points it at its log, and the embedded
+        model at /dev/null while it loads (llama-cpp-python silences llama.cpp so, whichever thread
+        loads it: a cell that failed meanwhile lost its line). The display keeps a copy of it."""
+        nonlocal stream, tty, own_stream
         if stream is sys.stderr:
             tty = stream.isatty() if tty is None else tty
             try:
@@ -693,6 +695,11 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
                 own_stream = True
             except (AttributeError, OSError, ValueError):  # not a real file (captured): keep it
                 pass
+
+    if engine == "ray":
+        check_cache(settings)
+        check_judge_index(sweep, settings.cache_dir)
+        copy_stderr()
         # Ray starts (or the cluster is joined) before anything is written: an address that fails is
         # one line and no sweep directory. Its log is moved into the directory once that exists.
         runner = RayEngine(settings, address=ray_address, num_cpus=ray_cpus, log_path=temporary_log())
@@ -700,6 +707,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
         runner = LocalEngine(settings)
         # after the pool opened the LM cache: a bad --cache-dir is named as one
         check_judge_index(sweep, settings.cache_dir)
+        copy_stderr()
     try:
         if engine == "ray":
             runner.start()
@@ -749,8 +757,8 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
             runner.close()
             if runner.log_path.parent != output:  # stopped before the directory was made
                 runner.log_path.unlink(missing_ok=True)
-            if own_stream:
-                stream.close()
+        if own_stream:
+            stream.close()
 
 
 # ---------------------------------------------------------------------------
