@@ -92,6 +92,30 @@ def test_a_malformed_ray_address_is_one_line_before_anything_is_written(tmp_path
         assert not (tmp_path / "out").exists()
 
 
+def test_ray_address_auto_with_no_ray_on_the_machine_is_one_line_in_the_commands_terms(monkeypatch):
+    """`--ray-address auto` (README's cluster command) where no Ray runs: the line said "cannot start
+    the Ray cluster at auto" (it joins one) and, in Ray's words, to set "the `--address` flag", which
+    booklens does not have. (Ray's refusal is scripted: `auto` would join a Ray another process runs.)"""
+    import ray
+
+    from booklens.errors import BooklensError
+    from booklens.sweep.engines import PoolSettings, RayEngine
+
+    def no_ray(*args, **kwargs):  # what ray.init(address="auto") raises where it finds no Ray
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to by "
+                              "setting `--address` flag or `RAY_ADDRESS` environment variable.")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    engine = RayEngine(PoolSettings(lm="openai/x", api_base=None, cache_dir=None, concurrency=1), address="auto")
+    with pytest.raises(BooklensError) as caught:
+        engine.start()
+    assert str(caught.value) == ("cannot join the Ray cluster at auto: no Ray runs on this machine (`ray start "
+                                 "--head` starts one; without --ray-address, or with --ray-address local, the "
+                                 "sweep starts a Ray of its own)")
+
+
 def test_ctrl_c_on_a_ray_sweep_lets_the_calls_in_flight_end_and_be_cached(tmp_path):
     """As with the local engine, Ctrl-C starts no new call and the calls in flight end and are cached
     before the command exits, so the rerun asks none of them again. (The KeyboardInterrupt used to come

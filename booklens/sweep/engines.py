@@ -696,8 +696,14 @@ class RayEngine:
                                      logging_level=logging.ERROR, log_to_driver=False)
                         self._started_ray = True
                     except Exception as exc:
-                        what = f"the Ray cluster at {where}" if address else "a local Ray"
-                        raise BooklensError(f"cannot start {what}: {first_line(exc)}") from None
+                        if address == "auto" and isinstance(exc, ConnectionError):
+                            # Ray's own words name a `--address` flag booklens does not have
+                            raise BooklensError(
+                                "cannot join the Ray cluster at auto: no Ray runs on this machine (`ray start "
+                                "--head` starts one; without --ray-address, or with --ray-address local, the "
+                                "sweep starts a Ray of its own)") from None
+                        what = f"join the Ray cluster at {where}" if address else "start a local Ray"
+                        raise BooklensError(f"cannot {what}: {first_line(exc)}") from None
                 self.board_name = f"booklens-sweep-{os.getpid()}-{id(self)}"
                 from booklens.lm.model import rate_limits
 
