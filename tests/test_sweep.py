@@ -1572,6 +1572,18 @@ def test_dry_run_takes_structured_as_the_run_does(server, tmp_path):
     assert len(server.served) == before
 
 
+def test_a_sweep_judged_for_coherence_alone_prints_no_faithfulness_figure(server, tmp_path):
+    """Each system's line ended in "; - faithful" though no claim was ever to be verified."""
+    from booklens.testing import run_command
+
+    manifest = small_corpus(tmp_path / "corpus")
+    result = run_command(["sweep", manifest, "-o", tmp_path / "sweep", "--lm", "openai/fake-model", "--api-base",
+                          server.url, "--cache-dir", tmp_path / "cache"])
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith(("hier: ", "given: "))]
+    assert len(lines) == 2 and all("; BooookScore " in line and "faithful" not in line for line in lines), lines
+
+
 class ExtraClaim(PipelineResponder):
     """Claims as PipelineResponder splits them, and one more: more claims than sentences."""
 

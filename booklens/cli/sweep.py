@@ -77,7 +77,7 @@ def sweep_command(
                         concurrency=concurrency, cache_dir=cache_dir, fail_fast=fail_fast,
                         **lm_options(structured, rpm, tpm))
     for name, s in outcome.results["systems"].items():
-        typer.echo(system_line(name, s), err=True)
+        typer.echo(system_line(name, s, outcome.judge_steps), err=True)
     for pair in outcome.results.get("pairs") or []:
         typer.echo(pair_line(pair), err=True)
     lacking = different_books_line(outcome.results["systems"])

@@ -214,10 +214,11 @@ def unjudged_counts(system: dict[str, Any]) -> Optional[str]:
     return " and ".join(parts) or None
 
 
-def system_line(name: str, system: dict[str, Any]) -> str:
+def system_line(name: str, system: dict[str, Any], steps: Sequence[str] = ("coherence", "faithfulness")) -> str:
     """The line `booklens sweep` prints for one system of results.json: its books, failed cells,
     BooookScore and % faithful with their 95% intervals over books, each over fewer books than it
-    completed saying so, and what its judges could not judge."""
+    completed saying so, and what its judges could not judge. A figure whose judge step the sweep
+    did not take (`steps`) is left out, not shown as '-'."""
     cells = system_cells(system)
     score, faithful = cells["booookscore"], cells["faithful"]
     unjudged = unjudged_counts(system)
@@ -225,10 +226,11 @@ def system_line(name: str, system: dict[str, Any]) -> str:
     def ci(text: Optional[str]) -> str:  # none over one book
         return f" {text}" if text else ""
 
+    figures = [f"BooookScore {score}{ci(cells['booookscore_ci'])}{cells['booookscore_over']}"] * ("coherence" in steps)
+    figures += [f"{faithful + '%' if faithful != '-' else '-'} faithful{ci(cells['faithful_ci'])}"
+                f"{cells['faithful_over']}"] * ("faithfulness" in steps)
     return (f"{name}: {counted(system['books'], 'book')}" + (f", {system['failed']} failed" if system["failed"] else "")
-            + f"; BooookScore {score}{ci(cells['booookscore_ci'])}{cells['booookscore_over']}"
-            + f"; {faithful + '%' if faithful != '-' else '-'} faithful{ci(cells['faithful_ci'])}{cells['faithful_over']}"
-            + (f" ({unjudged} not judged, left out)" if unjudged else ""))
+            + "".join(f"; {figure}" for figure in figures) + (f" ({unjudged} not judged, left out)" if unjudged else ""))
 
 
 def unjudged_line(systems: dict[str, Any], name: Callable[[str], str] = str) -> Optional[str]:

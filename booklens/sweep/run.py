@@ -38,6 +38,7 @@ class SweepOutcome:
     results: dict[str, Any]
     outcomes: list[CellOutcome] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # `artifact_notes`
+    judge_steps: list[str] = field(default_factory=lambda: ["coherence", "faithfulness"])  # the manifest's judge.steps
 
     @property
     def failed(self) -> list[CellOutcome]:
@@ -751,7 +752,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
             # Titled by the manifest as sweep.json names it, as `booklens report` titles the page it rebuilds.
             write_sweep_report(output, results, [cell_row(o) for o in outcomes],
                                title=Path(manifest_name(sweep)).stem, meta=meta)
-            return SweepOutcome(output, results, outcomes, artifact_notes(sweep))
+            return SweepOutcome(output, results, outcomes, artifact_notes(sweep), list(judge.steps))
     finally:
         if engine == "ray":
             runner.close()
