@@ -627,10 +627,9 @@ def test_a_ray_address_with_spaces_around_it_is_the_address(corpus: Path, monkey
     given = []
 
     class Engine:  # stands in for Ray: what matters is the address it is asked to join
-        log_path = corpus / "ray.log"
-
         def __init__(self, settings, *, address=None, num_cpus=None, log_path=None):
             given.append(address)
+            self.log_path = log_path  # the sweep's temporary log, which it removes once refused
 
         def start(self):
             raise BooklensError("no Ray in this test")
