@@ -223,6 +223,19 @@ def load_task_splits(task: Task, data: str | Path, *, seed: int = 0, sizes: dict
     return Splits(picked["train"], picked["dev"], picked["test"], info)
 
 
+def check_asked_sizes(splits: Splits, asked: dict[str, tuple[str, int | None]], data: str | Path) -> None:
+    """Refuse a size the user gave (`asked`: split -> (option, value)) above the examples its split
+    holds, before any call: it would run on fewer than asked. 0 (all) and the defaults pass."""
+    available = splits.info.get("available") or {}
+    for name, (option, value) in asked.items():
+        held = available.get(name)
+        if value and isinstance(held, int) and value > held:
+            what = "training" if name == "train" else name
+            raise BooklensError(f"{option} {value} asks for more examples than the {held} of the {what} split of "
+                                f"{data} (split by book with seed {splits.info.get('seed')}): give at most {held}, "
+                                "or 0 for all of them")
+
+
 def learned_groups(task: Task, data: str | Path, block: dict[str, Any], dev_too: bool) -> set[Any] | None:
     """The groups (`task.group`: books) of the examples an artifact learned from, drawn again as
     compile drew them from this data: its train split (and dev, where its optimizer chose on it),

@@ -622,6 +622,35 @@ def test_more_demos_than_the_training_split_holds_is_a_one_line_error_before_any
         assert len(state["verify"]["demos"]) == 2 and state["metadata"]["booklens"]["budget"]["demos"] == 2
 
 
+def test_a_size_above_what_the_split_holds_is_a_one_line_error_before_any_call(tmp_path):
+    """--train-size, --dev-size, --test-size and evaluate's --size ask for that many examples: more
+    than the split holds is refused, naming how many it does, rather than run on fewer than asked
+    (0 still means all of them, and a task's default subset size may exceed a small split)."""
+    data = tiny_fables(tmp_path / "fables.json")  # 16 training, 8 dev and 16 test claims
+    out = tmp_path / "a.json"
+    with FakeOpenAIServer(responder=fake_verifier) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        for option, split, held in (("--train-size", "training", 16), ("--dev-size", "dev", 8),
+                                    ("--test-size", "test", 16)):
+            proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", option, "100000",
+                            "-o", out, *lm], tmp_path)
+            assert_one_line_error(proc, f"{option} 100000 asks for more examples than the {held} of the {split} "
+                                        f"split of {data} (split by book with seed 0): give at most {held}, or 0 "
+                                        "for all of them", output=out)
+        proc = run_cli(["evaluate", "verification", "--data", data, "--size", "17", *lm], tmp_path)
+        assert_one_line_error(proc, f"--size 17 asks for more examples than the 16 of the test split of {data} "
+                                    "(split by book with seed 0): give at most 16, or 0 for all of them")
+        proc = run_cli(["evaluate", "verification", "--data", data, "--split", "dev", "--size", "9", "--seed", "0",
+                        *lm], tmp_path)
+        assert_one_line_error(proc, "--size 9 asks for more examples than the 8 of the dev split")
+        assert server.received == []
+        proc = run_cli(["compile", "verification", "--data", data, "--optimizer", "labeled", "--train-size", "16",
+                        "--dev-size", "8", "--test-size", "16", "-o", out, *lm], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(out.read_text())["metadata"]["booklens"]["split"]["sizes"] == {"train": 16, "dev": 8,
+                                                                                         "test": 16}
+
+
 def test_a_coherence_program_compiled_to_new_instructions_is_not_run_batched(tmp_path):
     """MIPROv2 and GEPA compile instructions, not only demos, and compile runs the per-sentence
     predictor only: with --batch-size above 1 the batched one would judge with nothing compile chose

@@ -152,7 +152,7 @@ def compile_command(
                                             fit_train_set)
     from booklens.lm.usage import UsageTracker
     from booklens.optimizers.evaluate import evaluate_program, format_table
-    from booklens.optimizers.tasks import load_task_splits
+    from booklens.optimizers.tasks import check_asked_sizes, load_task_splits
     from booklens.steps import judge_window_advice
 
     name = check_optimizer(optimizer)
@@ -166,6 +166,8 @@ def compile_command(
     budget.check_for(name)
     seed = 0 if seed is None else seed
     splits = load_task_splits(spec, data, seed=seed, sizes=_sizes(train_size, dev_size, test_size))
+    check_asked_sizes(splits, {"train": ("--train-size", train_size), "dev": ("--dev-size", dev_size),
+                               "test": ("--test-size", test_size)}, data)
     if not evaluate_test:
         splits = splits.dropping("test")
     budget = fit_train_set(name, budget, splits.train, asked=demos is not None, what=f"the training split of {data}")
@@ -294,7 +296,8 @@ def evaluate_command(
         raise BooklensError(f"data not found: {data}")
     from booklens.optimizers.artifacts import check_task, compiled_split_size, held_out_notes, load_program
     from booklens.optimizers.evaluate import evaluate_program, format_table
-    from booklens.optimizers.tasks import data_digest, learned_groups, load_task_splits, same_data_digests, split_groups
+    from booklens.optimizers.tasks import (check_asked_sizes, data_digest, learned_groups, load_task_splits,
+                                          same_data_digests, split_groups)
 
     split = SplitName(split).value
     if size is not None and size < 0:
@@ -314,9 +317,11 @@ def evaluate_command(
         seed = next((b.get("seed") for b in blocks if isinstance(b.get("seed"), int)), 0)
     digest = data_digest(spec, data)
     same_data = same_data_digests(digest, data, [(b.get("dataset") or {}).get("sha256") for b in blocks])
+    asked = size
     if size is None:
         size = compiled_split_size(blocks, split, same_data, seed)
     splits = load_task_splits(spec, data, seed=seed, sizes={split: size})
+    check_asked_sizes(splits, {split: ("--size", asked)}, data)
     examples = splits.get(split)
     if not examples:
         raise BooklensError(f"the {split} split of {data} is empty")
