@@ -469,7 +469,8 @@ def judge_line(info: Any, cache_dir: str | Path | None = None) -> str:
     """One line for the terminal: who judged and how well it agrees with humans. `cache_dir`: the
     cache the command used, which the advice of a no-calibration warning names (`shown_warning`)."""
     name = {"default": "default few-shot", "zero-shot": "zero-shot"}.get(info.program, info.program)
-    demos = f"{info.demos} demos" if info.demos_shown is None else f"{info.demos_shown} of {info.demos} demos"
+    noun = "demo" if info.demos == 1 else "demos"
+    demos = f"{info.demos} {noun}" if info.demos_shown is None else f"{info.demos_shown} of {info.demos} {noun}"
     head = (f"judge: {name} {info.task} program ({info.mode}, {demos}, "
             f"{info.program_sha256[:12]}) on {judge_lm(info)}")
     window = window_note(info)

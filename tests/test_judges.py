@@ -216,6 +216,15 @@ def test_zero_shot_and_artifact_judges_are_told_apart(tmp_path):
         load_judge("coherence", copy, zero_shot=True)
 
 
+def test_the_judge_line_counts_one_demo_in_the_singular():
+    from booklens.judges import judge_info, judge_line, load_judge
+
+    program = load_judge("coherence")
+    program.detect.demos = program.detect.demos[:1]
+    line = judge_line(judge_info("coherence", program, ScriptedLM(clean), store={}))
+    assert "(per-sentence, 1 demo, " in line, line
+
+
 def test_default_coherence_prompt_leaves_room_for_a_summary_in_the_embedded_window():
     from booklens.judges import JUDGED_SUMMARY_TOKENS, coherence_demo_limit, coherence_prompt_tokens, load_judge
 
