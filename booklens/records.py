@@ -295,7 +295,8 @@ def parse_json(text: str, path: str | Path, what: str) -> Any:
     try:
         return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
-        raise BooklensError(f"{what} is not valid JSON ({path}: line {exc.lineno}: {exc.msg})") from None
+        where = f" column {exc.colno}" if exc.msg.endswith(" at") else ""  # 'Unterminated string starting at'
+        raise BooklensError(f"{what} is not valid JSON ({path}: line {exc.lineno}: {exc.msg}{where})") from None
     except _KeyTwice as exc:
         key = exc.args[0]
         line = _line_of_second(text, key)

@@ -759,3 +759,13 @@ def test_a_run_failing_on_one_example_is_logged_in_one_line_without_the_example(
     assert failed and all(line.endswith("a program run failed on one example: the answer held no label")
                           for line in failed), err
     assert "day, number" not in err and "Failed to run" not in err and "Error for" not in err, err
+
+
+def test_a_cut_json_file_says_where_its_unfinished_string_starts():
+    """JSON's own message for a string cut short ends in 'starting at': the column completes it."""
+    from booklens.records import parse_json
+
+    with pytest.raises(BooklensError) as caught:
+        parse_json('{"a": 1,\n  "demos": "cut', "p.json", "program artifact")
+    assert str(caught.value) == ("program artifact is not valid JSON (p.json: line 2: Unterminated string starting "
+                                 "at column 12)")
