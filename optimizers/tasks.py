@@ -223,17 +223,22 @@ def load_task_splits(task: Task, data: str | Path, *, seed: int = 0, sizes: dict
     return Splits(picked["train"], picked["dev"], picked["test"], info)
 
 
-def check_asked_sizes(splits: Splits, asked: dict[str, tuple[str, int | None]], data: str | Path) -> None:
+def check_asked_sizes(task: Task, splits: Splits, asked: dict[str, tuple[str, int | None]], data: str | Path) -> None:
     """Refuse a size the user gave (`asked`: split -> (option, value)) above the examples its split
-    holds, before any call: it would run on fewer than asked. 0 (all) and the defaults pass."""
-    available = splits.info.get("available") or {}
+    holds, or above what its subset takes at `task.per_group` a group, before any call: it would run
+    on fewer than asked. 0 (all) and the defaults pass."""
+    available, picked = splits.info.get("available") or {}, splits.info.get("sizes") or {}
+    seed = f"split by book with seed {splits.info.get('seed')}"
     for name, (option, value) in asked.items():
-        held = available.get(name)
+        held, got = available.get(name), picked.get(name)
+        what = "training" if name == "train" else name
         if value and isinstance(held, int) and value > held:
-            what = "training" if name == "train" else name
             raise BooklensError(f"{option} {value} asks for more examples than the {held} of the {what} split of "
-                                f"{data} (split by book with seed {splits.info.get('seed')}): give at most {held}, "
-                                "or 0 for all of them")
+                                f"{data} ({seed}): give at most {held}, or 0 for all of them")
+        if value and isinstance(got, int) and got < value:  # a subset capped per summary (`per_group`)
+            raise BooklensError(f"{option} {value} asks for more examples than the {got} the {what} split of {data} "
+                                f"gives at {task.per_group} per {task.subset_group} ({seed}): give at most {got}, "
+                                f"or 0 for all {held} of them")
 
 
 def learned_groups(task: Task, data: str | Path, block: dict[str, Any], dev_too: bool) -> set[Any] | None:

@@ -651,6 +651,23 @@ def test_a_size_above_what_the_split_holds_is_a_one_line_error_before_any_call(t
                                                                                          "test": 16}
 
 
+def test_a_coherence_size_above_six_sentences_a_summary_is_a_one_line_error(tmp_path, shared_dir):
+    """Coherence subsets read at most 6 sentences of each summary: a size between what that gives
+    and the whole split (0) came out at that cap, fewer than asked, and said nothing."""
+    human = shared_dir / "data" / "booookscore" / "human"
+    with FakeOpenAIServer(responder=coherence_answer) as server:
+        lm = ["--lm", "openai/fake-model", "--api-base", server.url]
+        proc = run_cli(["evaluate", "coherence", "--data", human, "--size", "3000", *lm], tmp_path)
+        assert_one_line_error(proc, f"--size 3000 asks for more examples than the 480 the test split of {human} "
+                                    "gives at 6 per summary (split by book with seed 0): give at most 480, or 0 for "
+                                    "all 3197 of them")
+        proc = run_cli(["compile", "coherence", "--data", human, "--optimizer", "labeled", "--train-size", "1000",
+                        "-o", tmp_path / "a.json", *lm], tmp_path)
+        assert_one_line_error(proc, "--train-size 1000 asks for more examples than the ", " the training split of ",
+                              output=tmp_path / "a.json")
+        assert server.received == []
+
+
 def test_a_coherence_program_compiled_to_new_instructions_is_not_run_batched(tmp_path):
     """MIPROv2 and GEPA compile instructions, not only demos, and compile runs the per-sentence
     predictor only: with --batch-size above 1 the batched one would judge with nothing compile chose

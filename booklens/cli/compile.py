@@ -166,7 +166,7 @@ def compile_command(
     budget.check_for(name)
     seed = 0 if seed is None else seed
     splits = load_task_splits(spec, data, seed=seed, sizes=_sizes(train_size, dev_size, test_size))
-    check_asked_sizes(splits, {"train": ("--train-size", train_size), "dev": ("--dev-size", dev_size),
+    check_asked_sizes(spec, splits, {"train": ("--train-size", train_size), "dev": ("--dev-size", dev_size),
                                "test": ("--test-size", test_size)}, data)
     if not evaluate_test:
         splits = splits.dropping("test")
@@ -321,7 +321,7 @@ def evaluate_command(
     if size is None:
         size = compiled_split_size(blocks, split, same_data, seed)
     splits = load_task_splits(spec, data, seed=seed, sizes={split: size})
-    check_asked_sizes(splits, {split: ("--size", asked)}, data)
+    check_asked_sizes(spec, splits, {split: ("--size", asked)}, data)
     examples = splits.get(split)
     if not examples:
         raise BooklensError(f"the {split} split of {data} is empty")
