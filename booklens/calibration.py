@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from booklens.errors import BooklensError
-from booklens.lm.base import lm_label, lm_planned_window, lm_server
+from booklens.lm.base import lm_label, lm_planned_window, lm_server, window_setting
 from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, counted
 
 COHERENCE_BOOKS = 2
@@ -174,10 +174,11 @@ def coherence_sample(human_dir: str | Path, *, books: Optional[int] = COHERENCE_
 
 
 def _coherence_items(program: Any, *, human_dir: str | Path, books: Optional[int], seed: int,
-                     split_seed: Optional[int], asked: bool = False, window: Optional[int] = None
-                     ) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+                     split_seed: Optional[int], asked: bool = False, window: Optional[int] = None,
+                     setting: Optional[dict[str, Any]] = None) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
     """The coherence sample, or the refusals to measure on it (more books asked for than there are,
-    no annotated sentence, demos in it, a summary that does not fit a known `window` even with no demo)."""
+    no annotated sentence, demos in it, a summary that does not fit a known `window` even with no demo;
+    `setting`: the option that set that window, `booklens.lm.base.window_setting`)."""
     from booklens.programs.coherence import refuse_misfits
 
     items, info = coherence_sample(human_dir, books=books, seed=seed, split_seed=split_seed, asked=asked)
@@ -191,7 +192,8 @@ def _coherence_items(program: Any, *, human_dir: str | Path, books: Optional[int
     shown = _demo_values(program, "summary")
     _refuse_demos("coherence", sum(1 for _, a in items if " ".join(a.summary.split()) in shown), len(items),
                   "summaries")
-    refuse_misfits(program, ((f"{a.book!r} of {source}", a.summary) for source, a in items), window)
+    refuse_misfits(program, ((f"{a.book!r} of {source}", a.summary) for source, a in items), window,
+                   **(setting or {}))
     return items, info
 
 
@@ -209,7 +211,8 @@ def calibrate_coherence(program: Any, *, human_dir: str | Path, books: Optional[
 
     _check_program("coherence", program)
     items, info = _coherence_items(program, human_dir=human_dir, books=books, seed=seed, split_seed=split_seed,
-                                   asked=asked, window=getattr(current_lm(), "context_window", None))
+                                   asked=asked, window=getattr(current_lm(), "context_window", None),
+                                   setting=window_setting(current_lm(), "--context-window"))
     meter = UsageTracker()
     lm = metered(current_lm(), meter)
     units: list[list[int]] = []
@@ -469,14 +472,15 @@ def _sample_of(judge: str, program: Any, *, human_dir: str | Path | None, fables
 
 def check_sample(judge: str, program: Any, *, human_dir: str | Path | None = None,
                  fables_path: str | Path | None = None, books: Optional[int] = None, seed: int = SEED,
-                 window: Optional[int] = None) -> None:
+                 window: Optional[int] = None, setting: Optional[dict[str, Any]] = None) -> None:
     """Read the data `calibrate` would measure `judge` on and make every refusal it would make before
     its first LM call (unreadable data, an empty sample, the program's demos in it, a summary too long
-    for the LM's `window` when it is known), calling no LM: a command that calibrates several judges
-    fails before the first one's calls, not after them."""
+    for the LM's `window` when it is known; `setting`: the option that set it, as `window_setting`
+    says), calling no LM: a command that calibrates several judges fails before the first one's calls,
+    not after them."""
     sample = _sample_of(judge, program, human_dir=human_dir, fables_path=fables_path, books=books, seed=seed)
     if judge == "coherence":
-        _coherence_items(program, **sample, window=window)
+        _coherence_items(program, **sample, window=window, setting=setting)
     else:
         _verification_items(program, **sample)
 

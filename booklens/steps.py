@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from booklens.errors import BooklensError, check_flag, kind_of
-from booklens.lm.base import ContextWindowExceeded, lm_label, planned_window_advice, refuse_larger_window
+from booklens.lm.base import (ContextWindowExceeded, lm_label, planned_window_advice, refuse_larger_window,
+                              window_setting)
 from booklens.lm.usage import usage_scope, usage_step
 from booklens.retrieval import DEFAULT_PASSAGE_TOKENS
 from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, counted
@@ -284,7 +285,7 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
     lm = current_lm()
     scorer = scorer or load_judge("coherence", batch_size=batch_size, concurrency=concurrency, tries=tries)
     refuse_misfits(scorer, ((repr(name), text) for name, text in summaries.items()),
-                   getattr(lm, "context_window", None))
+                   getattr(lm, "context_window", None), **window_setting(lm, window_option))
     judge = judge_info("coherence", scorer, lm)
     results = {}
     for name, text in summaries.items():

@@ -82,18 +82,19 @@ class Task:
     # before the first call: the summarizer's window and budgets, as `summarize` checks them.
     fits: Callable[[dspy.Module, int | None], None] | None = None
 
-    def refuse_misfits(self, program: dspy.Module, examples: Sequence[dspy.Example], window: int | None) -> None:
+    def refuse_misfits(self, program: dspy.Module, examples: Sequence[dspy.Example], window: int | None,
+                       **setting: Any) -> None:
         """Refuse, before the first call, a program whose settings do not fit a `window`-token
         context (`fits`), and a text of `examples` that `program` cannot judge in it even with no
         demo, as `score` does (`booklens.programs.coherence.refuse_misfits`): not after judging the
-        ones before it."""
+        ones before it. `setting`: the option that set the window (`booklens.lm.base.window_setting`)."""
         if self.fits is not None:
             self.fits(program, window)
         if self.contexts is None:
             return
         from booklens.programs.coherence import refuse_misfits
 
-        refuse_misfits(program, self.contexts(examples), window)
+        refuse_misfits(program, self.contexts(examples), window, **setting)
 
     def units(self, examples: Sequence[dspy.Example]) -> list[str] | None:
         """The interval unit of each example (`evaluate_program(units=...)`), or None."""

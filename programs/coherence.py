@@ -420,15 +420,24 @@ def check_window_holds_a_summary(scorer: Any, window: int | None) -> None:
                             "use a model or server with a larger context window")
 
 
-def refuse_misfits(scorer: Any, summaries: Any, window: int | None) -> None:
+def refuse_misfits(scorer: Any, summaries: Any, window: int | None, *, option: str | None = None,
+                   model_window: int | None = None) -> None:
     """Refuse, before the first call, the first of `summaries` ((name as shown, text) pairs) that
     `scorer` cannot judge in a `window`-token context even with no demo (`CoherenceScorer.misfit`),
-    so that the summaries before it are not judged in vain. A caller's own scorer may not say."""
+    so that the summaries before it are not judged in vain. A caller's own scorer may not say.
+    `option`: the setting that set `window` below the model's (`model_window`, None when unknown),
+    which the line then names with the window that fits, where the model's holds it."""
+    from booklens.lm.base import SETTING_ADVICE
+
     misfit = getattr(scorer, "misfit", None)
     if misfit is None or not window:
         return
     for name, text in summaries:
         reason = misfit(text, window)
+        if reason and option and hasattr(scorer, "least_window"):
+            needed = scorer.least_window(text)
+            if not model_window or needed <= model_window:
+                reason = misfit(text, window, advice=f"{SETTING_ADVICE}{option} to {needed} or more")
         if reason:
             raise BooklensError(f"the summary {name} {reason}")
 

@@ -977,6 +977,15 @@ def test_the_coherence_task_plans_for_a_given_context_window(command, tmp_path):
                           "does not fit the model's 2,048-token context window even with none of the judge's demos",
                           output=tmp_path / "coherence.json")
     assert server.received == []
+    # The option set the window, so the line names it with the window that fits (it said to use
+    # another model), and that window runs.
+    fitting = re.search(r"; set --context-window to (\d+) or more$", proc.stderr.strip())
+    assert fitting, proc.stderr
+    with FakeOpenAIServer(responder=coherence_answer) as server:
+        proc = run_cli([*coherence_command(command, human, tmp_path), "--context-window", fitting.group(1),
+                        "--lm", "openai/fake", "--api-base", server.url], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert server.received
 
 
 @pytest.mark.parametrize("command", ["compile", "evaluate"])

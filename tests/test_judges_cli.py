@@ -1028,7 +1028,8 @@ def test_calibrate_plans_the_coherence_judge_for_a_given_context_window(tmp_path
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"error: the summary '{LONG_BOOK}' of summary-gpt4-4096-inc.json (") and \
-        "does not fit the model's 2,048-token context window even with none of the judge's demos" in lines[0]
+        "does not fit the model's 2,048-token context window even with none of the judge's demos; set " \
+        "--context-window to " in lines[0]
     assert server.received == [] and not (tmp_path / "store.json").exists()
 
 

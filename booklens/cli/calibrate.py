@@ -171,17 +171,20 @@ def calibrate_command(
                                                                   else {})) for j in judges}
     from booklens.calibration import check_sample
     from booklens.lm import LOCAL_LM, resolve_lm_name, served_context_window
-    from booklens.lm.base import refuse_larger_window
+    from booklens.lm.base import refuse_larger_window, set_window
 
     check_lm_options(lm, api_base, structured=structured, rpm=rpm, tpm=tpm)
     # Every judge's data is read now: a second judge's bad data fails before the first judge's calls.
     # The window is the one the judges' LM will have (a self-hosted server's own), without loading a model.
     window = served_context_window(lm, api_base)
+    setting = None
     if context_window is not None:  # what the judges plan for; first, so no summary is refused for a
         refuse_larger_window(context_window, window, JUDGE_WINDOW_OPTION)  # window the model lacks
+        setting = set_window(JUDGE_WINDOW_OPTION, window)
         window = context_window
     for name, prog in programs.items():
-        check_sample(name, prog, human_dir=human_dir, fables_path=fables, books=books, seed=seed, window=window)
+        check_sample(name, prog, human_dir=human_dir, fables_path=fables, books=books, seed=seed, window=window,
+                     setting=setting)
 
     calls_at_once = concurrency or (1 if resolve_lm_name(lm) == LOCAL_LM else 4)
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm, context_window=context_window)

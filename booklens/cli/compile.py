@@ -36,7 +36,7 @@ from booklens.cli.common import (
 )
 from booklens.data.splits import DEFAULT_FRACTIONS
 from booklens.errors import BooklensError
-from booklens.lm.base import lm_label
+from booklens.lm.base import lm_label, window_setting
 from booklens.vocabulary import (DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, MIN_CHUNK_SIZE,
                                  MIN_CONTEXT_WINDOW, MIN_SUMMARY_TOKENS)
 
@@ -185,7 +185,7 @@ def compile_command(
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm, context_window=context_window)
     # Every split the command runs on, before the first call: not the test split after the compile.
     spec.refuse_misfits(spec.build_program(), [*splits.train, *splits.dev, *splits.test],
-                        getattr(model, "context_window", None))
+                        getattr(model, "context_window", None), **window_setting(model, window_option))
 
     typer.echo(f"compiling {spec.name} with {name}: {len(splits.train)} train / {len(splits.dev)} dev / "
                f"{len(splits.test)} test examples, budget {budget.spent_by(name)}", err=True)
@@ -207,7 +207,8 @@ def compile_command(
         try:
             # mipro and gepa write instructions of their own, which may leave a summary no room: the
             # artifact is still written, only that split is not scored
-            spec.refuse_misfits(compiled, examples, getattr(model, "context_window", None))
+            spec.refuse_misfits(compiled, examples, getattr(model, "context_window", None),
+                                **window_setting(model, window_option))
         except BooklensError as exc:
             typer.echo(f"note: the compiled program is not scored on {split}: with its instructions, {exc}", err=True)
             continue
@@ -352,7 +353,7 @@ def evaluate_command(
                                seed=seed, split=split, overlap=overlap if recorded in same_data else None)
         said += [note for note in [*notes, other_lm_note(str(path), compiled_with(b), lm_label(model))] if note]
     for _, p in runs:  # each program's own instructions count: mipro and gepa rewrite them
-        spec.refuse_misfits(p, examples, getattr(model, "context_window", None))
+        spec.refuse_misfits(p, examples, getattr(model, "context_window", None), **window_setting(model, window_option))
     for note in said:  # after the refusals: an error is the one line a refused command prints
         typer.echo(f"note: {note}", err=True)
     from booklens.steps import judge_window_advice

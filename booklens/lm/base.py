@@ -42,6 +42,20 @@ def lm_planned_window(lm: Any) -> int | None:
     return window if isinstance(window, int) and not isinstance(window, bool) else None
 
 
+def window_setting(lm: Any, option: str | None) -> dict[str, Any]:
+    """How a check names the window `lm` plans for (`refuse_misfits`' keywords): `option` when a
+    command's option set it (`planning_for`), with the model's own window, which it may not exceed;
+    nothing when the window is the model's."""
+    if option is None or lm_planned_window(lm) is None:
+        return {}
+    return set_window(option, getattr(getattr(lm, "backend", None), "context_window", None))
+
+
+def set_window(option: str, model_window: int | None) -> dict[str, Any]:
+    """`window_setting` where `option` set the window, below the model's `model_window` (None: unknown)."""
+    return {"option": option, "model_window": model_window}
+
+
 class ContextWindowExceeded(LMError):
     """The prompt and the answer budget do not fit the model's context window; `window` is that
     window in tokens when the server's words gave it."""
