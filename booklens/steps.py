@@ -433,7 +433,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
     from booklens.lm import current_lm
     from booklens.programs.faithfulness import DemoFit, build_checker, fit_demos_to_evidence, label_summary
     from booklens.records import FaithfulnessReport
-    from booklens.retrieval import BOOK_MODES, PASSAGE_MODES, check_evidence_options, retrieval_settings
+    from booklens.retrieval import (BOOK_MODES, BUDGET_MODES, PASSAGE_MODES, check_evidence_options,
+                                    retrieval_settings)
 
     check_evidence_options(mode, k=k, budget_tokens=budget_tokens, passage_tokens=passage_tokens,
                            has_book=book_text is not None, as_keys=as_keys)
@@ -514,7 +515,7 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
         book_sha256=hashlib.sha256(book_text.encode("utf-8")).hexdigest() if book_text is not None else None,
         summary=summary, evidence_mode=mode,
         k=k if mode in PASSAGE_MODES else None,
-        budget_tokens=checker.resolved_budget() if mode in ("book", "given") else None,
+        budget_tokens=checker.resolved_budget() if mode in BUDGET_MODES else None,
         passage_tokens=passage_tokens if index is not None else None,
         claims=verdicts, total_claims=total_claims, label_counts=counts, label_percentages=percentages,
         failures=failures, label_set=verifier.label_set,

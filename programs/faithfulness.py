@@ -272,7 +272,8 @@ def fit_budget(verifier: "ClaimVerifier", context_window: int | None, *, budget_
     bare = _showing(verifier, 0)
     whose = ""
     if sizes is not None:
-        first = next(i for i, size in enumerate(sizes) if size > evidence_room(bare, context_window))
+        bare_room = evidence_room(bare, context_window)  # less than the longest quotes: `_most_demos` found none
+        first = next(i for i, size in enumerate(sizes) if size > bare_room)
         whose = f"claim {first + 1}'s evidence is {sizes[first]} tokens"
     room = evidence_room(bare, context_window, margin=BUDGET_MARGIN)
     no_room = _no_room(context_window, room, MIN_BUDGET_TOKENS)
@@ -292,12 +293,12 @@ def fit_demos_to_evidence(verifier: "ClaimVerifier", context_window: int | None,
     checked before any call: `fit_passages` for the passage modes, `fit_budget` for `book` and `given`.
     Every command and a sweep's driver and cells decide by this rule alone, so the same settings, book
     and window always show the judge the same demos. `verifier` itself is never changed."""
-    from booklens.retrieval import PASSAGE_MODES
+    from booklens.retrieval import BUDGET_MODES, PASSAGE_MODES
 
     if mode in PASSAGE_MODES:
         return fit_passages(verifier, context_window, k=k, passage_tokens=passage_tokens, book_text=book_text,
                             as_keys=as_keys)
-    if mode in ("book", "given"):
+    if mode in BUDGET_MODES:
         return fit_budget(verifier, context_window, budget_tokens=budget_tokens, book_text=book_text,
                           given=given if mode == "given" else None, as_keys=as_keys)
     return DemoFit(verifier)

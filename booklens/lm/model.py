@@ -347,11 +347,10 @@ def forget_servers() -> None:
     """Forget what this process learned of servers (their windows, dialects, which answered): a new
     process's view. For several commands run in one process, where a server started later may take
     the port of one that stopped (`booklens.testing.run_command`)."""
-    from booklens.lm import remote
+    from booklens.lm.remote import forget_learned
 
     _SILENT_SERVERS.clear()
-    with remote._learned_lock:
-        remote._learned.clear()
+    forget_learned()
 
 
 def served_context_window(lm: str | None = None, api_base: str | None = None) -> int | None:

@@ -1041,6 +1041,12 @@ def _learned_about(provider: str, server: str) -> dict[str, Any]:
         return _learned.setdefault((provider, server), {})
 
 
+def forget_learned() -> None:
+    """Forget what the backends learned of every server (`booklens.lm.model.forget_servers`)."""
+    with _learned_lock:
+        _learned.clear()
+
+
 def _reasoning_only_tokens(message: Any, text: str, usage: Any) -> int:
     """The reasoning tokens of an answer that holds nothing but reasoning (a server that splits the
     thinking off sends it as `reasoning_content`, with empty content), else 0. The reasoning itself

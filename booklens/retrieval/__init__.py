@@ -34,6 +34,8 @@ SEARCH_MODES = ("bm25", "dense", "hybrid")
 PASSAGE_MODES = SEARCH_MODES
 # Modes that need the embedding index.
 DENSE_MODES = ("dense", "hybrid", "book")
+# Modes whose evidence per claim is bounded by a token budget (`--budget-tokens`), not by k passages.
+BUDGET_MODES = ("book", "given")
 
 # How much of the book a claim or question is shown by default (passages of at most
 # DEFAULT_PASSAGE_TOKENS cl100k tokens, the top DEFAULT_K of them), and the least a command takes:
@@ -88,7 +90,7 @@ def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: in
     if k is not None and mode not in k_modes:
         raise BooklensError(f"{name('--k')} is how many passages {'/'.join(k_modes)} "
                             f"{'start from' if book_takes_k else 'retrieve'}; evidence {mode} retrieves none")
-    if budget_tokens is not None and mode not in ("book", "given"):
+    if budget_tokens is not None and mode not in BUDGET_MODES:
         modes = "book and given modes" if has_given else "book mode"
         raise BooklensError(f"{name('--budget-tokens')} bounds the evidence of the {modes}; evidence {mode} would "
                             "not apply it")
