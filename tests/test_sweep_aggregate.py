@@ -177,9 +177,9 @@ def test_progress_shows_cells_calls_tokens_cost_and_eta():
     progress.cell_done("s/b2")
     progress.cell_done("s/b3", failed="summary: no usable summary")
     assert stream.getvalue() == "cell s/b3 failed: summary: no usable summary\n"
-    # 62 s for 2 cells that did work; 9 cells left -> 279 s
+    # 62 s for the 1 cell that completed work (a failed cell is not part of the pace); 9 cells left -> 558 s
     assert progress.line() == ("sweep: 3/12 cells (1 reused, 1 failed) | 1,234 LM calls (34 from the cache) "
-                               "+ 10 reused from earlier runs | 1.2M tokens | $0.5000 | 1m02s, ETA 4m39s")
+                               "+ 10 reused from earlier runs | 1.2M tokens | $0.5000 | 1m02s, ETA 9m18s")
     progress.cell_done("s/b4", earlier={"calls": 2, "prompt_tokens": 10, "completion_tokens": 5, "cost_usd": None})
     assert "+ 12 reused from earlier runs" in progress.line() and "$" not in progress.line()  # a call had no price
     progress.close()
@@ -193,9 +193,25 @@ def test_the_last_progress_line_of_a_stopped_sweep_has_no_eta():
     progress.started = clock.now
     clock.now += 2
     progress.cell_done("s/b1", failed="summary: no usable summary")
-    assert progress.line().endswith("| 2s, ETA 6s")
+    progress.cell_done("s/b2")
+    assert progress.line().endswith("| 2s, ETA 4s")
     progress.close()
-    assert stream.getvalue().splitlines()[-1] == "sweep: 1/4 cells (1 failed) | 3 LM calls | 0 tokens | 2s"
+    assert stream.getvalue().splitlines()[-1] == "sweep: 2/4 cells (1 failed) | 3 LM calls | 0 tokens | 2s"
+
+
+def test_cells_that_failed_at_once_do_not_set_the_pace():
+    """Three cells whose book could not be read fail in the first second; the ETA waits for a cell
+    that completed work rather than promising the other 7 in 2 seconds."""
+    clock, stream = Clock(), io.StringIO()
+    progress = SweepProgress(10, lambda: {"calls": 0}, stream=stream, tty=False, interval=3600, clock=clock)
+    progress.started = clock.now
+    clock.now += 1
+    for name in ("s/b1", "s/b2", "s/b3"):
+        progress.cell_done(name, failed="book: no such file")
+    assert "ETA" not in progress.line()
+    clock.now += 99
+    progress.cell_done("s/b4")
+    assert progress.line().endswith("| 1m40s, ETA 10m00s")
 
 
 def test_progress_on_a_terminal_redraws_one_line():

@@ -129,8 +129,10 @@ class SweepProgress:
         return " | ".join(parts)
 
     def eta(self, elapsed: float) -> Optional[float]:
-        """Seconds left at the rate of the cells that did work so far (reused cells cost nothing)."""
-        worked = self.done - self.reused
+        """Seconds left at the rate of the cells that completed work so far. Reused cells cost nothing,
+        and a failed cell says nothing of the pace: most fail at once (a book that cannot be read, a
+        refused setting), and counting them would promise the rest of the sweep in seconds."""
+        worked = self.done - self.reused - self.failed
         if worked <= 0:
             return None
         return elapsed / worked * (self.total - self.done)
