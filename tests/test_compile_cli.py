@@ -517,13 +517,30 @@ def test_a_judge_that_never_gives_a_verdict_ends_evaluate_and_compile_summarize_
         proc = run_cli(["evaluate", "summarize", "--data", books, *lm], tmp_path)
         assert_one_line_error(proc, "error: zero-shot failed on every example; the first failure: " + NO_VERDICT)
         assert proc.stdout == ""
-        for optimizer, failed in (("labeled", "compiled on dev failed on every example"),
-                                  ("bootstrap", "compiling with bootstrap failed on every example it scored")):
-            proc = run_cli(["compile", "summarize", "--data", books, "--optimizer", optimizer, "-o", out, *lm],
-                           tmp_path)
-            assert proc.returncode != 0 and "Traceback" not in proc.stderr and not out.exists(), proc.stderr
-            errors = [line for line in proc.stderr.splitlines() if not line.startswith(("compiling ", "note: "))]
-            assert errors == [f"error: {failed}; the first failure: {NO_VERDICT}"], proc.stderr
+        # The compile itself fails: nothing to write.
+        proc = run_cli(["compile", "summarize", "--data", books, "--optimizer", "bootstrap", "-o", out, *lm],
+                       tmp_path)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr and not out.exists(), proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if not line.startswith(("compiling ", "note: "))]
+        assert errors == ["error: compiling with bootstrap failed on every example it scored; the first failure: "
+                          + NO_VERDICT], proc.stderr
+        # The compile succeeds and only its scoring fails: the program is written, unscored, and the
+        # command still fails, at the first split that failed (test is not asked after dev).
+        served = len(server.served)
+        proc = run_cli(["compile", "summarize", "--data", books, "--optimizer", "labeled", "-o", out, *lm],
+                       tmp_path)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if not line.startswith(("compiling ", "note: "))]
+        assert errors == [f"wrote {out}",
+                          f"error: compiled on dev failed on every example; the first failure: {NO_VERDICT} "
+                          f"({out} holds the compiled program, not scored on dev: `booklens evaluate summarize "
+                          f"--data {books} --program {out} --split dev` scores it)"], proc.stderr
+        meta = json.loads(out.read_text())["metadata"]["booklens"]
+        assert meta["optimizer"] == "labeled" and meta["metrics"] == {}
+        # only book 0, the dev split, was asked about: the test books 3 and 4 were not
+        asked = {re.search(r"lighthouse (\d+)", str(b["messages"][-1]["content"])).group(1)
+                 for b in server.served[served:]}
+        assert asked == {"0"}
 
 
 def test_evaluate_scores_an_artifact_on_the_split_its_compile_scored(tmp_path):

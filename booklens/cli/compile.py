@@ -35,7 +35,7 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.data.splits import DEFAULT_FRACTIONS
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, LMError
 from booklens.lm.base import lm_label, window_setting
 from booklens.vocabulary import (DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, MIN_CHUNK_SIZE,
                                  MIN_CONTEXT_WINDOW, MIN_SUMMARY_TOKENS)
@@ -200,6 +200,7 @@ def compile_command(
                    "(labeled takes the annotated ones): the artifact is the zero-shot program", err=True)
     results = []
     metrics: dict[str, Any] = {}
+    unscored: Optional[tuple[str, BooklensError]] = None
     for split in ("dev", "test"):
         examples = splits.get(split)
         if not examples or (split == "test" and not evaluate_test):
@@ -212,10 +213,19 @@ def compile_command(
         except BooklensError as exc:
             typer.echo(f"note: the compiled program is not scored on {split}: with its instructions, {exc}", err=True)
             continue
-        with judge_window_advice(model, window_option, planner):
-            result = evaluate_program(compiled, examples, spec.metric, threads=threads, label=f"compiled on {split}",
-                                      units=spec.units(examples), unit_name=spec.interval_unit_name,
-                                      failure=spec.failure, notes=spec.notes)
+        try:
+            with judge_window_advice(model, window_option, planner):
+                result = evaluate_program(compiled, examples, spec.metric, threads=threads,
+                                          label=f"compiled on {split}", units=spec.units(examples),
+                                          unit_name=spec.interval_unit_name, failure=spec.failure, notes=spec.notes)
+        except LMError:
+            raise  # the server or its settings: a rerun with them fixed resumes from the cache
+        except BooklensError as exc:
+            # The program failed on every example: a rerun would fail the same way, so the compiled
+            # program is written all the same, and the command still fails (a split it was asked to
+            # score has no score).
+            unscored = (split, exc)
+            break
         results.append(result)
         metrics[split] = _metric_block(result)
     total_seconds = time.perf_counter() - started
@@ -232,6 +242,10 @@ def compile_command(
         metrics=metrics,
     )
     typer.echo(f"wrote {output}", err=True)
+    if unscored is not None:
+        split, exc = unscored
+        raise BooklensError(f"{exc} ({output} holds the compiled program, not scored on {split}: "
+                            f"`booklens evaluate {spec.name} --data {data} --program {output} --split {split}` scores it)")
     usage = meter.work()
     demos_count = {n: len(p.demos) for n, p in compiled.named_predictors()}
     lines = [
