@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from booklens.sweep.aggregate import CellOutcome, cell_row, outcome_of_run, results, write_aggregate
+from booklens.sweep.aggregate import CellOutcome, cell_row, outcome_of_run, results, sweep_judges, write_aggregate
 from booklens.sweep.progress import SweepProgress
 from booklens.sweep.report import render_sweep_report
 
@@ -446,3 +446,22 @@ def test_the_sweep_display_outlives_a_stream_nobody_reads():
     progress.cell_done("s/b2")
     progress.close()
     assert progress.done == 2 and Gone.writes == 1
+
+
+def test_the_sweeps_judge_record_gives_the_range_of_demos_its_cells_showed():
+    """A verifier shows as many demos as its window holds beside each book's evidence: the short
+    book's cell showed all 6, the long ones 4 and 5. The first cell's record alone said 6."""
+    base = {"task": "verification", "program": "default", "demos": 6}
+    note = "the judge is shown 4 of its 6 demos: its 2048-token context window holds no more beside the book"
+    cells = [CellOutcome("s", "short", "complete", run={"judges": {"verification": dict(base)}}),
+             CellOutcome("s", "long", "complete", run={"judges": {"verification": {**base, "demos_shown": 4,
+                                                                                    "demos_note": note}}}),
+             CellOutcome("s", "mid", "complete", run={"judges": {"verification": {**base, "demos_shown": 5}}})]
+    verification = sweep_judges(cells)["verification"]
+    assert (verification["demos"], verification["demos_shown"]) == (6, 4)
+    assert verification["demos_note"] == ("the judge is shown 4 to 6 of its 6 demos, by book: as many as its "
+                                          "context window holds beside each book's evidence")
+    # every cell showed the same: its own record, note and all
+    same = sweep_judges(cells[1:2] * 2)["verification"]
+    assert (same["demos_shown"], same["demos_note"]) == (4, note)
+    assert "demos_shown" not in sweep_judges(cells[:1])["verification"]

@@ -184,11 +184,26 @@ def pair_results(systems: list[str], rows: Sequence[dict[str, Any]]) -> list[dic
 
 def sweep_judges(outcomes: Sequence[CellOutcome]) -> dict[str, Any]:
     """The judge of each judging step (program, demos, LM, calibration), as the cells recorded it.
-    Every cell is judged the same way, so the first cell that recorded a step's judge speaks for all."""
+    Every cell is judged by the same program, so the first cell that recorded a step's judge speaks
+    for all, but for one figure: a verifier shows as many of its demos as its window holds beside
+    each book's evidence, so a short book's cell may show more than a long one's. Where cells
+    differ, the record gives the fewest and its note the range."""
     judges: dict[str, Any] = {}
+    shown: dict[str, set[int]] = {}
     for outcome in outcomes:
         for task, info in ((outcome.run or {}).get("judges") or {}).items():
             judges.setdefault(task, info)
+            demos = info.get("demos")
+            count = info.get("demos_shown")
+            if isinstance(demos, int):
+                shown.setdefault(task, set()).add(demos if count is None else count)
+    for task, counts in shown.items():
+        if len(counts) > 1:
+            fewest, most = min(counts), max(counts)
+            judges[task] = {**judges[task], "demos_shown": fewest,
+                            "demos_note": f"the judge is shown {fewest} to {most} of its {judges[task]['demos']} "
+                                          "demos, by book: as many as its context window holds beside each "
+                                          "book's evidence"}
     return {task: judges[task] for task in ("coherence", "verification") if task in judges}
 
 
