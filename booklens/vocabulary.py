@@ -23,6 +23,9 @@ SUMMARY_METHODS: tuple[str, ...] = get_args(SummaryMethod)
 DEFAULT_CHUNK_SIZE = 2048
 DEFAULT_SUMMARY_TOKENS = 900
 DEFAULT_CONTEXT_WINDOW = 8192
+# The option that names the window a judge's prompts are planned for (`window_option` of the steps),
+# which refusals and advice name.
+JUDGE_WINDOW_OPTION = "--context-window"
 # Words asked for per token of budget: the published BooookScore code uses 0.65.
 DEFAULT_WORDS_PER_TOKEN = 0.65
 

@@ -1074,3 +1074,32 @@ def test_summarizer_options_are_refused_for_the_tasks_that_run_no_summarizer(com
     proc = run_cli(args, tmp_path)
     assert_one_line_error(proc, output=tmp_path / "out.json")
     assert proc.stderr == f"error: {line}\n"
+
+
+def test_compile_and_evaluate_as_library_calls(tmp_path):
+    """`booklens.optimizers.workflow` is what the two commands run: plan (no LM), then run."""
+    import dspy
+
+    from booklens.lm import BooklensAdapter, make_lm
+    from booklens.optimizers.workflow import compile_task, evaluate_task, plan_compile
+
+    data = tiny_fables(tmp_path / "fables.json")
+    artifact = tmp_path / "verify.json"
+    said = []
+    with FakeOpenAIServer(responder=fake_verifier) as server, dspy.context(
+            lm=make_lm("openai/fake-model", api_base=server.url, cache_dir=tmp_path / "cache"),
+            adapter=BooklensAdapter()):
+        # a plan that cannot run is refused before any call, as the command refuses it
+        with pytest.raises(BooklensError, match="--test-size sizes the test split, and --no-test scores nothing"):
+            plan_compile("verification", data, artifact, optimizer="labeled", test_size=2, evaluate_test=False)
+        assert server.served == []
+        done = compile_task("verification", data, artifact, optimizer="labeled", demos=2, notify=said.append)
+        assert said[0].startswith("compiling verification with labeled: 16 train / ") and said[-1] == f"wrote {artifact}"
+        assert [r.label for r in done.results] == ["compiled on dev", "compiled on test"]
+        assert done.artifact["metrics"]["test"]["value"] == 1.0
+        assert json.loads(artifact.read_text())["metadata"]["booklens"]["metrics"] == done.artifact["metrics"]
+        assert "label accuracy" in done.summary()
+        compared = evaluate_task("verification", data, programs=[artifact])
+    assert [r.label for r in compared.results] == ["zero-shot", "verify.json"]
+    assert [compared.as_dict()["results"][i]["metric"] for i in (0, 1)] == [0.5, 1.0]
+    assert compared.as_dict()["lm"] == "openai/fake-model"

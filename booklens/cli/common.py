@@ -14,7 +14,7 @@ import typer
 from booklens.data.splits import SEED_RANGE, SPLITS
 from booklens.errors import BooklensError
 from booklens.lm.remote import STRUCTURED_MODES
-from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW, MIN_CONTEXT_WINDOW
+from booklens.vocabulary import DEFAULT_CONTEXT_WINDOW, JUDGE_WINDOW_OPTION, MIN_CONTEXT_WINDOW
 
 
 def command_group(**settings: Any) -> typer.Typer:
@@ -58,8 +58,6 @@ ApiBaseOption = Annotated[
 ConcurrencyOption = Annotated[int, typer.Option("--concurrency", min=1, help="Independent LM calls run at once.")]
 MaxClaimsOption = Annotated[Optional[int], typer.Option(
     "--max-claims", min=1, help="Verify only the first N claims (a quick, cheap run).")]
-# The option that names the window a judge's prompts are planned for (`window_option` of the steps).
-JUDGE_WINDOW_OPTION = "--context-window"
 JudgeWindowOption = Annotated[Optional[int], typer.Option(
     JUDGE_WINDOW_OPTION, min=MIN_CONTEXT_WINDOW,
     help=f"Tokens the model reads at once, which the judge's prompts are sized for (default: what LiteLLM or "
