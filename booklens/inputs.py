@@ -58,13 +58,16 @@ def wordless(text: str) -> Optional[str]:
 
 
 def summary_text(summary: Any) -> str:
-    """The summary a program was handed, or the one-line error: a list of sentences passed as the
-    summary would otherwise be judged as if it were text, or fail deep inside the program."""
+    """The summary a program was handed, without the whitespace around it, or the one-line error:
+    a list of sentences passed as the summary would otherwise be judged as if it were text, or
+    fail deep inside the program. Trimmed here, where every judge takes its summary, so that a
+    summary read from a text file (trimmed), a record or a map (as written) is one prompt and one
+    cached call."""
     if summary is None or (isinstance(summary, str) and not summary.strip()):
         raise BooklensError("the summary is empty")
     if not isinstance(summary, str):
         raise BooklensError(f"the summary must be text, not {type(summary).__name__}")
-    return summary
+    return summary.strip()
 
 
 def summary_map(data: Any, what: str) -> dict[str, str]:

@@ -251,7 +251,7 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
     judge is `scorer`, else the default few-shot confusion detector (`booklens.judges`).
     `window_option` names the setting of the window the judge plans for (a command's
     `--context-window`), which a server's refusal of a prompt then advises."""
-    from booklens.inputs import wordless
+    from booklens.inputs import summary_text, wordless
     from booklens.judges import judge_info, load_judge
     from booklens.lm import current_lm
     from booklens.metrics.booookscore import finish_result
@@ -279,9 +279,11 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
             raise BooklensError(f"the summary {name!r} is {type(text).__name__}, not text")
         if wordless(text):  # judged, it would score 100: nothing in it to confuse
             raise BooklensError(f"the summary {name!r} {wordless(text)}")
-        split[name] = split_sentences(text)
+        split[name] = split_sentences(summary_text(text))
         if not split[name]:
             raise BooklensError(f"the summary {name!r} has no sentence")
+    # As the judge takes it (`summary_text`): a record's trailing newline is no other summary.
+    summaries = {name: summary_text(text) for name, text in summaries.items()}
     lm = current_lm()
     scorer = scorer or load_judge("coherence", batch_size=batch_size, concurrency=concurrency, tries=tries)
     refuse_misfits(scorer, ((repr(name), text) for name, text in summaries.items()),

@@ -605,3 +605,22 @@ def test_an_empty_json_input_is_empty_for_agree_as_for_fables_data(tmp_path, con
     with pytest.raises(BooklensError) as caught:
         load_fables(write(tmp_path / "FABLES.json", content))
     assert str(caught.value) == f"FABLES data is empty ({tmp_path / 'FABLES.json'})"
+
+
+def test_the_same_summary_as_a_text_file_a_record_or_a_map_is_judged_once(tmp_path):
+    """Text files are read trimmed; a record or a map keeps what its writer wrote (a trailing
+    newline here). The judge sees the same summary either way, so the second and third runs are
+    answered from the call cache."""
+    from booklens.testing import FakeOpenAIServer
+
+    text = write(tmp_path / "summary.txt", SUMMARY + "\n")
+    record = write(tmp_path / "summary.json", {"summary": "\n" + SUMMARY + "\n\n"})
+    mapped = write(tmp_path / "map.json", {"lighthouse": SUMMARY + " \n"})
+    with FakeOpenAIServer(responder=fake_coherence_answer) as server:
+        lm = ["--lm", "openai/fake", "--api-base", server.url]
+        first = invoke(["score", text, *lm], tmp_path)
+        asked = len(server.served)
+        again = [invoke(["score", path, *lm], tmp_path) for path in (record, mapped)]
+    assert first.exit_code == 0 and asked > 0, first.output
+    assert all(run.exit_code == 0 for run in again), [run.output for run in again]
+    assert len(server.served) == asked
