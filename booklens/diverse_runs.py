@@ -151,23 +151,6 @@ def _events_per_criterion(events: list[Any], criteria: Sequence[str], failed: di
     return judged, not_judged, generated
 
 
-def _refused_misfit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]], empty: Iterable[str],
-                    refused: set[int], **options: Any) -> dict[str, str]:
-    """{"window_misfit": line} for a record whose figures `empty` got no verdict while the server refused
-    prompts as too long for a window it named (`refused`), where none of their prompts fits that window:
-    the line `check_judgments_fit` gives before any call where the server states its window, so that
-    one that does not (llama-cpp-python's) ends naming the same setting (`steps.judged_nothing` reads
-    it). {} otherwise, as in a record of before: they failed for another reason. `jobs` and `options`
-    as `check_judgments_fit` takes them."""
-    from booklens.programs.diverse import judgments_misfit
-
-    empty = set(empty)
-    if not empty or not refused:
-        return {}
-    misfit = judgments_misfit([job for job in jobs if job[0] in empty], min(refused), **options)
-    return {"window_misfit": misfit} if misfit else {}
-
-
 def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optional[Path] = None, *,
                     protocol: str = "likert", criterion: str = "coverage", max_articles: Optional[int] = None,
                     per_qa: bool = False, lm: Any = None, api_base: Optional[str] = None,
@@ -198,9 +181,8 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
         # A `diverse` record given as summaries holds the references it built for events without their own.
         events, no_references, generated = _coverage_events(events, [summaries_path, other_path])
         not_judged += no_references
-    from booklens.programs.diverse import PairwiseJudge, check_judgments_fit, judge_pairs, pairwise_cases, rate_event, \
-        refused_windows
-    from booklens.steps import failed_throughout
+    from booklens.programs.diverse import PairwiseJudge, check_judgments_fit, judge_pairs, judgments_misfit, \
+        pairwise_cases, rate_event, refused_windows
 
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
     figure = f"{criterion} {protocol}"
@@ -209,7 +191,7 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
     fit = {"per_qa": per_qa, "max_articles": max_articles, "protocol_option": True}
     check_judgments_fit(jobs, getattr(model, "context_window", None), **fit)
     rows = []
-    with Measured(model) as measured, refused_windows() as refused:
+    with Measured(model) as measured, refused_windows(lambda window: judgments_misfit(jobs, window, **fit)):
         for e in events:
             against = {"references": "generated" if e.eid in generated else "own"} if criterion == "coverage" else {}
             if second is None:
@@ -229,13 +211,11 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
         overall = {"cases": sum(len(row["cases"]) for row in rows),
                    **{key: sum(row[key] for row in rows) for key in ("wins_1", "wins_2", "ties", "failed")},
                    "events": len(rows)}
-    empty = failed_throughout(overall.get("judgments", overall.get("cases")), overall["failed"])
-    misfit = _refused_misfit(jobs, [figure] if empty else [], refused, **fit)
     # the files in the order the results name them: wins_1 counts the first summaries file's wins
     return {"kind": "booklens.judge", "events_file": str(events_path),
             "summaries": [str(p) for p in (summaries_path, other_path) if p is not None], "protocol": protocol,
             "criterion": criterion, "max_articles": max_articles, "per_qa": per_qa, "lm": lm_label(model),
-            "events": rows, "overall": overall, **misfit, "not_judged": not_judged,
+            "events": rows, "overall": overall, "not_judged": not_judged,
             "generated_references": generated, "usage": measured.usage, "seconds": measured.seconds}
 
 
@@ -256,9 +236,8 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
     s2 = load_summaries(summaries_2, events, "second summaries file", failed=failed)
     judged, not_judged, generated = _events_per_criterion(events, criteria, failed, [summaries_1, summaries_2])
     from booklens.metrics.bias import position_bias
-    from booklens.programs.diverse import PairwiseJudge, check_judgments_fit, judge_pairs, pairwise_cases, \
-        refused_windows
-    from booklens.steps import bias_figures_judged_nothing
+    from booklens.programs.diverse import PairwiseJudge, check_judgments_fit, judge_pairs, judgments_misfit, \
+        pairwise_cases, refused_windows
 
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
     jobs = [(f"{crit} pairwise", e, crit, "pairwise", (s1[e.eid], s2[e.eid])) for crit in criteria
@@ -266,17 +245,16 @@ def position_bias_study(events_path: Path, summaries_1: Path, summaries_2: Path,
     fit = {"per_qa": per_qa, "max_articles": max_articles}
     check_judgments_fit(jobs, getattr(model, "context_window", None), **fit)
     out: dict[str, Any] = {}
-    with Measured(model) as measured, refused_windows() as refused:
+    with Measured(model) as measured, refused_windows(lambda window: judgments_misfit(jobs, window, **fit)):
         for crit in criteria:
             cases = [(f"{e.eid}/{cid}", ref, s1[e.eid], s2[e.eid]) for e in judged[crit]
                      for cid, ref in pairwise_cases(e, crit, per_qa, max_articles)]
             pairs = judge_pairs(PairwiseJudge(crit), cases, concurrency)
             out[crit] = {"result": position_bias([(p["first_order"], p["second_order"]) for p in pairs]),
                          "cases": pairs}
-    misfit = _refused_misfit(jobs, [f"{crit} pairwise" for crit in bias_figures_judged_nothing(out)], refused, **fit)
     return {"kind": "booklens.bias.position", "events_file": str(events_path),
             "summaries": [str(summaries_1), str(summaries_2)], "criterion": criterion, "max_articles": max_articles,
-            "per_qa": per_qa, "lm": lm_label(model), **out, **misfit, "not_judged": not_judged,
+            "per_qa": per_qa, "lm": lm_label(model), **out, "not_judged": not_judged,
             "generated_references": generated, "usage": measured.usage, "seconds": measured.seconds}
 
 
@@ -308,9 +286,8 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
     originals = load_summaries(summaries, events, failed=failed)
     judged, not_judged, generated = _events_per_criterion(events, criteria, failed, [summaries])
     from booklens.metrics.bias import repeat_summary, verbosity_pairwise, verbosity_single
-    from booklens.programs.diverse import PairwiseJudge, check_judgments_fit, judge_pairs, pairwise_cases, rate_event, \
-        refused_windows
-    from booklens.steps import bias_figures_judged_nothing
+    from booklens.programs.diverse import PairwiseJudge, check_judgments_fit, judge_pairs, judgments_misfit, \
+        pairwise_cases, rate_event, refused_windows
 
     extended = {eid: repeat_summary(s) for eid, s in originals.items()}
     model = setup_run_lm(lm, api_base, cache_dir, **(lm_options or {}))
@@ -323,7 +300,7 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
     check_judgments_fit(jobs, getattr(model, "context_window", None), **fit)
     out: dict[str, Any] = {}
     table = []
-    with Measured(model) as measured, refused_windows() as refused:
+    with Measured(model) as measured, refused_windows(lambda window: judgments_misfit(jobs, window, **fit)):
         for crit in criteria:
             for proto in protocols:
                 if proto == "single":
@@ -349,9 +326,7 @@ def verbosity_bias_study(events_path: Path, summaries: Path, *, criterion: str =
                     result = verbosity_pairwise([(p["first_order"], p["second_order"]) for p in pairs])
                     out[f"{crit}_pairwise"] = {"result": result, "cases": pairs}
                 table.append((crit, proto, result))
-    empty = [name.replace("_", " ") for name in bias_figures_judged_nothing(out)]  # as `jobs` name the figures
-    misfit = _refused_misfit(jobs, empty, refused, **fit)
     return {"kind": "booklens.bias.verbosity", "events_file": str(events_path), "summaries": [str(summaries)],
             "criterion": criterion, "protocols": list(protocols), "max_articles": max_articles, "per_qa": per_qa,
-            "lm": lm_label(model), **out, "table": table, **misfit, "not_judged": not_judged,
+            "lm": lm_label(model), **out, "table": table, "not_judged": not_judged,
             "generated_references": generated, "usage": measured.usage, "seconds": measured.seconds}

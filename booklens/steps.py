@@ -535,9 +535,7 @@ def judged_nothing(record: Any) -> Optional[str]:
     Records: a `CoherenceResult` or `CoherenceSet` (sentences), a `FaithfulnessReport` (claims), and
     the results of `judge` (judgments or pairwise cases), `bias` (cases), `qa` (questions) and
     `diverse`; each protocol of `diverse`, and each criterion (and protocol) of `bias`, is a score of
-    its own, so one that failed throughout measured nothing. A `judge` or `bias` record whose prompts were
-    too long for the window the server's refusals named says so in its optional `window_misfit`, naming
-    the setting that fits; that line is the reason then."""
+    its own, so one that failed throughout measured nothing."""
     from booklens.records import CoherenceResult, CoherenceSet, FaithfulnessReport
 
     if isinstance(record, FaithfulnessReport):
@@ -556,17 +554,15 @@ def judged_nothing(record: Any) -> Optional[str]:
     if kind == "booklens.judge":
         items = [item for row in record["events"] for item in row.get("cases", row.get("judgments", []))]
         failed = sum(row["failed"] for row in record["events"])
-        reason = all_failed("the judge gave no verdict", len(items), failed, [i.get("error") or "" for i in items],
-                            counts="pairwise case" if record["protocol"] == "pairwise" else "judgment")
-        return reason and record.get("window_misfit", reason)
+        return all_failed("the judge gave no verdict", len(items), failed, [i.get("error") or "" for i in items],
+                          counts="pairwise case" if record["protocol"] == "pairwise" else "judgment")
     if kind in ("booklens.bias.position", "booklens.bias.verbosity"):
         parts = _bias_figures(record)
         empty = {name: parts[name] for name in bias_figures_judged_nothing(record)}
         said = "the judge gave no verdict" + ("" if len(empty) == len(parts) else f" on {', '.join(empty)}")
         items = [item for part in empty.values() for item in part.get("cases", [])]
         failed = sum(part["result"]["failed"] for part in empty.values())
-        reason = all_failed(said, failed, failed, [i.get("error") or "" for i in items], counts="case")
-        return reason and record.get("window_misfit", reason)
+        return all_failed(said, failed, failed, [i.get("error") or "" for i in items], counts="case")
     if kind == "booklens.diverse":
         by_protocol: dict[str, list[Any]] = {}
         for row in record["events"]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import dspy
 
@@ -616,17 +616,23 @@ def articles_needed(share: float, n_articles: int) -> int:
 # ---------------------------------------------------------------------------
 # Judges
 
-# The windows the judges' refused prompts were refused at, while `refused_windows` collects them.
-_refused: ContextVar[Optional[set[int]]] = ContextVar("refused_windows", default=None)
+# The windows the judges' refused prompts were refused at, while `refused_windows` collects them,
+# and the run's check of a window so named (`judgments_misfit` over its judgments), if it has one.
+_refused: ContextVar[Optional[tuple[set[int], Optional[Callable[[int], Optional[str]]]]]] = ContextVar(
+    "refused_windows", default=None)
 
 
 @contextmanager
-def refused_windows() -> Iterator[set[int]]:
+def refused_windows(misfit: Optional[Callable[[int], Optional[str]]] = None) -> Iterator[set[int]]:
     """The context windows the server named in refusing the judges' prompts within this block. A
     refused judgment keeps only its error line; a server that does not state its window (llama-cpp-python's)
-    names it only there, and a run that judged nothing needs it to say which of its settings fits."""
+    names it only there, and a run that judged nothing needs it to say which of its settings fits.
+    `misfit(window)`: the line that says no judgment of one of the run's figures fits a window so
+    named (`judgments_misfit`). The first refusal that gives one ends the run in that line, a
+    `BooklensError` as a stated window gives it before any call, rather than after a refused call
+    for every other judgment."""
     seen: set[int] = set()
-    token = _refused.set(seen)  # `parallel_map` runs each judgment in a copy of this context: the same set
+    token = _refused.set((seen, misfit))  # `parallel_map` runs each judgment in a copy of this context: the same set
     try:
         yield seen
     finally:
@@ -634,10 +640,15 @@ def refused_windows() -> Iterator[set[int]]:
 
 
 def _refused_judgment(exc: ContextWindowExceeded) -> str:
-    """The error line a judgment the server refused as too long keeps; its window is noted."""
-    seen = _refused.get()
-    if seen is not None and exc.window:
+    """The error line a judgment the server refused as too long keeps; its window is noted, and the
+    run ends here when none of a figure's judgments fits it (`refused_windows`)."""
+    state = _refused.get()
+    if state is not None and exc.window:
+        seen, misfit = state
         seen.add(exc.window)
+        line = misfit(exc.window) if misfit is not None else None
+        if line:
+            raise BooklensError(line) from None
     return first_line(exc)
 
 

@@ -832,27 +832,34 @@ def test_each_command_run_in_one_process_learns_its_servers_afresh(tmp_path):
 def test_diverse_judges_refused_where_no_window_is_stated_end_naming_what_fits(tmp_path, command, tokens, fix,
                                                                                 fitting):
     """llama-cpp-python's server states no window, so the QA pairs at once are sent and refused in
-    words that name it. The run ended in a line naming no setting; now, the record written, it ends in
-    the line the stated window gives before any call, and with it the run finishes."""
+    words that name it. The run ended in a line naming no setting; then, after a refused call for
+    every judgment of every event (4 and 8 here), in the line the stated window gives before any
+    call. Now the first refusal ends it in that line: one call, however many events."""
     events, summaries = many_questions(tmp_path)
+    event = json.loads(events.read_text())[0]
+    copies = [{**event, "eid": f"ev-000{n}"} for n in range(1, 5)]
+    events.write_text(json.dumps(copies))
+    for path in summaries:
+        text = next(iter(json.loads(path.read_text()).values()))
+        path.write_text(json.dumps({copy["eid"]: text for copy in copies}))
     out = tmp_path / "out.json"
     with FakeOpenAIServer(responder=answers_within(2048)) as server:
         args = [*command(events, summaries), "--lm", "openai/fake", "--api-base", server.url, "--concurrency", "1",
                 "--output", out]
         proc = run_here(args, tmp_path)
         judge = "judge" in args
-        assert len(server.received) == (1 if judge else 2)  # the QA pairs at once (in both orders, for pairwise)
+        assert len(server.received) == 1
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         what = "coverage likert" if judge else "coverage pairwise"
         line = (f"the coverage judge's prompt for event ev-0001 with its reference QA pairs is {tokens} tokens, more "
                 f"than the 1920 the 2048-token context window holds beside its answer, and no {what} judgment fits; "
                 f"{fix}, or use a model or server with a larger context window")
-        assert proc.stderr.strip().splitlines()[-1] == f"error: {line}"
-        record = json.loads(out.read_text())
-        figure = record["overall"] if judge else record.get("coverage", record.get("coverage_pairwise"))["result"]
-        assert figure["failed"] == 1
-        assert record["window_misfit"] == line
+        assert proc.stderr.strip().splitlines() == [f"error: {line}"]
+        assert not out.exists()  # nothing judged: no record, as where the window is stated
         proc = run_here([*args, *fitting], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert len(server.received) == (1 + 18 if judge else 2 + 36)
-    assert "window_misfit" not in json.loads(out.read_text())
+    # the four copies ask the same questions of the same summary: the cache answers all but the first
+    assert len(server.received) == (1 + 18 if judge else 1 + 36)
+    record = json.loads(out.read_text())
+    figure = record["events"] if judge else record.get("coverage", record.get("coverage_pairwise"))["cases"]
+    assert "window_misfit" not in record and len(figure) == (4 if judge else 4 * 18)
