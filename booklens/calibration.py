@@ -31,8 +31,9 @@ summary none of whose sentences the judge gave a verdict on is counted but is no
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label, lm_planned_window, lm_server, window_setting
@@ -511,3 +512,163 @@ def calibrate(judge: str, program: Any, lm: Any, *, human_dir: str | Path | None
             "program": getattr(program, "_booklens_judge", "program"),
             "program_sha256": fingerprint, "demos": demo_count(judge, program)}
     return {**head, **body}
+
+
+# ---------------------------------------------------------------------------
+# `booklens calibrate` as library calls: plan (no LM), check the samples, then measure each judge
+
+
+class CalibrationPlan(NamedTuple):
+    """The judges to measure (name -> program, as `load_judge` built them) and where."""
+
+    programs: dict[str, Any]
+    human_dir: Optional[Path]
+    fables_path: Optional[Path]
+    books: Optional[int]
+    seed: int
+    store: Path
+
+
+class Calibrated(NamedTuple):
+    """One judge measured: its stored entry, why it was not stored (None: it was), its calls, time."""
+
+    judge: str
+    program: Any
+    entry: dict[str, Any]
+    not_stored: Optional[str]
+    usage: dict[str, Any]
+    seconds: float
+
+
+def human_annotations_dir(path: str | Path | None) -> Path:
+    """The BooookScore human annotations a coherence judge reads: `path`, else the shared data's."""
+    from booklens.data.booookscore import default_data_dir
+
+    return Path(path) if path is not None else default_data_dir() / "human"
+
+
+def fables_file(path: str | Path | None) -> Path:
+    """The FABLES file a judge reads: as `compile --data` takes it, the file or the FABLES.json in a folder."""
+    if path is not None:
+        from booklens.optimizers.tasks import data_files, get_task
+
+        return data_files(get_task("verification"), Path(path))[0]
+    from booklens.data.fables import default_fables_path
+
+    return default_fables_path()
+
+
+def judge_of_artifact(path: str | Path) -> str:
+    """The judge a compiled artifact is: coherence, verification (four-way) or binary."""
+    from booklens.optimizers.artifacts import artifact_metadata, canonical_task
+
+    block = artifact_metadata(path)
+    task = canonical_task(block["task"])
+    if task == "coherence":
+        return "coherence"
+    if task == "verification":
+        return "binary" if (block.get("program_config") or {}).get("label_set") == "binary" else "verification"
+    raise BooklensError(f"{path} is a compiled '{task}' program; only coherence and verification programs are "
+                        "judges")
+
+
+def plan_calibration(judges: Optional[list[str]] = None, *, program: str | Path | None = None,
+                     zero_shot: bool = False, coherence_data: str | Path | None = None,
+                     fables_data: str | Path | None = None, books: Optional[int] = None, batch_size: int = 1,
+                     seed: int = SEED, store: str | Path | None = None, cache_dir: str | Path | None = None
+                     ) -> CalibrationPlan:
+    """Check what `booklens calibrate` is asked before any LM: the judges (default coherence and
+    verification, or the judge of `program`), options no chosen judge uses, the store (default the
+    user's, `<cache>/calibration.json`) and the programs themselves. One-line `BooklensError`s."""
+    from booklens.judges import JUDGES, load_judge, read_store, user_store_path
+    from booklens.records import present
+
+    if program is not None and zero_shot:
+        raise BooklensError("give either --program or --zero-shot, not both")
+    if program is not None:
+        program = Path(program)
+        # before DSPy loads, in the words `read_artifact` (which loads it) has for these
+        if not present(program):
+            raise BooklensError(f"program artifact not found: {program}")
+        if program.is_dir():
+            raise BooklensError(f"program artifact is a directory, not a file: {program}")
+        chosen = [judge_of_artifact(program)]
+        if judges and chosen != list(dict.fromkeys(judges)):
+            raise BooklensError(f"{program} is a {chosen[0]} program; --judge {', '.join(judges)} does not match")
+    else:
+        chosen = list(dict.fromkeys(judges or ["coherence", "verification"]))
+    unknown = [j for j in chosen if j not in JUDGES]
+    if unknown:
+        raise BooklensError(f"unknown judge '{unknown[0]}' (use one of {', '.join(JUDGES)})")
+    # Options no chosen judge uses would be ignored without a word.
+    if coherence_data is not None and "coherence" not in chosen:
+        raise BooklensError("--coherence-data is for the coherence judge")
+    if fables_data is not None and all(j == "coherence" for j in chosen):
+        raise BooklensError("--fables-data is for the verification and binary judges")
+    if books is not None and chosen == ["binary"]:
+        raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: --books does not "
+                            "apply")
+    if seed != 0 and chosen == ["binary"]:  # it would only move the bootstrap intervals of the same sample
+        raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: --seed draws no "
+                            "sample for it")
+    human_dir = human_annotations_dir(coherence_data) if "coherence" in chosen else None
+    fables = fables_file(fables_data) if any(j != "coherence" for j in chosen) else None
+    store = Path(store) if store is not None else user_store_path(cache_dir)
+    read_store(store)  # a file that is not a calibration store fails now, not after every judgment
+    if batch_size > 1 and "coherence" not in chosen:
+        raise BooklensError("--batch-size is for the coherence judge")
+    # bad artifacts fail first
+    programs = {j: load_judge(j, program, zero_shot=zero_shot, **({"batch_size": batch_size} if j == "coherence"
+                                                                  else {})) for j in chosen}
+    return CalibrationPlan(programs, human_dir, fables, books, seed, store)
+
+
+def check_calibration_samples(plan: CalibrationPlan, window: Optional[int] = None,
+                              context_window: Optional[int] = None) -> None:
+    """Every judge's data read and checked now (`check_sample`), so that a second judge's bad data
+    fails before the first judge's calls. `window`: the one the judges' LM has (a server's own,
+    `booklens.lm.served_context_window`), None when unknown; `context_window`: the window set
+    (`--context-window`), which must not be larger."""
+    from booklens.lm.base import refuse_larger_window, set_window
+    from booklens.vocabulary import JUDGE_WINDOW_OPTION
+
+    setting = None
+    if context_window is not None:  # what the judges plan for; first, so no summary is refused for a
+        refuse_larger_window(context_window, window, JUDGE_WINDOW_OPTION)  # window the model lacks
+        setting = set_window(JUDGE_WINDOW_OPTION, window)
+        window = context_window
+    for name, program in plan.programs.items():
+        check_sample(name, program, human_dir=plan.human_dir, fables_path=plan.fables_path, books=plan.books,
+                     seed=plan.seed, window=window, setting=setting)
+
+
+def calibrate_judges(plan: CalibrationPlan, lm: Any, *, concurrency: int = 1, replace: bool = False,
+                     progress: Callable[[str], None] | None = None) -> Iterator[Calibrated]:
+    """Measure each planned judge with `lm` (DSPy's configured LM) and store its entry in the plan's
+    store (`store_calibration`: kept unless `replace`, when the store holds one measured on more).
+    Yields each judge as it is done; a judge that judged nothing does not stop the others, and the
+    run then ends in one `BooklensError` naming each that did not."""
+    from booklens.judges import store_calibration
+    from booklens.lm.usage import usage_scope
+    from booklens.steps import judge_window_advice
+    from booklens.vocabulary import JUDGE_WINDOW_OPTION
+
+    failures: list[str] = []
+    for name, program in plan.programs.items():
+        if hasattr(program, "concurrency"):
+            program.concurrency = concurrency
+        started = time.perf_counter()
+        # The stored entry counts calls without telling cached ones apart, so that an unchanged
+        # calibration rewrites the same bytes; `usage` tells them apart.
+        with usage_scope() as tracker, judge_window_advice(lm, JUDGE_WINDOW_OPTION):
+            try:
+                entry = calibrate(name, program, lm, human_dir=plan.human_dir, fables_path=plan.fables_path,
+                                  books=plan.books, seed=plan.seed, concurrency=concurrency, progress=progress)
+            except JudgedNothing as exc:  # the other judges still get measured; the run fails at the end
+                failures.append(str(exc))
+                continue
+        seconds = time.perf_counter() - started
+        kept = store_calibration(entry, plan.store, replace=replace)
+        yield Calibrated(name, program, entry, kept, tracker.work(), seconds)
+    if failures:
+        raise BooklensError("; ".join(failures))

@@ -1126,3 +1126,38 @@ def test_a_calibration_made_for_a_judges_window_is_the_one_runs_with_that_window
     assert lines[None][-1].startswith("warning: no calibration") and "--context-window" not in lines[None][-1]
     assert lines["4096"][-1].startswith("warning: no calibration") and \
         f" --context-window 4096 --cache-dir {cache})" in lines["4096"][-1], lines["4096"]
+
+
+def test_calibrate_as_library_calls_yields_each_judge_and_ends_naming_the_one_that_judged_nothing(
+        tmp_path, shared_dir):
+    """`booklens.calibration`'s plan, sample check and `calibrate_judges` are what `calibrate` runs."""
+    import dspy
+
+    from booklens.calibration import calibrate_judges, check_calibration_samples, plan_calibration
+    from booklens.errors import BooklensError
+    from booklens.lm import BooklensAdapter, make_lm
+
+    human = shared_dir / "data" / "booookscore" / "human"
+    fables = shared_dir / "data" / "fables" / "FABLES.json"
+    store = tmp_path / "store.json"
+    with pytest.raises(BooklensError, match="--fables-data is for the verification and binary judges"):
+        plan_calibration(["coherence"], fables_data=fables, store=store)
+    plan = plan_calibration(books=1, coherence_data=human, store=store)
+    assert list(plan.programs) == ["coherence", "verification"] and plan.store == store
+
+    def no_verdicts(body):
+        if "[[ ## claim ## ]]" in body["messages"][-1]["content"]:
+            return "Sorry, I cannot help with that."
+        return answer(body)
+
+    done = []
+    with FakeOpenAIServer(responder=no_verdicts) as server, dspy.context(
+            lm=make_lm("openai/fake", api_base=server.url, cache_dir=tmp_path / "cache"), adapter=BooklensAdapter()):
+        check_calibration_samples(plan)
+        assert server.served == []  # the samples are read and checked with no call
+        with pytest.raises(BooklensError, match="^verification calibration: the judge gave no valid verdict"):
+            for judged in calibrate_judges(plan, dspy.settings.lm, concurrency=2):
+                done.append(judged)
+    assert [(d.judge, d.not_stored) for d in done] == [("coherence", None)]
+    assert done[0].usage["calls"] > 0 and done[0].entry["judge"] == "coherence"
+    assert [e["judge"] for e in json.loads(store.read_text())["calibrations"].values()] == ["coherence"]

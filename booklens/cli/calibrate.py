@@ -12,7 +12,6 @@ one measured on a larger sample (`--replace` stores it anyway).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -21,7 +20,6 @@ import typer
 from booklens.calibration import COHERENCE_BOOKS, VERIFICATION_BOOKS
 from booklens.cli import app
 from booklens.cli.common import (
-    JUDGE_WINDOW_OPTION,
     ApiBaseOption,
     CacheDirOption,
     JudgeWindowOption,
@@ -56,36 +54,6 @@ FablesDataOption = Annotated[Optional[Path], typer.Option(
          "the public release, downloaded once).")]
 ZeroShotOption = Annotated[bool, typer.Option("--zero-shot", help="The zero-shot program instead of the default "
                                                                   "few-shot one.")]
-
-
-def _human_dir(path: Optional[Path]) -> Path:
-    from booklens.data.booookscore import default_data_dir
-
-    return path if path is not None else default_data_dir() / "human"
-
-
-def _fables_path(path: Optional[Path]) -> Path:
-    """The FABLES file a judge reads: as `compile --data` takes it, the file or the FABLES.json in a folder."""
-    if path is not None:
-        from booklens.optimizers.tasks import data_files, get_task
-
-        return data_files(get_task("verification"), path)[0]
-    from booklens.data.fables import default_fables_path
-
-    return default_fables_path()
-
-
-def _judge_of_artifact(path: Path) -> str:
-    from booklens.optimizers.artifacts import artifact_metadata, canonical_task
-
-    block = artifact_metadata(path)
-    task = canonical_task(block["task"])
-    if task == "coherence":
-        return "coherence"
-    if task == "verification":
-        return "binary" if (block.get("program_config") or {}).get("label_set") == "binary" else "verification"
-    raise BooklensError(f"{path} is a compiled '{task}' program; only coherence and verification programs are "
-                        "judges")
 
 
 @app.command("calibrate")
@@ -127,96 +95,29 @@ def calibrate_command(
                           "otherwise).")] = False,
 ) -> None:
     """Measure how well a judge agrees with human annotators on the test splits; store the figures."""
-    from booklens.judges import JUDGES, judge_line, judge_info, read_store, store_calibration, user_store_path
+    from booklens.calibration import calibrate_judges, check_calibration_samples, plan_calibration
 
-    if program is not None and zero_shot:
-        raise BooklensError("give either --program or --zero-shot, not both")
-    from booklens.records import present
-
-    # before DSPy loads, in the words `read_artifact` (which loads it) has for these
-    if program is not None and not present(program):
-        raise BooklensError(f"program artifact not found: {program}")
-    if program is not None and program.is_dir():
-        raise BooklensError(f"program artifact is a directory, not a file: {program}")
-    if program is not None:
-        judges = [_judge_of_artifact(program)]
-        if judge and judges != list(dict.fromkeys(judge)):
-            raise BooklensError(f"{program} is a {judges[0]} program; --judge {', '.join(judge)} does not match")
-    else:
-        judges = list(dict.fromkeys(judge or ["coherence", "verification"]))
-    unknown = [j for j in judges if j not in JUDGES]
-    if unknown:
-        raise BooklensError(f"unknown judge '{unknown[0]}' (use one of {', '.join(JUDGES)})")
-    # Options no chosen judge uses would be ignored without a word.
-    if coherence_data is not None and "coherence" not in judges:
-        raise BooklensError("--coherence-data is for the coherence judge")
-    if fables_data is not None and all(j == "coherence" for j in judges):
-        raise BooklensError("--fables-data is for the verification and binary judges")
-    if books is not None and judges == ["binary"]:
-        raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: --books does not "
-                            "apply")
-    if seed != 0 and judges == ["binary"]:  # it would only move the bootstrap intervals of the same sample
-        raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: --seed draws no "
-                            "sample for it")
-    human_dir = _human_dir(coherence_data) if "coherence" in judges else None
-    fables = _fables_path(fables_data) if any(j != "coherence" for j in judges) else None
-    store = output if output is not None else user_store_path(cache_dir)
-    read_store(store)  # a file that is not a calibration store fails now, not after every judgment
-    from booklens.judges import load_judge
-
-    if batch_size > 1 and "coherence" not in judges:
-        raise BooklensError("--batch-size is for the coherence judge")
-    # bad artifacts fail first
-    programs = {j: load_judge(j, program, zero_shot=zero_shot, **({"batch_size": batch_size} if j == "coherence"
-                                                                  else {})) for j in judges}
-    from booklens.calibration import check_sample
+    plan = plan_calibration(judge, program=program, zero_shot=zero_shot, coherence_data=coherence_data,
+                            fables_data=fables_data, books=books, batch_size=batch_size, seed=seed, store=output,
+                            cache_dir=cache_dir)
+    from booklens.judges import judge_info, judge_line
     from booklens.lm import LOCAL_LM, resolve_lm_name, served_context_window
-    from booklens.lm.base import refuse_larger_window, set_window
+    from booklens.lm.usage import describe_calls
 
     check_lm_options(lm, api_base, structured=structured, rpm=rpm, tpm=tpm)
-    # Every judge's data is read now: a second judge's bad data fails before the first judge's calls.
     # The window is the one the judges' LM will have (a self-hosted server's own), without loading a model.
-    window = served_context_window(lm, api_base)
-    setting = None
-    if context_window is not None:  # what the judges plan for; first, so no summary is refused for a
-        refuse_larger_window(context_window, window, JUDGE_WINDOW_OPTION)  # window the model lacks
-        setting = set_window(JUDGE_WINDOW_OPTION, window)
-        window = context_window
-    for name, prog in programs.items():
-        check_sample(name, prog, human_dir=human_dir, fables_path=fables, books=books, seed=seed, window=window,
-                     setting=setting)
-
+    check_calibration_samples(plan, served_context_window(lm, api_base), context_window)
     calls_at_once = concurrency or (1 if resolve_lm_name(lm) == LOCAL_LM else 4)
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm, context_window=context_window)
-    from booklens.calibration import JudgedNothing, calibrate
-    from booklens.lm.usage import describe_calls, usage_scope
-    from booklens.steps import judge_window_advice
-
-    failures: list[str] = []
-    for name, prog in programs.items():
-        if hasattr(prog, "concurrency"):
-            prog.concurrency = calls_at_once
-        started = time.perf_counter()
-        # The stored entry counts calls without telling cached ones apart, so that an unchanged
-        # calibration rewrites the same bytes; the line printed here tells them apart.
-        with usage_scope() as tracker, judge_window_advice(model, JUDGE_WINDOW_OPTION):
-            try:
-                entry = calibrate(name, prog, model, human_dir=human_dir, fables_path=fables, books=books, seed=seed,
-                                  concurrency=calls_at_once, progress=lambda text: typer.echo(text, err=True))
-            except JudgedNothing as exc:  # the other judges still get measured; the command fails at the end
-                failures.append(str(exc))
-                continue
-        seconds = time.perf_counter() - started
-        kept = store_calibration(entry, store, replace=replace)
-        typer.echo(f"{name}: {describe_calls(tracker.work(), tokens=False)}, {seconds:.0f} s; "
-                   + (f"not stored: {kept}" if kept else f"stored in {store}"), err=True)
-        typer.echo(judge_line(judge_info(name, prog, model, store={entry["key"]: entry})))
-        for note in entry.get("notes") or []:  # the judge line names the program as shipped
+    for done in calibrate_judges(plan, model, concurrency=calls_at_once, replace=replace,
+                                 progress=lambda text: typer.echo(text, err=True)):
+        typer.echo(f"{done.judge}: {describe_calls(done.usage, tokens=False)}, {done.seconds:.0f} s; "
+                   + (f"not stored: {done.not_stored}" if done.not_stored else f"stored in {plan.store}"), err=True)
+        typer.echo(judge_line(judge_info(done.judge, done.program, model, store={done.entry["key"]: done.entry})))
+        for note in done.entry.get("notes") or []:  # the judge line names the program as shipped
             typer.echo(f"note: {note}", err=True)
-        if name == "binary":
-            typer.echo(_table5_lines(entry))
-    if failures:
-        raise BooklensError("; ".join(failures))
+        if done.judge == "binary":
+            typer.echo(_table5_lines(done.entry))
 
 
 def _table5_lines(entry: dict) -> str:
@@ -289,7 +190,9 @@ def judges_build_command(
 
     folder = output or DEFAULTS_DIR
     check_judges_folder(folder)  # before the data paths are looked up
-    human, fables = _human_dir(coherence_data), _fables_path(fables_data)
+    from booklens.calibration import fables_file, human_annotations_dir
+
+    human, fables = human_annotations_dir(coherence_data), fables_file(fables_data)
     # The folder may hold the annotations under a judge's file name (FABLES kept as verification.json):
     # the judge built from them would replace them.
     for name in DEFAULT_FILES.values():
