@@ -727,3 +727,70 @@ def split_human_summaries(items: list[tuple[str, HumanSummaryAnnotation]], *, se
     same split `split_examples` gives their sentences."""
     return split_by_book(items, key=lambda item: item[1].book, seed=seed,
                          fractions=dict(fractions or DEFAULT_FRACTIONS))
+
+
+def read_summaries_file(path: str | Path | None) -> Any:
+    """The JSON of a summaries file (book -> summary; None when none is given), its shape checked at
+    once: a file holding `null` would otherwise read as no file given."""
+    if path is None:
+        return None
+    from booklens.records import read_json_file
+
+    data = read_json_file(Path(path), "summaries file")
+    summaries_by_book(data, f"summaries file {path}")
+    return data
+
+
+def score_annotations(annotations: str | Path, summaries: str | Path | None = None, *, split: Optional[str] = None,
+                      limit: Optional[int] = None) -> tuple[Any, Optional[str]]:
+    """`booklens score --annotations`: the coherence set (`CoherenceSet`) that an annotation file
+    gives, with no LM (human span annotations, BooookScore's validation study, or sentence
+    annotations of the `summaries` given), over the books of `split` and the first `limit`
+    (`select_books`); and a line on the annotations it had to ignore (None when none)."""
+    from booklens.data.splits import select_books
+    from booklens.inputs import summary_map
+    from booklens.metrics.booookscore import build_set, summary_stats
+    from booklens.records import read_json_file
+
+    annotations = Path(annotations)
+    data = read_json_file(annotations, "annotation file")
+    what = f"annotation file {annotations}"
+    summaries_data = read_summaries_file(summaries)
+    notes: Any = []
+    if is_human_format(data):
+        human = parse_human_annotations(data, what)
+        if summaries_data is not None:
+            given = summary_map(summaries_data, f"summaries file {summaries}")
+            for name, entry in human.items():
+                if name not in given:
+                    raise BooklensError(f"book {name!r} is in the {what} but not in the summaries file {summaries}")
+                if " ".join(given[name].split()) != " ".join(entry.summary.split()):
+                    raise BooklensError(f"book {name!r} has a different summary in the {what} and in {summaries}")
+        names = select_books(list(human), split, limit)
+        results = human_results({n: human[n] for n in names})
+        notes = human_match_notes({n: human[n] for n in names})
+        annotator = "human"
+    elif is_validation_format(data):
+        results, notes = parse_validation_study(data, what=what)
+        names = select_books(list(results), split, limit)
+        results = {n: results[n] for n in names}
+        annotator = "gpt4"
+    elif is_sentence_format(data):
+        if summaries_data is None:
+            raise BooklensError(f"{what} holds sentence annotations: pass the summaries they refer to with "
+                                "--summaries")
+        results, notes = parse_sentence_annotations(data, summaries_data, what=what,
+                                                    summaries_what=f"summaries file {summaries}", stats=False)
+        names = select_books(list(results), split, limit)
+        results = {n: results[n] for n in names}
+        for r in results.values():
+            r.stats = summary_stats(r.summary)
+        annotator = "gpt4"
+    else:
+        raise BooklensError(
+            f"{what} is not an annotation set: expected human span annotations (book -> {{summary, singles, "
+            "relations}) or sentence annotations (book -> {sentence: {questions, types}} or null)")
+    if not results:
+        raise BooklensError("no summary left to score after --split/--limit")
+    gist = notes.gist() if isinstance(notes, MatchNotes) else None
+    return build_set(results, annotator=annotator, notes=notes), gist

@@ -94,3 +94,17 @@ def books_in_split(books: Sequence[Hashable], split: str, seed: int = DEFAULT_SE
     if split not in fractions:
         raise ValueError(f"unknown split {split!r}: choose one of {', '.join(fractions)}")
     return split_by_book(list(books), key=lambda b: b, seed=seed, fractions=fractions)[split]
+
+
+def select_books(names: Sequence[str], split: str | None = None, limit: int | None = None) -> list[str]:
+    """The names of the books in `split` of `names` (as `books_in_split` draws it), then the first
+    `limit` of them; sorted when either is given, so that a subset is the same whatever the order
+    the books came in."""
+    names = list(names)
+    if split is not None:
+        chosen = set(books_in_split(names, split))
+        names = [n for n in names if n in chosen]
+    names = sorted(names) if (split is not None or limit is not None) else names
+    if limit is not None:
+        names = names[:limit]
+    return names

@@ -209,3 +209,19 @@ def test_a_copy_of_a_human_annotation_file_in_the_folder_is_refused(tmp_path):
                                             r"and summary-gpt4-4096-hier.json") as caught:
         bs.load_human_summaries(tmp_path)
     assert "\n" not in str(caught.value)
+
+
+def test_score_annotations_is_the_library_call_of_score_annotations(tmp_path, shared_dir):
+    """`booklens score --annotations` as a library call, on BooookScore's human annotations: the test
+    split's books are those `select_books` draws, in order, and the set is the humans'."""
+    from booklens.data.booookscore import load_human_annotations, score_annotations
+    from booklens.data.splits import books_in_split, select_books
+
+    path = shared_dir / "data" / "booookscore" / "human" / "summary-gpt4-4096-inc.json"
+    books = list(load_human_annotations(path))
+    test = select_books(books, "test")
+    assert test == sorted(books_in_split(books, "test")) and 0 < len(test) < len(books)
+    record, gist = score_annotations(path, split="test")
+    assert record.annotator == "human" and list(record.results) == test
+    assert list(score_annotations(path, limit=2)[0].results) == sorted(books)[:2]
+    assert select_books(["b", "a", "c"]) == ["b", "a", "c"]  # neither given: the order as given

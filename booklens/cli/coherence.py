@@ -46,18 +46,6 @@ from booklens.errors import BooklensError
 from booklens.vocabulary import DEFAULT_TRIES, counted, retry_range
 
 
-def _select(names: list[str], split: Optional[SplitName], limit: Optional[int]) -> list[str]:
-    from booklens.data.splits import books_in_split
-
-    if split is not None:
-        chosen = set(books_in_split(names, split.value))
-        names = [n for n in names if n in chosen]
-    names = sorted(names) if (split is not None or limit is not None) else names
-    if limit is not None:
-        names = names[:limit]
-    return names
-
-
 def _pct(x: Optional[float]) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
 
@@ -134,7 +122,10 @@ def score(
         if given:
             raise BooklensError(f"--annotations scores existing annotations with no LM: {', '.join(given)} "
                                 "would not apply")
-        record, gist = _score_annotations(annotations, summaries, split, limit)
+        from booklens.data.booookscore import score_annotations
+
+        record, gist = score_annotations(annotations, summaries, split=split.value if split else None,
+                                         limit=limit)
         write_output(output, record)
         typer.echo(_report_line(record), err=True)
         if gist:
@@ -159,7 +150,9 @@ def score(
 
         book_text = read_book(book_path)
     book_texts = {next(iter(texts)): book_text} if book_text is not None else None
-    names = _select(list(texts), split, limit)
+    from booklens.data.splits import select_books
+
+    names = select_books(list(texts), split.value if split else None, limit)
     if not names:
         raise BooklensError("no summary left to score after --split/--limit")
     texts = {n: texts[n] for n in names}
@@ -184,80 +177,6 @@ def score(
         raise BooklensError(reason)
 
 
-def _read_summaries(path: Optional[Path]) -> Any:
-    """The JSON of a --summaries file (None when none is given), its shape checked at once: a file
-    holding `null` would otherwise read as no file given."""
-    if path is None:
-        return None
-    from booklens.data.booookscore import summaries_by_book
-
-    data = read_json_file(path, "summaries file")
-    summaries_by_book(data, f"summaries file {path}")
-    return data
-
-
-def _score_annotations(annotations: Path, summaries: Optional[Path], split: Optional[SplitName],
-                       limit: Optional[int]) -> tuple[Any, Optional[str]]:
-    """The coherence set the annotations give, and a line on the annotations it had to ignore."""
-    from booklens.data.booookscore import (
-        MatchNotes,
-        human_match_notes,
-        is_human_format,
-        parse_human_annotations,
-        parse_sentence_annotations,
-        human_results,
-        is_sentence_format,
-        is_validation_format,
-        parse_validation_study,
-    )
-    from booklens.inputs import summary_map
-    from booklens.metrics.booookscore import build_set
-
-    data = read_json_file(annotations, "annotation file")
-    what = f"annotation file {annotations}"
-    summaries_data = _read_summaries(summaries)
-    notes: list[str] = []
-    if is_human_format(data):
-        human = parse_human_annotations(data, what)
-        if summaries_data is not None:
-            given = summary_map(summaries_data, f"summaries file {summaries}")
-            for name, entry in human.items():
-                if name not in given:
-                    raise BooklensError(f"book {name!r} is in the {what} but not in the summaries file {summaries}")
-                if " ".join(given[name].split()) != " ".join(entry.summary.split()):
-                    raise BooklensError(f"book {name!r} has a different summary in the {what} and in {summaries}")
-        names = _select(list(human), split, limit)
-        results = human_results({n: human[n] for n in names})
-        notes = human_match_notes({n: human[n] for n in names})
-        annotator = "human"
-    elif is_validation_format(data):
-        results, notes = parse_validation_study(data, what=what)
-        names = _select(list(results), split, limit)
-        results = {n: results[n] for n in names}
-        annotator = "gpt4"
-    elif is_sentence_format(data):
-        if summaries_data is None:
-            raise BooklensError(f"{what} holds sentence annotations: pass the summaries they refer to with "
-                                "--summaries")
-        results, notes = parse_sentence_annotations(data, summaries_data, what=what,
-                                                    summaries_what=f"summaries file {summaries}", stats=False)
-        names = _select(list(results), split, limit)
-        from booklens.metrics.booookscore import summary_stats
-
-        results = {n: results[n] for n in names}
-        for r in results.values():
-            r.stats = summary_stats(r.summary)
-        annotator = "gpt4"
-    else:
-        raise BooklensError(
-            f"{what} is not an annotation set: expected human span annotations (book -> {{summary, singles, "
-            "relations}) or sentence annotations (book -> {sentence: {questions, types}} or null)")
-    if not results:
-        raise BooklensError("no summary left to score after --split/--limit")
-    gist = notes.gist() if isinstance(notes, MatchNotes) else None
-    return build_set(results, annotator=annotator, notes=notes), gist
-
-
 @app.command()
 def agree(
     a: Annotated[Path, typer.Argument(help="Annotation set A (judged): a score output or annotation file.")],
@@ -276,7 +195,9 @@ def agree(
     if summaries is not None and not (is_sentence_format(data_a) or is_sentence_format(data_b)):
         raise BooklensError("--summaries is only read for sentence annotations, and neither set holds them "
                             "(each carries its own summaries)")
-    summaries_data = _read_summaries(summaries)
+    from booklens.data.booookscore import read_summaries_file
+
+    summaries_data = read_summaries_file(summaries)
     sets = {}
     try:
         for name, path, data in (("A", a, data_a), ("B", b, data_b)):
