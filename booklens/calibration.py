@@ -33,7 +33,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label, lm_planned_window, lm_server, window_setting
@@ -580,13 +580,32 @@ def plan_calibration(judges: Optional[list[str]] = None, *, program: str | Path 
     """Check what `booklens calibrate` is asked before any LM: the judges (default coherence and
     verification, or the judge of `program`), options no chosen judge uses, the store (default the
     user's, `<cache>/calibration.json`) and the programs themselves. One-line `BooklensError`s."""
+    from booklens.errors import check_flag, kind_of
+    from booklens.inputs import as_path
     from booklens.judges import JUDGES, load_judge, read_store, user_store_path
+    from booklens.parallel import check_at_least
     from booklens.records import present
 
+    if judges is not None and (isinstance(judges, (str, Path)) or not isinstance(judges, Iterable)):
+        raise BooklensError(f"judges must be a list of judge names, not {kind_of(judges)}")
+    judges = list(judges) if judges is not None else None
+    for value in judges or []:
+        if not isinstance(value, str):
+            raise BooklensError(f"judges must be a list of judge names, not one holding {kind_of(value)}")
+    paths = {name: as_path(value, name) if value is not None else None for name, value in
+             (("program", program), ("coherence_data", coherence_data), ("fables_data", fables_data),
+              ("store", store), ("cache_dir", cache_dir))}
+    program, coherence_data, fables_data, store = (paths[name] for name in ("program", "coherence_data",
+                                                                            "fables_data", "store"))
+    check_flag("zero_shot", zero_shot)
+    if books is not None:
+        check_at_least("--books", books)
+    check_at_least("--batch-size", batch_size)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise BooklensError(f"--seed must be 0 or more (got {seed!r})")
     if program is not None and zero_shot:
         raise BooklensError("give either --program or --zero-shot, not both")
     if program is not None:
-        program = Path(program)
         # before DSPy loads, in the words `read_artifact` (which loads it) has for these
         if not present(program):
             raise BooklensError(f"program artifact not found: {program}")
@@ -648,8 +667,15 @@ def calibrate_judges(plan: CalibrationPlan, lm: Any, *, concurrency: int = 1, re
     store (`store_calibration`: kept unless `replace`, when the store holds one measured on more).
     Yields each judge as it is done; a judge that judged nothing does not stop the others, and the
     run then ends in one `BooklensError` naming each that did not."""
+    from booklens.errors import check_flag
     from booklens.judges import store_calibration
     from booklens.lm.usage import usage_scope
+    from booklens.parallel import check_at_least
+
+    if not isinstance(plan, CalibrationPlan):
+        raise BooklensError(f"plan must be what plan_calibration returns, not {type(plan).__name__}")
+    check_at_least("--concurrency", concurrency)
+    check_flag("replace", replace)
     from booklens.steps import judge_window_advice
     from booklens.vocabulary import JUDGE_WINDOW_OPTION
 

@@ -734,9 +734,10 @@ def read_summaries_file(path: str | Path | None) -> Any:
     once: a file holding `null` would otherwise read as no file given."""
     if path is None:
         return None
+    from booklens.inputs import as_path
     from booklens.records import read_json_file
 
-    data = read_json_file(Path(path), "summaries file")
+    data = read_json_file(as_path(path, "the summaries file"), "summaries file")
     summaries_by_book(data, f"summaries file {path}")
     return data
 
@@ -747,12 +748,18 @@ def score_annotations(annotations: str | Path, summaries: str | Path | None = No
     gives, with no LM (human span annotations, BooookScore's validation study, or sentence
     annotations of the `summaries` given), over the books of `split` and the first `limit`
     (`select_books`); and a line on the annotations it had to ignore (None when none)."""
-    from booklens.data.splits import select_books
-    from booklens.inputs import summary_map
+    from booklens.data.splits import DEFAULT_FRACTIONS, select_books
+    from booklens.inputs import as_path, summary_map
     from booklens.metrics.booookscore import build_set, summary_stats
+    from booklens.parallel import check_at_least
     from booklens.records import read_json_file
 
-    annotations = Path(annotations)
+    annotations = as_path(annotations, "annotations")
+    summaries = as_path(summaries, "summaries") if summaries is not None else None
+    if split is not None and split not in DEFAULT_FRACTIONS:
+        raise BooklensError(f"split must be one of {', '.join(DEFAULT_FRACTIONS)}, not {split!r}")
+    if limit is not None:
+        check_at_least("--limit", limit)
     data = read_json_file(annotations, "annotation file")
     what = f"annotation file {annotations}"
     summaries_data = read_summaries_file(summaries)

@@ -18,10 +18,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from booklens.data.splits import DEFAULT_FRACTIONS
-from booklens.errors import BooklensError, LMError
+from booklens.errors import BooklensError, LMError, check_flag, kind_of
 from booklens.vocabulary import JUDGE_WINDOW_OPTION
 
 Notify = Callable[[str], None]
@@ -31,16 +31,23 @@ def _quiet(line: str) -> None:
     pass
 
 
+def whole_number(option: str, value: Any, least: int = 0, *, zero: str = "0") -> None:
+    """A count a library caller handed over (None: not given): a whole number from `least` up, or one
+    line naming the command's option, as the command would refuse it (`zero`: what 0 means there)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+        bound = f"{zero} or more" if least == 0 else f"at least {least}"
+        raise BooklensError(f"{option} must be {bound} (got {value!r})")
+
+
+def _name(what: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise BooklensError(f"{what} must be a name, not {kind_of(value)}")
+    return value
+
+
 def split_shares() -> str:
     """'60/20/20': the shares of books in train, dev and test, as the lines about empty splits say."""
     return "/".join(f"{100 * f:g}" for f in DEFAULT_FRACTIONS.values())
-
-
-def check_sizes(train: int | None, dev: int | None, test: int | None) -> dict[str, int | None]:
-    for name, value in (("train", train), ("dev", dev), ("test", test)):
-        if value is not None and value < 0:
-            raise BooklensError(f"--{name}-size must be 0 (the whole split) or more (got {value})")
-    return {"train": train, "dev": dev, "test": test}
 
 
 def task_for(task: str, context_window: int | None = None, chunk_size: int | None = None,
@@ -56,7 +63,8 @@ def task_for(task: str, context_window: int | None = None, chunk_size: int | Non
     given = [option for option, value in (("--chunk-size", chunk_size), ("--max-summary-tokens", max_summary_tokens))
              if value is not None]
     if task_settings(spec.name):
-        settings = {"chunk_size": chunk_size, "context_window": context_window, "max_summary_tokens": max_summary_tokens}
+        settings = {"chunk_size": chunk_size, "context_window": context_window,
+                    "max_summary_tokens": max_summary_tokens}
         spec = get_task(spec.name, **{name: value for name, value in settings.items() if value is not None})
         return spec, JUDGE_WINDOW_OPTION, "the summarize task"
     if given:
@@ -117,11 +125,28 @@ def plan_compile(task: str, data: str | Path, output: str | Path, *, optimizer: 
     """Check a compile's options against its data, before any LM: a one-line `BooklensError` for
     what cannot run (an optimizer's budget it does not spend, sizes a split cannot hold, a dev split
     an optimizer needs and the data leaves empty). `notes` holds what to say before it runs."""
+    from booklens.inputs import as_path
     from booklens.optimizers.compile import check_budget_options, check_dev_set, check_optimizer, fit_train_set
     from booklens.optimizers.tasks import check_asked_sizes, load_task_splits
+    from booklens.parallel import check_at_least
+    from booklens.vocabulary import MIN_CHUNK_SIZE, MIN_CONTEXT_WINDOW, MIN_SUMMARY_TOKENS
 
-    data, output = Path(data), Path(output)
-    name = check_optimizer(optimizer)
+    _name("task", task)
+    data, output = as_path(data, "data"), as_path(output, "output")
+    for option, value in (("--demos", demos), ("--candidates", candidates), ("--trials", trials),
+                          ("--minibatch-size", minibatch_size), ("--seed", seed)):
+        whole_number(option, value)
+    for option, value in (("--train-size", train_size), ("--dev-size", dev_size), ("--test-size", test_size)):
+        whole_number(option, value, zero="0 (the whole split)")
+    for option, value, least in (("--max-rounds", max_rounds, 1), ("--context-window", context_window,
+                                                                  MIN_CONTEXT_WINDOW),
+                                 ("--chunk-size", chunk_size, MIN_CHUNK_SIZE),
+                                 ("--max-summary-tokens", max_summary_tokens, MIN_SUMMARY_TOKENS)):
+        whole_number(option, value, least)
+    check_at_least("--threads", threads)
+    check_flag("evaluate_test", evaluate_test)
+    check_flag("verbose", verbose)
+    name = check_optimizer(_name("optimizer", optimizer))
     check_budget_options(name, {"demos": demos, "candidates": candidates, "trials": trials, "max_rounds": max_rounds,
                                 "minibatch_size": minibatch_size})
     if test_size is not None and not evaluate_test:  # it would be recorded (split.sizes.test) as if it applied
@@ -131,7 +156,8 @@ def plan_compile(task: str, data: str | Path, output: str | Path, *, optimizer: 
                                  max_rounds=max_rounds, minibatch_size=minibatch_size)
     budget.check_for(name)
     seed = 0 if seed is None else seed
-    splits = load_task_splits(spec, data, seed=seed, sizes=check_sizes(train_size, dev_size, test_size))
+    sizes = {"train": train_size, "dev": dev_size, "test": test_size}
+    splits = load_task_splits(spec, data, seed=seed, sizes=sizes)
     check_asked_sizes(spec, splits, {"train": ("--train-size", train_size), "dev": ("--dev-size", dev_size),
                                      "test": ("--test-size", test_size)}, data)
     if not evaluate_test:
@@ -319,15 +345,31 @@ def plan_evaluation(task: str, data: str | Path, *, programs: Sequence[str | Pat
                     max_summary_tokens: int | None = None) -> EvaluationPlan:
     """Check an evaluation's options, artifacts and data before any LM. `size` None: the size
     compile recorded for the split in the first artifact compiled on the same data and seed."""
+    from booklens.data.splits import DEFAULT_FRACTIONS
+    from booklens.inputs import as_path
     from booklens.optimizers.artifacts import check_task, compiled_split_size
     from booklens.optimizers.tasks import check_asked_sizes, data_digest, load_task_splits, same_data_digests
+    from booklens.parallel import check_at_least
     from booklens.records import present
+    from booklens.vocabulary import MIN_CHUNK_SIZE, MIN_CONTEXT_WINDOW, MIN_SUMMARY_TOKENS
 
-    data = Path(data)
+    _name("task", task)
+    data = as_path(data, "data")
+    if isinstance(programs, (str, Path)) or not isinstance(programs, Iterable):
+        raise BooklensError(f"programs must be a list of artifact paths, not {kind_of(programs)}")
+    programs = [as_path(p, "each of programs") for p in programs]
+    if split not in DEFAULT_FRACTIONS:
+        raise BooklensError(f"split must be one of {', '.join(DEFAULT_FRACTIONS)}, not {split!r}")
+    whole_number("--size", size, zero="0 (the whole split)")
+    whole_number("--seed", seed)
+    for option, value, least in (("--context-window", context_window, MIN_CONTEXT_WINDOW),
+                                 ("--chunk-size", chunk_size, MIN_CHUNK_SIZE),
+                                 ("--max-summary-tokens", max_summary_tokens, MIN_SUMMARY_TOKENS)):
+        whole_number(option, value, least)
+    check_at_least("--threads", threads)
+    check_flag("zero_shot", zero_shot)
     if not present(data):
         raise BooklensError(f"data not found: {data}")
-    if size is not None and size < 0:
-        raise BooklensError(f"--size must be 0 (the whole split) or more (got {size})")
     spec, window_option, planner = task_for(task, context_window, chunk_size, max_summary_tokens)
     paths = [program_named(p, spec.name) for p in programs]
     if not paths and not zero_shot:

@@ -923,3 +923,46 @@ def test_score_summaries_refuses_a_book_text_without_words():
     with dspy.context(lm=lm), pytest.raises(BooklensError, match="the book text of 'a' is empty"):
         score_summaries({"a": SUMMARY}, book_texts={"a": ""})
     assert lm.backend.calls == []
+
+
+WRONG_KINDS = {
+    "compile-data": ("plan_compile", lambda d: (("verification", None, d / "a.json"), {"optimizer": "labeled"}),
+                     "data must be a path, not None"),
+    "compile-demos": ("plan_compile", lambda d: (("verification", d / "f.json", d / "a.json"),
+                                                 {"optimizer": "labeled", "demos": "4"}), "--demos must be 0 or more"),
+    "compile-test-size": ("plan_compile", lambda d: (("verification", d / "f.json", d / "a.json"),
+                                                     {"optimizer": "labeled", "test_size": -1}),
+                          r"--test-size must be 0 \(the whole split\) or more \(got -1\)"),
+    "compile-flag": ("plan_compile", lambda d: (("verification", d / "f.json", d / "a.json"),
+                                                {"optimizer": "labeled", "evaluate_test": "no"}),
+                     "evaluate_test must be True or False"),
+    "compile-task": ("plan_compile", lambda d: ((5, d / "f.json", d / "a.json"), {"optimizer": "labeled"}),
+                     "task must be a name, not int"),
+    "evaluate-programs": ("plan_evaluation", lambda d: (("verification", d / "f.json"), {"programs": d / "a.json"}),
+                          "programs must be a list of artifact paths"),
+    "evaluate-split": ("plan_evaluation", lambda d: (("verification", d / "f.json"), {"split": "validation"}),
+                       "split must be one of train, dev, test"),
+    "evaluate-threads": ("plan_evaluation", lambda d: (("verification", d / "f.json"), {"threads": 0}),
+                         "--threads must be at least 1"),
+    "calibrate-judges": ("plan_calibration", lambda d: (("coherence",), {}),
+                         "judges must be a list of judge names, not the string 'coherence'"),
+    "calibrate-books": ("plan_calibration", lambda d: ((), {"books": 0}), "--books must be at least 1"),
+    "calibrate-program": ("plan_calibration", lambda d: ((), {"program": 7}), "program must be a path, not 7"),
+    "annotations-limit": ("score_annotations", lambda d: ((d / "a.json",), {"limit": 0}),
+                          "--limit must be at least 1"),
+    "annotations-path": ("score_annotations", lambda d: ((None,), {}), "annotations must be a path, not None"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_KINDS))
+def test_compile_evaluate_calibrate_and_annotations_refuse_arguments_of_the_wrong_kind(tmp_path, case):
+    """As the commands refuse their options: one line naming the argument, before any file is read."""
+    from booklens.calibration import plan_calibration
+    from booklens.data.booookscore import score_annotations
+    from booklens.optimizers.workflow import plan_compile, plan_evaluation
+
+    functions = {f.__name__: f for f in (plan_compile, plan_evaluation, plan_calibration, score_annotations)}
+    name, arguments, message = WRONG_KINDS[case]
+    args, kwargs = arguments(tmp_path)
+    with pytest.raises(BooklensError, match=message):
+        functions[name](*args, **kwargs)
