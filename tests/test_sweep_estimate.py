@@ -282,3 +282,36 @@ def test_book_evidence_is_sized_by_the_window_the_judges_server_states(tmp_path:
     unknown = prompt_tokens("server.yaml", down)  # no server up: the window is unknown
     judge = load_manifest(tmp_path / "server.yaml").judge_config()
     assert unknown - stated == book_evidence(8192, judge) - book_evidence(2048, judge) > 0
+
+
+def test_the_estimate_shows_the_verifier_the_demos_its_window_holds_beside_each_books_evidence(books_dir: Path):
+    """At 2048 tokens beside two 256-token passages the verifier is shown 4 of its 6 demos, as the
+    cell's run decides; the estimate counted all 6 in every verification prompt."""
+    import dspy
+
+    from booklens.lm import BooklensAdapter
+    from booklens.pipeline import JudgeConfig, load_judge_programs
+    from booklens.programs.base import prompt_tokens
+    from booklens.programs.faithfulness import fit_demos_to_evidence
+    from booklens.sweep.estimate import _Overheads, judge_work
+    from booklens.text import read_book
+
+    judge = JudgeConfig(steps=["faithfulness"], evidence="bm25", k=2, passage_tokens=256, max_claims=3)
+    novel = read_book(books_dir / f"{NOVEL}.txt")
+    with dspy.context(adapter=BooklensAdapter()):
+        programs = load_judge_programs(judge)
+        fit = fit_demos_to_evidence(programs["verification"], 2048, mode="bm25", k=2, passage_tokens=256,
+                                    book_text=novel)
+        assert fit.shown == 4 and len(programs["verification"].verify.demos) == 6
+        every = prompt_tokens(programs["verification"].verify, evidence="", claim="")
+        shown = prompt_tokens(fit.verifier.verify, evidence="", claim="")
+        args = (judge, 60, 3, 170_000, 2048, _Overheads(), programs)
+        all_demos, fitted = judge_work(*args), judge_work(*args, book_text=novel)
+        # a book shorter than the passages asked for leaves room for every demo
+        story = "Mara kept the light through the storm. The ship came in at dawn."
+        short = (judge, 60, 3, 15, 2048, _Overheads(), programs)
+        assert fit_demos_to_evidence(programs["verification"], 2048, mode="bm25", k=2, passage_tokens=256,
+                                     book_text=story).shown is None
+        assert judge_work(*short, book_text=story) == judge_work(*short)
+    assert fitted.calls == all_demos.calls == 4  # one decomposition, three claims
+    assert all_demos.prompt_tokens - fitted.prompt_tokens == 3 * (every - shown) > 0

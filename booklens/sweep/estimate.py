@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Mapping, Optional
 
+from booklens.errors import BooklensError
 from booklens.lm.usage import known_cost
+from booklens.retrieval import BOOK_MODES
 from booklens.sweep.manifest import Sweep
 
 TOKENS_PER_SENTENCE = 25
@@ -151,11 +153,12 @@ def summary_work(summarizer: Any, chunks: list[Any], overheads: _Overheads) -> t
 
 def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int, judge_window: Optional[int],
                overheads: _Overheads, programs: dict[str, Any], reused: Collection[str] = (),
-               claims: Optional[int] = None) -> Work:
+               claims: Optional[int] = None, book_text: Optional[str] = None) -> Work:
     """Calls and tokens to judge one summary of this many tokens and sentences, of a book of
     `book_tokens`, on a judge LM whose context window is `judge_window` (None: unknown), less the
     run steps in `reused` (on disk: a run makes them without a call); `claims`: how many the summary
-    was split into, when known."""
+    was split into, when known. With `book_text`, the verifier shows the demos its window holds
+    beside that book's evidence, as the cell's run decides (`fit_demos_to_evidence`)."""
     work = Work()
     sentences = max(1, sentences)
     if "coherence" in judge.steps and "coherence" not in reused:
@@ -181,6 +184,15 @@ def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int
         if judge.max_claims:
             claims = min(claims, judge.max_claims)
         verifier = programs["verification"]
+        if judge.evidence in BOOK_MODES and book_text is not None:
+            from booklens.programs.faithfulness import fit_demos_to_evidence
+
+            try:
+                verifier = fit_demos_to_evidence(verifier, judge_window, mode=judge.evidence, k=judge.k,
+                                                 passage_tokens=judge.passage_tokens,
+                                                 budget_tokens=judge.budget_tokens, book_text=book_text).verifier
+            except BooklensError:  # settings no demo fits beside: the run refuses them before any call
+                pass
         if judge.evidence == "none":
             head, evidence = overheads.of(verifier.verify_without_evidence, claim=""), 0
         else:
@@ -195,7 +207,6 @@ def judge_work(judge: Any, summary_tokens: int, sentences: int, book_tokens: int
 
 def _step_on_disk(output: Optional[Path], system: str, book: str, step: str) -> Any:
     """A step's record in a cell's run directory, or None when there is none to read."""
-    from booklens.errors import BooklensError
     from booklens.reports import read_step_record
     from booklens.sweep.aggregate import cell_dir
 
@@ -233,7 +244,6 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
     directory `output`. `programs`: the judge programs, when already loaded."""
     import dspy
 
-    from booklens.errors import BooklensError
     from booklens.lm import BooklensAdapter, served_context_window
     from booklens.lm.pool import resolve_model
     from booklens.pipeline import build_summarizer
@@ -298,7 +308,8 @@ def estimate_sweep(sweep: Sweep, *, reused: Optional[Mapping[tuple[str, str], Co
                         est.chunks += len(chunks)
                         est.summarize.add(work.calls, work.prompt_tokens, work.completion_tokens)
                 claims = _claims_on_disk(output, spec.name, book.key) if "claims" in done else None
-                w = judge_work(judge, tokens, sentences, book_tokens, judge_window, overheads, programs, done, claims)
+                w = judge_work(judge, tokens, sentences, book_tokens, judge_window, overheads, programs, done, claims,
+                               book_text=text)
                 est.judge.add(w.calls, w.prompt_tokens, w.completion_tokens)
             parts = [(est.judge.calls, price(judge_lm, est.judge.prompt_tokens, est.judge.completion_tokens,
                                              judge_server))]
