@@ -616,39 +616,31 @@ def articles_needed(share: float, n_articles: int) -> int:
 # ---------------------------------------------------------------------------
 # Judges
 
-# The windows the judges' refused prompts were refused at, while `refused_windows` collects them,
-# and the run's check of a window so named (`judgments_misfit` over its judgments), if it has one.
-_refused: ContextVar[Optional[tuple[set[int], Optional[Callable[[int], Optional[str]]]]]] = ContextVar(
-    "refused_windows", default=None)
+# The run's check of a window a server named in refusing a judge's prompt (`refused_windows`).
+_refused: ContextVar[Optional[Callable[[int], Optional[str]]]] = ContextVar("refused_windows", default=None)
 
 
 @contextmanager
-def refused_windows(misfit: Optional[Callable[[int], Optional[str]]] = None) -> Iterator[set[int]]:
-    """The context windows the server named in refusing the judges' prompts within this block. A
-    refused judgment keeps only its error line; a server that does not state its window (llama-cpp-python's)
-    names it only there, and a run that judged nothing needs it to say which of its settings fits.
-    `misfit(window)`: the line that says no judgment of one of the run's figures fits a window so
-    named (`judgments_misfit`). The first refusal that gives one ends the run in that line, a
-    `BooklensError` as a stated window gives it before any call, rather than after a refused call
-    for every other judgment."""
-    seen: set[int] = set()
-    token = _refused.set((seen, misfit))  # `parallel_map` runs each judgment in a copy of this context: the same set
+def refused_windows(misfit: Callable[[int], Optional[str]]) -> Iterator[None]:
+    """Within this block, the first refusal of a judge's prompt at a window the server names (as
+    llama-cpp-python's, which states no window beforehand, names it only there) for which
+    `misfit(window)` gives a line (`judgments_misfit`: no judgment of one of the run's figures fits
+    it) ends the run in that line, a `BooklensError` as a stated window gives it before any call,
+    rather than after a refused call for every other judgment. Other refusals fail their judgment."""
+    token = _refused.set(misfit)  # `parallel_map` runs each judgment in a copy of this context
     try:
-        yield seen
+        yield
     finally:
         _refused.reset(token)
 
 
 def _refused_judgment(exc: ContextWindowExceeded) -> str:
-    """The error line a judgment the server refused as too long keeps; its window is noted, and the
-    run ends here when none of a figure's judgments fits it (`refused_windows`)."""
-    state = _refused.get()
-    if state is not None and exc.window:
-        seen, misfit = state
-        seen.add(exc.window)
-        line = misfit(exc.window) if misfit is not None else None
-        if line:
-            raise BooklensError(line) from None
+    """The error line a judgment the server refused as too long keeps, or the line that ends the
+    run when none of a figure's judgments fits the window it named (`refused_windows`)."""
+    misfit = _refused.get()
+    line = misfit(exc.window) if misfit is not None and exc.window else None
+    if line:
+        raise BooklensError(line) from None
     return first_line(exc)
 
 
