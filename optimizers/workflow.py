@@ -46,7 +46,7 @@ def _name(what: str, value: Any) -> str:
 
 
 def split_shares() -> str:
-    """'60/20/20': the shares of books in train, dev and test, as the lines about empty splits say."""
+    """'40/20/40': the shares of books in train, dev and test, as the lines about empty splits say."""
     return "/".join(f"{100 * f:g}" for f in DEFAULT_FRACTIONS.values())
 
 
