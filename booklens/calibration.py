@@ -26,6 +26,9 @@ books (every summarizer's claims). Each figure carries its sample size and a 95%
 over summaries (`booklens.metrics.bootstrap`). The stored entry depends only on the data, the
 program, the LM's answers and the sample, so an unchanged calibration rewrites the same bytes. A
 summary none of whose sentences the judge gave a verdict on is counted but is no resampling unit.
+
+`calibrate` measures one judge. `booklens calibrate` is `plan_calibration` (the judges and their data,
+checked with no LM), `check_calibration_samples` and `calibrate_judges`, which measures and stores each.
 """
 
 from __future__ import annotations
