@@ -413,10 +413,12 @@ class EvaluationOutcome:
         return format_table(self.results, title=title, metric_name=plan.spec.metric_name)
 
     def notes(self) -> list[str]:
-        """What each run has to say beside its figures, then its failures (label: count, first)."""
-        lines = [f"note: {r.label}: {note}" for r in self.results for note in r.notes]
-        lines += [f"{r.label}: {r.failures} failed example(s), e.g. {r.errors[0]}" for r in self.results if r.errors]
-        return lines
+        """What each run has to say beside its figures (a judge shown fewer demos, ...)."""
+        return [f"{r.label}: {note}" for r in self.results for note in r.notes]
+
+    def failures(self) -> list[str]:
+        """Each run that failed on some examples: how many, and the first failure."""
+        return [f"{r.label}: {r.failures} failed example(s), e.g. {r.errors[0]}" for r in self.results if r.errors]
 
     def as_dict(self) -> dict[str, Any]:
         plan = self.plan

@@ -162,7 +162,9 @@ def evaluate_command(
     model = setup_lm(lm, api_base, cache_dir, structured=structured, rpm=rpm, tpm=tpm, context_window=context_window)
     done = evaluate_planned(plan, model, notify=lambda line: typer.echo(line, err=True))
     typer.echo(done.table())
-    for line in done.notes():  # e.g. a judge shown with fewer demos than its label says; failures
+    for note in done.notes():  # e.g. a judge shown with fewer demos than its label says
+        typer.echo(f"note: {note}", err=True)
+    for line in done.failures():
         typer.echo(line, err=True)
     if output is not None:
         write_output(output, done.as_dict())
