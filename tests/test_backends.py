@@ -1822,6 +1822,19 @@ def test_a_url_that_takes_no_posts_says_to_check_the_api_base(model):
     assert len(server.received) == 1
 
 
+@pytest.mark.parametrize("model", ["openai/fake-model", "hosted_vllm/fake-model"])
+def test_a_server_that_implements_no_post_says_to_check_the_api_base(model):
+    """Python's `http.server` (a folder served on a port mistaken for the model's) answers a POST with
+    501 and an HTML page: the line was that page's first line, `APIError: <!DOCTYPE HTML>`."""
+    page = "<!DOCTYPE HTML>\n<html><body><h1>Error response</h1><p>Error code: 501</p></body></html>"
+    with FakeOpenAIServer(responder=lambda body: Reply(status=501, raw=page)) as server:
+        with pytest.raises(LMError) as caught:
+            classify(backend_for(server, model=model))
+    assert str(caught.value) == (f"{server.url} takes no requests at the path '{model}' was sent to (501 Not "
+                                 "Implemented): check --api-base, usually the server's URL ending in /v1")
+    assert len(server.received) == 1
+
+
 def test_ollamas_window_is_counted_without_the_tokenizer_litellm_picks_by_the_models_name(monkeypatch):
     """For a model name holding 'llama-3' LiteLLM's counter fetches a tokenizer from the Hugging Face
     Hub: offline, every request would try, and log a warning, before it is sent."""

@@ -716,10 +716,11 @@ class LiteLLMBackend:
             what = "an answer of Ollama's API" if self.provider in OLLAMA_PROVIDERS else "an OpenAI-compatible chat completion"
             raise LMError(self._redact(f"{self.server} answered, but not with {what} ({server_text(exc, 160)}): "
                                        f"{self._check_api_base()}")) from None
-        if self.api_base and status == 405:
-            # A web server that is no API (a static site, a dashboard) takes no POST at that path.
-            raise LMError(f"{self.server} takes no requests at the path '{self.model}' was sent to (405 Method Not "
-                          f"Allowed): {self._check_api_base()}") from None
+        if self.api_base and status in _NO_POST:
+            # A web server that is no API (a static site, a dashboard, Python's http.server, which
+            # implements no POST at all) takes no POST at that path.
+            raise LMError(f"{self.server} takes no requests at the path '{self.model}' was sent to ({status} "
+                          f"{_NO_POST[status]}): {self._check_api_base()}") from None
         if self._ollama_at_v1() and not answered and _unreadable_answer(exc):
             # Ollama's routes post to /api/chat (or /api/generate) under the URL: under /v1 no Ollama API
             # answers, and an OpenAI-compatible server's answer there LiteLLM cannot read as Ollama's (it
@@ -882,6 +883,9 @@ def server_text(exc: BaseException, limit: int = 300) -> str:
     lines = redacted(_server_words(_said(exc))).splitlines()  # before the cut: a key cut in two would stay
     return lines[0][:limit] if lines else type(exc).__name__
 
+
+# The statuses of a web server that takes no POST where the request went, with their reasons.
+_NO_POST = {405: "Method Not Allowed", 501: "Not Implemented"}
 
 # LiteLLM's words for a response whose `choices` is no list (`null`), on every route.
 _NULL_CHOICES = "returned 'choices' that is not a list"
