@@ -954,6 +954,18 @@ def event_settings(**given: Any) -> dict[str, Any]:
             for name, value in given.items()}
 
 
+def _judging_jobs(events: list[Any], faithfulness: Sequence[str]) -> list[tuple[str, Any, str, str, Sequence[str]]]:
+    """The judgments `summarize_events` will make, as `judgments_misfit` takes them, with an empty
+    summary: the summaries are not written yet, and a prompt that overflows without one overflows with
+    it. Coverage only of events with their own references (generated ones are not known yet)."""
+    jobs = []
+    for event in events:
+        if event.question_answers:
+            jobs.extend((f"coverage {protocol}", event, "coverage", protocol, ("",)) for protocol in RATING_SCALES)
+        jobs.extend((f"faithfulness {protocol}", event, "faithfulness", protocol, ("",)) for protocol in faithfulness)
+    return jobs
+
+
 def summarize_events(events: list[Any], *, method: str = "auto", sentences: Optional[int] = None,
                      generate_questions: int = 0, clustering: Optional[str] = None,
                      diversity_filter: Optional[bool] = None, judge: bool = True,
@@ -981,6 +993,11 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: Opti
     refs = (ReferenceBuilder(generate_questions, clustering=clustering, diversity_filter=diversity_filter,
                              context_window=context_window, concurrency=concurrency)
             if generate_questions else None)
+    summarizer.budget()  # a window with no room for the articles is the first thing to say
+    if judge:  # before any call, as `judge` and `bias` do: a window no judgment fits would refuse them all
+        check_judgments_fit(_judging_jobs(events, faithfulness),
+                            context_window or getattr(dspy.settings.lm, "context_window", None),
+                            max_articles=max_articles)
     results = []
     for event in events:
         row: dict[str, Any] = {"eid": event.eid}

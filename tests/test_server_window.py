@@ -863,3 +863,18 @@ def test_diverse_judges_refused_where_no_window_is_stated_end_naming_what_fits(t
     record = json.loads(out.read_text())
     figure = record["events"] if judge else record.get("coverage", record.get("coverage_pairwise"))["cases"]
     assert "window_misfit" not in record and len(figure) == (4 if judge else 4 * 18)
+
+
+@pytest.mark.parametrize("window_args, pages", [([], LLAMA_CPP_PROPS), (["--context-window", "2048"], None)])
+def test_diverse_refuses_before_any_call_judging_that_no_window_holds(tmp_path, window_args, pages):
+    """`diverse` checked its extraction and summary against the window but not its judges: it wrote
+    the summary, then every coverage likert judgment was sent and refused. Now, with the window known
+    (stated by the server or given), the run ends before any call in the judges' line."""
+    events, _ = many_questions(tmp_path)
+    with FakeOpenAIServer(responder=judges_within(2048), pages=pages) as server:
+        line = one_line_error(run_here(["diverse", events, "--lm", "openai/fake", "--api-base", server.url,
+                                        "--concurrency", "1", *window_args], tmp_path))
+        assert server.received == []
+    assert line == ("error: the coverage judge's prompt for event ev-0001 with its reference QA pairs is 2626 tokens, "
+                    "more than the 1920 the 2048-token context window holds beside its answer, and no coverage likert "
+                    "judgment fits; use a model or server with a larger context window")
