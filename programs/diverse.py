@@ -898,7 +898,7 @@ def judgments_misfit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]], w
             fix = ("compare on each QA pair with --per-qa, or " if protocol == "pairwise" else
                    "judge each QA pair alone with --protocol binary, or ")
     if not fix and window_option:  # the window was given: name the least that holds the prompt
-        fix = f"give {window_option} {tokens + JUDGE_ANSWER_ROOM} or more (the summary's own tokens on top), or "
+        fix = f"set {window_option} to {tokens + JUDGE_ANSWER_ROOM} or more (plus the summary's tokens), or "
     return (f"the {criterion} judge's prompt for event {event.eid} with {_shown(case)} is {tokens} tokens, more "
             f"than the {room} the {window}-token context window holds beside its answer, and no {figure} judgment "
             f"fits; {fix}use a model or server with a larger context window")
