@@ -985,3 +985,32 @@ def test_run_book_leaves_an_earlier_run_as_it_was_when_the_book_cannot_be_read(t
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     fresh = run_book(book, tmp_path / "fresh", system, judge, lms=lms, notify=lambda m: None)
     assert not fresh.complete and set(fresh.failures) == {"summary", "coherence", "claims", "faithfulness"}
+
+
+def test_a_given_summary_as_a_text_file_then_as_its_record_is_judged_once(server, tmp_path):
+    """A `summarize` record keeps its summary as written (a trailing newline included) while a text
+    file is read trimmed: both are the same summary, so judging the record after the text file makes
+    no new LM call."""
+    record = tmp_path / "summary.json"
+    made = cli([sys.executable, "-m", "booklens", "summarize", str(STORY), "--chunk-size", "512",
+                "--context-window", "2048", "--max-summary-tokens", "200", "--lm", "openai/fake-model",
+                "--api-base", server.url, "--cache-dir", str(tmp_path / "cache"), "-o", str(record)])
+    assert made.returncode == 0, made.stderr
+    data = json.loads(record.read_text(encoding="utf-8"))
+    data["summary"] = data["summary"].strip() + "\n"  # as a writer that ends its text with a newline keeps it
+    record.write_text(json.dumps(data), encoding="utf-8")
+    text = tmp_path / "summary.txt"
+    text.write_text(data["summary"], encoding="utf-8")
+
+    def judge(summary: Path, out: str):
+        args = run_args(server, tmp_path / out, tmp_path / "cache")
+        for option in ("--chunk-size", "--context-window", "--max-summary-tokens"):
+            del args[args.index(option):args.index(option) + 2]
+        return cli([*args, "--summary", str(summary)])
+
+    first = judge(text, "as-text")
+    assert first.returncode == 0, first.stderr
+    before = len(server.served)
+    again = judge(record, "as-record")
+    assert again.returncode == 0, again.stderr
+    assert server.served[before:] == []
