@@ -752,6 +752,22 @@ def _strip_blank_edges(text: str) -> str:
     return text[m.end() if m else 0:].rstrip()
 
 
+def _refuse_a_record(p: Path, text: str) -> None:
+    """A booklens record given as the book (the summary `summarize -o` wrote, say) would be
+    summarized and judged as if its JSON were the story: name the mistake instead."""
+    if not text.lstrip().startswith("{"):
+        return
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return  # a text that happens to start with a brace
+    kind = data.get("kind") if isinstance(data, dict) else None
+    if isinstance(kind, str) and kind.startswith("booklens."):
+        raise BooklensError(f"{p} is a {kind} record, not a book: give the book's text (.txt, .epub or .html)")
+
+
 def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: bool = False) -> str:
     """The text of a book file (``.txt``, ``.epub`` or an HTML page), ready for chunking.
 
@@ -769,6 +785,7 @@ def read_book(path: str | Path, *, strip_boilerplate: bool = True, drop_matter: 
         text = html_to_text(_decode_text(data, str(p)))  # a web page's text, not its markup
     else:
         text = _decode_text(data, str(p))
+        _refuse_a_record(p, text)
     text = _normalize_newlines(text)
     # Whitespace, punctuation or symbols alone would leave no chunk to summarize and no passage to
     # index: say so here, naming the file, for every command that reads a book.

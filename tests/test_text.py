@@ -1108,3 +1108,18 @@ def test_an_ordinary_novel_keeps_its_chunks_byte_for_byte(books_dir):
     assert hashlib.sha256(book.encode()).hexdigest() == PP_SHA256, "the test book changed: recompute the digests"
     for size, expected in PP_CHUNKS_SHA256.items():
         assert chunks_digest(T.chunk_text(book, size)) == expected, size
+
+
+@pytest.mark.parametrize("kind", ["booklens.summary", "booklens.run"])
+def test_a_booklens_record_given_as_the_book_is_a_one_line_error(tmp_path, kind):
+    """A record (say the summary `summarize -o` wrote) given where the book goes was read as the
+    book's text: its JSON was summarized and judged, with no word of the mistake."""
+    from booklens.errors import BooklensError
+    from booklens.text import read_book
+
+    record = tmp_path / "summary.json"
+    record.write_text(json.dumps({"kind": kind, "summary": "The keeper lit the lamp."}), encoding="utf-8")
+    with pytest.raises(BooklensError) as caught:
+        read_book(record)
+    assert str(caught.value) == (f"{record} is a {kind} record, not a book: give the book's text "
+                                 "(.txt, .epub or .html)")
