@@ -850,19 +850,22 @@ def _shown(case: str) -> str:
 
 def check_judgments_fit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]], window: Optional[int], *,
                         per_qa: bool = False, max_articles: Optional[int] = None,
-                        protocol_option: bool = False, window_option: Optional[str] = None) -> None:
+                        protocol_option: bool = False, window_option: Optional[str] = None,
+                        summary_room: int = 0) -> None:
     """A one-line `BooklensError`, before any call, when no judgment of one of a run's figures fits a
     `window`-token context beside its answer (`judgments_misfit`): the server would refuse every one, and
     the run would end in a line that names no setting."""
     misfit = judgments_misfit(jobs, window, per_qa=per_qa, max_articles=max_articles,
-                              protocol_option=protocol_option, window_option=window_option)
+                              protocol_option=protocol_option, window_option=window_option,
+                              summary_room=summary_room)
     if misfit:
         raise BooklensError(misfit)
 
 
 def judgments_misfit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]], window: Optional[int], *,
                      per_qa: bool = False, max_articles: Optional[int] = None,
-                     protocol_option: bool = False, window_option: Optional[str] = None) -> Optional[str]:
+                     protocol_option: bool = False, window_option: Optional[str] = None,
+                     summary_room: int = 0) -> Optional[str]:
     """Why no judgment of one of a run's figures fits a `window`-token context beside its answer, and
     what does, in one line; None when each figure has one that fits (those that do not fail alone, as a
     server's refusal makes them). For coverage of all QA pairs at once it names one QA pair at a time
@@ -870,7 +873,8 @@ def judgments_misfit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]], w
     pair fits with `BUDGET_MARGIN` to spare (a server's tokenizer may count more).
     `jobs`: (figure, event, criterion, protocol, summaries) as the run judges them, `figure` named as
     the run's output names it ('coverage likert'); `window_option`: the option that gave the window, named
-    with the least window that holds the prompt. No window, no check."""
+    with the least window that holds the prompt and, where `summary_room` (the tokens a summary not yet
+    written may take, left out of `jobs`), the window that holds it with such a summary. No window, no check."""
     if not window:
         return None
     room = window - JUDGE_ANSWER_ROOM
@@ -898,7 +902,10 @@ def judgments_misfit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]], w
             fix = ("compare on each QA pair with --per-qa, or " if protocol == "pairwise" else
                    "judge each QA pair alone with --protocol binary, or ")
     if not fix and window_option:  # the window was given: name the least that holds the prompt
-        fix = f"set {window_option} to {tokens + JUDGE_ANSWER_ROOM} or more (plus the summary's tokens), or "
+        least = tokens + JUDGE_ANSWER_ROOM
+        fix = f"set {window_option} to {least} or more" + (
+            f" ({least + summary_room} holds a summary of the {summary_room} tokens kept for it)" if summary_room else ""
+        ) + ", or "
     return (f"the {criterion} judge's prompt for event {event.eid} with {_shown(case)} is {tokens} tokens, more "
             f"than the {room} the {window}-token context window holds beside its answer, and no {figure} judgment "
             f"fits; {fix}use a model or server with a larger context window")
@@ -1000,7 +1007,8 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: Opti
     if judge:  # before any call, as `judge` and `bias` do: a window no judgment fits would refuse them all
         check_judgments_fit(_judging_jobs(events, faithfulness),
                             context_window or getattr(dspy.settings.lm, "context_window", None),
-                            max_articles=max_articles, window_option="--context-window" if context_window else None)
+                            max_articles=max_articles, window_option="--context-window" if context_window else None,
+                            summary_room=SUMMARY_RESERVE)
     results = []
     for event in events:
         row: dict[str, Any] = {"eid": event.eid}

@@ -875,7 +875,8 @@ def test_diverse_refuses_before_any_call_judging_that_no_window_holds(tmp_path, 
         line = one_line_error(run_here(["diverse", events, "--lm", "openai/fake", "--api-base", server.url,
                                         "--concurrency", "1", *window_args], tmp_path))
         assert server.received == []
-    fix = "set --context-window to 2754 or more (plus the summary's tokens), or " if window_args else ""
+    fix = ("set --context-window to 2754 or more (3778 holds a summary of the 1024 tokens kept for it), or "
+           if window_args else "")
     assert line == ("error: the coverage judge's prompt for event ev-0001 with its reference QA pairs is 2626 tokens, "
                     "more than the 1920 the 2048-token context window holds beside its answer, and no coverage likert "
                     f"judgment fits; {fix}use a model or server with a larger context window")
