@@ -147,12 +147,25 @@ def _readme_python_example() -> str:
     return blocks[0]
 
 
+class RefusesOneBook(PipelineResponder):
+    """The pipeline's plausible answers, except that every summary request of one book is refused
+    (HTTP 400): that book's sweep cells fail at their summary step, the others complete."""
+
+    def __call__(self, body):
+        if pipeline_step(body) == "summarize" and "Zebedee" in str(body["messages"][-1]["content"]):
+            return 400, "this book is refused"
+        return super().__call__(body)
+
+
 def test_readmes_python_example_runs_as_written_against_a_loopback_server(tmp_path, monkeypatch, capsys):
     """README's Python example, run as it stands but for two things: the model answers from a
     loopback server (its URL given to the `dspy.LM`, which keeps nothing in DSPy's disk cache, and
     to booklens's LMs as `BOOKLENS_API_BASE`), and the run's evidence is bm25 (hybrid loads a
     sentence-embedding model, seconds of work, for the same code path). Every name it imports and
-    every attribute it reads must exist, and every call reaches the server."""
+    every attribute it reads must exist, every call reaches the server, and the sweep has a failed
+    cell, so that the line printing `done.failed` reads its cells' fields too."""
+    from booklens.testing import run_command
+
     code = _readme_python_example()
     adapted = code.replace('dspy.LM("openai/gpt-4o-mini")',
                            'dspy.LM("openai/gpt-4o-mini", api_base=API_BASE, cache=False)')
@@ -162,8 +175,9 @@ def test_readmes_python_example_runs_as_written_against_a_loopback_server(tmp_pa
     monkeypatch.chdir(tmp_path)
     (tmp_path / "summary.txt").write_text(SUMMARY)
     (tmp_path / "book.txt").write_text((README.parent / "examples" / "sample_story.txt").read_text(encoding="utf-8"))
+    (tmp_path / "other.txt").write_text("Zebedee Quill rows across the bay at night. " * 20)
     (tmp_path / "corpus.yaml").write_text(
-        "books: [book.txt]\n"
+        "books: [book.txt, other.txt]\n"
         "systems:\n"
         "  - {name: hier-512, method: hier, chunk_size: 512, context_window: 2048, max_summary_tokens: 200}\n"
         "  - {name: inc-512, method: inc, chunk_size: 512, context_window: 2048, max_summary_tokens: 200}\n"
@@ -171,7 +185,7 @@ def test_readmes_python_example_runs_as_written_against_a_loopback_server(tmp_pa
     monkeypatch.setenv("OPENAI_API_KEY", "not-a-key")
     monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
     saved = {"lm": dspy.settings.lm, "adapter": dspy.settings.adapter}
-    with FakeOpenAIServer(responder=PipelineResponder()) as server:
+    with FakeOpenAIServer(responder=RefusesOneBook()) as server:
         monkeypatch.setenv("BOOKLENS_API_BASE", server.url)
         names = {"API_BASE": server.url}
         try:
@@ -179,17 +193,36 @@ def test_readmes_python_example_runs_as_written_against_a_loopback_server(tmp_pa
         finally:
             dspy.configure(**saved)
         steps = [pipeline_step(body) for body in server.served]
-    printed = capsys.readouterr().out.splitlines()
+        refused = [r for r in server.received if r.body not in server.served]
+    printed = capsys.readouterr().out
+    lines = printed.splitlines()
 
     # "Tom hides the letter" is the one sentence the responder finds confusing, and the one claim it
     # calls unfaithful
     assert names["scored"].score == 2 / 3
     assert [a.sentence for a in names["scored"].annotations if a.confusing] == ["Tom hides the letter from Mara."]
-    assert printed[1] == repr(["Mara finds the key under the stairs.", "Tom hides the letter from Mara.",
-                               "Mara reads the letter at dawn."])
-    assert names["run"].failures == {} and (tmp_path / "runs" / "book" / "report.html").is_file()
-    assert names["done"].failed == [] and len(names["done"].results["pairs"]) == 1
-    assert sum(line.startswith("\\begin{tabular}") for line in printed) == 2  # the systems and the pair
-    # the example's own decomposer, the run's and the sweep's two cells'; 3 + 3 sentences for the judge
-    # called directly and the run's, 3 for each cell
+    assert lines[1] == repr(["Mara finds the key under the stairs.", "Tom hides the letter from Mara.",
+                             "Mara reads the letter at dawn."])
+    assert names["run"].failures == {}
+    assert sorted(p.name for p in (tmp_path / "runs" / "book").iterdir()) == [
+        "claims.json", "coherence.json", "faithfulness.json", "report.html", "run.json", "summary.json",
+        "timings.json"]
+    # the sweep: 2 systems x 2 books, the other book's two cells failed at their summary
+    sweep = tmp_path / "sweeps" / "big"
+    assert {"results.json", "cells.jsonl", "report.html"} <= {p.name for p in sweep.iterdir()}
+    assert len((sweep / "cells.jsonl").read_text().splitlines()) == 4
+    assert len(names["done"].results["pairs"]) == 1
+    reason = f"summary: 'openai/gpt-4o-mini' at {server.url} rejected the request: this book is refused"
+    failed = [("hier-512", "other", reason), ("inc-512", "other", reason)]
+    assert [line for line in lines if line.endswith(repr(failed))] == [
+        f"{names['done'].results['pairs']!r} {failed!r}"]
+    assert len(refused) >= 1 and all(pipeline_step(r.body) == "summarize" for r in refused)
+    # the example's own decomposer, the run's and the sweep's two complete cells'; 3 + 3 sentences for
+    # the judge called directly and the run's, 3 for each complete cell; the run's one chunk and its
+    # artifact pass, then each complete cell's summary calls
     assert steps.count("claims") == 1 + 1 + 2 and steps.count("coherence") == 3 + 3 + 2 * 3
+    assert steps.count("verify") == 3 + 2 * 3 and len(server.served) == 44
+    # the last print is what `booklens report sweeps/big --table latex` prints, to the byte
+    table = run_command(["report", "sweeps/big", "--table", "latex"])
+    assert table.returncode == 0 and table.stdout.count("\\begin{tabular}") == 2  # the systems and the pair
+    assert printed.endswith("\n" + table.stdout)
