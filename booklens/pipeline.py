@@ -86,6 +86,25 @@ def _regenerations_in_range(value: int) -> int:
     return value
 
 
+def book_evidence_modes() -> list[str]:
+    """The evidence modes of a book run: `given` quotes evidence with each claim, which a book run has none of."""
+    from booklens.retrieval import EVIDENCE_MODES
+
+    return [mode for mode in EVIDENCE_MODES if mode != "given"]
+
+
+def _book_evidence(mode: Optional[str]) -> Optional[str]:
+    """A `JudgeConfig`'s evidence mode, checked when the config is built, as its numbers are (the
+    error shows the value given). None reaches here only from a manifest's judge section, whose keys
+    may be left empty: the manifest names that itself."""
+    from pydantic_core import PydanticCustomError
+
+    if mode is not None and mode not in book_evidence_modes():
+        raise PydanticCustomError("evidence_mode", f"no evidence mode of a book run: use one of "
+                                                   f"{', '.join(book_evidence_modes())}")
+    return mode
+
+
 class _Config(BaseModel):
     """A config record a library caller builds or reads back (`model_validate`, as a sweep's cell
     task is): a bad value is one line naming the field (pydantic's own error spreads it over four)."""
@@ -162,7 +181,7 @@ class JudgeConfig(_Config):
     model_config = ConfigDict(extra="forbid")
 
     steps: list[Literal["coherence", "faithfulness"]] = Field(default_factory=lambda: ["coherence", "faithfulness"])
-    evidence: str = "bm25"
+    evidence: Annotated[str, AfterValidator(_book_evidence)] = "bm25"
     k: int = Field(default=DEFAULT_K, ge=1)
     budget_tokens: Optional[int] = Field(default=None, ge=MIN_BUDGET_TOKENS)
     passage_tokens: int = Field(default=DEFAULT_PASSAGE_TOKENS, ge=MIN_PASSAGE_TOKENS)
@@ -270,11 +289,9 @@ def check_run_objects(system: Any, judge: Any, lms: Any) -> None:
 def check_configs(system: SystemConfig, judge: JudgeConfig, *, as_keys: bool | str = True) -> None:
     """Configuration errors a user can make, found before any model loads. `as_keys`: name the settings
     by their keys (a str: the judge's by their path under that manifest section); else as `run`'s options."""
-    from booklens.retrieval import EVIDENCE_MODES
-
-    if judge.evidence not in EVIDENCE_MODES or judge.evidence == "given":
-        modes = [m for m in EVIDENCE_MODES if m != "given"]
-        raise BooklensError(f"unknown evidence mode '{judge.evidence}' for a book run (use one of {', '.join(modes)})")
+    if judge.evidence not in book_evidence_modes():  # a config made without validation (`model_construct`)
+        raise BooklensError(f"unknown evidence mode '{judge.evidence}' for a book run (use one of "
+                            f"{', '.join(book_evidence_modes())})")
     from booklens.retrieval import check_evidence_options
 
     if "faithfulness" in judge.steps:

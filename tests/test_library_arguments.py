@@ -648,6 +648,12 @@ def test_a_config_record_read_with_model_validate_is_one_line_too(build, message
      "(and 2 more problems: lm, methd)"),
     (lambda c: c.JudgeConfig(k=0, batch_size=0), "JudgeConfig: k: Input should be greater than or equal to 1 (got 0) "
      "(and 1 more problem: batch_size)"),
+    # an evidence mode was any string until run_book refused it: a config kept (or read back) for later
+    # held a value no run takes
+    (lambda c: c.JudgeConfig(evidence="hybird", k=0), "JudgeConfig: evidence: no evidence mode of a book run: use "
+     "one of none, bm25, dense, hybrid, book (got 'hybird') (and 1 more problem: k)"),
+    (lambda c: c.JudgeConfig.model_validate_json('{"evidence": "given"}'), "JudgeConfig: evidence: no evidence mode "
+     "of a book run: use one of none, bm25, dense, hybrid, book (got 'given')"),
 ])
 def test_a_config_record_with_several_bad_values_names_them_all_in_one_line(build, message):
     """The first problem in full, then where the others are: a caller fixing one does not meet the next

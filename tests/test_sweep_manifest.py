@@ -84,7 +84,8 @@ BAD = {
     "malformed YAML": ("books: [corpus\nsystems: [{name: a}]\n", "is not valid YAML (line 2"),
     "bad type": ("books: corpus\nsystems: [{name: a, chunk_size: 2k}]\n", "chunk_size: Input should be a valid integer"),
     "given evidence": ("books: corpus\nsystems: [{name: a}]\njudge: {evidence: given}\n",
-                       "unknown evidence mode 'given' for a book run"),
+                       "m.yaml: judge.evidence: no evidence mode of a book run: use one of none, bm25, dense, "
+                       "hybrid, book (got \"given\")"),
     # a judge setting is named by its path in the manifest, as every other judge error names it
     "k with no retrieval": ("books: corpus\nsystems: [{name: a}]\njudge: {evidence: none, k: 3}\n",
                             "m.yaml: judge.k is how many passages bm25/dense/hybrid retrieve; evidence none "
