@@ -190,11 +190,17 @@ def test_readmes_python_example_runs_as_written_against_a_loopback_server(tmp_pa
         names = {"API_BASE": server.url}
         try:
             exec(compile(adapted, "README.md (Use it from Python)", "exec"), names)
+            steps = [pipeline_step(body) for body in server.served]
+            refused = [r for r in server.received if r.body not in server.served]
+            printed = capsys.readouterr().out
+            # run again, the run directory and the sweep resume: only the plain dspy.LM's four calls
+            # (it keeps no cache here) and the failed cells' summary requests are made again
+            exec(compile(adapted, "README.md (Use it from Python)", "exec"), {"API_BASE": server.url})
         finally:
             dspy.configure(**saved)
-        steps = [pipeline_step(body) for body in server.served]
-        refused = [r for r in server.received if r.body not in server.served]
-    printed = capsys.readouterr().out
+        again = [pipeline_step(body) for body in server.served[len(steps):]]
+        refused_again = [r for r in server.received if r.body not in server.served][len(refused):]
+    capsys.readouterr()
     lines = printed.splitlines()
 
     # "Tom hides the letter" is the one sentence the responder finds confusing, and the one claim it
@@ -218,11 +224,13 @@ def test_readmes_python_example_runs_as_written_against_a_loopback_server(tmp_pa
         f"{names['done'].results['pairs']!r} {failed!r}"]
     assert len(refused) >= 1 and all(pipeline_step(r.body) == "summarize" for r in refused)
     # the example's own decomposer, the run's and the sweep's two complete cells'; 3 + 3 sentences for
-    # the judge called directly and the run's, 3 for each complete cell; the run's one chunk and its
-    # artifact pass, then each complete cell's summary calls
+    # the judge called directly and the run's, 3 for each complete cell, and a claim for each sentence
+    # but the example's own; the rest are the summaries of the run and the two complete cells
     assert steps.count("claims") == 1 + 1 + 2 and steps.count("coherence") == 3 + 3 + 2 * 3
-    assert steps.count("verify") == 3 + 2 * 3 and len(server.served) == 44
+    assert steps.count("verify") == 3 + 2 * 3 and steps.count("summarize") == 19 and len(steps) == 44
     # the last print is what `booklens report sweeps/big --table latex` prints, to the byte
     table = run_command(["report", "sweeps/big", "--table", "latex"])
     assert table.returncode == 0 and table.stdout.count("\\begin{tabular}") == 2  # the systems and the pair
     assert printed.endswith("\n" + table.stdout)
+    assert sorted(again) == ["claims", "coherence", "coherence", "coherence"]
+    assert refused_again and all(pipeline_step(r.body) == "summarize" for r in refused_again)
