@@ -86,22 +86,16 @@ def _regenerations_in_range(value: int) -> int:
     return value
 
 
-def book_evidence_modes() -> list[str]:
-    """The evidence modes of a book run: `given` quotes evidence with each claim, which a book run has none of."""
-    from booklens.retrieval import EVIDENCE_MODES
-
-    return [mode for mode in EVIDENCE_MODES if mode != "given"]
-
-
 def _book_evidence(mode: Optional[str]) -> Optional[str]:
     """A `JudgeConfig`'s evidence mode, checked when the config is built, as its numbers are (the
     error shows the value given). None reaches here only from a manifest's judge section, whose keys
     may be left empty: the manifest names that itself."""
     from pydantic_core import PydanticCustomError
 
-    if mode is not None and mode not in book_evidence_modes():
-        raise PydanticCustomError("evidence_mode", f"no evidence mode of a book run: use one of "
-                                                   f"{', '.join(book_evidence_modes())}")
+    from booklens.retrieval import RUN_MODES
+
+    if mode is not None and mode not in RUN_MODES:
+        raise PydanticCustomError("evidence_mode", f"no evidence mode of a book run: use one of {', '.join(RUN_MODES)}")
     return mode
 
 
@@ -289,10 +283,10 @@ def check_run_objects(system: Any, judge: Any, lms: Any) -> None:
 def check_configs(system: SystemConfig, judge: JudgeConfig, *, as_keys: bool | str = True) -> None:
     """Configuration errors a user can make, found before any model loads. `as_keys`: name the settings
     by their keys (a str: the judge's by their path under that manifest section); else as `run`'s options."""
-    if judge.evidence not in book_evidence_modes():  # a config made without validation (`model_construct`)
-        raise BooklensError(f"unknown evidence mode '{judge.evidence}' for a book run (use one of "
-                            f"{', '.join(book_evidence_modes())})")
-    from booklens.retrieval import check_evidence_options
+    from booklens.retrieval import RUN_MODES, check_evidence_options
+
+    if judge.evidence not in RUN_MODES:  # a config made without validation (`model_construct`)
+        raise BooklensError(f"unknown evidence mode '{judge.evidence}' for a book run (use one of {', '.join(RUN_MODES)})")
 
     if "faithfulness" in judge.steps:
         check_evidence_options(judge.evidence, budget_tokens=judge.budget_tokens, has_given=False, as_keys=as_keys,

@@ -310,12 +310,11 @@ TpmOption = Annotated[
 ]
 
 
-def evidence_enum(name: str, *, exclude: tuple[str, ...] = ()) -> type[Enum]:
-    """An option type of the evidence modes of `booklens.retrieval` (minus `exclude`), whose
-    `help` is the modes' one-line description."""
-    from booklens.retrieval import EVIDENCE_MODES, evidence_help
+def evidence_enum(name: str, modes: tuple[str, ...]) -> type[Enum]:
+    """An option type of evidence `modes` (`booklens.retrieval`'s), whose `help` is the modes'
+    one-line description."""
+    from booklens.retrieval import evidence_help
 
-    modes = tuple(m for m in EVIDENCE_MODES if m not in exclude)
     enum = choices(name, modes)
     enum.help = evidence_help(modes)
     return enum

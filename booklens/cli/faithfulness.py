@@ -41,14 +41,15 @@ from booklens.cli.common import (
 from booklens.cli.data import stats_app
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
+from booklens.retrieval import (DEFAULT_K, DEFAULT_PASSAGE_TOKENS, EVIDENCE_MODES, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS,
+                                RUN_MODES)
 from booklens.vocabulary import counted
 
 
-EvidenceMode = evidence_enum("EvidenceMode")
+EvidenceMode = evidence_enum("EvidenceMode", EVIDENCE_MODES)
 EvidenceOption = Annotated[EvidenceMode, typer.Option("--evidence", help="Evidence per claim: " + EvidenceMode.help)]
 # `check` makes its claims, so no claim comes with quotes of its own.
-CheckEvidence = evidence_enum("CheckEvidence", exclude=("given",))
+CheckEvidence = evidence_enum("CheckEvidence", RUN_MODES)
 # k and passage size: None until given, so that one given where the mode never uses it is refused
 KOption = Annotated[Optional[int], typer.Option(
     "--k", min=1, help=f"Passages retrieved per claim (bm25/dense/hybrid; default {DEFAULT_K}).")]

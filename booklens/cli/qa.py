@@ -36,7 +36,8 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.errors import BooklensError
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_PASSAGE_TOKENS, QA_BOOK_RANK_MODE, SEARCH_MODES
+from booklens.retrieval import (DEFAULT_K, DEFAULT_PASSAGE_TOKENS, EVIDENCE_MODES, MIN_PASSAGE_TOKENS, QA_BOOK_RANK_MODE,
+                                SEARCH_MODES)
 from booklens.vocabulary import (
     ANSWER_CLUSTERINGS,
     CRITERIA,
@@ -54,7 +55,7 @@ from booklens.vocabulary import (
 
 
 Setting = choices("Setting", QA_SETTINGS)
-Evidence = evidence_enum("Evidence")
+Evidence = evidence_enum("Evidence", EVIDENCE_MODES)
 RankMode = choices("RankMode", SEARCH_MODES)
 EvidenceRecall = choices("EvidenceRecall", EVIDENCE_RECALL_MODES)
 FaithfulnessProtocols = choices("FaithfulnessProtocols", FAITHFULNESS_CHOICES)

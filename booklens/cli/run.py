@@ -54,7 +54,7 @@ from booklens.cli.summarize import (
     WordsPerTokenOption,
 )
 from booklens.errors import BooklensError
-from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
+from booklens.retrieval import DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS, RUN_MODES
 from booklens.sweep import TABLE_FORMATS
 from booklens.vocabulary import (
     DEFAULT_CHUNK_SIZE,
@@ -65,7 +65,7 @@ from booklens.vocabulary import (
     counted,
 )
 
-RunEvidence = evidence_enum("RunEvidence", exclude=("given",))
+RunEvidence = evidence_enum("RunEvidence", RUN_MODES)
 # The judges' window; --context-window is the summarizer's.
 JUDGE_CONTEXT_WINDOW = "--judge-context-window"
 TableFormat = choices("TableFormat", TABLE_FORMATS)

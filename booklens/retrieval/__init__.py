@@ -34,6 +34,9 @@ SEARCH_MODES = ("bm25", "dense", "hybrid")
 PASSAGE_MODES = SEARCH_MODES
 # Modes that need the embedding index.
 DENSE_MODES = ("dense", "hybrid", "book")
+# Modes a run on a book takes (`run`, `check`, a sweep's judge): `given` needs quotes that come with
+# each claim, which a book run has none of.
+RUN_MODES = tuple(m for m in EVIDENCE_MODES if m != "given")
 # Modes whose evidence per claim is bounded by a token budget (`--budget-tokens`), not by k passages.
 BUDGET_MODES = ("book", "given")
 
