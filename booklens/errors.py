@@ -1,10 +1,16 @@
 """Errors a user can cause. The CLI prints them as one line and exits non-zero."""
+import contextvars
 import os
 import re
 
 
 class BooklensError(Exception):
     """A problem with the input, the configuration or the backend that the user can fix."""
+
+
+# True while a command runs (`booklens.cli.main`): a count's bound names it as the command's option
+# there, and as the library's keyword elsewhere (`count_name`).
+command_line: contextvars.ContextVar[bool] = contextvars.ContextVar("booklens_command_line", default=False)
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
@@ -110,6 +116,15 @@ def setting_name(option: str, as_keys: bool | str = False) -> str:
         return option
     key = option.lstrip("-").replace("-", "_")
     return f"{as_keys}.{key}" if isinstance(as_keys, str) else key
+
+
+def count_name(option: str, keyword: str | None = None) -> str:
+    """How the bound on a count the command line spells `option` (`--batch-size`) names it: as that
+    option within a command, else as the library's keyword (`batch_size`, or `keyword` where it is
+    not the option's own spelling)."""
+    if command_line.get() or not option.startswith("--"):
+        return option
+    return keyword or option[2:].replace("-", "_")
 
 
 class ConfigError(BooklensError, ValueError):

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 import dspy
 from dspy.utils.callback import ACTIVE_CALL_ID, BaseCallback
 
-from booklens.errors import BooklensError, LMError, first_line
+from booklens.errors import BooklensError, LMError, count_name, first_line
 from booklens.lm.base import ContextWindowExceeded
 from booklens.lm.usage import UsageTracker
 from booklens.optimizers.evaluate import BackendFailed, NoScore, metered, score_of
@@ -87,10 +87,10 @@ class Budget:
     def validate(self) -> None:
         for name in ("demos", "candidates", "trials", "minibatch_size", "max_errors"):
             if getattr(self, name) < 0:
-                raise BooklensError(f"--{name.replace('_', '-')} must be 0 or more (got {getattr(self, name)})")
+                raise BooklensError(f"{count_name('--' + name.replace('_', '-'))} must be 0 or more (got {getattr(self, name)})")
         for name in ("threads", "max_rounds"):
             if getattr(self, name) < 1:
-                raise BooklensError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+                raise BooklensError(f"{count_name('--' + name.replace('_', '-'))} must be at least 1 (got {getattr(self, name)})")
 
     def check_for(self, optimizer: str) -> None:
         """`validate`, and a budget the optimizer can spend: the ones that only pick demos are given

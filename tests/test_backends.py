@@ -212,7 +212,7 @@ def test_structured_mode_and_limits_are_checked_where_the_lm_is_made(tmp_path, m
     monkeypatch.setenv("BOOKLENS_RPM", "0")
     with pytest.raises(LMError, match=r"^BOOKLENS_RPM must be at least 1 \(got 0\)$"):
         make_lm("openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path)
-    with pytest.raises(LMError, match=r"^--tpm must be at least 1 \(got 0\)$"):
+    with pytest.raises(LMError, match=r"^tpm must be at least 1 \(got 0\)$"):
         make_lm("openai/x", api_base="http://127.0.0.1:9/v1", cache_dir=tmp_path, rpm=5, tpm=0)
 
 

@@ -270,9 +270,9 @@ def test_check_answer_and_numbering():
 def test_invalid_construction():
     from booklens.errors import BooklensError
 
-    with pytest.raises(BooklensError, match="--batch-size must be at least 1"):
+    with pytest.raises(BooklensError, match="batch_size must be at least 1"):
         CoherenceScorer(batch_size=0)
-    with pytest.raises(BooklensError, match=r"--tries must be from 1 to 10 \(got 0\)"):
+    with pytest.raises(BooklensError, match=r"tries must be from 1 to 10 \(got 0\)"):
         CoherenceScorer(tries=0)
     scorer = build_scorer(batch_size=10)
     assert scorer.mode == "batched" and scorer.batch_size == 10

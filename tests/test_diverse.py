@@ -1001,10 +1001,10 @@ def _rated(call):
                                                                "faithfulness"),
     (lambda e: DiverseSummarizer("extract", num_sentences="3"), "the number of sentences per article must be at "
                                                                 "least 1 (got '3')"),
-    (lambda e: DiverseSummarizer(context_window="8192"), "--context-window must be at least 256 (got '8192')"),
+    (lambda e: DiverseSummarizer(context_window="8192"), "context_window must be at least 256 (got '8192')"),
     (lambda e: DiverseSummarizer()(articles=[1, 2]),
      "articles must be article texts (article_texts(event)) or articles, not a list holding int"),
-    (lambda e: ReferenceBuilder("2"), "--generate-questions must be at least 1 (got '2')"),
+    (lambda e: ReferenceBuilder("2"), "generate_questions must be at least 1 (got '2')"),
     (lambda e: ReferenceBuilder(2)(articles=article_texts(e)),
      "articles must be (aid, text) pairs, not a list holding str"),
     (lambda e: summarize_events(FIXTURE, judge=False), "events must be a list of events (load_events(path)), "

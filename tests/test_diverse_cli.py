@@ -722,9 +722,9 @@ def test_diverse_builds_no_references_for_an_event_whose_summary_failed_and_says
     ("run_diverse", ["EVENTS_LIST"], {}, "the events file must be a path, not a list (summarize_events takes loaded "
                                          "events)"),
     ("run_diverse", [5], {}, "the events file must be a path, not 5"),
-    ("run_diverse", ["EVENTS"], {"sentences": "3"}, "--sentences must be at least 1 (got '3')"),
-    ("run_diverse", ["EVENTS"], {"sentences": 2.5, "method": "extract"}, "--sentences must be at least 1 (got 2.5)"),
-    ("run_diverse", ["EVENTS"], {"context_window": "8192"}, "--context-window must be at least 256 (got '8192')"),
+    ("run_diverse", ["EVENTS"], {"sentences": "3"}, "sentences must be at least 1 (got '3')"),
+    ("run_diverse", ["EVENTS"], {"sentences": 2.5, "method": "extract"}, "sentences must be at least 1 (got 2.5)"),
+    ("run_diverse", ["EVENTS"], {"context_window": "8192"}, "context_window must be at least 256 (got '8192')"),
     ("run_diverse", ["EVENTS"], {"judge": "no"}, "judge must be True or False, not 'no'"),
     ("run_diverse", ["EVENTS"], {"diversity_filter": "no"}, "diversity_filter must be True or False, not 'no'"),
     ("run_diverse", ["EVENTS"], {"faithfulness": ["likert"]},

@@ -64,18 +64,18 @@ SMALL = {"chunk_size": 256, "context_window": 2048, "max_summary_tokens": 128}
 
 @pytest.mark.parametrize("call, message", [
     (lambda book, tmp: __import__("booklens.steps").steps.summarize_book(book, concurrency=0, **SMALL),
-     "--concurrency must be at least 1"),
+     "concurrency must be at least 1"),
     (lambda book, tmp: __import__("booklens.steps").steps.summarize_book(book, max_regenerations=-1, **SMALL),
-     r"--max-regenerations must be from 0 to 10 \(got -1\)"),
+     r"max_regenerations must be from 0 to 10 \(got -1\)"),
     (lambda book, tmp: __import__("booklens.steps").steps.score_summaries({"a": SUMMARY}, concurrency=0),
-     "--concurrency must be at least 1"),
+     "concurrency must be at least 1"),
     (lambda book, tmp: __import__("booklens.steps").steps.score_summaries({"a": SUMMARY}, batch_size=0),
-     "--batch-size must be at least 1"),
+     "batch_size must be at least 1"),
     (lambda book, tmp: __import__("booklens.steps").steps.score_summaries({"a": SUMMARY}, tries=0),
-     r"--tries must be from 1 to 10 \(got 0\)"),
+     r"tries must be from 1 to 10 \(got 0\)"),
     (lambda book, tmp: __import__("booklens.steps").steps.verify_claims(
         claims=["Mara finds the key."], book_text=BOOK_TEXT, concurrency=-2, cache_dir=tmp),
-     "--concurrency must be at least 1"),
+     "concurrency must be at least 1"),
 ])
 def test_steps_refuse_counts_the_commands_refuse(tmp_path, book, call, message):
     """Concurrency 0 ran (recorded as 0 in the summary's config), -1 regenerations were recorded,
@@ -114,7 +114,7 @@ def test_run_book_refuses_concurrency_below_one(tmp_path, book):
     from booklens.lm import FixedLMPool
     from booklens.pipeline import SystemConfig, run_book
 
-    with pytest.raises(BooklensError, match="--concurrency must be at least 1"):
+    with pytest.raises(BooklensError, match="concurrency must be at least 1"):
         run_book(book, tmp_path / "run", SystemConfig(**SMALL), lms=FixedLMPool(pipeline_lm()), concurrency=0)
     assert not (tmp_path / "run").exists()
 
@@ -186,9 +186,9 @@ def test_run_book_qa_takes_paths_as_strings_and_refuses_a_limit_below_one(tmp_pa
     result = run_book_qa(str(book), str(questions), lm=lm, cache_dir=tmp_path / "c")
     assert len(result["predictions"]) == 2 and result["book"] == str(book)
     for limit in (0, -1):
-        with pytest.raises(BooklensError, match="--limit must be at least 1"):
+        with pytest.raises(BooklensError, match="limit must be at least 1"):
             run_book_qa(book, questions, lm=lm, limit=limit, cache_dir=tmp_path / "c")
-    with pytest.raises(BooklensError, match="--concurrency must be at least 1"):
+    with pytest.raises(BooklensError, match="concurrency must be at least 1"):
         run_book_qa(book, questions, lm=lm, concurrency=0, cache_dir=tmp_path / "c")
     # Not an LM: the same line `configure` gives (it was an AttributeError on `.label` after the work).
     with pytest.raises(BooklensError, match=r"^lm takes an LM, not object: build one with booklens\.lm\.make_lm"):
@@ -197,14 +197,14 @@ def test_run_book_qa_takes_paths_as_strings_and_refuses_a_limit_below_one(tmp_pa
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"evidence": "bm25", "k": "5"}, r"^--k must be at least 1 \(got '5'\)$"),               # a TypeError
-    ({"evidence": "bm25", "k": 2.5}, r"^--k must be at least 1 \(got 2\.5\)$"),              # 2.5 passages asked
-    ({"evidence": "bm25", "passage_tokens": "64"}, r"^--passage-tokens must be at least 32 "),  # a TypeError
-    ({"evidence": "bm25", "passage_tokens": 10}, r"^--passage-tokens must be at least 32 \(got 10\)$"),
-    ({"position_threshold": 0}, r"^--position-threshold must be at least 1 \(got 0\)$"),     # 'pre-0', 'post-0'
-    ({"position_threshold": "100000"}, r"^--position-threshold must be at least 1 "),        # a TypeError
-    ({"context_window": 0}, r"^--context-window must be at least 256 \(got 0\)$"),          # recorded, unused
-    ({"context_window": "8192"}, r"^--context-window must be at least 256 "),                # a TypeError
+    ({"evidence": "bm25", "k": "5"}, r"^k must be at least 1 \(got '5'\)$"),               # a TypeError
+    ({"evidence": "bm25", "k": 2.5}, r"^k must be at least 1 \(got 2\.5\)$"),              # 2.5 passages asked
+    ({"evidence": "bm25", "passage_tokens": "64"}, r"^passage_tokens must be at least 32 "),  # a TypeError
+    ({"evidence": "bm25", "passage_tokens": 10}, r"^passage_tokens must be at least 32 \(got 10\)$"),
+    ({"position_threshold": 0}, r"^position_threshold must be at least 1 \(got 0\)$"),     # 'pre-0', 'post-0'
+    ({"position_threshold": "100000"}, r"^position_threshold must be at least 1 "),        # a TypeError
+    ({"context_window": 0}, r"^context_window must be at least 256 \(got 0\)$"),          # recorded, unused
+    ({"context_window": "8192"}, r"^context_window must be at least 256 "),                # a TypeError
     ({"title": 5}, r"^title must be text, not int$"),                                      # an AttributeError
     ({"quote_evidence": "no"}, r"^quote_evidence must be True or False, not 'no'$"),  # read as True
     ({"lm_options": [("rpm", 10)]}, r"^lm_options must be a mapping of backend options"),   # a TypeError
@@ -285,8 +285,8 @@ def test_configure_refuses_what_is_not_an_lm(value):
 
 @pytest.mark.parametrize("judge, books, message", [
     ("coherance", None, "unknown judge 'coherance'"),  # was calibrated as the four-way verification judge
-    ("coherence", 0, "--books must be at least 1"),
-    ("verification", -1, "--books must be at least 1"),  # -1 silently left out one book of the sample
+    ("coherence", 0, "books must be at least 1"),
+    ("verification", -1, "books must be at least 1"),  # -1 silently left out one book of the sample
 ])
 def test_calibrate_refuses_an_unknown_judge_or_books_below_one(tmp_path, judge, books, message):
     from booklens.calibration import calibrate
@@ -298,12 +298,12 @@ def test_calibrate_refuses_an_unknown_judge_or_books_below_one(tmp_path, judge, 
 @pytest.mark.parametrize("build, message", [
     (lambda: __import__("booklens.steps").steps.verify_claims(
         claims=["Mara finds the key."], book_text=BOOK_TEXT, mode="book", budget_tokens=0),
-     "--budget-tokens must be at least 64"),  # the claim was verified on no evidence at all
+     "budget_tokens must be at least 64"),  # the claim was verified on no evidence at all
     (lambda: __import__("booklens.steps").steps.verify_claims(
         claims=["Mara finds the key."], book_text=BOOK_TEXT, mode="none", max_claims=0),
      "max_claims must be at least 1"),
     (lambda: __import__("programs.faithfulness").faithfulness.build_checker(evidence_mode="given", budget_tokens=-5),
-     "--budget-tokens must be at least 64"),
+     "budget_tokens must be at least 64"),
     (lambda: __import__("programs.faithfulness").faithfulness.build_verifier(tries=0), "tries must be at least 1"),
     (lambda: __import__("programs.faithfulness").faithfulness.build_decomposer(tries=0), "tries must be at least 1"),
 ])
@@ -315,9 +315,9 @@ def test_faithfulness_programs_refuse_budgets_and_tries_the_commands_refuse(buil
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"generate_questions": -1}, "--generate-questions must be at least 0"),  # was taken as a request for questions
-    ({"max_articles": 0}, "--max-articles must be at least 1"),              # faithfulness judged against no article
-    ({"concurrency": 0}, "--concurrency must be at least 1"),
+    ({"generate_questions": -1}, "generate_questions must be at least 0"),  # was taken as a request for questions
+    ({"max_articles": 0}, "max_articles must be at least 1"),              # faithfulness judged against no article
+    ({"concurrency": 0}, "concurrency must be at least 1"),
 ])
 def test_diverse_runs_refuse_counts_the_commands_refuse(tmp_path, options, message):
     from booklens.diverse_runs import run_diverse
@@ -334,7 +334,7 @@ def test_judge_summaries_refuses_max_articles_below_one(tmp_path):
     from booklens.diverse_runs import judge_summaries
 
     events = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
-    with pytest.raises(BooklensError, match="--max-articles must be at least 1"):
+    with pytest.raises(BooklensError, match="max_articles must be at least 1"):
         judge_summaries(events, tmp_path / "unread.json", criterion="faithfulness", max_articles=0, lm=pipeline_lm())
 
 
@@ -575,9 +575,9 @@ def test_sweeps_name_a_manifest_directory_or_model_of_the_wrong_kind(tmp_path, m
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"chunk_size": "512"}, r"^--chunk-size must be at least 64 tokens \(got '512'\)$"),  # a TypeError ('<' between str and int)
-    ({"max_summary_tokens": None}, r"^--max-summary-tokens must be at least 16 tokens \(got None\)$"),
-    ({"context_window": 4096.5}, r"^--context-window must be at least \d+ tokens \(got 4096\.5\)$"),
+    ({"chunk_size": "512"}, r"^chunk_size must be at least 64 tokens \(got '512'\)$"),  # a TypeError ('<' between str and int)
+    ({"max_summary_tokens": None}, r"^max_summary_tokens must be at least 16 tokens \(got None\)$"),
+    ({"context_window": 4096.5}, r"^context_window must be at least \d+ tokens \(got 4096\.5\)$"),
 ])
 def test_make_summarizer_names_a_token_count_that_is_not_a_whole_number(options, message):
     from booklens.programs.summarizer import make_summarizer
@@ -825,7 +825,7 @@ WRONG_ARGUMENTS = {
     "coherence_sample-int": (lambda tmp: _module("booklens.calibration").coherence_sample(5),
                              r"^human_dir must be a path, not 5"),
     "coherence_sample-books-negative": (lambda tmp: _module("booklens.calibration").coherence_sample(tmp, books=-1),
-                                        r"^--books must be at least 1 \(got -1\)$"),  # was 'no annotation files'
+                                        r"^books must be at least 1 \(got -1\)$"),  # was 'no annotation files'
     "verification_sample-none": (lambda tmp: _module("booklens.calibration").verification_sample(None),
                                  r"^fables_path must be a path, not None"),
     "calibrate_verification-none": (lambda tmp: _module("booklens.calibration").calibrate_verification(
@@ -935,10 +935,10 @@ WRONG_KINDS = {
     "compile-data": ("plan_compile", lambda d: (("verification", None, d / "a.json"), {"optimizer": "labeled"}),
                      "data must be a path, not None"),
     "compile-demos": ("plan_compile", lambda d: (("verification", d / "f.json", d / "a.json"),
-                                                 {"optimizer": "labeled", "demos": "4"}), "--demos must be 0 or more"),
+                                                 {"optimizer": "labeled", "demos": "4"}), "demos must be 0 or more"),
     "compile-test-size": ("plan_compile", lambda d: (("verification", d / "f.json", d / "a.json"),
                                                      {"optimizer": "labeled", "test_size": -1}),
-                          r"--test-size must be 0 \(the whole split\) or more \(got -1\)"),
+                          r"test_size must be 0 \(the whole split\) or more \(got -1\)"),
     "compile-flag": ("plan_compile", lambda d: (("verification", d / "f.json", d / "a.json"),
                                                 {"optimizer": "labeled", "evaluate_test": "no"}),
                      "evaluate_test must be True or False"),
@@ -949,13 +949,13 @@ WRONG_KINDS = {
     "evaluate-split": ("plan_evaluation", lambda d: (("verification", d / "f.json"), {"split": "validation"}),
                        "split must be one of train, dev, test"),
     "evaluate-threads": ("plan_evaluation", lambda d: (("verification", d / "f.json"), {"threads": 0}),
-                         "--threads must be at least 1"),
+                         "threads must be at least 1"),
     "calibrate-judges": ("plan_calibration", lambda d: (("coherence",), {}),
                          "judges must be a list of judge names, not the string 'coherence'"),
-    "calibrate-books": ("plan_calibration", lambda d: ((), {"books": 0}), "--books must be at least 1"),
+    "calibrate-books": ("plan_calibration", lambda d: ((), {"books": 0}), "books must be at least 1"),
     "calibrate-program": ("plan_calibration", lambda d: ((), {"program": 7}), "program must be a path, not 7"),
     "annotations-limit": ("score_annotations", lambda d: ((d / "a.json",), {"limit": 0}),
-                          "--limit must be at least 1"),
+                          "limit must be at least 1"),
     "annotations-path": ("score_annotations", lambda d: ((None,), {}), "annotations must be a path, not None"),
 }
 
@@ -972,3 +972,23 @@ def test_compile_evaluate_calibrate_and_annotations_refuse_arguments_of_the_wron
     args, kwargs = arguments(tmp_path)
     with pytest.raises(BooklensError, match=message):
         functions[name](*args, **kwargs)
+
+
+def test_a_count_below_its_bound_is_named_as_the_keyword_in_python_and_as_the_option_in_a_command(tmp_path):
+    """A library caller was told `--tries must be ...` of an argument spelled `tries`; a command's
+    line names its option as before, from the same check."""
+    from booklens.steps import score_summaries
+    from booklens.testing import run_command
+
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError) as raised:
+        score_summaries({"a": SUMMARY}, tries=0)
+    assert str(raised.value) == "tries must be from 1 to 10 (got 0)"
+    with dspy.context(lm=lm), pytest.raises(BooklensError) as raised:
+        score_summaries({"a": SUMMARY}, concurrency=0)
+    assert str(raised.value) == "concurrency must be at least 1 (got 0)"
+    assert lm.backend.calls == []
+    summary = tmp_path / "summary.txt"
+    summary.write_text(SUMMARY)
+    done = run_command(["score", summary, "--tries", "0"])
+    assert (done.returncode, done.stderr.strip().splitlines()) == (2, ["error: --tries must be from 1 to 10 (got 0)"])

@@ -227,9 +227,9 @@ def test_retry_counts_have_one_range_for_the_commands_the_library_and_manifests(
         assert f"{low} to {high}" in help_text, (command, help_text)
     for low_high in ((0, 10), (10, 10)):
         make_summarizer("hier", max_regenerations=low_high[0])
-    with pytest.raises(BooklensError, match=r"^--max-regenerations must be from 0 to 10 \(got 11\)$"):
+    with pytest.raises(BooklensError, match=r"^max_regenerations must be from 0 to 10 \(got 11\)$"):
         make_summarizer("hier", max_regenerations=11)
-    with pytest.raises(BooklensError, match=r"^--tries must be from 1 to 10 \(got 11\)$"):
+    with pytest.raises(BooklensError, match=r"^tries must be from 1 to 10 \(got 11\)$"):
         build_scorer(tries=11)
     assert SystemConfig(max_regenerations=10).max_regenerations == 10
     with pytest.raises(ValueError, match=r"^SystemConfig: max_regenerations: must be from 0 to 10 \(got 1000000000\)$"):

@@ -328,11 +328,11 @@ def test_an_answer_without_words_is_regenerated():
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"context_window": 0}, "--context-window must be at least 512 tokens (got 0)"),
-    ({"level_budgets": [0]}, "--level-budget must be at least 16 tokens (got 0)"),
-    ({"level_budgets": [300, -100]}, "--level-budget must be at least 16 tokens (got -100)"),
-    ({"chunk_size": 16}, "--chunk-size must be at least 64 tokens (got 16)"),
-    ({"max_summary_tokens": 8}, "--max-summary-tokens must be at least 16 tokens (got 8)"),
+    ({"context_window": 0}, "context_window must be at least 512 tokens (got 0)"),
+    ({"level_budgets": [0]}, "each of level_budgets must be at least 16 tokens (got 0)"),
+    ({"level_budgets": [300, -100]}, "each of level_budgets must be at least 16 tokens (got -100)"),
+    ({"chunk_size": 16}, "chunk_size must be at least 64 tokens (got 16)"),
+    ({"max_summary_tokens": 8}, "max_summary_tokens must be at least 16 tokens (got 8)"),
 ])
 def test_settings_below_the_commands_least_are_errors(config, message):
     with pytest.raises(BooklensError) as excinfo:

@@ -725,7 +725,7 @@ def test_run_sweep_refuses_concurrency_below_one_with_nothing_written(corpus: Pa
 
     manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a}]\n")
     out = corpus / "sweep"
-    with pytest.raises(BooklensError, match="--concurrency must be at least 1"):
+    with pytest.raises(BooklensError, match="concurrency must be at least 1"):
         run_sweep(manifest, out, lm="openai/x", api_base="http://127.0.0.1:9/v1", concurrency=0,
                   cache_dir=corpus / "cache")
     assert not out.exists()

@@ -72,9 +72,13 @@ def main() -> None:
     # writer (typer.echo(err=True), print, tqdm) looks up sys.stderr when it writes, so this covers all.
     stderr = sys.stderr
     sys.stderr = tolerant(stderr)
+    from booklens.errors import command_line
+
+    named_as_options = command_line.set(True)
     try:
         _run_command()
     finally:
+        command_line.reset(named_as_options)
         sys.stderr = stderr
         # At exit the interpreter would walk all of them once more (about 1 s on 2 cores) only to
         # free memory the OS reclaims anyway. Calls are committed to the cache as they finish and
