@@ -219,3 +219,67 @@ def test_ctrl_c_in_the_middle_of_a_qa_run_leaves_only_the_unasked_questions_to_t
         assert new == 6 - asked  # only the questions no call had reached
         assert f"6 LM calls ({asked} from cache)" in again.stderr
         assert "Accuracy: 100.0 (6) of 6 scored questions" in again.stdout
+
+
+def test_ctrl_c_in_the_middle_of_a_diverse_run_leaves_only_the_unasked_calls_to_the_rerun(tmp_path):
+    """The fixture event summarized and judged, two calls side by side: Ctrl-C once the sixth call is
+    in flight. The calls in flight end and are cached; the rerun sends only the calls no request had
+    reached, and writes what an uninterrupted run writes."""
+    import json
+    from pathlib import Path
+
+    events = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
+    gate, first_run = threading.Event(), threading.Event()
+    before = [0]  # requests of the uninterrupted run, sent first
+
+    def respond(body):
+        if first_run.is_set() and len(server.received) >= before[0] + 6:
+            gate.wait(120)  # from the sixth call on, held until the command has taken the Ctrl-C
+        return json.dumps({"summary": "Sources disagree on the cause and the cost of the closure.",
+                           "explanation": "It does.", "rating": 1})
+
+    def record(path):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {k: v for k, v in data.items() if k not in ("usage", "seconds")}
+
+    with FakeOpenAIServer(responder=respond) as server:
+        def args(out):
+            return ["diverse", events, "--faithfulness", "likert", "--concurrency", "2", "--lm", "openai/fake",
+                    "--api-base", server.url, "-o", out]
+
+        whole = run_command(args(tmp_path / "whole.json"), env={**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "c0")})
+        assert whole.returncode == 0, whole.stderr
+        total = len(server.received)
+        assert total == 18  # the summary, 6 binary and 1 Likert coverage ratings, 10 articles' faithfulness
+        before[0] = total
+        first_run.set()
+
+        env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+        out = tmp_path / "diverse.json"
+        proc = subprocess.Popen(terminal_command(args(out)), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
+            while len(server.received) < total + 6 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(server.received) >= total + 6, "the command did not reach the sixth call"
+            proc.send_signal(signal.SIGINT)
+            seen = _wait_for_line(proc.stderr, "stopping:")
+            gate.set()
+            _, rest = proc.communicate(timeout=60)
+        finally:
+            gate.set()
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130, "".join(seen) + rest
+        assert rest.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
+        assert "Traceback" not in "".join(seen) + rest
+        assert not out.exists()  # no record that looks complete
+        asked = len(server.received) - total
+        assert asked in (6, 7)  # the sixth, and the seventh if the other worker had taken it
+        first_run.clear()
+        again = run_command(args(out), env=env)
+        assert again.returncode == 0, again.stderr
+        assert len(server.received) - total - asked == total - asked  # only the calls no request had reached
+        assert f"{total} LM calls ({asked} from cache)" in again.stderr
+    assert record(out) == record(tmp_path / "whole.json")
