@@ -247,26 +247,37 @@ class BookQA(Module):
             return {"mode": "given", "text": text, "passages": [], "tokens": count_tokens(text),
                     "shown": shown_shares(quotes, len(text))}
         dropped = 0  # of the top k, left out so that the others fit (the search modes)
+        # The passages are fitted as the model reads them: joined, with the blank lines and '[...]'
+        # marks between them, which their own token counts leave out.
         if self.evidence == "book":
             book_tokens = self.books.tokens(book)
             if book_tokens <= budget:
                 return {"mode": "whole-book", "text": book, "passages": [(0, 0, len(book))], "tokens": book_tokens}
             index = self.books.index(book)
-            passages = index.book_context(self._query(question, options), budget, seeds=self.k, mode=self.rank_mode)
+            query, room = self._query(question, options), budget
+            while True:
+                passages = index.book_context(query, room, seeds=self.k, mode=self.rank_mode)
+                text = join_passages(passages)
+                over = count_tokens(text) - budget
+                if over <= 0 or not passages:
+                    break
+                room -= over  # the marks' share, taken from the passages' budget
         else:
             index = self.books.index(book)
             hits = index.search(self._query(question, options), mode=self.evidence, k=self.k)
             passages = [p for p, _ in hits]
             while passages and sum(p.tokens for p in passages) > budget:
                 passages.pop()  # drop the lowest-ranked passage until they fit
+            while len(passages) > 1 and count_tokens(join_passages(passages)) > budget:
+                passages.pop()  # and until the marks between them fit too
             if not passages and hits:
                 # the best passage alone is larger than the budget: read as much of it as fits
                 piece = cut_passage(hits[0][0], budget)
                 passages = [piece] if piece is not None else []
             dropped = len(hits) - len(passages)
-        text = join_passages(passages)
+            text = join_passages(passages)
         return {"mode": "retrieval", "text": text, "passages": [(p.index, p.start, p.end) for p in passages],
-                "tokens": sum(p.tokens for p in passages), "dropped": dropped}
+                "tokens": count_tokens(text), "dropped": dropped}
 
     def _query(self, question: str, options: Optional[str]) -> str:
         if self.setting == "mc" and options:

@@ -245,6 +245,28 @@ def test_a_retrieved_passage_larger_than_the_budget_is_cut_to_fit_not_dropped():
     assert book[piece["start"]:piece["end"]] == seen[-1]  # the offsets name the piece that was read
 
 
+@pytest.mark.parametrize("evidence", ["bm25", "book"])
+def test_retrieved_passages_with_the_marks_between_them_fit_the_budget(evidence):
+    """The passages were fitted by their own tokens, not by the text the model reads: the blank
+    lines and '[...]' marks between them went over the budget (here by 93 tokens; by 34 for k = 40
+    on Pride and Prejudice in an 8K window)."""
+    from booklens.text import count_tokens
+
+    lines = [f'The clerk of house {i} asked, "Did Captain Orrin Vell take the Marigold to Pellmark today?"'
+             if i % 3 == 0 else f'"Nobody in lane {i} spoke of the harvest," the widow said, "and the lamps were lit early."'
+             for i in range(300)]
+    seen = []
+    scripted(lambda call: seen.append(call.inputs["context"]) or {"answer": "B"}, window=2048)
+    program = BookQA("mc", evidence, k=60, passage_tokens=32)
+    question = parse_questions([QUESTION])[0]
+    budget = program.context_budget(question.question, question.options_text())
+    record = answer_questions(program, "\n\n".join(lines), [question])[0]
+    assert record.context_mode == "retrieval" and len(record.passages) > 30
+    assert count_tokens(seen[-1]) <= budget == 1201
+    assert record.context_tokens == count_tokens(seen[-1])  # what the model read, marks and all
+    if evidence == "bm25":
+        assert record.passages_dropped == 60 - len(record.passages)
+
 def test_context_budget_respects_the_window():
     from booklens.text import count_tokens
 
