@@ -628,8 +628,9 @@ class FaithfulnessChecker(Module):
             return self._given(given or [], index)
         if index is None:
             raise BooklensError(f"evidence mode '{mode}' needs a book")
-        if mode == "book":
-            passages = index.book_context(claim, self.resolved_budget())
+        if mode == "book":  # the budget holds the passages as the verifier reads them, numbered
+            passages = index.book_context_as(claim, self.resolved_budget(),
+                                             lambda shown: format_passages(p.text for p in shown))
             return [Evidence(number=n, text=p.text, source="book", passage=p.index, start=p.start, end=p.end)
                     for n, p in enumerate(passages, start=1)]
         hits = index.search(claim, mode=mode, k=self.k)
@@ -641,16 +642,19 @@ class FaithfulnessChecker(Module):
 
         budget = self.resolved_budget()
         evidence: list[Evidence] = []
-        used = 0
+        shown: list[str] = []
+        # Counted as the verifier reads them: numbered and apart, which the quotes' own tokens leave out.
         for quote in clean_evidence(quotes):
-            tokens = count_tokens(quote)
-            if used + tokens > budget:
-                room = budget - used
+            if count_tokens(format_passages([*shown, quote])) > budget:
+                room = budget - count_tokens(format_passages([*shown, ""]))  # what the next label leaves
                 if room < 32:
                     break
                 quote = truncate_to_words(quote, room)
-                tokens = count_tokens(quote)
-            used += tokens
+                while quote and count_tokens(format_passages([*shown, quote])) > budget:
+                    quote = truncate_to_words(quote, count_tokens(quote) - 1)  # a word joined across the cut
+                if not quote:
+                    break
+            shown.append(quote)
             item = Evidence(number=len(evidence) + 1, text=quote, source="given")
             if index is not None:
                 span = index.locate(quote)

@@ -254,14 +254,9 @@ class BookQA(Module):
             if book_tokens <= budget:
                 return {"mode": "whole-book", "text": book, "passages": [(0, 0, len(book))], "tokens": book_tokens}
             index = self.books.index(book)
-            query, room = self._query(question, options), budget
-            while True:
-                passages = index.book_context(query, room, seeds=self.k, mode=self.rank_mode)
-                text = join_passages(passages)
-                over = count_tokens(text) - budget
-                if over <= 0 or not passages:
-                    break
-                room -= over  # the marks' share, taken from the passages' budget
+            passages = index.book_context_as(self._query(question, options), budget, join_passages,
+                                             seeds=self.k, mode=self.rank_mode)
+            text = join_passages(passages)
         else:
             index = self.books.index(book)
             hits = index.search(self._query(question, options), mode=self.evidence, k=self.k)

@@ -745,3 +745,29 @@ def test_a_window_that_holds_no_evidence_beside_no_demo_advises_a_larger_one_onl
                                                       mode=mode, as_keys=False, **options), context_window=1024)
         assert str(refused.value) == ("the judge's 1024-token context window holds no evidence beside its answer and "
                                       "its prompt's instructions; use a model or server with a larger context window")
+
+
+@pytest.mark.parametrize("mode", ["book", "given"])
+def test_the_evidence_as_the_verifier_reads_it_fits_the_budget(monkeypatch, mode):
+    """The budget was spent on the passages' or quotes' own tokens, and the '[n] ' labels and blank
+    lines between them came on top: here the verifier read 1,058 tokens for a budget of 1,000 (85 more
+    than the budget on Pride and Prejudice at 8K). Now the evidence it reads is within it."""
+    from booklens.retrieval.index import format_passages
+
+    text = story()
+    index = BookIndex.build(text, passage_tokens=64)
+    monkeypatch.setattr(index, "ensure_dense", lambda: None)
+    monkeypatch.setattr(index, "rank", lambda q, mode, depth: [(5, 1.0)])
+    quotes = [p.text for p in index.passages[:40]]
+    read = []
+
+    def answer(call):
+        read.append(call.inputs["evidence"])
+        return verdict()
+
+    budget = 1000
+    checker = build_checker(evidence_mode=mode, budget_tokens=budget)
+    run_with(answer, lambda: checker(claims=["x"], index=index, given_evidence=[quotes] if mode == "given" else None))
+    (evidence,) = read
+    assert evidence.startswith("[1] ") and evidence.count("\n\n[") >= 10
+    assert count_tokens(evidence) <= budget

@@ -717,6 +717,20 @@ class BookIndex:
             blocked.update((seed_rank, s) for s in sides)
         return [cut.get(i, self.passages[i]) for i in sorted(chosen)]
 
+    def book_context_as(self, query: str, budget_tokens: int, render: Any, **options: Any) -> list[Passage]:
+        """`book_context`'s passages such that the text the model reads, `render(passages)` (with the
+        labels, blank lines or marks between them that their own token counts leave out), is within
+        `budget_tokens`: what those add is taken from the passages' budget until it fits."""
+        from booklens.text import count_tokens
+
+        room = budget_tokens
+        while True:
+            passages = self.book_context(query, room, **options)
+            over = count_tokens(render(passages)) - budget_tokens
+            if over <= 0 or not passages:
+                return passages
+            room -= over
+
     # -- offsets --------------------------------------------------------------------
 
     def passages_overlapping(self, start: int, end: int) -> list[Passage]:
