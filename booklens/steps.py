@@ -293,8 +293,16 @@ def score_summaries(summaries: Mapping[str, str], *, batch_size: int = 1, concur
     for name, text in summaries.items():
         sentences = split[name]
         started = time.perf_counter()
-        with usage_scope() as tracker, usage_step("coherence"), judge_window_advice(lm, window_option):
-            prediction = scorer(summary=text, sentences=sentences)
+        try:
+            with usage_scope() as tracker, usage_step("coherence"), judge_window_advice(lm, window_option):
+                prediction = scorer(summary=text, sentences=sentences)
+        except ContextWindowExceeded as exc:
+            # The server named its window in refusing (llama-cpp-python's states none beforehand): when
+            # the summary cannot be judged in it even without demos, say so, rather than advise a
+            # --context-window at which the check before the first call would refuse it.
+            if exc.window:
+                refuse_misfits(scorer, [(repr(name), text)], exc.window)
+            raise
         seconds = time.perf_counter() - started
         notes = [note for note in [demos_note(prediction), own_demos_note(prediction)] if note]
         notes += split_notes(sentences)

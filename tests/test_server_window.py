@@ -196,7 +196,9 @@ def test_verify_plans_for_a_given_context_window(tmp_path):
 
 @pytest.mark.parametrize("command", [
     lambda claims, summary: ["verify", "--claims", claims, "--evidence", "given"],
-    lambda claims, summary: ["score", summary, "--zero-shot", "--tries", "1"],
+    # the few-shot judge, on a short summary: with fewer demos it fits 2048 tokens (a summary that does
+    # not fit even with none gets the line of `test_score_on_a_server_whose_window_holds_no_judgment...`)
+    lambda claims, summary: ["score", summary.with_name("short.txt"), "--tries", "1"],
 ])
 def test_a_refused_prompt_names_the_judges_context_window_option(tmp_path, command):
     """A server that states no window is planned for with 8192 tokens; when it refuses a prompt as
@@ -205,6 +207,7 @@ def test_a_refused_prompt_names_the_judges_context_window_option(tmp_path, comma
     claims.write_text(json.dumps(LONG_QUOTES))
     summary = tmp_path / "summary.txt"
     summary.write_text(" ".join(["Mara lit the lamp over the harbour and waited for the boats."] * 180))
+    (tmp_path / "short.txt").write_text("Mara lit the lamp over the harbour. She waited for the boats.\n")
     with FakeOpenAIServer(responder=overflow_at(2048)) as server:
         proc = run_here([*command(claims, summary), "--lm", "openai/fake", "--api-base", server.url, "--concurrency",
                          "1"], tmp_path)
@@ -880,3 +883,36 @@ def test_diverse_refuses_before_any_call_judging_that_no_window_holds(tmp_path, 
     assert line == ("error: the coverage judge's prompt for event ev-0001 with its reference QA pairs is 2626 tokens, "
                     "more than the 1920 the 2048-token context window holds beside its answer, and no coverage likert "
                     f"judgment fits; {fix}use a model or server with a larger context window")
+
+
+def llama_cpp_python_at(window: int):
+    """llama-cpp-python's server started with `--n_ctx WINDOW`: every request larger than its window
+    gets its 400, in its words (the prompt counted as a quarter of its characters); it states no
+    window beforehand."""
+    def respond(body):
+        prompt = sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4
+        wanted = body.get("max_tokens") or 0
+        if prompt + wanted <= window:
+            return Reply(status=500, error="not expected to fit")
+        return Reply(status=400, error=f"This model's maximum context length is {window} tokens. However, you "
+                                       f"requested {prompt + wanted} tokens ({prompt} in the messages, {wanted} in "
+                                       "the completion). Please reduce the length of the messages or completion.")
+    return respond
+
+
+def test_score_on_a_server_whose_window_holds_no_judgment_says_so_not_to_set_the_window_to_it(tmp_path):
+    """A real llama-cpp-python server with `--n_ctx 1024` refused the first sentence's prompt, and `score`
+    said to set --context-window to 1024 or less; with it, the check before any call said to set it to
+    1395 or more: no setting of the option fits. The window the server named in refusing now gets the
+    line that check gives without the option: a larger window is what it takes."""
+    (tmp_path / "summary.txt").write_text(
+        "Dr. Finch watches the nurse's station. Maren Holt stands there. She watches him in turn.\n",
+        encoding="utf-8")
+    with FakeOpenAIServer(responder=llama_cpp_python_at(1024)) as server:
+        proc = run_here(["score", tmp_path / "summary.txt", "--lm", "openai/fake", "--api-base", server.url,
+                         "-o", tmp_path / "out.json"], tmp_path)
+    line = one_line_error(proc)
+    assert line == ("error: the summary 'summary.txt' (21 tokens) does not fit the model's 1,024-token context "
+                    "window even with none of the judge's demos: judge it with a model of a window of 1,295 "
+                    "tokens or more"), line
+    assert proc.returncode == 2 and not (tmp_path / "out.json").exists()
