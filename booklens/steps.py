@@ -516,8 +516,18 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
             claims = claims[:max_claims]
         t0 = time.perf_counter()
         given_lists = [list(g or []) for g in given] if given is not None else None
-        with judge_window_advice(lm, window_option):  # the decomposer's prompt is not sized by a window
-            verdicts = checker.verify_claims(claims, index=index, given_evidence=given_lists) if claims else []
+        try:
+            with judge_window_advice(lm, window_option):  # the decomposer's prompt is not sized by a window
+                verdicts = checker.verify_claims(claims, index=index, given_evidence=given_lists) if claims else []
+        except ContextWindowExceeded as exc:
+            # The window the server named in refusing, when the judge holds no evidence in it: a smaller
+            # --context-window (what the refusal advises) would only be refused before any call.
+            from booklens.programs.faithfulness import window_holds_no_evidence
+
+            line = window_holds_no_evidence(verifier, exc.window, mode=mode, k=k) if exc.window else None
+            if line:
+                raise BooklensError(line) from None
+            raise
         run_seconds = time.perf_counter() - t0
     counts, percentages, failures = label_summary(verdicts)
     return FaithfulnessReport(

@@ -159,6 +159,21 @@ def _no_room(context_window: int, room: int, least: int) -> str | None:
             "prompt's instructions; use a model or server with a larger context window")
 
 
+def window_holds_no_evidence(verifier: "ClaimVerifier", context_window: int, *, mode: str, k: int) -> str | None:
+    """The line `fit_demos_to_evidence` refuses a `context_window`-token window with when `verifier`'s
+    prompt without demos leaves less evidence there than any setting asks (`_no_room`), whatever the
+    other settings; else None. For a window a server named in refusing a prompt (llama-cpp-python's
+    states none beforehand): no `--context-window` or evidence setting makes the judge fit it."""
+    from booklens.retrieval import BUDGET_MODES, PASSAGE_MODES
+
+    bare = _showing(verifier, 0)
+    if mode in PASSAGE_MODES:
+        return _no_room(context_window, evidence_room(bare, context_window, k, BUDGET_MARGIN), MIN_PASSAGE_TOKENS)
+    if mode in BUDGET_MODES:
+        return _no_room(context_window, evidence_room(bare, context_window, margin=BUDGET_MARGIN), MIN_BUDGET_TOKENS)
+    return None
+
+
 def _showing(verifier: "ClaimVerifier", count: int) -> "ClaimVerifier":
     """`verifier` itself when `count` is all its demos, else a copy that shows only the first `count`:
     the caller's verifier may judge other books (or windows) that hold more."""

@@ -916,3 +916,16 @@ def test_score_on_a_server_whose_window_holds_no_judgment_says_so_not_to_set_the
                     "window even with none of the judge's demos: judge it with a model of a window of 1,295 "
                     "tokens or more"), line
     assert proc.returncode == 2 and not (tmp_path / "out.json").exists()
+
+
+def test_verify_on_a_server_whose_window_holds_no_evidence_says_so_not_to_set_the_window_to_it(tmp_path):
+    """`check` against llama-cpp-python's server with `--n_ctx 1024` was told to set --context-window to
+    1024 or less; with it, that the judge's window holds no evidence. The first refusal now says so."""
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(["Mara lit the lamp."]))
+    with FakeOpenAIServer(responder=llama_cpp_python_at(1024)) as server:
+        proc = run_here(["verify", "--claims", claims, "--book", STORY, "--evidence", "bm25", "--lm", "openai/fake",
+                         "--api-base", server.url, "-o", tmp_path / "out.json"], tmp_path)
+    assert one_line_error(proc) == ("error: the judge's 1024-token context window holds no evidence beside its answer "
+                                    "and its prompt's instructions; use a model or server with a larger context window")
+    assert len(server.received) == 1 and not (tmp_path / "out.json").exists()
