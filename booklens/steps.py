@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from booklens.errors import BooklensError, check_flag, kind_of
-from booklens.lm.base import (ContextWindowExceeded, lm_label, planned_window_advice, refuse_larger_window,
-                              window_setting)
+from booklens.lm.base import (CONTEXT_ADVICE, ContextWindowExceeded, lm_label, planned_window_advice,
+                              refuse_larger_window, window_setting)
 from booklens.lm.usage import usage_scope, usage_step
 from booklens.retrieval import DEFAULT_PASSAGE_TOKENS
 from booklens.vocabulary import DEFAULT_CHUNK_SIZE, DEFAULT_CONTEXT_WINDOW, DEFAULT_SUMMARY_TOKENS, counted
@@ -220,7 +220,26 @@ def summarize_book(book_path: Optional[Path] = None, *, method: str = "hier", ch
         try:
             result = program(book=text)
         except ContextWindowExceeded as exc:
-            raise planned_window_advice(exc, window, "the summarizer") from None
+            told = planned_window_advice(exc, window, "the summarizer")
+            if told is not exc:
+                # The server named a smaller window than planned (llama-cpp-python's states none
+                # beforehand): what else these settings need at that window, as the check before any
+                # call would say once --context-window is set to it, so one rerun is the last.
+                try:
+                    book_summarizer(method=method, chunk_size=chunk_size, context_window=exc.window,
+                                    max_summary_tokens=max_summary_tokens, level_budgets=level_budgets,
+                                    max_regenerations=max_regenerations, concurrency=concurrency,
+                                    remove_artifacts=remove_artifacts, program_path=program_path,
+                                    merge_context=merge_context if method == "hier" else None,
+                                    words_per_token=words_per_token).check_budgets()
+                except BooklensError as misfit:  # only the window differs: it is the window's (below the least one)
+                    settings = getattr(misfit, "settings", "")  # a `BudgetMisfit`'s
+                    fact = str(exc).removesuffix(f": {CONTEXT_ADVICE}")
+                    told = ContextWindowExceeded(
+                        f"{told} (at {exc.window}: {settings})" if settings else
+                        f"{fact}: the summarizer holds no chunk and summary in {exc.window} tokens beside its "
+                        "prompt; use a model or server with a larger context", window=exc.window)
+            raise told from None
     summarize_seconds = time.perf_counter() - t0
     return Summary(
         book=None if book_path is None else str(book_path),

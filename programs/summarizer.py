@@ -152,6 +152,21 @@ def words_kept(original: str, rewrite: str) -> float:
     return sum((before & Counter(words(rewrite))).values()) / sum(before.values())
 
 
+class BudgetMisfit(BooklensError):
+    """A summarizer's chunk and summary budgets that do not fit its context window (`check_budgets`).
+    `settings` names what to set so that they fit it ("--chunk-size to 151 or less"), empty when no
+    setting does: only a larger window helps."""
+
+    def __init__(self, message: str, settings: str = ""):
+        super().__init__(message)
+        self.settings = settings
+
+
+def _raise_window(settings: str) -> str:
+    """The advice a `BudgetMisfit` line ends in."""
+    return f"set {settings}, or raise --context-window" if settings else "raise --context-window"
+
+
 @dataclass
 class _Generated:
     text: str
@@ -472,18 +487,16 @@ class HierarchicalSummarizer(_BookSummarizer):
         chunk_room = room_chunks if merges else self.room_for_chunks(min(g1, fit))
         if self.chunk_size > chunk_room:
             changes.append(f"--chunk-size to {chunk_room} or less")
-        if fit < MIN_SUMMARY_TOKENS or chunk_room < MIN_CHUNK_SIZE:
-            advice = "raise --context-window"
-        else:
-            advice = f"set {' and '.join(changes)}, or raise --context-window"
+        settings = "" if fit < MIN_SUMMARY_TOKENS or chunk_room < MIN_CHUNK_SIZE else " and ".join(changes)
+        advice = _raise_window(settings)
         if room_chunks < self.chunk_size:
-            raise BooklensError(
+            raise BudgetMisfit(
                 f"a chunk of {self.chunk_size} tokens does not fit the {self.context_window}-token context window "
-                f"with a {g1}-token summary and the prompt; {advice}"
+                f"with a {g1}-token summary and the prompt; {advice}", settings
             )
-        raise BooklensError(
-            f"the {self.context_window}-token context window cannot merge two {max(g1, g)}-token summaries; {advice}"
-        )
+        raise BudgetMisfit(
+            f"the {self.context_window}-token context window cannot merge two {max(g1, g)}-token summaries; {advice}",
+            settings)
 
     def room_for_chunks(self, g1: int) -> int:
         """Tokens of book text a level-1 call holds when its summary may take `g1` tokens."""
@@ -898,19 +911,19 @@ class IncrementalSummarizer(_BookSummarizer):
         update_need, compress_need = self._needs()
         need = update_need(self.chunk_size, g)
         if need > self.usable_window:
-            raise BooklensError(
+            settings = self._fitting_settings(update_need, compress_need)
+            raise BudgetMisfit(
                 f"incremental updating needs {need} tokens per call (chunk {self.chunk_size} + running summary "
                 f"{g} + output + prompt) but the usable context window is {self.usable_window}; "
-                f"{self._fitting_settings(update_need, compress_need)}"
+                f"{_raise_window(settings)}", settings
             )
         if compress_need(g) > self.usable_window:
             # the update fits beside this chunk, so it does at any smaller G_n
             budget = self._largest_budget(self.chunk_size, update_need, compress_need)
-            advice = (f"set --max-summary-tokens to {budget} or less, or raise --context-window"
-                      if budget >= MIN_SUMMARY_TOKENS else "raise --context-window")
-            raise BooklensError(
+            settings = f"--max-summary-tokens to {budget} or less" if budget >= MIN_SUMMARY_TOKENS else ""
+            raise BudgetMisfit(
                 f"compressing an update needs {compress_need(g)} tokens per call but the usable context window is "
-                f"{self.usable_window}; {advice}"
+                f"{self.usable_window}; {_raise_window(settings)}", settings
             )
 
     def _needs(self) -> tuple[Callable[[int, int], int], Callable[[int], int]]:
@@ -929,21 +942,20 @@ class IncrementalSummarizer(_BookSummarizer):
         return update_need, compress_need
 
     def _fitting_settings(self, update_need: Callable[[int, int], int], compress_need: Callable[[int], int]) -> str:
-        """What to change when an update does not fit: the settings named pass both checks, so that one
-        line ends the search. A smaller chunk first, then a smaller G_n beside the chunk, then beside
-        the smallest chunk."""
+        """What to set when an update does not fit (empty when nothing does): the settings named pass
+        both checks, so that one line ends the search. A smaller chunk first, then a smaller G_n beside
+        the chunk, then beside the smallest chunk."""
         window, g = self.usable_window, self.max_summary_tokens
         room = window - update_need(0, g)
         if room >= MIN_CHUNK_SIZE and compress_need(g) <= window:
-            return f"set --chunk-size to {room} or less, or raise --context-window"
+            return f"--chunk-size to {room} or less"
         budget = self._largest_budget(self.chunk_size, update_need, compress_need)
         if budget >= MIN_SUMMARY_TOKENS:
-            return f"set --max-summary-tokens to {budget} or less, or raise --context-window"
+            return f"--max-summary-tokens to {budget} or less"
         budget = self._largest_budget(MIN_CHUNK_SIZE, update_need, compress_need)
         if budget >= MIN_SUMMARY_TOKENS:
-            return (f"set --max-summary-tokens to {budget} or less and --chunk-size to "
-                    f"{window - update_need(0, budget)} or less, or raise --context-window")
-        return "raise --context-window"
+            return f"--max-summary-tokens to {budget} or less and --chunk-size to {window - update_need(0, budget)} or less"
+        return ""
 
     def _largest_budget(self, chunk: int, update_need: Callable[[int, int], int],
                         compress_need: Callable[[int], int]) -> int:

@@ -574,5 +574,28 @@ def test_a_server_window_smaller_than_the_one_planned_for_names_context_window(t
                        tmp_path)
     line = one_line_error(proc)
     assert line.endswith("do not fit the 2048-token context window of 'openai/fake': the summarizer plans for a "
-                         "8192-token window; set --context-window to 2048 or less"), line
+                         "8192-token window; set --context-window to 2048 or less (at 2048: --max-summary-tokens to "
+                         "499 or less and --chunk-size to 1021 or less)"), line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("window, advice", [
+    (512, ": the summarizer plans for a 8192-token window; set --context-window to 512 or less (at 512: "
+          "--max-summary-tokens to 64 or less and --chunk-size to 151 or less)"),
+    (256, ": the summarizer holds no chunk and summary in 256 tokens beside its prompt; use a model or server with "
+          "a larger context"),
+])
+def test_a_server_window_the_settings_do_not_fit_names_what_they_need_there_too(tmp_path, window, advice):
+    """llama-cpp-python's server with `--n_ctx 512` refused the first prompt and the line said to set
+    --context-window to 512 or less; with it, the check before any call said to set --max-summary-tokens
+    and --chunk-size too, or raise --context-window (which the server would refuse). The first line now
+    names all of them, or, where no chunk fits, that the window is too small."""
+    out = tmp_path / "out.json"
+    with FakeOpenAIServer(responder=llama_cpp_overflow(window)) as server:
+        proc = run_cli(["summarize", str(STORY), "--lm", "openai/fake", "--api-base", server.url, "-o", str(out)],
+                       tmp_path)
+        assert len(server.received) == 1
+    line = one_line_error(proc)
+    assert line.startswith("error: the prompt (") and line.endswith(
+        f"do not fit the {window}-token context window of 'openai/fake'{advice}"), line
     assert not out.exists()
