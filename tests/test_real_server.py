@@ -201,3 +201,20 @@ def test_evidence_planned_for_a_larger_window_names_the_option_and_a_given_one_f
                              "--context-window to 4096 or less"), lines[0]
     data = booklens([*args, "--context-window", "1024"], inputs, llama_server, monkeypatch)
     assert data["budget_tokens"] < 1024 and len(data["claims"]) == 1 and not data["failures"]
+
+
+def test_a_summary_planned_for_a_larger_window_names_every_setting_the_servers_window_needs(llama_server, tmp_path):
+    """The 4096-token server refuses the first 4000-token chunk, planned for 8192 tokens (no generation:
+    one request). The line names --context-window and, at that window, the chunk and summary settings
+    that fit it, so the rerun it advises passes the check before any call."""
+    environ = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
+    environ.pop("BOOKLENS_DEBUG", None)
+    story = Path(__file__).resolve().parents[1] / "examples" / "sample_story.txt"
+    result = subprocess.run([sys.executable, "-m", "booklens", "summarize", str(story), "--chunk-size", "4000",
+                             "--lm", llama_server.lm, "--api-base", llama_server.url, "-o", str(tmp_path / "s.json")],
+                            capture_output=True, text=True, env=environ, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert lines[0].endswith("context window of 'openai/smol': the summarizer plans for a 8192-token window; set "
+                             "--context-window to 4096 or less (at 4096: --chunk-size to 2361 or less)"), lines[0]
+    assert not (tmp_path / "s.json").exists()
