@@ -543,7 +543,8 @@ def verify_claims(*, claims: Sequence[str], book_text: Optional[str], book: Opti
             # --context-window (what the refusal advises) would only be refused before any call.
             from booklens.programs.faithfulness import window_holds_no_evidence
 
-            line = window_holds_no_evidence(verifier, exc.window, mode=mode, k=k) if exc.window else None
+            line = (window_holds_no_evidence(verifier, exc.window, mode=mode, k=k, passage_tokens=passage_tokens)
+                    if exc.window else None)
             if line:
                 raise BooklensError(line) from None
             raise

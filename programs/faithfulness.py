@@ -24,6 +24,7 @@ the book carries its character offsets, so a verdict can be traced to the text.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -150,16 +151,27 @@ def evidence_room(verifier: "ClaimVerifier", context_window: int, passages: int 
     return int((context_window - verifier.max_tokens) * margin) - fixed - CLAIM_ALLOWANCE
 
 
-def _no_room(context_window: int, room: int, least: int) -> str | None:
-    """The line for a window whose judge prompt, without demos, leaves less than the `least` evidence
-    any setting asks."""
-    if room >= least:
+def _no_room(bare: "ClaimVerifier", context_window: int, passages: int, least: int, shown: int = 0) -> str | None:
+    """The line for a window in which the judge's prompt without demos (`bare`, with the headers of
+    `passages` passages) leaves less than the `least` evidence any setting asks, naming the least
+    window that holds the `shown` tokens of evidence the settings bring (at least `least`), kept to
+    `BUDGET_MARGIN` as the values the checks advise."""
+    if evidence_room(bare, context_window, passages, BUDGET_MARGIN) >= least:
         return None
+    least = max(least, shown)
+    # evidence_room grows with the window, by BUDGET_MARGIN a token: a first guess, then the exact one
+    needed = context_window + math.ceil(
+        (least - evidence_room(bare, context_window, passages, BUDGET_MARGIN)) / BUDGET_MARGIN)
+    while evidence_room(bare, needed - 1, passages, BUDGET_MARGIN) >= least:
+        needed -= 1
+    while evidence_room(bare, needed, passages, BUDGET_MARGIN) < least:
+        needed += 1
     return (f"the judge's {context_window}-token context window holds no evidence beside its answer and its "
-            "prompt's instructions; use a model or server with a larger context window")
+            f"prompt's instructions; use a model or server with a context window of {needed:,} tokens or more")
 
 
-def window_holds_no_evidence(verifier: "ClaimVerifier", context_window: int, *, mode: str, k: int) -> str | None:
+def window_holds_no_evidence(verifier: "ClaimVerifier", context_window: int, *, mode: str, k: int,
+                             passage_tokens: int) -> str | None:
     """The line `fit_demos_to_evidence` refuses a `context_window`-token window with when `verifier`'s
     prompt without demos leaves less evidence there than any setting asks (`_no_room`), whatever the
     other settings; else None. For a window a server named in refusing a prompt (llama-cpp-python's
@@ -168,9 +180,9 @@ def window_holds_no_evidence(verifier: "ClaimVerifier", context_window: int, *, 
 
     bare = _showing(verifier, 0)
     if mode in PASSAGE_MODES:
-        return _no_room(context_window, evidence_room(bare, context_window, k, BUDGET_MARGIN), MIN_PASSAGE_TOKENS)
+        return _no_room(bare, context_window, k, MIN_PASSAGE_TOKENS, k * passage_tokens)
     if mode in BUDGET_MODES:
-        return _no_room(context_window, evidence_room(bare, context_window, margin=BUDGET_MARGIN), MIN_BUDGET_TOKENS)
+        return _no_room(bare, context_window, 1, MIN_BUDGET_TOKENS)
     return None
 
 
@@ -236,7 +248,7 @@ def fit_passages(verifier: "ClaimVerifier", context_window: int | None, *, k: in
     if count is not None:
         return _fewer_demos(verifier, context_window, count, f"{k} passages of up to {passage_tokens} tokens")
     room = evidence_room(_showing(verifier, 0), context_window, k, BUDGET_MARGIN)
-    no_room = _no_room(context_window, room, MIN_PASSAGE_TOKENS)
+    no_room = _no_room(_showing(verifier, 0), context_window, k, MIN_PASSAGE_TOKENS, shown)
     if no_room:
         raise BooklensError(no_room)
     k_name, size_name = setting_name("--k", as_keys), setting_name("--passage-tokens", as_keys)
@@ -291,7 +303,7 @@ def fit_budget(verifier: "ClaimVerifier", context_window: int | None, *, budget_
         first = next(i for i, size in enumerate(sizes) if size > bare_room)
         whose = f"claim {first + 1}'s evidence is {sizes[first]} tokens"
     room = evidence_room(bare, context_window, margin=BUDGET_MARGIN)
-    no_room = _no_room(context_window, room, MIN_BUDGET_TOKENS)
+    no_room = _no_room(bare, context_window, 1, MIN_BUDGET_TOKENS, shown)
     if no_room:
         raise BooklensError(no_room)
     name = setting_name("--budget-tokens", as_keys)

@@ -739,12 +739,14 @@ def test_a_window_that_holds_no_evidence_beside_no_demo_advises_a_larger_one_onl
     def responder(call):
         raise AssertionError("the LM was asked")
 
-    for mode, options in (("bm25", {"k": 1}), ("book", {"budget_tokens": 512})):
+    # the window named holds the evidence the settings bring (one passage of 256 tokens, a 512-token budget)
+    for mode, options, needed in (("bm25", {"k": 1}, "1,431"), ("book", {"budget_tokens": 512}, "1,751")):
         with pytest.raises(BooklensError) as refused:
             run_with(responder, lambda: verify_claims(claims=["Maren trimmed the lamp."], book_text=LONG_BOOK,
                                                       mode=mode, as_keys=False, **options), context_window=1024)
         assert str(refused.value) == ("the judge's 1024-token context window holds no evidence beside its answer and "
-                                      "its prompt's instructions; use a model or server with a larger context window")
+                                      "its prompt's instructions; use a model or server with a context window of "
+                                      f"{needed} tokens or more")
 
 
 @pytest.mark.parametrize("mode", ["book", "given"])
@@ -752,8 +754,6 @@ def test_the_evidence_as_the_verifier_reads_it_fits_the_budget(monkeypatch, mode
     """The budget was spent on the passages' or quotes' own tokens, and the '[n] ' labels and blank
     lines between them came on top: here the verifier read 1,058 tokens for a budget of 1,000 (85 more
     than the budget on Pride and Prejudice at 8K). Now the evidence it reads is within it."""
-    from booklens.retrieval.index import format_passages
-
     text = story()
     index = BookIndex.build(text, passage_tokens=64)
     monkeypatch.setattr(index, "ensure_dense", lambda: None)

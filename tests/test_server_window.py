@@ -927,5 +927,6 @@ def test_verify_on_a_server_whose_window_holds_no_evidence_says_so_not_to_set_th
         proc = run_here(["verify", "--claims", claims, "--book", STORY, "--evidence", "bm25", "--lm", "openai/fake",
                          "--api-base", server.url, "-o", tmp_path / "out.json"], tmp_path)
     assert one_line_error(proc) == ("error: the judge's 1024-token context window holds no evidence beside its answer "
-                                    "and its prompt's instructions; use a model or server with a larger context window")
+                                    "and its prompt's instructions; use a model or server with a context window of 2,731 "
+                                    "tokens or more")  # five passages of 256 tokens, the defaults, beside no demo
     assert len(server.received) == 1 and not (tmp_path / "out.json").exists()
