@@ -954,7 +954,8 @@ class IncrementalSummarizer(_BookSummarizer):
             return f"--max-summary-tokens to {budget} or less"
         budget = self._largest_budget(MIN_CHUNK_SIZE, update_need, compress_need)
         if budget >= MIN_SUMMARY_TOKENS:
-            return f"--max-summary-tokens to {budget} or less and --chunk-size to {window - update_need(0, budget)} or less"
+            return (f"--max-summary-tokens to {budget} or less and --chunk-size to "
+                    f"{window - update_need(0, budget)} or less")
         return ""
 
     def _largest_budget(self, chunk: int, update_need: Callable[[int, int], int],
