@@ -6,6 +6,7 @@ misbehaves, and the backend gets an injected `sleep` so no test waits out a back
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
@@ -26,6 +27,7 @@ from booklens.lm import (
     make_lm,
     predict_with_retries,
 )
+from booklens.parallel import Stopped, parallel_map, stoppable
 from booklens.testing import FakeOpenAIServer, Reply, ScriptedLM, free_port
 
 # The answer llama-cpp-python's server (0.3.x) gives to a `json_schema` response format, verbatim.
@@ -142,6 +144,165 @@ def test_the_dialect_is_not_part_of_the_cache_key(tmp_path):
         _, lm = classify(backend_for(server, structured="schema"), cache_dir=tmp_path)
     assert len(server.received) == 1
     assert lm.usage.snapshot()["cached_calls"] == 1 and lm.usage.snapshot()["calls"] == 0
+
+
+# The output schema the tests of a server's first structured answer ask under.
+LABEL_SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": ["good", "bad"]}},
+                "required": ["label"]}
+
+
+def ask_label(lm, text):
+    """One structured call through a booklens LM: its answer text."""
+    answer = lm(messages=[{"role": "user", "content": f"Label: {text}"}],
+                response_format={"type": "json_schema", "json_schema": {"name": "label", "schema": LABEL_SCHEMA}})
+    return answer[0]
+
+
+def outcomes_of(calls, lm, texts):
+    """`calls(lm, text)` for every text on a thread of its own, each in a copy of this context (a
+    stop request follows): the answers and errors, by text, once every thread has ended."""
+    outcomes: dict = {}
+
+    def run(text):
+        try:
+            outcomes[text] = calls(lm, text)
+        except BaseException as exc:  # noqa: BLE001 - a stop request is an outcome here
+            outcomes[text] = exc
+
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, text)) for text in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return outcomes
+
+
+def test_a_refused_json_schema_is_sent_once_however_many_calls_are_in_flight():
+    """At --concurrency 4 llama-cpp-python's server was sent `json_schema` by every call in flight
+    (4 refusals, 12 requests for 8 calls): the first structured call to a server now goes alone,
+    and the others wait for the dialect it settles on."""
+    def llama_cpp_python(body):
+        if body.get("response_format", {}).get("type") == "json_schema":
+            return Reply(status=500, error=LLAMA_CPP_PYTHON_REFUSAL, hold=0.3)
+        return '{"label": "bad"}'
+
+    with FakeOpenAIServer(responder=llama_cpp_python) as server:
+        lm = BooklensLM(backend_for(server))
+        answers = parallel_map(lambda text: ask_label(lm, text), [f"text {i}" for i in range(8)], concurrency=4)
+    assert answers == ['{"label": "bad"}'] * 8
+    sent = [f["type"] for f in formats(server)]
+    assert sent.count("json_schema") == 1 and sent[0] == "json_schema"
+    assert sent.count("json_object") == 8 and len(server.received) == 9
+
+
+def test_the_first_structured_call_goes_alone_and_the_rest_run_together():
+    """A server that takes `json_schema` gets the first structured call alone; once it answered,
+    the calls run --concurrency at a time again (each request here waits for a second one in flight)."""
+    lock = threading.Lock()
+    arrived: list = []
+    in_flight_at_first: list = []
+    first_answered = threading.Event()
+    together = threading.Event()
+
+    def respond(body):
+        with lock:
+            arrived.append(body)
+            first = len(arrived) == 1
+        if first:
+            time.sleep(0.3)  # room for the other calls in flight to arrive, were they sent
+            in_flight_at_first.append(server.in_flight)
+            first_answered.set()
+        else:
+            first_answered.wait(timeout=30)  # a call sent beside the first is still in flight then
+            if server.in_flight >= 2:
+                together.set()
+            together.wait(timeout=30)
+        return '{"label": "good"}'
+
+    with FakeOpenAIServer(responder=respond) as server:
+        lm = BooklensLM(backend_for(server))
+        answers = parallel_map(lambda text: ask_label(lm, text), [f"text {i}" for i in range(8)], concurrency=4)
+    assert answers == ['{"label": "good"}'] * 8
+    assert in_flight_at_first == [1], (in_flight_at_first, server.max_in_flight)
+    assert server.max_in_flight > 1 and together.is_set()
+    assert [f["type"] for f in formats(server)] == ["json_schema"] * 8
+
+
+def test_calls_waiting_for_a_first_call_that_fails_go_on_with_one_of_them_first():
+    """A first structured call that fails for another reason (a 400 here) hands its turn on: one
+    waiting call goes alone next, the others after its answer, and none is left waiting."""
+    lock = threading.Lock()
+    arrived: list = []
+    in_flight_at_second: list = []
+    second_answered = threading.Event()
+
+    def respond(body):
+        with lock:
+            arrived.append(body)
+            n = len(arrived)
+        if n == 1:
+            return Reply(status=400, error="the prompt holds a token this model cannot read", hold=0.3)
+        if n == 2:
+            time.sleep(0.3)
+            in_flight_at_second.append(server.in_flight)
+            second_answered.set()
+        second_answered.wait(timeout=30)  # a call sent beside the second is still in flight then
+        return '{"label": "good"}'
+
+    with FakeOpenAIServer(responder=respond) as server:
+        outcomes = outcomes_of(ask_label, BooklensLM(backend_for(server)), ["a", "b", "c", "d"])
+    errors = [o for o in outcomes.values() if isinstance(o, BaseException)]
+    assert len(outcomes) == 4 and len(errors) == 1 and isinstance(errors[0], LMError)
+    assert "rejected the request" in str(errors[0])
+    assert sorted(o for o in outcomes.values() if isinstance(o, str)) == ['{"label": "good"}'] * 3
+    assert in_flight_at_second == [1] and len(server.received) == 4, (in_flight_at_second, server.max_in_flight)
+
+
+def test_calls_waiting_for_the_first_answer_stop_on_ctrl_c_and_cached_calls_do_not_wait(tmp_path):
+    from booklens.lm.remote import forget_learned
+
+    gate = threading.Event()
+
+    def respond(body):
+        if "held" in str(body["messages"]):
+            gate.wait(timeout=30)
+        return '{"label": "good"}'
+
+    with FakeOpenAIServer(responder=respond) as server:
+        cache = CallCache(tmp_path / "calls.sqlite")
+        assert ask_label(BooklensLM(backend_for(server), cache=cache), "cached") == '{"label": "good"}'
+        forget_learned()  # a new run: the server's dialect is not known yet
+        lm = BooklensLM(backend_for(server), cache=cache)
+        stop = threading.Event()
+        with stoppable(stop):
+            first = threading.Thread(target=contextvars.copy_context().run, args=(ask_label, lm, "held"))
+            first.start()
+            deadline = time.monotonic() + 30
+            while len(server.received) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            # Answered from the cache while the first call is out: no wait.
+            assert outcomes_of(ask_label, lm, ["cached"]) == {"cached": '{"label": "good"}'}
+            outcomes: dict = {}
+
+            def run(text):
+                try:
+                    outcomes[text] = ask_label(lm, text)
+                except BaseException as exc:  # noqa: BLE001 - the stop request is the outcome here
+                    outcomes[text] = exc
+
+            waiting = [threading.Thread(target=contextvars.copy_context().run, args=(run, t)) for t in "bcd"]
+            for t in waiting:
+                t.start()
+            time.sleep(0.3)  # room for them to be sent, were they not waiting
+            stop.set()  # Ctrl-C
+            for t in waiting:
+                t.join(timeout=30)
+            sent_while_held = len(server.received)
+        gate.set()
+        first.join(timeout=30)
+    assert sent_while_held == 2
+    assert all(isinstance(o, Stopped) for o in outcomes.values()) and len(outcomes) == 3
+    assert len(server.received) == 2
 
 
 def test_json_mode_and_free_text_of_the_same_messages_are_cached_apart(tmp_path):

@@ -74,14 +74,21 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
     summary = tmp_path / "summary.txt"
     summary.write_text(" ".join(f"Maren lit lamp number {i} at dusk." for i in range(12)), encoding="utf-8")
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
-    # Each call is held until the command has taken the signal, so it lands while the first two are
-    # in flight; then the first ends with a dropped connection, which the backend would otherwise
-    # retry, the others with an answer that does not parse, which the command would otherwise ask again.
-    replies = iter([Reply(drop=True)])
+    # The first call goes alone and is answered (the server's structured-output dialect is then
+    # known: the rest run side by side). Each later call is held until the command has taken the
+    # signal, so it lands while two are in flight; then the first of them ends with a dropped
+    # connection, which the backend would otherwise retry, the others with an answer that does not
+    # parse, which the command would otherwise ask again.
+    from booklens.testing import PipelineResponder
+
+    answer = PipelineResponder()
+    replies = iter([None, Reply(drop=True)])
     gate = threading.Event()
 
     def respond(body):
         reply = next(replies, Reply(content="It reads fine."))
+        if reply is None:
+            return answer(body)
         gate.wait(120)
         return reply
 
@@ -92,9 +99,9 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
-            while len(server.received) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            while len(server.received) < 3 and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert len(server.received) == 2, "the command did not start two calls"
+            assert len(server.received) == 3, "the command did not start two calls after the first"
             proc.send_signal(signal.SIGINT)
             seen = _wait_for_line(proc.stderr, "stopping:")
             gate.set()
@@ -107,9 +114,9 @@ def test_ctrl_c_starts_no_queued_call_and_no_re_ask_when_calls_run_side_by_side(
         received = len(server.received)
     assert proc.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
-    # The two calls in flight end; none of the ten queued sentences is asked, the dropped call is
+    # The two calls in flight end; none of the nine queued sentences is asked, the dropped call is
     # not retried and the unusable answer is not asked again.
-    assert received == 2
+    assert received == 3
 
 
 

@@ -7,7 +7,9 @@ What goes on the wire besides the messages:
   models LiteLLM says support it; `{"type": "json_object", "schema": ...}` (llama-cpp-python's
   server) when a server refuses that; no response format at all when it refuses both, which
   leaves the prompt's JSON instructions and the caller's parse-and-re-ask. A refusal is learned
-  once per server and remembered for the rest of the process.
+  once per server and remembered for the rest of the process. Until a server has answered a
+  structured request, one such request goes to it at a time: the others wait for the dialect it
+  settles on, so a refused dialect is sent once, not once per call in flight (`_take_dialect_turn`).
 - `cache_prompt: true` for OpenAI-compatible servers given by `api_base` (llama.cpp keeps the
   evaluated prompt prefix; servers that do not know the field ignore it, and one that refuses it
   is not sent it again).
@@ -106,6 +108,10 @@ def request_timeout(seconds: float | None = None) -> float:
 # What each server was found to accept, by (provider, api_base or model), for this process.
 _learned: dict[tuple[str, str], dict[str, Any]] = {}
 _learned_lock = threading.Lock()
+# Wakes the calls that wait for a server's first structured answer (`_take_dialect_turn`).
+_dialect_settled = threading.Condition(_learned_lock)
+# How often a call waiting for that answer looks whether it was asked to stop (Ctrl-C).
+STOP_CHECK_INTERVAL = 0.05
 _window_lock = threading.Lock()
 # The most of a server's answer read when asking for its window: a model list or llama.cpp's props.
 WINDOW_ANSWER_LIMIT = 4_000_000
@@ -520,38 +526,68 @@ class LiteLLMBackend:
             self._check_connects()
         failures = 0
         answer_room = None  # the answer budget a server's overflow figures leave beside the prompt
-        while True:
-            raise_if_stopped()  # a call that waited for its turn does not start after Ctrl-C
-            dialect = self.dialect if structured else None
-            kwargs = self._kwargs(request, dialect)
-            if answer_room is not None:
-                kwargs["max_tokens"] = answer_room
-            if self.limiter is not None:
-                from booklens.lm.ratelimit import estimate_tokens
+        probing = False  # whether this call is the one finding out which dialect the server takes
+        try:
+            while True:
+                raise_if_stopped()  # a call that waited for its turn does not start after Ctrl-C
+                if structured and not probing:
+                    probing = self._take_dialect_turn()
+                dialect = self.dialect if structured else None
+                kwargs = self._kwargs(request, dialect)
+                if answer_room is not None:
+                    kwargs["max_tokens"] = answer_room
+                if self.limiter is not None:
+                    from booklens.lm.ratelimit import estimate_tokens
 
-                self.limiter.acquire(estimate_tokens(kwargs["messages"], kwargs["max_tokens"]))
-                raise_if_stopped()
-            try:
-                response = litellm.completion(**kwargs)
-            except Exception as exc:
-                room = None if answer_room is not None else _answer_room(exc, kwargs["max_tokens"])
-                if room is not None:
-                    answer_room = room  # once: the same prompt with the budget the server leaves it
+                    self.limiter.acquire(estimate_tokens(kwargs["messages"], kwargs["max_tokens"]))
+                    raise_if_stopped()
+                try:
+                    response = litellm.completion(**kwargs)
+                except Exception as exc:
+                    room = None if answer_room is not None else _answer_room(exc, kwargs["max_tokens"])
+                    if room is not None:
+                        answer_room = room  # once: the same prompt with the budget the server leaves it
+                        continue
+                    failures = self._after_failure(exc, kwargs, dialect, failures)
+                    raise_if_stopped()  # after Ctrl-C, a call that failed in flight is not sent again
                     continue
-                failures = self._after_failure(exc, kwargs, dialect, failures)
-                raise_if_stopped()  # after Ctrl-C, a call that failed in flight is not sent again
-                continue
-            if not getattr(response, "choices", None):
-                failures = self._without_choices(failures)
-                raise_if_stopped()
-                continue
-            with _learned_lock:
-                self._learned["answered"] = True
-            completion = self._completion(response, kwargs["messages"])
-            # what the window left: a larger budget cannot help an answer it cut off
-            completion.answer_room = (answer_room if answer_room is not None
-                                      else _window_cut(response, kwargs["max_tokens"]))
-            return completion
+                if not getattr(response, "choices", None):
+                    failures = self._without_choices(failures)
+                    raise_if_stopped()
+                    continue
+                with _learned_lock:
+                    self._learned["answered"] = True
+                    if probing and request.get("schema") is not None and self._learned.get("dialect") == dialect:
+                        self._learned["dialect_settled"] = True  # the schema went in this dialect, and was taken
+                completion = self._completion(response, kwargs["messages"])
+                # what the window left: a larger budget cannot help an answer it cut off
+                completion.answer_room = (answer_room if answer_room is not None
+                                          else _window_cut(response, kwargs["max_tokens"]))
+                return completion
+        finally:
+            if probing:
+                with _dialect_settled:
+                    self._learned.pop("dialect_probe", None)
+                    _dialect_settled.notify_all()
+
+    def _take_dialect_turn(self) -> bool:
+        """Wait while another call finds out which structured-output dialect this server takes (the
+        first structured request goes alone: calls in flight at once would each be refused in the
+        dialect it refuses). True when this call is to find out; False once the dialect is known, or
+        when none needs finding out (a forced --structured, or `off`, which nothing can refuse). A
+        call that ends without an answer (a fault, Ctrl-C) hands the turn to one of the waiting ones;
+        a waiting call stops as soon as its work is asked to stop."""
+        if self.structured != "auto" or self.dialect == DIALECTS[-1]:
+            return False
+        while True:
+            with _dialect_settled:
+                if self._learned.get("dialect_settled") or self._learned.get("dialect") == DIALECTS[-1]:
+                    return False
+                if not self._learned.get("dialect_probe"):
+                    self._learned["dialect_probe"] = True
+                    return True
+                _dialect_settled.wait(STOP_CHECK_INTERVAL)
+            raise_if_stopped()
 
     def _check_connects(self) -> None:
         """Before the first request to the `api_base` server (once per server and process): a TCP
