@@ -69,6 +69,18 @@ def pause(seconds: float) -> None:
         raise Stopped()
 
 
+# How often the main thread, waiting for work on other threads, comes back to run a signal's handler.
+# A signal the kernel hands to another thread does not wake a wait without a timeout, and then a
+# second Ctrl-C would not quit until the call in flight ends.
+SIGNAL_CHECK_SECONDS = 0.2
+
+
+def wait_on_main_thread(done: threading.Event) -> None:
+    """`done.wait()`, back every `SIGNAL_CHECK_SECONDS` so that the main thread runs Ctrl-C's handler."""
+    while not done.wait(SIGNAL_CHECK_SECONDS):
+        pass
+
+
 def survive_ctrl_c(work: Callable[[], R]) -> R:
     """`work()`, run off the main thread when called on it, so that Ctrl-C (which the main thread
     receives) lets it end as a call in a worker thread would: its answer is kept, then the
@@ -89,9 +101,9 @@ def survive_ctrl_c(work: Callable[[], R]) -> R:
 
     threading.Thread(target=target, name="booklens-call", daemon=True).start()
     try:
-        done.wait()
+        wait_on_main_thread(done)
     except KeyboardInterrupt:
-        done.wait()  # the stop request is set: the call ends without a retry or a re-ask
+        wait_on_main_thread(done)  # the stop request is set: the call ends without a retry or a re-ask
         raise
     if "error" in outcome:
         raise outcome["error"]
@@ -146,8 +158,8 @@ def parallel_map(
             }
             pending = set(futures)
             try:
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                while pending:  # with a timeout, for the reason of `wait_on_main_thread`
+                    done, pending = wait(pending, timeout=SIGNAL_CHECK_SECONDS, return_when=FIRST_EXCEPTION)
                     for future in done:
                         exc = future.exception()
                         if exc is not None:

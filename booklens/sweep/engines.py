@@ -228,14 +228,16 @@ class LocalEngine:
                    for n, done in enumerate(finished)]
         for t in threads:
             t.start()
+        from booklens.parallel import wait_on_main_thread
+
         try:
             for done in finished:
-                done.wait()
+                wait_on_main_thread(done)
         except BaseException:
             stop.set()
             interrupted.set()
             for done in finished:
-                done.wait()
+                wait_on_main_thread(done)
             raise
         return [o if o is not None else not_run(t) for o, t in zip(outcomes, tasks)]
 
