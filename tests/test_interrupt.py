@@ -46,6 +46,27 @@ def _interrupted(args: list, server: FakeOpenAIServer, env: dict, *, release: th
             proc.kill()
 
 
+def _stopped_after(args: list, env: dict, server: FakeOpenAIServer, requests: int, gate: threading.Event):
+    """`booklens ARGS` started as from a terminal and sent Ctrl-C once the server has received
+    `requests` requests; the held calls are then released (`gate`). The process (ended), its stderr up
+    to the "stopping:" line, and the rest."""
+    proc = subprocess.Popen(terminal_command(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
+        while len(server.received) < requests and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server.received) >= requests, f"the command did not reach request {requests}"
+        proc.send_signal(signal.SIGINT)
+        seen = _wait_for_line(proc.stderr, "stopping:")
+        gate.set()
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        gate.set()
+        if proc.poll() is None:
+            proc.kill()
+    return proc, seen, rest
+
+
 def test_ctrl_c_while_a_call_is_in_flight_says_the_work_is_cached(tmp_path):
     """The call in flight ends (here with a dropped connection, which is not retried after Ctrl-C);
     then one line says what is kept."""
@@ -200,21 +221,7 @@ def test_ctrl_c_in_the_middle_of_a_qa_run_leaves_only_the_unasked_questions_to_t
     with FakeOpenAIServer(responder=respond) as server:
         args = ["qa", book, "--questions", questions, "--concurrency", "2", "--lm", "openai/fake",
                 "--api-base", server.url]
-        proc = subprocess.Popen(terminal_command(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        try:
-            deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
-            while len(server.received) < 4 and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert len(server.received) >= 4, "the command did not reach the fourth question"
-            proc.send_signal(signal.SIGINT)
-            seen = _wait_for_line(proc.stderr, "stopping:")
-            gate.set()
-            _, rest = proc.communicate(timeout=60)
-        finally:
-            gate.set()
-            if proc.poll() is None:
-                proc.kill()
+        proc, seen, rest = _stopped_after(args, env, server, 4, gate)
         assert proc.returncode == 130, "".join(seen) + rest
         assert rest.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
         asked = len(server.received)
@@ -263,21 +270,7 @@ def test_ctrl_c_in_the_middle_of_a_diverse_run_leaves_only_the_unasked_calls_to_
 
         env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
         out = tmp_path / "diverse.json"
-        proc = subprocess.Popen(terminal_command(args(out)), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        try:
-            deadline = time.monotonic() + 120  # a guard against a hang, not a timing assumption
-            while len(server.received) < total + 6 and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert len(server.received) >= total + 6, "the command did not reach the sixth call"
-            proc.send_signal(signal.SIGINT)
-            seen = _wait_for_line(proc.stderr, "stopping:")
-            gate.set()
-            _, rest = proc.communicate(timeout=60)
-        finally:
-            gate.set()
-            if proc.poll() is None:
-                proc.kill()
+        proc, seen, rest = _stopped_after(args(out), env, server, total + 6, gate)
         assert proc.returncode == 130, "".join(seen) + rest
         assert rest.strip().splitlines()[-1] == "error: interrupted (completed LM calls are cached; rerun to resume)"
         assert "Traceback" not in "".join(seen) + rest
