@@ -286,7 +286,8 @@ def check_configs(system: SystemConfig, judge: JudgeConfig, *, as_keys: bool | s
     from booklens.retrieval import RUN_MODES, check_evidence_options
 
     if judge.evidence not in RUN_MODES:  # a config made without validation (`model_construct`)
-        raise BooklensError(f"unknown evidence mode '{judge.evidence}' for a book run (use one of {', '.join(RUN_MODES)})")
+        raise BooklensError(f"unknown evidence mode '{judge.evidence}' for a book run "
+                            f"(use one of {', '.join(RUN_MODES)})")
 
     if "faithfulness" in judge.steps:
         check_evidence_options(judge.evidence, budget_tokens=judge.budget_tokens, has_given=False, as_keys=as_keys,

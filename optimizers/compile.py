@@ -85,12 +85,13 @@ class Budget:
     max_errors: int = 0  # failed runs tolerated before an optimizer stops (0: as many as there are examples)
 
     def validate(self) -> None:
-        for name in ("demos", "candidates", "trials", "minibatch_size", "max_errors"):
-            if getattr(self, name) < 0:
-                raise BooklensError(f"{count_name('--' + name.replace('_', '-'))} must be 0 or more (got {getattr(self, name)})")
-        for name in ("threads", "max_rounds"):
-            if getattr(self, name) < 1:
-                raise BooklensError(f"{count_name('--' + name.replace('_', '-'))} must be at least 1 (got {getattr(self, name)})")
+        for least, names in ((0, ("demos", "candidates", "trials", "minibatch_size", "max_errors")),
+                             (1, ("threads", "max_rounds"))):
+            for name in names:
+                value = getattr(self, name)
+                if value < least:  # named as the command's option (`--max-rounds`) or this field
+                    bound = "0 or more" if least == 0 else f"at least {least}"
+                    raise BooklensError(f"{count_name('--' + name.replace('_', '-'))} must be {bound} (got {value})")
 
     def check_for(self, optimizer: str) -> None:
         """`validate`, and a budget the optimizer can spend: the ones that only pick demos are given

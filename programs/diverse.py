@@ -903,9 +903,8 @@ def judgments_misfit(jobs: Sequence[tuple[str, Any, str, str, Sequence[str]]], w
                    "judge each QA pair alone with --protocol binary, or ")
     if not fix and window_option:  # the window was given: name the least that holds the prompt
         least = tokens + JUDGE_ANSWER_ROOM
-        fix = f"set {window_option} to {least} or more" + (
-            f" ({least + summary_room} holds a summary of the {summary_room} tokens kept for it)" if summary_room else ""
-        ) + ", or "
+        with_summary = f" ({least + summary_room} holds a summary of the {summary_room} tokens kept for it)"
+        fix = f"set {window_option} to {least} or more{with_summary if summary_room else ''}, or "
     return (f"the {criterion} judge's prompt for event {event.eid} with {_shown(case)} is {tokens} tokens, more "
             f"than the {room} the {window}-token context window holds beside its answer, and no {figure} judgment "
             f"fits; {fix}use a model or server with a larger context window")
@@ -1007,8 +1006,8 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: Opti
     if judge:  # before any call, as `judge` and `bias` do: a window no judgment fits would refuse them all
         check_judgments_fit(_judging_jobs(events, faithfulness),
                             context_window or getattr(dspy.settings.lm, "context_window", None),
-                            max_articles=max_articles, window_option=count_name("--context-window") if context_window else None,
-                            summary_room=SUMMARY_RESERVE)
+                            max_articles=max_articles, summary_room=SUMMARY_RESERVE,
+                            window_option=count_name("--context-window") if context_window else None)
     results = []
     for event in events:
         row: dict[str, Any] = {"eid": event.eid}

@@ -158,9 +158,9 @@ def ask_label(lm, text):
     return answer[0]
 
 
-def outcomes_of(calls, lm, texts):
+def start_calls(calls, lm, texts):
     """`calls(lm, text)` for every text on a thread of its own, each in a copy of this context (a
-    stop request follows): the answers and errors, by text, once every thread has ended."""
+    stop request follows): the started threads, and the answers and errors they leave, by text."""
     outcomes: dict = {}
 
     def run(text):
@@ -172,6 +172,12 @@ def outcomes_of(calls, lm, texts):
     threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, text)) for text in texts]
     for t in threads:
         t.start()
+    return threads, outcomes
+
+
+def outcomes_of(calls, lm, texts):
+    """`start_calls`' answers and errors, by text, once every thread has ended."""
+    threads, outcomes = start_calls(calls, lm, texts)
     for t in threads:
         t.join(timeout=60)
     return outcomes
@@ -282,17 +288,7 @@ def test_calls_waiting_for_the_first_answer_stop_on_ctrl_c_and_cached_calls_do_n
                 time.sleep(0.01)
             # Answered from the cache while the first call is out: no wait.
             assert outcomes_of(ask_label, lm, ["cached"]) == {"cached": '{"label": "good"}'}
-            outcomes: dict = {}
-
-            def run(text):
-                try:
-                    outcomes[text] = ask_label(lm, text)
-                except BaseException as exc:  # noqa: BLE001 - the stop request is the outcome here
-                    outcomes[text] = exc
-
-            waiting = [threading.Thread(target=contextvars.copy_context().run, args=(run, t)) for t in "bcd"]
-            for t in waiting:
-                t.start()
+            waiting, outcomes = start_calls(ask_label, lm, ["b", "c", "d"])
             time.sleep(0.3)  # room for them to be sent, were they not waiting
             stop.set()  # Ctrl-C
             for t in waiting:

@@ -41,8 +41,8 @@ from booklens.cli.common import (
 from booklens.cli.data import stats_app
 from booklens.errors import BooklensError
 from booklens.lm.base import lm_label
-from booklens.retrieval import (DEFAULT_K, DEFAULT_PASSAGE_TOKENS, EVIDENCE_MODES, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS,
-                                RUN_MODES)
+from booklens.retrieval import (DEFAULT_K, DEFAULT_PASSAGE_TOKENS, EVIDENCE_MODES, MIN_BUDGET_TOKENS,
+                                MIN_PASSAGE_TOKENS, RUN_MODES)
 from booklens.vocabulary import counted
 
 

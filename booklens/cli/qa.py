@@ -36,8 +36,8 @@ from booklens.cli.common import (
     write_output,
 )
 from booklens.errors import BooklensError
-from booklens.retrieval import (DEFAULT_K, DEFAULT_PASSAGE_TOKENS, EVIDENCE_MODES, MIN_PASSAGE_TOKENS, QA_BOOK_RANK_MODE,
-                                SEARCH_MODES)
+from booklens.retrieval import (DEFAULT_K, DEFAULT_PASSAGE_TOKENS, EVIDENCE_MODES, MIN_PASSAGE_TOKENS,
+                                QA_BOOK_RANK_MODE, SEARCH_MODES)
 from booklens.vocabulary import (
     ANSWER_CLUSTERINGS,
     CRITERIA,
