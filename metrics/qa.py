@@ -142,6 +142,9 @@ def accuracy(records: Sequence[Any]) -> dict[str, Any]:
     cell = _cell(list(records))
     cell["unscored"] = sum(1 for r in records if _get(r, "correct") is None)
     cell["failed"] = sum(1 for r in records if _get(r, "error"))
+    # Where the failures are, so that the accuracy line counts each question once: a failed answer to a
+    # question with a reference is scored (as wrong); a failed verdict, or a failure without a reference, is not.
+    cell["failed_unscored"] = sum(1 for r in records if _get(r, "error") and _get(r, "correct") is None)
     return cell
 
 
@@ -260,9 +263,12 @@ def format_type_table(table: dict[str, dict[str, dict[str, Any]]]) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     overall = report["overall"]
+    unscored_failed = overall.get("failed_unscored", 0)
+    scored_failed = overall["failed"] - unscored_failed
     lines = [f"Accuracy: {_fmt(overall)} of {overall['n']} scored questions"
-             + (f"; {overall['failed']} without a valid answer or verdict" if overall["failed"] else "")
-             + (f"; {overall['unscored']} not scored" if overall["unscored"] else ""),
+             + (f", {scored_failed} of them without a valid answer (counted wrong)" if scored_failed else "")
+             + (f"; {overall['unscored']} not scored" if overall["unscored"] else "")
+             + (f", {unscored_failed} of them without a valid answer or verdict" if unscored_failed else ""),
              "", "Accuracy by complexity x aspect (%, scored questions in parentheses)",
              format_type_table(report["by_type"]), "",
              "Accuracy by position of the first gold evidence (%, questions in parentheses)"]

@@ -888,7 +888,7 @@ def test_accuracy_tables():
     recs = [_rec("1", "mh", "times", True, 10), _rec("2", "mh", "times", False, 150_000),
             _rec("3", "sh", "plot", True, 99_999), _rec("4", "dtl", "plot", False, 100_000, error="x"),
             _rec("5", "dtl", "plot", None)]
-    assert accuracy(recs) == {"n": 4, "correct": 2, "accuracy": 50.0, "unscored": 1, "failed": 1}
+    assert accuracy(recs) == {"n": 4, "correct": 2, "accuracy": 50.0, "unscored": 1, "failed": 1, "failed_unscored": 0}
     t = accuracy_by_type(recs)
     assert t["mh"]["times"]["accuracy"] == 50.0 and t["mh"]["times"]["n"] == 2
     assert t["avg"]["plot"] == {"n": 2, "correct": 1, "accuracy": 50.0}
