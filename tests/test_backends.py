@@ -234,6 +234,29 @@ def test_the_first_structured_call_goes_alone_and_the_rest_run_together():
     assert [f["type"] for f in formats(server)] == ["json_schema"] * 8
 
 
+def test_json_calls_without_a_schema_do_not_wait_for_a_turn():
+    """A structured call whose output has no schema to state (an open-ended mapping) is sent as
+    `json_object` in every dialect, so its answer settles nothing: it neither takes the first turn
+    nor waits for one. Before, each took the turn in its own turn, and such calls went one at a time."""
+    together = threading.Event()
+
+    def respond(body):
+        if server.in_flight >= 2:
+            together.set()
+        together.wait(timeout=10)  # held until a second call is in flight beside it
+        return '{"anything": 1}'
+
+    def ask_mapping(lm, text):
+        return lm(messages=[{"role": "user", "content": f"Map: {text}"}], response_format={"type": "json_object"})[0]
+
+    with FakeOpenAIServer(responder=respond) as server:
+        lm = BooklensLM(backend_for(server))
+        answers = parallel_map(lambda text: ask_mapping(lm, text), [f"text {i}" for i in range(4)], concurrency=4)
+    assert answers == ['{"anything": 1}'] * 4
+    assert together.is_set() and server.max_in_flight > 1, server.max_in_flight
+    assert [f["type"] for f in formats(server)] == ["json_object"] * 4
+
+
 def test_calls_waiting_for_a_first_call_that_fails_go_on_with_one_of_them_first():
     """A first structured call that fails for another reason (a 400 here) hands its turn on: one
     waiting call goes alone next, the others after its answer, and none is left waiting."""

@@ -530,7 +530,8 @@ class LiteLLMBackend:
         try:
             while True:
                 raise_if_stopped()  # a call that waited for its turn does not start after Ctrl-C
-                if structured and not probing:
+                # A call without a schema goes as `json_object` in every dialect: its answer settles nothing.
+                if request.get("schema") is not None and not probing:
                     probing = self._take_dialect_turn()
                 dialect = self.dialect if structured else None
                 kwargs = self._kwargs(request, dialect)
@@ -557,7 +558,7 @@ class LiteLLMBackend:
                     continue
                 with _learned_lock:
                     self._learned["answered"] = True
-                    if probing and request.get("schema") is not None and self._learned.get("dialect") == dialect:
+                    if probing and self._learned.get("dialect") == dialect:
                         self._learned["dialect_settled"] = True  # the schema went in this dialect, and was taken
                 completion = self._completion(response, kwargs["messages"])
                 # what the window left: a larger budget cannot help an answer it cut off
@@ -573,7 +574,8 @@ class LiteLLMBackend:
     def _take_dialect_turn(self) -> bool:
         """Wait while another call finds out which structured-output dialect this server takes (the
         first structured request goes alone: calls in flight at once would each be refused in the
-        dialect it refuses). True when this call is to find out; False once the dialect is known, or
+        dialect it refuses). Only calls with a schema take part: one without goes as `json_object` in
+        every dialect, so its answer settles nothing. True when this call is to find out; False once the dialect is known, or
         when none needs finding out (a forced --structured, or `off`, which nothing can refuse). A
         call that ends without an answer (a fault, Ctrl-C) hands the turn to one of the waiting ones;
         a waiting call stops as soon as its work is asked to stop."""
