@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
 
-from booklens.errors import BooklensError, count_name
+from booklens.errors import BooklensError, setting_name
 from booklens.lm.base import lm_label, lm_planned_window, lm_server, window_setting
 from booklens.vocabulary import BINARY_LABELS, CLAIM_LABELS, counted
 
@@ -605,7 +605,7 @@ def plan_calibration(judges: Optional[list[str]] = None, *, program: str | Path 
         check_at_least("--books", books)
     check_at_least("--batch-size", batch_size)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise BooklensError(f"{count_name('--seed')} must be 0 or more (got {seed!r})")
+        raise BooklensError(f"{setting_name('--seed')} must be 0 or more (got {seed!r})")
     if program is not None and zero_shot:
         raise BooklensError("give either --program or --zero-shot, not both")
     if program is not None:

@@ -8,8 +8,8 @@ class BooklensError(Exception):
     """A problem with the input, the configuration or the backend that the user can fix."""
 
 
-# True while a command runs (`booklens.cli.main`): a count's bound names it as the command's option
-# there, and as the library's keyword elsewhere (`count_name`).
+# True while a command runs (set by the root callback of `booklens.cli.app`): an error names a
+# setting as the command's option there, and as the library's keyword elsewhere (`setting_name`).
 command_line: contextvars.ContextVar[bool] = contextvars.ContextVar("booklens_command_line", default=False)
 
 
@@ -108,23 +108,21 @@ def _problem_place(problem: dict) -> str:
     return ".".join(str(p) for p in problem.get("loc", ()) if p != "__root__")
 
 
-def setting_name(option: str, as_keys: bool | str = False) -> str:
-    """How an error names a setting the command line spells `option` (`--passage-tokens`): as that
-    option; with `as_keys=True` by its key (`passage_tokens`, a library keyword); with `as_keys` the
-    name of the manifest section that holds it ("judge"), by its path there (`judge.passage_tokens`)."""
+def setting_name(option: str, as_keys: bool | str | None = None, keyword: str | None = None) -> str:
+    """How an error names a setting the command line spells `option` (`--passage-tokens`): by default
+    as its caller spelled it, that option within a command (`command_line`) and the library's keyword
+    elsewhere (`passage_tokens`, or `keyword` where that is not the option's own spelling). A caller
+    that knows its words says so: `as_keys=False` the option, `as_keys=True` the key (`keyword`, else
+    the option's), `as_keys` the name of the manifest section that holds it ("judge") its path there
+    (`judge.passage_tokens`). A name that is no option (`max_claims`) is a key already."""
+    if as_keys is None:
+        if command_line.get() or not option.startswith("--"):
+            return option
+        as_keys = True
     if not as_keys:
         return option
-    key = option.lstrip("-").replace("-", "_")
+    key = keyword or option.lstrip("-").replace("-", "_")
     return f"{as_keys}.{key}" if isinstance(as_keys, str) else key
-
-
-def count_name(option: str, keyword: str | None = None) -> str:
-    """How the bound on a count the command line spells `option` (`--batch-size`) names it: as that
-    option within a command, else as the library's keyword (`batch_size`, or `keyword` where it is
-    not the option's own spelling)."""
-    if command_line.get() or not option.startswith("--"):
-        return option
-    return keyword or option[2:].replace("-", "_")
 
 
 class ConfigError(BooklensError, ValueError):

@@ -25,11 +25,11 @@ _quiet_lock = threading.Lock()
 def check_at_least(option: str, value: int, least: int = 1) -> None:
     """The commands' bound on a count (`--concurrency`, `--batch-size`, ...), checked again where a
     library caller hands the count over: a one-line `BooklensError` below `least`, naming an option
-    as the argument it is outside a command (`count_name`)."""
-    from booklens.errors import BooklensError, count_name
+    as the argument it is outside a command (`setting_name`)."""
+    from booklens.errors import BooklensError, setting_name
 
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise BooklensError(f"{count_name(option)} must be at least {least} (got {value!r})")
+        raise BooklensError(f"{setting_name(option)} must be at least {least} (got {value!r})")
 
 
 class Stopped(KeyboardInterrupt):

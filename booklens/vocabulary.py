@@ -75,11 +75,11 @@ def retry_range(option: str) -> str:
 def check_retries(option: str, value: object) -> None:
     """The one rule for a retry count (`RETRY_RANGES`), for the commands' parsers, the programs and
     the run configs: a whole number within its range, else a one-line error naming the range."""
-    from booklens.errors import BooklensError, count_name
+    from booklens.errors import BooklensError, setting_name
 
     low, high = RETRY_RANGES[option]
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise BooklensError(f"{count_name(option)} must be {retry_range(option)} (got {value!r})")
+        raise BooklensError(f"{setting_name(option)} must be {retry_range(option)} (got {value!r})")
 
 
 def check_words_per_token(value: float) -> None:

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 import dspy
 from dspy.utils.callback import ACTIVE_CALL_ID, BaseCallback
 
-from booklens.errors import BooklensError, LMError, count_name, first_line
+from booklens.errors import BooklensError, LMError, first_line, setting_name
 from booklens.lm.base import ContextWindowExceeded
 from booklens.lm.usage import UsageTracker
 from booklens.optimizers.evaluate import BackendFailed, NoScore, metered, score_of
@@ -91,7 +91,7 @@ class Budget:
                 value = getattr(self, name)
                 if value < least:  # named as the command's option (`--max-rounds`) or this field
                     bound = "0 or more" if least == 0 else f"at least {least}"
-                    raise BooklensError(f"{count_name('--' + name.replace('_', '-'))} must be {bound} (got {value})")
+                    raise BooklensError(f"{setting_name('--' + name.replace('_', '-'))} must be {bound} (got {value})")
 
     def check_for(self, optimizer: str) -> None:
         """`validate`, and a budget the optimizer can spend: the ones that only pick demos are given

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from booklens.data.splits import DEFAULT_FRACTIONS
-from booklens.errors import BooklensError, LMError, check_flag, count_name, kind_of
+from booklens.errors import BooklensError, LMError, check_flag, kind_of, setting_name
 from booklens.vocabulary import JUDGE_WINDOW_OPTION
 
 Notify = Callable[[str], None]
@@ -33,10 +33,10 @@ def _quiet(line: str) -> None:
 
 def whole_number(option: str, value: Any, least: int = 0, *, zero: str = "0") -> None:
     """A count a library caller handed over (None: not given): a whole number from `least` up, or one
-    line naming it as the command would refuse its `option` (`count_name`; `zero`: what 0 means there)."""
+    line naming it as the command would refuse its `option` (`setting_name`; `zero`: what 0 means there)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
         bound = f"{zero} or more" if least == 0 else f"at least {least}"
-        raise BooklensError(f"{count_name(option)} must be {bound} (got {value!r})")
+        raise BooklensError(f"{setting_name(option)} must be {bound} (got {value!r})")
 
 
 def _name(what: str, value: Any) -> str:

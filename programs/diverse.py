@@ -36,7 +36,7 @@ from booklens.data.diversesumm import (
     split_article_text,
     wording_key,
 )
-from booklens.errors import BooklensError, check_flag, count_name, first_line, validation_problem
+from booklens.errors import BooklensError, check_flag, first_line, setting_name, validation_problem
 from booklens.lm import ContextWindowExceeded, filter_stopped, last_stop, predict_with_retries
 from booklens.lm.base import planned_window_advice
 from booklens.metrics.bias import aggregate_both_orders
@@ -1007,7 +1007,7 @@ def summarize_events(events: list[Any], *, method: str = "auto", sentences: Opti
         check_judgments_fit(_judging_jobs(events, faithfulness),
                             context_window or getattr(dspy.settings.lm, "context_window", None),
                             max_articles=max_articles, summary_room=SUMMARY_RESERVE,
-                            window_option=count_name("--context-window") if context_window else None)
+                            window_option=setting_name("--context-window") if context_window else None)
     results = []
     for event in events:
         row: dict[str, Any] = {"eid": event.eid}

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import dspy
 
-from booklens.errors import BooklensError, count_name
+from booklens.errors import BooklensError, setting_name
 from booklens.lm import forget_answers, fresh_try, hearing_calls, last_stop, predict_with_retries
 from booklens.programs.base import Module, Predict, prompt_tokens
 from booklens.records import Chunk, SummaryNode
@@ -209,7 +209,7 @@ class _BookSummarizer(Module):
                                      *(("--level-budget", b, MIN_SUMMARY_TOKENS) for b in level_budgets or [])):
             # A str, float or None from a caller's own config would fail further on, in arithmetic.
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                name = count_name(option, "each of level_budgets" if option == "--level-budget" else None)
+                name = setting_name(option, keyword="each of level_budgets" if option == "--level-budget" else None)
                 raise BooklensError(f"{name} must be at least {least} tokens (got {value!r})")
         from booklens.parallel import check_at_least
 

@@ -33,10 +33,17 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                  help="Print the booklens version and exit."),
 ) -> None:
     """Summarize book-length text with LLMs and judge the summaries: coherence, faithfulness, QA."""
+    from booklens.errors import command_line
+
+    # While the command runs, errors name its settings as its options (`setting_name`); as it ends,
+    # as they were (a test's in-process command, then a library call).
+    named_as_options = command_line.set(True)
+    ctx.call_on_close(lambda: command_line.reset(named_as_options))
 
 
 # Command modules register their commands on `app` when imported.
@@ -72,13 +79,9 @@ def main() -> None:
     # writer (typer.echo(err=True), print, tqdm) looks up sys.stderr when it writes, so this covers all.
     stderr = sys.stderr
     sys.stderr = tolerant(stderr)
-    from booklens.errors import command_line
-
-    named_as_options = command_line.set(True)
     try:
         _run_command()
     finally:
-        command_line.reset(named_as_options)
         sys.stderr = stderr
         # At exit the interpreter would walk all of them once more (about 1 s on 2 cores) only to
         # free memory the OS reclaims anyway. Calls are committed to the cache as they finish and

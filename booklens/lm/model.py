@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import dspy
 
-from booklens.errors import BooklensError, LMError, count_name, first_line, kind_of
+from booklens.errors import BooklensError, LMError, first_line, kind_of, setting_name
 from booklens.lm.adapter import BooklensAdapter
 from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, refuse_larger_window
 from booklens.lm.cache import CACHE_FILE, CallCache, cache_folder
@@ -468,7 +468,7 @@ def rate_limits(rpm: int | None = None, tpm: int | None = None) -> dict[str, int
     limits not set are left out."""
     limits = {}
     for what, value in (("rpm", rpm), ("tpm", tpm)):
-        source = count_name(f"--{what}")  # the message names where the value came from
+        source = setting_name(f"--{what}")  # the message names where the value came from
         if value is None:
             source = f"BOOKLENS_{what.upper()}"
             raw = os.environ.get(source, "").strip()
