@@ -585,7 +585,7 @@ def plan_calibration(judges: Optional[list[str]] = None, *, program: str | Path 
     user's, `<cache>/calibration.json`) and the programs themselves. One-line `BooklensError`s."""
     from booklens.errors import check_flag, kind_of
     from booklens.inputs import as_path
-    from booklens.judges import JUDGES, load_judge, read_store, user_store_path
+    from booklens.judges import JUDGES, check_program_or_zero_shot, load_judge, read_store, user_store_path
     from booklens.parallel import check_at_least
     from booklens.records import present
 
@@ -606,8 +606,7 @@ def plan_calibration(judges: Optional[list[str]] = None, *, program: str | Path 
     check_at_least("--batch-size", batch_size)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise BooklensError(f"{setting_name('--seed')} must be 0 or more (got {seed!r})")
-    if program is not None and zero_shot:
-        raise BooklensError("give either --program or --zero-shot, not both")
+    check_program_or_zero_shot(program is not None, zero_shot)
     if program is not None:
         # before DSPy loads, in the words `read_artifact` (which loads it) has for these
         if not present(program):
@@ -616,7 +615,8 @@ def plan_calibration(judges: Optional[list[str]] = None, *, program: str | Path 
             raise BooklensError(f"program artifact is a directory, not a file: {program}")
         chosen = [judge_of_artifact(program)]
         if judges and chosen != list(dict.fromkeys(judges)):
-            raise BooklensError(f"{program} is a {chosen[0]} program; --judge {', '.join(judges)} does not match")
+            raise BooklensError(f"{program} is a {chosen[0]} program; {setting_name('--judge', keyword='judges')} "
+                            f"{', '.join(judges)} does not match")
     else:
         chosen = list(dict.fromkeys(judges or ["coherence", "verification"]))
     unknown = [j for j in chosen if j not in JUDGES]
@@ -624,21 +624,21 @@ def plan_calibration(judges: Optional[list[str]] = None, *, program: str | Path 
         raise BooklensError(f"unknown judge '{unknown[0]}' (use one of {', '.join(JUDGES)})")
     # Options no chosen judge uses would be ignored without a word.
     if coherence_data is not None and "coherence" not in chosen:
-        raise BooklensError("--coherence-data is for the coherence judge")
+        raise BooklensError(f"{setting_name('--coherence-data')} is for the coherence judge")
     if fables_data is not None and all(j == "coherence" for j in chosen):
-        raise BooklensError("--fables-data is for the verification and binary judges")
+        raise BooklensError(f"{setting_name('--fables-data')} is for the verification and binary judges")
     if books is not None and chosen == ["binary"]:
-        raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: --books does not "
-                            "apply")
+        raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: "
+                            f"{setting_name('--books')} does not apply")
     if seed != 0 and chosen == ["binary"]:  # it would only move the bootstrap intervals of the same sample
-        raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: --seed draws no "
-                            "sample for it")
+        raise BooklensError("the binary rater is always measured on FABLES Table 5's seven books: "
+                            f"{setting_name('--seed')} draws no sample for it")
     human_dir = human_annotations_dir(coherence_data) if "coherence" in chosen else None
     fables = fables_file(fables_data) if any(j != "coherence" for j in chosen) else None
     store = Path(store) if store is not None else user_store_path(cache_dir)
     read_store(store)  # a file that is not a calibration store fails now, not after every judgment
     if batch_size > 1 and "coherence" not in chosen:
-        raise BooklensError("--batch-size is for the coherence judge")
+        raise BooklensError(f"{setting_name('--batch-size')} is for the coherence judge")
     # bad artifacts fail first
     programs = {j: load_judge(j, program, zero_shot=zero_shot, **({"batch_size": batch_size} if j == "coherence"
                                                                   else {})) for j in chosen}

@@ -103,8 +103,7 @@ def load_judge(judge: str, program: str | Path | None = None, *, zero_shot: bool
     from booklens.inputs import as_path
     from booklens.optimizers.artifacts import load_program
 
-    if program is not None and zero_shot:
-        raise BooklensError("give either --program or --zero-shot, not both")
+    check_program_or_zero_shot(program is not None, zero_shot)
     target = new_program(judge, **kwargs)
     if zero_shot:
         target._booklens_judge = "zero-shot"  # noqa: SLF001
@@ -142,14 +141,24 @@ def _check_demos_in_use(scorer: Any, path: Path) -> None:
                             "drop --batch-size to use it")
 
 
+def check_program_or_zero_shot(has_program: bool, zero_shot: bool, *, as_keys: bool | str | None = None,
+                               program_key: str | None = None) -> None:
+    """A program artifact (`has_program`) and zero-shot judging, both asked for the same judge: one line
+    naming the two settings as the caller spelled them (`setting_name`; `program_key`: the caller's
+    keyword for the artifact, where it is not `program`)."""
+    if has_program and zero_shot:
+        raise BooklensError(f"give either {setting_name('--program', as_keys, program_key)} or "
+                            f"{setting_name('--zero-shot', as_keys)}, not both")
+
+
 def check_zero_shot(artifacts: Mapping[str, Any], tasks: Sequence[str], zero_shot: bool, *,
-                    as_keys: bool | str = False) -> None:
+                    as_keys: bool | str | None = None, artifacts_key: str = "programs") -> None:
     """Zero-shot judging beside an artifact for every judge among `tasks` would apply to none of them:
-    refused, as `load_judge` refuses an artifact and zero-shot for one judge. `as_keys`: see `setting_name`."""
+    refused, as `load_judge` refuses an artifact and zero-shot for one judge. `as_keys`: see
+    `setting_name`; `artifacts_key`: the caller's keyword for the artifacts."""
     judged = [task for task in tasks if task in ("coherence", "verification")]
-    if zero_shot and judged and all(task in artifacts for task in judged):
-        programs = setting_name("--programs", as_keys) if as_keys else "--program"  # one option, many keys
-        raise BooklensError(f"give either {programs} or {setting_name('--zero-shot', as_keys)}, not both")
+    check_program_or_zero_shot(bool(judged) and all(task in artifacts for task in judged), zero_shot,
+                               as_keys=as_keys, program_key=artifacts_key)
 
 
 def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[str] = ("coherence", "verification"),
@@ -174,7 +183,7 @@ def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[
     unknown = [task for task in tasks if task not in JUDGE_TASKS]
     if unknown:
         raise BooklensError(f"unknown judge task {unknown[0]!r} in tasks: use {', '.join(JUDGE_TASKS)}")
-    check_zero_shot(artifacts, tasks, zero_shot)
+    check_zero_shot(artifacts, tasks, zero_shot, artifacts_key="artifacts")
     programs: dict[str, Any] = {}
     if "coherence" in tasks:
         programs["coherence"] = load_judge("coherence", artifacts.get("coherence"),
@@ -185,7 +194,8 @@ def judge_programs(artifacts: dict[str, Path] | None = None, *, tasks: Sequence[
         if path is not None:
             compiled_for = (artifact_metadata(path).get("program_config") or {}).get("label_set", "four-way")
             if binary and compiled_for != "binary":
-                raise BooklensError(f"{path} is a {compiled_for} verification program; --binary needs a binary one")
+                raise BooklensError(f"{path} is a {compiled_for} verification program; {setting_name('--binary')} "
+                                    "needs a binary one")
             binary = compiled_for == "binary"
             check_closed_book(path, evidence)
         programs["verification"] = load_judge("binary" if binary else "verification", path,

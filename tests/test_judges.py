@@ -212,7 +212,7 @@ def test_zero_shot_and_artifact_judges_are_told_apart(tmp_path):
     assert load_judge("verification", copy)._booklens_judge == str(copy)
     with pytest.raises(BooklensError, match="four-way verification program and cannot be loaded as a binary"):
         load_judge("binary", copy)
-    with pytest.raises(BooklensError, match="either --program or --zero-shot"):
+    with pytest.raises(BooklensError, match="^give either program or zero_shot, not both$"):
         load_judge("coherence", copy, zero_shot=True)
 
 

@@ -1140,7 +1140,7 @@ def test_calibrate_as_library_calls_yields_each_judge_and_ends_naming_the_one_th
     human = shared_dir / "data" / "booookscore" / "human"
     fables = shared_dir / "data" / "fables" / "FABLES.json"
     store = tmp_path / "store.json"
-    with pytest.raises(BooklensError, match="--fables-data is for the verification and binary judges"):
+    with pytest.raises(BooklensError, match="^fables_data is for the verification and binary judges"):
         plan_calibration(["coherence"], fables_data=fables, store=store)
     plan = plan_calibration(books=1, coherence_data=human, store=store)
     assert list(plan.programs) == ["coherence", "verification"] and plan.store == store

@@ -992,3 +992,130 @@ def test_a_count_below_its_bound_is_named_as_the_keyword_in_python_and_as_the_op
     summary.write_text(SUMMARY)
     done = run_command(["score", summary, "--tries", "0"])
     assert (done.returncode, done.stderr.strip().splitlines()) == (2, ["error: --tries must be from 1 to 10 (got 0)"])
+
+
+def _default_judge(name: str) -> Path:
+    from booklens.judges import default_path
+
+    return default_path(name)
+
+
+# Settings that are not counts, refused for how they go together: each line names them as a library
+# caller spells them (the keyword) and, from the same check, as a command does (the option).
+# (library call, its line, command arguments, the command's line)
+REFUSED_SETTINGS = {
+    "load_judge-program-and-zero-shot": (
+        lambda tmp: _module("booklens.judges").load_judge("coherence", _default_judge("coherence"), zero_shot=True),
+        "give either program or zero_shot, not both",
+        lambda tmp: ["score", tmp / "summary.txt", "--program", _default_judge("coherence"), "--zero-shot"],
+        "give either --program or --zero-shot, not both"),
+    "plan_calibration-program-and-zero-shot": (
+        lambda tmp: _module("booklens.calibration").plan_calibration(program=_default_judge("coherence"),
+                                                                     zero_shot=True),
+        "give either program or zero_shot, not both",
+        lambda tmp: ["calibrate", "--program", _default_judge("coherence"), "--zero-shot"],
+        "give either --program or --zero-shot, not both"),
+    "judge_programs-artifacts-and-zero-shot": (
+        lambda tmp: _module("booklens.judges").judge_programs({"verification": _default_judge("verification")},
+                                                              tasks=["verification"], zero_shot=True),
+        "give either artifacts or zero_shot, not both",
+        lambda tmp: ["verify", "--claims", tmp / "claims.json", "--evidence", "none", "--program",
+                     _default_judge("verification"), "--zero-shot"],
+        "give either --program or --zero-shot, not both"),
+    "judge_programs-binary-four-way-artifact": (
+        lambda tmp: _module("booklens.judges").judge_programs({"verification": _default_judge("verification")},
+                                                              tasks=["verification"], binary=True),
+        f"{_default_judge('verification')} is a four-way verification program; binary needs a binary one",
+        lambda tmp: ["verify", "--claims", tmp / "claims.json", "--evidence", "none", "--binary", "--program",
+                     _default_judge("verification")],
+        f"{_default_judge('verification')} is a four-way verification program; --binary needs a binary one"),
+    "plan_calibration-judge-of-another-program": (
+        lambda tmp: _module("booklens.calibration").plan_calibration(["verification"],
+                                                                     program=_default_judge("coherence")),
+        f"{_default_judge('coherence')} is a coherence program; judges verification does not match",
+        lambda tmp: ["calibrate", "--judge", "verification", "--program", _default_judge("coherence")],
+        f"{_default_judge('coherence')} is a coherence program; --judge verification does not match"),
+    "plan_calibration-coherence-data": (
+        lambda tmp: _module("booklens.calibration").plan_calibration(["verification"], coherence_data=tmp),
+        "coherence_data is for the coherence judge",
+        lambda tmp: ["calibrate", "--judge", "verification", "--coherence-data", tmp],
+        "--coherence-data is for the coherence judge"),
+    "plan_calibration-fables-data": (
+        lambda tmp: _module("booklens.calibration").plan_calibration(["coherence"], fables_data=tmp),
+        "fables_data is for the verification and binary judges",
+        lambda tmp: ["calibrate", "--judge", "coherence", "--fables-data", tmp],
+        "--fables-data is for the verification and binary judges"),
+    "plan_calibration-books-binary": (
+        lambda tmp: _module("booklens.calibration").plan_calibration(["binary"], books=2),
+        "the binary rater is always measured on FABLES Table 5's seven books: books does not apply",
+        lambda tmp: ["calibrate", "--judge", "binary", "--books", "2"],
+        "the binary rater is always measured on FABLES Table 5's seven books: --books does not apply"),
+    "plan_calibration-seed-binary": (
+        lambda tmp: _module("booklens.calibration").plan_calibration(["binary"], seed=3),
+        "the binary rater is always measured on FABLES Table 5's seven books: seed draws no sample for it",
+        lambda tmp: ["calibrate", "--judge", "binary", "--seed", "3"],
+        "the binary rater is always measured on FABLES Table 5's seven books: --seed draws no sample for it"),
+    "run_book_qa-k-unused": (
+        lambda tmp: _module("booklens.qa_runs").run_book_qa(tmp / "book.txt", _question_file(tmp), evidence="none",
+                                                            k=3, lm=dspy.settings.lm, cache_dir=tmp / "c"),
+        "k is how many passages bm25/dense/hybrid/book start from; evidence none retrieves none",
+        lambda tmp: ["qa", tmp / "book.txt", "--questions", _question_file(tmp), "--evidence", "none", "--k", "3"],
+        "--k is how many passages bm25/dense/hybrid/book start from; evidence none retrieves none"),
+    "run_book_qa-passage-tokens-unused": (
+        lambda tmp: _module("booklens.qa_runs").run_book_qa(tmp / "book.txt", _question_file(tmp), evidence="given",
+                                                            passage_tokens=64, lm=dspy.settings.lm,
+                                                            cache_dir=tmp / "c"),
+        "passage_tokens sizes the passages cut from the book; evidence given cuts none",
+        lambda tmp: ["qa", tmp / "book.txt", "--questions", _question_file(tmp), "--evidence", "given",
+                     "--passage-tokens", "64"],
+        "--passage-tokens sizes the passages cut from the book; evidence given cuts none"),
+    "run_book_qa-rank-mode-unused": (
+        lambda tmp: _module("booklens.qa_runs").run_book_qa(tmp / "book.txt", _question_file(tmp), evidence="bm25",
+                                                            rank_mode="dense", lm=dspy.settings.lm,
+                                                            cache_dir=tmp / "c"),
+        "rank_mode ranks the passages evidence book grows its windows around; evidence bm25 ranks by its own name",
+        lambda tmp: ["qa", tmp / "book.txt", "--questions", _question_file(tmp), "--evidence", "bm25",
+                     "--rank-mode", "dense"],
+        "--rank-mode ranks the passages --evidence book grows its windows around; evidence bm25 ranks by its own "
+        "name"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_SETTINGS))
+def test_a_refused_setting_is_named_as_the_keyword_in_python_and_as_the_option_in_a_command(tmp_path, monkeypatch,
+                                                                                           case):
+    """These lines named the options (`--zero-shot`, `--fables-data`, `--k`) to a library caller who
+    passed `zero_shot`, `fables_data`, `k`; the commands still name their options, from the same check."""
+    from booklens.errors import command_line
+    from booklens.testing import run_command
+
+    call, said, command, printed = REFUSED_SETTINGS[case]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "c"))
+    (tmp_path / "book.txt").write_text(BOOK_TEXT)
+    (tmp_path / "summary.txt").write_text(SUMMARY)
+    (tmp_path / "claims.json").write_text('["Mara finds the key."]')
+    lm = pipeline_lm()
+    with dspy.context(lm=lm), pytest.raises(BooklensError) as raised:
+        call(tmp_path)
+    assert str(raised.value) == said
+    assert lm.backend.calls == []
+    done = run_command([*command(tmp_path), "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"])
+    assert (done.returncode, done.stderr.strip().splitlines()) == (2, [f"error: {printed}"])
+    assert command_line.get() is False  # the command's naming ended with it
+
+
+def test_a_command_invoked_in_process_names_its_options_and_the_library_after_it_its_keywords(tmp_path, monkeypatch):
+    """The naming follows the command wherever it runs (`booklens` itself, or typer's test runner on
+    `booklens.cli.app`) and ends with it."""
+    from typer.testing import CliRunner
+
+    from booklens.calibration import plan_calibration
+    from booklens.cli import app
+
+    monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "c"))
+    result = CliRunner().invoke(app, ["calibrate", "--judge", "binary", "--seed", "3"])
+    assert isinstance(result.exception, BooklensError) and str(result.exception).endswith(": --seed draws no "
+                                                                                           "sample for it")
+    with pytest.raises(BooklensError, match=": seed draws no sample for it$"):
+        plan_calibration(["binary"], seed=3)

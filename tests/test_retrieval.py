@@ -281,21 +281,25 @@ def test_a_setting_given_is_refused_for_a_mode_that_never_uses_it_even_at_its_de
 
 
 @pytest.mark.parametrize("mode, options, message", [
-    ("none", dict(k=3), "--k is how many passages bm25/dense/hybrid retrieve; evidence none retrieves none"),
-    ("book", dict(k=3), "--k is how many passages bm25/dense/hybrid retrieve; evidence book retrieves none"),
-    ("bm25", dict(budget_tokens=500), "--budget-tokens bounds the evidence of the book and given modes; "
+    ("none", dict(k=3), "k is how many passages bm25/dense/hybrid retrieve; evidence none retrieves none"),
+    ("book", dict(k=3), "k is how many passages bm25/dense/hybrid retrieve; evidence book retrieves none"),
+    ("bm25", dict(budget_tokens=500), "budget_tokens bounds the evidence of the book and given modes; "
                                       "evidence bm25 would not apply it"),
-    ("none", dict(passage_tokens=64), "--passage-tokens sizes the passages cut from the book; evidence none "
+    ("none", dict(passage_tokens=64), "passage_tokens sizes the passages cut from the book; evidence none "
                                       "cuts none"),
-    ("none", dict(k=3, as_keys=True), "k is how many passages"),
+    ("none", dict(k=3, as_keys=False), "--k is how many passages"),
+    ("none", dict(k=3, as_keys="judge"), "judge.k is how many passages"),
     ("none", dict(k=3, **QA_OPTIONS),
-     "--k is how many passages bm25/dense/hybrid/book start from; evidence none retrieves none"),
+     "k is how many passages bm25/dense/hybrid/book start from; evidence none retrieves none"),
     ("given", dict(passage_tokens=64, **QA_OPTIONS),
-     "--passage-tokens sizes the passages cut from the book; evidence given cuts none"),
+     "passage_tokens sizes the passages cut from the book; evidence given cuts none"),
     ("none", dict(rank_mode="dense", **QA_OPTIONS),
-     "--rank-mode ranks the passages --evidence book grows its windows around; evidence none ranks none"),
+     "rank_mode ranks the passages evidence book grows its windows around; evidence none ranks none"),
     ("bm25", dict(rank_mode="dense", **QA_OPTIONS),
-     "--rank-mode ranks the passages --evidence book grows its windows around; evidence bm25 ranks by its own name"),
+     "rank_mode ranks the passages evidence book grows its windows around; evidence bm25 ranks by its own name"),
+    ("bm25", dict(rank_mode="dense", as_keys=False, **QA_OPTIONS),
+     "--rank-mode ranks the passages --evidence book grows its windows around; evidence bm25 ranks by its own "
+     "name"),
 ])
 def test_one_checker_refuses_settings_the_evidence_mode_never_uses(mode, options, message):
     from booklens.retrieval import check_evidence_options

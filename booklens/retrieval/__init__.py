@@ -73,7 +73,7 @@ def retrieval_settings(k: int | None = None, passage_tokens: int | None = None) 
 def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: int | None = None,
                            passage_tokens: int | None = None, rank_mode: str | None = None,
                            book_takes_k: bool = False, given_cuts_passages: bool = True,
-                           has_book: bool = True, has_given: bool = True, as_keys: bool | str = False) -> None:
+                           has_book: bool = True, has_given: bool = True, as_keys: bool | str | None = None) -> None:
     """A one-line `BooklensError` for a retrieval setting the evidence mode never uses, which the
     record would otherwise list as if it had applied. None is a setting not given; any value given is
     refused where it does not apply, the default value too (the record has it null all the same).
@@ -82,8 +82,9 @@ def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: in
     grow around) ranked by `rank_mode`, and its `given` evidence is NovelQA's, cut from no passage
     (`given_cuts_passages=False`). Given quotes are placed in the book's passages only when there is
     a book (`has_book`). `has_given`: whether the command offers the given mode at all (`check` and
-    book runs do not: the error names only the modes it has). `as_keys`: name the settings by their
-    keys (see `setting_name`)."""
+    book runs do not: the error names only the modes it has). `as_keys`: how the error names the
+    settings (`setting_name`; by default as the caller spelled them: options in a command, keywords
+    from Python)."""
     from booklens.errors import BooklensError, setting_name
 
     def name(option: str) -> str:
@@ -105,8 +106,9 @@ def check_evidence_options(mode: str, *, k: int | None = None, budget_tokens: in
         raise BooklensError(f"{name('--passage-tokens')} sizes the passages cut from the book; evidence given "
                             "without the book cuts none")
     if rank_mode is not None and mode != "book":
-        raise BooklensError(f"{name('--rank-mode')} ranks the passages --evidence book grows its windows around; "
-                            f"evidence {mode} " + ("ranks by its own name" if mode in SEARCH_MODES else "ranks none"))
+        raise BooklensError(f"{name('--rank-mode')} ranks the passages {name('--evidence')} book grows its windows "
+                            f"around; evidence {mode} " + ("ranks by its own name" if mode in SEARCH_MODES
+                                                           else "ranks none"))
 
 
 # What counts as a word when texts are matched word for word (BM25 terms, quote overlap). Scripts
