@@ -897,3 +897,37 @@ def test_an_index_build_stopped_by_ctrl_c_removes_its_temporary_files(tmp_path, 
         with pytest.raises(KeyboardInterrupt):
             BookIndex.build(text, cache_dir=tmp_path)
     assert leftovers(next(tmp_path.iterdir())) == []
+
+
+def test_the_index_folder_has_one_lock_named_for_the_whole_index_and_an_old_dense_lock_is_left_alone(
+        tmp_path, monkeypatch):
+    """A BM25-only build took a lock named `dense.lock`. Both parts are built under one `index.lock`;
+    a folder of an older version, with its `dense.lock`, is loaded as it was, nothing built again."""
+    embedded = []
+    monkeypatch.setattr(retrieval, "embed", lambda texts: embedded.append(len(texts)) or fake_embed(texts))
+    text = story_text()
+
+    def locks(folder: Path) -> list[str]:
+        return sorted(p.name for p in folder.iterdir() if p.name.endswith(".lock"))
+
+    index = BookIndex.build(text, cache_dir=tmp_path / "new", passage_tokens=128)
+    folder = next((tmp_path / "new").iterdir())
+    assert locks(folder) == ["index.lock"] and not index.dense_ready and embedded == []
+    q = "the keeper and the lamp"
+    found = [p.index for p, _ in index.search(q, "dense")]
+    assert locks(folder) == ["index.lock"] and index.dense_ready and len(embedded) == 2  # passages, query
+
+    # the same folder as an older version left it: its lock file was dense.lock
+    old = tmp_path / "old" / folder.name
+    old.mkdir(parents=True)
+    for path in folder.iterdir():
+        (old / ("dense.lock" if path.name == "index.lock" else path.name)).write_bytes(path.read_bytes())
+    built = []
+    real_build = BookIndex._build.__func__
+    monkeypatch.setattr(BookIndex, "_build", classmethod(lambda cls, *a: built.append(a) or real_build(cls, *a)))
+    embedded.clear()
+    again = BookIndex.build(text, cache_dir=tmp_path / "old", passage_tokens=128)
+    assert again.loaded_from_cache and built == []
+    assert [p.index for p, _ in again.search(q, "dense")] == found
+    assert embedded == [1]  # the query alone: the passages' embeddings were loaded
+    assert locks(old) == ["dense.lock", "index.lock"]

@@ -364,14 +364,18 @@ _BUILD_LOCKS_GUARD = threading.Lock()
 
 
 _WRITE_CHECK_PREFIX = ".write-check-"
+# The one lock of an index folder, held by every build that writes into it (`_building`). Folders
+# from before it have a `dense.lock` lying beside it, which nothing takes or reads.
+_INDEX_LOCK = "index.lock"
 
 
 @contextmanager
 def _building(path: Path):
     """Held while the index in `path` (its BM25 part, or its dense part) is loaded or built, by this
     thread alone among the process's threads (sweep cells) and processes (commands on the same book)
-    that ask for it: the others wait, then load what it saved instead of building it again. A folder
-    that takes no lock file (read-only) is built in without one.
+    that ask for it: the others wait, then load what it saved instead of building it again. One lock
+    (`_INDEX_LOCK`) for both parts: each build clears the whole folder's leftovers. A folder that
+    takes no lock file (read-only) is built in without one.
 
     Every write into the folder happens under this lock, so a temporary file found while holding it
     was left by a build that was killed (Ctrl-C removes its own): it is removed then."""
@@ -380,7 +384,7 @@ def _building(path: Path):
     with lock:
         with contextlib.suppress(OSError):  # a folder that cannot be made fails where it is written
             path.mkdir(parents=True, exist_ok=True)
-        with file_lock(path / "dense.lock") as held:
+        with file_lock(path / _INDEX_LOCK) as held:
             if held:  # without the lock, a leftover may be another process's write in progress
                 _remove_leftovers(path)
             yield
