@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from booklens.data.diversesumm import coverage_events, generated_references, load_events, load_summaries, \
     with_references
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, setting_name
 from booklens.lm.base import lm_label
 from booklens.qa_runs import Measured, check_given_window, setup_run_lm
 from booklens.vocabulary import CRITERIA, FAITHFULNESS_CHOICES, JUDGE_PROTOCOLS, VERBOSITY_PROTOCOLS
@@ -56,10 +56,10 @@ def _check_case_options(criteria: Sequence[str], protocols: Sequence[str], per_q
     if max_articles is not None:
         check_at_least("--max-articles", max_articles)
     if per_qa and ("coverage" not in criteria or "pairwise" not in protocols):
-        raise BooklensError("--per-qa is for pairwise coverage (each reference QA pair a case)")
+        raise BooklensError(f"{setting_name('--per-qa')} is for pairwise coverage (each reference QA pair a case)")
     if max_articles is not None and "faithfulness" not in criteria:
-        raise BooklensError("--max-articles limits the articles faithfulness is judged against; coverage is judged "
-                            "against the QA pairs")
+        raise BooklensError(f"{setting_name('--max-articles')} limits the articles faithfulness is judged against; "
+                            "coverage is judged against the QA pairs")
 
 
 def run_diverse(events_path: Path, *, faithfulness: Optional[str] = None, lm: Any = None, api_base: Optional[str] = None,
@@ -174,7 +174,7 @@ def judge_summaries(events_path: Path, summaries_path: Path, other_path: Optiona
             raise BooklensError("the pairwise protocol needs a second summaries file (OTHER.json)")
         second = load_summaries(other_path, events, "second summaries file", failed=failed)
     elif other_path is not None:
-        raise BooklensError("a second summaries file is only used with --protocol pairwise")
+        raise BooklensError(f"a second summaries file is only used with {setting_name('--protocol')} pairwise")
     events, not_judged = _summarized(events, failed)
     generated: dict[str, dict[str, Any]] = {}
     if criterion == "coverage":

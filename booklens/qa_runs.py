@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from booklens.errors import BooklensError, check_flag, kind_of
+from booklens.errors import BooklensError, check_flag, kind_of, setting_name
 from booklens.lm.base import ContextWindowExceeded, lm_label, planned_window_advice
 from booklens.retrieval import QA_BOOK_RANK_MODE
 
@@ -86,11 +86,12 @@ def _check_title_is_named(setting: str, evidence: str, quote_evidence: bool, evi
     if setting == "gen" or closed_book or quote_evidence and evidence_recall == "llm":
         return
     shown = "its gold evidence" if evidence == "given" else "the book or passages of it"
-    why = ["--setting mc: no answer judge", f"--evidence {evidence}: every question is shown {shown}"]
+    why = [f"{setting_name('--setting')} mc: no answer judge",
+           f"{setting_name('--evidence')} {evidence}: every question is shown {shown}"]
     if quote_evidence:
-        why.append("--evidence-recall overlap: the quotes are scored without a judge")
-    raise BooklensError(f"--title names the book in the closed-book and judge prompts, and this run has neither "
-                        f"({'; '.join(why)}): leave it out")
+        why.append(f"{setting_name('--evidence-recall')} overlap: the quotes are scored without a judge")
+    raise BooklensError(f"{setting_name('--title')} names the book in the closed-book and judge prompts, and this "
+                        f"run has neither ({'; '.join(why)}): leave it out")
 
 
 def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: str = "book", k: Optional[int] = None,
@@ -131,16 +132,18 @@ def run_book_qa(book: Path, questions: Path, *, setting: str = "mc", evidence: s
         raise BooklensError(f"lm_options must be a mapping of backend options (structured, rpm, tpm), not "
                             f"{kind_of(lm_options)}")
     if title is not None and not title.strip():  # `--title "$TITLE"` with TITLE unset, say
-        raise BooklensError("--title is empty: name the book, or leave the option out (the file name gives the "
-                            f"title: {title_from_path(book)!r})")
+        raise BooklensError(f"{setting_name('--title')} is empty: name the book, or leave it out (the file name "
+                            f"gives the title: {title_from_path(book)!r})")
     check_evidence_options(evidence, k=k, passage_tokens=passage_tokens, rank_mode=rank_mode, book_takes_k=True,
                            given_cuts_passages=False)
     k, passage_tokens = retrieval_settings(k, passage_tokens)
     rank_mode = rank_mode or QA_BOOK_RANK_MODE
     if quote_evidence and evidence == "none":
-        raise BooklensError("--quote-evidence asks for quotes from the context, and --evidence none gives none")
+        raise BooklensError(f"{setting_name('--quote-evidence')} asks for quotes from the context, and "
+                            f"{setting_name('--evidence')} none gives none")
     if evidence_recall is not None and not quote_evidence:
-        raise BooklensError("--evidence-recall scores the quotes that --quote-evidence asks for: add it")
+        raise BooklensError(f"{setting_name('--evidence-recall')} scores the quotes that "
+                            f"{setting_name('--quote-evidence')} asks for: add it")
     evidence_recall = evidence_recall or "llm"
     check_evidence_recall(evidence_recall)
     qs = load_questions(questions)

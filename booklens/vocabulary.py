@@ -87,13 +87,13 @@ def check_words_per_token(value: float) -> None:
     within its range. `nan` fails every comparison, so it is named for what it is."""
     import math
 
-    from booklens.errors import BooklensError
+    from booklens.errors import BooklensError, setting_name
 
+    name = setting_name("--words-per-token")
     if not math.isfinite(value):
-        raise BooklensError(f"--words-per-token must be a finite number (got {value})")
+        raise BooklensError(f"{name} must be a finite number (got {value})")
     if not MIN_WORDS_PER_TOKEN <= value <= MAX_WORDS_PER_TOKEN:
-        raise BooklensError(f"--words-per-token must be between {MIN_WORDS_PER_TOKEN} and {MAX_WORDS_PER_TOKEN} "
-                            f"(got {value})")
+        raise BooklensError(f"{name} must be between {MIN_WORDS_PER_TOKEN} and {MAX_WORDS_PER_TOKEN} (got {value})")
 
 # ---------------------------------------------------------------------------
 # Claim verification (FABLES)

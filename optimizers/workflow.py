@@ -150,7 +150,8 @@ def plan_compile(task: str, data: str | Path, output: str | Path, *, optimizer: 
     check_budget_options(name, {"demos": demos, "candidates": candidates, "trials": trials, "max_rounds": max_rounds,
                                 "minibatch_size": minibatch_size})
     if test_size is not None and not evaluate_test:  # it would be recorded (split.sizes.test) as if it applied
-        raise BooklensError("--test-size sizes the test split, and --no-test scores nothing on it")
+        raise BooklensError(f"{setting_name('--test-size')} sizes the test split, and "
+                            f"{setting_name('--no-test', keyword='evaluate_test=False')} scores nothing on it")
     spec, window_option, planner = task_for(task, context_window, chunk_size, max_summary_tokens)
     budget = spec.default_budget(demos=demos, candidates=candidates, trials=trials, threads=threads,
                                  max_rounds=max_rounds, minibatch_size=minibatch_size)
@@ -373,7 +374,8 @@ def plan_evaluation(task: str, data: str | Path, *, programs: Sequence[str | Pat
     spec, window_option, planner = task_for(task, context_window, chunk_size, max_summary_tokens)
     paths = [program_named(p, spec.name) for p in programs]
     if not paths and not zero_shot:
-        raise BooklensError("nothing to evaluate: give --program or drop --no-zero-shot")
+        raise BooklensError(f"nothing to evaluate: give {setting_name('--program', keyword='programs')} or drop "
+                            f"{setting_name('--no-zero-shot', keyword='zero_shot=False')}")
     states = [check_task(p, spec.name) for p in paths]  # wrong or broken artifacts fail before any work
     blocks = [s["metadata"]["booklens"] for s in states]
     if spec.name == "verification":

@@ -941,20 +941,23 @@ def check_event_options(events: list[Any], *, method: str, sentences: Optional[i
             raise BooklensError(f"unknown faithfulness protocol {protocol!r}: use {' or '.join(RATING_SCALES)}")
     # Settings that would do nothing: refused, not recorded as if they had applied.
     if method == "direct" and sentences is not None:
-        raise BooklensError("--sentences sets what --method extract takes from each article; --method direct "
-                            "reads the articles whole")
+        method_name = setting_name("--method")
+        raise BooklensError(f"{setting_name('--sentences')} sets what {method_name} extract takes from each article; "
+                            f"{method_name} direct reads the articles whole")
     if not generate_questions and (clustering is not None or diversity_filter is not None):
-        raise BooklensError("--answer-clustering and --diversity-filter/--no-diversity-filter shape generated "
-                            "references: add --generate-questions N")
+        raise BooklensError(f"{setting_name('--answer-clustering', keyword='clustering')} and "
+                            f"{setting_name('--diversity-filter/--no-diversity-filter', keyword='diversity_filter')} "
+                            f"shape generated references: add {setting_name('--generate-questions')} N")
     if not judge and (max_articles is not None or faithfulness):
-        raise BooklensError("--faithfulness and --max-articles set how summaries are judged, and --no-judge "
-                            "judges none")
+        raise BooklensError(f"{setting_name('--faithfulness')} and {setting_name('--max-articles')} set how "
+                            f"summaries are judged, and {setting_name('--no-judge', keyword='judge=False')} judges "
+                            "none")
     if max_articles is not None and faithfulness is not None and not faithfulness:
-        raise BooklensError("--max-articles limits the articles faithfulness is judged against; --faithfulness "
-                            "none judges none")
+        raise BooklensError(f"{setting_name('--max-articles')} limits the articles faithfulness is judged against; "
+                            f"{setting_name('--faithfulness')} none judges none")
     if generate_questions and all(event.question_answers for event in events):
-        raise BooklensError("--generate-questions N builds references only for events without question_answers, "
-                            "and every event has its own")
+        raise BooklensError(f"{setting_name('--generate-questions')} N builds references only for events without "
+                            "question_answers, and every event has its own")
 
 
 def event_settings(**given: Any) -> dict[str, Any]:

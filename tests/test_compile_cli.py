@@ -1090,7 +1090,8 @@ def test_compile_and_evaluate_as_library_calls(tmp_path):
             lm=make_lm("openai/fake-model", api_base=server.url, cache_dir=tmp_path / "cache"),
             adapter=BooklensAdapter()):
         # a plan that cannot run is refused before any call, as the command refuses it
-        with pytest.raises(BooklensError, match="--test-size sizes the test split, and --no-test scores nothing"):
+        with pytest.raises(BooklensError, match="^test_size sizes the test split, and evaluate_test=False scores "
+                                                "nothing"):
             plan_compile("verification", data, artifact, optimizer="labeled", test_size=2, evaluate_test=False)
         assert server.served == []
         done = compile_task("verification", data, artifact, optimizer="labeled", demos=2, notify=said.append)

@@ -994,6 +994,17 @@ def test_a_count_below_its_bound_is_named_as_the_keyword_in_python_and_as_the_op
     assert (done.returncode, done.stderr.strip().splitlines()) == (2, ["error: --tries must be from 1 to 10 (got 0)"])
 
 
+DIVERSE_EVENTS = Path(__file__).resolve().parents[1] / "examples" / "diverse" / "harbor_bridge_closure.json"
+
+
+def _summaries_file(tmp: Path) -> Path:
+    import json
+
+    path = tmp / "summaries.json"
+    path.write_text(json.dumps({json.loads(DIVERSE_EVENTS.read_text())[0]["eid"]: "The bridge closed."}))
+    return path
+
+
 def _default_judge(name: str) -> Path:
     from booklens.judges import default_path
 
@@ -1078,6 +1089,101 @@ REFUSED_SETTINGS = {
                      "--rank-mode", "dense"],
         "--rank-mode ranks the passages --evidence book grows its windows around; evidence bm25 ranks by its own "
         "name"),
+    "run_book_qa-title-empty": (
+        lambda tmp: _module("booklens.qa_runs").run_book_qa(tmp / "book.txt", _question_file(tmp), title=" ",
+                                                            lm=dspy.settings.lm, cache_dir=tmp / "c"),
+        "title is empty: name the book, or leave it out (the file name gives the title: 'Book')",
+        lambda tmp: ["qa", tmp / "book.txt", "--questions", _question_file(tmp), "--title", " "],
+        "--title is empty: name the book, or leave it out (the file name gives the title: 'Book')"),
+    "run_book_qa-title-named-by-no-prompt": (
+        lambda tmp: _module("booklens.qa_runs").run_book_qa(tmp / "book.txt", _question_file(tmp), evidence="bm25",
+                                                            title="The Mill", lm=dspy.settings.lm,
+                                                            cache_dir=tmp / "c"),
+        "title names the book in the closed-book and judge prompts, and this run has neither (setting mc: no "
+        "answer judge; evidence bm25: every question is shown the book or passages of it): leave it out",
+        lambda tmp: ["qa", tmp / "book.txt", "--questions", _question_file(tmp), "--evidence", "bm25", "--title",
+                     "The Mill"],
+        "--title names the book in the closed-book and judge prompts, and this run has neither (--setting mc: no "
+        "answer judge; --evidence bm25: every question is shown the book or passages of it): leave it out"),
+    "run_book_qa-quote-evidence-closed-book": (
+        lambda tmp: _module("booklens.qa_runs").run_book_qa(tmp / "book.txt", _question_file(tmp), evidence="none",
+                                                            quote_evidence=True, lm=dspy.settings.lm,
+                                                            cache_dir=tmp / "c"),
+        "quote_evidence asks for quotes from the context, and evidence none gives none",
+        lambda tmp: ["qa", tmp / "book.txt", "--questions", _question_file(tmp), "--evidence", "none",
+                     "--quote-evidence"],
+        "--quote-evidence asks for quotes from the context, and --evidence none gives none"),
+    "run_book_qa-evidence-recall-without-quotes": (
+        lambda tmp: _module("booklens.qa_runs").run_book_qa(tmp / "book.txt", _question_file(tmp),
+                                                            evidence_recall="overlap", lm=dspy.settings.lm,
+                                                            cache_dir=tmp / "c"),
+        "evidence_recall scores the quotes that quote_evidence asks for: add it",
+        lambda tmp: ["qa", tmp / "book.txt", "--questions", _question_file(tmp), "--evidence-recall", "overlap"],
+        "--evidence-recall scores the quotes that --quote-evidence asks for: add it"),
+    "judge_summaries-per-qa": (
+        lambda tmp: _module("booklens.diverse_runs").judge_summaries(DIVERSE_EVENTS, _summaries_file(tmp),
+                                                                     protocol="likert", per_qa=True),
+        "per_qa is for pairwise coverage (each reference QA pair a case)",
+        lambda tmp: ["judge", DIVERSE_EVENTS, _summaries_file(tmp), "--protocol", "likert", "--per-qa"],
+        "--per-qa is for pairwise coverage (each reference QA pair a case)"),
+    "judge_summaries-max-articles": (
+        lambda tmp: _module("booklens.diverse_runs").judge_summaries(DIVERSE_EVENTS, _summaries_file(tmp),
+                                                                     criterion="coverage", max_articles=2),
+        "max_articles limits the articles faithfulness is judged against; coverage is judged against the QA pairs",
+        lambda tmp: ["judge", DIVERSE_EVENTS, _summaries_file(tmp), "--criterion", "coverage", "--max-articles",
+                     "2"],
+        "--max-articles limits the articles faithfulness is judged against; coverage is judged against the QA "
+        "pairs"),
+    "judge_summaries-second-file": (
+        lambda tmp: _module("booklens.diverse_runs").judge_summaries(DIVERSE_EVENTS, _summaries_file(tmp),
+                                                                     _summaries_file(tmp), protocol="likert"),
+        "a second summaries file is only used with protocol pairwise",
+        lambda tmp: ["judge", DIVERSE_EVENTS, _summaries_file(tmp), _summaries_file(tmp), "--protocol", "likert"],
+        "a second summaries file is only used with --protocol pairwise"),
+    "run_diverse-sentences-direct": (
+        lambda tmp: _module("booklens.diverse_runs").run_diverse(DIVERSE_EVENTS, method="direct", sentences=3,
+                                                                 lm=dspy.settings.lm),
+        "sentences sets what method extract takes from each article; method direct reads the articles whole",
+        lambda tmp: ["diverse", DIVERSE_EVENTS, "--method", "direct", "--sentences", "3"],
+        "--sentences sets what --method extract takes from each article; --method direct reads the articles whole"),
+    "run_diverse-clustering-without-questions": (
+        lambda tmp: _module("booklens.diverse_runs").run_diverse(DIVERSE_EVENTS, clustering="exact",
+                                                                 lm=dspy.settings.lm),
+        "clustering and diversity_filter shape generated references: add generate_questions N",
+        lambda tmp: ["diverse", DIVERSE_EVENTS, "--answer-clustering", "exact"],
+        "--answer-clustering and --diversity-filter/--no-diversity-filter shape generated references: add "
+        "--generate-questions N"),
+    "run_diverse-no-judge": (
+        lambda tmp: _module("booklens.diverse_runs").run_diverse(DIVERSE_EVENTS, judge=False, max_articles=2,
+                                                                 lm=dspy.settings.lm),
+        "faithfulness and max_articles set how summaries are judged, and judge=False judges none",
+        lambda tmp: ["diverse", DIVERSE_EVENTS, "--no-judge", "--max-articles", "2"],
+        "--faithfulness and --max-articles set how summaries are judged, and --no-judge judges none"),
+    "run_diverse-no-faithfulness": (
+        lambda tmp: _module("booklens.diverse_runs").run_diverse(DIVERSE_EVENTS, faithfulness="none", max_articles=2,
+                                                                 lm=dspy.settings.lm),
+        "max_articles limits the articles faithfulness is judged against; faithfulness none judges none",
+        lambda tmp: ["diverse", DIVERSE_EVENTS, "--faithfulness", "none", "--max-articles", "2"],
+        "--max-articles limits the articles faithfulness is judged against; --faithfulness none judges none"),
+    "plan_compile-test-size-no-test": (
+        lambda tmp: _module("booklens.optimizers.workflow").plan_compile(
+            "verification", tmp / "f.json", tmp / "a.json", optimizer="labeled", test_size=5, evaluate_test=False),
+        "test_size sizes the test split, and evaluate_test=False scores nothing on it",
+        lambda tmp: ["compile", "verification", "--data", tmp / "f.json", "--optimizer", "labeled", "--no-test",
+                     "--test-size", "5", "-o", tmp / "a.json"],
+        "--test-size sizes the test split, and --no-test scores nothing on it"),
+    "plan_evaluation-nothing": (
+        lambda tmp: _module("booklens.optimizers.workflow").plan_evaluation("verification", tmp / "f.json",
+                                                                            programs=[], zero_shot=False),
+        "nothing to evaluate: give programs or drop zero_shot=False",
+        lambda tmp: ["evaluate", "verification", "--data", tmp / "f.json", "--no-zero-shot"],
+        "nothing to evaluate: give --program or drop --no-zero-shot"),
+    "summarize_book-words-per-token": (
+        lambda tmp: _module("booklens.steps").summarize_book(tmp / "book.txt", words_per_token=float("nan"),
+                                                             **SMALL),
+        "words_per_token must be a finite number (got nan)",
+        lambda tmp: ["summarize", tmp / "book.txt", "--words-per-token", "nan"],
+        "--words-per-token must be a finite number (got nan)"),
 }
 
 
@@ -1095,6 +1201,7 @@ def test_a_refused_setting_is_named_as_the_keyword_in_python_and_as_the_option_i
     (tmp_path / "book.txt").write_text(BOOK_TEXT)
     (tmp_path / "summary.txt").write_text(SUMMARY)
     (tmp_path / "claims.json").write_text('["Mara finds the key."]')
+    (tmp_path / "f.json").write_text("{}")
     lm = pipeline_lm()
     with dspy.context(lm=lm), pytest.raises(BooklensError) as raised:
         call(tmp_path)

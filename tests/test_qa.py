@@ -774,18 +774,18 @@ def test_evidence_scores_written_as_percentages_are_read_on_their_0_to_100_scale
 def test_evidence_recall_options_with_nothing_to_score_are_refused(tmp_path):
     questions = tmp_path / "q.json"
     questions.write_text(json.dumps([QUESTION]))
-    with pytest.raises(BooklensError, match="--quote-evidence asks for quotes from the context, and --evidence none"):
+    with pytest.raises(BooklensError, match="^quote_evidence asks for quotes from the context, and evidence none"):
         run_book_qa(tmp_path / "book.txt", questions, evidence="none", quote_evidence=True)
-    with pytest.raises(BooklensError, match="--evidence-recall scores the quotes that --quote-evidence asks for"):
+    with pytest.raises(BooklensError, match="^evidence_recall scores the quotes that quote_evidence asks for"):
         run_book_qa(tmp_path / "book.txt", questions, evidence_recall="overlap")
 
 
 @pytest.mark.parametrize("setting, evidence, options, says", [
-    ("mc", "book", {}, "--evidence book: every question is shown the book or passages of it"),
-    ("mc", "bm25", {}, "--evidence bm25: every question is shown the book or passages of it"),
-    ("mc", "given", {}, "--evidence given: every question is shown its gold evidence"),
+    ("mc", "book", {}, "; evidence book: every question is shown the book or passages of it"),
+    ("mc", "bm25", {}, "; evidence bm25: every question is shown the book or passages of it"),
+    ("mc", "given", {}, "; evidence given: every question is shown its gold evidence"),
     ("mc", "book", {"quote_evidence": True, "evidence_recall": "overlap"},
-     "--evidence-recall overlap: the quotes are scored without a judge"),
+     "; evidence_recall overlap: the quotes are scored without a judge"),
 ])
 def test_a_title_no_prompt_names_is_refused_before_any_call(tmp_path, setting, evidence, options, says):
     """Only the closed-book prompts and the judges (gen answers, LLM-scored evidence) name the book: in
@@ -795,7 +795,7 @@ def test_a_title_no_prompt_names_is_refused_before_any_call(tmp_path, setting, e
     questions = tmp_path / "q.json"
     questions.write_text(json.dumps([QUESTION]))
     lm = ScriptedLM(lambda call: {"answer": "B"})
-    with pytest.raises(BooklensError, match="--title names the book in the closed-book and judge prompts") as err:
+    with pytest.raises(BooklensError, match="^title names the book in the closed-book and judge prompts") as err:
         run_book_qa(book, questions, setting=setting, evidence=evidence, title="The Lamp", lm=lm, **options)
     assert says in str(err.value)
     assert lm.backend.calls == []
