@@ -136,8 +136,8 @@ def _sample_books(books: list[str], count: Optional[int], seed: int, *, asked: b
     the user `asked` for above the books of `split` is refused, as `compile --demos` above the training
     set is: the sample would be smaller than the one asked for, said nowhere but in its name."""
     if asked and count is not None and count > len(books):
-        raise BooklensError(f"--books {count} asks for more books than the {len(books)} of {split} it draws "
-                            f"them from: give at most {len(books)}")
+        raise BooklensError(f"{setting_name('--books')} {count} asks for more books than the {len(books)} of {split} "
+                            f"it draws them from: give at most {len(books)}")
     ordered = sorted(books)
     random.Random(seed).shuffle(ordered)
     return sorted(ordered if count is None else ordered[:count])
@@ -461,12 +461,14 @@ def _sample_of(judge: str, program: Any, *, human_dir: str | Path | None, fables
     split_seed = SEED if split_seed is None else split_seed
     if judge == "coherence":
         if human_dir is None:
-            raise BooklensError("coherence calibration needs the BooookScore human annotations (--coherence-data)")
+            raise BooklensError("coherence calibration needs the BooookScore human annotations "
+                                f"({setting_name('--coherence-data', keyword='human_dir')})")
         human_dir = as_path(human_dir, "human_dir", "the folder of BooookScore's human annotations")
         return {"human_dir": human_dir, "seed": seed, "split_seed": split_seed,
                 "books": COHERENCE_BOOKS if books is None else books, "asked": books is not None}
     if fables_path is None:
-        raise BooklensError("verification calibration needs FABLES (--fables-data)")
+        raise BooklensError("verification calibration needs FABLES "
+                            f"({setting_name('--fables-data', keyword='fables_path')})")
     fables_path = as_path(fables_path, "fables_path", "the FABLES annotations file")
     table5 = judge == "binary"
     return {"fables_path": fables_path, "seed": seed, "split_seed": split_seed, "table5": table5,

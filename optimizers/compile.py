@@ -98,14 +98,16 @@ class Budget:
         some, and MIPROv2 a candidate and a trial. Checked before any LM call."""
         self.validate()
         if optimizer in DEMO_PICKERS and self.demos == 0:
-            raise BooklensError(f"--demos 0 leaves the {optimizer} optimizer nothing to choose (it picks demos and "
-                                "nothing else): the artifact would be the zero-shot program, which evaluate runs "
-                                "as it is")
+            raise BooklensError(f"{setting_name('--demos')} 0 leaves the {optimizer} optimizer nothing to choose (it "
+                                "picks demos and nothing else): the artifact would be the zero-shot program, which "
+                                "evaluate runs as it is")
         if optimizer == "mipro" and (self.candidates < 1 or self.trials < 1):
-            raise BooklensError("mipro needs --candidates and --trials of at least 1")
+            raise BooklensError(f"mipro needs {setting_name('--candidates')} and {setting_name('--trials')} of at "
+                                "least 1")
         if optimizer == "gepa" and self.trials == 0:
-            raise BooklensError("--trials 0 leaves the gepa optimizer nothing to do (its trials are its reflective "
-                                "proposals): the artifact would be the zero-shot program, which evaluate runs as it is")
+            raise BooklensError(f"{setting_name('--trials')} 0 leaves the gepa optimizer nothing to do (its trials are "
+                                "its reflective proposals): the artifact would be the zero-shot program, which "
+                                "evaluate runs as it is")
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -308,8 +310,8 @@ def check_dev_set(optimizer: str, devset: Sequence[Any], empty: str = "the dev s
     if optimizer in DEV_CHOOSERS and not devset:
         raise BooklensError(f"optimizer '{optimizer}' chooses among candidates on a dev set, and {empty}")
     if optimizer == "mipro" and budget is not None and budget.minibatch_size > len(devset):
-        raise BooklensError(f"--minibatch-size {budget.minibatch_size} is more than the {len(devset)} examples of the "
-                            f"dev set: give at most {len(devset)}, or 0 for all of them")
+        raise BooklensError(f"{setting_name('--minibatch-size')} {budget.minibatch_size} is more than the "
+                            f"{len(devset)} examples of the dev set: give at most {len(devset)}, or 0 for all of them")
 
 
 def fit_train_set(optimizer: str, budget: Budget, trainset: Sequence[Any], *, asked: bool,
@@ -324,8 +326,9 @@ def fit_train_set(optimizer: str, budget: Budget, trainset: Sequence[Any], *, as
     if "demos" not in OPTIMIZER_BUDGET[optimizer] or budget.demos <= len(trainset):
         return budget
     if asked:
-        raise BooklensError(f"--demos {budget.demos} asks for more demos than the {len(trainset)} examples of {what} "
-                            f"it picks them from: give at most {len(trainset)}, or a larger --train-size")
+        raise BooklensError(f"{setting_name('--demos')} {budget.demos} asks for more demos than the {len(trainset)} "
+                            f"examples of {what} it picks them from: give at most {len(trainset)}, or a larger "
+                            f"{setting_name('--train-size')}")
     return dataclasses.replace(budget, demos=len(trainset))
 
 

@@ -212,7 +212,7 @@ def test_unknown_optimizer_and_empty_sets_are_user_errors(splits):
         compile_program(TOY, train, [], optimizer="random-search")
     with pytest.raises(BooklensError, match="training set is empty"):
         compile_program(TOY, [], dev, optimizer="labeled")
-    with pytest.raises(BooklensError, match=f"--demos {len(train) + 1} asks for more demos than the {len(train)} "):
+    with pytest.raises(BooklensError, match=f"^demos {len(train) + 1} asks for more demos than the {len(train)} "):
         compile_program(TOY, train, dev, optimizer="labeled", budget=Budget(demos=len(train) + 1))
     with pytest.raises(BooklensError, match="threads must be at least 1"):
         compile_program(TOY, train, dev, optimizer="labeled", budget=Budget(threads=0))

@@ -403,6 +403,24 @@ def test_calibrate_refuses_more_books_than_the_test_split_holds_before_any_call(
     split = "BooookScore's" if judge == "coherence" else "FABLES'"
     assert str(result.exception) == (f"--books 3 asks for more books than the 2 of {split} test split (split with "
                                      "seed 0) it draws them from: give at most 2")
+    # the library call names the argument it was given (`books`), and so do the data it needs
+    import dspy
+
+    from booklens.calibration import calibrate
+    from booklens.judges import load_judge
+    from booklens.testing import ScriptedLM
+
+    lm = ScriptedLM(lambda call: {})
+    where = {"human_dir": data[1]} if judge == "coherence" else {"fables_path": data[1]}
+    with dspy.context(lm=lm), pytest.raises(BooklensError) as raised:
+        calibrate(judge, load_judge(judge), lm, books=3, **where)
+    assert str(raised.value) == (f"books 3 asks for more books than the 2 of {split} test split (split with seed 0) "
+                                 "it draws them from: give at most 2")
+    with dspy.context(lm=lm), pytest.raises(BooklensError) as raised:
+        calibrate(judge, load_judge(judge), lm)  # (a command always gives the shared data's)
+    assert str(raised.value) == ("coherence calibration needs the BooookScore human annotations (human_dir)"
+                                 if judge == "coherence" else "verification calibration needs FABLES (fables_path)")
+    assert lm.backend.calls == []
 
 
 def test_a_smaller_calibration_does_not_replace_a_larger_one_unless_asked(tmp_path):

@@ -1184,6 +1184,83 @@ REFUSED_SETTINGS = {
         "words_per_token must be a finite number (got nan)",
         lambda tmp: ["summarize", tmp / "book.txt", "--words-per-token", "nan"],
         "--words-per-token must be a finite number (got nan)"),
+    "run_book_qa-server-for-the-embedded-model": (
+        lambda tmp: _module("booklens.qa_runs").run_book_qa(tmp / "book.txt", _question_file(tmp), lm="local",
+                                                            api_base="http://127.0.0.1:9/v1", cache_dir=tmp / "c"),
+        "api_base http://127.0.0.1:9/v1 names a server, but the LM is the embedded model (local), which runs in this "
+        "process: to use the server, name its model (e.g. lm='openai/MODEL')",
+        lambda tmp: ["qa", tmp / "book.txt", "--questions", _question_file(tmp), "--lm", "local", "--api-base",
+                     "http://127.0.0.1:9/v1"],
+        "--api-base http://127.0.0.1:9/v1 names a server, but the LM is the embedded model (local), which runs in "
+        "this process: to use the server, name its model (e.g. --lm openai/MODEL)"),
+    "run_book_qa-rate-limit-for-the-embedded-model": (
+        lambda tmp: _module("booklens.qa_runs").run_book_qa(tmp / "book.txt", _question_file(tmp), lm="local",
+                                                            lm_options={"rpm": 5}, cache_dir=tmp / "c"),
+        "rpm is for models behind a server or provider; the embedded model (local) always decodes under the output "
+        "schema and has no rate limits",
+        lambda tmp: ["qa", tmp / "book.txt", "--questions", _question_file(tmp), "--lm", "local", "--rpm", "5"],
+        "--rpm is for models behind a server or provider; the embedded model (local) always decodes under the "
+        "output schema and has no rate limits"),
+    "run_sweep-lm-no-step-takes": (
+        lambda tmp: _module("booklens.sweep.run").run_sweep("own.yaml", "sweep", lm="openai/z"),
+        "lm openai/z would not apply: in own.yaml the judge and every system that summarizes name their own lm",
+        lambda tmp: ["sweep", "own.yaml", "-o", "sweep", "--lm", "openai/z"],
+        "--lm openai/z would not apply: in own.yaml the judge and every system that summarizes name their own lm"),
+    "run_sweep-api-base-no-step-takes": (
+        lambda tmp: _module("booklens.sweep.run").run_sweep("own.yaml", "sweep", api_base="http://127.0.0.1:7/v1"),
+        "api_base http://127.0.0.1:7/v1 would not apply: in own.yaml the judge and every system that summarizes "
+        "name their own api_base or run on the embedded model",
+        lambda tmp: ["sweep", "own.yaml", "-o", "sweep", "--api-base", "http://127.0.0.1:7/v1"],
+        "--api-base http://127.0.0.1:7/v1 would not apply: in own.yaml the judge and every system that summarizes "
+        "name their own api_base or run on the embedded model"),
+    "run_sweep-ray-address-empty": (
+        lambda tmp: _module("booklens.sweep.run").run_sweep(tmp / "corpus.yaml", tmp / "sweep", lm="openai/x",
+                                                            ray_address=" "),
+        "ray_address is empty: name the cluster (auto, ray://HEAD:10001) or leave it out (RAY_ADDRESS, else the "
+        "cluster `ray start` ran for here, else a local Ray)",
+        lambda tmp: ["sweep", tmp / "corpus.yaml", "-o", tmp / "sweep", "--ray-address", " "],
+        "--ray-address is empty: name the cluster (auto, ray://HEAD:10001) or leave it out (RAY_ADDRESS, else the "
+        "cluster `ray start` ran for here, else a local Ray)"),
+    "run_sweep-ray-address-dashboard": (
+        lambda tmp: _module("booklens.sweep.run").run_sweep(tmp / "corpus.yaml", tmp / "sweep", lm="openai/x",
+                                                            engine="ray", ray_address="http://head:8265"),
+        "ray_address http://head:8265 is an http:// URL, a Ray dashboard's (what `ray job submit --address` takes): "
+        "name the cluster itself (auto, HEAD:6379 or ray://HEAD:10001)",
+        lambda tmp: ["sweep", tmp / "corpus.yaml", "-o", tmp / "sweep", "--engine", "ray", "--ray-address",
+                     "http://head:8265"],
+        "--ray-address http://head:8265 is an http:// URL, a Ray dashboard's (what `ray job submit --address` "
+        "takes): name the cluster itself (auto, HEAD:6379 or ray://HEAD:10001)"),
+    "run_sweep-ray-address-local-engine": (
+        lambda tmp: _module("booklens.sweep.run").run_sweep(tmp / "corpus.yaml", tmp / "sweep", lm="openai/x",
+                                                            ray_address="auto"),
+        "ray_address needs engine ray",
+        lambda tmp: ["sweep", tmp / "corpus.yaml", "-o", tmp / "sweep", "--ray-address", "auto"],
+        "--ray-address needs --engine ray"),
+    "plan_compile-no-demos-to-pick": (
+        lambda tmp: _module("booklens.optimizers.workflow").plan_compile(
+            "verification", tmp / "f.json", tmp / "a.json", optimizer="labeled", demos=0),
+        "demos 0 leaves the labeled optimizer nothing to choose (it picks demos and nothing else): the artifact "
+        "would be the zero-shot program, which evaluate runs as it is",
+        lambda tmp: ["compile", "verification", "--data", tmp / "f.json", "--optimizer", "labeled", "--demos", "0",
+                     "-o", tmp / "a.json"],
+        "--demos 0 leaves the labeled optimizer nothing to choose (it picks demos and nothing else): the artifact "
+        "would be the zero-shot program, which evaluate runs as it is"),
+    "plan_compile-mipro-without-trials": (
+        lambda tmp: _module("booklens.optimizers.workflow").plan_compile(
+            "verification", tmp / "f.json", tmp / "a.json", optimizer="mipro", trials=0),
+        "mipro needs candidates and trials of at least 1",
+        lambda tmp: ["compile", "verification", "--data", tmp / "f.json", "--optimizer", "mipro", "--trials", "0",
+                     "-o", tmp / "a.json"],
+        "mipro needs --candidates and --trials of at least 1"),
+    "plan_compile-gepa-without-trials": (
+        lambda tmp: _module("booklens.optimizers.workflow").plan_compile(
+            "verification", tmp / "f.json", tmp / "a.json", optimizer="gepa", trials=0),
+        "trials 0 leaves the gepa optimizer nothing to do (its trials are its reflective proposals): the artifact "
+        "would be the zero-shot program, which evaluate runs as it is",
+        lambda tmp: ["compile", "verification", "--data", tmp / "f.json", "--optimizer", "gepa", "--trials", "0",
+                     "-o", tmp / "a.json"],
+        "--trials 0 leaves the gepa optimizer nothing to do (its trials are its reflective proposals): the artifact "
+        "would be the zero-shot program, which evaluate runs as it is"),
 }
 
 
@@ -1202,12 +1279,18 @@ def test_a_refused_setting_is_named_as_the_keyword_in_python_and_as_the_option_i
     (tmp_path / "summary.txt").write_text(SUMMARY)
     (tmp_path / "claims.json").write_text('["Mara finds the key."]')
     (tmp_path / "f.json").write_text("{}")
+    (tmp_path / "corpus.yaml").write_text("books: [book.txt]\nsystems:\n  - {name: h, method: hier}\n")
+    (tmp_path / "own.yaml").write_text("books: [book.txt]\nsystems: [{name: a, lm: openai/x, api_base: "
+                                       "'http://127.0.0.1:9/v1'}]\njudge: {lm: openai/y, api_base: "
+                                       "'http://127.0.0.1:9/v1'}\n")
     lm = pipeline_lm()
     with dspy.context(lm=lm), pytest.raises(BooklensError) as raised:
         call(tmp_path)
     assert str(raised.value) == said
     assert lm.backend.calls == []
-    done = run_command([*command(tmp_path), "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"])
+    args = command(tmp_path)
+    given_lm = "--lm" in args or "--api-base" in args
+    done = run_command(args if given_lm else [*args, "--lm", "openai/fake", "--api-base", "http://127.0.0.1:9/v1"])
     assert (done.returncode, done.stderr.strip().splitlines()) == (2, [f"error: {printed}"])
     assert command_line.get() is False  # the command's naming ended with it
 
@@ -1226,3 +1309,44 @@ def test_a_command_invoked_in_process_names_its_options_and_the_library_after_it
                                                                                            "sample for it")
     with pytest.raises(BooklensError, match=": seed draws no sample for it$"):
         plan_calibration(["binary"], seed=3)
+
+
+def _small_fables(path: Path) -> Path:
+    """Twelve books of FABLES, one summary each with three claims (two faithful, one not)."""
+    import json
+
+    books = {}
+    for book in range(12):
+        claims = {str(n): {"claim": f"In tale {book}, Ida {'never ' if n == 2 else ''}rows to island {n}.",
+                           "label": "No" if n == 2 else "Yes", "evidence": [f"Ida rowed to island {n}."],
+                           "reason": ["the passage says so"]} for n in range(3)}
+        books[f"Tale {book}"] = {"GPT-4": {"summary": f"Ida rows to the islands in tale {book}.", "claims": claims}}
+    path.write_text(json.dumps(books))
+    return path
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"optimizer": "labeled", "demos": 100},
+     {"demos 100 ": "--demos 100 ", "larger train_size": "larger --train-size"}),
+    ({"optimizer": "mipro", "minibatch_size": 100}, {"minibatch_size 100 ": "--minibatch-size 100 "}),
+])
+def test_a_compile_budget_larger_than_its_split_is_named_as_the_keyword_in_python_and_the_option_in_a_command(
+        tmp_path, options, named):
+    """The demos or the minibatch asked for above what the split holds: the same line from the same
+    check, with the settings named as each caller gave them."""
+    from booklens.optimizers.workflow import plan_compile
+    from booklens.testing import run_command
+
+    data = _small_fables(tmp_path / "fables.json")
+    with pytest.raises(BooklensError) as raised:
+        plan_compile("verification", data, tmp_path / "a.json", **options)
+    said = str(raised.value)
+    assert said.startswith(next(iter(named))) and all(words in said for words in named), said
+    args = [item for key, value in options.items() for item in (f"--{key.replace('_', '-')}", value)]
+    done = run_command(["compile", "verification", "--data", data, *args, "-o", tmp_path / "a.json", "--lm",
+                        "openai/fake", "--api-base", "http://127.0.0.1:9/v1"])
+    printed = said
+    for words, as_options in named.items():
+        printed = printed.replace(words, as_options)
+    assert (done.returncode, done.stderr.strip().splitlines()) == (2, [f"error: {printed}"])
+    assert not (tmp_path / "a.json").exists()

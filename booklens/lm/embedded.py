@@ -96,23 +96,27 @@ def lm_name_label(lm: str | None) -> str:
 
 def refuse_server_options_for_embedded(lm: str | None, api_base: str | None = None, *,
                                        structured: str | None = None, rpm: int | None = None,
-                                       tpm: int | None = None, api_base_name: str = "--api-base",
-                                       lm_name: str = "--lm") -> None:
+                                       tpm: int | None = None, api_base_name: str | None = None,
+                                       lm_name: str | None = None) -> None:
     """Options only a server uses, given beside the embedded model, would be ignored (and the run
     would not be the server's): refused in one line. The embedded model always decodes under the
     schema and has no rate limits. (BOOKLENS_API_BASE, BOOKLENS_RPM, ..., set for other commands,
     are not refused.) `api_base_name` and `lm_name` are how the message names those settings: a
-    sweep manifest's keys (`m.yaml: system 'a': api_base`, `lm:`) rather than the options."""
+    sweep manifest's keys (`m.yaml: system 'a': api_base`, `lm:`); by default as the caller spelled
+    them (`setting_name`)."""
+    from booklens.errors import setting_name
+
     if resolve_lm_name(lm) != LOCAL_LM:
         return
     if api_base and api_base.strip():
         from booklens.lm.remote import shown_url
 
-        raise LMError(f"{api_base_name} {shown_url(api_base.strip())} names a server, but the LM is the embedded model "
-                      f"({LOCAL_LM}), which runs in this process: to use the server, name its model "
-                      f"(e.g. {lm_name} openai/MODEL)")
-    given = [option for option, value in (("--structured", getattr(structured, "value", structured)),
-                                          ("--rpm", rpm), ("--tpm", tpm)) if value is not None]
+        model = f"{lm_name} openai/MODEL" if lm_name else setting_name("--lm openai/MODEL", keyword="lm='openai/MODEL'")
+        raise LMError(f"{api_base_name or setting_name('--api-base')} {shown_url(api_base.strip())} names a server, "
+                      f"but the LM is the embedded model ({LOCAL_LM}), which runs in this process: to use the server, "
+                      f"name its model (e.g. {model})")
+    given = [setting_name(option) for option, value in (("--structured", getattr(structured, "value", structured)),
+                                                        ("--rpm", rpm), ("--tpm", tpm)) if value is not None]
     if given:
         raise LMError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for models behind a server or "
                       f"provider; the embedded model ({LOCAL_LM}) always decodes under the output schema and has "

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, TextIO
 
-from booklens.errors import BooklensError, check_flag, kind_of
+from booklens.errors import BooklensError, check_flag, kind_of, setting_name
 from booklens.sweep import ENGINES, PLAN_FILE
 from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
 from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine, temporary_log
@@ -114,13 +114,13 @@ def check_defaults_taken(sweep: Sweep, lm: Optional[str], api_base: Optional[str
     steps = [sweep.judge, *(spec for spec in sweep.systems if spec.summaries is None)]
     where = f"in {sweep.manifest} the judge and every system that summarizes name their own"
     if lm and all(step.lm for step in steps):  # (an empty lm is refused with the manifest)
-        raise BooklensError(f"--lm {lm.strip()} would not apply: {where} lm")
+        raise BooklensError(f"{setting_name('--lm')} {lm.strip()} would not apply: {where} lm")
     if api_base and api_base.strip() and not any(
             step.api_base is None and resolve_lm_name(step.lm or sweep.lm) != LOCAL_LM for step in steps):
         from booklens.lm.remote import shown_url
 
-        raise BooklensError(f"--api-base {shown_url(api_base.strip())} would not apply: {where} api_base or run on the "
-                            "embedded model")
+        raise BooklensError(f"{setting_name('--api-base')} {shown_url(api_base.strip())} would not apply: {where} "
+                            "api_base or run on the embedded model")
 
 
 def check_models(sweep: Sweep, *, keys: bool = True, **server_options: Any) -> None:
@@ -659,14 +659,16 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     if ray_address is not None:  # spaces around it (from a shell variable) dropped, as around --api-base
         ray_address = ray_address.strip()
     if ray_address == "":  # `--ray-address "$HEAD"` with HEAD unset, say
-        raise BooklensError("--ray-address is empty: name the cluster (auto, ray://HEAD:10001) or leave the option "
-                            "out (RAY_ADDRESS, else the cluster `ray start` ran for here, else a local Ray)")
+        raise BooklensError(f"{setting_name('--ray-address')} is empty: name the cluster (auto, ray://HEAD:10001) "
+                            "or leave it out (RAY_ADDRESS, else the cluster `ray start` ran for here, else a local "
+                            "Ray)")
     if ray_address and ray_address.lower().startswith(("http://", "https://")):
         # Ray refuses it only once started, in a message of several lines
-        raise BooklensError(f"--ray-address {ray_address} is an http:// URL, a Ray dashboard's (what `ray job "
-                            "submit --address` takes): name the cluster itself (auto, HEAD:6379 or ray://HEAD:10001)")
+        raise BooklensError(f"{setting_name('--ray-address')} {ray_address} is an http:// URL, a Ray dashboard's "
+                            "(what `ray job submit --address` takes): name the cluster itself (auto, HEAD:6379 or "
+                            "ray://HEAD:10001)")
     if ray_address and engine != "ray":
-        raise BooklensError("--ray-address needs --engine ray")
+        raise BooklensError(f"{setting_name('--ray-address')} needs {setting_name('--engine')} ray")
     if engine == "ray":
         import importlib.util
 
