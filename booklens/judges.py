@@ -127,18 +127,19 @@ def _check_demos_in_use(scorer: Any, path: Path) -> None:
     refused, rather than run as zero-shot under its name."""
     batched = getattr(scorer, "batch_size", 1) > 1
     used, other = (scorer.detect_batch, scorer.detect) if batched else (scorer.detect, scorer.detect_batch)
+    size = setting_name("--batch-size")
     if not used.demos and other.demos:
-        made_for = "per-sentence judging (--batch-size 1)" if batched else "batched judging (--batch-size above 1)"
+        made_for = f"per-sentence judging ({size} 1)" if batched else f"batched judging ({size} above 1)"
         raise BooklensError(f"{path} holds its {counted(len(other.demos), 'demo')} for {made_for} only: with "
-                            f"--batch-size {scorer.batch_size} it would judge with none of them; "
-                            f"{'drop --batch-size' if batched else 'give --batch-size above 1'} to use them")
+                            f"{size} {scorer.batch_size} it would judge with none of them; "
+                            f"{f'drop {size}' if batched else f'give {size} above 1'} to use them")
     # compile runs one sentence per call: what it chose (demos, or the instructions MIPROv2 and GEPA
     # write) is on the per-sentence predictor, and no run ever scored the batched one.
     block = getattr(scorer, "_booklens_artifact", None) or {}
     if batched and (block.get("program_config") or {}).get("batch_size") == 1 and not scorer.detect_batch.demos:
-        raise BooklensError(f"{path} was compiled for per-sentence judging (--batch-size 1): with --batch-size "
+        raise BooklensError(f"{path} was compiled for per-sentence judging ({size} 1): with {size} "
                             f"{scorer.batch_size} its batched predictor would judge with nothing compile chose; "
-                            "drop --batch-size to use it")
+                            f"drop {size} to use it")
 
 
 def check_program_or_zero_shot(has_program: bool, zero_shot: bool, *, as_keys: bool | str | None = None,

@@ -60,7 +60,8 @@ def task_for(task: str, context_window: int | None = None, chunk_size: int | Non
     from booklens.optimizers.tasks import get_task, task_settings
 
     spec = get_task(task)
-    given = [option for option, value in (("--chunk-size", chunk_size), ("--max-summary-tokens", max_summary_tokens))
+    given = [setting_name(option) for option, value in (("--chunk-size", chunk_size),
+                                                        ("--max-summary-tokens", max_summary_tokens))
              if value is not None]
     if task_settings(spec.name):
         settings = {"chunk_size": chunk_size, "context_window": context_window,
@@ -74,9 +75,9 @@ def task_for(task: str, context_window: int | None = None, chunk_size: int | Non
     if spec.name == "coherence":
         return spec, JUDGE_WINDOW_OPTION, "the judge"
     if context_window is not None:
-        raise BooklensError(f"{JUDGE_WINDOW_OPTION} is the window the coherence judge's and the summarize task's "
-                            f"prompts are planned for; the {spec.name} task's prompts are not sized by a window: "
-                            "leave it out")
+        raise BooklensError(f"{setting_name(JUDGE_WINDOW_OPTION)} is the window the coherence judge's and the "
+                            f"summarize task's prompts are planned for; the {spec.name} task's prompts are not sized "
+                            "by a window: leave it out")
     return spec, None, "the judge"
 
 

@@ -1261,6 +1261,24 @@ REFUSED_SETTINGS = {
                      "-o", tmp / "a.json"],
         "--trials 0 leaves the gepa optimizer nothing to do (its trials are its reflective proposals): the artifact "
         "would be the zero-shot program, which evaluate runs as it is"),
+    "plan_compile-window-for-a-task-it-does-not-size": (
+        lambda tmp: _module("booklens.optimizers.workflow").plan_compile(
+            "verification", tmp / "f.json", tmp / "a.json", optimizer="labeled", context_window=2048),
+        "context_window is the window the coherence judge's and the summarize task's prompts are planned for; the "
+        "verification task's prompts are not sized by a window: leave it out",
+        lambda tmp: ["compile", "verification", "--data", tmp / "f.json", "--optimizer", "labeled",
+                     "--context-window", "2048", "-o", tmp / "a.json"],
+        "--context-window is the window the coherence judge's and the summarize task's prompts are planned for; the "
+        "verification task's prompts are not sized by a window: leave it out"),
+    "plan_evaluation-summarizer-settings-for-a-task-without-one": (
+        lambda tmp: _module("booklens.optimizers.workflow").plan_evaluation(
+            "verification", tmp / "f.json", chunk_size=2048, max_summary_tokens=900),
+        "chunk_size and max_summary_tokens set the summarize task's summarizer; the verification task runs none: "
+        "leave them out",
+        lambda tmp: ["evaluate", "verification", "--data", tmp / "f.json", "--chunk-size", "2048",
+                     "--max-summary-tokens", "900"],
+        "--chunk-size and --max-summary-tokens set the summarize task's summarizer; the verification task runs "
+        "none: leave them out"),
 }
 
 
@@ -1350,3 +1368,38 @@ def test_a_compile_budget_larger_than_its_split_is_named_as_the_keyword_in_pytho
         printed = printed.replace(words, as_options)
     assert (done.returncode, done.stderr.strip().splitlines()) == (2, [f"error: {printed}"])
     assert not (tmp_path / "a.json").exists()
+
+
+@pytest.mark.parametrize("instructions, said", [
+    (False, "{artifact} holds its 1 demo for per-sentence judging (batch_size 1) only: with batch_size 4 it would "
+            "judge with none of them; drop batch_size to use them"),
+    (True, "{artifact} was compiled for per-sentence judging (batch_size 1): with batch_size 4 its batched "
+           "predictor would judge with nothing compile chose; drop batch_size to use it"),
+])
+def test_a_per_sentence_artifact_judging_batched_is_named_as_the_keyword_in_python_and_the_option_in_a_command(
+        tmp_path, instructions, said):
+    from booklens.judges import load_judge
+    from booklens.optimizers.artifacts import save_program
+    from booklens.optimizers.tasks import get_task
+    from booklens.testing import run_command
+
+    spec = get_task("coherence")
+    program = spec.build_program()
+    if instructions:  # what MIPROv2 and GEPA compile, on the per-sentence predictor
+        program.detect.signature = program.detect.signature.with_instructions("Flag every sentence about Tom.")
+    else:
+        program.detect.demos = [dspy.Example(summary=SUMMARY, sentence="Tom hides the letter from Mara.",
+                                             verdict="confusion", questions=["Who is Tom?"],
+                                             error_types=["entity omission"])]
+    artifact = tmp_path / "compiled.json"
+    save_program(program, artifact, task="coherence", program_config=spec.program_config,
+                 **({"optimizer": "mipro"} if instructions else {}))
+    with pytest.raises(BooklensError) as raised:
+        load_judge("coherence", artifact, batch_size=4)
+    assert str(raised.value) == said.format(artifact=artifact)
+    summary = tmp_path / "summary.txt"
+    summary.write_text(SUMMARY)
+    done = run_command(["score", summary, "--program", artifact, "--batch-size", "4", "--lm", "openai/fake",
+                        "--api-base", "http://127.0.0.1:9/v1"])
+    printed = said.format(artifact=artifact).replace("batch_size", "--batch-size")
+    assert (done.returncode, done.stderr.strip().splitlines()) == (2, [f"error: {printed}"])
