@@ -55,6 +55,7 @@ from booklens.cli import compile as _compile  # noqa: E402,F401
 from booklens.cli import run as _run  # noqa: E402,F401
 from booklens.cli import calibrate as _calibrate  # noqa: E402,F401
 from booklens.cli import sweep as _sweep  # noqa: E402,F401
+from booklens.cli import cache as _cache  # noqa: E402,F401
 from booklens.cli.common import refuse_outputs_over_inputs  # noqa: E402
 
 refuse_outputs_over_inputs(app)  # no command writes its -o over one of its inputs (`summarize BOOK -o BOOK`)

@@ -82,6 +82,20 @@ class _Flight:
         self.waiters = 0
 
 
+def stored_calls(path: Path) -> int:
+    """How many answers the calls file `path` holds, read without writing (another run may be using
+    it); a one-line error when it is no calls file booklens can read."""
+    try:
+        db = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True, timeout=BUSY_SECONDS)
+        try:
+            # the row a write check may have left is no answer
+            return db.execute("SELECT COUNT(*) FROM calls WHERE key != ''").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise BooklensError(f"cannot read the LM cache at {path}: {exc}{_advice(exc)}") from None
+
+
 class CallCache:
     """Completed LM calls keyed by a hash of the request. Each call is committed as it finishes."""
 

@@ -797,6 +797,10 @@ def local_model_path() -> str:
     return str(files[0])
 
 
+# The folder of the default cache directory that holds the converted copies of the weights.
+WEIGHTS_FOLDER = "models"
+
+
 def stored_weights(model_path: str, weights: str, folder: Path | None = None) -> str:
     """The GGUF file to load: `model_path` itself when `weights` is as shipped, else a copy with its
     weights stored as `weights`, written once by llama.cpp's own quantizer into `folder` (default:
@@ -808,7 +812,7 @@ def stored_weights(model_path: str, weights: str, folder: Path | None = None) ->
     from booklens.lm.cache import default_cache_dir
 
     source = Path(model_path)
-    folder = folder or default_cache_dir() / "models"
+    folder = folder or default_cache_dir() / WEIGHTS_FOLDER
     # The source's size names the copy, so a different shipped file never reuses a stale one.
     target = folder / f"{source.stem}.{source.stat().st_size}.{weights}.gguf"
     if target.exists():

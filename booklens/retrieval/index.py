@@ -367,6 +367,7 @@ _WRITE_CHECK_PREFIX = ".write-check-"
 # The one lock of an index folder, held by every build that writes into it (`_building`). Folders
 # from before it have a `dense.lock` lying beside it, which nothing takes or reads.
 _INDEX_LOCK = "index.lock"
+_OLD_INDEX_LOCK = "dense.lock"
 
 
 @contextmanager
@@ -426,6 +427,54 @@ def index_key(text_sha256: str, passage_tokens: int) -> str:
     """The cache key of an index: the book's hash plus every setting that changes the files."""
     settings = f"{text_sha256}|passages={passage_tokens}|tokenizer={TOKENIZER_ID}|v={INDEX_VERSION}"
     return hashlib.sha256(settings.encode()).hexdigest()
+
+
+def index_folder_state(path: Path) -> str:
+    """What an index folder of the cache is to this booklens: 'current' when its description names
+    a book and passage size whose key, under this version's tokenizer and index version, is the
+    folder's name (a run on that book reads it); 'stale' when the key differs (built by a booklens
+    that cut passages or counted tokens otherwise: no run reads it again); 'incomplete' when it has
+    no readable description (a build stopped, or in progress: the next run on that book finishes it)."""
+    try:
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+        sha, passage_tokens = meta["text_sha256"], meta["passage_tokens"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "incomplete"
+    if not isinstance(sha, str) or type(passage_tokens) is not int:
+        return "incomplete"
+    return "current" if path.name == index_key(sha, passage_tokens)[:32] else "stale"
+
+
+@contextmanager
+def held_quietly(path: Path):
+    """The index folder `path`'s lock (and the one older booklens versions took, `dense.lock`) taken
+    without waiting: yields False when another process holds either (a build in it is going on),
+    True otherwise, also where no lock file can be made (what is done next says what is wrong)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows)
+        yield True
+        return
+    handles = []
+    try:
+        free = True
+        for name in (_INDEX_LOCK, _OLD_INDEX_LOCK):
+            try:
+                handle = open(path / name, "a")
+            except OSError:
+                continue
+            handles.append(handle)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                free = False
+                break
+            except OSError:
+                continue
+        yield free
+    finally:
+        for handle in handles:
+            handle.close()
 
 
 class BookIndex:
