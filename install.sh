@@ -39,8 +39,18 @@ pip_install() { "$py" -m pip install --quiet --disable-pip-version-check --no-co
 # native CPU flags: LLAVA_BUILD=OFF drops the multimodal library, and since llama-cpp-python forces
 # llama.cpp's `common` library on (booklens never loads it), a project include turns it off again.
 # pip caches the wheel, so a second install skips the build.
+# It also builds without Intel AMX: the native flags turn it on wherever the CPU lists it, but some
+# virtual machines list AMX and do not run its tile instructions (the server crashed on the shipped
+# Q4_1 weights with an illegal instruction); the embedded model runs on F16 weights, which AMX does
+# not speed up.
 cat >"$work/llama-text-only.cmake" <<'EOF'
 set(LLAMA_BUILD_COMMON OFF CACHE BOOL "llama.cpp common library, unused by the Python bindings" FORCE)
+include(CheckCCompilerFlag)
+check_c_compiler_flag("-mno-amx-tile" BOOKLENS_COMPILER_TAKES_NO_AMX)
+if(BOOKLENS_COMPILER_TAKES_NO_AMX AND NOT CMAKE_C_FLAGS MATCHES "-mno-amx-tile")
+  string(APPEND CMAKE_C_FLAGS " -mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+  string(APPEND CMAKE_CXX_FLAGS " -mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
+endif()
 EOF
 mkdir "$work/wheels"
 CMAKE_ARGS="-DLLAVA_BUILD=OFF -DCMAKE_PROJECT_INCLUDE=$work/llama-text-only.cmake ${CMAKE_ARGS:-}" \
