@@ -1752,6 +1752,28 @@ def test_the_command_says_when_the_systems_figures_are_over_different_books(tmp_
     assert read_json(tmp_path / "sweep" / "results.json")["systems"]["other"]["missing_books"] == ["b"]
 
 
+def test_the_command_names_the_books_no_system_completed(tmp_path):
+    """An empty book fails in every system: it is in no system's figures and no one's missing books,
+    and the lines per system only counted a failed cell each. The command names the book its figures
+    leave out, as the tables do."""
+    from booklens.testing import FakeOpenAIServer, PipelineResponder
+
+    manifest = small_corpus(tmp_path / "corpus")
+    corpus = manifest.parent
+    (corpus / "empty.txt").write_text("")
+    (corpus / "both.json").write_text(json.dumps({"a": "Mara keeps the light.", "b": "Tomas keeps the light.",
+                                                  "empty": "Nothing."}))
+    manifest.write_text("books: [a.txt, empty.txt, b.txt]\nsystems:\n  - {name: given, summaries: both.json}\n"
+                        "  - {name: other, summaries: both.json}\njudge: {steps: [coherence]}\n")
+    with FakeOpenAIServer(responder=PipelineResponder()) as srv:
+        proc = cli(sweep_args(srv, manifest, tmp_path / "sweep", tmp_path / "cache"))
+    assert proc.returncode == 1
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("note:")]
+    assert notes == ["note: 1 of the 3 books (empty) has no completed cell (its cells failed or did not run): "
+                     "every system's figures leave it out (cells.jsonl says why)"], proc.stderr
+    assert read_json(tmp_path / "sweep" / "results.json")["books_left_out"] == ["empty"]
+
+
 def test_a_password_in_the_server_url_stays_out_of_the_sweeps_records_and_lines(tmp_path):
     """A cell failing on a server's error that echoes the URL with its password: the error goes to
     stderr, cells.jsonl, the cell's run.json and both reports, and the password went with it."""

@@ -374,7 +374,8 @@ def test_dashes_in_a_name_stay_hyphens_in_latex(name, escaped):
 
 def test_books_no_system_completed_are_said_to_be_left_out(tmp_path):
     """A book whose cells failed in every system is in no row and no one's `missing_books`: the tables
-    would read as a sweep of the books they count. Every text format says how many books are left out."""
+    would read as a sweep of the books they count. results.json names those books, and every text
+    format says which are left out, as the sweep itself does when it ends."""
     outcomes = [outcome_of_run(s, b, run(0.8, 50.0)) for s in ("a", "b") for b in ("b1", "b2")]
     outcomes += [outcome_of_run("a", "b3", failed_run(2)), CellOutcome("b", "b3", "not run"),
                  outcome_of_run("a", "b4", failed_run(1)), outcome_of_run("b", "b4", failed_run(1))]
@@ -382,23 +383,29 @@ def test_books_no_system_completed_are_said_to_be_left_out(tmp_path):
     out.mkdir()
     (out / "sweep.json").write_text("{}")
     data = write_aggregate(out, ["a", "b"], ["b1", "b2", "b3", "b4"], outcomes)
-    line = ("2 of the 4 books have no completed cell (their cells failed or did not run): every system's figures "
-            "leave them out (cells.jsonl says why)")
+    assert json.loads((out / "results.json").read_text())["books_left_out"] == ["b3", "b4"]
+    line = ("2 of the 4 books (b3, b4) have no completed cell (their cells failed or did not run): every system's "
+            "figures leave them out (cells.jsonl says why)")
     assert render_table(data, "markdown").endswith(f" points.\n\nNote: {line}\n")
     assert render_table(data, "latex").endswith(f"\\end{{tabular}}\n\n% note: {line}\n")
     for fmt in ("markdown", "csv"):
         proc = run_command(["report", out, "--table", fmt])
         assert proc.returncode == 0 and proc.stderr == f"note: {line}\n", proc.stderr
-    # one such book is said in the singular; a sweep whose every book has a completed cell says nothing
-    one = results(["a", "b"], ["b1", "b3"], [cell_row(o) for o in outcomes if o.book in ("b1", "b3")])
-    assert "Note: 1 of the 2 books has no completed cell (its cells failed or did not run): every system's " \
-           "figures leave it out (cells.jsonl says why)\n" in render_table(one, "markdown")
+    # one such book is said in the singular, its key escaped as the table's names are; a sweep whose
+    # every book has a completed cell says nothing
+    rows = [cell_row(o) for o in outcomes if o.book in ("b1", "b3")]
+    one = results(["a", "b"], ["b1", "b_3"], [{**r, "book": "b_3"} if r["book"] == "b3" else r for r in rows])
+    assert "Note: 1 of the 2 books (b\\_3) has no completed cell (its cells failed or did not run): every " \
+           "system's figures leave it out (cells.jsonl says why)\n" in render_table(one, "markdown")
     full = results(["a", "b"], ["b1", "b2"], [cell_row(o) for o in outcomes if o.book in ("b1", "b2")])
+    assert full["books_left_out"] == []
     assert "Note" not in render_table(full, "markdown") and "note" not in render_table(full, "latex")
-    # a results.json written before systems named their missing books cannot tell which books no system
-    # completed: nothing is said rather than a guess
-    older = {**data, "systems": {name: {k: v for k, v in s.items() if k != "missing_books"}
-                                 for name, s in data["systems"].items()}}
+    # a results.json written before it named them gives how many, from the systems' counts; one written
+    # before systems named their missing books cannot tell: nothing is said rather than a guess
+    unnamed = {k: v for k, v in data.items() if k != "books_left_out"}
+    assert "Note: 2 of the 4 books have no completed cell (their" in render_table(unnamed, "markdown")
+    older = {**unnamed, "systems": {name: {k: v for k, v in s.items() if k != "missing_books"}
+                                    for name, s in data["systems"].items()}}
     assert "no completed cell" not in render_table(older, "markdown")
 
 

@@ -65,7 +65,7 @@ def sweep_command(
                  if value != defaults[name].default]
         if given:
             raise BooklensError(f"--dry-run runs no cell and calls no LM: {', '.join(given)} would not apply")
-    from booklens.sweep.report import different_books_line, system_line
+    from booklens.sweep.report import books_left_out_line, different_books_line, system_line
     from booklens.sweep.tables import pair_line
     from booklens.sweep.run import dry_run as plan_text, run_sweep
 
@@ -80,9 +80,9 @@ def sweep_command(
         typer.echo(system_line(name, s, outcome.judge_steps), err=True)
     for pair in outcome.results.get("pairs") or []:
         typer.echo(pair_line(pair), err=True)
-    lacking = different_books_line(outcome.results["systems"])
-    if lacking:
-        typer.echo(f"note: {lacking}", err=True)
+    for note in (different_books_line(outcome.results["systems"]), books_left_out_line(outcome.results)):
+        if note:
+            typer.echo(f"note: {note}", err=True)
     if outcome.results.get("judges"):
         from booklens.judges import judge_line
         from booklens.records import JudgeInfo

@@ -216,6 +216,13 @@ def missing_books(systems: list[str], books: list[str], rows: Sequence[dict[str,
                 and any((other, b) in completed for other in systems if other != s)] for s in systems}
 
 
+def books_left_out(books: list[str], rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The books no system completed, in the sweep's order: every system's figures leave them out,
+    and no system's `missing_books` names them."""
+    completed = {r["book"] for r in rows if r["status"] == "complete"}
+    return [b for b in books if b not in completed]
+
+
 def results(systems: list[str], books: list[str], rows: Sequence[dict[str, Any]],
             judges: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     missing = missing_books(systems, books, rows)
@@ -223,6 +230,7 @@ def results(systems: list[str], books: list[str], rows: Sequence[dict[str, Any]]
         "kind": "booklens.sweep",
         "format_version": 1,
         "books": list(books),
+        "books_left_out": books_left_out(books, rows),
         "judges": judges or {},
         "systems": {s: system_results([r for r in rows if r["system"] == s], missing[s]) for s in systems},
         "pairs": pair_results(systems, rows),

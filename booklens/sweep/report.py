@@ -189,19 +189,26 @@ def different_books_line(systems: dict[str, Any], name: Callable[[str], str] = s
             "differences over the books both completed (results.json's pairs, report.html)")
 
 
-def books_left_out_line(results: dict[str, Any]) -> Optional[str]:
-    """One line on the books no system completed, else None: without it, a table reads as a sweep of
-    the books it counts. A system's `missing_books` names only books another system completed, so the
-    books a system lacks beyond those are these, the same for every system."""
-    systems = results["systems"].values()
-    if any("missing_books" not in s for s in systems):  # written before booklens named them: cannot tell
-        return None
+def books_left_out_line(results: dict[str, Any], name: Callable[[str], str] = str) -> Optional[str]:
+    """One line on the books no system completed, naming them, else None: without it, a table reads
+    as a sweep of the books it counts. `name` writes a book's key (escaped, in a table). A
+    results.json written before it named them (`books_left_out`) gives only how many."""
     total = len(results.get("books") or [])
-    left = max((total - s["books"] - len(s["missing_books"]) for s in systems), default=0)
+    named = results.get("books_left_out")
+    if named is not None:
+        left = len(named)
+    else:
+        systems = results["systems"].values()
+        if any("missing_books" not in s for s in systems):  # written before booklens named them: cannot tell
+            return None
+        # A system's `missing_books` names only books another system completed, so the books a system
+        # lacks beyond those are the ones no system completed, the same for every system.
+        left = max((total - s["books"] - len(s["missing_books"]) for s in systems), default=0)
     if left <= 0:
         return None
     one = left == 1
-    return (f"{left} of the {counted(total, 'book')} {'has' if one else 'have'} no completed cell "
+    which = f" ({', '.join(map(name, named))})" if named else ""
+    return (f"{left} of the {counted(total, 'book')}{which} {'has' if one else 'have'} no completed cell "
             f"({'its' if one else 'their'} cells failed or did not run): every system's figures leave "
             f"{'it' if one else 'them'} out (cells.jsonl says why)")
 

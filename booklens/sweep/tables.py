@@ -106,7 +106,7 @@ def _notes(results: dict[str, Any], name: Callable[[str], str] = str) -> list[st
     writes a system's name or a book's key."""
     from booklens.sweep.report import books_left_out_line, different_books_line, unjudged_line
 
-    return [line for line in (different_books_line(results["systems"], name), books_left_out_line(results),
+    return [line for line in (different_books_line(results["systems"], name), books_left_out_line(results, name),
                               unjudged_line(results["systems"], name)) if line]
 
 
