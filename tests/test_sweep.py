@@ -1774,6 +1774,26 @@ def test_the_command_names_the_books_no_system_completed(tmp_path):
     assert read_json(tmp_path / "sweep" / "results.json")["books_left_out"] == ["empty"]
 
 
+def test_report_of_a_sweep_that_ran_every_cell_says_which_failed_not_that_it_is_unfinished(tmp_path):
+    """A sweep that ran to its end with a cell failed (an empty book) wrote its results; `booklens
+    report` on it said "the sweep is not finished ... rerun the sweep to finish it", which reads as a
+    sweep cut short. It says which cells failed and that a rerun retries them."""
+    from booklens.testing import FakeOpenAIServer, PipelineResponder
+
+    manifest = small_corpus(tmp_path / "corpus")
+    (manifest.parent / "empty.txt").write_text("")
+    (manifest.parent / "both.json").write_text(json.dumps({"a": "Mara keeps the light.", "empty": "Nothing."}))
+    manifest.write_text("books: [a.txt, empty.txt]\nsystems: [{name: given, summaries: both.json}]\n"
+                        "judge: {steps: [coherence]}\n")
+    with FakeOpenAIServer(responder=PipelineResponder()) as srv:
+        assert cli(sweep_args(srv, manifest, tmp_path / "sweep", tmp_path / "cache")).returncode == 1
+    proc = run_command(["report", tmp_path / "sweep"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines()[1:] == [
+        "note: 1 of 2 cells failed (books without every cell: empty); the page covers the complete cells only; "
+        "rerun the sweep to retry them"], proc.stderr
+
+
 def test_a_password_in_the_server_url_stays_out_of_the_sweeps_records_and_lines(tmp_path):
     """A cell failing on a server's error that echoes the URL with its password: the error goes to
     stderr, cells.jsonl, the cell's run.json and both reports, and the password went with it."""

@@ -461,21 +461,25 @@ def sweep_meta(systems: int, books: int, manifest: str, judge_steps: Sequence[st
             f"judge: {', '.join(judge_steps)}" + (f", evidence {evidence}" if "faithfulness" in judge_steps else "")]
 
 
-def unfinished_note(rows: Sequence[dict[str, Any]], earlier: int = 0) -> Optional[str]:
+def unfinished_note(rows: Sequence[dict[str, Any]], earlier: int = 0, *, stopped: bool = True) -> Optional[str]:
     """One line on the cells of a sweep that are not done (failed, or not run), else None; `earlier`:
-    how many cells on disk were left out as an earlier plan's."""
+    how many cells on disk were left out as an earlier plan's. A sweep that ran to its end (`stopped`
+    False: it wrote its aggregate) with every cell run is finished, its failed cells said as such."""
     undone = [r for r in rows if r["status"] != "complete"]
     if not undone:
         return None
     failed = sum(1 for r in undone if r["status"] == "failed")
+    books = ", ".join(dict.fromkeys(r["book"] for r in undone))
+    left_out = (f" ({counted(earlier, 'cell')} on disk {'is' if earlier == 1 else 'are'} left out as from an "
+                "earlier plan)" if earlier else "")
+    if not stopped and failed == len(undone):
+        return (f"{failed} of {counted(len(rows), 'cell')} failed (books without every cell: {books}); the page "
+                f"covers the complete cells only{left_out}; rerun the sweep to retry them")
     kinds = ", ".join(bit for bit in (f"{failed} failed" if failed else "",
                                       f"{len(undone) - failed} not run" if len(undone) > failed else "") if bit)
-    books = list(dict.fromkeys(r["book"] for r in undone))
     return (f"the sweep is not finished: {len(undone)} of {counted(len(rows), 'cell')} "
             f"{'is' if len(undone) == 1 else 'are'} not done ({kinds}; books without every cell: "
-            f"{', '.join(books)}); the page covers the complete cells only"
-            + (f" ({counted(earlier, 'cell')} on disk {'is' if earlier == 1 else 'are'} left out as from an "
-               "earlier plan)" if earlier else "") + "; rerun the sweep to finish it")
+            f"{books}); the page covers the complete cells only{left_out}; rerun the sweep to finish it")
 
 
 def _cells_on_disk(sweep_dir: Path, plan: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]],
@@ -571,7 +575,7 @@ def rebuild_sweep_report(sweep_dir: str | Path, output: Optional[str | Path] = N
                                 f"built from; write it elsewhere (by default {sweep_dir / REPORT_FILE})")
     try:
         written = write_sweep_report(sweep_dir, results, rows, title=title, meta=meta, target=target)
-        note = unfinished_note(rows, earlier or 0)
+        note = unfinished_note(rows, earlier or 0, stopped=stopped)
         if earlier is None:
             unmatched = ("the cells on disk cannot be matched to the plan in sweep.json (its manifest is gone, or no "
                          "longer gives that plan): the page shows every complete cell, whichever plan made it")
