@@ -2277,3 +2277,50 @@ def test_an_answer_a_lenient_server_cut_at_its_window_is_re_asked_fresh_not_with
     assert (result.ok, result.attempts) == (False, 3)
     assert result.error.startswith("the answer was cut off where the context window ends (700 tokens left after "
                                    "the prompt): ")
+
+
+# llama-server (b1-0c1e570) started with `-c 2048` and its default 4 slots sharing one 2048-token context:
+# what it sent to each of the requests in flight when together they filled it, verbatim.
+SHARED_CONTEXT_FULL = Reply(status=500, raw='{"error": {"code": 500, "message": "Context size has been exceeded.", '
+                                             '"type": "server_error"}}', raw_type="application/json")
+
+
+def test_a_llama_cpp_server_whose_shared_context_filled_up_is_sent_one_request_at_a_time():
+    """llama.cpp's C++ server gives its slots one shared context and states the whole of it as each
+    slot's window. Requests that fit it alone but not together all failed with a 500 'Context size has
+    been exceeded.', which was taken for a prompt larger than the window: the run stopped. Now the call
+    is sent again, and from then on the server gets one request at a time."""
+    in_flight, most = [0], [0]
+    lock = threading.Lock()
+
+    def shared_context(body):
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+            first = len(server.received) == 1
+        time.sleep(0.05)
+        with lock:
+            in_flight[0] -= 1
+        return SHARED_CONTEXT_FULL if first else '{"label": "good"}'
+
+    with FakeOpenAIServer(responder=shared_context) as server:
+        backend = backend_for(server)
+        prediction, _ = classify(backend, text="first")
+        assert prediction.label == "good" and len(server.received) == 2
+        assert backend.sleep.delays == []  # sent again at once: the failure freed the context
+        threads = [threading.Thread(target=classify, args=(backend,), kwargs={"text": f"t{i}"}) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(server.received) == 6 and most[0] == 1
+
+
+def test_a_shared_context_full_for_a_request_alone_is_the_context_line():
+    """Sent alone, a request the server still cannot fit does not fit its window: one line, not a loop."""
+    with FakeOpenAIServer(responder=lambda body: SHARED_CONTEXT_FULL) as server:
+        with pytest.raises(ContextWindowExceeded) as caught:
+            classify(backend_for(server))
+    assert len(server.received) == 2
+    assert str(caught.value) == ("the prompt is larger than the context window of 'openai/fake-model' (Context size "
+                                 "has been exceeded.): use smaller inputs, or a model or server with a larger context")

@@ -542,9 +542,18 @@ class LiteLLMBackend:
 
                     self.limiter.acquire(estimate_tokens(kwargs["messages"], kwargs["max_tokens"]))
                     raise_if_stopped()
+                alone = self._one_at_a_time()
                 try:
                     response = litellm.completion(**kwargs)
                 except Exception as exc:
+                    if alone is not None:
+                        alone.release()
+                    if alone is None and self.api_base and _shared_context_full(exc):
+                        # llama.cpp's C++ server: its slots share one context, and the requests in flight
+                        # together filled it (each of them fails). From now on, one request at a time.
+                        with _learned_lock:
+                            self._learned.setdefault("one_at_a_time", threading.Lock())
+                        continue
                     room = None if answer_room is not None else _answer_room(exc, kwargs["max_tokens"])
                     if room is not None:
                         answer_room = room  # once: the same prompt with the budget the server leaves it
@@ -552,6 +561,12 @@ class LiteLLMBackend:
                     failures = self._after_failure(exc, kwargs, dialect, failures)
                     raise_if_stopped()  # after Ctrl-C, a call that failed in flight is not sent again
                     continue
+                except BaseException:
+                    if alone is not None:
+                        alone.release()
+                    raise
+                if alone is not None:
+                    alone.release()
                 if not getattr(response, "choices", None):
                     failures = self._without_choices(failures)
                     raise_if_stopped()
@@ -570,6 +585,18 @@ class LiteLLMBackend:
                 with _dialect_settled:
                     self._learned.pop("dialect_probe", None)
                     _dialect_settled.notify_all()
+
+    def _one_at_a_time(self) -> threading.Lock | None:
+        """The held lock that keeps this server to one request at a time, once it was found to need
+        that (llama.cpp's C++ server whose slots share one context that the requests in flight filled),
+        else None. A call waiting for its turn stops as soon as its work is asked to stop."""
+        with _learned_lock:
+            lock = self._learned.get("one_at_a_time")
+        if lock is None:
+            return None
+        while not lock.acquire(timeout=STOP_CHECK_INTERVAL):
+            raise_if_stopped()
+        return lock
 
     def _take_dialect_turn(self) -> bool:
         """Wait while another call finds out which structured-output dialect this server takes (the
@@ -1184,6 +1211,17 @@ def _unservable_fix(text: str, name: str) -> str | None:
     lowered = text.lower()
     return next((fix.format(name=name) for words, fix in UNSERVABLE_MODEL_WORDS
                  if re.search(words, lowered, re.DOTALL)), None)
+
+
+def _shared_context_full(exc: BaseException) -> bool:
+    """Whether a failure is llama.cpp's C++ server saying that the context its slots share is full:
+    a 500 'Context size has been exceeded.' from decoding, sent to every request in flight, though
+    each prompt alone fits its window (one too large alone gets a 400 with its figures). Run alone,
+    the request fits; LM Studio's MLX engine says the same words of a prompt too large, with a 400."""
+    import litellm
+
+    return (getattr(exc, "status_code", None) == 500 and not isinstance(exc, litellm.ContextWindowExceededError)
+            and "context size has been exceeded" in _said(exc).lower())
 
 
 def _mentions_context_limit(text: str) -> bool:
