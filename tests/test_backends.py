@@ -2316,11 +2316,26 @@ def test_a_llama_cpp_server_whose_shared_context_filled_up_is_sent_one_request_a
     assert len(server.received) == 6 and most[0] == 1
 
 
-def test_a_shared_context_full_for_a_request_alone_is_the_context_line():
-    """Sent alone, a request the server still cannot fit does not fit its window: one line, not a loop."""
+def test_a_shared_context_full_for_a_request_alone_is_retried_not_taken_for_a_prompt_too_large():
+    """Another command's requests fill the shared context too, so a request sent alone may still fail
+    so (two commands at one llama-server each stopped with the context line): retried as a 5xx is,
+    then one line that names the shared context, never the line of a prompt too large."""
     with FakeOpenAIServer(responder=lambda body: SHARED_CONTEXT_FULL) as server:
-        with pytest.raises(ContextWindowExceeded) as caught:
-            classify(backend_for(server))
-    assert len(server.received) == 2
-    assert str(caught.value) == ("the prompt is larger than the context window of 'openai/fake-model' (Context size "
-                                 "has been exceeded.): use smaller inputs, or a model or server with a larger context")
+        backend = backend_for(server)
+        with pytest.raises(LMError) as caught:
+            classify(backend)
+    assert len(server.received) == 7 and len(backend.sleep.delays) == 5  # the first at once, then 6 tries
+    message = str(caught.value)
+    assert not isinstance(caught.value, ContextWindowExceeded)
+    assert message == (f"'openai/fake-model' at {server.url} kept failing after 6 tries: InternalServerError: Context "
+                       "size has been exceeded. (the server's slots share one context, which other requests kept "
+                       "full: start it with --parallel N, each slot then with its own window, or send it one command "
+                       "at a time)")
+
+
+def test_a_shared_context_full_for_a_request_alone_is_answered_once_the_others_end():
+    with FakeOpenAIServer(responder=failing_first(2, SHARED_CONTEXT_FULL)) as server:
+        backend = backend_for(server)
+        prediction, _ = classify(backend)
+    assert prediction.label == "good" and len(server.received) == 3 and len(backend.sleep.delays) == 1
+

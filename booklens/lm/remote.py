@@ -725,7 +725,8 @@ class LiteLLMBackend:
         status = getattr(exc, "status_code", None)
         where = f"'{self.model}'" + (f" at {self.server}" if self.api_base else "")
 
-        if isinstance(exc, litellm.ContextWindowExceededError) or _mentions_context_limit(text):
+        if ((isinstance(exc, litellm.ContextWindowExceededError) or _mentions_context_limit(text))
+                and not _shared_context_full(exc)):
             raise ContextWindowExceeded(self._redact(context_window_message(self.model, text)),
                                         window=context_window_of(text)) from None
         if isinstance(exc, (litellm.AuthenticationError, litellm.PermissionDeniedError)) or status in (401, 403):
@@ -828,6 +829,9 @@ class LiteLLMBackend:
             # large model on a slow disk may take longer than the retries wait.
             loading = (" (the server is still loading its model: rerun once it has; the completed calls are cached)"
                        if re.search(r"\bloading model\b", said, re.IGNORECASE) else "")
+            if _shared_context_full(exc):
+                loading = (" (the server's slots share one context, which other requests kept full: start it with "
+                           "--parallel N, each slot then with its own window, or send it one command at a time)")
             raise LMError(self._redact(
                 f"{where} kept failing after {failures} tries: {type(exc).__name__}: {said}{loading}"
             )) from None
@@ -1216,8 +1220,9 @@ def _unservable_fix(text: str, name: str) -> str | None:
 def _shared_context_full(exc: BaseException) -> bool:
     """Whether a failure is llama.cpp's C++ server saying that the context its slots share is full:
     a 500 'Context size has been exceeded.' from decoding, sent to every request in flight, though
-    each prompt alone fits its window (one too large alone gets a 400 with its figures). Run alone,
-    the request fits; LM Studio's MLX engine says the same words of a prompt too large, with a 400."""
+    each prompt alone fits its window (one too large alone gets a 400 with its figures before any
+    decoding). Not the prompt's size, so retried: the other requests (another command's too) end.
+    LM Studio's MLX engine says the same words of a prompt too large, with a 400."""
     import litellm
 
     return (getattr(exc, "status_code", None) == 500 and not isinstance(exc, litellm.ContextWindowExceededError)
