@@ -2339,3 +2339,14 @@ def test_a_shared_context_full_for_a_request_alone_is_answered_once_the_others_e
         prediction, _ = classify(backend)
     assert prediction.label == "good" and len(server.received) == 3 and len(backend.sleep.delays) == 1
 
+
+def test_the_overflow_body_a_real_llama_server_sent_gives_its_figures():
+    """llama-server (b1-0c1e570, `-c 2048`) refused a 3,031-token prompt with this body, verbatim."""
+    body = ('{"error":{"code":400,"message":"request (3031 tokens) exceeds the available context size (2048 tokens), '
+            'try increasing it","type":"exceed_context_size_error","n_prompt_tokens":3031,"n_ctx":2048}}')
+    with FakeOpenAIServer(responder=lambda _: Reply(status=400, raw=body, raw_type="application/json")) as server:
+        with pytest.raises(ContextWindowExceeded) as caught:
+            classify(backend_for(server))
+    assert len(server.received) == 1 and caught.value.window == 2048
+    assert str(caught.value) == ("the prompt (3031 tokens) does not fit the 2048-token context window of "
+                                 "'openai/fake-model': use smaller inputs, or a model or server with a larger context")

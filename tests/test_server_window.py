@@ -15,7 +15,9 @@ from booklens.testing import FakeOpenAIServer, Reply, run_command
 
 REPO = Path(__file__).resolve().parents[1]
 STORY = REPO / "examples" / "sample_story.txt"
-LLAMA_CPP_PROPS = {"/props": {"default_generation_settings": {"n_ctx": 2048, "params": {}}, "total_slots": 1}}
+# What llama-server (b1-0c1e570) started with `-c 2048` states: 4 slots by default, sharing the 2048 tokens.
+LLAMA_CPP_PROPS = {"/props": {"default_generation_settings": {"n_ctx": 2048, "params": {}}, "total_slots": 4,
+                              "model_alias": "smol", "build_info": "b1-0c1e570"}}
 # A claim with quotes long enough that the evidence planned for an 8192-token window overflows 2048.
 LONG_QUOTES = [{"claim": "Mara lit the lamp.", "evidence": [" ".join(["The lamp burned over the harbour."] * 700)]}]
 
