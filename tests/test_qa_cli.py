@@ -185,27 +185,25 @@ def test_a_run_where_no_question_got_an_answer_fails_and_keeps_the_result(tmp_pa
                     "--evidence", "none", "-o", str(out)], tmp_path, monkeypatch)
     assert [p["error"] is not None for p in json.loads(out.read_text())["predictions"]] == [True, True]
 
-    with FakeOpenAIServer(responder=lambda body: json.dumps({"answer": "B"}) if "late" in json.dumps(body)
-                          else "no idea") as server:
-        result = invoke(["qa", str(book), "--questions", str(q), "--lm", "openai/test-model", "--api-base",
-                         server.url, "--evidence", "none"], tmp_path, monkeypatch)
-    assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[1] == ("Accuracy: 50.0 (2) of 2 scored questions, 1 of them without a valid "
-                                             "answer (counted wrong)")
+    def accuracy_line(questions):
+        """The accuracy line of a run in which only the late-ship question gets a valid answer."""
+        with FakeOpenAIServer(responder=lambda body: json.dumps({"answer": "B"}) if "late" in json.dumps(body)
+                              else "no idea") as server:
+            result = invoke(["qa", str(book), "--questions", str(questions), "--lm", "openai/test-model",
+                             "--api-base", server.url, "--evidence", "none"], tmp_path, monkeypatch)
+        assert result.exit_code == 0, result.output
+        return result.stdout.splitlines()[1]
+
+    assert accuracy_line(q) == ("Accuracy: 50.0 (2) of 2 scored questions, 1 of them without a valid answer "
+                                "(counted wrong)")
 
     # A failed question without a reference is not scored: the line counts it there, once, not among
     # the scored questions' failures too (3 questions, not 4).
     unreferenced = {key: value for key, value in QUESTION.items() if key not in ("Answer", "Gold")}
     q3 = write(tmp_path, "q3.json", [QUESTION, {**QUESTION, "QID": "T-2", "Question": "Which ship is late?"},
                                      {**unreferenced, "QID": "T-3", "Question": "Which ship is lost?"}])
-    with FakeOpenAIServer(responder=lambda body: json.dumps({"answer": "B"}) if "late" in json.dumps(body)
-                          else "no idea") as server:
-        result = invoke(["qa", str(book), "--questions", str(q3), "--lm", "openai/test-model", "--api-base",
-                         server.url, "--evidence", "none"], tmp_path, monkeypatch)
-    assert result.exit_code == 0, result.output
-    assert result.stdout.splitlines()[1] == ("Accuracy: 50.0 (2) of 2 scored questions, 1 of them without a valid "
-                                             "answer (counted wrong); 1 not scored, 1 of them without a valid "
-                                             "answer or verdict")
+    assert accuracy_line(q3) == ("Accuracy: 50.0 (2) of 2 scored questions, 1 of them without a valid answer "
+                                 "(counted wrong); 1 not scored, 1 of them without a valid answer or verdict")
 
 
 def test_a_model_that_sends_only_reasoning_is_told_so_in_the_error_line(tmp_path, book):

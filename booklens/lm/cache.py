@@ -88,8 +88,7 @@ def stored_calls(path: Path) -> int:
     try:
         db = sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True, timeout=BUSY_SECONDS)
         try:
-            # the row a write check may have left is no answer
-            return db.execute("SELECT COUNT(*) FROM calls WHERE key != ''").fetchone()[0]
+            return db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
         finally:
             db.close()
     except sqlite3.Error as exc:
