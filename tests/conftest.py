@@ -15,6 +15,25 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 
 import booklens  # noqa: E402,F401  - first, so its offline settings apply before dspy imports litellm
 
+
+def _build_each_app_once() -> None:
+    """typer's CliRunner builds the click command from the app on every invoke (0.07 s here, more
+    than most commands under test take); an app does not change while the tests run."""
+    import typer.main
+    import typer.testing
+
+    built: dict[int, tuple] = {}  # id(app) -> (app, command): the app is kept, so its id is not reused
+
+    def get_command(app):
+        if id(app) not in built:
+            built[id(app)] = (app, typer.main.get_command(app))
+        return built[id(app)][1]
+
+    typer.testing._get_command = get_command
+
+
+_build_each_app_once()
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -171,8 +171,14 @@ class _Interrupted(Exception):
         self.signum = int(signum)
 
 
+_built: list = []  # the click command, built once per process (typer takes 0.07 s to build it)
+
+
 def _command():
-    """`app` as the click command `app()` runs, with Ctrl-C in a command raised as `_Interrupted`."""
+    """`app` as the click command `app()` runs, with Ctrl-C in a command raised as `_Interrupted`.
+    Built once: a process that runs several commands (`booklens.testing.run_command`) reuses it."""
+    if _built:
+        return _built[0]
     from typer.main import get_command
 
     from booklens.parallel import stoppable
@@ -190,6 +196,7 @@ def _command():
             raise _Interrupted(received[0] if received else signal.SIGINT) from None
 
     command.invoke = invoke_keeping_ctrl_c
+    _built.append(command)
     return command
 
 
