@@ -36,6 +36,19 @@ _build_each_app_once()
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# The files that take longest (`--durations`, `pytest -n 2` on 2 cores) start first. Under
+# `--dist loadfile` a file runs on one worker from start to end, and xdist would start them by
+# number of tests, which put the Ray and llama.cpp server files last while the other worker sat idle.
+# The rest keep their order; pyproject.toml turns xdist's reordering off.
+LONGEST_FIRST = ("test_sweep.py", "test_real_server.py", "test_sweep_ray.py", "test_report.py", "test_judges_cli.py",
+                 "test_summarize_cli.py", "test_backends.py", "test_faithfulness_cli.py", "test_embedded_prefix.py",
+                 "test_coherence_cli.py", "test_startup.py", "test_compile.py", "test_interrupt.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort
+
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
