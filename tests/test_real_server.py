@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +16,7 @@ import dspy
 import pytest
 
 from booklens.errors import BooklensError
+from booklens.testing import run_command
 
 pytestmark = pytest.mark.real_server
 
@@ -111,7 +110,7 @@ def test_score_batched(inputs, llama_server, monkeypatch):
 
 def test_check(inputs, llama_server, monkeypatch):
     # claims, then verification with BM25 evidence: the `claims` and `verify` paths in one command
-    data = booklens(["check", "story.txt", "summary.txt", "--evidence", "bm25", "--zero-shot"], inputs, llama_server, monkeypatch)
+    data = booklens(["check", "story.txt", "summary.txt", "--evidence", "bm25", "--zero-shot", "--max-claims", "1"], inputs, llama_server, monkeypatch)
     assert data["failures"] == 0 and not data.get("error")
     assert data["claims"] and all(v["label"] is not None for v in data["claims"])
 
@@ -172,9 +171,7 @@ def test_a_prompt_larger_than_the_servers_context_is_one_line_with_its_figures(l
     summary.write_text(" ".join(["The keeper lit the lamp at dusk and watched the sea."] * 600), encoding="utf-8")
     environ = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
     environ.pop("BOOKLENS_DEBUG", None)
-    result = subprocess.run([sys.executable, "-m", "booklens", "claims", str(summary), "--lm", llama_server.lm,
-                             "--api-base", llama_server.url], capture_output=True, text=True, env=environ,
-                            timeout=300)
+    result = run_command(["claims", summary, "--lm", llama_server.lm, "--api-base", llama_server.url], env=environ)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -193,8 +190,8 @@ def test_evidence_planned_for_a_larger_window_names_the_option_and_a_given_one_f
     args = ["verify", "--claims", "claims.json", "--evidence", "given", "--zero-shot"]
     environ = {**os.environ, "BOOKLENS_CACHE_DIR": str(inputs / "cache")}
     environ.pop("BOOKLENS_DEBUG", None)
-    result = subprocess.run([sys.executable, "-m", "booklens", *args, "--lm", llama_server.lm, "--api-base",
-                             llama_server.url], capture_output=True, text=True, env=environ, cwd=inputs, timeout=300)
+    monkeypatch.chdir(inputs)
+    result = run_command([*args, "--lm", llama_server.lm, "--api-base", llama_server.url], env=environ)
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and len(lines) == 1, result.stderr
     assert lines[0].endswith("context window of 'openai/smol': the judge plans for a 8192-token window; set "
@@ -210,9 +207,8 @@ def test_a_summary_planned_for_a_larger_window_names_every_setting_the_servers_w
     environ = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
     environ.pop("BOOKLENS_DEBUG", None)
     story = Path(__file__).resolve().parents[1] / "examples" / "sample_story.txt"
-    result = subprocess.run([sys.executable, "-m", "booklens", "summarize", str(story), "--chunk-size", "4000",
-                             "--lm", llama_server.lm, "--api-base", llama_server.url, "-o", str(tmp_path / "s.json")],
-                            capture_output=True, text=True, env=environ, timeout=300)
+    result = run_command(["summarize", story, "--chunk-size", "4000", "--lm", llama_server.lm, "--api-base",
+                          llama_server.url, "-o", tmp_path / "s.json"], env=environ)
     lines = result.stderr.strip().splitlines()
     assert result.returncode != 0 and len(lines) == 1, result.stderr
     assert lines[0].endswith("context window of 'openai/smol': the summarizer plans for a 8192-token window; set "

@@ -1,6 +1,7 @@
-"""`booklens sweep --engine ray` as a command, in a process of its own: Ray that cannot be reached or
-started (one line, nothing written) and Ctrl-C. The engine's tests on a Ray of this process are in
-test_sweep.py."""
+"""`booklens sweep --engine ray` as a command: Ray that cannot be reached or started (one line,
+nothing written) and Ctrl-C. A command runs in a process of its own where the test interrupts it,
+breaks Ray's import, or once saw it hang at exit; the others run in this one
+(booklens.testing.run_command). The engine's tests on a Ray of this process are in test_sweep.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from booklens.testing import free_port
+from booklens.testing import free_port, run_command
 
 pytest.importorskip("ray")
 
@@ -37,12 +38,7 @@ def test_a_ray_address_nothing_listens_at_is_one_line_before_anything_is_written
     manifest = small_sweep(tmp_path)
     address = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    try:
-        proc = subprocess.run([sys.executable, "-m", "booklens",
-                               *ray_sweep_args(manifest, tmp_path / "out", tmp_path / "cache", address)],
-                              capture_output=True, text=True, timeout=90, env=env)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the sweep still waited for a Ray cluster at {address} after 90 s")
+    proc = run_command(ray_sweep_args(manifest, tmp_path / "out", tmp_path / "cache", address), env=env)
     assert proc.returncode != 0
     assert proc.stderr.count("\n") == 1 and address in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
@@ -55,16 +51,16 @@ def test_a_ray_address_where_another_service_listens_is_one_line_before_anything
     import threading
 
     manifest = small_sweep(tmp_path)
-    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):  # its log would go to the command's stderr, in this process
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     threading.Thread(target=web.serve_forever, daemon=True).start()
     address = f"127.0.0.1:{web.server_address[1]}"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_USE_TLS")}
     try:
-        proc = subprocess.run([sys.executable, "-m", "booklens",
-                               *ray_sweep_args(manifest, tmp_path / "out", tmp_path / "cache", address)],
-                              capture_output=True, text=True, timeout=120, env=env)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the sweep still waited for a Ray cluster at {address} after 120 s")
+        proc = run_command(ray_sweep_args(manifest, tmp_path / "out", tmp_path / "cache", address), env=env)
     finally:
         web.shutdown()
     assert proc.returncode == 2
@@ -195,8 +191,7 @@ def test_ray_address_in_the_environment_is_the_cluster_joined(tmp_path):
     address = f"127.0.0.1:{free_port()}"
     args = ["sweep", str(manifest), "-o", str(tmp_path / "out"), "--lm", "openai/fake-model", "--api-base",
             f"http://127.0.0.1:{free_port()}/v1", "--cache-dir", str(tmp_path / "cache"), "--engine", "ray"]
-    proc = subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True, timeout=90,
-                          env={**os.environ, "RAY_ADDRESS": address})
+    proc = run_command(args, env={**os.environ, "RAY_ADDRESS": address})
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and f"cannot reach the Ray cluster at {address} (RAY_ADDRESS)" in proc.stderr, \
         proc.stderr
@@ -238,8 +233,7 @@ def test_the_cluster_ray_start_recorded_on_this_machine_is_joined(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     args = ["sweep", str(manifest), "-o", str(tmp_path / "out"), "--lm", "openai/fake-model", "--api-base",
             f"http://127.0.0.1:{free_port()}/v1", "--cache-dir", str(tmp_path / "cache"), "--engine", "ray"]
-    proc = subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True, timeout=90,
-                          env={**env, "RAY_TMPDIR": str(temp)})
+    proc = run_command(args, env={**env, "RAY_TMPDIR": str(temp)})
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and f"cannot reach the Ray cluster at {address}" in proc.stderr \
         and "ray start" in proc.stderr and "--ray-address local" in proc.stderr, proc.stderr
