@@ -143,16 +143,16 @@ def test_an_answer_the_window_bounds_says_how_much_room_it_had():
                 "temperature": 0.0}
 
     unguarded = LocalBackend(stop_repetition=False)  # it copies the story until the window ends
-    unguarded.context_window = 768  # the window the model is loaded with (llama.cpp rounds to 256s)
-    long = unguarded.complete({**ask(60), "max_tokens": 400})
-    assert 650 < long.prompt_tokens < 760 and long.answer_room == 768 - long.prompt_tokens
+    unguarded.context_window = 512  # the window the model is loaded with (llama.cpp rounds to 256s)
+    long = unguarded.complete({**ask(40), "max_tokens": 400})
+    assert 400 < long.prompt_tokens < 505 and long.answer_room == 512 - long.prompt_tokens
     assert long.completion_tokens == long.answer_room and long.finish_reason == "length"
-    short = unguarded.complete({**ask(60), "max_tokens": 4})
+    short = unguarded.complete({**ask(40), "max_tokens": 4})
     assert short.answer_room is None and short.completion_tokens <= 4
     # The repetition guard, not the window, ends this copy (room for 200+ tokens): no answer room.
     guarded = LocalBackend()
-    guarded.context_window = 768
-    cut = guarded.complete({**ask(45), "max_tokens": 400})
+    guarded.context_window = 512
+    cut = guarded.complete({**ask(20), "max_tokens": 400})
     assert guarded.stats[-1].repeated_tokens > 0 and cut.finish_reason == "length" and cut.answer_room is None
 
 
@@ -331,7 +331,7 @@ def test_greedy_structured_answers_are_the_same_with_the_shortlist_and_the_whole
     def answers(on, temperature: float = 0.0) -> list[str]:
         on._model().reset()
         return [on.complete({"messages": [{"role": "user", "content": p}], "schema": schema,
-                             "max_tokens": 48, "temperature": temperature}).text for p in prompts]
+                             "max_tokens": 32, "temperature": temperature}).text for p in prompts]
 
     stock_backend = LocalBackend(best_token_first=False)  # llama-cpp-python's own chain
     stock = answers(stock_backend)
