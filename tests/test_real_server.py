@@ -3,7 +3,7 @@ the embedded SmolLM2 GGUF, started once per session by the `llama_server` fixtur
 them: `--lm openai/<alias> --api-base http://127.0.0.1:PORT/v1`. The server refuses the
 `json_schema` response format, so these runs also show the fallback to `json_object` with the
 schema; every structured answer must parse. Inputs are tiny: a ten-sentence story, a
-three-sentence summary, two claims, two questions."""
+three-sentence summary, one claim verified from it and one given with quotes, two questions."""
 
 from __future__ import annotations
 
@@ -110,7 +110,8 @@ def test_score_batched(inputs, llama_server, monkeypatch):
 
 def test_check(inputs, llama_server, monkeypatch):
     # claims, then verification with BM25 evidence: the `claims` and `verify` paths in one command
-    data = booklens(["check", "story.txt", "summary.txt", "--evidence", "bm25", "--zero-shot", "--max-claims", "1"], inputs, llama_server, monkeypatch)
+    data = booklens(["check", "story.txt", "summary.txt", "--evidence", "bm25", "--zero-shot", "--max-claims", "1"],
+                    inputs, llama_server, monkeypatch)
     assert data["failures"] == 0 and not data.get("error")
     assert data["claims"] and all(v["label"] is not None for v in data["claims"])
 

@@ -239,3 +239,29 @@ def test_a_command_group_without_its_command_shows_its_help_not_an_error(args):
     expected = " ".join(["booklens", *args, "[OPTIONS] COMMAND [ARGS]..."])
     assert usage.startswith("Usage: ") and usage.endswith(expected), proc.stderr
     assert "\nCommands:\n" in proc.stderr and "error" not in proc.stderr and "(see " not in proc.stderr
+
+
+def test_a_process_that_runs_several_commands_builds_the_command_line_once(monkeypatch):
+    """Building the click command from the app evaluates every option's annotations (0.07 s on 2 cores);
+    a process that runs commands one after another (the tests, a notebook) builds it once, and the
+    commands it runs still get their own options, help and Ctrl-C handling."""
+    import typer.main
+
+    import booklens.cli as cli
+    from booklens.testing import run_command
+
+    builds = []
+    build = typer.main.get_command
+
+    def counted(app):
+        builds.append(app)
+        return build(app)
+
+    monkeypatch.setattr(typer.main, "get_command", counted)
+    monkeypatch.setattr(cli, "_built", [])
+    assert run_command(["--version"]).returncode == 0
+    help_screen = run_command(["summarize", "--help"])
+    assert help_screen.returncode == 0 and "--chunk-size" in help_screen.stdout
+    refused = run_command(["summarize", "--chunk-size", "0"])
+    assert refused.returncode == 2 and "--chunk-size" in refused.stderr
+    assert len(builds) == 1
