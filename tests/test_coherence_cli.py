@@ -299,10 +299,11 @@ def test_score_with_a_judge_that_answers_no_sentence_writes_its_record_and_fails
 def test_embedded_model_scores_a_summary(tmp_path):
     summary = write(tmp_path / "summary.txt", SUMMARY)
     out = tmp_path / "out.json"
-    # The batched path, zero-shot: the few-shot detector on the embedded model is checked by
+    # The batched path, zero-shot, one try (re-asks are the program's, checked with scripted LMs). The
+    # few-shot detector's prompt (some 6K tokens, minutes on one core) goes to a fake server in
     # test_judges_cli (score with no options).
     proc = run_command(["score", summary, "--lm", "local", "--batch-size", "3", "--concurrency", "1", "--zero-shot",
-                        "-o", out], env=cli_env(tmp_path))
+                        "--tries", "1", "-o", out], env=cli_env(tmp_path))
     # What the 135M model answers differs with the CPU llama.cpp was built for: on some, its batched
     # answer gives no valid verdict on any of the three sentences, and the command stops after
     # writing the record. Either way every sentence is recorded as the checks below say.

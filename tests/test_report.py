@@ -982,17 +982,19 @@ def test_keyboard_focus_on_a_highlight_shows_its_questions(story_run, tmp_path):
 
 @pytest.mark.embedded
 def test_embedded_model_run_on_the_sample_story(tmp_path, story_opening):
-    """The whole chain with SmolLM2, kept short: the story's opening (about 1,200 tokens, one chunk),
-    a brief summary and two claims with two passages each. The judges run zero-shot: the default
-    few-shot coherence prompt is some 6K tokens, two minutes on one core; the few-shot verifier runs
-    on the embedded model in test_faithfulness_cli, and `booklens judges` shows the shipped
-    calibration of both."""
+    """The whole chain with SmolLM2, kept short: the story's first twelve paragraphs (about 540
+    tokens, one chunk), a brief summary and two claims with two passages each. The judges run
+    zero-shot: the default few-shot coherence prompt is some 6K tokens, two minutes on one core; the
+    few-shot verifier runs on the embedded model in test_faithfulness_cli, and `booklens judges`
+    shows the shipped calibration of both."""
+    book = tmp_path / "beginning.txt"
+    book.write_text("\n\n".join(story_opening.read_text(encoding="utf-8").split("\n\n")[:12]), encoding="utf-8")
     out = tmp_path / "run"
     env = {**os.environ, "BOOKLENS_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("BOOKLENS_LM", None)
     # In this process (booklens.testing.run_command): the command as the script runs it, without
     # importing DSPy, LiteLLM and sentence-transformers again.
-    proc = run_command(["run", story_opening, "--lm", "local", "--zero-shot", "--max-summary-tokens", "60",
+    proc = run_command(["run", book, "--lm", "local", "--zero-shot", "--max-summary-tokens", "60",
                         "--max-regenerations", "0", "--max-claims", "2", "--k", "2", "--passage-tokens", "128",
                         "-o", out], env=env)
     assert proc.returncode == 0, proc.stderr

@@ -29,12 +29,6 @@ def run_cli(args, tmp_path):
     return run_command(args, env=cli_env(tmp_path))
 
 
-def run_script(args, tmp_path, timeout=600):
-    """`booklens ARGS` as the installed script, in a process of its own."""
-    return subprocess.run([sys.executable, "-m", "booklens", *args], capture_output=True, text=True,
-                          env=cli_env(tmp_path), timeout=timeout)
-
-
 def assert_one_line_error(proc, out: Path, pattern: str):
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
@@ -402,8 +396,8 @@ def test_summarize_sample_story_with_the_embedded_model(tmp_path, story_opening)
     # The story's opening (about 1,200 tokens) with small chunks, window and budgets, so the model
     # makes few short calls and still builds a real merge tree: four 384-token chunks, two level-1
     # groups and a level-2 merge.
-    proc = run_script(["summarize", str(story_opening), "--chunk-size", "384", "--context-window", "1536",
-                    "--max-summary-tokens", "96", "--max-regenerations", "0", "-o", str(out)], tmp_path, timeout=900)
+    proc = run_cli(["summarize", str(story_opening), "--chunk-size", "384", "--context-window", "1536",
+                    "--max-summary-tokens", "96", "--max-regenerations", "0", "-o", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())
     assert record["kind"] == "booklens.summary" and record["method"] == "hier"
