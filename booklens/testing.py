@@ -339,17 +339,23 @@ class LlamaServer:
 
     `with LlamaServer(n_ctx=4096) as server:` starts it and waits until it answers (at most
     `start_timeout` seconds), then `server.url` is an `--api-base` and `server.lm` an `--lm`
-    string; leaving the block stops it. `log` holds what the server printed."""
+    string; leaving the block stops it. `log` holds what the server printed.
+
+    By default it serves the model as the embedded backend runs it: the shipped file with its weights
+    stored as `booklens.lm.embedded.WEIGHTS` (written once into `weights_folder`, by default
+    booklens's cache directory) and flash attention on. On one core it read a 1,270-token prompt in
+    9.6 s, against 13.8 s from the shipped Q4_1 file."""
 
     def __init__(self, *, alias: str = "smol", n_ctx: int = 4096, n_threads: int | None = None, start_timeout: float = 120.0,
-                 model_path: str | None = None):
-        from booklens.lm.embedded import default_threads, local_model_path
+                 model_path: str | None = None, weights_folder: Path | None = None):
+        from booklens.lm.embedded import FLASH_ATTENTION, WEIGHTS, default_threads, local_model_path, stored_weights
 
         self.alias = alias
         self.n_ctx = n_ctx
         self.n_threads = n_threads or default_threads()
         self.start_timeout = start_timeout
-        self.model_path = model_path or local_model_path()
+        self.model_path = model_path or stored_weights(local_model_path(), WEIGHTS, weights_folder)
+        self.flash_attention = FLASH_ATTENTION
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.lm = f"openai/{alias}"
@@ -374,7 +380,8 @@ class LlamaServer:
         self._log = tempfile.TemporaryFile()
         command = [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path, "--model_alias", self.alias,
                    "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
-                   "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads), "--verbose", "False"]
+                   "--n_threads", str(self.n_threads), "--n_threads_batch", str(self.n_threads),
+                   "--flash_attn", str(self.flash_attention), "--verbose", "False"]
         self._process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         deadline = time.monotonic() + self.start_timeout

@@ -71,10 +71,10 @@ def books_dir(shared_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def llama_server():
+def llama_server(tmp_path_factory):
     """A real llama.cpp server (llama-cpp-python's, from the test extra) serving the embedded GGUF on a
-    free loopback port with a 4096-token context and the embedded backend's threads (1 under
-    `pytest -n 2`); stopped when the session ends."""
+    free loopback port with a 4096-token context and the embedded backend's weights and threads (1
+    under `pytest -n 2`); stopped when the session ends."""
     import importlib.util
 
     missing = [m for m in ("llama_cpp", "uvicorn", "fastapi", "sse_starlette", "starlette_context")
@@ -84,7 +84,7 @@ def llama_server():
                     "pip install -e '.[test]'")
     from booklens.testing import LlamaServer
 
-    with LlamaServer(n_ctx=4096) as server:
+    with LlamaServer(n_ctx=4096, weights_folder=tmp_path_factory.mktemp("weights")) as server:
         yield server
 
 
