@@ -131,7 +131,8 @@ def test_ctrl_c_on_a_ray_sweep_lets_the_calls_in_flight_end_and_be_cached(tmp_pa
         "          {name: inc, method: inc, chunk_size: 256, max_summary_tokens: 100}]\n"
         "judge: {steps: [coherence, faithfulness], evidence: bm25, k: 2, max_claims: 2}\n", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    with FakeOpenAIServer(responder=PipelineResponder(delay=0.3)) as srv:
+    responder = PipelineResponder(delay=0.3)  # slow enough to interrupt with calls in flight
+    with FakeOpenAIServer(responder=responder) as srv:
         args = ["sweep", tmp_path / "sweep.yaml", "-o", tmp_path / "out", "--lm", "openai/fake-model", "--api-base",
                 srv.url, "--cache-dir", tmp_path / "cache", "--engine", "ray", "--concurrency", "4"]
         proc = subprocess.Popen(terminal_command(args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -157,10 +158,11 @@ def test_ctrl_c_on_a_ray_sweep_lets_the_calls_in_flight_end_and_be_cached(tmp_pa
             cached = db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
         assert cached == len(asked), f"{len(asked) - cached} of the {len(asked)} answered calls were not cached"
         before = len(srv.served)
-        # The rerun on the local engine, in a process of its own: the calls the Ray workers cached are
-        # the ones it finds (the engines make the same calls), without a second Ray start-up.
+        # The rerun on the local engine, in this process and with no delay: the calls the Ray workers
+        # cached are the ones it finds (the engines make the same calls), without a second Ray start-up.
+        responder.delay = 0.0
         local = [*args[:args.index("--engine")], "--engine", "local", "--concurrency", "4"]
-        rerun = subprocess.run(terminal_command(local), capture_output=True, text=True, env=env, timeout=300)
+        rerun = run_command(local, env=env)
         assert rerun.returncode == 0, rerun.stderr
         again = [body for body in srv.served[before:] if json.dumps(body, sort_keys=True) in asked]
     assert not again, f"the rerun asked {len(again)} calls again"
