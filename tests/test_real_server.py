@@ -82,9 +82,6 @@ def test_summarize(inputs, llama_server, monkeypatch):
     assert data["usage"]["calls"] >= 1
 
 
-# The judging commands run their zero-shot programs here: the shipped few-shot prompts (some 6K
-# tokens of demos) do not fit the test server's 4096-token window, and these tests are about the
-# backend path (schemas, dialects, parsing); the few-shot judges run end to end on the embedded model.
 def assert_every_answer_parsed(data: dict) -> None:
     """Each answer parsed under the schema. What the 135M model says differs with the CPU llama.cpp was
     built for: it may leave a sentence of a batch unanswered (the schema does not fix the number of
@@ -98,6 +95,10 @@ def assert_every_answer_parsed(data: dict) -> None:
     assert data["n_failed"] == len(errors)
 
 
+# The judging commands run their zero-shot programs here: the shipped few-shot prompts (some 6K
+# tokens of demos) do not fit the test server's 4096-token window, and these tests are about the
+# backend path (schemas, dialects, parsing); the few-shot verifier runs end to end on the embedded
+# model (test_faithfulness_cli).
 def test_score_per_sentence(inputs, llama_server, monkeypatch):
     data = booklens(["score", "summary.txt", "--zero-shot", "--tries", "1"], inputs, llama_server, monkeypatch,
                     judged_nothing_ok=True)
