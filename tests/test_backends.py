@@ -27,6 +27,8 @@ from booklens.lm import (
     make_lm,
     predict_with_retries,
 )
+# booklens' Predict: DSPy's own reads every frame of the stack on each call (booklens.programs.base)
+from booklens.programs.base import Predict
 from booklens.parallel import Stopped, parallel_map, stoppable
 from booklens.testing import FakeOpenAIServer, Reply, ScriptedLM, free_port
 
@@ -64,7 +66,7 @@ def classify(backend, text="x", cache_dir=None, **config):
     cache = CallCache(cache_dir / "calls.sqlite") if cache_dir else None
     lm = BooklensLM(backend, cache=cache)
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        return dspy.Predict(Classify)(text=text, config=config), lm
+        return Predict(Classify)(text=text, config=config), lm
 
 
 def formats(server) -> list:
@@ -91,7 +93,7 @@ def test_servers_get_the_output_schema_as_json_schema_and_free_text_gets_none():
 
     with FakeOpenAIServer(responder=lambda body: "A calm day.") as server:
         with dspy.context(lm=BooklensLM(backend_for(server)), adapter=BooklensAdapter()):
-            assert dspy.Predict(Describe)(text="x").description == "A calm day."
+            assert Predict(Describe)(text="x").description == "A calm day."
     assert "response_format" not in server.received[0].body
 
 
@@ -1064,12 +1066,12 @@ def test_an_answer_whose_content_is_null_is_re_asked_and_not_kept(tmp_path):
         backend = backend_for(server)
         lm = BooklensLM(backend, cache=CallCache(tmp_path / "calls.sqlite"))
         with dspy.context(lm=lm, adapter=BooklensAdapter()):
-            got = predict_with_retries(dspy.Predict(Classify), text="x")
+            got = predict_with_retries(Predict(Classify), text="x")
     assert got.ok and got.prediction.label == "good" and got.attempts == 2
     assert len(lm.call_cache) == 1  # the answer of the second try only
     with FakeOpenAIServer(responder=lambda body: Reply(content=None)) as server:
         with dspy.context(lm=BooklensLM(backend_for(server)), adapter=BooklensAdapter()):
-            got = predict_with_retries(dspy.Predict(Classify), text="x")
+            got = predict_with_retries(Predict(Classify), text="x")
     assert not got.ok and got.error == "unparseable answer: the answer is empty" and len(server.received) == 3
 
 
@@ -1088,7 +1090,7 @@ def test_reasoning_whose_opening_tag_was_in_the_prompt_is_not_taken_for_the_answ
         assert lm(messages=[{"role": "user", "content": "whole"}])[0].strip() == "The lamp went dark."  # LiteLLM's
         with FakeOpenAIServer(responder=lambda body: answers["json"]) as json_server:
             with dspy.context(lm=BooklensLM(backend_for(json_server, model=model)), adapter=BooklensAdapter()):
-                got = predict_with_retries(dspy.Predict(Classify), text="x")
+                got = predict_with_retries(Predict(Classify), text="x")
     assert got.ok and got.prediction.label == "bad" and got.attempts == 1
 
 
@@ -1115,7 +1117,7 @@ def test_an_answer_cut_off_at_the_token_limit_is_re_asked_with_a_larger_budget()
     with FakeOpenAIServer(responder=needs_40_tokens) as server:
         lm = BooklensLM(backend_for(server))
         with dspy.context(lm=lm, adapter=BooklensAdapter()):
-            result = predict_with_retries(dspy.Predict(Classify), config={"max_tokens": 10, "temperature": 0.0}, text="x")
+            result = predict_with_retries(Predict(Classify), config={"max_tokens": 10, "temperature": 0.0}, text="x")
     assert result.ok and result.prediction.label == "good" and result.attempts == 3
     assert [r.body["max_tokens"] for r in server.received] == [10, 20, 40]
     assert all(r.body["temperature"] == 0.0 for r in server.received)  # more room, not another answer
@@ -1125,7 +1127,7 @@ def test_an_answer_always_cut_off_is_recorded_as_failed_after_the_cap():
     with FakeOpenAIServer(responder=lambda body: Reply(content='{"label": "go', finish_reason="length")) as server:
         lm = BooklensLM(backend_for(server))
         with dspy.context(lm=lm, adapter=BooklensAdapter()):
-            result = predict_with_retries(dspy.Predict(Classify), tries=4, config={"max_tokens": 16}, text="x")
+            result = predict_with_retries(Predict(Classify), tries=4, config={"max_tokens": 16}, text="x")
     assert not result.ok and result.attempts == 4
     assert "cut off at the token limit (64 tokens)" in result.error
     assert [r.body["max_tokens"] for r in server.received] == [16, 32, 64, 64]  # 4x the first budget at most
@@ -1143,7 +1145,7 @@ def test_an_answer_that_is_reasoning_only_says_so_and_keeps_the_reasoning_out(mo
 
     with FakeOpenAIServer(responder=thinks_all_along) as server:
         with dspy.context(lm=BooklensLM(backend_for(server, model=model)), adapter=BooklensAdapter()):
-            result = predict_with_retries(dspy.Predict(Classify), config={"max_tokens": 16}, text="x")
+            result = predict_with_retries(Predict(Classify), config={"max_tokens": 16}, text="x")
     assert [r.body["max_tokens"] for r in server.received] == [16, 32, 64]
     assert (result.ok, result.attempts) == (False, 3)
     assert result.error == ("the answer was cut off at the token limit (64 tokens): unparseable answer: the model sent "
@@ -1152,7 +1154,7 @@ def test_an_answer_that_is_reasoning_only_says_so_and_keeps_the_reasoning_out(mo
     # Reasoning beside an answer is no part of it.
     with FakeOpenAIServer(responder=lambda body: Reply(content='{"label": "bad"}', reasoning="Hmm, good?")) as server:
         with dspy.context(lm=BooklensLM(backend_for(server, model=model)), adapter=BooklensAdapter()):
-            result = predict_with_retries(dspy.Predict(Classify), text="x")
+            result = predict_with_retries(Predict(Classify), text="x")
     assert result.ok and result.prediction.label == "bad" and result.attempts == 1
 
 
@@ -1182,14 +1184,14 @@ def test_an_answer_the_context_window_cut_off_is_re_asked_fresh_not_with_a_large
     and the error names the window."""
     backend = CutByTheWindow(settle_on=2)
     with dspy.context(lm=BooklensLM(backend), adapter=BooklensAdapter()):
-        result = predict_with_retries(dspy.Predict(Classify), config={"max_tokens": 100}, text="x")
+        result = predict_with_retries(Predict(Classify), config={"max_tokens": 100}, text="x")
     assert result.ok and result.attempts == 2
     assert [r["max_tokens"] for r in backend.requests] == [100, 100]
     assert backend.requests[1]["temperature"] == 0.7  # a cut-off answer's re-ask keeps the first's
 
     backend = CutByTheWindow()
     with dspy.context(lm=BooklensLM(backend), adapter=BooklensAdapter()):
-        result = predict_with_retries(dspy.Predict(Classify), tries=3, config={"max_tokens": 100}, text="x")
+        result = predict_with_retries(Predict(Classify), tries=3, config={"max_tokens": 100}, text="x")
     assert not result.ok and result.attempts == 3 and [r["max_tokens"] for r in backend.requests] == [100] * 3
     assert result.error.startswith("the answer was cut off where the context window ends (42 tokens left after "
                                    "the prompt): ")
@@ -1207,16 +1209,16 @@ def test_answers_rejected_in_every_try_leave_the_cache_so_a_rerun_asks_again(tmp
 
     lm = ScriptedLM(responder, cache_dir=tmp_path)
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        failed = predict_with_retries(dspy.Predict(Classify), tries=3, text="first")
-        settled = predict_with_retries(dspy.Predict(Classify), tries=3, text="second")
+        failed = predict_with_retries(Predict(Classify), tries=3, text="first")
+        settled = predict_with_retries(Predict(Classify), tries=3, text="second")
     assert not failed.ok and failed.attempts == 3 and "unparseable answer" in failed.error
     assert settled.ok and settled.attempts == 2
     assert len(lm.backend.calls) == 5 and len(lm.call_cache) == 2  # the settled item's two answers
 
     answers["first"] = ['{"label": "bad"}']  # the server is fixed
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        again = predict_with_retries(dspy.Predict(Classify), tries=3, text="first")
-        replayed = predict_with_retries(dspy.Predict(Classify), tries=3, text="second")
+        again = predict_with_retries(Predict(Classify), tries=3, text="first")
+        replayed = predict_with_retries(Predict(Classify), tries=3, text="second")
     assert again.ok and again.prediction.label == "bad" and again.attempts == 1
     assert replayed.ok and replayed.prediction.label == "good" and replayed.attempts == 2
     assert len(lm.backend.calls) == 6  # one new call: the failed item asked again, the settled one replayed
@@ -1287,7 +1289,7 @@ def test_identical_concurrent_calls_make_one_backend_call(tmp_path):
 
         def ask():
             with dspy.context(lm=lm, adapter=BooklensAdapter()):
-                results.append(dspy.Predict(Classify)(text="same").label)
+                results.append(Predict(Classify)(text="same").label)
 
         threads = [threading.Thread(target=ask) for _ in range(threads_n)]
         for t in threads:
@@ -1320,7 +1322,7 @@ def test_waiters_get_the_error_of_the_call_they_waited_for(tmp_path):
         def ask():
             with dspy.context(lm=lm, adapter=BooklensAdapter()):
                 try:
-                    dspy.Predict(Classify)(text="same")
+                    Predict(Classify)(text="same")
                 except LMError as exc:
                     errors.append(str(exc))
 
@@ -1376,7 +1378,7 @@ def test_requests_per_minute_are_shared_by_all_threads():
 
         def ask(i):
             with dspy.context(lm=lm, adapter=BooklensAdapter()):
-                dspy.Predict(Classify)(text=f"text {i}")
+                Predict(Classify)(text=f"text {i}")
 
         threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
         for t in threads:
@@ -1422,7 +1424,7 @@ def test_the_limits_hold_for_every_model_one_server_is_sent(tmp_path):
         for i in range(2):
             for lm in lms:
                 with dspy.context(lm=lm, adapter=BooklensAdapter()):
-                    dspy.Predict(Classify)(text=f"text {i}")
+                    Predict(Classify)(text=f"text {i}")
         # the pool's own limiters (from rpm) are one per server too
         own = LMPool("openai/a", one.url, cache_dir=tmp_path, use_cache=False, rpm=5)
         limiters = [own.get().backend.limiter, own.get("openai/c").backend.limiter,
@@ -1603,7 +1605,7 @@ def test_a_dspy_rollout_reaches_the_server_as_a_seed_of_its_own():
         lm = BooklensLM(backend_for(server))
         for rollout in (None, 1, 2):
             with dspy.context(lm=lm.copy(rollout_id=rollout, temperature=1.0), adapter=BooklensAdapter()):
-                dspy.Predict(Classify)(text="same")
+                Predict(Classify)(text="same")
     seeds = [r.body.get("seed") for r in server.received]
     assert seeds == [0, sample_seed({"rollout": 1}), sample_seed({"rollout": 2})] and len(set(seeds)) == 3
 
@@ -1636,7 +1638,7 @@ def test_explicit_prompt_caching_providers_get_cache_markers_on_the_shared_prefi
         backend = LiteLLMBackend("anthropic/claude-haiku-4-5", api_base=server.url[: -len("/v1")], sleep=Recorder())
         lm = BooklensLM(backend)
         with dspy.context(lm=lm, adapter=BooklensAdapter()):
-            predictor = dspy.Predict(Classify)
+            predictor = Predict(Classify)
             predictor.demos = [demo]
             prediction = predictor(text="a grey day")
     assert prediction.label == "good"
@@ -2272,7 +2274,7 @@ def test_an_answer_a_lenient_server_cut_at_its_window_is_re_asked_fresh_not_with
 
     with FakeOpenAIServer(responder=window_ends_after_700) as server:
         with dspy.context(lm=BooklensLM(backend_for(server)), adapter=BooklensAdapter()):
-            result = predict_with_retries(dspy.Predict(Classify), config={"max_tokens": 1024}, text="x")
+            result = predict_with_retries(Predict(Classify), config={"max_tokens": 1024}, text="x")
     assert [r.body["max_tokens"] for r in server.received] == [1024, 1024, 1024]
     assert (result.ok, result.attempts) == (False, 3)
     assert result.error.startswith("the answer was cut off where the context window ends (700 tokens left after "

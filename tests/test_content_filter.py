@@ -13,6 +13,7 @@ import pytest
 import booklens  # noqa: F401 - offline settings before dspy imports litellm
 from booklens.errors import BooklensError
 from booklens.lm import BooklensAdapter, BooklensLM, LiteLLMBackend, predict_with_retries
+from booklens.programs.base import Predict
 from booklens.programs.summarizer import HierarchicalSummarizer, IncrementalSummarizer
 from booklens.testing import FakeOpenAIServer, Reply
 
@@ -91,7 +92,7 @@ def test_a_structured_answer_the_filter_stopped_fails_naming_the_filter():
     reply = lambda body: Reply(content='{"label": "go', finish_reason="content_filter")  # noqa: E731
     with FakeOpenAIServer(responder=reply) as server:
         with dspy.context(lm=lm_for(server), adapter=BooklensAdapter()):
-            result = predict_with_retries(dspy.Predict(Classify), config={"max_tokens": 16}, text="x")
+            result = predict_with_retries(Predict(Classify), config={"max_tokens": 16}, text="x")
     assert not result.ok and "stopped by the provider's content filter" in result.error
     # more room would bring the filter back: no larger budget
     assert [r.body["max_tokens"] for r in server.received] == [16, 16, 16]

@@ -10,6 +10,8 @@ import pytest
 
 from booklens.errors import LMError
 from booklens.lm import BooklensAdapter, LiteLLMBackend, BooklensLM, make_lm, predict_with_retries, usage_step
+# booklens' Predict: DSPy's own reads every frame of the stack on each call (booklens.programs.base)
+from booklens.programs.base import Predict
 from booklens.lm.base import sample_seed
 from booklens.testing import FakeOpenAIServer, ScriptedLM, run_as_nobody
 
@@ -25,11 +27,11 @@ def test_completed_calls_are_cached_on_disk_and_reused(tmp_path):
     answers = iter(["good", "bad"])
     lm = ScriptedLM(lambda call: {"label": next(answers)}, cache_dir=tmp_path)
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        first = dspy.Predict(Classify)(text="a fine day")
+        first = Predict(Classify)(text="a fine day")
     # A new LM over the same cache directory: a new process resuming the run.
     fresh = ScriptedLM(lambda call: pytest.fail("a finished call was made again"), cache_dir=tmp_path)
     with dspy.context(lm=fresh, adapter=BooklensAdapter()):
-        again = dspy.Predict(Classify)(text="a fine day")
+        again = Predict(Classify)(text="a fine day")
     assert first.label == again.label == "good"
     assert fresh.usage.snapshot()["cached_calls"] == 1 and fresh.usage.snapshot()["calls"] == 0
 
@@ -91,7 +93,7 @@ def test_a_cache_entry_that_is_no_readable_answer_is_asked_again_and_replaced(tm
 
     lm = ScriptedLM(lambda call: {"label": "good"}, cache_dir=tmp_path)
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        dspy.Predict(Classify)(text="a fine day")
+        Predict(Classify)(text="a fine day")
     db = sqlite3.connect(tmp_path / "calls.sqlite")
     value = f"CAST(X'{stored.hex()}' AS TEXT)" if isinstance(stored, bytes) else "?"
     db.execute(f"UPDATE calls SET value = {value}", () if isinstance(stored, bytes) else (stored,))
@@ -99,11 +101,11 @@ def test_a_cache_entry_that_is_no_readable_answer_is_asked_again_and_replaced(tm
     db.close()
     again = ScriptedLM(lambda call: {"label": "good"}, cache_dir=tmp_path)
     with dspy.context(lm=again, adapter=BooklensAdapter()):
-        assert dspy.Predict(Classify)(text="a fine day").label == "good"
+        assert Predict(Classify)(text="a fine day").label == "good"
     assert len(again.backend.calls) == 1 and again.usage.snapshot()["calls"] == 1
     replay = ScriptedLM(lambda call: pytest.fail("a replaced entry was asked again"), cache_dir=tmp_path)
     with dspy.context(lm=replay, adapter=BooklensAdapter()):
-        assert dspy.Predict(Classify)(text="a fine day").label == "good"
+        assert Predict(Classify)(text="a fine day").label == "good"
     assert replay.usage.snapshot()["cached_calls"] == 1
 
 
@@ -202,7 +204,7 @@ def test_a_backend_configured_otherwise_does_not_replay_another_configurations_a
 
     def ask(lm):
         with dspy.context(lm=lm, adapter=BooklensAdapter()):
-            return dspy.Predict(Classify)(text="a fine day").label
+            return Predict(Classify)(text="a fine day").label
 
     assert ask(lm_with({"weights": "q4_1"}, "good")) == "good"
     other = lm_with({"weights": "f16"}, "bad")
@@ -243,9 +245,9 @@ def test_usage_is_counted_per_step():
     lm = ScriptedLM(lambda call: {"label": "good"})
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
         with usage_step("coherence"):
-            dspy.Predict(Classify)(text="one")
-            dspy.Predict(Classify)(text="two")
-        dspy.Predict(Classify)(text="three")
+            Predict(Classify)(text="one")
+            Predict(Classify)(text="two")
+        Predict(Classify)(text="three")
     snap = lm.usage.snapshot()
     assert snap["calls"] == 3
     assert snap["steps"]["coherence"]["calls"] == 2
@@ -259,9 +261,9 @@ def test_dspy_usage_tracking_counts_the_calls_made_and_not_those_the_cache_answe
     cache answered cost nothing now and do not, as DSPy leaves out its own cache hits."""
     lm = ScriptedLM(lambda call: {"label": "good"}, cache_dir=tmp_path)
     with dspy.context(lm=lm, adapter=BooklensAdapter()), dspy.track_usage() as tracked:
-        dspy.Predict(Classify)(text="one")
-        dspy.Predict(Classify)(text="one")  # the cache answers
-        dspy.Predict(Classify, n=2)(text="two")  # its first sample fresh, the second too
+        Predict(Classify)(text="one")
+        Predict(Classify)(text="one")  # the cache answers
+        Predict(Classify, n=2)(text="two")  # its first sample fresh, the second too
     spent = lm.usage.snapshot()
     assert spent["calls"] == 3 and spent["cached_calls"] == 1
     totals = tracked.get_total_tokens()[lm.model]
@@ -274,7 +276,7 @@ def test_dspy_usage_tracking_counts_the_calls_made_and_not_those_the_cache_answe
 def test_out_of_set_label_is_re_asked_then_recorded_as_a_failure():
     lm = ScriptedLM(lambda call: {"label": "excellent"})
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        result = predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm")
+        result = predict_with_retries(Predict(Classify), tries=3, text="hmm")
     assert not result.ok and result.attempts == 3
     assert "unparseable" in result.error
     assert [c.attempt for c in lm.backend.calls] == [0, 1, 2]  # fresh samples, not cache hits
@@ -287,12 +289,12 @@ def test_an_answer_the_cache_cannot_keep_stops_the_call_in_one_line_instead_of_a
     lm = ScriptedLM(lambda call: {"label": "good"}, cache_dir=tmp_path)
     lm.call_cache._db.execute("PRAGMA query_only = ON")  # every write fails, as on a locked database
     with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(CacheError) as caught:
-        predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm")
+        predict_with_retries(Predict(Classify), tries=3, text="hmm")
     assert str(caught.value).startswith(f"cannot write the LM cache at {tmp_path / 'calls.sqlite'}: ")
     assert "\n" not in str(caught.value) and len(lm.backend.calls) == 1
     lm.call_cache._db.execute("PRAGMA query_only = OFF")
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        assert predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm").ok  # the cache works again
+        assert predict_with_retries(Predict(Classify), tries=3, text="hmm").ok  # the cache works again
 
 def test_an_empty_answer_is_re_asked_as_unparseable_not_read_as_outputs_of_none():
     """DSPy reads an empty completion (a server's `content: null`, a model that wrote nothing) as
@@ -302,7 +304,7 @@ def test_an_empty_answer_is_re_asked_as_unparseable_not_read_as_outputs_of_none(
 
     lm = ScriptedLM(lambda call: {"label": "good"} if call.attempt == 2 else "")
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        result = predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm")
+        result = predict_with_retries(Predict(Classify), tries=3, text="hmm")
     assert result.ok and result.prediction.label == "good" and result.attempts == 3
     silent = ScriptedLM(lambda call: "")
     with dspy.context(lm=silent, adapter=BooklensAdapter()):
@@ -377,7 +379,7 @@ def test_a_prompt_holding_a_file_names_bytes_that_are_not_utf8_is_still_asked(tm
 def test_re_ask_recovers_when_a_later_answer_is_valid():
     lm = ScriptedLM(lambda call: {"label": "good"} if call.attempt else "not json at all")
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        result = predict_with_retries(dspy.Predict(Classify), tries=3, text="hmm")
+        result = predict_with_retries(Predict(Classify), tries=3, text="hmm")
     assert result.ok and result.prediction.label == "good" and result.attempts == 2
 
 
@@ -405,7 +407,7 @@ def test_an_empty_key_variable_is_a_missing_key(monkeypatch, tmp_path, value):
     slept: list[float] = []
     lm = BooklensLM(LiteLLMBackend("openai/gpt-4o-mini", sleep=slept.append))
     with dspy.context(lm=lm, adapter=BooklensAdapter()), pytest.raises(LMError) as caught:
-        dspy.Predict(Classify)(text="x")
+        Predict(Classify)(text="x")
     assert str(caught.value).startswith("cannot send a request to 'openai/gpt-4o-mini': Missing credentials")
     assert slept == []
 
@@ -423,7 +425,7 @@ def test_transient_errors_retry_with_backoff_then_succeed(tmp_path):
         backend = LiteLLMBackend("openai/fake-model", api_base=server.url, backoff_base=0.01)
         lm = BooklensLM(backend)
         with dspy.context(lm=lm, adapter=BooklensAdapter()):
-            prediction = dspy.Predict(Classify)(text="x")
+            prediction = Predict(Classify)(text="x")
     assert prediction.label == "good"
     assert failures["left"] == 0 and len(server.served) == 1
 
@@ -433,7 +435,7 @@ def test_permanent_errors_stop_at_once(tmp_path):
         lm = BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url, backoff_base=0.01))
         with dspy.context(lm=lm, adapter=BooklensAdapter()):
             with pytest.raises(LMError, match="authentication failed"):
-                dspy.Predict(Classify)(text="x")
+                Predict(Classify)(text="x")
 
 
 def test_context_window_overflow_is_a_clear_error():
@@ -442,7 +444,7 @@ def test_context_window_overflow_is_a_clear_error():
         lm = BooklensLM(LiteLLMBackend("openai/fake-model", api_base=server.url, backoff_base=0.01))
         with dspy.context(lm=lm, adapter=BooklensAdapter()):
             with pytest.raises(LMError, match="context window|rejected the request"):
-                dspy.Predict(Classify)(text="x")
+                Predict(Classify)(text="x")
 
 
 def test_counts_in_the_printed_lines_agree_in_number():

@@ -15,6 +15,7 @@ from typing import Literal
 import dspy
 import pytest
 
+from booklens.programs.base import Predict
 from booklens.errors import BooklensError
 from booklens.testing import run_command
 
@@ -150,9 +151,9 @@ def test_the_server_refuses_json_schema_and_gets_json_object_with_the_schema(lla
     with pytest.raises(Exception, match="refused the 'schema' structured-output format"):
         with dspy.context(lm=BooklensLM(LiteLLMBackend(llama_server.lm, api_base=llama_server.url,
                                                        structured="schema")), adapter=BooklensAdapter()):
-            dspy.Predict(Classify)(text="A warm, bright morning.")
+            Predict(Classify)(text="A warm, bright morning.")
     with dspy.context(lm=BooklensLM(backend), adapter=BooklensAdapter()):
-        prediction = dspy.Predict(Classify)(text="A warm, bright morning.")
+        prediction = Predict(Classify)(text="A warm, bright morning.")
     assert prediction.label in ("good", "bad")
     assert backend.dialect == "json"
 
@@ -162,7 +163,7 @@ def test_an_answer_cut_off_by_the_server_is_re_asked_with_a_larger_budget(llama_
 
     lm = BooklensLM(LiteLLMBackend(llama_server.lm, api_base=llama_server.url))
     with dspy.context(lm=lm, adapter=BooklensAdapter()):
-        result = predict_with_retries(dspy.Predict(Classify), tries=4, config={"max_tokens": 3},
+        result = predict_with_retries(Predict(Classify), tries=4, config={"max_tokens": 3},
                                       text="A warm, bright morning.")
     budgets = [entry["kwargs"]["max_tokens"] for entry in lm.history]
     reasons = [entry["response"].choices[0].finish_reason for entry in lm.history]
