@@ -27,9 +27,9 @@ from booklens.lm import (
     make_lm,
     predict_with_retries,
 )
+from booklens.parallel import Stopped, parallel_map, stoppable
 # booklens' Predict: DSPy's own reads every frame of the stack on each call (booklens.programs.base)
 from booklens.programs.base import Predict
-from booklens.parallel import Stopped, parallel_map, stoppable
 from booklens.testing import FakeOpenAIServer, Reply, ScriptedLM, free_port
 
 # The answer llama-cpp-python's server (0.3.x) gives to a `json_schema` response format, verbatim.

@@ -10,9 +10,9 @@ import pytest
 
 from booklens.errors import LMError
 from booklens.lm import BooklensAdapter, LiteLLMBackend, BooklensLM, make_lm, predict_with_retries, usage_step
+from booklens.lm.base import sample_seed
 # booklens' Predict: DSPy's own reads every frame of the stack on each call (booklens.programs.base)
 from booklens.programs.base import Predict
-from booklens.lm.base import sample_seed
 from booklens.testing import FakeOpenAIServer, ScriptedLM, run_as_nobody
 
 
@@ -166,7 +166,6 @@ def test_a_cache_that_cannot_be_written_is_refused_before_any_call(tmp_path, mon
 def test_a_read_only_cache_file_is_refused_when_it_opens():
     """A cache file left by another user (or by sudo) in a folder this user may write: reading works,
     and writing would fail only at the first answer, after the call was paid for."""
-    import os
     import shutil
     import tempfile
 
