@@ -393,23 +393,26 @@ def test_empty_answers_are_asked_again_by_a_plain_rerun(tmp_path):
 @pytest.mark.embedded
 def test_summarize_sample_story_with_the_embedded_model(tmp_path, story_opening):
     out = tmp_path / "summary.json"
-    # The story's opening (about 1,200 tokens) with small chunks, window and budgets, so the model
-    # makes few short calls and still builds a real merge tree: four 384-token chunks, two level-1
-    # groups and a level-2 merge.
-    proc = run_cli(["summarize", str(story_opening), "--chunk-size", "384", "--context-window", "1536",
-                    "--max-summary-tokens", "96", "--max-regenerations", "0", "-o", str(out)], tmp_path)
+    # The story's first twelve paragraphs (about 540 tokens) with small chunks, window and budgets, so
+    # the model makes few short calls and still builds a real merge tree: three 192-token chunks, two
+    # level-1 groups and a level-2 merge.
+    book = tmp_path / "beginning.txt"
+    book.write_text("\n\n".join(story_opening.read_text(encoding="utf-8").split("\n\n")[:12]), encoding="utf-8")
+    proc = run_cli(["summarize", str(book), "--chunk-size", "192", "--context-window", "768",
+                    "--max-summary-tokens", "48", "--max-regenerations", "0", "-o", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     record = json.loads(out.read_text())
     assert record["kind"] == "booklens.summary" and record["method"] == "hier"
-    # A 135M model writing to a 96-token budget: what it writes varies in length; that it writes is the point.
+    # A 135M model writing to a 48-token budget: what it writes varies in length; that it writes is the point.
     assert len(record["summary"].split()) >= 5
     assert record["lm"].startswith("local/")
     assert record["usage"]["calls"] >= 3
     assert record["usage"]["cost_usd"] == 0.0  # the embedded model's calls are free, a known price
     # The embedded model's cap is its budget in its own tokens, recorded with the summary.
     assert (record["config"]["generation_slack"], record["config"]["generation_allowance"]) == (1.06, 8)
-    levels = {n["level"] for n in record["nodes"]}
-    assert {1, 2} <= levels and record["nodes"][-1]["chunks"] == [c["index"] for c in record["chunks"]]
+    levels = [n["level"] for n in record["nodes"]]
+    assert levels.count(1) >= 2 and 2 in levels
+    assert record["nodes"][-1]["chunks"] == [c["index"] for c in record["chunks"]]
 
 
 def test_a_book_whose_file_name_is_not_utf8_is_summarized_and_named_in_the_record(tmp_path):
