@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from booklens.testing import FakeOpenAIServer, PipelineResponder, pipeline_step, run_command, terminal_command
+from booklens.testing import FakeOpenAIServer, PipelineResponder, Reply, pipeline_step, run_command, terminal_command
 
 BOOKS = ("the_cask_of_amontillado", "poirot_investigates")
 SYSTEMS = ("hier", "inc", "released")
@@ -368,7 +368,9 @@ def test_an_unreadable_book_fails_its_own_cells_only(server, broken_corpus, tmp_
     proc = cli(sweep_args(server, broken_corpus, out, tmp_path / "cache", "--concurrency", "4"))
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: 2 of 4 cells failed") and "rerun to retry them" in last
+    # A rerun reads the same file: the line says to fix the book, not to rerun.
+    assert last.startswith("error: 2 of 4 cells failed") and "to retry" not in last, last
+    assert last.endswith(f"; the book {BROKEN!r} cannot be read: fix it or take it out of the manifest, then rerun")
     assert f"cell hier/{BROKEN} failed: summary:" in proc.stderr
     rows = {(r["system"], r["book"]): r for r in map(json.loads, (out / "cells.jsonl").read_text().splitlines())}
     for system in ("hier", "released"):
@@ -384,6 +386,17 @@ def test_an_unreadable_book_fails_its_own_cells_only(server, broken_corpus, tmp_
     assert BROKEN not in page and "&lt;b&gt;&amp;&quot;broken&quot;" in page
     assert 'href="cells/hier/%3Cb%3E%26%22broken%22/report.html"' in page
 
+
+
+def test_the_last_line_says_a_rerun_retries_the_cells_of_readable_books_only(broken_corpus, tmp_path):
+    """Cells that failed at the LM are retried by a rerun; those of a book that cannot be read fail again
+    until it is fixed. The line used to tell a rerun to retry them all."""
+    with FakeOpenAIServer(responder=lambda body: Reply(status=400, error="the model is not loaded")) as down:
+        proc = cli(sweep_args(down, broken_corpus, tmp_path / "sweep", tmp_path / "cache"))
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 4 of 4 cells failed"), last
+    assert last.endswith(f"; rerun to retry them (the cells of the book {BROKEN!r} fail again until it is fixed)")
 
 def test_a_failed_cells_line_is_not_lost_while_another_thread_silences_stderr(server, broken_corpus, tmp_path,
                                                                               monkeypatch):

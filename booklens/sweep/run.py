@@ -39,10 +39,18 @@ class SweepOutcome:
     outcomes: list[CellOutcome] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # `artifact_notes`
     judge_steps: list[str] = field(default_factory=lambda: ["coherence", "faithfulness"])  # the manifest's judge.steps
+    # (system, book) of the cells whose book could not be read when the sweep was planned (empty, binary,
+    # not UTF-8): a rerun reads the same file, so they fail again until the book is fixed.
+    unreadable: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def failed(self) -> list[CellOutcome]:
         return [o for o in self.outcomes if o.status == "failed"]
+
+    @property
+    def failed_unread(self) -> list[CellOutcome]:
+        """The failed cells whose book could not be read: a plain rerun fails them again."""
+        return [o for o in self.failed if (o.system, o.book) in self.unreadable]
 
     @property
     def not_run(self) -> list[CellOutcome]:
@@ -754,7 +762,8 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
             # Titled by the manifest as sweep.json names it, as `booklens report` titles the page it rebuilds.
             write_sweep_report(output, results, [cell_row(o) for o in outcomes],
                                title=Path(manifest_name(sweep)).stem, meta=meta)
-            return SweepOutcome(output, results, outcomes, artifact_notes(sweep), list(judge.steps))
+            unreadable = {(t.system, t.book) for t in tasks if t.book_sha256 is None}
+            return SweepOutcome(output, results, outcomes, artifact_notes(sweep), list(judge.steps), unreadable)
     finally:
         if engine == "ray":
             runner.close()
