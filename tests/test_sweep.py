@@ -387,7 +387,6 @@ def test_an_unreadable_book_fails_its_own_cells_only(server, broken_corpus, tmp_
     assert 'href="cells/hier/%3Cb%3E%26%22broken%22/report.html"' in page
 
 
-
 def test_the_last_line_says_a_rerun_retries_the_cells_of_readable_books_only(broken_corpus, tmp_path):
     """Cells that failed at the LM are retried by a rerun; those of a book that cannot be read fail again
     until it is fixed. The line used to tell a rerun to retry them all."""
@@ -397,6 +396,7 @@ def test_the_last_line_says_a_rerun_retries_the_cells_of_readable_books_only(bro
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 4 of 4 cells failed"), last
     assert last.endswith(f"; rerun to retry them (the cells of the book {BROKEN!r} fail again until it is fixed)")
+
 
 def test_a_failed_cells_line_is_not_lost_while_another_thread_silences_stderr(server, broken_corpus, tmp_path,
                                                                               monkeypatch):

@@ -95,20 +95,6 @@ def sweep_command(
     failed, skipped = outcome.failed, outcome.not_run
     if failed:
         more = f"; {len(skipped)} not run (--fail-fast)" if skipped else ""
-        # A cell that names a setting to change, or whose book cannot be read, would fail the same way
-        # on a plain rerun.
-        from booklens.lm.base import advises_setting
-
-        unread = sorted({o.book for o in outcome.failed_unread})
-        plural = len(unread) > 1
-        books = f"the book{'s' if plural else ''} {', '.join(map(repr, unread))}"
-        if len(outcome.failed_unread) == len(failed):
-            them = "them" if plural else "it"
-            advice = f"{books} cannot be read: fix {them} or take {them} out of the manifest, then rerun"
-        else:
-            rerun = "rerun with the setting it names" if advises_setting(failed[0].error) else "rerun"
-            advice = f"{rerun} to retry them" + (f" (the cells of {books} fail again until "
-                                                 f"{'they are' if plural else 'it is'} fixed)" if unread else "")
         typer.echo(f"error: {len(failed)} of {len(outcome.outcomes)} cells failed (first: "
-                   f"{failed[0].system}/{failed[0].book}: {failed[0].error}){more}; {advice}", err=True)
+                   f"{failed[0].system}/{failed[0].book}: {failed[0].error}){more}; {outcome.rerun_advice()}", err=True)
         raise typer.Exit(1)

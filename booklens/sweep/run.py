@@ -52,6 +52,22 @@ class SweepOutcome:
         """The failed cells whose book could not be read: a plain rerun fails them again."""
         return [o for o in self.failed if (o.system, o.book) in self.unreadable]
 
+    def rerun_advice(self) -> str:
+        """What to do about the failed cells: a rerun retries those that failed at the LM (with the setting
+        a failure names, if it names one); a book that cannot be read fails its cells again until fixed."""
+        from booklens.lm.base import advises_setting
+
+        unread = sorted({o.book for o in self.failed_unread})
+        plural = len(unread) > 1
+        books = f"the book{'s' if plural else ''} {', '.join(map(repr, unread))}"
+        retriable = [o for o in self.failed if (o.system, o.book) not in self.unreadable]
+        if not retriable:
+            them = "them" if plural else "it"
+            return f"{books} cannot be read: fix {them} or take {them} out of the manifest, then rerun"
+        rerun = "rerun with the setting it names" if advises_setting(retriable[0].error) else "rerun"
+        return f"{rerun} to retry them" + (f" (the cells of {books} fail again until "
+                                           f"{'they are' if plural else 'it is'} fixed)" if unread else "")
+
     @property
     def not_run(self) -> list[CellOutcome]:
         return [o for o in self.outcomes if o.status == "not run"]
