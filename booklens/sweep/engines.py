@@ -21,7 +21,8 @@ failed `CellOutcome` with a one-line reason, so the other cells go on.
   cell's run record comes back to the driver in the dataset's rows, and the driver writes the
   aggregate. A worker that dies (out of memory, a crash) is replaced by Ray, which runs its cells
   again: the board takes back its call slots once it has been silent for `SLOT_LEASE_SECONDS`, and
-  fails a cell started more than `CELL_RETRIES` + 1 times.
+  fails a cell started more than `CELL_RETRIES` + 1 times (both the driver's values: the board takes
+  them when the sweep starts).
 """
 
 from __future__ import annotations
@@ -308,17 +309,22 @@ class CellWorker:
         except Exception:  # no board to ask: the driver is gone or going; run as asked
             return False
 
-    def _attempt(self, board: str, cell: str) -> int:
-        """How many times the sweep has started `cell` (this time included): more than once only when
-        Ray ran its task again because the worker running it died."""
+    def _died_too_often(self, board: str, cell: str) -> Optional[str]:
+        """Count this start of `cell` on the board; the reason to fail it when it has been started more
+        often than the sweep allows. A cell starts more than once only when Ray ran its task again
+        because the worker running it died (out of memory, say), which would go on without end."""
         if not board:
-            return 1
+            return None
         import ray
 
         try:
-            return int(ray.get(ray.get_actor(board).attempt.remote(cell), timeout=10))
+            starts, most = ray.get(ray.get_actor(board).attempt.remote(cell), timeout=10)
         except Exception:  # no board to ask: run as asked
-            return 1
+            return None
+        if starts <= most:
+            return None
+        return (f"its Ray worker died running it, {most} times (out of memory or a crash? the workers' logs "
+                "are in Ray's session folder on their node)")
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         board = str(batch["board"][0])
@@ -335,11 +341,8 @@ class CellWorker:
                 outcome = CellOutcome(task.system, task.book, "failed", cannot_start)
             elif self._stopped(board):  # --fail-fast: another cell failed, start no new one
                 outcome = not_run(task)
-            elif self._attempt(board, task.name) > CELL_RETRIES + 1:
-                # Ray ran it again after its worker died, each time (out of memory, say): enough
-                outcome = CellOutcome(task.system, task.book, "failed",
-                                      f"its Ray worker died running it, {CELL_RETRIES + 1} times (out of memory "
-                                      "or a crash? the workers' logs are in Ray's session folder on their node)")
+            elif died := self._died_too_often(board, task.name):
+                outcome = CellOutcome(task.system, task.book, "failed", died)
             elif not Path(task.sweep_dir).is_dir():
                 outcome = CellOutcome(task.system, task.book, "failed",
                                       f"the sweep directory {task.sweep_dir} is not visible on worker "
@@ -372,7 +375,7 @@ def _sweep_board_class():
         actor is a Python process of its own, started while the workers start."""
 
         def __init__(self, slots: int, rate_limits: Optional[dict[str, int]] = None,
-                     lease: float = SLOT_LEASE_SECONDS):
+                     lease: float = SLOT_LEASE_SECONDS, retries: int = CELL_RETRIES):
             import asyncio
             from concurrent.futures import ThreadPoolExecutor
 
@@ -382,6 +385,7 @@ def _sweep_board_class():
             self.lease = lease
             self.reaper = None
             self.attempts: dict[str, int] = {}  # starts of each cell (more than one: its worker died)
+            self.retries = retries
             self.latest: dict[str, dict[str, Any]] = {}
             self.stop = False  # --fail-fast after a failure: workers start no new cell
             self.interrupted = False  # Ctrl-C: no new call either; the calls in flight end
@@ -395,10 +399,10 @@ def _sweep_board_class():
         async def halt(self) -> None:
             self.stop = True
 
-        async def attempt(self, cell: str) -> int:
-            """Count a start of `cell`; the number of starts so far."""
+        async def attempt(self, cell: str) -> tuple[int, int]:
+            """Count a start of `cell`; the number of starts so far, and the most a cell is allowed."""
             self.attempts[cell] = self.attempts.get(cell, 0) + 1
-            return self.attempts[cell]
+            return self.attempts[cell], self.retries + 1
 
         async def stopped(self) -> bool:
             return self.stop
@@ -712,7 +716,7 @@ class RayEngine:
                 # The limits (from the options or BOOKLENS_RPM / BOOKLENS_TPM here) are the board's.
                 self.rate_limits = rate_limits(self.settings.rpm, self.settings.tpm)
                 self.board = _sweep_board_class().options(name=self.board_name).remote(
-                    self.settings.concurrency, self.rate_limits, SLOT_LEASE_SECONDS)
+                    self.settings.concurrency, self.rate_limits, SLOT_LEASE_SECONDS, CELL_RETRIES)
         finally:
             # Also after a failure: a command exiting while the import is half done hangs at exit.
             data_import.join()
