@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -384,6 +385,9 @@ def test_an_unreadable_book_fails_its_own_cells_only(server, broken_corpus, tmp_
     assert [(s["books"], s["failed"]) for s in results["systems"].values()] == [(1, 1), (1, 1)]
     page = (out / "report.html").read_text(encoding="utf-8")
     assert BROKEN not in page and "&lt;b&gt;&amp;&quot;broken&quot;" in page
+    assert ("2 cells failed</strong>: the figures cover the completed cells only. The book &#x27;&lt;b&gt;&amp;"
+            "&quot;broken&quot;&#x27; cannot be read: fix it or take it out of the manifest, then rerun the same "
+            "booklens sweep command.</p>") in page
     assert 'href="cells/hier/%3Cb%3E%26%22broken%22/report.html"' in page
 
 
@@ -396,6 +400,12 @@ def test_the_last_line_says_a_rerun_retries_the_cells_of_readable_books_only(bro
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 4 of 4 cells failed"), last
     assert last.endswith(f"; rerun to retry them (the cells of the book {BROKEN!r} fail again until it is fixed)")
+    # The failure it names is one a rerun retries (the advice reads a setting from it where it names one).
+    assert re.search(r"\(first: \w+/the_cask_of_amontillado: ", last), last
+    report = run_command(["report", tmp_path / "sweep"])
+    assert report.returncode == 0, report.stderr
+    assert report.stderr.splitlines()[-1].endswith(
+        f"; rerun the sweep to retry them (the cells of the book {BROKEN!r} fail again until it is fixed)"), report.stderr
 
 
 def test_a_failed_cells_line_is_not_lost_while_another_thread_silences_stderr(server, broken_corpus, tmp_path,
@@ -1796,7 +1806,9 @@ def test_the_command_names_the_books_no_system_completed(tmp_path):
 def test_report_of_a_sweep_that_ran_every_cell_says_which_failed_not_that_it_is_unfinished(tmp_path):
     """A sweep that ran to its end with a cell failed (an empty book) wrote its results; `booklens
     report` on it said "the sweep is not finished ... rerun the sweep to finish it", which reads as a
-    sweep cut short. It says which cells failed and that a rerun retries them."""
+    sweep cut short. It says which cells failed, and what to do: a rerun retries cells that failed at
+    the LM, but the cells of a book that cannot be read fail again (the note said to rerun for them
+    too), so it says to fix that book; cells.jsonl records which cells those are."""
     from booklens.testing import FakeOpenAIServer, PipelineResponder
 
     manifest = small_corpus(tmp_path / "corpus")
@@ -1810,7 +1822,10 @@ def test_report_of_a_sweep_that_ran_every_cell_says_which_failed_not_that_it_is_
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines()[1:] == [
         "note: 1 of 2 cells failed (books without every cell: empty); the page covers the complete cells only; "
-        "rerun the sweep to retry them"], proc.stderr
+        "the book 'empty' cannot be read: fix it or take it out of the manifest, then rerun the sweep"], proc.stderr
+    rows = [json.loads(line) for line in (tmp_path / "sweep" / "cells.jsonl").read_text().splitlines()]
+    assert [(r["book"], r["status"], r["book_unreadable"]) for r in rows] == [("a", "complete", False),
+                                                                           ("empty", "failed", True)]
 
 
 def test_a_password_in_the_server_url_stays_out_of_the_sweeps_records_and_lines(tmp_path):

@@ -92,9 +92,9 @@ def sweep_command(
     for note in outcome.notes:
         typer.echo(f"note: {note}", err=True)
     typer.echo(f"wrote {output / 'results.json'}, {output / 'cells.jsonl'} and {output / 'report.html'}", err=True)
-    failed, skipped = outcome.failed, outcome.not_run
-    if failed:
+    failed, skipped, first = outcome.failed, outcome.not_run, outcome.first_failure
+    if first is not None:
         more = f"; {len(skipped)} not run (--fail-fast)" if skipped else ""
         typer.echo(f"error: {len(failed)} of {len(outcome.outcomes)} cells failed (first: "
-                   f"{failed[0].system}/{failed[0].book}: {failed[0].error}){more}; {outcome.rerun_advice()}", err=True)
+                   f"{first.system}/{first.book}: {first.error}){more}; {outcome.rerun_advice()}", err=True)
         raise typer.Exit(1)

@@ -44,6 +44,9 @@ class CellOutcome:
     status: str  # complete | failed | not run
     error: Optional[str] = None
     run: Optional[dict[str, Any]] = None
+    # Its book could not be read when the sweep was planned (empty, binary, not UTF-8): a rerun reads the
+    # same file, so the cell fails again until the book is fixed.
+    unreadable: bool = False
 
 
 def cell_dir(output: Path, system: str, book: str) -> Path:
@@ -79,6 +82,7 @@ def cell_row(outcome: CellOutcome) -> dict[str, Any]:
         "book": outcome.book,
         "status": outcome.status,
         "error": outcome.error,
+        "book_unreadable": outcome.unreadable,
         "dir": f"{CELLS_DIR}/{outcome.system}/{outcome.book}",
         "lm": run.get("lm"),
         "book_tokens": run.get("book_tokens"),
@@ -97,6 +101,26 @@ def cell_row(outcome: CellOutcome) -> dict[str, Any]:
         row[key] = totals.get(key)
     # NaN or infinity in a record (Python's json reads and writes them) is no figure, and no JSON: unknown.
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
+def rerun_advice(failed: Sequence[dict[str, Any]], *, rerun: str = "rerun", first_error_shown: bool = True) -> str:
+    """What to do about a sweep's failed cells (their rows): a rerun retries those that failed at the LM
+    (with the setting the first one's failure names, where that failure is shown beside the advice);
+    a book that could not be read fails its cells again until it is fixed. `rerun`: the words for
+    a rerun where the advice is read."""
+    from booklens.lm.base import advises_setting
+
+    unread = list(dict.fromkeys(str(r["book"]) for r in failed if r.get("book_unreadable")))
+    plural = len(unread) > 1
+    books = f"the book{'s' if plural else ''} {', '.join(map(repr, unread))}"
+    retriable = [r for r in failed if not r.get("book_unreadable")]
+    if not retriable:
+        them = "them" if plural else "it"
+        return f"{books} cannot be read: fix {them} or take {them} out of the manifest, then {rerun}"
+    if first_error_shown and advises_setting(retriable[0].get("error")):
+        rerun = f"{rerun} with the setting it names"
+    return f"{rerun} to retry them" + (f" (the cells of {books} fail again until "
+                                       f"{'they are' if plural else 'it is'} fixed)" if unread else "")
 
 
 # ---------------------------------------------------------------------------

@@ -409,8 +409,15 @@ def render_sweep_report(results: dict[str, Any], rows: Sequence[dict[str, Any]],
             bits.append(f"{failed} cell{'s' if failed != 1 else ''} failed")
         if not_run:
             bits.append(f"{not_run} did not run")
+        then = "Rerun the same <code>booklens sweep</code> command to resume."
+        if not not_run:  # every cell ran: a rerun retries the failed ones, but not those of a book it cannot read
+            from booklens.sweep.aggregate import rerun_advice
+
+            advice = rerun_advice([r for r in rows if r["status"] == "failed"],
+                                  rerun="rerun the same booklens sweep command", first_error_shown=False)
+            then = h(advice[0].upper() + advice[1:]) + "."
         warning = (f'<p class="note"><strong>{h(", ".join(bits))}</strong>: the figures cover the completed '
-                   'cells only. Rerun the same <code>booklens sweep</code> command to resume.</p>')
+                   f'cells only. {then}</p>')
     return f"""{page_head(f"booklens sweep: {title}", SWEEP_STYLE)}
 <body>
 <a class="skip" href="#main">Skip to the report</a>
@@ -473,8 +480,11 @@ def unfinished_note(rows: Sequence[dict[str, Any]], earlier: int = 0, *, stopped
     left_out = (f" ({counted(earlier, 'cell')} on disk {'is' if earlier == 1 else 'are'} left out as from an "
                 "earlier plan)" if earlier else "")
     if not stopped and failed == len(undone):
+        from booklens.sweep.aggregate import rerun_advice
+
+        advice = rerun_advice(undone, rerun="rerun the sweep", first_error_shown=False)
         return (f"{failed} of {counted(len(rows), 'cell')} failed (books without every cell: {books}); the page "
-                f"covers the complete cells only{left_out}; rerun the sweep to retry them")
+                f"covers the complete cells only{left_out}; {advice}")
     kinds = ", ".join(bit for bit in (f"{failed} failed" if failed else "",
                                       f"{len(undone) - failed} not run" if len(undone) > failed else "") if bit)
     return (f"the sweep is not finished: {len(undone)} of {counted(len(rows), 'cell')} "

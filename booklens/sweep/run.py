@@ -21,13 +21,13 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Optional, TextIO
 
 from booklens.errors import BooklensError, check_flag, kind_of, setting_name
 from booklens.sweep import ENGINES, PLAN_FILE
-from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, write_aggregate
+from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, rerun_advice, write_aggregate
 from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine, temporary_log
 from booklens.sweep.manifest import JUDGE_KEYS, Sweep, judge_key, load_manifest
 
@@ -39,34 +39,21 @@ class SweepOutcome:
     outcomes: list[CellOutcome] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # `artifact_notes`
     judge_steps: list[str] = field(default_factory=lambda: ["coherence", "faithfulness"])  # the manifest's judge.steps
-    # (system, book) of the cells whose book could not be read when the sweep was planned (empty, binary,
-    # not UTF-8): a rerun reads the same file, so they fail again until the book is fixed.
-    unreadable: set[tuple[str, str]] = field(default_factory=set)
 
     @property
     def failed(self) -> list[CellOutcome]:
         return [o for o in self.outcomes if o.status == "failed"]
 
     @property
-    def failed_unread(self) -> list[CellOutcome]:
-        """The failed cells whose book could not be read: a plain rerun fails them again."""
-        return [o for o in self.failed if (o.system, o.book) in self.unreadable]
+    def first_failure(self) -> Optional[CellOutcome]:
+        """The failed cell to name beside `rerun_advice()`, whose failure the advice reads: the first a
+        rerun retries, else the first."""
+        retriable = [o for o in self.failed if not o.unreadable]
+        return (retriable or self.failed or [None])[0]
 
     def rerun_advice(self) -> str:
-        """What to do about the failed cells: a rerun retries those that failed at the LM (with the setting
-        a failure names, if it names one); a book that cannot be read fails its cells again until fixed."""
-        from booklens.lm.base import advises_setting
-
-        unread = sorted({o.book for o in self.failed_unread})
-        plural = len(unread) > 1
-        books = f"the book{'s' if plural else ''} {', '.join(map(repr, unread))}"
-        retriable = [o for o in self.failed if (o.system, o.book) not in self.unreadable]
-        if not retriable:
-            them = "them" if plural else "it"
-            return f"{books} cannot be read: fix {them} or take {them} out of the manifest, then rerun"
-        rerun = "rerun with the setting it names" if advises_setting(retriable[0].error) else "rerun"
-        return f"{rerun} to retry them" + (f" (the cells of {books} fail again until "
-                                           f"{'they are' if plural else 'it is'} fixed)" if unread else "")
+        """What to do about the failed cells, said after `first_failure` (`rerun_advice`)."""
+        return rerun_advice([cell_row(o) for o in self.failed])
 
     @property
     def not_run(self) -> list[CellOutcome]:
@@ -770,6 +757,9 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
                 progress.close()
             by_cell = {(o.system, o.book): o for o in finished}
             outcomes = [by_cell[(t.system, t.book)] for t in tasks]  # manifest order
+            # The cells of a book that could not be read when the sweep was planned fail again on a rerun.
+            outcomes = [replace(o, unreadable=True) if t.book_sha256 is None and o.status == "failed" else o
+                        for o, t in zip(outcomes, tasks)]
             systems = [s.name for s in sweep.systems]
             books = [b.key for b in sweep.books]
             results = write_aggregate(output, systems, books, outcomes)
@@ -778,8 +768,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
             # Titled by the manifest as sweep.json names it, as `booklens report` titles the page it rebuilds.
             write_sweep_report(output, results, [cell_row(o) for o in outcomes],
                                title=Path(manifest_name(sweep)).stem, meta=meta)
-            unreadable = {(t.system, t.book) for t in tasks if t.book_sha256 is None}
-            return SweepOutcome(output, results, outcomes, artifact_notes(sweep), list(judge.steps), unreadable)
+            return SweepOutcome(output, results, outcomes, artifact_notes(sweep), list(judge.steps))
     finally:
         if engine == "ray":
             runner.close()
