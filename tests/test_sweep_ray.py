@@ -26,6 +26,21 @@ def small_sweep(base: Path) -> Path:
     return base / "sweep.yaml"
 
 
+def refused_in_time(args: list[str], env: dict[str, str], seconds: float = 60.0) -> subprocess.CompletedProcess:
+    """`run_command` for a command that must refuse a Ray address at once. Ray itself retries an address
+    for ever, so a regression would hang the whole suite; on a thread of its own it fails this test
+    after `seconds` instead."""
+    import threading
+
+    result: dict[str, subprocess.CompletedProcess] = {}
+    thread = threading.Thread(target=lambda: result.update(proc=run_command(args, env=env)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if "proc" not in result:
+        pytest.fail(f"the command had not refused the address after {seconds:.0f} s")
+    return result["proc"]
+
+
 def ray_sweep_args(manifest: Path, out: Path, cache: Path, address: str) -> list[str]:
     return ["sweep", str(manifest), "-o", str(out), "--lm", "openai/fake-model", "--api-base",
             f"http://127.0.0.1:{free_port()}/v1", "--cache-dir", str(cache), "--engine", "ray",
@@ -38,7 +53,7 @@ def test_a_ray_address_nothing_listens_at_is_one_line_before_anything_is_written
     manifest = small_sweep(tmp_path)
     address = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = run_command(ray_sweep_args(manifest, tmp_path / "out", tmp_path / "cache", address), env=env)
+    proc = refused_in_time(ray_sweep_args(manifest, tmp_path / "out", tmp_path / "cache", address), env=env)
     assert proc.returncode != 0
     assert proc.stderr.count("\n") == 1 and address in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
@@ -60,7 +75,7 @@ def test_a_ray_address_where_another_service_listens_is_one_line_before_anything
     address = f"127.0.0.1:{web.server_address[1]}"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_USE_TLS")}
     try:
-        proc = run_command(ray_sweep_args(manifest, tmp_path / "out", tmp_path / "cache", address), env=env)
+        proc = refused_in_time(ray_sweep_args(manifest, tmp_path / "out", tmp_path / "cache", address), env=env)
     finally:
         web.shutdown()
     assert proc.returncode == 2
@@ -193,7 +208,7 @@ def test_ray_address_in_the_environment_is_the_cluster_joined(tmp_path):
     address = f"127.0.0.1:{free_port()}"
     args = ["sweep", str(manifest), "-o", str(tmp_path / "out"), "--lm", "openai/fake-model", "--api-base",
             f"http://127.0.0.1:{free_port()}/v1", "--cache-dir", str(tmp_path / "cache"), "--engine", "ray"]
-    proc = run_command(args, env={**os.environ, "RAY_ADDRESS": address})
+    proc = refused_in_time(args, env={**os.environ, "RAY_ADDRESS": address})
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and f"cannot reach the Ray cluster at {address} (RAY_ADDRESS)" in proc.stderr, \
         proc.stderr
@@ -235,7 +250,7 @@ def test_the_cluster_ray_start_recorded_on_this_machine_is_joined(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     args = ["sweep", str(manifest), "-o", str(tmp_path / "out"), "--lm", "openai/fake-model", "--api-base",
             f"http://127.0.0.1:{free_port()}/v1", "--cache-dir", str(tmp_path / "cache"), "--engine", "ray"]
-    proc = run_command(args, env={**env, "RAY_TMPDIR": str(temp)})
+    proc = refused_in_time(args, env={**env, "RAY_TMPDIR": str(temp)})
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and f"cannot reach the Ray cluster at {address}" in proc.stderr \
         and "ray start" in proc.stderr and "--ray-address local" in proc.stderr, proc.stderr
