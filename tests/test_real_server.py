@@ -15,8 +15,8 @@ from typing import Literal
 import dspy
 import pytest
 
-from booklens.programs.base import Predict
 from booklens.errors import BooklensError
+from booklens.programs.base import Predict
 from booklens.testing import run_command
 
 pytestmark = pytest.mark.real_server

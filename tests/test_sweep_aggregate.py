@@ -465,3 +465,22 @@ def test_the_sweeps_judge_record_gives_the_range_of_demos_its_cells_showed():
     same = sweep_judges(cells[1:2] * 2)["verification"]
     assert (same["demos_shown"], same["demos_note"]) == (4, note)
     assert "demos_shown" not in sweep_judges(cells[:1])["verification"]
+
+
+def test_rerun_advice_tells_the_cells_a_rerun_retries_from_those_of_books_it_cannot_read():
+    """One wording for the sweep's last line, `booklens report`'s note and the page: a rerun retries cells
+    that failed at the LM (with the setting a shown failure names), not those of a book it cannot read."""
+    from booklens.sweep.aggregate import rerun_advice
+
+    def row(book: str, error: str, unreadable: bool = False) -> dict:
+        return cell_row(CellOutcome("hier", book, "failed", error, unreadable=unreadable))
+
+    lm = row("a", "summary: the server's window is too small; set --context-window 2048")
+    empty, binary = row("e", "summary: the book is empty", True), row("b", "summary: not text", True)
+    assert rerun_advice([empty]) == "the book 'e' cannot be read: fix it or take it out of the manifest, then rerun"
+    assert rerun_advice([empty, binary], rerun="rerun the sweep") == (
+        "the books 'e', 'b' cannot be read: fix them or take them out of the manifest, then rerun the sweep")
+    assert rerun_advice([empty, lm]) == ("rerun with the setting it names to retry them (the cells of the book 'e' "
+                                         "fail again until it is fixed)")
+    # where the failure is not shown beside the advice, "the setting it names" would name nothing
+    assert rerun_advice([lm], rerun="rerun the sweep", first_error_shown=False) == "rerun the sweep to retry them"
