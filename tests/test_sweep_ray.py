@@ -6,8 +6,10 @@ breaks Ray's import, or once saw it hang at exit; the others run in this one
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -185,18 +187,29 @@ def test_ctrl_c_on_a_ray_sweep_lets_the_calls_in_flight_end_and_be_cached(tmp_pa
 
 def test_a_ray_without_ray_data_is_one_line_before_anything_is_written(tmp_path):
     """Ray installed without its Data library (`pip install ray`, not the `ray` extra's `ray[data]`):
-    an internal error with a traceback hint, after the sweep directory was written."""
+    an internal error with a traceback hint, after the sweep directory was written. Now one line, before
+    a local Ray starts (it had started one, some 5 s, to find out)."""
     manifest = small_sweep(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # Where a local Ray would make its session folder: short, as Ray's socket paths must be.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="bl-ray-", dir="/tmp"))
+    env["RAY_TMPDIR"] = str(ray_tmp)
     args = ["sweep", str(manifest), "-o", str(tmp_path / "out"), "--lm", "openai/fake-model", "--api-base",
             f"http://127.0.0.1:{free_port()}/v1", "--cache-dir", str(tmp_path / "cache"), "--engine", "ray"]
     script = ("import sys; sys.modules['pyarrow'] = None; sys.argv = ['booklens', *sys.argv[1:]]; "
               "from booklens.cli import main; main()")
-    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120, env=env)
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120,
+                              env=env)
+        started = list(ray_tmp.iterdir())
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "ray[data]" in proc.stderr and "internal error" not in proc.stderr, \
         proc.stderr
+    assert "(import ray.data: No module named 'pyarrow')" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+    assert not started, "a local Ray was started"
 
 
 def test_ray_address_in_the_environment_is_the_cluster_joined(tmp_path):
@@ -254,4 +267,25 @@ def test_the_cluster_ray_start_recorded_on_this_machine_is_joined(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and f"cannot reach the Ray cluster at {address}" in proc.stderr \
         and "ray start" in proc.stderr and "--ray-address local" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("missing", ["ray", "pandas", "pyarrow", "fsspec"])
+def test_ray_or_what_ray_data_adds_missing_is_one_line_before_the_sweep_reads_its_books(missing, tmp_path,
+                                                                                       monkeypatch):
+    """Found without importing: `run_sweep` names the install, and neither reads the manifest's books nor
+    starts a Ray."""
+    from booklens.errors import BooklensError
+    from booklens.sweep.run import run_sweep
+
+    manifest = small_sweep(tmp_path)
+    monkeypatch.setitem(sys.modules, missing, None)  # what find_spec answers for a module not installed
+    monkeypatch.setattr("booklens.sweep.run.prepare", lambda *a, **k: pytest.fail("the books were read"))
+    want = ("the ray engine needs Ray: pip install 'booklens[ray]'" if missing == "ray" else
+            f"the ray engine needs Ray Data: pip install 'booklens[ray]', which installs ray[data] (import ray.data: "
+            f"No module named '{missing}')")
+    with pytest.raises(BooklensError) as raised:
+        run_sweep(manifest, tmp_path / "out", engine="ray", lm="openai/fake-model",
+                  api_base=f"http://127.0.0.1:{free_port()}/v1", cache_dir=tmp_path / "cache")
+    assert str(raised.value) == want
     assert not (tmp_path / "out").exists()

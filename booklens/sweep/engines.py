@@ -545,6 +545,29 @@ class SharedRateLimit:
             raise Stopped() from None
 
 
+# What Ray's `data` extra adds to `ray`: Ray Data imports them, and the ray engine runs on Ray Data.
+RAY_DATA_NEEDS = ("numpy", "pandas", "pyarrow", "fsspec")
+NO_RAY = "the ray engine needs Ray: pip install 'booklens[ray]'"
+
+
+def no_ray_data(reason: str) -> BooklensError:
+    return BooklensError("the ray engine needs Ray Data: pip install 'booklens[ray]', which installs "
+                         f"ray[data] (import ray.data: {reason})")
+
+
+def check_ray_installed() -> None:
+    """Ray and what Ray Data adds to it are installed, found without importing them: a plain `pip
+    install ray` is then one line at once, not after a local Ray has started (some 5 s and a few
+    processes) for nothing. A library that is there but does not import is found by `RayEngine.start`."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise BooklensError(NO_RAY)
+    for name in RAY_DATA_NEEDS:
+        if importlib.util.find_spec(name) is None:
+            raise no_ray_data(f"No module named {name!r}")
+
+
 def _import_ray_data(failures: list[BaseException]) -> None:
     try:
         import ray.data  # noqa: F401
@@ -668,7 +691,7 @@ class RayEngine:
         except ModuleNotFoundError as exc:
             if exc.name != "ray":  # installed, but something it needs is missing
                 raise BooklensError(f"the ray engine cannot import Ray: {first_line(exc)}") from None
-            raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'") from None
+            raise BooklensError(NO_RAY) from None
         except Exception as exc:  # a broken install (a library or a protobuf of another version)
             raise BooklensError(f"the ray engine cannot import Ray: {first_line(exc)}") from None
         import logging
@@ -721,8 +744,7 @@ class RayEngine:
             # Also after a failure: a command exiting while the import is half done hangs at exit.
             data_import.join()
         if import_failures:
-            raise BooklensError("the ray engine needs Ray Data: pip install 'booklens[ray]', which installs "
-                                f"ray[data] (import ray.data: {first_line(import_failures[0])})")
+            raise no_ray_data(first_line(import_failures[0]))
 
     def move_log(self, path: Path) -> None:
         """From now on Ray's messages go to `path` (the sweep directory's log), after those so far."""

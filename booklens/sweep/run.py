@@ -28,7 +28,7 @@ from typing import Any, Iterator, Optional, TextIO
 from booklens.errors import BooklensError, check_flag, kind_of, setting_name
 from booklens.sweep import ENGINES, PLAN_FILE
 from booklens.sweep.aggregate import CELLS_DIR, CellOutcome, cell_dir, cell_row, rerun_advice, write_aggregate
-from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine, temporary_log
+from booklens.sweep.engines import CellTask, LocalEngine, PoolSettings, RayEngine, check_ray_installed, temporary_log
 from booklens.sweep.manifest import JUDGE_KEYS, Sweep, judge_key, load_manifest
 
 
@@ -681,10 +681,7 @@ def run_sweep(manifest: str | Path, output: str | Path, *, engine: str = "local"
     if ray_address and engine != "ray":
         raise BooklensError(f"{setting_name('--ray-address')} needs {setting_name('--engine')} ray")
     if engine == "ray":
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise BooklensError("the ray engine needs Ray: pip install 'booklens[ray]'")
+        check_ray_installed()
     output = output.absolute()  # cells may run in other processes, on other nodes
     sweep, tasks = prepare(manifest, output, lm=lm, api_base=api_base, concurrency=concurrency,
                            server_options={"structured": structured, "rpm": rpm, "tpm": tpm})
