@@ -897,13 +897,24 @@ def test_a_system_window_larger_than_the_servers_is_refused_before_any_cell(corp
     assert not out.exists()
 
 
-def test_a_dry_run_with_no_server_up_takes_the_window_as_unknown(corpus: Path):
+def test_a_dry_run_with_no_server_up_takes_the_window_as_unknown_and_says_the_server_does_not_answer(corpus: Path):
+    """The plan is printed, and its last lines say that nothing was checked against the server's window and
+    that a run now would fail: the dry run used to say nothing of it. Once per server, however many of the
+    manifest's steps name it; a server that answers gets no warning."""
     from booklens.sweep.run import dry_run
-    from booklens.testing import free_port
+    from booklens.testing import FakeOpenAIServer, free_port
 
-    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a, context_window: 16384}]\n")
-    text = dry_run(manifest, corpus / "sweep", lm="openai/fake", api_base=f"http://127.0.0.1:{free_port()}/v1")
-    assert text.startswith("2 cells: 1 system \u00d7 2 books"), text
+    manifest = write(corpus / "m.yaml", "books: corpus\nsystems: [{name: a, context_window: 16384}, {name: b}]\n")
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    text = dry_run(manifest, corpus / "sweep", lm="openai/fake", api_base=url)
+    assert text.startswith("4 cells: 2 systems \u00d7 2 books"), text
+    assert [line for line in text.splitlines() if line.startswith("warning:")] == [
+        f"warning: the server at {url} does not answer (Connection refused): nothing was checked against its "
+        "context window, and a sweep run now would fail every call there"]
+    with FakeOpenAIServer() as server:
+        text = dry_run(manifest, corpus / "sweep", lm="openai/fake", api_base=server.url)
+    assert not [line for line in text.splitlines() if line.startswith("warning:")], text
+    assert server.received == []
 
 
 def test_judge_settings_that_cannot_fit_the_servers_window_are_refused_before_any_cell(corpus: Path):
@@ -977,3 +988,4 @@ def test_a_dry_run_waits_once_for_a_server_that_does_not_answer(corpus: Path, mo
     text = dry_run(manifest, corpus / "sweep", lm="openai/fake", api_base=f"http://127.0.0.1:{port}/v1")
     assert text.startswith("4 cells: 2 systems \u00d7 2 books"), text
     assert len(tries) == 1
+    assert f"warning: the server at http://127.0.0.1:{port}/v1 does not answer (no connection within the connect timeout): " in text

@@ -21,7 +21,7 @@ from booklens.lm.base import DEFAULT_MAX_TOKENS, Completion, ContextWindowExceed
 from booklens.lm.cache import CACHE_FILE, CallCache, cache_folder
 from booklens.lm.embedded import LOCAL_LM, LocalBackend, check_lm_strings, missing_model_error, resolve_lm_name
 from booklens.lm.remote import (STRUCTURED_MODES, LiteLLMBackend, model_context_window, resolve_api_base,
-                                 resolve_server)
+                                 resolve_server, shown_url, unreachable)
 from booklens.lm.usage import UsageTracker
 from booklens.parallel import raise_if_stopped, survive_ctrl_c
 
@@ -341,6 +341,25 @@ def lm_context_window(lm: str | None = None) -> int | None:
 # Servers that did not answer `served_context_window` in this process (the backends' own checks
 # remember only the servers that did).
 _SILENT_SERVERS: set[str] = set()
+
+
+def unanswering_server(lm: str | None = None, api_base: str | None = None) -> tuple[str, str] | None:
+    """(server as `shown_url` quotes it, why) for the self-hosted server `lm` and `api_base` name when
+    it did not answer `served_context_window` in this process, or no connection to it opens now; else
+    None. Its window is then unknown, and a run's calls there would fail. No request is sent."""
+    name = resolve_lm_name(lm)
+    if name == LOCAL_LM:
+        return None
+    try:
+        server = resolve_server(name, api_base)
+    except BooklensError:
+        return None
+    if not server:
+        return None
+    if server in _SILENT_SERVERS:
+        return shown_url(server), "no connection within the connect timeout"
+    why = unreachable(server)
+    return (shown_url(server), why) if why else None
 
 
 def forget_servers() -> None:

@@ -624,20 +624,14 @@ class LiteLLMBackend:
         timeout per try. A refused connection or an unknown host is left to the request, which names
         it; behind a proxy (HTTP(S)_PROXY) nothing is checked: the proxy makes the connection."""
         import socket
-        from urllib.parse import urlsplit
-        from urllib.request import getproxies, proxy_bypass
 
         with _learned_lock:
             if self._learned.get("connects"):
                 return
-        try:
-            parts = urlsplit(self.api_base)
-            host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
-            return  # a malformed URL: the request says what is wrong with it
-        proxies = getproxies()
-        if not host or ((parts.scheme in proxies or "all" in proxies) and not proxy_bypass(host)):
+        target = connect_target(self.api_base)
+        if target is None:
             return
+        host, port = target
         wait = min(connect_timeout(), self.timeout)
         try:
             socket.create_connection((host, port), timeout=wait).close()
@@ -1413,3 +1407,37 @@ def context_window_message(model: str, server_text: str) -> str:
     lines = redacted(_server_words(server_text)).splitlines()  # before the cut, as `server_text` does
     detail = f" ({lines[0][:200]})" if lines else ""
     return f"the prompt is larger than the context window of '{model}'{detail}: {advice}"
+
+
+def connect_target(api_base: str) -> tuple[str, int] | None:
+    """(host, port) a connection to the `api_base` server opens to; None where that cannot be told from
+    here: a malformed URL (the request says what is wrong with it), or a proxy (HTTP(S)_PROXY) that
+    makes the connection."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    try:
+        parts = urlsplit(api_base)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    proxies = getproxies()
+    if not host or ((parts.scheme in proxies or "all" in proxies) and not proxy_bypass(host)):
+        return None
+    return host, port
+
+
+def unreachable(api_base: str) -> str | None:
+    """Why no connection to the `api_base` server opens within `connect_timeout()` ('Connection refused',
+    'timed out', ...); None when one does, or where that cannot be told (`connect_target`). No request
+    is sent."""
+    import socket
+
+    target = connect_target(api_base)
+    if target is None:
+        return None
+    try:
+        socket.create_connection(target, timeout=connect_timeout()).close()
+    except OSError as exc:
+        return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return None

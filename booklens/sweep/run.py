@@ -840,9 +840,28 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
     lines.append("")
     lines.append(ASSUMPTIONS)
     lines.extend(unreadable_books(sweep))
+    lines.extend(unanswering_server_warnings(sweep, bool(programs)))
     lines.extend(summary_budget_warnings(sweep, tasks, programs))
     lines.extend(f"note: {note}" for note in artifact_notes(sweep))
     return "\n".join(lines)
+
+
+def unanswering_server_warnings(sweep: Sweep, judged: bool) -> list[str]:
+    """A warning for each self-hosted server the plan names that did not answer (`unanswering_server`):
+    nothing was checked against its window, and a sweep run now would fail every call there."""
+    from booklens.lm.model import unanswering_server
+
+    named = [(spec.lm or sweep.lm, spec.api_base or sweep.api_base) for spec in sweep.systems
+             if spec.summaries is None]
+    if judged:
+        named.append((sweep.judge.lm or sweep.lm, sweep.judge.api_base or sweep.api_base))
+    found: dict[str, str] = {}
+    for lm, api_base in named:
+        silent = unanswering_server(lm, api_base)
+        if silent and silent[0] not in found:
+            found[silent[0]] = silent[1]
+    return [f"warning: the server at {server} does not answer ({why}): nothing was checked against its context "
+            "window, and a sweep run now would fail every call there" for server, why in found.items()]
 
 
 def unreadable_books(sweep: Sweep) -> list[str]:
