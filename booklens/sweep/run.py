@@ -847,8 +847,9 @@ def dry_run(manifest: str | Path, output: str | Path, *, lm: Optional[str] = Non
 
 
 def unanswering_server_warnings(sweep: Sweep, judged: bool) -> list[str]:
-    """A warning for each self-hosted server the plan names that did not answer (`unanswering_server`):
-    nothing was checked against its window, and a sweep run now would fail every call there."""
+    """A warning for each server the plan names that does not answer (`unanswering_server`): a sweep run
+    now would fail every call there, and what the plan knows of a self-hosted server's window it did not
+    learn from the server."""
     from booklens.lm.model import unanswering_server
 
     named = [(spec.lm or sweep.lm, spec.api_base or sweep.api_base) for spec in sweep.systems
@@ -860,8 +861,8 @@ def unanswering_server_warnings(sweep: Sweep, judged: bool) -> list[str]:
         silent = unanswering_server(lm, api_base)
         if silent and silent[0] not in found:
             found[silent[0]] = silent[1]
-    return [f"warning: the server at {server} does not answer ({why}): nothing was checked against its context "
-            "window, and a sweep run now would fail every call there" for server, why in found.items()]
+    return [f"warning: the server at {server} does not answer ({why}): a sweep run now would fail every call there"
+            for server, why in found.items()]
 
 
 def unreadable_books(sweep: Sweep) -> list[str]:
