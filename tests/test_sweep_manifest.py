@@ -988,4 +988,5 @@ def test_a_dry_run_waits_once_for_a_server_that_does_not_answer(corpus: Path, mo
     text = dry_run(manifest, corpus / "sweep", lm="openai/fake", api_base=f"http://127.0.0.1:{port}/v1")
     assert text.startswith("4 cells: 2 systems \u00d7 2 books"), text
     assert len(tries) == 1
-    assert f"warning: the server at http://127.0.0.1:{port}/v1 does not answer (no connection within the connect timeout): " in text
+    assert (f"warning: the server at http://127.0.0.1:{port}/v1 does not answer (no connection within the connect "
+            "timeout): ") in text
