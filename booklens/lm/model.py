@@ -344,9 +344,10 @@ _SILENT_SERVERS: set[str] = set()
 
 
 def unanswering_server(lm: str | None = None, api_base: str | None = None) -> tuple[str, str] | None:
-    """(server as `shown_url` quotes it, why) for the self-hosted server `lm` and `api_base` name when
-    it did not answer `served_context_window` in this process, or no connection to it opens now; else
-    None. Its window is then unknown, and a run's calls there would fail. No request is sent."""
+    """(server as `shown_url` quotes it, why) for the server `lm` and `api_base` name (None for a
+    provider's own endpoint) when it did not answer `served_context_window` in this process, or no
+    connection to it opens now; else None. A run's calls there would fail, and a self-hosted server's
+    window is unknown. No request is sent."""
     name = resolve_lm_name(lm)
     if name == LOCAL_LM:
         return None

@@ -857,7 +857,7 @@ def unanswering_server_warnings(sweep: Sweep, judged: bool) -> list[str]:
     if judged:
         named.append((sweep.judge.lm or sweep.lm, sweep.judge.api_base or sweep.api_base))
     found: dict[str, str] = {}
-    for lm, api_base in named:
+    for lm, api_base in dict.fromkeys(named):  # one connection per server and model, not per system
         silent = unanswering_server(lm, api_base)
         if silent and silent[0] not in found:
             found[silent[0]] = silent[1]
