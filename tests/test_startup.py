@@ -157,7 +157,12 @@ def test_a_command_run_in_the_test_process_leaves_its_collector_as_it_was():
 
 COMPILED_PROBE = """
 import importlib.util, json, os, sys, sysconfig
-import booklens.lm.model, openai.resources  # the LM layer, and the client LiteLLM loads on its first call
+import booklens.lm.model
+from booklens.lm import make_lm
+try:  # the LM layer, and what LiteLLM loads on a call (its client, parts of its proxy's package)
+    make_lm("openai/probe", api_base="http://127.0.0.1:9/v1", use_cache=False)("A call nothing answers.")
+except Exception:
+    pass
 from booklens.text import split_sentences
 split_sentences("Mr. Darcy came at 5 p.m. He left.")  # Punkt's English model
 from booklens.retrieval.index import embed
