@@ -112,7 +112,7 @@ def load_judge(judge: str, program: str | Path | None = None, *, zero_shot: bool
         else default_path(judge)
     if program is None and not path.exists():
         raise BooklensError(f"the default {judge} program is missing from this installation ({path}); "
-                            "reinstall booklens or pass --zero-shot")
+                            f"reinstall booklens or pass {setting_name('--zero-shot')}")
     load_program(target, path, task=task_of(judge))
     if judge == "coherence":
         _check_demos_in_use(target, path)

@@ -40,7 +40,7 @@ from typing import Annotated, Any, Callable, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from booklens.errors import BooklensError, first_line, internal_error, kind_of
+from booklens.errors import BooklensError, first_line, internal_error, kind_of, setting_name
 from booklens.parallel import raise_if_stopped
 from booklens.retrieval import BOOK_MODES, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, MIN_BUDGET_TOKENS, MIN_PASSAGE_TOKENS
 from booklens.vocabulary import (
@@ -458,7 +458,7 @@ def check_cache_outside(output: Path, cache_dir: Any) -> None:
         return
     where = "is" if within == "." else "is inside"
     raise BooklensError(f"the LM cache folder {cache} {where} the run directory {output}, which holds only the "
-                        "run's records: choose a --cache-dir outside it")
+                        f"run's records: choose a {setting_name('--cache-dir')} outside it")
 
 
 def make_output_dir(output: Path, what: str) -> None:

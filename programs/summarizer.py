@@ -154,7 +154,8 @@ def words_kept(original: str, rewrite: str) -> float:
 
 class BudgetMisfit(BooklensError):
     """A summarizer's chunk and summary budgets that do not fit its context window (`check_budgets`).
-    `settings` names what to set so that they fit it ("--chunk-size to 151 or less"), empty when no
+    `settings` names what to set so that they fit it ("--chunk-size to 151 or less", or within a library
+    call "chunk_size to 151 or less"), empty when no
     setting does: only a larger window helps."""
 
     def __init__(self, message: str, settings: str = ""):
@@ -164,7 +165,8 @@ class BudgetMisfit(BooklensError):
 
 def _raise_window(settings: str) -> str:
     """The advice a `BudgetMisfit` line ends in."""
-    return f"set {settings}, or raise --context-window" if settings else "raise --context-window"
+    window = setting_name("--context-window")
+    return f"set {settings}, or raise {window}" if settings else f"raise {window}"
 
 
 @dataclass
@@ -267,8 +269,10 @@ class _BookSummarizer(Module):
 
     @property
     def budget_option(self) -> str:
-        """The option that set the summary budgets, for the messages that ask to lower them."""
-        return "--level-budget" if self.level_budgets else "--max-summary-tokens"
+        """The setting that set the summary budgets, for the messages that ask to lower them (the option
+        within a command, the keyword elsewhere: `setting_name`)."""
+        return setting_name("--level-budget", keyword="level_budgets") if self.level_budgets \
+            else setting_name("--max-summary-tokens")
 
     def word_limit(self, budget: int) -> int:
         """The word limit a prompt states for a budget of `budget` tokens."""
@@ -482,11 +486,13 @@ class HierarchicalSummarizer(_BookSummarizer):
         # The settings that fit, so that one line ends the search: a budget at which two summaries merge
         # beside a third (the merge's own), and the chunk that fits beside a level-1 summary of it.
         fit = (self.usable_window - merge_overhead - 32) // 3
-        budgets = f"every {self.budget_option}" if self.level_budgets else self.budget_option
+        budgets = self.budget_option
+        if self.level_budgets:
+            budgets = f"every {budgets}" if budgets.startswith("--") else f"each of {budgets}"
         changes = [] if merges else [f"{budgets} to {fit} or less"]
         chunk_room = room_chunks if merges else self.room_for_chunks(min(g1, fit))
         if self.chunk_size > chunk_room:
-            changes.append(f"--chunk-size to {chunk_room} or less")
+            changes.append(f"{setting_name('--chunk-size')} to {chunk_room} or less")
         settings = "" if fit < MIN_SUMMARY_TOKENS or chunk_room < MIN_CHUNK_SIZE else " and ".join(changes)
         advice = _raise_window(settings)
         if room_chunks < self.chunk_size:
@@ -545,7 +551,8 @@ class HierarchicalSummarizer(_BookSummarizer):
                 level += 1
             if level <= levels:
                 return groups, budgets
-        raise BooklensError("the book needs too deep a merge tree; raise --chunk-size or --context-window")
+        raise BooklensError(f"the book needs too deep a merge tree; raise {setting_name('--chunk-size')} or "
+                           f"{setting_name('--context-window')}")
 
     @staticmethod
     def chunk_summary(j: int, group: list[int], budget: int, text: str, tokens: int, **outcome: Any) -> SummaryNode:
@@ -706,8 +713,9 @@ class _MergeTree:
             if lower.complete and lower.cursor == len(lower.slots) and not upper.complete:
                 upper.complete = True
                 if len(upper.slots) == len(lower.slots):
-                    raise BooklensError("summaries are too long to merge within the context window; "
-                                        "lower --max-summary-tokens or raise --context-window")
+                    raise BooklensError("summaries are too long to merge within the context window; lower "
+                                        f"{setting_name('--max-summary-tokens')} or raise "
+                                        f"{setting_name('--context-window')}")
             k += 1
 
     def _context(self, node: SummaryNode) -> tuple[str, int]:
@@ -920,7 +928,8 @@ class IncrementalSummarizer(_BookSummarizer):
         if compress_need(g) > self.usable_window:
             # the update fits beside this chunk, so it does at any smaller G_n
             budget = self._largest_budget(self.chunk_size, update_need, compress_need)
-            settings = f"--max-summary-tokens to {budget} or less" if budget >= MIN_SUMMARY_TOKENS else ""
+            settings = f"{setting_name('--max-summary-tokens')} to {budget} or less" if budget >= MIN_SUMMARY_TOKENS \
+                else ""
             raise BudgetMisfit(
                 f"compressing an update needs {compress_need(g)} tokens per call but the usable context window is "
                 f"{self.usable_window}; {_raise_window(settings)}", settings
@@ -946,16 +955,16 @@ class IncrementalSummarizer(_BookSummarizer):
         both checks, so that one line ends the search. A smaller chunk first, then a smaller G_n beside
         the chunk, then beside the smallest chunk."""
         window, g = self.usable_window, self.max_summary_tokens
+        chunk, summary = setting_name("--chunk-size"), setting_name("--max-summary-tokens")
         room = window - update_need(0, g)
         if room >= MIN_CHUNK_SIZE and compress_need(g) <= window:
-            return f"--chunk-size to {room} or less"
+            return f"{chunk} to {room} or less"
         budget = self._largest_budget(self.chunk_size, update_need, compress_need)
         if budget >= MIN_SUMMARY_TOKENS:
-            return f"--max-summary-tokens to {budget} or less"
+            return f"{summary} to {budget} or less"
         budget = self._largest_budget(MIN_CHUNK_SIZE, update_need, compress_need)
         if budget >= MIN_SUMMARY_TOKENS:
-            return (f"--max-summary-tokens to {budget} or less and --chunk-size to "
-                    f"{window - update_need(0, budget)} or less")
+            return f"{summary} to {budget} or less and {chunk} to {window - update_need(0, budget)} or less"
         return ""
 
     def _largest_budget(self, chunk: int, update_need: Callable[[int, int], int],

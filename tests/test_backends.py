@@ -136,7 +136,7 @@ def test_a_forced_dialect_is_sent_as_is_and_its_refusal_is_one_line():
             classify(backend_for(server, structured="schema"))
     message = str(caught.value)
     assert "\n" not in message and "refused the 'schema' structured-output format" in message
-    assert "--structured auto" in message and len(server.received) == 1
+    assert "try structured='auto'" in message and len(server.received) == 1  # a library call's words
 
 
 def test_the_dialect_is_not_part_of_the_cache_key(tmp_path):
@@ -560,7 +560,7 @@ def test_nothing_listening_is_one_line_at_once():
     backend = LiteLLMBackend("openai/fake-model", api_base=f"http://127.0.0.1:{free_port()}/v1", sleep=sleep)
     with pytest.raises(LMError) as caught:
         classify(backend)
-    assert "connection refused" in str(caught.value) and "--api-base" in str(caught.value)
+    assert "connection refused" in str(caught.value) and "is api_base right?" in str(caught.value)  # its keyword
     assert sleep.delays == []  # no backoff: nothing will start listening because we wait
 
 
@@ -655,7 +655,7 @@ def test_a_server_that_answered_and_then_went_away_is_retried_as_a_restart(tmp_p
 def test_a_wrong_path_says_to_check_the_api_base():
     with FakeOpenAIServer() as server:
         backend = LiteLLMBackend("openai/fake-model", api_base=server.url[: -len("/v1")], sleep=Recorder())
-        with pytest.raises(LMError, match=r"was not found at http://127\.0\.0\.1:\d+ \(check --api-base"):
+        with pytest.raises(LMError, match=r"was not found at http://127\.0\.0\.1:\d+ \(check api_base"):
             classify(backend)
 
 
@@ -687,7 +687,8 @@ def test_a_model_the_server_does_not_serve_is_named_with_the_servers_words():
     assert server.received[0].path == "/v1/api/chat"
 
 
-OLLAMA_AT_V1 = ("ollama_chat/ speaks Ollama's own API, which is at the server's root: give --api-base without /v1, "
+# As a library call words it (`api_base`); a command names its option.
+OLLAMA_AT_V1 = ("ollama_chat/ speaks Ollama's own API, which is at the server's root: give api_base without /v1, "
                 "such as http://127.0.0.1:11434, or use openai/llama3 for an OpenAI-compatible server (Ollama's /v1 "
                 "is one)")
 
@@ -764,7 +765,7 @@ def test_a_server_refusing_the_key_is_told_which_variable_it_came_from(monkeypat
 def test_a_key_holding_a_character_no_header_can_carry_is_one_line_that_says_so(monkeypatch, model, variable, key):
     """A key pasted with curly quotes, a line end of a Windows file or a space cannot go into the
     Authorization header: no request leaves. It was taken for a server answering with no chat
-    completion ('check --api-base'), or retried five times as a 'Connection error.'; on the vLLM
+    completion ('check api_base'), or retried five times as a 'Connection error.'; on the vLLM
     route the last line then showed the key itself, which the redaction (of the whole value, line
     end included) missed."""
     monkeypatch.delenv("BOOKLENS_API_KEY", raising=False)
@@ -839,7 +840,7 @@ def test_a_page_instead_of_a_completion_from_a_server_that_never_answered_is_one
             classify(backend_for(server, sleep=sleep))
     message = str(caught.value)
     assert message.startswith(f"{server.url} answered, but not with an OpenAI-compatible chat completion (")
-    assert "Welcome" in message and message.endswith("check --api-base, usually the server's URL ending in /v1")
+    assert "Welcome" in message and message.endswith("check api_base, usually the server's URL ending in /v1")
     assert len(server.received) == 1 and sleep.delays == []
 
     sleep = Recorder()
@@ -1231,10 +1232,10 @@ def test_booklens_timeout_sets_how_long_a_request_may_take(monkeypatch):
             classify(backend_for(server, retries=1))
         assert len(server.received) == 2  # the first try and one retry, each given up after 0.5 s
     # One account of the wait, not LiteLLM's twice ("Request timed out. Error_str: Request timed out."); a
-    # request waiting in the queue of a server with fewer slots than --concurrency times out as well.
+    # request waiting in the queue of a server with fewer slots than `concurrency` times out as well.
     assert str(caught.value) == (f"'openai/fake-model' at {server.url} kept failing after 2 tries: no answer within "
                                  "0.5 s (BOOKLENS_TIMEOUT sets how long; the time a request waits in the queue of a "
-                                 "server with fewer parallel slots than --concurrency counts)")
+                                 "server with fewer parallel slots than concurrency counts)")
     for bad in ("0", "-3", "soon", "inf"):
         monkeypatch.setenv("BOOKLENS_TIMEOUT", bad)
         with pytest.raises(LMError, match=f"^BOOKLENS_TIMEOUT must be a number of seconds above 0, not '{bad}'$"):
@@ -1753,7 +1754,7 @@ def test_every_command_refuses_an_ollama_route_at_a_v1_url_before_any_call(tmp_p
     monkeypatch.setenv("BOOKLENS_CACHE_DIR", str(tmp_path / "cache"))
     with FakeOpenAIServer() as server:
         proc = run_command(_ollama_commands(tmp_path, server.url)[command])
-    fix = OLLAMA_AT_V1.replace("ollama_chat/", "ollama/")
+    fix = OLLAMA_AT_V1.replace("ollama_chat/", "ollama/").replace("give api_base", "give --api-base")  # a command's
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [f"error: 'ollama/llama3' at {server.url} would get no answer of Ollama's API: "
                                         f"{fix}"]
@@ -1965,10 +1966,10 @@ def test_a_page_instead_of_an_answer_is_one_line_at_once_on_every_route(model):
     message = str(caught.value)
     assert message.startswith(f"{server.url} answered, but not with ") and "\n" not in message
     if model.startswith("ollama"):
-        assert message.endswith("check --api-base, usually the Ollama server's root, such as http://127.0.0.1:11434")
+        assert message.endswith("check api_base, usually the Ollama server's root, such as http://127.0.0.1:11434")
     else:
         assert "Sign in to the proxy" in message
-        assert message.endswith("check --api-base, usually the server's URL ending in /v1")
+        assert message.endswith("check api_base, usually the server's URL ending in /v1")
     assert len(server.received) == 1 and sleep.delays == []
     # A proxy's error page with a 5xx (a server restarting behind it) is still retried.
     with FakeOpenAIServer(responder=lambda body: Reply(status=502, raw="<html>502 Bad Gateway</html>")) as server:
@@ -1985,7 +1986,7 @@ def test_a_model_ollama_has_not_pulled_is_named_with_its_words_and_the_fix():
             classify(LiteLLMBackend("ollama_chat/llama3", api_base=server.url, sleep=Recorder()))
     assert str(caught.value) == (f"model 'ollama_chat/llama3' was not found at {server.url} (model 'llama3' not found, "
                                  "try pulling it first): check the model name (`ollama list` shows the ones the "
-                                 "server has; `ollama pull llama3` fetches it) and that --api-base is the Ollama server's root, such as "
+                                 "server has; `ollama pull llama3` fetches it) and that api_base is the Ollama server's root, such as "
                                  "http://127.0.0.1:11434")
 
 
@@ -2000,7 +2001,7 @@ def test_a_url_that_takes_no_posts_says_to_check_the_api_base(model):
     root = ("the Ollama server's root, such as http://127.0.0.1:11434" if model.startswith("ollama")
             else "the server's URL ending in /v1")
     assert str(caught.value) == (f"{server.url} takes no requests at the path '{model}' was sent to (405 Method Not "
-                                 f"Allowed): check --api-base, usually {root}")
+                                 f"Allowed): check api_base, usually {root}")
     assert len(server.received) == 1
 
 
@@ -2013,7 +2014,7 @@ def test_a_server_that_implements_no_post_says_to_check_the_api_base(model):
         with pytest.raises(LMError) as caught:
             classify(backend_for(server, model=model))
     assert str(caught.value) == (f"{server.url} takes no requests at the path '{model}' was sent to (501 Not "
-                                 "Implemented): check --api-base, usually the server's URL ending in /v1")
+                                 "Implemented): check api_base, usually the server's URL ending in /v1")
     assert len(server.received) == 1
 
 

@@ -225,9 +225,9 @@ def test_the_summarize_task_builds_and_records_the_summarizer_settings_given_and
                                    "max_summary_tokens": 300}
     lm = configure(ScriptedLM(summarizer, context_window=2048))
     for settings, line in (({}, "the default context window 8192 is larger than this model's 2048: set "
-                                "--context-window to 2048 or less"),
-                           ({"context_window": 2048}, "set --max-summary-tokens to 499 or less and --chunk-size to "
-                                                      "1021 or less, or raise --context-window")):
+                                "context_window to 2048 or less"),  # a library call: its keywords
+                           ({"context_window": 2048}, "set max_summary_tokens to 499 or less and chunk_size to "
+                                                      "1021 or less, or raise context_window")):
         with pytest.raises(BooklensError) as refused:
             compile_program(get_task("summarize", **settings), splits.train, splits.dev, optimizer="labeled")
         assert line in str(refused.value)

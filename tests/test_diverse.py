@@ -645,8 +645,8 @@ def test_picked_sentences_too_long_name_the_sentences_that_fit_and_a_window_too_
 
 def test_a_server_that_states_no_window_and_refuses_the_articles_names_the_window_to_plan_for(event):
     """llama-cpp-python's server states no window: the articles were planned for 8192 tokens, sent whole,
-    refused naming 2048, and the line said "use smaller inputs", not the --context-window that makes
-    `auto` extract sentences instead."""
+    refused naming 2048, and the line said "use smaller inputs", not the context_window that makes
+    `auto` extract sentences instead (the keyword of this library call; the command names its option)."""
     from booklens.lm import ContextWindowExceeded
 
     def responder(call):
@@ -658,7 +658,7 @@ def test_a_server_that_states_no_window_and_refuses_the_articles_names_the_windo
     row = summarize_events([event], method="auto", judge=False)[0]
     assert row["method"] == "direct" and row["error"] == (
         "the prompt (3727 tokens) and its answer budget (1024 tokens) do not fit the 2048-token context window of "
-        "'openai/smol': diverse summarization plans for a 8192-token window; set --context-window to 2048 or less")
+        "'openai/smol': diverse summarization plans for a 8192-token window; set context_window to 2048 or less")
 
 
 @pytest.mark.parametrize("written, read", [("corrosion", ["corrosion"]), (None, []), ("", [])])

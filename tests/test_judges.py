@@ -216,6 +216,22 @@ def test_zero_shot_and_artifact_judges_are_told_apart(tmp_path):
         load_judge("coherence", copy, zero_shot=True)
 
 
+def test_a_missing_default_program_is_named_with_the_callers_words_for_the_way_out(tmp_path, monkeypatch):
+    """The advice names the library's keyword for a library caller and the option within a command."""
+    import booklens.judges as judges
+    from booklens.errors import command_line
+
+    monkeypatch.setattr(judges, "DEFAULTS_DIR", tmp_path)
+    with pytest.raises(BooklensError, match=r"\(.*coherence.*\); reinstall booklens or pass zero_shot$"):
+        judges.load_judge("coherence")
+    within_command = command_line.set(True)
+    try:
+        with pytest.raises(BooklensError, match=r"; reinstall booklens or pass --zero-shot$"):
+            judges.load_judge("coherence")
+    finally:
+        command_line.reset(within_command)
+
+
 def test_the_judge_line_counts_one_demo_in_the_singular():
     from booklens.judges import judge_info, judge_line, load_judge
 

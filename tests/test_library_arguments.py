@@ -782,6 +782,9 @@ WRONG_ARGUMENTS = {
                                     r"^unknown judge task 'coherance' in tasks: use coherence, decomposition"),
     "sweep_table-format": (lambda tmp: _module("booklens.sweep.tables").sweep_table(tmp, "md"),
                            r"^unknown table format 'md': use markdown, latex, csv, csv-pairs$"),
+    "sweep_table-not-a-sweep": (lambda tmp: _module("booklens.sweep.tables").sweep_table(tmp, "markdown"),
+                                r"^\S+ is not a booklens sweep directory \(it has no \S+\): sweep_table prints the "
+                                r"comparison of a sweep directory's results\.json$"),  # not `report`'s --table
     "run_book-notify-str": (lambda tmp: _module("booklens.pipeline").run_book(
         tmp / "book.txt", tmp / "run", _module("booklens.pipeline").SystemConfig(**SMALL),
         lms=_module("booklens.lm").FixedLMPool(dspy.settings.lm), notify="print"),  # after the summary's calls

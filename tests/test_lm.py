@@ -79,7 +79,7 @@ def test_a_damaged_cache_file_is_one_line_that_says_what_to_do(tmp_path, damage)
         CallCache(path)
     message = str(caught.value)
     assert message.startswith(f"cannot open the LM cache at {path}: ") and "\n" not in message
-    assert "move it aside, or use another --cache-dir" in message
+    assert "move it aside, or use another cache_dir" in message  # a library call names its keyword
 
 
 @pytest.mark.parametrize("stored", ["not json", "[]", "{}", '{"text": 5}', '{"text": "good", "prompt_tokens": "a"}',
@@ -160,7 +160,7 @@ def test_a_cache_that_cannot_be_written_is_refused_before_any_call(tmp_path, mon
     finally:
         holder.close()
     assert str(caught.value) == (f"cannot open the LM cache at {path}: database is locked (another process holds "
-                                 "it: let it finish, or use another --cache-dir)")
+                                 "it: let it finish, or use another cache_dir)")
 
 
 def test_a_read_only_cache_file_is_refused_when_it_opens():
@@ -192,7 +192,7 @@ def test_a_read_only_cache_file_is_refused_when_it_opens():
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     assert message == (f"cannot open the LM cache at {path}: attempt to write a readonly database (make it and its "
-                       "folder writable, or use another --cache-dir)")
+                       "folder writable, or use another cache_dir)")
 
 
 def test_a_backend_configured_otherwise_does_not_replay_another_configurations_answers(tmp_path):

@@ -518,10 +518,10 @@ def test_an_index_file_edited_since_it_was_saved_is_rebuilt(tmp_path, monkeypatc
     assert BookIndex.build(text, cache_dir=tmp_path, passage_tokens=64).loaded_from_cache
 
 
-def unwritable_cache_message(message: str, path: Path) -> None:
+def unwritable_cache_message(message: str, path: Path, setting: str = "cache_dir") -> None:
     assert "\n" not in message
     assert message.startswith(f"cannot write the index cache at {path}: "), message
-    assert message.endswith("(it must be a folder you can write: fix that, or use another --cache-dir)"), message
+    assert message.endswith(f"(it must be a folder you can write: fix that, or use another {setting})"), message
 
 
 def test_an_index_folder_that_cannot_be_made_fails_before_the_passages_are_cut(tmp_path, monkeypatch):
@@ -537,7 +537,16 @@ def test_an_index_folder_that_cannot_be_made_fails_before_the_passages_are_cut(t
     with pytest.raises(BooklensError) as excinfo:
         BookIndex.build(story_text(), cache_dir=indexes)
     folder = indexes / retrieval.index_key(hashlib.sha256(story_text().encode()).hexdigest(), 256)[:32]
-    unwritable_cache_message(str(excinfo.value), folder)
+    unwritable_cache_message(str(excinfo.value), folder)  # a library call: its keyword
+    from booklens.errors import command_line
+
+    within_command = command_line.set(True)
+    try:
+        with pytest.raises(BooklensError) as excinfo:
+            BookIndex.build(story_text(), cache_dir=indexes)
+    finally:
+        command_line.reset(within_command)
+    unwritable_cache_message(str(excinfo.value), folder, "--cache-dir")  # a command: its option
 
 
 def test_a_read_only_index_folder_fails_before_the_book_is_embedded(monkeypatch):

@@ -162,8 +162,8 @@ def test_a_given_window_is_what_the_judges_plan_for_and_may_not_exceed_the_model
         assert lm.view().context_window == 1024  # a program's copy plans the same
         with pytest.raises(Exception) as refused:
             make_lm("openai/fake", api_base=server.url, use_cache=False, context_window=4096)
-        assert str(refused.value) == ("--context-window 4096 is larger than this model's 2048: set --context-window "
-                                      "to 2048 or less")
+        assert str(refused.value) == ("context_window 4096 is larger than this model's 2048: set context_window "
+                                      "to 2048 or less")  # make_lm's keyword
 
 
 # The default five passages of 256 tokens at 2048 tokens: too many even beside no demo.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dspy
 import pytest
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, command_line
 from booklens.lm import BooklensAdapter
 from booklens.programs.summarizer import (
     HierarchicalSummarizer,
@@ -178,27 +178,35 @@ def test_chunk_size_the_window_cannot_hold_is_an_error():
 
 
 @pytest.mark.parametrize("config, advice", [
-    ({"chunk_size": 6000, "context_window": 8192}, "set --chunk-size to 4498 or less"),
+    ({"chunk_size": 6000, "context_window": 8192}, "set chunk_size to 4498 or less"),
     # no chunk fits beside the default 900-token summary: the budget at which the smallest chunk fits
     # is bounded by the compression check, so the chunk beside it may be larger than the smallest
-    ({"context_window": 2048}, "set --max-summary-tokens to 375 or less and --chunk-size to 588 or less"),
+    ({"context_window": 2048}, "set max_summary_tokens to 375 or less and chunk_size to 588 or less"),
     ({"chunk_size": 2048, "context_window": 8192, "max_summary_tokens": 2000},
-     "set --max-summary-tokens to 1767 or less"),
-    # --chunk-size 525 would fit the update, but a 400-token summary's compression would not fit
+     "set max_summary_tokens to 1767 or less"),
+    # a chunk_size of 525 would fit the update, but a 400-token summary's compression would not fit
     ({"chunk_size": 1000, "context_window": 2048, "max_summary_tokens": 400},
-     "set --max-summary-tokens to 210 or less"),
+     "set max_summary_tokens to 210 or less"),
 ])
 def test_incremental_updating_that_does_not_fit_names_settings_that_do(config, advice):
-    """The line names values (not only which options to lower), and with them both budget checks pass."""
+    """The line names values (not only which settings to lower), and with them both budget checks pass. A
+    library call names the keywords; within a command the line names the options."""
     import re
 
     with dspy.context(adapter=BooklensAdapter()):
         with pytest.raises(BooklensError, match="incremental updating needs") as excinfo:
             IncrementalSummarizer(**config).check_budgets()
-        assert str(excinfo.value).endswith(f"; {advice}, or raise --context-window")
-        advised = {option.replace("-", "_"): int(value)
-                   for option, value in re.findall(r"--([a-z-]+) to (\d+) or less", advice)}
+        assert str(excinfo.value).endswith(f"; {advice}, or raise context_window")
+        advised = {key: int(value) for key, value in re.findall(r"([a-z_]+) to (\d+) or less", advice)}
         IncrementalSummarizer(**{**config, **advised}).check_budgets()
+        within_command = command_line.set(True)
+        try:
+            with pytest.raises(BooklensError) as excinfo:
+                IncrementalSummarizer(**config).check_budgets()
+        finally:
+            command_line.reset(within_command)
+        options = re.sub(r"\b([a-z]+_[a-z_]+) to", lambda m: "--" + m.group(1).replace("_", "-") + " to", advice)
+        assert str(excinfo.value).endswith(f"; {options}, or raise --context-window")
 
 
 def test_a_compression_that_does_not_fit_names_a_budget_that_does():
@@ -207,7 +215,7 @@ def test_a_compression_that_does_not_fit_names_a_budget_that_does():
         with pytest.raises(BooklensError) as excinfo:
             IncrementalSummarizer(**config).check_budgets()
         assert str(excinfo.value).startswith("compressing an update needs 1835 tokens per call")
-        assert str(excinfo.value).endswith("; set --max-summary-tokens to 375 or less, or raise --context-window")
+        assert str(excinfo.value).endswith("; set max_summary_tokens to 375 or less, or raise context_window")
         IncrementalSummarizer(**{**config, "max_summary_tokens": 375}).check_budgets()
         with pytest.raises(BooklensError, match="compressing an update needs"):
             IncrementalSummarizer(**{**config, "max_summary_tokens": 376}).check_budgets()
@@ -216,7 +224,7 @@ def test_a_compression_that_does_not_fit_names_a_budget_that_does():
 def test_incremental_updating_that_no_settings_fit_says_to_raise_the_window():
     with dspy.context(adapter=BooklensAdapter()), pytest.raises(BooklensError) as excinfo:
         IncrementalSummarizer(context_window=512, generation_allowance=300).check_budgets()
-    assert str(excinfo.value).endswith("the usable context window is 435; raise --context-window")
+    assert str(excinfo.value).endswith("the usable context window is 435; raise context_window")
 
 
 def test_artifact_removal_pass_cleans_the_final_summary():
@@ -350,16 +358,22 @@ def test_the_library_entry_refuses_a_zero_window_instead_of_taking_the_default()
 
 def test_a_summary_budget_too_big_for_the_window_names_the_option_that_set_it():
     with dspy.context(adapter=BooklensAdapter()):
-        for config, option in (({"level_budgets": [5000]}, "--level-budget"),
-                               ({"max_summary_tokens": 5000}, "--max-summary-tokens")):
-            option = f"every {option}" if "level_budgets" in config else option
+        for config, option in (({"level_budgets": [5000]}, "each of level_budgets"),
+                               ({"max_summary_tokens": 5000}, "max_summary_tokens")):
             with pytest.raises(BooklensError) as excinfo:
                 HierarchicalSummarizer(chunk_size=2048, context_window=8192, **config).check_budgets()
             assert str(excinfo.value).endswith(f"with a 5000-token summary and the prompt; set {option} to 2240 or "
-                                               "less, or raise --context-window")
-        with pytest.raises(BooklensError, match="cannot merge two 3000-token summaries; set every --level-budget to "
+                                               "less, or raise context_window")
+        with pytest.raises(BooklensError, match="cannot merge two 3000-token summaries; set each of level_budgets to "
                                                 "2240 or less, or raise"):
             HierarchicalSummarizer(chunk_size=512, context_window=8192, level_budgets=[300, 3000]).check_budgets()
+        within_command = command_line.set(True)  # as `summarize --level-budget 300 --level-budget 3000` says it
+        try:
+            with pytest.raises(BooklensError, match="cannot merge two 3000-token summaries; set every --level-budget "
+                                                    "to 2240 or less, or raise --context-window$"):
+                HierarchicalSummarizer(chunk_size=512, context_window=8192, level_budgets=[300, 3000]).check_budgets()
+        finally:
+            command_line.reset(within_command)
 
 
 def test_the_final_merge_gets_the_last_level_budget_however_shallow_the_tree():

@@ -6,7 +6,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from booklens.errors import LMError
+from booklens.errors import LMError, setting_name
 
 DEFAULT_MAX_TOKENS = 1024
 
@@ -70,24 +70,26 @@ class ContextWindowExceeded(LMError):
 CONTEXT_ADVICE = "use smaller inputs, or a model or server with a larger context"
 
 
-def refuse_larger_window(window: int, model_window: int | None, option: str = "--context-window", *,
+def refuse_larger_window(window: int, model_window: int | None, option: str | None = None, *,
                          default: bool = False) -> None:
     """A one-line error when a window to plan for, set by `option` (or its `default`), is larger than
     the model's (`model_window`; None is unknown, and not checked): prompts planned for it would be
-    refused."""
+    refused. Without `option`, the summarizer's window as the caller spells it (`setting_name`)."""
     if model_window and window > model_window:
+        option = option or setting_name("--context-window")
         which = f"the default context window {window}" if default else f"{option} {window}"
         raise LMError(f"{which} is larger than this model's {model_window}: set {option} to {model_window} or less")
 
 
 def planned_window_advice(exc: ContextWindowExceeded, planned: int, what: str,
-                          option: str = "--context-window") -> ContextWindowExceeded:
+                          option: str | None = None) -> ContextWindowExceeded:
     """`exc`, told which option to set when the server's window is smaller than the `planned` one
     `what` (a program) sized its prompts for: a self-hosted server's window is unknown until it
     refuses a prompt, and the default plans for more than many are started with."""
     if not exc.window or exc.window >= planned:
         return exc
     fact = str(exc).removesuffix(f": {CONTEXT_ADVICE}")
+    option = option or setting_name("--context-window")
     return ContextWindowExceeded(f"{fact}: {what} plans for a {planned}-token window{SETTING_ADVICE}{option} to "
                                  f"{exc.window} or less", window=exc.window)
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from booklens.errors import BooklensError, CacheError
+from booklens.errors import BooklensError, CacheError, setting_name
 from booklens.lm.base import stored_completion
 
 
@@ -49,21 +49,23 @@ def cache_folder(cache_dir: str | Path | None = None) -> Path:
 BUSY_SECONDS = 30.0
 
 
-def _advice(exc: sqlite3.Error) -> str:
-    """What to do about a cache error, after its message: ' (...)' or ''."""
+def _advice(exc: sqlite3.Error, setting: str | None = None) -> str:
+    """What to do about a cache error, after its message: ' (...)' or ''. `setting`: how the line names
+    the cache folder's setting (by default as `setting_name` does in this thread)."""
     name = getattr(exc, "sqlite_errorname", "")  # Python 3.11+
     text = str(exc).lower()
+    other = f"or use another {setting or setting_name('--cache-dir')}"
     if name in ("SQLITE_NOTADB", "SQLITE_CORRUPT") or "not a database" in text or "malformed" in text:
-        return (" (the file is damaged: move it aside, or use another --cache-dir; it only keeps finished LM "
+        return (f" (the file is damaged: move it aside, {other}; it only keeps finished LM "
                 "calls, which are then asked again)")
     if name.startswith("SQLITE_READONLY") or "readonly" in text:
-        return " (make it and its folder writable, or use another --cache-dir)"
+        return f" (make it and its folder writable, {other})"
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in text:
-        return " (another process holds it: let it finish, or use another --cache-dir)"
+        return f" (another process holds it: let it finish, {other})"
     if name.startswith("SQLITE_FULL") or "disk is full" in text:
-        return " (the disk is full: free some space, or use another --cache-dir)"
+        return f" (the disk is full: free some space, {other})"
     if name.startswith("SQLITE_CANTOPEN") or "unable to open" in text:
-        return " (it must be a file in a folder you can write: fix that, or use another --cache-dir)"
+        return f" (it must be a file in a folder you can write: fix that, {other})"
     return ""
 
 
@@ -105,6 +107,9 @@ class CallCache:
         except OSError as exc:  # a file in the way, no permission, a path that cannot exist
             raise BooklensError(f"cannot use {self.path.parent} as the LM cache directory: "
                                 f"{exc.strerror or exc}") from None
+        # The setting the failure lines name, as where the cache was opened: its reads and writes may run
+        # on threads that a command's mark does not reach (DSPy's evaluation threads).
+        self._setting = setting_name("--cache-dir")
         self._lock = threading.Lock()
         self._flights: dict[str, _Flight] = {}
         self._flights_lock = threading.Lock()
@@ -120,7 +125,8 @@ class CallCache:
                 if _busy(exc) and time.monotonic() < deadline:
                     time.sleep(0.05)
                     continue
-                raise BooklensError(f"cannot open the LM cache at {self.path}: {exc}{_advice(exc)}") from None
+                raise BooklensError(f"cannot open the LM cache at {self.path}: "
+                                    f"{exc}{_advice(exc, self._setting)}") from None
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=BUSY_SECONDS)
@@ -149,7 +155,8 @@ class CallCache:
                 # As bytes: SQLite would refuse a value that is not UTF-8 with the whole value in its message.
                 row = self._db.execute("SELECT CAST(value AS BLOB) FROM calls WHERE key = ?", (key,)).fetchone()
         except sqlite3.Error as exc:
-            raise CacheError(f"cannot read the LM cache at {self.path}: {exc}{_advice(exc)}") from None
+            raise CacheError(f"cannot read the LM cache at {self.path}: "
+                             f"{exc}{_advice(exc, self._setting)}") from None
         if row is None:
             return None
         try:
@@ -166,7 +173,8 @@ class CallCache:
         except sqlite3.Error as exc:
             with self._lock, contextlib.suppress(sqlite3.Error):
                 self._db.rollback()  # an insert whose commit failed must not ride on the next commit
-            raise CacheError(f"cannot write the LM cache at {self.path}: {exc}{_advice(exc)}") from None
+            raise CacheError(f"cannot write the LM cache at {self.path}: "
+                             f"{exc}{_advice(exc, self._setting)}") from None
 
     def forget(self, keys: list[str]) -> None:
         """Drop these calls: answers a program rejected in every try, which a rerun must ask again."""
@@ -179,7 +187,8 @@ class CallCache:
         except sqlite3.Error as exc:
             with self._lock, contextlib.suppress(sqlite3.Error):
                 self._db.rollback()
-            raise CacheError(f"cannot write the LM cache at {self.path}: {exc}{_advice(exc)}") from None
+            raise CacheError(f"cannot write the LM cache at {self.path}: "
+                             f"{exc}{_advice(exc, self._setting)}") from None
 
     def __len__(self) -> int:
         with self._lock:

@@ -135,7 +135,7 @@ class BooklensLM(dspy.BaseLM):
     def context_window(self) -> int | None:
         return self.planned_window or getattr(self.backend, "context_window", None)
 
-    def planning_for(self, window: int, option: str = "--context-window") -> "BooklensLM":
+    def planning_for(self, window: int, option: str | None = None) -> "BooklensLM":
         """This LM (a view sharing its backend, cache and counters) with its prompts planned for a
         `window`-token context: a judge's window where the server states none (llama-cpp-python's),
         or a smaller one. Larger than the model's known window is a one-line error naming `option`."""

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from booklens.errors import LMError, keep_secret, redacted
+from booklens.errors import LMError, keep_secret, redacted, setting_name
 from booklens.lm.base import CONTEXT_ADVICE, DEFAULT_MAX_TOKENS, Completion, ContextWindowExceeded, sample_seed
 from booklens.parallel import pause, raise_if_stopped
 
@@ -302,6 +302,10 @@ class LiteLLMBackend:
         self.structured = structured
         self.limiter = limiter
         self.sleep = sleep
+        # How the failure lines name the settings, fixed where the backend is made: its calls may run on
+        # threads that a command's mark does not reach (DSPy's evaluation threads).
+        self._setting = {option: setting_name(option) for option in ("--api-base", "--concurrency")}
+        self._setting["--structured auto"] = setting_name("--structured auto", keyword="structured='auto'")
         self._table_window = model_context_window(model)
         try:
             self.provider = litellm.get_llm_provider(model, api_base=api_base)[1]
@@ -751,7 +755,7 @@ class LiteLLMBackend:
             if self.structured != "auto":
                 raise LMError(self._redact(
                     f"{where} refused the '{dialect}' structured-output format ({_status(exc)}{server_text(exc)}); "
-                    "try --structured auto")) from None
+                    f"try {self._setting['--structured auto']}")) from None
             self._refused(dialect)
             return failures
         if "extra_body" in kwargs and "cache_prompt" in text:
@@ -768,7 +772,7 @@ class LiteLLMBackend:
         if _unreachable(exc) and not answered:
             # Nothing listens there (or the name does not resolve): backoff would not change that.
             raise LMError(f"cannot connect to {self.server or self.model}: {_unreachable(exc)} "
-                          "(is the server running, and is --api-base right?)") from None
+                          f"(is the server running, and is {self._setting['--api-base']} right?)") from None
         if self.api_base and not answered and in_body is None and _not_a_completion(exc):
             # An HTTP 200 whose body is no chat completion (a web page, a health check), from a
             # server that never answered one: another service lives at that URL; asking again
@@ -817,7 +821,7 @@ class LiteLLMBackend:
                 # works on as many requests at once as it has slots and queues the rest, and the wait counts.
                 raise LMError(f"{where} kept failing after {failures} tries: no answer within {self.timeout:g} s "
                               "(BOOKLENS_TIMEOUT sets how long; the time a request waits in the queue of a server "
-                              "with fewer parallel slots than --concurrency counts)") from None
+                              f"with fewer parallel slots than {self._setting['--concurrency']} counts)") from None
             said = server_text(exc)
             # llama.cpp's server answers 503 "Loading model" until its weights are in memory, which a
             # large model on a slow disk may take longer than the retries wait.
@@ -860,8 +864,8 @@ class LiteLLMBackend:
     def _check_api_base(self) -> str:
         """The advice for a URL where no API of the model's provider answers."""
         if self.provider in OLLAMA_PROVIDERS:
-            return f"check --api-base, usually the Ollama server's root, such as {OLLAMA_ROOT}"
-        return "check --api-base, usually the server's URL ending in /v1"
+            return f"check {self._setting['--api-base']}, usually the Ollama server's root, such as {OLLAMA_ROOT}"
+        return f"check {self._setting['--api-base']}, usually the server's URL ending in /v1"
 
     def _ollama_at_v1(self) -> bool:
         """Whether an Ollama route (ollama_chat/, ollama/) was given a URL ending in /v1, where an
@@ -874,8 +878,9 @@ class LiteLLMBackend:
     def _ollama_at_v1_fix(self) -> str:
         """What to do when an Ollama route was given a URL ending in /v1 (see `_ollama_at_v1`)."""
         name = self.model.split("/", 1)[-1]
-        return (f"{self.provider}/ speaks Ollama's own API, which is at the server's root: give --api-base without "
-                f"/v1, such as {OLLAMA_ROOT}, or use openai/{name} for an OpenAI-compatible server (Ollama's /v1 is one)")
+        return (f"{self.provider}/ speaks Ollama's own API, which is at the server's root: give "
+                f"{self._setting['--api-base']} without /v1, such as {OLLAMA_ROOT}, or use openai/{name} for an "
+                "OpenAI-compatible server (Ollama's /v1 is one)")
 
     def _not_found(self, exc: BaseException) -> str:
         """The line for a 404: the model, or the path the request went to, is not at the server."""
@@ -891,13 +896,13 @@ class LiteLLMBackend:
             # Ollama's own API lives at the root: its 404 there is a model it has not pulled.
             pulled = self.model.split("/", 1)[-1]
             return (f"{where} ({server_text(exc)}): check the model name (`ollama list` shows the ones the server "
-                    f"has; `ollama pull {pulled}` fetches it) and that --api-base is the Ollama server's root, such "
-                    f"as {OLLAMA_ROOT}")
+                    f"has; `ollama pull {pulled}` fetches it) and that {self._setting['--api-base']} is the Ollama "
+                    f"server's root, such as {OLLAMA_ROOT}")
         if path.endswith("/v1"):
             # The path is the usual one, so the server most likely serves no model of that name.
             return (f"{where} ({server_text(exc)}): check the model name; the server lists the ones it "
                     f"serves at {self.server.rstrip('/')}/models")
-        return f"{where} (check --api-base: OpenAI-compatible servers usually end in /v1)"
+        return f"{where} (check {self._setting['--api-base']}: OpenAI-compatible servers usually end in /v1)"
 
     def _refused(self, dialect: str | None) -> None:
         with _learned_lock:

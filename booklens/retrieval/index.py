@@ -41,7 +41,7 @@ from typing import Any, Iterable
 import numpy as np
 from pydantic import BaseModel
 
-from booklens.errors import BooklensError
+from booklens.errors import BooklensError, setting_name
 from booklens.records import file_lock, write_atomically
 from booklens.retrieval import (BOOK_RANK_MODE, DEFAULT_K, DEFAULT_PASSAGE_TOKENS, DENSE_MODES,
                                 IN_WORD_MARKS, SEARCH_MODES, words)
@@ -334,7 +334,7 @@ def locate_quote(text: str, quote: str) -> tuple[int, int] | None:
 def _unwritable(path: Path, exc: OSError) -> BooklensError:
     """The one-line error for an index folder that cannot be made or written."""
     return BooklensError(f"cannot write the index cache at {path}: {exc.strerror or exc} (it must be a folder you "
-                         "can write: fix that, or use another --cache-dir)")
+                         f"can write: fix that, or use another {setting_name('--cache-dir')})")
 
 
 def check_writable(path: Path) -> None:

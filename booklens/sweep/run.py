@@ -293,6 +293,9 @@ def manifest_terms(message: str) -> str:
         name = match.group(1).replace("-", "_")
         return name if name in SystemSpec.model_fields else match.group(0)
 
+    # --level-budget, given once per level, sets the list level_budgets
+    message = message.replace("every --level-budget", "each of level_budgets").replace("--level-budget",
+                                                                                       "level_budgets")
     return re.sub(r"--([a-z][a-z-]*)", key, message)
 
 

@@ -233,7 +233,7 @@ def sweep_table(sweep_dir: str | Path, fmt: str, *, notify: Optional[Callable[[s
     """The tables of the sweep directory `sweep_dir` as `fmt` text, from its results.json; one-line
     `BooklensError`s for a directory that is no finished sweep's. Writes nothing. `notify` gets the
     lines on what the figures leave out (`_notes`)."""
-    from booklens.errors import BooklensError
+    from booklens.errors import BooklensError, setting_name
     from booklens.records import read_json_file
     from booklens.reports import RUN_FILE
     from booklens.sweep import PLAN_FILE
@@ -244,15 +244,16 @@ def sweep_table(sweep_dir: str | Path, fmt: str, *, notify: Optional[Callable[[s
     folder = as_path(sweep_dir, "the sweep directory")
     if not isinstance(fmt, str) or fmt not in TABLE_FORMATS:  # else a ValueError once the results are read
         raise BooklensError(f"unknown table format {fmt!r}: use {', '.join(TABLE_FORMATS)}")
+    table = setting_name("--table", keyword="sweep_table")  # the command's option, or this function
     if not (folder / PLAN_FILE).is_file():
         if (folder / RUN_FILE).exists():
-            raise BooklensError(f"{folder} is a run directory (one book): --table prints the comparison of a sweep "
+            raise BooklensError(f"{folder} is a run directory (one book): {table} prints the comparison of a sweep "
                                 f"directory's {RESULTS_FILE}")
-        raise BooklensError(f"{folder} is not a booklens sweep directory (it has no {PLAN_FILE}): --table prints "
+        raise BooklensError(f"{folder} is not a booklens sweep directory (it has no {PLAN_FILE}): {table} prints "
                             f"the comparison of a sweep directory's {RESULTS_FILE}")
     if not (folder / RESULTS_FILE).exists():
         raise BooklensError(f"{folder} has no {RESULTS_FILE} (the sweep stopped before it wrote its figures), which "
-                            "--table needs: rerun the sweep to finish it (`booklens report` without --table shows "
+                            f"{table} needs: rerun the sweep to finish it (`booklens report` without --table shows "
                             "the cells done so far)")
     results = read_json_file(folder / RESULTS_FILE, "sweep results")
     try:
