@@ -123,6 +123,11 @@ BAD = {
     "merge context with incremental updating": (
         "books: corpus\nsystems: [{name: a, method: inc, merge_context: none}]\n",
         "m.yaml: system 'a': merge_context is for method hier; method inc makes no merges"),
+    # the summarizer's words for the command line (`every --level-budget`) in the manifest's
+    "level budgets too large to merge": (
+        "books: corpus\nsystems: [{name: a, chunk_size: 512, level_budgets: [300, 3000]}]\n",
+        "m.yaml: system 'a': the 8192-token context window cannot merge two 3000-token summaries; set each of "
+        "level_budgets to 2240 or less, or raise context_window"),
     "level budgets with incremental updating": (
         "books: corpus\nsystems: [{name: a, method: inc, level_budgets: [200]}]\n",
         "m.yaml: system 'a': level_budgets is for method hier; method inc keeps one summary within "
