@@ -294,9 +294,9 @@ def manifest_terms(message: str) -> str:
         return name if name in SystemSpec.model_fields else match.group(0)
 
     # --level-budget, given once per level, sets the list level_budgets
-    for option, key in (("every --level-budget", "each of level_budgets"),
+    for said, meant in (("every --level-budget", "each of level_budgets"),
                         ("the last --level-budget", "the last of level_budgets"), ("--level-budget", "level_budgets")):
-        message = message.replace(option, key)
+        message = message.replace(said, meant)
     return re.sub(r"--([a-z][a-z-]*)", key, message)
 
 
