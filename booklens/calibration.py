@@ -86,7 +86,7 @@ def _refuse_demos(judge: str, found: int, total: int, what: str) -> None:
         raise DemosInSample(f"{judge} calibration: {found} of the {total} {what} of the sample "
                             f"{'is a demo' if found == 1 else 'are demos'} of this program (compiled on other "
                             "data or another split), so its agreement would be inflated; calibrate a program "
-                            "compiled on this data, or draw another sample with --seed")
+                            f"compiled on this data, or draw another sample with {setting_name('--seed')}")
 
 
 def _judged_nothing(judge: str, items: int, what: str, failed: int, errors: list[str]) -> Optional[JudgedNothing]:
@@ -123,7 +123,8 @@ def _one_kind(judge: str, source: str | Path, labels: list[bool], items: str, ve
         return None
     share = f"none of the {len(labels)}" if found == 0 else f"all {len(labels)}"
     where = ("give FABLES data whose Table 5 books hold both" if table5
-             else "draw another sample with --books or --seed, or give other annotations")
+             else f"draw another sample with {setting_name('--books')} or {setting_name('--seed')}, or give other "
+                  "annotations")
     what = (f"the humans {verb} {share} {items} of the sample drawn from {source} {kind}" if labels
             else f"the sample drawn from {source} holds no {items}")
     return BooklensError(f"{judge} calibration: {what}: {figures} to tell one judge from another; {where}; "

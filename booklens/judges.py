@@ -670,7 +670,8 @@ def _declined(entry: dict[str, Any], entries: dict[str, Any], path: Path) -> Opt
     sizes = [(sample_size(stored)[0], where) for stored, where in held if isinstance(stored, dict)]
     old, where = max(sizes, key=lambda size: size[0], default=(0, ""))  # the store's own first on a tie
     if new < old:
-        return f"its {counted(new, what)} are fewer than the {old} of {where} (give --replace to store it instead)"
+        replace = setting_name("--replace", keyword="replace=True")
+        return f"its {counted(new, what)} are fewer than the {old} of {where} (give {replace} to store it instead)"
     return None
 
 

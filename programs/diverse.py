@@ -202,8 +202,9 @@ class DiverseSummarizer(Module):
         if method == "auto":
             method = "direct" if self.fits_directly(articles) else "extract"
         elif method == "direct" and not self.fits_directly(articles):
+            extract = setting_name("--method extract", keyword="method='extract'")
             raise EventTooLarge(f"the articles do not fit the context window ({_window(self.context_window)} tokens) "
-                                "for direct summarization; use --method extract", method="direct")
+                                f"for direct summarization; use {extract}", method="direct")
         try:
             return self._run(method, articles, headings)
         except ContextWindowExceeded as exc:  # the server's window is smaller than counted: this event's size
@@ -266,8 +267,8 @@ class DiverseSummarizer(Module):
         fitting = next((n for n in range(self.num_sentences - 1, 0, -1)
                         if self._extracts_fit(self.bounding_extracts(articles, headings, n, longest=True))), 0)
         if fitting:
-            return f"{what} fit the context window ({window} tokens); lower --sentences to {fitting}" + \
-                (" or less" if fitting > 1 else "")
+            return (f"{what} fit the context window ({window} tokens); lower {setting_name('--sentences')} to "
+                    f"{fitting}" + (" or less" if fitting > 1 else ""))
         longest = prompt_tokens(self.summarize_extracts,
                                 extracts=self.bounding_extracts(articles, headings, 1, longest=True))
         needed = math.ceil((longest + SUMMARY_RESERVE) / BUDGET_MARGIN)

@@ -410,7 +410,7 @@ class _BookSummarizer(Module):
         if 0 < filtered < tries and not (best is not None and best.filtered):
             got += f"; the provider's content filter stopped {filtered}"
         return (f"the model gave no usable summary for {where} in {tries} tries ({got}, not kept: a rerun asks "
-                f"again); raise --max-regenerations above {tries - 1} or use another model")
+                f"again); raise {setting_name('--max-regenerations')} above {tries - 1} or use another model")
 
     def _finish(self, final: SummaryNode, nodes: list[SummaryNode]) -> str:
         if not self.remove_artifacts:

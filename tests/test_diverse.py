@@ -179,7 +179,7 @@ def test_direct_when_the_articles_fit_extract_otherwise(event):
         assert extract == f"{title}\n- {sentences[0].strip()}\n- {sentences[2].strip()}"
     assert json.loads(lm.backend.calls[-1].inputs["extracts"]) == pred.extracts  # what the summary step reads
 
-    with pytest.raises(BooklensError, match="--method extract"):
+    with pytest.raises(BooklensError, match="use method='extract'$"):  # the library's keyword
         DiverseSummarizer("direct")(articles=article_texts(event))
 
 
@@ -615,7 +615,7 @@ def test_extracts_no_pick_could_fit_are_refused_before_any_pick_naming_the_sente
     lm = scripted(picks_everything, window=4096)
     row = summarize_events([event], method="extract", sentences=10, judge=False)[0]
     assert row["summary"] is None and row["error"] == ("no pick of 10 sentences per article can fit the context "
-                                                       "window (4096 tokens); lower --sentences to 5 or less")
+                                                       "window (4096 tokens); lower sentences to 5 or less")
     assert lm.backend.calls == []
     scripted(picks_everything, window=4096)
     assert summarize_events([event], method="extract", sentences=5, judge=False)[0]["summary"] == "Sources disagree."
@@ -627,8 +627,8 @@ def test_picked_sentences_too_long_name_the_sentences_that_fit_and_a_window_too_
     fill half of 2048), the line names the window that does, as "lower --sentences" did not."""
     lm = scripted(picks_everything, window=3072)
     row = summarize_events([event], method="extract", sentences=4, judge=False)[0]
-    assert row["error"] == ("the extracted sentences do not fit the context window (3072 tokens); lower --sentences "
-                            "to 2 or less")
+    assert row["error"] == ("the extracted sentences do not fit the context window (3072 tokens); lower sentences "
+                            "to 2 or less")  # summarize_events' keyword; the command names --sentences
     assert sum(1 for c in lm.backend.calls if c.wants("picks")) == 10
     scripted(picks_everything, window=3072)
     assert summarize_events([event], method="extract", sentences=2, judge=False)[0]["summary"] == "Sources disagree."

@@ -776,7 +776,7 @@ def test_a_smaller_calibration_does_not_hide_the_larger_one_booklens_ships(tmp_p
     kept = store_calibration(small, store)
     assert kept == (f"its 40 sentences are fewer than the {large['n']['sentences']} of the calibration booklens "
                     f"ships ({DEFAULTS_DIR / CALIBRATION_FILE}) for this judge and LM, which it would hide (give "
-                    "--replace to store it instead)")
+                    "replace=True to store it instead)")  # store_calibration's keyword; `calibrate` names --replace
     assert not store.exists() and load_store(tmp_path)[key] == large
     # declined for a store in a folder not made yet, it leaves no folder behind (it had left one with its lock file)
     assert store_calibration(small, tmp_path / "results" / "calibration.json") == kept

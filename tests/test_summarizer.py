@@ -403,7 +403,7 @@ def test_answers_without_words_and_no_fallback_are_an_error_not_the_summary():
     message = str(excinfo.value)
     # Past --max-regenerations, a summary with no word yet gets tries up to WORDLESS_TRIES.
     assert "no usable summary for level 1 summary 0 in 3 tries" in message and "'1234'" in message
-    assert "--max-regenerations above 2" in message
+    assert "raise max_regenerations above 2" in message  # the keyword: `summarize` names --max-regenerations
     assert len(lm.backend.calls) == 3
 
 
