@@ -154,9 +154,8 @@ def words_kept(original: str, rewrite: str) -> float:
 
 class BudgetMisfit(BooklensError):
     """A summarizer's chunk and summary budgets that do not fit its context window (`check_budgets`).
-    `settings` names what to set so that they fit it ("--chunk-size to 151 or less", or within a library
-    call "chunk_size to 151 or less"), empty when no
-    setting does: only a larger window helps."""
+    `settings` names what to set so that they fit it ("--chunk-size to 151 or less", or in a library
+    call "chunk_size to 151 or less"), empty when no setting does: only a larger window helps."""
 
     def __init__(self, message: str, settings: str = ""):
         super().__init__(message)
@@ -552,7 +551,7 @@ class HierarchicalSummarizer(_BookSummarizer):
             if level <= levels:
                 return groups, budgets
         raise BooklensError(f"the book needs too deep a merge tree; raise {setting_name('--chunk-size')} or "
-                           f"{setting_name('--context-window')}")
+                            f"{setting_name('--context-window')}")
 
     @staticmethod
     def chunk_summary(j: int, group: list[int], budget: int, text: str, tokens: int, **outcome: Any) -> SummaryNode:
