@@ -287,17 +287,23 @@ def manifest_terms(message: str) -> str:
     the system keys that set them (`chunk_size`). The summarizer speaks the commands' language."""
     import re
 
+    from booklens.pipeline import summarizer_option
     from booklens.sweep.manifest import SystemSpec
 
-    def key(match: re.Match) -> str:
-        name = match.group(1).replace("-", "_")
-        return name if name in SystemSpec.model_fields else match.group(0)
+    keys = {"--" + name.replace("_", "-"): name for name in SystemSpec.model_fields}
+    # An option given once per level sets a list: "every --level-budget" is "each of level_budgets".
+    lists = {summarizer_option(name): name for name in ("level_budgets",)}
+    keys.update(lists)
 
-    # --level-budget, given once per level, sets the list level_budgets
-    for said, meant in (("every --level-budget", "each of level_budgets"),
-                        ("the last --level-budget", "the last of level_budgets"), ("--level-budget", "level_budgets")):
-        message = message.replace(said, meant)
-    return re.sub(r"--([a-z][a-z-]*)", key, message)
+    def key(match: re.Match) -> str:
+        lead, option = match.group(1) or "", match.group(2)
+        if option not in keys:
+            return match.group(0)
+        if option in lists:
+            lead = {"every ": "each of ", "the last ": "the last of "}.get(lead, lead)
+        return lead + keys[option]
+
+    return re.sub(r"(every |the last )?(--[a-z][a-z-]*)", key, message)
 
 
 def sweep_paths(manifest: Any, output: Any) -> tuple[Path, Path]:
